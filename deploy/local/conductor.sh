@@ -1,0 +1,426 @@
+#!/usr/bin/env bash
+# deploy/local/conductor.sh — run a pinned conductor-oss server locally for the sidecar.
+#
+#   conductor.sh start    fetch the boot jar (first run only, cached), start the server in the
+#                         background and return once its health endpoint answers
+#   conductor.sh stop     stop the server this script started (and nothing else)
+#   conductor.sh status   print whether it runs and is healthy; exit 0 only if healthy
+#   conductor.sh fetch    only download the boot jar into the cache
+#   conductor.sh url      print the server's base URL (http://127.0.0.1:<port>)
+#
+# The server is org.conductoross:conductor-server:3.21.14:jar:boot from Maven Central (the last
+# conductor-oss release that runs on Java 17). It runs with an embedded store and reaches no
+# other service: no Redis, no Elasticsearch, no network beyond its loopback listener.
+# See deploy/local/README.md for the measured behaviour and the API quirks.
+#
+# Environment (all optional):
+#   CONDUCTOR_PORT            HTTP port (default 8080)
+#   CONDUCTOR_HOST            address to bind and to probe (default 127.0.0.1)
+#   CONDUCTOR_STATE_DIR       pid, log, generated properties, sqlite db (default /tmp/conductor-sidecar-local)
+#   CONDUCTOR_CACHE_DIR       where the jar is cached (default ${XDG_CACHE_HOME:-$HOME/.cache}/conductor-sidecar)
+#   CONDUCTOR_STORE           memory (default: in-process, empty on every start) or
+#                             sqlite (file $CONDUCTOR_STATE_DIR/conductor.db, survives restarts, search works)
+#   CONDUCTOR_START_TIMEOUT   seconds to wait for health (default 180)
+#   CONDUCTOR_STOP_TIMEOUT    seconds to wait after TERM before KILL (default 30)
+#   CONDUCTOR_JAVA            java binary (default $JAVA_HOME/bin/java, else java on PATH); needs Java >= 17
+#   CONDUCTOR_JAVA_OPTS       JVM options (default "-Xms128m -Xmx1g -XX:+ExitOnOutOfMemoryError")
+#   CONDUCTOR_PROPERTIES_FILE extra Spring properties file, applied after the generated one
+#   CONDUCTOR_VERSION         override the pinned version (unsupported; for trying upgrades)
+#   CONDUCTOR_MAVEN_REPO_LOCAL  Maven local repository used for the download
+#                             (default $CONDUCTOR_CACHE_DIR/m2; the jar is removed from it after copying)
+#   CONDUCTOR_MAVEN_REPO_URL  repository for the curl fallback when mvn is absent
+#                             (default https://repo1.maven.org/maven2)
+set -euo pipefail
+
+readonly PINNED_VERSION=3.21.14
+readonly GROUP_ID=org.conductoross
+readonly ARTIFACT_ID=conductor-server
+readonly CLASSIFIER=boot
+readonly MIN_JAVA=17
+readonly DEPENDENCY_PLUGIN=org.apache.maven.plugins:maven-dependency-plugin:3.6.1
+
+VERSION=${CONDUCTOR_VERSION:-$PINNED_VERSION}
+HOST=${CONDUCTOR_HOST:-127.0.0.1}
+PORT=${CONDUCTOR_PORT:-8080}
+STATE_DIR=${CONDUCTOR_STATE_DIR:-/tmp/conductor-sidecar-local}
+CACHE_DIR=${CONDUCTOR_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:?HOME is not set; set CONDUCTOR_CACHE_DIR}/.cache}/conductor-sidecar}
+STORE=${CONDUCTOR_STORE:-memory}
+START_TIMEOUT=${CONDUCTOR_START_TIMEOUT:-180}
+STOP_TIMEOUT=${CONDUCTOR_STOP_TIMEOUT:-30}
+JAVA_OPTS=${CONDUCTOR_JAVA_OPTS:--Xms128m -Xmx1g -XX:+ExitOnOutOfMemoryError}
+EXTRA_PROPERTIES=${CONDUCTOR_PROPERTIES_FILE:-}
+MAVEN_REPO_URL=${CONDUCTOR_MAVEN_REPO_URL:-https://repo1.maven.org/maven2}
+if [[ -n ${CONDUCTOR_JAVA:-} ]]; then
+  JAVA=$CONDUCTOR_JAVA
+elif [[ -n ${JAVA_HOME:-} && -x ${JAVA_HOME}/bin/java ]]; then
+  JAVA=$JAVA_HOME/bin/java
+else
+  JAVA=java
+fi
+
+PID_FILE=$STATE_DIR/conductor.pid
+PORT_FILE=$STATE_DIR/conductor.port
+LOG_FILE=$STATE_DIR/conductor.log
+PROPS_FILE=$STATE_DIR/conductor.properties
+LOCK_FILE=$STATE_DIR/.lock
+# Every JVM this script starts carries this argument; stop/status only act on a pid whose
+# command line has it, so a recycled pid is never signalled.
+MARKER="-Dconductor.sidecar.instance=$STATE_DIR"
+
+log() { printf 'conductor.sh: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+usage() {
+  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
+is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
+
+check_config() {
+  if ! is_uint "$PORT" || ((PORT < 1 || PORT > 65535)); then
+    die "CONDUCTOR_PORT must be a TCP port, got '$PORT'"
+  fi
+  is_uint "$START_TIMEOUT" || die "CONDUCTOR_START_TIMEOUT must be whole seconds, got '$START_TIMEOUT'"
+  is_uint "$STOP_TIMEOUT" || die "CONDUCTOR_STOP_TIMEOUT must be whole seconds, got '$STOP_TIMEOUT'"
+  case $STORE in memory | sqlite) ;; *) die "CONDUCTOR_STORE must be 'memory' or 'sqlite', got '$STORE'" ;; esac
+  if [[ -n $EXTRA_PROPERTIES && ! -r $EXTRA_PROPERTIES ]]; then
+    die "CONDUCTOR_PROPERTIES_FILE '$EXTRA_PROPERTIES' is not readable"
+  fi
+}
+
+need() { command -v "$1" >/dev/null 2>&1 || die "'$1' is required but not on PATH${2:+ ($2)}"; }
+
+now() { date +%s; }
+
+jar_path() { printf '%s/%s-%s-%s.jar' "$CACHE_DIR" "$ARTIFACT_ID" "$VERSION" "$CLASSIFIER"; }
+
+with_lock() { # with_lock FILE FD: serialise concurrent invocations when flock(1) exists
+  if command -v flock >/dev/null 2>&1; then
+    case $2 in
+      8) exec 8>"$1" ;;
+      9) exec 9>"$1" ;;
+      *) die "internal: unsupported lock fd $2" ;;
+    esac
+    flock -w 900 "$2" || die "could not lock $1 within 900 s (another conductor.sh still running?)"
+  fi
+}
+
+# ---------------------------------------------------------------- java
+
+java_major() {
+  local line ver
+  line=$("$JAVA" -version 2>&1 | head -n 1) || return 1
+  ver=${line#*\"}
+  ver=${ver%%\"*}
+  case $ver in
+    1.*) ver=${ver#1.} ;;
+  esac
+  ver=${ver%%[!0-9]*}
+  [[ -n $ver ]] || return 1
+  printf '%s\n' "$ver"
+}
+
+check_java() {
+  command -v "$JAVA" >/dev/null 2>&1 || die "java not found ('$JAVA'); install openjdk-17-jre-headless or set CONDUCTOR_JAVA"
+  local major
+  major=$(java_major) || die "cannot read the version of '$JAVA'"
+  ((major >= MIN_JAVA)) || die "conductor-server $VERSION needs Java >= $MIN_JAVA, '$JAVA' is Java $major"
+}
+
+# ---------------------------------------------------------------- fetch
+
+fetch_jar() {
+  local jar tmp started repo coords mvn_log rc sum want
+  jar=$(jar_path)
+  [[ -s $jar ]] && return 0
+  mkdir -p "$CACHE_DIR"
+  with_lock "$CACHE_DIR/.fetch.lock" 8
+  [[ -s $jar ]] && return 0 # fetched by a concurrent invocation
+  coords=$GROUP_ID:$ARTIFACT_ID:$VERSION:jar:$CLASSIFIER
+  tmp=$(mktemp -d "$CACHE_DIR/.fetch.XXXXXX")
+  started=$(now)
+  log "downloading $coords (about 400 MB, first run only) into $CACHE_DIR"
+  if command -v mvn >/dev/null 2>&1; then
+    repo=${CONDUCTOR_MAVEN_REPO_LOCAL:-$CACHE_DIR/m2}
+    mvn_log=$CACHE_DIR/fetch.log
+    rc=0
+    mvn -B -q -C -Dmaven.repo.local="$repo" "$DEPENDENCY_PLUGIN:copy" \
+      -Dartifact="$coords" -DoutputDirectory="$tmp" >"$mvn_log" 2>&1 || rc=$?
+    if [[ -z ${CONDUCTOR_MAVEN_REPO_LOCAL:-} ]]; then
+      # our private repository: drop its 400 MB copy, keep the plugin jars for next time
+      rm -rf "${repo:?}/${GROUP_ID//.//}/$ARTIFACT_ID/$VERSION"
+    fi
+    if ((rc != 0)); then
+      rm -rf "$tmp"
+      tail -n 30 "$mvn_log" >&2 || true
+      die "mvn could not fetch $coords (exit $rc; full output in $mvn_log)"
+    fi
+  else
+    need curl "to download the jar when mvn is absent"
+    local url
+    url=$MAVEN_REPO_URL/${GROUP_ID//.//}/$ARTIFACT_ID/$VERSION/$ARTIFACT_ID-$VERSION-$CLASSIFIER.jar
+    log "mvn not found; downloading with curl from $url"
+    if ! curl -fSL --retry 3 -o "$tmp/$(basename "$jar")" "$url" ||
+      ! want=$(curl -fsSL --retry 3 "$url.sha1"); then
+      rm -rf "$tmp"
+      die "curl could not download $url"
+    fi
+    need sha1sum
+    sum=$(sha1sum "$tmp/$(basename "$jar")" | cut -d' ' -f1)
+    if [[ $sum != "${want%% *}" ]]; then
+      rm -rf "$tmp"
+      die "checksum mismatch for $url: got $sum, repository says ${want%% *}"
+    fi
+  fi
+  if [[ ! -s $tmp/$(basename "$jar") || $(head -c 2 "$tmp/$(basename "$jar")") != PK ]]; then
+    rm -rf "$tmp"
+    die "download of $coords did not produce a jar"
+  fi
+  mv -f "$tmp/$(basename "$jar")" "$jar"
+  rm -rf "$tmp"
+  log "downloaded $(du -h "$jar" | cut -f1) in $(($(now) - started)) s -> $jar"
+}
+
+# ---------------------------------------------------------------- process helpers
+
+read_pid() { # prints the pid from the pid file if it names a live server this script started
+  local pid
+  [[ -f $PID_FILE ]] || return 1
+  pid=$(<"$PID_FILE")
+  is_uint "$pid" || return 1
+  kill -0 "$pid" 2>/dev/null || return 1
+  is_ours "$pid" || return 1
+  printf '%s\n' "$pid"
+}
+
+is_ours() {
+  local pid=$1
+  if [[ -r /proc/$pid/cmdline ]]; then
+    tr '\0' '\n' <"/proc/$pid/cmdline" | grep -qxF -- "$MARKER"
+  else
+    ps -o args= -p "$pid" 2>/dev/null | grep -qF -- "$MARKER"
+  fi
+}
+
+running_port() { # the port of the instance we started, else the configured one
+  local p
+  if [[ -f $PORT_FILE ]] && p=$(<"$PORT_FILE") && is_uint "$p"; then
+    printf '%s\n' "$p"
+  else
+    printf '%s\n' "$PORT"
+  fi
+}
+
+base_url() { printf 'http://%s:%s\n' "$HOST" "$1"; }
+
+healthy() { # healthy PORT: GET /health answers 200 with "healthy":true
+  local body
+  body=$(curl -fsS -m 5 "$(base_url "$1")/health" 2>/dev/null) || return 1
+  [[ $body == *'"healthy":true'* ]]
+}
+
+port_in_use() { (: <>"/dev/tcp/$HOST/$1") 2>/dev/null; }
+
+log_tail() {
+  if [[ -f $LOG_FILE ]]; then
+    log "last 40 lines of $LOG_FILE:"
+    tail -n 40 "$LOG_FILE" >&2 || true
+  fi
+}
+
+terminate() { # terminate PID: TERM, wait, KILL
+  local pid=$1 waited=0
+  kill -TERM "$pid" 2>/dev/null || return 0
+  while kill -0 "$pid" 2>/dev/null && ((waited < STOP_TIMEOUT * 5)); do
+    sleep 0.2
+    waited=$((waited + 1))
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    log "pid $pid still alive ${STOP_TIMEOUT} s after TERM; sending KILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    waited=0
+    while kill -0 "$pid" 2>/dev/null && ((waited < 50)); do
+      sleep 0.2
+      waited=$((waited + 1))
+    done
+    kill -0 "$pid" 2>/dev/null && die "pid $pid survived KILL"
+  fi
+  return 0
+}
+
+write_properties() {
+  {
+    printf '# generated by deploy/local/conductor.sh on every start; do not edit\n'
+    printf 'server.address=%s\n' "$HOST"
+    printf 'server.port=%s\n' "$PORT"
+    printf 'loadSample=false\n'
+    printf 'conductor.grpc-server.enabled=false\n'
+    case $STORE in
+      memory)
+        # conductor-redis-persistence on an in-process Redis mock; queues are dyno-queues on the
+        # same mock (queue.type must not be redis_*, which would need a real Redis)
+        printf 'conductor.db.type=memory\n'
+        printf 'conductor.queue.type=memory\n'
+        printf 'conductor.indexing.enabled=false\n'
+        ;;
+      sqlite)
+        printf 'conductor.db.type=sqlite\n'
+        printf 'conductor.queue.type=sqlite\n'
+        printf 'conductor.indexing.enabled=true\n'
+        printf 'conductor.indexing.type=sqlite\n'
+        printf 'conductor.elasticsearch.version=0\n'
+        printf 'spring.datasource.driver-class-name=org.sqlite.JDBC\n'
+        printf 'spring.datasource.url=jdbc:sqlite:%s/conductor.db?busy_timeout=15000&journal_mode=WAL\n' "$STATE_DIR"
+        printf 'spring.datasource.username=\n'
+        printf 'spring.datasource.password=\n'
+        printf 'spring.datasource.hikari.maximum-pool-size=1\n'
+        ;;
+    esac
+    # nothing may leave loopback: no Redis, no Elasticsearch (Spring Boot would otherwise build an
+    # Elasticsearch client for localhost:9200 and report /actuator/health DOWN)
+    printf 'conductor.redis.hosts=127.0.0.1:6379:us-east-1c\n'
+    printf 'conductor.elasticsearch.url=http://127.0.0.1:9200\n'
+    printf 'spring.elasticsearch.uris=http://127.0.0.1:9200\n'
+    printf 'management.health.elasticsearch.enabled=false\n'
+    printf 'spring.autoconfigure.exclude=org.springframework.boot.autoconfigure.elasticsearch.ElasticsearchRestClientAutoConfiguration\n'
+  } >"$PROPS_FILE"
+}
+
+# ---------------------------------------------------------------- commands
+
+wait_healthy() { # wait_healthy PID PORT STARTED
+  local pid=$1 port=$2 started=$3
+  while :; do
+    if healthy "$port"; then
+      log "conductor $VERSION healthy after $(($(now) - started)) s: $(base_url "$port") (pid $pid, store $STORE, log $LOG_FILE)"
+      return 0
+    fi
+    if ! kill -0 "$pid" 2>/dev/null; then
+      rm -f "$PID_FILE" "$PORT_FILE"
+      log_tail
+      die "conductor (pid $pid) exited during startup; see $LOG_FILE"
+    fi
+    if (($(now) - started >= START_TIMEOUT)); then
+      log_tail
+      log "conductor not healthy at $(base_url "$port")/health after $START_TIMEOUT s; stopping pid $pid"
+      terminate "$pid"
+      rm -f "$PID_FILE" "$PORT_FILE"
+      die "conductor did not become healthy within $START_TIMEOUT s (CONDUCTOR_START_TIMEOUT); see $LOG_FILE"
+    fi
+    sleep 1
+  done
+}
+
+cmd_start() {
+  need curl
+  check_java
+  mkdir -p "$STATE_DIR"
+  with_lock "$LOCK_FILE" 9
+  local pid port started
+  if pid=$(read_pid); then
+    port=$(running_port)
+    if healthy "$port"; then
+      log "already running (pid $pid) and healthy: $(base_url "$port")"
+      return 0
+    fi
+    log "already running (pid $pid) but not healthy yet; waiting"
+    wait_healthy "$pid" "$port" "$(now)"
+    return 0
+  fi
+  if [[ -f $PID_FILE ]]; then
+    log "removing stale pid file $PID_FILE (pid $(<"$PID_FILE") is not a server this script started)"
+    rm -f "$PID_FILE" "$PORT_FILE"
+  fi
+  if port_in_use "$PORT"; then
+    die "port $HOST:$PORT is already in use by a process this script did not start; free it or set CONDUCTOR_PORT"
+  fi
+  fetch_jar
+  write_properties
+  [[ -f $LOG_FILE ]] && mv -f "$LOG_FILE" "$LOG_FILE.1"
+
+  local -a java_opts cmd
+  read -r -a java_opts <<<"$JAVA_OPTS"
+  cmd=("$JAVA" "$MARKER" "${java_opts[@]}" -jar "$(jar_path)"
+    "--spring.config.additional-location=file:$PROPS_FILE${EXTRA_PROPERTIES:+,file:$EXTRA_PROPERTIES}")
+  started=$(now)
+  rm -f "$PID_FILE"
+  # The child writes its own pid and then execs java, so the pid file names the JVM itself.
+  # setsid detaches it from our session so it outlives this script and the caller's Ctrl-C.
+  local launcher=()
+  command -v setsid >/dev/null 2>&1 && launcher=(setsid)
+  (
+    cd "$STATE_DIR"
+    # shellcheck disable=SC2016 # $$, $1 and $@ belong to the inner bash
+    exec "${launcher[@]}" bash -c 'echo "$$" >"$1.tmp" && mv -f "$1.tmp" "$1" && shift && exec "$@"' \
+      conductor-launch "$PID_FILE" "${cmd[@]}" </dev/null >>"$LOG_FILE" 2>&1
+  ) 8>&- 9>&- &
+  local waited=0
+  while [[ ! -s $PID_FILE ]] && ((waited < 100)); do
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  [[ -s $PID_FILE ]] || {
+    log_tail
+    die "the server process did not start (no pid file after 10 s)"
+  }
+  pid=$(<"$PID_FILE")
+  printf '%s\n' "$PORT" >"$PORT_FILE"
+  log "started conductor $VERSION (pid $pid) on $(base_url "$PORT"), store $STORE; waiting up to $START_TIMEOUT s for /health"
+  wait_healthy "$pid" "$PORT" "$started"
+}
+
+cmd_stop() {
+  [[ -d $STATE_DIR ]] || {
+    log "not running (no state dir $STATE_DIR)"
+    return 0
+  }
+  with_lock "$LOCK_FILE" 9
+  local pid
+  if pid=$(read_pid); then
+    log "stopping conductor (pid $pid)"
+    terminate "$pid"
+    rm -f "$PID_FILE" "$PORT_FILE"
+    log "stopped"
+  elif [[ -f $PID_FILE ]]; then
+    log "pid file $PID_FILE is stale (pid $(<"$PID_FILE") is not a running server this script started); removing it, signalling nothing"
+    rm -f "$PID_FILE" "$PORT_FILE"
+  else
+    log "not running (no pid file)"
+  fi
+}
+
+cmd_status() {
+  local pid port
+  port=$(running_port)
+  if pid=$(read_pid); then
+    if healthy "$port"; then
+      log "running (pid $pid), healthy: $(base_url "$port") (version $VERSION, log $LOG_FILE)"
+      return 0
+    fi
+    log "running (pid $pid) but NOT healthy at $(base_url "$port")/health (log $LOG_FILE)"
+    return 1
+  fi
+  if port_in_use "$port"; then
+    log "not running (no server started by this script), but something else listens on $HOST:$port"
+  else
+    log "not running"
+  fi
+  return 3
+}
+
+main() {
+  [[ $# -eq 1 ]] || usage
+  check_config
+  case $1 in
+    start) cmd_start ;;
+    stop) cmd_stop ;;
+    status) cmd_status ;;
+    fetch) check_java && fetch_jar && log "jar cached: $(jar_path)" ;;
+    url) base_url "$(running_port)" ;;
+    -h | --help | help) usage ;;
+    *) usage ;;
+  esac
+}
+
+main "$@"

@@ -1,0 +1,77 @@
+package statestore
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Machine-readable error codes. They are part of the contract: the HTTP API
+// returns them verbatim and operators alert on them.
+const (
+	// CodeSchemaValidationFailed: the event does not satisfy the envelope
+	// rules; nothing was written.
+	CodeSchemaValidationFailed = "SCHEMA_VALIDATION_FAILED"
+	// CodeInvalidTransition: the event is not allowed from the run's or step's
+	// current derived state (Layer 2 rejection, or a projector alert).
+	CodeInvalidTransition = "INVALID_TRANSITION"
+	// CodeStoreUnavailable: the backend could not be reached; the append may
+	// be retried with the same event.
+	CodeStoreUnavailable = "STORE_UNAVAILABLE"
+)
+
+// Error is a contract error with a machine-readable Code. Field names the
+// offending JSON field when there is one. Meta carries deterministic details
+// (for INVALID_TRANSITION: runId, stepId, expectedState, actualState,
+// attemptedEventType) so that a retry gets the identical answer.
+type Error struct {
+	Code    string            `json:"code"`
+	Field   string            `json:"field,omitempty"`
+	Message string            `json:"message"`
+	Meta    map[string]string `json:"meta,omitempty"`
+	Err     error             `json:"-"`
+}
+
+func (e *Error) Error() string {
+	if e.Field != "" {
+		return fmt.Sprintf("%s: %s: %s", e.Code, e.Field, e.Message)
+	}
+	return e.Code + ": " + e.Message
+}
+
+// Unwrap returns the underlying cause, if any.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Is matches any *Error with the same Code, so that
+// errors.Is(err, statestore.ErrSchemaValidation) works on every instance.
+func (e *Error) Is(target error) bool {
+	var t *Error
+	if !errors.As(target, &t) {
+		return false
+	}
+	return t.Code == e.Code && t.Field == "" && t.Message == ""
+}
+
+// Sentinel errors, matched with errors.Is.
+var (
+	// ErrSchemaValidation matches every SCHEMA_VALIDATION_FAILED error.
+	ErrSchemaValidation = &Error{Code: CodeSchemaValidationFailed}
+	// ErrInvalidTransition matches every INVALID_TRANSITION error.
+	ErrInvalidTransition = &Error{Code: CodeInvalidTransition}
+	// ErrUnavailable matches every STORE_UNAVAILABLE error.
+	ErrUnavailable = &Error{Code: CodeStoreUnavailable}
+	// ErrNotFound is returned when a run has no events.
+	ErrNotFound = errors.New("statestore: run not found")
+)
+
+// CodeOf returns the machine code of err, or "" when err carries none.
+func CodeOf(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}
+
+func schemaError(field, format string, args ...any) *Error {
+	return &Error{Code: CodeSchemaValidationFailed, Field: field, Message: fmt.Sprintf(format, args...)}
+}

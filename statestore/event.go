@@ -1,0 +1,115 @@
+package statestore
+
+import "encoding/json"
+
+// Known lifecycle event types of the Run Events Contract v2.0.1 §1.2, plus
+// RunApproved from the Execution Semantics Contract §1.2.
+const (
+	RunQueued     = "RunQueued"
+	RunApproved   = "RunApproved"
+	RunStarted    = "RunStarted"
+	StepStarted   = "StepStarted"
+	StepCompleted = "StepCompleted"
+	StepFailed    = "StepFailed"
+	StepSkipped   = "StepSkipped"
+	RunPaused     = "RunPaused"
+	RunResumed    = "RunResumed"
+	RunCompleted  = "RunCompleted"
+	RunFailed     = "RunFailed"
+	RunCancelled  = "RunCancelled"
+)
+
+// Extension event types of the sidecar (allowed by §1.3 of the contract; their
+// semantics are documented in docs/events.md).
+const (
+	// RunCancelRequested records the intent to cancel. From then on a later
+	// RunCompleted or RunFailed stays in the log but does not set the status
+	// ("Cancel wins").
+	RunCancelRequested = "RunCancelRequested"
+	// RunDrainCompleted records that the last in-flight step of a paused run
+	// finished; the DRAINING substatus clears.
+	RunDrainCompleted = "RunDrainCompleted"
+	// RunDrainTimedOut records that the drain deadline passed with steps still
+	// running; its payload carries code PAUSE_DRAIN_TIMEOUT.
+	RunDrainTimedOut = "RunDrainTimedOut"
+)
+
+// RunLevelStepID is stepIdNormalized for run-level events (§3.1 rule 7).
+const RunLevelStepID = "RUN"
+
+// IsStepEvent reports whether eventType is one of the four step-level events
+// that must carry a stepId (§2.2). Every other type, known or not, is run-level.
+func IsStepEvent(eventType string) bool {
+	switch eventType {
+	case StepStarted, StepCompleted, StepFailed, StepSkipped:
+		return true
+	}
+	return false
+}
+
+// IsKnownEvent reports whether the projector gives eventType semantics.
+// Unknown types are stored and advance the watermark but change no state.
+func IsKnownEvent(eventType string) bool {
+	switch eventType {
+	case RunQueued, RunApproved, RunStarted, StepStarted, StepCompleted, StepFailed, StepSkipped,
+		RunPaused, RunResumed, RunCompleted, RunFailed, RunCancelled,
+		RunCancelRequested, RunDrainCompleted, RunDrainTimedOut:
+		return true
+	}
+	return false
+}
+
+// RunEventWrite is an event as a producer hands it to the append authority
+// (Run Events Contract §4). It has no runSeq and no persistedAt.
+type RunEventWrite struct {
+	EventID          string          `json:"eventId"`
+	EventType        string          `json:"eventType"`
+	EmittedAt        string          `json:"emittedAt"`
+	RunID            string          `json:"runId"`
+	TenantID         string          `json:"tenantId"`
+	ProjectID        string          `json:"projectId"`
+	EnvironmentID    string          `json:"environmentId"`
+	PlanID           string          `json:"planId"`
+	PlanVersion      string          `json:"planVersion"`
+	EngineAttemptID  int64           `json:"engineAttemptId"`
+	LogicalAttemptID int64           `json:"logicalAttemptId"`
+	IdempotencyKey   string          `json:"idempotencyKey"`
+	StepID           string          `json:"stepId,omitempty"`
+	Payload          json.RawMessage `json:"payload,omitempty"`
+}
+
+// RunEventRecord is a persisted event: the write plus the append authority's
+// runSeq (monotonic per run, gaps allowed) and persistedAt (its own clock).
+type RunEventRecord struct {
+	RunEventWrite
+	RunSeq      int64  `json:"runSeq"`
+	PersistedAt string `json:"persistedAt"`
+}
+
+// AppendResult is what Append returns (IRunStateStore §2). On a duplicate
+// (runId, idempotencyKey) it carries the existing record's metadata with
+// Idempotent true and Persisted false.
+type AppendResult struct {
+	EventID     string `json:"eventId"`
+	RunSeq      int64  `json:"runSeq"`
+	PersistedAt string `json:"persistedAt"`
+	Idempotent  bool   `json:"idempotent"`
+	Persisted   bool   `json:"persisted"`
+}
+
+// ArtifactRef points at a step output kept outside the log (Execution
+// Semantics §2). Events carry references, never the bytes.
+type ArtifactRef struct {
+	URI       string `json:"uri"`
+	Kind      string `json:"kind"`
+	SHA256    string `json:"sha256,omitempty"`
+	SizeBytes int64  `json:"sizeBytes,omitempty"`
+	ExpiresAt string `json:"expiresAt,omitempty"`
+}
+
+// StepError is the error a failed step or run records.
+type StepError struct {
+	Code      string `json:"code"`
+	Message   string `json:"message"`
+	Retryable bool   `json:"retryable"`
+}

@@ -1,0 +1,252 @@
+package statestore
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// AlertSink receives invalid-transition alerts. The Projector calls Alert at
+// most once per (runId, eventId) over its lifetime.
+type AlertSink interface {
+	InvalidTransition(ctx context.Context, a InvalidTransitionAlert)
+}
+
+// ProjectorOptions configures a Projector. The zero value works: no logger,
+// no metrics, no alert sink beyond the log.
+type ProjectorOptions struct {
+	Logger  *zap.Logger
+	Metrics *Metrics
+	Alerts  AlertSink
+	// Contiguous tells the projector that the source assigns runSeq without
+	// gaps (1, 2, 3, ... per run), so a gap is a visibility gap. A source
+	// whose sequences are gappy by design (JetStream: stream sequences) sets
+	// false and never triggers a resync in steady state.
+	Contiguous bool
+	// GapGrace is how long a visibility gap may stay open before the
+	// projector accepts it and moves past it (default 30s).
+	GapGrace time.Duration
+	// PageSize is the Fetch limit per call (default 1000).
+	PageSize int
+	// Now is the clock for lag measurement (default time.Now).
+	Now func() time.Time
+}
+
+// Projector keeps an up-to-date snapshot per run by reducing the records
+// that a Fetcher returns after the snapshot's watermark. It is safe for
+// concurrent use; projections of one run are serialized.
+type Projector struct {
+	src  Fetcher
+	opts ProjectorOptions
+	log  *zap.Logger
+
+	mu      sync.Mutex
+	runs    map[string]*runProjection
+	alerted map[alertKey]struct{}
+}
+
+type alertKey struct{ runID, eventID string }
+
+type runProjection struct {
+	mu   sync.Mutex
+	snap *RunSnapshot
+	// gapSince is when the open visibility gap was first seen (zero: none);
+	// gapAt is the runSeq observed right after the hole.
+	gapSince time.Time
+	gapAt    int64
+}
+
+// NewProjector returns a Projector reading from src.
+func NewProjector(src Fetcher, opts ProjectorOptions) *Projector {
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	if opts.GapGrace <= 0 {
+		opts.GapGrace = 30 * time.Second
+	}
+	if opts.PageSize <= 0 {
+		opts.PageSize = 1000
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Projector{src: src, opts: opts, log: opts.Logger.Named("projector"),
+		runs: make(map[string]*runProjection), alerted: make(map[alertKey]struct{})}
+}
+
+// Snapshot returns the cached snapshot of runID, projecting it first if
+// there is none. It returns ErrNotFound for a run without events.
+func (p *Projector) Snapshot(ctx context.Context, runID string) (*RunSnapshot, error) {
+	rp := p.run(runID)
+	rp.mu.Lock()
+	snap := rp.snap
+	rp.mu.Unlock()
+	if snap != nil {
+		return snap, nil
+	}
+	return p.Project(ctx, runID)
+}
+
+// Project fetches the records after the run's watermark, reduces them and
+// returns the new snapshot. It returns ErrNotFound for a run without events.
+//
+// With a contiguous source, a hole in runSeq is a visibility gap: the run is
+// marked Stale, the projector resyncs from scratch and holds back the records
+// after the hole until it fills (or GapGrace passes), and clears Stale once
+// the watermark has passed the hole.
+func (p *Projector) Project(ctx context.Context, runID string) (*RunSnapshot, error) {
+	rp := p.run(runID)
+	rp.mu.Lock()
+	defer rp.mu.Unlock()
+
+	snap := rp.snap
+	if !rp.gapSince.IsZero() {
+		// Resync: rebuild from scratch, as seed 001 §1.5 prescribes.
+		snap = nil
+	}
+	var after int64
+	if snap != nil {
+		after = snap.LastEventSeq
+	}
+	for {
+		recs, err := p.src.Fetch(ctx, runID, after, p.opts.PageSize)
+		if err != nil {
+			return nil, err
+		}
+		if len(recs) == 0 {
+			break
+		}
+		usable, hole := p.contiguousPrefix(after, recs)
+		if hole {
+			p.observeGap(rp, runID, after, recs[len(usable)].RunSeq)
+			if p.opts.Now().Sub(rp.gapSince) < p.opts.GapGrace {
+				snap = p.reduce(ctx, snap, usable)
+				if snap != nil {
+					snap = markStale(snap)
+				}
+				break
+			}
+			p.log.Error("visibility gap did not close within the grace period; moving past it",
+				zap.String("runId", runID), zap.Int64("afterSeq", after), zap.Duration("grace", p.opts.GapGrace))
+			p.opts.Metrics.gapAccepted()
+			usable = recs
+			rp.gapSince, rp.gapAt = time.Time{}, 0
+		}
+		snap = p.reduce(ctx, snap, usable)
+		after = recs[len(recs)-1].RunSeq
+		if !rp.gapSince.IsZero() && after >= rp.gapAt {
+			// The watermark passed the hole: resync complete.
+			p.log.Info("visibility gap closed", zap.String("runId", runID), zap.Int64("watermark", after))
+			rp.gapSince, rp.gapAt = time.Time{}, 0
+			if snap.Stale {
+				snap = snap.Clone()
+				snap.Stale = false
+			}
+		}
+		if len(recs) < p.opts.PageSize {
+			break
+		}
+	}
+	if snap == nil {
+		return nil, ErrNotFound
+	}
+	rp.snap = snap
+	return snap, nil
+}
+
+func markStale(s *RunSnapshot) *RunSnapshot {
+	if s.Stale {
+		return s
+	}
+	c := s.Clone()
+	c.Stale = true
+	return c
+}
+
+// contiguousPrefix returns the records that follow after without a hole.
+func (p *Projector) contiguousPrefix(after int64, recs []RunEventRecord) ([]RunEventRecord, bool) {
+	if !p.opts.Contiguous {
+		return recs, false
+	}
+	prev := after
+	for i := range recs {
+		if recs[i].RunSeq != prev+1 {
+			return recs[:i], true
+		}
+		prev = recs[i].RunSeq
+	}
+	return recs, false
+}
+
+func (p *Projector) observeGap(rp *runProjection, runID string, last, next int64) {
+	if !rp.gapSince.IsZero() {
+		return
+	}
+	rp.gapSince, rp.gapAt = p.opts.Now(), next
+	p.opts.Metrics.nonContiguous()
+	p.log.Warn("PROJECTOR_NON_CONTIGUOUS_FETCH_DETECTED: run marked STALE, resyncing",
+		zap.String("code", "PROJECTOR_NON_CONTIGUOUS_FETCH_DETECTED"),
+		zap.String("runId", runID), zap.Int64("lastSeq", last), zap.Int64("nextSeq", next))
+}
+
+func (p *Projector) reduce(ctx context.Context, snap *RunSnapshot, recs []RunEventRecord) *RunSnapshot {
+	if len(recs) == 0 {
+		return snap
+	}
+	next, alerts := Reduce(snap, recs)
+	for _, a := range alerts {
+		p.raise(ctx, a)
+	}
+	if next != snap && len(recs) > 0 {
+		p.opts.Metrics.applied(len(recs), p.lag(recs[len(recs)-1].PersistedAt))
+	}
+	return next
+}
+
+func (p *Projector) lag(persistedAt string) time.Duration {
+	t, err := time.Parse(time.RFC3339Nano, persistedAt)
+	if err != nil {
+		return 0
+	}
+	if d := p.opts.Now().Sub(t); d > 0 {
+		return d
+	}
+	return 0
+}
+
+func (p *Projector) raise(ctx context.Context, a InvalidTransitionAlert) {
+	k := alertKey{a.RunID, a.EventID}
+	p.mu.Lock()
+	_, seen := p.alerted[k]
+	if !seen {
+		p.alerted[k] = struct{}{}
+	}
+	p.mu.Unlock()
+	if seen {
+		return
+	}
+	p.opts.Metrics.invalidTransition()
+	p.log.Error("INVALID_TRANSITION: event ignored for state, run marked INCONSISTENT",
+		zap.String("code", a.Code), zap.String("runId", a.RunID), zap.String("tenantId", a.TenantID),
+		zap.String("projectId", a.ProjectID), zap.String("environmentId", a.EnvironmentID),
+		zap.String("eventId", a.EventID), zap.String("eventType", a.EventType), zap.Int64("runSeq", a.RunSeq),
+		zap.String("persistedAt", a.PersistedAt), zap.String("stepId", a.StepID),
+		zap.String("priorState", a.PriorState), zap.String("attemptedState", a.AttemptedState),
+		zap.String("reason", a.Reason))
+	if p.opts.Alerts != nil {
+		p.opts.Alerts.InvalidTransition(ctx, a)
+	}
+}
+
+func (p *Projector) run(runID string) *runProjection {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	rp, ok := p.runs[runID]
+	if !ok {
+		rp = &runProjection{}
+		p.runs[runID] = rp
+	}
+	return rp
+}

@@ -1,0 +1,240 @@
+package statestore
+
+import (
+	"bytes"
+	"encoding/json"
+	"time"
+)
+
+// InvalidTransitionAlert is the operational alert the projector raises for an
+// invalid transition (Run Events Contract §5.4). Alerts are idempotent per
+// (RunID, EventID): the Projector raises each at most once.
+type InvalidTransitionAlert struct {
+	Code           string `json:"code"` // always INVALID_TRANSITION
+	RunID          string `json:"runId"`
+	TenantID       string `json:"tenantId"`
+	ProjectID      string `json:"projectId"`
+	EnvironmentID  string `json:"environmentId"`
+	EventID        string `json:"eventId"`
+	EventType      string `json:"eventType"`
+	RunSeq         int64  `json:"runSeq"`
+	PersistedAt    string `json:"persistedAt"`
+	StepID         string `json:"stepId,omitempty"`
+	Entity         string `json:"entity"`
+	PriorState     string `json:"priorState"`
+	AttemptedState string `json:"attemptedState"`
+	ExpectedState  string `json:"expectedState"`
+	Reason         string `json:"reason"`
+}
+
+// Reduce applies recs, in order, to prev and returns the new snapshot and the
+// invalid-transition alerts the batch raised. It is pure: prev and recs are
+// not modified, and the same input gives the same output.
+//
+// Records with runSeq <= prev.LastEventSeq were applied already and are
+// skipped, so reprocessing from a watermark is idempotent. Records of another
+// run are ignored. prev may be nil for a run without a snapshot; the result
+// is nil only when prev is nil and no record applied.
+func Reduce(prev *RunSnapshot, recs []RunEventRecord) (*RunSnapshot, []InvalidTransitionAlert) {
+	var s *RunSnapshot
+	var alerts []InvalidTransitionAlert
+	var index map[string]int
+	for i := range recs {
+		r := &recs[i]
+		if s == nil {
+			if prev != nil {
+				if r.RunID != prev.RunID || r.RunSeq <= prev.LastEventSeq {
+					continue
+				}
+				s = prev.Clone()
+			} else {
+				s = newSnapshot(r)
+			}
+			index = make(map[string]int, len(s.Steps))
+			for j := range s.Steps {
+				index[s.Steps[j].StepID] = j
+			}
+		}
+		if r.RunID != s.RunID || r.RunSeq <= s.LastEventSeq {
+			continue
+		}
+		if a := apply(s, index, r); a != nil {
+			alerts = append(alerts, *a)
+		}
+		s.LastEventSeq = r.RunSeq
+		s.EventCount++
+	}
+	if s == nil {
+		return prev, nil
+	}
+	s.Substatus = ""
+	if s.Status == RunStatusPaused && s.Pause != nil && s.Pause.DrainEndedAt == "" && s.inFlight() > 0 {
+		s.Substatus = SubstatusDraining
+	}
+	return s, alerts
+}
+
+func newSnapshot(r *RunEventRecord) *RunSnapshot {
+	return &RunSnapshot{
+		RunID: r.RunID, TenantID: r.TenantID, ProjectID: r.ProjectID, EnvironmentID: r.EnvironmentID,
+		PlanID: r.PlanID, PlanVersion: r.PlanVersion,
+		Status: RunStatusPending, Steps: []StepSnapshot{}, Artifacts: []ArtifactRef{},
+	}
+}
+
+func (s *RunSnapshot) inFlight() int {
+	n := 0
+	for i := range s.Steps {
+		if s.Steps[i].Status == StepStatusRunning {
+			n++
+		}
+	}
+	return n
+}
+
+// eventPayload is the subset of payload fields the reducer gives meaning to.
+type eventPayload struct {
+	EngineRunRef        string        `json:"engineRunRef"`
+	EngineType          string        `json:"engineType"`
+	StartedAt           string        `json:"startedAt"`
+	Artifacts           []ArtifactRef `json:"artifacts"`
+	Error               *StepError    `json:"error"`
+	Reason              string        `json:"reason"`
+	RequestedBy         string        `json:"requestedBy"`
+	StepID              string        `json:"stepId"`
+	DrainTimeoutSeconds int64         `json:"drainTimeoutSeconds"`
+}
+
+func decodePayload(raw json.RawMessage) eventPayload {
+	var p eventPayload
+	if len(raw) == 0 || bytes.Equal(raw, []byte("{}")) {
+		return p
+	}
+	// A payload that does not fit the expected shape contributes nothing;
+	// the envelope was validated at append time.
+	_ = json.Unmarshal(raw, &p)
+	return p
+}
+
+func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTransitionAlert {
+	d := Decide(s, r.EventType, r.StepID, r.LogicalAttemptID)
+	switch d.Outcome {
+	case Ignore:
+		return nil
+	case Audit:
+		if r.EventType == RunCompleted || r.EventType == RunFailed {
+			s.SupersededEvents++
+		}
+		return nil
+	case Invalid:
+		s.Inconsistent = true
+		s.InvalidEvents = append(s.InvalidEvents, r.EventID)
+		return &InvalidTransitionAlert{
+			Code: CodeInvalidTransition, RunID: r.RunID, TenantID: r.TenantID, ProjectID: r.ProjectID,
+			EnvironmentID: r.EnvironmentID, EventID: r.EventID, EventType: r.EventType, RunSeq: r.RunSeq,
+			PersistedAt: r.PersistedAt, StepID: r.StepID, Entity: d.Entity, PriorState: d.PriorState,
+			AttemptedState: d.AttemptedState, ExpectedState: d.ExpectedState, Reason: d.Reason,
+		}
+	}
+	if IsStepEvent(r.EventType) {
+		applyStep(s, index, r)
+		return nil
+	}
+	p := decodePayload(r.Payload)
+	switch r.EventType {
+	case RunQueued:
+		s.Status = RunStatusQueued
+	case RunApproved:
+		s.Status = RunStatusApproved
+	case RunStarted:
+		s.Status = RunStatusRunning
+		s.EngineRunRef, s.EngineType = p.EngineRunRef, p.EngineType
+		s.StartedAt = p.StartedAt
+		if s.StartedAt == "" {
+			s.StartedAt = r.PersistedAt
+		}
+	case RunPaused:
+		s.Status = RunStatusPaused
+		s.Pause = &PauseState{
+			Cycle: r.LogicalAttemptID, Reason: p.Reason, RequestedBy: p.RequestedBy, StepID: p.StepID,
+			PausedAt: r.PersistedAt, DrainTimeoutSeconds: p.DrainTimeoutSeconds,
+		}
+		if s.inFlight() == 0 {
+			s.Pause.DrainEndedAt = r.PersistedAt
+		}
+	case RunResumed:
+		s.Status = RunStatusRunning
+		s.Pause.ResumedAt = r.PersistedAt
+		if s.Pause.DrainEndedAt == "" {
+			s.Pause.DrainEndedAt = r.PersistedAt
+		}
+	case RunDrainCompleted:
+		s.Pause.DrainEndedAt = r.PersistedAt
+	case RunDrainTimedOut:
+		s.Pause.DrainEndedAt = r.PersistedAt
+		s.Pause.DrainTimedOut = true
+	case RunCancelRequested:
+		s.CancelRequested = true
+	case RunCompleted:
+		s.Status = RunStatusCompleted
+		s.finish(r.PersistedAt)
+		for i := range s.Steps {
+			s.Artifacts = append(s.Artifacts, s.Steps[i].Artifacts...)
+		}
+		s.Artifacts = append(s.Artifacts, p.Artifacts...)
+	case RunFailed:
+		s.Status = RunStatusFailed
+		s.Error = p.Error
+		s.finish(r.PersistedAt)
+	case RunCancelled:
+		s.Status = RunStatusCancelled
+		s.CancelRequested = true
+		s.finish(r.PersistedAt)
+	}
+	return nil
+}
+
+func (s *RunSnapshot) finish(at string) {
+	s.CompletedAt = at
+	start, err1 := time.Parse(time.RFC3339Nano, s.StartedAt)
+	end, err2 := time.Parse(time.RFC3339Nano, at)
+	if err1 == nil && err2 == nil && !end.Before(start) {
+		s.TotalDurationMs = end.Sub(start).Milliseconds()
+	}
+}
+
+func applyStep(s *RunSnapshot, index map[string]int, r *RunEventRecord) {
+	i, ok := index[r.StepID]
+	if !ok {
+		i = len(s.Steps)
+		index[r.StepID] = i
+		s.Steps = append(s.Steps, StepSnapshot{StepID: r.StepID, Status: StepStatusPending, LogicalAttemptID: r.LogicalAttemptID, Artifacts: []ArtifactRef{}})
+	}
+	st := &s.Steps[i]
+	if r.LogicalAttemptID > st.LogicalAttemptID {
+		*st = StepSnapshot{StepID: r.StepID, Status: StepStatusPending, LogicalAttemptID: r.LogicalAttemptID, Artifacts: []ArtifactRef{}}
+	}
+	st.EngineAttemptID = r.EngineAttemptID
+	switch r.EventType {
+	case StepStarted:
+		st.Status = StepStatusRunning
+		st.StartedAt = r.PersistedAt
+	case StepCompleted:
+		st.Status = StepStatusSuccess
+		st.CompletedAt = r.PersistedAt
+		if p := decodePayload(r.Payload); len(p.Artifacts) > 0 {
+			st.Artifacts = p.Artifacts
+		}
+	case StepFailed:
+		p := decodePayload(r.Payload)
+		st.Status = StepStatusFailed
+		st.CompletedAt = r.PersistedAt
+		st.Error = p.Error
+		st.Artifacts = append(st.Artifacts, p.Artifacts...)
+		s.FailedSteps++
+	case StepSkipped:
+		st.Status = StepStatusSkipped
+		st.CompletedAt = r.PersistedAt
+		st.SkipReason = decodePayload(r.Payload).Reason
+	}
+}

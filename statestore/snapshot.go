@@ -1,0 +1,150 @@
+package statestore
+
+// Run statuses (Execution Semantics §1.4, plus QUEUED for RunQueued).
+const (
+	RunStatusPending   = "PENDING"
+	RunStatusQueued    = "QUEUED"
+	RunStatusApproved  = "APPROVED"
+	RunStatusRunning   = "RUNNING"
+	RunStatusPaused    = "PAUSED"
+	RunStatusCompleted = "COMPLETED"
+	RunStatusFailed    = "FAILED"
+	RunStatusCancelled = "CANCELLED"
+)
+
+// SubstatusDraining is the substatus of a PAUSED run whose in-flight steps
+// have not all finished (Execution Semantics §6).
+const SubstatusDraining = "DRAINING"
+
+// Step statuses.
+const (
+	StepStatusPending = "PENDING"
+	StepStatusRunning = "RUNNING"
+	StepStatusSuccess = "SUCCESS"
+	StepStatusFailed  = "FAILED"
+	StepStatusSkipped = "SKIPPED"
+)
+
+// IsTerminalRunStatus reports whether status never changes again.
+func IsTerminalRunStatus(status string) bool {
+	return status == RunStatusCompleted || status == RunStatusFailed || status == RunStatusCancelled
+}
+
+// RunSnapshot is the derived state of one run. A snapshot is immutable: the
+// projector returns a new one for every change and never modifies its input.
+type RunSnapshot struct {
+	RunID         string `json:"runId"`
+	TenantID      string `json:"tenantId,omitempty"`
+	ProjectID     string `json:"projectId,omitempty"`
+	EnvironmentID string `json:"environmentId,omitempty"`
+	PlanID        string `json:"planId,omitempty"`
+	PlanVersion   string `json:"planVersion,omitempty"`
+
+	Status    string `json:"status"`
+	Substatus string `json:"substatus,omitempty"`
+	// LastEventSeq is the highest runSeq applied (the watermark).
+	LastEventSeq int64 `json:"lastEventSeq"`
+	// EventCount is the number of records applied, known or not.
+	EventCount int64 `json:"eventCount"`
+
+	EngineRunRef    string         `json:"engineRunRef,omitempty"`
+	EngineType      string         `json:"engineType,omitempty"`
+	Steps           []StepSnapshot `json:"steps"`
+	Artifacts       []ArtifactRef  `json:"artifacts"`
+	StartedAt       string         `json:"startedAt,omitempty"`
+	CompletedAt     string         `json:"completedAt,omitempty"`
+	TotalDurationMs int64          `json:"totalDurationMs,omitempty"`
+	FailedSteps     int            `json:"failedSteps"`
+	Error           *StepError     `json:"error,omitempty"`
+
+	// Pause holds the state of the current or last pause cycle.
+	Pause *PauseState `json:"pause,omitempty"`
+
+	// CancelRequested is set by RunCancelRequested: a later RunCompleted or
+	// RunFailed no longer sets the status (Cancel wins).
+	CancelRequested bool `json:"cancelRequested"`
+	// Inconsistent is set when an invalid transition was ignored (Policy A).
+	Inconsistent bool `json:"inconsistent"`
+	// InvalidEvents lists the eventIds ignored as invalid transitions.
+	InvalidEvents []string `json:"invalidEvents,omitempty"`
+	// Stale is set while the projector has observed a visibility gap and
+	// waits for a resync to pass it.
+	Stale bool `json:"stale"`
+	// SupersededEvents counts RunCompleted/RunFailed kept for audit only
+	// because a cancel had been requested.
+	SupersededEvents int `json:"supersededEvents,omitempty"`
+}
+
+// PauseState describes a pause cycle.
+type PauseState struct {
+	// Cycle is the pause cycle (the logicalAttemptId of its RunPaused).
+	Cycle               int64  `json:"cycle"`
+	Reason              string `json:"reason,omitempty"`
+	RequestedBy         string `json:"requestedBy,omitempty"`
+	StepID              string `json:"stepId,omitempty"`
+	PausedAt            string `json:"pausedAt"`
+	DrainTimeoutSeconds int64  `json:"drainTimeoutSeconds,omitempty"`
+	// DrainEndedAt is the persistedAt of RunDrainCompleted or RunDrainTimedOut.
+	DrainEndedAt  string `json:"drainEndedAt,omitempty"`
+	DrainTimedOut bool   `json:"drainTimedOut,omitempty"`
+	ResumedAt     string `json:"resumedAt,omitempty"`
+}
+
+// StepSnapshot is the derived state of one step at its current logical attempt.
+type StepSnapshot struct {
+	StepID           string        `json:"stepId"`
+	Status           string        `json:"status"`
+	LogicalAttemptID int64         `json:"logicalAttemptId"`
+	EngineAttemptID  int64         `json:"engineAttemptId,omitempty"`
+	StartedAt        string        `json:"startedAt,omitempty"`
+	CompletedAt      string        `json:"completedAt,omitempty"`
+	Artifacts        []ArtifactRef `json:"artifacts"`
+	Error            *StepError    `json:"error,omitempty"`
+	SkipReason       string        `json:"skipReason,omitempty"`
+}
+
+// Step returns the step with the given id, or nil.
+func (s *RunSnapshot) Step(stepID string) *StepSnapshot {
+	for i := range s.Steps {
+		if s.Steps[i].StepID == stepID {
+			return &s.Steps[i]
+		}
+	}
+	return nil
+}
+
+// InFlight returns the ids of the steps currently RUNNING, in step order.
+func (s *RunSnapshot) InFlight() []string {
+	var ids []string
+	for i := range s.Steps {
+		if s.Steps[i].Status == StepStatusRunning {
+			ids = append(ids, s.Steps[i].StepID)
+		}
+	}
+	return ids
+}
+
+// Clone returns a deep copy of s.
+func (s *RunSnapshot) Clone() *RunSnapshot {
+	c := *s
+	c.Steps = make([]StepSnapshot, len(s.Steps))
+	for i, st := range s.Steps {
+		st.Artifacts = append([]ArtifactRef(nil), st.Artifacts...)
+		if st.Error != nil {
+			e := *st.Error
+			st.Error = &e
+		}
+		c.Steps[i] = st
+	}
+	c.Artifacts = append([]ArtifactRef(nil), s.Artifacts...)
+	c.InvalidEvents = append([]string(nil), s.InvalidEvents...)
+	if s.Error != nil {
+		e := *s.Error
+		c.Error = &e
+	}
+	if s.Pause != nil {
+		p := *s.Pause
+		c.Pause = &p
+	}
+	return &c
+}

@@ -1,0 +1,44 @@
+package statestore
+
+import "context"
+
+// Store is the append authority of IRunStateStore v2.0.0. Implementations
+// must be safe for concurrent use and pass the conformance suite in package
+// storetest.
+type Store interface {
+	// Append validates w (ValidateWrite) and persists it with a runSeq
+	// greater than every earlier runSeq of the run and a persistedAt from the
+	// store's own clock. If (runId, idempotencyKey) already exists it writes
+	// nothing and returns the existing eventId, runSeq and persistedAt with
+	// Idempotent true and Persisted false; this holds under concurrent racing
+	// appends of the same key. A rejected event returns an *Error
+	// (SCHEMA_VALIDATION_FAILED, or INVALID_TRANSITION when transition
+	// validation is on) and writes nothing. Backend failures return an error
+	// matching ErrUnavailable; the same event may then be appended again.
+	Append(ctx context.Context, w *RunEventWrite) (AppendResult, error)
+
+	// Fetch returns the records of runID with runSeq > afterSeq in increasing
+	// runSeq order, at most limit of them (limit <= 0: no limit). A run
+	// without events gives an empty slice and no error.
+	Fetch(ctx context.Context, runID string, afterSeq int64, limit int) ([]RunEventRecord, error)
+
+	// GetSnapshot returns the latest snapshot the store has for runID,
+	// projecting it once if it has none yet. It returns ErrNotFound when the
+	// run has no events. The returned snapshot must not be modified.
+	GetSnapshot(ctx context.Context, runID string) (*RunSnapshot, error)
+
+	// ProjectSnapshot brings the run's snapshot up to date with the log and
+	// returns it. It returns ErrNotFound when the run has no events.
+	ProjectSnapshot(ctx context.Context, runID string) (*RunSnapshot, error)
+}
+
+// Fetcher is the read side of a Store that the Projector needs.
+type Fetcher interface {
+	Fetch(ctx context.Context, runID string, afterSeq int64, limit int) ([]RunEventRecord, error)
+}
+
+// KeyLookup is an optional Store capability: the record with the given
+// (runId, idempotencyKey), or ErrNotFound.
+type KeyLookup interface {
+	Lookup(ctx context.Context, runID, idempotencyKey string) (*RunEventRecord, error)
+}

@@ -1,0 +1,225 @@
+package statestore
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Limits on identifiers and payloads. Identifiers end up in NATS subjects
+// and KV keys, whose control line is 4 KiB; a clear limit refuses over-long
+// ids before they can close a connection.
+const (
+	// MaxIDBytes bounds runId, stepId, planId, planVersion, eventType,
+	// tenantId, projectId and environmentId (UTF-8 bytes).
+	MaxIDBytes = 256
+	// MaxPayloadBytes bounds the JSON payload. Outputs go by reference.
+	MaxPayloadBytes = 64 << 10
+	// MaxEventBytes bounds a whole encoded RunEventWrite accepted by DecodeWrite.
+	MaxEventBytes = MaxPayloadBytes + 8<<10
+)
+
+// ValidateWrite checks w against the envelope rules of the Run Events
+// Contract v2.0.1 before it is appended. It returns an *Error with code
+// SCHEMA_VALIDATION_FAILED naming the first offending field, or nil.
+//
+// Checked: every required field present; eventId a canonical UUID v4;
+// emittedAt RFC 3339 with a zero UTC offset; attempts >= 1; stepId present
+// for Step* events and absent otherwise; no '|' in runId, eventType, planId,
+// planVersion or stepId; identifiers valid UTF-8 and at most MaxIDBytes;
+// payload a JSON object of at most MaxPayloadBytes; idempotencyKey equal to
+// the derivation.
+func ValidateWrite(w *RunEventWrite) error {
+	if w == nil {
+		return schemaError("", "event is missing")
+	}
+	if err := validateUUIDv4(w.EventID); err != nil {
+		return err
+	}
+	ids := [...]struct {
+		field, value string
+		noPipe       bool
+	}{
+		{"eventType", w.EventType, true},
+		{"runId", w.RunID, true},
+		{"tenantId", w.TenantID, false},
+		{"projectId", w.ProjectID, false},
+		{"environmentId", w.EnvironmentID, false},
+		{"planId", w.PlanID, true},
+		{"planVersion", w.PlanVersion, true},
+	}
+	for _, id := range ids {
+		if err := validateID(id.field, id.value, id.noPipe); err != nil {
+			return err
+		}
+	}
+	if err := validateUTC("emittedAt", w.EmittedAt); err != nil {
+		return err
+	}
+	if w.EngineAttemptID < 1 {
+		return schemaError("engineAttemptId", "must be an integer >= 1, got %d", w.EngineAttemptID)
+	}
+	if w.LogicalAttemptID < 1 {
+		return schemaError("logicalAttemptId", "must be an integer >= 1, got %d", w.LogicalAttemptID)
+	}
+	if IsStepEvent(w.EventType) {
+		if w.StepID == "" {
+			return schemaError("stepId", "is required for %s", w.EventType)
+		}
+		if err := validateID("stepId", w.StepID, true); err != nil {
+			return err
+		}
+	} else if w.StepID != "" {
+		return schemaError("stepId", "must be absent for run-level event %s", w.EventType)
+	}
+	if err := validatePayload(w.Payload); err != nil {
+		return err
+	}
+	if w.IdempotencyKey == "" {
+		return schemaError("idempotencyKey", "is required")
+	}
+	if want := w.KeyInput().Key(); w.IdempotencyKey != want {
+		return schemaError("idempotencyKey", "does not match the derivation SHA256(%q): want %s", w.KeyInput().Preimage(), want)
+	}
+	return nil
+}
+
+func validateID(field, v string, noPipe bool) error {
+	switch {
+	case v == "":
+		return schemaError(field, "is required")
+	case len(v) > MaxIDBytes:
+		return schemaError(field, "is %d bytes; the limit is %d", len(v), MaxIDBytes)
+	case !utf8.ValidString(v):
+		return schemaError(field, "is not valid UTF-8")
+	case noPipe && strings.IndexByte(v, '|') >= 0:
+		return schemaError(field, "must not contain '|'")
+	case strings.IndexByte(v, 0) >= 0:
+		return schemaError(field, "must not contain NUL")
+	}
+	return nil
+}
+
+// validateUUIDv4 accepts the canonical 8-4-4-4-12 hex form (either case)
+// with version nibble 4 and the RFC 4122 variant.
+func validateUUIDv4(v string) error {
+	if v == "" {
+		return schemaError("eventId", "is required")
+	}
+	if len(v) != 36 {
+		return schemaError("eventId", "must be a UUID v4 in 8-4-4-4-12 form")
+	}
+	for i := 0; i < 36; i++ {
+		c := v[i]
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return schemaError("eventId", "must be a UUID v4 in 8-4-4-4-12 form")
+			}
+			continue
+		}
+		if !isHex(c) {
+			return schemaError("eventId", "must be a UUID v4 in 8-4-4-4-12 form")
+		}
+	}
+	if v[14] != '4' {
+		return schemaError("eventId", "must be a UUID v4; version nibble is %q", v[14])
+	}
+	switch v[19] {
+	case '8', '9', 'a', 'b', 'A', 'B':
+	default:
+		return schemaError("eventId", "must be a UUID v4 with the RFC 4122 variant")
+	}
+	return nil
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func validateUTC(field, v string) error {
+	if v == "" {
+		return schemaError(field, "is required")
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return schemaError(field, "must be an RFC 3339 timestamp: %v", err)
+	}
+	if _, off := t.Zone(); off != 0 {
+		return schemaError(field, "must be in UTC (Z or +00:00)")
+	}
+	return nil
+}
+
+func validatePayload(p json.RawMessage) error {
+	if len(p) == 0 {
+		return nil
+	}
+	if len(p) > MaxPayloadBytes {
+		return schemaError("payload", "is %d bytes; the limit is %d", len(p), MaxPayloadBytes)
+	}
+	trimmed := bytes.TrimLeft(p, " \t\r\n")
+	if len(trimmed) == 0 || trimmed[0] != '{' || !json.Valid(p) {
+		return schemaError("payload", "must be a JSON object")
+	}
+	return nil
+}
+
+// DecodeWrite decodes one JSON RunEventWrite strictly (unknown fields,
+// trailing data, non-integer attempts and oversized input are refused) and
+// validates it. Every failure is an *Error with code SCHEMA_VALIDATION_FAILED.
+func DecodeWrite(data []byte) (*RunEventWrite, error) {
+	if len(data) > MaxEventBytes {
+		return nil, schemaError("", "event is %d bytes; the limit is %d", len(data), MaxEventBytes)
+	}
+	trimmed := bytes.TrimSpace(data)
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return nil, schemaError("", "event must be a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var w RunEventWrite
+	if err := dec.Decode(&w); err != nil {
+		return nil, decodeError(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, schemaError("", "unexpected data after the event object")
+	}
+	if bytes.Equal(bytes.TrimSpace(w.Payload), []byte("null")) {
+		w.Payload = nil
+	}
+	if err := ValidateWrite(&w); err != nil {
+		return nil, err
+	}
+	return &w, nil
+}
+
+func decodeError(err error) error {
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) {
+		return &Error{Code: CodeSchemaValidationFailed, Field: typeErr.Field,
+			Message: fmt.Sprintf("must be %s, got JSON %s", goTypeName(typeErr.Type.Kind().String()), typeErr.Value), Err: err}
+	}
+	msg := err.Error()
+	if f, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
+		return &Error{Code: CodeSchemaValidationFailed, Field: strings.Trim(f, `"`), Message: "is not a field of RunEventWrite", Err: err}
+	}
+	return &Error{Code: CodeSchemaValidationFailed, Message: "malformed JSON: " + strings.TrimPrefix(msg, "json: "), Err: err}
+}
+
+func goTypeName(kind string) string {
+	switch kind {
+	case "int64":
+		return "an integer"
+	case "string":
+		return "a string"
+	case "slice":
+		return "a JSON object"
+	}
+	return kind
+}
