@@ -80,6 +80,9 @@ func ValidateWrite(w *RunEventWrite) error {
 	if err := validatePayload(w.Payload); err != nil {
 		return err
 	}
+	if err := validateKnownPayload(w.EventType, w.Payload); err != nil {
+		return err
+	}
 	if w.IdempotencyKey == "" {
 		return schemaError("idempotencyKey", "is required")
 	}

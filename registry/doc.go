@@ -1,0 +1,51 @@
+// Package registry is the producer EventIdRegistry of the Run Events
+// Contract v2.0.1 §2.5.1, kept in a NATS JetStream key-value bucket.
+//
+// The registry maps (runId, idempotencyKey) to a stable eventId (UUID v4).
+// The protocol a producer follows, and that [Emitter] implements:
+//
+//  1. [Registry.EventID] returns the registered eventId, or generates a new
+//     UUID v4 and writes it with an atomic KV Create BEFORE the append. When
+//     producers race, exactly one Create wins and every producer reads the
+//     winner's value, so they all send the same eventId.
+//  2. The event is appended with that eventId. Retries of the same logical
+//     event (same idempotencyKey) read the same eventId back.
+//  3. If the append authority returns a different eventId (the registry entry
+//     was lost, or the event was appended before the registry existed), the
+//     store's metadata is authoritative: [Registry.Adopt] replaces the
+//     registered eventId with the returned one (compare-and-set), and the
+//     caller uses the returned metadata.
+//
+// # Key encoding
+//
+// KV keys may only contain -./0-9=A-Z_a-z, while runIds may contain '.',
+// '*', '>', spaces and any Unicode. The key of (runId, idempotencyKey) is
+//
+//	base64url(runId, no padding) + "." + idempotencyKey
+//
+// for example runId "run.1" and key "9f86…0f00" give "cnVuLjE.9f86…0f00".
+// base64url uses only A-Z a-z 0-9 - _, so the encoding is injective and
+// reversible ([Key], [ParseKey]) and every key has exactly two subject
+// tokens: one run's entries match the KV filter "<base64url(runId)>.>".
+// runId must be 1..statestore.MaxIDBytes (256) bytes of valid UTF-8 and
+// idempotencyKey exactly 64 lowercase hex digits, so a key is at most
+// 342+1+64 = 407 bytes, far below the ~4 KiB at which NATS closes the
+// connection. Invalid input is refused with [ErrInvalidInput] before
+// anything is sent to the server. The value is the eventId as 36 ASCII
+// characters.
+//
+// # Bucket and durability
+//
+// [Open] creates the bucket, or updates an existing one to the [Options]
+// (so the options are authoritative): file storage, History 1,
+// Options.Replicas replicas, and no TTL unless Options.TTL is set. With a TTL
+// an entry expires TTL after its last write; a producer that retries an event
+// later than that generates a new eventId, the append authority returns the
+// original one and [Emitter] adopts it, which §2.5.1 permits. Choose a TTL
+// longer than the longest run (including pauses) to keep that path rare.
+//
+// Entries survive producer and server restarts as far as the JetStream file
+// store does: the store syncs on its sync interval, so power loss can drop
+// recent acknowledged writes unless the server syncs always. A lost entry
+// degrades to the adopt path above, never to a duplicate event.
+package registry

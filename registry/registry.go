@@ -1,0 +1,260 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+)
+
+// DefaultBucket is the KV bucket name Open uses when Options.Bucket is empty.
+const DefaultBucket = "SIDECAR_EVENT_IDS"
+
+// casAttempts bounds the read/compare-and-set rounds of one EventID or
+// Adopt call before it gives up with ErrConflict.
+const casAttempts = 5
+
+// Options configures Open. The zero value works: bucket DefaultBucket, one
+// replica, no TTL, no logs, no metrics.
+type Options struct {
+	// Bucket is the KV bucket name (letters, digits, '-', '_').
+	Bucket string
+	// Replicas is the bucket's replica count on a clustered JetStream, 1..5
+	// (default 1).
+	Replicas int
+	// TTL, when positive, expires an entry TTL after its last write. Zero
+	// (the default) keeps entries until the bucket is deleted. See the
+	// package documentation for choosing a TTL.
+	TTL time.Duration
+	// Logger receives adopt notices and debug traces (default zap.NewNop()).
+	Logger *zap.Logger
+	// Metrics records operations (default nil: none).
+	Metrics *Metrics
+}
+
+// Registry is the producer EventIdRegistry on a JetStream KV bucket. It is
+// safe for concurrent use, and any number of Registry values on any number
+// of connections may share one bucket.
+type Registry struct {
+	kv      jetstream.KeyValue
+	bucket  string
+	log     *zap.Logger
+	metrics *Metrics
+}
+
+// Open creates the KV bucket described by opts, or updates an existing
+// bucket of that name to it, and returns a Registry on it. The bucket uses
+// file storage and keeps one value per key. Open does not take ownership of
+// js or its connection; the Registry holds no other resources.
+func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Registry, error) {
+	if opts.Bucket == "" {
+		opts.Bucket = DefaultBucket
+	}
+	if opts.Replicas == 0 {
+		opts.Replicas = 1
+	}
+	if opts.Replicas < 1 || opts.Replicas > 5 {
+		return nil, fmt.Errorf("registry: open: replicas must be 1..5, got %d", opts.Replicas)
+	}
+	if opts.TTL < 0 {
+		return nil, fmt.Errorf("registry: open: ttl must not be negative, got %s", opts.TTL)
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      opts.Bucket,
+		Description: "Conductor sidecar producer EventIdRegistry: base64url(runId).idempotencyKey -> eventId (Run Events Contract v2.0.1 §2.5.1)",
+		History:     1,
+		TTL:         opts.TTL,
+		Storage:     jetstream.FileStorage,
+		Replicas:    opts.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("registry: open bucket %s: %w", opts.Bucket, err)
+	}
+	r := &Registry{kv: kv, bucket: opts.Bucket, log: opts.Logger.Named("registry"), metrics: opts.Metrics}
+	r.log.Debug("opened", zap.String("bucket", opts.Bucket), zap.Int("replicas", opts.Replicas), zap.Duration("ttl", opts.TTL))
+	return r, nil
+}
+
+// EventID returns the eventId registered for (runID, idempotencyKey), with
+// created false; or, on the first emission, generates a UUID v4, writes it
+// with an atomic Create and returns it with created true. The write happens
+// before EventID returns, so before the caller appends. When several
+// producers race, one Create wins and all of them return its value.
+//
+// Errors wrap ErrInvalidInput (nothing sent), ErrCorrupt (the stored value is
+// not a UUID v4), ErrConflict (the key kept vanishing between a failed Create
+// and the read; retry) or ErrUnavailable.
+func (r *Registry) EventID(ctx context.Context, runID, idempotencyKey string) (eventID string, created bool, err error) {
+	start := time.Now()
+	eventID, created, err = r.getOrCreate(ctx, runID, idempotencyKey)
+	result := resultFound
+	switch {
+	case err != nil:
+		result = resultError
+	case created:
+		result = resultCreated
+	}
+	r.metrics.observe(opGetOrCreate, result, start)
+	return eventID, created, err
+}
+
+func (r *Registry) getOrCreate(ctx context.Context, runID, idempotencyKey string) (string, bool, error) {
+	key, err := Key(runID, idempotencyKey)
+	if err != nil {
+		return "", false, err
+	}
+	u, err := uuid.NewRandom()
+	if err != nil {
+		return "", false, fmt.Errorf("registry: generate eventId: %w", err)
+	}
+	fresh := u.String()
+	// Create first: the first emission is the common case and costs one
+	// round trip; a retry costs a failed Create plus a read.
+	for range casAttempts {
+		_, err := r.kv.Create(ctx, key, []byte(fresh))
+		if err == nil {
+			r.log.Debug("eventId created", zap.String("runId", runID),
+				zap.String("idempotencyKey", idempotencyKey), zap.String("eventId", fresh))
+			return fresh, true, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return "", false, unavailable("create", key, err)
+		}
+		stored, _, err := r.get(ctx, key)
+		if errors.Is(err, ErrNotFound) {
+			continue // deleted or expired since the Create; create again
+		}
+		if err != nil {
+			return "", false, err
+		}
+		r.log.Debug("eventId found", zap.String("runId", runID),
+			zap.String("idempotencyKey", idempotencyKey), zap.String("eventId", stored))
+		return stored, false, nil
+	}
+	return "", false, fmt.Errorf("%w: key %s: created and found missing %d times", ErrConflict, key, casAttempts)
+}
+
+// Adopt registers eventID for (runID, idempotencyKey), replacing any other
+// value with a compare-and-set update (or creating the entry if it was
+// lost). It is called when the append authority returned a different
+// eventId than the producer sent; that eventId is authoritative for the
+// rest of the run (§2.5.1). Adopt is idempotent: when eventID is already
+// registered it writes nothing.
+//
+// Errors wrap ErrInvalidInput (nothing sent; eventID must be a UUID v4),
+// ErrConflict (concurrent writers won casAttempts times in a row; retry) or
+// ErrUnavailable.
+func (r *Registry) Adopt(ctx context.Context, runID, idempotencyKey, eventID string) error {
+	start := time.Now()
+	changed, err := r.adopt(ctx, runID, idempotencyKey, eventID)
+	result := resultUnchanged
+	switch {
+	case err != nil:
+		result = resultError
+	case changed:
+		result = resultAdopted
+	}
+	r.metrics.observe(opAdopt, result, start)
+	return err
+}
+
+func (r *Registry) adopt(ctx context.Context, runID, idempotencyKey, eventID string) (bool, error) {
+	key, err := Key(runID, idempotencyKey)
+	if err != nil {
+		return false, err
+	}
+	if err := validateEventID(eventID); err != nil {
+		return false, err
+	}
+	for range casAttempts {
+		stored, rev, err := r.get(ctx, key)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			_, err = r.kv.Create(ctx, key, []byte(eventID))
+			if errors.Is(err, jetstream.ErrKeyExists) {
+				continue
+			}
+			if err != nil {
+				return false, unavailable("create", key, err)
+			}
+			r.log.Info("eventId adopted; registry entry was missing", zap.String("runId", runID),
+				zap.String("idempotencyKey", idempotencyKey), zap.String("eventId", eventID))
+			return true, nil
+		case errors.Is(err, ErrCorrupt):
+			// Overwrite a corrupt value: the append authority's eventId is
+			// authoritative, and a valid value is better than none.
+		case err != nil:
+			return false, err
+		case stored == eventID:
+			return false, nil
+		}
+		_, err = r.kv.Update(ctx, key, []byte(eventID), rev)
+		// Check ErrKeyRevisionMismatch first: on a single server a CAS
+		// conflict also matches jetstream.ErrKeyExists (same API code).
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue
+		}
+		if err != nil {
+			return false, unavailable("update", key, err)
+		}
+		r.log.Info("eventId adopted from the append authority", zap.String("runId", runID),
+			zap.String("idempotencyKey", idempotencyKey), zap.String("previousEventId", stored),
+			zap.String("eventId", eventID))
+		return true, nil
+	}
+	return false, fmt.Errorf("%w: key %s: lost %d compare-and-set rounds", ErrConflict, key, casAttempts)
+}
+
+// Lookup returns the eventId registered for (runID, idempotencyKey) without
+// creating one. Errors wrap ErrInvalidInput, ErrNotFound, ErrCorrupt or
+// ErrUnavailable.
+func (r *Registry) Lookup(ctx context.Context, runID, idempotencyKey string) (string, error) {
+	start := time.Now()
+	eventID, err := r.lookup(ctx, runID, idempotencyKey)
+	result := resultFound
+	switch {
+	case errors.Is(err, ErrNotFound):
+		result = resultNotFound
+	case err != nil:
+		result = resultError
+	}
+	r.metrics.observe(opLookup, result, start)
+	return eventID, err
+}
+
+func (r *Registry) lookup(ctx context.Context, runID, idempotencyKey string) (string, error) {
+	key, err := Key(runID, idempotencyKey)
+	if err != nil {
+		return "", err
+	}
+	eventID, _, err := r.get(ctx, key)
+	return eventID, err
+}
+
+// get reads key. A missing (or deleted) key gives ErrNotFound; a value that
+// is not a UUID v4 gives ErrCorrupt together with the entry's revision.
+func (r *Registry) get(ctx context.Context, key string) (string, uint64, error) {
+	e, err := r.kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return "", 0, fmt.Errorf("%w: key %s", ErrNotFound, key)
+	}
+	if err != nil {
+		return "", 0, unavailable("get", key, err)
+	}
+	v := string(e.Value())
+	if !isUUIDv4(v) {
+		return "", e.Revision(), fmt.Errorf("%w: key %s holds %q", ErrCorrupt, key, v)
+	}
+	return v, e.Revision(), nil
+}
+
+func unavailable(op, key string, err error) error {
+	return fmt.Errorf("%w: %s key %s: %w", ErrUnavailable, op, key, err)
+}

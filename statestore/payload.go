@@ -1,0 +1,177 @@
+package statestore
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// PauseDrainTimeoutCode is the machine code of a drain timeout; the payload
+// of RunDrainTimedOut carries it.
+const PauseDrainTimeoutCode = "PAUSE_DRAIN_TIMEOUT"
+
+// The payload shapes of the known event types, as in contract/<Type>.schema.json.
+// Fields not listed are allowed and kept; listed fields must have their type.
+type (
+	artifactsPayload struct {
+		Artifacts []ArtifactRef `json:"artifacts"`
+	}
+	runStartedPayload struct {
+		EngineRunRef string `json:"engineRunRef"`
+		EngineType   string `json:"engineType"`
+		StartedAt    string `json:"startedAt"`
+	}
+	stepFailedPayload struct {
+		Error     *StepError    `json:"error"`
+		Artifacts []ArtifactRef `json:"artifacts"`
+	}
+	runFailedPayload struct {
+		Error *StepError `json:"error"`
+	}
+	reasonPayload struct {
+		Reason      string `json:"reason"`
+		RequestedBy string `json:"requestedBy"`
+	}
+	runPausedPayload struct {
+		Reason              string `json:"reason"`
+		RequestedBy         string `json:"requestedBy"`
+		StepID              string `json:"stepId"`
+		DrainTimeoutSeconds *int64 `json:"drainTimeoutSeconds"`
+	}
+	drainPayload struct {
+		Code            *string  `json:"code"`
+		InFlightStepIDs []string `json:"inFlightStepIds"`
+		WaitedSeconds   *float64 `json:"waitedSeconds"`
+	}
+	stepSkippedPayload struct {
+		Reason string `json:"reason"`
+	}
+)
+
+var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// validateKnownPayload checks the payload fields that the event type's schema
+// types. It is called with a payload that is already a JSON object.
+func validateKnownPayload(eventType string, raw json.RawMessage) error {
+	if len(raw) == 0 && eventType != RunDrainTimedOut {
+		return nil
+	}
+	decode := func(v any) error {
+		if len(raw) == 0 {
+			return nil
+		}
+		if err := json.NewDecoder(bytes.NewReader(raw)).Decode(v); err != nil {
+			var te *json.UnmarshalTypeError
+			if errors.As(err, &te) {
+				return &Error{Code: CodeSchemaValidationFailed, Field: "payload." + te.Field,
+					Message: fmt.Sprintf("has the wrong type (JSON %s)", te.Value), Err: err}
+			}
+			return schemaError("payload", "malformed: %v", err)
+		}
+		return nil
+	}
+	switch eventType {
+	case RunStarted:
+		var p runStartedPayload
+		if err := decode(&p); err != nil {
+			return err
+		}
+		switch p.EngineType {
+		case "", "conductor", "temporal", "mock":
+		default:
+			return schemaError("payload.engineType", "must be conductor, temporal or mock")
+		}
+		return validateOptionalTime("payload.startedAt", p.StartedAt)
+	case StepCompleted, RunCompleted:
+		var p artifactsPayload
+		if err := decode(&p); err != nil {
+			return err
+		}
+		return validateArtifacts(p.Artifacts)
+	case StepFailed:
+		var p stepFailedPayload
+		if err := decode(&p); err != nil {
+			return err
+		}
+		if err := validateStepError(p.Error); err != nil {
+			return err
+		}
+		return validateArtifacts(p.Artifacts)
+	case RunFailed:
+		var p runFailedPayload
+		if err := decode(&p); err != nil {
+			return err
+		}
+		return validateStepError(p.Error)
+	case StepSkipped:
+		return decode(&stepSkippedPayload{})
+	case RunResumed, RunCancelled, RunCancelRequested:
+		return decode(&reasonPayload{})
+	case RunPaused:
+		var p runPausedPayload
+		if err := decode(&p); err != nil {
+			return err
+		}
+		if p.DrainTimeoutSeconds != nil && *p.DrainTimeoutSeconds < 0 {
+			return schemaError("payload.drainTimeoutSeconds", "must be >= 0")
+		}
+	case RunDrainCompleted, RunDrainTimedOut:
+		var p drainPayload
+		if err := decode(&p); err != nil {
+			return err
+		}
+		if p.WaitedSeconds != nil && *p.WaitedSeconds < 0 {
+			return schemaError("payload.waitedSeconds", "must be >= 0")
+		}
+		if eventType == RunDrainTimedOut && (p.Code == nil || *p.Code != PauseDrainTimeoutCode) {
+			return schemaError("payload.code", "must be %s", PauseDrainTimeoutCode)
+		}
+	}
+	return nil
+}
+
+func validateArtifacts(refs []ArtifactRef) error {
+	for i, a := range refs {
+		field := fmt.Sprintf("payload.artifacts[%d]", i)
+		switch {
+		case a.URI == "":
+			return schemaError(field+".uri", "is required")
+		case a.Kind == "":
+			return schemaError(field+".kind", "is required")
+		case a.SHA256 != "" && !sha256Hex.MatchString(a.SHA256):
+			return schemaError(field+".sha256", "must be 64 lowercase hex digits")
+		case a.SizeBytes < 0:
+			return schemaError(field+".sizeBytes", "must be >= 0")
+		}
+		if err := validateOptionalTime(field+".expiresAt", a.ExpiresAt); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func validateStepError(e *StepError) error {
+	if e == nil {
+		return nil
+	}
+	if e.Code == "" {
+		return schemaError("payload.error.code", "is required")
+	}
+	if e.Message == "" {
+		return schemaError("payload.error.message", "is required")
+	}
+	return nil
+}
+
+func validateOptionalTime(field, v string) error {
+	if v == "" {
+		return nil
+	}
+	if _, err := time.Parse(time.RFC3339Nano, v); err != nil {
+		return schemaError(field, "must be an RFC 3339 timestamp")
+	}
+	return nil
+}

@@ -1,0 +1,270 @@
+package statestore_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"path"
+	"strings"
+	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+const schemaBase = "https://conductor-sidecar.dev/schemas/run-events/v2.0.1/"
+
+// schemas compiles every contract schema: "RunEventWrite" and one per event type.
+func schemas(t testing.TB) map[string]*jsonschema.Schema {
+	t.Helper()
+	c := jsonschema.NewCompiler()
+	c.AssertFormat()
+	names, err := fs.Glob(statestore.Contract, "contract/*.schema.json")
+	if err != nil || len(names) == 0 {
+		t.Fatalf("no schemas: %v", err)
+	}
+	for _, n := range names {
+		b, _ := statestore.Contract.ReadFile(n)
+		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
+		if err != nil {
+			t.Fatalf("%s: %v", n, err)
+		}
+		if err := c.AddResource(schemaBase+path.Base(n), doc); err != nil {
+			t.Fatalf("%s: %v", n, err)
+		}
+	}
+	out := map[string]*jsonschema.Schema{}
+	for _, n := range names {
+		name := strings.TrimSuffix(path.Base(n), ".schema.json")
+		s, err := c.Compile(schemaBase + path.Base(n))
+		if err != nil {
+			t.Fatalf("compile %s: %v", n, err)
+		}
+		out[name] = s
+	}
+	return out
+}
+
+// schemaValid validates the JSON document against the envelope and, for a
+// known event type, that type's schema.
+func schemaValid(t testing.TB, sch map[string]*jsonschema.Schema, doc []byte) error {
+	t.Helper()
+	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
+	if err != nil {
+		return err
+	}
+	if err := sch["RunEventWrite"].Validate(inst); err != nil {
+		return err
+	}
+	var head struct {
+		EventType string `json:"eventType"`
+	}
+	_ = json.Unmarshal(doc, &head)
+	if s, ok := sch[head.EventType]; ok {
+		return s.Validate(inst)
+	}
+	return nil
+}
+
+var knownTypes = []string{
+	statestore.RunQueued, statestore.RunApproved, statestore.RunStarted, statestore.StepStarted,
+	statestore.StepCompleted, statestore.StepFailed, statestore.StepSkipped, statestore.RunPaused,
+	statestore.RunResumed, statestore.RunCompleted, statestore.RunFailed, statestore.RunCancelled,
+	statestore.RunCancelRequested, statestore.RunDrainCompleted, statestore.RunDrainTimedOut,
+}
+
+// validEvents is a corpus of valid writes: every known type with a typical
+// payload, plus unknown types.
+func validEvents() []*statestore.RunEventWrite {
+	payloads := map[string]any{
+		statestore.RunStarted:        map[string]any{"engineRunRef": "conductor://wf/abc", "engineType": "conductor", "startedAt": "2026-02-11T10:30:00Z"},
+		statestore.StepCompleted:     map[string]any{"artifacts": []any{map[string]any{"uri": "nats-os://artifacts/x", "kind": "stdout", "sha256": strings.Repeat("a", 64), "sizeBytes": 12}}},
+		statestore.StepFailed:        map[string]any{"error": map[string]any{"code": "EXIT_CODE", "message": "exit 2", "retryable": false}},
+		statestore.StepSkipped:       map[string]any{"reason": "dependency failed"},
+		statestore.RunPaused:         map[string]any{"reason": "operator", "requestedBy": "jane", "drainTimeoutSeconds": 300},
+		statestore.RunFailed:         map[string]any{"error": map[string]any{"code": "STEP_FAILED", "message": "b failed"}},
+		statestore.RunDrainCompleted: map[string]any{"waitedSeconds": 2.5},
+		statestore.RunDrainTimedOut:  map[string]any{"code": "PAUSE_DRAIN_TIMEOUT", "inFlightStepIds": []string{"a", "b"}, "waitedSeconds": 300},
+	}
+	var out []*statestore.RunEventWrite
+	for _, et := range knownTypes {
+		if et != statestore.RunDrainTimedOut { // its payload is required
+			out = append(out, storetest.Event("run-valid", et, "step.a"))
+		}
+		if p, ok := payloads[et]; ok {
+			out = append(out, storetest.WithPayload(storetest.Event("run-valid", et, "step.a"), p))
+		}
+	}
+	out = append(out, storetest.WithPayload(storetest.Event("run-valid", "RunAnnotated", ""), map[string]any{"any": []int{1}}))
+	w := storetest.Event("ünï.*>", statestore.StepStarted, "日本")
+	w.EmittedAt = "2026-02-11T10:30:00+00:00"
+	storetest.Rekey(w)
+	out = append(out, w)
+	return out
+}
+
+func TestSchemas_AcceptValidEvents(t *testing.T) {
+	sch := schemas(t)
+	for _, et := range knownTypes {
+		if sch[et] == nil {
+			t.Errorf("no schema for known event type %s", et)
+		}
+	}
+	for _, w := range validEvents() {
+		doc, _ := json.Marshal(w)
+		if err := statestore.ValidateWrite(w); err != nil {
+			t.Errorf("ValidateWrite(%s): %v", doc, err)
+		}
+		if err := schemaValid(t, sch, doc); err != nil {
+			t.Errorf("schema rejects %s: %v", doc, err)
+		}
+		if _, err := statestore.DecodeWrite(doc); err != nil {
+			t.Errorf("DecodeWrite(%s): %v", doc, err)
+		}
+	}
+}
+
+// Cases the schema cannot express: the key derivation, and bytes that JSON
+// cannot carry (invalid UTF-8) or malformed JSON inside a Go RawMessage.
+var schemaInexpressible = map[string]bool{
+	"idempotencyKey of another attempt": true,
+	"runId invalid UTF-8":               true,
+	"payload malformed":                 true,
+	"payload too large":                 true, // a byte limit; JSON Schema counts properties, not bytes
+}
+
+func TestSchemas_RejectInvalidEvents(t *testing.T) {
+	sch := schemas(t)
+	cases := storetest.InvalidWrites()
+	cases = append(cases, payloadInvalidWrites()...)
+	for _, c := range cases {
+		t.Run(c.Name, func(t *testing.T) {
+			if err := statestore.ValidateWrite(c.Write); !errors.Is(err, statestore.ErrSchemaValidation) {
+				t.Fatalf("ValidateWrite: got %v, want %s", err, statestore.CodeSchemaValidationFailed)
+			}
+			if schemaInexpressible[c.Name] {
+				return
+			}
+			doc := mustJSON(t, c.Write)
+			if err := schemaValid(t, sch, doc); err == nil {
+				t.Fatalf("schema accepts %.300s", doc)
+			}
+		})
+	}
+}
+
+func payloadInvalidWrites() []storetest.InvalidCase {
+	mk := func(name, field, et string, payload any) storetest.InvalidCase {
+		return storetest.InvalidCase{Name: name, Field: field, Write: storetest.WithPayload(storetest.Event("run-bad-payload", et, "a"), payload)}
+	}
+	return []storetest.InvalidCase{
+		mk("drain timeout without code", "payload.code", statestore.RunDrainTimedOut, map[string]any{"waitedSeconds": 1}),
+		mk("drain timeout wrong code", "payload.code", statestore.RunDrainTimedOut, map[string]any{"code": "OTHER"}),
+		mk("negative drain timeout", "payload.drainTimeoutSeconds", statestore.RunPaused, map[string]any{"drainTimeoutSeconds": -1}),
+		mk("drain timeout as string", "payload.drainTimeoutSeconds", statestore.RunPaused, map[string]any{"drainTimeoutSeconds": "5m"}),
+		mk("artifact without uri", "payload.artifacts[0].uri", statestore.StepCompleted, map[string]any{"artifacts": []any{map[string]any{"kind": "log"}}}),
+		mk("artifact bad sha256", "payload.artifacts[0].sha256", statestore.StepCompleted, map[string]any{"artifacts": []any{map[string]any{"uri": "u", "kind": "k", "sha256": "XYZ"}}}),
+		mk("artifacts not an array", "payload.artifacts", statestore.RunCompleted, map[string]any{"artifacts": "s3://x"}),
+		mk("error without message", "payload.error.message", statestore.StepFailed, map[string]any{"error": map[string]any{"code": "X"}}),
+		mk("unknown engine type", "payload.engineType", statestore.RunStarted, map[string]any{"engineType": "airflow"}),
+		mk("startedAt not a time", "payload.startedAt", statestore.RunStarted, map[string]any{"startedAt": "yesterday"}),
+	}
+}
+
+func mustJSON(t testing.TB, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestDecodeWrite(t *testing.T) {
+	good := mustJSON(t, storetest.Event("run-1", statestore.StepStarted, "a"))
+	replace := func(old, new string) []byte { return bytes.Replace(good, []byte(old), []byte(new), 1) }
+	tests := []struct {
+		name  string
+		in    []byte
+		field string
+	}{
+		{"not JSON", []byte("{not json"), ""},
+		{"empty", []byte(""), ""},
+		{"array", []byte("[]"), ""},
+		{"null", []byte("null"), ""},
+		{"trailing data", append(append([]byte{}, good...), []byte(`{"x":1}`)...), ""},
+		{"unknown field", replace(`"eventId"`, `"bogus":1,"eventId"`), "bogus"},
+		{"runSeq not allowed on a write", replace(`"eventId"`, `"runSeq":3,"eventId"`), "runSeq"},
+		{"attempt as string", replace(`"engineAttemptId":1`, `"engineAttemptId":"1"`), "engineAttemptId"},
+		{"attempt fractional", replace(`"engineAttemptId":1`, `"engineAttemptId":1.5`), "engineAttemptId"},
+		{"attempt zero", replace(`"engineAttemptId":1`, `"engineAttemptId":0`), "engineAttemptId"},
+		{"attempt negative", replace(`"logicalAttemptId":1`, `"logicalAttemptId":-1`), "logicalAttemptId"},
+		{"runId number", replace(`"runId":"run-1"`, `"runId":7`), "runId"},
+		{"payload string", replace(`"eventId"`, `"payload":"x","eventId"`), "payload"},
+		{"huge", append([]byte(`{"payload":{"a":"`), bytes.Repeat([]byte("x"), statestore.MaxEventBytes)...), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w, err := statestore.DecodeWrite(tt.in)
+			if w != nil || !errors.Is(err, statestore.ErrSchemaValidation) {
+				t.Fatalf("got %v, %v; want SCHEMA_VALIDATION_FAILED", w, err)
+			}
+			var e *statestore.Error
+			if errors.As(err, &e) && tt.field != "" && e.Field != tt.field {
+				t.Fatalf("field: got %q want %q (%v)", e.Field, tt.field, err)
+			}
+		})
+	}
+	t.Run("OK", func(t *testing.T) {
+		w, err := statestore.DecodeWrite(good)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(mustJSON(t, w), good) {
+			t.Fatalf("round trip changed the event")
+		}
+	})
+	t.Run("null payload is absent", func(t *testing.T) {
+		w, err := statestore.DecodeWrite(replace(`"eventId"`, `"payload":null,"eventId"`))
+		if err != nil || w.Payload != nil {
+			t.Fatalf("got %v, %v", w, err)
+		}
+	})
+}
+
+func FuzzDecodeWrite(f *testing.F) {
+	for _, w := range validEvents() {
+		f.Add(mustJSON(f, w))
+	}
+	for _, c := range storetest.InvalidWrites() {
+		if b, err := json.Marshal(c.Write); err == nil {
+			f.Add(b)
+		}
+	}
+	f.Add([]byte(`{"eventId":1}`))
+	f.Add([]byte(`{"payload":{"artifacts":[{"uri":"u","kind":"k","sizeBytes":-1}]}}`))
+	sch := schemas(f)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		w, err := statestore.DecodeWrite(data)
+		if err != nil {
+			if w != nil || statestore.CodeOf(err) != statestore.CodeSchemaValidationFailed {
+				t.Fatalf("rejection without the machine code: %v", err)
+			}
+			return
+		}
+		// Whatever the decoder accepts, the published schemas accept too.
+		if err := schemaValid(t, sch, data); err != nil {
+			t.Fatalf("DecodeWrite accepted what the schema rejects: %.500s: %v", data, err)
+		}
+		if err := statestore.ValidateWrite(w); err != nil {
+			t.Fatalf("decoded event fails ValidateWrite: %v", err)
+		}
+		again, err := statestore.DecodeWrite(mustJSON(t, w))
+		if err != nil || !bytes.Equal(mustJSON(t, again), mustJSON(t, w)) {
+			t.Fatalf("re-encoding changed the event: %v", err)
+		}
+	})
+}
