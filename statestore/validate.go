@@ -149,6 +149,9 @@ func validateUTC(field, v string) error {
 	if v == "" {
 		return schemaError(field, "is required")
 	}
+	if !rfc3339Shape(v) {
+		return schemaError(field, "must be an RFC 3339 timestamp like 2026-02-11T10:30:00.000Z")
+	}
 	t, err := time.Parse(time.RFC3339Nano, v)
 	if err != nil {
 		return schemaError(field, "must be an RFC 3339 timestamp: %v", err)
@@ -158,6 +161,43 @@ func validateUTC(field, v string) error {
 	}
 	return nil
 }
+
+// rfc3339Shape checks the exact RFC 3339 date-time layout
+// YYYY-MM-DDTHH:MM:SS[.frac](Z|+HH:MM|-HH:MM), which time.Parse checks only
+// loosely (it accepts a one-digit hour).
+func rfc3339Shape(v string) bool {
+	const head = "dddd-dd-ddTdd:dd:dd"
+	if len(v) < len(head)+1 {
+		return false
+	}
+	for i := 0; i < len(head); i++ {
+		if head[i] == 'd' {
+			if v[i] < '0' || v[i] > '9' {
+				return false
+			}
+		} else if v[i] != head[i] {
+			return false
+		}
+	}
+	rest := v[len(head):]
+	if rest[0] == '.' {
+		n := 1
+		for n < len(rest) && rest[n] >= '0' && rest[n] <= '9' {
+			n++
+		}
+		if n == 1 {
+			return false
+		}
+		rest = rest[n:]
+	}
+	if rest == "Z" {
+		return true
+	}
+	return len(rest) == 6 && (rest[0] == '+' || rest[0] == '-') && isDigit(rest[1]) && isDigit(rest[2]) &&
+		rest[3] == ':' && isDigit(rest[4]) && isDigit(rest[5])
+}
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
 
 func validatePayload(p json.RawMessage) error {
 	if len(p) == 0 {
@@ -184,6 +224,9 @@ func DecodeWrite(data []byte) (*RunEventWrite, error) {
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return nil, schemaError("", "event must be a JSON object")
 	}
+	if err := checkTopLevelKeys(data); err != nil {
+		return nil, err
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var w RunEventWrite
@@ -200,6 +243,42 @@ func DecodeWrite(data []byte) (*RunEventWrite, error) {
 		return nil, err
 	}
 	return &w, nil
+}
+
+var writeFields = map[string]bool{
+	"eventId": true, "eventType": true, "emittedAt": true, "runId": true, "tenantId": true,
+	"projectId": true, "environmentId": true, "planId": true, "planVersion": true,
+	"engineAttemptId": true, "logicalAttemptId": true, "idempotencyKey": true, "stepId": true, "payload": true,
+}
+
+// checkTopLevelKeys refuses keys that are not RunEventWrite fields spelled
+// exactly (encoding/json matches names case-insensitively) and duplicate keys
+// (whose meaning JSON leaves open).
+func checkTopLevelKeys(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if _, err := dec.Token(); err != nil { // the opening brace
+		return decodeError(err)
+	}
+	seen := make(map[string]bool, len(writeFields))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return decodeError(err)
+		}
+		key, _ := tok.(string)
+		if !writeFields[key] {
+			return &Error{Code: CodeSchemaValidationFailed, Field: key, Message: "is not a field of RunEventWrite (names are case-sensitive)"}
+		}
+		if seen[key] {
+			return &Error{Code: CodeSchemaValidationFailed, Field: key, Message: "appears more than once"}
+		}
+		seen[key] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return decodeError(err)
+		}
+	}
+	return nil
 }
 
 func decodeError(err error) error {

@@ -1,0 +1,206 @@
+package registry_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/google/uuid"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/registry"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/memstore"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// fakeAppender is an Appender whose behaviour each test sets. It records the
+// eventIds it was sent.
+type fakeAppender struct {
+	AppendFunc func(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error)
+
+	mu   sync.Mutex
+	sent []string
+}
+
+func (f *fakeAppender) Append(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
+	f.mu.Lock()
+	f.sent = append(f.sent, w.EventID)
+	f.mu.Unlock()
+	return f.AppendFunc(ctx, w)
+}
+
+func (f *fakeAppender) Sent() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.sent...)
+}
+
+// echo accepts every event with the eventId it was sent.
+func echo(_ context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
+	return statestore.AppendResult{EventID: w.EventID, RunSeq: 1, PersistedAt: "2025-01-01T00:00:00Z", Persisted: true}, nil
+}
+
+// event returns a valid event without an eventId.
+func event(runID string) *statestore.RunEventWrite {
+	w := storetest.Event(runID, statestore.RunStarted, "")
+	w.EventID = ""
+	return w
+}
+
+func TestEmitter_Emit(t *testing.T) {
+	r, _, _, _ := newTestRegistry(t)
+
+	t.Run("RetriesReuseEventID", func(t *testing.T) {
+		app := &fakeAppender{AppendFunc: echo}
+		e := registry.NewEmitter(r, app)
+		w := event("run-1")
+		res, err := e.Emit(ctx(t), w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored, _ := r.Lookup(ctx(t), w.RunID, w.IdempotencyKey)
+		if res.EventID != stored || w.EventID != stored || !isUUIDv4(stored) {
+			t.Fatalf("got result %q, w.EventID %q, registry %q; want all equal UUID v4", res.EventID, w.EventID, stored)
+		}
+		// A retry builds the event afresh (no eventId) and must send the same one.
+		if _, err := e.Emit(ctx(t), event("run-1")); err != nil {
+			t.Fatal(err)
+		}
+		if sent := app.Sent(); len(sent) != 2 || sent[0] != stored || sent[1] != stored {
+			t.Fatalf("sent %v want [%s %s]", sent, stored, stored)
+		}
+	})
+	t.Run("AdoptsReturnedEventID", func(t *testing.T) {
+		authoritative := uuid.NewString()
+		app := &fakeAppender{AppendFunc: func(_ context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
+			return statestore.AppendResult{EventID: authoritative, RunSeq: 7, PersistedAt: "2025-01-01T00:00:00Z", Idempotent: true}, nil
+		}}
+		e := registry.NewEmitter(r, app)
+		w := event("run-2")
+		res, err := e.Emit(ctx(t), w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.EventID != authoritative || res.RunSeq != 7 || !res.Idempotent {
+			t.Fatalf("result %+v, want the store's metadata", res)
+		}
+		if w.EventID != authoritative {
+			t.Fatalf("w.EventID = %q want %q", w.EventID, authoritative)
+		}
+		if got, err := r.Lookup(ctx(t), w.RunID, w.IdempotencyKey); err != nil || got != authoritative {
+			t.Fatalf("registry holds %q, %v want %q", got, err, authoritative)
+		}
+		if _, err := e.Emit(ctx(t), event("run-2")); err != nil {
+			t.Fatal(err)
+		}
+		if sent := app.Sent(); len(sent) != 2 || sent[0] == authoritative || sent[1] != authoritative {
+			t.Fatalf("sent %v: want a fresh eventId, then %s", sent, authoritative)
+		}
+	})
+	t.Run("AppendErrorKeepsEventID", func(t *testing.T) {
+		fail := true
+		app := &fakeAppender{AppendFunc: func(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
+			if fail {
+				return statestore.AppendResult{}, &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: "down"}
+			}
+			return echo(ctx, w)
+		}}
+		e := registry.NewEmitter(r, app)
+		if _, err := e.Emit(ctx(t), event("run-3")); !errors.Is(err, statestore.ErrUnavailable) {
+			t.Fatalf("got %v want statestore.ErrUnavailable", err)
+		}
+		fail = false
+		if _, err := e.Emit(ctx(t), event("run-3")); err != nil {
+			t.Fatal(err)
+		}
+		if sent := app.Sent(); len(sent) != 2 || sent[0] != sent[1] {
+			t.Fatalf("sent %v: want the same eventId twice", sent)
+		}
+	})
+	t.Run("InvalidEventTouchesNothing", func(t *testing.T) {
+		app := &fakeAppender{AppendFunc: echo}
+		e := registry.NewEmitter(r, app)
+		w := event("run-4")
+		w.LogicalAttemptID = 2 // the idempotencyKey no longer matches
+		if _, err := e.Emit(ctx(t), w); !errors.Is(err, statestore.ErrSchemaValidation) {
+			t.Fatalf("got %v want statestore.ErrSchemaValidation", err)
+		}
+		if _, err := e.Emit(ctx(t), nil); !errors.Is(err, registry.ErrInvalidInput) {
+			t.Fatalf("nil event: got %v want ErrInvalidInput", err)
+		}
+		if n := len(app.Sent()); n != 0 {
+			t.Fatalf("appender called %d times, want 0", n)
+		}
+		if _, err := r.Lookup(ctx(t), w.RunID, w.IdempotencyKey); !errors.Is(err, registry.ErrNotFound) {
+			t.Fatalf("registry: got %v want ErrNotFound", err)
+		}
+	})
+	t.Run("AdoptErrorReturnsResult", func(t *testing.T) {
+		app := &fakeAppender{AppendFunc: func(context.Context, *statestore.RunEventWrite) (statestore.AppendResult, error) {
+			return statestore.AppendResult{EventID: "not-a-uuid", RunSeq: 3}, nil
+		}}
+		res, err := registry.NewEmitter(r, app).Emit(ctx(t), event("run-5"))
+		if !errors.Is(err, registry.ErrInvalidInput) || res.RunSeq != 3 {
+			t.Fatalf("got %+v, %v want the result and ErrInvalidInput", res, err)
+		}
+	})
+}
+
+// TestEmitter_Emit_MemStore runs racing producers, each with its own
+// connection and Registry, against one real append authority (memstore), and
+// then a producer whose registry entry was lost.
+func TestEmitter_Emit_MemStore(t *testing.T) {
+	s := startServer(t, t.TempDir())
+	store := memstore.New(statestore.ProjectorOptions{Logger: zaptest.NewLogger(t)})
+
+	t.Run("RacingProducers", func(t *testing.T) {
+		const n = 8
+		results := make([]statestore.AppendResult, n)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for p := range n {
+			_, js := connect(t, s)
+			e := registry.NewEmitter(open(t, js, registry.Options{}), store)
+			wg.Go(func() {
+				<-start
+				res, err := e.Emit(ctx(t), event("run.race"))
+				if err != nil {
+					t.Errorf("producer %d: %v", p, err)
+				}
+				results[p] = res
+			})
+		}
+		close(start)
+		wg.Wait()
+		persisted := 0
+		for p, res := range results {
+			if res.EventID != results[0].EventID || res.RunSeq != 1 {
+				t.Fatalf("producer %d: %+v, producer 0: %+v", p, res, results[0])
+			}
+			if res.Persisted {
+				persisted++
+			}
+		}
+		if persisted != 1 {
+			t.Fatalf("%d producers persisted, want 1", persisted)
+		}
+	})
+	t.Run("LostRegistryEntry", func(t *testing.T) {
+		// The event was appended earlier with an eventId the registry never saw.
+		w := storetest.Event("run.lost", statestore.RunStarted, "")
+		if _, err := store.Append(ctx(t), w); err != nil {
+			t.Fatal(err)
+		}
+		_, js := connect(t, s)
+		r := open(t, js, registry.Options{})
+		res, err := registry.NewEmitter(r, store).Emit(ctx(t), event("run.lost"))
+		if err != nil || res.EventID != w.EventID || !res.Idempotent {
+			t.Fatalf("got %+v, %v want the original eventId %s, idempotent", res, err, w.EventID)
+		}
+		if got, _ := r.Lookup(ctx(t), w.RunID, w.IdempotencyKey); got != w.EventID {
+			t.Fatalf("registry holds %q want %q", got, w.EventID)
+		}
+	})
+}

@@ -1,0 +1,221 @@
+package natsstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Headers and statuses of the direct get API (nats-server 2.11+).
+const (
+	hdrSequence   = "Nats-Sequence"
+	hdrSubject    = "Nats-Subject"
+	hdrTimeStamp  = "Nats-Time-Stamp"
+	hdrNumPending = "Nats-Num-Pending"
+	hdrLastSeq    = "Nats-Last-Sequence"
+	hdrStatus     = "Status"
+	hdrDesc       = "Description"
+
+	statusEOB          = "204" // end of a batch or multi_last response
+	statusNotFound     = "404" // no message, or no results
+	statusTooMany      = "413" // multi_last matched more than 1,024 subjects
+	statusNoResponders = "503" // no server answers direct gets for the stream
+)
+
+var (
+	errNotFound       = errors.New("no message")
+	errTooManyResults = errors.New("too many results")
+)
+
+// directRequest is the JSON body of a direct get (and of the leader's
+// STREAM.MSG.GET for Seq and LastFor).
+type directRequest struct {
+	Seq       uint64   `json:"seq,omitempty"`
+	LastFor   string   `json:"last_by_subj,omitempty"`
+	NextFor   string   `json:"next_by_subj,omitempty"`
+	Batch     int      `json:"batch,omitempty"`
+	MaxBytes  int      `json:"max_bytes,omitempty"`
+	MultiLast []string `json:"multi_last,omitempty"`
+}
+
+// storedMsg is a message as the server stored it.
+type storedMsg struct {
+	subject string
+	seq     uint64
+	time    time.Time
+	data    []byte
+}
+
+// endOfBatch is what the server's end-of-batch status reports: how many
+// matching messages follow the last one sent, and the last one's sequence.
+type endOfBatch struct {
+	pending uint64
+	lastSeq uint64
+}
+
+func apiPrefix(o jetstream.JetStreamOptions) string {
+	switch {
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API."
+	case o.APIPrefix != "":
+		if o.APIPrefix[len(o.APIPrefix)-1] == '.' {
+			return o.APIPrefix
+		}
+		return o.APIPrefix + "."
+	}
+	return jetstream.DefaultAPIPrefix
+}
+
+// get sends a single-message direct get (Seq or LastFor).
+func (s *Store) get(ctx context.Context, req directRequest) (*storedMsg, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := s.nc.RequestWithContext(ctx, s.apiPrefix+"DIRECT.GET."+s.name, body)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return nil, fmt.Errorf("direct get on stream %s: %w", s.name, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	m, status, err := parseDirect(resp)
+	if err != nil {
+		return nil, err
+	}
+	if m == nil {
+		return nil, statusError(status, resp)
+	}
+	return m, nil
+}
+
+// getAcked is get for a message the server has acknowledged. A direct get
+// may be answered by a replica that has not applied it yet; the stream
+// leader's message API always has it.
+func (s *Store) getAcked(ctx context.Context, req directRequest) (*storedMsg, error) {
+	m, err := s.get(ctx, req)
+	if !errors.Is(err, errNotFound) {
+		return m, err
+	}
+	body, err := json.Marshal(directRequest{Seq: req.Seq, LastFor: req.LastFor})
+	if err != nil {
+		return nil, err
+	}
+	resp, err := s.nc.RequestWithContext(ctx, s.apiPrefix+"STREAM.MSG.GET."+s.name, body)
+	if err != nil {
+		return nil, err
+	}
+	var r struct {
+		Error   *jetstream.APIError `json:"error"`
+		Message *struct {
+			Subject string    `json:"subject"`
+			Seq     uint64    `json:"seq"`
+			Data    []byte    `json:"data"`
+			Time    time.Time `json:"time"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(resp.Data, &r); err != nil {
+		return nil, fmt.Errorf("decode message get response: %w", err)
+	}
+	switch {
+	case r.Error != nil && r.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, errNotFound
+	case r.Error != nil:
+		return nil, r.Error
+	case r.Message == nil:
+		return nil, errors.New("message get response without a message")
+	}
+	return &storedMsg{subject: r.Message.Subject, seq: r.Message.Seq, time: r.Message.Time, data: r.Message.Data}, nil
+}
+
+// getBatch sends a batch or multi_last direct get and hands every message to
+// fn in the order the server sent it, until the end-of-batch status.
+func (s *Store) getBatch(ctx context.Context, req directRequest, fn func(*storedMsg)) (endOfBatch, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return endOfBatch{}, err
+	}
+	inbox := s.nc.NewInbox()
+	sub, err := s.nc.SubscribeSync(inbox)
+	if err != nil {
+		return endOfBatch{}, err
+	}
+	defer sub.Unsubscribe() //nolint:errcheck // nothing to do about it
+	if err := s.nc.PublishRequest(s.apiPrefix+"DIRECT.GET."+s.name, inbox, body); err != nil {
+		return endOfBatch{}, err
+	}
+	for {
+		resp, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return endOfBatch{}, err
+		}
+		m, status, err := parseDirect(resp)
+		if err != nil {
+			return endOfBatch{}, err
+		}
+		if m != nil {
+			fn(m)
+			continue
+		}
+		if status != statusEOB {
+			return endOfBatch{}, statusError(status, resp)
+		}
+		var eob endOfBatch
+		if eob.pending, err = strconv.ParseUint(resp.Header.Get(hdrNumPending), 10, 64); err != nil {
+			return endOfBatch{}, fmt.Errorf("end of batch: %s: %w", hdrNumPending, err)
+		}
+		if eob.lastSeq, err = strconv.ParseUint(resp.Header.Get(hdrLastSeq), 10, 64); err != nil {
+			return endOfBatch{}, fmt.Errorf("end of batch: %s: %w", hdrLastSeq, err)
+		}
+		return eob, nil
+	}
+}
+
+// parseDirect splits a direct get response into a stored message or a
+// status. Every message the server sends carries its own Nats-Sequence; a
+// status never does. A message published with Nats-* headers of its own
+// keeps them in front of the server's, so the last value of each is used.
+func parseDirect(resp *nats.Msg) (*storedMsg, string, error) {
+	seqs := resp.Header.Values(hdrSequence)
+	if len(seqs) == 0 {
+		status := resp.Header.Get(hdrStatus)
+		if status == "" {
+			return nil, "", errors.New("direct get response without sequence or status")
+		}
+		return nil, status, nil
+	}
+	seq, err := strconv.ParseUint(seqs[len(seqs)-1], 10, 64)
+	if err != nil {
+		return nil, "", fmt.Errorf("direct get: %s: %w", hdrSequence, err)
+	}
+	ts, err := time.Parse(time.RFC3339Nano, last(resp.Header.Values(hdrTimeStamp)))
+	if err != nil {
+		return nil, "", fmt.Errorf("direct get: %s: %w", hdrTimeStamp, err)
+	}
+	return &storedMsg{subject: last(resp.Header.Values(hdrSubject)), seq: seq, time: ts, data: resp.Data}, "", nil
+}
+
+func statusError(status string, resp *nats.Msg) error {
+	switch status {
+	case statusNotFound:
+		return errNotFound
+	case statusTooMany:
+		return errTooManyResults
+	case statusNoResponders:
+		return nats.ErrNoResponders
+	}
+	return fmt.Errorf("direct get: status %s %s", status, resp.Header.Get(hdrDesc))
+}
+
+func last(v []string) string {
+	if len(v) == 0 {
+		return ""
+	}
+	return v[len(v)-1]
+}

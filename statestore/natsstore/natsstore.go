@@ -1,0 +1,473 @@
+// Package natsstore is the JetStream backend of the run event log: the
+// sidecar's default append authority.
+//
+// # Mapping
+//
+// All events live in one stream (default SIDECAR_EVENTS) on subjects
+//
+//	<prefix>.<runToken>.<idempotencyKey>
+//
+// where runToken is [RunToken] (unpadded base64url of the runId) and
+// idempotencyKey the 64 lowercase hex digits of the contract. The stream
+// keeps at most one message per subject and discards new messages per
+// subject (MaxMsgsPerSubject 1, DiscardNew, DiscardNewPerSubject), so the
+// server itself refuses a second event with the same (runId,
+// idempotencyKey), atomically and without using a sequence number. It denies
+// delete and purge, so records are immutable, and allows direct get.
+//
+// runSeq is the stream sequence: strictly increasing per run, with gaps
+// where other runs' events were stored in between. persistedAt is the
+// timestamp the server stored with the message, read back from its
+// Nats-Time-Stamp header (the publish ack does not carry it).
+//
+// # Reads
+//
+// Fetch uses the direct get API with multi_last on <prefix>.<runToken>.>:
+// because every subject holds exactly one message, the last message of
+// every subject of the run is every event of the run. The server resolves
+// the run's subjects through its subject index, so the cost grows with the
+// size of the run, not of the stream. Such a request is refused above 1,024
+// subjects; a larger run is read with a next_by_subj batch walk instead,
+// which scans the stream from afterSeq on (see Fetch).
+//
+// Server-generated Nats-* headers are appended after any headers a message
+// was published with, so every Nats-* value is read from its last
+// occurrence and a producer cannot forge a runSeq or persistedAt.
+package natsstore
+
+import (
+	"cmp"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+var (
+	_ statestore.Store     = (*Store)(nil)
+	_ statestore.KeyLookup = (*Store)(nil)
+)
+
+// Defaults of Options.
+const (
+	// DefaultStream is the default stream name.
+	DefaultStream = "SIDECAR_EVENTS"
+	// DefaultSubjectPrefix is the default subject prefix of the stream.
+	DefaultSubjectPrefix = "sidecar.events"
+)
+
+// MaxNameBytes bounds Options.Stream and Options.SubjectPrefix. With
+// statestore.MaxIDBytes bounding runId, the longest subject is
+// 64 + 1 + 342 + 1 + 64 = 472 bytes, far below the 4 KiB control line at
+// which NATS closes a connection.
+const MaxNameBytes = 64
+
+// errCodeStoreFailed is JetStream's JSStreamStoreFailedF. With
+// DiscardNewPerSubject it is what a second publish to a full subject gets
+// ("maximum messages per subject exceeded"), but other storage refusals
+// (stream full, message too large) share it, so Append confirms a duplicate
+// by reading the subject's message.
+const errCodeStoreFailed jetstream.ErrorCode = 10077
+
+// Options configures Open. The zero value uses the defaults.
+type Options struct {
+	// Stream is the stream name (default DefaultStream).
+	Stream string
+	// SubjectPrefix is the subject prefix of the stream's messages
+	// (default DefaultSubjectPrefix). The stream takes <prefix>.>.
+	SubjectPrefix string
+	// Replicas is the stream's replica count (default 1).
+	Replicas int
+	// Logger receives the store's and the projector's logs (default nop).
+	Logger *zap.Logger
+	// Metrics are the projector's metrics (nil records nothing).
+	Metrics *statestore.Metrics
+	// Alerts receives the projector's invalid-transition alerts.
+	Alerts statestore.AlertSink
+}
+
+// Store is the JetStream append authority. It is safe for concurrent use.
+type Store struct {
+	js        jetstream.JetStream
+	nc        *nats.Conn
+	name      string
+	prefix    string
+	apiPrefix string
+	timeout   time.Duration
+	log       *zap.Logger
+	proj      *statestore.Projector
+}
+
+// Open creates the event stream, or updates it to the configuration above,
+// and returns a Store on it. It fails if the stream cannot be created or
+// updated (for instance when it exists with a conflicting configuration).
+func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, error) {
+	if opts.Stream == "" {
+		opts.Stream = DefaultStream
+	}
+	if opts.SubjectPrefix == "" {
+		opts.SubjectPrefix = DefaultSubjectPrefix
+	}
+	if opts.Replicas <= 0 {
+		opts.Replicas = 1
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	if err := checkName("stream", opts.Stream, false); err != nil {
+		return nil, err
+	}
+	if err := checkName("subject prefix", opts.SubjectPrefix, true); err != nil {
+		return nil, err
+	}
+	cfg := jetstream.StreamConfig{
+		Name:                 opts.Stream,
+		Description:          "sidecar run event log (append-only; one message per runId and idempotencyKey)",
+		Subjects:             []string{opts.SubjectPrefix + ".>"},
+		Retention:            jetstream.LimitsPolicy,
+		MaxMsgs:              -1,
+		MaxBytes:             -1,
+		MaxMsgsPerSubject:    1,
+		Discard:              jetstream.DiscardNew,
+		DiscardNewPerSubject: true,
+		DenyDelete:           true,
+		DenyPurge:            true,
+		AllowDirect:          true,
+		Storage:              jetstream.FileStorage,
+		Replicas:             opts.Replicas,
+	}
+	if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+		return nil, unavailable("open stream "+opts.Stream, err)
+	}
+	s := &Store{
+		js:        js,
+		nc:        js.Conn(),
+		name:      opts.Stream,
+		prefix:    opts.SubjectPrefix,
+		apiPrefix: apiPrefix(js.Options()),
+		timeout:   js.Options().DefaultTimeout,
+		log:       opts.Logger.Named("natsstore"),
+	}
+	if s.timeout <= 0 {
+		s.timeout = 5 * time.Second
+	}
+	s.proj = statestore.NewProjector(s, statestore.ProjectorOptions{
+		Logger:     opts.Logger,
+		Metrics:    opts.Metrics,
+		Alerts:     opts.Alerts,
+		Contiguous: false, // stream sequences are gappy per run by design
+	})
+	return s, nil
+}
+
+// Stream returns the name of the event stream.
+func (s *Store) Stream() string { return s.name }
+
+// Append implements statestore.Store.
+//
+// The event is validated, then published with the stream name as an
+// expectation. A fresh append costs the publish round trip plus one direct
+// get by sequence, which reads the server's stored timestamp. A duplicate
+// (runId, idempotencyKey) is refused by the server (API error 10077, no
+// sequence used); Append then returns the stored record's metadata. If the
+// result is unknown (timeout, lost connection), the error matches
+// statestore.ErrUnavailable and the same event can be appended again.
+func (s *Store) Append(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
+	if err := statestore.ValidateWrite(w); err != nil {
+		return statestore.AppendResult{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return statestore.AppendResult{}, unavailable("append", err)
+	}
+	body, err := encodeWrite(w)
+	if err != nil {
+		return statestore.AppendResult{}, fmt.Errorf("encode event: %w", err)
+	}
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	subj := s.subject(w.RunID, w.IdempotencyKey)
+	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: subj, Data: body}, jetstream.WithExpectStream(s.name))
+	if err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeStoreFailed {
+			return s.existing(ctx, subj, err)
+		}
+		return statestore.AppendResult{}, unavailable("append", err)
+	}
+	m, err := s.getAcked(ctx, directRequest{Seq: ack.Sequence})
+	if err != nil {
+		return statestore.AppendResult{}, unavailable("read persistedAt", err)
+	}
+	if m.subject != subj {
+		return statestore.AppendResult{}, unavailable("read persistedAt",
+			fmt.Errorf("sequence %d holds subject %q, want %q", m.seq, m.subject, subj))
+	}
+	return statestore.AppendResult{
+		EventID:     w.EventID,
+		RunSeq:      int64(m.seq),
+		PersistedAt: formatTime(m.time),
+		Persisted:   true,
+	}, nil
+}
+
+// existing answers a publish that the server refused with 10077: if the
+// subject holds a message, the append was a duplicate of it.
+func (s *Store) existing(ctx context.Context, subj string, pubErr error) (statestore.AppendResult, error) {
+	m, err := s.getAcked(ctx, directRequest{LastFor: subj})
+	if errors.Is(err, errNotFound) {
+		// 10077 without a stored message: the stream refused the write
+		// for another reason (full, message too large).
+		return statestore.AppendResult{}, unavailable("append", pubErr)
+	}
+	if err != nil {
+		return statestore.AppendResult{}, unavailable("read duplicate", err)
+	}
+	rec, err := s.record(m)
+	if err != nil {
+		return statestore.AppendResult{}, unavailable("read duplicate", err)
+	}
+	return statestore.AppendResult{
+		EventID:     rec.EventID,
+		RunSeq:      rec.RunSeq,
+		PersistedAt: rec.PersistedAt,
+		Idempotent:  true,
+	}, nil
+}
+
+// fetchMaxBytes caps the bytes the server sends per Fetch request, well
+// below a subscription's default pending limit (64 MiB); the rest of the
+// run comes in the next page.
+const fetchMaxBytes = 8 << 20
+
+// walkBatch is the page size of the next_by_subj walk when Fetch has no limit.
+const walkBatch = 1024
+
+// Fetch implements statestore.Store.
+//
+// It pages with direct get requests whose seq is one past the last runSeq
+// received, so pages never overlap or skip. Runs of up to 1,024 events are
+// read with multi_last: the server returns the run's messages in ascending
+// sequence order from a single read of its subject index, skipping those
+// below seq before loading them; batch bounds the count to limit, and a
+// page cut short by max_bytes reports the rest in Nats-Num-Pending of its
+// end-of-batch message. multi_last counts every subject of the run against
+// its 1,024 cap whatever seq is (up_to_seq cannot page past it either), so
+// for a larger run the server answers 413 and Fetch switches to a batch
+// walk with next_by_subj from afterSeq+1, which reads the stream forward
+// from there: cheap for the tail of a live run, a scan of the run's span
+// for a full read of a large one.
+//
+// A message on the run's subjects that is not a valid record of the run
+// (something other than Append published it) is logged and skipped.
+func (s *Store) Fetch(ctx context.Context, runID string, afterSeq int64, limit int) ([]statestore.RunEventRecord, error) {
+	out := []statestore.RunEventRecord{}
+	if !validRunID(runID) {
+		return out, nil // ValidateWrite never let such a run in
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, unavailable("fetch", err)
+	}
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	filter := s.prefix + "." + RunToken(runID) + ".>"
+	cursor := uint64(max(afterSeq, 0))
+	multi := true
+	for limit <= 0 || len(out) < limit {
+		req := directRequest{Seq: cursor + 1, MaxBytes: fetchMaxBytes}
+		if limit > 0 {
+			req.Batch = limit - len(out)
+		}
+		if multi {
+			req.MultiLast = []string{filter}
+		} else {
+			req.NextFor = filter
+			if req.Batch == 0 {
+				req.Batch = walkBatch
+			}
+		}
+		eob, err := s.getBatch(ctx, req, func(m *storedMsg) {
+			rec, err := s.record(m)
+			if err == nil && rec.RunID != runID {
+				err = fmt.Errorf("record of run %q", rec.RunID)
+			}
+			if err != nil {
+				s.log.Warn("skipping a message that is not a record of the run",
+					zap.String("runId", runID), zap.String("subject", m.subject), zap.Uint64("seq", m.seq), zap.Error(err))
+				return
+			}
+			out = append(out, rec)
+		})
+		switch {
+		case errors.Is(err, errTooManyResults) && multi:
+			multi = false
+			continue
+		case errors.Is(err, errNotFound):
+			return sortedBySeq(out), nil
+		case err != nil:
+			return nil, unavailable("fetch", err)
+		}
+		if eob.pending == 0 {
+			break
+		}
+		if eob.lastSeq <= cursor {
+			return nil, unavailable("fetch", fmt.Errorf("direct get made no progress after sequence %d", cursor))
+		}
+		cursor = eob.lastSeq
+	}
+	return sortedBySeq(out), nil
+}
+
+// Lookup implements statestore.KeyLookup with one direct get of the
+// subject's last message. It returns statestore.ErrNotFound when the run has
+// no event with that key.
+func (s *Store) Lookup(ctx context.Context, runID, idempotencyKey string) (*statestore.RunEventRecord, error) {
+	if !validRunID(runID) || !validKey(idempotencyKey) {
+		return nil, statestore.ErrNotFound
+	}
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	m, err := s.get(ctx, directRequest{LastFor: s.subject(runID, idempotencyKey)})
+	if errors.Is(err, errNotFound) {
+		return nil, statestore.ErrNotFound
+	}
+	if err != nil {
+		return nil, unavailable("lookup", err)
+	}
+	rec, err := s.record(m)
+	if err != nil {
+		return nil, unavailable("lookup", err)
+	}
+	return &rec, nil
+}
+
+// GetSnapshot implements statestore.Store.
+func (s *Store) GetSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	return s.proj.Snapshot(ctx, runID)
+}
+
+// ProjectSnapshot implements statestore.Store.
+func (s *Store) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	return s.proj.Project(ctx, runID)
+}
+
+// RunToken returns the subject token of runID: its UTF-8 bytes in unpadded
+// base64url. The token uses only A-Z, a-z, 0-9, '-' and '_', so it is a
+// single subject token without wildcards and a valid KV key; it is at most
+// 342 bytes for a runId of statestore.MaxIDBytes.
+func RunToken(runID string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(runID))
+}
+
+// ParseRunToken returns the runId that RunToken encoded as tok.
+func ParseRunToken(tok string) (string, error) {
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil {
+		return "", fmt.Errorf("parse run token: %w", err)
+	}
+	return string(b), nil
+}
+
+func (s *Store) subject(runID, key string) string {
+	return s.prefix + "." + RunToken(runID) + "." + key
+}
+
+// record decodes a stored message into a record, checking that its subject
+// is the one Append would have used for it.
+func (s *Store) record(m *storedMsg) (statestore.RunEventRecord, error) {
+	var rec statestore.RunEventRecord
+	if err := json.Unmarshal(m.data, &rec.RunEventWrite); err != nil {
+		return rec, fmt.Errorf("decode record %d: %w", m.seq, err)
+	}
+	if want := s.subject(rec.RunID, rec.IdempotencyKey); m.subject != want {
+		return rec, fmt.Errorf("record %d is on subject %q, want %q", m.seq, m.subject, want)
+	}
+	if len(rec.Payload) == 0 {
+		rec.Payload = nil
+	}
+	rec.RunSeq = int64(m.seq)
+	rec.PersistedAt = formatTime(m.time)
+	return rec, nil
+}
+
+func (s *Store) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.timeout)
+}
+
+// encodeWrite stores the RunEventWrite as JSON without HTML escaping, so a
+// payload comes back byte for byte as the producer sent it (compacted).
+func encodeWrite(w *statestore.RunEventWrite) ([]byte, error) {
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(w); err != nil {
+		return nil, err
+	}
+	return []byte(strings.TrimSuffix(b.String(), "\n")), nil
+}
+
+// formatTime renders a server timestamp as persistedAt: RFC 3339 in UTC with
+// up to nanosecond precision, as the server itself formats it.
+func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+func validRunID(runID string) bool {
+	return runID != "" && len(runID) <= statestore.MaxIDBytes && utf8.ValidString(runID)
+}
+
+func validKey(k string) bool {
+	if len(k) != 64 {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if c := k[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// checkName accepts 1 to MaxNameBytes of [A-Za-z0-9_-], and for a subject
+// prefix several such tokens joined by '.'.
+func checkName(what, v string, dots bool) error {
+	if v == "" || len(v) > MaxNameBytes {
+		return fmt.Errorf("natsstore: %s %q must be 1 to %d bytes", what, v, MaxNameBytes)
+	}
+	tokens := []string{v}
+	if dots {
+		tokens = strings.Split(v, ".")
+	}
+	for _, tok := range tokens {
+		if tok == "" || strings.Trim(tok, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != "" {
+			return fmt.Errorf("natsstore: %s %q must be tokens of A-Z, a-z, 0-9, '_' and '-'", what, v)
+		}
+	}
+	return nil
+}
+
+// sortedBySeq returns recs in runSeq order. The server sends ascending
+// sequences (it sorts them, and one connection keeps their order); this
+// checks rather than assumes.
+func sortedBySeq(recs []statestore.RunEventRecord) []statestore.RunEventRecord {
+	byseq := func(a, b statestore.RunEventRecord) int { return cmp.Compare(a.RunSeq, b.RunSeq) }
+	if !slices.IsSortedFunc(recs, byseq) {
+		slices.SortFunc(recs, byseq)
+	}
+	return recs
+}
+
+func unavailable(op string, err error) error {
+	return &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: op + ": " + err.Error(), Err: err}
+}
