@@ -27,7 +27,9 @@
 // base64url uses only A-Z a-z 0-9 - _, so the encoding is injective and
 // reversible ([Key], [ParseKey]) and every key has exactly two subject
 // tokens: one run's entries match the KV filter "<base64url(runId)>.>".
-// runId must be 1..statestore.MaxIDBytes (256) bytes of valid UTF-8 and
+// The runId token is the same as natsstore.RunToken, so a run's registry
+// keys and its event subjects can be matched by eye. runId must be
+// 1..statestore.MaxIDBytes (256) bytes of valid UTF-8 and
 // idempotencyKey exactly 64 lowercase hex digits, so a key is at most
 // 342+1+64 = 407 bytes, far below the ~4 KiB at which NATS closes the
 // connection. Invalid input is refused with [ErrInvalidInput] before

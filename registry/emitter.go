@@ -8,11 +8,14 @@ import (
 )
 
 // Appender is the append authority as the Emitter uses it; every
-// statestore.Store satisfies it. Append persists w, or for a duplicate
-// (runId, idempotencyKey) writes nothing and returns the existing record's
-// eventId, runSeq and persistedAt (Run Events Contract §3.2). It must be
-// safe for concurrent use if the Emitter is used concurrently.
+// statestore.Store satisfies it.
 type Appender interface {
+	// Append persists w, or for a duplicate (runId, idempotencyKey) writes
+	// nothing and returns the existing record's eventId, runSeq and
+	// persistedAt, which may carry a different eventId than w (Run Events
+	// Contract §3.2). It must be safe for concurrent use if the Emitter is
+	// used concurrently. An error means the outcome is unknown or nothing
+	// was written; the same event may be appended again.
 	Append(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error)
 }
 

@@ -433,13 +433,13 @@ func TestMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	r := open(t, js, registry.Options{Metrics: registry.NewMetrics(reg)})
 
-	r.EventID(ctx(t), "run", idemKey(1))                    // created
-	r.EventID(ctx(t), "run", idemKey(1))                    // found
-	r.EventID(ctx(t), "", idemKey(1))                       // error
-	r.Adopt(ctx(t), "run", idemKey(1), uuid.NewString())    // adopted
-	id, _ := r.Lookup(ctx(t), "run", idemKey(1))            // found
-	r.Adopt(ctx(t), "run", idemKey(1), id)                  // unchanged
-	r.Lookup(ctx(t), "run", idemKey(2))                     // not_found
+	r.EventID(ctx(t), "run", idemKey(1))                 // created
+	r.EventID(ctx(t), "run", idemKey(1))                 // found
+	r.EventID(ctx(t), "", idemKey(1))                    // error
+	r.Adopt(ctx(t), "run", idemKey(1), uuid.NewString()) // adopted
+	id, _ := r.Lookup(ctx(t), "run", idemKey(1))         // found
+	r.Adopt(ctx(t), "run", idemKey(1), id)               // unchanged
+	r.Lookup(ctx(t), "run", idemKey(2))                  // not_found
 
 	mfs, err := reg.Gather()
 	if err != nil {
