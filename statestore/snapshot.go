@@ -129,15 +129,15 @@ func (s *RunSnapshot) Clone() *RunSnapshot {
 	c := *s
 	c.Steps = make([]StepSnapshot, len(s.Steps))
 	for i, st := range s.Steps {
-		st.Artifacts = append([]ArtifactRef(nil), st.Artifacts...)
+		st.Artifacts = cloneSlice(st.Artifacts)
 		if st.Error != nil {
 			e := *st.Error
 			st.Error = &e
 		}
 		c.Steps[i] = st
 	}
-	c.Artifacts = append([]ArtifactRef(nil), s.Artifacts...)
-	c.InvalidEvents = append([]string(nil), s.InvalidEvents...)
+	c.Artifacts = cloneSlice(s.Artifacts)
+	c.InvalidEvents = cloneSlice(s.InvalidEvents)
 	if s.Error != nil {
 		e := *s.Error
 		c.Error = &e
@@ -147,4 +147,12 @@ func (s *RunSnapshot) Clone() *RunSnapshot {
 		c.Pause = &p
 	}
 	return &c
+}
+
+// cloneSlice copies s, keeping nil nil and empty empty (JSON null vs []).
+func cloneSlice[T any](s []T) []T {
+	if s == nil {
+		return nil
+	}
+	return append(make([]T, 0, len(s)), s...)
 }

@@ -1,0 +1,239 @@
+package statestore_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/memstore"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// hidingFetcher is a test store that hides a committed record (a visibility
+// gap) until it is released: the one fault a real backend cannot be made to
+// show on demand. It wraps the real memstore.
+type hidingFetcher struct {
+	inner *memstore.Store
+	mu    sync.Mutex
+	hide  map[int64]bool
+	// stride multiplies runSeqs, to model a store gappy by design.
+	stride int64
+}
+
+func (h *hidingFetcher) Fetch(ctx context.Context, runID string, after int64, limit int) ([]statestore.RunEventRecord, error) {
+	stride := h.stride
+	if stride == 0 {
+		stride = 1
+	}
+	recs, err := h.inner.Fetch(ctx, runID, after/stride, 0)
+	if err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []statestore.RunEventRecord
+	for _, r := range recs {
+		r.RunSeq *= stride
+		if r.RunSeq <= after || h.hide[r.RunSeq] {
+			continue
+		}
+		out = append(out, r)
+		if limit > 0 && len(out) == limit {
+			break
+		}
+	}
+	return out, nil
+}
+
+func (h *hidingFetcher) release(seq int64) {
+	h.mu.Lock()
+	delete(h.hide, seq)
+	h.mu.Unlock()
+}
+
+type alertRecorder struct {
+	mu     sync.Mutex
+	alerts []statestore.InvalidTransitionAlert
+}
+
+func (a *alertRecorder) InvalidTransition(_ context.Context, al statestore.InvalidTransitionAlert) {
+	a.mu.Lock()
+	a.alerts = append(a.alerts, al)
+	a.mu.Unlock()
+}
+
+func appendAll(t *testing.T, s statestore.Store, ws ...*statestore.RunEventWrite) {
+	t.Helper()
+	for _, w := range ws {
+		if _, err := s.Append(context.Background(), w); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestProjector_VisibilityGap(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	appendAll(t, mem,
+		storetest.Event("r", statestore.RunStarted, ""),
+		storetest.Event("r", statestore.StepStarted, "a"),
+		storetest.Event("r", statestore.StepStarted, "b"),
+		storetest.Event("r", statestore.StepCompleted, "a"))
+	src := &hidingFetcher{inner: mem, hide: map[int64]bool{3: true}}
+	reg := prometheus.NewRegistry()
+	metrics := statestore.NewMetrics(reg)
+	now := time.Now()
+	clock := func() time.Time { return now }
+	p := statestore.NewProjector(src, statestore.ProjectorOptions{Contiguous: true, Metrics: metrics, Logger: zaptest.NewLogger(t), Now: clock})
+
+	s, err := p.Project(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Stale || s.LastEventSeq != 2 || s.Step("b") != nil {
+		t.Fatalf("gap at 3: stale=%v watermark=%d (records after the hole must be held back)", s.Stale, s.LastEventSeq)
+	}
+	if got := metricValue(t, reg, "sidecar_projector_non_contiguous_fetch_total"); got != 1 {
+		t.Fatalf("non-contiguous counter %v, want 1", got)
+	}
+	// Still hidden: stays stale, the gap is counted once.
+	s, _ = p.Project(ctx, "r")
+	if !s.Stale || s.LastEventSeq != 2 {
+		t.Fatalf("second projection: stale=%v watermark=%d", s.Stale, s.LastEventSeq)
+	}
+	if got := metricValue(t, reg, "sidecar_projector_non_contiguous_fetch_total"); got != 1 {
+		t.Fatalf("non-contiguous counter %v, want 1", got)
+	}
+	// The record becomes visible: resync passes the hole and clears STALE.
+	src.release(3)
+	s, _ = p.Project(ctx, "r")
+	if s.Stale || s.LastEventSeq != 4 || s.Step("b").Status != statestore.StepStatusRunning || s.Step("a").Status != statestore.StepStatusSuccess {
+		t.Fatalf("after release: stale=%v watermark=%d", s.Stale, s.LastEventSeq)
+	}
+	if got, _ := p.Snapshot(ctx, "r"); got != s {
+		t.Fatal("Snapshot does not return the cached projection")
+	}
+}
+
+func TestProjector_GapNeverClosing(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	appendAll(t, mem, storetest.Event("r", statestore.RunStarted, ""), storetest.Event("r", statestore.StepStarted, "a"), storetest.Event("r", statestore.StepStarted, "b"))
+	src := &hidingFetcher{inner: mem, hide: map[int64]bool{2: true}}
+	reg := prometheus.NewRegistry()
+	now := time.Now()
+	p := statestore.NewProjector(src, statestore.ProjectorOptions{Contiguous: true, Metrics: statestore.NewMetrics(reg),
+		GapGrace: time.Minute, Now: func() time.Time { return now }})
+	if s, _ := p.Project(ctx, "r"); !s.Stale || s.LastEventSeq != 1 {
+		t.Fatalf("stale=%v watermark=%d", s.Stale, s.LastEventSeq)
+	}
+	now = now.Add(2 * time.Minute)
+	s, _ := p.Project(ctx, "r")
+	if s.Stale || s.LastEventSeq != 3 {
+		t.Fatalf("after the grace period: stale=%v watermark=%d", s.Stale, s.LastEventSeq)
+	}
+	if got := metricValue(t, reg, "sidecar_projector_gaps_accepted_total"); got != 1 {
+		t.Fatalf("gaps accepted %v", got)
+	}
+}
+
+func TestProjector_GappyByDesignNoResync(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	src := &hidingFetcher{inner: mem, stride: 7} // runSeqs 7, 14, 21, ...
+	reg := prometheus.NewRegistry()
+	p := statestore.NewProjector(src, statestore.ProjectorOptions{Contiguous: false, Metrics: statestore.NewMetrics(reg), PageSize: 2})
+	appendAll(t, mem, storetest.Event("r", statestore.RunStarted, ""), storetest.Event("r", statestore.StepStarted, "a"))
+	s, _ := p.Project(ctx, "r")
+	appendAll(t, mem, storetest.Event("r", statestore.StepCompleted, "a"), storetest.Event("r", statestore.StepStarted, "b"), storetest.Event("r", statestore.StepStarted, "c"))
+	s, _ = p.Project(ctx, "r")
+	if s.Stale || s.LastEventSeq != 35 || len(s.Steps) != 3 {
+		t.Fatalf("stale=%v watermark=%d steps=%d", s.Stale, s.LastEventSeq, len(s.Steps))
+	}
+	if got := metricValue(t, reg, "sidecar_projector_non_contiguous_fetch_total"); got != 0 {
+		t.Fatalf("gaps by design raised %v non-contiguous detections", got)
+	}
+}
+
+func TestProjector_AlertOncePerEvent(t *testing.T) {
+	ctx := context.Background()
+	rec := &alertRecorder{}
+	reg := prometheus.NewRegistry()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	appendAll(t, mem, storetest.Event("r", statestore.RunStarted, ""), storetest.Event("r", statestore.RunCompleted, ""),
+		storetest.Event("r", statestore.RunPaused, ""))
+	src := &hidingFetcher{inner: mem}
+	p := statestore.NewProjector(src, statestore.ProjectorOptions{Alerts: rec, Metrics: statestore.NewMetrics(reg), Contiguous: true})
+	if _, err := p.Project(ctx, "r"); err != nil {
+		t.Fatal(err)
+	}
+	// A later hole forces a resync from scratch, which reduces the invalid
+	// event again: no second alert.
+	appendAll(t, mem, storetest.Event("r", "RunAnnotated", ""), storetest.Event("r", "RunNoted", ""))
+	src.mu.Lock()
+	src.hide = map[int64]bool{4: true}
+	src.mu.Unlock()
+	p.Project(ctx, "r")
+	src.release(4)
+	s, _ := p.Project(ctx, "r")
+	// A second projector (another replica) alerts on its own; within one it is once.
+	if len(rec.alerts) != 1 || rec.alerts[0].EventType != statestore.RunPaused || !s.Inconsistent || s.Status != statestore.RunStatusCompleted {
+		t.Fatalf("alerts %+v inconsistent %v status %s", rec.alerts, s.Inconsistent, s.Status)
+	}
+	if got := metricValue(t, reg, "sidecar_projector_invalid_transitions_total"); got != 1 {
+		t.Fatalf("invalid transitions counter %v", got)
+	}
+}
+
+func TestProjector_LagMetric(t *testing.T) {
+	mem := memstore.New(statestore.ProjectorOptions{})
+	mem.Now = func() time.Time { return time.Now().Add(-7 * time.Second) }
+	appendAll(t, mem, storetest.Event("r", statestore.RunStarted, ""))
+	reg := prometheus.NewRegistry()
+	p := statestore.NewProjector(mem, statestore.ProjectorOptions{Metrics: statestore.NewMetrics(reg)})
+	if _, err := p.Project(context.Background(), "r"); err != nil {
+		t.Fatal(err)
+	}
+	if lag := metricValue(t, reg, "sidecar_projector_lag_seconds"); lag < 6.5 || lag > 60 {
+		t.Fatalf("lag %v, want about 7s", lag)
+	}
+}
+
+func TestProjector_NotFoundAndErrors(t *testing.T) {
+	p := statestore.NewProjector(memstore.New(statestore.ProjectorOptions{}), statestore.ProjectorOptions{})
+	if _, err := p.Snapshot(context.Background(), "nope"); !errors.Is(err, statestore.ErrNotFound) {
+		t.Fatalf("got %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := p.Project(ctx, "nope"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %v", err)
+	}
+}
+
+// metricValue returns the value of the unlabelled counter or gauge name.
+func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name || len(mf.GetMetric()) != 1 {
+			continue
+		}
+		m := mf.GetMetric()[0]
+		if m.Counter != nil {
+			return m.Counter.GetValue()
+		}
+		return m.Gauge.GetValue()
+	}
+	t.Fatalf("metric %s not registered", name)
+	return 0
+}
