@@ -50,6 +50,13 @@ func Reduce(prev *RunSnapshot, recs []RunEventRecord) (*RunSnapshot, []InvalidTr
 			} else {
 				s = newSnapshot(r)
 			}
+			if cap(s.Steps)-len(s.Steps) < len(recs)/2 {
+				// Room for every step the batch may add, so that growing
+				// the slice does not copy large structs repeatedly.
+				grown := make([]StepSnapshot, len(s.Steps), len(s.Steps)+len(recs)/2+1)
+				copy(grown, s.Steps)
+				s.Steps = grown
+			}
 			index = make(map[string]int, len(s.Steps))
 			for j := range s.Steps {
 				index[s.Steps[j].StepID] = j
@@ -117,7 +124,13 @@ func decodePayload(raw json.RawMessage) eventPayload {
 }
 
 func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTransitionAlert {
-	d := Decide(s, r.EventType, r.StepID, r.LogicalAttemptID)
+	var step *StepSnapshot
+	if IsStepEvent(r.EventType) {
+		if i, ok := index[r.StepID]; ok {
+			step = &s.Steps[i]
+		}
+	}
+	d := decide(s, step, r.EventType, r.LogicalAttemptID)
 	switch d.Outcome {
 	case Ignore:
 		return nil

@@ -88,12 +88,21 @@ type Decision struct {
 // the producer guard (Layer 1), the store's optional validation (Layer 2)
 // and the projector (Layer 3). s may be nil for a run without events.
 func Decide(s *RunSnapshot, eventType, stepID string, logicalAttemptID int64) Decision {
+	var step *StepSnapshot
+	if s != nil && IsStepEvent(eventType) {
+		step = s.Step(stepID)
+	}
+	return decide(s, step, eventType, logicalAttemptID)
+}
+
+// decide is Decide with the event's step already looked up (nil: unseen).
+func decide(s *RunSnapshot, step *StepSnapshot, eventType string, logicalAttemptID int64) Decision {
 	status := RunStatusPending
 	if s != nil {
 		status = s.Status
 	}
 	if st, ok := StepTransitions[eventType]; ok {
-		return decideStep(s, status, eventType, stepID, logicalAttemptID, st.From, st.To)
+		return decideStep(step, status, eventType, logicalAttemptID, st.From, st.To)
 	}
 	t, ok := runTable[eventType]
 	if !ok {
@@ -142,17 +151,15 @@ func Decide(s *RunSnapshot, eventType, stepID string, logicalAttemptID int64) De
 	return d
 }
 
-func decideStep(s *RunSnapshot, runStatus, eventType, stepID string, attempt int64, from, to string) Decision {
+func decideStep(st *StepSnapshot, runStatus, eventType string, attempt int64, from, to string) Decision {
 	prior := StepStatusPending
-	if s != nil {
-		if st := s.Step(stepID); st != nil {
-			switch {
-			case attempt < st.LogicalAttemptID:
-				return Decision{Outcome: Audit, Entity: "step", PriorState: st.Status, AttemptedState: st.Status,
-					Reason: "event of an older logical attempt"}
-			case attempt == st.LogicalAttemptID:
-				prior = st.Status
-			}
+	if st != nil {
+		switch {
+		case attempt < st.LogicalAttemptID:
+			return Decision{Outcome: Audit, Entity: "step", PriorState: st.Status, AttemptedState: st.Status,
+				Reason: "event of an older logical attempt"}
+		case attempt == st.LogicalAttemptID:
+			prior = st.Status
 		}
 	}
 	d := Decision{Entity: "step", PriorState: prior, AttemptedState: to, ExpectedState: from}

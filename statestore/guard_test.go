@@ -1,0 +1,88 @@
+package statestore_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"reflect"
+	"testing"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/memstore"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+func TestCheckTransition_ProducerGuard(t *testing.T) {
+	s, _ := reduce(t, newLog("r").ev(statestore.RunStarted).step(statestore.StepStarted, "a").step(statestore.StepCompleted, "a").recs)
+	err := statestore.CheckTransition(s, storetest.Event("r", statestore.StepFailed, "a"))
+	var e *statestore.Error
+	if !errors.As(err, &e) || e.Code != statestore.CodeInvalidTransition {
+		t.Fatalf("got %v, want INVALID_TRANSITION", err)
+	}
+	var p map[string]any
+	if err := json.Unmarshal(statestore.InvalidTransitionPayload(err), &p); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"invalidTransitionDetected": true, "expectedState": "RUNNING", "actualState": "SUCCESS", "attemptedEventType": "StepFailed"}
+	if !reflect.DeepEqual(p, want) {
+		t.Fatalf("payload %v, want %v", p, want)
+	}
+	if statestore.InvalidTransitionPayload(errors.New("other")) != nil {
+		t.Fatal("payload for a non-transition error")
+	}
+	if err := statestore.CheckTransition(nil, storetest.Event("r", statestore.RunStarted, "")); err != nil {
+		t.Fatalf("RunStarted on a new run: %v", err)
+	}
+	if err := statestore.CheckTransition(nil, storetest.Event("r", statestore.RunResumed, "")); !errors.Is(err, statestore.ErrInvalidTransition) {
+		t.Fatalf("RunResumed on a new run: %v", err)
+	}
+}
+
+func TestValidatingStore_Append(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	s, err := statestore.NewValidatingStore(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := storetest.Event("r", statestore.RunStarted, "")
+	completed := storetest.Event("r", statestore.RunCompleted, "")
+	appendAll(t, s, started, completed)
+
+	t.Run("ErrInvalidTransition writes nothing, retries answer identically", func(t *testing.T) {
+		paused := storetest.Event("r", statestore.RunPaused, "")
+		_, err1 := s.Append(ctx, paused)
+		retry := *paused
+		retry.EventID = storetest.Event("r", statestore.RunPaused, "").EventID
+		_, err2 := s.Append(ctx, &retry)
+		if !errors.Is(err1, statestore.ErrInvalidTransition) || !reflect.DeepEqual(err1, err2) {
+			t.Fatalf("got %v then %v, want the same INVALID_TRANSITION", err1, err2)
+		}
+		var e *statestore.Error
+		errors.As(err1, &e)
+		if e.Meta["actualState"] != "COMPLETED" || e.Meta["expectedState"] != "RUNNING" || e.Meta["attemptedEventType"] != "RunPaused" {
+			t.Fatalf("meta %v", e.Meta)
+		}
+		if recs, _ := mem.Fetch(ctx, "r", 0, 0); len(recs) != 2 {
+			t.Fatalf("%d records, want 2", len(recs))
+		}
+	})
+	t.Run("duplicate of an accepted event is idempotent, not invalid", func(t *testing.T) {
+		res, err := s.Append(ctx, started)
+		if err != nil || !res.Idempotent || res.Persisted || res.RunSeq != 1 {
+			t.Fatalf("got %+v, %v", res, err)
+		}
+	})
+	t.Run("schema errors come first", func(t *testing.T) {
+		bad := storetest.Event("r", statestore.RunPaused, "")
+		bad.EngineAttemptID = 0
+		if _, err := s.Append(ctx, bad); !errors.Is(err, statestore.ErrSchemaValidation) {
+			t.Fatalf("got %v", err)
+		}
+	})
+	t.Run("needs Lookup", func(t *testing.T) {
+		if _, err := statestore.NewValidatingStore(struct{ statestore.Store }{mem}); err == nil {
+			t.Fatal("accepted a store without Lookup")
+		}
+	})
+}
