@@ -63,3 +63,31 @@ func (w *RunEventWrite) KeyInput() KeyInput {
 	}
 	return KeyInput{w.RunID, step, w.LogicalAttemptID, w.EventType, w.PlanID, w.PlanVersion}
 }
+
+// Validate checks the key fields with the envelope's rules: runId,
+// eventType, planId and planVersion present, valid UTF-8, at most
+// MaxIDBytes and without '|'; logicalAttemptId >= 1; stepId present for
+// step-level events, absent for run-level ones. It returns an *Error with
+// code SCHEMA_VALIDATION_FAILED naming the field.
+func (k KeyInput) Validate() error {
+	for _, f := range [...]struct{ field, value string }{
+		{"runId", k.RunID}, {"eventType", k.EventType}, {"planId", k.PlanID}, {"planVersion", k.PlanVersion},
+	} {
+		if err := validateID(f.field, f.value, true); err != nil {
+			return err
+		}
+	}
+	if k.LogicalAttemptID < 1 {
+		return schemaError("logicalAttemptId", "must be an integer >= 1, got %d", k.LogicalAttemptID)
+	}
+	if IsStepEvent(k.EventType) {
+		if k.StepID == "" {
+			return schemaError("stepId", "is required for %s", k.EventType)
+		}
+		return validateID("stepId", k.StepID, true)
+	}
+	if k.StepID != "" {
+		return schemaError("stepId", "must be absent for run-level event %s", k.EventType)
+	}
+	return nil
+}

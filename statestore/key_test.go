@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"testing"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -118,5 +119,33 @@ func TestRunEventWrite_KeyInputIgnoresStepIDOfRunEvents(t *testing.T) {
 	w := statestore.RunEventWrite{RunID: "r", StepID: "s", LogicalAttemptID: 1, EventType: "RunStarted", PlanID: "p", PlanVersion: "1"}
 	if got := w.KeyInput().Preimage(); got != "r|RUN|1|RunStarted|p|1" {
 		t.Fatalf("got %q", got)
+	}
+}
+
+func TestKeyInput_Validate(t *testing.T) {
+	ok := statestore.KeyInput{RunID: "r", StepID: "s", LogicalAttemptID: 1, EventType: "StepStarted", PlanID: "p", PlanVersion: "1"}
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	tests := map[string]struct {
+		mut   func(k *statestore.KeyInput)
+		field string
+	}{
+		"pipe in runId":         {func(k *statestore.KeyInput) { k.RunID = "a|b" }, "runId"},
+		"empty planVersion":     {func(k *statestore.KeyInput) { k.PlanVersion = "" }, "planVersion"},
+		"attempt zero":          {func(k *statestore.KeyInput) { k.LogicalAttemptID = 0 }, "logicalAttemptId"},
+		"step event no stepId":  {func(k *statestore.KeyInput) { k.StepID = "" }, "stepId"},
+		"run event with stepId": {func(k *statestore.KeyInput) { k.EventType = "RunStarted" }, "stepId"},
+		"pipe in eventType":     {func(k *statestore.KeyInput) { k.EventType = "Run|Started"; k.StepID = "" }, "eventType"},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			k := ok
+			tt.mut(&k)
+			var e *statestore.Error
+			if err := k.Validate(); !errors.As(err, &e) || e.Field != tt.field || e.Code != statestore.CodeSchemaValidationFailed {
+				t.Fatalf("got %v, want SCHEMA_VALIDATION_FAILED on %s", err, tt.field)
+			}
+		})
 	}
 }

@@ -1,0 +1,119 @@
+// Command sidecar runs next to a Conductor server: it keeps the run event
+// log, projects run snapshots and (in later subcommands) runs task workers
+// and the draining pause. See README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+// errUsage marks an error whose usage text was already printed.
+var errUsage = errors.New("usage")
+
+// Main holds the process's standard streams, so that tests can run it.
+type Main struct {
+	Stdout io.Writer
+	Stderr io.Writer
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	m := &Main{Stdout: os.Stdout, Stderr: os.Stderr}
+	os.Exit(m.Run(ctx, os.Args[1:]))
+}
+
+// Run runs the subcommand named by args[0] and returns the exit code.
+func (m *Main) Run(ctx context.Context, args []string) int {
+	if len(args) == 0 {
+		m.usage()
+		return exitUsage
+	}
+	var err error
+	switch cmd, rest := args[0], args[1:]; cmd {
+	case "key":
+		err = (&KeyCommand{m}).Run(ctx, rest)
+	case "version":
+		err = (&VersionCommand{m}).Run(ctx, rest)
+	case "demo":
+		err = (&DemoCommand{m}).Run(ctx, rest)
+	case "help", "-h", "--help":
+		m.usage()
+		return exitOK
+	default:
+		fmt.Fprintf(m.Stderr, "sidecar: unknown command %q\n\n", cmd)
+		m.usage()
+		return exitUsage
+	}
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, errUsage), errors.Is(err, flag.ErrHelp):
+		return exitUsage
+	default:
+		fmt.Fprintf(m.Stderr, "sidecar %s: %v\n", args[0], err)
+		return exitError
+	}
+}
+
+func (m *Main) usage() {
+	fmt.Fprint(m.Stderr, `sidecar runs next to a Conductor server and keeps each run's append-only event log.
+
+Usage:
+  sidecar <command> [flags]
+
+Commands:
+  demo      append a small run to the JetStream event log and show its snapshot
+  key       print the idempotencyKey of an event
+  version   print the version
+
+Run "sidecar <command> -h" for a command's flags.
+`)
+}
+
+// newFlagSet returns a flag set that reports errors instead of exiting and
+// prints usage to the command's stderr.
+func (m *Main) newFlagSet(name, synopsis string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(m.Stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(m.Stderr, "Usage: sidecar %s\n\nFlags:\n", synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// usageError prints msg and the flag set's usage, and returns errUsage.
+func usageError(fs *flag.FlagSet, format string, args ...any) error {
+	fmt.Fprintf(fs.Output(), "sidecar %s: %s\n", fs.Name(), fmt.Sprintf(format, args...))
+	fs.Usage()
+	return errUsage
+}
+
+// parse parses args and maps flag errors to errUsage (flag already printed them).
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		return usageError(fs, "unexpected argument %q", fs.Arg(0))
+	}
+	return nil
+}
