@@ -14,19 +14,32 @@ type AlertSink interface {
 	InvalidTransition(ctx context.Context, a InvalidTransitionAlert)
 }
 
+// AlertGate makes invalid-transition alerts idempotent beyond one process:
+// First reports whether this call is the first, across every process that
+// shares the gate, to claim the alert for (runID, eventID). Implementations
+// must be atomic (e.g. a create-if-absent in a shared KV store).
+type AlertGate interface {
+	First(ctx context.Context, runID, eventID string) (bool, error)
+}
+
 // ProjectorOptions configures a Projector. The zero value works: no logger,
 // no metrics, no alert sink beyond the log.
 type ProjectorOptions struct {
 	Logger  *zap.Logger
 	Metrics *Metrics
 	Alerts  AlertSink
+	// Gate, when set, makes alerts idempotent across restarts and replicas;
+	// without it they are idempotent within this Projector. If the gate
+	// fails, the alert is raised (a duplicate is better than a lost alert).
+	Gate AlertGate
 	// Contiguous tells the projector that the source assigns runSeq without
 	// gaps (1, 2, 3, ... per run), so a gap is a visibility gap. A source
 	// whose sequences are gappy by design (JetStream: stream sequences) sets
 	// false and never triggers a resync in steady state.
 	Contiguous bool
-	// GapGrace is how long a visibility gap may stay open before the
-	// projector accepts it and moves past it (default 30s).
+	// GapGrace is how long the projector holds back the records after an
+	// open visibility gap before it applies them anyway, the run staying
+	// Stale until the gap fills (default 30s).
 	GapGrace time.Duration
 	// PageSize is the Fetch limit per call (default 1000).
 	PageSize int
@@ -56,6 +69,8 @@ type runProjection struct {
 	// gapAt is the runSeq observed right after the hole.
 	gapSince time.Time
 	gapAt    int64
+	// accepted is set once the open gap outlived GapGrace.
+	accepted bool
 }
 
 // NewProjector returns a Projector reading from src.
@@ -92,20 +107,22 @@ func (p *Projector) Snapshot(ctx context.Context, runID string) (*RunSnapshot, e
 // Project fetches the records after the run's watermark, reduces them and
 // returns the new snapshot. It returns ErrNotFound for a run without events.
 //
-// With a contiguous source, a hole in runSeq is a visibility gap: the run is
-// marked Stale, the projector resyncs from scratch and holds back the records
-// after the hole until it fills (or GapGrace passes), and clears Stale once
-// the watermark has passed the hole.
+// With a contiguous source, a hole in runSeq is a visibility gap (seed 001
+// §1.1, §1.5): the run is marked Stale and, while the hole is open, every
+// projection is a resync that rebuilds the snapshot from scratch. Records
+// after the hole are held back for GapGrace; after that they are applied so
+// the run's projection is not frozen, but the run stays Stale. Stale clears
+// once a resync sees the hole filled and the watermark past it. Because each
+// resync starts from scratch, a record that becomes visible late is never
+// skipped.
 func (p *Projector) Project(ctx context.Context, runID string) (*RunSnapshot, error) {
 	rp := p.run(runID)
 	rp.mu.Lock()
 	defer rp.mu.Unlock()
-
-	snap := rp.snap
 	if !rp.gapSince.IsZero() {
-		// Resync: rebuild from scratch, as seed 001 §1.5 prescribes.
-		snap = nil
+		return p.resync(ctx, rp, runID)
 	}
+	snap := rp.snap
 	var after int64
 	if snap != nil {
 		after = snap.LastEventSeq
@@ -118,33 +135,12 @@ func (p *Projector) Project(ctx context.Context, runID string) (*RunSnapshot, er
 		if len(recs) == 0 {
 			break
 		}
-		usable, hole := p.contiguousPrefix(after, recs)
-		if hole {
+		if usable, hole := p.contiguousPrefix(after, recs); hole {
 			p.observeGap(rp, runID, after, recs[len(usable)].RunSeq)
-			if p.opts.Now().Sub(rp.gapSince) < p.opts.GapGrace {
-				snap = p.reduce(ctx, snap, usable)
-				if snap != nil {
-					snap = markStale(snap)
-				}
-				break
-			}
-			p.log.Error("visibility gap did not close within the grace period; moving past it",
-				zap.String("runId", runID), zap.Int64("afterSeq", after), zap.Duration("grace", p.opts.GapGrace))
-			p.opts.Metrics.gapAccepted()
-			usable = recs
-			rp.gapSince, rp.gapAt = time.Time{}, 0
+			return p.resync(ctx, rp, runID)
 		}
-		snap = p.reduce(ctx, snap, usable)
+		snap = p.reduce(ctx, snap, recs)
 		after = recs[len(recs)-1].RunSeq
-		if !rp.gapSince.IsZero() && after >= rp.gapAt {
-			// The watermark passed the hole: resync complete.
-			p.log.Info("visibility gap closed", zap.String("runId", runID), zap.Int64("watermark", after))
-			rp.gapSince, rp.gapAt = time.Time{}, 0
-			if snap.Stale {
-				snap = snap.Clone()
-				snap.Stale = false
-			}
-		}
 		if len(recs) < p.opts.PageSize {
 			break
 		}
@@ -152,6 +148,47 @@ func (p *Projector) Project(ctx context.Context, runID string) (*RunSnapshot, er
 	if snap == nil {
 		return nil, ErrNotFound
 	}
+	rp.snap = snap
+	return snap, nil
+}
+
+// resync rebuilds the run's snapshot from all its records.
+func (p *Projector) resync(ctx context.Context, rp *runProjection, runID string) (*RunSnapshot, error) {
+	var all []RunEventRecord
+	var after int64
+	for {
+		recs, err := p.src.Fetch(ctx, runID, after, p.opts.PageSize)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, recs...)
+		if len(recs) < p.opts.PageSize {
+			break
+		}
+		after = recs[len(recs)-1].RunSeq
+	}
+	usable, hole := p.contiguousPrefix(0, all)
+	if !hole && len(all) > 0 && all[len(all)-1].RunSeq >= rp.gapAt {
+		p.log.Info("visibility gap closed; resync complete", zap.String("runId", runID), zap.Int64("watermark", all[len(all)-1].RunSeq))
+		rp.gapSince, rp.gapAt, rp.accepted = time.Time{}, 0, false
+		snap := p.reduce(ctx, nil, all)
+		rp.snap = snap
+		return snap, nil
+	}
+	if p.opts.Now().Sub(rp.gapSince) >= p.opts.GapGrace {
+		if !rp.accepted {
+			rp.accepted = true
+			p.opts.Metrics.gapAccepted()
+			p.log.Error("visibility gap still open after the grace period; applying the records after it, run stays STALE",
+				zap.String("runId", runID), zap.Int64("beforeSeq", rp.gapAt), zap.Duration("grace", p.opts.GapGrace))
+		}
+		usable = all
+	}
+	snap := p.reduce(ctx, nil, usable)
+	if snap == nil {
+		return nil, ErrNotFound
+	}
+	snap = markStale(snap)
 	rp.snap = snap
 	return snap, nil
 }
@@ -226,6 +263,14 @@ func (p *Projector) raise(ctx context.Context, a InvalidTransitionAlert) {
 	p.mu.Unlock()
 	if seen {
 		return
+	}
+	if p.opts.Gate != nil {
+		first, err := p.opts.Gate.First(ctx, a.RunID, a.EventID)
+		if err != nil {
+			p.log.Warn("alert gate unavailable; raising the alert anyway", zap.String("runId", a.RunID), zap.String("eventId", a.EventID), zap.Error(err))
+		} else if !first {
+			return
+		}
 	}
 	p.opts.Metrics.invalidTransition()
 	p.log.Error("INVALID_TRANSITION: event ignored for state, run marked INCONSISTENT",

@@ -135,11 +135,18 @@ func TestProjector_GapNeverClosing(t *testing.T) {
 	}
 	now = now.Add(2 * time.Minute)
 	s, _ := p.Project(ctx, "r")
-	if s.Stale || s.LastEventSeq != 3 {
-		t.Fatalf("after the grace period: stale=%v watermark=%d", s.Stale, s.LastEventSeq)
+	if !s.Stale || s.LastEventSeq != 3 || s.Step("b") == nil {
+		t.Fatalf("after the grace period: stale=%v watermark=%d, want the records after the hole applied and STALE kept", s.Stale, s.LastEventSeq)
 	}
+	p.Project(ctx, "r")
 	if got := metricValue(t, reg, "sidecar_projector_gaps_accepted_total"); got != 1 {
-		t.Fatalf("gaps accepted %v", got)
+		t.Fatalf("gaps accepted %v, want 1", got)
+	}
+	// The hidden record shows up late: it is applied, not skipped.
+	src.release(2)
+	s, _ = p.Project(ctx, "r")
+	if s.Stale || s.Step("a") == nil || s.LastEventSeq != 3 {
+		t.Fatalf("late record: stale=%v step a=%v", s.Stale, s.Step("a"))
 	}
 }
 
@@ -236,4 +243,50 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("metric %s not registered", name)
 	return 0
+}
+
+// memGate is an in-memory AlertGate shared by several projectors, standing
+// in for a shared KV bucket (natsstore has the JetStream one and its test).
+type memGate struct {
+	mu   sync.Mutex
+	seen map[string]bool
+	err  error
+}
+
+func (g *memGate) First(_ context.Context, runID, eventID string) (bool, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.err != nil {
+		return false, g.err
+	}
+	k := runID + "\x00" + eventID
+	if g.seen[k] {
+		return false, nil
+	}
+	g.seen[k] = true
+	return true, nil
+}
+
+func TestProjector_AlertGateAcrossReplicas(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	appendAll(t, mem, storetest.Event("r", statestore.RunStarted, ""), storetest.Event("r", statestore.RunCompleted, ""),
+		storetest.Event("r", statestore.RunPaused, ""))
+	gate := &memGate{seen: map[string]bool{}}
+	rec := &alertRecorder{}
+	for i := 0; i < 3; i++ { // three replicas, or one process restarted twice
+		p := statestore.NewProjector(mem, statestore.ProjectorOptions{Alerts: rec, Gate: gate})
+		if _, err := p.Project(ctx, "r"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(rec.alerts) != 1 {
+		t.Fatalf("%d alerts across replicas, want 1", len(rec.alerts))
+	}
+	gate.err = errors.New("kv down")
+	p := statestore.NewProjector(mem, statestore.ProjectorOptions{Alerts: rec, Gate: gate})
+	p.Project(ctx, "r")
+	if len(rec.alerts) != 2 {
+		t.Fatalf("with the gate down the alert must still be raised: %d alerts", len(rec.alerts))
+	}
 }
