@@ -72,6 +72,23 @@ func TestEmitter_Emit(t *testing.T) {
 			t.Fatalf("sent %v want [%s %s]", sent, stored, stored)
 		}
 	})
+	t.Run("RegistryWrittenBeforeAppend", func(t *testing.T) {
+		// Seed 000 §2.5.1: the new eventId is in the registry before the
+		// append is attempted, so a crash during the append loses nothing.
+		var atAppend string
+		var lookupErr error
+		app := &fakeAppender{AppendFunc: func(c context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
+			atAppend, lookupErr = r.Lookup(c, w.RunID, w.IdempotencyKey)
+			return echo(c, w)
+		}}
+		w := event("run-before")
+		if _, err := registry.NewEmitter(r, app).Emit(ctx(t), w); err != nil {
+			t.Fatal(err)
+		}
+		if lookupErr != nil || atAppend != w.EventID {
+			t.Fatalf("at append time the registry held %q (%v), want the sent eventId %q", atAppend, lookupErr, w.EventID)
+		}
+	})
 	t.Run("AdoptsReturnedEventID", func(t *testing.T) {
 		authoritative := uuid.NewString()
 		app := &fakeAppender{AppendFunc: func(_ context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
