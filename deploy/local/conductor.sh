@@ -161,7 +161,7 @@ fetch_jar() {
     local url
     url=$MAVEN_REPO_URL/${GROUP_ID//.//}/$ARTIFACT_ID/$VERSION/$ARTIFACT_ID-$VERSION-$CLASSIFIER.jar
     log "mvn not found; downloading with curl from $url"
-    if ! curl -fSL --retry 3 -o "$tmp/$(basename "$jar")" "$url" ||
+    if ! curl -fsSL --retry 3 -o "$tmp/$(basename "$jar")" "$url" ||
       ! want=$(curl -fsSL --retry 3 "$url.sha1"); then
       rm -rf "$tmp"
       die "curl could not download $url"
