@@ -12,8 +12,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Headers and statuses of the direct get API (nats-server 2.11+).
+// Headers and statuses of the direct get API (nats-server 2.11+) and of
+// republished messages.
 const (
+	hdrStream     = "Nats-Stream"
 	hdrSequence   = "Nats-Sequence"
 	hdrSubject    = "Nats-Subject"
 	hdrTimeStamp  = "Nats-Time-Stamp"
@@ -33,8 +35,8 @@ var (
 	errTooManyResults = errors.New("too many results")
 )
 
-// directRequest is the JSON body of a direct get (and of the leader's
-// STREAM.MSG.GET for Seq and LastFor).
+// directRequest is the JSON body of a batch or multi_last direct get (and,
+// with LastFor, of the leader's STREAM.MSG.GET).
 type directRequest struct {
 	Seq       uint64   `json:"seq,omitempty"`
 	LastFor   string   `json:"last_by_subj,omitempty"`
@@ -72,13 +74,11 @@ func apiPrefix(o jetstream.JetStreamOptions) string {
 	return jetstream.DefaultAPIPrefix
 }
 
-// get sends a single-message direct get (Seq or LastFor).
-func (s *Store) get(ctx context.Context, req directRequest) (*storedMsg, error) {
-	body, err := json.Marshal(req)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := s.nc.RequestWithContext(ctx, s.apiPrefix+"DIRECT.GET."+s.name, body)
+// msg returns the message on subject (every subject holds at most one)
+// with a direct get that names the subject in the request subject, so the
+// server has no JSON to parse.
+func (s *Store) msg(ctx context.Context, subject string) (*storedMsg, error) {
+	resp, err := s.nc.RequestWithContext(ctx, s.apiPrefix+"DIRECT.GET."+s.name+"."+subject, nil)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return nil, fmt.Errorf("direct get on stream %s: %w", s.name, err)
 	}
@@ -95,15 +95,15 @@ func (s *Store) get(ctx context.Context, req directRequest) (*storedMsg, error) 
 	return m, nil
 }
 
-// getAcked is get for a message the server has acknowledged. A direct get
+// ackedMsg is msg for a message the server has acknowledged. A direct get
 // may be answered by a replica that has not applied it yet; the stream
 // leader's message API always has it.
-func (s *Store) getAcked(ctx context.Context, req directRequest) (*storedMsg, error) {
-	m, err := s.get(ctx, req)
+func (s *Store) ackedMsg(ctx context.Context, subject string) (*storedMsg, error) {
+	m, err := s.msg(ctx, subject)
 	if !errors.Is(err, errNotFound) {
 		return m, err
 	}
-	body, err := json.Marshal(directRequest{Seq: req.Seq, LastFor: req.LastFor})
+	body, err := json.Marshal(directRequest{LastFor: subject})
 	if err != nil {
 		return nil, err
 	}

@@ -8,7 +8,8 @@
 //	<prefix>.<runToken>.<idempotencyKey>
 //
 // where runToken is [RunToken] (unpadded base64url of the runId) and
-// idempotencyKey the 64 lowercase hex digits of the contract. The stream
+// idempotencyKey the 64 lowercase hex digits of the contract. The message
+// body is the RunEventWrite as JSON; messages carry no headers. The stream
 // keeps at most one message per subject and discards new messages per
 // subject (MaxMsgsPerSubject 1, DiscardNew, DiscardNewPerSubject), so the
 // server itself refuses a second event with the same (runId,
@@ -17,8 +18,18 @@
 //
 // runSeq is the stream sequence: strictly increasing per run, with gaps
 // where other runs' events were stored in between. persistedAt is the
-// timestamp the server stored with the message, read back from its
-// Nats-Time-Stamp header (the publish ack does not carry it).
+// timestamp the server stored with the message. The publish ack does not
+// carry it, so the stream republishes the headers of every stored message
+// (RePublish, headers only) to
+//
+//	<prefix>-appended.<runToken>.<idempotencyKey>
+//
+// with Nats-Sequence and Nats-Time-Stamp. The server sends that notification
+// just before the ack on the same connection, so Append finds it without a
+// second round trip; if it is missing (another server in a cluster ordered
+// them differently, or it was dropped) Append reads the message back with a
+// direct get. Other components may subscribe to these notifications to
+// learn about new events of a run.
 //
 // # Reads
 //
@@ -30,12 +41,22 @@
 // subjects; a larger run is read with a next_by_subj batch walk instead,
 // which scans the stream from afterSeq on (see Fetch).
 //
-// Server-generated Nats-* headers are appended after any headers a message
-// was published with, so every Nats-* value is read from its last
-// occurrence and a producer cannot forge a runSeq or persistedAt.
+// Server-generated Nats-* headers come after any headers a message was
+// published with (direct get and republish both append them), so every
+// Nats-* value is read from its last occurrence and a producer that
+// publishes around Append cannot forge a runSeq or persistedAt.
+//
+// # Durability
+//
+// The publish ack is sent once the server has written the message; whether
+// it was fsynced is the server's sync setting (see EmbeddedConfig). In a
+// cluster, direct gets may be answered by a replica that lags the leader, so
+// Fetch right after Append may miss the newest events there (never an
+// older one while showing a newer one).
 package natsstore
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/base64"
@@ -67,6 +88,10 @@ const (
 	DefaultSubjectPrefix = "sidecar.events"
 )
 
+// appendedSuffix makes the subject prefix of the stream's appended
+// notifications: <prefix>-appended.<runToken>.<idempotencyKey>.
+const appendedSuffix = "-appended"
+
 // MaxNameBytes bounds Options.Stream and Options.SubjectPrefix. With
 // statestore.MaxIDBytes bounding runId, the longest subject is
 // 64 + 1 + 342 + 1 + 64 = 472 bytes, far below the 4 KiB control line at
@@ -85,7 +110,9 @@ type Options struct {
 	// Stream is the stream name (default DefaultStream).
 	Stream string
 	// SubjectPrefix is the subject prefix of the stream's messages
-	// (default DefaultSubjectPrefix). The stream takes <prefix>.>.
+	// (default DefaultSubjectPrefix). The stream takes <prefix>.> and
+	// republishes headers to <prefix>-appended.>; no other stream may
+	// take either.
 	SubjectPrefix string
 	// Replicas is the stream's replica count (default 1).
 	Replicas int
@@ -107,11 +134,13 @@ type Store struct {
 	timeout   time.Duration
 	log       *zap.Logger
 	proj      *statestore.Projector
+	stamps    *stamps
 }
 
 // Open creates the event stream, or updates it to the configuration above,
-// and returns a Store on it. It fails if the stream cannot be created or
-// updated (for instance when it exists with a conflicting configuration).
+// subscribes to its appended notifications and returns a Store on it. It
+// fails if the stream cannot be created or updated (for instance when it
+// exists with a conflicting configuration). Close the Store when done.
 func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, error) {
 	if opts.Stream == "" {
 		opts.Stream = DefaultStream
@@ -146,9 +175,18 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 		AllowDirect:          true,
 		Storage:              jetstream.FileStorage,
 		Replicas:             opts.Replicas,
+		RePublish: &jetstream.RePublish{
+			Source:      opts.SubjectPrefix + ".>",
+			Destination: opts.SubjectPrefix + appendedSuffix + ".>",
+			HeadersOnly: true,
+		},
 	}
 	if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
 		return nil, unavailable("open stream "+opts.Stream, err)
+	}
+	st, err := subscribeStamps(js.Conn(), opts.Stream, cfg.RePublish.Destination)
+	if err != nil {
+		return nil, unavailable("subscribe to appended notifications", err)
 	}
 	s := &Store{
 		js:        js,
@@ -158,6 +196,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 		apiPrefix: apiPrefix(js.Options()),
 		timeout:   js.Options().DefaultTimeout,
 		log:       opts.Logger.Named("natsstore"),
+		stamps:    st,
 	}
 	if s.timeout <= 0 {
 		s.timeout = 5 * time.Second
@@ -171,18 +210,28 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 	return s, nil
 }
 
+// Close stops the store's subscription to appended notifications. It does
+// not close the connection. The store keeps working after Close, but each
+// Append then reads its message back.
+func (s *Store) Close() error {
+	if err := s.stamps.close(); err != nil {
+		return fmt.Errorf("close natsstore: %w", err)
+	}
+	return nil
+}
+
 // Stream returns the name of the event stream.
 func (s *Store) Stream() string { return s.name }
 
 // Append implements statestore.Store.
 //
-// The event is validated, then published with the stream name as an
-// expectation. A fresh append costs the publish round trip plus one direct
-// get by sequence, which reads the server's stored timestamp. A duplicate
-// (runId, idempotencyKey) is refused by the server (API error 10077, no
-// sequence used); Append then returns the stored record's metadata. If the
-// result is unknown (timeout, lost connection), the error matches
-// statestore.ErrUnavailable and the same event can be appended again.
+// The event is validated, then published; a fresh append costs one round
+// trip, and its persistedAt comes from the stream's appended notification.
+// A duplicate (runId, idempotencyKey) is refused by the server (API error
+// 10077, no sequence used); Append then reads the stored record and returns
+// its metadata. If the result is unknown (timeout, lost connection), the
+// error matches statestore.ErrUnavailable and the same event can be
+// appended again.
 func (s *Store) Append(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
 	if err := statestore.ValidateWrite(w); err != nil {
 		return statestore.AppendResult{}, err
@@ -197,7 +246,12 @@ func (s *Store) Append(ctx context.Context, w *statestore.RunEventWrite) (states
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
 	subj := s.subject(w.RunID, w.IdempotencyKey)
-	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: subj, Data: body}, jetstream.WithExpectStream(s.name))
+	s.stamps.wait(subj)
+	defer s.stamps.done(subj)
+	// No headers: a message without any gets the server's fast path on
+	// every direct get. The stream owns <prefix>.> (JetStream refuses
+	// overlapping streams), and the ack names the stream that stored it.
+	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: subj, Data: body})
 	if err != nil {
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeStoreFailed {
@@ -205,13 +259,23 @@ func (s *Store) Append(ctx context.Context, w *statestore.RunEventWrite) (states
 		}
 		return statestore.AppendResult{}, unavailable("append", err)
 	}
-	m, err := s.getAcked(ctx, directRequest{Seq: ack.Sequence})
-	if err != nil {
-		return statestore.AppendResult{}, unavailable("read persistedAt", err)
+	if ack.Stream != s.name {
+		return statestore.AppendResult{}, fmt.Errorf("append: stored by stream %q, want %q", ack.Stream, s.name)
 	}
-	if m.subject != subj {
-		return statestore.AppendResult{}, unavailable("read persistedAt",
-			fmt.Errorf("sequence %d holds subject %q, want %q", m.seq, m.subject, subj))
+	m := s.stamps.take(subj)
+	if m == nil || m.seq != ack.Sequence {
+		// No stamp before the ack (another server republished it out of
+		// order, or the stamp was dropped): read the message back. The
+		// subject holds exactly this message, so its last message is it.
+		s.log.Debug("no appended notification before the ack; reading the message back",
+			zap.String("subject", subj), zap.Uint64("seq", ack.Sequence))
+		m, err = s.ackedMsg(ctx, subj)
+		if err == nil && m.seq != ack.Sequence {
+			err = fmt.Errorf("subject %q holds sequence %d, acknowledged %d", subj, m.seq, ack.Sequence)
+		}
+		if err != nil {
+			return statestore.AppendResult{}, unavailable("read persistedAt", err)
+		}
 	}
 	return statestore.AppendResult{
 		EventID:     w.EventID,
@@ -224,7 +288,7 @@ func (s *Store) Append(ctx context.Context, w *statestore.RunEventWrite) (states
 // existing answers a publish that the server refused with 10077: if the
 // subject holds a message, the append was a duplicate of it.
 func (s *Store) existing(ctx context.Context, subj string, pubErr error) (statestore.AppendResult, error) {
-	m, err := s.getAcked(ctx, directRequest{LastFor: subj})
+	m, err := s.ackedMsg(ctx, subj)
 	if errors.Is(err, errNotFound) {
 		// 10077 without a stored message: the stream refused the write
 		// for another reason (full, message too large).
@@ -235,7 +299,8 @@ func (s *Store) existing(ctx context.Context, subj string, pubErr error) (states
 	}
 	rec, err := s.record(m)
 	if err != nil {
-		return statestore.AppendResult{}, unavailable("read duplicate", err)
+		// Something other than Append wrote this subject; retrying will not help.
+		return statestore.AppendResult{}, fmt.Errorf("append: subject %s is taken by a message that is not a record: %w", subj, err)
 	}
 	return statestore.AppendResult{
 		EventID:     rec.EventID,
@@ -310,6 +375,8 @@ func (s *Store) Fetch(ctx context.Context, runID string, afterSeq int64, limit i
 		})
 		switch {
 		case errors.Is(err, errTooManyResults) && multi:
+			s.log.Debug("run exceeds multi_last's 1,024 subjects; walking the stream",
+				zap.String("runId", runID), zap.Uint64("afterSeq", cursor))
 			multi = false
 			continue
 		case errors.Is(err, errNotFound):
@@ -337,7 +404,7 @@ func (s *Store) Lookup(ctx context.Context, runID, idempotencyKey string) (*stat
 	}
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
-	m, err := s.get(ctx, directRequest{LastFor: s.subject(runID, idempotencyKey)})
+	m, err := s.msg(ctx, s.subject(runID, idempotencyKey))
 	if errors.Is(err, errNotFound) {
 		return nil, statestore.ErrNotFound
 	}
@@ -410,13 +477,13 @@ func (s *Store) withTimeout(ctx context.Context) (context.Context, context.Cance
 // encodeWrite stores the RunEventWrite as JSON without HTML escaping, so a
 // payload comes back byte for byte as the producer sent it (compacted).
 func encodeWrite(w *statestore.RunEventWrite) ([]byte, error) {
-	var b strings.Builder
+	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(w); err != nil {
 		return nil, err
 	}
-	return []byte(strings.TrimSuffix(b.String(), "\n")), nil
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }
 
 // formatTime renders a server timestamp as persistedAt: RFC 3339 in UTC with

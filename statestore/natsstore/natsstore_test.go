@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,7 +14,9 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
@@ -127,8 +130,10 @@ func TestStore_IdentifierLength(t *testing.T) {
 		if statestore.CodeOf(err) != statestore.CodeSchemaValidationFailed {
 			t.Fatalf("got %v, want %s", err, statestore.CodeSchemaValidationFailed)
 		}
-		if recs, err := s.Fetch(ctx, w.RunID, 0, 0); err != nil || len(recs) != 0 {
-			t.Fatalf("fetch of the refused run: %d records, %v", len(recs), err)
+		for _, id := range []string{w.RunID, ""} {
+			if recs, err := s.Fetch(ctx, id, 0, 0); err != nil || len(recs) != 0 {
+				t.Fatalf("fetch of runId %q: %d records, %v", id, len(recs), err)
+			}
 		}
 		if !nc.IsConnected() {
 			t.Fatal("connection closed")
@@ -371,6 +376,7 @@ func openUnique(t testing.TB, js jetstream.JetStream) *natsstore.Store {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		s.Close()
 		if err := js.DeleteStream(context.Background(), name); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 			t.Logf("delete stream %s: %v", name, err)
 		}
@@ -394,4 +400,113 @@ func mustFetch(t testing.TB, s statestore.Store, runID string) []statestore.RunE
 		t.Fatalf("fetch %q: %v", runID, err)
 	}
 	return recs
+}
+
+// TestStore_AppendedNotifications checks where persistedAt comes from: the
+// stream's appended notification, also with a second store appending on
+// the same stream over another connection; and the read-back after Close.
+func TestStore_AppendedNotifications(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t, t.TempDir())
+	core, logs := observer.New(zap.DebugLevel)
+	opts := natsstore.Options{Stream: "NOTIFY", SubjectPrefix: "notify", Logger: zap.New(core)}
+	s1, err := natsstore.Open(ctx, connect(t, srv), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, err := natsstore.Open(ctx, connect(t, srv), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s2.Close() })
+	readBacks := func() int {
+		return logs.FilterMessageSnippet("reading the message back").Len()
+	}
+
+	t.Run("OK", func(t *testing.T) {
+		var wg sync.WaitGroup
+		results := make([]statestore.AppendResult, 200)
+		errs := make([]error, len(results))
+		for i := range results {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				s := []*natsstore.Store{s1, s2}[i%2]
+				results[i], errs[i] = s.Append(ctx, storetest.Event(fmt.Sprintf("run-%d", i%7), statestore.StepStarted, fmt.Sprint(i)))
+			}(i)
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("append %d: %v", i, err)
+			}
+		}
+		if n := readBacks(); n != 0 {
+			t.Fatalf("%d appends read their message back, want 0", n)
+		}
+		checkAgainstFetch(t, s1, results)
+	})
+
+	t.Run("ReadBackAfterClose", func(t *testing.T) {
+		if err := s1.Close(); err != nil {
+			t.Fatal(err)
+		}
+		res := mustAppend(t, s1, storetest.Event("run-closed", statestore.RunStarted, ""))
+		if n := readBacks(); n != 1 {
+			t.Fatalf("%d appends read their message back, want 1", n)
+		}
+		checkAgainstFetch(t, s1, []statestore.AppendResult{res})
+	})
+}
+
+// checkAgainstFetch asserts that every result's runSeq and persistedAt are
+// those of a stored record.
+func checkAgainstFetch(t *testing.T, s *natsstore.Store, results []statestore.AppendResult) {
+	t.Helper()
+	byID := map[string]statestore.AppendResult{}
+	for _, r := range results {
+		byID[r.EventID] = r
+	}
+	found := 0
+	for _, runID := range []string{"run-0", "run-1", "run-2", "run-3", "run-4", "run-5", "run-6", "run-closed"} {
+		for _, rec := range mustFetch(t, s, runID) {
+			r, ok := byID[rec.EventID]
+			if !ok {
+				continue
+			}
+			found++
+			if r.RunSeq != rec.RunSeq || r.PersistedAt != rec.PersistedAt {
+				t.Fatalf("append result %d/%s, stored %d/%s", r.RunSeq, r.PersistedAt, rec.RunSeq, rec.PersistedAt)
+			}
+		}
+	}
+	if found != len(byID) {
+		t.Fatalf("found %d of %d appended records", found, len(byID))
+	}
+}
+
+// TestStore_StreamFull checks that a refusal sharing the duplicate's error
+// code (10077) is not mistaken for a duplicate.
+func TestStore_StreamFull(t *testing.T) {
+	ctx := context.Background()
+	js := connect(t, startServer(t, t.TempDir()))
+	s := openUnique(t, js)
+	mustAppend(t, s, storetest.Event("run-full", statestore.RunStarted, ""))
+	st, err := js.Stream(ctx, s.Stream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.MaxMsgs = 1
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Append(ctx, storetest.Event("run-full", statestore.RunCompleted, ""))
+	if !errors.Is(err, statestore.ErrUnavailable) {
+		t.Fatalf("append to a full stream: got %+v, %v, want ErrUnavailable", res, err)
+	}
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || apiErr.ErrorCode != 10077 {
+		t.Fatalf("cause: got %v, want API error 10077", err)
+	}
 }

@@ -1,0 +1,240 @@
+package natsstore_test
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+var benchBig = flag.Bool("natsstore.big", false, "also run the Fetch benchmark among 1M events (slow setup)")
+
+// envBenchBig is the environment alternative to -natsstore.big.
+const envBenchBig = "NATSSTORE_BENCH_BIG"
+
+var syncModes = []struct {
+	name     string
+	interval time.Duration
+}{
+	{"sync=always", 0},
+	{"sync=2m", 2 * time.Minute}, // the nats-server default interval
+}
+
+// BenchmarkAppend compares Append with a raw synchronous JetStream publish
+// of a body of the same size to a plain stream, on the same server, per
+// fsync mode and concurrency. "dup" appends an existing key.
+func BenchmarkAppend(b *testing.B) {
+	ctx := context.Background()
+	for _, mode := range syncModes {
+		b.Run(mode.name, func(b *testing.B) {
+			js := benchServer(b, mode.interval)
+			_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "RAW", Subjects: []string{"raw.>"}, Storage: jetstream.FileStorage})
+			if err != nil {
+				b.Fatal(err)
+			}
+			sample, _ := json.Marshal(storetest.Event("run-bench-000000", statestore.StepStarted, "step-000000"))
+			for _, conc := range []int{1, 64} {
+				b.Run(fmt.Sprintf("conc=%d/store", conc), func(b *testing.B) {
+					s := benchStore(b, js)
+					events := make([]*statestore.RunEventWrite, b.N)
+					for i := range events {
+						events[i] = storetest.Event(fmt.Sprintf("run-bench-%06d", i%1000), statestore.StepStarted, fmt.Sprintf("step-%06d", i))
+					}
+					concurrently(b, conc, func(i int) error {
+						res, err := s.Append(ctx, events[i])
+						if err == nil && !res.Persisted {
+							err = fmt.Errorf("append %d not persisted: %+v", i, res)
+						}
+						return err
+					})
+				})
+				b.Run(fmt.Sprintf("conc=%d/raw", conc), func(b *testing.B) {
+					base := fmt.Sprintf("raw.%d.", time.Now().UnixNano())
+					concurrently(b, conc, func(i int) error {
+						_, err := js.Publish(ctx, base+fmt.Sprint(i), sample)
+						return err
+					})
+				})
+				b.Run(fmt.Sprintf("conc=%d/dup", conc), func(b *testing.B) {
+					s := benchStore(b, js)
+					w := storetest.Event("run-dup", statestore.StepCompleted, "a")
+					if _, err := s.Append(ctx, w); err != nil {
+						b.Fatal(err)
+					}
+					concurrently(b, conc, func(int) error {
+						res, err := s.Append(ctx, w)
+						if err == nil && !res.Idempotent {
+							err = fmt.Errorf("duplicate not idempotent: %+v", res)
+						}
+						return err
+					})
+				})
+			}
+		})
+	}
+}
+
+// BenchmarkFetch reads one run of 100 events spread evenly among 100k
+// events of other runs (and 1M with -natsstore.big or NATSSTORE_BENCH_BIG=1).
+// "all" reads the whole run, "tail" the events after its 90th (a projector
+// catching up), "big" a run of 1,500 events (past multi_last's cap: the
+// stream walk).
+func BenchmarkFetch(b *testing.B) {
+	for _, others := range []int{100_000, 1_000_000} {
+		b.Run(fmt.Sprintf("others=%d", others), func(b *testing.B) {
+			if others > 100_000 && !*benchBig && os.Getenv(envBenchBig) == "" {
+				b.Skip("set -natsstore.big or " + envBenchBig + "=1 for the 1M-event setup")
+			}
+			js := benchServer(b, 2*time.Minute)
+			s := benchStore(b, js)
+			prefix := "bench." + s.Stream()
+			small := loadRuns(b, js, prefix, others, "run-small", 100, "run-big", 1500)
+			b.Run("all", func(b *testing.B) { benchFetch(b, s, "run-small", 0, 100) })
+			b.Run("tail", func(b *testing.B) { benchFetch(b, s, "run-small", small[89], 10) })
+			b.Run("big", func(b *testing.B) { benchFetch(b, s, "run-big", 0, 1500) })
+		})
+	}
+}
+
+func benchFetch(b *testing.B, s *natsstore.Store, runID string, after int64, want int) {
+	ctx := context.Background()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		recs, err := s.Fetch(ctx, runID, after, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(recs) != want {
+			b.Fatalf("got %d records, want %d", len(recs), want)
+		}
+	}
+}
+
+// loadRuns publishes others events of distinct runs with two runs of nA and
+// nB events spread evenly among them, asynchronously, and returns the
+// runSeqs of run A.
+func loadRuns(b *testing.B, js jetstream.JetStream, prefix string, others int, runA string, nA int, runB string, nB int) []int64 {
+	b.Helper()
+	type pending struct {
+		f   jetstream.PubAckFuture
+		isA bool
+	}
+	var acks []pending
+	publish := func(w *statestore.RunEventWrite, isA bool) {
+		body, err := json.Marshal(w)
+		if err != nil {
+			b.Fatal(err)
+		}
+		subj := prefix + "." + natsstore.RunToken(w.RunID) + "." + w.IdempotencyKey
+		f, err := js.PublishMsgAsync(&nats.Msg{Subject: subj, Data: body})
+		if err != nil {
+			b.Fatal(err)
+		}
+		acks = append(acks, pending{f, isA})
+	}
+	everyA, everyB := others/nA, others/nB
+	for i := 0; i < others; i++ {
+		publish(storetest.Event(fmt.Sprintf("other-%07d", i), statestore.RunStarted, ""), false)
+		if i%everyA == 0 && i/everyA < nA {
+			publish(storetest.Event(runA, statestore.StepStarted, fmt.Sprintf("s%04d", i/everyA)), true)
+		}
+		if i%everyB == 0 && i/everyB < nB {
+			publish(storetest.Event(runB, statestore.StepStarted, fmt.Sprintf("s%04d", i/everyB)), false)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(5 * time.Minute):
+		b.Fatal("async publishes did not complete")
+	}
+	var seqs []int64
+	for _, p := range acks {
+		select {
+		case ack := <-p.f.Ok():
+			if p.isA {
+				seqs = append(seqs, int64(ack.Sequence))
+			}
+		case err := <-p.f.Err():
+			b.Fatal(err)
+		}
+	}
+	return seqs
+}
+
+// concurrently runs op for i in [0, b.N) on conc goroutines.
+func concurrently(b *testing.B, conc int, op func(i int) error) {
+	b.Helper()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	b.ResetTimer()
+	for g := 0; g < conc; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= b.N {
+					return
+				}
+				if err := op(i); err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	if err, _ := firstErr.Load().(error); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+}
+
+func benchServer(b *testing.B, syncInterval time.Duration) jetstream.JetStream {
+	b.Helper()
+	srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: b.TempDir(), Port: -1, SyncInterval: syncInterval, Logger: zap.NewNop()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	})
+	nc, err := natsstore.ConnectEmbedded(srv)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(nc.Close)
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return js
+}
+
+var benchStreams atomic.Int64
+
+func benchStore(b *testing.B, js jetstream.JetStream) *natsstore.Store {
+	b.Helper()
+	name := fmt.Sprintf("BENCH%d", benchStreams.Add(1))
+	s, err := natsstore.Open(context.Background(), js, natsstore.Options{Stream: name, SubjectPrefix: "bench." + name})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return s
+}

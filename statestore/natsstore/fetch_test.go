@@ -1,0 +1,145 @@
+package natsstore_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// TestStore_FetchPaging checks afterSeq and limit on both read paths: a run
+// within multi_last's 1,024 subjects and one past it, interleaved with other
+// runs, and pages that the server cuts short by bytes.
+func TestStore_FetchPaging(t *testing.T) {
+	ctx := context.Background()
+	js := connect(t, startServer(t, t.TempDir()))
+	s := openUnique(t, js)
+	publishRun := func(runID string, n, payloadBytes int) []int64 {
+		t.Helper()
+		var seqs []int64
+		for i := 0; i < n; i++ {
+			w := storetest.Event(runID, statestore.StepStarted, fmt.Sprintf("s%05d", i))
+			if payloadBytes > 0 {
+				storetest.WithPayload(w, map[string]string{"blob": strings.Repeat("x", payloadBytes)})
+			}
+			seqs = append(seqs, mustAppend(t, s, w).RunSeq)
+			if i%3 == 0 {
+				mustAppend(t, s, storetest.Event(fmt.Sprintf("%s-noise-%d", runID, i), statestore.RunStarted, ""))
+			}
+		}
+		return seqs
+	}
+	check := func(t *testing.T, runID string, seqs []int64, after int64, limit int) {
+		t.Helper()
+		var want []int64
+		for _, q := range seqs {
+			if q > after && (limit <= 0 || len(want) < limit) {
+				want = append(want, q)
+			}
+		}
+		recs, err := s.Fetch(ctx, runID, after, limit)
+		if err != nil {
+			t.Fatalf("Fetch(after %d, limit %d): %v", after, limit, err)
+		}
+		if len(recs) != len(want) {
+			t.Fatalf("Fetch(after %d, limit %d): got %d records, want %d", after, limit, len(recs), len(want))
+		}
+		for i, r := range recs {
+			if r.RunSeq != want[i] || r.RunID != runID {
+				t.Fatalf("Fetch(after %d, limit %d): record %d is %q/%d, want %d", after, limit, i, r.RunID, r.RunSeq, want[i])
+			}
+		}
+	}
+	cases := func(t *testing.T, runID string, seqs []int64) {
+		n := len(seqs)
+		for _, c := range []struct {
+			after int64
+			limit int
+		}{
+			{0, 0}, {0, 1}, {0, n - 1}, {0, n}, {0, n + 10}, {-1, 0},
+			{seqs[0], 0}, {seqs[n/2], 0}, {seqs[n/2] + 1, 7}, {seqs[n-2], 0}, {seqs[n-1], 0}, {seqs[n-1] + 100, 0},
+			{seqs[n/3], 1000}, {seqs[n/3], 1025},
+		} {
+			check(t, runID, seqs, c.after, c.limit)
+		}
+	}
+
+	t.Run("MultiLast", func(t *testing.T) {
+		cases(t, "run-small", publishRun("run-small", 300, 0))
+	})
+	t.Run("Walk", func(t *testing.T) {
+		cases(t, "run-big", publishRun("run-big", 1500, 0))
+	})
+	t.Run("ByteLimitedPages", func(t *testing.T) {
+		// 200 events of ~60 KB exceed the 8 MiB a response may carry.
+		seqs := publishRun("run-heavy", 200, 60<<10)
+		check(t, "run-heavy", seqs, 0, 0)
+		check(t, "run-heavy", seqs, seqs[10], 150)
+	})
+}
+
+// TestStore_ForgedHeaders publishes around Append, straight onto the
+// stream's subjects, with Nats-* headers of its own.
+func TestStore_ForgedHeaders(t *testing.T) {
+	ctx := context.Background()
+	js := connect(t, startServer(t, t.TempDir()))
+	s := openUnique(t, js)
+	st, err := js.Stream(ctx, s.Stream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := strings.TrimSuffix(st.CachedInfo().Config.Subjects[0], ".>")
+	runID := "run.forged"
+	mustAppend(t, s, storetest.Event(runID, statestore.RunStarted, ""))
+
+	w := storetest.Event(runID, statestore.StepStarted, "a")
+	subj := prefix + "." + natsstore.RunToken(runID) + "." + w.IdempotencyKey
+	body := fmt.Sprintf(`{"eventId":%q,"eventType":%q,"emittedAt":%q,"runId":%q,"tenantId":"t","projectId":"p","environmentId":"e","planId":%q,"planVersion":%q,"engineAttemptId":1,"logicalAttemptId":1,"idempotencyKey":%q,"stepId":"a"}`,
+		w.EventID, w.EventType, w.EmittedAt, w.RunID, w.PlanID, w.PlanVersion, w.IdempotencyKey)
+	forged := nats.Header{}
+	forged.Set("Nats-Sequence", "1")
+	forged.Set("Nats-Time-Stamp", "2000-01-01T00:00:00Z")
+	forged.Set("Nats-Subject", subj)
+	forged.Set("Status", "204")
+	ack, err := js.PublishMsg(ctx, &nats.Msg{Subject: subj, Header: forged, Data: []byte(body)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Garbage on the run's subjects: not JSON, and another run's record.
+	if _, err := js.Publish(ctx, prefix+"."+natsstore.RunToken(runID)+".garbage", []byte("not json")); err != nil {
+		t.Fatal(err)
+	}
+	other := storetest.Event("run-other", statestore.RunStarted, "")
+	otherBody := fmt.Sprintf(`{"eventId":%q,"eventType":"RunStarted","runId":"run-other","idempotencyKey":%q}`, other.EventID, other.IdempotencyKey)
+	if _, err := js.Publish(ctx, prefix+"."+natsstore.RunToken(runID)+"."+other.IdempotencyKey, []byte(otherBody)); err != nil {
+		t.Fatal(err)
+	}
+	last := mustAppend(t, s, storetest.Event(runID, statestore.RunCompleted, ""))
+
+	recs := mustFetch(t, s, runID)
+	if len(recs) != 3 || recs[2].RunSeq != last.RunSeq {
+		t.Fatalf("got %d records %+v, want RunStarted, the forged StepStarted and RunCompleted", len(recs), recs)
+	}
+	got := recs[1]
+	if got.RunSeq != int64(ack.Sequence) {
+		t.Fatalf("runSeq: got %d, want the server's %d", got.RunSeq, ack.Sequence)
+	}
+	if at, err := time.Parse(time.RFC3339Nano, got.PersistedAt); err != nil || time.Since(at) > time.Minute {
+		t.Fatalf("persistedAt: got %q, want the server's clock", got.PersistedAt)
+	}
+	dup := mustAppend(t, s, w)
+	if !dup.Idempotent || dup.RunSeq != int64(ack.Sequence) || dup.PersistedAt != got.PersistedAt {
+		t.Fatalf("duplicate of the forged record: got %+v, want runSeq %d persistedAt %s", dup, ack.Sequence, got.PersistedAt)
+	}
+	rec, err := s.Lookup(ctx, runID, w.IdempotencyKey)
+	if err != nil || rec.RunSeq != int64(ack.Sequence) {
+		t.Fatalf("lookup: %+v, %v", rec, err)
+	}
+}
