@@ -52,6 +52,7 @@ func (c *DemoCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	defer store.Close()
 	reg, err := registry.Open(ctx, js, registry.Options{Logger: log})
 	if err != nil {
 		return err
