@@ -93,7 +93,11 @@ func BenchmarkAppend(b *testing.B) {
 // catching up), "big" a run of 1,500 events (past multi_last's cap: the
 // stream walk).
 func BenchmarkFetch(b *testing.B) {
-	for _, others := range []int{100_000, 1_000_000} {
+	sizes := []int{100_000, 1_000_000}
+	if testing.Short() {
+		sizes = []int{2_000} // a smoke pass (CI runs every benchmark once with -short)
+	}
+	for _, others := range sizes {
 		b.Run(fmt.Sprintf("others=%d", others), func(b *testing.B) {
 			if others > 100_000 && !*benchBig && os.Getenv(envBenchBig) == "" {
 				b.Skip("set -natsstore.big or " + envBenchBig + "=1 for the 1M-event setup")
