@@ -142,7 +142,7 @@ func loadRuns(b *testing.B, js jetstream.JetStream, prefix string, others int, r
 		if err != nil {
 			b.Fatal(err)
 		}
-		subj := prefix + "." + natsstore.RunToken(w.RunID) + "." + w.IdempotencyKey
+		subj := natsstore.EventSubject(prefix, w.RunID, w.IdempotencyKey)
 		f, err := js.PublishMsgAsync(&nats.Msg{Subject: subj, Data: body})
 		if err != nil {
 			b.Fatal(err)

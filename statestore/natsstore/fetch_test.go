@@ -74,8 +74,25 @@ func TestStore_FetchPaging(t *testing.T) {
 	t.Run("MultiLast", func(t *testing.T) {
 		cases(t, "run-small", publishRun("run-small", 300, 0))
 	})
-	t.Run("Walk", func(t *testing.T) {
+	t.Run("Buckets", func(t *testing.T) {
+		// Past multi_last's 1,024 cap: read bucket by bucket.
 		cases(t, "run-big", publishRun("run-big", 1500, 0))
+	})
+	t.Run("BucketWalk", func(t *testing.T) {
+		// 1,100 events whose keys all start with "0": one bucket past the
+		// cap, read with the next_by_subj walk.
+		var seqs []int64
+		for i := 0; len(seqs) < 1100; i++ {
+			w := storetest.Event("run-one-bucket", statestore.StepStarted, fmt.Sprintf("s%06d", i))
+			if w.IdempotencyKey[0] != '0' {
+				continue
+			}
+			seqs = append(seqs, mustAppend(t, s, w).RunSeq)
+			if len(seqs)%100 == 0 {
+				mustAppend(t, s, storetest.Event(fmt.Sprintf("noise-%d", i), statestore.RunStarted, ""))
+			}
+		}
+		cases(t, "run-one-bucket", seqs)
 	})
 	t.Run("ByteLimitedPages", func(t *testing.T) {
 		// 200 events of ~60 KB exceed the 8 MiB a response may carry.
@@ -100,7 +117,7 @@ func TestStore_ForgedHeaders(t *testing.T) {
 	mustAppend(t, s, storetest.Event(runID, statestore.RunStarted, ""))
 
 	w := storetest.Event(runID, statestore.StepStarted, "a")
-	subj := prefix + "." + natsstore.RunToken(runID) + "." + w.IdempotencyKey
+	subj := natsstore.EventSubject(prefix, runID, w.IdempotencyKey)
 	body := fmt.Sprintf(`{"eventId":%q,"eventType":%q,"emittedAt":%q,"runId":%q,"tenantId":"t","projectId":"p","environmentId":"e","planId":%q,"planVersion":%q,"engineAttemptId":1,"logicalAttemptId":1,"idempotencyKey":%q,"stepId":"a"}`,
 		w.EventID, w.EventType, w.EmittedAt, w.RunID, w.PlanID, w.PlanVersion, w.IdempotencyKey)
 	forged := nats.Header{}
@@ -118,7 +135,7 @@ func TestStore_ForgedHeaders(t *testing.T) {
 	}
 	other := storetest.Event("run-other", statestore.RunStarted, "")
 	otherBody := fmt.Sprintf(`{"eventId":%q,"eventType":"RunStarted","runId":"run-other","idempotencyKey":%q}`, other.EventID, other.IdempotencyKey)
-	if _, err := js.Publish(ctx, prefix+"."+natsstore.RunToken(runID)+"."+other.IdempotencyKey, []byte(otherBody)); err != nil {
+	if _, err := js.Publish(ctx, natsstore.EventSubject(prefix, runID, other.IdempotencyKey), []byte(otherBody)); err != nil {
 		t.Fatal(err)
 	}
 	last := mustAppend(t, s, storetest.Event(runID, statestore.RunCompleted, ""))

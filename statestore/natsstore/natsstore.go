@@ -328,24 +328,57 @@ const walkBatch = 1024
 // page cut short by max_bytes reports the rest in Nats-Num-Pending of its
 // end-of-batch message. multi_last counts every subject of the run against
 // its 1,024 cap whatever seq is (up_to_seq cannot page past it either), so
-// for a larger run the server answers 413 and Fetch switches to a batch
-// walk with next_by_subj from afterSeq+1, which reads the stream forward
-// from there: cheap for the tail of a live run, a scan of the run's span
-// for a full read of a large one.
+// for a larger run the server answers 413 and Fetch reads the run's 16
+// subject buckets (see EventSubject) with one multi_last each and merges
+// them, which serves runs up to about 16,000 events from the subject index.
+// Only a bucket that itself holds more than 1,024 events is read with a
+// next_by_subj batch walk from afterSeq+1, a scan of the stream from there.
 //
 // A message on the run's subjects that is not a valid record of the run
 // (something other than Append published it) is logged and skipped.
 func (s *Store) Fetch(ctx context.Context, runID string, afterSeq int64, limit int) ([]statestore.RunEventRecord, error) {
-	out := []statestore.RunEventRecord{}
 	if !validRunID(runID) {
-		return out, nil // ValidateWrite never let such a run in
+		return []statestore.RunEventRecord{}, nil // ValidateWrite never let such a run in
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, unavailable("fetch", err)
 	}
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
-	filter := s.prefix + "." + RunToken(runID) + ".>"
+	base := s.prefix + "." + RunToken(runID)
+	out, err := s.fetchFilter(ctx, runID, base+".>", afterSeq, limit, false)
+	if !errors.Is(err, errTooManyResults) {
+		return out, err
+	}
+	// More than 1,024 events: read each of the 16 buckets with its own
+	// multi_last (each capped at 1,024 again) and merge. With a limit, the
+	// first limit records of every bucket contain the first limit overall.
+	s.log.Debug("run exceeds multi_last's 1,024 subjects; reading its 16 buckets", zap.String("runId", runID))
+	var all []statestore.RunEventRecord
+	for i := range keyBuckets {
+		recs, err := s.fetchFilter(ctx, runID, base+"."+keyBuckets[i:i+1]+".>", afterSeq, limit, true)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, recs...)
+	}
+	all = sortedBySeq(all)
+	if limit > 0 && len(all) > limit {
+		all = all[:limit]
+	}
+	return all, nil
+}
+
+// keyBuckets are the first characters of an idempotencyKey: the bucket
+// token of an event's subject.
+const keyBuckets = "0123456789abcdef"
+
+// fetchFilter reads the records of runID on the subjects matching filter,
+// in runSeq order. A filter matching more than 1,024 subjects makes
+// multi_last fail: then, with walk set, it reads with a next_by_subj batch
+// walk instead; without, it returns errTooManyResults.
+func (s *Store) fetchFilter(ctx context.Context, runID, filter string, afterSeq int64, limit int, walk bool) ([]statestore.RunEventRecord, error) {
+	out := []statestore.RunEventRecord{}
 	cursor := uint64(max(afterSeq, 0))
 	multi := true
 	for limit <= 0 || len(out) < limit {
@@ -375,8 +408,11 @@ func (s *Store) Fetch(ctx context.Context, runID string, afterSeq int64, limit i
 		})
 		switch {
 		case errors.Is(err, errTooManyResults) && multi:
-			s.log.Debug("run exceeds multi_last's 1,024 subjects; walking the stream",
-				zap.String("runId", runID), zap.Uint64("afterSeq", cursor))
+			if !walk {
+				return nil, err
+			}
+			s.log.Debug("more than 1,024 events on one filter; walking the stream",
+				zap.String("runId", runID), zap.String("filter", filter), zap.Uint64("afterSeq", cursor))
 			multi = false
 			continue
 		case errors.Is(err, errNotFound):
@@ -446,7 +482,20 @@ func ParseRunToken(tok string) (string, error) {
 }
 
 func (s *Store) subject(runID, key string) string {
-	return s.prefix + "." + RunToken(runID) + "." + key
+	return EventSubject(s.prefix, runID, key)
+}
+
+// EventSubject returns the subject of the event with idempotencyKey key of
+// runID under prefix: <prefix>.<runToken>.<bucket>.<key>, where bucket is
+// the key's first hex digit. The bucket spreads a run over 16 subject
+// groups so that Fetch can read runs of more than 1,024 events (the cap of
+// one multi_last direct get) from the subject index instead of scanning.
+func EventSubject(prefix, runID, key string) string {
+	bucket := "_"
+	if key != "" {
+		bucket = key[:1]
+	}
+	return prefix + "." + RunToken(runID) + "." + bucket + "." + key
 }
 
 // record decodes a stored message into a record, checking that its subject
