@@ -15,7 +15,9 @@ import (
 
 type countingSink struct{ n atomic.Int32 }
 
-func (c *countingSink) InvalidTransition(context.Context, statestore.InvalidTransitionAlert) { c.n.Add(1) }
+func (c *countingSink) InvalidTransition(context.Context, statestore.InvalidTransitionAlert) {
+	c.n.Add(1)
+}
 
 func TestAlertGate_OncePerEventAcrossReplicasAndRestarts(t *testing.T) {
 	ctx := context.Background()
