@@ -1,0 +1,116 @@
+package taskworkers
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the workers' Prometheus metrics. A nil *Metrics records
+// nothing. No label carries a run or step id.
+type Metrics struct {
+	polledTasks  *prometheus.CounterVec
+	pollErrors   *prometheus.CounterVec
+	steps        *prometheus.CounterVec
+	stepDuration *prometheus.HistogramVec
+	startLatency prometheus.Histogram
+	handedBackBy *prometheus.CounterVec
+	writes       *prometheus.HistogramVec
+	updateErrors prometheus.Counter
+	outboxEvents prometheus.Gauge
+}
+
+// NewMetrics registers the worker metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		polledTasks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sidecar_worker_tasks_polled_total", Help: "Tasks received from Conductor polls.",
+		}, []string{"task_type"}),
+		pollErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sidecar_worker_poll_errors_total", Help: "Failed Conductor polls.",
+		}, []string{"task_type"}),
+		steps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sidecar_worker_steps_total", Help: "Step executions by executor and outcome (completed, failed, retried).",
+		}, []string{"executor", "outcome"}),
+		stepDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "sidecar_worker_step_duration_seconds", Help: "Time from poll to outcome of a step execution.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 4, 10),
+		}, []string{"executor"}),
+		startLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sidecar_worker_step_start_latency_seconds", Help: "Task scheduled in Conductor to StepStarted recorded.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}),
+		handedBackBy: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sidecar_worker_tasks_handed_back_total", Help: "Tasks handed back to Conductor unstarted, by reason.",
+		}, []string{"reason"}),
+		writes: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "sidecar_worker_event_write_seconds", Help: "Event append latency by event type and result.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}, []string{"event_type", "result"}),
+		updateErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sidecar_worker_task_update_errors_total", Help: "Failed task updates to Conductor (retried).",
+		}),
+		outboxEvents: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sidecar_worker_outbox_events", Help: "StepStarted events queued in the outbox (failed open).",
+		}),
+	}
+	reg.MustRegister(m.polledTasks, m.pollErrors, m.steps, m.stepDuration, m.startLatency, m.handedBackBy, m.writes, m.updateErrors, m.outboxEvents)
+	return m
+}
+
+func (m *Metrics) polled(taskType string, n int) {
+	if m != nil && n > 0 {
+		m.polledTasks.WithLabelValues(taskType).Add(float64(n))
+	}
+}
+
+func (m *Metrics) pollError(taskType string) {
+	if m != nil {
+		m.pollErrors.WithLabelValues(taskType).Inc()
+	}
+}
+
+func (m *Metrics) stepDone(executor, outcome string, took time.Duration) {
+	if m != nil {
+		m.steps.WithLabelValues(executor, outcome).Inc()
+		m.stepDuration.WithLabelValues(executor).Observe(took.Seconds())
+	}
+}
+
+// stepStartLatency observes scheduled (Conductor's scheduledTime, epoch ms)
+// to now, the moment StepStarted was recorded.
+func (m *Metrics) stepStartLatency(scheduledMs int64, _ time.Time) {
+	if m != nil && scheduledMs > 0 {
+		if d := time.Since(time.UnixMilli(scheduledMs)); d >= 0 {
+			m.startLatency.Observe(d.Seconds())
+		}
+	}
+}
+
+func (m *Metrics) handedBack(reason string) {
+	if m != nil {
+		m.handedBackBy.WithLabelValues(reason).Inc()
+	}
+}
+
+func (m *Metrics) eventWrite(eventType string, err error, took time.Duration) {
+	if m != nil {
+		result := "ok"
+		if err != nil {
+			result = "error"
+		}
+		m.writes.WithLabelValues(eventType, result).Observe(took.Seconds())
+	}
+}
+
+func (m *Metrics) updateError() {
+	if m != nil {
+		m.updateErrors.Inc()
+	}
+}
+
+func (m *Metrics) outboxSize(n int) {
+	if m != nil {
+		m.outboxEvents.Set(float64(n))
+	}
+}

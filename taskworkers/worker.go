@@ -1,0 +1,517 @@
+package taskworkers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// TaskClient is the part of Conductor's task API the workers use.
+type TaskClient interface {
+	// BatchPoll long-polls up to count tasks of taskType, waiting at most
+	// timeout; no task is an empty slice and no error.
+	BatchPoll(ctx context.Context, taskType, workerID string, count int, timeout time.Duration) ([]model.Task, error)
+	// UpdateTask reports a task's result.
+	UpdateTask(ctx context.Context, r *model.TaskResult) error
+}
+
+// RunState gives a run's derived state (the projector's snapshot).
+type RunState interface {
+	ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error)
+}
+
+// EventSink appends events through the EventIdRegistry protocol
+// (registry.Emitter).
+type EventSink interface {
+	Emit(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error)
+}
+
+// SecretResolver resolves a step's secret references right before it runs.
+type SecretResolver interface {
+	Resolve(ctx context.Context, refs []plan.SecretRef) (map[string]string, error)
+}
+
+// Assignment is what a worker needs from a Conductor task's input.
+type Assignment struct {
+	RunID, TenantID, ProjectID, EnvironmentID, PlanID, PlanVersion string
+	Step                                                           plan.Step
+	// EngineTries (E) and LogicalAttempts (L) of the step's retry policy.
+	EngineTries, LogicalAttempts int
+	OnStepFailure                string
+}
+
+// attempts derives (engineAttemptId, logicalAttemptId) from Conductor's
+// retryCount r: engine = r mod E + 1, logical = r div E + 1 (DESIGN.md).
+func (a *Assignment) attempts(retryCount int) (engine, logical int64) {
+	e := max(a.EngineTries, 1)
+	return int64(retryCount%e + 1), int64(retryCount/e + 1)
+}
+
+// Options configures a Worker. Zero durations take the defaults noted.
+type Options struct {
+	// WorkerID identifies this sidecar to Conductor.
+	WorkerID string
+	// Concurrency is the number of steps run at once per task type; only
+	// the task types listed are polled.
+	Concurrency map[string]int
+	// PollTimeout is the long-poll wait of one batch poll (default 1s).
+	PollTimeout time.Duration
+	// BatchSize caps the tasks asked for in one poll (default 8).
+	BatchSize int
+	// HandBackAfter is the callbackAfterSeconds of a task handed back
+	// because its run is paused or not started yet (default 5s).
+	HandBackAfter time.Duration
+	// WriteBudget bounds an event append (seed 001 §5: 3s). StepStarted
+	// fails open to the outbox past it; StepCompleted and StepFailed never
+	// fail open.
+	WriteBudget time.Duration
+	// Decode turns a task's input into an Assignment.
+	Decode func(input map[string]any) (*Assignment, error)
+	Logger *zap.Logger
+	// Metrics may be nil.
+	Metrics *Metrics
+}
+
+// Worker polls Conductor for the sidecar's task types and runs each task's
+// step: it checks the run's state (the pause gate), records StepStarted,
+// executes, records StepCompleted or StepFailed, and reports to Conductor.
+type Worker struct {
+	tasks     TaskClient
+	runs      RunState
+	events    EventSink
+	secrets   SecretResolver
+	executors map[string]Executor
+	opts      Options
+	log       *zap.Logger
+	outbox    *outbox
+
+	// pollCtx stops polling; workCtx interrupts running steps.
+	pollCtx, workCtx      context.Context
+	stopPolling, stopWork context.CancelFunc
+	polling, working      sync.WaitGroup
+	closed                chan struct{}
+	closeOnce             sync.Once
+
+	mu      sync.Mutex
+	running map[string]map[string]context.CancelFunc // runId -> taskId -> cancel
+}
+
+// New returns a Worker. Executors maps an executor type (plan.ExecutorCommand,
+// ...) to its Executor.
+func New(tasks TaskClient, runs RunState, events EventSink, secrets SecretResolver, executors map[string]Executor, opts Options) *Worker {
+	if opts.PollTimeout <= 0 {
+		opts.PollTimeout = time.Second
+	}
+	if opts.BatchSize <= 0 {
+		opts.BatchSize = 8
+	}
+	if opts.HandBackAfter <= 0 {
+		opts.HandBackAfter = 5 * time.Second
+	}
+	if opts.WriteBudget <= 0 {
+		opts.WriteBudget = 3 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	w := &Worker{tasks: tasks, runs: runs, events: events, secrets: secrets, executors: executors, opts: opts,
+		log: opts.Logger.Named("worker"), closed: make(chan struct{}), running: map[string]map[string]context.CancelFunc{}}
+	w.outbox = newOutbox(events, w.log, opts.Metrics)
+	return w
+}
+
+// Open starts one poll loop per task type of Options.Concurrency.
+func (w *Worker) Open(ctx context.Context) error {
+	if w.opts.Decode == nil {
+		return errors.New("taskworkers: Options.Decode is required")
+	}
+	if w.opts.WorkerID == "" {
+		return errors.New("taskworkers: Options.WorkerID is required")
+	}
+	w.pollCtx, w.stopPolling = context.WithCancel(context.WithoutCancel(ctx))
+	w.workCtx, w.stopWork = context.WithCancel(context.WithoutCancel(ctx))
+	w.outbox.open(w.workCtx)
+	for taskType, n := range w.opts.Concurrency {
+		if n <= 0 {
+			continue
+		}
+		w.polling.Add(1)
+		go func() {
+			defer w.polling.Done()
+			w.pollLoop(taskType, n)
+		}()
+	}
+	return nil
+}
+
+// Stop stops polling; steps already running go on. It does not wait.
+func (w *Worker) Stop() {
+	if w.stopPolling != nil {
+		w.stopPolling()
+	}
+}
+
+// Closed is closed once Close has finished.
+func (w *Worker) Closed() <-chan struct{} { return w.closed }
+
+// Close stops polling and waits for running steps to finish until ctx is
+// done (the shutdown grace period). Steps still running then are
+// interrupted and their tasks handed back to Conductor, so that another
+// worker picks them up; their StepStarted is reused by the retry (same
+// attempt, same idempotencyKey).
+func (w *Worker) Close(ctx context.Context) error {
+	w.Stop()
+	done := make(chan struct{})
+	go func() {
+		w.polling.Wait()
+		w.working.Wait()
+		close(done)
+	}()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		w.log.Warn("shutdown grace period over; interrupting running steps")
+		err = ctx.Err()
+		w.stopWork()
+		<-done
+	}
+	w.stopWork()
+	w.outbox.close()
+	w.closeOnce.Do(func() { close(w.closed) })
+	return err
+}
+
+// Interrupt cancels the running steps of runID (best effort: a command gets
+// SIGTERM, then SIGKILL after its grace period). It returns how many steps
+// it interrupted.
+func (w *Worker) Interrupt(runID string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, cancel := range w.running[runID] {
+		cancel()
+	}
+	return len(w.running[runID])
+}
+
+func (w *Worker) pollLoop(taskType string, concurrency int) {
+	log := w.log.With(zap.String("taskType", taskType))
+	slots := make(chan struct{}, concurrency)
+	backoff := time.Duration(0)
+	for {
+		// Wait for at least one free slot before polling, so tasks are
+		// never taken without capacity to run them.
+		select {
+		case slots <- struct{}{}:
+			<-slots
+		case <-w.pollCtx.Done():
+			return
+		}
+		free := concurrency - len(slots)
+		tasks, err := w.tasks.BatchPoll(w.pollCtx, taskType, w.opts.WorkerID, min(free, w.opts.BatchSize), w.opts.PollTimeout)
+		if w.pollCtx.Err() != nil {
+			// Tasks polled as we stopped are handed back at once.
+			for i := range tasks {
+				w.handBack(&tasks[i], 0, "shutdown")
+			}
+			return
+		}
+		if err != nil {
+			w.opts.Metrics.pollError(taskType)
+			backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
+			log.Warn("poll failed; backing off", zap.Duration("backoff", backoff), zap.Error(err))
+			select {
+			case <-time.After(backoff):
+			case <-w.pollCtx.Done():
+				return
+			}
+			continue
+		}
+		if backoff > 0 {
+			log.Info("polling recovered")
+			backoff = 0
+		}
+		w.opts.Metrics.polled(taskType, len(tasks))
+		for i := range tasks {
+			slots <- struct{}{}
+			t := tasks[i]
+			w.working.Add(1)
+			go func() {
+				defer w.working.Done()
+				defer func() { <-slots }()
+				w.handle(&t)
+			}()
+		}
+	}
+}
+
+// handle runs one polled task to a Conductor update.
+func (w *Worker) handle(t *model.Task) {
+	start := time.Now()
+	log := w.log.With(zap.String("taskId", t.TaskId), zap.String("workflowId", t.WorkflowInstanceId))
+	a, err := w.opts.Decode(t.InputData)
+	if err != nil {
+		log.Error("task input is not a sidecar step; failing the task", zap.Error(err))
+		w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: "BAD_TASK_INPUT: " + err.Error()})
+		return
+	}
+	engine, logical := a.attempts(int(t.RetryCount))
+	log = log.With(zap.String("runId", a.RunID), zap.String("stepId", a.Step.StepID),
+		zap.Int64("logicalAttemptId", logical), zap.Int64("engineAttemptId", engine))
+
+	// The pause gate and the producer guard: read the run's derived state.
+	snap, err := w.runs.ProjectSnapshot(w.workCtx, a.RunID)
+	switch {
+	case errors.Is(err, statestore.ErrNotFound):
+		// RunStarted is appended right after Conductor starts the workflow;
+		// the task can be polled first.
+		w.handBack(t, time.Second, "run not started yet")
+		return
+	case err != nil:
+		log.Warn("cannot read the run's state; handing the task back", zap.Error(err))
+		w.handBack(t, w.opts.HandBackAfter, "state unavailable")
+		return
+	}
+	switch {
+	case snap.CancelRequested || statestore.IsTerminalRunStatus(snap.Status):
+		log.Info("run is cancelled or finished; not starting the step", zap.String("status", snap.Status))
+		w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: "RUN_" + snap.Status})
+		return
+	case snap.Status == statestore.RunStatusPaused:
+		w.opts.Metrics.handedBack("paused")
+		w.handBack(t, w.opts.HandBackAfter, "run paused")
+		return
+	case snap.Status != statestore.RunStatusRunning:
+		w.handBack(t, time.Second, "run not running yet")
+		return
+	}
+	if st := snap.Step(a.Step.StepID); st != nil && st.LogicalAttemptID == logical {
+		switch st.Status {
+		case statestore.StepStatusSuccess:
+			// Recorded before a crash, not reported: report, do not re-run.
+			log.Info("step already completed in the log; reporting it without running it again")
+			w.update(t, log, &model.TaskResult{Status: model.CompletedTask, OutputData: artifactOutput(st.Artifacts, nil)})
+			return
+		case statestore.StepStatusFailed:
+			log.Info("step already failed in the log; reporting it without running it again")
+			w.update(t, log, failedResult(a, st.Error, engine, logical))
+			return
+		}
+	}
+
+	exec := w.executors[a.Step.Executor.Type]
+	if exec == nil {
+		log.Error("no executor for the step's type", zap.String("executor", a.Step.Executor.Type))
+		w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: "NO_EXECUTOR: " + a.Step.Executor.Type})
+		return
+	}
+	if err := w.emit(log, a, statestore.StepStarted, engine, logical, nil, true); err != nil {
+		w.handBack(t, w.opts.HandBackAfter, "state store unavailable")
+		return
+	}
+	w.opts.Metrics.stepStartLatency(t.ScheduledTime, start)
+
+	res, runErr := w.execute(t, a, exec, engine, logical)
+	if runErr != nil {
+		// The executor could not run at all: hand the task back, same attempt.
+		log.Warn("executor could not run; handing the task back", zap.Error(runErr))
+		w.handBack(t, w.opts.HandBackAfter, "executor unavailable")
+		return
+	}
+	if w.workCtx.Err() != nil && res.Err != nil {
+		// Interrupted by shutdown, not by the step: another worker retries it.
+		w.handBack(t, 0, "shutdown")
+		return
+	}
+	w.finish(t, log, a, res, engine, logical, time.Since(start))
+}
+
+func (w *Worker) execute(t *model.Task, a *Assignment, exec Executor, engine, logical int64) (Result, error) {
+	ctx, cancel := context.WithCancel(w.workCtx)
+	defer cancel()
+	w.track(a.RunID, t.TaskId, cancel)
+	defer w.untrack(a.RunID, t.TaskId)
+	if a.Step.TimeoutSeconds > 0 {
+		var tcancel context.CancelFunc
+		ctx, tcancel = context.WithTimeout(ctx, time.Duration(a.Step.TimeoutSeconds)*time.Second)
+		defer tcancel()
+	}
+	var secrets map[string]string
+	if len(a.Step.Secrets) > 0 {
+		var err error
+		if secrets, err = w.secrets.Resolve(ctx, a.Step.Secrets); err != nil {
+			return Result{Err: &statestore.StepError{Code: statestore.CodeOf(err), Message: err.Error()}}, nil
+		}
+	}
+	return exec.Execute(ctx, Execution{RunID: a.RunID, StepID: a.Step.StepID, LogicalAttemptID: logical,
+		EngineAttemptID: engine, Spec: a.Step.Executor, Secrets: secrets})
+}
+
+// finish records the step's outcome and reports it to Conductor.
+func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Result, engine, logical int64, took time.Duration) {
+	kind := a.Step.Executor.Type
+	if res.Err == nil {
+		payload := map[string]any{}
+		if len(res.Artifacts) > 0 {
+			payload["artifacts"] = res.Artifacts
+		}
+		if err := w.emit(log, a, statestore.StepCompleted, engine, logical, payload, false); err != nil {
+			// Never fail open: without StepCompleted the task must not complete.
+			w.update(t, log, &model.TaskResult{Status: model.FailedTask, ReasonForIncompletion: "STATE_STORE_UNAVAILABLE: StepCompleted not recorded"})
+			return
+		}
+		w.opts.Metrics.stepDone(kind, "completed", took)
+		w.update(t, log, &model.TaskResult{Status: model.CompletedTask, OutputData: artifactOutput(res.Artifacts, res.Output)})
+		return
+	}
+	final := !res.Err.Retryable || engine >= int64(max(a.EngineTries, 1))
+	if !final {
+		// An engine retry of the same logical attempt follows: logs and
+		// metrics only, no StepFailed (DESIGN.md "Engine retries").
+		log.Warn("step try failed; Conductor retries it", zap.String("code", res.Err.Code), zap.String("error", res.Err.Message))
+		w.opts.Metrics.stepDone(kind, "retried", took)
+		w.update(t, log, &model.TaskResult{Status: model.FailedTask, ReasonForIncompletion: res.Err.Code + ": " + res.Err.Message, OutputData: artifactOutput(res.Artifacts, res.Output)})
+		return
+	}
+	payload := map[string]any{"error": res.Err}
+	if len(res.Artifacts) > 0 {
+		payload["artifacts"] = res.Artifacts
+	}
+	if err := w.emit(log, a, statestore.StepFailed, engine, logical, payload, false); err != nil {
+		w.update(t, log, &model.TaskResult{Status: model.FailedTask, ReasonForIncompletion: "STATE_STORE_UNAVAILABLE: StepFailed not recorded"})
+		return
+	}
+	w.opts.Metrics.stepDone(kind, "failed", took)
+	log.Warn("step failed for this logical attempt", zap.String("code", res.Err.Code), zap.Bool("retryable", res.Err.Retryable))
+	r := failedResult(a, res.Err, engine, logical)
+	r.OutputData = artifactOutput(res.Artifacts, res.Output)
+	w.update(t, log, r)
+}
+
+// failedResult is the Conductor result of a logical attempt that failed for
+// good: FAILED lets Conductor start the next logical attempt while the
+// retry budget allows it; a non-retryable error ends the step.
+func failedResult(a *Assignment, e *statestore.StepError, engine, logical int64) *model.TaskResult {
+	r := &model.TaskResult{Status: model.FailedTask}
+	if e != nil {
+		r.ReasonForIncompletion = e.Code + ": " + e.Message
+		if !e.Retryable {
+			r.Status = model.FailedWithTerminalErrorTask
+		}
+	}
+	return r
+}
+
+func artifactOutput(refs []statestore.ArtifactRef, out map[string]any) map[string]any {
+	m := make(map[string]any, len(out)+1)
+	for k, v := range out {
+		m[k] = v
+	}
+	if len(refs) > 0 {
+		m["artifacts"] = refs
+	}
+	return m
+}
+
+// emit appends a step event. failOpen (StepStarted only) queues it in the
+// outbox when the store does not answer within the write budget; otherwise
+// the outbox is flushed first, so a run's events keep their order.
+func (w *Worker) emit(log *zap.Logger, a *Assignment, eventType string, engine, logical int64, payload map[string]any, failOpen bool) error {
+	ev := &statestore.RunEventWrite{
+		EventType: eventType, EmittedAt: time.Now().UTC().Format(time.RFC3339Nano), RunID: a.RunID,
+		TenantID: a.TenantID, ProjectID: a.ProjectID, EnvironmentID: a.EnvironmentID,
+		PlanID: a.PlanID, PlanVersion: a.PlanVersion, StepID: a.Step.StepID,
+		EngineAttemptID: engine, LogicalAttemptID: logical,
+	}
+	if len(payload) > 0 {
+		b, err := json.Marshal(payload)
+		if err != nil {
+			return fmt.Errorf("encode %s payload: %w", eventType, err)
+		}
+		ev.Payload = b
+	}
+	ev.IdempotencyKey = ev.KeyInput().Key()
+	log = log.With(zap.String("eventType", eventType))
+	ctx, cancel := context.WithTimeout(w.workCtx, w.opts.WriteBudget)
+	defer cancel()
+	if !failOpen {
+		if err := w.outbox.flush(ctx, a.RunID); err != nil {
+			log.Error("outbox not flushed within the write budget; not recording", zap.Error(err))
+			return err
+		}
+	}
+	began := time.Now()
+	_, err := w.events.Emit(ctx, ev)
+	w.opts.Metrics.eventWrite(eventType, err, time.Since(began))
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, statestore.ErrSchemaValidation) || !failOpen {
+		log.Error("event not recorded", zap.Error(err))
+		return err
+	}
+	log.Warn("state store slow or down; StepStarted queued in the outbox", zap.Error(err))
+	w.outbox.add(ev)
+	return nil
+}
+
+// handBack returns a task to Conductor unstarted: IN_PROGRESS with a
+// callback, so Conductor hands it out again after the delay.
+func (w *Worker) handBack(t *model.Task, after time.Duration, why string) {
+	w.update(t, w.log.With(zap.String("taskId", t.TaskId), zap.String("reason", why)), &model.TaskResult{
+		Status: model.InProgressTask, CallbackAfterSeconds: int64(after / time.Second),
+	})
+}
+
+// update reports r for t, retrying while Conductor is unavailable (bounded
+// by the task's response timeout, after which Conductor retries the task).
+func (w *Worker) update(t *model.Task, log *zap.Logger, r *model.TaskResult) {
+	r.TaskId, r.WorkflowInstanceId, r.WorkerId = t.TaskId, t.WorkflowInstanceId, w.opts.WorkerID
+	deadline := time.Now().Add(max(time.Duration(t.ResponseTimeoutSeconds)*time.Second, 30*time.Second))
+	backoff := 100 * time.Millisecond
+	for {
+		// Reports use a context of their own: a result must reach
+		// Conductor even while the worker shuts down.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := w.tasks.UpdateTask(ctx, r)
+		cancel()
+		if err == nil {
+			return
+		}
+		w.opts.Metrics.updateError()
+		if time.Now().After(deadline) {
+			log.Error("could not report the task to Conductor; it will time out and be retried", zap.Error(err))
+			return
+		}
+		log.Warn("reporting the task failed; retrying", zap.Error(err), zap.Duration("backoff", backoff))
+		time.Sleep(backoff)
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+func (w *Worker) track(runID, taskID string, cancel context.CancelFunc) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.running[runID] == nil {
+		w.running[runID] = map[string]context.CancelFunc{}
+	}
+	w.running[runID][taskID] = cancel
+}
+
+func (w *Worker) untrack(runID, taskID string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.running[runID], taskID)
+	if len(w.running[runID]) == 0 {
+		delete(w.running, runID)
+	}
+}
