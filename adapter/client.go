@@ -1,0 +1,510 @@
+package adapter
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/antihax/optional"
+	"github.com/conductor-sdk/conductor-go/sdk/client"
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"github.com/conductor-sdk/conductor-go/sdk/settings"
+	"go.uber.org/zap"
+)
+
+// DefaultBaseURL is the Conductor API base URL used when ClientOptions.BaseURL
+// is empty (the sidecar's --conductor-url default).
+const DefaultBaseURL = "http://localhost:8080/api"
+
+// DefaultTimeout bounds one Conductor call whose context has no deadline.
+const DefaultTimeout = 10 * time.Second
+
+// maxPollTimeout caps the long-poll wait of one batch poll; Conductor holds
+// the request open at most this long, and the SDK's own HTTP client gives up
+// after 30 s.
+const maxPollTimeout = 20 * time.Second
+
+// ClientOptions configures NewClient. The zero value talks to DefaultBaseURL.
+type ClientOptions struct {
+	// BaseURL is Conductor's API base, including the /api suffix.
+	BaseURL string
+	// Timeout bounds each call whose context has no deadline (default
+	// DefaultTimeout). A batch poll gets its long-poll wait on top.
+	Timeout time.Duration
+	// HTTPClient is used for the calls the SDK cannot make (Health). The
+	// SDK builds its own http.Client and cannot take this one; see
+	// docs/conductor.md. Default: a client with Timeout.
+	HTTPClient *http.Client
+	// Logger receives debug traces of failed calls (default zap.NewNop()).
+	Logger *zap.Logger
+	// Metrics records every call (nil: none).
+	Metrics *Metrics
+}
+
+// Client is the sidecar's Conductor API client: the conductor-go SDK v1.5.4
+// with a deadline on every call, typed errors and metrics. Every method takes
+// a context, honours its cancellation and deadline, and returns an *Error
+// matching one of the package sentinels (ErrEngineUnavailable, ErrNotFound,
+// ErrConflict, ErrEngineRejected), or an error matching context.Canceled when
+// the caller cancelled ctx. Client is safe for concurrent use; consumers
+// declare the few methods they need as their own interface.
+type Client struct {
+	base     string
+	timeout  time.Duration
+	http     *http.Client
+	log      *zap.Logger
+	metrics  *Metrics
+	workflow client.WorkflowClient
+	tasks    client.TaskClient
+	metadata client.MetadataClient
+}
+
+// NewClient returns a Client for opts.BaseURL. It does not contact the
+// server; use Health for that.
+func NewClient(opts ClientOptions) (*Client, error) {
+	if opts.BaseURL == "" {
+		opts.BaseURL = DefaultBaseURL
+	}
+	u, err := url.Parse(opts.BaseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, invalidInput("new client", "conductor url %q must be an absolute http(s) URL", opts.BaseURL)
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.HTTPClient == nil {
+		opts.HTTPClient = &http.Client{Timeout: opts.Timeout}
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	base := strings.TrimRight(opts.BaseURL, "/")
+	api := client.NewAPIClient(nil, settings.NewHttpSettings(base))
+	return &Client{
+		base:     base,
+		timeout:  opts.Timeout,
+		http:     opts.HTTPClient,
+		log:      opts.Logger.Named("conductor"),
+		metrics:  opts.Metrics,
+		workflow: client.NewWorkflowClient(api),
+		tasks:    client.NewTaskClient(api),
+		metadata: client.NewMetadataClient(api),
+	}, nil
+}
+
+// BaseURL returns the API base URL the client talks to.
+func (c *Client) BaseURL() string { return c.base }
+
+// do runs one SDK call under a default deadline, classifies its error and
+// records the metrics.
+func (c *Client) do(ctx context.Context, op string, extra time.Duration, call func(ctx context.Context) (*http.Response, error)) (*http.Response, error) {
+	start := time.Now()
+	callCtx := ctx
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		callCtx, cancel = context.WithTimeout(ctx, c.timeout+extra)
+		defer cancel()
+	}
+	resp, err := call(callCtx)
+	if err != nil {
+		err = c.classify(ctx, op, resp, err)
+	}
+	c.observe(op, start, err)
+	return resp, err
+}
+
+func (c *Client) observe(op string, start time.Time, err error) {
+	result := resultOK
+	switch {
+	case err == nil:
+	case errors.Is(err, context.Canceled):
+		result = resultCanceled
+	default:
+		result = CodeOf(err)
+		if result == "" {
+			result = CodeEngineUnavailable
+		}
+	}
+	c.metrics.request(op, result, start)
+	if err != nil && result != resultCanceled {
+		c.log.Debug("call failed", zap.String("op", op), zap.Error(err))
+	}
+}
+
+// conductorError is the JSON body of a Conductor error answer.
+type conductorError struct {
+	Status           int    `json:"status"`
+	Message          string `json:"message"`
+	ValidationErrors []struct {
+		Path    string `json:"path"`
+		Message string `json:"message"`
+	} `json:"validationErrors"`
+}
+
+// classify maps an SDK error to an *Error (or to the caller's cancellation).
+func (c *Client) classify(ctx context.Context, op string, resp *http.Response, err error) error {
+	var typed *Error
+	if errors.As(err, &typed) {
+		return err // already classified inside the call (Resume, Retry, Task)
+	}
+	var se client.GenericSwaggerError
+	if errors.As(err, &se) {
+		status := se.StatusCode()
+		if status == 0 && resp != nil {
+			status = resp.StatusCode
+		}
+		e := &Error{Op: op, Status: status, Message: errorMessage(se.Body())}
+		switch {
+		case status == http.StatusNotFound:
+			e.Code = CodeNotFound
+		case status == http.StatusConflict:
+			e.Code = CodeConflict
+		case status >= 500 || status == http.StatusTooManyRequests || status == http.StatusRequestTimeout:
+			e.Code = CodeEngineUnavailable
+		default:
+			e.Code = CodeEngineRejected
+		}
+		return e
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(ctxErr, context.Canceled) {
+		return fmt.Errorf("adapter: %s: %w", op, ctxErr)
+	}
+	// Transport errors (refused, reset, DNS, timeouts, our deadline or the
+	// caller's) and undecodable 2xx bodies.
+	status := 0
+	if resp != nil {
+		status = resp.StatusCode
+	}
+	return &Error{Code: CodeEngineUnavailable, Op: op, Status: status, Err: err}
+}
+
+// errorMessage extracts Conductor's message (and validation errors) from an
+// error body, or returns the body itself, truncated.
+func errorMessage(body []byte) string {
+	var ce conductorError
+	if err := json.Unmarshal(body, &ce); err == nil && ce.Message != "" {
+		msg := ce.Message
+		for _, v := range ce.ValidationErrors {
+			msg += "; " + v.Path + ": " + v.Message
+		}
+		return msg
+	}
+	s := strings.TrimSpace(string(body))
+	if len(s) > 512 {
+		s = s[:512] + "..."
+	}
+	return s
+}
+
+// Health checks GET /health on the server root (the base URL without its
+// /api suffix) and returns nil when Conductor reports healthy. The SDK's
+// health call resolves under /api, which 3.21 answers with 404, so Health
+// uses plain net/http.
+func (c *Client) Health(ctx context.Context) error {
+	_, err := c.do(ctx, opHealth, 0, func(ctx context.Context) (*http.Response, error) {
+		root := strings.TrimSuffix(c.base, "/api")
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, root+"/health", nil)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := c.http.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		if err != nil {
+			return resp, err
+		}
+		if resp.StatusCode != http.StatusOK {
+			return resp, client.NewGenericSwaggerError(body, string(body), nil, resp.StatusCode)
+		}
+		var h struct {
+			Healthy bool `json:"healthy"`
+		}
+		if err := json.Unmarshal(body, &h); err != nil {
+			return resp, fmt.Errorf("decode health: %w", err)
+		}
+		if !h.Healthy {
+			return resp, client.NewGenericSwaggerError(body, "not healthy", nil, http.StatusServiceUnavailable)
+		}
+		return resp, nil
+	})
+	return err
+}
+
+// RegisterTaskDefs creates or updates task definitions (POST
+// /metadata/taskdefs, an upsert on 3.21). Registering the same defs again is
+// a no-op.
+func (c *Client) RegisterTaskDefs(ctx context.Context, defs []model.TaskDef) error {
+	if len(defs) == 0 {
+		return nil
+	}
+	_, err := c.do(ctx, opRegisterTaskDefs, 0, func(ctx context.Context) (*http.Response, error) {
+		return c.metadata.RegisterTaskDef(ctx, defs)
+	})
+	return err
+}
+
+// RegisterWorkflowDef creates or replaces the workflow definition of
+// def.Name and def.Version with PUT /metadata/workflow (an upsert; POST
+// fails on an existing version). Callers that must not replace a different
+// definition check WorkflowDef first (RegisterPlan does).
+func (c *Client) RegisterWorkflowDef(ctx context.Context, def model.WorkflowDef) error {
+	if def.Name == "" {
+		return invalidInput(opRegisterWorkflow, "workflow def has no name")
+	}
+	_, err := c.do(ctx, opRegisterWorkflow, 0, func(ctx context.Context) (*http.Response, error) {
+		return c.metadata.Update(ctx, []model.WorkflowDef{def})
+	})
+	return err
+}
+
+// WorkflowDef returns the registered workflow definition name/version, or an
+// error matching ErrNotFound.
+func (c *Client) WorkflowDef(ctx context.Context, name string, version int32) (*model.WorkflowDef, error) {
+	if name == "" {
+		return nil, invalidInput(opGetWorkflowDef, "empty workflow name")
+	}
+	var def model.WorkflowDef
+	_, err := c.do(ctx, opGetWorkflowDef, 0, func(ctx context.Context) (*http.Response, error) {
+		var resp *http.Response
+		var err error
+		def, resp, err = c.metadata.Get(ctx, name, &client.MetadataResourceApiGetOpts{Version: optional.NewInt32(version)})
+		return resp, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &def, nil
+}
+
+// StartWorkflow starts a workflow and returns its workflowId. Conductor
+// 3.21 has no idempotent start (StartWorkflowRequest.idempotencyKey is
+// ignored): every successful call creates a new workflow. Use
+// Runs.StartRun for idempotent run starts. An unknown workflow name or
+// version gives ErrNotFound.
+func (c *Client) StartWorkflow(ctx context.Context, req model.StartWorkflowRequest) (string, error) {
+	if req.Name == "" {
+		return "", invalidInput(opStartWorkflow, "empty workflow name")
+	}
+	var id string
+	_, err := c.do(ctx, opStartWorkflow, 0, func(ctx context.Context) (*http.Response, error) {
+		var resp *http.Response
+		var err error
+		id, resp, err = c.workflow.StartWorkflowWithRequest(ctx, req)
+		if err == nil && strings.TrimSpace(id) == "" {
+			err = errors.New("start answered without a workflowId")
+		}
+		return resp, err
+	})
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(id), nil
+}
+
+// Workflow returns the workflow's execution state (status,
+// reasonForIncompletion, input, and its tasks when includeTasks is set), or
+// an error matching ErrNotFound.
+func (c *Client) Workflow(ctx context.Context, workflowID string, includeTasks bool) (*model.Workflow, error) {
+	if workflowID == "" {
+		return nil, invalidInput(opGetWorkflow, "empty workflowId")
+	}
+	var wf model.Workflow
+	_, err := c.do(ctx, opGetWorkflow, 0, func(ctx context.Context) (*http.Response, error) {
+		var resp *http.Response
+		var err error
+		wf, resp, err = c.workflow.GetExecutionStatus(ctx, workflowID,
+			&client.WorkflowResourceApiGetExecutionStatusOpts{IncludeTasks: optional.NewBool(includeTasks)})
+		if err == nil && wf.WorkflowId == "" {
+			err = errors.New("workflow answer has no workflowId")
+		}
+		return resp, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &wf, nil
+}
+
+// Pause pauses a workflow: Conductor stops scheduling its next tasks, but
+// tasks already scheduled are still handed out by polls (see
+// deploy/local/README.md). Pausing a PAUSED workflow is a no-op (200). A
+// workflow that has ended gives ErrConflict, an unknown one ErrNotFound.
+func (c *Client) Pause(ctx context.Context, workflowID string) error {
+	if workflowID == "" {
+		return invalidInput(opPause, "empty workflowId")
+	}
+	_, err := c.do(ctx, opPause, 0, func(ctx context.Context) (*http.Response, error) {
+		return c.workflow.PauseWorkflow(ctx, workflowID)
+	})
+	return err
+}
+
+// Resume resumes a PAUSED workflow. Conductor 3.21 answers 500 ("is not
+// PAUSED") for a workflow in any other state; Resume then reads the workflow
+// and returns ErrConflict with Error.EngineStatus set to its status, and
+// ErrEngineUnavailable only if the workflow is still PAUSED (a real server
+// error) or cannot be read. An unknown workflow gives ErrNotFound.
+func (c *Client) Resume(ctx context.Context, workflowID string) error {
+	if workflowID == "" {
+		return invalidInput(opResume, "empty workflowId")
+	}
+	_, err := c.do(ctx, opResume, 0, func(ctx context.Context) (*http.Response, error) {
+		resp, err := c.workflow.ResumeWorkflow(ctx, workflowID)
+		var se client.GenericSwaggerError
+		if errors.As(err, &se) && se.StatusCode() == http.StatusInternalServerError {
+			if wf, gerr := c.Workflow(ctx, workflowID, false); gerr == nil && wf.Status != model.PausedWorkflow {
+				return resp, &Error{Code: CodeConflict, Op: opResume, Status: se.StatusCode(),
+					Message: errorMessage(se.Body()), EngineStatus: string(wf.Status)}
+			}
+		}
+		return resp, err
+	})
+	return err
+}
+
+// Terminate terminates a workflow with reason (recorded as its
+// reasonForIncompletion); its non-terminal tasks become CANCELED.
+// Terminating a workflow that has already ended is a no-op on 3.21 (200). An
+// unknown workflow gives ErrNotFound.
+func (c *Client) Terminate(ctx context.Context, workflowID, reason string) error {
+	if workflowID == "" {
+		return invalidInput(opTerminate, "empty workflowId")
+	}
+	_, err := c.do(ctx, opTerminate, 0, func(ctx context.Context) (*http.Response, error) {
+		opts := &client.WorkflowResourceApiTerminateOpts{}
+		if reason != "" {
+			opts.Reason = optional.NewString(reason)
+		}
+		return c.workflow.Terminate(ctx, workflowID, opts)
+	})
+	return err
+}
+
+// Retry retries the last failed task of a FAILED (or TIMED_OUT, TERMINATED)
+// workflow; Conductor answers 204. On a workflow that is still running
+// Conductor 3.21 answers 404 ("Workflow is still running"); Retry then reads
+// the workflow and returns ErrConflict with Error.EngineStatus set, keeping
+// ErrNotFound for an unknown workflow.
+func (c *Client) Retry(ctx context.Context, workflowID string) error {
+	if workflowID == "" {
+		return invalidInput(opRetry, "empty workflowId")
+	}
+	_, err := c.do(ctx, opRetry, 0, func(ctx context.Context) (*http.Response, error) {
+		resp, err := c.workflow.Retry(ctx, workflowID, nil)
+		var se client.GenericSwaggerError
+		if errors.As(err, &se) && se.StatusCode() == http.StatusNotFound {
+			if wf, gerr := c.Workflow(ctx, workflowID, false); gerr == nil {
+				return resp, &Error{Code: CodeConflict, Op: opRetry, Status: se.StatusCode(),
+					Message: errorMessage(se.Body()), EngineStatus: string(wf.Status)}
+			}
+		}
+		return resp, err
+	})
+	return err
+}
+
+// RunningWorkflows lists the ids of the RUNNING and PAUSED workflows of
+// name/version (GET /workflow/running/{name}; it works without indexing).
+func (c *Client) RunningWorkflows(ctx context.Context, name string, version int32) ([]string, error) {
+	if name == "" {
+		return nil, invalidInput(opRunningWorkflows, "empty workflow name")
+	}
+	var ids []string
+	_, err := c.do(ctx, opRunningWorkflows, 0, func(ctx context.Context) (*http.Response, error) {
+		var resp *http.Response
+		var err error
+		ids, resp, err = c.workflow.GetRunningWorkflow(ctx, name,
+			&client.WorkflowResourceApiGetRunningWorkflowOpts{Version: optional.NewInt32(version)})
+		return resp, err
+	})
+	return ids, err
+}
+
+// BatchPoll long-polls up to count tasks of taskType for workerID, waiting
+// at most timeout (capped at 20 s) for the first one. No task is an empty
+// slice and no error. The polled tasks are IN_PROGRESS in Conductor and
+// must be answered with UpdateTask.
+func (c *Client) BatchPoll(ctx context.Context, taskType, workerID string, count int, timeout time.Duration) ([]model.Task, error) {
+	return c.BatchPollDomain(ctx, taskType, workerID, "", count, timeout)
+}
+
+// BatchPollDomain is BatchPoll in a task domain (empty: no domain).
+func (c *Client) BatchPollDomain(ctx context.Context, taskType, workerID, domain string, count int, timeout time.Duration) ([]model.Task, error) {
+	if taskType == "" || workerID == "" {
+		// Conductor answers an empty poll without workerid as if no task
+		// were queued; refuse it instead of polling forever.
+		return nil, invalidInput(opBatchPoll, "taskType and workerId are required")
+	}
+	count = min(max(count, 1), 1000)
+	timeout = min(max(timeout, 0), maxPollTimeout)
+	var tasks []model.Task
+	_, err := c.do(ctx, opBatchPoll, timeout, func(ctx context.Context) (*http.Response, error) {
+		opts := &client.TaskResourceApiBatchPollOpts{
+			Workerid: optional.NewString(workerID),
+			Count:    optional.NewInt32(int32(count)),
+			Timeout:  optional.NewInt32(int32(timeout / time.Millisecond)),
+		}
+		if domain != "" {
+			opts.Domain = optional.NewString(domain)
+		}
+		var resp *http.Response
+		var err error
+		tasks, resp, err = c.tasks.BatchPoll(ctx, taskType, opts)
+		return resp, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if tasks == nil {
+		tasks = []model.Task{}
+	}
+	return tasks, nil
+}
+
+// UpdateTask reports a task's result (status COMPLETED, FAILED,
+// FAILED_WITH_TERMINAL_ERROR or IN_PROGRESS with callbackAfterSeconds to
+// hand it back; outputData, reasonForIncompletion, logs). An unknown task or
+// workflow gives ErrNotFound. Conductor 3.21 answers 200 and changes nothing
+// when the task has already ended (CANCELED by a terminate, TIMED_OUT): check
+// Task afterwards if that matters.
+func (c *Client) UpdateTask(ctx context.Context, r *model.TaskResult) error {
+	if r == nil || r.TaskId == "" || r.WorkflowInstanceId == "" {
+		return invalidInput(opUpdateTask, "task result needs taskId and workflowInstanceId")
+	}
+	_, err := c.do(ctx, opUpdateTask, 0, func(ctx context.Context) (*http.Response, error) {
+		_, resp, err := c.tasks.UpdateTask(ctx, r)
+		return resp, err
+	})
+	return err
+}
+
+// Task returns a task by id. Conductor 3.21 answers 204 with no body for an
+// unknown id; Task returns ErrNotFound then.
+func (c *Client) Task(ctx context.Context, taskID string) (*model.Task, error) {
+	if taskID == "" {
+		return nil, invalidInput(opGetTask, "empty taskId")
+	}
+	var t model.Task
+	_, err := c.do(ctx, opGetTask, 0, func(ctx context.Context) (*http.Response, error) {
+		var resp *http.Response
+		var err error
+		t, resp, err = c.tasks.GetTask(ctx, taskID)
+		if err == nil && resp != nil && (resp.StatusCode == http.StatusNoContent || t.TaskId == "") {
+			return resp, &Error{Code: CodeNotFound, Op: opGetTask, Status: resp.StatusCode, Message: "no such task: " + taskID}
+		}
+		return resp, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &t, nil
+}

@@ -1,0 +1,198 @@
+package adapter
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/registry"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+)
+
+// testEnvConductorURL names the environment variable with the base URL of
+// the real Conductor server the integration tests use.
+const testEnvConductorURL = "SIDECAR_TEST_CONDUCTOR_URL"
+
+var (
+	healthOnce sync.Once
+	healthErr  error
+)
+
+// conductorURL returns the test server's base URL. It skips the test when
+// the variable is unset and fails it when the server does not answer.
+func conductorURL(t testing.TB) string {
+	t.Helper()
+	u := os.Getenv(testEnvConductorURL)
+	if u == "" {
+		t.Skip("set " + testEnvConductorURL + " (e.g. http://127.0.0.1:8080/api, started by deploy/local/conductor.sh start) to run the Conductor integration tests")
+	}
+	healthOnce.Do(func() {
+		c, err := NewClient(ClientOptions{BaseURL: u})
+		if err != nil {
+			healthErr = err
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		healthErr = c.Health(ctx)
+	})
+	if healthErr != nil {
+		t.Fatalf("%s=%s is set but the server is not healthy: %v", testEnvConductorURL, u, healthErr)
+	}
+	return u
+}
+
+// unusedURL returns a base URL on a local port nothing listens on.
+func unusedURL(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	return "http://127.0.0.1:" + strconv.Itoa(port) + "/api"
+}
+
+func newClient(t testing.TB, baseURL string, timeout time.Duration) *Client {
+	t.Helper()
+	c, err := NewClient(ClientOptions{BaseURL: baseURL, Timeout: timeout, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// suffix returns a random hex string that keeps names of workflows and task
+// types unique across test runs on a long-lived Conductor server.
+func suffix(t testing.TB) string {
+	t.Helper()
+	b := make([]byte, 5)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// testPlan returns the definitions of a one-task plan with its own task type.
+func testPlan(t testing.TB, hash string) *PlanDefs {
+	t.Helper()
+	s := suffix(t)
+	taskType := "sidecar_test_" + s
+	return &PlanDefs{
+		PlanID:      "plan-" + s,
+		PlanVersion: "1",
+		Hash:        hash,
+		Workflow: model.WorkflowDef{
+			Name: "sidecar_test_wf_" + s, Version: 1, OwnerEmail: "sidecar-tests@example.com", SchemaVersion: 2,
+			Tasks: []model.WorkflowTask{{
+				Name: taskType, TaskReferenceName: "step1", Type_: "SIMPLE",
+				InputParameters: map[string]any{"runId": "${workflow.input.runId}"},
+			}},
+		},
+		TaskDefs: []model.TaskDef{{
+			Name: taskType, OwnerEmail: "sidecar-tests@example.com", RetryCount: 0,
+			TimeoutSeconds: 120, ResponseTimeoutSeconds: 60, TimeoutPolicy: "TIME_OUT_WF",
+		}},
+	}
+}
+
+// natsEnv is an embedded NATS server with the event store and the
+// EventIdRegistry on it.
+type natsEnv struct {
+	srv     *server.Server
+	js      jetstream.JetStream
+	store   *natsstore.Store
+	emitter *registry.Emitter
+}
+
+func newNATS(t testing.TB) *natsEnv {
+	t.Helper()
+	srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: t.TempDir(), Port: -1, SyncInterval: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	})
+	env := &natsEnv{srv: srv}
+	env.js = env.connect(t)
+	ctx := context.Background()
+	env.store, err = natsstore.Open(ctx, env.js, natsstore.Options{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.store.Close() })
+	reg, err := registry.Open(ctx, env.js, registry.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.emitter = registry.NewEmitter(reg, env.store)
+	return env
+}
+
+// connect opens another client connection (a replica's own).
+func (e *natsEnv) connect(t testing.TB) jetstream.JetStream {
+	t.Helper()
+	nc, err := natsstore.ConnectEmbedded(e.srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// newRuns opens a Runs on its own NATS connection and its own Conductor
+// client, as a separate sidecar replica would.
+func (e *natsEnv) newRuns(t testing.TB, baseURL string, opts RunsOptions) *Runs {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = zaptest.NewLogger(t)
+	}
+	r, err := OpenRuns(context.Background(), e.connect(t), newClient(t, baseURL, time.Second), e.emitter, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// events returns the event types of runID in log order.
+func (e *natsEnv) events(t testing.TB, runID string) []statestore.RunEventRecord {
+	t.Helper()
+	recs, err := e.store.Fetch(context.Background(), runID, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return recs
+}
+
+func countType(recs []statestore.RunEventRecord, eventType string) int {
+	n := 0
+	for _, r := range recs {
+		if r.EventType == eventType {
+			n++
+		}
+	}
+	return n
+}
+
+func request(p *PlanDefs, runRequestID string) StartRequest {
+	return StartRequest{TenantID: "tenant-a", ProjectID: "proj-a", EnvironmentID: "dev", RunRequestID: runRequestID, Plan: p}
+}

@@ -1,0 +1,171 @@
+package adapter
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Conductor operation label values (sidecar_conductor_requests_total{op}).
+const (
+	opRegisterTaskDefs  = "register_task_defs"
+	opRegisterWorkflow  = "register_workflow_def"
+	opGetWorkflowDef    = "get_workflow_def"
+	opStartWorkflow     = "start_workflow"
+	opGetWorkflow       = "get_workflow"
+	opPause             = "pause"
+	opResume            = "resume"
+	opTerminate         = "terminate"
+	opRetry             = "retry"
+	opBatchPoll         = "batch_poll"
+	opUpdateTask        = "update_task"
+	opGetTask           = "get_task"
+	opRunningWorkflows  = "running_workflows"
+	opHealth            = "health"
+	resultOK            = "ok"
+	resultCanceled      = "canceled"
+	startResultStarted  = "started"
+	startResultExisting = "existing"
+	startResultError    = "error"
+)
+
+var conductorOps = []string{
+	opRegisterTaskDefs, opRegisterWorkflow, opGetWorkflowDef, opStartWorkflow, opGetWorkflow, opPause,
+	opResume, opTerminate, opRetry, opBatchPoll, opUpdateTask, opGetTask, opRunningWorkflows, opHealth,
+}
+
+var conductorResults = []string{
+	resultOK, CodeEngineUnavailable, CodeNotFound, CodeConflict, CodeEngineRejected, resultCanceled,
+}
+
+// Watcher outcome label values (sidecar_run_watcher_terminal_total{status}).
+var watcherStatuses = []string{"COMPLETED", "FAILED", "TIMED_OUT", "TERMINATED", "CANCELLED", "LOST"}
+
+// Metrics are the adapter's Prometheus metrics:
+//
+//	sidecar_conductor_requests_total{op, result}       Conductor API calls; result is ok, canceled or an error code
+//	sidecar_conductor_request_duration_seconds{op}      their latency
+//	sidecar_run_starts_total{result}                    StartRun calls: started, existing, error
+//	sidecar_run_watcher_active_runs                     runs the watcher follows (last scan)
+//	sidecar_run_watcher_terminal_total{status}          terminal run events appended, by Conductor status
+//	sidecar_run_watcher_errors_total                    failed watcher checks
+//	sidecar_run_orphans_total{action}                   orphan workflows terminated or adopted
+//
+// There are no per-run labels. A nil *Metrics records nothing. Every label
+// combination is created up front so that it exports zero.
+type Metrics struct {
+	requests map[[2]string]prometheus.Counter
+	duration map[string]prometheus.Observer
+	starts   map[string]prometheus.Counter
+	active   prometheus.Gauge
+	terminal map[string]prometheus.Counter
+	errors   prometheus.Counter
+	orphans  map[string]prometheus.Counter
+}
+
+// NewMetrics registers the adapter metrics with reg and returns them. It
+// panics, like prometheus.MustRegister, if they are already registered:
+// create one Metrics per registry and share it.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sidecar_conductor_requests_total",
+		Help: "Conductor API calls by operation and result (ok, canceled, or an adapter error code).",
+	}, []string{"op", "result"})
+	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "sidecar_conductor_request_duration_seconds",
+		Help:    "Latency of Conductor API calls (a batch poll includes its long-poll wait).",
+		Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30},
+	}, []string{"op"})
+	starts := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sidecar_run_starts_total",
+		Help: "StartRun calls by result: started (a new workflow), existing (idempotent repeat), error.",
+	}, []string{"result"})
+	active := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sidecar_run_watcher_active_runs",
+		Help: "Runs the run watcher follows (non-final runs in the run registry) at its last scan.",
+	})
+	terminal := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sidecar_run_watcher_terminal_total",
+		Help: "Terminal run events the run watcher appended, by the Conductor workflow status it saw (LOST: the workflow is gone).",
+	}, []string{"status"})
+	errs := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sidecar_run_watcher_errors_total",
+		Help: "Run watcher checks that failed (Conductor, store or run registry errors); they are retried.",
+	})
+	orphans := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sidecar_run_orphans_total",
+		Help: "Workflows started for a run but not recorded as its workflow: terminated, or adopted as the run's workflow.",
+	}, []string{"action"})
+	reg.MustRegister(requests, duration, starts, active, terminal, errs, orphans)
+
+	m := &Metrics{
+		requests: make(map[[2]string]prometheus.Counter),
+		duration: make(map[string]prometheus.Observer),
+		starts:   make(map[string]prometheus.Counter),
+		active:   active,
+		terminal: make(map[string]prometheus.Counter),
+		errors:   errs,
+		orphans:  make(map[string]prometheus.Counter),
+	}
+	for _, op := range conductorOps {
+		m.duration[op] = duration.WithLabelValues(op)
+		for _, r := range conductorResults {
+			m.requests[[2]string{op, r}] = requests.WithLabelValues(op, r)
+		}
+	}
+	for _, r := range []string{startResultStarted, startResultExisting, startResultError} {
+		m.starts[r] = starts.WithLabelValues(r)
+	}
+	for _, s := range watcherStatuses {
+		m.terminal[s] = terminal.WithLabelValues(s)
+	}
+	for _, a := range []string{"terminated", "adopted"} {
+		m.orphans[a] = orphans.WithLabelValues(a)
+	}
+	return m
+}
+
+func (m *Metrics) request(op, result string, start time.Time) {
+	if m == nil {
+		return
+	}
+	if c, ok := m.requests[[2]string{op, result}]; ok {
+		c.Inc()
+	}
+	if o, ok := m.duration[op]; ok {
+		o.Observe(time.Since(start).Seconds())
+	}
+}
+
+func (m *Metrics) start(result string) {
+	if m != nil {
+		m.starts[result].Inc()
+	}
+}
+
+func (m *Metrics) setActive(n int) {
+	if m != nil {
+		m.active.Set(float64(n))
+	}
+}
+
+func (m *Metrics) terminalEvent(status string) {
+	if m == nil {
+		return
+	}
+	if c, ok := m.terminal[status]; ok {
+		c.Inc()
+	}
+}
+
+func (m *Metrics) watcherError() {
+	if m != nil {
+		m.errors.Inc()
+	}
+}
+
+func (m *Metrics) orphan(action string) {
+	if m != nil {
+		m.orphans[action].Inc()
+	}
+}

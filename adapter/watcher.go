@@ -1,0 +1,566 @@
+package adapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// Error codes of the RunFailed events the watcher appends (payload.error.code).
+const (
+	CodeWorkflowFailed     = "WORKFLOW_FAILED"
+	CodeWorkflowTimedOut   = "WORKFLOW_TIMED_OUT"
+	CodeWorkflowTerminated = "WORKFLOW_TERMINATED"
+	// CodeWorkflowNotFound: Conductor no longer knows the run's workflow
+	// (for instance its memory store was restarted).
+	CodeWorkflowNotFound = "WORKFLOW_NOT_FOUND"
+)
+
+// engineStatusLost is the Run.EngineStatus of a run whose workflow vanished.
+const engineStatusLost = "LOST"
+
+// SnapshotReader gives a run's derived state; statestore.Store satisfies it.
+type SnapshotReader interface {
+	ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error)
+}
+
+// WatcherOptions configures NewWatcher. Zero values take the defaults noted.
+type WatcherOptions struct {
+	// Interval between scans of the active runs (default 2s). Each scan
+	// reads every active run's workflow status from Conductor once.
+	Interval time.Duration
+	// ReconcileInterval between orphan passes (default 30s).
+	ReconcileInterval time.Duration
+	// MaxBackoff caps the pause after failed scans (default 30s).
+	MaxBackoff time.Duration
+	// LostAfter is how many consecutive 404s for a started run's workflow
+	// make the run fail with WORKFLOW_NOT_FOUND (default 3).
+	LostAfter int
+	// Logger (default zap.NewNop()).
+	Logger *zap.Logger
+	// Metrics (nil: none).
+	Metrics *Metrics
+}
+
+// Watcher follows the runs of the run registry until their workflows end,
+// and appends the terminal run event for each:
+//
+//	COMPLETED                        -> RunCompleted
+//	FAILED                           -> RunFailed  (error.code WORKFLOW_FAILED, message reasonForIncompletion)
+//	TIMED_OUT                        -> RunFailed  (WORKFLOW_TIMED_OUT)
+//	TERMINATED, cancel requested     -> RunCancelled
+//	TERMINATED, no cancel requested  -> RunFailed  (WORKFLOW_TERMINATED)
+//	workflow gone (LostAfter x 404)  -> RunFailed  (WORKFLOW_NOT_FOUND)
+//
+// then marks the run FINAL in the registry. It also appends a RunStarted that
+// a crash left out, adopts the workflow of a start whose lease expired, and
+// terminates orphan workflows (docs/conductor.md). Several replicas may run a
+// Watcher on the same registry: appends are idempotent and registry writes
+// are compare-and-set. Open starts its goroutine; Close stops it.
+type Watcher struct {
+	runs  *Runs
+	snaps SnapshotReader
+	opts  WatcherOptions
+	log   *zap.Logger
+
+	nudgeCh chan struct{}
+
+	mu       sync.Mutex
+	nudged   map[string]struct{}
+	known    map[string]string // workflowId -> runId of started runs
+	notFound map[string]int    // runId -> consecutive 404s
+
+	lifeMu sync.Mutex
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// NewWatcher returns a Watcher of the runs in runs' registry that reads
+// snapshots from snaps (for cancelRequested).
+func NewWatcher(runs *Runs, snaps SnapshotReader, opts WatcherOptions) *Watcher {
+	if opts.Interval <= 0 {
+		opts.Interval = 2 * time.Second
+	}
+	if opts.ReconcileInterval <= 0 {
+		opts.ReconcileInterval = 30 * time.Second
+	}
+	if opts.MaxBackoff <= 0 {
+		opts.MaxBackoff = 30 * time.Second
+	}
+	if opts.LostAfter <= 0 {
+		opts.LostAfter = 3
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	if opts.Metrics == nil {
+		opts.Metrics = runs.metrics
+	}
+	return &Watcher{
+		runs: runs, snaps: snaps, opts: opts, log: opts.Logger.Named("watcher"),
+		nudgeCh:  make(chan struct{}, 1),
+		nudged:   make(map[string]struct{}),
+		known:    make(map[string]string),
+		notFound: make(map[string]int),
+	}
+}
+
+// Open starts the watcher's goroutine. It returns an error if the watcher
+// is already open. ctx only carries values; cancelling it does not stop the
+// watcher (Close does).
+func (w *Watcher) Open(ctx context.Context) error {
+	w.lifeMu.Lock()
+	defer w.lifeMu.Unlock()
+	if w.cancel != nil {
+		return errors.New("adapter: watcher already open")
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	w.cancel = cancel
+	w.done = make(chan struct{})
+	go func() {
+		defer close(w.done)
+		w.loop(ctx)
+	}()
+	return nil
+}
+
+// Close stops the goroutine and waits for it, at most until ctx ends (then
+// it returns ctx's error; the goroutine still stops soon after). Close of a
+// watcher that is not open returns nil.
+func (w *Watcher) Close(ctx context.Context) error {
+	w.lifeMu.Lock()
+	cancel, done := w.cancel, w.done
+	w.cancel, w.done = nil, nil
+	w.lifeMu.Unlock()
+	if cancel == nil {
+		return nil
+	}
+	cancel()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("adapter: close watcher: %w", ctx.Err())
+	}
+}
+
+// Nudge asks for a prompt check of runID (a worker that just finished a task
+// of the run may call it, so that the run's end is recorded without waiting
+// for the next scan). It never blocks.
+func (w *Watcher) Nudge(runID string) {
+	w.mu.Lock()
+	w.nudged[runID] = struct{}{}
+	w.mu.Unlock()
+	select {
+	case w.nudgeCh <- struct{}{}:
+	default:
+	}
+}
+
+func (w *Watcher) takeNudged() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ids := make([]string, 0, len(w.nudged))
+	for id := range w.nudged {
+		ids = append(ids, id)
+	}
+	clear(w.nudged)
+	return ids
+}
+
+func (w *Watcher) loop(ctx context.Context) {
+	ticker := time.NewTicker(w.opts.Interval)
+	defer ticker.Stop()
+	var (
+		failures      int
+		nextScan      time.Time
+		lastReconcile time.Time
+		lastLog       time.Time
+		suppressed    int
+	)
+	report := func(err error) {
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		failures++
+		nextScan = time.Now().Add(min(w.opts.Interval<<min(failures, 16), w.opts.MaxBackoff))
+		if time.Since(lastLog) < time.Minute {
+			suppressed++
+			return
+		}
+		w.log.Warn("run watcher check failed; backing off", zap.Error(err),
+			zap.Int("consecutiveFailures", failures), zap.Int("suppressedLogs", suppressed))
+		lastLog, suppressed = time.Now(), 0
+	}
+	recovered := func() {
+		if failures > 0 {
+			w.log.Info("run watcher recovered", zap.Int("failedScans", failures))
+		}
+		failures, nextScan = 0, time.Time{}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.nudgeCh:
+			var errs []error
+			for _, id := range w.takeNudged() {
+				errs = append(errs, w.Check(ctx, id))
+			}
+			report(errors.Join(errs...))
+		case <-ticker.C:
+			if time.Now().Before(nextScan) {
+				continue
+			}
+			err := w.Scan(ctx)
+			if time.Since(lastReconcile) >= w.opts.ReconcileInterval {
+				err = errors.Join(err, w.Reconcile(ctx))
+				lastReconcile = time.Now()
+			}
+			if err != nil {
+				report(err)
+			} else {
+				recovered()
+			}
+		}
+	}
+}
+
+// Scan checks every active run once (Check) and returns the joined errors.
+func (w *Watcher) Scan(ctx context.Context) error {
+	keys, err := w.runs.listKeys(ctx, keyActive+">")
+	if err != nil {
+		w.opts.Metrics.watcherError()
+		return err
+	}
+	w.opts.Metrics.setActive(len(keys))
+	var errs []error
+	for _, k := range keys {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		errs = append(errs, w.Check(ctx, strings.TrimPrefix(k, keyActive)))
+	}
+	return errors.Join(errs...)
+}
+
+// Check brings one run forward: appends a missing RunStarted, recovers an
+// expired start, or, when the run's workflow has ended, appends the terminal
+// run event and marks the run FINAL. A run that needs nothing is a no-op.
+func (w *Watcher) Check(ctx context.Context, runID string) error {
+	err := w.check(ctx, runID)
+	if err != nil && !errors.Is(err, context.Canceled) {
+		w.opts.Metrics.watcherError()
+	}
+	return err
+}
+
+func (w *Watcher) check(ctx context.Context, runID string) error {
+	rec, rev, err := w.runs.get(ctx, runID)
+	if errors.Is(err, ErrNotFound) {
+		w.dropActive(ctx, runID)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	switch rec.State {
+	case RunStateFinal:
+		w.runs.deleteActive(ctx, runID, 0)
+		return nil
+	case RunStateStarting:
+		if time.Now().Before(rec.LeaseExpiresAt) {
+			return nil
+		}
+		return w.recoverStart(ctx, rec, rev)
+	}
+	if err := w.runs.ensureRunStarted(ctx, rec, rev); err != nil {
+		return err
+	}
+	wf, err := w.runs.conductor.Workflow(ctx, rec.WorkflowID, false)
+	if errors.Is(err, ErrNotFound) {
+		w.mu.Lock()
+		w.notFound[runID]++
+		strikes := w.notFound[runID]
+		w.mu.Unlock()
+		if strikes < w.opts.LostAfter {
+			return nil
+		}
+		return w.finish(ctx, runID, engineStatusLost,
+			fmt.Sprintf("Conductor no longer knows workflow %s (answered 404 %d times)", rec.WorkflowID, strikes))
+	}
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	delete(w.notFound, runID)
+	w.known[rec.WorkflowID] = runID
+	w.mu.Unlock()
+	switch wf.Status {
+	case model.CompletedWorkflow, model.FailedWorkflow, model.TimedOutWorkflow, model.TerminatedWorkflow:
+		return w.finish(ctx, runID, string(wf.Status), wf.ReasonForIncompletion)
+	}
+	return nil
+}
+
+// dropActive removes a stale index entry of a run that has no registry
+// entry (a released start), unless it was rewritten meanwhile.
+func (w *Watcher) dropActive(ctx context.Context, runID string) {
+	e, err := w.runs.kv.Get(ctx, keyActive+runID)
+	if err != nil {
+		return
+	}
+	if _, _, err := w.runs.get(ctx, runID); errors.Is(err, ErrNotFound) {
+		w.runs.deleteActive(ctx, runID, e.Revision())
+	}
+}
+
+// finish appends the terminal event for engineStatus (unless the run is
+// already terminal in its snapshot) and marks the run FINAL.
+func (w *Watcher) finish(ctx context.Context, runID, engineStatus, reason string) error {
+	rec, rev, err := w.runs.get(ctx, runID)
+	if err != nil {
+		return err
+	}
+	if rec.State == RunStateFinal {
+		w.runs.deleteActive(ctx, runID, 0)
+		return nil
+	}
+	snap, err := w.snaps.ProjectSnapshot(ctx, runID)
+	if err != nil && !errors.Is(err, statestore.ErrNotFound) {
+		return fmt.Errorf("adapter: watcher: snapshot of run %s: %w", runID, err)
+	}
+	if snap == nil || !statestore.IsTerminalRunStatus(snap.Status) {
+		ev, label, err := terminalEvent(rec, engineStatus, reason, snap != nil && snap.CancelRequested)
+		if err != nil {
+			return err
+		}
+		if _, err := w.runs.emitter.Emit(ctx, ev); err != nil {
+			return fmt.Errorf("adapter: watcher: append %s of run %s: %w", ev.EventType, runID, err)
+		}
+		w.opts.Metrics.terminalEvent(label)
+		w.log.Info("run ended", zap.String("runId", runID), zap.String("workflowId", rec.WorkflowID),
+			zap.String("engineStatus", engineStatus), zap.String("event", ev.EventType))
+	}
+	for range 5 {
+		rec.State = RunStateFinal
+		rec.EngineStatus = engineStatus
+		rec.FinalAt = time.Now().UTC()
+		_, err := w.runs.updateRun(ctx, rec, rev)
+		if err == nil {
+			break
+		}
+		if !isRevisionMismatch(err) {
+			return err
+		}
+		if rec, rev, err = w.runs.get(ctx, runID); err != nil {
+			return err
+		}
+		if rec.State == RunStateFinal {
+			break
+		}
+	}
+	w.mu.Lock()
+	delete(w.notFound, runID)
+	delete(w.known, rec.WorkflowID)
+	w.mu.Unlock()
+	w.runs.deleteActive(ctx, runID, 0)
+	return nil
+}
+
+// terminalEvent maps a terminal Conductor status to the run event to
+// append; label is the metric label (CANCELLED for our own cancel).
+func terminalEvent(rec *Run, engineStatus, reason string, cancelRequested bool) (*statestore.RunEventWrite, string, error) {
+	failed := func(code, fallback string) (*statestore.RunEventWrite, string, error) {
+		msg := reason
+		if msg == "" {
+			msg = fallback
+		}
+		ev, err := runEvent(rec, statestore.RunFailed, map[string]any{
+			"error":        statestore.StepError{Code: code, Message: msg, Retryable: false},
+			"engineStatus": engineStatus,
+		})
+		return ev, engineStatus, err
+	}
+	switch engineStatus {
+	case string(model.CompletedWorkflow):
+		ev, err := runEvent(rec, statestore.RunCompleted, map[string]any{"engineStatus": engineStatus})
+		return ev, engineStatus, err
+	case string(model.FailedWorkflow):
+		return failed(CodeWorkflowFailed, "workflow FAILED in Conductor")
+	case string(model.TimedOutWorkflow):
+		return failed(CodeWorkflowTimedOut, "workflow TIMED_OUT in Conductor")
+	case string(model.TerminatedWorkflow):
+		if cancelRequested {
+			p := map[string]any{"engineStatus": engineStatus}
+			if reason != "" {
+				p["reason"] = reason
+			}
+			ev, err := runEvent(rec, statestore.RunCancelled, p)
+			return ev, "CANCELLED", err
+		}
+		return failed(CodeWorkflowTerminated, "workflow TERMINATED in Conductor")
+	default:
+		return failed(CodeWorkflowNotFound, "workflow not found in Conductor")
+	}
+}
+
+// recoverStart handles a start whose lease expired without the workflow
+// being recorded: if Conductor runs a workflow carrying the runId, adopt it
+// (the oldest, if several); otherwise release the lease, so that a retry of
+// the request starts cleanly.
+func (w *Watcher) recoverStart(ctx context.Context, rec *Run, rev uint64) error {
+	c := w.runs.conductor
+	ids, err := c.RunningWorkflows(ctx, rec.WorkflowName, rec.WorkflowVersion)
+	if err != nil {
+		return err
+	}
+	var candidates []*model.Workflow
+	for _, id := range ids {
+		w.mu.Lock()
+		_, isKnown := w.known[id]
+		w.mu.Unlock()
+		if isKnown {
+			continue
+		}
+		wf, err := c.Workflow(ctx, id, false)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if runID, _ := wf.Input[InputRunID].(string); runID == rec.RunID {
+			candidates = append(candidates, wf)
+		}
+	}
+	if len(candidates) == 0 {
+		w.log.Info("releasing an expired start lease; no workflow was started", zap.String("runId", rec.RunID),
+			zap.String("attempt", rec.AttemptID))
+		w.runs.release(ctx, rec, rev)
+		return nil
+	}
+	sort.Slice(candidates, func(i, j int) bool {
+		if candidates[i].StartTime != candidates[j].StartTime {
+			return candidates[i].StartTime < candidates[j].StartTime
+		}
+		return candidates[i].WorkflowId < candidates[j].WorkflowId
+	})
+	wf := candidates[0]
+	rec.State = RunStateStarted
+	rec.WorkflowID = wf.WorkflowId
+	rec.StartedAt = time.UnixMilli(wf.StartTime).UTC()
+	if wf.StartTime == 0 {
+		rec.StartedAt = time.Now().UTC()
+	}
+	rec.LeaseExpiresAt = time.Time{}
+	newRev, err := w.runs.updateRun(ctx, rec, rev)
+	if isRevisionMismatch(err) {
+		return nil // a retry of the request or another replica got there first
+	}
+	if err != nil {
+		return err
+	}
+	w.opts.Metrics.orphan("adopted")
+	w.log.Warn("adopted the workflow of a crashed start", zap.String("runId", rec.RunID),
+		zap.String("workflowId", wf.WorkflowId), zap.Int("candidates", len(candidates)))
+	w.mu.Lock()
+	w.known[wf.WorkflowId] = rec.RunID
+	w.mu.Unlock()
+	return w.runs.ensureRunStarted(ctx, rec, newRev)
+}
+
+// Reconcile looks at the RUNNING and PAUSED workflows of every plan version
+// in the registry and terminates the orphans: workflows started by the
+// adapter (their input has runId and startAttemptId) whose run is recorded
+// with another workflow, or that have no run entry and are older than the
+// lease. Workflows of runs still STARTING are left alone (Check adopts them
+// once the lease expires).
+func (w *Watcher) Reconcile(ctx context.Context) error {
+	plans, err := w.runs.registeredPlans(ctx)
+	if err != nil {
+		return err
+	}
+	type nameVersion struct {
+		name    string
+		version int32
+	}
+	seen := make(map[nameVersion]bool)
+	var errs []error
+	for _, p := range plans {
+		nv := nameVersion{p.WorkflowName, p.WorkflowVersion}
+		if seen[nv] {
+			continue
+		}
+		seen[nv] = true
+		ids, err := w.runs.conductor.RunningWorkflows(ctx, nv.name, nv.version)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, id := range ids {
+			if err := w.reconcileWorkflow(ctx, id); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (w *Watcher) reconcileWorkflow(ctx context.Context, workflowID string) error {
+	w.mu.Lock()
+	_, isKnown := w.known[workflowID]
+	w.mu.Unlock()
+	if isKnown {
+		return nil
+	}
+	c := w.runs.conductor
+	wf, err := c.Workflow(ctx, workflowID, false)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	runID, _ := wf.Input[InputRunID].(string)
+	attempt, _ := wf.Input[InputStartAttemptID].(string)
+	if runID == "" || attempt == "" {
+		return nil // not started by the adapter
+	}
+	rec, _, err := w.runs.get(ctx, runID)
+	var reason string
+	switch {
+	case errors.Is(err, ErrNotFound):
+		if wf.StartTime == 0 || time.Since(time.UnixMilli(wf.StartTime)) < w.runs.opts.LeaseTTL {
+			return nil
+		}
+		reason = fmt.Sprintf("sidecar: orphan workflow: run %s has no run entry (its start was abandoned)", runID)
+	case err != nil:
+		return err
+	case rec.WorkflowID == workflowID:
+		w.mu.Lock()
+		w.known[workflowID] = runID
+		w.mu.Unlock()
+		return nil
+	case rec.State == RunStateStarting:
+		return nil
+	default:
+		reason = fmt.Sprintf("sidecar: orphan workflow: run %s runs as workflow %s", runID, rec.WorkflowID)
+	}
+	if err := c.Terminate(ctx, workflowID, reason); err != nil && !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	w.opts.Metrics.orphan("terminated")
+	w.log.Warn("terminated an orphan workflow", zap.String("workflowId", workflowID), zap.String("runId", runID),
+		zap.String("reason", reason))
+	return nil
+}
