@@ -70,6 +70,10 @@ func (e *Error) Error() string {
 	return s
 }
 
+// ErrorCode returns the machine code (for callers that match codes through
+// an interface rather than this package's sentinels).
+func (e *Error) ErrorCode() string { return e.Code }
+
 // Unwrap returns the underlying cause (a transport error, a JetStream
 // error, context.DeadlineExceeded), if any.
 func (e *Error) Unwrap() error { return e.Err }

@@ -1,0 +1,480 @@
+package adapter
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"github.com/google/uuid"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+func TestRequestKey(t *testing.T) {
+	// printf 't|p|e|plan|1|req' | sha256sum
+	const want = "3a741519e92a96826bbe8282046e0d7f7f03ec574f4a02977c267d5c6fb815f2"
+	if got := RequestKey("t", "p", "e", "plan", "1", "req"); got != want {
+		t.Fatalf("got %s, want %s", got, want)
+	}
+	if RequestKey("t", "p", "e", "plan", "1", "req2") == want {
+		t.Fatal("different runRequestIds give the same key")
+	}
+}
+
+func TestRuns_RegisterPlan(t *testing.T) {
+	u := conductorURL(t)
+	ctx := context.Background()
+	env := newNATS(t)
+
+	t.Run("Idempotent", func(t *testing.T) {
+		p := testPlan(t, "hash-1")
+		a := env.newRuns(t, u, RunsOptions{})
+		for range 2 {
+			if err := a.RegisterPlan(ctx, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Another replica (empty cache) registers the same plan again.
+		if err := env.newRuns(t, u, RunsOptions{}).RegisterPlan(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		def, err := a.Client().WorkflowDef(ctx, p.Workflow.Name, p.Workflow.Version)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := EmbeddedPlanHash(def); got != "hash-1" {
+			t.Fatalf("embedded hash %q, want hash-1", got)
+		}
+	})
+	t.Run("ErrPlanConflict", func(t *testing.T) {
+		p := testPlan(t, "hash-1")
+		a := env.newRuns(t, u, RunsOptions{})
+		if err := a.RegisterPlan(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		changed := *p
+		changed.Hash = "hash-2"
+		changed.Workflow.Description = "changed"
+		// Same process (cache), another replica (KV record).
+		for name, r := range map[string]*Runs{"cache": a, "registry": env.newRuns(t, u, RunsOptions{})} {
+			err := r.RegisterPlan(ctx, &changed)
+			if !errors.Is(err, ErrPlanConflict) || CodeOf(err) != CodePlanVersionConflict {
+				t.Errorf("%s: got %v, want PLAN_VERSION_CONFLICT", name, err)
+			}
+		}
+		def, err := a.Client().WorkflowDef(ctx, p.Workflow.Name, p.Workflow.Version)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if def.Description == "changed" || EmbeddedPlanHash(def) != "hash-1" {
+			t.Fatalf("conflicting plan changed the registered definition: %q %q", def.Description, EmbeddedPlanHash(def))
+		}
+	})
+	t.Run("ErrPlanConflict/Conductor", func(t *testing.T) {
+		// Another deployment (its own NATS) registered the same workflow
+		// name and version with another hash.
+		p := testPlan(t, "hash-1")
+		if err := newNATS(t).newRuns(t, u, RunsOptions{}).RegisterPlan(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		other := *p
+		other.Hash = "hash-other"
+		if err := env.newRuns(t, u, RunsOptions{}).RegisterPlan(ctx, &other); !errors.Is(err, ErrPlanConflict) {
+			t.Fatalf("got %v, want PLAN_VERSION_CONFLICT", err)
+		}
+	})
+	t.Run("ErrInvalidInput", func(t *testing.T) {
+		r := env.newRuns(t, u, RunsOptions{})
+		for name, p := range map[string]*PlanDefs{
+			"nil":     nil,
+			"pipe":    {PlanID: "a|b", PlanVersion: "1", Hash: "h", Workflow: model.WorkflowDef{Name: "w"}},
+			"no hash": {PlanID: "a", PlanVersion: "1", Workflow: model.WorkflowDef{Name: "w"}},
+			"no name": {PlanID: "a", PlanVersion: "1", Hash: "h"},
+		} {
+			if err := r.RegisterPlan(ctx, p); !errors.Is(err, ErrInvalidInput) {
+				t.Errorf("%s: got %v, want INVALID_INPUT", name, err)
+			}
+		}
+	})
+}
+
+// checkStarted checks that the run has exactly one RunStarted with the
+// expected payload and that Conductor runs exactly its workflow.
+func checkStarted(t *testing.T, env *natsEnv, r *Runs, p *PlanDefs, run Run) {
+	t.Helper()
+	ctx := context.Background()
+	recs := env.events(t, run.RunID)
+	if n := countType(recs, statestore.RunStarted); n != 1 || len(recs) != 1 {
+		t.Fatalf("run %s has %d events (%d RunStarted), want exactly one RunStarted", run.RunID, len(recs), n)
+	}
+	var payload struct {
+		EngineRunRef, EngineType, StartedAt string
+	}
+	if err := json.Unmarshal(recs[0].Payload, &payload); err != nil {
+		t.Fatal(err)
+	}
+	wantRef := "conductor://" + p.Workflow.Name + "/" + run.WorkflowID
+	if payload.EngineRunRef != wantRef || payload.EngineType != "conductor" || payload.StartedAt == "" {
+		t.Fatalf("RunStarted payload %+v, want engineRunRef %s, engineType conductor, startedAt", payload, wantRef)
+	}
+	ids, err := r.Client().RunningWorkflows(ctx, p.Workflow.Name, p.Workflow.Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 1 || ids[0] != run.WorkflowID {
+		t.Fatalf("running workflows %v, want exactly [%s]", ids, run.WorkflowID)
+	}
+	wf, err := r.Client().Workflow(ctx, run.WorkflowID, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wf.CorrelationId != run.RunID || wf.Input[InputRunID] != run.RunID || wf.Input[InputTenantID] != run.TenantID ||
+		wf.Input[InputPlanVersion] != run.PlanVersion {
+		t.Fatalf("workflow correlationId %q input %v, want runId %s", wf.CorrelationId, wf.Input, run.RunID)
+	}
+	got, err := r.Run(ctx, run.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.WorkflowID != run.WorkflowID || got.State != RunStateStarted || !got.RunStartedEmitted {
+		t.Fatalf("registry entry %+v, want STARTED with workflow %s and RunStarted recorded", got, run.WorkflowID)
+	}
+}
+
+func TestRuns_StartRun(t *testing.T) {
+	u := conductorURL(t)
+	ctx := context.Background()
+	env := newNATS(t)
+
+	t.Run("Idempotent", func(t *testing.T) {
+		p := testPlan(t, "h")
+		r := env.newRuns(t, u, RunsOptions{})
+		first, err := r.StartRun(ctx, request(p, "req-1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !first.Created || uuid.Validate(first.Run.RunID) != nil || first.Run.WorkflowID == "" {
+			t.Fatalf("first start: %+v", first)
+		}
+		for _, rr := range []*Runs{r, env.newRuns(t, u, RunsOptions{})} {
+			again, err := rr.StartRun(ctx, request(p, "req-1"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if again.Created || again.Run.RunID != first.Run.RunID || again.Run.WorkflowID != first.Run.WorkflowID {
+				t.Fatalf("repeat: got %+v, want run %s workflow %s not created", again, first.Run.RunID, first.Run.WorkflowID)
+			}
+		}
+		checkStarted(t, env, r, p, first.Run)
+		byReq, err := r.RunForRequest(ctx, "tenant-a", "proj-a", "dev", p.PlanID, p.PlanVersion, "req-1")
+		if err != nil || byReq.RunID != first.Run.RunID {
+			t.Fatalf("RunForRequest: %v %v", byReq, err)
+		}
+		// Another runRequestId is another run.
+		other, err := r.StartRun(ctx, request(p, "req-2"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !other.Created || other.Run.RunID == first.Run.RunID {
+			t.Fatalf("req-2: %+v", other)
+		}
+	})
+
+	t.Run("Concurrent", func(t *testing.T) {
+		p := testPlan(t, "h")
+		const n = 8
+		replicas := make([]*Runs, n)
+		for i := range replicas {
+			replicas[i] = env.newRuns(t, u, RunsOptions{})
+		}
+		results := make([]StartResult, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		startGate := make(chan struct{})
+		for i := range n {
+			wg.Go(func() {
+				<-startGate
+				results[i], errs[i] = replicas[i].StartRun(ctx, request(p, "req-concurrent"))
+			})
+		}
+		close(startGate)
+		wg.Wait()
+		created := 0
+		for i := range n {
+			if errs[i] != nil {
+				t.Fatalf("replica %d: %v", i, errs[i])
+			}
+			if results[i].Created {
+				created++
+			}
+			if results[i].Run.RunID != results[0].Run.RunID || results[i].Run.WorkflowID != results[0].Run.WorkflowID {
+				t.Fatalf("replica %d got run %s/%s, replica 0 %s/%s", i, results[i].Run.RunID, results[i].Run.WorkflowID,
+					results[0].Run.RunID, results[0].Run.WorkflowID)
+			}
+		}
+		if created != 1 {
+			t.Fatalf("%d replicas report created, want 1", created)
+		}
+		checkStarted(t, env, replicas[0], p, results[0].Run)
+	})
+
+	t.Run("ErrEngineUnavailable", func(t *testing.T) {
+		p := testPlan(t, "h")
+		good := env.newRuns(t, u, RunsOptions{})
+		if err := good.RegisterPlan(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		down := env.newRuns(t, unusedURL(t), RunsOptions{})
+		// The plan is registered in the run registry but this replica has
+		// not registered it in (its) Conductor: the first call fails there.
+		_, err := down.StartRun(ctx, request(p, "req-down"))
+		if !errors.Is(err, ErrEngineUnavailable) || CodeOf(err) != CodeEngineUnavailable {
+			t.Fatalf("got %v, want ENGINE_UNAVAILABLE", err)
+		}
+		// Same with the plan cached, so that StartWorkflow is what fails.
+		down.mu.Lock()
+		down.plans[planKey(p.PlanID, p.PlanVersion)] = p.Hash
+		down.mu.Unlock()
+		_, err = down.StartRun(ctx, request(p, "req-down"))
+		if !errors.Is(err, ErrEngineUnavailable) {
+			t.Fatalf("got %v, want ENGINE_UNAVAILABLE", err)
+		}
+		var rr reqRecord
+		if _, err := down.getJSON(ctx, keyReq+RequestKey("tenant-a", "proj-a", "dev", p.PlanID, p.PlanVersion, "req-down"), &rr); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := down.Run(ctx, rr.RunID); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("run entry after a failed start: %v, want NOT_FOUND", err)
+		}
+		if keys, _ := down.listKeys(ctx, keyActive+rr.RunID); len(keys) != 0 {
+			t.Fatalf("active index after a failed start: %v", keys)
+		}
+		if recs := env.events(t, rr.RunID); len(recs) != 0 {
+			t.Fatalf("%d events after a failed start, want none", len(recs))
+		}
+		// The retry, once Conductor answers, starts cleanly.
+		res, err := good.StartRun(ctx, request(p, "req-down"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Created || res.Run.RunID != rr.RunID {
+			t.Fatalf("retry: %+v, want created with runId %s", res, rr.RunID)
+		}
+		checkStarted(t, env, good, p, res.Run)
+	})
+
+	t.Run("ErrInvalidInput", func(t *testing.T) {
+		r := env.newRuns(t, u, RunsOptions{})
+		p := testPlan(t, "h")
+		for name, req := range map[string]StartRequest{
+			"no tenant":  {ProjectID: "p", EnvironmentID: "e", RunRequestID: "r", Plan: p},
+			"pipe":       {TenantID: "t|x", ProjectID: "p", EnvironmentID: "e", RunRequestID: "r", Plan: p},
+			"no plan":    {TenantID: "t", ProjectID: "p", EnvironmentID: "e", RunRequestID: "r"},
+			"no request": {TenantID: "t", ProjectID: "p", EnvironmentID: "e", Plan: p},
+		} {
+			if _, err := r.StartRun(ctx, req); !errors.Is(err, ErrInvalidInput) {
+				t.Errorf("%s: got %v, want INVALID_INPUT", name, err)
+			}
+		}
+	})
+
+	t.Run("LeaseHeld", func(t *testing.T) {
+		// A start attempt holds the lease and never finishes: a second
+		// request waits StartWait and gets RUN_START_IN_PROGRESS.
+		p := testPlan(t, "h")
+		r := env.newRuns(t, u, RunsOptions{StartWait: 200 * time.Millisecond})
+		if err := r.RegisterPlan(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		req := request(p, "req-held")
+		holder := crashedStart(t, r, req, false)
+		_, err := r.StartRun(ctx, req)
+		if !errors.Is(err, ErrRunStartInProgress) {
+			t.Fatalf("got %v, want RUN_START_IN_PROGRESS", err)
+		}
+		if _, err := r.Run(ctx, holder.RunID); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// crashedStart plays a start attempt that crashed after taking the lease
+// (and, with startWorkflow, after starting the workflow, before recording
+// it). It returns the registry entry as the crashed attempt left it.
+func crashedStart(t *testing.T, r *Runs, req StartRequest, startWorkflow bool) *Run {
+	t.Helper()
+	ctx := context.Background()
+	reqKey := RequestKey(req.TenantID, req.ProjectID, req.EnvironmentID, req.Plan.PlanID, req.Plan.PlanVersion, req.RunRequestID)
+	runID, err := r.runIDFor(ctx, reqKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := r.newRun(runID, reqKey, req)
+	if _, err := r.createRun(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.kv.Put(ctx, keyActive+runID, []byte(reqKey)); err != nil {
+		t.Fatal(err)
+	}
+	if startWorkflow {
+		rec.WorkflowID, err = r.conductor.StartWorkflow(ctx, model.StartWorkflowRequest{
+			Name: rec.WorkflowName, Version: rec.WorkflowVersion, CorrelationId: runID, Input: workflowInput(rec)})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return rec
+}
+
+func TestRuns_CrashRecovery(t *testing.T) {
+	u := conductorURL(t)
+	ctx := context.Background()
+	// Subtests run in parallel, each on its own NATS server (Reconcile
+	// looks at every plan of its registry). The shortest lease the client timeout (1s) allows.
+	opts := RunsOptions{LeaseTTL: 2 * time.Second}
+
+	t.Run("BeforeStartWorkflow", func(t *testing.T) {
+		// The crashed attempt never reached Conductor: once the lease
+		// expires, the retry takes over and starts the run.
+		t.Parallel()
+		env := newNATS(t)
+		p := testPlan(t, "h")
+		r := env.newRuns(t, u, opts)
+		if err := r.RegisterPlan(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		crashed := crashedStart(t, r, request(p, "req"), false)
+		res, err := r.StartRun(ctx, request(p, "req")) // waits out the lease
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Created || res.Run.RunID != crashed.RunID || res.Run.AttemptID == crashed.AttemptID {
+			t.Fatalf("got %+v, want a new attempt of run %s", res, crashed.RunID)
+		}
+		checkStarted(t, env, r, p, res.Run)
+	})
+
+	t.Run("AfterStartWorkflow/Adopted", func(t *testing.T) {
+		// The crashed attempt started the workflow but did not record it:
+		// the watcher adopts that workflow once the lease expires, and the
+		// retry returns it without starting another.
+		t.Parallel()
+		env := newNATS(t)
+		p := testPlan(t, "h")
+		r := env.newRuns(t, u, opts)
+		if err := r.RegisterPlan(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		crashed := crashedStart(t, r, request(p, "req"), true)
+		w := NewWatcher(r, env.store, WatcherOptions{})
+		if err := w.Check(ctx, crashed.RunID); err != nil { // lease still live: nothing to do
+			t.Fatal(err)
+		}
+		if got, _ := r.Run(ctx, crashed.RunID); got.State != RunStateStarting {
+			t.Fatalf("state %s before the lease expired, want STARTING", got.State)
+		}
+		time.Sleep(time.Until(crashed.LeaseExpiresAt) + 50*time.Millisecond)
+		if err := w.Check(ctx, crashed.RunID); err != nil {
+			t.Fatal(err)
+		}
+		res, err := r.StartRun(ctx, request(p, "req"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Created || res.Run.WorkflowID != crashed.WorkflowID {
+			t.Fatalf("got %+v, want the adopted workflow %s", res, crashed.WorkflowID)
+		}
+		checkStarted(t, env, r, p, res.Run)
+	})
+
+	t.Run("AfterStartWorkflow/Orphan", func(t *testing.T) {
+		// The retry takes over before the watcher adopts: it starts a
+		// second workflow, and Reconcile terminates the first (an orphan).
+		t.Parallel()
+		env := newNATS(t)
+		p := testPlan(t, "h")
+		r := env.newRuns(t, u, opts)
+		if err := r.RegisterPlan(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		crashed := crashedStart(t, r, request(p, "req"), true)
+		res, err := r.StartRun(ctx, request(p, "req"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Created || res.Run.RunID != crashed.RunID || res.Run.WorkflowID == crashed.WorkflowID {
+			t.Fatalf("got %+v, want a new workflow for run %s", res, crashed.RunID)
+		}
+		w := NewWatcher(r, env.store, WatcherOptions{})
+		if err := w.Reconcile(ctx); err != nil {
+			t.Fatal(err)
+		}
+		orphan, err := r.Client().Workflow(ctx, crashed.WorkflowID, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if orphan.Status != model.TerminatedWorkflow {
+			t.Fatalf("orphan workflow is %s, want TERMINATED", orphan.Status)
+		}
+		checkStarted(t, env, r, p, res.Run)
+	})
+
+	t.Run("AfterStartWorkflow/Released", func(t *testing.T) {
+		// A start that failed with an unknown outcome released its lease,
+		// but its workflow exists: Reconcile terminates it once it is older
+		// than the lease, since no run entry claims it.
+		t.Parallel()
+		env := newNATS(t)
+		p := testPlan(t, "h")
+		r := env.newRuns(t, u, opts)
+		if err := r.RegisterPlan(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		crashed := crashedStart(t, r, request(p, "req"), true)
+		_, rev, err := r.get(ctx, crashed.RunID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.release(ctx, crashed, rev)
+		w := NewWatcher(r, env.store, WatcherOptions{})
+		if err := w.Reconcile(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if wf, _ := r.Client().Workflow(ctx, crashed.WorkflowID, false); wf.Status != model.RunningWorkflow {
+			t.Fatalf("a young unclaimed workflow was %s, want left RUNNING", wf.Status)
+		}
+		time.Sleep(opts.LeaseTTL)
+		if err := w.Reconcile(ctx); err != nil {
+			t.Fatal(err)
+		}
+		waitStatus(t, r.Client(), crashed.WorkflowID, model.TerminatedWorkflow)
+	})
+
+	t.Run("ExpiredNothingStarted", func(t *testing.T) {
+		// Nobody retries a start that crashed before reaching Conductor:
+		// the watcher releases the lease and drops the index entry.
+		t.Parallel()
+		env := newNATS(t)
+		p := testPlan(t, "h")
+		r := env.newRuns(t, u, opts)
+		if err := r.RegisterPlan(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		crashed := crashedStart(t, r, request(p, "req"), false)
+		time.Sleep(time.Until(crashed.LeaseExpiresAt) + 50*time.Millisecond)
+		w := NewWatcher(r, env.store, WatcherOptions{})
+		if err := w.Scan(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Run(ctx, crashed.RunID); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("run entry: %v, want NOT_FOUND", err)
+		}
+		if keys, _ := r.listKeys(ctx, keyActive+crashed.RunID); len(keys) != 0 {
+			t.Fatalf("active index: %v", keys)
+		}
+	})
+}
