@@ -124,10 +124,10 @@ func (w *Watcher) Open(ctx context.Context) error {
 		return errors.New("adapter: watcher already open")
 	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	w.cancel = cancel
-	w.done = make(chan struct{})
+	done := make(chan struct{})
+	w.cancel, w.done = cancel, done
 	go func() {
-		defer close(w.done)
+		defer close(done)
 		w.loop(ctx)
 	}()
 	return nil

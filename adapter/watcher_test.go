@@ -1,0 +1,363 @@
+package adapter
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+func TestTerminalEvent(t *testing.T) {
+	rec := &Run{RunID: "0b7c1c36-2d7a-4c53-9d6e-6f1f5f2d8d4e", TenantID: "t", ProjectID: "p", EnvironmentID: "e",
+		PlanID: "plan", PlanVersion: "1", WorkflowName: "wf", WorkflowID: "w"}
+	tests := []struct {
+		status          string
+		reason          string
+		cancelRequested bool
+		eventType       string
+		code            string
+		message         string
+		label           string
+	}{
+		{"COMPLETED", "", false, statestore.RunCompleted, "", "", "COMPLETED"},
+		{"COMPLETED", "", true, statestore.RunCompleted, "", "", "COMPLETED"},
+		{"FAILED", "Task x failed", false, statestore.RunFailed, CodeWorkflowFailed, "Task x failed", "FAILED"},
+		{"FAILED", "", false, statestore.RunFailed, CodeWorkflowFailed, "workflow FAILED in Conductor", "FAILED"},
+		{"TIMED_OUT", "Workflow timed out", false, statestore.RunFailed, CodeWorkflowTimedOut, "Workflow timed out", "TIMED_OUT"},
+		{"TERMINATED", "by hand", false, statestore.RunFailed, CodeWorkflowTerminated, "by hand", "TERMINATED"},
+		{"TERMINATED", "cancelled by op", true, statestore.RunCancelled, "", "", "CANCELLED"},
+		{"LOST", "gone", false, statestore.RunFailed, CodeWorkflowNotFound, "gone", "LOST"},
+	}
+	for _, tt := range tests {
+		ev, label, err := terminalEvent(rec, tt.status, tt.reason, tt.cancelRequested)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.EventType != tt.eventType || label != tt.label {
+			t.Errorf("%s cancel=%v: got %s (%s), want %s (%s)", tt.status, tt.cancelRequested, ev.EventType, label, tt.eventType, tt.label)
+		}
+		var p struct {
+			Error  *statestore.StepError `json:"error"`
+			Reason string                `json:"reason"`
+		}
+		if err := json.Unmarshal(ev.Payload, &p); err != nil {
+			t.Fatal(err)
+		}
+		if tt.code != "" && (p.Error == nil || p.Error.Code != tt.code || p.Error.Message != tt.message) {
+			t.Errorf("%s: payload error %+v, want code %s message %q", tt.status, p.Error, tt.code, tt.message)
+		}
+		if ev.EventType == statestore.RunCancelled && p.Reason != tt.reason {
+			t.Errorf("%s: reason %q, want %q", tt.status, p.Reason, tt.reason)
+		}
+		ev.EventID = "9b2f1b8e-4a8e-4c8b-9a57-1c7c7f0e2d11"
+		if err := statestore.ValidateWrite(ev); err != nil {
+			t.Errorf("%s: invalid event: %v", tt.status, err)
+		}
+	}
+}
+
+// pollTask polls the plan's one task type until it hands out a task.
+func pollTask(t *testing.T, c *Client, taskType string) model.Task {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		tasks, err := c.BatchPoll(context.Background(), taskType, "watcher-test", 1, 200*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(tasks) == 1 {
+			return tasks[0]
+		}
+	}
+	t.Fatalf("no task of type %s within 10s", taskType)
+	return model.Task{}
+}
+
+// waitFinal waits until the run is FINAL in the registry and returns its
+// event log.
+func waitFinal(t *testing.T, env *natsEnv, r *Runs, runID string) []statestore.RunEventRecord {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rec, err := r.Run(context.Background(), runID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.State == RunStateFinal {
+			if keys, _ := r.listKeys(context.Background(), keyActive+runID); len(keys) != 0 {
+				t.Fatalf("run %s is FINAL but still indexed as active", runID)
+			}
+			return env.events(t, runID)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run %s still %s after 10s", runID, rec.State)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func lastEvent(t *testing.T, recs []statestore.RunEventRecord) statestore.RunEventRecord {
+	t.Helper()
+	if len(recs) == 0 {
+		t.Fatal("no events")
+	}
+	return recs[len(recs)-1]
+}
+
+func TestWatcher_Terminal(t *testing.T) {
+	u := conductorURL(t)
+	ctx := context.Background()
+	env := newNATS(t)
+	r := env.newRuns(t, u, RunsOptions{})
+	// A long interval: the runs end through Nudge, not through the ticker.
+	w := NewWatcher(r, env.store, WatcherOptions{Interval: time.Hour, Logger: zaptest.NewLogger(t)})
+	if err := w.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := w.Close(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	start := func(t *testing.T) (*PlanDefs, Run) {
+		t.Helper()
+		p := testPlan(t, "h")
+		res, err := r.StartRun(ctx, request(p, "req"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p, res.Run
+	}
+	complete := func(t *testing.T, p *PlanDefs, run Run, status model.TaskResultStatus, reason string, nudge bool) {
+		t.Helper()
+		task := pollTask(t, r.Client(), p.TaskDefs[0].Name)
+		if task.WorkflowInstanceId != run.WorkflowID {
+			t.Fatalf("polled a task of workflow %s, want %s", task.WorkflowInstanceId, run.WorkflowID)
+		}
+		if err := r.Client().UpdateTask(ctx, &model.TaskResult{TaskId: task.TaskId, WorkflowInstanceId: run.WorkflowID,
+			Status: status, ReasonForIncompletion: reason}); err != nil {
+			t.Fatal(err)
+		}
+		if nudge {
+			w.Nudge(run.RunID)
+		}
+	}
+
+	t.Run("RunCompleted", func(t *testing.T) {
+		p, run := start(t)
+		w.Nudge(run.RunID) // still running: nothing happens
+		complete(t, p, run, model.CompletedTask, "", true)
+		recs := waitFinal(t, env, r, run.RunID)
+		if ev := lastEvent(t, recs); ev.EventType != statestore.RunCompleted || len(recs) != 2 {
+			t.Fatalf("events %d, last %s, want RunStarted, RunCompleted", len(recs), ev.EventType)
+		}
+		snap, err := env.store.ProjectSnapshot(ctx, run.RunID)
+		if err != nil || snap.Status != statestore.RunStatusCompleted {
+			t.Fatalf("snapshot %v %v, want COMPLETED", snap, err)
+		}
+		if rec, _ := r.Run(ctx, run.RunID); rec.EngineStatus != "COMPLETED" {
+			t.Fatalf("engine status %q", rec.EngineStatus)
+		}
+	})
+	t.Run("RunFailed", func(t *testing.T) {
+		p, run := start(t)
+		complete(t, p, run, model.FailedTask, "disk full", true)
+		ev := lastEvent(t, waitFinal(t, env, r, run.RunID))
+		var payload struct{ Error statestore.StepError }
+		if err := json.Unmarshal(ev.Payload, &payload); err != nil {
+			t.Fatal(err)
+		}
+		if ev.EventType != statestore.RunFailed || payload.Error.Code != CodeWorkflowFailed {
+			t.Fatalf("got %s %+v, want RunFailed WORKFLOW_FAILED", ev.EventType, payload.Error)
+		}
+		if want := "disk full"; !strings.Contains(payload.Error.Message, want) {
+			t.Fatalf("message %q does not carry the task's reason %q", payload.Error.Message, want)
+		}
+	})
+	t.Run("RunCancelled", func(t *testing.T) {
+		_, run := start(t)
+		cancelReq, err := runEvent(&run, statestore.RunCancelRequested, map[string]any{"reason": "operator", "requestedBy": "test"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := env.emitter.Emit(ctx, cancelReq); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Client().Terminate(ctx, run.WorkflowID, "cancelled by test"); err != nil {
+			t.Fatal(err)
+		}
+		w.Nudge(run.RunID)
+		ev := lastEvent(t, waitFinal(t, env, r, run.RunID))
+		if ev.EventType != statestore.RunCancelled {
+			t.Fatalf("got %s, want RunCancelled", ev.EventType)
+		}
+		snap, err := env.store.ProjectSnapshot(ctx, run.RunID)
+		if err != nil || snap.Status != statestore.RunStatusCancelled {
+			t.Fatalf("snapshot %v %v, want CANCELLED", snap, err)
+		}
+	})
+	t.Run("RunFailed/Terminated", func(t *testing.T) {
+		_, run := start(t)
+		if err := r.Client().Terminate(ctx, run.WorkflowID, "killed by hand"); err != nil {
+			t.Fatal(err)
+		}
+		w.Nudge(run.RunID)
+		ev := lastEvent(t, waitFinal(t, env, r, run.RunID))
+		var payload struct{ Error statestore.StepError }
+		_ = json.Unmarshal(ev.Payload, &payload)
+		if ev.EventType != statestore.RunFailed || payload.Error.Code != CodeWorkflowTerminated || payload.Error.Message != "killed by hand" {
+			t.Fatalf("got %s %+v, want RunFailed WORKFLOW_TERMINATED 'killed by hand'", ev.EventType, payload.Error)
+		}
+	})
+	t.Run("Replicas", func(t *testing.T) {
+		// Three other replicas race on the same ended run (the open
+		// watcher is not nudged): one terminal event.
+		p, run := start(t)
+		complete(t, p, run, model.CompletedTask, "", false)
+		waitStatus(t, r.Client(), run.WorkflowID, model.CompletedWorkflow)
+		errs := make(chan error, 3)
+		for range 3 {
+			other := NewWatcher(env.newRuns(t, u, RunsOptions{}), env.store, WatcherOptions{})
+			go func() { errs <- other.Scan(ctx) }()
+		}
+		for range 3 {
+			if err := <-errs; err != nil {
+				t.Error(err)
+			}
+		}
+		recs := waitFinal(t, env, r, run.RunID)
+		if n := countType(recs, statestore.RunCompleted); n != 1 {
+			t.Fatalf("%d RunCompleted, want 1", n)
+		}
+	})
+}
+
+func TestWatcher_Scan(t *testing.T) {
+	u := conductorURL(t)
+	ctx := context.Background()
+	env := newNATS(t)
+	r := env.newRuns(t, u, RunsOptions{})
+
+	t.Run("MissingRunStarted", func(t *testing.T) {
+		// A start that crashed after recording the workflow but before
+		// appending RunStarted: the scan appends it.
+		p := testPlan(t, "h")
+		if err := r.RegisterPlan(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		rec := crashedStart(t, r, request(p, "req"), true)
+		_, rev, err := r.get(ctx, rec.RunID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec.State, rec.StartedAt, rec.LeaseExpiresAt = RunStateStarted, time.Now().UTC(), time.Time{}
+		if _, err := r.updateRun(ctx, rec, rev); err != nil {
+			t.Fatal(err)
+		}
+		w := NewWatcher(r, env.store, WatcherOptions{})
+		if err := w.Scan(ctx); err != nil {
+			t.Fatal(err)
+		}
+		checkStarted(t, env, r, p, *rec)
+	})
+	t.Run("Lost", func(t *testing.T) {
+		// The run's workflow is gone from Conductor (a restarted memory
+		// store): after LostAfter scans the run fails WORKFLOW_NOT_FOUND.
+		p := testPlan(t, "h")
+		res, err := r.StartRun(ctx, request(p, "req"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, rev, err := r.get(ctx, res.Run.RunID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Client().Terminate(ctx, rec.WorkflowID, "cleanup"); err != nil {
+			t.Fatal(err)
+		}
+		rec.WorkflowID = "00000000-0000-4000-8000-00000000dead"
+		if _, err := r.updateRun(ctx, rec, rev); err != nil {
+			t.Fatal(err)
+		}
+		w := NewWatcher(r, env.store, WatcherOptions{LostAfter: 2})
+		for range 2 {
+			if err := w.Check(ctx, rec.RunID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ev := lastEvent(t, waitFinal(t, env, r, rec.RunID))
+		var payload struct{ Error statestore.StepError }
+		_ = json.Unmarshal(ev.Payload, &payload)
+		if ev.EventType != statestore.RunFailed || payload.Error.Code != CodeWorkflowNotFound {
+			t.Fatalf("got %s %+v, want RunFailed WORKFLOW_NOT_FOUND", ev.EventType, payload.Error)
+		}
+	})
+	t.Run("EngineDown", func(t *testing.T) {
+		// Conductor unreachable: the check fails with ENGINE_UNAVAILABLE
+		// and changes nothing.
+		p := testPlan(t, "h")
+		res, err := r.StartRun(ctx, request(p, "req"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		down := env.newRuns(t, unusedURL(t), RunsOptions{})
+		w := NewWatcher(down, env.store, WatcherOptions{})
+		if err := w.Check(ctx, res.Run.RunID); CodeOf(err) != CodeEngineUnavailable {
+			t.Fatalf("got %v, want ENGINE_UNAVAILABLE", err)
+		}
+		if got, _ := r.Run(ctx, res.Run.RunID); got.State != RunStateStarted {
+			t.Fatalf("state %s, want STARTED", got.State)
+		}
+		if err := r.Client().Terminate(ctx, res.Run.WorkflowID, "cleanup"); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestWatcher_OpenClose(t *testing.T) {
+	u := conductorURL(t)
+	ctx := context.Background()
+	env := newNATS(t)
+	r := env.newRuns(t, u, RunsOptions{})
+	w := NewWatcher(r, env.store, WatcherOptions{Interval: 50 * time.Millisecond, Logger: zaptest.NewLogger(t)})
+	if err := w.Close(ctx); err != nil {
+		t.Fatalf("close before open: %v", err)
+	}
+	if err := w.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Open(ctx); err == nil {
+		t.Fatal("second Open succeeded")
+	}
+	// The ticker alone (no Nudge) finishes a completed run.
+	p := testPlan(t, "h")
+	res, err := r.StartRun(ctx, request(p, "req"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	task := pollTask(t, r.Client(), p.TaskDefs[0].Name)
+	if err := r.Client().UpdateTask(ctx, &model.TaskResult{TaskId: task.TaskId, WorkflowInstanceId: res.Run.WorkflowID,
+		Status: model.CompletedTask}); err != nil {
+		t.Fatal(err)
+	}
+	if ev := lastEvent(t, waitFinal(t, env, r, res.Run.RunID)); ev.EventType != statestore.RunCompleted {
+		t.Fatalf("got %s, want RunCompleted", ev.EventType)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := w.Close(cctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Open(ctx); err != nil { // reopen after close
+		t.Fatal(err)
+	}
+	if err := w.Close(cctx); err != nil {
+		t.Fatal(err)
+	}
+}
