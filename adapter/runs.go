@@ -448,10 +448,15 @@ func (r *Runs) startRun(ctx context.Context, req StartRequest) (StartResult, err
 	if err := defs.validate(op); err != nil {
 		return StartResult{}, err
 	}
+	reqKey := RequestKey(req.TenantID, req.ProjectID, req.EnvironmentID, defs.PlanID, defs.PlanVersion, req.RunRequestID)
+	// A repeat of a started run is answered from the registry alone, so it
+	// works while Conductor is down.
+	if res, ok, err := r.existingRun(ctx, reqKey, defs); ok || err != nil {
+		return res, err
+	}
 	if err := r.RegisterPlan(ctx, defs); err != nil {
 		return StartResult{}, err
 	}
-	reqKey := RequestKey(req.TenantID, req.ProjectID, req.EnvironmentID, defs.PlanID, defs.PlanVersion, req.RunRequestID)
 	runID, err := r.runIDFor(ctx, reqKey)
 	if err != nil {
 		return StartResult{}, err
@@ -513,12 +518,45 @@ func (r *Runs) startRun(ctx context.Context, req StartRequest) (StartResult, err
 			}
 			return res, err
 		default:
-			if err := r.ensureRunStarted(ctx, rec, rev); err != nil {
-				return StartResult{}, err
-			}
-			return StartResult{Run: *rec}, nil
+			return r.existing(ctx, rec, rev, defs)
 		}
 	}
+}
+
+// existingRun answers a repeated request whose run is started (ok true);
+// ok is false when the run request is new or its run is not started.
+func (r *Runs) existingRun(ctx context.Context, reqKey string, defs *PlanDefs) (StartResult, bool, error) {
+	var rr reqRecord
+	if _, err := r.getJSON(ctx, keyReq+reqKey, &rr); err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return StartResult{}, false, nil
+		}
+		return StartResult{}, false, err
+	}
+	rec, rev, err := r.get(ctx, rr.RunID)
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return StartResult{}, false, nil
+		}
+		return StartResult{}, false, err
+	}
+	if rec.State == RunStateStarting {
+		return StartResult{}, false, nil
+	}
+	res, err := r.existing(ctx, rec, rev, defs)
+	return res, true, err
+}
+
+// existing returns a started run, appending its RunStarted if a crash left
+// it out. The plan must be the one the run was started with.
+func (r *Runs) existing(ctx context.Context, rec *Run, rev uint64, defs *PlanDefs) (StartResult, error) {
+	if rec.PlanHash != defs.Hash {
+		return StartResult{}, planConflict(defs, rec.PlanHash)
+	}
+	if err := r.ensureRunStarted(ctx, rec, rev); err != nil {
+		return StartResult{}, err
+	}
+	return StartResult{Run: *rec}, nil
 }
 
 // runIDFor returns the runId of a run request, minting and recording one on

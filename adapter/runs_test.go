@@ -265,6 +265,18 @@ func TestRuns_StartRun(t *testing.T) {
 			t.Fatalf("retry: %+v, want created with runId %s", res, rr.RunID)
 		}
 		checkStarted(t, env, good, p, res.Run)
+		// A repeat is answered from the run registry even while Conductor
+		// is down.
+		again, err := down.StartRun(ctx, request(p, "req-down"))
+		if err != nil || again.Created || again.Run.WorkflowID != res.Run.WorkflowID {
+			t.Fatalf("repeat while down: %+v %v, want the existing run", again, err)
+		}
+		// The same request with another plan under the same version.
+		changed := *p
+		changed.Hash = "other"
+		if _, err := down.StartRun(ctx, request(&changed, "req-down")); !errors.Is(err, ErrPlanConflict) {
+			t.Fatalf("repeat with another plan: got %v, want PLAN_VERSION_CONFLICT", err)
+		}
 	})
 
 	t.Run("ErrInvalidInput", func(t *testing.T) {

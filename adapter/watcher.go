@@ -344,12 +344,22 @@ func (w *Watcher) finish(ctx context.Context, runID, engineStatus, reason string
 		if err != nil {
 			return err
 		}
-		if _, err := w.runs.emitter.Emit(ctx, ev); err != nil {
+		_, err = w.runs.emitter.Emit(ctx, ev)
+		switch {
+		case errors.Is(err, statestore.ErrInvalidTransition):
+			// A store that validates transitions (Layer 2) refused the
+			// event, e.g. RunCompleted of a run PAUSED in the log whose
+			// pause raced its last task. Retrying cannot help: the run is
+			// marked FINAL without it, loudly.
+			w.log.Error("terminal run event refused by the store; marking the run final without it",
+				zap.String("runId", runID), zap.String("event", ev.EventType), zap.String("engineStatus", engineStatus), zap.Error(err))
+		case err != nil:
 			return fmt.Errorf("adapter: watcher: append %s of run %s: %w", ev.EventType, runID, err)
+		default:
+			w.opts.Metrics.terminalEvent(label)
+			w.log.Info("run ended", zap.String("runId", runID), zap.String("workflowId", rec.WorkflowID),
+				zap.String("engineStatus", engineStatus), zap.String("event", ev.EventType))
 		}
-		w.opts.Metrics.terminalEvent(label)
-		w.log.Info("run ended", zap.String("runId", runID), zap.String("workflowId", rec.WorkflowID),
-			zap.String("engineStatus", engineStatus), zap.String("event", ev.EventType))
 	}
 	for range 5 {
 		rec.State = RunStateFinal
