@@ -207,6 +207,22 @@ func (w *Watcher) loop(ctx context.Context) {
 		}
 		failures, nextScan = 0, time.Time{}
 	}
+	tick := func() {
+		if time.Now().Before(nextScan) {
+			return
+		}
+		err := w.Scan(ctx)
+		if time.Since(lastReconcile) >= w.opts.ReconcileInterval {
+			err = errors.Join(err, w.Reconcile(ctx))
+			lastReconcile = time.Now()
+		}
+		if err != nil {
+			report(err)
+		} else {
+			recovered()
+		}
+	}
+	tick() // at once: runs that ended while no watcher ran are recorded now
 	for {
 		select {
 		case <-ctx.Done():
@@ -218,19 +234,7 @@ func (w *Watcher) loop(ctx context.Context) {
 			}
 			report(errors.Join(errs...))
 		case <-ticker.C:
-			if time.Now().Before(nextScan) {
-				continue
-			}
-			err := w.Scan(ctx)
-			if time.Since(lastReconcile) >= w.opts.ReconcileInterval {
-				err = errors.Join(err, w.Reconcile(ctx))
-				lastReconcile = time.Now()
-			}
-			if err != nil {
-				report(err)
-			} else {
-				recovered()
-			}
+			tick()
 		}
 	}
 }
