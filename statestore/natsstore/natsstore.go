@@ -122,6 +122,9 @@ type Options struct {
 	Metrics *statestore.Metrics
 	// Alerts receives the projector's invalid-transition alerts.
 	Alerts statestore.AlertSink
+	// Gate makes those alerts once per (runId, eventId) across replicas and
+	// restarts (see OpenAlertGate); nil: once per process.
+	Gate statestore.AlertGate
 }
 
 // Store is the JetStream append authority. It is safe for concurrent use.
@@ -205,6 +208,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 		Logger:     opts.Logger,
 		Metrics:    opts.Metrics,
 		Alerts:     opts.Alerts,
+		Gate:       opts.Gate,
 		Contiguous: false, // stream sequences are gappy per run by design
 	})
 	return s, nil
