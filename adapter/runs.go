@@ -89,6 +89,9 @@ type Run struct {
 	// other workflow whose input carries this runId is an orphan.
 	WorkflowID string `json:"workflowId,omitempty"`
 
+	// TaskDomain is the Conductor task domain of the run's tasks ("" none).
+	TaskDomain string `json:"taskDomain,omitempty"`
+
 	State string `json:"state"`
 	// AttemptID identifies the start attempt that holds (or held) the
 	// lease; it is the workflow input startAttemptId.
@@ -156,6 +159,12 @@ type RunsOptions struct {
 	// holds the lease before it returns ErrRunStartInProgress (default
 	// 15s; the caller's context may end the wait earlier).
 	StartWait time.Duration
+	// TaskDomain, when set, puts every task of the workflows this Runs
+	// starts in that Conductor task domain (taskToDomain {"*": TaskDomain}):
+	// only workers polling with the same domain get them. It keeps the
+	// sidecar's task types (sidecar_command, ...) apart between deployments
+	// or tests sharing one Conductor. Empty: no domain.
+	TaskDomain string
 	// Logger (default zap.NewNop()).
 	Logger *zap.Logger
 	// Metrics (nil: none).
@@ -597,7 +606,8 @@ func (r *Runs) newRun(runID, reqKey string, req StartRequest) *Run {
 		PlanID: req.Plan.PlanID, PlanVersion: req.Plan.PlanVersion, RunRequestID: req.RunRequestID,
 		PlanHash:     req.Plan.Hash,
 		WorkflowName: req.Plan.Workflow.Name, WorkflowVersion: req.Plan.Workflow.Version,
-		State: RunStateStarting, AttemptID: uuid.NewString(), LeaseExpiresAt: now.Add(r.opts.LeaseTTL),
+		TaskDomain: r.opts.TaskDomain,
+		State:      RunStateStarting, AttemptID: uuid.NewString(), LeaseExpiresAt: now.Add(r.opts.LeaseTTL),
 		CreatedAt: now,
 	}
 }
@@ -615,6 +625,17 @@ func workflowInput(rec *Run) map[string]any {
 	}
 }
 
+// startRequest is the StartWorkflow request of a run's start attempt.
+func startRequest(rec *Run) model.StartWorkflowRequest {
+	req := model.StartWorkflowRequest{
+		Name: rec.WorkflowName, Version: rec.WorkflowVersion, CorrelationId: rec.RunID, Input: workflowInput(rec),
+	}
+	if rec.TaskDomain != "" {
+		req.TaskToDomain = map[string]string{"*": rec.TaskDomain}
+	}
+	return req
+}
+
 // launch starts the workflow of rec, whose lease this attempt holds at
 // revision rev. retry asks the caller to re-read the run (the lease was lost
 // while the workflow was being started).
@@ -628,9 +649,7 @@ func (r *Runs) launch(ctx context.Context, rec *Run, rev uint64, defs *PlanDefs)
 		// more, so that it ends well inside the lease.
 		sctx, cancel := context.WithTimeout(ctx, r.conductor.timeout)
 		defer cancel()
-		return r.conductor.StartWorkflow(sctx, model.StartWorkflowRequest{
-			Name: rec.WorkflowName, Version: rec.WorkflowVersion, CorrelationId: rec.RunID, Input: workflowInput(rec),
-		})
+		return r.conductor.StartWorkflow(sctx, startRequest(rec))
 	}
 	workflowID, err := start()
 	if errors.Is(err, ErrNotFound) {

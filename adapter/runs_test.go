@@ -333,8 +333,7 @@ func crashedStart(t *testing.T, r *Runs, req StartRequest, startWorkflow bool) *
 		t.Fatal(err)
 	}
 	if startWorkflow {
-		rec.WorkflowID, err = r.conductor.StartWorkflow(ctx, model.StartWorkflowRequest{
-			Name: rec.WorkflowName, Version: rec.WorkflowVersion, CorrelationId: runID, Input: workflowInput(rec)})
+		rec.WorkflowID, err = r.conductor.StartWorkflow(ctx, startRequest(rec))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -62,12 +62,12 @@ func TestTerminalEvent(t *testing.T) {
 	}
 }
 
-// pollTask polls the plan's one task type until it hands out a task.
-func pollTask(t *testing.T, c *Client, taskType string) model.Task {
+// pollTask polls a task type in a task domain until it hands out a task.
+func pollTask(t *testing.T, c *Client, taskType, domain string) model.Task {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		tasks, err := c.BatchPoll(context.Background(), taskType, "watcher-test", 1, 200*time.Millisecond)
+		tasks, err := c.BatchPollDomain(context.Background(), taskType, "watcher-test", domain, 1, 200*time.Millisecond)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,7 +114,7 @@ func TestWatcher_Terminal(t *testing.T) {
 	u := conductorURL(t)
 	ctx := context.Background()
 	env := newNATS(t)
-	r := env.newRuns(t, u, RunsOptions{})
+	r := env.newRuns(t, u, RunsOptions{TaskDomain: "test-" + suffix(t)})
 	// A long interval: the runs end through Nudge, not through the ticker.
 	w := NewWatcher(r, env.store, WatcherOptions{Interval: time.Hour, Logger: zaptest.NewLogger(t)})
 	if err := w.Open(ctx); err != nil {
@@ -136,8 +136,12 @@ func TestWatcher_Terminal(t *testing.T) {
 	}
 	complete := func(t *testing.T, p *PlanDefs, run Run, status model.TaskResultStatus, reason string, nudge bool) {
 		t.Helper()
-		task := pollTask(t, r.Client(), p.TaskDefs[0].Name)
-		if task.WorkflowInstanceId != run.WorkflowID {
+		// The task is only handed out in the run's task domain.
+		if other, err := r.Client().BatchPollDomain(ctx, p.TaskDefs[0].Name, "watcher-test", "other-"+suffix(t), 1, 0); err != nil || len(other) != 0 {
+			t.Fatalf("poll in another domain: %d tasks, %v", len(other), err)
+		}
+		task := pollTask(t, r.Client(), p.TaskDefs[0].Name, run.TaskDomain)
+		if task.WorkflowInstanceId != run.WorkflowID || task.Domain != run.TaskDomain {
 			t.Fatalf("polled a task of workflow %s, want %s", task.WorkflowInstanceId, run.WorkflowID)
 		}
 		if err := r.Client().UpdateTask(ctx, &model.TaskResult{TaskId: task.TaskId, WorkflowInstanceId: run.WorkflowID,
@@ -324,7 +328,7 @@ func TestWatcher_OpenClose(t *testing.T) {
 	u := conductorURL(t)
 	ctx := context.Background()
 	env := newNATS(t)
-	r := env.newRuns(t, u, RunsOptions{})
+	r := env.newRuns(t, u, RunsOptions{TaskDomain: "test-" + suffix(t)})
 	w := NewWatcher(r, env.store, WatcherOptions{Interval: 50 * time.Millisecond, Logger: zaptest.NewLogger(t)})
 	if err := w.Close(ctx); err != nil {
 		t.Fatalf("close before open: %v", err)
@@ -341,7 +345,7 @@ func TestWatcher_OpenClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	task := pollTask(t, r.Client(), p.TaskDefs[0].Name)
+	task := pollTask(t, r.Client(), p.TaskDefs[0].Name, res.Run.TaskDomain)
 	if err := r.Client().UpdateTask(ctx, &model.TaskResult{TaskId: task.TaskId, WorkflowInstanceId: res.Run.WorkflowID,
 		Status: model.CompletedTask}); err != nil {
 		t.Fatal(err)
