@@ -19,7 +19,8 @@ const MinRedactLen = 4
 
 // Redactor replaces secret values with Placeholder. It redacts every value
 // of at least MinRedactLen bytes, and also the value's URL query-escaped,
-// URL path-escaped and JSON-string-escaped forms (an http executor's URL
+// URL path-escaped (as a segment and as a whole path) and
+// JSON-string-escaped forms (an http executor's URL
 // appears escaped in Go's transport errors). Overlapping and adjacent
 // occurrences of different secrets are merged into one Placeholder, so no
 // byte of any secret survives. A nil *Redactor, or one without values,
@@ -44,6 +45,7 @@ func NewRedactor(values ...string) *Redactor {
 		add(v)
 		add(url.QueryEscape(v))
 		add(url.PathEscape(v))
+		add((&url.URL{Path: v}).EscapedPath())
 		var buf bytes.Buffer
 		enc := json.NewEncoder(&buf)
 		enc.SetEscapeHTML(false)

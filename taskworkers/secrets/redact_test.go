@@ -25,6 +25,7 @@ func TestRedactor_Bytes(t *testing.T) {
 		{"SelfOverlap", []string{"aaaa"}, "aaaaaa", R},
 		{"QueryEscaped", []string{"p@ss word&x"}, "u?q=p%40ss+word%26x", "u?q=" + R},
 		{"PathEscaped", []string{"p@ss word/x"}, "/p@ss%20word%2Fx/", "/" + R + "/"},
+		{"WholePathEscaped", []string{"p@ss w/rd&x=é"}, "/a/p@ss%20w/rd&x=%C3%A9?", "/a/" + R + "?"},
 		{"JSONEscaped", []string{`he said "hi"` + "\n"}, `{"m":"he said \"hi\"\n"}`, `{"m":"` + R + `"}`},
 		{"Multiline", []string{"line1\nline2"}, "x line1\nline2 y", "x " + R + " y"},
 	}
