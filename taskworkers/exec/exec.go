@@ -1,0 +1,363 @@
+// Package exec holds the step executors: command (a process, no shell),
+// http (one request), noop and sleep. Each implements
+// taskworkers.Executor; New builds them into a Registry.
+//
+// Every executor validates its spec at run time (the plan was validated at
+// submit time, but a bad spec must never panic a worker): a bad spec fails
+// the step with EXECUTOR_SPEC_INVALID, not retryable. Captured output is
+// bounded, redacted (every secret of the Execution, see package secrets)
+// and stored as artifacts; Result.Output holds only small numbers and
+// names. docs/executors.md describes fields, codes and kill semantics.
+package exec
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/taskworkers"
+	"github.com/conductor-sidecar/sidecar/taskworkers/artifacts"
+	"github.com/conductor-sidecar/sidecar/taskworkers/secrets"
+)
+
+// Machine codes of step errors. They are part of the contract: they go to
+// StepFailed events and Conductor's reasonForIncompletion.
+const (
+	// CodeSpecInvalid: the executor spec is malformed or does not match
+	// the executor. Not retryable.
+	CodeSpecInvalid = "EXECUTOR_SPEC_INVALID"
+	// CodeUnknownExecutor: no executor for Spec.Type. Not retryable.
+	CodeUnknownExecutor = "EXECUTOR_UNKNOWN"
+	// CodeInternal: the executor panicked (a bug). Not retryable.
+	CodeInternal = "EXECUTOR_INTERNAL_ERROR"
+	// CodeStepTimeout: the step's deadline passed (ctx deadline exceeded).
+	// Retryable.
+	CodeStepTimeout = "STEP_TIMEOUT"
+	// CodeStepInterrupted: the step was cancelled (run cancelled, worker
+	// shutdown). Not retryable: the canceller decides what comes next.
+	CodeStepInterrupted = "STEP_INTERRUPTED"
+	// CodeCommandFailed: the command exited non-zero or was killed by a
+	// signal it was not sent by the executor. Retryable (the step's retry
+	// policy bounds it); the exit code is in Output.
+	CodeCommandFailed = "COMMAND_FAILED"
+	// CodeCommandStartFailed: the command could not be started. Not
+	// retryable when the cause is permanent (not found, permission, bad
+	// working directory, not executable); retryable for resource
+	// exhaustion (EAGAIN, ENOMEM, EMFILE, ...).
+	CodeCommandStartFailed = "COMMAND_START_FAILED"
+	// CodeHTTPRequestFailed: no HTTP response (connection refused, TLS,
+	// reset, the default request timeout). Retryable.
+	CodeHTTPRequestFailed = "HTTP_REQUEST_FAILED"
+	// CodeHTTPStatusPrefix prefixes the code of a non-2xx response:
+	// HTTP_STATUS_503. Retryable when the status is in the spec's
+	// RetryableStatus (default 408, 429, 500, 502, 503, 504).
+	CodeHTTPStatusPrefix = "HTTP_STATUS_"
+)
+
+// Artifact kinds (and names) the executors store.
+const (
+	KindStdout       = "stdout"
+	KindStderr       = "stderr"
+	KindHTTPResponse = "http-response"
+)
+
+// Defaults of Options.
+const (
+	DefaultKillGrace       = 10 * time.Second
+	DefaultMaxCaptureBytes = 1 << 20
+	DefaultHTTPTimeout     = 30 * time.Second
+	DefaultStoreTimeout    = 30 * time.Second
+)
+
+// ArtifactStore keeps a step's outputs. *artifacts.Store implements it.
+// Put must be safe for concurrent use and return an error only when
+// nothing usable was stored.
+type ArtifactStore interface {
+	Put(ctx context.Context, key artifacts.Key, kind string, r io.Reader) (statestore.ArtifactRef, error)
+}
+
+var _ ArtifactStore = (*artifacts.Store)(nil)
+
+// Options configure New. Zero values take the defaults.
+type Options struct {
+	// Artifacts stores stdout, stderr and response bodies. Nil stores
+	// nothing: results then carry no artifact references.
+	Artifacts ArtifactStore
+	// Logger (default nop). Executors log ids, codes and durations, never
+	// secret values, environment values, request bodies or header values.
+	Logger *zap.Logger
+	// KillGrace is how long a command may run after SIGTERM before its
+	// process group gets SIGKILL (default 10s).
+	KillGrace time.Duration
+	// MaxCaptureBytes bounds what is kept of each output stream (stdout,
+	// stderr, a response body); the first and last halves are kept
+	// (default 1 MiB).
+	MaxCaptureBytes int
+	// HTTPTimeout bounds a request when the step has no deadline (default
+	// 30s). With a step timeout, the step's deadline applies instead.
+	HTTPTimeout time.Duration
+	// HTTPClient sends requests (default: a client with its own transport,
+	// cloned from http.DefaultTransport).
+	HTTPClient *http.Client
+	// StoreTimeout bounds storing a step's artifacts. Storing uses its own
+	// context so that the output of a timed-out or cancelled step is still
+	// kept (default 30s).
+	StoreTimeout time.Duration
+	// BaseEnv returns the environment a command starts from, before the
+	// spec's Env and the secrets are added (default os.Environ). Set it to
+	// keep the worker's own variables away from commands.
+	BaseEnv func() []string
+}
+
+func (o *Options) setDefaults() {
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.KillGrace <= 0 {
+		o.KillGrace = DefaultKillGrace
+	}
+	if o.MaxCaptureBytes <= 0 {
+		o.MaxCaptureBytes = DefaultMaxCaptureBytes
+	}
+	if o.HTTPTimeout <= 0 {
+		o.HTTPTimeout = DefaultHTTPTimeout
+	}
+	if o.HTTPClient == nil {
+		o.HTTPClient = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	}
+	if o.StoreTimeout <= 0 {
+		o.StoreTimeout = DefaultStoreTimeout
+	}
+	if o.BaseEnv == nil {
+		o.BaseEnv = os.Environ
+	}
+}
+
+// Registry holds the executors by type. It is itself an Executor that
+// dispatches on Execution.Spec.Type. It is safe for concurrent use.
+type Registry struct {
+	execs map[string]taskworkers.Executor
+	log   *zap.Logger
+}
+
+var _ taskworkers.Executor = (*Registry)(nil)
+
+// New returns the command, http, noop and sleep executors configured by
+// opts.
+func New(opts Options) *Registry {
+	opts.setDefaults()
+	base := base{opts: opts, log: opts.Logger.Named("exec")}
+	r := &Registry{log: base.log, execs: map[string]taskworkers.Executor{}}
+	r.execs[plan.ExecutorCommand] = guarded{&commandExecutor{base}, base.log}
+	r.execs[plan.ExecutorHTTP] = guarded{&httpExecutor{base}, base.log}
+	r.execs[plan.ExecutorNoop] = guarded{noopExecutor{}, base.log}
+	r.execs[plan.ExecutorSleep] = guarded{sleepExecutor{}, base.log}
+	return r
+}
+
+// For returns the executor of an executor type (plan.ExecutorCommand, ...).
+func (r *Registry) For(typ string) (taskworkers.Executor, bool) {
+	e, ok := r.execs[typ]
+	return e, ok
+}
+
+// Executors returns a new map of all executors by type, the shape
+// taskworkers.New takes.
+func (r *Registry) Executors() map[string]taskworkers.Executor {
+	m := make(map[string]taskworkers.Executor, len(r.execs))
+	for k, v := range r.execs {
+		m[k] = v
+	}
+	return m
+}
+
+// Execute runs x with the executor of x.Spec.Type; an unknown type fails
+// the step with EXECUTOR_UNKNOWN.
+func (r *Registry) Execute(ctx context.Context, x taskworkers.Execution) (taskworkers.Result, error) {
+	e, ok := r.execs[x.Spec.Type]
+	if !ok {
+		return fail(CodeUnknownExecutor, fmt.Sprintf("no executor of type %q (want command, http, noop or sleep)", x.Spec.Type), false), nil
+	}
+	return e.Execute(ctx, x)
+}
+
+// base is what every executor shares.
+type base struct {
+	opts Options
+	log  *zap.Logger
+}
+
+func (b base) logger(x taskworkers.Execution) *zap.Logger {
+	return b.log.With(zap.String("runId", x.RunID), zap.String("stepId", x.StepID),
+		zap.Int64("logicalAttemptId", x.LogicalAttemptID), zap.Int64("engineAttemptId", x.EngineAttemptID),
+		zap.String("executor", x.Spec.Type))
+}
+
+// store keeps data as the artifact name/kind of x's try. It uses its own
+// context: the step's may be done already.
+func (b base) store(ctx context.Context, x taskworkers.Execution, kind string, data []byte) (statestore.ArtifactRef, bool, error) {
+	if b.opts.Artifacts == nil {
+		return statestore.ArtifactRef{}, false, nil
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.StoreTimeout)
+	defer cancel()
+	key := artifacts.Key{RunID: x.RunID, StepID: x.StepID, LogicalAttemptID: x.LogicalAttemptID,
+		EngineAttemptID: x.EngineAttemptID, Name: kind}
+	ref, err := b.opts.Artifacts.Put(sctx, key, kind, bytes.NewReader(data))
+	if err != nil {
+		return statestore.ArtifactRef{}, false, fmt.Errorf("store %s artifact: %w", kind, err)
+	}
+	return ref, true, nil
+}
+
+// guarded turns a panic of the executor into a failed step.
+type guarded struct {
+	e   taskworkers.Executor
+	log *zap.Logger
+}
+
+func (g guarded) Execute(ctx context.Context, x taskworkers.Execution) (res taskworkers.Result, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			g.log.Error("executor panicked", zap.String("runId", x.RunID), zap.String("stepId", x.StepID),
+				zap.String("executor", x.Spec.Type), zap.ByteString("stack", debug.Stack()))
+			res, err = fail(CodeInternal, "executor panicked (a bug; see the worker log)", false), nil
+		}
+	}()
+	return g.e.Execute(ctx, x)
+}
+
+func fail(code, msg string, retryable bool) taskworkers.Result {
+	return taskworkers.Result{Err: &statestore.StepError{Code: code, Message: msg, Retryable: retryable}}
+}
+
+func specInvalid(format string, args ...any) taskworkers.Result {
+	return fail(CodeSpecInvalid, fmt.Sprintf(format, args...), false)
+}
+
+// ctxError is the step error for a done ctx: STEP_TIMEOUT when its
+// deadline passed, STEP_INTERRUPTED when it was cancelled. what says what
+// happened to the work.
+func ctxError(ctx context.Context, red *secrets.Redactor, what string) *statestore.StepError {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return &statestore.StepError{Code: CodeStepTimeout, Message: "step timed out: " + what, Retryable: true}
+	}
+	msg := "step interrupted: " + what
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		msg += " (" + red.String(cause.Error()) + ")"
+	}
+	return &statestore.StepError{Code: CodeStepInterrupted, Message: msg, Retryable: false}
+}
+
+// checkOnly fails unless the spec's type is typ and it sets no field that
+// the listed field set does not allow.
+func checkOnly(s plan.ExecutorSpec, typ string, allowed ...string) (taskworkers.Result, bool) {
+	if s.Type != typ {
+		return specInvalid("executor %s got a spec of type %q", typ, s.Type), false
+	}
+	fields := [...]struct {
+		name string
+		set  bool
+	}{
+		{"argv", len(s.Argv) > 0}, {"body", s.Body != ""}, {"env", len(s.Env) > 0},
+		{"headers", len(s.Headers) > 0}, {"method", s.Method != ""},
+		{"retryableStatus", len(s.RetryableStatus) > 0}, {"seconds", s.Seconds != 0},
+		{"url", s.URL != ""}, {"workingDir", s.WorkingDir != ""},
+	}
+	var bad []string
+	for _, f := range fields {
+		if f.set && !slices.Contains(allowed, f.name) {
+			bad = append(bad, f.name)
+		}
+	}
+	if len(bad) > 0 {
+		return specInvalid("%s executor does not take field(s) %s", typ, strings.Join(bad, ", ")), false
+	}
+	return taskworkers.Result{}, true
+}
+
+// capture keeps the first and last halves of at most max bytes written to
+// it and counts them all. It is safe for concurrent use.
+type capture struct {
+	mu      sync.Mutex
+	headCap int
+	head    []byte
+	tailCap int
+	ring    []byte // tail ring of len tailCap, allocated once the head is full
+	w       int    // next write position in ring
+	full    bool   // ring has wrapped
+	total   int64
+}
+
+func newCapture(max int) *capture {
+	h := max / 2
+	return &capture{headCap: h, tailCap: max - h}
+}
+
+func (c *capture) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := len(p)
+	c.total += int64(n)
+	if k := min(c.headCap-len(c.head), len(p)); k > 0 {
+		c.head = append(c.head, p[:k]...)
+		p = p[k:]
+	}
+	if c.tailCap == 0 || len(p) == 0 {
+		return n, nil
+	}
+	if c.ring == nil {
+		c.ring = make([]byte, c.tailCap)
+	}
+	if len(p) >= len(c.ring) {
+		copy(c.ring, p[len(p)-len(c.ring):])
+		c.w, c.full = 0, true
+		return n, nil
+	}
+	k := copy(c.ring[c.w:], p)
+	if k < len(p) {
+		copy(c.ring, p[k:])
+		c.full = true
+	}
+	c.w = (c.w + len(p)) % len(c.ring)
+	if c.w == 0 {
+		c.full = true
+	}
+	return n, nil
+}
+
+// bytes returns the kept bytes, redacted, and whether some were dropped.
+// When bytes were dropped a line "[... N bytes omitted ...]" joins head and
+// tail, and both are redacted as fragments (see secrets.Redactor.Fragment).
+func (c *capture) bytes(red *secrets.Redactor) ([]byte, int64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var tail []byte
+	if c.full {
+		tail = append(append([]byte{}, c.ring[c.w:]...), c.ring[:c.w]...)
+	} else {
+		tail = c.ring[:c.w]
+	}
+	kept := int64(len(c.head) + len(tail))
+	if c.total <= kept {
+		whole := append(append([]byte{}, c.head...), tail...)
+		return red.Bytes(whole), c.total, false
+	}
+	out := append([]byte{}, red.Fragment(c.head, false, true)...)
+	out = append(out, fmt.Sprintf("\n[... %d bytes omitted ...]\n", c.total-kept)...)
+	out = append(out, red.Fragment(tail, true, false)...)
+	return out, c.total, true
+}
