@@ -357,7 +357,7 @@ func TestCompile_Order(t *testing.T) {
 	})
 	t.Run("NShapeInsideSeries", func(t *testing.T) {
 		// s -> {a, b}; a->c, b->c, b->d; {c, d} -> e: the series around the
-		// N still decomposes.
+		// N still decomposes. Branches follow the plan's order, reversed here.
 		p := dagPlan([]string{"s", "a", "b", "c", "d", "e"},
 			map[int][]int{1: {0}, 2: {0}, 3: {1, 2}, 4: {2}, 5: {3, 4}}, []int{5, 4, 3, 2, 1, 0})
 		c := mustCompile(t, p)

@@ -196,6 +196,10 @@ func reportCycle(ps *problems, p *Plan, deps [][]int, comp []int) {
 			}
 		}
 	}
+	if last < 0 { // unreachable: a strongly connected component has a cycle through each member
+		ps.add(CodeCycle, fmt.Sprintf("steps[%d].dependsOn", start), p.Steps[start].StepID, "the step is part of a dependency cycle")
+		return
+	}
 	// Walk back from last to start: start -> ... -> last -> start.
 	cycle := []int{start}
 	for v := last; v != start; v = prev[v] {
