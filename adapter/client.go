@@ -1,6 +1,7 @@
 package adapter
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -202,6 +203,38 @@ func errorMessage(body []byte) string {
 	return s
 }
 
+// raw sends body to path (under the base URL) with plain net/http and turns
+// a non-2xx answer into the SDK's error, so that classify treats it like an
+// SDK call. It is used where the SDK cannot send the request (see the
+// callers).
+func (c *Client) raw(ctx context.Context, method, url string, body []byte) (*http.Response, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Accept", "application/json, text/plain, */*")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return resp, err
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return resp, client.NewGenericSwaggerError(b, string(b), nil, resp.StatusCode)
+	}
+	return resp, nil
+}
+
 // Health checks GET /health on the server root (the base URL without its
 // /api suffix) and returns nil when Conductor reports healthy. The SDK's
 // health call resolves under /api, which 3.21 answers with 404, so Health
@@ -241,7 +274,9 @@ func (c *Client) Health(ctx context.Context) error {
 
 // RegisterTaskDefs creates or updates task definitions (POST
 // /metadata/taskdefs, an upsert on 3.21). Registering the same defs again is
-// a no-op.
+// a no-op. The SDK encodes defs with omitempty, so zero values such as
+// retryDelaySeconds 0 are dropped and the server's defaults apply; use
+// RegisterTaskDefsJSON when they matter.
 func (c *Client) RegisterTaskDefs(ctx context.Context, defs []model.TaskDef) error {
 	if len(defs) == 0 {
 		return nil
@@ -252,10 +287,43 @@ func (c *Client) RegisterTaskDefs(ctx context.Context, defs []model.TaskDef) err
 	return err
 }
 
+// RegisterTaskDefsJSON is RegisterTaskDefs with the JSON list sent as is
+// (plan.Compiled.TaskDefsJSON). The SDK's TaskDef drops zero values with
+// omitempty (retryDelaySeconds 0 becomes the server's 60 s), so this call
+// uses plain net/http.
+func (c *Client) RegisterTaskDefsJSON(ctx context.Context, defs []byte) error {
+	if !json.Valid(defs) {
+		return invalidInput(opRegisterTaskDefs, "task defs are not valid JSON")
+	}
+	_, err := c.do(ctx, opRegisterTaskDefs, 0, func(ctx context.Context) (*http.Response, error) {
+		return c.raw(ctx, http.MethodPost, c.base+"/metadata/taskdefs", defs)
+	})
+	return err
+}
+
+// RegisterWorkflowDefJSON is RegisterWorkflowDef with the definition's JSON
+// sent as is (plan.Compiled.WorkflowDefJSON), in a one-element list to PUT
+// /metadata/workflow. The SDK's WorkflowDef drops restartable=false and
+// inline retryDelaySeconds=0 with omitempty (the server then applies true
+// and 60 s), so this call uses plain net/http.
+func (c *Client) RegisterWorkflowDefJSON(ctx context.Context, def []byte) error {
+	if !json.Valid(def) {
+		return invalidInput(opRegisterWorkflow, "workflow def is not valid JSON")
+	}
+	body := make([]byte, 0, len(def)+2)
+	body = append(append(append(body, '['), def...), ']')
+	_, err := c.do(ctx, opRegisterWorkflow, 0, func(ctx context.Context) (*http.Response, error) {
+		return c.raw(ctx, http.MethodPut, c.base+"/metadata/workflow", body)
+	})
+	return err
+}
+
 // RegisterWorkflowDef creates or replaces the workflow definition of
 // def.Name and def.Version with PUT /metadata/workflow (an upsert; POST
 // fails on an existing version). Callers that must not replace a different
-// definition check WorkflowDef first (RegisterPlan does).
+// definition check WorkflowDef first (RegisterPlan does). The SDK encodes
+// def with omitempty (restartable=false is dropped); use
+// RegisterWorkflowDefJSON when that matters.
 func (c *Client) RegisterWorkflowDef(ctx context.Context, def model.WorkflowDef) error {
 	if def.Name == "" {
 		return invalidInput(opRegisterWorkflow, "workflow def has no name")

@@ -106,25 +106,38 @@ func TestClient_Unavailable(t *testing.T) {
 		if err := c.UpdateTask(ctx, &model.TaskResult{TaskId: "t"}); !errors.Is(err, ErrInvalidInput) {
 			t.Errorf("update without workflowId: got %v, want ErrInvalidInput", err)
 		}
+		if err := c.RegisterWorkflowDefJSON(ctx, []byte("{")); !errors.Is(err, ErrInvalidInput) {
+			t.Errorf("register bad JSON: got %v, want ErrInvalidInput", err)
+		}
 	})
 }
 
-// startTestWorkflow registers a one-task workflow and starts it.
-func startTestWorkflow(t *testing.T, c *Client) (p *PlanDefs, workflowID string) {
+// startTestWorkflow registers a one-task workflow of its own task type and
+// starts it.
+func startTestWorkflow(t *testing.T, c *Client) (def model.WorkflowDef, taskType, workflowID string) {
 	t.Helper()
 	ctx := context.Background()
-	p = testPlan(t, "h")
-	if err := c.RegisterTaskDefs(ctx, p.TaskDefs); err != nil {
+	s := suffix(t)
+	taskType = "sidecar_test_" + s
+	def = model.WorkflowDef{
+		Name: "sidecar_test_wf_" + s, Version: 1, OwnerEmail: "sidecar-tests@example.com", SchemaVersion: 2,
+		Tasks: []model.WorkflowTask{{
+			Name: taskType, TaskReferenceName: "step1", Type_: "SIMPLE",
+			InputParameters: map[string]any{"runId": "${workflow.input.runId}"},
+		}},
+	}
+	if err := c.RegisterTaskDefs(ctx, []model.TaskDef{{Name: taskType, OwnerEmail: "sidecar-tests@example.com",
+		TimeoutSeconds: 120, ResponseTimeoutSeconds: 60, TimeoutPolicy: "TIME_OUT_WF"}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.RegisterWorkflowDef(ctx, p.Workflow); err != nil {
+	if err := c.RegisterWorkflowDef(ctx, def); err != nil {
 		t.Fatal(err)
 	}
-	id, err := c.StartWorkflow(ctx, model.StartWorkflowRequest{Name: p.Workflow.Name, Version: 1, Input: map[string]any{"runId": "r"}})
+	id, err := c.StartWorkflow(ctx, model.StartWorkflowRequest{Name: def.Name, Version: 1, Input: map[string]any{"runId": "r"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return p, id
+	return def, taskType, id
 }
 
 func TestClient_Conductor(t *testing.T) {
@@ -163,12 +176,12 @@ func TestClient_Conductor(t *testing.T) {
 		}
 	})
 	t.Run("Lifecycle", func(t *testing.T) {
-		p, id := startTestWorkflow(t, c)
+		def, taskType, id := startTestWorkflow(t, c)
 		wf, err := c.Workflow(ctx, id, true)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if wf.Status != model.RunningWorkflow || wf.WorkflowName != p.Workflow.Name || len(wf.Tasks) != 1 {
+		if wf.Status != model.RunningWorkflow || wf.WorkflowName != def.Name || len(wf.Tasks) != 1 {
 			t.Fatalf("got status %s name %s tasks %d", wf.Status, wf.WorkflowName, len(wf.Tasks))
 		}
 		// Resume of a RUNNING workflow: Conductor says 500, we say CONFLICT.
@@ -188,11 +201,10 @@ func TestClient_Conductor(t *testing.T) {
 		if err := c.Resume(ctx, id); err != nil {
 			t.Fatalf("resume paused: %v", err)
 		}
-		ids, err := c.RunningWorkflows(ctx, p.Workflow.Name, 1)
+		ids, err := c.RunningWorkflows(ctx, def.Name, 1)
 		if err != nil || len(ids) != 1 || ids[0] != id {
 			t.Fatalf("running: got %v %v, want [%s]", ids, err, id)
 		}
-		taskType := p.TaskDefs[0].Name
 		tasks, err := c.BatchPoll(ctx, taskType, "test-worker", 4, 100*time.Millisecond)
 		if err != nil || len(tasks) != 1 {
 			t.Fatalf("poll: got %d tasks, %v", len(tasks), err)

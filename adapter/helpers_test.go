@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/conductor-sdk/conductor-go/sdk/model"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
@@ -86,32 +86,40 @@ func suffix(t testing.TB) string {
 	return hex.EncodeToString(b)
 }
 
-// testPlan returns the definitions of a one-task plan with its own task type.
-func testPlan(t testing.TB, hash string) *PlanDefs {
+// testPlan compiles a one-step noop plan with a fresh planId.
+func testPlan(t testing.TB) *plan.Compiled {
 	t.Helper()
-	s := suffix(t)
-	taskType := "sidecar_test_" + s
-	return &PlanDefs{
-		PlanID:      "plan-" + s,
+	return compilePlan(t, &plan.Plan{
+		PlanID:      "plan-" + suffix(t),
 		PlanVersion: "1",
-		Hash:        hash,
-		Workflow: model.WorkflowDef{
-			Name: "sidecar_test_wf_" + s, Version: 1, OwnerEmail: "sidecar-tests@example.com", SchemaVersion: 2,
-			Tasks: []model.WorkflowTask{{
-				Name: taskType, TaskReferenceName: "step1", Type_: "SIMPLE",
-				InputParameters: map[string]any{"runId": "${workflow.input.runId}"},
-			}},
-		},
-		TaskDefs: []model.TaskDef{{
-			Name: taskType, OwnerEmail: "sidecar-tests@example.com", RetryCount: 0,
-			TimeoutSeconds: 120, ResponseTimeoutSeconds: 60, TimeoutPolicy: "TIME_OUT_WF",
-		}},
+		Steps:       []plan.Step{{StepID: "step-1", Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}}},
+	})
+}
+
+// changedPlan compiles another plan under the same planId and planVersion.
+func changedPlan(t testing.TB, c *plan.Compiled) *plan.Compiled {
+	t.Helper()
+	p := c.Plan.Clone()
+	p.Description = "changed " + suffix(t)
+	return compilePlan(t, p)
+}
+
+func compilePlan(t testing.TB, p *plan.Plan) *plan.Compiled {
+	t.Helper()
+	c, err := plan.Compile(p)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return c
 }
 
 // natsEnv is an embedded NATS server with the event store and the
 // EventIdRegistry on it.
 type natsEnv struct {
+	// domain is the Conductor task domain of the runs started by this
+	// environment's Runs: the sidecar task types are shared by every test
+	// package using the server, and the domain keeps their tasks apart.
+	domain  string
 	srv     *server.Server
 	js      jetstream.JetStream
 	store   *natsstore.Store
@@ -128,7 +136,7 @@ func newNATS(t testing.TB) *natsEnv {
 		srv.Shutdown()
 		srv.WaitForShutdown()
 	})
-	env := &natsEnv{srv: srv}
+	env := &natsEnv{srv: srv, domain: "adapter-test-" + suffix(t)}
 	env.js = env.connect(t)
 	ctx := context.Background()
 	env.store, err = natsstore.Open(ctx, env.js, natsstore.Options{Logger: zaptest.NewLogger(t)})
@@ -166,6 +174,9 @@ func (e *natsEnv) newRuns(t testing.TB, baseURL string, opts RunsOptions) *Runs 
 	if opts.Logger == nil {
 		opts.Logger = zaptest.NewLogger(t)
 	}
+	if opts.TaskDomain == "" {
+		opts.TaskDomain = e.domain
+	}
 	r, err := OpenRuns(context.Background(), e.connect(t), newClient(t, baseURL, time.Second), e.emitter, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -193,6 +204,6 @@ func countType(recs []statestore.RunEventRecord, eventType string) int {
 	return n
 }
 
-func request(p *PlanDefs, runRequestID string) StartRequest {
+func request(p *plan.Compiled, runRequestID string) StartRequest {
 	return StartRequest{TenantID: "tenant-a", ProjectID: "proj-a", EnvironmentID: "dev", RunRequestID: runRequestID, Plan: p}
 }

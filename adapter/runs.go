@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -42,17 +43,6 @@ const (
 	// RunStateFinal: the watcher saw the workflow end and appended the
 	// terminal run event.
 	RunStateFinal = "FINAL"
-)
-
-// Workflow input keys the adapter sets on every run's workflow.
-const (
-	InputRunID          = "runId"
-	InputTenantID       = "tenantId"
-	InputProjectID      = "projectId"
-	InputEnvironmentID  = "environmentId"
-	InputPlanID         = "planId"
-	InputPlanVersion    = "planVersion"
-	InputStartAttemptID = "startAttemptId"
 )
 
 // KV key prefixes of the run registry (docs/conductor.md, "KV layout").
@@ -115,18 +105,6 @@ func (r *Run) EngineRunRef() string {
 		return ""
 	}
 	return "conductor://" + r.WorkflowName + "/" + r.WorkflowID
-}
-
-// PlanDefs is what the adapter registers in Conductor for one plan version:
-// the workflow and task definitions and the plan's content hash.
-type PlanDefs struct {
-	PlanID      string
-	PlanVersion string
-	// Hash identifies the plan's content; a different plan under the same
-	// (PlanID, PlanVersion) is refused with ErrPlanConflict.
-	Hash     string
-	Workflow model.WorkflowDef
-	TaskDefs []model.TaskDef
 }
 
 // planRecord is the run registry's entry for a registered plan version.
@@ -263,36 +241,21 @@ func validateField(op, name, v string) error {
 	return nil
 }
 
-func (d *PlanDefs) validate(op string) error {
-	if d == nil {
-		return invalidInput(op, "plan is required")
-	}
-	if err := validateField(op, "planId", d.PlanID); err != nil {
-		return err
-	}
-	if err := validateField(op, "planVersion", d.PlanVersion); err != nil {
-		return err
-	}
-	if d.Hash == "" {
-		return invalidInput(op, "plan %s@%s has no content hash", d.PlanID, d.PlanVersion)
-	}
-	if d.Workflow.Name == "" {
-		return invalidInput(op, "plan %s@%s has no workflow name", d.PlanID, d.PlanVersion)
-	}
-	return nil
-}
-
 // RegisterPlan registers the plan's task and workflow definitions in
 // Conductor, idempotently: registering the same plan again is a no-op (a
 // cache hit after the first time in this process). A plan whose
 // (planId, planVersion) is already registered with a different content hash
 // (recorded in the run registry, or embedded in the workflow definition
 // Conductor has) is refused with ErrPlanConflict and nothing is changed.
-func (r *Runs) RegisterPlan(ctx context.Context, defs *PlanDefs) error {
-	const op = "register plan"
-	if err := defs.validate(op); err != nil {
+func (r *Runs) RegisterPlan(ctx context.Context, compiled *plan.Compiled) error {
+	defs, err := defsOf("register plan", compiled)
+	if err != nil {
 		return err
 	}
+	return r.registerPlan(ctx, defs)
+}
+
+func (r *Runs) registerPlan(ctx context.Context, defs *planDefs) error {
 	pk := planKey(defs.PlanID, defs.PlanVersion)
 	r.mu.Lock()
 	cached, ok := r.plans[pk]
@@ -315,10 +278,12 @@ func (r *Runs) RegisterPlan(ctx context.Context, defs *PlanDefs) error {
 	case !errors.Is(err, ErrNotFound):
 		return err
 	}
-	if err := r.conductor.RegisterTaskDefs(ctx, defs.TaskDefs); err != nil {
-		return err
+	if defs.TaskDefsJSON != nil {
+		if err := r.conductor.RegisterTaskDefsJSON(ctx, defs.TaskDefsJSON); err != nil {
+			return err
+		}
 	}
-	if err := r.conductor.RegisterWorkflowDef(ctx, stampPlanHash(defs.Workflow, defs.Hash)); err != nil {
+	if err := r.conductor.RegisterWorkflowDefJSON(ctx, defs.WorkflowJSON); err != nil {
 		return err
 	}
 	r.mu.Lock()
@@ -332,13 +297,13 @@ func (r *Runs) RegisterPlan(ctx context.Context, defs *PlanDefs) error {
 // forgetPlan drops the plan from the in-process cache, so that the next
 // RegisterPlan registers it in Conductor again (after a Conductor restart
 // with the memory store lost the definitions).
-func (r *Runs) forgetPlan(defs *PlanDefs) {
+func (r *Runs) forgetPlan(defs *planDefs) {
 	r.mu.Lock()
 	delete(r.plans, planKey(defs.PlanID, defs.PlanVersion))
 	r.mu.Unlock()
 }
 
-func planConflict(defs *PlanDefs, registered string) error {
+func planConflict(defs *planDefs, registered string) error {
 	return &Error{Code: CodePlanVersionConflict, Op: "register plan",
 		Message: fmt.Sprintf("plan %s version %s is already registered with content hash %s; this plan's hash is %s (publish it as a new planVersion)",
 			defs.PlanID, defs.PlanVersion, registered, defs.Hash)}
@@ -346,7 +311,7 @@ func planConflict(defs *PlanDefs, registered string) error {
 
 // claimPlan records (planId, planVersion) -> hash with an atomic Create, or
 // checks the recorded hash.
-func (r *Runs) claimPlan(ctx context.Context, pk string, defs *PlanDefs) error {
+func (r *Runs) claimPlan(ctx context.Context, pk string, defs *planDefs) error {
 	rec := planRecord{PlanID: defs.PlanID, PlanVersion: defs.PlanVersion, Hash: defs.Hash,
 		WorkflowName: defs.Workflow.Name, WorkflowVersion: defs.Workflow.Version, RegisteredAt: time.Now().UTC()}
 	b, err := json.Marshal(rec)
@@ -405,7 +370,9 @@ type StartRequest struct {
 	ProjectID     string
 	EnvironmentID string
 	RunRequestID  string
-	Plan          *PlanDefs
+	// Plan is the compiled plan (plan.Compile); its planId and planVersion
+	// are part of the run's identity.
+	Plan *plan.Compiled
 }
 
 // StartResult is StartRun's answer: the run, and whether this call started
@@ -453,8 +420,8 @@ func (r *Runs) startRun(ctx context.Context, req StartRequest) (StartResult, err
 			return StartResult{}, err
 		}
 	}
-	defs := req.Plan
-	if err := defs.validate(op); err != nil {
+	defs, err := defsOf(op, req.Plan)
+	if err != nil {
 		return StartResult{}, err
 	}
 	reqKey := RequestKey(req.TenantID, req.ProjectID, req.EnvironmentID, defs.PlanID, defs.PlanVersion, req.RunRequestID)
@@ -463,7 +430,7 @@ func (r *Runs) startRun(ctx context.Context, req StartRequest) (StartResult, err
 	if res, ok, err := r.existingRun(ctx, reqKey, defs); ok || err != nil {
 		return res, err
 	}
-	if err := r.RegisterPlan(ctx, defs); err != nil {
+	if err := r.registerPlan(ctx, defs); err != nil {
 		return StartResult{}, err
 	}
 	runID, err := r.runIDFor(ctx, reqKey)
@@ -476,7 +443,7 @@ func (r *Runs) startRun(ctx context.Context, req StartRequest) (StartResult, err
 		rec, rev, err := r.get(ctx, runID)
 		switch {
 		case errors.Is(err, ErrNotFound):
-			rec = r.newRun(runID, reqKey, req)
+			rec = r.newRun(runID, reqKey, req, defs)
 			rev, err = r.createRun(ctx, rec)
 			if errors.Is(err, jetstream.ErrKeyExists) {
 				continue
@@ -534,7 +501,7 @@ func (r *Runs) startRun(ctx context.Context, req StartRequest) (StartResult, err
 
 // existingRun answers a repeated request whose run is started (ok true);
 // ok is false when the run request is new or its run is not started.
-func (r *Runs) existingRun(ctx context.Context, reqKey string, defs *PlanDefs) (StartResult, bool, error) {
+func (r *Runs) existingRun(ctx context.Context, reqKey string, defs *planDefs) (StartResult, bool, error) {
 	var rr reqRecord
 	if _, err := r.getJSON(ctx, keyReq+reqKey, &rr); err != nil {
 		if errors.Is(err, ErrNotFound) {
@@ -558,7 +525,7 @@ func (r *Runs) existingRun(ctx context.Context, reqKey string, defs *PlanDefs) (
 
 // existing returns a started run, appending its RunStarted if a crash left
 // it out. The plan must be the one the run was started with.
-func (r *Runs) existing(ctx context.Context, rec *Run, rev uint64, defs *PlanDefs) (StartResult, error) {
+func (r *Runs) existing(ctx context.Context, rec *Run, rev uint64, defs *planDefs) (StartResult, error) {
 	if rec.PlanHash != defs.Hash {
 		return StartResult{}, planConflict(defs, rec.PlanHash)
 	}
@@ -598,14 +565,14 @@ func (r *Runs) runIDFor(ctx context.Context, reqKey string) (string, error) {
 	return "", registryUnavailable("record run request", errors.New("run request entry kept vanishing"))
 }
 
-func (r *Runs) newRun(runID, reqKey string, req StartRequest) *Run {
+func (r *Runs) newRun(runID, reqKey string, req StartRequest, defs *planDefs) *Run {
 	now := time.Now().UTC()
 	return &Run{
 		RunID: runID, RequestKey: reqKey,
 		TenantID: req.TenantID, ProjectID: req.ProjectID, EnvironmentID: req.EnvironmentID,
-		PlanID: req.Plan.PlanID, PlanVersion: req.Plan.PlanVersion, RunRequestID: req.RunRequestID,
-		PlanHash:     req.Plan.Hash,
-		WorkflowName: req.Plan.Workflow.Name, WorkflowVersion: req.Plan.Workflow.Version,
+		PlanID: defs.PlanID, PlanVersion: defs.PlanVersion, RunRequestID: req.RunRequestID,
+		PlanHash:     defs.Hash,
+		WorkflowName: defs.Workflow.Name, WorkflowVersion: defs.Workflow.Version,
 		TaskDomain: r.opts.TaskDomain,
 		State:      RunStateStarting, AttemptID: uuid.NewString(), LeaseExpiresAt: now.Add(r.opts.LeaseTTL),
 		CreatedAt: now,
@@ -614,15 +581,9 @@ func (r *Runs) newRun(runID, reqKey string, req StartRequest) *Run {
 
 // workflowInput is the input of a run's workflow.
 func workflowInput(rec *Run) map[string]any {
-	return map[string]any{
-		InputRunID:          rec.RunID,
-		InputTenantID:       rec.TenantID,
-		InputProjectID:      rec.ProjectID,
-		InputEnvironmentID:  rec.EnvironmentID,
-		InputPlanID:         rec.PlanID,
-		InputPlanVersion:    rec.PlanVersion,
-		InputStartAttemptID: rec.AttemptID,
-	}
+	in := plan.WorkflowInput(rec.RunID, rec.TenantID, rec.ProjectID, rec.EnvironmentID, rec.PlanID, rec.PlanVersion)
+	in[InputStartAttemptID] = rec.AttemptID
+	return in
 }
 
 // startRequest is the StartWorkflow request of a run's start attempt.
@@ -639,7 +600,7 @@ func startRequest(rec *Run) model.StartWorkflowRequest {
 // launch starts the workflow of rec, whose lease this attempt holds at
 // revision rev. retry asks the caller to re-read the run (the lease was lost
 // while the workflow was being started).
-func (r *Runs) launch(ctx context.Context, rec *Run, rev uint64, defs *PlanDefs) (res StartResult, retry bool, err error) {
+func (r *Runs) launch(ctx context.Context, rec *Run, rev uint64, defs *planDefs) (res StartResult, retry bool, err error) {
 	if _, err := r.kv.Put(ctx, keyActive+rec.RunID, []byte(rec.RequestKey)); err != nil {
 		r.release(ctx, rec, rev)
 		return StartResult{}, false, registryUnavailable("index active run", err)
@@ -656,7 +617,7 @@ func (r *Runs) launch(ctx context.Context, rec *Run, rev uint64, defs *PlanDefs)
 		// Conductor lost the definitions (the memory store restarted):
 		// register them again and retry once.
 		r.forgetPlan(defs)
-		if err = r.RegisterPlan(ctx, defs); err == nil {
+		if err = r.registerPlan(ctx, defs); err == nil {
 			workflowID, err = start()
 		}
 	}

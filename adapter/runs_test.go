@@ -11,6 +11,7 @@ import (
 	"github.com/conductor-sdk/conductor-go/sdk/model"
 	"github.com/google/uuid"
 
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -31,7 +32,7 @@ func TestRuns_RegisterPlan(t *testing.T) {
 	env := newNATS(t)
 
 	t.Run("Idempotent", func(t *testing.T) {
-		p := testPlan(t, "hash-1")
+		p := testPlan(t)
 		a := env.newRuns(t, u, RunsOptions{})
 		for range 2 {
 			if err := a.RegisterPlan(ctx, p); err != nil {
@@ -46,22 +47,26 @@ func TestRuns_RegisterPlan(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := EmbeddedPlanHash(def); got != "hash-1" {
-			t.Fatalf("embedded hash %q, want hash-1", got)
+		if got := EmbeddedPlanHash(def); got != p.ContentHash {
+			t.Fatalf("embedded hash %q, want %s", got, p.ContentHash)
+		}
+		// Registered from the exact JSON: the zero values the SDK's
+		// omitempty would drop reached the server.
+		if def.Restartable || len(def.Tasks) != 1 || def.Tasks[0].TaskDefinition == nil ||
+			def.Tasks[0].TaskDefinition.RetryDelaySeconds != 0 {
+			t.Fatalf("registered def: restartable %v, tasks %+v", def.Restartable, def.Tasks)
 		}
 	})
 	t.Run("ErrPlanConflict", func(t *testing.T) {
-		p := testPlan(t, "hash-1")
+		p := testPlan(t)
 		a := env.newRuns(t, u, RunsOptions{})
 		if err := a.RegisterPlan(ctx, p); err != nil {
 			t.Fatal(err)
 		}
-		changed := *p
-		changed.Hash = "hash-2"
-		changed.Workflow.Description = "changed"
+		changed := changedPlan(t, p)
 		// Same process (cache), another replica (KV record).
 		for name, r := range map[string]*Runs{"cache": a, "registry": env.newRuns(t, u, RunsOptions{})} {
-			err := r.RegisterPlan(ctx, &changed)
+			err := r.RegisterPlan(ctx, changed)
 			if !errors.Is(err, ErrPlanConflict) || CodeOf(err) != CodePlanVersionConflict {
 				t.Errorf("%s: got %v, want PLAN_VERSION_CONFLICT", name, err)
 			}
@@ -70,30 +75,30 @@ func TestRuns_RegisterPlan(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if def.Description == "changed" || EmbeddedPlanHash(def) != "hash-1" {
-			t.Fatalf("conflicting plan changed the registered definition: %q %q", def.Description, EmbeddedPlanHash(def))
+		if EmbeddedPlanHash(def) != p.ContentHash {
+			t.Fatalf("conflicting plan changed the registered definition: %q", def.Description)
 		}
 	})
 	t.Run("ErrPlanConflict/Conductor", func(t *testing.T) {
 		// Another deployment (its own NATS) registered the same workflow
 		// name and version with another hash.
-		p := testPlan(t, "hash-1")
+		p := testPlan(t)
 		if err := newNATS(t).newRuns(t, u, RunsOptions{}).RegisterPlan(ctx, p); err != nil {
 			t.Fatal(err)
 		}
-		other := *p
-		other.Hash = "hash-other"
-		if err := env.newRuns(t, u, RunsOptions{}).RegisterPlan(ctx, &other); !errors.Is(err, ErrPlanConflict) {
+		other := changedPlan(t, p)
+		if err := env.newRuns(t, u, RunsOptions{}).RegisterPlan(ctx, other); !errors.Is(err, ErrPlanConflict) {
 			t.Fatalf("got %v, want PLAN_VERSION_CONFLICT", err)
 		}
 	})
 	t.Run("ErrInvalidInput", func(t *testing.T) {
 		r := env.newRuns(t, u, RunsOptions{})
-		for name, p := range map[string]*PlanDefs{
+		for name, p := range map[string]*plan.Compiled{
 			"nil":     nil,
-			"pipe":    {PlanID: "a|b", PlanVersion: "1", Hash: "h", Workflow: model.WorkflowDef{Name: "w"}},
-			"no hash": {PlanID: "a", PlanVersion: "1", Workflow: model.WorkflowDef{Name: "w"}},
-			"no name": {PlanID: "a", PlanVersion: "1", Hash: "h"},
+			"no plan": {ContentHash: "h", Workflow: model.WorkflowDef{Name: "w"}},
+			"pipe":    {Plan: &plan.Plan{PlanID: "a|b", PlanVersion: "1"}, ContentHash: "h", Workflow: model.WorkflowDef{Name: "w"}},
+			"no hash": {Plan: &plan.Plan{PlanID: "a", PlanVersion: "1"}, Workflow: model.WorkflowDef{Name: "w"}},
+			"no name": {Plan: &plan.Plan{PlanID: "a", PlanVersion: "1"}, ContentHash: "h"},
 		} {
 			if err := r.RegisterPlan(ctx, p); !errors.Is(err, ErrInvalidInput) {
 				t.Errorf("%s: got %v, want INVALID_INPUT", name, err)
@@ -104,7 +109,7 @@ func TestRuns_RegisterPlan(t *testing.T) {
 
 // checkStarted checks that the run has exactly one RunStarted with the
 // expected payload and that Conductor runs exactly its workflow.
-func checkStarted(t *testing.T, env *natsEnv, r *Runs, p *PlanDefs, run Run) {
+func checkStarted(t *testing.T, env *natsEnv, r *Runs, p *plan.Compiled, run Run) {
 	t.Helper()
 	ctx := context.Background()
 	recs := env.events(t, run.RunID)
@@ -128,17 +133,17 @@ func checkStarted(t *testing.T, env *natsEnv, r *Runs, p *PlanDefs, run Run) {
 	if len(ids) != 1 || ids[0] != run.WorkflowID {
 		t.Fatalf("running workflows %v, want exactly [%s]", ids, run.WorkflowID)
 	}
+	got, err := r.Run(ctx, run.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
 	wf, err := r.Client().Workflow(ctx, run.WorkflowID, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if wf.CorrelationId != run.RunID || wf.Input[InputRunID] != run.RunID || wf.Input[InputTenantID] != run.TenantID ||
-		wf.Input[InputPlanVersion] != run.PlanVersion {
+	if wf.CorrelationId != run.RunID || wf.Input[plan.InputRunID] != run.RunID || wf.Input[plan.InputTenantID] != run.TenantID ||
+		wf.Input[plan.InputPlanVersion] != run.PlanVersion || wf.Input[InputStartAttemptID] != got.AttemptID {
 		t.Fatalf("workflow correlationId %q input %v, want runId %s", wf.CorrelationId, wf.Input, run.RunID)
-	}
-	got, err := r.Run(ctx, run.RunID)
-	if err != nil {
-		t.Fatal(err)
 	}
 	if got.WorkflowID != run.WorkflowID || got.State != RunStateStarted || !got.RunStartedEmitted {
 		t.Fatalf("registry entry %+v, want STARTED with workflow %s and RunStarted recorded", got, run.WorkflowID)
@@ -151,7 +156,7 @@ func TestRuns_StartRun(t *testing.T) {
 	env := newNATS(t)
 
 	t.Run("Idempotent", func(t *testing.T) {
-		p := testPlan(t, "h")
+		p := testPlan(t)
 		r := env.newRuns(t, u, RunsOptions{})
 		first, err := r.StartRun(ctx, request(p, "req-1"))
 		if err != nil {
@@ -170,7 +175,7 @@ func TestRuns_StartRun(t *testing.T) {
 			}
 		}
 		checkStarted(t, env, r, p, first.Run)
-		byReq, err := r.RunForRequest(ctx, "tenant-a", "proj-a", "dev", p.PlanID, p.PlanVersion, "req-1")
+		byReq, err := r.RunForRequest(ctx, "tenant-a", "proj-a", "dev", p.Plan.PlanID, p.Plan.PlanVersion, "req-1")
 		if err != nil || byReq.RunID != first.Run.RunID {
 			t.Fatalf("RunForRequest: %v %v", byReq, err)
 		}
@@ -185,7 +190,7 @@ func TestRuns_StartRun(t *testing.T) {
 	})
 
 	t.Run("Concurrent", func(t *testing.T) {
-		p := testPlan(t, "h")
+		p := testPlan(t)
 		const n = 8
 		replicas := make([]*Runs, n)
 		for i := range replicas {
@@ -223,7 +228,7 @@ func TestRuns_StartRun(t *testing.T) {
 	})
 
 	t.Run("ErrEngineUnavailable", func(t *testing.T) {
-		p := testPlan(t, "h")
+		p := testPlan(t)
 		good := env.newRuns(t, u, RunsOptions{})
 		if err := good.RegisterPlan(ctx, p); err != nil {
 			t.Fatal(err)
@@ -237,14 +242,14 @@ func TestRuns_StartRun(t *testing.T) {
 		}
 		// Same with the plan cached, so that StartWorkflow is what fails.
 		down.mu.Lock()
-		down.plans[planKey(p.PlanID, p.PlanVersion)] = p.Hash
+		down.plans[planKey(p.Plan.PlanID, p.Plan.PlanVersion)] = p.ContentHash
 		down.mu.Unlock()
 		_, err = down.StartRun(ctx, request(p, "req-down"))
 		if !errors.Is(err, ErrEngineUnavailable) {
 			t.Fatalf("got %v, want ENGINE_UNAVAILABLE", err)
 		}
 		var rr reqRecord
-		if _, err := down.getJSON(ctx, keyReq+RequestKey("tenant-a", "proj-a", "dev", p.PlanID, p.PlanVersion, "req-down"), &rr); err != nil {
+		if _, err := down.getJSON(ctx, keyReq+RequestKey("tenant-a", "proj-a", "dev", p.Plan.PlanID, p.Plan.PlanVersion, "req-down"), &rr); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := down.Run(ctx, rr.RunID); !errors.Is(err, ErrNotFound) {
@@ -272,16 +277,14 @@ func TestRuns_StartRun(t *testing.T) {
 			t.Fatalf("repeat while down: %+v %v, want the existing run", again, err)
 		}
 		// The same request with another plan under the same version.
-		changed := *p
-		changed.Hash = "other"
-		if _, err := down.StartRun(ctx, request(&changed, "req-down")); !errors.Is(err, ErrPlanConflict) {
+		if _, err := down.StartRun(ctx, request(changedPlan(t, p), "req-down")); !errors.Is(err, ErrPlanConflict) {
 			t.Fatalf("repeat with another plan: got %v, want PLAN_VERSION_CONFLICT", err)
 		}
 	})
 
 	t.Run("ErrInvalidInput", func(t *testing.T) {
 		r := env.newRuns(t, u, RunsOptions{})
-		p := testPlan(t, "h")
+		p := testPlan(t)
 		for name, req := range map[string]StartRequest{
 			"no tenant":  {ProjectID: "p", EnvironmentID: "e", RunRequestID: "r", Plan: p},
 			"pipe":       {TenantID: "t|x", ProjectID: "p", EnvironmentID: "e", RunRequestID: "r", Plan: p},
@@ -297,7 +300,7 @@ func TestRuns_StartRun(t *testing.T) {
 	t.Run("LeaseHeld", func(t *testing.T) {
 		// A start attempt holds the lease and never finishes: a second
 		// request waits StartWait and gets RUN_START_IN_PROGRESS.
-		p := testPlan(t, "h")
+		p := testPlan(t)
 		r := env.newRuns(t, u, RunsOptions{StartWait: 200 * time.Millisecond})
 		if err := r.RegisterPlan(ctx, p); err != nil {
 			t.Fatal(err)
@@ -320,12 +323,16 @@ func TestRuns_StartRun(t *testing.T) {
 func crashedStart(t *testing.T, r *Runs, req StartRequest, startWorkflow bool) *Run {
 	t.Helper()
 	ctx := context.Background()
-	reqKey := RequestKey(req.TenantID, req.ProjectID, req.EnvironmentID, req.Plan.PlanID, req.Plan.PlanVersion, req.RunRequestID)
+	defs, err := defsOf("test", req.Plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqKey := RequestKey(req.TenantID, req.ProjectID, req.EnvironmentID, defs.PlanID, defs.PlanVersion, req.RunRequestID)
 	runID, err := r.runIDFor(ctx, reqKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := r.newRun(runID, reqKey, req)
+	rec := r.newRun(runID, reqKey, req, defs)
 	if _, err := r.createRun(ctx, rec); err != nil {
 		t.Fatal(err)
 	}
@@ -353,7 +360,7 @@ func TestRuns_CrashRecovery(t *testing.T) {
 		// expires, the retry takes over and starts the run.
 		t.Parallel()
 		env := newNATS(t)
-		p := testPlan(t, "h")
+		p := testPlan(t)
 		r := env.newRuns(t, u, opts)
 		if err := r.RegisterPlan(ctx, p); err != nil {
 			t.Fatal(err)
@@ -375,7 +382,7 @@ func TestRuns_CrashRecovery(t *testing.T) {
 		// retry returns it without starting another.
 		t.Parallel()
 		env := newNATS(t)
-		p := testPlan(t, "h")
+		p := testPlan(t)
 		r := env.newRuns(t, u, opts)
 		if err := r.RegisterPlan(ctx, p); err != nil {
 			t.Fatal(err)
@@ -407,7 +414,7 @@ func TestRuns_CrashRecovery(t *testing.T) {
 		// second workflow, and Reconcile terminates the first (an orphan).
 		t.Parallel()
 		env := newNATS(t)
-		p := testPlan(t, "h")
+		p := testPlan(t)
 		r := env.newRuns(t, u, opts)
 		if err := r.RegisterPlan(ctx, p); err != nil {
 			t.Fatal(err)
@@ -440,7 +447,7 @@ func TestRuns_CrashRecovery(t *testing.T) {
 		// than the lease, since no run entry claims it.
 		t.Parallel()
 		env := newNATS(t)
-		p := testPlan(t, "h")
+		p := testPlan(t)
 		r := env.newRuns(t, u, opts)
 		if err := r.RegisterPlan(ctx, p); err != nil {
 			t.Fatal(err)
@@ -465,12 +472,39 @@ func TestRuns_CrashRecovery(t *testing.T) {
 		waitStatus(t, r.Client(), crashed.WorkflowID, model.TerminatedWorkflow)
 	})
 
+	t.Run("OtherDeployment", func(t *testing.T) {
+		// Another deployment (its own NATS, its own task domain) runs the
+		// same plan on the same Conductor: Reconcile leaves its workflows
+		// alone although no run entry here claims them.
+		t.Parallel()
+		env := newNATS(t)
+		p := testPlan(t)
+		r := env.newRuns(t, u, opts)
+		if err := r.RegisterPlan(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		other, err := newNATS(t).newRuns(t, u, opts).StartRun(ctx, request(p, "req"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(opts.LeaseTTL + 100*time.Millisecond)
+		if err := NewWatcher(r, env.store, WatcherOptions{}).Reconcile(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if wf, err := r.Client().Workflow(ctx, other.Run.WorkflowID, false); err != nil || wf.Status != model.RunningWorkflow {
+			t.Fatalf("the other deployment's workflow: %v %v, want RUNNING", wf, err)
+		}
+		if err := r.Client().Terminate(ctx, other.Run.WorkflowID, "cleanup"); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("ExpiredNothingStarted", func(t *testing.T) {
 		// Nobody retries a start that crashed before reaching Conductor:
 		// the watcher releases the lease and drops the index entry.
 		t.Parallel()
 		env := newNATS(t)
-		p := testPlan(t, "h")
+		p := testPlan(t)
 		r := env.newRuns(t, u, opts)
 		if err := r.RegisterPlan(ctx, p); err != nil {
 			t.Fatal(err)

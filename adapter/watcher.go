@@ -12,6 +12,7 @@ import (
 	"github.com/conductor-sdk/conductor-go/sdk/model"
 	"go.uber.org/zap"
 
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -453,7 +454,7 @@ func (w *Watcher) recoverStart(ctx context.Context, rec *Run, rev uint64) error 
 		if err != nil {
 			return err
 		}
-		if runID, _ := wf.Input[InputRunID].(string); runID == rec.RunID {
+		if runID, _ := wf.Input[plan.InputRunID].(string); runID == rec.RunID {
 			candidates = append(candidates, wf)
 		}
 	}
@@ -495,9 +496,9 @@ func (w *Watcher) recoverStart(ctx context.Context, rec *Run, rev uint64) error 
 
 // Reconcile looks at the RUNNING and PAUSED workflows of every plan version
 // in the registry and terminates the orphans: workflows started by the
-// adapter (their input has runId and startAttemptId) whose run is recorded
-// with another workflow, or that have no run entry and are older than the
-// lease. Workflows of runs still STARTING are left alone (Check adopts them
+// adapter (their input has runId and startAttemptId) in this Runs' task
+// domain, whose run is recorded with another workflow, or that have no run
+// entry and are older than the lease. Workflows of runs still STARTING are left alone (Check adopts them
 // once the lease expires).
 func (w *Watcher) Reconcile(ctx context.Context) error {
 	plans, err := w.runs.registeredPlans(ctx)
@@ -545,10 +546,13 @@ func (w *Watcher) reconcileWorkflow(ctx context.Context, workflowID string) erro
 	if err != nil {
 		return err
 	}
-	runID, _ := wf.Input[InputRunID].(string)
+	runID, _ := wf.Input[plan.InputRunID].(string)
 	attempt, _ := wf.Input[InputStartAttemptID].(string)
 	if runID == "" || attempt == "" {
 		return nil // not started by the adapter
+	}
+	if wf.TaskToDomain["*"] != w.runs.opts.TaskDomain {
+		return nil // started by a deployment with another task domain
 	}
 	rec, _, err := w.runs.get(ctx, runID)
 	var reason string

@@ -10,6 +10,7 @@ import (
 	"github.com/conductor-sdk/conductor-go/sdk/model"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -114,7 +115,7 @@ func TestWatcher_Terminal(t *testing.T) {
 	u := conductorURL(t)
 	ctx := context.Background()
 	env := newNATS(t)
-	r := env.newRuns(t, u, RunsOptions{TaskDomain: "test-" + suffix(t)})
+	r := env.newRuns(t, u, RunsOptions{})
 	// A long interval: the runs end through Nudge, not through the ticker.
 	w := NewWatcher(r, env.store, WatcherOptions{Interval: time.Hour, Logger: zaptest.NewLogger(t)})
 	if err := w.Open(ctx); err != nil {
@@ -125,22 +126,22 @@ func TestWatcher_Terminal(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	start := func(t *testing.T) (*PlanDefs, Run) {
+	start := func(t *testing.T) (*plan.Compiled, Run) {
 		t.Helper()
-		p := testPlan(t, "h")
+		p := testPlan(t)
 		res, err := r.StartRun(ctx, request(p, "req"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		return p, res.Run
 	}
-	complete := func(t *testing.T, p *PlanDefs, run Run, status model.TaskResultStatus, reason string, nudge bool) {
+	complete := func(t *testing.T, p *plan.Compiled, run Run, status model.TaskResultStatus, reason string, nudge bool) {
 		t.Helper()
 		// The task is only handed out in the run's task domain.
-		if other, err := r.Client().BatchPollDomain(ctx, p.TaskDefs[0].Name, "watcher-test", "other-"+suffix(t), 1, 0); err != nil || len(other) != 0 {
+		if other, err := r.Client().BatchPollDomain(ctx, plan.TaskTypeNoop, "watcher-test", "other-"+suffix(t), 1, 0); err != nil || len(other) != 0 {
 			t.Fatalf("poll in another domain: %d tasks, %v", len(other), err)
 		}
-		task := pollTask(t, r.Client(), p.TaskDefs[0].Name, run.TaskDomain)
+		task := pollTask(t, r.Client(), plan.TaskTypeNoop, run.TaskDomain)
 		if task.WorkflowInstanceId != run.WorkflowID || task.Domain != run.TaskDomain {
 			t.Fatalf("polled a task of workflow %s, want %s", task.WorkflowInstanceId, run.WorkflowID)
 		}
@@ -251,7 +252,7 @@ func TestWatcher_Scan(t *testing.T) {
 	t.Run("MissingRunStarted", func(t *testing.T) {
 		// A start that crashed after recording the workflow but before
 		// appending RunStarted: the scan appends it.
-		p := testPlan(t, "h")
+		p := testPlan(t)
 		if err := r.RegisterPlan(ctx, p); err != nil {
 			t.Fatal(err)
 		}
@@ -273,7 +274,7 @@ func TestWatcher_Scan(t *testing.T) {
 	t.Run("Lost", func(t *testing.T) {
 		// The run's workflow is gone from Conductor (a restarted memory
 		// store): after LostAfter scans the run fails WORKFLOW_NOT_FOUND.
-		p := testPlan(t, "h")
+		p := testPlan(t)
 		res, err := r.StartRun(ctx, request(p, "req"))
 		if err != nil {
 			t.Fatal(err)
@@ -305,7 +306,7 @@ func TestWatcher_Scan(t *testing.T) {
 	t.Run("EngineDown", func(t *testing.T) {
 		// Conductor unreachable: the check fails with ENGINE_UNAVAILABLE
 		// and changes nothing.
-		p := testPlan(t, "h")
+		p := testPlan(t)
 		res, err := r.StartRun(ctx, request(p, "req"))
 		if err != nil {
 			t.Fatal(err)
@@ -328,7 +329,7 @@ func TestWatcher_OpenClose(t *testing.T) {
 	u := conductorURL(t)
 	ctx := context.Background()
 	env := newNATS(t)
-	r := env.newRuns(t, u, RunsOptions{TaskDomain: "test-" + suffix(t)})
+	r := env.newRuns(t, u, RunsOptions{})
 	w := NewWatcher(r, env.store, WatcherOptions{Interval: 50 * time.Millisecond, Logger: zaptest.NewLogger(t)})
 	if err := w.Close(ctx); err != nil {
 		t.Fatalf("close before open: %v", err)
@@ -340,12 +341,12 @@ func TestWatcher_OpenClose(t *testing.T) {
 		t.Fatal("second Open succeeded")
 	}
 	// The ticker alone (no Nudge) finishes a completed run.
-	p := testPlan(t, "h")
+	p := testPlan(t)
 	res, err := r.StartRun(ctx, request(p, "req"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	task := pollTask(t, r.Client(), p.TaskDefs[0].Name, res.Run.TaskDomain)
+	task := pollTask(t, r.Client(), plan.TaskTypeNoop, res.Run.TaskDomain)
 	if err := r.Client().UpdateTask(ctx, &model.TaskResult{TaskId: task.TaskId, WorkflowInstanceId: res.Run.WorkflowID,
 		Status: model.CompletedTask}); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,63 @@
+package adapter
+
+import (
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+)
+
+// InputStartAttemptID is the workflow input key, besides
+// plan.WorkflowInputKeys, that names the start attempt which started the
+// workflow (Run.AttemptID). Together with runId it marks a workflow as
+// started by the adapter (orphan detection).
+const InputStartAttemptID = "startAttemptId"
+
+// EmbeddedPlanHash returns the plan content hash recorded in a workflow
+// definition read back from Conductor (plan.ContentHashOf: the description
+// of a compiled definition), or "" if def carries none.
+func EmbeddedPlanHash(def *model.WorkflowDef) string {
+	h, _ := plan.ContentHashOf(def)
+	return h
+}
+
+// planDefs is what the adapter registers and starts for one plan version.
+type planDefs struct {
+	PlanID      string
+	PlanVersion string
+	Hash        string
+	Workflow    model.WorkflowDef
+	// WorkflowJSON and TaskDefsJSON are what is registered (the exact
+	// JSON of plan.Compiled).
+	WorkflowJSON []byte
+	TaskDefsJSON []byte
+}
+
+// defsOf checks a compiled plan and returns its definitions.
+func defsOf(op string, c *plan.Compiled) (*planDefs, error) {
+	if c == nil || c.Plan == nil {
+		return nil, invalidInput(op, "compiled plan is required")
+	}
+	d := &planDefs{PlanID: c.Plan.PlanID, PlanVersion: c.Plan.PlanVersion, Hash: c.ContentHash, Workflow: c.Workflow}
+	if err := validateField(op, "planId", d.PlanID); err != nil {
+		return nil, err
+	}
+	if err := validateField(op, "planVersion", d.PlanVersion); err != nil {
+		return nil, err
+	}
+	if d.Hash == "" {
+		return nil, invalidInput(op, "plan %s@%s has no content hash", d.PlanID, d.PlanVersion)
+	}
+	if d.Workflow.Name == "" {
+		return nil, invalidInput(op, "plan %s@%s has no workflow name", d.PlanID, d.PlanVersion)
+	}
+	var err error
+	if d.WorkflowJSON, err = c.WorkflowDefJSON(); err != nil {
+		return nil, invalidInput(op, "plan %s@%s: %v", d.PlanID, d.PlanVersion, err)
+	}
+	if len(c.TaskDefs) > 0 {
+		if d.TaskDefsJSON, err = c.TaskDefsJSON(); err != nil {
+			return nil, invalidInput(op, "plan %s@%s: %v", d.PlanID, d.PlanVersion, err)
+		}
+	}
+	return d, nil
+}
