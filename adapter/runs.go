@@ -747,6 +747,56 @@ func (r *Runs) Run(ctx context.Context, runID string) (*Run, error) {
 	return rec, err
 }
 
+// maxEnsureWait bounds how long EnsureStarted waits for a start in
+// progress.
+const maxEnsureWait = 2 * time.Second
+
+// EnsureStarted is for a worker holding a task of workflowID that carries
+// runID, when the run has no RunStarted in the log yet. The start of a run
+// records the workflow and then appends RunStarted, so a worker that polls
+// the first task within that millisecond window sees a run that is not
+// started. EnsureStarted closes the window: if the registry records
+// workflowID as the run's workflow, it appends RunStarted (idempotent, the
+// same event StartRun appends) and returns the run. If the start is still
+// in progress it waits for it (at most 2 s or ctx).
+//
+// It is also the orphan guard: ErrConflict means the run's workflow is
+// another one (the task belongs to an orphan workflow and must not run),
+// ErrNotFound that no run has that runId (an abandoned start's orphan, or
+// a workflow not started by the adapter), ErrRunStartInProgress that the
+// start did not finish in time (2 s, or ctx's deadline).
+func (r *Runs) EnsureStarted(ctx context.Context, runID, workflowID string) (*Run, error) {
+	const op = "ensure run started"
+	deadline := time.Now().Add(maxEnsureWait)
+	backoff := 10 * time.Millisecond
+	for {
+		rec, rev, err := r.get(ctx, runID)
+		if err != nil {
+			return nil, err
+		}
+		if rec.State != RunStateStarting {
+			if rec.WorkflowID != workflowID {
+				return nil, &Error{Code: CodeConflict, Op: op,
+					Message: fmt.Sprintf("run %s runs as workflow %s, not %s (an orphan workflow)", runID, rec.WorkflowID, workflowID)}
+			}
+			if err := r.ensureRunStarted(ctx, rec, rev); err != nil {
+				return nil, err
+			}
+			return rec, nil
+		}
+		if !time.Now().Before(deadline) {
+			return nil, &Error{Code: CodeRunStartInProgress, Op: op, Message: "run " + runID + " is still starting"}
+		}
+		if err := sleep(ctx, backoff); err != nil {
+			if errors.Is(err, context.Canceled) {
+				return nil, fmt.Errorf("adapter: %s: %w", op, err)
+			}
+			return nil, &Error{Code: CodeRunStartInProgress, Op: op, Message: "run " + runID + " is still starting", Err: err}
+		}
+		backoff = min(2*backoff, 200*time.Millisecond)
+	}
+}
+
 // RunForRequest returns the run of a run request, or ErrNotFound if it was
 // never started.
 func (r *Runs) RunForRequest(ctx context.Context, tenantID, projectID, environmentID, planID, planVersion, runRequestID string) (*Run, error) {

@@ -523,3 +523,105 @@ func TestRuns_CrashRecovery(t *testing.T) {
 		}
 	})
 }
+
+func TestRuns_EnsureStarted(t *testing.T) {
+	u := conductorURL(t)
+	ctx := context.Background()
+	env := newNATS(t)
+	r := env.newRuns(t, u, RunsOptions{})
+	p := testPlan(t)
+	if err := r.RegisterPlan(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("AppendsRunStarted", func(t *testing.T) {
+		// The workflow is recorded, RunStarted not yet appended (the
+		// window a fast worker can hit).
+		rec := crashedStart(t, r, request(p, "req-1"), true)
+		_, rev, err := r.get(ctx, rec.RunID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec.State, rec.StartedAt, rec.LeaseExpiresAt = RunStateStarted, time.Now().UTC(), time.Time{}
+		if _, err := r.updateRun(ctx, rec, rev); err != nil {
+			t.Fatal(err)
+		}
+		got, err := r.EnsureStarted(ctx, rec.RunID, rec.WorkflowID)
+		if err != nil || got.WorkflowID != rec.WorkflowID {
+			t.Fatalf("got %+v %v", got, err)
+		}
+		checkStarted(t, env, r, p, *rec)
+		if err := r.Client().Terminate(ctx, rec.WorkflowID, "cleanup"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("WaitsForStart", func(t *testing.T) {
+		// The workflow exists but the start has not recorded it yet (the
+		// holder is between StartWorkflow and its compare-and-set):
+		// EnsureStarted waits, then appends RunStarted.
+		rec := crashedStart(t, r, request(p, "req-2"), true)
+		_, rev, err := r.get(ctx, rec.RunID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		type result struct {
+			run *Run
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			got, err := r.EnsureStarted(ctx, rec.RunID, rec.WorkflowID)
+			done <- result{got, err}
+		}()
+		time.Sleep(150 * time.Millisecond)
+		select {
+		case res := <-done:
+			t.Fatalf("returned before the start was recorded: %+v %v", res.run, res.err)
+		default:
+		}
+		rec.State, rec.StartedAt, rec.LeaseExpiresAt = RunStateStarted, time.Now().UTC(), time.Time{}
+		if _, err := r.updateRun(ctx, rec, rev); err != nil {
+			t.Fatal(err)
+		}
+		res := <-done
+		if res.err != nil || res.run.WorkflowID != rec.WorkflowID {
+			t.Fatalf("got %+v %v", res.run, res.err)
+		}
+		checkStarted(t, env, r, p, *rec)
+		if err := r.Client().Terminate(ctx, rec.WorkflowID, "cleanup"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("ErrConflict", func(t *testing.T) {
+		res, err := r.StartRun(ctx, request(p, "req-3"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.EnsureStarted(ctx, res.Run.RunID, "00000000-0000-4000-8000-000000000001"); !errors.Is(err, ErrConflict) {
+			t.Fatalf("another workflow: got %v, want CONFLICT", err)
+		}
+		if err := r.Client().Terminate(ctx, res.Run.WorkflowID, "cleanup"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("ErrNotFound", func(t *testing.T) {
+		if _, err := r.EnsureStarted(ctx, "6f1c2b8e-0d5c-4f3e-9a59-2f4b1c0e7d11", "w"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("got %v, want NOT_FOUND", err)
+		}
+	})
+	t.Run("ErrRunStartInProgress", func(t *testing.T) {
+		crashed := crashedStart(t, r, request(p, "req-4"), false)
+		start := time.Now()
+		if _, err := r.EnsureStarted(ctx, crashed.RunID, "w"); !errors.Is(err, ErrRunStartInProgress) {
+			t.Fatalf("got %v, want RUN_START_IN_PROGRESS", err)
+		}
+		if d := time.Since(start); d < maxEnsureWait || d > maxEnsureWait+time.Second {
+			t.Fatalf("waited %s, want about %s", d, maxEnsureWait)
+		}
+		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer cancel()
+		if _, err := r.EnsureStarted(short, crashed.RunID, "w"); !errors.Is(err, ErrRunStartInProgress) {
+			t.Fatalf("short deadline: got %v, want RUN_START_IN_PROGRESS", err)
+		}
+	})
+}
