@@ -53,6 +53,7 @@ type Error struct {
 	Err          error
 }
 
+// Error returns "adapter: <op>: <CODE> (HTTP <status>): <message>".
 func (e *Error) Error() string {
 	s := "adapter: " + e.Code
 	if e.Op != "" {

@@ -26,7 +26,9 @@ const DefaultRunsBucket = "SIDECAR_RUNS"
 
 // Defaults of RunsOptions.
 const (
-	DefaultLeaseTTL  = 30 * time.Second
+	// DefaultLeaseTTL is RunsOptions.LeaseTTL when unset.
+	DefaultLeaseTTL = 30 * time.Second
+	// DefaultStartWait is RunsOptions.StartWait when unset.
 	DefaultStartWait = 15 * time.Second
 )
 

@@ -18,8 +18,13 @@ import (
 
 // Error codes of the RunFailed events the watcher appends (payload.error.code).
 const (
-	CodeWorkflowFailed     = "WORKFLOW_FAILED"
-	CodeWorkflowTimedOut   = "WORKFLOW_TIMED_OUT"
+	// CodeWorkflowFailed: the workflow FAILED; the message is Conductor's
+	// reasonForIncompletion.
+	CodeWorkflowFailed = "WORKFLOW_FAILED"
+	// CodeWorkflowTimedOut: the workflow TIMED_OUT.
+	CodeWorkflowTimedOut = "WORKFLOW_TIMED_OUT"
+	// CodeWorkflowTerminated: the workflow was TERMINATED without a cancel
+	// request of the sidecar (by hand, or by a failure workflow).
 	CodeWorkflowTerminated = "WORKFLOW_TERMINATED"
 	// CodeWorkflowNotFound: Conductor no longer knows the run's workflow
 	// (for instance its memory store was restarted).
