@@ -59,7 +59,14 @@ func (e *commandExecutor) Execute(ctx context.Context, x taskworkers.Execution) 
 	cmd.Env = env
 	cmd.Dir = x.Spec.WorkingDir
 	cmd.Stdout, cmd.Stderr = stdout, stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Its own process group, so that a cancel reaches the whole tree; and
+	// SIGKILL to the leader if the sidecar dies (kill -9, OOM), so a step
+	// never runs on unsupervised: Conductor redelivers its task and the
+	// step would otherwise complete twice. (Linux delivers the parent-death
+	// signal when the forking OS thread exits; the Go runtime keeps its
+	// threads unless a goroutine exits while locked to one, which this
+	// process does not do.)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = e.opts.KillGrace
 	started := time.Now()
 	if err := cmd.Start(); err != nil {
