@@ -1,0 +1,49 @@
+package adapter
+
+import (
+	"context"
+	"errors"
+	"strings"
+
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+)
+
+// InFlightTasks returns the tasks of the active runs that Conductor shows
+// IN_PROGRESS and polled by workerID. A sidecar calls it as it starts, with
+// its own (stable) worker id: none of its steps can be running yet, so
+// every such task was left behind by its previous process (kill -9, OOM)
+// and can be handed back at once instead of waiting for Conductor's
+// response timeout. Worker ids must therefore be unique per live sidecar.
+func (r *Runs) InFlightTasks(ctx context.Context, workerID string) ([]model.Task, error) {
+	keys, err := r.listKeys(ctx, keyActive+">")
+	if err != nil {
+		return nil, err
+	}
+	var out []model.Task
+	var errs []error
+	for _, k := range keys {
+		rec, _, err := r.get(ctx, strings.TrimPrefix(k, keyActive))
+		if err != nil {
+			if !errors.Is(err, ErrNotFound) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		if rec.WorkflowID == "" {
+			continue
+		}
+		wf, err := r.conductor.Workflow(ctx, rec.WorkflowID, true)
+		if err != nil {
+			if !errors.Is(err, ErrNotFound) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		for _, t := range wf.Tasks {
+			if t.Status == model.InProgressTask && t.WorkerId == workerID {
+				out = append(out, t)
+			}
+		}
+	}
+	return out, errors.Join(errs...)
+}
