@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -39,6 +40,10 @@ type EventSink interface {
 type SecretResolver interface {
 	Resolve(ctx context.Context, refs []plan.SecretRef) (map[string]string, error)
 }
+
+// ErrForeignWorkflow is returned by Options.Guard for a task whose workflow
+// is not its run's workflow.
+var ErrForeignWorkflow = errors.New("taskworkers: the task's workflow is not its run's workflow")
 
 // Assignment is what a worker needs from a Conductor task's input.
 type Assignment struct {
@@ -76,7 +81,21 @@ type Options struct {
 	WriteBudget time.Duration
 	// Decode turns a task's input into an Assignment.
 	Decode func(input map[string]any) (*Assignment, error)
-	Logger *zap.Logger
+	// Guard, when set, is called for a task whose run has no RunStarted in
+	// the log yet: it checks that workflowID is the run's workflow and
+	// records RunStarted (closing the window between a start and its
+	// event). It returns ErrForeignWorkflow for a workflow that is not the
+	// run's (an orphan of a crashed start): such a task is never run.
+	Guard func(ctx context.Context, runID, workflowID string) error
+	// Recover, when set, is called once by Open, before polling: it returns
+	// the tasks Conductor still shows in progress under this WorkerID, left
+	// by a previous process that died (kill -9). They are handed back at
+	// once, instead of after Conductor's response timeout.
+	Recover func(ctx context.Context) ([]model.Task, error)
+	// OnTaskDone, when set, is called after a step's outcome was reported
+	// to Conductor (the run watcher's nudge).
+	OnTaskDone func(runID string)
+	Logger     *zap.Logger
 	// Metrics may be nil.
 	Metrics *Metrics
 }
@@ -140,6 +159,17 @@ func (w *Worker) Open(ctx context.Context) error {
 	w.pollCtx, w.stopPolling = context.WithCancel(context.WithoutCancel(ctx))
 	w.workCtx, w.stopWork = context.WithCancel(context.WithoutCancel(ctx))
 	w.outbox.open(w.workCtx)
+	if w.opts.Recover != nil {
+		left, err := w.opts.Recover(ctx)
+		if err != nil {
+			w.log.Warn("could not list the tasks a previous process left in progress; Conductor's response timeout will retry them", zap.Error(err))
+		}
+		for i := range left {
+			w.log.Info("handing back a task left in progress by a previous process",
+				zap.String("taskId", left[i].TaskId), zap.String("workflowId", left[i].WorkflowInstanceId))
+			w.handBack(&left[i], 0, "recovered after restart")
+		}
+	}
 	for taskType, n := range w.opts.Concurrency {
 		if n <= 0 {
 			continue
@@ -270,15 +300,31 @@ func (w *Worker) handle(t *model.Task) {
 
 	// The pause gate and the producer guard: read the run's derived state.
 	snap, err := w.runs.ProjectSnapshot(w.workCtx, a.RunID)
+	if errors.Is(err, statestore.ErrNotFound) && w.opts.Guard != nil {
+		// RunStarted is appended right after Conductor starts the workflow;
+		// the task can be polled first. The guard records it.
+		if gerr := w.opts.Guard(w.workCtx, a.RunID, t.WorkflowInstanceId); gerr != nil {
+			if errors.Is(gerr, ErrForeignWorkflow) {
+				w.refuseForeign(t, log)
+				return
+			}
+			log.Info("run start not recorded yet; handing the task back", zap.Error(gerr))
+			w.handBack(t, time.Second, "run not started yet")
+			return
+		}
+		snap, err = w.runs.ProjectSnapshot(w.workCtx, a.RunID)
+	}
 	switch {
 	case errors.Is(err, statestore.ErrNotFound):
-		// RunStarted is appended right after Conductor starts the workflow;
-		// the task can be polled first.
 		w.handBack(t, time.Second, "run not started yet")
 		return
 	case err != nil:
 		log.Warn("cannot read the run's state; handing the task back", zap.Error(err))
 		w.handBack(t, w.opts.HandBackAfter, "state unavailable")
+		return
+	}
+	if id := workflowIDOf(snap.EngineRunRef); id != "" && id != t.WorkflowInstanceId {
+		w.refuseForeign(t, log)
 		return
 	}
 	switch {
@@ -464,11 +510,34 @@ func (w *Worker) emit(log *zap.Logger, a *Assignment, eventType string, engine, 
 	return nil
 }
 
+// refuseForeign fails a task of a workflow that is not its run's workflow
+// (an orphan of a crashed start, terminated by the adapter's reconcile).
+func (w *Worker) refuseForeign(t *model.Task, log *zap.Logger) {
+	log.Warn("task belongs to a workflow that is not its run's workflow; not running it")
+	w.opts.Metrics.handedBack("foreign workflow")
+	w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: "FOREIGN_WORKFLOW: not the run's workflow"})
+}
+
+// workflowIDOf returns the workflow id of an engineRunRef
+// conductor://<workflowName>/<workflowId>, or "".
+func workflowIDOf(ref string) string {
+	rest, ok := strings.CutPrefix(ref, "conductor://")
+	if !ok {
+		return ""
+	}
+	if i := strings.LastIndexByte(rest, '/'); i >= 0 {
+		return rest[i+1:]
+	}
+	return ""
+}
+
 // handBack returns a task to Conductor unstarted: IN_PROGRESS with a
-// callback, so Conductor hands it out again after the delay.
+// callback, so Conductor hands it out again after the delay. The delay is
+// at least 1s: the SDK omits a zero callbackAfterSeconds, and IN_PROGRESS
+// without one is a plain progress report that leaves the task with us.
 func (w *Worker) handBack(t *model.Task, after time.Duration, why string) {
 	w.update(t, w.log.With(zap.String("taskId", t.TaskId), zap.String("reason", why)), &model.TaskResult{
-		Status: model.InProgressTask, CallbackAfterSeconds: int64(after / time.Second),
+		Status: model.InProgressTask, CallbackAfterSeconds: max(int64(after/time.Second), 1),
 	})
 }
 
@@ -485,6 +554,11 @@ func (w *Worker) update(t *model.Task, log *zap.Logger, r *model.TaskResult) {
 		err := w.tasks.UpdateTask(ctx, r)
 		cancel()
 		if err == nil {
+			if r.Status != model.InProgressTask && w.opts.OnTaskDone != nil {
+				if runID, ok := t.InputData["runId"].(string); ok {
+					w.opts.OnTaskDone(runID)
+				}
+			}
 			return
 		}
 		w.opts.Metrics.updateError()
