@@ -1,6 +1,17 @@
 package main
 
-import "os"
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+)
 
 // envOr returns the environment variable name, or def when it is unset.
 func envOr(name, def string) string {
@@ -8,4 +19,165 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
+}
+
+// Config is the configuration of "sidecar serve". Every field has a flag
+// and an environment variable SIDECAR_<FLAG NAME IN UPPER SNAKE CASE>.
+type Config struct {
+	ConductorURL   string
+	NATSURL        string
+	DataDir        string
+	Listen         string
+	DrainTimeout   time.Duration
+	SyncInterval   time.Duration
+	WorkerID       string
+	Concurrency    map[string]int
+	ShutdownGrace  time.Duration
+	LogFormat      string
+	LogLevel       string
+	ValidateWrites bool
+}
+
+// DefaultConfig returns the defaults DESIGN.md names.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		ConductorURL:  "http://localhost:8080/api",
+		DataDir:       "./data",
+		Listen:        "127.0.0.1:8787",
+		DrainTimeout:  5 * time.Minute,
+		WorkerID:      "sidecar-" + host,
+		Concurrency:   map[string]int{plan.ExecutorCommand: 4, plan.ExecutorHTTP: 16, plan.ExecutorNoop: 16, plan.ExecutorSleep: 16},
+		ShutdownGrace: 30 * time.Second,
+		LogFormat:     "json",
+		LogLevel:      "info",
+	}
+}
+
+// ConfigValidationError lists every invalid setting.
+type ConfigValidationError struct{ Problems []string }
+
+func (e *ConfigValidationError) Error() string {
+	return "invalid configuration:\n  " + strings.Join(e.Problems, "\n  ")
+}
+
+// Validate checks c and returns a *ConfigValidationError naming every problem.
+func (c *Config) Validate() error {
+	var p []string
+	if u, err := url.Parse(c.ConductorURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		p = append(p, fmt.Sprintf("--conductor-url %q: want an http(s) URL like http://localhost:8080/api", c.ConductorURL))
+	}
+	if c.NATSURL == "" && c.DataDir == "" {
+		p = append(p, "--data-dir is required with the embedded NATS server (no --nats-url)")
+	}
+	if c.Listen == "" {
+		p = append(p, "--listen is required")
+	}
+	if c.DrainTimeout <= 0 {
+		p = append(p, "--drain-timeout must be > 0")
+	}
+	if c.SyncInterval < 0 {
+		p = append(p, "--sync-interval must be >= 0 (0: fsync every write)")
+	}
+	if c.ShutdownGrace < 0 {
+		p = append(p, "--shutdown-grace must be >= 0")
+	}
+	if c.WorkerID == "" {
+		p = append(p, "--worker-id is required")
+	}
+	switch c.LogFormat {
+	case "json", "console":
+	default:
+		p = append(p, "--log-format must be json or console")
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		p = append(p, "--log-level must be debug, info, warn or error")
+	}
+	if len(p) > 0 {
+		return &ConfigValidationError{Problems: p}
+	}
+	return nil
+}
+
+// registerFlags binds c's fields to fs, with environment fallbacks read now.
+func (c *Config) registerFlags(fs *flag.FlagSet) {
+	str := func(p *string, name, usage string) {
+		fs.StringVar(p, name, envOr(envName(name), *p), usage+" (env "+envName(name)+")")
+	}
+	dur := func(p *time.Duration, name, usage string) {
+		fs.Var(&durationValue{p}, name, usage+" (env "+envName(name)+")")
+		if v, ok := os.LookupEnv(envName(name)); ok {
+			_ = fs.Set(name, v) // reported by parse below if invalid
+		}
+	}
+	str(&c.ConductorURL, "conductor-url", "Conductor API base URL")
+	str(&c.NATSURL, "nats-url", "external NATS URL; empty runs an embedded server")
+	str(&c.DataDir, "data-dir", "embedded NATS store directory")
+	str(&c.Listen, "listen", "control API and /metrics address")
+	dur(&c.DrainTimeout, "drain-timeout", "default drain timeout of a pause")
+	dur(&c.SyncInterval, "sync-interval", "embedded NATS fsync interval; 0 fsyncs every write before acknowledging")
+	dur(&c.ShutdownGrace, "shutdown-grace", "how long running steps may finish after SIGTERM")
+	str(&c.WorkerID, "worker-id", "worker id reported to Conductor")
+	str(&c.LogFormat, "log-format", "json or console")
+	str(&c.LogLevel, "log-level", "debug, info, warn or error")
+	fs.Var(&concurrencyValue{c.Concurrency}, "concurrency", "steps run at once per executor, e.g. command=4,http=16 (env "+envName("concurrency")+")")
+	if v, ok := os.LookupEnv(envName("concurrency")); ok {
+		_ = fs.Set("concurrency", v)
+	}
+	validate := envOr(envName("validate-transitions"), "false") == "true"
+	fs.BoolVar(&c.ValidateWrites, "validate-transitions", validate, "reject invalid transitions at append time (Layer 2) (env "+envName("validate-transitions")+")")
+}
+
+func envName(flagName string) string {
+	return "SIDECAR_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+type durationValue struct{ p *time.Duration }
+
+func (d *durationValue) String() string {
+	if d.p == nil {
+		return ""
+	}
+	return d.p.String()
+}
+
+func (d *durationValue) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("want a duration like 30s or 5m")
+	}
+	*d.p = v
+	return nil
+}
+
+type concurrencyValue struct{ m map[string]int }
+
+func (c *concurrencyValue) String() string {
+	if c.m == nil {
+		return ""
+	}
+	var parts []string
+	for _, k := range []string{plan.ExecutorCommand, plan.ExecutorHTTP, plan.ExecutorNoop, plan.ExecutorSleep} {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, c.m[k]))
+	}
+	return strings.Join(parts, ",")
+}
+
+func (c *concurrencyValue) Set(s string) error {
+	for _, part := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
+		n, err := strconv.Atoi(v)
+		if !ok || err != nil || n < 0 {
+			return fmt.Errorf("want executor=count pairs, got %q", part)
+		}
+		switch k {
+		case plan.ExecutorCommand, plan.ExecutorHTTP, plan.ExecutorNoop, plan.ExecutorSleep:
+			c.m[k] = n
+		default:
+			return fmt.Errorf("unknown executor %q", k)
+		}
+	}
+	return nil
 }

@@ -51,6 +51,14 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		err = (&VersionCommand{m}).Run(ctx, rest)
 	case "demo":
 		err = (&DemoCommand{m}).Run(ctx, rest)
+	case "serve":
+		err = (&ServeCommand{m}).Run(ctx, rest)
+	case "run":
+		err = (&RunCommand{m}).Run(ctx, rest)
+	case "status":
+		err = (&StatusCommand{m}).Run(ctx, rest)
+	case "events":
+		err = (&EventsCommand{m}).Run(ctx, rest)
 	case "help", "-h", "--help":
 		m.usage()
 		return exitOK
@@ -77,6 +85,10 @@ Usage:
   sidecar <command> [flags]
 
 Commands:
+  serve     run the sidecar: task workers, event log, run watcher, control API
+  run       submit a plan as a run:      sidecar run submit PLAN_FILE
+  status    show a run's state:          sidecar status RUN_ID
+  events    print a run's event log:     sidecar events RUN_ID [--follow]
   demo      append a small run to the JetStream event log and show its snapshot
   key       print the idempotencyKey of an event
   version   print the version

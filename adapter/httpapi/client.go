@@ -1,0 +1,106 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Client calls a sidecar's control API.
+type Client struct {
+	// BaseURL is the sidecar's address, e.g. http://127.0.0.1:8787.
+	BaseURL string
+	HTTP    *http.Client
+}
+
+// NewClient returns a Client for baseURL with a 30s request timeout.
+func NewClient(baseURL string) *Client {
+	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), HTTP: &http.Client{Timeout: 30 * time.Second}}
+}
+
+// Error is an error answer of the API.
+type Error struct {
+	Status   int             `json:"-"`
+	Code     string          `json:"code"`
+	Message  string          `json:"message"`
+	Field    string          `json:"field,omitempty"`
+	Problems json.RawMessage `json:"problems,omitempty"`
+}
+
+func (e *Error) Error() string {
+	msg := fmt.Sprintf("%s (HTTP %d): %s", e.Code, e.Status, e.Message)
+	if len(e.Problems) > 0 {
+		msg += "\n" + string(e.Problems)
+	}
+	return msg
+}
+
+// ErrorCode returns the machine code.
+func (e *Error) ErrorCode() string { return e.Code }
+
+// Start starts a run (idempotent on the request's key).
+func (c *Client) Start(ctx context.Context, req StartRequest) (*Started, error) {
+	var out Started
+	return &out, c.do(ctx, http.MethodPost, "/v1/runs", req, &out)
+}
+
+// Run returns a run's view.
+func (c *Client) Run(ctx context.Context, runID string) (*RunView, error) {
+	var out RunView
+	return &out, c.do(ctx, http.MethodGet, "/v1/runs/"+url.PathEscape(runID), nil, &out)
+}
+
+// Events returns a page of a run's events after afterSeq.
+func (c *Client) Events(ctx context.Context, runID string, afterSeq int64, limit int) (*EventsPage, error) {
+	q := url.Values{"afterSeq": {strconv.FormatInt(afterSeq, 10)}}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	var out EventsPage
+	return &out, c.do(ctx, http.MethodGet, "/v1/runs/"+url.PathEscape(runID)+"/events?"+q.Encode(), nil, &out)
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.BaseURL+path, rd)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return fmt.Errorf("sidecar at %s: %w", c.BaseURL, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode >= 300 {
+		e := &Error{Status: resp.StatusCode}
+		if json.Unmarshal(data, e) != nil || e.Code == "" {
+			e.Code, e.Message = "HTTP_"+strconv.Itoa(resp.StatusCode), strings.TrimSpace(string(data))
+		}
+		return e
+	}
+	if out == nil {
+		return nil
+	}
+	return json.Unmarshal(data, out)
+}

@@ -1,0 +1,443 @@
+// Package httpapi is the sidecar's control API (HTTP JSON under /v1) and a
+// client for it. Errors are {"code": "...", "message": "..."} with a fitting
+// status; bad input gets a 4xx and changes nothing.
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// Machine codes of the API's own errors (statestore and adapter codes pass
+// through unchanged).
+const (
+	CodeBadRequest   = "BAD_REQUEST"
+	CodeRunNotFound  = "RUN_NOT_FOUND"
+	CodePlanInvalid  = "PLAN_INVALID"
+	CodeInternal     = "INTERNAL"
+	CodeNotReady     = "NOT_READY"
+	CodeUnavailable  = "ENGINE_UNAVAILABLE"
+	CodePlanConflict = "PLAN_VERSION_CONFLICT"
+)
+
+// Runs reads the event log and snapshots.
+type Runs interface {
+	ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error)
+	Fetch(ctx context.Context, runID string, afterSeq int64, limit int) ([]statestore.RunEventRecord, error)
+}
+
+// StartRequest asks for a run of a plan; it is idempotent on (TenantID,
+// ProjectID, EnvironmentID, Plan.PlanID, Plan.PlanVersion, RunRequestID).
+type StartRequest struct {
+	TenantID      string     `json:"tenantId"`
+	ProjectID     string     `json:"projectId"`
+	EnvironmentID string     `json:"environmentId"`
+	RunRequestID  string     `json:"runRequestId"`
+	RequestedBy   string     `json:"requestedBy,omitempty"`
+	Plan          *plan.Plan `json:"plan"`
+}
+
+// Started is the answer to a start: the run, and whether this request
+// created it (false: an earlier request with the same key did).
+type Started struct {
+	RunID        string `json:"runId"`
+	WorkflowID   string `json:"workflowId"`
+	EngineRunRef string `json:"engineRunRef"`
+	Created      bool   `json:"created"`
+}
+
+// Starter starts runs on the engine.
+type Starter interface {
+	Start(ctx context.Context, req StartRequest) (*Started, error)
+}
+
+// Options configures a Server.
+type Options struct {
+	Runs    Runs
+	Starter Starter
+	// Ready reports whether the sidecar can serve (store and engine
+	// reachable); nil means always ready.
+	Ready func(ctx context.Context) error
+	// Gatherer is served on /metrics (nil: no /metrics).
+	Gatherer prometheus.Gatherer
+	// Registerer receives the API's own metrics (nil: none).
+	Registerer prometheus.Registerer
+	Logger     *zap.Logger
+}
+
+// MaxBodyBytes bounds a request body.
+const MaxBodyBytes = 1 << 20
+
+// Server serves the control API.
+type Server struct {
+	opts     Options
+	log      *zap.Logger
+	mux      *http.ServeMux
+	requests *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+
+	mu  sync.Mutex
+	srv *http.Server
+	wg  sync.WaitGroup
+}
+
+// NewServer returns a Server; Handler serves it, Open listens.
+func NewServer(opts Options) *Server {
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	s := &Server{opts: opts, log: opts.Logger.Named("api"), mux: http.NewServeMux()}
+	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sidecar_api_requests_total", Help: "Control API requests by route and result code.",
+	}, []string{"route", "code"})
+	s.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "sidecar_api_request_duration_seconds", Help: "Control API latency by route.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10),
+	}, []string{"route"})
+	if opts.Registerer != nil {
+		opts.Registerer.MustRegister(s.requests, s.latency)
+	}
+	s.route("POST /v1/runs", "start", s.start)
+	s.route("GET /v1/runs/{runId}", "status", s.status)
+	s.route("GET /v1/runs/{runId}/events", "events", s.events)
+	s.route("GET /healthz", "healthz", func(w http.ResponseWriter, r *http.Request) error {
+		return writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	s.route("GET /readyz", "readyz", s.ready)
+	if opts.Gatherer != nil {
+		s.mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{}))
+	}
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &apiError{status: http.StatusNotFound, Code: "NOT_FOUND", Message: "no such endpoint: " + r.Method + " " + r.URL.Path})
+	})
+	return s
+}
+
+// Handler returns the API's handler.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Open serves on ln until Close.
+func (s *Server) Open(ln net.Listener) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.srv = &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("api server stopped", zap.Error(err))
+		}
+	}()
+}
+
+// Close stops accepting requests and waits for those in flight until ctx
+// is done.
+func (s *Server) Close(ctx context.Context) error {
+	s.mu.Lock()
+	srv := s.srv
+	s.mu.Unlock()
+	if srv == nil {
+		return nil
+	}
+	err := srv.Shutdown(ctx)
+	s.wg.Wait()
+	return err
+}
+
+// apiError is an error answer.
+type apiError struct {
+	status   int
+	Code     string `json:"code"`
+	Message  string `json:"message"`
+	Problems any    `json:"problems,omitempty"`
+	Field    string `json:"field,omitempty"`
+}
+
+func (e *apiError) Error() string { return e.Code + ": " + e.Message }
+
+func (s *Server) route(pattern, name string, h func(http.ResponseWriter, *http.Request) error) {
+	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		began := time.Now()
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		if err := h(rec, r); err != nil {
+			var ae *apiError
+			if !errors.As(err, &ae) {
+				ae = s.classify(err)
+			}
+			if ae.status >= 500 {
+				s.log.Error("request failed", zap.String("route", name), zap.String("code", ae.Code), zap.Error(err))
+			}
+			writeError(rec, ae)
+		}
+		s.requests.WithLabelValues(name, strconv.Itoa(rec.status)).Inc()
+		s.latency.WithLabelValues(name).Observe(time.Since(began).Seconds())
+	})
+}
+
+// classify maps errors from the store and the adapter to API answers by
+// their machine code.
+func (s *Server) classify(err error) *apiError {
+	var se *statestore.Error
+	if errors.As(err, &se) {
+		switch se.Code {
+		case statestore.CodeSchemaValidationFailed:
+			return &apiError{status: http.StatusBadRequest, Code: se.Code, Message: se.Message, Field: se.Field}
+		case statestore.CodeInvalidTransition:
+			return &apiError{status: http.StatusConflict, Code: se.Code, Message: se.Message}
+		case statestore.CodeStoreUnavailable:
+			return &apiError{status: http.StatusServiceUnavailable, Code: se.Code, Message: se.Message}
+		}
+	}
+	var pe *plan.ValidationError
+	if errors.As(err, &pe) {
+		return &apiError{status: http.StatusBadRequest, Code: CodePlanInvalid, Message: pe.Error(), Problems: pe.Problems}
+	}
+	if errors.Is(err, statestore.ErrNotFound) {
+		return &apiError{status: http.StatusNotFound, Code: CodeRunNotFound, Message: "no such run"}
+	}
+	var coded interface{ ErrorCode() string }
+	if errors.As(err, &coded) {
+		switch c := coded.ErrorCode(); c {
+		case CodeUnavailable, "RUN_REGISTRY_UNAVAILABLE":
+			return &apiError{status: http.StatusServiceUnavailable, Code: c, Message: err.Error()}
+		case "RUN_START_IN_PROGRESS", "CONFLICT":
+			return &apiError{status: http.StatusConflict, Code: c, Message: err.Error()}
+		case "NOT_FOUND":
+			return &apiError{status: http.StatusNotFound, Code: c, Message: err.Error()}
+		case "ENGINE_REJECTED":
+			return &apiError{status: http.StatusBadGateway, Code: c, Message: err.Error()}
+		case "INVALID_INPUT":
+			return &apiError{status: http.StatusBadRequest, Code: c, Message: err.Error()}
+		case CodePlanConflict:
+			return &apiError{status: http.StatusConflict, Code: c, Message: err.Error()}
+		case CodeRunNotFound:
+			return &apiError{status: http.StatusNotFound, Code: c, Message: err.Error()}
+		default:
+			if strings.HasSuffix(c, "_CONFLICT") {
+				return &apiError{status: http.StatusConflict, Code: c, Message: err.Error()}
+			}
+		}
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return &apiError{status: http.StatusServiceUnavailable, Code: CodeUnavailable, Message: err.Error()}
+	}
+	return &apiError{status: http.StatusInternalServerError, Code: CodeInternal, Message: err.Error()}
+}
+
+func (s *Server) start(w http.ResponseWriter, r *http.Request) error {
+	var req StartRequest
+	if err := decodeBody(r, &req); err != nil {
+		return err
+	}
+	if err := validateStart(&req); err != nil {
+		return err
+	}
+	if err := plan.Validate(req.Plan); err != nil {
+		return err
+	}
+	if s.opts.Starter == nil {
+		return &apiError{status: http.StatusServiceUnavailable, Code: CodeNotReady, Message: "this sidecar does not start runs"}
+	}
+	started, err := s.opts.Starter.Start(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if started.Created {
+		status = http.StatusCreated
+	}
+	w.Header().Set("Location", "/v1/runs/"+started.RunID)
+	return writeJSON(w, status, started)
+}
+
+// validateStart checks the run-start key fields: required, UTF-8, at most
+// statestore.MaxIDBytes, and no '|' (the key is their '|'-joined hash).
+func validateStart(req *StartRequest) error {
+	for _, f := range []struct{ name, v string }{
+		{"tenantId", req.TenantID}, {"projectId", req.ProjectID}, {"environmentId", req.EnvironmentID}, {"runRequestId", req.RunRequestID},
+	} {
+		switch {
+		case f.v == "":
+			return badRequest(f.name, f.name+" is required")
+		case len(f.v) > statestore.MaxIDBytes:
+			return badRequest(f.name, fmt.Sprintf("%s is longer than %d bytes", f.name, statestore.MaxIDBytes))
+		case strings.ContainsRune(f.v, '|'):
+			return badRequest(f.name, f.name+" must not contain '|'")
+		}
+	}
+	if req.Plan == nil {
+		return badRequest("plan", "plan is required")
+	}
+	return nil
+}
+
+// RunView is GET /v1/runs/{runId}: the snapshot, plus the human message of
+// seed 001 §6.5.
+type RunView struct {
+	*statestore.RunSnapshot
+	Message string `json:"message"`
+}
+
+func (s *Server) status(w http.ResponseWriter, r *http.Request) error {
+	snap, err := s.opts.Runs.ProjectSnapshot(r.Context(), r.PathValue("runId"))
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, RunView{RunSnapshot: snap, Message: Message(snap)})
+}
+
+// Message is the human summary of a run's state, e.g. "Workflow paused.
+// Waiting for 3 in-flight tasks to complete." while it drains.
+func Message(s *statestore.RunSnapshot) string {
+	inFlight := len(s.InFlight())
+	switch {
+	case s.Status == statestore.RunStatusPaused && s.Substatus == statestore.SubstatusDraining:
+		noun := "tasks"
+		if inFlight == 1 {
+			noun = "task"
+		}
+		return fmt.Sprintf("Workflow paused. Waiting for %d in-flight %s to complete.", inFlight, noun)
+	case s.Status == statestore.RunStatusPaused && s.Pause != nil && s.Pause.DrainTimedOut:
+		return fmt.Sprintf("Workflow paused. Drain timed out (PAUSE_DRAIN_TIMEOUT) with %d tasks still running.", inFlight)
+	case s.Status == statestore.RunStatusPaused:
+		return "Workflow paused. No tasks in flight."
+	case s.Status == statestore.RunStatusRunning && s.CancelRequested:
+		return "Cancel requested. Waiting for the engine to stop the workflow."
+	case s.Status == statestore.RunStatusRunning:
+		return fmt.Sprintf("Workflow running. %d tasks in flight.", inFlight)
+	default:
+		return "Workflow " + strings.ToLower(s.Status) + "."
+	}
+}
+
+// EventsPage is GET /v1/runs/{runId}/events.
+type EventsPage struct {
+	Events []statestore.RunEventRecord `json:"events"`
+	// NextAfterSeq is the afterSeq of the next page (the last runSeq
+	// returned, or the request's afterSeq when none was).
+	NextAfterSeq int64 `json:"nextAfterSeq"`
+}
+
+// Events page size limits.
+const (
+	DefaultEventsLimit = 100
+	MaxEventsLimit     = 1000
+)
+
+func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
+	runID := r.PathValue("runId")
+	q := r.URL.Query()
+	after, err := intParam(q.Get("afterSeq"), 0, "afterSeq")
+	if err != nil {
+		return err
+	}
+	limit, err := intParam(q.Get("limit"), DefaultEventsLimit, "limit")
+	if err != nil {
+		return err
+	}
+	if limit < 1 || limit > MaxEventsLimit {
+		return badRequest("limit", fmt.Sprintf("limit must be 1..%d", MaxEventsLimit))
+	}
+	if after < 0 {
+		return badRequest("afterSeq", "afterSeq must be >= 0")
+	}
+	recs, err := s.opts.Runs.Fetch(r.Context(), runID, after, int(limit))
+	if err != nil {
+		return err
+	}
+	if len(recs) == 0 && after == 0 {
+		return &apiError{status: http.StatusNotFound, Code: CodeRunNotFound, Message: "no such run"}
+	}
+	next := after
+	if len(recs) > 0 {
+		next = recs[len(recs)-1].RunSeq
+	}
+	return writeJSON(w, http.StatusOK, EventsPage{Events: recs, NextAfterSeq: next})
+}
+
+func (s *Server) ready(w http.ResponseWriter, r *http.Request) error {
+	if s.opts.Ready != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+		defer cancel()
+		if err := s.opts.Ready(ctx); err != nil {
+			return &apiError{status: http.StatusServiceUnavailable, Code: CodeNotReady, Message: err.Error()}
+		}
+	}
+	return writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func intParam(v string, def int64, name string) (int64, error) {
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, badRequest(name, name+" must be an integer")
+	}
+	return n, nil
+}
+
+func decodeBody(r *http.Request, v any) error {
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
+		return &apiError{status: http.StatusUnsupportedMediaType, Code: CodeBadRequest, Message: "Content-Type must be application/json"}
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, MaxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return &apiError{status: http.StatusRequestEntityTooLarge, Code: CodeBadRequest, Message: fmt.Sprintf("body larger than %d bytes", MaxBodyBytes)}
+		}
+		return badRequest("", "malformed JSON body: "+strings.TrimPrefix(err.Error(), "json: "))
+	}
+	if dec.More() {
+		return badRequest("", "unexpected data after the JSON body")
+	}
+	return nil
+}
+
+func badRequest(field, msg string) *apiError {
+	return &apiError{status: http.StatusBadRequest, Code: CodeBadRequest, Field: field, Message: msg}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	return json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, e *apiError) {
+	_ = writeJSON(w, e.status, e)
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	s.status = code
+	s.ResponseWriter.WriteHeader(code)
+}
+
+// Flush lets streaming handlers flush through the recorder.
+func (s *statusRecorder) Flush() {
+	if f, ok := s.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}

@@ -1,0 +1,358 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// End-to-end tests: the real sidecar binary, the real conductor-oss server
+// (SIDECAR_TEST_CONDUCTOR_URL, started by deploy/local/conductor.sh) and
+// the embedded NATS server.
+
+func conductorURL(t *testing.T) string {
+	t.Helper()
+	u := os.Getenv("SIDECAR_TEST_CONDUCTOR_URL")
+	if u == "" {
+		t.Skip("set SIDECAR_TEST_CONDUCTOR_URL (e.g. http://127.0.0.1:8080/api) to run the end-to-end tests against a real Conductor")
+	}
+	resp, err := http.Get(strings.TrimSuffix(u, "/api") + "/health")
+	if err != nil {
+		t.Fatalf("SIDECAR_TEST_CONDUCTOR_URL=%s is set but Conductor does not answer: %v", u, err)
+	}
+	resp.Body.Close()
+	return u
+}
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+func sidecarBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "sidecar-e2e-bin")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "sidecar")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// proc is a running "sidecar serve".
+type proc struct {
+	cmd    *exec.Cmd
+	addr   string
+	client *httpapi.Client
+	log    *os.File
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// startServe runs the sidecar on dataDir (reused across restarts) and waits
+// until /readyz answers.
+func startServe(t *testing.T, dataDir, addr string, extra ...string) *proc {
+	t.Helper()
+	logf, err := os.Create(filepath.Join(t.TempDir(), "sidecar.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"serve", "--conductor-url", conductorURL(t), "--data-dir", dataDir, "--listen", addr,
+		"--worker-id", "e2e-" + filepath.Base(dataDir), "--log-format", "console", "--shutdown-grace", "5s"}, extra...)
+	cmd := exec.Command(sidecarBinary(t), args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, addr: addr, client: httpapi.NewClient("http://" + addr), log: logf}
+	t.Cleanup(func() {
+		p.stop(syscall.SIGTERM)
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("sidecar log (%s):\n%s", addr, tail(string(b), 60))
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return p
+			}
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(logf.Name())
+			t.Fatalf("sidecar not ready after 30s:\n%s", tail(string(b), 40))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (p *proc) stop(sig syscall.Signal) {
+	if p.cmd.ProcessState != nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(sig)
+	_ = p.cmd.Wait()
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func submit(t *testing.T, p *proc, pl *plan.Plan, requestID string) *httpapi.Started {
+	t.Helper()
+	started, err := p.client.Start(context.Background(), httpapi.StartRequest{
+		TenantID: "t-e2e", ProjectID: "p-e2e", EnvironmentID: "test", RunRequestID: requestID, Plan: pl,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return started
+}
+
+// waitTerminal polls the run until it is terminal and returns its view.
+func waitTerminal(t *testing.T, p *proc, runID string, within time.Duration) *httpapi.RunView {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		v, err := p.client.Run(context.Background(), runID)
+		if err == nil && statestore.IsTerminalRunStatus(v.Status) {
+			return v
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run %s not terminal after %s: %+v %v", runID, within, v, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func allEvents(t *testing.T, p *proc, runID string) []statestore.RunEventRecord {
+	t.Helper()
+	page, err := p.client.Events(context.Background(), runID, 0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return page.Events
+}
+
+// eventIndex returns the position of the first event of type et for stepID
+// (and logical attempt, when > 0), or -1.
+func eventIndex(evs []statestore.RunEventRecord, et, stepID string, attempt int64) int {
+	for i, e := range evs {
+		if e.EventType == et && e.StepID == stepID && (attempt == 0 || e.LogicalAttemptID == attempt) {
+			return i
+		}
+	}
+	return -1
+}
+
+func count(evs []statestore.RunEventRecord, et, stepID string) int {
+	n := 0
+	for _, e := range evs {
+		if e.EventType == et && e.StepID == stepID {
+			n++
+		}
+	}
+	return n
+}
+
+func mustPlan(t *testing.T, js string) *plan.Plan {
+	t.Helper()
+	p, err := plan.Parse([]byte(js))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func uniq(prefix string) string { return fmt.Sprintf("%s-%d", prefix, time.Now().UnixNano()) }
+
+func TestE2E_DiamondCompletes(t *testing.T) {
+	p := startServe(t, t.TempDir(), freeAddr(t))
+	pl := mustPlan(t, `{"planId":"`+uniq("e2e-diamond")+`","planVersion":"1","steps":[
+		{"stepId":"a","executor":{"type":"command","argv":["sh","-c","echo a"]}},
+		{"stepId":"b","executor":{"type":"sleep","seconds":0.5},"dependsOn":["a"]},
+		{"stepId":"c","executor":{"type":"noop"},"dependsOn":["a"]},
+		{"stepId":"d","executor":{"type":"noop"},"dependsOn":["b","c"]}]}`)
+	started := submit(t, p, pl, "req-1")
+	if !started.Created || !strings.HasPrefix(started.EngineRunRef, "conductor://") {
+		t.Fatalf("start: %+v", started)
+	}
+	again := submit(t, p, pl, "req-1")
+	if again.Created || again.RunID != started.RunID || again.WorkflowID != started.WorkflowID {
+		t.Fatalf("a repeated start must return the same run: %+v vs %+v", again, started)
+	}
+	v := waitTerminal(t, p, started.RunID, 60*time.Second)
+	if v.Status != statestore.RunStatusCompleted || v.Inconsistent || len(v.Steps) != 4 {
+		t.Fatalf("run ended %s inconsistent=%v steps=%d", v.Status, v.Inconsistent, len(v.Steps))
+	}
+	for _, s := range v.Steps {
+		if s.Status != statestore.StepStatusSuccess || s.LogicalAttemptID != 1 {
+			t.Errorf("step %s: %s attempt %d", s.StepID, s.Status, s.LogicalAttemptID)
+		}
+	}
+	a := v.Step("a")
+	if len(a.Artifacts) == 0 || a.Artifacts[0].SHA256 == "" {
+		t.Errorf("command step a has no stdout artifact: %+v", a.Artifacts)
+	}
+	evs := allEvents(t, p, started.RunID)
+	if evs[0].EventType != statestore.RunStarted || evs[len(evs)-1].EventType != statestore.RunCompleted || len(evs) != 10 {
+		t.Fatalf("want RunStarted, 4 x StepStarted/StepCompleted, RunCompleted; got %d events", len(evs))
+	}
+	// Every step starts after all its dependencies completed.
+	for step, deps := range map[string][]string{"b": {"a"}, "c": {"a"}, "d": {"b", "c"}} {
+		for _, dep := range deps {
+			if eventIndex(evs, statestore.StepStarted, step, 1) < eventIndex(evs, statestore.StepCompleted, dep, 1) {
+				t.Errorf("%s started before %s completed", step, dep)
+			}
+		}
+	}
+	if evs[0].PersistedAt == "" || !strings.Contains(string(evs[0].Payload), started.WorkflowID) {
+		t.Errorf("RunStarted must carry the engineRunRef: %s", evs[0].Payload)
+	}
+}
+
+func TestE2E_EngineRetriesGiveOneStepFailed(t *testing.T) {
+	p := startServe(t, t.TempDir(), freeAddr(t))
+	pl := mustPlan(t, `{"planId":"`+uniq("e2e-fail")+`","planVersion":"1","steps":[
+		{"stepId":"flaky","executor":{"type":"command","argv":["sh","-c","echo failing >&2; exit 3"]},
+		 "retries":{"engineTries":3}}]}`)
+	started := submit(t, p, pl, "req-1")
+	v := waitTerminal(t, p, started.RunID, 90*time.Second)
+	if v.Status != statestore.RunStatusFailed {
+		t.Fatalf("run ended %s, want FAILED", v.Status)
+	}
+	evs := allEvents(t, p, started.RunID)
+	if n := count(evs, statestore.StepFailed, "flaky"); n != 1 {
+		t.Fatalf("%d StepFailed, want exactly 1 (engine retries are not logical attempts)", n)
+	}
+	failed := evs[eventIndex(evs, statestore.StepFailed, "flaky", 0)]
+	if failed.LogicalAttemptID != 1 || failed.EngineAttemptID != 3 {
+		t.Fatalf("StepFailed at attempt %d.%d, want logical 1, engine 3", failed.LogicalAttemptID, failed.EngineAttemptID)
+	}
+	if count(evs, statestore.StepStarted, "flaky") != 1 || count(evs, statestore.RunFailed, "") != 1 {
+		t.Fatalf("want one StepStarted (engine retries share its key) and one RunFailed: %v", types(evs))
+	}
+	if s := v.Step("flaky"); s.Error == nil || !strings.Contains(s.Error.Code+s.Error.Message, "3") {
+		t.Fatalf("step error %+v should carry the exit code", s.Error)
+	}
+}
+
+func TestE2E_SecondLogicalAttemptSucceeds(t *testing.T) {
+	p := startServe(t, t.TempDir(), freeAddr(t))
+	counter := filepath.Join(t.TempDir(), "tries")
+	// Fails on tries 1 and 2 (logical attempt 1, engine tries 1 and 2),
+	// succeeds on try 3 (logical attempt 2, engine try 1).
+	script := fmt.Sprintf(`n=$(cat %[1]s 2>/dev/null || echo 0); n=$((n+1)); echo $n > %[1]s; [ $n -ge 3 ]`, counter)
+	pl := &plan.Plan{PlanID: uniq("e2e-logical"), PlanVersion: "1", Steps: []plan.Step{{
+		StepID: "s", Executor: plan.ExecutorSpec{Type: plan.ExecutorCommand, Argv: []string{"sh", "-c", script}},
+		Retries: plan.RetryPolicy{EngineTries: 2, LogicalAttempts: 2},
+	}}}
+	started := submit(t, p, pl, "req-1")
+	v := waitTerminal(t, p, started.RunID, 90*time.Second)
+	if v.Status != statestore.RunStatusCompleted {
+		t.Fatalf("run ended %s, want COMPLETED", v.Status)
+	}
+	evs := allEvents(t, p, started.RunID)
+	want := []string{"RunStarted", "StepStarted/1", "StepFailed/1", "StepStarted/2", "StepCompleted/2", "RunCompleted"}
+	if got := types(evs); strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("events %v, want %v", got, want)
+	}
+	if s := v.Step("s"); s.LogicalAttemptID != 2 || s.Status != statestore.StepStatusSuccess {
+		t.Fatalf("step: %+v", s)
+	}
+}
+
+func TestE2E_KillDuringStepThenRestart(t *testing.T) {
+	dataDir, addr := t.TempDir(), freeAddr(t)
+	p := startServe(t, dataDir, addr)
+	marker := filepath.Join(t.TempDir(), "completions")
+	pl := &plan.Plan{PlanID: uniq("e2e-kill"), PlanVersion: "1", Steps: []plan.Step{
+		{StepID: "long", TimeoutSeconds: 8, Retries: plan.RetryPolicy{EngineTries: 3},
+			Executor: plan.ExecutorSpec{Type: plan.ExecutorCommand, Argv: []string{"sh", "-c", "sleep 3; echo done >> " + marker}}},
+		{StepID: "after", DependsOn: []string{"long"}, Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}},
+	}}
+	started := submit(t, p, pl, "req-1")
+	deadline := time.Now().Add(30 * time.Second)
+	for eventIndex(allEvents(t, p, started.RunID), statestore.StepStarted, "long", 0) < 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("step long never started")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	p.stop(syscall.SIGKILL) // kill -9 mid-step
+	p2 := startServe(t, dataDir, addr)
+	v := waitTerminal(t, p2, started.RunID, 120*time.Second)
+	if v.Status != statestore.RunStatusCompleted {
+		t.Fatalf("run ended %s after the restart, want COMPLETED", v.Status)
+	}
+	evs := allEvents(t, p2, started.RunID)
+	seen := map[string]bool{}
+	for _, e := range evs {
+		if seen[e.IdempotencyKey] {
+			t.Fatalf("duplicate event %s %s in the log", e.EventType, e.StepID)
+		}
+		seen[e.IdempotencyKey] = true
+	}
+	if count(evs, statestore.StepCompleted, "long") != 1 || count(evs, statestore.StepStarted, "long") != 1 {
+		t.Fatalf("events %v", types(evs))
+	}
+	b, err := os.ReadFile(marker)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), "done"); n != 1 {
+		t.Fatalf("step long ran to completion %d times, want exactly once", n)
+	}
+}
+
+func types(evs []statestore.RunEventRecord) []string {
+	var out []string
+	for _, e := range evs {
+		s := e.EventType
+		if e.StepID != "" {
+			s += fmt.Sprintf("/%d", e.LogicalAttemptID)
+		}
+		out = append(out, s)
+	}
+	return out
+}

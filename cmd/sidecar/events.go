@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// EventsCommand prints a run's event log: "sidecar events RUN [--follow]".
+type EventsCommand struct{ m *Main }
+
+// Run implements "sidecar events".
+func (c *EventsCommand) Run(ctx context.Context, args []string) error {
+	fs := c.m.newFlagSet("events", "events RUN_ID [--follow] [--after-seq N] [--server URL] [-o json]")
+	var cf clientFlags
+	cf.register(fs)
+	follow := fs.Bool("follow", false, "keep printing new events until the run ends (or Ctrl-C)")
+	after := fs.Int64("after-seq", 0, "print events with runSeq greater than this")
+	interval := fs.Duration("interval", 500*time.Millisecond, "poll interval with --follow")
+	runID, rest := firstArg(args)
+	if err := parse(fs, rest); err != nil {
+		return err
+	}
+	if err := cf.check(fs); err != nil {
+		return err
+	}
+	if runID == "" {
+		return usageError(fs, "RUN_ID is required")
+	}
+	client := cf.client()
+	cursor := *after
+	for {
+		page, err := client.Events(ctx, runID, cursor, 1000)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		for _, r := range page.Events {
+			if err := c.print(cf.output, &r); err != nil {
+				return err
+			}
+		}
+		cursor = page.NextAfterSeq
+		if len(page.Events) == 1000 {
+			continue
+		}
+		if !*follow {
+			return nil
+		}
+		v, err := client.Run(ctx, runID)
+		if err == nil && statestore.IsTerminalRunStatus(v.Status) && v.LastEventSeq <= cursor {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(*interval):
+		}
+	}
+}
+
+func (c *EventsCommand) print(output string, r *statestore.RunEventRecord) error {
+	if output == "json" {
+		b, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(c.m.Stdout, string(b))
+		return err
+	}
+	step := "-"
+	if r.StepID != "" {
+		step = r.StepID
+	}
+	_, err := fmt.Fprintf(c.m.Stdout, "%6d  %-30s  %-20s  %-20s  attempt %d.%d\n",
+		r.RunSeq, r.PersistedAt, r.EventType, step, r.LogicalAttemptID, r.EngineAttemptID)
+	return err
+}

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/uuid"
+
+	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+)
+
+// RunCommand submits a plan as a new run: "sidecar run submit PLAN_FILE".
+type RunCommand struct{ m *Main }
+
+// Run implements "sidecar run".
+func (c *RunCommand) Run(ctx context.Context, args []string) error {
+	if len(args) == 0 || args[0] != "submit" {
+		fmt.Fprintln(c.m.Stderr, "Usage: sidecar run submit PLAN_FILE [flags]")
+		return errUsage
+	}
+	fs := c.m.newFlagSet("run submit", "run submit PLAN_FILE [--run-request-id ID] [--tenant-id T] [--project-id P] [--environment-id E] [--server URL] [-o json]")
+	var cf clientFlags
+	cf.register(fs)
+	requestID := fs.String("run-request-id", "", "idempotency id of this request (default: a new UUID, printed); resubmitting with the same id returns the same run")
+	tenant := fs.String("tenant-id", envOr("SIDECAR_TENANT_ID", "default"), "tenantId (env SIDECAR_TENANT_ID)")
+	project := fs.String("project-id", envOr("SIDECAR_PROJECT_ID", "default"), "projectId (env SIDECAR_PROJECT_ID)")
+	env := fs.String("environment-id", envOr("SIDECAR_ENVIRONMENT_ID", "default"), "environmentId (env SIDECAR_ENVIRONMENT_ID)")
+	rest := args[1:]
+	var file string
+	if len(rest) > 0 && rest[0] != "" && rest[0][0] != '-' {
+		file, rest = rest[0], rest[1:]
+	}
+	if err := parse(fs, rest); err != nil {
+		return err
+	}
+	if err := cf.check(fs); err != nil {
+		return err
+	}
+	if file == "" {
+		return usageError(fs, "PLAN_FILE is required")
+	}
+	p, err := plan.ParseFile(file)
+	if err != nil {
+		return err
+	}
+	if *requestID == "" {
+		*requestID = uuid.NewString()
+	}
+	started, err := cf.client().Start(ctx, httpapi.StartRequest{
+		TenantID: *tenant, ProjectID: *project, EnvironmentID: *env, RunRequestID: *requestID, Plan: p,
+	})
+	if err != nil {
+		return err
+	}
+	if cf.output == "json" {
+		return printJSON(c.m.Stdout, started)
+	}
+	what := "started"
+	if !started.Created {
+		what = "already started by an earlier request with this id"
+	}
+	fmt.Fprintf(c.m.Stdout, "run %s %s\n  runRequestId %s\n  engineRunRef %s\n", started.RunID, what, *requestID, started.EngineRunRef)
+	return nil
+}

@@ -1,0 +1,277 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/registry"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/taskworkers"
+	"github.com/conductor-sidecar/sidecar/taskworkers/artifacts"
+	"github.com/conductor-sidecar/sidecar/taskworkers/exec"
+	"github.com/conductor-sidecar/sidecar/taskworkers/secrets"
+)
+
+// ServeCommand runs the sidecar: NATS (embedded unless --nats-url), the
+// event store and registry, the Conductor adapter and run watcher, the task
+// workers and the control API.
+type ServeCommand struct{ m *Main }
+
+// Run implements "sidecar serve". The first SIGINT/SIGTERM stops polling
+// and lets running steps finish within --shutdown-grace; a second one ends
+// the grace period at once.
+func (c *ServeCommand) Run(ctx context.Context, args []string) error {
+	cfg := DefaultConfig()
+	fs := c.m.newFlagSet("serve", "serve [flags]")
+	cfg.registerFlags(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintln(c.m.Stderr, err)
+		return errUsage
+	}
+	log, err := newLogger(cfg)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Sync() }()
+	sc, err := startSidecar(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	log.Info("sidecar ready", zap.String("listen", sc.addr), zap.String("conductor", cfg.ConductorURL), zap.String("version", buildVersion()))
+	<-ctx.Done()
+	log.Info("shutting down: polling stopped, running steps may finish", zap.Duration("grace", cfg.ShutdownGrace))
+	// A second signal ends the grace period.
+	graceCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+	defer cancel()
+	graceCtx, stop := signal.NotifyContext(graceCtx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return sc.close(graceCtx)
+}
+
+// sidecar is a running "serve": every component, in start order.
+type sidecar struct {
+	log     *zap.Logger
+	addr    string
+	srv     *server.Server
+	nc      *nats.Conn
+	store   *natsstore.Store
+	watcher *adapter.Watcher
+	worker  *taskworkers.Worker
+	api     *httpapi.Server
+}
+
+func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar, err error) {
+	sc = &sidecar{log: log}
+	defer func() {
+		if err != nil {
+			_ = sc.close(context.Background())
+		}
+	}()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	if cfg.NATSURL == "" {
+		if sc.srv, err = natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: cfg.DataDir, Port: -1, SyncInterval: cfg.SyncInterval, Logger: log}); err != nil {
+			return sc, err
+		}
+		sc.nc, err = natsstore.ConnectEmbedded(sc.srv)
+	} else {
+		sc.nc, err = nats.Connect(cfg.NATSURL, nats.Name("sidecar "+cfg.WorkerID), nats.MaxReconnects(-1))
+	}
+	if err != nil {
+		return sc, fmt.Errorf("connect to nats: %w", err)
+	}
+	js, err := jetstream.New(sc.nc)
+	if err != nil {
+		return sc, fmt.Errorf("jetstream: %w", err)
+	}
+	gate, err := natsstore.OpenAlertGate(ctx, js, natsstore.AlertGateOptions{})
+	if err != nil {
+		return sc, err
+	}
+	if sc.store, err = natsstore.Open(ctx, js, natsstore.Options{Logger: log, Metrics: statestore.NewMetrics(reg), Gate: gate}); err != nil {
+		return sc, err
+	}
+	var appender registry.Appender = sc.store
+	if cfg.ValidateWrites {
+		if appender, err = statestore.NewValidatingStore(sc.store); err != nil {
+			return sc, err
+		}
+	}
+	ids, err := registry.Open(ctx, js, registry.Options{Logger: log, Metrics: registry.NewMetrics(reg)})
+	if err != nil {
+		return sc, err
+	}
+	emitter := registry.NewEmitter(ids, appender)
+
+	adapterMetrics := adapter.NewMetrics(reg)
+	conductor, err := adapter.NewClient(adapter.ClientOptions{BaseURL: cfg.ConductorURL, Logger: log, Metrics: adapterMetrics})
+	if err != nil {
+		return sc, err
+	}
+	runs, err := adapter.OpenRuns(ctx, js, conductor, emitter, adapter.RunsOptions{Logger: log, Metrics: adapterMetrics})
+	if err != nil {
+		return sc, err
+	}
+	sc.watcher = adapter.NewWatcher(runs, sc.store, adapter.WatcherOptions{Logger: log, Metrics: adapterMetrics})
+	if err := sc.watcher.Open(ctx); err != nil {
+		return sc, err
+	}
+
+	arts, err := artifacts.Open(ctx, js, artifacts.Options{Logger: log})
+	if err != nil {
+		return sc, err
+	}
+	executors := exec.New(exec.Options{Artifacts: arts, Logger: log})
+	concurrency := map[string]int{}
+	for kind, n := range cfg.Concurrency {
+		concurrency[plan.TaskType(kind)] = n
+	}
+	sc.worker = taskworkers.New(conductor, sc.store, emitter, &secrets.Resolver{Logger: log}, executors.Executors(), taskworkers.Options{
+		WorkerID: cfg.WorkerID, Concurrency: concurrency, Decode: decodeAssignment,
+		Guard: func(ctx context.Context, runID, workflowID string) error {
+			_, err := runs.EnsureStarted(ctx, runID, workflowID)
+			if errors.Is(err, adapter.ErrConflict) || errors.Is(err, adapter.ErrNotFound) {
+				return fmt.Errorf("%w: %v", taskworkers.ErrForeignWorkflow, err)
+			}
+			return err
+		},
+		Recover: func(ctx context.Context) ([]model.Task, error) {
+			return runs.InFlightTasks(ctx, cfg.WorkerID)
+		},
+		OnTaskDone: sc.watcher.Nudge,
+		Logger:     log, Metrics: taskworkers.NewMetrics(reg),
+	})
+	// The task types must exist before polling them; registering is
+	// idempotent. Conductor may still be starting: workers then retry.
+	if err := conductor.RegisterTaskDefs(ctx, plan.TaskDefs()); err != nil {
+		log.Warn("could not register the task definitions yet; they are registered with the first plan", zap.Error(err))
+	}
+	if err := sc.worker.Open(ctx); err != nil {
+		return sc, err
+	}
+
+	sc.api = httpapi.NewServer(httpapi.Options{
+		Runs: sc.store, Starter: &starter{runs: runs}, Gatherer: reg, Registerer: reg, Logger: log,
+		Ready: func(ctx context.Context) error {
+			if !sc.nc.IsConnected() {
+				return errors.New("nats not connected")
+			}
+			return conductor.Health(ctx)
+		},
+	})
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return sc, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	sc.addr = ln.Addr().String()
+	sc.api.Open(ln)
+	return sc, nil
+}
+
+// close stops the components in reverse order. ctx bounds the workers'
+// grace period.
+func (sc *sidecar) close(ctx context.Context) error {
+	var errs []error
+	if sc.worker != nil {
+		if err := sc.worker.Close(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("workers: %w", err))
+		}
+	}
+	quick, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if sc.api != nil {
+		if err := sc.api.Close(quick); err != nil {
+			errs = append(errs, fmt.Errorf("api: %w", err))
+		}
+	}
+	if sc.watcher != nil {
+		if err := sc.watcher.Close(quick); err != nil {
+			errs = append(errs, fmt.Errorf("watcher: %w", err))
+		}
+	}
+	if sc.store != nil {
+		_ = sc.store.Close()
+	}
+	if sc.nc != nil {
+		sc.nc.Close()
+	}
+	if sc.srv != nil {
+		sc.srv.Shutdown()
+		sc.srv.WaitForShutdown()
+	}
+	sc.log.Info("sidecar stopped")
+	return errors.Join(errs...)
+}
+
+// starter adapts adapter.Runs to the API: it compiles the plan and starts
+// the run.
+type starter struct{ runs *adapter.Runs }
+
+func (s *starter) Start(ctx context.Context, req httpapi.StartRequest) (*httpapi.Started, error) {
+	compiled, err := plan.Compile(req.Plan)
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.runs.StartRun(ctx, adapter.StartRequest{
+		TenantID: req.TenantID, ProjectID: req.ProjectID, EnvironmentID: req.EnvironmentID, RunRequestID: req.RunRequestID,
+		Plan: compiled,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &httpapi.Started{RunID: res.Run.RunID, WorkflowID: res.Run.WorkflowID, EngineRunRef: res.Run.EngineRunRef(), Created: res.Created}, nil
+}
+
+// decodeAssignment reads a sidecar task's input (plan.DecodeTaskInput).
+func decodeAssignment(input map[string]any) (*taskworkers.Assignment, error) {
+	in, err := plan.DecodeTaskInput(input)
+	if err != nil {
+		return nil, err
+	}
+	return &taskworkers.Assignment{
+		RunID: in.RunID, TenantID: in.TenantID, ProjectID: in.ProjectID, EnvironmentID: in.EnvironmentID,
+		PlanID: in.PlanID, PlanVersion: in.PlanVersion, Step: in.Step,
+		EngineTries: in.EngineTries, LogicalAttempts: in.LogicalAttempts, OnStepFailure: in.OnStepFailure,
+	}, nil
+}
+
+func newLogger(cfg Config) (*zap.Logger, error) {
+	var zc zap.Config
+	if cfg.LogFormat == "console" {
+		zc = zap.NewDevelopmentConfig()
+	} else {
+		zc = zap.NewProductionConfig()
+		zc.EncoderConfig.TimeKey = "ts"
+		zc.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	}
+	level, err := zapcore.ParseLevel(cfg.LogLevel)
+	if err != nil {
+		return nil, err
+	}
+	zc.Level = zap.NewAtomicLevelAt(level)
+	zc.OutputPaths, zc.ErrorOutputPaths = []string{"stderr"}, []string{"stderr"}
+	return zc.Build()
+}

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// StatusCommand shows a run's state: "sidecar status RUN".
+type StatusCommand struct{ m *Main }
+
+// Run implements "sidecar status".
+func (c *StatusCommand) Run(ctx context.Context, args []string) error {
+	fs := c.m.newFlagSet("status", "status RUN_ID [--server URL] [-o json]")
+	var cf clientFlags
+	cf.register(fs)
+	runID, rest := firstArg(args)
+	if err := parse(fs, rest); err != nil {
+		return err
+	}
+	if err := cf.check(fs); err != nil {
+		return err
+	}
+	if runID == "" {
+		return usageError(fs, "RUN_ID is required")
+	}
+	v, err := cf.client().Run(ctx, runID)
+	if err != nil {
+		return err
+	}
+	if cf.output == "json" {
+		return printJSON(c.m.Stdout, v)
+	}
+	status := v.Status
+	if v.Substatus != "" {
+		status += " (" + v.Substatus + ")"
+	}
+	fmt.Fprintf(c.m.Stdout, "run       %s\nstatus    %s\nmessage   %s\nplan      %s %s\nengine    %s\n",
+		v.RunID, status, v.Message, v.PlanID, v.PlanVersion, optional(v.EngineRunRef, "-"))
+	if v.Inconsistent {
+		fmt.Fprintf(c.m.Stdout, "WARNING   inconsistent: %d invalid transitions ignored\n", len(v.InvalidEvents))
+	}
+	for _, s := range v.Steps {
+		line := fmt.Sprintf("step      %-24s %-8s attempt %d", s.StepID, s.Status, s.LogicalAttemptID)
+		if s.Error != nil {
+			line += "  " + s.Error.Code + ": " + strings.TrimSpace(s.Error.Message)
+		}
+		fmt.Fprintln(c.m.Stdout, line)
+	}
+	return nil
+}
+
+// firstArg splits a leading positional argument from the flags after it.
+func firstArg(args []string) (string, []string) {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		return args[0], args[1:]
+	}
+	return "", args
+}
