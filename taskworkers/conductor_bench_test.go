@@ -1,0 +1,230 @@
+package taskworkers_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/registry"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/taskworkers"
+	"github.com/conductor-sidecar/sidecar/taskworkers/exec"
+)
+
+// domainClient polls one task domain, so the benchmark's tasks are its own.
+type domainClient struct {
+	*adapter.Client
+	domain string
+}
+
+func (d domainClient) BatchPoll(ctx context.Context, taskType, workerID string, count int, timeout time.Duration) ([]model.Task, error) {
+	return d.BatchPollDomain(ctx, taskType, workerID, d.domain, count, timeout)
+}
+
+type benchEnv struct {
+	client *adapter.Client
+	runs   *adapter.Runs
+	store  *natsstore.Store
+	emit   *registry.Emitter
+	domain string
+}
+
+func newBenchEnv(b *testing.B) *benchEnv {
+	b.Helper()
+	url := os.Getenv("SIDECAR_TEST_CONDUCTOR_URL")
+	if url == "" {
+		b.Skip("set SIDECAR_TEST_CONDUCTOR_URL to run the benchmarks against a real Conductor")
+	}
+	ctx := context.Background()
+	srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: b.TempDir(), Port: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	nc, err := natsstore.ConnectEmbedded(srv)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	store, err := natsstore.Open(ctx, js, natsstore.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ids, err := registry.Open(ctx, js, registry.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	client, err := adapter.NewClient(adapter.ClientOptions{BaseURL: url})
+	if err != nil {
+		b.Fatal(err)
+	}
+	emit := registry.NewEmitter(ids, store)
+	domain := "bench" + uuid.NewString()[:8]
+	runs, err := adapter.OpenRuns(ctx, js, client, emit, adapter.RunsOptions{TaskDomain: domain})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &benchEnv{client: client, runs: runs, store: store, emit: emit, domain: domain}
+}
+
+// startRuns starts n runs of a chain of steps noop steps and returns their
+// workflow ids.
+func (e *benchEnv) startRuns(b *testing.B, n, steps int) []string {
+	b.Helper()
+	p := &plan.Plan{PlanID: "bench-" + uuid.NewString()[:8], PlanVersion: "1"}
+	for i := 0; i < steps; i++ {
+		s := plan.Step{StepID: fmt.Sprintf("s%02d", i), Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}}
+		if i > 0 {
+			s.DependsOn = []string{fmt.Sprintf("s%02d", i-1)}
+		}
+		p.Steps = append(p.Steps, s)
+	}
+	compiled, err := plan.Compile(p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var ids []string
+	for i := 0; i < n; i++ {
+		res, err := e.runs.StartRun(context.Background(), adapter.StartRequest{TenantID: "t", ProjectID: "p", EnvironmentID: "bench",
+			RunRequestID: uuid.NewString(), Plan: compiled})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ids = append(ids, res.Run.WorkflowID)
+	}
+	return ids
+}
+
+// waitCompleted waits until every workflow is COMPLETED and returns them.
+func (e *benchEnv) waitCompleted(b *testing.B, ids []string) []*model.Workflow {
+	b.Helper()
+	out := make([]*model.Workflow, len(ids))
+	deadline := time.Now().Add(5 * time.Minute)
+	for i, id := range ids {
+		for {
+			wf, err := e.client.Workflow(context.Background(), id, true)
+			if err == nil && wf.Status == "COMPLETED" {
+				out[i] = wf
+				break
+			}
+			if err == nil && wf.Status != "RUNNING" {
+				b.Fatalf("workflow %s ended %s", id, wf.Status)
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("workflow %s not completed in time", id)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return out
+}
+
+const (
+	benchSteps       = 10
+	benchConcurrency = 8
+)
+
+// BenchmarkNoopSteps runs b.N noop steps (chains of 10 in parallel runs)
+// through Conductor twice: with a bare SDK poll/update loop, and with the
+// sidecar's workers (state check, StepStarted, execute, StepCompleted,
+// update). It reports steps/s of both and their ratio, and the sidecar's
+// step start latency (task scheduled -> StepStarted persisted) p50/p99.
+func BenchmarkNoopSteps(b *testing.B) {
+	e := newBenchEnv(b)
+	runsN := max(1, (b.N+benchSteps-1)/benchSteps)
+	steps := runsN * benchSteps
+	taskType := plan.TaskType(plan.ExecutorNoop)
+	dc := domainClient{e.client, e.domain}
+
+	// Bare SDK loop: poll and complete, nothing else.
+	bareIDs := e.startRuns(b, runsN, benchSteps)
+	b.ResetTimer()
+	began := time.Now()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for g := 0; g < benchConcurrency; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				tasks, err := dc.BatchPoll(ctx, taskType, "bare", 1, 100*time.Millisecond)
+				if err != nil {
+					continue
+				}
+				for _, t := range tasks {
+					_ = e.client.UpdateTask(context.Background(), &model.TaskResult{TaskId: t.TaskId, WorkflowInstanceId: t.WorkflowInstanceId, WorkerId: "bare", Status: model.CompletedTask})
+				}
+			}
+		}()
+	}
+	e.waitCompleted(b, bareIDs)
+	bare := time.Since(began)
+	cancel()
+	wg.Wait()
+	b.StopTimer()
+
+	// The sidecar's workers.
+	sideIDs := e.startRuns(b, runsN, benchSteps)
+	w := taskworkers.New(dc, e.store, e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
+		WorkerID: "sidecar-bench", Concurrency: map[string]int{taskType: benchConcurrency}, BatchSize: 1,
+		PollTimeout: 100 * time.Millisecond,
+		Decode: func(in map[string]any) (*taskworkers.Assignment, error) {
+			ti, err := plan.DecodeTaskInput(in)
+			if err != nil {
+				return nil, err
+			}
+			return &taskworkers.Assignment{RunID: ti.RunID, TenantID: ti.TenantID, ProjectID: ti.ProjectID, EnvironmentID: ti.EnvironmentID,
+				PlanID: ti.PlanID, PlanVersion: ti.PlanVersion, Step: ti.Step, EngineTries: ti.EngineTries, LogicalAttempts: ti.LogicalAttempts}, nil
+		},
+	})
+	b.StartTimer()
+	began = time.Now()
+	if err := w.Open(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	wfs := e.waitCompleted(b, sideIDs)
+	side := time.Since(began)
+	b.StopTimer()
+	_ = w.Close(context.Background())
+
+	// Step start latency: Conductor's scheduledTime to StepStarted's persistedAt.
+	var lat []time.Duration
+	for _, wf := range wfs {
+		runID, _ := wf.Input["runId"].(string)
+		recs, err := e.store.Fetch(context.Background(), runID, 0, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		started := map[string]time.Time{}
+		for _, r := range recs {
+			if r.EventType == statestore.StepStarted {
+				started[plan.StepRef(r.StepID)], _ = time.Parse(time.RFC3339Nano, r.PersistedAt)
+			}
+		}
+		for _, t := range wf.Tasks {
+			if at, ok := started[t.ReferenceTaskName]; ok && t.ScheduledTime > 0 {
+				lat = append(lat, at.Sub(time.UnixMilli(t.ScheduledTime)))
+			}
+		}
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	b.ReportMetric(float64(steps)/bare.Seconds(), "bare-steps/s")
+	b.ReportMetric(float64(steps)/side.Seconds(), "sidecar-steps/s")
+	b.ReportMetric(bare.Seconds()/side.Seconds(), "sidecar/bare")
+	if len(lat) > 0 {
+		b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "start-p50-ms")
+		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "start-p99-ms")
+	}
+}
