@@ -174,7 +174,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	}
 
 	sc.api = httpapi.NewServer(httpapi.Options{
-		Runs: sc.store, Starter: &starter{runs: runs}, Gatherer: reg, Registerer: reg, Logger: log,
+		Runs: sc.store, Starter: &httpapi.RunStarter{Runs: runs}, Gatherer: reg, Registerer: reg, Logger: log,
 		Ready: func(ctx context.Context) error {
 			if !sc.nc.IsConnected() {
 				return errors.New("nats not connected")
@@ -224,25 +224,6 @@ func (sc *sidecar) close(ctx context.Context) error {
 	}
 	sc.log.Info("sidecar stopped")
 	return errors.Join(errs...)
-}
-
-// starter adapts adapter.Runs to the API: it compiles the plan and starts
-// the run.
-type starter struct{ runs *adapter.Runs }
-
-func (s *starter) Start(ctx context.Context, req httpapi.StartRequest) (*httpapi.Started, error) {
-	compiled, err := plan.Compile(req.Plan)
-	if err != nil {
-		return nil, err
-	}
-	res, err := s.runs.StartRun(ctx, adapter.StartRequest{
-		TenantID: req.TenantID, ProjectID: req.ProjectID, EnvironmentID: req.EnvironmentID, RunRequestID: req.RunRequestID,
-		Plan: compiled,
-	})
-	if err != nil {
-		return nil, err
-	}
-	return &httpapi.Started{RunID: res.Run.RunID, WorkflowID: res.Run.WorkflowID, EngineRunRef: res.Run.EngineRunRef(), Created: res.Created}, nil
 }
 
 // decodeAssignment reads a sidecar task's input (plan.DecodeTaskInput).
