@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -14,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
@@ -355,4 +358,73 @@ func types(evs []statestore.RunEventRecord) []string {
 		out = append(out, s)
 	}
 	return out
+}
+
+func TestE2E_SecretsNeverInEventsOrLogs(t *testing.T) {
+	secret := "s3cr3t-" + uuid.NewString()
+	t.Setenv("E2E_API_TOKEN", secret) // inherited by the sidecar process
+	p := startServe(t, t.TempDir(), freeAddr(t), "--log-level", "debug")
+	pl := mustPlan(t, `{"planId":"`+uniq("e2e-secret")+`","planVersion":"1","steps":[
+		{"stepId":"uses-secret","executor":{"type":"command","argv":["sh","-c","echo token=$API_TOKEN; echo $API_TOKEN >&2; exit 1"]},
+		 "secrets":[{"name":"API_TOKEN","ref":"env:E2E_API_TOKEN"}]}]}`)
+	started := submit(t, p, pl, "req-1")
+	v := waitTerminal(t, p, started.RunID, 60*time.Second)
+	if v.Status != statestore.RunStatusFailed {
+		t.Fatalf("run ended %s, want FAILED (the step exits 1)", v.Status)
+	}
+	page, err := p.client.Events(context.Background(), started.RunID, 0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(page)
+	if strings.Contains(string(b), secret) {
+		t.Fatal("the secret's value is in the event log")
+	}
+	if !strings.Contains(string(b), "stdout") {
+		t.Fatal("the failed step should still reference its stdout artifact")
+	}
+	p.stop(syscall.SIGTERM)
+	logs, _ := os.ReadFile(p.log.Name())
+	if strings.Contains(string(logs), secret) {
+		t.Fatal("the secret's value is in the sidecar's log")
+	}
+	if !strings.Contains(string(logs), "uses-secret") {
+		t.Fatal("the sidecar log does not mention the step: the grep above proves nothing")
+	}
+}
+
+func TestE2E_SIGTERMLetsRunningStepFinish(t *testing.T) {
+	dataDir, addr := t.TempDir(), freeAddr(t)
+	p := startServe(t, dataDir, addr)
+	pl := mustPlan(t, `{"planId":"`+uniq("e2e-term")+`","planVersion":"1","steps":[
+		{"stepId":"slow","executor":{"type":"command","argv":["sleep","2"]}},
+		{"stepId":"next","executor":{"type":"noop"},"dependsOn":["slow"]}]}`)
+	started := submit(t, p, pl, "req-1")
+	deadline := time.Now().Add(30 * time.Second)
+	for eventIndex(allEvents(t, p, started.RunID), statestore.StepStarted, "slow", 0) < 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("step slow never started")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	began := time.Now()
+	p.stop(syscall.SIGTERM) // graceful: the 5s grace exceeds the step's remaining time
+	if took := time.Since(began); took < time.Second {
+		t.Fatalf("sidecar exited after %s: it did not wait for the running step", took)
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("graceful shutdown exited %d", code)
+	}
+	// Reopen the same log: the running step finished and was recorded
+	// before exit, once; after the restart the run carries on to the end.
+	p2 := startServe(t, dataDir, addr)
+	evs := allEvents(t, p2, started.RunID)
+	if i := eventIndex(evs, statestore.StepCompleted, "slow", 1); i < 0 {
+		t.Fatalf("StepCompleted of the running step was not recorded before exit: %v", types(evs))
+	}
+	v := waitTerminal(t, p2, started.RunID, 60*time.Second)
+	evs = allEvents(t, p2, started.RunID)
+	if v.Status != statestore.RunStatusCompleted || count(evs, statestore.StepStarted, "slow") != 1 || count(evs, statestore.StepCompleted, "slow") != 1 {
+		t.Fatalf("run %s, events %v", v.Status, types(evs))
+	}
 }
