@@ -40,7 +40,7 @@ type benchEnv struct {
 	domain string
 }
 
-func newBenchEnv(b *testing.B) *benchEnv {
+func newBenchEnv(b testing.TB) *benchEnv {
 	b.Helper()
 	url := os.Getenv("SIDECAR_TEST_CONDUCTOR_URL")
 	if url == "" {
@@ -81,11 +81,20 @@ func newBenchEnv(b *testing.B) *benchEnv {
 
 // startRuns starts n runs of a chain of steps noop steps and returns their
 // workflow ids.
-func (e *benchEnv) startRuns(b *testing.B, n, steps int) []string {
+func (e *benchEnv) startRuns(b testing.TB, n, steps int) []string {
+	return e.start(b, n, steps, plan.ExecutorSpec{Type: plan.ExecutorNoop}, plan.RetryPolicy{})
+}
+
+// startRunsWith starts n runs of one step with the executor and retry policy.
+func (e *benchEnv) startRunsWith(b testing.TB, n int, x plan.ExecutorSpec, retries plan.RetryPolicy) []string {
+	return e.start(b, n, 1, x, retries)
+}
+
+func (e *benchEnv) start(b testing.TB, n, steps int, x plan.ExecutorSpec, retries plan.RetryPolicy) []string {
 	b.Helper()
 	p := &plan.Plan{PlanID: "bench-" + uuid.NewString()[:8], PlanVersion: "1"}
 	for i := 0; i < steps; i++ {
-		s := plan.Step{StepID: fmt.Sprintf("s%02d", i), Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}}
+		s := plan.Step{StepID: fmt.Sprintf("s%02d", i), Executor: x, Retries: retries}
 		if i > 0 {
 			s.DependsOn = []string{fmt.Sprintf("s%02d", i-1)}
 		}
@@ -108,7 +117,7 @@ func (e *benchEnv) startRuns(b *testing.B, n, steps int) []string {
 }
 
 // waitCompleted waits until every workflow is COMPLETED and returns them.
-func (e *benchEnv) waitCompleted(b *testing.B, ids []string) []*model.Workflow {
+func (e *benchEnv) waitCompleted(b testing.TB, ids []string) []*model.Workflow {
 	b.Helper()
 	out := make([]*model.Workflow, len(ids))
 	deadline := time.Now().Add(5 * time.Minute)

@@ -1,0 +1,124 @@
+package taskworkers_test
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/registry"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/taskworkers"
+	"github.com/conductor-sidecar/sidecar/taskworkers/exec"
+	"go.uber.org/zap/zaptest"
+)
+
+// failingSink passes events to the real registry emitter, except that it
+// refuses events of type failType while fail is set: a store outage for one
+// kind of write, which the real store cannot be made to show.
+type failingSink struct {
+	emit     *registry.Emitter
+	failType string
+	fail     atomic.Bool
+	refused  atomic.Int32
+}
+
+func (f *failingSink) Emit(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
+	if f.fail.Load() && w.EventType == f.failType {
+		f.refused.Add(1)
+		return statestore.AppendResult{}, &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: "injected outage"}
+	}
+	return f.emit.Emit(ctx, w)
+}
+
+func decode(in map[string]any) (*taskworkers.Assignment, error) {
+	ti, err := plan.DecodeTaskInput(in)
+	if err != nil {
+		return nil, err
+	}
+	return &taskworkers.Assignment{RunID: ti.RunID, TenantID: ti.TenantID, ProjectID: ti.ProjectID, EnvironmentID: ti.EnvironmentID,
+		PlanID: ti.PlanID, PlanVersion: ti.PlanVersion, Step: ti.Step, EngineTries: ti.EngineTries, LogicalAttempts: ti.LogicalAttempts}, nil
+}
+
+func startWorker(t *testing.T, e *benchEnv, sink taskworkers.EventSink) *taskworkers.Worker {
+	t.Helper()
+	w := taskworkers.New(domainClient{e.client, e.domain}, e.store, sink, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
+		WorkerID: "budget-test", Concurrency: map[string]int{plan.TaskType(plan.ExecutorNoop): 2, plan.TaskType(plan.ExecutorSleep): 2}, PollTimeout: 100 * time.Millisecond,
+		WriteBudget: 300 * time.Millisecond, Decode: decode, Logger: zaptest.NewLogger(t),
+	})
+	if err := w.Open(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	return w
+}
+
+func TestWorker_StepCompletedNeverFailsOpen(t *testing.T) {
+	e := newBenchEnv(t)
+	sink := &failingSink{emit: e.emit, failType: statestore.StepCompleted}
+	sink.fail.Store(true)
+	ids := e.startRunsWith(t, 1, plan.ExecutorSpec{Type: plan.ExecutorNoop}, plan.RetryPolicy{EngineTries: 3})
+	startWorker(t, e, sink)
+	// Wait for the first refusal, then let the store recover.
+	deadline := time.Now().Add(30 * time.Second)
+	for sink.refused.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("StepCompleted was never attempted")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sink.fail.Store(false)
+	wf := e.waitCompleted(t, ids)[0]
+	// The try whose StepCompleted could not be recorded was reported FAILED
+	// (retried by Conductor), never COMPLETED.
+	first := wf.Tasks[0]
+	if first.Status != "FAILED" || !strings.Contains(first.ReasonForIncompletion, "STATE_STORE_UNAVAILABLE") {
+		t.Fatalf("first try: %s %q, want FAILED with STATE_STORE_UNAVAILABLE", first.Status, first.ReasonForIncompletion)
+	}
+	runID, _ := wf.Input["runId"].(string)
+	recs, _ := e.store.Fetch(context.Background(), runID, 0, 0)
+	var got []string
+	for _, r := range recs {
+		got = append(got, r.EventType)
+	}
+	if strings.Join(got, " ") != "RunStarted StepStarted StepCompleted" {
+		t.Fatalf("log %v", got)
+	}
+	if recs[2].EngineAttemptID < 2 {
+		t.Fatalf("StepCompleted at engine attempt %d: the refused try must not count as completed", recs[2].EngineAttemptID)
+	}
+}
+
+func TestWorker_StepStartedFailsOpenToOutbox(t *testing.T) {
+	e := newBenchEnv(t)
+	sink := &failingSink{emit: e.emit, failType: statestore.StepStarted}
+	sink.fail.Store(true)
+	ids := e.startRunsWith(t, 1, plan.ExecutorSpec{Type: plan.ExecutorSleep, Seconds: 1.5}, plan.RetryPolicy{})
+	startWorker(t, e, sink)
+	deadline := time.Now().Add(30 * time.Second)
+	for sink.refused.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("StepStarted was never attempted")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The step runs although its StepStarted is queued in the outbox; the
+	// store comes back while it runs, and StepCompleted flushes the outbox
+	// first.
+	sink.fail.Store(false)
+	wf := e.waitCompleted(t, ids)[0]
+	if wf.Tasks[0].Status != "COMPLETED" {
+		t.Fatalf("task %s, want COMPLETED at the first try", wf.Tasks[0].Status)
+	}
+	runID, _ := wf.Input["runId"].(string)
+	snap, err := e.store.ProjectSnapshot(context.Background(), runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, _ := e.store.Fetch(context.Background(), runID, 0, 0)
+	if len(recs) != 3 || recs[1].EventType != statestore.StepStarted || recs[2].EventType != statestore.StepCompleted || snap.Inconsistent {
+		t.Fatalf("log must keep StepStarted before StepCompleted: %d records, inconsistent=%v", len(recs), snap.Inconsistent)
+	}
+}
