@@ -122,3 +122,58 @@ func TestWorker_StepStartedFailsOpenToOutbox(t *testing.T) {
 		t.Fatalf("log must keep StepStarted before StepCompleted: %d records, inconsistent=%v", len(recs), snap.Inconsistent)
 	}
 }
+
+func TestWorker_PauseGateHandsTasksBack(t *testing.T) {
+	e := newBenchEnv(t)
+	ids := e.startRunsWith(t, 1, plan.ExecutorSpec{Type: plan.ExecutorNoop}, plan.RetryPolicy{})
+	wf, err := e.client.Workflow(context.Background(), ids[0], false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runID, _ := wf.Input["runId"].(string)
+	snap, err := e.store.ProjectSnapshot(context.Background(), runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Pause the run in the log (the drain controller's RunPaused), before
+	// any worker polls.
+	paused := runEventLike(t, e, snap, statestore.RunPaused, 1)
+	if _, err := e.emit.Emit(context.Background(), paused); err != nil {
+		t.Fatal(err)
+	}
+	w := taskworkers.New(domainClient{e.client, e.domain}, e.store, e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
+		WorkerID: "gate-test", Concurrency: map[string]int{plan.TaskType(plan.ExecutorNoop): 1}, PollTimeout: 100 * time.Millisecond,
+		HandBackAfter: time.Second, Decode: decode, Logger: zaptest.NewLogger(t),
+	})
+	if err := w.Open(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	time.Sleep(3 * time.Second) // several polls and hand-backs
+	recs, _ := e.store.Fetch(context.Background(), runID, 0, 0)
+	for _, r := range recs {
+		if r.EventType == statestore.StepStarted {
+			t.Fatal("a step started while the run was PAUSED")
+		}
+	}
+	wf, _ = e.client.Workflow(context.Background(), ids[0], true)
+	if len(wf.Tasks) != 1 || wf.Tasks[0].Status == "COMPLETED" || wf.Tasks[0].PollCount < 2 {
+		t.Fatalf("the task must have been polled and handed back, not run: %d tasks, status %s, polls %d",
+			len(wf.Tasks), wf.Tasks[0].Status, wf.Tasks[0].PollCount)
+	}
+	resumed := runEventLike(t, e, snap, statestore.RunResumed, 1)
+	if _, err := e.emit.Emit(context.Background(), resumed); err != nil {
+		t.Fatal(err)
+	}
+	e.waitCompleted(t, ids)
+}
+
+// runEventLike builds a run-level event for the run of snap.
+func runEventLike(t *testing.T, e *benchEnv, snap *statestore.RunSnapshot, eventType string, cycle int64) *statestore.RunEventWrite {
+	t.Helper()
+	w := &statestore.RunEventWrite{EventType: eventType, EmittedAt: time.Now().UTC().Format(time.RFC3339Nano), RunID: snap.RunID,
+		TenantID: snap.TenantID, ProjectID: snap.ProjectID, EnvironmentID: snap.EnvironmentID, PlanID: snap.PlanID, PlanVersion: snap.PlanVersion,
+		EngineAttemptID: 1, LogicalAttemptID: cycle}
+	w.IdempotencyKey = w.KeyInput().Key()
+	return w
+}

@@ -428,3 +428,38 @@ func TestE2E_SIGTERMLetsRunningStepFinish(t *testing.T) {
 		t.Fatalf("run %s, events %v", v.Status, types(evs))
 	}
 }
+
+func TestE2E_CLI(t *testing.T) {
+	p := startServe(t, t.TempDir(), freeAddr(t))
+	server := "http://" + p.addr
+	code, out, errOut := run(t, "run", "submit", "../../deploy/local/plans/diamond.yaml", "--server", server, "--run-request-id", uniq("cli"), "-o", "json")
+	if code != 0 {
+		t.Fatalf("run submit: exit %d %s", code, errOut)
+	}
+	var started httpapi.Started
+	if err := json.Unmarshal([]byte(out), &started); err != nil || started.RunID == "" {
+		t.Fatalf("run submit output %q: %v", out, err)
+	}
+	// events --follow returns by itself once the run has ended.
+	done := make(chan struct{})
+	var evOut string
+	go func() {
+		defer close(done)
+		code, evOut, errOut = run(t, "events", started.RunID, "--follow", "--interval", "200ms", "--server", server)
+	}()
+	select {
+	case <-done:
+	case <-time.After(90 * time.Second):
+		t.Fatal("events --follow did not return after the run ended")
+	}
+	if code != 0 || strings.Count(evOut, "\n") != 10 || !strings.Contains(evOut, "RunCompleted") {
+		t.Fatalf("events --follow: exit %d, %d lines:\n%s%s", code, strings.Count(evOut, "\n"), evOut, errOut)
+	}
+	code, out, _ = run(t, "status", started.RunID, "--server", server)
+	if code != 0 || !strings.Contains(out, "COMPLETED") || strings.Count(out, "SUCCESS") != 4 {
+		t.Fatalf("status: exit %d\n%s", code, out)
+	}
+	if code, _, errOut := run(t, "status", "no-such-run", "--server", server); code != 1 || !strings.Contains(errOut, "RUN_NOT_FOUND") {
+		t.Fatalf("status of an unknown run: exit %d %s", code, errOut)
+	}
+}
