@@ -247,7 +247,14 @@ func (w *Worker) pollLoop(taskType string, concurrency int) {
 			return
 		}
 		free := concurrency - len(slots)
-		tasks, err := w.tasks.BatchPoll(w.pollCtx, taskType, w.opts.WorkerID, min(free, w.opts.BatchSize), w.opts.PollTimeout)
+		// The poll is never aborted by Stop: Conductor would go on
+		// long-polling for an abandoned request and could hand it a task
+		// nobody receives (stuck IN_PROGRESS until its response timeout).
+		// It ends within PollTimeout; what it returns after Stop is handed
+		// back.
+		pctx, cancel := context.WithTimeout(w.workCtx, w.opts.PollTimeout+10*time.Second)
+		tasks, err := w.tasks.BatchPoll(pctx, taskType, w.opts.WorkerID, min(free, w.opts.BatchSize), w.opts.PollTimeout)
+		cancel()
 		if w.pollCtx.Err() != nil {
 			// Tasks polled as we stopped are handed back at once.
 			for i := range tasks {
