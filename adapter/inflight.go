@@ -47,3 +47,17 @@ func (r *Runs) InFlightTasks(ctx context.Context, workerID string) ([]model.Task
 	}
 	return out, errors.Join(errs...)
 }
+
+// ActiveRunIDs lists the runs the adapter considers active (started, not
+// yet final in Conductor): the runs the drain monitor watches.
+func (r *Runs) ActiveRunIDs(ctx context.Context) ([]string, error) {
+	keys, err := r.listKeys(ctx, keyActive+">")
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(keys))
+	for i, k := range keys {
+		ids[i] = strings.TrimPrefix(k, keyActive)
+	}
+	return ids, nil
+}

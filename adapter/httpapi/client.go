@@ -57,6 +57,35 @@ func (c *Client) Run(ctx context.Context, runID string) (*RunView, error) {
 	return &out, c.do(ctx, http.MethodGet, "/v1/runs/"+url.PathEscape(runID), nil, &out)
 }
 
+// Pause pauses a run (draining); timeoutSeconds 0 uses the default.
+func (c *Client) Pause(ctx context.Context, runID string, timeoutSeconds int64, reason string) (*RunView, error) {
+	var out RunView
+	body := map[string]any{}
+	if timeoutSeconds > 0 {
+		body["timeoutSeconds"] = timeoutSeconds
+	}
+	if reason != "" {
+		body["reason"] = reason
+	}
+	return &out, c.do(ctx, http.MethodPost, "/v1/runs/"+url.PathEscape(runID)+"/pause", body, &out)
+}
+
+// Resume resumes a paused run.
+func (c *Client) Resume(ctx context.Context, runID string) (*RunView, error) {
+	var out RunView
+	return &out, c.do(ctx, http.MethodPost, "/v1/runs/"+url.PathEscape(runID)+"/resume", map[string]any{}, &out)
+}
+
+// Cancel cancels a run.
+func (c *Client) Cancel(ctx context.Context, runID, reason string) (*RunView, error) {
+	var out RunView
+	body := map[string]any{}
+	if reason != "" {
+		body["reason"] = reason
+	}
+	return &out, c.do(ctx, http.MethodPost, "/v1/runs/"+url.PathEscape(runID)+"/cancel", body, &out)
+}
+
 // Events returns a page of a run's events after afterSeq.
 func (c *Client) Events(ctx context.Context, runID string, afterSeq int64, limit int) (*EventsPage, error) {
 	q := url.Values{"afterSeq": {strconv.FormatInt(afterSeq, 10)}}

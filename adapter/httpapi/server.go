@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -70,6 +71,11 @@ type Starter interface {
 type Options struct {
 	Runs    Runs
 	Starter Starter
+	// Control carries out pause, resume and cancel (nil: not served).
+	Control Control
+	// DrainTimeout is the default drain timeout shown in a paused run's
+	// drain block (default 5m).
+	DrainTimeout time.Duration
 	// Ready reports whether the sidecar can serve (store and engine
 	// reachable); nil means always ready.
 	Ready func(ctx context.Context) error
@@ -101,6 +107,9 @@ func NewServer(opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
+	if opts.DrainTimeout <= 0 {
+		opts.DrainTimeout = 5 * time.Minute
+	}
 	s := &Server{opts: opts, log: opts.Logger.Named("api"), mux: http.NewServeMux()}
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sidecar_api_requests_total", Help: "Control API requests by route and result code.",
@@ -115,6 +124,9 @@ func NewServer(opts Options) *Server {
 	s.route("POST /v1/runs", "start", s.start)
 	s.route("GET /v1/runs/{runId}", "status", s.status)
 	s.route("GET /v1/runs/{runId}/events", "events", s.events)
+	s.route("POST /v1/runs/{runId}/pause", "pause", s.control("pause"))
+	s.route("POST /v1/runs/{runId}/resume", "resume", s.control("resume"))
+	s.route("POST /v1/runs/{runId}/cancel", "cancel", s.control("cancel"))
 	s.route("GET /healthz", "healthz", func(w http.ResponseWriter, r *http.Request) error {
 		return writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -201,6 +213,8 @@ func (s *Server) classify(err error) *apiError {
 			return &apiError{status: http.StatusConflict, Code: se.Code, Message: se.Message}
 		case statestore.CodeStoreUnavailable:
 			return &apiError{status: http.StatusServiceUnavailable, Code: se.Code, Message: se.Message}
+		case CodeRunNotFound:
+			return &apiError{status: http.StatusNotFound, Code: se.Code, Message: se.Message}
 		}
 	}
 	var pe *plan.ValidationError
@@ -286,19 +300,25 @@ func validateStart(req *StartRequest) error {
 	return nil
 }
 
-// RunView is GET /v1/runs/{runId}: the snapshot, plus the human message of
-// seed 001 §6.5.
+// RunView is GET /v1/runs/{runId} and the answer of the control actions:
+// the snapshot, the human message of seed 001 §6.5 and, while the run is
+// paused, the drain block (pausedAt, deadline, in-flight step ids).
 type RunView struct {
 	*statestore.RunSnapshot
-	Message string `json:"message"`
+	Message string           `json:"message"`
+	Drain   *drain.DrainView `json:"drain,omitempty"`
 }
 
 func (s *Server) status(w http.ResponseWriter, r *http.Request) error {
-	snap, err := s.opts.Runs.ProjectSnapshot(r.Context(), r.PathValue("runId"))
+	return s.writeRun(w, r, r.PathValue("runId"))
+}
+
+func (s *Server) writeRun(w http.ResponseWriter, r *http.Request, runID string) error {
+	snap, err := s.opts.Runs.ProjectSnapshot(r.Context(), runID)
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, RunView{RunSnapshot: snap, Message: Message(snap)})
+	return writeJSON(w, http.StatusOK, RunView{RunSnapshot: snap, Message: Message(snap), Drain: drain.StateOf(snap, s.opts.DrainTimeout).Drain})
 }
 
 // Message is the human summary of a run's state, e.g. "Workflow paused.

@@ -59,6 +59,8 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		err = (&StatusCommand{m}).Run(ctx, rest)
 	case "events":
 		err = (&EventsCommand{m}).Run(ctx, rest)
+	case "pause", "resume", "cancel":
+		err = (&ControlCommand{m: m, action: args[0]}).Run(ctx, rest)
 	case "help", "-h", "--help":
 		m.usage()
 		return exitOK
@@ -72,6 +74,9 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		return exitOK
 	case errors.Is(err, errUsage), errors.Is(err, flag.ErrHelp):
 		return exitUsage
+	case errors.As(err, new(errDrainTimedOut)):
+		fmt.Fprintf(m.Stderr, "sidecar %s: %v\n", args[0], err)
+		return exitDrainTimeout
 	default:
 		fmt.Fprintf(m.Stderr, "sidecar %s: %v\n", args[0], err)
 		return exitError
@@ -89,6 +94,9 @@ Commands:
   run       submit a plan as a run:      sidecar run submit PLAN_FILE
   status    show a run's state:          sidecar status RUN_ID
   events    print a run's event log:     sidecar events RUN_ID [--follow]
+  pause     pause a run (draining):      sidecar pause RUN_ID [--timeout 5m] [--wait]
+  resume    resume a paused run:         sidecar resume RUN_ID
+  cancel    cancel a run:                sidecar cancel RUN_ID
   demo      append a small run to the JetStream event log and show its snapshot
   key       print the idempotencyKey of an event
   version   print the version

@@ -22,6 +22,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
@@ -78,6 +79,7 @@ type sidecar struct {
 	nc      *nats.Conn
 	store   *natsstore.Store
 	watcher *adapter.Watcher
+	drain   *drain.Controller
 	worker  *taskworkers.Worker
 	api     *httpapi.Server
 }
@@ -161,20 +163,31 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 		Recover: func(ctx context.Context) ([]model.Task, error) {
 			return runs.InFlightTasks(ctx, cfg.WorkerID)
 		},
-		OnTaskDone: sc.watcher.Nudge,
-		Logger:     log, Metrics: taskworkers.NewMetrics(reg),
+		OnTaskDone: func(runID string) {
+			sc.watcher.Nudge(runID)
+			sc.drain.Nudge(runID)
+		},
+		Logger: log, Metrics: taskworkers.NewMetrics(reg),
 	})
 	// The task types must exist before polling them; registering is
 	// idempotent. Conductor may still be starting: workers then retry.
 	if err := conductor.RegisterTaskDefs(ctx, plan.TaskDefs()); err != nil {
 		log.Warn("could not register the task definitions yet; they are registered with the first plan", zap.Error(err))
 	}
+	sc.drain = drain.New(sc.store, emitter, conductor, drain.Options{
+		DefaultTimeout: cfg.DrainTimeout, Interrupt: sc.worker.Interrupt, ActiveRuns: runs.ActiveRunIDs,
+		Logger: log, Metrics: drain.NewMetrics(reg),
+	})
+	if err := sc.drain.Open(ctx); err != nil {
+		return sc, err
+	}
 	if err := sc.worker.Open(ctx); err != nil {
 		return sc, err
 	}
 
 	sc.api = httpapi.NewServer(httpapi.Options{
-		Runs: sc.store, Starter: &httpapi.RunStarter{Runs: runs}, Gatherer: reg, Registerer: reg, Logger: log,
+		Runs: sc.store, Starter: &httpapi.RunStarter{Runs: runs}, Control: &httpapi.RunControl{Runs: runs, Drain: sc.drain},
+		DrainTimeout: cfg.DrainTimeout, Gatherer: reg, Registerer: reg, Logger: log,
 		Ready: func(ctx context.Context) error {
 			if !sc.nc.IsConnected() {
 				return errors.New("nats not connected")
@@ -205,6 +218,11 @@ func (sc *sidecar) close(ctx context.Context) error {
 	if sc.api != nil {
 		if err := sc.api.Close(quick); err != nil {
 			errs = append(errs, fmt.Errorf("api: %w", err))
+		}
+	}
+	if sc.drain != nil {
+		if err := sc.drain.Close(quick); err != nil {
+			errs = append(errs, fmt.Errorf("drain: %w", err))
 		}
 	}
 	if sc.watcher != nil {

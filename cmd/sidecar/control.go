@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+)
+
+// exitDrainTimeout is the exit code of "pause --wait" when the drain timed
+// out (PAUSE_DRAIN_TIMEOUT).
+const exitDrainTimeout = 3
+
+// errDrainTimedOut makes Main.Run exit with exitDrainTimeout.
+type errDrainTimedOut struct{ runID string }
+
+func (e errDrainTimedOut) Error() string {
+	return "PAUSE_DRAIN_TIMEOUT: the drain of run " + e.runID + " timed out; the run is PAUSED with steps still running"
+}
+
+// ControlCommand is "sidecar pause|resume|cancel RUN_ID".
+type ControlCommand struct {
+	m      *Main
+	action string
+}
+
+// Run implements the control subcommands.
+func (c *ControlCommand) Run(ctx context.Context, args []string) error {
+	synopsis := c.action + " RUN_ID [--reason R] [--server URL] [-o json]"
+	if c.action == "pause" {
+		synopsis = "pause RUN_ID [--timeout D] [--reason R] [--wait] [--server URL] [-o json]"
+	}
+	fs := c.m.newFlagSet(c.action, synopsis)
+	var cf clientFlags
+	cf.register(fs)
+	reason := fs.String("reason", "", "why (recorded in the event's payload)")
+	var timeout time.Duration
+	var wait bool
+	if c.action == "pause" {
+		fs.DurationVar(&timeout, "timeout", 0, "drain timeout of this pause (default: the sidecar's --drain-timeout)")
+		fs.BoolVar(&wait, "wait", false, "show in-flight progress until drained (exit 0) or the drain times out (exit 3)")
+	}
+	runID, rest := firstArg(args)
+	if err := parse(fs, rest); err != nil {
+		return err
+	}
+	if err := cf.check(fs); err != nil {
+		return err
+	}
+	if runID == "" {
+		return usageError(fs, "RUN_ID is required")
+	}
+	if timeout < 0 || (timeout > 0 && timeout < time.Second) {
+		return usageError(fs, "--timeout must be at least 1s")
+	}
+	client := cf.client()
+	var v *httpapi.RunView
+	var err error
+	switch c.action {
+	case "pause":
+		v, err = client.Pause(ctx, runID, int64(timeout/time.Second), *reason)
+	case "resume":
+		v, err = client.Resume(ctx, runID)
+	case "cancel":
+		v, err = client.Cancel(ctx, runID, *reason)
+	}
+	if err != nil {
+		return err
+	}
+	if !wait {
+		if cf.output == "json" {
+			return printJSON(c.m.Stdout, v)
+		}
+		fmt.Fprintf(c.m.Stdout, "%s: %s\n", statusLine(v), v.Message)
+		return nil
+	}
+	return c.wait(ctx, client, runID, cf.output)
+}
+
+// wait polls the run until its drain ends.
+func (c *ControlCommand) wait(ctx context.Context, client *httpapi.Client, runID, output string) error {
+	last := ""
+	for {
+		v, err := client.Run(ctx, runID)
+		if err != nil {
+			return err
+		}
+		line := fmt.Sprintf("%s: %s", statusLine(v), v.Message)
+		if v.Drain != nil && v.Drain.Draining {
+			line += fmt.Sprintf(" in flight: %v (deadline %s)", v.Drain.InFlightStepIDs, v.Drain.Deadline)
+		}
+		if line != last && output != "json" {
+			fmt.Fprintln(c.m.Stdout, line)
+			last = line
+		}
+		switch {
+		case v.Drain == nil:
+			// Not paused any more (resumed or ended while we waited).
+			if output == "json" {
+				return printJSON(c.m.Stdout, v)
+			}
+			return nil
+		case v.Drain.TimedOut:
+			if output == "json" {
+				_ = printJSON(c.m.Stdout, v)
+			}
+			return errDrainTimedOut{runID}
+		case !v.Drain.Draining && v.Drain.EndedAt != "":
+			if output == "json" {
+				return printJSON(c.m.Stdout, v)
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func statusLine(v *httpapi.RunView) string {
+	if v.Substatus != "" {
+		return v.Status + " (" + v.Substatus + ")"
+	}
+	return v.Status
+}

@@ -1,0 +1,348 @@
+// Package drain is the per-run pause state machine: PAUSE as draining on
+// Conductor (seed 001 §6), RESUME, CANCEL (Cancel wins), the drain monitor
+// and the drain timeout. Its state lives in the event log, so any replica
+// can act on a run and a restart loses nothing: every action is an
+// idempotent append, and side effects (Conductor calls, alert counts) follow
+// an append that persisted, or are idempotent themselves.
+package drain
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// Engine is the part of Conductor's workflow API the controller uses. Pause
+// of a paused workflow and terminate of a terminated one succeed.
+type Engine interface {
+	Pause(ctx context.Context, workflowID string) error
+	Resume(ctx context.Context, workflowID string) error
+	Terminate(ctx context.Context, workflowID, reason string) error
+}
+
+// Log reads a run's derived state.
+type Log interface {
+	ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error)
+}
+
+// Emitter appends events through the EventIdRegistry protocol.
+type Emitter interface {
+	Emit(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error)
+}
+
+// Options configures a Controller.
+type Options struct {
+	// DefaultTimeout is the drain timeout of a pause that names none
+	// (default 5m).
+	DefaultTimeout time.Duration
+	// Interrupt, when set, interrupts a run's running steps on this
+	// process (best effort) when the run is cancelled.
+	Interrupt func(runID string) int
+	// ActiveRuns lists the runs the monitor watches.
+	ActiveRuns func(ctx context.Context) ([]string, error)
+	// Interval is the monitor's scan period (default 250ms).
+	Interval time.Duration
+	Logger   *zap.Logger
+	Metrics  *Metrics
+	Now      func() time.Time
+}
+
+// Controller carries out PAUSE, RESUME and CANCEL and watches drains.
+type Controller struct {
+	log    Log
+	emit   Emitter
+	engine Engine
+	opts   Options
+	logger *zap.Logger
+
+	nudge  chan string
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// New returns a Controller; Open starts its monitor.
+func New(log Log, emit Emitter, engine Engine, opts Options) *Controller {
+	if opts.DefaultTimeout <= 0 {
+		opts.DefaultTimeout = 5 * time.Minute
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = 250 * time.Millisecond
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Controller{log: log, emit: emit, engine: engine, opts: opts, logger: opts.Logger.Named("drain"),
+		nudge: make(chan string, 1024)}
+}
+
+// Errors of the controller, matched with errors.Is.
+var (
+	// ErrRunNotFound: no run with that id.
+	ErrRunNotFound = &statestore.Error{Code: "RUN_NOT_FOUND", Message: "no such run"}
+)
+
+// PauseRequest is the body of a pause.
+type PauseRequest struct {
+	// TimeoutSeconds overrides the default drain timeout (0: default).
+	TimeoutSeconds int64  `json:"timeoutSeconds,omitempty"`
+	Reason         string `json:"reason,omitempty"`
+	RequestedBy    string `json:"requestedBy,omitempty"`
+	// StepID names the failed step of a pause on failure.
+	StepID string `json:"stepId,omitempty"`
+}
+
+// State is a run's pause state as the API shows it.
+type State struct {
+	RunID     string `json:"runId"`
+	Status    string `json:"status"`
+	Substatus string `json:"substatus,omitempty"`
+	// Drain is present while the run is paused.
+	Drain *DrainView `json:"drain,omitempty"`
+}
+
+// DrainView is the drain block of a paused run.
+type DrainView struct {
+	Cycle           int64    `json:"cycle"`
+	PausedAt        string   `json:"pausedAt"`
+	Deadline        string   `json:"deadline"`
+	TimeoutSeconds  int64    `json:"timeoutSeconds"`
+	InFlightStepIDs []string `json:"inFlightStepIds"`
+	Draining        bool     `json:"draining"`
+	TimedOut        bool     `json:"timedOut"`
+	EndedAt         string   `json:"endedAt,omitempty"`
+}
+
+// StateOf returns the pause state of a snapshot.
+func StateOf(s *statestore.RunSnapshot, defaultTimeout time.Duration) *State {
+	st := &State{RunID: s.RunID, Status: s.Status, Substatus: s.Substatus}
+	if s.Status == statestore.RunStatusPaused && s.Pause != nil {
+		timeout := timeoutOf(s.Pause, defaultTimeout)
+		deadline := ""
+		if at, err := time.Parse(time.RFC3339Nano, s.Pause.PausedAt); err == nil {
+			deadline = at.Add(timeout).UTC().Format(time.RFC3339Nano)
+		}
+		inflight := s.InFlight()
+		if inflight == nil {
+			inflight = []string{}
+		}
+		st.Drain = &DrainView{Cycle: s.Pause.Cycle, PausedAt: s.Pause.PausedAt, Deadline: deadline,
+			TimeoutSeconds: int64(timeout / time.Second), InFlightStepIDs: inflight,
+			Draining: s.Substatus == statestore.SubstatusDraining, TimedOut: s.Pause.DrainTimedOut, EndedAt: s.Pause.DrainEndedAt}
+	}
+	return st
+}
+
+func timeoutOf(p *statestore.PauseState, def time.Duration) time.Duration {
+	if p.DrainTimeoutSeconds > 0 {
+		return time.Duration(p.DrainTimeoutSeconds) * time.Second
+	}
+	return def
+}
+
+// Pause pauses a RUNNING run: RunPaused (the next pause cycle) is appended
+// first, so the workers stop starting its steps at once, then Conductor's
+// workflow is paused. Pausing a paused run changes nothing and returns its
+// state (and pauses Conductor's workflow again, in case that failed the
+// first time). Any other status gets INVALID_TRANSITION and nothing is
+// written.
+func (c *Controller) Pause(ctx context.Context, runID, workflowID string, req PauseRequest) (*State, error) {
+	if req.TimeoutSeconds < 0 {
+		return nil, &statestore.Error{Code: statestore.CodeSchemaValidationFailed, Field: "timeoutSeconds", Message: "must be >= 0"}
+	}
+	snap, err := c.snapshot(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	if snap.Status == statestore.RunStatusPaused {
+		return c.withEngine(ctx, snap, c.engine.Pause(ctx, workflowID))
+	}
+	cycle := int64(1)
+	if snap.Pause != nil {
+		cycle = snap.Pause.Cycle + 1
+	}
+	timeout := req.TimeoutSeconds
+	if timeout == 0 {
+		timeout = int64(c.opts.DefaultTimeout / time.Second)
+	}
+	payload := map[string]any{"drainTimeoutSeconds": timeout}
+	putIf(payload, "reason", req.Reason)
+	putIf(payload, "requestedBy", req.RequestedBy)
+	putIf(payload, "stepId", req.StepID)
+	began := c.opts.Now()
+	if _, err := c.append(ctx, snap, statestore.RunPaused, cycle, payload); err != nil {
+		return nil, err
+	}
+	c.opts.Metrics.pauseRecorded(c.opts.Now().Sub(began))
+	c.logger.Info("run paused; draining in-flight steps", zap.String("runId", runID), zap.Int64("cycle", cycle),
+		zap.Int("inFlight", len(snap.InFlight())), zap.Int64("timeoutSeconds", timeout))
+	engineBegan := c.opts.Now()
+	engineErr := c.engine.Pause(ctx, workflowID)
+	c.opts.Metrics.enginePause(c.opts.Now().Sub(engineBegan))
+	c.Nudge(runID)
+	snap, err = c.snapshot(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	return c.withEngine(ctx, snap, engineErr)
+}
+
+// Resume resumes a PAUSED run (draining or not): RunResumed closes the
+// cycle, then Conductor resumes; completed steps never run again. A
+// RUNNING run gets INVALID_TRANSITION.
+func (c *Controller) Resume(ctx context.Context, runID, workflowID string) (*State, error) {
+	snap, err := c.snapshot(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	if snap.Status != statestore.RunStatusPaused || snap.Pause == nil {
+		return nil, c.invalid(snap, statestore.RunResumed)
+	}
+	if _, err := c.append(ctx, snap, statestore.RunResumed, snap.Pause.Cycle, nil); err != nil {
+		return nil, err
+	}
+	if snap.Substatus == statestore.SubstatusDraining {
+		c.opts.Metrics.drainEnded("resumed", c.waited(snap))
+	}
+	c.logger.Info("run resumed", zap.String("runId", runID), zap.Int64("cycle", snap.Pause.Cycle))
+	engineErr := c.engine.Resume(ctx, workflowID)
+	snap, err = c.snapshot(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	return c.withEngine(ctx, snap, engineErr)
+}
+
+// Cancel cancels a run that is not terminal: RunCancelRequested (from then
+// on Cancel wins), Conductor's workflow terminated, the run's running steps
+// interrupted on this process (best effort), RunCancelled. Cancelling a
+// cancelled run returns its state.
+func (c *Controller) Cancel(ctx context.Context, runID, workflowID, reason, requestedBy string) (*State, error) {
+	snap, err := c.snapshot(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	if snap.Status == statestore.RunStatusCancelled {
+		return StateOf(snap, c.opts.DefaultTimeout), nil
+	}
+	if statestore.IsTerminalRunStatus(snap.Status) {
+		return nil, c.invalid(snap, statestore.RunCancelRequested)
+	}
+	payload := map[string]any{}
+	putIf(payload, "reason", reason)
+	putIf(payload, "requestedBy", requestedBy)
+	if !snap.CancelRequested {
+		if _, err := c.append(ctx, snap, statestore.RunCancelRequested, 1, payload); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.engine.Terminate(ctx, workflowID, "cancelled: "+reason); err != nil {
+		// The request is recorded; a retry of the cancel terminates.
+		return nil, err
+	}
+	if c.opts.Interrupt != nil {
+		if n := c.opts.Interrupt(runID); n > 0 {
+			c.logger.Info("interrupted running steps of a cancelled run", zap.String("runId", runID), zap.Int("steps", n))
+		}
+	}
+	if snap, err = c.snapshot(ctx, runID); err != nil {
+		return nil, err
+	}
+	if _, err := c.append(ctx, snap, statestore.RunCancelled, 1, payload); err != nil {
+		return nil, err
+	}
+	if snap.Substatus == statestore.SubstatusDraining {
+		c.opts.Metrics.drainEnded("cancelled", c.waited(snap))
+	}
+	c.logger.Info("run cancelled", zap.String("runId", runID))
+	if snap, err = c.snapshot(ctx, runID); err != nil {
+		return nil, err
+	}
+	return StateOf(snap, c.opts.DefaultTimeout), nil
+}
+
+// EngineError is returned with the run's state when the log was updated
+// but Conductor could not be told; retrying the same request converges.
+type EngineError struct {
+	State *State
+	Err   error
+}
+
+func (e *EngineError) Error() string {
+	return "recorded, but Conductor was not updated: " + e.Err.Error()
+}
+func (e *EngineError) Unwrap() error { return e.Err }
+
+func (c *Controller) withEngine(_ context.Context, snap *statestore.RunSnapshot, engineErr error) (*State, error) {
+	st := StateOf(snap, c.opts.DefaultTimeout)
+	if engineErr != nil {
+		return st, &EngineError{State: st, Err: engineErr}
+	}
+	return st, nil
+}
+
+func (c *Controller) snapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	snap, err := c.log.ProjectSnapshot(ctx, runID)
+	if errors.Is(err, statestore.ErrNotFound) {
+		return nil, ErrRunNotFound
+	}
+	return snap, err
+}
+
+// invalid is the INVALID_TRANSITION answer for an action the run's state
+// does not allow; nothing is written.
+func (c *Controller) invalid(snap *statestore.RunSnapshot, eventType string) error {
+	w := c.event(snap, eventType, 1, nil)
+	if err := statestore.CheckTransition(snap, w); err != nil {
+		return err
+	}
+	return &statestore.Error{Code: statestore.CodeInvalidTransition, Message: fmt.Sprintf("%s is not allowed from %s", eventType, snap.Status),
+		Meta: map[string]string{"actualState": snap.Status, "attemptedEventType": eventType}}
+}
+
+// append checks the transition (Layer 1) and appends.
+func (c *Controller) append(ctx context.Context, snap *statestore.RunSnapshot, eventType string, cycle int64, payload map[string]any) (statestore.AppendResult, error) {
+	w := c.event(snap, eventType, cycle, payload)
+	if err := statestore.CheckTransition(snap, w); err != nil {
+		return statestore.AppendResult{}, err
+	}
+	return c.emit.Emit(ctx, w)
+}
+
+func (c *Controller) event(snap *statestore.RunSnapshot, eventType string, attempt int64, payload map[string]any) *statestore.RunEventWrite {
+	w := &statestore.RunEventWrite{
+		EventType: eventType, EmittedAt: c.opts.Now().UTC().Format(time.RFC3339Nano), RunID: snap.RunID,
+		TenantID: snap.TenantID, ProjectID: snap.ProjectID, EnvironmentID: snap.EnvironmentID,
+		PlanID: snap.PlanID, PlanVersion: snap.PlanVersion, EngineAttemptID: 1, LogicalAttemptID: attempt,
+	}
+	if len(payload) > 0 {
+		w.Payload, _ = json.Marshal(payload)
+	}
+	w.IdempotencyKey = w.KeyInput().Key()
+	return w
+}
+
+func (c *Controller) waited(snap *statestore.RunSnapshot) time.Duration {
+	if snap.Pause == nil {
+		return 0
+	}
+	at, err := time.Parse(time.RFC3339Nano, snap.Pause.PausedAt)
+	if err != nil {
+		return 0
+	}
+	return c.opts.Now().Sub(at)
+}
+
+func putIf(m map[string]any, k, v string) {
+	if v != "" {
+		m[k] = v
+	}
+}
