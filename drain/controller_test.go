@@ -1,0 +1,243 @@
+package drain_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/memstore"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// emitter appends straight to the store (the registry protocol is tested
+// in package registry).
+type emitter struct{ s statestore.Store }
+
+func (e emitter) Emit(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
+	if w.EventID == "" {
+		w.EventID = uuid.NewString()
+	}
+	return e.s.Append(ctx, w)
+}
+
+// engine records Conductor calls (the real Conductor is in the end-to-end tests).
+type engine struct {
+	mu    sync.Mutex
+	calls []string
+	err   error
+}
+
+func (e *engine) call(c string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.calls = append(e.calls, c)
+	return e.err
+}
+func (e *engine) Pause(_ context.Context, wf string) error  { return e.call("pause " + wf) }
+func (e *engine) Resume(_ context.Context, wf string) error { return e.call("resume " + wf) }
+func (e *engine) Terminate(_ context.Context, wf, _ string) error {
+	return e.call("terminate " + wf)
+}
+
+func setup(t *testing.T, steps ...string) (*memstore.Store, *engine) {
+	t.Helper()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	ctx := context.Background()
+	mem.Append(ctx, storetest.Event("r", statestore.RunStarted, ""))
+	for _, s := range steps {
+		mem.Append(ctx, storetest.Event("r", statestore.StepStarted, s))
+	}
+	return mem, &engine{}
+}
+
+func newController(t *testing.T, mem *memstore.Store, eng *engine, reg prometheus.Registerer, now func() time.Time) *drain.Controller {
+	opts := drain.Options{ActiveRuns: func(context.Context) ([]string, error) { return []string{"r"}, nil }, Logger: zaptest.NewLogger(t), Now: now}
+	if reg != nil {
+		opts.Metrics = drain.NewMetrics(reg)
+	}
+	return drain.New(mem, emitter{mem}, eng, opts)
+}
+
+func TestController_PauseDrainResume(t *testing.T) {
+	ctx := context.Background()
+	mem, eng := setup(t, "a", "b")
+	c := newController(t, mem, eng, nil, nil)
+	st, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{Reason: "maint", TimeoutSeconds: 60})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Status != "PAUSED" || st.Substatus != "DRAINING" || st.Drain.Cycle != 1 || len(st.Drain.InFlightStepIDs) != 2 || st.Drain.TimeoutSeconds != 60 {
+		t.Fatalf("after pause: %+v %+v", st, st.Drain)
+	}
+	// Pausing again changes nothing in the log, and pauses Conductor again.
+	before, _ := mem.Fetch(ctx, "r", 0, 0)
+	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := mem.Fetch(ctx, "r", 0, 0)
+	if len(after) != len(before) || len(eng.calls) != 2 {
+		t.Fatalf("a second pause wrote %d events, engine calls %v", len(after)-len(before), eng.calls)
+	}
+	// The monitor ends the drain when the last step finishes.
+	mem.Append(ctx, storetest.Event("r", statestore.StepCompleted, "a"))
+	if s := c.Check(ctx, "r"); s.Substatus != "DRAINING" {
+		t.Fatalf("one step still running: substatus %q", s.Substatus)
+	}
+	mem.Append(ctx, storetest.Event("r", statestore.StepCompleted, "b"))
+	c.Check(ctx, "r")
+	snap, _ := mem.ProjectSnapshot(ctx, "r")
+	if snap.Pause.DrainEndedAt == "" || snap.Pause.DrainTimedOut || snap.Inconsistent {
+		t.Fatalf("drain not completed: %+v", snap.Pause)
+	}
+	if _, err := c.Resume(ctx, "r", "wf1"); err != nil {
+		t.Fatal(err)
+	}
+	// A second pause opens cycle 2.
+	st, err = c.Pause(ctx, "r", "wf1", drain.PauseRequest{})
+	if err != nil || st.Drain.Cycle != 2 || st.Substatus != "" || st.Drain.TimeoutSeconds != 300 {
+		t.Fatalf("second pause: %+v %+v %v", st, st.Drain, err)
+	}
+	if _, err := c.Resume(ctx, "r", "wf1"); err != nil {
+		t.Fatal(err)
+	}
+	snap, _ = mem.ProjectSnapshot(ctx, "r")
+	if snap.Status != "RUNNING" || snap.Inconsistent {
+		t.Fatalf("after two cycles: %s inconsistent %v", snap.Status, snap.Inconsistent)
+	}
+}
+
+func TestController_InvalidActionsWriteNothing(t *testing.T) {
+	ctx := context.Background()
+	mem, eng := setup(t)
+	c := newController(t, mem, eng, nil, nil)
+	if _, err := c.Resume(ctx, "r", "wf1"); !errors.Is(err, statestore.ErrInvalidTransition) {
+		t.Fatalf("resume a running run: %v", err)
+	}
+	if _, err := c.Pause(ctx, "nope", "wf", drain.PauseRequest{}); !errors.Is(err, drain.ErrRunNotFound) {
+		t.Fatalf("unknown run: %v", err)
+	}
+	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{TimeoutSeconds: -1}); !errors.Is(err, statestore.ErrSchemaValidation) {
+		t.Fatalf("negative timeout: %v", err)
+	}
+	mem.Append(ctx, storetest.Event("r", statestore.RunCompleted, ""))
+	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{}); !errors.Is(err, statestore.ErrInvalidTransition) {
+		t.Fatalf("pause a completed run: %v", err)
+	}
+	if _, err := c.Cancel(ctx, "r", "wf1", "", ""); !errors.Is(err, statestore.ErrInvalidTransition) {
+		t.Fatalf("cancel a completed run: %v", err)
+	}
+	recs, _ := mem.Fetch(ctx, "r", 0, 0)
+	if len(recs) != 2 || len(eng.calls) != 0 {
+		t.Fatalf("refused actions wrote %d events and called %v", len(recs)-2, eng.calls)
+	}
+}
+
+func TestController_TimeoutOnceAcrossReplicas(t *testing.T) {
+	ctx := context.Background()
+	mem, eng := setup(t, "a")
+	now := time.Now()
+	clock := func() time.Time { return now }
+	reg := prometheus.NewRegistry()
+	c1 := newController(t, mem, eng, reg, clock)
+	c2 := newController(t, mem, eng, prometheus.NewRegistry(), clock) // another replica
+	if _, err := c1.Pause(ctx, "r", "wf1", drain.PauseRequest{TimeoutSeconds: 10}); err != nil {
+		t.Fatal(err)
+	}
+	c1.Check(ctx, "r")
+	if snap, _ := mem.ProjectSnapshot(ctx, "r"); snap.Pause.DrainTimedOut {
+		t.Fatal("timed out before the deadline")
+	}
+	now = now.Add(11 * time.Second)
+	var wg sync.WaitGroup
+	for _, c := range []*drain.Controller{c1, c2, c1, c2} {
+		wg.Add(1)
+		go func() { defer wg.Done(); c.Check(ctx, "r") }()
+	}
+	wg.Wait()
+	recs, _ := mem.Fetch(ctx, "r", 0, 0)
+	n := 0
+	for _, r := range recs {
+		if r.EventType == statestore.RunDrainTimedOut {
+			n++
+		}
+	}
+	snap, _ := mem.ProjectSnapshot(ctx, "r")
+	if n != 1 || !snap.Pause.DrainTimedOut || snap.Substatus != "" || len(snap.InFlight()) != 1 {
+		t.Fatalf("%d RunDrainTimedOut, pause %+v", n, snap.Pause)
+	}
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == "sidecar_drain_timeouts_total" && mf.GetMetric()[0].GetCounter().GetValue() != 1 {
+			t.Fatalf("replica 1 counted %v timeouts", mf.GetMetric()[0].GetCounter().GetValue())
+		}
+	}
+}
+
+func TestController_OpenRaisesAPassedDeadline(t *testing.T) {
+	ctx := context.Background()
+	mem, eng := setup(t, "a")
+	now := time.Now()
+	c := newController(t, mem, eng, nil, func() time.Time { return now })
+	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{TimeoutSeconds: 5}); err != nil {
+		t.Fatal(err)
+	}
+	// The sidecar was down past the deadline; a new one opens.
+	now = now.Add(time.Minute)
+	c2 := newController(t, mem, eng, nil, func() time.Time { return now })
+	if err := c2.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close(ctx)
+	if snap, _ := mem.ProjectSnapshot(ctx, "r"); !snap.Pause.DrainTimedOut {
+		t.Fatal("the deadline that passed while down was not raised at start")
+	}
+}
+
+func TestController_CancelWhileDraining(t *testing.T) {
+	ctx := context.Background()
+	mem, eng := setup(t, "a")
+	interrupted := ""
+	c := drain.New(mem, emitter{mem}, eng, drain.Options{Interrupt: func(runID string) int { interrupted = runID; return 1 }})
+	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.Cancel(ctx, "r", "wf1", "operator", "jane")
+	if err != nil || st.Status != "CANCELLED" || interrupted != "r" {
+		t.Fatalf("cancel: %+v %v interrupted %q", st, err, interrupted)
+	}
+	// The step finishing later, and Conductor's completion, do not undo it.
+	mem.Append(ctx, storetest.Event("r", statestore.StepCompleted, "a"))
+	mem.Append(ctx, storetest.Event("r", statestore.RunCompleted, ""))
+	if snap, _ := mem.ProjectSnapshot(ctx, "r"); snap.Status != "CANCELLED" {
+		t.Fatalf("cancel must win: %s", snap.Status)
+	}
+	// Cancelling again answers the state, writes nothing.
+	if st, err := c.Cancel(ctx, "r", "wf1", "", ""); err != nil || st.Status != "CANCELLED" {
+		t.Fatalf("second cancel: %+v %v", st, err)
+	}
+}
+
+func TestController_EngineDownIsReportedButRecorded(t *testing.T) {
+	ctx := context.Background()
+	mem, eng := setup(t, "a")
+	eng.err = errors.New("conductor down")
+	c := newController(t, mem, eng, nil, nil)
+	st, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{})
+	var ee *drain.EngineError
+	if !errors.As(err, &ee) || st == nil || st.Status != "PAUSED" {
+		t.Fatalf("got %+v %v, want the PAUSED state with an EngineError", st, err)
+	}
+	// The retry converges: Conductor is paused once it answers.
+	eng.err = nil
+	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{}); err != nil {
+		t.Fatal(err)
+	}
+}
