@@ -1,0 +1,132 @@
+package drain_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/registry"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// noEngine stands in for Conductor: the targets exclude its pause call.
+type noEngine struct{}
+
+func (noEngine) Pause(context.Context, string) error             { return nil }
+func (noEngine) Resume(context.Context, string) error            { return nil }
+func (noEngine) Terminate(context.Context, string, string) error { return nil }
+
+func jsEnv(b *testing.B) (*natsstore.Store, *registry.Emitter) {
+	b.Helper()
+	srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: b.TempDir(), Port: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	nc, err := natsstore.ConnectEmbedded(srv)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	store, err := natsstore.Open(context.Background(), js, natsstore.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ids, err := registry.Open(context.Background(), js, registry.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return store, registry.NewEmitter(ids, store)
+}
+
+func runningRun(b *testing.B, emit *registry.Emitter) string {
+	b.Helper()
+	runID := "bench-" + uuid.NewString()
+	for _, w := range []*statestore.RunEventWrite{storetest.Event(runID, statestore.RunStarted, ""), storetest.Event(runID, statestore.StepStarted, "a")} {
+		w.EventID = ""
+		if _, err := emit.Emit(context.Background(), w); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return runID
+}
+
+func report(b *testing.B, lat []time.Duration) {
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+// BenchmarkPauseRecorded: pause request -> RunPaused persisted (fsync on
+// every write, registry included), Conductor's own pause call excluded.
+func BenchmarkPauseRecorded(b *testing.B) {
+	store, emit := jsEnv(b)
+	c := drain.New(store, emit, noEngine{}, drain.Options{})
+	runs := make([]string, b.N)
+	for i := range runs {
+		runs[i] = runningRun(b, emit)
+	}
+	lat := make([]time.Duration, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		began := time.Now()
+		if _, err := c.Pause(context.Background(), runs[i], "wf", drain.PauseRequest{}); err != nil {
+			b.Fatal(err)
+		}
+		lat[i] = time.Since(began)
+	}
+	report(b, lat)
+}
+
+// BenchmarkDrainDetected: the last in-flight step's StepCompleted persisted
+// -> RunDrainCompleted persisted, through the worker's nudge.
+func BenchmarkDrainDetected(b *testing.B) {
+	store, emit := jsEnv(b)
+	runs := make([]string, b.N)
+	c := drain.New(store, emit, noEngine{}, drain.Options{ActiveRuns: func(context.Context) ([]string, error) { return nil, nil }})
+	for i := range runs {
+		runs[i] = runningRun(b, emit)
+		if _, err := c.Pause(context.Background(), runs[i], "wf", drain.PauseRequest{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := c.Open(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	lat := make([]time.Duration, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		w := storetest.Event(runs[i], statestore.StepCompleted, "a")
+		w.EventID = ""
+		if _, err := emit.Emit(context.Background(), w); err != nil {
+			b.Fatal(err)
+		}
+		began := time.Now()
+		c.Nudge(runs[i])
+		for {
+			snap, err := store.ProjectSnapshot(context.Background(), runs[i])
+			if err != nil {
+				b.Fatal(err)
+			}
+			if snap.Pause.DrainEndedAt != "" {
+				break
+			}
+			if time.Since(began) > 10*time.Second {
+				b.Fatal(fmt.Errorf("drain of %s not detected", runs[i]))
+			}
+			time.Sleep(200 * time.Microsecond)
+		}
+		lat[i] = time.Since(began)
+	}
+	report(b, lat)
+}
