@@ -33,20 +33,11 @@ func (f *failingSink) Emit(ctx context.Context, w *statestore.RunEventWrite) (st
 	return f.emit.Emit(ctx, w)
 }
 
-func decode(in map[string]any) (*taskworkers.Assignment, error) {
-	ti, err := plan.DecodeTaskInput(in)
-	if err != nil {
-		return nil, err
-	}
-	return &taskworkers.Assignment{RunID: ti.RunID, TenantID: ti.TenantID, ProjectID: ti.ProjectID, EnvironmentID: ti.EnvironmentID,
-		PlanID: ti.PlanID, PlanVersion: ti.PlanVersion, Step: ti.Step, EngineTries: ti.EngineTries, LogicalAttempts: ti.LogicalAttempts}, nil
-}
-
 func startWorker(t *testing.T, e *benchEnv, sink taskworkers.EventSink) *taskworkers.Worker {
 	t.Helper()
 	w := taskworkers.New(domainClient{e.client, e.domain}, e.store, sink, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
 		WorkerID: "budget-test", Concurrency: map[string]int{plan.TaskType(plan.ExecutorNoop): 2, plan.TaskType(plan.ExecutorSleep): 2}, PollTimeout: 100 * time.Millisecond,
-		WriteBudget: 300 * time.Millisecond, Decode: decode, Logger: zaptest.NewLogger(t),
+		WriteBudget: 300 * time.Millisecond, Logger: zaptest.NewLogger(t),
 	})
 	if err := w.Open(context.Background()); err != nil {
 		t.Fatal(err)
@@ -143,7 +134,7 @@ func TestWorker_PauseGateHandsTasksBack(t *testing.T) {
 	}
 	w := taskworkers.New(domainClient{e.client, e.domain}, e.store, e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
 		WorkerID: "gate-test", Concurrency: map[string]int{plan.TaskType(plan.ExecutorNoop): 1}, PollTimeout: 100 * time.Millisecond,
-		HandBackAfter: time.Second, Decode: decode, Logger: zaptest.NewLogger(t),
+		HandBackAfter: time.Second, Logger: zaptest.NewLogger(t),
 	})
 	if err := w.Open(context.Background()); err != nil {
 		t.Fatal(err)

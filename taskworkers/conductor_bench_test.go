@@ -205,14 +205,6 @@ func BenchmarkNoopSteps(b *testing.B) {
 		Metrics:  taskworkers.NewMetrics(reg),
 		WorkerID: "sidecar-bench", Concurrency: map[string]int{taskType: benchConcurrency},
 		PollTimeout: 100 * time.Millisecond,
-		Decode: func(in map[string]any) (*taskworkers.Assignment, error) {
-			ti, err := plan.DecodeTaskInput(in)
-			if err != nil {
-				return nil, err
-			}
-			return &taskworkers.Assignment{RunID: ti.RunID, TenantID: ti.TenantID, ProjectID: ti.ProjectID, EnvironmentID: ti.EnvironmentID,
-				PlanID: ti.PlanID, PlanVersion: ti.PlanVersion, Step: ti.Step, EngineTries: ti.EngineTries, LogicalAttempts: ti.LogicalAttempts}, nil
-		},
 	})
 	b.StartTimer()
 	began = time.Now()

@@ -45,21 +45,11 @@ type SecretResolver interface {
 // is not its run's workflow.
 var ErrForeignWorkflow = errors.New("taskworkers: the task's workflow is not its run's workflow")
 
-// Assignment is what a worker needs from a Conductor task's input.
-type Assignment struct {
-	RunID, TenantID, ProjectID, EnvironmentID, PlanID, PlanVersion string
-	Step                                                           plan.Step
-	// EngineTries (E) and LogicalAttempts (L) of the step's retry policy.
-	EngineTries, LogicalAttempts int
-	OnStepFailure                string
-}
-
-// attempts derives (engineAttemptId, logicalAttemptId) from Conductor's
-// retryCount r: engine = r mod E + 1, logical = r div E + 1 (DESIGN.md).
-func (a *Assignment) attempts(retryCount int) (engine, logical int64) {
-	e := max(a.EngineTries, 1)
-	return int64(retryCount%e + 1), int64(retryCount/e + 1)
-}
+// Assignment is what a worker needs from a Conductor task's input: the
+// decoded task input of the plan compiler (run and plan ids, the step, its
+// engine tries E and logical attempts L, the failure policy). Its Attempts
+// derives (engineAttemptId, logicalAttemptId) from Conductor's retryCount.
+type Assignment = plan.TaskInput
 
 // Options configures a Worker. Zero durations take the defaults noted.
 type Options struct {
@@ -79,7 +69,8 @@ type Options struct {
 	// fails open to the outbox past it; StepCompleted and StepFailed never
 	// fail open.
 	WriteBudget time.Duration
-	// Decode turns a task's input into an Assignment.
+	// Decode turns a task's input into an Assignment (default
+	// plan.DecodeTaskInput).
 	Decode func(input map[string]any) (*Assignment, error)
 	// Guard, when set, is called for a task whose run has no RunStarted in
 	// the log yet: it checks that workflowID is the run's workflow and
@@ -142,6 +133,9 @@ func New(tasks TaskClient, runs RunState, events EventSink, secrets SecretResolv
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
+	if opts.Decode == nil {
+		opts.Decode = plan.DecodeTaskInput
+	}
 	w := &Worker{tasks: tasks, runs: runs, events: events, secrets: secrets, executors: executors, opts: opts,
 		log: opts.Logger.Named("worker"), closed: make(chan struct{}), running: map[string]map[string]context.CancelFunc{}}
 	w.outbox = newOutbox(events, w.log, opts.Metrics)
@@ -150,9 +144,6 @@ func New(tasks TaskClient, runs RunState, events EventSink, secrets SecretResolv
 
 // Open starts one poll loop per task type of Options.Concurrency.
 func (w *Worker) Open(ctx context.Context) error {
-	if w.opts.Decode == nil {
-		return errors.New("taskworkers: Options.Decode is required")
-	}
 	if w.opts.WorkerID == "" {
 		return errors.New("taskworkers: Options.WorkerID is required")
 	}
@@ -301,7 +292,7 @@ func (w *Worker) handle(t *model.Task) {
 		w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: "BAD_TASK_INPUT: " + err.Error()})
 		return
 	}
-	engine, logical := a.attempts(int(t.RetryCount))
+	engine, logical := a.Attempts(int(t.RetryCount))
 	log = log.With(zap.String("runId", a.RunID), zap.String("stepId", a.Step.StepID),
 		zap.Int64("logicalAttemptId", logical), zap.Int64("engineAttemptId", engine))
 

@@ -27,7 +27,7 @@ func TestAssignment_Attempts(t *testing.T) {
 	}
 	for _, tt := range tests {
 		a := &Assignment{EngineTries: tt.e}
-		if engine, logical := a.attempts(tt.r); engine != tt.engine || logical != tt.logical {
+		if engine, logical := a.Attempts(tt.r); engine != tt.engine || logical != tt.logical {
 			t.Errorf("E=%d r=%d: got engine %d logical %d, want %d %d", tt.e, tt.r, engine, logical, tt.engine, tt.logical)
 		}
 	}

@@ -152,7 +152,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 		concurrency[plan.TaskType(kind)] = n
 	}
 	sc.worker = taskworkers.New(conductor, sc.store, emitter, &secrets.Resolver{Logger: log}, executors.Executors(), taskworkers.Options{
-		WorkerID: cfg.WorkerID, Concurrency: concurrency, Decode: decodeAssignment,
+		WorkerID: cfg.WorkerID, Concurrency: concurrency,
 		Guard: func(ctx context.Context, runID, workflowID string) error {
 			_, err := runs.EnsureStarted(ctx, runID, workflowID)
 			if errors.Is(err, adapter.ErrConflict) || errors.Is(err, adapter.ErrNotFound) {
@@ -242,19 +242,6 @@ func (sc *sidecar) close(ctx context.Context) error {
 	}
 	sc.log.Info("sidecar stopped")
 	return errors.Join(errs...)
-}
-
-// decodeAssignment reads a sidecar task's input (plan.DecodeTaskInput).
-func decodeAssignment(input map[string]any) (*taskworkers.Assignment, error) {
-	in, err := plan.DecodeTaskInput(input)
-	if err != nil {
-		return nil, err
-	}
-	return &taskworkers.Assignment{
-		RunID: in.RunID, TenantID: in.TenantID, ProjectID: in.ProjectID, EnvironmentID: in.EnvironmentID,
-		PlanID: in.PlanID, PlanVersion: in.PlanVersion, Step: in.Step,
-		EngineTries: in.EngineTries, LogicalAttempts: in.LogicalAttempts, OnStepFailure: in.OnStepFailure,
-	}, nil
 }
 
 func newLogger(cfg Config) (*zap.Logger, error) {
