@@ -32,6 +32,12 @@ const (
 	// RunDrainTimedOut records that the drain deadline passed with steps still
 	// running; its payload carries code PAUSE_DRAIN_TIMEOUT.
 	RunDrainTimedOut = "RunDrainTimedOut"
+	// RunStepRetryRequested records an operator's RETRY_STEP of a step held
+	// after a failure (onStepFailure: pause). It is run-level (seed 000 §2.2
+	// allows stepId only on the four step events): the step and its next
+	// logical attempt are in the payload, and logicalAttemptId counts the
+	// run's retry requests (1, 2, ...), like the pause cycle of RunPaused.
+	RunStepRetryRequested = "RunStepRetryRequested"
 )
 
 // RunLevelStepID is stepIdNormalized for run-level events (§3.1 rule 7).
@@ -53,7 +59,7 @@ func IsKnownEvent(eventType string) bool {
 	switch eventType {
 	case RunQueued, RunApproved, RunStarted, StepStarted, StepCompleted, StepFailed, StepSkipped,
 		RunPaused, RunResumed, RunCompleted, RunFailed, RunCancelled,
-		RunCancelRequested, RunDrainCompleted, RunDrainTimedOut:
+		RunCancelRequested, RunDrainCompleted, RunDrainTimedOut, RunStepRetryRequested:
 		return true
 	}
 	return false

@@ -9,6 +9,13 @@ import (
 	"time"
 )
 
+// Failure policies a StepFailed payload may name (onStepFailure): with
+// "pause" the step is held after the failure and may be retried.
+const (
+	OnStepFailureFail  = "fail"
+	OnStepFailurePause = "pause"
+)
+
 // PauseDrainTimeoutCode is the machine code of a drain timeout; the payload
 // of RunDrainTimedOut carries it.
 const PauseDrainTimeoutCode = "PAUSE_DRAIN_TIMEOUT"
@@ -25,8 +32,15 @@ type (
 		StartedAt    string `json:"startedAt"`
 	}
 	stepFailedPayload struct {
-		Error     *StepError    `json:"error"`
-		Artifacts []ArtifactRef `json:"artifacts"`
+		Error         *StepError    `json:"error"`
+		Artifacts     []ArtifactRef `json:"artifacts"`
+		OnStepFailure string        `json:"onStepFailure"`
+	}
+	stepRetryPayload struct {
+		StepID               *string `json:"stepId"`
+		StepLogicalAttemptID *int64  `json:"stepLogicalAttemptId"`
+		Reason               string  `json:"reason"`
+		RequestedBy          string  `json:"requestedBy"`
 	}
 	runFailedPayload struct {
 		Error *StepError `json:"error"`
@@ -56,7 +70,7 @@ var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
 // validateKnownPayload checks the payload fields that the event type's schema
 // types. It is called with a payload that is already a JSON object.
 func validateKnownPayload(eventType string, raw json.RawMessage) error {
-	if len(raw) == 0 && eventType != RunDrainTimedOut {
+	if len(raw) == 0 && eventType != RunDrainTimedOut && eventType != RunStepRetryRequested {
 		return nil
 	}
 	decode := func(v any) error {
@@ -99,7 +113,26 @@ func validateKnownPayload(eventType string, raw json.RawMessage) error {
 		if err := validateStepError(p.Error); err != nil {
 			return err
 		}
+		switch p.OnStepFailure {
+		case "", OnStepFailureFail, OnStepFailurePause:
+		default:
+			return schemaError("payload.onStepFailure", "must be %s or %s", OnStepFailureFail, OnStepFailurePause)
+		}
 		return validateArtifacts(p.Artifacts)
+	case RunStepRetryRequested:
+		var p stepRetryPayload
+		if err := decode(&p); err != nil {
+			return err
+		}
+		switch {
+		case p.StepID == nil || *p.StepID == "":
+			return schemaError("payload.stepId", "is required")
+		case p.StepLogicalAttemptID == nil:
+			return schemaError("payload.stepLogicalAttemptId", "is required")
+		case *p.StepLogicalAttemptID < 2:
+			return schemaError("payload.stepLogicalAttemptId", "must be >= 2 (a retry opens a later attempt)")
+		}
+		return validateID("payload.stepId", *p.StepID, true)
 	case RunFailed:
 		var p runFailedPayload
 		if err := decode(&p); err != nil {

@@ -110,6 +110,9 @@ type eventPayload struct {
 	RequestedBy         string        `json:"requestedBy"`
 	StepID              string        `json:"stepId"`
 	DrainTimeoutSeconds int64         `json:"drainTimeoutSeconds"`
+	OnStepFailure       string        `json:"onStepFailure"`
+	// StepLogicalAttemptID is the attempt a RunStepRetryRequested opens.
+	StepLogicalAttemptID int64 `json:"stepLogicalAttemptId"`
 }
 
 func decodePayload(raw json.RawMessage) eventPayload {
@@ -188,6 +191,18 @@ func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTran
 		s.Pause.DrainTimedOut = true
 	case RunCancelRequested:
 		s.CancelRequested = true
+	case RunStepRetryRequested:
+		s.StepRetries = r.LogicalAttemptID
+		// Opens the step's next attempt when the payload names it; a retry
+		// that does not fit the step (not failed, wrong attempt) counts but
+		// changes no step.
+		if i, ok := index[p.StepID]; ok {
+			st := &s.Steps[i]
+			if st.Status == StepStatusFailed && p.StepLogicalAttemptID == st.LogicalAttemptID+1 {
+				*st = StepSnapshot{StepID: st.StepID, Status: StepStatusPending, LogicalAttemptID: p.StepLogicalAttemptID,
+					Artifacts: []ArtifactRef{}, RetryRequested: true}
+			}
+		}
 	case RunCompleted:
 		s.Status = RunStatusCompleted
 		s.finish(r.PersistedAt)
@@ -232,6 +247,7 @@ func applyStep(s *RunSnapshot, index map[string]int, r *RunEventRecord) {
 	case StepStarted:
 		st.Status = StepStatusRunning
 		st.StartedAt = r.PersistedAt
+		st.RetryRequested = false
 	case StepCompleted:
 		st.Status = StepStatusSuccess
 		st.CompletedAt = r.PersistedAt
@@ -244,6 +260,7 @@ func applyStep(s *RunSnapshot, index map[string]int, r *RunEventRecord) {
 		st.CompletedAt = r.PersistedAt
 		st.Error = p.Error
 		st.Artifacts = append(st.Artifacts, p.Artifacts...)
+		st.Held = p.OnStepFailure == OnStepFailurePause
 		s.FailedSteps++
 	case StepSkipped:
 		st.Status = StepStatusSkipped

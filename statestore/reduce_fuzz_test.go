@@ -11,7 +11,7 @@ var fuzzTypes = []string{
 	statestore.RunQueued, statestore.RunApproved, statestore.RunStarted, statestore.StepStarted, statestore.StepCompleted,
 	statestore.StepFailed, statestore.StepSkipped, statestore.RunPaused, statestore.RunResumed, statestore.RunCompleted,
 	statestore.RunFailed, statestore.RunCancelled, statestore.RunCancelRequested, statestore.RunDrainCompleted,
-	statestore.RunDrainTimedOut, "RunAnnotated",
+	statestore.RunDrainTimedOut, "RunAnnotated", statestore.RunStepRetryRequested,
 }
 
 // FuzzReduce drives the reducer with arbitrary event sequences, three bytes
@@ -24,7 +24,8 @@ func FuzzReduce(f *testing.F) {
 	f.Add([]byte{2, 0, 1, 12, 0, 1, 9, 0, 1, 11, 0, 1})
 	f.Add([]byte{2, 0, 1, 3, 1, 1, 5, 1, 1, 3, 1, 2, 4, 1, 1})
 	payloads := []json.RawMessage{nil, []byte(`{"reason":"x","drainTimeoutSeconds":5}`), []byte(`{"artifacts":[{"uri":"u","kind":"k"}]}`),
-		[]byte(`{"error":{"code":"E","message":"m"}}`), []byte(`{"artifacts":"not-an-array","error":7}`)}
+		[]byte(`{"error":{"code":"E","message":"m"}}`), []byte(`{"artifacts":"not-an-array","error":7}`),
+		[]byte(`{"error":{"code":"E","message":"m"},"onStepFailure":"pause"}`), []byte(`{"stepId":"a","stepLogicalAttemptId":2}`)}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var recs []statestore.RunEventRecord
 		for i := 0; i+2 < len(data) && len(recs) < 200; i += 3 {

@@ -76,23 +76,23 @@ func TestDecide_RunTransitions(t *testing.T) {
 	// status after the event, INVALID (Policy A) or AUDIT (kept, no effect).
 	want := map[string]map[string]string{
 		"PENDING": {"RunQueued": "QUEUED", "RunApproved": "APPROVED", "RunStarted": "RUNNING", "RunPaused": inv, "RunResumed": inv,
-			"RunCompleted": inv, "RunFailed": inv, "RunCancelled": "CANCELLED", "RunCancelRequested": "PENDING", "RunDrainCompleted": inv, "RunDrainTimedOut": inv},
+			"RunCompleted": inv, "RunFailed": inv, "RunCancelled": "CANCELLED", "RunCancelRequested": "PENDING", "RunDrainCompleted": inv, "RunDrainTimedOut": inv, "RunStepRetryRequested": inv},
 		"QUEUED": {"RunQueued": inv, "RunApproved": "APPROVED", "RunStarted": "RUNNING", "RunPaused": inv, "RunResumed": inv,
-			"RunCompleted": inv, "RunFailed": inv, "RunCancelled": "CANCELLED", "RunCancelRequested": "QUEUED", "RunDrainCompleted": inv, "RunDrainTimedOut": inv},
+			"RunCompleted": inv, "RunFailed": inv, "RunCancelled": "CANCELLED", "RunCancelRequested": "QUEUED", "RunDrainCompleted": inv, "RunDrainTimedOut": inv, "RunStepRetryRequested": inv},
 		"APPROVED": {"RunQueued": inv, "RunApproved": inv, "RunStarted": "RUNNING", "RunPaused": inv, "RunResumed": inv,
-			"RunCompleted": inv, "RunFailed": inv, "RunCancelled": "CANCELLED", "RunCancelRequested": "APPROVED", "RunDrainCompleted": inv, "RunDrainTimedOut": inv},
+			"RunCompleted": inv, "RunFailed": inv, "RunCancelled": "CANCELLED", "RunCancelRequested": "APPROVED", "RunDrainCompleted": inv, "RunDrainTimedOut": inv, "RunStepRetryRequested": inv},
 		"RUNNING": {"RunQueued": inv, "RunApproved": inv, "RunStarted": inv, "RunPaused": "PAUSED", "RunResumed": inv,
-			"RunCompleted": "COMPLETED", "RunFailed": "FAILED", "RunCancelled": "CANCELLED", "RunCancelRequested": "RUNNING", "RunDrainCompleted": inv, "RunDrainTimedOut": inv},
+			"RunCompleted": "COMPLETED", "RunFailed": "FAILED", "RunCancelled": "CANCELLED", "RunCancelRequested": "RUNNING", "RunDrainCompleted": inv, "RunDrainTimedOut": inv, "RunStepRetryRequested": inv},
 		"PAUSED": {"RunQueued": inv, "RunApproved": inv, "RunStarted": inv, "RunPaused": inv, "RunResumed": "RUNNING",
-			"RunCompleted": inv, "RunFailed": "FAILED", "RunCancelled": "CANCELLED", "RunCancelRequested": "PAUSED", "RunDrainCompleted": "PAUSED", "RunDrainTimedOut": "PAUSED"},
+			"RunCompleted": inv, "RunFailed": "FAILED", "RunCancelled": "CANCELLED", "RunCancelRequested": "PAUSED", "RunDrainCompleted": "PAUSED", "RunDrainTimedOut": "PAUSED", "RunStepRetryRequested": "PAUSED"},
 		"COMPLETED": {"RunQueued": inv, "RunApproved": inv, "RunStarted": inv, "RunPaused": inv, "RunResumed": inv,
-			"RunCompleted": inv, "RunFailed": inv, "RunCancelled": inv, "RunCancelRequested": inv, "RunDrainCompleted": inv, "RunDrainTimedOut": inv},
+			"RunCompleted": inv, "RunFailed": inv, "RunCancelled": inv, "RunCancelRequested": inv, "RunDrainCompleted": inv, "RunDrainTimedOut": inv, "RunStepRetryRequested": inv},
 		"FAILED": {"RunQueued": inv, "RunApproved": inv, "RunStarted": inv, "RunPaused": inv, "RunResumed": inv,
-			"RunCompleted": inv, "RunFailed": inv, "RunCancelled": inv, "RunCancelRequested": inv, "RunDrainCompleted": inv, "RunDrainTimedOut": inv},
+			"RunCompleted": inv, "RunFailed": inv, "RunCancelled": inv, "RunCancelRequested": inv, "RunDrainCompleted": inv, "RunDrainTimedOut": inv, "RunStepRetryRequested": inv},
 		"CANCELLED": {"RunQueued": inv, "RunApproved": inv, "RunStarted": inv, "RunPaused": inv, "RunResumed": inv,
-			"RunCompleted": audit, "RunFailed": audit, "RunCancelled": inv, "RunCancelRequested": inv, "RunDrainCompleted": inv, "RunDrainTimedOut": inv},
+			"RunCompleted": audit, "RunFailed": audit, "RunCancelled": inv, "RunCancelRequested": inv, "RunDrainCompleted": inv, "RunDrainTimedOut": inv, "RunStepRetryRequested": inv},
 		"RUNNING+cancelRequested": {"RunQueued": inv, "RunApproved": inv, "RunStarted": inv, "RunPaused": "PAUSED", "RunResumed": inv,
-			"RunCompleted": audit, "RunFailed": audit, "RunCancelled": "CANCELLED", "RunCancelRequested": "RUNNING", "RunDrainCompleted": inv, "RunDrainTimedOut": inv},
+			"RunCompleted": audit, "RunFailed": audit, "RunCancelled": "CANCELLED", "RunCancelRequested": "RUNNING", "RunDrainCompleted": inv, "RunDrainTimedOut": inv, "RunStepRetryRequested": inv},
 	}
 	for from, row := range want {
 		for event, to := range row {
@@ -100,8 +100,11 @@ func TestDecide_RunTransitions(t *testing.T) {
 				b := runSetups[from]()
 				before, _ := reduce(t, b.recs)
 				var payload any
-				if event == statestore.RunDrainTimedOut {
+				switch event {
+				case statestore.RunDrainTimedOut:
 					payload = map[string]any{"code": "PAUSE_DRAIN_TIMEOUT"}
+				case statestore.RunStepRetryRequested:
+					payload = map[string]any{"stepId": "a", "stepLogicalAttemptId": 2}
 				}
 				b.add(event, "", 1, payload) // pause cycle 1: the one PAUSED opened
 				got, alerts := statestore.Reduce(before, b.recs[len(b.recs)-1:])
@@ -237,6 +240,54 @@ func TestReduce_LogicalAttempts(t *testing.T) {
 	s4, alerts := statestore.Reduce(s3, b.recs[len(b.recs)-2:])
 	if len(alerts) != 0 || s4.Step("b").LogicalAttemptID != 2 {
 		t.Fatalf("step b: %+v %v", s4.Step("b"), alerts)
+	}
+}
+
+func TestReduce_StepRetry(t *testing.T) {
+	held := map[string]any{"error": map[string]any{"code": "EXIT_CODE", "message": "exit 1"}, "onStepFailure": "pause"}
+	retry := func(step string, attempt int64) map[string]any {
+		return map[string]any{"stepId": step, "stepLogicalAttemptId": attempt}
+	}
+	b := newLog("r").ev(statestore.RunStarted).step(statestore.StepStarted, "a").add(statestore.StepFailed, "a", 1, held).
+		add(statestore.RunPaused, "", 1, map[string]any{"reason": "stepFailed", "stepId": "a"})
+	s, _ := reduce(t, b.recs)
+	if got := s.HeldSteps(); !reflect.DeepEqual(got, []string{"a"}) || s.Substatus != "" {
+		t.Fatalf("held steps %v substatus %q, want [a] and no drain", got, s.Substatus)
+	}
+	// A second request with the same number is another operator's copy of
+	// the first: the store deduplicates it; here the reducer sees one.
+	b.add(statestore.RunStepRetryRequested, "", 1, retry("a", 2))
+	s, alerts := reduce(t, b.recs)
+	st := s.Step("a")
+	if len(alerts) != 0 || st.Status != statestore.StepStatusPending || st.LogicalAttemptID != 2 || !st.RetryRequested || st.Held || s.StepRetries != 1 {
+		t.Fatalf("after retry: step %+v retries %d alerts %v", st, s.StepRetries, alerts)
+	}
+	if len(s.HeldSteps()) != 0 {
+		t.Fatalf("held steps after retry: %v", s.HeldSteps())
+	}
+	// Retry numbers must follow each other.
+	skip := newLog("r").ev(statestore.RunStarted).ev(statestore.RunPaused).add(statestore.RunStepRetryRequested, "", 2, retry("a", 2))
+	if _, alerts := reduce(t, skip.recs); len(alerts) != 1 {
+		t.Fatalf("retry request 2 before 1: alerts %v, want one", alerts)
+	}
+	// A retry that does not fit the step (not failed) counts and changes no step.
+	notFailed := newLog("r").ev(statestore.RunStarted).step(statestore.StepStarted, "a").ev(statestore.RunPaused).
+		add(statestore.RunStepRetryRequested, "", 1, retry("a", 2))
+	s2, _ := reduce(t, notFailed.recs)
+	if st := s2.Step("a"); st.Status != statestore.StepStatusRunning || st.LogicalAttemptID != 1 || s2.StepRetries != 1 {
+		t.Fatalf("retry of a running step changed it: %+v retries %d", st, s2.StepRetries)
+	}
+	// The retried attempt runs after the resume and completes.
+	b.ev(statestore.RunResumed).add(statestore.StepStarted, "a", 2, nil).add(statestore.StepCompleted, "a", 2, nil)
+	s, alerts = reduce(t, b.recs)
+	if st := s.Step("a"); len(alerts) != 0 || st.Status != statestore.StepStatusSuccess || st.LogicalAttemptID != 2 || st.RetryRequested {
+		t.Fatalf("after the retried attempt: %+v alerts %v", st, alerts)
+	}
+	// A failure under onStepFailure fail is not held.
+	f := newLog("r").ev(statestore.RunStarted).step(statestore.StepStarted, "a").add(statestore.StepFailed, "a", 1,
+		map[string]any{"error": map[string]any{"code": "X", "message": "y"}})
+	if s, _ := reduce(t, f.recs); len(s.HeldSteps()) != 0 {
+		t.Fatalf("held steps without the pause policy: %v", s.HeldSteps())
 	}
 }
 

@@ -73,25 +73,26 @@ var knownTypes = []string{
 	statestore.RunQueued, statestore.RunApproved, statestore.RunStarted, statestore.StepStarted,
 	statestore.StepCompleted, statestore.StepFailed, statestore.StepSkipped, statestore.RunPaused,
 	statestore.RunResumed, statestore.RunCompleted, statestore.RunFailed, statestore.RunCancelled,
-	statestore.RunCancelRequested, statestore.RunDrainCompleted, statestore.RunDrainTimedOut,
+	statestore.RunCancelRequested, statestore.RunDrainCompleted, statestore.RunDrainTimedOut, statestore.RunStepRetryRequested,
 }
 
 // validEvents is a corpus of valid writes: every known type with a typical
 // payload, plus unknown types.
 func validEvents() []*statestore.RunEventWrite {
 	payloads := map[string]any{
-		statestore.RunStarted:        map[string]any{"engineRunRef": "conductor://wf/abc", "engineType": "conductor", "startedAt": "2026-02-11T10:30:00Z"},
-		statestore.StepCompleted:     map[string]any{"artifacts": []any{map[string]any{"uri": "nats-os://artifacts/x", "kind": "stdout", "sha256": strings.Repeat("a", 64), "sizeBytes": 12}}},
-		statestore.StepFailed:        map[string]any{"error": map[string]any{"code": "EXIT_CODE", "message": "exit 2", "retryable": false}},
-		statestore.StepSkipped:       map[string]any{"reason": "dependency failed"},
-		statestore.RunPaused:         map[string]any{"reason": "operator", "requestedBy": "jane", "drainTimeoutSeconds": 300},
-		statestore.RunFailed:         map[string]any{"error": map[string]any{"code": "STEP_FAILED", "message": "b failed"}},
-		statestore.RunDrainCompleted: map[string]any{"waitedSeconds": 2.5},
-		statestore.RunDrainTimedOut:  map[string]any{"code": "PAUSE_DRAIN_TIMEOUT", "inFlightStepIds": []string{"a", "b"}, "waitedSeconds": 300},
+		statestore.RunStarted:            map[string]any{"engineRunRef": "conductor://wf/abc", "engineType": "conductor", "startedAt": "2026-02-11T10:30:00Z"},
+		statestore.StepCompleted:         map[string]any{"artifacts": []any{map[string]any{"uri": "nats-os://artifacts/x", "kind": "stdout", "sha256": strings.Repeat("a", 64), "sizeBytes": 12}}},
+		statestore.StepFailed:            map[string]any{"error": map[string]any{"code": "EXIT_CODE", "message": "exit 2", "retryable": false}, "onStepFailure": "pause"},
+		statestore.RunStepRetryRequested: map[string]any{"stepId": "step.a", "stepLogicalAttemptId": 2, "requestedBy": "jane"},
+		statestore.StepSkipped:           map[string]any{"reason": "dependency failed"},
+		statestore.RunPaused:             map[string]any{"reason": "operator", "requestedBy": "jane", "drainTimeoutSeconds": 300},
+		statestore.RunFailed:             map[string]any{"error": map[string]any{"code": "STEP_FAILED", "message": "b failed"}},
+		statestore.RunDrainCompleted:     map[string]any{"waitedSeconds": 2.5},
+		statestore.RunDrainTimedOut:      map[string]any{"code": "PAUSE_DRAIN_TIMEOUT", "inFlightStepIds": []string{"a", "b"}, "waitedSeconds": 300},
 	}
 	var out []*statestore.RunEventWrite
 	for _, et := range knownTypes {
-		if et != statestore.RunDrainTimedOut { // its payload is required
+		if et != statestore.RunDrainTimedOut && et != statestore.RunStepRetryRequested { // their payload is required
 			out = append(out, storetest.Event("run-valid", et, "step.a"))
 		}
 		if p, ok := payloads[et]; ok {
@@ -163,6 +164,11 @@ func payloadInvalidWrites() []storetest.InvalidCase {
 	return []storetest.InvalidCase{
 		mk("drain timeout without code", "payload.code", statestore.RunDrainTimedOut, map[string]any{"waitedSeconds": 1}),
 		mk("drain timeout wrong code", "payload.code", statestore.RunDrainTimedOut, map[string]any{"code": "OTHER"}),
+		mk("retry without step", "payload.stepId", statestore.RunStepRetryRequested, map[string]any{"stepLogicalAttemptId": 2}),
+		mk("retry without attempt", "payload.stepLogicalAttemptId", statestore.RunStepRetryRequested, map[string]any{"stepId": "a"}),
+		mk("retry of attempt 1", "payload.stepLogicalAttemptId", statestore.RunStepRetryRequested, map[string]any{"stepId": "a", "stepLogicalAttemptId": 1}),
+		mk("retry of a step with a pipe", "payload.stepId", statestore.RunStepRetryRequested, map[string]any{"stepId": "a|b", "stepLogicalAttemptId": 2}),
+		mk("unknown failure policy", "payload.onStepFailure", statestore.StepFailed, map[string]any{"onStepFailure": "ignore"}),
 		mk("negative drain timeout", "payload.drainTimeoutSeconds", statestore.RunPaused, map[string]any{"drainTimeoutSeconds": -1}),
 		mk("drain timeout as string", "payload.drainTimeoutSeconds", statestore.RunPaused, map[string]any{"drainTimeoutSeconds": "5m"}),
 		mk("artifact without uri", "payload.artifacts[0].uri", statestore.StepCompleted, map[string]any{"artifacts": []any{map[string]any{"kind": "log"}}}),

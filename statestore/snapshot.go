@@ -60,6 +60,10 @@ type RunSnapshot struct {
 	// Pause holds the state of the current or last pause cycle.
 	Pause *PauseState `json:"pause,omitempty"`
 
+	// StepRetries counts the run's RETRY_STEP requests (the logicalAttemptId
+	// of its last RunStepRetryRequested).
+	StepRetries int64 `json:"stepRetries,omitempty"`
+
 	// CancelRequested is set by RunCancelRequested: a later RunCompleted or
 	// RunFailed no longer sets the status (Cancel wins).
 	CancelRequested bool `json:"cancelRequested"`
@@ -101,6 +105,24 @@ type StepSnapshot struct {
 	Artifacts        []ArtifactRef `json:"artifacts"`
 	Error            *StepError    `json:"error,omitempty"`
 	SkipReason       string        `json:"skipReason,omitempty"`
+	// Held is set on a FAILED attempt whose StepFailed named
+	// onStepFailure "pause": the run was paused instead of failed and the
+	// step waits for a RETRY_STEP (or a cancel).
+	Held bool `json:"held,omitempty"`
+	// RetryRequested is set on a PENDING attempt opened by RETRY_STEP.
+	RetryRequested bool `json:"retryRequested,omitempty"`
+}
+
+// HeldSteps returns the ids of the steps held after a failure and not
+// retried yet, in step order.
+func (s *RunSnapshot) HeldSteps() []string {
+	var ids []string
+	for i := range s.Steps {
+		if s.Steps[i].Held && s.Steps[i].Status == StepStatusFailed {
+			ids = append(ids, s.Steps[i].StepID)
+		}
+	}
+	return ids
 }
 
 // Step returns the step with the given id, or nil.

@@ -33,6 +33,7 @@ var RunTransitions = []RunTransition{
 	{RunCancelRequested, nonTerminal, ""},
 	{RunDrainCompleted, []string{RunStatusPaused}, ""},
 	{RunDrainTimedOut, []string{RunStatusPaused}, ""},
+	{RunStepRetryRequested, []string{RunStatusPaused}, ""},
 }
 
 // StepTransitions is the step-level table of seed 000 §5.2, applied per
@@ -135,6 +136,15 @@ func decide(s *RunSnapshot, step *StepSnapshot, eventType string, logicalAttempt
 	case RunResumed:
 		if s.Pause == nil || logicalAttemptID != s.Pause.Cycle {
 			d.Outcome, d.Reason = Invalid, "RunResumed must close the current pause cycle"
+			return d
+		}
+	case RunStepRetryRequested:
+		if cancelled {
+			d.Outcome, d.Reason = Invalid, "a cancel was requested; no step is retried"
+			return d
+		}
+		if want := s.StepRetries + 1; logicalAttemptID != want {
+			d.Outcome, d.Reason = Invalid, "RunStepRetryRequested must be retry request "+strconv.FormatInt(want, 10)
 			return d
 		}
 	case RunDrainCompleted, RunDrainTimedOut:
