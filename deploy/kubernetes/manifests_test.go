@@ -1,0 +1,377 @@
+package kubernetes
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+)
+
+// manifests is every object in deploy/kubernetes/*.yaml, decoded strictly.
+type manifests struct {
+	deployments []*appsv1.Deployment
+	services    []*corev1.Service
+	configMaps  []*corev1.ConfigMap
+	claims      []*corev1.PersistentVolumeClaim
+	text        map[string]string // file -> raw text
+}
+
+// decodeStrict decodes one YAML document into the API type its apiVersion
+// and kind name. Unknown and duplicate fields are errors, and so is a kind
+// this test does not know.
+func decodeStrict(doc []byte) (any, error) {
+	var tm metav1.TypeMeta
+	if err := yaml.Unmarshal(doc, &tm); err != nil {
+		return nil, err
+	}
+	var obj any
+	switch tm.APIVersion + "/" + tm.Kind {
+	case "apps/v1/Deployment":
+		obj = &appsv1.Deployment{}
+	case "v1/Service":
+		obj = &corev1.Service{}
+	case "v1/ConfigMap":
+		obj = &corev1.ConfigMap{}
+	case "v1/PersistentVolumeClaim":
+		obj = &corev1.PersistentVolumeClaim{}
+	default:
+		return nil, fmt.Errorf("unknown apiVersion/kind %q/%q", tm.APIVersion, tm.Kind)
+	}
+	if err := yaml.UnmarshalStrict(doc, obj); err != nil {
+		return nil, err
+	}
+	return obj, nil
+}
+
+// splitDocuments returns the non-empty YAML documents of data.
+func splitDocuments(data []byte) ([][]byte, error) {
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	var docs [][]byte
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return docs, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		var v any
+		if err := yaml.Unmarshal(doc, &v); err != nil {
+			return nil, err
+		}
+		if v != nil { // only comments
+			docs = append(docs, doc)
+		}
+	}
+}
+
+func loadManifests(t *testing.T) *manifests {
+	t.Helper()
+	files, err := filepath.Glob("*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) == 0 {
+		t.Fatal("no *.yaml in deploy/kubernetes")
+	}
+	m := &manifests{text: map[string]string{}}
+	for _, file := range files {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.text[file] = string(data)
+		docs, err := splitDocuments(data)
+		if err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		for i, doc := range docs {
+			obj, err := decodeStrict(doc)
+			if err != nil {
+				t.Fatalf("%s, document %d: %v", file, i+1, err)
+			}
+			switch o := obj.(type) {
+			case *appsv1.Deployment:
+				m.deployments = append(m.deployments, o)
+			case *corev1.Service:
+				m.services = append(m.services, o)
+			case *corev1.ConfigMap:
+				m.configMaps = append(m.configMaps, o)
+			case *corev1.PersistentVolumeClaim:
+				m.claims = append(m.claims, o)
+			}
+		}
+	}
+	return m
+}
+
+// the returns the only element of s.
+func the[T any](t *testing.T, what string, s []T) T {
+	t.Helper()
+	if len(s) != 1 {
+		t.Fatalf("got %d %s, want 1", len(s), what)
+	}
+	return s[0]
+}
+
+func container(t *testing.T, d *appsv1.Deployment, name string) *corev1.Container {
+	t.Helper()
+	for i := range d.Spec.Template.Spec.Containers {
+		if c := &d.Spec.Template.Spec.Containers[i]; c.Name == name {
+			return c
+		}
+	}
+	t.Fatalf("deployment %s has no container %q", d.Name, name)
+	return nil
+}
+
+// portNumber resolves a probe's or service's port against c's ports.
+func portNumber(t *testing.T, c *corev1.Container, p intstr.IntOrString) int32 {
+	t.Helper()
+	if p.Type == intstr.Int {
+		return p.IntVal
+	}
+	for _, cp := range c.Ports {
+		if cp.Name == p.StrVal {
+			return cp.ContainerPort
+		}
+	}
+	t.Fatalf("container %s has no port named %q", c.Name, p.StrVal)
+	return 0
+}
+
+func TestDecodeStrict(t *testing.T) {
+	for _, tc := range []struct{ name, doc string }{
+		{"UnknownField", "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec:\n  portz: []\n"},
+		{"DuplicateField", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata: {A: \"1\"}\ndata: {B: \"2\"}\n"},
+		{"UnknownKind", "apiVersion: v1\nkind: Servise\nmetadata: {name: x}\n"},
+		{"WrongAPIVersion", "apiVersion: apps/v1beta1\nkind: Deployment\nmetadata: {name: x}\n"},
+		{"MisplacedField", "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec:\n  template:\n    spec:\n      containers:\n        - name: a\n          livenessProbe: {path: /healthz}\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := decodeStrict([]byte(tc.doc)); err == nil {
+				t.Fatal("got no error")
+			}
+		})
+	}
+	t.Run("OK", func(t *testing.T) {
+		obj, err := decodeStrict([]byte("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata: {A: \"1\"}\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := obj.(*corev1.ConfigMap).Data["A"]; got != "1" {
+			t.Fatalf("got %q want 1", got)
+		}
+	})
+}
+
+func TestManifests_Decode(t *testing.T) {
+	m := loadManifests(t)
+	the(t, "Deployments", m.deployments)
+	the(t, "Services", m.services)
+	the(t, "ConfigMaps", m.configMaps)
+	the(t, "PersistentVolumeClaims", m.claims)
+}
+
+// TestManifests_EnvVarsAreServeFlags checks every SIDECAR_* name anywhere in
+// the manifests, comments included, against `sidecar serve -h`.
+func TestManifests_EnvVarsAreServeFlags(t *testing.T) {
+	m := loadManifests(t)
+	n := 0
+	for file, text := range m.text {
+		for _, name := range envNamesIn(text) {
+			n++
+			if !flags.isFlag(name) {
+				t.Errorf("%s names %s, which is no flag of sidecar serve", file, name)
+			}
+		}
+	}
+	cm := the(t, "ConfigMaps", m.configMaps)
+	for key := range cm.Data {
+		if !flags.isFlag(key) {
+			t.Errorf("ConfigMap key %s is no flag of sidecar serve", key)
+		}
+	}
+	if n == 0 {
+		t.Fatal("no SIDECAR_* names found")
+	}
+}
+
+func TestDeployment_Sidecar(t *testing.T) {
+	m := loadManifests(t)
+	d := the(t, "Deployments", m.deployments)
+	cm := the(t, "ConfigMaps", m.configMaps)
+	pod := &d.Spec.Template.Spec
+	c := container(t, d, "sidecar")
+	env := cm.Data
+
+	t.Run("Listen", func(t *testing.T) {
+		host, port, err := net.SplitHostPort(env["SIDECAR_LISTEN"])
+		if err != nil {
+			t.Fatalf("SIDECAR_LISTEN %q: %v", env["SIDECAR_LISTEN"], err)
+		}
+		if host != "0.0.0.0" && host != "" {
+			t.Errorf("SIDECAR_LISTEN host %q: probes and Prometheus cannot reach it, want 0.0.0.0", host)
+		}
+		if got, want := port, strconv.Itoa(int(portNumber(t, c, intstr.FromString("http")))); got != want {
+			t.Errorf("SIDECAR_LISTEN port %s, container port http %s", got, want)
+		}
+		if got := portNumber(t, c, intstr.FromString("http")); got != 8787 {
+			t.Errorf("container port http: got %d want 8787", got)
+		}
+	})
+
+	t.Run("Probes", func(t *testing.T) {
+		for _, p := range []struct {
+			name  string
+			probe *corev1.Probe
+			path  string
+		}{{"liveness", c.LivenessProbe, "/healthz"}, {"readiness", c.ReadinessProbe, "/readyz"}, {"startup", c.StartupProbe, "/healthz"}} {
+			if p.probe == nil || p.probe.HTTPGet == nil {
+				t.Errorf("%s probe: want an httpGet", p.name)
+				continue
+			}
+			if got := p.probe.HTTPGet.Path; got != p.path {
+				t.Errorf("%s probe path: got %q want %q", p.name, got, p.path)
+			}
+			if got := portNumber(t, c, p.probe.HTTPGet.Port); got != 8787 {
+				t.Errorf("%s probe port: got %d want 8787", p.name, got)
+			}
+		}
+		cd := container(t, d, "conductor")
+		for name, probe := range map[string]*corev1.Probe{"liveness": cd.LivenessProbe, "readiness": cd.ReadinessProbe, "startup": cd.StartupProbe} {
+			if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != "/health" || portNumber(t, cd, probe.HTTPGet.Port) != 8080 {
+				t.Errorf("conductor %s probe: want httpGet /health on 8080, got %+v", name, probe)
+			}
+		}
+	})
+
+	t.Run("Config", func(t *testing.T) {
+		if !slices.ContainsFunc(c.EnvFrom, func(e corev1.EnvFromSource) bool {
+			return e.ConfigMapRef != nil && e.ConfigMapRef.Name == cm.Name
+		}) {
+			t.Errorf("sidecar container does not take its env from ConfigMap %s", cm.Name)
+		}
+		if got, want := env["SIDECAR_CONDUCTOR_URL"], "http://localhost:8080/api"; got != want {
+			t.Errorf("SIDECAR_CONDUCTOR_URL: got %q want %q", got, want)
+		}
+		if _, err := time.ParseDuration(env["SIDECAR_DRAIN_TIMEOUT"]); err != nil {
+			t.Errorf("SIDECAR_DRAIN_TIMEOUT: %v", err)
+		}
+		i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "SIDECAR_WORKER_ID" })
+		if i < 0 || c.Env[i].ValueFrom == nil || c.Env[i].ValueFrom.FieldRef == nil || c.Env[i].ValueFrom.FieldRef.FieldPath != "metadata.name" {
+			t.Errorf("SIDECAR_WORKER_ID must come from the pod name (downward API)")
+		}
+		if _, ok := env["SIDECAR_WORKER_ID"]; ok {
+			t.Errorf("SIDECAR_WORKER_ID in the ConfigMap would give every replica the same id")
+		}
+	})
+
+	t.Run("DataVolume", func(t *testing.T) {
+		dataDir := env["SIDECAR_DATA_DIR"]
+		claim := the(t, "PersistentVolumeClaims", m.claims)
+		i := slices.IndexFunc(c.VolumeMounts, func(v corev1.VolumeMount) bool { return v.MountPath == dataDir })
+		if i < 0 {
+			t.Fatalf("SIDECAR_DATA_DIR %q is not a volume mount of the sidecar", dataDir)
+		}
+		j := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == c.VolumeMounts[i].Name })
+		if j < 0 || pod.Volumes[j].PersistentVolumeClaim == nil || pod.Volumes[j].PersistentVolumeClaim.ClaimName != claim.Name {
+			t.Errorf("the data dir must be on PersistentVolumeClaim %s", claim.Name)
+		}
+		if c.VolumeMounts[i].ReadOnly {
+			t.Error("the data dir is mounted read-only")
+		}
+	})
+
+	t.Run("OneReplicaWithEmbeddedNATS", func(t *testing.T) {
+		if _, external := env["SIDECAR_NATS_URL"]; external {
+			t.Skip("external NATS: several replicas allowed")
+		}
+		if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 {
+			t.Errorf("replicas: want 1 with the embedded NATS server")
+		}
+		if d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
+			t.Errorf("strategy %q: want Recreate, a rolling update starts a second sidecar on the same store", d.Spec.Strategy.Type)
+		}
+	})
+
+	t.Run("ShutdownBudget", func(t *testing.T) {
+		grace := flags.shutdownGrace(t, env["SIDECAR_SHUTDOWN_GRACE"])
+		if pod.TerminationGracePeriodSeconds == nil {
+			t.Fatal("terminationGracePeriodSeconds unset (default 30s)")
+		}
+		got := time.Duration(*pod.TerminationGracePeriodSeconds) * time.Second
+		if got < grace+stopBudget {
+			t.Errorf("terminationGracePeriodSeconds %v: want >= shutdown grace %v + %v", got, grace, stopBudget)
+		}
+	})
+
+	t.Run("SecurityContext", func(t *testing.T) {
+		sc := c.SecurityContext
+		if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+			t.Error("sidecar: want runAsNonRoot")
+		}
+		if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+			t.Error("sidecar: want readOnlyRootFilesystem")
+		}
+		if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+			t.Error("sidecar: want allowPrivilegeEscalation false")
+		}
+		for _, ct := range pod.Containers {
+			if ct.Resources.Requests.Memory().IsZero() || ct.Resources.Limits.Memory().IsZero() || ct.Resources.Requests.Cpu().IsZero() {
+				t.Errorf("%s: want memory requests and limits and a cpu request", ct.Name)
+			}
+		}
+	})
+}
+
+func TestService(t *testing.T) {
+	m := loadManifests(t)
+	d := the(t, "Deployments", m.deployments)
+	s := the(t, "Services", m.services)
+	c := container(t, d, "sidecar")
+	i := slices.IndexFunc(s.Spec.Ports, func(p corev1.ServicePort) bool { return p.Name == "http" })
+	if i < 0 {
+		t.Fatal("service has no port named http")
+	}
+	if got := s.Spec.Ports[i].Port; got != 8787 {
+		t.Errorf("service port http: got %d want 8787", got)
+	}
+	if got := portNumber(t, c, s.Spec.Ports[i].TargetPort); got != 8787 {
+		t.Errorf("service targetPort resolves to %d, want 8787", got)
+	}
+	labels := d.Spec.Template.Labels
+	for k, v := range s.Spec.Selector {
+		if labels[k] != v {
+			t.Errorf("service selector %s=%s does not match the pod labels %v", k, v, labels)
+		}
+	}
+	sel, err := metav1.LabelSelectorAsMap(d.Spec.Selector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range sel {
+		if labels[k] != v {
+			t.Errorf("deployment selector %s=%s does not match its pod labels", k, v)
+		}
+	}
+	a := s.Annotations
+	if a["prometheus.io/scrape"] != "true" || a["prometheus.io/port"] != "8787" || a["prometheus.io/path"] != "/metrics" {
+		t.Errorf("prometheus annotations: got %v", a)
+	}
+}
