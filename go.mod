@@ -13,6 +13,8 @@ require (
 	go.yaml.in/yaml/v3 v3.0.5
 )
 
+require github.com/kylelemons/godebug v1.1.0 // indirect
+
 require (
 	github.com/antihax/optional v1.0.0
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -206,6 +207,13 @@ func (c *Controller) Resume(ctx context.Context, runID, workflowID string) (*Sta
 	if snap.Status != statestore.RunStatusPaused || snap.Pause == nil {
 		return nil, c.invalid(snap, statestore.RunResumed)
 	}
+	if held := snap.HeldSteps(); len(held) > 0 {
+		// Resuming would leave a failed step with nothing to run it: the
+		// operator retries it (or cancels the run) first.
+		return nil, &statestore.Error{Code: statestore.CodeInvalidTransition,
+			Message: fmt.Sprintf("step %s failed and is held (onStepFailure: pause): retry it first, or cancel the run", strings.Join(held, ", ")),
+			Meta:    map[string]string{"actualState": snap.Status, "attemptedEventType": statestore.RunResumed, "heldSteps": strings.Join(held, ",")}}
+	}
 	if _, err := c.append(ctx, snap, statestore.RunResumed, snap.Pause.Cycle, nil); err != nil {
 		return nil, err
 	}
@@ -267,6 +275,74 @@ func (c *Controller) Cancel(ctx context.Context, runID, workflowID, reason, requ
 		return nil, err
 	}
 	return StateOf(snap, c.opts.DefaultTimeout), nil
+}
+
+// ErrStepNotFound: the run has no step with that id (none of its events
+// names it).
+var ErrStepNotFound = &statestore.Error{Code: "STEP_NOT_FOUND", Message: "no such step in this run"}
+
+// RetryRequest is the body of a RETRY_STEP.
+type RetryRequest struct {
+	Reason      string `json:"reason,omitempty"`
+	RequestedBy string `json:"requestedBy,omitempty"`
+}
+
+// maxRetryRaces bounds how often RetryStep renumbers its request after
+// another replica's retry of another step took the same number.
+const maxRetryRaces = 8
+
+// RetryStep reruns a step held after a failure (onStepFailure: pause) as
+// its next logical attempt: it appends RunStepRetryRequested, and the
+// step runs when the run is resumed. The run must be PAUSED and the step's
+// latest attempt failed and held; anything else gets INVALID_TRANSITION
+// (e.g. a run that failed under onStepFailure: fail) and writes nothing.
+// Retrying a step whose retry is already requested returns the state.
+// No Conductor call: the step's task is held by the workers, not failed.
+func (c *Controller) RetryStep(ctx context.Context, runID, stepID string, req RetryRequest) (*State, error) {
+	for range maxRetryRaces {
+		snap, err := c.snapshot(ctx, runID)
+		if err != nil {
+			return nil, err
+		}
+		st := snap.Step(stepID)
+		if st == nil {
+			return nil, ErrStepNotFound
+		}
+		if st.RetryRequested && st.Status == statestore.StepStatusPending {
+			return StateOf(snap, c.opts.DefaultTimeout), nil
+		}
+		if snap.Status != statestore.RunStatusPaused || snap.CancelRequested {
+			return nil, c.invalid(snap, statestore.RunStepRetryRequested)
+		}
+		if st.Status != statestore.StepStatusFailed || !st.Held {
+			why := "it has not failed"
+			if st.Status == statestore.StepStatusFailed {
+				why = "its failure is final (the plan's onStepFailure is fail)"
+			}
+			return nil, &statestore.Error{Code: statestore.CodeInvalidTransition,
+				Message: fmt.Sprintf("step %s cannot be retried: %s (status %s, logical attempt %d)", stepID, why, st.Status, st.LogicalAttemptID),
+				Meta:    map[string]string{"actualState": st.Status, "attemptedEventType": statestore.RunStepRetryRequested}}
+		}
+		next := st.LogicalAttemptID + 1
+		payload := map[string]any{"stepId": stepID, "stepLogicalAttemptId": next}
+		putIf(payload, "reason", req.Reason)
+		putIf(payload, "requestedBy", req.RequestedBy)
+		if _, err := c.append(ctx, snap, statestore.RunStepRetryRequested, snap.StepRetries+1, payload); err != nil {
+			return nil, err
+		}
+		// The request number is per run: a concurrent retry of another step
+		// may have taken it, and then ours was deduplicated into theirs.
+		// Look, and renumber if so.
+		if snap, err = c.snapshot(ctx, runID); err != nil {
+			return nil, err
+		}
+		if st := snap.Step(stepID); st != nil && st.LogicalAttemptID >= next {
+			c.logger.Info("step retry requested; it runs when the run is resumed", zap.String("runId", runID),
+				zap.String("stepId", stepID), zap.Int64("logicalAttemptId", next))
+			return StateOf(snap, c.opts.DefaultTimeout), nil
+		}
+	}
+	return nil, fmt.Errorf("retry of step %s: lost %d races with concurrent retries; try again", stepID, maxRetryRaces)
 }
 
 // EngineError is returned with the run's state when the log was updated

@@ -15,7 +15,12 @@ type Metrics struct {
 	timeouts    prometheus.Counter
 	pauseRecord prometheus.Histogram
 	engineCalls prometheus.Histogram
+	runs        *prometheus.GaugeVec
 }
+
+// watchedStatuses are the statuses sidecar_runs_active always reports
+// (zero when no run has them), so a panel never loses a series.
+var watchedStatuses = []string{"PENDING", "RUNNING", "PAUSED", "CANCELLING"}
 
 // NewMetrics registers the drain metrics with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -41,18 +46,31 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sidecar_drain_engine_pause_seconds", Help: "Conductor's pause call.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
+		runs: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sidecar_runs_active", Help: "Runs the sidecar watches (started, not yet terminal), by status; CANCELLING is a run whose cancel is requested but not yet recorded done.",
+		}, []string{"status"}),
+	}
+	for _, s := range watchedStatuses {
+		m.runs.WithLabelValues(s)
 	}
 	for _, o := range []string{"drained", "timed_out", "resumed", "cancelled"} {
 		m.duration.WithLabelValues(o)
 	}
-	reg.MustRegister(m.draining, m.inFlight, m.duration, m.timeouts, m.pauseRecord, m.engineCalls)
+	reg.MustRegister(m.draining, m.inFlight, m.duration, m.timeouts, m.pauseRecord, m.engineCalls, m.runs)
 	return m
 }
 
-func (m *Metrics) gauges(draining, inFlight int) {
-	if m != nil {
-		m.draining.Set(float64(draining))
-		m.inFlight.Set(float64(inFlight))
+func (m *Metrics) gauges(draining, inFlight int, byStatus map[string]int) {
+	if m == nil {
+		return
+	}
+	m.draining.Set(float64(draining))
+	m.inFlight.Set(float64(inFlight))
+	for _, s := range watchedStatuses {
+		m.runs.WithLabelValues(s).Set(float64(byStatus[s]))
+	}
+	for s, n := range byStatus {
+		m.runs.WithLabelValues(s).Set(float64(n))
 	}
 }
 

@@ -71,14 +71,25 @@ func (c *Controller) Scan(ctx context.Context) {
 		return
 	}
 	draining, inFlight := 0, 0
+	byStatus := map[string]int{}
 	for _, id := range ids {
 		snap := c.Check(ctx, id)
-		if snap != nil && snap.Substatus == statestore.SubstatusDraining {
+		if snap == nil {
+			continue
+		}
+		status := snap.Status
+		if snap.CancelRequested && !statestore.IsTerminalRunStatus(status) {
+			status = "CANCELLING"
+		}
+		if !statestore.IsTerminalRunStatus(status) {
+			byStatus[status]++
+		}
+		if snap.Substatus == statestore.SubstatusDraining {
 			draining++
 			inFlight += len(snap.InFlight())
 		}
 	}
-	c.opts.Metrics.gauges(draining, inFlight)
+	c.opts.Metrics.gauges(draining, inFlight, byStatus)
 }
 
 // Check ends the drain of runID if it is due: RunDrainCompleted once no

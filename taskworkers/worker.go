@@ -86,7 +86,12 @@ type Options struct {
 	// OnTaskDone, when set, is called after a step's outcome was reported
 	// to Conductor (the run watcher's nudge).
 	OnTaskDone func(runID string)
-	Logger     *zap.Logger
+	// PauseOnFailure, when set, pauses a run whose step failed for good
+	// under onStepFailure "pause" (RunPaused, reason stepFailed, the step
+	// id); the step's task is then held, not failed. Without it such a
+	// step is held all the same, and the run is not paused.
+	PauseOnFailure func(ctx context.Context, runID, workflowID, stepID string) error
+	Logger         *zap.Logger
 	// Metrics may be nil.
 	Metrics *Metrics
 }
@@ -338,14 +343,28 @@ func (w *Worker) handle(t *model.Task) {
 		w.handBack(t, time.Second, "run not running yet")
 		return
 	}
-	if st := snap.Step(a.Step.StepID); st != nil && st.LogicalAttemptID == logical {
-		switch st.Status {
-		case statestore.StepStatusSuccess:
+	// An operator's RETRY_STEP opened a later logical attempt than
+	// Conductor's retryCount gives: the held task runs as that attempt,
+	// one try (there is no engine retry left to count it by).
+	operatorAttempt := false
+	st := snap.Step(a.Step.StepID)
+	if st != nil && st.LogicalAttemptID > logical {
+		logical, engine, operatorAttempt = st.LogicalAttemptID, 1, true
+		log = log.With(zap.Int64("logicalAttemptId", logical), zap.Bool("operatorRetry", true))
+	}
+	if st != nil && st.LogicalAttemptID == logical {
+		switch {
+		case st.Status == statestore.StepStatusSuccess:
 			// Recorded before a crash, not reported: report, do not re-run.
 			log.Info("step already completed in the log; reporting it without running it again")
 			w.update(t, log, &model.TaskResult{Status: model.CompletedTask, OutputData: artifactOutput(st.Artifacts, nil)})
 			return
-		case statestore.StepStatusFailed:
+		case st.Status == statestore.StepStatusFailed && st.Held:
+			// Held after a failure; the run is not paused yet (a crash
+			// came between StepFailed and the pause): pause it now.
+			w.hold(t, log, a)
+			return
+		case st.Status == statestore.StepStatusFailed:
 			log.Info("step already failed in the log; reporting it without running it again")
 			w.update(t, log, failedResult(a, st.Error, engine, logical))
 			return
@@ -376,7 +395,7 @@ func (w *Worker) handle(t *model.Task) {
 		w.handBack(t, 0, "shutdown")
 		return
 	}
-	w.finish(t, log, a, res, engine, logical, time.Since(start))
+	w.finish(t, log, a, res, engine, logical, operatorAttempt, time.Since(start))
 }
 
 func (w *Worker) execute(t *model.Task, a *Assignment, exec Executor, engine, logical int64) (Result, error) {
@@ -401,7 +420,7 @@ func (w *Worker) execute(t *model.Task, a *Assignment, exec Executor, engine, lo
 }
 
 // finish records the step's outcome and reports it to Conductor.
-func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Result, engine, logical int64, took time.Duration) {
+func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Result, engine, logical int64, operatorAttempt bool, took time.Duration) {
 	kind := a.Step.Executor.Type
 	if res.Err == nil {
 		payload := map[string]any{}
@@ -417,7 +436,7 @@ func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Resul
 		w.update(t, log, &model.TaskResult{Status: model.CompletedTask, OutputData: artifactOutput(res.Artifacts, res.Output)})
 		return
 	}
-	final := !res.Err.Retryable || engine >= int64(max(a.EngineTries, 1))
+	final := !res.Err.Retryable || engine >= int64(max(a.EngineTries, 1)) || operatorAttempt
 	if !final {
 		// An engine retry of the same logical attempt follows: logs and
 		// metrics only, no StepFailed (DESIGN.md "Engine retries").
@@ -426,19 +445,46 @@ func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Resul
 		w.update(t, log, &model.TaskResult{Status: model.FailedTask, ReasonForIncompletion: res.Err.Code + ": " + res.Err.Message, OutputData: artifactOutput(res.Artifacts, res.Output)})
 		return
 	}
+	// For good: no logical attempt left, not retryable, or an operator's
+	// retry. Under onStepFailure "pause" the run pauses and the task is held.
+	held := a.OnStepFailure == plan.OnFailurePause &&
+		(!res.Err.Retryable || logical >= int64(max(a.LogicalAttempts, 1)) || operatorAttempt)
 	payload := map[string]any{"error": res.Err}
 	if len(res.Artifacts) > 0 {
 		payload["artifacts"] = res.Artifacts
+	}
+	if held {
+		payload["onStepFailure"] = statestore.OnStepFailurePause
 	}
 	if err := w.emit(log, a, statestore.StepFailed, engine, logical, payload, false); err != nil {
 		w.update(t, log, &model.TaskResult{Status: model.FailedTask, ReasonForIncompletion: "STATE_STORE_UNAVAILABLE: StepFailed not recorded"})
 		return
 	}
 	w.opts.Metrics.stepDone(kind, "failed", took)
-	log.Warn("step failed for this logical attempt", zap.String("code", res.Err.Code), zap.Bool("retryable", res.Err.Retryable))
+	log.Warn("step failed for this logical attempt", zap.String("code", res.Err.Code), zap.Bool("retryable", res.Err.Retryable), zap.Bool("held", held))
+	if held {
+		w.hold(t, log, a)
+		return
+	}
 	r := failedResult(a, res.Err, engine, logical)
 	r.OutputData = artifactOutput(res.Artifacts, res.Output)
 	w.update(t, log, r)
+}
+
+// hold keeps the task of a step that failed under onStepFailure "pause":
+// the run is paused (reason stepFailed) and the task handed back, so that
+// Conductor neither fails it nor runs the workflow on; while the run is
+// paused every poll hands it back again. After a RETRY_STEP and RESUME it
+// runs as the next logical attempt. A failed pause is retried at the next
+// poll (the task comes back after HandBackAfter).
+func (w *Worker) hold(t *model.Task, log *zap.Logger, a *Assignment) {
+	if w.opts.PauseOnFailure != nil {
+		if err := w.opts.PauseOnFailure(w.workCtx, a.RunID, t.WorkflowInstanceId, a.Step.StepID); err != nil {
+			log.Warn("could not pause the run after a held step failure; retrying at the next poll", zap.Error(err))
+		}
+	}
+	w.opts.Metrics.handedBack("held after failure")
+	w.handBack(t, w.opts.HandBackAfter, "held after failure")
 }
 
 // failedResult is the Conductor result of a logical attempt that failed for

@@ -18,6 +18,10 @@ type Client struct {
 	// BaseURL is the sidecar's address, e.g. http://127.0.0.1:8787.
 	BaseURL string
 	HTTP    *http.Client
+	// IdempotencyKey, when set, is sent with every control call (pause,
+	// resume, cancel, retry): a repeated call with the same key gets the
+	// first answer back instead of acting again.
+	IdempotencyKey string
 }
 
 // NewClient returns a Client for baseURL with a 30s request timeout.
@@ -86,6 +90,17 @@ func (c *Client) Cancel(ctx context.Context, runID, reason string) (*RunView, er
 	return &out, c.do(ctx, http.MethodPost, "/v1/runs/"+url.PathEscape(runID)+"/cancel", body, &out)
 }
 
+// RetryStep reruns a step held after a failure (onStepFailure: pause) as
+// its next logical attempt, once the run is resumed.
+func (c *Client) RetryStep(ctx context.Context, runID, stepID, reason string) (*RunView, error) {
+	var out RunView
+	body := map[string]any{}
+	if reason != "" {
+		body["reason"] = reason
+	}
+	return &out, c.do(ctx, http.MethodPost, "/v1/runs/"+url.PathEscape(runID)+"/steps/"+url.PathEscape(stepID)+"/retry", body, &out)
+}
+
 // Events returns a page of a run's events after afterSeq.
 func (c *Client) Events(ctx context.Context, runID string, afterSeq int64, limit int) (*EventsPage, error) {
 	q := url.Values{"afterSeq": {strconv.FormatInt(afterSeq, 10)}}
@@ -111,6 +126,9 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.IdempotencyKey != "" && method == http.MethodPost && path != "/v1/runs" {
+		req.Header.Set(IdempotencyKeyHeader, c.IdempotencyKey)
 	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {

@@ -14,6 +14,7 @@ type Control interface {
 	Pause(ctx context.Context, runID string, req drain.PauseRequest) (*drain.State, error)
 	Resume(ctx context.Context, runID string) (*drain.State, error)
 	Cancel(ctx context.Context, runID, reason, requestedBy string) (*drain.State, error)
+	RetryStep(ctx context.Context, runID, stepID string, req drain.RetryRequest) (*drain.State, error)
 }
 
 // RunControl is the Control of a sidecar: it finds the run's workflow in
@@ -61,6 +62,14 @@ func (c *RunControl) Cancel(ctx context.Context, runID, reason, requestedBy stri
 	return c.Drain.Cancel(ctx, runID, wf, reason, requestedBy)
 }
 
+// RetryStep implements Control.
+func (c *RunControl) RetryStep(ctx context.Context, runID, stepID string, req drain.RetryRequest) (*drain.State, error) {
+	if _, err := c.workflow(ctx, runID); err != nil {
+		return nil, err
+	}
+	return c.Drain.RetryStep(ctx, runID, stepID, req)
+}
+
 // controlBody is the optional body of resume and cancel.
 type controlBody struct {
 	Reason      string `json:"reason,omitempty"`
@@ -93,6 +102,12 @@ func (s *Server) control(action string) func(http.ResponseWriter, *http.Request)
 				return err
 			}
 			_, err = s.opts.Control.Cancel(r.Context(), runID, body.Reason, body.RequestedBy)
+		case "retry":
+			var req drain.RetryRequest
+			if err := decodeOptionalBody(r, &req); err != nil {
+				return err
+			}
+			_, err = s.opts.Control.RetryStep(r.Context(), runID, r.PathValue("stepId"), req)
 		}
 		var ee *drain.EngineError
 		if errors.As(err, &ee) {

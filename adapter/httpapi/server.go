@@ -81,6 +81,9 @@ type Options struct {
 	Ready func(ctx context.Context) error
 	// Gatherer is served on /metrics (nil: no /metrics).
 	Gatherer prometheus.Gatherer
+	// Replies keeps the first answers of control requests that carry an
+	// Idempotency-Key (nil: the header is ignored).
+	Replies Replies
 	// Registerer receives the API's own metrics (nil: none).
 	Registerer prometheus.Registerer
 	Logger     *zap.Logger
@@ -96,6 +99,7 @@ type Server struct {
 	mux      *http.ServeMux
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
+	controls *prometheus.CounterVec
 
 	mu  sync.Mutex
 	srv *http.Server
@@ -118,15 +122,24 @@ func NewServer(opts Options) *Server {
 		Name: "sidecar_api_request_duration_seconds", Help: "Control API latency by route.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10),
 	}, []string{"route"})
+	s.controls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sidecar_control_requests_total", Help: "Control requests (pause, resume, cancel, retry) by action and result.",
+	}, []string{"action", "result"})
+	for _, a := range []string{"pause", "resume", "cancel", "retry"} {
+		for _, r := range controlResults {
+			s.controls.WithLabelValues(a, r)
+		}
+	}
 	if opts.Registerer != nil {
-		opts.Registerer.MustRegister(s.requests, s.latency)
+		opts.Registerer.MustRegister(s.requests, s.latency, s.controls)
 	}
 	s.route("POST /v1/runs", "start", s.start)
 	s.route("GET /v1/runs/{runId}", "status", s.status)
 	s.route("GET /v1/runs/{runId}/events", "events", s.events)
-	s.route("POST /v1/runs/{runId}/pause", "pause", s.control("pause"))
-	s.route("POST /v1/runs/{runId}/resume", "resume", s.control("resume"))
-	s.route("POST /v1/runs/{runId}/cancel", "cancel", s.control("cancel"))
+	for _, action := range []string{"pause", "resume", "cancel"} {
+		s.route("POST /v1/runs/{runId}/"+action, action, s.controlRoute(action, s.control(action)))
+	}
+	s.route("POST /v1/runs/{runId}/steps/{stepId}/retry", "retry", s.controlRoute("retry", s.control("retry")))
 	s.route("GET /healthz", "healthz", func(w http.ResponseWriter, r *http.Request) error {
 		return writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -213,7 +226,7 @@ func (s *Server) classify(err error) *apiError {
 			return &apiError{status: http.StatusConflict, Code: se.Code, Message: se.Message}
 		case statestore.CodeStoreUnavailable:
 			return &apiError{status: http.StatusServiceUnavailable, Code: se.Code, Message: se.Message}
-		case CodeRunNotFound:
+		case CodeRunNotFound, drain.ErrStepNotFound.Code:
 			return &apiError{status: http.StatusNotFound, Code: se.Code, Message: se.Message}
 		}
 	}
@@ -332,6 +345,8 @@ func Message(s *statestore.RunSnapshot) string {
 			noun = "task"
 		}
 		return fmt.Sprintf("Workflow paused. Waiting for %d in-flight %s to complete.", inFlight, noun)
+	case s.Status == statestore.RunStatusPaused && len(s.HeldSteps()) > 0:
+		return fmt.Sprintf("Workflow paused: step %s failed. Retry it or cancel the run.", strings.Join(s.HeldSteps(), ", "))
 	case s.Status == statestore.RunStatusPaused && s.Pause != nil && s.Pause.DrainTimedOut:
 		return fmt.Sprintf("Workflow paused. Drain timed out (PAUSE_DRAIN_TIMEOUT) with %d tasks still running.", inFlight)
 	case s.Status == statestore.RunStatusPaused:

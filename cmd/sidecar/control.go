@@ -19,7 +19,8 @@ func (e errDrainTimedOut) Error() string {
 	return "PAUSE_DRAIN_TIMEOUT: the drain of run " + e.runID + " timed out; the run is PAUSED with steps still running"
 }
 
-// ControlCommand is "sidecar pause|resume|cancel RUN_ID".
+// ControlCommand is "sidecar pause|resume|cancel RUN_ID" and
+// "sidecar retry RUN_ID STEP_ID".
 type ControlCommand struct {
 	m      *Main
 	action string
@@ -27,14 +28,18 @@ type ControlCommand struct {
 
 // Run implements the control subcommands.
 func (c *ControlCommand) Run(ctx context.Context, args []string) error {
-	synopsis := c.action + " RUN_ID [--reason R] [--server URL] [-o json]"
-	if c.action == "pause" {
-		synopsis = "pause RUN_ID [--timeout D] [--reason R] [--wait] [--server URL] [-o json]"
+	synopsis := c.action + " RUN_ID [--reason R] [--idempotency-key K] [--server URL] [-o json]"
+	switch c.action {
+	case "pause":
+		synopsis = "pause RUN_ID [--timeout D] [--reason R] [--wait] [--idempotency-key K] [--server URL] [-o json]"
+	case "retry":
+		synopsis = "retry RUN_ID STEP_ID [--reason R] [--idempotency-key K] [--server URL] [-o json]"
 	}
 	fs := c.m.newFlagSet(c.action, synopsis)
 	var cf clientFlags
 	cf.register(fs)
 	reason := fs.String("reason", "", "why (recorded in the event's payload)")
+	idemKey := fs.String("idempotency-key", "", "send this Idempotency-Key: repeating the command with the same key returns the first answer")
 	var timeout time.Duration
 	var wait bool
 	if c.action == "pause" {
@@ -42,6 +47,10 @@ func (c *ControlCommand) Run(ctx context.Context, args []string) error {
 		fs.BoolVar(&wait, "wait", false, "show in-flight progress until drained (exit 0) or the drain times out (exit 3)")
 	}
 	runID, rest := firstArg(args)
+	stepID := ""
+	if c.action == "retry" {
+		stepID, rest = firstArg(rest)
+	}
 	if err := parse(fs, rest); err != nil {
 		return err
 	}
@@ -51,10 +60,14 @@ func (c *ControlCommand) Run(ctx context.Context, args []string) error {
 	if runID == "" {
 		return usageError(fs, "RUN_ID is required")
 	}
+	if c.action == "retry" && stepID == "" {
+		return usageError(fs, "STEP_ID is required")
+	}
 	if timeout < 0 || (timeout > 0 && timeout < time.Second) {
 		return usageError(fs, "--timeout must be at least 1s")
 	}
 	client := cf.client()
+	client.IdempotencyKey = *idemKey
 	var v *httpapi.RunView
 	var err error
 	switch c.action {
@@ -64,6 +77,8 @@ func (c *ControlCommand) Run(ctx context.Context, args []string) error {
 		v, err = client.Resume(ctx, runID)
 	case "cancel":
 		v, err = client.Cancel(ctx, runID, *reason)
+	case "retry":
+		v, err = client.RetryStep(ctx, runID, stepID, *reason)
 	}
 	if err != nil {
 		return err

@@ -59,7 +59,7 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		err = (&StatusCommand{m}).Run(ctx, rest)
 	case "events":
 		err = (&EventsCommand{m}).Run(ctx, rest)
-	case "pause", "resume", "cancel":
+	case "pause", "resume", "cancel", "retry":
 		err = (&ControlCommand{m: m, action: args[0]}).Run(ctx, rest)
 	case "help", "-h", "--help":
 		m.usage()
@@ -97,6 +97,8 @@ Commands:
   pause     pause a run (draining):      sidecar pause RUN_ID [--timeout 5m] [--wait]
   resume    resume a paused run:         sidecar resume RUN_ID
   cancel    cancel a run:                sidecar cancel RUN_ID
+  retry     retry a step held after a failure (onStepFailure: pause), then resume:
+                                         sidecar retry RUN_ID STEP_ID
   demo      append a small run to the JetStream event log and show its snapshot
   key       print the idempotencyKey of an event
   version   print the version

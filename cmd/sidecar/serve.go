@@ -167,6 +167,10 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 			sc.watcher.Nudge(runID)
 			sc.drain.Nudge(runID)
 		},
+		PauseOnFailure: func(ctx context.Context, runID, workflowID, stepID string) error {
+			_, err := sc.drain.Pause(ctx, runID, workflowID, drain.PauseRequest{Reason: "stepFailed", StepID: stepID, RequestedBy: "sidecar " + cfg.WorkerID})
+			return err
+		},
 		Logger: log, Metrics: taskworkers.NewMetrics(reg),
 	})
 	// The task types must exist before polling them; registering is
@@ -185,8 +189,12 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 		return sc, err
 	}
 
+	replies, err := httpapi.OpenKVReplies(ctx, js, 0)
+	if err != nil {
+		return sc, err
+	}
 	sc.api = httpapi.NewServer(httpapi.Options{
-		Runs: sc.store, Starter: &httpapi.RunStarter{Runs: runs}, Control: &httpapi.RunControl{Runs: runs, Drain: sc.drain},
+		Runs: sc.store, Replies: replies, Starter: &httpapi.RunStarter{Runs: runs}, Control: &httpapi.RunControl{Runs: runs, Drain: sc.drain},
 		DrainTimeout: cfg.DrainTimeout, Gatherer: reg, Registerer: reg, Logger: log,
 		Ready: func(ctx context.Context) error {
 			if !sc.nc.IsConnected() {

@@ -1,0 +1,293 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+)
+
+// IdempotencyKeyHeader names the header that makes a control call
+// replayable: the first answer to a key is kept and returned again for
+// every later request with that key (on any replica, across restarts).
+const IdempotencyKeyHeader = "Idempotency-Key"
+
+// ReplayedHeader is set to "true" on an answer that is a replay.
+const ReplayedHeader = "Idempotent-Replayed"
+
+// MaxIdempotencyKeyBytes bounds the header's value.
+const MaxIdempotencyKeyBytes = 255
+
+// Machine codes of the replay layer.
+const (
+	// CodeKeyReused: the key was first used for another request (another
+	// run, action, step or body).
+	CodeKeyReused = "IDEMPOTENCY_KEY_REUSED"
+	// CodeInProgress: a request with the same key is being answered.
+	CodeInProgress = "REQUEST_IN_PROGRESS"
+)
+
+// Reply is a kept answer.
+type Reply struct {
+	Status int             `json:"status"`
+	Body   json.RawMessage `json:"body"`
+}
+
+// Errors of Replies.
+var (
+	// ErrReplyPending: another request holds the key and has not answered.
+	ErrReplyPending = errors.New("httpapi: a request with this idempotency key is in progress")
+	// ErrKeyReused: the key is held by a request with another fingerprint.
+	ErrKeyReused = errors.New("httpapi: idempotency key reused for another request")
+)
+
+// Replies keeps the first answer of each control request that carried an
+// Idempotency-Key.
+type Replies interface {
+	// Claim reserves key for a request with fingerprint fp. It returns
+	// (nil, nil) when the caller should answer the request, the kept reply
+	// when the key was answered, ErrReplyPending while another request
+	// holds it, and ErrKeyReused when fp differs from the first request's.
+	Claim(ctx context.Context, key, fp string) (*Reply, error)
+	// Keep stores the answer of a claimed key.
+	Keep(ctx context.Context, key, fp string, r *Reply) error
+	// Release gives a claimed key up without an answer (the request failed
+	// in a way a retry may fix), so that a retry runs it again.
+	Release(ctx context.Context, key string) error
+}
+
+// KVReplies keeps replies in a JetStream KV bucket, shared by every
+// sidecar on the same NATS.
+type KVReplies struct {
+	kv jetstream.KeyValue
+	// StaleAfter is how long a claim without an answer blocks its key
+	// (a process that died mid-request); then a retry takes it over.
+	StaleAfter time.Duration
+	now        func() time.Time
+}
+
+// KVRepliesBucket is the bucket's name.
+const KVRepliesBucket = "SIDECAR_CONTROL_REPLIES"
+
+// OpenKVReplies creates (or opens) the bucket. Replies expire after ttl
+// (default 24h).
+func OpenKVReplies(ctx context.Context, js jetstream.JetStream, ttl time.Duration) (*KVReplies, error) {
+	if ttl <= 0 {
+		ttl = 24 * time.Hour
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: KVRepliesBucket, Description: "first answers of control requests with an Idempotency-Key",
+		TTL: ttl, History: 1, Storage: jetstream.FileStorage,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", KVRepliesBucket, err)
+	}
+	return &KVReplies{kv: kv, StaleAfter: time.Minute, now: time.Now}, nil
+}
+
+type replyEntry struct {
+	Fingerprint string    `json:"fingerprint"`
+	ClaimedAt   time.Time `json:"claimedAt"`
+	Reply       *Reply    `json:"reply,omitempty"`
+}
+
+// Claim implements Replies.
+func (k *KVReplies) Claim(ctx context.Context, key, fp string) (*Reply, error) {
+	claim, _ := json.Marshal(replyEntry{Fingerprint: fp, ClaimedAt: k.now().UTC()})
+	for range 3 {
+		if _, err := k.kv.Create(ctx, key, claim); err == nil {
+			return nil, nil
+		} else if !errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, err
+		}
+		e, err := k.kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // released meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		var held replyEntry
+		if err := json.Unmarshal(e.Value(), &held); err != nil {
+			return nil, fmt.Errorf("kept reply %s: %w", key, err)
+		}
+		switch {
+		case held.Fingerprint != fp:
+			return nil, ErrKeyReused
+		case held.Reply != nil:
+			return held.Reply, nil
+		case k.now().Sub(held.ClaimedAt) < k.StaleAfter:
+			return nil, ErrReplyPending
+		}
+		// A stale claim: take it over, unless someone else just did.
+		if _, err := k.kv.Update(ctx, key, claim, e.Revision()); err == nil {
+			return nil, nil
+		}
+	}
+	return nil, ErrReplyPending
+}
+
+// Keep implements Replies.
+func (k *KVReplies) Keep(ctx context.Context, key, fp string, r *Reply) error {
+	b, err := json.Marshal(replyEntry{Fingerprint: fp, ClaimedAt: k.now().UTC(), Reply: r})
+	if err != nil {
+		return err
+	}
+	_, err = k.kv.Put(ctx, key, b)
+	return err
+}
+
+// Release implements Replies.
+func (k *KVReplies) Release(ctx context.Context, key string) error {
+	return k.kv.Delete(ctx, key)
+}
+
+// controlRoute wraps a control action: it counts the request in
+// sidecar_control_requests_total{action,result} and, when the request
+// carries an Idempotency-Key and the server has Replies, answers a repeated
+// key with the first answer. Answers of 5xx are not kept: the request did
+// not take effect completely, and a retry with the same key runs it again.
+func (s *Server) controlRoute(action string, h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		idem := r.Header.Get(IdempotencyKeyHeader)
+		if idem == "" || s.opts.Replies == nil {
+			rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+			err := h(rec, r)
+			s.countControl(action, resultOf(s.statusOf(err, rec.status)))
+			return err
+		}
+		if len(idem) > MaxIdempotencyKeyBytes {
+			s.countControl(action, "bad_request")
+			return badRequest(IdempotencyKeyHeader, fmt.Sprintf("%s is longer than %d bytes", IdempotencyKeyHeader, MaxIdempotencyKeyBytes))
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBodyBytes))
+		if err != nil {
+			s.countControl(action, "bad_request")
+			return &apiError{status: http.StatusRequestEntityTooLarge, Code: CodeBadRequest, Message: fmt.Sprintf("body larger than %d bytes", MaxBodyBytes)}
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		key, fp := replyKey(r, idem, body)
+		kept, err := s.opts.Replies.Claim(r.Context(), key, fp)
+		switch {
+		case errors.Is(err, ErrKeyReused):
+			s.countControl(action, "bad_request")
+			return &apiError{status: http.StatusUnprocessableEntity, Code: CodeKeyReused,
+				Message: "this Idempotency-Key was first used for another request (run, action, step or body); use a new key"}
+		case errors.Is(err, ErrReplyPending):
+			s.countControl(action, "in_progress")
+			return &apiError{status: http.StatusConflict, Code: CodeInProgress,
+				Message: "a request with this Idempotency-Key is being answered; retry shortly"}
+		case err != nil:
+			s.countControl(action, "error")
+			return &apiError{status: http.StatusServiceUnavailable, Code: "STORE_UNAVAILABLE", Message: "idempotency store: " + err.Error()}
+		case kept != nil:
+			s.countControl(action, "replayed")
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set(ReplayedHeader, "true")
+			w.WriteHeader(kept.Status)
+			_, _ = w.Write(kept.Body)
+			return nil
+		}
+		buf := &bufferedWriter{header: http.Header{}, status: http.StatusOK}
+		if err := h(buf, r); err != nil {
+			var ae *apiError
+			if !errors.As(err, &ae) {
+				ae = s.classify(err)
+			}
+			if ae.status >= 500 {
+				s.log.Error("request failed", zap.String("route", action), zap.String("code", ae.Code), zap.Error(err))
+			}
+			buf.header = http.Header{}
+			buf.body.Reset()
+			writeError(buf, ae)
+		}
+		s.countControl(action, resultOf(buf.status))
+		// Keeping or releasing must outlive a client that went away.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
+		defer cancel()
+		if buf.status >= 500 {
+			if err := s.opts.Replies.Release(ctx, key); err != nil {
+				s.log.Warn("could not release an idempotency key; a retry waits until the claim is stale", zap.Error(err))
+			}
+		} else if err := s.opts.Replies.Keep(ctx, key, fp, &Reply{Status: buf.status, Body: bytes.TrimSpace(buf.body.Bytes())}); err != nil {
+			s.log.Warn("could not keep the answer of an idempotent request; a retry runs it again", zap.Error(err))
+		}
+		for k, v := range buf.header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(buf.status)
+		_, _ = w.Write(buf.body.Bytes())
+		return nil
+	}
+}
+
+// replyKey names a kept reply: the key is scoped to the run, the action
+// (path) and the client's key; the fingerprint adds the body, so that a
+// key reused with another body is refused rather than replayed.
+func replyKey(r *http.Request, idem string, body []byte) (key, fp string) {
+	k := sha256.Sum256([]byte(r.Method + " " + r.URL.Path + "\x00" + idem))
+	f := sha256.Sum256(append([]byte(r.Method+" "+r.URL.Path+"\x00"+idem+"\x00"), body...))
+	return "r" + hex.EncodeToString(k[:]), hex.EncodeToString(f[:])
+}
+
+// statusOf is the status the route will answer: the recorder's, or the
+// error's.
+func (s *Server) statusOf(err error, recorded int) int {
+	if err == nil {
+		return recorded
+	}
+	var ae *apiError
+	if !errors.As(err, &ae) {
+		ae = s.classify(err)
+	}
+	return ae.status
+}
+
+// resultOf is the result label of a control answer's status: ok,
+// invalid_transition (409), not_found, bad_request (other 4xx),
+// engine_unavailable (503), error (other 5xx).
+func resultOf(status int) string {
+	switch {
+	case status < 300:
+		return "ok"
+	case status == http.StatusConflict:
+		return "invalid_transition"
+	case status == http.StatusNotFound:
+		return "not_found"
+	case status < 500:
+		return "bad_request"
+	case status == http.StatusServiceUnavailable:
+		return "engine_unavailable"
+	}
+	return "error"
+}
+
+// countControl counts a control request by action and result (resultOf's,
+// plus replayed and in_progress of the Idempotency-Key layer).
+func (s *Server) countControl(action, result string) {
+	s.controls.WithLabelValues(action, result).Inc()
+}
+
+// controlResults are the result label values, pre-created per action so
+// that a dashboard shows zeros rather than no data.
+var controlResults = []string{"ok", "replayed", "in_progress", "invalid_transition", "not_found", "bad_request", "engine_unavailable", "error"}
+
+// bufferedWriter holds an answer until it is kept.
+type bufferedWriter struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (b *bufferedWriter) Header() http.Header         { return b.header }
+func (b *bufferedWriter) Write(p []byte) (int, error) { return b.body.Write(p) }
+func (b *bufferedWriter) WriteHeader(code int)        { b.status = code }
