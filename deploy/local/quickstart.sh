@@ -114,8 +114,8 @@ cleanup() {
   exit "$rc"
 }
 trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap 'printf "\nquickstart: interrupted\n" >&2; exit 130' INT
+trap 'printf "\nquickstart: terminated\n" >&2; exit 143' TERM
 
 # ---------------------------------------------------------------- helpers
 
