@@ -1,0 +1,160 @@
+package monitoring_test
+
+import (
+	"encoding/json"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// TestDashboard_Importable checks what Grafana 10+ needs to import the
+// dashboard on any instance: schemaVersion 38 or later, the data source
+// as a variable of type prometheus, and every panel and target using that
+// variable rather than a data source uid of one installation.
+func TestDashboard_Importable(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot, "deploy/grafana/sidecar-dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw map[string]any
+	if err := json.Unmarshal(b, &raw); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := raw["id"]; ok {
+		t.Error("the dashboard has an id: leave it out so that import creates one")
+	}
+	d := loadDashboard(t)
+	if d.SchemaVersion < 38 {
+		t.Errorf("schemaVersion %d, want 38 or later (Grafana 10)", d.SchemaVersion)
+	}
+	foundDS := false
+	for _, v := range d.Templating.List {
+		if v.Name == "datasource" {
+			var q string
+			_ = json.Unmarshal(v.Query, &q)
+			foundDS = v.Type == "datasource" && q == "prometheus"
+		}
+	}
+	if !foundDS {
+		t.Error(`no template variable "datasource" of type datasource, query prometheus`)
+	}
+	wantDS := `{"type":"prometheus","uid":"${datasource}"}`
+	ids := map[float64]bool{}
+	for _, p := range raw["panels"].([]any) {
+		pm := p.(map[string]any)
+		id, _ := pm["id"].(float64)
+		if ids[id] {
+			t.Errorf("panel id %v used twice", id)
+		}
+		ids[id] = true
+	}
+	for _, p := range allPanels(d.Panels) {
+		if p.Type == "row" {
+			continue
+		}
+		if got := compact(t, p.Datasource); got != wantDS {
+			t.Errorf("panel %q: datasource %s, want %s", p.Title, got, wantDS)
+		}
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q has no targets", p.Title)
+		}
+		for _, tg := range p.Targets {
+			if got := compact(t, tg.Datasource); got != wantDS {
+				t.Errorf("panel %q %s: datasource %s, want %s", p.Title, tg.RefID, got, wantDS)
+			}
+			if tg.Expr == "" {
+				t.Errorf("panel %q %s: empty expr", p.Title, tg.RefID)
+			}
+		}
+	}
+}
+
+func compact(t *testing.T, raw json.RawMessage) string {
+	t.Helper()
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return string(raw)
+	}
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// TestDashboard_MetricNames checks, without any server, that every metric
+// the dashboard and the alert rules query is one the sidecar's code
+// registers (a Name: "sidecar_..." in a Go file outside deploy/). The live
+// test checks the same against real data; this one runs everywhere.
+func TestDashboard_MetricNames(t *testing.T) {
+	defined := registeredMetrics(t)
+	used := map[string][]string{}
+	name := regexp.MustCompile(`\bsidecar_[a-z0-9_]+`)
+	note := func(where, expr string) {
+		for _, m := range name.FindAllString(expr, -1) {
+			for _, suffix := range []string{"_bucket", "_count", "_sum"} {
+				if base, ok := strings.CutSuffix(m, suffix); ok && defined[base] {
+					m = base
+				}
+			}
+			used[m] = append(used[m], where)
+		}
+	}
+	for _, p := range allPanels(loadDashboard(t).Panels) {
+		for _, tg := range p.Targets {
+			note("panel "+p.Title, tg.Expr)
+		}
+	}
+	for _, r := range loadAlertRules(t) {
+		note("alert "+r.Alert, r.Expr)
+	}
+	var missing []string
+	for m, where := range used {
+		if !defined[m] {
+			missing = append(missing, m+" ("+strings.Join(where, ", ")+")")
+		}
+	}
+	sort.Strings(missing)
+	for _, m := range missing {
+		t.Errorf("not a metric the sidecar registers: %s", m)
+	}
+	if len(used) < 25 {
+		t.Errorf("only %d metrics found in the dashboard and rules", len(used))
+	}
+}
+
+func registeredMetrics(t *testing.T) map[string]bool {
+	t.Helper()
+	re := regexp.MustCompile(`Name:\s*"(sidecar_[a-z0-9_]+)"`)
+	out := map[string]bool{}
+	err := filepath.WalkDir(repoRoot, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if d.Name() == "deploy" || d.Name() == ".git" || d.Name() == "testdata" {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range re.FindAllStringSubmatch(string(b), -1) {
+			out[m[1]] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) < 20 {
+		t.Fatalf("found only %d registered metrics under %s", len(out), repoRoot)
+	}
+	return out
+}

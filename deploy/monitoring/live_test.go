@@ -1,0 +1,787 @@
+package monitoring_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// TestMonitoring_Live runs the sidecar binary against the real Conductor,
+// scraped by a real Prometheus that loads deploy/prometheus/alerts.yml, and
+// drives a pause/drain scenario. Then it checks:
+//
+//   - promtool check metrics finds nothing to lint in a live /metrics;
+//   - every target of every dashboard panel, with the Grafana variables
+//     substituted as Grafana would, returns data over the scenario's time
+//     range (a range query, as a panel does), with at least one value
+//     that is not NaN: a misspelt metric or label, or a histogram that
+//     never observed anything, fails;
+//   - the dashboard's template variables find the sidecar's job and
+//     instances;
+//   - every alert expression's series exist (below), PAUSE_DRAIN_TIMEOUT
+//     fires, and the alerts that should not be active are not.
+//
+// Two sidecars are scraped. "healthy" talks to the real Conductor and runs
+// the scenario. "down" is given a Conductor URL where nothing listens, so
+// its polls and Conductor calls fail: the series of WORKER_POLL_ERRORS and
+// ENGINE_UNAVAILABLE then exist with real values, and their conditions are
+// true on "down" (pending, since their `for` outlasts the test) and false on
+// "healthy".
+//
+// Alert expressions are checked honestly like this: each expression is
+// evaluated with every comparison against a number replaced by `>= -Inf`
+// (true for every real value), which keeps the selectors, aggregations
+// and vector matching (`and on (job, instance)`) of the rule but not its
+// threshold; that must return a series for each instance. Then the
+// unchanged expression must return data exactly where the alert should be
+// active: PAUSE_DRAIN_TIMEOUT on "healthy", ENGINE_UNAVAILABLE and
+// WORKER_POLL_ERRORS on "down", PROJECTOR_LAG_HIGH and INVALID_TRANSITION
+// nowhere. Finally /api/v1/alerts must show PAUSE_DRAIN_TIMEOUT firing.
+func TestMonitoring_Live(t *testing.T) {
+	conductor := conductorURL(t)
+	promBin, promtoolBin := tool(t, "prometheus"), tool(t, "promtool")
+	bin := buildSidecar(t)
+
+	healthy := startSidecar(t, bin, conductor, "healthy")
+	down := startSidecar(t, bin, "http://"+freeAddr(t)+"/api", "down")
+
+	for _, s := range []*sidecarProc{healthy, down} {
+		checkMetricsLint(t, promtoolBin, s)
+	}
+
+	prom := startPrometheus(t, promBin, healthy.addr, down.addr)
+	began := time.Now()
+	prom.waitTargetsUp(t, 2)
+
+	runScenario(t, bin, healthy)
+
+	// The scenario's last changes must be scraped (1s) and evaluated (1s);
+	// PAUSE_DRAIN_TIMEOUT firing shows the rules have seen the timeout.
+	waitFor(t, "PAUSE_DRAIN_TIMEOUT to fire in Prometheus", 60*time.Second, func() bool {
+		return prom.alertState(t, "PAUSE_DRAIN_TIMEOUT", healthy.addr) == "firing"
+	})
+	waitFor(t, "ENGINE_UNAVAILABLE and WORKER_POLL_ERRORS to be pending for the sidecar without Conductor", 60*time.Second, func() bool {
+		return prom.alertState(t, "ENGINE_UNAVAILABLE", down.addr) != "" && prom.alertState(t, "WORKER_POLL_ERRORS", down.addr) != ""
+	})
+	time.Sleep(3 * time.Second) // a few more scrapes after the last change
+	end := time.Now()
+
+	t.Run("DashboardTargets", func(t *testing.T) {
+		checkDashboard(t, prom, began, end)
+	})
+	t.Run("AlertExpressions", func(t *testing.T) {
+		checkAlertExprs(t, prom, healthy.addr, down.addr)
+	})
+	t.Run("ActiveAlerts", func(t *testing.T) {
+		want := map[[2]string]bool{
+			{"PAUSE_DRAIN_TIMEOUT", healthy.addr}: true,
+			{"ENGINE_UNAVAILABLE", down.addr}:     true,
+			{"WORKER_POLL_ERRORS", down.addr}:     true,
+		}
+		for _, a := range prom.alerts(t) {
+			k := [2]string{a.Labels["alertname"], a.Labels["instance"]}
+			if !want[k] {
+				t.Errorf("unexpected alert %s on %s (%s): %v", k[0], k[1], a.State, a.Annotations["description"])
+			}
+		}
+		if s := prom.alertState(t, "PAUSE_DRAIN_TIMEOUT", healthy.addr); s != "firing" {
+			t.Errorf("PAUSE_DRAIN_TIMEOUT on %s: state %q, want firing", healthy.addr, s)
+		}
+	})
+}
+
+// ---------------------------------------------------------------- scenario
+
+// runScenario drives the healthy sidecar through what the dashboard and the
+// alerts show: one pause that drains, one that times out
+// (PAUSE_DRAIN_TIMEOUT), resumes that complete both runs, a cancel, and
+// refused control requests (409 and 404).
+func runScenario(t *testing.T, bin string, s *sidecarProc) {
+	ctx := context.Background()
+	server := "http://" + s.addr
+	// drains: parallel steps that end well within the 3s drain timeout.
+	drains := submitPlan(t, s, `{"planId":"`+uniq("mon-drain")+`","planVersion":"1","steps":[
+		{"stepId":"p1","executor":{"type":"command","argv":["sleep","1"]}},
+		{"stepId":"p2","executor":{"type":"command","argv":["sleep","1"]}},
+		{"stepId":"after","executor":{"type":"noop"},"dependsOn":["p1","p2"]}]}`)
+	// times out: parallel steps that outlast the 3s drain timeout.
+	slow := submitPlan(t, s, `{"planId":"`+uniq("mon-timeout")+`","planVersion":"1","steps":[
+		{"stepId":"s1","executor":{"type":"command","argv":["sleep","7"]}},
+		{"stepId":"s2","executor":{"type":"command","argv":["sleep","7"]}},
+		{"stepId":"after","executor":{"type":"sleep","seconds":0.2},"dependsOn":["s1","s2"]}]}`)
+	// cancelled while running.
+	doomed := submitPlan(t, s, `{"planId":"`+uniq("mon-cancel")+`","planVersion":"1","steps":[
+		{"stepId":"long","executor":{"type":"command","argv":["sleep","30"]}},
+		{"stepId":"after","executor":{"type":"noop"},"dependsOn":["long"]}]}`)
+
+	// held: a step fails for good under onStepFailure "pause": the run is
+	// paused and the worker holds the task (hands it back to Conductor).
+	held := submitPlan(t, s, `{"planId":"`+uniq("mon-held")+`","planVersion":"1","onStepFailure":"pause","steps":[
+		{"stepId":"fails","executor":{"type":"command","argv":["sh","-c","exit 4"]}},
+		{"stepId":"after","executor":{"type":"noop"},"dependsOn":["fails"]}]}`)
+
+	for _, r := range []struct {
+		id    string
+		steps []string
+	}{{drains, []string{"p1", "p2"}}, {slow, []string{"s1", "s2"}}, {doomed, []string{"long"}}} {
+		waitFor(t, "the first steps of "+r.id+" to start", 60*time.Second, func() bool {
+			evs := events(t, s, r.id)
+			for _, st := range r.steps {
+				if !hasEvent(evs, statestore.StepStarted, st) {
+					return false
+				}
+			}
+			return true
+		})
+	}
+
+	// Both pauses wait (sidecar pause --wait): 0 when drained, 3 on
+	// PAUSE_DRAIN_TIMEOUT.
+	var wg sync.WaitGroup
+	codes := make([]int, 2)
+	outs := make([]string, 2)
+	for i, id := range []string{drains, slow} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			codes[i], outs[i] = runCLI(bin, "pause", id, "--wait", "--server", server)
+		}()
+	}
+	wg.Wait()
+	if codes[0] != 0 {
+		t.Fatalf("pause --wait of the run whose steps end in 1s: exit %d, want 0 (drained)\n%s", codes[0], outs[0])
+	}
+	if codes[1] != 3 || !strings.Contains(outs[1], "PAUSE_DRAIN_TIMEOUT") {
+		t.Fatalf("pause --wait of the run whose steps take 7s: exit %d, want 3 (PAUSE_DRAIN_TIMEOUT)\n%s", codes[1], outs[1])
+	}
+
+	// Refused: resume of a running run is an invalid transition (409), a
+	// pause of an unknown run is not found (404).
+	var apiErr *httpapi.Error
+	if _, err := s.client.Resume(ctx, doomed); !errors.As(err, &apiErr) || apiErr.Status != http.StatusConflict {
+		t.Fatalf("resume of a running run: %v, want HTTP 409", err)
+	}
+	if _, err := s.client.Pause(ctx, "no-such-run-"+uniq("x"), 0, ""); !errors.As(err, &apiErr) || apiErr.Status != http.StatusNotFound {
+		t.Fatalf("pause of an unknown run: %v, want HTTP 404", err)
+	}
+	if v, err := s.client.Cancel(ctx, doomed, "monitoring test"); err != nil || v.Status != statestore.RunStatusCancelled {
+		t.Fatalf("cancel: %v %v", v, err)
+	}
+	waitFor(t, "the failed step's task to be held (handed back)", 60*time.Second, func() bool {
+		return strings.Contains(httpGet(t, server+"/metrics"), "sidecar_worker_tasks_handed_back_total{")
+	})
+	if v, err := s.client.Cancel(ctx, held, "monitoring test"); err != nil || v.Status != statestore.RunStatusCancelled {
+		t.Fatalf("cancel of the held run: %v %v", v, err)
+	}
+
+	// The timed-out run's steps keep running and complete; then both runs
+	// resume and complete.
+	waitFor(t, "the timed-out run's steps to complete", 60*time.Second, func() bool {
+		evs := events(t, s, slow)
+		return hasEvent(evs, statestore.StepCompleted, "s1") && hasEvent(evs, statestore.StepCompleted, "s2")
+	})
+	for _, id := range []string{drains, slow} {
+		if code, out := runCLI(bin, "resume", id, "--server", server); code != 0 {
+			t.Fatalf("resume %s: exit %d\n%s", id, code, out)
+		}
+	}
+	for _, id := range []string{drains, slow} {
+		waitFor(t, "run "+id+" to complete", 60*time.Second, func() bool {
+			v, err := s.client.Run(ctx, id)
+			return err == nil && v.Status == statestore.RunStatusCompleted
+		})
+	}
+}
+
+func submitPlan(t *testing.T, s *sidecarProc, js string) string {
+	t.Helper()
+	p, err := plan.Parse([]byte(js))
+	if err != nil {
+		t.Fatal(err)
+	}
+	started, err := s.client.Start(context.Background(), httpapi.StartRequest{
+		TenantID: "t-mon", ProjectID: "p-mon", EnvironmentID: "test", RunRequestID: uniq("req"), Plan: p,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return started.RunID
+}
+
+func events(t *testing.T, s *sidecarProc, runID string) []statestore.RunEventRecord {
+	t.Helper()
+	page, err := s.client.Events(context.Background(), runID, 0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return page.Events
+}
+
+func hasEvent(evs []statestore.RunEventRecord, eventType, stepID string) bool {
+	for _, e := range evs {
+		if e.EventType == eventType && e.StepID == stepID {
+			return true
+		}
+	}
+	return false
+}
+
+// runCLI runs a client subcommand of the sidecar binary and returns its
+// exit code and combined output.
+func runCLI(bin string, args ...string) (int, string) {
+	out, err := exec.Command(bin, args...).CombinedOutput()
+	var exitErr *exec.ExitError
+	if errors.As(err, &exitErr) {
+		return exitErr.ExitCode(), string(out)
+	}
+	if err != nil {
+		return -1, err.Error()
+	}
+	return 0, string(out)
+}
+
+func uniq(prefix string) string { return fmt.Sprintf("%s-%d", prefix, time.Now().UnixNano()) }
+
+// ---------------------------------------------------------------- checks
+
+// checkMetricsLint runs promtool check metrics on a live scrape.
+func checkMetricsLint(t *testing.T, promtoolBin string, s *sidecarProc) {
+	t.Helper()
+	body := httpGet(t, "http://"+s.addr+"/metrics")
+	if !strings.Contains(body, "sidecar_conductor_requests_total") {
+		t.Fatalf("/metrics of %s has no sidecar metrics:\n%.2000s", s.name, body)
+	}
+	cmd := exec.Command(promtoolBin, "check", "metrics")
+	cmd.Stdin = strings.NewReader(body)
+	out, err := cmd.CombinedOutput()
+	if err != nil || len(bytes.TrimSpace(out)) != 0 {
+		t.Errorf("promtool check metrics on the %s sidecar's /metrics: %v\n%s", s.name, err, out)
+	}
+}
+
+// grafanaVars are the values Grafana gives the dashboard's variables here:
+// the job of the scrape config, all instances (the variable's default,
+// allValue .*), and the interval variables for a range of a few minutes
+// on a data source with the default 15s scrape interval ($__rate_interval
+// = 4 x 15s).
+func grafanaVars(rng time.Duration) *strings.Replacer {
+	return strings.NewReplacer(
+		"${datasource}", "prom", "$datasource", "prom",
+		"$__rate_interval", "1m", "${__rate_interval}", "1m",
+		"$__interval", "15s", "${__interval}", "15s",
+		"$__range", fmt.Sprintf("%ds", int(rng.Seconds())), "${__range}", fmt.Sprintf("%ds", int(rng.Seconds())),
+		"$job", "sidecar", "${job}", "sidecar",
+		"$instance", ".*", "${instance}", ".*",
+	)
+}
+
+type dashboard struct {
+	SchemaVersion int `json:"schemaVersion"`
+	Templating    struct {
+		List []struct {
+			Name  string          `json:"name"`
+			Type  string          `json:"type"`
+			Query json.RawMessage `json:"query"`
+		} `json:"list"`
+	} `json:"templating"`
+	Panels []panel `json:"panels"`
+}
+
+type panel struct {
+	Type       string          `json:"type"`
+	Title      string          `json:"title"`
+	Datasource json.RawMessage `json:"datasource"`
+	Panels     []panel         `json:"panels"`
+	Targets    []struct {
+		RefID      string          `json:"refId"`
+		Expr       string          `json:"expr"`
+		Datasource json.RawMessage `json:"datasource"`
+	} `json:"targets"`
+}
+
+func loadDashboard(t *testing.T) *dashboard {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot, "deploy/grafana/sidecar-dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d dashboard
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatalf("sidecar-dashboard.json: %v", err)
+	}
+	return &d
+}
+
+// allPanels flattens rows (a collapsed row keeps its panels inside).
+func allPanels(ps []panel) []panel {
+	var out []panel
+	for _, p := range ps {
+		out = append(out, p)
+		out = append(out, allPanels(p.Panels)...)
+	}
+	return out
+}
+
+func checkDashboard(t *testing.T, prom *prometheus, from, to time.Time) {
+	d := loadDashboard(t)
+	vars := grafanaVars(to.Sub(from))
+	n := 0
+	for _, p := range allPanels(d.Panels) {
+		for _, tg := range p.Targets {
+			n++
+			expr := vars.Replace(tg.Expr)
+			if strings.Contains(expr, "$") {
+				t.Errorf("panel %q %s: a variable is left after substitution: %s", p.Title, tg.RefID, expr)
+				continue
+			}
+			res, err := prom.queryRange(expr, from, to, time.Second)
+			if err != nil {
+				t.Errorf("panel %q %s: %v\n  %s", p.Title, tg.RefID, err, expr)
+				continue
+			}
+			if len(res) == 0 {
+				t.Errorf("panel %q %s: no data\n  %s", p.Title, tg.RefID, expr)
+				continue
+			}
+			if !anyNumber(res) {
+				t.Errorf("panel %q %s: only NaN values (%d series)\n  %s", p.Title, tg.RefID, len(res), expr)
+			}
+		}
+	}
+	if n < 30 {
+		t.Errorf("the dashboard has %d targets: the JSON did not decode as expected", n)
+	}
+	// The job and instance variables (label_values(metric{...}, label))
+	// find the scraped sidecars.
+	re := regexp.MustCompile(`^label_values\((.+),\s*(\w+)\)$`)
+	for _, v := range d.Templating.List {
+		if v.Type != "query" {
+			continue
+		}
+		var q struct{ Query string }
+		if err := json.Unmarshal(v.Query, &q); err != nil {
+			t.Errorf("variable %s: query %s: %v", v.Name, v.Query, err)
+			continue
+		}
+		m := re.FindStringSubmatch(q.Query)
+		if m == nil {
+			t.Errorf("variable %s: not a label_values query: %s", v.Name, q.Query)
+			continue
+		}
+		values, err := prom.labelValues(m[2], vars.Replace(m[1]))
+		if err != nil || len(values) == 0 {
+			t.Errorf("variable %s (%s): values %v, %v", v.Name, q.Query, values, err)
+		}
+	}
+}
+
+// thresholds matches a comparison with a number literal (never a label
+// matcher, whose value is quoted).
+var thresholds = regexp.MustCompile(`(>=|<=|==|!=|>|<)\s*(bool\s+)?[0-9][0-9.eE+-]*`)
+
+func checkAlertExprs(t *testing.T, prom *prometheus, healthy, down string) {
+	// Where each alert's unchanged expression must return data.
+	activeOn := map[string][]string{
+		"PAUSE_DRAIN_TIMEOUT": {healthy},
+		"PROJECTOR_LAG_HIGH":  nil,
+		"INVALID_TRANSITION":  nil,
+		"ENGINE_UNAVAILABLE":  {down},
+		"WORKER_POLL_ERRORS":  {down},
+	}
+	// Series that the sidecar creates at their first increment, not at
+	// start: on a sidecar that never had a poll error they do not exist,
+	// so the check of their existence is made on "down" only. (When
+	// taskworkers creates them at start, as the adapter does for its
+	// labels, remove the entry: the test then checks both instances.)
+	firstEventOnly := map[string]bool{"WORKER_POLL_ERRORS": true}
+	rules := loadAlertRules(t)
+	for _, r := range rules {
+		t.Run(r.Alert, func(t *testing.T) {
+			want, ok := activeOn[r.Alert]
+			if !ok {
+				t.Fatalf("no expectation for alert %s: add it to this test", r.Alert)
+			}
+			neutral := thresholds.ReplaceAllString(r.Expr, ">= -Inf")
+			if neutral == r.Expr {
+				t.Fatalf("no threshold found in %s", r.Expr)
+			}
+			res, err := prom.query(neutral)
+			if err != nil {
+				t.Fatalf("%v\n  %s", err, neutral)
+			}
+			for _, inst := range []string{healthy, down} {
+				if firstEventOnly[r.Alert] && inst == healthy && !hasInstance(res, inst) {
+					t.Logf("%s: no series on %s, which had no error (they appear at the first one)", r.Alert, inst)
+					continue
+				}
+				if !hasInstance(res, inst) {
+					t.Errorf("without its threshold the expression returns nothing for %s: its series do not exist\n  %s\n  got %v", inst, neutral, res)
+				}
+			}
+			res, err = prom.query(r.Expr)
+			if err != nil {
+				t.Fatalf("%v\n  %s", err, r.Expr)
+			}
+			for _, inst := range []string{healthy, down} {
+				should := false
+				for _, w := range want {
+					should = should || w == inst
+				}
+				if got := hasInstance(res, inst); got != should {
+					t.Errorf("condition on %s: true=%v, want %v\n  %s\n  got %v", inst, got, should, r.Expr, res)
+				}
+			}
+		})
+	}
+}
+
+// ---------------------------------------------------------------- processes
+
+func conductorURL(t *testing.T) string {
+	t.Helper()
+	u := os.Getenv("SIDECAR_TEST_CONDUCTOR_URL")
+	if u == "" {
+		t.Skip("set SIDECAR_TEST_CONDUCTOR_URL (e.g. http://127.0.0.1:8080/api) to run the live monitoring test against a real Conductor")
+	}
+	resp, err := http.Get(strings.TrimSuffix(u, "/api") + "/health")
+	if err != nil {
+		t.Fatalf("SIDECAR_TEST_CONDUCTOR_URL=%s is set but Conductor does not answer: %v", u, err)
+	}
+	resp.Body.Close()
+	return u
+}
+
+func buildSidecar(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "sidecar")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/conductor-sidecar/sidecar/cmd/sidecar")
+	cmd.Dir = repoRoot
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+type sidecarProc struct {
+	name   string
+	addr   string
+	client *httpapi.Client
+}
+
+// startSidecar runs "sidecar serve" with a 3s drain timeout and stops it
+// (SIGTERM, by pid) when the test ends. It waits for /readyz when
+// Conductor should answer, for /healthz otherwise.
+func startSidecar(t *testing.T, bin, conductorURL, name string) *sidecarProc {
+	t.Helper()
+	addr := freeAddr(t)
+	logPath := filepath.Join(t.TempDir(), name+".log")
+	cmd := exec.Command(bin, "serve", "--conductor-url", conductorURL, "--data-dir", t.TempDir(), "--listen", addr,
+		"--worker-id", uniq("mon-"+name), "--drain-timeout", "3s", "--log-format", "console", "--shutdown-grace", "5s")
+	startProcess(t, cmd, logPath, name+" sidecar")
+	probe := "/readyz"
+	if name == "down" {
+		probe = "/healthz"
+	}
+	waitFor(t, "the "+name+" sidecar to answer "+probe, 30*time.Second, func() bool {
+		resp, err := http.Get("http://" + addr + probe)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	return &sidecarProc{name: name, addr: addr, client: httpapi.NewClient("http://" + addr)}
+}
+
+// startProcess starts cmd with its output in logPath, and registers its
+// stop (SIGTERM, then SIGKILL after 15s) and, on failure, the log's tail.
+func startProcess(t *testing.T, cmd *exec.Cmd, logPath, what string) {
+	t.Helper()
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", what, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("%s log (pid %d):\n%s", what, cmd.Process.Pid, tail(string(b), 40))
+		}
+	})
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func waitFor(t *testing.T, what string, within time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up after %s waiting for %s", within, what)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func httpGet(t *testing.T, u string) string {
+	t.Helper()
+	resp, err := http.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s\n%s", u, resp.Status, b)
+	}
+	return string(b)
+}
+
+// ---------------------------------------------------------------- Prometheus
+
+type prometheus struct {
+	base string
+}
+
+// startPrometheus runs a Prometheus on loopback that scrapes the targets
+// every second and evaluates alerts.yml every second.
+func startPrometheus(t *testing.T, bin string, targets ...string) *prometheus {
+	t.Helper()
+	rules, err := filepath.Abs(filepath.Join(repoRoot, "deploy/prometheus/alerts.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	quoted := make([]string, len(targets))
+	for i, tg := range targets {
+		quoted[i] = strconv.Quote(tg)
+	}
+	cfg := fmt.Sprintf(`global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+rule_files:
+  - %s
+scrape_configs:
+  - job_name: sidecar
+    static_configs:
+      - targets: [%s]
+`, strconv.Quote(rules), strings.Join(quoted, ", "))
+	cfgPath := filepath.Join(dir, "prometheus.yml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	cmd := exec.Command(bin, "--config.file="+cfgPath, "--storage.tsdb.path="+filepath.Join(dir, "data"),
+		"--web.listen-address="+addr, "--log.level=warn")
+	startProcess(t, cmd, filepath.Join(dir, "prometheus.log"), "prometheus")
+	p := &prometheus{base: "http://" + addr}
+	waitFor(t, "prometheus to be ready", 60*time.Second, func() bool {
+		resp, err := http.Get(p.base + "/-/ready")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	return p
+}
+
+type promSeries struct {
+	Metric map[string]string `json:"metric"`
+	Value  []any             `json:"value"`
+	Values [][]any           `json:"values"`
+}
+
+type promAlert struct {
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+	State       string            `json:"state"`
+}
+
+func (p *prometheus) api(path string, params url.Values, out any) error {
+	resp, err := http.PostForm(p.base+path, params)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	var env struct {
+		Status    string          `json:"status"`
+		Error     string          `json:"error"`
+		ErrorType string          `json:"errorType"`
+		Data      json.RawMessage `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&env); err != nil {
+		return fmt.Errorf("%s: %s: %w", path, resp.Status, err)
+	}
+	if env.Status != "success" {
+		return fmt.Errorf("%s: %s: %s", path, env.ErrorType, env.Error)
+	}
+	return json.Unmarshal(env.Data, out)
+}
+
+func (p *prometheus) query(expr string) ([]promSeries, error) {
+	var d struct {
+		ResultType string       `json:"resultType"`
+		Result     []promSeries `json:"result"`
+	}
+	err := p.api("/api/v1/query", url.Values{"query": {expr}}, &d)
+	if err == nil && d.ResultType != "vector" {
+		err = fmt.Errorf("result type %s, want vector", d.ResultType)
+	}
+	return d.Result, err
+}
+
+func (p *prometheus) queryRange(expr string, from, to time.Time, step time.Duration) ([]promSeries, error) {
+	var d struct {
+		Result []promSeries `json:"result"`
+	}
+	err := p.api("/api/v1/query_range", url.Values{
+		"query": {expr},
+		"start": {strconv.FormatInt(from.Unix(), 10)},
+		"end":   {strconv.FormatInt(to.Unix(), 10)},
+		"step":  {strconv.FormatFloat(step.Seconds(), 'f', -1, 64)},
+	}, &d)
+	return d.Result, err
+}
+
+func (p *prometheus) labelValues(label, match string) ([]string, error) {
+	var values []string
+	resp, err := http.Get(p.base + "/api/v1/label/" + label + "/values?" + url.Values{"match[]": {match}}.Encode())
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var env struct {
+		Status string   `json:"status"`
+		Error  string   `json:"error"`
+		Data   []string `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&env); err != nil {
+		return nil, err
+	}
+	if env.Status != "success" {
+		return nil, errors.New(env.Error)
+	}
+	values = env.Data
+	return values, nil
+}
+
+func (p *prometheus) alerts(t *testing.T) []promAlert {
+	t.Helper()
+	var d struct {
+		Alerts []promAlert `json:"alerts"`
+	}
+	resp, err := http.Get(p.base + "/api/v1/alerts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var env struct {
+		Data json.RawMessage `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&env); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(env.Data, &d); err != nil {
+		t.Fatal(err)
+	}
+	return d.Alerts
+}
+
+// alertState returns the state (pending, firing) of an alert on an
+// instance, or "" when it is not active.
+func (p *prometheus) alertState(t *testing.T, name, instance string) string {
+	t.Helper()
+	for _, a := range p.alerts(t) {
+		if a.Labels["alertname"] == name && a.Labels["instance"] == instance {
+			return a.State
+		}
+	}
+	return ""
+}
+
+// waitTargetsUp waits until n targets are scraped successfully.
+func (p *prometheus) waitTargetsUp(t *testing.T, n int) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("prometheus to scrape %d sidecars", n), 60*time.Second, func() bool {
+		res, err := p.query(`up{job="sidecar"} == 1`)
+		return err == nil && len(res) == n
+	})
+}
+
+func hasInstance(res []promSeries, instance string) bool {
+	for _, s := range res {
+		if s.Metric["instance"] == instance {
+			return true
+		}
+	}
+	return false
+}
+
+// anyNumber reports whether a range result has a value that is not NaN.
+func anyNumber(res []promSeries) bool {
+	for _, s := range res {
+		for _, v := range s.Values {
+			if len(v) == 2 {
+				if str, ok := v[1].(string); ok {
+					if f, err := strconv.ParseFloat(str, 64); err == nil && !math.IsNaN(f) {
+						return true
+					}
+				}
+			}
+		}
+	}
+	return false
+}
