@@ -1,0 +1,257 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+)
+
+func apiCode(err error) string {
+	var e *httpapi.Error
+	if errors.As(err, &e) {
+		return strconv.Itoa(e.Status) + " " + e.Code
+	}
+	return ""
+}
+
+// A step that fails for good under onStepFailure: pause pauses the run and
+// is held; RESUME is refused until the step is retried; RETRY_STEP reruns
+// it as the next logical attempt and RESUME carries the run on.
+func TestE2E_StepFailurePausesThenRetry(t *testing.T) {
+	p := startServe(t, t.TempDir(), freeAddr(t))
+	server := "http://" + p.addr
+	marker := filepath.Join(t.TempDir(), "fixed")
+	pl := mustPlan(t, `{"planId":"`+uniq("e2e-retry")+`","planVersion":"1","onStepFailure":"pause","steps":[
+		{"stepId":"flaky","executor":{"type":"command","argv":["test","-f",`+jsonString(marker)+`]}},
+		{"stepId":"after","executor":{"type":"noop"},"dependsOn":["flaky"]}]}`)
+	started := submit(t, p, pl, "req-1")
+	ctx := context.Background()
+	var v *httpapi.RunView
+	waitFor(t, "the run to pause on the failure", 30*time.Second, func() bool {
+		v, _ = p.client.Run(ctx, started.RunID)
+		return v != nil && v.Status == "PAUSED"
+	})
+	if v.Pause == nil || v.Pause.Reason != "stepFailed" || v.Pause.StepID != "flaky" ||
+		!strings.Contains(v.Message, "step flaky failed") {
+		t.Fatalf("paused on failure: %+v %q", v.Pause, v.Message)
+	}
+	if st := v.Step("flaky"); st == nil || st.Status != "FAILED" || !st.Held || st.LogicalAttemptID != 1 {
+		t.Fatalf("held step: %+v", st)
+	}
+	// Held, not failed: Conductor's workflow is paused, its task in progress.
+	time.Sleep(2 * time.Second)
+	if s := conductorStatus(t, started.WorkflowID); s != "PAUSED" {
+		t.Fatalf("Conductor workflow %s, want PAUSED", s)
+	}
+	// RESUME without a retry would strand the step: refused, nothing written.
+	before := len(allEvents(t, p, started.RunID))
+	if _, err := p.client.Resume(ctx, started.RunID); apiCode(err) != "409 INVALID_TRANSITION" {
+		t.Fatalf("resume while a failed step is held: %v", err)
+	}
+	if _, err := p.client.RetryStep(ctx, started.RunID, "nope", ""); apiCode(err) != "404 STEP_NOT_FOUND" {
+		t.Fatalf("retry of an unknown step: %v", err)
+	}
+	if _, err := p.client.RetryStep(ctx, started.RunID, "after", ""); apiCode(err) != "404 STEP_NOT_FOUND" {
+		t.Fatalf("retry of a step that never ran: %v", err)
+	}
+	if n := len(allEvents(t, p, started.RunID)); n != before {
+		t.Fatalf("refused actions wrote %d events", n-before)
+	}
+	// Fix the cause, retry through the CLI with an Idempotency-Key, then
+	// repeat it: the repeat is the first answer, replayed.
+	if err := os.WriteFile(marker, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := run(t, "retry", started.RunID, "flaky", "--idempotency-key", "retry-1", "--server", server, "-o", "json")
+	if code != 0 || !strings.Contains(out, `"retryRequested": true`) {
+		t.Fatalf("sidecar retry: exit %d\n%s%s", code, out, errOut)
+	}
+	code, again, errOut := run(t, "retry", started.RunID, "flaky", "--idempotency-key", "retry-1", "--server", server, "-o", "json")
+	if code != 0 || again != out {
+		t.Fatalf("replayed retry differs: exit %d\n%s\nvs\n%s%s", code, again, out, errOut)
+	}
+	if _, err := p.client.Resume(ctx, started.RunID); err != nil {
+		t.Fatal(err)
+	}
+	if v := waitTerminal(t, p, started.RunID, 60*time.Second); v.Status != "COMPLETED" {
+		t.Fatalf("run %s after retry and resume", v.Status)
+	}
+	evs := allEvents(t, p, started.RunID)
+	if count(evs, statestore.RunStepRetryRequested, "") != 1 {
+		t.Fatalf("want one RunStepRetryRequested: %v", types(evs))
+	}
+	failed1 := eventIndex(evs, statestore.StepFailed, "flaky", 1)
+	started2 := eventIndex(evs, statestore.StepStarted, "flaky", 2)
+	completed2 := eventIndex(evs, statestore.StepCompleted, "flaky", 2)
+	afterDone := eventIndex(evs, statestore.StepCompleted, "after", 0)
+	if failed1 < 0 || started2 < failed1 || completed2 < started2 || afterDone < completed2 ||
+		!strings.Contains(string(evs[failed1].Payload), `"onStepFailure":"pause"`) {
+		t.Fatalf("event order: %v", types(evs))
+	}
+	if s := conductorStatus(t, started.WorkflowID); s != "COMPLETED" {
+		t.Fatalf("Conductor workflow %s", s)
+	}
+}
+
+// Under onStepFailure: fail (the default) the run fails, terminal, and a
+// RETRY_STEP gets 409.
+func TestE2E_FailPolicyRetryConflicts(t *testing.T) {
+	p := startServe(t, t.TempDir(), freeAddr(t))
+	pl := mustPlan(t, `{"planId":"`+uniq("e2e-fail")+`","planVersion":"1","steps":[
+		{"stepId":"bad","executor":{"type":"command","argv":["false"]}}]}`)
+	started := submit(t, p, pl, "req-1")
+	if v := waitTerminal(t, p, started.RunID, 60*time.Second); v.Status != "FAILED" {
+		t.Fatalf("run %s", v.Status)
+	}
+	before := len(allEvents(t, p, started.RunID))
+	if _, err := p.client.RetryStep(context.Background(), started.RunID, "bad", ""); apiCode(err) != "409 INVALID_TRANSITION" {
+		t.Fatalf("retry under the fail policy: %v", err)
+	}
+	if n := len(allEvents(t, p, started.RunID)); n != before {
+		t.Fatal("a refused retry wrote events")
+	}
+}
+
+func metricValue(t *testing.T, addr, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` (\S+)$`).FindSubmatch(body)
+	if m == nil {
+		t.Fatalf("no %s in /metrics", name)
+	}
+	f, _ := strconv.ParseFloat(string(m[1]), 64)
+	return f
+}
+
+// kill -9 of the sidecar while a run is DRAINING; the drain deadline passes
+// while no sidecar runs; the restarted process raises it once, at start,
+// and carries the run on from the log.
+func TestE2E_RestartWhileDraining(t *testing.T) {
+	dataDir, addr := t.TempDir(), freeAddr(t)
+	p := startServe(t, dataDir, addr)
+	pl := mustPlan(t, `{"planId":"`+uniq("e2e-restart-drain")+`","planVersion":"1","steps":[
+		{"stepId":"slow","executor":{"type":"command","argv":["sleep","8"]}},
+		{"stepId":"after","executor":{"type":"noop"},"dependsOn":["slow"]}]}`)
+	started := submit(t, p, pl, "req-1")
+	waitFor(t, "slow to start", 30*time.Second, func() bool {
+		return eventIndex(allEvents(t, p, started.RunID), statestore.StepStarted, "slow", 0) >= 0
+	})
+	v, err := p.client.Pause(context.Background(), started.RunID, 2, "")
+	if err != nil || v.Substatus != "DRAINING" {
+		t.Fatalf("pause: %+v %v", v, err)
+	}
+	p.stop(syscall.SIGKILL)
+	time.Sleep(3 * time.Second) // the 2s deadline passes while no sidecar runs
+
+	p = startServe(t, dataDir, addr)
+	var evs []statestore.RunEventRecord
+	waitFor(t, "the restarted sidecar to raise the drain timeout", 15*time.Second, func() bool {
+		evs = allEvents(t, p, started.RunID)
+		return eventIndex(evs, statestore.RunDrainTimedOut, "", 0) >= 0
+	})
+	if n := metricValue(t, addr, "sidecar_drain_timeouts_total"); n != 1 {
+		t.Fatalf("sidecar_drain_timeouts_total %v after restart, want 1", n)
+	}
+	v, _ = p.client.Run(context.Background(), started.RunID)
+	if v.Status != "PAUSED" || v.Drain == nil || !v.Drain.TimedOut {
+		t.Fatalf("after restart: %s %+v", v.Status, v.Drain)
+	}
+	// The step's process died with the first sidecar; after RESUME the
+	// task, recovered by worker id, runs again and the run completes.
+	if _, err := p.client.Resume(context.Background(), started.RunID); err != nil {
+		t.Fatal(err)
+	}
+	if v := waitTerminal(t, p, started.RunID, 90*time.Second); v.Status != "COMPLETED" {
+		t.Fatalf("run %s", v.Status)
+	}
+	evs = allEvents(t, p, started.RunID)
+	if count(evs, statestore.RunDrainTimedOut, "") != 1 || count(evs, statestore.StepCompleted, "slow") != 1 {
+		t.Fatalf("events %v", types(evs))
+	}
+	assertNoDuplicateKeys(t, evs)
+}
+
+func assertNoDuplicateKeys(t *testing.T, evs []statestore.RunEventRecord) {
+	t.Helper()
+	seen := map[string]bool{}
+	for _, e := range evs {
+		if seen[e.IdempotencyKey] {
+			t.Fatalf("idempotencyKey %s twice in the log: %v", e.IdempotencyKey, types(evs))
+		}
+		seen[e.IdempotencyKey] = true
+	}
+}
+
+// Two sidecars share one NATS (an external nats-server, here embedded in the
+// test) and one Conductor: both watch the drain; between them the log gets
+// one RunDrainTimedOut and the metrics one PAUSE_DRAIN_TIMEOUT.
+func TestE2E_TwoSidecarsShareNATS(t *testing.T) {
+	conductorURL(t) // skip early without Conductor
+	ns, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	natsURL := ns.ClientURL()
+	a := startServe(t, t.TempDir(), freeAddr(t), "--nats-url", natsURL)
+	b := startServe(t, t.TempDir(), freeAddr(t), "--nats-url", natsURL)
+	pl := mustPlan(t, `{"planId":"`+uniq("e2e-two")+`","planVersion":"1","steps":[
+		{"stepId":"s1","executor":{"type":"command","argv":["sleep","5"]}},
+		{"stepId":"s2","executor":{"type":"command","argv":["sleep","5"]}},
+		{"stepId":"after","executor":{"type":"noop"},"dependsOn":["s1","s2"]}]}`)
+	started := submit(t, a, pl, "req-1")
+	// The same start through the other sidecar is the same run.
+	if again := submit(t, b, pl, "req-1"); again.RunID != started.RunID || again.Created {
+		t.Fatalf("start through the second sidecar: %+v", again)
+	}
+	waitFor(t, "both steps to start", 30*time.Second, func() bool {
+		evs := allEvents(t, a, started.RunID)
+		return count(evs, statestore.StepStarted, "s1")+count(evs, statestore.StepStarted, "s2") == 2
+	})
+	if _, err := a.client.Pause(context.Background(), started.RunID, 1, ""); err != nil {
+		t.Fatal(err)
+	}
+	// Pausing again through the other sidecar changes nothing.
+	if v, err := b.client.Pause(context.Background(), started.RunID, 1, ""); err != nil || v.Status != "PAUSED" {
+		t.Fatalf("second pause: %+v %v", v, err)
+	}
+	waitFor(t, "the drain to time out", 15*time.Second, func() bool {
+		return eventIndex(allEvents(t, b, started.RunID), statestore.RunDrainTimedOut, "", 0) >= 0
+	})
+	waitFor(t, "the steps to finish after the timeout", 30*time.Second, func() bool {
+		evs := allEvents(t, b, started.RunID)
+		return count(evs, statestore.StepCompleted, "s1")+count(evs, statestore.StepCompleted, "s2") == 2
+	})
+	if _, err := b.client.Resume(context.Background(), started.RunID); err != nil {
+		t.Fatal(err)
+	}
+	if v := waitTerminal(t, a, started.RunID, 60*time.Second); v.Status != "COMPLETED" {
+		t.Fatalf("run %s", v.Status)
+	}
+	evs := allEvents(t, b, started.RunID)
+	if count(evs, statestore.RunDrainTimedOut, "") != 1 || count(evs, statestore.RunPaused, "") != 1 {
+		t.Fatalf("events %v", types(evs))
+	}
+	assertNoDuplicateKeys(t, evs)
+	if n := metricValue(t, a.addr, "sidecar_drain_timeouts_total") + metricValue(t, b.addr, "sidecar_drain_timeouts_total"); n != 1 {
+		t.Fatalf("drain timeouts counted %v between the two sidecars, want 1", n)
+	}
+}
