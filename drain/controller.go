@@ -197,12 +197,25 @@ func (c *Controller) Pause(ctx context.Context, runID, workflowID string, req Pa
 }
 
 // Resume resumes a PAUSED run (draining or not): RunResumed closes the
-// cycle, then Conductor resumes; completed steps never run again. A
-// RUNNING run gets INVALID_TRANSITION.
+// cycle, then Conductor resumes; completed steps never run again. Resuming
+// a resumed run changes nothing in the log and resumes Conductor's
+// workflow again (so a retry converges when the first resume did not reach
+// Conductor). A run never paused gets INVALID_TRANSITION, and so does a
+// run with a failed step held for RETRY_STEP.
 func (c *Controller) Resume(ctx context.Context, runID, workflowID string) (*State, error) {
 	snap, err := c.snapshot(ctx, runID)
 	if err != nil {
 		return nil, err
+	}
+	if snap.Status == statestore.RunStatusRunning && snap.Pause != nil && snap.Pause.ResumedAt != "" && !snap.CancelRequested {
+		// A repeated resume (the first one may have been recorded without
+		// reaching Conductor): resume Conductor's workflow again. Conductor
+		// refusing because the workflow already runs is success.
+		err := c.engine.Resume(ctx, workflowID)
+		if isEngineConflict(err) {
+			err = nil
+		}
+		return c.withEngine(ctx, snap, err)
 	}
 	if snap.Status != statestore.RunStatusPaused || snap.Pause == nil {
 		return nil, c.invalid(snap, statestore.RunResumed)
@@ -415,6 +428,13 @@ func (c *Controller) waited(snap *statestore.RunSnapshot) time.Duration {
 		return 0
 	}
 	return c.opts.Now().Sub(at)
+}
+
+// isEngineConflict reports whether Conductor refused a call because the
+// workflow is not in the state the call expects (machine code CONFLICT).
+func isEngineConflict(err error) bool {
+	var coded interface{ ErrorCode() string }
+	return errors.As(err, &coded) && coded.ErrorCode() == "CONFLICT"
 }
 
 func putIf(m map[string]any, k, v string) {

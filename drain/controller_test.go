@@ -248,3 +248,117 @@ func TestController_EngineDownIsReportedButRecorded(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// conflictErr is how the adapter reports Conductor refusing to resume a
+// workflow that already runs.
+type conflictErr struct{}
+
+func (conflictErr) Error() string     { return "workflow is not paused" }
+func (conflictErr) ErrorCode() string { return "CONFLICT" }
+
+func TestController_RepeatedResumeConverges(t *testing.T) {
+	ctx := context.Background()
+	mem, eng := setup(t)
+	c := newController(t, mem, eng, nil, nil)
+	if _, err := c.Resume(ctx, "r", "wf1"); !errors.Is(err, statestore.ErrInvalidTransition) {
+		t.Fatalf("resume of a run never paused: %v", err)
+	}
+	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	// The resume is recorded but Conductor is down.
+	eng.err = errors.New("connection refused")
+	var ee *drain.EngineError
+	if _, err := c.Resume(ctx, "r", "wf1"); !errors.As(err, &ee) {
+		t.Fatalf("resume with Conductor down: %v", err)
+	}
+	recs, _ := mem.Fetch(ctx, "r", 0, 100)
+	// The retry re-sends the resume and writes nothing; Conductor saying
+	// the workflow already runs is success.
+	for _, e := range []error{nil, conflictErr{}} {
+		eng.err = e
+		st, err := c.Resume(ctx, "r", "wf1")
+		if err != nil || st.Status != "RUNNING" {
+			t.Fatalf("repeated resume (engine %v): %+v %v", e, st, err)
+		}
+	}
+	again, _ := mem.Fetch(ctx, "r", 0, 100)
+	if len(again) != len(recs) {
+		t.Fatalf("a repeated resume wrote %d events", len(again)-len(recs))
+	}
+	if n := len(eng.calls); n != 4 || eng.calls[3] != "resume wf1" {
+		t.Fatalf("engine calls %v", eng.calls)
+	}
+}
+
+func TestController_RetryStep(t *testing.T) {
+	ctx := context.Background()
+	mem, eng := setup(t, "a", "b")
+	c := newController(t, mem, eng, nil, nil)
+	held := storetest.WithPayload(storetest.Event("r", statestore.StepFailed, "a"),
+		map[string]any{"error": map[string]any{"code": "EXIT_CODE", "message": "exit 1"}, "onStepFailure": "pause"})
+	if _, err := mem.Append(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	// Not paused yet: refused.
+	if _, err := c.RetryStep(ctx, "r", "a", drain.RetryRequest{}); !errors.Is(err, statestore.ErrInvalidTransition) {
+		t.Fatalf("retry in a running run: %v", err)
+	}
+	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{Reason: "stepFailed", StepID: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Resume(ctx, "r", "wf1"); !errors.Is(err, statestore.ErrInvalidTransition) {
+		t.Fatalf("resume with a held step: %v", err)
+	}
+	if _, err := c.RetryStep(ctx, "r", "b", drain.RetryRequest{}); !errors.Is(err, statestore.ErrInvalidTransition) {
+		t.Fatalf("retry of a running step: %v", err)
+	}
+	if _, err := c.RetryStep(ctx, "r", "zz", drain.RetryRequest{}); !errors.Is(err, drain.ErrStepNotFound) {
+		t.Fatalf("retry of an unknown step: %v", err)
+	}
+	for range 2 { // the second is idempotent
+		if _, err := c.RetryStep(ctx, "r", "a", drain.RetryRequest{RequestedBy: "jane"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap, _ := mem.ProjectSnapshot(ctx, "r")
+	if st := snap.Step("a"); st.LogicalAttemptID != 2 || !st.RetryRequested || snap.StepRetries != 1 {
+		t.Fatalf("after retry: %+v retries %d", st, snap.StepRetries)
+	}
+	if _, err := c.Resume(ctx, "r", "wf1"); err != nil {
+		t.Fatalf("resume after the retry: %v", err)
+	}
+}
+
+// Two replicas retry two held steps at once: both retry requests land,
+// numbered 1 and 2, whatever the interleaving.
+func TestController_ConcurrentRetriesOfTwoSteps(t *testing.T) {
+	ctx := context.Background()
+	mem, eng := setup(t, "a", "b")
+	for _, s := range []string{"a", "b"} {
+		mem.Append(ctx, storetest.WithPayload(storetest.Event("r", statestore.StepFailed, s),
+			map[string]any{"error": map[string]any{"code": "X", "message": "y"}, "onStepFailure": "pause"}))
+	}
+	c1 := newController(t, mem, eng, nil, nil)
+	c2 := newController(t, mem, eng, nil, nil)
+	if _, err := c1.Pause(ctx, "r", "wf1", drain.PauseRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i, c := range []*drain.Controller{c1, c2} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = c.RetryStep(ctx, "r", []string{"a", "b"}[i], drain.RetryRequest{})
+		}()
+	}
+	wg.Wait()
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatal(errs)
+	}
+	snap, _ := mem.ProjectSnapshot(ctx, "r")
+	if snap.StepRetries != 2 || !snap.Step("a").RetryRequested || !snap.Step("b").RetryRequested {
+		t.Fatalf("retries %d, a %+v, b %+v", snap.StepRetries, snap.Step("a"), snap.Step("b"))
+	}
+}
