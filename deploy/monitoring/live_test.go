@@ -31,7 +31,8 @@ import (
 // scraped by a real Prometheus that loads deploy/prometheus/alerts.yml, and
 // drives a pause/drain scenario. Then it checks:
 //
-//   - promtool check metrics finds nothing to lint in a live /metrics;
+//   - promtool check metrics finds nothing to lint in a live /metrics,
+//     before and after the scenario;
 //   - every target of every dashboard panel, with the Grafana variables
 //     substituted as Grafana would, returns data over the scenario's time
 //     range (a range query, as a panel does), with at least one value
@@ -86,6 +87,12 @@ func TestMonitoring_Live(t *testing.T) {
 	})
 	time.Sleep(3 * time.Second) // a few more scrapes after the last change
 	end := time.Now()
+
+	// Lint again now that the scenario has created the series that appear
+	// only with use (labelled counters, observed histograms).
+	for _, s := range []*sidecarProc{healthy, down} {
+		checkMetricsLint(t, promtoolBin, s)
+	}
 
 	t.Run("DashboardTargets", func(t *testing.T) {
 		checkDashboard(t, prom, began, end)
