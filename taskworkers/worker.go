@@ -58,7 +58,15 @@ type Options struct {
 	// Concurrency is the number of steps run at once per task type; only
 	// the task types listed are polled.
 	Concurrency map[string]int
-	// PollTimeout is the long-poll wait of one batch poll (default 1s).
+	// PollInterval is the pause after a poll that found no task (default
+	// 100ms, as the Conductor SDKs). A poll that found tasks is followed by
+	// the next one at once.
+	PollInterval time.Duration
+	// PollTimeout is the server-side wait of one batch poll (default 0: no
+	// wait). Conductor 3.21 does not hand a waiting poll a task that is
+	// queued during the wait: the poll returns empty at its timeout, so a
+	// wait only delays the task (measured: a 2 s poll, task queued 0.3 s
+	// in, answered empty after 2.0 s). Tests set it to keep that visible.
 	PollTimeout time.Duration
 	// BatchSize caps the tasks asked for in one poll (default 8).
 	BatchSize int
@@ -115,6 +123,10 @@ type Worker struct {
 	polling, working      sync.WaitGroup
 	closed                chan struct{}
 	closeOnce             sync.Once
+	// wake holds one channel per polled task type: a task's outcome
+	// reported to Conductor wakes the idle poll loops, since Conductor
+	// schedules the step's successors as it takes the update.
+	wake map[string]chan struct{}
 
 	mu      sync.Mutex
 	running map[string]map[string]context.CancelFunc // runId -> taskId -> cancel
@@ -123,8 +135,11 @@ type Worker struct {
 // New returns a Worker. Executors maps an executor type (plan.ExecutorCommand,
 // ...) to its Executor.
 func New(tasks TaskClient, runs RunState, events EventSink, secrets SecretResolver, executors map[string]Executor, opts Options) *Worker {
-	if opts.PollTimeout <= 0 {
-		opts.PollTimeout = time.Second
+	if opts.PollInterval <= 0 {
+		opts.PollInterval = 100 * time.Millisecond
+	}
+	if opts.PollTimeout < 0 {
+		opts.PollTimeout = 0
 	}
 	if opts.BatchSize <= 0 {
 		opts.BatchSize = 8
@@ -142,7 +157,13 @@ func New(tasks TaskClient, runs RunState, events EventSink, secrets SecretResolv
 		opts.Decode = plan.DecodeTaskInput
 	}
 	w := &Worker{tasks: tasks, runs: runs, events: events, secrets: secrets, executors: executors, opts: opts,
-		log: opts.Logger.Named("worker"), closed: make(chan struct{}), running: map[string]map[string]context.CancelFunc{}}
+		log: opts.Logger.Named("worker"), closed: make(chan struct{}), running: map[string]map[string]context.CancelFunc{},
+		wake: map[string]chan struct{}{}}
+	for taskType, n := range opts.Concurrency {
+		if n > 0 {
+			w.wake[taskType] = make(chan struct{}, 1)
+		}
+	}
 	w.outbox = newOutbox(events, w.log, opts.Metrics)
 	return w
 }
@@ -274,6 +295,18 @@ func (w *Worker) pollLoop(taskType string, concurrency int) {
 			backoff = 0
 		}
 		w.opts.Metrics.polled(taskType, len(tasks))
+		if len(tasks) == 0 {
+			// Nothing queued: wait before the next poll. Conductor's batch
+			// poll answers at once with what is queued (wait 0); it does not
+			// wake a waiting poll for a new task (see PollTimeout).
+			select {
+			case <-time.After(w.opts.PollInterval):
+			case <-w.wake[taskType]:
+			case <-w.pollCtx.Done():
+				return
+			}
+			continue
+		}
 		for i := range tasks {
 			slots <- struct{}{}
 			t := tasks[i]
@@ -598,6 +631,9 @@ func (w *Worker) update(t *model.Task, log *zap.Logger, r *model.TaskResult) {
 		err := w.tasks.UpdateTask(ctx, r)
 		cancel()
 		if err == nil {
+			if r.Status != model.InProgressTask {
+				w.wakePollers()
+			}
 			if r.Status != model.InProgressTask && w.opts.OnTaskDone != nil {
 				if runID, ok := t.InputData["runId"].(string); ok {
 					w.opts.OnTaskDone(runID)
@@ -613,6 +649,16 @@ func (w *Worker) update(t *model.Task, log *zap.Logger, r *model.TaskResult) {
 		log.Warn("reporting the task failed; retrying", zap.Error(err), zap.Duration("backoff", backoff))
 		time.Sleep(backoff)
 		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// wakePollers ends the idle wait of every poll loop.
+func (w *Worker) wakePollers() {
+	for _, c := range w.wake {
+		select {
+		case c <- struct{}{}:
+		default:
+		}
 	}
 }
 
