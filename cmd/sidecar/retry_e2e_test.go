@@ -51,6 +51,10 @@ func TestE2E_StepFailurePausesThenRetry(t *testing.T) {
 	if st := v.Step("flaky"); st == nil || st.Status != "FAILED" || !st.Held || st.LogicalAttemptID != 1 {
 		t.Fatalf("held step: %+v", st)
 	}
+	code, out, errOut := run(t, "status", started.RunID, "--server", server)
+	if code != 0 || !strings.Contains(out, "reason    stepFailed (step flaky)") || !strings.Contains(out, "HELD (retry it: sidecar retry "+started.RunID+" flaky)") {
+		t.Fatalf("status of a run paused on a failure: exit %d\n%s%s", code, out, errOut)
+	}
 	// Held, not failed: Conductor's workflow is paused, its task in progress.
 	time.Sleep(2 * time.Second)
 	if s := conductorStatus(t, started.WorkflowID); s != "PAUSED" {
@@ -75,7 +79,7 @@ func TestE2E_StepFailurePausesThenRetry(t *testing.T) {
 	if err := os.WriteFile(marker, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	code, out, errOut := run(t, "retry", started.RunID, "flaky", "--idempotency-key", "retry-1", "--server", server, "-o", "json")
+	code, out, errOut = run(t, "retry", started.RunID, "flaky", "--idempotency-key", "retry-1", "--server", server, "-o", "json")
 	if code != 0 || !strings.Contains(out, `"retryRequested": true`) {
 		t.Fatalf("sidecar retry: exit %d\n%s%s", code, out, errOut)
 	}

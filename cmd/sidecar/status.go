@@ -40,8 +40,28 @@ func (c *StatusCommand) Run(ctx context.Context, args []string) error {
 	if v.Inconsistent {
 		fmt.Fprintf(c.m.Stdout, "WARNING   inconsistent: %d invalid transitions ignored\n", len(v.InvalidEvents))
 	}
+	if d := v.Drain; d != nil {
+		inFlight := "none"
+		if len(d.InFlightStepIDs) > 0 {
+			inFlight = strings.Join(d.InFlightStepIDs, ", ")
+		}
+		fmt.Fprintf(c.m.Stdout, "drain     cycle %d, paused %s, deadline %s, in flight: %s\n", d.Cycle, d.PausedAt, d.Deadline, inFlight)
+		if p := v.Pause; p != nil && p.Reason != "" {
+			reason := p.Reason
+			if p.StepID != "" {
+				reason += " (step " + p.StepID + ")"
+			}
+			fmt.Fprintln(c.m.Stdout, "reason    "+reason)
+		}
+	}
 	for _, s := range v.Steps {
 		line := fmt.Sprintf("step      %-24s %-8s attempt %d", s.StepID, s.Status, s.LogicalAttemptID)
+		switch {
+		case s.Held && s.Status == "FAILED":
+			line += "  HELD (retry it: sidecar retry " + v.RunID + " " + s.StepID + ")"
+		case s.RetryRequested:
+			line += "  retry requested"
+		}
 		if s.Error != nil {
 			line += "  " + s.Error.Code + ": " + strings.TrimSpace(s.Error.Message)
 		}
