@@ -1,25 +1,37 @@
 package statestore
 
 import (
+	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Metrics are the projector's Prometheus metrics. A nil *Metrics records
-// nothing.
+// Metrics are the projector's and the append authority's Prometheus
+// metrics. A nil *Metrics records nothing.
 type Metrics struct {
-	eventsApplied prometheus.Counter
-	lagSeconds    prometheus.Gauge
-	lagHistogram  prometheus.Histogram
-	invalid       prometheus.Counter
-	nonContig     prometheus.Counter
-	gapsAccepted  prometheus.Counter
+	appends        *prometheus.CounterVec
+	appendDuration prometheus.Histogram
+	eventsApplied  prometheus.Counter
+	lagSeconds     prometheus.Gauge
+	lagHistogram   prometheus.Histogram
+	invalid        prometheus.Counter
+	nonContig      prometheus.Counter
+	gapsAccepted   prometheus.Counter
 }
 
 // NewMetrics registers the projector metrics with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
+		appends: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sidecar_store_appends_total",
+			Help: "Appends to the event log by result: persisted, duplicate (the key was stored already; the existing record is returned), rejected (SCHEMA_VALIDATION_FAILED or INVALID_TRANSITION, nothing written), error (store unavailable).",
+		}, []string{"result"}),
+		appendDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sidecar_store_append_duration_seconds",
+			Help:    "Append latency: request to the server's acknowledgement (fsync included when on).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 12),
+		}),
 		eventsApplied: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sidecar_projector_events_applied_total",
 			Help: "Records reduced into run snapshots.",
@@ -46,7 +58,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Visibility gaps that did not close within the grace period and were moved past.",
 		}),
 	}
-	reg.MustRegister(m.eventsApplied, m.lagSeconds, m.lagHistogram, m.invalid, m.nonContig, m.gapsAccepted)
+	for _, r := range []string{"persisted", "duplicate", "rejected", "error"} {
+		m.appends.WithLabelValues(r)
+	}
+	reg.MustRegister(m.appends, m.appendDuration, m.eventsApplied, m.lagSeconds, m.lagHistogram, m.invalid, m.nonContig, m.gapsAccepted)
 	return m
 }
 
@@ -75,4 +90,22 @@ func (m *Metrics) gapAccepted() {
 	if m != nil {
 		m.gapsAccepted.Inc()
 	}
+}
+
+// Appended records one append's outcome and latency; a store calls it.
+func (m *Metrics) Appended(res AppendResult, err error, took time.Duration) {
+	if m == nil {
+		return
+	}
+	result := "persisted"
+	switch {
+	case errors.Is(err, ErrSchemaValidation) || errors.Is(err, ErrInvalidTransition):
+		result = "rejected"
+	case err != nil:
+		result = "error"
+	case !res.Persisted:
+		result = "duplicate"
+	}
+	m.appends.WithLabelValues(result).Inc()
+	m.appendDuration.Observe(took.Seconds())
 }

@@ -118,7 +118,8 @@ type Options struct {
 	Replicas int
 	// Logger receives the store's and the projector's logs (default nop).
 	Logger *zap.Logger
-	// Metrics are the projector's metrics (nil records nothing).
+	// Metrics are the store's and the projector's metrics (nil records
+	// nothing).
 	Metrics *statestore.Metrics
 	// Alerts receives the projector's invalid-transition alerts.
 	Alerts statestore.AlertSink
@@ -138,6 +139,7 @@ type Store struct {
 	log       *zap.Logger
 	proj      *statestore.Projector
 	stamps    *stamps
+	metrics   *statestore.Metrics
 }
 
 // Open creates the event stream, or updates it to the configuration above,
@@ -200,6 +202,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 		timeout:   js.Options().DefaultTimeout,
 		log:       opts.Logger.Named("natsstore"),
 		stamps:    st,
+		metrics:   opts.Metrics,
 	}
 	if s.timeout <= 0 {
 		s.timeout = 5 * time.Second
@@ -237,6 +240,13 @@ func (s *Store) Stream() string { return s.name }
 // error matches statestore.ErrUnavailable and the same event can be
 // appended again.
 func (s *Store) Append(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
+	began := time.Now()
+	res, err := s.append(ctx, w)
+	s.metrics.Appended(res, err, time.Since(began))
+	return res, err
+}
+
+func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
 	if err := statestore.ValidateWrite(w); err != nil {
 		return statestore.AppendResult{}, err
 	}

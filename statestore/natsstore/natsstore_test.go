@@ -14,6 +14,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
@@ -508,5 +510,39 @@ func TestStore_StreamFull(t *testing.T) {
 	var apiErr *jetstream.APIError
 	if !errors.As(err, &apiErr) || apiErr.ErrorCode != 10077 {
 		t.Fatalf("cause: got %v, want API error 10077", err)
+	}
+}
+
+func TestStore_AppendMetrics(t *testing.T) {
+	ctx := context.Background()
+	js := connect(t, startServer(t, t.TempDir()))
+	reg := prometheus.NewRegistry()
+	s, err := natsstore.Open(ctx, js, natsstore.Options{Metrics: statestore.NewMetrics(reg)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	w := storetest.Event("run-metrics", statestore.RunStarted, "")
+	mustAppend(t, s, w)
+	if _, err := s.Append(ctx, w); err != nil { // the same event again: a duplicate
+		t.Fatal(err)
+	}
+	bad := storetest.Event("run-metrics", statestore.StepStarted, "")
+	if _, err := s.Append(ctx, bad); !errors.Is(err, statestore.ErrSchemaValidation) {
+		t.Fatalf("step event without stepId: %v", err)
+	}
+	want := `
+# HELP sidecar_store_appends_total Appends to the event log by result: persisted, duplicate (the key was stored already; the existing record is returned), rejected (SCHEMA_VALIDATION_FAILED or INVALID_TRANSITION, nothing written), error (store unavailable).
+# TYPE sidecar_store_appends_total counter
+sidecar_store_appends_total{result="duplicate"} 1
+sidecar_store_appends_total{result="error"} 0
+sidecar_store_appends_total{result="persisted"} 1
+sidecar_store_appends_total{result="rejected"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "sidecar_store_appends_total"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := testutil.GatherAndCount(reg, "sidecar_store_append_duration_seconds"); err != nil || n != 1 {
+		t.Fatalf("append latency histogram: %d series, %v", n, err)
 	}
 }
