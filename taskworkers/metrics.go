@@ -41,7 +41,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 		}),
 		handedBackBy: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sidecar_worker_tasks_handed_back_total", Help: "Tasks handed back to Conductor unstarted, by reason.",
+			Name: "sidecar_worker_tasks_handed_back_total", Help: "Tasks handed back to Conductor unstarted, by reason: paused (the run is paused), held (a step failed under onStepFailure pause), foreign_workflow (refused: not the run's workflow), unknown_run (a run of another deployment).",
 		}, []string{"reason"}),
 		writes: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "sidecar_worker_event_write_seconds", Help: "Event append latency by event type and result.",
@@ -54,8 +54,31 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sidecar_worker_outbox_events", Help: "StepStarted events queued in the outbox (failed open).",
 		}),
 	}
+	for _, r := range []string{handBackPaused, handBackHeld, handBackForeign, handBackUnknown} {
+		m.handedBackBy.WithLabelValues(r)
+	}
 	reg.MustRegister(m.polledTasks, m.pollErrors, m.steps, m.stepDuration, m.startLatency, m.handedBackBy, m.writes, m.updateErrors, m.outboxEvents)
 	return m
+}
+
+// Reasons of sidecar_worker_tasks_handed_back_total.
+const (
+	handBackPaused  = "paused"
+	handBackHeld    = "held"
+	handBackForeign = "foreign_workflow"
+	handBackUnknown = "unknown_run"
+)
+
+// taskTypes creates the per-task-type series of the polled types at zero,
+// so that dashboards and alerts see them before the first poll or error.
+func (m *Metrics) taskTypes(types []string) {
+	if m == nil {
+		return
+	}
+	for _, t := range types {
+		m.polledTasks.WithLabelValues(t)
+		m.pollErrors.WithLabelValues(t)
+	}
 }
 
 func (m *Metrics) polled(taskType string, n int) {

@@ -45,6 +45,12 @@ type SecretResolver interface {
 // is not its run's workflow.
 var ErrForeignWorkflow = errors.New("taskworkers: the task's workflow is not its run's workflow")
 
+// ErrUnknownRun is returned by Options.Guard for a task of a run this
+// sidecar's log and run registry do not know: a run of another deployment
+// that polls the same Conductor task types (use distinct task domains). Such
+// a task is handed back, never run and never failed.
+var ErrUnknownRun = errors.New("taskworkers: the task's run is not one of this sidecar's")
+
 // Assignment is what a worker needs from a Conductor task's input: the
 // decoded task input of the plan compiler (run and plan ids, the step, its
 // engine tries E and logical attempts L, the failure policy). Its Attempts
@@ -159,11 +165,14 @@ func New(tasks TaskClient, runs RunState, events EventSink, secrets SecretResolv
 	w := &Worker{tasks: tasks, runs: runs, events: events, secrets: secrets, executors: executors, opts: opts,
 		log: opts.Logger.Named("worker"), closed: make(chan struct{}), running: map[string]map[string]context.CancelFunc{},
 		wake: map[string]chan struct{}{}}
+	var types []string
 	for taskType, n := range opts.Concurrency {
 		if n > 0 {
 			w.wake[taskType] = make(chan struct{}, 1)
+			types = append(types, taskType)
 		}
 	}
+	opts.Metrics.taskTypes(types)
 	w.outbox = newOutbox(events, w.log, opts.Metrics)
 	return w
 }
@@ -344,6 +353,12 @@ func (w *Worker) handle(t *model.Task) {
 				w.refuseForeign(t, log)
 				return
 			}
+			if errors.Is(gerr, ErrUnknownRun) {
+				log.Warn("task of a run this sidecar does not know (another deployment on the same Conductor? give each its own --task-domain); handing it back", zap.Error(gerr))
+				w.opts.Metrics.handedBack(handBackUnknown)
+				w.handBack(t, w.opts.HandBackAfter, "unknown run")
+				return
+			}
 			log.Info("run start not recorded yet; handing the task back", zap.Error(gerr))
 			w.handBack(t, time.Second, "run not started yet")
 			return
@@ -369,7 +384,7 @@ func (w *Worker) handle(t *model.Task) {
 		w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: "RUN_" + snap.Status})
 		return
 	case snap.Status == statestore.RunStatusPaused:
-		w.opts.Metrics.handedBack("paused")
+		w.opts.Metrics.handedBack(handBackPaused)
 		w.handBack(t, w.opts.HandBackAfter, "run paused")
 		return
 	case snap.Status != statestore.RunStatusRunning:
@@ -516,7 +531,7 @@ func (w *Worker) hold(t *model.Task, log *zap.Logger, a *Assignment) {
 			log.Warn("could not pause the run after a held step failure; retrying at the next poll", zap.Error(err))
 		}
 	}
-	w.opts.Metrics.handedBack("held after failure")
+	w.opts.Metrics.handedBack(handBackHeld)
 	w.handBack(t, w.opts.HandBackAfter, "held after failure")
 }
 
@@ -591,7 +606,7 @@ func (w *Worker) emit(log *zap.Logger, a *Assignment, eventType string, engine, 
 // (an orphan of a crashed start, terminated by the adapter's reconcile).
 func (w *Worker) refuseForeign(t *model.Task, log *zap.Logger) {
 	log.Warn("task belongs to a workflow that is not its run's workflow; not running it")
-	w.opts.Metrics.handedBack("foreign workflow")
+	w.opts.Metrics.handedBack(handBackForeign)
 	w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: "FOREIGN_WORKFLOW: not the run's workflow"})
 }
 

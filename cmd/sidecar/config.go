@@ -31,6 +31,7 @@ type Config struct {
 	DrainTimeout   time.Duration
 	SyncInterval   time.Duration
 	WorkerID       string
+	TaskDomain     string
 	Concurrency    map[string]int
 	ShutdownGrace  time.Duration
 	LogFormat      string
@@ -85,6 +86,9 @@ func (c *Config) Validate() error {
 	if c.WorkerID == "" {
 		p = append(p, "--worker-id is required")
 	}
+	if strings.ContainsAny(c.TaskDomain, " ,:*/") {
+		p = append(p, "--task-domain must not contain spaces, ',', ':', '*' or '/'")
+	}
 	switch c.LogFormat {
 	case "json", "console":
 	default:
@@ -119,7 +123,8 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	dur(&c.DrainTimeout, "drain-timeout", "default drain timeout of a pause")
 	dur(&c.SyncInterval, "sync-interval", "embedded NATS fsync interval; 0 fsyncs every write before acknowledging")
 	dur(&c.ShutdownGrace, "shutdown-grace", "how long running steps may finish after SIGTERM")
-	str(&c.WorkerID, "worker-id", "worker id reported to Conductor")
+	str(&c.WorkerID, "worker-id", "worker id reported to Conductor (unique and stable per replica: a restart recovers the tasks left under it)")
+	str(&c.TaskDomain, "task-domain", "Conductor task domain of this deployment's runs; sidecars sharing a Conductor but not NATS need distinct domains (empty: none)")
 	str(&c.LogFormat, "log-format", "json or console")
 	str(&c.LogLevel, "log-level", "debug, info, warn or error")
 	fs.Var(&concurrencyValue{c.Concurrency}, "concurrency", "steps run at once per executor, e.g. command=4,http=16 (env "+envName("concurrency")+")")

@@ -93,8 +93,11 @@ func startServe(t *testing.T, dataDir, addr string, extra ...string) *proc {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Each sidecar gets a task domain of its own (a later --task-domain in
+	// extra overrides it): other packages' tests poll the same Conductor.
 	args := append([]string{"serve", "--conductor-url", conductorURL(t), "--data-dir", dataDir, "--listen", addr,
-		"--worker-id", "e2e-" + filepath.Base(dataDir), "--log-format", "console", "--shutdown-grace", "5s"}, extra...)
+		"--worker-id", "e2e-" + filepath.Base(dataDir), "--task-domain", "e2e-" + filepath.Base(dataDir),
+		"--log-format", "console", "--shutdown-grace", "5s"}, extra...)
 	cmd := exec.Command(sidecarBinary(t), args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {

@@ -214,9 +214,9 @@ func TestE2E_TwoSidecarsShareNATS(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	natsURL := ns.ClientURL()
-	a := startServe(t, t.TempDir(), freeAddr(t), "--nats-url", natsURL)
-	b := startServe(t, t.TempDir(), freeAddr(t), "--nats-url", natsURL)
+	natsURL, domain := ns.ClientURL(), uniq("e2e-shared")
+	a := startServe(t, t.TempDir(), freeAddr(t), "--nats-url", natsURL, "--task-domain", domain)
+	b := startServe(t, t.TempDir(), freeAddr(t), "--nats-url", natsURL, "--task-domain", domain)
 	pl := mustPlan(t, `{"planId":"`+uniq("e2e-two")+`","planVersion":"1","steps":[
 		{"stepId":"s1","executor":{"type":"command","argv":["sleep","5"]}},
 		{"stepId":"s2","executor":{"type":"command","argv":["sleep","5"]}},
@@ -258,4 +258,35 @@ func TestE2E_TwoSidecarsShareNATS(t *testing.T) {
 	if n := metricValue(t, a.addr, "sidecar_drain_timeouts_total") + metricValue(t, b.addr, "sidecar_drain_timeouts_total"); n != 1 {
 		t.Fatalf("drain timeouts counted %v between the two sidecars, want 1", n)
 	}
+}
+
+// Two deployments (each its own NATS) on one Conductor, without task
+// domains: each polls the other's tasks too, hands them back untouched, and
+// both runs complete.
+func TestE2E_TwoDeploymentsOnOneConductor(t *testing.T) {
+	a := startServe(t, t.TempDir(), freeAddr(t), "--task-domain", "")
+	b := startServe(t, t.TempDir(), freeAddr(t), "--task-domain", "")
+	chain := func(id string) string {
+		steps := `{"stepId":"s0","executor":{"type":"noop"}}`
+		for i := 1; i < 6; i++ {
+			steps += `,{"stepId":"s` + strconv.Itoa(i) + `","executor":{"type":"noop"},"dependsOn":["s` + strconv.Itoa(i-1) + `"]}`
+		}
+		return `{"planId":"` + uniq(id) + `","planVersion":"1","steps":[` + steps + `]}`
+	}
+	ra := submit(t, a, mustPlan(t, chain("e2e-dep-a")), "req-a")
+	rb := submit(t, b, mustPlan(t, chain("e2e-dep-b")), "req-b")
+	for _, c := range []struct {
+		p   *proc
+		run string
+	}{{a, ra.RunID}, {b, rb.RunID}} {
+		if v := waitTerminal(t, c.p, c.run, 90*time.Second); v.Status != "COMPLETED" {
+			t.Fatalf("run %s: %s (steps %+v)", c.run, v.Status, v.Steps)
+		}
+		if evs := allEvents(t, c.p, c.run); count(evs, statestore.StepCompleted, "s5") != 1 {
+			t.Fatalf("events %v", types(evs))
+		}
+	}
+	handedBack := metricValue(t, a.addr, `sidecar_worker_tasks_handed_back_total{reason="unknown_run"}`) +
+		metricValue(t, b.addr, `sidecar_worker_tasks_handed_back_total{reason="unknown_run"}`)
+	t.Logf("tasks of the other deployment handed back: %v", handedBack)
 }

@@ -133,7 +133,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	if err != nil {
 		return sc, err
 	}
-	runs, err := adapter.OpenRuns(ctx, js, conductor, emitter, adapter.RunsOptions{Logger: log, Metrics: adapterMetrics})
+	runs, err := adapter.OpenRuns(ctx, js, conductor, emitter, adapter.RunsOptions{Logger: log, Metrics: adapterMetrics, TaskDomain: cfg.TaskDomain})
 	if err != nil {
 		return sc, err
 	}
@@ -151,12 +151,22 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	for kind, n := range cfg.Concurrency {
 		concurrency[plan.TaskType(kind)] = n
 	}
-	sc.worker = taskworkers.New(conductor, sc.store, emitter, &secrets.Resolver{Logger: log}, executors.Executors(), taskworkers.Options{
+	var tasks taskworkers.TaskClient = conductor
+	if cfg.TaskDomain != "" {
+		tasks = domainTasks{conductor, cfg.TaskDomain}
+	}
+	sc.worker = taskworkers.New(tasks, sc.store, emitter, &secrets.Resolver{Logger: log}, executors.Executors(), taskworkers.Options{
 		WorkerID: cfg.WorkerID, Concurrency: concurrency,
 		Guard: func(ctx context.Context, runID, workflowID string) error {
 			_, err := runs.EnsureStarted(ctx, runID, workflowID)
-			if errors.Is(err, adapter.ErrConflict) || errors.Is(err, adapter.ErrNotFound) {
+			switch {
+			case errors.Is(err, adapter.ErrConflict):
+				// Our run, another workflow: an orphan of a crashed start.
 				return fmt.Errorf("%w: %v", taskworkers.ErrForeignWorkflow, err)
+			case errors.Is(err, adapter.ErrNotFound):
+				// Not a run of this deployment (another sidecar's, on
+				// another NATS): leave it to its owner.
+				return fmt.Errorf("%w: %v", taskworkers.ErrUnknownRun, err)
 			}
 			return err
 		},
@@ -210,6 +220,16 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	sc.addr = ln.Addr().String()
 	sc.api.Open(ln)
 	return sc, nil
+}
+
+// domainTasks polls one Conductor task domain (--task-domain).
+type domainTasks struct {
+	*adapter.Client
+	domain string
+}
+
+func (d domainTasks) BatchPoll(ctx context.Context, taskType, workerID string, count int, timeout time.Duration) ([]model.Task, error) {
+	return d.BatchPollDomain(ctx, taskType, workerID, d.domain, count, timeout)
 }
 
 // close stops the components in reverse order. ctx bounds the workers'
