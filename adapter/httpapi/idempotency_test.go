@@ -274,3 +274,31 @@ func counter(t *testing.T, reg *prometheus.Registry, action, result string) prom
 	t.Fatalf("no sidecar_control_requests_total{action=%q,result=%q}", action, result)
 	return nil
 }
+
+func TestControl_BadInputReachesNothing(t *testing.T) {
+	e := newReplayEnv(t)
+	for _, c := range []struct{ name, path, body, code string }{
+		{"malformed pause body", "/v1/runs/run-1/pause", `{"timeoutSeconds":`, httpapi.CodeBadRequest},
+		{"timeout as a string", "/v1/runs/run-1/pause", `{"timeoutSeconds":"5m"}`, httpapi.CodeBadRequest},
+		{"unknown field", "/v1/runs/run-1/cancel", `{"force":true}`, httpapi.CodeBadRequest},
+		{"trailing data", "/v1/runs/run-1/steps/a/retry", `{}{}`, httpapi.CodeBadRequest},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := e.post(t, c.path, "", c.body)
+			if got.status != http.StatusBadRequest || codeOf(t, got.body) != c.code {
+				t.Fatalf("got %+v", got)
+			}
+		})
+	}
+	if n := e.control.calls.Load(); n != 0 {
+		t.Fatalf("bad requests reached the control %d times", n)
+	}
+	e.control.setErr(drain.ErrRunNotFound)
+	if got := e.post(t, "/v1/runs/nope/pause", "", ""); got.status != http.StatusNotFound || codeOf(t, got.body) != httpapi.CodeRunNotFound {
+		t.Fatalf("unknown run: %+v", got)
+	}
+	e.control.setErr(drain.ErrStepNotFound)
+	if got := e.post(t, "/v1/runs/run-1/steps/nope/retry", "", ""); got.status != http.StatusNotFound || codeOf(t, got.body) != "STEP_NOT_FOUND" {
+		t.Fatalf("unknown step: %+v", got)
+	}
+}
