@@ -8,12 +8,12 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
@@ -26,17 +26,7 @@ func (noEngine) Terminate(context.Context, string, string) error { return nil }
 
 func jsEnv(b *testing.B) (*natsstore.Store, *registry.Emitter) {
 	b.Helper()
-	srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: b.TempDir(), Port: -1})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	nc, err := natsstore.ConnectEmbedded(srv)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
+	js, _ := natstest.Start(b)
 	store, err := natsstore.Open(context.Background(), js, natsstore.Options{})
 	if err != nil {
 		b.Fatal(err)

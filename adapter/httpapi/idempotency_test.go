@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -22,7 +21,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/memstore"
-	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
@@ -67,17 +66,7 @@ type replayEnv struct {
 func newReplayEnv(t *testing.T) *replayEnv {
 	t.Helper()
 	ctx := context.Background()
-	ns, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	nc, err := natsstore.ConnectEmbedded(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
+	js, _ := natstest.Start(t)
 	replies, err := httpapi.OpenKVReplies(ctx, js, time.Hour)
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/memstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
@@ -34,17 +35,7 @@ type env struct {
 func newEnv(t *testing.T, conductorURL string) *env {
 	t.Helper()
 	ctx := context.Background()
-	ns, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	nc, err := natsstore.ConnectEmbedded(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
+	js, _ := natstest.Start(t)
 	store, err := natsstore.Open(ctx, js, natsstore.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -16,7 +16,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/statestore"
-	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 )
 
 func apiCode(err error) string {
@@ -209,11 +209,7 @@ func assertNoDuplicateKeys(t *testing.T, evs []statestore.RunEventRecord) {
 // one RunDrainTimedOut and the metrics one PAUSE_DRAIN_TIMEOUT.
 func TestE2E_TwoSidecarsShareNATS(t *testing.T) {
 	conductorURL(t) // skip early without Conductor
-	ns, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	_, ns := natstest.Start(t)
 	natsURL, domain := ns.ClientURL(), uniq("e2e-shared")
 	a := startServe(t, t.TempDir(), freeAddr(t), "--nats-url", natsURL, "--task-domain", domain)
 	b := startServe(t, t.TempDir(), freeAddr(t), "--nats-url", natsURL, "--task-domain", domain)

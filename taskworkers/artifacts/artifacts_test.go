@@ -20,26 +20,14 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 	"github.com/conductor-sidecar/sidecar/taskworkers/artifacts"
 )
 
 // startJS starts an embedded NATS server with JetStream for one test.
 func startJS(t testing.TB) (*server.Server, jetstream.JetStream) {
 	t.Helper()
-	srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	nc, err := natsstore.ConnectEmbedded(srv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, srv := natstest.Start(t)
 	return srv, js
 }
 

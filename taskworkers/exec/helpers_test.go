@@ -16,14 +16,13 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/statestore"
-	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 	"github.com/conductor-sidecar/sidecar/taskworkers/artifacts"
 	"github.com/conductor-sidecar/sidecar/taskworkers/exec"
@@ -37,20 +36,7 @@ type env struct {
 
 func startStore(t testing.TB) *env {
 	t.Helper()
-	srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	nc, err := natsstore.ConnectEmbedded(srv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, srv := natstest.Start(t)
 	st, err := artifacts.Open(context.Background(), js, artifacts.Options{})
 	if err != nil {
 		t.Fatal(err)
