@@ -63,7 +63,9 @@ type replayEnv struct {
 	reg     *prometheus.Registry
 }
 
-func newReplayEnv(t *testing.T) *replayEnv {
+func newReplayEnv(t *testing.T) *replayEnv { return newReplayEnvTB(t) }
+
+func newReplayEnvTB(t testing.TB) *replayEnv {
 	t.Helper()
 	ctx := context.Background()
 	js, _ := natstest.Start(t)
