@@ -16,7 +16,7 @@ import (
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(richJSON))
 	f.Add([]byte(richYAML))
-	for _, name := range []string{"diamond.json", "diamond.yaml"} {
+	for _, name := range []string{"diamond.json", "diamond.yaml", "quickstart.yaml"} {
 		if b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "local", "plans", name)); err == nil {
 			f.Add(b)
 		}

@@ -255,4 +255,16 @@ func TestExamples(t *testing.T) {
 	if hy != c.ContentHash {
 		t.Fatal("JSON and YAML hash differently")
 	}
+	// The quickstart's plan (deploy/local/quickstart.sh relies on its shape).
+	q, err := ParseFile(filepath.Join(dir, "quickstart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, err := Compile(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := shape(cq.Workflow.Tasks), "prepare (build-a | build-b | build-c) publish"; got != want {
+		t.Fatalf("quickstart layout %q, want %q", got, want)
+	}
 }
