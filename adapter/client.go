@@ -538,6 +538,18 @@ func (c *Client) BatchPollDomain(ctx context.Context, taskType, workerID, domain
 	return tasks, nil
 }
 
+// DomainPoller is a Client whose BatchPoll polls one task domain (the
+// domain a Runs with that TaskDomain starts its tasks in).
+type DomainPoller struct {
+	*Client
+	Domain string
+}
+
+// BatchPoll is Client.BatchPollDomain in d.Domain.
+func (d DomainPoller) BatchPoll(ctx context.Context, taskType, workerID string, count int, timeout time.Duration) ([]model.Task, error) {
+	return d.BatchPollDomain(ctx, taskType, workerID, d.Domain, count, timeout)
+}
+
 // UpdateTask reports a task's result (status COMPLETED, FAILED,
 // FAILED_WITH_TERMINAL_ERROR or IN_PROGRESS with callbackAfterSeconds to
 // hand it back; outputData, reasonForIncompletion, logs). An unknown task or

@@ -1,6 +1,8 @@
 package adapter
 
 import (
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+
 	"context"
 	"errors"
 	"net"
@@ -141,7 +143,7 @@ func startTestWorkflow(t *testing.T, c *Client) (def model.WorkflowDef, taskType
 }
 
 func TestClient_Conductor(t *testing.T) {
-	u := conductorURL(t)
+	u := conductortest.URL(t)
 	ctx := context.Background()
 	c := newClient(t, u, 5*time.Second)
 

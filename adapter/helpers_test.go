@@ -5,9 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"net"
-	"os"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,39 +18,6 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 )
-
-// testEnvConductorURL names the environment variable with the base URL of
-// the real Conductor server the integration tests use.
-const testEnvConductorURL = "SIDECAR_TEST_CONDUCTOR_URL"
-
-var (
-	healthOnce sync.Once
-	healthErr  error
-)
-
-// conductorURL returns the test server's base URL. It skips the test when
-// the variable is unset and fails it when the server does not answer.
-func conductorURL(t testing.TB) string {
-	t.Helper()
-	u := os.Getenv(testEnvConductorURL)
-	if u == "" {
-		t.Skip("set " + testEnvConductorURL + " (e.g. http://127.0.0.1:8080/api, started by deploy/local/conductor.sh start) to run the Conductor integration tests")
-	}
-	healthOnce.Do(func() {
-		c, err := NewClient(ClientOptions{BaseURL: u})
-		if err != nil {
-			healthErr = err
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		healthErr = c.Health(ctx)
-	})
-	if healthErr != nil {
-		t.Fatalf("%s=%s is set but the server is not healthy: %v", testEnvConductorURL, u, healthErr)
-	}
-	return u
-}
 
 // unusedURL returns a base URL on a local port nothing listens on.
 func unusedURL(t testing.TB) string {

@@ -11,6 +11,7 @@ import (
 	"github.com/conductor-sdk/conductor-go/sdk/model"
 	"github.com/google/uuid"
 
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
@@ -27,7 +28,7 @@ func TestRequestKey(t *testing.T) {
 }
 
 func TestRuns_RegisterPlan(t *testing.T) {
-	u := conductorURL(t)
+	u := conductortest.URL(t)
 	ctx := context.Background()
 	env := newNATS(t)
 
@@ -151,7 +152,7 @@ func checkStarted(t *testing.T, env *natsEnv, r *Runs, p *plan.Compiled, run Run
 }
 
 func TestRuns_StartRun(t *testing.T) {
-	u := conductorURL(t)
+	u := conductortest.URL(t)
 	ctx := context.Background()
 	env := newNATS(t)
 
@@ -349,7 +350,7 @@ func crashedStart(t *testing.T, r *Runs, req StartRequest, startWorkflow bool) *
 }
 
 func TestRuns_CrashRecovery(t *testing.T) {
-	u := conductorURL(t)
+	u := conductortest.URL(t)
 	ctx := context.Background()
 	// Subtests run in parallel, each on its own NATS server (Reconcile
 	// looks at every plan of its registry). The shortest lease the client timeout (1s) allows.
@@ -525,7 +526,7 @@ func TestRuns_CrashRecovery(t *testing.T) {
 }
 
 func TestRuns_EnsureStarted(t *testing.T) {
-	u := conductorURL(t)
+	u := conductortest.URL(t)
 	ctx := context.Background()
 	env := newNATS(t)
 	r := env.newRuns(t, u, RunsOptions{})

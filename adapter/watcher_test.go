@@ -10,6 +10,7 @@ import (
 	"github.com/conductor-sdk/conductor-go/sdk/model"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
@@ -112,7 +113,7 @@ func lastEvent(t *testing.T, recs []statestore.RunEventRecord) statestore.RunEve
 }
 
 func TestWatcher_Terminal(t *testing.T) {
-	u := conductorURL(t)
+	u := conductortest.URL(t)
 	ctx := context.Background()
 	env := newNATS(t)
 	r := env.newRuns(t, u, RunsOptions{})
@@ -244,7 +245,7 @@ func TestWatcher_Terminal(t *testing.T) {
 }
 
 func TestWatcher_Scan(t *testing.T) {
-	u := conductorURL(t)
+	u := conductortest.URL(t)
 	ctx := context.Background()
 	env := newNATS(t)
 	r := env.newRuns(t, u, RunsOptions{})
@@ -326,7 +327,7 @@ func TestWatcher_Scan(t *testing.T) {
 }
 
 func TestWatcher_OpenClose(t *testing.T) {
-	u := conductorURL(t)
+	u := conductortest.URL(t)
 	ctx := context.Background()
 	env := newNATS(t)
 	r := env.newRuns(t, u, RunsOptions{})

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -35,7 +36,7 @@ func (f *failingSink) Emit(ctx context.Context, w *statestore.RunEventWrite) (st
 
 func startWorker(t *testing.T, e *benchEnv, sink taskworkers.EventSink) *taskworkers.Worker {
 	t.Helper()
-	w := taskworkers.New(domainClient{e.client, e.domain}, e.store, sink, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
+	w := taskworkers.New(adapter.DomainPoller{Client: e.client, Domain: e.domain}, e.store, sink, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
 		WorkerID: "budget-test", Concurrency: map[string]int{plan.TaskType(plan.ExecutorNoop): 2, plan.TaskType(plan.ExecutorSleep): 2}, PollTimeout: 100 * time.Millisecond,
 		WriteBudget: 300 * time.Millisecond, Logger: zaptest.NewLogger(t),
 	})
@@ -132,7 +133,7 @@ func TestWorker_PauseGateHandsTasksBack(t *testing.T) {
 	if _, err := e.emit.Emit(context.Background(), paused); err != nil {
 		t.Fatal(err)
 	}
-	w := taskworkers.New(domainClient{e.client, e.domain}, e.store, e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
+	w := taskworkers.New(adapter.DomainPoller{Client: e.client, Domain: e.domain}, e.store, e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
 		WorkerID: "gate-test", Concurrency: map[string]int{plan.TaskType(plan.ExecutorNoop): 1}, PollTimeout: 100 * time.Millisecond,
 		HandBackAfter: time.Second, Logger: zaptest.NewLogger(t),
 	})

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -22,16 +23,6 @@ import (
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 	"github.com/conductor-sidecar/sidecar/taskworkers/exec"
 )
-
-// domainClient polls one task domain, so the benchmark's tasks are its own.
-type domainClient struct {
-	*adapter.Client
-	domain string
-}
-
-func (d domainClient) BatchPoll(ctx context.Context, taskType, workerID string, count int, timeout time.Duration) ([]model.Task, error) {
-	return d.BatchPollDomain(ctx, taskType, workerID, d.domain, count, timeout)
-}
 
 type benchEnv struct {
 	client *adapter.Client
@@ -43,10 +34,7 @@ type benchEnv struct {
 
 func newBenchEnv(b testing.TB) *benchEnv {
 	b.Helper()
-	url := os.Getenv("SIDECAR_TEST_CONDUCTOR_URL")
-	if url == "" {
-		b.Skip("set SIDECAR_TEST_CONDUCTOR_URL to run the benchmarks against a real Conductor")
-	}
+	url := conductortest.URL(b)
 	ctx := context.Background()
 	sync := time.Duration(0)
 	if v := os.Getenv("BENCH_SYNC_INTERVAL"); v != "" {
@@ -192,7 +180,7 @@ func BenchmarkNoopSteps(b *testing.B) {
 	runsN := max(1, (b.N+benchSteps-1)/benchSteps)
 	steps := runsN * benchSteps
 	taskType := plan.TaskType(plan.ExecutorNoop)
-	dc := domainClient{e.client, e.domain}
+	dc := adapter.DomainPoller{Client: e.client, Domain: e.domain}
 
 	// Bare SDK loop: poll and complete, nothing else.
 	bareIDs := e.startRuns(b, runsN, benchSteps)
@@ -280,7 +268,7 @@ func BenchmarkNoopSteps(b *testing.B) {
 func BenchmarkStepStartIdle(b *testing.B) {
 	e := newBenchEnv(b)
 	taskType := plan.TaskType(plan.ExecutorNoop)
-	w := taskworkers.New(domainClient{e.client, e.domain}, e.store, e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
+	w := taskworkers.New(adapter.DomainPoller{Client: e.client, Domain: e.domain}, e.store, e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
 		WorkerID: "sidecar-bench-idle", Concurrency: map[string]int{taskType: benchConcurrency},
 	})
 	if err := w.Open(context.Background()); err != nil {

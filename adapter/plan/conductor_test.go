@@ -1,6 +1,8 @@
 package plan
 
 import (
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -9,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -33,15 +34,7 @@ type conductor struct {
 
 func newConductor(t testing.TB) *conductor {
 	t.Helper()
-	base := os.Getenv("SIDECAR_TEST_CONDUCTOR_URL")
-	if base == "" {
-		t.Skip("set SIDECAR_TEST_CONDUCTOR_URL (e.g. http://127.0.0.1:8080/api, after deploy/local/conductor.sh start) to run the Conductor integration tests")
-	}
-	c := &conductor{t: t, base: strings.TrimRight(base, "/"), hc: &http.Client{Timeout: 30 * time.Second}}
-	if code, body := c.do("GET", "/metadata/taskdefs/"+TaskTypeNoop, nil); code != 200 && code != 404 {
-		t.Fatalf("Conductor at %s is not reachable: status %d %s", base, code, body)
-	}
-	return c
+	return &conductor{t: t, base: conductortest.URL(t), hc: &http.Client{Timeout: 30 * time.Second}}
 }
 
 // do sends one request; a transport error fails the test.

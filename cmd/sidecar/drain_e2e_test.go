@@ -11,12 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
 func conductorStatus(t *testing.T, workflowID string) string {
 	t.Helper()
-	resp, err := http.Get(conductorURL(t) + "/workflow/" + workflowID + "?includeTasks=false")
+	resp, err := http.Get(conductortest.URL(t) + "/workflow/" + workflowID + "?includeTasks=false")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -26,20 +27,6 @@ import (
 // End-to-end tests: the real sidecar binary, the real conductor-oss server
 // (SIDECAR_TEST_CONDUCTOR_URL, started by deploy/local/conductor.sh) and
 // the embedded NATS server.
-
-func conductorURL(t *testing.T) string {
-	t.Helper()
-	u := os.Getenv("SIDECAR_TEST_CONDUCTOR_URL")
-	if u == "" {
-		t.Skip("set SIDECAR_TEST_CONDUCTOR_URL (e.g. http://127.0.0.1:8080/api) to run the end-to-end tests against a real Conductor")
-	}
-	resp, err := http.Get(strings.TrimSuffix(u, "/api") + "/health")
-	if err != nil {
-		t.Fatalf("SIDECAR_TEST_CONDUCTOR_URL=%s is set but Conductor does not answer: %v", u, err)
-	}
-	resp.Body.Close()
-	return u
-}
 
 var (
 	buildOnce sync.Once
@@ -95,7 +82,7 @@ func startServe(t *testing.T, dataDir, addr string, extra ...string) *proc {
 	}
 	// Each sidecar gets a task domain of its own (a later --task-domain in
 	// extra overrides it): other packages' tests poll the same Conductor.
-	args := append([]string{"serve", "--conductor-url", conductorURL(t), "--data-dir", dataDir, "--listen", addr,
+	args := append([]string{"serve", "--conductor-url", conductortest.URL(t), "--data-dir", dataDir, "--listen", addr,
 		"--worker-id", "e2e-" + filepath.Base(dataDir), "--task-domain", "e2e-" + filepath.Base(dataDir),
 		"--log-format", "console", "--shutdown-grace", "5s"}, extra...)
 	cmd := exec.Command(sidecarBinary(t), args...)

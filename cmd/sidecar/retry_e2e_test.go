@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
@@ -208,7 +209,7 @@ func assertNoDuplicateKeys(t *testing.T, evs []statestore.RunEventRecord) {
 // test) and one Conductor: both watch the drain; between them the log gets
 // one RunDrainTimedOut and the metrics one PAUSE_DRAIN_TIMEOUT.
 func TestE2E_TwoSidecarsShareNATS(t *testing.T) {
-	conductorURL(t) // skip early without Conductor
+	conductortest.URL(t) // skip early without Conductor
 	_, ns := natstest.Start(t)
 	natsURL, domain := ns.ClientURL(), uniq("e2e-shared")
 	a := startServe(t, t.TempDir(), freeAddr(t), "--nats-url", natsURL, "--task-domain", domain)

@@ -153,7 +153,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	}
 	var tasks taskworkers.TaskClient = conductor
 	if cfg.TaskDomain != "" {
-		tasks = domainTasks{conductor, cfg.TaskDomain}
+		tasks = adapter.DomainPoller{Client: conductor, Domain: cfg.TaskDomain}
 	}
 	sc.worker = taskworkers.New(tasks, sc.store, emitter, &secrets.Resolver{Logger: log}, executors.Executors(), taskworkers.Options{
 		WorkerID: cfg.WorkerID, Concurrency: concurrency,
@@ -220,16 +220,6 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	sc.addr = ln.Addr().String()
 	sc.api.Open(ln)
 	return sc, nil
-}
-
-// domainTasks polls one Conductor task domain (--task-domain).
-type domainTasks struct {
-	*adapter.Client
-	domain string
-}
-
-func (d domainTasks) BatchPoll(ctx context.Context, taskType, workerID string, count int, timeout time.Duration) ([]model.Task, error) {
-	return d.BatchPollDomain(ctx, taskType, workerID, d.domain, count, timeout)
 }
 
 // close stops the components in reverse order. ctx bounds the workers'

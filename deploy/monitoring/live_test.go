@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -66,7 +67,7 @@ import (
 // reach them (they hand such tasks back, but the exact-firing assertions on
 // hand-back and error series want a Conductor to themselves).
 func TestMonitoring_Live(t *testing.T) {
-	conductor := conductorURL(t)
+	conductor := conductortest.URL(t)
 	if os.Getenv("SIDECAR_TEST_MONITORING_LIVE") != "1" {
 		t.Skip("set SIDECAR_TEST_MONITORING_LIVE=1 (with SIDECAR_TEST_CONDUCTOR_URL) to run the live monitoring test; " +
 			"run it alone: it shares Conductor's task queues with any other sidecar polling that Conductor " +
@@ -475,20 +476,6 @@ func checkAlertExprs(t *testing.T, prom *prometheus, healthy, down string) {
 }
 
 // ---------------------------------------------------------------- processes
-
-func conductorURL(t *testing.T) string {
-	t.Helper()
-	u := os.Getenv("SIDECAR_TEST_CONDUCTOR_URL")
-	if u == "" {
-		t.Skip("set SIDECAR_TEST_CONDUCTOR_URL (e.g. http://127.0.0.1:8080/api) to run the live monitoring test against a real Conductor")
-	}
-	resp, err := http.Get(strings.TrimSuffix(u, "/api") + "/health")
-	if err != nil {
-		t.Fatalf("SIDECAR_TEST_CONDUCTOR_URL=%s is set but Conductor does not answer: %v", u, err)
-	}
-	resp.Body.Close()
-	return u
-}
 
 func buildSidecar(t *testing.T) string {
 	t.Helper()
