@@ -162,7 +162,11 @@ func (s *Server) controlRoute(action string, h func(http.ResponseWriter, *http.R
 		if idem == "" || s.opts.Replies == nil {
 			rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 			err := h(rec, r)
-			s.countControl(action, resultOf(s.statusOf(err, rec.status)))
+			status := rec.status
+			if err != nil {
+				status = s.answer(err).status
+			}
+			s.countControl(action, resultOf(status))
 			return err
 		}
 		if len(idem) > MaxIdempotencyKeyBytes {
@@ -199,16 +203,9 @@ func (s *Server) controlRoute(action string, h func(http.ResponseWriter, *http.R
 		}
 		buf := &bufferedWriter{header: http.Header{}, status: http.StatusOK}
 		if err := h(buf, r); err != nil {
-			var ae *apiError
-			if !errors.As(err, &ae) {
-				ae = s.classify(err)
-			}
-			if ae.status >= 500 {
-				s.log.Error("request failed", zap.String("route", action), zap.String("code", ae.Code), zap.Error(err))
-			}
 			buf.header = http.Header{}
 			buf.body.Reset()
-			writeError(buf, ae)
+			s.writeErr(buf, action, err)
 		}
 		s.countControl(action, resultOf(buf.status))
 		// Keeping or releasing must outlive a client that went away.
@@ -237,19 +234,6 @@ func replyKey(r *http.Request, idem string, body []byte) (key, fp string) {
 	k := sha256.Sum256([]byte(r.Method + " " + r.URL.Path + "\x00" + idem))
 	f := sha256.Sum256(append([]byte(r.Method+" "+r.URL.Path+"\x00"+idem+"\x00"), body...))
 	return "r" + hex.EncodeToString(k[:]), hex.EncodeToString(f[:])
-}
-
-// statusOf is the status the route will answer: the recorder's, or the
-// error's.
-func (s *Server) statusOf(err error, recorded int) int {
-	if err == nil {
-		return recorded
-	}
-	var ae *apiError
-	if !errors.As(err, &ae) {
-		ae = s.classify(err)
-	}
-	return ae.status
 }
 
 // resultOf is the result label of a control answer's status: ok,

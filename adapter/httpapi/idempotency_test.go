@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/drain"
@@ -141,10 +140,10 @@ func TestIdempotencyKey_ReplaysTheFirstAnswer(t *testing.T) {
 	if n := e.control.calls.Load(); n != 5 {
 		t.Fatalf("control reached %d times, want 5", n)
 	}
-	if got := testutil.ToFloat64(counter(t, e.reg, "pause", "replayed")); got != 1 {
+	if got := controlCount(t, e.reg, "pause", "replayed"); got != 1 {
 		t.Fatalf("replayed pauses counted %v, want 1", got)
 	}
-	if got := testutil.ToFloat64(counter(t, e.reg, "pause", "ok")); got != 4 {
+	if got := controlCount(t, e.reg, "pause", "ok"); got != 4 {
 		t.Fatalf("ok pauses counted %v, want 4", got)
 	}
 }
@@ -240,7 +239,8 @@ func TestIdempotencyKey_BadKeyAndStaleClaims(t *testing.T) {
 	}
 }
 
-func counter(t *testing.T, reg *prometheus.Registry, action, result string) prometheus.Collector {
+// controlCount reads sidecar_control_requests_total{action,result}.
+func controlCount(t *testing.T, reg *prometheus.Registry, action, result string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -256,40 +256,10 @@ func counter(t *testing.T, reg *prometheus.Registry, action, result string) prom
 				labels[l.GetName()] = l.GetValue()
 			}
 			if labels["action"] == action && labels["result"] == result {
-				c := prometheus.NewCounter(prometheus.CounterOpts{Name: "x"})
-				c.Add(m.GetCounter().GetValue())
-				return c
+				return m.GetCounter().GetValue()
 			}
 		}
 	}
 	t.Fatalf("no sidecar_control_requests_total{action=%q,result=%q}", action, result)
-	return nil
-}
-
-func TestControl_BadInputReachesNothing(t *testing.T) {
-	e := newReplayEnv(t)
-	for _, c := range []struct{ name, path, body, code string }{
-		{"malformed pause body", "/v1/runs/run-1/pause", `{"timeoutSeconds":`, httpapi.CodeBadRequest},
-		{"timeout as a string", "/v1/runs/run-1/pause", `{"timeoutSeconds":"5m"}`, httpapi.CodeBadRequest},
-		{"unknown field", "/v1/runs/run-1/cancel", `{"force":true}`, httpapi.CodeBadRequest},
-		{"trailing data", "/v1/runs/run-1/steps/a/retry", `{}{}`, httpapi.CodeBadRequest},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			got := e.post(t, c.path, "", c.body)
-			if got.status != http.StatusBadRequest || codeOf(t, got.body) != c.code {
-				t.Fatalf("got %+v", got)
-			}
-		})
-	}
-	if n := e.control.calls.Load(); n != 0 {
-		t.Fatalf("bad requests reached the control %d times", n)
-	}
-	e.control.setErr(drain.ErrRunNotFound)
-	if got := e.post(t, "/v1/runs/nope/pause", "", ""); got.status != http.StatusNotFound || codeOf(t, got.body) != httpapi.CodeRunNotFound {
-		t.Fatalf("unknown run: %+v", got)
-	}
-	e.control.setErr(drain.ErrStepNotFound)
-	if got := e.post(t, "/v1/runs/run-1/steps/nope/retry", "", ""); got.status != http.StatusNotFound || codeOf(t, got.body) != "STEP_NOT_FOUND" {
-		t.Fatalf("unknown step: %+v", got)
-	}
+	return 0
 }

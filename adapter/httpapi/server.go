@@ -200,18 +200,30 @@ func (s *Server) route(pattern, name string, h func(http.ResponseWriter, *http.R
 		began := time.Now()
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 		if err := h(rec, r); err != nil {
-			var ae *apiError
-			if !errors.As(err, &ae) {
-				ae = s.classify(err)
-			}
-			if ae.status >= 500 {
-				s.log.Error("request failed", zap.String("route", name), zap.String("code", ae.Code), zap.Error(err))
-			}
-			writeError(rec, ae)
+			s.writeErr(rec, name, err)
 		}
 		s.requests.WithLabelValues(name, strconv.Itoa(rec.status)).Inc()
 		s.latency.WithLabelValues(name).Observe(time.Since(began).Seconds())
 	})
+}
+
+// answer is the API answer of err: err itself when it is one, else its
+// classification.
+func (s *Server) answer(err error) *apiError {
+	var ae *apiError
+	if errors.As(err, &ae) {
+		return ae
+	}
+	return s.classify(err)
+}
+
+// writeErr writes the answer of a handler's error, logging server faults.
+func (s *Server) writeErr(w http.ResponseWriter, route string, err error) {
+	ae := s.answer(err)
+	if ae.status >= 500 {
+		s.log.Error("request failed", zap.String("route", route), zap.String("code", ae.Code), zap.Error(err))
+	}
+	writeError(w, ae)
 }
 
 // classify maps errors from the store and the adapter to API answers by
