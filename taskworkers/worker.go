@@ -340,8 +340,8 @@ func (w *Worker) handle(t *model.Task) {
 		return
 	}
 	engine, logical := a.Attempts(int(t.RetryCount))
-	log = log.With(zap.String("runId", a.RunID), zap.String("stepId", a.Step.StepID),
-		zap.Int64("logicalAttemptId", logical), zap.Int64("engineAttemptId", engine))
+	stepLog := log.With(zap.String("runId", a.RunID), zap.String("stepId", a.Step.StepID))
+	log = stepLog.With(zap.Int64("logicalAttemptId", logical), zap.Int64("engineAttemptId", engine))
 
 	// The pause gate and the producer guard: read the run's derived state.
 	snap, err := w.runs.ProjectSnapshot(w.workCtx, a.RunID)
@@ -398,7 +398,7 @@ func (w *Worker) handle(t *model.Task) {
 	st := snap.Step(a.Step.StepID)
 	if st != nil && st.LogicalAttemptID > logical {
 		logical, engine, operatorAttempt = st.LogicalAttemptID, 1, true
-		log = log.With(zap.Int64("logicalAttemptId", logical), zap.Bool("operatorRetry", true))
+		log = stepLog.With(zap.Int64("logicalAttemptId", logical), zap.Int64("engineAttemptId", engine), zap.Bool("operatorRetry", true))
 	}
 	if st != nil && st.LogicalAttemptID == logical {
 		switch {
