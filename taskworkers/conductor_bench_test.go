@@ -11,7 +11,6 @@ import (
 
 	"github.com/conductor-sdk/conductor-go/sdk/model"
 	"github.com/google/uuid"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
@@ -20,6 +19,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 	"github.com/conductor-sidecar/sidecar/taskworkers/exec"
 )
@@ -40,17 +40,7 @@ func newBenchEnv(b testing.TB) *benchEnv {
 	if v := os.Getenv("BENCH_SYNC_INTERVAL"); v != "" {
 		sync, _ = time.ParseDuration(v)
 	}
-	srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: b.TempDir(), Port: -1, SyncInterval: sync})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	nc, err := natsstore.ConnectEmbedded(srv)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
+	js, _ := natstest.StartIn(b, b.TempDir(), natsstore.EmbeddedConfig{SyncInterval: sync})
 	store, err := natsstore.Open(ctx, js, natsstore.Options{})
 	if err != nil {
 		b.Fatal(err)
