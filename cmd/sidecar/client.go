@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 )
@@ -25,6 +26,29 @@ func (f *clientFlags) check(fs *flag.FlagSet) error {
 		return usageError(fs, "-o must be text or json")
 	}
 	return nil
+}
+
+// parse parses a client subcommand's arguments: the positional arguments
+// named by names first (each required), then the flags.
+func (f *clientFlags) parse(fs *flag.FlagSet, args []string, names ...string) ([]string, error) {
+	pos := make([]string, len(names))
+	for i := range names {
+		if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+			pos[i], args = args[0], args[1:]
+		}
+	}
+	if err := parse(fs, args); err != nil {
+		return nil, err
+	}
+	if err := f.check(fs); err != nil {
+		return nil, err
+	}
+	for i, name := range names {
+		if pos[i] == "" {
+			return nil, usageError(fs, "%s is required", name)
+		}
+	}
+	return pos, nil
 }
 
 func (f *clientFlags) client() *httpapi.Client { return httpapi.NewClient(f.server) }

@@ -46,22 +46,17 @@ func (c *ControlCommand) Run(ctx context.Context, args []string) error {
 		fs.DurationVar(&timeout, "timeout", 0, "drain timeout of this pause (default: the sidecar's --drain-timeout)")
 		fs.BoolVar(&wait, "wait", false, "show in-flight progress until drained (exit 0) or the drain times out (exit 3)")
 	}
-	runID, rest := firstArg(args)
-	stepID := ""
+	names := []string{"RUN_ID"}
 	if c.action == "retry" {
-		stepID, rest = firstArg(rest)
+		names = append(names, "STEP_ID")
 	}
-	if err := parse(fs, rest); err != nil {
+	pos, err := cf.parse(fs, args, names...)
+	if err != nil {
 		return err
 	}
-	if err := cf.check(fs); err != nil {
-		return err
-	}
-	if runID == "" {
-		return usageError(fs, "RUN_ID is required")
-	}
-	if c.action == "retry" && stepID == "" {
-		return usageError(fs, "STEP_ID is required")
+	runID, stepID := pos[0], ""
+	if c.action == "retry" {
+		stepID = pos[1]
 	}
 	if timeout < 0 || (timeout > 0 && timeout < time.Second) {
 		return usageError(fs, "--timeout must be at least 1s")
@@ -69,7 +64,6 @@ func (c *ControlCommand) Run(ctx context.Context, args []string) error {
 	client := cf.client()
 	client.IdempotencyKey = *idemKey
 	var v *httpapi.RunView
-	var err error
 	switch c.action {
 	case "pause":
 		v, err = client.Pause(ctx, runID, int64(timeout/time.Second), *reason)

@@ -20,16 +20,11 @@ func (c *EventsCommand) Run(ctx context.Context, args []string) error {
 	follow := fs.Bool("follow", false, "keep printing new events until the run ends (or Ctrl-C)")
 	after := fs.Int64("after-seq", 0, "print events with runSeq greater than this")
 	interval := fs.Duration("interval", 500*time.Millisecond, "poll interval with --follow")
-	runID, rest := firstArg(args)
-	if err := parse(fs, rest); err != nil {
+	pos, err := cf.parse(fs, args, "RUN_ID")
+	if err != nil {
 		return err
 	}
-	if err := cf.check(fs); err != nil {
-		return err
-	}
-	if runID == "" {
-		return usageError(fs, "RUN_ID is required")
-	}
+	runID := pos[0]
 	client := cf.client()
 	cursor := *after
 	for {

@@ -26,21 +26,11 @@ func (c *RunCommand) Run(ctx context.Context, args []string) error {
 	tenant := fs.String("tenant-id", envOr("SIDECAR_TENANT_ID", "default"), "tenantId (env SIDECAR_TENANT_ID)")
 	project := fs.String("project-id", envOr("SIDECAR_PROJECT_ID", "default"), "projectId (env SIDECAR_PROJECT_ID)")
 	env := fs.String("environment-id", envOr("SIDECAR_ENVIRONMENT_ID", "default"), "environmentId (env SIDECAR_ENVIRONMENT_ID)")
-	rest := args[1:]
-	var file string
-	if len(rest) > 0 && rest[0] != "" && rest[0][0] != '-' {
-		file, rest = rest[0], rest[1:]
-	}
-	if err := parse(fs, rest); err != nil {
+	pos, err := cf.parse(fs, args[1:], "PLAN_FILE")
+	if err != nil {
 		return err
 	}
-	if err := cf.check(fs); err != nil {
-		return err
-	}
-	if file == "" {
-		return usageError(fs, "PLAN_FILE is required")
-	}
-	p, err := plan.ParseFile(file)
+	p, err := plan.ParseFile(pos[0])
 	if err != nil {
 		return err
 	}

@@ -14,16 +14,11 @@ func (c *StatusCommand) Run(ctx context.Context, args []string) error {
 	fs := c.m.newFlagSet("status", "status RUN_ID [--server URL] [-o json]")
 	var cf clientFlags
 	cf.register(fs)
-	runID, rest := firstArg(args)
-	if err := parse(fs, rest); err != nil {
+	pos, err := cf.parse(fs, args, "RUN_ID")
+	if err != nil {
 		return err
 	}
-	if err := cf.check(fs); err != nil {
-		return err
-	}
-	if runID == "" {
-		return usageError(fs, "RUN_ID is required")
-	}
+	runID := pos[0]
 	v, err := cf.client().Run(ctx, runID)
 	if err != nil {
 		return err
@@ -68,12 +63,4 @@ func (c *StatusCommand) Run(ctx context.Context, args []string) error {
 		fmt.Fprintln(c.m.Stdout, line)
 	}
 	return nil
-}
-
-// firstArg splits a leading positional argument from the flags after it.
-func firstArg(args []string) (string, []string) {
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		return args[0], args[1:]
-	}
-	return "", args
 }
