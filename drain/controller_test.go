@@ -362,3 +362,57 @@ func TestController_ConcurrentRetriesOfTwoSteps(t *testing.T) {
 		t.Fatalf("retries %d, a %+v, b %+v", snap.StepRetries, snap.Step("a"), snap.Step("b"))
 	}
 }
+
+// RESUME while DRAINING ends the drain: the run is RUNNING, the drain is
+// recorded as ended by the resume (outcome resumed), and the monitor
+// appends no RunDrainCompleted when the steps finish later.
+func TestController_ResumeWhileDrainingEndsTheDrain(t *testing.T) {
+	ctx := context.Background()
+	mem, eng := setup(t, "a")
+	reg := prometheus.NewRegistry()
+	c := newController(t, mem, eng, reg, nil)
+	if st, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{}); err != nil || st.Substatus != "DRAINING" {
+		t.Fatalf("pause: %+v %v", st, err)
+	}
+	st, err := c.Resume(ctx, "r", "wf1")
+	if err != nil || st.Status != "RUNNING" || st.Substatus != "" || st.Drain != nil {
+		t.Fatalf("resume while draining: %+v %v", st, err)
+	}
+	mem.Append(ctx, storetest.Event("r", statestore.StepCompleted, "a"))
+	c.Check(ctx, "r")
+	recs, _ := mem.Fetch(ctx, "r", 0, 0)
+	for _, r := range recs {
+		if r.EventType == statestore.RunDrainCompleted || r.EventType == statestore.RunDrainTimedOut {
+			t.Fatalf("%s after the resume ended the drain", r.EventType)
+		}
+	}
+	snap, _ := mem.ProjectSnapshot(ctx, "r")
+	if snap.Pause.DrainEndedAt == "" || snap.Pause.ResumedAt == "" {
+		t.Fatalf("pause state after resume: %+v", snap.Pause)
+	}
+	if n := histogramCount(t, reg, "sidecar_drain_duration_seconds", "resumed"); n != 1 {
+		t.Fatalf("drains ended by a resume counted %d, want 1", n)
+	}
+}
+
+func histogramCount(t *testing.T, reg *prometheus.Registry, name, outcome string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() == outcome {
+					return m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{outcome=%q}", name, outcome)
+	return 0
+}

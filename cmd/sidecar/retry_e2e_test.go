@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -32,7 +33,7 @@ func apiCode(err error) string {
 // is held; RESUME is refused until the step is retried; RETRY_STEP reruns
 // it as the next logical attempt and RESUME carries the run on.
 func TestE2E_StepFailurePausesThenRetry(t *testing.T) {
-	p := startServe(t, t.TempDir(), freeAddr(t))
+	p := startServe(t, t.TempDir(), freeAddr(t), "--log-format", "json")
 	server := "http://" + p.addr
 	marker := filepath.Join(t.TempDir(), "fixed")
 	pl := mustPlan(t, `{"planId":"`+uniq("e2e-retry")+`","planVersion":"1","onStepFailure":"pause","steps":[
@@ -109,6 +110,39 @@ func TestE2E_StepFailurePausesThenRetry(t *testing.T) {
 	if s := conductorStatus(t, started.WorkflowID); s != "COMPLETED" {
 		t.Fatalf("Conductor workflow %s", s)
 	}
+	// The JSON log names the run, the step and the attempt where they apply.
+	found := false
+	for _, line := range logLines(t, p) {
+		if line["msg"] == "step failed for this logical attempt" {
+			found = line["runId"] == started.RunID && line["stepId"] == "flaky" && line["logicalAttemptId"] == 1.0 && line["held"] == true
+			if !found {
+				t.Fatalf("step failure log line without its fields: %v", line)
+			}
+		}
+	}
+	if !found {
+		t.Fatal("no JSON log line for the step failure")
+	}
+}
+
+// logLines decodes the sidecar's JSON log.
+func logLines(t *testing.T, p *proc) []map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(p.log.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []map[string]any
+	for _, l := range strings.Split(string(b), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil {
+			lines = append(lines, m)
+		}
+	}
+	if len(lines) == 0 {
+		t.Fatal("the sidecar's log has no JSON line")
+	}
+	return lines
 }
 
 // Under onStepFailure: fail (the default) the run fails, terminal, and a
