@@ -3,6 +3,7 @@ package storetest
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -348,6 +349,10 @@ func InvalidWrites() []InvalidCase {
 		mk("logicalAttemptId negative", "logicalAttemptId", func(w *statestore.RunEventWrite) { w.LogicalAttemptID = -2 }, true),
 		mk("step event without stepId", "stepId", func(w *statestore.RunEventWrite) { w.StepID = "" }, true),
 		mk("run event with stepId", "stepId", func(w *statestore.RunEventWrite) { w.EventType = statestore.RunStarted }, true),
+		mk("extension run event with stepId", "stepId", func(w *statestore.RunEventWrite) {
+			w.EventType = statestore.RunStepRetryRequested
+			w.Payload = json.RawMessage(`{"stepId":"a","stepLogicalAttemptId":2}`)
+		}, true),
 		mk("pipe in runId", "runId", func(w *statestore.RunEventWrite) { w.RunID = "a|b" }, true),
 		mk("pipe in stepId", "stepId", func(w *statestore.RunEventWrite) { w.StepID = "a|b" }, true),
 		mk("pipe in eventType", "eventType", func(w *statestore.RunEventWrite) { w.EventType = "Run|X" }, true),
