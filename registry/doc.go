@@ -46,8 +46,19 @@
 // original one and [Emitter] adopts it, which §2.5.1 permits. Choose a TTL
 // longer than the longest run (including pauses) to keep that path rare.
 //
-// Entries survive producer and server restarts as far as the JetStream file
-// store does: the store syncs on its sync interval, so power loss can drop
-// recent acknowledged writes unless the server syncs always. A lost entry
-// degrades to the adopt path above, never to a duplicate event.
+// The bucket's stream is created by [Open] itself, as the KV API would
+// create it, so that it can choose the persist mode, which the KV API
+// cannot: a new single-replica bucket uses JetStream's async persist mode
+// unless Options.SyncWrites is set. A write is then acknowledged from the
+// server's memory and written to the file within milliseconds, without an
+// fsync of its own; the run event stream keeps syncing every append. This
+// halves the fsyncs of an event under "sync_interval: always" (BENCHMARKS.md).
+//
+// Entries survive producer restarts, and server restarts as far as the file
+// store does: a crash of the server (with the embedded server, of the
+// sidecar) can drop the last milliseconds of acknowledged writes, and a
+// power loss those since the last sync. A lost entry degrades to the adopt
+// path above, never to a duplicate event: the append authority refuses the
+// duplicate (runId, idempotencyKey) and returns the stored eventId, which
+// [Emitter] registers (TestEmitter_Emit_MemStore/LostRegistryEntry).
 package registry

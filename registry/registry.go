@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"time"
 
 	"github.com/google/uuid"
@@ -26,6 +27,19 @@ type Options struct {
 	// Replicas is the bucket's replica count on a clustered JetStream, 1..5
 	// (default 1).
 	Replicas int
+	// SyncWrites keeps the bucket on the server's own persistence, as the
+	// event stream: with "sync_interval: always" (the embedded server's
+	// default) every registry write is fsynced before it is acknowledged.
+	// Without it (the default) a new single-replica bucket is created with
+	// JetStream's async persist mode: a write is acknowledged once it is in
+	// the server's memory and reaches the file within milliseconds. A write
+	// lost to a crash of the server in that window, or to a power loss
+	// before the next sync, costs nothing but the adopt path of §2.5.1
+	// (see the package documentation); it halves the fsyncs of every event.
+	// A bucket's persist mode is fixed when it is created; replicated
+	// buckets (Replicas > 1) always use the default, which the Raft log
+	// makes durable.
+	SyncWrites bool
 	// TTL, when positive, expires an entry TTL after its last write. Zero
 	// (the default) keeps entries until the bucket is deleted. See the
 	// package documentation for choosing a TTL.
@@ -66,20 +80,69 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Registry,
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      opts.Bucket,
-		Description: "Conductor sidecar producer EventIdRegistry: base64url(runId).idempotencyKey -> eventId (Run Events Contract v2.0.1 §2.5.1)",
-		History:     1,
-		TTL:         opts.TTL,
-		Storage:     jetstream.FileStorage,
-		Replicas:    opts.Replicas,
-	})
+	if !bucketName.MatchString(opts.Bucket) {
+		return nil, fmt.Errorf("registry: open: bucket name %q: want letters, digits, '-' and '_'", opts.Bucket)
+	}
+	stream := "KV_" + opts.Bucket
+	mode := jetstream.DefaultPersistMode
+	if opts.Replicas == 1 && !opts.SyncWrites {
+		mode = jetstream.AsyncPersistMode
+	}
+	switch st, err := js.Stream(ctx, stream); {
+	case err == nil:
+		// The server refuses to change a stream's persist mode: keep it.
+		if have := st.CachedInfo().Config.PersistMode; have != mode {
+			opts.Logger.Info("registry bucket keeps the persist mode it was created with",
+				zap.String("bucket", opts.Bucket), zap.Stringer("persistMode", have), zap.Stringer("requested", mode))
+			mode = have
+		}
+	case !errors.Is(err, jetstream.ErrStreamNotFound):
+		return nil, fmt.Errorf("registry: open bucket %s: %w", opts.Bucket, err)
+	}
+	if _, err := js.CreateOrUpdateStream(ctx, bucketStream(opts, mode)); err != nil {
+		return nil, fmt.Errorf("registry: open bucket %s: %w", opts.Bucket, err)
+	}
+	kv, err := js.KeyValue(ctx, opts.Bucket)
 	if err != nil {
 		return nil, fmt.Errorf("registry: open bucket %s: %w", opts.Bucket, err)
 	}
 	r := &Registry{kv: kv, bucket: opts.Bucket, log: opts.Logger.Named("registry"), metrics: opts.Metrics}
-	r.log.Debug("opened", zap.String("bucket", opts.Bucket), zap.Int("replicas", opts.Replicas), zap.Duration("ttl", opts.TTL))
+	r.log.Debug("opened", zap.String("bucket", opts.Bucket), zap.Int("replicas", opts.Replicas),
+		zap.Duration("ttl", opts.TTL), zap.Stringer("persistMode", mode))
 	return r, nil
+}
+
+var bucketName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+
+// bucketStream is the stream of a KV bucket as nats.go's
+// CreateOrUpdateKeyValue makes it (History 1, no size limits, direct get,
+// roll-ups, no deletes of the stream's messages), plus the persist mode,
+// which the KV API cannot set. A bucket made either way opens with the
+// other, and every KV client (nats kv ...) reads it.
+func bucketStream(opts Options, mode jetstream.PersistModeType) jetstream.StreamConfig {
+	dup := 2 * time.Minute // the KV API's duplicate window, capped by the TTL
+	if opts.TTL > 0 && opts.TTL < dup {
+		dup = opts.TTL
+	}
+	return jetstream.StreamConfig{
+		Name:              "KV_" + opts.Bucket,
+		Description:       "Conductor sidecar producer EventIdRegistry: base64url(runId).idempotencyKey -> eventId (Run Events Contract v2.0.1 §2.5.1)",
+		Subjects:          []string{"$KV." + opts.Bucket + ".>"},
+		MaxMsgsPerSubject: 1,
+		MaxBytes:          -1,
+		MaxAge:            opts.TTL,
+		MaxMsgSize:        -1,
+		MaxMsgs:           -1,
+		MaxConsumers:      -1,
+		Storage:           jetstream.FileStorage,
+		Replicas:          opts.Replicas,
+		AllowRollup:       true,
+		DenyDelete:        true,
+		AllowDirect:       true,
+		Duplicates:        dup,
+		Discard:           jetstream.DiscardNew,
+		PersistMode:       mode,
+	}
 }
 
 // EventID returns the eventId registered for (runID, idempotencyKey), with

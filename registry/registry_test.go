@@ -65,6 +65,62 @@ func TestOpen(t *testing.T) {
 			t.Fatalf("ttl after reopen without TTL: got %s want 0", st.TTL())
 		}
 	})
+	t.Run("PersistMode", func(t *testing.T) {
+		s := startServer(t, t.TempDir())
+		_, js := connect(t, s)
+		mode := func(bucket string) jetstream.PersistModeType {
+			t.Helper()
+			st, err := js.Stream(ctx(t), "KV_"+bucket)
+			if err != nil {
+				t.Fatalf("stream: %v", err)
+			}
+			return st.CachedInfo().Config.PersistMode
+		}
+		open(t, js, registry.Options{Bucket: "fast"})
+		if got := mode("fast"); got != jetstream.AsyncPersistMode {
+			t.Fatalf("default bucket: persist mode %v want async", got)
+		}
+		open(t, js, registry.Options{Bucket: "synced", SyncWrites: true})
+		if got := mode("synced"); got != jetstream.DefaultPersistMode {
+			t.Fatalf("SyncWrites bucket: persist mode %v want default", got)
+		}
+		// The mode is fixed at creation: reopening with the other choice
+		// keeps the bucket, its mode and its entries.
+		r := open(t, js, registry.Options{Bucket: "fast", SyncWrites: true})
+		id, _, err := r.EventID(ctx(t), "run", idemKey(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := mode("fast"); got != jetstream.AsyncPersistMode {
+			t.Fatalf("reopened with SyncWrites: persist mode %v want async kept", got)
+		}
+		if got, err := open(t, js, registry.Options{Bucket: "fast"}).Lookup(ctx(t), "run", idemKey(1)); err != nil || got != id {
+			t.Fatalf("after reopen: got %q, %v want %q", got, err, id)
+		}
+	})
+	t.Run("BucketOfTheKVAPI", func(t *testing.T) {
+		// A bucket made by nats.go's KV API (an earlier sidecar, or
+		// "nats kv add") opens as it is, in the default persist mode.
+		s := startServer(t, t.TempDir())
+		_, js := connect(t, s)
+		kv, err := js.CreateKeyValue(ctx(t), jetstream.KeyValueConfig{Bucket: "older", History: 1, Storage: jetstream.FileStorage})
+		if err != nil {
+			t.Fatal(err)
+		}
+		key, _ := registry.Key("run", idemKey(2))
+		const stored = "6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b"
+		if _, err := kv.Create(ctx(t), key, []byte(stored)); err != nil {
+			t.Fatal(err)
+		}
+		r := open(t, js, registry.Options{Bucket: "older"})
+		if got, created, err := r.EventID(ctx(t), "run", idemKey(2)); err != nil || created || got != stored {
+			t.Fatalf("got %q, created %v, %v want the stored %q", got, created, err, stored)
+		}
+		st, _ := js.Stream(ctx(t), "KV_older")
+		if got := st.CachedInfo().Config.PersistMode; got != jetstream.DefaultPersistMode {
+			t.Fatalf("persist mode %v want default kept", got)
+		}
+	})
 	t.Run("BadOptions", func(t *testing.T) {
 		s := startServer(t, t.TempDir())
 		_, js := connect(t, s)
