@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/conductor-sdk/conductor-go/sdk/client"
 	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"github.com/conductor-sdk/conductor-go/sdk/settings"
+	"github.com/conductor-sdk/conductor-go/sdk/worker"
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -161,49 +164,47 @@ const (
 )
 
 // BenchmarkNoopSteps runs b.N noop steps (chains of 10 in parallel runs)
-// through Conductor twice: with a bare SDK poll/update loop, and with the
-// sidecar's workers (state check, StepStarted, execute, StepCompleted,
-// update). It reports steps/s of both and their ratio, and the sidecar's
-// step start latency (task scheduled -> StepStarted persisted) p50/p99.
+// through Conductor twice: with the Go SDK's own TaskRunner (one batch
+// poller per task type, 8 workers, poll, execute nothing, update: the loop
+// a team would write without the sidecar), and with the sidecar's workers
+// (state check, StepStarted, execute, StepCompleted, update) at the same
+// concurrency, poll interval and poll timeout. It reports steps/s of both
+// and their ratio, and the sidecar's step start latency (task scheduled ->
+// StepStarted persisted) p50/p99.
+//
+// BENCH_BARE_POLLERS=1 adds a third phase: 8 goroutines that each poll one
+// task and update it, 8 polls in flight at once. That is not how the SDK
+// polls, and on the memory store of Conductor 3.21 concurrent polls of one
+// queue can strand a task for good (docs/conductor.md), so it is opt-in.
 func BenchmarkNoopSteps(b *testing.B) {
 	e := newBenchEnv(b)
 	runsN := max(1, (b.N+benchSteps-1)/benchSteps)
 	steps := runsN * benchSteps
 	taskType := plan.TaskType(plan.ExecutorNoop)
 	dc := adapter.DomainPoller{Client: e.client, Domain: e.domain}
-
-	// Bare SDK loop: poll and complete, nothing else.
-	bareIDs := e.startRuns(b, runsN, benchSteps)
 	b.ResetTimer()
-	began := time.Now()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for g := 0; g < benchConcurrency; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil {
-				// The SDKs' way, and the workers': a poll without a
-				// server-side wait, a 100ms pause when it found nothing.
-				tasks, err := dc.BatchPoll(ctx, taskType, "bare", 1, 0)
-				if err != nil || len(tasks) == 0 {
-					time.Sleep(100 * time.Millisecond)
-					continue
-				}
-				for _, t := range tasks {
-					_ = e.client.UpdateTask(context.Background(), &model.TaskResult{TaskId: t.TaskId, WorkflowInstanceId: t.WorkflowInstanceId, WorkerId: "bare", Status: model.CompletedTask})
-				}
-			}
-		}()
-	}
-	e.waitCompleted(b, bareIDs)
-	bare := time.Since(began)
 	b.StopTimer()
-	cancel()
-	wg.Wait()
-	// A poll request the bare loop abandoned goes on long-polling in
-	// Conductor for its timeout and could take a task of the next phase.
-	time.Sleep(time.Second)
+
+	// The SDK's TaskRunner: poll up to the free workers, run, update.
+	sdkIDs := e.startRuns(b, runsN, benchSteps)
+	runner := worker.NewTaskRunnerWithApiClient(client.NewAPIClient(nil, settings.NewHttpSettings(conductortest.URL(b))))
+	_ = runner.SetPollTimeout(0) // the sidecar's default: no server-side wait
+	b.StartTimer()
+	began := time.Now()
+	if err := runner.StartWorkerWithDomain(taskType, func(*model.Task) (any, error) { return map[string]any{}, nil },
+		benchConcurrency, 100*time.Millisecond, e.domain); err != nil {
+		b.Fatal(err)
+	}
+	e.waitCompleted(b, sdkIDs)
+	sdk := time.Since(began)
+	b.StopTimer()
+	runner.Shutdown(taskType)
+	runner.WaitWorkers()
+
+	var pollers time.Duration
+	if os.Getenv("BENCH_BARE_POLLERS") == "1" {
+		pollers = e.independentPollers(b, runsN, dc, taskType)
+	}
 
 	// The sidecar's workers.
 	sideIDs := e.startRuns(b, runsN, benchSteps)
@@ -222,11 +223,15 @@ func BenchmarkNoopSteps(b *testing.B) {
 	b.StopTimer()
 	_ = w.Close(context.Background())
 
+	b.ReportMetric(float64(steps)/sdk.Seconds(), "sdk-steps/s")
+	b.ReportMetric(float64(steps)/side.Seconds(), "sidecar-steps/s")
+	b.ReportMetric(sdk.Seconds()/side.Seconds(), "sidecar/sdk")
+	if pollers > 0 {
+		b.ReportMetric(float64(steps)/pollers.Seconds(), "pollers-steps/s")
+		b.ReportMetric(pollers.Seconds()/side.Seconds(), "sidecar/pollers")
+	}
 	lat := e.startLatencies(b, wfs)
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	b.ReportMetric(float64(steps)/bare.Seconds(), "bare-steps/s")
-	b.ReportMetric(float64(steps)/side.Seconds(), "sidecar-steps/s")
-	b.ReportMetric(bare.Seconds()/side.Seconds(), "sidecar/bare")
 	mfs, _ := reg.Gather()
 	for _, mf := range mfs {
 		var sum float64
@@ -248,6 +253,38 @@ func BenchmarkNoopSteps(b *testing.B) {
 		b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "start-p50-ms")
 		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "start-p99-ms")
 	}
+}
+
+// independentPollers runs n chains with 8 goroutines that each poll one
+// task (no server-side wait, 100ms pause on an empty poll) and complete it.
+func (e *benchEnv) independentPollers(b *testing.B, n int, dc adapter.DomainPoller, taskType string) time.Duration {
+	ids := e.startRuns(b, n, benchSteps)
+	b.StartTimer()
+	began := time.Now()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for g := 0; g < benchConcurrency; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				tasks, err := dc.BatchPoll(ctx, taskType, "bare", 1, 0)
+				if err != nil || len(tasks) == 0 {
+					time.Sleep(100 * time.Millisecond)
+					continue
+				}
+				for _, t := range tasks {
+					_ = e.client.UpdateTask(context.Background(), &model.TaskResult{TaskId: t.TaskId, WorkflowInstanceId: t.WorkflowInstanceId, WorkerId: "bare", Status: model.CompletedTask})
+				}
+			}
+		}()
+	}
+	e.waitCompleted(b, ids)
+	took := time.Since(began)
+	b.StopTimer()
+	cancel()
+	wg.Wait()
+	return took
 }
 
 // BenchmarkStepStartIdle measures step start latency (task scheduled in
