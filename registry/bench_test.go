@@ -1,8 +1,11 @@
 package registry_test
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/registry"
@@ -38,4 +41,35 @@ func BenchmarkRegistry_EventID(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkRegistry_CreateSynced measures a first registration (one KV
+// Create) on a server that fsyncs every write ("sync_interval: always", the
+// embedded server's default), in a bucket in the default async persist
+// mode and in one opened with SyncWrites.
+func BenchmarkRegistry_CreateSynced(b *testing.B) {
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
+		StoreDir: b.TempDir(), SyncAlways: true, NoLog: true, NoSigs: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		b.Fatal("nats server not ready")
+	}
+	b.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	_, js := connect(b, s)
+	c := ctx(b)
+	i := 0
+	for _, sync := range []bool{false, true} {
+		r := open(b, js, registry.Options{Bucket: fmt.Sprintf("bench_sync_%v", sync), SyncWrites: sync, Logger: zap.NewNop()})
+		b.Run(fmt.Sprintf("SyncWrites=%v", sync), func(b *testing.B) {
+			for b.Loop() {
+				i++
+				if _, created, err := r.EventID(c, "bench.run", idemKey(i)); err != nil || !created {
+					b.Fatalf("created=%v err=%v", created, err)
+				}
+			}
+		})
+	}
 }
