@@ -169,3 +169,66 @@ func runEventLike(t *testing.T, e *benchEnv, snap *statestore.RunSnapshot, event
 	w.IdempotencyKey = w.KeyInput().Key()
 	return w
 }
+
+// TestWorker_OnTaskDoneMayEndRun checks the nudge that serve turns into a
+// run watcher check: a completed step that other steps depend on cannot end
+// the run; a sink step, or a step that failed, may.
+func TestWorker_OnTaskDoneMayEndRun(t *testing.T) {
+	e := newBenchEnv(t)
+	type done struct {
+		runID     string
+		mayEndRun bool
+	}
+	calls := make(chan done, 16)
+	open := func(t *testing.T) {
+		w := taskworkers.New(adapter.DomainPoller{Client: e.client, Domain: e.domain}, e.store, e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
+			WorkerID: "nudge-test", Concurrency: map[string]int{plan.TaskType(plan.ExecutorNoop): 1, plan.TaskType(plan.ExecutorCommand): 1},
+			Logger: zaptest.NewLogger(t), OnTaskDone: func(runID string, mayEndRun bool) { calls <- done{runID, mayEndRun} },
+		})
+		if err := w.Open(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.Close(context.Background()) })
+	}
+	runOf := func(t *testing.T, workflowID string) string {
+		wf, err := e.client.Workflow(context.Background(), workflowID, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := wf.Input["runId"].(string)
+		return id
+	}
+	take := func(t *testing.T, n int) []done {
+		var got []done
+		for len(got) < n {
+			select {
+			case d := <-calls:
+				got = append(got, d)
+			case <-time.After(30 * time.Second):
+				t.Fatalf("%d nudges after 30s, want %d: %v", len(got), n, got)
+			}
+		}
+		return got
+	}
+	t.Run("Chain", func(t *testing.T) {
+		ids := e.startRuns(t, 1, 3)
+		runID := runOf(t, ids[0])
+		open(t)
+		e.waitCompleted(t, ids)
+		got := take(t, 3)
+		want := []done{{runID, false}, {runID, false}, {runID, true}}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("nudges %v, want %v", got, want)
+			}
+		}
+	})
+	t.Run("FailedStepWithDependents", func(t *testing.T) {
+		ids := e.start(t, 1, 2, plan.ExecutorSpec{Type: plan.ExecutorCommand, Argv: []string{"false"}}, plan.RetryPolicy{})
+		runID := runOf(t, ids[0])
+		open(t)
+		if got := take(t, 1); got[0] != (done{runID, true}) {
+			t.Fatalf("nudge %v, want %v: a failed step may end the run", got[0], done{runID, true})
+		}
+	})
+}

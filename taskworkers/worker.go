@@ -98,8 +98,11 @@ type Options struct {
 	// once, instead of after Conductor's response timeout.
 	Recover func(ctx context.Context) ([]model.Task, error)
 	// OnTaskDone, when set, is called after a step's outcome was reported
-	// to Conductor (the run watcher's nudge).
-	OnTaskDone func(runID string)
+	// to Conductor (the nudge of the run watcher and the drain monitor).
+	// mayEndRun is false when the step completed and the plan has steps
+	// that depend on it (plan.InputSink): Conductor goes on with the run,
+	// so its status need not be read.
+	OnTaskDone func(runID string, mayEndRun bool)
 	// PauseOnFailure, when set, pauses a run whose step failed for good
 	// under onStepFailure "pause" (RunPaused, reason stepFailed, the step
 	// id); the step's task is then held, not failed. Without it such a
@@ -650,8 +653,9 @@ func (w *Worker) update(t *model.Task, log *zap.Logger, r *model.TaskResult) {
 				w.wakePollers()
 			}
 			if r.Status != model.InProgressTask && w.opts.OnTaskDone != nil {
-				if runID, ok := t.InputData["runId"].(string); ok {
-					w.opts.OnTaskDone(runID)
+				if runID, ok := t.InputData[plan.InputRunID].(string); ok {
+					sink, known := t.InputData[plan.InputSink].(bool)
+					w.opts.OnTaskDone(runID, r.Status != model.CompletedTask || sink || !known)
 				}
 			}
 			return

@@ -95,6 +95,11 @@ const (
 	InputEngineTries     = "engineTries"
 	InputLogicalAttempts = "logicalAttempts"
 	InputOnStepFailure   = "onStepFailure"
+	// InputSink is false for a step that another step depends on: its
+	// completion cannot end the run, so the worker does not ask the run
+	// watcher to read the workflow's status. A task without the key
+	// (compiled by an earlier version) counts as a sink.
+	InputSink = "sink"
 )
 
 // WorkflowInputKeys lists the workflow input keys, in a fixed order.
@@ -142,9 +147,12 @@ func Compile(p *Plan) (*Compiled, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &compiler{plan: n, refs: make(map[string]string, len(n.Steps))}
+	c := &compiler{plan: n, refs: make(map[string]string, len(n.Steps)), dependedOn: map[string]bool{}}
 	for _, s := range n.Steps {
 		c.refs[s.StepID] = StepRef(s.StepID)
+		for _, d := range s.DependsOn {
+			c.dependedOn[d] = true
+		}
 	}
 	index := make(map[string]int, len(n.Steps))
 	for i, s := range n.Steps {
@@ -414,9 +422,10 @@ func isUpperHex(c byte) bool { return '0' <= c && c <= '9' || 'A' <= c && c <= '
 
 // compiler turns a layout into workflow tasks.
 type compiler struct {
-	plan  *Plan
-	refs  map[string]string
-	forks int
+	plan       *Plan
+	refs       map[string]string
+	dependedOn map[string]bool
+	forks      int
 }
 
 func (c *compiler) emit(b *block) ([]model.WorkflowTask, error) {
@@ -466,7 +475,7 @@ func (c *compiler) stepTask(s *Step) (model.WorkflowTask, error) {
 	if err != nil {
 		return model.WorkflowTask{}, fmt.Errorf("compile step %q: %w", s.StepID, err)
 	}
-	in := make(map[string]any, len(WorkflowInputKeys)+4)
+	in := make(map[string]any, len(WorkflowInputKeys)+5)
 	for _, k := range WorkflowInputKeys {
 		in[k] = "${workflow.input." + k + "}"
 	}
@@ -474,6 +483,7 @@ func (c *compiler) stepTask(s *Step) (model.WorkflowTask, error) {
 	in[InputEngineTries] = s.Retries.EngineTries
 	in[InputLogicalAttempts] = s.Retries.LogicalAttempts
 	in[InputOnStepFailure] = c.plan.OnStepFailure
+	in[InputSink] = !c.dependedOn[s.StepID]
 	tt := TaskType(s.Executor.Type)
 	return model.WorkflowTask{
 		Name:              tt,

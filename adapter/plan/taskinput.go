@@ -27,6 +27,10 @@ type TaskInput struct {
 	EngineTries, LogicalAttempts int
 	// OnStepFailure is "fail" or "pause".
 	OnStepFailure string
+	// Sink is false when another step of the plan depends on this one, so
+	// that its completion cannot end the run (InputSink; true when the key
+	// is missing).
+	Sink bool
 }
 
 // Attempts derives the step's attempt ids from the Conductor task's
@@ -101,6 +105,14 @@ func DecodeTaskInput(input map[string]any) (*TaskInput, error) {
 			ps.add(CodeBadPolicy, InputOnStepFailure, "", "must be %q or %q, got %q", OnFailureFail, OnFailurePause, v)
 		}
 		in.OnStepFailure = v
+	}
+	in.Sink = true
+	switch v := input[InputSink].(type) {
+	case nil:
+	case bool:
+		in.Sink = v
+	default:
+		ps.add(CodeBadType, InputSink, "", "must be a boolean, got %T", v)
 	}
 	if err := ps.err(CodeTaskInputInvalid); err != nil {
 		return nil, err

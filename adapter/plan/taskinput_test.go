@@ -57,6 +57,15 @@ func TestDecodeTaskInput(t *testing.T) {
 	t.Run("EveryStep", func(t *testing.T) {
 		c := mustCompile(t, validPlan())
 		wfIn := WorkflowInput("r", "t", "p", "e", "deploy", "2026.1")
+		dependedOn := map[string]bool{}
+		for _, s := range c.Plan.Steps {
+			for _, d := range s.DependsOn {
+				dependedOn[d] = true
+			}
+		}
+		if len(dependedOn) == 0 || len(dependedOn) == len(c.Plan.Steps) {
+			t.Fatalf("the plan needs sinks and steps with dependents; depended on: %v", dependedOn)
+		}
 		var walk func([]model.WorkflowTask)
 		n := 0
 		walk = func(ts []model.WorkflowTask) {
@@ -68,6 +77,9 @@ func TestDecodeTaskInput(t *testing.T) {
 					}
 					if StepRef(got.Step.StepID) != wt.TaskReferenceName {
 						t.Fatalf("step %q in task %q", got.Step.StepID, wt.TaskReferenceName)
+					}
+					if got.Sink != !dependedOn[got.Step.StepID] {
+						t.Fatalf("step %q: sink %v, but depended on: %v", got.Step.StepID, got.Sink, dependedOn[got.Step.StepID])
 					}
 					n++
 				}
@@ -88,6 +100,17 @@ func TestDecodeTaskInput(t *testing.T) {
 			if _, err := DecodeTaskInput(in); err != nil {
 				t.Fatalf("%T: %v", v, err)
 			}
+		}
+	})
+	t.Run("SinkMissing", func(t *testing.T) {
+		// A task compiled before InputSink existed may end the run.
+		_, in := compiledInput(t)
+		if in[InputSink] != false {
+			t.Fatalf("the first step of validPlan has dependents; sink = %v", in[InputSink])
+		}
+		delete(in, InputSink)
+		if got, err := DecodeTaskInput(in); err != nil || !got.Sink {
+			t.Fatalf("got %+v, %v want Sink true", got, err)
 		}
 	})
 	t.Run("UnknownKeysIgnored", func(t *testing.T) {
@@ -136,6 +159,7 @@ func TestDecodeTaskInput(t *testing.T) {
 		{"LogicalAttemptsDisagree", func(in map[string]any) { in[InputLogicalAttempts] = 1.0 }, CodeBadRetries, InputLogicalAttempts},
 		{"PolicyUnknown", func(in map[string]any) { in[InputOnStepFailure] = "" }, CodeBadPolicy, InputOnStepFailure},
 		{"PolicyMissing", func(in map[string]any) { delete(in, InputOnStepFailure) }, CodeMissingField, InputOnStepFailure},
+		{"SinkString", func(in map[string]any) { in[InputSink] = "false" }, CodeBadType, InputSink},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {

@@ -173,8 +173,10 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 		Recover: func(ctx context.Context) ([]model.Task, error) {
 			return runs.InFlightTasks(ctx, cfg.WorkerID)
 		},
-		OnTaskDone: func(runID string) {
-			sc.watcher.Nudge(runID)
+		OnTaskDone: func(runID string, mayEndRun bool) {
+			if mayEndRun {
+				sc.watcher.Nudge(runID)
+			}
 			sc.drain.Nudge(runID)
 		},
 		PauseOnFailure: func(ctx context.Context, runID, workflowID, stepID string) error {
