@@ -141,8 +141,17 @@ func (s *Store) getBatch(ctx context.Context, req directRequest, fn func(*stored
 	if err != nil {
 		return endOfBatch{}, err
 	}
+	// A channel subscription sized to the answer: at most a batch (or, for
+	// multi_last, 1,024 subjects) plus the end-of-batch status, so no
+	// message is ever dropped. SubscribeSync would allocate the
+	// connection's 64k-message channel (512 KiB) for every request.
+	n := req.Batch
+	if n <= 0 || n > walkBatch {
+		n = walkBatch
+	}
+	ch := make(chan *nats.Msg, n+1)
 	inbox := s.nc.NewInbox()
-	sub, err := s.nc.SubscribeSync(inbox)
+	sub, err := s.nc.ChanSubscribe(inbox, ch)
 	if err != nil {
 		return endOfBatch{}, err
 	}
@@ -151,9 +160,11 @@ func (s *Store) getBatch(ctx context.Context, req directRequest, fn func(*stored
 		return endOfBatch{}, err
 	}
 	for {
-		resp, err := sub.NextMsgWithContext(ctx)
-		if err != nil {
-			return endOfBatch{}, err
+		var resp *nats.Msg
+		select {
+		case resp = <-ch:
+		case <-ctx.Done():
+			return endOfBatch{}, ctx.Err()
 		}
 		m, status, err := parseDirect(resp)
 		if err != nil {

@@ -398,7 +398,7 @@ func (s *Store) fetchFilter(ctx context.Context, runID, filter string, afterSeq 
 	for limit <= 0 || len(out) < limit {
 		req := directRequest{Seq: cursor + 1, MaxBytes: fetchMaxBytes}
 		if limit > 0 {
-			req.Batch = limit - len(out)
+			req.Batch = min(limit-len(out), walkBatch) // getBatch sizes its channel by it
 		}
 		if multi {
 			req.MultiLast = []string{filter}
