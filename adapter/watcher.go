@@ -217,8 +217,11 @@ func (w *Watcher) loop(ctx context.Context) {
 		if time.Now().Before(nextScan) {
 			return
 		}
-		err := w.Scan(ctx)
-		if time.Since(lastReconcile) >= w.opts.ReconcileInterval {
+		// Every ReconcileInterval the scan reads each run's workflow
+		// itself, in case a running list is stale.
+		full := time.Since(lastReconcile) >= w.opts.ReconcileInterval
+		err := w.scan(ctx, !full)
+		if full {
 			err = errors.Join(err, w.Reconcile(ctx))
 			lastReconcile = time.Now()
 		}
@@ -245,36 +248,85 @@ func (w *Watcher) loop(ctx context.Context) {
 	}
 }
 
-// Scan checks every active run once (Check) and returns the joined errors.
+// Scan checks every active run once (as Check) and returns the joined
+// errors. It reads each workflow definition's list of running workflows once
+// (GET /workflow/running/{name}) and reads a workflow itself only when it is
+// not on that list: Conductor's cost is one call per plan version plus one
+// per run that ended, not one per active run.
 func (w *Watcher) Scan(ctx context.Context) error {
+	return w.scan(ctx, true)
+}
+
+// scan is Scan; without lists it reads every active run's workflow.
+func (w *Watcher) scan(ctx context.Context, lists bool) error {
 	keys, err := w.runs.listKeys(ctx, keyActive+">")
 	if err != nil {
 		w.opts.Metrics.watcherError()
 		return err
 	}
 	w.opts.Metrics.setActive(len(keys))
+	var alive *runningLists
+	if lists {
+		alive = &runningLists{client: w.runs.conductor, ids: map[defKey]map[string]bool{}}
+	}
 	var errs []error
 	for _, k := range keys {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		errs = append(errs, w.Check(ctx, strings.TrimPrefix(k, keyActive)))
+		errs = append(errs, w.checkWith(ctx, strings.TrimPrefix(k, keyActive), alive))
 	}
 	return errors.Join(errs...)
+}
+
+type defKey struct {
+	name    string
+	version int32
+}
+
+// runningLists caches, for one scan, the ids of the RUNNING and PAUSED
+// workflows of each definition. A list that cannot be read is nil: the
+// runs of that definition are read one by one.
+type runningLists struct {
+	client *Client
+	ids    map[defKey]map[string]bool
+}
+
+// running reports whether workflowID is on its definition's list.
+func (l *runningLists) running(ctx context.Context, rec *Run) bool {
+	if l == nil || rec.WorkflowName == "" {
+		return false
+	}
+	k := defKey{rec.WorkflowName, rec.WorkflowVersion}
+	set, ok := l.ids[k]
+	if !ok {
+		if ids, err := l.client.RunningWorkflows(ctx, k.name, k.version); err == nil {
+			set = make(map[string]bool, len(ids))
+			for _, id := range ids {
+				set[id] = true
+			}
+		}
+		l.ids[k] = set
+	}
+	return set[rec.WorkflowID]
 }
 
 // Check brings one run forward: appends a missing RunStarted, recovers an
 // expired start, or, when the run's workflow has ended, appends the terminal
 // run event and marks the run FINAL. A run that needs nothing is a no-op.
 func (w *Watcher) Check(ctx context.Context, runID string) error {
-	err := w.check(ctx, runID)
+	return w.checkWith(ctx, runID, nil)
+}
+
+func (w *Watcher) checkWith(ctx context.Context, runID string, alive *runningLists) error {
+	err := w.check(ctx, runID, alive)
 	if err != nil && !errors.Is(err, context.Canceled) {
 		w.opts.Metrics.watcherError()
 	}
 	return err
 }
 
-func (w *Watcher) check(ctx context.Context, runID string) error {
+func (w *Watcher) check(ctx context.Context, runID string, alive *runningLists) error {
 	rec, rev, err := w.runs.get(ctx, runID)
 	if errors.Is(err, ErrNotFound) {
 		w.dropActive(ctx, runID)
@@ -295,6 +347,14 @@ func (w *Watcher) check(ctx context.Context, runID string) error {
 	}
 	if err := w.runs.ensureRunStarted(ctx, rec, rev); err != nil {
 		return err
+	}
+	if alive.running(ctx, rec) {
+		// RUNNING or PAUSED: nothing to record.
+		w.mu.Lock()
+		delete(w.notFound, runID)
+		w.known[rec.WorkflowID] = runID
+		w.mu.Unlock()
+		return nil
 	}
 	wf, err := w.runs.conductor.Workflow(ctx, rec.WorkflowID, false)
 	if errors.Is(err, ErrNotFound) {

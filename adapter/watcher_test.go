@@ -3,11 +3,14 @@ package adapter
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
@@ -324,6 +327,68 @@ func TestWatcher_Scan(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestWatcher_ScanReadsRunningLists checks that a scan costs Conductor one
+// running-list call per plan version plus one read per run that is not on
+// it, and still records the run whose workflow ended; a full scan (the
+// safety net every ReconcileInterval) reads every run.
+func TestWatcher_ScanReadsRunningLists(t *testing.T) {
+	u := conductortest.URL(t)
+	ctx := context.Background()
+	env := newNATS(t) // its own registry: only this test's runs are active
+	reg := prometheus.NewRegistry()
+	c, err := NewClient(ClientOptions{BaseURL: u, Timeout: 5 * time.Second, Logger: zaptest.NewLogger(t), Metrics: NewMetrics(reg)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := OpenRuns(ctx, env.connect(t), c, env.emitter, RunsOptions{TaskDomain: env.domain, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := testPlan(t)
+	var runs []StartResult
+	for i := range 3 {
+		res, err := r.StartRun(ctx, request(p, fmt.Sprintf("req-%d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs = append(runs, res)
+		t.Cleanup(func() { _ = c.Terminate(context.Background(), res.Run.WorkflowID, "cleanup") })
+	}
+	if err := c.Terminate(ctx, runs[0].Run.WorkflowID, "ended outside the sidecar"); err != nil {
+		t.Fatal(err)
+	}
+	calls := func(op string) float64 {
+		return testutil.ToFloat64(c.metrics.requests[[2]string{op, resultOK}])
+	}
+	w := NewWatcher(r, env.store, WatcherOptions{})
+	gets, lists := calls(opGetWorkflow), calls(opRunningWorkflows)
+	if err := w.Scan(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := calls(opRunningWorkflows) - lists; got != 1 {
+		t.Fatalf("%v running-list calls, want 1 (one plan version)", got)
+	}
+	if got := calls(opGetWorkflow) - gets; got != 1 {
+		t.Fatalf("%v workflow reads, want 1 (the terminated run only)", got)
+	}
+	ev := lastEvent(t, waitFinal(t, env, r, runs[0].Run.RunID))
+	if ev.EventType != statestore.RunFailed {
+		t.Fatalf("terminated run: last event %s, want RunFailed", ev.EventType)
+	}
+	for _, res := range runs[1:] {
+		if got, _ := r.Run(ctx, res.Run.RunID); got.State != RunStateStarted {
+			t.Fatalf("running run %s: state %s, want STARTED", res.Run.RunID, got.State)
+		}
+	}
+	gets = calls(opGetWorkflow)
+	if err := w.scan(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := calls(opGetWorkflow) - gets; got != 2 {
+		t.Fatalf("full scan: %v workflow reads, want 2 (the two running runs)", got)
+	}
 }
 
 func TestWatcher_OpenClose(t *testing.T) {
