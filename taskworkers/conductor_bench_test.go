@@ -34,6 +34,9 @@ type benchEnv struct {
 	store  *natsstore.Store
 	emit   *registry.Emitter
 	domain string
+
+	mu   sync.Mutex
+	defs map[string]defKey // workflowId -> its definition
 }
 
 func newBenchEnv(b testing.TB) *benchEnv {
@@ -63,7 +66,7 @@ func newBenchEnv(b testing.TB) *benchEnv {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return &benchEnv{client: client, runs: runs, store: store, emit: emit, domain: domain}
+	return &benchEnv{client: client, runs: runs, store: store, emit: emit, domain: domain, defs: map[string]defKey{}}
 }
 
 // startRuns starts n runs of a chain of steps noop steps and returns their
@@ -99,42 +102,77 @@ func (e *benchEnv) start(b testing.TB, n, steps int, x plan.ExecutorSpec, retrie
 			b.Fatal(err)
 		}
 		ids = append(ids, res.Run.WorkflowID)
+		e.mu.Lock()
+		e.defs[res.Run.WorkflowID] = defKey{res.Run.WorkflowName, res.Run.WorkflowVersion}
+		e.mu.Unlock()
 	}
 	return ids
 }
 
 // waitCompleted waits until every workflow is COMPLETED and returns them.
+// While waiting it reads the running lists of the workflows' definitions
+// (one call per definition, as the run watcher does), so that the harness
+// costs Conductor and this process as little as it can; each workflow is
+// read once, with its tasks, at the end.
 func (e *benchEnv) waitCompleted(b testing.TB, ids []string) []*model.Workflow {
 	b.Helper()
-	out := make([]*model.Workflow, len(ids))
 	deadline := time.Now().Add(time.Minute)
-	for i, id := range ids {
-		for {
-			// Without its tasks while waiting: the harness should cost
-			// Conductor (and this process) as little as it can.
-			wf, err := e.client.Workflow(context.Background(), id, false)
-			if err == nil && wf.Status == "COMPLETED" {
-				if wf, err = e.client.Workflow(context.Background(), id, true); err != nil {
-					b.Fatal(err)
+	for {
+		left := 0
+		for def, want := range e.defsOf(ids) {
+			running, err := e.client.RunningWorkflows(context.Background(), def.name, def.version)
+			if err != nil {
+				left++ // unknown: ask again
+				continue
+			}
+			for _, id := range running {
+				if want[id] {
+					left++
 				}
-				out[i] = wf
-				break
 			}
-			if err == nil && wf.Status != "RUNNING" {
-				b.Fatalf("workflow %s ended %s", id, wf.Status)
-			}
-			if time.Now().After(deadline) {
-				wf, err = e.client.Workflow(context.Background(), id, true)
-				var tasks []string
-				if wf != nil {
-					for _, t := range wf.Tasks {
-						tasks = append(tasks, fmt.Sprintf("%s:%s:%s:r%d:polls%d:worker=%s", t.ReferenceTaskName, t.TaskType, t.Status, t.RetryCount, t.PollCount, t.WorkerId))
-					}
-				}
-				b.Fatalf("workflow %s not completed in time (%v): %v", id, err, tasks)
-			}
-			time.Sleep(20 * time.Millisecond)
 		}
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			break // the reads below say which workflow is late
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	out := make([]*model.Workflow, len(ids))
+	for i, id := range ids {
+		wf, err := e.client.Workflow(context.Background(), id, true)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if wf.Status != "COMPLETED" {
+			var tasks []string
+			for _, t := range wf.Tasks {
+				tasks = append(tasks, fmt.Sprintf("%s:%s:%s:r%d:polls%d:worker=%s", t.ReferenceTaskName, t.TaskType, t.Status, t.RetryCount, t.PollCount, t.WorkerId))
+			}
+			b.Fatalf("workflow %s is %s, want COMPLETED: %v", id, wf.Status, tasks)
+		}
+		out[i] = wf
+	}
+	return out
+}
+
+type defKey struct {
+	name    string
+	version int32
+}
+
+// defsOf groups workflow ids by the definition they were started from.
+func (e *benchEnv) defsOf(ids []string) map[defKey]map[string]bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := map[defKey]map[string]bool{}
+	for _, id := range ids {
+		d := e.defs[id]
+		if out[d] == nil {
+			out[d] = map[string]bool{}
+		}
+		out[d][id] = true
 	}
 	return out
 }
