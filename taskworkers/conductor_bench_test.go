@@ -20,6 +20,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
@@ -253,24 +254,30 @@ func BenchmarkNoopSteps(b *testing.B) {
 		pollers = e.independentPollers(b, runsN, dc, taskType)
 	}
 
-	// The sidecar's workers, with the run watcher that serve nudges after
-	// every reported step (it reads the workflow's status from Conductor).
+	// The sidecar's workers, with the run watcher and the drain monitor
+	// that serve runs beside them and nudges after every reported step.
 	sideIDs := e.startRuns(b, runsN, benchSteps)
 	reg := prometheus.NewRegistry()
 	watcher := adapter.NewWatcher(e.runs, e.store, adapter.WatcherOptions{})
+	var monitor *drain.Controller
 	w := taskworkers.New(dc, e.store, e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
 		Metrics:  taskworkers.NewMetrics(reg),
 		WorkerID: "sidecar-bench", Concurrency: map[string]int{taskType: benchConcurrency},
-		OnTaskDone: func(runID string, mayEndRun bool) {
-			if mayEndRun { // as serve does
+		OnTaskDone: func(runID string, mayEndRun bool) { // as serve does
+			if mayEndRun {
 				watcher.Nudge(runID)
 			}
+			monitor.Nudge(runID)
 		},
 	})
+	monitor = drain.New(e.store, e.emit, e.client, drain.Options{Interrupt: w.Interrupt, ActiveRuns: e.runs.ActiveRunIDs})
 	b.StartTimer()
 	cpu0 = processCPU(b)
 	began = time.Now()
 	if err := watcher.Open(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	if err := monitor.Open(context.Background()); err != nil {
 		b.Fatal(err)
 	}
 	if err := w.Open(context.Background()); err != nil {
@@ -282,6 +289,7 @@ func BenchmarkNoopSteps(b *testing.B) {
 	sideCPU := processCPU(b) - cpu0
 	_ = w.Close(context.Background())
 	_ = watcher.Close(context.Background())
+	_ = monitor.Close(context.Background())
 
 	b.ReportMetric(float64(steps)/sdk.Seconds(), "sdk-steps/s")
 	b.ReportMetric(float64(steps)/side.Seconds(), "sidecar-steps/s")
