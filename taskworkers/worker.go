@@ -654,8 +654,7 @@ func (w *Worker) update(t *model.Task, log *zap.Logger, r *model.TaskResult) {
 			}
 			if r.Status != model.InProgressTask && w.opts.OnTaskDone != nil {
 				if runID, ok := t.InputData[plan.InputRunID].(string); ok {
-					sink, known := t.InputData[plan.InputSink].(bool)
-					w.opts.OnTaskDone(runID, r.Status != model.CompletedTask || sink || !known)
+					w.opts.OnTaskDone(runID, r.Status != model.CompletedTask || plan.IsSink(t.InputData))
 				}
 			}
 			return

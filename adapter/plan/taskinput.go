@@ -106,18 +106,22 @@ func DecodeTaskInput(input map[string]any) (*TaskInput, error) {
 		}
 		in.OnStepFailure = v
 	}
-	in.Sink = true
-	switch v := input[InputSink].(type) {
-	case nil:
-	case bool:
-		in.Sink = v
-	default:
-		ps.add(CodeBadType, InputSink, "", "must be a boolean, got %T", v)
+	if _, ok := input[InputSink].(bool); !ok && input[InputSink] != nil {
+		ps.add(CodeBadType, InputSink, "", "must be a boolean, got %T", input[InputSink])
 	}
+	in.Sink = IsSink(input)
 	if err := ps.err(CodeTaskInputInvalid); err != nil {
 		return nil, err
 	}
 	return in, nil
+}
+
+// IsSink reports whether a step task's input says that no other step
+// depends on the step (InputSink). A task without the key, or with a value
+// that is not a boolean, counts as a sink: its completion may end the run.
+func IsSink(input map[string]any) bool {
+	v, ok := input[InputSink].(bool)
+	return v || !ok
 }
 
 func inputString(ps *problems, input map[string]any, key string) (string, bool) {
