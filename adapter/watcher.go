@@ -349,11 +349,7 @@ func (w *Watcher) check(ctx context.Context, runID string, alive *runningLists) 
 		return err
 	}
 	if alive.running(ctx, rec) {
-		// RUNNING or PAUSED: nothing to record.
-		w.mu.Lock()
-		delete(w.notFound, runID)
-		w.known[rec.WorkflowID] = runID
-		w.mu.Unlock()
+		w.found(runID, rec.WorkflowID) // RUNNING or PAUSED: nothing to record
 		return nil
 	}
 	wf, err := w.runs.conductor.Workflow(ctx, rec.WorkflowID, false)
@@ -371,15 +367,21 @@ func (w *Watcher) check(ctx context.Context, runID string, alive *runningLists) 
 	if err != nil {
 		return err
 	}
-	w.mu.Lock()
-	delete(w.notFound, runID)
-	w.known[rec.WorkflowID] = runID
-	w.mu.Unlock()
+	w.found(runID, rec.WorkflowID)
 	switch wf.Status {
 	case model.CompletedWorkflow, model.FailedWorkflow, model.TimedOutWorkflow, model.TerminatedWorkflow:
 		return w.finish(ctx, runID, string(wf.Status), wf.ReasonForIncompletion)
 	}
 	return nil
+}
+
+// found notes that Conductor knows the run's workflow: it ends a streak of
+// 404s and marks the workflow as the run's (not an orphan).
+func (w *Watcher) found(runID, workflowID string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.notFound, runID)
+	w.known[workflowID] = runID
 }
 
 // dropActive removes a stale index entry of a run that has no registry
