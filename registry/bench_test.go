@@ -3,9 +3,7 @@ package registry_test
 import (
 	"fmt"
 	"testing"
-	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/registry"
@@ -48,17 +46,7 @@ func BenchmarkRegistry_EventID(b *testing.B) {
 // embedded server's default), in a bucket in the default async persist
 // mode and in one opened with SyncWrites.
 func BenchmarkRegistry_CreateSynced(b *testing.B) {
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
-		StoreDir: b.TempDir(), SyncAlways: true, NoLog: true, NoSigs: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		b.Fatal("nats server not ready")
-	}
-	b.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	_, js := connect(b, s)
+	_, js := connect(b, startServerSync(b, b.TempDir(), true))
 	c := ctx(b)
 	i := 0
 	for _, sync := range []bool{false, true} {

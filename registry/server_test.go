@@ -21,13 +21,21 @@ import (
 // is fine.
 func startServer(tb testing.TB, dir string) *server.Server {
 	tb.Helper()
+	return startServerSync(tb, dir, false)
+}
+
+// startServerSync is startServer; with syncAlways the server fsyncs every
+// write before it acknowledges it, as the sidecar's embedded server does.
+func startServerSync(tb testing.TB, dir string, syncAlways bool) *server.Server {
+	tb.Helper()
 	s, err := server.NewServer(&server.Options{
-		Host:      "127.0.0.1",
-		Port:      -1,
-		JetStream: true,
-		StoreDir:  dir,
-		NoLog:     true,
-		NoSigs:    true,
+		Host:       "127.0.0.1",
+		Port:       -1,
+		JetStream:  true,
+		StoreDir:   dir,
+		SyncAlways: syncAlways,
+		NoLog:      true,
+		NoSigs:     true,
 	})
 	if err != nil {
 		tb.Fatalf("new server: %v", err)
