@@ -149,6 +149,19 @@ func (e *natsEnv) newRuns(t testing.TB, baseURL string, opts RunsOptions) *Runs 
 	return r
 }
 
+// registeredRuns gives a test its own NATS, a fresh plan and a Runs on
+// baseURL with that plan registered.
+func registeredRuns(t testing.TB, baseURL string, opts RunsOptions) (*natsEnv, *plan.Compiled, *Runs) {
+	t.Helper()
+	env := newNATS(t)
+	p := testPlan(t)
+	r := env.newRuns(t, baseURL, opts)
+	if err := r.RegisterPlan(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	return env, p, r
+}
+
 // events returns the event types of runID in log order.
 func (e *natsEnv) events(t testing.TB, runID string) []statestore.RunEventRecord {
 	t.Helper()

@@ -360,12 +360,7 @@ func TestRuns_CrashRecovery(t *testing.T) {
 		// The crashed attempt never reached Conductor: once the lease
 		// expires, the retry takes over and starts the run.
 		t.Parallel()
-		env := newNATS(t)
-		p := testPlan(t)
-		r := env.newRuns(t, u, opts)
-		if err := r.RegisterPlan(ctx, p); err != nil {
-			t.Fatal(err)
-		}
+		env, p, r := registeredRuns(t, u, opts)
 		crashed := crashedStart(t, r, request(p, "req"), false)
 		res, err := r.StartRun(ctx, request(p, "req")) // waits out the lease
 		if err != nil {
@@ -382,12 +377,7 @@ func TestRuns_CrashRecovery(t *testing.T) {
 		// the watcher adopts that workflow once the lease expires, and the
 		// retry returns it without starting another.
 		t.Parallel()
-		env := newNATS(t)
-		p := testPlan(t)
-		r := env.newRuns(t, u, opts)
-		if err := r.RegisterPlan(ctx, p); err != nil {
-			t.Fatal(err)
-		}
+		env, p, r := registeredRuns(t, u, opts)
 		crashed := crashedStart(t, r, request(p, "req"), true)
 		w := NewWatcher(r, env.store, WatcherOptions{})
 		if err := w.Check(ctx, crashed.RunID); err != nil { // lease still live: nothing to do
@@ -414,12 +404,7 @@ func TestRuns_CrashRecovery(t *testing.T) {
 		// The retry takes over before the watcher adopts: it starts a
 		// second workflow, and Reconcile terminates the first (an orphan).
 		t.Parallel()
-		env := newNATS(t)
-		p := testPlan(t)
-		r := env.newRuns(t, u, opts)
-		if err := r.RegisterPlan(ctx, p); err != nil {
-			t.Fatal(err)
-		}
+		env, p, r := registeredRuns(t, u, opts)
 		crashed := crashedStart(t, r, request(p, "req"), true)
 		res, err := r.StartRun(ctx, request(p, "req"))
 		if err != nil {
@@ -447,12 +432,7 @@ func TestRuns_CrashRecovery(t *testing.T) {
 		// but its workflow exists: Reconcile terminates it once it is older
 		// than the lease, since no run entry claims it.
 		t.Parallel()
-		env := newNATS(t)
-		p := testPlan(t)
-		r := env.newRuns(t, u, opts)
-		if err := r.RegisterPlan(ctx, p); err != nil {
-			t.Fatal(err)
-		}
+		env, p, r := registeredRuns(t, u, opts)
 		crashed := crashedStart(t, r, request(p, "req"), true)
 		_, rev, err := r.get(ctx, crashed.RunID)
 		if err != nil {
@@ -478,12 +458,7 @@ func TestRuns_CrashRecovery(t *testing.T) {
 		// same plan on the same Conductor: Reconcile leaves its workflows
 		// alone although no run entry here claims them.
 		t.Parallel()
-		env := newNATS(t)
-		p := testPlan(t)
-		r := env.newRuns(t, u, opts)
-		if err := r.RegisterPlan(ctx, p); err != nil {
-			t.Fatal(err)
-		}
+		env, p, r := registeredRuns(t, u, opts)
 		other, err := newNATS(t).newRuns(t, u, opts).StartRun(ctx, request(p, "req"))
 		if err != nil {
 			t.Fatal(err)
@@ -504,12 +479,7 @@ func TestRuns_CrashRecovery(t *testing.T) {
 		// Nobody retries a start that crashed before reaching Conductor:
 		// the watcher releases the lease and drops the index entry.
 		t.Parallel()
-		env := newNATS(t)
-		p := testPlan(t)
-		r := env.newRuns(t, u, opts)
-		if err := r.RegisterPlan(ctx, p); err != nil {
-			t.Fatal(err)
-		}
+		env, p, r := registeredRuns(t, u, opts)
 		crashed := crashedStart(t, r, request(p, "req"), false)
 		time.Sleep(time.Until(crashed.LeaseExpiresAt) + 50*time.Millisecond)
 		w := NewWatcher(r, env.store, WatcherOptions{})
@@ -528,12 +498,7 @@ func TestRuns_CrashRecovery(t *testing.T) {
 func TestRuns_EnsureStarted(t *testing.T) {
 	u := conductortest.URL(t)
 	ctx := context.Background()
-	env := newNATS(t)
-	r := env.newRuns(t, u, RunsOptions{})
-	p := testPlan(t)
-	if err := r.RegisterPlan(ctx, p); err != nil {
-		t.Fatal(err)
-	}
+	env, p, r := registeredRuns(t, u, RunsOptions{})
 
 	t.Run("AppendsRunStarted", func(t *testing.T) {
 		// The workflow is recorded, RunStarted not yet appended (the
