@@ -17,6 +17,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 )
 
 // unusedURL returns a base URL on a local port nothing listens on.
@@ -120,16 +121,7 @@ func newNATS(t testing.TB) *natsEnv {
 // connect opens another client connection (a replica's own).
 func (e *natsEnv) connect(t testing.TB) jetstream.JetStream {
 	t.Helper()
-	nc, err := natsstore.ConnectEmbedded(e.srv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
+	return natstest.Connect(t, e.srv)
 }
 
 // newRuns opens a Runs on its own NATS connection and its own Conductor

@@ -17,6 +17,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
@@ -219,16 +220,7 @@ func benchServer(b *testing.B, syncInterval time.Duration) jetstream.JetStream {
 		srv.Shutdown()
 		srv.WaitForShutdown()
 	})
-	nc, err := natsstore.ConnectEmbedded(srv)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(nc.Close)
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
-	if err != nil {
-		b.Fatal(err)
-	}
-	return js
+	return natstest.Connect(b, srv, jetstream.WithPublishAsyncMaxPending(4096))
 }
 
 var benchStreams atomic.Int64

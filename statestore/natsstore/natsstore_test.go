@@ -22,6 +22,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
@@ -351,16 +352,7 @@ func startServer(t testing.TB, dir string) *server.Server {
 
 func connect(t testing.TB, srv *server.Server) jetstream.JetStream {
 	t.Helper()
-	nc, err := natsstore.ConnectEmbedded(srv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
+	return natstest.Connect(t, srv)
 }
 
 // openUnique opens a store on a stream and prefix of its own and deletes the

@@ -31,14 +31,21 @@ func StartIn(tb testing.TB, dir string, cfg natsstore.EmbeddedConfig) (jetstream
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	return Connect(tb, srv), srv
+}
+
+// Connect opens another in-process connection to srv (a replica's own) and
+// returns its JetStream; the connection is closed when tb ends.
+func Connect(tb testing.TB, srv *server.Server, opts ...jetstream.JetStreamOpt) jetstream.JetStream {
+	tb.Helper()
 	nc, err := natsstore.ConnectEmbedded(srv)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(nc, opts...)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return js, srv
+	return js
 }
