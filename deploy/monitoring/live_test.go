@@ -160,13 +160,10 @@ func runScenario(t *testing.T, bin string, s *sidecarProc) {
 		{"stepId":"fails","executor":{"type":"command","argv":["sh","-c","exit 4"]}},
 		{"stepId":"after","executor":{"type":"noop"},"dependsOn":["fails"]}]}`)
 
-	for _, r := range []struct {
-		id    string
-		steps []string
-	}{{drains, []string{"p1", "p2"}}, {slow, []string{"s1", "s2"}}, {doomed, []string{"long"}}} {
-		waitFor(t, "the first steps of "+r.id+" to start", 60*time.Second, func() bool {
-			evs := events(t, s, r.id)
-			for _, st := range r.steps {
+	started := func(id string, steps ...string) {
+		waitFor(t, "the first steps of "+id+" to start", 60*time.Second, func() bool {
+			evs := events(t, s, id)
+			for _, st := range steps {
 				if !hasEvent(evs, statestore.StepStarted, st) {
 					return false
 				}
@@ -174,6 +171,11 @@ func runScenario(t *testing.T, bin string, s *sidecarProc) {
 			return true
 		})
 	}
+	// Only the runs about to be paused are waited for here: doomed's
+	// command may need a slot that p1 or p2 frees (sidecar_command runs 4
+	// at a time), and drains must still be running when it is paused.
+	started(drains, "p1", "p2")
+	started(slow, "s1", "s2")
 
 	// Both pauses wait (sidecar pause --wait): 0 when drained, 3 on
 	// PAUSE_DRAIN_TIMEOUT.
@@ -194,6 +196,8 @@ func runScenario(t *testing.T, bin string, s *sidecarProc) {
 	if codes[1] != 3 || !strings.Contains(outs[1], "PAUSE_DRAIN_TIMEOUT") {
 		t.Fatalf("pause --wait of the run whose steps take 7s: exit %d, want 3 (PAUSE_DRAIN_TIMEOUT)\n%s", codes[1], outs[1])
 	}
+
+	started(doomed, "long")
 
 	// Refused: resume of a running run is an invalid transition (409), a
 	// pause of an unknown run is not found (404).
