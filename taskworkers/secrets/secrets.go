@@ -16,37 +16,22 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
-	"github.com/conductor-sidecar/sidecar/statestore"
-)
-
-// Machine codes of resolution errors. They are part of the contract: the
-// worker records them in StepFailed and operators alert on them.
-const (
-	// CodeNotFound: the environment variable is unset, or the file does
-	// not exist.
-	CodeNotFound = "SECRET_NOT_FOUND"
-	// CodeUnreadable: the file exists but cannot be read (permission, a
-	// directory or other non-regular file, an I/O error).
-	CodeUnreadable = "SECRET_UNREADABLE"
-	// CodeTooLarge: the file is larger than Resolver.MaxFileBytes.
-	CodeTooLarge = "SECRET_TOO_LARGE"
-	// CodeInvalidRef: the reference is malformed (unknown provider, empty
-	// or duplicate name, ...).
-	CodeInvalidRef = "SECRET_REF_INVALID"
 )
 
 // Providers, the prefixes of SecretRef.Ref.
 const (
 	// ProviderEnv reads the worker's environment: "env:VAR".
 	ProviderEnv = "env"
-	// ProviderFile reads a file: "file:/path". One trailing newline ("\n"
-	// or "\r\n") is removed. A relative path is relative to the worker's
-	// working directory.
+	// ProviderFile reads a file: "file:/path", only below one of
+	// Resolver.FileRoots. One trailing newline ("\n" or "\r\n") is
+	// removed. A relative path is relative to the worker's working
+	// directory.
 	ProviderFile = "file"
 )
 
@@ -56,72 +41,6 @@ const DefaultMaxFileBytes = 64 << 10
 // maxNameLen bounds SecretRef.Name.
 const maxNameLen = 256
 
-// Error is a secret resolution error. It never contains the secret's
-// value. errors.As(err, **statestore.Error) also succeeds on it (with the
-// same Code and message), so statestore.CodeOf(err) returns Code.
-type Error struct {
-	// Code is one of the Code* constants.
-	Code string
-	// Name is the SecretRef.Name, Ref its locator.
-	Name, Ref string
-	// Reason is a short human explanation.
-	Reason string
-	// Retryable says whether resolving again may succeed (a transient I/O
-	// error); missing, malformed, forbidden and oversized secrets are not.
-	Retryable bool
-	// Err is the cause (an *fs.PathError and the like), if any.
-	Err error
-}
-
-func (e *Error) Error() string {
-	msg := fmt.Sprintf("%s: secret %q (%s): %s", e.Code, e.Name, e.Ref, e.Reason)
-	if e.Err != nil {
-		msg += ": " + e.Err.Error()
-	}
-	return msg
-}
-
-// Unwrap returns the cause.
-func (e *Error) Unwrap() error { return e.Err }
-
-// Is matches any *Error with the same Code, so errors.Is(err, ErrNotFound)
-// works on every instance.
-func (e *Error) Is(target error) bool {
-	var t *Error
-	if !errors.As(target, &t) {
-		return false
-	}
-	return t.Code == e.Code && t.Name == "" && t.Ref == ""
-}
-
-// As lets errors.As(err, &statestoreErr) see a *statestore.Error with this
-// error's Code, so code that only knows the statestore contract
-// (statestore.CodeOf) still gets the machine code.
-func (e *Error) As(target any) bool {
-	if t, ok := target.(**statestore.Error); ok {
-		*t = &statestore.Error{Code: e.Code, Message: e.Error(), Err: e.Err}
-		return true
-	}
-	return false
-}
-
-// StepError returns the error as a step's recorded error.
-func (e *Error) StepError() *statestore.StepError {
-	return &statestore.StepError{Code: e.Code, Message: e.Error(), Retryable: e.Retryable}
-}
-
-// Sentinel errors, matched with errors.Is.
-var (
-	// ErrNotFound matches every SECRET_NOT_FOUND error.
-	ErrNotFound = &Error{Code: CodeNotFound}
-	// ErrUnreadable matches every SECRET_UNREADABLE error.
-	ErrUnreadable = &Error{Code: CodeUnreadable}
-	// ErrTooLarge matches every SECRET_TOO_LARGE error.
-	ErrTooLarge = &Error{Code: CodeTooLarge}
-	// ErrInvalidRef matches every SECRET_REF_INVALID error.
-	ErrInvalidRef = &Error{Code: CodeInvalidRef}
-)
-
 // Resolver resolves secret references with the env: and file: providers.
 // The zero value is ready to use; exported fields may be set before first
 // use. A Resolver is safe for concurrent use.
@@ -130,6 +49,15 @@ type Resolver struct {
 	LookupEnv func(key string) (string, bool)
 	// MaxFileBytes bounds a file: secret (default DefaultMaxFileBytes).
 	MaxFileBytes int64
+	// FileRoots are the directories file: secrets may be read from. A
+	// path is resolved (symlinks, "..", relative to the working
+	// directory) before it is checked, so a symlink inside a root that
+	// points outside every root is refused, and the file is then opened
+	// through os.Root so that a symlink swapped in after the check cannot
+	// escape either. With no root, every file: reference fails with
+	// SECRET_REF_FORBIDDEN (fail closed). Roots may be relative (to the
+	// working directory) and may themselves be symlinks.
+	FileRoots []string
 	// Logger receives warnings (names and references only, never values).
 	// Default nop.
 	Logger *zap.Logger
@@ -231,10 +159,24 @@ func (r *Resolver) readFile(path string, fail func(code, reason string, retryabl
 			return fail(CodeUnreadable, op+" failed", true, err)
 		}
 	}
-	// Stat first: opening a FIFO would block.
-	fi, err := os.Stat(path)
+	root, rel, err := r.locate(path)
 	if err != nil {
-		return "", classify("stat", err)
+		if errors.Is(err, errOutsideRoots) {
+			return "", fail(CodeForbidden, err.Error(), false, nil)
+		}
+		return "", classify("resolve", err)
+	}
+	// Through os.Root: a component replaced by a symlink out of the root
+	// after locate is refused by the kernel-side walk, not followed.
+	fsRoot, err := os.OpenRoot(root)
+	if err != nil {
+		return "", classify("open root", err)
+	}
+	defer fsRoot.Close()
+	// Stat first: opening a FIFO would block.
+	fi, err := fsRoot.Stat(rel)
+	if err != nil {
+		return "", r.classifyRoot(path, "stat", err, classify, fail)
 	}
 	if !fi.Mode().IsRegular() {
 		return "", fail(CodeUnreadable, "not a regular file ("+fi.Mode().Type().String()+")", false, nil)
@@ -242,9 +184,9 @@ func (r *Resolver) readFile(path string, fail func(code, reason string, retryabl
 	if fi.Size() > limit {
 		return "", fail(CodeTooLarge, fmt.Sprintf("file is larger than %d bytes", limit), false, nil)
 	}
-	f, err := os.Open(path)
+	f, err := fsRoot.Open(rel)
 	if err != nil {
-		return "", classify("open", err)
+		return "", r.classifyRoot(path, "open", err, classify, fail)
 	}
 	defer f.Close()
 	b, err := io.ReadAll(io.LimitReader(f, limit+1))
@@ -261,4 +203,88 @@ func (r *Resolver) readFile(path string, fail func(code, reason string, retryabl
 		s = s[:len(s)-1]
 	}
 	return s, nil
+}
+
+// errOutsideRoots is locate's refusal; readFile turns it into
+// SECRET_REF_FORBIDDEN. Its text never names the resolved target, only
+// that the path is not below a root.
+var errOutsideRoots = errors.New("path is outside the configured secret file roots (--secret-file-root)")
+
+// errNoRoots is errOutsideRoots when no root is configured.
+var errNoRoots = fmt.Errorf("%w: none is configured, so file: secrets are refused", errOutsideRoots)
+
+// classifyRoot maps an error of the os.Root walk. The walk refuses a
+// symlink out of the root (one swapped in after locate) with an
+// unexported error: when locating the path again now puts it outside every
+// root, the error is SECRET_REF_FORBIDDEN; otherwise classify's.
+func (r *Resolver) classifyRoot(path, op string, err error, classify func(string, error) error, fail func(string, string, bool, error) error) error {
+	if !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, fs.ErrPermission) {
+		if _, _, lerr := r.locate(path); errors.Is(lerr, errOutsideRoots) {
+			return fail(CodeForbidden, errOutsideRoots.Error(), false, nil)
+		}
+	}
+	return classify(op, err)
+}
+
+// locate resolves path (absolute, symlinks and ".." evaluated) and returns
+// the resolved root that contains it and the path relative to that root.
+// A path that is lexically outside every root is refused before anything
+// is looked up, so a plan cannot probe which files exist elsewhere.
+func (r *Resolver) locate(path string) (root, rel string, err error) {
+	if len(r.FileRoots) == 0 {
+		return "", "", errNoRoots
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", "", err
+	}
+	type rootPair struct{ given, real string }
+	var roots []rootPair
+	for _, root := range r.FileRoots {
+		given, err := filepath.Abs(root)
+		if err != nil {
+			continue
+		}
+		real, err := filepath.EvalSymlinks(given)
+		if err != nil {
+			r.logger().Warn("secret file root cannot be resolved; it is skipped", zap.String("root", root), zap.Error(err))
+			continue
+		}
+		roots = append(roots, rootPair{given, real})
+	}
+	lexical := false
+	for _, root := range roots {
+		if within(abs, root.given) || within(abs, root.real) {
+			lexical = true
+			break
+		}
+	}
+	if !lexical {
+		return "", "", errOutsideRoots
+	}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return "", "", err
+	}
+	for _, root := range roots {
+		if within(real, root.real) {
+			rel, err := filepath.Rel(root.real, real)
+			if err != nil {
+				return "", "", err
+			}
+			return root.real, rel, nil
+		}
+	}
+	return "", "", errOutsideRoots
+}
+
+// within reports whether the clean absolute path p is root or below it.
+func within(p, root string) bool {
+	if p == root {
+		return true
+	}
+	if !strings.HasSuffix(root, string(filepath.Separator)) {
+		root += string(filepath.Separator)
+	}
+	return strings.HasPrefix(p, root)
 }

@@ -42,7 +42,7 @@ func TestResolver_Resolve(t *testing.T) {
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	r := &secrets.Resolver{LookupEnv: env(map[string]string{"TOKEN": secretValue, "EMPTY": ""}), MaxFileBytes: 64}
+	r := &secrets.Resolver{LookupEnv: env(map[string]string{"TOKEN": secretValue, "EMPTY": ""}), MaxFileBytes: 64, FileRoots: []string{dir}}
 
 	t.Run("OK", func(t *testing.T) {
 		got, err := r.Resolve(context.Background(), []plan.SecretRef{
@@ -152,4 +152,93 @@ func TestResolver_Resolve(t *testing.T) {
 			}
 		}
 	})
+}
+
+func TestResolver_FileRoots(t *testing.T) {
+	base := t.TempDir()
+	root := filepath.Join(base, "root")
+	other := filepath.Join(base, "rootother") // shares root's prefix, not a subdirectory
+	outside := filepath.Join(base, "outside")
+	for _, d := range []string{root, filepath.Join(root, "sub"), other, outside} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write := func(p string) string {
+		if err := os.WriteFile(p, []byte(secretValue+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	link := func(target, name string) string {
+		if err := os.Symlink(target, name); err != nil {
+			t.Fatal(err)
+		}
+		return name
+	}
+	inside := write(filepath.Join(root, "sub", "token"))
+	secretOut := write(filepath.Join(outside, "shadow"))
+	write(filepath.Join(other, "token"))
+	link(secretOut, filepath.Join(root, "out-link"))                          // a symlink inside the root to a file outside
+	link(outside, filepath.Join(root, "out-dir"))                             // a symlinked directory leading out
+	link(filepath.Join(root, "sub"), filepath.Join(root, "in"))               // a symlink that stays inside
+	link(root, filepath.Join(base, "root-link"))                              // a root given through a symlink
+	link(filepath.Join(root, "sub", "token"), filepath.Join(outside, "back")) // outside, pointing in
+	t.Chdir(root)
+
+	tests := []struct {
+		name  string
+		roots []string
+		ref   string
+		code  string // "" : resolves
+	}{
+		{"Inside", []string{root}, inside, ""},
+		{"InsideTrailingSlashRoot", []string{root + "/"}, inside, ""},
+		{"SymlinkStaysInside", []string{root}, filepath.Join(root, "in", "token"), ""},
+		{"RootIsSymlink", []string{filepath.Join(base, "root-link")}, filepath.Join(base, "root-link", "sub", "token"), ""},
+		{"RootIsSymlinkPathReal", []string{filepath.Join(base, "root-link")}, inside, ""},
+		{"Relative", []string{root}, "sub/token", ""},
+		{"RelativeRoot", []string{"."}, inside, ""},
+		{"SecondRoot", []string{outside, root}, inside, ""},
+		{"NoRoot", nil, inside, secrets.CodeForbidden},
+		{"Outside", []string{root}, secretOut, secrets.CodeForbidden},
+		{"EtcShadow", []string{root}, "/etc/shadow", secrets.CodeForbidden},
+		{"OutsideMissing", []string{root}, filepath.Join(outside, "missing"), secrets.CodeForbidden},
+		{"DotDot", []string{root}, filepath.Join(root, "sub", "..", "..", "outside", "shadow"), secrets.CodeForbidden},
+		{"DotDotUnclean", []string{root}, root + "/../outside/shadow", secrets.CodeForbidden},
+		{"RelativeDotDot", []string{root}, "../outside/shadow", secrets.CodeForbidden},
+		{"SymlinkOut", []string{root}, filepath.Join(root, "out-link"), secrets.CodeForbidden},
+		{"SymlinkDirOut", []string{root}, filepath.Join(root, "out-dir", "shadow"), secrets.CodeForbidden},
+		{"PrefixSibling", []string{root}, filepath.Join(other, "token"), secrets.CodeForbidden},
+		{"OutsidePointingIn", []string{root}, filepath.Join(outside, "back"), secrets.CodeForbidden},
+		{"MissingInside", []string{root}, filepath.Join(root, "missing"), secrets.CodeNotFound},
+		{"RootMissing", []string{filepath.Join(base, "nope")}, inside, secrets.CodeForbidden},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &secrets.Resolver{FileRoots: tt.roots}
+			got, err := r.Resolve(context.Background(), []plan.SecretRef{{Name: "A", Ref: "file:" + tt.ref}})
+			if tt.code == "" {
+				if err != nil || got["A"] != secretValue {
+					t.Fatalf("got %q, %v; want the value", got["A"], err)
+				}
+				return
+			}
+			if code := statestore.CodeOf(err); code != tt.code {
+				t.Fatalf("got %v (code %q), want %s", err, code, tt.code)
+			}
+			if tt.code == secrets.CodeForbidden {
+				if !errors.Is(err, secrets.ErrForbidden) {
+					t.Errorf("errors.Is(err, ErrForbidden) is false: %v", err)
+				}
+				var se *secrets.Error
+				if !errors.As(err, &se) || se.Retryable {
+					t.Errorf("want a non-retryable *secrets.Error, got %#v", err)
+				}
+				if strings.Contains(err.Error(), "shadow") && !strings.Contains(tt.ref, "shadow") {
+					t.Errorf("the error names the symlink's target: %v", err)
+				}
+			}
+		})
+	}
 }
