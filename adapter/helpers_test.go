@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap/zaptest"
 
@@ -86,7 +85,7 @@ type natsEnv struct {
 	// environment's Runs: the sidecar task types are shared by every test
 	// package using the server, and the domain keeps their tasks apart.
 	domain  string
-	srv     *server.Server
+	srv     *natsstore.Embedded
 	js      jetstream.JetStream
 	store   *natsstore.Store
 	emitter *registry.Emitter
@@ -94,14 +93,11 @@ type natsEnv struct {
 
 func newNATS(t testing.TB) *natsEnv {
 	t.Helper()
-	srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: t.TempDir(), Port: -1, SyncInterval: time.Minute})
+	srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: t.TempDir(), SyncInterval: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
+	t.Cleanup(srv.Shutdown)
 	env := &natsEnv{srv: srv, domain: "adapter-test-" + suffix(t)}
 	env.js = env.connect(t)
 	ctx := context.Background()

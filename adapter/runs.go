@@ -192,13 +192,16 @@ func OpenRuns(ctx context.Context, js jetstream.JetStream, conductor *Client, em
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      opts.Bucket,
 		Description: "Conductor sidecar run registry: plan versions, run requests, runs and their workflows (docs/conductor.md)",
 		History:     1,
 		Storage:     jetstream.FileStorage,
 		Replicas:    opts.Replicas,
 	})
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		kv, err = js.KeyValue(ctx, opts.Bucket) // the sidecar's user may not update buckets
+	}
 	if err != nil {
 		return nil, registryUnavailable("open runs bucket "+opts.Bucket, err)
 	}

@@ -60,8 +60,9 @@ type Registry struct {
 	metrics *Metrics
 }
 
-// Open creates the KV bucket described by opts, or updates an existing
-// bucket of that name to it, and returns a Registry on it. The bucket uses
+// Open creates the KV bucket described by opts, or binds to an existing
+// bucket of that name as it is (never updating it: the sidecar's NATS user
+// may not reconfigure streams), and returns a Registry on it. The bucket uses
 // file storage and keeps one value per key. Open does not take ownership of
 // js or its connection; the Registry holds no other resources.
 func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Registry, error) {
@@ -99,7 +100,9 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Registry,
 	case !errors.Is(err, jetstream.ErrStreamNotFound):
 		return nil, fmt.Errorf("registry: open bucket %s: %w", opts.Bucket, err)
 	}
-	if _, err := js.CreateOrUpdateStream(ctx, bucketStream(opts, mode)); err != nil {
+	// Create, never update: the sidecar's NATS user may not reconfigure a
+	// stream. An existing bucket keeps its configuration.
+	if _, err := js.CreateStream(ctx, bucketStream(opts, mode)); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 		return nil, fmt.Errorf("registry: open bucket %s: %w", opts.Bucket, err)
 	}
 	kv, err := js.KeyValue(ctx, opts.Bucket)

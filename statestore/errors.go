@@ -17,6 +17,11 @@ const (
 	// CodeStoreUnavailable: the backend could not be reached; the append may
 	// be retried with the same event.
 	CodeStoreUnavailable = "STORE_UNAVAILABLE"
+	// CodeStoreDamaged: the log is not whole or not the one the sidecar
+	// wrote (records missing, rolled back, the stream deleted or replaced,
+	// or configured so that records could be removed). Nothing is appended
+	// until an operator repairs it (docs/operations.md, "Damaged data dir").
+	CodeStoreDamaged = "STORE_DAMAGED"
 )
 
 // Error is a contract error with a machine-readable Code. Field names the
@@ -59,6 +64,8 @@ var (
 	ErrInvalidTransition = &Error{Code: CodeInvalidTransition}
 	// ErrUnavailable matches every STORE_UNAVAILABLE error.
 	ErrUnavailable = &Error{Code: CodeStoreUnavailable}
+	// ErrDamaged matches every STORE_DAMAGED error.
+	ErrDamaged = &Error{Code: CodeStoreDamaged}
 	// ErrNotFound is returned when a run has no events.
 	ErrNotFound = errors.New("statestore: run not found")
 )

@@ -84,10 +84,13 @@ func OpenKVReplies(ctx context.Context, js jetstream.JetStream, ttl time.Duratio
 	if ttl <= 0 {
 		ttl = 24 * time.Hour
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: KVRepliesBucket, Description: "first answers of control requests with an Idempotency-Key",
 		TTL: ttl, History: 1, Storage: jetstream.FileStorage,
 	})
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		kv, err = js.KeyValue(ctx, KVRepliesBucket) // the sidecar's user may not update buckets
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", KVRepliesBucket, err)
 	}

@@ -37,6 +37,12 @@ type Config struct {
 	LogFormat      string
 	LogLevel       string
 	ValidateWrites bool
+	// NATS is how serve reaches NATS securely.
+	NATS natsConfig
+	// API is the control API's authentication, authorization and TLS.
+	API apiConfig
+	// Exec bounds what plans may reach (environment, files, addresses).
+	Exec execConfig
 }
 
 // DefaultConfig returns the defaults DESIGN.md names.
@@ -99,6 +105,9 @@ func (c *Config) Validate() error {
 	default:
 		p = append(p, "--log-level must be debug, info, warn or error")
 	}
+	p = append(p, c.NATS.validate(c.NATSURL)...)
+	p = append(p, c.API.validate(c.Listen)...)
+	p = append(p, c.Exec.validate()...)
 	if len(p) > 0 {
 		return &ConfigValidationError{Problems: p}
 	}
@@ -133,6 +142,9 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	}
 	validate := envOr(envName("validate-transitions"), "false") == "true"
 	fs.BoolVar(&c.ValidateWrites, "validate-transitions", validate, "reject invalid transitions at append time (Layer 2) (env "+envName("validate-transitions")+")")
+	c.NATS.registerFlags(fs)
+	c.API.registerFlags(fs)
+	c.Exec.registerFlags(fs)
 }
 
 func envName(flagName string) string {

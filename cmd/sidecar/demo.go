@@ -34,12 +34,12 @@ func (c *DemoCommand) Run(ctx context.Context, args []string) error {
 		*runID = "demo-" + uuid.NewString()
 	}
 	log := zap.NewNop()
-	srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: *dataDir, Port: -1, Logger: log})
+	srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: *dataDir, Logger: log})
 	if err != nil {
 		return err
 	}
-	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-	nc, err := natsstore.ConnectEmbedded(srv)
+	defer srv.Shutdown()
+	nc, err := srv.Connect()
 	if err != nil {
 		return err
 	}

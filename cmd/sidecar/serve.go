@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/conductor-sdk/conductor-go/sdk/model"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -75,7 +74,8 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 type sidecar struct {
 	log     *zap.Logger
 	addr    string
-	srv     *server.Server
+	ln      net.Listener // bound, not yet served by api
+	srv     *natsstore.Embedded
 	nc      *nats.Conn
 	store   *natsstore.Store
 	watcher *adapter.Watcher
@@ -94,16 +94,8 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	if cfg.NATSURL == "" {
-		if sc.srv, err = natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: cfg.DataDir, Port: -1, SyncInterval: cfg.SyncInterval, Logger: log}); err != nil {
-			return sc, err
-		}
-		sc.nc, err = natsstore.ConnectEmbedded(sc.srv)
-	} else {
-		sc.nc, err = nats.Connect(cfg.NATSURL, nats.Name("sidecar "+cfg.WorkerID), nats.MaxReconnects(-1))
-	}
-	if err != nil {
-		return sc, fmt.Errorf("connect to nats: %w", err)
+	if sc.nc, err = connectNATS(cfg, sc, log); err != nil {
+		return sc, err
 	}
 	js, err := jetstream.New(sc.nc)
 	if err != nil {
@@ -146,7 +138,20 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	if err != nil {
 		return sc, err
 	}
-	executors := exec.New(exec.Options{Artifacts: arts, Logger: log})
+	// The API's address is bound now so that the http executor can be
+	// told never to call it; it serves once every component is open.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return sc, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	sc.addr = ln.Addr().String()
+	sc.ln = ln
+	execOpts := exec.Options{Artifacts: arts, Logger: log}
+	resolver := &secrets.Resolver{Logger: log}
+	if err := cfg.Exec.apply(&execOpts, resolver, sc.addr, cfg.ConductorURL); err != nil {
+		return sc, err
+	}
+	executors := exec.New(execOpts)
 	concurrency := map[string]int{}
 	for kind, n := range cfg.Concurrency {
 		concurrency[plan.TaskType(kind)] = n
@@ -155,7 +160,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	if cfg.TaskDomain != "" {
 		tasks = adapter.DomainPoller{Client: conductor, Domain: cfg.TaskDomain}
 	}
-	sc.worker = taskworkers.New(tasks, sc.store, emitter, &secrets.Resolver{Logger: log}, executors.Executors(), taskworkers.Options{
+	sc.worker = taskworkers.New(tasks, sc.store, emitter, resolver, executors.Executors(), taskworkers.Options{
 		WorkerID: cfg.WorkerID, Concurrency: concurrency,
 		Guard: func(ctx context.Context, runID, workflowID string) error {
 			_, err := runs.EnsureStarted(ctx, runID, workflowID)
@@ -205,7 +210,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	if err != nil {
 		return sc, err
 	}
-	sc.api = httpapi.NewServer(httpapi.Options{
+	apiOpts := httpapi.Options{
 		Runs: sc.store, Replies: replies, Starter: &httpapi.RunStarter{Runs: runs}, Control: &httpapi.RunControl{Runs: runs, Drain: sc.drain},
 		DrainTimeout: cfg.DrainTimeout, Gatherer: reg, Registerer: reg, Logger: log,
 		Ready: func(ctx context.Context) error {
@@ -214,13 +219,13 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 			}
 			return conductor.Health(ctx)
 		},
-	})
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return sc, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
-	sc.addr = ln.Addr().String()
+	if err := cfg.API.apply(&apiOpts, log); err != nil {
+		return sc, err
+	}
+	sc.api = httpapi.NewServer(apiOpts)
 	sc.api.Open(ln)
+	sc.ln = nil
 	return sc, nil
 }
 
@@ -250,6 +255,9 @@ func (sc *sidecar) close(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("watcher: %w", err))
 		}
 	}
+	if sc.ln != nil {
+		_ = sc.ln.Close()
+	}
 	if sc.store != nil {
 		_ = sc.store.Close()
 	}
@@ -258,10 +266,46 @@ func (sc *sidecar) close(ctx context.Context) error {
 	}
 	if sc.srv != nil {
 		sc.srv.Shutdown()
-		sc.srv.WaitForShutdown()
 	}
 	sc.log.Info("sidecar stopped")
 	return errors.Join(errs...)
+}
+
+// connectNATS starts the embedded server (unless --nats-url) and connects
+// to NATS as the sidecar's least-privileged user.
+func connectNATS(cfg Config, sc *sidecar, log *zap.Logger) (*nats.Conn, error) {
+	if cfg.NATSURL == "" {
+		ec := natsstore.EmbeddedConfig{DataDir: cfg.DataDir, Listen: cfg.NATS.Listen, SyncInterval: cfg.SyncInterval, Logger: log}
+		if cfg.NATS.Listen != "" {
+			pw, err := cfg.NATS.password()
+			if err != nil {
+				return nil, err
+			}
+			ec.Password = pw
+		}
+		srv, err := natsstore.StartEmbedded(ec)
+		if err != nil {
+			return nil, err
+		}
+		sc.srv = srv
+		if addr := srv.Addr(); addr != nil {
+			log.Info("embedded nats listens for other replicas (user "+natsstore.SidecarUser+")", zap.String("addr", addr.String()))
+		}
+		return srv.Connect(nats.Name("sidecar " + cfg.WorkerID))
+	}
+	opts, err := cfg.NATS.connectOptions()
+	if err != nil {
+		return nil, err
+	}
+	if len(opts) == 0 {
+		log.Warn("connecting to NATS without credentials: anyone who reaches it can rewrite the log (see docs/security.md)", zap.String("url", redactURL(cfg.NATSURL)))
+	}
+	opts = append(opts, nats.Name("sidecar "+cfg.WorkerID), nats.MaxReconnects(-1))
+	nc, err := nats.Connect(cfg.NATSURL, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to nats %s: %w", redactURL(cfg.NATSURL), err)
+	}
+	return nc, nil
 }
 
 func newLogger(cfg Config) (*zap.Logger, error) {

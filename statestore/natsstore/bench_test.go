@@ -212,7 +212,7 @@ func concurrently(b *testing.B, conc int, op func(i int) error) {
 
 func benchServer(b *testing.B, syncInterval time.Duration) jetstream.JetStream {
 	b.Helper()
-	srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: b.TempDir(), Port: -1, SyncInterval: syncInterval, Logger: zap.NewNop()})
+	srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: b.TempDir(), SyncInterval: syncInterval, Logger: zap.NewNop()})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -112,11 +112,11 @@ func crashChild(dir string) {
 		fmt.Printf("ERR %v\n", err)
 		os.Exit(1)
 	}
-	srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: dir, Port: -1, Logger: zap.NewNop()})
+	srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: dir, Logger: zap.NewNop()})
 	if err != nil {
 		fail(err)
 	}
-	nc, err := natsstore.ConnectEmbedded(srv)
+	nc, err := srv.Connect()
 	if err != nil {
 		fail(err)
 	}

@@ -1,8 +1,15 @@
 package natsstore
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -10,14 +17,28 @@ import (
 	"go.uber.org/zap"
 )
 
+// SidecarUser is the NATS user the sidecar connects as, to its embedded
+// server and (by convention, see deploy/nats) to an external one.
+const SidecarUser = "sidecar"
+
 // EmbeddedConfig configures StartEmbedded.
 type EmbeddedConfig struct {
 	// DataDir is the JetStream store directory (required). It survives
-	// restarts; two servers must not share it.
+	// restarts. StartEmbedded takes an exclusive lock on it (LockDataDir):
+	// a second server on the same directory fails at once.
 	DataDir string
-	// Port is the client port on 127.0.0.1: 0 means 4222, -1 a random
-	// free port (tests).
-	Port int
+	// Listen is the TCP address other replicas connect to, e.g.
+	// 10.0.0.5:4222 or 127.0.0.1:0 (a free port). Empty, the default,
+	// opens no listener: only connections made in this process (Connect)
+	// reach the server, so no other local process can read or write the log.
+	Listen string
+	// Password is the password of SidecarUser. With a listener it is
+	// required (other replicas present it); without one, an empty Password
+	// gets a random one that never leaves the process.
+	Password string
+	// Permissions limit SidecarUser (nil: Permissions(DefaultSubjectPrefix),
+	// the least privilege the sidecar needs). Tests may pass AllPermissions.
+	Permissions *server.Permissions
 	// SyncInterval is how often the file store fsyncs. Zero, the default,
 	// fsyncs every write before it is acknowledged ("sync_interval:
 	// always"), so an acknowledged event survives a power loss. A positive
@@ -32,10 +53,68 @@ type EmbeddedConfig struct {
 	ReadyTimeout time.Duration
 }
 
-// StartEmbedded starts a NATS server with JetStream in this process,
-// listening on 127.0.0.1 only, and returns once it accepts connections.
-// Stop it with Shutdown and WaitForShutdown.
-func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
+// AllPermissions lets SidecarUser do everything: for tests that play an
+// administrator (delete a stream to see it detected). Never for serve.
+var AllPermissions = &server.Permissions{
+	Publish:   &server.SubjectPermission{Allow: []string{">"}},
+	Subscribe: &server.SubjectPermission{Allow: []string{">"}},
+}
+
+// Permissions returns the least privilege the sidecar needs on a server
+// whose account holds only the sidecar's streams, buckets and object
+// stores, with the event stream on subjects prefix.>. The JetStream API is
+// allowed except what could remove or rewrite data or configuration:
+// stream delete, purge, update, message delete, snapshot and restore, peer
+// removal and the meta/server APIs. Publishing to the stream's appended
+// notifications (prefix-appended.>) is denied, so a runSeq or persistedAt
+// cannot be forged there. deploy/nats/sidecar.conf writes the same rules
+// for an external server; TestSidecarConf_LeastPrivilege checks both.
+func Permissions(prefix string) *server.Permissions {
+	return &server.Permissions{
+		Publish: &server.SubjectPermission{
+			Allow: []string{"$JS.API.>", "$KV.>", "$O.>", prefix + ".>", "$JS.ACK.>", "$JS.FC.>", "_INBOX.>"},
+			Deny:  append(DeniedAPI(), prefix+appendedSuffix+".>"),
+		},
+		Subscribe: &server.SubjectPermission{
+			Allow: []string{"_INBOX.>", prefix + appendedSuffix + ".>"},
+		},
+	}
+}
+
+// DeniedAPI lists the JetStream API subjects the sidecar's user must not
+// publish to: everything that deletes, purges or reconfigures a stream or
+// bucket, or the server.
+func DeniedAPI() []string {
+	return []string{
+		"$JS.API.STREAM.DELETE.>",
+		"$JS.API.STREAM.PURGE.>",
+		"$JS.API.STREAM.UPDATE.>",
+		"$JS.API.STREAM.MSG.DELETE.>",
+		"$JS.API.STREAM.SNAPSHOT.>",
+		"$JS.API.STREAM.RESTORE.>",
+		"$JS.API.STREAM.PEER.REMOVE.>",
+		"$JS.API.ACCOUNT.PURGE.>",
+		"$JS.API.META.>",
+		"$JS.API.SERVER.>",
+	}
+}
+
+// Embedded is a NATS server with JetStream running in this process.
+type Embedded struct {
+	*server.Server
+	password string
+	unlock   func() error
+	once     sync.Once
+}
+
+// StartEmbedded locks cfg.DataDir, starts a NATS server with JetStream in
+// this process and returns once it accepts connections. Every client,
+// in-process or not, authenticates as SidecarUser. Stop it with Shutdown.
+//
+// It fails with ErrDataDirLocked when another process holds the data dir,
+// and otherwise with the server's own last error (read-only or full disk,
+// damaged store) rather than a bare time-out.
+func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if cfg.DataDir == "" {
 		return nil, errors.New("natsstore: embedded server needs a data dir")
 	}
@@ -45,50 +124,130 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 	if cfg.ReadyTimeout <= 0 {
 		cfg.ReadyTimeout = 10 * time.Second
 	}
+	if cfg.Permissions == nil {
+		cfg.Permissions = Permissions(DefaultSubjectPrefix)
+	}
 	opts := &server.Options{
-		ServerName:   "sidecar",
-		Host:         "127.0.0.1",
-		Port:         cfg.Port,
-		JetStream:    true,
-		StoreDir:     cfg.DataDir,
-		SyncAlways:   cfg.SyncInterval <= 0,
-		SyncInterval: cfg.SyncInterval,
-		NoSigs:       true,
+		ServerName:      "sidecar",
+		JetStream:       true,
+		StoreDir:        cfg.DataDir,
+		SyncAlways:      cfg.SyncInterval <= 0,
+		SyncInterval:    cfg.SyncInterval,
+		NoSigs:          true,
+		NoSystemAccount: true,
+	}
+	if cfg.Listen == "" {
+		opts.DontListen = true
+		if cfg.Password == "" {
+			cfg.Password = randomPassword()
+		}
+	} else {
+		if cfg.Password == "" {
+			return nil, errors.New("natsstore: a listener for other replicas needs a password for user " + SidecarUser)
+		}
+		host, port, err := net.SplitHostPort(cfg.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("natsstore: listen address %q: %w", cfg.Listen, err)
+		}
+		p, err := strconv.Atoi(port)
+		if err != nil || p < 0 || p > 65535 {
+			return nil, fmt.Errorf("natsstore: listen address %q: bad port", cfg.Listen)
+		}
+		if p == 0 {
+			p = -1 // nats-server: -1 is a random port, 0 its default 4222
+		}
+		opts.Host, opts.Port = host, p
+	}
+	opts.Users = []*server.User{{Username: SidecarUser, Password: cfg.Password, Permissions: cfg.Permissions}}
+	unlock, err := LockDataDir(cfg.DataDir)
+	if err != nil {
+		return nil, err
 	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
+		_ = unlock()
 		return nil, fmt.Errorf("new nats server: %w", err)
 	}
-	srv.SetLoggerV2(serverLogger{cfg.Logger.Named("nats").Sugar()}, false, false, false)
+	logs := &serverLogger{l: cfg.Logger.Named("nats").Sugar()}
+	srv.SetLoggerV2(logs, false, false, false)
 	srv.Start()
+	e := &Embedded{Server: srv, password: cfg.Password, unlock: unlock}
 	if !srv.ReadyForConnections(cfg.ReadyTimeout) {
-		srv.Shutdown()
-		return nil, fmt.Errorf("nats server not ready within %s", cfg.ReadyTimeout)
+		e.Shutdown()
+		return nil, fmt.Errorf("nats server on %s not ready within %s%s", cfg.DataDir, cfg.ReadyTimeout, logs.lastError())
 	}
 	if !srv.JetStreamEnabled() {
-		srv.Shutdown()
-		return nil, fmt.Errorf("jetstream did not start on %s (see the server log)", cfg.DataDir)
+		e.Shutdown()
+		return nil, fmt.Errorf("jetstream did not start on %s%s", cfg.DataDir, logs.lastError())
 	}
-	return srv, nil
+	return e, nil
 }
 
-// ConnectEmbedded connects to srv in-process, without a network socket.
-func ConnectEmbedded(srv *server.Server, opts ...nats.Option) (*nats.Conn, error) {
-	opts = append([]nats.Option{nats.Name("sidecar"), nats.InProcessServer(srv)}, opts...)
-	nc, err := nats.Connect(srv.ClientURL(), opts...)
+// Shutdown stops the server, waits for it, and releases the data dir.
+// It may be called more than once.
+func (e *Embedded) Shutdown() {
+	e.once.Do(func() {
+		e.Server.Shutdown()
+		e.Server.WaitForShutdown()
+		_ = e.unlock()
+	})
+}
+
+// Connect connects to the server in-process, as SidecarUser.
+func (e *Embedded) Connect(opts ...nats.Option) (*nats.Conn, error) {
+	opts = append([]nats.Option{nats.Name("sidecar"), nats.InProcessServer(e.Server), nats.UserInfo(SidecarUser, e.password)}, opts...)
+	nc, err := nats.Connect("", opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to embedded nats: %w", err)
 	}
 	return nc, nil
 }
 
-// serverLogger adapts zap to the nats-server logger. Fatalf logs at error
-// level: an embedded server must not exit the process.
-type serverLogger struct{ l *zap.SugaredLogger }
+// URL is the listener's URL with SidecarUser's credentials in it, for
+// another replica (tests); empty when the server has no listener.
+func (e *Embedded) URL() string {
+	addr := e.Server.Addr()
+	if addr == nil {
+		return ""
+	}
+	u := url.URL{Scheme: "nats", User: url.UserPassword(SidecarUser, e.password), Host: addr.String()}
+	return u.String()
+}
 
-func (s serverLogger) Noticef(format string, v ...any) { s.l.Infof(format, v...) }
-func (s serverLogger) Warnf(format string, v ...any)   { s.l.Warnf(format, v...) }
-func (s serverLogger) Fatalf(format string, v ...any)  { s.l.Errorf(format, v...) }
-func (s serverLogger) Errorf(format string, v ...any)  { s.l.Errorf(format, v...) }
-func (s serverLogger) Debugf(format string, v ...any)  { s.l.Debugf(format, v...) }
-func (s serverLogger) Tracef(format string, v ...any)  { s.l.Debugf(format, v...) }
+func randomPassword() string {
+	b := make([]byte, 24)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails on Linux
+	return hex.EncodeToString(b)
+}
+
+// serverLogger adapts zap to the nats-server logger and keeps the last
+// error line, for the start-up failure message. Fatalf logs at error
+// level: an embedded server must not exit the process.
+type serverLogger struct {
+	l    *zap.SugaredLogger
+	mu   sync.Mutex
+	last string
+}
+
+func (s *serverLogger) Noticef(format string, v ...any) { s.l.Infof(format, v...) }
+func (s *serverLogger) Warnf(format string, v ...any)   { s.l.Warnf(format, v...) }
+func (s *serverLogger) Fatalf(format string, v ...any)  { s.keep(format, v); s.l.Errorf(format, v...) }
+func (s *serverLogger) Errorf(format string, v ...any)  { s.keep(format, v); s.l.Errorf(format, v...) }
+func (s *serverLogger) Debugf(format string, v ...any)  { s.l.Debugf(format, v...) }
+func (s *serverLogger) Tracef(format string, v ...any)  { s.l.Debugf(format, v...) }
+
+func (s *serverLogger) keep(format string, v []any) {
+	s.mu.Lock()
+	s.last = fmt.Sprintf(format, v...)
+	s.mu.Unlock()
+}
+
+// lastError is ": <the server's last error>", or "" when it logged none.
+func (s *serverLogger) lastError() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.last == "" {
+		return ""
+	}
+	return ": " + strings.TrimSpace(s.last)
+}

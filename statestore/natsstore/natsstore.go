@@ -126,6 +126,12 @@ type Options struct {
 	// Gate makes those alerts once per (runId, eventId) across replicas and
 	// restarts (see OpenAlertGate); nil: once per process.
 	Gate statestore.AlertGate
+	// StateBucket is the KV bucket of the stream's watermark (default
+	// DefaultStateBucket), the highest sequence it is known to have reached.
+	StateBucket string
+	// WatermarkInterval is how often the watermark is saved while appends
+	// move it (default 1s).
+	WatermarkInterval time.Duration
 }
 
 // Store is the JetStream append authority. It is safe for concurrent use.
@@ -140,12 +146,16 @@ type Store struct {
 	proj      *statestore.Projector
 	stamps    *stamps
 	metrics   *statestore.Metrics
+	created   time.Time  // creation time of the stream Open verified
+	mark      *watermark // highest sequence seen stored
 }
 
-// Open creates the event stream, or updates it to the configuration above,
-// subscribes to its appended notifications and returns a Store on it. It
-// fails if the stream cannot be created or updated (for instance when it
-// exists with a conflicting configuration). Close the Store when done.
+// Open creates the event stream, or binds to it when it exists (it never
+// updates it: see openStream), checks that the log is whole and not rolled
+// back, subscribes to its appended notifications and returns a Store on
+// it. A log that lost records, or a stream configured so that records
+// could be removed, fails with an error matching statestore.ErrDamaged
+// that names the damage. Close the Store when done.
 func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, error) {
 	if opts.Stream == "" {
 		opts.Stream = DefaultStream
@@ -158,6 +168,12 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
+	}
+	if opts.StateBucket == "" {
+		opts.StateBucket = DefaultStateBucket
+	}
+	if opts.WatermarkInterval <= 0 {
+		opts.WatermarkInterval = time.Second
 	}
 	if err := checkName("stream", opts.Stream, false); err != nil {
 		return nil, err
@@ -186,14 +202,29 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 			HeadersOnly: true,
 		},
 	}
-	if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
-		return nil, unavailable("open stream "+opts.Stream, err)
+	stream, err := openStream(ctx, js, cfg, opts.Logger)
+	if err != nil {
+		return nil, err
 	}
+	info := stream.CachedInfo()
+	mark, err := openWatermark(ctx, js, opts.StateBucket, opts.Stream, opts.Replicas, opts.WatermarkInterval, opts.Logger.Named("natsstore"))
+	if err != nil {
+		return nil, err
+	}
+	// The log must be whole before anything is appended to it: a
+	// damaged or rolled-back stream is refused here, with the reason.
+	if err := checkState(opts.Stream, info.State, mark.high()); err != nil {
+		return nil, err
+	}
+	mark.saw(info.State.LastSeq)
 	st, err := subscribeStamps(js.Conn(), opts.Stream, cfg.RePublish.Destination)
 	if err != nil {
 		return nil, unavailable("subscribe to appended notifications", err)
 	}
+	mark.start()
 	s := &Store{
+		created:   info.Created,
+		mark:      mark,
 		js:        js,
 		nc:        js.Conn(),
 		name:      opts.Stream,
@@ -221,7 +252,16 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 // not close the connection. The store keeps working after Close, but each
 // Append then reads its message back.
 func (s *Store) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var errs []error
+	if err := s.mark.close(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("save watermark: %w", err))
+	}
 	if err := s.stamps.close(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("close natsstore: %w", err)
 	}
 	return nil
@@ -271,11 +311,15 @@ func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite) (states
 		if errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeStoreFailed {
 			return s.existing(ctx, subj, err)
 		}
+		if errors.Is(err, jetstream.ErrNoStreamResponse) {
+			return statestore.AppendResult{}, damaged(fmt.Sprintf("append: no stream takes subject %s: stream %s was deleted (see /readyz)", s.prefix+".>", s.name), err)
+		}
 		return statestore.AppendResult{}, unavailable("append", err)
 	}
 	if ack.Stream != s.name {
 		return statestore.AppendResult{}, fmt.Errorf("append: stored by stream %q, want %q", ack.Stream, s.name)
 	}
+	s.mark.saw(ack.Sequence)
 	m := s.stamps.take(subj)
 	if m == nil || m.seq != ack.Sequence {
 		// No stamp before the ack (another server republished it out of

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -119,7 +118,7 @@ func TestRunToken(t *testing.T) {
 func TestStore_IdentifierLength(t *testing.T) {
 	ctx := context.Background()
 	srv := startServer(t, t.TempDir())
-	nc, err := natsstore.ConnectEmbedded(srv)
+	nc, err := srv.Connect()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,20 +336,17 @@ func TestStore_Unavailable(t *testing.T) {
 	}
 }
 
-func startServer(t testing.TB, dir string) *server.Server {
+func startServer(t testing.TB, dir string) *natsstore.Embedded {
 	t.Helper()
-	srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: dir, Port: -1, Logger: zaptest.NewLogger(t)})
+	srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: dir, Logger: zaptest.NewLogger(t), Permissions: natsstore.AllPermissions})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
+	t.Cleanup(srv.Shutdown)
 	return srv
 }
 
-func connect(t testing.TB, srv *server.Server) jetstream.JetStream {
+func connect(t testing.TB, srv *natsstore.Embedded) jetstream.JetStream {
 	t.Helper()
 	return natstest.Connect(t, srv)
 }

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap/zaptest"
 
@@ -25,13 +24,13 @@ import (
 )
 
 // startJS starts an embedded NATS server with JetStream for one test.
-func startJS(t testing.TB) (*server.Server, jetstream.JetStream) {
+func startJS(t testing.TB) (*natsstore.Embedded, jetstream.JetStream) {
 	t.Helper()
 	js, srv := natstest.Start(t)
 	return srv, js
 }
 
-func openStore(t testing.TB, opts artifacts.Options) (*server.Server, *artifacts.Store) {
+func openStore(t testing.TB, opts artifacts.Options) (*natsstore.Embedded, *artifacts.Store) {
 	t.Helper()
 	srv, js := startJS(t)
 	opts.Logger = zaptest.NewLogger(t)

@@ -15,13 +15,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 	"github.com/conductor-sidecar/sidecar/taskworkers/artifacts"
@@ -30,7 +30,7 @@ import (
 
 // env is a started embedded NATS server with an artifact store.
 type env struct {
-	srv   *server.Server
+	srv   *natsstore.Embedded
 	store *artifacts.Store
 }
 

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+)
+
+// natsConfig is how serve reaches NATS securely: the embedded server's
+// listener for other replicas, and the credentials and TLS of a connection
+// to an external server (--nats-url).
+type natsConfig struct {
+	// Listen opens the embedded server to other replicas (empty: no TCP
+	// listener at all).
+	Listen string
+	// PasswordFile holds the password of the NATS user: of the embedded
+	// server's user "sidecar" with Listen, of User on an external server.
+	PasswordFile string
+	// User is the user name on an external server (with PasswordFile).
+	User string
+	// Creds is a NATS credentials file (JWT and nkey seed).
+	Creds string
+	// NKey is a file holding an nkey seed.
+	NKey string
+	// CA, Cert and Key configure TLS to an external server: the CA that
+	// signed the server's certificate, and a client certificate.
+	CA, Cert, Key string
+	// InsecureNoAuth allows a non-loopback --nats-url without credentials.
+	InsecureNoAuth bool
+}
+
+func (c *natsConfig) registerFlags(fs *flag.FlagSet) {
+	str := func(p *string, name, usage string) {
+		fs.StringVar(p, name, envOr(envName(name), *p), usage+" (env "+envName(name)+")")
+	}
+	str(&c.Listen, "nats-listen", "open the embedded NATS server to other replicas on this address (needs --nats-password-file); empty: in-process only")
+	str(&c.PasswordFile, "nats-password-file", "file with the NATS password: of user sidecar on the embedded listener, or of --nats-user on --nats-url")
+	str(&c.User, "nats-user", "NATS user on --nats-url (with --nats-password-file; default sidecar)")
+	str(&c.Creds, "nats-creds", "NATS credentials file (JWT + nkey) for --nats-url")
+	str(&c.NKey, "nats-nkey", "file with an nkey seed for --nats-url")
+	str(&c.CA, "nats-ca", "CA certificate (PEM) that signed the NATS server's certificate")
+	str(&c.Cert, "nats-cert", "client certificate (PEM) for NATS TLS (with --nats-key)")
+	str(&c.Key, "nats-key", "client key (PEM) for NATS TLS (with --nats-cert)")
+	insecure := envOr(envName("nats-insecure-no-auth"), "false") == "true"
+	fs.BoolVar(&c.InsecureNoAuth, "nats-insecure-no-auth", insecure, "allow a non-loopback --nats-url without credentials: anyone who reaches that server can rewrite the log (env "+envName("nats-insecure-no-auth")+")")
+}
+
+// validate returns the problems of the NATS settings; natsURL is --nats-url.
+func (c *natsConfig) validate(natsURL string) []string {
+	var p []string
+	creds := 0
+	for _, f := range []string{c.PasswordFile, c.Creds, c.NKey} {
+		if f != "" {
+			creds++
+		}
+	}
+	if natsURL == "" {
+		if c.Listen != "" && c.PasswordFile == "" {
+			p = append(p, "--nats-listen needs --nats-password-file: other replicas authenticate as user sidecar with that password")
+		}
+		if c.Listen != "" {
+			if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+				p = append(p, fmt.Sprintf("--nats-listen %q: want host:port", c.Listen))
+			}
+		}
+		for _, f := range []struct{ name, v string }{{"--nats-creds", c.Creds}, {"--nats-nkey", c.NKey}, {"--nats-user", c.User}, {"--nats-ca", c.CA}, {"--nats-cert", c.Cert}} {
+			if f.v != "" {
+				p = append(p, f.name+" applies to an external server (--nats-url); the embedded one uses --nats-password-file")
+			}
+		}
+		return p
+	}
+	if c.Listen != "" {
+		p = append(p, "--nats-listen is for the embedded server; with --nats-url the cluster is already reachable")
+	}
+	if creds > 1 {
+		p = append(p, "give one of --nats-password-file, --nats-creds, --nats-nkey")
+	}
+	if c.User != "" && c.PasswordFile == "" {
+		p = append(p, "--nats-user needs --nats-password-file")
+	}
+	if (c.Cert == "") != (c.Key == "") {
+		p = append(p, "--nats-cert and --nats-key go together")
+	}
+	if creds == 0 && c.Cert == "" && !c.InsecureNoAuth && !loopbackNATS(natsURL) {
+		p = append(p, fmt.Sprintf("--nats-url %s is not on loopback and no NATS credentials are given: pass --nats-creds, --nats-nkey or --nats-password-file (deploy/nats/sidecar.conf), or --nats-insecure-no-auth", redactURL(natsURL)))
+	}
+	return p
+}
+
+// password reads PasswordFile: its first line, without surrounding space.
+func (c *natsConfig) password() (string, error) {
+	b, err := os.ReadFile(c.PasswordFile)
+	if err != nil {
+		return "", fmt.Errorf("--nats-password-file: %w", err)
+	}
+	pw := strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0])
+	if pw == "" {
+		return "", errors.New("--nats-password-file " + c.PasswordFile + " is empty")
+	}
+	return pw, nil
+}
+
+// connectOptions are the nats.go options of a connection to --nats-url.
+func (c *natsConfig) connectOptions() ([]nats.Option, error) {
+	var opts []nats.Option
+	switch {
+	case c.Creds != "":
+		opts = append(opts, nats.UserCredentials(c.Creds))
+	case c.NKey != "":
+		o, err := nats.NkeyOptionFromSeed(c.NKey)
+		if err != nil {
+			return nil, fmt.Errorf("--nats-nkey: %w", err)
+		}
+		opts = append(opts, o)
+	case c.PasswordFile != "":
+		pw, err := c.password()
+		if err != nil {
+			return nil, err
+		}
+		user := c.User
+		if user == "" {
+			user = "sidecar"
+		}
+		opts = append(opts, nats.UserInfo(user, pw))
+	}
+	if c.CA != "" {
+		opts = append(opts, nats.RootCAs(c.CA))
+	}
+	if c.Cert != "" {
+		opts = append(opts, nats.ClientCert(c.Cert, c.Key))
+	}
+	return opts, nil
+}
+
+func loopbackNATS(raw string) bool {
+	for _, one := range strings.Split(raw, ",") {
+		u, err := url.Parse(strings.TrimSpace(one))
+		if err != nil {
+			return false
+		}
+		host := u.Hostname()
+		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			return false
+		}
+	}
+	return true
+}
+
+// redactURL drops any credentials from a URL list for messages.
+func redactURL(raw string) string {
+	var out []string
+	for _, one := range strings.Split(raw, ",") {
+		if u, err := url.Parse(strings.TrimSpace(one)); err == nil {
+			out = append(out, u.Redacted())
+		}
+	}
+	return strings.Join(out, ",")
+}

@@ -1,0 +1,265 @@
+package natsstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// DefaultStateBucket is the KV bucket where the store keeps the highest
+// sequence it knows the event stream reached (its watermark).
+const DefaultStateBucket = "SIDECAR_LOG_STATE"
+
+// openStream creates the event stream, or binds to it when it exists. It
+// never updates a stream: the sidecar's NATS user may not (Permissions),
+// so that nobody holding its credentials can turn deletes or purges on.
+// An existing stream whose configuration differs from cfg is accepted when
+// it keeps every guarantee the log relies on (checkConfig), and reported.
+func openStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, log *zap.Logger) (jetstream.Stream, error) {
+	st, err := js.CreateStream(ctx, cfg)
+	if err == nil {
+		return st, nil
+	}
+	if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return nil, unavailable("open stream "+cfg.Name, err)
+	}
+	if st, err = js.Stream(ctx, cfg.Name); err != nil {
+		return nil, unavailable("open stream "+cfg.Name, err)
+	}
+	if err := checkConfig(st.CachedInfo().Config, cfg); err != nil {
+		return nil, err
+	}
+	log.Warn("the event stream keeps a configuration that differs from this version's; it keeps every guarantee of the log, and an administrator may align it (docs/jetstream.md)",
+		zap.String("stream", cfg.Name))
+	return st, nil
+}
+
+// checkConfig refuses a stream on which records could be removed,
+// replaced or duplicated.
+func checkConfig(have, want jetstream.StreamConfig) error {
+	var p []string
+	if !have.DenyDelete {
+		p = append(p, "deny_delete is off")
+	}
+	if !have.DenyPurge {
+		p = append(p, "deny_purge is off")
+	}
+	if have.AllowRollup {
+		p = append(p, "allow_rollup is on")
+	}
+	if have.MaxMsgsPerSubject != 1 || have.Discard != jetstream.DiscardNew || !have.DiscardNewPerSubject {
+		p = append(p, "it does not keep exactly the first message per subject (max_msgs_per_subject 1, discard new per subject)")
+	}
+	if have.MaxAge > 0 || have.MaxMsgs > 0 || have.MaxBytes > 0 {
+		p = append(p, "it has age or size limits that would drop records")
+	}
+	if len(have.Subjects) != 1 || have.Subjects[0] != want.Subjects[0] {
+		p = append(p, fmt.Sprintf("its subjects are %v, want %v", have.Subjects, want.Subjects))
+	}
+	if len(p) == 0 {
+		return nil
+	}
+	return damaged(fmt.Sprintf("stream %s exists but %s; an administrator must restore its configuration (docs/operations.md, \"Damaged data dir\")", want.Name, strings.Join(p, ", ")), nil)
+}
+
+// checkState reports a stream that lost records. The stream never removes
+// a message on its own (no limits, deletes denied, discard new), so its
+// sequences are 1..LastSeq without holes, and LastSeq never goes below a
+// sequence the sidecar saw stored.
+func checkState(name string, st jetstream.StreamState, watermark uint64) error {
+	switch {
+	case st.LastSeq < watermark:
+		return damaged(fmt.Sprintf("stream %s ends at sequence %d but sequence %d was stored before: the log was rolled back or truncated", name, st.LastSeq, watermark), nil)
+	case st.NumDeleted > 0:
+		return damaged(fmt.Sprintf("stream %s is missing %d records inside sequences %d..%d (deletes are denied: its files are damaged)", name, st.NumDeleted, st.FirstSeq, st.LastSeq), nil)
+	case st.LastSeq > 0 && st.FirstSeq > 1:
+		return damaged(fmt.Sprintf("stream %s starts at sequence %d: records 1..%d are missing", name, st.FirstSeq, st.FirstSeq-1), nil)
+	case st.LastSeq > 0 && st.Msgs != st.LastSeq-st.FirstSeq+1:
+		return damaged(fmt.Sprintf("stream %s holds %d records in sequences %d..%d: some are missing", name, st.Msgs, st.FirstSeq, st.LastSeq), nil)
+	}
+	return nil
+}
+
+// Check reports whether the log is still the one Open verified: the stream
+// exists, was not replaced (same creation time), is whole (checkState),
+// and has not gone below the highest sequence this store saw. It returns an
+// error matching statestore.ErrDamaged naming the damage, or
+// statestore.ErrUnavailable when the server did not answer. /readyz calls
+// it, so it costs one stream-info request.
+func (s *Store) Check(ctx context.Context) error {
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	st, err := s.js.Stream(ctx, s.name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return damaged(fmt.Sprintf("stream %s was deleted while the sidecar ran", s.name), err)
+	}
+	if err != nil {
+		return unavailable("check stream "+s.name, err)
+	}
+	info := st.CachedInfo()
+	if !info.Created.Equal(s.created) {
+		return damaged(fmt.Sprintf("stream %s was replaced while the sidecar ran (created %s, opened one created %s)",
+			s.name, info.Created.UTC().Format(time.RFC3339Nano), s.created.UTC().Format(time.RFC3339Nano)), nil)
+	}
+	if err := checkConfig(info.Config, jetstream.StreamConfig{Name: s.name, Subjects: []string{s.prefix + ".>"}}); err != nil {
+		return err
+	}
+	return checkState(s.name, info.State, s.mark.high())
+}
+
+func damaged(msg string, err error) error {
+	return &statestore.Error{Code: statestore.CodeStoreDamaged, Message: msg, Err: err}
+}
+
+// watermark keeps the highest stream sequence this store saw stored, and
+// saves it to a KV bucket (only ever upward, with compare-and-set, so
+// replicas sharing the stream agree) once per interval while it moved and
+// at Close. At Open a stream that ends below the saved watermark was rolled
+// back. What was appended within the last interval before a crash is not
+// yet saved, so a rollback of only those records is not detected.
+type watermark struct {
+	kv       jetstream.KeyValue
+	key      string
+	interval time.Duration
+	log      *zap.Logger
+
+	seen  atomic.Uint64 // highest sequence seen stored
+	saved uint64        // highest sequence saved (loop only)
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func openWatermark(ctx context.Context, js jetstream.JetStream, bucket, stream string, replicas int, interval time.Duration, log *zap.Logger) (*watermark, error) {
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      bucket,
+		Description: "Conductor sidecar: the highest sequence each event stream reached (rollback detection)",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+	})
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		kv, err = js.KeyValue(ctx, bucket)
+	}
+	if err != nil {
+		return nil, unavailable("open bucket "+bucket, err)
+	}
+	w := &watermark{kv: kv, key: stream, interval: interval, log: log}
+	v, _, err := w.load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	w.seen.Store(v)
+	w.saved = v
+	return w, nil
+}
+
+func (w *watermark) load(ctx context.Context) (uint64, uint64, error) {
+	e, err := w.kv.Get(ctx, w.key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0, 0, nil
+	}
+	if err != nil {
+		return 0, 0, unavailable("read the log's watermark", err)
+	}
+	v, err := strconv.ParseUint(string(e.Value()), 10, 64)
+	if err != nil {
+		return 0, 0, damaged(fmt.Sprintf("the log's watermark %s/%s holds %q, not a sequence", w.kv.Bucket(), w.key, e.Value()), err)
+	}
+	return v, e.Revision(), nil
+}
+
+func (w *watermark) high() uint64 { return w.seen.Load() }
+
+// saw records that seq is stored.
+func (w *watermark) saw(seq uint64) {
+	for {
+		cur := w.seen.Load()
+		if seq <= cur || w.seen.CompareAndSwap(cur, seq) {
+			return
+		}
+	}
+}
+
+// start saves the watermark every interval until close.
+func (w *watermark) start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	w.cancel = cancel
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		t := time.NewTicker(w.interval)
+		defer t.Stop()
+		var failing bool
+		var lastLog time.Time
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			err := w.save(ctx)
+			switch {
+			case err == nil && failing:
+				failing = false
+				w.log.Info("saving the log's watermark works again")
+			case err != nil && !errors.Is(err, context.Canceled) && time.Since(lastLog) > time.Minute:
+				failing, lastLog = true, time.Now()
+				w.log.Warn("could not save the log's watermark; retrying every interval (logged once a minute)", zap.Error(err))
+			}
+		}
+	}()
+}
+
+// save writes seen if it is above what the bucket holds.
+func (w *watermark) save(ctx context.Context) error {
+	seen := w.seen.Load()
+	if seen <= w.saved {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for range 3 {
+		cur, rev, err := w.load(ctx)
+		if err != nil {
+			return err
+		}
+		if cur >= seen {
+			w.saved = seen
+			return nil
+		}
+		val := []byte(strconv.FormatUint(seen, 10))
+		if rev == 0 {
+			_, err = w.kv.Create(ctx, w.key, val)
+		} else {
+			_, err = w.kv.Update(ctx, w.key, val, rev)
+		}
+		if err == nil {
+			w.saved = seen
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return err
+		}
+	}
+	return errors.New("watermark: too many concurrent updates")
+}
+
+// close stops the loop and saves what was seen, within ctx.
+func (w *watermark) close(ctx context.Context) error {
+	if w.cancel != nil {
+		w.cancel()
+		w.wg.Wait()
+	}
+	return w.save(ctx)
+}

@@ -1,0 +1,150 @@
+package natsstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// fillLog starts a server on dir, appends n events over several runs with
+// the default stream (the one serve uses), closes the store (saving its
+// watermark) and stops the server.
+func fillLog(t *testing.T, dir string, n int) {
+	t.Helper()
+	srv := startServer(t, dir)
+	s, err := natsstore.Open(context.Background(), connect(t, srv), natsstore.Options{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		mustAppend(t, s, storetest.Event(fmt.Sprintf("run-%d", i%3), statestore.StepStarted, fmt.Sprintf("s%d", i)))
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	srv.Shutdown()
+}
+
+func blockFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	blks, _ := filepath.Glob(filepath.Join(dir, "jetstream", "*", "streams", natsstore.DefaultStream, "msgs", "*.blk"))
+	if len(blks) == 0 {
+		t.Fatalf("no block files of %s under %s", natsstore.DefaultStream, dir)
+	}
+	return blks
+}
+
+func reopen(t *testing.T, dir string) error {
+	t.Helper()
+	srv := startServer(t, dir)
+	s, err := natsstore.Open(context.Background(), connect(t, srv), natsstore.Options{Logger: zaptest.NewLogger(t)})
+	if err == nil {
+		_ = s.Close()
+	}
+	return err
+}
+
+// TestOpen_DamagedLog damages the event stream's files while no server
+// runs, as a disk fault or a careless operator would, and expects Open to
+// refuse the log with STORE_DAMAGED instead of serving a log that lost
+// records (issue #10: runs went back to RUNNING with 2 of their 6 events).
+func TestOpen_DamagedLog(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(t *testing.T, blk string)
+	}{
+		{"Truncated", func(t *testing.T, blk string) {
+			fi, err := os.Stat(blk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(blk, fi.Size()/2); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"Overwritten", func(t *testing.T, blk string) {
+			f, err := os.OpenFile(blk, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			fi, _ := f.Stat()
+			if _, err := f.WriteAt([]byte(strings.Repeat("\xff", 200)), fi.Size()/3); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"Removed", func(t *testing.T, blk string) {
+			if err := os.Remove(blk); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			fillLog(t, dir, 30)
+			tc.damage(t, blockFiles(t, dir)[0])
+			err := reopen(t, dir)
+			if !errors.Is(err, statestore.ErrDamaged) {
+				t.Fatalf("Open after damage: got %v, want STORE_DAMAGED", err)
+			}
+			t.Logf("refused: %v", err)
+		})
+	}
+	t.Run("Whole", func(t *testing.T) {
+		dir := t.TempDir()
+		fillLog(t, dir, 30)
+		if err := reopen(t, dir); err != nil {
+			t.Fatalf("Open of a whole log: %v", err)
+		}
+	})
+}
+
+// TestStore_Check is what /readyz asks: the stream deleted or replaced
+// under a running store (by an administrator: the sidecar's own user may do
+// neither) is reported as STORE_DAMAGED, and an append says why it fails.
+func TestStore_Check(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t, t.TempDir())
+	js := connect(t, srv)
+	s, err := natsstore.Open(ctx, js, natsstore.Options{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	mustAppend(t, s, storetest.Event("run-check", statestore.RunStarted, ""))
+	if err := s.Check(ctx); err != nil {
+		t.Fatalf("Check of a whole log: %v", err)
+	}
+	if err := js.DeleteStream(ctx, natsstore.DefaultStream); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(ctx); !errors.Is(err, statestore.ErrDamaged) || !strings.Contains(err.Error(), "deleted") {
+		t.Fatalf("Check after delete: got %v, want STORE_DAMAGED naming the deletion", err)
+	}
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := s.Append(actx, storetest.Event("run-check", statestore.RunCompleted, "")); !errors.Is(err, statestore.ErrDamaged) {
+		t.Fatalf("Append after delete: got %v, want STORE_DAMAGED", err)
+	}
+	// Re-created by someone else with the same configuration: replaced.
+	cfg := jetstream.StreamConfig{Name: natsstore.DefaultStream, Subjects: []string{natsstore.DefaultSubjectPrefix + ".>"},
+		MaxMsgsPerSubject: 1, Discard: jetstream.DiscardNew, DiscardNewPerSubject: true, DenyDelete: true, DenyPurge: true}
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(ctx); !errors.Is(err, statestore.ErrDamaged) || !strings.Contains(err.Error(), "replaced") {
+		t.Fatalf("Check after replace: got %v, want STORE_DAMAGED naming the replacement", err)
+	}
+}
