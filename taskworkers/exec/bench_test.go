@@ -54,7 +54,7 @@ func BenchmarkCommand_Execute(b *testing.B) {
 func BenchmarkHTTP_Execute(b *testing.B) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) }))
 	defer srv.Close()
-	reg := exec.New(exec.Options{Logger: zap.NewNop(), Artifacts: startStore(b).store})
+	reg := exec.New(exec.Options{Logger: zap.NewNop(), Artifacts: startStore(b).store, HTTPAllow: allowLoopback})
 	x := execution(b, plan.ExecutorSpec{Type: plan.ExecutorHTTP, URL: srv.URL})
 	ctx := context.Background()
 	b.ReportAllocs()

@@ -16,8 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
-	"os"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -31,40 +29,6 @@ import (
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 	"github.com/conductor-sidecar/sidecar/taskworkers/artifacts"
 	"github.com/conductor-sidecar/sidecar/taskworkers/secrets"
-)
-
-// Machine codes of step errors. They are part of the contract: they go to
-// StepFailed events and Conductor's reasonForIncompletion.
-const (
-	// CodeSpecInvalid: the executor spec is malformed or does not match
-	// the executor. Not retryable.
-	CodeSpecInvalid = "EXECUTOR_SPEC_INVALID"
-	// CodeUnknownExecutor: no executor for Spec.Type. Not retryable.
-	CodeUnknownExecutor = "EXECUTOR_UNKNOWN"
-	// CodeInternal: the executor panicked (a bug). Not retryable.
-	CodeInternal = "EXECUTOR_INTERNAL_ERROR"
-	// CodeStepTimeout: the step's deadline passed (ctx deadline exceeded).
-	// Retryable.
-	CodeStepTimeout = "STEP_TIMEOUT"
-	// CodeStepInterrupted: the step was cancelled (run cancelled, worker
-	// shutdown). Not retryable: the canceller decides what comes next.
-	CodeStepInterrupted = "STEP_INTERRUPTED"
-	// CodeCommandFailed: the command exited non-zero or was killed by a
-	// signal it was not sent by the executor. Retryable (the step's retry
-	// policy bounds it); the exit code is in Output.
-	CodeCommandFailed = "COMMAND_FAILED"
-	// CodeCommandStartFailed: the command could not be started. Not
-	// retryable when the cause is permanent (not found, permission, bad
-	// working directory, not executable); retryable for resource
-	// exhaustion (EAGAIN, ENOMEM, EMFILE, ...).
-	CodeCommandStartFailed = "COMMAND_START_FAILED"
-	// CodeHTTPRequestFailed: no HTTP response (connection refused, TLS,
-	// reset, the default request timeout). Retryable.
-	CodeHTTPRequestFailed = "HTTP_REQUEST_FAILED"
-	// CodeHTTPStatusPrefix prefixes the code of a non-2xx response:
-	// HTTP_STATUS_503. Retryable when the status is in the spec's
-	// RetryableStatus (default 408, 429, 500, 502, 503, 504).
-	CodeHTTPStatusPrefix = "HTTP_STATUS_"
 )
 
 // Artifact kinds (and names) the executors store.
@@ -109,17 +73,30 @@ type Options struct {
 	// HTTPTimeout bounds a request when the step has no deadline (default
 	// 30s). With a step timeout, the step's deadline applies instead.
 	HTTPTimeout time.Duration
-	// HTTPClient sends requests (default: a client with its own transport,
-	// cloned from http.DefaultTransport).
-	HTTPClient *http.Client
 	// StoreTimeout bounds storing a step's artifacts. Storing uses its own
 	// context so that the output of a timed-out or cancelled step is still
 	// kept (default 30s).
 	StoreTimeout time.Duration
 	// BaseEnv returns the environment a command starts from, before the
-	// spec's Env and the secrets are added (default os.Environ). Set it to
-	// keep the worker's own variables away from commands.
+	// spec's Env and the secrets are added (default
+	// AllowEnv(DefaultEnvAllow): only PATH, HOME, LANG, LC_*, TZ, TMPDIR
+	// and USER of the worker's environment). It must not return the
+	// worker's whole environment: that holds the values behind every
+	// plan's env: secrets and the sidecar's own credentials.
 	BaseEnv func() []string
+	// HTTPAllow lists the destinations the http executor may reach
+	// although they are loopback, link-local, private, unspecified,
+	// multicast or reserved: a CIDR (127.0.0.1/32) allows the addresses
+	// it contains, a host (name or IP, with an optional port) allows
+	// whatever that host name resolves to. Public addresses need no
+	// entry.
+	HTTPAllow []Destination
+	// HTTPDeny lists the destinations the http executor never reaches,
+	// whatever HTTPAllow says: the sidecar's own API and Conductor. A
+	// host:port whose address is local to this machine (loopback,
+	// unspecified or an interface's address) denies that port on every
+	// local address, as a server bound to 0.0.0.0 answers on all of them.
+	HTTPDeny []Destination
 }
 
 func (o *Options) setDefaults() {
@@ -135,14 +112,11 @@ func (o *Options) setDefaults() {
 	if o.HTTPTimeout <= 0 {
 		o.HTTPTimeout = DefaultHTTPTimeout
 	}
-	if o.HTTPClient == nil {
-		o.HTTPClient = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
-	}
 	if o.StoreTimeout <= 0 {
 		o.StoreTimeout = DefaultStoreTimeout
 	}
 	if o.BaseEnv == nil {
-		o.BaseEnv = os.Environ
+		o.BaseEnv = AllowEnv(DefaultEnvAllow)
 	}
 }
 
@@ -162,7 +136,7 @@ func New(opts Options) *Registry {
 	base := base{opts: opts, log: opts.Logger.Named("exec")}
 	r := &Registry{log: base.log, execs: map[string]taskworkers.Executor{}}
 	r.execs[plan.ExecutorCommand] = guarded{&commandExecutor{base}, base.log}
-	r.execs[plan.ExecutorHTTP] = guarded{&httpExecutor{base}, base.log}
+	r.execs[plan.ExecutorHTTP] = guarded{&httpExecutor{base: base, client: newGuardedClient(opts.HTTPAllow, opts.HTTPDeny)}, base.log}
 	r.execs[plan.ExecutorNoop] = guarded{noopExecutor{}, base.log}
 	r.execs[plan.ExecutorSleep] = guarded{sleepExecutor{}, base.log}
 	return r

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -175,3 +176,7 @@ func newRegistry(t testing.TB, st *artifacts.Store, opts exec.Options) *exec.Reg
 	}
 	return exec.New(opts)
 }
+
+// allowLoopback lets the http executor reach the tests' httptest servers
+// on 127.0.0.1, which the destination guard refuses by default.
+var allowLoopback = []exec.Destination{{Prefix: netip.MustParsePrefix("127.0.0.1/32")}}

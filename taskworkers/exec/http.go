@@ -33,7 +33,16 @@ var tokenRe = regexp.MustCompile("^[!#$%&'*+\\-.^_`|~0-9A-Za-z]+$")
 // values and the body is replaced by the value of the step's secret NAME;
 // everything logged or stored uses the spec's text (placeholders, not
 // values) or is redacted.
-type httpExecutor struct{ base }
+//
+// Destinations: every connection, a redirect's included, goes through a
+// guarded dialer (newGuardedClient): loopback, link-local, private,
+// unspecified, multicast and reserved addresses need an Options.HTTPAllow
+// entry, Options.HTTPDeny addresses are never reached, and proxies from
+// the environment are not used.
+type httpExecutor struct {
+	base
+	client *http.Client
+}
 
 func (e *httpExecutor) Execute(ctx context.Context, x taskworkers.Execution) (taskworkers.Result, error) {
 	if r, ok := checkOnly(x.Spec, plan.ExecutorHTTP, "method", "url", "headers", "body", "retryableStatus"); !ok {
@@ -56,7 +65,7 @@ func (e *httpExecutor) Execute(ctx context.Context, x taskworkers.Execution) (ta
 	req = req.WithContext(rctx)
 
 	started := time.Now()
-	resp, err := e.opts.HTTPClient.Do(req)
+	resp, err := e.client.Do(req)
 	if err != nil {
 		took := time.Since(started)
 		res := taskworkers.Result{Output: map[string]any{"durationMs": took.Milliseconds()}}
@@ -68,6 +77,8 @@ func (e *httpExecutor) Execute(ctx context.Context, x taskworkers.Execution) (ta
 		}
 		msg = red.String(msg)
 		switch {
+		case errors.Is(err, ErrDestinationForbidden):
+			res.Err = &statestore.StepError{Code: CodeHTTPDestinationForbidden, Message: msg, Retryable: false}
 		case ctx.Err() != nil:
 			res.Err = ctxError(ctx, red, "no response: "+msg)
 		case errors.Is(rctx.Err(), context.DeadlineExceeded):

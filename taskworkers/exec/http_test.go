@@ -81,7 +81,7 @@ func httpSpec(method, url string) plan.ExecutorSpec {
 func TestHTTP_Execute(t *testing.T) {
 	e := startStore(t)
 	srv, rec := testServer(t)
-	reg := newRegistry(t, e.store, exec.Options{})
+	reg := newRegistry(t, e.store, exec.Options{HTTPAllow: allowLoopback})
 	ctx := context.Background()
 
 	t.Run("OK", func(t *testing.T) {
@@ -204,7 +204,7 @@ func TestHTTP_Execute(t *testing.T) {
 		wantErr(t, res, exec.CodeStepInterrupted, false)
 	})
 	t.Run("DefaultTimeout", func(t *testing.T) {
-		reg := newRegistry(t, e.store, exec.Options{HTTPTimeout: 200 * time.Millisecond})
+		reg := newRegistry(t, e.store, exec.Options{HTTPTimeout: 200 * time.Millisecond, HTTPAllow: allowLoopback})
 		start := time.Now()
 		res, err := reg.Execute(ctx, execution(t, httpSpec("GET", srv.URL+"/slow")))
 		if err != nil {
@@ -216,7 +216,7 @@ func TestHTTP_Execute(t *testing.T) {
 		}
 	})
 	t.Run("Truncated", func(t *testing.T) {
-		reg := newRegistry(t, e.store, exec.Options{MaxCaptureBytes: 1000})
+		reg := newRegistry(t, e.store, exec.Options{MaxCaptureBytes: 1000, HTTPAllow: allowLoopback})
 		res, err := reg.Execute(ctx, execution(t, httpSpec("GET", srv.URL+"/big")))
 		wantOK(t, res, err)
 		got := string(artifact(t, e.store, res, exec.KindHTTPResponse))
