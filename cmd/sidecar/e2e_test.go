@@ -34,8 +34,14 @@ var (
 	buildErr  error
 )
 
+// sidecarBinary builds the sidecar once per test binary. SIDECAR_TEST_BINARY
+// names a prebuilt one instead: run a new test against an older build to
+// see it fail on the code before a fix.
 func sidecarBinary(t *testing.T) string {
 	t.Helper()
+	if bin := os.Getenv("SIDECAR_TEST_BINARY"); bin != "" {
+		return bin
+	}
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "sidecar-e2e-bin")
 		if err != nil {

@@ -213,9 +213,18 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	apiOpts := httpapi.Options{
 		Runs: sc.store, Replies: replies, Starter: &httpapi.RunStarter{Runs: runs}, Control: &httpapi.RunControl{Runs: runs, Drain: sc.drain},
 		DrainTimeout: cfg.DrainTimeout, Gatherer: reg, Registerer: reg, Logger: log,
+		// Ready means "can append now": NATS connected, the log whole and
+		// the one this process verified, JetStream enabled (a full or
+		// read-only disk disables it), Conductor answering.
 		Ready: func(ctx context.Context) error {
 			if !sc.nc.IsConnected() {
 				return errors.New("nats not connected")
+			}
+			if err := sc.store.Check(ctx); err != nil {
+				return err
+			}
+			if _, err := js.AccountInfo(ctx); err != nil {
+				return fmt.Errorf("jetstream cannot store: %w", err)
 			}
 			return conductor.Health(ctx)
 		},

@@ -69,7 +69,7 @@ func checkConfig(have, want jetstream.StreamConfig) error {
 	if len(p) == 0 {
 		return nil
 	}
-	return damaged(fmt.Sprintf("stream %s exists but %s; an administrator must restore its configuration (docs/operations.md, \"Damaged data dir\")", want.Name, strings.Join(p, ", ")), nil)
+	return damaged(fmt.Sprintf("stream %s exists but %s; an administrator must restore its configuration", want.Name, strings.Join(p, ", ")), nil)
 }
 
 // checkState reports a stream that lost records. The stream never removes
@@ -117,8 +117,9 @@ func (s *Store) Check(ctx context.Context) error {
 	return checkState(s.name, info.State, s.mark.high())
 }
 
+// damaged is a STORE_DAMAGED error; its message ends with the runbook.
 func damaged(msg string, err error) error {
-	return &statestore.Error{Code: statestore.CodeStoreDamaged, Message: msg, Err: err}
+	return &statestore.Error{Code: statestore.CodeStoreDamaged, Message: msg + ` (runbook: docs/operations.md, "Damaged data dir")`, Err: err}
 }
 
 // watermark keeps the highest stream sequence this store saw stored, and
