@@ -223,6 +223,11 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 			if err := sc.store.Check(ctx); err != nil {
 				return err
 			}
+			if sc.srv != nil {
+				if err := sc.srv.Check(); err != nil {
+					return err
+				}
+			}
 			if _, err := js.AccountInfo(ctx); err != nil {
 				return fmt.Errorf("jetstream cannot store: %w", err)
 			}

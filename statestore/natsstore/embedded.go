@@ -51,6 +51,10 @@ type EmbeddedConfig struct {
 	// ReadyTimeout bounds the wait for the server to accept connections
 	// (default 10s).
 	ReadyTimeout time.Duration
+	// MinFreeBytes is the free space the data dir's file system must keep
+	// (default DefaultMinFreeBytes): StartEmbedded refuses to start below
+	// it and Check reports it.
+	MinFreeBytes uint64
 }
 
 // AllPermissions lets SidecarUser do everything: for tests that play an
@@ -102,6 +106,8 @@ func DeniedAPI() []string {
 // Embedded is a NATS server with JetStream running in this process.
 type Embedded struct {
 	*server.Server
+	dir      string
+	minFree  uint64
 	password string
 	unlock   func() error
 	once     sync.Once
@@ -126,6 +132,9 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	}
 	if cfg.Permissions == nil {
 		cfg.Permissions = Permissions(DefaultSubjectPrefix)
+	}
+	if cfg.MinFreeBytes == 0 {
+		cfg.MinFreeBytes = DefaultMinFreeBytes
 	}
 	opts := &server.Options{
 		ServerName:      "sidecar",
@@ -163,6 +172,10 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := CheckFreeSpace(cfg.DataDir, cfg.MinFreeBytes); err != nil {
+		_ = unlock()
+		return nil, err
+	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
 		_ = unlock()
@@ -171,7 +184,7 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	logs := &serverLogger{l: cfg.Logger.Named("nats").Sugar()}
 	srv.SetLoggerV2(logs, false, false, false)
 	srv.Start()
-	e := &Embedded{Server: srv, password: cfg.Password, unlock: unlock}
+	e := &Embedded{Server: srv, password: cfg.Password, unlock: unlock, dir: cfg.DataDir, minFree: cfg.MinFreeBytes}
 	if !srv.ReadyForConnections(cfg.ReadyTimeout) {
 		e.Shutdown()
 		return nil, fmt.Errorf("nats server on %s not ready within %s%s", cfg.DataDir, cfg.ReadyTimeout, logs.lastError())
@@ -191,6 +204,16 @@ func (e *Embedded) Shutdown() {
 		e.Server.WaitForShutdown()
 		_ = e.unlock()
 	})
+}
+
+// Check reports whether the server can store now: JetStream enabled (the
+// server disables it when a write fails for lack of space) and the data
+// dir's file system above its minimum free space.
+func (e *Embedded) Check() error {
+	if !e.Server.JetStreamEnabled() {
+		return errors.New("jetstream is disabled on the embedded server (see its log: a failed write disables it)")
+	}
+	return CheckFreeSpace(e.dir, e.minFree)
 }
 
 // Connect connects to the server in-process, as SidecarUser.

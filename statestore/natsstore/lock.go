@@ -30,12 +30,12 @@ var ErrDataDirUnusable = errors.New("data dir is not usable")
 // leaves no stale lock).
 func LockDataDir(dir string) (unlock func() error, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrDataDirUnusable, dir, err)
+		return nil, fmt.Errorf("%w: %s: %v; make it writable by this user or choose another --data-dir", ErrDataDirUnusable, dir, err)
 	}
 	path := filepath.Join(dir, LockFile)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrDataDirUnusable, err)
+		return nil, fmt.Errorf("%w: %v; make it writable by this user or choose another --data-dir", ErrDataDirUnusable, err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		holder, _ := os.ReadFile(path)
@@ -50,9 +50,29 @@ func LockDataDir(dir string) (unlock func() error, err error) {
 	info := fmt.Sprintf("pid=%d host=%s since=%s\n", os.Getpid(), host, time.Now().UTC().Format(time.RFC3339))
 	if err := writeLockInfo(f, info); err != nil {
 		_ = f.Close()
-		return nil, fmt.Errorf("%w: write %s: %v", ErrDataDirUnusable, path, err)
+		return nil, fmt.Errorf("%w: write %s: %v; make it writable by this user or choose another --data-dir", ErrDataDirUnusable, path, err)
 	}
 	return f.Close, nil // closing the descriptor releases the flock
+}
+
+// DefaultMinFreeBytes is the free space below which a data dir is not
+// usable: the event stream fsyncs every append, and a store that runs out
+// of space mid-write fails appends, so the sidecar stops short of it.
+const DefaultMinFreeBytes = 32 << 20
+
+// CheckFreeSpace returns an error matching ErrDataDirUnusable when the file
+// system of dir has less than min bytes available to this user.
+func CheckFreeSpace(dir string, min uint64) error {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("%w: statfs %s: %v", ErrDataDirUnusable, dir, err)
+	}
+	free := st.Bavail * uint64(st.Bsize)
+	if free < min {
+		return fmt.Errorf("%w: %s has %d KiB free, below the %d KiB the store needs to append; free space or move --data-dir",
+			ErrDataDirUnusable, dir, free>>10, min>>10)
+	}
+	return nil
 }
 
 func writeLockInfo(f *os.File, info string) error {
