@@ -145,6 +145,9 @@ type RunsOptions struct {
 	// sidecar's task types (sidecar_command, ...) apart between deployments
 	// or tests sharing one Conductor. Empty: no domain.
 	TaskDomain string
+	// ListTimeout bounds a listing of the bucket's keys when the caller's
+	// context has no deadline (default 30s).
+	ListTimeout time.Duration
 	// Logger (default zap.NewNop()).
 	Logger *zap.Logger
 	// Metrics (nil: none).
@@ -185,6 +188,9 @@ func OpenRuns(ctx context.Context, js jetstream.JetStream, conductor *Client, em
 	}
 	if opts.StartWait <= 0 {
 		opts.StartWait = DefaultStartWait
+	}
+	if opts.ListTimeout <= 0 {
+		opts.ListTimeout = 30 * time.Second
 	}
 	if opts.LeaseTTL < 2*conductor.timeout {
 		return nil, invalidInput("open runs", "lease ttl %s must be at least twice the conductor timeout %s", opts.LeaseTTL, conductor.timeout)
@@ -881,8 +887,16 @@ func (r *Runs) getJSON(ctx context.Context, key string, v any) (uint64, error) {
 	return e.Revision(), nil
 }
 
-// listKeys returns the keys matching filter.
+// listKeys returns the keys matching filter. A KV listing is a watch
+// that waits for the stream to deliver every key: without a deadline of
+// the caller's, it gets ListTimeout, so that a stalled server cannot hang
+// start-up or a background loop.
 func (r *Runs) listKeys(ctx context.Context, filter string) ([]string, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, r.opts.ListTimeout)
+		defer cancel()
+	}
 	lister, err := r.kv.ListKeysFiltered(ctx, filter)
 	if err != nil {
 		return nil, registryUnavailable("list "+filter, err)
