@@ -659,9 +659,41 @@ func (r *Runs) launch(ctx context.Context, rec *Run, rev uint64, defs *planDefs)
 	r.log.Info("run started", zap.String("runId", rec.RunID), zap.String("workflowId", workflowID),
 		zap.String("workflow", rec.WorkflowName))
 	if err := r.ensureRunStarted(ctx, rec, newRev); err != nil {
+		if definitelyNotWritten(err) {
+			r.abandon(ctx, rec, newRev, err)
+		}
+		// Otherwise the result is unknown (the store timed out): the
+		// workflow stays and a retry of the request, the worker's guard
+		// or the watcher adopts it and appends RunStarted.
 		return StartResult{}, false, err
 	}
 	return StartResult{Run: *rec, Created: true}, false, nil
+}
+
+// definitelyNotWritten reports an append error after which the event is
+// known not to be in the log: the log is damaged or missing, or refused
+// the event. A time-out or lost connection is not: the event may be there.
+func definitelyNotWritten(err error) bool {
+	return errors.Is(err, statestore.ErrDamaged) || errors.Is(err, statestore.ErrSchemaValidation) || errors.Is(err, statestore.ErrInvalidTransition)
+}
+
+// abandon undoes a start whose RunStarted could not be written: it
+// terminates the workflow (so that Conductor does not run what the log
+// does not know) and releases the run entry, so that a retry of the
+// request starts afresh under the same runId.
+func (r *Runs) abandon(ctx context.Context, rec *Run, rev uint64, cause error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.conductor.timeout)
+	defer cancel()
+	reason := "sidecar: start abandoned: RunStarted could not be recorded: " + statestore.CodeOf(cause)
+	if err := r.conductor.Terminate(ctx, rec.WorkflowID, reason); err != nil {
+		// The record stays: the watcher's orphan rules retry it.
+		r.log.Error("could not terminate the workflow of an abandoned start; the watcher retries", zap.String("runId", rec.RunID),
+			zap.String("workflowId", rec.WorkflowID), zap.Error(err))
+		return
+	}
+	r.log.Warn("start abandoned: the workflow is terminated and a retry of the request starts afresh", zap.String("runId", rec.RunID),
+		zap.String("workflowId", rec.WorkflowID), zap.Error(cause))
+	r.release(ctx, rec, rev)
 }
 
 // release gives up the lease after a failed start: the run entry and its

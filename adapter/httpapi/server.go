@@ -236,7 +236,7 @@ func (s *Server) classify(err error) *apiError {
 			return &apiError{status: http.StatusBadRequest, Code: se.Code, Message: se.Message, Field: se.Field}
 		case statestore.CodeInvalidTransition:
 			return &apiError{status: http.StatusConflict, Code: se.Code, Message: se.Message}
-		case statestore.CodeStoreUnavailable:
+		case statestore.CodeStoreUnavailable, statestore.CodeStoreDamaged:
 			return &apiError{status: http.StatusServiceUnavailable, Code: se.Code, Message: se.Message}
 		case CodeRunNotFound, drain.ErrStepNotFound.Code:
 			return &apiError{status: http.StatusNotFound, Code: se.Code, Message: se.Message}

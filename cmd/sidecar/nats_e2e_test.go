@@ -21,6 +21,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 )
@@ -403,4 +405,33 @@ func readyz(t *testing.T, p *proc) (int, string) {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(body)
+}
+
+// TestServe_FailedStartTerminatesWorkflow: a start whose RunStarted cannot
+// be written (the event stream is gone) answers 503 STORE_DAMAGED and
+// leaves no workflow running in Conductor. Before the fix the workflow
+// stayed RUNNING with no run in the log.
+func TestServe_FailedStartTerminatesWorkflow(t *testing.T) {
+	admin, nats := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "e2e-admin-pw", Permissions: natsstore.AllPermissions})
+	p := startServe(t, t.TempDir(), freeAddr(t), "--nats-url", nats.URL())
+	ctx := context.Background()
+	if err := admin.DeleteStream(ctx, natsstore.DefaultStream); err != nil {
+		t.Fatal(err)
+	}
+	planID := uniq("e2e-abandon")
+	pl := mustPlan(t, `{"planId":"`+planID+`","planVersion":"1","steps":[{"stepId":"a","executor":{"type":"sleep","seconds":30}}]}`)
+	_, startErr := p.client.Start(ctx, httpapi.StartRequest{TenantID: "t-e2e", ProjectID: "p-e2e", EnvironmentID: "test", RunRequestID: uniq("abandon"), Plan: pl})
+	name := plan.WorkflowName(planID, "1")
+	resp, err := http.Get(conductortest.URL(t) + "/workflow/running/" + name + "?version=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || strings.TrimSpace(string(body)) != "[]" {
+		t.Fatalf("Conductor's running %s after the failed start (%v): %d %s, want none", name, startErr, resp.StatusCode, body)
+	}
+	if startErr == nil || !strings.Contains(startErr.Error(), "STORE_DAMAGED") {
+		t.Fatalf("start with the event stream gone: %v, want 503 STORE_DAMAGED", startErr)
+	}
 }
