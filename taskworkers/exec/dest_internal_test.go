@@ -1,6 +1,8 @@
 package exec
 
 import (
+	"context"
+	"errors"
 	"net/netip"
 	"testing"
 )
@@ -30,6 +32,8 @@ func TestAddrClass(t *testing.T) {
 		{"172.15.255.255", ""},
 		{"192.168.1.1", "private"},
 		{"::ffff:10.1.2.3", "private"},
+		{"::ffff:100.64.0.1", "private"}, // mapped, in a range netip has no predicate for
+		{"::ffff:255.255.255.255", "reserved"},
 		{"fc00::1", "private"},
 		{"fd12:3456::1", "private"},
 		{"fec0::1", "private"},
@@ -65,5 +69,63 @@ func TestAddrClass(t *testing.T) {
 	}
 	if got := addrClass(netip.Addr{}); got != "invalid" {
 		t.Errorf("zero Addr: got %q", got)
+	}
+}
+
+// fakeResolver answers LookupNetIP from a map; a missing name fails.
+type fakeResolver map[string][]netip.Addr
+
+func (f fakeResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	if ips, ok := f[host]; ok {
+		return ips, nil
+	}
+	return nil, errors.New("no such host")
+}
+
+func TestDestGuard_Check(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	pub := netip.MustParseAddr("203.0.113.7")
+	tests := []struct {
+		name        string
+		allow, deny []Destination
+		res         fakeResolver
+		host        string
+		addr        netip.AddrPort
+		want        string // "" allowed, "always", "class", "error" (not a DestinationError)
+	}{
+		{"Public", nil, nil, nil, "example.com", ap("203.0.113.7:443"), ""},
+		{"Private", nil, nil, nil, "db", ap("10.0.0.5:5432"), "class"},
+		// The request names Conductor's host: denied before (and without)
+		// resolving it, even when DNS for it fails.
+		{"DenyByNameUnresolvable", nil, []Destination{{Host: "conductor.internal", Port: 8080}}, fakeResolver{}, "Conductor.Internal.", ap("203.0.113.7:8080"), "always"},
+		{"DenyByResolvedIP", nil, []Destination{{Host: "conductor.internal", Port: 8080}}, fakeResolver{"conductor.internal": {pub}}, "alias.example", ap("203.0.113.7:8080"), "always"},
+		{"DenyOtherPort", nil, []Destination{{Host: "conductor.internal", Port: 8080}}, fakeResolver{"conductor.internal": {pub}}, "alias.example", ap("203.0.113.7:443"), ""},
+		{"DenyUnresolvableFailsClosed", nil, []Destination{{Host: "conductor.internal", Port: 8080}}, fakeResolver{}, "other.example", ap("203.0.113.9:8080"), "error"},
+		{"DenyPrefix", []Destination{{Prefix: netip.MustParsePrefix("10.0.0.0/8")}}, []Destination{{Prefix: netip.MustParsePrefix("10.9.0.0/16")}}, nil, "x", ap("10.9.1.1:80"), "always"},
+		{"DenyUnspecifiedCoversLoopback", []Destination{{Prefix: netip.MustParsePrefix("127.0.0.0/8")}}, []Destination{{Host: "::", Port: 8787}}, nil, "x", ap("127.0.0.1:8787"), "always"},
+		{"DenyInterfaceAddrCoversLoopback", []Destination{{Prefix: netip.MustParsePrefix("127.0.0.0/8")}}, []Destination{{Host: "192.0.2.10", Port: 8787}}, nil, "x", ap("127.0.0.1:8787"), "always"},
+		{"AllowByIPHost", []Destination{{Host: "10.0.0.5"}}, nil, nil, "db", ap("10.0.0.5:5432"), ""},
+		{"AllowByIPHostMapped", []Destination{{Host: "10.0.0.5"}}, nil, nil, "db", ap("[::ffff:10.0.0.5]:5432"), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := &destGuard{allow: tt.allow, deny: tt.deny, resolver: tt.res,
+				localAddrs: func() []netip.Addr { return []netip.Addr{netip.MustParseAddr("192.0.2.10")} }}
+			err := g.check(context.Background(), tt.host, tt.addr)
+			var de *DestinationError
+			got := ""
+			switch {
+			case err == nil:
+			case errors.As(err, &de) && de.Always:
+				got = "always"
+			case errors.As(err, &de):
+				got = "class"
+			default:
+				got = "error"
+			}
+			if got != tt.want {
+				t.Errorf("check(%s, %s) = %v (%s), want %s", tt.host, tt.addr, err, got, tt.want)
+			}
+		})
 	}
 }
