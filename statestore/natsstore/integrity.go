@@ -84,8 +84,6 @@ func checkState(name string, st jetstream.StreamState, watermark uint64) error {
 		return damaged(fmt.Sprintf("stream %s is missing %d records inside sequences %d..%d (deletes are denied: its files are damaged)", name, st.NumDeleted, st.FirstSeq, st.LastSeq), nil)
 	case st.LastSeq > 0 && st.FirstSeq > 1:
 		return damaged(fmt.Sprintf("stream %s starts at sequence %d: records 1..%d are missing", name, st.FirstSeq, st.FirstSeq-1), nil)
-	case st.LastSeq > 0 && st.Msgs != st.LastSeq-st.FirstSeq+1:
-		return damaged(fmt.Sprintf("stream %s holds %d records in sequences %d..%d: some are missing", name, st.Msgs, st.FirstSeq, st.LastSeq), nil)
 	}
 	return nil
 }
