@@ -18,7 +18,6 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/statestore"
-	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 )
 
 func apiCode(err error) string {
@@ -239,15 +238,19 @@ func assertNoDuplicateKeys(t *testing.T, evs []statestore.RunEventRecord) {
 	}
 }
 
-// Two sidecars share one NATS (an external nats-server, here embedded in the
-// test) and one Conductor: both watch the drain; between them the log gets
-// one RunDrainTimedOut and the metrics one PAUSE_DRAIN_TIMEOUT.
+// Two sidecars share one NATS and one Conductor: the first opens its
+// embedded server to the second (--nats-listen, user sidecar with a
+// password file), and both watch the drain; between them the log gets one
+// RunDrainTimedOut and the metrics one PAUSE_DRAIN_TIMEOUT.
 func TestE2E_TwoSidecarsShareNATS(t *testing.T) {
 	conductortest.URL(t) // skip early without Conductor
-	_, ns := natstest.Start(t)
-	natsURL, domain := ns.ClientURL(), uniq("e2e-shared")
-	a := startServe(t, t.TempDir(), freeAddr(t), "--nats-url", natsURL, "--task-domain", domain)
-	b := startServe(t, t.TempDir(), freeAddr(t), "--nats-url", natsURL, "--task-domain", domain)
+	pw := filepath.Join(t.TempDir(), "nats-password")
+	if err := os.WriteFile(pw, []byte("e2e-shared-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	natsAddr, domain := freeAddr(t), uniq("e2e-shared")
+	a := startServe(t, t.TempDir(), freeAddr(t), "--nats-listen", natsAddr, "--nats-password-file", pw, "--task-domain", domain)
+	b := startServe(t, t.TempDir(), freeAddr(t), "--nats-url", "nats://"+natsAddr, "--nats-password-file", pw, "--task-domain", domain)
 	pl := mustPlan(t, `{"planId":"`+uniq("e2e-two")+`","planVersion":"1","steps":[
 		{"stepId":"s1","executor":{"type":"command","argv":["sleep","5"]}},
 		{"stepId":"s2","executor":{"type":"command","argv":["sleep","5"]}},
