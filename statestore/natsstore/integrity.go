@@ -190,14 +190,20 @@ func (w *watermark) saw(seq uint64) {
 	}
 }
 
-// start saves the watermark every interval until close.
+// maxWatermarkBackoff caps the wait between failed saves.
+const maxWatermarkBackoff = 30 * time.Second
+
+// start saves the watermark every interval until close; after a failed
+// save it waits twice as long each time, up to maxWatermarkBackoff, and
+// logs at most once a minute.
 func (w *watermark) start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
-		t := time.NewTicker(w.interval)
+		wait := w.interval
+		t := time.NewTimer(wait)
 		defer t.Stop()
 		var failing bool
 		var lastLog time.Time
@@ -209,13 +215,23 @@ func (w *watermark) start() {
 			}
 			err := w.save(ctx)
 			switch {
-			case err == nil && failing:
-				failing = false
-				w.log.Info("saving the log's watermark works again")
-			case err != nil && !errors.Is(err, context.Canceled) && time.Since(lastLog) > time.Minute:
-				failing, lastLog = true, time.Now()
-				w.log.Warn("could not save the log's watermark; retrying every interval (logged once a minute)", zap.Error(err))
+			case err == nil:
+				if failing {
+					failing = false
+					w.log.Info("saving the log's watermark works again")
+				}
+				wait = w.interval
+			case errors.Is(err, context.Canceled):
+				return
+			default:
+				failing = true
+				wait = min(2*wait, maxWatermarkBackoff)
+				if time.Since(lastLog) > time.Minute {
+					lastLog = time.Now()
+					w.log.Warn("could not save the log's watermark; retrying with backoff (logged once a minute)", zap.Error(err))
+				}
 			}
+			t.Reset(wait)
 		}
 	}()
 }

@@ -148,3 +148,37 @@ func TestStore_Check(t *testing.T) {
 		t.Fatalf("Check after replace: got %v, want STORE_DAMAGED naming the replacement", err)
 	}
 }
+
+// TestStore_WatermarkSavedWhileRunning: the watermark reaches the last
+// appended sequence without a Close, so a crash loses at most the last
+// interval of rollback detection.
+func TestStore_WatermarkSavedWhileRunning(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t, t.TempDir())
+	js := connect(t, srv)
+	s, err := natsstore.Open(ctx, js, natsstore.Options{WatermarkInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	var last statestore.AppendResult
+	for i := range 5 {
+		last = mustAppend(t, s, storetest.Event("run-mark", statestore.StepStarted, fmt.Sprint(i)))
+	}
+	kv, err := js.KeyValue(ctx, natsstore.DefaultStateBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprint(last.RunSeq)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		e, err := kv.Get(ctx, natsstore.DefaultStream)
+		if err == nil && string(e.Value()) == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("watermark after 10s: %v %v, want %s", e, err, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
