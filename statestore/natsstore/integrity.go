@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
@@ -221,8 +222,8 @@ func (w *watermark) start() {
 					w.log.Info("saving the log's watermark works again")
 				}
 				wait = w.interval
-			case errors.Is(err, context.Canceled):
-				return
+			case errors.Is(err, context.Canceled), errors.Is(err, nats.ErrConnectionClosed):
+				return // closed, or the connection is (it never comes back)
 			default:
 				failing = true
 				wait = min(2*wait, maxWatermarkBackoff)

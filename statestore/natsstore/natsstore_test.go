@@ -68,6 +68,7 @@ func TestOpen_StreamConfig(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { _ = s.Close() })
 		if s.Stream() != natsstore.DefaultStream {
 			t.Fatalf("stream: got %s want %s", s.Stream(), natsstore.DefaultStream)
 		}
@@ -82,9 +83,11 @@ func TestOpen_StreamConfig(t *testing.T) {
 			t.Fatalf("stream config: %+v", c)
 		}
 		// Opening again (another sidecar start) keeps the stream.
-		if _, err := natsstore.Open(ctx, js, natsstore.Options{}); err != nil {
+		s2, err := natsstore.Open(ctx, js, natsstore.Options{})
+		if err != nil {
 			t.Fatalf("second open: %v", err)
 		}
+		_ = s2.Close()
 	})
 
 	t.Run("BadNames", func(t *testing.T) {
