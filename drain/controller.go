@@ -196,13 +196,20 @@ func (c *Controller) Pause(ctx context.Context, runID, workflowID string, req Pa
 	return c.withEngine(ctx, snap, engineErr)
 }
 
+// ResumeRequest is who resumes a run, and why; both go into RunResumed's
+// payload.
+type ResumeRequest struct {
+	Reason      string `json:"reason,omitempty"`
+	RequestedBy string `json:"requestedBy,omitempty"`
+}
+
 // Resume resumes a PAUSED run (draining or not): RunResumed closes the
 // cycle, then Conductor resumes; completed steps never run again. Resuming
 // a resumed run changes nothing in the log and resumes Conductor's
 // workflow again (so a retry converges when the first resume did not reach
 // Conductor). A run never paused gets INVALID_TRANSITION, and so does a
 // run with a failed step held for RETRY_STEP.
-func (c *Controller) Resume(ctx context.Context, runID, workflowID string) (*State, error) {
+func (c *Controller) Resume(ctx context.Context, runID, workflowID string, req ResumeRequest) (*State, error) {
 	snap, err := c.snapshot(ctx, runID)
 	if err != nil {
 		return nil, err
@@ -227,7 +234,13 @@ func (c *Controller) Resume(ctx context.Context, runID, workflowID string) (*Sta
 			Message: fmt.Sprintf("step %s failed and is held (onStepFailure: pause): retry it first, or cancel the run", strings.Join(held, ", ")),
 			Meta:    map[string]string{"actualState": snap.Status, "attemptedEventType": statestore.RunResumed, "heldSteps": strings.Join(held, ",")}}
 	}
-	if _, err := c.append(ctx, snap, statestore.RunResumed, snap.Pause.Cycle, nil); err != nil {
+	payload := map[string]any{}
+	putIf(payload, "reason", req.Reason)
+	putIf(payload, "requestedBy", req.RequestedBy)
+	if len(payload) == 0 {
+		payload = nil
+	}
+	if _, err := c.append(ctx, snap, statestore.RunResumed, snap.Pause.Cycle, payload); err != nil {
 		return nil, err
 	}
 	if snap.Substatus == statestore.SubstatusDraining {

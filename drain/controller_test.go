@@ -97,7 +97,7 @@ func TestController_PauseDrainResume(t *testing.T) {
 	if snap.Pause.DrainEndedAt == "" || snap.Pause.DrainTimedOut || snap.Inconsistent {
 		t.Fatalf("drain not completed: %+v", snap.Pause)
 	}
-	if _, err := c.Resume(ctx, "r", "wf1"); err != nil {
+	if _, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	// A second pause opens cycle 2.
@@ -105,7 +105,7 @@ func TestController_PauseDrainResume(t *testing.T) {
 	if err != nil || st.Drain.Cycle != 2 || st.Substatus != "" || st.Drain.TimeoutSeconds != 300 {
 		t.Fatalf("second pause: %+v %+v %v", st, st.Drain, err)
 	}
-	if _, err := c.Resume(ctx, "r", "wf1"); err != nil {
+	if _, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	snap, _ = mem.ProjectSnapshot(ctx, "r")
@@ -118,7 +118,7 @@ func TestController_InvalidActionsWriteNothing(t *testing.T) {
 	ctx := context.Background()
 	mem, eng := setup(t)
 	c := newController(t, mem, eng, nil, nil)
-	if _, err := c.Resume(ctx, "r", "wf1"); !errors.Is(err, statestore.ErrInvalidTransition) {
+	if _, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{}); !errors.Is(err, statestore.ErrInvalidTransition) {
 		t.Fatalf("resume a running run: %v", err)
 	}
 	if _, err := c.Pause(ctx, "nope", "wf", drain.PauseRequest{}); !errors.Is(err, drain.ErrRunNotFound) {
@@ -260,7 +260,7 @@ func TestController_RepeatedResumeConverges(t *testing.T) {
 	ctx := context.Background()
 	mem, eng := setup(t)
 	c := newController(t, mem, eng, nil, nil)
-	if _, err := c.Resume(ctx, "r", "wf1"); !errors.Is(err, statestore.ErrInvalidTransition) {
+	if _, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{}); !errors.Is(err, statestore.ErrInvalidTransition) {
 		t.Fatalf("resume of a run never paused: %v", err)
 	}
 	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{}); err != nil {
@@ -269,7 +269,7 @@ func TestController_RepeatedResumeConverges(t *testing.T) {
 	// The resume is recorded but Conductor is down.
 	eng.err = errors.New("connection refused")
 	var ee *drain.EngineError
-	if _, err := c.Resume(ctx, "r", "wf1"); !errors.As(err, &ee) {
+	if _, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{}); !errors.As(err, &ee) {
 		t.Fatalf("resume with Conductor down: %v", err)
 	}
 	recs, _ := mem.Fetch(ctx, "r", 0, 100)
@@ -277,7 +277,7 @@ func TestController_RepeatedResumeConverges(t *testing.T) {
 	// the workflow already runs is success.
 	for _, e := range []error{nil, conflictErr{}} {
 		eng.err = e
-		st, err := c.Resume(ctx, "r", "wf1")
+		st, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{})
 		if err != nil || st.Status != "RUNNING" {
 			t.Fatalf("repeated resume (engine %v): %+v %v", e, st, err)
 		}
@@ -307,7 +307,7 @@ func TestController_RetryStep(t *testing.T) {
 	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{Reason: "stepFailed", StepID: "a"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Resume(ctx, "r", "wf1"); !errors.Is(err, statestore.ErrInvalidTransition) {
+	if _, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{}); !errors.Is(err, statestore.ErrInvalidTransition) {
 		t.Fatalf("resume with a held step: %v", err)
 	}
 	if _, err := c.RetryStep(ctx, "r", "b", drain.RetryRequest{}); !errors.Is(err, statestore.ErrInvalidTransition) {
@@ -325,7 +325,7 @@ func TestController_RetryStep(t *testing.T) {
 	if st := snap.Step("a"); st.LogicalAttemptID != 2 || !st.RetryRequested || snap.StepRetries != 1 {
 		t.Fatalf("after retry: %+v retries %d", st, snap.StepRetries)
 	}
-	if _, err := c.Resume(ctx, "r", "wf1"); err != nil {
+	if _, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{}); err != nil {
 		t.Fatalf("resume after the retry: %v", err)
 	}
 }
@@ -374,7 +374,7 @@ func TestController_ResumeWhileDrainingEndsTheDrain(t *testing.T) {
 	if st, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{}); err != nil || st.Substatus != "DRAINING" {
 		t.Fatalf("pause: %+v %v", st, err)
 	}
-	st, err := c.Resume(ctx, "r", "wf1")
+	st, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{})
 	if err != nil || st.Status != "RUNNING" || st.Substatus != "" || st.Drain != nil {
 		t.Fatalf("resume while draining: %+v %v", st, err)
 	}

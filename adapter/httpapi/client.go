@@ -22,6 +22,8 @@ type Client struct {
 	// resume, cancel, retry): a repeated call with the same key gets the
 	// first answer back instead of acting again.
 	IdempotencyKey string
+	// Token, when set, is sent as "Authorization: Bearer <Token>".
+	Token string
 }
 
 // NewClient returns a Client for baseURL with a 30s request timeout.
@@ -129,6 +131,9 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 	}
 	if c.IdempotencyKey != "" && method == http.MethodPost && path != "/v1/runs" {
 		req.Header.Set(IdempotencyKeyHeader, c.IdempotencyKey)
+	}
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
 	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {

@@ -3,16 +3,19 @@ package httpapi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/drain"
 )
 
 // Control carries out the control actions on a run.
 type Control interface {
 	Pause(ctx context.Context, runID string, req drain.PauseRequest) (*drain.State, error)
-	Resume(ctx context.Context, runID string) (*drain.State, error)
+	Resume(ctx context.Context, runID string, req drain.ResumeRequest) (*drain.State, error)
 	Cancel(ctx context.Context, runID, reason, requestedBy string) (*drain.State, error)
 	RetryStep(ctx context.Context, runID, stepID string, req drain.RetryRequest) (*drain.State, error)
 }
@@ -45,12 +48,12 @@ func (c *RunControl) Pause(ctx context.Context, runID string, req drain.PauseReq
 }
 
 // Resume implements Control.
-func (c *RunControl) Resume(ctx context.Context, runID string) (*drain.State, error) {
+func (c *RunControl) Resume(ctx context.Context, runID string, req drain.ResumeRequest) (*drain.State, error) {
 	wf, err := c.workflow(ctx, runID)
 	if err != nil {
 		return nil, err
 	}
-	return c.Drain.Resume(ctx, runID, wf)
+	return c.Drain.Resume(ctx, runID, wf, req)
 }
 
 // Cancel implements Control.
@@ -70,10 +73,18 @@ func (c *RunControl) RetryStep(ctx context.Context, runID, stepID string, req dr
 	return c.Drain.RetryStep(ctx, runID, stepID, req)
 }
 
-// controlBody is the optional body of resume and cancel.
+// controlBody is the optional body of resume, cancel and retry.
 type controlBody struct {
 	Reason      string `json:"reason,omitempty"`
 	RequestedBy string `json:"requestedBy,omitempty"`
+}
+
+// pauseBody is the optional body of pause. timeoutSeconds is 1 s .. 7 d
+// (absent or 0: the default drain timeout).
+type pauseBody struct {
+	TimeoutSeconds int64  `json:"timeoutSeconds,omitempty"`
+	Reason         string `json:"reason,omitempty"`
+	RequestedBy    string `json:"requestedBy,omitempty"`
 }
 
 func (s *Server) control(action string) func(http.ResponseWriter, *http.Request) error {
@@ -82,32 +93,32 @@ func (s *Server) control(action string) func(http.ResponseWriter, *http.Request)
 			return &apiError{status: http.StatusServiceUnavailable, Code: CodeNotReady, Message: "this sidecar does not control runs"}
 		}
 		runID := r.PathValue("runId")
-		var err error
+		var body controlBody
+		var pause pauseBody
+		if action == "pause" {
+			if err := decodeOptionalBody(r, pauseSchema, &pause); err != nil {
+				return err
+			}
+			if t := pause.TimeoutSeconds; t != 0 && (t < 1 || t > int64(MaxPauseTimeout/time.Second)) {
+				return badRequest("timeoutSeconds", fmt.Sprintf("timeoutSeconds must be 1..%d (7 days), or left out for the default", int64(MaxPauseTimeout/time.Second)))
+			}
+			body = controlBody{Reason: pause.Reason, RequestedBy: pause.RequestedBy}
+		} else if err := decodeOptionalBody(r, reasonSchema, &body); err != nil {
+			return err
+		}
+		by, err := requestedBy(r.Context(), body.RequestedBy)
+		if err != nil {
+			return err
+		}
 		switch action {
 		case "pause":
-			var req drain.PauseRequest
-			if err := decodeOptionalBody(r, &req); err != nil {
-				return err
-			}
-			_, err = s.opts.Control.Pause(r.Context(), runID, req)
+			_, err = s.opts.Control.Pause(r.Context(), runID, drain.PauseRequest{TimeoutSeconds: pause.TimeoutSeconds, Reason: body.Reason, RequestedBy: by})
 		case "resume":
-			var body controlBody
-			if err := decodeOptionalBody(r, &body); err != nil {
-				return err
-			}
-			_, err = s.opts.Control.Resume(r.Context(), runID)
+			_, err = s.opts.Control.Resume(r.Context(), runID, drain.ResumeRequest{Reason: body.Reason, RequestedBy: by})
 		case "cancel":
-			var body controlBody
-			if err := decodeOptionalBody(r, &body); err != nil {
-				return err
-			}
-			_, err = s.opts.Control.Cancel(r.Context(), runID, body.Reason, body.RequestedBy)
+			_, err = s.opts.Control.Cancel(r.Context(), runID, body.Reason, by)
 		case "retry":
-			var req drain.RetryRequest
-			if err := decodeOptionalBody(r, &req); err != nil {
-				return err
-			}
-			_, err = s.opts.Control.RetryStep(r.Context(), runID, r.PathValue("stepId"), req)
+			_, err = s.opts.Control.RetryStep(r.Context(), runID, r.PathValue("stepId"), drain.RetryRequest{Reason: body.Reason, RequestedBy: by})
 		}
 		var ee *drain.EngineError
 		if errors.As(err, &ee) {
@@ -121,9 +132,9 @@ func (s *Server) control(action string) func(http.ResponseWriter, *http.Request)
 	}
 }
 
-func decodeOptionalBody(r *http.Request, v any) error {
+func decodeOptionalBody(r *http.Request, sch plan.Schema, v any) error {
 	if r.ContentLength == 0 {
 		return nil
 	}
-	return decodeBody(r, v)
+	return decodeBody(r, sch, v)
 }

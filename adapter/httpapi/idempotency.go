@@ -27,15 +27,6 @@ const ReplayedHeader = "Idempotent-Replayed"
 // MaxIdempotencyKeyBytes bounds the header's value.
 const MaxIdempotencyKeyBytes = 255
 
-// Machine codes of the replay layer.
-const (
-	// CodeKeyReused: the key was first used for another request (another
-	// run, action, step or body).
-	CodeKeyReused = "IDEMPOTENCY_KEY_REUSED"
-	// CodeInProgress: a request with the same key is being answered.
-	CodeInProgress = "REQUEST_IN_PROGRESS"
-)
-
 // Reply is a kept answer.
 type Reply struct {
 	Status int             `json:"status"`

@@ -47,7 +47,9 @@ func (c *countingControl) setErr(err error) { c.err.Store(&err) }
 func (c *countingControl) Pause(context.Context, string, drain.PauseRequest) (*drain.State, error) {
 	return c.act()
 }
-func (c *countingControl) Resume(context.Context, string) (*drain.State, error) { return c.act() }
+func (c *countingControl) Resume(context.Context, string, drain.ResumeRequest) (*drain.State, error) {
+	return c.act()
+}
 func (c *countingControl) Cancel(context.Context, string, string, string) (*drain.State, error) {
 	return c.act()
 }

@@ -5,9 +5,12 @@ package httpapi
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"mime"
 	"net"
 	"net/http"
 	"strconv"
@@ -22,18 +25,6 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/statestore"
-)
-
-// Machine codes of the API's own errors (statestore and adapter codes pass
-// through unchanged).
-const (
-	CodeBadRequest   = "BAD_REQUEST"
-	CodeRunNotFound  = "RUN_NOT_FOUND"
-	CodePlanInvalid  = "PLAN_INVALID"
-	CodeInternal     = "INTERNAL"
-	CodeNotReady     = "NOT_READY"
-	CodeUnavailable  = "ENGINE_UNAVAILABLE"
-	CodePlanConflict = "PLAN_VERSION_CONFLICT"
 )
 
 // Runs reads the event log and snapshots.
@@ -87,7 +78,29 @@ type Options struct {
 	// Registerer receives the API's own metrics (nil: none).
 	Registerer prometheus.Registerer
 	Logger     *zap.Logger
+	// Auth authenticates every request but /healthz and /readyz; nil
+	// serves without authentication (local use on loopback), and then the
+	// requestedBy a caller sends is recorded as it is.
+	Auth Authenticator
+	// TLSConfig, when set, makes Open serve TLS (and mTLS when it asks
+	// for client certificates).
+	TLSConfig *tls.Config
+	// Timeouts of the HTTP server (defaults: header 10s, whole request
+	// read 30s, write 2m, idle keep-alive 60s). A body sent slower than
+	// ReadTimeout allows is cut off.
+	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
 }
+
+// Default server timeouts.
+const (
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultReadTimeout       = 30 * time.Second
+	DefaultWriteTimeout      = 2 * time.Minute
+	DefaultIdleTimeout       = 60 * time.Second
+)
+
+// MaxPauseTimeout bounds a pause's timeoutSeconds (7 days).
+const MaxPauseTimeout = 7 * 24 * time.Hour
 
 // MaxBodyBytes bounds a request body.
 const MaxBodyBytes = 1 << 20
@@ -104,6 +117,8 @@ type Server struct {
 	mu  sync.Mutex
 	srv *http.Server
 	wg  sync.WaitGroup
+
+	allow map[string][]string // path pattern -> methods served
 }
 
 // NewServer returns a Server; Handler serves it, Open listens.
@@ -114,7 +129,15 @@ func NewServer(opts Options) *Server {
 	if opts.DrainTimeout <= 0 {
 		opts.DrainTimeout = 5 * time.Minute
 	}
-	s := &Server{opts: opts, log: opts.Logger.Named("api"), mux: http.NewServeMux()}
+	for _, d := range []struct {
+		p   *time.Duration
+		def time.Duration
+	}{{&opts.ReadHeaderTimeout, DefaultReadHeaderTimeout}, {&opts.ReadTimeout, DefaultReadTimeout}, {&opts.WriteTimeout, DefaultWriteTimeout}, {&opts.IdleTimeout, DefaultIdleTimeout}} {
+		if *d.p <= 0 {
+			*d.p = d.def
+		}
+	}
+	s := &Server{opts: opts, log: opts.Logger.Named("api"), mux: http.NewServeMux(), allow: map[string][]string{}}
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sidecar_api_requests_total", Help: "Control API requests by route and result code.",
 	}, []string{"route", "code"})
@@ -133,22 +156,34 @@ func NewServer(opts Options) *Server {
 	if opts.Registerer != nil {
 		opts.Registerer.MustRegister(s.requests, s.latency, s.controls)
 	}
-	s.route("POST /v1/runs", "start", s.start)
-	s.route("GET /v1/runs/{runId}", "status", s.status)
-	s.route("GET /v1/runs/{runId}/events", "events", s.events)
+	s.route("POST /v1/runs", "start", RoleSubmitter, s.start)
+	s.route("GET /v1/runs/{runId}", "status", RoleViewer, s.status)
+	s.route("GET /v1/runs/{runId}/events", "events", RoleViewer, s.events)
 	for _, action := range []string{"pause", "resume", "cancel"} {
-		s.route("POST /v1/runs/{runId}/"+action, action, s.controlRoute(action, s.control(action)))
+		s.route("POST /v1/runs/{runId}/"+action, action, RoleOperator, s.controlRoute(action, s.control(action)))
 	}
-	s.route("POST /v1/runs/{runId}/steps/{stepId}/retry", "retry", s.controlRoute("retry", s.control("retry")))
-	s.route("GET /healthz", "healthz", func(w http.ResponseWriter, r *http.Request) error {
+	s.route("POST /v1/runs/{runId}/steps/{stepId}/retry", "retry", RoleOperator, s.controlRoute("retry", s.control("retry")))
+	s.route("GET /healthz", "healthz", "", func(w http.ResponseWriter, r *http.Request) error {
 		return writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	s.route("GET /readyz", "readyz", s.ready)
+	s.route("GET /readyz", "readyz", "", s.ready)
 	if opts.Gatherer != nil {
-		s.mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{}))
+		metrics := promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{})
+		s.route("GET /metrics", "metrics", RoleViewer, func(w http.ResponseWriter, r *http.Request) error {
+			metrics.ServeHTTP(w, r)
+			return nil
+		})
+	}
+	// A known path with another method is 405 with Allow, not 404.
+	for path, methods := range s.allow {
+		allow := strings.Join(methods, ", ")
+		s.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allow)
+			writeError(w, &apiError{status: http.StatusMethodNotAllowed, Code: CodeMethodNotAllowed, Message: r.Method + " " + r.URL.Path + ": allowed: " + allow})
+		})
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, &apiError{status: http.StatusNotFound, Code: "NOT_FOUND", Message: "no such endpoint: " + r.Method + " " + r.URL.Path})
+		writeError(w, &apiError{status: http.StatusNotFound, Code: CodeNotFound, Message: "no such endpoint: " + r.Method + " " + r.URL.Path})
 	})
 	return s
 }
@@ -160,7 +195,11 @@ func (s *Server) Handler() http.Handler { return s.mux }
 func (s *Server) Open(ln net.Listener) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.srv = &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second}
+	s.srv = &http.Server{Handler: s.mux, ReadHeaderTimeout: s.opts.ReadHeaderTimeout, ReadTimeout: s.opts.ReadTimeout,
+		WriteTimeout: s.opts.WriteTimeout, IdleTimeout: s.opts.IdleTimeout, ErrorLog: zap.NewStdLog(s.log.Named("http"))}
+	if s.opts.TLSConfig != nil {
+		ln = tls.NewListener(ln, s.opts.TLSConfig)
+	}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -195,16 +234,57 @@ type apiError struct {
 
 func (e *apiError) Error() string { return e.Code + ": " + e.Message }
 
-func (s *Server) route(pattern, name string, h func(http.ResponseWriter, *http.Request) error) {
+// route serves pattern ("METHOD /path") as name. With authentication on,
+// the caller needs role (none: open, for probes), and on a route with a
+// {runId} a scoped caller sees only the runs in its scope: any other run
+// is RUN_NOT_FOUND, as if it did not exist.
+func (s *Server) route(pattern, name, role string, h func(http.ResponseWriter, *http.Request) error) {
+	method, path, _ := strings.Cut(pattern, " ")
+	s.allow[path] = append(s.allow[path], method)
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		began := time.Now()
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
-		if err := h(rec, r); err != nil {
+		r, err := s.authorize(rec, r, role)
+		if err == nil {
+			err = h(rec, r)
+		}
+		if err != nil {
 			s.writeErr(rec, name, err)
 		}
 		s.requests.WithLabelValues(name, strconv.Itoa(rec.status)).Inc()
 		s.latency.WithLabelValues(name).Observe(time.Since(began).Seconds())
 	})
+}
+
+// authorize authenticates r (when the server has an Authenticator),
+// checks role and, on a run route, the principal's scope. The principal
+// goes into r's context for requestedBy.
+func (s *Server) authorize(w http.ResponseWriter, r *http.Request, role string) (*http.Request, error) {
+	if s.opts.Auth == nil || role == "" {
+		return r, nil
+	}
+	p, err := s.opts.Auth.Authenticate(r)
+	if err != nil {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sidecar"`)
+		return r, &apiError{status: http.StatusUnauthorized, Code: CodeUnauthenticated, Message: "a bearer token (or a client certificate) listed in the tokens file is required"}
+	}
+	if !p.Can(role) {
+		return r, &apiError{status: http.StatusForbidden, Code: CodeForbidden, Message: fmt.Sprintf("%s lacks the role %s", p.Name, role)}
+	}
+	r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
+	if runID := r.PathValue("runId"); runID != "" && p.Scope != (Scope{}) {
+		snap, err := s.opts.Runs.ProjectSnapshot(r.Context(), runID)
+		if errors.Is(err, statestore.ErrNotFound) {
+			return r, &apiError{status: http.StatusNotFound, Code: CodeRunNotFound, Message: "no such run"}
+		}
+		if err != nil {
+			return r, err
+		}
+		if !p.Scope.Allows(snap.TenantID, snap.ProjectID, snap.EnvironmentID) {
+			return r, &apiError{status: http.StatusNotFound, Code: CodeRunNotFound, Message: "no such run"}
+		}
+	}
+	return r, nil
 }
 
 // answer is the API answer of err: err itself when it is one, else its
@@ -280,12 +360,21 @@ func (s *Server) classify(err error) *apiError {
 
 func (s *Server) start(w http.ResponseWriter, r *http.Request) error {
 	var req StartRequest
-	if err := decodeBody(r, &req); err != nil {
+	if err := decodeBody(r, startSchema, &req); err != nil {
 		return err
 	}
 	if err := validateStart(&req); err != nil {
 		return err
 	}
+	if p := PrincipalFrom(r.Context()); p != nil && !p.Scope.Allows(req.TenantID, req.ProjectID, req.EnvironmentID) {
+		return &apiError{status: http.StatusForbidden, Code: CodeForbidden,
+			Message: fmt.Sprintf("%s may start runs only in tenant %q, project %q, environment %q (empty: any)", p.Name, p.Scope.TenantID, p.Scope.ProjectID, p.Scope.EnvironmentID)}
+	}
+	by, err := requestedBy(r.Context(), req.RequestedBy)
+	if err != nil {
+		return err
+	}
+	req.RequestedBy = by
 	if err := plan.Validate(req.Plan); err != nil {
 		return err
 	}
@@ -407,6 +496,17 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if len(recs) == 0 && after > 0 {
+		// Past the end of a run, or no run at all: ask for its first event.
+		if recs, err = s.opts.Runs.Fetch(r.Context(), runID, 0, 1); err != nil {
+			return err
+		}
+		if len(recs) > 0 {
+			recs = recs[:0]
+		} else {
+			after = 0
+		}
+	}
 	if len(recs) == 0 && after == 0 {
 		return &apiError{status: http.StatusNotFound, Code: CodeRunNotFound, Message: "no such run"}
 	}
@@ -439,23 +539,47 @@ func intParam(v string, def int64, name string) (int64, error) {
 	return n, nil
 }
 
-func decodeBody(r *http.Request, v any) error {
-	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
-		return &apiError{status: http.StatusUnsupportedMediaType, Code: CodeBadRequest, Message: "Content-Type must be application/json"}
+// Schemas of the request bodies: decoded as strictly as a plan (exact
+// field names, no duplicates, valid UTF-8, nothing after the document).
+var (
+	startSchema = plan.JSONObject(map[string]plan.Schema{
+		"tenantId": plan.JSONString, "projectId": plan.JSONString, "environmentId": plan.JSONString,
+		"runRequestId": plan.JSONString, "requestedBy": plan.JSONString, "plan": plan.JSONRaw,
+	})
+	pauseSchema = plan.JSONObject(map[string]plan.Schema{
+		"timeoutSeconds": plan.JSONInt, "reason": plan.JSONString, "requestedBy": plan.JSONString,
+	})
+	reasonSchema = plan.JSONObject(map[string]plan.Schema{
+		"reason": plan.JSONString, "requestedBy": plan.JSONString,
+	})
+)
+
+// decodeBody reads r's JSON body into v, checked against sch. A malformed
+// body is BAD_REQUEST with every problem located; a plan's own problems
+// are PLAN_INVALID.
+func decodeBody(r *http.Request, sch plan.Schema, v any) error {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || mt != "application/json" {
+			return &apiError{status: http.StatusUnsupportedMediaType, Code: CodeBadRequest, Message: fmt.Sprintf("Content-Type %q: want application/json", ct)}
+		}
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, MaxBodyBytes))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	data, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBodyBytes))
+	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return &apiError{status: http.StatusRequestEntityTooLarge, Code: CodeBadRequest, Message: fmt.Sprintf("body larger than %d bytes", MaxBodyBytes)}
 		}
-		return badRequest("", "malformed JSON body: "+strings.TrimPrefix(err.Error(), "json: "))
+		return badRequest("", "reading the body: "+err.Error())
 	}
-	if dec.More() {
-		return badRequest("", "unexpected data after the JSON body")
+	err = plan.DecodeJSON(data, sch, v, CodeBadRequest)
+	var ve *plan.ValidationError
+	if errors.As(err, &ve) && ve.Code == CodeBadRequest {
+		first := ve.Problems[0]
+		return &apiError{status: http.StatusBadRequest, Code: CodeBadRequest, Field: first.Path, Problems: ve.Problems,
+			Message: "malformed JSON body: " + first.String()}
 	}
-	return nil
+	return err // nil, or PLAN_INVALID (classify)
 }
 
 func badRequest(field, msg string) *apiError {

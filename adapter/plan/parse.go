@@ -116,6 +116,7 @@ const (
 	kindObject         // fields listed, names exact
 	kindArray          // elements of elem
 	kindStringMap      // an object of string values, any keys
+	kindRaw            // any value: its Go type's UnmarshalJSON checks it
 )
 
 // schema describes the accepted shape of a JSON value, for the strict
@@ -175,29 +176,83 @@ type planNoMethods Plan
 // locates every problem by JSON path; the decode after it cannot meet an
 // unknown field, a case variant or a type mismatch.
 func decodeStrict(data []byte, sch *schema, v any) error {
+	return decodeWith(data, sch, v, CodePlanInvalid)
+}
+
+// decodeWith is decodeStrict with the code of the *ValidationError it
+// returns for a problem of the document itself. An error of a kindRaw
+// field's own UnmarshalJSON is returned as it is.
+func decodeWith(data []byte, sch *schema, v any, code string) error {
+	docErr := func(pcode, path, format string, args ...any) error {
+		return &ValidationError{Code: code, Problems: []Problem{{Code: pcode, Path: path, Message: fmt.Sprintf(format, args...)}}}
+	}
 	w := walker{dec: json.NewDecoder(bytes.NewReader(data))}
 	w.dec.UseNumber()
 	if err := w.element(sch, ""); err != nil {
-		return docError(CodeSyntax, w.where(), "%s", syntaxMessage(err))
+		return docErr(CodeSyntax, w.where(), "%s", syntaxMessage(err))
 	}
 	if _, err := w.dec.Token(); !errors.Is(err, io.EOF) {
 		if err == nil {
-			return docError(CodeSyntax, "", "unexpected data after the document")
+			return docErr(CodeSyntax, "", "unexpected data after the document")
 		}
-		return docError(CodeSyntax, "", "unexpected data after the document: %s", syntaxMessage(err))
+		return docErr(CodeSyntax, "", "unexpected data after the document: %s", syntaxMessage(err))
 	}
-	if err := w.ps.err(CodePlanInvalid); err != nil {
+	if err := w.ps.err(code); err != nil {
 		return err
 	}
 	if p, ok := v.(*Plan); ok {
 		v = (*planNoMethods)(p)
 	}
 	if err := json.Unmarshal(data, v); err != nil {
+		var ve *ValidationError
+		if errors.As(err, &ve) {
+			return ve // a kindRaw field's own strict decoder (a plan inside a request)
+		}
 		// Unreachable after the walk; kept so that a gap in the schema
-		// is an error, not a half-decoded plan.
-		return docError(CodeSyntax, "", "%s", err.Error())
+		// is an error, not a half-decoded value.
+		return docErr(CodeSyntax, "", "%s", err.Error())
 	}
 	return nil
+}
+
+// Schema is the accepted shape of a JSON document for DecodeJSON: the
+// plan decoder's rules applied to another document (a control API body).
+type Schema struct{ s *schema }
+
+// Shapes of DecodeJSON schema fields.
+var (
+	// JSONString accepts a string (or null).
+	JSONString = Schema{stringSchema}
+	// JSONInt accepts an integer that fits int64 (or null).
+	JSONInt = Schema{intSchema}
+	// JSONStringMap accepts an object of strings with any keys.
+	JSONStringMap = Schema{stringMapSchema}
+	// JSONRaw accepts any value: the Go field's own UnmarshalJSON checks
+	// it (a *Plan does, strictly).
+	JSONRaw = Schema{&schema{kind: kindRaw}}
+)
+
+// JSONObject accepts an object with exactly these field names (case
+// matters), each at most once.
+func JSONObject(fields map[string]Schema) Schema {
+	m := make(map[string]*schema, len(fields))
+	for k, f := range fields {
+		m[k] = f.s
+	}
+	return Schema{&schema{kind: kindObject, fields: m}}
+}
+
+// DecodeJSON decodes data into v as strictly as a plan is decoded: valid
+// UTF-8 only, field names exactly as in sch (a case variant is refused
+// with a hint), no field twice, the right JSON type for each, and nothing
+// after the document. Every problem is located by its JSON path in a
+// *ValidationError with the given code. A JSONRaw field's own decoding
+// error (a *ValidationError of a plan) is returned as it is.
+func DecodeJSON(data []byte, sch Schema, v any, code string) error {
+	if !utf8.Valid(data) {
+		return &ValidationError{Code: code, Problems: []Problem{{Code: CodeSyntax, Message: "the document is not valid UTF-8"}}}
+	}
+	return decodeWith(data, sch.s, v, code)
 }
 
 func syntaxMessage(err error) string {
@@ -231,7 +286,7 @@ func (w *walker) value(sch *schema, path string) error {
 }
 
 func (w *walker) valueFrom(tok json.Token, sch *schema, path string) error {
-	if sch == nil { // skipping a value already reported
+	if sch == nil || sch.kind == kindRaw { // reported already, or checked by its own decoder
 		return w.skip(tok)
 	}
 	switch t := tok.(type) {
@@ -300,6 +355,8 @@ func (k kind) String() string {
 		return "a list"
 	case kindStringMap:
 		return "an object of strings"
+	case kindRaw:
+		return "a value"
 	}
 	return "?"
 }

@@ -415,8 +415,9 @@ func validateCommand(ps *problems, e *ExecutorSpec, ep, id string, secrets map[s
 }
 
 func validateHTTP(ps *problems, e *ExecutorSpec, ep, id string, secrets map[string]bool) {
-	if !slices.Contains(HTTPMethods, e.Method) {
-		ps.add(CodeBadExecutor, ep+".method", id, "must be one of %s, got %q", strings.Join(HTTPMethods, ", "), e.Method)
+	// Left out, the method is GET; the executor upper-cases it.
+	if m := strings.ToUpper(e.Method); m != "" && !slices.Contains(HTTPMethods, m) {
+		ps.add(CodeBadExecutor, ep+".method", id, "must be one of %s (any case; default GET), got %q", strings.Join(HTTPMethods, ", "), e.Method)
 	}
 	if e.URL == "" {
 		ps.add(CodeBadExecutor, ep+".url", id, "is required")

@@ -98,8 +98,6 @@ func TestValidate(t *testing.T) {
 		{"CommandEnvIsSecret", func(p *Plan) { p.Steps[0].Executor.Env = map[string]string{"TOKEN": "x"} }, CodeBadExecutor, `steps[0].executor.env["TOKEN"]`},
 		{"CommandEnvValueNUL", func(p *Plan) { p.Steps[0].Executor.Env = map[string]string{"X": "\x00"} }, CodeBadExecutor, `steps[0].executor.env["X"]`},
 		{"CommandWorkingDirRelative", func(p *Plan) { p.Steps[0].Executor.WorkingDir = "src" }, CodeBadExecutor, "steps[0].executor.workingDir"},
-		{"HTTPMethodMissing", func(p *Plan) { p.Steps[1].Executor.Method = "" }, CodeBadExecutor, "steps[1].executor.method"},
-		{"HTTPMethodLower", func(p *Plan) { p.Steps[1].Executor.Method = "post" }, CodeBadExecutor, "steps[1].executor.method"},
 		{"HTTPMethodUnknown", func(p *Plan) { p.Steps[1].Executor.Method = "TRACE" }, CodeBadExecutor, "steps[1].executor.method"},
 		{"HTTPURLMissing", func(p *Plan) { p.Steps[1].Executor.URL = "" }, CodeBadExecutor, "steps[1].executor.url"},
 		{"HTTPURLRelative", func(p *Plan) { p.Steps[1].Executor.URL = "/hooks" }, CodeBadExecutor, "steps[1].executor.url"},
@@ -144,6 +142,19 @@ func TestValidate(t *testing.T) {
 				t.Fatal("empty message")
 			}
 		})
+	}
+}
+
+// TestValidate_HTTPMethodDefaults: as docs/executors.md says and the
+// executor does, a missing method is GET and the method's case is free
+// (issue #10: the validator refused a missing method).
+func TestValidate_HTTPMethodDefaults(t *testing.T) {
+	for _, m := range []string{"", "post", "Get", "DELETE"} {
+		p := validPlan()
+		p.Steps[1].Executor.Method = m
+		if err := Validate(p); err != nil {
+			t.Errorf("method %q: %v", m, err)
+		}
 	}
 }
 

@@ -1,7 +1,13 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"flag"
+	"fmt"
+	"net"
+	"os"
 
 	"go.uber.org/zap"
 
@@ -10,13 +16,107 @@ import (
 
 // apiConfig is the control API's security configuration: authentication,
 // authorization and TLS of the listener.
-type apiConfig struct{}
+type apiConfig struct {
+	// TokensFile lists the principals (hashed bearer tokens, client
+	// certificate names) with their roles and scopes.
+	TokensFile string
+	// TLSCert and TLSKey serve the API over TLS.
+	TLSCert, TLSKey string
+	// ClientCA requires client certificates signed by it (mTLS).
+	ClientCA string
+	// InsecureNoAuth allows a non-loopback --listen without authentication.
+	InsecureNoAuth bool
+
+	creds *httpapi.Credentials // loaded by apply, reloaded on SIGHUP
+}
 
 // registerFlags binds the API security flags to fs.
-func (c *apiConfig) registerFlags(fs *flag.FlagSet) {}
+func (c *apiConfig) registerFlags(fs *flag.FlagSet) {
+	str := func(p *string, name, usage string) {
+		fs.StringVar(p, name, envOr(envName(name), *p), usage+" (env "+envName(name)+")")
+	}
+	str(&c.TokensFile, "tokens-file", "principals of the control API: hashed bearer tokens and client certificate names with roles and scopes (docs/security.md); reloaded on SIGHUP")
+	str(&c.TLSCert, "tls-cert", "certificate (PEM) of the API listener, with --tls-key")
+	str(&c.TLSKey, "tls-key", "key (PEM) of the API listener")
+	str(&c.ClientCA, "client-ca", "CA (PEM) whose client certificates the API requires and accepts (mTLS; needs --tls-cert and --tokens-file)")
+	insecure := envOr(envName("insecure-no-auth"), "false") == "true"
+	fs.BoolVar(&c.InsecureNoAuth, "insecure-no-auth", insecure, "serve the API off loopback WITHOUT authentication: anyone who reaches it may start, pause and cancel runs (env "+envName("insecure-no-auth")+")")
+}
 
 // validate returns the problems of the API settings; listen is --listen.
-func (c *apiConfig) validate(listen string) []string { return nil }
+func (c *apiConfig) validate(listen string) []string {
+	var p []string
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		p = append(p, "--tls-cert and --tls-key go together")
+	}
+	if c.ClientCA != "" && (c.TLSCert == "" || c.TokensFile == "") {
+		p = append(p, "--client-ca needs --tls-cert/--tls-key (mTLS) and --tokens-file (which maps certificate names to roles)")
+	}
+	if c.TokensFile == "" && !c.InsecureNoAuth && !loopbackListen(listen) {
+		p = append(p, fmt.Sprintf("--listen %s is not on loopback and the API has no authentication: give --tokens-file (docs/security.md), or pass --insecure-no-auth to serve it open anyway", listen))
+	}
+	return p
+}
+
+// loopbackListen reports whether addr binds loopback only.
+func loopbackListen(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
 
 // apply sets the security options of the API server.
-func (c *apiConfig) apply(o *httpapi.Options, log *zap.Logger) error { return nil }
+func (c *apiConfig) apply(o *httpapi.Options, log *zap.Logger) error {
+	if c.TokensFile != "" {
+		creds, err := httpapi.LoadCredentials(c.TokensFile)
+		if err != nil {
+			return err
+		}
+		c.creds, o.Auth = creds, creds
+		log.Info("control API requires authentication", zap.String("tokensFile", c.TokensFile), zap.Int("principals", creds.Len()))
+	} else {
+		log.Warn("control API is UNAUTHENTICATED: anyone who reaches --listen may start, pause and cancel runs (give --tokens-file; docs/security.md)")
+	}
+	if c.TLSCert == "" {
+		return nil
+	}
+	cert, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
+	if err != nil {
+		return fmt.Errorf("--tls-cert/--tls-key: %w", err)
+	}
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if c.ClientCA != "" {
+		pem, err := os.ReadFile(c.ClientCA)
+		if err != nil {
+			return fmt.Errorf("--client-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return errors.New("--client-ca " + c.ClientCA + ": no PEM certificate in it")
+		}
+		// A certificate is verified when given; a caller may still use a
+		// bearer token instead (probes, the CLI).
+		tc.ClientCAs, tc.ClientAuth = pool, tls.VerifyClientCertIfGiven
+	}
+	o.TLSConfig = tc
+	return nil
+}
+
+// reload reads the tokens file again (SIGHUP). A bad file keeps the
+// principals in use.
+func (c *apiConfig) reload(log *zap.Logger) {
+	if c.creds == nil {
+		return
+	}
+	if err := c.creds.Reload(); err != nil {
+		log.Error("tokens file not reloaded; the previous principals stay in use", zap.Error(err))
+		return
+	}
+	log.Info("tokens file reloaded", zap.Int("principals", c.creds.Len()))
+}

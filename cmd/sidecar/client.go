@@ -1,10 +1,14 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
+	"os"
 	"strings"
 
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
@@ -14,16 +18,31 @@ import (
 type clientFlags struct {
 	server string
 	output string
+	token  string
+	caCert string
+	roots  *x509.CertPool // from caCert, by check
 }
 
 func (f *clientFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.server, "server", envOr("SIDECAR_SERVER", "http://127.0.0.1:8787"), "sidecar API address (env SIDECAR_SERVER)")
 	fs.StringVar(&f.output, "o", "text", "output format: text or json")
+	fs.StringVar(&f.token, "token", envOr("SIDECAR_TOKEN", ""), "bearer token for the API (env SIDECAR_TOKEN)")
+	fs.StringVar(&f.caCert, "ca-cert", envOr("SIDECAR_CA_CERT", ""), "CA certificate (PEM) of an https --server (env SIDECAR_CA_CERT)")
 }
 
 func (f *clientFlags) check(fs *flag.FlagSet) error {
 	if f.output != "text" && f.output != "json" {
 		return usageError(fs, "-o must be text or json")
+	}
+	if f.caCert != "" {
+		pem, err := os.ReadFile(f.caCert)
+		if err != nil {
+			return usageError(fs, "--ca-cert: %v", err)
+		}
+		f.roots = x509.NewCertPool()
+		if !f.roots.AppendCertsFromPEM(pem) {
+			return usageError(fs, "--ca-cert %s: no PEM certificate in it", f.caCert)
+		}
 	}
 	return nil
 }
@@ -51,7 +70,14 @@ func (f *clientFlags) parse(fs *flag.FlagSet, args []string, names ...string) ([
 	return pos, nil
 }
 
-func (f *clientFlags) client() *httpapi.Client { return httpapi.NewClient(f.server) }
+func (f *clientFlags) client() *httpapi.Client {
+	c := httpapi.NewClient(f.server)
+	c.Token = f.token
+	if f.roots != nil {
+		c.HTTP.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: f.roots, MinVersion: tls.VersionTLS12}}
+	}
+	return c
+}
 
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)

@@ -43,9 +43,15 @@ func (c *KeyCommand) Run(ctx context.Context, args []string) error {
 		}
 		return usageError(fs, "%v", err)
 	}
+	if !statestore.IsKnownEvent(in.EventType) {
+		// The contract allows unknown types (stored, never applied), so the
+		// key is printed; a typo is the likelier cause, so say so.
+		fmt.Fprintf(c.m.Stderr, "sidecar key: warning: %q is not an event type of the contract or its extensions; the key is computed all the same\n", in.EventType)
+	}
 	_, err := fmt.Fprintln(c.m.Stdout, in.Key())
 	return err
 }
+
 func flagOf(field string) string {
 	switch field {
 	case "runId":

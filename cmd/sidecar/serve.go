@@ -60,7 +60,17 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 	log.Info("sidecar ready", zap.String("listen", sc.addr), zap.String("conductor", cfg.ConductorURL), zap.String("version", buildVersion()))
-	<-ctx.Done()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for done := false; !done; {
+		select {
+		case <-hup:
+			sc.apiCfg.reload(log)
+		case <-ctx.Done():
+			done = true
+		}
+	}
 	log.Info("shutting down: polling stopped, running steps may finish", zap.Duration("grace", cfg.ShutdownGrace))
 	// A second signal ends the grace period.
 	graceCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
@@ -82,6 +92,7 @@ type sidecar struct {
 	drain   *drain.Controller
 	worker  *taskworkers.Worker
 	api     *httpapi.Server
+	apiCfg  *apiConfig // its tokens file is reloaded on SIGHUP
 }
 
 func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar, err error) {
@@ -237,6 +248,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	if err := cfg.API.apply(&apiOpts, log); err != nil {
 		return sc, err
 	}
+	sc.apiCfg = &cfg.API
 	sc.api = httpapi.NewServer(apiOpts)
 	sc.api.Open(ln)
 	sc.ln = nil

@@ -1,0 +1,446 @@
+package httpapi_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/memstore"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// recordingControl is a Control that records what it was asked, so that a
+// test sees both "nothing was changed" and the requestedBy of a call.
+type recordingControl struct {
+	mu    sync.Mutex
+	calls []string // action runId requestedBy reason
+}
+
+func (c *recordingControl) record(action, runID, by, reason string) (*drain.State, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls = append(c.calls, strings.Join([]string{action, runID, by, reason}, " "))
+	return &drain.State{RunID: runID}, nil
+}
+
+func (c *recordingControl) Pause(_ context.Context, runID string, req drain.PauseRequest) (*drain.State, error) {
+	return c.record("pause", runID, req.RequestedBy, req.Reason)
+}
+func (c *recordingControl) Resume(_ context.Context, runID string, req drain.ResumeRequest) (*drain.State, error) {
+	return c.record("resume", runID, req.RequestedBy, req.Reason)
+}
+func (c *recordingControl) Cancel(_ context.Context, runID, reason, by string) (*drain.State, error) {
+	return c.record("cancel", runID, by, reason)
+}
+func (c *recordingControl) RetryStep(_ context.Context, runID, stepID string, req drain.RetryRequest) (*drain.State, error) {
+	return c.record("retry", runID, req.RequestedBy, req.Reason)
+}
+
+func (c *recordingControl) taken() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.calls...)
+}
+
+// secEnv is an API over a memstore with runs run-t1 (tenant t1) and run-t2
+// (tenant t2), a recording Control and, when auth is set, authentication.
+type secEnv struct {
+	url     string
+	control *recordingControl
+}
+
+func newSecEnv(t *testing.T, auth httpapi.Authenticator) *secEnv {
+	t.Helper()
+	store := memstore.New(statestore.ProjectorOptions{})
+	for run, tenant := range map[string]string{"run-t1": "t1", "run-t2": "t2"} {
+		w := storetest.Event(run, statestore.RunStarted, "")
+		w.TenantID = tenant
+		if _, err := store.Append(context.Background(), w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rc := &recordingControl{}
+	api := httpapi.NewServer(httpapi.Options{Runs: store, Control: rc, Auth: auth, Logger: zaptest.NewLogger(t)})
+	srv := httptest.NewServer(api.Handler())
+	t.Cleanup(srv.Close)
+	return &secEnv{url: srv.URL, control: rc}
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   string
+	Code   string                        `json:"code"`
+	Probs  []struct{ Code, Path string } `json:"problems"`
+}
+
+func (e *secEnv) do(t *testing.T, method, path, token, contentType, body string) reply {
+	t.Helper()
+	req, err := http.NewRequest(method, e.url+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	r := reply{status: resp.StatusCode, header: resp.Header, body: string(b)}
+	_ = json.Unmarshal(b, &r)
+	return r
+}
+
+// TestServer_StrictInput: each finding of issue #10 §4 is a 4xx with a
+// machine code, and nothing reaches the engine.
+func TestServer_StrictInput(t *testing.T) {
+	e := newSecEnv(t, nil)
+	start := func(s string) string { return s }
+	good := `{"planId":"p1","planVersion":"1","steps":[{"stepId":"a","executor":{"type":"noop"}}]}`
+	for _, tc := range []struct {
+		name, method, path, ctype, body string
+		status                          int
+		code                            string
+	}{
+		{"TrailingData", "POST", "/v1/runs", "application/json", start(`{"tenantId":"t","projectId":"p","environmentId":"e","runRequestId":"r","plan":` + good + `} x`), 400, "BAD_REQUEST"},
+		{"TrailingDocument", "POST", "/v1/runs", "application/json", `{"tenantId":"t","projectId":"p","environmentId":"e","runRequestId":"r","plan":` + good + `}{}`, 400, "BAD_REQUEST"},
+		{"CaseVariantKey", "POST", "/v1/runs", "application/json", `{"tenantID":"t","projectId":"p","environmentId":"e","runRequestId":"r","plan":` + good + `}`, 400, "BAD_REQUEST"},
+		{"DuplicateKey", "POST", "/v1/runs", "application/json", `{"tenantId":"t","tenantId":"u","projectId":"p","environmentId":"e","runRequestId":"r","plan":` + good + `}`, 400, "BAD_REQUEST"},
+		{"InvalidUTF8", "POST", "/v1/runs", "application/json", "{\"tenantId\":\"t\",\"projectId\":\"p\",\"environmentId\":\"e\",\"runRequestId\":\"r\xff\",\"plan\":" + good + "}", 400, "BAD_REQUEST"},
+		{"PlanNumberOverflow", "POST", "/v1/runs", "application/json", `{"tenantId":"t","projectId":"p","environmentId":"e","runRequestId":"r","plan":{"planId":"p1","planVersion":"1","steps":[{"stepId":"a","timeoutSeconds":99999999999999999999,"executor":{"type":"noop"}}]}}`, 400, "PLAN_INVALID"},
+		{"PlanNullSteps", "POST", "/v1/runs", "application/json", `{"tenantId":"t","projectId":"p","environmentId":"e","runRequestId":"r","plan":{"planId":"p1","planVersion":"1","steps":null}}`, 400, "PLAN_INVALID"},
+		{"PlanNullStep", "POST", "/v1/runs", "application/json", `{"tenantId":"t","projectId":"p","environmentId":"e","runRequestId":"r","plan":{"planId":"p1","planVersion":"1","steps":[null]}}`, 400, "PLAN_INVALID"},
+		{"MediaTypeJSONP", "POST", "/v1/runs", "application/jsonp", `{}`, 415, "BAD_REQUEST"},
+		{"WrongMethod", "DELETE", "/v1/runs/run-t1", "", "", 405, "METHOD_NOT_ALLOWED"},
+		{"WrongMethodControl", "GET", "/v1/runs/run-t1/pause", "", "", 405, "METHOD_NOT_ALLOWED"},
+		{"EventsAfterSeqUnknownRun", "GET", "/v1/runs/no-such-run/events?afterSeq=5", "", "", 404, "RUN_NOT_FOUND"},
+		{"PauseUnknownField", "POST", "/v1/runs/run-t1/pause", "application/json", `{"stepId":"a"}`, 400, "BAD_REQUEST"},
+		{"PauseTimeoutHuge", "POST", "/v1/runs/run-t1/pause", "application/json", `{"timeoutSeconds":9300000000}`, 400, "BAD_REQUEST"},
+		{"PauseTimeoutMaxInt", "POST", "/v1/runs/run-t1/pause", "application/json", `{"timeoutSeconds":9223372036854775807}`, 400, "BAD_REQUEST"},
+		{"PauseTimeoutNegative", "POST", "/v1/runs/run-t1/pause", "application/json", `{"timeoutSeconds":-1}`, 400, "BAD_REQUEST"},
+		{"ResumeTrailing", "POST", "/v1/runs/run-t1/resume", "application/json", `{"reason":"x"} {}`, 400, "BAD_REQUEST"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := e.do(t, tc.method, tc.path, "", tc.ctype, tc.body)
+			if r.status != tc.status || r.Code != tc.code {
+				t.Fatalf("got %d %s (%s), want %d %s", r.status, r.Code, r.body, tc.status, tc.code)
+			}
+			if tc.code == "PLAN_INVALID" && len(r.Probs) == 0 {
+				t.Fatalf("PLAN_INVALID without problems: %s", r.body)
+			}
+			if tc.status == 405 && r.header.Get("Allow") == "" {
+				t.Fatal("405 without Allow")
+			}
+		})
+	}
+	if calls := e.control.taken(); len(calls) != 0 {
+		t.Fatalf("bad input reached the engine: %v", calls)
+	}
+	t.Run("MediaTypeCase", func(t *testing.T) {
+		r := e.do(t, "POST", "/v1/runs/run-t1/pause", "", "APPLICATION/JSON; charset=UTF-8", `{"timeoutSeconds":60}`)
+		if r.status != 200 {
+			t.Fatalf("APPLICATION/JSON: %d %s", r.status, r.body)
+		}
+	})
+	t.Run("EventsAfterEndOfKnownRun", func(t *testing.T) {
+		if r := e.do(t, "GET", "/v1/runs/run-t1/events?afterSeq=1000", "", "", ""); r.status != 200 {
+			t.Fatalf("afterSeq past the end of a known run: %d %s", r.status, r.body)
+		}
+	})
+	t.Run("ResumeReasonReachesEngine", func(t *testing.T) {
+		e.do(t, "POST", "/v1/runs/run-t1/resume", "", "application/json", `{"reason":"dependency back","requestedBy":"alice"}`)
+		calls := e.control.taken()
+		if last := calls[len(calls)-1]; last != "resume run-t1 alice dependency back" {
+			t.Fatalf("resume recorded as %q", last)
+		}
+	})
+}
+
+// writeTokens writes a tokens file and returns its path.
+func writeTokens(t *testing.T, dir, content string) string {
+	t.Helper()
+	path := filepath.Join(dir, "tokens.yaml")
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func tokensYAML(principals ...string) string {
+	return "principals:\n" + strings.Join(principals, "")
+}
+
+func principal(name, token, roles, scope string) string {
+	s := fmt.Sprintf("  - name: %s\n    tokenSha256: %s\n    roles: [%s]\n", name, httpapi.HashToken(token), roles)
+	if scope != "" {
+		s += "    scope: {" + scope + "}\n"
+	}
+	return s
+}
+
+// TestServer_Auth: roles, scopes (404 outside), requestedBy from the
+// principal, probes open, SIGHUP-style reload.
+func TestServer_Auth(t *testing.T) {
+	dir := t.TempDir()
+	path := writeTokens(t, dir, tokensYAML(
+		principal("viewer-t1", "tok-viewer", "viewer", "tenantId: t1"),
+		principal("ops", "tok-ops", "operator, viewer", ""),
+		principal("ci", "tok-ci", "submitter", "tenantId: t1"),
+		principal("root", "tok-admin", "admin", ""),
+	))
+	creds, err := httpapi.LoadCredentials(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newSecEnv(t, creds)
+	plan := `{"planId":"p1","planVersion":"1","steps":[{"stepId":"a","executor":{"type":"noop"}}]}`
+	startIn := func(tenant string) string {
+		return `{"tenantId":"` + tenant + `","projectId":"p","environmentId":"e","runRequestId":"r","plan":` + plan + `}`
+	}
+	for _, tc := range []struct {
+		name, method, path, token, body string
+		status                          int
+		code                            string
+	}{
+		{"NoToken", "GET", "/v1/runs/run-t1", "", "", 401, "UNAUTHENTICATED"},
+		{"BadToken", "GET", "/v1/runs/run-t1", "nope", "", 401, "UNAUTHENTICATED"},
+		{"ViewerInScope", "GET", "/v1/runs/run-t1", "tok-viewer", "", 200, ""},
+		{"ViewerOutOfScope", "GET", "/v1/runs/run-t2", "tok-viewer", "", 404, "RUN_NOT_FOUND"},
+		{"ViewerEventsOutOfScope", "GET", "/v1/runs/run-t2/events", "tok-viewer", "", 404, "RUN_NOT_FOUND"},
+		{"ViewerCannotPause", "POST", "/v1/runs/run-t1/pause", "tok-viewer", "", 403, "FORBIDDEN"},
+		{"SubmitterCannotRead", "GET", "/v1/runs/run-t1", "tok-ci", "", 403, "FORBIDDEN"},
+		{"SubmitterOutOfScope", "POST", "/v1/runs", "tok-ci", startIn("t2"), 403, "FORBIDDEN"},
+		{"OperatorCannotStart", "POST", "/v1/runs", "tok-ops", startIn("t1"), 403, "FORBIDDEN"},
+		{"ClaimedRequestedBy", "POST", "/v1/runs/run-t2/cancel", "tok-ops", `{"requestedBy":"someone-else"}`, 400, "BAD_REQUEST"},
+		{"MetricsNeedsToken", "GET", "/metrics", "", "", 404, "NOT_FOUND"}, // no Gatherer here: not served
+		{"Healthz", "GET", "/healthz", "", "", 200, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ct := ""
+			if tc.body != "" {
+				ct = "application/json"
+			}
+			r := e.do(t, tc.method, tc.path, tc.token, ct, tc.body)
+			if r.status != tc.status || r.Code != tc.code {
+				t.Fatalf("got %d %s (%s), want %d %s", r.status, r.Code, r.body, tc.status, tc.code)
+			}
+			if r.status == 401 && !strings.HasPrefix(r.header.Get("WWW-Authenticate"), "Bearer") {
+				t.Fatal("401 without WWW-Authenticate: Bearer")
+			}
+		})
+	}
+	if calls := e.control.taken(); len(calls) != 0 {
+		t.Fatalf("refused requests reached the engine: %v", calls)
+	}
+	t.Run("RequestedByIsThePrincipal", func(t *testing.T) {
+		if r := e.do(t, "POST", "/v1/runs/run-t2/pause", "tok-ops", "application/json", `{"reason":"maintenance"}`); r.status != 200 {
+			t.Fatalf("operator pause: %d %s", r.status, r.body)
+		}
+		if r := e.do(t, "POST", "/v1/runs/run-t2/cancel", "tok-admin", "", ""); r.status != 200 {
+			t.Fatalf("admin cancel: %d %s", r.status, r.body)
+		}
+		want := []string{"pause run-t2 ops maintenance", "cancel run-t2 root "}
+		if got := e.control.taken(); strings.Join(got, "|") != strings.Join(want, "|") {
+			t.Fatalf("recorded %q, want %q", got, want)
+		}
+	})
+	t.Run("Reload", func(t *testing.T) {
+		writeTokens(t, dir, tokensYAML(principal("ops", "tok-ops-2", "operator, viewer", "")))
+		if err := creds.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		if r := e.do(t, "GET", "/v1/runs/run-t1", "tok-ops", "", ""); r.status != 401 {
+			t.Fatalf("old token after reload: %d", r.status)
+		}
+		if r := e.do(t, "GET", "/v1/runs/run-t1", "tok-ops-2", "", ""); r.status != 200 {
+			t.Fatalf("new token after reload: %d", r.status)
+		}
+		writeTokens(t, dir, "principals:\n  - name: broken\n    roles: [wizard]\n")
+		if err := creds.Reload(); err == nil {
+			t.Fatal("a bad tokens file reloaded")
+		}
+		if r := e.do(t, "GET", "/v1/runs/run-t1", "tok-ops-2", "", ""); r.status != 200 {
+			t.Fatalf("after a failed reload the previous principals must stay: %d", r.status)
+		}
+	})
+}
+
+func TestLoadCredentials_Problems(t *testing.T) {
+	dir := t.TempDir()
+	for name, content := range map[string]string{
+		"UnknownRole":  "principals:\n  - name: a\n    tokenSha256: " + httpapi.HashToken("x") + "\n    roles: [wizard]\n",
+		"NoRoles":      "principals:\n  - name: a\n    tokenSha256: " + httpapi.HashToken("x") + "\n",
+		"BadHash":      "principals:\n  - name: a\n    tokenSha256: abc\n    roles: [viewer]\n",
+		"NoCredential": "principals:\n  - name: a\n    roles: [viewer]\n",
+		"UnknownField": "principals:\n  - name: a\n    token: plain\n    roles: [viewer]\n",
+		"Empty":        "principals: []\n",
+		"DupName":      tokensYAML(principal("a", "x", "viewer", ""), principal("a", "y", "viewer", "")),
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := httpapi.LoadCredentials(writeTokens(t, dir, content)); err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+}
+
+// TestServer_Timeouts: a body sent a byte at a time and an idle keep-alive
+// are cut off by the server's timeouts (issue #10: both were still open
+// after 90 s).
+func TestServer_Timeouts(t *testing.T) {
+	api := httpapi.NewServer(httpapi.Options{Runs: memstore.New(statestore.ProjectorOptions{}), Control: &recordingControl{},
+		ReadTimeout: 300 * time.Millisecond, IdleTimeout: 300 * time.Millisecond, Logger: zaptest.NewLogger(t)})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	api.Open(ln)
+	t.Cleanup(func() { _ = api.Close(context.Background()) })
+	addr := ln.Addr().String()
+
+	t.Run("SlowBody", func(t *testing.T) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "POST /v1/runs/r/pause HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n")
+		cut := false
+		for i := 0; i < 50 && !cut; i++ { // 10 s at most
+			if _, err := c.Write([]byte(" ")); err != nil {
+				cut = true
+				break
+			}
+			_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+			// An answer before the body is complete, or a closed
+			// connection: the server gave up on the body.
+			if n, err := c.Read(make([]byte, 1)); n > 0 || (err != nil && !isTimeout(err)) {
+				cut = true
+			}
+		}
+		if !cut {
+			t.Fatal("a body trickling in for 10 s was not cut off (ReadTimeout 300ms)")
+		}
+	})
+	t.Run("IdleKeepAlive", func(t *testing.T) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := br.ReadByte(); err == nil || isTimeout(err) {
+			t.Fatalf("idle keep-alive still open after 10 s (IdleTimeout 300ms): %v", err)
+		}
+	})
+}
+
+func isTimeout(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
+}
+
+// fuzzHandler is the API over a memstore with a recording Control and no
+// Starter: a start that passes decoding and validation answers 503
+// NOT_READY, so any 500 is a decoding bug.
+func fuzzHandler(f *testing.F) (http.Handler, *recordingControl) {
+	store := memstore.New(statestore.ProjectorOptions{})
+	if _, err := store.Append(context.Background(), storetest.Event("run-1", statestore.RunStarted, "")); err != nil {
+		f.Fatal(err)
+	}
+	rc := &recordingControl{}
+	return httpapi.NewServer(httpapi.Options{Runs: store, Control: rc}).Handler(), rc
+}
+
+// FuzzDecodeStart feeds POST /v1/runs bodies through the real handler:
+// never a panic or a 500, and a 4xx is one of the API's machine codes.
+func FuzzDecodeStart(f *testing.F) {
+	good := `{"planId":"p1","planVersion":"1","steps":[{"stepId":"a","executor":{"type":"noop"}}]}`
+	for _, seed := range []string{
+		`{"tenantId":"t","projectId":"p","environmentId":"e","runRequestId":"r","plan":` + good + `}`,
+		`{"tenantId":"t","projectId":"p","environmentId":"e","runRequestId":"r","plan":` + good + `} x`,
+		`{"tenantID":"t","projectId":"p","environmentId":"e","runRequestId":"r","plan":` + good + `}`,
+		`{"tenantId":"t","tenantId":"u","projectId":"p","environmentId":"e","runRequestId":"r","plan":` + good + `}`,
+		"{\"tenantId\":\"t\",\"projectId\":\"p\",\"environmentId\":\"e\",\"runRequestId\":\"r\xff\",\"plan\":" + good + "}",
+		`{"tenantId":"t","projectId":"p","environmentId":"e","runRequestId":"r","plan":{"planId":"p1","planVersion":"1","steps":null}}`,
+		`{"tenantId":"t","projectId":"p","environmentId":"e","runRequestId":"r","plan":{"planId":"p1","planVersion":"1","steps":[{"stepId":"a","timeoutSeconds":1e999,"executor":{"type":"noop"}}]}}`,
+		`{"plan":[]}`, `[]`, `null`, `{"tenantId":{}}`, ``,
+	} {
+		f.Add(seed)
+	}
+	h, _ := fuzzHandler(f)
+	f.Fuzz(func(t *testing.T, body string) {
+		req := httptest.NewRequest("POST", "/v1/runs", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		checkFuzzAnswer(t, w, body)
+	})
+}
+
+// FuzzControlBody feeds pause and resume bodies through the real handler:
+// never a panic or a 500; a refused body reaches no engine call.
+func FuzzControlBody(f *testing.F) {
+	for _, seed := range []string{`{}`, `{"timeoutSeconds":60,"reason":"x"}`, `{"timeoutSeconds":9300000000}`,
+		`{"timeoutSeconds":9223372036854775807}`, `{"stepId":"a"}`, `{"reason":"a"} {}`, `{"requestedBy":"\u0000"}`, `{"timeoutSeconds":1.5}`} {
+		f.Add("pause", seed)
+		f.Add("resume", seed)
+	}
+	h, rc := fuzzHandler(f)
+	f.Fuzz(func(t *testing.T, action, body string) {
+		if action != "pause" && action != "resume" {
+			return
+		}
+		before := len(rc.taken())
+		req := httptest.NewRequest("POST", "/v1/runs/run-1/"+action, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		checkFuzzAnswer(t, w, body)
+		if w.Code >= 400 && len(rc.taken()) != before {
+			t.Fatalf("refused body %q (%d) reached the engine", body, w.Code)
+		}
+	})
+}
+
+func checkFuzzAnswer(t *testing.T, w *httptest.ResponseRecorder, body string) {
+	t.Helper()
+	var a struct{ Code string }
+	_ = json.Unmarshal(w.Body.Bytes(), &a)
+	switch {
+	case w.Code == 500:
+		t.Fatalf("body %q: 500 %s", body, w.Body)
+	case w.Code >= 400 && a.Code == "":
+		t.Fatalf("body %q: %d without a machine code: %s", body, w.Code, w.Body)
+	}
+}
