@@ -59,6 +59,8 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		err = (&StatusCommand{m}).Run(ctx, rest)
 	case "events":
 		err = (&EventsCommand{m}).Run(ctx, rest)
+	case "token":
+		err = (&TokenCommand{m}).Run(ctx, rest)
 	case "pause", "resume", "cancel", "retry":
 		err = (&ControlCommand{m: m, action: args[0]}).Run(ctx, rest)
 	case "help", "-h", "--help":
@@ -101,6 +103,7 @@ Commands:
                                          sidecar retry RUN_ID STEP_ID
   demo      append a small run to the JetStream event log and show its snapshot
   key       print the idempotencyKey of an event
+  token     make an API token and its tokens-file entry: sidecar token new --name N --roles R
   version   print the version
 
 Run "sidecar <command> -h" for a command's flags.
