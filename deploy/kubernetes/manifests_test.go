@@ -28,6 +28,7 @@ type manifests struct {
 	services    []*corev1.Service
 	configMaps  []*corev1.ConfigMap
 	claims      []*corev1.PersistentVolumeClaim
+	secrets     []*corev1.Secret
 	text        map[string]string // file -> raw text
 }
 
@@ -49,6 +50,8 @@ func decodeStrict(doc []byte) (any, error) {
 		obj = &corev1.ConfigMap{}
 	case "v1/PersistentVolumeClaim":
 		obj = &corev1.PersistentVolumeClaim{}
+	case "v1/Secret":
+		obj = &corev1.Secret{}
 	default:
 		return nil, fmt.Errorf("unknown apiVersion/kind %q/%q", tm.APIVersion, tm.Kind)
 	}
@@ -114,6 +117,8 @@ func loadManifests(t *testing.T) *manifests {
 				m.configMaps = append(m.configMaps, o)
 			case *corev1.PersistentVolumeClaim:
 				m.claims = append(m.claims, o)
+			case *corev1.Secret:
+				m.secrets = append(m.secrets, o)
 			}
 		}
 	}
@@ -295,6 +300,31 @@ func TestDeployment_Sidecar(t *testing.T) {
 		}
 		if c.VolumeMounts[i].ReadOnly {
 			t.Error("the data dir is mounted read-only")
+		}
+	})
+
+	t.Run("TokensFile", func(t *testing.T) {
+		// Off loopback serve refuses to start without authentication: the
+		// tokens file must be a key of the mounted Secret.
+		path := env["SIDECAR_TOKENS_FILE"]
+		if path == "" {
+			t.Fatal("SIDECAR_LISTEN is off loopback and SIDECAR_TOKENS_FILE is not set: serve would refuse to start")
+		}
+		secret := the(t, "Secrets", m.secrets)
+		dir, key := filepath.Dir(path), filepath.Base(path)
+		i := slices.IndexFunc(c.VolumeMounts, func(v corev1.VolumeMount) bool { return v.MountPath == dir })
+		if i < 0 {
+			t.Fatalf("SIDECAR_TOKENS_FILE %q is not in a volume mount of the sidecar", path)
+		}
+		j := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == c.VolumeMounts[i].Name })
+		if j < 0 || pod.Volumes[j].Secret == nil || pod.Volumes[j].Secret.SecretName != secret.Name {
+			t.Fatalf("the tokens file must come from Secret %s", secret.Name)
+		}
+		if _, ok := secret.StringData[key]; !ok {
+			t.Errorf("Secret %s has no key %s", secret.Name, key)
+		}
+		if !c.VolumeMounts[i].ReadOnly {
+			t.Error("the tokens mount is writable")
 		}
 	})
 
