@@ -212,14 +212,13 @@ func concurrently(b *testing.B, conc int, op func(i int) error) {
 
 func benchServer(b *testing.B, syncInterval time.Duration) jetstream.JetStream {
 	b.Helper()
-	srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: b.TempDir(), SyncInterval: syncInterval, Logger: zap.NewNop()})
+	// The benchmarks use streams and subjects of their own (and the raw
+	// publish baseline), which the sidecar's least-privilege user may not.
+	srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: b.TempDir(), SyncInterval: syncInterval, Logger: zap.NewNop(), Permissions: natsstore.AllPermissions})
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
+	b.Cleanup(srv.Shutdown)
 	return natstest.Connect(b, srv, jetstream.WithPublishAsyncMaxPending(4096))
 }
 
