@@ -32,15 +32,12 @@ type apiConfig struct {
 
 // registerFlags binds the API security flags to fs.
 func (c *apiConfig) registerFlags(fs *flag.FlagSet) {
-	str := func(p *string, name, usage string) {
-		fs.StringVar(p, name, envOr(envName(name), *p), usage+" (env "+envName(name)+")")
-	}
+	str := func(p *string, name, usage string) { stringFlag(fs, p, name, usage) }
 	str(&c.TokensFile, "tokens-file", "principals of the control API: hashed bearer tokens and client certificate names with roles and scopes (docs/security.md); reloaded on SIGHUP")
 	str(&c.TLSCert, "tls-cert", "certificate (PEM) of the API listener, with --tls-key")
 	str(&c.TLSKey, "tls-key", "key (PEM) of the API listener")
 	str(&c.ClientCA, "client-ca", "CA (PEM) whose client certificates the API requires and accepts (mTLS; needs --tls-cert and --tokens-file)")
-	insecure := envOr(envName("insecure-no-auth"), "false") == "true"
-	fs.BoolVar(&c.InsecureNoAuth, "insecure-no-auth", insecure, "serve the API off loopback WITHOUT authentication: anyone who reaches it may start, pause and cancel runs (env "+envName("insecure-no-auth")+")")
+	boolFlag(fs, &c.InsecureNoAuth, "insecure-no-auth", "serve the API off loopback WITHOUT authentication: anyone who reaches it may start, pause and cancel runs")
 }
 
 // validate returns the problems of the API settings; listen is --listen.

@@ -116,9 +116,7 @@ func (c *Config) Validate() error {
 
 // registerFlags binds c's fields to fs, with environment fallbacks read now.
 func (c *Config) registerFlags(fs *flag.FlagSet) {
-	str := func(p *string, name, usage string) {
-		fs.StringVar(p, name, envOr(envName(name), *p), usage+" (env "+envName(name)+")")
-	}
+	str := func(p *string, name, usage string) { stringFlag(fs, p, name, usage) }
 	dur := func(p *time.Duration, name, usage string) {
 		fs.Var(&durationValue{p}, name, usage+" (env "+envName(name)+")")
 		if v, ok := os.LookupEnv(envName(name)); ok {
@@ -140,11 +138,21 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	if v, ok := os.LookupEnv(envName("concurrency")); ok {
 		_ = fs.Set("concurrency", v)
 	}
-	validate := envOr(envName("validate-transitions"), "false") == "true"
-	fs.BoolVar(&c.ValidateWrites, "validate-transitions", validate, "reject invalid transitions at append time (Layer 2) (env "+envName("validate-transitions")+")")
+	boolFlag(fs, &c.ValidateWrites, "validate-transitions", "reject invalid transitions at append time (Layer 2)")
 	c.NATS.registerFlags(fs)
 	c.API.registerFlags(fs)
 	c.Exec.registerFlags(fs)
+}
+
+// stringFlag binds p to the flag name of fs, with SIDECAR_<NAME> as its
+// default when set.
+func stringFlag(fs *flag.FlagSet, p *string, name, usage string) {
+	fs.StringVar(p, name, envOr(envName(name), *p), usage+" (env "+envName(name)+")")
+}
+
+// boolFlag binds p to the flag name of fs; SIDECAR_<NAME>=true sets it.
+func boolFlag(fs *flag.FlagSet, p *bool, name, usage string) {
+	fs.BoolVar(p, name, envOr(envName(name), "false") == "true", usage+" (env "+envName(name)+")")
 }
 
 func envName(flagName string) string {

@@ -36,9 +36,7 @@ type natsConfig struct {
 }
 
 func (c *natsConfig) registerFlags(fs *flag.FlagSet) {
-	str := func(p *string, name, usage string) {
-		fs.StringVar(p, name, envOr(envName(name), *p), usage+" (env "+envName(name)+")")
-	}
+	str := func(p *string, name, usage string) { stringFlag(fs, p, name, usage) }
 	str(&c.Listen, "nats-listen", "open the embedded NATS server to other replicas on this address (needs --nats-password-file); empty: in-process only")
 	str(&c.PasswordFile, "nats-password-file", "file with the NATS password: of user sidecar on the embedded listener, or of --nats-user on --nats-url")
 	str(&c.User, "nats-user", "NATS user on --nats-url (with --nats-password-file; default sidecar)")
@@ -47,8 +45,7 @@ func (c *natsConfig) registerFlags(fs *flag.FlagSet) {
 	str(&c.CA, "nats-ca", "CA certificate (PEM) that signed the NATS server's certificate")
 	str(&c.Cert, "nats-cert", "client certificate (PEM) for NATS TLS (with --nats-key)")
 	str(&c.Key, "nats-key", "client key (PEM) for NATS TLS (with --nats-cert)")
-	insecure := envOr(envName("nats-insecure-no-auth"), "false") == "true"
-	fs.BoolVar(&c.InsecureNoAuth, "nats-insecure-no-auth", insecure, "allow a non-loopback --nats-url without credentials: anyone who reaches that server can rewrite the log (env "+envName("nats-insecure-no-auth")+")")
+	boolFlag(fs, &c.InsecureNoAuth, "nats-insecure-no-auth", "allow a non-loopback --nats-url without credentials: anyone who reaches that server can rewrite the log")
 }
 
 // validate returns the problems of the NATS settings; natsURL is --nats-url.
