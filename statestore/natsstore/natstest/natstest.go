@@ -4,6 +4,7 @@
 package natstest
 
 import (
+	"context"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -48,4 +49,33 @@ func Connect(tb testing.TB, srv *natsstore.Embedded, opts ...jetstream.JetStream
 		tb.Fatal(err)
 	}
 	return js
+}
+
+// RequireNoRewrite fails tb unless js (connected as the sidecar's user)
+// is refused every operation that could remove or rewrite the event log
+// or a bucket: stream delete, purge, update, message delete, bucket
+// delete. The stream and bucket must exist.
+func RequireNoRewrite(tb testing.TB, js jetstream.JetStream, bucket string) {
+	tb.Helper()
+	ctx := context.Background()
+	st, err := js.Stream(ctx, natsstore.DefaultStream)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.DenyDelete, cfg.DenyPurge = false, false
+	for _, op := range []struct {
+		name string
+		do   func() error
+	}{
+		{"delete stream", func() error { return js.DeleteStream(ctx, natsstore.DefaultStream) }},
+		{"purge stream", func() error { return st.Purge(ctx) }},
+		{"delete message", func() error { return st.DeleteMsg(ctx, 1) }},
+		{"update stream", func() error { _, err := js.UpdateStream(ctx, cfg); return err }},
+		{"delete bucket " + bucket, func() error { return js.DeleteKeyValue(ctx, bucket) }},
+	} {
+		if err := op.do(); err == nil {
+			tb.Errorf("%s as the sidecar's user: allowed", op.name)
+		}
+	}
 }
