@@ -85,7 +85,7 @@ func (c *natsConfig) validate(natsURL string) []string {
 	if (c.Cert == "") != (c.Key == "") {
 		p = append(p, "--nats-cert and --nats-key go together")
 	}
-	if creds == 0 && c.Cert == "" && !c.InsecureNoAuth && !loopbackNATS(natsURL) {
+	if creds == 0 && c.Cert == "" && !c.InsecureNoAuth && !loopbackNATS(natsURL) && !urlHasUser(natsURL) {
 		p = append(p, fmt.Sprintf("--nats-url %s is not on loopback and no NATS credentials are given: pass --nats-creds, --nats-nkey or --nats-password-file (deploy/nats/sidecar.conf), or --nats-insecure-no-auth", redactURL(natsURL)))
 	}
 	return p
@@ -144,6 +144,18 @@ func loopbackNATS(raw string) bool {
 		}
 		host := u.Hostname()
 		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			return false
+		}
+	}
+	return true
+}
+
+// urlHasUser reports whether every URL of the list carries a user (and
+// maybe a password or token) in its userinfo.
+func urlHasUser(raw string) bool {
+	for _, one := range strings.Split(raw, ",") {
+		u, err := url.Parse(strings.TrimSpace(one))
+		if err != nil || u.User == nil {
 			return false
 		}
 	}
