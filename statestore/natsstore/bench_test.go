@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
@@ -232,4 +233,44 @@ func benchStore(b *testing.B, js jetstream.JetStream) *natsstore.Store {
 		b.Fatal(err)
 	}
 	return s
+}
+
+// BenchmarkAppendPermissions measures what the sidecar user's least
+// privilege (a permission check on every publish and subscription) and the
+// watermark cost an append: the same Append on a server whose user has the
+// sidecar's Permissions and on one whose user may do everything.
+func BenchmarkAppendPermissions(b *testing.B) {
+	ctx := context.Background()
+	for _, mode := range syncModes {
+		for _, perm := range []struct {
+			name  string
+			perms *server.Permissions
+		}{{"least", nil}, {"all", natsstore.AllPermissions}} {
+			b.Run(mode.name+"/perm="+perm.name, func(b *testing.B) {
+				srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: b.TempDir(), SyncInterval: mode.interval, Logger: zap.NewNop(), Permissions: perm.perms})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(srv.Shutdown)
+				s, err := natsstore.Open(ctx, natstest.Connect(b, srv), natsstore.Options{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { _ = s.Close() })
+				for _, conc := range []int{1, 64} {
+					b.Run(fmt.Sprintf("conc=%d", conc), func(b *testing.B) {
+						prefix := fmt.Sprintf("run-perm-%d-", time.Now().UnixNano())
+						events := make([]*statestore.RunEventWrite, b.N)
+						for i := range events {
+							events[i] = storetest.Event(fmt.Sprintf("%s%04d", prefix, i%1000), statestore.StepStarted, fmt.Sprintf("step-%06d", i))
+						}
+						concurrently(b, conc, func(i int) error {
+							_, err := s.Append(ctx, events[i])
+							return err
+						})
+					})
+				}
+			})
+		}
+	}
 }
