@@ -186,6 +186,19 @@ func TestServe_ReadyzReportsDeletedStream(t *testing.T) {
 	}
 }
 
+// TestServe_ReadyzReportsDeletedBucket: the same for a KV bucket (the run
+// index) deleted by an administrator.
+func TestServe_ReadyzReportsDeletedBucket(t *testing.T) {
+	admin, nats := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "e2e-admin-pw", Permissions: natsstore.AllPermissions})
+	p := startServe(t, t.TempDir(), freeAddr(t), "--nats-url", nats.URL())
+	if err := admin.DeleteKeyValue(context.Background(), "SIDECAR_RUNS"); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := readyz(t, p); code != http.StatusServiceUnavailable || !strings.Contains(body, "KV_SIDECAR_RUNS was deleted") {
+		t.Fatalf("/readyz after the run index bucket was deleted: %d %s, want 503 naming it", code, body)
+	}
+}
+
 // startConfServer runs a real nats-server from deploy/nats/sidecar.conf
 // (included from a server config with JetStream and a random loopback
 // port) and returns its client URL.

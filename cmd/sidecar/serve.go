@@ -221,6 +221,13 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	if err != nil {
 		return sc, err
 	}
+	// Every bucket the sidecar keeps state in; /readyz reports one deleted
+	// or re-created by an administrator (the event stream: Store.Check).
+	buckets, err := natsstore.NewGuard(ctx, js, "KV_"+registry.DefaultBucket, "KV_"+adapter.DefaultRunsBucket,
+		"KV_"+natsstore.DefaultAlertBucket, "KV_"+natsstore.DefaultStateBucket, "KV_"+httpapi.KVRepliesBucket, "OBJ_"+artifacts.DefaultBucket)
+	if err != nil {
+		return sc, err
+	}
 	apiOpts := httpapi.Options{
 		Runs: sc.store, Replies: replies, Starter: &httpapi.RunStarter{Runs: runs}, Control: &httpapi.RunControl{Runs: runs, Drain: sc.drain},
 		DrainTimeout: cfg.DrainTimeout, Gatherer: reg, Registerer: reg, Logger: log,
@@ -232,6 +239,9 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 				return errors.New("nats not connected")
 			}
 			if err := sc.store.Check(ctx); err != nil {
+				return err
+			}
+			if err := buckets.Check(ctx); err != nil {
 				return err
 			}
 			if sc.srv != nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -278,4 +280,51 @@ func (w *watermark) close(ctx context.Context) error {
 		w.wg.Wait()
 	}
 	return w.save(ctx)
+}
+
+// Guard reports streams (the streams of KV buckets and object stores
+// included) that were deleted or replaced after it first saw them: the
+// sidecar's user may do neither, so either means an administrator or
+// another tenant of the server did. /readyz asks it with Store.Check.
+type Guard struct {
+	js      jetstream.JetStream
+	timeout time.Duration
+	created map[string]time.Time
+}
+
+// NewGuard records the creation time of every named stream, which must
+// exist.
+func NewGuard(ctx context.Context, js jetstream.JetStream, streams ...string) (*Guard, error) {
+	g := &Guard{js: js, timeout: js.Options().DefaultTimeout, created: make(map[string]time.Time, len(streams))}
+	if g.timeout <= 0 {
+		g.timeout = 5 * time.Second
+	}
+	for _, name := range streams {
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			return nil, unavailable("guard stream "+name, err)
+		}
+		g.created[name] = st.CachedInfo().Created
+	}
+	return g, nil
+}
+
+// Check returns an error matching statestore.ErrDamaged naming the first
+// stream that is gone or was re-created, or statestore.ErrUnavailable when
+// the server did not answer.
+func (g *Guard) Check(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, g.timeout)
+	defer cancel()
+	for _, name := range slices.Sorted(maps.Keys(g.created)) {
+		st, err := g.js.Stream(ctx, name)
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			return damaged(fmt.Sprintf("stream %s was deleted while the sidecar ran", name), err)
+		case err != nil:
+			return unavailable("check stream "+name, err)
+		case !st.CachedInfo().Created.Equal(g.created[name]):
+			return damaged(fmt.Sprintf("stream %s was replaced while the sidecar ran", name), nil)
+		}
+	}
+	return nil
 }

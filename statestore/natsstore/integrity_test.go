@@ -182,3 +182,38 @@ func TestStore_WatermarkSavedWhileRunning(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestGuard: a KV bucket deleted or re-created under a running sidecar is
+// reported, as the event stream is by Store.Check.
+func TestGuard(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t, t.TempDir())
+	js := connect(t, srv)
+	for _, b := range []string{"ONE", "TWO"} {
+		if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := natsstore.NewGuard(ctx, js, "KV_ONE", "KV_TWO")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Check(ctx); err != nil {
+		t.Fatalf("Check with both buckets: %v", err)
+	}
+	if err := js.DeleteKeyValue(ctx, "TWO"); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Check(ctx); !errors.Is(err, statestore.ErrDamaged) || !strings.Contains(err.Error(), "KV_TWO was deleted") {
+		t.Fatalf("Check after delete: %v", err)
+	}
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "TWO"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Check(ctx); !errors.Is(err, statestore.ErrDamaged) || !strings.Contains(err.Error(), "KV_TWO was replaced") {
+		t.Fatalf("Check after re-create: %v", err)
+	}
+	if _, err := natsstore.NewGuard(ctx, js, "KV_NONE"); err == nil {
+		t.Fatal("a guard of a missing stream")
+	}
+}
