@@ -121,7 +121,15 @@ func (s *Server) control(action string) func(http.ResponseWriter, *http.Request)
 			_, err = s.opts.Control.RetryStep(r.Context(), runID, r.PathValue("stepId"), drain.RetryRequest{Reason: body.Reason, RequestedBy: by})
 		}
 		var ee *drain.EngineError
-		if errors.As(err, &ee) {
+		var ae *adapter.Error
+		switch {
+		case errors.As(err, &ee) && errors.Is(ee.Err, adapter.ErrConflict) && errors.As(ee.Err, &ae):
+			// Conductor answered, and refused: the workflow is not in the
+			// state the call needs (a concurrent call, or an action taken
+			// in Conductor itself). Not a reason to retry.
+			return &apiError{status: http.StatusConflict, Code: CodeEngineConflict,
+				Message: fmt.Sprintf("the %s is recorded but Conductor refused it: workflow %s: %s", action, ae.EngineStatus, ae.Message)}
+		case errors.As(err, &ee):
 			return &apiError{status: http.StatusServiceUnavailable, Code: CodeUnavailable,
 				Message: "the " + action + " is recorded but Conductor did not answer; retry the request: " + ee.Err.Error()}
 		}

@@ -22,6 +22,10 @@ const (
 	CodeNotReady = "NOT_READY"
 	// CodeUnavailable: Conductor did not answer.
 	CodeUnavailable = "ENGINE_UNAVAILABLE"
+	// CodeEngineConflict: the action is recorded, but Conductor refused
+	// it because the workflow is not in the state it needs; the message
+	// names the workflow's status (409).
+	CodeEngineConflict = "ENGINE_CONFLICT"
 	// CodePlanConflict: the plan version exists with other content.
 	CodePlanConflict = "PLAN_VERSION_CONFLICT"
 	// CodeKeyReused: an Idempotency-Key was first used for another

@@ -18,6 +18,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -30,13 +31,14 @@ import (
 type recordingControl struct {
 	mu    sync.Mutex
 	calls []string // action runId requestedBy reason
+	err   error    // returned by every call
 }
 
 func (c *recordingControl) record(action, runID, by, reason string) (*drain.State, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.calls = append(c.calls, strings.Join([]string{action, runID, by, reason}, " "))
-	return &drain.State{RunID: runID}, nil
+	return &drain.State{RunID: runID}, c.err
 }
 
 func (c *recordingControl) Pause(_ context.Context, runID string, req drain.PauseRequest) (*drain.State, error) {
@@ -442,5 +444,22 @@ func checkFuzzAnswer(t *testing.T, w *httptest.ResponseRecorder, body string) {
 		t.Fatalf("body %q: 500 %s", body, w.Body)
 	case w.Code >= 400 && a.Code == "":
 		t.Fatalf("body %q: %d without a machine code: %s", body, w.Code, w.Body)
+	}
+}
+
+// TestServer_EngineRefusal: Conductor answering CONFLICT to a recorded
+// resume is a 409 naming the workflow's status, not a 503 "did not answer"
+// (issue #11: concurrent pause/resume calls were told to retry).
+func TestServer_EngineRefusal(t *testing.T) {
+	e := newSecEnv(t, nil)
+	e.control.err = &drain.EngineError{Err: &adapter.Error{Code: adapter.CodeConflict, Op: "resume", Status: 500,
+		Message: "workflow is not PAUSED so cannot resume", EngineStatus: "RUNNING"}}
+	r := e.do(t, "POST", "/v1/runs/run-t1/resume", "", "", "")
+	if r.status != 409 || r.Code != "ENGINE_CONFLICT" || !strings.Contains(r.body, "RUNNING") {
+		t.Fatalf("got %d %s %s, want 409 ENGINE_CONFLICT naming RUNNING", r.status, r.Code, r.body)
+	}
+	e.control.err = &drain.EngineError{Err: &adapter.Error{Code: adapter.CodeEngineUnavailable, Op: "resume", Message: "connection refused"}}
+	if r := e.do(t, "POST", "/v1/runs/run-t1/resume", "", "", ""); r.status != 503 || r.Code != "ENGINE_UNAVAILABLE" {
+		t.Fatalf("got %d %s, want 503 ENGINE_UNAVAILABLE", r.status, r.Code)
 	}
 }
