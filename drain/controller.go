@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -63,8 +64,10 @@ type Controller struct {
 	logger *zap.Logger
 
 	nudge  chan string
+	mu     sync.Mutex // guards cancel and done (Open, Close)
 	cancel context.CancelFunc
 	done   chan struct{}
+	warns  warnLimiter // the monitor's warnings while the store is down
 }
 
 // New returns a Controller; Open starts its monitor.
