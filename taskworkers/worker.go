@@ -132,6 +132,10 @@ type Worker struct {
 	polling, working      sync.WaitGroup
 	closed                chan struct{}
 	closeOnce             sync.Once
+	// reportCtx bounds reports to Conductor: cancelled (abortReports)
+	// when the shutdown grace period is over.
+	reportCtx    context.Context
+	abortReports context.CancelFunc
 	// wake holds one channel per polled task type: a task's outcome
 	// reported to Conductor wakes the idle poll loops, since Conductor
 	// schedules the step's successors as it takes the update.
@@ -168,6 +172,7 @@ func New(tasks TaskClient, runs RunState, events EventSink, secrets SecretResolv
 	w := &Worker{tasks: tasks, runs: runs, events: events, secrets: secrets, executors: executors, opts: opts,
 		log: opts.Logger.Named("worker"), closed: make(chan struct{}), running: map[string]map[string]context.CancelFunc{},
 		wake: map[string]chan struct{}{}}
+	w.reportCtx, w.abortReports = context.WithCancel(context.Background())
 	var types []string
 	for taskType, n := range opts.Concurrency {
 		if n > 0 {
@@ -239,11 +244,13 @@ func (w *Worker) Close(ctx context.Context) error {
 	select {
 	case <-done:
 	case <-ctx.Done():
-		w.log.Warn("shutdown grace period over; interrupting running steps")
+		w.log.Warn("shutdown grace period over; interrupting running steps and giving up reports Conductor does not take")
 		err = ctx.Err()
+		w.abortReports()
 		w.stopWork()
 		<-done
 	}
+	w.abortReports()
 	w.stopWork()
 	w.outbox.close()
 	w.closeOnce.Do(func() { close(w.closed) })
@@ -644,8 +651,9 @@ func (w *Worker) update(t *model.Task, log *zap.Logger, r *model.TaskResult) {
 	backoff := 100 * time.Millisecond
 	for {
 		// Reports use a context of their own: a result must reach
-		// Conductor even while the worker shuts down.
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		// Conductor while the worker shuts down, until the grace period
+		// is over (Close).
+		ctx, cancel := context.WithTimeout(w.reportCtx, 10*time.Second)
 		err := w.tasks.UpdateTask(ctx, r)
 		cancel()
 		if err == nil {
@@ -660,12 +668,26 @@ func (w *Worker) update(t *model.Task, log *zap.Logger, r *model.TaskResult) {
 			return
 		}
 		w.opts.Metrics.updateError()
-		if time.Now().After(deadline) {
+		var coded interface{ ErrorCode() string }
+		switch {
+		case errors.As(err, &coded) && coded.ErrorCode() == "NOT_FOUND":
+			// Conductor no longer knows the workflow (it was restarted on
+			// an in-memory store, or the workflow was removed): no retry
+			// can succeed, and the slot is needed.
+			log.Warn("WORKFLOW_NOT_FOUND: Conductor no longer knows the task's workflow; the report is dropped", zap.Error(err))
+			return
+		case w.reportCtx.Err() != nil:
+			log.Warn("shutdown: the report did not reach Conductor within the grace period; Conductor times the task out and retries it", zap.Error(err))
+			return
+		case time.Now().After(deadline):
 			log.Error("could not report the task to Conductor; it will time out and be retried", zap.Error(err))
 			return
 		}
 		log.Warn("reporting the task failed; retrying", zap.Error(err), zap.Duration("backoff", backoff))
-		time.Sleep(backoff)
+		select {
+		case <-time.After(backoff):
+		case <-w.reportCtx.Done():
+		}
 		backoff = min(2*backoff, 5*time.Second)
 	}
 }
