@@ -441,15 +441,13 @@ func Message(s *statestore.RunSnapshot) string {
 	inFlight := len(s.InFlight())
 	switch {
 	case s.Status == statestore.RunStatusPaused && s.Substatus == statestore.SubstatusDraining:
-		noun := "tasks"
-		if inFlight == 1 {
-			noun = "task"
-		}
-		return fmt.Sprintf("Workflow paused. Waiting for %d in-flight %s to complete.", inFlight, noun)
+		return fmt.Sprintf("Workflow paused. Waiting for %d in-flight %s to complete.", inFlight, plural(inFlight, "task", "tasks"))
 	case s.Status == statestore.RunStatusPaused && len(s.HeldSteps()) > 0:
 		return fmt.Sprintf("Workflow paused: step %s failed. Retry it or cancel the run.", strings.Join(s.HeldSteps(), ", "))
+	case s.Status == statestore.RunStatusPaused && s.Pause != nil && s.Pause.DrainTimedOut && inFlight > 0:
+		return fmt.Sprintf("Workflow paused. Drain timed out (PAUSE_DRAIN_TIMEOUT); %d %s still running.", inFlight, plural(inFlight, "task", "tasks"))
 	case s.Status == statestore.RunStatusPaused && s.Pause != nil && s.Pause.DrainTimedOut:
-		return fmt.Sprintf("Workflow paused. Drain timed out (PAUSE_DRAIN_TIMEOUT) with %d tasks still running.", inFlight)
+		return "Workflow paused. Drain timed out (PAUSE_DRAIN_TIMEOUT); the tasks it waited for have ended since. No tasks in flight."
 	case s.Status == statestore.RunStatusPaused:
 		return "Workflow paused. No tasks in flight."
 	case s.Status == statestore.RunStatusRunning && s.CancelRequested:
@@ -459,6 +457,13 @@ func Message(s *statestore.RunSnapshot) string {
 	default:
 		return "Workflow " + strings.ToLower(s.Status) + "."
 	}
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // EventsPage is GET /v1/runs/{runId}/events.

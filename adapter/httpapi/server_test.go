@@ -247,4 +247,17 @@ func TestMessage(t *testing.T) {
 	if got := httpapi.Message(s); got != "Workflow paused. Waiting for 1 in-flight task to complete." {
 		t.Fatalf("got %q", got)
 	}
+	// Timed out with the step still running, then the step ended: the
+	// message never claims "0 tasks still running" (issue #11 §2).
+	timedOut := storetest.Event("r", statestore.RunDrainTimedOut, "")
+	mem.Append(ctx, storetest.WithPayload(timedOut, map[string]any{"code": statestore.PauseDrainTimeoutCode, "inFlightStepIds": []string{"a"}, "waitedSeconds": 300}))
+	s, _ = mem.ProjectSnapshot(ctx, "r")
+	if got := httpapi.Message(s); got != "Workflow paused. Drain timed out (PAUSE_DRAIN_TIMEOUT); 1 task still running." {
+		t.Fatalf("timed out, step running: got %q", got)
+	}
+	mem.Append(ctx, storetest.Event("r", statestore.StepCompleted, "a"))
+	s, _ = mem.ProjectSnapshot(ctx, "r")
+	if got := httpapi.Message(s); strings.Contains(got, "0 task") || !strings.Contains(got, "No tasks in flight") {
+		t.Fatalf("timed out, step since completed: got %q", got)
+	}
 }
