@@ -154,5 +154,11 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 	if out == nil {
 		return nil
 	}
-	return json.Unmarshal(data, out)
+	if err := json.Unmarshal(data, out); err != nil {
+		return err
+	}
+	if v, ok := out.(*RunView); ok {
+		v.Replayed = resp.Header.Get(ReplayedHeader) == "true"
+	}
+	return nil
 }

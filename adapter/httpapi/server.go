@@ -421,6 +421,9 @@ type RunView struct {
 	*statestore.RunSnapshot
 	Message string           `json:"message"`
 	Drain   *drain.DrainView `json:"drain,omitempty"`
+	// Replayed is set by the Client when the answer is the stored first
+	// answer of an Idempotency-Key (the run's state then, not now).
+	Replayed bool `json:"-"`
 }
 
 func (s *Server) status(w http.ResponseWriter, r *http.Request) error {

@@ -81,7 +81,18 @@ func (c *ControlCommand) Run(ctx context.Context, args []string) error {
 		if cf.output == "json" {
 			return printJSON(c.m.Stdout, v)
 		}
-		fmt.Fprintf(c.m.Stdout, "%s: %s\n", statusLine(v), v.Message)
+		if !v.Replayed {
+			fmt.Fprintf(c.m.Stdout, "%s: %s\n", statusLine(v), v.Message)
+			return nil
+		}
+		// A repeat of an earlier request: its answer is the run as it was
+		// then; say so, and show the run as it is now.
+		fmt.Fprintf(c.m.Stdout, "replayed: this Idempotency-Key was answered before; then: %s: %s\n", statusLine(v), v.Message)
+		now, err := client.Run(ctx, runID)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(c.m.Stdout, "now: %s: %s\n", statusLine(now), now.Message)
 		return nil
 	}
 	return c.wait(ctx, client, runID, cf.output)
