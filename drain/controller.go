@@ -111,6 +111,9 @@ type State struct {
 	Substatus string `json:"substatus,omitempty"`
 	// Drain is present while the run is paused.
 	Drain *DrainView `json:"drain,omitempty"`
+	// Notice says what an accepted request did not do (a pause of a run
+	// already paused records nothing and keeps its drain timeout).
+	Notice string `json:"notice,omitempty"`
 }
 
 // DrainView is the drain block of a paused run.
@@ -167,7 +170,12 @@ func (c *Controller) Pause(ctx context.Context, runID, workflowID string, req Pa
 		return nil, err
 	}
 	if snap.Status == statestore.RunStatusPaused {
-		return c.withEngine(ctx, snap, c.engine.Pause(ctx, workflowID))
+		st, err := c.withEngine(ctx, snap, c.engine.Pause(ctx, workflowID))
+		st.Notice = fmt.Sprintf("the run was already paused (cycle %d); nothing was recorded", snap.Pause.Cycle)
+		if have := int64(timeoutOf(snap.Pause, c.opts.DefaultTimeout) / time.Second); req.TimeoutSeconds != 0 && req.TimeoutSeconds != have {
+			st.Notice += fmt.Sprintf(", and its drain timeout stays %ds: this request's %ds is not applied (resume, then pause again, to change it)", have, req.TimeoutSeconds)
+		}
+		return st, err
 	}
 	cycle := int64(1)
 	if snap.Pause != nil {

@@ -3,6 +3,7 @@ package drain_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -85,6 +86,12 @@ func TestController_PauseDrainResume(t *testing.T) {
 	after, _ := mem.Fetch(ctx, "r", 0, 0)
 	if len(after) != len(before) || len(eng.calls) != 2 {
 		t.Fatalf("a second pause wrote %d events, engine calls %v", len(after)-len(before), eng.calls)
+	}
+	// A second pause with another timeout says it is not applied (issue
+	// #11 §2: it was silently ignored).
+	again, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{TimeoutSeconds: 600})
+	if err != nil || !strings.Contains(again.Notice, "already paused") || !strings.Contains(again.Notice, "stays 60s") || again.Drain.TimeoutSeconds != 60 {
+		t.Fatalf("second pause with another timeout: %+v %v", again, err)
 	}
 	// The monitor ends the drain when the last step finishes.
 	mem.Append(ctx, storetest.Event("r", statestore.StepCompleted, "a"))

@@ -110,15 +110,16 @@ func (s *Server) control(action string) func(http.ResponseWriter, *http.Request)
 		if err != nil {
 			return err
 		}
+		var st *drain.State
 		switch action {
 		case "pause":
-			_, err = s.opts.Control.Pause(r.Context(), runID, drain.PauseRequest{TimeoutSeconds: pause.TimeoutSeconds, Reason: body.Reason, RequestedBy: by})
+			st, err = s.opts.Control.Pause(r.Context(), runID, drain.PauseRequest{TimeoutSeconds: pause.TimeoutSeconds, Reason: body.Reason, RequestedBy: by})
 		case "resume":
-			_, err = s.opts.Control.Resume(r.Context(), runID, drain.ResumeRequest{Reason: body.Reason, RequestedBy: by})
+			st, err = s.opts.Control.Resume(r.Context(), runID, drain.ResumeRequest{Reason: body.Reason, RequestedBy: by})
 		case "cancel":
-			_, err = s.opts.Control.Cancel(r.Context(), runID, body.Reason, by)
+			st, err = s.opts.Control.Cancel(r.Context(), runID, body.Reason, by)
 		case "retry":
-			_, err = s.opts.Control.RetryStep(r.Context(), runID, r.PathValue("stepId"), drain.RetryRequest{Reason: body.Reason, RequestedBy: by})
+			st, err = s.opts.Control.RetryStep(r.Context(), runID, r.PathValue("stepId"), drain.RetryRequest{Reason: body.Reason, RequestedBy: by})
 		}
 		var ee *drain.EngineError
 		var ae *adapter.Error
@@ -136,7 +137,11 @@ func (s *Server) control(action string) func(http.ResponseWriter, *http.Request)
 		if err != nil {
 			return err
 		}
-		return s.writeRun(w, r, runID)
+		notice := ""
+		if st != nil {
+			notice = st.Notice
+		}
+		return s.writeRunNotice(w, r, runID, notice)
 	}
 }
 

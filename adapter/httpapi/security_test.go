@@ -29,16 +29,17 @@ import (
 // recordingControl is a Control that records what it was asked, so that a
 // test sees both "nothing was changed" and the requestedBy of a call.
 type recordingControl struct {
-	mu    sync.Mutex
-	calls []string // action runId requestedBy reason
-	err   error    // returned by every call
+	mu     sync.Mutex
+	calls  []string // action runId requestedBy reason
+	err    error    // returned by every call
+	notice string   // State.Notice of every call
 }
 
 func (c *recordingControl) record(action, runID, by, reason string) (*drain.State, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.calls = append(c.calls, strings.Join([]string{action, runID, by, reason}, " "))
-	return &drain.State{RunID: runID}, c.err
+	return &drain.State{RunID: runID, Notice: c.notice}, c.err
 }
 
 func (c *recordingControl) Pause(_ context.Context, runID string, req drain.PauseRequest) (*drain.State, error) {
@@ -461,5 +462,18 @@ func TestServer_EngineRefusal(t *testing.T) {
 	e.control.err = &drain.EngineError{Err: &adapter.Error{Code: adapter.CodeEngineUnavailable, Op: "resume", Message: "connection refused"}}
 	if r := e.do(t, "POST", "/v1/runs/run-t1/resume", "", "", ""); r.status != 503 || r.Code != "ENGINE_UNAVAILABLE" {
 		t.Fatalf("got %d %s, want 503 ENGINE_UNAVAILABLE", r.status, r.Code)
+	}
+}
+
+// TestServer_Notice: what the controller says it did not do reaches the
+// answer (a second pause's timeout that is not applied).
+func TestServer_Notice(t *testing.T) {
+	e := newSecEnv(t, nil)
+	e.control.notice = "the run was already paused (cycle 1); nothing was recorded"
+	r := e.do(t, "POST", "/v1/runs/run-t1/pause", "", "application/json", `{"timeoutSeconds":600}`)
+	var v struct{ Notice string }
+	_ = json.Unmarshal([]byte(r.body), &v)
+	if r.status != 200 || v.Notice != e.control.notice {
+		t.Fatalf("got %d %s, want the notice", r.status, r.body)
 	}
 }

@@ -421,6 +421,9 @@ type RunView struct {
 	*statestore.RunSnapshot
 	Message string           `json:"message"`
 	Drain   *drain.DrainView `json:"drain,omitempty"`
+	// Notice says what an accepted control request did not do (see
+	// drain.State.Notice).
+	Notice string `json:"notice,omitempty"`
 	// Replayed is set by the Client when the answer is the stored first
 	// answer of an Idempotency-Key (the run's state then, not now).
 	Replayed bool `json:"-"`
@@ -431,11 +434,15 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) writeRun(w http.ResponseWriter, r *http.Request, runID string) error {
+	return s.writeRunNotice(w, r, runID, "")
+}
+
+func (s *Server) writeRunNotice(w http.ResponseWriter, r *http.Request, runID, notice string) error {
 	snap, err := s.opts.Runs.ProjectSnapshot(r.Context(), runID)
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, RunView{RunSnapshot: snap, Message: Message(snap), Drain: drain.StateOf(snap, s.opts.DrainTimeout).Drain})
+	return writeJSON(w, http.StatusOK, RunView{RunSnapshot: snap, Message: Message(snap), Drain: drain.StateOf(snap, s.opts.DrainTimeout).Drain, Notice: notice})
 }
 
 // Message is the human summary of a run's state, e.g. "Workflow paused.

@@ -81,6 +81,9 @@ func (c *ControlCommand) Run(ctx context.Context, args []string) error {
 		if cf.output == "json" {
 			return printJSON(c.m.Stdout, v)
 		}
+		if v.Notice != "" {
+			fmt.Fprintf(c.m.Stdout, "note: %s\n", v.Notice)
+		}
 		if !v.Replayed {
 			fmt.Fprintf(c.m.Stdout, "%s: %s\n", statusLine(v), v.Message)
 			return nil
