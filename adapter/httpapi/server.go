@@ -464,6 +464,10 @@ func Message(s *statestore.RunSnapshot) string {
 		return "Cancel requested. Waiting for the engine to stop the workflow."
 	case s.Status == statestore.RunStatusRunning:
 		return fmt.Sprintf("Workflow running. %d tasks in flight.", inFlight)
+	case s.Status == statestore.RunStatusFailed && s.Error != nil:
+		// The code says why, e.g. WORKFLOW_NOT_FOUND when Conductor lost
+		// the workflow (a restart on its in-memory store).
+		return fmt.Sprintf("Workflow failed: %s: %s", s.Error.Code, s.Error.Message)
 	default:
 		return "Workflow " + strings.ToLower(s.Status) + "."
 	}

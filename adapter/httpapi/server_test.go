@@ -260,4 +260,13 @@ func TestMessage(t *testing.T) {
 	if got := httpapi.Message(s); strings.Contains(got, "0 task") || !strings.Contains(got, "No tasks in flight") {
 		t.Fatalf("timed out, step since completed: got %q", got)
 	}
+	// A run failed by the watcher because Conductor lost its workflow
+	// says so (issue #11 §2).
+	failed := storetest.Event("lost", statestore.RunFailed, "")
+	mem.Append(ctx, storetest.Event("lost", statestore.RunStarted, ""))
+	mem.Append(ctx, storetest.WithPayload(failed, map[string]any{"error": map[string]any{"code": "WORKFLOW_NOT_FOUND", "message": "Conductor no longer knows workflow wf1", "retryable": false}}))
+	s, _ = mem.ProjectSnapshot(ctx, "lost")
+	if got := httpapi.Message(s); !strings.Contains(got, "WORKFLOW_NOT_FOUND") {
+		t.Fatalf("run failed by a lost workflow: got %q", got)
+	}
 }
