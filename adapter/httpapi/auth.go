@@ -1,6 +1,9 @@
 package httpapi
 
 import (
+	"bytes"
+	"errors"
+	"io"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -131,9 +134,9 @@ func readCredentials(path string) (*credentialSet, error) {
 		return nil, fmt.Errorf("tokens file: %w", err)
 	}
 	var f credentialFile
-	dec := yaml.NewDecoder(strings.NewReader(string(data)))
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil {
+	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) { // EOF: empty, reported below
 		return nil, fmt.Errorf("tokens file %s: %w", path, err)
 	}
 	set := &credentialSet{byHash: map[[sha256.Size]byte]*Principal{}, byCN: map[string]*Principal{}}

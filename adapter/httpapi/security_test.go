@@ -299,6 +299,7 @@ func TestLoadCredentials_Problems(t *testing.T) {
 		"NoCredential": "principals:\n  - name: a\n    roles: [viewer]\n",
 		"UnknownField": "principals:\n  - name: a\n    token: plain\n    roles: [viewer]\n",
 		"Empty":        "principals: []\n",
+		"EmptyFile":    "",
 		"DupName":      tokensYAML(principal("a", "x", "viewer", ""), principal("a", "y", "viewer", "")),
 	} {
 		t.Run(name, func(t *testing.T) {
