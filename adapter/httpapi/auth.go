@@ -2,12 +2,12 @@ package httpapi
 
 import (
 	"bytes"
-	"errors"
-	"io"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"slices"
