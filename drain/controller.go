@@ -36,6 +36,9 @@ type Log interface {
 // Emitter appends events through the EventIdRegistry protocol.
 type Emitter interface {
 	Emit(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error)
+	// EmitIf appends only if the run's last runSeq is lastSeq (else an
+	// error matching statestore.ErrRunChanged, nothing written).
+	EmitIf(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error)
 }
 
 // Options configures a Controller.
@@ -165,33 +168,45 @@ func (c *Controller) Pause(ctx context.Context, runID, workflowID string, req Pa
 	if req.TimeoutSeconds < 0 {
 		return nil, &statestore.Error{Code: statestore.CodeSchemaValidationFailed, Field: "timeoutSeconds", Message: "must be >= 0"}
 	}
-	snap, err := c.snapshot(ctx, runID)
-	if err != nil {
-		return nil, err
-	}
-	if snap.Status == statestore.RunStatusPaused {
-		st, err := c.withEngine(ctx, snap, c.engine.Pause(ctx, workflowID))
-		st.Notice = fmt.Sprintf("the run was already paused (cycle %d); nothing was recorded", snap.Pause.Cycle)
-		if have := int64(timeoutOf(snap.Pause, c.opts.DefaultTimeout) / time.Second); req.TimeoutSeconds != 0 && req.TimeoutSeconds != have {
-			st.Notice += fmt.Sprintf(", and its drain timeout stays %ds: this request's %ds is not applied (resume, then pause again, to change it)", have, req.TimeoutSeconds)
-		}
-		return st, err
-	}
-	cycle := int64(1)
-	if snap.Pause != nil {
-		cycle = snap.Pause.Cycle + 1
-	}
-	timeout := req.TimeoutSeconds
-	if timeout == 0 {
-		timeout = int64(c.opts.DefaultTimeout / time.Second)
-	}
-	payload := map[string]any{"drainTimeoutSeconds": timeout}
-	putIf(payload, "reason", req.Reason)
-	putIf(payload, "requestedBy", req.RequestedBy)
-	putIf(payload, "stepId", req.StepID)
 	began := c.opts.Now()
-	if _, err := c.append(ctx, snap, statestore.RunPaused, cycle, payload); err != nil {
-		return nil, err
+	var snap *statestore.RunSnapshot
+	var cycle, timeout int64
+	for try := 0; ; try++ {
+		var err error
+		if snap, err = c.snapshot(ctx, runID); err != nil {
+			return nil, err
+		}
+		if snap.Status == statestore.RunStatusPaused {
+			st, err := c.withEngine(ctx, snap, c.engine.Pause(ctx, workflowID))
+			st.Notice = fmt.Sprintf("the run was already paused (cycle %d); nothing was recorded", snap.Pause.Cycle)
+			if have := int64(timeoutOf(snap.Pause, c.opts.DefaultTimeout) / time.Second); req.TimeoutSeconds != 0 && req.TimeoutSeconds != have {
+				st.Notice += fmt.Sprintf(", and its drain timeout stays %ds: this request's %ds is not applied (resume, then pause again, to change it)", have, req.TimeoutSeconds)
+			}
+			return st, err
+		}
+		cycle = 1
+		if snap.Pause != nil {
+			cycle = snap.Pause.Cycle + 1
+		}
+		timeout = req.TimeoutSeconds
+		if timeout == 0 {
+			timeout = int64(c.opts.DefaultTimeout / time.Second)
+		}
+		payload := map[string]any{"drainTimeoutSeconds": timeout}
+		putIf(payload, "reason", req.Reason)
+		putIf(payload, "requestedBy", req.RequestedBy)
+		putIf(payload, "stepId", req.StepID)
+		// RunPaused is appended on the runSeq it was decided on, so that a
+		// StepStarted, which is appended the same way, and the pause are
+		// ordered whatever the interleaving (docs/events.md, "Fences").
+		_, err = c.appendIf(ctx, snap, statestore.RunPaused, cycle, payload)
+		if errors.Is(err, statestore.ErrRunChanged) && try < maxFenceRetries {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		break
 	}
 	c.opts.Metrics.pauseRecorded(c.opts.Now().Sub(began))
 	c.logger.Info("run paused; draining in-flight steps", zap.String("runId", runID), zap.Int64("cycle", cycle),
@@ -200,7 +215,7 @@ func (c *Controller) Pause(ctx context.Context, runID, workflowID string, req Pa
 	engineErr := c.engine.Pause(ctx, workflowID)
 	c.opts.Metrics.enginePause(c.opts.Now().Sub(engineBegan))
 	c.Nudge(runID)
-	snap, err = c.snapshot(ctx, runID)
+	snap, err := c.snapshot(ctx, runID)
 	if err != nil {
 		return nil, err
 	}
@@ -428,6 +443,20 @@ func (c *Controller) append(ctx context.Context, snap *statestore.RunSnapshot, e
 		return statestore.AppendResult{}, err
 	}
 	return c.emit.Emit(ctx, w)
+}
+
+// maxFenceRetries bounds how often Pause decides again after its
+// conditional RunPaused found the run moved on.
+const maxFenceRetries = 64
+
+// appendIf is append conditioned on snap's last runSeq: an error matching
+// statestore.ErrRunChanged when the run moved on.
+func (c *Controller) appendIf(ctx context.Context, snap *statestore.RunSnapshot, eventType string, cycle int64, payload map[string]any) (statestore.AppendResult, error) {
+	w := c.event(snap, eventType, cycle, payload)
+	if err := statestore.CheckTransition(snap, w); err != nil {
+		return statestore.AppendResult{}, err
+	}
+	return c.emit.EmitIf(ctx, w, snap.LastEventSeq)
 }
 
 func (c *Controller) event(snap *statestore.RunSnapshot, eventType string, attempt int64, payload map[string]any) *statestore.RunEventWrite {

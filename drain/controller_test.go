@@ -29,6 +29,13 @@ func (e emitter) Emit(ctx context.Context, w *statestore.RunEventWrite) (statest
 	return e.s.Append(ctx, w)
 }
 
+func (e emitter) EmitIf(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
+	if w.EventID == "" {
+		w.EventID = uuid.NewString()
+	}
+	return e.s.AppendIf(ctx, w, lastSeq)
+}
+
 // engine records Conductor calls (the real Conductor is in the end-to-end tests).
 type engine struct {
 	mu    sync.Mutex
@@ -422,4 +429,53 @@ func histogramCount(t *testing.T, reg *prometheus.Registry, name, outcome string
 	}
 	t.Fatalf("no %s{outcome=%q}", name, outcome)
 	return 0
+}
+
+// stepAfterRead is the run's log as the controller reads it, with a
+// StepStarted appended right after the first read: the run moves on
+// between the pause's decision and its RunPaused.
+type stepAfterRead struct {
+	*memstore.Store
+	reads int
+}
+
+func (s *stepAfterRead) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	snap, err := s.Store.ProjectSnapshot(ctx, runID)
+	if s.reads++; s.reads == 1 {
+		if _, err := s.Append(ctx, storetest.Event(runID, statestore.StepStarted, "late")); err != nil {
+			return nil, err
+		}
+	}
+	return snap, err
+}
+
+// TestPause_DecidesAgainWhenTheRunMovesOn: RunPaused is appended on the
+// runSeq the pause was decided on (the fence); when the run moved on, the
+// pause reads it again and is recorded after what moved it.
+func TestPause_DecidesAgainWhenTheRunMovesOn(t *testing.T) {
+	mem, eng := setup(t)
+	log := &stepAfterRead{Store: mem}
+	c := drain.New(log, emitter{mem}, eng, drain.Options{Logger: zaptest.NewLogger(t)})
+	st, err := c.Pause(context.Background(), "r", "wf", drain.PauseRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if log.reads < 3 {
+		t.Fatalf("the pause read the run %d times; want a second decision after RUN_CHANGED, then the answer", log.reads)
+	}
+	recs, _ := mem.Fetch(context.Background(), "r", 0, 0)
+	if got := types(recs); got != "RunStarted StepStarted RunPaused" {
+		t.Fatalf("log %s", got)
+	}
+	if st.Status != statestore.RunStatusPaused || st.Substatus != statestore.SubstatusDraining {
+		t.Fatalf("state %s/%s, want PAUSED/DRAINING", st.Status, st.Substatus)
+	}
+}
+
+func types(recs []statestore.RunEventRecord) string {
+	s := make([]string, len(recs))
+	for i, r := range recs {
+		s[i] = r.EventType
+	}
+	return strings.Join(s, " ")
 }

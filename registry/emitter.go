@@ -17,6 +17,9 @@ type Appender interface {
 	// used concurrently. An error means the outcome is unknown or nothing
 	// was written; the same event may be appended again.
 	Append(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error)
+	// AppendIf is Append only if the run's last runSeq is lastSeq; a run
+	// that moved on gets statestore.ErrRunChanged and nothing is written.
+	AppendIf(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error)
 }
 
 var _ Appender = statestore.Store(nil)
@@ -55,6 +58,18 @@ func NewEmitter(reg *Registry, app Appender) *Emitter {
 // append, Emit returns the valid result together with the error: the event
 // is persisted, and a retry of Emit is a duplicate append that adopts again.
 func (e *Emitter) Emit(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
+	return e.emit(ctx, w, -1)
+}
+
+// EmitIf is Emit with a conditional append (statestore.Store.AppendIf): w
+// is persisted only if the run's last runSeq is still lastSeq, the one its
+// producer decided on. A run that moved on gets an error matching
+// statestore.ErrRunChanged; the registered eventId stays for the next try.
+func (e *Emitter) EmitIf(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
+	return e.emit(ctx, w, max(lastSeq, 0))
+}
+
+func (e *Emitter) emit(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
 	if w == nil {
 		return statestore.AppendResult{}, fmt.Errorf("registry: emit: %w: event is nil", ErrInvalidInput)
 	}
@@ -68,7 +83,12 @@ func (e *Emitter) Emit(ctx context.Context, w *statestore.RunEventWrite) (states
 		return statestore.AppendResult{}, fmt.Errorf("registry: emit: %w", err)
 	}
 	w.EventID = eventID
-	res, err := e.app.Append(ctx, w)
+	var res statestore.AppendResult
+	if lastSeq >= 0 {
+		res, err = e.app.AppendIf(ctx, w, lastSeq)
+	} else {
+		res, err = e.app.Append(ctx, w)
+	}
 	if err != nil {
 		return statestore.AppendResult{}, fmt.Errorf("registry: emit: append: %w", err)
 	}

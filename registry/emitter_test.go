@@ -31,6 +31,12 @@ func (f *fakeAppender) Append(ctx context.Context, w *statestore.RunEventWrite) 
 	return f.AppendFunc(ctx, w)
 }
 
+// AppendIf is not used by these tests: the conditional append is covered
+// on the real stores by storetest's AppendIf cases.
+func (f *fakeAppender) AppendIf(ctx context.Context, w *statestore.RunEventWrite, _ int64) (statestore.AppendResult, error) {
+	return f.Append(ctx, w)
+}
+
 func (f *fakeAppender) Sent() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()

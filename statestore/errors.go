@@ -22,6 +22,10 @@ const (
 	// or configured so that records could be removed). Nothing is appended
 	// until an operator repairs it (docs/operations.md, "Damaged data dir").
 	CodeStoreDamaged = "STORE_DAMAGED"
+	// CodeRunChanged: a conditional append (Store.AppendIf) found that the
+	// run's log moved past the runSeq the producer decided on; nothing was
+	// written. The producer reads the run's state again and decides again.
+	CodeRunChanged = "RUN_CHANGED"
 )
 
 // Error is a contract error with a machine-readable Code. Field names the
@@ -66,6 +70,8 @@ var (
 	ErrUnavailable = &Error{Code: CodeStoreUnavailable}
 	// ErrDamaged matches every STORE_DAMAGED error.
 	ErrDamaged = &Error{Code: CodeStoreDamaged}
+	// ErrRunChanged matches every RUN_CHANGED error.
+	ErrRunChanged = &Error{Code: CodeRunChanged}
 	// ErrNotFound is returned when a run has no events.
 	ErrNotFound = errors.New("statestore: run not found")
 )
@@ -81,4 +87,15 @@ func CodeOf(err error) string {
 
 func schemaError(field, format string, args ...any) *Error {
 	return &Error{Code: CodeSchemaValidationFailed, Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+// RunChanged is the RUN_CHANGED error of a conditional append of runID
+// decided on runSeq want, when the run's last runSeq is have (-1: not
+// known). Backends return it; nothing was written.
+func RunChanged(runID string, want, have int64) error {
+	msg := fmt.Sprintf("run %s changed: its last runSeq is %d, the event was decided on %d", runID, have, want)
+	if have < 0 {
+		msg = fmt.Sprintf("run %s changed after runSeq %d, which the event was decided on", runID, want)
+	}
+	return &Error{Code: CodeRunChanged, Message: msg, Meta: map[string]string{"runId": runID}}
 }

@@ -89,6 +89,16 @@ func NewValidatingStore(s Store) (*ValidatingStore, error) {
 
 // Append validates the transition, then appends through the wrapped Store.
 func (v *ValidatingStore) Append(ctx context.Context, w *RunEventWrite) (AppendResult, error) {
+	return v.append(ctx, w, -1)
+}
+
+// AppendIf validates the transition, then appends conditionally through
+// the wrapped Store.
+func (v *ValidatingStore) AppendIf(ctx context.Context, w *RunEventWrite, lastSeq int64) (AppendResult, error) {
+	return v.append(ctx, w, max(lastSeq, 0))
+}
+
+func (v *ValidatingStore) append(ctx context.Context, w *RunEventWrite, lastSeq int64) (AppendResult, error) {
 	if err := ValidateWrite(w); err != nil {
 		return AppendResult{}, err
 	}
@@ -107,6 +117,9 @@ func (v *ValidatingStore) Append(ctx context.Context, w *RunEventWrite) (AppendR
 	}
 	if err := CheckTransition(snap, w); err != nil {
 		return AppendResult{}, err
+	}
+	if lastSeq >= 0 {
+		return v.Store.AppendIf(ctx, w, lastSeq)
 	}
 	return v.Store.Append(ctx, w)
 }

@@ -17,6 +17,17 @@ type Store interface {
 	// matching ErrUnavailable; the same event may then be appended again.
 	Append(ctx context.Context, w *RunEventWrite) (AppendResult, error)
 
+	// AppendIf is Append conditioned on the run's log: w is persisted only
+	// if the run's last runSeq is lastSeq (0: the run has no events yet),
+	// atomically with the write. A duplicate (runId, idempotencyKey) is
+	// answered exactly as by Append, whatever lastSeq is, so a retry of a
+	// conditional append that persisted succeeds. Otherwise, if the run has
+	// another last runSeq, nothing is written and the error matches
+	// ErrRunChanged. It is the producers' fence (docs/events.md, "Fences"):
+	// an event decided on a snapshot is persisted only if nothing reached
+	// the run since, e.g. no StepStarted after a RunPaused.
+	AppendIf(ctx context.Context, w *RunEventWrite, lastSeq int64) (AppendResult, error)
+
 	// Fetch returns the records of runID with runSeq > afterSeq in increasing
 	// runSeq order, at most limit of them (limit <= 0: no limit). A run
 	// without events gives an empty slice and no error.

@@ -34,6 +34,14 @@ func (f *failingSink) Emit(ctx context.Context, w *statestore.RunEventWrite) (st
 	return f.emit.Emit(ctx, w)
 }
 
+func (f *failingSink) EmitIf(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
+	if f.fail.Load() && w.EventType == f.failType {
+		f.refused.Add(1)
+		return statestore.AppendResult{}, &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: "injected outage"}
+	}
+	return f.emit.EmitIf(ctx, w, lastSeq)
+}
+
 func startWorker(t *testing.T, e *benchEnv, sink taskworkers.EventSink) *taskworkers.Worker {
 	t.Helper()
 	w := taskworkers.New(adapter.DomainPoller{Client: e.client, Domain: e.domain}, e.store, sink, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{

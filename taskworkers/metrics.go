@@ -18,6 +18,7 @@ type Metrics struct {
 	writes       *prometheus.HistogramVec
 	updateErrors prometheus.Counter
 	outboxEvents prometheus.Gauge
+	fenceRetries prometheus.Counter
 }
 
 // NewMetrics registers the worker metrics with reg.
@@ -53,11 +54,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		outboxEvents: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sidecar_worker_outbox_events", Help: "StepStarted events queued in the outbox (failed open).",
 		}),
+		fenceRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sidecar_worker_fence_retries_total", Help: "StepStarted appends refused because the run moved on after the gate read it (RUN_CHANGED), then decided again.",
+		}),
 	}
 	for _, r := range []string{handBackPaused, handBackHeld, handBackForeign, handBackUnknown} {
 		m.handedBackBy.WithLabelValues(r)
 	}
-	reg.MustRegister(m.polledTasks, m.pollErrors, m.steps, m.stepDuration, m.startLatency, m.handedBackBy, m.writes, m.updateErrors, m.outboxEvents)
+	reg.MustRegister(m.polledTasks, m.pollErrors, m.steps, m.stepDuration, m.startLatency, m.handedBackBy, m.writes, m.updateErrors, m.outboxEvents, m.fenceRetries)
 	return m
 }
 
@@ -135,5 +139,11 @@ func (m *Metrics) updateError() {
 func (m *Metrics) outboxSize(n int) {
 	if m != nil {
 		m.outboxEvents.Set(float64(n))
+	}
+}
+
+func (m *Metrics) fenceRetry() {
+	if m != nil {
+		m.fenceRetries.Inc()
 	}
 }

@@ -10,6 +10,14 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
+// replayer is what the outbox replays queued events into. The replay is
+// unconditional: a StepStarted that failed open is of a step that the gate
+// allowed and that already runs, so it is recorded even if a RunPaused
+// reached the log meanwhile (docs/events.md, "Fences").
+type replayer interface {
+	Emit(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error)
+}
+
 // outbox holds StepStarted events that could not be appended within the
 // write budget (seed 001 §5: StepStarted may fail open). A background loop
 // replays them with backoff; flush replays one run's events synchronously,
@@ -21,7 +29,7 @@ import (
 // Conductor, so they are delivered again and their StepStarted re-emitted
 // (same idempotencyKey).
 type outbox struct {
-	sink    EventSink
+	sink    replayer
 	log     *zap.Logger
 	metrics *Metrics
 
@@ -32,7 +40,7 @@ type outbox struct {
 	done   chan struct{}
 }
 
-func newOutbox(sink EventSink, log *zap.Logger, m *Metrics) *outbox {
+func newOutbox(sink replayer, log *zap.Logger, m *Metrics) *outbox {
 	return &outbox{sink: sink, log: log.Named("outbox"), metrics: m,
 		byRun: map[string][]*statestore.RunEventWrite{}, wake: make(chan struct{}, 1)}
 }

@@ -61,6 +61,11 @@ func (e idEmitter) Emit(ctx context.Context, w *statestore.RunEventWrite) (state
 	return e.s.Append(ctx, w)
 }
 
+func (e idEmitter) EmitIf(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
+	w.EventID = uuid.NewString()
+	return e.s.AppendIf(ctx, w, lastSeq)
+}
+
 func startDown(t *testing.T, c *downConductor) *taskworkers.Worker {
 	t.Helper()
 	mem := memstore.New(statestore.ProjectorOptions{})

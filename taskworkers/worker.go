@@ -34,22 +34,15 @@ type RunState interface {
 // (registry.Emitter).
 type EventSink interface {
 	Emit(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error)
+	// EmitIf appends only if the run's last runSeq is lastSeq (else an
+	// error matching statestore.ErrRunChanged, nothing written).
+	EmitIf(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error)
 }
 
 // SecretResolver resolves a step's secret references right before it runs.
 type SecretResolver interface {
 	Resolve(ctx context.Context, refs []plan.SecretRef) (map[string]string, error)
 }
-
-// ErrForeignWorkflow is returned by Options.Guard for a task whose workflow
-// is not its run's workflow.
-var ErrForeignWorkflow = errors.New("taskworkers: the task's workflow is not its run's workflow")
-
-// ErrUnknownRun is returned by Options.Guard for a task of a run this
-// sidecar's log and run registry do not know: a run of another deployment
-// that polls the same Conductor task types (use distinct task domains). Such
-// a task is handed back, never run and never failed.
-var ErrUnknownRun = errors.New("taskworkers: the task's run is not one of this sidecar's")
 
 // Assignment is what a worker needs from a Conductor task's input: the
 // decoded task input of the plan compiler (run and plan ids, the step, its
@@ -346,100 +339,22 @@ func (w *Worker) handle(t *model.Task) {
 	a, err := w.opts.Decode(t.InputData)
 	if err != nil {
 		log.Error("task input is not a sidecar step; failing the task", zap.Error(err))
-		w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: "BAD_TASK_INPUT: " + err.Error()})
+		w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: CodeBadTaskInput + ": " + err.Error()})
 		return
 	}
 	engine, logical := a.Attempts(int(t.RetryCount))
 	stepLog := log.With(zap.String("runId", a.RunID), zap.String("stepId", a.Step.StepID))
 	log = stepLog.With(zap.Int64("logicalAttemptId", logical), zap.Int64("engineAttemptId", engine))
 
-	// The pause gate and the producer guard: read the run's derived state.
-	snap, err := w.runs.ProjectSnapshot(w.workCtx, a.RunID)
-	if errors.Is(err, statestore.ErrNotFound) && w.opts.Guard != nil {
-		// RunStarted is appended right after Conductor starts the workflow;
-		// the task can be polled first. The guard records it.
-		if gerr := w.opts.Guard(w.workCtx, a.RunID, t.WorkflowInstanceId); gerr != nil {
-			if errors.Is(gerr, ErrForeignWorkflow) {
-				w.refuseForeign(t, log)
-				return
-			}
-			if errors.Is(gerr, ErrUnknownRun) {
-				log.Warn("task of a run this sidecar does not know (another deployment on the same Conductor? give each its own --task-domain); handing it back", zap.Error(gerr))
-				w.opts.Metrics.handedBack(handBackUnknown)
-				w.handBack(t, w.opts.HandBackAfter, "unknown run")
-				return
-			}
-			log.Info("run start not recorded yet; handing the task back", zap.Error(gerr))
-			w.handBack(t, time.Second, "run not started yet")
-			return
-		}
-		snap, err = w.runs.ProjectSnapshot(w.workCtx, a.RunID)
-	}
-	switch {
-	case errors.Is(err, statestore.ErrNotFound):
-		w.handBack(t, time.Second, "run not started yet")
-		return
-	case err != nil:
-		log.Warn("cannot read the run's state; handing the task back", zap.Error(err))
-		w.handBack(t, w.opts.HandBackAfter, "state unavailable")
+	d, ok := w.begin(t, log, a, engine, logical)
+	if !ok {
 		return
 	}
-	if id := workflowIDOf(snap.EngineRunRef); id != "" && id != t.WorkflowInstanceId {
-		w.refuseForeign(t, log)
-		return
-	}
-	switch {
-	case snap.CancelRequested || statestore.IsTerminalRunStatus(snap.Status):
-		log.Info("run is cancelled or finished; not starting the step", zap.String("status", snap.Status))
-		w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: "RUN_" + snap.Status})
-		return
-	case snap.Status == statestore.RunStatusPaused:
-		w.opts.Metrics.handedBack(handBackPaused)
-		w.handBack(t, w.opts.HandBackAfter, "run paused")
-		return
-	case snap.Status != statestore.RunStatusRunning:
-		w.handBack(t, time.Second, "run not running yet")
-		return
-	}
-	// An operator's RETRY_STEP opened a later logical attempt than
-	// Conductor's retryCount gives: the held task runs as that attempt,
-	// one try (there is no engine retry left to count it by).
-	operatorAttempt := false
-	st := snap.Step(a.Step.StepID)
-	if st != nil && st.LogicalAttemptID > logical {
-		logical, engine, operatorAttempt = st.LogicalAttemptID, 1, true
+	engine, logical, operatorAttempt := d.engine, d.logical, d.operatorAttempt
+	if operatorAttempt {
 		log = stepLog.With(zap.Int64("logicalAttemptId", logical), zap.Int64("engineAttemptId", engine), zap.Bool("operatorRetry", true))
 	}
-	if st != nil && st.LogicalAttemptID == logical {
-		switch {
-		case st.Status == statestore.StepStatusSuccess:
-			// Recorded before a crash, not reported: report, do not re-run.
-			log.Info("step already completed in the log; reporting it without running it again")
-			w.update(t, log, &model.TaskResult{Status: model.CompletedTask, OutputData: artifactOutput(st.Artifacts, nil)})
-			return
-		case st.Status == statestore.StepStatusFailed && st.Held:
-			// Held after a failure; the run is not paused yet (a crash
-			// came between StepFailed and the pause): pause it now.
-			w.hold(t, log, a)
-			return
-		case st.Status == statestore.StepStatusFailed:
-			log.Info("step already failed in the log; reporting it without running it again")
-			w.update(t, log, failedResult(a, st.Error, engine, logical))
-			return
-		}
-	}
-
 	exec := w.executors[a.Step.Executor.Type]
-	if exec == nil {
-		log.Error("no executor for the step's type", zap.String("executor", a.Step.Executor.Type))
-		w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: "NO_EXECUTOR: " + a.Step.Executor.Type})
-		return
-	}
-	if err := w.emit(log, a, statestore.StepStarted, engine, logical, nil, true); err != nil {
-		w.handBack(t, w.opts.HandBackAfter, "state store unavailable")
-		return
-	}
-	w.opts.Metrics.stepStartLatency(t.ScheduledTime, start)
 
 	res, runErr := w.execute(t, a, exec, engine, logical)
 	if runErr != nil {
@@ -454,6 +369,109 @@ func (w *Worker) handle(t *model.Task) {
 		return
 	}
 	w.finish(t, log, a, res, engine, logical, operatorAttempt, time.Since(start))
+}
+
+// maxFenceRetries bounds how often begin decides again after its
+// StepStarted found the run moved on (RUN_CHANGED): each retry reads the
+// run's new state, so it ends at once if the change was a pause.
+const maxFenceRetries = 64
+
+// begin takes a polled task up to its recorded StepStarted: it reads the
+// run's derived state, applies the gate and appends StepStarted
+// conditioned on the runSeq it decided on (the fence: no StepStarted is
+// persisted after a RunPaused it did not see). A task the gate does not
+// start is reported or handed back here, and ok is false.
+func (w *Worker) begin(t *model.Task, log *zap.Logger, a *Assignment, engine, logical int64) (d decision, ok bool) {
+	polled := time.Now()
+	for try := 0; ; try++ {
+		snap, ok := w.runState(t, log, a)
+		if !ok {
+			return d, false
+		}
+		d = gate(snap, t.WorkflowInstanceId, a.Step.StepID, engine, logical)
+		switch d.verdict {
+		case refuseForeign:
+			w.refuseForeign(t, log)
+			return d, false
+		case refuseEnded:
+			log.Info("run is cancelled or finished; not starting the step", zap.String("status", snap.Status))
+			w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: "RUN_" + snap.Status})
+			return d, false
+		case waitPaused:
+			w.opts.Metrics.handedBack(handBackPaused)
+			w.handBack(t, w.opts.HandBackAfter, "run paused")
+			return d, false
+		case waitNotRunning:
+			w.handBack(t, time.Second, "run not running yet")
+			return d, false
+		case reportCompleted:
+			log.Info("step already completed in the log; reporting it without running it again")
+			w.update(t, log, &model.TaskResult{Status: model.CompletedTask, OutputData: artifactOutput(d.step.Artifacts, nil)})
+			return d, false
+		case holdFailed:
+			w.hold(t, log, a)
+			return d, false
+		case reportFailed:
+			log.Info("step already failed in the log; reporting it without running it again")
+			w.update(t, log, failedResult(a, d.step.Error, d.engine, d.logical))
+			return d, false
+		}
+		if w.executors[a.Step.Executor.Type] == nil {
+			log.Error("no executor for the step's type", zap.String("executor", a.Step.Executor.Type))
+			w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask,
+				ReasonForIncompletion: CodeUnknownExecutor + ": no executor of type " + a.Step.Executor.Type})
+			return d, false
+		}
+		err := w.emit(log, a, statestore.StepStarted, d.engine, d.logical, nil, snap.LastEventSeq)
+		if errors.Is(err, statestore.ErrRunChanged) && try < maxFenceRetries {
+			w.opts.Metrics.fenceRetry()
+			continue // the run moved on since the gate read it: decide again
+		}
+		if err != nil {
+			w.handBack(t, w.opts.HandBackAfter, "state store unavailable")
+			return d, false
+		}
+		w.opts.Metrics.stepStartLatency(t.ScheduledTime, polled)
+		return d, true
+	}
+}
+
+// runState reads the run's derived state for a polled task. A run without
+// events is brought to RunStarted by Options.Guard when the task's
+// workflow is the run's. A task that cannot be gated is handed back (or
+// refused) here, and ok is false.
+func (w *Worker) runState(t *model.Task, log *zap.Logger, a *Assignment) (*statestore.RunSnapshot, bool) {
+	snap, err := w.runs.ProjectSnapshot(w.workCtx, a.RunID)
+	if errors.Is(err, statestore.ErrNotFound) && w.opts.Guard != nil {
+		// RunStarted is appended right after Conductor starts the workflow;
+		// the task can be polled first. The guard records it.
+		if gerr := w.opts.Guard(w.workCtx, a.RunID, t.WorkflowInstanceId); gerr != nil {
+			if errors.Is(gerr, ErrForeignWorkflow) {
+				w.refuseForeign(t, log)
+				return nil, false
+			}
+			if errors.Is(gerr, ErrUnknownRun) {
+				log.Warn("task of a run this sidecar does not know (another deployment on the same Conductor? give each its own --task-domain); handing it back", zap.Error(gerr))
+				w.opts.Metrics.handedBack(handBackUnknown)
+				w.handBack(t, w.opts.HandBackAfter, "unknown run")
+				return nil, false
+			}
+			log.Info("run start not recorded yet; handing the task back", zap.Error(gerr))
+			w.handBack(t, time.Second, "run not started yet")
+			return nil, false
+		}
+		snap, err = w.runs.ProjectSnapshot(w.workCtx, a.RunID)
+	}
+	switch {
+	case errors.Is(err, statestore.ErrNotFound):
+		w.handBack(t, time.Second, "run not started yet")
+		return nil, false
+	case err != nil:
+		log.Warn("cannot read the run's state; handing the task back", zap.Error(err))
+		w.handBack(t, w.opts.HandBackAfter, "state unavailable")
+		return nil, false
+	}
+	return snap, true
 }
 
 func (w *Worker) execute(t *model.Task, a *Assignment, exec Executor, engine, logical int64) (Result, error) {
@@ -485,9 +503,9 @@ func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Resul
 		if len(res.Artifacts) > 0 {
 			payload["artifacts"] = res.Artifacts
 		}
-		if err := w.emit(log, a, statestore.StepCompleted, engine, logical, payload, false); err != nil {
+		if err := w.emit(log, a, statestore.StepCompleted, engine, logical, payload, -1); err != nil {
 			// Never fail open: without StepCompleted the task must not complete.
-			w.update(t, log, &model.TaskResult{Status: model.FailedTask, ReasonForIncompletion: "STATE_STORE_UNAVAILABLE: StepCompleted not recorded"})
+			w.update(t, log, &model.TaskResult{Status: model.FailedTask, ReasonForIncompletion: CodeStoreUnavailable + ": StepCompleted not recorded"})
 			return
 		}
 		w.opts.Metrics.stepDone(kind, "completed", took)
@@ -514,8 +532,8 @@ func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Resul
 	if held {
 		payload["onStepFailure"] = statestore.OnStepFailurePause
 	}
-	if err := w.emit(log, a, statestore.StepFailed, engine, logical, payload, false); err != nil {
-		w.update(t, log, &model.TaskResult{Status: model.FailedTask, ReasonForIncompletion: "STATE_STORE_UNAVAILABLE: StepFailed not recorded"})
+	if err := w.emit(log, a, statestore.StepFailed, engine, logical, payload, -1); err != nil {
+		w.update(t, log, &model.TaskResult{Status: model.FailedTask, ReasonForIncompletion: CodeStoreUnavailable + ": StepFailed not recorded"})
 		return
 	}
 	w.opts.Metrics.stepDone(kind, "failed", took)
@@ -570,10 +588,14 @@ func artifactOutput(refs []statestore.ArtifactRef, out map[string]any) map[strin
 	return m
 }
 
-// emit appends a step event. failOpen (StepStarted only) queues it in the
-// outbox when the store does not answer within the write budget; otherwise
-// the outbox is flushed first, so a run's events keep their order.
-func (w *Worker) emit(log *zap.Logger, a *Assignment, eventType string, engine, logical int64, payload map[string]any, failOpen bool) error {
+// emit appends a step event. StepStarted is appended conditioned on
+// lastSeq, the runSeq the gate decided on (RUN_CHANGED when the run moved
+// on), and fails open: it is queued in the outbox when the store does not
+// answer within the write budget. The other events (lastSeq < 0) never fail
+// open, and flush the outbox first, so that a run's events keep their
+// order.
+func (w *Worker) emit(log *zap.Logger, a *Assignment, eventType string, engine, logical int64, payload map[string]any, lastSeq int64) error {
+	failOpen := lastSeq >= 0
 	ev := &statestore.RunEventWrite{
 		EventType: eventType, EmittedAt: time.Now().UTC().Format(time.RFC3339Nano), RunID: a.RunID,
 		TenantID: a.TenantID, ProjectID: a.ProjectID, EnvironmentID: a.EnvironmentID,
@@ -598,10 +620,15 @@ func (w *Worker) emit(log *zap.Logger, a *Assignment, eventType string, engine, 
 		}
 	}
 	began := time.Now()
-	_, err := w.events.Emit(ctx, ev)
+	var err error
+	if failOpen {
+		_, err = w.events.EmitIf(ctx, ev, lastSeq)
+	} else {
+		_, err = w.events.Emit(ctx, ev)
+	}
 	w.opts.Metrics.eventWrite(eventType, err, time.Since(began))
-	if err == nil {
-		return nil
+	if err == nil || errors.Is(err, statestore.ErrRunChanged) {
+		return err
 	}
 	if errors.Is(err, statestore.ErrSchemaValidation) || !failOpen {
 		log.Error("event not recorded", zap.Error(err))
@@ -617,7 +644,7 @@ func (w *Worker) emit(log *zap.Logger, a *Assignment, eventType string, engine, 
 func (w *Worker) refuseForeign(t *model.Task, log *zap.Logger) {
 	log.Warn("task belongs to a workflow that is not its run's workflow; not running it")
 	w.opts.Metrics.handedBack(handBackForeign)
-	w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: "FOREIGN_WORKFLOW: not the run's workflow"})
+	w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: CodeForeignWorkflow + ": not the run's workflow"})
 }
 
 // workflowIDOf returns the workflow id of an engineRunRef

@@ -42,6 +42,16 @@ func New(opts statestore.ProjectorOptions) *Store {
 
 // Append implements statestore.Store.
 func (s *Store) Append(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
+	return s.append(ctx, w, -1)
+}
+
+// AppendIf implements statestore.Store.
+func (s *Store) AppendIf(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
+	return s.append(ctx, w, max(lastSeq, 0))
+}
+
+// append appends w; lastSeq >= 0 makes it conditional.
+func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
 	if err := statestore.ValidateWrite(w); err != nil {
 		return statestore.AppendResult{}, err
 	}
@@ -58,6 +68,12 @@ func (s *Store) Append(ctx context.Context, w *statestore.RunEventWrite) (states
 	if i, ok := r.byKey[w.IdempotencyKey]; ok {
 		rec := &r.recs[i]
 		return statestore.AppendResult{EventID: rec.EventID, RunSeq: rec.RunSeq, PersistedAt: rec.PersistedAt, Idempotent: true}, nil
+	}
+	if have := int64(len(r.recs)); lastSeq >= 0 && have != lastSeq {
+		if have == 0 {
+			delete(s.runs, w.RunID)
+		}
+		return statestore.AppendResult{}, statestore.RunChanged(w.RunID, lastSeq, have)
 	}
 	rec := statestore.RunEventRecord{
 		RunEventWrite: *w,

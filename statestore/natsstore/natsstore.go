@@ -64,6 +64,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -104,6 +105,15 @@ const MaxNameBytes = 64
 // (stream full, message too large) share it, so Append confirms a duplicate
 // by reading the subject's message.
 const errCodeStoreFailed jetstream.ErrorCode = 10077
+
+// errCodeWrongLastSeq (JSStreamWrongLastSequenceErrF) refuses a
+// conditional append whose run moved on; errCodeWrongLastSeqBusy
+// (JSStreamWrongLastSequenceConstantErr) is a clustered stream's answer
+// while another conditional append of the run is being proposed.
+const (
+	errCodeWrongLastSeq     jetstream.ErrorCode = 10071
+	errCodeWrongLastSeqBusy jetstream.ErrorCode = 10164
+)
 
 // Options configures Open. The zero value uses the defaults.
 type Options struct {
@@ -281,12 +291,31 @@ func (s *Store) Stream() string { return s.name }
 // appended again.
 func (s *Store) Append(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
 	began := time.Now()
-	res, err := s.append(ctx, w)
+	res, err := s.append(ctx, w, -1)
 	s.metrics.Appended(res, err, time.Since(began))
 	return res, err
 }
 
-func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
+// AppendIf implements statestore.Store. The publish carries
+// Nats-Expected-Last-Subject-Sequence lastSeq for the filter
+// <prefix>.<runToken>.> (nats-server 2.11+): the stream stores it only if
+// the run's last message is lastSeq, in the same step as the write. Every
+// conditional append of a run names the same filter, so that a clustered
+// stream also serializes them while one is being proposed. The two headers
+// stay on the stored message; records ignore them.
+//
+// A refused condition is a RUN_CHANGED error, unless the event's own
+// subject already holds it (a retry of a conditional append that
+// persisted): that is answered as a duplicate.
+func (s *Store) AppendIf(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
+	began := time.Now()
+	res, err := s.append(ctx, w, max(lastSeq, 0))
+	s.metrics.Appended(res, err, time.Since(began))
+	return res, err
+}
+
+// append publishes w; lastSeq >= 0 makes the publish conditional.
+func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
 	if err := statestore.ValidateWrite(w); err != nil {
 		return statestore.AppendResult{}, err
 	}
@@ -305,11 +334,25 @@ func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite) (states
 	// No headers: a message without any gets the server's fast path on
 	// every direct get. The stream owns <prefix>.> (JetStream refuses
 	// overlapping streams), and the ack names the stream that stored it.
-	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: subj, Data: body})
+	msg := &nats.Msg{Subject: subj, Data: body}
+	if lastSeq >= 0 {
+		msg.Header = nats.Header{
+			jetstream.ExpectedLastSubjSeqHeader:     {strconv.FormatInt(lastSeq, 10)},
+			jetstream.ExpectedLastSubjSeqSubjHeader: {s.prefix + "." + RunToken(w.RunID) + ".>"},
+		}
+	}
+	ack, err := s.js.PublishMsg(ctx, msg)
 	if err != nil {
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeStoreFailed {
 			return s.existing(ctx, subj, err)
+		}
+		if errors.As(err, &apiErr) && (apiErr.ErrorCode == errCodeWrongLastSeq || apiErr.ErrorCode == errCodeWrongLastSeqBusy) {
+			res, stored, xerr := s.duplicate(ctx, subj)
+			if !stored && xerr == nil {
+				return statestore.AppendResult{}, statestore.RunChanged(w.RunID, lastSeq, -1)
+			}
+			return res, xerr
 		}
 		if errors.Is(err, jetstream.ErrNoStreamResponse) {
 			return statestore.AppendResult{}, damaged(fmt.Sprintf("append: no stream takes subject %s: stream %s was deleted (see /readyz)", s.prefix+".>", s.name), err)
@@ -346,26 +389,36 @@ func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite) (states
 // existing answers a publish that the server refused with 10077: if the
 // subject holds a message, the append was a duplicate of it.
 func (s *Store) existing(ctx context.Context, subj string, pubErr error) (statestore.AppendResult, error) {
-	m, err := s.ackedMsg(ctx, subj)
-	if errors.Is(err, errNotFound) {
+	res, stored, err := s.duplicate(ctx, subj)
+	if err == nil && !stored {
 		// 10077 without a stored message: the stream refused the write
 		// for another reason (full, message too large).
 		return statestore.AppendResult{}, unavailable("append", pubErr)
 	}
+	return res, err
+}
+
+// duplicate reads the record the event's subject holds: stored is false,
+// with no error, when the subject is empty.
+func (s *Store) duplicate(ctx context.Context, subj string) (res statestore.AppendResult, stored bool, err error) {
+	m, err := s.ackedMsg(ctx, subj)
+	if errors.Is(err, errNotFound) {
+		return statestore.AppendResult{}, false, nil
+	}
 	if err != nil {
-		return statestore.AppendResult{}, unavailable("read duplicate", err)
+		return statestore.AppendResult{}, false, unavailable("read duplicate", err)
 	}
 	rec, err := s.record(m)
 	if err != nil {
 		// Something other than Append wrote this subject; retrying will not help.
-		return statestore.AppendResult{}, fmt.Errorf("append: subject %s is taken by a message that is not a record: %w", subj, err)
+		return statestore.AppendResult{}, true, fmt.Errorf("append: subject %s is taken by a message that is not a record: %w", subj, err)
 	}
 	return statestore.AppendResult{
 		EventID:     rec.EventID,
 		RunSeq:      rec.RunSeq,
 		PersistedAt: rec.PersistedAt,
 		Idempotent:  true,
-	}, nil
+	}, true, nil
 }
 
 // fetchMaxBytes caps the bytes the server sends per Fetch request, well

@@ -96,6 +96,87 @@ func RunSuite(t *testing.T, newStore func(t *testing.T) statestore.Store) {
 		}
 	})
 
+	run("AppendIf/Fence", func(t *testing.T, s statestore.Store) {
+		// A conditional append persists only on the run's last runSeq; a
+		// stale one writes nothing and says RUN_CHANGED.
+		started := Event("run-fence", statestore.RunStarted, "")
+		if _, err := s.AppendIf(ctx, started, 7); !errors.Is(err, statestore.ErrRunChanged) {
+			t.Fatalf("AppendIf on a run without events, lastSeq 7: got %v, want RUN_CHANGED", err)
+		}
+		if recs := mustFetch(t, s, "run-fence", 0, 0); len(recs) != 0 {
+			t.Fatalf("a refused conditional append wrote %d records", len(recs))
+		}
+		first, err := s.AppendIf(ctx, started, 0)
+		if err != nil || !first.Persisted {
+			t.Fatalf("AppendIf on an empty run, lastSeq 0: %+v %v", first, err)
+		}
+		paused := mustAppend(t, s, Event("run-fence", statestore.RunPaused, ""))
+		step := Event("run-fence", statestore.StepStarted, "a")
+		if _, err := s.AppendIf(ctx, step, first.RunSeq); !errors.Is(err, statestore.ErrRunChanged) {
+			t.Fatalf("StepStarted decided before RunPaused: got %v, want RUN_CHANGED", err)
+		}
+		if recs := mustFetch(t, s, "run-fence", 0, 0); len(recs) != 2 {
+			t.Fatalf("got %d records after a refused append, want 2", len(recs))
+		}
+		res, err := s.AppendIf(ctx, step, paused.RunSeq)
+		if err != nil || !res.Persisted {
+			t.Fatalf("AppendIf on the last runSeq: %+v %v", res, err)
+		}
+		// A retry of the persisted conditional append, stale or not, is a
+		// duplicate, never RUN_CHANGED.
+		for _, last := range []int64{paused.RunSeq, res.RunSeq} {
+			again := *step
+			again.EventID = uuid.NewString()
+			dup, err := s.AppendIf(ctx, &again, last)
+			if err != nil || !dup.Idempotent || dup.EventID != step.EventID || dup.RunSeq != res.RunSeq {
+				t.Fatalf("retry with lastSeq %d: %+v %v, want the stored record", last, dup, err)
+			}
+		}
+		// Other runs do not move this run's last runSeq.
+		mustAppend(t, s, Event("run-fence-other", statestore.RunStarted, ""))
+		if _, err := s.AppendIf(ctx, Event("run-fence", statestore.StepStarted, "b"), res.RunSeq); err != nil {
+			t.Fatalf("another run's append changed this run's fence: %v", err)
+		}
+		// Invalid events are refused as by Append.
+		bad := Event("run-fence", statestore.StepStarted, "c")
+		bad.EventID = "not-a-uuid"
+		if _, err := s.AppendIf(ctx, bad, 0); !errors.Is(err, statestore.ErrSchemaValidation) {
+			t.Fatalf("invalid event: got %v, want SCHEMA_VALIDATION_FAILED", err)
+		}
+	})
+
+	run("AppendIf/Racing", func(t *testing.T, s statestore.Store) {
+		// Racers decide on the same last runSeq: exactly one persists.
+		base := mustAppend(t, s, Event("run-fence-race", statestore.RunStarted, ""))
+		const racers = 16
+		errs := make([]error, racers)
+		var start, wg sync.WaitGroup
+		start.Add(1)
+		for i := range racers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				w := Event("run-fence-race", statestore.StepStarted, fmt.Sprintf("s%02d", i))
+				start.Wait()
+				_, errs[i] = s.AppendIf(ctx, w, base.RunSeq)
+			}()
+		}
+		start.Done()
+		wg.Wait()
+		won := 0
+		for i, err := range errs {
+			switch {
+			case err == nil:
+				won++
+			case !errors.Is(err, statestore.ErrRunChanged):
+				t.Fatalf("racer %d: %v", i, err)
+			}
+		}
+		if recs := mustFetch(t, s, "run-fence-race", 0, 0); won != 1 || len(recs) != 2 {
+			t.Fatalf("%d racers persisted, %d records; want 1 and 2", won, len(recs))
+		}
+	})
+
 	run("Append/RacingDuplicates", func(t *testing.T, s statestore.Store) {
 		const racers = 32
 		base := Event("run-race", statestore.StepCompleted, "model.orders")

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+
+	"github.com/conductor-sidecar/sidecar/taskworkers"
 )
 
 // Machine codes of step errors. They are part of the contract: they go to
@@ -13,7 +15,7 @@ const (
 	// the executor. Not retryable.
 	CodeSpecInvalid = "EXECUTOR_SPEC_INVALID"
 	// CodeUnknownExecutor: no executor for Spec.Type. Not retryable.
-	CodeUnknownExecutor = "EXECUTOR_UNKNOWN"
+	CodeUnknownExecutor = taskworkers.CodeUnknownExecutor
 	// CodeInternal: the executor panicked (a bug). Not retryable.
 	CodeInternal = "EXECUTOR_INTERNAL_ERROR"
 	// CodeStepTimeout: the step's deadline passed (ctx deadline exceeded).

@@ -1,0 +1,29 @@
+package taskworkers
+
+import "errors"
+
+// Machine codes the worker itself puts in Conductor's reasonForIncompletion
+// (the executors' step error codes are in package exec).
+const (
+	// CodeBadTaskInput: the task's input is not a sidecar step.
+	CodeBadTaskInput = "BAD_TASK_INPUT"
+	// CodeUnknownExecutor: no executor is registered for the step's
+	// executor type. Package exec answers the same code for a Spec it
+	// does not know.
+	CodeUnknownExecutor = "EXECUTOR_UNKNOWN"
+	// CodeForeignWorkflow: the task's workflow is not its run's.
+	CodeForeignWorkflow = "FOREIGN_WORKFLOW"
+	// CodeStoreUnavailable: StepCompleted or StepFailed could not be
+	// recorded, so the task is failed (never completed without its event).
+	CodeStoreUnavailable = "STATE_STORE_UNAVAILABLE"
+)
+
+// ErrForeignWorkflow is returned by Options.Guard for a task whose workflow
+// is not its run's workflow.
+var ErrForeignWorkflow = errors.New("taskworkers: the task's workflow is not its run's workflow")
+
+// ErrUnknownRun is returned by Options.Guard for a task of a run this
+// sidecar's log and run index do not know: a run of another deployment
+// that polls the same Conductor task types (use distinct task domains). Such
+// a task is handed back, never run and never failed.
+var ErrUnknownRun = errors.New("taskworkers: the task's run is not one of this sidecar's")

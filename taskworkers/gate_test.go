@@ -1,0 +1,53 @@
+package taskworkers
+
+import (
+	"testing"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+func TestGate(t *testing.T) {
+	const wf = "wf-1"
+	run := func(status string, steps ...statestore.StepSnapshot) *statestore.RunSnapshot {
+		return &statestore.RunSnapshot{RunID: "r", Status: status, EngineRunRef: "conductor://plan/" + wf, Steps: steps}
+	}
+	step := func(status string, logical int64, held bool) statestore.StepSnapshot {
+		return statestore.StepSnapshot{StepID: "s", Status: status, LogicalAttemptID: logical, Held: held}
+	}
+	cancelled := run(statestore.RunStatusRunning)
+	cancelled.CancelRequested = true
+	for _, tt := range []struct {
+		name     string
+		snap     *statestore.RunSnapshot
+		workflow string
+		logical  int64
+		want     verdict
+		// wantLogical and wantOperator are checked for start only.
+		wantLogical  int64
+		wantOperator bool
+	}{
+		{"running, step unseen", run(statestore.RunStatusRunning), wf, 1, start, 1, false},
+		{"running, step started before a crash", run(statestore.RunStatusRunning, step(statestore.StepStatusRunning, 1, false)), wf, 1, start, 1, false},
+		{"next logical attempt", run(statestore.RunStatusRunning, step(statestore.StepStatusFailed, 1, false)), wf, 2, start, 2, false},
+		{"operator retry raises the attempt", run(statestore.RunStatusRunning, step(statestore.StepStatusPending, 3, false)), wf, 1, start, 3, true},
+		{"paused", run(statestore.RunStatusPaused), wf, 1, waitPaused, 0, false},
+		{"pending", run(statestore.RunStatusPending), wf, 1, waitNotRunning, 0, false},
+		{"approved", run(statestore.RunStatusApproved), wf, 1, waitNotRunning, 0, false},
+		{"cancel requested", cancelled, wf, 1, refuseEnded, 0, false},
+		{"completed", run(statestore.RunStatusCompleted), wf, 1, refuseEnded, 0, false},
+		{"failed", run(statestore.RunStatusFailed), wf, 1, refuseEnded, 0, false},
+		{"another workflow", run(statestore.RunStatusRunning), "wf-2", 1, refuseForeign, 0, false},
+		{"completed before a crash", run(statestore.RunStatusRunning, step(statestore.StepStatusSuccess, 1, false)), wf, 1, reportCompleted, 0, false},
+		{"failed for good before a crash", run(statestore.RunStatusRunning, step(statestore.StepStatusFailed, 1, false)), wf, 1, reportFailed, 0, false},
+		{"held before the pause was recorded", run(statestore.RunStatusRunning, step(statestore.StepStatusFailed, 1, true)), wf, 1, holdFailed, 0, false},
+	} {
+		d := gate(tt.snap, tt.workflow, "s", 1, tt.logical)
+		if d.verdict != tt.want {
+			t.Errorf("%s: verdict %d, want %d", tt.name, d.verdict, tt.want)
+			continue
+		}
+		if tt.want == start && (d.logical != tt.wantLogical || d.operatorAttempt != tt.wantOperator) {
+			t.Errorf("%s: logical %d operator %v, want %d %v", tt.name, d.logical, d.operatorAttempt, tt.wantLogical, tt.wantOperator)
+		}
+	}
+}
