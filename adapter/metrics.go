@@ -38,6 +38,22 @@ var conductorResults = []string{
 	resultOK, CodeEngineUnavailable, CodeNotFound, CodeConflict, CodeEngineRejected, resultCanceled,
 }
 
+// Actions of sidecar_run_watcher_actions_total{action}: what the watcher did
+// to keep the log in step with Conductor besides the terminal events.
+const (
+	// actionPauseClosed: RunResumed (requestedBy sidecar) before the
+	// RunCompleted of a run that completed in Conductor while PAUSED in the log.
+	actionPauseClosed = "pause_closed"
+	// actionTerminalRefused: a terminal event that is not valid from the
+	// run's state was not appended (Layer 1) or was refused (Layer 2).
+	actionTerminalRefused = "terminal_refused"
+	// actionDecide: a workflow stuck RUNNING with every task terminal was
+	// asked to decide (PUT /workflow/decide/{id}).
+	actionDecide = "decide"
+)
+
+var watcherActions = []string{actionPauseClosed, actionTerminalRefused, actionDecide}
+
 // Watcher outcome label values (sidecar_run_watcher_terminal_total{status}).
 var watcherStatuses = []string{"COMPLETED", "FAILED", "TIMED_OUT", "TERMINATED", "CANCELLED", "LOST"}
 
@@ -49,6 +65,7 @@ var watcherStatuses = []string{"COMPLETED", "FAILED", "TIMED_OUT", "TERMINATED",
 //	sidecar_run_watcher_active_runs                     runs the watcher follows (last scan)
 //	sidecar_run_watcher_terminal_total{status}          terminal run events appended, by Conductor status
 //	sidecar_run_watcher_errors_total                    failed watcher checks
+//	sidecar_run_watcher_actions_total{action}           pause_closed, terminal_refused, decide (see watcherActions)
 //	sidecar_run_orphans_total{action}                   orphan workflows terminated or adopted
 //
 // There are no per-run labels. A nil *Metrics records nothing. Every label
@@ -61,6 +78,7 @@ type Metrics struct {
 	terminal map[string]prometheus.Counter
 	errors   prometheus.Counter
 	orphans  map[string]prometheus.Counter
+	actions  map[string]prometheus.Counter
 }
 
 // NewMetrics registers the adapter metrics with reg and returns them. It
@@ -96,7 +114,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "sidecar_run_orphans_total",
 		Help: "Workflows started for a run but not recorded as its workflow: terminated, or adopted as the run's workflow.",
 	}, []string{"action"})
-	reg.MustRegister(requests, duration, starts, active, terminal, errs, orphans)
+	actions := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sidecar_run_watcher_actions_total",
+		Help: "What the run watcher did to keep the log in step with Conductor: pause_closed (a run completed in Conductor while paused in the log), terminal_refused (a terminal event not valid from the run's state, not appended), decide (a workflow stuck RUNNING with every task done was asked to decide).",
+	}, []string{"action"})
+	reg.MustRegister(requests, duration, starts, active, terminal, errs, orphans, actions)
 
 	m := &Metrics{
 		requests: make(map[[2]string]prometheus.Counter),
@@ -106,6 +128,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		terminal: make(map[string]prometheus.Counter),
 		errors:   errs,
 		orphans:  make(map[string]prometheus.Counter),
+		actions:  make(map[string]prometheus.Counter),
+	}
+	for _, a := range watcherActions {
+		m.actions[a] = actions.WithLabelValues(a)
 	}
 	for _, op := range conductorOps {
 		m.duration[op] = duration.WithLabelValues(op)
@@ -146,6 +172,12 @@ func (m *Metrics) start(result string) {
 func (m *Metrics) setActive(n int) {
 	if m != nil {
 		m.active.Set(float64(n))
+	}
+}
+
+func (m *Metrics) watcherAction(action string) {
+	if m != nil {
+		m.actions[action].Inc()
 	}
 }
 

@@ -31,6 +31,10 @@ const (
 	CodeWorkflowNotFound = "WORKFLOW_NOT_FOUND"
 )
 
+// RequestedBySidecar is the requestedBy of the events the sidecar appends on
+// its own account (a pause it closes because Conductor completed the run).
+const RequestedBySidecar = "sidecar"
+
 // engineStatusLost is the Run.EngineStatus of a run whose workflow vanished.
 const engineStatusLost = "LOST"
 
@@ -412,22 +416,32 @@ func (w *Watcher) finish(ctx context.Context, runID, engineStatus, reason string
 		return fmt.Errorf("adapter: watcher: snapshot of run %s: %w", runID, err)
 	}
 	if snap == nil || !statestore.IsTerminalRunStatus(snap.Status) {
+		if err := w.closePause(ctx, rec, snap, engineStatus); err != nil {
+			return err
+		}
 		ev, label, err := terminalEvent(rec, engineStatus, reason, snap != nil && snap.CancelRequested)
 		if err != nil {
 			return err
 		}
-		_, err = w.runs.emitter.Emit(ctx, ev)
-		switch {
-		case errors.Is(err, statestore.ErrInvalidTransition):
-			// A store that validates transitions (Layer 2) refused the
-			// event, e.g. RunCompleted of a run PAUSED in the log whose
-			// pause raced its last task. Retrying cannot help: the run is
-			// marked FINAL without it, loudly.
+		if snap, err = w.snaps.ProjectSnapshot(ctx, runID); err != nil && !errors.Is(err, statestore.ErrNotFound) {
+			return fmt.Errorf("adapter: watcher: snapshot of run %s: %w", runID, err)
+		}
+		if err := statestore.CheckTransition(snap, ev); err != nil {
+			// The producer guard (Layer 1): never append what the
+			// projector would flag. The run is marked FINAL without it,
+			// loudly.
+			w.opts.Metrics.watcherAction(actionTerminalRefused)
+			w.log.Error("terminal run event not valid from the run's state; marking the run final without it",
+				zap.String("runId", runID), zap.String("event", ev.EventType), zap.String("engineStatus", engineStatus), zap.Error(err))
+		} else if _, err = w.runs.emitter.Emit(ctx, ev); err != nil {
+			if !errors.Is(err, statestore.ErrInvalidTransition) {
+				return fmt.Errorf("adapter: watcher: append %s of run %s: %w", ev.EventType, runID, err)
+			}
+			// A store that validates transitions (Layer 2) refused it.
+			w.opts.Metrics.watcherAction(actionTerminalRefused)
 			w.log.Error("terminal run event refused by the store; marking the run final without it",
 				zap.String("runId", runID), zap.String("event", ev.EventType), zap.String("engineStatus", engineStatus), zap.Error(err))
-		case err != nil:
-			return fmt.Errorf("adapter: watcher: append %s of run %s: %w", ev.EventType, runID, err)
-		default:
+		} else {
 			w.opts.Metrics.terminalEvent(label)
 			w.log.Info("run ended", zap.String("runId", runID), zap.String("workflowId", rec.WorkflowID),
 				zap.String("engineStatus", engineStatus), zap.String("event", ev.EventType))
@@ -456,6 +470,39 @@ func (w *Watcher) finish(ctx context.Context, runID, engineStatus, reason string
 	delete(w.known, rec.WorkflowID)
 	w.mu.Unlock()
 	w.runs.deleteActive(ctx, runID, 0)
+	return nil
+}
+
+// closePause appends the RunResumed that closes a pause Conductor never
+// applied: the log says PAUSED, but Conductor COMPLETED the workflow (the
+// pause reached the log after Conductor had taken the run's last task,
+// docs/drain.md "A pause that races the end of the run"). RunCompleted is
+// valid from RUNNING only, so the sidecar resumes the run in the log itself,
+// with requestedBy "sidecar" and a reason that says why. The other terminal
+// events are valid from PAUSED and need nothing.
+func (w *Watcher) closePause(ctx context.Context, rec *Run, snap *statestore.RunSnapshot, engineStatus string) error {
+	if snap == nil || snap.Status != statestore.RunStatusPaused || snap.Pause == nil || snap.CancelRequested ||
+		engineStatus != string(model.CompletedWorkflow) {
+		return nil
+	}
+	ev, err := runEvent(rec, statestore.RunResumed, map[string]any{
+		"requestedBy": RequestedBySidecar,
+		"reason":      "Conductor had COMPLETED the workflow before the pause took effect; the pause is closed so that the run can complete",
+	})
+	if err != nil {
+		return err
+	}
+	ev.LogicalAttemptID = snap.Pause.Cycle
+	ev.IdempotencyKey = ev.KeyInput().Key()
+	if err := statestore.CheckTransition(snap, ev); err != nil {
+		return err
+	}
+	if _, err := w.runs.emitter.Emit(ctx, ev); err != nil {
+		return fmt.Errorf("adapter: watcher: append RunResumed of run %s: %w", rec.RunID, err)
+	}
+	w.opts.Metrics.watcherAction(actionPauseClosed)
+	w.log.Warn("the run completed in Conductor while paused in the log; closed the pause before RunCompleted",
+		zap.String("runId", rec.RunID), zap.Int64("cycle", snap.Pause.Cycle))
 	return nil
 }
 

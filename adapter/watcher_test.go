@@ -224,6 +224,38 @@ func TestWatcher_Terminal(t *testing.T) {
 			t.Fatalf("got %s %+v, want RunFailed WORKFLOW_TERMINATED 'killed by hand'", ev.EventType, payload.Error)
 		}
 	})
+	t.Run("PauseRacedCompletion", func(t *testing.T) {
+		// A pause reached the log after Conductor had already taken the
+		// run's last task (issue #11 §1): the log says PAUSED, Conductor
+		// COMPLETED. The watcher closes the pause itself (RunResumed,
+		// requestedBy sidecar, the reason says why), then RunCompleted:
+		// the run ends COMPLETED, the log is valid and nothing alerts.
+		p, run := start(t)
+		paused, err := runEvent(&run, statestore.RunPaused, map[string]any{"drainTimeoutSeconds": 300, "requestedBy": "test"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := env.emitter.Emit(ctx, paused); err != nil {
+			t.Fatal(err)
+		}
+		complete(t, p, run, model.CompletedTask, "", true)
+		recs := waitFinal(t, env, r, run.RunID)
+		if got := strings.Join(eventTypes(recs), " "); got != "RunStarted RunPaused RunResumed RunCompleted" {
+			t.Fatalf("log %s", got)
+		}
+		var resumed struct{ Reason, RequestedBy string }
+		_ = json.Unmarshal(recs[2].Payload, &resumed)
+		if resumed.RequestedBy != "sidecar" || !strings.Contains(resumed.Reason, "COMPLETED") {
+			t.Fatalf("RunResumed payload %s: want requestedBy sidecar and a reason naming Conductor's COMPLETED", recs[2].Payload)
+		}
+		if _, alerts := statestore.Reduce(nil, recs); len(alerts) != 0 {
+			t.Fatalf("the log raises %d alerts: %+v", len(alerts), alerts[0])
+		}
+		snap, err := env.store.ProjectSnapshot(ctx, run.RunID)
+		if err != nil || snap.Status != statestore.RunStatusCompleted || snap.Inconsistent {
+			t.Fatalf("snapshot %+v %v, want COMPLETED and consistent", snap, err)
+		}
+	})
 	t.Run("Replicas", func(t *testing.T) {
 		// Three other replicas race on the same ended run (the open
 		// watcher is not nudged): one terminal event.
@@ -431,4 +463,12 @@ func TestWatcher_OpenClose(t *testing.T) {
 	if err := w.Close(cctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func eventTypes(recs []statestore.RunEventRecord) []string {
+	out := make([]string, len(recs))
+	for i, r := range recs {
+		out[i] = r.EventType
+	}
+	return out
 }

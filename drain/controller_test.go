@@ -479,3 +479,50 @@ func types(recs []statestore.RunEventRecord) string {
 	}
 	return strings.Join(s, " ")
 }
+
+// TestPause_RacesAPauseOnFailure: an operator's pause and the pause of a
+// step that failed under onStepFailure "pause" race (issue #11 §1). Exactly
+// one RunPaused is recorded, both calls answer PAUSED, the failed step is
+// held either way, and the log raises no alert.
+func TestPause_RacesAPauseOnFailure(t *testing.T) {
+	for i := range 50 {
+		mem, eng := setup(t, "a")
+		ctx := context.Background()
+		c := drain.New(mem, emitter{mem}, eng, drain.Options{Logger: zaptest.NewLogger(t)})
+		failed := storetest.WithPayload(storetest.Event("r", statestore.StepFailed, "a"),
+			map[string]any{"error": map[string]any{"code": "COMMAND_FAILED", "message": "exit 1", "retryable": false}, "onStepFailure": "pause"})
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		states := make([]*drain.State, 2)
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			states[0], errs[0] = c.Pause(ctx, "r", "wf", drain.PauseRequest{Reason: "operator", RequestedBy: "ops"})
+		}()
+		go func() {
+			defer wg.Done()
+			if _, err := mem.Append(ctx, failed); err != nil {
+				errs[1] = err
+				return
+			}
+			states[1], errs[1] = c.Pause(ctx, "r", "wf", drain.PauseRequest{Reason: "stepFailed", StepID: "a", RequestedBy: "sidecar"})
+		}()
+		wg.Wait()
+		for j, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d, pause %d: %v", i, j, err)
+			}
+			if states[j].Status != statestore.RunStatusPaused {
+				t.Fatalf("round %d, pause %d: status %s", i, j, states[j].Status)
+			}
+		}
+		recs, _ := mem.Fetch(ctx, "r", 0, 0)
+		snap, alerts := statestore.Reduce(nil, recs)
+		if n := strings.Count(types(recs), statestore.RunPaused); n != 1 || len(alerts) != 0 {
+			t.Fatalf("round %d: log %s: %d RunPaused, %d alerts; want 1 and 0", i, types(recs), n, len(alerts))
+		}
+		if held := snap.HeldSteps(); len(held) != 1 {
+			t.Fatalf("round %d: held steps %v, want [a]", i, held)
+		}
+	}
+}
