@@ -38,6 +38,30 @@ const (
 	// logical attempt are in the payload, and logicalAttemptId counts the
 	// run's retry requests (1, 2, ...), like the pause cycle of RunPaused.
 	RunStepRetryRequested = "RunStepRetryRequested"
+	// RunStepTryEnded records that a RUNNING step's current try ended
+	// without an outcome for its logical attempt (an engine try failed and
+	// Conductor retries it, the task was handed back, or the worker that
+	// ran it died): the step is no longer in flight (steps[].idle), so a
+	// drain does not wait for it. RunStepTryStarted records that a later
+	// try of the same attempt started. Both are run-level (seed 000 §2.2):
+	// the step and its logical attempt are in the payload, and
+	// logicalAttemptId counts the run's try events (1, 2, ...), one counter
+	// for both types.
+	RunStepTryEnded   = "RunStepTryEnded"
+	RunStepTryStarted = "RunStepTryStarted"
+)
+
+// Reasons of RunStepTryEnded (payload.reason).
+const (
+	// TryEndedEngineTryFailed: the try failed and Conductor retries it
+	// (engineAttemptId < engineTries): no StepFailed (DESIGN.md "Engine retries").
+	TryEndedEngineTryFailed = "engineTryFailed"
+	// TryEndedHandedBack: the task was handed back to Conductor unfinished
+	// (the executor could not run, or shutdown interrupted the step).
+	TryEndedHandedBack = "handedBack"
+	// TryEndedWorkerRestarted: the process that ran the try died; its
+	// restart handed the task back.
+	TryEndedWorkerRestarted = "workerRestarted"
 )
 
 // RunLevelStepID is stepIdNormalized for run-level events (§3.1 rule 7).
@@ -59,7 +83,8 @@ func IsKnownEvent(eventType string) bool {
 	switch eventType {
 	case RunQueued, RunApproved, RunStarted, StepStarted, StepCompleted, StepFailed, StepSkipped,
 		RunPaused, RunResumed, RunCompleted, RunFailed, RunCancelled,
-		RunCancelRequested, RunDrainCompleted, RunDrainTimedOut, RunStepRetryRequested:
+		RunCancelRequested, RunDrainCompleted, RunDrainTimedOut, RunStepRetryRequested,
+		RunStepTryEnded, RunStepTryStarted:
 		return true
 	}
 	return false

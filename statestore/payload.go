@@ -42,6 +42,12 @@ type (
 		Reason               string  `json:"reason"`
 		RequestedBy          string  `json:"requestedBy"`
 	}
+	stepTryPayload struct {
+		StepID               *string    `json:"stepId"`
+		StepLogicalAttemptID *int64     `json:"stepLogicalAttemptId"`
+		Reason               *string    `json:"reason"`
+		Error                *StepError `json:"error"`
+	}
 	runFailedPayload struct {
 		Error *StepError `json:"error"`
 	}
@@ -70,7 +76,8 @@ var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
 // validateKnownPayload checks the payload fields that the event type's schema
 // types. It is called with a payload that is already a JSON object.
 func validateKnownPayload(eventType string, raw json.RawMessage) error {
-	if len(raw) == 0 && eventType != RunDrainTimedOut && eventType != RunStepRetryRequested {
+	if len(raw) == 0 && eventType != RunDrainTimedOut && eventType != RunStepRetryRequested &&
+		eventType != RunStepTryEnded && eventType != RunStepTryStarted {
 		return nil
 	}
 	decode := func(v any) error {
@@ -131,6 +138,35 @@ func validateKnownPayload(eventType string, raw json.RawMessage) error {
 			return schemaError("payload.stepLogicalAttemptId", "is required")
 		case *p.StepLogicalAttemptID < 2:
 			return schemaError("payload.stepLogicalAttemptId", "must be >= 2 (a retry opens a later attempt)")
+		}
+		return validateID("payload.stepId", *p.StepID, true)
+	case RunStepTryEnded, RunStepTryStarted:
+		var p stepTryPayload
+		if err := decode(&p); err != nil {
+			return err
+		}
+		switch {
+		case p.StepID == nil || *p.StepID == "":
+			return schemaError("payload.stepId", "is required")
+		case p.StepLogicalAttemptID == nil:
+			return schemaError("payload.stepLogicalAttemptId", "is required")
+		case *p.StepLogicalAttemptID < 1:
+			return schemaError("payload.stepLogicalAttemptId", "must be >= 1")
+		}
+		if eventType == RunStepTryEnded {
+			if p.Reason == nil {
+				return schemaError("payload.reason", "is required")
+			}
+			switch *p.Reason {
+			case TryEndedEngineTryFailed, TryEndedHandedBack, TryEndedWorkerRestarted:
+			default:
+				return schemaError("payload.reason", "must be %s, %s or %s", TryEndedEngineTryFailed, TryEndedHandedBack, TryEndedWorkerRestarted)
+			}
+			if p.Error != nil {
+				if err := validateStepError(p.Error); err != nil {
+					return err
+				}
+			}
 		}
 		return validateID("payload.stepId", *p.StepID, true)
 	case RunFailed:

@@ -92,7 +92,7 @@ func newSnapshot(r *RunEventRecord) *RunSnapshot {
 func (s *RunSnapshot) inFlight() int {
 	n := 0
 	for i := range s.Steps {
-		if s.Steps[i].Status == StepStatusRunning {
+		if s.Steps[i].Status == StepStatusRunning && !s.Steps[i].Idle {
 			n++
 		}
 	}
@@ -175,9 +175,6 @@ func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTran
 			Cycle: r.LogicalAttemptID, Reason: p.Reason, RequestedBy: p.RequestedBy, StepID: p.StepID,
 			PausedAt: r.PersistedAt, DrainTimeoutSeconds: p.DrainTimeoutSeconds,
 		}
-		if s.inFlight() == 0 {
-			s.Pause.DrainEndedAt = r.PersistedAt
-		}
 	case RunResumed:
 		s.Status = RunStatusRunning
 		s.Pause.ResumedAt = r.PersistedAt
@@ -201,6 +198,16 @@ func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTran
 			if st.Status == StepStatusFailed && p.StepLogicalAttemptID == st.LogicalAttemptID+1 {
 				*st = StepSnapshot{StepID: st.StepID, Status: StepStatusPending, LogicalAttemptID: p.StepLogicalAttemptID,
 					Artifacts: []ArtifactRef{}, RetryRequested: true}
+			}
+		}
+	case RunStepTryEnded, RunStepTryStarted:
+		s.StepTryEvents = r.LogicalAttemptID
+		// Marks the step idle (or in flight again) when the payload names
+		// its RUNNING attempt; one that does not fit counts and changes no step.
+		if i, ok := index[p.StepID]; ok {
+			st := &s.Steps[i]
+			if st.Status == StepStatusRunning && st.LogicalAttemptID == p.StepLogicalAttemptID {
+				st.Idle = r.EventType == RunStepTryEnded
 			}
 		}
 	case RunCompleted:
@@ -243,6 +250,7 @@ func applyStep(s *RunSnapshot, index map[string]int, r *RunEventRecord) {
 		*st = StepSnapshot{StepID: r.StepID, Status: StepStatusPending, LogicalAttemptID: r.LogicalAttemptID, Artifacts: []ArtifactRef{}}
 	}
 	st.EngineAttemptID = r.EngineAttemptID
+	st.Idle = false
 	switch r.EventType {
 	case StepStarted:
 		st.Status = StepStatusRunning

@@ -194,8 +194,10 @@ func TestReduce_StepRulesAcrossRunStates(t *testing.T) {
 		}
 	})
 	t.Run("StepStarted racing a pause is recorded", func(t *testing.T) {
+		// (A StepStarted replayed from the outbox: its step runs, and the
+		// drain, not ended yet, waits for it.)
 		s, alerts := reduce(t, newLog("r").ev(statestore.RunStarted).ev(statestore.RunPaused).step(statestore.StepStarted, "a").recs)
-		if len(alerts) != 0 || s.Step("a").Status != statestore.StepStatusRunning || s.Substatus != "" {
+		if len(alerts) != 0 || s.Step("a").Status != statestore.StepStatusRunning || s.Substatus != statestore.SubstatusDraining {
 			t.Fatalf("alerts=%v step=%+v substatus=%q", alerts, s.Step("a"), s.Substatus)
 		}
 	})
@@ -376,8 +378,13 @@ func TestReduce_DrainingSubstatus(t *testing.T) {
 	}
 	b.add(statestore.RunResumed, "", 1, nil).add(statestore.RunPaused, "", 2, nil)
 	s, alerts = reduce(t, b.recs)
-	if len(alerts) != 0 || s.Pause.Cycle != 2 || s.Substatus != "" || s.Pause.DrainEndedAt == "" {
+	if len(alerts) != 0 || s.Pause.Cycle != 2 || s.Substatus != "" || s.Pause.DrainEndedAt != "" {
 		t.Fatalf("cycle 2 with nothing in flight: %+v substatus %q alerts %v", s.Pause, s.Substatus, alerts)
+	}
+	// Every cycle's drain ends with an event, even with nothing in flight.
+	b.add(statestore.RunDrainCompleted, "", 2, map[string]any{"waitedSeconds": 0})
+	if s, alerts = reduce(t, b.recs); len(alerts) != 0 || s.Pause.DrainEndedAt == "" {
+		t.Fatalf("cycle 2 drained: %+v alerts %v", s.Pause, alerts)
 	}
 	b.add(statestore.RunResumed, "", 1, nil)
 	if _, alerts = reduce(t, b.recs); len(alerts) != 1 {
@@ -469,4 +476,50 @@ func ExampleReduce() {
 	s, _ := statestore.Reduce(nil, recs)
 	fmt.Println(s.Status, s.Substatus, s.InFlight())
 	// Output: PAUSED DRAINING [extract]
+}
+
+// TestReduce_StepTries: a RUNNING step whose try ended without an outcome
+// is idle, not in flight, and a drain does not wait for it; its next try
+// makes it in flight again. The try events share one per-run counter.
+func TestReduce_StepTries(t *testing.T) {
+	ended := func(step string) map[string]any {
+		return map[string]any{"stepId": step, "stepLogicalAttemptId": 1, "reason": "engineTryFailed"}
+	}
+	b := newLog("r").ev(statestore.RunStarted).step(statestore.StepStarted, "a").step(statestore.StepStarted, "b").
+		add(statestore.RunPaused, "", 1, map[string]any{"drainTimeoutSeconds": 300})
+	s, _ := reduce(t, b.recs)
+	if s.Substatus != statestore.SubstatusDraining || len(s.InFlight()) != 2 {
+		t.Fatalf("substatus %q inflight %v", s.Substatus, s.InFlight())
+	}
+	b.add(statestore.RunStepTryEnded, "", 1, ended("a"))
+	s, alerts := reduce(t, b.recs)
+	if len(alerts) != 0 || len(s.InFlight()) != 1 || s.InFlight()[0] != "b" || !s.Step("a").Idle || s.Step("a").Status != statestore.StepStatusRunning {
+		t.Fatalf("after a's try ended: inflight %v step a %+v alerts %v", s.InFlight(), s.Step("a"), alerts)
+	}
+	b.add(statestore.RunStepTryEnded, "", 2, map[string]any{"stepId": "b", "stepLogicalAttemptId": 1, "reason": "workerRestarted"})
+	s, alerts = reduce(t, b.recs)
+	if len(alerts) != 0 || s.Substatus != "" || len(s.InFlight()) != 0 || s.StepTryEvents != 2 {
+		t.Fatalf("nothing runs: substatus %q inflight %v tries %d alerts %v", s.Substatus, s.InFlight(), s.StepTryEvents, alerts)
+	}
+	// A try cannot start while the run is paused (the gate's fence).
+	bad := *b
+	bad.recs = append([]statestore.RunEventRecord(nil), b.recs...)
+	bad.add(statestore.RunStepTryStarted, "", 3, map[string]any{"stepId": "a", "stepLogicalAttemptId": 1})
+	if _, alerts := reduce(t, bad.recs); len(alerts) != 1 {
+		t.Fatalf("RunStepTryStarted in a paused run: %d alerts, want 1", len(alerts))
+	}
+	b.add(statestore.RunResumed, "", 1, nil).add(statestore.RunStepTryStarted, "", 3, map[string]any{"stepId": "a", "stepLogicalAttemptId": 1})
+	s, alerts = reduce(t, b.recs)
+	if len(alerts) != 0 || s.Step("a").Idle || len(s.InFlight()) != 1 {
+		t.Fatalf("a's next try: step a %+v inflight %v alerts %v", s.Step("a"), s.InFlight(), alerts)
+	}
+	// The counter is per run: a number out of order is an invalid transition.
+	b.add(statestore.RunStepTryEnded, "", 3, ended("a"))
+	if _, alerts = reduce(t, b.recs); len(alerts) != 1 {
+		t.Fatalf("repeated try event number: %d alerts, want 1", len(alerts))
+	}
+	b.step(statestore.StepCompleted, "a")
+	if s, _ = reduce(t, b.recs); s.Step("a").Status != statestore.StepStatusSuccess || s.Step("a").Idle {
+		t.Fatalf("a completed: %+v", s.Step("a"))
+	}
 }

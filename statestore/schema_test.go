@@ -74,6 +74,7 @@ var knownTypes = []string{
 	statestore.StepCompleted, statestore.StepFailed, statestore.StepSkipped, statestore.RunPaused,
 	statestore.RunResumed, statestore.RunCompleted, statestore.RunFailed, statestore.RunCancelled,
 	statestore.RunCancelRequested, statestore.RunDrainCompleted, statestore.RunDrainTimedOut, statestore.RunStepRetryRequested,
+	statestore.RunStepTryEnded, statestore.RunStepTryStarted,
 }
 
 // validEvents is a corpus of valid writes: every known type with a typical
@@ -85,6 +86,8 @@ func validEvents() []*statestore.RunEventWrite {
 		statestore.StepFailed:            map[string]any{"error": map[string]any{"code": "EXIT_CODE", "message": "exit 2", "retryable": false}, "onStepFailure": "pause"},
 		statestore.RunStepRetryRequested: map[string]any{"stepId": "step.a", "stepLogicalAttemptId": 2, "requestedBy": "jane"},
 		statestore.StepSkipped:           map[string]any{"reason": "dependency failed"},
+		statestore.RunStepTryEnded:       map[string]any{"stepId": "step.a", "stepLogicalAttemptId": 1, "reason": "engineTryFailed", "error": map[string]any{"code": "COMMAND_FAILED", "message": "exit 1", "retryable": true}},
+		statestore.RunStepTryStarted:     map[string]any{"stepId": "step.a", "stepLogicalAttemptId": 1},
 		statestore.RunPaused:             map[string]any{"reason": "operator", "requestedBy": "jane", "drainTimeoutSeconds": 300},
 		statestore.RunFailed:             map[string]any{"error": map[string]any{"code": "STEP_FAILED", "message": "b failed"}},
 		statestore.RunDrainCompleted:     map[string]any{"waitedSeconds": 2.5},
@@ -92,7 +95,10 @@ func validEvents() []*statestore.RunEventWrite {
 	}
 	var out []*statestore.RunEventWrite
 	for _, et := range knownTypes {
-		if et != statestore.RunDrainTimedOut && et != statestore.RunStepRetryRequested { // their payload is required
+		switch et {
+		case statestore.RunDrainTimedOut, statestore.RunStepRetryRequested, statestore.RunStepTryEnded, statestore.RunStepTryStarted:
+			// their payload is required
+		default:
 			out = append(out, storetest.Event("run-valid", et, "step.a"))
 		}
 		if p, ok := payloads[et]; ok {
@@ -168,6 +174,10 @@ func payloadInvalidWrites() []storetest.InvalidCase {
 		mk("retry without attempt", "payload.stepLogicalAttemptId", statestore.RunStepRetryRequested, map[string]any{"stepId": "a"}),
 		mk("retry of attempt 1", "payload.stepLogicalAttemptId", statestore.RunStepRetryRequested, map[string]any{"stepId": "a", "stepLogicalAttemptId": 1}),
 		mk("retry of a step with a pipe", "payload.stepId", statestore.RunStepRetryRequested, map[string]any{"stepId": "a|b", "stepLogicalAttemptId": 2}),
+		mk("try ended without step", "payload.stepId", statestore.RunStepTryEnded, map[string]any{"stepLogicalAttemptId": 1, "reason": "handedBack"}),
+		mk("try ended without reason", "payload.reason", statestore.RunStepTryEnded, map[string]any{"stepId": "a", "stepLogicalAttemptId": 1}),
+		mk("try ended with another reason", "payload.reason", statestore.RunStepTryEnded, map[string]any{"stepId": "a", "stepLogicalAttemptId": 1, "reason": "bored"}),
+		mk("try started of attempt 0", "payload.stepLogicalAttemptId", statestore.RunStepTryStarted, map[string]any{"stepId": "a", "stepLogicalAttemptId": 0}),
 		mk("unknown failure policy", "payload.onStepFailure", statestore.StepFailed, map[string]any{"onStepFailure": "ignore"}),
 		mk("negative drain timeout", "payload.drainTimeoutSeconds", statestore.RunPaused, map[string]any{"drainTimeoutSeconds": -1}),
 		mk("drain timeout as string", "payload.drainTimeoutSeconds", statestore.RunPaused, map[string]any{"drainTimeoutSeconds": "5m"}),

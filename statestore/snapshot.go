@@ -63,6 +63,9 @@ type RunSnapshot struct {
 	// StepRetries counts the run's RETRY_STEP requests (the logicalAttemptId
 	// of its last RunStepRetryRequested).
 	StepRetries int64 `json:"stepRetries,omitempty"`
+	// StepTryEvents counts the run's RunStepTryEnded and RunStepTryStarted
+	// (the logicalAttemptId of the last one).
+	StepTryEvents int64 `json:"stepTryEvents,omitempty"`
 
 	// CancelRequested is set by RunCancelRequested: a later RunCompleted or
 	// RunFailed no longer sets the status (Cancel wins).
@@ -111,6 +114,10 @@ type StepSnapshot struct {
 	Held bool `json:"held,omitempty"`
 	// RetryRequested is set on a PENDING attempt opened by RETRY_STEP.
 	RetryRequested bool `json:"retryRequested,omitempty"`
+	// Idle is set on a RUNNING attempt whose try ended without an outcome
+	// (RunStepTryEnded) until its next try starts (RunStepTryStarted): the
+	// step is not in flight, and a drain does not wait for it.
+	Idle bool `json:"idle,omitempty"`
 }
 
 // HeldSteps returns the ids of the steps held after a failure and not
@@ -135,11 +142,12 @@ func (s *RunSnapshot) Step(stepID string) *StepSnapshot {
 	return nil
 }
 
-// InFlight returns the ids of the steps currently RUNNING, in step order.
+// InFlight returns the ids of the steps in flight, in step order: RUNNING
+// and not idle (a try of theirs is running somewhere).
 func (s *RunSnapshot) InFlight() []string {
 	var ids []string
 	for i := range s.Steps {
-		if s.Steps[i].Status == StepStatusRunning {
+		if s.Steps[i].Status == StepStatusRunning && !s.Steps[i].Idle {
 			ids = append(ids, s.Steps[i].StepID)
 		}
 	}

@@ -34,6 +34,8 @@ var RunTransitions = []RunTransition{
 	{RunDrainCompleted, []string{RunStatusPaused}, ""},
 	{RunDrainTimedOut, []string{RunStatusPaused}, ""},
 	{RunStepRetryRequested, []string{RunStatusPaused}, ""},
+	{RunStepTryEnded, []string{RunStatusRunning, RunStatusPaused}, ""},
+	{RunStepTryStarted, []string{RunStatusRunning}, ""},
 }
 
 // StepTransitions is the step-level table of seed 000 §5.2, applied per
@@ -145,6 +147,11 @@ func decide(s *RunSnapshot, step *StepSnapshot, eventType string, logicalAttempt
 		}
 		if want := s.StepRetries + 1; logicalAttemptID != want {
 			d.Outcome, d.Reason = Invalid, "RunStepRetryRequested must be retry request "+strconv.FormatInt(want, 10)
+			return d
+		}
+	case RunStepTryEnded, RunStepTryStarted:
+		if want := s.StepTryEvents + 1; logicalAttemptID != want {
+			d.Outcome, d.Reason = Invalid, eventType+" must be try event "+strconv.FormatInt(want, 10)
 			return d
 		}
 	case RunDrainCompleted, RunDrainTimedOut:

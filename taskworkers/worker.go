@@ -192,9 +192,14 @@ func (w *Worker) Open(ctx context.Context) error {
 			w.log.Warn("could not list the tasks a previous process left in progress; Conductor's response timeout will retry them", zap.Error(err))
 		}
 		for i := range left {
-			w.log.Info("handing back a task left in progress by a previous process",
-				zap.String("taskId", left[i].TaskId), zap.String("workflowId", left[i].WorkflowInstanceId))
-			w.handBack(&left[i], 0, "recovered after restart")
+			t := &left[i]
+			log := w.log.With(zap.String("taskId", t.TaskId), zap.String("workflowId", t.WorkflowInstanceId))
+			log.Info("handing back a task left in progress by a previous process")
+			if a, err := w.opts.Decode(t.InputData); err == nil {
+				_, logical := a.Attempts(int(t.RetryCount))
+				w.endTry(log, a, logical, statestore.TryEndedWorkerRestarted, nil)
+			}
+			w.handBack(t, 0, "recovered after restart")
 		}
 	}
 	for taskType, n := range w.opts.Concurrency {
@@ -360,11 +365,13 @@ func (w *Worker) handle(t *model.Task) {
 	if runErr != nil {
 		// The executor could not run at all: hand the task back, same attempt.
 		log.Warn("executor could not run; handing the task back", zap.Error(runErr))
+		w.endTry(log, a, logical, statestore.TryEndedHandedBack, nil)
 		w.handBack(t, w.opts.HandBackAfter, "executor unavailable")
 		return
 	}
 	if w.workCtx.Err() != nil && res.Err != nil {
 		// Interrupted by shutdown, not by the step: another worker retries it.
+		w.endTry(log, a, logical, statestore.TryEndedHandedBack, nil)
 		w.handBack(t, 0, "shutdown")
 		return
 	}
@@ -422,7 +429,14 @@ func (w *Worker) begin(t *model.Task, log *zap.Logger, a *Assignment, engine, lo
 				ReasonForIncompletion: CodeUnknownExecutor + ": no executor of type " + a.Step.Executor.Type})
 			return d, false
 		}
-		err := w.emit(log, a, statestore.StepStarted, d.engine, d.logical, nil, snap.LastEventSeq)
+		var err error
+		if st := d.step; st != nil && st.Status == statestore.StepStatusRunning && st.LogicalAttemptID == d.logical && st.Idle {
+			// A later try of an attempt whose StepStarted is in the log
+			// (deduplicated if appended again): record that it runs again.
+			err = w.tryEvent(w.workCtx, a, snap, statestore.RunStepTryStarted, d.logical, "", nil)
+		} else {
+			err = w.emit(log, a, statestore.StepStarted, d.engine, d.logical, nil, snap.LastEventSeq)
+		}
 		if errors.Is(err, statestore.ErrRunChanged) && try < maxFenceRetries {
 			w.opts.Metrics.fenceRetry()
 			continue // the run moved on since the gate read it: decide again
@@ -434,6 +448,78 @@ func (w *Worker) begin(t *model.Task, log *zap.Logger, a *Assignment, engine, lo
 		w.opts.Metrics.stepStartLatency(t.ScheduledTime, polled)
 		return d, true
 	}
+}
+
+// endTry records that the step's current try ended without an outcome for
+// its logical attempt (RunStepTryEnded with reason), so that no drain waits
+// for it. It is best effort: if the store does not take it within the write
+// budget, a drain of the run waits for the step until its timeout, as it
+// would for a running one.
+func (w *Worker) endTry(log *zap.Logger, a *Assignment, logical int64, reason string, stepErr *statestore.StepError) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.workCtx), w.opts.WriteBudget)
+	defer cancel()
+	for try := 0; ; try++ {
+		snap, err := w.runs.ProjectSnapshot(ctx, a.RunID)
+		if err == nil {
+			st := snap.Step(a.Step.StepID)
+			if st == nil || st.Status != statestore.StepStatusRunning || st.LogicalAttemptID != logical || st.Idle {
+				return // not in flight in the log: nothing to record
+			}
+			err = w.tryEvent(ctx, a, snap, statestore.RunStepTryEnded, logical, reason, stepErr)
+		}
+		if err == nil || !errors.Is(err, statestore.ErrRunChanged) || try >= maxFenceRetries {
+			if err != nil {
+				log.Warn("could not record that the step's try ended; a drain of the run waits for it until its timeout", zap.Error(err))
+			}
+			return
+		}
+	}
+}
+
+// tryEvent appends RunStepTryEnded or RunStepTryStarted for the step at
+// logical attempt, numbered after snap's last try event and conditioned on
+// snap's last runSeq (RUN_CHANGED when the run moved on). The number is per
+// run, so a concurrent try event of another step may have taken it, and
+// ours was then answered as its duplicate: tryEvent reads the run again and
+// reports RUN_CHANGED unless the step is now as the event says.
+func (w *Worker) tryEvent(ctx context.Context, a *Assignment, snap *statestore.RunSnapshot, eventType string, logical int64, reason string, stepErr *statestore.StepError) error {
+	payload := map[string]any{"stepId": a.Step.StepID, "stepLogicalAttemptId": logical}
+	if reason != "" {
+		payload["reason"] = reason
+	}
+	if stepErr != nil {
+		payload["error"] = stepErr
+	}
+	body, err := json.Marshal(payload)
+	if err != nil {
+		return err
+	}
+	ev := &statestore.RunEventWrite{
+		EventType: eventType, EmittedAt: time.Now().UTC().Format(time.RFC3339Nano), RunID: a.RunID,
+		TenantID: a.TenantID, ProjectID: a.ProjectID, EnvironmentID: a.EnvironmentID,
+		PlanID: a.PlanID, PlanVersion: a.PlanVersion, EngineAttemptID: 1, LogicalAttemptID: snap.StepTryEvents + 1,
+		Payload: body,
+	}
+	ev.IdempotencyKey = ev.KeyInput().Key()
+	if err := statestore.CheckTransition(snap, ev); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, w.opts.WriteBudget)
+	defer cancel()
+	began := time.Now()
+	_, err = w.events.EmitIf(ctx, ev, snap.LastEventSeq)
+	w.opts.Metrics.eventWrite(eventType, err, time.Since(began))
+	if err != nil {
+		return err
+	}
+	after, err := w.runs.ProjectSnapshot(ctx, a.RunID)
+	if err != nil {
+		return err
+	}
+	if st := after.Step(a.Step.StepID); st == nil || st.Idle != (eventType == statestore.RunStepTryEnded) {
+		return statestore.RunChanged(a.RunID, snap.LastEventSeq, after.LastEventSeq)
+	}
+	return nil
 }
 
 // runState reads the run's derived state for a polled task. A run without
@@ -517,6 +603,10 @@ func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Resul
 		// An engine retry of the same logical attempt follows: logs and
 		// metrics only, no StepFailed (DESIGN.md "Engine retries").
 		log.Warn("step try failed; Conductor retries it", zap.String("code", res.Err.Code), zap.String("error", res.Err.Message))
+		// Recorded before Conductor hears of it: once Conductor has the
+		// failure, the next try may start (on any replica), and it must
+		// find this try ended.
+		w.endTry(log, a, logical, statestore.TryEndedEngineTryFailed, res.Err)
 		w.opts.Metrics.stepDone(kind, "retried", took)
 		w.update(t, log, &model.TaskResult{Status: model.FailedTask, ReasonForIncompletion: res.Err.Code + ": " + res.Err.Message, OutputData: artifactOutput(res.Artifacts, res.Output)})
 		return
