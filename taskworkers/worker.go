@@ -401,7 +401,17 @@ func (w *Worker) begin(t *model.Task, log *zap.Logger, a *Assignment, engine, lo
 			w.refuseForeign(t, log)
 			return d, false
 		case refuseEnded:
-			log.Info("run is cancelled or finished; not starting the step", zap.String("status", snap.Status))
+			if statestore.IsTerminalRunStatus(snap.Status) {
+				// The run's log is final; a task of it is one Conductor made
+				// after the end: the workflow was restarted, rerun or retried
+				// in Conductor. Refused: a run ends once (docs/conductor.md,
+				// "Actions taken in Conductor").
+				log.Warn("task of a run that already ended (its workflow was restarted, rerun or retried in Conductor?); refusing it: the run's log is final, start a new run instead",
+					zap.String("status", snap.Status))
+				w.opts.Metrics.handedBack(handBackRunEnded)
+			} else {
+				log.Info("run is being cancelled; not starting the step")
+			}
 			w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: "RUN_" + snap.Status})
 			return d, false
 		case waitPaused:
