@@ -21,6 +21,7 @@ const (
 	opUpdateTask        = "update_task"
 	opGetTask           = "get_task"
 	opRunningWorkflows  = "running_workflows"
+	opDecide            = "decide"
 	opHealth            = "health"
 	resultOK            = "ok"
 	resultCanceled      = "canceled"
@@ -32,6 +33,7 @@ const (
 var conductorOps = []string{
 	opRegisterTaskDefs, opRegisterWorkflow, opGetWorkflowDef, opStartWorkflow, opGetWorkflow, opPause,
 	opResume, opTerminate, opRetry, opBatchPoll, opUpdateTask, opGetTask, opRunningWorkflows, opHealth,
+	opDecide,
 }
 
 var conductorResults = []string{
@@ -47,12 +49,16 @@ const (
 	// actionTerminalRefused: a terminal event that is not valid from the
 	// run's state was not appended (Layer 1) or was refused (Layer 2).
 	actionTerminalRefused = "terminal_refused"
-	// actionDecide: a workflow stuck RUNNING with every task terminal was
-	// asked to decide (PUT /workflow/decide/{id}).
-	actionDecide = "decide"
+	// actionConductorPaused, actionConductorResumed: a pause or resume
+	// made in Conductor, recorded in the log (requestedBy conductor).
+	actionConductorPaused  = "conductor_paused"
+	actionConductorResumed = "conductor_resumed"
+	// actionConverged: the sidecar's own pause or resume, recorded in the
+	// log but not applied to Conductor, applied by the watcher.
+	actionConverged = "converged"
 )
 
-var watcherActions = []string{actionPauseClosed, actionTerminalRefused, actionDecide}
+var watcherActions = []string{actionPauseClosed, actionTerminalRefused, actionConductorPaused, actionConductorResumed, actionConverged}
 
 // Watcher outcome label values (sidecar_run_watcher_terminal_total{status}).
 var watcherStatuses = []string{"COMPLETED", "FAILED", "TIMED_OUT", "TERMINATED", "CANCELLED", "LOST"}
@@ -65,7 +71,7 @@ var watcherStatuses = []string{"COMPLETED", "FAILED", "TIMED_OUT", "TERMINATED",
 //	sidecar_run_watcher_active_runs                     runs the watcher follows (last scan)
 //	sidecar_run_watcher_terminal_total{status}          terminal run events appended, by Conductor status
 //	sidecar_run_watcher_errors_total                    failed watcher checks
-//	sidecar_run_watcher_actions_total{action}           pause_closed, terminal_refused, decide (see watcherActions)
+//	sidecar_run_watcher_actions_total{action}           pause_closed, terminal_refused, conductor_paused, conductor_resumed, converged (see watcherActions)
 //	sidecar_run_orphans_total{action}                   orphan workflows terminated or adopted
 //
 // There are no per-run labels. A nil *Metrics records nothing. Every label
@@ -116,7 +122,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}, []string{"action"})
 	actions := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sidecar_run_watcher_actions_total",
-		Help: "What the run watcher did to keep the log in step with Conductor: pause_closed (a run completed in Conductor while paused in the log), terminal_refused (a terminal event not valid from the run's state, not appended), decide (a workflow stuck RUNNING with every task done was asked to decide).",
+		Help: "What the run watcher did to keep the log in step with Conductor: pause_closed (a run completed in Conductor while paused in the log), terminal_refused (a terminal event not valid from the run's state, not appended), conductor_paused and conductor_resumed (a pause or resume made in Conductor, recorded in the log), converged (the sidecar's own pause or resume applied to Conductor by the watcher).",
 	}, []string{"action"})
 	reg.MustRegister(requests, duration, starts, active, terminal, errs, orphans, actions)
 

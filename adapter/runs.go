@@ -59,6 +59,9 @@ const (
 // *registry.Emitter satisfies it.
 type Emitter interface {
 	Emit(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error)
+	// EmitIf appends only if the run's last runSeq is lastSeq (else an
+	// error matching statestore.ErrRunChanged, nothing written).
+	EmitIf(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error)
 }
 
 // Run is a run's entry in the run registry: its identity, its Conductor
@@ -98,6 +101,14 @@ type Run struct {
 	// (COMPLETED, FAILED, TIMED_OUT, TERMINATED) or LOST.
 	EngineStatus string    `json:"engineStatus,omitempty"`
 	FinalAt      time.Time `json:"finalAt,omitzero"`
+	// EnginePaused and EngineCycle are the pause state the sidecar last
+	// put the run's workflow in, or saw it in: paused (or resumed) for pause
+	// cycle EngineCycle. The watcher compares them with Conductor and the
+	// log to tell a pause or resume made in Conductor from one of the
+	// sidecar's that has not reached Conductor yet (docs/conductor.md,
+	// "Actions taken in Conductor").
+	EnginePaused bool  `json:"enginePaused,omitempty"`
+	EngineCycle  int64 `json:"engineCycle,omitempty"`
 }
 
 // EngineRunRef returns conductor://<workflowName>/<workflowId>, or "" before
@@ -895,6 +906,26 @@ func (r *Runs) updateRun(ctx context.Context, rec *Run, rev uint64) (uint64, err
 }
 
 var errRevisionMismatch = errors.New("adapter: run registry entry changed concurrently")
+
+// NoteEngine records that the run's workflow was paused (or resumed) in
+// Conductor for pause cycle cycle: Run.EnginePaused and Run.EngineCycle.
+// A note of an older cycle than the recorded one changes nothing.
+func (r *Runs) NoteEngine(ctx context.Context, runID string, paused bool, cycle int64) error {
+	for range 5 {
+		rec, rev, err := r.get(ctx, runID)
+		if err != nil {
+			return err
+		}
+		if cycle < rec.EngineCycle || (rec.EngineCycle == cycle && rec.EnginePaused == paused) {
+			return nil
+		}
+		rec.EnginePaused, rec.EngineCycle = paused, cycle
+		if _, err = r.updateRun(ctx, rec, rev); !isRevisionMismatch(err) {
+			return err
+		}
+	}
+	return fmt.Errorf("adapter: note engine state of run %s: %w", runID, errRevisionMismatch)
+}
 
 // isRevisionMismatch reports a lost compare-and-set. On a single server a
 // CAS conflict also matches jetstream.ErrKeyExists (same API code).

@@ -52,6 +52,9 @@ type WatcherOptions struct {
 	ReconcileInterval time.Duration
 	// MaxBackoff caps the pause after failed scans (default 30s).
 	MaxBackoff time.Duration
+	// DrainTimeout is the drain timeout of a pause made in Conductor
+	// (default 5m, as the drain controller's).
+	DrainTimeout time.Duration
 	// LostAfter is how many consecutive 404s for a started run's workflow
 	// make the run fail with WORKFLOW_NOT_FOUND (default 3).
 	LostAfter int
@@ -108,6 +111,9 @@ func NewWatcher(runs *Runs, snaps SnapshotReader, opts WatcherOptions) *Watcher 
 	}
 	if opts.LostAfter <= 0 {
 		opts.LostAfter = 3
+	}
+	if opts.DrainTimeout <= 0 {
+		opts.DrainTimeout = 5 * time.Minute
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
@@ -375,6 +381,8 @@ func (w *Watcher) check(ctx context.Context, runID string, alive *runningLists) 
 	switch wf.Status {
 	case model.CompletedWorkflow, model.FailedWorkflow, model.TimedOutWorkflow, model.TerminatedWorkflow:
 		return w.finish(ctx, runID, string(wf.Status), wf.ReasonForIncompletion)
+	case model.RunningWorkflow, model.PausedWorkflow:
+		return w.follow(ctx, rec, wf.Status)
 	}
 	return nil
 }

@@ -472,3 +472,83 @@ func eventTypes(recs []statestore.RunEventRecord) []string {
 	}
 	return out
 }
+
+// TestWatcher_ConductorPauseAndResume: a pause and a resume made in
+// Conductor's own API are recorded in the log (requestedBy conductor), and
+// a pause or resume of the sidecar's that did not reach Conductor is
+// applied to it, not mistaken for an action in Conductor (issue #11 §3).
+func TestWatcher_ConductorPauseAndResume(t *testing.T) {
+	u := conductortest.URL(t)
+	ctx := context.Background()
+	env := newNATS(t)
+	r := env.newRuns(t, u, RunsOptions{})
+	w := NewWatcher(r, env.store, WatcherOptions{Interval: time.Hour, DrainTimeout: 42 * time.Second, Logger: zaptest.NewLogger(t)})
+	p := testPlan(t)
+	res, err := r.StartRun(ctx, request(p, "req"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := res.Run
+	t.Cleanup(func() { _ = r.Client().Terminate(context.Background(), run.WorkflowID, "test done") })
+	check := func(want string) *statestore.RunSnapshot {
+		t.Helper()
+		if err := w.Check(ctx, run.RunID); err != nil {
+			t.Fatal(err)
+		}
+		recs := env.events(t, run.RunID)
+		if got := strings.Join(eventTypes(recs), " "); got != want {
+			t.Fatalf("log %s, want %s", got, want)
+		}
+		snap, alerts := statestore.Reduce(nil, recs)
+		if len(alerts) != 0 {
+			t.Fatalf("alert %+v", alerts[0])
+		}
+		return snap
+	}
+	check("RunStarted")
+
+	// Paused in Conductor: recorded as a pause of the next cycle.
+	if err := r.Client().Pause(ctx, run.WorkflowID); err != nil {
+		t.Fatal(err)
+	}
+	snap := check("RunStarted RunPaused")
+	if snap.Status != statestore.RunStatusPaused || snap.Pause.RequestedBy != RequestedByConductor || snap.Pause.DrainTimeoutSeconds != 42 {
+		t.Fatalf("pause %+v, want requestedBy conductor and the default drain timeout", snap.Pause)
+	}
+	check("RunStarted RunPaused") // in step: nothing more
+
+	// Resumed in Conductor.
+	if err := r.Client().Resume(ctx, run.WorkflowID); err != nil {
+		t.Fatal(err)
+	}
+	snap = check("RunStarted RunPaused RunResumed")
+	if snap.Status != statestore.RunStatusRunning {
+		t.Fatalf("status %s after a resume in Conductor", snap.Status)
+	}
+
+	// The sidecar's own pause, recorded but not applied to Conductor (its
+	// call failed): the watcher applies it, and records nothing.
+	ev, err := runEvent(&run, statestore.RunPaused, map[string]any{"requestedBy": "ops"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev.LogicalAttemptID = 2
+	ev.IdempotencyKey = ev.KeyInput().Key()
+	if _, err := env.emitter.Emit(ctx, ev); err != nil {
+		t.Fatal(err)
+	}
+	check("RunStarted RunPaused RunResumed RunPaused")
+	waitStatus(t, r.Client(), run.WorkflowID, model.PausedWorkflow)
+	// The same for its resume.
+	ev, _ = runEvent(&run, statestore.RunResumed, map[string]any{"requestedBy": "ops"})
+	ev.LogicalAttemptID = 2
+	ev.IdempotencyKey = ev.KeyInput().Key()
+	if _, err := env.emitter.Emit(ctx, ev); err != nil {
+		t.Fatal(err)
+	}
+	check("RunStarted RunPaused RunResumed RunPaused RunResumed")
+	waitStatus(t, r.Client(), run.WorkflowID, model.RunningWorkflow)
+	if rec, _ := r.Run(ctx, run.RunID); rec.EnginePaused || rec.EngineCycle != 2 {
+		t.Fatalf("ledger paused=%v cycle=%d, want resumed in cycle 2", rec.EnginePaused, rec.EngineCycle)
+	}
+}

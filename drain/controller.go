@@ -28,6 +28,14 @@ type Engine interface {
 	Terminate(ctx context.Context, workflowID, reason string) error
 }
 
+// EngineLedger remembers the pause state the controller put a run's
+// workflow in (adapter.Runs implements it). The run watcher reads it to
+// tell a pause or resume made in Conductor from one of ours that has not
+// reached Conductor yet.
+type EngineLedger interface {
+	NoteEngine(ctx context.Context, runID string, paused bool, cycle int64) error
+}
+
 // Log reads a run's derived state.
 type Log interface {
 	ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error)
@@ -49,6 +57,9 @@ type Options struct {
 	// Interrupt, when set, interrupts a run's running steps on this
 	// process (best effort) when the run is cancelled.
 	Interrupt func(runID string) int
+	// Ledger, when set, is told of every pause and resume that reached
+	// Conductor.
+	Ledger EngineLedger
 	// ActiveRuns lists the runs the monitor watches.
 	ActiveRuns func(ctx context.Context) ([]string, error)
 	// Interval is the monitor's scan period (default 250ms).
@@ -177,7 +188,7 @@ func (c *Controller) Pause(ctx context.Context, runID, workflowID string, req Pa
 			return nil, err
 		}
 		if snap.Status == statestore.RunStatusPaused {
-			st, err := c.withEngine(ctx, snap, c.engine.Pause(ctx, workflowID))
+			st, err := c.withEngine(ctx, snap, c.applied(ctx, runID, true, snap.Pause.Cycle, c.engine.Pause(ctx, workflowID)))
 			st.Notice = fmt.Sprintf("the run was already paused (cycle %d); nothing was recorded", snap.Pause.Cycle)
 			if have := int64(timeoutOf(snap.Pause, c.opts.DefaultTimeout) / time.Second); req.TimeoutSeconds != 0 && req.TimeoutSeconds != have {
 				st.Notice += fmt.Sprintf(", and its drain timeout stays %ds: this request's %ds is not applied (resume, then pause again, to change it)", have, req.TimeoutSeconds)
@@ -212,7 +223,7 @@ func (c *Controller) Pause(ctx context.Context, runID, workflowID string, req Pa
 	c.logger.Info("run paused; draining in-flight steps", zap.String("runId", runID), zap.Int64("cycle", cycle),
 		zap.Int("inFlight", len(snap.InFlight())), zap.Int64("timeoutSeconds", timeout))
 	engineBegan := c.opts.Now()
-	engineErr := c.engine.Pause(ctx, workflowID)
+	engineErr := c.applied(ctx, runID, true, cycle, c.engine.Pause(ctx, workflowID))
 	c.opts.Metrics.enginePause(c.opts.Now().Sub(engineBegan))
 	c.Nudge(runID)
 	snap, err := c.snapshot(ctx, runID)
@@ -248,7 +259,7 @@ func (c *Controller) Resume(ctx context.Context, runID, workflowID string, req R
 		if isEngineConflict(err) {
 			err = nil
 		}
-		return c.withEngine(ctx, snap, err)
+		return c.withEngine(ctx, snap, c.applied(ctx, runID, false, snap.Pause.Cycle, err))
 	}
 	if snap.Status != statestore.RunStatusPaused || snap.Pause == nil {
 		return nil, c.invalid(snap, statestore.RunResumed)
@@ -273,7 +284,7 @@ func (c *Controller) Resume(ctx context.Context, runID, workflowID string, req R
 		c.opts.Metrics.drainEnded("resumed", c.waited(snap))
 	}
 	c.logger.Info("run resumed", zap.String("runId", runID), zap.Int64("cycle", snap.Pause.Cycle))
-	engineErr := c.engine.Resume(ctx, workflowID)
+	engineErr := c.applied(ctx, runID, false, snap.Pause.Cycle, c.engine.Resume(ctx, workflowID))
 	snap, err = c.snapshot(ctx, runID)
 	if err != nil {
 		return nil, err
@@ -395,6 +406,20 @@ func (c *Controller) RetryStep(ctx context.Context, runID, stepID string, req Re
 		}
 	}
 	return nil, fmt.Errorf("retry of step %s: lost %d races with concurrent retries; try again", stepID, maxRetryRaces)
+}
+
+// applied tells the ledger that a pause (or resume) of cycle reached
+// Conductor, when engineErr is nil, and returns engineErr. A ledger that
+// cannot be written is logged: the watcher then re-applies the log's state
+// to Conductor, which is idempotent.
+func (c *Controller) applied(ctx context.Context, runID string, paused bool, cycle int64, engineErr error) error {
+	if engineErr != nil || c.opts.Ledger == nil {
+		return engineErr
+	}
+	if err := c.opts.Ledger.NoteEngine(ctx, runID, paused, cycle); err != nil {
+		c.logger.Warn("could not note Conductor's pause state in the run index", zap.String("runId", runID), zap.Error(err))
+	}
+	return nil
 }
 
 // EngineError is returned with the run's state when the log was updated

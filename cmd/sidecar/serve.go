@@ -140,7 +140,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	if err != nil {
 		return sc, err
 	}
-	sc.watcher = adapter.NewWatcher(runs, sc.store, adapter.WatcherOptions{Logger: log, Metrics: adapterMetrics})
+	sc.watcher = adapter.NewWatcher(runs, sc.store, adapter.WatcherOptions{Logger: log, Metrics: adapterMetrics, DrainTimeout: cfg.DrainTimeout})
 	if err := sc.watcher.Open(ctx); err != nil {
 		return sc, err
 	}
@@ -207,7 +207,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 		log.Warn("could not register the task definitions yet; they are registered with the first plan", zap.Error(err))
 	}
 	sc.drain = drain.New(sc.store, emitter, conductor, drain.Options{
-		DefaultTimeout: cfg.DrainTimeout, Interrupt: sc.worker.Interrupt, ActiveRuns: runs.ActiveRunIDs,
+		DefaultTimeout: cfg.DrainTimeout, Interrupt: sc.worker.Interrupt, ActiveRuns: runs.ActiveRunIDs, Ledger: runs,
 		Logger: log, Metrics: drain.NewMetrics(reg),
 	})
 	if err := sc.drain.Open(ctx); err != nil {

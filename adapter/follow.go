@@ -1,0 +1,135 @@
+package adapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// RequestedByConductor is the requestedBy of the RunPaused and RunResumed
+// the watcher records for a pause or resume made in Conductor itself.
+const RequestedByConductor = "conductor"
+
+// follow keeps the log's pause state and Conductor's in step for a run
+// whose workflow is RUNNING or PAUSED (status). When they differ, the run
+// index's ledger (Run.EnginePaused, Run.EngineCycle: the state the sidecar
+// last put the workflow in) says who moved:
+//
+//   - the ledger does not hold the log's state for the log's pause cycle:
+//     the sidecar's own pause or resume has not reached Conductor yet (it
+//     is in flight, or Conductor did not answer): apply it to Conductor;
+//   - it does: Conductor changed after the sidecar's last action, so the
+//     workflow was paused or resumed in Conductor: record it in the log
+//     (RunPaused with the next cycle, or RunResumed), requestedBy
+//     "conductor". A pause made in Conductor drains and times out like any
+//     other.
+func (w *Watcher) follow(ctx context.Context, rec *Run, status model.WorkflowStatus) error {
+	snap, err := w.snaps.ProjectSnapshot(ctx, rec.RunID)
+	if errors.Is(err, statestore.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("adapter: watcher: snapshot of run %s: %w", rec.RunID, err)
+	}
+	if snap.CancelRequested || statestore.IsTerminalRunStatus(snap.Status) ||
+		(snap.Status != statestore.RunStatusRunning && snap.Status != statestore.RunStatusPaused) {
+		return nil
+	}
+	var cycle int64
+	if snap.Pause != nil {
+		cycle = snap.Pause.Cycle
+	}
+	logPaused := snap.Status == statestore.RunStatusPaused
+	enginePaused := status == model.PausedWorkflow
+	if logPaused == enginePaused {
+		if rec.EngineCycle != cycle || rec.EnginePaused != enginePaused {
+			return w.runs.NoteEngine(ctx, rec.RunID, enginePaused, cycle)
+		}
+		return nil
+	}
+	if rec.EngineCycle != cycle || rec.EnginePaused != logPaused {
+		return w.converge(ctx, rec, logPaused, cycle)
+	}
+	if enginePaused {
+		return w.pausedInConductor(ctx, rec, snap)
+	}
+	return w.resumedInConductor(ctx, rec, snap)
+}
+
+// converge applies the log's pause state to Conductor.
+func (w *Watcher) converge(ctx context.Context, rec *Run, paused bool, cycle int64) error {
+	c := w.runs.conductor
+	var err error
+	if paused {
+		err = c.Pause(ctx, rec.WorkflowID)
+	} else if err = c.Resume(ctx, rec.WorkflowID); errors.Is(err, ErrConflict) {
+		err = nil // no longer PAUSED: what we wanted
+	}
+	if err != nil {
+		return err
+	}
+	w.log.Info("applied the log's pause state to Conductor (the sidecar's own call had not reached it)",
+		zap.String("runId", rec.RunID), zap.String("workflowId", rec.WorkflowID), zap.Bool("paused", paused), zap.Int64("cycle", cycle))
+	w.opts.Metrics.watcherAction(actionConverged)
+	return w.runs.NoteEngine(ctx, rec.RunID, paused, cycle)
+}
+
+// pausedInConductor records a pause made in Conductor: RunPaused with the
+// next cycle, appended on the runSeq it was decided on (a concurrent
+// pause through the sidecar wins, and this one is then seen in step).
+func (w *Watcher) pausedInConductor(ctx context.Context, rec *Run, snap *statestore.RunSnapshot) error {
+	cycle := int64(1)
+	if snap.Pause != nil {
+		cycle = snap.Pause.Cycle + 1
+	}
+	ev, err := runEvent(rec, statestore.RunPaused, map[string]any{
+		"requestedBy": RequestedByConductor, "reason": "paused in Conductor",
+		"drainTimeoutSeconds": int64(w.opts.DrainTimeout.Seconds()),
+	})
+	if err != nil {
+		return err
+	}
+	ev.LogicalAttemptID = cycle
+	ev.IdempotencyKey = ev.KeyInput().Key()
+	if err := statestore.CheckTransition(snap, ev); err != nil {
+		return err
+	}
+	if _, err := w.runs.emitter.EmitIf(ctx, ev, snap.LastEventSeq); err != nil {
+		if errors.Is(err, statestore.ErrRunChanged) {
+			return nil // decided again at the next check
+		}
+		return fmt.Errorf("adapter: watcher: append RunPaused of run %s: %w", rec.RunID, err)
+	}
+	w.log.Warn("the run's workflow was paused in Conductor; recorded the pause, the run drains",
+		zap.String("runId", rec.RunID), zap.String("workflowId", rec.WorkflowID), zap.Int64("cycle", cycle))
+	w.opts.Metrics.watcherAction(actionConductorPaused)
+	return w.runs.NoteEngine(ctx, rec.RunID, true, cycle)
+}
+
+// resumedInConductor records a resume made in Conductor: RunResumed of the
+// open cycle.
+func (w *Watcher) resumedInConductor(ctx context.Context, rec *Run, snap *statestore.RunSnapshot) error {
+	ev, err := runEvent(rec, statestore.RunResumed, map[string]any{
+		"requestedBy": RequestedByConductor, "reason": "resumed in Conductor",
+	})
+	if err != nil {
+		return err
+	}
+	ev.LogicalAttemptID = snap.Pause.Cycle
+	ev.IdempotencyKey = ev.KeyInput().Key()
+	if err := statestore.CheckTransition(snap, ev); err != nil {
+		return err
+	}
+	if _, err := w.runs.emitter.Emit(ctx, ev); err != nil {
+		return fmt.Errorf("adapter: watcher: append RunResumed of run %s: %w", rec.RunID, err)
+	}
+	w.log.Warn("the run's workflow was resumed in Conductor; recorded the resume",
+		zap.String("runId", rec.RunID), zap.String("workflowId", rec.WorkflowID), zap.Int64("cycle", snap.Pause.Cycle))
+	w.opts.Metrics.watcherAction(actionConductorResumed)
+	return w.runs.NoteEngine(ctx, rec.RunID, false, snap.Pause.Cycle)
+}
