@@ -1,6 +1,7 @@
 package statestore
 
 import (
+	"container/list"
 	"context"
 	"sync"
 	"time"
@@ -45,6 +46,11 @@ type ProjectorOptions struct {
 	PageSize int
 	// Now is the clock for lag measurement (default time.Now).
 	Now func() time.Time
+	// MaxRuns bounds the runs whose snapshots are kept (default 10,000).
+	// Past it the least recently used run that no projection holds is
+	// dropped; its next projection rebuilds it from the log, which gives
+	// the same snapshot (Reduce is pure).
+	MaxRuns int
 }
 
 // Projector keeps an up-to-date snapshot per run by reducing the records
@@ -56,15 +62,17 @@ type Projector struct {
 	log  *zap.Logger
 
 	mu      sync.Mutex
-	runs    map[string]*runProjection
+	runs    map[string]*list.Element // of *runProjection, most recent first
+	lru     list.List
 	alerted map[alertKey]struct{}
 }
 
 type alertKey struct{ runID, eventID string }
 
 type runProjection struct {
-	mu   sync.Mutex
-	snap *RunSnapshot
+	runID string
+	mu    sync.Mutex
+	snap  *RunSnapshot
 	// gapSince is when the open visibility gap was first seen (zero: none);
 	// gapAt is the runSeq observed right after the hole.
 	gapSince time.Time
@@ -87,8 +95,11 @@ func NewProjector(src Fetcher, opts ProjectorOptions) *Projector {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.MaxRuns <= 0 {
+		opts.MaxRuns = 10_000
+	}
 	return &Projector{src: src, opts: opts, log: opts.Logger.Named("projector"),
-		runs: make(map[string]*runProjection), alerted: make(map[alertKey]struct{})}
+		runs: make(map[string]*list.Element), alerted: make(map[alertKey]struct{})}
 }
 
 // Snapshot returns the cached snapshot of runID, projecting it first if
@@ -288,10 +299,46 @@ func (p *Projector) raise(ctx context.Context, a InvalidTransitionAlert) {
 func (p *Projector) run(runID string) *runProjection {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	rp, ok := p.runs[runID]
-	if !ok {
-		rp = &runProjection{}
-		p.runs[runID] = rp
+	if e, ok := p.runs[runID]; ok {
+		p.lru.MoveToFront(e)
+		return e.Value.(*runProjection)
 	}
+	rp := &runProjection{runID: runID}
+	p.runs[runID] = p.lru.PushFront(rp)
+	p.evict()
 	return rp
+}
+
+// evict drops least recently used runs while there are more than MaxRuns,
+// skipping a run that a projection holds or that has an open visibility
+// gap (its grace period is state the log cannot rebuild). With an alert
+// gate, the run's alert keys go too: the gate keeps alerts idempotent.
+// p.mu is held.
+func (p *Projector) evict() {
+	for e := p.lru.Back(); e != nil && p.lru.Len() > p.opts.MaxRuns; {
+		prev := e.Prev()
+		rp := e.Value.(*runProjection)
+		if rp.mu.TryLock() {
+			if rp.gapSince.IsZero() {
+				p.lru.Remove(e)
+				delete(p.runs, rp.runID)
+				if p.opts.Gate != nil {
+					for k := range p.alerted {
+						if k.runID == rp.runID {
+							delete(p.alerted, k)
+						}
+					}
+				}
+			}
+			rp.mu.Unlock()
+		}
+		e = prev
+	}
+}
+
+// cachedRuns is the number of runs whose projections are kept.
+func (p *Projector) cachedRuns() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lru.Len()
 }

@@ -3,6 +3,8 @@ package statestore_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -288,5 +290,44 @@ func TestProjector_AlertGateAcrossReplicas(t *testing.T) {
 	p.Project(ctx, "r")
 	if len(rec.alerts) != 2 {
 		t.Fatalf("with the gate down the alert must still be raised: %d alerts", len(rec.alerts))
+	}
+}
+
+// TestProjector_EvictsLeastRecentlyUsed: the projector keeps at most
+// MaxRuns runs (issue #11 §4: its cache never evicted), and a run it
+// dropped is rebuilt from the log with the same snapshot.
+func TestProjector_EvictsLeastRecentlyUsed(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	p := statestore.NewProjector(mem, statestore.ProjectorOptions{MaxRuns: 4})
+	want := map[string]*statestore.RunSnapshot{}
+	for i := range 10 {
+		runID := fmt.Sprintf("run-%d", i)
+		for _, w := range []*statestore.RunEventWrite{
+			storetest.Event(runID, statestore.RunStarted, ""),
+			storetest.Event(runID, statestore.StepStarted, "a"),
+			storetest.Event(runID, statestore.StepCompleted, "a"),
+		} {
+			if _, err := mem.Append(ctx, w); err != nil {
+				t.Fatal(err)
+			}
+		}
+		snap, err := p.Project(ctx, runID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[runID] = snap
+		if n := p.CachedRuns(); n > 4 {
+			t.Fatalf("after %d runs the projector keeps %d, want at most 4", i+1, n)
+		}
+	}
+	for runID, w := range want {
+		got, err := p.Snapshot(ctx, runID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, w) {
+			t.Fatalf("%s rebuilt after eviction:\n got %+v\nwant %+v", runID, got, w)
+		}
 	}
 }
