@@ -136,6 +136,11 @@ type Worker struct {
 
 	mu      sync.Mutex
 	running map[string]map[string]context.CancelFunc // runId -> taskId -> cancel
+	// starting serializes, per run, the gate's read and its conditional
+	// StepStarted within this process, so that the run's steps starting
+	// together do not refuse each other's appends (RUN_CHANGED); other
+	// processes' appends are still caught by the fence.
+	starting keyedMutex
 }
 
 // New returns a Worker. Executors maps an executor type (plan.ExecutorCommand,
@@ -390,56 +395,78 @@ const maxFenceRetries = 64
 // start is reported or handed back here, and ok is false.
 func (w *Worker) begin(t *model.Task, log *zap.Logger, a *Assignment, engine, logical int64) (d decision, ok bool) {
 	polled := time.Now()
+	snap, d, err := w.start(t, log, a, engine, logical)
+	if snap == nil {
+		return d, false // handed back or refused by runState
+	}
+	switch {
+	case err != nil:
+		w.handBack(t, w.opts.HandBackAfter, "state store unavailable")
+		return d, false
+	case d.verdict == refuseForeign:
+		w.refuseForeign(t, log)
+		return d, false
+	case d.verdict == refuseEnded:
+		if statestore.IsTerminalRunStatus(snap.Status) {
+			// The run's log is final; a task of it is one Conductor made
+			// after the end: the workflow was restarted, rerun or retried
+			// in Conductor. Refused: a run ends once (docs/conductor.md,
+			// "Actions taken in Conductor").
+			log.Warn("task of a run that already ended (its workflow was restarted, rerun or retried in Conductor?); refusing it: the run's log is final, start a new run instead",
+				zap.String("status", snap.Status))
+			w.opts.Metrics.handedBack(handBackRunEnded)
+		} else {
+			log.Info("run is being cancelled; not starting the step")
+		}
+		w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: "RUN_" + snap.Status})
+		return d, false
+	case d.verdict == waitPaused:
+		w.opts.Metrics.handedBack(handBackPaused)
+		w.handBack(t, w.opts.HandBackAfter, "run paused")
+		return d, false
+	case d.verdict == waitNotRunning:
+		w.handBack(t, time.Second, "run not running yet")
+		return d, false
+	case d.verdict == reportCompleted:
+		log.Info("step already completed in the log; reporting it without running it again")
+		w.update(t, log, &model.TaskResult{Status: model.CompletedTask, OutputData: artifactOutput(d.step.Artifacts, nil)})
+		return d, false
+	case d.verdict == holdFailed:
+		w.hold(t, log, a)
+		return d, false
+	case d.verdict == reportFailed:
+		log.Info("step already failed in the log; reporting it without running it again")
+		w.update(t, log, failedResult(a, d.step.Error, d.engine, d.logical))
+		return d, false
+	case w.executors[a.Step.Executor.Type] == nil:
+		log.Error("no executor for the step's type", zap.String("executor", a.Step.Executor.Type))
+		w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask,
+			ReasonForIncompletion: CodeUnknownExecutor + ": no executor of type " + a.Step.Executor.Type})
+		return d, false
+	}
+	w.opts.Metrics.stepStartLatency(t.ScheduledTime, polled)
+	return d, true
+}
+
+// start reads the run's state, applies the gate and, when it says start,
+// records the start: StepStarted, or RunStepTryStarted for a later try of
+// an idle attempt, appended on the runSeq the gate decided on. It decides
+// again while the run moves on under it (RUN_CHANGED), at most
+// maxFenceRetries times. The read and the append are serialized per run
+// within this process. snap is nil when runState already answered the
+// task; err is set when the start could not be recorded.
+func (w *Worker) start(t *model.Task, log *zap.Logger, a *Assignment, engine, logical int64) (snap *statestore.RunSnapshot, d decision, err error) {
+	unlock := w.starting.lock(a.RunID)
+	defer unlock()
 	for try := 0; ; try++ {
-		snap, ok := w.runState(t, log, a)
-		if !ok {
-			return d, false
+		var ok bool
+		if snap, ok = w.runState(t, log, a); !ok {
+			return nil, d, nil
 		}
 		d = gate(snap, t.WorkflowInstanceId, a.Step.StepID, engine, logical)
-		switch d.verdict {
-		case refuseForeign:
-			w.refuseForeign(t, log)
-			return d, false
-		case refuseEnded:
-			if statestore.IsTerminalRunStatus(snap.Status) {
-				// The run's log is final; a task of it is one Conductor made
-				// after the end: the workflow was restarted, rerun or retried
-				// in Conductor. Refused: a run ends once (docs/conductor.md,
-				// "Actions taken in Conductor").
-				log.Warn("task of a run that already ended (its workflow was restarted, rerun or retried in Conductor?); refusing it: the run's log is final, start a new run instead",
-					zap.String("status", snap.Status))
-				w.opts.Metrics.handedBack(handBackRunEnded)
-			} else {
-				log.Info("run is being cancelled; not starting the step")
-			}
-			w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: "RUN_" + snap.Status})
-			return d, false
-		case waitPaused:
-			w.opts.Metrics.handedBack(handBackPaused)
-			w.handBack(t, w.opts.HandBackAfter, "run paused")
-			return d, false
-		case waitNotRunning:
-			w.handBack(t, time.Second, "run not running yet")
-			return d, false
-		case reportCompleted:
-			log.Info("step already completed in the log; reporting it without running it again")
-			w.update(t, log, &model.TaskResult{Status: model.CompletedTask, OutputData: artifactOutput(d.step.Artifacts, nil)})
-			return d, false
-		case holdFailed:
-			w.hold(t, log, a)
-			return d, false
-		case reportFailed:
-			log.Info("step already failed in the log; reporting it without running it again")
-			w.update(t, log, failedResult(a, d.step.Error, d.engine, d.logical))
-			return d, false
+		if d.verdict != start || w.executors[a.Step.Executor.Type] == nil {
+			return snap, d, nil
 		}
-		if w.executors[a.Step.Executor.Type] == nil {
-			log.Error("no executor for the step's type", zap.String("executor", a.Step.Executor.Type))
-			w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask,
-				ReasonForIncompletion: CodeUnknownExecutor + ": no executor of type " + a.Step.Executor.Type})
-			return d, false
-		}
-		var err error
 		if st := d.step; st != nil && st.Status == statestore.StepStatusRunning && st.LogicalAttemptID == d.logical && st.Idle {
 			// A later try of an attempt whose StepStarted is in the log
 			// (deduplicated if appended again): record that it runs again.
@@ -451,12 +478,7 @@ func (w *Worker) begin(t *model.Task, log *zap.Logger, a *Assignment, engine, lo
 			w.opts.Metrics.fenceRetry()
 			continue // the run moved on since the gate read it: decide again
 		}
-		if err != nil {
-			w.handBack(t, w.opts.HandBackAfter, "state store unavailable")
-			return d, false
-		}
-		w.opts.Metrics.stepStartLatency(t.ScheduledTime, polled)
-		return d, true
+		return snap, d, err
 	}
 }
 
