@@ -101,7 +101,11 @@ type Options struct {
 	// id); the step's task is then held, not failed. Without it such a
 	// step is held all the same, and the run is not paused.
 	PauseOnFailure func(ctx context.Context, runID, workflowID, stepID string) error
-	Logger         *zap.Logger
+	// Running is the set of the steps this worker runs, which a run's
+	// cancel interrupts (nil: a set of its own). Create it first and give
+	// it to the drain controller too (drain.Options.Interrupt).
+	Running *Running
+	Logger  *zap.Logger
 	// Metrics may be nil.
 	Metrics *Metrics
 }
@@ -123,8 +127,6 @@ type Worker struct {
 	pollCtx, workCtx      context.Context
 	stopPolling, stopWork context.CancelFunc
 	polling, working      sync.WaitGroup
-	closed                chan struct{}
-	closeOnce             sync.Once
 	// reportCtx bounds reports to Conductor: cancelled (abortReports)
 	// when the shutdown grace period is over.
 	reportCtx    context.Context
@@ -134,8 +136,7 @@ type Worker struct {
 	// schedules the step's successors as it takes the update.
 	wake map[string]chan struct{}
 
-	mu      sync.Mutex
-	running map[string]map[string]context.CancelFunc // runId -> taskId -> cancel
+	running *Running
 	// starting serializes, per run, the gate's read and its conditional
 	// StepStarted within this process, so that the run's steps starting
 	// together do not refuse each other's appends (RUN_CHANGED); other
@@ -167,8 +168,11 @@ func New(tasks TaskClient, runs RunState, events EventSink, secrets SecretResolv
 	if opts.Decode == nil {
 		opts.Decode = plan.DecodeTaskInput
 	}
+	if opts.Running == nil {
+		opts.Running = NewRunning()
+	}
 	w := &Worker{tasks: tasks, runs: runs, events: events, secrets: secrets, executors: executors, opts: opts,
-		log: opts.Logger.Named("worker"), closed: make(chan struct{}), running: map[string]map[string]context.CancelFunc{},
+		log: opts.Logger.Named("worker"), running: opts.Running,
 		wake: map[string]chan struct{}{}}
 	w.reportCtx, w.abortReports = context.WithCancel(context.Background())
 	var types []string
@@ -227,9 +231,6 @@ func (w *Worker) Stop() {
 	}
 }
 
-// Closed is closed once Close has finished.
-func (w *Worker) Closed() <-chan struct{} { return w.closed }
-
 // Close stops polling and waits for running steps to finish until ctx is
 // done (the shutdown grace period). Steps still running then are
 // interrupted and their tasks handed back to Conductor, so that another
@@ -256,21 +257,12 @@ func (w *Worker) Close(ctx context.Context) error {
 	w.abortReports()
 	w.stopWork()
 	w.outbox.close()
-	w.closeOnce.Do(func() { close(w.closed) })
 	return err
 }
 
-// Interrupt cancels the running steps of runID (best effort: a command gets
-// SIGTERM, then SIGKILL after its grace period). It returns how many steps
-// it interrupted.
-func (w *Worker) Interrupt(runID string) int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, cancel := range w.running[runID] {
-		cancel()
-	}
-	return len(w.running[runID])
-}
+// Interrupt cancels the running steps of runID on this process (see
+// Running.Interrupt).
+func (w *Worker) Interrupt(runID string) int { return w.running.Interrupt(runID) }
 
 func (w *Worker) pollLoop(taskType string, concurrency int) {
 	log := w.log.With(zap.String("taskType", taskType))
@@ -595,8 +587,8 @@ func (w *Worker) runState(t *model.Task, log *zap.Logger, a *Assignment) (*state
 func (w *Worker) execute(t *model.Task, a *Assignment, exec Executor, engine, logical int64) (Result, error) {
 	ctx, cancel := context.WithCancel(w.workCtx)
 	defer cancel()
-	w.track(a.RunID, t.TaskId, cancel)
-	defer w.untrack(a.RunID, t.TaskId)
+	w.running.track(a.RunID, t.TaskId, cancel)
+	defer w.running.untrack(a.RunID, t.TaskId)
 	if a.Step.TimeoutSeconds > 0 {
 		var tcancel context.CancelFunc
 		ctx, tcancel = context.WithTimeout(ctx, time.Duration(a.Step.TimeoutSeconds)*time.Second)
@@ -848,23 +840,5 @@ func (w *Worker) wakePollers() {
 		case c <- struct{}{}:
 		default:
 		}
-	}
-}
-
-func (w *Worker) track(runID, taskID string, cancel context.CancelFunc) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.running[runID] == nil {
-		w.running[runID] = map[string]context.CancelFunc{}
-	}
-	w.running[runID][taskID] = cancel
-}
-
-func (w *Worker) untrack(runID, taskID string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	delete(w.running[runID], taskID)
-	if len(w.running[runID]) == 0 {
-		delete(w.running, runID)
 	}
 }

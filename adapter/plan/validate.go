@@ -536,10 +536,11 @@ func isToken(s string) bool {
 	return true
 }
 
-// ExpandPlaceholders replaces every ${secret:NAME} in s with values[NAME].
-// It fails, naming no value, when a placeholder is malformed or its secret
-// has no value. The http executor calls it on the url, header values and
-// body right before sending.
+// ExpandPlaceholders replaces every ${secret:NAME} in s with values[NAME];
+// other text, other ${...} included, is kept. It fails, naming no value,
+// when a placeholder is unterminated or malformed or its secret has no
+// value. It is the one expander: the http executor calls it on the url,
+// header values and body right before sending.
 func ExpandPlaceholders(s string, values map[string]string) (string, error) {
 	var b strings.Builder
 	for {
@@ -550,12 +551,15 @@ func ExpandPlaceholders(s string, values map[string]string) (string, error) {
 		}
 		rest := s[i+len(placeholderPrefix):]
 		j := strings.IndexByte(rest, '}')
-		if j < 0 || !isEnvName(rest[:j]) {
-			return "", fmt.Errorf("expand secrets: malformed placeholder at byte %d", i)
+		if j < 0 {
+			return "", fmt.Errorf("unterminated ${secret: at byte %d", i)
+		}
+		if !isEnvName(rest[:j]) {
+			return "", fmt.Errorf("malformed placeholder at byte %d: the secret's name must be an environment variable name", i)
 		}
 		v, ok := values[rest[:j]]
 		if !ok {
-			return "", fmt.Errorf("expand secrets: no value for the secret %q", rest[:j])
+			return "", fmt.Errorf("references ${secret:%s}, which is not among the step's secrets", rest[:j])
 		}
 		b.WriteString(s[:i])
 		b.WriteString(v)

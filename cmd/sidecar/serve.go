@@ -171,8 +171,19 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	if cfg.TaskDomain != "" {
 		tasks = adapter.DomainPoller{Client: conductor, Domain: cfg.TaskDomain}
 	}
+	// Built in dependency order, each with what it needs in its
+	// constructor: the set of running steps (which a cancel interrupts),
+	// the drain controller, then the workers, which nudge the watcher and
+	// the drain monitor and pause a run on a held failure.
+	running := taskworkers.NewRunning()
+	watcher := sc.watcher
+	ctrl := drain.New(sc.store, emitter, conductor, drain.Options{
+		DefaultTimeout: cfg.DrainTimeout, Interrupt: running.Interrupt, ActiveRuns: runs.ActiveRunIDs, Ledger: runs,
+		Logger: log, Metrics: drain.NewMetrics(reg),
+	})
+	sc.drain = ctrl
 	sc.worker = taskworkers.New(tasks, sc.store, emitter, resolver, executors.Executors(), taskworkers.Options{
-		WorkerID: cfg.WorkerID, Concurrency: concurrency,
+		WorkerID: cfg.WorkerID, Concurrency: concurrency, Running: running,
 		Guard: func(ctx context.Context, runID, workflowID string) error {
 			_, err := runs.EnsureStarted(ctx, runID, workflowID)
 			switch {
@@ -191,12 +202,12 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 		},
 		OnTaskDone: func(runID string, mayEndRun bool) {
 			if mayEndRun {
-				sc.watcher.Nudge(runID)
+				watcher.Nudge(runID)
 			}
-			sc.drain.Nudge(runID)
+			ctrl.Nudge(runID)
 		},
 		PauseOnFailure: func(ctx context.Context, runID, workflowID, stepID string) error {
-			_, err := sc.drain.Pause(ctx, runID, workflowID, drain.PauseRequest{Reason: "stepFailed", StepID: stepID, RequestedBy: "sidecar " + cfg.WorkerID})
+			_, err := ctrl.Pause(ctx, runID, workflowID, drain.PauseRequest{Reason: "stepFailed", StepID: stepID, RequestedBy: "sidecar " + cfg.WorkerID})
 			return err
 		},
 		Logger: log, Metrics: taskworkers.NewMetrics(reg),
@@ -206,10 +217,6 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	if err := conductor.RegisterTaskDefs(ctx, plan.TaskDefs()); err != nil {
 		log.Warn("could not register the task definitions yet; they are registered with the first plan", zap.Error(err))
 	}
-	sc.drain = drain.New(sc.store, emitter, conductor, drain.Options{
-		DefaultTimeout: cfg.DrainTimeout, Interrupt: sc.worker.Interrupt, ActiveRuns: runs.ActiveRunIDs, Ledger: runs,
-		Logger: log, Metrics: drain.NewMetrics(reg),
-	})
 	if err := sc.drain.Open(ctx); err != nil {
 		return sc, err
 	}

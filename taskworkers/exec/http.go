@@ -189,32 +189,13 @@ func (e *httpExecutor) request(x taskworkers.Execution, red *secrets.Redactor) (
 	return req, retryable, taskworkers.Result{}, true
 }
 
-// substitute replaces ${secret:NAME} in s with secrets[NAME]. Other text,
-// including other ${...}, is kept.
+// substitute expands the ${secret:NAME} placeholders of s with
+// plan.ExpandPlaceholders, the one expander (the plan compiler checks the
+// same syntax); an error names the field, never a value.
 func substitute(field, s string, values map[string]string) (string, taskworkers.Result, bool) {
-	const open = "${secret:"
-	if !strings.Contains(s, open) {
-		return s, taskworkers.Result{}, true
+	out, err := plan.ExpandPlaceholders(s, values)
+	if err != nil {
+		return "", specInvalid("%s %v", field, err), false
 	}
-	var b strings.Builder
-	for {
-		i := strings.Index(s, open)
-		if i < 0 {
-			b.WriteString(s)
-			return b.String(), taskworkers.Result{}, true
-		}
-		b.WriteString(s[:i])
-		rest := s[i+len(open):]
-		j := strings.IndexByte(rest, '}')
-		if j < 0 {
-			return "", specInvalid("%s has an unterminated ${secret:", field), false
-		}
-		name := rest[:j]
-		v, ok := values[name]
-		if !ok {
-			return "", specInvalid("%s references ${secret:%s}, which is not among the step's secrets", field, name), false
-		}
-		b.WriteString(v)
-		s = rest[j+1:]
-	}
+	return out, taskworkers.Result{}, true
 }
