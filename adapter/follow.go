@@ -87,15 +87,13 @@ func (w *Watcher) pausedInConductor(ctx context.Context, rec *Run, snap *statest
 	if snap.Pause != nil {
 		cycle = snap.Pause.Cycle + 1
 	}
-	ev, err := runEvent(rec, statestore.RunPaused, map[string]any{
+	ev, err := runEventAt(rec, statestore.RunPaused, cycle, map[string]any{
 		"requestedBy": RequestedByConductor, "reason": "paused in Conductor",
 		"drainTimeoutSeconds": int64(w.opts.DrainTimeout.Seconds()),
 	})
 	if err != nil {
 		return err
 	}
-	ev.LogicalAttemptID = cycle
-	ev.IdempotencyKey = ev.KeyInput().Key()
 	if err := statestore.CheckTransition(snap, ev); err != nil {
 		return err
 	}
@@ -114,14 +112,12 @@ func (w *Watcher) pausedInConductor(ctx context.Context, rec *Run, snap *statest
 // resumedInConductor records a resume made in Conductor: RunResumed of the
 // open cycle.
 func (w *Watcher) resumedInConductor(ctx context.Context, rec *Run, snap *statestore.RunSnapshot) error {
-	ev, err := runEvent(rec, statestore.RunResumed, map[string]any{
+	ev, err := runEventAt(rec, statestore.RunResumed, snap.Pause.Cycle, map[string]any{
 		"requestedBy": RequestedByConductor, "reason": "resumed in Conductor",
 	})
 	if err != nil {
 		return err
 	}
-	ev.LogicalAttemptID = snap.Pause.Cycle
-	ev.IdempotencyKey = ev.KeyInput().Key()
 	if err := statestore.CheckTransition(snap, ev); err != nil {
 		return err
 	}

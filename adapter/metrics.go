@@ -21,7 +21,6 @@ const (
 	opUpdateTask        = "update_task"
 	opGetTask           = "get_task"
 	opRunningWorkflows  = "running_workflows"
-	opDecide            = "decide"
 	opHealth            = "health"
 	resultOK            = "ok"
 	resultCanceled      = "canceled"
@@ -33,7 +32,6 @@ const (
 var conductorOps = []string{
 	opRegisterTaskDefs, opRegisterWorkflow, opGetWorkflowDef, opStartWorkflow, opGetWorkflow, opPause,
 	opResume, opTerminate, opRetry, opBatchPoll, opUpdateTask, opGetTask, opRunningWorkflows, opHealth,
-	opDecide,
 }
 
 var conductorResults = []string{

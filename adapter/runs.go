@@ -7,10 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/conductor-sdk/conductor-go/sdk/model"
 	"github.com/google/uuid"
@@ -114,10 +112,7 @@ type Run struct {
 // EngineRunRef returns conductor://<workflowName>/<workflowId>, or "" before
 // the workflow exists.
 func (r *Run) EngineRunRef() string {
-	if r.WorkflowID == "" {
-		return ""
-	}
-	return "conductor://" + r.WorkflowName + "/" + r.WorkflowID
+	return statestore.ConductorRunRef(r.WorkflowName, r.WorkflowID)
 }
 
 // planRecord is the run registry's entry for a registered plan version.
@@ -250,15 +245,8 @@ func planKey(planID, planVersion string) string {
 }
 
 func validateField(op, name, v string) error {
-	switch {
-	case v == "":
-		return invalidInput(op, "%s is required", name)
-	case len(v) > statestore.MaxIDBytes:
-		return invalidInput(op, "%s is longer than %d bytes", name, statestore.MaxIDBytes)
-	case !utf8.ValidString(v):
-		return invalidInput(op, "%s is not valid UTF-8", name)
-	case strings.ContainsAny(v, "|\x00"):
-		return invalidInput(op, "%s must not contain '|' or NUL", name)
+	if err := statestore.CheckID(v, true); err != nil {
+		return invalidInput(op, "%s %v", name, err)
 	}
 	return nil
 }
@@ -772,24 +760,14 @@ func (r *Runs) ensureRunStarted(ctx context.Context, rec *Run, rev uint64) error
 
 // runEvent builds a run-level event of rec (logicalAttemptId 1).
 func runEvent(rec *Run, eventType string, payload map[string]any) (*statestore.RunEventWrite, error) {
-	p, err := json.Marshal(payload)
-	if err != nil {
-		return nil, fmt.Errorf("adapter: encode %s payload: %w", eventType, err)
-	}
-	return &statestore.RunEventWrite{
-		EventType:        eventType,
-		EmittedAt:        time.Now().UTC().Format(time.RFC3339Nano),
-		RunID:            rec.RunID,
-		TenantID:         rec.TenantID,
-		ProjectID:        rec.ProjectID,
-		EnvironmentID:    rec.EnvironmentID,
-		PlanID:           rec.PlanID,
-		PlanVersion:      rec.PlanVersion,
-		EngineAttemptID:  1,
-		LogicalAttemptID: 1,
-		IdempotencyKey:   statestore.IdempotencyKey(rec.RunID, "", 1, eventType, rec.PlanID, rec.PlanVersion),
-		Payload:          p,
-	}, nil
+	return runEventAt(rec, eventType, 1, payload)
+}
+
+// runEventAt is runEvent with the logicalAttemptId of a repeated run-level
+// event (the pause cycle of RunPaused and RunResumed).
+func runEventAt(rec *Run, eventType string, attempt int64, payload map[string]any) (*statestore.RunEventWrite, error) {
+	return statestore.NewEvent(statestore.RunRef{RunID: rec.RunID, TenantID: rec.TenantID, ProjectID: rec.ProjectID,
+		EnvironmentID: rec.EnvironmentID, PlanID: rec.PlanID, PlanVersion: rec.PlanVersion}, eventType, "", 1, attempt, payload)
 }
 
 // Run returns the run registry's entry for runID (any state), or an error

@@ -493,15 +493,13 @@ func (w *Watcher) closePause(ctx context.Context, rec *Run, snap *statestore.Run
 		engineStatus != string(model.CompletedWorkflow) {
 		return nil
 	}
-	ev, err := runEvent(rec, statestore.RunResumed, map[string]any{
+	ev, err := runEventAt(rec, statestore.RunResumed, snap.Pause.Cycle, map[string]any{
 		"requestedBy": RequestedBySidecar,
 		"reason":      "Conductor had COMPLETED the workflow before the pause took effect; the pause is closed so that the run can complete",
 	})
 	if err != nil {
 		return err
 	}
-	ev.LogicalAttemptID = snap.Pause.Cycle
-	ev.IdempotencyKey = ev.KeyInput().Key()
 	if err := statestore.CheckTransition(snap, ev); err != nil {
 		return err
 	}

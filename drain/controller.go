@@ -8,7 +8,6 @@ package drain
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -36,8 +35,8 @@ type EngineLedger interface {
 	NoteEngine(ctx context.Context, runID string, paused bool, cycle int64) error
 }
 
-// Log reads a run's derived state.
-type Log interface {
+// SnapshotReader gives a run's derived state (the projector's snapshot).
+type SnapshotReader interface {
 	ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error)
 }
 
@@ -71,7 +70,7 @@ type Options struct {
 
 // Controller carries out PAUSE, RESUME and CANCEL and watches drains.
 type Controller struct {
-	log    Log
+	snaps  SnapshotReader
 	emit   Emitter
 	engine Engine
 	opts   Options
@@ -85,7 +84,7 @@ type Controller struct {
 }
 
 // New returns a Controller; Open starts its monitor.
-func New(log Log, emit Emitter, engine Engine, opts Options) *Controller {
+func New(snaps SnapshotReader, emit Emitter, engine Engine, opts Options) *Controller {
 	if opts.DefaultTimeout <= 0 {
 		opts.DefaultTimeout = 5 * time.Minute
 	}
@@ -98,15 +97,9 @@ func New(log Log, emit Emitter, engine Engine, opts Options) *Controller {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Controller{log: log, emit: emit, engine: engine, opts: opts, logger: opts.Logger.Named("drain"),
+	return &Controller{snaps: snaps, emit: emit, engine: engine, opts: opts, logger: opts.Logger.Named("drain"),
 		nudge: make(chan string, 1024)}
 }
-
-// Errors of the controller, matched with errors.Is.
-var (
-	// ErrRunNotFound: no run with that id.
-	ErrRunNotFound = &statestore.Error{Code: "RUN_NOT_FOUND", Message: "no such run"}
-)
 
 // PauseRequest is the body of a pause.
 type PauseRequest struct {
@@ -340,10 +333,6 @@ func (c *Controller) Cancel(ctx context.Context, runID, workflowID, reason, requ
 	return StateOf(snap, c.opts.DefaultTimeout), nil
 }
 
-// ErrStepNotFound: the run has no step with that id (none of its events
-// names it).
-var ErrStepNotFound = &statestore.Error{Code: "STEP_NOT_FOUND", Message: "no such step in this run"}
-
 // RetryRequest is the body of a RETRY_STEP.
 type RetryRequest struct {
 	Reason      string `json:"reason,omitempty"`
@@ -443,7 +432,7 @@ func (c *Controller) withEngine(_ context.Context, snap *statestore.RunSnapshot,
 }
 
 func (c *Controller) snapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
-	snap, err := c.log.ProjectSnapshot(ctx, runID)
+	snap, err := c.snaps.ProjectSnapshot(ctx, runID)
 	if errors.Is(err, statestore.ErrNotFound) {
 		return nil, ErrRunNotFound
 	}
@@ -485,15 +474,9 @@ func (c *Controller) appendIf(ctx context.Context, snap *statestore.RunSnapshot,
 }
 
 func (c *Controller) event(snap *statestore.RunSnapshot, eventType string, attempt int64, payload map[string]any) *statestore.RunEventWrite {
-	w := &statestore.RunEventWrite{
-		EventType: eventType, EmittedAt: c.opts.Now().UTC().Format(time.RFC3339Nano), RunID: snap.RunID,
-		TenantID: snap.TenantID, ProjectID: snap.ProjectID, EnvironmentID: snap.EnvironmentID,
-		PlanID: snap.PlanID, PlanVersion: snap.PlanVersion, EngineAttemptID: 1, LogicalAttemptID: attempt,
-	}
-	if len(payload) > 0 {
-		w.Payload, _ = json.Marshal(payload)
-	}
-	w.IdempotencyKey = w.KeyInput().Key()
+	// A map[string]any always encodes.
+	w, _ := statestore.NewEvent(snap.Ref(), eventType, "", 1, attempt, payload)
+	w.EmittedAt = c.opts.Now().UTC().Format(time.RFC3339Nano)
 	return w
 }
 

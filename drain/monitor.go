@@ -137,7 +137,7 @@ func (c *Controller) Check(ctx context.Context, runID string) *statestore.RunSna
 
 // check is Check; its error is set when the store did not answer.
 func (c *Controller) check(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
-	snap, err := c.log.ProjectSnapshot(ctx, runID)
+	snap, err := c.snaps.ProjectSnapshot(ctx, runID)
 	if errors.Is(err, statestore.ErrNotFound) {
 		return nil, nil
 	}

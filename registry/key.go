@@ -4,7 +4,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -51,13 +50,8 @@ func ParseKey(key string) (runID, idempotencyKey string, err error) {
 }
 
 func validateRunID(runID string) error {
-	switch {
-	case runID == "":
-		return fmt.Errorf("%w: runId is empty", ErrInvalidInput)
-	case len(runID) > statestore.MaxIDBytes:
-		return fmt.Errorf("%w: runId is %d bytes; the limit is %d", ErrInvalidInput, len(runID), statestore.MaxIDBytes)
-	case !utf8.ValidString(runID):
-		return fmt.Errorf("%w: runId is not valid UTF-8", ErrInvalidInput)
+	if err := statestore.CheckID(runID, false); err != nil {
+		return fmt.Errorf("%w: runId %v", ErrInvalidInput, err)
 	}
 	return nil
 }

@@ -93,17 +93,29 @@ func ValidateWrite(w *RunEventWrite) error {
 }
 
 func validateID(field, v string, noPipe bool) error {
+	if err := CheckID(v, noPipe); err != nil {
+		return schemaError(field, "%s", err)
+	}
+	return nil
+}
+
+// CheckID is the one rule for the contract's identifiers (runId, tenantId,
+// projectId, environmentId, planId, planVersion, stepId, eventType): present,
+// at most MaxIDBytes, valid UTF-8, no NUL, and, with noPipe, no '|' (the
+// idempotencyKey's separator). The error says what is wrong, without the
+// field's name: callers name it.
+func CheckID(v string, noPipe bool) error {
 	switch {
 	case v == "":
-		return schemaError(field, "is required")
+		return errors.New("is required")
 	case len(v) > MaxIDBytes:
-		return schemaError(field, "is %d bytes; the limit is %d", len(v), MaxIDBytes)
+		return fmt.Errorf("is %d bytes; the limit is %d", len(v), MaxIDBytes)
 	case !utf8.ValidString(v):
-		return schemaError(field, "is not valid UTF-8")
+		return errors.New("is not valid UTF-8")
 	case noPipe && strings.IndexByte(v, '|') >= 0:
-		return schemaError(field, "must not contain '|'")
+		return errors.New("must not contain '|'")
 	case strings.IndexByte(v, 0) >= 0:
-		return schemaError(field, "must not contain NUL")
+		return errors.New("must not contain NUL")
 	}
 	return nil
 }

@@ -42,7 +42,7 @@ func (f *failingSink) EmitIf(ctx context.Context, w *statestore.RunEventWrite, l
 	return f.emit.EmitIf(ctx, w, lastSeq)
 }
 
-func startWorker(t *testing.T, e *benchEnv, sink taskworkers.EventSink) *taskworkers.Worker {
+func startWorker(t *testing.T, e *benchEnv, sink taskworkers.Emitter) *taskworkers.Worker {
 	t.Helper()
 	w := taskworkers.New(adapter.DomainPoller{Client: e.client, Domain: e.domain}, e.store, sink, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
 		WorkerID: "budget-test", Concurrency: map[string]int{plan.TaskType(plan.ExecutorNoop): 2, plan.TaskType(plan.ExecutorSleep): 2}, PollTimeout: 100 * time.Millisecond,

@@ -46,7 +46,7 @@ type decision struct {
 // pause can slip in between this decision and the write (the fence).
 func gate(snap *statestore.RunSnapshot, workflowID, stepID string, engine, logical int64) decision {
 	d := decision{verdict: start, engine: engine, logical: logical}
-	if id := workflowIDOf(snap.EngineRunRef); id != "" && id != workflowID {
+	if id := statestore.ConductorWorkflowID(snap.EngineRunRef); id != "" && id != workflowID {
 		d.verdict = refuseForeign
 		return d
 	}

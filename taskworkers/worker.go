@@ -2,10 +2,7 @@ package taskworkers
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -25,14 +22,14 @@ type TaskClient interface {
 	UpdateTask(ctx context.Context, r *model.TaskResult) error
 }
 
-// RunState gives a run's derived state (the projector's snapshot).
-type RunState interface {
+// SnapshotReader gives a run's derived state (the projector's snapshot).
+type SnapshotReader interface {
 	ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error)
 }
 
-// EventSink appends events through the EventIdRegistry protocol
+// Emitter appends events through the EventIdRegistry protocol
 // (registry.Emitter).
-type EventSink interface {
+type Emitter interface {
 	Emit(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error)
 	// EmitIf appends only if the run's last runSeq is lastSeq (else an
 	// error matching statestore.ErrRunChanged, nothing written).
@@ -115,8 +112,8 @@ type Options struct {
 // executes, records StepCompleted or StepFailed, and reports to Conductor.
 type Worker struct {
 	tasks     TaskClient
-	runs      RunState
-	events    EventSink
+	runs      SnapshotReader
+	events    Emitter
 	secrets   SecretResolver
 	executors map[string]Executor
 	opts      Options
@@ -146,7 +143,7 @@ type Worker struct {
 
 // New returns a Worker. Executors maps an executor type (plan.ExecutorCommand,
 // ...) to its Executor.
-func New(tasks TaskClient, runs RunState, events EventSink, secrets SecretResolver, executors map[string]Executor, opts Options) *Worker {
+func New(tasks TaskClient, runs SnapshotReader, events Emitter, secrets SecretResolver, executors map[string]Executor, opts Options) *Worker {
 	if opts.PollInterval <= 0 {
 		opts.PollInterval = 100 * time.Millisecond
 	}
@@ -514,17 +511,10 @@ func (w *Worker) tryEvent(ctx context.Context, a *Assignment, snap *statestore.R
 	if stepErr != nil {
 		payload["error"] = stepErr
 	}
-	body, err := json.Marshal(payload)
+	ev, err := statestore.NewEvent(runRef(a), eventType, "", 1, snap.StepTryEvents+1, payload)
 	if err != nil {
 		return err
 	}
-	ev := &statestore.RunEventWrite{
-		EventType: eventType, EmittedAt: time.Now().UTC().Format(time.RFC3339Nano), RunID: a.RunID,
-		TenantID: a.TenantID, ProjectID: a.ProjectID, EnvironmentID: a.EnvironmentID,
-		PlanID: a.PlanID, PlanVersion: a.PlanVersion, EngineAttemptID: 1, LogicalAttemptID: snap.StepTryEvents + 1,
-		Payload: body,
-	}
-	ev.IdempotencyKey = ev.KeyInput().Key()
 	if err := statestore.CheckTransition(snap, ev); err != nil {
 		return err
 	}
@@ -710,20 +700,14 @@ func artifactOutput(refs []statestore.ArtifactRef, out map[string]any) map[strin
 // order.
 func (w *Worker) emit(log *zap.Logger, a *Assignment, eventType string, engine, logical int64, payload map[string]any, lastSeq int64) error {
 	failOpen := lastSeq >= 0
-	ev := &statestore.RunEventWrite{
-		EventType: eventType, EmittedAt: time.Now().UTC().Format(time.RFC3339Nano), RunID: a.RunID,
-		TenantID: a.TenantID, ProjectID: a.ProjectID, EnvironmentID: a.EnvironmentID,
-		PlanID: a.PlanID, PlanVersion: a.PlanVersion, StepID: a.Step.StepID,
-		EngineAttemptID: engine, LogicalAttemptID: logical,
-	}
+	var body any
 	if len(payload) > 0 {
-		b, err := json.Marshal(payload)
-		if err != nil {
-			return fmt.Errorf("encode %s payload: %w", eventType, err)
-		}
-		ev.Payload = b
+		body = payload
 	}
-	ev.IdempotencyKey = ev.KeyInput().Key()
+	ev, err := statestore.NewEvent(runRef(a), eventType, a.Step.StepID, engine, logical, body)
+	if err != nil {
+		return err
+	}
 	log = log.With(zap.String("eventType", eventType))
 	ctx, cancel := context.WithTimeout(w.workCtx, w.opts.WriteBudget)
 	defer cancel()
@@ -734,7 +718,6 @@ func (w *Worker) emit(log *zap.Logger, a *Assignment, eventType string, engine, 
 		}
 	}
 	began := time.Now()
-	var err error
 	if failOpen {
 		_, err = w.events.EmitIf(ctx, ev, lastSeq)
 	} else {
@@ -753,25 +736,18 @@ func (w *Worker) emit(log *zap.Logger, a *Assignment, eventType string, engine, 
 	return nil
 }
 
+// runRef is the run an Assignment's events belong to.
+func runRef(a *Assignment) statestore.RunRef {
+	return statestore.RunRef{RunID: a.RunID, TenantID: a.TenantID, ProjectID: a.ProjectID,
+		EnvironmentID: a.EnvironmentID, PlanID: a.PlanID, PlanVersion: a.PlanVersion}
+}
+
 // refuseForeign fails a task of a workflow that is not its run's workflow
 // (an orphan of a crashed start, terminated by the adapter's reconcile).
 func (w *Worker) refuseForeign(t *model.Task, log *zap.Logger) {
 	log.Warn("task belongs to a workflow that is not its run's workflow; not running it")
 	w.opts.Metrics.handedBack(handBackForeign)
 	w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: CodeForeignWorkflow + ": not the run's workflow"})
-}
-
-// workflowIDOf returns the workflow id of an engineRunRef
-// conductor://<workflowName>/<workflowId>, or "".
-func workflowIDOf(ref string) string {
-	rest, ok := strings.CutPrefix(ref, "conductor://")
-	if !ok {
-		return ""
-	}
-	if i := strings.LastIndexByte(rest, '/'); i >= 0 {
-		return rest[i+1:]
-	}
-	return ""
 }
 
 // handBack returns a task to Conductor unstarted: IN_PROGRESS with a

@@ -1,6 +1,10 @@
 package httpapi
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/conductor-sidecar/sidecar/drain"
+)
 
 // Machine codes of the API's own errors. statestore, adapter and plan
 // codes pass through unchanged (STORE_UNAVAILABLE, STORE_DAMAGED,
@@ -12,7 +16,7 @@ const (
 	// problem of a body by its JSON path.
 	CodeBadRequest = "BAD_REQUEST"
 	// CodeRunNotFound: no such run, or none the caller's scope may see.
-	CodeRunNotFound = "RUN_NOT_FOUND"
+	CodeRunNotFound = drain.CodeRunNotFound
 	// CodePlanInvalid: the plan of a start is invalid; problems lists
 	// every problem with its code, path and stepId.
 	CodePlanInvalid = "PLAN_INVALID"

@@ -81,7 +81,7 @@ func newReplayEnvTB(t testing.TB) *replayEnv {
 		}
 	}
 	e := &replayEnv{control: &countingControl{}, replies: replies, reg: prometheus.NewRegistry()}
-	api := httpapi.NewServer(httpapi.Options{Runs: runs, Control: e.control, Replies: replies, Registerer: e.reg})
+	api := httpapi.NewServer(httpapi.Options{Log: runs, Control: e.control, Replies: replies, Registerer: e.reg})
 	e.srv = httptest.NewServer(api.Handler())
 	t.Cleanup(e.srv.Close)
 	return e

@@ -79,7 +79,7 @@ func newSecEnv(t *testing.T, auth httpapi.Authenticator) *secEnv {
 		}
 	}
 	rc := &recordingControl{}
-	api := httpapi.NewServer(httpapi.Options{Runs: store, Control: rc, Auth: auth, Logger: zaptest.NewLogger(t)})
+	api := httpapi.NewServer(httpapi.Options{Log: store, Control: rc, Auth: auth, Logger: zaptest.NewLogger(t)})
 	srv := httptest.NewServer(api.Handler())
 	t.Cleanup(srv.Close)
 	return &secEnv{url: srv.URL, control: rc}
@@ -314,7 +314,7 @@ func TestLoadCredentials_Problems(t *testing.T) {
 // are cut off by the server's timeouts (issue #10: both were still open
 // after 90 s).
 func TestServer_Timeouts(t *testing.T) {
-	api := httpapi.NewServer(httpapi.Options{Runs: memstore.New(statestore.ProjectorOptions{}), Control: &recordingControl{},
+	api := httpapi.NewServer(httpapi.Options{Log: memstore.New(statestore.ProjectorOptions{}), Control: &recordingControl{},
 		ReadTimeout: 300 * time.Millisecond, IdleTimeout: 300 * time.Millisecond, Logger: zaptest.NewLogger(t)})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -383,7 +383,7 @@ func fuzzHandler(f *testing.F) (http.Handler, *recordingControl) {
 		f.Fatal(err)
 	}
 	rc := &recordingControl{}
-	return httpapi.NewServer(httpapi.Options{Runs: store, Control: rc}).Handler(), rc
+	return httpapi.NewServer(httpapi.Options{Log: store, Control: rc}).Handler(), rc
 }
 
 // FuzzDecodeStart feeds POST /v1/runs bodies through the real handler:

@@ -27,8 +27,8 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
-// Runs reads the event log and snapshots.
-type Runs interface {
+// LogReader reads a run's events and its derived state.
+type LogReader interface {
 	ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error)
 	Fetch(ctx context.Context, runID string, afterSeq int64, limit int) ([]statestore.RunEventRecord, error)
 }
@@ -60,7 +60,7 @@ type Starter interface {
 
 // Options configures a Server.
 type Options struct {
-	Runs    Runs
+	Log     LogReader
 	Starter Starter
 	// Control carries out pause, resume and cancel (nil: not served).
 	Control Control
@@ -273,7 +273,7 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, role string) 
 	}
 	r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
 	if runID := r.PathValue("runId"); runID != "" && p.Scope != (Scope{}) {
-		snap, err := s.opts.Runs.ProjectSnapshot(r.Context(), runID)
+		snap, err := s.opts.Log.ProjectSnapshot(r.Context(), runID)
 		if errors.Is(err, statestore.ErrNotFound) {
 			return r, &apiError{status: http.StatusNotFound, Code: CodeRunNotFound, Message: "no such run"}
 		}
@@ -318,7 +318,7 @@ func (s *Server) classify(err error) *apiError {
 			return &apiError{status: http.StatusConflict, Code: se.Code, Message: se.Message}
 		case statestore.CodeStoreUnavailable, statestore.CodeStoreDamaged:
 			return &apiError{status: http.StatusServiceUnavailable, Code: se.Code, Message: se.Message}
-		case CodeRunNotFound, drain.ErrStepNotFound.Code:
+		case CodeRunNotFound, drain.CodeStepNotFound:
 			return &apiError{status: http.StatusNotFound, Code: se.Code, Message: se.Message}
 		}
 	}
@@ -393,19 +393,15 @@ func (s *Server) start(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, status, started)
 }
 
-// validateStart checks the run-start key fields: required, UTF-8, at most
-// statestore.MaxIDBytes, and no '|' (the key is their '|'-joined hash).
+// validateStart checks the run-start key fields with statestore.CheckID:
+// required, UTF-8, at most statestore.MaxIDBytes, no NUL and no '|' (the
+// key is their '|'-joined hash).
 func validateStart(req *StartRequest) error {
 	for _, f := range []struct{ name, v string }{
 		{"tenantId", req.TenantID}, {"projectId", req.ProjectID}, {"environmentId", req.EnvironmentID}, {"runRequestId", req.RunRequestID},
 	} {
-		switch {
-		case f.v == "":
-			return badRequest(f.name, f.name+" is required")
-		case len(f.v) > statestore.MaxIDBytes:
-			return badRequest(f.name, fmt.Sprintf("%s is longer than %d bytes", f.name, statestore.MaxIDBytes))
-		case strings.ContainsRune(f.v, '|'):
-			return badRequest(f.name, f.name+" must not contain '|'")
+		if err := statestore.CheckID(f.v, true); err != nil {
+			return badRequest(f.name, f.name+" "+err.Error())
 		}
 	}
 	if req.Plan == nil {
@@ -438,7 +434,7 @@ func (s *Server) writeRun(w http.ResponseWriter, r *http.Request, runID string) 
 }
 
 func (s *Server) writeRunNotice(w http.ResponseWriter, r *http.Request, runID, notice string) error {
-	snap, err := s.opts.Runs.ProjectSnapshot(r.Context(), runID)
+	snap, err := s.opts.Log.ProjectSnapshot(r.Context(), runID)
 	if err != nil {
 		return err
 	}
@@ -511,13 +507,13 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
 	if after < 0 {
 		return badRequest("afterSeq", "afterSeq must be >= 0")
 	}
-	recs, err := s.opts.Runs.Fetch(r.Context(), runID, after, int(limit))
+	recs, err := s.opts.Log.Fetch(r.Context(), runID, after, int(limit))
 	if err != nil {
 		return err
 	}
 	if len(recs) == 0 && after > 0 {
 		// Past the end of a run, or no run at all: ask for its first event.
-		if recs, err = s.opts.Runs.Fetch(r.Context(), runID, 0, 1); err != nil {
+		if recs, err = s.opts.Log.Fetch(r.Context(), runID, 0, 1); err != nil {
 			return err
 		}
 		if len(recs) > 0 {

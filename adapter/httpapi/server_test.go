@@ -53,7 +53,7 @@ func newEnv(t *testing.T, conductorURL string) *env {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	api := httpapi.NewServer(httpapi.Options{Runs: store, Starter: &httpapi.RunStarter{Runs: runs}, Gatherer: reg, Registerer: reg, Logger: zaptest.NewLogger(t)})
+	api := httpapi.NewServer(httpapi.Options{Log: store, Starter: &httpapi.RunStarter{Runs: runs}, Gatherer: reg, Registerer: reg, Logger: zaptest.NewLogger(t)})
 	srv := httptest.NewServer(api.Handler())
 	t.Cleanup(srv.Close)
 	return &env{srv: srv, store: store, js: js}

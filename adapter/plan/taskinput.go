@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"strings"
 	"unicode/utf8"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -73,17 +72,11 @@ func DecodeTaskInput(input map[string]any) (*TaskInput, error) {
 		if !ok {
 			continue
 		}
-		switch {
+		switch err := statestore.CheckID(v, f.noPipe); {
 		case v == "":
 			ps.add(CodeBadID, f.key, "", "is empty (was the workflow started with %s?)", f.key)
-		case len(v) > statestore.MaxIDBytes:
-			ps.add(CodeBadID, f.key, "", "is %d bytes; the limit is %d", len(v), statestore.MaxIDBytes)
-		case !utf8.ValidString(v):
-			ps.add(CodeBadID, f.key, "", "is not valid UTF-8")
-		case f.noPipe && strings.IndexByte(v, '|') >= 0:
-			ps.add(CodeBadID, f.key, "", "must not contain '|'")
-		case strings.IndexByte(v, 0) >= 0:
-			ps.add(CodeBadID, f.key, "", "must not contain NUL")
+		case err != nil:
+			ps.add(CodeBadID, f.key, "", "%v", err)
 		default:
 			*f.dst = v
 		}

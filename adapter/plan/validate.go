@@ -99,22 +99,12 @@ func validatePlan(p *Plan, ps *problems) {
 // checkID reports an identifier that the event contract would refuse. It
 // returns whether v is valid.
 func checkID(ps *problems, path, stepID, v string) bool {
-	field := path[strings.LastIndexByte(path, '.')+1:]
-	switch {
-	case v == "":
-		ps.add(CodeBadID, path, stepID, "%s is required", field)
-	case len(v) > statestore.MaxIDBytes:
-		ps.add(CodeBadID, path, stepID, "is %d bytes; the limit is %d", len(v), statestore.MaxIDBytes)
-	case !utf8.ValidString(v):
-		ps.add(CodeBadID, path, stepID, "is not valid UTF-8")
-	case strings.IndexByte(v, '|') >= 0:
-		ps.add(CodeBadID, path, stepID, "must not contain '|' (the idempotencyKey separator)")
-	case strings.IndexByte(v, 0) >= 0:
-		ps.add(CodeBadID, path, stepID, "must not contain NUL")
-	default:
-		return true
+	if err := statestore.CheckID(v, true); err != nil {
+		field := path[strings.LastIndexByte(path, '.')+1:]
+		ps.add(CodeBadID, path, stepID, "%s %v", field, err)
+		return false
 	}
-	return false
+	return true
 }
 
 // reportCycles reports one CYCLE problem per strongly connected component

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
@@ -115,21 +114,16 @@ func (d *demo) run(ctx context.Context) error {
 	return nil
 }
 
-func (d *demo) event(eventType, stepID string, attempt int64, payload any) *statestore.RunEventWrite {
-	w := &statestore.RunEventWrite{
-		EventType: eventType, EmittedAt: time.Now().UTC().Format(time.RFC3339Nano), RunID: d.runID,
-		TenantID: "tenant_demo", ProjectID: "proj_demo", EnvironmentID: "dev", PlanID: "plan_demo", PlanVersion: "1",
-		EngineAttemptID: 1, LogicalAttemptID: attempt, StepID: stepID,
-	}
-	if payload != nil {
-		w.Payload, _ = json.Marshal(payload)
-	}
-	w.IdempotencyKey = w.KeyInput().Key()
-	return w
+func (d *demo) event(eventType, stepID string, attempt int64, payload any) (*statestore.RunEventWrite, error) {
+	return statestore.NewEvent(statestore.RunRef{RunID: d.runID, TenantID: "tenant_demo", ProjectID: "proj_demo",
+		EnvironmentID: "dev", PlanID: "plan_demo", PlanVersion: "1"}, eventType, stepID, 1, attempt, payload)
 }
 
 func (d *demo) append(ctx context.Context, eventType, stepID string, attempt int64, payload any) error {
-	w := d.event(eventType, stepID, attempt, payload)
+	w, err := d.event(eventType, stepID, attempt, payload)
+	if err != nil {
+		return err
+	}
 	res, err := d.emit.Emit(ctx, w)
 	if err != nil {
 		return fmt.Errorf("append %s: %w", eventType, err)
@@ -160,9 +154,12 @@ func (d *demo) show(ctx context.Context) error {
 }
 
 func (d *demo) rejected(ctx context.Context) error {
-	w := d.event(statestore.StepStarted, "bad|step", 1, nil)
+	w, err := d.event(statestore.StepStarted, "bad|step", 1, nil)
+	if err != nil {
+		return err
+	}
 	w.EventID = uuid.NewString()
-	_, err := d.store.Append(ctx, w)
+	_, err = d.store.Append(ctx, w)
 	var e *statestore.Error
 	if !errors.As(err, &e) {
 		return fmt.Errorf("a stepId with '|' was not rejected: %v", err)

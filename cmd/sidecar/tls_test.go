@@ -97,7 +97,7 @@ func TestAPIConfig_TLS(t *testing.T) {
 		t.Fatalf("validate: %v", p)
 	}
 	store := memstore.New(statestore.ProjectorOptions{})
-	opts := httpapi.Options{Runs: store, Logger: zaptest.NewLogger(t)}
+	opts := httpapi.Options{Log: store, Logger: zaptest.NewLogger(t)}
 	if err := cfg.apply(&opts, zaptest.NewLogger(t)); err != nil {
 		t.Fatal(err)
 	}

@@ -67,7 +67,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -651,7 +650,7 @@ func encodeWrite(w *statestore.RunEventWrite) ([]byte, error) {
 func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
 func validRunID(runID string) bool {
-	return runID != "" && len(runID) <= statestore.MaxIDBytes && utf8.ValidString(runID)
+	return statestore.CheckID(runID, false) == nil
 }
 
 func validKey(k string) bool {

@@ -1,0 +1,20 @@
+package drain
+
+import "github.com/conductor-sidecar/sidecar/statestore"
+
+// Machine codes of the controller's own errors; the others are the event
+// log's (statestore: INVALID_TRANSITION, SCHEMA_VALIDATION_FAILED,
+// STORE_UNAVAILABLE, RUN_CHANGED) and the timeout's (statestore.PauseDrainTimeoutCode).
+const (
+	// CodeRunNotFound: no run with that id.
+	CodeRunNotFound = "RUN_NOT_FOUND"
+	// CodeStepNotFound: the run has no step with that id (none of its
+	// events names it).
+	CodeStepNotFound = "STEP_NOT_FOUND"
+)
+
+// Errors of the controller, matched with errors.Is.
+var (
+	ErrRunNotFound  = &statestore.Error{Code: CodeRunNotFound, Message: "no such run"}
+	ErrStepNotFound = &statestore.Error{Code: CodeStepNotFound, Message: "no such step in this run"}
+)
