@@ -1,0 +1,112 @@
+package taskworkers
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"go.uber.org/zap"
+)
+
+// poller is the poll machinery of one task type, apart from what a task
+// means (as temporal sdk-go's baseWorker is apart from its task handlers):
+// it keeps at most concurrency tasks in hand, asks Conductor for as many
+// as it has free slots (batch at most), gives each to handle in a
+// goroutine of its own, backs off while Conductor does not answer, and
+// ends when polling stops. It knows nothing of runs, steps or the log.
+type poller struct {
+	tasks       TaskClient
+	taskType    string
+	workerID    string
+	concurrency int
+	batch       int
+	// interval is the pause after a poll that found nothing; timeout the
+	// server-side wait of a poll (Options.PollInterval, PollTimeout).
+	interval, timeout time.Duration
+	// handle runs one task to its report; release hands back a task
+	// polled as polling stopped.
+	handle  func(*model.Task)
+	release func(*model.Task)
+	metrics *Metrics
+	log     *zap.Logger
+	// wake ends the idle wait: a reported outcome makes Conductor schedule
+	// the step's successors.
+	wake chan struct{}
+}
+
+// nudge ends the poller's idle wait. It never blocks.
+func (p *poller) nudge() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run polls until pollCtx ends. A poll is bounded by workCtx and by
+// timeout + 10 s, never by pollCtx: Conductor would go on long-polling for
+// an abandoned request and could hand it a task nobody receives (stuck
+// IN_PROGRESS until its response timeout); what a poll returns after
+// polling stopped is released. Each task's goroutine is counted in working.
+func (p *poller) run(pollCtx, workCtx context.Context, working *sync.WaitGroup) {
+	slots := make(chan struct{}, p.concurrency)
+	backoff := time.Duration(0)
+	for {
+		// Wait for at least one free slot before polling, so tasks are
+		// never taken without capacity to run them.
+		select {
+		case slots <- struct{}{}:
+			<-slots
+		case <-pollCtx.Done():
+			return
+		}
+		free := p.concurrency - len(slots)
+		pctx, cancel := context.WithTimeout(workCtx, p.timeout+10*time.Second)
+		tasks, err := p.tasks.BatchPoll(pctx, p.taskType, p.workerID, min(free, p.batch), p.timeout)
+		cancel()
+		if pollCtx.Err() != nil {
+			for i := range tasks {
+				p.release(&tasks[i])
+			}
+			return
+		}
+		if err != nil {
+			p.metrics.pollError(p.taskType)
+			backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
+			p.log.Warn("poll failed; backing off", zap.Duration("backoff", backoff), zap.Error(err))
+			select {
+			case <-time.After(backoff):
+			case <-pollCtx.Done():
+				return
+			}
+			continue
+		}
+		if backoff > 0 {
+			p.log.Info("polling recovered")
+			backoff = 0
+		}
+		p.metrics.polled(p.taskType, len(tasks))
+		if len(tasks) == 0 {
+			// Nothing queued: wait before the next poll. Conductor's batch
+			// poll answers at once with what is queued (wait 0); it does not
+			// wake a waiting poll for a new task (see Options.PollTimeout).
+			select {
+			case <-time.After(p.interval):
+			case <-p.wake:
+			case <-pollCtx.Done():
+				return
+			}
+			continue
+		}
+		for i := range tasks {
+			slots <- struct{}{}
+			t := tasks[i]
+			working.Add(1)
+			go func() {
+				defer working.Done()
+				defer func() { <-slots }()
+				p.handle(&t)
+			}()
+		}
+	}
+}

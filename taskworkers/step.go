@@ -1,0 +1,436 @@
+package taskworkers
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// The step handler: what a polled task means. handle takes it through
+// the gate, StepStarted, the executor and StepCompleted or StepFailed to
+// its report (report.go); the poll machinery is poller.go.
+
+// maxFenceRetries bounds how often begin decides again after its
+// StepStarted found the run moved on (RUN_CHANGED): each retry reads the
+// run's new state, so it ends at once if the change was a pause.
+const maxFenceRetries = 64
+
+// handle runs one polled task to a Conductor update.
+func (w *Worker) handle(t *model.Task) {
+	start := time.Now()
+	log := w.log.With(zap.String("taskId", t.TaskId), zap.String("workflowId", t.WorkflowInstanceId))
+	a, err := w.opts.Decode(t.InputData)
+	if err != nil {
+		log.Error("task input is not a sidecar step; failing the task", zap.Error(err))
+		w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: CodeBadTaskInput + ": " + err.Error()})
+		return
+	}
+	engine, logical := a.Attempts(int(t.RetryCount))
+	stepLog := log.With(zap.String("runId", a.RunID), zap.String("stepId", a.Step.StepID))
+	log = stepLog.With(zap.Int64("logicalAttemptId", logical), zap.Int64("engineAttemptId", engine))
+
+	d, ok := w.begin(t, log, a, engine, logical)
+	if !ok {
+		return
+	}
+	engine, logical, operatorAttempt := d.engine, d.logical, d.operatorAttempt
+	if operatorAttempt {
+		log = stepLog.With(zap.Int64("logicalAttemptId", logical), zap.Int64("engineAttemptId", engine), zap.Bool("operatorRetry", true))
+	}
+	exec := w.executors[a.Step.Executor.Type]
+
+	res, runErr := w.execute(t, a, exec, engine, logical)
+	if runErr != nil {
+		// The executor could not run at all: hand the task back, same attempt.
+		log.Warn("executor could not run; handing the task back", zap.Error(runErr))
+		w.endTry(log, a, logical, statestore.TryEndedHandedBack, nil)
+		w.handBack(t, w.opts.HandBackAfter, "executor unavailable")
+		return
+	}
+	if w.workCtx.Err() != nil && res.Err != nil {
+		// Interrupted by shutdown, not by the step: another worker retries it.
+		w.endTry(log, a, logical, statestore.TryEndedHandedBack, nil)
+		w.handBack(t, 0, "shutdown")
+		return
+	}
+	w.finish(t, log, a, res, engine, logical, operatorAttempt, time.Since(start))
+}
+
+// begin takes a polled task up to its recorded StepStarted: it reads the
+// run's derived state, applies the gate and appends StepStarted
+// conditioned on the runSeq it decided on (the fence: no StepStarted is
+// persisted after a RunPaused it did not see). A task the gate does not
+// start is reported or handed back here, and ok is false.
+func (w *Worker) begin(t *model.Task, log *zap.Logger, a *Assignment, engine, logical int64) (d decision, ok bool) {
+	polled := time.Now()
+	snap, d, err := w.start(t, log, a, engine, logical)
+	if snap == nil {
+		return d, false // handed back or refused by runState
+	}
+	switch {
+	case err != nil:
+		w.handBack(t, w.opts.HandBackAfter, "state store unavailable")
+		return d, false
+	case d.verdict == refuseForeign:
+		w.refuseForeign(t, log)
+		return d, false
+	case d.verdict == refuseEnded:
+		if statestore.IsTerminalRunStatus(snap.Status) {
+			// The run's log is final; a task of it is one Conductor made
+			// after the end: the workflow was restarted, rerun or retried
+			// in Conductor. Refused: a run ends once (docs/conductor.md,
+			// "Actions taken in Conductor").
+			log.Warn("task of a run that already ended (its workflow was restarted, rerun or retried in Conductor?); refusing it: the run's log is final, start a new run instead",
+				zap.String("status", snap.Status))
+			w.opts.Metrics.handedBack(handBackRunEnded)
+		} else {
+			log.Info("run is being cancelled; not starting the step")
+		}
+		w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: "RUN_" + snap.Status})
+		return d, false
+	case d.verdict == waitPaused:
+		w.opts.Metrics.handedBack(handBackPaused)
+		w.handBack(t, w.opts.HandBackAfter, "run paused")
+		return d, false
+	case d.verdict == waitNotRunning:
+		w.handBack(t, time.Second, "run not running yet")
+		return d, false
+	case d.verdict == reportCompleted:
+		log.Info("step already completed in the log; reporting it without running it again")
+		w.update(t, log, &model.TaskResult{Status: model.CompletedTask, OutputData: artifactOutput(d.step.Artifacts, nil)})
+		return d, false
+	case d.verdict == holdFailed:
+		w.hold(t, log, a)
+		return d, false
+	case d.verdict == reportFailed:
+		log.Info("step already failed in the log; reporting it without running it again")
+		w.update(t, log, failedResult(a, d.step.Error, d.engine, d.logical))
+		return d, false
+	case w.executors[a.Step.Executor.Type] == nil:
+		log.Error("no executor for the step's type", zap.String("executor", a.Step.Executor.Type))
+		w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask,
+			ReasonForIncompletion: CodeUnknownExecutor + ": no executor of type " + a.Step.Executor.Type})
+		return d, false
+	}
+	w.opts.Metrics.stepStartLatency(t.ScheduledTime, polled)
+	return d, true
+}
+
+// start reads the run's state, applies the gate and, when it says start,
+// records the start: StepStarted, or RunStepTryStarted for a later try of
+// an idle attempt, appended on the runSeq the gate decided on. It decides
+// again while the run moves on under it (RUN_CHANGED), at most
+// maxFenceRetries times. The read and the append are serialized per run
+// within this process. snap is nil when runState already answered the
+// task; err is set when the start could not be recorded.
+func (w *Worker) start(t *model.Task, log *zap.Logger, a *Assignment, engine, logical int64) (snap *statestore.RunSnapshot, d decision, err error) {
+	unlock := w.starting.lock(a.RunID)
+	defer unlock()
+	for try := 0; ; try++ {
+		var ok bool
+		if snap, ok = w.runState(t, log, a); !ok {
+			return nil, d, nil
+		}
+		d = gate(snap, t.WorkflowInstanceId, a.Step.StepID, engine, logical)
+		if d.verdict != start || w.executors[a.Step.Executor.Type] == nil {
+			return snap, d, nil
+		}
+		if st := d.step; st != nil && st.Status == statestore.StepStatusRunning && st.LogicalAttemptID == d.logical && st.Idle {
+			// A later try of an attempt whose StepStarted is in the log
+			// (deduplicated if appended again): record that it runs again.
+			err = w.tryEvent(w.workCtx, a, snap, statestore.RunStepTryStarted, d.logical, "", nil)
+		} else {
+			err = w.emit(log, a, statestore.StepStarted, d.engine, d.logical, nil, snap.LastEventSeq)
+		}
+		if errors.Is(err, statestore.ErrRunChanged) && try < maxFenceRetries {
+			w.opts.Metrics.fenceRetry()
+			continue // the run moved on since the gate read it: decide again
+		}
+		return snap, d, err
+	}
+}
+
+// endTry records that the step's current try ended without an outcome for
+// its logical attempt (RunStepTryEnded with reason), so that no drain waits
+// for it. It is best effort: if the store does not take it within the write
+// budget, a drain of the run waits for the step until its timeout, as it
+// would for a running one.
+func (w *Worker) endTry(log *zap.Logger, a *Assignment, logical int64, reason string, stepErr *statestore.StepError) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.workCtx), w.opts.WriteBudget)
+	defer cancel()
+	for try := 0; ; try++ {
+		snap, err := w.runs.ProjectSnapshot(ctx, a.RunID)
+		if err == nil {
+			st := snap.Step(a.Step.StepID)
+			if st == nil || st.Status != statestore.StepStatusRunning || st.LogicalAttemptID != logical || st.Idle {
+				return // not in flight in the log: nothing to record
+			}
+			err = w.tryEvent(ctx, a, snap, statestore.RunStepTryEnded, logical, reason, stepErr)
+		}
+		if err == nil || !errors.Is(err, statestore.ErrRunChanged) || try >= maxFenceRetries {
+			if err != nil {
+				log.Warn("could not record that the step's try ended; a drain of the run waits for it until its timeout", zap.Error(err))
+			}
+			return
+		}
+	}
+}
+
+// tryEvent appends RunStepTryEnded or RunStepTryStarted for the step at
+// logical attempt, numbered after snap's last try event and conditioned on
+// snap's last runSeq (RUN_CHANGED when the run moved on). The number is per
+// run, so a concurrent try event of another step may have taken it, and
+// ours was then answered as its duplicate: tryEvent reads the run again and
+// reports RUN_CHANGED unless the step is now as the event says.
+func (w *Worker) tryEvent(ctx context.Context, a *Assignment, snap *statestore.RunSnapshot, eventType string, logical int64, reason string, stepErr *statestore.StepError) error {
+	payload := map[string]any{"stepId": a.Step.StepID, "stepLogicalAttemptId": logical}
+	if reason != "" {
+		payload["reason"] = reason
+	}
+	if stepErr != nil {
+		payload["error"] = stepErr
+	}
+	ev, err := statestore.NewEvent(runRef(a), eventType, "", 1, snap.StepTryEvents+1, payload)
+	if err != nil {
+		return err
+	}
+	if err := statestore.CheckTransition(snap, ev); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, w.opts.WriteBudget)
+	defer cancel()
+	began := time.Now()
+	_, err = w.events.EmitIf(ctx, ev, snap.LastEventSeq)
+	w.opts.Metrics.eventWrite(eventType, err, time.Since(began))
+	if err != nil {
+		return err
+	}
+	after, err := w.runs.ProjectSnapshot(ctx, a.RunID)
+	if err != nil {
+		return err
+	}
+	if st := after.Step(a.Step.StepID); st == nil || st.Idle != (eventType == statestore.RunStepTryEnded) {
+		return statestore.RunChanged(a.RunID, snap.LastEventSeq, after.LastEventSeq)
+	}
+	return nil
+}
+
+// runState reads the run's derived state for a polled task. A run without
+// events is brought to RunStarted by Options.Guard when the task's
+// workflow is the run's. A task that cannot be gated is handed back (or
+// refused) here, and ok is false.
+func (w *Worker) runState(t *model.Task, log *zap.Logger, a *Assignment) (*statestore.RunSnapshot, bool) {
+	snap, err := w.runs.ProjectSnapshot(w.workCtx, a.RunID)
+	if errors.Is(err, statestore.ErrNotFound) && w.opts.Guard != nil {
+		// RunStarted is appended right after Conductor starts the workflow;
+		// the task can be polled first. The guard records it.
+		if gerr := w.opts.Guard(w.workCtx, a.RunID, t.WorkflowInstanceId); gerr != nil {
+			if errors.Is(gerr, ErrForeignWorkflow) {
+				w.refuseForeign(t, log)
+				return nil, false
+			}
+			if errors.Is(gerr, ErrUnknownRun) {
+				log.Warn("task of a run this sidecar does not know (another deployment on the same Conductor? give each its own --task-domain); handing it back", zap.Error(gerr))
+				w.opts.Metrics.handedBack(handBackUnknown)
+				w.handBack(t, w.opts.HandBackAfter, "unknown run")
+				return nil, false
+			}
+			log.Info("run start not recorded yet; handing the task back", zap.Error(gerr))
+			w.handBack(t, time.Second, "run not started yet")
+			return nil, false
+		}
+		snap, err = w.runs.ProjectSnapshot(w.workCtx, a.RunID)
+	}
+	switch {
+	case errors.Is(err, statestore.ErrNotFound):
+		w.handBack(t, time.Second, "run not started yet")
+		return nil, false
+	case err != nil:
+		log.Warn("cannot read the run's state; handing the task back", zap.Error(err))
+		w.handBack(t, w.opts.HandBackAfter, "state unavailable")
+		return nil, false
+	}
+	return snap, true
+}
+
+func (w *Worker) execute(t *model.Task, a *Assignment, exec Executor, engine, logical int64) (Result, error) {
+	ctx, cancel := context.WithCancel(w.workCtx)
+	defer cancel()
+	w.running.track(a.RunID, t.TaskId, cancel)
+	defer w.running.untrack(a.RunID, t.TaskId)
+	if a.Step.TimeoutSeconds > 0 {
+		var tcancel context.CancelFunc
+		ctx, tcancel = context.WithTimeout(ctx, time.Duration(a.Step.TimeoutSeconds)*time.Second)
+		defer tcancel()
+	}
+	var secrets map[string]string
+	if len(a.Step.Secrets) > 0 {
+		var err error
+		if secrets, err = w.secrets.Resolve(ctx, a.Step.Secrets); err != nil {
+			return Result{Err: &statestore.StepError{Code: statestore.CodeOf(err), Message: err.Error()}}, nil
+		}
+	}
+	return exec.Execute(ctx, Execution{RunID: a.RunID, StepID: a.Step.StepID, LogicalAttemptID: logical,
+		EngineAttemptID: engine, Spec: a.Step.Executor, Secrets: secrets})
+}
+
+// finish records the step's outcome and reports it to Conductor.
+func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Result, engine, logical int64, operatorAttempt bool, took time.Duration) {
+	kind := a.Step.Executor.Type
+	if res.Err == nil {
+		payload := map[string]any{}
+		if len(res.Artifacts) > 0 {
+			payload["artifacts"] = res.Artifacts
+		}
+		if err := w.emit(log, a, statestore.StepCompleted, engine, logical, payload, -1); err != nil {
+			// Never fail open: without StepCompleted the task must not complete.
+			w.update(t, log, &model.TaskResult{Status: model.FailedTask, ReasonForIncompletion: CodeStoreUnavailable + ": StepCompleted not recorded"})
+			return
+		}
+		w.opts.Metrics.stepDone(kind, "completed", took)
+		w.update(t, log, &model.TaskResult{Status: model.CompletedTask, OutputData: artifactOutput(res.Artifacts, res.Output)})
+		return
+	}
+	final := !res.Err.Retryable || engine >= int64(max(a.EngineTries, 1)) || operatorAttempt
+	if !final {
+		// An engine retry of the same logical attempt follows: logs and
+		// metrics only, no StepFailed (DESIGN.md "Engine retries").
+		log.Warn("step try failed; Conductor retries it", zap.String("code", res.Err.Code), zap.String("error", res.Err.Message))
+		// Recorded before Conductor hears of it: once Conductor has the
+		// failure, the next try may start (on any replica), and it must
+		// find this try ended.
+		w.endTry(log, a, logical, statestore.TryEndedEngineTryFailed, res.Err)
+		w.opts.Metrics.stepDone(kind, "retried", took)
+		w.update(t, log, &model.TaskResult{Status: model.FailedTask, ReasonForIncompletion: res.Err.Code + ": " + res.Err.Message, OutputData: artifactOutput(res.Artifacts, res.Output)})
+		return
+	}
+	// For good: no logical attempt left, not retryable, or an operator's
+	// retry. Under onStepFailure "pause" the run pauses and the task is held.
+	held := a.OnStepFailure == plan.OnFailurePause &&
+		(!res.Err.Retryable || logical >= int64(max(a.LogicalAttempts, 1)) || operatorAttempt)
+	payload := map[string]any{"error": res.Err}
+	if len(res.Artifacts) > 0 {
+		payload["artifacts"] = res.Artifacts
+	}
+	if held {
+		payload["onStepFailure"] = statestore.OnStepFailurePause
+	}
+	if err := w.emit(log, a, statestore.StepFailed, engine, logical, payload, -1); err != nil {
+		w.update(t, log, &model.TaskResult{Status: model.FailedTask, ReasonForIncompletion: CodeStoreUnavailable + ": StepFailed not recorded"})
+		return
+	}
+	w.opts.Metrics.stepDone(kind, "failed", took)
+	log.Warn("step failed for this logical attempt", zap.String("code", res.Err.Code), zap.Bool("retryable", res.Err.Retryable), zap.Bool("held", held))
+	if held {
+		w.hold(t, log, a)
+		return
+	}
+	r := failedResult(a, res.Err, engine, logical)
+	r.OutputData = artifactOutput(res.Artifacts, res.Output)
+	w.update(t, log, r)
+}
+
+// hold keeps the task of a step that failed under onStepFailure "pause":
+// the run is paused (reason stepFailed) and the task handed back, so that
+// Conductor neither fails it nor runs the workflow on; while the run is
+// paused every poll hands it back again. After a RETRY_STEP and RESUME it
+// runs as the next logical attempt. A failed pause is retried at the next
+// poll (the task comes back after HandBackAfter).
+func (w *Worker) hold(t *model.Task, log *zap.Logger, a *Assignment) {
+	if w.opts.PauseOnFailure != nil {
+		if err := w.opts.PauseOnFailure(w.workCtx, a.RunID, t.WorkflowInstanceId, a.Step.StepID); err != nil {
+			log.Warn("could not pause the run after a held step failure; retrying at the next poll", zap.Error(err))
+		}
+	}
+	w.opts.Metrics.handedBack(handBackHeld)
+	w.handBack(t, w.opts.HandBackAfter, "held after failure")
+}
+
+// failedResult is the Conductor result of a logical attempt that failed for
+// good: FAILED lets Conductor start the next logical attempt while the
+// retry budget allows it; a non-retryable error ends the step.
+func failedResult(a *Assignment, e *statestore.StepError, engine, logical int64) *model.TaskResult {
+	r := &model.TaskResult{Status: model.FailedTask}
+	if e != nil {
+		r.ReasonForIncompletion = e.Code + ": " + e.Message
+		if !e.Retryable {
+			r.Status = model.FailedWithTerminalErrorTask
+		}
+	}
+	return r
+}
+
+func artifactOutput(refs []statestore.ArtifactRef, out map[string]any) map[string]any {
+	m := make(map[string]any, len(out)+1)
+	for k, v := range out {
+		m[k] = v
+	}
+	if len(refs) > 0 {
+		m["artifacts"] = refs
+	}
+	return m
+}
+
+// emit appends a step event. StepStarted is appended conditioned on
+// lastSeq, the runSeq the gate decided on (RUN_CHANGED when the run moved
+// on), and fails open: it is queued in the outbox when the store does not
+// answer within the write budget. The other events (lastSeq < 0) never fail
+// open, and flush the outbox first, so that a run's events keep their
+// order.
+func (w *Worker) emit(log *zap.Logger, a *Assignment, eventType string, engine, logical int64, payload map[string]any, lastSeq int64) error {
+	failOpen := lastSeq >= 0
+	var body any
+	if len(payload) > 0 {
+		body = payload
+	}
+	ev, err := statestore.NewEvent(runRef(a), eventType, a.Step.StepID, engine, logical, body)
+	if err != nil {
+		return err
+	}
+	log = log.With(zap.String("eventType", eventType))
+	ctx, cancel := context.WithTimeout(w.workCtx, w.opts.WriteBudget)
+	defer cancel()
+	if !failOpen {
+		if err := w.outbox.flush(ctx, a.RunID); err != nil {
+			log.Error("outbox not flushed within the write budget; not recording", zap.Error(err))
+			return err
+		}
+	}
+	began := time.Now()
+	if failOpen {
+		_, err = w.events.EmitIf(ctx, ev, lastSeq)
+	} else {
+		_, err = w.events.Emit(ctx, ev)
+	}
+	w.opts.Metrics.eventWrite(eventType, err, time.Since(began))
+	if err == nil || errors.Is(err, statestore.ErrRunChanged) {
+		return err
+	}
+	if errors.Is(err, statestore.ErrSchemaValidation) || !failOpen {
+		log.Error("event not recorded", zap.Error(err))
+		return err
+	}
+	log.Warn("state store slow or down; StepStarted queued in the outbox", zap.Error(err))
+	w.outbox.add(ev)
+	return nil
+}
+
+// runRef is the run an Assignment's events belong to.
+func runRef(a *Assignment) statestore.RunRef {
+	return statestore.RunRef{RunID: a.RunID, TenantID: a.TenantID, ProjectID: a.ProjectID,
+		EnvironmentID: a.EnvironmentID, PlanID: a.PlanID, PlanVersion: a.PlanVersion}
+}
+
+// refuseForeign fails a task of a workflow that is not its run's workflow
+// (an orphan of a crashed start, terminated by the adapter's reconcile).
+func (w *Worker) refuseForeign(t *model.Task, log *zap.Logger) {
+	log.Warn("task belongs to a workflow that is not its run's workflow; not running it")
+	w.opts.Metrics.handedBack(handBackForeign)
+	w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: CodeForeignWorkflow + ": not the run's workflow"})
+}
