@@ -34,7 +34,7 @@ const (
 	// holds the start lease of the same run request, and it did not finish
 	// before the caller's context ended. Retry later.
 	CodeRunStartInProgress = "RUN_START_IN_PROGRESS"
-	// CodeRunRegistryUnavailable: the run registry (the JetStream KV bucket)
+	// CodeRunRegistryUnavailable: the run index (the JetStream KV bucket)
 	// could not be read or written. The call may be retried.
 	CodeRunRegistryUnavailable = "RUN_REGISTRY_UNAVAILABLE"
 )

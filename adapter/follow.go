@@ -63,7 +63,7 @@ func (w *Watcher) follow(ctx context.Context, rec *Run, status model.WorkflowSta
 
 // converge applies the log's pause state to Conductor.
 func (w *Watcher) converge(ctx context.Context, rec *Run, paused bool, cycle int64) error {
-	c := w.runs.conductor
+	c := w.conductor
 	var err error
 	if paused {
 		err = c.Pause(ctx, rec.WorkflowID)
@@ -97,7 +97,7 @@ func (w *Watcher) pausedInConductor(ctx context.Context, rec *Run, snap *statest
 	if err := statestore.CheckTransition(snap, ev); err != nil {
 		return err
 	}
-	if _, err := w.runs.emitter.EmitIf(ctx, ev, snap.LastEventSeq); err != nil {
+	if _, err := w.emitter.EmitIf(ctx, ev, snap.LastEventSeq); err != nil {
 		if errors.Is(err, statestore.ErrRunChanged) {
 			return nil // decided again at the next check
 		}
@@ -121,7 +121,7 @@ func (w *Watcher) resumedInConductor(ctx context.Context, rec *Run, snap *states
 	if err := statestore.CheckTransition(snap, ev); err != nil {
 		return err
 	}
-	if _, err := w.runs.emitter.Emit(ctx, ev); err != nil {
+	if _, err := w.emitter.Emit(ctx, ev); err != nil {
 		return fmt.Errorf("adapter: watcher: append RunResumed of run %s: %w", rec.RunID, err)
 	}
 	w.log.Warn("the run's workflow was resumed in Conductor; recorded the resume",

@@ -104,7 +104,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}, []string{"result"})
 	active := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "sidecar_run_watcher_active_runs",
-		Help: "Runs the run watcher follows (non-final runs in the run registry) at its last scan.",
+		Help: "Runs the run watcher follows (non-final runs in the run index) at its last scan.",
 	})
 	terminal := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sidecar_run_watcher_terminal_total",
@@ -112,7 +112,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}, []string{"status"})
 	errs := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sidecar_run_watcher_errors_total",
-		Help: "Run watcher checks that failed (Conductor, store or run registry errors); they are retried.",
+		Help: "Run watcher checks that failed (Conductor, store or run index errors); they are retried.",
 	})
 	orphans := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sidecar_run_orphans_total",

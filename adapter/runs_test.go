@@ -235,7 +235,7 @@ func TestRuns_StartRun(t *testing.T) {
 			t.Fatal(err)
 		}
 		down := env.newRuns(t, unusedURL(t), RunsOptions{})
-		// The plan is registered in the run registry but this replica has
+		// The plan is registered in the run index but this replica has
 		// not registered it in (its) Conductor: the first call fails there.
 		_, err := down.StartRun(ctx, request(p, "req-down"))
 		if !errors.Is(err, ErrEngineUnavailable) || CodeOf(err) != CodeEngineUnavailable {
@@ -271,7 +271,7 @@ func TestRuns_StartRun(t *testing.T) {
 			t.Fatalf("retry: %+v, want created with runId %s", res, rr.RunID)
 		}
 		checkStarted(t, env, good, p, res.Run)
-		// A repeat is answered from the run registry even while Conductor
+		// A repeat is answered from the run index even while Conductor
 		// is down.
 		again, err := down.StartRun(ctx, request(p, "req-down"))
 		if err != nil || again.Created || again.Run.WorkflowID != res.Run.WorkflowID {

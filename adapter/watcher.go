@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -64,7 +63,7 @@ type WatcherOptions struct {
 	Metrics *Metrics
 }
 
-// Watcher follows the runs of the run registry until their workflows end,
+// Watcher follows the runs of the run index until their workflows end,
 // and appends the terminal run event for each:
 //
 //	COMPLETED                        -> RunCompleted
@@ -80,10 +79,14 @@ type WatcherOptions struct {
 // Watcher on the same registry: appends are idempotent and registry writes
 // are compare-and-set. Open starts its goroutine; Close stops it.
 type Watcher struct {
-	runs  *Runs
-	snaps SnapshotReader
-	opts  WatcherOptions
-	log   *zap.Logger
+	// runs is the run index the watcher follows; conductor and emitter
+	// are the index's own Conductor client and event emitter.
+	runs      *Runs
+	conductor *Client
+	emitter   Emitter
+	snaps     SnapshotReader
+	opts      WatcherOptions
+	log       *zap.Logger
 
 	nudgeCh chan struct{}
 
@@ -122,7 +125,7 @@ func NewWatcher(runs *Runs, snaps SnapshotReader, opts WatcherOptions) *Watcher 
 		opts.Metrics = runs.metrics
 	}
 	return &Watcher{
-		runs: runs, snaps: snaps, opts: opts, log: opts.Logger.Named("watcher"),
+		runs: runs, conductor: runs.conductor, emitter: runs.emitter, snaps: snaps, opts: opts, log: opts.Logger.Named("watcher"),
 		nudgeCh:  make(chan struct{}, 1),
 		nudged:   make(map[string]struct{}),
 		known:    make(map[string]string),
@@ -269,22 +272,22 @@ func (w *Watcher) Scan(ctx context.Context) error {
 
 // scan is Scan; without lists it reads every active run's workflow.
 func (w *Watcher) scan(ctx context.Context, lists bool) error {
-	keys, err := w.runs.listKeys(ctx, keyActive+">")
+	ids, err := w.runs.ActiveRunIDs(ctx)
 	if err != nil {
 		w.opts.Metrics.watcherError()
 		return err
 	}
-	w.opts.Metrics.setActive(len(keys))
+	w.opts.Metrics.setActive(len(ids))
 	var alive *runningLists
 	if lists {
-		alive = &runningLists{client: w.runs.conductor, ids: map[defKey]map[string]bool{}}
+		alive = &runningLists{client: w.conductor, ids: map[defKey]map[string]bool{}}
 	}
 	var errs []error
-	for _, k := range keys {
+	for _, id := range ids {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		errs = append(errs, w.checkWith(ctx, strings.TrimPrefix(k, keyActive), alive))
+		errs = append(errs, w.checkWith(ctx, id, alive))
 	}
 	return errors.Join(errs...)
 }
@@ -362,7 +365,7 @@ func (w *Watcher) check(ctx context.Context, runID string, alive *runningLists) 
 		w.found(runID, rec.WorkflowID) // RUNNING or PAUSED: nothing to record
 		return nil
 	}
-	wf, err := w.runs.conductor.Workflow(ctx, rec.WorkflowID, false)
+	wf, err := w.conductor.Workflow(ctx, rec.WorkflowID, false)
 	if errors.Is(err, ErrNotFound) {
 		w.mu.Lock()
 		w.notFound[runID]++
@@ -399,12 +402,12 @@ func (w *Watcher) found(runID, workflowID string) {
 // dropActive removes a stale index entry of a run that has no registry
 // entry (a released start), unless it was rewritten meanwhile.
 func (w *Watcher) dropActive(ctx context.Context, runID string) {
-	e, err := w.runs.kv.Get(ctx, keyActive+runID)
+	rev, err := w.runs.activeRevision(ctx, runID)
 	if err != nil {
 		return
 	}
 	if _, _, err := w.runs.get(ctx, runID); errors.Is(err, ErrNotFound) {
-		w.runs.deleteActive(ctx, runID, e.Revision())
+		w.runs.deleteActive(ctx, runID, rev)
 	}
 }
 
@@ -441,7 +444,7 @@ func (w *Watcher) finish(ctx context.Context, runID, engineStatus, reason string
 			w.opts.Metrics.watcherAction(actionTerminalRefused)
 			w.log.Error("terminal run event not valid from the run's state; marking the run final without it",
 				zap.String("runId", runID), zap.String("event", ev.EventType), zap.String("engineStatus", engineStatus), zap.Error(err))
-		} else if _, err = w.runs.emitter.Emit(ctx, ev); err != nil {
+		} else if _, err = w.emitter.Emit(ctx, ev); err != nil {
 			if !errors.Is(err, statestore.ErrInvalidTransition) {
 				return fmt.Errorf("adapter: watcher: append %s of run %s: %w", ev.EventType, runID, err)
 			}
@@ -503,7 +506,7 @@ func (w *Watcher) closePause(ctx context.Context, rec *Run, snap *statestore.Run
 	if err := statestore.CheckTransition(snap, ev); err != nil {
 		return err
 	}
-	if _, err := w.runs.emitter.Emit(ctx, ev); err != nil {
+	if _, err := w.emitter.Emit(ctx, ev); err != nil {
 		return fmt.Errorf("adapter: watcher: append RunResumed of run %s: %w", rec.RunID, err)
 	}
 	w.opts.Metrics.watcherAction(actionPauseClosed)
@@ -554,7 +557,7 @@ func terminalEvent(rec *Run, engineStatus, reason string, cancelRequested bool) 
 // (the oldest, if several); otherwise release the lease, so that a retry of
 // the request starts cleanly.
 func (w *Watcher) recoverStart(ctx context.Context, rec *Run, rev uint64) error {
-	c := w.runs.conductor
+	c := w.conductor
 	ids, err := c.RunningWorkflows(ctx, rec.WorkflowName, rec.WorkflowVersion)
 	if err != nil {
 		return err
@@ -637,7 +640,7 @@ func (w *Watcher) Reconcile(ctx context.Context) error {
 			continue
 		}
 		seen[nv] = true
-		ids, err := w.runs.conductor.RunningWorkflows(ctx, nv.name, nv.version)
+		ids, err := w.conductor.RunningWorkflows(ctx, nv.name, nv.version)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -658,7 +661,7 @@ func (w *Watcher) reconcileWorkflow(ctx context.Context, workflowID string) erro
 	if isKnown {
 		return nil
 	}
-	c := w.runs.conductor
+	c := w.conductor
 	wf, err := c.Workflow(ctx, workflowID, false)
 	if errors.Is(err, ErrNotFound) {
 		return nil
@@ -671,14 +674,14 @@ func (w *Watcher) reconcileWorkflow(ctx context.Context, workflowID string) erro
 	if runID == "" || attempt == "" {
 		return nil // not started by the adapter
 	}
-	if wf.TaskToDomain["*"] != w.runs.opts.TaskDomain {
+	if wf.TaskToDomain["*"] != w.runs.TaskDomain() {
 		return nil // started by a deployment with another task domain
 	}
 	rec, _, err := w.runs.get(ctx, runID)
 	var reason string
 	switch {
 	case errors.Is(err, ErrNotFound):
-		if wf.StartTime == 0 || time.Since(time.UnixMilli(wf.StartTime)) < w.runs.opts.LeaseTTL {
+		if wf.StartTime == 0 || time.Since(time.UnixMilli(wf.StartTime)) < w.runs.LeaseTTL() {
 			return nil
 		}
 		reason = fmt.Sprintf("sidecar: orphan workflow: run %s has no run entry (its start was abandoned)", runID)

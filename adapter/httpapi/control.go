@@ -21,7 +21,7 @@ type Control interface {
 }
 
 // RunControl is the Control of a sidecar: it finds the run's workflow in
-// the adapter's run registry and acts through the drain controller.
+// the adapter's run index and acts through the drain controller.
 type RunControl struct {
 	Runs  *adapter.Runs
 	Drain *drain.Controller

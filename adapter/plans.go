@@ -1,0 +1,155 @@
+package adapter
+
+// Plan registration: a plan version's task and workflow definitions in
+// Conductor, claimed once in the run index by content hash.
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+)
+
+// planRecord is the run index's entry for a registered plan version.
+type planRecord struct {
+	PlanID          string    `json:"planId"`
+	PlanVersion     string    `json:"planVersion"`
+	Hash            string    `json:"hash"`
+	WorkflowName    string    `json:"workflowName"`
+	WorkflowVersion int32     `json:"workflowVersion"`
+	RegisteredAt    time.Time `json:"registeredAt"`
+}
+
+func planKey(planID, planVersion string) string {
+	sum := sha256.Sum256([]byte(planID + "|" + planVersion))
+	return keyPlan + hex.EncodeToString(sum[:])
+}
+
+// RegisterPlan registers the plan's task and workflow definitions in
+// Conductor, idempotently: registering the same plan again is a no-op (a
+// cache hit after the first time in this process). A plan whose
+// (planId, planVersion) is already registered with a different content hash
+// (recorded in the run index, or embedded in the workflow definition
+// Conductor has) is refused with ErrPlanConflict and nothing is changed.
+func (r *Runs) RegisterPlan(ctx context.Context, compiled *plan.Compiled) error {
+	defs, err := defsOf("register plan", compiled)
+	if err != nil {
+		return err
+	}
+	return r.registerPlan(ctx, defs)
+}
+
+func (r *Runs) registerPlan(ctx context.Context, defs *planDefs) error {
+	pk := planKey(defs.PlanID, defs.PlanVersion)
+	r.mu.Lock()
+	cached, ok := r.plans[pk]
+	r.mu.Unlock()
+	if ok {
+		if cached == defs.Hash {
+			return nil
+		}
+		return planConflict(defs, cached)
+	}
+	if err := r.claimPlan(ctx, pk, defs); err != nil {
+		return err
+	}
+	existing, err := r.conductor.WorkflowDef(ctx, defs.Workflow.Name, defs.Workflow.Version)
+	switch {
+	case err == nil:
+		if h := EmbeddedPlanHash(existing); h != "" && h != defs.Hash {
+			return planConflict(defs, h)
+		}
+	case !errors.Is(err, ErrNotFound):
+		return err
+	}
+	if defs.TaskDefsJSON != nil {
+		if err := r.conductor.RegisterTaskDefsJSON(ctx, defs.TaskDefsJSON); err != nil {
+			return err
+		}
+	}
+	if err := r.conductor.RegisterWorkflowDefJSON(ctx, defs.WorkflowJSON); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.plans[pk] = defs.Hash
+	r.mu.Unlock()
+	r.log.Debug("plan registered", zap.String("planId", defs.PlanID), zap.String("planVersion", defs.PlanVersion),
+		zap.String("workflow", defs.Workflow.Name), zap.Int32("workflowVersion", defs.Workflow.Version))
+	return nil
+}
+
+// forgetPlan drops the plan from the in-process cache, so that the next
+// RegisterPlan registers it in Conductor again (after a Conductor restart
+// with the memory store lost the definitions).
+func (r *Runs) forgetPlan(defs *planDefs) {
+	r.mu.Lock()
+	delete(r.plans, planKey(defs.PlanID, defs.PlanVersion))
+	r.mu.Unlock()
+}
+
+func planConflict(defs *planDefs, registered string) error {
+	return &Error{Code: CodePlanVersionConflict, Op: "register plan",
+		Message: fmt.Sprintf("plan %s version %s is already registered with content hash %s; this plan's hash is %s (publish it as a new planVersion)",
+			defs.PlanID, defs.PlanVersion, registered, defs.Hash)}
+}
+
+// claimPlan records (planId, planVersion) -> hash with an atomic Create, or
+// checks the recorded hash.
+func (r *Runs) claimPlan(ctx context.Context, pk string, defs *planDefs) error {
+	rec := planRecord{PlanID: defs.PlanID, PlanVersion: defs.PlanVersion, Hash: defs.Hash,
+		WorkflowName: defs.Workflow.Name, WorkflowVersion: defs.Workflow.Version, RegisteredAt: time.Now().UTC()}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("adapter: encode plan record: %w", err)
+	}
+	for range 3 {
+		_, err := r.kv.Create(ctx, pk, b)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return registryUnavailable("claim plan", err)
+		}
+		var stored planRecord
+		_, err = r.getJSON(ctx, pk, &stored)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if stored.Hash != defs.Hash {
+			return planConflict(defs, stored.Hash)
+		}
+		return nil
+	}
+	return registryUnavailable("claim plan", errors.New("plan record kept vanishing"))
+}
+
+// registeredPlans lists the plan versions in the run index.
+func (r *Runs) registeredPlans(ctx context.Context) ([]planRecord, error) {
+	keys, err := r.listKeys(ctx, keyPlan+">")
+	if err != nil {
+		return nil, err
+	}
+	out := make([]planRecord, 0, len(keys))
+	for _, k := range keys {
+		var p planRecord
+		if _, err := r.getJSON(ctx, k, &p); err != nil {
+			if errors.Is(err, ErrNotFound) {
+				continue
+			}
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
