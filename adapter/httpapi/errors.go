@@ -3,6 +3,7 @@ package httpapi
 import (
 	"errors"
 
+	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/drain"
 )
 
@@ -25,7 +26,7 @@ const (
 	// CodeNotReady: the sidecar cannot serve the request now (/readyz).
 	CodeNotReady = "NOT_READY"
 	// CodeUnavailable: Conductor did not answer.
-	CodeUnavailable = "ENGINE_UNAVAILABLE"
+	CodeUnavailable = adapter.CodeEngineUnavailable
 	// CodeEngineConflict: the action is recorded, but Conductor refused
 	// it because the workflow is not in the state it needs; the message
 	// names the workflow's status (409).

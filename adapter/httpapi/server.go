@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -332,15 +333,15 @@ func (s *Server) classify(err error) *apiError {
 	var coded interface{ ErrorCode() string }
 	if errors.As(err, &coded) {
 		switch c := coded.ErrorCode(); c {
-		case CodeUnavailable, "RUN_REGISTRY_UNAVAILABLE":
+		case adapter.CodeEngineUnavailable, adapter.CodeRunRegistryUnavailable:
 			return &apiError{status: http.StatusServiceUnavailable, Code: c, Message: err.Error()}
-		case "RUN_START_IN_PROGRESS", "CONFLICT":
+		case adapter.CodeRunStartInProgress, adapter.CodeConflict:
 			return &apiError{status: http.StatusConflict, Code: c, Message: err.Error()}
-		case "NOT_FOUND":
+		case adapter.CodeNotFound:
 			return &apiError{status: http.StatusNotFound, Code: c, Message: err.Error()}
-		case "ENGINE_REJECTED":
+		case adapter.CodeEngineRejected:
 			return &apiError{status: http.StatusBadGateway, Code: c, Message: err.Error()}
-		case "INVALID_INPUT":
+		case adapter.CodeInvalidInput:
 			return &apiError{status: http.StatusBadRequest, Code: c, Message: err.Error()}
 		case CodePlanConflict:
 			return &apiError{status: http.StatusConflict, Code: c, Message: err.Error()}
