@@ -5,6 +5,21 @@ import (
 	"fmt"
 )
 
+// Error codes of the RunFailed events the watcher appends (payload.error.code).
+const (
+	// CodeWorkflowFailed: the workflow FAILED; the message is Conductor's
+	// reasonForIncompletion.
+	CodeWorkflowFailed = "WORKFLOW_FAILED"
+	// CodeWorkflowTimedOut: the workflow TIMED_OUT.
+	CodeWorkflowTimedOut = "WORKFLOW_TIMED_OUT"
+	// CodeWorkflowTerminated: the workflow was TERMINATED without a cancel
+	// request of the sidecar (by hand, or by a failure workflow).
+	CodeWorkflowTerminated = "WORKFLOW_TERMINATED"
+	// CodeWorkflowNotFound: Conductor no longer knows the run's workflow
+	// (for instance its memory store was restarted).
+	CodeWorkflowNotFound = "WORKFLOW_NOT_FOUND"
+)
+
 // Machine-readable error codes. They are part of the contract: the control
 // API returns them verbatim, and callers branch on them with errors.Is on the
 // sentinels below.

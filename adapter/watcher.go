@@ -15,21 +15,6 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
-// Error codes of the RunFailed events the watcher appends (payload.error.code).
-const (
-	// CodeWorkflowFailed: the workflow FAILED; the message is Conductor's
-	// reasonForIncompletion.
-	CodeWorkflowFailed = "WORKFLOW_FAILED"
-	// CodeWorkflowTimedOut: the workflow TIMED_OUT.
-	CodeWorkflowTimedOut = "WORKFLOW_TIMED_OUT"
-	// CodeWorkflowTerminated: the workflow was TERMINATED without a cancel
-	// request of the sidecar (by hand, or by a failure workflow).
-	CodeWorkflowTerminated = "WORKFLOW_TERMINATED"
-	// CodeWorkflowNotFound: Conductor no longer knows the run's workflow
-	// (for instance its memory store was restarted).
-	CodeWorkflowNotFound = "WORKFLOW_NOT_FOUND"
-)
-
 // RequestedBySidecar is the requestedBy of the events the sidecar appends on
 // its own account (a pause it closes because Conductor completed the run).
 const RequestedBySidecar = "sidecar"

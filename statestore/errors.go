@@ -5,6 +5,10 @@ import (
 	"fmt"
 )
 
+// PauseDrainTimeoutCode is the machine code of a drain timeout; the payload
+// of RunDrainTimedOut carries it.
+const PauseDrainTimeoutCode = "PAUSE_DRAIN_TIMEOUT"
+
 // Machine-readable error codes. They are part of the contract: the HTTP API
 // returns them verbatim and operators alert on them.
 const (

@@ -16,10 +16,6 @@ const (
 	OnStepFailurePause = "pause"
 )
 
-// PauseDrainTimeoutCode is the machine code of a drain timeout; the payload
-// of RunDrainTimedOut carries it.
-const PauseDrainTimeoutCode = "PAUSE_DRAIN_TIMEOUT"
-
 // The payload shapes of the known event types, as in contract/<Type>.schema.json.
 // Fields not listed are allowed and kept; listed fields must have their type.
 type (

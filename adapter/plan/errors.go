@@ -178,3 +178,6 @@ func (ps *problems) err(code string) error {
 	}
 	return &ValidationError{Code: code, Problems: list}
 }
+
+// CodeMissingField: a task input key is missing or null.
+const CodeMissingField = "MISSING_FIELD"

@@ -12,9 +12,6 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
-// CodeMissingField: a task input key is missing or null.
-const CodeMissingField = "MISSING_FIELD"
-
 // TaskInput is what a worker needs from a compiled step task's input.
 type TaskInput struct {
 	RunID, TenantID, ProjectID, EnvironmentID, PlanID, PlanVersion string
