@@ -416,6 +416,20 @@ func (c *Client) Pause(ctx context.Context, workflowID string) error {
 	return err
 }
 
+// Decide asks Conductor to evaluate a workflow now (PUT
+// /workflow/decide/{workflowId}), what its decider queue does at the
+// workflow's next sweep. The watcher uses it for a workflow left RUNNING
+// with every task terminal.
+func (c *Client) Decide(ctx context.Context, workflowID string) error {
+	if workflowID == "" {
+		return invalidInput(opDecide, "empty workflowId")
+	}
+	_, err := c.do(ctx, opDecide, 0, func(ctx context.Context) (*http.Response, error) {
+		return c.workflow.Decide(ctx, workflowID)
+	})
+	return err
+}
+
 // Resume resumes a PAUSED workflow. Conductor 3.21 answers 500 ("is not
 // PAUSED") for a workflow in any other state; Resume then reads the workflow
 // and returns ErrConflict with Error.EngineStatus set to its status, and

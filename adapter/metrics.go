@@ -21,6 +21,7 @@ const (
 	opUpdateTask        = "update_task"
 	opGetTask           = "get_task"
 	opRunningWorkflows  = "running_workflows"
+	opDecide            = "decide"
 	opHealth            = "health"
 	resultOK            = "ok"
 	resultCanceled      = "canceled"
@@ -32,6 +33,7 @@ const (
 var conductorOps = []string{
 	opRegisterTaskDefs, opRegisterWorkflow, opGetWorkflowDef, opStartWorkflow, opGetWorkflow, opPause,
 	opResume, opTerminate, opRetry, opBatchPoll, opUpdateTask, opGetTask, opRunningWorkflows, opHealth,
+	opDecide,
 }
 
 var conductorResults = []string{
@@ -54,9 +56,12 @@ const (
 	// actionConverged: the sidecar's own pause or resume, recorded in the
 	// log but not applied to Conductor, applied by the watcher.
 	actionConverged = "converged"
+	// actionDecide: a workflow RUNNING with every task terminal was asked
+	// to decide (PUT /workflow/decide/{id}).
+	actionDecide = "decide"
 )
 
-var watcherActions = []string{actionPauseClosed, actionTerminalRefused, actionConductorPaused, actionConductorResumed, actionConverged}
+var watcherActions = []string{actionPauseClosed, actionTerminalRefused, actionConductorPaused, actionConductorResumed, actionConverged, actionDecide}
 
 // Watcher outcome label values (sidecar_run_watcher_terminal_total{status}).
 var watcherStatuses = []string{"COMPLETED", "FAILED", "TIMED_OUT", "TERMINATED", "CANCELLED", "LOST"}
@@ -69,7 +74,8 @@ var watcherStatuses = []string{"COMPLETED", "FAILED", "TIMED_OUT", "TERMINATED",
 //	sidecar_run_watcher_active_runs                     runs the watcher follows (last scan)
 //	sidecar_run_watcher_terminal_total{status}          terminal run events appended, by Conductor status
 //	sidecar_run_watcher_errors_total                    failed watcher checks
-//	sidecar_run_watcher_actions_total{action}           pause_closed, terminal_refused, conductor_paused, conductor_resumed, converged (see watcherActions)
+//	sidecar_run_watcher_actions_total{action}           pause_closed, terminal_refused, conductor_paused, conductor_resumed, converged, decide (see watcherActions)
+//	sidecar_run_watcher_stuck_runs                      runs whose workflow Conductor leaves RUNNING with every task done
 //	sidecar_run_orphans_total{action}                   orphan workflows terminated or adopted
 //
 // There are no per-run labels. A nil *Metrics records nothing. Every label
@@ -83,6 +89,7 @@ type Metrics struct {
 	errors   prometheus.Counter
 	orphans  map[string]prometheus.Counter
 	actions  map[string]prometheus.Counter
+	stuck    prometheus.Gauge
 }
 
 // NewMetrics registers the adapter metrics with reg and returns them. It
@@ -120,9 +127,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}, []string{"action"})
 	actions := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sidecar_run_watcher_actions_total",
-		Help: "What the run watcher did to keep the log in step with Conductor: pause_closed (a run completed in Conductor while paused in the log), terminal_refused (a terminal event not valid from the run's state, not appended), conductor_paused and conductor_resumed (a pause or resume made in Conductor, recorded in the log), converged (the sidecar's own pause or resume applied to Conductor by the watcher).",
+		Help: "What the run watcher did to keep the log in step with Conductor: pause_closed (a run completed in Conductor while paused in the log), terminal_refused (a terminal event not valid from the run's state, not appended), conductor_paused and conductor_resumed (a pause or resume made in Conductor, recorded in the log), converged (the sidecar's own pause or resume applied to Conductor by the watcher), decide (a workflow left RUNNING with every task done was asked to decide).",
 	}, []string{"action"})
-	reg.MustRegister(requests, duration, starts, active, terminal, errs, orphans, actions)
+	stuck := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sidecar_run_watcher_stuck_runs",
+		Help: "Runs whose workflow Conductor left RUNNING with every task terminal, after the watcher asked it to decide; alert STUCK_WORKFLOW.",
+	})
+	reg.MustRegister(requests, duration, starts, active, terminal, errs, orphans, actions, stuck)
 
 	m := &Metrics{
 		requests: make(map[[2]string]prometheus.Counter),
@@ -133,6 +144,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		errors:   errs,
 		orphans:  make(map[string]prometheus.Counter),
 		actions:  make(map[string]prometheus.Counter),
+		stuck:    stuck,
 	}
 	for _, a := range watcherActions {
 		m.actions[a] = actions.WithLabelValues(a)
@@ -176,6 +188,12 @@ func (m *Metrics) start(result string) {
 func (m *Metrics) setActive(n int) {
 	if m != nil {
 		m.active.Set(float64(n))
+	}
+}
+
+func (m *Metrics) setStuck(n int) {
+	if m != nil {
+		m.stuck.Set(float64(n))
 	}
 }
 

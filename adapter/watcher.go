@@ -36,6 +36,10 @@ type WatcherOptions struct {
 	ReconcileInterval time.Duration
 	// MaxBackoff caps the pause after failed scans (default 30s).
 	MaxBackoff time.Duration
+	// StuckAfter is how long after a nudge a workflow still RUNNING is
+	// read again, with its tasks, to see whether Conductor forgot to
+	// decide it (default 10s).
+	StuckAfter time.Duration
 	// DrainTimeout is the drain timeout of a pause made in Conductor
 	// (default 5m, as the drain controller's).
 	DrainTimeout time.Duration
@@ -79,6 +83,7 @@ type Watcher struct {
 	nudged   map[string]struct{}
 	known    map[string]string // workflowId -> runId of started runs
 	notFound map[string]int    // runId -> consecutive 404s
+	suspects map[string]*suspect
 
 	lifeMu sync.Mutex
 	cancel context.CancelFunc
@@ -103,6 +108,9 @@ func NewWatcher(runs *Runs, snaps SnapshotReader, opts WatcherOptions) *Watcher 
 	if opts.DrainTimeout <= 0 {
 		opts.DrainTimeout = 5 * time.Minute
 	}
+	if opts.StuckAfter <= 0 {
+		opts.StuckAfter = 10 * time.Second
+	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
@@ -115,6 +123,7 @@ func NewWatcher(runs *Runs, snaps SnapshotReader, opts WatcherOptions) *Watcher 
 		nudged:   make(map[string]struct{}),
 		known:    make(map[string]string),
 		notFound: make(map[string]int),
+		suspects: make(map[string]*suspect),
 	}
 }
 
@@ -215,6 +224,10 @@ func (w *Watcher) loop(ctx context.Context) {
 		if time.Now().Before(nextScan) {
 			return
 		}
+		if err := w.checkSuspects(ctx); err != nil {
+			report(err)
+			return
+		}
 		// Every ReconcileInterval the scan reads each run's workflow
 		// itself, in case a running list is stale.
 		full := time.Since(lastReconcile) >= w.opts.ReconcileInterval
@@ -237,7 +250,11 @@ func (w *Watcher) loop(ctx context.Context) {
 		case <-w.nudgeCh:
 			var errs []error
 			for _, id := range w.takeNudged() {
-				errs = append(errs, w.Check(ctx, id))
+				status, err := w.checkStatus(ctx, id)
+				if status == model.RunningWorkflow {
+					w.suspectRun(id)
+				}
+				errs = append(errs, err)
 			}
 			report(errors.Join(errs...))
 		case <-ticker.C:
@@ -316,15 +333,26 @@ func (w *Watcher) Check(ctx context.Context, runID string) error {
 	return w.checkWith(ctx, runID, nil)
 }
 
+// checkStatus is Check, also returning the workflow status it read from
+// Conductor ("" when it read none).
+func (w *Watcher) checkStatus(ctx context.Context, runID string) (model.WorkflowStatus, error) {
+	var status model.WorkflowStatus
+	err := w.check(ctx, runID, nil, &status)
+	if err != nil && !errors.Is(err, context.Canceled) {
+		w.opts.Metrics.watcherError()
+	}
+	return status, err
+}
+
 func (w *Watcher) checkWith(ctx context.Context, runID string, alive *runningLists) error {
-	err := w.check(ctx, runID, alive)
+	err := w.check(ctx, runID, alive, nil)
 	if err != nil && !errors.Is(err, context.Canceled) {
 		w.opts.Metrics.watcherError()
 	}
 	return err
 }
 
-func (w *Watcher) check(ctx context.Context, runID string, alive *runningLists) error {
+func (w *Watcher) check(ctx context.Context, runID string, alive *runningLists, saw *model.WorkflowStatus) error {
 	rec, rev, err := w.runs.get(ctx, runID)
 	if errors.Is(err, ErrNotFound) {
 		w.dropActive(ctx, runID)
@@ -366,6 +394,9 @@ func (w *Watcher) check(ctx context.Context, runID string, alive *runningLists) 
 		return err
 	}
 	w.found(runID, rec.WorkflowID)
+	if saw != nil {
+		*saw = wf.Status
+	}
 	switch wf.Status {
 	case model.CompletedWorkflow, model.FailedWorkflow, model.TimedOutWorkflow, model.TerminatedWorkflow:
 		return w.finish(ctx, runID, string(wf.Status), wf.ReasonForIncompletion)
@@ -465,6 +496,7 @@ func (w *Watcher) finish(ctx context.Context, runID, engineStatus, reason string
 	delete(w.notFound, runID)
 	delete(w.known, rec.WorkflowID)
 	w.mu.Unlock()
+	w.clearSuspect(runID)
 	w.runs.deleteActive(ctx, runID, 0)
 	return nil
 }

@@ -277,6 +277,11 @@ write_properties() {
         printf 'spring.datasource.hikari.maximum-pool-size=1\n'
         ;;
     esac
+    # One decide at a time per workflow (docs/conductor.md, "Execution lock"): without it two
+    # decides of the same workflow can race and lose a decision, leaving it RUNNING with every
+    # task done. local_only is the in-JVM lock, right for this single server.
+    printf 'conductor.app.workflow-execution-lock-enabled=true\n'
+    printf 'conductor.workflow-execution-lock.type=local_only\n'
     # nothing may leave loopback: no Redis, no Elasticsearch (Spring Boot would otherwise build an
     # Elasticsearch client for localhost:9200 and report /actuator/health DOWN)
     printf 'conductor.redis.hosts=127.0.0.1:6379:us-east-1c\n'
