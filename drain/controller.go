@@ -61,11 +61,17 @@ type Options struct {
 	Ledger EngineLedger
 	// ActiveRuns lists the runs the monitor watches.
 	ActiveRuns func(ctx context.Context) ([]string, error)
-	// Interval is the monitor's scan period (default 250ms).
+	// Interval is the period of the monitor's check of the runs it knows
+	// are draining (default 250ms).
 	Interval time.Duration
-	Logger   *zap.Logger
-	Metrics  *Metrics
-	Now      func() time.Time
+	// FullScanInterval is the period of its pass over every active run
+	// (default 30s): it finds drains this process did not start (another
+	// replica's pause, or one left by a process that died) and sets the
+	// runs-by-status gauges.
+	FullScanInterval time.Duration
+	Logger           *zap.Logger
+	Metrics          *Metrics
+	Now              func() time.Time
 }
 
 // Controller carries out PAUSE, RESUME and CANCEL and watches drains.
@@ -81,6 +87,13 @@ type Controller struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	warns  warnLimiter // the monitor's warnings while the store is down
+
+	// watched holds the runs whose drain is open, as far as this process
+	// knows: the monitor checks them every Interval. Pause adds its run,
+	// every check adds or removes the run it read, the full pass adds the
+	// drains it finds.
+	wmu     sync.Mutex
+	watched map[string]struct{}
 }
 
 // New returns a Controller; Open starts its monitor.
@@ -91,6 +104,9 @@ func New(snaps SnapshotReader, emit Emitter, engine Engine, opts Options) *Contr
 	if opts.Interval <= 0 {
 		opts.Interval = 250 * time.Millisecond
 	}
+	if opts.FullScanInterval <= 0 {
+		opts.FullScanInterval = 30 * time.Second
+	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
@@ -98,7 +114,7 @@ func New(snaps SnapshotReader, emit Emitter, engine Engine, opts Options) *Contr
 		opts.Now = time.Now
 	}
 	return &Controller{snaps: snaps, emit: emit, engine: engine, opts: opts, logger: opts.Logger.Named("drain"),
-		nudge: make(chan string, 1024)}
+		nudge: make(chan string, 1024), watched: make(map[string]struct{})}
 }
 
 // PauseRequest is the body of a pause.
@@ -213,6 +229,7 @@ func (c *Controller) Pause(ctx context.Context, runID, workflowID string, req Pa
 		break
 	}
 	c.opts.Metrics.pauseRecorded(c.opts.Now().Sub(began))
+	c.watch(runID, true)
 	c.logger.Info("run paused; draining in-flight steps", zap.String("runId", runID), zap.Int64("cycle", cycle),
 		zap.Int("inFlight", len(snap.InFlight())), zap.Int64("timeoutSeconds", timeout))
 	engineBegan := c.opts.Now()

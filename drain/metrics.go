@@ -60,12 +60,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-func (m *Metrics) gauges(draining, inFlight int, byStatus map[string]int) {
+// drainGauges sets the draining runs and their in-flight steps.
+func (m *Metrics) drainGauges(draining, inFlight int) {
 	if m == nil {
 		return
 	}
 	m.draining.Set(float64(draining))
 	m.inFlight.Set(float64(inFlight))
+}
+
+// statusGauges sets the active runs by status (the full pass).
+func (m *Metrics) statusGauges(byStatus map[string]int) {
+	if m == nil {
+		return
+	}
 	for _, s := range watchedStatuses {
 		m.runs.WithLabelValues(s).Set(float64(byStatus[s]))
 	}

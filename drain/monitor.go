@@ -62,13 +62,16 @@ func (c *Controller) Nudge(runID string) {
 	}
 }
 
-// loop scans every Interval; while scans fail (the store or the run index
-// does not answer) it waits twice as long each time, up to MaxScanBackoff.
+// loop checks the watched runs every Interval and passes over every active
+// run every FullScanInterval; while checks fail (the store or the run
+// index does not answer) it waits twice as long each time, up to
+// MaxScanBackoff.
 func (c *Controller) loop(ctx context.Context) {
 	defer close(c.done)
 	wait := c.opts.Interval
 	t := time.NewTimer(wait)
 	defer t.Stop()
+	lastFull := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -76,7 +79,15 @@ func (c *Controller) loop(ctx context.Context) {
 		case runID := <-c.nudge:
 			c.Check(ctx, runID)
 		case <-t.C:
-			if c.scan(ctx) {
+			ok := true
+			if time.Since(lastFull) >= c.opts.FullScanInterval {
+				ok = c.scan(ctx)
+				if ok {
+					lastFull = time.Now()
+				}
+			}
+			ok = ok && c.checkWatched(ctx)
+			if ok {
 				wait = c.opts.Interval
 			} else {
 				wait = min(2*wait, MaxScanBackoff)
@@ -86,7 +97,52 @@ func (c *Controller) loop(ctx context.Context) {
 	}
 }
 
-// Scan checks every active run and updates the drain gauges.
+// watch adds runID to the watched runs (on) or removes it.
+func (c *Controller) watch(runID string, on bool) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if on {
+		c.watched[runID] = struct{}{}
+	} else {
+		delete(c.watched, runID)
+	}
+}
+
+// Watched is the number of runs the monitor checks every Interval.
+func (c *Controller) Watched() int {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return len(c.watched)
+}
+
+// checkWatched checks every watched run (its cost is one snapshot read per
+// open drain, whatever the number of active runs) and sets the drain
+// gauges. It reports false when the store did not answer.
+func (c *Controller) checkWatched(ctx context.Context) bool {
+	c.wmu.Lock()
+	ids := make([]string, 0, len(c.watched))
+	for id := range c.watched {
+		ids = append(ids, id)
+	}
+	c.wmu.Unlock()
+	draining, inFlight := 0, 0
+	for _, id := range ids {
+		snap, err := c.check(ctx, id)
+		if err != nil {
+			return false
+		}
+		if snap != nil && snap.Substatus == statestore.SubstatusDraining {
+			draining++
+			inFlight += len(snap.InFlight())
+		}
+	}
+	c.opts.Metrics.drainGauges(draining, inFlight)
+	c.warns.recovered(c.logger, "the drain monitor reads the store again")
+	return true
+}
+
+// Scan passes over every active run: it ends the drains that are due,
+// watches those still open, and sets the runs-by-status gauges.
 func (c *Controller) Scan(ctx context.Context) { c.scan(ctx) }
 
 // scan is Scan; it reports false when the run index or the store did not
@@ -99,7 +155,6 @@ func (c *Controller) scan(ctx context.Context) bool {
 		}
 		return false
 	}
-	draining, inFlight := 0, 0
 	byStatus := map[string]int{}
 	for _, id := range ids {
 		snap, err := c.check(ctx, id)
@@ -116,12 +171,8 @@ func (c *Controller) scan(ctx context.Context) bool {
 		if !statestore.IsTerminalRunStatus(status) {
 			byStatus[status]++
 		}
-		if snap.Substatus == statestore.SubstatusDraining {
-			draining++
-			inFlight += len(snap.InFlight())
-		}
 	}
-	c.opts.Metrics.gauges(draining, inFlight, byStatus)
+	c.opts.Metrics.statusGauges(byStatus)
 	c.warns.recovered(c.logger, "the drain monitor reads the store again")
 	return true
 }
@@ -148,8 +199,10 @@ func (c *Controller) check(ctx context.Context, runID string) (*statestore.RunSn
 		return nil, err
 	}
 	if snap.Status != statestore.RunStatusPaused || snap.Pause == nil || snap.Pause.DrainEndedAt != "" {
+		c.watch(runID, false)
 		return snap, nil
 	}
+	c.watch(runID, true)
 	inflight := snap.InFlight()
 	waited := c.waited(snap)
 	switch {
@@ -159,6 +212,7 @@ func (c *Controller) check(ctx context.Context, runID string) (*statestore.RunSn
 			c.warns.warn(c.logger, "could not record the end of a drain; retrying", zap.String("runId", runID), zap.Error(err))
 			return snap, nil
 		}
+		c.watch(runID, false)
 		if res.Persisted {
 			c.opts.Metrics.drainEnded("drained", waited)
 			c.logger.Info("drain completed: no step in flight", zap.String("runId", runID), zap.Int64("cycle", snap.Pause.Cycle), zap.Duration("waited", waited))
@@ -171,6 +225,7 @@ func (c *Controller) check(ctx context.Context, runID string) (*statestore.RunSn
 			c.warns.warn(c.logger, "could not record a drain timeout; retrying", zap.String("runId", runID), zap.Error(err))
 			return snap, nil
 		}
+		c.watch(runID, false)
 		if res.Persisted {
 			// Counted by the replica whose append persisted: one alert between replicas.
 			c.opts.Metrics.drainEnded("timed_out", waited)
