@@ -32,8 +32,16 @@ type WatcherOptions struct {
 	// Interval between scans of the active runs (default 2s). Each scan
 	// reads every active run's workflow status from Conductor once.
 	Interval time.Duration
-	// ReconcileInterval between orphan passes (default 30s).
+	// ReconcileInterval between orphan passes (default 30s). Before the
+	// run cache is ready, each of them also reads every active run's
+	// workflow.
 	ReconcileInterval time.Duration
+	// FullReadRate is how many active runs' workflows per second the scan
+	// reads itself, in turn, besides those the running lists say ended
+	// (default 20): the safety net for a stale running list, and how a
+	// pause or resume made in Conductor is seen. Every run is read once
+	// per N/FullReadRate seconds (50 s at 1,000 runs), at a steady rate.
+	FullReadRate int
 	// MaxBackoff caps the pause after failed scans (default 30s).
 	MaxBackoff time.Duration
 	// StuckAfter is how long after a nudge a workflow still RUNNING is
@@ -85,6 +93,11 @@ type Watcher struct {
 	notFound map[string]int    // runId -> consecutive 404s
 	suspects map[string]*suspect
 
+	// cache mirrors the run index (nil until Open); cursor is the last run
+	// the rotating full read reached (scan goroutine only).
+	cache  *runCache
+	cursor string
+
 	lifeMu sync.Mutex
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -104,6 +117,9 @@ func NewWatcher(runs *Runs, snaps SnapshotReader, opts WatcherOptions) *Watcher 
 	}
 	if opts.LostAfter <= 0 {
 		opts.LostAfter = 3
+	}
+	if opts.FullReadRate <= 0 {
+		opts.FullReadRate = 20
 	}
 	if opts.DrainTimeout <= 0 {
 		opts.DrainTimeout = 5 * time.Minute
@@ -136,11 +152,18 @@ func (w *Watcher) Open(ctx context.Context) error {
 	if w.cancel != nil {
 		return errors.New("adapter: watcher already open")
 	}
+	cache, err := w.runs.watchRuns(ctx, w.log)
+	if err != nil {
+		// Scans read the index directly until a later Open.
+		w.log.Warn("cannot watch the run index; scans read it run by run", zap.Error(err))
+	}
+	w.cache = cache
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	w.cancel, w.done = cancel, done
 	go func() {
 		defer close(done)
+		defer cache.close()
 		w.loop(ctx)
 	}()
 	return nil
@@ -228,10 +251,12 @@ func (w *Watcher) loop(ctx context.Context) {
 			report(err)
 			return
 		}
-		// Every ReconcileInterval the scan reads each run's workflow
-		// itself, in case a running list is stale.
+		// Every ReconcileInterval, until the run cache is ready, the scan
+		// reads each run's workflow itself, in case a running list is
+		// stale; with the cache, the rotating full read does that at a
+		// steady rate.
 		full := time.Since(lastReconcile) >= w.opts.ReconcileInterval
-		err := w.scan(ctx, !full)
+		err := w.scan(ctx, !full || w.cache.ready())
 		if full {
 			err = errors.Join(err, w.Reconcile(ctx))
 			lastReconcile = time.Now()
@@ -240,6 +265,16 @@ func (w *Watcher) loop(ctx context.Context) {
 			report(err)
 		} else {
 			recovered()
+		}
+	}
+	if w.cache != nil {
+		// The first scan reads the runs from the cache: wait for it a
+		// little, rather than read every run from the index and Conductor.
+		select {
+		case <-w.cache.synced:
+		case <-time.After(10 * time.Second):
+		case <-ctx.Done():
+			return
 		}
 	}
 	tick() // at once: runs that ended while no watcher ran are recorded now
@@ -274,6 +309,9 @@ func (w *Watcher) Scan(ctx context.Context) error {
 
 // scan is Scan; without lists it reads every active run's workflow.
 func (w *Watcher) scan(ctx context.Context, lists bool) error {
+	if lists && w.cache.ready() {
+		return w.scanCached(ctx)
+	}
 	ids, err := w.runs.ActiveRunIDs(ctx)
 	if err != nil {
 		w.opts.Metrics.watcherError()
@@ -292,6 +330,50 @@ func (w *Watcher) scan(ctx context.Context, lists bool) error {
 		errs = append(errs, w.checkWith(ctx, id, alive))
 	}
 	return errors.Join(errs...)
+}
+
+// scanCached is scan from the run cache: no index read per run. A run is
+// read from Conductor when its definition's running list does not have
+// it, and FullReadRate runs a second are read in turn whatever the lists
+// say.
+func (w *Watcher) scanCached(ctx context.Context) error {
+	runs := w.cache.open()
+	w.opts.Metrics.setActive(len(runs))
+	sort.Slice(runs, func(i, j int) bool { return runs[i].rec.RunID < runs[j].rec.RunID })
+	forced := w.nextInTurn(runs, max(1, int(float64(w.opts.FullReadRate)*w.opts.Interval.Seconds())))
+	alive := &runningLists{client: w.conductor, ids: map[defKey]map[string]bool{}}
+	var errs []error
+	for _, r := range runs {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		lists := alive
+		if forced[r.rec.RunID] {
+			lists = nil
+		}
+		err := w.checkRun(ctx, r.rec, r.rev, lists, nil)
+		if err != nil && !errors.Is(err, context.Canceled) {
+			w.opts.Metrics.watcherError()
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// nextInTurn returns the next n runs after the cursor (runs sorted by id,
+// wrapping around) and moves the cursor past them.
+func (w *Watcher) nextInTurn(runs []cachedRun, n int) map[string]bool {
+	out := make(map[string]bool, min(n, len(runs)))
+	if len(runs) == 0 {
+		return out
+	}
+	start := sort.Search(len(runs), func(i int) bool { return runs[i].rec.RunID > w.cursor })
+	for i := 0; i < min(n, len(runs)); i++ {
+		id := runs[(start+i)%len(runs)].rec.RunID
+		out[id] = true
+		w.cursor = id
+	}
+	return out
 }
 
 type defKey struct {
@@ -361,6 +443,12 @@ func (w *Watcher) check(ctx context.Context, runID string, alive *runningLists, 
 	if err != nil {
 		return err
 	}
+	return w.checkRun(ctx, rec, rev, alive, saw)
+}
+
+// checkRun is check of the index entry rec at revision rev.
+func (w *Watcher) checkRun(ctx context.Context, rec *Run, rev uint64, alive *runningLists, saw *model.WorkflowStatus) error {
+	runID := rec.RunID
 	switch rec.State {
 	case RunStateFinal:
 		w.runs.deleteActive(ctx, runID, 0)

@@ -670,3 +670,74 @@ func TestWatcher_DecidesAStuckWorkflow(t *testing.T) {
 		t.Fatalf("decide counted %v times", v)
 	}
 }
+
+// TestWatcher_ScanCostFollowsChange: with its run cache, a scan reads
+// nothing from the run index per run and reads from Conductor only the
+// runs its turn comes to (issue #12: a KV get per active run every 2 s, and
+// every workflow every 30 s in one burst). A run that ends is still seen.
+func TestWatcher_ScanCostFollowsChange(t *testing.T) {
+	u := conductortest.URL(t)
+	ctx := context.Background()
+	env := newNATS(t)
+	c, err := NewClient(ClientOptions{BaseURL: u, Timeout: 5 * time.Second, Logger: zaptest.NewLogger(t), Metrics: NewMetrics(prometheus.NewRegistry())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js := env.connect(t)
+	r, err := OpenRuns(ctx, js, c, env.emitter, RunsOptions{TaskDomain: env.domain, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := testPlan(t)
+	const n = 20
+	var runs []StartResult
+	for i := range n {
+		res, err := r.StartRun(ctx, request(p, fmt.Sprintf("req-%d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs = append(runs, res)
+		t.Cleanup(func() { _ = c.Terminate(context.Background(), res.Run.WorkflowID, "cleanup") })
+	}
+	// A slow ticker: the test drives the scans itself.
+	w := NewWatcher(r, env.store, WatcherOptions{Interval: time.Hour, ReconcileInterval: time.Hour, FullReadRate: 1, Logger: zaptest.NewLogger(t)})
+	w.opts.Interval = time.Second // one run read in turn per scan
+	if err := w.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	deadline := time.Now().Add(10 * time.Second)
+	for !w.cache.ready() || len(w.cache.open()) != n {
+		if time.Now().After(deadline) {
+			t.Fatal("the run cache never held the runs")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	reads := func() float64 { return testutil.ToFloat64(c.metrics.requests[[2]string{opGetWorkflow, resultOK}]) }
+	before, sent := reads(), js.Conn().Stats().OutMsgs
+	const scans = 10
+	for range scans {
+		if err := w.Scan(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A few messages are the connection's own (the watch's flow control,
+	// the watcher's first reconcile); a read per run per scan would be 200.
+	if got := js.Conn().Stats().OutMsgs - sent; got > n/2 {
+		t.Fatalf("%d scans of %d runs sent %d messages to the run index, want none per run", scans, n, got)
+	}
+	// (The watcher's own first scan may still be reading its one run.)
+	if got := reads() - before; got < scans || got > scans+1 {
+		t.Fatalf("%d scans of %d runs read %v workflows, want %d (one in turn per scan)", scans, n, got, scans)
+	}
+	// A run terminated in Conductor drops off its running list and ends.
+	if err := c.Terminate(ctx, runs[3].Run.WorkflowID, "ended outside the sidecar"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Scan(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ev := lastEvent(t, waitFinal(t, env, r, runs[3].Run.RunID)); ev.EventType != statestore.RunFailed {
+		t.Fatalf("terminated run: last event %s", ev.EventType)
+	}
+}
