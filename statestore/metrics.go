@@ -18,6 +18,7 @@ type Metrics struct {
 	invalid        prometheus.Counter
 	nonContig      prometheus.Counter
 	gapsAccepted   prometheus.Counter
+	cachedRuns     prometheus.Gauge
 }
 
 // NewMetrics registers the projector metrics with reg.
@@ -57,11 +58,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sidecar_projector_gaps_accepted_total",
 			Help: "Visibility gaps that did not close within the grace period and were moved past.",
 		}),
+		cachedRuns: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sidecar_projector_cached_runs",
+			Help: "Runs whose snapshots the projector keeps in memory (at most ProjectorOptions.MaxRuns, least recently used dropped).",
+		}),
 	}
 	for _, r := range []string{"persisted", "duplicate", "rejected", "error"} {
 		m.appends.WithLabelValues(r)
 	}
-	reg.MustRegister(m.appends, m.appendDuration, m.eventsApplied, m.lagSeconds, m.lagHistogram, m.invalid, m.nonContig, m.gapsAccepted)
+	reg.MustRegister(m.appends, m.appendDuration, m.eventsApplied, m.lagSeconds, m.lagHistogram, m.invalid, m.nonContig, m.gapsAccepted, m.cachedRuns)
 	return m
 }
 
@@ -108,4 +113,10 @@ func (m *Metrics) Appended(res AppendResult, err error, took time.Duration) {
 	}
 	m.appends.WithLabelValues(result).Inc()
 	m.appendDuration.Observe(took.Seconds())
+}
+
+func (m *Metrics) cached(n int) {
+	if m != nil {
+		m.cachedRuns.Set(float64(n))
+	}
 }

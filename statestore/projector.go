@@ -306,6 +306,7 @@ func (p *Projector) run(runID string) *runProjection {
 	rp := &runProjection{runID: runID}
 	p.runs[runID] = p.lru.PushFront(rp)
 	p.evict()
+	p.opts.Metrics.cached(p.lru.Len())
 	return rp
 }
 
