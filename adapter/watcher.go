@@ -94,7 +94,8 @@ type Watcher struct {
 	suspects map[string]*suspect
 
 	// cache mirrors the run index (nil until Open); cursor is the last run
-	// the rotating full read reached (scan goroutine only).
+	// the rotating full read reached (guarded by mu: Scan may run beside
+	// the loop's scan).
 	cache  *runCache
 	cursor string
 
@@ -367,6 +368,8 @@ func (w *Watcher) nextInTurn(runs []cachedRun, n int) map[string]bool {
 	if len(runs) == 0 {
 		return out
 	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	start := sort.Search(len(runs), func(i int) bool { return runs[i].rec.RunID > w.cursor })
 	for i := 0; i < min(n, len(runs)); i++ {
 		id := runs[(start+i)%len(runs)].rec.RunID

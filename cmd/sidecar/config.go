@@ -37,6 +37,9 @@ type Config struct {
 	LogFormat      string
 	LogLevel       string
 	ValidateWrites bool
+	// PprofListen, when set, serves net/http/pprof on this loopback
+	// address (profiling; empty: off).
+	PprofListen string
 	// NATS is how serve reaches NATS securely.
 	NATS natsConfig
 	// API is the control API's authentication, authorization and TLS.
@@ -105,6 +108,11 @@ func (c *Config) Validate() error {
 	default:
 		p = append(p, "--log-level must be debug, info, warn or error")
 	}
+	if c.PprofListen != "" {
+		if !loopbackListen(c.PprofListen) {
+			p = append(p, "--pprof-listen must be a loopback address such as 127.0.0.1:6060: profiles expose the process's memory")
+		}
+	}
 	p = append(p, c.NATS.validate(c.NATSURL)...)
 	p = append(p, c.API.validate(c.Listen)...)
 	p = append(p, c.Exec.validate()...)
@@ -134,6 +142,7 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	str(&c.TaskDomain, "task-domain", "Conductor task domain of this deployment's runs; sidecars sharing a Conductor but not NATS need distinct domains (empty: none)")
 	str(&c.LogFormat, "log-format", "json or console")
 	str(&c.LogLevel, "log-level", "debug, info, warn or error")
+	str(&c.PprofListen, "pprof-listen", "serve net/http/pprof on this loopback address, for profiling (empty: off)")
 	fs.Var(&concurrencyValue{c.Concurrency}, "concurrency", "steps run at once per executor, e.g. command=4,http=16 (env "+envName("concurrency")+")")
 	if v, ok := os.LookupEnv(envName("concurrency")); ok {
 		_ = fs.Set("concurrency", v)

@@ -59,6 +59,13 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if cfg.PprofListen != "" {
+		stop, err := servePprof(cfg.PprofListen, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	log.Info("sidecar ready", zap.String("listen", sc.addr), zap.String("conductor", cfg.ConductorURL), zap.String("version", buildVersion()))
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
