@@ -127,27 +127,14 @@ func validateKnownPayload(eventType string, raw json.RawMessage) error {
 		if err := decode(&p); err != nil {
 			return err
 		}
-		switch {
-		case p.StepID == nil || *p.StepID == "":
-			return schemaError("payload.stepId", "is required")
-		case p.StepLogicalAttemptID == nil:
-			return schemaError("payload.stepLogicalAttemptId", "is required")
-		case *p.StepLogicalAttemptID < 2:
-			return schemaError("payload.stepLogicalAttemptId", "must be >= 2 (a retry opens a later attempt)")
-		}
-		return validateID("payload.stepId", *p.StepID, true)
+		return validateStepRef(p.StepID, p.StepLogicalAttemptID, 2, " (a retry opens a later attempt)")
 	case RunStepTryEnded, RunStepTryStarted:
 		var p stepTryPayload
 		if err := decode(&p); err != nil {
 			return err
 		}
-		switch {
-		case p.StepID == nil || *p.StepID == "":
-			return schemaError("payload.stepId", "is required")
-		case p.StepLogicalAttemptID == nil:
-			return schemaError("payload.stepLogicalAttemptId", "is required")
-		case *p.StepLogicalAttemptID < 1:
-			return schemaError("payload.stepLogicalAttemptId", "must be >= 1")
+		if err := validateStepRef(p.StepID, p.StepLogicalAttemptID, 1, ""); err != nil {
+			return err
 		}
 		if eventType == RunStepTryEnded {
 			if p.Reason == nil {
@@ -159,12 +146,10 @@ func validateKnownPayload(eventType string, raw json.RawMessage) error {
 				return schemaError("payload.reason", "must be %s, %s or %s", TryEndedEngineTryFailed, TryEndedHandedBack, TryEndedWorkerRestarted)
 			}
 			if p.Error != nil {
-				if err := validateStepError(p.Error); err != nil {
-					return err
-				}
+				return validateStepError(p.Error)
 			}
 		}
-		return validateID("payload.stepId", *p.StepID, true)
+		return nil
 	case RunFailed:
 		var p runFailedPayload
 		if err := decode(&p); err != nil {
@@ -196,6 +181,21 @@ func validateKnownPayload(eventType string, raw json.RawMessage) error {
 		}
 	}
 	return nil
+}
+
+// validateStepRef checks the step a run-level event names in its payload:
+// stepId present and a valid id, stepLogicalAttemptId present and at least
+// min (why says why, for the message).
+func validateStepRef(stepID *string, attempt *int64, min int64, why string) error {
+	switch {
+	case stepID == nil || *stepID == "":
+		return schemaError("payload.stepId", "is required")
+	case attempt == nil:
+		return schemaError("payload.stepLogicalAttemptId", "is required")
+	case *attempt < min:
+		return schemaError("payload.stepLogicalAttemptId", "must be >= %d%s", min, why)
+	}
+	return validateID("payload.stepId", *stepID, true)
 }
 
 func validateArtifacts(refs []ArtifactRef) error {
