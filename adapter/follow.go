@@ -87,21 +87,15 @@ func (w *Watcher) pausedInConductor(ctx context.Context, rec *Run, snap *statest
 	if snap.Pause != nil {
 		cycle = snap.Pause.Cycle + 1
 	}
-	ev, err := runEventAt(rec, statestore.RunPaused, cycle, map[string]any{
+	err := w.record(ctx, rec, snap, statestore.RunPaused, cycle, map[string]any{
 		"requestedBy": RequestedByConductor, "reason": "paused in Conductor",
 		"drainTimeoutSeconds": int64(w.opts.DrainTimeout.Seconds()),
-	})
+	}, true)
+	if errors.Is(err, statestore.ErrRunChanged) {
+		return nil // decided again at the next check
+	}
 	if err != nil {
 		return err
-	}
-	if err := statestore.CheckTransition(snap, ev); err != nil {
-		return err
-	}
-	if _, err := w.emitter.EmitIf(ctx, ev, snap.LastEventSeq); err != nil {
-		if errors.Is(err, statestore.ErrRunChanged) {
-			return nil // decided again at the next check
-		}
-		return fmt.Errorf("adapter: watcher: append RunPaused of run %s: %w", rec.RunID, err)
 	}
 	w.log.Warn("the run's workflow was paused in Conductor; recorded the pause, the run drains",
 		zap.String("runId", rec.RunID), zap.String("workflowId", rec.WorkflowID), zap.Int64("cycle", cycle))
@@ -112,20 +106,36 @@ func (w *Watcher) pausedInConductor(ctx context.Context, rec *Run, snap *statest
 // resumedInConductor records a resume made in Conductor: RunResumed of the
 // open cycle.
 func (w *Watcher) resumedInConductor(ctx context.Context, rec *Run, snap *statestore.RunSnapshot) error {
-	ev, err := runEventAt(rec, statestore.RunResumed, snap.Pause.Cycle, map[string]any{
+	if err := w.record(ctx, rec, snap, statestore.RunResumed, snap.Pause.Cycle, map[string]any{
 		"requestedBy": RequestedByConductor, "reason": "resumed in Conductor",
-	})
+	}, false); err != nil {
+		return err
+	}
+	w.log.Warn("the run's workflow was resumed in Conductor; recorded the resume",
+		zap.String("runId", rec.RunID), zap.String("workflowId", rec.WorkflowID), zap.Int64("cycle", snap.Pause.Cycle))
+	w.opts.Metrics.watcherAction(actionConductorResumed)
+	return w.runs.NoteEngine(ctx, rec.RunID, false, snap.Pause.Cycle)
+}
+
+// record appends the run-level event eventType of rec for the given cycle,
+// after checking it against snap (Layer 1: never what the projector would
+// flag). conditional appends it on snap's last runSeq (an error matching
+// statestore.ErrRunChanged when the run moved on).
+func (w *Watcher) record(ctx context.Context, rec *Run, snap *statestore.RunSnapshot, eventType string, cycle int64, payload map[string]any, conditional bool) error {
+	ev, err := runEventAt(rec, eventType, cycle, payload)
 	if err != nil {
 		return err
 	}
 	if err := statestore.CheckTransition(snap, ev); err != nil {
 		return err
 	}
-	if _, err := w.emitter.Emit(ctx, ev); err != nil {
-		return fmt.Errorf("adapter: watcher: append RunResumed of run %s: %w", rec.RunID, err)
+	if conditional {
+		_, err = w.emitter.EmitIf(ctx, ev, snap.LastEventSeq)
+	} else {
+		_, err = w.emitter.Emit(ctx, ev)
 	}
-	w.log.Warn("the run's workflow was resumed in Conductor; recorded the resume",
-		zap.String("runId", rec.RunID), zap.String("workflowId", rec.WorkflowID), zap.Int64("cycle", snap.Pause.Cycle))
-	w.opts.Metrics.watcherAction(actionConductorResumed)
-	return w.runs.NoteEngine(ctx, rec.RunID, false, snap.Pause.Cycle)
+	if err != nil {
+		return fmt.Errorf("adapter: watcher: append %s of run %s: %w", eventType, rec.RunID, err)
+	}
+	return nil
 }

@@ -604,18 +604,11 @@ func (w *Watcher) closePause(ctx context.Context, rec *Run, snap *statestore.Run
 		engineStatus != string(model.CompletedWorkflow) {
 		return nil
 	}
-	ev, err := runEventAt(rec, statestore.RunResumed, snap.Pause.Cycle, map[string]any{
+	if err := w.record(ctx, rec, snap, statestore.RunResumed, snap.Pause.Cycle, map[string]any{
 		"requestedBy": RequestedBySidecar,
 		"reason":      "Conductor had COMPLETED the workflow before the pause took effect; the pause is closed so that the run can complete",
-	})
-	if err != nil {
+	}, false); err != nil {
 		return err
-	}
-	if err := statestore.CheckTransition(snap, ev); err != nil {
-		return err
-	}
-	if _, err := w.emitter.Emit(ctx, ev); err != nil {
-		return fmt.Errorf("adapter: watcher: append RunResumed of run %s: %w", rec.RunID, err)
 	}
 	w.opts.Metrics.watcherAction(actionPauseClosed)
 	w.log.Warn("the run completed in Conductor while paused in the log; closed the pause before RunCompleted",

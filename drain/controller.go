@@ -469,11 +469,7 @@ func (c *Controller) invalid(snap *statestore.RunSnapshot, eventType string) err
 
 // append checks the transition (Layer 1) and appends.
 func (c *Controller) append(ctx context.Context, snap *statestore.RunSnapshot, eventType string, cycle int64, payload map[string]any) (statestore.AppendResult, error) {
-	w := c.event(snap, eventType, cycle, payload)
-	if err := statestore.CheckTransition(snap, w); err != nil {
-		return statestore.AppendResult{}, err
-	}
-	return c.emit.Emit(ctx, w)
+	return c.appendOn(ctx, snap, eventType, cycle, payload, false)
 }
 
 // maxFenceRetries bounds how often Pause decides again after its
@@ -483,11 +479,18 @@ const maxFenceRetries = 64
 // appendIf is append conditioned on snap's last runSeq: an error matching
 // statestore.ErrRunChanged when the run moved on.
 func (c *Controller) appendIf(ctx context.Context, snap *statestore.RunSnapshot, eventType string, cycle int64, payload map[string]any) (statestore.AppendResult, error) {
+	return c.appendOn(ctx, snap, eventType, cycle, payload, true)
+}
+
+func (c *Controller) appendOn(ctx context.Context, snap *statestore.RunSnapshot, eventType string, cycle int64, payload map[string]any, conditional bool) (statestore.AppendResult, error) {
 	w := c.event(snap, eventType, cycle, payload)
 	if err := statestore.CheckTransition(snap, w); err != nil {
 		return statestore.AppendResult{}, err
 	}
-	return c.emit.EmitIf(ctx, w, snap.LastEventSeq)
+	if conditional {
+		return c.emit.EmitIf(ctx, w, snap.LastEventSeq)
+	}
+	return c.emit.Emit(ctx, w)
 }
 
 func (c *Controller) event(snap *statestore.RunSnapshot, eventType string, attempt int64, payload map[string]any) *statestore.RunEventWrite {
