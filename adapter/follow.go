@@ -100,6 +100,10 @@ func (w *Watcher) pausedInConductor(ctx context.Context, rec *Run, snap *statest
 	w.log.Warn("the run's workflow was paused in Conductor; recorded the pause, the run drains",
 		zap.String("runId", rec.RunID), zap.String("workflowId", rec.WorkflowID), zap.Int64("cycle", cycle))
 	w.opts.Metrics.watcherAction(actionConductorPaused)
+	if err := w.runs.MarkDraining(ctx, rec.RunID, cycle); err != nil {
+		// The drain monitors' full pass finds the drain without its mark.
+		w.log.Warn("could not mark the drain in the drain index", zap.String("runId", rec.RunID), zap.Error(err))
+	}
 	return w.runs.NoteEngine(ctx, rec.RunID, true, cycle)
 }
 

@@ -3,6 +3,8 @@ package adapter
 import (
 	"context"
 	"encoding/json"
+	"slices"
+	"sort"
 	"strings"
 	"sync"
 
@@ -15,10 +17,18 @@ import (
 // arrives once, as it changes. Entries are read only; every write still
 // goes to the index with the entry's revision (compare-and-set), so a
 // cache a moment behind costs a retry, never a lost update.
+//
+// It holds the runs that are not FINAL (a run's entry is dropped when it
+// becomes FINAL: the watcher has nothing left to do for it) and keeps them
+// sorted by runId, sorting again only when a run comes or goes, so that a
+// scan costs nothing per run beyond reading the slice.
 type runCache struct {
 	mu     sync.Mutex
 	runs   map[string]cachedRun
-	synced chan struct{} // closed once the watch delivered the entries that existed
+	sorted []cachedRun    // the runs sorted by runId, while !stale
+	pos    map[string]int // runId -> index in sorted, while !stale
+	stale  bool           // a run came or went since sorted was built
+	synced chan struct{}  // closed once the watch delivered the entries that existed
 	stop   context.CancelFunc
 	done   chan struct{}
 }
@@ -36,7 +46,7 @@ func (r *Runs) watchRuns(ctx context.Context, log *zap.Logger) (*runCache, error
 		cancel()
 		return nil, registryUnavailable("watch runs", err)
 	}
-	c := &runCache{runs: map[string]cachedRun{}, synced: make(chan struct{}), stop: cancel, done: make(chan struct{})}
+	c := &runCache{runs: map[string]cachedRun{}, pos: map[string]int{}, synced: make(chan struct{}), stop: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(c.done)
 		defer func() { _ = kw.Stop() }()
@@ -64,20 +74,32 @@ func (c *runCache) apply(e jetstream.KeyValueEntry, log *zap.Logger) {
 	runID := strings.TrimPrefix(e.Key(), keyRun)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if e.Operation() != jetstream.KeyValuePut {
-		delete(c.runs, runID)
+	cur, had := c.runs[runID]
+	if had && cur.rev > e.Revision() {
 		return
 	}
 	var rec Run
-	if err := json.Unmarshal(e.Value(), &rec); err != nil || rec.RunID != runID {
-		log.Warn("run index entry is not a run; the watcher reads it directly", zap.String("key", e.Key()), zap.Error(err))
-		delete(c.runs, runID)
+	keep := e.Operation() == jetstream.KeyValuePut
+	if keep {
+		if err := json.Unmarshal(e.Value(), &rec); err != nil || rec.RunID != runID {
+			log.Warn("run index entry is not a run; the watcher reads it directly", zap.String("key", e.Key()), zap.Error(err))
+			keep = false
+		}
+	}
+	if !keep || rec.State == RunStateFinal {
+		if had {
+			delete(c.runs, runID)
+			c.stale = true
+		}
 		return
 	}
-	if cur, ok := c.runs[runID]; ok && cur.rev > e.Revision() {
-		return
+	r := cachedRun{rec: &rec, rev: e.Revision()}
+	c.runs[runID] = r
+	if !had {
+		c.stale = true
+	} else if i, ok := c.pos[runID]; ok && !c.stale {
+		c.sorted[i] = r
 	}
-	c.runs[runID] = cachedRun{rec: &rec, rev: e.Revision()}
 }
 
 // ready reports whether the cache holds every entry that existed when it
@@ -94,18 +116,25 @@ func (c *runCache) ready() bool {
 	}
 }
 
-// open returns the runs that are not FINAL, with copies of their entries.
+// open returns the runs that are not FINAL, sorted by runId. The slice is
+// the caller's; the entries are shared and must not be changed (apply
+// replaces an entry, it never changes one).
 func (c *runCache) open() []cachedRun {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make([]cachedRun, 0, len(c.runs))
-	for _, r := range c.runs {
-		if r.rec.State != RunStateFinal {
-			rec := *r.rec
-			out = append(out, cachedRun{rec: &rec, rev: r.rev})
+	if c.stale || len(c.sorted) != len(c.runs) {
+		c.sorted = c.sorted[:0]
+		for _, r := range c.runs {
+			c.sorted = append(c.sorted, r)
 		}
+		sort.Slice(c.sorted, func(i, j int) bool { return c.sorted[i].rec.RunID < c.sorted[j].rec.RunID })
+		clear(c.pos)
+		for i, r := range c.sorted {
+			c.pos[r.rec.RunID] = i
+		}
+		c.stale = false
 	}
-	return out
+	return slices.Clone(c.sorted)
 }
 
 func (c *runCache) close() {

@@ -10,6 +10,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -37,6 +39,7 @@ const (
 	keyReq    = "req."
 	keyRun    = "run."
 	keyActive = "active."
+	keyDrain  = "drain."
 )
 
 // Run is a run's entry in the run index: its identity, its Conductor
@@ -202,6 +205,50 @@ func (r *Runs) NoteEngine(ctx context.Context, runID string, paused bool, cycle 
 		}
 	}
 	return fmt.Errorf("adapter: note engine state of run %s: %w", runID, errRevisionMismatch)
+}
+
+// MarkDraining records in the drain index that runID's drain of pause
+// cycle cycle may be open, so that the drain monitor of every replica finds
+// it without reading every run (drain.DrainIndex). It is written after the
+// RunPaused of that cycle persisted: a mark always names a cycle in the log.
+func (r *Runs) MarkDraining(ctx context.Context, runID string, cycle int64) error {
+	if _, err := r.kv.Put(ctx, keyDrain+runID, []byte(strconv.FormatInt(cycle, 10))); err != nil {
+		return registryUnavailable("mark drain", err)
+	}
+	return nil
+}
+
+// EndDraining removes runID's drain mark if it names cycle or an older one
+// (a mark of a later pause, written meanwhile, stays).
+func (r *Runs) EndDraining(ctx context.Context, runID string, cycle int64) error {
+	e, err := r.kv.Get(ctx, keyDrain+runID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return nil
+	}
+	if err != nil {
+		return registryUnavailable("read drain mark", err)
+	}
+	if marked, err := strconv.ParseInt(string(e.Value()), 10, 64); err == nil && marked > cycle {
+		return nil
+	}
+	if err := r.kv.Delete(ctx, keyDrain+runID, jetstream.LastRevision(e.Revision())); err != nil && !isRevisionMismatch(err) {
+		return registryUnavailable("end drain mark", err)
+	}
+	return nil
+}
+
+// DrainingRunIDs lists the runs of the drain index: its cost follows the
+// number of open drains, not of active runs.
+func (r *Runs) DrainingRunIDs(ctx context.Context) ([]string, error) {
+	keys, err := r.listKeys(ctx, keyDrain+">")
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(keys))
+	for i, k := range keys {
+		ids[i] = strings.TrimPrefix(k, keyDrain)
+	}
+	return ids, nil
 }
 
 // isRevisionMismatch reports a lost compare-and-set. On a single server a

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
+	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -590,4 +592,55 @@ func TestRuns_EnsureStarted(t *testing.T) {
 			t.Fatalf("short deadline: got %v, want RUN_START_IN_PROGRESS", err)
 		}
 	})
+}
+
+// TestRuns_DrainIndex: the drain index in the run index (drain.DrainIndex)
+// on a real JetStream KV, shared by two replicas: a mark names its pause
+// cycle, the end of an older cycle's drain leaves a later mark alone, and
+// the listing holds only the marked runs.
+func TestRuns_DrainIndex(t *testing.T) {
+	ctx := context.Background()
+	env := newNATS(t)
+	a, b := env.newRuns(t, unusedURL(t), RunsOptions{}), env.newRuns(t, unusedURL(t), RunsOptions{})
+	list := func() []string {
+		t.Helper()
+		ids, err := b.DrainingRunIDs(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sort.Strings(ids)
+		return ids
+	}
+	if ids := list(); len(ids) != 0 {
+		t.Fatalf("empty index lists %v", ids)
+	}
+	for _, m := range []struct {
+		run   string
+		cycle int64
+	}{{"run-1", 1}, {"run-2", 3}, {"run-2", 4}} {
+		if err := a.MarkDraining(ctx, m.run, m.cycle); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ids := list(); !slices.Equal(ids, []string{"run-1", "run-2"}) {
+		t.Fatalf("index lists %v, want run-1 and run-2", ids)
+	}
+	// run-2's drain of cycle 3 ends on replica b while a already marked cycle 4.
+	if err := b.EndDraining(ctx, "run-2", 3); err != nil {
+		t.Fatal(err)
+	}
+	if ids := list(); !slices.Equal(ids, []string{"run-1", "run-2"}) {
+		t.Fatalf("ending cycle 3 removed the mark of cycle 4: index lists %v", ids)
+	}
+	for _, e := range []struct {
+		run   string
+		cycle int64
+	}{{"run-2", 4}, {"run-1", 1}, {"run-1", 1}, {"run-9", 1}} {
+		if err := b.EndDraining(ctx, e.run, e.cycle); err != nil {
+			t.Fatalf("end %s cycle %d: %v", e.run, e.cycle, err)
+		}
+	}
+	if ids := list(); len(ids) != 0 {
+		t.Fatalf("index lists %v after every drain ended", ids)
+	}
 }

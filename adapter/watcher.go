@@ -340,7 +340,6 @@ func (w *Watcher) scan(ctx context.Context, lists bool) error {
 func (w *Watcher) scanCached(ctx context.Context) error {
 	runs := w.cache.open()
 	w.opts.Metrics.setActive(len(runs))
-	sort.Slice(runs, func(i, j int) bool { return runs[i].rec.RunID < runs[j].rec.RunID })
 	forced := w.nextInTurn(runs, max(1, int(float64(w.opts.FullReadRate)*w.opts.Interval.Seconds())))
 	alive := &runningLists{client: w.conductor, ids: map[defKey]map[string]bool{}}
 	var errs []error
@@ -352,7 +351,12 @@ func (w *Watcher) scanCached(ctx context.Context) error {
 		if forced[r.rec.RunID] {
 			lists = nil
 		}
-		err := w.checkRun(ctx, r.rec, r.rev, lists, nil)
+		if lists.running(ctx, r.rec) && r.rec.State == RunStateStarted && r.rec.RunStartedEmitted {
+			w.found(r.rec.RunID, r.rec.WorkflowID) // the common case, without copying the entry
+			continue
+		}
+		rec := *r.rec // checkRun may change its entry
+		err := w.checkRun(ctx, &rec, r.rev, lists, nil)
 		if err != nil && !errors.Is(err, context.Canceled) {
 			w.opts.Metrics.watcherError()
 		}

@@ -18,19 +18,22 @@ args=(serve --data-dir "$D/data" --listen "127.0.0.1:$PORT" --conductor-url "$CO
 if [ "${PPROF:-}" = 1 ]; then args+=(--pprof-listen "127.0.0.1:$((PORT + 1))"); fi
 "$BIN" "${args[@]}" >"$D/log" 2>&1 &
 PID=$!
-trap 'kill "$PID" 2>/dev/null || true; rm -rf "$D"' EXIT
+trap 'kill "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; rm -rf "$D"' EXIT
 for _ in $(seq 100); do curl -fs "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
 python3 - "$PORT" "$N" <<'PY'
 import json, sys, urllib.request, uuid
+from concurrent.futures import ThreadPoolExecutor
 port, n = sys.argv[1], int(sys.argv[2])
 plan = {"planId": "idle-" + uuid.uuid4().hex[:8], "planVersion": "1",
         "steps": [{"stepId": "s", "executor": {"type": "sleep", "seconds": 1}}]}
-for _ in range(n):
+def submit(_):
     body = json.dumps({"tenantId": "t", "projectId": "p", "environmentId": "e",
                        "runRequestId": uuid.uuid4().hex, "plan": plan}).encode()
     req = urllib.request.Request("http://127.0.0.1:%s/v1/runs" % port, data=body,
                                  headers={"Content-Type": "application/json"}, method="POST")
-    urllib.request.urlopen(req).read()
+    urllib.request.urlopen(req, timeout=60).read()
+with ThreadPoolExecutor(8) as pool:
+    list(pool.map(submit, range(n)))
 PY
 sleep 10
 ticks() { awk '{print $14 + $15}' "/proc/$PID/stat"; }

@@ -35,6 +35,20 @@ type EngineLedger interface {
 	NoteEngine(ctx context.Context, runID string, paused bool, cycle int64) error
 }
 
+// DrainIndex remembers, for every replica, which runs may have an open
+// drain (adapter.Runs implements it in the run index), so that the monitor
+// finds a drain another replica started, or one a dead process left,
+// without reading every active run.
+type DrainIndex interface {
+	// MarkDraining records that runID's drain of pause cycle cycle may be
+	// open; it is called after that cycle's RunPaused persisted.
+	MarkDraining(ctx context.Context, runID string, cycle int64) error
+	// EndDraining removes runID's mark unless it names a later cycle.
+	EndDraining(ctx context.Context, runID string, cycle int64) error
+	// DrainingRunIDs lists the marked runs.
+	DrainingRunIDs(ctx context.Context) ([]string, error)
+}
+
 // SnapshotReader gives a run's derived state (the projector's snapshot).
 type SnapshotReader interface {
 	ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error)
@@ -59,16 +73,29 @@ type Options struct {
 	// Ledger, when set, is told of every pause and resume that reached
 	// Conductor.
 	Ledger EngineLedger
-	// ActiveRuns lists the runs the monitor watches.
+	// ActiveRuns lists the runs of the monitor's full pass.
 	ActiveRuns func(ctx context.Context) ([]string, error)
+	// Drains, when set, is the drain index: Pause marks its run there,
+	// the monitor reads it every IndexInterval and ends a mark with its
+	// drain. Without it the full pass is the only way to find a drain this
+	// process did not start.
+	Drains DrainIndex
 	// Interval is the period of the monitor's check of the runs it knows
 	// are draining (default 250ms).
 	Interval time.Duration
-	// FullScanInterval is the period of its pass over every active run
-	// (default 30s): it finds drains this process did not start (another
-	// replica's pause, or one left by a process that died) and sets the
-	// runs-by-status gauges.
+	// IndexInterval is the period of its read of the drain index (default
+	// 5s).
+	IndexInterval time.Duration
+	// FullScanInterval is the shortest period of its pass over every
+	// active run (default 30s). The pass reads at most FullScanRate runs a
+	// second, spread evenly, so with N active runs it takes
+	// max(FullScanInterval, N/FullScanRate). It sets the runs-by-status
+	// gauges and finds a drain missing from the index (a process died
+	// between a RunPaused and its mark).
 	FullScanInterval time.Duration
+	// FullScanRate caps the full pass's snapshot reads a second (default
+	// 100).
+	FullScanRate int
 	Logger           *zap.Logger
 	Metrics          *Metrics
 	Now              func() time.Time
@@ -104,8 +131,14 @@ func New(snaps SnapshotReader, emit Emitter, engine Engine, opts Options) *Contr
 	if opts.Interval <= 0 {
 		opts.Interval = 250 * time.Millisecond
 	}
+	if opts.IndexInterval <= 0 {
+		opts.IndexInterval = 5 * time.Second
+	}
 	if opts.FullScanInterval <= 0 {
 		opts.FullScanInterval = 30 * time.Second
+	}
+	if opts.FullScanRate <= 0 {
+		opts.FullScanRate = 100
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
@@ -230,6 +263,7 @@ func (c *Controller) Pause(ctx context.Context, runID, workflowID string, req Pa
 	}
 	c.opts.Metrics.pauseRecorded(c.opts.Now().Sub(began))
 	c.watch(runID, true)
+	c.mark(ctx, runID, cycle)
 	c.logger.Info("run paused; draining in-flight steps", zap.String("runId", runID), zap.Int64("cycle", cycle),
 		zap.Int("inFlight", len(snap.InFlight())), zap.Int64("timeoutSeconds", timeout))
 	engineBegan := c.opts.Now()

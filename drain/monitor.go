@@ -3,6 +3,7 @@ package drain
 import (
 	"context"
 	"errors"
+	"math"
 	"sync"
 	"time"
 
@@ -11,8 +12,9 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
-// Open starts the drain monitor. It scans once at once, so a deadline that
-// passed while no sidecar was running is raised at start.
+// Open starts the drain monitor. It checks the drains of the drain index
+// (without one, every active run) at once, so that a deadline that passed
+// while no sidecar was running is raised at start.
 // A second Open fails (ErrAlreadyOpen).
 func (c *Controller) Open(ctx context.Context) error {
 	if c.opts.ActiveRuns == nil {
@@ -25,7 +27,11 @@ func (c *Controller) Open(ctx context.Context) error {
 	}
 	ctx, c.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	c.done = make(chan struct{})
-	c.scan(ctx)
+	if c.opts.Drains != nil {
+		_ = c.readIndex(ctx) && c.checkWatched(ctx)
+	} else {
+		c.scan(ctx)
+	}
 	go c.loop(ctx)
 	return nil
 }
@@ -62,16 +68,20 @@ func (c *Controller) Nudge(runID string) {
 	}
 }
 
-// loop checks the watched runs every Interval and passes over every active
-// run every FullScanInterval; while checks fail (the store or the run
-// index does not answer) it waits twice as long each time, up to
-// MaxScanBackoff.
+// loop checks the watched runs every Interval, reads the drain index
+// every IndexInterval, and takes the next share of its full pass over the
+// active runs; while checks fail (the store or the run index does not
+// answer) it waits twice as long each time, up to MaxScanBackoff.
 func (c *Controller) loop(ctx context.Context) {
 	defer close(c.done)
 	wait := c.opts.Interval
 	t := time.NewTimer(wait)
 	defer t.Stop()
-	lastFull := time.Now()
+	lastIndex := time.Now()
+	var pass fullPass
+	if c.opts.Drains == nil {
+		pass.due = time.Now().Add(c.opts.FullScanInterval) // Open made one
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -80,12 +90,12 @@ func (c *Controller) loop(ctx context.Context) {
 			c.Check(ctx, runID)
 		case <-t.C:
 			ok := true
-			if time.Since(lastFull) >= c.opts.FullScanInterval {
-				ok = c.scan(ctx)
-				if ok {
-					lastFull = time.Now()
+			if c.opts.Drains != nil && time.Since(lastIndex) >= c.opts.IndexInterval {
+				if ok = c.readIndex(ctx); ok {
+					lastIndex = time.Now()
 				}
 			}
+			ok = ok && c.passStep(ctx, &pass)
 			ok = ok && c.checkWatched(ctx)
 			if ok {
 				wait = c.opts.Interval
@@ -97,15 +107,18 @@ func (c *Controller) loop(ctx context.Context) {
 	}
 }
 
-// watch adds runID to the watched runs (on) or removes it.
-func (c *Controller) watch(runID string, on bool) {
+// watch adds runID to the watched runs (on) or removes it, and reports
+// whether that changed anything.
+func (c *Controller) watch(runID string, on bool) bool {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	_, was := c.watched[runID]
 	if on {
 		c.watched[runID] = struct{}{}
 	} else {
 		delete(c.watched, runID)
 	}
+	return was != on
 }
 
 // Watched is the number of runs the monitor checks every Interval.
@@ -113,6 +126,45 @@ func (c *Controller) Watched() int {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	return len(c.watched)
+}
+
+// mark records runID's open drain of cycle in the drain index. A mark
+// that cannot be written is logged: this process watches the drain anyway,
+// and the full pass finds it for the others.
+func (c *Controller) mark(ctx context.Context, runID string, cycle int64) {
+	if c.opts.Drains == nil {
+		return
+	}
+	if err := c.opts.Drains.MarkDraining(ctx, runID, cycle); err != nil && ctx.Err() == nil {
+		c.warns.warn(c.logger, "cannot mark a drain in the drain index; other replicas find it with their full pass", zap.String("runId", runID), zap.Error(err))
+	}
+}
+
+// unwatch stops watching runID, whose drain of cycle ended (or that has
+// none), and removes its mark from the drain index if it was watched.
+func (c *Controller) unwatch(ctx context.Context, runID string, cycle int64) {
+	if !c.watch(runID, false) || c.opts.Drains == nil {
+		return
+	}
+	if err := c.opts.Drains.EndDraining(ctx, runID, cycle); err != nil && ctx.Err() == nil {
+		c.warns.warn(c.logger, "cannot end a drain's mark in the drain index; it is read again", zap.String("runId", runID), zap.Error(err))
+	}
+}
+
+// readIndex watches every run of the drain index; it reports false when
+// the index did not answer.
+func (c *Controller) readIndex(ctx context.Context) bool {
+	ids, err := c.opts.Drains.DrainingRunIDs(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.warns.warn(c.logger, "cannot read the drain index; drains of other replicas are found by the full pass until it works", zap.Error(err))
+		}
+		return false
+	}
+	for _, id := range ids {
+		c.watch(id, true)
+	}
+	return true
 }
 
 // checkWatched checks every watched run (its cost is one snapshot read per
@@ -141,6 +193,64 @@ func (c *Controller) checkWatched(ctx context.Context) bool {
 	return true
 }
 
+// fullPass is the monitor's pass over every active run, spread over its
+// period: perTick runs a tick, the runs-by-status gauges set at its end.
+type fullPass struct {
+	ids      []string
+	next     int
+	perTick  int
+	byStatus map[string]int
+	due      time.Time // when the next pass starts
+}
+
+// passStep starts a full pass when one is due and checks its next share
+// of runs. It reports false when the run index or the store did not
+// answer (the pass goes on from the same run at the next tick).
+func (c *Controller) passStep(ctx context.Context, p *fullPass) bool {
+	if p.byStatus == nil {
+		if time.Now().Before(p.due) {
+			return true
+		}
+		ids, err := c.opts.ActiveRuns(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				c.warns.warn(c.logger, "cannot list active runs; the full pass waits until it works", zap.Error(err))
+			}
+			return false
+		}
+		period := max(c.opts.FullScanInterval, time.Duration(len(ids))*time.Second/time.Duration(c.opts.FullScanRate))
+		ticks := max(1, int(period/c.opts.Interval))
+		*p = fullPass{ids: ids, perTick: (len(ids) + ticks - 1) / ticks, byStatus: map[string]int{}, due: time.Now().Add(period)}
+	}
+	for end := min(p.next+p.perTick, len(p.ids)); p.next < end; p.next++ {
+		snap, err := c.check(ctx, p.ids[p.next])
+		if err != nil {
+			return false
+		}
+		countStatus(p.byStatus, snap)
+	}
+	if p.next == len(p.ids) {
+		c.opts.Metrics.statusGauges(p.byStatus)
+		*p = fullPass{due: p.due}
+	}
+	return true
+}
+
+// countStatus counts snap's run under its status (CANCELLING for a cancel
+// under way); terminal runs and missing ones are not counted.
+func countStatus(byStatus map[string]int, snap *statestore.RunSnapshot) {
+	if snap == nil {
+		return
+	}
+	status := snap.Status
+	if snap.CancelRequested && !statestore.IsTerminalRunStatus(status) {
+		status = "CANCELLING"
+	}
+	if !statestore.IsTerminalRunStatus(status) {
+		byStatus[status]++
+	}
+}
+
 // Scan passes over every active run: it ends the drains that are due,
 // watches those still open, and sets the runs-by-status gauges.
 func (c *Controller) Scan(ctx context.Context) { c.scan(ctx) }
@@ -161,16 +271,7 @@ func (c *Controller) scan(ctx context.Context) bool {
 		if err != nil {
 			return false
 		}
-		if snap == nil {
-			continue
-		}
-		status := snap.Status
-		if snap.CancelRequested && !statestore.IsTerminalRunStatus(status) {
-			status = "CANCELLING"
-		}
-		if !statestore.IsTerminalRunStatus(status) {
-			byStatus[status]++
-		}
+		countStatus(byStatus, snap)
 	}
 	c.opts.Metrics.statusGauges(byStatus)
 	c.warns.recovered(c.logger, "the drain monitor reads the store again")
@@ -190,6 +291,7 @@ func (c *Controller) Check(ctx context.Context, runID string) *statestore.RunSna
 func (c *Controller) check(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
 	snap, err := c.snaps.ProjectSnapshot(ctx, runID)
 	if errors.Is(err, statestore.ErrNotFound) {
+		c.unwatch(ctx, runID, math.MaxInt64)
 		return nil, nil
 	}
 	if err != nil {
@@ -199,10 +301,16 @@ func (c *Controller) check(ctx context.Context, runID string) (*statestore.RunSn
 		return nil, err
 	}
 	if snap.Status != statestore.RunStatusPaused || snap.Pause == nil || snap.Pause.DrainEndedAt != "" {
-		c.watch(runID, false)
+		var cycle int64
+		if snap.Pause != nil {
+			cycle = snap.Pause.Cycle
+		}
+		c.unwatch(ctx, runID, cycle)
 		return snap, nil
 	}
-	c.watch(runID, true)
+	if c.watch(runID, true) {
+		c.mark(ctx, runID, snap.Pause.Cycle) // found by a pass or a nudge: tell the other replicas
+	}
 	inflight := snap.InFlight()
 	waited := c.waited(snap)
 	switch {
@@ -212,7 +320,7 @@ func (c *Controller) check(ctx context.Context, runID string) (*statestore.RunSn
 			c.warns.warn(c.logger, "could not record the end of a drain; retrying", zap.String("runId", runID), zap.Error(err))
 			return snap, nil
 		}
-		c.watch(runID, false)
+		c.unwatch(ctx, runID, snap.Pause.Cycle)
 		if res.Persisted {
 			c.opts.Metrics.drainEnded("drained", waited)
 			c.logger.Info("drain completed: no step in flight", zap.String("runId", runID), zap.Int64("cycle", snap.Pause.Cycle), zap.Duration("waited", waited))
@@ -225,7 +333,7 @@ func (c *Controller) check(ctx context.Context, runID string) (*statestore.RunSn
 			c.warns.warn(c.logger, "could not record a drain timeout; retrying", zap.String("runId", runID), zap.Error(err))
 			return snap, nil
 		}
-		c.watch(runID, false)
+		c.unwatch(ctx, runID, snap.Pause.Cycle)
 		if res.Persisted {
 			// Counted by the replica whose append persisted: one alert between replicas.
 			c.opts.Metrics.drainEnded("timed_out", waited)

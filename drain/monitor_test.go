@@ -142,3 +142,99 @@ func TestMonitor_CostFollowsDrains(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// memIndex is a drain index in memory, shared by the controllers of a test
+// (adapter.Runs keeps it in the run index; TestRuns_DrainIndex covers that
+// one on a real JetStream KV).
+type memIndex struct {
+	mu    sync.Mutex
+	marks map[string]int64
+}
+
+func (x *memIndex) MarkDraining(_ context.Context, runID string, cycle int64) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.marks[runID] = cycle
+	return nil
+}
+
+func (x *memIndex) EndDraining(_ context.Context, runID string, cycle int64) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.marks[runID] <= cycle {
+		delete(x.marks, runID)
+	}
+	return nil
+}
+
+func (x *memIndex) DrainingRunIDs(context.Context) ([]string, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	var ids []string
+	for id := range x.marks {
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+func (x *memIndex) len() int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return len(x.marks)
+}
+
+// TestMonitor_FindsAnotherReplicasDrainThroughTheIndex: a drain paused on
+// one replica is ended by another whose full pass is an hour away: the
+// pause marks the run in the drain index, the other replica's monitor reads
+// the index, watches the run, records RunDrainCompleted and removes the
+// mark (issue #12: the monitor reads only the runs that drain).
+func TestMonitor_FindsAnotherReplicasDrainThroughTheIndex(t *testing.T) {
+	ctx := context.Background()
+	mem, eng := setup(t, "a")
+	index := &memIndex{marks: map[string]int64{}}
+	newReplica := func() *drain.Controller {
+		return drain.New(mem, emitter{mem}, eng, drain.Options{
+			ActiveRuns: func(context.Context) ([]string, error) { return []string{"r"}, nil },
+			Drains:     index, Interval: 10 * time.Millisecond, IndexInterval: 20 * time.Millisecond,
+			FullScanInterval: time.Hour, Logger: zaptest.NewLogger(t),
+		})
+	}
+	pausing, other := newReplica(), newReplica()
+	if err := other.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = other.Close(ctx) })
+	if _, err := pausing.Pause(ctx, "r", "wf", drain.PauseRequest{TimeoutSeconds: 3600}); err != nil {
+		t.Fatal(err)
+	}
+	if index.len() != 1 {
+		t.Fatalf("the pause left %d marks in the drain index, want 1", index.len())
+	}
+	// The step ends on a third process: no nudge reaches either monitor.
+	if _, err := mem.Append(ctx, storetest.Event("r", statestore.StepCompleted, "a")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		snap, err := mem.ProjectSnapshot(ctx, "r")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if snap.Pause.DrainEndedAt != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the other replica did not end the drain; it never read the drain index")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for index.len() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the drain ended but its mark stays in the drain index")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if w := other.Watched(); w != 0 {
+		t.Fatalf("the other replica still watches %d runs", w)
+	}
+}
