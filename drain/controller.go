@@ -96,9 +96,9 @@ type Options struct {
 	// FullScanRate caps the full pass's snapshot reads a second (default
 	// 100).
 	FullScanRate int
-	Logger           *zap.Logger
-	Metrics          *Metrics
-	Now              func() time.Time
+	Logger       *zap.Logger
+	Metrics      *Metrics
+	Now          func() time.Time
 }
 
 // Controller carries out PAUSE, RESUME and CANCEL and watches drains.
