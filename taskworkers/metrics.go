@@ -10,6 +10,7 @@ import (
 // nothing. No label carries a run or step id.
 type Metrics struct {
 	polledTasks  *prometheus.CounterVec
+	polls        *prometheus.CounterVec
 	pollErrors   *prometheus.CounterVec
 	steps        *prometheus.CounterVec
 	stepDuration *prometheus.HistogramVec
@@ -26,6 +27,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		polledTasks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sidecar_worker_tasks_polled_total", Help: "Tasks received from Conductor polls.",
+		}, []string{"task_type"}),
+		polls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sidecar_worker_polls_total", Help: "Batch polls sent to Conductor, answered or not (polls per step: this over sidecar_worker_tasks_polled_total).",
 		}, []string{"task_type"}),
 		pollErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sidecar_worker_poll_errors_total", Help: "Failed Conductor polls.",
@@ -61,7 +65,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range []string{handBackPaused, handBackHeld, handBackForeign, handBackUnknown, handBackRunEnded} {
 		m.handedBackBy.WithLabelValues(r)
 	}
-	reg.MustRegister(m.polledTasks, m.pollErrors, m.steps, m.stepDuration, m.startLatency, m.handedBackBy, m.writes, m.updateErrors, m.outboxEvents, m.fenceRetries)
+	reg.MustRegister(m.polledTasks, m.polls, m.pollErrors, m.steps, m.stepDuration, m.startLatency, m.handedBackBy, m.writes, m.updateErrors, m.outboxEvents, m.fenceRetries)
 	return m
 }
 
@@ -82,6 +86,7 @@ func (m *Metrics) taskTypes(types []string) {
 	}
 	for _, t := range types {
 		m.polledTasks.WithLabelValues(t)
+		m.polls.WithLabelValues(t)
 		m.pollErrors.WithLabelValues(t)
 	}
 }
@@ -89,6 +94,12 @@ func (m *Metrics) taskTypes(types []string) {
 func (m *Metrics) polled(taskType string, n int) {
 	if m != nil && n > 0 {
 		m.polledTasks.WithLabelValues(taskType).Add(float64(n))
+	}
+}
+
+func (m *Metrics) poll(taskType string) {
+	if m != nil {
+		m.polls.WithLabelValues(taskType).Inc()
 	}
 }
 

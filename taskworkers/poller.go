@@ -12,7 +12,9 @@ import (
 // poller is the poll machinery of one task type, apart from what a task
 // means (as temporal sdk-go's baseWorker is apart from its task handlers):
 // it keeps at most concurrency tasks in hand, asks Conductor for as many
-// as it has free slots (batch at most), gives each to handle in a
+// as it has free slots (batch at most; while busy it waits up to linger
+// for half a batch of free slots, so that a busy loop sends one poll per
+// several tasks instead of one per task), gives each to handle in a
 // goroutine of its own, backs off while Conductor does not answer, and
 // ends when polling stops. It knows nothing of runs, steps or the log.
 type poller struct {
@@ -24,6 +26,8 @@ type poller struct {
 	// interval is the pause after a poll that found nothing; timeout the
 	// server-side wait of a poll (Options.PollInterval, PollTimeout).
 	interval, timeout time.Duration
+	// linger is how long a busy loop waits for half a batch of free slots.
+	linger time.Duration
 	// handle runs one task to its report; release hands back a task
 	// polled as polling stopped.
 	handle  func(*model.Task)
@@ -33,6 +37,8 @@ type poller struct {
 	// wake ends the idle wait: a reported outcome makes Conductor schedule
 	// the step's successors.
 	wake chan struct{}
+	// freed is signalled (without blocking) when a task's slot frees.
+	freed chan struct{}
 }
 
 // nudge ends the poller's idle wait. It never blocks.
@@ -51,6 +57,7 @@ func (p *poller) nudge() {
 func (p *poller) run(pollCtx, workCtx context.Context, working *sync.WaitGroup) {
 	slots := make(chan struct{}, p.concurrency)
 	backoff := time.Duration(0)
+	busy := false // the last poll found tasks
 	for {
 		// Wait for at least one free slot before polling, so tasks are
 		// never taken without capacity to run them.
@@ -60,7 +67,11 @@ func (p *poller) run(pollCtx, workCtx context.Context, working *sync.WaitGroup) 
 		case <-pollCtx.Done():
 			return
 		}
+		if busy && !p.lingerFor(pollCtx, slots) {
+			return
+		}
 		free := p.concurrency - len(slots)
+		p.metrics.poll(p.taskType)
 		pctx, cancel := context.WithTimeout(workCtx, p.timeout+10*time.Second)
 		tasks, err := p.tasks.BatchPoll(pctx, p.taskType, p.workerID, min(free, p.batch), p.timeout)
 		cancel()
@@ -86,6 +97,7 @@ func (p *poller) run(pollCtx, workCtx context.Context, working *sync.WaitGroup) 
 			backoff = 0
 		}
 		p.metrics.polled(p.taskType, len(tasks))
+		busy = len(tasks) > 0
 		if len(tasks) == 0 {
 			// Nothing queued: wait before the next poll. Conductor's batch
 			// poll answers at once with what is queued (wait 0); it does not
@@ -104,9 +116,37 @@ func (p *poller) run(pollCtx, workCtx context.Context, working *sync.WaitGroup) 
 			working.Add(1)
 			go func() {
 				defer working.Done()
-				defer func() { <-slots }()
+				defer func() {
+					<-slots
+					select {
+					case p.freed <- struct{}{}:
+					default:
+					}
+				}()
 				p.handle(&t)
 			}()
 		}
 	}
+}
+
+// lingerFor waits until half a batch of slots is free (at least one, at
+// most all of them) or linger has passed, whichever comes first. It
+// reports false when polling stopped.
+func (p *poller) lingerFor(pollCtx context.Context, slots chan struct{}) bool {
+	want := max(1, min(p.batch, p.concurrency)/2)
+	if p.linger <= 0 || p.concurrency-len(slots) >= want {
+		return true
+	}
+	t := time.NewTimer(p.linger)
+	defer t.Stop()
+	for p.concurrency-len(slots) < want {
+		select {
+		case <-p.freed:
+		case <-t.C:
+			return true
+		case <-pollCtx.Done():
+			return false
+		}
+	}
+	return true
 }

@@ -66,6 +66,12 @@ type Options struct {
 	PollTimeout time.Duration
 	// BatchSize caps the tasks asked for in one poll (default 8).
 	BatchSize int
+	// PollLinger is how long a busy poll loop waits for more free slots
+	// before it polls for fewer than half of BatchSize (default 5ms; a
+	// negative value polls as soon as one slot is free). An idle loop (all
+	// slots free, or the last poll found nothing) never lingers, so it
+	// adds nothing to an idle step's start.
+	PollLinger time.Duration
 	// HandBackAfter is the callbackAfterSeconds of a task handed back
 	// because its run is paused or not started yet (default 5s).
 	HandBackAfter time.Duration
@@ -150,6 +156,9 @@ func New(tasks TaskClient, runs SnapshotReader, events Emitter, secrets SecretRe
 	if opts.PollTimeout < 0 {
 		opts.PollTimeout = 0
 	}
+	if opts.PollLinger == 0 {
+		opts.PollLinger = 5 * time.Millisecond
+	}
 	if opts.BatchSize <= 0 {
 		opts.BatchSize = 8
 	}
@@ -179,9 +188,9 @@ func New(tasks TaskClient, runs SnapshotReader, events Emitter, secrets SecretRe
 		types = append(types, taskType)
 		w.pollers = append(w.pollers, &poller{
 			tasks: tasks, taskType: taskType, workerID: opts.WorkerID, concurrency: n, batch: opts.BatchSize,
-			interval: opts.PollInterval, timeout: opts.PollTimeout,
+			interval: opts.PollInterval, timeout: opts.PollTimeout, linger: max(opts.PollLinger, 0),
 			handle: w.handle, release: func(t *model.Task) { w.handBack(t, 0, "shutdown") },
-			metrics: opts.Metrics, log: w.log.With(zap.String("taskType", taskType)), wake: make(chan struct{}, 1),
+			metrics: opts.Metrics, log: w.log.With(zap.String("taskType", taskType)), wake: make(chan struct{}, 1), freed: make(chan struct{}, 1),
 		})
 	}
 	opts.Metrics.taskTypes(types)
