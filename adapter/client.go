@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -38,9 +39,10 @@ type ClientOptions struct {
 	// Timeout bounds each call whose context has no deadline (default
 	// DefaultTimeout). A batch poll gets its long-poll wait on top.
 	Timeout time.Duration
-	// HTTPClient is used for the calls the SDK cannot make (Health). The
-	// SDK builds its own http.Client and cannot take this one; see
-	// docs/conductor.md. Default: a client with Timeout.
+	// HTTPClient is used for the calls the sidecar makes without the SDK
+	// (Health, the JSON definitions, batch polls). The SDK builds its own
+	// http.Client and cannot take this one; see docs/conductor.md.
+	// Default: a client with Timeout, 100 idle connections per host.
 	HTTPClient *http.Client
 	// Logger receives debug traces of failed calls (default zap.NewNop()).
 	Logger *zap.Logger
@@ -59,6 +61,7 @@ type Client struct {
 	base     string
 	timeout  time.Duration
 	http     *http.Client
+	poll     *http.Client // http without its Timeout, for long polls
 	log      *zap.Logger
 	metrics  *Metrics
 	workflow client.WorkflowClient
@@ -80,8 +83,18 @@ func NewClient(opts ClientOptions) (*Client, error) {
 		opts.Timeout = DefaultTimeout
 	}
 	if opts.HTTPClient == nil {
-		opts.HTTPClient = &http.Client{Timeout: opts.Timeout}
+		// Go's default transport keeps 2 idle connections per host: the
+		// pollers and the concurrent task updates would open and close
+		// connections all the time.
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConnsPerHost = 100
+		opts.HTTPClient = &http.Client{Timeout: opts.Timeout, Transport: t}
 	}
+	// Polls wait up to maxPollTimeout on the server, longer than
+	// opts.Timeout: their client has no timeout of its own; each poll's
+	// context carries its deadline (do).
+	poll := *opts.HTTPClient
+	poll.Timeout = 0
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
@@ -91,6 +104,7 @@ func NewClient(opts ClientOptions) (*Client, error) {
 		base:     base,
 		timeout:  opts.Timeout,
 		http:     opts.HTTPClient,
+		poll:     &poll,
 		log:      opts.Logger.Named("conductor"),
 		metrics:  opts.Metrics,
 		workflow: client.NewWorkflowClient(api),
@@ -208,6 +222,13 @@ func errorMessage(body []byte) string {
 // SDK call. It is used where the SDK cannot send the request (see the
 // callers).
 func (c *Client) raw(ctx context.Context, method, url string, body []byte) (*http.Response, error) {
+	return c.rawJSON(ctx, c.http, method, url, body, 1<<20, nil)
+}
+
+// rawJSON is raw with hc, reading at most limit bytes of the answer and
+// decoding a 2xx JSON answer into out (nil: the body is read and dropped).
+// An empty answer (Conductor's 204) leaves out as it is.
+func (c *Client) rawJSON(ctx context.Context, hc *http.Client, method, url string, body []byte, limit int64, out any) (*http.Response, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -220,17 +241,25 @@ func (c *Client) raw(ctx context.Context, method, url string, body []byte) (*htt
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("Accept", "application/json, text/plain, */*")
-	resp, err := c.http.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
 		return resp, err
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return resp, client.NewGenericSwaggerError(b, string(b), nil, resp.StatusCode)
+	}
+	if int64(len(b)) > limit {
+		return resp, fmt.Errorf("answer larger than %d bytes", limit)
+	}
+	if out != nil && len(bytes.TrimSpace(b)) > 0 {
+		if err := json.Unmarshal(b, out); err != nil {
+			return resp, fmt.Errorf("decode answer: %w", err)
+		}
 	}
 	return resp, nil
 }
@@ -528,28 +557,54 @@ func (c *Client) BatchPollDomain(ctx context.Context, taskType, workerID, domain
 	}
 	count = min(max(count, 1), 1000)
 	timeout = min(max(timeout, 0), maxPollTimeout)
-	var tasks []model.Task
+	q := url.Values{}
+	q.Set("workerid", workerID)
+	q.Set("count", strconv.Itoa(count))
+	q.Set("timeout", strconv.FormatInt(timeout.Milliseconds(), 10))
+	if domain != "" {
+		q.Set("domain", domain)
+	}
+	target := c.base + "/tasks/poll/batch/" + url.PathEscape(taskType) + "?" + q.Encode()
+	var polled []polledTask
 	_, err := c.do(ctx, opBatchPoll, timeout, func(ctx context.Context) (*http.Response, error) {
-		opts := &client.TaskResourceApiBatchPollOpts{
-			Workerid: optional.NewString(workerID),
-			Count:    optional.NewInt32(int32(count)),
-			Timeout:  optional.NewInt32(int32(timeout / time.Millisecond)),
-		}
-		if domain != "" {
-			opts.Domain = optional.NewString(domain)
-		}
-		var resp *http.Response
-		var err error
-		tasks, resp, err = c.tasks.BatchPoll(ctx, taskType, opts)
-		return resp, err
+		return c.rawJSON(ctx, c.poll, http.MethodGet, target, nil, maxPollBytes, &polled)
 	})
 	if err != nil {
 		return nil, err
 	}
-	if tasks == nil {
-		tasks = []model.Task{}
+	tasks := make([]model.Task, len(polled))
+	for i, p := range polled {
+		tasks[i] = model.Task{
+			TaskId: p.TaskID, TaskType: p.TaskType, Status: model.TaskResultStatus(p.Status),
+			ReferenceTaskName: p.ReferenceTaskName, WorkflowInstanceId: p.WorkflowInstanceID, WorkerId: p.WorkerID, Domain: p.Domain,
+			InputData: p.InputData, RetryCount: p.RetryCount, PollCount: p.PollCount,
+			ScheduledTime: p.ScheduledTime, ResponseTimeoutSeconds: p.ResponseTimeoutSeconds,
+		}
 	}
 	return tasks, nil
+}
+
+// maxPollBytes caps the body of one batch poll's answer (1,000 tasks of
+// up to 64 KiB of input each).
+const maxPollBytes = 64 << 20
+
+// polledTask is the part of a polled task the workers read. A task's JSON
+// is mostly its workflowTask and taskDefinition (the whole task
+// definition, input templates included); decoding only these fields into
+// a model.Task was two thirds of a poll's client CPU less (BENCHMARKS.md).
+type polledTask struct {
+	TaskID                 string         `json:"taskId"`
+	TaskType               string         `json:"taskType"`
+	Status                 string         `json:"status"`
+	ReferenceTaskName      string         `json:"referenceTaskName"`
+	WorkflowInstanceID     string         `json:"workflowInstanceId"`
+	WorkerID               string         `json:"workerId"`
+	Domain                 string         `json:"domain"`
+	InputData              map[string]any `json:"inputData"`
+	RetryCount             int32          `json:"retryCount"`
+	PollCount              int32          `json:"pollCount"`
+	ScheduledTime          int64          `json:"scheduledTime"`
+	ResponseTimeoutSeconds int64          `json:"responseTimeoutSeconds"`
 }
 
 // DomainPoller is a Client whose BatchPoll polls one task domain (the

@@ -1,6 +1,8 @@
 package adapter
 
 import (
+	"reflect"
+
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 
 	"context"
@@ -221,6 +223,17 @@ func TestClient_Conductor(t *testing.T) {
 		got, err := c.Task(ctx, tasks[0].TaskId)
 		if err != nil || got.TaskId != tasks[0].TaskId {
 			t.Fatalf("task: %v %v", got, err)
+		}
+		// A poll decodes only the fields the workers read (polledTask):
+		// each of them as the full task has it.
+		p := tasks[0]
+		if p.TaskType != got.TaskType || p.Status != got.Status || p.ReferenceTaskName != got.ReferenceTaskName ||
+			p.WorkflowInstanceId != id || got.WorkflowInstanceId != id || p.WorkerId != "test-worker" || p.WorkerId != got.WorkerId ||
+			p.RetryCount != got.RetryCount || p.PollCount != got.PollCount || p.PollCount < 1 ||
+			p.ScheduledTime != got.ScheduledTime || p.ScheduledTime == 0 ||
+			p.ResponseTimeoutSeconds != got.ResponseTimeoutSeconds || p.ResponseTimeoutSeconds == 0 ||
+			p.Domain != got.Domain || !reflect.DeepEqual(p.InputData, got.InputData) {
+			t.Errorf("polled task %+v\ndiffers from the task %+v", p, got)
 		}
 		if err := c.UpdateTask(ctx, &model.TaskResult{TaskId: tasks[0].TaskId, WorkflowInstanceId: id,
 			Status: model.FailedTask, ReasonForIncompletion: "boom",

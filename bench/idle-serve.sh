@@ -5,7 +5,10 @@
 # runs of a one-step `sleep` plan that no worker polls (every executor's
 # concurrency 0 but noop's), so they stay RUNNING with nothing in flight,
 # waits 10 s, then reads the process's CPU time over 30 s from /proc and its
-# RSS. With PPROF=1 it also writes a 30 s CPU profile to idle-N.prof.
+# RSS. With PPROF=1 it also writes a 30 s CPU profile to idle-N-running.prof.
+# With PAUSED=1 it then pauses every run through the API (16 requests at a
+# time, timed), measures again with all N runs PAUSED, and resumes them
+# (timed); CONDUCTOR_PID adds Conductor's CPU during each to the report.
 # Needs python3. Stops only the process it started.
 set -euo pipefail
 BIN=${1:?usage: bench/idle-serve.sh BINARY N [PORT]}
@@ -20,10 +23,10 @@ if [ "${PPROF:-}" = 1 ]; then args+=(--pprof-listen "127.0.0.1:$((PORT + 1))"); 
 PID=$!
 trap 'kill "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; rm -rf "$D"' EXIT
 for _ in $(seq 100); do curl -fs "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
-python3 - "$PORT" "$N" <<'PY'
+python3 - "$PORT" "$N" "$D/runs" <<'PY'
 import json, sys, urllib.request, uuid
 from concurrent.futures import ThreadPoolExecutor
-port, n = sys.argv[1], int(sys.argv[2])
+port, n, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 plan = {"planId": "idle-" + uuid.uuid4().hex[:8], "planVersion": "1",
         "steps": [{"stepId": "s", "executor": {"type": "sleep", "seconds": 1}}]}
 def submit(_):
@@ -31,19 +34,63 @@ def submit(_):
                        "runRequestId": uuid.uuid4().hex, "plan": plan}).encode()
     req = urllib.request.Request("http://127.0.0.1:%s/v1/runs" % port, data=body,
                                  headers={"Content-Type": "application/json"}, method="POST")
-    urllib.request.urlopen(req, timeout=60).read()
+    return json.loads(urllib.request.urlopen(req, timeout=60).read())["runId"]
 with ThreadPoolExecutor(8) as pool:
-    list(pool.map(submit, range(n)))
+    ids = list(pool.map(submit, range(n)))
+open(out, "w").write("\n".join(ids))
 PY
 sleep 10
 ticks() { awk '{print $14 + $15}' "/proc/$PID/stat"; }
-t0=$(ticks); s0=$(date +%s.%N)
-if [ "${PPROF:-}" = 1 ]; then
-  curl -fs -o "idle-$N.prof" "http://127.0.0.1:$((PORT + 1))/debug/pprof/profile?seconds=30"
-else
-  sleep 30
+# measure LABEL: the process's CPU over 30 s (a CPU profile with PPROF=1) and its RSS.
+measure() {
+  local t0 t1 s0 s1 rss hz
+  t0=$(ticks); s0=$(date +%s.%N)
+  if [ "${PPROF:-}" = 1 ]; then
+    curl -fs -o "idle-$N-$1.prof" "http://127.0.0.1:$((PORT + 1))/debug/pprof/profile?seconds=30"
+  else
+    sleep 30
+  fi
+  t1=$(ticks); s1=$(date +%s.%N)
+  rss=$(awk '/VmRSS/{print $2}' "/proc/$PID/status")
+  hz=$(getconf CLK_TCK)
+  python3 -c "print('runs=%d %s cpu=%.1f%% rss=%.0fMiB' % ($N, '$1', 100.0 * ($t1 - $t0) / $hz / ($s1 - $s0), $rss / 1024))"
+}
+measure running
+if [ "${PAUSED:-}" = 1 ]; then
+  # act ACTION: ACTION every run through the API, 16 requests at a time;
+  # prints the wall time, the rate and the latency percentiles.
+  act() {
+    local c0 s0 c1 s1
+    c0=$(cticks); s0=$(date +%s.%N)
+    python3 - "$PORT" "$1" "$D/runs" <<'PY'
+import sys, time, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+port, action, ids = sys.argv[1], sys.argv[2], open(sys.argv[3]).read().split()
+def one(rid):
+    began = time.monotonic()
+    req = urllib.request.Request("http://127.0.0.1:%s/v1/runs/%s/%s" % (port, rid, action), data=b"{}",
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    urllib.request.urlopen(req, timeout=60).read()
+    return time.monotonic() - began
+began = time.monotonic()
+with ThreadPoolExecutor(16) as pool:
+    lat = sorted(pool.map(one, ids))
+took = time.monotonic() - began
+print("%s runs=%d took=%.1fs rate=%.0f/s p50=%.0fms p99=%.0fms" % (action, len(ids), took, len(ids) / took,
+      1000 * lat[len(lat) // 2], 1000 * lat[len(lat) * 99 // 100]))
+PY
+    c1=$(cticks); s1=$(date +%s.%N)
+    python3 -c "print('  during $1: sidecar and conductor cpu=%.0f%% (of one core)' % (100.0 * ($c1 - $c0) / $(getconf CLK_TCK) / ($s1 - $s0)))"
+  }
+  # cticks: CPU ticks of the sidecar plus, with CONDUCTOR_PID, Conductor.
+  cticks() {
+    local t
+    t=$(ticks)
+    if [ -n "${CONDUCTOR_PID:-}" ]; then t=$((t + $(awk '{print $14 + $15}' "/proc/$CONDUCTOR_PID/stat"))); fi
+    echo "$t"
+  }
+  act pause
+  sleep 10
+  measure paused
+  act resume
 fi
-t1=$(ticks); s1=$(date +%s.%N)
-rss=$(awk '/VmRSS/{print $2}' "/proc/$PID/status")
-hz=$(getconf CLK_TCK)
-python3 -c "print('runs=%d cpu=%.1f%% rss=%.0fMiB' % ($N, 100.0 * ($t1 - $t0) / $hz / ($s1 - $s0), $rss / 1024))"

@@ -1,10 +1,15 @@
 package taskworkers_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"sort"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -110,12 +115,19 @@ func (e *benchEnv) start(b testing.TB, n, steps int, x plan.ExecutorSpec, retrie
 	return ids
 }
 
-// waitCompleted waits until every workflow is COMPLETED and returns them.
-// While waiting it reads the running lists of the workflows' definitions
-// (one call per definition, as the run watcher does), so that the harness
-// costs Conductor and this process as little as it can; each workflow is
-// read once, with its tasks, at the end.
+// waitCompleted waits until every workflow is COMPLETED and returns them,
+// read with their tasks.
 func (e *benchEnv) waitCompleted(b testing.TB, ids []string) []*model.Workflow {
+	b.Helper()
+	e.waitEnded(b, ids)
+	return e.completed(b, ids)
+}
+
+// waitEnded waits until no workflow of ids is RUNNING any more (a minute at
+// most). It reads the running lists of the workflows' definitions (one call
+// per definition, as the run watcher does), so that the harness costs
+// Conductor and this process as little as it can.
+func (e *benchEnv) waitEnded(b testing.TB, ids []string) {
 	b.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -140,6 +152,12 @@ func (e *benchEnv) waitCompleted(b testing.TB, ids []string) []*model.Workflow {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// completed reads every workflow with its tasks and fails b unless all of
+// them are COMPLETED.
+func (e *benchEnv) completed(b testing.TB, ids []string) []*model.Workflow {
+	b.Helper()
 	out := make([]*model.Workflow, len(ids))
 	for i, id := range ids {
 		wf, err := e.client.Workflow(context.Background(), id, true)
@@ -204,19 +222,31 @@ func (e *benchEnv) startLatencies(b testing.TB, wfs []*model.Workflow) []time.Du
 	return lat
 }
 
-const (
-	benchSteps       = 10
-	benchConcurrency = 8
-)
+const benchSteps = 10
+
+// benchConcurrency is the tasks in hand at once in every phase of
+// BenchmarkNoopSteps: BENCH_CONCURRENCY, default 16 (serve's default for
+// noop steps).
+func benchConcurrency() int {
+	if n, err := strconv.Atoi(os.Getenv("BENCH_CONCURRENCY")); err == nil && n > 0 {
+		return n
+	}
+	return 16
+}
 
 // BenchmarkNoopSteps runs b.N noop steps (chains of 10 in parallel runs)
-// through Conductor twice: with the Go SDK's own TaskRunner (one batch
-// poller per task type, 8 workers, poll, execute nothing, update: the loop
-// a team would write without the sidecar), and with the sidecar's workers
-// (state check, StepStarted, execute, StepCompleted, update) at the same
-// concurrency, poll interval and poll timeout. It reports steps/s of both
-// and their ratio, and the sidecar's step start latency (task scheduled ->
-// StepStarted persisted) p50/p99.
+// through Conductor three times, with the same number of tasks in hand
+// (benchConcurrency): a raw loop (plain net/http batch polls for as many
+// tasks as it has free slots, 32 at most, decoding two fields, each update
+// in a goroutine of its own: the limit of this Conductor on this machine);
+// the Go SDK's own TaskRunner (one batch poller per task type, poll,
+// execute nothing, update: the loop a team would write without the
+// sidecar); and the sidecar's workers (state check, StepStarted, execute,
+// StepCompleted, update) with the same poll interval and poll timeout. It
+// reports steps/s of each and the ratios, CPU per step of this process
+// (the embedded NATS server included in the sidecar phase), polls per step,
+// and the sidecar's step start latency (task scheduled -> StepStarted
+// persisted) p50/p99.
 //
 // BENCH_BARE_POLLERS=1 adds a third phase: 8 goroutines that each poll one
 // task and update it, 8 polls in flight at once. That is not how the SDK
@@ -231,23 +261,15 @@ func BenchmarkNoopSteps(b *testing.B) {
 	b.ResetTimer()
 	b.StopTimer()
 
-	// The SDK's TaskRunner: poll up to the free workers, run, update.
-	sdkIDs := e.startRuns(b, runsN, benchSteps)
-	runner := worker.NewTaskRunnerWithApiClient(client.NewAPIClient(nil, settings.NewHttpSettings(conductortest.URL(b))))
-	_ = runner.SetPollTimeout(0) // the sidecar's default: no server-side wait
-	b.StartTimer()
-	cpu0 := processCPU(b)
-	began := time.Now()
-	if err := runner.StartWorkerWithDomain(taskType, func(*model.Task) (any, error) { return map[string]any{}, nil },
-		benchConcurrency, 100*time.Millisecond, e.domain); err != nil {
-		b.Fatal(err)
+	// BENCH_SIDECAR_ONLY=1 skips the raw loop and the SDK (for a CPU
+	// profile of the sidecar alone).
+	only := os.Getenv("BENCH_SIDECAR_ONLY") == "1"
+	var raw, rawCPU, sdk, sdkCPU time.Duration
+	var rawPolls float64
+	if !only {
+		raw, rawCPU, rawPolls = e.rawLoop(b, runsN, taskType)
+		sdk, sdkCPU = e.sdkRunner(b, runsN, taskType)
 	}
-	e.waitCompleted(b, sdkIDs)
-	sdk := time.Since(began)
-	b.StopTimer()
-	sdkCPU := processCPU(b) - cpu0
-	runner.Shutdown(taskType)
-	runner.WaitWorkers()
 
 	var pollers time.Duration
 	if os.Getenv("BENCH_BARE_POLLERS") == "1" {
@@ -262,7 +284,7 @@ func BenchmarkNoopSteps(b *testing.B) {
 	var monitor *drain.Controller
 	w := taskworkers.New(dc, e.store, e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
 		Metrics:  taskworkers.NewMetrics(reg),
-		WorkerID: "sidecar-bench", Concurrency: map[string]int{taskType: benchConcurrency},
+		WorkerID: "sidecar-bench", Concurrency: map[string]int{taskType: benchConcurrency()},
 		OnTaskDone: func(runID string, mayEndRun bool) { // as serve does
 			if mayEndRun {
 				watcher.Nudge(runID)
@@ -272,8 +294,8 @@ func BenchmarkNoopSteps(b *testing.B) {
 	})
 	monitor = drain.New(e.store, e.emit, e.client, drain.Options{Interrupt: w.Interrupt, ActiveRuns: e.runs.ActiveRunIDs})
 	b.StartTimer()
-	cpu0 = processCPU(b)
-	began = time.Now()
+	cpu0 := processCPU(b)
+	began := time.Now()
 	if err := watcher.Open(context.Background()); err != nil {
 		b.Fatal(err)
 	}
@@ -283,18 +305,25 @@ func BenchmarkNoopSteps(b *testing.B) {
 	if err := w.Open(context.Background()); err != nil {
 		b.Fatal(err)
 	}
-	wfs := e.waitCompleted(b, sideIDs)
+	e.waitEnded(b, sideIDs)
 	side := time.Since(began)
 	b.StopTimer()
 	sideCPU := processCPU(b) - cpu0
+	wfs := e.completed(b, sideIDs)
 	_ = w.Close(context.Background())
 	_ = watcher.Close(context.Background())
 	_ = monitor.Close(context.Background())
 
-	b.ReportMetric(float64(steps)/sdk.Seconds(), "sdk-steps/s")
+	if !only {
+		b.ReportMetric(float64(steps)/raw.Seconds(), "raw-steps/s")
+		b.ReportMetric(raw.Seconds()/side.Seconds(), "sidecar/raw")
+		b.ReportMetric(float64(rawCPU.Microseconds())/1000/float64(steps), "raw-cpu-ms/step")
+		b.ReportMetric(rawPolls/float64(steps), "raw-polls/step")
+		b.ReportMetric(float64(steps)/sdk.Seconds(), "sdk-steps/s")
+		b.ReportMetric(sdk.Seconds()/side.Seconds(), "sidecar/sdk")
+		b.ReportMetric(float64(sdkCPU.Microseconds())/1000/float64(steps), "sdk-cpu-ms/step")
+	}
 	b.ReportMetric(float64(steps)/side.Seconds(), "sidecar-steps/s")
-	b.ReportMetric(sdk.Seconds()/side.Seconds(), "sidecar/sdk")
-	b.ReportMetric(float64(sdkCPU.Microseconds())/1000/float64(steps), "sdk-cpu-ms/step")
 	b.ReportMetric(float64(sideCPU.Microseconds())/1000/float64(steps), "sidecar-cpu-ms/step")
 	if pollers > 0 {
 		b.ReportMetric(float64(steps)/pollers.Seconds(), "pollers-steps/s")
@@ -317,12 +346,123 @@ func BenchmarkNoopSteps(b *testing.B) {
 			b.ReportMetric(sum/float64(max(n, 1))*1000, "append-mean-ms")
 		case "sidecar_worker_step_duration_seconds":
 			b.ReportMetric(sum/float64(max(n, 1))*1000, "handle-mean-ms")
+		case "sidecar_worker_polls_total":
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+			b.ReportMetric(sum/float64(steps), "sidecar-polls/step")
 		}
 	}
 	if len(lat) > 0 {
 		b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "start-p50-ms")
 		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "start-p99-ms")
 	}
+}
+
+// sdkRunner runs n chains with the SDK's TaskRunner: poll up to the free
+// workers, run nothing, update. It returns the time and this process's CPU.
+func (e *benchEnv) sdkRunner(b *testing.B, n int, taskType string) (time.Duration, time.Duration) {
+	sdkIDs := e.startRuns(b, n, benchSteps)
+	runner := worker.NewTaskRunnerWithApiClient(client.NewAPIClient(nil, settings.NewHttpSettings(conductortest.URL(b))))
+	_ = runner.SetPollTimeout(0) // the sidecar's default: no server-side wait
+	b.StartTimer()
+	cpu0 := processCPU(b)
+	began := time.Now()
+	if err := runner.StartWorkerWithDomain(taskType, func(*model.Task) (any, error) { return map[string]any{}, nil },
+		benchConcurrency(), 100*time.Millisecond, e.domain); err != nil {
+		b.Fatal(err)
+	}
+	e.waitEnded(b, sdkIDs)
+	sdk := time.Since(began)
+	b.StopTimer()
+	sdkCPU := processCPU(b) - cpu0
+	e.completed(b, sdkIDs)
+	runner.Shutdown(taskType)
+	runner.WaitWorkers()
+
+	return sdk, sdkCPU
+}
+
+// rawLoop runs n chains with the least a client can do: plain net/http,
+// one loop that batch-polls (no server-side wait, 100 ms pause when
+// empty) for as many tasks as it has free slots (32 at most), decodes only
+// taskId and workflowInstanceId, and completes each task in a goroutine of
+// its own. It returns the time, this process's CPU and the polls sent.
+func (e *benchEnv) rawLoop(b *testing.B, n int, taskType string) (time.Duration, time.Duration, float64) {
+	ids := e.startRuns(b, n, benchSteps)
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConns: 100, MaxIdleConnsPerHost: 100}, Timeout: 10 * time.Second}
+	base := e.client.BaseURL()
+	conc := benchConcurrency()
+	slots := make(chan struct{}, conc)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	polls := 0
+	b.StartTimer()
+	cpu0 := processCPU(b)
+	began := time.Now()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			slots <- struct{}{}
+			free := conc - len(slots) + 1
+			url := fmt.Sprintf("%s/tasks/poll/batch/%s?workerid=raw&count=%d&timeout=0&domain=%s", base, taskType, min(free, 32), e.domain)
+			polls++
+			var tasks []struct {
+				TaskID     string `json:"taskId"`
+				WorkflowID string `json:"workflowInstanceId"`
+			}
+			if err := rawCall(ctx, hc, http.MethodGet, url, nil, &tasks); err != nil || len(tasks) == 0 {
+				<-slots
+				time.Sleep(100 * time.Millisecond)
+				continue
+			}
+			for i := 1; i < len(tasks); i++ {
+				slots <- struct{}{}
+			}
+			for _, t := range tasks {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					defer func() { <-slots }()
+					body, _ := json.Marshal(map[string]any{"taskId": t.TaskID, "workflowInstanceId": t.WorkflowID, "workerId": "raw", "status": "COMPLETED"})
+					_ = rawCall(context.Background(), hc, http.MethodPost, base+"/tasks", body, nil)
+				}()
+			}
+		}
+	}()
+	e.waitEnded(b, ids)
+	took := time.Since(began)
+	b.StopTimer()
+	cpu := processCPU(b) - cpu0
+	cancel()
+	wg.Wait()
+	e.completed(b, ids)
+	return took, cpu, float64(polls)
+}
+
+// rawCall sends one request and decodes a 2xx JSON answer into out (nil:
+// the body is drained).
+func rawCall(ctx context.Context, hc *http.Client, method, url string, body []byte, out any) error {
+	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return fmt.Errorf("%s %s: %s", method, url, resp.Status)
+	}
+	if out == nil || resp.StatusCode == http.StatusNoContent {
+		_, err = io.Copy(io.Discard, resp.Body)
+		return err
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
 }
 
 // independentPollers runs n chains with 8 goroutines that each poll one
@@ -333,7 +473,7 @@ func (e *benchEnv) independentPollers(b *testing.B, n int, dc adapter.DomainPoll
 	began := time.Now()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for g := 0; g < benchConcurrency; g++ {
+	for g := 0; g < benchConcurrency(); g++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -349,11 +489,12 @@ func (e *benchEnv) independentPollers(b *testing.B, n int, dc adapter.DomainPoll
 			}
 		}()
 	}
-	e.waitCompleted(b, ids)
+	e.waitEnded(b, ids)
 	took := time.Since(began)
 	b.StopTimer()
 	cancel()
 	wg.Wait()
+	e.completed(b, ids)
 	return took
 }
 
@@ -366,7 +507,7 @@ func BenchmarkStepStartIdle(b *testing.B) {
 	e := newBenchEnv(b)
 	taskType := plan.TaskType(plan.ExecutorNoop)
 	w := taskworkers.New(adapter.DomainPoller{Client: e.client, Domain: e.domain}, e.store, e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
-		WorkerID: "sidecar-bench-idle", Concurrency: map[string]int{taskType: benchConcurrency},
+		WorkerID: "sidecar-bench-idle", Concurrency: map[string]int{taskType: benchConcurrency()},
 	})
 	if err := w.Open(context.Background()); err != nil {
 		b.Fatal(err)
