@@ -5,7 +5,8 @@
 # runs of a one-step `sleep` plan that no worker polls (every executor's
 # concurrency 0 but noop's), so they stay RUNNING with nothing in flight,
 # waits 10 s, then reads the process's CPU time over 30 s from /proc and its
-# RSS. With PPROF=1 it also writes a 30 s CPU profile to idle-N-running.prof.
+# RSS. With PPROF=1 it also writes a 30 s CPU profile to idle-N-running.prof
+# and a heap profile to idle-N-running.heap.
 # With PAUSED=1 it then pauses every run through the API (16 requests at a
 # time, timed), measures again with all N runs PAUSED, and resumes them
 # (timed); CONDUCTOR_PID adds Conductor's CPU during each to the report.
@@ -47,6 +48,7 @@ measure() {
   t0=$(ticks); s0=$(date +%s.%N)
   if [ "${PPROF:-}" = 1 ]; then
     curl -fs -o "idle-$N-$1.prof" "http://127.0.0.1:$((PORT + 1))/debug/pprof/profile?seconds=30"
+    curl -fs -o "idle-$N-$1.heap" "http://127.0.0.1:$((PORT + 1))/debug/pprof/heap"
   else
     sleep 30
   fi
@@ -60,8 +62,8 @@ if [ "${PAUSED:-}" = 1 ]; then
   # act ACTION: ACTION every run through the API, 16 requests at a time;
   # prints the wall time, the rate and the latency percentiles.
   act() {
-    local c0 s0 c1 s1
-    c0=$(cticks); s0=$(date +%s.%N)
+    local a0 b0 s0 a1 b1 s1
+    a0=$(ticks); b0=$(conductor_ticks); s0=$(date +%s.%N)
     python3 - "$PORT" "$1" "$D/runs" <<'PY'
 import sys, time, urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -79,15 +81,12 @@ took = time.monotonic() - began
 print("%s runs=%d took=%.1fs rate=%.0f/s p50=%.0fms p99=%.0fms" % (action, len(ids), took, len(ids) / took,
       1000 * lat[len(lat) // 2], 1000 * lat[len(lat) * 99 // 100]))
 PY
-    c1=$(cticks); s1=$(date +%s.%N)
-    python3 -c "print('  during $1: sidecar and conductor cpu=%.0f%% (of one core)' % (100.0 * ($c1 - $c0) / $(getconf CLK_TCK) / ($s1 - $s0)))"
+    a1=$(ticks); b1=$(conductor_ticks); s1=$(date +%s.%N)
+    python3 -c "print('  during $1: sidecar cpu=%.0f%% conductor cpu=%.0f%% (of one core)' % (100.0 * ($a1 - $a0) / $(getconf CLK_TCK) / ($s1 - $s0), 100.0 * ($b1 - $b0) / $(getconf CLK_TCK) / ($s1 - $s0)))"
   }
-  # cticks: CPU ticks of the sidecar plus, with CONDUCTOR_PID, Conductor.
-  cticks() {
-    local t
-    t=$(ticks)
-    if [ -n "${CONDUCTOR_PID:-}" ]; then t=$((t + $(awk '{print $14 + $15}' "/proc/$CONDUCTOR_PID/stat"))); fi
-    echo "$t"
+  # conductor_ticks: Conductor's CPU ticks (0 without CONDUCTOR_PID).
+  conductor_ticks() {
+    if [ -n "${CONDUCTOR_PID:-}" ]; then awk '{print $14 + $15}' "/proc/$CONDUCTOR_PID/stat"; else echo 0; fi
   }
   act pause
   sleep 10
