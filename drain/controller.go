@@ -262,10 +262,12 @@ func (c *Controller) Pause(ctx context.Context, runID, workflowID string, req Pa
 		break
 	}
 	c.opts.Metrics.pauseRecorded(c.opts.Now().Sub(began))
-	c.watch(runID, true)
-	c.mark(ctx, runID, cycle)
-	c.logger.Info("run paused; draining in-flight steps", zap.String("runId", runID), zap.Int64("cycle", cycle),
-		zap.Int("inFlight", len(snap.InFlight())), zap.Int64("timeoutSeconds", timeout))
+	if len(snap.InFlight()) > 0 || !c.endEmptyDrain(ctx, runID, cycle) {
+		c.watch(runID, true)
+		c.mark(ctx, runID, cycle)
+		c.logger.Info("run paused; draining in-flight steps", zap.String("runId", runID), zap.Int64("cycle", cycle),
+			zap.Int("inFlight", len(snap.InFlight())), zap.Int64("timeoutSeconds", timeout))
+	}
 	engineBegan := c.opts.Now()
 	engineErr := c.applied(ctx, runID, true, cycle, c.engine.Pause(ctx, workflowID))
 	c.opts.Metrics.enginePause(c.opts.Now().Sub(engineBegan))
@@ -275,6 +277,33 @@ func (c *Controller) Pause(ctx context.Context, runID, workflowID string, req Pa
 		return nil, err
 	}
 	return c.withEngine(ctx, snap, engineErr)
+}
+
+// endEmptyDrain ends the drain of a pause that found no step in flight:
+// RunDrainCompleted on the runSeq of RunPaused, so that nothing can slip
+// in between (no step starts after RunPaused: docs/events.md, "Fences").
+// It reports whether the drain is over; when it is not (the run moved on,
+// the store did not answer) the monitor takes the drain as usual. Doing it
+// here rather than in the monitor keeps a burst of pauses from queueing
+// behind the monitor's one goroutine.
+func (c *Controller) endEmptyDrain(ctx context.Context, runID string, cycle int64) bool {
+	snap, err := c.snapshot(ctx, runID)
+	if err != nil || snap.Status != statestore.RunStatusPaused || snap.Pause == nil || snap.Pause.Cycle != cycle || len(snap.InFlight()) > 0 {
+		return false
+	}
+	if snap.Pause.DrainEndedAt != "" {
+		return true
+	}
+	waited := c.waited(snap)
+	res, err := c.appendIf(ctx, snap, statestore.RunDrainCompleted, cycle, map[string]any{"waitedSeconds": waited.Seconds()})
+	if err != nil {
+		return false
+	}
+	if res.Persisted {
+		c.opts.Metrics.drainEnded("drained", waited)
+		c.logger.Info("run paused; no step in flight, drain completed", zap.String("runId", runID), zap.Int64("cycle", cycle))
+	}
+	return true
 }
 
 // ResumeRequest is who resumes a run, and why; both go into RunResumed's

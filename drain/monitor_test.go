@@ -238,3 +238,47 @@ func TestMonitor_FindsAnotherReplicasDrainThroughTheIndex(t *testing.T) {
 		t.Fatalf("the other replica still watches %d runs", w)
 	}
 }
+
+// TestPause_NothingInFlightEndsTheDrainAtOnce: a pause of a run with no
+// step in flight records RunDrainCompleted in the same call, and leaves
+// nothing for the monitor (issue #12: pausing 50,000 runs left every
+// drain to the monitor's one goroutine, which ended them long after
+// their 250 ms).
+func TestPause_NothingInFlightEndsTheDrainAtOnce(t *testing.T) {
+	ctx := context.Background()
+	mem, eng := setup(t)
+	index := &memIndex{marks: map[string]int64{}}
+	c := drain.New(mem, emitter{mem}, eng, drain.Options{
+		ActiveRuns: func(context.Context) ([]string, error) { return []string{"r"}, nil },
+		Drains:     index, Logger: zaptest.NewLogger(t),
+	}) // never opened: no monitor runs
+	st, err := c.Pause(ctx, "r", "wf", drain.PauseRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, err := mem.Fetch(ctx, "r", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last := events[len(events)-1]; last.EventType != statestore.RunDrainCompleted || last.LogicalAttemptID != 1 {
+		t.Fatalf("last event %s (attempt %d), want RunDrainCompleted of cycle 1", last.EventType, last.LogicalAttemptID)
+	}
+	if st.Drain == nil || st.Drain.EndedAt == "" || st.Drain.Draining {
+		t.Fatalf("the answer shows the drain open: %+v", st.Drain)
+	}
+	if index.len() != 0 || c.Watched() != 0 {
+		t.Fatalf("%d marks in the drain index, %d runs watched: want none", index.len(), c.Watched())
+	}
+	// With a step in flight the drain stays open, for the monitor.
+	mem2, eng2 := setup(t, "a")
+	c2 := drain.New(mem2, emitter{mem2}, eng2, drain.Options{
+		ActiveRuns: func(context.Context) ([]string, error) { return []string{"r"}, nil },
+		Drains:     index, Logger: zaptest.NewLogger(t),
+	})
+	if st, err := c2.Pause(ctx, "r", "wf", drain.PauseRequest{}); err != nil || st.Drain.EndedAt != "" || !st.Drain.Draining {
+		t.Fatalf("pause with a step in flight: %+v %v", st.Drain, err)
+	}
+	if index.len() != 1 || c2.Watched() != 1 {
+		t.Fatalf("%d marks, %d watched: want the open drain in both", index.len(), c2.Watched())
+	}
+}
