@@ -11,11 +11,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -351,6 +353,29 @@ func TestDeployment_Sidecar(t *testing.T) {
 		}
 	})
 
+	t.Run("MemoryLimit", func(t *testing.T) {
+		// GOMEMLIMIT (Go's syntax: a byte count or B/KiB/MiB/GiB/TiB)
+		// between 80% and 95% of the container's memory limit.
+		var value string
+		for _, e := range c.Env {
+			if e.Name == "GOMEMLIMIT" {
+				value = e.Value
+			}
+		}
+		if value == "" {
+			t.Fatal("GOMEMLIMIT unset: the Go heap may grow to the container limit and be OOM-killed")
+		}
+		// Kubernetes spells 900MiB as 900Mi, and 900B as 900.
+		q, err := resource.ParseQuantity(strings.TrimSuffix(value, "B"))
+		if err != nil {
+			t.Fatalf("GOMEMLIMIT %q: %v", value, err)
+		}
+		limit := c.Resources.Limits.Memory()
+		if got, lo, hi := q.Value(), limit.Value()*80/100, limit.Value()*95/100; got < lo || got > hi {
+			t.Errorf("GOMEMLIMIT %s = %d bytes: want 80%%-95%% of the memory limit %s (%d-%d)", value, got, limit, lo, hi)
+		}
+	})
+
 	t.Run("SecurityContext", func(t *testing.T) {
 		sc := c.SecurityContext
 		if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
@@ -405,3 +430,4 @@ func TestService(t *testing.T) {
 		t.Errorf("prometheus annotations: got %v", a)
 	}
 }
+
