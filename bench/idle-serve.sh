@@ -4,12 +4,15 @@
 # Conductor at $CONDUCTOR_URL (default http://127.0.0.1:8080/api), submits N
 # runs of a one-step `sleep` plan that no worker polls (every executor's
 # concurrency 0 but noop's), so they stay RUNNING with nothing in flight,
-# waits 10 s, then reads the process's CPU time over 30 s from /proc and its
-# RSS. With PPROF=1 it also writes a 30 s CPU profile to idle-N-running.prof
-# and a heap profile to idle-N-running.heap.
+# waits SETTLE seconds (default 10), then reads the process's CPU time over
+# 30 s from /proc, its RSS and its Go heap in use. With PPROF=1 it also writes
+# a 30 s CPU profile to idle-N-running.prof and a heap profile to
+# idle-N-running.heap.
 # With PAUSED=1 it then pauses every run through the API (16 requests at a
 # time, timed), measures again with all N runs PAUSED, and resumes them
-# (timed); CONDUCTOR_PID adds Conductor's CPU during each to the report.
+# (timed); CONDUCTOR_PID adds Conductor's CPU during each to the report, and
+# it prints how soon the pauses' drains ended (no step is in flight).
+# At the end it cancels every run, so Conductor is left without them.
 # Needs python3. Stops only the process it started.
 set -euo pipefail
 BIN=${1:?usage: bench/idle-serve.sh BINARY N [PORT]}
@@ -40,7 +43,8 @@ with ThreadPoolExecutor(8) as pool:
     ids = list(pool.map(submit, range(n)))
 open(out, "w").write("\n".join(ids))
 PY
-sleep 10
+SETTLE=${SETTLE:-10}
+sleep "$SETTLE"
 ticks() { awk '{print $14 + $15}' "/proc/$PID/stat"; }
 # measure LABEL: the process's CPU over 30 s (a CPU profile with PPROF=1) and its RSS.
 measure() {
@@ -54,42 +58,61 @@ measure() {
   fi
   t1=$(ticks); s1=$(date +%s.%N)
   rss=$(awk '/VmRSS/{print $2}' "/proc/$PID/status")
+  heap=$(curl -fs "http://127.0.0.1:$PORT/metrics" | awk '/^go_memstats_heap_inuse_bytes /{print $2}')
   hz=$(getconf CLK_TCK)
-  python3 -c "print('runs=%d %s cpu=%.1f%% rss=%.0fMiB' % ($N, '$1', 100.0 * ($t1 - $t0) / $hz / ($s1 - $s0), $rss / 1024))"
+  python3 -c "print('runs=%d %s cpu=%.1f%% rss=%.0fMiB heap-inuse=%.0fMiB' % ($N, '$1', 100.0 * ($t1 - $t0) / $hz / ($s1 - $s0), $rss / 1024, ${heap:-0} / 1048576))"
 }
 measure running
-if [ "${PAUSED:-}" = 1 ]; then
-  # act ACTION: ACTION every run through the API, 16 requests at a time;
-  # prints the wall time, the rate and the latency percentiles.
-  act() {
-    local a0 b0 s0 a1 b1 s1
-    a0=$(ticks); b0=$(conductor_ticks); s0=$(date +%s.%N)
-    python3 - "$PORT" "$1" "$D/runs" <<'PY'
+# act ACTION: ACTION every run through the API, 16 requests at a time;
+# prints the wall time, the rate and the latency percentiles.
+act() {
+  local a0 b0 s0 a1 b1 s1
+  a0=$(ticks); b0=$(conductor_ticks); s0=$(date +%s.%N)
+  python3 - "$PORT" "$1" "$D/runs" <<'PY'
 import sys, time, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 port, action, ids = sys.argv[1], sys.argv[2], open(sys.argv[3]).read().split()
 def one(rid):
-    began = time.monotonic()
-    req = urllib.request.Request("http://127.0.0.1:%s/v1/runs/%s/%s" % (port, rid, action), data=b"{}",
-                                 headers={"Content-Type": "application/json"}, method="POST")
-    urllib.request.urlopen(req, timeout=60).read()
-    return time.monotonic() - began
+  began = time.monotonic()
+  req = urllib.request.Request("http://127.0.0.1:%s/v1/runs/%s/%s" % (port, rid, action), data=b"{}",
+                               headers={"Content-Type": "application/json"}, method="POST")
+  urllib.request.urlopen(req, timeout=60).read()
+  return time.monotonic() - began
 began = time.monotonic()
 with ThreadPoolExecutor(16) as pool:
-    lat = sorted(pool.map(one, ids))
+  lat = sorted(pool.map(one, ids))
 took = time.monotonic() - began
 print("%s runs=%d took=%.1fs rate=%.0f/s p50=%.0fms p99=%.0fms" % (action, len(ids), took, len(ids) / took,
-      1000 * lat[len(lat) // 2], 1000 * lat[len(lat) * 99 // 100]))
+    1000 * lat[len(lat) // 2], 1000 * lat[len(lat) * 99 // 100]))
 PY
-    a1=$(ticks); b1=$(conductor_ticks); s1=$(date +%s.%N)
-    python3 -c "print('  during $1: sidecar cpu=%.0f%% conductor cpu=%.0f%% (of one core)' % (100.0 * ($a1 - $a0) / $(getconf CLK_TCK) / ($s1 - $s0), 100.0 * ($b1 - $b0) / $(getconf CLK_TCK) / ($s1 - $s0)))"
-  }
-  # conductor_ticks: Conductor's CPU ticks (0 without CONDUCTOR_PID).
-  conductor_ticks() {
-    if [ -n "${CONDUCTOR_PID:-}" ]; then awk '{print $14 + $15}' "/proc/$CONDUCTOR_PID/stat"; else echo 0; fi
-  }
+  a1=$(ticks); b1=$(conductor_ticks); s1=$(date +%s.%N)
+  python3 -c "print('  during $1: sidecar cpu=%.0f%% conductor cpu=%.0f%% (of one core)' % (100.0 * ($a1 - $a0) / $(getconf CLK_TCK) / ($s1 - $s0), 100.0 * ($b1 - $b0) / $(getconf CLK_TCK) / ($s1 - $s0)))"
+}
+# conductor_ticks: Conductor's CPU ticks (0 without CONDUCTOR_PID).
+conductor_ticks() {
+  if [ -n "${CONDUCTOR_PID:-}" ]; then awk '{print $14 + $15}' "/proc/$CONDUCTOR_PID/stat"; else echo 0; fi
+}
+# drains: how the pauses' drains ended, from sidecar_drain_duration_seconds.
+drains() {
+  curl -fs "http://127.0.0.1:$PORT/metrics" | python3 -c '
+import re, sys
+b, n, total = {}, 0, 0.0
+for line in sys.stdin:
+    if "outcome=\"drained\"" not in line: continue
+    v = float(line.split()[-1])
+    m = re.search(r"le=\"([^\"]+)\"", line)
+    if line.startswith("sidecar_drain_duration_seconds_bucket") and m: b[m.group(1)] = v
+    elif line.startswith("sidecar_drain_duration_seconds_count"): n = v
+    elif line.startswith("sidecar_drain_duration_seconds_sum"): total = v
+print("  drains ended: %d, within 0.1 s: %d, within 0.5 s: %d, mean %.3f s" % (n, b.get("0.1", 0), b.get("0.5", 0), total / n if n else 0))'
+}
+if [ "${PAUSED:-}" = 1 ]; then
   act pause
-  sleep 10
+  sleep "$SETTLE"
   measure paused
+  drains
   act resume
 fi
+# Leave Conductor as found: N RUNNING workflows nobody polls would cost it CPU
+# in every later benchmark.
+act cancel
