@@ -430,4 +430,3 @@ func TestService(t *testing.T) {
 		t.Errorf("prometheus annotations: got %v", a)
 	}
 }
-
