@@ -18,8 +18,12 @@
 #   CONDUCTOR_HOST            address to bind and to probe (default 127.0.0.1)
 #   CONDUCTOR_STATE_DIR       pid, log, generated properties, sqlite db (default /tmp/conductor-sidecar-local)
 #   CONDUCTOR_CACHE_DIR       where the jar is cached (default ${XDG_CACHE_HOME:-$HOME/.cache}/conductor-sidecar)
-#   CONDUCTOR_STORE           memory (default: in-process, empty on every start) or
-#                             sqlite (file $CONDUCTOR_STATE_DIR/conductor.db, survives restarts, search works)
+#   CONDUCTOR_STORE           memory (default: in-process, empty on every start),
+#                             sqlite (file $CONDUCTOR_STATE_DIR/conductor.db, survives restarts, search works) or
+#                             postgres (a PostgreSQL cluster in $CONDUCTOR_STATE_DIR/postgres, started and
+#                             stopped with the server by deploy/local/postgres.sh, which installs Debian's
+#                             PostgreSQL if it is missing; workflows, queues and search in it, surviving restarts)
+#   CONDUCTOR_PG_PORT         the PostgreSQL cluster's port with store postgres (default CONDUCTOR_PORT + 7000)
 #   CONDUCTOR_START_TIMEOUT   seconds to wait for health (default 180)
 #   CONDUCTOR_STOP_TIMEOUT    seconds to wait after TERM before KILL (default 30)
 #   CONDUCTOR_JAVA            java binary (default $JAVA_HOME/bin/java, else java on PATH); needs Java >= 17
@@ -45,6 +49,8 @@ PORT=${CONDUCTOR_PORT:-8080}
 STATE_DIR=${CONDUCTOR_STATE_DIR:-/tmp/conductor-sidecar-local}
 CACHE_DIR=${CONDUCTOR_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:?HOME is not set; set CONDUCTOR_CACHE_DIR}/.cache}/conductor-sidecar}
 STORE=${CONDUCTOR_STORE:-memory}
+PG_PORT=${CONDUCTOR_PG_PORT:-$((${CONDUCTOR_PORT:-8080} + 7000))}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 START_TIMEOUT=${CONDUCTOR_START_TIMEOUT:-180}
 STOP_TIMEOUT=${CONDUCTOR_STOP_TIMEOUT:-30}
 JAVA_OPTS=${CONDUCTOR_JAVA_OPTS:--Xms128m -Xmx1g -XX:+ExitOnOutOfMemoryError}
@@ -83,7 +89,7 @@ check_config() {
   fi
   is_uint "$START_TIMEOUT" || die "CONDUCTOR_START_TIMEOUT must be whole seconds, got '$START_TIMEOUT'"
   is_uint "$STOP_TIMEOUT" || die "CONDUCTOR_STOP_TIMEOUT must be whole seconds, got '$STOP_TIMEOUT'"
-  case $STORE in memory | sqlite) ;; *) die "CONDUCTOR_STORE must be 'memory' or 'sqlite', got '$STORE'" ;; esac
+  case $STORE in memory | sqlite | postgres) ;; *) die "CONDUCTOR_STORE must be 'memory', 'sqlite' or 'postgres', got '$STORE'" ;; esac
   if [[ -n $EXTRA_PROPERTIES && ! -r $EXTRA_PROPERTIES ]]; then
     die "CONDUCTOR_PROPERTIES_FILE '$EXTRA_PROPERTIES' is not readable"
   fi
@@ -92,6 +98,9 @@ check_config() {
 need() { command -v "$1" >/dev/null 2>&1 || die "'$1' is required but not on PATH${2:+ ($2)}"; }
 
 now() { date +%s; }
+
+# pg ARGS: deploy/local/postgres.sh for this server's cluster.
+pg() { PG_STATE_DIR=$STATE_DIR/postgres PG_PORT=$PG_PORT PG_DATABASE=conductor "$HERE/postgres.sh" "$@"; }
 
 jar_path() { printf '%s/%s-%s-%s.jar' "$CACHE_DIR" "$ARTIFACT_ID" "$VERSION" "$CLASSIFIER"; }
 
@@ -276,6 +285,19 @@ write_properties() {
         printf 'spring.datasource.password=\n'
         printf 'spring.datasource.hikari.maximum-pool-size=1\n'
         ;;
+      postgres)
+        # conductor-postgres-persistence: metadata, executions and queues in PostgreSQL (its
+        # Flyway migrations create the schema), and search through its postgres indexer.
+        printf 'conductor.db.type=postgres\n'
+        printf 'conductor.queue.type=postgres\n'
+        printf 'conductor.indexing.enabled=true\n'
+        printf 'conductor.indexing.type=postgres\n'
+        printf 'conductor.elasticsearch.version=0\n'
+        printf 'spring.datasource.url=%s\n' "$(pg url)"
+        printf 'spring.datasource.username=conductor\n'
+        printf 'spring.datasource.password=conductor\n'
+        printf 'spring.datasource.hikari.maximum-pool-size=20\n'
+        ;;
     esac
     # One decide at a time per workflow (docs/conductor.md, "Execution lock"): without it two
     # decides of the same workflow can race and lose a decision, leaving it RUNNING with every
@@ -341,6 +363,8 @@ cmd_start() {
     die "port $HOST:$PORT is already in use by a process this script did not start; free it or set CONDUCTOR_PORT"
   fi
   fetch_jar
+  # The cluster outlives this script: it must not hold the lock (fd 9) or the caller's pipes.
+  [[ $STORE != postgres ]] || pg start 8>&- 9>&- </dev/null
   write_properties
   [[ -f $LOG_FILE ]] && mv -f "$LOG_FILE" "$LOG_FILE.1"
 
@@ -392,6 +416,10 @@ cmd_stop() {
     rm -f "$PID_FILE" "$PORT_FILE"
   else
     log "not running (no pid file)"
+  fi
+  # A cluster this script started for store postgres stops with the server.
+  if [[ -f $STATE_DIR/postgres/data/postmaster.pid ]]; then
+    pg stop
   fi
 }
 
