@@ -234,6 +234,16 @@ func benchConcurrency() int {
 	return 16
 }
 
+// benchPollers is the sidecar's poll loops per task type in
+// BenchmarkNoopSteps: BENCH_POLLERS_PER_TYPE, default 1 (serve's default;
+// more only on a Conductor whose queue takes concurrent polls).
+func benchPollers() int {
+	if n, err := strconv.Atoi(os.Getenv("BENCH_POLLERS_PER_TYPE")); err == nil && n > 0 {
+		return n
+	}
+	return 1
+}
+
 // BenchmarkNoopSteps runs b.N noop steps (chains of 10 in parallel runs)
 // through Conductor three times, with the same number of tasks in hand
 // (benchConcurrency): a raw loop (plain net/http batch polls for as many
@@ -284,7 +294,7 @@ func BenchmarkNoopSteps(b *testing.B) {
 	var monitor *drain.Controller
 	w := taskworkers.New(dc, e.store, e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
 		Metrics:  taskworkers.NewMetrics(reg),
-		WorkerID: "sidecar-bench", Concurrency: map[string]int{taskType: benchConcurrency()},
+		WorkerID: "sidecar-bench", Concurrency: map[string]int{taskType: benchConcurrency()}, PollersPerType: benchPollers(),
 		OnTaskDone: func(runID string, mayEndRun bool) { // as serve does
 			if mayEndRun {
 				watcher.Nudge(runID)

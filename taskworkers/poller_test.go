@@ -78,3 +78,28 @@ func TestPoller_BatchesWhileBusy(t *testing.T) {
 	<-done
 	working.Wait()
 }
+
+// TestNew_PollersPerTypeSplitTheSlots: with several poll loops per task
+// type the type's concurrency is split between them, so that together
+// they never hold more tasks than it allows; never more loops than slots.
+func TestNew_PollersPerTypeSplitTheSlots(t *testing.T) {
+	for _, tc := range []struct {
+		pollers, slots int
+		want           []int
+	}{
+		{0, 16, []int{16}},
+		{1, 16, []int{16}},
+		{4, 16, []int{4, 4, 4, 4}},
+		{3, 16, []int{6, 5, 5}},
+		{4, 3, []int{1, 1, 1}},
+	} {
+		w := New(&countingTasks{}, nil, nil, nil, nil, Options{WorkerID: "w", Concurrency: map[string]int{"noop": tc.slots}, PollersPerType: tc.pollers})
+		var got []int
+		for _, p := range w.pollers {
+			got = append(got, p.concurrency)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("%d pollers for %d slots: loops with %v slots, want %v", tc.pollers, tc.slots, got, tc.want)
+		}
+	}
+}

@@ -66,6 +66,14 @@ type Options struct {
 	PollTimeout time.Duration
 	// BatchSize caps the tasks asked for in one poll (default 8).
 	BatchSize int
+	// PollersPerType is the number of poll loops per task type (default
+	// 1). A type's Concurrency is split between its loops (16 slots, 4
+	// loops: 4 each; never more loops than slots), so their polls never
+	// take more tasks than there are slots. Only a queue that takes
+	// concurrent polls wants more than one: Conductor's memory store does
+	// not (concurrent polls strand tasks on its Redis mock), its PostgreSQL
+	// store does (docs/workers.md, "Pollers per task type").
+	PollersPerType int
 	// PollLinger is how long a busy poll loop waits for more free slots
 	// before it polls for fewer than half of BatchSize (default 5ms; a
 	// negative value polls as soon as one slot is free). An idle loop (all
@@ -162,6 +170,9 @@ func New(tasks TaskClient, runs SnapshotReader, events Emitter, secrets SecretRe
 	if opts.BatchSize <= 0 {
 		opts.BatchSize = 8
 	}
+	if opts.PollersPerType <= 0 {
+		opts.PollersPerType = 1
+	}
 	if opts.HandBackAfter <= 0 {
 		opts.HandBackAfter = 5 * time.Second
 	}
@@ -186,19 +197,27 @@ func New(tasks TaskClient, runs SnapshotReader, events Emitter, secrets SecretRe
 			continue
 		}
 		types = append(types, taskType)
-		w.pollers = append(w.pollers, &poller{
-			tasks: tasks, taskType: taskType, workerID: opts.WorkerID, concurrency: n, batch: opts.BatchSize,
-			interval: opts.PollInterval, timeout: opts.PollTimeout, linger: max(opts.PollLinger, 0),
-			handle: w.handle, release: func(t *model.Task) { w.handBack(t, 0, "shutdown") },
-			metrics: opts.Metrics, log: w.log.With(zap.String("taskType", taskType)), wake: make(chan struct{}, 1), freed: make(chan struct{}, 1),
-		})
+		loops := min(opts.PollersPerType, n)
+		for i := range loops {
+			share := n / loops
+			if i < n%loops {
+				share++
+			}
+			w.pollers = append(w.pollers, &poller{
+				tasks: tasks, taskType: taskType, workerID: opts.WorkerID, concurrency: share, batch: opts.BatchSize,
+				interval: opts.PollInterval, timeout: opts.PollTimeout, linger: max(opts.PollLinger, 0),
+				handle: w.handle, release: func(t *model.Task) { w.handBack(t, 0, "shutdown") },
+				metrics: opts.Metrics, log: w.log.With(zap.String("taskType", taskType)), wake: make(chan struct{}, 1), freed: make(chan struct{}, 1),
+			})
+		}
 	}
 	opts.Metrics.taskTypes(types)
 	w.outbox = newOutbox(events, w.log, opts.Metrics)
 	return w
 }
 
-// Open starts one poll loop per task type of Options.Concurrency.
+// Open starts Options.PollersPerType poll loops per task type of
+// Options.Concurrency.
 func (w *Worker) Open(ctx context.Context) error {
 	if w.opts.WorkerID == "" {
 		return errors.New("taskworkers: Options.WorkerID is required")

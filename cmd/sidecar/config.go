@@ -24,15 +24,18 @@ func envOr(name, def string) string {
 // Config is the configuration of "sidecar serve". Every field has a flag
 // and an environment variable SIDECAR_<FLAG NAME IN UPPER SNAKE CASE>.
 type Config struct {
-	ConductorURL   string
-	NATSURL        string
-	DataDir        string
-	Listen         string
-	DrainTimeout   time.Duration
-	SyncInterval   time.Duration
-	WorkerID       string
-	TaskDomain     string
-	Concurrency    map[string]int
+	ConductorURL string
+	NATSURL      string
+	DataDir      string
+	Listen       string
+	DrainTimeout time.Duration
+	SyncInterval time.Duration
+	WorkerID     string
+	TaskDomain   string
+	Concurrency  map[string]int
+	// PollersPerType is the number of poll loops per task type, which
+	// share its concurrency (taskworkers.Options.PollersPerType).
+	PollersPerType int
 	ShutdownGrace  time.Duration
 	LogFormat      string
 	LogLevel       string
@@ -52,15 +55,16 @@ type Config struct {
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
-		ConductorURL:  "http://localhost:8080/api",
-		DataDir:       "./data",
-		Listen:        "127.0.0.1:8787",
-		DrainTimeout:  5 * time.Minute,
-		WorkerID:      "sidecar-" + host,
-		Concurrency:   map[string]int{plan.ExecutorCommand: 4, plan.ExecutorHTTP: 16, plan.ExecutorNoop: 16, plan.ExecutorSleep: 16},
-		ShutdownGrace: 30 * time.Second,
-		LogFormat:     "json",
-		LogLevel:      "info",
+		ConductorURL:   "http://localhost:8080/api",
+		DataDir:        "./data",
+		Listen:         "127.0.0.1:8787",
+		DrainTimeout:   5 * time.Minute,
+		WorkerID:       "sidecar-" + host,
+		Concurrency:    map[string]int{plan.ExecutorCommand: 4, plan.ExecutorHTTP: 16, plan.ExecutorNoop: 16, plan.ExecutorSleep: 16},
+		ShutdownGrace:  30 * time.Second,
+		PollersPerType: 1,
+		LogFormat:      "json",
+		LogLevel:       "info",
 	}
 }
 
@@ -94,6 +98,9 @@ func (c *Config) Validate() error {
 	}
 	if c.WorkerID == "" {
 		p = append(p, "--worker-id is required")
+	}
+	if c.PollersPerType < 1 || c.PollersPerType > 64 {
+		p = append(p, fmt.Sprintf("--pollers-per-type %d: want 1 to 64 (more than 1 only on a Conductor whose queue takes concurrent polls, such as its PostgreSQL store)", c.PollersPerType))
 	}
 	if strings.ContainsAny(c.TaskDomain, " ,:*/") {
 		p = append(p, "--task-domain must not contain spaces, ',', ':', '*' or '/'")
@@ -147,6 +154,12 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	if v, ok := os.LookupEnv(envName("concurrency")); ok {
 		_ = fs.Set("concurrency", v)
 	}
+	fs.Var(&intValue{&c.PollersPerType}, "pollers-per-type", "poll loops per task type, sharing its concurrency; more than 1 only on a Conductor whose queue takes concurrent polls (PostgreSQL: yes; the memory store: no) (env "+envName("pollers-per-type")+")")
+	if v, ok := os.LookupEnv(envName("pollers-per-type")); ok {
+		if fs.Set("pollers-per-type", v) != nil {
+			c.PollersPerType = 0 // Validate names it
+		}
+	}
 	boolFlag(fs, &c.ValidateWrites, "validate-transitions", "reject invalid transitions at append time (Layer 2)")
 	c.NATS.registerFlags(fs)
 	c.API.registerFlags(fs)
@@ -183,6 +196,24 @@ func (d *durationValue) Set(s string) error {
 		return errors.New("want a duration like 30s or 5m")
 	}
 	*d.p = v
+	return nil
+}
+
+type intValue struct{ p *int }
+
+func (v *intValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return strconv.Itoa(*v.p)
+}
+
+func (v *intValue) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return errors.New("want a whole number")
+	}
+	*v.p = n
 	return nil
 }
 

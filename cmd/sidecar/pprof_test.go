@@ -2,6 +2,9 @@ package main
 
 import (
 	"errors"
+	"flag"
+	"io"
+	"os"
 	"strings"
 	"testing"
 )
@@ -25,5 +28,45 @@ func TestConfig_PprofListenIsLoopbackOnly(t *testing.T) {
 		if bad == tc.ok {
 			t.Errorf("--pprof-listen %q: %v, want ok=%v", tc.addr, err, tc.ok)
 		}
+	}
+}
+
+// TestConfig_PollersPerType: --pollers-per-type (env
+// SIDECAR_POLLERS_PER_TYPE) is 1 by default and 1 to 64; a value that is
+// not a number, in the flag or the environment, is refused.
+func TestConfig_PollersPerType(t *testing.T) {
+	for _, tc := range []struct {
+		env  string
+		args []string
+		want int // 0: refused
+	}{
+		{"", nil, 1},
+		{"", []string{"--pollers-per-type", "4"}, 4},
+		{"8", nil, 8},
+		{"8", []string{"--pollers-per-type", "2"}, 2},
+		{"", []string{"--pollers-per-type", "0"}, 0},
+		{"", []string{"--pollers-per-type", "65"}, 0},
+		{"four", nil, 0},
+	} {
+		if tc.env != "" {
+			t.Setenv("SIDECAR_POLLERS_PER_TYPE", tc.env)
+		}
+		cfg := DefaultConfig()
+		cfg.API.InsecureNoAuth = true
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		cfg.registerFlags(fs)
+		err := fs.Parse(tc.args)
+		if err == nil {
+			err = cfg.Validate()
+		}
+		if tc.want == 0 {
+			if err == nil {
+				t.Errorf("env %q args %v: accepted (%d), want refused", tc.env, tc.args, cfg.PollersPerType)
+			}
+		} else if err != nil || cfg.PollersPerType != tc.want {
+			t.Errorf("env %q args %v: %d, %v; want %d", tc.env, tc.args, cfg.PollersPerType, err, tc.want)
+		}
+		os.Unsetenv("SIDECAR_POLLERS_PER_TYPE")
 	}
 }

@@ -190,7 +190,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	})
 	sc.drain = ctrl
 	sc.worker = taskworkers.New(tasks, sc.store, emitter, resolver, executors.Executors(), taskworkers.Options{
-		WorkerID: cfg.WorkerID, Concurrency: concurrency, Running: running,
+		WorkerID: cfg.WorkerID, Concurrency: concurrency, PollersPerType: cfg.PollersPerType, Running: running,
 		Guard: func(ctx context.Context, runID, workflowID string) error {
 			_, err := runs.EnsureStarted(ctx, runID, workflowID)
 			switch {
