@@ -69,15 +69,16 @@ type KVReplies struct {
 // KVRepliesBucket is the bucket's name.
 const KVRepliesBucket = "SIDECAR_CONTROL_REPLIES"
 
-// OpenKVReplies creates (or opens) the bucket. Replies expire after ttl
-// (default 24h).
-func OpenKVReplies(ctx context.Context, js jetstream.JetStream, ttl time.Duration) (*KVReplies, error) {
+// OpenKVReplies creates (or opens) the bucket, with replicas replicas
+// when it creates it (default 1). Replies expire after ttl (default 24h).
+func OpenKVReplies(ctx context.Context, js jetstream.JetStream, ttl time.Duration, replicas int) (*KVReplies, error) {
+	replicas = max(replicas, 1)
 	if ttl <= 0 {
 		ttl = 24 * time.Hour
 	}
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: KVRepliesBucket, Description: "first answers of control requests with an Idempotency-Key",
-		TTL: ttl, History: 1, Storage: jetstream.FileStorage,
+		TTL: ttl, History: 1, Storage: jetstream.FileStorage, Replicas: replicas,
 	})
 	if errors.Is(err, jetstream.ErrBucketExists) {
 		kv, err = js.KeyValue(ctx, KVRepliesBucket) // the sidecar's user may not update buckets

@@ -70,7 +70,7 @@ func newReplayEnvTB(t testing.TB) *replayEnv {
 	t.Helper()
 	ctx := context.Background()
 	js, _ := natstest.Start(t)
-	replies, err := httpapi.OpenKVReplies(ctx, js, time.Hour)
+	replies, err := httpapi.OpenKVReplies(ctx, js, time.Hour, 1)
 	if err != nil {
 		t.Fatal(err)
 	}

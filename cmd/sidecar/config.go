@@ -33,6 +33,9 @@ type Config struct {
 	WorkerID     string
 	TaskDomain   string
 	Concurrency  map[string]int
+	// NATSReplicas is the replica count of the stream, the KV buckets and
+	// the object store serve creates (1 to 5; more than 1 on a cluster).
+	NATSReplicas int
 	// PollersPerType is the number of poll loops per task type, which
 	// share its concurrency (taskworkers.Options.PollersPerType).
 	PollersPerType int
@@ -63,6 +66,7 @@ func DefaultConfig() Config {
 		Concurrency:    map[string]int{plan.ExecutorCommand: 4, plan.ExecutorHTTP: 16, plan.ExecutorNoop: 16, plan.ExecutorSleep: 16},
 		ShutdownGrace:  30 * time.Second,
 		PollersPerType: 1,
+		NATSReplicas:   1,
 		LogFormat:      "json",
 		LogLevel:       "info",
 	}
@@ -98,6 +102,12 @@ func (c *Config) Validate() error {
 	}
 	if c.WorkerID == "" {
 		p = append(p, "--worker-id is required")
+	}
+	switch {
+	case c.NATSReplicas < 1 || c.NATSReplicas > 5:
+		p = append(p, fmt.Sprintf("--nats-replicas %d: want 1 to 5 (JetStream's limit)", c.NATSReplicas))
+	case c.NATSReplicas > 1 && c.NATSURL == "":
+		p = append(p, fmt.Sprintf("--nats-replicas %d needs --nats-url of a NATS cluster: the embedded server is one node", c.NATSReplicas))
 	}
 	if c.PollersPerType < 1 || c.PollersPerType > 64 {
 		p = append(p, fmt.Sprintf("--pollers-per-type %d: want 1 to 64 (more than 1 only on a Conductor whose queue takes concurrent polls, such as its PostgreSQL store)", c.PollersPerType))
@@ -153,6 +163,12 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	fs.Var(&concurrencyValue{c.Concurrency}, "concurrency", "steps run at once per executor, e.g. command=4,http=16 (env "+envName("concurrency")+")")
 	if v, ok := os.LookupEnv(envName("concurrency")); ok {
 		_ = fs.Set("concurrency", v)
+	}
+	fs.Var(&intValue{&c.NATSReplicas}, "nats-replicas", "replicas of the event stream, the KV buckets and the object store when serve creates them (1 to 5; more than 1 needs a NATS cluster at --nats-url) (env "+envName("nats-replicas")+")")
+	if v, ok := os.LookupEnv(envName("nats-replicas")); ok {
+		if fs.Set("nats-replicas", v) != nil {
+			c.NATSReplicas = 0 // Validate names it
+		}
 	}
 	fs.Var(&intValue{&c.PollersPerType}, "pollers-per-type", "poll loops per task type, sharing its concurrency; more than 1 only on a Conductor whose queue takes concurrent polls (PostgreSQL: yes; the memory store: no) (env "+envName("pollers-per-type")+")")
 	if v, ok := os.LookupEnv(envName("pollers-per-type")); ok {

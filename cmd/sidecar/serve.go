@@ -119,11 +119,15 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	if err != nil {
 		return sc, fmt.Errorf("jetstream: %w", err)
 	}
-	gate, err := natsstore.OpenAlertGate(ctx, js, natsstore.AlertGateOptions{})
+	if err := checkClusterSize(sc.nc, cfg.NATSReplicas); err != nil {
+		return sc, err
+	}
+	replicas := cfg.NATSReplicas
+	gate, err := natsstore.OpenAlertGate(ctx, js, natsstore.AlertGateOptions{Replicas: replicas})
 	if err != nil {
 		return sc, err
 	}
-	if sc.store, err = natsstore.Open(ctx, js, natsstore.Options{Logger: log, Metrics: statestore.NewMetrics(reg), Gate: gate}); err != nil {
+	if sc.store, err = natsstore.Open(ctx, js, natsstore.Options{Logger: log, Metrics: statestore.NewMetrics(reg), Gate: gate, Replicas: replicas}); err != nil {
 		return sc, err
 	}
 	var appender registry.Appender = sc.store
@@ -132,7 +136,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 			return sc, err
 		}
 	}
-	ids, err := registry.Open(ctx, js, registry.Options{Logger: log, Metrics: registry.NewMetrics(reg)})
+	ids, err := registry.Open(ctx, js, registry.Options{Logger: log, Metrics: registry.NewMetrics(reg), Replicas: replicas})
 	if err != nil {
 		return sc, err
 	}
@@ -143,7 +147,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	if err != nil {
 		return sc, err
 	}
-	runs, err := adapter.OpenRuns(ctx, js, conductor, emitter, adapter.RunsOptions{Logger: log, Metrics: adapterMetrics, TaskDomain: cfg.TaskDomain})
+	runs, err := adapter.OpenRuns(ctx, js, conductor, emitter, adapter.RunsOptions{Logger: log, Metrics: adapterMetrics, TaskDomain: cfg.TaskDomain, Replicas: replicas})
 	if err != nil {
 		return sc, err
 	}
@@ -152,7 +156,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 		return sc, err
 	}
 
-	arts, err := artifacts.Open(ctx, js, artifacts.Options{Logger: log})
+	arts, err := artifacts.Open(ctx, js, artifacts.Options{Logger: log, Replicas: replicas})
 	if err != nil {
 		return sc, err
 	}
@@ -231,17 +235,19 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 		return sc, err
 	}
 
-	replies, err := httpapi.OpenKVReplies(ctx, js, 0)
+	replies, err := httpapi.OpenKVReplies(ctx, js, 0, replicas)
 	if err != nil {
 		return sc, err
 	}
 	// Every bucket the sidecar keeps state in; /readyz reports one deleted
 	// or re-created by an administrator (the event stream: Store.Check).
-	buckets, err := natsstore.NewGuard(ctx, js, "KV_"+registry.DefaultBucket, "KV_"+adapter.DefaultRunsBucket,
-		"KV_"+natsstore.DefaultAlertBucket, "KV_"+natsstore.DefaultStateBucket, "KV_"+httpapi.KVRepliesBucket, "OBJ_"+artifacts.DefaultBucket)
+	streams := []string{"KV_" + registry.DefaultBucket, "KV_" + adapter.DefaultRunsBucket,
+		"KV_" + natsstore.DefaultAlertBucket, "KV_" + natsstore.DefaultStateBucket, "KV_" + httpapi.KVRepliesBucket, "OBJ_" + artifacts.DefaultBucket}
+	buckets, err := natsstore.NewGuard(ctx, js, streams...)
 	if err != nil {
 		return sc, err
 	}
+	reportReplicas(ctx, js, replicas, append(streams, natsstore.DefaultStream), log)
 	apiOpts := httpapi.Options{
 		Log: sc.store, Replies: replies, Starter: &httpapi.RunStarter{Runs: runs}, Control: &httpapi.RunControl{Runs: runs, Drain: sc.drain},
 		DrainTimeout: cfg.DrainTimeout, Gatherer: reg, Registerer: reg, Logger: log,
