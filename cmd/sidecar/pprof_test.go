@@ -70,3 +70,31 @@ func TestConfig_PollersPerType(t *testing.T) {
 		os.Unsetenv("SIDECAR_POLLERS_PER_TYPE")
 	}
 }
+
+// TestConfig_NATSReplicas: --nats-replicas is 1 to 5, and more than 1
+// only with --nats-url (the embedded server is one node).
+func TestConfig_NATSReplicas(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		ok   bool
+	}{
+		{nil, true},
+		{[]string{"--nats-replicas", "3"}, false},
+		{[]string{"--nats-replicas", "3", "--nats-url", "nats://127.0.0.1:4222"}, true},
+		{[]string{"--nats-replicas", "6", "--nats-url", "nats://127.0.0.1:4222"}, false},
+		{[]string{"--nats-replicas", "0"}, false},
+	} {
+		cfg := DefaultConfig()
+		cfg.API.InsecureNoAuth = true
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		cfg.registerFlags(fs)
+		err := fs.Parse(tc.args)
+		if err == nil {
+			err = cfg.Validate()
+		}
+		if (err == nil) != tc.ok {
+			t.Errorf("%v: %v, want ok=%v", tc.args, err, tc.ok)
+		}
+	}
+}
