@@ -353,6 +353,16 @@ func TestDeployment_Sidecar(t *testing.T) {
 		}
 	})
 
+	t.Run("Image", func(t *testing.T) {
+		// deploy/image builds it: its DefaultRepository and UID.
+		if !strings.HasPrefix(c.Image, "ghcr.io/conductor-sidecar/sidecar:") {
+			t.Errorf("image %q: want ghcr.io/conductor-sidecar/sidecar:<version> (deploy/image)", c.Image)
+		}
+		if sc := c.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 65532 {
+			t.Error("runAsUser: want 65532, the image's user (deploy/image)")
+		}
+	})
+
 	t.Run("MemoryLimit", func(t *testing.T) {
 		// GOMEMLIMIT (Go's syntax: a byte count or B/KiB/MiB/GiB/TiB)
 		// between 80% and 95% of the container's memory limit.
