@@ -17,8 +17,10 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
@@ -31,6 +33,7 @@ type manifests struct {
 	configMaps  []*corev1.ConfigMap
 	claims      []*corev1.PersistentVolumeClaim
 	secrets     []*corev1.Secret
+	budgets     []*policyv1.PodDisruptionBudget
 	text        map[string]string // file -> raw text
 }
 
@@ -54,6 +57,8 @@ func decodeStrict(doc []byte) (any, error) {
 		obj = &corev1.PersistentVolumeClaim{}
 	case "v1/Secret":
 		obj = &corev1.Secret{}
+	case "policy/v1/PodDisruptionBudget":
+		obj = &policyv1.PodDisruptionBudget{}
 	default:
 		return nil, fmt.Errorf("unknown apiVersion/kind %q/%q", tm.APIVersion, tm.Kind)
 	}
@@ -87,12 +92,18 @@ func splitDocuments(data []byte) ([][]byte, error) {
 
 func loadManifests(t *testing.T) *manifests {
 	t.Helper()
-	files, err := filepath.Glob("*.yaml")
+	return loadManifestsIn(t, ".")
+}
+
+// loadManifestsIn is every object in dir/*.yaml, decoded strictly.
+func loadManifestsIn(t *testing.T, dir string) *manifests {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(files) == 0 {
-		t.Fatal("no *.yaml in deploy/kubernetes")
+		t.Fatalf("no *.yaml in deploy/kubernetes/%s", dir)
 	}
 	m := &manifests{text: map[string]string{}}
 	for _, file := range files {
@@ -121,6 +132,8 @@ func loadManifests(t *testing.T) *manifests {
 				m.claims = append(m.claims, o)
 			case *corev1.Secret:
 				m.secrets = append(m.secrets, o)
+			case *policyv1.PodDisruptionBudget:
+				m.budgets = append(m.budgets, o)
 			}
 		}
 	}
@@ -439,4 +452,71 @@ func TestService(t *testing.T) {
 	if a["prometheus.io/scrape"] != "true" || a["prometheus.io/port"] != "8787" || a["prometheus.io/path"] != "/metrics" {
 		t.Errorf("prometheus annotations: got %v", a)
 	}
+}
+
+// TestReplicated: the variant in replicated/ runs three sidecars on an
+// external NATS cluster with three replicas per stream, keeps two of them
+// up through voluntary disruptions, and keeps the base's pod hardening.
+func TestReplicated(t *testing.T) {
+	m := loadManifestsIn(t, "replicated")
+	d := the(t, "Deployments", m.deployments)
+	cm := the(t, "ConfigMaps", m.configMaps)
+	pdb := the(t, "PodDisruptionBudgets", m.budgets)
+	c := container(t, d, "sidecar")
+	env := cm.Data
+	for file, text := range m.text {
+		for _, name := range envNamesIn(text) {
+			if !flags.isFlag(name) {
+				t.Errorf("%s names %s, which is no flag of sidecar serve", file, name)
+			}
+		}
+	}
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != 3 {
+		t.Errorf("replicas %v, want 3", d.Spec.Replicas)
+	}
+	if env["SIDECAR_NATS_URL"] == "" || strings.Count(env["SIDECAR_NATS_URL"], "nats://") != 3 {
+		t.Errorf("SIDECAR_NATS_URL %q: want the three nodes of a cluster", env["SIDECAR_NATS_URL"])
+	}
+	if env["SIDECAR_NATS_REPLICAS"] != "3" {
+		t.Errorf("SIDECAR_NATS_REPLICAS %q, want 3", env["SIDECAR_NATS_REPLICAS"])
+	}
+	if len(m.claims) != 0 {
+		t.Error("a PersistentVolumeClaim: the log is in the NATS cluster, replicas share no volume")
+	}
+	// Credentials: a non-loopback NATS URL needs them, from a mounted Secret.
+	mounted := false
+	for _, vm := range c.VolumeMounts {
+		if env["SIDECAR_NATS_PASSWORD_FILE"] != "" && filepath.Dir(env["SIDECAR_NATS_PASSWORD_FILE"]) == vm.MountPath {
+			mounted = true
+		}
+	}
+	if !mounted {
+		t.Errorf("SIDECAR_NATS_PASSWORD_FILE %q is not in a mounted volume", env["SIDECAR_NATS_PASSWORD_FILE"])
+	}
+	if got := envFromPodName(c); !got {
+		t.Error("SIDECAR_WORKER_ID must come from the pod name: one id per replica")
+	}
+	if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != 2 {
+		t.Errorf("PodDisruptionBudget minAvailable %v, want 2 of 3", pdb.Spec.MinAvailable)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
+	if err != nil || !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
+		t.Errorf("the PodDisruptionBudget's selector %v does not select the pods %v (%v)", pdb.Spec.Selector, d.Spec.Template.Labels, err)
+	}
+	if sc := c.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 65532 || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Error("the sidecar container must run as 65532 on a read-only root, as in the base")
+	}
+	if ps := d.Spec.Template.Spec.SecurityContext; ps == nil || ps.FSGroup == nil || *ps.FSGroup != 65532 {
+		t.Error("fsGroup 65532: the Secret volumes must be readable by the sidecar's group")
+	}
+}
+
+// envFromPodName reports whether c's SIDECAR_WORKER_ID is the pod's name.
+func envFromPodName(c *corev1.Container) bool {
+	for _, e := range c.Env {
+		if e.Name == "SIDECAR_WORKER_ID" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name" {
+			return true
+		}
+	}
+	return false
 }
