@@ -418,8 +418,16 @@ func (c *Client) Workflow(ctx context.Context, workflowID string, includeTasks b
 	_, err := c.do(ctx, opGetWorkflow, 0, func(ctx context.Context) (*http.Response, error) {
 		var resp *http.Response
 		var err error
-		wf, resp, err = c.workflow.GetExecutionStatus(ctx, workflowID,
-			&client.WorkflowResourceApiGetExecutionStatusOpts{IncludeTasks: optional.NewBool(includeTasks)})
+		if includeTasks {
+			wf, resp, err = c.workflow.GetExecutionStatus(ctx, workflowID,
+				&client.WorkflowResourceApiGetExecutionStatusOpts{IncludeTasks: optional.NewBool(true)})
+		} else {
+			var head workflowHead
+			resp, err = c.rawJSON(ctx, c.http, http.MethodGet, c.base+"/workflow/"+url.PathEscape(workflowID)+"?includeTasks=false", nil, maxWorkflowBytes, &head)
+			wf = model.Workflow{WorkflowId: head.WorkflowID, WorkflowName: head.WorkflowName, WorkflowVersion: head.WorkflowVersion,
+				Status: model.WorkflowStatus(head.Status), ReasonForIncompletion: head.ReasonForIncompletion, Input: head.Input,
+				StartTime: head.StartTime, EndTime: head.EndTime, TaskToDomain: head.TaskToDomain, CorrelationId: head.CorrelationID}
+		}
 		if err == nil && wf.WorkflowId == "" {
 			err = errors.New("workflow answer has no workflowId")
 		}
@@ -429,6 +437,28 @@ func (c *Client) Workflow(ctx context.Context, workflowID string, includeTasks b
 		return nil, err
 	}
 	return &wf, nil
+}
+
+// maxWorkflowBytes caps the body of one workflow read without its tasks
+// (its input and output, up to 64 KiB each, and its definition).
+const maxWorkflowBytes = 16 << 20
+
+// workflowHead is the part of a workflow (read without its tasks) that
+// the adapter reads. Most of the answer is the workflow's definition,
+// every task of it included; the run watcher reads one workflow per ended
+// run, and decoding it whole was 8 % of the sidecar's CPU per step
+// (BENCHMARKS.md, issue #12).
+type workflowHead struct {
+	WorkflowID            string            `json:"workflowId"`
+	WorkflowName          string            `json:"workflowName"`
+	WorkflowVersion       int32             `json:"workflowVersion"`
+	Status                string            `json:"status"`
+	ReasonForIncompletion string            `json:"reasonForIncompletion"`
+	Input                 map[string]any    `json:"input"`
+	StartTime             int64             `json:"startTime"`
+	EndTime               int64             `json:"endTime"`
+	TaskToDomain          map[string]string `json:"taskToDomain"`
+	CorrelationID         string            `json:"correlationId"`
 }
 
 // Pause pauses a workflow: Conductor stops scheduling its next tasks, but

@@ -188,6 +188,26 @@ func TestClient_Conductor(t *testing.T) {
 		if wf.Status != model.RunningWorkflow || wf.WorkflowName != def.Name || len(wf.Tasks) != 1 {
 			t.Fatalf("got status %s name %s tasks %d", wf.Status, wf.WorkflowName, len(wf.Tasks))
 		}
+		// Without tasks, the workflow is decoded in part (workflowHead):
+		// every field the adapter reads equals the SDK's whole decode.
+		head, err := c.Workflow(ctx, id, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		type fields struct {
+			ID, Name, Status, Reason, Correlation string
+			Version                               int32
+			Start, End                            int64
+			Input                                 map[string]any
+			Domains                               map[string]string
+		}
+		of := func(w *model.Workflow) fields {
+			return fields{w.WorkflowId, w.WorkflowName, string(w.Status), w.ReasonForIncompletion, w.CorrelationId,
+				w.WorkflowVersion, w.StartTime, w.EndTime, w.Input, w.TaskToDomain}
+		}
+		if got, want := of(head), of(wf); !reflect.DeepEqual(got, want) || got.Start == 0 || len(got.Input) == 0 {
+			t.Fatalf("workflow without tasks:\n got %+v\nwant %+v", got, want)
+		}
 		// Resume of a RUNNING workflow: Conductor says 500, we say CONFLICT.
 		var e *Error
 		if err := c.Resume(ctx, id); !errors.Is(err, ErrConflict) || !errors.As(err, &e) || e.EngineStatus != "RUNNING" || e.Status != 500 {
