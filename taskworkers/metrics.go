@@ -46,7 +46,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 		}),
 		handedBackBy: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sidecar_worker_tasks_handed_back_total", Help: "Tasks handed back to Conductor unstarted, by reason: paused (the run is paused), held (a step failed under onStepFailure pause), foreign_workflow (refused: not the run's workflow), unknown_run (a run of another deployment), run_ended (refused: a task of a run whose log already ended, made by a restart, rerun or retry in Conductor).",
+			Name: "sidecar_worker_tasks_handed_back_total", Help: "Tasks handed back to Conductor unstarted, by reason: paused (the run is paused), held (a step failed under onStepFailure pause), foreign_workflow (refused: not the run's workflow), unknown_run (a run of another deployment), run_ended (refused: a task of a run whose log already ended, made by a restart, rerun or retry in Conductor), lost_poll_answer (Conductor gave it to a poll whose answer never arrived).",
 		}, []string{"reason"}),
 		writes: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "sidecar_worker_event_write_seconds", Help: "Event append latency by event type and result.",
@@ -76,6 +76,7 @@ const (
 	handBackForeign  = "foreign_workflow"
 	handBackUnknown  = "unknown_run"
 	handBackRunEnded = "run_ended"
+	handBackLost     = "lost_poll_answer"
 )
 
 // taskTypes creates the per-task-type series of the polled types at zero,

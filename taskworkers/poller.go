@@ -2,6 +2,8 @@ package taskworkers
 
 import (
 	"context"
+	"errors"
+	"net"
 	"sync"
 	"time"
 
@@ -32,6 +34,12 @@ type poller struct {
 	// polled as polling stopped.
 	handle  func(*model.Task)
 	release func(*model.Task)
+	// took is told every task a poll returned, before any is handled;
+	// lost is told of a poll that failed after it may have reached
+	// Conductor (any error but a refused connection): Conductor may have
+	// handed it tasks that never arrived.
+	took    func([]model.Task)
+	lost    func()
 	metrics *Metrics
 	log     *zap.Logger
 	// wake ends the idle wait: a reported outcome makes Conductor schedule
@@ -83,6 +91,9 @@ func (p *poller) run(pollCtx, workCtx context.Context, working *sync.WaitGroup) 
 		}
 		if err != nil {
 			p.metrics.pollError(p.taskType)
+			if mayHaveReachedConductor(err) {
+				p.lost()
+			}
 			backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
 			p.log.Warn("poll failed; backing off", zap.Duration("backoff", backoff), zap.Error(err))
 			select {
@@ -97,6 +108,9 @@ func (p *poller) run(pollCtx, workCtx context.Context, working *sync.WaitGroup) 
 			backoff = 0
 		}
 		p.metrics.polled(p.taskType, len(tasks))
+		if len(tasks) > 0 {
+			p.took(tasks)
+		}
 		busy = len(tasks) > 0
 		if len(tasks) == 0 {
 			// Nothing queued: wait before the next poll. Conductor's batch
@@ -149,4 +163,13 @@ func (p *poller) lingerFor(pollCtx context.Context, slots chan struct{}) bool {
 		}
 	}
 	return true
+}
+
+// mayHaveReachedConductor reports whether a failed poll may have been
+// answered by Conductor: every error but one from dialing (a refused or
+// unreachable connection). A reset, an EOF or a timeout after the request
+// was sent can lose an answer whose tasks Conductor marked IN_PROGRESS.
+func mayHaveReachedConductor(err error) bool {
+	var op *net.OpError
+	return !errors.As(err, &op) || op.Op != "dial"
 }

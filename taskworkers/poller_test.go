@@ -46,8 +46,8 @@ func TestPoller_BatchesWhileBusy(t *testing.T) {
 		tasks: tasks, taskType: "noop", workerID: "w", concurrency: 8, batch: 8,
 		interval: time.Hour, linger: time.Hour,
 		handle:  func(*model.Task) { <-release },
-		release: func(*model.Task) {},
-		log:     zaptest.NewLogger(t), wake: make(chan struct{}, 1), freed: make(chan struct{}, 1),
+		release: func(*model.Task) {}, took: func([]model.Task) {}, lost: func() {},
+		log: zaptest.NewLogger(t), wake: make(chan struct{}, 1), freed: make(chan struct{}, 1),
 	}
 	pollCtx, stop := context.WithCancel(context.Background())
 	var working sync.WaitGroup

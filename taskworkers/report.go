@@ -26,6 +26,7 @@ func (w *Worker) handBack(t *model.Task, after time.Duration, why string) {
 // update reports r for t, retrying while Conductor is unavailable (bounded
 // by the task's response timeout, after which Conductor retries the task).
 func (w *Worker) update(t *model.Task, log *zap.Logger, r *model.TaskResult) {
+	defer w.forgetTaken(t.TaskId)
 	r.TaskId, r.WorkflowInstanceId, r.WorkerId = t.TaskId, t.WorkflowInstanceId, w.opts.WorkerID
 	deadline := time.Now().Add(max(time.Duration(t.ResponseTimeoutSeconds)*time.Second, 30*time.Second))
 	backoff := 100 * time.Millisecond

@@ -99,7 +99,9 @@ type Options struct {
 	// Recover, when set, is called once by Open, before polling: it returns
 	// the tasks Conductor still shows in progress under this WorkerID, left
 	// by a previous process that died (kill -9). They are handed back at
-	// once, instead of after Conductor's response timeout.
+	// once, instead of after Conductor's response timeout. It is called
+	// again after a poll whose answer may have been lost, to hand back the
+	// tasks that answer carried (strays.go).
 	Recover func(ctx context.Context) ([]model.Task, error)
 	// OnTaskDone, when set, is called after a step's outcome was reported
 	// to Conductor (the nudge of the run watcher and the drain monitor).
@@ -133,6 +135,12 @@ type Worker struct {
 	opts      Options
 	log       *zap.Logger
 	outbox    *outbox
+
+	// taken holds the tasks polls returned whose report is not done yet;
+	// lost signals a poll answer that may have been lost (strays.go).
+	takenMu sync.Mutex
+	taken   map[string]struct{}
+	lost    chan struct{}
 
 	// pollCtx stops polling; workCtx interrupts running steps.
 	pollCtx, workCtx      context.Context
@@ -189,7 +197,7 @@ func New(tasks TaskClient, runs SnapshotReader, events Emitter, secrets SecretRe
 		opts.Running = NewRunning()
 	}
 	w := &Worker{tasks: tasks, runs: runs, events: events, secrets: secrets, executors: executors, opts: opts,
-		log: opts.Logger.Named("worker"), running: opts.Running}
+		log: opts.Logger.Named("worker"), running: opts.Running, taken: map[string]struct{}{}, lost: make(chan struct{}, 1)}
 	w.reportCtx, w.abortReports = context.WithCancel(context.Background())
 	var types []string
 	for taskType, n := range opts.Concurrency {
@@ -207,6 +215,14 @@ func New(tasks TaskClient, runs SnapshotReader, events Emitter, secrets SecretRe
 				tasks: tasks, taskType: taskType, workerID: opts.WorkerID, concurrency: share, batch: opts.BatchSize,
 				interval: opts.PollInterval, timeout: opts.PollTimeout, linger: max(opts.PollLinger, 0),
 				handle: w.handle, release: func(t *model.Task) { w.handBack(t, 0, "shutdown") },
+				took: func(tasks []model.Task) {
+					ids := make([]string, len(tasks))
+					for i := range tasks {
+						ids[i] = tasks[i].TaskId
+					}
+					w.noteTaken(ids)
+				},
+				lost:    w.pollLost,
 				metrics: opts.Metrics, log: w.log.With(zap.String("taskType", taskType)), wake: make(chan struct{}, 1), freed: make(chan struct{}, 1),
 			})
 		}
@@ -240,6 +256,13 @@ func (w *Worker) Open(ctx context.Context) error {
 			}
 			w.handBack(t, 0, "recovered after restart")
 		}
+	}
+	if w.opts.Recover != nil {
+		w.polling.Add(1)
+		go func() {
+			defer w.polling.Done()
+			w.recoverStrays(w.pollCtx)
+		}()
 	}
 	for _, p := range w.pollers {
 		w.polling.Add(1)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -101,7 +102,7 @@ func startServe(t *testing.T, dataDir, addr string, extra ...string) *proc {
 		p.stop(syscall.SIGTERM)
 		if t.Failed() {
 			b, _ := os.ReadFile(logf.Name())
-			t.Logf("sidecar log (%s):\n%s", addr, tail(string(b), 60))
+			t.Logf("sidecar log (%s):\n%s", addr, tail(string(b), sidecarLogLines))
 		}
 	})
 	deadline := time.Now().Add(30 * time.Second)
@@ -462,3 +463,28 @@ func TestE2E_CLI(t *testing.T) {
 		t.Fatalf("status of an unknown run: exit %d %s", code, errOut)
 	}
 }
+
+// waitTerminalOr is waitTerminal that returns the last view (nil when
+// unreadable) instead of failing, so that the caller can say more.
+func waitTerminalOr(p *proc, runID string, within time.Duration) *httpapi.RunView {
+	deadline := time.Now().Add(within)
+	for {
+		v, err := p.client.Run(context.Background(), runID)
+		if err == nil && statestore.IsTerminalRunStatus(v.Status) {
+			return v
+		}
+		if time.Now().After(deadline) {
+			return v
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// sidecarLogLines is how much of a failed test's sidecar log is shown
+// (SIDECAR_TEST_LOG_LINES, default 60).
+var sidecarLogLines = func() int {
+	if n, err := strconv.Atoi(os.Getenv("SIDECAR_TEST_LOG_LINES")); err == nil && n > 0 {
+		return n
+	}
+	return 60
+}()

@@ -1,7 +1,11 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -58,6 +62,32 @@ func (c *postgresConductor) run(t *testing.T, command string) {
 	}
 }
 
+// describe is the run's workflow and its tasks as Conductor has them.
+func (c *postgresConductor) describe(t *testing.T, p *proc, runID string) string {
+	t.Helper()
+	v, err := p.client.Run(context.Background(), runID)
+	if err != nil || v.RunSnapshot == nil {
+		return fmt.Sprintf("(run unreadable: %v)", err)
+	}
+	resp, err := http.Get(c.url() + "/workflow/" + statestore.ConductorWorkflowID(v.EngineRunRef) + "?includeTasks=true")
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	var wf struct {
+		Status string `json:"status"`
+		Tasks  []struct {
+			Ref    string `json:"referenceTaskName"`
+			Status string `json:"status"`
+			Retry  int    `json:"retryCount"`
+		} `json:"tasks"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&wf); err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("%+v", wf)
+}
+
 func (c *postgresConductor) url() string { return "http://127.0.0.1:" + strconv.Itoa(c.port) + "/api" }
 
 func freePort(t *testing.T) int {
@@ -96,8 +126,8 @@ func TestE2E_ConductorRestartOnPostgres(t *testing.T) {
 	c.run(t, "stop")
 	c.run(t, "start")
 	for _, id := range ids {
-		if v := waitTerminal(t, p, id, 120*time.Second); v.Status != "COMPLETED" {
-			t.Fatalf("run %s: %s", id, v.Status)
+		if v := waitTerminalOr(p, id, 120*time.Second); v == nil || v.Status != "COMPLETED" {
+			t.Fatalf("run %s: %+v; in Conductor: %s", id, v, c.describe(t, p, id))
 		}
 		evs := allEvents(t, p, id)
 		for _, step := range []string{"slow", "after"} {
