@@ -152,17 +152,11 @@ func submit(t *testing.T, p *proc, pl *plan.Plan, requestID string) *httpapi.Sta
 // waitTerminal polls the run until it is terminal and returns its view.
 func waitTerminal(t *testing.T, p *proc, runID string, within time.Duration) *httpapi.RunView {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		v, err := p.client.Run(context.Background(), runID)
-		if err == nil && statestore.IsTerminalRunStatus(v.Status) {
-			return v
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("run %s not terminal after %s: %+v %v", runID, within, v, err)
-		}
-		time.Sleep(200 * time.Millisecond)
+	v := waitTerminalOr(p, runID, within)
+	if v == nil || !statestore.IsTerminalRunStatus(v.Status) {
+		t.Fatalf("run %s not terminal after %s: %+v", runID, within, v)
 	}
+	return v
 }
 
 func allEvents(t *testing.T, p *proc, runID string) []statestore.RunEventRecord {

@@ -51,15 +51,7 @@ func TestConfig_PollersPerType(t *testing.T) {
 		if tc.env != "" {
 			t.Setenv("SIDECAR_POLLERS_PER_TYPE", tc.env)
 		}
-		cfg := DefaultConfig()
-		cfg.API.InsecureNoAuth = true
-		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		cfg.registerFlags(fs)
-		err := fs.Parse(tc.args)
-		if err == nil {
-			err = cfg.Validate()
-		}
+		cfg, err := parseServe(tc.args)
 		if tc.want == 0 {
 			if err == nil {
 				t.Errorf("env %q args %v: accepted (%d), want refused", tc.env, tc.args, cfg.PollersPerType)
@@ -84,17 +76,24 @@ func TestConfig_NATSReplicas(t *testing.T) {
 		{[]string{"--nats-replicas", "6", "--nats-url", "nats://127.0.0.1:4222"}, false},
 		{[]string{"--nats-replicas", "0"}, false},
 	} {
-		cfg := DefaultConfig()
-		cfg.API.InsecureNoAuth = true
-		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		cfg.registerFlags(fs)
-		err := fs.Parse(tc.args)
-		if err == nil {
-			err = cfg.Validate()
-		}
+		_, err := parseServe(tc.args)
 		if (err == nil) != tc.ok {
 			t.Errorf("%v: %v, want ok=%v", tc.args, err, tc.ok)
 		}
 	}
+}
+
+// parseServe is serve's configuration from args (and SIDECAR_* in the
+// environment), validated, with the API's authentication off.
+func parseServe(args []string) (Config, error) {
+	cfg := DefaultConfig()
+	cfg.API.InsecureNoAuth = true
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	cfg.registerFlags(fs)
+	err := fs.Parse(args)
+	if err == nil {
+		err = cfg.Validate()
+	}
+	return cfg, err
 }
