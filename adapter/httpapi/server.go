@@ -25,6 +25,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -352,6 +353,11 @@ func (s *Server) classify(err error) *apiError {
 				return &apiError{status: http.StatusConflict, Code: c, Message: err.Error()}
 			}
 		}
+	}
+	if errors.Is(err, registry.ErrUnavailable) {
+		// The EventIdRegistry is part of the log's write path: a write
+		// whose outcome is unknown, safe to retry with the same request.
+		return &apiError{status: http.StatusServiceUnavailable, Code: statestore.CodeStoreUnavailable, Message: err.Error()}
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return &apiError{status: http.StatusServiceUnavailable, Code: CodeUnavailable, Message: err.Error()}

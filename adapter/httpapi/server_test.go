@@ -7,14 +7,17 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -34,8 +37,15 @@ type env struct {
 
 func newEnv(t *testing.T, conductorURL string) *env {
 	t.Helper()
+	return newEnvWith(t, conductorURL, natsstore.EmbeddedConfig{})
+}
+
+// newEnvWith is newEnv on an embedded server configured by cfg (its
+// Permissions, for a test that must break a stream as an admin would).
+func newEnvWith(t *testing.T, conductorURL string, cfg natsstore.EmbeddedConfig) *env {
+	t.Helper()
 	ctx := context.Background()
-	js, _ := natstest.Start(t)
+	js, _ := natstest.StartIn(t, t.TempDir(), cfg)
 	store, err := natsstore.Open(ctx, js, natsstore.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -268,5 +278,24 @@ func TestMessage(t *testing.T) {
 	s, _ = mem.ProjectSnapshot(ctx, "lost")
 	if got := httpapi.Message(s); !strings.Contains(got, "WORKFLOW_NOT_FOUND") {
 		t.Fatalf("run failed by a lost workflow: got %q", got)
+	}
+}
+
+// TestServer_StartRegistryUnavailable: a start whose RunStarted cannot be
+// registered because the EventIdRegistry does not answer is 503
+// STORE_UNAVAILABLE, retryable with the same runRequestId, not 500
+// INTERNAL (TestE2E_NATSClusterR3 got 500 while the registry's stream
+// elected a leader after a node died). The registry's stream is deleted:
+// its writes find no responder, as during an election.
+func TestServer_StartRegistryUnavailable(t *testing.T) {
+	e := newEnvWith(t, conductortest.URL(t), natsstore.EmbeddedConfig{Permissions: natsstore.AllPermissions})
+	if err := e.js.DeleteStream(context.Background(), "KV_"+registry.DefaultBucket); err != nil {
+		t.Fatal(err)
+	}
+	a := call(t, e, "POST", "/v1/runs", "application/json", startBody(goodPlan, func(m map[string]any) {
+		m["runRequestId"] = "registry-down-" + strconv.FormatInt(time.Now().UnixNano(), 10)
+	}))
+	if a.status != 503 || a.Code != statestore.CodeStoreUnavailable {
+		t.Fatalf("got %d %s: %s", a.status, a.Code, a.Msg)
 	}
 }
