@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -31,13 +32,35 @@ func startNATSCluster(t *testing.T) *natsCluster {
 	if os.Getenv("SIDECAR_TEST_NATS_CLUSTER") != "1" {
 		t.Skip("SIDECAR_TEST_NATS_CLUSTER=1 runs a 3-node NATS cluster (deploy/local/nats-cluster.sh)")
 	}
-	// Node N takes PORT+N-1, +2000 and +4000: a random base between
-	// 30000 and 34000 keeps clear of the ephemeral ports other tests bind.
-	base := 30000 + rand.IntN(4000)
+	base := freeClusterPorts(t)
 	c := &natsCluster{env: append(os.Environ(), "NATS_CLUSTER_DIR="+t.TempDir(), "NATS_CLUSTER_PORT="+strconv.Itoa(base))}
 	t.Cleanup(func() { c.run(t, "stop") })
 	c.run(t, "start")
 	return c
+}
+
+// freeClusterPorts returns a base port whose nine ports (node N takes
+// PORT+N-1, +2000 and +4000) are free now, below the kernel's ephemeral
+// range (32768 and up) that other tests' listeners and connections use.
+func freeClusterPorts(t *testing.T) int {
+	t.Helper()
+	for range 50 {
+		base := 20000 + rand.IntN(6000)
+		free := true
+		for _, off := range []int{0, 1, 2, 2000, 2001, 2002, 4000, 4001, 4002} {
+			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+off))
+			if err != nil {
+				free = false
+				break
+			}
+			ln.Close()
+		}
+		if free {
+			return base
+		}
+	}
+	t.Fatal("no base port with nine free ports")
+	return 0
 }
 
 func (c *natsCluster) run(t *testing.T, args ...string) string {
@@ -141,8 +164,11 @@ func TestE2E_NATSClusterR3(t *testing.T) {
 	}
 	assertNoDuplicateKeys(t, allEvents(t, p, second))
 
-	// A replica started with another --nats-replicas uses the streams as
-	// they are and says, per stream, the command that aligns them.
+	// Node 2 back (a replica that starts while a stream has no leader
+	// refuses to start, naming the bucket: docs/jetstream.md). A replica
+	// started with another --nats-replicas uses the streams as they are
+	// and says, per stream, the command that aligns them.
+	cl.run(t, "start")
 	other := startServe(t, t.TempDir(), freeAddr(t), "--nats-url", url, "--nats-replicas", "1")
 	logged, err := os.ReadFile(other.log.Name())
 	if err != nil {

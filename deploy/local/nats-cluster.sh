@@ -101,8 +101,15 @@ cmd_start() {
   local deadline=$((SECONDS + 60))
   for n in $(seq "$NODES"); do
     until healthy "$n"; do
-      pid "$n" >/dev/null || die "node $n exited; see $DIR/n$n.log"
-      ((SECONDS < deadline)) || die "node $n not healthy within 60 s; see $DIR/n$n.log"
+      pid "$n" >/dev/null || {
+        tail -n 20 "$DIR/n$n.log" >&2
+        die "node $n exited; see $DIR/n$n.log"
+      }
+      ((SECONDS < deadline)) || {
+        tail -n 20 "$DIR/n$n.log" >&2
+        curl -sS -m 2 "http://127.0.0.1:$(monitor_port "$n")/healthz" >&2 || true
+        die "node $n not healthy within 60 s; see $DIR/n$n.log"
+      }
       sleep 0.2
     done
   done
