@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/conductor-sdk/conductor-go/sdk/model"
 	"go.uber.org/zap"
 )
 
@@ -25,11 +26,11 @@ import (
 const strayCheckEvery = 30 * time.Second
 
 // noteTaken records tasks a poll returned.
-func (w *Worker) noteTaken(ids []string) {
+func (w *Worker) noteTaken(tasks []model.Task) {
 	w.takenMu.Lock()
 	defer w.takenMu.Unlock()
-	for _, id := range ids {
-		w.taken[id] = struct{}{}
+	for i := range tasks {
+		w.taken[tasks[i].TaskId] = struct{}{}
 	}
 }
 

@@ -215,14 +215,7 @@ func New(tasks TaskClient, runs SnapshotReader, events Emitter, secrets SecretRe
 				tasks: tasks, taskType: taskType, workerID: opts.WorkerID, concurrency: share, batch: opts.BatchSize,
 				interval: opts.PollInterval, timeout: opts.PollTimeout, linger: max(opts.PollLinger, 0),
 				handle: w.handle, release: func(t *model.Task) { w.handBack(t, 0, "shutdown") },
-				took: func(tasks []model.Task) {
-					ids := make([]string, len(tasks))
-					for i := range tasks {
-						ids[i] = tasks[i].TaskId
-					}
-					w.noteTaken(ids)
-				},
-				lost:    w.pollLost,
+				took: w.noteTaken, lost: w.pollLost,
 				metrics: opts.Metrics, log: w.log.With(zap.String("taskType", taskType)), wake: make(chan struct{}, 1), freed: make(chan struct{}, 1),
 			})
 		}
