@@ -19,6 +19,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 )
 
 // natsCluster is a 3-node JetStream cluster this test started
@@ -176,5 +177,20 @@ func TestE2E_NATSClusterR3(t *testing.T) {
 	}
 	if want := "nats stream edit " + natsstore.DefaultStream + " --replicas 1"; !strings.Contains(string(logged), want) {
 		t.Fatalf("no %q in the log of a replica started with --nats-replicas 1:\n%s", want, tail(string(logged), 30))
+	}
+}
+
+// TestServe_NATSReplicasNeedACluster: --nats-replicas 3 on a NATS server
+// that is not clustered refuses to start, in one line, before it creates
+// anything.
+func TestServe_NATSReplicasNeedACluster(t *testing.T) {
+	admin, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "e2e-admin-pw", Permissions: natsstore.AllPermissions})
+	out, err := exec.Command(sidecarBinary(t), "serve", "--conductor-url", "http://127.0.0.1:1/api", "--nats-url", srv.URL(),
+		"--nats-replicas", "3", "--listen", freeAddr(t)).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "--nats-replicas 3: the NATS server at") || !strings.Contains(string(out), "is not part of a cluster") {
+		t.Fatalf("--nats-replicas 3 on one server: %v\n%s", err, out)
+	}
+	for name := range admin.StreamNames(context.Background()).Name() {
+		t.Errorf("stream %s created before the refusal", name)
 	}
 }
