@@ -111,7 +111,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}, []string{"result"})
 	active := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "sidecar_run_watcher_active_runs",
-		Help: "Runs the run watcher follows (non-final runs in the run index) at its last scan.",
+		Help: "Runs the run watcher of this replica follows (non-final runs of the run index that it owns) at its last scan; the sum over replicas is every active run.",
 	})
 	terminal := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sidecar_run_watcher_terminal_total",

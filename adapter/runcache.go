@@ -137,6 +137,23 @@ func (c *runCache) open() []cachedRun {
 	return slices.Clone(c.sorted)
 }
 
+// workflowIDs returns the set of the workflows the open runs record (nil
+// for a nil or unready cache).
+func (c *runCache) workflowIDs() map[string]bool {
+	if !c.ready() {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]bool, len(c.runs))
+	for _, r := range c.runs {
+		if r.rec.WorkflowID != "" {
+			out[r.rec.WorkflowID] = true
+		}
+	}
+	return out
+}
+
 func (c *runCache) close() {
 	if c == nil {
 		return

@@ -27,8 +27,26 @@ type SnapshotReader interface {
 	ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error)
 }
 
+// Owner tells whether this replica does a run's background work, so that
+// replicas sharing one NATS divide the runs instead of each scanning every
+// one; membership.Members satisfies it. Owns must be cheap: it is asked
+// for every run at every scan.
+type Owner interface {
+	Owns(key string) bool
+}
+
+// everyRun is the Owner of a replica that works alone.
+type everyRun struct{}
+
+func (everyRun) Owns(string) bool { return true }
+
 // WatcherOptions configures NewWatcher. Zero values take the defaults noted.
 type WatcherOptions struct {
+	// Owner divides the runs between replicas (default: this replica
+	// owns every run). The scans, the reads in turn and the orphan
+	// decisions cover the owned runs only (orphans by workflow id); a
+	// nudge is answered whoever owns the run.
+	Owner Owner
 	// Interval between scans of the active runs (default 2s). Each scan
 	// reads every active run's workflow status from Conductor once.
 	Interval time.Duration
@@ -130,6 +148,9 @@ func NewWatcher(runs *Runs, snaps SnapshotReader, opts WatcherOptions) *Watcher 
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
+	}
+	if opts.Owner == nil {
+		opts.Owner = everyRun{}
 	}
 	if opts.Metrics == nil {
 		opts.Metrics = runs.metrics
@@ -313,10 +334,16 @@ func (w *Watcher) scan(ctx context.Context, lists bool) error {
 	if lists && w.cache.ready() {
 		return w.scanCached(ctx)
 	}
-	ids, err := w.runs.ActiveRunIDs(ctx)
+	all, err := w.runs.ActiveRunIDs(ctx)
 	if err != nil {
 		w.opts.Metrics.watcherError()
 		return err
+	}
+	ids := make([]string, 0, len(all))
+	for _, id := range all {
+		if w.opts.Owner.Owns(id) {
+			ids = append(ids, id)
+		}
 	}
 	w.opts.Metrics.setActive(len(ids))
 	var alive *runningLists
@@ -336,9 +363,16 @@ func (w *Watcher) scan(ctx context.Context, lists bool) error {
 // scanCached is scan from the run cache: no index read per run. A run is
 // read from Conductor when its definition's running list does not have
 // it, and FullReadRate runs a second are read in turn whatever the lists
-// say.
+// say. Only the runs this replica owns are looked at.
 func (w *Watcher) scanCached(ctx context.Context) error {
 	runs := w.cache.open()
+	owned := runs[:0]
+	for _, r := range runs {
+		if w.opts.Owner.Owns(r.rec.RunID) {
+			owned = append(owned, r)
+		}
+	}
+	runs = owned
 	w.opts.Metrics.setActive(len(runs))
 	forced := w.nextInTurn(runs, max(1, int(float64(w.opts.FullReadRate)*w.opts.Interval.Seconds())))
 	alive := &runningLists{client: w.conductor, ids: map[defKey]map[string]bool{}}
@@ -723,7 +757,8 @@ func (w *Watcher) recoverStart(ctx context.Context, rec *Run, rev uint64) error 
 }
 
 // Reconcile looks at the RUNNING and PAUSED workflows of every plan version
-// in the registry and terminates the orphans: workflows started by the
+// in the registry (those whose workflow id this replica owns) and
+// terminates the orphans: workflows started by the
 // adapter (their input has runId and startAttemptId) in this Runs' task
 // domain, whose run is recorded with another workflow, or that have no run
 // entry and are older than the lease. Workflows of runs still STARTING are left alone (Check adopts them
@@ -738,6 +773,9 @@ func (w *Watcher) Reconcile(ctx context.Context) error {
 		version int32
 	}
 	seen := make(map[nameVersion]bool)
+	// The workflows the run index records, whoever owns their runs: they
+	// are no orphans, and need no read.
+	recorded := w.cache.workflowIDs()
 	var errs []error
 	for _, p := range plans {
 		nv := nameVersion{p.WorkflowName, p.WorkflowVersion}
@@ -751,6 +789,9 @@ func (w *Watcher) Reconcile(ctx context.Context) error {
 			continue
 		}
 		for _, id := range ids {
+			if recorded[id] || !w.opts.Owner.Owns(id) {
+				continue
+			}
 			if err := w.reconcileWorkflow(ctx, id); err != nil {
 				errs = append(errs, err)
 			}

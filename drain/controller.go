@@ -49,6 +49,18 @@ type DrainIndex interface {
 	DrainingRunIDs(ctx context.Context) ([]string, error)
 }
 
+// Owner tells whether this replica watches a run's drain, so that
+// replicas sharing one NATS divide the runs; membership.Members satisfies
+// it.
+type Owner interface {
+	Owns(runID string) bool
+}
+
+// everyRun is the Owner of a replica that works alone.
+type everyRun struct{}
+
+func (everyRun) Owns(string) bool { return true }
+
 // SnapshotReader gives a run's derived state (the projector's snapshot).
 type SnapshotReader interface {
 	ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error)
@@ -96,6 +108,11 @@ type Options struct {
 	// FullScanRate caps the full pass's snapshot reads a second (default
 	// 100).
 	FullScanRate int
+	// Owner divides the runs between replicas (default: this replica
+	// owns every run). The drain index and the full pass bring in the
+	// owned runs only, and the gauges count them; a drain this process
+	// started (a pause, a nudge) is watched here whoever owns it.
+	Owner Owner
 	Logger       *zap.Logger
 	Metrics      *Metrics
 	Now          func() time.Time
@@ -142,6 +159,9 @@ func New(snaps SnapshotReader, emit Emitter, engine Engine, opts Options) *Contr
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
+	}
+	if opts.Owner == nil {
+		opts.Owner = everyRun{}
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now

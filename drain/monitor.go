@@ -151,8 +151,8 @@ func (c *Controller) unwatch(ctx context.Context, runID string, cycle int64) {
 	}
 }
 
-// readIndex watches every run of the drain index; it reports false when
-// the index did not answer.
+// readIndex watches every run of the drain index that this replica owns;
+// it reports false when the index did not answer.
 func (c *Controller) readIndex(ctx context.Context) bool {
 	ids, err := c.opts.Drains.DrainingRunIDs(ctx)
 	if err != nil {
@@ -162,14 +162,17 @@ func (c *Controller) readIndex(ctx context.Context) bool {
 		return false
 	}
 	for _, id := range ids {
-		c.watch(id, true)
+		if c.opts.Owner.Owns(id) {
+			c.watch(id, true)
+		}
 	}
 	return true
 }
 
 // checkWatched checks every watched run (its cost is one snapshot read per
 // open drain, whatever the number of active runs) and sets the drain
-// gauges. It reports false when the store did not answer.
+// gauges from the runs this replica owns (so that their sum over replicas
+// counts each drain once). It reports false when the store did not answer.
 func (c *Controller) checkWatched(ctx context.Context) bool {
 	c.wmu.Lock()
 	ids := make([]string, 0, len(c.watched))
@@ -183,7 +186,7 @@ func (c *Controller) checkWatched(ctx context.Context) bool {
 		if err != nil {
 			return false
 		}
-		if snap != nil && snap.Substatus == statestore.SubstatusDraining {
+		if snap != nil && snap.Substatus == statestore.SubstatusDraining && c.opts.Owner.Owns(id) {
 			draining++
 			inFlight += len(snap.InFlight())
 		}
@@ -211,7 +214,7 @@ func (c *Controller) passStep(ctx context.Context, p *fullPass) bool {
 		if time.Now().Before(p.due) {
 			return true
 		}
-		ids, err := c.opts.ActiveRuns(ctx)
+		ids, err := c.ownedRuns(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
 				c.warns.warn(c.logger, "cannot list active runs; the full pass waits until it works", zap.Error(err))
@@ -236,6 +239,21 @@ func (c *Controller) passStep(ctx context.Context, p *fullPass) bool {
 	return true
 }
 
+// ownedRuns lists the active runs this replica owns.
+func (c *Controller) ownedRuns(ctx context.Context) ([]string, error) {
+	all, err := c.opts.ActiveRuns(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, 0, len(all))
+	for _, id := range all {
+		if c.opts.Owner.Owns(id) {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
 // countStatus counts snap's run under its status (CANCELLING for a cancel
 // under way); terminal runs and missing ones are not counted.
 func countStatus(byStatus map[string]int, snap *statestore.RunSnapshot) {
@@ -251,14 +269,14 @@ func countStatus(byStatus map[string]int, snap *statestore.RunSnapshot) {
 	}
 }
 
-// Scan passes over every active run: it ends the drains that are due,
+// Scan passes over every active run this replica owns: it ends the drains that are due,
 // watches those still open, and sets the runs-by-status gauges.
 func (c *Controller) Scan(ctx context.Context) { c.scan(ctx) }
 
 // scan is Scan; it reports false when the run index or the store did not
 // answer, and then stops at the first run it could not read.
 func (c *Controller) scan(ctx context.Context) bool {
-	ids, err := c.opts.ActiveRuns(ctx)
+	ids, err := c.ownedRuns(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.warns.warn(c.logger, "cannot list active runs; drains are not watched until it works", zap.Error(err))

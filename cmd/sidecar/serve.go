@@ -22,6 +22,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/membership"
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
@@ -95,6 +96,7 @@ type sidecar struct {
 	srv     *natsstore.Embedded
 	nc      *nats.Conn
 	store   *natsstore.Store
+	members *membership.Members
 	watcher *adapter.Watcher
 	drain   *drain.Controller
 	worker  *taskworkers.Worker
@@ -151,7 +153,12 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	if err != nil {
 		return sc, err
 	}
-	sc.watcher = adapter.NewWatcher(runs, sc.store, adapter.WatcherOptions{Logger: log, Metrics: adapterMetrics, DrainTimeout: cfg.DrainTimeout})
+	// The replicas on this NATS divide the runs' background work (the
+	// watcher's scans, the drain monitor's passes).
+	if sc.members, err = membership.Open(ctx, js, membership.Options{Name: cfg.WorkerID, Replicas: replicas, Logger: log, Metrics: membership.NewMetrics(reg)}); err != nil {
+		return sc, err
+	}
+	sc.watcher = adapter.NewWatcher(runs, sc.store, adapter.WatcherOptions{Owner: sc.members, Logger: log, Metrics: adapterMetrics, DrainTimeout: cfg.DrainTimeout})
 	if err := sc.watcher.Open(ctx); err != nil {
 		return sc, err
 	}
@@ -190,7 +197,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	watcher := sc.watcher
 	ctrl := drain.New(sc.store, emitter, conductor, drain.Options{
 		DefaultTimeout: cfg.DrainTimeout, Interrupt: running.Interrupt, ActiveRuns: runs.ActiveRunIDs, Drains: runs, Ledger: runs,
-		Logger: log, Metrics: drain.NewMetrics(reg),
+		Owner: sc.members, Logger: log, Metrics: drain.NewMetrics(reg),
 	})
 	sc.drain = ctrl
 	sc.worker = taskworkers.New(tasks, sc.store, emitter, resolver, executors.Executors(), taskworkers.Options{
@@ -242,7 +249,8 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	// Every bucket the sidecar keeps state in; /readyz reports one deleted
 	// or re-created by an administrator (the event stream: Store.Check).
 	streams := []string{"KV_" + registry.DefaultBucket, "KV_" + adapter.DefaultRunsBucket,
-		"KV_" + natsstore.DefaultAlertBucket, "KV_" + natsstore.DefaultStateBucket, "KV_" + httpapi.KVRepliesBucket, "OBJ_" + artifacts.DefaultBucket}
+		"KV_" + natsstore.DefaultAlertBucket, "KV_" + natsstore.DefaultStateBucket, "KV_" + httpapi.KVRepliesBucket, "OBJ_" + artifacts.DefaultBucket,
+		"KV_" + membership.DefaultBucket}
 	buckets, err := natsstore.NewGuard(ctx, js, streams...)
 	if err != nil {
 		return sc, err
@@ -309,6 +317,12 @@ func (sc *sidecar) close(ctx context.Context) error {
 	if sc.watcher != nil {
 		if err := sc.watcher.Close(quick); err != nil {
 			errs = append(errs, fmt.Errorf("watcher: %w", err))
+		}
+	}
+	if sc.members != nil {
+		// Leaves the members: the others take over this replica's runs now.
+		if err := sc.members.Close(quick); err != nil {
+			errs = append(errs, fmt.Errorf("members: %w", err))
 		}
 	}
 	if sc.ln != nil {
