@@ -103,6 +103,29 @@ func TestWatcher_ReplicasDivideTheRuns(t *testing.T) {
 		}
 	})
 
+	t.Run("ReadsInTurn", func(t *testing.T) {
+		// FullReadRate is the deployment's: a replica owning a third of
+		// the runs reads a third of it in turn.
+		w := NewWatcher(r, env.store, WatcherOptions{Owner: groups[0], Interval: time.Hour, ReconcileInterval: time.Hour, FullReadRate: 3, Logger: zaptest.NewLogger(t)})
+		w.opts.Interval = time.Second // 3 reads a scan between the replicas, 1 for this one
+		if err := w.Open(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.Close(context.Background()) })
+		waitCache(t, w, n)
+		time.Sleep(200 * time.Millisecond) // the watcher's own first scan
+		before := reads()
+		const scans = 4
+		for range scans {
+			if err := w.Scan(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := reads() - before; got != scans {
+			t.Fatalf("%d scans read %v workflows in turn, want %d (a third of 3 a scan)", scans, got, scans)
+		}
+	})
+
 	t.Run("Scans", func(t *testing.T) {
 		for _, res := range runs {
 			if err := c.Terminate(ctx, res.Run.WorkflowID, "ended outside the sidecar"); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"sync"
 	"time"
@@ -59,6 +60,8 @@ type WatcherOptions struct {
 	// (default 20): the safety net for a stale running list, and how a
 	// pause or resume made in Conductor is seen. Every run is read once
 	// per N/FullReadRate seconds (50 s at 1,000 runs), at a steady rate.
+	// Replicas that divide the runs divide the rate in proportion to their
+	// shares: FullReadRate is the deployment's, not each replica's.
 	FullReadRate int
 	// MaxBackoff caps the pause after failed scans (default 30s).
 	MaxBackoff time.Duration
@@ -366,6 +369,7 @@ func (w *Watcher) scan(ctx context.Context, lists bool) error {
 // say. Only the runs this replica owns are looked at.
 func (w *Watcher) scanCached(ctx context.Context) error {
 	runs := w.cache.open()
+	all := len(runs)
 	owned := runs[:0]
 	for _, r := range runs {
 		if w.opts.Owner.Owns(r.rec.RunID) {
@@ -374,7 +378,13 @@ func (w *Watcher) scanCached(ctx context.Context) error {
 	}
 	runs = owned
 	w.opts.Metrics.setActive(len(runs))
-	forced := w.nextInTurn(runs, max(1, int(float64(w.opts.FullReadRate)*w.opts.Interval.Seconds())))
+	// The replicas read FullReadRate runs a second between them: each its
+	// share, so that a run is read as often whatever their number.
+	inTurn := float64(w.opts.FullReadRate) * w.opts.Interval.Seconds()
+	if all > 0 {
+		inTurn *= float64(len(runs)) / float64(all)
+	}
+	forced := w.nextInTurn(runs, max(1, int(math.Round(inTurn))))
 	alive := &runningLists{client: w.conductor, ids: map[defKey]map[string]bool{}}
 	var errs []error
 	for _, r := range runs {
