@@ -34,7 +34,7 @@ import (
 )
 
 // DefaultBucket is the KV bucket of the members' heartbeats.
-const DefaultBucket = "sidecar_members"
+const DefaultBucket = "SIDECAR_MEMBERS"
 
 // Options configures Open. Zero values take the defaults noted.
 type Options struct {
