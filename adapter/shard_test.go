@@ -3,6 +3,7 @@ package adapter
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -33,7 +34,8 @@ func TestWatcher_ReplicasDivideTheRuns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := OpenRuns(ctx, env.connect(t), c, env.emitter, RunsOptions{TaskDomain: env.domain, LeaseTTL: 2 * time.Second, Logger: zaptest.NewLogger(t)})
+	js := env.connect(t)
+	r, err := OpenRuns(ctx, js, c, env.emitter, RunsOptions{TaskDomain: env.domain, LeaseTTL: 2 * time.Second, Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,6 +125,27 @@ func TestWatcher_ReplicasDivideTheRuns(t *testing.T) {
 		}
 		if got := reads() - before; got != scans {
 			t.Fatalf("%d scans read %v workflows in turn, want %d (a third of 3 a scan)", scans, got, scans)
+		}
+
+		// The drain monitor's list of open runs comes from the cache:
+		// every run, and no request to NATS (the least of five calls, as
+		// the cache's watch may send a flow-control reply meanwhile).
+		fewest := uint64(1 << 62)
+		for range 5 {
+			sent := js.Conn().Stats().OutMsgs
+			ids, err := w.OpenRunIDs(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fewest = min(fewest, js.Conn().Stats().OutMsgs-sent)
+			for _, res := range runs {
+				if !slices.Contains(ids, res.Run.RunID) {
+					t.Fatalf("OpenRunIDs has no run %s: %v", res.Run.RunID, ids)
+				}
+			}
+		}
+		if fewest != 0 {
+			t.Fatalf("OpenRunIDs sent at least %d messages to NATS each time, want none (the run cache)", fewest)
 		}
 	})
 

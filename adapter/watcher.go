@@ -323,6 +323,24 @@ func (w *Watcher) loop(ctx context.Context) {
 	}
 }
 
+// OpenRunIDs lists the runs that are not FINAL: from the run cache once it
+// is ready (no request to NATS), from the run index's active keys before.
+// The drain monitor's full pass lists its runs with it.
+func (w *Watcher) OpenRunIDs(ctx context.Context) ([]string, error) {
+	w.lifeMu.Lock()
+	cache := w.cache
+	w.lifeMu.Unlock()
+	if !cache.ready() {
+		return w.runs.ActiveRunIDs(ctx)
+	}
+	runs := cache.open()
+	ids := make([]string, len(runs))
+	for i, r := range runs {
+		ids[i] = r.rec.RunID
+	}
+	return ids, nil
+}
+
 // Scan checks every active run once (as Check) and returns the joined
 // errors. It reads each workflow definition's list of running workflows once
 // (GET /workflow/running/{name}) and reads a workflow itself only when it is

@@ -22,6 +22,11 @@ D=$(mktemp -d)
 export NATS_CLUSTER_DIR=$D/nats NATS_CLUSTER_PORT=${NATS_CLUSTER_PORT:-21222}
 PIDS=()
 cleanup() {
+  local rc=$?
+  if [ $rc != 0 ]; then
+    for f in "$D"/log-*; do echo "--- $f (exit $rc)"; tail -n 40 "$f"; done >&2
+    for i in $(seq "$R"); do p=${PIDS[$((i - 1))]:-}; [ -n "$p" ] && ! kill -0 "$p" 2>/dev/null && echo "replica $i (pid $p) is not running" >&2; done
+  fi
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
   "$HERE/../deploy/local/nats-cluster.sh" stop >/dev/null 2>&1 || true
@@ -36,7 +41,9 @@ for i in $(seq "$R"); do
     --insecure-no-auth --concurrency noop=1,sleep=0,command=0,http=0 --task-domain "$DOMAIN" --worker-id "idle-$i" \
     >"$D/log-$i" 2>&1 &
   PIDS+=($!)
-  for _ in $(seq 300); do curl -fs "http://127.0.0.1:$((PORT + i))/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+  ready=0
+  for _ in $(seq 600); do curl -fs "http://127.0.0.1:$((PORT + i))/readyz" >/dev/null 2>&1 && ready=1 && break; sleep 0.1; done
+  [ $ready = 1 ] || { echo "replica $i not ready after 60 s" >&2; exit 1; }
 done
 metric() { curl -fs "http://127.0.0.1:$1/metrics" | awk -v m="$2" 'index($0, m" ") == 1 || index($0, m"{") == 1 {s += $NF} END {print s + 0}'; }
 for _ in $(seq 300); do

@@ -106,7 +106,8 @@ type Options struct {
 	// between a RunPaused and its mark).
 	FullScanInterval time.Duration
 	// FullScanRate caps the full pass's snapshot reads a second (default
-	// 100).
+	// 100). It is the deployment's: replicas that divide the runs read
+	// their shares in the period one replica would take over all of them.
 	FullScanRate int
 	// Owner divides the runs between replicas (default: this replica
 	// owns every run). The drain index and the full pass bring in the

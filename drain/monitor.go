@@ -214,14 +214,17 @@ func (c *Controller) passStep(ctx context.Context, p *fullPass) bool {
 		if time.Now().Before(p.due) {
 			return true
 		}
-		ids, err := c.ownedRuns(ctx)
+		ids, total, err := c.ownedRuns(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
 				c.warns.warn(c.logger, "cannot list active runs; the full pass waits until it works", zap.Error(err))
 			}
 			return false
 		}
-		period := max(c.opts.FullScanInterval, time.Duration(len(ids))*time.Second/time.Duration(c.opts.FullScanRate))
+		// FullScanRate is the deployment's: the replicas' passes take as
+		// long as one replica's would over every run, each reading its
+		// share.
+		period := max(c.opts.FullScanInterval, time.Duration(total)*time.Second/time.Duration(c.opts.FullScanRate))
 		ticks := max(1, int(period/c.opts.Interval))
 		*p = fullPass{ids: ids, perTick: (len(ids) + ticks - 1) / ticks, byStatus: map[string]int{}, due: time.Now().Add(period)}
 	}
@@ -239,19 +242,19 @@ func (c *Controller) passStep(ctx context.Context, p *fullPass) bool {
 	return true
 }
 
-// ownedRuns lists the active runs this replica owns.
-func (c *Controller) ownedRuns(ctx context.Context) ([]string, error) {
+// ownedRuns lists the active runs this replica owns, and counts all.
+func (c *Controller) ownedRuns(ctx context.Context) (ids []string, total int, err error) {
 	all, err := c.opts.ActiveRuns(ctx)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	ids := make([]string, 0, len(all))
+	ids = make([]string, 0, len(all))
 	for _, id := range all {
 		if c.opts.Owner.Owns(id) {
 			ids = append(ids, id)
 		}
 	}
-	return ids, nil
+	return ids, len(all), nil
 }
 
 // countStatus counts snap's run under its status (CANCELLING for a cancel
@@ -276,7 +279,7 @@ func (c *Controller) Scan(ctx context.Context) { c.scan(ctx) }
 // scan is Scan; it reports false when the run index or the store did not
 // answer, and then stops at the first run it could not read.
 func (c *Controller) scan(ctx context.Context) bool {
-	ids, err := c.ownedRuns(ctx)
+	ids, _, err := c.ownedRuns(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.warns.warn(c.logger, "cannot list active runs; drains are not watched until it works", zap.Error(err))

@@ -68,3 +68,46 @@ func TestFullPass_SpreadAtItsRate(t *testing.T) {
 		t.Fatal("a pass began before it was due")
 	}
 }
+
+// TestFullPass_ReplicasShareTheRate: a replica owning a fifth of the runs
+// passes over its share in the period one replica would take over all of
+// them (FullScanRate is the deployment's), so that the replicas together
+// read no faster than one.
+func TestFullPass_ReplicasShareTheRate(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	var ids []string
+	fifth := ownsFunc(func(id string) bool { return id[len(id)-1] == '0' || id[len(id)-1] == '5' })
+	for i := range 1000 {
+		id := fmt.Sprintf("run-%04d", i)
+		ids = append(ids, id)
+		if _, err := mem.Append(ctx, storetest.Event(id, statestore.RunStarted, "")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reads := &countedReads{Store: mem}
+	c := New(reads, nil, nil, Options{
+		ActiveRuns: func(context.Context) ([]string, error) { return ids, nil },
+		Owner:      fifth, Interval: 250 * time.Millisecond, FullScanInterval: 30 * time.Second, FullScanRate: 20,
+	})
+	// 1,000 runs at 20 a second between the replicas: a pass of 50 s,
+	// 200 ticks; this replica's 200 runs, one a tick.
+	var p fullPass
+	ticks := 0
+	for {
+		if !c.passStep(ctx, &p) {
+			t.Fatal("the pass failed")
+		}
+		ticks++
+		if p.byStatus == nil {
+			break
+		}
+	}
+	if ticks != 200 || reads.n.Load() != 200 {
+		t.Fatalf("the pass took %d ticks and read %d runs, want 200 and 200 (its share, over the deployment's period)", ticks, reads.n.Load())
+	}
+}
+
+type ownsFunc func(string) bool
+
+func (f ownsFunc) Owns(id string) bool { return f(id) }
