@@ -77,6 +77,7 @@ const (
 	handBackUnknown  = "unknown_run"
 	handBackRunEnded = "run_ended"
 	handBackLost     = "lost_poll_answer"
+	handBackKept     = "outcome_not_recorded"
 )
 
 // taskTypes creates the per-task-type series of the polled types at zero,

@@ -34,6 +34,14 @@ func (w *Worker) handle(t *model.Task) {
 	engine, logical := a.Attempts(int(t.RetryCount))
 	stepLog := log.With(zap.String("runId", a.RunID), zap.String("stepId", a.Step.StepID))
 	log = stepLog.With(zap.Int64("logicalAttemptId", logical), zap.Int64("engineAttemptId", engine))
+	if k, ok := w.kept.take(t.TaskId, t.RetryCount); ok {
+		// The step ran here and its outcome waited for the store: record
+		// it now, whatever the run's state (a drain waits for it), and do
+		// not run the step again.
+		log.Info("recording the outcome kept while the state store did not answer; the step is not run again")
+		w.finish(t, log, a, k.res, k.engine, k.logical, k.operatorAttempt, k.took)
+		return
+	}
 
 	d, ok := w.begin(t, log, a, engine, logical)
 	if !ok {
@@ -290,7 +298,7 @@ func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Resul
 		}
 		if err := w.emit(log, a, statestore.StepCompleted, engine, logical, payload, -1); err != nil {
 			// Never fail open: without StepCompleted the task must not complete.
-			w.update(t, log, &model.TaskResult{Status: model.FailedTask, ReasonForIncompletion: CodeStoreUnavailable + ": StepCompleted not recorded"})
+			w.keepOutcome(t, log, keptOutcome{res: res, engine: engine, logical: logical, operatorAttempt: operatorAttempt, took: took}, err)
 			return
 		}
 		w.opts.Metrics.stepDone(kind, "completed", took)
@@ -322,7 +330,7 @@ func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Resul
 		payload["onStepFailure"] = statestore.OnStepFailurePause
 	}
 	if err := w.emit(log, a, statestore.StepFailed, engine, logical, payload, -1); err != nil {
-		w.update(t, log, &model.TaskResult{Status: model.FailedTask, ReasonForIncompletion: CodeStoreUnavailable + ": StepFailed not recorded"})
+		w.keepOutcome(t, log, keptOutcome{res: res, engine: engine, logical: logical, operatorAttempt: operatorAttempt, took: took}, err)
 		return
 	}
 	w.opts.Metrics.stepDone(kind, "failed", took)
@@ -334,6 +342,23 @@ func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Resul
 	r := failedResult(a, res.Err, engine, logical)
 	r.OutputData = artifactOutput(res.Artifacts, res.Output)
 	w.update(t, log, r)
+}
+
+// keepOutcome handles a step whose StepCompleted or StepFailed the store
+// did not take within the write budget (seed 001 §5: a critical write
+// never fails open, and the step's try fails). The task is neither
+// completed nor failed in Conductor, whose retry budget is the plan's, not
+// the store's: it is handed back, and the outcome kept here is recorded
+// and reported when Conductor offers the task again, without running the
+// step again. A store failover (seconds: a NATS leader election) then
+// costs a delay, not the run.
+func (w *Worker) keepOutcome(t *model.Task, log *zap.Logger, o keptOutcome, err error) {
+	o.retryCount, o.at = t.RetryCount, time.Now()
+	w.kept.keep(t.TaskId, o)
+	w.opts.Metrics.handedBack(handBackKept)
+	log.Warn("the outcome could not be recorded within the write budget; the task is handed back and the outcome recorded when Conductor offers it again",
+		zap.String("code", CodeStoreUnavailable), zap.Error(err))
+	w.handBack(t, w.opts.HandBackAfter, "outcome not recorded")
 }
 
 // hold keeps the task of a step that failed under onStepFailure "pause":

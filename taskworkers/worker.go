@@ -135,6 +135,8 @@ type Worker struct {
 	opts      Options
 	log       *zap.Logger
 	outbox    *outbox
+	// kept holds outcomes the store did not take in time (kept.go).
+	kept keptOutcomes
 
 	// taken holds the tasks polls returned whose report is not done yet;
 	// lost signals a poll answer that may have been lost (strays.go).
