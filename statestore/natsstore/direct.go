@@ -103,7 +103,14 @@ func (s *Store) ackedMsg(ctx context.Context, subject string) (*storedMsg, error
 	if !errors.Is(err, errNotFound) {
 		return m, err
 	}
-	body, err := json.Marshal(directRequest{LastFor: subject})
+	return s.leaderMsg(ctx, directRequest{LastFor: subject})
+}
+
+// leaderMsg sends req (LastFor, or Seq with NextFor) to the stream
+// leader's message API, which only the leader answers: slower than a
+// direct get (JSON, one message), but never behind.
+func (s *Store) leaderMsg(ctx context.Context, req directRequest) (*storedMsg, error) {
+	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,12 @@
+package natsstore
+
+import (
+	"context"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// LeaderFetch is leaderFetch over every event of runID, for tests.
+func (s *Store) LeaderFetch(ctx context.Context, runID string, limit int) ([]statestore.RunEventRecord, error) {
+	return s.leaderFetch(ctx, runID, s.prefix+"."+RunToken(runID)+".>", limit)
+}
