@@ -513,16 +513,9 @@ func (s *Store) fetchFilter(ctx context.Context, runID, filter string, afterSeq 
 			}
 		}
 		eob, err := s.getBatch(ctx, req, func(m *storedMsg) {
-			rec, err := s.record(m)
-			if err == nil && rec.RunID != runID {
-				err = fmt.Errorf("record of run %q", rec.RunID)
+			if rec, ok := s.runRecord(runID, m); ok {
+				out = append(out, rec)
 			}
-			if err != nil {
-				s.log.Warn("skipping a message that is not a record of the run",
-					zap.String("runId", runID), zap.String("subject", m.subject), zap.Uint64("seq", m.seq), zap.Error(err))
-				return
-			}
-			out = append(out, rec)
 		})
 		switch {
 		case errors.Is(err, errTooManyResults) && multi:
@@ -564,16 +557,9 @@ func (s *Store) leaderFetch(ctx context.Context, runID, filter string, limit int
 			return nil, unavailable("fetch from the stream leader", err)
 		}
 		next = m.seq + 1
-		rec, err := s.record(m)
-		if err == nil && rec.RunID != runID {
-			err = fmt.Errorf("record of run %q", rec.RunID)
+		if rec, ok := s.runRecord(runID, m); ok {
+			out = append(out, rec)
 		}
-		if err != nil {
-			s.log.Warn("skipping a message that is not a record of the run",
-				zap.String("runId", runID), zap.String("subject", m.subject), zap.Uint64("seq", m.seq), zap.Error(err))
-			continue
-		}
-		out = append(out, rec)
 	}
 	if len(out) > 0 {
 		s.log.Info("a run the direct gets did not show was read from the stream leader (a replica is behind)",
@@ -647,6 +633,22 @@ func EventSubject(prefix, runID, key string) string {
 		bucket = key[:1]
 	}
 	return prefix + "." + RunToken(runID) + "." + bucket + "." + key
+}
+
+// runRecord is record for a message read as one of runID's; a message
+// that is not a valid record of the run (something other than Append
+// published it) is logged and skipped (ok false).
+func (s *Store) runRecord(runID string, m *storedMsg) (rec statestore.RunEventRecord, ok bool) {
+	rec, err := s.record(m)
+	if err == nil && rec.RunID != runID {
+		err = fmt.Errorf("record of run %q", rec.RunID)
+	}
+	if err != nil {
+		s.log.Warn("skipping a message that is not a record of the run",
+			zap.String("runId", runID), zap.String("subject", m.subject), zap.Uint64("seq", m.seq), zap.Error(err))
+		return rec, false
+	}
+	return rec, true
 }
 
 // record decodes a stored message into a record, checking that its subject
