@@ -335,7 +335,8 @@ type ResumeRequest struct {
 }
 
 // Resume resumes a PAUSED run (draining or not): RunResumed closes the
-// cycle, then Conductor resumes; completed steps never run again. Resuming
+// cycle, then Conductor resumes (a workflow Conductor does not have paused
+// is left as it is); completed steps never run again. Resuming
 // a resumed run changes nothing in the log and resumes Conductor's
 // workflow again (so a retry converges when the first resume did not reach
 // Conductor). A run never paused gets INVALID_TRANSITION, and so does a
@@ -378,7 +379,16 @@ func (c *Controller) Resume(ctx context.Context, runID, workflowID string, req R
 		c.opts.Metrics.drainEnded("resumed", c.waited(snap))
 	}
 	c.logger.Info("run resumed", zap.String("runId", runID), zap.Int64("cycle", snap.Pause.Cycle))
-	engineErr := c.applied(ctx, runID, false, snap.Pause.Cycle, c.engine.Resume(ctx, workflowID))
+	// Conductor refusing because the workflow is not paused is success
+	// here too: its pause may never have reached it (a held failure paused
+	// the run while Conductor restarted), and it runs, as the log now says.
+	// If it has ended, the run watcher records how.
+	err = c.engine.Resume(ctx, workflowID)
+	if isEngineConflict(err) {
+		c.logger.Info("Conductor's workflow was not paused; the resume is recorded and the workflow runs", zap.String("runId", runID), zap.Error(err))
+		err = nil
+	}
+	engineErr := c.applied(ctx, runID, false, snap.Pause.Cycle, err)
 	snap, err = c.snapshot(ctx, runID)
 	if err != nil {
 		return nil, err

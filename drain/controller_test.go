@@ -305,6 +305,28 @@ func TestController_RepeatedResumeConverges(t *testing.T) {
 	}
 }
 
+// TestController_ResumeOfAWorkflowConductorNeverPaused: the log says
+// PAUSED, but Conductor's workflow runs (its pause call was lost: a held
+// failure paused the run while Conductor restarted). The resume is
+// recorded, and Conductor answering that the workflow is not paused is
+// success: the run and the workflow agree again. Finding of TestE2E_Chaos
+// (the resume answered 409 ENGINE_CONFLICT and the run stayed apart).
+func TestController_ResumeOfAWorkflowConductorNeverPaused(t *testing.T) {
+	ctx := context.Background()
+	mem, eng := setup(t)
+	c := newController(t, mem, eng, nil, nil)
+	eng.err = errors.New("connection refused") // Conductor restarting
+	var ee *drain.EngineError
+	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{}); !errors.As(err, &ee) {
+		t.Fatalf("pause with Conductor down: %v", err)
+	}
+	eng.err = conflictErr{} // back, with the workflow RUNNING
+	st, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{})
+	if err != nil || st.Status != statestore.RunStatusRunning {
+		t.Fatalf("resume: %+v, %v; want RUNNING", st, err)
+	}
+}
+
 func TestController_RetryStep(t *testing.T) {
 	ctx := context.Background()
 	mem, eng := setup(t, "a", "b")
