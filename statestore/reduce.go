@@ -158,6 +158,12 @@ func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTran
 	}
 	p := decodePayload(r.Payload)
 	switch r.EventType {
+	case RunResumed, RunCompleted, RunFailed, RunCancelled:
+		if s.Status == RunStatusPaused && s.Pause != nil {
+			s.PausedSeconds += secondsBetween(s.Pause.PausedAt, r.PersistedAt)
+		}
+	}
+	switch r.EventType {
 	case RunQueued:
 		s.Status = RunStatusQueued
 	case RunApproved:
@@ -227,6 +233,17 @@ func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTran
 		s.finish(r.PersistedAt)
 	}
 	return nil
+}
+
+// secondsBetween is to - from in seconds, to the millisecond; 0 when either
+// does not parse or to is before from.
+func secondsBetween(from, to string) float64 {
+	a, err1 := time.Parse(time.RFC3339Nano, from)
+	b, err2 := time.Parse(time.RFC3339Nano, to)
+	if err1 != nil || err2 != nil || b.Before(a) {
+		return 0
+	}
+	return float64(b.Sub(a).Milliseconds()) / 1000
 }
 
 func (s *RunSnapshot) finish(at string) {

@@ -523,3 +523,30 @@ func TestReduce_StepTries(t *testing.T) {
 		t.Fatalf("a completed: %+v", s.Step("a"))
 	}
 }
+
+// TestReduce_PausedSeconds: the time between each RunPaused and the event
+// that ended the pause (RunResumed, or a terminal event of a paused run)
+// adds up in pausedSeconds; an open pause adds nothing yet, and a refused
+// RunResumed ends none (issue #14 §6: paused time apart from run time).
+func TestReduce_PausedSeconds(t *testing.T) {
+	b := newLog("r").ev(statestore.RunStarted).ev(statestore.RunPaused) // events 1 s apart
+	if s, _ := reduce(t, b.recs); s.PausedSeconds != 0 {
+		t.Fatalf("open pause: pausedSeconds %v, want 0", s.PausedSeconds)
+	}
+	b.add(statestore.RunDrainCompleted, "", 1, nil).add(statestore.RunResumed, "", 1, nil)
+	if s, _ := reduce(t, b.recs); s.PausedSeconds != 2 {
+		t.Fatalf("after a 2 s pause: pausedSeconds %v", s.PausedSeconds)
+	}
+	b.add(statestore.RunResumed, "", 1, nil) // refused: the run is RUNNING
+	if s, alerts := reduce(t, b.recs); s.PausedSeconds != 2 || len(alerts) != 1 {
+		t.Fatalf("a refused RunResumed: pausedSeconds %v, alerts %d", s.PausedSeconds, len(alerts))
+	}
+	b.add(statestore.RunPaused, "", 2, nil).add(statestore.RunDrainCompleted, "", 2, nil).add(statestore.RunCancelled, "", 1, nil)
+	s, _ := reduce(t, b.recs)
+	if s.PausedSeconds != 4 || s.Status != statestore.RunStatusCancelled {
+		t.Fatalf("cancelled while paused 2 s more: pausedSeconds %v, status %s", s.PausedSeconds, s.Status)
+	}
+	if s.TotalDurationMs != 7000 {
+		t.Fatalf("totalDurationMs %d, want 7000 (paused time included)", s.TotalDurationMs)
+	}
+}

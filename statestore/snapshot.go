@@ -54,6 +54,13 @@ type RunSnapshot struct {
 	StartedAt       string         `json:"startedAt,omitempty"`
 	CompletedAt     string         `json:"completedAt,omitempty"`
 	TotalDurationMs int64          `json:"totalDurationMs,omitempty"`
+	// PausedSeconds is the time the run spent PAUSED (millisecond
+	// precision): from each RunPaused's persistedAt to the RunResumed, or
+	// the terminal event, that ended it. A pause still open is not counted
+	// here (a snapshot is a function of the log, not of the clock); the
+	// API's run view adds it. Run time without the pauses is
+	// totalDurationMs/1000 - pausedSeconds.
+	PausedSeconds float64 `json:"pausedSeconds"`
 	FailedSteps     int            `json:"failedSteps"`
 	Error           *StepError     `json:"error,omitempty"`
 

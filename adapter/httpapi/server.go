@@ -445,7 +445,21 @@ func (s *Server) writeRunNotice(w http.ResponseWriter, r *http.Request, runID, n
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, RunView{RunSnapshot: snap, Message: Message(snap), Drain: drain.StateOf(snap, s.opts.DrainTimeout).Drain, Notice: notice})
+	view := *snap // the projector's snapshot may be shared: the open pause goes on a copy
+	view.PausedSeconds += openPauseSeconds(snap, time.Now())
+	return writeJSON(w, http.StatusOK, RunView{RunSnapshot: &view, Message: Message(snap), Drain: drain.StateOf(snap, s.opts.DrainTimeout).Drain, Notice: notice})
+}
+
+// openPauseSeconds is how long the run has been paused, when it is.
+func openPauseSeconds(snap *statestore.RunSnapshot, now time.Time) float64 {
+	if snap.Status != statestore.RunStatusPaused || snap.Pause == nil {
+		return 0
+	}
+	at, err := time.Parse(time.RFC3339Nano, snap.Pause.PausedAt)
+	if err != nil || now.Before(at) {
+		return 0
+	}
+	return float64(now.Sub(at).Milliseconds()) / 1000
 }
 
 // Message is the human summary of a run's state, e.g. "Workflow paused.

@@ -209,6 +209,16 @@ func TestServer_RunsAndEvents(t *testing.T) {
 	if v.Status != "PAUSED" || v.Substatus != "DRAINING" || v.Message != want {
 		t.Fatalf("got %s/%s %q, want PAUSED/DRAINING %q", v.Status, v.Substatus, v.Message, want)
 	}
+	// The view counts the open pause in pausedSeconds (the snapshot does
+	// not: it is a function of the log); it grows while the run is paused.
+	time.Sleep(50 * time.Millisecond)
+	again, err := c.Run(ctx, "run/1 ü")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.PausedSeconds < 0.05 || again.PausedSeconds <= v.PausedSeconds {
+		t.Fatalf("pausedSeconds %v then %v, want it counting the open pause", v.PausedSeconds, again.PausedSeconds)
+	}
 	page, err := c.Events(ctx, "run/1 ü", 0, 2)
 	if err != nil || len(page.Events) != 2 {
 		t.Fatalf("events: %v %v", page, err)
