@@ -113,10 +113,10 @@ type Options struct {
 	// owns every run). The drain index and the full pass bring in the
 	// owned runs only, and the gauges count them; a drain this process
 	// started (a pause, a nudge) is watched here whoever owns it.
-	Owner Owner
-	Logger       *zap.Logger
-	Metrics      *Metrics
-	Now          func() time.Time
+	Owner   Owner
+	Logger  *zap.Logger
+	Metrics *Metrics
+	Now     func() time.Time
 }
 
 // Controller carries out PAUSE, RESUME and CANCEL and watches drains.

@@ -60,9 +60,9 @@ type RunSnapshot struct {
 	// here (a snapshot is a function of the log, not of the clock); the
 	// API's run view adds it. Run time without the pauses is
 	// totalDurationMs/1000 - pausedSeconds.
-	PausedSeconds float64 `json:"pausedSeconds"`
-	FailedSteps     int            `json:"failedSteps"`
-	Error           *StepError     `json:"error,omitempty"`
+	PausedSeconds float64    `json:"pausedSeconds"`
+	FailedSteps   int        `json:"failedSteps"`
+	Error         *StepError `json:"error,omitempty"`
 
 	// Pause holds the state of the current or last pause cycle.
 	Pause *PauseState `json:"pause,omitempty"`
