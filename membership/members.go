@@ -204,7 +204,11 @@ func (m *Members) Close(ctx context.Context) error {
 
 func (m *Members) loop(ctx context.Context, kw jetstream.KeyWatcher) {
 	defer close(m.done)
-	defer func() { _ = kw.Stop() }()
+	defer func() {
+		if kw != nil {
+			_ = kw.Stop()
+		}
+	}()
 	t := time.NewTicker(m.opts.Heartbeat)
 	defer t.Stop()
 	updates := kw.Updates()
@@ -217,13 +221,20 @@ func (m *Members) loop(ctx context.Context, kw jetstream.KeyWatcher) {
 			err := m.beat(bctx)
 			cancel()
 			m.noteBeat(err)
+			if kw == nil {
+				kw = m.rewatch(ctx)
+				updates = watchUpdates(kw)
+			}
 			m.publish()
 		case e, ok := <-updates:
 			if !ok {
 				// The watch ended (it should not before Stop): without it
 				// the others look dead, so this replica owns every run
 				// (publish sees no heartbeats), and it watches anew.
-				updates = m.rewatch(ctx)
+				_ = kw.Stop()
+				kw = m.rewatch(ctx)
+				updates = watchUpdates(kw)
+				m.publish()
 				continue
 			}
 			m.apply(e)
@@ -232,14 +243,22 @@ func (m *Members) loop(ctx context.Context, kw jetstream.KeyWatcher) {
 	}
 }
 
-// rewatch starts a new watch, or returns nil (a channel that never
-// delivers) until the next heartbeat tick tries again.
-func (m *Members) rewatch(ctx context.Context) <-chan jetstream.KeyValueEntry {
+// rewatch forgets the members seen and starts a new watch, or returns nil
+// (the next heartbeat tick tries again).
+func (m *Members) rewatch(ctx context.Context) jetstream.KeyWatcher {
 	clear(m.seen)
 	m.synced = false
 	kw, err := m.kv.WatchAll(ctx)
 	if err != nil {
 		m.warn("cannot watch the members; this replica does every run's background work until it can", zap.Error(err))
+		return nil
+	}
+	return kw
+}
+
+// watchUpdates is kw's channel, or nil (never ready) without a watch.
+func watchUpdates(kw jetstream.KeyWatcher) <-chan jetstream.KeyValueEntry {
+	if kw == nil {
 		return nil
 	}
 	return kw.Updates()
