@@ -109,6 +109,11 @@ type Options struct {
 	// 100). It is the deployment's: replicas that divide the runs read
 	// their shares in the period one replica would take over all of them.
 	FullScanRate int
+	// Schedule, when set, keeps the pauses to be resumed on their own
+	// (PauseRequest.ResumeAt): the monitor reads it every IndexInterval
+	// and at start, and resumes the due ones it owns. Without it the full
+	// pass resumes them.
+	Schedule ResumeSchedule
 	// Owner divides the runs between replicas (default: this replica
 	// owns every run). The drain index and the full pass bring in the
 	// owned runs only, and the gauges count them; a drain this process
@@ -179,6 +184,10 @@ type PauseRequest struct {
 	RequestedBy    string `json:"requestedBy,omitempty"`
 	// StepID names the failed step of a pause on failure.
 	StepID string `json:"stepId,omitempty"`
+	// ResumeAt, when set, resumes the pause on its own at that time
+	// (RunResumed with requestedBy "schedule"), unless it was resumed or
+	// paused again before. It is recorded in RunPaused's payload.
+	ResumeAt time.Time `json:"resumeAt,omitempty"`
 }
 
 // State is a run's pause state as the API shows it.
@@ -256,6 +265,9 @@ func (c *Controller) Pause(ctx context.Context, runID, workflowID string, req Pa
 			if have := int64(timeoutOf(snap.Pause, c.opts.DefaultTimeout) / time.Second); req.TimeoutSeconds != 0 && req.TimeoutSeconds != have {
 				st.Notice += fmt.Sprintf(", and its drain timeout stays %ds: this request's %ds is not applied (resume, then pause again, to change it)", have, req.TimeoutSeconds)
 			}
+			if !req.ResumeAt.IsZero() {
+				st.Notice += ", and this request's scheduled resume is not applied (resume, then pause again, to schedule one)"
+			}
 			return st, err
 		}
 		cycle = 1
@@ -270,6 +282,9 @@ func (c *Controller) Pause(ctx context.Context, runID, workflowID string, req Pa
 		putIf(payload, "reason", req.Reason)
 		putIf(payload, "requestedBy", req.RequestedBy)
 		putIf(payload, "stepId", req.StepID)
+		if !req.ResumeAt.IsZero() {
+			payload["resumeAt"] = req.ResumeAt.UTC().Format(time.RFC3339Nano)
+		}
 		// RunPaused is appended on the runSeq it was decided on, so that a
 		// StepStarted, which is appended the same way, and the pause are
 		// ordered whatever the interleaving (docs/events.md, "Fences").
@@ -283,6 +298,9 @@ func (c *Controller) Pause(ctx context.Context, runID, workflowID string, req Pa
 		break
 	}
 	c.opts.Metrics.pauseRecorded(c.opts.Now().Sub(began))
+	if !req.ResumeAt.IsZero() {
+		c.schedule(ctx, runID, cycle, req.ResumeAt)
+	}
 	if len(snap.InFlight()) > 0 || !c.endEmptyDrain(ctx, runID, cycle) {
 		c.watch(runID, true)
 		c.mark(ctx, runID, cycle)

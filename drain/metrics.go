@@ -16,6 +16,7 @@ type Metrics struct {
 	pauseRecord prometheus.Histogram
 	engineCalls prometheus.Histogram
 	runs        *prometheus.GaugeVec
+	scheduled   prometheus.Counter
 }
 
 // watchedStatuses are the statuses sidecar_runs_active always reports
@@ -46,6 +47,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sidecar_drain_engine_pause_seconds", Help: "Conductor's pause call.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
+		scheduled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sidecar_drain_scheduled_resumes_total", Help: "Scheduled resumes (requestedBy schedule) this replica carried out; replicas racing for one may both count it, the log has one RunResumed.",
+		}),
 		runs: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "sidecar_runs_active", Help: "Runs the sidecar watches (started, not yet terminal), by status; CANCELLING is a run whose cancel is requested but not yet recorded done.",
 		}, []string{"status"}),
@@ -56,7 +60,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, o := range []string{"drained", "timed_out", "resumed", "cancelled"} {
 		m.duration.WithLabelValues(o)
 	}
-	reg.MustRegister(m.draining, m.inFlight, m.duration, m.timeouts, m.pauseRecord, m.engineCalls, m.runs)
+	reg.MustRegister(m.draining, m.inFlight, m.duration, m.timeouts, m.pauseRecord, m.engineCalls, m.runs, m.scheduled)
 	return m
 }
 
@@ -85,6 +89,12 @@ func (m *Metrics) statusGauges(byStatus map[string]int) {
 func (m *Metrics) drainEnded(outcome string, d time.Duration) {
 	if m != nil {
 		m.duration.WithLabelValues(outcome).Observe(d.Seconds())
+	}
+}
+
+func (m *Metrics) scheduledResume() {
+	if m != nil {
+		m.scheduled.Inc()
 	}
 }
 

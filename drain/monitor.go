@@ -32,6 +32,8 @@ func (c *Controller) Open(ctx context.Context) error {
 	} else {
 		c.scan(ctx)
 	}
+	// A resume that fell due while no sidecar ran is carried out now.
+	c.readSchedule(ctx)
 	go c.loop(ctx)
 	return nil
 }
@@ -90,8 +92,8 @@ func (c *Controller) loop(ctx context.Context) {
 			c.Check(ctx, runID)
 		case <-t.C:
 			ok := true
-			if c.opts.Drains != nil && time.Since(lastIndex) >= c.opts.IndexInterval {
-				if ok = c.readIndex(ctx); ok {
+			if (c.opts.Drains != nil || c.opts.Schedule != nil) && time.Since(lastIndex) >= c.opts.IndexInterval {
+				if ok = (c.opts.Drains == nil || c.readIndex(ctx)) && c.readSchedule(ctx); ok {
 					lastIndex = time.Now()
 				}
 			}
@@ -320,6 +322,11 @@ func (c *Controller) check(ctx context.Context, runID string) (*statestore.RunSn
 			c.warns.warn(c.logger, "cannot read a run's state", zap.String("runId", runID), zap.Error(err))
 		}
 		return nil, err
+	}
+	if c.resumeIfDue(ctx, snap) {
+		// A scheduled resume that fell due (found by a pass or a check
+		// rather than the schedule: its entry was not written).
+		return c.snapshot(ctx, runID)
 	}
 	if snap.Status != statestore.RunStatusPaused || snap.Pause == nil || snap.Pause.DrainEndedAt != "" {
 		var cycle int64

@@ -52,10 +52,11 @@ type (
 		RequestedBy string `json:"requestedBy"`
 	}
 	runPausedPayload struct {
-		Reason              string `json:"reason"`
-		RequestedBy         string `json:"requestedBy"`
-		StepID              string `json:"stepId"`
-		DrainTimeoutSeconds *int64 `json:"drainTimeoutSeconds"`
+		Reason              string  `json:"reason"`
+		RequestedBy         string  `json:"requestedBy"`
+		StepID              string  `json:"stepId"`
+		DrainTimeoutSeconds *int64  `json:"drainTimeoutSeconds"`
+		ResumeAt            *string `json:"resumeAt"`
 	}
 	drainPayload struct {
 		Code            *string  `json:"code"`
@@ -167,6 +168,11 @@ func validateKnownPayload(eventType string, raw json.RawMessage) error {
 		}
 		if p.DrainTimeoutSeconds != nil && *p.DrainTimeoutSeconds < 0 {
 			return schemaError("payload.drainTimeoutSeconds", "must be >= 0")
+		}
+		if p.ResumeAt != nil {
+			if _, err := time.Parse(time.RFC3339Nano, *p.ResumeAt); err != nil {
+				return schemaError("payload.resumeAt", "must be an RFC 3339 time")
+			}
 		}
 	case RunDrainCompleted, RunDrainTimedOut:
 		var p drainPayload

@@ -110,6 +110,7 @@ type eventPayload struct {
 	RequestedBy         string        `json:"requestedBy"`
 	StepID              string        `json:"stepId"`
 	DrainTimeoutSeconds int64         `json:"drainTimeoutSeconds"`
+	ResumeAt            string        `json:"resumeAt"`
 	OnStepFailure       string        `json:"onStepFailure"`
 	// StepLogicalAttemptID is the attempt a RunStepRetryRequested opens.
 	StepLogicalAttemptID int64 `json:"stepLogicalAttemptId"`
@@ -179,7 +180,7 @@ func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTran
 		s.Status = RunStatusPaused
 		s.Pause = &PauseState{
 			Cycle: r.LogicalAttemptID, Reason: p.Reason, RequestedBy: p.RequestedBy, StepID: p.StepID,
-			PausedAt: r.PersistedAt, DrainTimeoutSeconds: p.DrainTimeoutSeconds,
+			PausedAt: r.PersistedAt, DrainTimeoutSeconds: p.DrainTimeoutSeconds, ResumeAt: p.ResumeAt,
 		}
 	case RunResumed:
 		s.Status = RunStatusRunning

@@ -98,6 +98,10 @@ type PauseState struct {
 	StepID              string `json:"stepId,omitempty"`
 	PausedAt            string `json:"pausedAt"`
 	DrainTimeoutSeconds int64  `json:"drainTimeoutSeconds,omitempty"`
+	// ResumeAt is when the pause is to be resumed on its own (RunPaused's
+	// payload; requestedBy "schedule"); empty for a pause that waits for
+	// an operator.
+	ResumeAt string `json:"resumeAt,omitempty"`
 	// DrainEndedAt is the persistedAt of RunDrainCompleted or RunDrainTimedOut.
 	DrainEndedAt  string `json:"drainEndedAt,omitempty"`
 	DrainTimedOut bool   `json:"drainTimedOut,omitempty"`
