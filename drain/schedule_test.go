@@ -62,6 +62,7 @@ func (c *clock) now() time.Time      { return time.Unix(0, c.ns.Load()) }
 func (c *clock) set(t time.Time)     { c.ns.Store(t.UnixNano()) }
 func (c *clock) add(d time.Duration) { c.ns.Add(int64(d)) }
 func newClock(t time.Time) *clock    { c := &clock{}; c.set(t); return c }
+
 // scheduledRun is a running run whose RunStarted names its workflow wf1.
 func scheduledRun(t *testing.T) (*memstore.Store, *engine) {
 	t.Helper()
