@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -40,6 +41,7 @@ const (
 	keyRun    = "run."
 	keyActive = "active."
 	keyDrain  = "drain."
+	keyResume = "resume."
 )
 
 // Run is a run's entry in the run index: its identity, its Conductor
@@ -249,6 +251,71 @@ func (r *Runs) DrainingRunIDs(ctx context.Context) ([]string, error) {
 		ids[i] = strings.TrimPrefix(k, keyDrain)
 	}
 	return ids, nil
+}
+
+// scheduledResume is the value of a resume.<runId> key.
+type scheduledResume struct {
+	Cycle int64     `json:"cycle"`
+	At    time.Time `json:"at"`
+}
+
+// ScheduleResume records that runID's pause cycle is to be resumed at at
+// (drain.ResumeSchedule), after that cycle's RunPaused persisted.
+func (r *Runs) ScheduleResume(ctx context.Context, runID string, cycle int64, at time.Time) error {
+	b, err := json.Marshal(scheduledResume{Cycle: cycle, At: at.UTC()})
+	if err != nil {
+		return err
+	}
+	if _, err := r.kv.Put(ctx, keyResume+runID, b); err != nil {
+		return registryUnavailable("schedule resume", err)
+	}
+	return nil
+}
+
+// EndResume removes runID's scheduled resume if it names cycle or an older
+// one (that of a later pause, written meanwhile, stays).
+func (r *Runs) EndResume(ctx context.Context, runID string, cycle int64) error {
+	e, err := r.kv.Get(ctx, keyResume+runID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return nil
+	}
+	if err != nil {
+		return registryUnavailable("read scheduled resume", err)
+	}
+	var s scheduledResume
+	if json.Unmarshal(e.Value(), &s) == nil && s.Cycle > cycle {
+		return nil
+	}
+	if err := r.kv.Delete(ctx, keyResume+runID, jetstream.LastRevision(e.Revision())); err != nil && !isRevisionMismatch(err) {
+		return registryUnavailable("end scheduled resume", err)
+	}
+	return nil
+}
+
+// ScheduledResumes lists the scheduled resumes: its cost follows the
+// number of pauses with a resume time, not of active runs. An entry that
+// does not decode is skipped (the full pass still resumes its run).
+func (r *Runs) ScheduledResumes(ctx context.Context) ([]drain.ScheduledResume, error) {
+	keys, err := r.listKeys(ctx, keyResume+">")
+	if err != nil {
+		return nil, err
+	}
+	out := make([]drain.ScheduledResume, 0, len(keys))
+	for _, k := range keys {
+		e, err := r.kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			continue // resumed meanwhile
+		}
+		if err != nil {
+			return nil, registryUnavailable("read "+k, err)
+		}
+		var s scheduledResume
+		if err := json.Unmarshal(e.Value(), &s); err != nil {
+			continue
+		}
+		out = append(out, drain.ScheduledResume{RunID: strings.TrimPrefix(k, keyResume), Cycle: s.Cycle, At: s.At})
+	}
+	return out, nil
 }
 
 // isRevisionMismatch reports a lost compare-and-set. On a single server a

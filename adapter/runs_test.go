@@ -644,3 +644,37 @@ func TestRuns_DrainIndex(t *testing.T) {
 		t.Fatalf("index lists %v after every drain ended", ids)
 	}
 }
+
+// TestRuns_ResumeSchedule: the scheduled resumes in the run index
+// (drain.ResumeSchedule) on a real JetStream KV, shared by two replicas: an
+// entry names its cycle and time, the end of an older cycle leaves a later
+// entry alone, and the listing holds only the scheduled runs.
+func TestRuns_ResumeSchedule(t *testing.T) {
+	ctx := context.Background()
+	env := newNATS(t)
+	a, b := env.newRuns(t, unusedURL(t), RunsOptions{}), env.newRuns(t, unusedURL(t), RunsOptions{})
+	at := time.Date(2026, 11, 26, 6, 0, 0, 0, time.UTC)
+	if err := a.ScheduleResume(ctx, "run-1", 1, at); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.ScheduleResume(ctx, "run-2", 4, at.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.ScheduledResumes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Slice(got, func(i, j int) bool { return got[i].RunID < got[j].RunID })
+	if len(got) != 2 || got[0].RunID != "run-1" || got[0].Cycle != 1 || !got[0].At.Equal(at) || got[1].Cycle != 4 {
+		t.Fatalf("listed %+v", got)
+	}
+	if err := b.EndResume(ctx, "run-2", 3); err != nil { // an older cycle: stays
+		t.Fatal(err)
+	}
+	if err := b.EndResume(ctx, "run-1", 1); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := b.ScheduledResumes(ctx); len(got) != 1 || got[0].RunID != "run-2" {
+		t.Fatalf("after ending run-1 and an older cycle of run-2: %+v", got)
+	}
+}

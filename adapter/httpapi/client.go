@@ -65,13 +65,35 @@ func (c *Client) Run(ctx context.Context, runID string) (*RunView, error) {
 
 // Pause pauses a run (draining); timeoutSeconds 0 uses the default.
 func (c *Client) Pause(ctx context.Context, runID string, timeoutSeconds int64, reason string) (*RunView, error) {
+	return c.PauseWith(ctx, runID, PauseOptions{TimeoutSeconds: timeoutSeconds, Reason: reason})
+}
+
+// PauseOptions are a pause's optional fields; the zero value pauses with
+// the sidecar's default drain timeout and no scheduled resume.
+type PauseOptions struct {
+	TimeoutSeconds int64
+	Reason         string
+	// ResumeAt, or ResumeAfter from the sidecar's clock, schedules the
+	// resume (at most one of them).
+	ResumeAt    time.Time
+	ResumeAfter time.Duration
+}
+
+// PauseWith pauses a run with o.
+func (c *Client) PauseWith(ctx context.Context, runID string, o PauseOptions) (*RunView, error) {
 	var out RunView
 	body := map[string]any{}
-	if timeoutSeconds > 0 {
-		body["timeoutSeconds"] = timeoutSeconds
+	if o.TimeoutSeconds > 0 {
+		body["timeoutSeconds"] = o.TimeoutSeconds
 	}
-	if reason != "" {
-		body["reason"] = reason
+	if o.Reason != "" {
+		body["reason"] = o.Reason
+	}
+	if !o.ResumeAt.IsZero() {
+		body["resumeAt"] = o.ResumeAt.UTC().Format(time.RFC3339Nano)
+	}
+	if o.ResumeAfter > 0 {
+		body["resumeAfterSeconds"] = int64(o.ResumeAfter / time.Second)
 	}
 	return &out, c.do(ctx, http.MethodPost, "/v1/runs/"+url.PathEscape(runID)+"/pause", body, &out)
 }

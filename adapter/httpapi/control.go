@@ -80,11 +80,43 @@ type controlBody struct {
 }
 
 // pauseBody is the optional body of pause. timeoutSeconds is 1 s .. 7 d
-// (absent or 0: the default drain timeout).
+// (absent or 0: the default drain timeout). resumeAt (RFC 3339, in the
+// future) or resumeAfterSeconds (1 s .. MaxScheduledResume) schedules the
+// pause's resume; at most one of them.
 type pauseBody struct {
-	TimeoutSeconds int64  `json:"timeoutSeconds,omitempty"`
-	Reason         string `json:"reason,omitempty"`
-	RequestedBy    string `json:"requestedBy,omitempty"`
+	TimeoutSeconds     int64  `json:"timeoutSeconds,omitempty"`
+	Reason             string `json:"reason,omitempty"`
+	RequestedBy        string `json:"requestedBy,omitempty"`
+	ResumeAt           string `json:"resumeAt,omitempty"`
+	ResumeAfterSeconds int64  `json:"resumeAfterSeconds,omitempty"`
+}
+
+// MaxScheduledResume bounds how far ahead a pause's resume may be
+// scheduled (a year).
+const MaxScheduledResume = 366 * 24 * time.Hour
+
+// resumeTime checks a pause body's schedule and returns when to resume
+// (zero: not scheduled).
+func (b *pauseBody) resumeTime(now time.Time) (time.Time, error) {
+	switch {
+	case b.ResumeAt != "" && b.ResumeAfterSeconds != 0:
+		return time.Time{}, badRequest("resumeAt", "give resumeAt or resumeAfterSeconds, not both")
+	case b.ResumeAfterSeconds != 0:
+		if b.ResumeAfterSeconds < 1 || b.ResumeAfterSeconds > int64(MaxScheduledResume/time.Second) {
+			return time.Time{}, badRequest("resumeAfterSeconds", fmt.Sprintf("resumeAfterSeconds must be 1..%d (a year)", int64(MaxScheduledResume/time.Second)))
+		}
+		return now.Add(time.Duration(b.ResumeAfterSeconds) * time.Second), nil
+	case b.ResumeAt != "":
+		at, err := time.Parse(time.RFC3339Nano, b.ResumeAt)
+		if err != nil {
+			return time.Time{}, badRequest("resumeAt", "resumeAt must be an RFC 3339 time, e.g. 2026-11-23T06:00:00Z")
+		}
+		if !at.After(now) || at.Sub(now) > MaxScheduledResume {
+			return time.Time{}, badRequest("resumeAt", fmt.Sprintf("resumeAt must be in the future and at most a year ahead (now is %s)", now.UTC().Format(time.RFC3339)))
+		}
+		return at, nil
+	}
+	return time.Time{}, nil
 }
 
 func (s *Server) control(action string) func(http.ResponseWriter, *http.Request) error {
@@ -95,12 +127,17 @@ func (s *Server) control(action string) func(http.ResponseWriter, *http.Request)
 		runID := r.PathValue("runId")
 		var body controlBody
 		var pause pauseBody
+		var resumeAt time.Time
 		if action == "pause" {
 			if err := decodeOptionalBody(r, pauseSchema, &pause); err != nil {
 				return err
 			}
 			if t := pause.TimeoutSeconds; t != 0 && (t < 1 || t > int64(MaxPauseTimeout/time.Second)) {
 				return badRequest("timeoutSeconds", fmt.Sprintf("timeoutSeconds must be 1..%d (7 days), or left out for the default", int64(MaxPauseTimeout/time.Second)))
+			}
+			var err error
+			if resumeAt, err = pause.resumeTime(time.Now()); err != nil {
+				return err
 			}
 			body = controlBody{Reason: pause.Reason, RequestedBy: pause.RequestedBy}
 		} else if err := decodeOptionalBody(r, reasonSchema, &body); err != nil {
@@ -113,7 +150,7 @@ func (s *Server) control(action string) func(http.ResponseWriter, *http.Request)
 		var st *drain.State
 		switch action {
 		case "pause":
-			st, err = s.opts.Control.Pause(r.Context(), runID, drain.PauseRequest{TimeoutSeconds: pause.TimeoutSeconds, Reason: body.Reason, RequestedBy: by})
+			st, err = s.opts.Control.Pause(r.Context(), runID, drain.PauseRequest{TimeoutSeconds: pause.TimeoutSeconds, Reason: body.Reason, RequestedBy: by, ResumeAt: resumeAt})
 		case "resume":
 			st, err = s.opts.Control.Resume(r.Context(), runID, drain.ResumeRequest{Reason: body.Reason, RequestedBy: by})
 		case "cancel":

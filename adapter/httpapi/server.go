@@ -584,6 +584,7 @@ var (
 	})
 	pauseSchema = plan.JSONObject(map[string]plan.Schema{
 		"timeoutSeconds": plan.JSONInt, "reason": plan.JSONString, "requestedBy": plan.JSONString,
+		"resumeAt": plan.JSONString, "resumeAfterSeconds": plan.JSONInt,
 	})
 	reasonSchema = plan.JSONObject(map[string]plan.Schema{
 		"reason": plan.JSONString, "requestedBy": plan.JSONString,

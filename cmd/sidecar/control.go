@@ -31,7 +31,7 @@ func (c *ControlCommand) Run(ctx context.Context, args []string) error {
 	synopsis := c.action + " RUN_ID [--reason R] [--idempotency-key K] [--server URL] [-o json]"
 	switch c.action {
 	case "pause":
-		synopsis = "pause RUN_ID [--timeout D] [--reason R] [--wait] [--idempotency-key K] [--server URL] [-o json]"
+		synopsis = "pause RUN_ID [--timeout D] [--reason R] [--for D | --until TIME] [--wait] [--idempotency-key K] [--server URL] [-o json]"
 	case "retry":
 		synopsis = "retry RUN_ID STEP_ID [--reason R] [--idempotency-key K] [--server URL] [-o json]"
 	}
@@ -40,10 +40,13 @@ func (c *ControlCommand) Run(ctx context.Context, args []string) error {
 	cf.register(fs)
 	reason := fs.String("reason", "", "why (recorded in the event's payload)")
 	idemKey := fs.String("idempotency-key", "", "send this Idempotency-Key: repeating the command with the same key returns the first answer")
-	var timeout time.Duration
+	var timeout, resumeFor time.Duration
+	var resumeUntil string
 	var wait bool
 	if c.action == "pause" {
 		fs.DurationVar(&timeout, "timeout", 0, "drain timeout of this pause (default: the sidecar's --drain-timeout)")
+		fs.DurationVar(&resumeFor, "for", 0, "resume the run on its own after this long (e.g. 30m; requestedBy schedule)")
+		fs.StringVar(&resumeUntil, "until", "", "resume the run on its own at this RFC 3339 time (e.g. 2026-11-23T06:00:00Z)")
 		fs.BoolVar(&wait, "wait", false, "show in-flight progress until drained (exit 0) or the drain times out (exit 3)")
 	}
 	names := []string{"RUN_ID"}
@@ -61,12 +64,24 @@ func (c *ControlCommand) Run(ctx context.Context, args []string) error {
 	if timeout < 0 || (timeout > 0 && timeout < time.Second) {
 		return usageError(fs, "--timeout must be at least 1s")
 	}
+	var until time.Time
+	switch {
+	case resumeFor != 0 && resumeUntil != "":
+		return usageError(fs, "give --for or --until, not both")
+	case resumeFor < 0 || (resumeFor > 0 && resumeFor < time.Second):
+		return usageError(fs, "--for must be at least 1s")
+	case resumeUntil != "":
+		if until, err = time.Parse(time.RFC3339Nano, resumeUntil); err != nil {
+			return usageError(fs, "--until must be an RFC 3339 time, e.g. 2026-11-23T06:00:00Z")
+		}
+	}
 	client := cf.client()
 	client.IdempotencyKey = *idemKey
 	var v *httpapi.RunView
 	switch c.action {
 	case "pause":
-		v, err = client.Pause(ctx, runID, int64(timeout/time.Second), *reason)
+		v, err = client.PauseWith(ctx, runID, httpapi.PauseOptions{TimeoutSeconds: int64(timeout / time.Second), Reason: *reason,
+			ResumeAt: until, ResumeAfter: resumeFor})
 	case "resume":
 		v, err = client.Resume(ctx, runID)
 	case "cancel":

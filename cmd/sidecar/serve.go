@@ -196,7 +196,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	running := taskworkers.NewRunning()
 	watcher := sc.watcher
 	ctrl := drain.New(sc.store, emitter, conductor, drain.Options{
-		DefaultTimeout: cfg.DrainTimeout, Interrupt: running.Interrupt, ActiveRuns: watcher.OpenRunIDs, Drains: runs, Ledger: runs,
+		DefaultTimeout: cfg.DrainTimeout, Interrupt: running.Interrupt, ActiveRuns: watcher.OpenRunIDs, Drains: runs, Ledger: runs, Schedule: runs,
 		Owner: sc.members, Logger: log, Metrics: drain.NewMetrics(reg),
 	})
 	sc.drain = ctrl

@@ -48,6 +48,12 @@ func (c *StatusCommand) Run(ctx context.Context, args []string) error {
 			}
 			fmt.Fprintln(c.m.Stdout, "reason    "+reason)
 		}
+		if p := v.Pause; p != nil && p.ResumeAt != "" {
+			fmt.Fprintf(c.m.Stdout, "resumes   on its own at %s (scheduled; a resume or a new pause cancels it)\n", p.ResumeAt)
+		}
+	}
+	if v.PausedSeconds > 0 {
+		fmt.Fprintf(c.m.Stdout, "paused    %.0fs in all\n", v.PausedSeconds)
 	}
 	for _, s := range v.Steps {
 		line := fmt.Sprintf("step      %-24s %-8s attempt %d", s.StepID, s.Status, s.LogicalAttemptID)
