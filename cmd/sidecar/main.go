@@ -59,6 +59,8 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		err = (&StatusCommand{m}).Run(ctx, rest)
 	case "events":
 		err = (&EventsCommand{m}).Run(ctx, rest)
+	case "audit":
+		err = (&AuditCommand{m}).Run(ctx, rest)
 	case "token":
 		err = (&TokenCommand{m}).Run(ctx, rest)
 	case "pause", "resume", "cancel", "retry":
@@ -96,6 +98,7 @@ Commands:
   run       submit a plan as a run:      sidecar run submit PLAN_FILE
   status    show a run's state:          sidecar status RUN_ID
   events    print a run's event log:     sidecar events RUN_ID [--follow]
+  audit     a run's control actions:     sidecar audit RUN_ID [--since 24h]
   pause     pause a run (draining):      sidecar pause RUN_ID [--timeout 5m] [--wait]
   resume    resume a paused run:         sidecar resume RUN_ID
   cancel    cancel a run:                sidecar cancel RUN_ID

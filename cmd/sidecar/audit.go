@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// AuditCommand lists the control actions of a run from its log: "sidecar
+// audit RUN [--since D|TIME]".
+type AuditCommand struct{ m *Main }
+
+// auditEntry is one line of the audit: a control action recorded in the
+// log (pause, resume, cancel, retry step) or what became of it (a drain's
+// end, the cancel done).
+type auditEntry struct {
+	At     string `json:"at"`
+	Action string `json:"action"`
+	// By is the requestedBy of the action: the authenticated principal
+	// when the API has authentication, else what the request said;
+	// "conductor" for an action taken in Conductor, "schedule" for a
+	// scheduled resume, "sidecar ..." for the sidecar's own.
+	By     string `json:"by,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	Cycle  int64  `json:"cycle,omitempty"`
+	StepID string `json:"stepId,omitempty"`
+	Detail string `json:"detail,omitempty"`
+	RunSeq int64  `json:"runSeq"`
+}
+
+// Run implements "sidecar audit".
+func (c *AuditCommand) Run(ctx context.Context, args []string) error {
+	fs := c.m.newFlagSet("audit", "audit RUN_ID [--since 24h | --since 2026-11-23T06:00:00Z] [--server URL] [-o json]")
+	var cf clientFlags
+	cf.register(fs)
+	since := fs.String("since", "", "only actions at or after this time (RFC 3339), or this long ago (e.g. 24h)")
+	pos, err := cf.parse(fs, args, "RUN_ID")
+	if err != nil {
+		return err
+	}
+	var from time.Time
+	if *since != "" {
+		if d, derr := time.ParseDuration(*since); derr == nil && d > 0 {
+			from = time.Now().Add(-d)
+		} else if from, err = time.Parse(time.RFC3339Nano, *since); err != nil {
+			return usageError(fs, "--since must be a duration (24h) or an RFC 3339 time")
+		}
+	}
+	client := cf.client()
+	var entries []auditEntry
+	cursor := int64(0)
+	for {
+		page, err := client.Events(ctx, pos[0], cursor, 1000)
+		if err != nil {
+			return err
+		}
+		for i := range page.Events {
+			if e, ok := auditOf(&page.Events[i]); ok && !before(e.At, from) {
+				entries = append(entries, e)
+			}
+		}
+		cursor = page.NextAfterSeq
+		if len(page.Events) < 1000 {
+			break
+		}
+	}
+	if cf.output == "json" {
+		if entries == nil {
+			entries = []auditEntry{}
+		}
+		return printJSON(c.m.Stdout, entries)
+	}
+	if len(entries) == 0 {
+		fmt.Fprintln(c.m.Stdout, "no control actions")
+		return nil
+	}
+	fmt.Fprintf(c.m.Stdout, "%-30s  %-20s  %-20s  %s\n", "TIME", "ACTION", "BY", "REASON / DETAIL")
+	for _, e := range entries {
+		why := e.Reason
+		if e.Detail != "" {
+			why = strings.TrimPrefix(why+"; "+e.Detail, "; ")
+		}
+		fmt.Fprintf(c.m.Stdout, "%-30s  %-20s  %-20s  %s\n", e.At, e.Action, orDash(e.By), orDash(why))
+	}
+	return nil
+}
+
+func before(at string, from time.Time) bool {
+	if from.IsZero() {
+		return false
+	}
+	t, err := time.Parse(time.RFC3339Nano, at)
+	return err == nil && t.Before(from)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// auditOf turns a control event into an audit entry.
+func auditOf(r *statestore.RunEventRecord) (auditEntry, bool) {
+	var p struct {
+		Reason              string   `json:"reason"`
+		RequestedBy         string   `json:"requestedBy"`
+		StepID              string   `json:"stepId"`
+		DrainTimeoutSeconds int64    `json:"drainTimeoutSeconds"`
+		ResumeAt            string   `json:"resumeAt"`
+		InFlightStepIDs     []string `json:"inFlightStepIds"`
+		WaitedSeconds       float64  `json:"waitedSeconds"`
+	}
+	if len(r.Payload) > 0 {
+		_ = json.Unmarshal(r.Payload, &p)
+	}
+	e := auditEntry{At: r.PersistedAt, By: p.RequestedBy, Reason: p.Reason, RunSeq: r.RunSeq}
+	switch r.EventType {
+	case statestore.RunPaused:
+		e.Action, e.Cycle, e.StepID = "pause", r.LogicalAttemptID, p.StepID
+		e.Detail = fmt.Sprintf("cycle %d, drain timeout %ds", r.LogicalAttemptID, p.DrainTimeoutSeconds)
+		if p.StepID != "" {
+			e.Detail += ", step " + p.StepID + " failed"
+		}
+		if p.ResumeAt != "" {
+			e.Detail += ", resumes at " + p.ResumeAt
+		}
+	case statestore.RunResumed:
+		e.Action, e.Cycle = "resume", r.LogicalAttemptID
+		e.Detail = fmt.Sprintf("cycle %d", r.LogicalAttemptID)
+	case statestore.RunCancelRequested:
+		e.Action = "cancel"
+	case statestore.RunStepRetryRequested:
+		e.Action, e.StepID = "retry step", p.StepID
+		e.Detail = "step " + p.StepID
+	case statestore.RunDrainCompleted:
+		e.Action, e.Cycle, e.By = "drain completed", r.LogicalAttemptID, ""
+		e.Detail = fmt.Sprintf("cycle %d, waited %.1fs", r.LogicalAttemptID, p.WaitedSeconds)
+	case statestore.RunDrainTimedOut:
+		e.Action, e.Cycle, e.By = "drain timed out", r.LogicalAttemptID, ""
+		e.Detail = fmt.Sprintf("PAUSE_DRAIN_TIMEOUT, cycle %d, still running: %s", r.LogicalAttemptID, strings.Join(p.InFlightStepIDs, ", "))
+	case statestore.RunCancelled:
+		e.Action = "cancelled"
+	default:
+		return e, false
+	}
+	return e, true
+}
