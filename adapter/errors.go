@@ -3,6 +3,7 @@ package adapter
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Error codes of the RunFailed events the watcher appends (payload.error.code).
@@ -65,7 +66,10 @@ type Error struct {
 	Status       int
 	Message      string
 	EngineStatus string
-	Err          error
+	// RetryAt, when set, is when repeating the call may succeed (the
+	// start lease of a RUN_START_IN_PROGRESS expires).
+	RetryAt time.Time
+	Err     error
 }
 
 // Error returns "adapter: <op>: <CODE> (HTTP <status>): <message>".

@@ -135,7 +135,7 @@ func (r *Runs) startRun(ctx context.Context, req StartRequest) (StartResult, err
 			return StartResult{}, err
 		case rec.State == RunStateStarting && time.Now().Before(rec.LeaseExpiresAt):
 			if !time.Now().Before(waitUntil) {
-				return StartResult{}, &Error{Code: CodeRunStartInProgress, Op: op,
+				return StartResult{}, &Error{Code: CodeRunStartInProgress, Op: op, RetryAt: rec.LeaseExpiresAt,
 					Message: fmt.Sprintf("run %s is being started by attempt %s (lease until %s)", runID, rec.AttemptID, rec.LeaseExpiresAt.Format(time.RFC3339))}
 			}
 			if err := sleep(ctx, backoff); err != nil {

@@ -460,6 +460,12 @@ func TestServer_EngineRefusal(t *testing.T) {
 	if r.status != 409 || r.Code != "ENGINE_CONFLICT" || !strings.Contains(r.body, "RUNNING") {
 		t.Fatalf("got %d %s %s, want 409 ENGINE_CONFLICT naming RUNNING", r.status, r.Code, r.body)
 	}
+	// A start lease held by another attempt: 409 with Retry-After, the
+	// seconds until the lease expires (a chaos-test client retried it blind).
+	e.control.err = &adapter.Error{Code: adapter.CodeRunStartInProgress, Op: "start run", RetryAt: time.Now().Add(6500 * time.Millisecond)}
+	if r := e.do(t, "POST", "/v1/runs/run-t1/resume", "", "", ""); r.status != 409 || r.Code != "RUN_START_IN_PROGRESS" || r.header.Get("Retry-After") != "7" {
+		t.Fatalf("got %d %s Retry-After %q, want 409 RUN_START_IN_PROGRESS with Retry-After 7", r.status, r.Code, r.header.Get("Retry-After"))
+	}
 	e.control.err = &drain.EngineError{Err: &adapter.Error{Code: adapter.CodeEngineUnavailable, Op: "resume", Message: "connection refused"}}
 	if r := e.do(t, "POST", "/v1/runs/run-t1/resume", "", "", ""); r.status != 503 || r.Code != "ENGINE_UNAVAILABLE" {
 		t.Fatalf("got %d %s, want 503 ENGINE_UNAVAILABLE", r.status, r.Code)

@@ -227,7 +227,9 @@ func (s *Server) Close(ctx context.Context) error {
 
 // apiError is an error answer.
 type apiError struct {
-	status   int
+	status int
+	// retryAfter, when set, is sent as Retry-After (whole seconds).
+	retryAfter time.Duration
 	Code     string `json:"code"`
 	Message  string `json:"message"`
 	Problems any    `json:"problems,omitempty"`
@@ -337,7 +339,12 @@ func (s *Server) classify(err error) *apiError {
 		case adapter.CodeEngineUnavailable, adapter.CodeRunRegistryUnavailable:
 			return &apiError{status: http.StatusServiceUnavailable, Code: c, Message: err.Error()}
 		case adapter.CodeRunStartInProgress, adapter.CodeConflict:
-			return &apiError{status: http.StatusConflict, Code: c, Message: err.Error()}
+			ae := &apiError{status: http.StatusConflict, Code: c, Message: err.Error()}
+			var e *adapter.Error
+			if errors.As(err, &e) && !e.RetryAt.IsZero() {
+				ae.retryAfter = max(time.Until(e.RetryAt), time.Second)
+			}
+			return ae
 		case adapter.CodeNotFound:
 			return &apiError{status: http.StatusNotFound, Code: c, Message: err.Error()}
 		case adapter.CodeEngineRejected:
@@ -630,6 +637,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) error {
 }
 
 func writeError(w http.ResponseWriter, e *apiError) {
+	if e.retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.FormatInt(int64((e.retryAfter+time.Second-1)/time.Second), 10))
+	}
 	_ = writeJSON(w, e.status, e)
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -132,11 +133,13 @@ func (ch *chaos) client(i int) *httpapi.Client {
 }
 
 // transient reports whether a control call may succeed if repeated: a
-// replica down or restarting, NATS electing a leader, Conductor away.
+// replica down or restarting, NATS electing a leader, Conductor away, or a
+// start whose lease another attempt holds (RUN_START_IN_PROGRESS: its answer
+// was lost with a killed replica; docs/conductor.md says retry later).
 func transient(err error) bool {
 	var apiErr *httpapi.Error
 	if errors.As(err, &apiErr) {
-		return apiErr.Status >= 500 || apiErr.Status == http.StatusTooManyRequests
+		return apiErr.Status >= 500 || apiErr.Status == http.StatusTooManyRequests || apiErr.Code == adapter.CodeRunStartInProgress
 	}
 	return err != nil
 }
