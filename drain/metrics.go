@@ -17,6 +17,7 @@ type Metrics struct {
 	engineCalls prometheus.Histogram
 	runs        *prometheus.GaugeVec
 	scheduled   prometheus.Counter
+	paused      *prometheus.GaugeVec
 }
 
 // watchedStatuses are the statuses sidecar_runs_active always reports
@@ -47,6 +48,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sidecar_drain_engine_pause_seconds", Help: "Conductor's pause call.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
+		paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sidecar_runs_paused", Help: "Paused runs this replica owns, by where the pause came from (operator: the API; step_failed: a held failure; conductor: paused in Conductor), as of the last full pass.",
+		}, []string{"origin"}),
 		scheduled: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sidecar_drain_scheduled_resumes_total", Help: "Scheduled resumes (requestedBy schedule) this replica carried out; replicas racing for one may both count it, the log has one RunResumed.",
 		}),
@@ -60,7 +64,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, o := range []string{"drained", "timed_out", "resumed", "cancelled"} {
 		m.duration.WithLabelValues(o)
 	}
-	reg.MustRegister(m.draining, m.inFlight, m.duration, m.timeouts, m.pauseRecord, m.engineCalls, m.runs, m.scheduled)
+	for _, o := range pauseOrigins {
+		m.paused.WithLabelValues(o)
+	}
+	reg.MustRegister(m.draining, m.inFlight, m.duration, m.timeouts, m.pauseRecord, m.engineCalls, m.runs, m.scheduled, m.paused)
 	return m
 }
 
@@ -74,15 +81,18 @@ func (m *Metrics) drainGauges(draining, inFlight int) {
 }
 
 // statusGauges sets the active runs by status (the full pass).
-func (m *Metrics) statusGauges(byStatus map[string]int) {
+func (m *Metrics) statusGauges(n *runCounts) {
 	if m == nil {
 		return
 	}
 	for _, s := range watchedStatuses {
-		m.runs.WithLabelValues(s).Set(float64(byStatus[s]))
+		m.runs.WithLabelValues(s).Set(float64(n.byStatus[s]))
 	}
-	for s, n := range byStatus {
-		m.runs.WithLabelValues(s).Set(float64(n))
+	for s, c := range n.byStatus {
+		m.runs.WithLabelValues(s).Set(float64(c))
+	}
+	for _, o := range pauseOrigins {
+		m.paused.WithLabelValues(o).Set(float64(n.pausedBy[o]))
 	}
 }
 

@@ -201,18 +201,18 @@ func (c *Controller) checkWatched(ctx context.Context) bool {
 // fullPass is the monitor's pass over every active run, spread over its
 // period: perTick runs a tick, the runs-by-status gauges set at its end.
 type fullPass struct {
-	ids      []string
-	next     int
-	perTick  int
-	byStatus map[string]int
-	due      time.Time // when the next pass starts
+	ids     []string
+	next    int
+	perTick int
+	counts  *runCounts // nil between passes
+	due     time.Time  // when the next pass starts
 }
 
 // passStep starts a full pass when one is due and checks its next share
 // of runs. It reports false when the run index or the store did not
 // answer (the pass goes on from the same run at the next tick).
 func (c *Controller) passStep(ctx context.Context, p *fullPass) bool {
-	if p.byStatus == nil {
+	if p.counts == nil {
 		if time.Now().Before(p.due) {
 			return true
 		}
@@ -228,17 +228,17 @@ func (c *Controller) passStep(ctx context.Context, p *fullPass) bool {
 		// share.
 		period := max(c.opts.FullScanInterval, time.Duration(total)*time.Second/time.Duration(c.opts.FullScanRate))
 		ticks := max(1, int(period/c.opts.Interval))
-		*p = fullPass{ids: ids, perTick: (len(ids) + ticks - 1) / ticks, byStatus: map[string]int{}, due: time.Now().Add(period)}
+		*p = fullPass{ids: ids, perTick: (len(ids) + ticks - 1) / ticks, counts: newRunCounts(), due: time.Now().Add(period)}
 	}
 	for end := min(p.next+p.perTick, len(p.ids)); p.next < end; p.next++ {
 		snap, err := c.check(ctx, p.ids[p.next])
 		if err != nil {
 			return false
 		}
-		countStatus(p.byStatus, snap)
+		p.counts.add(snap)
 	}
 	if p.next == len(p.ids) {
-		c.opts.Metrics.statusGauges(p.byStatus)
+		c.opts.Metrics.statusGauges(p.counts)
 		*p = fullPass{due: p.due}
 	}
 	return true
@@ -259,9 +259,20 @@ func (c *Controller) ownedRuns(ctx context.Context) (ids []string, total int, er
 	return ids, len(all), nil
 }
 
-// countStatus counts snap's run under its status (CANCELLING for a cancel
-// under way); terminal runs and missing ones are not counted.
-func countStatus(byStatus map[string]int, snap *statestore.RunSnapshot) {
+// runCounts is what a pass counts for the gauges: the runs by status
+// (CANCELLING for a cancel under way), and the paused ones by where the
+// pause came from (pauseOrigins).
+type runCounts struct {
+	byStatus map[string]int
+	pausedBy map[string]int
+}
+
+func newRunCounts() *runCounts {
+	return &runCounts{byStatus: map[string]int{}, pausedBy: map[string]int{}}
+}
+
+// add counts snap's run; terminal runs and missing ones are not counted.
+func (n *runCounts) add(snap *statestore.RunSnapshot) {
 	if snap == nil {
 		return
 	}
@@ -269,8 +280,33 @@ func countStatus(byStatus map[string]int, snap *statestore.RunSnapshot) {
 	if snap.CancelRequested && !statestore.IsTerminalRunStatus(status) {
 		status = "CANCELLING"
 	}
-	if !statestore.IsTerminalRunStatus(status) {
-		byStatus[status]++
+	if statestore.IsTerminalRunStatus(status) {
+		return
+	}
+	n.byStatus[status]++
+	if status == statestore.RunStatusPaused && snap.Pause != nil {
+		n.pausedBy[pauseOrigin(snap.Pause)]++
+	}
+}
+
+// Where a pause came from, for sidecar_runs_paused: a bounded label, unlike
+// the free-text reason.
+const (
+	originOperator   = "operator"    // the API (or the CLI)
+	originStepFailed = "step_failed" // a held failure (onStepFailure: pause)
+	originConductor  = "conductor"   // paused in Conductor's UI or API
+)
+
+var pauseOrigins = []string{originOperator, originStepFailed, originConductor}
+
+func pauseOrigin(p *statestore.PauseState) string {
+	switch {
+	case p.StepID != "":
+		return originStepFailed
+	case p.RequestedBy == "conductor":
+		return originConductor
+	default:
+		return originOperator
 	}
 }
 
@@ -288,15 +324,15 @@ func (c *Controller) scan(ctx context.Context) bool {
 		}
 		return false
 	}
-	byStatus := map[string]int{}
+	counts := newRunCounts()
 	for _, id := range ids {
 		snap, err := c.check(ctx, id)
 		if err != nil {
 			return false
 		}
-		countStatus(byStatus, snap)
+		counts.add(snap)
 	}
-	c.opts.Metrics.statusGauges(byStatus)
+	c.opts.Metrics.statusGauges(counts)
 	c.warns.recovered(c.logger, "the drain monitor reads the store again")
 	return true
 }

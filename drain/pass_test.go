@@ -54,7 +54,7 @@ func TestFullPass_SpreadAtItsRate(t *testing.T) {
 		if n := reads.n.Load() - before; n > 5 {
 			t.Fatalf("tick %d read %d runs, want at most 5 (20 a second at 4 ticks a second)", ticks, n)
 		}
-		if p.byStatus == nil {
+		if p.counts == nil {
 			break
 		}
 	}
@@ -99,7 +99,7 @@ func TestFullPass_ReplicasShareTheRate(t *testing.T) {
 			t.Fatal("the pass failed")
 		}
 		ticks++
-		if p.byStatus == nil {
+		if p.counts == nil {
 			break
 		}
 	}

@@ -142,3 +142,51 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Fatalf("no metric %s", name)
 	return 0
 }
+
+// TestMonitor_PausedRunsByOrigin: the full pass counts the paused runs by
+// where the pause came from (sidecar_runs_paused{origin}), a bounded label
+// where the reason is free text (issue #14 §5: a panel of paused runs).
+func TestMonitor_PausedRunsByOrigin(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	pauses := map[string]map[string]any{
+		"op-1": {"reason": "db maintenance", "requestedBy": "jane"},
+		"op-2": {"reason": "something else", "requestedBy": "ops-bot"},
+		"held": {"reason": "stepFailed", "stepId": "a", "requestedBy": "sidecar w1"},
+		"ui":   {"requestedBy": "conductor"},
+		"live": nil,
+	}
+	var ids []string
+	for id, p := range pauses {
+		ids = append(ids, id)
+		if _, err := mem.Append(ctx, storetest.Event(id, statestore.RunStarted, "")); err != nil {
+			t.Fatal(err)
+		}
+		if p != nil {
+			if _, err := mem.Append(ctx, storetest.WithPayload(storetest.Event(id, statestore.RunPaused, ""), p)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	reg := prometheus.NewRegistry()
+	c := drain.New(mem, emitter{mem}, &engine{}, drain.Options{
+		ActiveRuns: func(context.Context) ([]string, error) { return ids, nil }, Metrics: drain.NewMetrics(reg), Logger: zaptest.NewLogger(t),
+	})
+	c.Scan(ctx)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "sidecar_runs_paused" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			got[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+		}
+	}
+	if got["operator"] != 2 || got["step_failed"] != 1 || got["conductor"] != 1 || len(got) != 3 {
+		t.Fatalf("sidecar_runs_paused %v, want operator 2, step_failed 1, conductor 1", got)
+	}
+}
