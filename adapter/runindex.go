@@ -58,8 +58,10 @@ type Run struct {
 	RunRequestID  string `json:"runRequestId"`
 	PlanHash      string `json:"planHash"`
 
-	WorkflowName    string `json:"workflowName"`
-	WorkflowVersion int32  `json:"workflowVersion"`
+	// Labels are the run's labels (StartRequest.Labels).
+	Labels          map[string]string `json:"labels,omitempty"`
+	WorkflowName    string            `json:"workflowName"`
+	WorkflowVersion int32             `json:"workflowVersion"`
 	// WorkflowID is the run's workflow; set from RunStateStarted on. Any
 	// other workflow whose input carries this runId is an orphan.
 	WorkflowID string `json:"workflowId,omitempty"`

@@ -48,6 +48,10 @@ type StartRequest struct {
 	// Plan is the compiled plan (plan.Compile); its planId and planVersion
 	// are part of the run's identity.
 	Plan *plan.Compiled
+	// Labels are the run's labels (CheckLabels); not part of its
+	// identity: a repeat with other labels is the same run, with the
+	// first request's labels.
+	Labels map[string]string
 }
 
 // StartResult is StartRun's answer: the run, and whether this call started
@@ -248,8 +252,8 @@ func (r *Runs) newRun(runID, reqKey string, req StartRequest, defs *planDefs) *R
 		PlanID: defs.PlanID, PlanVersion: defs.PlanVersion, RunRequestID: req.RunRequestID,
 		PlanHash:     defs.Hash,
 		WorkflowName: defs.Workflow.Name, WorkflowVersion: defs.Workflow.Version,
-		TaskDomain: r.opts.TaskDomain,
-		State:      RunStateStarting, AttemptID: uuid.NewString(), LeaseExpiresAt: now.Add(r.opts.LeaseTTL),
+		TaskDomain: r.opts.TaskDomain, Labels: req.Labels,
+		State: RunStateStarting, AttemptID: uuid.NewString(), LeaseExpiresAt: now.Add(r.opts.LeaseTTL),
 		CreatedAt: now,
 	}
 }
@@ -382,11 +386,15 @@ func (r *Runs) ensureRunStarted(ctx context.Context, rec *Run, rev uint64) error
 	if rec.RunStartedEmitted || rec.WorkflowID == "" {
 		return nil
 	}
-	w, err := runEvent(rec, statestore.RunStarted, map[string]any{
+	payload := map[string]any{
 		"engineRunRef": rec.EngineRunRef(),
 		"engineType":   EngineType,
 		"startedAt":    rec.StartedAt.UTC().Format(time.RFC3339Nano),
-	})
+	}
+	if len(rec.Labels) > 0 {
+		payload["labels"] = rec.Labels
+	}
+	w, err := runEvent(rec, statestore.RunStarted, payload)
 	if err != nil {
 		return err
 	}

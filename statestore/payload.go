@@ -23,9 +23,10 @@ type (
 		Artifacts []ArtifactRef `json:"artifacts"`
 	}
 	runStartedPayload struct {
-		EngineRunRef string `json:"engineRunRef"`
-		EngineType   string `json:"engineType"`
-		StartedAt    string `json:"startedAt"`
+		EngineRunRef string            `json:"engineRunRef"`
+		EngineType   string            `json:"engineType"`
+		StartedAt    string            `json:"startedAt"`
+		Labels       map[string]string `json:"labels"`
 	}
 	stepFailedPayload struct {
 		Error         *StepError    `json:"error"`

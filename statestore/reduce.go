@@ -101,17 +101,18 @@ func (s *RunSnapshot) inFlight() int {
 
 // eventPayload is the subset of payload fields the reducer gives meaning to.
 type eventPayload struct {
-	EngineRunRef        string        `json:"engineRunRef"`
-	EngineType          string        `json:"engineType"`
-	StartedAt           string        `json:"startedAt"`
-	Artifacts           []ArtifactRef `json:"artifacts"`
-	Error               *StepError    `json:"error"`
-	Reason              string        `json:"reason"`
-	RequestedBy         string        `json:"requestedBy"`
-	StepID              string        `json:"stepId"`
-	DrainTimeoutSeconds int64         `json:"drainTimeoutSeconds"`
-	ResumeAt            string        `json:"resumeAt"`
-	OnStepFailure       string        `json:"onStepFailure"`
+	EngineRunRef        string            `json:"engineRunRef"`
+	EngineType          string            `json:"engineType"`
+	StartedAt           string            `json:"startedAt"`
+	Artifacts           []ArtifactRef     `json:"artifacts"`
+	Error               *StepError        `json:"error"`
+	Reason              string            `json:"reason"`
+	RequestedBy         string            `json:"requestedBy"`
+	StepID              string            `json:"stepId"`
+	DrainTimeoutSeconds int64             `json:"drainTimeoutSeconds"`
+	ResumeAt            string            `json:"resumeAt"`
+	Labels              map[string]string `json:"labels"`
+	OnStepFailure       string            `json:"onStepFailure"`
 	// StepLogicalAttemptID is the attempt a RunStepRetryRequested opens.
 	StepLogicalAttemptID int64 `json:"stepLogicalAttemptId"`
 }
@@ -172,6 +173,7 @@ func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTran
 	case RunStarted:
 		s.Status = RunStatusRunning
 		s.EngineRunRef, s.EngineType = p.EngineRunRef, p.EngineType
+		s.Labels = p.Labels
 		s.StartedAt = p.StartedAt
 		if s.StartedAt == "" {
 			s.StartedAt = r.PersistedAt

@@ -47,13 +47,16 @@ type RunSnapshot struct {
 	// EventCount is the number of records applied, known or not.
 	EventCount int64 `json:"eventCount"`
 
-	EngineRunRef    string         `json:"engineRunRef,omitempty"`
-	EngineType      string         `json:"engineType,omitempty"`
-	Steps           []StepSnapshot `json:"steps"`
-	Artifacts       []ArtifactRef  `json:"artifacts"`
-	StartedAt       string         `json:"startedAt,omitempty"`
-	CompletedAt     string         `json:"completedAt,omitempty"`
-	TotalDurationMs int64          `json:"totalDurationMs,omitempty"`
+	// Labels are the run's labels, given at submission (RunStarted's
+	// payload; Kubernetes' key and value rules).
+	Labels          map[string]string `json:"labels,omitempty"`
+	EngineRunRef    string            `json:"engineRunRef,omitempty"`
+	EngineType      string            `json:"engineType,omitempty"`
+	Steps           []StepSnapshot    `json:"steps"`
+	Artifacts       []ArtifactRef     `json:"artifacts"`
+	StartedAt       string            `json:"startedAt,omitempty"`
+	CompletedAt     string            `json:"completedAt,omitempty"`
+	TotalDurationMs int64             `json:"totalDurationMs,omitempty"`
 	// PausedSeconds is the time the run spent PAUSED (millisecond
 	// precision): from each RunPaused's persistedAt to the RunResumed, or
 	// the terminal event, that ended it. A pause still open is not counted

@@ -44,6 +44,9 @@ type StartRequest struct {
 	RunRequestID  string     `json:"runRequestId"`
 	RequestedBy   string     `json:"requestedBy,omitempty"`
 	Plan          *plan.Plan `json:"plan"`
+	// Labels are the run's labels, e.g. {"team": "data", "tier": "gold"}
+	// (Kubernetes' rules: adapter.CheckLabels).
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // Started is the answer to a start: the run, and whether this request
@@ -230,10 +233,10 @@ type apiError struct {
 	status int
 	// retryAfter, when set, is sent as Retry-After (whole seconds).
 	retryAfter time.Duration
-	Code     string `json:"code"`
-	Message  string `json:"message"`
-	Problems any    `json:"problems,omitempty"`
-	Field    string `json:"field,omitempty"`
+	Code       string `json:"code"`
+	Message    string `json:"message"`
+	Problems   any    `json:"problems,omitempty"`
+	Field      string `json:"field,omitempty"`
 }
 
 func (e *apiError) Error() string { return e.Code + ": " + e.Message }
@@ -421,6 +424,20 @@ func validateStart(req *StartRequest) error {
 	if req.Plan == nil {
 		return badRequest("plan", "plan is required")
 	}
+	if problems := adapter.CheckLabels(req.Labels); len(problems) > 0 {
+		msgs := make([]string, len(problems))
+		for i, p := range problems {
+			msgs[i] = "labels: " + p.Message
+			if p.Key != "" {
+				msgs[i] = fmt.Sprintf("labels[%q]: %s", p.Key, p.Message)
+			}
+		}
+		field := "labels"
+		if problems[0].Key != "" {
+			field = "labels." + problems[0].Key
+		}
+		return badRequest(field, strings.Join(msgs, "; "))
+	}
 	return nil
 }
 
@@ -588,6 +605,7 @@ var (
 	startSchema = plan.JSONObject(map[string]plan.Schema{
 		"tenantId": plan.JSONString, "projectId": plan.JSONString, "environmentId": plan.JSONString,
 		"runRequestId": plan.JSONString, "requestedBy": plan.JSONString, "plan": plan.JSONRaw,
+		"labels": plan.JSONStringMap,
 	})
 	pauseSchema = plan.JSONObject(map[string]plan.Schema{
 		"timeoutSeconds": plan.JSONInt, "reason": plan.JSONString, "requestedBy": plan.JSONString,

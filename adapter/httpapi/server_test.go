@@ -133,6 +133,9 @@ func TestServer_StartBadInput(t *testing.T) {
 		{"missing runRequestId", "application/json", startBody(goodPlan, func(m map[string]any) { delete(m, "runRequestId") }), 400, "BAD_REQUEST", "runRequestId"},
 		{"pipe in projectId", "application/json", startBody(goodPlan, func(m map[string]any) { m["projectId"] = "a|b" }), 400, "BAD_REQUEST", "projectId"},
 		{"missing plan", "application/json", startBody(goodPlan, func(m map[string]any) { delete(m, "plan") }), 400, "BAD_REQUEST", "plan"},
+		{"bad label key", "application/json", startBody(goodPlan, func(m map[string]any) { m["labels"] = map[string]any{"team": "data", "-tier": "gold"} }), 400, "BAD_REQUEST", "labels.-tier"},
+		{"bad label value", "application/json", startBody(goodPlan, func(m map[string]any) { m["labels"] = map[string]any{"team": "data science"} }), 400, "BAD_REQUEST", "labels.team"},
+		{"label not a string", "application/json", startBody(goodPlan, func(m map[string]any) { m["labels"] = map[string]any{"team": 7} }), 400, "BAD_REQUEST", ""},
 		{"wrong content type", "text/plain", startBody(goodPlan, nil), 415, "BAD_REQUEST", ""},
 		{"body too large", "application/json", `{"tenantId":"` + strings.Repeat("x", httpapi.MaxBodyBytes) + `"}`, 413, "BAD_REQUEST", ""},
 	}

@@ -21,7 +21,7 @@ func (s *RunStarter) Start(ctx context.Context, req StartRequest) (*Started, err
 	}
 	res, err := s.Runs.StartRun(ctx, adapter.StartRequest{
 		TenantID: req.TenantID, ProjectID: req.ProjectID, EnvironmentID: req.EnvironmentID,
-		RunRequestID: req.RunRequestID, Plan: compiled,
+		RunRequestID: req.RunRequestID, Plan: compiled, Labels: req.Labels,
 	})
 	if err != nil {
 		return nil, err
