@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,5 +43,29 @@ func TestE2E_Labels(t *testing.T) {
 	}
 	if v, _ := p.client.Run(ctx, started.RunID); v.Labels["team"] != "data" {
 		t.Fatalf("after a repeat with other labels: %v, want the first", v.Labels)
+	}
+
+	// The CLI: -l KEY=VALUE, repeated; a bad label is refused by the API.
+	file := filepath.Join(t.TempDir(), "plan.json")
+	if err := os.WriteFile(file, []byte(`{"planId":"`+uniq("e2e-labels-cli")+`","planVersion":"1","steps":[{"stepId":"a","executor":{"type":"noop"}}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	server := "http://" + p.addr
+	code, out, errOut := run(t, "run", "submit", file, "-l", "team=ml", "-l", "tier=", "--server", server, "-o", "json")
+	if code != 0 {
+		t.Fatalf("run submit -l: exit %d: %s", code, errOut)
+	}
+	var s httpapi.Started
+	if err := json.Unmarshal([]byte(out), &s); err != nil {
+		t.Fatal(err)
+	}
+	if v := waitTerminal(t, p, s.RunID, 60*time.Second); v.Labels["team"] != "ml" || v.Labels["tier"] != "" || len(v.Labels) != 2 {
+		t.Fatalf("labels from the CLI: %v", v.Labels)
+	}
+	if code, _, errOut = run(t, "run", "submit", file, "-l", "team=data science", "--server", server); code == 0 || !strings.Contains(errOut, `labels["team"]`) {
+		t.Fatalf("bad label: exit %d: %s", code, errOut)
+	}
+	if code, _, _ = run(t, "run", "submit", file, "-l", "noequals", "--server", server); code != exitUsage {
+		t.Fatalf("-l without =: exit %d, want usage", code)
 	}
 }

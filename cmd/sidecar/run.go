@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/google/uuid"
 
@@ -19,13 +20,15 @@ func (c *RunCommand) Run(ctx context.Context, args []string) error {
 		fmt.Fprintln(c.m.Stderr, "Usage: sidecar run submit PLAN_FILE [flags]")
 		return errUsage
 	}
-	fs := c.m.newFlagSet("run submit", "run submit PLAN_FILE [--run-request-id ID] [--tenant-id T] [--project-id P] [--environment-id E] [--server URL] [-o json]")
+	fs := c.m.newFlagSet("run submit", "run submit PLAN_FILE [--run-request-id ID] [--tenant-id T] [--project-id P] [--environment-id E] [-l KEY=VALUE ...] [--server URL] [-o json]")
 	var cf clientFlags
 	cf.register(fs)
 	requestID := fs.String("run-request-id", "", "idempotency id of this request (default: a new UUID, printed); resubmitting with the same id returns the same run")
 	tenant := fs.String("tenant-id", envOr("SIDECAR_TENANT_ID", "default"), "tenantId (env SIDECAR_TENANT_ID)")
 	project := fs.String("project-id", envOr("SIDECAR_PROJECT_ID", "default"), "projectId (env SIDECAR_PROJECT_ID)")
 	env := fs.String("environment-id", envOr("SIDECAR_ENVIRONMENT_ID", "default"), "environmentId (env SIDECAR_ENVIRONMENT_ID)")
+	labels := labelFlag{}
+	fs.Var(labels, "l", "a label of the run, KEY=VALUE (repeat the flag for more; Kubernetes' rules)")
 	pos, err := cf.parse(fs, args[1:], "PLAN_FILE")
 	if err != nil {
 		return err
@@ -38,7 +41,7 @@ func (c *RunCommand) Run(ctx context.Context, args []string) error {
 		*requestID = uuid.NewString()
 	}
 	started, err := cf.client().Start(ctx, httpapi.StartRequest{
-		TenantID: *tenant, ProjectID: *project, EnvironmentID: *env, RunRequestID: *requestID, Plan: p,
+		TenantID: *tenant, ProjectID: *project, EnvironmentID: *env, RunRequestID: *requestID, Plan: p, Labels: labels,
 	})
 	if err != nil {
 		return err
@@ -51,5 +54,22 @@ func (c *RunCommand) Run(ctx context.Context, args []string) error {
 		what = "already started by an earlier request with this id"
 	}
 	fmt.Fprintf(c.m.Stdout, "run %s %s\n  runRequestId %s\n  engineRunRef %s\n", started.RunID, what, *requestID, started.EngineRunRef)
+	return nil
+}
+
+// labelFlag collects -l KEY=VALUE flags.
+type labelFlag map[string]string
+
+func (l labelFlag) String() string { return "" }
+
+func (l labelFlag) Set(v string) error {
+	k, val, ok := strings.Cut(v, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("want KEY=VALUE, got %q", v)
+	}
+	if _, dup := l[k]; dup {
+		return fmt.Errorf("label %q given twice", k)
+	}
+	l[k] = val
 	return nil
 }
