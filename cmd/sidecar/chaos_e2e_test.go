@@ -22,13 +22,14 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 )
 
 // TestE2E_Chaos runs the production topology (Conductor on PostgreSQL, a
 // 3-node NATS cluster, three sidecar replicas sharing it) through a
-// workload of 50 runs of six kinds while it kills -9 a NATS node, kills -9
+// workload of 56 runs of seven kinds while it kills -9 a NATS node, kills -9
 // a sidecar replica twice at random points (each restarted with its worker
 // id) and restarts Conductor. Then an invariant checker reads every run's
 // log and Conductor's view of it (issue #13 §5). It prints a summary table.
@@ -349,6 +350,32 @@ var kinds = []kind{
 				{"stepId":"after","executor":{"type":"noop"},"dependsOn":["slow"]}]}`
 		},
 		drive: func(ch *chaos, s *summary, runID string) error { return ch.pauseThenResume(s, runID, "slow", 1) }},
+	{name: "pause, scheduled resume", runs: 6, want: statestore.RunStatusCompleted,
+		plan: func(*chaos, int) string {
+			return `{"planId":"%s","planVersion":"1","steps":[
+				{"stepId":"slow","executor":{"type":"sleep","seconds":3}},
+				{"stepId":"after","executor":{"type":"noop"},"dependsOn":["slow"]}]}`
+		},
+		drive: func(ch *chaos, s *summary, runID string) error {
+			if v, err := ch.until(s, runID, "step slow running", 2*time.Minute, running("slow")); err != nil || statestore.IsTerminalRunStatus(v.Status) {
+				return err
+			}
+			if err := ch.do(s, func(ctx context.Context, c *httpapi.Client) error {
+				_, err := c.PauseWith(ctx, runID, httpapi.PauseOptions{Reason: "chaos", ResumeAfter: 2 * time.Second})
+				return err
+			}); err != nil {
+				var apiErr *httpapi.Error
+				if v, verr := ch.run(s, runID); errors.As(err, &apiErr) && apiErr.Code == statestore.CodeInvalidTransition &&
+					verr == nil && statestore.IsTerminalRunStatus(v.Status) {
+					s.count(&s.pausesLate)
+					return nil
+				}
+				return fmt.Errorf("pause %s: %w", runID, err)
+			}
+			s.count(&s.pauses)
+			// Nobody resumes it: the schedule does, on whichever replica owns it.
+			return ch.waitEnd(s, runID)
+		}},
 	{name: "cancel", runs: 6, want: statestore.RunStatusCancelled,
 		plan: func(*chaos, int) string {
 			return `{"planId":"%s","planVersion":"1","steps":[
@@ -544,6 +571,20 @@ func (ch *chaos) check(s *summary, r *chaosRun) {
 			_ = json.Unmarshal(e.Payload, &p)
 			if p.RequestedBy == "sidecar" {
 				closedBySidecar[e.LogicalAttemptID] = true
+			}
+		}
+	}
+	if r.kind.name == "pause, scheduled resume" {
+		for _, e := range evs {
+			if e.EventType != statestore.RunResumed {
+				continue
+			}
+			var p struct {
+				RequestedBy string `json:"requestedBy"`
+			}
+			_ = json.Unmarshal(e.Payload, &p)
+			if p.RequestedBy != drain.RequestedBySchedule && p.RequestedBy != "sidecar" {
+				violate("RunResumed by %q in a run only the schedule resumes", p.RequestedBy)
 			}
 		}
 	}
