@@ -320,6 +320,57 @@ func (r *Runs) ScheduledResumes(ctx context.Context) ([]drain.ScheduledResume, e
 	return out, nil
 }
 
+// leaderRun reads runID's entry from the bucket stream's leader, with the
+// stream message API that only the leader answers. A KV Get is a direct
+// get, which any replica of a replicated bucket answers, a follower
+// possibly a moment behind: TestE2E_Chaos saw a worker's guard read a run
+// entry that had just been replaced and fail the run's own workflow as
+// foreign. Used to confirm a conflict before acting on it.
+func (r *Runs) leaderRun(ctx context.Context, runID string) (*Run, uint64, error) {
+	bucket := r.kv.Bucket()
+	prefix := r.js.Options().APIPrefix
+	switch {
+	case r.js.Options().Domain != "":
+		prefix = "$JS." + r.js.Options().Domain + ".API."
+	case prefix == "":
+		prefix = jetstream.DefaultAPIPrefix
+	case !strings.HasSuffix(prefix, "."):
+		prefix += "."
+	}
+	body, _ := json.Marshal(map[string]string{"last_by_subj": "$KV." + bucket + "." + keyRun + runID})
+	resp, err := r.js.Conn().RequestWithContext(ctx, prefix+"STREAM.MSG.GET.KV_"+bucket, body)
+	if err != nil {
+		return nil, 0, registryUnavailable("read run entry from the leader", err)
+	}
+	var answer struct {
+		Error   *jetstream.APIError `json:"error"`
+		Message *struct {
+			Seq  uint64 `json:"seq"`
+			Data []byte `json:"data"`
+			Hdrs []byte `json:"hdrs"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(resp.Data, &answer); err != nil {
+		return nil, 0, registryUnavailable("decode the leader's answer", err)
+	}
+	switch {
+	case answer.Error != nil && answer.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, 0, &Error{Code: CodeNotFound, Op: "read run index", Message: "no entry " + keyRun + runID}
+	case answer.Error != nil:
+		return nil, 0, registryUnavailable("read run entry from the leader", answer.Error)
+	case answer.Message == nil:
+		return nil, 0, registryUnavailable("read run entry from the leader", errors.New("answer without a message"))
+	}
+	if h := string(answer.Message.Hdrs); strings.Contains(h, "KV-Operation: DEL") || strings.Contains(h, "KV-Operation: PURGE") {
+		return nil, 0, &Error{Code: CodeNotFound, Op: "read run index", Message: "no entry " + keyRun + runID}
+	}
+	var rec Run
+	if err := json.Unmarshal(answer.Message.Data, &rec); err != nil {
+		return nil, 0, registryUnavailable("decode "+keyRun+runID, err)
+	}
+	return &rec, answer.Message.Seq, nil
+}
+
 // isRevisionMismatch reports a lost compare-and-set. On a single server a
 // CAS conflict also matches jetstream.ErrKeyExists (same API code).
 func isRevisionMismatch(err error) bool {

@@ -70,6 +70,7 @@ type RunsOptions struct {
 // any number of processes may share one bucket and one Conductor.
 type Runs struct {
 	kv        jetstream.KeyValue
+	js        jetstream.JetStream // for leader reads of kv (leaderRun)
 	conductor *Client
 	emitter   Emitter
 	opts      RunsOptions
@@ -123,6 +124,7 @@ func OpenRuns(ctx context.Context, js jetstream.JetStream, conductor *Client, em
 	}
 	return &Runs{
 		kv:        kv,
+		js:        js,
 		conductor: conductor,
 		emitter:   emitter,
 		opts:      opts,

@@ -678,3 +678,28 @@ func TestRuns_ResumeSchedule(t *testing.T) {
 		t.Fatalf("after ending run-1 and an older cycle of run-2: %+v", got)
 	}
 }
+
+// TestRuns_LeaderRun: the leader read that confirms a conflict before a
+// task is failed as foreign returns what the run index holds (entry and
+// revision), and "not found" for a deleted entry and a run never recorded.
+func TestRuns_LeaderRun(t *testing.T) {
+	ctx := context.Background()
+	env := newNATS(t)
+	r := env.newRuns(t, unusedURL(t), RunsOptions{})
+	rec := &Run{RunID: "run-leader", State: RunStateStarted, WorkflowID: "wf-1", TenantID: "t"}
+	rev, err := r.createRun(ctx, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, gotRev, err := r.leaderRun(ctx, "run-leader")
+	if err != nil || got.WorkflowID != "wf-1" || gotRev != rev {
+		t.Fatalf("leader read: %+v rev %d (want %d), %v", got, gotRev, rev, err)
+	}
+	r.release(ctx, rec, rev)
+	if _, _, err := r.leaderRun(ctx, "run-leader"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("deleted entry: %v, want not found", err)
+	}
+	if _, _, err := r.leaderRun(ctx, "never"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("unknown run: %v, want not found", err)
+	}
+}

@@ -458,6 +458,15 @@ func (r *Runs) EnsureStarted(ctx context.Context, runID, workflowID string) (*Ru
 		if err != nil {
 			return nil, err
 		}
+		if rec.State != RunStateStarting && rec.WorkflowID != workflowID {
+			// A conflict fails the task for good: confirm it with the
+			// bucket's leader first (the read may come from a follower a
+			// moment behind, e.g. just after a start was abandoned and
+			// retried).
+			if rec, rev, err = r.leaderRun(ctx, runID); err != nil {
+				return nil, err
+			}
+		}
 		if rec.State != RunStateStarting {
 			if rec.WorkflowID != workflowID {
 				return nil, &Error{Code: CodeConflict, Op: op,
