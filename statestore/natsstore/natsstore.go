@@ -354,7 +354,13 @@ func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite, lastSeq
 			return res, xerr
 		}
 		if errors.Is(err, jetstream.ErrNoStreamResponse) {
-			return statestore.AppendResult{}, damaged(fmt.Sprintf("append: no stream takes subject %s: stream %s was deleted (see /readyz)", s.prefix+".>", s.name), err)
+			// Nobody answered the publish: the stream is gone, or (in a
+			// cluster) the client is between servers, or the stream's
+			// leader is being elected. Only the first is damage; ask.
+			if _, serr := s.js.Stream(ctx, s.name); errors.Is(serr, jetstream.ErrStreamNotFound) {
+				return statestore.AppendResult{}, damaged(fmt.Sprintf("append: no stream takes subject %s: stream %s was deleted (see /readyz)", s.prefix+".>", s.name), err)
+			}
+			return statestore.AppendResult{}, unavailable("append (no response from the stream; it exists)", err)
 		}
 		return statestore.AppendResult{}, unavailable("append", err)
 	}
