@@ -220,3 +220,30 @@ func waitCache(t *testing.T, w *Watcher, n int) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestWatcher_FinishChecksTheWorkflowIsStillTheRuns: the end of a workflow
+// the run's entry no longer names (a start abandoned and retried with
+// another workflow; the watcher's own read was a moment behind) records
+// nothing: the run goes on with its workflow (soak finding).
+func TestWatcher_FinishChecksTheWorkflowIsStillTheRuns(t *testing.T) {
+	u := conductortest.URL(t)
+	ctx := context.Background()
+	env := newNATS(t)
+	r := env.newRuns(t, u, RunsOptions{})
+	p := testPlan(t)
+	res, err := r.StartRun(ctx, request(p, "req"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Client().Terminate(context.Background(), res.Run.WorkflowID, "cleanup") })
+	w := NewWatcher(r, env.store, WatcherOptions{})
+	if err := w.finish(ctx, res.Run.RunID, "00000000-0000-4000-8000-0000000000ab", "TERMINATED", "an abandoned start's workflow"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := r.Run(ctx, res.Run.RunID); got.State != RunStateStarted {
+		t.Fatalf("state %s after another workflow ended, want STARTED", got.State)
+	}
+	if ev := lastEvent(t, env.events(t, res.Run.RunID)); ev.EventType != statestore.RunStarted {
+		t.Fatalf("last event %s, want RunStarted (nothing recorded)", ev.EventType)
+	}
+}

@@ -544,7 +544,7 @@ func (w *Watcher) checkRun(ctx context.Context, rec *Run, rev uint64, alive *run
 		if strikes < w.opts.LostAfter {
 			return nil
 		}
-		return w.finish(ctx, runID, engineStatusLost,
+		return w.finish(ctx, runID, rec.WorkflowID, engineStatusLost,
 			fmt.Sprintf("Conductor no longer knows workflow %s (answered 404 %d times)", rec.WorkflowID, strikes))
 	}
 	if err != nil {
@@ -556,7 +556,7 @@ func (w *Watcher) checkRun(ctx context.Context, rec *Run, rev uint64, alive *run
 	}
 	switch wf.Status {
 	case model.CompletedWorkflow, model.FailedWorkflow, model.TimedOutWorkflow, model.TerminatedWorkflow:
-		return w.finish(ctx, runID, string(wf.Status), wf.ReasonForIncompletion)
+		return w.finish(ctx, runID, rec.WorkflowID, string(wf.Status), wf.ReasonForIncompletion)
 	case model.RunningWorkflow, model.PausedWorkflow:
 		return w.follow(ctx, rec, wf.Status)
 	}
@@ -584,12 +584,25 @@ func (w *Watcher) dropActive(ctx context.Context, runID string) {
 	}
 }
 
-// finish appends the terminal event for engineStatus (unless the run is
-// already terminal in its snapshot) and marks the run FINAL.
-func (w *Watcher) finish(ctx context.Context, runID, engineStatus, reason string) error {
-	rec, rev, err := w.runs.get(ctx, runID)
+// finish appends the terminal event for engineStatus, the end of the run's
+// workflow workflowID (unless the run is already terminal in its
+// snapshot), and marks the run FINAL. It reads the run's entry from the
+// bucket's leader: the end of a run is for good, and a follower may still
+// hold an entry that was replaced (a start abandoned and retried with
+// another workflow); if the entry names another workflow now, the one that
+// ended was not the run's, and nothing is recorded.
+func (w *Watcher) finish(ctx context.Context, runID, workflowID, engineStatus, reason string) error {
+	rec, rev, err := w.runs.leaderRun(ctx, runID)
+	if errors.Is(err, ErrNotFound) {
+		return nil // released: its workflow was an abandoned start's
+	}
 	if err != nil {
 		return err
+	}
+	if rec.WorkflowID != workflowID {
+		w.log.Info("a workflow that is no longer the run's ended; nothing recorded (the orphan rules handle it)",
+			zap.String("runId", runID), zap.String("workflowId", workflowID), zap.String("runWorkflowId", rec.WorkflowID))
+		return nil
 	}
 	if rec.State == RunStateFinal {
 		w.runs.deleteActive(ctx, runID, 0)
