@@ -551,6 +551,7 @@ func (ch *chaos) check(s *summary, r *chaosRun) {
 	drainEnds := map[int64]int{}
 	pauses := map[int64]bool{}
 	closedBySidecar := map[int64]bool{}
+	resumedDraining := map[int64]bool{} // a RunResumed before any drain event of its cycle
 	for i, e := range evs {
 		if i > 0 && e.RunSeq <= evs[i-1].RunSeq {
 			violate("runSeq %d after %d", e.RunSeq, evs[i-1].RunSeq)
@@ -571,6 +572,9 @@ func (ch *chaos) check(s *summary, r *chaosRun) {
 			_ = json.Unmarshal(e.Payload, &p)
 			if p.RequestedBy == "sidecar" {
 				closedBySidecar[e.LogicalAttemptID] = true
+			}
+			if drainEnds[e.LogicalAttemptID] == 0 {
+				resumedDraining[e.LogicalAttemptID] = true
 			}
 		}
 	}
@@ -593,6 +597,10 @@ func (ch *chaos) check(s *summary, r *chaosRun) {
 		case n == 1:
 		case n == 0 && closedBySidecar[cycle]:
 			s.count(&s.pausesRaced) // the pause raced the run's end (docs/drain.md)
+		case n == 0 && resumedDraining[cycle]:
+			// RESUME while DRAINING ends the drain itself (DESIGN.md: RESUME
+			// is allowed draining or not); no drain event is due.
+			s.count(&s.resumedDraining)
 		default:
 			violate("pause cycle %d ended by %d drain events, want exactly one", cycle, n)
 		}
@@ -717,7 +725,7 @@ type summary struct {
 	mu                                         sync.Mutex
 	waves, runs, events                        int
 	pauses, resumes, retries, cancels, retried int
-	pausesRaced, pausesLate                    int
+	pausesRaced, pausesLate, resumedDraining   int
 	faultsSidecar, faultsNATS, faultsConductor int
 	violations                                 int
 }
@@ -739,6 +747,7 @@ func (s *summary) add(o *summary) {
 	s.retried += o.retried
 	s.pausesRaced += o.pausesRaced
 	s.pausesLate += o.pausesLate
+	s.resumedDraining += o.resumedDraining
 	s.faultsSidecar += o.faultsSidecar
 	s.faultsNATS += o.faultsNATS
 	s.faultsConductor += o.faultsConductor
@@ -752,6 +761,7 @@ func (s *summary) print(t *testing.T, took time.Duration) {
 		{"events", strconv.Itoa(s.events)},
 		{"pauses / resumes / step retries / cancels", fmt.Sprintf("%d / %d / %d / %d", s.pauses, s.resumes, s.retries, s.cancels)},
 		{"pauses that raced the run's end / came after it", fmt.Sprintf("%d / %d", s.pausesRaced, s.pausesLate)},
+		{"pauses resumed while draining (no drain event due)", strconv.Itoa(s.resumedDraining)},
 		{"faults: sidecar kill -9", strconv.Itoa(s.faultsSidecar)},
 		{"faults: NATS node kill -9", strconv.Itoa(s.faultsNATS)},
 		{"faults: Conductor restart", strconv.Itoa(s.faultsConductor)},
