@@ -238,28 +238,36 @@ func (ch *chaos) waitEnd(s *summary, runID string) error {
 // pauseThenResume pauses a run whose step is in flight with a drain timeout,
 // waits for the drain's end, and resumes it.
 func (ch *chaos) pauseThenResume(s *summary, runID, step string, timeout int64) error {
-	if v, err := ch.until(s, runID, "step "+step+" running", 2*time.Minute, running(step)); err != nil || statestore.IsTerminalRunStatus(v.Status) {
+	if paused, err := ch.pauseWhile(s, runID, step, httpapi.PauseOptions{TimeoutSeconds: timeout, Reason: "chaos"}); err != nil || !paused {
 		return err
 	}
-	if err := ch.do(s, func(ctx context.Context, c *httpapi.Client) error {
-		_, err := c.Pause(ctx, runID, timeout, "chaos")
-		return err
-	}); err != nil {
-		// Faults delayed the pause past the step and the run ended: a
-		// pause of an ended run is refused, rightly.
-		var apiErr *httpapi.Error
-		if v, verr := ch.run(s, runID); errors.As(err, &apiErr) && apiErr.Code == statestore.CodeInvalidTransition &&
-			verr == nil && statestore.IsTerminalRunStatus(v.Status) {
-			s.count(&s.pausesLate)
-			return nil
-		}
-		return fmt.Errorf("pause %s: %w", runID, err)
-	}
-	s.count(&s.pauses)
 	if _, err := ch.until(s, runID, "end of drain", 3*time.Minute, drainEnded); err != nil {
 		return err
 	}
 	return ch.resume(s, runID)
+}
+
+// pauseWhile pauses a run once step is running; paused is false when the
+// run ended first: faults delayed the pause past the step, and a pause of
+// an ended run is refused, rightly.
+func (ch *chaos) pauseWhile(s *summary, runID, step string, o httpapi.PauseOptions) (paused bool, err error) {
+	if v, err := ch.until(s, runID, "step "+step+" running", 2*time.Minute, running(step)); err != nil || statestore.IsTerminalRunStatus(v.Status) {
+		return false, err
+	}
+	if err := ch.do(s, func(ctx context.Context, c *httpapi.Client) error {
+		_, err := c.PauseWith(ctx, runID, o)
+		return err
+	}); err != nil {
+		var apiErr *httpapi.Error
+		if v, verr := ch.run(s, runID); errors.As(err, &apiErr) && apiErr.Code == statestore.CodeInvalidTransition &&
+			verr == nil && statestore.IsTerminalRunStatus(v.Status) {
+			s.count(&s.pausesLate)
+			return false, nil
+		}
+		return false, fmt.Errorf("pause %s: %w", runID, err)
+	}
+	s.count(&s.pauses)
+	return true, nil
 }
 
 // resume resumes a run; a resume repeated after a lost answer is refused
@@ -357,22 +365,9 @@ var kinds = []kind{
 				{"stepId":"after","executor":{"type":"noop"},"dependsOn":["slow"]}]}`
 		},
 		drive: func(ch *chaos, s *summary, runID string) error {
-			if v, err := ch.until(s, runID, "step slow running", 2*time.Minute, running("slow")); err != nil || statestore.IsTerminalRunStatus(v.Status) {
+			if paused, err := ch.pauseWhile(s, runID, "slow", httpapi.PauseOptions{Reason: "chaos", ResumeAfter: 2 * time.Second}); err != nil || !paused {
 				return err
 			}
-			if err := ch.do(s, func(ctx context.Context, c *httpapi.Client) error {
-				_, err := c.PauseWith(ctx, runID, httpapi.PauseOptions{Reason: "chaos", ResumeAfter: 2 * time.Second})
-				return err
-			}); err != nil {
-				var apiErr *httpapi.Error
-				if v, verr := ch.run(s, runID); errors.As(err, &apiErr) && apiErr.Code == statestore.CodeInvalidTransition &&
-					verr == nil && statestore.IsTerminalRunStatus(v.Status) {
-					s.count(&s.pausesLate)
-					return nil
-				}
-				return fmt.Errorf("pause %s: %w", runID, err)
-			}
-			s.count(&s.pauses)
 			// Nobody resumes it: the schedule does, on whichever replica owns it.
 			return ch.waitEnd(s, runID)
 		}},
