@@ -13,12 +13,13 @@
 # (timed); CONDUCTOR_PID adds Conductor's CPU during each to the report, and
 # it prints how soon the pauses' drains ended (no step is in flight).
 # At the end it cancels every run, so Conductor is left without them.
-# Needs python3. Stops only the process it started.
+# Needs python3 (bench/runs.py is its API client). Stops only the process it started.
 set -euo pipefail
 BIN=${1:?usage: bench/idle-serve.sh BINARY N [PORT]}
 N=${2:?usage: bench/idle-serve.sh BINARY N [PORT]}
 PORT=${3:-18790}
 CONDUCTOR_URL=${CONDUCTOR_URL:-http://127.0.0.1:8080/api}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 D=$(mktemp -d)
 args=(serve --data-dir "$D/data" --listen "127.0.0.1:$PORT" --conductor-url "$CONDUCTOR_URL"
   --insecure-no-auth --concurrency noop=1,sleep=0,command=0,http=0 --task-domain "idle$PORT$RANDOM")
@@ -27,22 +28,7 @@ if [ "${PPROF:-}" = 1 ]; then args+=(--pprof-listen "127.0.0.1:$((PORT + 1))"); 
 PID=$!
 trap 'kill "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; rm -rf "$D"' EXIT
 for _ in $(seq 100); do curl -fs "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
-python3 - "$PORT" "$N" "$D/runs" <<'PY'
-import json, sys, urllib.request, uuid
-from concurrent.futures import ThreadPoolExecutor
-port, n, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-plan = {"planId": "idle-" + uuid.uuid4().hex[:8], "planVersion": "1",
-        "steps": [{"stepId": "s", "executor": {"type": "sleep", "seconds": 1}}]}
-def submit(_):
-    body = json.dumps({"tenantId": "t", "projectId": "p", "environmentId": "e",
-                       "runRequestId": uuid.uuid4().hex, "plan": plan}).encode()
-    req = urllib.request.Request("http://127.0.0.1:%s/v1/runs" % port, data=body,
-                                 headers={"Content-Type": "application/json"}, method="POST")
-    return json.loads(urllib.request.urlopen(req, timeout=60).read())["runId"]
-with ThreadPoolExecutor(8) as pool:
-    ids = list(pool.map(submit, range(n)))
-open(out, "w").write("\n".join(ids))
-PY
+"$HERE/runs.py" submit "$PORT" "$N" "$D/runs"
 SETTLE=${SETTLE:-10}
 sleep "$SETTLE"
 ticks() { awk '{print $14 + $15}' "/proc/$PID/stat"; }
@@ -68,23 +54,7 @@ measure running
 act() {
   local a0 b0 s0 a1 b1 s1
   a0=$(ticks); b0=$(conductor_ticks); s0=$(date +%s.%N)
-  python3 - "$PORT" "$1" "$D/runs" <<'PY'
-import sys, time, urllib.request
-from concurrent.futures import ThreadPoolExecutor
-port, action, ids = sys.argv[1], sys.argv[2], open(sys.argv[3]).read().split()
-def one(rid):
-  began = time.monotonic()
-  req = urllib.request.Request("http://127.0.0.1:%s/v1/runs/%s/%s" % (port, rid, action), data=b"{}",
-                               headers={"Content-Type": "application/json"}, method="POST")
-  urllib.request.urlopen(req, timeout=60).read()
-  return time.monotonic() - began
-began = time.monotonic()
-with ThreadPoolExecutor(16) as pool:
-  lat = sorted(pool.map(one, ids))
-took = time.monotonic() - began
-print("%s runs=%d took=%.1fs rate=%.0f/s p50=%.0fms p99=%.0fms" % (action, len(ids), took, len(ids) / took,
-    1000 * lat[len(lat) // 2], 1000 * lat[len(lat) * 99 // 100]))
-PY
+  "$HERE/runs.py" act "$PORT" "$1" "$D/runs"
   a1=$(ticks); b1=$(conductor_ticks); s1=$(date +%s.%N)
   python3 -c "print('  during $1: sidecar cpu=%.0f%% conductor cpu=%.0f%% (of one core)' % (100.0 * ($a1 - $a0) / $(getconf CLK_TCK) / ($s1 - $s0), 100.0 * ($b1 - $b0) / $(getconf CLK_TCK) / ($s1 - $s0)))"
 }

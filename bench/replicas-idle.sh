@@ -52,22 +52,7 @@ for _ in $(seq 300); do
   [ $ok = 1 ] && break
   sleep 0.1
 done
-python3 - "$((PORT + 1))" "$N" "$D/runs" <<'PY'
-import json, sys, urllib.request, uuid
-from concurrent.futures import ThreadPoolExecutor
-port, n, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-plan = {"planId": "idle-" + uuid.uuid4().hex[:8], "planVersion": "1",
-        "steps": [{"stepId": "s", "executor": {"type": "sleep", "seconds": 1}}]}
-def submit(_):
-    body = json.dumps({"tenantId": "t", "projectId": "p", "environmentId": "e",
-                       "runRequestId": uuid.uuid4().hex, "plan": plan}).encode()
-    req = urllib.request.Request("http://127.0.0.1:%s/v1/runs" % port, data=body,
-                                 headers={"Content-Type": "application/json"}, method="POST")
-    return json.loads(urllib.request.urlopen(req, timeout=60).read())["runId"]
-with ThreadPoolExecutor(8) as pool:
-    ids = list(pool.map(submit, range(n)))
-open(out, "w").write("\n".join(ids))
-PY
+"$HERE/runs.py" submit "$((PORT + 1))" "$N" "$D/runs"
 sleep "${SETTLE:-15}"
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 natspids() { cat "$NATS_CLUSTER_DIR"/n[123].pid 2>/dev/null || true; }
@@ -90,15 +75,4 @@ python3 -c "
 el = $s1 - $s0
 print('runs=%d replicas=%d sidecars cpu=%.1f%% (per replica cpu/runs followed:%s) nats cpu=%.1f%% conductor cpu=%.1f%% workflow reads=%.1f/s running lists=%.2f/s' % (
   $N, $R, 100.0 * $total / $HZ / el, '$per', 100.0 * ($n1 - $n0) / $HZ / el, 100.0 * ($c1 - $c0) / $HZ / el, ($g1 - $g0) / el, ($l1 - $l0) / el))"
-python3 - "$((PORT + 1))" "$D/runs" <<'PY'
-import sys, urllib.request
-from concurrent.futures import ThreadPoolExecutor
-port, ids = sys.argv[1], open(sys.argv[2]).read().split()
-def one(rid):
-  req = urllib.request.Request("http://127.0.0.1:%s/v1/runs/%s/cancel" % (port, rid), data=b"{}",
-                               headers={"Content-Type": "application/json"}, method="POST")
-  try: urllib.request.urlopen(req, timeout=60).read()
-  except Exception: pass
-with ThreadPoolExecutor(16) as pool:
-  list(pool.map(one, ids))
-PY
+"$HERE/runs.py" act "$((PORT + 1))" cancel "$D/runs" --ignore-errors >/dev/null
