@@ -11,9 +11,15 @@ require (
 	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3
 	go.uber.org/zap v1.28.0
 	go.yaml.in/yaml/v3 v3.0.5
+	k8s.io/apimachinery v0.37.2
 )
 
-require github.com/kylelemons/godebug v1.1.0 // indirect
+require (
+	github.com/go-logr/logr v1.4.3 // indirect
+	github.com/kylelemons/godebug v1.1.0 // indirect
+	k8s.io/klog/v2 v2.140.0 // indirect
+	k8s.io/utils v0.0.0-20260626114624-be93311217bd // indirect
+)
 
 require (
 	github.com/antihax/optional v1.0.0

@@ -1,0 +1,386 @@
+package runlist
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+)
+
+// follower keeps the bucket up to date with the log: it scans the log from
+// the cursor, folds each run's new events into its snapshot, writes the
+// rows that changed and then the cursor.
+type follower struct {
+	kv   jetstream.KeyValue
+	opts Options
+	log  *zap.Logger
+	m    *Metrics
+
+	wake chan struct{}
+	stop context.CancelFunc
+	done chan struct{}
+
+	// State of the current turn as owner; reset when the turn ends.
+	owner     bool
+	cursor    uint64
+	cursorRev uint64
+	tracked   map[string]*tracked
+	// fresh: this turn began at the log's start, so a run met for the
+	// first time is new (its first event is the one met) unless seen;
+	// once caught up, a run not tracked is read back from the log.
+	fresh bool
+	seen  map[string]bool
+}
+
+// tracked is a run the follower has folded so far.
+type tracked struct {
+	snap    *statestore.RunSnapshot
+	created string // persistedAt of its first event
+	updated string // persistedAt of its last event folded
+	rowRev  uint64 // revision of its row as last written (0: unknown)
+}
+
+func startFollower(kv jetstream.KeyValue, opts Options, log *zap.Logger) *follower {
+	ctx, cancel := context.WithCancel(context.Background())
+	f := &follower{kv: kv, opts: opts, log: log.Named("follower"), m: opts.Metrics, wake: make(chan struct{}, 1), stop: cancel, done: make(chan struct{})}
+	go f.loop(ctx)
+	return f
+}
+
+func (f *follower) close() {
+	f.stop()
+	<-f.done
+}
+
+// nudge makes the follower look at the log now.
+func (f *follower) nudge() {
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (f *follower) loop(ctx context.Context) {
+	defer close(f.done)
+	backoff := time.Duration(0)
+	for {
+		if ctx.Err() != nil {
+			return
+		}
+		more, err := f.step(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			f.m.error()
+			backoff = min(max(2*backoff, f.opts.Poll), 30*time.Second)
+			if backoff >= 30*time.Second || backoff == f.opts.Poll {
+				f.log.Warn("run list: following the log failed; retrying", zap.Duration("in", backoff), zap.Error(err))
+			}
+			f.endTurn() // start again from the stored cursor
+		case more:
+			backoff = 0
+			continue
+		default:
+			backoff = 0
+		}
+		t := time.NewTimer(max(backoff, f.opts.Poll))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-f.wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// endTurn forgets the state of the turn: the next step reads the cursor
+// again and tracks runs anew.
+func (f *follower) endTurn() {
+	f.owner, f.tracked, f.seen, f.fresh = false, nil, nil, false
+}
+
+// step does one batch: it returns more when the batch was full.
+func (f *follower) step(ctx context.Context) (more bool, err error) {
+	if f.opts.Owner != nil && !f.opts.Owner.Owns(ownerKey) {
+		f.endTurn()
+		return false, nil
+	}
+	if !f.owner {
+		if err := f.loadCursor(ctx); err != nil {
+			return false, err
+		}
+		f.owner, f.tracked = true, map[string]*tracked{}
+		if f.fresh = f.cursor == 0; f.fresh {
+			f.seen = map[string]bool{}
+			f.log.Info("run list: building the list from the start of the log")
+		}
+	}
+	sctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
+	recs, next, err := f.opts.Log.Scan(sctx, f.cursor, f.opts.Batch)
+	cancel()
+	if err != nil {
+		return false, err
+	}
+	if next == f.cursor {
+		if f.fresh {
+			f.log.Info("run list: built", zap.Uint64("through", f.cursor), zap.Int("runs", len(f.seen)))
+			f.fresh, f.seen = false, nil
+		}
+		return false, nil
+	}
+	dirty, err := f.fold(ctx, recs)
+	if err != nil {
+		return false, err
+	}
+	if err := f.writeRows(ctx, dirty); err != nil {
+		return false, err
+	}
+	if err := f.saveCursor(ctx, next); err != nil {
+		return false, err
+	}
+	for _, t := range dirty {
+		if statestore.IsTerminalRunStatus(t.snap.Status) {
+			delete(f.tracked, t.snap.RunID) // its next event, if any, reads it back
+		}
+	}
+	f.bound()
+	return true, nil // until a scan finds nothing
+}
+
+// fold applies recs to the runs they belong to and returns the runs that
+// changed.
+func (f *follower) fold(ctx context.Context, recs []statestore.RunEventRecord) ([]*tracked, error) {
+	byRun := map[string][]statestore.RunEventRecord{}
+	var order []string
+	for _, r := range recs {
+		if _, ok := byRun[r.RunID]; !ok {
+			order = append(order, r.RunID)
+		}
+		byRun[r.RunID] = append(byRun[r.RunID], r)
+	}
+	dirty := make([]*tracked, 0, len(order))
+	for _, runID := range order {
+		rs := byRun[runID]
+		t := f.tracked[runID]
+		readBack := false
+		if t == nil {
+			if f.fresh && !f.seen[runID] {
+				t = &tracked{created: rs[0].PersistedAt}
+			} else {
+				var err error
+				if t, err = f.readBack(ctx, runID, rs[len(rs)-1].RunSeq); err != nil {
+					return nil, err
+				}
+				readBack = true // its events are in, its row is not
+			}
+			f.tracked[runID] = t
+			if f.fresh {
+				f.seen[runID] = true
+			}
+		}
+		before := int64(0)
+		if t.snap != nil {
+			before = t.snap.LastEventSeq
+		}
+		// The projector raises the alerts of invalid transitions; the list
+		// only needs the state.
+		t.snap, _ = statestore.Reduce(t.snap, rs)
+		if t.snap != nil && t.snap.LastEventSeq != before {
+			t.updated = rs[len(rs)-1].PersistedAt
+			dirty = append(dirty, t)
+		} else if readBack {
+			dirty = append(dirty, t)
+		}
+	}
+	return dirty, nil
+}
+
+// readBack reads a run the follower meets mid-log from the log, up to at
+// least its event upTo (a replica that is behind may answer with less;
+// the read is retried then).
+func (f *follower) readBack(ctx context.Context, runID string, upTo int64) (*tracked, error) {
+	for try := 0; ; try++ {
+		fctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
+		recs, err := f.opts.Log.Fetch(fctx, runID, 0, 0)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		if len(recs) > 0 && recs[len(recs)-1].RunSeq >= upTo {
+			snap, _ := statestore.Reduce(nil, recs)
+			return &tracked{snap: snap, created: recs[0].PersistedAt, updated: recs[len(recs)-1].PersistedAt}, nil
+		}
+		if try == 4 {
+			return nil, fmt.Errorf("read run %s back: the log shows %d events, not yet its event %d", runID, len(recs), upTo)
+		}
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// writeRows writes the rows of the runs that changed, a few at a time.
+func (f *follower) writeRows(ctx context.Context, dirty []*tracked) error {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+		sem   = make(chan struct{}, 16)
+	)
+	for _, t := range dirty {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := f.writeRow(ctx, t); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+// writeRow writes t's row unless the bucket holds a newer one (another
+// follower's, while two replicas believe they own the list): rows never
+// go back.
+func (f *follower) writeRow(ctx context.Context, t *tracked) error {
+	row := rowOf(t.snap, t.created, t.updated)
+	b, err := json.Marshal(row)
+	if err != nil {
+		return err
+	}
+	key := keyRun + natsstore.RunToken(row.RunID)
+	ctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
+	defer cancel()
+	rev := t.rowRev
+	for range 5 {
+		var newRev uint64
+		if rev == 0 {
+			newRev, err = f.kv.Create(ctx, key, b)
+		} else {
+			newRev, err = f.kv.Update(ctx, key, b, rev)
+		}
+		if err == nil {
+			t.rowRev = newRev
+			f.m.wrote()
+			return nil
+		}
+		if !conflict(err) {
+			return fmt.Errorf("%w: write %s: %w", ErrUnavailable, key, err)
+		}
+		e, gerr := f.kv.Get(ctx, key)
+		switch {
+		case errors.Is(gerr, jetstream.ErrKeyNotFound) || errors.Is(gerr, jetstream.ErrKeyDeleted):
+			rev = 0
+			continue
+		case gerr != nil:
+			return fmt.Errorf("%w: read %s: %w", ErrUnavailable, key, gerr)
+		}
+		var have Row
+		if json.Unmarshal(e.Value(), &have) == nil && have.LastEventSeq >= row.LastEventSeq {
+			t.rowRev = e.Revision()
+			return nil
+		}
+		rev = e.Revision()
+	}
+	return fmt.Errorf("%w: write %s: it keeps changing", ErrUnavailable, key)
+}
+
+// conflict reports a lost compare-and-set (on a single server it also
+// matches ErrKeyExists: same API code).
+func conflict(err error) bool {
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
+}
+
+// loadCursor reads the stored cursor (0: none, build from the start).
+func (f *follower) loadCursor(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
+	defer cancel()
+	e, err := f.kv.Get(ctx, keyCursor)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
+		f.cursor, f.cursorRev = 0, 0
+		return nil
+	case err != nil:
+		return fmt.Errorf("%w: read cursor: %w", ErrUnavailable, err)
+	}
+	c, err := strconv.ParseUint(string(e.Value()), 10, 64)
+	if err != nil {
+		f.log.Warn("run list: the stored cursor does not parse; rebuilding from the start of the log", zap.ByteString("cursor", e.Value()))
+		c = 0
+	}
+	f.cursor, f.cursorRev = c, e.Revision()
+	return nil
+}
+
+// saveCursor stores next as the cursor, if the cursor is still where this
+// turn left it; else another follower moved it and this turn ends.
+func (f *follower) saveCursor(ctx context.Context, next uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
+	defer cancel()
+	v := []byte(strconv.FormatUint(next, 10))
+	var rev uint64
+	var err error
+	if f.cursorRev == 0 {
+		rev, err = f.kv.Create(ctx, keyCursor, v)
+	} else {
+		rev, err = f.kv.Update(ctx, keyCursor, v, f.cursorRev)
+	}
+	if conflict(err) {
+		f.log.Debug("run list: another replica moved the cursor; following from there")
+		f.endTurn()
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%w: write cursor: %w", ErrUnavailable, err)
+	}
+	f.cursor, f.cursorRev = next, rev
+	return nil
+}
+
+// bound drops tracked runs beyond MaxTracked (they are read back from the
+// log at their next event).
+func (f *follower) bound() {
+	if f.tracked == nil || len(f.tracked) <= f.opts.MaxTracked {
+		return
+	}
+	drop := len(f.tracked) - f.opts.MaxTracked*9/10
+	for id := range f.tracked {
+		if drop == 0 {
+			break
+		}
+		delete(f.tracked, id)
+		if f.fresh {
+			// A dropped run met again is read back, not started anew.
+			f.seen[id] = true
+		}
+		drop--
+	}
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

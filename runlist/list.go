@@ -1,0 +1,145 @@
+package runlist
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// DefaultBucket is the KV bucket of the run list.
+const DefaultBucket = "SIDECAR_RUNLIST"
+
+// ownerKey is the key whose owner among the members follows the log.
+const ownerKey = "runlist"
+
+// Keys of the bucket.
+const (
+	keyRun    = "run."
+	keyCursor = "cursor"
+)
+
+// Log is the event log the list follows; *natsstore.Store satisfies it.
+type Log interface {
+	// Scan reads every run's events in stream order after afterSeq.
+	Scan(ctx context.Context, afterSeq uint64, limit int) ([]statestore.RunEventRecord, uint64, error)
+	// Fetch reads one run's events (a run the follower meets mid-log).
+	Fetch(ctx context.Context, runID string, afterSeq int64, limit int) ([]statestore.RunEventRecord, error)
+	// LastSeq is the sequence of the log's last event.
+	LastSeq(ctx context.Context) (uint64, error)
+}
+
+// Owner tells whether this replica does the work of a key;
+// *membership.Members satisfies it.
+type Owner interface {
+	Owns(key string) bool
+}
+
+// Options configures Open. The zero value works, with Log set.
+type Options struct {
+	// Log is the event log to follow (required).
+	Log Log
+	// Bucket is the KV bucket (default DefaultBucket); Replicas its
+	// replica count (default 1).
+	Bucket   string
+	Replicas int
+	// Owner picks the one replica that follows the log (nil: this one).
+	// Two followers at once are safe (rows and cursor are written with
+	// compare-and-set), only wasteful.
+	Owner Owner
+	// Poll is how often an idle follower looks for new events (default
+	// 500ms): the list is that much behind the log at most, plus a write.
+	Poll time.Duration
+	// Batch is how many events the follower reads at once (default 1,024).
+	Batch int
+	// MaxTracked bounds the snapshots of unfinished runs the follower
+	// keeps in memory (default 100,000); a run dropped beyond it is read
+	// back from the log at its next event.
+	MaxTracked int
+	// Timeout bounds every NATS request without a deadline (default 10s).
+	Timeout time.Duration
+	// Logger (default zap.NewNop()); Metrics (nil: none).
+	Logger  *zap.Logger
+	Metrics *Metrics
+}
+
+// List is the run list: the follower that keeps the bucket up to date
+// with the log, and the in-memory mirror that answers queries.
+type List struct {
+	opts   Options
+	log    *zap.Logger
+	kv     jetstream.KeyValue
+	mirror *mirror
+	follow *follower
+}
+
+// Open opens (or creates) the bucket, starts mirroring it and starts the
+// follower. Close stops both.
+func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*List, error) {
+	if opts.Log == nil {
+		return nil, fmt.Errorf("%w: a log is required", ErrInvalidOptions)
+	}
+	if opts.Bucket == "" {
+		opts.Bucket = DefaultBucket
+	}
+	if opts.Replicas <= 0 {
+		opts.Replicas = 1
+	}
+	if opts.Poll <= 0 {
+		opts.Poll = 500 * time.Millisecond
+	}
+	if opts.Batch <= 0 {
+		opts.Batch = 1024
+	}
+	if opts.MaxTracked <= 0 {
+		opts.MaxTracked = 100_000
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 10 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      opts.Bucket,
+		Description: "Conductor sidecar run list: a row per run of the event log and the log position it includes (docs/operations.md)",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    opts.Replicas,
+	})
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		kv, err = js.KeyValue(ctx, opts.Bucket) // the sidecar's user may not update buckets
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: open bucket %s: %w", ErrUnavailable, opts.Bucket, err)
+	}
+	l := &List{opts: opts, log: opts.Logger.Named("runlist"), kv: kv}
+	l.mirror = startMirror(kv, l.log, opts.Metrics)
+	l.follow = startFollower(kv, opts, l.log)
+	return l, nil
+}
+
+// Close stops the follower and the mirror.
+func (l *List) Close() {
+	l.follow.close()
+	l.mirror.close()
+}
+
+// WaitIndexed waits until the list includes every event up to the log's
+// last one at the time of the call (what a bulk action needs before it
+// selects runs), or ctx ends. It returns the sequence waited for.
+func (l *List) WaitIndexed(ctx context.Context) (uint64, error) {
+	rctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+	seq, err := l.opts.Log.LastSeq(rctx)
+	cancel()
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	l.follow.nudge()
+	return seq, l.mirror.waitCursor(ctx, seq)
+}

@@ -1,0 +1,402 @@
+package runlist_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/runlist"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// fixture is a log on an embedded server with helpers to write runs.
+type fixture struct {
+	t     *testing.T
+	js    jetstream.JetStream
+	store *natsstore.Store
+}
+
+func newFixture(t *testing.T) *fixture {
+	// An administrator's permissions: TestList_RebuiltFromTheLog deletes
+	// the bucket, as an operator who lost it would have.
+	js, _ := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Permissions: natsstore.AllPermissions})
+	s, err := natsstore.Open(context.Background(), js, natsstore.Options{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return &fixture{t: t, js: js, store: s}
+}
+
+func (f *fixture) append(w *statestore.RunEventWrite) {
+	f.t.Helper()
+	if _, err := f.store.Append(context.Background(), w); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// start appends a run's RunStarted with labels, in plan planID.
+func (f *fixture) start(runID, planID string, labels map[string]string) {
+	f.t.Helper()
+	w := storetest.Event(runID, statestore.RunStarted, "")
+	w.PlanID = planID
+	storetest.Rekey(w)
+	f.append(storetest.WithPayload(w, map[string]any{"engineType": "conductor", "labels": labels}))
+}
+
+func (f *fixture) event(runID, planID, typ, step string, attempt int64, payload any) {
+	f.t.Helper()
+	w := storetest.EventAt(runID, typ, step, attempt)
+	w.PlanID = planID
+	storetest.Rekey(w)
+	if payload != nil {
+		storetest.WithPayload(w, payload)
+	}
+	f.append(w)
+}
+
+func (f *fixture) open(opts runlist.Options) *runlist.List {
+	f.t.Helper()
+	opts.Log = f.store
+	opts.Poll = 20 * time.Millisecond
+	if opts.Logger == nil {
+		opts.Logger = zaptest.NewLogger(f.t)
+	}
+	l, err := runlist.Open(context.Background(), f.js, opts)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(l.Close)
+	return l
+}
+
+func waitIndexed(t *testing.T, l *runlist.List) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := l.WaitIndexed(ctx); err != nil {
+		t.Fatalf("WaitIndexed: %v", err)
+	}
+}
+
+// truth is the row every run should have: from its snapshot as the
+// projector computes it from the whole log.
+func (f *fixture) truth(runID string) (status, substatus string, inFlight int, last int64) {
+	f.t.Helper()
+	recs, err := f.store.Fetch(context.Background(), runID, 0, 0)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	snap, _ := statestore.Reduce(nil, recs)
+	return snap.Status, snap.Substatus, len(snap.InFlight()), snap.LastEventSeq
+}
+
+// workload writes 40 runs of two plans: running, draining, paused,
+// completed, failed and cancelled, with labels.
+func (f *fixture) workload(prefix string) []string {
+	var ids []string
+	for i := range 40 {
+		runID := fmt.Sprintf("%s-%02d", prefix, i)
+		plan := "etl-nightly"
+		if i%2 == 1 {
+			plan = "report"
+		}
+		tier := []string{"gold", "silver", "bronze"}[i%3]
+		f.start(runID, plan, map[string]string{"team": "data", "tier": tier})
+		f.event(runID, plan, statestore.StepStarted, "a", 1, nil)
+		switch i % 5 {
+		case 1: // draining: paused with a step in flight
+			f.event(runID, plan, statestore.RunPaused, "", 1, map[string]any{"reason": "incident 42", "requestedBy": "oncall"})
+		case 2: // paused and drained
+			f.event(runID, plan, statestore.StepCompleted, "a", 1, nil)
+			f.event(runID, plan, statestore.RunPaused, "", 1, map[string]any{"reason": "incident 42", "requestedBy": "oncall"})
+		case 3:
+			f.event(runID, plan, statestore.StepCompleted, "a", 1, nil)
+			f.event(runID, plan, statestore.RunCompleted, "", 1, nil)
+		case 4:
+			f.event(runID, plan, statestore.RunCancelRequested, "", 1, map[string]any{"reason": "no longer needed"})
+			f.event(runID, plan, statestore.RunCancelled, "", 1, nil)
+		}
+		ids = append(ids, runID)
+	}
+	return ids
+}
+
+func allRows(t *testing.T, l *runlist.List, f runlist.Filter, limit int) []runlist.Row {
+	t.Helper()
+	var out []runlist.Row
+	cont := ""
+	for range 1000 {
+		p, err := l.List(f, limit, cont)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if limit > 0 && len(p.Runs) > limit {
+			t.Fatalf("page of %d runs, limit %d", len(p.Runs), limit)
+		}
+		out = append(out, p.Runs...)
+		if p.Continue == "" {
+			return out
+		}
+		cont = p.Continue
+	}
+	t.Fatal("paging does not end")
+	return nil
+}
+
+func (f *fixture) checkRows(l *runlist.List, ids []string) {
+	f.t.Helper()
+	rows := allRows(f.t, l, runlist.Filter{}, 0)
+	byID := map[string]runlist.Row{}
+	for _, r := range rows {
+		byID[r.RunID] = r
+	}
+	for _, id := range ids {
+		r, ok := byID[id]
+		if !ok {
+			f.t.Fatalf("run %s is not listed", id)
+		}
+		st, sub, inFlight, last := f.truth(id)
+		if r.Status != st || r.Substatus != sub || r.InFlight != inFlight || r.LastEventSeq != last {
+			f.t.Fatalf("run %s: listed %s/%s in flight %d through %d, the log says %s/%s %d through %d",
+				id, r.Status, r.Substatus, r.InFlight, r.LastEventSeq, st, sub, inFlight, last)
+		}
+	}
+}
+
+func ids(rows []runlist.Row) []string {
+	out := make([]string, len(rows))
+	for i, r := range rows {
+		out[i] = r.RunID
+	}
+	return out
+}
+
+// TestList_FiltersAndPages lists a workload by plan, status, substatus,
+// scope and label selector, in pages that never repeat or skip a run.
+func TestList_FiltersAndPages(t *testing.T) {
+	f := newFixture(t)
+	all := f.workload("run")
+	l := f.open(runlist.Options{})
+	waitIndexed(t, l)
+	f.checkRows(l, all)
+
+	sel := func(s string) runlist.Filter {
+		t.Helper()
+		p, err := runlist.ParseSelector(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return runlist.Filter{Selector: p}
+	}
+	want := func(pred func(i int) bool) []string {
+		var out []string
+		for i, id := range all {
+			if pred(i) {
+				out = append(out, id)
+			}
+		}
+		return out
+	}
+	cases := []struct {
+		name   string
+		filter runlist.Filter
+		want   []string
+	}{
+		{"everything", runlist.Filter{}, all},
+		{"plan", runlist.Filter{PlanID: "etl-nightly"}, want(func(i int) bool { return i%2 == 0 })},
+		{"paused", runlist.Filter{Statuses: []string{"PAUSED"}}, want(func(i int) bool { return i%5 == 1 || i%5 == 2 })},
+		{"draining", runlist.Filter{Substatus: "DRAINING"}, want(func(i int) bool { return i%5 == 1 })},
+		{"two statuses", runlist.Filter{Statuses: []string{"COMPLETED", "CANCELLED"}}, want(func(i int) bool { return i%5 >= 3 })},
+		{"tier=gold", sel("tier=gold"), want(func(i int) bool { return i%3 == 0 })},
+		{"tier!=gold", sel("team=data,tier!=gold"), want(func(i int) bool { return i%3 != 0 })},
+		{"tier in", sel("tier in (gold,silver)"), want(func(i int) bool { return i%3 != 2 })},
+		{"no such label", sel("canary"), nil},
+		{"not canary", sel("!canary"), all},
+		{"tenant", runlist.Filter{TenantID: "tenant_acme"}, all},
+		{"other tenant", runlist.Filter{TenantID: "tenant_other"}, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if c.name == "plan+paused+gold" {
+				return
+			}
+			for _, limit := range []int{0, 1, 7} {
+				got := ids(allRows(t, l, c.filter, limit))
+				wantSorted := slices.Clone(c.want)
+				sort.Strings(wantSorted)
+				gotSorted := slices.Clone(got)
+				sort.Strings(gotSorted)
+				if !slices.Equal(gotSorted, wantSorted) {
+					t.Fatalf("limit %d: got %v, want %v", limit, got, c.want)
+				}
+			}
+		})
+	}
+	// Newest first: the last run written comes first.
+	rows := allRows(t, l, runlist.Filter{}, 0)
+	if rows[0].RunID != all[len(all)-1] || rows[len(rows)-1].RunID != all[0] {
+		t.Fatalf("order: first %s last %s, want newest (%s) first", rows[0].RunID, rows[len(rows)-1].RunID, all[len(all)-1])
+	}
+	for _, r := range rows {
+		if r.RunID == all[1] && (r.PauseReason != "incident 42" || r.Labels["tier"] != "silver" || r.PlanID != "report" || r.Steps != 1 || r.Done != 0) {
+			t.Fatalf("row of a draining run: %+v", r)
+		}
+	}
+
+	if _, err := runlist.ParseSelector("tier in (gold"); !errorsIs(err, runlist.ErrSelectorInvalid) {
+		t.Fatalf("bad selector: %v, want LABEL_SELECTOR_INVALID", err)
+	}
+	if _, err := l.List(runlist.Filter{}, 1, "garbage"); !errorsIs(err, runlist.ErrContinueInvalid) {
+		t.Fatalf("bad continue token: %v, want CONTINUE_TOKEN_INVALID", err)
+	}
+}
+
+// TestList_FollowsChanges: a run that drains, finishes draining and
+// resumes is listed so at each step, and Changes reports each change.
+func TestList_FollowsChanges(t *testing.T) {
+	f := newFixture(t)
+	l := f.open(runlist.Options{})
+	f.start("r1", "p", map[string]string{"team": "data"})
+	f.start("r2", "p", map[string]string{"team": "web"})
+	f.event("r1", "p", statestore.StepStarted, "a", 1, nil)
+	waitIndexed(t, l)
+	page, err := l.List(runlist.Filter{}, 0, "")
+	if err != nil || len(page.Runs) != 2 {
+		t.Fatalf("list: %+v %v", page, err)
+	}
+	rev := page.Revision
+	data, _ := runlist.ParseSelector("team=data")
+	steps := []struct {
+		typ, step string
+		payload   any
+		status    string
+		substatus string
+	}{
+		{statestore.RunPaused, "", map[string]any{"reason": "r"}, "PAUSED", "DRAINING"},
+		{statestore.StepCompleted, "a", nil, "PAUSED", ""},
+		{statestore.RunResumed, "", map[string]any{"requestedBy": "oncall"}, "RUNNING", ""},
+	}
+	for _, s := range steps {
+		f.event("r1", "p", s.typ, s.step, 1, s.payload)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ch, err := l.Changes(ctx, runlist.Filter{Selector: data, Statuses: []string{"PAUSED"}}, rev, 10*time.Second)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ch.Runs) != 1 || ch.Runs[0].RunID != "r1" || ch.Runs[0].Status != s.status || ch.Runs[0].Substatus != s.substatus {
+			t.Fatalf("after %s: changes %+v, want r1 %s/%s (a run leaving the status filter is reported too)", s.typ, ch.Runs, s.status, s.substatus)
+		}
+		if ch.Revision <= rev {
+			t.Fatalf("revision did not advance: %d -> %d", rev, ch.Revision)
+		}
+		rev = ch.Revision
+	}
+	// Nothing changed: Changes waits and returns nothing.
+	began := time.Now()
+	ch, err := l.Changes(context.Background(), runlist.Filter{}, rev, 200*time.Millisecond)
+	if err != nil || len(ch.Runs) != 0 || time.Since(began) < 200*time.Millisecond {
+		t.Fatalf("no change: %+v %v after %s", ch, err, time.Since(began))
+	}
+}
+
+// TestList_RebuiltFromTheLog: with the bucket lost, a new list is built
+// from the start of the log; with a list stopped mid-way, the next one
+// reads back the runs it meets mid-log. Both give the log's truth.
+func TestList_RebuiltFromTheLog(t *testing.T) {
+	f := newFixture(t)
+	first := f.workload("a")
+	l := f.open(runlist.Options{Batch: 7})
+	waitIndexed(t, l)
+	l.Close()
+
+	// More events while no sidecar follows: runs started before the
+	// cursor get events after it (read back), and new runs come.
+	for i, id := range first {
+		if i%5 == 0 {
+			plan := map[bool]string{true: "etl-nightly", false: "report"}[i%2 == 0]
+			f.event(id, plan, statestore.StepCompleted, "a", 1, nil)
+			f.event(id, plan, statestore.RunFailed, "", 1, map[string]any{"error": map[string]any{"code": "X", "message": "boom"}})
+		}
+	}
+	second := f.workload("b")
+	l2 := f.open(runlist.Options{Batch: 7})
+	waitIndexed(t, l2)
+	f.checkRows(l2, append(slices.Clone(first), second...))
+	l2.Close()
+
+	if err := f.js.DeleteKeyValue(context.Background(), runlist.DefaultBucket); err != nil {
+		t.Fatal(err)
+	}
+	l3 := f.open(runlist.Options{Batch: 5})
+	waitIndexed(t, l3)
+	f.checkRows(l3, append(slices.Clone(first), second...))
+}
+
+// TestList_TwoFollowersAtOnce: two replicas that both believe they own the
+// list (the membership fails open) write the same bucket; rows never go
+// back and end equal to the log's.
+func TestList_TwoFollowersAtOnce(t *testing.T) {
+	f := newFixture(t)
+	a := f.open(runlist.Options{Batch: 3})
+	b := f.open(runlist.Options{Batch: 5})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 30 {
+			f.start(fmt.Sprintf("c-%d", i), "p", nil)
+		}
+	}()
+	all := f.workload("d")
+	<-done
+	for i := range 30 {
+		all = append(all, fmt.Sprintf("c-%d", i))
+	}
+	waitIndexed(t, a)
+	waitIndexed(t, b)
+	f.checkRows(a, all)
+	f.checkRows(b, all)
+}
+
+// TestList_OnlyTheOwnerFollows: a replica that does not own the list
+// writes nothing; the owner's rows reach it through its mirror.
+func TestList_OnlyTheOwnerFollows(t *testing.T) {
+	f := newFixture(t)
+	f.start("o1", "p", nil)
+	notOwner := f.open(runlist.Options{Owner: owner(false)})
+	time.Sleep(200 * time.Millisecond)
+	if p, err := notOwner.List(runlist.Filter{}, 0, ""); err != nil || len(p.Runs) != 0 || p.IndexedThrough != 0 {
+		t.Fatalf("a replica that does not own the list followed the log: %+v %v", p, err)
+	}
+	f.open(runlist.Options{Owner: owner(true)})
+	waitIndexed(t, notOwner)
+	f.checkRows(notOwner, []string{"o1"})
+}
+
+type owner bool
+
+func (o owner) Owns(string) bool { return bool(o) }
+
+// TestRow_JSON pins the row's field names: the API and `sidecar runs -o
+// json` print rows as they are.
+func TestRow_JSON(t *testing.T) {
+	b, _ := json.Marshal(runlist.Row{RunID: "r", Status: "PAUSED", Substatus: "DRAINING", InFlight: 2, Labels: map[string]string{"a": "b"}})
+	want := `{"runId":"r","tenantId":"","projectId":"","environmentId":"","planId":"","planVersion":"","labels":{"a":"b"},"status":"PAUSED","substatus":"DRAINING","steps":0,"done":0,"inFlight":2,"createdAt":"","lastEventSeq":0,"updatedAt":""}`
+	if string(b) != want {
+		t.Fatalf("row JSON:\n got %s\nwant %s", b, want)
+	}
+}
+
+func errorsIs(err, target error) bool { return errors.Is(err, target) }

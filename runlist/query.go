@@ -1,0 +1,195 @@
+package runlist
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"slices"
+	"sort"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// Filter selects runs. Empty fields match any run.
+type Filter struct {
+	TenantID, ProjectID, EnvironmentID string
+	PlanID, PlanVersion                string
+	// Statuses matches a run in any of them; Substatus (DRAINING) one
+	// with that substatus.
+	Statuses  []string
+	Substatus string
+	// Selector is a label selector (ParseSelector); nil matches any run.
+	Selector labels.Selector
+}
+
+// ParseSelector parses a label selector in Kubernetes' syntax
+// ("team=data,tier!=gold", "tier in (gold,silver)", "!canary"), with
+// Kubernetes' own parser (k8s.io/apimachinery), so that a selector means
+// here what it means to kubectl. An error matches ErrSelectorInvalid.
+func ParseSelector(s string) (labels.Selector, error) {
+	sel, err := labels.Parse(s)
+	if err != nil {
+		return nil, &Error{Code: CodeSelectorInvalid, Message: err.Error()}
+	}
+	return sel, nil
+}
+
+// Match reports whether r passes every part of the filter.
+func (f *Filter) Match(r *Row) bool {
+	return f.matchFixed(r) && f.MatchStatus(r)
+}
+
+// MatchStatus reports whether r has one of the filter's statuses and its
+// substatus: the parts of a run that change.
+func (f *Filter) MatchStatus(r *Row) bool {
+	if len(f.Statuses) > 0 && !slices.Contains(f.Statuses, r.Status) {
+		return false
+	}
+	return f.Substatus == "" || r.Substatus == f.Substatus
+}
+
+// matchFixed matches the parts of a run that never change: its scope,
+// plan and labels.
+func (f *Filter) matchFixed(r *Row) bool {
+	switch {
+	case f.TenantID != "" && r.TenantID != f.TenantID,
+		f.ProjectID != "" && r.ProjectID != f.ProjectID,
+		f.EnvironmentID != "" && r.EnvironmentID != f.EnvironmentID,
+		f.PlanID != "" && r.PlanID != f.PlanID,
+		f.PlanVersion != "" && r.PlanVersion != f.PlanVersion:
+		return false
+	}
+	return f.Selector == nil || f.Selector.Matches(labels.Set(r.Labels))
+}
+
+// Page is one page of a listing.
+type Page struct {
+	Runs []Row `json:"runs"`
+	// Continue, when set, asks for the next page.
+	Continue string `json:"continue,omitempty"`
+	// IndexedThrough is the log sequence the list includes: every event
+	// persisted up to it is reflected in the rows.
+	IndexedThrough uint64 `json:"indexedThrough"`
+	// Revision is the list's revision at the time of the answer; Changes
+	// after it are what a follower of the list needs next.
+	Revision uint64 `json:"revision"`
+}
+
+// position is where a continue token resumes: after the run created at
+// created with id runID, in the list's order (newest first, then runId).
+type position struct {
+	Created int64  `json:"c"`
+	RunID   string `json:"r"`
+}
+
+func (p position) token() string {
+	b, _ := json.Marshal(p)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func parseToken(s string) (position, error) {
+	var p position
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err == nil {
+		err = json.Unmarshal(b, &p)
+	}
+	if err != nil || p.RunID == "" {
+		return p, &Error{Code: CodeContinueInvalid, Message: "a continue token is what the previous page returned, unchanged"}
+	}
+	return p, nil
+}
+
+// before reports whether a comes before b in the list's order.
+func before(a, b *entry) bool {
+	if a.created != b.created {
+		return a.created > b.created
+	}
+	return a.row.RunID < b.row.RunID
+}
+
+// List returns the runs that match f, newest first, at most limit (<= 0:
+// all of them), from the position of cont (a Page's Continue; "" from the
+// start). Runs created while a listing is paged through appear on no page
+// if they sort before its position, and never twice. It reads memory only.
+func (l *List) List(f Filter, limit int, cont string) (*Page, error) {
+	var from *entry
+	if cont != "" {
+		p, err := parseToken(cont)
+		if err != nil {
+			return nil, err
+		}
+		from = &entry{created: p.Created, row: Row{RunID: p.RunID}}
+	}
+	mr := l.mirror
+	mr.mu.Lock() // sorting may write
+	if !mr.synced {
+		mr.mu.Unlock()
+		return nil, ErrSyncing
+	}
+	if mr.stale {
+		mr.sorted = mr.sorted[:0]
+		for _, e := range mr.rows {
+			mr.sorted = append(mr.sorted, e)
+		}
+		sort.Slice(mr.sorted, func(i, j int) bool { return before(mr.sorted[i], mr.sorted[j]) })
+		mr.stale = false
+	}
+	page := &Page{Runs: []Row{}, IndexedThrough: mr.cursor, Revision: mr.rev}
+	i := 0
+	if from != nil {
+		i = sort.Search(len(mr.sorted), func(k int) bool { return before(from, mr.sorted[k]) })
+	}
+	var last *entry // the last run on the page
+	for ; i < len(mr.sorted); i++ {
+		e := mr.sorted[i]
+		if !f.Match(&e.row) {
+			continue
+		}
+		if limit > 0 && len(page.Runs) == limit {
+			page.Continue = position{Created: last.created, RunID: last.row.RunID}.token()
+			break
+		}
+		page.Runs = append(page.Runs, e.row)
+		last = e
+	}
+	mr.mu.Unlock()
+	return page, nil
+}
+
+// Changes returns the rows changed after revision after whose fixed
+// parts (scope, plan, labels) match f, waiting up to wait for one when
+// there are none yet; the status parts are not applied, so that a
+// follower sees a run leave its selection too (Filter.MatchStatus tells).
+// The Page's Revision is what to pass next time.
+func (l *List) Changes(ctx context.Context, f Filter, after uint64, wait time.Duration) (*Page, error) {
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	mr := l.mirror
+	for {
+		mr.mu.RLock()
+		if !mr.synced {
+			mr.mu.RUnlock()
+			return nil, ErrSyncing
+		}
+		page := &Page{Runs: []Row{}, IndexedThrough: mr.cursor, Revision: mr.rev}
+		for _, e := range mr.rows {
+			if e.rev > after && f.matchFixed(&e.row) {
+				page.Runs = append(page.Runs, e.row)
+			}
+		}
+		ch := mr.changed
+		mr.mu.RUnlock()
+		if len(page.Runs) > 0 || wait <= 0 {
+			sort.Slice(page.Runs, func(i, j int) bool { return page.Runs[i].UpdatedAt < page.Runs[j].UpdatedAt })
+			return page, nil
+		}
+		select {
+		case <-ctx.Done():
+			return page, nil
+		case <-deadline.C:
+			return page, nil
+		case <-ch:
+		}
+	}
+}

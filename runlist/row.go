@@ -1,0 +1,86 @@
+// Package runlist keeps the run list: one row per run of the event log
+// (identity, plan, labels, status, substatus, step and drain progress) in
+// a JetStream KV bucket, so that runs can be listed and selected by plan,
+// scope, status and label selector without reading every run's log.
+//
+// One replica at a time (the owner of the key "runlist" among the live
+// members) follows the log in stream order, folds each run's new events
+// into its snapshot (statestore.Reduce, the projector's own fold) and
+// writes the rows that changed, then the cursor: the stream sequence the
+// rows include. Every replica mirrors the bucket in memory with a KV watch
+// and answers queries from there. Cost follows change: the follower reads
+// each event once and writes a row per run that changed; the mirrors
+// receive each changed row once. A lost bucket is rebuilt from the log
+// (the stream denies delete and purge, so it still holds every event).
+// docs/operations.md, "Listing runs", has the layout and the numbers.
+package runlist
+
+import (
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// Row is a run's entry in the list. It is stored as JSON under
+// run.<runToken> (natsstore.RunToken of the runId).
+type Row struct {
+	RunID         string            `json:"runId"`
+	TenantID      string            `json:"tenantId"`
+	ProjectID     string            `json:"projectId"`
+	EnvironmentID string            `json:"environmentId"`
+	PlanID        string            `json:"planId"`
+	PlanVersion   string            `json:"planVersion"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	Status        string            `json:"status"`
+	Substatus     string            `json:"substatus,omitempty"`
+	// Steps is the number of steps the run has started or settled; Done
+	// those SUCCESS, FAILED or SKIPPED; InFlight those running now (a
+	// DRAINING run's drain waits for them).
+	Steps    int `json:"steps"`
+	Done     int `json:"done"`
+	InFlight int `json:"inFlight"`
+	// CreatedAt is the persistedAt of the run's first event; the list is
+	// ordered by it, newest first.
+	CreatedAt   string `json:"createdAt"`
+	CompletedAt string `json:"completedAt,omitempty"`
+	// PausedAt, PauseReason and ResumeAt describe the open pause of a
+	// PAUSED run.
+	PausedAt    string `json:"pausedAt,omitempty"`
+	PauseReason string `json:"pauseReason,omitempty"`
+	ResumeAt    string `json:"resumeAt,omitempty"`
+	// LastEventSeq is the runSeq of the last event the row includes;
+	// UpdatedAt that event's persistedAt.
+	LastEventSeq int64  `json:"lastEventSeq"`
+	UpdatedAt    string `json:"updatedAt"`
+}
+
+// rowOf is the row of a run's snapshot; created is the persistedAt of its
+// first event and updated that of its last.
+func rowOf(s *statestore.RunSnapshot, created, updated string) Row {
+	r := Row{
+		RunID: s.RunID, TenantID: s.TenantID, ProjectID: s.ProjectID, EnvironmentID: s.EnvironmentID,
+		PlanID: s.PlanID, PlanVersion: s.PlanVersion, Labels: s.Labels,
+		Status: s.Status, Substatus: s.Substatus, Steps: len(s.Steps),
+		CreatedAt: created, CompletedAt: s.CompletedAt, LastEventSeq: s.LastEventSeq, UpdatedAt: updated,
+	}
+	for i := range s.Steps {
+		switch st := &s.Steps[i]; st.Status {
+		case statestore.StepStatusSuccess, statestore.StepStatusFailed, statestore.StepStatusSkipped:
+			r.Done++
+		case statestore.StepStatusRunning:
+			if !st.Idle {
+				r.InFlight++
+			}
+		}
+	}
+	if s.Status == statestore.RunStatusPaused && s.Pause != nil {
+		r.PausedAt, r.PauseReason, r.ResumeAt = s.Pause.PausedAt, s.Pause.Reason, s.Pause.ResumeAt
+	}
+	return r
+}
+
+// created parses CreatedAt (zero if it does not parse).
+func (r *Row) created() time.Time {
+	t, _ := time.Parse(time.RFC3339Nano, r.CreatedAt)
+	return t
+}

@@ -1,0 +1,86 @@
+package natsstore_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// TestStore_Scan reads the log of three interleaved runs in pages: every
+// record once, in stream order, with its runSeq and persistedAt; a message
+// that is not a record is skipped but passed; the end gives nothing and
+// the same cursor; LastSeq is the last message's sequence.
+func TestStore_Scan(t *testing.T) {
+	ctx := context.Background()
+	js := connect(t, startServer(t, t.TempDir()))
+	s := openUnique(t, js)
+	st, err := js.Stream(ctx, s.Stream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := strings.TrimSuffix(st.CachedInfo().Config.Subjects[0], ".>")
+
+	if recs, next, err := s.Scan(ctx, 0, 10); err != nil || len(recs) != 0 || next != 0 {
+		t.Fatalf("scan of an empty log: %d records, cursor %d, %v", len(recs), next, err)
+	}
+	var want []statestore.AppendResult
+	var wantRuns []string
+	for i := range 12 {
+		runID := fmt.Sprintf("run-%d", i%3)
+		typ := statestore.RunStarted
+		step := ""
+		if i >= 3 {
+			typ, step = statestore.StepStarted, fmt.Sprintf("s%d", i)
+		}
+		want = append(want, mustAppend(t, s, storetest.Event(runID, typ, step)))
+		wantRuns = append(wantRuns, runID)
+		if i == 5 {
+			if _, err := js.Publish(ctx, prefix+"."+natsstore.RunToken("run-0")+".garbage", []byte("not json")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	last, err := s.LastSeq(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last != uint64(want[len(want)-1].RunSeq) {
+		t.Fatalf("LastSeq: got %d, want %d", last, want[len(want)-1].RunSeq)
+	}
+	var got []statestore.RunEventRecord
+	cursor := uint64(0)
+	for range 10 {
+		recs, next, err := s.Scan(ctx, cursor, 5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) == 0 {
+			if next != cursor {
+				t.Fatalf("an empty scan moved the cursor from %d to %d", cursor, next)
+			}
+			break
+		}
+		if next <= cursor {
+			t.Fatalf("scan after %d: cursor %d does not advance", cursor, next)
+		}
+		got = append(got, recs...)
+		cursor = next
+	}
+	if cursor != last {
+		t.Fatalf("scan ended at %d, want %d (the garbage message is passed, not stuck on)", cursor, last)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("scan: got %d records, want %d", len(got), len(want))
+	}
+	for i, r := range got {
+		if r.RunSeq != want[i].RunSeq || r.RunID != wantRuns[i] || r.EventID != want[i].EventID || r.PersistedAt != want[i].PersistedAt {
+			t.Fatalf("record %d: got %s/%d %s at %s, want %s/%d %s at %s", i, r.RunID, r.RunSeq, r.EventID, r.PersistedAt,
+				wantRuns[i], want[i].RunSeq, want[i].EventID, want[i].PersistedAt)
+		}
+	}
+}
