@@ -57,6 +57,13 @@ func (c *Client) Start(ctx context.Context, req StartRequest) (*Started, error) 
 	return &out, c.do(ctx, http.MethodPost, "/v1/runs", req, &out)
 }
 
+// ListRuns lists runs (GET /v1/runs) with the query q: filters, limit,
+// continue, or watch with revision and timeoutSeconds.
+func (c *Client) ListRuns(ctx context.Context, q url.Values) (*RunList, error) {
+	var out RunList
+	return &out, c.do(ctx, http.MethodGet, "/v1/runs?"+q.Encode(), nil, &out)
+}
+
 // Run returns a run's view.
 func (c *Client) Run(ctx context.Context, runID string) (*RunView, error) {
 	var out RunView

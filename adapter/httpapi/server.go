@@ -69,6 +69,8 @@ type Options struct {
 	Starter Starter
 	// Control carries out pause, resume and cancel (nil: not served).
 	Control Control
+	// List lists runs: GET /v1/runs (nil: not served).
+	List RunLister
 	// DrainTimeout is the default drain timeout shown in a paused run's
 	// drain block (default 5m).
 	DrainTimeout time.Duration
@@ -162,6 +164,9 @@ func NewServer(opts Options) *Server {
 		opts.Registerer.MustRegister(s.requests, s.latency, s.controls)
 	}
 	s.route("POST /v1/runs", "start", RoleSubmitter, s.start)
+	if opts.List != nil {
+		s.route("GET /v1/runs", "list", RoleViewer, s.list)
+	}
 	s.route("GET /v1/runs/{runId}", "status", RoleViewer, s.status)
 	s.route("GET /v1/runs/{runId}/events", "events", RoleViewer, s.events)
 	for _, action := range []string{"pause", "resume", "cancel"} {
@@ -316,6 +321,9 @@ func (s *Server) writeErr(w http.ResponseWriter, route string, err error) {
 // classify maps errors from the store and the adapter to API answers by
 // their machine code.
 func (s *Server) classify(err error) *apiError {
+	if ae, ok := classifyList(err); ok {
+		return ae
+	}
 	var se *statestore.Error
 	if errors.As(err, &se) {
 		switch se.Code {

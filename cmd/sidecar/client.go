@@ -20,18 +20,24 @@ type clientFlags struct {
 	token  string
 	caCert string
 	roots  *x509.CertPool // from caCert, by check
+	// wide: -o wide is accepted too (a table with more columns).
+	wide bool
 }
 
 func (f *clientFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.server, "server", envOr("SIDECAR_SERVER", "http://127.0.0.1:8787"), "sidecar API address (env SIDECAR_SERVER)")
-	fs.StringVar(&f.output, "o", "text", "output format: text or json")
+	formats := "text or json"
+	if f.wide {
+		formats = "text, wide or json"
+	}
+	fs.StringVar(&f.output, "o", "text", "output format: "+formats)
 	fs.StringVar(&f.token, "token", envOr("SIDECAR_TOKEN", ""), "bearer token for the API (env SIDECAR_TOKEN)")
 	fs.StringVar(&f.caCert, "ca-cert", envOr("SIDECAR_CA_CERT", ""), "CA certificate (PEM) of an https --server (env SIDECAR_CA_CERT)")
 }
 
 func (f *clientFlags) check(fs *flag.FlagSet) error {
-	if f.output != "text" && f.output != "json" {
-		return usageError(fs, "-o must be text or json")
+	if f.output != "text" && f.output != "json" && (!f.wide || f.output != "wide") {
+		return usageError(fs, "-o must be text or json%s", map[bool]string{true: " or wide"}[f.wide])
 	}
 	if f.caCert != "" {
 		pem, err := os.ReadFile(f.caCert)
@@ -82,6 +88,11 @@ func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// printJSONLine prints v as one line of JSON.
+func printJSONLine(w io.Writer, v any) error {
+	return json.NewEncoder(w).Encode(v)
 }
 
 func optional(v, none string) string {

@@ -125,8 +125,8 @@ func TestE2E_NATSClusterR3(t *testing.T) {
 			t.Errorf("stream %s has %d replicas, want 3", name, r)
 		}
 	}
-	if len(streams) < 8 || !strings.Contains(strings.Join(streams, " "), natsstore.DefaultStream) {
-		t.Fatalf("streams %v: want the event stream, six KV buckets and the object store", streams)
+	if len(streams) < 9 || !strings.Contains(strings.Join(streams, " "), natsstore.DefaultStream) {
+		t.Fatalf("streams %v: want the event stream, seven KV buckets and the object store", streams)
 	}
 
 	pl := mustPlan(t, `{"planId":"`+uniq("e2e-r3")+`","planVersion":"1","steps":[

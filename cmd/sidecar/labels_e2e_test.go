@@ -62,7 +62,7 @@ func TestE2E_Labels(t *testing.T) {
 	if v := waitTerminal(t, p, s.RunID, 60*time.Second); v.Labels["team"] != "ml" || v.Labels["tier"] != "" || len(v.Labels) != 2 {
 		t.Fatalf("labels from the CLI: %v", v.Labels)
 	}
-	if code, out, _ := run(t, "status", s.RunID, "--server", server); code != 0 || !strings.Contains(out, "labels    team=ml, tier=") {
+	if code, out, _ := run(t, "status", s.RunID, "--server", server); code != 0 || !strings.Contains(out, "labels    team=ml,tier=") {
 		t.Fatalf("status: exit %d\n%s", code, out)
 	}
 	if code, _, errOut = run(t, "run", "submit", file, "-l", "team=data science", "--server", server); code == 0 || !strings.Contains(errOut, `labels["team"]`) {

@@ -57,6 +57,8 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		err = (&RunCommand{m}).Run(ctx, rest)
 	case "status":
 		err = (&StatusCommand{m}).Run(ctx, rest)
+	case "runs":
+		err = (&RunsCommand{m}).Run(ctx, rest)
 	case "events":
 		err = (&EventsCommand{m}).Run(ctx, rest)
 	case "audit":
@@ -97,6 +99,7 @@ Commands:
   serve     run the sidecar: task workers, event log, run watcher, control API
   run       submit a plan as a run:      sidecar run submit PLAN_FILE
   status    show a run's state:          sidecar status RUN_ID
+  runs      list runs:                   sidecar runs [-l SELECTOR] [--plan P] [--status S] [-o wide] [-w]
   events    print a run's event log:     sidecar events RUN_ID [--follow]
   audit     a run's control actions:     sidecar audit RUN_ID [--since 24h]
   pause     pause a run (draining):      sidecar pause RUN_ID [--timeout 5m] [--wait]

@@ -24,6 +24,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/membership"
 	"github.com/conductor-sidecar/sidecar/registry"
+	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/taskworkers"
@@ -97,6 +98,7 @@ type sidecar struct {
 	nc      *nats.Conn
 	store   *natsstore.Store
 	members *membership.Members
+	list    *runlist.List
 	watcher *adapter.Watcher
 	drain   *drain.Controller
 	worker  *taskworkers.Worker
@@ -156,6 +158,11 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	// The replicas on this NATS divide the runs' background work (the
 	// watcher's scans, the drain monitor's passes).
 	if sc.members, err = membership.Open(ctx, js, membership.Options{Name: cfg.WorkerID, Replicas: replicas, Logger: log, Metrics: membership.NewMetrics(reg)}); err != nil {
+		return sc, err
+	}
+	// The run list (GET /v1/runs, sidecar runs): one replica follows the
+	// log into it, every replica mirrors it.
+	if sc.list, err = runlist.Open(ctx, js, runlist.Options{Log: sc.store, Owner: sc.members, Replicas: replicas, Logger: log, Metrics: runlist.NewMetrics(reg)}); err != nil {
 		return sc, err
 	}
 	sc.watcher = adapter.NewWatcher(runs, sc.store, adapter.WatcherOptions{Owner: sc.members, Logger: log, Metrics: adapterMetrics, DrainTimeout: cfg.DrainTimeout})
@@ -250,14 +257,14 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	// or re-created by an administrator (the event stream: Store.Check).
 	streams := []string{"KV_" + registry.DefaultBucket, "KV_" + adapter.DefaultRunsBucket,
 		"KV_" + natsstore.DefaultAlertBucket, "KV_" + natsstore.DefaultStateBucket, "KV_" + httpapi.KVRepliesBucket, "OBJ_" + artifacts.DefaultBucket,
-		"KV_" + membership.DefaultBucket}
+		"KV_" + membership.DefaultBucket, "KV_" + runlist.DefaultBucket}
 	buckets, err := natsstore.NewGuard(ctx, js, streams...)
 	if err != nil {
 		return sc, err
 	}
 	reportReplicas(ctx, js, replicas, append(streams, natsstore.DefaultStream), log)
 	apiOpts := httpapi.Options{
-		Log: sc.store, Replies: replies, Starter: &httpapi.RunStarter{Runs: runs}, Control: &httpapi.RunControl{Runs: runs, Drain: sc.drain},
+		Log: sc.store, List: sc.list, Replies: replies, Starter: &httpapi.RunStarter{Runs: runs}, Control: &httpapi.RunControl{Runs: runs, Drain: sc.drain},
 		DrainTimeout: cfg.DrainTimeout, Gatherer: reg, Registerer: reg, Logger: log,
 		// Ready means "can append now": NATS connected, the log whole and
 		// the one this process verified, JetStream enabled (a full or
@@ -318,6 +325,9 @@ func (sc *sidecar) close(ctx context.Context) error {
 		if err := sc.watcher.Close(quick); err != nil {
 			errs = append(errs, fmt.Errorf("watcher: %w", err))
 		}
+	}
+	if sc.list != nil {
+		sc.list.Close()
 	}
 	if sc.members != nil {
 		// Leaves the members: the others take over this replica's runs now.

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"sort"
 	"strings"
 )
 
@@ -34,16 +33,7 @@ func (c *StatusCommand) Run(ctx context.Context, args []string) error {
 	fmt.Fprintf(c.m.Stdout, "run       %s\nstatus    %s\nmessage   %s\nplan      %s %s\nengine    %s\n",
 		v.RunID, status, v.Message, v.PlanID, v.PlanVersion, optional(v.EngineRunRef, "-"))
 	if len(v.Labels) > 0 {
-		keys := make([]string, 0, len(v.Labels))
-		for k := range v.Labels {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		pairs := make([]string, len(keys))
-		for i, k := range keys {
-			pairs[i] = k + "=" + v.Labels[k]
-		}
-		fmt.Fprintf(c.m.Stdout, "labels    %s\n", strings.Join(pairs, ", "))
+		fmt.Fprintf(c.m.Stdout, "labels    %s\n", labelString(v.Labels))
 	}
 	if v.Inconsistent {
 		fmt.Fprintf(c.m.Stdout, "WARNING   inconsistent: %d invalid transitions ignored\n", len(v.InvalidEvents))

@@ -1,0 +1,173 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/runlist"
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// RunLister lists runs; *runlist.List satisfies it.
+type RunLister interface {
+	List(f runlist.Filter, limit int, cont string) (*runlist.Page, error)
+	Changes(ctx context.Context, f runlist.Filter, after uint64, wait time.Duration) (*runlist.Page, error)
+}
+
+// Limits of GET /v1/runs.
+const (
+	DefaultListLimit = 500
+	MaxListLimit     = 5000
+	// MaxWatchWait bounds a watch's timeoutSeconds.
+	MaxWatchWait = 60 * time.Second
+)
+
+// runStatuses are the statuses a status filter may name.
+var runStatuses = []string{
+	statestore.RunStatusPending, statestore.RunStatusQueued, statestore.RunStatusApproved, statestore.RunStatusRunning,
+	statestore.RunStatusPaused, statestore.RunStatusCompleted, statestore.RunStatusFailed, statestore.RunStatusCancelled,
+}
+
+// ListedRun is a run in a listing. In a watch, Matches says whether the
+// run still passes the status filter (a run that left it is reported once
+// more, with false).
+type ListedRun struct {
+	runlist.Row
+	Matches *bool `json:"matches,omitempty"`
+}
+
+// RunList is the answer of GET /v1/runs.
+type RunList struct {
+	Runs           []ListedRun `json:"runs"`
+	Continue       string      `json:"continue,omitempty"`
+	IndexedThrough uint64      `json:"indexedThrough"`
+	Revision       uint64      `json:"revision"`
+}
+
+// listFilter reads a listing's filter from q: tenantId, projectId,
+// environmentId, planId, planVersion, status (comma separated, or
+// repeated), substatus and labelSelector. A scoped caller's scope is
+// added to it; a filter outside the scope matches nothing (ok false).
+func listFilter(r *http.Request, q url.Values) (f runlist.Filter, ok bool, err error) {
+	f = runlist.Filter{
+		TenantID: q.Get("tenantId"), ProjectID: q.Get("projectId"), EnvironmentID: q.Get("environmentId"),
+		PlanID: q.Get("planId"), PlanVersion: q.Get("planVersion"), Substatus: q.Get("substatus"),
+	}
+	for _, v := range q["status"] {
+		for _, st := range strings.Split(v, ",") {
+			st = strings.ToUpper(strings.TrimSpace(st))
+			if !slices.Contains(runStatuses, st) {
+				return f, false, badRequest("status", fmt.Sprintf("status %q: one of %s", st, strings.Join(runStatuses, ", ")))
+			}
+			f.Statuses = append(f.Statuses, st)
+		}
+	}
+	if f.Substatus != "" && f.Substatus != statestore.SubstatusDraining {
+		return f, false, badRequest("substatus", "substatus: "+statestore.SubstatusDraining+" is the only one")
+	}
+	if f.Selector, err = runlist.ParseSelector(q.Get("labelSelector")); err != nil {
+		return f, false, err
+	}
+	if p := PrincipalFrom(r.Context()); p != nil {
+		for _, c := range []struct{ scope, filter *string }{
+			{&p.Scope.TenantID, &f.TenantID}, {&p.Scope.ProjectID, &f.ProjectID}, {&p.Scope.EnvironmentID, &f.EnvironmentID},
+		} {
+			if *c.scope == "" {
+				continue
+			}
+			if *c.filter != "" && *c.filter != *c.scope {
+				return f, false, nil
+			}
+			*c.filter = *c.scope
+		}
+	}
+	return f, true, nil
+}
+
+// list serves GET /v1/runs: the runs that match the filter, newest first,
+// limit at a time (continue: the previous page's token); with watch=true,
+// the runs changed after revision, waiting up to timeoutSeconds for one.
+func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	f, ok, err := listFilter(r, q)
+	if err != nil {
+		return err
+	}
+	if q.Get("watch") == "true" {
+		return s.watchList(w, r, q, f, ok)
+	}
+	limit, err := intParam(q.Get("limit"), DefaultListLimit, "limit")
+	if err != nil {
+		return err
+	}
+	if limit < 1 || limit > MaxListLimit {
+		return badRequest("limit", fmt.Sprintf("limit must be 1..%d", MaxListLimit))
+	}
+	if !ok {
+		return writeJSON(w, http.StatusOK, RunList{Runs: []ListedRun{}})
+	}
+	page, err := s.opts.List.List(f, int(limit), q.Get("continue"))
+	if err != nil {
+		return err
+	}
+	out := RunList{Runs: make([]ListedRun, len(page.Runs)), Continue: page.Continue, IndexedThrough: page.IndexedThrough, Revision: page.Revision}
+	for i, row := range page.Runs {
+		out.Runs[i] = ListedRun{Row: row}
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) watchList(w http.ResponseWriter, r *http.Request, q url.Values, f runlist.Filter, ok bool) error {
+	after, err := intParam(q.Get("revision"), 0, "revision")
+	if err != nil {
+		return err
+	}
+	if after < 0 {
+		return badRequest("revision", "revision must be >= 0")
+	}
+	wait, err := intParam(q.Get("timeoutSeconds"), 30, "timeoutSeconds")
+	if err != nil {
+		return err
+	}
+	if wait < 0 || time.Duration(wait)*time.Second > MaxWatchWait {
+		return badRequest("timeoutSeconds", fmt.Sprintf("timeoutSeconds must be 0..%d", int(MaxWatchWait/time.Second)))
+	}
+	if !ok {
+		f = runlist.Filter{TenantID: "\x00"} // outside the caller's scope: nothing, after the wait
+	}
+	page, err := s.opts.List.Changes(r.Context(), f, uint64(after), time.Duration(wait)*time.Second)
+	if err != nil {
+		return err
+	}
+	out := RunList{Runs: make([]ListedRun, len(page.Runs)), IndexedThrough: page.IndexedThrough, Revision: page.Revision}
+	for i, row := range page.Runs {
+		m := f.MatchStatus(&row)
+		out.Runs[i] = ListedRun{Row: row, Matches: &m}
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+// classifyList maps the run list's errors to answers.
+func classifyList(err error) (*apiError, bool) {
+	var le *runlist.Error
+	if !errors.As(err, &le) {
+		if errors.Is(err, runlist.ErrUnavailable) {
+			return &apiError{status: http.StatusServiceUnavailable, Code: statestore.CodeStoreUnavailable, Message: err.Error()}, true
+		}
+		return nil, false
+	}
+	switch le.Code {
+	case runlist.CodeSyncing:
+		return &apiError{status: http.StatusServiceUnavailable, Code: le.Code, Message: "the run list is being read from NATS; try again in a second", retryAfter: time.Second}, true
+	case runlist.CodeSelectorInvalid:
+		return &apiError{status: http.StatusBadRequest, Code: le.Code, Message: le.Message, Field: "labelSelector"}, true
+	default:
+		return &apiError{status: http.StatusBadRequest, Code: le.Code, Message: le.Message, Field: "continue"}, true
+	}
+}

@@ -1,0 +1,239 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+)
+
+// RunsCommand lists runs: "sidecar runs [-l SELECTOR] [--plan P] ...".
+type RunsCommand struct{ m *Main }
+
+// Run implements "sidecar runs".
+func (c *RunsCommand) Run(ctx context.Context, args []string) error {
+	fs := c.m.newFlagSet("runs", "runs [-l SELECTOR] [--plan P] [--plan-version V] [--status S[,S]] [--draining] [--tenant T] [-o text|wide|json] [-w]")
+	cf := clientFlags{wide: true}
+	cf.register(fs)
+	var q runQuery
+	q.register(fs)
+	watch := fs.Bool("w", false, "after the list, print each run that changes (Ctrl-C to stop)")
+	if _, err := cf.parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError(fs, "unexpected argument %q", fs.Arg(0))
+	}
+	client := cf.client()
+	list, err := listAll(ctx, client, q.values())
+	if err != nil {
+		return err
+	}
+	if cf.output == "json" && !*watch {
+		return printJSON(c.m.Stdout, list)
+	}
+	t := runTable{out: c.m.Stdout, errw: c.m.Stderr, wide: cf.output == "wide", json: cf.output == "json", now: time.Now}
+	t.print(list.Runs, true)
+	if !*watch {
+		if len(list.Runs) == 0 && cf.output != "json" {
+			fmt.Fprintln(c.m.Stderr, "no runs match")
+		}
+		return nil
+	}
+	shown := map[string]bool{}
+	for _, r := range list.Runs {
+		shown[r.RunID] = true
+	}
+	return followRuns(ctx, client, q.values(), list.Revision, shown, &t)
+}
+
+// runQuery is the filter flags of "runs" (and of the bulk actions).
+type runQuery struct {
+	selector, plan, planVersion, status, tenant, project, environment string
+	draining                                                         bool
+}
+
+func (q *runQuery) register(fs interface {
+	StringVar(*string, string, string, string)
+	BoolVar(*bool, string, bool, string)
+}) {
+	fs.StringVar(&q.selector, "l", "", `label selector, as kubectl's: "team=data,tier!=gold", "tier in (gold,silver)"`)
+	fs.StringVar(&q.plan, "plan", "", "only runs of this planId")
+	fs.StringVar(&q.planVersion, "plan-version", "", "only runs of this planVersion")
+	fs.StringVar(&q.status, "status", "", "only runs in these statuses (comma separated: RUNNING,PAUSED,...)")
+	fs.BoolVar(&q.draining, "draining", false, "only PAUSED runs whose drain is not over (substatus DRAINING)")
+	fs.StringVar(&q.tenant, "tenant", "", "only runs of this tenantId")
+	fs.StringVar(&q.project, "project", "", "only runs of this projectId")
+	fs.StringVar(&q.environment, "environment", "", "only runs of this environmentId")
+}
+
+func (q *runQuery) values() url.Values {
+	v := url.Values{}
+	for k, s := range map[string]string{"labelSelector": q.selector, "planId": q.plan, "planVersion": q.planVersion, "status": q.status,
+		"tenantId": q.tenant, "projectId": q.project, "environmentId": q.environment} {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	if q.draining {
+		v.Set("substatus", "DRAINING")
+	}
+	return v
+}
+
+// listAll reads every page of a listing.
+func listAll(ctx context.Context, client *httpapi.Client, q url.Values) (*httpapi.RunList, error) {
+	var all *httpapi.RunList
+	for {
+		page, err := client.ListRuns(ctx, q)
+		if err != nil {
+			return nil, err
+		}
+		if all == nil {
+			all = page
+		} else {
+			all.Runs = append(all.Runs, page.Runs...)
+			all.Continue = page.Continue
+		}
+		if page.Continue == "" {
+			return all, nil
+		}
+		q.Set("continue", page.Continue)
+	}
+}
+
+// followRuns prints the runs that change after revision until ctx ends:
+// those that match the filter, and once more those shown before that
+// left it (their new status says where they went).
+func followRuns(ctx context.Context, client *httpapi.Client, q url.Values, revision uint64, shown map[string]bool, t *runTable) error {
+	q.Del("continue")
+	q.Set("watch", "true")
+	q.Set("timeoutSeconds", "30")
+	backoff := time.Second
+	for {
+		q.Set("revision", strconv.FormatUint(revision, 10))
+		page, err := client.ListRuns(ctx, q)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			var ae *httpapi.Error
+			if errors.As(err, &ae) && ae.Status < 500 {
+				return err
+			}
+			fmt.Fprintf(t.errw, "watch: %v (again in %s)\n", err, backoff)
+			if sleepCtx(ctx, backoff) != nil {
+				return nil
+			}
+			backoff = min(2*backoff, 30*time.Second)
+			continue
+		}
+		backoff = time.Second
+		var rows []httpapi.ListedRun
+		for _, r := range page.Runs {
+			switch {
+			case r.Matches == nil || *r.Matches:
+				shown[r.RunID] = true
+				rows = append(rows, r)
+			case shown[r.RunID]:
+				delete(shown, r.RunID)
+				rows = append(rows, r)
+			}
+		}
+		t.print(rows, false)
+		revision = page.Revision
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-tm.C:
+		return nil
+	}
+}
+
+// runTable prints runs as kubectl prints resources.
+type runTable struct {
+	out    io.Writer
+	errw   io.Writer
+	wide   bool
+	json   bool
+	header bool // printed once
+	now    func() time.Time
+}
+
+func (t *runTable) print(rows []httpapi.ListedRun, first bool) {
+	if t.json {
+		for _, r := range rows {
+			_ = printJSONLine(t.out, r)
+		}
+		return
+	}
+	if len(rows) == 0 && !first {
+		return
+	}
+	tw := tabwriter.NewWriter(t.out, 0, 0, 3, ' ', 0)
+	if !t.header {
+		cols := "RUN\tPLAN\tSTATUS\tSTEPS\tIN-FLIGHT\tAGE"
+		if t.wide {
+			cols += "\tVERSION\tTENANT\tLABELS\tPAUSE REASON\tRESUMES"
+		}
+		fmt.Fprintln(tw, cols)
+		t.header = true
+	}
+	for _, r := range rows {
+		status := r.Status
+		if r.Substatus != "" {
+			status += "/" + r.Substatus
+		}
+		line := fmt.Sprintf("%s\t%s\t%s\t%d/%d\t%d\t%s", r.RunID, r.PlanID, status, r.Done, r.Steps, r.InFlight, age(t.now(), r.CreatedAt))
+		if t.wide {
+			line += fmt.Sprintf("\t%s\t%s\t%s\t%s\t%s", r.PlanVersion, r.TenantID, optional(labelString(r.Labels), "-"),
+				optional(r.PauseReason, "-"), optional(r.ResumeAt, "-"))
+		}
+		fmt.Fprintln(tw, line)
+	}
+	_ = tw.Flush()
+}
+
+// age prints the time since at as kubectl does: 42s, 5m, 3h, 2d.
+func age(now time.Time, at string) string {
+	t, err := time.Parse(time.RFC3339Nano, at)
+	if err != nil {
+		return "-"
+	}
+	d := now.Sub(t)
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", max(int(d/time.Second), 0))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d/time.Minute))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d/time.Hour))
+	}
+	return fmt.Sprintf("%dd", int(d/(24*time.Hour)))
+}
+
+func labelString(l map[string]string) string {
+	keys := make([]string, 0, len(l))
+	for k := range l {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for i, k := range keys {
+		keys[i] = k + "=" + l[k]
+	}
+	return strings.Join(keys, ",")
+}
