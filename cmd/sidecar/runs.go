@@ -58,7 +58,7 @@ func (c *RunsCommand) Run(ctx context.Context, args []string) error {
 // runQuery is the filter flags of "runs" (and of the bulk actions).
 type runQuery struct {
 	selector, plan, planVersion, status, tenant, project, environment string
-	draining                                                         bool
+	draining                                                          bool
 }
 
 func (q *runQuery) register(fs interface {
