@@ -257,18 +257,20 @@ func (r *Runs) DrainingRunIDs(ctx context.Context) ([]string, error) {
 
 // scheduledResume is the value of a resume.<runId> key.
 type scheduledResume struct {
-	Cycle int64     `json:"cycle"`
-	At    time.Time `json:"at"`
+	Cycle       int64     `json:"cycle"`
+	At          time.Time `json:"at"`
+	RequestedBy string    `json:"requestedBy,omitempty"`
+	Reason      string    `json:"reason,omitempty"`
 }
 
-// ScheduleResume records that runID's pause cycle is to be resumed at at
-// (drain.ResumeSchedule), after that cycle's RunPaused persisted.
-func (r *Runs) ScheduleResume(ctx context.Context, runID string, cycle int64, at time.Time) error {
-	b, err := json.Marshal(scheduledResume{Cycle: cycle, At: at.UTC()})
+// ScheduleResume records that e.RunID's pause cycle is to be resumed at
+// e.At (drain.ResumeSchedule), after that cycle's RunPaused persisted.
+func (r *Runs) ScheduleResume(ctx context.Context, e drain.ScheduledResume) error {
+	b, err := json.Marshal(scheduledResume{Cycle: e.Cycle, At: e.At.UTC(), RequestedBy: e.RequestedBy, Reason: e.Reason})
 	if err != nil {
 		return err
 	}
-	if _, err := r.kv.Put(ctx, keyResume+runID, b); err != nil {
+	if _, err := r.kv.Put(ctx, keyResume+e.RunID, b); err != nil {
 		return registryUnavailable("schedule resume", err)
 	}
 	return nil
@@ -315,7 +317,7 @@ func (r *Runs) ScheduledResumes(ctx context.Context) ([]drain.ScheduledResume, e
 		if err := json.Unmarshal(e.Value(), &s); err != nil {
 			continue
 		}
-		out = append(out, drain.ScheduledResume{RunID: strings.TrimPrefix(k, keyResume), Cycle: s.Cycle, At: s.At})
+		out = append(out, drain.ScheduledResume{RunID: strings.TrimPrefix(k, keyResume), Cycle: s.Cycle, At: s.At, RequestedBy: s.RequestedBy, Reason: s.Reason})
 	}
 	return out, nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -654,10 +655,10 @@ func TestRuns_ResumeSchedule(t *testing.T) {
 	env := newNATS(t)
 	a, b := env.newRuns(t, unusedURL(t), RunsOptions{}), env.newRuns(t, unusedURL(t), RunsOptions{})
 	at := time.Date(2026, 11, 26, 6, 0, 0, 0, time.UTC)
-	if err := a.ScheduleResume(ctx, "run-1", 1, at); err != nil {
+	if err := a.ScheduleResume(ctx, drain.ScheduledResume{RunID: "run-1", Cycle: 1, At: at}); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.ScheduleResume(ctx, "run-2", 4, at.Add(time.Hour)); err != nil {
+	if err := a.ScheduleResume(ctx, drain.ScheduledResume{RunID: "run-2", Cycle: 4, At: at.Add(time.Hour), RequestedBy: "bulk", Reason: "r"}); err != nil {
 		t.Fatal(err)
 	}
 	got, err := b.ScheduledResumes(ctx)
@@ -665,7 +666,7 @@ func TestRuns_ResumeSchedule(t *testing.T) {
 		t.Fatal(err)
 	}
 	sort.Slice(got, func(i, j int) bool { return got[i].RunID < got[j].RunID })
-	if len(got) != 2 || got[0].RunID != "run-1" || got[0].Cycle != 1 || !got[0].At.Equal(at) || got[1].Cycle != 4 {
+	if len(got) != 2 || got[0].RunID != "run-1" || got[0].Cycle != 1 || !got[0].At.Equal(at) || got[1].Cycle != 4 || got[1].RequestedBy != "bulk" || got[1].Reason != "r" {
 		t.Fatalf("listed %+v", got)
 	}
 	if err := b.EndResume(ctx, "run-2", 3); err != nil { // an older cycle: stays

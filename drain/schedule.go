@@ -20,9 +20,9 @@ const RequestedBySchedule = "schedule"
 // that whichever replica owns the run when one is due resumes it, without
 // reading every paused run.
 type ResumeSchedule interface {
-	// ScheduleResume records that runID's pause cycle is to be resumed at
-	// at; it is called after that cycle's RunPaused persisted.
-	ScheduleResume(ctx context.Context, runID string, cycle int64, at time.Time) error
+	// ScheduleResume records that e.RunID's pause cycle e.Cycle is to be
+	// resumed at e.At; it is called after that cycle's RunPaused persisted.
+	ScheduleResume(ctx context.Context, e ScheduledResume) error
 	// EndResume removes runID's entry unless it names a later cycle.
 	EndResume(ctx context.Context, runID string, cycle int64) error
 	// ScheduledResumes lists the entries.
@@ -34,6 +34,12 @@ type ScheduledResume struct {
 	RunID string    `json:"runId"`
 	Cycle int64     `json:"cycle"`
 	At    time.Time `json:"at"`
+	// RequestedBy and Reason are set for a resume scheduled after the
+	// pause, by a staggered bulk resume (ResumeLater): its RunResumed
+	// carries them. Empty: the pause's own resumeAt (requestedBy
+	// "schedule").
+	RequestedBy string `json:"requestedBy,omitempty"`
+	Reason      string `json:"reason,omitempty"`
 }
 
 // schedule records a pause's scheduled resume; an entry that cannot be
@@ -42,7 +48,7 @@ func (c *Controller) schedule(ctx context.Context, runID string, cycle int64, at
 	if c.opts.Schedule == nil {
 		return
 	}
-	if err := c.opts.Schedule.ScheduleResume(ctx, runID, cycle, at); err != nil && ctx.Err() == nil {
+	if err := c.opts.Schedule.ScheduleResume(ctx, ScheduledResume{RunID: runID, Cycle: cycle, At: at}); err != nil && ctx.Err() == nil {
 		c.warns.warn(c.logger, "cannot record a scheduled resume; the monitor's full pass resumes the run when it is due", zap.String("runId", runID), zap.Error(err))
 	}
 }
@@ -72,6 +78,10 @@ func (c *Controller) readSchedule(ctx context.Context) bool {
 		}
 		if err != nil {
 			return false
+		}
+		if e.RequestedBy != "" {
+			c.resumeLaterIfDue(ctx, snap, e)
+			continue
 		}
 		if !c.resumeIfDue(ctx, snap) && (snap.Pause == nil || snap.Pause.Cycle != e.Cycle || snap.Status != statestore.RunStatusPaused) {
 			// Resumed by hand, paused again, or ended: nothing is due.
@@ -121,4 +131,53 @@ func (c *Controller) resumeIfDue(ctx context.Context, snap *statestore.RunSnapsh
 		c.warns.warn(c.logger, "scheduled resume failed; retrying", zap.String("runId", snap.RunID), zap.Error(err))
 		return false
 	}
+}
+
+// ResumeLater records that runID's open pause is to be resumed at at,
+// with req's requestedBy and reason: one step of a staggered bulk resume.
+// The entry is in the schedule, so whichever replica owns the run when it
+// is due resumes it, across restarts; a resume or a new pause meanwhile
+// cancels it. A run that is not PAUSED gets INVALID_TRANSITION.
+func (c *Controller) ResumeLater(ctx context.Context, runID string, at time.Time, req ResumeRequest) (*State, error) {
+	if c.opts.Schedule == nil {
+		return nil, errors.New("drain: no resume schedule")
+	}
+	snap, err := c.snapshot(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	if snap.Status != statestore.RunStatusPaused || snap.Pause == nil {
+		return nil, c.invalid(snap, statestore.RunResumed)
+	}
+	by := req.RequestedBy
+	if by == "" {
+		by = "bulk"
+	}
+	if err := c.opts.Schedule.ScheduleResume(ctx, ScheduledResume{RunID: runID, Cycle: snap.Pause.Cycle, At: at.UTC(), RequestedBy: by, Reason: req.Reason}); err != nil {
+		return nil, err
+	}
+	return StateOf(snap, c.opts.DefaultTimeout), nil
+}
+
+// resumeLaterIfDue carries out a ResumeLater entry when it is due: the run
+// is resumed if it is still paused in that cycle; the entry then goes.
+func (c *Controller) resumeLaterIfDue(ctx context.Context, snap *statestore.RunSnapshot, e ScheduledResume) {
+	if c.opts.Now().Before(e.At) {
+		return
+	}
+	if snap.Status == statestore.RunStatusPaused && snap.Pause != nil && snap.Pause.Cycle == e.Cycle && !snap.CancelRequested {
+		_, err := c.Resume(ctx, snap.RunID, statestore.ConductorWorkflowID(snap.EngineRunRef), ResumeRequest{RequestedBy: e.RequestedBy, Reason: e.Reason})
+		var ee *EngineError
+		switch {
+		case err == nil, errors.As(err, &ee):
+			c.opts.Metrics.scheduledResume()
+		case errors.Is(err, statestore.ErrInvalidTransition):
+			c.warns.warn(c.logger, "staggered resume not possible: the run has a failed step held for an operator; dropped",
+				zap.String("runId", snap.RunID), zap.Error(err))
+		default:
+			c.warns.warn(c.logger, "staggered resume failed; retrying", zap.String("runId", snap.RunID), zap.Error(err))
+			return
+		}
+	}
+	_ = c.opts.Schedule.EndResume(ctx, snap.RunID, e.Cycle)
 }

@@ -3,6 +3,7 @@ package drain_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,10 +24,10 @@ type memSchedule struct {
 	m  map[string]drain.ScheduledResume
 }
 
-func (x *memSchedule) ScheduleResume(_ context.Context, runID string, cycle int64, at time.Time) error {
+func (x *memSchedule) ScheduleResume(_ context.Context, e drain.ScheduledResume) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.m[runID] = drain.ScheduledResume{RunID: runID, Cycle: cycle, At: at}
+	x.m[e.RunID] = e
 	return nil
 }
 
@@ -216,5 +217,75 @@ func TestSchedule_CancelledByAManualResumeOrANewPause(t *testing.T) {
 	waitResumes(t, mem, 3)
 	if snap, _ := mem.ProjectSnapshot(ctx, "r"); snap.Status != "RUNNING" || snap.Pause.Cycle != 3 {
 		t.Fatalf("status %s cycle %d, want cycle 3 resumed", snap.Status, snap.Pause.Cycle)
+	}
+}
+
+// TestSchedule_ResumeLater: a staggered bulk resume's entry resumes the
+// paused run when due, once, with the bulk request's requestedBy and
+// reason, by whichever replica is alive (here one that did not write it);
+// a manual resume and a new pause meanwhile cancel it; a run that is not
+// paused is refused (issue #14 §2).
+func TestSchedule_ResumeLater(t *testing.T) {
+	ctx := context.Background()
+	mem, eng := scheduledRun(t)
+	sched := &memSchedule{m: map[string]drain.ScheduledResume{}}
+	clk := newClock(time.Now())
+	opts := drain.Options{
+		ActiveRuns: func(context.Context) ([]string, error) { return []string{"r"}, nil },
+		Schedule:   sched, Interval: 5 * time.Millisecond, IndexInterval: 10 * time.Millisecond, FullScanInterval: time.Hour,
+		Now: clk.now, Logger: zaptest.NewLogger(t),
+	}
+	writer := drain.New(mem, emitter{mem}, eng, opts)
+	if _, err := writer.ResumeLater(ctx, "r", clk.now().Add(time.Minute), drain.ResumeRequest{RequestedBy: "alice"}); !errors.Is(err, statestore.ErrInvalidTransition) {
+		t.Fatalf("ResumeLater of a running run: %v, want INVALID_TRANSITION", err)
+	}
+	if _, err := writer.Pause(ctx, "r", "wf1", drain.PauseRequest{Reason: "incident"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writer.ResumeLater(ctx, "r", clk.now().Add(time.Minute), drain.ResumeRequest{RequestedBy: "alice", Reason: "dependency back"}); err != nil {
+		t.Fatal(err)
+	}
+	other := drain.New(mem, emitter{mem}, eng, opts)
+	if err := other.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = other.Close(ctx) })
+	time.Sleep(60 * time.Millisecond)
+	if n := len(resumes(t, mem)); n != 0 {
+		t.Fatalf("%d RunResumed before the time", n)
+	}
+	clk.add(2 * time.Minute)
+	got := waitResumes(t, mem, 1)
+	var p struct{ RequestedBy, Reason string }
+	_ = json.Unmarshal(got[0].Payload, &p)
+	if p.RequestedBy != "alice" || p.Reason != "dependency back" {
+		t.Fatalf("RunResumed by %q for %q, want alice's bulk request", p.RequestedBy, p.Reason)
+	}
+	time.Sleep(60 * time.Millisecond)
+	if n := len(resumes(t, mem)); n != 1 || sched.len() != 0 {
+		t.Fatalf("%d RunResumed, %d scheduled: want exactly one, none left", n, sched.len())
+	}
+
+	// Paused again, a later resume is cancelled by a manual resume and a
+	// new pause (cycle 3): nothing more is resumed when it falls due.
+	if _, err := writer.Pause(ctx, "r", "wf1", drain.PauseRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writer.ResumeLater(ctx, "r", clk.now().Add(time.Minute), drain.ResumeRequest{RequestedBy: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writer.Resume(ctx, "r", "wf1", drain.ResumeRequest{RequestedBy: "bob"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writer.Pause(ctx, "r", "wf1", drain.PauseRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	clk.add(2 * time.Minute)
+	time.Sleep(100 * time.Millisecond)
+	if n := len(resumes(t, mem)); n != 2 || sched.len() != 0 {
+		t.Fatalf("%d RunResumed, %d scheduled: want alice's and bob's only, the stale entry dropped", n, sched.len())
+	}
+	if snap, _ := mem.ProjectSnapshot(ctx, "r"); snap.Status != "PAUSED" || snap.Pause.Cycle != 3 {
+		t.Fatalf("status %s cycle %d, want PAUSED in cycle 3", snap.Status, snap.Pause.Cycle)
 	}
 }
