@@ -31,6 +31,7 @@ type follower struct {
 
 	// State of the current turn as owner; reset when the turn ends.
 	owner     bool
+	tail      statestore.LogTail // the log from cursor on
 	cursor    uint64
 	cursorRev uint64
 	tracked   map[string]*tracked
@@ -71,6 +72,7 @@ func (f *follower) nudge() {
 
 func (f *follower) loop(ctx context.Context) {
 	defer close(f.done)
+	defer f.endTurn()
 	backoff := time.Duration(0)
 	for {
 		if ctx.Err() != nil {
@@ -106,7 +108,10 @@ func (f *follower) loop(ctx context.Context) {
 // endTurn forgets the state of the turn: the next step reads the cursor
 // again and tracks runs anew.
 func (f *follower) endTurn() {
-	f.owner, f.tracked, f.seen, f.fresh = false, nil, nil, false
+	if f.tail != nil {
+		f.tail.Close()
+	}
+	f.owner, f.tail, f.tracked, f.seen, f.fresh = false, nil, nil, nil, false
 }
 
 // step does one batch: it returns more when the batch was full.
@@ -119,14 +124,20 @@ func (f *follower) step(ctx context.Context) (more bool, err error) {
 		if err := f.loadCursor(ctx); err != nil {
 			return false, err
 		}
-		f.owner, f.tracked = true, map[string]*tracked{}
+		fctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
+		tail, err := f.opts.Log.Follow(fctx, f.cursor)
+		cancel()
+		if err != nil {
+			return false, err
+		}
+		f.owner, f.tail, f.tracked = true, tail, map[string]*tracked{}
 		if f.fresh = f.cursor == 0; f.fresh {
 			f.seen = map[string]bool{}
 			f.log.Info("run list: building the list from the start of the log")
 		}
 	}
 	sctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
-	recs, next, err := f.opts.Log.Scan(sctx, f.cursor, f.opts.Batch)
+	recs, next, err := f.tail.Next(sctx, f.opts.Batch)
 	cancel()
 	if err != nil {
 		return false, err

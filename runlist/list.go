@@ -26,12 +26,10 @@ const (
 
 // Log is the event log the list follows; *natsstore.Store satisfies it.
 type Log interface {
-	// Scan reads every run's events in stream order after afterSeq.
-	Scan(ctx context.Context, afterSeq uint64, limit int) ([]statestore.RunEventRecord, uint64, error)
+	// Follow reads every run's events in the order they were persisted.
+	statestore.Follower
 	// Fetch reads one run's events (a run the follower meets mid-log).
 	Fetch(ctx context.Context, runID string, afterSeq int64, limit int) ([]statestore.RunEventRecord, error)
-	// LastSeq is the sequence of the log's last event.
-	LastSeq(ctx context.Context) (uint64, error)
 }
 
 // Owner tells whether this replica does the work of a key;

@@ -299,6 +299,11 @@ func TestList_FollowsChanges(t *testing.T) {
 		if len(ch.Runs) != 1 || ch.Runs[0].RunID != "r1" || ch.Runs[0].Status != s.status || ch.Runs[0].Substatus != s.substatus {
 			t.Fatalf("after %s: changes %+v, want r1 %s/%s (a run leaving the status filter is reported too)", s.typ, ch.Runs, s.status, s.substatus)
 		}
+		// The list's pages show the change too (its sorted order is kept
+		// between queries, and must not hold the old row).
+		if p, err := l.List(runlist.Filter{Statuses: []string{s.status}, Substatus: s.substatus}, 0, ""); err != nil || !slices.Contains(ids(p.Runs), "r1") {
+			t.Fatalf("after %s: listing %s/%s gives %+v %v, want r1", s.typ, s.status, s.substatus, p, err)
+		}
 		if ch.Revision <= rev {
 			t.Fatalf("revision did not advance: %d -> %d", rev, ch.Revision)
 		}

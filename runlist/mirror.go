@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unique"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
@@ -136,7 +137,13 @@ func applyEntry(rows map[string]*entry, cursor, rev uint64, e jetstream.KeyValue
 	if cur, ok := rows[r.RunID]; ok && (cur.rev > e.Revision() || cur.row.LastEventSeq > r.LastEventSeq) {
 		return cursor, rev
 	}
-	rows[r.RunID] = &entry{row: r, rev: e.Revision(), created: r.created().UnixNano()}
+	intern(&r)
+	ne := entry{row: r, rev: e.Revision(), created: r.created().UnixNano()}
+	if cur, ok := rows[r.RunID]; ok {
+		*cur = ne // in place: the sorted order holds this pointer
+	} else {
+		rows[r.RunID] = &ne
+	}
 	return cursor, rev
 }
 
@@ -198,4 +205,20 @@ func runIDOfKey(key string) string {
 		return ""
 	}
 	return id
+}
+
+// intern makes r share the strings that repeat across runs (scope, plan,
+// status, label keys and values) with every other row that has them:
+// the mirror holds every run, and most of a row is such strings.
+func intern(r *Row) {
+	for _, p := range []*string{&r.TenantID, &r.ProjectID, &r.EnvironmentID, &r.PlanID, &r.PlanVersion, &r.Status, &r.Substatus, &r.PauseReason} {
+		*p = unique.Make(*p).Value()
+	}
+	if len(r.Labels) > 0 {
+		m := make(map[string]string, len(r.Labels))
+		for k, v := range r.Labels {
+			m[unique.Make(k).Value()] = unique.Make(v).Value()
+		}
+		r.Labels = m
+	}
 }

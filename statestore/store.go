@@ -53,3 +53,26 @@ type Fetcher interface {
 type KeyLookup interface {
 	Lookup(ctx context.Context, runID, idempotencyKey string) (*RunEventRecord, error)
 }
+
+// Follower is an optional Store capability: reading the events of every
+// run in the order the store persisted them, for consumers that follow the
+// whole log (the run list).
+type Follower interface {
+	// Follow starts reading after the store's sequence afterSeq (0: from
+	// the start). Records carry their runSeq; the store's sequence orders
+	// them across runs.
+	Follow(ctx context.Context, afterSeq uint64) (LogTail, error)
+	// LastSeq is the sequence of the last event persisted: a LogTail that
+	// has reached it has read every event persisted before the call.
+	LastSeq(ctx context.Context) (uint64, error)
+}
+
+// LogTail reads a log in order; see Follower.
+type LogTail interface {
+	// Next returns the records available now, at most limit, and the
+	// sequence read through (records or not); nothing new: none and the
+	// same sequence.
+	Next(ctx context.Context, limit int) ([]RunEventRecord, uint64, error)
+	// Close releases the reader.
+	Close()
+}

@@ -42,7 +42,7 @@ func TestE2E_ListRuns(t *testing.T) {
 	server := "http://" + p.addr
 	ctx := context.Background()
 	long := mustPlan(t, `{"planId":"`+uniq("e2e-list-long")+`","planVersion":"1","steps":[
-		{"stepId":"wait","executor":{"type":"sleep","seconds":20}}]}`)
+		{"stepId":"wait","executor":{"type":"command","argv":["sleep","30"]}}]}`)
 	short := mustPlan(t, `{"planId":"`+uniq("e2e-list-short")+`","planVersion":"1","steps":[{"stepId":"a","executor":{"type":"noop"}}]}`)
 	start := func(pl any, labels map[string]string) string {
 		t.Helper()

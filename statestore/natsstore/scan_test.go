@@ -11,11 +11,11 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
-// TestStore_Scan reads the log of three interleaved runs in pages: every
+// TestStore_Follow reads the log of three interleaved runs in pages: every
 // record once, in stream order, with its runSeq and persistedAt; a message
 // that is not a record is skipped but passed; the end gives nothing and
 // the same cursor; LastSeq is the last message's sequence.
-func TestStore_Scan(t *testing.T) {
+func TestStore_Follow(t *testing.T) {
 	ctx := context.Background()
 	js := connect(t, startServer(t, t.TempDir()))
 	s := openUnique(t, js)
@@ -25,9 +25,14 @@ func TestStore_Scan(t *testing.T) {
 	}
 	prefix := strings.TrimSuffix(st.CachedInfo().Config.Subjects[0], ".>")
 
-	if recs, next, err := s.Scan(ctx, 0, 10); err != nil || len(recs) != 0 || next != 0 {
-		t.Fatalf("scan of an empty log: %d records, cursor %d, %v", len(recs), next, err)
+	empty, err := s.Follow(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
 	}
+	if recs, next, err := empty.Next(ctx, 10); err != nil || len(recs) != 0 || next != 0 {
+		t.Fatalf("an empty log: %d records, cursor %d, %v", len(recs), next, err)
+	}
+	empty.Close()
 	var want []statestore.AppendResult
 	var wantRuns []string
 	for i := range 12 {
@@ -54,8 +59,13 @@ func TestStore_Scan(t *testing.T) {
 	}
 	var got []statestore.RunEventRecord
 	cursor := uint64(0)
+	tl, err := s.Follow(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
 	for range 10 {
-		recs, next, err := s.Scan(ctx, cursor, 5)
+		recs, next, err := tl.Next(ctx, 5)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -73,6 +83,15 @@ func TestStore_Scan(t *testing.T) {
 	}
 	if cursor != last {
 		t.Fatalf("scan ended at %d, want %d (the garbage message is passed, not stuck on)", cursor, last)
+	}
+	// A tail started mid-log begins after its sequence.
+	mid, err := s.Follow(ctx, uint64(want[5].RunSeq))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mid.Close()
+	if recs, _, err := mid.Next(ctx, 100); err != nil || len(recs) != 6 || recs[0].RunSeq != want[6].RunSeq {
+		t.Fatalf("a tail after record 5: %d records (%v), want the last 6", len(recs), err)
 	}
 	if len(got) != len(want) {
 		t.Fatalf("scan: got %d records, want %d", len(got), len(want))
