@@ -213,4 +213,3 @@ func writeLog(b *testing.B, s *natsstore.Store, n int) int64 {
 	wg.Wait()
 	return written.Load()
 }
-
