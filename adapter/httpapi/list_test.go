@@ -1,0 +1,98 @@
+package httpapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/runlist"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// TestServer_ListScope: GET /v1/runs needs the viewer role, and a scoped
+// principal lists only the runs of its scope, whatever filter it asks for
+// (a tenant outside it lists nothing); the run list is the real one, on
+// a real log.
+func TestServer_ListScope(t *testing.T) {
+	ctx := context.Background()
+	js, _ := natstest.Start(t)
+	store, err := natsstore.Open(ctx, js, natsstore.Options{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	for _, r := range []struct{ id, tenant string }{{"a1", "t1"}, {"a2", "t1"}, {"b1", "t2"}} {
+		w := storetest.Event(r.id, statestore.RunStarted, "")
+		w.TenantID = r.tenant
+		storetest.Rekey(w)
+		if _, err := store.Append(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, err := runlist.Open(ctx, js, runlist.Options{Log: store, Poll: 20 * time.Millisecond, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(list.Close)
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := list.WaitIndexed(wctx); err != nil {
+		t.Fatal(err)
+	}
+	creds, err := httpapi.LoadCredentials(writeTokens(t, t.TempDir(), tokensYAML(
+		principal("viewer-t1", "tok-viewer", "viewer", "tenantId: t1"),
+		principal("ci", "tok-ci", "submitter", ""),
+		principal("root", "tok-admin", "admin", ""),
+	)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: store, List: list, Auth: creds, Logger: zaptest.NewLogger(t)}).Handler())
+	t.Cleanup(srv.Close)
+	get := func(token, query string) (int, []string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/v1/runs"+query, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out httpapi.RunList
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		var ids []string
+		for _, r := range out.Runs {
+			ids = append(ids, r.RunID)
+		}
+		slices.Sort(ids)
+		return resp.StatusCode, ids
+	}
+	for _, c := range []struct {
+		token, query string
+		status       int
+		want         []string
+	}{
+		{"tok-admin", "", 200, []string{"a1", "a2", "b1"}},
+		{"tok-viewer", "", 200, []string{"a1", "a2"}},
+		{"tok-viewer", "?tenantId=t2", 200, nil},
+		{"tok-viewer", "?tenantId=t1", 200, []string{"a1", "a2"}},
+		{"tok-viewer", "?watch=true&timeoutSeconds=0", 200, []string{"a1", "a2"}},
+		{"tok-viewer", "?watch=true&timeoutSeconds=0&tenantId=t2", 200, nil},
+		{"tok-ci", "", 403, nil},
+		{"", "", 401, nil},
+	} {
+		if status, ids := get(c.token, c.query); status != c.status || !slices.Equal(ids, c.want) {
+			t.Errorf("%s %q: %d %v, want %d %v", c.token, c.query, status, ids, c.status, c.want)
+		}
+	}
+}
