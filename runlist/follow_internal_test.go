@@ -1,0 +1,73 @@
+package runlist
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+)
+
+// TestWriteRow_NeverGoesBack: a follower that is behind (two replicas
+// following at once) never replaces a newer row with its older one,
+// whether it knew the row's revision or not.
+func TestWriteRow_NeverGoesBack(t *testing.T) {
+	ctx := context.Background()
+	js, _ := natstest.Start(t)
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "ROWS", History: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &follower{kv: kv, opts: Options{Timeout: 5 * time.Second}, log: zap.NewNop()}
+	snap := func(seq int64, status string) *tracked {
+		return &tracked{snap: &statestore.RunSnapshot{RunID: "r", Status: status, LastEventSeq: seq}}
+	}
+	ahead := snap(10, statestore.RunStatusPaused)
+	if err := f.writeRow(ctx, ahead); err != nil {
+		t.Fatal(err)
+	}
+	behind := snap(5, statestore.RunStatusRunning) // a follower that never wrote it
+	if err := f.writeRow(ctx, behind); err != nil {
+		t.Fatal(err)
+	}
+	stale := snap(7, statestore.RunStatusRunning)
+	stale.rowRev = 1 // a revision it wrote once, since replaced
+	if _, err := kv.Put(ctx, keyRun+natsstore.RunToken("r"), mustRow(t, 10)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.writeRow(ctx, stale); err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(ctx, keyRun+natsstore.RunToken("r"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r Row
+	_ = json.Unmarshal(e.Value(), &r)
+	if r.LastEventSeq != 10 || r.Status != statestore.RunStatusPaused {
+		t.Fatalf("row went back to %d %s, want 10 PAUSED", r.LastEventSeq, r.Status)
+	}
+	newer := snap(12, statestore.RunStatusRunning)
+	if err := f.writeRow(ctx, newer); err != nil {
+		t.Fatal(err)
+	}
+	e, _ = kv.Get(ctx, keyRun+natsstore.RunToken("r"))
+	_ = json.Unmarshal(e.Value(), &r)
+	if r.LastEventSeq != 12 {
+		t.Fatalf("a newer row was not written: %d", r.LastEventSeq)
+	}
+}
+
+func mustRow(t *testing.T, seq int64) []byte {
+	b, err := json.Marshal(Row{RunID: "r", Status: statestore.RunStatusPaused, LastEventSeq: seq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
