@@ -2,7 +2,6 @@ package adapter
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 )
 
 // DefaultRunsBucket is the JetStream KV bucket of the run index.
@@ -109,16 +109,13 @@ func OpenRuns(ctx context.Context, js jetstream.JetStream, conductor *Client, em
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := natsstore.OpenBucket(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      opts.Bucket,
 		Description: "Conductor sidecar run index: plan versions, run requests, runs and their workflows (docs/conductor.md)",
 		History:     1,
 		Storage:     jetstream.FileStorage,
 		Replicas:    opts.Replicas,
 	})
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		kv, err = js.KeyValue(ctx, opts.Bucket) // the sidecar's user may not update buckets
-	}
 	if err != nil {
 		return nil, registryUnavailable("open runs bucket "+opts.Bucket, err)
 	}

@@ -21,7 +21,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
@@ -29,6 +28,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 )
@@ -122,16 +122,13 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Members, 
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := natsstore.OpenBucket(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      opts.Bucket,
 		Description: "heartbeats of the sidecar replicas; the live ones share the per-run background work",
 		// A key outlives its member's last heartbeat by a minute at most
 		// (a replica killed -9 never deletes it).
 		TTL: max(time.Minute, 2*opts.DeadAfter), History: 1, Storage: jetstream.FileStorage, Replicas: opts.Replicas,
 	})
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		kv, err = js.KeyValue(ctx, opts.Bucket)
-	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: open bucket %s: %w", ErrUnavailable, opts.Bucket, err)
 	}

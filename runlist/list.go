@@ -2,7 +2,6 @@ package runlist
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 )
 
 // DefaultBucket is the KV bucket of the run list.
@@ -103,16 +103,13 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*List, err
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := natsstore.OpenBucket(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      opts.Bucket,
 		Description: "Conductor sidecar run list: a row per run of the event log and the log position it includes (docs/operations.md)",
 		History:     1,
 		Storage:     jetstream.FileStorage,
 		Replicas:    opts.Replicas,
 	})
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		kv, err = js.KeyValue(ctx, opts.Bucket) // the sidecar's user may not update buckets
-	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: open bucket %s: %w", ErrUnavailable, opts.Bucket, err)
 	}

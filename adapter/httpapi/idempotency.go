@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 )
@@ -76,13 +77,10 @@ func OpenKVReplies(ctx context.Context, js jetstream.JetStream, ttl time.Duratio
 	if ttl <= 0 {
 		ttl = 24 * time.Hour
 	}
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := natsstore.OpenBucket(ctx, js, jetstream.KeyValueConfig{
 		Bucket: KVRepliesBucket, Description: "first answers of control requests with an Idempotency-Key",
 		TTL: ttl, History: 1, Storage: jetstream.FileStorage, Replicas: replicas,
 	})
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		kv, err = js.KeyValue(ctx, KVRepliesBucket) // the sidecar's user may not update buckets
-	}
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", KVRepliesBucket, err)
 	}

@@ -45,13 +45,10 @@ func OpenAlertGate(ctx context.Context, js jetstream.JetStream, opts AlertGateOp
 	if opts.Replicas <= 0 {
 		opts.Replicas = 1
 	}
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := OpenBucket(ctx, js, jetstream.KeyValueConfig{
 		Bucket: opts.Bucket, History: 1, TTL: opts.TTL, Storage: jetstream.FileStorage, Replicas: opts.Replicas,
 		Description: "sidecar: INVALID_TRANSITION alerts already raised, by run and eventId",
 	})
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		kv, err = js.KeyValue(ctx, opts.Bucket) // the sidecar's user may not update buckets
-	}
 	if err != nil {
 		return nil, fmt.Errorf("open alert bucket %s: %w", opts.Bucket, err)
 	}

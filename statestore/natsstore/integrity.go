@@ -143,16 +143,13 @@ type watermark struct {
 }
 
 func openWatermark(ctx context.Context, js jetstream.JetStream, bucket, stream string, replicas int, interval time.Duration, log *zap.Logger) (*watermark, error) {
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := OpenBucket(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      bucket,
 		Description: "Conductor sidecar: the highest sequence each event stream reached (rollback detection)",
 		History:     1,
 		Storage:     jetstream.FileStorage,
 		Replicas:    replicas,
 	})
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		kv, err = js.KeyValue(ctx, bucket)
-	}
 	if err != nil {
 		return nil, unavailable("open bucket "+bucket, err)
 	}
