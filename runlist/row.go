@@ -48,6 +48,8 @@ type Row struct {
 	PausedAt    string `json:"pausedAt,omitempty"`
 	PauseReason string `json:"pauseReason,omitempty"`
 	ResumeAt    string `json:"resumeAt,omitempty"`
+	// DrainTimedOut: the open pause's drain ended by PAUSE_DRAIN_TIMEOUT.
+	DrainTimedOut bool `json:"drainTimedOut,omitempty"`
 	// LastEventSeq is the runSeq of the last event the row includes;
 	// UpdatedAt that event's persistedAt.
 	LastEventSeq int64  `json:"lastEventSeq"`
@@ -74,7 +76,7 @@ func rowOf(s *statestore.RunSnapshot, created, updated string) Row {
 		}
 	}
 	if s.Status == statestore.RunStatusPaused && s.Pause != nil {
-		r.PausedAt, r.PauseReason, r.ResumeAt = s.Pause.PausedAt, s.Pause.Reason, s.Pause.ResumeAt
+		r.PausedAt, r.PauseReason, r.ResumeAt, r.DrainTimedOut = s.Pause.PausedAt, s.Pause.Reason, s.Pause.ResumeAt, s.Pause.DrainTimedOut
 	}
 	return r
 }

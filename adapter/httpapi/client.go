@@ -64,6 +64,13 @@ func (c *Client) ListRuns(ctx context.Context, q url.Values) (*RunList, error) {
 	return &out, c.do(ctx, http.MethodGet, "/v1/runs?"+q.Encode(), nil, &out)
 }
 
+// Bulk acts on the runs req selects: action is pause, resume or cancel
+// (POST /v1/runs:<action>).
+func (c *Client) Bulk(ctx context.Context, action string, req BulkRequest) (*BulkResult, error) {
+	var out BulkResult
+	return &out, c.do(ctx, http.MethodPost, "/v1/runs:"+action, req, &out)
+}
+
 // Run returns a run's view.
 func (c *Client) Run(ctx context.Context, runID string) (*RunView, error) {
 	var out RunView

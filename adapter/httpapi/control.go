@@ -18,6 +18,9 @@ type Control interface {
 	Resume(ctx context.Context, runID string, req drain.ResumeRequest) (*drain.State, error)
 	Cancel(ctx context.Context, runID, reason, requestedBy string) (*drain.State, error)
 	RetryStep(ctx context.Context, runID, stepID string, req drain.RetryRequest) (*drain.State, error)
+	// ResumeLater schedules the resume of a paused run (a staggered bulk
+	// resume): drain.Controller.ResumeLater.
+	ResumeLater(ctx context.Context, runID string, at time.Time, req drain.ResumeRequest) (*drain.State, error)
 }
 
 // RunControl is the Control of a sidecar: it finds the run's workflow in
@@ -63,6 +66,14 @@ func (c *RunControl) Cancel(ctx context.Context, runID, reason, requestedBy stri
 		return nil, err
 	}
 	return c.Drain.Cancel(ctx, runID, wf, reason, requestedBy)
+}
+
+// ResumeLater implements Control.
+func (c *RunControl) ResumeLater(ctx context.Context, runID string, at time.Time, req drain.ResumeRequest) (*drain.State, error) {
+	if _, err := c.workflow(ctx, runID); err != nil {
+		return nil, err
+	}
+	return c.Drain.ResumeLater(ctx, runID, at, req)
 }
 
 // RetryStep implements Control.

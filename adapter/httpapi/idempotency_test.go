@@ -56,6 +56,9 @@ func (c *countingControl) Cancel(context.Context, string, string, string) (*drai
 func (c *countingControl) RetryStep(context.Context, string, string, drain.RetryRequest) (*drain.State, error) {
 	return c.act()
 }
+func (c *countingControl) ResumeLater(context.Context, string, time.Time, drain.ResumeRequest) (*drain.State, error) {
+	return c.act()
+}
 
 type replayEnv struct {
 	srv     *httptest.Server

@@ -17,6 +17,9 @@ import (
 // RunLister lists runs; *runlist.List satisfies it.
 type RunLister interface {
 	List(f runlist.Filter, limit int, cont string) (*runlist.Page, error)
+	// WaitIndexed waits until the list includes every event persisted
+	// before the call (a bulk action's selection).
+	WaitIndexed(ctx context.Context) (uint64, error)
 	Changes(ctx context.Context, f runlist.Filter, after uint64, wait time.Duration) (*runlist.Page, error)
 }
 

@@ -54,6 +54,9 @@ func (c *recordingControl) Cancel(_ context.Context, runID, reason, by string) (
 func (c *recordingControl) RetryStep(_ context.Context, runID, stepID string, req drain.RetryRequest) (*drain.State, error) {
 	return c.record("retry", runID, req.RequestedBy, req.Reason)
 }
+func (c *recordingControl) ResumeLater(_ context.Context, runID string, _ time.Time, req drain.ResumeRequest) (*drain.State, error) {
+	return c.record("resume-later", runID, req.RequestedBy, req.Reason)
+}
 
 func (c *recordingControl) taken() []string {
 	c.mu.Lock()

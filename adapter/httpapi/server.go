@@ -155,7 +155,7 @@ func NewServer(opts Options) *Server {
 	s.controls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sidecar_control_requests_total", Help: "Control requests (pause, resume, cancel, retry) by action and result.",
 	}, []string{"action", "result"})
-	for _, a := range []string{"pause", "resume", "cancel", "retry"} {
+	for _, a := range []string{"pause", "resume", "cancel", "retry", "bulk_pause", "bulk_resume", "bulk_cancel"} {
 		for _, r := range controlResults {
 			s.controls.WithLabelValues(a, r)
 		}
@@ -173,6 +173,11 @@ func NewServer(opts Options) *Server {
 		s.route("POST /v1/runs/{runId}/"+action, action, RoleOperator, s.controlRoute(action, s.control(action)))
 	}
 	s.route("POST /v1/runs/{runId}/steps/{stepId}/retry", "retry", RoleOperator, s.controlRoute("retry", s.control("retry")))
+	if opts.List != nil {
+		for _, action := range []string{"pause", "resume", "cancel"} {
+			s.route("POST /v1/runs:"+action, "bulk_"+action, RoleOperator, s.controlRoute("bulk_"+action, s.bulk(action)))
+		}
+	}
 	s.route("GET /healthz", "healthz", "", func(w http.ResponseWriter, r *http.Request) error {
 		return writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})

@@ -117,6 +117,7 @@ const (
 	kindArray          // elements of elem
 	kindStringMap      // an object of string values, any keys
 	kindRaw            // any value: its Go type's UnmarshalJSON checks it
+	kindBool           // true or false
 )
 
 // schema describes the accepted shape of a JSON value, for the strict
@@ -225,6 +226,10 @@ var (
 	JSONString = Schema{stringSchema}
 	// JSONInt accepts an integer that fits int64 (or null).
 	JSONInt = Schema{intSchema}
+	// JSONNumber accepts a finite number (or null).
+	JSONNumber = Schema{numberSchema}
+	// JSONBool accepts true or false (or null).
+	JSONBool = Schema{&schema{kind: kindBool}}
 	// JSONStringMap accepts an object of strings with any keys.
 	JSONStringMap = Schema{stringMapSchema}
 	// JSONRaw accepts any value: the Go field's own UnmarshalJSON checks
@@ -329,7 +334,9 @@ func (w *walker) valueFrom(tok json.Token, sch *schema, path string) error {
 			w.ps.add(CodeBadType, path, "", "must be %s, not a number%s", sch.kind, quoteHint(sch))
 		}
 	case bool:
-		w.ps.add(CodeBadType, path, "", "must be %s, not a boolean%s", sch.kind, quoteHint(sch))
+		if sch.kind != kindBool {
+			w.ps.add(CodeBadType, path, "", "must be %s, not a boolean%s", sch.kind, quoteHint(sch))
+		}
 	}
 	return nil
 }
@@ -357,6 +364,8 @@ func (k kind) String() string {
 		return "an object of strings"
 	case kindRaw:
 		return "a value"
+	case kindBool:
+		return "a boolean"
 	}
 	return "?"
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
@@ -28,12 +29,15 @@ type ControlCommand struct {
 
 // Run implements the control subcommands.
 func (c *ControlCommand) Run(ctx context.Context, args []string) error {
-	synopsis := c.action + " RUN_ID [--reason R] [--idempotency-key K] [--server URL] [-o json]"
+	synopsis := c.action + " RUN_ID [--reason R] [--idempotency-key K] [--server URL] [-o json]  (or a filter for many runs: " + c.action + " -l SELECTOR --reason R [--dry-run]; -l -h for its flags)"
 	switch c.action {
 	case "pause":
 		synopsis = "pause RUN_ID [--timeout D] [--reason R] [--for D | --until TIME] [--wait] [--idempotency-key K] [--server URL] [-o json]"
 	case "retry":
 		synopsis = "retry RUN_ID STEP_ID [--reason R] [--idempotency-key K] [--server URL] [-o json]"
+	}
+	if c.action != "retry" && (len(args) == 0 || strings.HasPrefix(args[0], "-")) && !isHelp(args) {
+		return c.bulk(ctx, args)
 	}
 	fs := c.m.newFlagSet(c.action, synopsis)
 	var cf clientFlags
@@ -163,4 +167,9 @@ func statusLine(v *httpapi.RunView) string {
 		return v.Status + " (" + v.Substatus + ")"
 	}
 	return v.Status
+}
+
+// isHelp reports a request for the single-run form's help.
+func isHelp(args []string) bool {
+	return len(args) == 1 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help")
 }

@@ -1,0 +1,166 @@
+package httpapi_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/runlist"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// startingControl pauses by appending RunPaused to the real log, and
+// starts a new run matching the bulk's selector at some of its pauses:
+// runs that start while a bulk action acts, on cue (TestE2E_BulkControl
+// has the same race on the real Conductor, but not on cue).
+type startingControl struct {
+	recordingControl
+	t      *testing.T
+	store  *natsstore.Store
+	mu     sync.Mutex
+	starts func(runID string) []string // the runs to start when runID is paused
+}
+
+func (c *startingControl) Pause(ctx context.Context, runID string, req drain.PauseRequest) (*drain.State, error) {
+	c.append(storetest.Event(runID, statestore.RunPaused, ""))
+	c.mu.Lock()
+	next := c.starts(runID)
+	c.mu.Unlock()
+	for _, id := range next {
+		c.start(id)
+	}
+	return c.record("pause", runID, req.RequestedBy, req.Reason)
+}
+
+func (c *startingControl) start(runID string) {
+	w := storetest.Event(runID, statestore.RunStarted, "")
+	c.append(storetest.WithPayload(w, map[string]any{"labels": map[string]string{"team": "data"}}))
+}
+
+func (c *startingControl) append(w *statestore.RunEventWrite) {
+	if _, err := c.store.Append(context.Background(), w); err != nil {
+		c.t.Error(err)
+	}
+}
+
+func bulkEnv(t *testing.T, c *startingControl) *httptest.Server {
+	ctx := context.Background()
+	js, _ := natstest.Start(t)
+	store, err := natsstore.Open(ctx, js, natsstore.Options{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	c.t, c.store = t, store
+	list, err := runlist.Open(ctx, js, runlist.Options{Log: store, Poll: 10 * time.Millisecond, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(list.Close)
+	srv := httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: store, List: list, Control: c, Logger: zaptest.NewLogger(t)}).Handler())
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func postBulk(t *testing.T, srv *httptest.Server, action, body string) (int, httpapi.BulkResult, string) {
+	t.Helper()
+	resp, err := http.Post(srv.URL+"/v1/runs:"+action, "application/json", bytes.NewBufferString(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var buf bytes.Buffer
+	_, _ = buf.ReadFrom(resp.Body)
+	var res httpapi.BulkResult
+	_ = json.Unmarshal(buf.Bytes(), &res)
+	return resp.StatusCode, res, buf.String()
+}
+
+// TestBulk_RunsThatStartMeanwhile: a run that starts while a bulk pause
+// acts is selected by the next round and paused; when runs keep starting,
+// those after the last round are answered as started_during, never left
+// out (issue #14 §2).
+func TestBulk_RunsThatStartMeanwhile(t *testing.T) {
+	c := &startingControl{}
+	srv := bulkEnv(t, c)
+	for i := range 4 {
+		c.start(fmt.Sprintf("r%d", i))
+	}
+	c.starts = func(runID string) []string {
+		if runID == "r0" {
+			return []string{"late"}
+		}
+		return nil
+	}
+	status, res, raw := postBulk(t, srv, "pause", `{"labelSelector":"team=data","reason":"incident"}`)
+	if status != 200 || res.Counts["paused"] != 5 || len(res.Runs) != 5 {
+		t.Fatalf("%d %s: want the 4 runs and the one that started meanwhile paused", status, raw)
+	}
+
+	// Every pause starts another run: three rounds act, the runs of the
+	// fourth are reported.
+	c2 := &startingControl{}
+	srv2 := bulkEnv(t, c2)
+	c2.start("g0")
+	n := 0
+	c2.starts = func(string) []string { n++; return []string{fmt.Sprintf("g%d", n)} }
+	status, res, raw = postBulk(t, srv2, "pause", `{"labelSelector":"team=data","reason":"incident"}`)
+	var outcomes []string
+	for _, r := range res.Runs {
+		outcomes = append(outcomes, r.RunID+":"+r.Outcome)
+	}
+	sort.Strings(outcomes)
+	want := []string{"g0:paused", "g1:paused", "g2:paused", "g3:started_during"}
+	if status != 200 || fmt.Sprint(outcomes) != fmt.Sprint(want) {
+		t.Fatalf("%d %s: got %v, want %v", status, raw, outcomes, want)
+	}
+}
+
+// TestBulk_BadRequests: a bulk action without a reason, without a filter
+// (unless all), with another action's fields, a bad selector or a bad
+// stagger is refused and acts on nothing.
+func TestBulk_BadRequests(t *testing.T) {
+	c := &startingControl{starts: func(string) []string { return nil }}
+	srv := bulkEnv(t, c)
+	c.start("r0")
+	for _, tc := range []struct{ action, body, code, field string }{
+		{"pause", `{"labelSelector":"team=data"}`, "BAD_REQUEST", "reason"},
+		{"pause", `{"reason":"x"}`, "BAD_REQUEST", "all"},
+		{"pause", `{"all":"yes","reason":"x"}`, "BAD_REQUEST", ""},
+		{"pause", `{"labelSelector":"tier in (gold","reason":"x"}`, "LABEL_SELECTOR_INVALID", "labelSelector"},
+		{"pause", `{"labelSelector":"team=data","reason":"x","maxPerSecond":5}`, "BAD_REQUEST", "maxPerSecond"},
+		{"resume", `{"labelSelector":"team=data","reason":"x","timeoutSeconds":5}`, "BAD_REQUEST", "timeoutSeconds"},
+		{"resume", `{"labelSelector":"team=data","reason":"x","maxPerSecond":5,"batch":2,"intervalSeconds":1}`, "BAD_REQUEST", "maxPerSecond"},
+		{"resume", `{"labelSelector":"team=data","reason":"x","batch":2}`, "BAD_REQUEST", "batch"},
+		{"resume", `{"labelSelector":"team=data","reason":"x","maxPerSecond":-1}`, "BAD_REQUEST", "maxPerSecond"},
+		{"cancel", `{"labelSelector":"team=data","reason":"x","dryRun":1}`, "BAD_REQUEST", ""},
+	} {
+		status, _, raw := postBulk(t, srv, tc.action, tc.body)
+		var e struct{ Code, Field string }
+		_ = json.Unmarshal([]byte(raw), &e)
+		if status != 400 || e.Code != tc.code || (tc.field != "" && e.Field != tc.field) {
+			t.Errorf("%s %s: %d %s, want 400 %s field %q", tc.action, tc.body, status, raw, tc.code, tc.field)
+		}
+	}
+	if calls := c.taken(); len(calls) != 0 {
+		t.Fatalf("refused bulk requests acted: %v", calls)
+	}
+	// all: true acts on every run; a dry run on none.
+	if status, res, raw := postBulk(t, srv, "pause", `{"all":true,"reason":"x","dryRun":true}`); status != 200 || len(res.Runs) != 1 || res.Runs[0].Outcome != "would_act" || len(c.taken()) != 0 {
+		t.Fatalf("dry run of all: %d %s, calls %v", status, raw, c.taken())
+	}
+}
