@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sort"
 	"strings"
+	"text/tabwriter"
 	"time"
 
+	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -19,6 +22,7 @@ type AuditCommand struct{ m *Main }
 // end, the cancel done).
 type auditEntry struct {
 	At     string `json:"at"`
+	RunID  string `json:"runId"`
 	Action string `json:"action"`
 	// By is the requestedBy of the action: the authenticated principal
 	// when the API has authentication, else what the request said;
@@ -32,13 +36,22 @@ type auditEntry struct {
 	RunSeq int64  `json:"runSeq"`
 }
 
+// maxAuditRuns bounds the runs "audit -l" reads (one log each).
+const maxAuditRuns = 1000
+
 // Run implements "sidecar audit".
 func (c *AuditCommand) Run(ctx context.Context, args []string) error {
-	fs := c.m.newFlagSet("audit", "audit RUN_ID [--since 24h | --since 2026-11-23T06:00:00Z] [--server URL] [-o json]")
+	fs := c.m.newFlagSet("audit", "audit RUN_ID | -l SELECTOR [--plan P] [--since 24h | --since 2026-11-23T06:00:00Z] [--server URL] [-o json]")
 	var cf clientFlags
 	cf.register(fs)
 	since := fs.String("since", "", "only actions at or after this time (RFC 3339), or this long ago (e.g. 24h)")
-	pos, err := cf.parse(fs, args, "RUN_ID")
+	var q runQuery
+	q.register(fs)
+	var names []string
+	if len(args) == 0 || !strings.HasPrefix(args[0], "-") {
+		names = []string{"RUN_ID"}
+	}
+	pos, err := cf.parse(fs, args, names...)
 	if err != nil {
 		return err
 	}
@@ -51,23 +64,35 @@ func (c *AuditCommand) Run(ctx context.Context, args []string) error {
 		}
 	}
 	client := cf.client()
-	var entries []auditEntry
-	cursor := int64(0)
-	for {
-		page, err := client.Events(ctx, pos[0], cursor, 1000)
+	runIDs := pos
+	many := len(pos) == 0
+	if many {
+		vals := q.values()
+		if len(vals) == 0 {
+			return usageError(fs, "give a RUN_ID, or a filter (-l, --plan, --status, ...) for many runs")
+		}
+		list, err := listAll(ctx, client, vals)
 		if err != nil {
 			return err
 		}
-		for i := range page.Events {
-			if e, ok := auditOf(&page.Events[i]); ok && !before(e.At, from) {
-				entries = append(entries, e)
-			}
+		if len(list.Runs) > maxAuditRuns {
+			return usageError(fs, "%d runs match; audit reads at most %d logs: narrow the filter", len(list.Runs), maxAuditRuns)
 		}
-		cursor = page.NextAfterSeq
-		if len(page.Events) < 1000 {
-			break
+		for _, r := range list.Runs {
+			runIDs = append(runIDs, r.RunID)
 		}
 	}
+	var entries []auditEntry
+	for _, id := range runIDs {
+		es, err := auditRun(ctx, client, id, from)
+		if err != nil {
+			return err
+		}
+		entries = append(entries, es...)
+	}
+	// Each run's entries are in log order; across runs, by time (parsed:
+	// RFC 3339 strings with fractions of varying length do not sort).
+	sort.SliceStable(entries, func(i, j int) bool { return entries[i].at().Before(entries[j].at()) })
 	if cf.output == "json" {
 		if entries == nil {
 			entries = []auditEntry{}
@@ -78,15 +103,51 @@ func (c *AuditCommand) Run(ctx context.Context, args []string) error {
 		fmt.Fprintln(c.m.Stdout, "no control actions")
 		return nil
 	}
-	fmt.Fprintf(c.m.Stdout, "%-30s  %-20s  %-20s  %s\n", "TIME", "ACTION", "BY", "REASON / DETAIL")
+	tw := tabwriter.NewWriter(c.m.Stdout, 0, 0, 2, ' ', 0)
+	head := "TIME\tACTION\tBY\tREASON / DETAIL"
+	if many {
+		head = "TIME\tRUN\tACTION\tBY\tREASON / DETAIL"
+	}
+	fmt.Fprintln(tw, head)
 	for _, e := range entries {
 		why := e.Reason
 		if e.Detail != "" {
 			why = strings.TrimPrefix(why+"; "+e.Detail, "; ")
 		}
-		fmt.Fprintf(c.m.Stdout, "%-30s  %-20s  %-20s  %s\n", e.At, e.Action, orDash(e.By), orDash(why))
+		if many {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.At, e.RunID, e.Action, orDash(e.By), orDash(why))
+		} else {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.At, e.Action, orDash(e.By), orDash(why))
+		}
 	}
-	return nil
+	return tw.Flush()
+}
+
+// auditRun reads a run's log and returns its control actions from from on.
+func auditRun(ctx context.Context, client *httpapi.Client, runID string, from time.Time) ([]auditEntry, error) {
+	var entries []auditEntry
+	cursor := int64(0)
+	for {
+		page, err := client.Events(ctx, runID, cursor, 1000)
+		if err != nil {
+			return nil, err
+		}
+		for i := range page.Events {
+			if e, ok := auditOf(&page.Events[i]); ok && !before(e.At, from) {
+				e.RunID = runID
+				entries = append(entries, e)
+			}
+		}
+		cursor = page.NextAfterSeq
+		if len(page.Events) < 1000 {
+			return entries, nil
+		}
+	}
+}
+
+func (e *auditEntry) at() time.Time {
+	t, _ := time.Parse(time.RFC3339Nano, e.At)
+	return t
 }
 
 func before(at string, from time.Time) bool {

@@ -12,7 +12,8 @@ import (
 
 // TestE2E_Audit: `sidecar audit RUN` lists the run's control actions from
 // its log, in order, with who and why, and what became of them (the
-// drain's end); --since leaves out older ones (issue #14 §5, for one run).
+// drain's end); --since leaves out older ones; `audit --plan P` (or -l)
+// lists those of every run the filter selects (issue #14 §5).
 func TestE2E_Audit(t *testing.T) {
 	p := startServe(t, t.TempDir(), freeAddr(t))
 	ctx := context.Background()
@@ -64,5 +65,23 @@ func TestE2E_Audit(t *testing.T) {
 	}
 	if code, _, _ = run(t, "audit", started.RunID, "--server", server, "--since", "yesterday"); code != exitUsage {
 		t.Fatalf("--since yesterday: exit %d, want usage", code)
+	}
+
+	// Many runs by filter: the same actions, each with its run.
+	code, out, errOut = run(t, "audit", "--plan", pl.PlanID, "--server", server, "-o", "json")
+	var many []auditEntry
+	if code != 0 || json.Unmarshal([]byte(out), &many) != nil || len(many) != 3 {
+		t.Fatalf("audit --plan: exit %d: %s%s", code, out, errOut)
+	}
+	for i, e := range many {
+		if e.RunID != started.RunID || e.Action != entries[i].Action {
+			t.Fatalf("audit --plan entry %d: %+v, want %s of %s", i, e, entries[i].Action, started.RunID)
+		}
+	}
+	if code, out, _ = run(t, "audit", "--plan", pl.PlanID, "--server", server); code != 0 || !strings.Contains(out, "RUN") || !strings.Contains(out, started.RunID) {
+		t.Fatalf("audit --plan table: exit %d\n%s", code, out)
+	}
+	if code, _, _ = run(t, "audit", "--server", server); code != exitUsage {
+		t.Fatalf("audit without a run or a filter: exit %d, want usage", code)
 	}
 }
