@@ -29,6 +29,11 @@ func (s *Store) Follow(ctx context.Context, afterSeq uint64) (statestore.LogTail
 	defer cancel()
 	cons, err := s.js.OrderedConsumer(ctx, s.name, jetstream.OrderedConsumerConfig{
 		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: afterSeq + 1,
+		// Without a bound, Next recreates the consumer of a deleted
+		// stream forever and never returns (serve hung at shutdown,
+		// TestStore_FollowAStreamDeleted): the follower ends its turn
+		// on the error instead, and follows anew after a backoff.
+		MaxResetAttempts: 3,
 	})
 	if err != nil {
 		return nil, unavailable("follow", err)

@@ -2,12 +2,15 @@ package natsstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
@@ -101,5 +104,44 @@ func TestStore_Follow(t *testing.T) {
 			t.Fatalf("record %d: got %s/%d %s at %s, want %s/%d %s at %s", i, r.RunID, r.RunSeq, r.EventID, r.PersistedAt,
 				wantRuns[i], want[i].RunSeq, want[i].EventID, want[i].PersistedAt)
 		}
+	}
+}
+
+// TestStore_FollowAStreamDeleted: a tail whose stream is deleted (by an
+// administrator) answers with an error, in bounded time, instead of
+// recreating its consumer forever: serve hung at shutdown waiting for
+// the run list's follower (TestServe_ReadyzReportsDeletedStream).
+func TestStore_FollowAStreamDeleted(t *testing.T) {
+	ctx := context.Background()
+	js, _ := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Permissions: natsstore.AllPermissions})
+	s := openUnique(t, js)
+	mustAppend(t, s, storetest.Event("r", statestore.RunStarted, ""))
+	tl, err := s.Follow(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	if recs, _, err := tl.Next(ctx, 10); err != nil || len(recs) != 1 {
+		t.Fatalf("%d records, %v", len(recs), err)
+	}
+	if err := js.DeleteStream(ctx, s.Stream()); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		for {
+			if _, _, err := tl.Next(ctx, 10); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, statestore.ErrUnavailable) {
+			t.Fatalf("Next on a deleted stream: %v, want STORE_UNAVAILABLE", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Next on a deleted stream did not return in 30 s")
 	}
 }
