@@ -40,6 +40,12 @@ type follower struct {
 	// once caught up, a run not tracked is read back from the log.
 	fresh bool
 	seen  map[string]bool
+	// durs are the step durations this turn added to (durKey -> them);
+	// dirty those not written yet.
+	durs  map[string]*StepDurations
+	dirty map[string]bool
+	// mirror has the durations written before this turn.
+	mirror *mirror
 }
 
 // tracked is a run the follower has folded so far.
@@ -50,9 +56,9 @@ type tracked struct {
 	rowRev  uint64 // revision of its row as last written (0: unknown)
 }
 
-func startFollower(kv jetstream.KeyValue, opts Options, log *zap.Logger) *follower {
+func startFollower(kv jetstream.KeyValue, opts Options, log *zap.Logger, mr *mirror) *follower {
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &follower{kv: kv, opts: opts, log: log.Named("follower"), m: opts.Metrics, wake: make(chan struct{}, 1), stop: cancel, done: make(chan struct{})}
+	f := &follower{kv: kv, opts: opts, log: log.Named("follower"), m: opts.Metrics, mirror: mr, wake: make(chan struct{}, 1), stop: cancel, done: make(chan struct{})}
 	go f.loop(ctx)
 	return f
 }
@@ -112,6 +118,7 @@ func (f *follower) endTurn() {
 		f.tail.Close()
 	}
 	f.owner, f.tail, f.tracked, f.seen, f.fresh = false, nil, nil, nil, false
+	f.durs, f.dirty = nil, nil
 }
 
 // step does one batch: it returns more when the batch was full.
@@ -131,6 +138,7 @@ func (f *follower) step(ctx context.Context) (more bool, err error) {
 			return false, err
 		}
 		f.owner, f.tail, f.tracked = true, tail, map[string]*tracked{}
+		f.durs, f.dirty = map[string]*StepDurations{}, map[string]bool{}
 		if f.fresh = f.cursor == 0; f.fresh {
 			f.seen = map[string]bool{}
 			f.log.Info("run list: building the list from the start of the log")
@@ -154,6 +162,9 @@ func (f *follower) step(ctx context.Context) (more bool, err error) {
 		return false, err
 	}
 	if err := f.writeRows(ctx, dirty); err != nil {
+		return false, err
+	}
+	if err := f.writeDurations(ctx); err != nil {
 		return false, err
 	}
 	if err := f.saveCursor(ctx, next); err != nil {
@@ -209,6 +220,7 @@ func (f *follower) fold(ctx context.Context, recs []statestore.RunEventRecord) (
 		if t.snap != nil && t.snap.LastEventSeq != before {
 			t.updated = rs[len(rs)-1].PersistedAt
 			dirty = append(dirty, t)
+			f.noteDurations(t.snap, rs, before)
 		} else if readBack {
 			dirty = append(dirty, t)
 		}
@@ -394,4 +406,55 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// noteDurations records the durations of the steps that ended in rs (the
+// records after before): from the step's StepStarted to its end, as the
+// snapshot has them.
+func (f *follower) noteDurations(snap *statestore.RunSnapshot, rs []statestore.RunEventRecord, before int64) {
+	for i := range rs {
+		r := &rs[i]
+		if r.RunSeq <= before || (r.EventType != statestore.StepCompleted && r.EventType != statestore.StepFailed) {
+			continue
+		}
+		st := snap.Step(r.StepID)
+		if st == nil || st.StartedAt == "" || st.CompletedAt != r.PersistedAt {
+			continue // a later attempt of the step is in the batch too
+		}
+		from, err1 := time.Parse(time.RFC3339Nano, st.StartedAt)
+		to, err2 := time.Parse(time.RFC3339Nano, st.CompletedAt)
+		if err1 != nil || err2 != nil || to.Before(from) {
+			continue
+		}
+		k := durKey(snap.PlanID, snap.PlanVersion, r.StepID)
+		d := f.durs[k]
+		if d == nil {
+			d = &StepDurations{PlanID: snap.PlanID, PlanVersion: snap.PlanVersion, StepID: r.StepID}
+			if !f.fresh {
+				d.Seconds = f.mirror.durations(k) // the history before this turn
+			}
+			f.durs[k] = d
+		}
+		d.add(to.Sub(from).Seconds())
+		f.dirty[k] = true
+	}
+}
+
+// writeDurations writes the step durations that changed. Two followers
+// at once may each write a key: the last write wins, and a few samples of
+// the other are lost (an estimate, not a record).
+func (f *follower) writeDurations(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
+	defer cancel()
+	for k := range f.dirty {
+		b, err := json.Marshal(f.durs[k])
+		if err != nil {
+			return err
+		}
+		if _, err := f.kv.Put(ctx, k, b); err != nil {
+			return fmt.Errorf("%w: write %s: %w", ErrUnavailable, k, err)
+		}
+		delete(f.dirty, k)
+	}
+	return nil
 }

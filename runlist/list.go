@@ -3,9 +3,11 @@ package runlist
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -64,6 +66,9 @@ type Options struct {
 	// Logger (default zap.NewNop()); Metrics (nil: none).
 	Logger  *zap.Logger
 	Metrics *Metrics
+	// Registerer, when set, receives the drain estimate gauges
+	// (sidecar_drain_eta_seconds), computed from the list at each scrape.
+	Registerer prometheus.Registerer
 }
 
 // List is the run list: the follower that keeps the bucket up to date
@@ -115,7 +120,16 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*List, err
 	}
 	l := &List{opts: opts, log: opts.Logger.Named("runlist"), kv: kv}
 	l.mirror = startMirror(kv, l.log, opts.Metrics)
-	l.follow = startFollower(kv, opts, l.log)
+	l.follow = startFollower(kv, opts, l.log, l.mirror)
+	if opts.Registerer != nil {
+		for _, q := range []float64{0.5, 0.9} {
+			opts.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name:        "sidecar_drain_eta_seconds",
+				Help:        "Estimated seconds until the slowest open drain ends, at a quantile of the step durations of earlier runs (every replica reports the same; take max).",
+				ConstLabels: prometheus.Labels{"quantile": strconv.FormatFloat(q, 'f', -1, 64)},
+			}, func() float64 { return l.slowestDrain(q) }))
+		}
+	}
 	return l, nil
 }
 

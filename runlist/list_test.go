@@ -405,3 +405,59 @@ func TestRow_JSON(t *testing.T) {
 }
 
 func errorsIs(err, target error) bool { return errors.Is(err, target) }
+
+// TestList_DrainETA: the follower records each step's duration per plan
+// version; a DRAINING run's row (and List.ETA) estimates its drain's end
+// from them, unknown for a step without history; the durations survive a
+// rebuild of the list.
+func TestList_DrainETA(t *testing.T) {
+	f := newFixture(t)
+	l := f.open(runlist.Options{})
+	for i, ms := range []int{60, 120, 180} {
+		id := fmt.Sprintf("done-%d", i)
+		f.start(id, "p", nil)
+		f.event(id, "p", statestore.StepStarted, "work", 1, nil)
+		time.Sleep(time.Duration(ms) * time.Millisecond)
+		f.event(id, "p", statestore.StepCompleted, "work", 1, nil)
+		f.event(id, "p", statestore.RunCompleted, "", 1, nil)
+	}
+	f.start("draining", "p", nil)
+	f.event("draining", "p", statestore.StepStarted, "work", 1, nil)
+	f.event("draining", "p", statestore.StepStarted, "other", 1, nil)
+	f.event("draining", "p", statestore.RunPaused, "", 1, map[string]any{"reason": "r"})
+	waitIndexed(t, l)
+	got := l.Durations("p", "2", "work")
+	want := []float64{0.06, 0.12, 0.18}
+	if len(got) != 3 {
+		t.Fatalf("durations %v, want 3", got)
+	}
+	for i := range want {
+		if got[i] < want[i] || got[i] > want[i]+0.1 {
+			t.Fatalf("durations %v, want about %v", got, want)
+		}
+	}
+	p, err := l.List(runlist.Filter{Substatus: statestore.SubstatusDraining}, 0, "")
+	if err != nil || len(p.Runs) != 1 {
+		t.Fatalf("%+v %v", p, err)
+	}
+	if e := p.Runs[0].DrainETA; e == nil || !slices.Equal(e.Unknown, []string{"other"}) || e.P50 != "" {
+		t.Fatalf("ETA with a step without history: %+v, want unknown for other", e)
+	}
+	now := time.Now()
+	e := l.ETA("p", "2", []runlist.InFlightStep{{StepID: "work", StartedAt: now.Format(time.RFC3339Nano)}}, now)
+	p50, _ := time.Parse(time.RFC3339Nano, e.P50)
+	p90, _ := time.Parse(time.RFC3339Nano, e.P90)
+	if len(e.Unknown) != 0 || e.Samples != 3 || p50.Sub(now) < 110*time.Millisecond || p50.Sub(now) > 220*time.Millisecond || p90.Before(p50) {
+		t.Fatalf("ETA of a step just started: %+v (p50 in %s), want about the median duration", e, p50.Sub(now))
+	}
+	l.Close()
+
+	if err := f.js.DeleteKeyValue(context.Background(), runlist.DefaultBucket); err != nil {
+		t.Fatal(err)
+	}
+	rebuilt := f.open(runlist.Options{})
+	waitIndexed(t, rebuilt)
+	if again := rebuilt.Durations("p", "2", "work"); !slices.Equal(again, got) {
+		t.Fatalf("after a rebuild: %v, want %v", again, got)
+	}
+}

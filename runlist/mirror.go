@@ -3,6 +3,7 @@ package runlist
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 )
 
@@ -23,16 +25,27 @@ type mirror struct {
 	m   *Metrics
 
 	mu      sync.RWMutex
-	rows    map[string]*entry // runId -> entry
-	sorted  []*entry          // newest first, while !stale
-	stale   bool              // a run came or went since sorted was built
-	cursor  uint64            // the log sequence the rows include
-	rev     uint64            // highest bucket revision applied
-	synced  bool              // the watch delivered what existed when it began
-	changed chan struct{}     // closed (and replaced) at every change
+	st      state
+	sorted  []*entry      // st.rows newest first, while !stale
+	stale   bool          // a run came or went since sorted was built
+	synced  bool          // the watch delivered what existed when it began
+	changed chan struct{} // closed (and replaced) at every change
 
 	stop context.CancelFunc
 	done chan struct{}
+}
+
+// state is the content of the bucket.
+type state struct {
+	rows     map[string]*entry         // runId -> entry
+	draining map[string]*entry         // the rows with substatus DRAINING
+	durs     map[string]*StepDurations // durKey -> durations
+	cursor   uint64                    // the log sequence the rows include
+	rev      uint64                    // highest bucket revision applied
+}
+
+func newState() state {
+	return state{rows: map[string]*entry{}, draining: map[string]*entry{}, durs: map[string]*StepDurations{}}
 }
 
 // entry is a row with its bucket revision and its CreatedAt parsed.
@@ -44,7 +57,7 @@ type entry struct {
 
 func startMirror(kv jetstream.KeyValue, log *zap.Logger, m *Metrics) *mirror {
 	ctx, cancel := context.WithCancel(context.Background())
-	mr := &mirror{kv: kv, log: log.Named("mirror"), m: m, rows: map[string]*entry{}, changed: make(chan struct{}), stop: cancel, done: make(chan struct{})}
+	mr := &mirror{kv: kv, log: log.Named("mirror"), m: m, st: newState(), changed: make(chan struct{}), stop: cancel, done: make(chan struct{})}
 	go mr.loop(ctx)
 	return mr
 }
@@ -71,8 +84,7 @@ func (mr *mirror) loop(ctx context.Context) {
 			backoff = min(2*backoff, 30*time.Second)
 			continue
 		}
-		next := map[string]*entry{}
-		var cursor, rev uint64
+		next := newState()
 		building := true
 		for {
 			var e jetstream.KeyValueEntry
@@ -87,13 +99,13 @@ func (mr *mirror) loop(ctx context.Context) {
 				break
 			}
 			if e == nil { // the entries that existed are in
-				mr.swap(next, cursor, rev)
-				building, next = false, nil
+				mr.swap(next)
+				building, next = false, state{}
 				backoff = 250 * time.Millisecond
 				continue
 			}
 			if building {
-				cursor, rev = applyEntry(next, cursor, rev, e, mr.log)
+				next.apply(e, mr.log)
 				continue
 			}
 			mr.apply(e)
@@ -109,49 +121,71 @@ func (mr *mirror) loop(ctx context.Context) {
 	}
 }
 
-// applyEntry applies a bucket entry to rows and returns the new cursor
-// and revision.
-func applyEntry(rows map[string]*entry, cursor, rev uint64, e jetstream.KeyValueEntry, log *zap.Logger) (uint64, uint64) {
-	rev = max(rev, e.Revision())
-	if e.Key() == keyCursor {
+// apply applies a bucket entry; it reports whether a run came or went.
+func (st *state) apply(e jetstream.KeyValueEntry, log *zap.Logger) (cameOrWent bool) {
+	st.rev = max(st.rev, e.Revision())
+	key := e.Key()
+	switch {
+	case key == keyCursor:
 		if e.Operation() != jetstream.KeyValuePut {
-			return 0, rev
+			st.cursor = 0
+		} else if c, err := strconv.ParseUint(string(e.Value()), 10, 64); err == nil {
+			st.cursor = c
 		}
-		if c, err := strconv.ParseUint(string(e.Value()), 10, 64); err == nil {
-			cursor = c
+		return false
+	case strings.HasPrefix(key, keyDur):
+		if e.Operation() != jetstream.KeyValuePut {
+			delete(st.durs, key)
+			return false
 		}
-		return cursor, rev
+		var d StepDurations
+		if err := json.Unmarshal(e.Value(), &d); err != nil || d.key() != key {
+			log.Warn("run list: an entry that is not step durations; ignored", zap.String("key", key), zap.Error(err))
+			return false
+		}
+		st.durs[key] = &d
+		return false
+	case !strings.HasPrefix(key, keyRun):
+		return false
 	}
-	if !strings.HasPrefix(e.Key(), keyRun) {
-		return cursor, rev
-	}
+	runID := runIDOfKey(key)
 	if e.Operation() != jetstream.KeyValuePut {
-		delete(rows, runIDOfKey(e.Key()))
-		return cursor, rev
+		_, had := st.rows[runID]
+		delete(st.rows, runID)
+		delete(st.draining, runID)
+		return had
 	}
 	var r Row
-	if err := json.Unmarshal(e.Value(), &r); err != nil || r.RunID == "" || keyRun+natsstore.RunToken(r.RunID) != e.Key() {
-		log.Warn("run list: an entry that is not a row; ignored", zap.String("key", e.Key()), zap.Error(err))
-		return cursor, rev
+	if err := json.Unmarshal(e.Value(), &r); err != nil || r.RunID == "" || keyRun+natsstore.RunToken(r.RunID) != key {
+		log.Warn("run list: an entry that is not a row; ignored", zap.String("key", key), zap.Error(err))
+		return false
 	}
-	if cur, ok := rows[r.RunID]; ok && (cur.rev > e.Revision() || cur.row.LastEventSeq > r.LastEventSeq) {
-		return cursor, rev
+	cur, had := st.rows[r.RunID]
+	if had && (cur.rev > e.Revision() || cur.row.LastEventSeq > r.LastEventSeq) {
+		return false
 	}
 	intern(&r)
 	ne := entry{row: r, rev: e.Revision(), created: r.created().UnixNano()}
-	if cur, ok := rows[r.RunID]; ok {
+	if had {
 		*cur = ne // in place: the sorted order holds this pointer
 	} else {
-		rows[r.RunID] = &ne
+		cur = &ne
+		st.rows[r.RunID] = cur
 	}
-	return cursor, rev
+	if r.Substatus == statestore.SubstatusDraining {
+		st.draining[r.RunID] = cur
+	} else {
+		delete(st.draining, r.RunID)
+	}
+	return !had
 }
 
-func (mr *mirror) swap(rows map[string]*entry, cursor, rev uint64) {
+func (mr *mirror) swap(next state) {
 	mr.mu.Lock()
-	mr.rows, mr.cursor, mr.rev = rows, max(cursor, mr.cursor), max(rev, mr.rev)
+	next.cursor, next.rev = max(next.cursor, mr.st.cursor), max(next.rev, mr.st.rev)
+	mr.st = next
 	mr.stale, mr.synced = true, true
-	n := len(rows)
+	n := len(next.rows)
 	mr.notifyLocked()
 	mr.mu.Unlock()
 	mr.m.setRows(n)
@@ -159,14 +193,10 @@ func (mr *mirror) swap(rows map[string]*entry, cursor, rev uint64) {
 
 func (mr *mirror) apply(e jetstream.KeyValueEntry) {
 	mr.mu.Lock()
-	before := len(mr.rows)
-	_, had := mr.rows[runIDOfKey(e.Key())]
-	mr.cursor, mr.rev = applyEntry(mr.rows, mr.cursor, mr.rev, e, mr.log)
-	_, has := mr.rows[runIDOfKey(e.Key())]
-	if had != has || len(mr.rows) != before {
+	if mr.st.apply(e, mr.log) {
 		mr.stale = true
 	}
-	n := len(mr.rows)
+	n := len(mr.st.rows)
 	mr.notifyLocked()
 	mr.mu.Unlock()
 	mr.m.setRows(n)
@@ -181,7 +211,7 @@ func (mr *mirror) notifyLocked() {
 func (mr *mirror) waitCursor(ctx context.Context, seq uint64) error {
 	for {
 		mr.mu.RLock()
-		cursor, ch := mr.cursor, mr.changed
+		cursor, ch := mr.st.cursor, mr.changed
 		mr.mu.RUnlock()
 		if cursor >= seq {
 			return nil
@@ -221,4 +251,14 @@ func intern(r *Row) {
 		}
 		r.Labels = m
 	}
+}
+
+// durations returns a copy of the durations under key k (nil: none).
+func (mr *mirror) durations(k string) []float64 {
+	mr.mu.RLock()
+	defer mr.mu.RUnlock()
+	if d := mr.st.durs[k]; d != nil {
+		return slices.Clone(d.Seconds)
+	}
+	return nil
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
 // Filter selects runs. Empty fields match any run.
@@ -129,13 +131,13 @@ func (l *List) List(f Filter, limit int, cont string) (*Page, error) {
 	}
 	if mr.stale {
 		mr.sorted = mr.sorted[:0]
-		for _, e := range mr.rows {
+		for _, e := range mr.st.rows {
 			mr.sorted = append(mr.sorted, e)
 		}
 		sort.Slice(mr.sorted, func(i, j int) bool { return before(mr.sorted[i], mr.sorted[j]) })
 		mr.stale = false
 	}
-	page := &Page{Runs: []Row{}, IndexedThrough: mr.cursor, Revision: mr.rev}
+	page := &Page{Runs: []Row{}, IndexedThrough: mr.st.cursor, Revision: mr.st.rev}
 	i := 0
 	if from != nil {
 		i = sort.Search(len(mr.sorted), func(k int) bool { return before(from, mr.sorted[k]) })
@@ -154,6 +156,7 @@ func (l *List) List(f Filter, limit int, cont string) (*Page, error) {
 		last = e
 	}
 	mr.mu.Unlock()
+	l.addETAs(page.Runs)
 	return page, nil
 }
 
@@ -172,8 +175,8 @@ func (l *List) Changes(ctx context.Context, f Filter, after uint64, wait time.Du
 			mr.mu.RUnlock()
 			return nil, ErrSyncing
 		}
-		page := &Page{Runs: []Row{}, IndexedThrough: mr.cursor, Revision: mr.rev}
-		for _, e := range mr.rows {
+		page := &Page{Runs: []Row{}, IndexedThrough: mr.st.cursor, Revision: mr.st.rev}
+		for _, e := range mr.st.rows {
 			if e.rev > after && f.matchFixed(&e.row) {
 				page.Runs = append(page.Runs, e.row)
 			}
@@ -181,7 +184,8 @@ func (l *List) Changes(ctx context.Context, f Filter, after uint64, wait time.Du
 		ch := mr.changed
 		mr.mu.RUnlock()
 		if len(page.Runs) > 0 || wait <= 0 {
-			sort.Slice(page.Runs, func(i, j int) bool { return page.Runs[i].UpdatedAt < page.Runs[j].UpdatedAt })
+			sort.Slice(page.Runs, func(i, j int) bool { return page.Runs[i].LastEventSeq < page.Runs[j].LastEventSeq })
+			l.addETAs(page.Runs)
 			return page, nil
 		}
 		select {
@@ -190,6 +194,16 @@ func (l *List) Changes(ctx context.Context, f Filter, after uint64, wait time.Du
 		case <-deadline.C:
 			return page, nil
 		case <-ch:
+		}
+	}
+}
+
+// addETAs estimates the drain end of the DRAINING runs among rows.
+func (l *List) addETAs(rows []Row) {
+	now := time.Now()
+	for i := range rows {
+		if r := &rows[i]; r.Substatus == statestore.SubstatusDraining {
+			r.DrainETA = l.mirror.eta(r.PlanID, r.PlanVersion, r.InFlightSteps, now)
 		}
 	}
 }

@@ -39,6 +39,11 @@ type Row struct {
 	Steps    int `json:"steps"`
 	Done     int `json:"done"`
 	InFlight int `json:"inFlight"`
+	// InFlightSteps are the steps in flight with the time their try began.
+	InFlightSteps []InFlightStep `json:"inFlightSteps,omitempty"`
+	// DrainETA estimates when a DRAINING run's drain ends; computed when
+	// the run is listed, never stored.
+	DrainETA *ETA `json:"drainEta,omitempty"`
 	// CreatedAt is the persistedAt of the run's first event; the list is
 	// ordered by it, newest first.
 	CreatedAt   string `json:"createdAt"`
@@ -65,6 +70,7 @@ func rowOf(s *statestore.RunSnapshot, created, updated string) Row {
 		Status: s.Status, Substatus: s.Substatus, Steps: len(s.Steps),
 		CreatedAt: created, CompletedAt: s.CompletedAt, LastEventSeq: s.LastEventSeq, UpdatedAt: updated,
 	}
+	r.InFlightSteps = InFlightSteps(s)
 	for i := range s.Steps {
 		switch st := &s.Steps[i]; st.Status {
 		case statestore.StepStatusSuccess, statestore.StepStatusFailed, statestore.StepStatusSkipped:

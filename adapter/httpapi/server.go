@@ -26,6 +26,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/registry"
+	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -461,6 +462,9 @@ type RunView struct {
 	*statestore.RunSnapshot
 	Message string           `json:"message"`
 	Drain   *drain.DrainView `json:"drain,omitempty"`
+	// DrainETA estimates when a DRAINING run's drain ends, from the
+	// durations of the same steps in earlier runs of the plan version.
+	DrainETA *runlist.ETA `json:"drainEta,omitempty"`
 	// Notice says what an accepted control request did not do (see
 	// drain.State.Notice).
 	Notice string `json:"notice,omitempty"`
@@ -484,7 +488,11 @@ func (s *Server) writeRunNotice(w http.ResponseWriter, r *http.Request, runID, n
 	}
 	view := *snap // the projector's snapshot may be shared: the open pause goes on a copy
 	view.PausedSeconds += openPauseSeconds(snap, time.Now())
-	return writeJSON(w, http.StatusOK, RunView{RunSnapshot: &view, Message: Message(snap), Drain: drain.StateOf(snap, s.opts.DrainTimeout).Drain, Notice: notice})
+	rv := RunView{RunSnapshot: &view, Message: Message(snap), Drain: drain.StateOf(snap, s.opts.DrainTimeout).Drain, Notice: notice}
+	if snap.Substatus == statestore.SubstatusDraining && s.opts.List != nil {
+		rv.DrainETA = s.opts.List.ETA(snap.PlanID, snap.PlanVersion, runlist.InFlightSteps(snap), time.Now())
+	}
+	return writeJSON(w, http.StatusOK, rv)
 }
 
 // openPauseSeconds is how long the run has been paused, when it is.

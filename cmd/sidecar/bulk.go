@@ -145,6 +145,9 @@ func (c *ControlCommand) waitBulk(ctx context.Context, client *httpapi.Client, r
 			return err
 		}
 		drained, inFlight, timedOut, gone := 0, 0, 0, len(want)
+		now := time.Now()
+		var slowest time.Time // the latest p90 among the drains
+		unknown := 0          // drains without an estimate
 		for _, r := range list.Runs {
 			if !want[r.RunID] {
 				continue
@@ -157,10 +160,21 @@ func (c *ControlCommand) waitBulk(ctx context.Context, client *httpapi.Client, r
 				drained++
 			default:
 				inFlight += r.InFlight
+				if e := r.DrainETA; e == nil || len(e.Unknown) > 0 {
+					unknown++
+				} else if t, err := time.Parse(time.RFC3339Nano, e.P90); err == nil && t.After(slowest) {
+					slowest = t
+				}
 			}
 		}
 		// A run no longer PAUSED (resumed or ended meanwhile) is not waited for.
 		line := fmt.Sprintf("drained %d/%d, steps in flight %d, drain timed out %d, no longer paused %d", drained, len(want), inFlight, timedOut, gone)
+		if !slowest.IsZero() {
+			line += ", slowest drained in " + max(slowest.Sub(now), 0).Round(time.Second).String() + " (p90)"
+		}
+		if unknown > 0 {
+			line += fmt.Sprintf(", %d without an estimate", unknown)
+		}
 		if line != last && output != "json" {
 			fmt.Fprintln(c.m.Stdout, line)
 			last = line

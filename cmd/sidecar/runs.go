@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/runlist"
 )
 
 // RunsCommand lists runs: "sidecar runs [-l SELECTOR] [--plan P] ...".
@@ -186,7 +187,7 @@ func (t *runTable) print(rows []httpapi.ListedRun, first bool) {
 	}
 	tw := tabwriter.NewWriter(t.out, 0, 0, 3, ' ', 0)
 	if !t.header {
-		cols := "RUN\tPLAN\tSTATUS\tSTEPS\tIN-FLIGHT\tAGE"
+		cols := "RUN\tPLAN\tSTATUS\tSTEPS\tIN-FLIGHT\tDRAIN ETA\tAGE"
 		if t.wide {
 			cols += "\tVERSION\tTENANT\tLABELS\tPAUSE REASON\tRESUMES"
 		}
@@ -198,7 +199,7 @@ func (t *runTable) print(rows []httpapi.ListedRun, first bool) {
 		if r.Substatus != "" {
 			status += "/" + r.Substatus
 		}
-		line := fmt.Sprintf("%s\t%s\t%s\t%d/%d\t%d\t%s", r.RunID, r.PlanID, status, r.Done, r.Steps, r.InFlight, age(t.now(), r.CreatedAt))
+		line := fmt.Sprintf("%s\t%s\t%s\t%d/%d\t%d\t%s\t%s", r.RunID, r.PlanID, status, r.Done, r.Steps, r.InFlight, etaString(t.now(), r.DrainETA), age(t.now(), r.CreatedAt))
 		if t.wide {
 			line += fmt.Sprintf("\t%s\t%s\t%s\t%s\t%s", r.PlanVersion, r.TenantID, optional(labelString(r.Labels), "-"),
 				optional(r.PauseReason, "-"), optional(r.ResumeAt, "-"))
@@ -236,4 +237,25 @@ func labelString(l map[string]string) string {
 		keys[i] = k + "=" + l[k]
 	}
 	return strings.Join(keys, ",")
+}
+
+// etaString prints a drain estimate as the time left at p50/p90 ("12s/30s"),
+// "unknown" without history, "-" without a drain.
+func etaString(now time.Time, eta *runlist.ETA) string {
+	if eta == nil {
+		return "-"
+	}
+	if len(eta.Unknown) > 0 {
+		return "unknown"
+	}
+	return left(now, eta.P50) + "/" + left(now, eta.P90)
+}
+
+// left is the time from now to at, rounded to the second.
+func left(now time.Time, at string) string {
+	t, err := time.Parse(time.RFC3339Nano, at)
+	if err != nil {
+		return "?"
+	}
+	return max(t.Sub(now), 0).Round(time.Second).String()
 }

@@ -162,7 +162,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	}
 	// The run list (GET /v1/runs, sidecar runs): one replica follows the
 	// log into it, every replica mirrors it.
-	if sc.list, err = runlist.Open(ctx, js, runlist.Options{Log: sc.store, Owner: sc.members, Replicas: replicas, Logger: log, Metrics: runlist.NewMetrics(reg)}); err != nil {
+	if sc.list, err = runlist.Open(ctx, js, runlist.Options{Log: sc.store, Owner: sc.members, Replicas: replicas, Logger: log, Metrics: runlist.NewMetrics(reg), Registerer: reg}); err != nil {
 		return sc, err
 	}
 	sc.watcher = adapter.NewWatcher(runs, sc.store, adapter.WatcherOptions{Owner: sc.members, Logger: log, Metrics: adapterMetrics, DrainTimeout: cfg.DrainTimeout})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // StatusCommand shows a run's state: "sidecar status RUN".
@@ -50,6 +51,15 @@ func (c *StatusCommand) Run(ctx context.Context, args []string) error {
 				reason += " (step " + p.StepID + ")"
 			}
 			fmt.Fprintln(c.m.Stdout, "reason    "+reason)
+		}
+		if e := v.DrainETA; e != nil {
+			if len(e.Unknown) > 0 {
+				fmt.Fprintf(c.m.Stdout, "eta       unknown: no history enough for %s (3 earlier durations at least)\n", strings.Join(e.Unknown, ", "))
+			} else {
+				now := time.Now()
+				fmt.Fprintf(c.m.Stdout, "eta       drained in %s (even odds) to %s (9 in 10): %s .. %s, from %d earlier durations\n",
+					left(now, e.P50), left(now, e.P90), e.P50, e.P90, e.Samples)
+			}
 		}
 		if p := v.Pause; p != nil && p.ResumeAt != "" {
 			fmt.Fprintf(c.m.Stdout, "resumes   on its own at %s (scheduled; a resume or a new pause cancels it)\n", p.ResumeAt)
