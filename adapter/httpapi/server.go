@@ -13,6 +13,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -202,6 +203,19 @@ func NewServer(opts Options) *Server {
 		writeError(w, &apiError{status: http.StatusNotFound, Code: CodeNotFound, Message: "no such endpoint: " + r.Method + " " + r.URL.Path})
 	})
 	return s
+}
+
+// Routes returns the routes the server serves, "METHOD /path" sorted (the
+// OpenAPI document, docs/openapi.yaml, must list exactly these).
+func (s *Server) Routes() []string {
+	var out []string
+	for path, methods := range s.allow {
+		for _, m := range methods {
+			out = append(out, m+" "+path)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // Handler returns the API's handler.

@@ -1,0 +1,477 @@
+package httpapi_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"go.uber.org/zap/zaptest"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/runlist"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// openAPIDoc is docs/openapi.yaml, parsed.
+type openAPIDoc struct {
+	raw  map[string]any
+	path string // absolute path of the file
+}
+
+func loadOpenAPI(t *testing.T) *openAPIDoc {
+	t.Helper()
+	path, err := filepath.Abs("../../docs/openapi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw map[string]any
+	if err := yaml.Unmarshal(b, &raw); err != nil {
+		t.Fatal(err)
+	}
+	return &openAPIDoc{raw: raw, path: path}
+}
+
+// operations are the document's "METHOD /path" with their operation.
+func (d *openAPIDoc) operations() map[string]map[string]any {
+	out := map[string]map[string]any{}
+	for path, ops := range d.raw["paths"].(map[string]any) {
+		for method, op := range ops.(map[string]any) {
+			out[strings.ToUpper(method)+" "+path] = op.(map[string]any)
+		}
+	}
+	return out
+}
+
+// response is the documented response of op for status (following a
+// $ref to components.responses), or nil.
+func (d *openAPIDoc) response(op map[string]any, status string) map[string]any {
+	r, ok := op["responses"].(map[string]any)[status].(map[string]any)
+	if !ok {
+		return nil
+	}
+	if ref, ok := r["$ref"].(string); ok {
+		name := strings.TrimPrefix(ref, "#/components/responses/")
+		r = d.raw["components"].(map[string]any)["responses"].(map[string]any)[name].(map[string]any)
+	}
+	return r
+}
+
+// TestOpenAPI_RoutesBothWays: every route the server serves is in
+// docs/openapi.yaml, and every documented route is served.
+func TestOpenAPI_RoutesBothWays(t *testing.T) {
+	doc := loadOpenAPI(t)
+	var documented []string
+	for k := range doc.operations() {
+		documented = append(documented, k)
+	}
+	sort.Strings(documented)
+	e := newContractEnv(t)
+	served := e.api.Routes()
+	if !slices.Equal(served, documented) {
+		t.Fatalf("served routes and docs/openapi.yaml differ:\nserved:     %v\ndocumented: %v", served, documented)
+	}
+}
+
+// scriptedControl answers control calls with what the case sets.
+type scriptedControl struct {
+	mu    sync.Mutex
+	err   error
+	delay time.Duration
+}
+
+func (c *scriptedControl) act() (*drain.State, error) {
+	c.mu.Lock()
+	err, delay := c.err, c.delay
+	c.mu.Unlock()
+	time.Sleep(delay)
+	return &drain.State{}, err
+}
+
+func (c *scriptedControl) set(err error, delay time.Duration) {
+	c.mu.Lock()
+	c.err, c.delay = err, delay
+	c.mu.Unlock()
+}
+
+func (c *scriptedControl) Pause(context.Context, string, drain.PauseRequest) (*drain.State, error) {
+	return c.act()
+}
+func (c *scriptedControl) Resume(context.Context, string, drain.ResumeRequest) (*drain.State, error) {
+	return c.act()
+}
+func (c *scriptedControl) Cancel(context.Context, string, string, string) (*drain.State, error) {
+	return c.act()
+}
+func (c *scriptedControl) RetryStep(context.Context, string, string, drain.RetryRequest) (*drain.State, error) {
+	return c.act()
+}
+func (c *scriptedControl) ResumeLater(context.Context, string, time.Time, drain.ResumeRequest) (*drain.State, error) {
+	return c.act()
+}
+
+// scriptedStarter answers starts with what the case sets: Conductor's
+// refusals and outages, which the e2e tests meet on the real server.
+type scriptedStarter struct {
+	mu      sync.Mutex
+	created bool
+	err     error
+}
+
+func (s *scriptedStarter) Start(context.Context, httpapi.StartRequest) (*httpapi.Started, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return nil, s.err
+	}
+	return &httpapi.Started{RunID: "run-1", WorkflowID: "wf", EngineRunRef: "conductor://w/wf", Created: s.created}, nil
+}
+
+// syncingLister is a run list that has not read NATS yet (a replica just
+// started): the window is a few milliseconds, too short to hit on cue.
+type syncingLister struct{ httpapi.RunLister }
+
+func (syncingLister) List(runlist.Filter, int, string) (*runlist.Page, error) {
+	return nil, runlist.ErrSyncing
+}
+
+type contractEnv struct {
+	api                       *httpapi.Server
+	srv, down, syncing, unrdy *httptest.Server
+	control                   *scriptedControl
+	starter                   *scriptedStarter
+}
+
+// newContractEnv serves the API on a real log, run list and reply store
+// (embedded NATS) with authentication; down is the same on a NATS server
+// that has stopped; syncing has a list not read yet; unrdy is not ready.
+func newContractEnv(t *testing.T) *contractEnv {
+	t.Helper()
+	ctx := context.Background()
+	// Requests to the stopped server time out after 500 ms, not 5 s.
+	open := func() (*natsstore.Store, *runlist.List, httpapi.Replies, *natsstore.Embedded) {
+		_, nsrv := natstest.Start(t)
+		js := natstest.Connect(t, nsrv, jetstream.WithDefaultTimeout(500*time.Millisecond))
+		store, err := natsstore.Open(ctx, js, natsstore.Options{Logger: zaptest.NewLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { store.Close() })
+		list, err := runlist.Open(ctx, js, runlist.Options{Log: store, Poll: 10 * time.Millisecond, Timeout: 500 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(list.Close)
+		replies, err := httpapi.OpenKVReplies(ctx, js, 0, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return store, list, replies, nsrv
+	}
+	creds, err := httpapi.LoadCredentials(writeTokens(t, t.TempDir(), tokensYAML(
+		principal("root", "tok-admin", "admin", ""),
+		principal("v", "tok-viewer", "viewer", ""),
+		principal("s", "tok-sub", "submitter", ""),
+	)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, list, replies, _ := open()
+	w := storetest.Event("run-1", statestore.RunStarted, "")
+	storetest.WithPayload(w, map[string]any{"labels": map[string]string{"team": "data"}})
+	paused := storetest.Event("run-2", statestore.RunStarted, "")
+	storetest.WithPayload(paused, map[string]any{"labels": map[string]string{"team": "data"}})
+	for _, w := range []*statestore.RunEventWrite{w, storetest.Event("run-1", statestore.StepStarted, "a"),
+		paused, storetest.Event("run-2", statestore.RunPaused, "")} {
+		if _, err := store.Append(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := list.WaitIndexed(wctx); err != nil {
+		t.Fatal(err)
+	}
+	e := &contractEnv{control: &scriptedControl{}, starter: &scriptedStarter{}}
+	opts := httpapi.Options{Log: store, List: list, Control: e.control, Starter: e.starter, Replies: replies, Auth: creds,
+		Gatherer: prometheus.NewRegistry(), Logger: zaptest.NewLogger(t)}
+	e.api = httpapi.NewServer(opts)
+	serve := func(o httpapi.Options) *httptest.Server {
+		s := httptest.NewServer(httpapi.NewServer(o).Handler())
+		t.Cleanup(s.Close)
+		return s
+	}
+	e.srv = httptest.NewServer(e.api.Handler())
+	t.Cleanup(e.srv.Close)
+	syncing := opts
+	syncing.List = syncingLister{list}
+	e.syncing = serve(syncing)
+	unrdy := opts
+	unrdy.Ready = func(context.Context) error { return fmt.Errorf("conductor: connection refused") }
+	e.unrdy = serve(unrdy)
+
+	dstore, dlist, dreplies, dsrv := open()
+	down := opts
+	down.Log, down.List, down.Replies = dstore, dlist, dreplies
+	e.down = serve(down)
+	dsrv.Shutdown()
+	return e
+}
+
+type apiAnswer struct {
+	status int
+	body   []byte
+}
+
+func (e *contractEnv) do(t *testing.T, srv *httptest.Server, method, path, token, contentType, body, idemKey string) apiAnswer {
+	t.Helper()
+	var rd *bytes.Reader
+	if body != "" {
+		rd = bytes.NewReader([]byte(body))
+	} else {
+		rd = bytes.NewReader(nil)
+	}
+	req, err := http.NewRequest(method, srv.URL+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	if idemKey != "" {
+		req.Header.Set(httpapi.IdempotencyKeyHeader, idemKey)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	_, _ = b.ReadFrom(resp.Body)
+	return apiAnswer{status: resp.StatusCode, body: b.Bytes()}
+}
+
+// TestOpenAPI_EveryAnswerDocumented drives the server through every
+// answer docs/openapi.yaml documents, route by route: each answer must be
+// documented for its route and its body must match the documented schema
+// (JSON Schema 2020-12, as OpenAPI 3.1 writes it); and every documented
+// answer must have been produced.
+func TestOpenAPI_EveryAnswerDocumented(t *testing.T) {
+	doc := loadOpenAPI(t)
+	e := newContractEnv(t)
+	c := jsonschema.NewCompiler()
+	docURL := "file://" + doc.path
+	if err := c.AddResource(docURL, toJSONValue(t, doc.raw)); err != nil {
+		t.Fatal(err)
+	}
+	produced := map[string]bool{}
+	check := func(opKey, status string, a apiAnswer, pointer string) {
+		t.Helper()
+		op := doc.operations()[opKey]
+		r := doc.response(op, status)
+		if r == nil {
+			t.Errorf("%s answered %s, which docs/openapi.yaml does not document: %s", opKey, status, a.body)
+			return
+		}
+		produced[opKey+" "+status] = true
+		content, _ := r["content"].(map[string]any)
+		if _, ok := content["application/json"]; !ok {
+			return
+		}
+		sch, err := c.Compile(docURL + "#" + pointer)
+		if err != nil {
+			t.Fatalf("compile the schema of %s %s: %v", opKey, status, err)
+		}
+		var v any
+		if err := json.Unmarshal(a.body, &v); err != nil {
+			t.Errorf("%s %s: not JSON: %s", opKey, status, a.body)
+			return
+		}
+		if err := sch.Validate(v); err != nil {
+			t.Errorf("%s %s: the body does not match the documented schema: %v\n%s", opKey, status, err, a.body)
+		}
+	}
+	run := func(opKey string, srv *httptest.Server, path, token, contentType, body, key string) {
+		t.Helper()
+		method, _, _ := strings.Cut(opKey, " ")
+		a := e.do(t, srv, method, path, token, contentType, body, key)
+		status := fmt.Sprint(a.status)
+		check(opKey, status, a, schemaPointer(doc, opKey, status))
+	}
+	big := `{"reason":"` + strings.Repeat("x", httpapi.MaxBodyBytes) + `"}`
+	const js = "application/json"
+	planJSON := `{"planId":"p","planVersion":"1","steps":[{"stepId":"a","executor":{"type":"noop"}}]}`
+	startBody := `{"tenantId":"t","projectId":"p","environmentId":"e","runRequestId":"r","plan":` + planJSON + `}`
+
+	// Every route: without credentials, and with a token without its role.
+	for opKey, op := range doc.operations() {
+		method, path, _ := strings.Cut(opKey, " ")
+		path = strings.NewReplacer("{runId}", "run-1", "{stepId}", "a").Replace(path)
+		role, _ := op["x-role"].(string)
+		if role == "" {
+			continue
+		}
+		body, ct := "", ""
+		if method == http.MethodPost {
+			body, ct = `{"reason":"r"}`, js
+		}
+		run(opKey, e.srv, path, "", ct, body, "")
+		wrong := "tok-viewer"
+		if role == "viewer" {
+			wrong = "tok-sub"
+		}
+		run(opKey, e.srv, path, wrong, ct, body, "")
+		if method == http.MethodPost {
+			run(opKey, e.srv, path, "tok-admin", js, big, "")
+			run(opKey, e.srv, path, "tok-admin", "text/plain", body, "")
+		}
+	}
+
+	// POST /v1/runs
+	start := "POST /v1/runs"
+	e.starter.created = true
+	run(start, e.srv, "/v1/runs", "tok-admin", js, startBody, "")
+	e.starter.created = false
+	run(start, e.srv, "/v1/runs", "tok-admin", js, startBody, "")
+	run(start, e.srv, "/v1/runs", "tok-admin", js, `{"tenantId":"t"}`, "")
+	for _, err := range []error{
+		&adapter.Error{Code: httpapi.CodePlanConflict, Message: "plan p 1 exists with other content"},
+		&adapter.Error{Code: adapter.CodeEngineRejected, Message: "conductor said no"},
+		&adapter.Error{Code: adapter.CodeEngineUnavailable, Message: "connection refused"},
+	} {
+		e.starter.err = err
+		run(start, e.srv, "/v1/runs", "tok-admin", js, startBody, "")
+	}
+	e.starter.err = nil
+
+	// GET /v1/runs
+	list := "GET /v1/runs"
+	run(list, e.srv, "/v1/runs?labelSelector=team%3Ddata&limit=10", "tok-admin", "", "", "")
+	run(list, e.srv, "/v1/runs?watch=true&timeoutSeconds=0", "tok-admin", "", "", "")
+	run(list, e.srv, "/v1/runs?labelSelector=tier+in+(gold", "tok-admin", "", "", "")
+	run(list, e.syncing, "/v1/runs", "tok-admin", "", "", "")
+
+	// A run and its events.
+	run("GET /v1/runs/{runId}", e.srv, "/v1/runs/run-1", "tok-admin", "", "", "")
+	run("GET /v1/runs/{runId}", e.srv, "/v1/runs/nope", "tok-admin", "", "", "")
+	run("GET /v1/runs/{runId}", e.down, "/v1/runs/run-1", "tok-admin", "", "", "")
+	events := "GET /v1/runs/{runId}/events"
+	run(events, e.srv, "/v1/runs/run-1/events", "tok-admin", "", "", "")
+	run(events, e.srv, "/v1/runs/run-1/events?limit=0", "tok-admin", "", "", "")
+	run(events, e.srv, "/v1/runs/nope/events", "tok-admin", "", "", "")
+	run(events, e.down, "/v1/runs/run-1/events", "tok-admin", "", "", "")
+
+	// The control routes.
+	for _, opKey := range []string{"POST /v1/runs/{runId}/pause", "POST /v1/runs/{runId}/resume", "POST /v1/runs/{runId}/cancel", "POST /v1/runs/{runId}/steps/{stepId}/retry"} {
+		path := strings.NewReplacer("{runId}", "run-1", "{stepId}", "a").Replace(strings.TrimPrefix(opKey, "POST "))
+		e.control.set(nil, 0)
+		run(opKey, e.srv, path, "tok-admin", js, `{"reason":"r"}`, "")
+		run(opKey, e.srv, path, "tok-admin", js, `{"reason":1}`, "")
+		for _, err := range []error{
+			drain.ErrRunNotFound,
+			&statestore.Error{Code: statestore.CodeInvalidTransition, Message: "run is COMPLETED"},
+			&drain.EngineError{Err: &adapter.Error{Code: adapter.CodeEngineUnavailable, Message: "connection refused"}},
+		} {
+			e.control.set(err, 0)
+			run(opKey, e.srv, path, "tok-admin", js, `{"reason":"r"}`, "")
+		}
+		e.control.set(nil, 0)
+		key := "k-" + path
+		run(opKey, e.srv, path, "tok-admin", js, `{"reason":"first"}`, key)
+		run(opKey, e.srv, path, "tok-admin", js, `{"reason":"second"}`, key)
+	}
+
+	// The bulk actions.
+	for _, action := range []string{"pause", "resume", "cancel"} {
+		opKey, path := "POST /v1/runs:"+action, "/v1/runs:"+action
+		e.control.set(nil, 0)
+		run(opKey, e.srv, path, "tok-admin", js, `{"labelSelector":"team=data","reason":"r"}`, "")
+		run(opKey, e.srv, path, "tok-admin", js, `{"labelSelector":"team=data"}`, "")
+		run(opKey, e.down, path, "tok-admin", js, `{"labelSelector":"team=data","reason":"r"}`, "")
+		key := "bulk-" + action
+		run(opKey, e.srv, path, "tok-admin", js, `{"labelSelector":"team=data","reason":"first"}`, key)
+		run(opKey, e.srv, path, "tok-admin", js, `{"labelSelector":"team=data","reason":"second"}`, key)
+		// The same key while its first request is being answered.
+		e.control.set(nil, time.Second)
+		slow := make(chan struct{})
+		go func() {
+			defer close(slow)
+			e.do(t, e.srv, "POST", path, "tok-admin", js, `{"labelSelector":"team=data","reason":"slow"}`, "slow-"+action)
+		}()
+		time.Sleep(300 * time.Millisecond)
+		run(opKey, e.srv, path, "tok-admin", js, `{"labelSelector":"team=data","reason":"slow"}`, "slow-"+action)
+		<-slow
+		e.control.set(nil, 0)
+	}
+
+	// Probes and metrics.
+	run("GET /healthz", e.srv, "/healthz", "", "", "", "")
+	run("GET /readyz", e.srv, "/readyz", "", "", "", "")
+	run("GET /readyz", e.unrdy, "/readyz", "", "", "", "")
+	run("GET /metrics", e.srv, "/metrics", "tok-admin", "", "", "")
+
+	var missing []string
+	for opKey, op := range doc.operations() {
+		for status := range op["responses"].(map[string]any) {
+			if !produced[opKey+" "+status] {
+				missing = append(missing, opKey+" "+status)
+			}
+		}
+	}
+	sort.Strings(missing)
+	if len(missing) > 0 {
+		t.Errorf("documented answers no request produced (%d):\n  %s", len(missing), strings.Join(missing, "\n  "))
+	}
+}
+
+// schemaPointer is the JSON pointer of the schema of opKey's answer status.
+func schemaPointer(doc *openAPIDoc, opKey, status string) string {
+	method, path, _ := strings.Cut(opKey, " ")
+	op := doc.operations()[opKey]
+	r, _ := op["responses"].(map[string]any)[status].(map[string]any)
+	esc := strings.NewReplacer("~", "~0", "/", "~1")
+	if ref, ok := r["$ref"].(string); ok {
+		return strings.TrimPrefix(ref, "#") + "/content/application~1json/schema"
+	}
+	return "/paths/" + esc.Replace(path) + "/" + strings.ToLower(method) + "/responses/" + status + "/content/application~1json/schema"
+}
+
+// toJSONValue converts a YAML document to the values a JSON decoder gives.
+func toJSONValue(t *testing.T, v any) any {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
