@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -27,8 +29,11 @@ func TestE2E_BulkControl(t *testing.T) {
 	p := startServe(t, dataDir, addr, "--concurrency", "command=16")
 	server := "http://" + addr
 	ctx := context.Background()
+	// Every step waits for the barrier file, which the test creates once
+	// the bulk pause is done: no run can end before it is selected.
+	barrier := filepath.Join(t.TempDir(), "go")
 	pl := mustPlan(t, `{"planId":"`+uniq("e2e-bulk")+`","planVersion":"1","steps":[
-		{"stepId":"work","executor":{"type":"command","argv":["sleep","2"]}}]}`)
+		{"stepId":"work","executor":{"type":"command","argv":["bash","-c","while [ ! -e '`+barrier+`' ]; do sleep 0.1; done"]}}]}`)
 	start := func(labels map[string]string) string {
 		req := httpapi.StartRequest{TenantID: "t-e2e", ProjectID: "p-e2e", EnvironmentID: "test", RunRequestID: uniq("req"), Plan: pl, Labels: labels}
 		for try := 0; ; try++ {
@@ -175,7 +180,10 @@ func TestE2E_BulkControl(t *testing.T) {
 	}
 
 	// pause --wait again, without a key: all already paused; it follows
-	// the drains to the end.
+	// the drains to the end, once the steps in flight may end.
+	if err := os.WriteFile(barrier, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	wctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
 	var wout lockedBuffer
