@@ -122,6 +122,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*List, err
 	l.mirror = startMirror(kv, l.log, opts.Metrics)
 	l.follow = startFollower(kv, opts, l.log, l.mirror)
 	if opts.Registerer != nil {
+		opts.Registerer.MustRegister(newPausedByReason(l))
 		for _, q := range []float64{0.5, 0.9} {
 			opts.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Name:        "sidecar_drain_eta_seconds",

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/runlist"
@@ -459,5 +460,49 @@ func TestList_DrainETA(t *testing.T) {
 	waitIndexed(t, rebuilt)
 	if again := rebuilt.Durations("p", "2", "work"); !slices.Equal(again, got) {
 		t.Fatalf("after a rebuild: %v, want %v", again, got)
+	}
+}
+
+// TestList_PausedByReason: sidecar_runs_paused_by_reason counts the PAUSED
+// runs by reason, the 10 most common apart and the rest as other; a run
+// resumed leaves it.
+func TestList_PausedByReason(t *testing.T) {
+	f := newFixture(t)
+	reg := prometheus.NewRegistry()
+	l := f.open(runlist.Options{Registerer: reg})
+	pause := func(id, reason string) {
+		f.start(id, "p", nil)
+		f.event(id, "p", statestore.RunPaused, "", 1, map[string]any{"reason": reason})
+	}
+	for i := range 3 {
+		pause(fmt.Sprintf("db-%d", i), "db failover")
+	}
+	pause("none", "")
+	for i := range 11 {
+		pause(fmt.Sprintf("x-%d", i), fmt.Sprintf("reason %02d", i))
+	}
+	f.event("x-10", "p", statestore.RunResumed, "", 1, nil)
+	waitIndexed(t, l)
+	got := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "sidecar_runs_paused_by_reason" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			got[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+		}
+	}
+	// 12 reasons among 14 paused runs: db failover (3) first, then by
+	// name: (none), reason 00 .. reason 07; reason 08 and 09 are other.
+	want := map[string]float64{"db failover": 3, "(none)": 1, "other": 2}
+	for i := range 8 {
+		want[fmt.Sprintf("reason %02d", i)] = 1
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("by reason:\n got %v\nwant %v", got, want)
 	}
 }

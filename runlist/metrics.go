@@ -43,3 +43,30 @@ func (m *Metrics) error() {
 		m.errors.Inc()
 	}
 }
+
+// maxReasons is how many pause reasons sidecar_runs_paused_by_reason
+// reports apart; the others are summed as "other".
+const maxReasons = 10
+
+// pausedByReason reports the PAUSED runs by their pause's reason, from the
+// list at each scrape: the 10 most common reasons (cut to 64 bytes), the
+// rest as "other", "" as "(none)". A reason is free text: the cap keeps the
+// series few whatever operators write. Its cost follows the paused runs.
+type pausedByReason struct {
+	l    *List
+	desc *prometheus.Desc
+}
+
+func newPausedByReason(l *List) *pausedByReason {
+	return &pausedByReason{l: l, desc: prometheus.NewDesc("sidecar_runs_paused_by_reason",
+		"PAUSED runs by the reason of their pause: the 10 most common, the rest as other (every replica reports the same; take max).",
+		[]string{"reason"}, nil)}
+}
+
+func (c *pausedByReason) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *pausedByReason) Collect(ch chan<- prometheus.Metric) {
+	for reason, n := range c.l.pausedByReason() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), reason)
+	}
+}

@@ -39,13 +39,14 @@ type mirror struct {
 type state struct {
 	rows     map[string]*entry         // runId -> entry
 	draining map[string]*entry         // the rows with substatus DRAINING
+	paused   map[string]*entry         // the rows with status PAUSED
 	durs     map[string]*StepDurations // durKey -> durations
 	cursor   uint64                    // the log sequence the rows include
 	rev      uint64                    // highest bucket revision applied
 }
 
 func newState() state {
-	return state{rows: map[string]*entry{}, draining: map[string]*entry{}, durs: map[string]*StepDurations{}}
+	return state{rows: map[string]*entry{}, draining: map[string]*entry{}, paused: map[string]*entry{}, durs: map[string]*StepDurations{}}
 }
 
 // entry is a row with its bucket revision and its CreatedAt parsed.
@@ -153,6 +154,7 @@ func (st *state) apply(e jetstream.KeyValueEntry, log *zap.Logger) (cameOrWent b
 		_, had := st.rows[runID]
 		delete(st.rows, runID)
 		delete(st.draining, runID)
+		delete(st.paused, runID)
 		return had
 	}
 	var r Row
@@ -176,6 +178,11 @@ func (st *state) apply(e jetstream.KeyValueEntry, log *zap.Logger) (cameOrWent b
 		st.draining[r.RunID] = cur
 	} else {
 		delete(st.draining, r.RunID)
+	}
+	if r.Status == statestore.RunStatusPaused {
+		st.paused[r.RunID] = cur
+	} else {
+		delete(st.paused, r.RunID)
 	}
 	return !had
 }

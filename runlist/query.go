@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
@@ -206,4 +207,44 @@ func (l *List) addETAs(rows []Row) {
 			r.DrainETA = l.mirror.eta(r.PlanID, r.PlanVersion, r.InFlightSteps, now)
 		}
 	}
+}
+
+// pausedByReason counts the PAUSED runs by pause reason: the maxReasons
+// most common, the others as "other", an empty reason as "(none)".
+func (l *List) pausedByReason() map[string]int {
+	counts := map[string]int{}
+	l.mirror.mu.RLock()
+	for _, e := range l.mirror.st.paused {
+		r := e.row.PauseReason
+		if r == "" {
+			r = "(none)"
+		}
+		if len(r) > 64 {
+			r = strings.ToValidUTF8(r[:64], "")
+		}
+		counts[r]++
+	}
+	l.mirror.mu.RUnlock()
+	if len(counts) <= maxReasons {
+		return counts
+	}
+	reasons := make([]string, 0, len(counts))
+	for r := range counts {
+		reasons = append(reasons, r)
+	}
+	sort.Slice(reasons, func(i, j int) bool {
+		if counts[reasons[i]] != counts[reasons[j]] {
+			return counts[reasons[i]] > counts[reasons[j]]
+		}
+		return reasons[i] < reasons[j]
+	})
+	out := map[string]int{}
+	for i, r := range reasons {
+		if i < maxReasons {
+			out[r] = counts[r]
+		} else {
+			out["other"] += counts[r]
+		}
+	}
+	return out
 }
