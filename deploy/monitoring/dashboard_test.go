@@ -126,7 +126,7 @@ func TestDashboard_MetricNames(t *testing.T) {
 
 func registeredMetrics(t *testing.T) map[string]bool {
 	t.Helper()
-	re := regexp.MustCompile(`Name:\s*"(sidecar_[a-z0-9_]+)"`)
+	re := regexp.MustCompile(`(?:Name:\s*|prometheus\.NewDesc\()"(sidecar_[a-z0-9_]+)"`)
 	out := map[string]bool{}
 	err := filepath.WalkDir(repoRoot, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
