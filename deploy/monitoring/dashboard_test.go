@@ -85,7 +85,8 @@ func compact(t *testing.T, raw json.RawMessage) string {
 
 // TestDashboard_MetricNames checks, without any server, that every metric
 // the dashboard and the alert rules query is one the sidecar's code
-// registers (a Name: "sidecar_..." in a Go file outside deploy/). The live
+// registers (a Name: "sidecar_..." or a prometheus.NewDesc("sidecar_...")
+// in a Go file outside deploy/). The live
 // test checks the same against real data; this one runs everywhere.
 func TestDashboard_MetricNames(t *testing.T) {
 	defined := registeredMetrics(t)
