@@ -33,11 +33,13 @@ type startingControl struct {
 	store  *natsstore.Store
 	mu     sync.Mutex
 	starts func(runID string) []string // the runs to start when runID is paused
+	pauses []drain.PauseRequest        // what each pause asked
 }
 
 func (c *startingControl) Pause(ctx context.Context, runID string, req drain.PauseRequest) (*drain.State, error) {
 	c.append(storetest.Event(runID, statestore.RunPaused, ""))
 	c.mu.Lock()
+	c.pauses = append(c.pauses, req)
 	next := c.starts(runID)
 	c.mu.Unlock()
 	for _, id := range next {
@@ -162,5 +164,18 @@ func TestBulk_BadRequests(t *testing.T) {
 	// all: true acts on every run; a dry run on none.
 	if status, res, raw := postBulk(t, srv, "pause", `{"all":true,"reason":"x","dryRun":true}`); status != 200 || len(res.Runs) != 1 || res.Runs[0].Outcome != "would_act" || len(c.taken()) != 0 {
 		t.Fatalf("dry run of all: %d %s, calls %v", status, raw, c.taken())
+	}
+	// A bulk pause carries the pause's fields to every run: drain timeout,
+	// scheduled resume, reason, requestedBy.
+	before := time.Now()
+	if status, _, raw := postBulk(t, srv, "pause", `{"all":true,"reason":"night","requestedBy":"jane","timeoutSeconds":60,"resumeAfterSeconds":3600}`); status != 200 {
+		t.Fatalf("bulk pause with a scheduled resume: %d %s", status, raw)
+	}
+	c.mu.Lock()
+	got := c.pauses
+	c.mu.Unlock()
+	if len(got) != 1 || got[0].TimeoutSeconds != 60 || got[0].Reason != "night" || got[0].RequestedBy != "jane" ||
+		got[0].ResumeAt.Before(before.Add(time.Hour)) || got[0].ResumeAt.After(time.Now().Add(time.Hour)) {
+		t.Fatalf("the pause asked: %+v", got)
 	}
 }
