@@ -16,7 +16,6 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/drain"
-	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
@@ -60,19 +59,8 @@ func (c *startingControl) append(w *statestore.RunEventWrite) {
 }
 
 func bulkEnv(t *testing.T, c *startingControl) *httptest.Server {
-	ctx := context.Background()
-	js, _ := natstest.Start(t)
-	store, err := natsstore.Open(ctx, js, natsstore.Options{Logger: zaptest.NewLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
+	store, list := openListedLog(t, natstest.Connect(t, natstestServer(t)))
 	c.t, c.store = t, store
-	list, err := runlist.Open(ctx, js, runlist.Options{Log: store, Poll: 10 * time.Millisecond, Logger: zaptest.NewLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(list.Close)
 	srv := httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: store, List: list, Control: c, Logger: zaptest.NewLogger(t)}).Handler())
 	t.Cleanup(srv.Close)
 	return srv

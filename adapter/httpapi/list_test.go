@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
@@ -25,12 +26,7 @@ import (
 // a real log.
 func TestServer_ListScope(t *testing.T) {
 	ctx := context.Background()
-	js, _ := natstest.Start(t)
-	store, err := natsstore.Open(ctx, js, natsstore.Options{Logger: zaptest.NewLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
+	store, list := openListedLog(t, natstest.Connect(t, natstestServer(t)))
 	for _, r := range []struct{ id, tenant string }{{"a1", "t1"}, {"a2", "t1"}, {"b1", "t2"}} {
 		w := storetest.Event(r.id, statestore.RunStarted, "")
 		w.TenantID = r.tenant
@@ -39,11 +35,6 @@ func TestServer_ListScope(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	list, err := runlist.Open(ctx, js, runlist.Options{Log: store, Poll: 20 * time.Millisecond, Logger: zaptest.NewLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(list.Close)
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if _, err := list.WaitIndexed(wctx); err != nil {
@@ -95,4 +86,27 @@ func TestServer_ListScope(t *testing.T) {
 			t.Errorf("%s %q: %d %v, want %d %v", c.token, c.query, status, ids, c.status, c.want)
 		}
 	}
+}
+
+func natstestServer(t *testing.T) *natsstore.Embedded {
+	_, srv := natstest.Start(t)
+	return srv
+}
+
+// openListedLog opens the event log and the run list on js, both closed
+// when t ends.
+func openListedLog(t *testing.T, js jetstream.JetStream) (*natsstore.Store, *runlist.List) {
+	t.Helper()
+	ctx := context.Background()
+	store, err := natsstore.Open(ctx, js, natsstore.Options{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	list, err := runlist.Open(ctx, js, runlist.Options{Log: store, Poll: 10 * time.Millisecond, Timeout: 500 * time.Millisecond, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(list.Close)
+	return store, list
 }

@@ -173,18 +173,9 @@ func newContractEnv(t *testing.T) *contractEnv {
 	ctx := context.Background()
 	// Requests to the stopped server time out after 500 ms, not 5 s.
 	open := func() (*natsstore.Store, *runlist.List, httpapi.Replies, *natsstore.Embedded) {
-		_, nsrv := natstest.Start(t)
+		nsrv := natstestServer(t)
 		js := natstest.Connect(t, nsrv, jetstream.WithDefaultTimeout(500*time.Millisecond))
-		store, err := natsstore.Open(ctx, js, natsstore.Options{Logger: zaptest.NewLogger(t)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { store.Close() })
-		list, err := runlist.Open(ctx, js, runlist.Options{Log: store, Poll: 10 * time.Millisecond, Timeout: 500 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(list.Close)
+		store, list := openListedLog(t, js)
 		replies, err := httpapi.OpenKVReplies(ctx, js, 0, 1)
 		if err != nil {
 			t.Fatal(err)

@@ -131,8 +131,10 @@ func followRuns(ctx context.Context, client *httpapi.Client, q url.Values, revis
 				return err
 			}
 			fmt.Fprintf(t.errw, "watch: %v (again in %s)\n", err, backoff)
-			if sleepCtx(ctx, backoff) != nil {
+			select {
+			case <-ctx.Done():
 				return nil
+			case <-time.After(backoff):
 			}
 			backoff = min(2*backoff, 30*time.Second)
 			continue
@@ -151,17 +153,6 @@ func followRuns(ctx context.Context, client *httpapi.Client, q url.Values, revis
 		}
 		t.print(rows, false)
 		revision = page.Revision
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-tm.C:
-		return nil
 	}
 }
 
