@@ -3,7 +3,6 @@ package runlist
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -127,7 +126,8 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*List, err
 			opts.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Name:        "sidecar_drain_eta_seconds",
 				Help:        "Estimated seconds until the slowest open drain ends, at a quantile of the step durations of earlier runs (every replica reports the same; take max).",
-				ConstLabels: prometheus.Labels{"quantile": strconv.FormatFloat(q, 'f', -1, 64)},
+				// "estimate", not "quantile": that label is a summary's.
+				ConstLabels: prometheus.Labels{"estimate": fmt.Sprintf("p%.0f", q*100)},
 			}, func() float64 { return l.slowestDrain(q) }))
 		}
 	}
