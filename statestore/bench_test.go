@@ -110,3 +110,18 @@ func runConcurrently(b *testing.B, conc int, op func()) {
 		<-done
 	}
 }
+
+// BenchmarkSchemaValidate is the alternative to ValidateWrite that issue
+// #15 §4 weighed: the same event checked by the published JSON Schemas
+// (RunEventWrite and its type's), from the JSON the API receives.
+func BenchmarkSchemaValidate(b *testing.B) {
+	sch := schemas(b)
+	w := storetest.WithPayload(storetest.Event("run-1", statestore.StepCompleted, "a"), map[string]any{"artifacts": []any{map[string]any{"uri": "u", "kind": "k"}}})
+	doc := mustJSON(b, w)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if err := schemaValid(b, sch, doc); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

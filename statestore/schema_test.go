@@ -8,6 +8,7 @@ import (
 	"path"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
@@ -269,6 +270,7 @@ func FuzzDecodeWrite(f *testing.F) {
 			if w != nil || statestore.CodeOf(err) != statestore.CodeSchemaValidationFailed {
 				t.Fatalf("rejection without the machine code: %v", err)
 			}
+			schemaAcceptsOnlyWhatGoCannotExpress(t, sch, data, err)
 			return
 		}
 		// Whatever the decoder accepts, the published schemas accept too.
@@ -283,4 +285,109 @@ func FuzzDecodeWrite(f *testing.F) {
 			t.Fatalf("re-encoding changed the event: %v", err)
 		}
 	})
+}
+
+// schemaAcceptsOnlyWhatGoCannotExpress is the other half of the
+// differential: a document the decoder rejected (err) but the published
+// schemas accept must be rejected for a rule JSON Schema cannot state —
+// the idempotencyKey's derivation (the document is re-keyed and decoded
+// again), a limit in bytes (MaxIDBytes, MaxPayloadBytes, MaxEventBytes; the
+// schemas count characters or nothing), or a JSON value the decoder reads
+// more strictly than a JSON Schema can (a duplicate field name, invalid
+// UTF-8).
+func schemaAcceptsOnlyWhatGoCannotExpress(t *testing.T, sch map[string]*jsonschema.Schema, data []byte, err error) {
+	t.Helper()
+	if schemaValid(t, sch, data) != nil {
+		return // both reject
+	}
+	var doc map[string]any
+	if json.Unmarshal(data, &doc) != nil || !utf8.Valid(data) || hasDuplicateKeys(data) || len(data) > statestore.MaxEventBytes {
+		return
+	}
+	var w statestore.RunEventWrite
+	if json.Unmarshal(data, &w) != nil {
+		return
+	}
+	if k := w.KeyInput(); k.Validate() == nil {
+		doc["idempotencyKey"] = k.Key()
+	}
+	rekeyed, _ := json.Marshal(doc)
+	if schemaValid(t, sch, rekeyed) != nil {
+		return
+	}
+	_, err = statestore.DecodeWrite(rekeyed)
+	if err == nil {
+		return // only the key's derivation differed
+	}
+	var se *statestore.Error
+	if errors.As(err, &se) && byteLimited[se.Field] && overBytes(w, se.Field) {
+		return
+	}
+	t.Fatalf("the schemas accept what DecodeWrite rejects: %.500s: %v", rekeyed, err)
+}
+
+// byteLimited are the fields with a limit in bytes.
+var byteLimited = map[string]bool{"runId": true, "tenantId": true, "projectId": true, "environmentId": true,
+	"planId": true, "planVersion": true, "stepId": true, "eventId": true, "payload": true}
+
+func overBytes(w statestore.RunEventWrite, field string) bool {
+	switch field {
+	case "payload":
+		return len(w.Payload) > statestore.MaxPayloadBytes
+	case "runId":
+		return len(w.RunID) > statestore.MaxIDBytes
+	case "tenantId":
+		return len(w.TenantID) > statestore.MaxIDBytes
+	case "projectId":
+		return len(w.ProjectID) > statestore.MaxIDBytes
+	case "environmentId":
+		return len(w.EnvironmentID) > statestore.MaxIDBytes
+	case "planId":
+		return len(w.PlanID) > statestore.MaxIDBytes
+	case "planVersion":
+		return len(w.PlanVersion) > statestore.MaxIDBytes
+	case "stepId":
+		return len(w.StepID) > statestore.MaxIDBytes
+	}
+	return false
+}
+
+// hasDuplicateKeys reports a JSON object with a name twice, at any depth.
+func hasDuplicateKeys(data []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var walk func() bool
+	walk = func() bool {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		switch tok {
+		case json.Delim('{'):
+			seen := map[string]bool{}
+			for dec.More() {
+				k, err := dec.Token()
+				if err != nil {
+					return false
+				}
+				name, _ := k.(string)
+				if seen[name] {
+					return true
+				}
+				seen[name] = true
+				if walk() {
+					return true
+				}
+			}
+			_, _ = dec.Token()
+		case json.Delim('['):
+			for dec.More() {
+				if walk() {
+					return true
+				}
+			}
+			_, _ = dec.Token()
+		}
+		return false
+	}
+	return walk()
 }
