@@ -124,8 +124,8 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*List, err
 		opts.Registerer.MustRegister(newPausedByReason(l))
 		for _, q := range []float64{0.5, 0.9} {
 			opts.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-				Name:        "sidecar_drain_eta_seconds",
-				Help:        "Estimated seconds until the slowest open drain ends, at a quantile of the step durations of earlier runs (every replica reports the same; take max).",
+				Name: "sidecar_drain_eta_seconds",
+				Help: "Estimated seconds until the slowest open drain ends, at a quantile of the step durations of earlier runs (every replica reports the same; take max).",
 				// "estimate", not "quantile": that label is a summary's.
 				ConstLabels: prometheus.Labels{"estimate": fmt.Sprintf("p%.0f", q*100)},
 			}, func() float64 { return l.slowestDrain(q) }))
