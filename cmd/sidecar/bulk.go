@@ -58,6 +58,9 @@ func (c *ControlCommand) bulk(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 {
 		return usageError(fs, "give a RUN_ID first, or a filter (-l, --plan, ...) without one, not both")
 	}
+	if len(q.values()) == 0 && !*all {
+		return usageError(fs, "give a RUN_ID, or for many runs a filter (-l, --plan, --tenant, ...) or --all")
+	}
 	if *reason == "" {
 		return usageError(fs, "--reason is required for a bulk %s", c.action)
 	}
