@@ -456,6 +456,19 @@ func TestE2E_CLI(t *testing.T) {
 	if code, _, errOut := run(t, "status", "no-such-run", "--server", server); code != 1 || !strings.Contains(errOut, "RUN_NOT_FOUND") {
 		t.Fatalf("status of an unknown run: exit %d %s", code, errOut)
 	}
+	// The same log in the other vocabularies (issue #15 §6): the diamond's
+	// 10 events are 15 Core Events (EXECUTION_CREATED and a NODE_CREATED
+	// per step added) and 12 NoETL events (start and end are each a
+	// playbook and a workflow event).
+	for vocabulary, n := range map[string]int{"core": 15, "noetl": 12} {
+		code, out, errOut := run(t, "events", started.RunID, "--vocabulary", vocabulary, "--server", server)
+		if code != 0 || strings.Count(out, "\n") != n {
+			t.Fatalf("events --vocabulary %s: exit %d, %d lines, want %d:\n%s%s", vocabulary, code, strings.Count(out, "\n"), n, out, errOut)
+		}
+	}
+	if code, _, _ := run(t, "events", started.RunID, "--vocabulary", "temporal", "--server", server); code != exitUsage {
+		t.Fatalf("an unknown vocabulary: exit %d", code)
+	}
 }
 
 // waitTerminalOr is waitTerminal that returns the last view (nil when

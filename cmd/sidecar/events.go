@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/vocab"
 )
 
 // EventsCommand prints a run's event log: "sidecar events RUN [--follow]".
@@ -14,18 +16,28 @@ type EventsCommand struct{ m *Main }
 
 // Run implements "sidecar events".
 func (c *EventsCommand) Run(ctx context.Context, args []string) error {
-	fs := c.m.newFlagSet("events", "events RUN_ID [--follow] [--after-seq N] [--server URL] [-o json]")
+	fs := c.m.newFlagSet("events", "events RUN_ID [--follow] [--after-seq N] [--vocabulary core|noetl] [--server URL] [-o json]")
 	var cf clientFlags
 	cf.register(fs)
 	follow := fs.Bool("follow", false, "keep printing new events until the run ends (or Ctrl-C)")
 	after := fs.Int64("after-seq", 0, "print events with runSeq greater than this")
 	interval := fs.Duration("interval", 500*time.Millisecond, "poll interval with --follow")
+	vocabulary := fs.String("vocabulary", "", "print the log as seed 002's Core Events (core) or NoETL v10 events (noetl), one JSON object per line")
 	pos, err := cf.parse(fs, args, "RUN_ID")
 	if err != nil {
 		return err
 	}
 	runID := pos[0]
 	client := cf.client()
+	if *vocabulary != "" {
+		if *follow || *after != 0 {
+			return usageError(fs, "--vocabulary translates the whole log: not with --follow or --after-seq")
+		}
+		if *vocabulary != vocab.Core && *vocabulary != vocab.NoETL {
+			return usageError(fs, "--vocabulary must be %s or %s", vocab.Core, vocab.NoETL)
+		}
+		return c.translate(ctx, client, runID, *vocabulary)
+	}
 	cursor := *after
 	for {
 		page, err := client.Events(ctx, runID, cursor, 1000)
@@ -75,4 +87,31 @@ func (c *EventsCommand) print(output string, r *statestore.RunEventRecord) error
 	_, err := fmt.Fprintf(c.m.Stdout, "%6d  %-30s  %-20s  %-20s  attempt %d.%d\n",
 		r.RunSeq, r.PersistedAt, r.EventType, step, r.LogicalAttemptID, r.EngineAttemptID)
 	return err
+}
+
+// translate prints the whole log of runID in vocabulary v.
+func (c *EventsCommand) translate(ctx context.Context, client *httpapi.Client, runID, v string) error {
+	var recs []statestore.RunEventRecord
+	cursor := int64(0)
+	for {
+		page, err := client.Events(ctx, runID, cursor, 1000)
+		if err != nil {
+			return err
+		}
+		recs = append(recs, page.Events...)
+		cursor = page.NextAfterSeq
+		if len(page.Events) < 1000 {
+			break
+		}
+	}
+	events, err := vocab.Translate(v, recs)
+	if err != nil {
+		return err
+	}
+	for _, e := range events {
+		if err := printJSONLine(c.m.Stdout, e); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -1,0 +1,81 @@
+// Package vocab presents a run's event log in two other vocabularies: the
+// Core Events of seed 002 (EXECUTION_* / NODE_*, an envelope with
+// executionId, occurredAt and actor) and the NoETL v10 runtime taxonomy of
+// seed 004 (dot names such as step.started, an envelope with execution_id
+// and timestamp). They are views: computed from the log when asked, never
+// stored, and the log stays the one record. docs/events.md, "Other
+// vocabularies", has the mapping and says, for every event without a
+// counterpart, why.
+package vocab
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// Vocabularies.
+const (
+	Core  = "core"
+	NoETL = "noetl"
+)
+
+// ErrUnknown: not a vocabulary of the package.
+var ErrUnknown = fmt.Errorf("vocab: unknown vocabulary (want %s or %s)", Core, NoETL)
+
+// Translate returns the events of a run's records (in runSeq order) in
+// vocabulary v. One record may give none, one or two events.
+func Translate(v string, recs []statestore.RunEventRecord) ([]any, error) {
+	switch v {
+	case Core:
+		out := []any{}
+		for _, e := range CoreEvents(recs) {
+			out = append(out, e)
+		}
+		return out, nil
+	case NoETL:
+		out := []any{}
+		for _, e := range NoETLEvents(recs) {
+			out = append(out, e)
+		}
+		return out, nil
+	}
+	return nil, ErrUnknown
+}
+
+// payload is the subset of the sidecar's payloads the views carry over.
+type payload struct {
+	Reason       string                   `json:"reason"`
+	RequestedBy  string                   `json:"requestedBy"`
+	Error        *statestore.StepError    `json:"error"`
+	Artifacts    []statestore.ArtifactRef `json:"artifacts"`
+	EngineRunRef string                   `json:"engineRunRef"`
+	StepID       string                   `json:"stepId"`
+}
+
+func decode(r *statestore.RunEventRecord) payload {
+	var p payload
+	if len(r.Payload) > 0 {
+		_ = json.Unmarshal(r.Payload, &p)
+	}
+	return p
+}
+
+// actorOf is who caused an event, as the Core Events' actor: the
+// sidecar's own requesters are "system", "schedule" is the scheduler,
+// "conductor" an action taken in Conductor (external), anyone else a user.
+func actorOf(requestedBy string) *CoreActor {
+	switch {
+	case requestedBy == "":
+		return &CoreActor{Kind: "system"}
+	case requestedBy == "schedule":
+		return &CoreActor{Kind: "scheduler", ID: requestedBy}
+	case requestedBy == "conductor":
+		return &CoreActor{Kind: "external", ID: requestedBy}
+	case strings.HasPrefix(requestedBy, "sidecar"):
+		return &CoreActor{Kind: "system", ID: requestedBy}
+	}
+	return &CoreActor{Kind: "user", ID: requestedBy}
+}
