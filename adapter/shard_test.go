@@ -93,15 +93,22 @@ func TestWatcher_ReplicasDivideTheRuns(t *testing.T) {
 		if err := other.Reconcile(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if wf, err := c.Workflow(ctx, crashed.WorkflowID, false); err != nil || wf.Status != model.RunningWorkflow {
-			t.Fatalf("orphan after the pass of a replica that does not own it: %v, %v; want RUNNING", wf.Status, err)
+		wf, err := c.Workflow(ctx, crashed.WorkflowID, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if wf.Status != model.RunningWorkflow {
+			t.Fatalf("orphan after the pass of a replica that does not own it: %v; want RUNNING", wf.Status)
 		}
 		owner := NewWatcher(r, env.store, WatcherOptions{Owner: owns{crashed.WorkflowID: true}})
 		if err := owner.Reconcile(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if wf, err := c.Workflow(ctx, crashed.WorkflowID, false); err != nil || wf.Status != model.TerminatedWorkflow {
-			t.Fatalf("orphan after its owner's pass: %v, %v; want TERMINATED", wf.Status, err)
+		if wf, err = c.Workflow(ctx, crashed.WorkflowID, false); err != nil {
+			t.Fatal(err)
+		}
+		if wf.Status != model.TerminatedWorkflow {
+			t.Fatalf("orphan after its owner's pass: %v; want TERMINATED", wf.Status)
 		}
 	})
 
