@@ -71,14 +71,11 @@ func rowOf(s *statestore.RunSnapshot, created, updated string) Row {
 		CreatedAt: created, CompletedAt: s.CompletedAt, LastEventSeq: s.LastEventSeq, UpdatedAt: updated,
 	}
 	r.InFlightSteps = InFlightSteps(s)
+	r.InFlight = len(r.InFlightSteps)
 	for i := range s.Steps {
-		switch st := &s.Steps[i]; st.Status {
+		switch s.Steps[i].Status {
 		case statestore.StepStatusSuccess, statestore.StepStatusFailed, statestore.StepStatusSkipped:
 			r.Done++
-		case statestore.StepStatusRunning:
-			if !st.Idle {
-				r.InFlight++
-			}
 		}
 	}
 	if s.Status == statestore.RunStatusPaused && s.Pause != nil {
