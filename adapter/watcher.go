@@ -613,35 +613,8 @@ func (w *Watcher) finish(ctx context.Context, runID, workflowID, engineStatus, r
 		return fmt.Errorf("adapter: watcher: snapshot of run %s: %w", runID, err)
 	}
 	if snap == nil || !statestore.IsTerminalRunStatus(snap.Status) {
-		if err := w.closePause(ctx, rec, snap, engineStatus); err != nil {
+		if err := w.endInLog(ctx, rec, snap, engineStatus, reason); err != nil {
 			return err
-		}
-		ev, label, err := terminalEvent(rec, engineStatus, reason, snap != nil && snap.CancelRequested)
-		if err != nil {
-			return err
-		}
-		if snap, err = w.snaps.ProjectSnapshot(ctx, runID); err != nil && !errors.Is(err, statestore.ErrNotFound) {
-			return fmt.Errorf("adapter: watcher: snapshot of run %s: %w", runID, err)
-		}
-		if err := statestore.CheckTransition(snap, ev); err != nil {
-			// The producer guard (Layer 1): never append what the
-			// projector would flag. The run is marked FINAL without it,
-			// loudly.
-			w.opts.Metrics.watcherAction(actionTerminalRefused)
-			w.log.Error("terminal run event not valid from the run's state; marking the run final without it",
-				zap.String("runId", runID), zap.String("event", ev.EventType), zap.String("engineStatus", engineStatus), zap.Error(err))
-		} else if _, err = w.emitter.Emit(ctx, ev); err != nil {
-			if !errors.Is(err, statestore.ErrInvalidTransition) {
-				return fmt.Errorf("adapter: watcher: append %s of run %s: %w", ev.EventType, runID, err)
-			}
-			// A store that validates transitions (Layer 2) refused it.
-			w.opts.Metrics.watcherAction(actionTerminalRefused)
-			w.log.Error("terminal run event refused by the store; marking the run final without it",
-				zap.String("runId", runID), zap.String("event", ev.EventType), zap.String("engineStatus", engineStatus), zap.Error(err))
-		} else {
-			w.opts.Metrics.terminalEvent(label)
-			w.log.Info("run ended", zap.String("runId", runID), zap.String("workflowId", rec.WorkflowID),
-				zap.String("engineStatus", engineStatus), zap.String("event", ev.EventType))
 		}
 	}
 	for range 5 {
@@ -671,6 +644,60 @@ func (w *Watcher) finish(ctx context.Context, runID, workflowID, engineStatus, r
 	return nil
 }
 
+// maxPauseCloses bounds how often endInLog closes a pause that keeps
+// landing between its RunResumed and the run's RunCompleted.
+const maxPauseCloses = 3
+
+// endInLog appends the run's terminal event for Conductor's engineStatus,
+// checked against the run's state read just before (the producer guard,
+// Layer 1: never an event the projector would flag). A pause that raced
+// the run's completion is closed first (closePause); if another lands
+// between that RunResumed and RunCompleted, the guard refuses RunCompleted
+// (not allowed from PAUSED) and the new pause is closed too, at most
+// maxPauseCloses times. A refusal that closing a pause cannot cure is
+// logged and counted, and the run is marked FINAL without a terminal event.
+func (w *Watcher) endInLog(ctx context.Context, rec *Run, snap *statestore.RunSnapshot, engineStatus, reason string) error {
+	for closes := 1; ; closes++ {
+		if err := w.closePause(ctx, rec, snap, engineStatus); err != nil {
+			return err
+		}
+		var err error
+		if snap, err = w.snaps.ProjectSnapshot(ctx, rec.RunID); err != nil && !errors.Is(err, statestore.ErrNotFound) {
+			return fmt.Errorf("adapter: watcher: snapshot of run %s: %w", rec.RunID, err)
+		}
+		if snap != nil && statestore.IsTerminalRunStatus(snap.Status) {
+			return nil // another replica recorded the end meanwhile
+		}
+		ev, label, err := terminalEvent(rec, engineStatus, reason, snap != nil && snap.CancelRequested)
+		if err != nil {
+			return err
+		}
+		if err := statestore.CheckTransition(snap, ev); err != nil {
+			if closes < maxPauseCloses && w.pauseToClose(snap, engineStatus) {
+				continue
+			}
+			w.opts.Metrics.watcherAction(actionTerminalRefused)
+			w.log.Error("terminal run event not valid from the run's state; marking the run final without it",
+				zap.String("runId", rec.RunID), zap.String("event", ev.EventType), zap.String("engineStatus", engineStatus), zap.Error(err))
+			return nil
+		}
+		if _, err = w.emitter.Emit(ctx, ev); err != nil {
+			if !errors.Is(err, statestore.ErrInvalidTransition) {
+				return fmt.Errorf("adapter: watcher: append %s of run %s: %w", ev.EventType, rec.RunID, err)
+			}
+			// A store that validates transitions (Layer 2) refused it.
+			w.opts.Metrics.watcherAction(actionTerminalRefused)
+			w.log.Error("terminal run event refused by the store; marking the run final without it",
+				zap.String("runId", rec.RunID), zap.String("event", ev.EventType), zap.String("engineStatus", engineStatus), zap.Error(err))
+			return nil
+		}
+		w.opts.Metrics.terminalEvent(label)
+		w.log.Info("run ended", zap.String("runId", rec.RunID), zap.String("workflowId", rec.WorkflowID),
+			zap.String("engineStatus", engineStatus), zap.String("event", ev.EventType))
+		return nil
+	}
+}
+
 // closePause appends the RunResumed that closes a pause Conductor never
 // applied: the log says PAUSED, but Conductor COMPLETED the workflow (the
 // pause reached the log after Conductor had taken the run's last task,
@@ -679,8 +706,7 @@ func (w *Watcher) finish(ctx context.Context, runID, workflowID, engineStatus, r
 // with requestedBy "sidecar" and a reason that says why. The other terminal
 // events are valid from PAUSED and need nothing.
 func (w *Watcher) closePause(ctx context.Context, rec *Run, snap *statestore.RunSnapshot, engineStatus string) error {
-	if snap == nil || snap.Status != statestore.RunStatusPaused || snap.Pause == nil || snap.CancelRequested ||
-		engineStatus != string(model.CompletedWorkflow) {
+	if !w.pauseToClose(snap, engineStatus) {
 		return nil
 	}
 	if err := w.record(ctx, rec, snap, statestore.RunResumed, snap.Pause.Cycle, map[string]any{
@@ -693,6 +719,13 @@ func (w *Watcher) closePause(ctx context.Context, rec *Run, snap *statestore.Run
 	w.log.Warn("the run completed in Conductor while paused in the log; closed the pause before RunCompleted",
 		zap.String("runId", rec.RunID), zap.Int64("cycle", snap.Pause.Cycle))
 	return nil
+}
+
+// pauseToClose tells whether closePause has a pause to close: the log
+// says PAUSED (no cancel requested) and Conductor COMPLETED the workflow.
+func (w *Watcher) pauseToClose(snap *statestore.RunSnapshot, engineStatus string) bool {
+	return snap != nil && snap.Status == statestore.RunStatusPaused && snap.Pause != nil && !snap.CancelRequested &&
+		engineStatus == string(model.CompletedWorkflow)
 }
 
 // terminalEvent maps a terminal Conductor status to the run event to

@@ -1,0 +1,129 @@
+package adapter
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// pauseAfterClose is the watcher's view of the log (the real store), with
+// an operator's pause landing right after the watcher closed a pause that
+// raced the run's completion: the interleaving in which RunCompleted, the
+// next event the watcher decided on, is no longer valid (PAUSED again).
+type pauseAfterClose struct {
+	t    *testing.T
+	env  *natsEnv
+	run  Run
+	once sync.Once
+}
+
+func (p *pauseAfterClose) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	snap, err := p.env.store.ProjectSnapshot(ctx, runID)
+	if err != nil || runID != p.run.RunID || snap.Pause == nil || snap.Pause.Cycle != 1 || snap.Status != statestore.RunStatusRunning {
+		return snap, err
+	}
+	p.once.Do(func() {
+		ev, err := runEventAt(&p.run, statestore.RunPaused, 2, map[string]any{"drainTimeoutSeconds": 300, "requestedBy": "operator"})
+		if err == nil {
+			_, err = p.env.emitter.Emit(ctx, ev)
+		}
+		if err != nil {
+			p.t.Errorf("the operator's pause: %v", err)
+		}
+	})
+	return p.env.store.ProjectSnapshot(ctx, runID)
+}
+
+// TestWatcher_TerminalEventGuard: the watcher checks its terminal event
+// against the run's state read just before the append (Layer 1) and never
+// appends one the projector would flag. Here a pause lands between the
+// RunResumed that closes a pause raced by Conductor's completion and the
+// RunCompleted: the guard refuses RunCompleted (PAUSED), the watcher
+// closes the new pause too and completes the run. Without the guard the
+// log gets RunCompleted on PAUSED.
+func TestWatcher_TerminalEventGuard(t *testing.T) {
+	u := conductortest.URL(t)
+	ctx := context.Background()
+	env := newNATS(t)
+	r := env.newRuns(t, u, RunsOptions{})
+	p := testPlan(t)
+	res, err := r.StartRun(ctx, request(p, "req"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := res.Run
+	snaps := &pauseAfterClose{t: t, env: env, run: run}
+	w := NewWatcher(r, snaps, WatcherOptions{Interval: time.Hour, Logger: zaptest.NewLogger(t)})
+	paused, err := runEventAt(&run, statestore.RunPaused, 1, map[string]any{"drainTimeoutSeconds": 300, "requestedBy": "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.emitter.Emit(ctx, paused); err != nil {
+		t.Fatal(err)
+	}
+	task := pollTask(t, r.Client(), plan.TaskTypeNoop, run.TaskDomain)
+	if err := r.Client().UpdateTask(ctx, &model.TaskResult{TaskId: task.TaskId, WorkflowInstanceId: run.WorkflowID, Status: model.CompletedTask}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, r.Client(), run.WorkflowID, model.CompletedWorkflow)
+	if err := w.Scan(ctx); err != nil {
+		t.Fatal(err)
+	}
+	recs := waitFinal(t, env, r, run.RunID)
+	if _, alerts := statestore.Reduce(nil, recs); len(alerts) != 0 {
+		t.Fatalf("the watcher appended an event the projector flags: %s (log %s)", alerts[0].Reason, strings.Join(eventTypes(recs), " "))
+	}
+	if got, want := strings.Join(eventTypes(recs), " "), "RunStarted RunPaused RunResumed RunPaused RunResumed RunCompleted"; got != want {
+		t.Fatalf("log %s, want %s", got, want)
+	}
+}
+
+// TestWatcher_RecordGuard: the watcher's record of a pause or resume made
+// in Conductor (and of the RunResumed that closes a raced pause) is checked
+// against the state it was decided on: an event that state does not allow
+// is refused with INVALID_TRANSITION and nothing is appended, conditional
+// or not.
+func TestWatcher_RecordGuard(t *testing.T) {
+	u := conductortest.URL(t)
+	ctx := context.Background()
+	env := newNATS(t)
+	r := env.newRuns(t, u, RunsOptions{})
+	res, err := r.StartRun(ctx, request(testPlan(t), "req"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := res.Run
+	w := NewWatcher(r, env.store, WatcherOptions{Interval: time.Hour, Logger: zaptest.NewLogger(t)})
+	snap, err := env.store.ProjectSnapshot(ctx, run.RunID)
+	if err != nil || snap.Status != statestore.RunStatusRunning {
+		t.Fatalf("snapshot %+v %v, want RUNNING", snap, err)
+	}
+	for _, c := range []struct {
+		event       string
+		cycle       int64
+		conditional bool
+	}{
+		{statestore.RunResumed, 1, false}, // no pause to close
+		{statestore.RunResumed, 1, true},
+		{statestore.RunPaused, 2, true}, // skips cycle 1
+		{statestore.RunPaused, 2, false},
+	} {
+		err := w.record(ctx, &run, snap, c.event, c.cycle, map[string]any{"requestedBy": RequestedByConductor, "reason": "test"}, c.conditional)
+		if !errors.Is(err, statestore.ErrInvalidTransition) {
+			t.Errorf("%s cycle %d (conditional %v) on RUNNING: %v, want INVALID_TRANSITION", c.event, c.cycle, c.conditional, err)
+		}
+	}
+	if recs := env.events(t, run.RunID); len(recs) != 1 {
+		t.Fatalf("log %s, want RunStarted alone", strings.Join(eventTypes(recs), " "))
+	}
+}
