@@ -35,7 +35,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sidecar_worker_poll_errors_total", Help: "Failed Conductor polls.",
 		}, []string{"task_type"}),
 		steps: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sidecar_worker_steps_total", Help: "Step executions by executor and outcome (completed, failed, retried).",
+			Name: "sidecar_worker_steps_total", Help: "Step executions by executor and outcome (completed, failed, retried; refused: the log already had another outcome of the attempt, which was reported instead).",
 		}, []string{"executor", "outcome"}),
 		stepDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "sidecar_worker_step_duration_seconds", Help: "Time from poll to outcome of a step execution.",
@@ -115,6 +115,13 @@ func (m *Metrics) stepDone(executor, outcome string, took time.Duration) {
 	if m != nil {
 		m.steps.WithLabelValues(executor, outcome).Inc()
 		m.stepDuration.WithLabelValues(executor).Observe(took.Seconds())
+	}
+}
+
+// stepRefused counts an outcome the producer guard refused.
+func (m *Metrics) stepRefused(executor string) {
+	if m != nil {
+		m.steps.WithLabelValues(executor, "refused").Inc()
 	}
 }
 

@@ -296,7 +296,12 @@ func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Resul
 		if len(res.Artifacts) > 0 {
 			payload["artifacts"] = res.Artifacts
 		}
-		if err := w.emit(log, a, statestore.StepCompleted, engine, logical, payload, -1); err != nil {
+		err := w.emit(log, a, statestore.StepCompleted, engine, logical, payload, -1)
+		if errors.Is(err, statestore.ErrInvalidTransition) {
+			w.reportLogged(t, log, a, engine, logical)
+			return
+		}
+		if err != nil {
 			// Never fail open: without StepCompleted the task must not complete.
 			w.keepOutcome(t, log, keptOutcome{res: res, engine: engine, logical: logical, operatorAttempt: operatorAttempt, took: took}, err)
 			return
@@ -329,7 +334,12 @@ func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Resul
 	if held {
 		payload["onStepFailure"] = statestore.OnStepFailurePause
 	}
-	if err := w.emit(log, a, statestore.StepFailed, engine, logical, payload, -1); err != nil {
+	err := w.emit(log, a, statestore.StepFailed, engine, logical, payload, -1)
+	if errors.Is(err, statestore.ErrInvalidTransition) {
+		w.reportLogged(t, log, a, engine, logical)
+		return
+	}
+	if err != nil {
 		w.keepOutcome(t, log, keptOutcome{res: res, engine: engine, logical: logical, operatorAttempt: operatorAttempt, took: took}, err)
 		return
 	}
@@ -426,6 +436,10 @@ func (w *Worker) emit(log *zap.Logger, a *Assignment, eventType string, engine, 
 			log.Error("outbox not flushed within the write budget; not recording", zap.Error(err))
 			return err
 		}
+		if err := w.checkOutcome(ctx, ev); err != nil {
+			log.Error("the step's outcome is not a valid transition from the run's state; not recording it", zap.Error(err))
+			return err
+		}
 	}
 	began := time.Now()
 	if failOpen {
@@ -444,6 +458,47 @@ func (w *Worker) emit(log *zap.Logger, a *Assignment, eventType string, engine, 
 	log.Warn("state store slow or down; StepStarted queued in the outbox", zap.Error(err))
 	w.outbox.add(ev)
 	return nil
+}
+
+// checkOutcome is the producer guard (Layer 1) of StepCompleted and
+// StepFailed: the outcome must be a valid transition from the run's state
+// read now, after the outbox put the step's StepStarted in the log. It is
+// not when another writer recorded an outcome of the same attempt first (a
+// second worker ran the task Conductor handed out again after a response
+// timeout): INVALID_TRANSITION, and the caller reports the log's outcome
+// instead. A state that cannot be read is left to the append, which fails
+// the same way.
+func (w *Worker) checkOutcome(ctx context.Context, ev *statestore.RunEventWrite) error {
+	snap, err := w.runs.ProjectSnapshot(ctx, ev.RunID)
+	if err != nil {
+		return nil
+	}
+	return statestore.CheckTransition(snap, ev)
+}
+
+// reportLogged reports to Conductor the outcome the log has for the
+// attempt, when the worker's own was refused by checkOutcome: the log and
+// Conductor then agree. If the log has no outcome for it, the task is
+// handed back and gated again when it returns.
+func (w *Worker) reportLogged(t *model.Task, log *zap.Logger, a *Assignment, engine, logical int64) {
+	w.opts.Metrics.stepRefused(a.Step.Executor.Type)
+	snap, err := w.runs.ProjectSnapshot(w.workCtx, a.RunID)
+	if err != nil {
+		w.handBack(t, w.opts.HandBackAfter, "state unavailable")
+		return
+	}
+	switch d := gate(snap, t.WorkflowInstanceId, a.Step.StepID, engine, logical); d.verdict {
+	case reportCompleted:
+		log.Warn("the log already has the attempt's StepCompleted; reporting it")
+		w.update(t, log, &model.TaskResult{Status: model.CompletedTask, OutputData: artifactOutput(d.step.Artifacts, nil)})
+	case reportFailed:
+		log.Warn("the log already has the attempt's StepFailed; reporting it")
+		w.update(t, log, failedResult(a, d.step.Error, d.engine, d.logical))
+	case holdFailed:
+		w.hold(t, log, a)
+	default:
+		w.handBack(t, w.opts.HandBackAfter, "outcome refused")
+	}
 }
 
 // runRef is the run an Assignment's events belong to.
