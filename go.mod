@@ -15,6 +15,7 @@ require (
 )
 
 require (
+	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/go-logr/logr v1.4.3 // indirect
 	github.com/kylelemons/godebug v1.1.0 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect

@@ -35,7 +35,15 @@ func derivedID(eventID, typ string) string {
 // CoreEvents translates a run's records (in runSeq order) into Core
 // Events. docs/events.md has the table.
 func CoreEvents(recs []statestore.RunEventRecord) []CoreEvent {
+	out, _ := coreEvents(recs)
+	return out
+}
+
+// coreEvents is CoreEvents with, for each event, the index of the record
+// it comes from.
+func coreEvents(recs []statestore.RunEventRecord) ([]CoreEvent, []int) {
 	out := []CoreEvent{}
+	var from []int
 	created := false
 	nodes := map[string]bool{}
 	for i := range recs {
@@ -50,6 +58,7 @@ func CoreEvents(recs []statestore.RunEventRecord) []CoreEvent {
 			}
 			out = append(out, CoreEvent{EventID: id, ExecutionID: r.RunID, Type: typ, OccurredAt: r.PersistedAt,
 				Actor: actorOf(p.RequestedBy), CausationID: r.EventID, SchemaVersion: 1, Payload: pl})
+			from = append(from, i)
 		}
 		if !created {
 			created = true
@@ -100,7 +109,7 @@ func CoreEvents(recs []statestore.RunEventRecord) []CoreEvent {
 		// RunResumed, RunDrainCompleted, RunDrainTimedOut and unknown
 		// types have no Core counterpart (docs/events.md says why).
 	}
-	return out
+	return out, from
 }
 
 func withReason(m map[string]any, reason string) map[string]any {

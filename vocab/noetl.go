@@ -39,7 +39,15 @@ func alias(dot string) string {
 // NoETLEvents translates a run's records (in runSeq order) into NoETL v10
 // events. docs/events.md has the table.
 func NoETLEvents(recs []statestore.RunEventRecord) []NoETLEvent {
+	out, _ := noetlEvents(recs)
+	return out
+}
+
+// noetlEvents is NoETLEvents with, for each event, the index of the
+// record it comes from.
+func noetlEvents(recs []statestore.RunEventRecord) ([]NoETLEvent, []int) {
 	out := []NoETLEvent{}
+	var from []int
 	cancelRequested := false
 	for i := range recs {
 		r := &recs[i]
@@ -66,6 +74,7 @@ func NoETLEvents(recs []statestore.RunEventRecord) []NoETLEvent {
 				e.ParentID, e.Attempt = r.RunID, r.LogicalAttemptID
 			}
 			out = append(out, e)
+			from = append(from, i)
 		}
 		playbook := r.PlanID + "@" + r.PlanVersion
 		switch r.EventType {
@@ -105,5 +114,5 @@ func NoETLEvents(recs []statestore.RunEventRecord) []NoETLEvent {
 		// RunStepTryStarted and unknown types have no v10 counterpart
 		// (docs/events.md says why).
 	}
-	return out
+	return out, from
 }

@@ -23,22 +23,62 @@ const (
 )
 
 // ErrUnknown: not a vocabulary of the package.
-var ErrUnknown = fmt.Errorf("vocab: unknown vocabulary (want %s or %s)", Core, NoETL)
+var ErrUnknown = fmt.Errorf("vocab: unknown vocabulary (want %s, %s or %s)", Sidecar, Core, NoETL)
+
+// Sidecar is the log's own vocabulary: the records as persisted.
+const Sidecar = "sidecar"
 
 // Translate returns the events of a run's records (in runSeq order) in
 // vocabulary v. One record may give none, one or two events.
 func Translate(v string, recs []statestore.RunEventRecord) ([]any, error) {
+	views, err := Views(v, recs)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]any, len(views))
+	for i, e := range views {
+		out[i] = e.Event
+	}
+	return out, nil
+}
+
+// View is one event of a vocabulary with what a consumer keys and routes
+// it by.
+type View struct {
+	// Event is a CoreEvent, a NoETLEvent or, in the Sidecar vocabulary,
+	// the record itself.
+	Event any
+	// ID is the event's id (its dedup key); Type its type in the
+	// vocabulary.
+	ID, Type string
+	// Record is the index in recs of the record the event comes from.
+	Record int
+}
+
+// Views is Translate with each event's id, type and record. The views
+// are folds over the run's records, so the views of a prefix of a run's
+// records are a prefix of the views of all of them: a consumer that has
+// the views of the first n records needs only the ones after.
+func Views(v string, recs []statestore.RunEventRecord) ([]View, error) {
 	switch v {
+	case Sidecar:
+		out := make([]View, len(recs))
+		for i := range recs {
+			out[i] = View{Event: recs[i], ID: recs[i].EventID, Type: recs[i].EventType, Record: i}
+		}
+		return out, nil
 	case Core:
-		out := []any{}
-		for _, e := range CoreEvents(recs) {
-			out = append(out, e)
+		evs, from := coreEvents(recs)
+		out := make([]View, len(evs))
+		for i, e := range evs {
+			out[i] = View{Event: e, ID: e.EventID, Type: e.Type, Record: from[i]}
 		}
 		return out, nil
 	case NoETL:
-		out := []any{}
-		for _, e := range NoETLEvents(recs) {
-			out = append(out, e)
+		evs, from := noetlEvents(recs)
+		out := make([]View, len(evs))
+		for i, e := range evs {
+			out[i] = View{Event: e, ID: e.EventID, Type: e.EventType, Record: from[i]}
 		}
 		return out, nil
 	}

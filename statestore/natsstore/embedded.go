@@ -73,10 +73,12 @@ var AllPermissions = &server.Permissions{
 // notifications (prefix-appended.>) is denied, so a runSeq or persistedAt
 // cannot be forged there. deploy/nats/sidecar.conf writes the same rules
 // for an external server; TestSidecarConf_LeastPrivilege checks both.
-func Permissions(prefix string) *server.Permissions {
+// publish adds subjects the sidecar publishes to besides its own: the
+// event bus's NATS sinks (<prefix>.events.>).
+func Permissions(prefix string, publish ...string) *server.Permissions {
 	return &server.Permissions{
 		Publish: &server.SubjectPermission{
-			Allow: []string{"$JS.API.>", "$KV.>", "$O.>", prefix + ".>", "$JS.ACK.>", "$JS.FC.>", "_INBOX.>"},
+			Allow: append([]string{"$JS.API.>", "$KV.>", "$O.>", prefix + ".>", "$JS.ACK.>", "$JS.FC.>", "_INBOX.>"}, publish...),
 			Deny:  append(DeniedAPI(), prefix+appendedSuffix+".>"),
 		},
 		Subscribe: &server.SubjectPermission{

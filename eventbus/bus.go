@@ -1,0 +1,479 @@
+// Package eventbus delivers the run event log to consumers (Execution
+// Semantics §4): every persisted event, at least once, in the log's order,
+// to each configured sink (a NATS subject per event, an HTTP webhook). The
+// log itself is the outbox: each sink has a durable cursor in the KV bucket
+// SIDECAR_EVENTBUS, the sequence of the last record all of whose events the
+// sink acknowledged, and one replica (the owner of the key
+// "eventbus.<sink>" among the members) follows the log from it. A consumer
+// therefore never sees an event that is not persisted, and a crash
+// redelivers at most the events after the cursor. A failed delivery is
+// retried with exponential backoff and jitter; after MaxAttempts the event
+// goes to the dead letters (the KV bucket SIDECAR_EVENTBUS_DLQ), where it
+// is kept until replayed, and the sink moves on.
+package eventbus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+)
+
+// Bucket is the KV bucket of the sinks' cursors.
+const Bucket = "SIDECAR_EVENTBUS"
+
+// Sink delivers events to one consumer.
+type Sink interface {
+	// Name names the sink: its cursor, metrics and dead letters.
+	Name() string
+	// Vocabulary is the vocabulary its events are in (package vocab).
+	Vocabulary() string
+	// Deliver hands msgs, in order, to the consumer and returns how many
+	// of them (a prefix) the consumer acknowledged, with the error that
+	// stopped it. An error matching ErrRejected is the consumer's
+	// refusal of msgs[n] for good.
+	Deliver(ctx context.Context, msgs []Message) (int, error)
+}
+
+// Log is the event log the bus follows (natsstore.Store).
+type Log interface {
+	statestore.Follower
+	Fetcher
+}
+
+// Owner tells whether this replica does the work of a key;
+// *membership.Members satisfies it.
+type Owner interface {
+	Owns(key string) bool
+}
+
+// Options configures a Bus.
+type Options struct {
+	// Log is the event log (required).
+	Log Log
+	// Sinks are the consumers (none: the bus does nothing).
+	Sinks []Sink
+	// Owner picks the replica that delivers to a sink (nil: this one).
+	// Two at once are safe (the cursor is written with compare-and-set;
+	// the loser stops), only wasteful.
+	Owner Owner
+	// MaxAttempts is how many times an event is tried before it is
+	// dead-lettered (default 8).
+	MaxAttempts int
+	// Backoff between attempts: InitialInterval (default 500ms) doubling
+	// to MaxInterval (default 30s), each randomized by ±50%.
+	InitialInterval, MaxInterval time.Duration
+	// Batch is the most records read and delivered at once (default 256).
+	Batch int
+	// Poll is how often an idle sink looks for new events (default 200ms;
+	// a follower's read also waits up to 100ms for the first).
+	Poll time.Duration
+	// Timeout bounds one delivery and each NATS call (default 15s).
+	Timeout time.Duration
+	// Replicas is the replica count of the bucket and the dead-letter
+	// stream (default 1).
+	Replicas int
+	Logger   *zap.Logger
+	Metrics  *Metrics
+}
+
+// Bus delivers the log to its sinks.
+type Bus struct {
+	opts     Options
+	log      *zap.Logger
+	kv       jetstream.KeyValue
+	dead     *deadLetters
+	couriers map[string]*courier
+	order    []string
+}
+
+// Open binds or creates the bucket and the dead-letter stream and starts
+// one courier per sink.
+func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Bus, error) {
+	if opts.Log == nil {
+		return nil, &Error{Code: CodeSinkInvalid, Message: "the bus needs the event log"}
+	}
+	if opts.MaxAttempts <= 0 {
+		opts.MaxAttempts = 8
+	}
+	if opts.InitialInterval <= 0 {
+		opts.InitialInterval = 500 * time.Millisecond
+	}
+	if opts.MaxInterval <= 0 {
+		opts.MaxInterval = 30 * time.Second
+	}
+	if opts.Batch <= 0 {
+		opts.Batch = 256
+	}
+	if opts.Poll <= 0 {
+		opts.Poll = 200 * time.Millisecond
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 15 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	b := &Bus{opts: opts, log: opts.Logger.Named("eventbus"), couriers: map[string]*courier{}}
+	for _, s := range opts.Sinks {
+		if _, dup := b.couriers[s.Name()]; dup || !validName(s.Name()) {
+			return nil, &Error{Code: CodeSinkInvalid, Message: fmt.Sprintf("sink name %q: names are 1 to 64 of [A-Za-z0-9_-] and unique", s.Name())}
+		}
+		b.couriers[s.Name()] = nil
+	}
+	var err error
+	if b.kv, err = natsstore.OpenBucket(ctx, js, jetstream.KeyValueConfig{Bucket: Bucket, Replicas: max(opts.Replicas, 1), History: 1,
+		Description: "the event bus's cursor per sink: the log sequence every event through which the sink acknowledged"}); err != nil {
+		return nil, unavailable("bucket "+Bucket, err)
+	}
+	if b.dead, err = openDeadLetters(ctx, js, opts.Replicas); err != nil {
+		return nil, err
+	}
+	for _, s := range opts.Sinks {
+		c := &courier{bus: b, sink: s, log: b.log.With(zap.String("sink", s.Name())), m: opts.Metrics,
+			wake: make(chan struct{}, 1), done: make(chan struct{})}
+		if n, err := b.dead.count(ctx, s.Name()); err == nil {
+			c.m.deadLetters(s.Name(), float64(n))
+		}
+		b.couriers[s.Name()] = c
+		b.order = append(b.order, s.Name())
+		var cctx context.Context
+		cctx, c.stop = context.WithCancel(context.Background())
+		go c.loop(cctx)
+	}
+	return b, nil
+}
+
+// Close stops the couriers; what they had not acknowledged is delivered
+// again by the next owner.
+func (b *Bus) Close() {
+	for _, name := range b.order {
+		c := b.couriers[name]
+		c.stop()
+		<-c.done
+	}
+}
+
+// Nudge makes every courier look at the log now (an event was appended).
+func (b *Bus) Nudge() {
+	for _, name := range b.order {
+		select {
+		case b.couriers[name].wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// SinkStatus is a sink as the API shows it.
+type SinkStatus struct {
+	Name       string `json:"name"`
+	Vocabulary string `json:"vocabulary"`
+	// Cursor is the log sequence through which the sink acknowledged
+	// every event; LastSeq the log's last.
+	Cursor      uint64 `json:"cursor"`
+	LastSeq     uint64 `json:"lastSeq"`
+	DeadLetters uint64 `json:"deadLetters"`
+}
+
+// Status reads every sink's cursor and dead-letter count.
+func (b *Bus) Status(ctx context.Context) ([]SinkStatus, error) {
+	last, err := b.opts.Log.LastSeq(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]SinkStatus, 0, len(b.order))
+	for _, name := range b.order {
+		cur, _, err := b.cursor(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		n, err := b.dead.count(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, SinkStatus{Name: name, Vocabulary: b.couriers[name].sink.Vocabulary(), Cursor: cur, LastSeq: last, DeadLetters: n})
+	}
+	return out, nil
+}
+
+// DeadLetters lists up to limit dead letters of sink ("" every sink)
+// whose keys sort after after ("": from the first).
+func (b *Bus) DeadLetters(ctx context.Context, sink, after string, limit int) ([]DeadLetter, error) {
+	if sink != "" {
+		if _, ok := b.couriers[sink]; !ok {
+			return nil, &Error{Code: CodeSinkUnknown, Message: "no sink named " + strconv.Quote(sink)}
+		}
+	}
+	return b.dead.list(ctx, sink, after, limit)
+}
+
+// ReplayResult is the outcome of replaying one dead letter.
+type ReplayResult struct {
+	Key     string `json:"key"`
+	EventID string `json:"eventId,omitempty"`
+	// Outcome is "delivered" (and removed from the dead letters),
+	// "failed" (kept) or "not_found".
+	Outcome string `json:"outcome"`
+	Error   string `json:"error,omitempty"`
+}
+
+// Replay delivers the dead letters keys of sink again, once each, in the
+// order given (all of sink's, oldest first, when keys is empty); a
+// delivered one is removed, a failed one kept.
+func (b *Bus) Replay(ctx context.Context, sink string, keys []string) ([]ReplayResult, error) {
+	c, ok := b.couriers[sink]
+	if !ok {
+		return nil, &Error{Code: CodeSinkUnknown, Message: "no sink named " + strconv.Quote(sink)}
+	}
+	if len(keys) == 0 {
+		var err error
+		if keys, err = b.dead.keys(ctx, sink); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]ReplayResult, 0, len(keys))
+	for _, key := range keys {
+		dl, err := b.dead.get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) || (err == nil && sinkOf(key) != sink) {
+			out = append(out, ReplayResult{Key: key, Outcome: "not_found"})
+			continue
+		}
+		if err != nil {
+			return out, err
+		}
+		dctx, cancel := context.WithTimeout(ctx, b.opts.Timeout)
+		_, err = c.sink.Deliver(dctx, []Message{dl.message()})
+		cancel()
+		if err != nil {
+			out = append(out, ReplayResult{Key: key, EventID: dl.EventID, Outcome: "failed", Error: err.Error()})
+			continue
+		}
+		if err := b.dead.remove(ctx, key); err != nil {
+			return out, err
+		}
+		c.m.replayed(sink)
+		c.m.deadLetters(sink, -1)
+		b.log.Info("dead letter replayed", zap.String("sink", sink), zap.String("key", key), zap.String("eventId", dl.EventID))
+		out = append(out, ReplayResult{Key: key, EventID: dl.EventID, Outcome: "delivered"})
+	}
+	return out, nil
+}
+
+func (b *Bus) cursor(ctx context.Context, sink string) (uint64, uint64, error) {
+	e, err := b.kv.Get(ctx, "cursor."+sink)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0, 0, nil
+	}
+	if err != nil {
+		return 0, 0, unavailable("read cursor of "+sink, err)
+	}
+	v, err := strconv.ParseUint(string(e.Value()), 10, 64)
+	if err != nil {
+		return 0, 0, unavailable("cursor of "+sink+" is damaged", err)
+	}
+	return v, e.Revision(), nil
+}
+
+func validName(s string) bool {
+	return Token(s) == s && s != ""
+}
+
+// courier delivers the log to one sink while this replica owns it.
+type courier struct {
+	bus  *Bus
+	sink Sink
+	log  *zap.Logger
+	m    *Metrics
+
+	wake chan struct{}
+	stop context.CancelFunc
+	done chan struct{}
+
+	// The turn as owner: the tail from the cursor, the messages read and
+	// not yet acknowledged (pending, through the log sequence through),
+	// the current message's failed attempts.
+	tail      statestore.LogTail
+	cursor    uint64
+	cursorRev uint64
+	pending   []Message
+	through   uint64
+	attempts  int
+	retry     *backoff.ExponentialBackOff
+}
+
+func (c *courier) loop(ctx context.Context) {
+	defer close(c.done)
+	defer c.endTurn()
+	var wait time.Duration
+	var logged time.Time
+	for ctx.Err() == nil {
+		more, delay, err := c.step(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			// The bus's own state (log, cursor, dead letters) failed:
+			// start again from the stored cursor after a backoff.
+			wait = min(max(2*wait, c.bus.opts.InitialInterval), c.bus.opts.MaxInterval)
+			if time.Since(logged) > time.Minute {
+				c.log.Warn("event bus: following the log failed; retrying", zap.Duration("in", wait), zap.Error(err))
+				logged = time.Now()
+			}
+			c.endTurn()
+		case more:
+			wait = 0
+			continue
+		default:
+			wait = delay
+		}
+		t := time.NewTimer(max(wait, c.bus.opts.Poll))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-c.wake:
+			if wait > c.bus.opts.Poll { // a delivery backoff is kept
+				select {
+				case <-ctx.Done():
+				case <-t.C:
+				}
+			}
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+func (c *courier) endTurn() {
+	if c.tail != nil {
+		c.tail.Close()
+	}
+	c.tail, c.pending, c.through, c.attempts = nil, nil, 0, 0
+}
+
+// step reads or delivers one batch. more: go on at once; otherwise wait
+// delay (a delivery backoff) or the poll interval.
+func (c *courier) step(ctx context.Context) (more bool, delay time.Duration, err error) {
+	opts := &c.bus.opts
+	name := c.sink.Name()
+	if opts.Owner != nil && !opts.Owner.Owns("eventbus."+name) {
+		c.endTurn()
+		return false, 0, nil
+	}
+	if c.tail == nil {
+		cctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+		defer cancel()
+		if c.cursor, c.cursorRev, err = c.bus.cursor(cctx, name); err != nil {
+			return false, 0, err
+		}
+		if c.tail, err = opts.Log.Follow(cctx, c.cursor); err != nil {
+			return false, 0, err
+		}
+	}
+	if len(c.pending) == 0 {
+		rctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+		recs, next, err := c.tail.Next(rctx, opts.Batch)
+		if err == nil && len(recs) > 0 {
+			c.pending, err = translate(rctx, c.sink.Vocabulary(), opts.Log, recs)
+		}
+		cancel()
+		if err != nil {
+			return false, 0, err
+		}
+		if next == c.cursor {
+			c.m.lag(name, 0) // caught up
+			return false, 0, nil
+		}
+		if last, err := opts.Log.LastSeq(ctx); err == nil {
+			c.m.lag(name, float64(last-min(last, c.cursor)))
+		}
+		c.through = next
+		if len(c.pending) == 0 { // nothing in this vocabulary
+			return true, 0, c.save(ctx, next)
+		}
+	}
+	dctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+	n, derr := c.sink.Deliver(dctx, c.pending)
+	cancel()
+	c.m.delivered(name, n, c.pending[:n])
+	if n > 0 {
+		c.attempts, c.retry = 0, nil
+		c.pending = c.pending[n:]
+		if err := c.save(ctx, c.acked()); err != nil {
+			return false, 0, err
+		}
+	}
+	if derr == nil {
+		return true, 0, nil
+	}
+	if ctx.Err() != nil {
+		return false, 0, nil
+	}
+	c.attempts++
+	c.m.failure(name)
+	head := &c.pending[0]
+	if c.attempts < opts.MaxAttempts && !errors.Is(derr, ErrRejected) {
+		if c.retry == nil {
+			c.retry = &backoff.ExponentialBackOff{InitialInterval: opts.InitialInterval, RandomizationFactor: 0.5,
+				Multiplier: 2, MaxInterval: opts.MaxInterval}
+			c.retry.Reset()
+		}
+		d := c.retry.NextBackOff()
+		if c.attempts == 1 || c.attempts == opts.MaxAttempts-1 {
+			c.log.Warn("event bus: delivery failed; retrying", zap.String("eventId", head.ID), zap.String("runId", head.RunID),
+				zap.Int("attempt", c.attempts), zap.Duration("in", d), zap.Error(derr))
+		}
+		return false, d, nil
+	}
+	actx, cancel := context.WithTimeout(ctx, opts.Timeout)
+	defer cancel()
+	if err := c.bus.dead.add(actx, name, head, c.attempts, derr); err != nil {
+		return false, 0, err
+	}
+	c.log.Error("event bus: event dead-lettered (EVENT_BUS_DELIVERY_FAILED); replay it with `sidecar bus replay`",
+		zap.String("eventId", head.ID), zap.String("runId", head.RunID), zap.String("type", head.Type), zap.Int("attempts", c.attempts), zap.Error(derr))
+	c.m.deadLettered(name)
+	c.attempts, c.retry = 0, nil
+	c.pending = c.pending[1:]
+	return true, 0, c.save(ctx, c.acked())
+}
+
+// acked is the cursor the pending messages allow: through, when none is
+// left, else the sequence before the first pending message's record.
+func (c *courier) acked() uint64 {
+	if len(c.pending) == 0 {
+		return c.through
+	}
+	return c.pending[0].Seq - 1
+}
+
+// save writes the cursor, never backwards, with compare-and-set: another
+// owner's write ends this turn.
+func (c *courier) save(ctx context.Context, seq uint64) error {
+	if seq <= c.cursor {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.bus.opts.Timeout)
+	defer cancel()
+	key := "cursor." + c.sink.Name()
+	val := []byte(strconv.FormatUint(seq, 10))
+	var rev uint64
+	var err error
+	if c.cursorRev == 0 {
+		rev, err = c.bus.kv.Create(ctx, key, val)
+	} else {
+		rev, err = c.bus.kv.Update(ctx, key, val, c.cursorRev)
+	}
+	if err != nil {
+		return unavailable("write cursor of "+c.sink.Name()+" (another replica delivering?)", err)
+	}
+	c.cursor, c.cursorRev = seq, rev
+	return nil
+}

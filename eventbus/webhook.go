@@ -1,0 +1,123 @@
+package eventbus
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/vocab"
+)
+
+// WebhookSink POSTs each event, one per request, to a URL, signed the
+// Standard Webhooks way (https://www.standardwebhooks.com): headers
+// webhook-id (the event's id: the consumer's dedup key, the same on every
+// redelivery), webhook-timestamp (Unix seconds) and webhook-signature
+// "v1,<base64 HMAC-SHA256 of id.timestamp.body>" with the shared secret.
+// A 2xx answer acknowledges the event; a 408, 429 or 5xx, a timeout or a
+// refused connection is retried; any other 4xx rejects it for good
+// (dead-lettered at once).
+type WebhookSink struct {
+	name, vocabulary, url string
+	secret                []byte
+	client                *http.Client
+	now                   func() time.Time
+}
+
+// WebhookSinkConfig configures a WebhookSink.
+type WebhookSinkConfig struct {
+	Name, Vocabulary string
+	// URL is where events are POSTed (http or https).
+	URL string
+	// Secret is the HMAC key (at least 16 bytes).
+	Secret []byte
+	// Timeout bounds one request (default 10s).
+	Timeout time.Duration
+	// Client is the HTTP client (default: one with Timeout).
+	Client *http.Client
+}
+
+// NewWebhookSink checks cfg and returns the sink.
+func NewWebhookSink(cfg WebhookSinkConfig) (*WebhookSink, error) {
+	u, err := url.Parse(cfg.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, &Error{Code: CodeSinkInvalid, Message: fmt.Sprintf("sink %s: url=%q is not an http(s) URL", cfg.Name, cfg.URL)}
+	}
+	if len(cfg.Secret) < 16 {
+		return nil, &Error{Code: CodeSinkInvalid, Message: fmt.Sprintf("sink %s: the signing secret is %d bytes, at least 16 are needed (secret-file=)", cfg.Name, len(cfg.Secret))}
+	}
+	if cfg.Vocabulary == "" {
+		cfg.Vocabulary = vocab.Sidecar
+	}
+	if _, err := vocab.Views(cfg.Vocabulary, nil); err != nil {
+		return nil, &Error{Code: CodeSinkInvalid, Message: fmt.Sprintf("sink %s: vocabulary %q", cfg.Name, cfg.Vocabulary), Err: err}
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	if cfg.Client == nil {
+		cfg.Client = &http.Client{Timeout: cfg.Timeout}
+	}
+	return &WebhookSink{name: cfg.Name, vocabulary: cfg.Vocabulary, url: cfg.URL, secret: cfg.Secret, client: cfg.Client, now: time.Now}, nil
+}
+
+// Name implements Sink.
+func (s *WebhookSink) Name() string { return s.name }
+
+// Vocabulary implements Sink.
+func (s *WebhookSink) Vocabulary() string { return s.vocabulary }
+
+// Deliver implements Sink: one request per message, in order, until one
+// fails.
+func (s *WebhookSink) Deliver(ctx context.Context, msgs []Message) (int, error) {
+	for i := range msgs {
+		if err := s.post(ctx, &msgs[i]); err != nil {
+			return i, err
+		}
+	}
+	return len(msgs), nil
+}
+
+func (s *WebhookSink) post(ctx context.Context, m *Message) error {
+	ts := strconv.FormatInt(s.now().Unix(), 10)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(m.Body))
+	if err != nil {
+		return failed("webhook request", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("webhook-id", m.ID)
+	req.Header.Set("webhook-timestamp", ts)
+	req.Header.Set("webhook-signature", "v1,"+Sign(s.secret, m.ID, ts, m.Body))
+	req.Header.Set("Sidecar-Event-Type", m.Type)
+	req.Header.Set("Sidecar-Run-Id", m.RunID)
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return failed("webhook POST", err)
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	switch c := resp.StatusCode; {
+	case c >= 200 && c < 300:
+		return nil
+	case c >= 400 && c < 500 && c != http.StatusRequestTimeout && c != http.StatusTooManyRequests:
+		return &Error{Code: CodeRejected, Message: "webhook answered " + resp.Status}
+	default:
+		return failed("webhook answered "+resp.Status, nil)
+	}
+}
+
+// Sign is the Standard Webhooks signature of an event: base64 of
+// HMAC-SHA256(secret, id + "." + timestamp + "." + body).
+func Sign(secret []byte, id, timestamp string, body []byte) string {
+	mac := hmac.New(sha256.New, secret)
+	mac.Write([]byte(id + "." + timestamp + "."))
+	mac.Write(body)
+	return base64.StdEncoding.EncodeToString(mac.Sum(nil))
+}
