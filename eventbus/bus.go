@@ -74,8 +74,9 @@ type Options struct {
 	InitialInterval, MaxInterval time.Duration
 	// Batch is the most records read and delivered at once (default 256).
 	Batch int
-	// Poll is how often an idle sink looks for new events (default 200ms;
-	// a follower's read also waits up to 100ms for the first).
+	// Poll is the pause between an idle sink's reads (default 5ms; a read
+	// itself waits up to 100ms for the first event, which the server
+	// pushes).
 	Poll time.Duration
 	// Timeout bounds one delivery and each NATS call (default 15s).
 	Timeout time.Duration
@@ -115,7 +116,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Bus, erro
 		opts.Batch = 256
 	}
 	if opts.Poll <= 0 {
-		opts.Poll = 200 * time.Millisecond
+		opts.Poll = 5 * time.Millisecond
 	}
 	if opts.Timeout <= 0 {
 		opts.Timeout = 15 * time.Second
@@ -139,8 +140,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Bus, erro
 		return nil, err
 	}
 	for _, s := range opts.Sinks {
-		c := &courier{bus: b, sink: s, log: b.log.With(zap.String("sink", s.Name())), m: opts.Metrics,
-			wake: make(chan struct{}, 1), done: make(chan struct{})}
+		c := &courier{bus: b, sink: s, log: b.log.With(zap.String("sink", s.Name())), m: opts.Metrics, done: make(chan struct{})}
 		if n, err := b.dead.count(ctx, s.Name()); err == nil {
 			c.m.deadLetters(s.Name(), float64(n))
 		}
@@ -160,16 +160,6 @@ func (b *Bus) Close() {
 		c := b.couriers[name]
 		c.stop()
 		<-c.done
-	}
-}
-
-// Nudge makes every courier look at the log now (an event was appended).
-func (b *Bus) Nudge() {
-	for _, name := range b.order {
-		select {
-		case b.couriers[name].wake <- struct{}{}:
-		default:
-		}
 	}
 }
 
@@ -294,7 +284,6 @@ type courier struct {
 	log  *zap.Logger
 	m    *Metrics
 
-	wake chan struct{}
 	stop context.CancelFunc
 	done chan struct{}
 
@@ -338,13 +327,6 @@ func (c *courier) loop(ctx context.Context) {
 		case <-ctx.Done():
 			t.Stop()
 			return
-		case <-c.wake:
-			if wait > c.bus.opts.Poll { // a delivery backoff is kept
-				select {
-				case <-ctx.Done():
-				case <-t.C:
-				}
-			}
 		case <-t.C:
 		}
 		t.Stop()

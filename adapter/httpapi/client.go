@@ -71,6 +71,25 @@ func (c *Client) Bulk(ctx context.Context, action string, req BulkRequest) (*Bul
 	return &out, c.do(ctx, http.MethodPost, "/v1/runs:"+action, req, &out)
 }
 
+// Bus returns the event bus's sinks (GET /v1/bus).
+func (c *Client) Bus(ctx context.Context) (*BusStatus, error) {
+	var out BusStatus
+	return &out, c.do(ctx, http.MethodGet, "/v1/bus", nil, &out)
+}
+
+// DeadLetters lists dead letters (GET /v1/bus/deadletters) with the query
+// q: sink, after, limit.
+func (c *Client) DeadLetters(ctx context.Context, q url.Values) (*DeadLetterList, error) {
+	var out DeadLetterList
+	return &out, c.do(ctx, http.MethodGet, "/v1/bus/deadletters?"+q.Encode(), nil, &out)
+}
+
+// Replay delivers dead letters again (POST /v1/bus/deadletters:replay).
+func (c *Client) Replay(ctx context.Context, req ReplayRequest) (*ReplayAnswer, error) {
+	var out ReplayAnswer
+	return &out, c.do(ctx, http.MethodPost, "/v1/bus/deadletters:replay", req, &out)
+}
+
 // Run returns a run's view.
 func (c *Client) Run(ctx context.Context, runID string) (*RunView, error) {
 	var out RunView

@@ -25,6 +25,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/eventbus"
 	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
@@ -172,7 +173,11 @@ func newContractEnv(t *testing.T) *contractEnv {
 	t.Helper()
 	ctx := context.Background()
 	// Requests to the stopped server time out after 500 ms, not 5 s.
-	open := func() (*natsstore.Store, *runlist.List, httpapi.Replies, *natsstore.Embedded) {
+	// The bus's one sink is a webhook that refuses every event: each is
+	// dead-lettered at once, and a replay fails.
+	refuse := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusBadRequest) }))
+	t.Cleanup(refuse.Close)
+	open := func() (*natsstore.Store, *runlist.List, httpapi.Replies, *eventbus.Bus, *natsstore.Embedded) {
 		nsrv := natstestServer(t)
 		js := natstest.Connect(t, nsrv, jetstream.WithDefaultTimeout(500*time.Millisecond))
 		store, list := openListedLog(t, js)
@@ -180,7 +185,16 @@ func newContractEnv(t *testing.T) *contractEnv {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return store, list, replies, nsrv
+		hook, err := eventbus.NewWebhookSink(eventbus.WebhookSinkConfig{Name: "hook", URL: refuse.URL, Secret: []byte("contract-test-secret")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		bus, err := eventbus.Open(ctx, js, eventbus.Options{Log: store, Sinks: []eventbus.Sink{hook}, Timeout: 500 * time.Millisecond, Logger: zaptest.NewLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(bus.Close)
+		return store, list, replies, bus, nsrv
 	}
 	creds, err := httpapi.LoadCredentials(writeTokens(t, t.TempDir(), tokensYAML(
 		principal("root", "tok-admin", "admin", ""),
@@ -190,7 +204,7 @@ func newContractEnv(t *testing.T) *contractEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, list, replies, _ := open()
+	store, list, replies, bus, _ := open()
 	w := storetest.Event("run-1", statestore.RunStarted, "")
 	storetest.WithPayload(w, map[string]any{"labels": map[string]string{"team": "data"}})
 	paused := storetest.Event("run-2", statestore.RunStarted, "")
@@ -206,8 +220,11 @@ func newContractEnv(t *testing.T) *contractEnv {
 	if _, err := list.WaitIndexed(wctx); err != nil {
 		t.Fatal(err)
 	}
+	if err := waitDeadLetters(ctx, bus, 4); err != nil {
+		t.Fatal(err)
+	}
 	e := &contractEnv{control: &scriptedControl{}, starter: &scriptedStarter{}}
-	opts := httpapi.Options{Log: store, List: list, Control: e.control, Starter: e.starter, Replies: replies, Auth: creds,
+	opts := httpapi.Options{Log: store, List: list, Bus: bus, Control: e.control, Starter: e.starter, Replies: replies, Auth: creds,
 		Gatherer: prometheus.NewRegistry(), Logger: zaptest.NewLogger(t)}
 	e.api = httpapi.NewServer(opts)
 	serve := func(o httpapi.Options) *httptest.Server {
@@ -224,12 +241,27 @@ func newContractEnv(t *testing.T) *contractEnv {
 	unrdy.Ready = func(context.Context) error { return fmt.Errorf("conductor: connection refused") }
 	e.unrdy = serve(unrdy)
 
-	dstore, dlist, dreplies, dsrv := open()
+	dstore, dlist, dreplies, dbus, dsrv := open()
 	down := opts
-	down.Log, down.List, down.Replies = dstore, dlist, dreplies
+	down.Log, down.List, down.Replies, down.Bus = dstore, dlist, dreplies, dbus
 	e.down = serve(down)
 	dsrv.Shutdown()
 	return e
+}
+
+// waitDeadLetters waits until bus has n dead letters.
+func waitDeadLetters(ctx context.Context, bus *eventbus.Bus, n int) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		dls, err := bus.DeadLetters(ctx, "", "", 100)
+		if err == nil && len(dls) >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d dead letters (%v), want %d", len(dls), err, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 type apiAnswer struct {
@@ -420,6 +452,20 @@ func TestOpenAPI_EveryAnswerDocumented(t *testing.T) {
 		<-slow
 		e.control.set(nil, 0)
 	}
+
+	// The event bus.
+	run("GET /v1/bus", e.srv, "/v1/bus", "tok-viewer", "", "", "")
+	run("GET /v1/bus", e.down, "/v1/bus", "tok-viewer", "", "", "")
+	dl := "GET /v1/bus/deadletters"
+	run(dl, e.srv, "/v1/bus/deadletters?sink=hook&limit=2", "tok-viewer", "", "", "")
+	run(dl, e.srv, "/v1/bus/deadletters?limit=0", "tok-viewer", "", "", "")
+	run(dl, e.srv, "/v1/bus/deadletters?sink=nope", "tok-viewer", "", "", "")
+	run(dl, e.down, "/v1/bus/deadletters", "tok-viewer", "", "", "")
+	replay := "POST /v1/bus/deadletters:replay"
+	run(replay, e.srv, "/v1/bus/deadletters:replay", "tok-admin", js, `{"sink":"hook"}`, "")
+	run(replay, e.srv, "/v1/bus/deadletters:replay", "tok-admin", js, `{"keys":["x"]}`, "")
+	run(replay, e.srv, "/v1/bus/deadletters:replay", "tok-admin", js, `{"sink":"nope"}`, "")
+	run(replay, e.down, "/v1/bus/deadletters:replay", "tok-admin", js, `{"sink":"hook"}`, "")
 
 	// Probes and metrics.
 	run("GET /healthz", e.srv, "/healthz", "", "", "", "")

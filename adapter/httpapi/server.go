@@ -26,6 +26,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/eventbus"
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -73,6 +74,9 @@ type Options struct {
 	Control Control
 	// List lists runs: GET /v1/runs (nil: not served).
 	List RunLister
+	// Bus is the event bus: GET /v1/bus, its dead letters and their
+	// replay (nil: not served).
+	Bus Bus
 	// DrainTimeout is the default drain timeout shown in a paused run's
 	// drain block (default 5m).
 	DrainTimeout time.Duration
@@ -179,6 +183,11 @@ func NewServer(opts Options) *Server {
 		for _, action := range []string{"pause", "resume", "cancel"} {
 			s.route("POST /v1/runs:"+action, "bulk_"+action, RoleOperator, s.controlRoute("bulk_"+action, s.bulk(action)))
 		}
+	}
+	if opts.Bus != nil {
+		s.route("GET /v1/bus", "bus", RoleViewer, s.busStatus)
+		s.route("GET /v1/bus/deadletters", "deadletters", RoleViewer, s.deadLetters)
+		s.route("POST /v1/bus/deadletters:replay", "replay", RoleOperator, s.replay)
 	}
 	s.route("GET /healthz", "healthz", "", func(w http.ResponseWriter, r *http.Request) error {
 		return writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -355,6 +364,15 @@ func (s *Server) classify(err error) *apiError {
 			return &apiError{status: http.StatusServiceUnavailable, Code: se.Code, Message: se.Message}
 		case CodeRunNotFound, drain.CodeStepNotFound:
 			return &apiError{status: http.StatusNotFound, Code: se.Code, Message: se.Message}
+		}
+	}
+	var be *eventbus.Error
+	if errors.As(err, &be) {
+		switch be.Code {
+		case eventbus.CodeSinkUnknown:
+			return &apiError{status: http.StatusNotFound, Code: be.Code, Message: be.Error()}
+		case eventbus.CodeUnavailable:
+			return &apiError{status: http.StatusServiceUnavailable, Code: be.Code, Message: be.Error()}
 		}
 	}
 	var pe *plan.ValidationError

@@ -232,6 +232,8 @@ var (
 	JSONBool = Schema{&schema{kind: kindBool}}
 	// JSONStringMap accepts an object of strings with any keys.
 	JSONStringMap = Schema{stringMapSchema}
+	// JSONStringList accepts an array of strings.
+	JSONStringList = Schema{&schema{kind: kindArray, elem: stringSchema}}
 	// JSONRaw accepts any value: the Go field's own UnmarshalJSON checks
 	// it (a *Plan does, strictly).
 	JSONRaw = Schema{&schema{kind: kindRaw}}

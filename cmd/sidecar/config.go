@@ -52,6 +52,8 @@ type Config struct {
 	API apiConfig
 	// Exec bounds what plans may reach (environment, files, addresses).
 	Exec execConfig
+	// Bus is the event bus's sinks.
+	Bus busConfig
 }
 
 // DefaultConfig returns the defaults DESIGN.md names.
@@ -69,6 +71,7 @@ func DefaultConfig() Config {
 		NATSReplicas:   1,
 		LogFormat:      "json",
 		LogLevel:       "info",
+		Bus:            busConfig{MaxAttempts: 8},
 	}
 }
 
@@ -133,6 +136,7 @@ func (c *Config) Validate() error {
 	p = append(p, c.NATS.validate(c.NATSURL)...)
 	p = append(p, c.API.validate(c.Listen)...)
 	p = append(p, c.Exec.validate()...)
+	p = append(p, c.Bus.validate()...)
 	if len(p) > 0 {
 		return &ConfigValidationError{Problems: p}
 	}
@@ -180,6 +184,7 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	c.NATS.registerFlags(fs)
 	c.API.registerFlags(fs)
 	c.Exec.registerFlags(fs)
+	c.Bus.registerFlags(fs)
 }
 
 // stringFlag binds p to the flag name of fs, with SIDECAR_<NAME> as its

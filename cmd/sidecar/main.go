@@ -65,6 +65,8 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		err = (&AuditCommand{m}).Run(ctx, rest)
 	case "token":
 		err = (&TokenCommand{m}).Run(ctx, rest)
+	case "bus":
+		err = (&BusCommand{m}).Run(ctx, rest)
 	case "pause", "resume", "cancel", "retry":
 		err = (&ControlCommand{m: m, action: args[0]}).Run(ctx, rest)
 	case "help", "-h", "--help":
@@ -107,6 +109,8 @@ Commands:
   cancel    cancel a run:                sidecar cancel RUN_ID
   retry     retry a step held after a failure (onStepFailure: pause), then resume:
                                          sidecar retry RUN_ID STEP_ID
+  bus       the event bus's sinks; dead letters and their replay:
+                                         sidecar bus [deadletters [--sink S] | replay --sink S [--key K ...]]
   demo      append a small run to the JetStream event log and show its snapshot
   key       print the idempotencyKey of an event
   token     make an API token and its tokens-file entry: sidecar token new --name N --roles R

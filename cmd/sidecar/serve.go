@@ -22,6 +22,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/eventbus"
 	"github.com/conductor-sidecar/sidecar/membership"
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/runlist"
@@ -99,6 +100,7 @@ type sidecar struct {
 	store   *natsstore.Store
 	members *membership.Members
 	list    *runlist.List
+	bus     *eventbus.Bus // nil without sinks
 	watcher *adapter.Watcher
 	drain   *drain.Controller
 	worker  *taskworkers.Worker
@@ -164,6 +166,17 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	// log into it, every replica mirrors it.
 	if sc.list, err = runlist.Open(ctx, js, runlist.Options{Log: sc.store, Owner: sc.members, Replicas: replicas, Logger: log, Metrics: runlist.NewMetrics(reg), Registerer: reg}); err != nil {
 		return sc, err
+	}
+	// The event bus (--bus-sink): one replica per sink delivers the log.
+	if len(cfg.Bus.Sinks) > 0 {
+		sinks, err := cfg.Bus.open(ctx, js, replicas)
+		if err != nil {
+			return sc, err
+		}
+		if sc.bus, err = eventbus.Open(ctx, js, eventbus.Options{Log: sc.store, Sinks: sinks, Owner: sc.members, MaxAttempts: cfg.Bus.MaxAttempts,
+			Replicas: replicas, Logger: log, Metrics: eventbus.NewMetrics(reg)}); err != nil {
+			return sc, err
+		}
 	}
 	sc.watcher = adapter.NewWatcher(runs, sc.store, adapter.WatcherOptions{Owner: sc.members, Logger: log, Metrics: adapterMetrics, DrainTimeout: cfg.DrainTimeout})
 	if err := sc.watcher.Open(ctx); err != nil {
@@ -258,6 +271,9 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	streams := []string{"KV_" + registry.DefaultBucket, "KV_" + adapter.DefaultRunsBucket,
 		"KV_" + natsstore.DefaultAlertBucket, "KV_" + natsstore.DefaultStateBucket, "KV_" + httpapi.KVRepliesBucket, "OBJ_" + artifacts.DefaultBucket,
 		"KV_" + membership.DefaultBucket, "KV_" + runlist.DefaultBucket}
+	if sc.bus != nil {
+		streams = append(streams, "KV_"+eventbus.Bucket, "KV_"+eventbus.DeadLetterBucket)
+	}
 	buckets, err := natsstore.NewGuard(ctx, js, streams...)
 	if err != nil {
 		return sc, err
@@ -289,6 +305,9 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 			}
 			return conductor.Health(ctx)
 		},
+	}
+	if sc.bus != nil {
+		apiOpts.Bus = sc.bus
 	}
 	if err := cfg.API.apply(&apiOpts, log); err != nil {
 		return sc, err
@@ -326,6 +345,9 @@ func (sc *sidecar) close(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("watcher: %w", err))
 		}
 	}
+	if sc.bus != nil {
+		sc.bus.Close()
+	}
 	if sc.list != nil {
 		sc.list.Close()
 	}
@@ -355,7 +377,8 @@ func (sc *sidecar) close(ctx context.Context) error {
 // to NATS as the sidecar's least-privileged user.
 func connectNATS(cfg Config, sc *sidecar, log *zap.Logger) (*nats.Conn, error) {
 	if cfg.NATSURL == "" {
-		ec := natsstore.EmbeddedConfig{DataDir: cfg.DataDir, Listen: cfg.NATS.Listen, SyncInterval: cfg.SyncInterval, Logger: log}
+		ec := natsstore.EmbeddedConfig{DataDir: cfg.DataDir, Listen: cfg.NATS.Listen, SyncInterval: cfg.SyncInterval, Logger: log,
+			Permissions: natsstore.Permissions(natsstore.DefaultSubjectPrefix, cfg.Bus.natsSubjects()...)}
 		if cfg.NATS.Listen != "" {
 			pw, err := cfg.NATS.password()
 			if err != nil {

@@ -50,8 +50,8 @@ func promtool(t *testing.T, dir string, args ...string) string {
 
 func TestAlertRules_Check(t *testing.T) {
 	out := promtool(t, filepath.Join(repoRoot, "deploy/prometheus"), "check", "rules", "alerts.yml")
-	if !strings.Contains(out, "SUCCESS: 6 rules found") {
-		t.Fatalf("promtool check rules: want 6 rules:\n%s", out)
+	if !strings.Contains(out, "SUCCESS: 7 rules found") {
+		t.Fatalf("promtool check rules: want 7 rules:\n%s", out)
 	}
 }
 
@@ -71,7 +71,7 @@ func TestAlertRules_ExampleConfig(t *testing.T) {
 // runbook anchor in docs/operations.md.
 func TestAlertRules_Names(t *testing.T) {
 	rules := loadAlertRules(t)
-	want := []string{"PAUSE_DRAIN_TIMEOUT", "PROJECTOR_LAG_HIGH", "INVALID_TRANSITION", "ENGINE_UNAVAILABLE", "WORKER_POLL_ERRORS", "STUCK_WORKFLOW"}
+	want := []string{"PAUSE_DRAIN_TIMEOUT", "PROJECTOR_LAG_HIGH", "INVALID_TRANSITION", "ENGINE_UNAVAILABLE", "WORKER_POLL_ERRORS", "STUCK_WORKFLOW", "EVENT_BUS_DELIVERY_FAILED"}
 	if len(rules) != len(want) {
 		t.Fatalf("got %d alerts, want %d", len(rules), len(want))
 	}

@@ -1,0 +1,99 @@
+package httpapi
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/eventbus"
+)
+
+// Bus is the event bus as the API shows it; *eventbus.Bus satisfies it.
+type Bus interface {
+	Status(ctx context.Context) ([]eventbus.SinkStatus, error)
+	DeadLetters(ctx context.Context, sink, after string, limit int) ([]eventbus.DeadLetter, error)
+	Replay(ctx context.Context, sink string, keys []string) ([]eventbus.ReplayResult, error)
+}
+
+// Limits of GET /v1/bus/deadletters.
+const (
+	DefaultDeadLetterLimit = 100
+	MaxDeadLetterLimit     = 1000
+)
+
+// BusStatus is the answer of GET /v1/bus.
+type BusStatus struct {
+	Sinks []eventbus.SinkStatus `json:"sinks"`
+}
+
+// DeadLetterList is the answer of GET /v1/bus/deadletters; Next, when
+// set, is the after= of the next page.
+type DeadLetterList struct {
+	DeadLetters []eventbus.DeadLetter `json:"deadLetters"`
+	Next        string                `json:"next,omitempty"`
+}
+
+// ReplayRequest is the body of POST /v1/bus/deadletters:replay: the
+// dead letters of sink to deliver again (keys; none: all of them).
+type ReplayRequest struct {
+	Sink string   `json:"sink"`
+	Keys []string `json:"keys"`
+}
+
+// ReplayAnswer is its answer.
+type ReplayAnswer struct {
+	Results []eventbus.ReplayResult `json:"results"`
+	Counts  map[string]int          `json:"counts"`
+}
+
+var replaySchema = plan.JSONObject(map[string]plan.Schema{"sink": plan.JSONString, "keys": plan.JSONStringList})
+
+func (s *Server) busStatus(w http.ResponseWriter, r *http.Request) error {
+	sinks, err := s.opts.Bus.Status(r.Context())
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, BusStatus{Sinks: sinks})
+}
+
+func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	limit := DefaultDeadLetterLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxDeadLetterLimit {
+			return badRequest("limit", "limit: 1 to "+strconv.Itoa(MaxDeadLetterLimit))
+		}
+		limit = n
+	}
+	dls, err := s.opts.Bus.DeadLetters(r.Context(), q.Get("sink"), q.Get("after"), limit+1)
+	if err != nil {
+		return err
+	}
+	out := DeadLetterList{DeadLetters: dls}
+	if len(dls) > limit {
+		out.DeadLetters = dls[:limit]
+		out.Next = dls[limit-1].Key
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) replay(w http.ResponseWriter, r *http.Request) error {
+	var req ReplayRequest
+	if err := decodeBody(r, replaySchema, &req); err != nil {
+		return err
+	}
+	if req.Sink == "" {
+		return badRequest("sink", "sink is required")
+	}
+	res, err := s.opts.Bus.Replay(r.Context(), req.Sink, req.Keys)
+	if err != nil {
+		return err
+	}
+	out := ReplayAnswer{Results: res, Counts: map[string]int{}}
+	for _, x := range res {
+		out.Counts[x.Outcome]++
+	}
+	return writeJSON(w, http.StatusOK, out)
+}

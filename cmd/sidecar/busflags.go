@@ -1,0 +1,199 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/conductor-sidecar/sidecar/eventbus"
+	"github.com/conductor-sidecar/sidecar/vocab"
+)
+
+// busConfig is the event bus's sinks (--bus-sink, repeated) and its retry
+// budget.
+type busConfig struct {
+	Sinks       []sinkSpec
+	MaxAttempts int
+}
+
+// sinkSpec is one --bus-sink: KIND:key=value,key=value.
+//
+//	nats:prefix=acme[,name=ops][,vocabulary=sidecar|core|noetl][,max-age=168h]
+//	webhook:url=https://...,secret-file=/path[,name=audit][,vocabulary=...][,timeout=10s]
+type sinkSpec struct {
+	Kind   string
+	Params map[string]string
+}
+
+func (s sinkSpec) name() string {
+	if n := s.Params["name"]; n != "" {
+		return n
+	}
+	return s.Kind
+}
+
+type sinksValue struct{ c *busConfig }
+
+func (v *sinksValue) String() string {
+	if v.c == nil {
+		return ""
+	}
+	var out []string
+	for _, s := range v.c.Sinks {
+		out = append(out, s.Kind+":"+s.Params["name"])
+	}
+	return strings.Join(out, ";")
+}
+
+var sinkKeys = map[string][]string{
+	"nats":    {"name", "vocabulary", "prefix", "max-age"},
+	"webhook": {"name", "vocabulary", "url", "secret-file", "timeout"},
+}
+
+// Set parses one sink; several may be given at once separated by ';'
+// (the environment variable's form).
+func (v *sinksValue) Set(text string) error {
+	for _, one := range strings.Split(text, ";") {
+		if one = strings.TrimSpace(one); one == "" {
+			continue
+		}
+		kind, rest, _ := strings.Cut(one, ":")
+		keys, ok := sinkKeys[kind]
+		if !ok {
+			return fmt.Errorf("%q: the kind is nats or webhook, e.g. nats:prefix=acme or webhook:url=https://hooks.example/sidecar,secret-file=/etc/sidecar/hook.key", one)
+		}
+		s := sinkSpec{Kind: kind, Params: map[string]string{}}
+		for _, kv := range strings.Split(rest, ",") {
+			if kv == "" {
+				continue
+			}
+			k, val, ok := strings.Cut(kv, "=")
+			if !ok || !slices.Contains(keys, k) {
+				return fmt.Errorf("%q: %q is not a %s sink setting (%s)", one, kv, kind, strings.Join(keys, ", "))
+			}
+			s.Params[k] = val
+		}
+		v.c.Sinks = append(v.c.Sinks, s)
+	}
+	return nil
+}
+
+func (c *busConfig) registerFlags(fs *flag.FlagSet) {
+	fs.Var(&sinksValue{c}, "bus-sink", "an event bus sink, repeatable: nats:prefix=P[,name=N][,vocabulary=sidecar|core|noetl] or webhook:url=U,secret-file=F[,name=N][,vocabulary=...] (env "+envName("bus-sink")+", ';' between sinks)")
+	if v, ok := os.LookupEnv(envName("bus-sink")); ok {
+		_ = fs.Set("bus-sink", v)
+	}
+	fs.Var(&intValue{&c.MaxAttempts}, "bus-max-attempts", "delivery attempts of an event before it is dead-lettered (env "+envName("bus-max-attempts")+")")
+	if v, ok := os.LookupEnv(envName("bus-max-attempts")); ok {
+		if fs.Set("bus-max-attempts", v) != nil {
+			c.MaxAttempts = -1 // validate names it
+		}
+	}
+}
+
+// validate returns the problems of the bus settings (files are read when
+// the sinks are opened).
+func (c *busConfig) validate() []string {
+	var p []string
+	if c.MaxAttempts < 1 {
+		p = append(p, "--bus-max-attempts must be >= 1")
+	}
+	seen := map[string]bool{}
+	for _, s := range c.Sinks {
+		n := s.name()
+		if seen[n] {
+			p = append(p, fmt.Sprintf("--bus-sink: two sinks named %q (give one name=)", n))
+		}
+		seen[n] = true
+		if v := s.Params["vocabulary"]; v != "" && v != vocab.Sidecar && v != vocab.Core && v != vocab.NoETL {
+			p = append(p, fmt.Sprintf("--bus-sink %s: vocabulary=%q: sidecar, core or noetl", n, v))
+		}
+		switch s.Kind {
+		case "nats":
+			if s.Params["prefix"] == "" {
+				p = append(p, fmt.Sprintf("--bus-sink %s: prefix= is required (events go to <prefix>.events.<tenantId>.<planId>.<type>)", n))
+			}
+			if v := s.Params["max-age"]; v != "" {
+				if d, err := time.ParseDuration(v); err != nil || d <= 0 {
+					p = append(p, fmt.Sprintf("--bus-sink %s: max-age=%q: a positive duration like 168h", n, v))
+				}
+			}
+		case "webhook":
+			if s.Params["url"] == "" || s.Params["secret-file"] == "" {
+				p = append(p, fmt.Sprintf("--bus-sink %s: url= and secret-file= are required (the secret signs every request)", n))
+			}
+			if v := s.Params["timeout"]; v != "" {
+				if d, err := time.ParseDuration(v); err != nil || d <= 0 {
+					p = append(p, fmt.Sprintf("--bus-sink %s: timeout=%q: a positive duration like 10s", n, v))
+				}
+			}
+		}
+	}
+	return p
+}
+
+// natsSubjects are the subjects the NATS sinks publish to (the embedded
+// server's permissions grant them).
+func (c *busConfig) natsSubjects() []string {
+	var out []string
+	for _, s := range c.Sinks {
+		if s.Kind == "nats" {
+			out = append(out, s.Params["prefix"]+".events.>")
+		}
+	}
+	return out
+}
+
+// open builds the sinks. A webhook's secret file holds the key: its raw
+// bytes, or "whsec_" and the key in base64 (the Standard Webhooks form).
+func (c *busConfig) open(ctx context.Context, js jetstream.JetStream, replicas int) ([]eventbus.Sink, error) {
+	var out []eventbus.Sink
+	for _, s := range c.Sinks {
+		switch s.Kind {
+		case "nats":
+			age, _ := time.ParseDuration(s.Params["max-age"])
+			sink, err := eventbus.OpenNATSSink(ctx, js, eventbus.NATSSinkConfig{Name: s.name(), Vocabulary: s.Params["vocabulary"],
+				Prefix: s.Params["prefix"], MaxAge: age, Replicas: replicas})
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, sink)
+		case "webhook":
+			secret, err := readSecret(s.Params["secret-file"])
+			if err != nil {
+				return nil, fmt.Errorf("--bus-sink %s: %w", s.name(), err)
+			}
+			timeout, _ := time.ParseDuration(s.Params["timeout"])
+			sink, err := eventbus.NewWebhookSink(eventbus.WebhookSinkConfig{Name: s.name(), Vocabulary: s.Params["vocabulary"],
+				URL: s.Params["url"], Secret: secret, Timeout: timeout})
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, sink)
+		}
+	}
+	return out, nil
+}
+
+func readSecret(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read the signing secret: %w", err)
+	}
+	text := strings.TrimSpace(string(b))
+	if k, ok := strings.CutPrefix(text, "whsec_"); ok {
+		key, err := base64.StdEncoding.DecodeString(k)
+		if err != nil {
+			return nil, fmt.Errorf("secret-file %s: whsec_ followed by something that is not base64: %w", path, err)
+		}
+		return key, nil
+	}
+	return []byte(text), nil
+}
