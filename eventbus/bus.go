@@ -44,6 +44,14 @@ type Sink interface {
 	Deliver(ctx context.Context, msgs []Message) (int, error)
 }
 
+// Batcher is a Sink that takes at most Batch messages per Deliver: the
+// cursor is saved after each Deliver, so a crash delivers again at most
+// one batch of acknowledged events. A sink whose consumer cannot drop
+// duplicates itself delivers one at a time.
+type Batcher interface {
+	Batch() int
+}
+
 // Log is the event log the bus follows (natsstore.Store).
 type Log interface {
 	statestore.Follower
@@ -381,8 +389,12 @@ func (c *courier) step(ctx context.Context) (more bool, delay time.Duration, err
 			return true, 0, c.save(ctx, next)
 		}
 	}
+	batch := c.pending
+	if b, ok := c.sink.(Batcher); ok && b.Batch() < len(batch) {
+		batch = batch[:max(b.Batch(), 1)]
+	}
 	dctx, cancel := context.WithTimeout(ctx, opts.Timeout)
-	n, derr := c.sink.Deliver(dctx, c.pending)
+	n, derr := c.sink.Deliver(dctx, batch)
 	cancel()
 	c.m.delivered(name, n, c.pending[:n])
 	if n > 0 {
@@ -393,7 +405,7 @@ func (c *courier) step(ctx context.Context) (more bool, delay time.Duration, err
 		}
 	}
 	if derr == nil {
-		return true, 0, nil
+		return true, 0, nil // the rest of pending, or the next batch
 	}
 	if ctx.Err() != nil {
 		return false, 0, nil

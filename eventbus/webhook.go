@@ -74,6 +74,11 @@ func (s *WebhookSink) Name() string { return s.name }
 // Vocabulary implements Sink.
 func (s *WebhookSink) Vocabulary() string { return s.vocabulary }
 
+// Batch implements Batcher: one event per Deliver, so that the cursor
+// is saved after every acknowledged request and a crash repeats at most
+// the request in flight.
+func (s *WebhookSink) Batch() int { return 1 }
+
 // Deliver implements Sink: one request per message, in order, until one
 // fails.
 func (s *WebhookSink) Deliver(ctx context.Context, msgs []Message) (int, error) {
