@@ -2,6 +2,7 @@ package vocab_test
 
 import (
 	"encoding/json"
+	"errors"
 	"regexp"
 	"slices"
 	"testing"
@@ -143,5 +144,37 @@ func TestNoETLEvents(t *testing.T) {
 	}
 	if _, err := vocab.Translate("temporal", recs); err == nil {
 		t.Fatal("an unknown vocabulary translated")
+	}
+}
+
+// TestViews_PrefixStable: the views of a prefix of a run's records are a
+// prefix of the views of all of them, each naming its record; the event
+// bus translates only a batch's new records on that promise.
+func TestViews_PrefixStable(t *testing.T) {
+	log := aLog()
+	for _, v := range []string{vocab.Sidecar, vocab.Core, vocab.NoETL} {
+		all, err := vocab.Views(v, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := 0; k <= len(log); k++ {
+			some, err := vocab.Views(v, log[:k])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(some) > len(all) {
+				t.Fatalf("%s: %d views of %d records, more than of all", v, len(some), k)
+			}
+			for i := range some {
+				a, _ := json.Marshal(some[i].Event)
+				b, _ := json.Marshal(all[i].Event)
+				if string(a) != string(b) || some[i].Record != all[i].Record || some[i].Record >= k {
+					t.Fatalf("%s: view %d of the first %d records differs from the full view's", v, i, k)
+				}
+			}
+		}
+	}
+	if _, err := vocab.Views("cloudevents", log); !errors.Is(err, vocab.ErrUnknown) {
+		t.Fatalf("an unknown vocabulary: %v", err)
 	}
 }
