@@ -19,6 +19,7 @@ type Metrics struct {
 	nonContig      prometheus.Counter
 	gapsAccepted   prometheus.Counter
 	cachedRuns     prometheus.Gauge
+	durable        *prometheus.CounterVec
 }
 
 // NewMetrics registers the projector metrics with reg.
@@ -58,6 +59,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sidecar_projector_gaps_accepted_total",
 			Help: "Visibility gaps that did not close within the grace period and were moved past.",
 		}),
+		durable: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sidecar_projector_durable_snapshots_total",
+			Help: "Persisted snapshots by outcome: loaded (a run projected from its persisted snapshot and the records after it), saved, discarded (PROJECTOR_SNAPSHOT_MISMATCH: the log no longer has the record the snapshot was taken at; rebuilt from the log), error (the bucket did not answer; projected from the log).",
+		}, []string{"outcome"}),
 		cachedRuns: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sidecar_projector_cached_runs",
 			Help: "Runs whose snapshots the projector keeps in memory (at most ProjectorOptions.MaxRuns, least recently used dropped).",
@@ -66,7 +71,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range []string{"persisted", "duplicate", "rejected", "error"} {
 		m.appends.WithLabelValues(r)
 	}
-	reg.MustRegister(m.appends, m.appendDuration, m.eventsApplied, m.lagSeconds, m.lagHistogram, m.invalid, m.nonContig, m.gapsAccepted, m.cachedRuns)
+	for _, o := range []string{"loaded", "saved", "discarded", "error"} {
+		m.durable.WithLabelValues(o)
+	}
+	reg.MustRegister(m.appends, m.appendDuration, m.eventsApplied, m.lagSeconds, m.lagHistogram, m.invalid, m.nonContig, m.gapsAccepted, m.cachedRuns, m.durable)
 	return m
 }
 
@@ -77,6 +85,12 @@ func (m *Metrics) applied(n int, lag time.Duration) {
 	m.eventsApplied.Add(float64(n))
 	m.lagSeconds.Set(lag.Seconds())
 	m.lagHistogram.Observe(lag.Seconds())
+}
+
+func (m *Metrics) durableSnapshot(outcome string) {
+	if m != nil {
+		m.durable.WithLabelValues(outcome).Inc()
+	}
 }
 
 func (m *Metrics) invalidTransition() {

@@ -3,6 +3,8 @@ package statestore
 import (
 	"container/list"
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -46,6 +48,18 @@ type ProjectorOptions struct {
 	PageSize int
 	// Now is the clock for lag measurement (default time.Now).
 	Now func() time.Time
+	// Durable, when set, keeps snapshots across restarts (seed 001 §1): a
+	// run not in memory is projected from its persisted snapshot and the
+	// records after its watermark, once the log is seen to still hold the
+	// record the snapshot was taken at; otherwise (the log was restored
+	// from an older backup, a record was deleted) the snapshot is
+	// discarded, the run rebuilt from the log and marked Stale.
+	Durable SnapshotStore
+	// SaveEvery is how many records a run's snapshot may be ahead of its
+	// persisted one before it is saved again (default 32); a terminal
+	// snapshot is saved at once. A restart replays at most that many
+	// records per run.
+	SaveEvery int64
 	// MaxRuns bounds the runs whose snapshots are kept (default 10,000).
 	// Past it the least recently used run that no projection holds is
 	// dropped; its next projection rebuilds it from the log, which gives
@@ -79,7 +93,35 @@ type runProjection struct {
 	gapAt    int64
 	// accepted is set once the open gap outlived GapGrace.
 	accepted bool
+	// lastEventID is the eventId of the record at snap's watermark; saved
+	// the EventCount of the persisted snapshot; lost the watermark of a
+	// persisted snapshot whose record the log no longer holds (the run
+	// stays Stale).
+	lastEventID string
+	saved       int64
+	lost        int64
 }
+
+// SnapshotStore keeps snapshots across restarts (natsstore: the KV bucket
+// SIDECAR_SNAPSHOTS). LoadSnapshot returns ErrNotFound when it has none.
+type SnapshotStore interface {
+	LoadSnapshot(ctx context.Context, runID string) (*DurableSnapshot, error)
+	SaveSnapshot(ctx context.Context, d *DurableSnapshot) error
+	DeleteSnapshot(ctx context.Context, runID string) error
+}
+
+// DurableSnapshot is a persisted snapshot: the snapshot with the eventId
+// of the record at its watermark (LastEventSeq), which a load checks the
+// log still holds.
+type DurableSnapshot struct {
+	Version     int          `json:"v"`
+	Snapshot    *RunSnapshot `json:"snapshot"`
+	LastEventID string       `json:"lastEventId"`
+}
+
+// DurableSnapshotVersion is the version of DurableSnapshot written; any
+// other is ignored (rebuilt from the log).
+const DurableSnapshotVersion = 1
 
 // NewProjector returns a Projector reading from src.
 func NewProjector(src Fetcher, opts ProjectorOptions) *Projector {
@@ -97,6 +139,9 @@ func NewProjector(src Fetcher, opts ProjectorOptions) *Projector {
 	}
 	if opts.MaxRuns <= 0 {
 		opts.MaxRuns = 10_000
+	}
+	if opts.SaveEvery <= 0 {
+		opts.SaveEvery = 32
 	}
 	return &Projector{src: src, opts: opts, log: opts.Logger.Named("projector"),
 		runs: make(map[string]*list.Element), alerted: make(map[alertKey]struct{})}
@@ -134,6 +179,9 @@ func (p *Projector) Project(ctx context.Context, runID string) (*RunSnapshot, er
 		return p.resync(ctx, rp, runID)
 	}
 	snap := rp.snap
+	if snap == nil && p.opts.Durable != nil {
+		snap = p.load(ctx, rp, runID)
+	}
 	var after int64
 	if snap != nil {
 		after = snap.LastEventSeq
@@ -151,6 +199,7 @@ func (p *Projector) Project(ctx context.Context, runID string) (*RunSnapshot, er
 			return p.resync(ctx, rp, runID)
 		}
 		snap = p.reduce(ctx, snap, recs)
+		rp.lastEventID = recs[len(recs)-1].EventID
 		after = recs[len(recs)-1].RunSeq
 		if len(recs) < p.opts.PageSize {
 			break
@@ -159,8 +208,75 @@ func (p *Projector) Project(ctx context.Context, runID string) (*RunSnapshot, er
 	if snap == nil {
 		return nil, ErrNotFound
 	}
+	if rp.lost > 0 {
+		snap = markStale(snap)
+	}
 	rp.snap = snap
+	p.save(ctx, rp)
 	return snap, nil
+}
+
+// load returns runID's persisted snapshot if the log still holds the
+// record at its watermark, else nil (the run is then rebuilt from the
+// log; a snapshot the log contradicts is deleted and the run marked
+// Stale, PROJECTOR_SNAPSHOT_MISMATCH).
+func (p *Projector) load(ctx context.Context, rp *runProjection, runID string) *RunSnapshot {
+	d, err := p.opts.Durable.LoadSnapshot(ctx, runID)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		p.opts.Metrics.durableSnapshot("error")
+		p.log.Debug("persisted snapshot unavailable; projecting from the log", zap.String("runId", runID), zap.Error(err))
+		return nil
+	}
+	if d.Version != DurableSnapshotVersion || d.Snapshot == nil || d.Snapshot.RunID != runID || d.Snapshot.Stale || d.Snapshot.LastEventSeq <= 0 {
+		return nil // another version's, or not one this projector would save: rebuilt and saved anew
+	}
+	w := d.Snapshot.LastEventSeq
+	recs, err := p.src.Fetch(ctx, runID, w-1, 1)
+	if err != nil {
+		return nil // cannot check it: the log is read from the start, and fails the same way if it is down
+	}
+	if len(recs) == 0 || recs[0].RunSeq != w || recs[0].EventID != d.LastEventID {
+		found := "nothing"
+		if len(recs) > 0 {
+			found = fmt.Sprintf("runSeq %d, eventId %s", recs[0].RunSeq, recs[0].EventID)
+		}
+		p.opts.Metrics.durableSnapshot("discarded")
+		p.log.Error("PROJECTOR_SNAPSHOT_MISMATCH: the log no longer holds the record the persisted snapshot was taken at (restored from an older backup? a record deleted?); rebuilding the run from the log, marked STALE",
+			zap.String("code", "PROJECTOR_SNAPSHOT_MISMATCH"), zap.String("runId", runID), zap.Int64("snapshotSeq", w),
+			zap.String("snapshotEventId", d.LastEventID), zap.String("found", found))
+		rp.lost = w
+		if err := p.opts.Durable.DeleteSnapshot(ctx, runID); err != nil {
+			p.log.Warn("could not delete the contradicted snapshot", zap.String("runId", runID), zap.Error(err))
+		}
+		return nil
+	}
+	p.opts.Metrics.durableSnapshot("loaded")
+	rp.lastEventID, rp.saved = d.LastEventID, d.Snapshot.EventCount
+	return d.Snapshot
+}
+
+// save persists rp's snapshot when it is SaveEvery records ahead of the
+// persisted one, or terminal and not yet saved. A stale snapshot, or one
+// of a run with an open gap, is never saved. Best effort: a failed save
+// costs a longer replay after a restart, nothing else.
+func (p *Projector) save(ctx context.Context, rp *runProjection) {
+	snap := rp.snap
+	if p.opts.Durable == nil || snap.Stale || !rp.gapSince.IsZero() || rp.lastEventID == "" || snap.EventCount == rp.saved {
+		return
+	}
+	if snap.EventCount-rp.saved < p.opts.SaveEvery && !IsTerminalRunStatus(snap.Status) {
+		return
+	}
+	if err := p.opts.Durable.SaveSnapshot(ctx, &DurableSnapshot{Version: DurableSnapshotVersion, Snapshot: snap, LastEventID: rp.lastEventID}); err != nil {
+		p.opts.Metrics.durableSnapshot("error")
+		p.log.Debug("could not persist the snapshot", zap.String("runId", snap.RunID), zap.Error(err))
+		return
+	}
+	p.opts.Metrics.durableSnapshot("saved")
+	rp.saved = snap.EventCount
 }
 
 // resync rebuilds the run's snapshot from all its records.
@@ -183,7 +299,8 @@ func (p *Projector) resync(ctx context.Context, rp *runProjection, runID string)
 		p.log.Info("visibility gap closed; resync complete", zap.String("runId", runID), zap.Int64("watermark", all[len(all)-1].RunSeq))
 		rp.gapSince, rp.gapAt, rp.accepted = time.Time{}, 0, false
 		snap := p.reduce(ctx, nil, all)
-		rp.snap = snap
+		rp.snap, rp.lastEventID, rp.saved = snap, all[len(all)-1].EventID, 0
+		p.save(ctx, rp)
 		return snap, nil
 	}
 	if p.opts.Now().Sub(rp.gapSince) >= p.opts.GapGrace {

@@ -133,7 +133,8 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	if err != nil {
 		return sc, err
 	}
-	if sc.store, err = natsstore.Open(ctx, js, natsstore.Options{Logger: log, Metrics: statestore.NewMetrics(reg), Gate: gate, Replicas: replicas}); err != nil {
+	if sc.store, err = natsstore.Open(ctx, js, natsstore.Options{Logger: log, Metrics: statestore.NewMetrics(reg), Gate: gate, Replicas: replicas,
+		SnapshotBucket: natsstore.DefaultSnapshotBucket}); err != nil {
 		return sc, err
 	}
 	var appender registry.Appender = sc.store
@@ -270,7 +271,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	// or re-created by an administrator (the event stream: Store.Check).
 	streams := []string{"KV_" + registry.DefaultBucket, "KV_" + adapter.DefaultRunsBucket,
 		"KV_" + natsstore.DefaultAlertBucket, "KV_" + natsstore.DefaultStateBucket, "KV_" + httpapi.KVRepliesBucket, "OBJ_" + artifacts.DefaultBucket,
-		"KV_" + membership.DefaultBucket, "KV_" + runlist.DefaultBucket}
+		"KV_" + membership.DefaultBucket, "KV_" + runlist.DefaultBucket, "KV_" + natsstore.DefaultSnapshotBucket}
 	if sc.bus != nil {
 		streams = append(streams, "KV_"+eventbus.Bucket, "KV_"+eventbus.DeadLetterBucket)
 	}

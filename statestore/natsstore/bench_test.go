@@ -274,3 +274,63 @@ func BenchmarkAppendPermissions(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkColdProjection: the first projection of 500 runs of 201
+// records each by a restarted store (nothing in memory), from the log
+// alone and from persisted snapshots (each 9 records behind its run: the
+// worst case under SaveEvery 32 is 31).
+func BenchmarkColdProjection(b *testing.B) {
+	const runs, steps = 500, 100
+	js, _ := natstest.StartIn(b, b.TempDir(), natsstore.EmbeddedConfig{SyncInterval: time.Minute})
+	ctx := context.Background()
+	open := func(bucket string) *natsstore.Store {
+		s, err := natsstore.Open(ctx, js, natsstore.Options{SnapshotBucket: bucket})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return s
+	}
+	w := open(natsstore.DefaultSnapshotBucket)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := g; r < runs; r += 8 {
+				id := fmt.Sprintf("cold-%d", r)
+				evs := []*statestore.RunEventWrite{storetest.Event(id, statestore.RunStarted, "")}
+				for i := range steps {
+					evs = append(evs, storetest.Event(id, statestore.StepStarted, fmt.Sprintf("s%03d", i)), storetest.Event(id, statestore.StepCompleted, fmt.Sprintf("s%03d", i)))
+				}
+				for i, e := range evs {
+					if _, err := w.Append(ctx, e); err != nil {
+						b.Error(err)
+						return
+					}
+					if i == len(evs)-10 {
+						if _, err := w.ProjectSnapshot(ctx, id); err != nil { // saved here
+							b.Error(err)
+							return
+						}
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, c := range []struct{ name, bucket string }{{"from-the-log", ""}, {"from-snapshots", natsstore.DefaultSnapshotBucket}} {
+		b.Run(c.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				s := open(c.bucket)
+				began := time.Now()
+				for r := range runs {
+					if _, err := s.ProjectSnapshot(ctx, fmt.Sprintf("cold-%d", r)); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(time.Since(began).Microseconds())/runs, "µs/run")
+				s.Close()
+			}
+		})
+	}
+}

@@ -141,6 +141,10 @@ type Options struct {
 	// WatermarkInterval is how often the watermark is saved while appends
 	// move it (default 1s).
 	WatermarkInterval time.Duration
+	// SnapshotBucket, when set, is the KV bucket where the projector
+	// keeps run snapshots across restarts (DefaultSnapshotBucket for
+	// serve; empty: snapshots live in memory only).
+	SnapshotBucket string
 }
 
 // Store is the JetStream append authority. It is safe for concurrent use.
@@ -247,12 +251,19 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 	if s.timeout <= 0 {
 		s.timeout = 5 * time.Second
 	}
+	var durable statestore.SnapshotStore
+	if opts.SnapshotBucket != "" {
+		if durable, err = openSnapshots(ctx, js, opts.SnapshotBucket, opts.Replicas); err != nil {
+			return nil, err
+		}
+	}
 	s.proj = statestore.NewProjector(s, statestore.ProjectorOptions{
 		Logger:     opts.Logger,
 		Metrics:    opts.Metrics,
 		Alerts:     opts.Alerts,
 		Gate:       opts.Gate,
 		Contiguous: false, // stream sequences are gappy per run by design
+		Durable:    durable,
 	})
 	return s, nil
 }
