@@ -53,7 +53,10 @@ func (c *webhookConsumer) ids() []string {
 // runs on the real Conductor, and a kill -9 of the sidecar while the bus
 // is behind the log: after the restart every persisted event reaches the
 // webhook, each run's events first arrive in the log's order, and what is
-// delivered twice is only what followed the sink's last saved cursor.
+// delivered twice is only what followed the sink's last saved cursor. The
+// same kill checks the durable snapshots: the restarted sidecar projects
+// the runs that had ended from their persisted snapshots, and every run's
+// view is what its whole log reduces to.
 func TestE2E_EventBusSurvivesKill(t *testing.T) {
 	consumer := &webhookConsumer{t: t, secret: []byte("e2e-bus-secret-0123456789"), delay: 15 * time.Millisecond}
 	hook := httptest.NewServer(consumer)
@@ -88,10 +91,18 @@ func TestE2E_EventBusSurvivesKill(t *testing.T) {
 	var logs [][]statestore.RunEventRecord
 	total := 0
 	for _, id := range runIDs {
-		waitTerminal(t, p, id, 120*time.Second)
+		v := waitTerminal(t, p, id, 120*time.Second)
 		evs := allEvents(t, p, id)
 		logs = append(logs, evs)
 		total += len(evs)
+		want, _ := statestore.Reduce(nil, evs)
+		if v.Status != want.Status || v.LastEventSeq != want.LastEventSeq || len(v.Steps) != len(want.Steps) {
+			t.Fatalf("run %s after the restart: %s at runSeq %d with %d steps; its log reduces to %s at %d with %d", id,
+				v.Status, v.LastEventSeq, len(v.Steps), want.Status, want.LastEventSeq, len(want.Steps))
+		}
+	}
+	if n := metricValue(t, p.addr, `sidecar_projector_durable_snapshots_total{outcome="loaded"}`); n == 0 {
+		t.Fatal("the restarted sidecar loaded no persisted snapshot")
 	}
 	deadline = time.Now().Add(60 * time.Second)
 	for {
