@@ -89,6 +89,26 @@ func (r *Runs) StartRun(ctx context.Context, req StartRequest) (StartResult, err
 	return res, err
 }
 
+// RunIDFor returns the runId that StartRun gives req, minting it if no
+// request with req's key was seen before: a run can be named (a queued
+// run's RunQueued) before it starts.
+func (r *Runs) RunIDFor(ctx context.Context, req StartRequest) (string, error) {
+	defs, err := defsOf("run id", req.Plan)
+	if err != nil {
+		return "", err
+	}
+	return r.runIDFor(ctx, RequestKey(req.TenantID, req.ProjectID, req.EnvironmentID, defs.PlanID, defs.PlanVersion, req.RunRequestID))
+}
+
+// Existing returns req's run if it was started (ok false: not yet).
+func (r *Runs) Existing(ctx context.Context, req StartRequest) (res StartResult, ok bool, err error) {
+	defs, err := defsOf("existing run", req.Plan)
+	if err != nil {
+		return StartResult{}, false, err
+	}
+	return r.existingRun(ctx, RequestKey(req.TenantID, req.ProjectID, req.EnvironmentID, defs.PlanID, defs.PlanVersion, req.RunRequestID), defs)
+}
+
 func (r *Runs) startRun(ctx context.Context, req StartRequest) (StartResult, error) {
 	const op = "start run"
 	for _, f := range [...]struct{ name, v string }{

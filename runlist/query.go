@@ -248,3 +248,23 @@ func (l *List) pausedByReason() map[string]int {
 	}
 	return out
 }
+
+// ActiveCounts counts the RUNNING and PAUSED runs of the list, in all, by
+// tenant and by plan (admission control's load); ok is false until the
+// replica has read the list. It scans every row.
+func (l *List) ActiveCounts() (total int, byTenant, byPlan map[string]int, ok bool) {
+	byTenant, byPlan = map[string]int{}, map[string]int{}
+	l.mirror.mu.RLock()
+	defer l.mirror.mu.RUnlock()
+	if !l.mirror.synced {
+		return 0, byTenant, byPlan, false
+	}
+	for _, e := range l.mirror.st.rows {
+		if s := e.row.Status; s == statestore.RunStatusRunning || s == statestore.RunStatusPaused {
+			total++
+			byTenant[e.row.TenantID]++
+			byPlan[e.row.PlanID]++
+		}
+	}
+	return total, byTenant, byPlan, true
+}

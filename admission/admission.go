@@ -1,0 +1,372 @@
+// Package admission limits the runs active at once (Execution Semantics
+// §3): globally, per tenant and per plan, with the seed's three answers to
+// a start that would exceed a limit: REJECT (429, nothing started or
+// recorded), QUEUE (RunQueued recorded; the run starts when capacity frees
+// up, in submission order) and DELAY (RunQueued recorded with a start time;
+// the run starts then, whatever the load).
+//
+// With limits configured every start goes through one decider: the request
+// is written to the KV bucket SIDECAR_ADMISSION (one entry per run, its
+// ticket the bucket revision that created it), and the replica that owns
+// the key "admission" among the members decides the entries in ticket
+// order against the active runs (the run list's RUNNING and PAUSED rows,
+// plus the runs it started that the list does not show yet). The start
+// itself is the adapter's, idempotent on the run's request key: an entry
+// whose start was interrupted (a crash, a lost owner) is started again by
+// the next decider and gets the same run, never a second one (the
+// reconciler of seed 001 §3).
+package admission
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+)
+
+// Bucket is the KV bucket of the admission entries.
+const Bucket = "SIDECAR_ADMISSION"
+
+// Policies: what a start over a limit gets.
+const (
+	Reject = "reject"
+	Queue  = "queue"
+	Delay  = "delay"
+)
+
+// States of an entry.
+const (
+	statePending   = "pending"   // submitted, not decided yet
+	stateQueued    = "queued"    // waits for capacity (RunQueued recorded)
+	stateDelayed   = "delayed"   // waits for NotBefore (RunQueued recorded)
+	stateStarting  = "starting"  // being started; started again if interrupted
+	stateStarted   = "started"   // started (final)
+	stateRejected  = "rejected"  // refused (final)
+	stateCancelled = "cancelled" // cancelled while queued (final)
+)
+
+// Limits bounds the active (RUNNING or PAUSED) runs; 0 is no limit.
+type Limits struct {
+	Global, PerTenant, PerPlan int
+}
+
+func (l Limits) any() bool { return l.Global > 0 || l.PerTenant > 0 || l.PerPlan > 0 }
+
+// Runs starts runs; *adapter.Runs satisfies it.
+type Runs interface {
+	RunIDFor(ctx context.Context, req adapter.StartRequest) (string, error)
+	Existing(ctx context.Context, req adapter.StartRequest) (adapter.StartResult, bool, error)
+	StartRun(ctx context.Context, req adapter.StartRequest) (adapter.StartResult, error)
+}
+
+// Emitter appends events (registry.Emitter).
+type Emitter interface {
+	Emit(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error)
+}
+
+// SnapshotReader reads a run's derived state.
+type SnapshotReader interface {
+	ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error)
+}
+
+// ActiveRuns counts the active runs; *runlist.List satisfies it.
+type ActiveRuns interface {
+	// WaitIndexed waits until the list includes every event persisted
+	// before the call (so the runs just started are counted).
+	WaitIndexed(ctx context.Context) (uint64, error)
+	// ActiveCounts counts the RUNNING and PAUSED runs, in all, by tenant
+	// and by plan; ok is false until the list is read.
+	ActiveCounts() (total int, byTenant, byPlan map[string]int, ok bool)
+}
+
+// Owner tells whether this replica does the work of a key.
+type Owner interface {
+	Owns(key string) bool
+}
+
+// Options configures a Controller.
+type Options struct {
+	Limits Limits
+	// Policy is Reject, Queue (default) or Delay.
+	Policy string
+	// Delay is, under Delay, how far a run over a limit is put off per
+	// run it is over by (default 30s): the k-th run over starts k*Delay
+	// after it was submitted.
+	Delay     time.Duration
+	Runs      Runs
+	Log       Emitter
+	Snapshots SnapshotReader
+	Active    ActiveRuns
+	Owner     Owner
+	Replicas  int
+	// Wait bounds how long Submit waits for the decider (default 10s).
+	Wait    time.Duration
+	Logger  *zap.Logger
+	Metrics *Metrics
+}
+
+// entry is a run's admission request in the bucket.
+type entry struct {
+	RunID         string            `json:"runId"`
+	Ticket        uint64            `json:"ticket,omitempty"`
+	State         string            `json:"state"`
+	Policy        string            `json:"policy"`
+	TenantID      string            `json:"tenantId"`
+	ProjectID     string            `json:"projectId"`
+	EnvironmentID string            `json:"environmentId"`
+	RunRequestID  string            `json:"runRequestId"`
+	PlanID        string            `json:"planId"`
+	PlanVersion   string            `json:"planVersion"`
+	Plan          json.RawMessage   `json:"plan"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	RequestedBy   string            `json:"requestedBy,omitempty"`
+	SubmittedAt   time.Time         `json:"submittedAt"`
+	QueuedAt      time.Time         `json:"queuedAt,omitzero"`
+	NotBefore     time.Time         `json:"notBefore,omitzero"`
+	Reason        string            `json:"reason,omitempty"`
+	WorkflowID    string            `json:"workflowId,omitempty"`
+	Created       bool              `json:"created,omitempty"`
+	DecidedAt     time.Time         `json:"decidedAt,omitzero"`
+
+	rev uint64 // the bucket revision read
+}
+
+func (e *entry) ticket() uint64 {
+	if e.Ticket != 0 {
+		return e.Ticket
+	}
+	return e.rev
+}
+
+func (e *entry) waiting() bool {
+	return e.State == statePending || e.State == stateQueued || e.State == stateDelayed || e.State == stateStarting
+}
+
+// Controller admits starts.
+type Controller struct {
+	opts Options
+	log  *zap.Logger
+	kv   jetstream.KeyValue
+
+	mu      sync.Mutex
+	entries map[string]*entry // key -> entry (the bucket's mirror)
+	synced  bool
+	changed chan struct{}
+
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+// Open binds or creates the bucket, mirrors it and, on the replica that
+// owns "admission", decides its entries.
+func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Controller, error) {
+	if !opts.Limits.any() {
+		return nil, &Error{Code: CodeInvalid, Message: "no limit is set"}
+	}
+	if opts.Policy == "" {
+		opts.Policy = Queue
+	}
+	if opts.Policy != Reject && opts.Policy != Queue && opts.Policy != Delay {
+		return nil, &Error{Code: CodeInvalid, Message: fmt.Sprintf("policy %q: reject, queue or delay", opts.Policy)}
+	}
+	if opts.Runs == nil || opts.Log == nil || opts.Snapshots == nil || opts.Active == nil {
+		return nil, &Error{Code: CodeInvalid, Message: "Runs, Log, Snapshots and Active are required"}
+	}
+	if opts.Delay <= 0 {
+		opts.Delay = 30 * time.Second
+	}
+	if opts.Wait <= 0 {
+		opts.Wait = 10 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	kv, err := natsstore.OpenBucket(ctx, js, jetstream.KeyValueConfig{Bucket: Bucket, History: 1, Replicas: max(opts.Replicas, 1),
+		Description: "admission control: one entry per run submitted under limits, decided in ticket order"})
+	if err != nil {
+		return nil, unavailable("bucket "+Bucket, err)
+	}
+	c := &Controller{opts: opts, log: opts.Logger.Named("admission"), kv: kv, entries: map[string]*entry{},
+		changed: make(chan struct{}), done: make(chan struct{})}
+	lctx, cancel := context.WithCancel(context.Background())
+	c.stop = cancel
+	go c.loop(lctx)
+	return c, nil
+}
+
+// Close stops the mirror and the decider.
+func (c *Controller) Close() {
+	c.stop()
+	<-c.done
+}
+
+// Decision is Submit's answer.
+type Decision struct {
+	// Started is set when the run started (or had started before).
+	Started *adapter.StartResult
+	RunID   string
+	// State is "QUEUED" (waiting for capacity or, under delay, for
+	// NotBefore) or "PENDING" (not decided within the wait).
+	State     string
+	Position  int
+	NotBefore time.Time
+}
+
+// Submit asks for req's start under the limits and waits (up to
+// Options.Wait) for the decider. src is the plan as submitted (kept to
+// start the run later); requestedBy is recorded with RunQueued.
+func (c *Controller) Submit(ctx context.Context, req adapter.StartRequest, src *plan.Plan, requestedBy string) (*Decision, error) {
+	if res, ok, err := c.opts.Runs.Existing(ctx, req); err != nil {
+		return nil, err
+	} else if ok {
+		return &Decision{Started: &res, RunID: res.Run.RunID}, nil
+	}
+	runID, err := c.opts.Runs.RunIDFor(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	body, err := json.Marshal(src)
+	if err != nil {
+		return nil, fmt.Errorf("admission: encode plan: %w", err)
+	}
+	e := &entry{RunID: runID, State: statePending, Policy: c.opts.Policy, TenantID: req.TenantID, ProjectID: req.ProjectID,
+		EnvironmentID: req.EnvironmentID, RunRequestID: req.RunRequestID, PlanID: req.Plan.Plan.PlanID, PlanVersion: req.Plan.Plan.PlanVersion,
+		Plan: body, Labels: req.Labels, RequestedBy: requestedBy, SubmittedAt: time.Now().UTC()}
+	key := keyOf(runID)
+	b, _ := json.Marshal(e)
+	// The entry's ticket is the revision that creates it; the decider
+	// writes it into the entry at its first update.
+	if _, err := c.kv.Create(ctx, key, b); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		return nil, unavailable("submit", err)
+	} // exists: a repeat of a submitted request, which its entry answers
+	c.opts.Metrics.submitted()
+	return c.await(ctx, req, key)
+}
+
+// await waits for the entry at key to be decided.
+func (c *Controller) await(ctx context.Context, req adapter.StartRequest, key string) (*Decision, error) {
+	deadline := time.Now().Add(c.opts.Wait)
+	for {
+		e, err := c.get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			// Decided and cleaned up long ago: the run started.
+			if res, ok, err := c.opts.Runs.Existing(ctx, req); err != nil || ok {
+				return &Decision{Started: &res, RunID: res.Run.RunID}, err
+			}
+			return nil, unavailable("the admission entry vanished", err)
+		}
+		if err != nil {
+			return nil, err
+		}
+		switch e.State {
+		case stateStarted:
+			res, ok, err := c.opts.Runs.Existing(ctx, req)
+			if err != nil {
+				return nil, err
+			}
+			if !ok {
+				return nil, unavailable("started run not found", nil)
+			}
+			res.Created = e.Created
+			return &Decision{Started: &res, RunID: e.RunID}, nil
+		case stateRejected:
+			return nil, &Error{Code: CodeRejected, Message: e.Reason, RetryAfter: 10 * time.Second}
+		case stateCancelled:
+			return &Decision{RunID: e.RunID, State: statestore.RunStatusCancelled}, nil
+		case stateQueued, stateDelayed:
+			return &Decision{RunID: e.RunID, State: statestore.RunStatusQueued, Position: c.Position(e.RunID), NotBefore: e.NotBefore}, nil
+		}
+		if !time.Now().Before(deadline) {
+			return &Decision{RunID: e.RunID, State: statestore.RunStatusPending}, nil
+		}
+		c.mu.Lock()
+		ch := c.changed
+		c.mu.Unlock()
+		t := time.NewTimer(200 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-ch:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// Position is runID's place among the waiting entries (1: next), or 0
+// when it does not wait.
+func (c *Controller) Position(runID string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	me := c.entries[keyOf(runID)]
+	if me == nil || !me.waiting() {
+		return 0
+	}
+	n := 1
+	for _, e := range c.entries {
+		if e.waiting() && e.ticket() < me.ticket() {
+			n++
+		}
+	}
+	return n
+}
+
+func keyOf(runID string) string { return "r." + natsstore.RunToken(runID) }
+
+func (c *Controller) get(ctx context.Context, key string) (*entry, error) {
+	kve, err := c.kv.Get(ctx, key)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, err
+		}
+		return nil, unavailable("read entry", err)
+	}
+	var e entry
+	if err := json.Unmarshal(kve.Value(), &e); err != nil {
+		return nil, unavailable("entry "+key+" is damaged", err)
+	}
+	e.rev = kve.Revision()
+	return &e, nil
+}
+
+// put writes e back with compare-and-set on the revision it was read at.
+func (c *Controller) put(ctx context.Context, key string, e *entry) error {
+	e.Ticket = e.ticket() // an entry whose ticket update was lost keeps its first revision's
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	rev, err := c.kv.Update(ctx, key, b, e.rev)
+	if err != nil {
+		return unavailable("update entry", err)
+	}
+	e.rev = rev
+	return nil
+}
+
+// sortedWaiting returns the waiting entries in ticket order.
+func (c *Controller) sortedWaiting() []*entry {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*entry
+	for _, e := range c.entries {
+		if e.waiting() {
+			cp := *e
+			out = append(out, &cp)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ticket() < out[j].ticket() })
+	return out
+}

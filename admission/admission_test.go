@@ -1,0 +1,326 @@
+package admission_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/admission"
+	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/registry"
+	"github.com/conductor-sidecar/sidecar/runlist"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+)
+
+// env is a sidecar's admission path on the real Conductor: the log, the
+// run index, the run list and a controller. Nothing polls the runs' tasks,
+// so a started run stays RUNNING until the test ends it in the log.
+type env struct {
+	t      *testing.T
+	js     jetstream.JetStream
+	store  *natsstore.Store
+	emit   *registry.Emitter
+	runs   *adapter.Runs
+	list   *runlist.List
+	plan   *plan.Plan
+	domain string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	u := conductortest.URL(t)
+	ctx := context.Background()
+	js, _ := natstest.Start(t)
+	store, err := natsstore.Open(ctx, js, natsstore.Options{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	ids, err := registry.Open(ctx, js, registry.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	emit := registry.NewEmitter(ids, store)
+	client, err := adapter.NewClient(adapter.ClientOptions{BaseURL: u})
+	if err != nil {
+		t.Fatal(err)
+	}
+	domain := "adm" + uuid.NewString()[:8]
+	runs, err := adapter.OpenRuns(ctx, js, client, emit, adapter.RunsOptions{TaskDomain: domain, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := runlist.Open(ctx, js, runlist.Options{Log: store, Poll: 20 * time.Millisecond, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(list.Close)
+	p := &plan.Plan{PlanID: "adm-" + uuid.NewString()[:8], PlanVersion: "1", Steps: []plan.Step{{StepID: "a", Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}}}}
+	return &env{t: t, js: js, store: store, emit: emit, runs: runs, list: list, plan: p, domain: domain}
+}
+
+func (e *env) open(opts admission.Options) *admission.Controller {
+	e.t.Helper()
+	if opts.Runs == nil {
+		opts.Runs = e.runs
+	}
+	opts.Log, opts.Snapshots, opts.Active = e.emit, e.store, e.list
+	opts.Logger = zaptest.NewLogger(e.t)
+	c, err := admission.Open(context.Background(), e.js, opts)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return c
+}
+
+func (e *env) request(tenant, id string) adapter.StartRequest {
+	e.t.Helper()
+	compiled, err := plan.Compile(e.plan)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return adapter.StartRequest{TenantID: tenant, ProjectID: "p", EnvironmentID: "test", RunRequestID: id, Plan: compiled}
+}
+
+func (e *env) submit(c *admission.Controller, tenant, id string) (*admission.Decision, error) {
+	return c.Submit(context.Background(), e.request(tenant, id), e.plan, "test")
+}
+
+func (e *env) events(runID string) []statestore.RunEventRecord {
+	e.t.Helper()
+	recs, err := e.store.Fetch(context.Background(), runID, 0, 0)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return recs
+}
+
+func types(recs []statestore.RunEventRecord) string {
+	var s []string
+	for _, r := range recs {
+		s = append(s, r.EventType)
+	}
+	return strings.Join(s, " ")
+}
+
+// end records the run's end in the log (as the watcher would when its
+// workflow completes): it no longer counts as active.
+func (e *env) end(runID string) {
+	e.t.Helper()
+	snap, err := e.store.ProjectSnapshot(context.Background(), runID)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ev, err := statestore.NewEvent(snap.Ref(), statestore.RunCompleted, "", 1, 1, map[string]any{"engineStatus": "COMPLETED"})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := e.emit.Emit(context.Background(), ev); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *env) waitStarted(runID string) {
+	e.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if strings.Contains(types(e.events(runID)), statestore.RunStarted) {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("run %s never started: %s", runID, types(e.events(runID)))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (e *env) started(runID string) bool {
+	return strings.Contains(types(e.events(runID)), statestore.RunStarted)
+}
+
+// TestAdmission_QueueInOrder: under a global limit of 2, the first two
+// runs start, the next three are QUEUED (RunQueued recorded, positions 1
+// to 3) and start one by one, in submission order, as running runs end;
+// each starts once.
+func TestAdmission_QueueInOrder(t *testing.T) {
+	e := newEnv(t)
+	c := e.open(admission.Options{Limits: admission.Limits{Global: 2}, Policy: admission.Queue})
+	defer c.Close()
+	var ids []string
+	for i := range 5 {
+		d, err := e.submit(c, "t1", fmt.Sprintf("q-%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, d.RunID)
+		switch {
+		case i < 2 && d.Started == nil:
+			t.Fatalf("run %d: %+v, want started", i, d)
+		case i >= 2 && (d.State != statestore.RunStatusQueued || d.Position != i-1):
+			t.Fatalf("run %d: %+v, want QUEUED at position %d", i, d, i-1)
+		}
+	}
+	for _, id := range ids[2:] {
+		if got := types(e.events(id)); got != statestore.RunQueued {
+			t.Fatalf("queued run's log: %s, want RunQueued", got)
+		}
+	}
+	// A repeat of a queued request is the same run, still queued.
+	if d, err := e.submit(c, "t1", "q-3"); err != nil || d.RunID != ids[3] || d.State != statestore.RunStatusQueued {
+		t.Fatalf("repeat: %+v %v", d, err)
+	}
+	e.end(ids[0])
+	e.waitStarted(ids[2])
+	time.Sleep(300 * time.Millisecond)
+	if e.started(ids[3]) || e.started(ids[4]) {
+		t.Fatal("more than one queued run started for one run that ended")
+	}
+	if p := c.Position(ids[4]); p != 2 {
+		t.Fatalf("position of the last: %d, want 2", p)
+	}
+	e.end(ids[1])
+	e.waitStarted(ids[3])
+	e.end(ids[2])
+	e.waitStarted(ids[4])
+	for _, id := range ids {
+		recs := e.events(id)
+		if n := strings.Count(types(recs), statestore.RunStarted); n != 1 {
+			t.Fatalf("run %s: %d RunStarted (%s)", id, n, types(recs))
+		}
+	}
+}
+
+// TestAdmission_Reject: over a tenant's limit, a start is refused with
+// ADMISSION_REJECTED and nothing recorded; another tenant's starts.
+func TestAdmission_Reject(t *testing.T) {
+	e := newEnv(t)
+	c := e.open(admission.Options{Limits: admission.Limits{PerTenant: 1}, Policy: admission.Reject})
+	defer c.Close()
+	if d, err := e.submit(c, "t1", "r-1"); err != nil || d.Started == nil {
+		t.Fatalf("first: %+v %v", d, err)
+	}
+	_, err := e.submit(c, "t1", "r-2")
+	var ae *admission.Error
+	if !errors.As(err, &ae) || ae.Code != admission.CodeRejected || ae.RetryAfter <= 0 || !strings.Contains(ae.Message, "tenant t1") {
+		t.Fatalf("over the tenant's limit: %v, want ADMISSION_REJECTED naming the limit, with a retry time", err)
+	}
+	runID, _ := e.runs.RunIDFor(context.Background(), e.request("t1", "r-2"))
+	if recs := e.events(runID); len(recs) != 0 {
+		t.Fatalf("a rejected run has events: %s", types(recs))
+	}
+	if d, err := e.submit(c, "t2", "r-3"); err != nil || d.Started == nil {
+		t.Fatalf("another tenant: %+v %v", d, err)
+	}
+}
+
+// TestAdmission_Delay: over the limit, a start is accepted and put off by
+// Delay per run it is over by; it starts then, whatever the load.
+func TestAdmission_Delay(t *testing.T) {
+	e := newEnv(t)
+	c := e.open(admission.Options{Limits: admission.Limits{Global: 1}, Policy: admission.Delay, Delay: 1500 * time.Millisecond})
+	defer c.Close()
+	if _, err := e.submit(c, "t1", "d-1"); err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now()
+	d, err := e.submit(c, "t1", "d-2")
+	if err != nil || d.State != statestore.RunStatusQueued || d.NotBefore.Sub(before) < time.Second {
+		t.Fatalf("second: %+v %v, want QUEUED until about 1.5s from now", d, err)
+	}
+	e.waitStarted(d.RunID)
+	if time.Now().Before(d.NotBefore) {
+		t.Fatalf("started before its time %s", d.NotBefore)
+	}
+}
+
+// blockingRuns blocks StartRun until its context ends: a decider that
+// dies mid-start.
+type blockingRuns struct {
+	admission.Runs
+	calls chan string
+}
+
+func (b blockingRuns) StartRun(ctx context.Context, req adapter.StartRequest) (adapter.StartResult, error) {
+	b.calls <- req.RunRequestID
+	<-ctx.Done()
+	return adapter.StartResult{}, ctx.Err()
+}
+
+// TestAdmission_InterruptedStartIsStartedAgain: a decider that stops in
+// the middle of a start leaves the entry starting; the next decider
+// (another replica, or this one restarted) starts it, once.
+func TestAdmission_InterruptedStartIsStartedAgain(t *testing.T) {
+	e := newEnv(t)
+	calls := make(chan string, 4)
+	dying := e.open(admission.Options{Limits: admission.Limits{Global: 5}, Runs: blockingRuns{e.runs, calls}, Wait: 200 * time.Millisecond})
+	d, err := e.submit(dying, "t1", "i-1")
+	if err != nil || d.State != statestore.RunStatusPending {
+		t.Fatalf("submit: %+v %v, want PENDING (the start hangs)", d, err)
+	}
+	<-calls
+	dying.Close()
+	if e.started(d.RunID) {
+		t.Fatal("started by the dying decider")
+	}
+	c := e.open(admission.Options{Limits: admission.Limits{Global: 5}})
+	defer c.Close()
+	e.waitStarted(d.RunID)
+	var wg sync.WaitGroup
+	for range 3 { // repeats meanwhile: the same run
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if got, err := e.submit(c, "t1", "i-1"); err != nil || got.RunID != d.RunID || got.Started == nil {
+				t.Errorf("repeat: %+v %v", got, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := strings.Count(types(e.events(d.RunID)), statestore.RunStarted); n != 1 {
+		t.Fatalf("%d RunStarted", n)
+	}
+}
+
+// TestAdmission_CancelWhileQueued: a queued run that is cancelled is not
+// started when capacity frees up: RunCancelled is recorded.
+func TestAdmission_CancelWhileQueued(t *testing.T) {
+	e := newEnv(t)
+	c := e.open(admission.Options{Limits: admission.Limits{Global: 1}})
+	defer c.Close()
+	first, err := e.submit(c, "t1", "c-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := e.submit(c, "t1", "c-2")
+	if err != nil || q.State != statestore.RunStatusQueued {
+		t.Fatalf("%+v %v", q, err)
+	}
+	snap, _ := e.store.ProjectSnapshot(context.Background(), q.RunID)
+	ev, _ := statestore.NewEvent(snap.Ref(), statestore.RunCancelRequested, "", 1, 1, map[string]any{"reason": "no longer needed", "requestedBy": "test"})
+	if _, err := e.emit.Emit(context.Background(), ev); err != nil {
+		t.Fatal(err)
+	}
+	e.end(first.RunID)
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(types(e.events(q.RunID)), statestore.RunCancelled) {
+		if time.Now().After(deadline) {
+			t.Fatalf("log %s, want RunCancelled", types(e.events(q.RunID)))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if e.started(q.RunID) {
+		t.Fatal("a run cancelled while queued was started")
+	}
+}

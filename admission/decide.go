@@ -1,0 +1,320 @@
+package admission
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// ownerKey is the membership key of the decider.
+const ownerKey = "admission"
+
+// keepDecided is how long a decided entry stays (for Submit's repeat and
+// its waiters) before the decider removes it.
+const keepDecided = 2 * time.Minute
+
+// loop mirrors the bucket and, while this replica owns the decider,
+// decides the entries: at every change, and every second (delays, the
+// list catching up, retries).
+func (c *Controller) loop(ctx context.Context) {
+	defer close(c.done)
+	backoff := time.Duration(0)
+	for ctx.Err() == nil {
+		w, err := c.kv.WatchAll(ctx)
+		if err != nil {
+			backoff = min(max(2*backoff, 100*time.Millisecond), 30*time.Second)
+			c.log.Warn("admission: cannot watch the queue; retrying", zap.Duration("in", backoff), zap.Error(err))
+			if !sleep(ctx, backoff) {
+				return
+			}
+			continue
+		}
+		backoff = 0
+		c.follow(ctx, w)
+		_ = w.Stop()
+	}
+}
+
+// follow applies the watch's updates and decides; it returns when the
+// watch ends (ctx, or an error to recover from).
+func (c *Controller) follow(ctx context.Context, w jetstream.KeyWatcher) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	var nextTry time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case u, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			if !c.apply(u) || len(w.Updates()) > 0 {
+				continue // decided at the last of a burst of new entries, or at the tick
+			}
+		case <-tick.C:
+		}
+		if c.opts.Owner != nil && !c.opts.Owner.Owns(ownerKey) {
+			continue
+		}
+		if time.Now().Before(nextTry) {
+			continue
+		}
+		if err := c.decide(ctx); err != nil {
+			nextTry = time.Now().Add(2 * time.Second)
+			c.log.Warn("admission: deciding failed; retrying in 2s", zap.Error(err))
+		}
+	}
+}
+
+// apply puts a watch update in the mirror (nil: the initial values are
+// all delivered) and tells whether it is a new entry to decide.
+func (c *Controller) apply(u jetstream.KeyValueEntry) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	defer func() {
+		close(c.changed)
+		c.changed = make(chan struct{})
+	}()
+	if u == nil {
+		c.synced = true
+		return true
+	}
+	if u.Operation() != jetstream.KeyValuePut {
+		delete(c.entries, u.Key())
+		return false
+	}
+	var e entry
+	if err := json.Unmarshal(u.Value(), &e); err != nil {
+		c.log.Warn("admission: skipping a damaged entry", zap.String("key", u.Key()), zap.Error(err))
+		return false
+	}
+	e.rev = u.Revision()
+	if old := c.entries[u.Key()]; old != nil && e.Ticket == 0 {
+		e.Ticket = old.ticket()
+	}
+	c.entries[u.Key()] = &e
+	return e.State == statePending
+}
+
+// decide takes the waiting entries in ticket order and starts, queues,
+// delays or rejects each.
+func (c *Controller) decide(ctx context.Context) error {
+	c.mu.Lock()
+	synced := c.synced
+	c.mu.Unlock()
+	if !synced {
+		return nil
+	}
+	c.cleanup(ctx)
+	waiting := c.sortedWaiting()
+	c.opts.Metrics.depth(waiting)
+	if len(waiting) == 0 {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	_, err := c.opts.Active.WaitIndexed(wctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("the run list did not catch up with the log: %w", err)
+	}
+	total, byTenant, byPlan, ok := c.opts.Active.ActiveCounts()
+	if !ok {
+		return nil // the list is not read yet
+	}
+	l := c.opts.Limits
+	blocked := map[string]bool{}
+	now := time.Now()
+	over := 0
+	for _, e := range waiting {
+		domains := []string{"global", "tenant:" + e.TenantID, "plan:" + e.PlanID}
+		var full []string
+		if l.Global > 0 && total >= l.Global {
+			full = append(full, fmt.Sprintf("global limit %d", l.Global))
+		}
+		if l.PerTenant > 0 && byTenant[e.TenantID] >= l.PerTenant {
+			full = append(full, fmt.Sprintf("tenant %s limit %d", e.TenantID, l.PerTenant))
+		}
+		if l.PerPlan > 0 && byPlan[e.PlanID] >= l.PerPlan {
+			full = append(full, fmt.Sprintf("plan %s limit %d", e.PlanID, l.PerPlan))
+		}
+		behind := false
+		for _, d := range domains {
+			behind = behind || blocked[d]
+		}
+		switch {
+		case e.State == stateStarting:
+			// A start a crash or a lost owner interrupted: started again
+			// (idempotent), whatever the load; it was admitted.
+		case e.State == stateDelayed:
+			if now.Before(e.NotBefore) {
+				continue
+			}
+		case len(full) > 0 || behind:
+			// Over a limit, or behind an earlier run of the same tenant,
+			// plan or the whole that waits: in order.
+			for _, d := range domains {
+				blocked[d] = true
+			}
+			over++
+			if e.State == statePending {
+				reason := strings.Join(full, ", ")
+				if reason == "" {
+					reason = "behind earlier queued runs"
+				}
+				if err := c.hold(ctx, e, reason, over); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		if err := c.start(ctx, e); err != nil {
+			return err
+		}
+		if e.State == stateStarted || e.State == stateStarting {
+			total++
+			byTenant[e.TenantID]++
+			byPlan[e.PlanID]++
+		}
+	}
+	return nil
+}
+
+// hold answers a pending entry over a limit: rejected, or queued or
+// delayed with RunQueued recorded first.
+func (c *Controller) hold(ctx context.Context, e *entry, reason string, over int) error {
+	key := keyOf(e.RunID)
+	if e.Policy == Reject {
+		e.State, e.Reason, e.DecidedAt = stateRejected, reason, time.Now().UTC()
+		c.opts.Metrics.decided(stateRejected)
+		return c.put(ctx, key, e)
+	}
+	payload := map[string]any{"policy": e.Policy, "reason": reason}
+	if e.RequestedBy != "" {
+		payload["requestedBy"] = e.RequestedBy
+	}
+	if e.Policy == Delay {
+		e.NotBefore = e.SubmittedAt.Add(time.Duration(over) * c.opts.Delay).UTC()
+		payload["notBefore"] = e.NotBefore.Format(time.RFC3339Nano)
+	}
+	ev, err := statestore.NewEvent(statestore.RunRef{RunID: e.RunID, TenantID: e.TenantID, ProjectID: e.ProjectID,
+		EnvironmentID: e.EnvironmentID, PlanID: e.PlanID, PlanVersion: e.PlanVersion}, statestore.RunQueued, "", 1, 1, payload)
+	if err != nil {
+		return err
+	}
+	snap, err := c.opts.Snapshots.ProjectSnapshot(ctx, e.RunID)
+	if err != nil && !errors.Is(err, statestore.ErrNotFound) {
+		return err
+	}
+	if err := statestore.CheckTransition(snap, ev); err == nil {
+		if _, err := c.opts.Log.Emit(ctx, ev); err != nil {
+			return err
+		}
+	}
+	e.State, e.Reason, e.QueuedAt = stateQueued, reason, time.Now().UTC()
+	if e.Policy == Delay {
+		e.State = stateDelayed
+	}
+	c.opts.Metrics.decided(e.State)
+	c.log.Info("run queued", zap.String("runId", e.RunID), zap.String("policy", e.Policy), zap.String("reason", reason))
+	return c.put(ctx, key, e)
+}
+
+// start starts e's run: the entry is marked starting first, so that an
+// interrupted start is started again, never forgotten; the adapter's
+// start is idempotent on the run's request key. A run cancelled while
+// queued is not started: RunCancelled is recorded instead.
+func (c *Controller) start(ctx context.Context, e *entry) error {
+	key := keyOf(e.RunID)
+	snap, err := c.opts.Snapshots.ProjectSnapshot(ctx, e.RunID)
+	if err != nil && !errors.Is(err, statestore.ErrNotFound) {
+		return err
+	}
+	if snap != nil && (snap.CancelRequested || statestore.IsTerminalRunStatus(snap.Status)) {
+		return c.cancelQueued(ctx, e, snap)
+	}
+	if e.State != stateStarting {
+		e.State = stateStarting
+		if err := c.put(ctx, key, e); err != nil {
+			return err
+		}
+	}
+	var p plan.Plan
+	compiled, err := func() (*plan.Compiled, error) {
+		if err := json.Unmarshal(e.Plan, &p); err != nil {
+			return nil, err
+		}
+		return plan.Compile(&p)
+	}()
+	if err != nil {
+		e.State, e.Reason, e.DecidedAt = stateRejected, "the plan does not compile: "+err.Error(), time.Now().UTC()
+		c.opts.Metrics.decided(stateRejected)
+		return c.put(ctx, key, e)
+	}
+	res, err := c.opts.Runs.StartRun(ctx, adapter.StartRequest{TenantID: e.TenantID, ProjectID: e.ProjectID, EnvironmentID: e.EnvironmentID,
+		RunRequestID: e.RunRequestID, Plan: compiled, Labels: e.Labels})
+	if err != nil {
+		return fmt.Errorf("start run %s: %w", e.RunID, err) // kept starting; retried
+	}
+	if !e.QueuedAt.IsZero() {
+		c.opts.Metrics.waited(time.Since(e.QueuedAt))
+	}
+	e.State, e.WorkflowID, e.Created, e.DecidedAt = stateStarted, res.Run.WorkflowID, res.Created, time.Now().UTC()
+	c.opts.Metrics.decided(stateStarted)
+	return c.put(ctx, key, e)
+}
+
+// cancelQueued ends a queued run that was cancelled: RunCancelled (valid
+// from QUEUED), and the entry is final.
+func (c *Controller) cancelQueued(ctx context.Context, e *entry, snap *statestore.RunSnapshot) error {
+	if !statestore.IsTerminalRunStatus(snap.Status) {
+		ev, err := statestore.NewEvent(snap.Ref(), statestore.RunCancelled, "", 1, 1, map[string]any{"reason": "cancelled while queued"})
+		if err != nil {
+			return err
+		}
+		if err := statestore.CheckTransition(snap, ev); err == nil {
+			if _, err := c.opts.Log.Emit(ctx, ev); err != nil {
+				return err
+			}
+		}
+	}
+	e.State, e.DecidedAt = stateCancelled, time.Now().UTC()
+	c.opts.Metrics.decided(stateCancelled)
+	return c.put(ctx, keyOf(e.RunID), e)
+}
+
+// cleanup removes entries decided more than keepDecided ago.
+func (c *Controller) cleanup(ctx context.Context) {
+	c.mu.Lock()
+	var old []*entry
+	for _, e := range c.entries {
+		if !e.waiting() && !e.DecidedAt.IsZero() && time.Since(e.DecidedAt) > keepDecided {
+			old = append(old, e)
+		}
+	}
+	c.mu.Unlock()
+	for _, e := range old {
+		_ = c.kv.Delete(ctx, keyOf(e.RunID), jetstream.LastRevision(e.rev))
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
