@@ -437,6 +437,11 @@ func (c *Controller) Cancel(ctx context.Context, runID, workflowID, reason, requ
 			return nil, err
 		}
 	}
+	if snap.Status == statestore.RunStatusQueued {
+		// Waiting for admission: no workflow exists yet. The run ends
+		// here, and the admission decider drops it (package admission).
+		return c.cancelQueued(ctx, runID, payload)
+	}
 	if err := c.engine.Terminate(ctx, workflowID, "cancelled: "+reason); err != nil {
 		// The request is recorded; a retry of the cancel terminates.
 		return nil, err
@@ -459,6 +464,24 @@ func (c *Controller) Cancel(ctx context.Context, runID, workflowID, reason, requ
 	if snap, err = c.snapshot(ctx, runID); err != nil {
 		return nil, err
 	}
+	return StateOf(snap, c.opts.DefaultTimeout), nil
+}
+
+// cancelQueued appends RunCancelled to a run cancelled while QUEUED.
+func (c *Controller) cancelQueued(ctx context.Context, runID string, payload map[string]any) (*State, error) {
+	snap, err := c.snapshot(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	if snap.Status != statestore.RunStatusCancelled {
+		if _, err := c.append(ctx, snap, statestore.RunCancelled, 1, payload); err != nil {
+			return nil, err
+		}
+		if snap, err = c.snapshot(ctx, runID); err != nil {
+			return nil, err
+		}
+	}
+	c.logger.Info("queued run cancelled", zap.String("runId", runID))
 	return StateOf(snap, c.opts.DefaultTimeout), nil
 }
 

@@ -62,9 +62,12 @@ func (c *RunControl) Resume(ctx context.Context, runID string, req drain.ResumeR
 // Cancel implements Control.
 func (c *RunControl) Cancel(ctx context.Context, runID, reason, requestedBy string) (*drain.State, error) {
 	wf, err := c.workflow(ctx, runID)
-	if err != nil {
+	if err != nil && !errors.Is(err, drain.ErrRunNotFound) {
 		return nil, err
 	}
+	// Not in the run index: a run queued by admission control has no
+	// workflow yet; the drain controller cancels it in the log (and
+	// answers RUN_NOT_FOUND for a run the log does not have).
 	return c.Drain.Cancel(ctx, runID, wf, reason, requestedBy)
 }
 

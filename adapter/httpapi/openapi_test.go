@@ -24,6 +24,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/admission"
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/eventbus"
 	"github.com/conductor-sidecar/sidecar/runlist"
@@ -139,6 +140,7 @@ func (c *scriptedControl) ResumeLater(context.Context, string, time.Time, drain.
 type scriptedStarter struct {
 	mu      sync.Mutex
 	created bool
+	queued  bool
 	err     error
 }
 
@@ -147,6 +149,9 @@ func (s *scriptedStarter) Start(context.Context, httpapi.StartRequest) (*httpapi
 	defer s.mu.Unlock()
 	if s.err != nil {
 		return nil, s.err
+	}
+	if s.queued {
+		return &httpapi.Started{RunID: "run-1", Status: "QUEUED", Position: 3}, nil
 	}
 	return &httpapi.Started{RunID: "run-1", WorkflowID: "wf", EngineRunRef: "conductor://w/wf", Created: s.created}, nil
 }
@@ -383,7 +388,11 @@ func TestOpenAPI_EveryAnswerDocumented(t *testing.T) {
 	e.starter.created = false
 	run(start, e.srv, "/v1/runs", "tok-admin", js, startBody, "")
 	run(start, e.srv, "/v1/runs", "tok-admin", js, `{"tenantId":"t"}`, "")
+	e.starter.queued = true
+	run(start, e.srv, "/v1/runs", "tok-admin", js, startBody, "")
+	e.starter.queued = false
 	for _, err := range []error{
+		&admission.Error{Code: admission.CodeRejected, Message: "global limit 2", RetryAfter: 10 * time.Second},
 		&adapter.Error{Code: httpapi.CodePlanConflict, Message: "plan p 1 exists with other content"},
 		&adapter.Error{Code: adapter.CodeEngineRejected, Message: "conductor said no"},
 		&adapter.Error{Code: adapter.CodeEngineUnavailable, Message: "connection refused"},

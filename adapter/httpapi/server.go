@@ -25,6 +25,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/admission"
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/eventbus"
 	"github.com/conductor-sidecar/sidecar/registry"
@@ -59,6 +60,13 @@ type Started struct {
 	WorkflowID   string `json:"workflowId"`
 	EngineRunRef string `json:"engineRunRef"`
 	Created      bool   `json:"created"`
+	// Status is set when the run did not start (answered 202): QUEUED
+	// (admission control holds it: Position, and NotBefore under the
+	// delay policy), PENDING (not decided within the wait; see its
+	// status) or CANCELLED (cancelled while queued).
+	Status    string `json:"status,omitempty"`
+	Position  int    `json:"position,omitempty"`
+	NotBefore string `json:"notBefore,omitempty"`
 }
 
 // Starter starts runs on the engine.
@@ -77,6 +85,9 @@ type Options struct {
 	// Bus is the event bus: GET /v1/bus, its dead letters and their
 	// replay (nil: not served).
 	Bus Bus
+	// Queue gives a QUEUED run's place in the admission queue (nil: no
+	// admission control).
+	Queue QueuePositions
 	// DrainTimeout is the default drain timeout shown in a paused run's
 	// drain block (default 5m).
 	DrainTimeout time.Duration
@@ -366,6 +377,15 @@ func (s *Server) classify(err error) *apiError {
 			return &apiError{status: http.StatusNotFound, Code: se.Code, Message: se.Message}
 		}
 	}
+	var ae *admission.Error
+	if errors.As(err, &ae) {
+		switch ae.Code {
+		case admission.CodeRejected:
+			return &apiError{status: http.StatusTooManyRequests, Code: ae.Code, Message: ae.Error(), retryAfter: ae.RetryAfter}
+		case admission.CodeUnavailable:
+			return &apiError{status: http.StatusServiceUnavailable, Code: ae.Code, Message: ae.Error()}
+		}
+	}
 	var be *eventbus.Error
 	if errors.As(err, &be) {
 		switch be.Code {
@@ -449,7 +469,10 @@ func (s *Server) start(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	status := http.StatusOK
-	if started.Created {
+	switch {
+	case started.Status != "":
+		status = http.StatusAccepted
+	case started.Created:
 		status = http.StatusCreated
 	}
 	w.Header().Set("Location", "/v1/runs/"+started.RunID)
@@ -497,6 +520,9 @@ type RunView struct {
 	// DrainETA estimates when a DRAINING run's drain ends, from the
 	// durations of the same steps in earlier runs of the plan version.
 	DrainETA *runlist.ETA `json:"drainEta,omitempty"`
+	// QueuePosition is a QUEUED run's place among the runs waiting for
+	// admission (1: next).
+	QueuePosition int `json:"queuePosition,omitempty"`
 	// Notice says what an accepted control request did not do (see
 	// drain.State.Notice).
 	Notice string `json:"notice,omitempty"`
@@ -523,6 +549,12 @@ func (s *Server) writeRunNotice(w http.ResponseWriter, r *http.Request, runID, n
 	rv := RunView{RunSnapshot: &view, Message: Message(snap), Drain: drain.StateOf(snap, s.opts.DrainTimeout).Drain, Notice: notice}
 	if snap.Substatus == statestore.SubstatusDraining && s.opts.List != nil {
 		rv.DrainETA = s.opts.List.ETA(snap.PlanID, snap.PlanVersion, runlist.InFlightSteps(snap), time.Now())
+	}
+	if snap.Status == statestore.RunStatusQueued && s.opts.Queue != nil {
+		if n := s.opts.Queue.Position(runID); n > 0 {
+			rv.QueuePosition = n
+			rv.Message = fmt.Sprintf("Workflow queued: position %d for admission.", n)
+		}
 	}
 	return writeJSON(w, http.StatusOK, rv)
 }

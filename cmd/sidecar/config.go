@@ -54,6 +54,8 @@ type Config struct {
 	Exec execConfig
 	// Bus is the event bus's sinks.
 	Bus busConfig
+	// Admission is admission control (limits on active runs).
+	Admission admissionConfig
 }
 
 // DefaultConfig returns the defaults DESIGN.md names.
@@ -72,6 +74,7 @@ func DefaultConfig() Config {
 		LogFormat:      "json",
 		LogLevel:       "info",
 		Bus:            busConfig{MaxAttempts: 8},
+		Admission:      admissionConfig{Policy: "queue", Delay: 30 * time.Second},
 	}
 }
 
@@ -137,6 +140,7 @@ func (c *Config) Validate() error {
 	p = append(p, c.API.validate(c.Listen)...)
 	p = append(p, c.Exec.validate()...)
 	p = append(p, c.Bus.validate()...)
+	p = append(p, c.Admission.validate()...)
 	if len(p) > 0 {
 		return &ConfigValidationError{Problems: p}
 	}
@@ -185,6 +189,7 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	c.API.registerFlags(fs)
 	c.Exec.registerFlags(fs)
 	c.Bus.registerFlags(fs)
+	c.Admission.registerFlags(fs)
 }
 
 // stringFlag binds p to the flag name of fs, with SIDECAR_<NAME> as its

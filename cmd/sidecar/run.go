@@ -50,7 +50,14 @@ func (c *RunCommand) Run(ctx context.Context, args []string) error {
 		return printJSON(c.m.Stdout, started)
 	}
 	what := "started"
-	if !started.Created {
+	switch {
+	case started.Status == "QUEUED" && started.NotBefore != "":
+		what = "accepted and delayed by admission control: starts at " + started.NotBefore
+	case started.Status == "QUEUED":
+		what = fmt.Sprintf("queued by admission control (position %d): starts when capacity frees up", started.Position)
+	case started.Status != "":
+		what = "accepted, " + started.Status + " (see sidecar status)"
+	case !started.Created:
 		what = "already started by an earlier request with this id"
 	}
 	fmt.Fprintf(c.m.Stdout, "run %s %s\n  runRequestId %s\n  engineRunRef %s\n", started.RunID, what, *requestID, started.EngineRunRef)

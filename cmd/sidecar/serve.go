@@ -21,6 +21,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/admission"
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/eventbus"
 	"github.com/conductor-sidecar/sidecar/membership"
@@ -100,7 +101,8 @@ type sidecar struct {
 	store   *natsstore.Store
 	members *membership.Members
 	list    *runlist.List
-	bus     *eventbus.Bus // nil without sinks
+	bus     *eventbus.Bus         // nil without sinks
+	admit   *admission.Controller // nil without limits
 	watcher *adapter.Watcher
 	drain   *drain.Controller
 	worker  *taskworkers.Worker
@@ -178,6 +180,17 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 			Replicas: replicas, Logger: log, Metrics: eventbus.NewMetrics(reg)}); err != nil {
 			return sc, err
 		}
+	}
+	// Admission control (--max-active-runs...): starts go through the one
+	// decider among the replicas.
+	var starter httpapi.Starter = &httpapi.RunStarter{Runs: runs}
+	if cfg.Admission.enabled() {
+		if sc.admit, err = admission.Open(ctx, js, admission.Options{Limits: cfg.Admission.Limits, Policy: cfg.Admission.Policy,
+			Delay: cfg.Admission.Delay, Runs: runs, Log: emitter, Snapshots: sc.store, Active: sc.list, Owner: sc.members,
+			Replicas: replicas, Logger: log, Metrics: admission.NewMetrics(reg)}); err != nil {
+			return sc, err
+		}
+		starter = &httpapi.AdmittedStarter{Admission: sc.admit}
 	}
 	sc.watcher = adapter.NewWatcher(runs, sc.store, adapter.WatcherOptions{Owner: sc.members, Logger: log, Metrics: adapterMetrics, DrainTimeout: cfg.DrainTimeout})
 	if err := sc.watcher.Open(ctx); err != nil {
@@ -275,13 +288,16 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	if sc.bus != nil {
 		streams = append(streams, "KV_"+eventbus.Bucket, "KV_"+eventbus.DeadLetterBucket)
 	}
+	if sc.admit != nil {
+		streams = append(streams, "KV_"+admission.Bucket)
+	}
 	buckets, err := natsstore.NewGuard(ctx, js, streams...)
 	if err != nil {
 		return sc, err
 	}
 	reportReplicas(ctx, js, replicas, append(streams, natsstore.DefaultStream), log)
 	apiOpts := httpapi.Options{
-		Log: sc.store, List: sc.list, Replies: replies, Starter: &httpapi.RunStarter{Runs: runs}, Control: &httpapi.RunControl{Runs: runs, Drain: sc.drain},
+		Log: sc.store, List: sc.list, Replies: replies, Starter: starter, Control: &httpapi.RunControl{Runs: runs, Drain: sc.drain},
 		DrainTimeout: cfg.DrainTimeout, Gatherer: reg, Registerer: reg, Logger: log,
 		// Ready means "can append now": NATS connected, the log whole and
 		// the one this process verified, JetStream enabled (a full or
@@ -309,6 +325,9 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	}
 	if sc.bus != nil {
 		apiOpts.Bus = sc.bus
+	}
+	if sc.admit != nil {
+		apiOpts.Queue = sc.admit
 	}
 	if err := cfg.API.apply(&apiOpts, log); err != nil {
 		return sc, err
@@ -348,6 +367,9 @@ func (sc *sidecar) close(ctx context.Context) error {
 	}
 	if sc.bus != nil {
 		sc.bus.Close()
+	}
+	if sc.admit != nil {
+		sc.admit.Close()
 	}
 	if sc.list != nil {
 		sc.list.Close()

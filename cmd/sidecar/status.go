@@ -31,6 +31,9 @@ func (c *StatusCommand) Run(ctx context.Context, args []string) error {
 	if v.Substatus != "" {
 		status += " (" + v.Substatus + ")"
 	}
+	if v.QueuePosition > 0 {
+		status += fmt.Sprintf(" (position %d)", v.QueuePosition)
+	}
 	fmt.Fprintf(c.m.Stdout, "run       %s\nstatus    %s\nmessage   %s\nplan      %s %s\nengine    %s\n",
 		v.RunID, status, v.Message, v.PlanID, v.PlanVersion, optional(v.EngineRunRef, "-"))
 	if len(v.Labels) > 0 {

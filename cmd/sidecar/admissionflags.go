@@ -1,0 +1,57 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/admission"
+)
+
+// admissionConfig is admission control: limits on active runs and what a
+// start over them gets.
+type admissionConfig struct {
+	Limits admission.Limits
+	Policy string
+	Delay  time.Duration
+}
+
+func (c *admissionConfig) registerFlags(fs *flag.FlagSet) {
+	num := func(p *int, name, usage string) {
+		fs.Var(&intValue{p}, name, usage+" (env "+envName(name)+")")
+		if v, ok := os.LookupEnv(envName(name)); ok {
+			if fs.Set(name, v) != nil {
+				*p = -1 // validate names it
+			}
+		}
+	}
+	num(&c.Limits.Global, "max-active-runs", "at most this many runs RUNNING or PAUSED at once (0: no limit)")
+	num(&c.Limits.PerTenant, "max-active-runs-per-tenant", "at most this many active runs per tenantId (0: no limit)")
+	num(&c.Limits.PerPlan, "max-active-runs-per-plan", "at most this many active runs per planId, all versions (0: no limit)")
+	stringFlag(fs, &c.Policy, "admission-policy", "a start over a limit is: queue (RunQueued, started when capacity frees up, in order), reject (429), or delay (started later, Delay per run over)")
+	fs.Var(&durationValue{&c.Delay}, "admission-delay", "under --admission-policy delay, how far each run over a limit is put off (env "+envName("admission-delay")+")")
+	if v, ok := os.LookupEnv(envName("admission-delay")); ok {
+		_ = fs.Set("admission-delay", v)
+	}
+}
+
+func (c *admissionConfig) validate() []string {
+	var p []string
+	if c.Limits.Global < 0 || c.Limits.PerTenant < 0 || c.Limits.PerPlan < 0 {
+		p = append(p, "--max-active-runs, --max-active-runs-per-tenant and --max-active-runs-per-plan must be >= 0 (0: no limit)")
+	}
+	switch c.Policy {
+	case admission.Queue, admission.Reject, admission.Delay:
+	default:
+		p = append(p, fmt.Sprintf("--admission-policy %q: queue, reject or delay", c.Policy))
+	}
+	if c.Delay <= 0 {
+		p = append(p, "--admission-delay must be > 0")
+	}
+	return p
+}
+
+func (c *admissionConfig) enabled() bool {
+	return c.Limits.Global > 0 || c.Limits.PerTenant > 0 || c.Limits.PerPlan > 0
+}
