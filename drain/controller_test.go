@@ -548,3 +548,29 @@ func TestPause_RacesAPauseOnFailure(t *testing.T) {
 		}
 	}
 }
+
+// TestController_CancelQueued: a run QUEUED by admission control has no
+// workflow: its cancel is recorded in the log alone (RunCancelRequested,
+// RunCancelled) and Conductor is not called.
+func TestController_CancelQueued(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	mem.Append(ctx, storetest.Event("q", statestore.RunQueued, ""))
+	eng := &engine{}
+	c := newController(t, mem, eng, nil, nil)
+	st, err := c.Cancel(ctx, "q", "", "not needed", "ops")
+	if err != nil || st.Status != statestore.RunStatusCancelled {
+		t.Fatalf("cancel a queued run: %+v %v, want CANCELLED", st, err)
+	}
+	recs, _ := mem.Fetch(ctx, "q", 0, 0)
+	var types []string
+	for _, r := range recs {
+		types = append(types, r.EventType)
+	}
+	if got := strings.Join(types, " "); got != "RunQueued RunCancelRequested RunCancelled" || len(eng.calls) != 0 {
+		t.Fatalf("log %s, engine calls %v; want the cancel in the log and no Conductor call", got, eng.calls)
+	}
+	if _, alerts := statestore.Reduce(nil, recs); len(alerts) != 0 {
+		t.Fatalf("the cancel raised %v", alerts)
+	}
+}
