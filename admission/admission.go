@@ -83,8 +83,11 @@ type SnapshotReader interface {
 // ActiveRuns counts the active runs; *runlist.List satisfies it.
 type ActiveRuns interface {
 	// WaitIndexed waits until the list includes every event persisted
-	// before the call (so the runs just started are counted).
+	// before the call (so that runs started before are counted).
 	WaitIndexed(ctx context.Context) (uint64, error)
+	// ShowsStarted tells whether the list shows runID started (RUNNING,
+	// PAUSED or ended).
+	ShowsStarted(runID string) bool
 	// ActiveCounts counts the RUNNING and PAUSED runs, in all, by tenant
 	// and by plan; ok is false until the list is read.
 	ActiveCounts() (total int, byTenant, byPlan map[string]int, ok bool)
@@ -163,6 +166,12 @@ type Controller struct {
 	entries map[string]*entry // key -> entry (the bucket's mirror)
 	synced  bool
 	changed chan struct{}
+	// recent are the runs this decider started that the list does not
+	// show started yet (runId -> entry): counted as active until it does.
+	// caughtUp: the list included every event persisted when this
+	// replica's turn as decider began.
+	recent   map[string]*entry
+	caughtUp bool
 
 	stop context.CancelFunc
 	done chan struct{}
@@ -198,7 +207,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Controlle
 		return nil, unavailable("bucket "+Bucket, err)
 	}
 	c := &Controller{opts: opts, log: opts.Logger.Named("admission"), kv: kv, entries: map[string]*entry{},
-		changed: make(chan struct{}), done: make(chan struct{})}
+		changed: make(chan struct{}), recent: map[string]*entry{}, done: make(chan struct{})}
 	lctx, cancel := context.WithCancel(context.Background())
 	c.stop = cancel
 	go c.loop(lctx)
@@ -353,6 +362,12 @@ func (c *Controller) put(ctx context.Context, key string, e *entry) error {
 		return unavailable("update entry", err)
 	}
 	e.rev = rev
+	// The mirror learns it now, not at the watch's echo: a decision made
+	// before the echo must not act on the entry's older state.
+	cp := *e
+	c.mu.Lock()
+	c.entries[key] = &cp
+	c.mu.Unlock()
 	return nil
 }
 

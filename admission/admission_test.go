@@ -28,7 +28,7 @@ import (
 // run index, the run list and a controller. Nothing polls the runs' tasks,
 // so a started run stays RUNNING until the test ends it in the log.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	js     jetstream.JetStream
 	store  *natsstore.Store
 	emit   *registry.Emitter
@@ -38,7 +38,7 @@ type env struct {
 	domain string
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	u := conductortest.URL(t)
 	ctx := context.Background()

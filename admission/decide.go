@@ -65,6 +65,7 @@ func (c *Controller) follow(ctx context.Context, w jetstream.KeyWatcher) {
 		case <-tick.C:
 		}
 		if c.opts.Owner != nil && !c.opts.Owner.Owns(ownerKey) {
+			c.caughtUp = false // the next turn starts from the list again
 			continue
 		}
 		if time.Now().Before(nextTry) {
@@ -89,6 +90,9 @@ func (c *Controller) apply(u jetstream.KeyValueEntry) bool {
 	if u == nil {
 		c.synced = true
 		return true
+	}
+	if old := c.entries[u.Key()]; old != nil && u.Revision() <= old.rev {
+		return false // the echo of a write the mirror already has
 	}
 	if u.Operation() != jetstream.KeyValuePut {
 		delete(c.entries, u.Key())
@@ -122,16 +126,30 @@ func (c *Controller) decide(ctx context.Context) error {
 	if len(waiting) == 0 {
 		return nil
 	}
-	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	_, err := c.opts.Active.WaitIndexed(wctx)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("the run list did not catch up with the log: %w", err)
+	if !c.caughtUp {
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := c.opts.Active.WaitIndexed(wctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("the run list did not catch up with the log: %w", err)
+		}
+		c.caughtUp = true
 	}
 	total, byTenant, byPlan, ok := c.opts.Active.ActiveCounts()
 	if !ok {
 		return nil // the list is not read yet
 	}
+	c.mu.Lock()
+	for id, e := range c.recent {
+		if c.opts.Active.ShowsStarted(id) || time.Since(e.DecidedAt) > 2*time.Minute {
+			delete(c.recent, id)
+			continue
+		}
+		total++
+		byTenant[e.TenantID]++
+		byPlan[e.PlanID]++
+	}
+	c.mu.Unlock()
 	l := c.opts.Limits
 	blocked := map[string]bool{}
 	now := time.Now()
@@ -270,6 +288,10 @@ func (c *Controller) start(ctx context.Context, e *entry) error {
 		c.opts.Metrics.waited(time.Since(e.QueuedAt))
 	}
 	e.State, e.WorkflowID, e.Created, e.DecidedAt = stateStarted, res.Run.WorkflowID, res.Created, time.Now().UTC()
+	c.mu.Lock()
+	cp := *e
+	c.recent[e.RunID] = &cp
+	c.mu.Unlock()
 	c.opts.Metrics.decided(stateStarted)
 	return c.put(ctx, key, e)
 }

@@ -268,3 +268,16 @@ func (l *List) ActiveCounts() (total int, byTenant, byPlan map[string]int, ok bo
 	}
 	return total, byTenant, byPlan, true
 }
+
+// ShowsStarted tells whether the list shows runID started: its row is
+// RUNNING, PAUSED or terminal (not absent, QUEUED or PENDING).
+func (l *List) ShowsStarted(runID string) bool {
+	l.mirror.mu.RLock()
+	defer l.mirror.mu.RUnlock()
+	e, ok := l.mirror.st.rows[runID]
+	if !ok {
+		return false
+	}
+	s := e.row.Status
+	return s == statestore.RunStatusRunning || s == statestore.RunStatusPaused || statestore.IsTerminalRunStatus(s)
+}
