@@ -16,6 +16,9 @@ const (
 	// CodeStoreUnavailable: StepCompleted or StepFailed could not be
 	// recorded, so the task is failed (never completed without its event).
 	CodeStoreUnavailable = "STATE_STORE_UNAVAILABLE"
+	// CodeJoinNotPassable: a step joined with any_success whose
+	// dependencies all failed; the step fails without running.
+	CodeJoinNotPassable = "JOIN_NOT_PASSABLE"
 )
 
 // ErrForeignWorkflow is returned by Options.Guard for a task whose workflow

@@ -3,6 +3,8 @@ package taskworkers
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/conductor-sdk/conductor-go/sdk/model"
@@ -277,6 +279,11 @@ func (w *Worker) execute(t *model.Task, a *Assignment, exec Executor, engine, lo
 		ctx, tcancel = context.WithTimeout(ctx, time.Duration(a.Step.TimeoutSeconds)*time.Second)
 		defer tcancel()
 	}
+	if a.Step.Join == plan.JoinAnySuccess {
+		if e := w.joinGate(ctx, a); e != nil {
+			return Result{Err: e}, nil
+		}
+	}
 	var secrets map[string]string
 	if len(a.Step.Secrets) > 0 {
 		var err error
@@ -286,6 +293,24 @@ func (w *Worker) execute(t *model.Task, a *Assignment, exec Executor, engine, lo
 	}
 	return exec.Execute(ctx, Execution{RunID: a.RunID, StepID: a.Step.StepID, LogicalAttemptID: logical,
 		EngineAttemptID: engine, Spec: a.Step.Executor, Secrets: secrets})
+}
+
+// joinGate is the any_success join: the step runs only if one of its
+// dependencies succeeded in the log (Conductor's JOIN let it through once
+// every branch ended, failed ones included). A state that cannot be read
+// fails the try, retryably.
+func (w *Worker) joinGate(ctx context.Context, a *Assignment) *statestore.StepError {
+	snap, err := w.runs.ProjectSnapshot(ctx, a.RunID)
+	if err != nil {
+		return &statestore.StepError{Code: CodeStoreUnavailable, Message: "join any_success: " + err.Error(), Retryable: true}
+	}
+	for _, d := range a.Step.DependsOn {
+		if st := snap.Step(d); st != nil && st.Status == statestore.StepStatusSuccess {
+			return nil
+		}
+	}
+	return &statestore.StepError{Code: CodeJoinNotPassable, Retryable: false,
+		Message: fmt.Sprintf("join any_success: none of %s succeeded", strings.Join(a.Step.DependsOn, ", "))}
 }
 
 // finish records the step's outcome and reports it to Conductor.

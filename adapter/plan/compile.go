@@ -147,11 +147,15 @@ func Compile(p *Plan) (*Compiled, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &compiler{plan: n, refs: make(map[string]string, len(n.Steps)), dependedOn: map[string]bool{}}
+	c := &compiler{plan: n, refs: make(map[string]string, len(n.Steps)), dependedOn: map[string]bool{}, optional: map[string]bool{}}
 	for _, s := range n.Steps {
 		c.refs[s.StepID] = StepRef(s.StepID)
 		for _, d := range s.DependsOn {
 			c.dependedOn[d] = true
+			// A join that lets failures through: Conductor's JOIN
+			// tolerates an optional task's failure (and nothing else
+			// depends on it, Validate checks).
+			c.optional[d] = c.optional[d] || s.Join == JoinAllDone || s.Join == JoinAnySuccess
 		}
 	}
 	index := make(map[string]int, len(n.Steps))
@@ -425,6 +429,7 @@ type compiler struct {
 	plan       *Plan
 	refs       map[string]string
 	dependedOn map[string]bool
+	optional   map[string]bool
 	forks      int
 }
 
@@ -490,6 +495,7 @@ func (c *compiler) stepTask(s *Step) (model.WorkflowTask, error) {
 		TaskReferenceName: c.refs[s.StepID],
 		Description:       "step " + strconv.Quote(s.StepID),
 		Type_:             "SIMPLE",
+		Optional:          c.optional[s.StepID],
 		InputParameters:   in,
 		TaskDefinition: &model.TaskDef{
 			Name:                   tt,

@@ -61,6 +61,10 @@ const (
 	CodeBadSecret = "BAD_SECRET"
 	// CodeBadTimeout: timeoutSeconds is negative or over MaxTimeoutSeconds.
 	CodeBadTimeout = "BAD_TIMEOUT"
+	// CodeBadJoin: a join policy that is unknown, on a step with fewer
+	// than two dependencies, over a dependency other steps also depend
+	// on, or under onStepFailure "pause".
+	CodeBadJoin = "BAD_JOIN"
 	// CodeTooManyProblems: more problems were found than are reported.
 	CodeTooManyProblems = "TOO_MANY_PROBLEMS"
 )

@@ -160,6 +160,7 @@ var (
 			"name": stringSchema,
 			"ref":  stringSchema,
 		}}},
+		"join": stringSchema,
 	}}
 	planSchema = &schema{kind: kindObject, fields: map[string]*schema{
 		"planId":        stringSchema,

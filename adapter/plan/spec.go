@@ -40,7 +40,25 @@ type Step struct {
 	TimeoutSeconds int64       `json:"timeoutSeconds,omitempty"`
 	Retries        RetryPolicy `json:"retries,omitempty"`
 	Secrets        []SecretRef `json:"secrets,omitempty"`
+	// Join is the gate of a step with two or more dependencies (seed 002's
+	// join policies): JoinAllSuccess (the default), JoinAllDone or
+	// JoinAnySuccess. docs/plans.md, "Joins".
+	Join string `json:"join,omitempty"`
 }
+
+// Join policies (Step.Join). Conductor's JOIN waits until every joined
+// branch has ended, so each policy is decided then.
+const (
+	// JoinAllSuccess: the step runs when every dependency succeeded; a
+	// failed dependency fails the run (Conductor's JOIN as it is).
+	JoinAllSuccess = "all_success"
+	// JoinAllDone: the step runs once every dependency ended, succeeded
+	// or failed (the dependencies are optional tasks in Conductor).
+	JoinAllDone = "all_done"
+	// JoinAnySuccess: as JoinAllDone, and the step fails with
+	// JOIN_NOT_PASSABLE unless at least one dependency succeeded.
+	JoinAnySuccess = "any_success"
+)
 
 // RetryPolicy is the step's retry budget: EngineTries tries of each of
 // LogicalAttempts logical attempts (DESIGN.md "Attempts on Conductor").

@@ -94,6 +94,42 @@ func validatePlan(p *Plan, ps *problems) {
 	if len(p.Steps) <= MaxSteps {
 		reportCycles(ps, p, deps)
 	}
+	validateJoins(p, ps)
+}
+
+// validateJoins checks the join policies. A dependency of a step joined
+// with all_done or any_success becomes an optional task in Conductor,
+// whose failure nothing else may depend on: it must have no other
+// dependent, and the plan must fail rather than pause on a failed step.
+func validateJoins(p *Plan, ps *problems) {
+	users := map[string]int{}
+	for _, s := range p.Steps {
+		for _, d := range s.DependsOn {
+			users[d]++
+		}
+	}
+	for i, s := range p.Steps {
+		path := fmt.Sprintf("steps[%d].join", i)
+		switch s.Join {
+		case "", JoinAllSuccess:
+			continue
+		case JoinAllDone, JoinAnySuccess:
+		default:
+			ps.add(CodeBadJoin, path, s.StepID, "must be %q, %q or %q (default %q), got %q", JoinAllSuccess, JoinAllDone, JoinAnySuccess, JoinAllSuccess, s.Join)
+			continue
+		}
+		if len(s.DependsOn) < 2 {
+			ps.add(CodeBadJoin, path, s.StepID, "a join needs two dependencies or more; the step has %d", len(s.DependsOn))
+		}
+		if p.OnStepFailure == OnFailurePause {
+			ps.add(CodeBadJoin, path, s.StepID, "%q needs onStepFailure %q: under %q a failed dependency pauses the run instead of reaching the join", s.Join, OnFailureFail, OnFailurePause)
+		}
+		for _, d := range s.DependsOn {
+			if users[d] > 1 {
+				ps.add(CodeBadJoin, path, s.StepID, "dependency %q has other dependents; under %q its failure is let through, which they must not see: give them their own step, or join with %q", d, s.Join, JoinAllSuccess)
+			}
+		}
+	}
 }
 
 // checkID reports an identifier that the event contract would refuse. It
