@@ -54,6 +54,7 @@ func TestE2E_AdmissionQueueSurvivesKill(t *testing.T) {
 			t.Fatalf("run %d ended %s", i, v.Status)
 		}
 		evs := allEvents(t, p, id)
+		runLevelEngineAttemptIsOne(t, evs)
 		if n := count(evs, statestore.RunStarted, ""); n != 1 {
 			t.Fatalf("run %d: %d RunStarted: %v", i, n, types(evs))
 		}

@@ -94,6 +94,7 @@ func TestE2E_PauseDrainsThenResume(t *testing.T) {
 			t.Fatalf("step %s did not run exactly once: %v", s, types(evs))
 		}
 	}
+	runLevelEngineAttemptIsOne(t, evs)
 	order := []int{eventIndex(evs, statestore.RunPaused, "", 0), eventIndex(evs, statestore.RunDrainCompleted, "", 0),
 		eventIndex(evs, statestore.RunResumed, "", 0), eventIndex(evs, statestore.StepStarted, "d1", 0)}
 	for i := 1; i < len(order); i++ {
@@ -190,4 +191,15 @@ func TestE2E_CancelWhileDraining(t *testing.T) {
 func jsonString(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
+}
+
+// runLevelEngineAttemptIsOne checks seed 003 §3.3's fallback: an event no
+// engine try produced (every run-level event) has engineAttemptId 1.
+func runLevelEngineAttemptIsOne(t *testing.T, evs []statestore.RunEventRecord) {
+	t.Helper()
+	for _, e := range evs {
+		if e.StepID == "" && e.EngineAttemptID != 1 {
+			t.Fatalf("%s (runSeq %d) has engineAttemptId %d; a run-level event has no engine try: 1", e.EventType, e.RunSeq, e.EngineAttemptID)
+		}
+	}
 }
