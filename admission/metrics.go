@@ -35,6 +35,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, o := range []string{stateStarted, stateQueued, stateDelayed, stateRejected, stateCancelled} {
 		m.decisions.WithLabelValues(o)
 	}
+	for _, st := range []string{statePending, stateQueued, stateDelayed, stateStarting} {
+		m.depthG.WithLabelValues(st)
+	}
 	if reg != nil {
 		reg.MustRegister(m.submittedC, m.decisions, m.depthG, m.wait)
 	}

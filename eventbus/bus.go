@@ -149,6 +149,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Bus, erro
 	}
 	for _, s := range opts.Sinks {
 		c := &courier{bus: b, sink: s, log: b.log.With(zap.String("sink", s.Name())), m: opts.Metrics, done: make(chan struct{})}
+		c.m.sink(s.Name())
 		if n, err := b.dead.count(ctx, s.Name()); err == nil {
 			c.m.deadLetters(s.Name(), float64(n))
 		}

@@ -47,6 +47,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
+// sink creates the series of a sink at start, so that they exist (at 0)
+// before its first event: dashboards and alert rules see the sink.
+func (m *Metrics) sink(name string) {
+	if m == nil {
+		return
+	}
+	for _, c := range []*prometheus.CounterVec{m.deliveredC, m.failures, m.deadLetteredC, m.replayedC} {
+		c.WithLabelValues(name)
+	}
+	m.dead.WithLabelValues(name)
+	m.lagG.WithLabelValues(name)
+	m.latency.WithLabelValues(name)
+}
+
 func (m *Metrics) delivered(sink string, n int, msgs []Message) {
 	if m == nil || n == 0 {
 		return

@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
@@ -76,8 +77,25 @@ func TestMonitoring_Live(t *testing.T) {
 	promBin, promtoolBin := tool(t, "prometheus"), tool(t, "promtool")
 	bin := buildSidecar(t)
 
-	healthy := startSidecar(t, bin, conductor, "healthy")
-	down := startSidecar(t, bin, "http://"+freeAddr(t)+"/api", "down")
+	// Both sidecars run admission control (one active run per plan: the
+	// scenario's last plan queues a run) and an event
+	// bus sink: a webhook that takes every event but the RunPaused ones,
+	// which it refuses for good (dead letters, EVENT_BUS_DELIVERY_FAILED).
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Sidecar-Event-Type") == "RunPaused" {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(hook.Close)
+	secret := filepath.Join(t.TempDir(), "hook.key")
+	if err := os.WriteFile(secret, []byte("monitoring-live-test-secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	extra := []string{"--max-active-runs-per-plan", "1", "--bus-sink", "webhook:name=audit,url=" + hook.URL + ",secret-file=" + secret}
+	healthy := startSidecar(t, bin, conductor, "healthy", extra...)
+	down := startSidecar(t, bin, "http://"+freeAddr(t)+"/api", "down", extra...)
 
 	for _, s := range []*sidecarProc{healthy, down} {
 		checkMetricsLint(t, promtoolBin, s)
@@ -114,9 +132,10 @@ func TestMonitoring_Live(t *testing.T) {
 	})
 	t.Run("ActiveAlerts", func(t *testing.T) {
 		want := map[[2]string]bool{
-			{"PAUSE_DRAIN_TIMEOUT", healthy.addr}: true,
-			{"ENGINE_UNAVAILABLE", down.addr}:     true,
-			{"WORKER_POLL_ERRORS", down.addr}:     true,
+			{"PAUSE_DRAIN_TIMEOUT", healthy.addr}:       true,
+			{"ENGINE_UNAVAILABLE", down.addr}:           true,
+			{"WORKER_POLL_ERRORS", down.addr}:           true,
+			{"EVENT_BUS_DELIVERY_FAILED", healthy.addr}: true,
 		}
 		for _, a := range prom.alerts(t) {
 			k := [2]string{a.Labels["alertname"], a.Labels["instance"]}
@@ -234,6 +253,21 @@ func runScenario(t *testing.T, bin string, s *sidecarProc) {
 			v, err := s.client.Run(ctx, id)
 			return err == nil && v.Status == statestore.RunStatusCompleted
 		})
+	}
+
+	// Admission control: two runs of one plan under one active run per
+	// plan; the second is QUEUED and starts when the first ends.
+	queued := `{"planId":"` + uniq("mon-queue") + `","planVersion":"1","steps":[{"stepId":"s","executor":{"type":"sleep","seconds":1}}]}`
+	first := submitPlan(t, s, queued)
+	second := submitPlan(t, s, queued)
+	for _, id := range []string{first, second} {
+		waitFor(t, "run "+id+" to complete", 60*time.Second, func() bool {
+			v, err := s.client.Run(ctx, id)
+			return err == nil && v.Status == statestore.RunStatusCompleted
+		})
+	}
+	if evs := events(t, s, second); len(evs) == 0 || evs[0].EventType != statestore.RunQueued {
+		t.Fatalf("the second run of the plan was not queued: %v", evs)
 	}
 }
 
@@ -433,6 +467,8 @@ func checkAlertExprs(t *testing.T, prom *prometheus, healthy, down string) {
 		"WORKER_POLL_ERRORS":  {down},
 		// Nothing is stuck in this test; the gauge exists on both from start.
 		"STUCK_WORKFLOW": nil,
+		// The webhook refuses the healthy sidecar's RunPaused events.
+		"EVENT_BUS_DELIVERY_FAILED": {healthy},
 	}
 	// Series that the sidecar creates at their first increment, not at
 	// start: on a sidecar that never had a poll error they do not exist,
@@ -513,12 +549,13 @@ type sidecarProc struct {
 // startSidecar runs "sidecar serve" with a 3s drain timeout and stops it
 // (SIGTERM, by pid) when the test ends. It waits for /readyz when
 // Conductor should answer, for /healthz otherwise.
-func startSidecar(t *testing.T, bin, conductorURL, name string) *sidecarProc {
+func startSidecar(t *testing.T, bin, conductorURL, name string, extra ...string) *sidecarProc {
 	t.Helper()
 	addr := freeAddr(t)
 	logPath := filepath.Join(t.TempDir(), name+".log")
-	cmd := exec.Command(bin, "serve", "--conductor-url", conductorURL, "--data-dir", t.TempDir(), "--listen", addr,
-		"--worker-id", uniq("mon-"+name), "--drain-timeout", "3s", "--log-format", "console", "--shutdown-grace", "5s")
+	args := append([]string{"serve", "--conductor-url", conductorURL, "--data-dir", t.TempDir(), "--listen", addr,
+		"--worker-id", uniq("mon-" + name), "--drain-timeout", "3s", "--log-format", "console", "--shutdown-grace", "5s"}, extra...)
+	cmd := exec.Command(bin, args...)
 	startProcess(t, cmd, logPath, name+" sidecar")
 	probe := "/readyz"
 	if name == "down" {
