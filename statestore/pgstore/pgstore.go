@@ -1,0 +1,314 @@
+// Package pgstore is the append authority of the run event log on
+// PostgreSQL (seed 003's IRunStateStore): the table run_events with a
+// unique (run_id, idempotency_key), runSeq assigned in the write from the
+// run's counter row (1, 2, 3, ... per run, without gaps: a duplicate rolls
+// its increment back), persistedAt from the database's clock, and records
+// that triggers make immutable. The binary applies its schema migrations
+// at start (schema_migrations, one transaction each, under an advisory
+// lock). It passes the conformance suite of package storetest, as the
+// JetStream and memory stores do.
+package pgstore
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// Options configures Open.
+type Options struct {
+	// Timeout bounds each call that has no deadline of its own (default 5s).
+	Timeout time.Duration
+	// MaxConns bounds the pool (default pgxpool's: 4 per CPU, at least 4).
+	MaxConns int32
+	Logger   *zap.Logger
+	Metrics  *statestore.Metrics
+	Alerts   statestore.AlertSink
+	Gate     statestore.AlertGate
+}
+
+// Store is the PostgreSQL append authority. It is safe for concurrent use.
+type Store struct {
+	pool    *pgxpool.Pool
+	timeout time.Duration
+	log     *zap.Logger
+	metrics *statestore.Metrics
+	proj    *statestore.Projector
+}
+
+var (
+	_ statestore.Store     = (*Store)(nil)
+	_ statestore.KeyLookup = (*Store)(nil)
+)
+
+// Open connects to url (postgres://user@host:port/db?...), applies the
+// migrations the database lacks and returns the store.
+func Open(ctx context.Context, url string, opts Options) (*Store, error) {
+	if opts.Timeout <= 0 {
+		opts.Timeout = 5 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: "parse the PostgreSQL URL (postgres://user:password@host:port/database)", Err: err}
+	}
+	if opts.MaxConns > 0 {
+		cfg.MaxConns = opts.MaxConns
+	}
+	octx, cancel := context.WithTimeout(ctx, 4*opts.Timeout)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(octx, cfg)
+	if err != nil {
+		return nil, unavailable("connect", err)
+	}
+	if err := pool.Ping(octx); err != nil {
+		pool.Close()
+		return nil, unavailable("connect to "+cfg.ConnConfig.Host, err)
+	}
+	if err := migrate(octx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	s := &Store{pool: pool, timeout: opts.Timeout, log: opts.Logger.Named("pgstore"), metrics: opts.Metrics}
+	s.proj = statestore.NewProjector(s, statestore.ProjectorOptions{
+		Logger: opts.Logger, Metrics: opts.Metrics, Alerts: opts.Alerts, Gate: opts.Gate,
+		Contiguous: true, // runSeq is 1, 2, 3, ... per run: a hole is a visibility gap
+	})
+	return s, nil
+}
+
+// Close closes the pool.
+func (s *Store) Close() { s.pool.Close() }
+
+// Append implements statestore.Store.
+func (s *Store) Append(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
+	began := time.Now()
+	res, err := s.append(ctx, w, -1)
+	s.metrics.Appended(res, err, time.Since(began))
+	return res, err
+}
+
+// AppendIf implements statestore.Store: the run's counter row, locked in
+// the same transaction, must say lastSeq.
+func (s *Store) AppendIf(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
+	began := time.Now()
+	res, err := s.append(ctx, w, max(lastSeq, 0))
+	s.metrics.Appended(res, err, time.Since(began))
+	return res, err
+}
+
+// errChanged carries the run's last runSeq out of a refused conditional
+// append's transaction.
+type errChanged struct{ have int64 }
+
+func (e errChanged) Error() string { return fmt.Sprintf("run at runSeq %d", e.have) }
+
+func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
+	if err := statestore.ValidateWrite(w); err != nil {
+		return statestore.AppendResult{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return statestore.AppendResult{}, unavailable("append", err)
+	}
+	body, err := encodeWrite(w)
+	if err != nil {
+		return statestore.AppendResult{}, fmt.Errorf("pgstore: encode event: %w", err)
+	}
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	var res statestore.AppendResult
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if r, ok, err := existing(ctx, tx, w.RunID, w.IdempotencyKey); err != nil || ok {
+			res = r
+			return err
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO runs (run_id, last_seq) VALUES ($1, 0) ON CONFLICT (run_id) DO NOTHING", w.RunID); err != nil {
+			return err
+		}
+		var last int64
+		if err := tx.QueryRow(ctx, "SELECT last_seq FROM runs WHERE run_id = $1 FOR UPDATE", w.RunID).Scan(&last); err != nil {
+			return err
+		}
+		// A racing append of the same key committed while this one
+		// waited for the run's lock: it answers.
+		if r, ok, err := existing(ctx, tx, w.RunID, w.IdempotencyKey); err != nil || ok {
+			res = r
+			return err
+		}
+		if lastSeq >= 0 && last != lastSeq {
+			return errChanged{last}
+		}
+		var at time.Time
+		if err := tx.QueryRow(ctx, `INSERT INTO run_events (run_id, run_seq, idempotency_key, event_id, event_type, body)
+			VALUES ($1, $2, $3, $4, $5, $6) RETURNING persisted_at`,
+			w.RunID, last+1, w.IdempotencyKey, w.EventID, w.EventType, string(body)).Scan(&at); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "UPDATE runs SET last_seq = $2 WHERE run_id = $1", w.RunID, last+1); err != nil {
+			return err
+		}
+		res = statestore.AppendResult{EventID: w.EventID, RunSeq: last + 1, PersistedAt: formatTime(at), Persisted: true}
+		return nil
+	})
+	var ch errChanged
+	switch {
+	case errors.As(err, &ch):
+		return statestore.AppendResult{}, statestore.RunChanged(w.RunID, lastSeq, ch.have)
+	case err != nil:
+		return statestore.AppendResult{}, unavailable("append", err)
+	}
+	return res, nil
+}
+
+// existing reads the record of (runID, key), if any, as a duplicate's
+// answer.
+func existing(ctx context.Context, tx pgx.Tx, runID, key string) (statestore.AppendResult, bool, error) {
+	var r statestore.AppendResult
+	var at time.Time
+	err := tx.QueryRow(ctx, "SELECT event_id, run_seq, persisted_at FROM run_events WHERE run_id = $1 AND idempotency_key = $2",
+		runID, key).Scan(&r.EventID, &r.RunSeq, &at)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, false, nil
+	}
+	if err != nil {
+		return r, false, err
+	}
+	r.PersistedAt, r.Idempotent = formatTime(at), true
+	return r, true, nil
+}
+
+// Fetch implements statestore.Store.
+func (s *Store) Fetch(ctx context.Context, runID string, afterSeq int64, limit int) ([]statestore.RunEventRecord, error) {
+	if statestore.CheckID(runID, false) != nil {
+		return []statestore.RunEventRecord{}, nil // ValidateWrite never let such a run in
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, unavailable("fetch", err)
+	}
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	q := "SELECT run_seq, persisted_at, body FROM run_events WHERE run_id = $1 AND run_seq > $2 ORDER BY run_seq"
+	args := []any{runID, afterSeq}
+	if limit > 0 {
+		q += " LIMIT $3"
+		args = append(args, limit)
+	}
+	rows, err := s.pool.Query(ctx, q, args...)
+	if err != nil {
+		return nil, unavailable("fetch", err)
+	}
+	defer rows.Close()
+	out := []statestore.RunEventRecord{}
+	for rows.Next() {
+		var seq int64
+		var at time.Time
+		var body string
+		if err := rows.Scan(&seq, &at, &body); err != nil {
+			return nil, unavailable("fetch", err)
+		}
+		rec, err := record(seq, at, body)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rec)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, unavailable("fetch", err)
+	}
+	return out, nil
+}
+
+// Lookup implements statestore.KeyLookup.
+func (s *Store) Lookup(ctx context.Context, runID, idempotencyKey string) (*statestore.RunEventRecord, error) {
+	if statestore.CheckID(runID, false) != nil || !utf8.ValidString(idempotencyKey) {
+		return nil, statestore.ErrNotFound
+	}
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	var seq int64
+	var at time.Time
+	var body string
+	err := s.pool.QueryRow(ctx, "SELECT run_seq, persisted_at, body FROM run_events WHERE run_id = $1 AND idempotency_key = $2",
+		runID, idempotencyKey).Scan(&seq, &at, &body)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, statestore.ErrNotFound
+	}
+	if err != nil {
+		return nil, unavailable("lookup", err)
+	}
+	rec, err := record(seq, at, body)
+	if err != nil {
+		return nil, err
+	}
+	return &rec, nil
+}
+
+// GetSnapshot implements statestore.Store.
+func (s *Store) GetSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	return s.proj.Snapshot(ctx, runID)
+}
+
+// ProjectSnapshot implements statestore.Store.
+func (s *Store) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	return s.proj.Project(ctx, runID)
+}
+
+func record(seq int64, at time.Time, body string) (statestore.RunEventRecord, error) {
+	var rec statestore.RunEventRecord
+	if err := json.Unmarshal([]byte(body), &rec.RunEventWrite); err != nil {
+		return rec, damaged(fmt.Sprintf("record %d does not decode", seq), err)
+	}
+	if len(rec.Payload) == 0 {
+		rec.Payload = nil
+	}
+	rec.RunSeq, rec.PersistedAt = seq, formatTime(at)
+	return rec, nil
+}
+
+func (s *Store) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.timeout)
+}
+
+// encodeWrite stores the RunEventWrite as compact JSON without HTML
+// escaping, so a payload comes back as the producer sent it.
+func encodeWrite(w *statestore.RunEventWrite) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(w); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
+// formatTime renders the database's timestamp as persistedAt: RFC 3339 in
+// UTC (PostgreSQL keeps microseconds).
+func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+func unavailable(op string, err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42501" {
+		return &statestore.Error{Code: statestore.CodeStoreDamaged, Message: op + ": " + pe.Message, Err: err}
+	}
+	return &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: op + ": " + err.Error(), Err: err}
+}
+
+func damaged(msg string, err error) error {
+	return &statestore.Error{Code: statestore.CodeStoreDamaged, Message: msg, Err: err}
+}

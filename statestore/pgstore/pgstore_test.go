@@ -1,0 +1,164 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/pgstore"
+	"github.com/conductor-sidecar/sidecar/statestore/pgstore/pgtest"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func open(t *testing.T, url string) *pgstore.Store {
+	t.Helper()
+	s, err := pgstore.Open(context.Background(), url, pgstore.Options{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// TestSuite: the conformance suite of every backend, unchanged.
+func TestSuite(t *testing.T) {
+	storetest.RunSuite(t, func(t *testing.T) statestore.Store { return open(t, pgtest.URL(t)) })
+}
+
+// TestRecordsImmutable: the database itself refuses to change or remove a
+// record, whoever asks (the sidecar's own connection included).
+func TestRecordsImmutable(t *testing.T) {
+	url := pgtest.URL(t)
+	s := open(t, url)
+	ctx := context.Background()
+	if _, err := s.Append(ctx, storetest.Event("run-i", statestore.RunStarted, "")); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{
+		"UPDATE run_events SET event_type = 'RunCompleted'",
+		"UPDATE run_events SET persisted_at = now() - interval '1 day'",
+		"DELETE FROM run_events",
+		"TRUNCATE run_events",
+	} {
+		if _, err := conn.Exec(ctx, q); err == nil {
+			t.Errorf("%s: accepted", q)
+		}
+	}
+	recs, err := s.Fetch(ctx, "run-i", 0, 0)
+	if err != nil || len(recs) != 1 || recs[0].EventType != statestore.RunStarted {
+		t.Fatalf("after the refused changes: %+v %v", recs, err)
+	}
+}
+
+// TestMigrations: a second Open applies nothing; a database whose schema
+// is newer than the binary's is refused with STORE_DAMAGED and a fix.
+func TestMigrations(t *testing.T) {
+	url := pgtest.URL(t)
+	open(t, url)
+	open(t, url) // again: nothing to apply
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "INSERT INTO schema_migrations (version, name) VALUES (9999, 'future')"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = pgstore.Open(ctx, url, pgstore.Options{})
+	if !errors.Is(err, statestore.ErrDamaged) {
+		t.Fatalf("a newer schema: %v, want STORE_DAMAGED", err)
+	}
+}
+
+// appenderEnv makes the test binary an appender process (see
+// TestRunSeqAcrossProcesses).
+const appenderEnv = "PGSTORE_TEST_APPENDER"
+
+// TestRunSeqAcrossProcesses: four processes append 50 events each to one
+// run at once, each event twice, and the same 50 shared events racing
+// one another: runSeq is 1..250, strictly increasing, without a gap, each
+// shared event is stored once, and no duplicate consumed a number.
+func TestRunSeqAcrossProcesses(t *testing.T) {
+	url := pgtest.URL(t)
+	open(t, url) // migrated
+	const procs, each = 4, 50
+	var wg sync.WaitGroup
+	errs := make(chan error, procs)
+	for p := range procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cmd := exec.Command(os.Args[0], "-test.run=^TestAppenderProcess$", "-test.count=1")
+			cmd.Env = append(os.Environ(), appenderEnv+"="+url, "PGSTORE_TEST_PROC="+strconv.Itoa(p), "PGSTORE_TEST_EACH="+strconv.Itoa(each))
+			if out, err := cmd.CombinedOutput(); err != nil {
+				errs <- fmt.Errorf("appender %d: %v\n%s", p, err, out)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	recs, err := open(t, url).Fetch(context.Background(), "run-procs", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != procs*each+each {
+		t.Fatalf("%d records, want %d", len(recs), procs*each+each)
+	}
+	for i, r := range recs {
+		if r.RunSeq != int64(i+1) {
+			t.Fatalf("record %d has runSeq %d, want %d (strictly increasing, no gap)", i, r.RunSeq, i+1)
+		}
+	}
+}
+
+// TestAppenderProcess is one appender of TestRunSeqAcrossProcesses; it
+// does nothing unless that test started it.
+func TestAppenderProcess(t *testing.T) {
+	url := os.Getenv(appenderEnv)
+	if url == "" {
+		t.Skip("started by TestRunSeqAcrossProcesses only")
+	}
+	s, err := pgstore.Open(context.Background(), url, pgstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	p, _ := strconv.Atoi(os.Getenv("PGSTORE_TEST_PROC"))
+	each, _ := strconv.Atoi(os.Getenv("PGSTORE_TEST_EACH"))
+	for i := range each {
+		w := storetest.Event("run-procs", statestore.StepStarted, fmt.Sprintf("p%d-s%03d", p, i))
+		first, err := s.Append(context.Background(), w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := s.Append(context.Background(), w)
+		if err != nil || !again.Idempotent || again.RunSeq != first.RunSeq {
+			t.Fatalf("duplicate: %+v %v, want the first's runSeq %d", again, err, first.RunSeq)
+		}
+		// The same event from every process: one is stored, the others
+		// get it back.
+		if _, err := s.Append(context.Background(), storetest.Event("run-procs", statestore.StepStarted, fmt.Sprintf("shared-%03d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

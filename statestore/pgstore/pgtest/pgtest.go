@@ -1,0 +1,129 @@
+// Package pgtest gives tests a PostgreSQL database: a cluster that the
+// repo's own script starts (deploy/local/postgres.sh, Debian's PostgreSQL,
+// installed if missing) when SIDECAR_TEST_POSTGRES=1, or the server at
+// SIDECAR_TEST_POSTGRES_URL; without either, the tests that need one skip.
+// Each URL call creates a database of its own, dropped when the test ends.
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Environment variables.
+const (
+	EnvStart = "SIDECAR_TEST_POSTGRES"
+	EnvURL   = "SIDECAR_TEST_POSTGRES_URL"
+)
+
+var (
+	once     sync.Once
+	adminURL string
+	startErr error
+	stateDir string
+	port     int
+	counter  atomic.Int64
+)
+
+// URL returns the URL of a new, empty database; the test skips when no
+// PostgreSQL is configured.
+func URL(tb testing.TB) string {
+	tb.Helper()
+	if os.Getenv(EnvURL) == "" && os.Getenv(EnvStart) != "1" {
+		tb.Skip("set " + EnvStart + "=1 (the repo starts a PostgreSQL cluster) or " + EnvURL + " to run the PostgreSQL tests")
+	}
+	once.Do(start)
+	if startErr != nil {
+		tb.Fatal(startErr)
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	name := fmt.Sprintf("t_%d_%d", os.Getpid(), counter.Add(1))
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		c, err := pgx.Connect(ctx, adminURL)
+		if err != nil {
+			return
+		}
+		defer c.Close(ctx)
+		_, _ = c.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)")
+	})
+	return withDatabase(adminURL, name)
+}
+
+// Main runs the tests of a package and stops the cluster it started.
+func Main(m *testing.M) {
+	code := m.Run()
+	if stateDir != "" {
+		_ = script("stop").Run()
+		_ = os.RemoveAll(filepath.Dir(stateDir))
+	}
+	os.Exit(code)
+}
+
+func start() {
+	if u := os.Getenv(EnvURL); u != "" {
+		adminURL = u
+		return
+	}
+	dir, err := os.MkdirTemp("", "sidecar-pgtest-")
+	if err != nil {
+		startErr = err
+		return
+	}
+	// The cluster's owner (postgres, when the tests run as root) enters it.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		startErr = err
+		return
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		startErr = err
+		return
+	}
+	port = ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	stateDir = filepath.Join(dir, "pg")
+	cmd := script("start")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		startErr = fmt.Errorf("deploy/local/postgres.sh start: %v\n%s", err, out)
+		return
+	}
+	adminURL = fmt.Sprintf("postgres://sidecar@127.0.0.1:%d/sidecar?sslmode=disable", port)
+}
+
+func script(command string) *exec.Cmd {
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..", "..")
+	cmd := exec.Command(filepath.Join(root, "deploy", "local", "postgres.sh"), command)
+	cmd.Env = append(os.Environ(), "PG_STATE_DIR="+stateDir, fmt.Sprintf("PG_PORT=%d", port), "PG_DATABASE=sidecar")
+	return cmd
+}
+
+// withDatabase replaces the database of a postgres:// URL.
+func withDatabase(url, db string) string {
+	head, query, _ := strings.Cut(url, "?")
+	i := strings.LastIndexByte(head, '/')
+	out := head[:i+1] + db
+	if query != "" {
+		out += "?" + query
+	}
+	return out
+}
