@@ -1,0 +1,167 @@
+package pgstore_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/pgstore"
+	"github.com/conductor-sidecar/sidecar/statestore/pgstore/pgtest"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+func openB(b *testing.B, url string) *pgstore.Store {
+	b.Helper()
+	s, err := pgstore.Open(context.Background(), url, pgstore.Options{MaxConns: 64})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(s.Close)
+	return s
+}
+
+// concurrently runs f(0..b.N-1) on conc goroutines.
+func concurrently(b *testing.B, conc int, f func(i int) error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, conc)
+	b.ResetTimer()
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= b.N {
+					return
+				}
+				if err := f(i); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkAppend: Append at concurrency 1 and 64 over 1,000 runs, on the
+// database's defaults (synchronous_commit on: every commit is flushed),
+// and a duplicate's answer. natsstore's BenchmarkAppend is the JetStream
+// counterpart (sync=always).
+func BenchmarkAppend(b *testing.B) {
+	ctx := context.Background()
+	url := pgtest.URL(b)
+	for _, conc := range []int{1, 64} {
+		b.Run(fmt.Sprintf("conc=%d/store", conc), func(b *testing.B) {
+			s := openB(b, url)
+			tag := time.Now().UnixNano()
+			events := make([]*statestore.RunEventWrite, b.N)
+			for i := range events {
+				events[i] = storetest.Event(fmt.Sprintf("run-%d-%06d", tag, i%1000), statestore.StepStarted, fmt.Sprintf("step-%06d", i))
+			}
+			concurrently(b, conc, func(i int) error {
+				res, err := s.Append(ctx, events[i])
+				if err == nil && !res.Persisted {
+					err = fmt.Errorf("append %d not persisted: %+v", i, res)
+				}
+				return err
+			})
+		})
+		b.Run(fmt.Sprintf("conc=%d/dup", conc), func(b *testing.B) {
+			s := openB(b, url)
+			w := storetest.Event(fmt.Sprintf("run-dup-%d", time.Now().UnixNano()), statestore.StepCompleted, "a")
+			if _, err := s.Append(ctx, w); err != nil {
+				b.Fatal(err)
+			}
+			concurrently(b, conc, func(int) error {
+				res, err := s.Append(ctx, w)
+				if err == nil && !res.Idempotent {
+					err = fmt.Errorf("duplicate not idempotent: %+v", res)
+				}
+				return err
+			})
+		})
+	}
+}
+
+// BenchmarkFetch reads one run of 100 events among 100k events of other
+// runs (and 1M with PGSTORE_BENCH_BIG=1), loaded with COPY; "tail" reads
+// the events after its 90th.
+func BenchmarkFetch(b *testing.B) {
+	sizes := []int{100_000, 1_000_000}
+	if testing.Short() {
+		sizes = []int{2_000}
+	}
+	for _, others := range sizes {
+		b.Run(fmt.Sprintf("others=%d", others), func(b *testing.B) {
+			if others > 100_000 && os.Getenv("PGSTORE_BENCH_BIG") == "" {
+				b.Skip("set PGSTORE_BENCH_BIG=1 for the 1M-event setup")
+			}
+			url := pgtest.URL(b)
+			s := openB(b, url)
+			load(b, url, others)
+			ctx := context.Background()
+			fetch := func(b *testing.B, after int64, want int) {
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					recs, err := s.Fetch(ctx, "run-small", after, 0)
+					if err != nil || len(recs) != want {
+						b.Fatalf("%d records, %v; want %d", len(recs), err, want)
+					}
+				}
+			}
+			b.Run("all", func(b *testing.B) { fetch(b, 0, 100) })
+			b.Run("tail", func(b *testing.B) { fetch(b, 90, 10) })
+		})
+	}
+}
+
+// load writes others events of distinct runs and a run "run-small" of 100
+// events spread among them, with COPY (the setup, not what is measured).
+func load(b *testing.B, url string, others int) {
+	b.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	every := others / 100
+	rows := make([][]any, 0, others+100)
+	small := 0
+	for i := 0; i < others; i++ {
+		w := storetest.Event(fmt.Sprintf("run-%07d", i), statestore.StepStarted, "s")
+		body, _ := json.Marshal(w)
+		rows = append(rows, []any{w.RunID, int64(1), w.IdempotencyKey, w.EventID, w.EventType, string(body)})
+		if every > 0 && i%every == 0 && small < 100 {
+			small++
+			w := storetest.Event("run-small", statestore.StepStarted, fmt.Sprintf("s%03d", small))
+			body, _ := json.Marshal(w)
+			rows = append(rows, []any{w.RunID, int64(small), w.IdempotencyKey, w.EventID, w.EventType, string(body)})
+		}
+	}
+	if _, err := conn.CopyFrom(ctx, pgx.Identifier{"run_events"}, []string{"run_id", "run_seq", "idempotency_key", "event_id", "event_type", "body"},
+		pgx.CopyFromRows(rows)); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "ANALYZE run_events"); err != nil {
+		b.Fatal(err)
+	}
+	if small != 100 {
+		b.Fatalf("run-small has %d events", small)
+	}
+}
