@@ -110,12 +110,6 @@ func (s *Store) AppendIf(ctx context.Context, w *statestore.RunEventWrite, lastS
 	return res, err
 }
 
-// errChanged carries the run's last runSeq out of a refused conditional
-// append's transaction.
-type errChanged struct{ have int64 }
-
-func (e errChanged) Error() string { return fmt.Sprintf("run at runSeq %d", e.have) }
-
 func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
 	if err := statestore.ValidateWrite(w); err != nil {
 		return statestore.AppendResult{}, err
@@ -129,65 +123,26 @@ func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite, lastSeq
 	}
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
-	var res statestore.AppendResult
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if r, ok, err := existing(ctx, tx, w.RunID, w.IdempotencyKey); err != nil || ok {
-			res = r
-			return err
-		}
-		if _, err := tx.Exec(ctx, "INSERT INTO runs (run_id, last_seq) VALUES ($1, 0) ON CONFLICT (run_id) DO NOTHING", w.RunID); err != nil {
-			return err
-		}
-		var last int64
-		if err := tx.QueryRow(ctx, "SELECT last_seq FROM runs WHERE run_id = $1 FOR UPDATE", w.RunID).Scan(&last); err != nil {
-			return err
-		}
-		// A racing append of the same key committed while this one
-		// waited for the run's lock: it answers.
-		if r, ok, err := existing(ctx, tx, w.RunID, w.IdempotencyKey); err != nil || ok {
-			res = r
-			return err
-		}
-		if lastSeq >= 0 && last != lastSeq {
-			return errChanged{last}
-		}
-		var at time.Time
-		if err := tx.QueryRow(ctx, `INSERT INTO run_events (run_id, run_seq, idempotency_key, event_id, event_type, body)
-			VALUES ($1, $2, $3, $4, $5, $6) RETURNING persisted_at`,
-			w.RunID, last+1, w.IdempotencyKey, w.EventID, w.EventType, string(body)).Scan(&at); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, "UPDATE runs SET last_seq = $2 WHERE run_id = $1", w.RunID, last+1); err != nil {
-			return err
-		}
-		res = statestore.AppendResult{EventID: w.EventID, RunSeq: last + 1, PersistedAt: formatTime(at), Persisted: true}
-		return nil
-	})
-	var ch errChanged
+	// One statement: append_event (migrations/0002) does the steps of
+	// docs/postgres.md, "Appends", in the statement's own transaction.
+	var (
+		eventID    *string
+		seq        *int64
+		at         *time.Time
+		idempotent *bool
+		changed    *int64
+	)
+	err = s.pool.QueryRow(ctx, "SELECT o_event_id, o_run_seq, o_persisted_at, o_idempotent, o_changed_last FROM append_event($1, $2, $3, $4, $5, $6)",
+		w.RunID, w.IdempotencyKey, w.EventID, w.EventType, string(body), lastSeq).Scan(&eventID, &seq, &at, &idempotent, &changed)
 	switch {
-	case errors.As(err, &ch):
-		return statestore.AppendResult{}, statestore.RunChanged(w.RunID, lastSeq, ch.have)
 	case err != nil:
 		return statestore.AppendResult{}, unavailable("append", err)
+	case changed != nil:
+		return statestore.AppendResult{}, statestore.RunChanged(w.RunID, lastSeq, *changed)
+	case eventID == nil || seq == nil || at == nil || idempotent == nil:
+		return statestore.AppendResult{}, damaged("append_event answered without a record", nil)
 	}
-	return res, nil
-}
-
-// existing reads the record of (runID, key), if any, as a duplicate's
-// answer.
-func existing(ctx context.Context, tx pgx.Tx, runID, key string) (statestore.AppendResult, bool, error) {
-	var r statestore.AppendResult
-	var at time.Time
-	err := tx.QueryRow(ctx, "SELECT event_id, run_seq, persisted_at FROM run_events WHERE run_id = $1 AND idempotency_key = $2",
-		runID, key).Scan(&r.EventID, &r.RunSeq, &at)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return r, false, nil
-	}
-	if err != nil {
-		return r, false, err
-	}
-	r.PersistedAt, r.Idempotent = formatTime(at), true
-	return r, true, nil
+	return statestore.AppendResult{EventID: *eventID, RunSeq: *seq, PersistedAt: formatTime(*at), Idempotent: *idempotent, Persisted: !*idempotent}, nil
 }
 
 // Fetch implements statestore.Store.
