@@ -1,6 +1,10 @@
 package statestore
 
-import "encoding/json"
+import (
+	"bytes"
+	"encoding/json"
+	"time"
+)
 
 // Known lifecycle event types of the Run Events Contract v2.0.1 §1.2, plus
 // RunApproved from the Execution Semantics Contract §1.2.
@@ -144,3 +148,21 @@ type StepError struct {
 	Message   string `json:"message"`
 	Retryable bool   `json:"retryable"`
 }
+
+// EncodeWrite is how a backend stores a RunEventWrite: compact JSON
+// without HTML escaping, so that a payload comes back byte for byte as
+// the producer sent it.
+func EncodeWrite(w *RunEventWrite) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(w); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
+// FormatPersistedAt renders a store's commit time as persistedAt: RFC 3339
+// in UTC with the store's precision (nanoseconds on JetStream,
+// microseconds on PostgreSQL).
+func FormatPersistedAt(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }

@@ -56,7 +56,6 @@
 package natsstore
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/base64"
@@ -332,7 +331,7 @@ func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite, lastSeq
 	if err := ctx.Err(); err != nil {
 		return statestore.AppendResult{}, unavailable("append", err)
 	}
-	body, err := encodeWrite(w)
+	body, err := statestore.EncodeWrite(w)
 	if err != nil {
 		return statestore.AppendResult{}, fmt.Errorf("encode event: %w", err)
 	}
@@ -397,7 +396,7 @@ func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite, lastSeq
 	return statestore.AppendResult{
 		EventID:     w.EventID,
 		RunSeq:      int64(m.seq),
-		PersistedAt: formatTime(m.time),
+		PersistedAt: statestore.FormatPersistedAt(m.time),
 		Persisted:   true,
 	}, nil
 }
@@ -682,7 +681,7 @@ func (s *Store) record(m *storedMsg) (statestore.RunEventRecord, error) {
 		rec.Payload = nil
 	}
 	rec.RunSeq = int64(m.seq)
-	rec.PersistedAt = formatTime(m.time)
+	rec.PersistedAt = statestore.FormatPersistedAt(m.time)
 	return rec, nil
 }
 
@@ -692,22 +691,6 @@ func (s *Store) withTimeout(ctx context.Context) (context.Context, context.Cance
 	}
 	return context.WithTimeout(ctx, s.timeout)
 }
-
-// encodeWrite stores the RunEventWrite as JSON without HTML escaping, so a
-// payload comes back byte for byte as the producer sent it (compacted).
-func encodeWrite(w *statestore.RunEventWrite) ([]byte, error) {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(w); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
-}
-
-// formatTime renders a server timestamp as persistedAt: RFC 3339 in UTC with
-// up to nanosecond precision, as the server itself formats it.
-func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
 func validRunID(runID string) bool {
 	return statestore.CheckID(runID, false) == nil

@@ -10,7 +10,6 @@
 package pgstore
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -117,7 +116,7 @@ func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite, lastSeq
 	if err := ctx.Err(); err != nil {
 		return statestore.AppendResult{}, unavailable("append", err)
 	}
-	body, err := encodeWrite(w)
+	body, err := statestore.EncodeWrite(w)
 	if err != nil {
 		return statestore.AppendResult{}, fmt.Errorf("pgstore: encode event: %w", err)
 	}
@@ -142,7 +141,7 @@ func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite, lastSeq
 	case eventID == nil || seq == nil || at == nil || idempotent == nil:
 		return statestore.AppendResult{}, damaged("append_event answered without a record", nil)
 	}
-	return statestore.AppendResult{EventID: *eventID, RunSeq: *seq, PersistedAt: formatTime(*at), Idempotent: *idempotent, Persisted: !*idempotent}, nil
+	return statestore.AppendResult{EventID: *eventID, RunSeq: *seq, PersistedAt: statestore.FormatPersistedAt(*at), Idempotent: *idempotent, Persisted: !*idempotent}, nil
 }
 
 // Fetch implements statestore.Store.
@@ -229,7 +228,7 @@ func record(seq int64, at time.Time, body string) (statestore.RunEventRecord, er
 	if len(rec.Payload) == 0 {
 		rec.Payload = nil
 	}
-	rec.RunSeq, rec.PersistedAt = seq, formatTime(at)
+	rec.RunSeq, rec.PersistedAt = seq, statestore.FormatPersistedAt(at)
 	return rec, nil
 }
 
@@ -239,22 +238,6 @@ func (s *Store) withTimeout(ctx context.Context) (context.Context, context.Cance
 	}
 	return context.WithTimeout(ctx, s.timeout)
 }
-
-// encodeWrite stores the RunEventWrite as compact JSON without HTML
-// escaping, so a payload comes back as the producer sent it.
-func encodeWrite(w *statestore.RunEventWrite) ([]byte, error) {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(w); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
-}
-
-// formatTime renders the database's timestamp as persistedAt: RFC 3339 in
-// UTC (PostgreSQL keeps microseconds).
-func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
 func unavailable(op string, err error) error {
 	var pe *pgconn.PgError
