@@ -16,6 +16,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/membership"
 	"github.com/conductor-sidecar/sidecar/admission"
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/runlist"
@@ -322,5 +323,71 @@ func TestAdmission_CancelWhileQueued(t *testing.T) {
 	}
 	if e.started(q.RunID) {
 		t.Fatal("a run cancelled while queued was started")
+	}
+}
+
+// TestAdmission_TwoReplicas: two sidecars on one NATS, each with its own
+// membership and controller, take starts at once under a global limit of
+// 3: exactly three runs start, the other seven wait, both replicas give
+// each the same position (distinct, 1 to 7), and no run starts twice.
+// (The single decider is not what holds the limit here alone: with the
+// ownership check removed the entries' compare-and-set and the list's
+// counts still held it in three runs.)
+func TestAdmission_TwoReplicas(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	var cs []*admission.Controller
+	for i := range 2 {
+		m, err := membership.Open(ctx, e.js, membership.Options{Name: fmt.Sprintf("replica-%d", i), Heartbeat: 200 * time.Millisecond, Logger: zaptest.NewLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Close(ctx) })
+		cs = append(cs, e.open(admission.Options{Limits: admission.Limits{Global: 3}, Owner: m}))
+	}
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	// Both replicas see both members before the starts.
+	time.Sleep(time.Second)
+	var mu sync.Mutex
+	var started, queued []*admission.Decision
+	var wg sync.WaitGroup
+	for i := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d, err := e.submit(cs[i%2], "t1", fmt.Sprintf("two-%d", i))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if d.Started != nil {
+				started = append(started, d)
+			} else {
+				queued = append(queued, d)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(started) != 3 || len(queued) != 7 {
+		t.Fatalf("%d started, %d queued; want 3 and 7", len(started), len(queued))
+	}
+	seen := map[int]bool{}
+	for _, d := range queued {
+		p := cs[0].Position(d.RunID)
+		if p < 1 || p > 7 || seen[p] || cs[1].Position(d.RunID) != p {
+			t.Fatalf("run %s at position %d (other replica %d); want distinct 1..7 on both", d.RunID, p, cs[1].Position(d.RunID))
+		}
+		seen[p] = true
+	}
+	for _, d := range append(started, queued...) {
+		if n := strings.Count(types(e.events(d.RunID)), statestore.RunStarted); n > 1 {
+			t.Fatalf("run %s started %d times", d.RunID, n)
+		}
 	}
 }
