@@ -105,7 +105,7 @@ func message(r statestore.RunEventRecord, view vocab.View) (Message, error) {
 		return Message{}, fmt.Errorf("eventbus: encode %s of run %s: %w", view.Type, r.RunID, err)
 	}
 	return Message{ID: view.ID, Type: view.Type, RunID: r.RunID, TenantID: r.TenantID, PlanID: r.PlanID,
-		PersistedAt: r.PersistedAt, Seq: uint64(r.RunSeq), Body: body}, nil
+		PersistedAt: r.PersistedAt, Seq: r.LogSeq, Body: body}, nil
 }
 
 // Token renders an id as one NATS subject token: the id itself when it is

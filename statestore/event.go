@@ -119,6 +119,10 @@ type RunEventRecord struct {
 	RunEventWrite
 	RunSeq      int64  `json:"runSeq"`
 	PersistedAt string `json:"persistedAt"`
+	// LogSeq is the record's place in the whole log, set by a Follower's
+	// tail (0 otherwise): JetStream's stream sequence, PostgreSQL's
+	// log_seq. Not part of the contract's record.
+	LogSeq uint64 `json:"-"`
 }
 
 // AppendResult is what Append returns (IRunStateStore §2). On a duplicate

@@ -92,6 +92,7 @@ func (t *tail) Next(ctx context.Context, limit int) ([]statestore.RunEventRecord
 			t.s.log.Warn("follow: skipping a message that is not a record", zap.String("subject", m.Subject()), zap.Uint64("seq", seq), zap.Error(err))
 			continue
 		}
+		rec.LogSeq = seq
 		out = append(out, rec)
 	}
 	return out, t.next, nil

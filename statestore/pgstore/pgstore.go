@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -31,19 +32,26 @@ type Options struct {
 	Timeout time.Duration
 	// MaxConns bounds the pool (default pgxpool's: 4 per CPU, at least 4).
 	MaxConns int32
-	Logger   *zap.Logger
-	Metrics  *statestore.Metrics
-	Alerts   statestore.AlertSink
-	Gate     statestore.AlertGate
+	// StatementTimeout is the server's statement_timeout of the store's
+	// connections (default 10s): no append runs longer.
+	StatementTimeout time.Duration
+	// HoleGrace is how long a follower waits for a missing log sequence
+	// before it passes it (default StatementTimeout + 5s).
+	HoleGrace time.Duration
+	Logger    *zap.Logger
+	Metrics   *statestore.Metrics
+	Alerts    statestore.AlertSink
+	Gate      statestore.AlertGate
 }
 
 // Store is the PostgreSQL append authority. It is safe for concurrent use.
 type Store struct {
-	pool    *pgxpool.Pool
-	timeout time.Duration
-	log     *zap.Logger
-	metrics *statestore.Metrics
-	proj    *statestore.Projector
+	pool      *pgxpool.Pool
+	timeout   time.Duration
+	holeGrace time.Duration
+	log       *zap.Logger
+	metrics   *statestore.Metrics
+	proj      *statestore.Projector
 }
 
 var (
@@ -60,6 +68,12 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
+	if opts.StatementTimeout <= 0 {
+		opts.StatementTimeout = 10 * time.Second
+	}
+	if opts.HoleGrace <= 0 {
+		opts.HoleGrace = opts.StatementTimeout + 5*time.Second
+	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: "parse the PostgreSQL URL (postgres://user:password@host:port/database)", Err: err}
@@ -67,6 +81,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if opts.MaxConns > 0 {
 		cfg.MaxConns = opts.MaxConns
 	}
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(opts.StatementTimeout.Milliseconds(), 10)
 	octx, cancel := context.WithTimeout(ctx, 4*opts.Timeout)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(octx, cfg)
@@ -81,7 +96,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		pool.Close()
 		return nil, err
 	}
-	s := &Store{pool: pool, timeout: opts.Timeout, log: opts.Logger.Named("pgstore"), metrics: opts.Metrics}
+	s := &Store{pool: pool, timeout: opts.Timeout, holeGrace: opts.HoleGrace, log: opts.Logger.Named("pgstore"), metrics: opts.Metrics}
 	s.proj = statestore.NewProjector(s, statestore.ProjectorOptions{
 		Logger: opts.Logger, Metrics: opts.Metrics, Alerts: opts.Alerts, Gate: opts.Gate,
 		Contiguous: true, // runSeq is 1, 2, 3, ... per run: a hole is a visibility gap
