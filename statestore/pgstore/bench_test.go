@@ -146,16 +146,19 @@ func load(b *testing.B, url string, others int) {
 	for i := 0; i < others; i++ {
 		w := storetest.Event(fmt.Sprintf("run-%07d", i), statestore.StepStarted, "s")
 		body, _ := json.Marshal(w)
-		rows = append(rows, []any{w.RunID, int64(1), w.IdempotencyKey, w.EventID, w.EventType, string(body)})
+		rows = append(rows, []any{w.RunID, int64(1), w.IdempotencyKey, w.EventID, w.EventType, string(body), int64(len(rows) + 1)})
 		if every > 0 && i%every == 0 && small < 100 {
 			small++
 			w := storetest.Event("run-small", statestore.StepStarted, fmt.Sprintf("s%03d", small))
 			body, _ := json.Marshal(w)
-			rows = append(rows, []any{w.RunID, int64(small), w.IdempotencyKey, w.EventID, w.EventType, string(body)})
+			rows = append(rows, []any{w.RunID, int64(small), w.IdempotencyKey, w.EventID, w.EventType, string(body), int64(len(rows) + 1)})
 		}
 	}
-	if _, err := conn.CopyFrom(ctx, pgx.Identifier{"run_events"}, []string{"run_id", "run_seq", "idempotency_key", "event_id", "event_type", "body"},
+	if _, err := conn.CopyFrom(ctx, pgx.Identifier{"run_events"}, []string{"run_id", "run_seq", "idempotency_key", "event_id", "event_type", "body", "log_seq"},
 		pgx.CopyFromRows(rows)); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT setval('run_events_log_seq', $1)", int64(len(rows))); err != nil {
 		b.Fatal(err)
 	}
 	if _, err := conn.Exec(ctx, "ANALYZE run_events"); err != nil {
