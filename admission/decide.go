@@ -50,7 +50,7 @@ func (c *Controller) loop(ctx context.Context) {
 func (c *Controller) follow(ctx context.Context, w jetstream.KeyWatcher) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	var nextTry time.Time
+	var nextTry, logged time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -73,7 +73,10 @@ func (c *Controller) follow(ctx context.Context, w jetstream.KeyWatcher) {
 		}
 		if err := c.decide(ctx); err != nil {
 			nextTry = time.Now().Add(2 * time.Second)
-			c.log.Warn("admission: deciding failed; retrying in 2s", zap.Error(err))
+			if time.Since(logged) >= time.Minute { // one line a minute while it fails
+				logged = time.Now()
+				c.log.Warn("admission: deciding failed; retrying every 2s", zap.Error(err))
+			}
 		}
 	}
 }
