@@ -12,7 +12,7 @@ import (
 var _ statestore.Follower = (*Store)(nil)
 
 // Follow implements statestore.Follower: the records in log_seq order
-// (migrations/0003), after afterSeq. log_seq comes from a sequence, which
+// (migrations/0001), after afterSeq. log_seq comes from a sequence, which
 // is not transactional: a number taken by an append that has not committed
 // yet is a hole for a moment, and one taken by an append that failed is a
 // hole for good. The tail stops at a hole and passes it once it is older

@@ -8,6 +8,16 @@ CREATE TABLE runs (
     last_seq bigint NOT NULL
 );
 
+-- log_seq: the log's order across runs, for the consumers that follow the
+-- whole log (the run list, the event bus: statestore.Follower). It is
+-- taken from a sequence inside append_event after the run's lock, so it
+-- grows with runSeq within a run. A sequence is not transactional: an
+-- append that fails after taking a number leaves a hole, and one that has
+-- not committed yet shows one for a moment; the follower waits for a hole
+-- to fill and passes it once no statement can still fill it
+-- (statement_timeout bounds every append, docs/postgres.md).
+CREATE SEQUENCE run_events_log_seq;
+
 CREATE TABLE run_events (
     run_id          text        NOT NULL,
     run_seq         bigint      NOT NULL,
@@ -19,9 +29,12 @@ CREATE TABLE run_events (
     -- the RunEventWrite as the producer sent it (compact JSON, kept byte
     -- for byte: jsonb would reorder a payload's keys)
     body            text        NOT NULL,
+    log_seq         bigint      NOT NULL,
     PRIMARY KEY (run_id, run_seq),
     UNIQUE (run_id, idempotency_key)
 );
+
+CREATE UNIQUE INDEX run_events_by_log_seq ON run_events (log_seq);
 
 -- Records are immutable: no UPDATE, DELETE or TRUNCATE, whoever asks.
 CREATE FUNCTION run_events_immutable() RETURNS trigger LANGUAGE plpgsql AS $$

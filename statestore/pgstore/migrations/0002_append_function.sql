@@ -3,7 +3,8 @@
 -- run's counter row is created and locked; the key is looked up again (a
 -- racing append may have committed while this one waited for the lock);
 -- a conditional append (p_last >= 0) is refused unless the run's last
--- runSeq is p_last; the event is inserted at last + 1. Each query of a
+-- runSeq is p_last; the event is inserted at last + 1, with the next
+-- log_seq. Each query of a
 -- VOLATILE function sees what committed before it, as separate statements
 -- would in READ COMMITTED.
 CREATE FUNCTION append_event(p_run text, p_key text, p_event_id text, p_type text, p_body text, p_last bigint)
@@ -33,8 +34,8 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    INSERT INTO run_events (run_id, run_seq, idempotency_key, event_id, event_type, body)
-        VALUES (p_run, v_last + 1, p_key, p_event_id, p_type, p_body)
+    INSERT INTO run_events (run_id, run_seq, idempotency_key, event_id, event_type, body, log_seq)
+        VALUES (p_run, v_last + 1, p_key, p_event_id, p_type, p_body, nextval('run_events_log_seq'))
         RETURNING run_events.persisted_at INTO o_persisted_at;
     UPDATE runs SET last_seq = v_last + 1 WHERE runs.run_id = p_run;
     o_event_id := p_event_id;
