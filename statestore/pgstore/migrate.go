@@ -58,6 +58,12 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return err
 	}
+	return migrateTo(ctx, pool, all)
+}
+
+// migrateTo applies the migrations of all the database lacks (tests pass a
+// prefix of the list to make a database of an older version).
+func migrateTo(ctx context.Context, pool *pgxpool.Pool, all []migration) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return unavailable("migrate", err)

@@ -107,6 +107,40 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 // Close closes the pool.
 func (s *Store) Close() { s.pool.Close() }
 
+// Pool is the store's connection pool, for what keeps its state in the
+// same database (the EventIdRegistry, the control API's replies: tables of
+// this package's migrations). Closed by Close.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Check reports whether the store can append now: the database answers,
+// its schema is the one this binary migrated to, and the tables the
+// sidecar writes exist (an administrator's DROP or a restore of an older
+// dump fails it with STORE_DAMAGED). serve's /readyz calls it.
+func (s *Store) Check(ctx context.Context) error {
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	all, err := migrations()
+	if err != nil {
+		return err
+	}
+	var version int
+	var missing []string
+	err = s.pool.QueryRow(ctx, `SELECT coalesce((SELECT max(version) FROM schema_migrations), 0),
+		array(SELECT t FROM unnest($1::text[]) t WHERE to_regclass(t) IS NULL)`, tables).Scan(&version, &missing)
+	switch {
+	case err != nil:
+		return unavailable("check", err)
+	case len(missing) > 0:
+		return damaged(fmt.Sprintf("tables %v are missing: restore the database from a backup (the sidecar never drops a table)", missing), nil)
+	case version != all[len(all)-1].version:
+		return damaged(fmt.Sprintf("the schema is at version %d, this sidecar migrated it to %d: was the database restored from an older dump? restart the sidecar to migrate it", version, all[len(all)-1].version), nil)
+	}
+	return nil
+}
+
+// tables are the tables the migrations create.
+var tables = []string{"schema_migrations", "runs", "run_events", "event_ids", "control_replies"}
+
 // Append implements statestore.Store.
 func (s *Store) Append(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
 	began := time.Now()

@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -160,5 +161,91 @@ func TestAppenderProcess(t *testing.T) {
 		if _, err := s.Append(context.Background(), storetest.Event("run-procs", statestore.StepStarted, fmt.Sprintf("shared-%03d", i))); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestMigrations_OlderSchema: a database a sidecar of schema version 2
+// wrote (its append_event, before the registry's tables existed) is
+// migrated at Open with its records untouched, and the log goes on where
+// it stopped.
+func TestMigrations_OlderSchema(t *testing.T) {
+	url := pgtest.URL(t)
+	ctx := context.Background()
+	if err := pgstore.MigrateTo(ctx, url, 2); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var old []*statestore.RunEventWrite
+	for _, typ := range []string{statestore.RunStarted, statestore.StepStarted, statestore.StepCompleted} {
+		w := storetest.Event("run-old", typ, "s1")
+		body, _ := json.Marshal(w)
+		if _, err := conn.Exec(ctx, "SELECT * FROM append_event($1, $2, $3, $4, $5, -1)",
+			w.RunID, w.IdempotencyKey, w.EventID, w.EventType, string(body)); err != nil {
+			t.Fatal(err)
+		}
+		old = append(old, w)
+	}
+	if _, err := conn.Exec(ctx, "SELECT 1 FROM event_ids"); err == nil {
+		t.Fatal("version 2 already has event_ids: the test does not start from the older schema")
+	}
+
+	s := open(t, url) // migrates to the latest version
+	if err := s.Check(ctx); err != nil {
+		t.Fatalf("check after the migration: %v", err)
+	}
+	recs, err := s.Fetch(ctx, "run-old", 0, 0)
+	if err != nil || len(recs) != len(old) {
+		t.Fatalf("fetch after the migration: %d records, %v", len(recs), err)
+	}
+	for i, r := range recs {
+		if r.RunSeq != int64(i+1) || r.EventID != old[i].EventID || r.IdempotencyKey != old[i].IdempotencyKey {
+			t.Fatalf("record %d changed by the migration: %+v", i+1, r)
+		}
+	}
+	// A duplicate of an old record is still one; a new event takes runSeq 4.
+	if res, err := s.Append(ctx, old[1]); err != nil || !res.Idempotent || res.RunSeq != 2 {
+		t.Fatalf("duplicate of an old record: %+v %v", res, err)
+	}
+	if res, err := s.Append(ctx, storetest.Event("run-old", statestore.RunCompleted, "")); err != nil || res.RunSeq != 4 {
+		t.Fatalf("append after the migration: %+v %v", res, err)
+	}
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM event_ids").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("event_ids after the migration: %d %v", n, err)
+	}
+}
+
+// TestCheck: /readyz's check fails closed, with STORE_DAMAGED, when a
+// table the sidecar writes was dropped or the schema's version is not the
+// one this process migrated to (a restore of an older dump).
+func TestCheck(t *testing.T) {
+	ctx := context.Background()
+	for name, damage := range map[string]string{
+		"table dropped": "DROP TABLE control_replies",
+		"older version": "DELETE FROM schema_migrations WHERE version = (SELECT max(version) FROM schema_migrations)",
+		"registry gone": "DROP TABLE event_ids",
+	} {
+		t.Run(name, func(t *testing.T) {
+			url := pgtest.URL(t)
+			s := open(t, url)
+			if err := s.Check(ctx); err != nil {
+				t.Fatalf("healthy store: %v", err)
+			}
+			conn, err := pgx.Connect(ctx, url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			if _, err := conn.Exec(ctx, damage); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Check(ctx); !errors.Is(err, statestore.ErrDamaged) {
+				t.Fatalf("after %q: %v, want STORE_DAMAGED", damage, err)
+			}
+		})
 	}
 }

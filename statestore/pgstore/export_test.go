@@ -1,0 +1,28 @@
+package pgstore
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// MigrateTo applies the migrations up to version to the database at url,
+// making a database of an older schema for TestMigrations_OlderSchema.
+func MigrateTo(ctx context.Context, url string, version int) error {
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	all, err := migrations()
+	if err != nil {
+		return err
+	}
+	var some []migration
+	for _, m := range all {
+		if m.version <= version {
+			some = append(some, m)
+		}
+	}
+	return migrateTo(ctx, pool, some)
+}

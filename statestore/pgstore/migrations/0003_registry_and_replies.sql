@@ -1,0 +1,28 @@
+-- What a sidecar on PostgreSQL keeps beside the log (serve --store
+-- postgres://...), so that one database holds every record a retry or a
+-- restart depends on.
+
+-- The producer EventIdRegistry (Run Events Contract §2.5.1): the eventId
+-- of each (runId, idempotencyKey), registered before the first append and
+-- replaced only by the append authority's (adopt). uuid: whatever writes
+-- it, the value reads back as a canonical UUID.
+CREATE TABLE event_ids (
+    run_id          text NOT NULL,
+    idempotency_key text NOT NULL,
+    event_id        uuid NOT NULL,
+    PRIMARY KEY (run_id, idempotency_key)
+);
+
+-- The control API's kept answers (Idempotency-Key): a claim (no answer
+-- yet) or the first answer, with the request's fingerprint. Rows older
+-- than the replies' TTL are treated as absent and deleted in passing.
+CREATE TABLE control_replies (
+    key         text        PRIMARY KEY,
+    fingerprint text        NOT NULL,
+    claimed_at  timestamptz NOT NULL,
+    status      int,
+    body        text,
+    CHECK ((status IS NULL) = (body IS NULL))
+);
+
+CREATE INDEX control_replies_by_claimed_at ON control_replies (claimed_at);
