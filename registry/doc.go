@@ -1,5 +1,7 @@
 // Package registry is the producer EventIdRegistry of the Run Events
-// Contract v2.0.1 §2.5.1, kept in a NATS JetStream key-value bucket.
+// Contract v2.0.1 §2.5.1, kept in a NATS JetStream key-value bucket
+// ([Open], the default) or in a PostgreSQL table beside the run event log
+// ([OpenPostgres], serve --store postgres://...).
 //
 // The registry maps (runId, idempotencyKey) to a stable eventId (UUID v4).
 // The protocol a producer follows, and that [Emitter] implements:
@@ -61,4 +63,16 @@
 // path above, never to a duplicate event: the append authority refuses the
 // duplicate (runId, idempotencyKey) and returns the stored eventId, which
 // [Emitter] registers (TestEmitter_Emit_MemStore/LostRegistryEntry).
+//
+// # On PostgreSQL
+//
+// [OpenPostgres] keeps the entries in the table event_ids of the log's
+// database (package pgstore's migrations create it): (run_id,
+// idempotency_key) is its primary key, event_id a uuid. EventID is one
+// statement (insert unless present, return the stored value), with a
+// second read only when a racing producer's insert committed during it;
+// Adopt is one upsert that writes only a different value. Entries are
+// committed (fsynced by PostgreSQL) before EventID returns, and kept until
+// an operator deletes them; the same Key validation refuses bad input
+// before anything is sent (TestPostgres_*).
 package registry

@@ -54,10 +54,24 @@ type Options struct {
 // safe for concurrent use, and any number of Registry values on any number
 // of connections may share one bucket.
 type Registry struct {
-	kv      jetstream.KeyValue
-	bucket  string
+	entries entries
 	log     *zap.Logger
 	metrics *Metrics
+}
+
+// entries is where a Registry keeps its eventIds: a JetStream KV bucket
+// (Open) or a PostgreSQL table (OpenPostgres). Each validates its input
+// with Key and validateEventID before it sends anything.
+type entries interface {
+	getOrCreate(ctx context.Context, runID, idempotencyKey string) (eventID string, created bool, err error)
+	adopt(ctx context.Context, runID, idempotencyKey, eventID string) (changed bool, err error)
+	lookup(ctx context.Context, runID, idempotencyKey string) (string, error)
+}
+
+// kvEntries keeps the eventIds in a JetStream KV bucket.
+type kvEntries struct {
+	kv  jetstream.KeyValue
+	log *zap.Logger
 }
 
 // Open creates the KV bucket described by opts, or binds to an existing
@@ -109,7 +123,8 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Registry,
 	if err != nil {
 		return nil, fmt.Errorf("registry: open bucket %s: %w", opts.Bucket, err)
 	}
-	r := &Registry{kv: kv, bucket: opts.Bucket, log: opts.Logger.Named("registry"), metrics: opts.Metrics}
+	log := opts.Logger.Named("registry")
+	r := &Registry{entries: &kvEntries{kv: kv, log: log}, log: log, metrics: opts.Metrics}
 	r.log.Debug("opened", zap.String("bucket", opts.Bucket), zap.Int("replicas", opts.Replicas),
 		zap.Duration("ttl", opts.TTL), zap.Stringer("persistMode", mode))
 	return r, nil
@@ -159,7 +174,7 @@ func bucketStream(opts Options, mode jetstream.PersistModeType) jetstream.Stream
 // and the read; retry) or ErrUnavailable.
 func (r *Registry) EventID(ctx context.Context, runID, idempotencyKey string) (eventID string, created bool, err error) {
 	start := time.Now()
-	eventID, created, err = r.getOrCreate(ctx, runID, idempotencyKey)
+	eventID, created, err = r.entries.getOrCreate(ctx, runID, idempotencyKey)
 	result := resultFound
 	switch {
 	case err != nil:
@@ -171,7 +186,7 @@ func (r *Registry) EventID(ctx context.Context, runID, idempotencyKey string) (e
 	return eventID, created, err
 }
 
-func (r *Registry) getOrCreate(ctx context.Context, runID, idempotencyKey string) (string, bool, error) {
+func (r *kvEntries) getOrCreate(ctx context.Context, runID, idempotencyKey string) (string, bool, error) {
 	key, err := Key(runID, idempotencyKey)
 	if err != nil {
 		return "", false, err
@@ -219,7 +234,7 @@ func (r *Registry) getOrCreate(ctx context.Context, runID, idempotencyKey string
 // ErrUnavailable.
 func (r *Registry) Adopt(ctx context.Context, runID, idempotencyKey, eventID string) error {
 	start := time.Now()
-	changed, err := r.adopt(ctx, runID, idempotencyKey, eventID)
+	changed, err := r.entries.adopt(ctx, runID, idempotencyKey, eventID)
 	result := resultUnchanged
 	switch {
 	case err != nil:
@@ -231,7 +246,7 @@ func (r *Registry) Adopt(ctx context.Context, runID, idempotencyKey, eventID str
 	return err
 }
 
-func (r *Registry) adopt(ctx context.Context, runID, idempotencyKey, eventID string) (bool, error) {
+func (r *kvEntries) adopt(ctx context.Context, runID, idempotencyKey, eventID string) (bool, error) {
 	key, err := Key(runID, idempotencyKey)
 	if err != nil {
 		return false, err
@@ -283,7 +298,7 @@ func (r *Registry) adopt(ctx context.Context, runID, idempotencyKey, eventID str
 // ErrUnavailable.
 func (r *Registry) Lookup(ctx context.Context, runID, idempotencyKey string) (string, error) {
 	start := time.Now()
-	eventID, err := r.lookup(ctx, runID, idempotencyKey)
+	eventID, err := r.entries.lookup(ctx, runID, idempotencyKey)
 	result := resultFound
 	switch {
 	case errors.Is(err, ErrNotFound):
@@ -295,7 +310,7 @@ func (r *Registry) Lookup(ctx context.Context, runID, idempotencyKey string) (st
 	return eventID, err
 }
 
-func (r *Registry) lookup(ctx context.Context, runID, idempotencyKey string) (string, error) {
+func (r *kvEntries) lookup(ctx context.Context, runID, idempotencyKey string) (string, error) {
 	key, err := Key(runID, idempotencyKey)
 	if err != nil {
 		return "", err
@@ -306,7 +321,7 @@ func (r *Registry) lookup(ctx context.Context, runID, idempotencyKey string) (st
 
 // get reads key. A missing (or deleted) key gives ErrNotFound; a value that
 // is not a UUID v4 gives ErrCorrupt together with the entry's revision.
-func (r *Registry) get(ctx context.Context, key string) (string, uint64, error) {
+func (r *kvEntries) get(ctx context.Context, key string) (string, uint64, error) {
 	e, err := r.kv.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return "", 0, fmt.Errorf("%w: key %s", ErrNotFound, key)
