@@ -11,7 +11,7 @@ import (
 // JetStream KV reply store: without an Idempotency-Key, the first call
 // with a key (claim + keep), and a replayed call (one KV read).
 func BenchmarkControl(b *testing.B) {
-	e := newReplayEnvTB(b)
+	e := newReplayEnvTB(b, "jetstream")
 	post := func(key string) {
 		req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/runs/run-1/pause", strings.NewReader(""))
 		if key != "" {

@@ -21,6 +21,8 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/memstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+	"github.com/conductor-sidecar/sidecar/statestore/pgstore"
+	"github.com/conductor-sidecar/sidecar/statestore/pgstore/pgtest"
 	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
@@ -63,27 +65,57 @@ func (c *countingControl) ResumeLater(context.Context, string, time.Time, drain.
 type replayEnv struct {
 	srv     *httptest.Server
 	control *countingControl
-	replies *httpapi.KVReplies
-	reg     *prometheus.Registry
+	replies httpapi.Replies
+	// stale sets the replies' StaleAfter.
+	stale func(time.Duration)
+	reg   *prometheus.Registry
 }
 
-func newReplayEnv(t *testing.T) *replayEnv { return newReplayEnvTB(t) }
+// replyBackends are the two stores of kept replies: the JetStream KV
+// bucket (the default) and PostgreSQL's table (serve --store postgres://;
+// skipped without a PostgreSQL, see package pgtest).
+var replyBackends = []string{"jetstream", "postgres"}
 
-func newReplayEnvTB(t testing.TB) *replayEnv {
-	t.Helper()
+// forEachBackend runs test on a fresh replayEnv of each backend.
+func forEachBackend(t *testing.T, test func(t *testing.T, e *replayEnv)) {
+	for _, b := range replyBackends {
+		t.Run(b, func(t *testing.T) { test(t, newReplayEnvTB(t, b)) })
+	}
+}
+
+func openReplies(t testing.TB, backend string) (httpapi.Replies, func(time.Duration)) {
 	ctx := context.Background()
+	if backend == "postgres" {
+		store, err := pgstore.Open(ctx, pgtest.URL(t), pgstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(store.Close)
+		replies, err := httpapi.OpenPostgresReplies(ctx, store.Pool(), time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return replies, func(d time.Duration) { replies.StaleAfter = d }
+	}
 	js, _ := natstest.Start(t)
 	replies, err := httpapi.OpenKVReplies(ctx, js, time.Hour, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return replies, func(d time.Duration) { replies.StaleAfter = d }
+}
+
+func newReplayEnvTB(t testing.TB, backend string) *replayEnv {
+	t.Helper()
+	ctx := context.Background()
+	replies, stale := openReplies(t, backend)
 	runs := memstore.New(statestore.ProjectorOptions{})
 	for _, run := range []string{"run-1", "run-2"} {
 		if _, err := runs.Append(ctx, storetest.Event(run, statestore.RunStarted, "")); err != nil {
 			t.Fatal(err)
 		}
 	}
-	e := &replayEnv{control: &countingControl{}, replies: replies, reg: prometheus.NewRegistry()}
+	e := &replayEnv{control: &countingControl{}, replies: replies, stale: stale, reg: prometheus.NewRegistry()}
 	api := httpapi.NewServer(httpapi.Options{Log: runs, Control: e.control, Replies: replies, Registerer: e.reg})
 	e.srv = httptest.NewServer(api.Handler())
 	t.Cleanup(e.srv.Close)
@@ -114,6 +146,8 @@ func (e *replayEnv) post(t *testing.T, path, key, body string) replyAnswer {
 	return replyAnswer{resp.StatusCode, string(bytes.TrimSpace(b)), resp.Header.Get(httpapi.ReplayedHeader) == "true"}
 }
 
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
 func codeOf(t *testing.T, body string) string {
 	t.Helper()
 	var e struct{ Code string }
@@ -124,124 +158,129 @@ func codeOf(t *testing.T, body string) string {
 }
 
 func TestIdempotencyKey_ReplaysTheFirstAnswer(t *testing.T) {
-	e := newReplayEnv(t)
-	first := e.post(t, "/v1/runs/run-1/pause", "k-1", `{"reason":"deploy"}`)
-	if first.status != http.StatusOK || first.replayed {
-		t.Fatalf("first pause: %+v", first)
-	}
-	again := e.post(t, "/v1/runs/run-1/pause", "k-1", `{"reason":"deploy"}`)
-	if again.status != first.status || again.body != first.body || !again.replayed {
-		t.Fatalf("replay differs:\nfirst  %+v\nreplay %+v", first, again)
-	}
-	if n := e.control.calls.Load(); n != 1 {
-		t.Fatalf("control reached %d times, want 1", n)
-	}
-	// Without a key, or with another key, the action runs again.
-	e.post(t, "/v1/runs/run-1/pause", "", `{"reason":"deploy"}`)
-	e.post(t, "/v1/runs/run-1/pause", "k-2", `{"reason":"deploy"}`)
-	// The key is scoped to the run and the action.
-	e.post(t, "/v1/runs/run-2/pause", "k-1", `{"reason":"deploy"}`)
-	e.post(t, "/v1/runs/run-1/resume", "k-1", "")
-	if n := e.control.calls.Load(); n != 5 {
-		t.Fatalf("control reached %d times, want 5", n)
-	}
-	if got := controlCount(t, e.reg, "pause", "replayed"); got != 1 {
-		t.Fatalf("replayed pauses counted %v, want 1", got)
-	}
-	if got := controlCount(t, e.reg, "pause", "ok"); got != 4 {
-		t.Fatalf("ok pauses counted %v, want 4", got)
-	}
+	forEachBackend(t, func(t *testing.T, e *replayEnv) {
+		first := e.post(t, "/v1/runs/run-1/pause", "k-1", `{"reason":"deploy"}`)
+		if first.status != http.StatusOK || first.replayed {
+			t.Fatalf("first pause: %+v", first)
+		}
+		again := e.post(t, "/v1/runs/run-1/pause", "k-1", `{"reason":"deploy"}`)
+		if again.status != first.status || again.body != first.body || !again.replayed {
+			t.Fatalf("replay differs:\nfirst  %+v\nreplay %+v", first, again)
+		}
+		if n := e.control.calls.Load(); n != 1 {
+			t.Fatalf("control reached %d times, want 1", n)
+		}
+		// Without a key, or with another key, the action runs again.
+		e.post(t, "/v1/runs/run-1/pause", "", `{"reason":"deploy"}`)
+		e.post(t, "/v1/runs/run-1/pause", "k-2", `{"reason":"deploy"}`)
+		// The key is scoped to the run and the action.
+		e.post(t, "/v1/runs/run-2/pause", "k-1", `{"reason":"deploy"}`)
+		e.post(t, "/v1/runs/run-1/resume", "k-1", "")
+		if n := e.control.calls.Load(); n != 5 {
+			t.Fatalf("control reached %d times, want 5", n)
+		}
+		if got := controlCount(t, e.reg, "pause", "replayed"); got != 1 {
+			t.Fatalf("replayed pauses counted %v, want 1", got)
+		}
+		if got := controlCount(t, e.reg, "pause", "ok"); got != 4 {
+			t.Fatalf("ok pauses counted %v, want 4", got)
+		}
+	})
 }
 
 func TestIdempotencyKey_ReusedForAnotherBodyIsRefused(t *testing.T) {
-	e := newReplayEnv(t)
-	e.post(t, "/v1/runs/run-1/pause", "k", `{"reason":"a"}`)
-	got := e.post(t, "/v1/runs/run-1/pause", "k", `{"reason":"b"}`)
-	if got.status != http.StatusUnprocessableEntity || codeOf(t, got.body) != httpapi.CodeKeyReused {
-		t.Fatalf("reused key: %+v", got)
-	}
-	if n := e.control.calls.Load(); n != 1 {
-		t.Fatalf("control reached %d times, want 1", n)
-	}
+	forEachBackend(t, func(t *testing.T, e *replayEnv) {
+		e.post(t, "/v1/runs/run-1/pause", "k", `{"reason":"a"}`)
+		got := e.post(t, "/v1/runs/run-1/pause", "k", `{"reason":"b"}`)
+		if got.status != http.StatusUnprocessableEntity || codeOf(t, got.body) != httpapi.CodeKeyReused {
+			t.Fatalf("reused key: %+v", got)
+		}
+		if n := e.control.calls.Load(); n != 1 {
+			t.Fatalf("control reached %d times, want 1", n)
+		}
+	})
 }
 
 func TestIdempotencyKey_RefusalsAreKeptFailuresAreNot(t *testing.T) {
-	e := newReplayEnv(t)
-	e.control.setErr(&statestore.Error{Code: statestore.CodeInvalidTransition, Message: "RunResumed is not allowed from RUNNING"})
-	first := e.post(t, "/v1/runs/run-1/resume", "k", "")
-	if first.status != http.StatusConflict {
-		t.Fatalf("resume of a running run: %+v", first)
-	}
-	// The first replyAnswer stands even though the action would now succeed.
-	e.control.setErr(nil)
-	if again := e.post(t, "/v1/runs/run-1/resume", "k", ""); again.status != http.StatusConflict || !again.replayed || again.body != first.body {
-		t.Fatalf("409 not replayed: %+v", again)
-	}
-	// Conductor down: recorded but not told (503). Not kept: the retry
-	// with the same key runs the action again and converges.
-	e.control.setErr(&drain.EngineError{State: &drain.State{}, Err: errors.New("connection refused")})
-	if got := e.post(t, "/v1/runs/run-1/pause", "k-503", ""); got.status != http.StatusServiceUnavailable {
-		t.Fatalf("engine down: %+v", got)
-	}
-	e.control.setErr(nil)
-	if got := e.post(t, "/v1/runs/run-1/pause", "k-503", ""); got.status != http.StatusOK || got.replayed {
-		t.Fatalf("retry after a 503: %+v", got)
-	}
-	if n := e.control.calls.Load(); n != 3 {
-		t.Fatalf("control reached %d times, want 3", n)
-	}
+	forEachBackend(t, func(t *testing.T, e *replayEnv) {
+		e.control.setErr(&statestore.Error{Code: statestore.CodeInvalidTransition, Message: "RunResumed is not allowed from RUNNING"})
+		first := e.post(t, "/v1/runs/run-1/resume", "k", "")
+		if first.status != http.StatusConflict {
+			t.Fatalf("resume of a running run: %+v", first)
+		}
+		// The first replyAnswer stands even though the action would now succeed.
+		e.control.setErr(nil)
+		if again := e.post(t, "/v1/runs/run-1/resume", "k", ""); again.status != http.StatusConflict || !again.replayed || again.body != first.body {
+			t.Fatalf("409 not replayed: %+v", again)
+		}
+		// Conductor down: recorded but not told (503). Not kept: the retry
+		// with the same key runs the action again and converges.
+		e.control.setErr(&drain.EngineError{State: &drain.State{}, Err: errors.New("connection refused")})
+		if got := e.post(t, "/v1/runs/run-1/pause", "k-503", ""); got.status != http.StatusServiceUnavailable {
+			t.Fatalf("engine down: %+v", got)
+		}
+		e.control.setErr(nil)
+		if got := e.post(t, "/v1/runs/run-1/pause", "k-503", ""); got.status != http.StatusOK || got.replayed {
+			t.Fatalf("retry after a 503: %+v", got)
+		}
+		if n := e.control.calls.Load(); n != 3 {
+			t.Fatalf("control reached %d times, want 3", n)
+		}
+	})
 }
 
 func TestIdempotencyKey_ConcurrentRequestsRunOnce(t *testing.T) {
-	e := newReplayEnv(t)
-	e.control.delay = 300 * time.Millisecond
-	var wg sync.WaitGroup
-	answers := make([]replyAnswer, 8)
-	for i := range answers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			answers[i] = e.post(t, "/v1/runs/run-1/cancel", "same", "")
-		}()
-	}
-	wg.Wait()
-	if n := e.control.calls.Load(); n != 1 {
-		t.Fatalf("control reached %d times by 8 concurrent requests with one key, want 1", n)
-	}
-	for _, a := range answers {
-		switch {
-		case a.status == http.StatusOK:
-		case a.status == http.StatusConflict && codeOf(t, a.body) == httpapi.CodeInProgress:
-		default:
-			t.Fatalf("unexpected replyAnswer %+v", a)
+	forEachBackend(t, func(t *testing.T, e *replayEnv) {
+		e.control.delay = 300 * time.Millisecond
+		var wg sync.WaitGroup
+		answers := make([]replyAnswer, 8)
+		for i := range answers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				answers[i] = e.post(t, "/v1/runs/run-1/cancel", "same", "")
+			}()
 		}
-	}
-	if a := e.post(t, "/v1/runs/run-1/cancel", "same", ""); a.status != http.StatusOK || !a.replayed {
-		t.Fatalf("after the first answered: %+v", a)
-	}
+		wg.Wait()
+		if n := e.control.calls.Load(); n != 1 {
+			t.Fatalf("control reached %d times by 8 concurrent requests with one key, want 1", n)
+		}
+		for _, a := range answers {
+			switch {
+			case a.status == http.StatusOK:
+			case a.status == http.StatusConflict && codeOf(t, a.body) == httpapi.CodeInProgress:
+			default:
+				t.Fatalf("unexpected replyAnswer %+v", a)
+			}
+		}
+		if a := e.post(t, "/v1/runs/run-1/cancel", "same", ""); a.status != http.StatusOK || !a.replayed {
+			t.Fatalf("after the first answered: %+v", a)
+		}
+	})
 }
 
 func TestIdempotencyKey_BadKeyAndStaleClaims(t *testing.T) {
-	e := newReplayEnv(t)
-	got := e.post(t, "/v1/runs/run-1/pause", strings.Repeat("k", httpapi.MaxIdempotencyKeyBytes+1), "")
-	if got.status != http.StatusBadRequest || codeOf(t, got.body) != httpapi.CodeBadRequest {
-		t.Fatalf("long key: %+v", got)
-	}
-	if n := e.control.calls.Load(); n != 0 {
-		t.Fatalf("a refused request reached the control")
-	}
-	// A claim whose process died blocks its key until it is stale.
-	ctx := context.Background()
-	if r, err := e.replies.Claim(ctx, "dead", "fp"); r != nil || err != nil {
-		t.Fatalf("first claim: %v %v", r, err)
-	}
-	if _, err := e.replies.Claim(ctx, "dead", "fp"); !errors.Is(err, httpapi.ErrReplyPending) {
-		t.Fatalf("claim of a held key: %v", err)
-	}
-	e.replies.StaleAfter = 0
-	if r, err := e.replies.Claim(ctx, "dead", "fp"); r != nil || err != nil {
-		t.Fatalf("stale claim not taken over: %v %v", r, err)
-	}
+	forEachBackend(t, func(t *testing.T, e *replayEnv) {
+		got := e.post(t, "/v1/runs/run-1/pause", strings.Repeat("k", httpapi.MaxIdempotencyKeyBytes+1), "")
+		if got.status != http.StatusBadRequest || codeOf(t, got.body) != httpapi.CodeBadRequest {
+			t.Fatalf("long key: %+v", got)
+		}
+		if n := e.control.calls.Load(); n != 0 {
+			t.Fatalf("a refused request reached the control")
+		}
+		// A claim whose process died blocks its key until it is stale.
+		ctx := context.Background()
+		if r, err := e.replies.Claim(ctx, "dead", "fp"); r != nil || err != nil {
+			t.Fatalf("first claim: %v %v", r, err)
+		}
+		if _, err := e.replies.Claim(ctx, "dead", "fp"); !errors.Is(err, httpapi.ErrReplyPending) {
+			t.Fatalf("claim of a held key: %v", err)
+		}
+		e.stale(0)
+		if r, err := e.replies.Claim(ctx, "dead", "fp"); r != nil || err != nil {
+			t.Fatalf("stale claim not taken over: %v %v", r, err)
+		}
+	})
 }
 
 // controlCount reads sidecar_control_requests_total{action,result}.

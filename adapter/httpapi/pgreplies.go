@@ -1,0 +1,129 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// PostgresReplies keeps replies in the table control_replies of the run
+// event log's database (serve --store postgres://...; package pgstore's
+// migrations create the table), shared by every sidecar on it. Time is
+// the database's clock, the same for every replica.
+type PostgresReplies struct {
+	pool *pgxpool.Pool
+	ttl  time.Duration
+	// StaleAfter is how long a claim without an answer blocks its key
+	// (a process that died mid-request); then a retry takes it over.
+	StaleAfter time.Duration
+	timeout    time.Duration
+	// lastPrune is when a Claim last deleted the expired rows (unix ns).
+	lastPrune atomic.Int64
+}
+
+// pruneEvery is how often Claims delete the rows older than the TTL: the
+// table's size follows the requests of the last TTL, and no background
+// loop runs for it.
+const pruneEvery = time.Minute
+
+// OpenPostgresReplies returns the replies on pool's database, after
+// checking the table is there. Replies expire after ttl (default 24h).
+// It does not own pool.
+func OpenPostgresReplies(ctx context.Context, pool *pgxpool.Pool, ttl time.Duration) (*PostgresReplies, error) {
+	if ttl <= 0 {
+		ttl = 24 * time.Hour
+	}
+	p := &PostgresReplies{pool: pool, ttl: ttl, StaleAfter: time.Minute, timeout: 5 * time.Second}
+	ctx, cancel := p.withTimeout(ctx)
+	defer cancel()
+	if _, err := pool.Exec(ctx, "SELECT 1 FROM control_replies LIMIT 0"); err != nil {
+		return nil, fmt.Errorf("open table control_replies (pgstore's migrations create it): %w", err)
+	}
+	return p, nil
+}
+
+func (p *PostgresReplies) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, p.timeout)
+}
+
+// claimRow inserts a claim, or takes the key over when its row expired or
+// is a stale claim of the same request; it writes nothing otherwise.
+const claimRow = `INSERT INTO control_replies (key, fingerprint, claimed_at) VALUES ($1, $2, now())
+ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, claimed_at = EXCLUDED.claimed_at, status = NULL, body = NULL
+WHERE control_replies.claimed_at < now() - $4::bigint * interval '1 microsecond'
+   OR (control_replies.status IS NULL AND control_replies.fingerprint = EXCLUDED.fingerprint
+       AND control_replies.claimed_at <= now() - $3::bigint * interval '1 microsecond')`
+
+// Claim implements Replies.
+func (p *PostgresReplies) Claim(ctx context.Context, key, fp string) (*Reply, error) {
+	ctx, cancel := p.withTimeout(ctx)
+	defer cancel()
+	p.prune(ctx)
+	for range 3 {
+		tag, err := p.pool.Exec(ctx, claimRow, key, fp, p.StaleAfter.Microseconds(), p.ttl.Microseconds())
+		if err != nil {
+			return nil, fmt.Errorf("claim reply %s: %w", key, err)
+		}
+		if tag.RowsAffected() == 1 {
+			return nil, nil
+		}
+		var held string
+		var status *int
+		var body *string
+		err = p.pool.QueryRow(ctx, "SELECT fingerprint, status, body FROM control_replies WHERE key = $1", key).Scan(&held, &status, &body)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			continue // released meanwhile
+		case err != nil:
+			return nil, fmt.Errorf("read reply %s: %w", key, err)
+		case held != fp:
+			return nil, ErrKeyReused
+		case status != nil:
+			return &Reply{Status: *status, Body: []byte(*body)}, nil
+		}
+		return nil, ErrReplyPending
+	}
+	return nil, ErrReplyPending
+}
+
+// prune deletes the expired rows, at most once every pruneEvery across
+// the process's Claims; a failure is left to the next one.
+func (p *PostgresReplies) prune(ctx context.Context) {
+	now := time.Now().UnixNano()
+	last := p.lastPrune.Load()
+	if now-last < int64(pruneEvery) || !p.lastPrune.CompareAndSwap(last, now) {
+		return
+	}
+	_, _ = p.pool.Exec(ctx, "DELETE FROM control_replies WHERE claimed_at < now() - $1::bigint * interval '1 microsecond'", p.ttl.Microseconds())
+}
+
+// Keep implements Replies.
+func (p *PostgresReplies) Keep(ctx context.Context, key, fp string, r *Reply) error {
+	ctx, cancel := p.withTimeout(ctx)
+	defer cancel()
+	_, err := p.pool.Exec(ctx, `INSERT INTO control_replies (key, fingerprint, claimed_at, status, body) VALUES ($1, $2, now(), $3, $4)
+		ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, claimed_at = EXCLUDED.claimed_at,
+		status = EXCLUDED.status, body = EXCLUDED.body`, key, fp, r.Status, string(r.Body))
+	if err != nil {
+		return fmt.Errorf("keep reply %s: %w", key, err)
+	}
+	return nil
+}
+
+// Release implements Replies: it deletes the claim, never a kept answer.
+func (p *PostgresReplies) Release(ctx context.Context, key string) error {
+	ctx, cancel := p.withTimeout(ctx)
+	defer cancel()
+	if _, err := p.pool.Exec(ctx, "DELETE FROM control_replies WHERE key = $1 AND status IS NULL", key); err != nil {
+		return fmt.Errorf("release reply %s: %w", key, err)
+	}
+	return nil
+}

@@ -1,0 +1,72 @@
+package httpapi_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/statestore/pgstore"
+	"github.com/conductor-sidecar/sidecar/statestore/pgstore/pgtest"
+)
+
+// TestPostgresReplies_ExpiryAndStaleness: an answer is kept past
+// StaleAfter (only a claim without an answer goes stale), a row older
+// than the TTL is absent to a new claim, and claims delete the expired
+// rows in passing.
+func TestPostgresReplies_ExpiryAndStaleness(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.URL(t)
+	store, err := pgstore.Open(ctx, url, pgstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	replies, err := httpapi.OpenPostgresReplies(ctx, store.Pool(), 500*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replies.StaleAfter = 0
+	if r, err := replies.Claim(ctx, "kept", "fp"); r != nil || err != nil {
+		t.Fatalf("claim: %v %v", r, err)
+	}
+	if err := replies.Keep(ctx, "kept", "fp", &httpapi.Reply{Status: 200, Body: []byte(`{"status":"PAUSED"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := replies.Release(ctx, "kept"); err != nil { // a release never drops an answer
+		t.Fatal(err)
+	}
+	r, err := replies.Claim(ctx, "kept", "fp")
+	if err != nil || r == nil || r.Status != 200 || string(r.Body) != `{"status":"PAUSED"}` {
+		t.Fatalf("a kept answer after StaleAfter: %+v %v, want the answer", r, err)
+	}
+	time.Sleep(700 * time.Millisecond) // past the TTL
+	if r, err := replies.Claim(ctx, "kept", "other"); r != nil || err != nil {
+		t.Fatalf("an expired row: %+v %v, want a new claim", r, err)
+	}
+	if _, err := replies.Claim(ctx, "old", "fp"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(700 * time.Millisecond)
+	fresh, err := httpapi.OpenPostgresReplies(ctx, store.Pool(), 500*time.Millisecond) // prunes on its first claim
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fresh.Claim(ctx, "new", "fp"); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var keys []string
+	if err := conn.QueryRow(ctx, "SELECT array_agg(key ORDER BY key) FROM control_replies").Scan(&keys); err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 1 || keys[0] != "new" {
+		t.Fatalf("rows after the prune: %v, want [new]", keys)
+	}
+}
