@@ -25,6 +25,10 @@ func envOr(name, def string) string {
 // and an environment variable SIDECAR_<FLAG NAME IN UPPER SNAKE CASE>.
 type Config struct {
 	ConductorURL string
+	// Store is where the run event log, the EventIdRegistry and the
+	// control API's replies live: "nats" (JetStream, the default) or a
+	// PostgreSQL URL (postgres://user@host:port/database).
+	Store        string
 	NATSURL      string
 	DataDir      string
 	Listen       string
@@ -63,6 +67,7 @@ func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
 		ConductorURL:   "http://localhost:8080/api",
+		Store:          "nats",
 		DataDir:        "./data",
 		Listen:         "127.0.0.1:8787",
 		DrainTimeout:   5 * time.Minute,
@@ -78,6 +83,11 @@ func DefaultConfig() Config {
 	}
 }
 
+// postgresStore reports whether --store names a PostgreSQL database.
+func (c *Config) postgresStore() bool {
+	return strings.HasPrefix(c.Store, "postgres://") || strings.HasPrefix(c.Store, "postgresql://")
+}
+
 // ConfigValidationError lists every invalid setting.
 type ConfigValidationError struct{ Problems []string }
 
@@ -90,6 +100,9 @@ func (c *Config) Validate() error {
 	var p []string
 	if u, err := url.Parse(c.ConductorURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		p = append(p, fmt.Sprintf("--conductor-url %q: want an http(s) URL like http://localhost:8080/api", c.ConductorURL))
+	}
+	if c.Store != "nats" && !c.postgresStore() {
+		p = append(p, "--store "+redactURL(c.Store)+": want nats or a PostgreSQL URL like postgres://sidecar@db:5432/sidecar (password from PGPASSFILE or PGPASSWORD)")
 	}
 	if c.NATSURL == "" && c.DataDir == "" {
 		p = append(p, "--data-dir is required with the embedded NATS server (no --nats-url)")
@@ -157,6 +170,7 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 		}
 	}
 	str(&c.ConductorURL, "conductor-url", "Conductor API base URL")
+	str(&c.Store, "store", "where the run event log, the event ids and the control replies live: nats, or postgres://user@host:port/database (keep the password out of the URL: PGPASSFILE or PGPASSWORD)")
 	str(&c.NATSURL, "nats-url", "external NATS URL; empty runs an embedded server")
 	str(&c.DataDir, "data-dir", "embedded NATS store directory")
 	str(&c.Listen, "listen", "control API and /metrics address")

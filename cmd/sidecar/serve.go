@@ -29,6 +29,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/pgstore"
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 	"github.com/conductor-sidecar/sidecar/taskworkers/artifacts"
 	"github.com/conductor-sidecar/sidecar/taskworkers/exec"
@@ -91,23 +92,33 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	return sc.close(graceCtx)
 }
 
+// eventLog is the run event log as serve uses it: *natsstore.Store (the
+// default) or *pgstore.Store (--store postgres://...).
+type eventLog interface {
+	statestore.Store
+	statestore.Follower
+	// Check reports whether the log can append now (/readyz).
+	Check(ctx context.Context) error
+}
+
 // sidecar is a running "serve": every component, in start order.
 type sidecar struct {
-	log     *zap.Logger
-	addr    string
-	ln      net.Listener // bound, not yet served by api
-	srv     *natsstore.Embedded
-	nc      *nats.Conn
-	store   *natsstore.Store
-	members *membership.Members
-	list    *runlist.List
-	bus     *eventbus.Bus         // nil without sinks
-	admit   *admission.Controller // nil without limits
-	watcher *adapter.Watcher
-	drain   *drain.Controller
-	worker  *taskworkers.Worker
-	api     *httpapi.Server
-	apiCfg  *apiConfig // its tokens file is reloaded on SIGHUP
+	log        *zap.Logger
+	addr       string
+	ln         net.Listener // bound, not yet served by api
+	srv        *natsstore.Embedded
+	nc         *nats.Conn
+	store      eventLog
+	closeStore func()
+	members    *membership.Members
+	list       *runlist.List
+	bus        *eventbus.Bus         // nil without sinks
+	admit      *admission.Controller // nil without limits
+	watcher    *adapter.Watcher
+	drain      *drain.Controller
+	worker     *taskworkers.Worker
+	api        *httpapi.Server
+	apiCfg     *apiConfig // its tokens file is reloaded on SIGHUP
 }
 
 func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar, err error) {
@@ -135,19 +146,44 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	if err != nil {
 		return sc, err
 	}
-	if sc.store, err = natsstore.Open(ctx, js, natsstore.Options{Logger: log, Metrics: statestore.NewMetrics(reg), Gate: gate, Replicas: replicas,
-		SnapshotBucket: natsstore.DefaultSnapshotBucket}); err != nil {
-		return sc, err
+	// The run event log, the EventIdRegistry and the control API's kept
+	// replies: on JetStream (the default) or all three in one PostgreSQL
+	// database (--store postgres://...). The rest of the state stays on
+	// NATS either way (docs/postgres.md).
+	var ids *registry.Registry
+	var replies httpapi.Replies
+	if cfg.postgresStore() {
+		pg, err := pgstore.Open(ctx, cfg.Store, pgstore.Options{Logger: log, Metrics: statestore.NewMetrics(reg), Gate: gate})
+		if err != nil {
+			return sc, err
+		}
+		sc.store, sc.closeStore = pg, pg.Close
+		if ids, err = registry.OpenPostgres(ctx, pg.Pool(), registry.PostgresOptions{Logger: log, Metrics: registry.NewMetrics(reg)}); err != nil {
+			return sc, err
+		}
+		if replies, err = httpapi.OpenPostgresReplies(ctx, pg.Pool(), 0); err != nil {
+			return sc, err
+		}
+		log.Info("run event log, event ids and control replies on postgresql", zap.String("database", pg.Pool().Config().ConnConfig.Database))
+	} else {
+		ns, err := natsstore.Open(ctx, js, natsstore.Options{Logger: log, Metrics: statestore.NewMetrics(reg), Gate: gate, Replicas: replicas,
+			SnapshotBucket: natsstore.DefaultSnapshotBucket})
+		if err != nil {
+			return sc, err
+		}
+		sc.store, sc.closeStore = ns, func() { _ = ns.Close() }
+		if ids, err = registry.Open(ctx, js, registry.Options{Logger: log, Metrics: registry.NewMetrics(reg), Replicas: replicas}); err != nil {
+			return sc, err
+		}
+		if replies, err = httpapi.OpenKVReplies(ctx, js, 0, replicas); err != nil {
+			return sc, err
+		}
 	}
 	var appender registry.Appender = sc.store
 	if cfg.ValidateWrites {
 		if appender, err = statestore.NewValidatingStore(sc.store); err != nil {
 			return sc, err
 		}
-	}
-	ids, err := registry.Open(ctx, js, registry.Options{Logger: log, Metrics: registry.NewMetrics(reg), Replicas: replicas})
-	if err != nil {
-		return sc, err
 	}
 	emitter := registry.NewEmitter(ids, appender)
 
@@ -276,15 +312,15 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 		return sc, err
 	}
 
-	replies, err := httpapi.OpenKVReplies(ctx, js, 0, replicas)
-	if err != nil {
-		return sc, err
-	}
 	// Every bucket the sidecar keeps state in; /readyz reports one deleted
 	// or re-created by an administrator (the event stream: Store.Check).
-	streams := []string{"KV_" + registry.DefaultBucket, "KV_" + adapter.DefaultRunsBucket,
-		"KV_" + natsstore.DefaultAlertBucket, "KV_" + natsstore.DefaultStateBucket, "KV_" + httpapi.KVRepliesBucket, "OBJ_" + artifacts.DefaultBucket,
-		"KV_" + membership.DefaultBucket, "KV_" + runlist.DefaultBucket, "KV_" + natsstore.DefaultSnapshotBucket}
+	streams := []string{"KV_" + adapter.DefaultRunsBucket,
+		"KV_" + natsstore.DefaultAlertBucket, "OBJ_" + artifacts.DefaultBucket,
+		"KV_" + membership.DefaultBucket, "KV_" + runlist.DefaultBucket}
+	if !cfg.postgresStore() {
+		streams = append(streams, "KV_"+registry.DefaultBucket, "KV_"+natsstore.DefaultStateBucket, "KV_"+httpapi.KVRepliesBucket,
+			"KV_"+natsstore.DefaultSnapshotBucket)
+	}
 	if sc.bus != nil {
 		streams = append(streams, "KV_"+eventbus.Bucket, "KV_"+eventbus.DeadLetterBucket)
 	}
@@ -295,7 +331,10 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	if err != nil {
 		return sc, err
 	}
-	reportReplicas(ctx, js, replicas, append(streams, natsstore.DefaultStream), log)
+	if !cfg.postgresStore() {
+		streams = append(streams, natsstore.DefaultStream)
+	}
+	reportReplicas(ctx, js, replicas, streams, log)
 	apiOpts := httpapi.Options{
 		Log: sc.store, List: sc.list, Replies: replies, Starter: starter, Control: &httpapi.RunControl{Runs: runs, Drain: sc.drain},
 		DrainTimeout: cfg.DrainTimeout, Gatherer: reg, Registerer: reg, Logger: log,
@@ -383,8 +422,8 @@ func (sc *sidecar) close(ctx context.Context) error {
 	if sc.ln != nil {
 		_ = sc.ln.Close()
 	}
-	if sc.store != nil {
-		_ = sc.store.Close()
+	if sc.closeStore != nil {
+		sc.closeStore()
 	}
 	if sc.nc != nil {
 		sc.nc.Close()

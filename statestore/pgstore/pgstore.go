@@ -90,7 +90,10 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	}
 	if err := pool.Ping(octx); err != nil {
 		pool.Close()
-		return nil, unavailable("connect to "+cfg.ConnConfig.Host, err)
+		c := cfg.ConnConfig
+		return nil, &statestore.Error{Code: statestore.CodeStoreUnavailable, Err: err, Message: fmt.Sprintf(
+			"cannot reach PostgreSQL at %s:%d (database %s, user %s): %v: check --store and that the server is up; the password comes from PGPASSFILE or PGPASSWORD",
+			c.Host, c.Port, c.Database, c.User, innermost(err))}
 	}
 	if err := migrate(octx, pool); err != nil {
 		pool.Close()
@@ -294,6 +297,28 @@ func unavailable(op string, err error) error {
 		return &statestore.Error{Code: statestore.CodeStoreDamaged, Message: op + ": " + pe.Message, Err: err}
 	}
 	return &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: op + ": " + err.Error(), Err: err}
+}
+
+// innermost is the last error of err's chain (a refused dial, a refused
+// password), without the driver's multi-line summary of every attempt.
+func innermost(err error) error {
+	for {
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			if u.Unwrap() == nil {
+				return err
+			}
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			all := u.Unwrap()
+			if len(all) == 0 {
+				return err
+			}
+			err = all[len(all)-1]
+		default:
+			return err
+		}
+	}
 }
 
 func damaged(msg string, err error) error {
