@@ -17,6 +17,11 @@
 #                          one this script starts is stopped at the end.
 #   SIDECAR_LISTEN         the sidecar's API address (default 127.0.0.1:8787); the script fails
 #                          if it is taken. SIDECAR_LISTEN=127.0.0.1:0 picks a free port.
+#   SIDECAR_STORE          nats (default): the log in the sidecar's embedded JetStream;
+#                          postgres: the log, the event ids and the control replies in a
+#                          PostgreSQL cluster this script starts (deploy/local/postgres.sh,
+#                          Debian's package, installed if missing) and stops at the end
+#   QUICKSTART_PG_PORT     that cluster's port (default 15433)
 #   QUICKSTART_TIMEOUT     seconds each wait may take (default 120)
 #   QUICKSTART_KEEP        1 keeps the temp dir (binary, log, NATS data) after a success too
 set -euo pipefail
@@ -32,13 +37,16 @@ conductor_base=http://$conductor_host:$conductor_port
 listen=${SIDECAR_LISTEN:-127.0.0.1:8787}
 wait_timeout=${QUICKSTART_TIMEOUT:-120}
 keep=${QUICKSTART_KEEP:-0}
+store=${SIDECAR_STORE:-nats}
+pg_port=${QUICKSTART_PG_PORT:-15433}
+pg_dir=
 
 tmp=
 sidecar_pid=
 started_conductor=0
 ok=0
 step_no=0
-readonly steps_total=9
+steps_total=9
 
 # ---------------------------------------------------------------- output and failure
 
@@ -99,6 +107,15 @@ cleanup() {
   local rc=$?
   trap - EXIT INT TERM
   stop_sidecar
+  if [[ -n $pg_dir ]]; then
+    printf '\nStopping the PostgreSQL cluster this script started:\n'
+    PG_STATE_DIR=$pg_dir/pg PG_PORT=$pg_port PG_DATABASE=sidecar deploy/local/postgres.sh stop 2>&1 | indent || true
+    if ((ok)) && [[ $keep != 1 ]]; then
+      rm -rf "$pg_dir"
+    else
+      printf 'Kept for inspection: %s (the PostgreSQL cluster holding the event log)\n' "$pg_dir" >&2
+    fi
+  fi
   if ((started_conductor)); then
     printf '\nStopping the Conductor this script started:\n'
     deploy/local/conductor.sh stop 2>&1 | indent || true
@@ -202,6 +219,12 @@ check_events() {
 
 need curl
 need go "https://go.dev/dl/"
+case $store in
+  nats) ;;
+  postgres) steps_total=10 ;;
+  *) fail "SIDECAR_STORE must be nats or postgres, got '$store'" ;;
+esac
+[[ $pg_port =~ ^[0-9]+$ ]] || fail "QUICKSTART_PG_PORT must be a TCP port, got '$pg_port'"
 [[ $wait_timeout =~ ^[0-9]+$ ]] || fail "QUICKSTART_TIMEOUT must be whole seconds, got '$wait_timeout'"
 [[ $listen == *:* ]] || fail "SIDECAR_LISTEN must be host:port, got '$listen'"
 listen_host=${listen%:*}
@@ -231,6 +254,21 @@ else
   show deploy/local/conductor.sh start || fail "deploy/local/conductor.sh start failed (see its output above)"
 fi
 
+store_args=(--store nats)
+log_home="JetStream"
+if [[ $store == postgres ]]; then
+  step "PostgreSQL: a throw-away cluster on 127.0.0.1:$pg_port (deploy/local/postgres.sh)" \
+    "With --store postgres://... the run event log, the event ids and the control replies are" \
+    "rows of its database 'sidecar'; the sidecar applies its schema migrations at start."
+  port_open 127.0.0.1 "$pg_port" && fail "127.0.0.1:$pg_port is in use; set QUICKSTART_PG_PORT"
+  pg_dir=$(mktemp -d "${TMPDIR:-/tmp}/sidecar-quickstart-pg.XXXXXX")
+  chmod 755 "$pg_dir" # as root the cluster belongs to the postgres user, who must enter it
+  PG_STATE_DIR=$pg_dir/pg PG_PORT=$pg_port PG_DATABASE=sidecar show deploy/local/postgres.sh start ||
+    fail "deploy/local/postgres.sh start failed (see its output above)"
+  store_args=(--store "postgres://sidecar@127.0.0.1:$pg_port/sidecar?sslmode=disable")
+  log_home="PostgreSQL (table run_events)"
+fi
+
 step "Build the sidecar (go build ./cmd/sidecar)"
 s=$SECONDS
 go build -o "$tmp/bin/sidecar" ./cmd/sidecar || fail "go build ./cmd/sidecar failed"
@@ -238,11 +276,11 @@ say "built $tmp/bin/sidecar in $((SECONDS - s)) s"
 
 worker_id="quickstart-$(hostname 2>/dev/null || echo local)-$$"
 step "Start the sidecar: sidecar serve" \
-  "Embedded NATS JetStream in $tmp/data holds the run event log; task workers poll Conductor" \
+  "The run event log is in $log_home; embedded NATS in $tmp/data keeps the rest; task workers poll Conductor" \
   "as worker '$worker_id'; the control API listens on $listen."
 # Every setting that matters is a flag, so SIDECAR_* variables in the caller's environment
 # (an external --nats-url, another data dir) cannot change what this script runs.
-sidecar serve --conductor-url "$conductor_base/api" --nats-url "" --data-dir "$tmp/data" \
+sidecar serve --conductor-url "$conductor_base/api" "${store_args[@]}" --nats-url "" --data-dir "$tmp/data" \
   --listen "$listen" --worker-id "$worker_id" --drain-timeout 5m --shutdown-grace 5s \
   --log-format console >"$tmp/sidecar.log" 2>&1 &
 sidecar_pid=$!
@@ -297,7 +335,7 @@ st=$(status_of "$run_id")
 [[ $st == COMPLETED ]] || fail "run $run_id ended $st, want COMPLETED"
 
 step "The run's event log" \
-  "Append-only, one record per event, kept in JetStream; the snapshot above is projected from it."
+  "Append-only, one record per event, kept in $log_home; the snapshot above is projected from it."
 show sidecar events "$run_id" || fail "sidecar events failed"
 sidecar events "$run_id" >"$tmp/events.txt" 2>&1 || fail "sidecar events failed"
 say "event types in order:"
@@ -307,6 +345,13 @@ problems=$(check_events "$tmp/events.txt")
 $problems"
 say "checked: each step started and completed once; build-a, build-b and build-c completed during"
 say "the drain; no step started between RunPaused and RunResumed; publish ran after RunResumed."
+if [[ $store == postgres ]]; then
+  n=$(wc -l <"$tmp/events.txt")
+  rows=$(psql -h 127.0.0.1 -p "$pg_port" -U sidecar -d sidecar -tAc \
+    "select count(*) from run_events where run_id = '$run_id'" 2>&1) || fail "psql: $rows"
+  [[ $rows == "$n" ]] || fail "PostgreSQL holds $rows events of run $run_id, sidecar events shows $n"
+  say "checked in PostgreSQL: table run_events holds the run's $rows events"
+fi
 
 if ((started_conductor)); then
   step "Stop the sidecar (SIGTERM) and the Conductor this script started"
