@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -299,47 +300,56 @@ func TestE2E_SecondLogicalAttemptSucceeds(t *testing.T) {
 	}
 }
 
+// TestE2E_KillDuringStepThenRestart: kill -9 mid-step, restart on the same
+// data dir (and, on PostgreSQL, database): the step runs to completion once,
+// no event is doubled, and the run list shows the run COMPLETED.
 func TestE2E_KillDuringStepThenRestart(t *testing.T) {
-	dataDir, addr := t.TempDir(), freeAddr(t)
-	p := startServe(t, dataDir, addr)
-	marker := filepath.Join(t.TempDir(), "completions")
-	pl := &plan.Plan{PlanID: uniq("e2e-kill"), PlanVersion: "1", Steps: []plan.Step{
-		{StepID: "long", TimeoutSeconds: 8, Retries: plan.RetryPolicy{EngineTries: 3},
-			Executor: plan.ExecutorSpec{Type: plan.ExecutorCommand, Argv: []string{"sh", "-c", "sleep 3; echo done >> " + marker}}},
-		{StepID: "after", DependsOn: []string{"long"}, Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}},
-	}}
-	started := submit(t, p, pl, "req-1")
-	deadline := time.Now().Add(30 * time.Second)
-	for eventIndex(allEvents(t, p, started.RunID), statestore.StepStarted, "long", 0) < 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("step long never started")
+	forEachLogBackend(t, func(t *testing.T, store []string) {
+		dataDir, addr := t.TempDir(), freeAddr(t)
+		p := startServe(t, dataDir, addr, store...)
+		marker := filepath.Join(t.TempDir(), "completions")
+		pl := &plan.Plan{PlanID: uniq("e2e-kill"), PlanVersion: "1", Steps: []plan.Step{
+			{StepID: "long", TimeoutSeconds: 8, Retries: plan.RetryPolicy{EngineTries: 3},
+				Executor: plan.ExecutorSpec{Type: plan.ExecutorCommand, Argv: []string{"sh", "-c", "sleep 3; echo done >> " + marker}}},
+			{StepID: "after", DependsOn: []string{"long"}, Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}},
+		}}
+		started := submit(t, p, pl, "req-1")
+		deadline := time.Now().Add(30 * time.Second)
+		for eventIndex(allEvents(t, p, started.RunID), statestore.StepStarted, "long", 0) < 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("step long never started")
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	p.stop(syscall.SIGKILL) // kill -9 mid-step
-	p2 := startServe(t, dataDir, addr)
-	v := waitTerminal(t, p2, started.RunID, 120*time.Second)
-	if v.Status != statestore.RunStatusCompleted {
-		t.Fatalf("run ended %s after the restart, want COMPLETED", v.Status)
-	}
-	evs := allEvents(t, p2, started.RunID)
-	seen := map[string]bool{}
-	for _, e := range evs {
-		if seen[e.IdempotencyKey] {
-			t.Fatalf("duplicate event %s %s in the log", e.EventType, e.StepID)
+		p.stop(syscall.SIGKILL) // kill -9 mid-step
+		p2 := startServe(t, dataDir, addr, store...)
+		v := waitTerminal(t, p2, started.RunID, 120*time.Second)
+		if v.Status != statestore.RunStatusCompleted {
+			t.Fatalf("run ended %s after the restart, want COMPLETED", v.Status)
 		}
-		seen[e.IdempotencyKey] = true
-	}
-	if count(evs, statestore.StepCompleted, "long") != 1 || count(evs, statestore.StepStarted, "long") != 1 {
-		t.Fatalf("events %v", types(evs))
-	}
-	b, err := os.ReadFile(marker)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		t.Fatal(err)
-	}
-	if n := strings.Count(string(b), "done"); n != 1 {
-		t.Fatalf("step long ran to completion %d times, want exactly once", n)
-	}
+		evs := allEvents(t, p2, started.RunID)
+		seen := map[string]bool{}
+		for _, e := range evs {
+			if seen[e.IdempotencyKey] {
+				t.Fatalf("duplicate event %s %s in the log", e.EventType, e.StepID)
+			}
+			seen[e.IdempotencyKey] = true
+		}
+		if count(evs, statestore.StepCompleted, "long") != 1 || count(evs, statestore.StepStarted, "long") != 1 {
+			t.Fatalf("events %v", types(evs))
+		}
+		b, err := os.ReadFile(marker)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err)
+		}
+		if n := strings.Count(string(b), "done"); n != 1 {
+			t.Fatalf("step long ran to completion %d times, want exactly once", n)
+		}
+		waitFor(t, "the run list to show the run COMPLETED", 30*time.Second, func() bool {
+			page, err := p2.client.ListRuns(context.Background(), url.Values{"planId": {pl.PlanID}})
+			return err == nil && len(page.Runs) == 1 && page.Runs[0].RunID == started.RunID && page.Runs[0].Status == statestore.RunStatusCompleted
+		})
+	})
 }
 
 func types(evs []statestore.RunEventRecord) []string {
