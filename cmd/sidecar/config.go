@@ -28,15 +28,18 @@ type Config struct {
 	// Store is where the run event log, the EventIdRegistry and the
 	// control API's replies live: "nats" (JetStream, the default) or a
 	// PostgreSQL URL (postgres://user@host:port/database).
-	Store        string
-	NATSURL      string
-	DataDir      string
-	Listen       string
-	DrainTimeout time.Duration
-	SyncInterval time.Duration
-	WorkerID     string
-	TaskDomain   string
-	Concurrency  map[string]int
+	Store string
+	// AcceptNewNATSState pairs the PostgreSQL store with this NATS state
+	// even though it was used with another (pairNATS).
+	AcceptNewNATSState bool
+	NATSURL            string
+	DataDir            string
+	Listen             string
+	DrainTimeout       time.Duration
+	SyncInterval       time.Duration
+	WorkerID           string
+	TaskDomain         string
+	Concurrency        map[string]int
 	// NATSReplicas is the replica count of the stream, the KV buckets and
 	// the object store serve creates (1 to 5; more than 1 on a cluster).
 	NATSReplicas int
@@ -198,6 +201,7 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 			c.PollersPerType = 0 // Validate names it
 		}
 	}
+	boolFlag(fs, &c.AcceptNewNATSState, "accept-new-nats-state", "with --store postgres://: start although the database was used with other NATS state (a lost data dir); its runs in flight are not resumed")
 	boolFlag(fs, &c.ValidateWrites, "validate-transitions", "reject invalid transitions at append time (Layer 2)")
 	c.NATS.registerFlags(fs)
 	c.API.registerFlags(fs)

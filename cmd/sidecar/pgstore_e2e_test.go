@@ -6,11 +6,16 @@ import (
 	"io"
 	"net/http"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/pgstore/pgtest"
 )
 
@@ -62,4 +67,57 @@ func exitCode(err error) int {
 		return -1
 	}
 	return 0
+}
+
+// TestE2E_PostgresStoreLostNATSState: with --store postgres://..., the run
+// index, the run list's cursor, the bus's cursors and the artifacts stay
+// on NATS (embedded: in --data-dir). A sidecar started on the same
+// database with another data dir (the volume lost, or the wrong one) would
+// not know the runs in flight; serve refuses to start, in one line with
+// the fix, and the original data dir goes on where it stopped.
+func TestE2E_PostgresStoreLostNATSState(t *testing.T) {
+	url := pgtest.URL(t)
+	dataDir, addr := t.TempDir(), freeAddr(t)
+	same := []string{"--store", url, "--task-domain", "e2e-lost-" + filepath.Base(dataDir), "--worker-id", "e2e-lost"}
+	p := startServe(t, dataDir, addr, same...)
+	pl := mustPlan(t, `{"planId":"`+uniq("e2e-lost")+`","planVersion":"1","steps":[
+		{"stepId":"long","executor":{"type":"command","argv":["sleep","3"]}},
+		{"stepId":"after","executor":{"type":"noop"},"dependsOn":["long"]}]}`)
+	started := submit(t, p, pl, "req-1")
+	waitFor(t, "long to start", 30*time.Second, func() bool {
+		return eventIndex(allEvents(t, p, started.RunID), statestore.StepStarted, "long", 0) >= 0
+	})
+	p.stop(syscall.SIGKILL)
+
+	other := t.TempDir()
+	cmd := exec.Command(sidecarBinary(t), append([]string{"serve", "--conductor-url", conductortest.URL(t), "--data-dir", other,
+		"--listen", freeAddr(t)}, same...)...)
+	done := make(chan []byte, 1)
+	go func() { out, _ := cmd.CombinedOutput(); done <- out }()
+	select {
+	case out := <-done:
+		if code := cmd.ProcessState.ExitCode(); code != 1 || !strings.Contains(string(out), "STORE_DAMAGED: this database was used with other NATS state") ||
+			!strings.Contains(string(out), "--accept-new-nats-state") {
+			t.Fatalf("serve on another data dir: exit %d\n%s", code, out)
+		}
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatalf("serve on another data dir with the same database kept running:\n%s", <-done)
+	}
+
+	p2 := startServe(t, dataDir, addr, same...)
+	if v := waitTerminal(t, p2, started.RunID, 60*time.Second); v.Status != statestore.RunStatusCompleted {
+		t.Fatalf("run ended %s on the original data dir, want COMPLETED", v.Status)
+	}
+	p2.stop(syscall.SIGTERM)
+
+	// The operator accepts the loss: the other data dir starts and is the
+	// database's pair from then on; the old one is refused.
+	p3 := startServe(t, other, freeAddr(t), append(same, "--accept-new-nats-state")...)
+	p3.stop(syscall.SIGTERM)
+	out, err := exec.Command(sidecarBinary(t), append([]string{"serve", "--conductor-url", conductortest.URL(t), "--data-dir", dataDir,
+		"--listen", freeAddr(t)}, same...)...).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "this database was used with other NATS state") {
+		t.Fatalf("the old data dir after re-pairing: %v\n%s", err, out)
+	}
 }

@@ -152,8 +152,9 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	// NATS either way (docs/postgres.md).
 	var ids *registry.Registry
 	var replies httpapi.Replies
+	var pg *pgstore.Store
 	if cfg.postgresStore() {
-		pg, err := pgstore.Open(ctx, cfg.Store, pgstore.Options{Logger: log, Metrics: statestore.NewMetrics(reg), Gate: gate})
+		pg, err = pgstore.Open(ctx, cfg.Store, pgstore.Options{Logger: log, Metrics: statestore.NewMetrics(reg), Gate: gate})
 		if err != nil {
 			return sc, err
 		}
@@ -195,6 +196,11 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	runs, err := adapter.OpenRuns(ctx, js, conductor, emitter, adapter.RunsOptions{Logger: log, Metrics: adapterMetrics, TaskDomain: cfg.TaskDomain, Replicas: replicas})
 	if err != nil {
 		return sc, err
+	}
+	if pg != nil {
+		if err := pairNATS(ctx, js, pg, cfg.AcceptNewNATSState); err != nil {
+			return sc, err
+		}
 	}
 	// The replicas on this NATS divide the runs' background work (the
 	// watcher's scans, the drain monitor's passes).
@@ -433,6 +439,27 @@ func (sc *sidecar) close(ctx context.Context) error {
 	}
 	sc.log.Info("sidecar stopped")
 	return errors.Join(errs...)
+}
+
+// pairNATS checks, before anything is written, that the NATS state this
+// sidecar has (the run index above all) is the one the PostgreSQL log was
+// used with: the run index's creation time is its identity. A sidecar on
+// the right database and the wrong NATS state would not know the runs in
+// flight (they would stay RUNNING: TestE2E_PostgresStoreLostNATSState).
+func pairNATS(ctx context.Context, js jetstream.JetStream, pg *pgstore.Store, accept bool) error {
+	st, err := js.Stream(ctx, "KV_"+adapter.DefaultRunsBucket)
+	if err != nil {
+		return fmt.Errorf("read the run index's stream: %w", err)
+	}
+	state := fmt.Sprintf("run index %s created %s", adapter.DefaultRunsBucket, st.CachedInfo().Created.UTC().Format(time.RFC3339Nano))
+	if _, err := pg.Pair(ctx, state, accept); err != nil {
+		if errors.Is(err, statestore.ErrDamaged) {
+			return fmt.Errorf("%w: start with the --data-dir (or --nats-url) it was used with: the runs in flight are known only there; "+
+				"if that state is gone for good, start once with --accept-new-nats-state (runs in flight then stay RUNNING in Conductor: cancel them there)", err)
+		}
+		return err
+	}
+	return nil
 }
 
 // connectNATS starts the embedded server (unless --nats-url) and connects

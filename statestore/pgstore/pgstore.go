@@ -142,7 +142,40 @@ func (s *Store) Check(ctx context.Context) error {
 }
 
 // tables are the tables the migrations create.
-var tables = []string{"schema_migrations", "runs", "run_events", "event_ids", "control_replies"}
+var tables = []string{"schema_migrations", "runs", "run_events", "event_ids", "control_replies", "nats_pairing"}
+
+// Pair checks that natsState, the identity of the NATS state serving with
+// this database (serve: the run index's creation), is the one paired with
+// it at the first start, and pairs it then. Another one gives a
+// STORE_DAMAGED error naming both, unless accept, which pairs natsState
+// instead (the operator accepts that the state of the other is gone).
+// It returns the previous pairing when it changed ("" on the first).
+func (s *Store) Pair(ctx context.Context, natsState string, accept bool) (previous string, err error) {
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	var paired string
+	var at time.Time
+	err = s.pool.QueryRow(ctx, `WITH ins AS (INSERT INTO nats_pairing (nats_state) VALUES ($1) ON CONFLICT DO NOTHING RETURNING nats_state, paired_at)
+		SELECT nats_state, paired_at FROM ins UNION ALL SELECT nats_state, paired_at FROM nats_pairing LIMIT 1`, natsState).Scan(&paired, &at)
+	if errors.Is(err, pgx.ErrNoRows) { // another sidecar paired during the insert: read its row
+		err = s.pool.QueryRow(ctx, "SELECT nats_state, paired_at FROM nats_pairing").Scan(&paired, &at)
+	}
+	switch {
+	case err != nil:
+		return "", unavailable("pair with nats", err)
+	case paired == natsState:
+		return "", nil
+	case !accept:
+		return "", damaged(fmt.Sprintf("this database was used with other NATS state (paired %s with %s; this sidecar has %s)",
+			at.UTC().Format(time.RFC3339), paired, natsState), nil)
+	}
+	if _, err := s.pool.Exec(ctx, "UPDATE nats_pairing SET nats_state = $1, paired_at = now()", natsState); err != nil {
+		return "", unavailable("pair with nats", err)
+	}
+	s.log.Warn("paired the database with new NATS state: the runs the old state knew are not resumed",
+		zap.String("previous", paired), zap.String("natsState", natsState))
+	return paired, nil
+}
 
 // Append implements statestore.Store.
 func (s *Store) Append(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -247,5 +248,42 @@ func TestCheck(t *testing.T) {
 				t.Fatalf("after %q: %v, want STORE_DAMAGED", damage, err)
 			}
 		})
+	}
+}
+
+// TestPair: the first NATS state pairs; the same one passes; another is
+// refused with STORE_DAMAGED naming both, unless accepted, which re-pairs.
+// Sidecars pairing at once on a fresh database agree on one.
+func TestPair(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, pgtest.URL(t))
+	if prev, err := s.Pair(ctx, "nats-a", false); err != nil || prev != "" {
+		t.Fatalf("first pairing: %q %v", prev, err)
+	}
+	if _, err := s.Pair(ctx, "nats-a", false); err != nil {
+		t.Fatalf("same state: %v", err)
+	}
+	_, err := s.Pair(ctx, "nats-b", false)
+	if !errors.Is(err, statestore.ErrDamaged) || !strings.Contains(err.Error(), "nats-a") || !strings.Contains(err.Error(), "nats-b") {
+		t.Fatalf("other state: %v, want STORE_DAMAGED naming both", err)
+	}
+	if prev, err := s.Pair(ctx, "nats-b", true); err != nil || prev != "nats-a" {
+		t.Fatalf("accepted: %q %v", prev, err)
+	}
+	if _, err := s.Pair(ctx, "nats-a", false); !errors.Is(err, statestore.ErrDamaged) {
+		t.Fatalf("the old state after re-pairing: %v", err)
+	}
+
+	fresh := open(t, pgtest.URL(t))
+	var wg sync.WaitGroup
+	errs := make([]error, 64)
+	for i := range errs {
+		wg.Go(func() { _, errs[i] = fresh.Pair(ctx, "nats-shared", false) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("sidecar %d pairing at once: %v", i, err)
+		}
 	}
 }

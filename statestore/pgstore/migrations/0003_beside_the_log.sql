@@ -26,3 +26,15 @@ CREATE TABLE control_replies (
 );
 
 CREATE INDEX control_replies_by_claimed_at ON control_replies (claimed_at);
+
+-- Which NATS state serves with this database. With serve --store
+-- postgres:// the run index, the run list's cursor, the event bus's
+-- cursors, the admission queue and the artifacts stay on NATS; a sidecar
+-- on this database with other NATS state (a lost data dir, the wrong
+-- --nats-url) would not know the runs in flight. One row: the identity of
+-- the NATS state paired at the first start.
+CREATE TABLE nats_pairing (
+    only_row   boolean     PRIMARY KEY DEFAULT true CHECK (only_row),
+    nats_state text        NOT NULL,
+    paired_at  timestamptz NOT NULL DEFAULT now()
+);
