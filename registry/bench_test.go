@@ -2,8 +2,6 @@ package registry_test
 
 import (
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -110,33 +108,14 @@ func BenchmarkEmit(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/conc=%d", be.name, conc), func(b *testing.B) {
 				e := be.open(b)
 				tag := time.Now().UnixNano()
-				var next atomic.Int64
-				var wg sync.WaitGroup
-				errs := make(chan error, conc)
-				b.ResetTimer()
-				for range conc {
-					wg.Go(func() {
-						for {
-							i := int(next.Add(1)) - 1
-							if i >= b.N {
-								return
-							}
-							w := storetest.Event(fmt.Sprintf("run-%d-%04d", tag, i%1000), statestore.StepStarted, fmt.Sprintf("step-%06d", i))
-							w.EventID = ""
-							if res, err := e.Emit(c, w); err != nil || !res.Persisted {
-								errs <- fmt.Errorf("emit %d: %+v %v", i, res, err)
-								return
-							}
-						}
-					})
-				}
-				wg.Wait()
-				b.StopTimer()
-				close(errs)
-				if err := <-errs; err != nil {
-					b.Fatal(err)
-				}
-				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+				storetest.Concurrently(b, conc, func(i int) error {
+					w := storetest.Event(fmt.Sprintf("run-%d-%04d", tag, i%1000), statestore.StepStarted, fmt.Sprintf("step-%06d", i))
+					w.EventID = ""
+					if res, err := e.Emit(c, w); err != nil || !res.Persisted {
+						return fmt.Errorf("emit %d: %+v %v", i, res, err)
+					}
+					return nil
+				})
 			})
 		}
 	}

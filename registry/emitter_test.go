@@ -177,15 +177,25 @@ func TestEmitter_Emit(t *testing.T) {
 func TestEmitter_Emit_MemStore(t *testing.T) {
 	s := startServer(t, t.TempDir())
 	store := memstore.New(statestore.ProjectorOptions{Logger: zaptest.NewLogger(t)})
+	emitterProtocol(t, store, func(t *testing.T) *registry.Registry {
+		_, js := connect(t, s)
+		return open(t, js, registry.Options{})
+	})
+}
 
+// emitterProtocol is §2.5.1 against one append authority: eight producers,
+// each with the Registry newRegistry gives, emit one event at once (one
+// persists it, all return its eventId and runSeq 1); then a producer
+// whose registry never saw an event the store holds adopts the store's
+// eventId.
+func emitterProtocol(t *testing.T, store statestore.Store, newRegistry func(t *testing.T) *registry.Registry) {
 	t.Run("RacingProducers", func(t *testing.T) {
 		const n = 8
 		results := make([]statestore.AppendResult, n)
 		var wg sync.WaitGroup
 		start := make(chan struct{})
 		for p := range n {
-			_, js := connect(t, s)
-			e := registry.NewEmitter(open(t, js, registry.Options{}), store)
+			e := registry.NewEmitter(newRegistry(t), store)
 			wg.Go(func() {
 				<-start
 				res, err := e.Emit(ctx(t), event("run.race"))
@@ -216,8 +226,7 @@ func TestEmitter_Emit_MemStore(t *testing.T) {
 		if _, err := store.Append(ctx(t), w); err != nil {
 			t.Fatal(err)
 		}
-		_, js := connect(t, s)
-		r := open(t, js, registry.Options{})
+		r := newRegistry(t)
 		res, err := registry.NewEmitter(r, store).Emit(ctx(t), event("run.lost"))
 		if err != nil || res.EventID != w.EventID || !res.Idempotent {
 			t.Fatalf("got %+v, %v want the original eventId %s, idempotent", res, err, w.EventID)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
@@ -74,24 +73,16 @@ UNION ALL
 SELECT event_id::text, false FROM event_ids WHERE run_id = $1 AND idempotency_key = $2
 LIMIT 1`
 
-func (p *pgEntries) getOrCreate(ctx context.Context, runID, idempotencyKey string) (string, bool, error) {
-	key, err := Key(runID, idempotencyKey)
-	if err != nil {
-		return "", false, err
-	}
-	u, err := uuid.NewRandom()
-	if err != nil {
-		return "", false, fmt.Errorf("registry: generate eventId: %w", err)
-	}
+func (p *pgEntries) getOrCreate(ctx context.Context, runID, idempotencyKey, key, fresh string) (string, bool, error) {
 	ctx, cancel := p.withTimeout(ctx)
 	defer cancel()
 	var stored string
 	var created bool
-	err = p.pool.QueryRow(ctx, insertOrGet, runID, idempotencyKey, u.String()).Scan(&stored, &created)
+	err := p.pool.QueryRow(ctx, insertOrGet, runID, idempotencyKey, fresh).Scan(&stored, &created)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		// A racing producer's row committed during the INSERT: read it.
-		stored, err = p.lookup(ctx, runID, idempotencyKey)
+		stored, err = p.lookup(ctx, runID, idempotencyKey, key)
 		if errors.Is(err, ErrNotFound) {
 			return "", false, fmt.Errorf("%w: key %s: inserted by another producer and not found", ErrConflict, key)
 		}
@@ -106,14 +97,7 @@ func (p *pgEntries) getOrCreate(ctx context.Context, runID, idempotencyKey strin
 	return stored, created, nil
 }
 
-func (p *pgEntries) adopt(ctx context.Context, runID, idempotencyKey, eventID string) (bool, error) {
-	key, err := Key(runID, idempotencyKey)
-	if err != nil {
-		return false, err
-	}
-	if err := validateEventID(eventID); err != nil {
-		return false, err
-	}
+func (p *pgEntries) adopt(ctx context.Context, runID, idempotencyKey, key, eventID string) (bool, error) {
 	ctx, cancel := p.withTimeout(ctx)
 	defer cancel()
 	// The upsert writes (and returns a row) only when the stored value
@@ -132,15 +116,11 @@ func (p *pgEntries) adopt(ctx context.Context, runID, idempotencyKey, eventID st
 	return true, nil
 }
 
-func (p *pgEntries) lookup(ctx context.Context, runID, idempotencyKey string) (string, error) {
-	key, err := Key(runID, idempotencyKey)
-	if err != nil {
-		return "", err
-	}
+func (p *pgEntries) lookup(ctx context.Context, runID, idempotencyKey, key string) (string, error) {
 	ctx, cancel := p.withTimeout(ctx)
 	defer cancel()
 	var stored string
-	err = p.pool.QueryRow(ctx, "SELECT event_id::text FROM event_ids WHERE run_id = $1 AND idempotency_key = $2",
+	err := p.pool.QueryRow(ctx, "SELECT event_id::text FROM event_ids WHERE run_id = $1 AND idempotency_key = $2",
 		runID, idempotencyKey).Scan(&stored)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", fmt.Errorf("%w: key %s", ErrNotFound, key)

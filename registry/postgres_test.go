@@ -14,10 +14,8 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/registry"
-	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/pgstore"
 	"github.com/conductor-sidecar/sidecar/statestore/pgstore/pgtest"
-	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -207,52 +205,16 @@ func TestPostgres_ProducerProcess(t *testing.T) {
 }
 
 // TestPostgres_Emitter: racing producers and a lost registry entry, the
-// protocol of §2.5.1 with both the registry and the log on PostgreSQL.
+// protocol of §2.5.1 with both the registry and the log on PostgreSQL
+// (each producer a Registry of its own on the store's pool).
 func TestPostgres_Emitter(t *testing.T) {
-	store, r := openPG(t, pgtest.URL(t))
-	t.Run("RacingProducers", func(t *testing.T) {
-		const n = 8
-		results := make([]statestore.AppendResult, n)
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for p := range n {
-			e := registry.NewEmitter(r, store)
-			wg.Go(func() {
-				<-start
-				res, err := e.Emit(ctx(t), event("run.race"))
-				if err != nil {
-					t.Errorf("producer %d: %v", p, err)
-				}
-				results[p] = res
-			})
-		}
-		close(start)
-		wg.Wait()
-		persisted := 0
-		for p, res := range results {
-			if res.EventID != results[0].EventID || res.RunSeq != 1 {
-				t.Fatalf("producer %d: %+v, producer 0: %+v", p, res, results[0])
-			}
-			if res.Persisted {
-				persisted++
-			}
-		}
-		if persisted != 1 {
-			t.Fatalf("%d producers persisted, want 1", persisted)
-		}
-	})
-	t.Run("LostRegistryEntry", func(t *testing.T) {
-		w := storetest.Event("run.lost", statestore.RunStarted, "")
-		if _, err := store.Append(ctx(t), w); err != nil {
+	store, _ := openPG(t, pgtest.URL(t))
+	emitterProtocol(t, store, func(t *testing.T) *registry.Registry {
+		r, err := registry.OpenPostgres(ctx(t), store.Pool(), registry.PostgresOptions{Logger: zaptest.NewLogger(t)})
+		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := registry.NewEmitter(r, store).Emit(ctx(t), event("run.lost"))
-		if err != nil || res.EventID != w.EventID || !res.Idempotent {
-			t.Fatalf("got %+v, %v want the original eventId %s, idempotent", res, err, w.EventID)
-		}
-		if got, _ := r.Lookup(ctx(t), w.RunID, w.IdempotencyKey); got != w.EventID {
-			t.Fatalf("registry holds %q want %q", got, w.EventID)
-		}
+		return r
 	})
 }
 

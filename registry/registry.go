@@ -60,12 +60,14 @@ type Registry struct {
 }
 
 // entries is where a Registry keeps its eventIds: a JetStream KV bucket
-// (Open) or a PostgreSQL table (OpenPostgres). Each validates its input
-// with Key and validateEventID before it sends anything.
+// (Open) or a PostgreSQL table (OpenPostgres). The Registry validates the
+// input first: key is Key(runID, idempotencyKey), eventID a UUID v4.
 type entries interface {
-	getOrCreate(ctx context.Context, runID, idempotencyKey string) (eventID string, created bool, err error)
-	adopt(ctx context.Context, runID, idempotencyKey, eventID string) (changed bool, err error)
-	lookup(ctx context.Context, runID, idempotencyKey string) (string, error)
+	// getOrCreate registers fresh unless the key has an eventId, and
+	// returns the stored one.
+	getOrCreate(ctx context.Context, runID, idempotencyKey, key, fresh string) (eventID string, created bool, err error)
+	adopt(ctx context.Context, runID, idempotencyKey, key, eventID string) (changed bool, err error)
+	lookup(ctx context.Context, runID, idempotencyKey, key string) (string, error)
 }
 
 // kvEntries keeps the eventIds in a JetStream KV bucket.
@@ -174,7 +176,7 @@ func bucketStream(opts Options, mode jetstream.PersistModeType) jetstream.Stream
 // and the read; retry) or ErrUnavailable.
 func (r *Registry) EventID(ctx context.Context, runID, idempotencyKey string) (eventID string, created bool, err error) {
 	start := time.Now()
-	eventID, created, err = r.entries.getOrCreate(ctx, runID, idempotencyKey)
+	eventID, created, err = r.getOrCreate(ctx, runID, idempotencyKey)
 	result := resultFound
 	switch {
 	case err != nil:
@@ -186,7 +188,7 @@ func (r *Registry) EventID(ctx context.Context, runID, idempotencyKey string) (e
 	return eventID, created, err
 }
 
-func (r *kvEntries) getOrCreate(ctx context.Context, runID, idempotencyKey string) (string, bool, error) {
+func (r *Registry) getOrCreate(ctx context.Context, runID, idempotencyKey string) (string, bool, error) {
 	key, err := Key(runID, idempotencyKey)
 	if err != nil {
 		return "", false, err
@@ -195,7 +197,10 @@ func (r *kvEntries) getOrCreate(ctx context.Context, runID, idempotencyKey strin
 	if err != nil {
 		return "", false, fmt.Errorf("registry: generate eventId: %w", err)
 	}
-	fresh := u.String()
+	return r.entries.getOrCreate(ctx, runID, idempotencyKey, key, u.String())
+}
+
+func (r *kvEntries) getOrCreate(ctx context.Context, runID, idempotencyKey, key, fresh string) (string, bool, error) {
 	// Create first: the first emission is the common case and costs one
 	// round trip; a retry costs a failed Create plus a read.
 	for range casAttempts {
@@ -234,7 +239,7 @@ func (r *kvEntries) getOrCreate(ctx context.Context, runID, idempotencyKey strin
 // ErrUnavailable.
 func (r *Registry) Adopt(ctx context.Context, runID, idempotencyKey, eventID string) error {
 	start := time.Now()
-	changed, err := r.entries.adopt(ctx, runID, idempotencyKey, eventID)
+	changed, err := r.adopt(ctx, runID, idempotencyKey, eventID)
 	result := resultUnchanged
 	switch {
 	case err != nil:
@@ -246,7 +251,7 @@ func (r *Registry) Adopt(ctx context.Context, runID, idempotencyKey, eventID str
 	return err
 }
 
-func (r *kvEntries) adopt(ctx context.Context, runID, idempotencyKey, eventID string) (bool, error) {
+func (r *Registry) adopt(ctx context.Context, runID, idempotencyKey, eventID string) (bool, error) {
 	key, err := Key(runID, idempotencyKey)
 	if err != nil {
 		return false, err
@@ -254,6 +259,10 @@ func (r *kvEntries) adopt(ctx context.Context, runID, idempotencyKey, eventID st
 	if err := validateEventID(eventID); err != nil {
 		return false, err
 	}
+	return r.entries.adopt(ctx, runID, idempotencyKey, key, eventID)
+}
+
+func (r *kvEntries) adopt(ctx context.Context, runID, idempotencyKey, key, eventID string) (bool, error) {
 	for range casAttempts {
 		stored, rev, err := r.get(ctx, key)
 		switch {
@@ -298,7 +307,7 @@ func (r *kvEntries) adopt(ctx context.Context, runID, idempotencyKey, eventID st
 // ErrUnavailable.
 func (r *Registry) Lookup(ctx context.Context, runID, idempotencyKey string) (string, error) {
 	start := time.Now()
-	eventID, err := r.entries.lookup(ctx, runID, idempotencyKey)
+	eventID, err := r.lookup(ctx, runID, idempotencyKey)
 	result := resultFound
 	switch {
 	case errors.Is(err, ErrNotFound):
@@ -310,11 +319,15 @@ func (r *Registry) Lookup(ctx context.Context, runID, idempotencyKey string) (st
 	return eventID, err
 }
 
-func (r *kvEntries) lookup(ctx context.Context, runID, idempotencyKey string) (string, error) {
+func (r *Registry) lookup(ctx context.Context, runID, idempotencyKey string) (string, error) {
 	key, err := Key(runID, idempotencyKey)
 	if err != nil {
 		return "", err
 	}
+	return r.entries.lookup(ctx, runID, idempotencyKey, key)
+}
+
+func (r *kvEntries) lookup(ctx context.Context, _, _, key string) (string, error) {
 	eventID, _, err := r.get(ctx, key)
 	return eventID, err
 }

@@ -175,14 +175,8 @@ func TestServe_ReadyzReportsDeletedStream(t *testing.T) {
 	if err := admin.DeleteStream(ctx, natsstore.DefaultStream); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.Get("http://" + p.addr + "/readyz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "deleted") {
-		t.Fatalf("/readyz after the stream was deleted: %d %s, want 503 naming the deletion", resp.StatusCode, body)
+	if code, body := readyz(t, p); code != http.StatusServiceUnavailable || !strings.Contains(body, "deleted") {
+		t.Fatalf("/readyz after the stream was deleted: %d %s, want 503 naming the deletion", code, body)
 	}
 }
 

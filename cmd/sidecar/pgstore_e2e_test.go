@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -48,14 +47,8 @@ func TestE2E_PostgresStoreFailsClosed(t *testing.T) {
 	if _, err := conn.Exec(ctx, "DROP TABLE control_replies"); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.Get("http://" + p.addr + "/readyz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "STORE_DAMAGED") || !strings.Contains(string(body), "control_replies") {
-		t.Fatalf("/readyz after a dropped table: %d %s", resp.StatusCode, body)
+	if code, body := readyz(t, p); code != http.StatusServiceUnavailable || !strings.Contains(body, "STORE_DAMAGED") || !strings.Contains(body, "control_replies") {
+		t.Fatalf("/readyz after a dropped table: %d %s", code, body)
 	}
 }
 

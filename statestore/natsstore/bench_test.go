@@ -55,7 +55,7 @@ func BenchmarkAppend(b *testing.B) {
 					for i := range events {
 						events[i] = storetest.Event(fmt.Sprintf("run-bench-%06d", i%1000), statestore.StepStarted, fmt.Sprintf("step-%06d", i))
 					}
-					concurrently(b, conc, func(i int) error {
+					storetest.Concurrently(b, conc, func(i int) error {
 						res, err := s.Append(ctx, events[i])
 						if err == nil && !res.Persisted {
 							err = fmt.Errorf("append %d not persisted: %+v", i, res)
@@ -65,7 +65,7 @@ func BenchmarkAppend(b *testing.B) {
 				})
 				b.Run(fmt.Sprintf("conc=%d/raw", conc), func(b *testing.B) {
 					base := fmt.Sprintf("raw.%d.", time.Now().UnixNano())
-					concurrently(b, conc, func(i int) error {
+					storetest.Concurrently(b, conc, func(i int) error {
 						_, err := js.Publish(ctx, base+fmt.Sprint(i), sample)
 						return err
 					})
@@ -76,7 +76,7 @@ func BenchmarkAppend(b *testing.B) {
 					if _, err := s.Append(ctx, w); err != nil {
 						b.Fatal(err)
 					}
-					concurrently(b, conc, func(int) error {
+					storetest.Concurrently(b, conc, func(int) error {
 						res, err := s.Append(ctx, w)
 						if err == nil && !res.Idempotent {
 							err = fmt.Errorf("duplicate not idempotent: %+v", res)
@@ -180,37 +180,6 @@ func loadRuns(b *testing.B, js jetstream.JetStream, prefix string, others int, r
 	return seqs
 }
 
-// concurrently runs op for i in [0, b.N) on conc goroutines.
-func concurrently(b *testing.B, conc int, op func(i int) error) {
-	b.Helper()
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	var firstErr atomic.Value
-	b.ResetTimer()
-	for g := 0; g < conc; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= b.N {
-					return
-				}
-				if err := op(i); err != nil {
-					firstErr.CompareAndSwap(nil, err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	b.StopTimer()
-	if err, _ := firstErr.Load().(error); err != nil {
-		b.Fatal(err)
-	}
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
-}
-
 func benchServer(b *testing.B, syncInterval time.Duration) jetstream.JetStream {
 	b.Helper()
 	// The benchmarks use streams and subjects of their own (and the raw
@@ -264,7 +233,7 @@ func BenchmarkAppendPermissions(b *testing.B) {
 						for i := range events {
 							events[i] = storetest.Event(fmt.Sprintf("%s%04d", prefix, i%1000), statestore.StepStarted, fmt.Sprintf("step-%06d", i))
 						}
-						concurrently(b, conc, func(i int) error {
+						storetest.Concurrently(b, conc, func(i int) error {
 							_, err := s.Append(ctx, events[i])
 							return err
 						})

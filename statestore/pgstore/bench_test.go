@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,36 +26,6 @@ func openB(b *testing.B, url string) *pgstore.Store {
 	return s
 }
 
-// concurrently runs f(0..b.N-1) on conc goroutines.
-func concurrently(b *testing.B, conc int, f func(i int) error) {
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, conc)
-	b.ResetTimer()
-	for range conc {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= b.N {
-					return
-				}
-				if err := f(i); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	b.StopTimer()
-	close(errs)
-	if err := <-errs; err != nil {
-		b.Fatal(err)
-	}
-}
-
 // BenchmarkAppend: Append at concurrency 1 and 64 over 1,000 runs, on the
 // database's defaults (synchronous_commit on: every commit is flushed),
 // and a duplicate's answer. natsstore's BenchmarkAppend is the JetStream
@@ -73,7 +41,7 @@ func BenchmarkAppend(b *testing.B) {
 			for i := range events {
 				events[i] = storetest.Event(fmt.Sprintf("run-%d-%06d", tag, i%1000), statestore.StepStarted, fmt.Sprintf("step-%06d", i))
 			}
-			concurrently(b, conc, func(i int) error {
+			storetest.Concurrently(b, conc, func(i int) error {
 				res, err := s.Append(ctx, events[i])
 				if err == nil && !res.Persisted {
 					err = fmt.Errorf("append %d not persisted: %+v", i, res)
@@ -87,7 +55,7 @@ func BenchmarkAppend(b *testing.B) {
 			if _, err := s.Append(ctx, w); err != nil {
 				b.Fatal(err)
 			}
-			concurrently(b, conc, func(int) error {
+			storetest.Concurrently(b, conc, func(int) error {
 				res, err := s.Append(ctx, w)
 				if err == nil && !res.Idempotent {
 					err = fmt.Errorf("duplicate not idempotent: %+v", res)
