@@ -13,6 +13,8 @@
 # (timed); CONDUCTOR_PID adds Conductor's CPU during each to the report, and
 # it prints how soon the pauses' drains ended (no step is in flight).
 # At the end it cancels every run, so Conductor is left without them.
+# STORE=postgres://... runs serve with --store (the log in PostgreSQL); PG_DATA
+# (that cluster's data dir) adds the CPU of its server processes to the report.
 # Needs python3 (bench/runs.py is its API client). Stops only the process it started.
 set -euo pipefail
 BIN=${1:?usage: bench/idle-serve.sh BINARY N [PORT]}
@@ -23,6 +25,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 D=$(mktemp -d)
 args=(serve --data-dir "$D/data" --listen "127.0.0.1:$PORT" --conductor-url "$CONDUCTOR_URL"
   --insecure-no-auth --concurrency noop=1,sleep=0,command=0,http=0 --task-domain "idle$PORT$RANDOM")
+if [ -n "${STORE:-}" ]; then args+=(--store "$STORE"); fi
 if [ "${PPROF:-}" = 1 ]; then args+=(--pprof-listen "127.0.0.1:$((PORT + 1))"); fi
 "$BIN" "${args[@]}" >"$D/log" 2>&1 &
 PID=$!
@@ -32,21 +35,28 @@ for _ in $(seq 100); do curl -fs "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&
 SETTLE=${SETTLE:-10}
 sleep "$SETTLE"
 ticks() { awk '{print $14 + $15}' "/proc/$PID/stat"; }
+# pg_ticks: the CPU ticks of the PostgreSQL server at PG_DATA and its backends (0 without).
+pg_ticks() {
+  if [ -z "${PG_DATA:-}" ]; then echo 0; return; fi
+  local pm
+  pm=$(head -n 1 "$PG_DATA/postmaster.pid")
+  for p in "$pm" $(pgrep -P "$pm"); do awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || true; done | awk '{s += $1} END {print s + 0}'
+}
 # measure LABEL: the process's CPU over 30 s (a CPU profile with PPROF=1) and its RSS.
 measure() {
   local t0 t1 s0 s1 rss hz
-  t0=$(ticks); s0=$(date +%s.%N)
+  t0=$(ticks); p0=$(pg_ticks); s0=$(date +%s.%N)
   if [ "${PPROF:-}" = 1 ]; then
     curl -fs -o "idle-$N-$1.prof" "http://127.0.0.1:$((PORT + 1))/debug/pprof/profile?seconds=30"
     curl -fs -o "idle-$N-$1.heap" "http://127.0.0.1:$((PORT + 1))/debug/pprof/heap"
   else
     sleep 30
   fi
-  t1=$(ticks); s1=$(date +%s.%N)
+  t1=$(ticks); p1=$(pg_ticks); s1=$(date +%s.%N)
   rss=$(awk '/VmRSS/{print $2}' "/proc/$PID/status")
   heap=$(curl -fs "http://127.0.0.1:$PORT/metrics" | awk '/^go_memstats_heap_inuse_bytes /{print $2}')
   hz=$(getconf CLK_TCK)
-  python3 -c "print('runs=%d %s cpu=%.1f%% rss=%.0fMiB heap-inuse=%.0fMiB' % ($N, '$1', 100.0 * ($t1 - $t0) / $hz / ($s1 - $s0), $rss / 1024, ${heap:-0} / 1048576))"
+  python3 -c "print('runs=%d %s cpu=%.1f%% rss=%.0fMiB heap-inuse=%.0fMiB postgres-cpu=%.1f%%' % ($N, '$1', 100.0 * ($t1 - $t0) / $hz / ($s1 - $s0), $rss / 1024, ${heap:-0} / 1048576, 100.0 * ($p1 - $p0) / $hz / ($s1 - $s0)))"
 }
 measure running
 # act ACTION: ACTION every run through the API, 16 requests at a time;
