@@ -91,7 +91,7 @@ func BenchmarkEmit(b *testing.B) {
 			return registry.NewEmitter(open(b, js, registry.Options{Logger: zap.NewNop()}), store)
 		}},
 		{"postgres", func(b *testing.B) *registry.Emitter {
-			store, err := pgstore.Open(c, pgtest.URL(b), pgstore.Options{MaxConns: 64})
+			store, err := pgstore.Open(c, pgtest.URL(b), pgstore.Options{})
 			if err != nil {
 				b.Fatal(err)
 			}
