@@ -114,3 +114,46 @@ func TestE2E_PostgresStoreLostNATSState(t *testing.T) {
 		t.Fatalf("the old data dir after re-pairing: %v\n%s", err, out)
 	}
 }
+
+// TestE2E_PostgresRestartMidRun: the database stops while a step runs
+// and the step ends while it is down; /readyz says so; once the database is
+// back the run completes with every step started and completed once and
+// no event twice.
+func TestE2E_PostgresRestartMidRun(t *testing.T) {
+	cl := pgtest.Own(t)
+	p := startServe(t, t.TempDir(), freeAddr(t), "--store", cl.URL)
+	pl := mustPlan(t, `{"planId":"`+uniq("e2e-pgrestart")+`","planVersion":"1","steps":[
+		{"stepId":"first","executor":{"type":"command","argv":["sleep","2"]}},
+		{"stepId":"second","executor":{"type":"command","argv":["sleep","1"]},"dependsOn":["first"]},
+		{"stepId":"last","executor":{"type":"noop"},"dependsOn":["second"]}]}`)
+	started := submit(t, p, pl, "req-1")
+	waitFor(t, "first to start", 30*time.Second, func() bool {
+		return eventIndex(allEvents(t, p, started.RunID), statestore.StepStarted, "first", 0) >= 0
+	})
+	cl.Stop(t)
+	if code, body := readyz(t, p); code != http.StatusServiceUnavailable || !strings.Contains(body, "STORE_UNAVAILABLE") {
+		t.Errorf("/readyz with the database down: %d %s", code, body)
+	}
+	time.Sleep(4 * time.Second) // first ends while the database is down
+	cl.Start(t)
+	v := waitTerminal(t, p, started.RunID, 90*time.Second)
+	evs := allEvents(t, p, started.RunID)
+	if v.Status != statestore.RunStatusCompleted {
+		t.Fatalf("run %s after the database restart, want COMPLETED: %v", v.Status, types(evs))
+	}
+	seen := map[string]bool{}
+	for _, e := range evs {
+		if seen[e.IdempotencyKey] {
+			t.Fatalf("event %s %s twice: %v", e.EventType, e.StepID, types(evs))
+		}
+		seen[e.IdempotencyKey] = true
+	}
+	for _, s := range []string{"first", "second", "last"} {
+		if count(evs, statestore.StepStarted, s) != 1 || count(evs, statestore.StepCompleted, s) != 1 {
+			t.Fatalf("step %s did not run exactly once: %v", s, types(evs))
+		}
+	}
+	if code, body := readyz(t, p); code != http.StatusOK {
+		t.Fatalf("/readyz after the restart: %d %s", code, body)
+	}
+}

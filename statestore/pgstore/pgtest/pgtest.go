@@ -72,7 +72,7 @@ func URL(tb testing.TB) string {
 func Main(m *testing.M) {
 	code := m.Run()
 	if stateDir != "" {
-		_ = script("stop").Run()
+		_ = script(stateDir, port, "stop").Run()
 		_ = os.RemoveAll(filepath.Dir(stateDir))
 	}
 	os.Exit(code)
@@ -93,15 +93,12 @@ func start() {
 		startErr = err
 		return
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	if port, err = freePort(); err != nil {
 		startErr = err
 		return
 	}
-	port = ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
 	stateDir = filepath.Join(dir, "pg")
-	cmd := script("start")
+	cmd := script(stateDir, port, "start")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		startErr = fmt.Errorf("deploy/local/postgres.sh start: %v\n%s", err, out)
 		return
@@ -109,12 +106,74 @@ func start() {
 	adminURL = fmt.Sprintf("postgres://sidecar@127.0.0.1:%d/sidecar?sslmode=disable", port)
 }
 
-func script(command string) *exec.Cmd {
+func script(stateDir string, port int, command string) *exec.Cmd {
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(file), "..", "..", "..")
 	cmd := exec.Command(filepath.Join(root, "deploy", "local", "postgres.sh"), command)
 	cmd.Env = append(os.Environ(), "PG_STATE_DIR="+stateDir, fmt.Sprintf("PG_PORT=%d", port), "PG_DATABASE=sidecar")
 	return cmd
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Cluster is a PostgreSQL cluster of one test's own, which it may stop and
+// start (a database restart under a running sidecar).
+type Cluster struct {
+	// URL is its database's URL.
+	URL  string
+	dir  string
+	port int
+}
+
+// Own starts a cluster for tb alone (deploy/local/postgres.sh, its own
+// directory and port), stopped when the test ends; it skips like URL.
+func Own(tb testing.TB) *Cluster {
+	tb.Helper()
+	if os.Getenv(EnvStart) != "1" {
+		tb.Skip("set " + EnvStart + "=1: the test starts and stops a PostgreSQL cluster of its own")
+	}
+	dir, err := os.MkdirTemp("", "sidecar-pgtest-own-")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	p, err := freePort()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	c := &Cluster{dir: filepath.Join(dir, "pg"), port: p,
+		URL: fmt.Sprintf("postgres://sidecar@127.0.0.1:%d/sidecar?sslmode=disable", p)}
+	tb.Cleanup(func() {
+		_ = script(c.dir, c.port, "stop").Run()
+		_ = os.RemoveAll(dir)
+	})
+	c.Start(tb)
+	return c
+}
+
+// Start starts the cluster (again).
+func (c *Cluster) Start(tb testing.TB) {
+	tb.Helper()
+	if out, err := script(c.dir, c.port, "start").CombinedOutput(); err != nil {
+		tb.Fatalf("deploy/local/postgres.sh start: %v\n%s", err, out)
+	}
+}
+
+// Stop stops it (pg_ctl stop -m fast: sessions are cut, nothing committed is lost).
+func (c *Cluster) Stop(tb testing.TB) {
+	tb.Helper()
+	if out, err := script(c.dir, c.port, "stop").CombinedOutput(); err != nil {
+		tb.Fatalf("deploy/local/postgres.sh stop: %v\n%s", err, out)
+	}
 }
 
 // withDatabase replaces the database of a postgres:// URL.
