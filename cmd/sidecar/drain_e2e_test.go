@@ -58,8 +58,8 @@ func forEachLogBackend(t *testing.T, test func(t *testing.T, store []string)) {
 	})
 }
 
-// inPostgres fails t unless the database at url holds events and their
-// registered eventIds.
+// inPostgres fails t unless the database at url holds events, their
+// registered eventIds and the runs' persisted snapshots.
 func inPostgres(t *testing.T, url string) {
 	t.Helper()
 	ctx := context.Background()
@@ -68,12 +68,12 @@ func inPostgres(t *testing.T, url string) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	var events, ids int
-	if err := conn.QueryRow(ctx, "SELECT (SELECT count(*) FROM run_events), (SELECT count(*) FROM event_ids)").Scan(&events, &ids); err != nil {
+	var events, ids, snaps int
+	if err := conn.QueryRow(ctx, "SELECT (SELECT count(*) FROM run_events), (SELECT count(*) FROM event_ids), (SELECT count(*) FROM run_snapshots)").Scan(&events, &ids, &snaps); err != nil {
 		t.Fatal(err)
 	}
-	if events == 0 || ids < events {
-		t.Fatalf("postgresql holds %d events and %d event ids: the log is not there", events, ids)
+	if events == 0 || ids < events || snaps == 0 {
+		t.Fatalf("postgresql holds %d events, %d event ids and %d snapshots: the log is not there", events, ids, snaps)
 	}
 }
 

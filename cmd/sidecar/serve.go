@@ -154,7 +154,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	var replies httpapi.Replies
 	var pg *pgstore.Store
 	if cfg.postgresStore() {
-		pg, err = pgstore.Open(ctx, cfg.Store, pgstore.Options{Logger: log, Metrics: statestore.NewMetrics(reg), Gate: gate})
+		pg, err = pgstore.Open(ctx, cfg.Store, pgstore.Options{Logger: log, Metrics: statestore.NewMetrics(reg), Gate: gate, DurableSnapshots: true})
 		if err != nil {
 			return sc, err
 		}

@@ -40,10 +40,13 @@ type Options struct {
 	// HoleGrace is how long a follower waits for a missing log sequence
 	// before it passes it (default StatementTimeout + 5s).
 	HoleGrace time.Duration
-	Logger    *zap.Logger
-	Metrics   *statestore.Metrics
-	Alerts    statestore.AlertSink
-	Gate      statestore.AlertGate
+	// DurableSnapshots keeps run snapshots across restarts in the table
+	// run_snapshots (statestore.ProjectorOptions.Durable; serve sets it).
+	DurableSnapshots bool
+	Logger           *zap.Logger
+	Metrics          *statestore.Metrics
+	Alerts           statestore.AlertSink
+	Gate             statestore.AlertGate
 }
 
 // DefaultMaxConns is the pool's size unless Options.MaxConns or the URL's
@@ -111,10 +114,14 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{pool: pool, timeout: opts.Timeout, holeGrace: opts.HoleGrace, log: opts.Logger.Named("pgstore"), metrics: opts.Metrics}
-	s.proj = statestore.NewProjector(s, statestore.ProjectorOptions{
+	popts := statestore.ProjectorOptions{
 		Logger: opts.Logger, Metrics: opts.Metrics, Alerts: opts.Alerts, Gate: opts.Gate,
 		Contiguous: true, // runSeq is 1, 2, 3, ... per run: a hole is a visibility gap
-	})
+	}
+	if opts.DurableSnapshots {
+		popts.Durable = snapshots{s}
+	}
+	s.proj = statestore.NewProjector(s, popts)
 	return s, nil
 }
 
@@ -153,7 +160,7 @@ func (s *Store) Check(ctx context.Context) error {
 }
 
 // tables are the tables the migrations create.
-var tables = []string{"schema_migrations", "runs", "run_events", "event_ids", "control_replies", "nats_pairing"}
+var tables = []string{"schema_migrations", "runs", "run_events", "event_ids", "control_replies", "nats_pairing", "run_snapshots"}
 
 // Pair checks that natsState, the identity of the NATS state serving with
 // this database (serve: the run index's creation), is the one paired with

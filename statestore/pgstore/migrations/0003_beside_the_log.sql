@@ -38,3 +38,13 @@ CREATE TABLE nats_pairing (
     nats_state text        NOT NULL,
     paired_at  timestamptz NOT NULL DEFAULT now()
 );
+
+-- Run snapshots projected from the log, with the eventId at their
+-- watermark (statestore.DurableSnapshot as JSON), so that a restarted
+-- sidecar reduces only the records after it (seed 001 §1). Derived: a
+-- lost or damaged row is rebuilt from the log.
+CREATE TABLE run_snapshots (
+    run_id   text        PRIMARY KEY,
+    body     text        NOT NULL,
+    saved_at timestamptz NOT NULL DEFAULT now()
+);
