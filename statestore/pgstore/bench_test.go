@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -134,5 +135,79 @@ func load(b *testing.B, url string, others int) {
 	}
 	if small != 100 {
 		b.Fatalf("run-small has %d events", small)
+	}
+}
+
+// BenchmarkColdProjection: the first projection of 500 runs of 201
+// records each by a restarted store (nothing in memory), from the log
+// alone and from the persisted snapshots of run_snapshots (each 9 records
+// behind its run); natsstore's BenchmarkColdProjection is the JetStream
+// counterpart. -short: 50 runs.
+func BenchmarkColdProjection(b *testing.B) {
+	runs, steps := 500, 100
+	if testing.Short() {
+		runs = 50
+	}
+	ctx := context.Background()
+	url := pgtest.URL(b)
+	open := func(durable bool) *pgstore.Store {
+		s, err := pgstore.Open(ctx, url, pgstore.Options{DurableSnapshots: durable})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return s
+	}
+	w := open(true)
+	defer w.Close()
+	load := func(r int) error {
+		id := fmt.Sprintf("cold-%d", r)
+		evs := []*statestore.RunEventWrite{storetest.Event(id, statestore.RunStarted, "")}
+		for i := range steps {
+			evs = append(evs, storetest.Event(id, statestore.StepStarted, fmt.Sprintf("s%03d", i)), storetest.Event(id, statestore.StepCompleted, fmt.Sprintf("s%03d", i)))
+		}
+		for i, e := range evs {
+			if _, err := w.Append(ctx, e); err != nil {
+				return err
+			}
+			if i == len(evs)-10 {
+				if _, err := w.ProjectSnapshot(ctx, id); err != nil { // saved here
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Go(func() {
+			for r := g; r < runs; r += 16 {
+				if err := load(r); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if b.Failed() {
+		return
+	}
+	for _, c := range []struct {
+		name    string
+		durable bool
+	}{{"from-the-log", false}, {"from-snapshots", true}} {
+		b.Run(c.name, func(b *testing.B) {
+			for range b.N {
+				s := open(c.durable)
+				began := time.Now()
+				for r := range runs {
+					if _, err := s.ProjectSnapshot(ctx, fmt.Sprintf("cold-%d", r)); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(time.Since(began).Microseconds())/float64(runs), "µs/run")
+				s.Close()
+			}
+		})
 	}
 }
