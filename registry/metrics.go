@@ -42,7 +42,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}, []string{"op", "result"})
 	dur := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "sidecar_registry_operation_duration_seconds",
-		Help:    "Latency of EventIdRegistry operations against the KV bucket.",
+		Help:    "Latency of EventIdRegistry operations against its store (the KV bucket or the PostgreSQL table).",
 		Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5},
 	}, []string{"op"})
 	reg.MustRegister(ops, dur)
