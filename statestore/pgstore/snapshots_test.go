@@ -2,8 +2,6 @@ package pgstore_test
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -27,95 +25,14 @@ func openDurable(t *testing.T, url string, reg *prometheus.Registry) *pgstore.St
 	return s
 }
 
-// appendSteps appends RunStarted (when from is 0) and StepStarted,
-// StepCompleted of steps from..to-1.
-func appendSteps(t *testing.T, s *pgstore.Store, runID string, from, to int) {
-	t.Helper()
-	ctx := context.Background()
-	if from == 0 {
-		if _, err := s.Append(ctx, storetest.Event(runID, statestore.RunStarted, "")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for i := from; i < to; i++ {
-		for _, typ := range []string{statestore.StepStarted, statestore.StepCompleted} {
-			if _, err := s.Append(ctx, storetest.Event(runID, typ, fmt.Sprintf("s%03d", i))); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-}
-
-// counter reads a counter of reg by name and, when given, its outcome label.
-func counter(t *testing.T, reg *prometheus.Registry, name, outcome string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if outcome == "" || (l.GetName() == "outcome" && l.GetValue() == outcome) {
-					return m.GetCounter().GetValue()
-				}
-			}
-			if outcome == "" && len(m.GetLabel()) == 0 {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
-}
-
-func snapshotJSON(t *testing.T, s *statestore.RunSnapshot) string {
-	t.Helper()
-	b, err := json.Marshal(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
 // TestProjector_DurableSnapshots: seed 001 §1 on PostgreSQL. A restarted
 // store loads the run's snapshot from run_snapshots and reduces only the
 // records after its watermark, getting what a full replay gives.
 func TestProjector_DurableSnapshots(t *testing.T) {
-	ctx := context.Background()
 	url := pgtest.URL(t)
-	reg1 := prometheus.NewRegistry()
-	s1 := openDurable(t, url, reg1)
-	appendSteps(t, s1, "run-durable", 0, 50) // 101 records
-	if _, err := s1.ProjectSnapshot(ctx, "run-durable"); err != nil {
-		t.Fatal(err)
-	}
-	appendSteps(t, s1, "run-durable", 50, 53) // 6 more, below SaveEvery
-	want, err := s1.ProjectSnapshot(ctx, "run-durable")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := counter(t, reg1, "sidecar_projector_durable_snapshots_total", "saved"); n != 1 {
-		t.Fatalf("%v saves, want 1", n)
-	}
-
-	reg2 := prometheus.NewRegistry()
-	s2 := openDurable(t, url, reg2) // a restart: nothing in memory
-	got, err := s2.ProjectSnapshot(ctx, "run-durable")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if snapshotJSON(t, got) != snapshotJSON(t, want) {
-		t.Fatalf("after the restart:\n%s\nwant (a full replay):\n%s", snapshotJSON(t, got), snapshotJSON(t, want))
-	}
-	if n := counter(t, reg2, "sidecar_projector_durable_snapshots_total", "loaded"); n != 1 {
-		t.Fatalf("%v loads, want 1", n)
-	}
-	if n := counter(t, reg2, "sidecar_projector_events_applied_total", ""); n != 6 {
-		t.Fatalf("the restarted projector reduced %v records, want the 6 after the persisted watermark (not 107)", n)
-	}
+	storetest.DurableSnapshots(t, func(t *testing.T, reg *prometheus.Registry) statestore.Store {
+		return openDurable(t, url, reg)
+	})
 }
 
 // TestProjector_SnapshotTheLogContradicts: a persisted snapshot taken at
@@ -125,7 +42,7 @@ func TestProjector_DurableSnapshots(t *testing.T) {
 func TestProjector_SnapshotTheLogContradicts(t *testing.T) {
 	ctx := context.Background()
 	now := openDurable(t, pgtest.URL(t), prometheus.NewRegistry())
-	appendSteps(t, now, "run-restored", 0, 40)
+	storetest.AppendSteps(t, now, "run-restored", 0, 40)
 	if _, err := now.ProjectSnapshot(ctx, "run-restored"); err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +54,7 @@ func TestProjector_SnapshotTheLogContradicts(t *testing.T) {
 	// the newer snapshot.
 	url := pgtest.URL(t)
 	backup := openDurable(t, url, prometheus.NewRegistry())
-	appendSteps(t, backup, "run-restored", 0, 5)
+	storetest.AppendSteps(t, backup, "run-restored", 0, 5)
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +72,7 @@ func TestProjector_SnapshotTheLogContradicts(t *testing.T) {
 	if len(snap.Steps) != 5 || snap.EventCount != 11 || !snap.Stale {
 		t.Fatalf("snapshot of the restored log: %d steps, %d events, stale %v; want the log's 5 and 11, stale", len(snap.Steps), snap.EventCount, snap.Stale)
 	}
-	if n := counter(t, reg, "sidecar_projector_durable_snapshots_total", "discarded"); n != 1 {
+	if n := storetest.Counter(t, reg, "sidecar_projector_durable_snapshots_total", "discarded"); n != 1 {
 		t.Fatalf("%v discarded, want 1", n)
 	}
 }
