@@ -85,6 +85,12 @@ func TestE2E_EventBusSurvivesKill(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	// A run that ended has had its snapshot saved (at its end) before the
+	// kill, so that the restart has one to load: without this wait the
+	// kill could come before any (CI saw it once).
+	waitFor(t, "a persisted snapshot before the kill", 30*time.Second, func() bool {
+		return metricValue(t, p.addr, `sidecar_projector_durable_snapshots_total{outcome="saved"}`) > 0
+	})
 	p.stop(syscall.SIGKILL)
 	before := len(consumer.ids())
 	p = startServe(t, dataDir, addr, sinks...)
