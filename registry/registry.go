@@ -10,6 +10,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 )
 
 // DefaultBucket is the KV bucket name Open uses when Options.Bucket is empty.
@@ -126,7 +128,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Registry,
 		return nil, fmt.Errorf("registry: open bucket %s: %w", opts.Bucket, err)
 	}
 	log := opts.Logger.Named("registry")
-	r := &Registry{entries: &kvEntries{kv: kv, log: log}, log: log, metrics: opts.Metrics}
+	r := &Registry{entries: &kvEntries{kv: natsstore.BoundKeys(kv), log: log}, log: log, metrics: opts.Metrics}
 	r.log.Debug("opened", zap.String("bucket", opts.Bucket), zap.Int("replicas", opts.Replicas),
 		zap.Duration("ttl", opts.TTL), zap.Stringer("persistMode", mode))
 	return r, nil

@@ -150,6 +150,9 @@ func NewProjector(src Fetcher, opts ProjectorOptions) *Projector {
 // Snapshot returns the cached snapshot of runID, projecting it first if
 // there is none. It returns ErrNotFound for a run without events.
 func (p *Projector) Snapshot(ctx context.Context, runID string) (*RunSnapshot, error) {
+	if CheckID(runID, false) != nil {
+		return nil, ErrNotFound // no write could have used it: nothing to read, no key or subject to build
+	}
 	rp := p.run(runID)
 	rp.mu.Lock()
 	snap := rp.snap
@@ -172,6 +175,9 @@ func (p *Projector) Snapshot(ctx context.Context, runID string) (*RunSnapshot, e
 // resync starts from scratch, a record that becomes visible late is never
 // skipped.
 func (p *Projector) Project(ctx context.Context, runID string) (*RunSnapshot, error) {
+	if CheckID(runID, false) != nil {
+		return nil, ErrNotFound
+	}
 	rp := p.run(runID)
 	rp.mu.Lock()
 	defer rp.mu.Unlock()

@@ -3,6 +3,7 @@ package natsstore
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -10,11 +11,122 @@ import (
 // OpenBucket creates the KV bucket cfg describes, or binds to it as it is
 // when it exists: the sidecar's NATS user may not update buckets
 // (docs/jetstream.md), so a bucket an administrator configured otherwise
-// (more replicas, say) is kept as it is.
+// (more replicas, say) is kept as it is. The bucket it returns refuses keys
+// longer than MaxKeyBytes (BoundKeys).
 func OpenBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	kv, err := js.CreateKeyValue(ctx, cfg)
 	if errors.Is(err, jetstream.ErrBucketExists) {
 		kv, err = js.KeyValue(ctx, cfg.Bucket)
 	}
-	return kv, err
+	if err != nil {
+		return nil, err
+	}
+	return BoundKeys(kv), nil
+}
+
+// BoundKeys returns kv refusing, with ErrKeyTooLong and without a request,
+// every key (or watched key pattern) longer than MaxKeyBytes. A key is
+// part of the subject of every request about it; one longer than the
+// server's control line makes the server close the connection, which cuts
+// the whole process off its store.
+func BoundKeys(kv jetstream.KeyValue) jetstream.KeyValue {
+	if b, ok := kv.(boundedKV); ok {
+		return b
+	}
+	return boundedKV{kv}
+}
+
+type boundedKV struct{ jetstream.KeyValue }
+
+func checkKeys(keys ...string) error {
+	for _, k := range keys {
+		if len(k) > MaxKeyBytes {
+			return fmt.Errorf("%w: %d bytes; the limit is %d", ErrKeyTooLong, len(k), MaxKeyBytes)
+		}
+	}
+	return nil
+}
+
+func (b boundedKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	if err := checkKeys(key); err != nil {
+		return nil, err
+	}
+	return b.KeyValue.Get(ctx, key)
+}
+
+func (b boundedKV) GetRevision(ctx context.Context, key string, revision uint64) (jetstream.KeyValueEntry, error) {
+	if err := checkKeys(key); err != nil {
+		return nil, err
+	}
+	return b.KeyValue.GetRevision(ctx, key, revision)
+}
+
+func (b boundedKV) Put(ctx context.Context, key string, value []byte) (uint64, error) {
+	if err := checkKeys(key); err != nil {
+		return 0, err
+	}
+	return b.KeyValue.Put(ctx, key, value)
+}
+
+func (b boundedKV) PutString(ctx context.Context, key string, value string) (uint64, error) {
+	if err := checkKeys(key); err != nil {
+		return 0, err
+	}
+	return b.KeyValue.PutString(ctx, key, value)
+}
+
+func (b boundedKV) Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error) {
+	if err := checkKeys(key); err != nil {
+		return 0, err
+	}
+	return b.KeyValue.Create(ctx, key, value, opts...)
+}
+
+func (b boundedKV) Update(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
+	if err := checkKeys(key); err != nil {
+		return 0, err
+	}
+	return b.KeyValue.Update(ctx, key, value, revision)
+}
+
+func (b boundedKV) Delete(ctx context.Context, key string, opts ...jetstream.KVDeleteOpt) error {
+	if err := checkKeys(key); err != nil {
+		return err
+	}
+	return b.KeyValue.Delete(ctx, key, opts...)
+}
+
+func (b boundedKV) Purge(ctx context.Context, key string, opts ...jetstream.KVDeleteOpt) error {
+	if err := checkKeys(key); err != nil {
+		return err
+	}
+	return b.KeyValue.Purge(ctx, key, opts...)
+}
+
+func (b boundedKV) Watch(ctx context.Context, keys string, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	if err := checkKeys(keys); err != nil {
+		return nil, err
+	}
+	return b.KeyValue.Watch(ctx, keys, opts...)
+}
+
+func (b boundedKV) WatchFiltered(ctx context.Context, keys []string, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	if err := checkKeys(keys...); err != nil {
+		return nil, err
+	}
+	return b.KeyValue.WatchFiltered(ctx, keys, opts...)
+}
+
+func (b boundedKV) ListKeysFiltered(ctx context.Context, filters ...string) (jetstream.KeyLister, error) {
+	if err := checkKeys(filters...); err != nil {
+		return nil, err
+	}
+	return b.KeyValue.ListKeysFiltered(ctx, filters...)
+}
+
+func (b boundedKV) History(ctx context.Context, key string, opts ...jetstream.WatchOpt) ([]jetstream.KeyValueEntry, error) {
+	if err := checkKeys(key); err != nil {
+		return nil, err
+	}
+	return b.KeyValue.History(ctx, key, opts...)
 }
