@@ -25,6 +25,9 @@ const (
 	CodeInternal = "INTERNAL"
 	// CodeNotReady: the sidecar cannot serve the request now (/readyz).
 	CodeNotReady = "NOT_READY"
+	// CodeNotLive: the process cannot recover by itself; restart it
+	// (/healthz).
+	CodeNotLive = "NOT_LIVE"
 	// CodeUnavailable: Conductor did not answer.
 	CodeUnavailable = adapter.CodeEngineUnavailable
 	// CodeEngineConflict: the action is recorded, but Conductor refused

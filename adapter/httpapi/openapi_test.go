@@ -244,6 +244,7 @@ func newContractEnv(t *testing.T) *contractEnv {
 	e.syncing = serve(syncing)
 	unrdy := opts
 	unrdy.Ready = func(context.Context) error { return fmt.Errorf("conductor: connection refused") }
+	unrdy.Live = func() error { return fmt.Errorf("the connection to NATS was closed for good") }
 	e.unrdy = serve(unrdy)
 
 	dstore, dlist, dreplies, dbus, dsrv := open()
@@ -480,6 +481,7 @@ func TestOpenAPI_EveryAnswerDocumented(t *testing.T) {
 	run("GET /healthz", e.srv, "/healthz", "", "", "", "")
 	run("GET /readyz", e.srv, "/readyz", "", "", "", "")
 	run("GET /readyz", e.unrdy, "/readyz", "", "", "", "")
+	run("GET /healthz", e.unrdy, "/healthz", "", "", "", "")
 	run("GET /metrics", e.srv, "/metrics", "tok-admin", "", "", "")
 
 	var missing []string

@@ -94,6 +94,10 @@ type Options struct {
 	// Ready reports whether the sidecar can serve (store and engine
 	// reachable); nil means always ready.
 	Ready func(ctx context.Context) error
+	// Live reports whether the process can still recover by itself
+	// (/healthz): an error means it cannot and only a restart helps (its
+	// connection to the store was closed for good, say). nil: always live.
+	Live func() error
 	// Gatherer is served on /metrics (nil: no /metrics).
 	Gatherer prometheus.Gatherer
 	// Replies keeps the first answers of control requests that carry an
@@ -200,9 +204,7 @@ func NewServer(opts Options) *Server {
 		s.route("GET /v1/bus/deadletters", "deadletters", RoleViewer, s.deadLetters)
 		s.route("POST /v1/bus/deadletters:replay", "replay", RoleOperator, s.replay)
 	}
-	s.route("GET /healthz", "healthz", "", func(w http.ResponseWriter, r *http.Request) error {
-		return writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
+	s.route("GET /healthz", "healthz", "", s.live)
 	s.route("GET /readyz", "readyz", "", s.ready)
 	if opts.Gatherer != nil {
 		metrics := promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{})
@@ -660,6 +662,15 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
 		next = recs[len(recs)-1].RunSeq
 	}
 	return writeJSON(w, http.StatusOK, EventsPage{Events: recs, NextAfterSeq: next})
+}
+
+func (s *Server) live(w http.ResponseWriter, r *http.Request) error {
+	if s.opts.Live != nil {
+		if err := s.opts.Live(); err != nil {
+			return &apiError{status: http.StatusServiceUnavailable, Code: CodeNotLive, Message: err.Error()}
+		}
+	}
+	return writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) error {

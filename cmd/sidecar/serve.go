@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -75,13 +76,9 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	for done := false; !done; {
-		select {
-		case <-hup:
-			sc.apiCfg.reload(log)
-		case <-ctx.Done():
-			done = true
-		}
+	lost := sc.serveUntil(ctx, hup)
+	if lost != nil {
+		log.Error("stopping: "+lost.Error(), zap.String("code", httpapi.CodeNotLive))
 	}
 	log.Info("shutting down: polling stopped, running steps may finish", zap.Duration("grace", cfg.ShutdownGrace))
 	// A second signal ends the grace period.
@@ -89,7 +86,39 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	defer cancel()
 	graceCtx, stop := signal.NotifyContext(graceCtx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return sc.close(graceCtx)
+	return errors.Join(lost, sc.close(graceCtx))
+}
+
+// serveUntil serves until ctx ends (nil) or the NATS connection is closed
+// for good (the error says so): nats.go does not reconnect a connection
+// the server closed for a protocol error, and nothing else in the process
+// can work without it, so serve ends and its supervisor (systemd, the
+// kubelet) starts it anew. /healthz answers 503 from that moment. hup
+// reloads the tokens file.
+func (sc *sidecar) serveUntil(ctx context.Context, hup <-chan os.Signal) error {
+	for {
+		select {
+		case <-hup:
+			sc.apiCfg.reload(sc.log)
+		case <-sc.lost:
+			return sc.live()
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// live is nil while the NATS connection is open or may come back
+// (reconnecting), and says why not once it is closed for good.
+func (sc *sidecar) live() error {
+	if sc.nc == nil || !sc.nc.IsClosed() || sc.closing.Load() {
+		return nil
+	}
+	cause := "closed"
+	if err := sc.nc.LastError(); err != nil {
+		cause = err.Error()
+	}
+	return fmt.Errorf("the connection to NATS was closed for good (%s) and cannot come back; restart serve (its supervisor does)", cause)
 }
 
 // eventLog is the run event log as serve uses it: *natsstore.Store (the
@@ -119,6 +148,10 @@ type sidecar struct {
 	worker     *taskworkers.Worker
 	api        *httpapi.Server
 	apiCfg     *apiConfig // its tokens file is reloaded on SIGHUP
+	// lost receives when the NATS connection is closed; closing is set
+	// once close closes it on purpose.
+	lost    <-chan nats.Status
+	closing atomic.Bool
 }
 
 func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar, err error) {
@@ -134,6 +167,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	if sc.nc, err = connectNATS(cfg, sc, log); err != nil {
 		return sc, err
 	}
+	sc.lost = sc.nc.StatusChanged(nats.CLOSED)
 	js, err := jetstream.New(sc.nc)
 	if err != nil {
 		return sc, fmt.Errorf("jetstream: %w", err)
@@ -343,7 +377,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	reportReplicas(ctx, js, replicas, streams, log)
 	apiOpts := httpapi.Options{
 		Log: sc.store, List: sc.list, Replies: replies, Starter: starter, Control: &httpapi.RunControl{Runs: runs, Drain: sc.drain},
-		DrainTimeout: cfg.DrainTimeout, Gatherer: reg, Registerer: reg, Logger: log,
+		DrainTimeout: cfg.DrainTimeout, Gatherer: reg, Registerer: reg, Logger: log, Live: sc.live,
 		// Ready means "can append now": NATS connected, the log whole and
 		// the one this process verified, JetStream enabled (a full or
 		// read-only disk disables it), Conductor answering.
@@ -387,6 +421,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 // close stops the components in reverse order. ctx bounds the workers'
 // grace period.
 func (sc *sidecar) close(ctx context.Context) error {
+	sc.closing.Store(true)
 	var errs []error
 	if sc.worker != nil {
 		if err := sc.worker.Close(ctx); err != nil {

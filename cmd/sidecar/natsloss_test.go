@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+)
+
+// TestServe_NATSConnectionClosedForGood: when the server closes serve's
+// NATS connection for good (here a real protocol error: a control line
+// longer than the server's limit, sent on serve's own connection),
+// /healthz stops answering 200, so a liveness probe restarts the process,
+// and serve ends with an error naming the cause, so a supervisor restarts
+// it. Before, /healthz stayed 200 and serve kept running, cut off its
+// store: every read, start and control answered 503 until someone noticed.
+func TestServe_NATSConnectionClosedForGood(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.ConductorURL = conductortest.URL(t)
+	dir := t.TempDir()
+	cfg.DataDir = filepath.Join(dir, "data")
+	cfg.Listen = "127.0.0.1:0"
+	cfg.WorkerID = "natsloss-" + filepath.Base(dir)
+	cfg.TaskDomain = cfg.WorkerID
+	cfg.ShutdownGrace = 5 * time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sc, err := startSidecar(ctx, cfg, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sc.close(context.Background()) })
+	healthz := func() (int, string) {
+		resp, err := http.Get("http://" + sc.addr + "/healthz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body struct{ Code string }
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		return resp.StatusCode, body.Code
+	}
+	if code, _ := healthz(); code != http.StatusOK {
+		t.Fatalf("/healthz of a healthy sidecar: %d", code)
+	}
+
+	_ = sc.nc.Publish(strings.Repeat("x", 5000), nil) // the server answers -ERR and closes the connection
+	deadline := time.Now().Add(time.Minute)
+	for !sc.nc.IsClosed() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the server did not close the connection: %v", sc.nc.Status())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if code, apiCode := healthz(); code != http.StatusServiceUnavailable || apiCode != httpapi.CodeNotLive {
+		t.Errorf("/healthz with the NATS connection closed for good: %d %s, want 503 %s", code, apiCode, httpapi.CodeNotLive)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- sc.serveUntil(ctx, nil) }()
+	select {
+	case err := <-errc:
+		if err == nil || !strings.Contains(err.Error(), "maximum control line exceeded") {
+			t.Errorf("serve ended with %v, want the cause (maximum control line exceeded)", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("serve kept running with its NATS connection closed for good")
+	}
+}
+
+// TestE2E_OverlongIDsLeaveServeConnected: requests that carry a run or
+// step id longer than any run may have, on every route that takes one,
+// are refused or not found, and leave serve connected to its store: ready,
+// live, and able to start a run. One such GET used to cut serve off its
+// NATS for good.
+func TestE2E_OverlongIDsLeaveServeConnected(t *testing.T) {
+	p := startServe(t, t.TempDir(), freeAddr(t))
+	long := strings.Repeat("k", 4000)
+	base := "http://" + p.addr + "/v1/runs/" + long
+	for _, r := range []struct{ method, url string }{
+		{"GET", base}, {"GET", base + "/events"},
+		{"POST", base + "/pause"}, {"POST", base + "/resume"}, {"POST", base + "/cancel"},
+		{"POST", "http://" + p.addr + "/v1/runs/run-1/steps/" + long + "/retry"},
+	} {
+		req, _ := http.NewRequest(r.method, r.url, strings.NewReader(`{"reason":"probe"}`))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s %d-byte id: %v", r.method, len(long), err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode/100 != 4 {
+			t.Errorf("%s %s...: %d, want a 4xx", r.method, r.url[:60], resp.StatusCode)
+		}
+	}
+	for _, path := range []string{"/readyz", "/healthz"} {
+		resp, err := http.Get("http://" + p.addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("%s after the long ids: %d, want 200", path, resp.StatusCode)
+		}
+	}
+	pl := mustPlan(t, `{"planId":"`+uniq("longid")+`","planVersion":"1","steps":[{"stepId":"a","executor":{"type":"noop"}}]}`)
+	st := submit(t, p, pl, uniq("req"))
+	if v := waitTerminal(t, p, st.RunID, 2*time.Minute); v.Status != "COMPLETED" {
+		t.Fatalf("a run after the long ids: %s", v.Status)
+	}
+}
