@@ -2,14 +2,14 @@
 // §3): globally, per tenant and per plan, with the seed's three answers to
 // a start that would exceed a limit: REJECT (429, nothing started or
 // recorded), QUEUE (RunQueued recorded; the run starts when capacity frees
-// up, in submission order) and DELAY (RunQueued recorded with a start time;
+// up, tenants taking turns, each tenant's runs in submission order) and DELAY (RunQueued recorded with a start time;
 // the run starts then, whatever the load).
 //
 // With limits configured every start goes through one decider: the request
 // is written to the KV bucket SIDECAR_ADMISSION (one entry per run, its
 // ticket the bucket revision that created it), and the replica that owns
-// the key "admission" among the members decides the entries in ticket
-// order against the active runs (the run list's RUNNING and PAUSED rows,
+// the key "admission" among the members decides the entries in their fair
+// order (fairOrder) against the active runs (the run list's RUNNING and PAUSED rows,
 // plus the runs it started that the list does not show yet). The start
 // itself is the adapter's, idempotent on the run's request key: an entry
 // whose start was interrupted (a crash, a lost owner) is started again by
@@ -141,6 +141,9 @@ type entry struct {
 	WorkflowID    string            `json:"workflowId,omitempty"`
 	Created       bool              `json:"created,omitempty"`
 	DecidedAt     time.Time         `json:"decidedAt,omitzero"`
+	// Turn is the entry's place in the fair order (fairOrder), set at
+	// submission.
+	Turn uint64 `json:"turn,omitempty"`
 
 	rev uint64 // the bucket revision read
 }
@@ -251,7 +254,7 @@ func (c *Controller) Submit(ctx context.Context, req adapter.StartRequest, src *
 	}
 	e := &entry{RunID: runID, State: statePending, Policy: c.opts.Policy, TenantID: req.TenantID, ProjectID: req.ProjectID,
 		EnvironmentID: req.EnvironmentID, RunRequestID: req.RunRequestID, PlanID: req.Plan.Plan.PlanID, PlanVersion: req.Plan.Plan.PlanVersion,
-		Plan: body, Labels: req.Labels, RequestedBy: requestedBy, SubmittedAt: time.Now().UTC()}
+		Plan: body, Labels: req.Labels, RequestedBy: requestedBy, SubmittedAt: time.Now().UTC(), Turn: c.turnFor(req.TenantID)}
 	key := keyOf(runID)
 	b, _ := json.Marshal(e)
 	// The entry's ticket is the revision that creates it; the decider
@@ -323,13 +326,12 @@ func (c *Controller) Position(runID string) int {
 	if me == nil || !me.waiting() {
 		return 0
 	}
-	n := 1
-	for _, e := range c.entries {
-		if e.waiting() && e.ticket() < me.ticket() {
-			n++
+	for i, e := range fairOrder(c.waitingLocked()) {
+		if e.RunID == me.RunID {
+			return i + 1
 		}
 	}
-	return n
+	return 0
 }
 
 func keyOf(runID string) string { return "r." + natsstore.RunToken(runID) }
@@ -371,17 +373,63 @@ func (c *Controller) put(ctx context.Context, key string, e *entry) error {
 	return nil
 }
 
-// sortedWaiting returns the waiting entries in ticket order.
+// sortedWaiting returns copies of the waiting entries in the order they
+// are decided (fairOrder).
 func (c *Controller) sortedWaiting() []*entry {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	out := c.waitingLocked()
+	for i, e := range out {
+		cp := *e
+		out[i] = &cp
+	}
+	return fairOrder(out)
+}
+
+// waitingLocked returns the waiting entries; c.mu is held.
+func (c *Controller) waitingLocked() []*entry {
 	var out []*entry
 	for _, e := range c.entries {
 		if e.waiting() {
-			cp := *e
-			out = append(out, &cp)
+			out = append(out, e)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ticket() < out[j].ticket() })
 	return out
+}
+
+// fairOrder sorts waiting entries by turn, then by ticket (submission
+// order). The order depends only on the bucket's entries, so every replica
+// computes the same positions.
+func fairOrder(es []*entry) []*entry {
+	sort.Slice(es, func(i, j int) bool {
+		if es[i].Turn != es[j].Turn {
+			return es[i].Turn < es[j].Turn
+		}
+		return es[i].ticket() < es[j].ticket()
+	})
+	return es
+}
+
+// turnFor is the turn of a run of tenant submitted now: one after the
+// tenant's latest entry, but not before the head of the queue. Tenants
+// take turns: one that queued thousands of runs holds turns far ahead, and
+// another tenant's run gets the turn at the head, behind one of the first
+// tenant's runs rather than all of them (start-time fair queuing across
+// tenants; each tenant's runs keep their submission order). Replicas that
+// submit at the same moment may give two runs the same turn: the ticket
+// orders them.
+func (c *Controller) turnFor(tenant string) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var head, last uint64
+	headSet := false
+	for _, e := range c.entries {
+		if e.waiting() && (!headSet || e.Turn < head) {
+			head, headSet = e.Turn, true
+		}
+		if e.TenantID == tenant {
+			last = max(last, e.Turn)
+		}
+	}
+	return max(head, last+1)
 }

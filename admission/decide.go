@@ -158,20 +158,25 @@ func (c *Controller) decide(ctx context.Context) error {
 	now := time.Now()
 	over := 0
 	for _, e := range waiting {
-		domains := []string{"global", "tenant:" + e.TenantID, "plan:" + e.PlanID}
-		var full []string
+		// The domains the entry is held in: those whose limit is reached,
+		// and those where an earlier waiting entry is held (their order is
+		// kept). Only these hold back later entries: a tenant at its limit
+		// does not hold back another tenant's runs.
+		var full, held []string
 		if l.Global > 0 && total >= l.Global {
-			full = append(full, fmt.Sprintf("global limit %d", l.Global))
+			full, held = append(full, fmt.Sprintf("global limit %d", l.Global)), append(held, "global")
 		}
 		if l.PerTenant > 0 && byTenant[e.TenantID] >= l.PerTenant {
-			full = append(full, fmt.Sprintf("tenant %s limit %d", e.TenantID, l.PerTenant))
+			full, held = append(full, fmt.Sprintf("tenant %s limit %d", e.TenantID, l.PerTenant)), append(held, "tenant:"+e.TenantID)
 		}
 		if l.PerPlan > 0 && byPlan[e.PlanID] >= l.PerPlan {
-			full = append(full, fmt.Sprintf("plan %s limit %d", e.PlanID, l.PerPlan))
+			full, held = append(full, fmt.Sprintf("plan %s limit %d", e.PlanID, l.PerPlan)), append(held, "plan:"+e.PlanID)
 		}
 		behind := false
-		for _, d := range domains {
-			behind = behind || blocked[d]
+		for _, d := range []string{"global", "tenant:" + e.TenantID, "plan:" + e.PlanID} {
+			if blocked[d] {
+				behind, held = true, append(held, d)
+			}
 		}
 		switch {
 		case e.State == stateStarting:
@@ -184,7 +189,7 @@ func (c *Controller) decide(ctx context.Context) error {
 		case len(full) > 0 || behind:
 			// Over a limit, or behind an earlier run of the same tenant,
 			// plan or the whole that waits: in order.
-			for _, d := range domains {
+			for _, d := range held {
 				blocked[d] = true
 			}
 			over++
