@@ -607,7 +607,7 @@ func (c *Client) BatchPollDomain(ctx context.Context, taskType, workerID, domain
 		tasks[i] = model.Task{
 			TaskId: p.TaskID, TaskType: p.TaskType, Status: model.TaskResultStatus(p.Status),
 			ReferenceTaskName: p.ReferenceTaskName, WorkflowInstanceId: p.WorkflowInstanceID, WorkerId: p.WorkerID, Domain: p.Domain,
-			InputData: p.InputData, RetryCount: p.RetryCount, PollCount: p.PollCount,
+			InputData: p.InputData, OutputData: p.OutputData, RetryCount: p.RetryCount, PollCount: p.PollCount,
 			ScheduledTime: p.ScheduledTime, ResponseTimeoutSeconds: p.ResponseTimeoutSeconds,
 		}
 	}
@@ -623,14 +623,17 @@ const maxPollBytes = 64 << 20
 // definition, input templates included); decoding only these fields into
 // a model.Task was two thirds of a poll's client CPU less (BENCHMARKS.md).
 type polledTask struct {
-	TaskID                 string         `json:"taskId"`
-	TaskType               string         `json:"taskType"`
-	Status                 string         `json:"status"`
-	ReferenceTaskName      string         `json:"referenceTaskName"`
-	WorkflowInstanceID     string         `json:"workflowInstanceId"`
-	WorkerID               string         `json:"workerId"`
-	Domain                 string         `json:"domain"`
-	InputData              map[string]any `json:"inputData"`
+	TaskID             string         `json:"taskId"`
+	TaskType           string         `json:"taskType"`
+	Status             string         `json:"status"`
+	ReferenceTaskName  string         `json:"referenceTaskName"`
+	WorkflowInstanceID string         `json:"workflowInstanceId"`
+	WorkerID           string         `json:"workerId"`
+	Domain             string         `json:"domain"`
+	InputData          map[string]any `json:"inputData"`
+	// OutputData is empty on a task no worker has answered yet; a task
+	// handed back may carry what the worker kept on it.
+	OutputData             map[string]any `json:"outputData"`
 	RetryCount             int32          `json:"retryCount"`
 	PollCount              int32          `json:"pollCount"`
 	ScheduledTime          int64          `json:"scheduledTime"`

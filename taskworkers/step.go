@@ -2,6 +2,7 @@ package taskworkers
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -42,6 +43,13 @@ func (w *Worker) handle(t *model.Task) {
 		// not run the step again.
 		log.Info("recording the outcome kept while the state store did not answer; the step is not run again")
 		w.finish(t, log, a, k.res, k.engine, k.logical, k.operatorAttempt, k.took)
+		return
+	}
+
+	if f, ok := heldFailureOf(t); ok {
+		// A failed try held while the run was paused: report it once the
+		// run runs again; the step does not run again.
+		w.reportHeldFailure(t, log, a, f)
 		return
 	}
 
@@ -345,7 +353,7 @@ func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Resul
 		// find this try ended.
 		w.endTry(log, a, logical, statestore.TryEndedEngineTryFailed, res.Err)
 		w.opts.Metrics.stepDone(kind, "retried", took)
-		w.update(t, log, &model.TaskResult{Status: model.FailedTask, ReasonForIncompletion: res.Err.Code + ": " + res.Err.Message, OutputData: artifactOutput(res.Artifacts, res.Output)})
+		w.reportFailure(t, log, a, &model.TaskResult{Status: model.FailedTask, ReasonForIncompletion: res.Err.Code + ": " + res.Err.Message, OutputData: artifactOutput(res.Artifacts, res.Output)})
 		return
 	}
 	// For good: no logical attempt left, not retryable, or an operator's
@@ -376,7 +384,83 @@ func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Resul
 	}
 	r := failedResult(a, res.Err, engine, logical)
 	r.OutputData = artifactOutput(res.Artifacts, res.Output)
-	w.update(t, log, r)
+	w.reportFailure(t, log, a, r)
+}
+
+// heldFailureKey names the task output that holds a failed try's report
+// while its run is paused (reportFailure). It lives on the Conductor task,
+// so a restart or another replica finds it; a retry is a new task and
+// starts without it.
+const heldFailureKey = "sidecarHeldFailure"
+
+// heldFailure is a FAILED report kept on its task.
+type heldFailure struct {
+	RetryCount int32          `json:"retryCount"`
+	Reason     string         `json:"reason"`
+	Output     map[string]any `json:"output,omitempty"`
+}
+
+// reportFailure reports r, a FAILED result Conductor answers with a retry
+// (an engine try, or the next logical attempt), unless the run is paused:
+// Conductor schedules no retry of a paused workflow but still evaluates
+// its JOINs, and a JOIN over a FAILED branch task fails the workflow, so
+// a pause would turn a retryable failure into a failed run. Then the task
+// is handed back with the report kept on it, and reported when Conductor
+// offers it again and the run runs (reportHeldFailure). A run whose state
+// cannot be read is treated as paused: holding is always safe. Left open:
+// a pause recorded in the milliseconds between this read and Conductor
+// taking the report.
+func (w *Worker) reportFailure(t *model.Task, log *zap.Logger, a *Assignment, r *model.TaskResult) {
+	if r.Status != model.FailedTask {
+		w.update(t, log, r)
+		return
+	}
+	ctx, cancel := context.WithTimeout(w.reportCtx, w.opts.WriteBudget)
+	snap, err := w.runs.ProjectSnapshot(ctx, a.RunID)
+	cancel()
+	if err == nil && (snap.Status != statestore.RunStatusPaused || snap.CancelRequested) {
+		w.update(t, log, r)
+		return
+	}
+	log.Info("the run is paused: the failed try is held and reported when the run is resumed", zap.Error(err))
+	w.holdFailure(t, heldFailure{RetryCount: t.RetryCount, Reason: r.ReasonForIncompletion, Output: r.OutputData})
+}
+
+// holdFailure hands t back with f kept on it.
+func (w *Worker) holdFailure(t *model.Task, f heldFailure) {
+	w.opts.Metrics.handedBack(handBackPaused)
+	w.update(t, w.log.With(zap.String("taskId", t.TaskId), zap.String("reason", "failure held while paused")), &model.TaskResult{
+		Status: model.InProgressTask, CallbackAfterSeconds: max(int64(w.opts.HandBackAfter/time.Second), 1),
+		OutputData: map[string]any{heldFailureKey: f},
+	})
+}
+
+// heldFailureOf returns the failure held on t, if t carries one of its
+// own try (not a copy from an earlier try's task).
+func heldFailureOf(t *model.Task) (heldFailure, bool) {
+	v, ok := t.OutputData[heldFailureKey]
+	if !ok {
+		return heldFailure{}, false
+	}
+	b, err := json.Marshal(v)
+	var f heldFailure
+	if err != nil || json.Unmarshal(b, &f) != nil || f.RetryCount != t.RetryCount {
+		return heldFailure{}, false
+	}
+	return f, true
+}
+
+// reportHeldFailure reports a held failure once the run is no longer
+// paused (resumed, or being cancelled: Conductor then ends the workflow
+// anyway), and holds it again while it is.
+func (w *Worker) reportHeldFailure(t *model.Task, log *zap.Logger, a *Assignment, f heldFailure) {
+	snap, err := w.runs.ProjectSnapshot(w.workCtx, a.RunID)
+	if err != nil || (snap.Status == statestore.RunStatusPaused && !snap.CancelRequested) {
+		w.holdFailure(t, f)
+		return
+	}
+	log.Info("reporting the try that failed while the run was paused; Conductor retries it", zap.String("reason", f.Reason))
+	w.update(t, log, &model.TaskResult{Status: model.FailedTask, ReasonForIncompletion: f.Reason, OutputData: f.Output})
 }
 
 // keepOutcome handles a step whose StepCompleted or StepFailed the store
