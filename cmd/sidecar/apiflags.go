@@ -26,6 +26,10 @@ type apiConfig struct {
 	ClientCA string
 	// InsecureNoAuth allows a non-loopback --listen without authentication.
 	InsecureNoAuth bool
+	// MetricsListen, when set, serves GET /metrics alone on this address,
+	// without authentication (httpapi.MetricsServer), for a Prometheus
+	// that cannot present a token.
+	MetricsListen string
 
 	creds *httpapi.Credentials // loaded by apply, reloaded on SIGHUP
 }
@@ -37,6 +41,7 @@ func (c *apiConfig) registerFlags(fs *flag.FlagSet) {
 	str(&c.TLSCert, "tls-cert", "certificate (PEM) of the API listener, with --tls-key")
 	str(&c.TLSKey, "tls-key", "key (PEM) of the API listener")
 	str(&c.ClientCA, "client-ca", "CA (PEM) whose client certificates the API requires and accepts (mTLS; needs --tls-cert and --tokens-file)")
+	str(&c.MetricsListen, "metrics-listen", "also serve GET /metrics, and nothing else, on this address WITHOUT authentication, for Prometheus (guard it with a network policy; empty: off)")
 	boolFlag(fs, &c.InsecureNoAuth, "insecure-no-auth", "serve the API off loopback WITHOUT authentication: anyone who reaches it may start, pause and cancel runs")
 }
 
@@ -48,6 +53,13 @@ func (c *apiConfig) validate(listen string) []string {
 	}
 	if c.ClientCA != "" && (c.TLSCert == "" || c.TokensFile == "") {
 		p = append(p, "--client-ca needs --tls-cert/--tls-key (mTLS) and --tokens-file (which maps certificate names to roles)")
+	}
+	if c.MetricsListen != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
+			p = append(p, fmt.Sprintf("--metrics-listen %q: want host:port such as 0.0.0.0:9787", c.MetricsListen))
+		} else if c.MetricsListen == listen {
+			p = append(p, "--metrics-listen "+c.MetricsListen+" is --listen's address: give the metrics listener a port of its own")
+		}
 	}
 	if c.TokensFile == "" && !c.InsecureNoAuth && !loopbackListen(listen) {
 		p = append(p, fmt.Sprintf("--listen %s is not on loopback and the API has no authentication: give --tokens-file (docs/security.md), or pass --insecure-no-auth to serve it open anyway", listen))

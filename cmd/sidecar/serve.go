@@ -147,7 +147,9 @@ type sidecar struct {
 	drain      *drain.Controller
 	worker     *taskworkers.Worker
 	api        *httpapi.Server
-	apiCfg     *apiConfig // its tokens file is reloaded on SIGHUP
+	metrics    *httpapi.MetricsServer // nil without --metrics-listen
+	metricsLn  net.Listener           // bound, not yet served by metrics
+	apiCfg     *apiConfig             // its tokens file is reloaded on SIGHUP
 	// lost receives when the NATS connection is closed; closing is set
 	// once close closes it on purpose.
 	lost    <-chan nats.Status
@@ -285,6 +287,11 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	}
 	sc.addr = ln.Addr().String()
 	sc.ln = ln
+	if cfg.API.MetricsListen != "" {
+		if sc.metricsLn, err = net.Listen("tcp", cfg.API.MetricsListen); err != nil {
+			return sc, fmt.Errorf("--metrics-listen %s: %w", cfg.API.MetricsListen, err)
+		}
+	}
 	execOpts := exec.Options{Artifacts: arts, Logger: log}
 	resolver := &secrets.Resolver{Logger: log}
 	if err := cfg.Exec.apply(&execOpts, resolver, sc.addr, cfg.ConductorURL); err != nil {
@@ -415,6 +422,12 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	sc.api = httpapi.NewServer(apiOpts)
 	sc.api.Open(ln)
 	sc.ln = nil
+	if sc.metricsLn != nil {
+		sc.metrics = httpapi.NewMetricsServer(reg, log)
+		sc.metrics.Open(sc.metricsLn)
+		log.Info("serving /metrics without authentication", zap.String("metricsListen", sc.metricsLn.Addr().String()))
+		sc.metricsLn = nil
+	}
 	return sc, nil
 }
 
@@ -433,6 +446,11 @@ func (sc *sidecar) close(ctx context.Context) error {
 	if sc.api != nil {
 		if err := sc.api.Close(quick); err != nil {
 			errs = append(errs, fmt.Errorf("api: %w", err))
+		}
+	}
+	if sc.metrics != nil {
+		if err := sc.metrics.Close(quick); err != nil {
+			errs = append(errs, fmt.Errorf("metrics: %w", err))
 		}
 	}
 	if sc.drain != nil {
@@ -462,6 +480,9 @@ func (sc *sidecar) close(ctx context.Context) error {
 	}
 	if sc.ln != nil {
 		_ = sc.ln.Close()
+	}
+	if sc.metricsLn != nil {
+		_ = sc.metricsLn.Close()
 	}
 	if sc.closeStore != nil {
 		sc.closeStore()
