@@ -26,33 +26,42 @@ type serveFlags struct {
 
 var flags *serveFlags
 
+// sidecarBin is the sidecar binary the tests run.
+var sidecarBin string
+
 // TestMain builds the sidecar (or takes SIDECAR_BIN) and reads the flags of
 // `sidecar serve -h` once for every test.
 func TestMain(m *testing.M) {
-	f, err := loadServeFlags()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "read the flags of sidecar serve:", err)
-		os.Exit(1)
-	}
-	flags = f
-	os.Exit(m.Run())
+	os.Exit(runTests(m))
 }
 
-func loadServeFlags() (*serveFlags, error) {
-	bin := os.Getenv("SIDECAR_BIN")
-	if bin == "" {
+func runTests(m *testing.M) int {
+	sidecarBin = os.Getenv("SIDECAR_BIN")
+	if sidecarBin == "" {
 		dir, err := os.MkdirTemp("", "sidecar-deploy-test")
 		if err != nil {
-			return nil, err
+			fmt.Fprintln(os.Stderr, err)
+			return 1
 		}
 		defer os.RemoveAll(dir)
-		bin = filepath.Join(dir, "sidecar")
-		build := exec.Command("go", "build", "-o", bin, "./cmd/sidecar")
+		sidecarBin = filepath.Join(dir, "sidecar")
+		build := exec.Command("go", "build", "-o", sidecarBin, "./cmd/sidecar")
 		build.Dir = repoRoot
 		if out, err := build.CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("go build ./cmd/sidecar: %v\n%s", err, out)
+			fmt.Fprintf(os.Stderr, "go build ./cmd/sidecar: %v\n%s", err, out)
+			return 1
 		}
 	}
+	f, err := loadServeFlags(sidecarBin)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "read the flags of sidecar serve:", err)
+		return 1
+	}
+	flags = f
+	return m.Run()
+}
+
+func loadServeFlags(bin string) (*serveFlags, error) {
 	// Without SIDECAR_* in the environment, so that the defaults shown are
 	// the built-in ones.
 	cmd := exec.Command(bin, "serve", "-h")

@@ -17,6 +17,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,6 +35,7 @@ type manifests struct {
 	claims      []*corev1.PersistentVolumeClaim
 	secrets     []*corev1.Secret
 	budgets     []*policyv1.PodDisruptionBudget
+	policies    []*networkingv1.NetworkPolicy
 	text        map[string]string // file -> raw text
 }
 
@@ -59,6 +61,8 @@ func decodeStrict(doc []byte) (any, error) {
 		obj = &corev1.Secret{}
 	case "policy/v1/PodDisruptionBudget":
 		obj = &policyv1.PodDisruptionBudget{}
+	case "networking.k8s.io/v1/NetworkPolicy":
+		obj = &networkingv1.NetworkPolicy{}
 	default:
 		return nil, fmt.Errorf("unknown apiVersion/kind %q/%q", tm.APIVersion, tm.Kind)
 	}
@@ -134,6 +138,8 @@ func loadManifestsIn(t *testing.T, dir string) *manifests {
 				m.secrets = append(m.secrets, o)
 			case *policyv1.PodDisruptionBudget:
 				m.budgets = append(m.budgets, o)
+			case *networkingv1.NetworkPolicy:
+				m.policies = append(m.policies, o)
 			}
 		}
 	}
@@ -206,6 +212,7 @@ func TestManifests_Decode(t *testing.T) {
 	the(t, "Services", m.services)
 	the(t, "ConfigMaps", m.configMaps)
 	the(t, "PersistentVolumeClaims", m.claims)
+	the(t, "NetworkPolicies", m.policies)
 }
 
 // TestManifests_EnvVarsAreServeFlags checks every SIDECAR_* name anywhere in
@@ -447,10 +454,6 @@ func TestService(t *testing.T) {
 		if labels[k] != v {
 			t.Errorf("deployment selector %s=%s does not match its pod labels", k, v)
 		}
-	}
-	a := s.Annotations
-	if a["prometheus.io/scrape"] != "true" || a["prometheus.io/port"] != "8787" || a["prometheus.io/path"] != "/metrics" {
-		t.Errorf("prometheus annotations: got %v", a)
 	}
 }
 
