@@ -60,7 +60,9 @@ import (
 // unchanged expression must return data exactly where the alert should be
 // active: PAUSE_DRAIN_TIMEOUT on "healthy", ENGINE_UNAVAILABLE and
 // WORKER_POLL_ERRORS on "down", PROJECTOR_LAG_HIGH and INVALID_TRANSITION
-// nowhere. Finally /api/v1/alerts must show PAUSE_DRAIN_TIMEOUT firing.
+// nowhere. An absent(v) expression has no threshold: v must return a
+// series for each instance and absent(v) none. Finally /api/v1/alerts must
+// show PAUSE_DRAIN_TIMEOUT firing.
 //
 // It runs only when SIDECAR_TEST_MONITORING_LIVE=1 too, and .ci/run runs
 // it on its own after go test ./... : its sidecars poll without a task
@@ -453,6 +455,15 @@ func checkDashboard(t *testing.T, prom *prometheus, from, to time.Time) {
 	}
 }
 
+// absentArg returns v of an expression absent(v).
+func absentArg(expr string) (string, bool) {
+	inner, ok := strings.CutPrefix(strings.TrimSpace(expr), "absent(")
+	if !ok || !strings.HasSuffix(inner, ")") {
+		return "", false
+	}
+	return strings.TrimSuffix(inner, ")"), true
+}
+
 // thresholds matches a comparison with a number literal (never a label
 // matcher, whose value is quoted).
 var thresholds = regexp.MustCompile(`(>=|<=|==|!=|>|<)\s*(bool\s+)?[0-9][0-9.eE+-]*`)
@@ -469,6 +480,9 @@ func checkAlertExprs(t *testing.T, prom *prometheus, healthy, down string) {
 		"STUCK_WORKFLOW": nil,
 		// The webhook refuses the healthy sidecar's RunPaused events.
 		"EVENT_BUS_DELIVERY_FAILED": {healthy},
+		// Both are scraped.
+		"SIDECAR_DOWN":   nil,
+		"SIDECAR_ABSENT": nil,
 	}
 	// Series that the sidecar creates at their first increment, not at
 	// start: on a sidecar that never had a poll error they do not exist,
@@ -482,6 +496,23 @@ func checkAlertExprs(t *testing.T, prom *prometheus, healthy, down string) {
 			want, ok := activeOn[r.Alert]
 			if !ok {
 				t.Fatalf("no expectation for alert %s: add it to this test", r.Alert)
+			}
+			if arg, ok := absentArg(r.Expr); ok {
+				// absent(v) has no threshold: v itself must return a
+				// series for each instance, and absent(v) nothing.
+				res, err := prom.query(arg)
+				if err != nil {
+					t.Fatalf("%v\n  %s", err, arg)
+				}
+				for _, inst := range []string{healthy, down} {
+					if !hasInstance(res, inst) {
+						t.Errorf("%s returns nothing for %s\n  got %v", arg, inst, res)
+					}
+				}
+				if res, err := prom.query(r.Expr); err != nil || len(res) != 0 || len(want) != 0 {
+					t.Errorf("%s: %v %v, want no series (want %v)", r.Expr, res, err, want)
+				}
+				return
 			}
 			neutral := thresholds.ReplaceAllString(r.Expr, ">= -Inf")
 			if neutral == r.Expr {

@@ -1,9 +1,11 @@
 package monitoring_test
 
 import (
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -50,8 +52,8 @@ func promtool(t *testing.T, dir string, args ...string) string {
 
 func TestAlertRules_Check(t *testing.T) {
 	out := promtool(t, filepath.Join(repoRoot, "deploy/prometheus"), "check", "rules", "alerts.yml")
-	if !strings.Contains(out, "SUCCESS: 7 rules found") {
-		t.Fatalf("promtool check rules: want 7 rules:\n%s", out)
+	if !strings.Contains(out, "SUCCESS: 9 rules found") {
+		t.Fatalf("promtool check rules: want 9 rules:\n%s", out)
 	}
 }
 
@@ -67,26 +69,67 @@ func TestAlertRules_ExampleConfig(t *testing.T) {
 }
 
 // TestAlertRules_Names checks that the rules file has exactly the alerts
-// the sidecar's docs and log codes name, each with a severity and a
-// runbook anchor in docs/operations.md.
+// the sidecar's docs and log codes name, each with a severity and an
+// absolute runbook_url (an Alertmanager receiver or a pager cannot resolve
+// a relative one) to the alert's section of docs/operations.md.
 func TestAlertRules_Names(t *testing.T) {
 	rules := loadAlertRules(t)
-	want := []string{"PAUSE_DRAIN_TIMEOUT", "PROJECTOR_LAG_HIGH", "INVALID_TRANSITION", "ENGINE_UNAVAILABLE", "WORKER_POLL_ERRORS", "STUCK_WORKFLOW", "EVENT_BUS_DELIVERY_FAILED"}
+	want := []string{"PAUSE_DRAIN_TIMEOUT", "PROJECTOR_LAG_HIGH", "INVALID_TRANSITION", "ENGINE_UNAVAILABLE", "WORKER_POLL_ERRORS", "STUCK_WORKFLOW", "EVENT_BUS_DELIVERY_FAILED",
+		"SIDECAR_DOWN", "SIDECAR_ABSENT"}
+	headings := operationsHeadings(t)
 	if len(rules) != len(want) {
-		t.Fatalf("got %d alerts, want %d", len(rules), len(want))
+		t.Errorf("got %d alerts, want %d", len(rules), len(want))
 	}
 	for i, r := range rules {
-		if r.Alert != want[i] {
+		if i >= len(want) || r.Alert != want[i] {
 			t.Errorf("alert %d: got %s, want %s", i, r.Alert, want[i])
 		}
 		if r.Labels["severity"] == "" {
 			t.Errorf("%s: no severity label", r.Alert)
 		}
-		if got, want := r.Annotations["runbook_url"], "docs/operations.md#"+strings.ToLower(r.Alert); got != want {
-			t.Errorf("%s: runbook_url %q, want %q", r.Alert, got, want)
-		}
+		checkRunbookURL(t, r.Alert, r.Annotations["runbook_url"], headings)
 		if r.Annotations["summary"] == "" || r.Annotations["description"] == "" {
 			t.Errorf("%s: summary and description annotations required", r.Alert)
 		}
 	}
+}
+
+// runbookBase is where the runbooks are published: docs/operations.md of
+// the repository, whose module path is github.com/conductor-sidecar/sidecar.
+const runbookBase = "https://github.com/conductor-sidecar/sidecar/blob/main/docs/operations.md"
+
+// checkRunbookURL: u is runbookBase#<alert in lower case>, and that anchor
+// is a heading of docs/operations.md.
+func checkRunbookURL(t *testing.T, alert, u string, headings map[string]bool) {
+	t.Helper()
+	parsed, err := url.Parse(u)
+	if err != nil || !parsed.IsAbs() || parsed.Host == "" {
+		t.Errorf("%s: runbook_url %q is not an absolute URL (%v)", alert, u, err)
+		return
+	}
+	if got, want := u, runbookBase+"#"+strings.ToLower(alert); got != want {
+		t.Errorf("%s: runbook_url %q, want %q", alert, got, want)
+	}
+	if !headings[parsed.Fragment] {
+		t.Errorf("%s: docs/operations.md has no heading with anchor #%s", alert, parsed.Fragment)
+	}
+}
+
+// operationsHeadings returns the anchors GitHub gives the headings of
+// docs/operations.md (lower case, spaces to '-', punctuation dropped).
+func operationsHeadings(t *testing.T) map[string]bool {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot, "docs/operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	drop := regexp.MustCompile(`[^a-z0-9 _-]`)
+	for _, line := range strings.Split(string(b), "\n") {
+		if h, ok := strings.CutPrefix(line, "#"); ok {
+			h = strings.TrimSpace(strings.TrimLeft(h, "#"))
+			out[strings.ReplaceAll(drop.ReplaceAllString(strings.ToLower(h), ""), " ", "-")] = true
+		}
+	}
+	return out
 }
