@@ -64,16 +64,14 @@ import (
 // series for each instance and absent(v) none. Finally /api/v1/alerts must
 // show PAUSE_DRAIN_TIMEOUT firing.
 //
-// It runs only when SIDECAR_TEST_MONITORING_LIVE=1 too, and .ci/run runs
-// it on its own after go test ./... : its sidecars poll without a task
-// domain, so tasks of other tests' sidecars on the same Conductor would
-// reach them (they hand such tasks back, but the exact-firing assertions on
-// hand-back and error series want a Conductor to themselves).
+// It runs only when SIDECAR_TEST_MONITORING_LIVE=1 too (.ci/run runs it on
+// its own after go test ./...). Each sidecar polls a task domain of its own,
+// so tasks of other sidecars on the same Conductor never reach it, and its
+// own never reach them.
 func TestMonitoring_Live(t *testing.T) {
 	conductor := conductortest.URL(t)
 	if os.Getenv("SIDECAR_TEST_MONITORING_LIVE") != "1" {
-		t.Skip("set SIDECAR_TEST_MONITORING_LIVE=1 (with SIDECAR_TEST_CONDUCTOR_URL) to run the live monitoring test; " +
-			"run it alone: it shares Conductor's task queues with any other sidecar polling that Conductor " +
+		t.Skip("set SIDECAR_TEST_MONITORING_LIVE=1 (with SIDECAR_TEST_CONDUCTOR_URL) to run the live monitoring test " +
 			"(go test -run TestMonitoring_Live ./deploy/monitoring/)")
 	}
 	promBin, promtoolBin := tool(t, "prometheus"), tool(t, "promtool")
@@ -157,22 +155,42 @@ func TestMonitoring_Live(t *testing.T) {
 // alerts show: one pause that drains, one that times out
 // (PAUSE_DRAIN_TIMEOUT), resumes that complete both runs, a cancel, and
 // refused control requests (409 and 404).
+//
+// The steps that must still be running when their run is paused or
+// cancelled wait for a gate file the test creates when it is done with
+// them, so how long anything takes on a busy machine changes nothing.
 func runScenario(t *testing.T, bin string, s *sidecarProc) {
 	ctx := context.Background()
 	server := "http://" + s.addr
-	// drains: parallel steps that end well within the 3s drain timeout.
+	gates := t.TempDir()
+	gate := func(name string) (argv, path string) {
+		path = filepath.Join(gates, name)
+		js, _ := json.Marshal([]string{"sh", "-c", "while [ ! -e '" + path + "' ]; do sleep 0.1; done"})
+		return string(js), path
+	}
+	release := func(path string) {
+		if err := os.WriteFile(path, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	drainArgv, drainGate := gate("drain")
+	slowArgv, slowGate := gate("slow")
+	neverArgv, _ := gate("never")
+	// drains: parallel steps that end once the run is paused, within the
+	// pause's own drain timeout (1m).
 	drains := submitPlan(t, s, `{"planId":"`+uniq("mon-drain")+`","planVersion":"1","steps":[
-		{"stepId":"p1","executor":{"type":"command","argv":["sleep","1"]}},
-		{"stepId":"p2","executor":{"type":"command","argv":["sleep","1"]}},
+		{"stepId":"p1","executor":{"type":"command","argv":`+drainArgv+`}},
+		{"stepId":"p2","executor":{"type":"command","argv":`+drainArgv+`}},
 		{"stepId":"after","executor":{"type":"noop"},"dependsOn":["p1","p2"]}]}`)
-	// times out: parallel steps that outlast the 3s drain timeout.
+	// times out: parallel steps that run until the 3s drain timeout has
+	// passed.
 	slow := submitPlan(t, s, `{"planId":"`+uniq("mon-timeout")+`","planVersion":"1","steps":[
-		{"stepId":"s1","executor":{"type":"command","argv":["sleep","7"]}},
-		{"stepId":"s2","executor":{"type":"command","argv":["sleep","7"]}},
+		{"stepId":"s1","executor":{"type":"command","argv":`+slowArgv+`}},
+		{"stepId":"s2","executor":{"type":"command","argv":`+slowArgv+`}},
 		{"stepId":"after","executor":{"type":"sleep","seconds":0.2},"dependsOn":["s1","s2"]}]}`)
 	// cancelled while running.
 	doomed := submitPlan(t, s, `{"planId":"`+uniq("mon-cancel")+`","planVersion":"1","steps":[
-		{"stepId":"long","executor":{"type":"command","argv":["sleep","30"]}},
+		{"stepId":"long","executor":{"type":"command","argv":`+neverArgv+`}},
 		{"stepId":"after","executor":{"type":"noop"},"dependsOn":["long"]}]}`)
 
 	// held: a step fails for good under onStepFailure "pause": the run is
@@ -199,24 +217,29 @@ func runScenario(t *testing.T, bin string, s *sidecarProc) {
 	started(slow, "s1", "s2")
 
 	// Both pauses wait (sidecar pause --wait): 0 when drained, 3 on
-	// PAUSE_DRAIN_TIMEOUT.
+	// PAUSE_DRAIN_TIMEOUT. drains' steps end once its pause is recorded.
 	var wg sync.WaitGroup
 	codes := make([]int, 2)
 	outs := make([]string, 2)
-	for i, id := range []string{drains, slow} {
+	for i, args := range [][]string{{drains, "--timeout", "1m"}, {slow}} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			codes[i], outs[i] = runCLI(bin, "pause", id, "--wait", "--server", server)
+			codes[i], outs[i] = runCLI(bin, append(append([]string{"pause"}, args...), "--wait", "--server", server)...)
 		}()
 	}
+	waitFor(t, "the pause of "+drains+" to be recorded", 2*time.Minute, func() bool {
+		return hasEvent(events(t, s, drains), statestore.RunPaused, "")
+	})
+	release(drainGate)
 	wg.Wait()
 	if codes[0] != 0 {
-		t.Fatalf("pause --wait of the run whose steps end in 1s: exit %d, want 0 (drained)\n%s", codes[0], outs[0])
+		t.Fatalf("pause --wait of the run whose steps end after the pause: exit %d, want 0 (drained)\n%s", codes[0], outs[0])
 	}
 	if codes[1] != 3 || !strings.Contains(outs[1], "PAUSE_DRAIN_TIMEOUT") {
-		t.Fatalf("pause --wait of the run whose steps take 7s: exit %d, want 3 (PAUSE_DRAIN_TIMEOUT)\n%s", codes[1], outs[1])
+		t.Fatalf("pause --wait of the run whose steps outlast its 3s drain timeout: exit %d, want 3 (PAUSE_DRAIN_TIMEOUT)\n%s", codes[1], outs[1])
 	}
+	release(slowGate)
 
 	started(doomed, "long")
 
@@ -577,15 +600,20 @@ type sidecarProc struct {
 	client *httpapi.Client
 }
 
-// startSidecar runs "sidecar serve" with a 3s drain timeout and stops it
+// startSidecar runs "sidecar serve" with a 3s drain timeout and a task
+// domain of its own, and stops it
 // (SIGTERM, by pid) when the test ends. It waits for /readyz when
 // Conductor should answer, for /healthz otherwise.
 func startSidecar(t *testing.T, bin, conductorURL, name string, extra ...string) *sidecarProc {
 	t.Helper()
 	addr := freeAddr(t)
 	logPath := filepath.Join(t.TempDir(), name+".log")
+	// A task domain of its own: its workers see only its runs' tasks, and
+	// other sidecars polling the same Conductor never take them.
+	domain := "mon" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	args := append([]string{"serve", "--conductor-url", conductorURL, "--data-dir", t.TempDir(), "--listen", addr,
-		"--worker-id", uniq("mon-" + name), "--drain-timeout", "3s", "--log-format", "console", "--shutdown-grace", "5s"}, extra...)
+		"--worker-id", uniq("mon-" + name), "--task-domain", domain,
+		"--drain-timeout", "3s", "--log-format", "console", "--shutdown-grace", "5s"}, extra...)
 	cmd := exec.Command(bin, args...)
 	startProcess(t, cmd, logPath, name+" sidecar")
 	probe := "/readyz"
