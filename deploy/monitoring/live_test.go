@@ -124,6 +124,9 @@ func TestMonitoring_Live(t *testing.T) {
 		checkMetricsLint(t, promtoolBin, s)
 	}
 
+	t.Run("NoRequestTextInLabels", func(t *testing.T) {
+		checkLabelValues(t, httpGet(t, "http://"+healthy.addr+"/metrics"))
+	})
 	t.Run("DashboardTargets", func(t *testing.T) {
 		checkDashboard(t, prom, began, end)
 	})
@@ -359,6 +362,31 @@ func checkMetricsLint(t *testing.T, promtoolBin string, s *sidecarProc) {
 	out, err := cmd.CombinedOutput()
 	if err != nil || len(bytes.TrimSpace(out)) != 0 {
 		t.Errorf("promtool check metrics on the %s sidecar's /metrics: %v\n%s", s.name, err, out)
+	}
+}
+
+// requestText matches what the scenario's requests chose: run ids (UUIDs),
+// its tenant, project and environment ids, plan ids and reasons.
+var requestText = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|t-mon|p-mon|mon-(drain|timeout|cancel|held|queue)|monitoring test`)
+
+// checkLabelValues: no label value of a scrape carries text a request
+// chose (a run id, a tenant, a plan id, a reason): the metrics listener
+// serves the metrics without a token (docs/operations.md, "Monitoring").
+func checkLabelValues(t *testing.T, body string) {
+	t.Helper()
+	n := 0
+	for _, line := range strings.Split(body, "\n") {
+		if strings.HasPrefix(line, "#") || !strings.Contains(line, "{") {
+			continue
+		}
+		n++
+		labels := line[strings.Index(line, "{") : strings.LastIndex(line, "}")+1]
+		if m := requestText.FindString(labels); m != "" {
+			t.Errorf("a label value carries %q: %s", m, line)
+		}
+	}
+	if n < 50 {
+		t.Fatalf("only %d labelled samples in the scrape", n)
 	}
 }
 
