@@ -110,6 +110,16 @@ type SnapshotStore interface {
 	DeleteSnapshot(ctx context.Context, runID string) error
 }
 
+// SnapshotChecker is a SnapshotStore that can tell whether the log still
+// holds the very records a snapshot was projected from (pgstore: the hash
+// chain up to its watermark). The projector calls CheckSnapshot on each
+// snapshot it loads, once the record at the watermark is found; an error
+// that is not ErrUnavailable discards the snapshot as a missing record
+// does (STALE, PROJECTOR_SNAPSHOT_MISMATCH, the error logged).
+type SnapshotChecker interface {
+	CheckSnapshot(ctx context.Context, d *DurableSnapshot) error
+}
+
 // DurableSnapshot is a persisted snapshot: the snapshot with the eventId
 // of the record at its watermark (LastEventSeq), which a load checks the
 // log still holds.
@@ -249,19 +259,34 @@ func (p *Projector) load(ctx context.Context, rp *runProjection, runID string) *
 		if len(recs) > 0 {
 			found = fmt.Sprintf("runSeq %d, eventId %s", recs[0].RunSeq, recs[0].EventID)
 		}
-		p.opts.Metrics.durableSnapshot("discarded")
-		p.log.Error("PROJECTOR_SNAPSHOT_MISMATCH: the log no longer holds the record the persisted snapshot was taken at (restored from an older backup? a record deleted?); rebuilding the run from the log, marked STALE",
-			zap.String("code", "PROJECTOR_SNAPSHOT_MISMATCH"), zap.String("runId", runID), zap.Int64("snapshotSeq", w),
-			zap.String("snapshotEventId", d.LastEventID), zap.String("found", found))
-		rp.lost = w
-		if err := p.opts.Durable.DeleteSnapshot(ctx, runID); err != nil {
-			p.log.Warn("could not delete the contradicted snapshot", zap.String("runId", runID), zap.Error(err))
-		}
+		p.discard(ctx, rp, d, zap.String("found", found))
 		return nil
+	}
+	if c, ok := p.opts.Durable.(SnapshotChecker); ok {
+		if err := c.CheckSnapshot(ctx, d); errors.Is(err, ErrUnavailable) {
+			return nil // cannot check it: projected from the log
+		} else if err != nil {
+			p.discard(ctx, rp, d, zap.Error(err))
+			return nil
+		}
 	}
 	p.opts.Metrics.durableSnapshot("loaded")
 	rp.lastEventID, rp.saved = d.LastEventID, d.Snapshot.EventCount
 	return d.Snapshot
+}
+
+// discard drops a persisted snapshot the log contradicts: the run is
+// rebuilt from the log and marked Stale.
+func (p *Projector) discard(ctx context.Context, rp *runProjection, d *DurableSnapshot, why zap.Field) {
+	runID, w := d.Snapshot.RunID, d.Snapshot.LastEventSeq
+	p.opts.Metrics.durableSnapshot("discarded")
+	p.log.Error("PROJECTOR_SNAPSHOT_MISMATCH: the log no longer holds the records the persisted snapshot was taken at (restored from an older backup? a record changed or deleted?); rebuilding the run from the log, marked STALE",
+		zap.String("code", "PROJECTOR_SNAPSHOT_MISMATCH"), zap.String("runId", runID), zap.Int64("snapshotSeq", w),
+		zap.String("snapshotEventId", d.LastEventID), why)
+	rp.lost = w
+	if err := p.opts.Durable.DeleteSnapshot(ctx, runID); err != nil {
+		p.log.Warn("could not delete the contradicted snapshot", zap.String("runId", runID), zap.Error(err))
+	}
 }
 
 // save persists rp's snapshot when it is SaveEvery records ahead of the

@@ -24,5 +24,6 @@ func MigrateTo(ctx context.Context, url string, version int) error {
 			some = append(some, m)
 		}
 	}
-	return migrateTo(ctx, pool, some)
+	_, err = migrateTo(ctx, pool, some, "")
+	return err
 }

@@ -2,11 +2,14 @@
 // PostgreSQL (seed 003's IRunStateStore): the table run_events with a
 // unique (run_id, idempotency_key), runSeq assigned in the write from the
 // run's counter row (1, 2, 3, ... per run, without gaps: a duplicate rolls
-// its increment back), persistedAt from the database's clock, and records
-// that triggers make immutable. The binary applies its schema migrations
-// at start (schema_migrations, one transaction each, under an advisory
-// lock). It passes the conformance suite of package storetest, as the
-// JetStream and memory stores do.
+// its increment back), persistedAt from the database's clock, records
+// that triggers make immutable and a hash chain over each run's records
+// (Verify). Migrate applies the schema's migrations as the owner of the
+// log (schema_migrations, one transaction each, under an advisory lock)
+// and grants the runtime role that Open then connects as; Open migrates
+// by itself only as the owner with no runtime role recorded. It passes
+// the conformance suite of package storetest, as the JetStream and memory
+// stores do.
 package pgstore
 
 import (
@@ -70,8 +73,8 @@ var (
 	_ statestore.KeyLookup = (*Store)(nil)
 )
 
-// Open connects to url (postgres://user@host:port/db?...), applies the
-// migrations the database lacks and returns the store.
+// Open connects to url (postgres://user@host:port/db?...), checks the
+// connection's role and the schema (admit) and returns the store.
 func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 5 * time.Second
@@ -98,18 +101,11 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	cfg.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(opts.StatementTimeout.Milliseconds(), 10)
 	octx, cancel := context.WithTimeout(ctx, 4*opts.Timeout)
 	defer cancel()
-	pool, err := pgxpool.NewWithConfig(octx, cfg)
+	pool, err := connect(octx, cfg)
 	if err != nil {
-		return nil, unavailable("connect", err)
+		return nil, err
 	}
-	if err := pool.Ping(octx); err != nil {
-		pool.Close()
-		c := cfg.ConnConfig
-		return nil, &statestore.Error{Code: statestore.CodeStoreUnavailable, Err: err, Message: fmt.Sprintf(
-			"cannot reach PostgreSQL at %s:%d (database %s, user %s): %v: check --store and that the server is up; the password comes from PGPASSFILE or PGPASSWORD",
-			c.Host, c.Port, c.Database, c.User, innermost(err))}
-	}
-	if err := migrate(octx, pool); err != nil {
+	if err := admit(octx, pool, opts.Logger); err != nil {
 		pool.Close()
 		return nil, err
 	}
@@ -123,6 +119,63 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	}
 	s.proj = statestore.NewProjector(s, popts)
 	return s, nil
+}
+
+// connect opens a pool on cfg and pings the server: a server that does
+// not answer gives one line naming the fix.
+func connect(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) {
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, unavailable("connect", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		c := cfg.ConnConfig
+		return nil, &statestore.Error{Code: statestore.CodeStoreUnavailable, Err: err, Message: fmt.Sprintf(
+			"cannot reach PostgreSQL at %s:%d (database %s, user %s): %v: check --store and that the server is up; the password comes from PGPASSFILE or PGPASSWORD",
+			c.Host, c.Port, c.Database, c.User, innermost(err))}
+	}
+	return pool, nil
+}
+
+// admit checks that the connection's role may serve the log and migrates
+// the schema when it is older than the binary's and the role may:
+//   - a database with a runtime role (sidecar migrate --runtime-role) is
+//     served by a role that cannot alter the log: the owner, a member of
+//     it and a superuser are refused (STORE_ROLE_REFUSED);
+//   - an older schema is migrated by the owner (or, on an empty database,
+//     by a role that may create tables: the local default); any other role
+//     gets STORE_MIGRATION_NEEDED, naming sidecar migrate;
+//   - serving as a role that can alter the log logs a warning.
+func admit(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger) error {
+	r, err := readRoles(ctx, pool)
+	if err != nil {
+		return err
+	}
+	all, err := migrations()
+	if err != nil {
+		return err
+	}
+	latest := all[len(all)-1].version
+	canAlter := r.canAlter
+	switch {
+	case r.version > latest:
+		return damaged(fmt.Sprintf("the database's schema is at version %d, newer than this sidecar's %d: run a sidecar of that version or newer", r.version, latest), nil)
+	case r.runtime != "" && r.canAlter:
+		return roleRefused(fmt.Sprintf("connected as %s, which can alter the log (it owns run_events, is a member of its owner or a superuser): serve connects as the runtime role %s; only sidecar migrate connects as the owner (docs/postgres.md, \"Roles\")", r.user, r.runtime))
+	case r.version < latest && (r.canAlter || !r.logExists && r.canCreate):
+		if _, err := migrateTo(ctx, pool, all, ""); err != nil {
+			return err
+		}
+		canAlter = true
+	case r.version < latest:
+		return &statestore.Error{Code: CodeMigrationNeeded, Message: fmt.Sprintf("the database's schema is at version %d, this sidecar's is %d, and %s may not migrate it: run sidecar migrate --store postgres://OWNER@host:port/database with this sidecar's binary (docs/postgres.md, \"Roles\")", r.version, latest, r.user)}
+	}
+	if canAlter {
+		log.Named("pgstore").Warn("serving the log as a role that can alter it (its owner or a superuser could disable its triggers and rewrite records): give serve a runtime role of its own (deploy/postgres/roles.sql, sidecar migrate --runtime-role; docs/postgres.md, \"Roles\")",
+			zap.String("role", r.user))
+	}
+	return nil
 }
 
 // Close closes the pool.
@@ -160,7 +213,7 @@ func (s *Store) Check(ctx context.Context) error {
 }
 
 // tables are the tables the migrations create.
-var tables = []string{"schema_migrations", "runs", "run_events", "event_ids", "control_replies", "nats_pairing", "run_snapshots"}
+var tables = []string{"schema_migrations", "runs", "run_events", "event_ids", "control_replies", "nats_pairing", "run_snapshots", "runtime_role"}
 
 // Pair checks that natsState, the identity of the NATS state serving with
 // this database (serve: the run index's creation), is the one paired with
@@ -344,7 +397,7 @@ func (s *Store) withTimeout(ctx context.Context) (context.Context, context.Cance
 
 func unavailable(op string, err error) error {
 	var pe *pgconn.PgError
-	if errors.As(err, &pe) && pe.Code == "42501" {
+	if errors.As(err, &pe) && (pe.Code == "42501" || pe.Code == "XX001") { // insufficient_privilege, data_corrupted
 		return &statestore.Error{Code: statestore.CodeStoreDamaged, Message: op + ": " + pe.Message, Err: err}
 	}
 	return &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: op + ": " + err.Error(), Err: err}

@@ -166,9 +166,9 @@ func TestAppenderProcess(t *testing.T) {
 }
 
 // TestMigrations_OlderSchema: a database a sidecar of schema version 2
-// wrote (its append_event, before the registry's tables existed) is
-// migrated at Open with its records untouched, and the log goes on where
-// it stopped.
+// wrote (its append_event, before the registry's tables and the hash
+// chain existed) is migrated at Open with its records untouched and
+// chained, and the log goes on where it stopped.
 func TestMigrations_OlderSchema(t *testing.T) {
 	url := pgtest.URL(t)
 	ctx := context.Background()
@@ -217,6 +217,15 @@ func TestMigrations_OlderSchema(t *testing.T) {
 	var n int
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM event_ids").Scan(&n); err != nil || n != 0 {
 		t.Fatalf("event_ids after the migration: %d %v", n, err)
+	}
+	// The older records were chained by the migration, and the new one
+	// chains from them: the chain recomputed in Go verifies, and every
+	// record has its hash.
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM run_events WHERE chain_hash IS NULL").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("records without a chain hash after the migration: %d %v", n, err)
+	}
+	if v, err := pgstore.Verify(ctx, url, nil); err != nil || v.Runs != 1 || v.Records != 4 || len(v.Broken) != 0 {
+		t.Fatalf("verify after the migration: %+v %v, want 1 run, 4 records, none broken", v, err)
 	}
 }
 

@@ -47,7 +47,8 @@ func TestProjector_SnapshotTheLogContradicts(t *testing.T) {
 		t.Fatal(err)
 	}
 	var body string
-	if err := now.Pool().QueryRow(ctx, "SELECT body FROM run_snapshots WHERE run_id = 'run-restored'").Scan(&body); err != nil {
+	var chain []byte
+	if err := now.Pool().QueryRow(ctx, "SELECT body, chain_hash FROM run_snapshots WHERE run_id = 'run-restored'").Scan(&body, &chain); err != nil {
 		t.Fatal(err)
 	}
 	// The "restore": a log holding the run's first five steps only, under
@@ -60,7 +61,7 @@ func TestProjector_SnapshotTheLogContradicts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "INSERT INTO run_snapshots (run_id, body) VALUES ('run-restored', $1)", body); err != nil {
+	if _, err := conn.Exec(ctx, "INSERT INTO run_snapshots (run_id, body, chain_hash) VALUES ('run-restored', $1, $2)", body, chain); err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()

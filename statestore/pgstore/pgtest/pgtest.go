@@ -176,6 +176,65 @@ func (c *Cluster) Stop(tb testing.TB) {
 	}
 }
 
+// Roles is a database set up as docs/postgres.md says: its owner (that
+// `sidecar migrate` connects as) and its runtime role (that `sidecar
+// serve` connects as), made by deploy/postgres/roles.sql.
+type Roles struct {
+	Owner, Runtime, Database string
+	// OwnerURL and RuntimeURL connect to Database as each role.
+	OwnerURL, RuntimeURL string
+}
+
+// NewRoles runs deploy/postgres/roles.sql with psql, as the cluster's
+// superuser, with role and database names of the test's own; the database
+// and the roles are dropped when the test ends. It skips like URL.
+func NewRoles(tb testing.TB) Roles {
+	tb.Helper()
+	URL(tb) // skips, or starts the cluster
+	cfg, err := pgx.ParseConfig(adminURL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	n := counter.Add(1)
+	r := Roles{
+		Owner:    fmt.Sprintf("o_%d_%d", os.Getpid(), n),
+		Runtime:  fmt.Sprintf("r_%d_%d", os.Getpid(), n),
+		Database: fmt.Sprintf("t_%d_%d", os.Getpid(), n),
+	}
+	_, file, _, _ := runtime.Caller(0)
+	sql := filepath.Join(filepath.Dir(file), "..", "..", "..", "deploy", "postgres", "roles.sql")
+	cmd := exec.Command("psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", "owner="+r.Owner, "-v", "runtime="+r.Runtime,
+		"-v", "database="+r.Database, "-f", sql,
+		"-h", cfg.Host, "-p", fmt.Sprint(cfg.Port), "-U", cfg.User, "-d", cfg.Database)
+	tb.Cleanup(func() {
+		ctx := context.Background()
+		c, err := pgx.Connect(ctx, adminURL)
+		if err != nil {
+			return
+		}
+		defer c.Close(ctx)
+		_, _ = c.Exec(ctx, "DROP DATABASE IF EXISTS "+r.Database+" WITH (FORCE)")
+		_, _ = c.Exec(ctx, "DROP ROLE IF EXISTS "+r.Owner)
+		_, _ = c.Exec(ctx, "DROP ROLE IF EXISTS "+r.Runtime)
+	})
+	if out, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("psql -f deploy/postgres/roles.sql: %v\n%s", err, out)
+	}
+	base := withDatabase(adminURL, r.Database)
+	r.OwnerURL = withUser(base, r.Owner)
+	r.RuntimeURL = withUser(base, r.Runtime)
+	return r
+}
+
+// withUser replaces the user of a postgres:// URL (one without a password).
+func withUser(url, user string) string {
+	scheme, rest, _ := strings.Cut(url, "://")
+	if _, host, ok := strings.Cut(rest, "@"); ok {
+		rest = host
+	}
+	return scheme + "://" + user + "@" + rest
+}
+
 // withDatabase replaces the database of a postgres:// URL.
 func withDatabase(url, db string) string {
 	head, query, _ := strings.Cut(url, "?")

@@ -1,0 +1,38 @@
+package pgstore
+
+import "github.com/conductor-sidecar/sidecar/statestore"
+
+// Machine-readable codes of this package, beside statestore's
+// (STORE_UNAVAILABLE, STORE_DAMAGED). Errors carry them as
+// *statestore.Error; match them with errors.Is and the sentinels below.
+const (
+	// CodeRoleRefused: the connection's role is not the one the call
+	// needs: serve connected as a role that can alter the log while the
+	// database has a runtime role, migrate connected as a role that does
+	// not own the log, or --runtime-role names a role that could alter it.
+	CodeRoleRefused = "STORE_ROLE_REFUSED"
+	// CodeMigrationNeeded: the database's schema is older than this
+	// binary's and the connection's role may not migrate it: run sidecar
+	// migrate as the owner.
+	CodeMigrationNeeded = "STORE_MIGRATION_NEEDED"
+	// CodeRecordMissing (sidecar verify): a run lacks a record between
+	// runSeq 1 and its last runSeq.
+	CodeRecordMissing = "LOG_RECORD_MISSING"
+	// CodeChainBroken (sidecar verify, and a snapshot's load): a record is
+	// not the one its chain hash was computed over (changed, or its
+	// predecessor changed or removed), or the chain hash at a saved
+	// snapshot's watermark is not the one the snapshot was saved with.
+	CodeChainBroken = "LOG_CHAIN_BROKEN"
+	// CodeRunNotFound (sidecar verify RUN...): the log has no such run.
+	CodeRunNotFound = "RUN_NOT_FOUND"
+)
+
+// Sentinel errors, matched with errors.Is.
+var (
+	// ErrRoleRefused matches every STORE_ROLE_REFUSED error.
+	ErrRoleRefused = &statestore.Error{Code: CodeRoleRefused}
+	// ErrMigrationNeeded matches every STORE_MIGRATION_NEEDED error.
+	ErrMigrationNeeded = &statestore.Error{Code: CodeMigrationNeeded}
+	// ErrChainBroken matches every LOG_CHAIN_BROKEN error.
+	ErrChainBroken = &statestore.Error{Code: CodeChainBroken}
+)

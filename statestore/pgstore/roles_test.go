@@ -1,0 +1,161 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/pgstore"
+	"github.com/conductor-sidecar/sidecar/statestore/pgstore/pgtest"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// migrated sets a database up as docs/postgres.md says (deploy/postgres/
+// roles.sql, then sidecar migrate --runtime-role as the owner) and
+// returns its roles.
+func migrated(t *testing.T) pgtest.Roles {
+	t.Helper()
+	r := pgtest.NewRoles(t)
+	m, err := pgstore.Migrate(context.Background(), r.OwnerURL, pgstore.MigrateOptions{RuntimeRole: r.Runtime})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.RuntimeRole != r.Runtime || m.From != 0 || m.To < 4 {
+		t.Fatalf("migrate: %+v, want versions 0 to the latest and runtime role %s", m, r.Runtime)
+	}
+	return r
+}
+
+// TestSuite_RuntimeRole: the conformance suite, served as the runtime
+// role of the documented setup.
+func TestSuite_RuntimeRole(t *testing.T) {
+	storetest.RunSuite(t, func(t *testing.T) statestore.Store { return open(t, migrated(t).RuntimeURL) })
+}
+
+// TestRoles_RuntimeRole: the runtime role appends, reads and keeps
+// snapshots and the tables beside the log, and cannot alter, disable the
+// triggers of, update, delete, truncate or insert records (nor forge the
+// run's counter); serve as the owner is refused once a runtime role is
+// recorded; migrate refuses a runtime role that could alter the log and
+// a connection that does not own it.
+func TestRoles_RuntimeRole(t *testing.T) {
+	ctx := context.Background()
+	r := migrated(t)
+	s := openDurable(t, r.RuntimeURL, prometheus.NewRegistry())
+	storetest.AppendSteps(t, s, "run-r", 0, 2)
+	if _, err := s.Append(ctx, storetest.Event("run-r", statestore.RunCompleted, "")); err != nil {
+		t.Fatal(err)
+	}
+	if snap, err := s.ProjectSnapshot(ctx, "run-r"); err != nil || snap.Status != statestore.RunStatusCompleted {
+		t.Fatalf("projected as the runtime role: %+v %v", snap, err)
+	}
+	if err := s.Check(ctx); err != nil {
+		t.Fatalf("check as the runtime role: %v", err)
+	}
+	if _, err := s.Pair(ctx, "nats-1", false); err != nil {
+		t.Fatalf("pair as the runtime role: %v", err)
+	}
+	for _, q := range []string{ // what registry and httpapi do, in short
+		"INSERT INTO event_ids VALUES ('run-r', 'k', gen_random_uuid())",
+		"UPDATE event_ids SET event_id = gen_random_uuid()",
+		"INSERT INTO control_replies (key, fingerprint, claimed_at) VALUES ('k', 'f', now())",
+		"UPDATE control_replies SET status = 200, body = '{}'",
+		"DELETE FROM control_replies",
+		"SELECT count(*) FROM run_snapshots",
+	} {
+		if _, err := s.Pool().Exec(ctx, q); err != nil {
+			t.Errorf("as the runtime role, %s: %v", q, err)
+		}
+	}
+
+	runtime, err := pgx.Connect(ctx, r.RuntimeURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer runtime.Close(ctx)
+	for _, q := range []string{
+		"ALTER TABLE run_events DISABLE TRIGGER USER",
+		"ALTER TABLE run_events DISABLE TRIGGER run_events_no_update",
+		"ALTER TABLE run_events ADD COLUMN x int",
+		"DROP TRIGGER run_events_no_update ON run_events",
+		"UPDATE run_events SET event_type = 'RunFailed' WHERE event_type = 'RunCompleted'",
+		"DELETE FROM run_events WHERE run_seq = 3",
+		"TRUNCATE run_events",
+		"INSERT INTO run_events SELECT * FROM run_events WHERE run_seq = 1",
+		"UPDATE runs SET last_seq = 0",
+		"DELETE FROM run_snapshots WHERE false", // allowed: derived rows
+		"CREATE TABLE run_events_copy (x int)",
+		"CREATE OR REPLACE FUNCTION run_event_chain(bytea, text, bigint, bigint, timestamptz, text, text, text, text) RETURNS bytea LANGUAGE sql AS 'SELECT $1'",
+	} {
+		_, err := runtime.Exec(ctx, q)
+		if allowed := strings.HasPrefix(q, "DELETE FROM run_snapshots"); allowed != (err == nil) {
+			t.Errorf("as the runtime role, %s: %v, want refused", q, err)
+		}
+	}
+	recs, err := s.Fetch(ctx, "run-r", 0, 0)
+	if err != nil || len(recs) != 6 || recs[5].EventType != statestore.RunCompleted {
+		t.Fatalf("after the refused changes: %d records %v", len(recs), err)
+	}
+
+	_, err = pgstore.Open(ctx, r.OwnerURL, pgstore.Options{})
+	if !errors.Is(err, pgstore.ErrRoleRefused) || !strings.Contains(err.Error(), r.Runtime) {
+		t.Errorf("serve as the owner: %v, want STORE_ROLE_REFUSED naming %s", err, r.Runtime)
+	}
+	if _, err := pgstore.Migrate(ctx, r.OwnerURL, pgstore.MigrateOptions{RuntimeRole: r.Owner}); !errors.Is(err, pgstore.ErrRoleRefused) {
+		t.Errorf("migrate --runtime-role OWNER: %v, want STORE_ROLE_REFUSED", err)
+	}
+	if _, err := pgstore.Migrate(ctx, r.OwnerURL, pgstore.MigrateOptions{RuntimeRole: "no_such_role"}); !errors.Is(err, pgstore.ErrRoleRefused) {
+		t.Errorf("migrate --runtime-role no_such_role: %v, want STORE_ROLE_REFUSED", err)
+	}
+	if _, err := pgstore.Migrate(ctx, r.RuntimeURL, pgstore.MigrateOptions{}); !errors.Is(err, pgstore.ErrRoleRefused) {
+		t.Errorf("migrate as the runtime role: %v, want STORE_ROLE_REFUSED", err)
+	}
+	if m, err := pgstore.Migrate(ctx, r.OwnerURL, pgstore.MigrateOptions{}); err != nil || m.RuntimeRole != r.Runtime {
+		t.Errorf("migrate again without --runtime-role: %+v %v, want the recorded role granted", m, err)
+	}
+}
+
+// TestRoles_OlderSchemaNeedsMigrate: a runtime role on a database whose
+// schema is older than the binary's does not try to migrate it: one line
+// naming sidecar migrate (STORE_MIGRATION_NEEDED).
+func TestRoles_OlderSchemaNeedsMigrate(t *testing.T) {
+	ctx := context.Background()
+	r := migrated(t)
+	owner, err := pgx.Connect(ctx, r.OwnerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close(ctx)
+	if _, err := owner.Exec(ctx, "DELETE FROM schema_migrations WHERE version = (SELECT max(version) FROM schema_migrations)"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = pgstore.Open(ctx, r.RuntimeURL, pgstore.Options{})
+	if !errors.Is(err, pgstore.ErrMigrationNeeded) || !strings.Contains(err.Error(), "sidecar migrate") {
+		t.Fatalf("an older schema as the runtime role: %v, want STORE_MIGRATION_NEEDED naming sidecar migrate", err)
+	}
+}
+
+// TestRoles_DocsQuoteTheSQL: docs/postgres.md quotes the roles and grants
+// the tests run, verbatim.
+func TestRoles_DocsQuoteTheSQL(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "postgres.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{filepath.Join("..", "..", "deploy", "postgres", "roles.sql"), "grants.sql"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(doc), "```sql\n"+string(b)+"```\n") {
+			t.Errorf("docs/postgres.md does not quote %s verbatim in a sql block", f)
+		}
+	}
+}
