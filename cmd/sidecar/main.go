@@ -67,6 +67,10 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		err = (&TokenCommand{m}).Run(ctx, rest)
 	case "bus":
 		err = (&BusCommand{m}).Run(ctx, rest)
+	case "migrate":
+		err = (&MigrateCommand{m}).Run(ctx, rest)
+	case "verify":
+		err = (&VerifyCommand{m}).Run(ctx, rest)
 	case "pause", "resume", "cancel", "retry":
 		err = (&ControlCommand{m: m, action: args[0]}).Run(ctx, rest)
 	case "help", "-h", "--help":
@@ -111,6 +115,8 @@ Commands:
                                          sidecar retry RUN_ID STEP_ID
   bus       the event bus's sinks; dead letters and their replay:
                                          sidecar bus [deadletters [--sink S] | replay --sink S [--key K ...]]
+  migrate   apply the PostgreSQL schema as its owner: sidecar migrate --store postgres://OWNER@... [--runtime-role R]
+  verify    check the PostgreSQL log's hash chain: sidecar verify --store postgres://... [RUN_ID...]
   demo      append a small run to the JetStream event log and show its snapshot
   key       print the idempotencyKey of an event
   token     make an API token and its tokens-file entry: sidecar token new --name N --roles R
