@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -88,15 +89,18 @@ func TestRoles_RuntimeRole(t *testing.T) {
 		"UPDATE run_events SET event_type = 'RunFailed' WHERE event_type = 'RunCompleted'",
 		"DELETE FROM run_events WHERE run_seq = 3",
 		"TRUNCATE run_events",
-		"INSERT INTO run_events SELECT * FROM run_events WHERE run_seq = 1",
+		`INSERT INTO run_events (run_id, run_seq, idempotency_key, event_id, event_type, body, log_seq, chain_hash)
+			VALUES ('run-forged', 1, 'k', 'e', 'RunStarted', '{}', -1, '\x00')`,
 		"UPDATE runs SET last_seq = 0",
 		"DELETE FROM run_snapshots WHERE false", // allowed: derived rows
 		"CREATE TABLE run_events_copy (x int)",
 		"CREATE OR REPLACE FUNCTION run_event_chain(bytea, text, bigint, bigint, timestamptz, text, text, text, text) RETURNS bytea LANGUAGE sql AS 'SELECT $1'",
 	} {
 		_, err := runtime.Exec(ctx, q)
-		if allowed := strings.HasPrefix(q, "DELETE FROM run_snapshots"); allowed != (err == nil) {
-			t.Errorf("as the runtime role, %s: %v, want refused", q, err)
+		var pe *pgconn.PgError
+		if allowed := strings.HasPrefix(q, "DELETE FROM run_snapshots"); allowed != (err == nil) ||
+			!allowed && (!errors.As(err, &pe) || pe.Code != "42501") {
+			t.Errorf("as the runtime role, %s: %v, want refused for want of privilege (42501)", q, err)
 		}
 	}
 	recs, err := s.Fetch(ctx, "run-r", 0, 0)
