@@ -96,3 +96,47 @@ func TestTamper_OwnerRewritesTheLog(t *testing.T) {
 		t.Errorf("%v snapshots discarded, want 2", n)
 	}
 }
+
+// TestTamper_OwnerRecomputesTheChain: an owner who rewrites a record and
+// recomputes its chain hash with the database's own function passes
+// sidecar verify (the limit docs/postgres.md names: every check reads the
+// same database), but a restarted store still discards the run's saved
+// snapshot, whose chain hash at the watermark is not the new one.
+func TestTamper_OwnerRecomputesTheChain(t *testing.T) {
+	ctx := context.Background()
+	r := migrated(t)
+	before := openDurable(t, r.RuntimeURL, prometheus.NewRegistry())
+	storetest.AppendSteps(t, before, "run-a", 0, 2)
+	if _, err := before.Append(ctx, storetest.Event("run-a", statestore.RunCompleted, "")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := before.ProjectSnapshot(ctx, "run-a"); err != nil {
+		t.Fatal(err)
+	}
+	before.Close()
+	owner, err := pgx.Connect(ctx, r.OwnerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close(ctx)
+	for _, q := range append(tamper[:2:2],
+		`UPDATE run_events e SET chain_hash = run_event_chain(p.chain_hash, e.run_id, e.run_seq, e.log_seq, e.persisted_at,
+			e.idempotency_key, e.event_id, e.event_type, e.body)
+			FROM run_events p WHERE e.run_id = 'run-a' AND e.run_seq = 6 AND p.run_id = 'run-a' AND p.run_seq = 5`,
+		"ALTER TABLE run_events ENABLE TRIGGER USER") {
+		if _, err := owner.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if v, err := pgstore.Verify(ctx, r.RuntimeURL, nil); err != nil || len(v.Broken) != 0 {
+		t.Fatalf("verify after a recomputed chain: %+v %v; want it to pass (the documented limit)", v, err)
+	}
+	reg := prometheus.NewRegistry()
+	a, err := openDurable(t, r.RuntimeURL, reg).ProjectSnapshot(ctx, "run-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Status != statestore.RunStatusFailed || !a.Stale {
+		t.Errorf("run-a after the rewrite with its chain recomputed: status %s, stale %v; want the log's FAILED, stale", a.Status, a.Stale)
+	}
+}
