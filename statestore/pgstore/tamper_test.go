@@ -2,6 +2,8 @@ package pgstore_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -138,5 +140,36 @@ func TestTamper_OwnerRecomputesTheChain(t *testing.T) {
 	}
 	if a.Status != statestore.RunStatusFailed || !a.Stale {
 		t.Errorf("run-a after the rewrite with its chain recomputed: status %s, stale %v; want the log's FAILED, stale", a.Status, a.Stale)
+	}
+}
+
+// TestTamper_LastRecordDeleted: a run whose last record the owner deleted
+// takes no append (the chain has nothing to go on from): STORE_DAMAGED,
+// nothing written, and verify names the missing runSeq.
+func TestTamper_LastRecordDeleted(t *testing.T) {
+	ctx := context.Background()
+	r := migrated(t)
+	s := open(t, r.RuntimeURL)
+	storetest.AppendSteps(t, s, "run-a", 0, 1)
+	owner, err := pgx.Connect(ctx, r.OwnerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close(ctx)
+	for _, q := range []string{tamper[0], "DELETE FROM run_events WHERE run_id = 'run-a' AND run_seq = 3", tamper[3]} {
+		if _, err := owner.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	_, err = s.Append(ctx, storetest.Event("run-a", statestore.RunCompleted, ""))
+	if !errors.Is(err, statestore.ErrDamaged) || !strings.Contains(err.Error(), "sidecar verify") {
+		t.Fatalf("append after the last record was deleted: %v, want STORE_DAMAGED naming sidecar verify", err)
+	}
+	if recs, err := s.Fetch(ctx, "run-a", 0, 0); err != nil || len(recs) != 2 {
+		t.Fatalf("after the refused append: %d records %v, want the 2 left", len(recs), err)
+	}
+	v, err := pgstore.Verify(ctx, r.RuntimeURL, []string{"run-a"})
+	if err != nil || len(v.Broken) != 1 || v.Broken[0].Code != pgstore.CodeRecordMissing || v.Broken[0].RunSeq != 3 {
+		t.Fatalf("verify: %+v %v, want run-a missing runSeq 3", v, err)
 	}
 }
