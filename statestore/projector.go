@@ -264,6 +264,8 @@ func (p *Projector) load(ctx context.Context, rp *runProjection, runID string) *
 	}
 	if c, ok := p.opts.Durable.(SnapshotChecker); ok {
 		if err := c.CheckSnapshot(ctx, d); errors.Is(err, ErrUnavailable) {
+			p.opts.Metrics.durableSnapshot("error")
+			p.log.Debug("persisted snapshot not checked; projecting from the log", zap.String("runId", runID), zap.Error(err))
 			return nil // cannot check it: projected from the log
 		} else if err != nil {
 			p.discard(ctx, rp, d, zap.Error(err))

@@ -141,6 +141,9 @@ func TestTamper_OwnerRecomputesTheChain(t *testing.T) {
 	if a.Status != statestore.RunStatusFailed || !a.Stale {
 		t.Errorf("run-a after the rewrite with its chain recomputed: status %s, stale %v; want the log's FAILED, stale", a.Status, a.Stale)
 	}
+	if n := storetest.Counter(t, reg, "sidecar_projector_durable_snapshots_total", "discarded"); n != 1 {
+		t.Errorf("%v snapshots discarded, want 1", n)
+	}
 }
 
 // TestTamper_LastRecordDeleted: a run whose last record the owner deleted

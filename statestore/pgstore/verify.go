@@ -112,77 +112,101 @@ func Verify(ctx context.Context, url string, runIDs []string) (Verified, error) 
 	}
 
 	var (
-		cur    string
-		prev   []byte
-		next   int64
-		broken bool
-		seen   = map[string]bool{}
-		endRun func()
-		rec    struct {
-			run, key, id, typ, body string
-			seq, logSeq             int64
-			at                      time.Time
-			chain                   []byte
-		}
+		cur  string
+		walk runWalk
+		rec  chainRow
+		seen = map[string]bool{}
 	)
-	report := func(code string, seq int64, msg string) {
-		out.Broken = append(out.Broken, Broken{RunID: cur, Code: code, RunSeq: seq, Message: msg})
-		broken = true
-	}
-	endRun = func() {
+	report := func(b Broken) { out.Broken = append(out.Broken, b) }
+	endRun := func() {
 		if cur == "" {
 			return
 		}
-		if !broken && lasts[cur] >= next {
-			report(CodeRecordMissing, next, fmt.Sprintf("runSeq %d to %d are missing: the run's last append was runSeq %d", next, lasts[cur], lasts[cur]))
+		if walk.broken == nil && lasts[cur] >= walk.next {
+			report(Broken{RunID: cur, Code: CodeRecordMissing, RunSeq: walk.next,
+				Message: fmt.Sprintf("runSeq %d to %d are missing: the run's last append was runSeq %d", walk.next, lasts[cur], lasts[cur])})
 		}
 		out.Runs++
 	}
-	rows, err = pool.Query(ctx, `SELECT run_id, run_seq, log_seq, persisted_at, idempotency_key, event_id, event_type, body, chain_hash
-		FROM run_events`+filter+" ORDER BY run_id, run_seq", args...)
+	rows, err = pool.Query(ctx, "SELECT "+chainColumns+" FROM run_events"+filter+" ORDER BY run_id, run_seq", args...)
 	if err != nil {
 		return out, unavailable("verify: read run_events", err)
 	}
-	_, err = pgx.ForEachRow(rows, []any{&rec.run, &rec.seq, &rec.logSeq, &rec.at, &rec.key, &rec.id, &rec.typ, &rec.body, &rec.chain}, func() error {
+	_, err = pgx.ForEachRow(rows, rec.dest(), func() error {
 		if rec.run != cur {
 			endRun()
-			cur, prev, next, broken = rec.run, genesis, 1, false
+			cur, walk = rec.run, runWalk{}
 			seen[cur] = true
 		}
 		out.Records++
-		if broken {
-			return nil
+		if b := walk.step(&rec); b != nil {
+			report(*b)
 		}
-		if rec.seq != next {
-			report(CodeRecordMissing, next, fmt.Sprintf("runSeq %d is missing (the next record is runSeq %d)", next, rec.seq))
-			return nil
-		}
-		if want := ChainHash(prev, rec.run, rec.seq, rec.logSeq, rec.at, rec.key, rec.id, rec.typ, rec.body); !bytes.Equal(want, rec.chain) {
-			report(CodeChainBroken, rec.seq, fmt.Sprintf("the record at runSeq %d (%s, eventId %s) is not the one its chain hash was computed over: it was changed", rec.seq, rec.typ, rec.id))
-			return nil
-		}
-		prev, next = append([]byte(nil), rec.chain...), next+1
 		return nil
 	})
 	if err != nil {
 		return out, unavailable("verify: read run_events", err)
 	}
 	endRun()
-	cur = ""
 	for _, id := range slices.Sorted(maps.Keys(lasts)) {
 		if !seen[id] && lasts[id] > 0 {
-			cur, broken = id, false
-			report(CodeRecordMissing, 1, fmt.Sprintf("every record is missing: the run's last append was runSeq %d", lasts[id]))
+			report(Broken{RunID: id, Code: CodeRecordMissing, RunSeq: 1,
+				Message: fmt.Sprintf("every record is missing: the run's last append was runSeq %d", lasts[id])})
 			out.Runs++
 		}
 		seen[id] = true
 	}
 	for _, id := range runIDs {
 		if !seen[id] {
-			cur = id
-			report(CodeRunNotFound, 0, "the log has no run "+id)
+			report(Broken{RunID: id, Code: CodeRunNotFound, Message: "the log has no run " + id})
 			seen[id] = true
 		}
 	}
 	return out, nil
+}
+
+// chainColumns are the columns a chainRow scans.
+const chainColumns = "run_events.run_id, run_events.run_seq, run_events.log_seq, run_events.persisted_at, run_events.idempotency_key, " +
+	"run_events.event_id, run_events.event_type, run_events.body, run_events.chain_hash"
+
+// chainRow is a record as the chain covers it.
+type chainRow struct {
+	run, key, id, typ, body string
+	seq, logSeq             int64
+	at                      time.Time
+	chain                   []byte
+}
+
+func (r *chainRow) dest() []any {
+	return []any{&r.run, &r.seq, &r.logSeq, &r.at, &r.key, &r.id, &r.typ, &r.body, &r.chain}
+}
+
+// runWalk checks one run's records, given in runSeq order, against the
+// chain: each must be the next runSeq and carry the chain hash recomputed
+// from the previous one. It stops at the first that does not (broken).
+type runWalk struct {
+	prev   []byte
+	next   int64
+	broken *Broken
+}
+
+// step checks r and returns the run's first problem when r is it.
+func (w *runWalk) step(r *chainRow) *Broken {
+	if w.broken != nil {
+		return nil
+	}
+	if w.next == 0 {
+		w.prev, w.next = genesis, 1
+	}
+	switch {
+	case r.seq != w.next:
+		w.broken = &Broken{RunID: r.run, Code: CodeRecordMissing, RunSeq: w.next,
+			Message: fmt.Sprintf("runSeq %d is missing (the next record is runSeq %d)", w.next, r.seq)}
+	case !bytes.Equal(ChainHash(w.prev, r.run, r.seq, r.logSeq, r.at, r.key, r.id, r.typ, r.body), r.chain):
+		w.broken = &Broken{RunID: r.run, Code: CodeChainBroken, RunSeq: r.seq,
+			Message: fmt.Sprintf("the record at runSeq %d (%s, eventId %s) is not the one its chain hash was computed over: it was changed", r.seq, r.typ, r.id)}
+	default:
+		w.prev, w.next = append([]byte(nil), r.chain...), w.next+1
+	}
+	return w.broken
 }

@@ -9,14 +9,15 @@
 -- event_id, event_type and body, each as a 4-byte big-endian length and
 -- its UTF-8 bytes. `sidecar verify` recomputes the same in Go.
 
+-- Both are plain SQL expressions, STABLE as convert_to is.
 CREATE FUNCTION run_event_field(p text) RETURNS bytea
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT int4send(octet_length(convert_to(p, 'UTF8'))) || convert_to(p, 'UTF8')
 $$;
 
 CREATE FUNCTION run_event_chain(p_prev bytea, p_run text, p_seq bigint, p_log bigint, p_at timestamptz,
     p_key text, p_id text, p_type text, p_body text) RETURNS bytea
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT sha256(p_prev || int8send(p_seq) || int8send(p_log) || timestamptz_send(p_at)
         || run_event_field(p_run) || run_event_field(p_key) || run_event_field(p_id)
         || run_event_field(p_type) || run_event_field(p_body))
