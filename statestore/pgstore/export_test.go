@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
 // MigrateTo applies the migrations up to version to the database at url,
@@ -26,4 +28,12 @@ func MigrateTo(ctx context.Context, url string, version int) error {
 	}
 	_, err = migrateTo(ctx, pool, some, "")
 	return err
+}
+
+// Snapshots is the store's statestore.SnapshotStore on run_snapshots.
+func Snapshots(s *Store) interface {
+	statestore.SnapshotStore
+	statestore.SnapshotChecker
+} {
+	return snapshots{s}
 }

@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -75,5 +76,33 @@ func TestProjector_SnapshotTheLogContradicts(t *testing.T) {
 	}
 	if n := storetest.Counter(t, reg, "sidecar_projector_durable_snapshots_total", "discarded"); n != 1 {
 		t.Fatalf("%v discarded, want 1", n)
+	}
+}
+
+// TestSnapshots_ChainAtTheWatermark: a snapshot is saved with the chain
+// hash of the record at its watermark, not of the run's latest record
+// (records appended while it was projected), so that its check passes;
+// the check fails for a watermark the saved hash is not at.
+func TestSnapshots_ChainAtTheWatermark(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, pgtest.URL(t))
+	storetest.AppendSteps(t, s, "run-w", 0, 2) // 5 records
+	recs, err := s.Fetch(ctx, "run-w", 0, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, _ := statestore.Reduce(nil, recs)
+	d := &statestore.DurableSnapshot{Version: statestore.DurableSnapshotVersion, Snapshot: snap, LastEventID: recs[2].EventID}
+	store := pgstore.Snapshots(s)
+	if err := store.SaveSnapshot(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.CheckSnapshot(ctx, d); err != nil {
+		t.Fatalf("check of a snapshot at runSeq 3 of 5: %v", err)
+	}
+	later := *snap
+	later.LastEventSeq = 4
+	if err := store.CheckSnapshot(ctx, &statestore.DurableSnapshot{Version: d.Version, Snapshot: &later, LastEventID: d.LastEventID}); !errors.Is(err, pgstore.ErrChainBroken) {
+		t.Fatalf("check at runSeq 4 of a hash saved at 3: %v, want LOG_CHAIN_BROKEN", err)
 	}
 }
