@@ -260,7 +260,7 @@ func (c *Controller) Pause(ctx context.Context, runID, workflowID string, req Pa
 			return nil, err
 		}
 		if snap.Status == statestore.RunStatusPaused {
-			st, err := c.withEngine(ctx, snap, c.applied(ctx, runID, true, snap.Pause.Cycle, c.engine.Pause(ctx, workflowID)))
+			st, err := c.withEngine(ctx, snap, c.settle(ctx, runID, workflowID, true, snap.Pause.Cycle, c.applied(ctx, runID, true, snap.Pause.Cycle, c.engine.Pause(ctx, workflowID))))
 			st.Notice = fmt.Sprintf("the run was already paused (cycle %d); nothing was recorded", snap.Pause.Cycle)
 			if have := int64(timeoutOf(snap.Pause, c.opts.DefaultTimeout) / time.Second); req.TimeoutSeconds != 0 && req.TimeoutSeconds != have {
 				st.Notice += fmt.Sprintf(", and its drain timeout stays %ds: this request's %ds is not applied (resume, then pause again, to change it)", have, req.TimeoutSeconds)
@@ -310,6 +310,7 @@ func (c *Controller) Pause(ctx context.Context, runID, workflowID string, req Pa
 	engineBegan := c.opts.Now()
 	engineErr := c.applied(ctx, runID, true, cycle, c.engine.Pause(ctx, workflowID))
 	c.opts.Metrics.enginePause(c.opts.Now().Sub(engineBegan))
+	engineErr = c.settle(ctx, runID, workflowID, true, cycle, engineErr)
 	c.Nudge(runID)
 	snap, err := c.snapshot(ctx, runID)
 	if err != nil {
@@ -372,7 +373,7 @@ func (c *Controller) Resume(ctx context.Context, runID, workflowID string, req R
 		if isEngineConflict(err) {
 			err = nil
 		}
-		return c.withEngine(ctx, snap, c.applied(ctx, runID, false, snap.Pause.Cycle, err))
+		return c.withEngine(ctx, snap, c.settle(ctx, runID, workflowID, false, snap.Pause.Cycle, c.applied(ctx, runID, false, snap.Pause.Cycle, err)))
 	}
 	if snap.Status != statestore.RunStatusPaused || snap.Pause == nil {
 		return nil, c.invalid(snap, statestore.RunResumed)
@@ -406,7 +407,7 @@ func (c *Controller) Resume(ctx context.Context, runID, workflowID string, req R
 		c.logger.Info("Conductor's workflow was not paused; the resume is recorded and the workflow runs", zap.String("runId", runID), zap.Error(err))
 		err = nil
 	}
-	engineErr := c.applied(ctx, runID, false, snap.Pause.Cycle, err)
+	engineErr := c.settle(ctx, runID, workflowID, false, snap.Pause.Cycle, c.applied(ctx, runID, false, snap.Pause.Cycle, err))
 	snap, err = c.snapshot(ctx, runID)
 	if err != nil {
 		return nil, err
@@ -559,6 +560,47 @@ func (c *Controller) applied(ctx context.Context, runID string, paused bool, cyc
 	}
 	if err := c.opts.Ledger.NoteEngine(ctx, runID, paused, cycle); err != nil {
 		c.logger.Warn("could not note Conductor's pause state in the run index", zap.String("runId", runID), zap.Error(err))
+	}
+	return nil
+}
+
+// settleRounds bounds how often one request applies a later pause state
+// to Conductor after its own call (settle).
+const settleRounds = 4
+
+// settle keeps Conductor at the log's pause state after a request set it
+// to paused (or not) at cycle: concurrent pause and resume requests append
+// in one order and may reach Conductor in the other. After its own call
+// each request reads the log again and, when the log has moved on,
+// applies the log's state. The last call to reach Conductor is always
+// followed by such a read, which sees every event appended before it, so
+// Conductor ends as the log says, and the run watcher never takes the
+// sidecar's own reordered calls for a pause or resume made in Conductor.
+// A call that failed (engineErr) applied nothing: it is returned as it is.
+func (c *Controller) settle(ctx context.Context, runID, workflowID string, paused bool, cycle int64, engineErr error) error {
+	if engineErr != nil {
+		return engineErr
+	}
+	for range settleRounds {
+		snap, err := c.snapshot(ctx, runID)
+		if err != nil || snap.CancelRequested || statestore.IsTerminalRunStatus(snap.Status) || snap.Pause == nil {
+			return nil // the watcher converges what is left
+		}
+		want := snap.Status == statestore.RunStatusPaused
+		if want == paused && snap.Pause.Cycle == cycle {
+			return nil
+		}
+		if want {
+			err = c.engine.Pause(ctx, workflowID)
+		} else if err = c.engine.Resume(ctx, workflowID); isEngineConflict(err) {
+			err = nil
+		}
+		if err := c.applied(ctx, runID, want, snap.Pause.Cycle, err); err != nil {
+			return err
+		}
+		c.logger.Info("a concurrent request changed the run's pause state; applied the log's state to Conductor",
+			zap.String("runId", runID), zap.Bool("paused", want), zap.Int64("cycle", snap.Pause.Cycle))
+		paused, cycle = want, snap.Pause.Cycle
 	}
 	return nil
 }
