@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -178,7 +179,7 @@ func (s *Server) controlRoute(action string, h func(http.ResponseWriter, *http.R
 		case errors.Is(err, ErrKeyReused):
 			s.countControl(action, "bad_request")
 			return &apiError{status: http.StatusUnprocessableEntity, Code: CodeKeyReused,
-				Message: "this Idempotency-Key was first used for another request (run, action, step or body); use a new key"}
+				Message: "this Idempotency-Key was first used for another request (another caller, run, action, step or body); use a new key"}
 		case errors.Is(err, ErrReplyPending):
 			s.countControl(action, "in_progress")
 			return &apiError{status: http.StatusConflict, Code: CodeInProgress,
@@ -221,12 +222,25 @@ func (s *Server) controlRoute(action string, h func(http.ResponseWriter, *http.R
 }
 
 // replyKey names a kept reply: the key is scoped to the run, the action
-// (path) and the client's key; the fingerprint adds the body, so that a
-// key reused with another body is refused rather than replayed.
+// (path) and the client's key; the fingerprint adds the principal (its
+// name and scope; none without authentication) and the body, so that a
+// key reused by another principal, or with another body, is refused
+// rather than replayed: a kept answer is only ever shown to the caller
+// whose request it answered.
 func replyKey(r *http.Request, idem string, body []byte) (key, fp string) {
 	k := sha256.Sum256([]byte(r.Method + " " + r.URL.Path + "\x00" + idem))
-	f := sha256.Sum256(append([]byte(r.Method+" "+r.URL.Path+"\x00"+idem+"\x00"), body...))
-	return "r" + hex.EncodeToString(k[:]), hex.EncodeToString(f[:])
+	var who []byte
+	if p := PrincipalFrom(r.Context()); p != nil {
+		who, _ = json.Marshal([]string{p.Name, p.Scope.TenantID, p.Scope.ProjectID, p.Scope.EnvironmentID})
+	}
+	h := sha256.New()
+	for _, part := range [][]byte{[]byte(r.Method + " " + r.URL.Path), []byte(idem), who, body} {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+		h.Write(n[:])
+		h.Write(part)
+	}
+	return "r" + hex.EncodeToString(k[:]), hex.EncodeToString(h.Sum(nil))
 }
 
 // resultOf is the result label of a control answer's status: ok,

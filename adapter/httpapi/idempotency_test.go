@@ -307,3 +307,56 @@ func controlCount(t *testing.T, reg *prometheus.Registry, action, result string)
 	t.Fatalf("no sidecar_control_requests_total{action=%q,result=%q}", action, result)
 	return 0
 }
+
+// TestIdempotencyKey_ScopedToThePrincipal: a kept answer is replayed only
+// to the principal whose request it answered. Another principal reusing
+// the key with the same body is refused (422, not the first answer), and
+// the action does not run for it.
+func TestIdempotencyKey_ScopedToThePrincipal(t *testing.T) {
+	for _, backend := range replyBackends {
+		t.Run(backend, func(t *testing.T) {
+			ctx := context.Background()
+			replies, _ := openReplies(t, backend)
+			runs := memstore.New(statestore.ProjectorOptions{})
+			if _, err := runs.Append(ctx, storetest.Event("run-1", statestore.RunStarted, "")); err != nil {
+				t.Fatal(err)
+			}
+			creds, err := httpapi.LoadCredentials(writeTokens(t, t.TempDir(), tokensYAML(
+				principal("root", "tok-admin", "admin", ""),
+				principal("ops-2", "tok-ops-2", "operator", ""),
+			)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			control := &countingControl{}
+			srv := httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: runs, Control: control, Replies: replies, Auth: creds}).Handler())
+			t.Cleanup(srv.Close)
+			post := func(token string) replyAnswer {
+				req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/runs/run-1/pause", strings.NewReader(`{"reason":"deploy"}`))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Authorization", "Bearer "+token)
+				req.Header.Set(httpapi.IdempotencyKeyHeader, "shared-key")
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				return replyAnswer{resp.StatusCode, string(bytes.TrimSpace(b)), resp.Header.Get(httpapi.ReplayedHeader) == "true"}
+			}
+			if first := post("tok-admin"); first.status != http.StatusOK {
+				t.Fatalf("admin's pause: %+v", first)
+			}
+			got := post("tok-ops-2")
+			if got.status != http.StatusUnprocessableEntity || got.replayed || codeOf(t, got.body) != httpapi.CodeKeyReused {
+				t.Fatalf("another principal reusing the key: got %+v, want 422 %s", got, httpapi.CodeKeyReused)
+			}
+			if again := post("tok-admin"); again.status != http.StatusOK || !again.replayed {
+				t.Fatalf("the admin's own retry: %+v, want the replay", again)
+			}
+			if n := control.calls.Load(); n != 1 {
+				t.Fatalf("control reached %d times, want 1", n)
+			}
+		})
+	}
+}

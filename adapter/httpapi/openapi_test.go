@@ -205,6 +205,8 @@ func newContractEnv(t *testing.T) *contractEnv {
 		principal("root", "tok-admin", "admin", ""),
 		principal("v", "tok-viewer", "viewer", ""),
 		principal("s", "tok-sub", "submitter", ""),
+		// Scoped to a tenant no run of the log belongs to.
+		principal("ops-b", "tok-ops-b", "operator, viewer", "tenantId: tenant_b"),
 	)))
 	if err != nil {
 		t.Fatal(err)
@@ -346,12 +348,13 @@ func TestOpenAPI_EveryAnswerDocumented(t *testing.T) {
 			t.Errorf("%s %s: the body does not match the documented schema: %v\n%s", opKey, status, err, a.body)
 		}
 	}
-	run := func(opKey string, srv *httptest.Server, path, token, contentType, body, key string) {
+	run := func(opKey string, srv *httptest.Server, path, token, contentType, body, key string) apiAnswer {
 		t.Helper()
 		method, _, _ := strings.Cut(opKey, " ")
 		a := e.do(t, srv, method, path, token, contentType, body, key)
 		status := fmt.Sprint(a.status)
 		check(opKey, status, a, schemaPointer(doc, opKey, status))
+		return a
 	}
 	big := `{"reason":"` + strings.Repeat("x", httpapi.MaxBodyBytes) + `"}`
 	const js = "application/json"
@@ -450,6 +453,11 @@ func TestOpenAPI_EveryAnswerDocumented(t *testing.T) {
 		key := "bulk-" + action
 		run(opKey, e.srv, path, "tok-admin", js, `{"labelSelector":"team=data","reason":"first"}`, key)
 		run(opKey, e.srv, path, "tok-admin", js, `{"labelSelector":"team=data","reason":"second"}`, key)
+		// Another principal (scoped to another tenant) reusing the key and
+		// the body: refused, never the admin's answer with its runs.
+		if a := run(opKey, e.srv, path, "tok-ops-b", js, `{"labelSelector":"team=data","reason":"first"}`, key); a.status != http.StatusUnprocessableEntity || bytes.Contains(a.body, []byte("run-1")) {
+			t.Errorf("%s: another principal reusing the admin's Idempotency-Key: %d %s, want 422 IDEMPOTENCY_KEY_REUSED", opKey, a.status, a.body)
+		}
 		// The same key while its first request is being answered.
 		e.control.set(nil, time.Second)
 		slow := make(chan struct{})
