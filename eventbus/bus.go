@@ -205,14 +205,16 @@ func (b *Bus) Status(ctx context.Context) ([]SinkStatus, error) {
 }
 
 // DeadLetters lists up to limit dead letters of sink ("" every sink)
-// whose keys sort after after ("": from the first).
-func (b *Bus) DeadLetters(ctx context.Context, sink, after string, limit int) ([]DeadLetter, error) {
+// whose keys sort after after ("": from the first) and that keep accepts
+// (nil: every one; a caller's scope, say). The ones keep refuses are
+// skipped, not counted: a page is full whenever enough of them remain.
+func (b *Bus) DeadLetters(ctx context.Context, sink, after string, limit int, keep func(*DeadLetter) bool) ([]DeadLetter, error) {
 	if sink != "" {
 		if _, ok := b.couriers[sink]; !ok {
 			return nil, &Error{Code: CodeSinkUnknown, Message: "no sink named " + strconv.Quote(sink)}
 		}
 	}
-	return b.dead.list(ctx, sink, after, limit)
+	return b.dead.list(ctx, sink, after, limit, keep)
 }
 
 // ReplayResult is the outcome of replaying one dead letter.
@@ -227,13 +229,16 @@ type ReplayResult struct {
 
 // Replay delivers the dead letters keys of sink again, once each, in the
 // order given (all of sink's, oldest first, when keys is empty); a
-// delivered one is removed, a failed one kept.
-func (b *Bus) Replay(ctx context.Context, sink string, keys []string) ([]ReplayResult, error) {
+// delivered one is removed, a failed one kept. A dead letter keep refuses
+// (nil keeps every one) is left alone as if it did not exist: not_found
+// when its key is given, left out when keys is empty.
+func (b *Bus) Replay(ctx context.Context, sink string, keys []string, keep func(*DeadLetter) bool) ([]ReplayResult, error) {
 	c, ok := b.couriers[sink]
 	if !ok {
 		return nil, &Error{Code: CodeSinkUnknown, Message: "no sink named " + strconv.Quote(sink)}
 	}
-	if len(keys) == 0 {
+	all := len(keys) == 0
+	if all {
 		var err error
 		if keys, err = b.dead.keys(ctx, sink); err != nil {
 			return nil, err
@@ -242,8 +247,10 @@ func (b *Bus) Replay(ctx context.Context, sink string, keys []string) ([]ReplayR
 	out := make([]ReplayResult, 0, len(keys))
 	for _, key := range keys {
 		dl, err := b.dead.get(ctx, key)
-		if errors.Is(err, jetstream.ErrKeyNotFound) || (err == nil && sinkOf(key) != sink) {
-			out = append(out, ReplayResult{Key: key, Outcome: "not_found"})
+		if errors.Is(err, jetstream.ErrKeyNotFound) || (err == nil && sinkOf(key) != sink) || (err == nil && keep != nil && !keep(&dl)) {
+			if !all {
+				out = append(out, ReplayResult{Key: key, Outcome: "not_found"})
+			}
 			continue
 		}
 		if err != nil {

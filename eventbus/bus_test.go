@@ -270,25 +270,25 @@ func TestBus_DeadLetterAndReplay(t *testing.T) {
 		t.Fatalf("%v failed attempts, want 1 (refused) + 3 (MaxAttempts)", n)
 	}
 	ctx := context.Background()
-	dls, err := b.DeadLetters(ctx, "audit", "", 100)
+	dls, err := b.DeadLetters(ctx, "audit", "", 100, nil)
 	if err != nil || len(dls) != 2 || dls[0].EventID != refused || dls[1].EventID != flaky || dls[0].Attempts != 1 || dls[1].Attempts != 3 {
 		t.Fatalf("dead letters %+v %v, want the refused (1 attempt) then the flaky (3 attempts)", dls, err)
 	}
 	if !strings.Contains(dls[0].Error, "400") || dls[1].RunID != log[4].RunID || dls[1].LogSeq != uint64(log[4].RunSeq) || dls[1].Sink != "audit" {
 		t.Fatalf("dead letters %+v: want the cause and the event's run and log sequence", dls)
 	}
-	if _, err := b.DeadLetters(ctx, "nope", "", 10); !errors.Is(err, eventbus.ErrSinkUnknown) {
+	if _, err := b.DeadLetters(ctx, "nope", "", 10, nil); !errors.Is(err, eventbus.ErrSinkUnknown) {
 		t.Fatalf("an unknown sink: %v, want BUS_SINK_UNKNOWN", err)
 	}
 	// Replayed while the consumer still fails: kept.
-	res, err := b.Replay(ctx, "audit", []string{dls[0].Key})
+	res, err := b.Replay(ctx, "audit", []string{dls[0].Key}, nil)
 	if err != nil || len(res) != 1 || res[0].Outcome != "failed" {
 		t.Fatalf("replay while refused: %+v %v, want failed", res, err)
 	}
 	mu.Lock()
 	fixed = true
 	mu.Unlock()
-	res, err = b.Replay(ctx, "audit", []string{dls[0].Key, dls[1].Key, "audit.nope"})
+	res, err = b.Replay(ctx, "audit", []string{dls[0].Key, dls[1].Key, "audit.nope"}, nil)
 	if err != nil || len(res) != 3 || res[0].Outcome != "delivered" || res[1].Outcome != "delivered" || res[2].Outcome != "not_found" {
 		t.Fatalf("replay: %+v %v, want delivered, delivered, not_found", res, err)
 	}
@@ -296,7 +296,7 @@ func TestBus_DeadLetterAndReplay(t *testing.T) {
 	if got[len(got)-2] != refused || got[len(got)-1] != flaky {
 		t.Fatalf("the replayed events did not reach the consumer: %v", got[len(got)-2:])
 	}
-	if dls, err := b.DeadLetters(ctx, "", "", 100); err != nil || len(dls) != 0 {
+	if dls, err := b.DeadLetters(ctx, "", "", 100, nil); err != nil || len(dls) != 0 {
 		t.Fatalf("after replay: %d dead letters (%v), want none", len(dls), err)
 	}
 	if n := metric(t, reg, "sidecar_eventbus_dead_letters", "audit"); n != 0 {

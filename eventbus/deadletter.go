@@ -102,8 +102,8 @@ func (d *deadLetters) keys(ctx context.Context, sink string) ([]string, error) {
 }
 
 // list returns up to limit dead letters of sink ("" every sink) whose
-// keys sort after after.
-func (d *deadLetters) list(ctx context.Context, sink, after string, limit int) ([]DeadLetter, error) {
+// keys sort after after and that keep accepts (nil: all).
+func (d *deadLetters) list(ctx context.Context, sink, after string, limit int, keep func(*DeadLetter) bool) ([]DeadLetter, error) {
 	keys, err := d.keys(ctx, sink)
 	if err != nil {
 		return nil, err
@@ -122,6 +122,9 @@ func (d *deadLetters) list(ctx context.Context, sink, after string, limit int) (
 		}
 		if err != nil {
 			return out, err
+		}
+		if keep != nil && !keep(&dl) {
+			continue
 		}
 		out = append(out, dl)
 	}

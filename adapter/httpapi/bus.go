@@ -12,8 +12,10 @@ import (
 // Bus is the event bus as the API shows it; *eventbus.Bus satisfies it.
 type Bus interface {
 	Status(ctx context.Context) ([]eventbus.SinkStatus, error)
-	DeadLetters(ctx context.Context, sink, after string, limit int) ([]eventbus.DeadLetter, error)
-	Replay(ctx context.Context, sink string, keys []string) ([]eventbus.ReplayResult, error)
+	// DeadLetters and Replay see only the dead letters keep accepts
+	// (nil: all): the caller's scope.
+	DeadLetters(ctx context.Context, sink, after string, limit int, keep func(*eventbus.DeadLetter) bool) ([]eventbus.DeadLetter, error)
+	Replay(ctx context.Context, sink string, keys []string, keep func(*eventbus.DeadLetter) bool) ([]eventbus.ReplayResult, error)
 }
 
 // Limits of GET /v1/bus/deadletters.
@@ -49,7 +51,34 @@ type ReplayAnswer struct {
 
 var replaySchema = plan.JSONObject(map[string]plan.Schema{"sink": plan.JSONString, "keys": plan.JSONStringList})
 
+// inScope returns the dead letters a scoped principal may see and replay:
+// those of runs in its scope, by the run's snapshot (its RunStarted), as
+// for a run route; nil (all) without authentication or for an unscoped
+// principal. A run the log cannot show is out of scope: fail closed.
+func (s *Server) inScope(r *http.Request) func(*eventbus.DeadLetter) bool {
+	p := PrincipalFrom(r.Context())
+	if p == nil || p.Scope == (Scope{}) {
+		return nil
+	}
+	seen := map[string]bool{}
+	return func(dl *eventbus.DeadLetter) bool {
+		ok, known := seen[dl.RunID]
+		if !known {
+			snap, err := s.opts.Log.ProjectSnapshot(r.Context(), dl.RunID)
+			ok = err == nil && p.Scope.Allows(snap.TenantID, snap.ProjectID, snap.EnvironmentID)
+			seen[dl.RunID] = ok
+		}
+		return ok
+	}
+}
+
+// busStatus serves GET /v1/bus. The sinks' cursors and dead-letter counts
+// cover every tenant's events: a scoped principal is refused.
 func (s *Server) busStatus(w http.ResponseWriter, r *http.Request) error {
+	if p := PrincipalFrom(r.Context()); p != nil && p.Scope != (Scope{}) {
+		return &apiError{status: http.StatusForbidden, Code: CodeForbidden,
+			Message: p.Name + " is scoped to a tenant, project or environment and the bus status covers every run; list your dead letters with GET /v1/bus/deadletters"}
+	}
 	sinks, err := s.opts.Bus.Status(r.Context())
 	if err != nil {
 		return err
@@ -67,7 +96,7 @@ func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request) error {
 		}
 		limit = n
 	}
-	dls, err := s.opts.Bus.DeadLetters(r.Context(), q.Get("sink"), q.Get("after"), limit+1)
+	dls, err := s.opts.Bus.DeadLetters(r.Context(), q.Get("sink"), q.Get("after"), limit+1, s.inScope(r))
 	if err != nil {
 		return err
 	}
@@ -87,7 +116,7 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) error {
 	if req.Sink == "" {
 		return badRequest("sink", "sink is required")
 	}
-	res, err := s.opts.Bus.Replay(r.Context(), req.Sink, req.Keys)
+	res, err := s.opts.Bus.Replay(r.Context(), req.Sink, req.Keys, s.inScope(r))
 	if err != nil {
 		return err
 	}

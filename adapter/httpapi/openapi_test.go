@@ -207,6 +207,8 @@ func newContractEnv(t *testing.T) *contractEnv {
 		principal("s", "tok-sub", "submitter", ""),
 		// Scoped to a tenant no run of the log belongs to.
 		principal("ops-b", "tok-ops-b", "operator, viewer", "tenantId: tenant_b"),
+		// Scoped to the tenant of the log's runs (storetest.Event's).
+		principal("v-acme", "tok-v-acme", "viewer", "tenantId: tenant_acme"),
 	)))
 	if err != nil {
 		t.Fatal(err)
@@ -261,7 +263,7 @@ func newContractEnv(t *testing.T) *contractEnv {
 func waitDeadLetters(ctx context.Context, bus *eventbus.Bus, n int) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		dls, err := bus.DeadLetters(ctx, "", "", 100)
+		dls, err := bus.DeadLetters(ctx, "", "", 100, nil)
 		if err == nil && len(dls) >= n {
 			return nil
 		}
@@ -479,7 +481,29 @@ func TestOpenAPI_EveryAnswerDocumented(t *testing.T) {
 	run(dl, e.srv, "/v1/bus/deadletters?limit=0", "tok-viewer", "", "", "")
 	run(dl, e.srv, "/v1/bus/deadletters?sink=nope", "tok-viewer", "", "", "")
 	run(dl, e.down, "/v1/bus/deadletters", "tok-viewer", "", "", "")
+	// Scoped principals: the dead letters of other tenants' runs are
+	// neither listed nor replayed, and the bus status is for unscoped ones.
+	if a := run(dl, e.srv, "/v1/bus/deadletters", "tok-ops-b", "", "", ""); a.status != http.StatusOK || bytes.Contains(a.body, []byte("run-")) {
+		t.Errorf("a viewer scoped to tenant_b listed dead letters of tenant_acme: %d %s", a.status, a.body)
+	}
+	if a := run("GET /v1/bus", e.srv, "/v1/bus", "tok-ops-b", "", "", ""); a.status != http.StatusForbidden {
+		t.Errorf("a scoped viewer read the bus status of every tenant: %d %s", a.status, a.body)
+	}
+	if a := run(dl, e.srv, "/v1/bus/deadletters", "tok-v-acme", "", "", ""); !bytes.Contains(a.body, []byte("run-1")) {
+		t.Errorf("a viewer scoped to tenant_acme does not see its dead letters: %d %s", a.status, a.body)
+	}
 	replay := "POST /v1/bus/deadletters:replay"
+	if a := run(replay, e.srv, "/v1/bus/deadletters:replay", "tok-ops-b", js, `{"sink":"hook"}`, ""); a.status != http.StatusOK || bytes.Contains(a.body, []byte(`"failed"`)) || bytes.Contains(a.body, []byte(`"key"`)) {
+		t.Errorf("an operator scoped to tenant_b replayed (or saw) dead letters of tenant_acme: %d %s", a.status, a.body)
+	}
+	var dls httpapi.DeadLetterList
+	_ = json.Unmarshal(e.do(t, e.srv, "GET", "/v1/bus/deadletters", "tok-admin", "", "", "").body, &dls)
+	if len(dls.DeadLetters) == 0 {
+		t.Fatal("no dead letters to replay")
+	}
+	if a := run(replay, e.srv, "/v1/bus/deadletters:replay", "tok-ops-b", js, `{"sink":"hook","keys":["`+dls.DeadLetters[0].Key+`"]}`, ""); a.status != http.StatusOK || !bytes.Contains(a.body, []byte(`"not_found"`)) {
+		t.Errorf("an operator scoped to tenant_b replaying a dead letter of tenant_acme by its key: %d %s, want not_found", a.status, a.body)
+	}
 	run(replay, e.srv, "/v1/bus/deadletters:replay", "tok-admin", js, `{"sink":"hook"}`, "")
 	run(replay, e.srv, "/v1/bus/deadletters:replay", "tok-admin", js, `{"keys":["x"]}`, "")
 	run(replay, e.srv, "/v1/bus/deadletters:replay", "tok-admin", js, `{"sink":"nope"}`, "")
