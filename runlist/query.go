@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"sort"
 	"strings"
@@ -91,13 +92,23 @@ func (p position) token() string {
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
+// maxTokenBytes bounds a continue token: the longest token() makes (a
+// runId of statestore.MaxIDBytes, each byte escaped by JSON) fits.
+const maxTokenBytes = 4096
+
 func parseToken(s string) (position, error) {
 	var p position
+	if len(s) > maxTokenBytes {
+		return p, &Error{Code: CodeContinueInvalid, Message: fmt.Sprintf("a continue token is at most %d bytes: what the previous page returned, unchanged", maxTokenBytes)}
+	}
 	b, err := base64.RawURLEncoding.DecodeString(s)
 	if err == nil {
 		err = json.Unmarshal(b, &p)
 	}
-	if err != nil || p.RunID == "" {
+	if err == nil {
+		err = statestore.CheckID(p.RunID, true)
+	}
+	if err != nil {
 		return p, &Error{Code: CodeContinueInvalid, Message: "a continue token is what the previous page returned, unchanged"}
 	}
 	return p, nil

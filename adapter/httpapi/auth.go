@@ -232,6 +232,9 @@ func PrincipalFrom(ctx context.Context) *Principal {
 // authenticated principal; without authentication, what the caller says
 // (local use), or "anonymous".
 func requestedBy(ctx context.Context, claimed string) (string, error) {
+	if err := checkOptionalIDs(false, [2]string{"requestedBy", claimed}); err != nil {
+		return "", err
+	}
 	p := PrincipalFrom(ctx)
 	switch {
 	case p == nil && claimed != "":

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strconv"
 
@@ -96,6 +97,9 @@ func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request) error {
 		}
 		limit = n
 	}
+	if err := checkOptionalIDs(false, [2]string{"sink", q.Get("sink")}, [2]string{"after", q.Get("after")}); err != nil {
+		return err
+	}
 	dls, err := s.opts.Bus.DeadLetters(r.Context(), q.Get("sink"), q.Get("after"), limit+1, s.inScope(r))
 	if err != nil {
 		return err
@@ -115,6 +119,14 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) error {
 	}
 	if req.Sink == "" {
 		return badRequest("sink", "sink is required")
+	}
+	if err := checkID("sink", req.Sink, false); err != nil {
+		return err
+	}
+	for i, k := range req.Keys {
+		if err := checkID(fmt.Sprintf("keys[%d]", i), k, false); err != nil {
+			return err
+		}
 	}
 	res, err := s.opts.Bus.Replay(r.Context(), req.Sink, req.Keys, s.inScope(r))
 	if err != nil {

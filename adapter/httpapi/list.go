@@ -64,6 +64,10 @@ func listFilter(r *http.Request, q url.Values) (f runlist.Filter, ok bool, err e
 		TenantID: q.Get("tenantId"), ProjectID: q.Get("projectId"), EnvironmentID: q.Get("environmentId"),
 		PlanID: q.Get("planId"), PlanVersion: q.Get("planVersion"), Substatus: q.Get("substatus"),
 	}
+	if err := checkOptionalIDs(true, [2]string{"tenantId", f.TenantID}, [2]string{"projectId", f.ProjectID},
+		[2]string{"environmentId", f.EnvironmentID}, [2]string{"planId", f.PlanID}, [2]string{"planVersion", f.PlanVersion}); err != nil {
+		return f, false, err
+	}
 	for _, v := range q["status"] {
 		for _, st := range strings.Split(v, ",") {
 			st = strings.ToUpper(strings.TrimSpace(st))

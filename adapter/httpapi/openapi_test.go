@@ -385,6 +385,19 @@ func TestOpenAPI_EveryAnswerDocumented(t *testing.T) {
 			run(opKey, e.srv, path, "tok-admin", js, big, "")
 			run(opKey, e.srv, path, "tok-admin", "text/plain", body, "")
 		}
+		// A path id longer than statestore.MaxIDBytes: 400, before any
+		// store sees it.
+		if _, tmpl, _ := strings.Cut(opKey, " "); strings.Contains(tmpl, "{") {
+			for _, id := range []string{"{runId}", "{stepId}"} {
+				if !strings.Contains(tmpl, id) {
+					continue
+				}
+				p := strings.NewReplacer(id, strings.Repeat("x", 3000), "{runId}", "run-1", "{stepId}", "a").Replace(tmpl)
+				if a := run(opKey, e.srv, p, "tok-admin", ct, body, ""); a.status != http.StatusBadRequest {
+					t.Errorf("%s with a 3000-byte %s: %d %s, want 400", opKey, id, a.status, a.body)
+				}
+			}
+		}
 	}
 
 	// POST /v1/runs
@@ -554,4 +567,95 @@ func toJSONValue(t *testing.T, v any) any {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// TestServer_IDsBoundedWhereTheyEnter: every id the API takes (path
+// runId and stepId on every route, the ids of bodies and queries, continue
+// tokens, dead-letter keys) longer than statestore.MaxIDBytes, or not
+// valid UTF-8, is 400 BAD_REQUEST naming its field, before anything
+// reaches a store: the embedded NATS server, which closes a connection for
+// a subject near 4 KiB, still answers afterwards.
+func TestServer_IDsBoundedWhereTheyEnter(t *testing.T) {
+	e := newContractEnv(t)
+	long := strings.Repeat("x", 3000)
+	edge := strings.Repeat("x", statestore.MaxIDBytes+1)
+	const js = "application/json"
+	type probe struct{ method, path, token, body string }
+	var probes []probe
+	for _, route := range e.api.Routes() {
+		method, path, _ := strings.Cut(route, " ")
+		if !strings.Contains(path, "{") {
+			continue
+		}
+		for _, bad := range []string{long, edge, "%FF%FE", "a%00b"} {
+			for _, ids := range [][2]string{{bad, "a"}, {"run-1", bad}} {
+				if ids[1] != "a" && !strings.Contains(path, "{stepId}") {
+					continue
+				}
+				p := strings.NewReplacer("{runId}", ids[0], "{stepId}", ids[1]).Replace(path)
+				body := ""
+				if method == http.MethodPost {
+					body = `{"reason":"r"}`
+				}
+				// A scoped token: its scope check would read the run.
+				token := "tok-v-acme"
+				if method == http.MethodPost {
+					token = "tok-ops-b"
+				}
+				probes = append(probes, probe{method, p, token, body}, probe{method, p, "tok-admin", body})
+			}
+		}
+	}
+	for _, q := range []string{"tenantId", "projectId", "environmentId", "planId", "planVersion", "continue"} {
+		probes = append(probes, probe{"GET", "/v1/runs?" + q + "=" + long, "tok-admin", ""})
+	}
+	for _, q := range []string{"sink", "after"} {
+		probes = append(probes, probe{"GET", "/v1/bus/deadletters?" + q + "=" + long, "tok-admin", ""})
+	}
+	for _, f := range []string{"tenantId", "projectId", "environmentId", "planId", "planVersion", "requestedBy"} {
+		for _, action := range []string{"pause", "resume", "cancel"} {
+			probes = append(probes, probe{"POST", "/v1/runs:" + action, "tok-admin", `{"all":true,"reason":"r","` + f + `":"` + long + `"}`})
+		}
+	}
+	for _, f := range []string{"tenantId", "projectId", "environmentId", "runRequestId", "requestedBy"} {
+		fields := map[string]string{"tenantId": "t", "projectId": "p", "environmentId": "e", "runRequestId": "r", f: long}
+		b, _ := json.Marshal(fields)
+		probes = append(probes, probe{"POST", "/v1/runs", "tok-admin", strings.TrimSuffix(string(b), "}") + `,"plan":{"planId":"p","planVersion":"1","steps":[{"stepId":"a","executor":{"type":"noop"}}]}}`})
+	}
+	probes = append(probes,
+		probe{"POST", "/v1/bus/deadletters:replay", "tok-admin", `{"sink":"hook","keys":["` + long + `"]}`},
+		probe{"POST", "/v1/bus/deadletters:replay", "tok-admin", `{"sink":"` + long + `"}`},
+		probe{"POST", "/v1/runs/run-1/pause", "tok-admin", `{"requestedBy":"` + long + `"}`},
+	)
+	for _, p := range probes {
+		ct := ""
+		if p.body != "" {
+			ct = js
+		}
+		a := e.do(t, e.srv, p.method, p.path, p.token, ct, p.body, "")
+		var ans struct{ Code, Field string }
+		_ = json.Unmarshal(a.body, &ans)
+		want := httpapi.CodeBadRequest
+		if strings.Contains(p.path, "continue=") {
+			want = runlist.CodeContinueInvalid
+		}
+		if a.status != http.StatusBadRequest || ans.Code != want || ans.Field == "" {
+			t.Errorf("%s %.80s... (%s) %.60s: got %d %s, want 400 %s naming the field", p.method, p.path, p.token, p.body, a.status, a.body, want)
+		}
+	}
+	// Without authentication the requestedBy a caller sends is recorded:
+	// bounded as an id too.
+	open := newSecEnv(t, nil)
+	for _, path := range []string{"/v1/runs/run-t1/pause", "/v1/runs/run-t1/resume", "/v1/runs/run-t1/cancel"} {
+		if r := open.do(t, "POST", path, "", js, `{"requestedBy":"`+long+`"}`); r.status != http.StatusBadRequest || r.Code != httpapi.CodeBadRequest {
+			t.Errorf("%s with a %d-byte requestedBy: got %d %s, want 400 BAD_REQUEST", path, len(long), r.status, r.body)
+		}
+	}
+	if calls := open.control.taken(); len(calls) != 0 {
+		t.Errorf("refused requests reached the control: %v", calls)
+	}
+	// The store still answers: nothing reached it.
+	if a := e.do(t, e.srv, "GET", "/v1/runs/run-1", "tok-admin", "", "", ""); a.status != http.StatusOK {
+		t.Fatalf("after the probes, GET /v1/runs/run-1: %d %s", a.status, a.body)
+	}
 }

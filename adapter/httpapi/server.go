@@ -298,7 +298,10 @@ func (s *Server) route(pattern, name, role string, h func(http.ResponseWriter, *
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		began := time.Now()
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
-		r, err := s.authorize(rec, r, role)
+		err := checkPathIDs(r)
+		if err == nil {
+			r, err = s.authorize(rec, r, role)
+		}
 		if err == nil {
 			err = h(rec, r)
 		}
@@ -308,6 +311,42 @@ func (s *Server) route(pattern, name, role string, h func(http.ResponseWriter, *
 		s.requests.WithLabelValues(name, strconv.Itoa(rec.status)).Inc()
 		s.latency.WithLabelValues(name).Observe(time.Since(began).Seconds())
 	})
+}
+
+// checkPathIDs checks the ids of r's path (runId, stepId) with the one id
+// rule (statestore.CheckID), before anything reads a store with them.
+func checkPathIDs(r *http.Request) error {
+	for _, name := range []string{"runId", "stepId"} {
+		if v := r.PathValue(name); v != "" {
+			if err := checkID(name, v, true); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// checkID checks an id that enters through the API: statestore.CheckID's
+// rule (1..MaxIDBytes bytes of UTF-8, no NUL; no '|' with noPipe), a 400
+// naming the field otherwise.
+func checkID(field, v string, noPipe bool) error {
+	if err := statestore.CheckID(v, noPipe); err != nil {
+		return badRequest(field, field+" "+err.Error())
+	}
+	return nil
+}
+
+// checkOptionalIDs checks the ids that are set, as checkID.
+func checkOptionalIDs(noPipe bool, fields ...[2]string) error {
+	for _, f := range fields {
+		if f[1] == "" {
+			continue
+		}
+		if err := checkID(f[0], f[1], noPipe); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // authorize authenticates r (when the server has an Authenticator),
@@ -488,8 +527,8 @@ func validateStart(req *StartRequest) error {
 	for _, f := range []struct{ name, v string }{
 		{"tenantId", req.TenantID}, {"projectId", req.ProjectID}, {"environmentId", req.EnvironmentID}, {"runRequestId", req.RunRequestID},
 	} {
-		if err := statestore.CheckID(f.v, true); err != nil {
-			return badRequest(f.name, f.name+" "+err.Error())
+		if err := checkID(f.name, f.v, true); err != nil {
+			return err
 		}
 	}
 	if req.Plan == nil {
