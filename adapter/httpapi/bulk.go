@@ -166,6 +166,9 @@ func bulkFilter(r *http.Request, b *BulkRequest) (f runlist.Filter, inScope bool
 	if b.Reason == "" {
 		return f, false, badRequest("reason", "a bulk action needs a reason (it is recorded in every run's event)")
 	}
+	if err := checkReason(b.Reason); err != nil {
+		return f, false, err
+	}
 	none := b.LabelSelector == "" && b.PlanID == "" && b.PlanVersion == "" && b.TenantID == "" && b.ProjectID == "" && b.EnvironmentID == ""
 	if none && !b.All {
 		return f, false, badRequest("all", "no filter (labelSelector, planId, planVersion, tenantId, projectId, environmentId): set all to true to act on every run")

@@ -123,6 +123,9 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) error {
 	if err := checkID("sink", req.Sink, false); err != nil {
 		return err
 	}
+	if len(req.Keys) > MaxDeadLetterLimit {
+		return badRequest("keys", fmt.Sprintf("at most %d keys per replay (a page of dead letters); replay the rest in another", MaxDeadLetterLimit))
+	}
 	for i, k := range req.Keys {
 		if err := checkID(fmt.Sprintf("keys[%d]", i), k, false); err != nil {
 			return err

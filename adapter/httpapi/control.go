@@ -157,6 +157,9 @@ func (s *Server) control(action string) func(http.ResponseWriter, *http.Request)
 		} else if err := decodeOptionalBody(r, reasonSchema, &body); err != nil {
 			return err
 		}
+		if err := checkReason(body.Reason); err != nil {
+			return err
+		}
 		by, err := requestedBy(r.Context(), body.RequestedBy)
 		if err != nil {
 			return err

@@ -170,7 +170,10 @@ func (s *Server) controlRoute(action string, h func(http.ResponseWriter, *http.R
 		body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBodyBytes))
 		if err != nil {
 			s.countControl(action, "bad_request")
-			return &apiError{status: http.StatusRequestEntityTooLarge, Code: CodeBadRequest, Message: fmt.Sprintf("body larger than %d bytes", MaxBodyBytes)}
+			if ae, ok := tooLarge(err); ok {
+				return ae
+			}
+			return badRequest("", "reading the body: "+err.Error())
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		key, fp := replyKey(r, idem, body)

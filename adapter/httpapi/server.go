@@ -130,8 +130,19 @@ const (
 // MaxPauseTimeout bounds a pause's timeoutSeconds (7 days).
 const MaxPauseTimeout = 7 * 24 * time.Hour
 
-// MaxBodyBytes bounds a request body.
-const MaxBodyBytes = 1 << 20
+// Byte budgets of a request. Whatever a request carries is recorded in
+// every event it causes (a bulk action's reason in each run's), so the
+// budgets are what operators type, not what a store could hold.
+const (
+	// MaxBodyBytes bounds the body of a start (a plan) and of a dead-letter
+	// replay (up to MaxDeadLetterLimit keys).
+	MaxBodyBytes = 1 << 20
+	// MaxControlBodyBytes bounds the body of the control actions, single
+	// and bulk.
+	MaxControlBodyBytes = 16 << 10
+	// MaxReasonBytes bounds a control action's reason (UTF-8 bytes).
+	MaxReasonBytes = 512
+)
 
 // Server serves the control API.
 type Server struct {
@@ -298,6 +309,7 @@ func (s *Server) route(pattern, name, role string, h func(http.ResponseWriter, *
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		began := time.Now()
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		r.Body = http.MaxBytesReader(rec, r.Body, bodyBudget(name))
 		err := checkPathIDs(r)
 		if err == nil {
 			r, err = s.authorize(rec, r, role)
@@ -311,6 +323,37 @@ func (s *Server) route(pattern, name, role string, h func(http.ResponseWriter, *
 		s.requests.WithLabelValues(name, strconv.Itoa(rec.status)).Inc()
 		s.latency.WithLabelValues(name).Observe(time.Since(began).Seconds())
 	})
+}
+
+// bodyBudget is the most body bytes route name reads: a start's plan and
+// a replay's keys get MaxBodyBytes, every other route MaxControlBodyBytes.
+func bodyBudget(name string) int64 {
+	switch name {
+	case "start", "replay":
+		return MaxBodyBytes
+	}
+	return MaxControlBodyBytes
+}
+
+// tooLarge is the answer to a body over its route's budget.
+func tooLarge(err error) (*apiError, bool) {
+	var mbe *http.MaxBytesError
+	if !errors.As(err, &mbe) {
+		return nil, false
+	}
+	return &apiError{status: http.StatusRequestEntityTooLarge, Code: CodeBadRequest, Message: fmt.Sprintf("body larger than %d bytes, this route's budget", mbe.Limit)}, true
+}
+
+// checkReason bounds a control action's reason: it is recorded in every
+// event the action causes.
+func checkReason(reason string) error {
+	switch {
+	case len(reason) > MaxReasonBytes:
+		return badRequest("reason", fmt.Sprintf("reason is %d bytes; the limit is %d (say what happened in a sentence, link to the rest)", len(reason), MaxReasonBytes))
+	case strings.IndexByte(reason, 0) >= 0:
+		return badRequest("reason", "reason must not contain NUL")
+	}
+	return nil
 }
 
 // checkPathIDs checks the ids of r's path (runId, stepId) with the one id
@@ -763,9 +806,8 @@ func decodeBody(r *http.Request, sch plan.Schema, v any) error {
 	}
 	data, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBodyBytes))
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return &apiError{status: http.StatusRequestEntityTooLarge, Code: CodeBadRequest, Message: fmt.Sprintf("body larger than %d bytes", MaxBodyBytes)}
+		if ae, ok := tooLarge(err); ok {
+			return ae
 		}
 		return badRequest("", "reading the body: "+err.Error())
 	}
