@@ -46,6 +46,12 @@ const (
 	CodeUnauthenticated = "UNAUTHENTICATED"
 	// CodeForbidden: the credentials lack the role the route needs (403).
 	CodeForbidden = "FORBIDDEN"
+	// CodeCrossOrigin: a browser's cross-origin request (Origin, or
+	// Sec-Fetch-Site), refused whatever it carries (403).
+	CodeCrossOrigin = "CROSS_ORIGIN_REFUSED"
+	// CodeHostRefused: the request's Host is not a loopback name, an IP
+	// address or an allowed host (DNS rebinding; 403).
+	CodeHostRefused = "HOST_NOT_ALLOWED"
 	// CodeMethodNotAllowed: the route exists with other methods (405,
 	// with Allow).
 	CodeMethodNotAllowed = "METHOD_NOT_ALLOWED"

@@ -487,3 +487,104 @@ func TestServer_Notice(t *testing.T) {
 		t.Fatalf("got %d %s, want the notice", r.status, r.body)
 	}
 }
+
+// TestServer_BrowserRequestsRefused: what a web page can make a browser
+// send to the loopback no-auth API is refused before anything is done: a
+// body without Content-Type application/json (415), a cross-origin
+// request (Origin, Sec-Fetch-Site: 403 CROSS_ORIGIN_REFUSED) and, against
+// DNS rebinding, a Host that is not a loopback name, an IP address or one
+// of Options.AllowedHosts (403 HOST_NOT_ALLOWED).
+func TestServer_BrowserRequestsRefused(t *testing.T) {
+	store := memstore.New(statestore.ProjectorOptions{})
+	if _, err := store.Append(context.Background(), storetest.Event("run-1", statestore.RunStarted, "")); err != nil {
+		t.Fatal(err)
+	}
+	rc := &recordingControl{}
+	serve := func(o httpapi.Options) *httptest.Server {
+		o.Log, o.Control, o.Logger = store, rc, zaptest.NewLogger(t)
+		srv := httptest.NewServer(httpapi.NewServer(o).Handler())
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	open := serve(httpapi.Options{})
+	pod := serve(httpapi.Options{AllowedHosts: []string{"sidecar.jobs.svc"}})
+	do := func(srv *httptest.Server, method, path, body string, header map[string]string) reply {
+		t.Helper()
+		req, err := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range header {
+			if k == "Host" {
+				req.Host = v
+				continue
+			}
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		r := reply{status: resp.StatusCode, header: resp.Header, body: string(b)}
+		_ = json.Unmarshal(b, &r)
+		return r
+	}
+	const js = "application/json"
+	plan := `{"planId":"p1","planVersion":"1","steps":[{"stepId":"a","executor":{"type":"command","argv":["id"]}}]}`
+	start := `{"tenantId":"t","projectId":"p","environmentId":"e","runRequestId":"r","plan":` + plan + `}`
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(open.URL, "http://"))
+	for _, tc := range []struct {
+		name         string
+		srv          *httptest.Server
+		method, path string
+		body         string
+		header       map[string]string
+		status       int
+		code         string
+	}{
+		{"StartCrossOrigin", open, "POST", "/v1/runs", start, map[string]string{"Origin": "https://evil.example"}, 403, "CROSS_ORIGIN_REFUSED"},
+		{"StartNoContentType", open, "POST", "/v1/runs", start, nil, 415, "BAD_REQUEST"},
+		{"CancelNoContentType", open, "POST", "/v1/runs/run-1/cancel", `{"reason":"x"}`, nil, 415, "BAD_REQUEST"},
+		{"CancelTextPlain", open, "POST", "/v1/runs/run-1/cancel", `{"reason":"x"}`, map[string]string{"Content-Type": "text/plain"}, 415, "BAD_REQUEST"},
+		{"CrossOriginJSON", open, "POST", "/v1/runs/run-1/pause", `{}`, map[string]string{"Content-Type": js, "Origin": "https://evil.example"}, 403, "CROSS_ORIGIN_REFUSED"},
+		{"CrossOriginNoBody", open, "POST", "/v1/runs/run-1/cancel", "", map[string]string{"Origin": "https://evil.example"}, 403, "CROSS_ORIGIN_REFUSED"},
+		{"NullOrigin", open, "POST", "/v1/runs/run-1/cancel", "", map[string]string{"Origin": "null"}, 403, "CROSS_ORIGIN_REFUSED"},
+		{"SecFetchCrossSite", open, "GET", "/v1/runs/run-1", "", map[string]string{"Sec-Fetch-Site": "cross-site"}, 403, "CROSS_ORIGIN_REFUSED"},
+		{"SecFetchSameSite", open, "GET", "/v1/runs/run-1", "", map[string]string{"Sec-Fetch-Site": "same-site"}, 403, "CROSS_ORIGIN_REFUSED"},
+		{"RebindHost", open, "GET", "/v1/runs/run-1", "", map[string]string{"Host": "rebind.evil.example:" + port}, 403, "HOST_NOT_ALLOWED"},
+		{"RebindHostSameOrigin", open, "POST", "/v1/runs/run-1/cancel", "", map[string]string{"Host": "rebind.evil.example:" + port, "Origin": "http://rebind.evil.example:" + port}, 403, "HOST_NOT_ALLOWED"},
+		{"PodNameNotAllowed", open, "GET", "/v1/runs/run-1", "", map[string]string{"Host": "sidecar.jobs.svc:8787"}, 403, "HOST_NOT_ALLOWED"},
+		{"PodNameAllowed", pod, "GET", "/v1/runs/run-1", "", map[string]string{"Host": "sidecar.jobs.svc:8787"}, 200, ""},
+		{"Localhost", open, "GET", "/v1/runs/run-1", "", map[string]string{"Host": "localhost:" + port}, 200, ""},
+		{"LoopbackIPv6", open, "GET", "/v1/runs/run-1", "", map[string]string{"Host": "[::1]:" + port}, 200, ""},
+		{"IPAddress", open, "GET", "/v1/runs/run-1", "", map[string]string{"Host": "10.1.2.3:8787"}, 200, ""},
+		{"SameOrigin", open, "GET", "/v1/runs/run-1", "", map[string]string{"Origin": open.URL, "Sec-Fetch-Site": "same-origin"}, 200, ""},
+		{"ProbeWithForeignHost", open, "GET", "/healthz", "", map[string]string{"Host": "rebind.evil.example"}, 200, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := do(tc.srv, tc.method, tc.path, tc.body, tc.header)
+			if r.status != tc.status || r.Code != tc.code {
+				t.Fatalf("got %d %s (%s), want %d %s", r.status, r.Code, r.body, tc.status, tc.code)
+			}
+		})
+	}
+	if calls := rc.taken(); len(calls) != 0 {
+		t.Fatalf("refused requests reached the control: %v", calls)
+	}
+	// The CLI's client sends what the API requires (Content-Type on a body).
+	t.Run("Client", func(t *testing.T) {
+		c := httpapi.NewClient(open.URL)
+		ctx := context.Background()
+		if _, err := c.Pause(ctx, "run-1", 60, "maintenance"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Cancel(ctx, "run-1", "done"); err != nil {
+			t.Fatal(err)
+		}
+		if got := rc.taken(); len(got) != 2 {
+			t.Fatalf("the client's requests reached the control as %v, want a pause and a cancel", got)
+		}
+	})
+}

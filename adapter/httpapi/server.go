@@ -13,6 +13,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -117,6 +118,9 @@ type Options struct {
 	// read 30s, write 2m, idle keep-alive 60s). A body sent slower than
 	// ReadTimeout allows is cut off.
 	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// AllowedHosts are host names (no port) a request's Host may name
+	// besides loopback names and IP addresses, e.g. a pod's service name.
+	AllowedHosts []string
 }
 
 // Default server timeouts.
@@ -310,7 +314,13 @@ func (s *Server) route(pattern, name, role string, h func(http.ResponseWriter, *
 		began := time.Now()
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 		r.Body = http.MaxBytesReader(rec, r.Body, bodyBudget(name))
-		err := checkPathIDs(r)
+		var err error
+		if role != "" { // probes answer anyone
+			err = s.checkBrowser(r)
+		}
+		if err == nil {
+			err = checkPathIDs(r)
+		}
 		if err == nil {
 			r, err = s.authorize(rec, r, role)
 		}
@@ -323,6 +333,47 @@ func (s *Server) route(pattern, name, role string, h func(http.ResponseWriter, *
 		s.requests.WithLabelValues(name, strconv.Itoa(rec.status)).Inc()
 		s.latency.WithLabelValues(name).Observe(time.Since(began).Seconds())
 	})
+}
+
+// checkBrowser refuses what a web page can make a browser send: a
+// cross-origin request (an Origin other than the request's own, or
+// Sec-Fetch-Site cross-site or same-site) and, when the API has no
+// authentication or Options.AllowedHosts is set, a Host that is neither
+// a loopback name, an IP address nor an allowed host (a DNS-rebinding
+// page names its own domain). Clients that are not browsers send neither
+// header.
+func (s *Server) checkBrowser(r *http.Request) error {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "", "same-origin", "none":
+	default:
+		return &apiError{status: http.StatusForbidden, Code: CodeCrossOrigin,
+			Message: "cross-origin browser requests are refused (Sec-Fetch-Site: " + r.Header.Get("Sec-Fetch-Site") + "); use the CLI or an HTTP client"}
+	}
+	if origin := r.Header.Get("Origin"); origin != "" {
+		u, err := url.Parse(origin)
+		if err != nil || u.Host == "" || !strings.EqualFold(u.Host, r.Host) {
+			return &apiError{status: http.StatusForbidden, Code: CodeCrossOrigin,
+				Message: fmt.Sprintf("cross-origin browser requests are refused (Origin %q, Host %q); use the CLI or an HTTP client", origin, r.Host)}
+		}
+	}
+	if s.opts.Auth != nil && len(s.opts.AllowedHosts) == 0 {
+		return nil
+	}
+	host := r.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.Trim(host, "[]"), ".")
+	if strings.EqualFold(host, "localhost") || net.ParseIP(host) != nil {
+		return nil
+	}
+	for _, h := range s.opts.AllowedHosts {
+		if strings.EqualFold(host, h) {
+			return nil
+		}
+	}
+	return &apiError{status: http.StatusForbidden, Code: CodeHostRefused,
+		Message: fmt.Sprintf("Host %q is not a loopback name, an IP address or an allowed host; allow it with serve --api-allowed-host %s", r.Host, host)}
 }
 
 // bodyBudget is the most body bytes route name reads: a start's plan and
@@ -798,11 +849,11 @@ var (
 // body is BAD_REQUEST with every problem located; a plan's own problems
 // are PLAN_INVALID.
 func decodeBody(r *http.Request, sch plan.Schema, v any) error {
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		mt, _, err := mime.ParseMediaType(ct)
-		if err != nil || mt != "application/json" {
-			return &apiError{status: http.StatusUnsupportedMediaType, Code: CodeBadRequest, Message: fmt.Sprintf("Content-Type %q: want application/json", ct)}
-		}
+	// Required, not assumed: a web page's form or no-cors fetch sends a
+	// body without application/json.
+	ct := r.Header.Get("Content-Type")
+	if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+		return &apiError{status: http.StatusUnsupportedMediaType, Code: CodeBadRequest, Message: fmt.Sprintf("Content-Type %q: a body needs Content-Type: application/json", ct)}
 	}
 	data, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBodyBytes))
 	if err != nil {

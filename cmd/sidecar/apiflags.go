@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 
 	"go.uber.org/zap"
 
@@ -30,6 +31,9 @@ type apiConfig struct {
 	// without authentication (httpapi.MetricsServer), for a Prometheus
 	// that cannot present a token.
 	MetricsListen string
+	// AllowedHosts are the host names, comma separated, a request's Host
+	// may name besides loopback names and IP addresses.
+	AllowedHosts string
 
 	creds *httpapi.Credentials // loaded by apply, reloaded on SIGHUP
 }
@@ -42,6 +46,7 @@ func (c *apiConfig) registerFlags(fs *flag.FlagSet) {
 	str(&c.TLSKey, "tls-key", "key (PEM) of the API listener")
 	str(&c.ClientCA, "client-ca", "CA (PEM) whose client certificates the API requires and accepts (mTLS; needs --tls-cert and --tokens-file)")
 	str(&c.MetricsListen, "metrics-listen", "also serve GET /metrics, and nothing else, on this address WITHOUT authentication, for Prometheus (guard it with a network policy; empty: off)")
+	str(&c.AllowedHosts, "api-allowed-hosts", "host names, comma separated, the API answers besides localhost and IP addresses (e.g. a pod's service name); without --tokens-file any other Host is refused (DNS rebinding), with it only when this is set")
 	boolFlag(fs, &c.InsecureNoAuth, "insecure-no-auth", "serve the API off loopback WITHOUT authentication: anyone who reaches it may start, pause and cancel runs")
 }
 
@@ -59,6 +64,11 @@ func (c *apiConfig) validate(listen string) []string {
 			p = append(p, fmt.Sprintf("--metrics-listen %q: want host:port such as 0.0.0.0:9787", c.MetricsListen))
 		} else if c.MetricsListen == listen {
 			p = append(p, "--metrics-listen "+c.MetricsListen+" is --listen's address: give the metrics listener a port of its own")
+		}
+	}
+	for _, h := range c.allowedHosts() {
+		if strings.ContainsAny(h, ":/[] ") {
+			p = append(p, fmt.Sprintf("--api-allowed-hosts: %q: give host names without scheme or port, comma separated", h))
 		}
 	}
 	if c.TokensFile == "" && !c.InsecureNoAuth && !loopbackListen(listen) {
@@ -80,8 +90,20 @@ func loopbackListen(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// allowedHosts is --api-allowed-hosts, split.
+func (c *apiConfig) allowedHosts() []string {
+	var out []string
+	for _, h := range strings.Split(c.AllowedHosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
 // apply sets the security options of the API server.
 func (c *apiConfig) apply(o *httpapi.Options, log *zap.Logger) error {
+	o.AllowedHosts = c.allowedHosts()
 	if c.TokensFile != "" {
 		creds, err := httpapi.LoadCredentials(c.TokensFile)
 		if err != nil {
