@@ -44,14 +44,12 @@ func (m *Metrics) error() {
 	}
 }
 
-// maxReasons is how many pause reasons sidecar_runs_paused_by_reason
-// reports apart; the others are summed as "other".
-const maxReasons = 10
-
-// pausedByReason reports the PAUSED runs by their pause's reason, from the
-// list at each scrape: the 10 most common reasons (cut to 64 bytes), the
-// rest as "other", "" as "(none)". A reason is free text: the cap keeps the
-// series few whatever operators write. Its cost follows the paused runs.
+// pausedByReason reports the PAUSED runs by where their pause came from,
+// from the list at each scrape. The label is named reason for the
+// dashboards that read it, but its values are a bounded set (operator,
+// step_failed, conductor): a reason is free text an operator typed, and
+// /metrics is read by every viewer whatever its scope. The reason itself
+// is in the run list (GET /v1/runs, pauseReason), scoped.
 type pausedByReason struct {
 	l    *List
 	desc *prometheus.Desc
@@ -59,7 +57,7 @@ type pausedByReason struct {
 
 func newPausedByReason(l *List) *pausedByReason {
 	return &pausedByReason{l: l, desc: prometheus.NewDesc("sidecar_runs_paused_by_reason",
-		"PAUSED runs by the reason of their pause: the 10 most common, the rest as other (every replica reports the same; take max).",
+		"PAUSED runs by where the pause came from: operator (the API), step_failed (a held failure), conductor (paused in Conductor); never the free-text reason (every replica reports the same; take max).",
 		[]string{"reason"}, nil)}
 }
 

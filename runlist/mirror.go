@@ -248,7 +248,7 @@ func runIDOfKey(key string) string {
 // status, label keys and values) with every other row that has them:
 // the mirror holds every run, and most of a row is such strings.
 func intern(r *Row) {
-	for _, p := range []*string{&r.TenantID, &r.ProjectID, &r.EnvironmentID, &r.PlanID, &r.PlanVersion, &r.Status, &r.Substatus, &r.PauseReason} {
+	for _, p := range []*string{&r.TenantID, &r.ProjectID, &r.EnvironmentID, &r.PlanID, &r.PlanVersion, &r.Status, &r.Substatus, &r.PauseReason, &r.PauseOrigin} {
 		*p = unique.Make(*p).Value()
 	}
 	if len(r.Labels) > 0 {

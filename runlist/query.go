@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
@@ -27,14 +26,29 @@ type Filter struct {
 	Selector labels.Selector
 }
 
+// Bounds of a label selector: an operator's selector names a few labels;
+// these keep one request's parse and match cost small.
+const (
+	// MaxSelectorBytes bounds a selector's length.
+	MaxSelectorBytes = 1024
+	// MaxSelectorTerms bounds its terms (requirements, comma separated).
+	MaxSelectorTerms = 20
+)
+
 // ParseSelector parses a label selector in Kubernetes' syntax
 // ("team=data,tier!=gold", "tier in (gold,silver)", "!canary"), with
 // Kubernetes' own parser (k8s.io/apimachinery), so that a selector means
 // here what it means to kubectl. An error matches ErrSelectorInvalid.
 func ParseSelector(s string) (labels.Selector, error) {
+	if len(s) > MaxSelectorBytes {
+		return nil, &Error{Code: CodeSelectorInvalid, Message: fmt.Sprintf("the selector is %d bytes; the limit is %d", len(s), MaxSelectorBytes)}
+	}
 	sel, err := labels.Parse(s)
 	if err != nil {
 		return nil, &Error{Code: CodeSelectorInvalid, Message: err.Error()}
+	}
+	if reqs, _ := sel.Requirements(); len(reqs) > MaxSelectorTerms {
+		return nil, &Error{Code: CodeSelectorInvalid, Message: fmt.Sprintf("the selector has %d terms; the limit is %d", len(reqs), MaxSelectorTerms)}
 	}
 	return sel, nil
 }
@@ -220,44 +234,23 @@ func (l *List) addETAs(rows []Row) {
 	}
 }
 
-// pausedByReason counts the PAUSED runs by pause reason: the maxReasons
-// most common, the others as "other", an empty reason as "(none)".
+// pausedByReason counts the PAUSED runs by where their pause came from
+// (Row.PauseOrigin; a row written before it existed counts as operator).
 func (l *List) pausedByReason() map[string]int {
 	counts := map[string]int{}
+	for _, o := range pauseOrigins {
+		counts[o] = 0
+	}
 	l.mirror.mu.RLock()
 	for _, e := range l.mirror.st.paused {
-		r := e.row.PauseReason
-		if r == "" {
-			r = "(none)"
+		o := e.row.PauseOrigin
+		if _, known := counts[o]; !known {
+			o = PauseOriginOperator
 		}
-		if len(r) > 64 {
-			r = strings.ToValidUTF8(r[:64], "")
-		}
-		counts[r]++
+		counts[o]++
 	}
 	l.mirror.mu.RUnlock()
-	if len(counts) <= maxReasons {
-		return counts
-	}
-	reasons := make([]string, 0, len(counts))
-	for r := range counts {
-		reasons = append(reasons, r)
-	}
-	sort.Slice(reasons, func(i, j int) bool {
-		if counts[reasons[i]] != counts[reasons[j]] {
-			return counts[reasons[i]] > counts[reasons[j]]
-		}
-		return reasons[i] < reasons[j]
-	})
-	out := map[string]int{}
-	for i, r := range reasons {
-		if i < maxReasons {
-			out[r] = counts[r]
-		} else {
-			out["other"] += counts[r]
-		}
-	}
-	return out
+	return counts
 }
 
 // ActiveCounts counts the RUNNING and PAUSED runs of the list, in all, by

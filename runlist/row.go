@@ -53,6 +53,9 @@ type Row struct {
 	PausedAt    string `json:"pausedAt,omitempty"`
 	PauseReason string `json:"pauseReason,omitempty"`
 	ResumeAt    string `json:"resumeAt,omitempty"`
+	// PauseOrigin is where the open pause came from: operator (the API),
+	// step_failed (a held failure) or conductor (paused in Conductor).
+	PauseOrigin string `json:"pauseOrigin,omitempty"`
 	// DrainTimedOut: the open pause's drain ended by PAUSE_DRAIN_TIMEOUT.
 	DrainTimedOut bool `json:"drainTimedOut,omitempty"`
 	// LastEventSeq is the runSeq of the last event the row includes;
@@ -80,8 +83,30 @@ func rowOf(s *statestore.RunSnapshot, created, updated string) Row {
 	}
 	if s.Status == statestore.RunStatusPaused && s.Pause != nil {
 		r.PausedAt, r.PauseReason, r.ResumeAt, r.DrainTimedOut = s.Pause.PausedAt, s.Pause.Reason, s.Pause.ResumeAt, s.Pause.DrainTimedOut
+		r.PauseOrigin = pauseOrigin(s.Pause)
 	}
 	return r
+}
+
+// Where a pause came from (Row.PauseOrigin): a bounded set, unlike the
+// free-text reason, so it may be a metric label.
+const (
+	PauseOriginOperator   = "operator"
+	PauseOriginStepFailed = "step_failed"
+	PauseOriginConductor  = "conductor"
+)
+
+var pauseOrigins = []string{PauseOriginOperator, PauseOriginStepFailed, PauseOriginConductor}
+
+func pauseOrigin(p *statestore.PauseState) string {
+	switch {
+	case p.StepID != "":
+		return PauseOriginStepFailed
+	case p.RequestedBy == "conductor":
+		return PauseOriginConductor
+	default:
+		return PauseOriginOperator
+	}
 }
 
 // created parses CreatedAt (zero if it does not parse).

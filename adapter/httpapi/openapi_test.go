@@ -429,6 +429,12 @@ func TestOpenAPI_EveryAnswerDocumented(t *testing.T) {
 	run(list, e.srv, "/v1/runs?labelSelector=team%3Ddata&limit=10", "tok-admin", "", "", "")
 	run(list, e.srv, "/v1/runs?watch=true&timeoutSeconds=0", "tok-admin", "", "", "")
 	run(list, e.srv, "/v1/runs?labelSelector=tier+in+(gold", "tok-admin", "", "", "")
+	if a := run(list, e.srv, "/v1/runs?labelSelector=tier+in+("+strings.Repeat("a%2C", 600)+"b)", "tok-admin", "", "", ""); a.status != http.StatusBadRequest || !bytes.Contains(a.body, []byte(runlist.CodeSelectorInvalid)) {
+		t.Errorf("a selector over runlist.MaxSelectorBytes: %d %s, want 400 %s", a.status, a.body, runlist.CodeSelectorInvalid)
+	}
+	if a := run("POST /v1/runs:cancel", e.srv, "/v1/runs:cancel", "tok-admin", js, `{"dryRun":true,"reason":"r","labelSelector":"`+strings.Repeat("k=v,", runlist.MaxSelectorTerms)+`k=v"}`, ""); a.status != http.StatusBadRequest || !bytes.Contains(a.body, []byte(runlist.CodeSelectorInvalid)) {
+		t.Errorf("a bulk selector over runlist.MaxSelectorTerms: %d %s, want 400 %s", a.status, a.body, runlist.CodeSelectorInvalid)
+	}
 	run(list, e.syncing, "/v1/runs", "tok-admin", "", "", "")
 
 	// A run and its events.

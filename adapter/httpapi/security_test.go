@@ -588,3 +588,34 @@ func TestServer_BrowserRequestsRefused(t *testing.T) {
 		}
 	})
 }
+
+// TestServer_LoneSurrogatesRefused: a \u escape of a lone UTF-16
+// surrogate is refused (JSON decoders turn it into U+FFFD, so "\ud800",
+// "\udc00" and "\ufffd" would be one runRequestId: one run for three
+// requests); a surrogate pair and U+FFFD itself are ids like any other.
+func TestServer_LoneSurrogatesRefused(t *testing.T) {
+	e := newSecEnv(t, nil)
+	plan := `{"planId":"p1","planVersion":"1","steps":[{"stepId":"a","executor":{"type":"noop"}}]}`
+	start := func(id string) string {
+		return `{"tenantId":"t","projectId":"p","environmentId":"e","runRequestId":"` + id + `","plan":` + plan + `}`
+	}
+	for _, id := range []string{`\ud800`, `\udc00`, `\uDBFF`, `x\ud800y`, `\ud800\u0041`, `\udc00\ud800`, `\\\ud800`} {
+		r := e.do(t, "POST", "/v1/runs", "", "application/json", start(id))
+		if r.status != 400 || r.Code != "BAD_REQUEST" {
+			t.Errorf("runRequestId %s: got %d %s, want 400 BAD_REQUEST", id, r.status, r.body)
+		}
+	}
+	if r := e.do(t, "POST", "/v1/runs/run-t1/pause", "", "application/json", `{"reason":"\udfff"}`); r.status != 400 {
+		t.Errorf("a pause reason with a lone surrogate: got %d %s, want 400", r.status, r.body)
+	}
+	// Valid: a pair, U+FFFD itself, and an escaped backslash before "u".
+	for _, id := range []string{`\ud83d\ude00`, `\ufffd`, `\\ud800`} {
+		// No Starter: a start that passes decoding is 503 NOT_READY.
+		if r := e.do(t, "POST", "/v1/runs", "", "application/json", start(id)); r.status != 503 {
+			t.Errorf("runRequestId %s: got %d %s, want it past decoding (503 NOT_READY)", id, r.status, r.body)
+		}
+	}
+	if calls := e.control.taken(); len(calls) != 0 {
+		t.Fatalf("refused requests reached the control: %v", calls)
+	}
+}

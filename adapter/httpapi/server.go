@@ -862,6 +862,10 @@ func decodeBody(r *http.Request, sch plan.Schema, v any) error {
 		}
 		return badRequest("", "reading the body: "+err.Error())
 	}
+	if at := loneSurrogate(data); at >= 0 {
+		return &apiError{status: http.StatusBadRequest, Code: CodeBadRequest,
+			Message: fmt.Sprintf("malformed JSON body: a \\u escape at byte %d is a lone UTF-16 surrogate (not a character; a decoder would make it U+FFFD)", at)}
+	}
 	err = plan.DecodeJSON(data, sch, v, CodeBadRequest)
 	var ve *plan.ValidationError
 	if errors.As(err, &ve) && ve.Code == CodeBadRequest {
@@ -870,6 +874,43 @@ func decodeBody(r *http.Request, sch plan.Schema, v any) error {
 			Message: "malformed JSON body: " + first.String()}
 	}
 	return err // nil, or PLAN_INVALID (classify)
+}
+
+// loneSurrogate returns the offset of the first \u escape in a JSON
+// string of data that is a UTF-16 surrogate not paired (a high one
+// followed by a low one), or -1. It reads escapes only inside strings;
+// data's syntax is the decoder's to judge.
+func loneSurrogate(data []byte) int {
+	hex4 := func(i int) (rune, bool) {
+		if i+6 > len(data) || data[i] != '\\' || data[i+1] != 'u' {
+			return 0, false
+		}
+		n, err := strconv.ParseUint(string(data[i+2:i+6]), 16, 16)
+		return rune(n), err == nil
+	}
+	in := false
+	for i := 0; i < len(data); i++ {
+		switch c := data[i]; {
+		case c == '"':
+			in = !in
+		case in && c == '\\':
+			r, ok := hex4(i)
+			switch {
+			case !ok:
+				i++ // another escape: skip its character
+			case r >= 0xD800 && r < 0xDC00:
+				if low, ok := hex4(i + 6); !ok || low < 0xDC00 || low > 0xDFFF {
+					return i
+				}
+				i += 11
+			case r >= 0xDC00 && r <= 0xDFFF:
+				return i
+			default:
+				i += 5
+			}
+		}
+	}
+	return -1
 }
 
 func badRequest(field, msg string) *apiError {
