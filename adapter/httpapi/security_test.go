@@ -406,8 +406,14 @@ func FuzzDecodeStart(f *testing.F) {
 		f.Add(seed)
 	}
 	h, _ := fuzzHandler(f)
+	// The first seed passes decoding (no Starter: 503), so a refusal of
+	// every request (a Host or Content-Type rule) would not go unseen.
+	if w := serveFuzz(h, "POST", "/v1/runs", `{"tenantId":"t","projectId":"p","environmentId":"e","runRequestId":"r","plan":`+good+`}`); w.Code != http.StatusServiceUnavailable {
+		f.Fatalf("a good start: %d %s, want 503 NOT_READY", w.Code, w.Body)
+	}
 	f.Fuzz(func(t *testing.T, body string) {
 		req := httptest.NewRequest("POST", "/v1/runs", strings.NewReader(body))
+		req.Host = "127.0.0.1:8787"
 		req.Header.Set("Content-Type", "application/json")
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, req)
@@ -424,12 +430,16 @@ func FuzzControlBody(f *testing.F) {
 		f.Add("resume", seed)
 	}
 	h, rc := fuzzHandler(f)
+	if w := serveFuzz(h, "POST", "/v1/runs/run-1/pause", `{"reason":"x"}`); w.Code != http.StatusOK || len(rc.taken()) != 1 {
+		f.Fatalf("a good pause: %d %s, want 200", w.Code, w.Body)
+	}
 	f.Fuzz(func(t *testing.T, action, body string) {
 		if action != "pause" && action != "resume" {
 			return
 		}
 		before := len(rc.taken())
 		req := httptest.NewRequest("POST", "/v1/runs/run-1/"+action, strings.NewReader(body))
+		req.Host = "127.0.0.1:8787"
 		req.Header.Set("Content-Type", "application/json")
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, req)
@@ -438,6 +448,21 @@ func FuzzControlBody(f *testing.F) {
 			t.Fatalf("refused body %q (%d) reached the engine", body, w.Code)
 		}
 	})
+}
+
+// serveFuzz serves one request as a local client sends it (a loopback
+// Host; Content-Type application/json on a body).
+func serveFuzz(h http.Handler, method, target, body string) *httptest.ResponseRecorder {
+	path, query, _ := strings.Cut(target, "?")
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	req.URL.RawQuery = query // any bytes, as a raw request line may carry them
+	req.Host = "127.0.0.1:8787"
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	return w
 }
 
 func checkFuzzAnswer(t *testing.T, w *httptest.ResponseRecorder, body string) {
