@@ -373,7 +373,7 @@ func (s *Server) checkBrowser(r *http.Request) error {
 		}
 	}
 	return &apiError{status: http.StatusForbidden, Code: CodeHostRefused,
-		Message: fmt.Sprintf("Host %q is not a loopback name, an IP address or an allowed host; allow it with serve --api-allowed-host %s", r.Host, host)}
+		Message: fmt.Sprintf("Host %q is not a loopback name, an IP address or an allowed host; allow it with serve --api-allowed-hosts %s", r.Host, host)}
 }
 
 // bodyBudget is the most body bytes route name reads: a start's plan and
