@@ -644,3 +644,32 @@ func TestServer_LoneSurrogatesRefused(t *testing.T) {
 		t.Fatalf("refused requests reached the control: %v", calls)
 	}
 }
+
+// TestServer_HeaderBudget: the request line and headers of a request are
+// at most httpapi.MaxHeaderBytes (net/http's default is 1 MB): a longer
+// one is 431 before any handler runs.
+func TestServer_HeaderBudget(t *testing.T) {
+	rc := &recordingControl{}
+	api := httpapi.NewServer(httpapi.Options{Log: memstore.New(statestore.ProjectorOptions{}), Control: rc, Logger: zaptest.NewLogger(t)})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	api.Open(ln)
+	t.Cleanup(func() { _ = api.Close(context.Background()) })
+	base := "http://" + ln.Addr().String()
+	get := func(query string) int {
+		resp, err := http.Get(base + "/v1/runs/run-1?x=" + query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := get(strings.Repeat("a", 2*httpapi.MaxHeaderBytes)); code != http.StatusRequestHeaderFieldsTooLarge {
+		t.Fatalf("a %d-byte request line: %d, want 431", 2*httpapi.MaxHeaderBytes, code)
+	}
+	if code := get(strings.Repeat("a", httpapi.MaxHeaderBytes/2)); code != http.StatusNotFound {
+		t.Fatalf("a request line within the budget: %d, want 404 (no such run)", code)
+	}
+}

@@ -146,6 +146,8 @@ const (
 	MaxControlBodyBytes = 16 << 10
 	// MaxReasonBytes bounds a control action's reason (UTF-8 bytes).
 	MaxReasonBytes = 512
+	// MaxHeaderBytes bounds a request's line and headers (431 beyond).
+	MaxHeaderBytes = 64 << 10
 )
 
 // Server serves the control API.
@@ -263,7 +265,7 @@ func (s *Server) Open(ln net.Listener) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.srv = &http.Server{Handler: s.mux, ReadHeaderTimeout: s.opts.ReadHeaderTimeout, ReadTimeout: s.opts.ReadTimeout,
-		WriteTimeout: s.opts.WriteTimeout, IdleTimeout: s.opts.IdleTimeout, ErrorLog: zap.NewStdLog(s.log.Named("http"))}
+		WriteTimeout: s.opts.WriteTimeout, IdleTimeout: s.opts.IdleTimeout, MaxHeaderBytes: MaxHeaderBytes, ErrorLog: zap.NewStdLog(s.log.Named("http"))}
 	if s.opts.TLSConfig != nil {
 		ln = tls.NewListener(ln, s.opts.TLSConfig)
 	}
