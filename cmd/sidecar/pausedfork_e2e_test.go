@@ -1,7 +1,10 @@
 package main
 
 import (
+	"context"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -58,5 +61,57 @@ func TestE2E_PausedForkBranchTryFailure(t *testing.T) {
 	validLog(t, evs)
 	if count(evs, statestore.StepCompleted, "flaky") != 1 || count(evs, statestore.StepCompleted, "after") != 1 {
 		t.Fatalf("flaky and after must complete once each\n%v", types(evs))
+	}
+}
+
+// TestE2E_ConcurrentPauseAndResume: rounds of one pause and one resume of
+// the same run released together, on the real Conductor. Once both have
+// answered, Conductor's workflow is as the log says (PAUSED or RUNNING),
+// whichever order the two calls reached it in, and no pause or resume is
+// put down to Conductor (requestedBy conductor): nobody used Conductor.
+func TestE2E_ConcurrentPauseAndResume(t *testing.T) {
+	p := startServe(t, t.TempDir(), freeAddr(t))
+	pl := &plan.Plan{PlanID: uniq("e2e-pauseresume"), PlanVersion: "1", Steps: []plan.Step{
+		{StepID: "long", Executor: plan.ExecutorSpec{Type: plan.ExecutorSleep, Seconds: 600}},
+	}}
+	started := submit(t, p, pl, "req-1")
+	t.Cleanup(func() { _, _ = p.client.Cancel(context.Background(), started.RunID, "test done") })
+	waitFor(t, "long to start", 30*time.Second, func() bool {
+		return eventIndex(allEvents(t, p, started.RunID), statestore.StepStarted, "long", 0) >= 0
+	})
+	ctx := t.Context()
+	for round := range 200 {
+		var wg sync.WaitGroup
+		gate := make(chan struct{})
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			<-gate
+			_, _ = p.client.Pause(ctx, started.RunID, 0, "storm")
+		}()
+		go func() {
+			defer wg.Done()
+			<-gate
+			_, _ = p.client.Resume(ctx, started.RunID)
+		}()
+		close(gate)
+		wg.Wait()
+		v, err := p.client.Run(ctx, started.RunID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "RUNNING"
+		if v.Status == statestore.RunStatusPaused {
+			want = "PAUSED"
+		}
+		if got := conductorStatus(t, started.WorkflowID); got != want {
+			t.Fatalf("round %d: Conductor %s, the log %s, once both requests answered", round, got, v.Status)
+		}
+	}
+	for _, e := range allEvents(t, p, started.RunID) {
+		if (e.EventType == statestore.RunPaused || e.EventType == statestore.RunResumed) &&
+			strings.Contains(string(e.Payload), `"requestedBy":"conductor"`) {
+			t.Fatalf("%s put down to Conductor, which nobody used: %s", e.EventType, e.Payload)
+		}
 	}
 }
