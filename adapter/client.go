@@ -489,11 +489,15 @@ func (c *Client) Decide(ctx context.Context, workflowID string) error {
 	return err
 }
 
-// Resume resumes a PAUSED workflow. Conductor 3.21 answers 500 ("is not
-// PAUSED") for a workflow in any other state; Resume then reads the workflow
-// and returns ErrConflict with Error.EngineStatus set to its status, and
-// ErrEngineUnavailable only if the workflow is still PAUSED (a real server
-// error) or cannot be read. An unknown workflow gives ErrNotFound.
+// Resume resumes a PAUSED workflow. Conductor 3.21 answers 500 ("The
+// workflow ... is not PAUSED so cannot resume. Current status is S") for a
+// workflow in any other state: Resume returns ErrConflict with
+// Error.EngineStatus set to S. For another 500 it reads the workflow and
+// returns ErrConflict when it is not PAUSED, and ErrEngineUnavailable only
+// if it is (a real server error) or cannot be read. The refusal's own
+// words decide first: a concurrent pause may have paused the workflow by
+// the time it is read, and the refusal was still an answer. An unknown
+// workflow gives ErrNotFound.
 func (c *Client) Resume(ctx context.Context, workflowID string) error {
 	if workflowID == "" {
 		return invalidInput(opResume, "empty workflowId")
@@ -502,6 +506,10 @@ func (c *Client) Resume(ctx context.Context, workflowID string) error {
 		resp, err := c.workflow.ResumeWorkflow(ctx, workflowID)
 		var se client.GenericSwaggerError
 		if errors.As(err, &se) && se.StatusCode() == http.StatusInternalServerError {
+			msg := errorMessage(se.Body())
+			if status, ok := notPausedStatus(msg); ok {
+				return resp, &Error{Code: CodeConflict, Op: opResume, Status: se.StatusCode(), Message: msg, EngineStatus: status}
+			}
 			if wf, gerr := c.Workflow(ctx, workflowID, false); gerr == nil && wf.Status != model.PausedWorkflow {
 				return resp, &Error{Code: CodeConflict, Op: opResume, Status: se.StatusCode(),
 					Message: errorMessage(se.Body()), EngineStatus: string(wf.Status)}
@@ -510,6 +518,22 @@ func (c *Client) Resume(ctx context.Context, workflowID string) error {
 		return resp, err
 	})
 	return err
+}
+
+// notPausedStatus returns the status Conductor names in its refusal to
+// resume a workflow that is not paused ("... is not PAUSED so cannot
+// resume. Current status is RUNNING"), and whether msg is that refusal.
+func notPausedStatus(msg string) (string, bool) {
+	const refusal, current = "is not PAUSED so cannot resume", "Current status is "
+	if !strings.Contains(msg, refusal) {
+		return "", false
+	}
+	_, status, ok := strings.Cut(msg, current)
+	status = strings.TrimRight(strings.TrimSpace(status), ".")
+	if !ok || status == "" || strings.ContainsAny(status, " \n") {
+		return "", true // refused, status not named
+	}
+	return status, true
 }
 
 // Terminate terminates a workflow with reason (recorded as its

@@ -310,3 +310,23 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// TestNotPausedStatus: Conductor's refusal to resume a workflow that is
+// not paused is recognized by its words, with the status it names; a
+// refusal read after a concurrent pause is still a refusal.
+func TestNotPausedStatus(t *testing.T) {
+	for _, tt := range []struct {
+		msg, status string
+		ok          bool
+	}{
+		{"The workflow 8d7a is not PAUSED so cannot resume. Current status is RUNNING", "RUNNING", true},
+		{"The workflow 8d7a is not PAUSED so cannot resume. Current status is COMPLETED.", "COMPLETED", true},
+		{"The workflow 8d7a is not PAUSED so cannot resume.", "", true},
+		{"Error while executing the request: connection reset", "", false},
+	} {
+		status, ok := notPausedStatus(tt.msg)
+		if status != tt.status || ok != tt.ok {
+			t.Errorf("notPausedStatus(%q) = %q, %v; want %q, %v", tt.msg, status, ok, tt.status, tt.ok)
+		}
+	}
+}
