@@ -229,6 +229,9 @@ func (c *Controller) hold(ctx context.Context, e *entry, reason string, over int
 	if e.RequestedBy != "" {
 		payload["requestedBy"] = e.RequestedBy
 	}
+	if len(e.Labels) > 0 {
+		payload["labels"] = e.Labels // the run list selects a queued run by them
+	}
 	if e.Policy == Delay {
 		e.NotBefore = e.SubmittedAt.Add(time.Duration(over) * c.opts.Delay).UTC()
 		payload["notBefore"] = e.NotBefore.Format(time.RFC3339Nano)

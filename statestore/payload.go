@@ -28,6 +28,9 @@ type (
 		StartedAt    string            `json:"startedAt"`
 		Labels       map[string]string `json:"labels"`
 	}
+	runQueuedPayload struct {
+		Labels map[string]string `json:"labels"`
+	}
 	stepFailedPayload struct {
 		Error         *StepError    `json:"error"`
 		Artifacts     []ArtifactRef `json:"artifacts"`
@@ -93,6 +96,9 @@ func validateKnownPayload(eventType string, raw json.RawMessage) error {
 		return nil
 	}
 	switch eventType {
+	case RunQueued:
+		var p runQueuedPayload
+		return decode(&p)
 	case RunStarted:
 		var p runStartedPayload
 		if err := decode(&p); err != nil {

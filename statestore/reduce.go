@@ -168,12 +168,17 @@ func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTran
 	switch r.EventType {
 	case RunQueued:
 		s.Status = RunStatusQueued
+		if p.Labels != nil {
+			s.Labels = p.Labels // a queued run is selected by its labels too
+		}
 	case RunApproved:
 		s.Status = RunStatusApproved
 	case RunStarted:
 		s.Status = RunStatusRunning
 		s.EngineRunRef, s.EngineType = p.EngineRunRef, p.EngineType
-		s.Labels = p.Labels
+		if p.Labels != nil {
+			s.Labels = p.Labels // else those of its RunQueued, if any
+		}
 		s.StartedAt = p.StartedAt
 		if s.StartedAt == "" {
 			s.StartedAt = r.PersistedAt

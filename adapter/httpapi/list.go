@@ -44,7 +44,10 @@ var runStatuses = []string{
 // more, with false).
 type ListedRun struct {
 	runlist.Row
-	Matches *bool `json:"matches,omitempty"`
+	// QueuePosition is a QUEUED run's place among the runs waiting for
+	// admission (1: next), as GET /v1/runs/{runId} gives it.
+	QueuePosition int   `json:"queuePosition,omitempty"`
+	Matches       *bool `json:"matches,omitempty"`
 }
 
 // RunList is the answer of GET /v1/runs.
@@ -127,7 +130,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := RunList{Runs: make([]ListedRun, len(page.Runs)), Continue: page.Continue, IndexedThrough: page.IndexedThrough, Revision: page.Revision}
 	for i, row := range page.Runs {
-		out.Runs[i] = ListedRun{Row: row}
+		out.Runs[i] = ListedRun{Row: row, QueuePosition: s.queuePosition(&row)}
 	}
 	return writeJSON(w, http.StatusOK, out)
 }
@@ -157,9 +160,18 @@ func (s *Server) watchList(w http.ResponseWriter, r *http.Request, q url.Values,
 	out := RunList{Runs: make([]ListedRun, len(page.Runs)), IndexedThrough: page.IndexedThrough, Revision: page.Revision}
 	for i, row := range page.Runs {
 		m := f.MatchStatus(&row)
-		out.Runs[i] = ListedRun{Row: row, Matches: &m}
+		out.Runs[i] = ListedRun{Row: row, QueuePosition: s.queuePosition(&row), Matches: &m}
 	}
 	return writeJSON(w, http.StatusOK, out)
+}
+
+// queuePosition is a QUEUED row's place in the admission queue (0 for
+// any other row, or without admission control).
+func (s *Server) queuePosition(row *runlist.Row) int {
+	if row.Status != statestore.RunStatusQueued || s.opts.Queue == nil {
+		return 0
+	}
+	return s.opts.Queue.Position(row.RunID)
 }
 
 // classifyList maps the run list's errors to answers.
