@@ -7,6 +7,7 @@ import (
 	"flag"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 
@@ -38,6 +39,11 @@ func (f *clientFlags) register(fs *flag.FlagSet) {
 func (f *clientFlags) check(fs *flag.FlagSet) error {
 	if f.output != "text" && f.output != "json" && (!f.wide || f.output != "wide") {
 		return usageError(fs, "-o must be text or json%s", map[bool]string{true: " or wide"}[f.wide])
+	}
+	if u, err := url.Parse(f.server); err == nil && u.User != nil {
+		// The API takes bearer tokens; a password in the URL would only
+		// end up in error messages.
+		return usageError(fs, "--server %s: give the address without credentials, and the token with --token or SIDECAR_TOKEN", redactURL(f.server))
 	}
 	if f.caCert != "" {
 		pem, err := os.ReadFile(f.caCert)

@@ -102,7 +102,7 @@ func (e *ConfigValidationError) Error() string {
 func (c *Config) Validate() error {
 	var p []string
 	if u, err := url.Parse(c.ConductorURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		p = append(p, fmt.Sprintf("--conductor-url %q: want an http(s) URL like http://localhost:8080/api", c.ConductorURL))
+		p = append(p, fmt.Sprintf("--conductor-url %q: want an http(s) URL like http://localhost:8080/api", redactURL(c.ConductorURL)))
 	}
 	if c.Store != "nats" && !c.postgresStore() {
 		p = append(p, "--store "+redactURL(c.Store)+": want nats or a PostgreSQL URL like postgres://sidecar@db:5432/sidecar (password from PGPASSFILE or PGPASSWORD)")

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -133,9 +134,31 @@ func (m *Main) newFlagSet(name, synopsis string) *flag.FlagSet {
 	fs.SetOutput(m.Stderr)
 	fs.Usage = func() {
 		fmt.Fprintf(m.Stderr, "Usage: sidecar %s\n\nFlags:\n", synopsis)
-		fs.PrintDefaults()
+		printDefaults(fs)
 	}
 	return fs
+}
+
+// secretFlags are the flags whose value is a secret: their default (from
+// the environment) is never shown.
+var secretFlags = map[string]bool{"token": true}
+
+// printDefaults prints fs's flags like flag.PrintDefaults, without the
+// secrets their defaults may hold (taken from the environment): a secret
+// flag's default is left out, and a URL's password is masked.
+func printDefaults(fs *flag.FlagSet) {
+	saved := map[string]string{}
+	fs.VisitAll(func(f *flag.Flag) {
+		saved[f.Name] = f.DefValue
+		switch {
+		case secretFlags[f.Name]:
+			f.DefValue = ""
+		case strings.Contains(f.DefValue, "@"):
+			f.DefValue = redactURL(f.DefValue)
+		}
+	})
+	defer fs.VisitAll(func(f *flag.Flag) { f.DefValue = saved[f.Name] })
+	fs.PrintDefaults()
 }
 
 // usageError prints msg and the flag set's usage, and returns errUsage.

@@ -162,13 +162,27 @@ func urlHasUser(raw string) bool {
 	return true
 }
 
-// redactURL drops any credentials from a URL list for messages.
+// redactURL masks the password of every URL of a comma-separated list for
+// messages and usage text. A URL that does not parse loses everything
+// between its scheme and its last '@'.
 func redactURL(raw string) string {
 	var out []string
 	for _, one := range strings.Split(raw, ",") {
-		if u, err := url.Parse(strings.TrimSpace(one)); err == nil {
+		one = strings.TrimSpace(one)
+		if u, err := url.Parse(one); err == nil {
 			out = append(out, u.Redacted())
+			continue
 		}
+		if at := strings.LastIndex(one, "@"); at >= 0 {
+			scheme, _, _ := strings.Cut(one, "://")
+			if scheme == one {
+				scheme = ""
+			} else {
+				scheme += "://"
+			}
+			one = scheme + "xxxxx" + one[at:]
+		}
+		out = append(out, one)
 	}
 	return strings.Join(out, ",")
 }

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// secretEnv are environment variables whose values are secrets, or URLs
+// that carry one, each with a value that marks it.
+var secretEnv = map[string]string{
+	"SIDECAR_TOKEN":         "tok-s3cret-value",
+	"SIDECAR_SERVER":        "http://admin:srv-s3cret@127.0.0.1:1",
+	"SIDECAR_STORE":         "postgres://sidecar:pg-s3cret@127.0.0.1:1/sidecar",
+	"SIDECAR_NATS_URL":      "nats://sidecar:nats-s3cret@127.0.0.1:1",
+	"SIDECAR_CONDUCTOR_URL": "http://user:cond-s3cret@127.0.0.1:1/api",
+}
+
+// TestMain_UsageShowsNoSecret: no subcommand prints a secret from its
+// environment (a token, a password in a URL) in its usage text, on -h or
+// on a usage error, nor in a configuration error.
+func TestMain_UsageShowsNoSecret(t *testing.T) {
+	for k, v := range secretEnv {
+		t.Setenv(k, v)
+	}
+	commands := [][]string{
+		{"serve"}, {"run", "submit"}, {"status", "r1"}, {"runs"}, {"events", "r1"}, {"audit", "r1"},
+		{"pause", "r1"}, {"resume", "r1"}, {"cancel", "r1"}, {"retry", "r1", "s1"},
+		{"bus"}, {"bus", "deadletters"}, {"bus", "replay"}, {"demo"}, {"key"}, {"token", "new"}, {"version"},
+	}
+	check := func(t *testing.T, args []string, out, errOut string) {
+		t.Helper()
+		if strings.Contains(out+errOut, "s3cret") {
+			t.Fatalf("sidecar %s shows a secret:\n%s%s", strings.Join(args, " "), out, errOut)
+		}
+	}
+	for _, cmd := range commands {
+		name := strings.Join(cmd, " ")
+		t.Run(name, func(t *testing.T) {
+			for _, extra := range [][]string{{"-h"}, {"--no-such-flag"}} {
+				args := append(append([]string{}, cmd...), extra...)
+				code, out, errOut := run(t, args...)
+				if code != exitUsage || !strings.Contains(errOut, "Usage: sidecar") {
+					t.Fatalf("sidecar %s: exit %d, stderr %q; want exit 2 and the usage", strings.Join(args, " "), code, errOut)
+				}
+				check(t, args, out, errOut)
+			}
+		})
+	}
+	t.Run("serve configuration error", func(t *testing.T) {
+		t.Setenv("SIDECAR_CONDUCTOR_URL", "ftp://user:cond-s3cret@127.0.0.1:1/api")
+		code, out, errOut := run(t, "serve")
+		if code != exitUsage || !strings.Contains(errOut, "--conductor-url") {
+			t.Fatalf("serve: exit %d, stderr %q; want exit 2 naming --conductor-url", code, errOut)
+		}
+		check(t, []string{"serve"}, out, errOut)
+	})
+	t.Run("server with credentials", func(t *testing.T) {
+		code, out, errOut := run(t, "status", "r1")
+		if code != exitUsage || !strings.Contains(errOut, "--token") {
+			t.Fatalf("status: exit %d, stderr %q; want exit 2 naming --token", code, errOut)
+		}
+		check(t, []string{"status", "r1"}, out, errOut)
+	})
+	t.Run("client request error", func(t *testing.T) {
+		t.Setenv("SIDECAR_SERVER", "http://127.0.0.1:1")
+		code, out, errOut := run(t, "status", "r1")
+		if code != exitError {
+			t.Fatalf("status: exit %d, stderr %q; want exit 1 (nothing listens on the server)", code, errOut)
+		}
+		check(t, []string{"status", "r1"}, out, errOut)
+	})
+}
