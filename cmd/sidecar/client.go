@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
 // clientFlags are the flags every client subcommand takes.
@@ -76,6 +77,13 @@ func (f *clientFlags) parse(fs *flag.FlagSet, args []string, names ...string) ([
 	for i, name := range names {
 		if pos[i] == "" {
 			return nil, usageError(fs, "%s is required", name)
+		}
+		// Run and step ids follow the contract's one id rule; a bad one is
+		// refused here rather than sent.
+		if strings.HasSuffix(name, "_ID") {
+			if err := statestore.CheckID(pos[i], true); err != nil {
+				return nil, usageError(fs, "%s %.64q %v", name, pos[i], err)
+			}
 		}
 	}
 	return pos, nil
