@@ -114,10 +114,11 @@ func (c *AuditCommand) Run(ctx context.Context, args []string) error {
 		if e.Detail != "" {
 			why = strings.TrimPrefix(why+"; "+e.Detail, "; ")
 		}
+		at, by, why := escapeText(e.At), escapeText(orDash(e.By)), escapeText(orDash(why))
 		if many {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.At, e.RunID, e.Action, orDash(e.By), orDash(why))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", at, escapeText(e.RunID), e.Action, by, why)
 		} else {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.At, e.Action, orDash(e.By), orDash(why))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", at, e.Action, by, why)
 		}
 	}
 	return tw.Flush()

@@ -117,7 +117,7 @@ func printBulk(m *Main, res *httpapi.BulkResult) {
 		case len(r.InFlightStepIDs) > 0:
 			detail = "in flight: " + strings.Join(r.InFlightStepIDs, ",")
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.RunID, r.PlanID, was, r.Outcome, detail)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", escapeText(r.RunID), escapeText(r.PlanID), escapeText(was), escapeText(r.Outcome), escapeText(detail))
 	}
 	_ = tw.Flush()
 	outcomes := make([]string, 0, len(res.Counts))

@@ -45,7 +45,7 @@ func (c *BusCommand) Run(ctx context.Context, args []string) error {
 	tw := tabwriter.NewWriter(c.m.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SINK\tVOCABULARY\tCURSOR\tBEHIND\tDEAD LETTERS")
 	for _, s := range st.Sinks {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\n", s.Name, s.Vocabulary, s.Cursor, s.LastSeq-min(s.LastSeq, s.Cursor), s.DeadLetters)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\n", escapeText(s.Name), escapeText(s.Vocabulary), s.Cursor, s.LastSeq-min(s.LastSeq, s.Cursor), s.DeadLetters)
 	}
 	return tw.Flush()
 }
@@ -90,7 +90,7 @@ func (c *BusCommand) deadLetters(ctx context.Context, args []string) error {
 	fmt.Fprintln(tw, "KEY\tEVENT\tRUN\tATTEMPTS\tDEAD AT\tERROR")
 	for _, p := range all {
 		for _, d := range p.DeadLetters {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", d.Key, d.EventType, d.RunID, d.Attempts, d.DeadAt.Format("2006-01-02T15:04:05Z"), d.Error)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", escapeText(d.Key), escapeText(d.EventType), escapeText(d.RunID), d.Attempts, d.DeadAt.Format("2006-01-02T15:04:05Z"), escapeText(d.Error))
 		}
 	}
 	return tw.Flush()
@@ -119,7 +119,7 @@ func (c *BusCommand) replay(ctx context.Context, args []string) error {
 	tw := tabwriter.NewWriter(c.m.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tOUTCOME\tERROR")
 	for _, r := range res.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", r.Key, r.Outcome, r.Error)
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", escapeText(r.Key), escapeText(r.Outcome), escapeText(r.Error))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

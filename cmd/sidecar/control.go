@@ -101,20 +101,20 @@ func (c *ControlCommand) Run(ctx context.Context, args []string) error {
 			return printJSON(c.m.Stdout, v)
 		}
 		if v.Notice != "" {
-			fmt.Fprintf(c.m.Stdout, "note: %s\n", v.Notice)
+			fmt.Fprintf(c.m.Stdout, "note: %s\n", escapeText(v.Notice))
 		}
 		if !v.Replayed {
-			fmt.Fprintf(c.m.Stdout, "%s: %s\n", statusLine(v), v.Message)
+			fmt.Fprintf(c.m.Stdout, "%s: %s\n", escapeText(statusLine(v)), escapeText(v.Message))
 			return nil
 		}
 		// A repeat of an earlier request: its answer is the run as it was
 		// then; say so, and show the run as it is now.
-		fmt.Fprintf(c.m.Stdout, "replayed: this Idempotency-Key was answered before; then: %s: %s\n", statusLine(v), v.Message)
+		fmt.Fprintf(c.m.Stdout, "replayed: this Idempotency-Key was answered before; then: %s: %s\n", escapeText(statusLine(v)), escapeText(v.Message))
 		now, err := client.Run(ctx, runID)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(c.m.Stdout, "now: %s: %s\n", statusLine(now), now.Message)
+		fmt.Fprintf(c.m.Stdout, "now: %s: %s\n", escapeText(statusLine(now)), escapeText(now.Message))
 		return nil
 	}
 	return c.wait(ctx, client, runID, cf.output)
@@ -132,6 +132,7 @@ func (c *ControlCommand) wait(ctx context.Context, client *httpapi.Client, runID
 		if v.Drain != nil && v.Drain.Draining {
 			line += fmt.Sprintf(" in flight: %v (deadline %s)", v.Drain.InFlightStepIDs, v.Drain.Deadline)
 		}
+		line = escapeText(line)
 		if line != last && output != "json" {
 			fmt.Fprintln(c.m.Stdout, line)
 			last = line

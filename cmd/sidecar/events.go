@@ -85,7 +85,7 @@ func (c *EventsCommand) print(output string, r *statestore.RunEventRecord) error
 		step = r.StepID
 	}
 	_, err := fmt.Fprintf(c.m.Stdout, "%6d  %-30s  %-20s  %-20s  attempt %d.%d\n",
-		r.RunSeq, r.PersistedAt, r.EventType, step, r.LogicalAttemptID, r.EngineAttemptID)
+		r.RunSeq, escapeText(r.PersistedAt), escapeText(r.EventType), escapeText(step), r.LogicalAttemptID, r.EngineAttemptID)
 	return err
 }
 

@@ -40,6 +40,12 @@ func main() {
 
 // Run runs the subcommand named by args[0] and returns the exit code.
 func (m *Main) Run(ctx context.Context, args []string) int {
+	// No terminal control character from the API (or anywhere) reaches the
+	// terminal raw (escape.go).
+	out, errw := &safeWriter{w: m.Stdout}, &safeWriter{w: m.Stderr}
+	defer errw.Flush()
+	defer out.Flush()
+	m = &Main{Stdout: out, Stderr: errw}
 	if len(args) == 0 {
 		m.usage()
 		return exitUsage

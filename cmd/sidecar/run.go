@@ -60,7 +60,7 @@ func (c *RunCommand) Run(ctx context.Context, args []string) error {
 	case !started.Created:
 		what = "already started by an earlier request with this id"
 	}
-	fmt.Fprintf(c.m.Stdout, "run %s %s\n  runRequestId %s\n  engineRunRef %s\n", started.RunID, what, *requestID, started.EngineRunRef)
+	fmt.Fprintf(c.m.Stdout, "run %s %s\n  runRequestId %s\n  engineRunRef %s\n", escapeText(started.RunID), what, escapeText(*requestID), escapeText(started.EngineRunRef))
 	return nil
 }
 

@@ -190,10 +190,11 @@ func (t *runTable) print(rows []httpapi.ListedRun, first bool) {
 		if r.Substatus != "" {
 			status += "/" + r.Substatus
 		}
-		line := fmt.Sprintf("%s\t%s\t%s\t%d/%d\t%d\t%s\t%s", r.RunID, r.PlanID, status, r.Done, r.Steps, r.InFlight, etaString(t.now(), r.DrainETA), age(t.now(), r.CreatedAt))
+		e := escapeText // every string from the API: one cell, one line
+		line := fmt.Sprintf("%s\t%s\t%s\t%d/%d\t%d\t%s\t%s", e(r.RunID), e(r.PlanID), e(status), r.Done, r.Steps, r.InFlight, e(etaString(t.now(), r.DrainETA)), e(age(t.now(), r.CreatedAt)))
 		if t.wide {
-			line += fmt.Sprintf("\t%s\t%s\t%s\t%s\t%s", r.PlanVersion, r.TenantID, optional(labelString(r.Labels), "-"),
-				optional(r.PauseReason, "-"), optional(r.ResumeAt, "-"))
+			line += fmt.Sprintf("\t%s\t%s\t%s\t%s\t%s", e(r.PlanVersion), e(r.TenantID), e(optional(labelString(r.Labels), "-")),
+				e(optional(r.PauseReason, "-")), e(optional(r.ResumeAt, "-")))
 		}
 		fmt.Fprintln(tw, line)
 	}
