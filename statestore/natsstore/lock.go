@@ -21,38 +21,61 @@ var ErrDataDirLocked = errors.New("data dir is locked by another process")
 // created or written (read-only file system, permissions, no space).
 var ErrDataDirUnusable = errors.New("data dir is not usable")
 
-// LockDataDir creates dir if needed and takes an exclusive lock on
-// dir/sidecar.lock (flock), writing this process's pid, host and start
-// time into it. Two servers on one data dir corrupt each other's store
-// files, so a second LockDataDir on the same dir, from any process, fails
-// at once with ErrDataDirLocked, naming the holder. The lock is released
-// by the returned func, or by the kernel when the process dies (kill -9
-// leaves no stale lock).
+// LockDataDir creates dir if needed and takes an exclusive lock (flock) on
+// the directory itself, then on dir/sidecar.lock, into which it writes this
+// process's pid, host and start time. Two servers on one data dir corrupt
+// each other's store files, so a second LockDataDir on the same dir, from
+// any process, fails at once with ErrDataDirLocked, naming the holder.
+// The lock is on the directory's inode: deleting or replacing the lock
+// file does not release it. The lock file's own lock keeps a sidecar of an
+// older release, which locked only the file, off the dir too. The locks
+// are released by the returned func, or by the kernel when the process dies
+// (kill -9 leaves no stale lock).
 func LockDataDir(dir string) (unlock func() error, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("%w: %s: %v; make it writable by this user or choose another --data-dir", ErrDataDirUnusable, dir, err)
 	}
 	path := filepath.Join(dir, LockFile)
+	d, err := os.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v; make it a directory this user can read or choose another --data-dir", ErrDataDirUnusable, err)
+	}
+	if err := flock(d, dir, path); err != nil {
+		_ = d.Close()
+		return nil, err
+	}
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
+		_ = d.Close()
 		return nil, fmt.Errorf("%w: %v; make it writable by this user or choose another --data-dir", ErrDataDirUnusable, err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		holder, _ := os.ReadFile(path)
-		_ = f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: %s is held by %s; stop that process or give this one another --data-dir",
-				ErrDataDirLocked, dir, describeHolder(string(holder)))
-		}
-		return nil, fmt.Errorf("%w: lock %s: %v", ErrDataDirUnusable, path, err)
+	if err := flock(f, dir, path); err != nil {
+		_, _ = f.Close(), d.Close()
+		return nil, err
 	}
 	host, _ := os.Hostname()
 	info := fmt.Sprintf("pid=%d host=%s since=%s\n", os.Getpid(), host, time.Now().UTC().Format(time.RFC3339))
 	if err := writeLockInfo(f, info); err != nil {
-		_ = f.Close()
+		_, _ = f.Close(), d.Close()
 		return nil, fmt.Errorf("%w: write %s: %v; make it writable by this user or choose another --data-dir", ErrDataDirUnusable, path, err)
 	}
-	return f.Close, nil // closing the descriptor releases the flock
+	// Closing the descriptors releases the locks.
+	return func() error { return errors.Join(f.Close(), d.Close()) }, nil
+}
+
+// flock takes an exclusive lock on f (the data dir or its lock file)
+// without waiting; path is the lock file, which names the holder.
+func flock(f *os.File, dir, path string) error {
+	err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, syscall.EWOULDBLOCK) {
+		holder, _ := os.ReadFile(path)
+		return fmt.Errorf("%w: %s is held by %s; stop that process or give this one another --data-dir",
+			ErrDataDirLocked, dir, describeHolder(string(holder)))
+	}
+	return fmt.Errorf("%w: lock %s: %v", ErrDataDirUnusable, f.Name(), err)
 }
 
 // DefaultMinFreeBytes is the free space below which a data dir is not
