@@ -157,6 +157,7 @@ func (c *Config) Validate() error {
 	p = append(p, c.Exec.validate()...)
 	p = append(p, c.Bus.validate()...)
 	p = append(p, c.Admission.validate()...)
+	p = append(p, c.secretFileProblems()...)
 	if len(p) > 0 {
 		return &ConfigValidationError{Problems: p}
 	}
