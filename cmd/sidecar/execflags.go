@@ -45,7 +45,7 @@ func (c *execConfig) registerFlags(fs *flag.FlagSet) {
 	}
 	list(&c.EnvAllow, "exec-env-allow", "variables of serve's environment that command steps get (NAME or PREFIX*; \"\" for none)")
 	list(&c.SecretFileRoots, "secret-file-root", "directory file: secrets may be read from (default none: file: secrets are refused)")
-	list(&c.HTTPAllow, "http-allow", "loopback/link-local/private destination http steps may reach: a CIDR (10.0.0.0/8) or host[:port] (default none; the sidecar's API and Conductor are never reachable)")
+	list(&c.HTTPAllow, "http-allow", "loopback/link-local/private destination http steps may reach: a CIDR (10.0.0.0/8) or host[:port] (default none; the sidecar's API, Conductor, pprof and NATS are never reachable)")
 }
 
 // validate returns the problems of the executor settings.
@@ -74,9 +74,10 @@ func (c *execConfig) validate() []string {
 }
 
 // apply sets the executor and secret options. apiAddr is the control API's
-// bound address and conductorURL Conductor's: the http executor must never
-// reach either.
-func (c *execConfig) apply(o *exec.Options, r *secrets.Resolver, apiAddr, conductorURL string) error {
+// bound address, conductorURL Conductor's and own the host:ports of the
+// process's other listeners (pprof, NATS): the http executor must never
+// reach any of them.
+func (c *execConfig) apply(o *exec.Options, r *secrets.Resolver, apiAddr, conductorURL string, own ...string) error {
 	allow := c.EnvAllow
 	if allow == nil {
 		allow = exec.DefaultEnvAllow
@@ -118,7 +119,32 @@ func (c *execConfig) apply(o *exec.Options, r *secrets.Resolver, apiAddr, conduc
 		return fmt.Errorf("--conductor-url %q: %w", conductorURL, err)
 	}
 	o.HTTPDeny = append(o.HTTPDeny, api, cond)
+	for _, addr := range own {
+		d, err := exec.ParseDestination(addr)
+		if err != nil || d.Port == 0 {
+			return fmt.Errorf("listener address %q: want host:port (%v)", addr, err)
+		}
+		o.HTTPDeny = append(o.HTTPDeny, d)
+	}
 	return nil
+}
+
+// natsHostPorts returns the host:port of every server of a --nats-url list
+// (port 4222 when none is given).
+func natsHostPorts(raw string) []string {
+	var out []string
+	for _, one := range strings.Split(raw, ",") {
+		u, err := url.Parse(strings.TrimSpace(one))
+		if err != nil || u.Hostname() == "" {
+			continue
+		}
+		port := u.Port()
+		if port == "" {
+			port = "4222"
+		}
+		out = append(out, net.JoinHostPort(u.Hostname(), port))
+	}
+	return out
 }
 
 // listValue is a repeatable, comma-separated string list flag. The first

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -12,14 +11,11 @@ import (
 	"go.uber.org/zap"
 )
 
-// servePprof serves net/http/pprof on addr (--pprof-listen, loopback only,
-// checked by Config.Validate) until stop. It is the way to see where an
-// idle or busy serve spends its CPU (BENCHMARKS.md).
-func servePprof(addr string, log *zap.Logger) (stop func(), err error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("--pprof-listen %s: %w", addr, err)
-	}
+// servePprof serves net/http/pprof on ln (--pprof-listen, loopback only,
+// checked by Config.Validate; never reachable by an http step) until stop.
+// It is the way to see where an idle or busy serve spends its CPU
+// (BENCHMARKS.md).
+func servePprof(ln net.Listener, log *zap.Logger) (stop func()) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -37,5 +33,5 @@ func servePprof(addr string, log *zap.Logger) (stop func(), err error) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_ = srv.Shutdown(ctx)
-	}, nil
+	}
 }

@@ -61,15 +61,25 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer func() { _ = log.Sync() }()
-	sc, err := startSidecar(ctx, cfg, log)
+	// The pprof listener is bound first, so that the http executor can be
+	// told never to call it.
+	var pprofLn net.Listener
+	if cfg.PprofListen != "" {
+		if pprofLn, err = net.Listen("tcp", cfg.PprofListen); err != nil {
+			return fmt.Errorf("--pprof-listen %s: %w", cfg.PprofListen, err)
+		}
+		defer pprofLn.Close()
+	}
+	var own []string // the sidecar's own listeners besides the API
+	if pprofLn != nil {
+		own = append(own, pprofLn.Addr().String())
+	}
+	sc, err := startSidecar(ctx, cfg, log, own...)
 	if err != nil {
 		return err
 	}
-	if cfg.PprofListen != "" {
-		stop, err := servePprof(cfg.PprofListen, log)
-		if err != nil {
-			return err
-		}
+	if pprofLn != nil {
+		stop := servePprof(pprofLn, log)
 		defer stop()
 	}
 	log.Info("sidecar ready", zap.String("listen", sc.addr), zap.String("conductor", cfg.ConductorURL), zap.String("version", buildVersion()))
@@ -156,7 +166,9 @@ type sidecar struct {
 	closing atomic.Bool
 }
 
-func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar, err error) {
+// startSidecar opens every component. own are addresses of the process's
+// other listeners (pprof) that http steps must never reach.
+func startSidecar(ctx context.Context, cfg Config, log *zap.Logger, own ...string) (sc *sidecar, err error) {
 	sc = &sidecar{log: log}
 	defer func() {
 		if err != nil {
@@ -294,7 +306,15 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger) (sc *sidecar
 	}
 	execOpts := exec.Options{Artifacts: arts, Logger: log}
 	resolver := &secrets.Resolver{Logger: log}
-	if err := cfg.Exec.apply(&execOpts, resolver, sc.addr, cfg.ConductorURL); err != nil {
+	// Never reachable by an http step: the API, Conductor, pprof and NATS
+	// (the embedded server's listener, or the servers of --nats-url).
+	if sc.srv != nil {
+		if a := sc.srv.Addr(); a != nil {
+			own = append(own, a.String())
+		}
+	}
+	own = append(own, natsHostPorts(cfg.NATSURL)...)
+	if err := cfg.Exec.apply(&execOpts, resolver, sc.addr, cfg.ConductorURL, own...); err != nil {
 		return sc, err
 	}
 	executors := exec.New(execOpts)
