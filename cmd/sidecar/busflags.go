@@ -3,16 +3,21 @@ package main
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"flag"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/conductor-sidecar/sidecar/eventbus"
+	"github.com/conductor-sidecar/sidecar/taskworkers/exec"
 	"github.com/conductor-sidecar/sidecar/vocab"
 )
 
@@ -180,6 +185,46 @@ func (c *busConfig) open(ctx context.Context, js jetstream.JetStream, replicas i
 		}
 	}
 	return out, nil
+}
+
+// checkNotSelf refuses a webhook sink whose URL reaches one of own, the
+// sidecar's listeners (its API first): it would deliver the log to the
+// sidecar itself. The message names the sink and its host:port only (a
+// URL may carry a token in its query).
+func (c *busConfig) checkNotSelf(ctx context.Context, own []string) error {
+	var deny []exec.Destination
+	for _, a := range own {
+		d, err := exec.ParseDestination(a)
+		if err != nil {
+			return fmt.Errorf("listener address %q: %w", a, err)
+		}
+		deny = append(deny, d)
+	}
+	for _, s := range c.Sinks {
+		if s.Kind != "webhook" {
+			continue
+		}
+		u, err := url.Parse(s.Params["url"])
+		if err != nil || u.Hostname() == "" {
+			return fmt.Errorf("--bus-sink %s: url= is not a URL with a host", s.name())
+		}
+		port := u.Port()
+		if port == "" {
+			port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+		}
+		n, err := strconv.ParseUint(port, 10, 16)
+		if err != nil || n == 0 {
+			return fmt.Errorf("--bus-sink %s: url= has no valid port", s.name())
+		}
+		hostPort := net.JoinHostPort(u.Hostname(), port)
+		if err := exec.CheckDenied(ctx, u.Hostname(), uint16(n), deny); err != nil {
+			if errors.Is(err, exec.ErrDestinationForbidden) {
+				return fmt.Errorf("--bus-sink %s: url= %s reaches the sidecar's own API (or its pprof or NATS listener), so it would deliver the log to itself; point url= at the consumer", s.name(), hostPort)
+			}
+			return fmt.Errorf("--bus-sink %s: url= %s: %w (it must resolve, to check that it is not the sidecar itself)", s.name(), hostPort, err)
+		}
+	}
+	return nil
 }
 
 func readSecret(path string) ([]byte, error) {

@@ -260,8 +260,36 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger, own ...strin
 	if sc.list, err = runlist.Open(ctx, js, runlist.Options{Log: sc.store, Owner: sc.members, Replicas: replicas, Logger: log, Metrics: runlist.NewMetrics(reg), Registerer: reg}); err != nil {
 		return sc, err
 	}
+	// The API's address is bound now so that neither the http executor nor
+	// a webhook sink can be pointed at it; it serves once every component
+	// is open.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return sc, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	sc.addr = ln.Addr().String()
+	sc.ln = ln
+	if cfg.API.MetricsListen != "" {
+		if sc.metricsLn, err = net.Listen("tcp", cfg.API.MetricsListen); err != nil {
+			return sc, fmt.Errorf("--metrics-listen %s: %w", cfg.API.MetricsListen, err)
+		}
+		own = append(own, sc.metricsLn.Addr().String())
+	}
+	// Never reachable by an http step or a webhook: the API, the metrics
+	// listener, pprof and NATS (the embedded server's listener, or the
+	// servers of --nats-url).
+	own = append([]string{sc.addr}, own...)
+	if sc.srv != nil {
+		if a := sc.srv.Addr(); a != nil {
+			own = append(own, a.String())
+		}
+	}
+	own = append(own, natsHostPorts(cfg.NATSURL)...)
 	// The event bus (--bus-sink): one replica per sink delivers the log.
 	if len(cfg.Bus.Sinks) > 0 {
+		if err := cfg.Bus.checkNotSelf(ctx, own); err != nil {
+			return sc, err
+		}
 		sinks, err := cfg.Bus.open(ctx, js, replicas)
 		if err != nil {
 			return sc, err
@@ -291,30 +319,9 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger, own ...strin
 	if err != nil {
 		return sc, err
 	}
-	// The API's address is bound now so that the http executor can be
-	// told never to call it; it serves once every component is open.
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return sc, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
-	}
-	sc.addr = ln.Addr().String()
-	sc.ln = ln
-	if cfg.API.MetricsListen != "" {
-		if sc.metricsLn, err = net.Listen("tcp", cfg.API.MetricsListen); err != nil {
-			return sc, fmt.Errorf("--metrics-listen %s: %w", cfg.API.MetricsListen, err)
-		}
-	}
 	execOpts := exec.Options{Artifacts: arts, Logger: log}
 	resolver := &secrets.Resolver{Logger: log}
-	// Never reachable by an http step: the API, Conductor, pprof and NATS
-	// (the embedded server's listener, or the servers of --nats-url).
-	if sc.srv != nil {
-		if a := sc.srv.Addr(); a != nil {
-			own = append(own, a.String())
-		}
-	}
-	own = append(own, natsHostPorts(cfg.NATSURL)...)
-	if err := cfg.Exec.apply(&execOpts, resolver, sc.addr, cfg.ConductorURL, own...); err != nil {
+	if err := cfg.Exec.apply(&execOpts, resolver, sc.addr, cfg.ConductorURL, own[1:]...); err != nil {
 		return sc, err
 	}
 	executors := exec.New(execOpts)

@@ -199,6 +199,31 @@ func (g *destGuard) isLocal(ip netip.Addr, locals *[]netip.Addr) bool {
 // ap, else a *DestinationError (or an error resolving a denied host name:
 // the guard fails closed).
 func (g *destGuard) check(ctx context.Context, host string, ap netip.AddrPort) error {
+	if err := g.denied(ctx, host, ap); err != nil {
+		return err
+	}
+	host = normHost(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"))
+	ip, port := ap.Addr().Unmap().WithZone(""), ap.Port()
+	class := addrClass(ip)
+	if class == "" {
+		return nil
+	}
+	for _, a := range g.allow {
+		if a.Port != 0 && a.Port != port {
+			continue
+		}
+		if a.Prefix.IsValid() && a.Prefix.Contains(ip) || a.Host != "" && (a.Host == host || a.Host == ip.String()) {
+			return nil
+		}
+	}
+	return &DestinationError{Host: host, Addr: ap, Reason: class}
+}
+
+// denied returns a *DestinationError when ap (which host, as a request
+// named it, resolved to) is one of g.deny: the same address, or a local
+// address on a denied local address's port. A denied host name that
+// cannot be resolved is an error (fail closed).
+func (g *destGuard) denied(ctx context.Context, host string, ap netip.AddrPort) error {
 	host = normHost(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"))
 	ip, port := ap.Addr().Unmap().WithZone(""), ap.Port()
 	var locals []netip.Addr
@@ -207,7 +232,7 @@ func (g *destGuard) check(ctx context.Context, host string, ap netip.AddrPort) e
 			continue
 		}
 		denied := func() error {
-			return &DestinationError{Host: host, Addr: ap, Always: true, Reason: "it is the sidecar's own API or Conductor (" + d.String() + ")"}
+			return &DestinationError{Host: host, Addr: ap, Always: true, Reason: "it is one of the sidecar's own listeners (API, pprof, NATS) or Conductor (" + d.String() + ")"}
 		}
 		if d.Prefix.IsValid() {
 			if d.Prefix.Contains(ip) {
@@ -234,19 +259,30 @@ func (g *destGuard) check(ctx context.Context, host string, ap netip.AddrPort) e
 			}
 		}
 	}
-	class := addrClass(ip)
-	if class == "" {
-		return nil
+	return nil
+}
+
+// CheckDenied reports whether a connection to host (a name or an IP
+// literal) on port would reach one of deny, by the http executor's rules
+// for always-denied destinations (Options.HTTPDeny): it returns a
+// *DestinationError naming the first match, an error when host or a
+// denied name cannot be resolved (fail closed), or nil. serve uses it to
+// refuse an event bus webhook that would deliver to the sidecar itself.
+func CheckDenied(ctx context.Context, host string, port uint16, deny []Destination) error {
+	g := &destGuard{deny: deny, resolver: net.DefaultResolver, localAddrs: interfaceAddrs}
+	bare := strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	var ips []netip.Addr
+	if ip, err := netip.ParseAddr(bare); err == nil {
+		ips = []netip.Addr{ip}
+	} else if ips, err = net.DefaultResolver.LookupNetIP(ctx, "ip", bare); err != nil {
+		return fmt.Errorf("resolve %s: %w", bare, err)
 	}
-	for _, a := range g.allow {
-		if a.Port != 0 && a.Port != port {
-			continue
-		}
-		if a.Prefix.IsValid() && a.Prefix.Contains(ip) || a.Host != "" && (a.Host == host || a.Host == ip.String()) {
-			return nil
+	for _, ip := range ips {
+		if err := g.denied(ctx, host, netip.AddrPortFrom(ip, port)); err != nil {
+			return err
 		}
 	}
-	return &DestinationError{Host: host, Addr: ap, Reason: class}
+	return nil
 }
 
 // dialContext resolves addr itself, refuses it when no address it resolves
