@@ -367,7 +367,7 @@ func types(evs []statestore.RunEventRecord) []string {
 func TestE2E_SecretsNeverInEventsOrLogs(t *testing.T) {
 	secret := "s3cr3t-" + uuid.NewString()
 	t.Setenv("E2E_API_TOKEN", secret) // inherited by the sidecar process
-	p := startServe(t, t.TempDir(), freeAddr(t), "--log-level", "debug")
+	p := startServe(t, t.TempDir(), freeAddr(t), "--log-level", "debug", "--secret-env-allow", "E2E_API_TOKEN")
 	pl := mustPlan(t, `{"planId":"`+uniq("e2e-secret")+`","planVersion":"1","steps":[
 		{"stepId":"uses-secret","executor":{"type":"command","argv":["sh","-c","echo token=$API_TOKEN; echo $API_TOKEN >&2; exit 1"]},
 		 "secrets":[{"name":"API_TOKEN","ref":"env:E2E_API_TOKEN"}]}]}`)

@@ -22,6 +22,10 @@ type execConfig struct {
 	// (a trailing '*' matches a prefix). nil: exec.DefaultEnvAllow; empty:
 	// none.
 	EnvAllow []string
+	// SecretEnvAllow names the variables of serve's environment env:
+	// secrets may read (a trailing '*' matches a prefix). None: every env:
+	// secret is refused (SECRET_REF_FORBIDDEN).
+	SecretEnvAllow []string
 	// SecretFileRoots are the directories file: secrets may be read from.
 	// None: every file: secret is refused (SECRET_REF_FORBIDDEN).
 	SecretFileRoots []string
@@ -44,6 +48,7 @@ func (c *execConfig) registerFlags(fs *flag.FlagSet) {
 		}
 	}
 	list(&c.EnvAllow, "exec-env-allow", "variables of serve's environment that command steps get (NAME or PREFIX*; \"\" for none)")
+	list(&c.SecretEnvAllow, "secret-env-allow", "variables of serve's environment that env: secrets may read (NAME or PREFIX*; default none: env: secrets are refused)")
 	list(&c.SecretFileRoots, "secret-file-root", "directory file: secrets may be read from (default none: file: secrets are refused)")
 	list(&c.HTTPAllow, "http-allow", "loopback/link-local/private destination http steps may reach: a CIDR (10.0.0.0/8) or host[:port] (default none; the sidecar's API, Conductor, pprof and NATS are never reachable)")
 }
@@ -54,6 +59,11 @@ func (c *execConfig) validate() []string {
 	for _, name := range c.EnvAllow {
 		if err := exec.CheckEnvPattern(name); err != nil {
 			p = append(p, fmt.Sprintf("--exec-env-allow %q: %v (want NAME or PREFIX*)", name, err))
+		}
+	}
+	for _, name := range c.SecretEnvAllow {
+		if err := exec.CheckEnvPattern(name); err != nil {
+			p = append(p, fmt.Sprintf("--secret-env-allow %q: %v (want NAME or PREFIX*)", name, err))
 		}
 	}
 	for _, root := range c.SecretFileRoots {
@@ -84,6 +94,7 @@ func (c *execConfig) apply(o *exec.Options, r *secrets.Resolver, apiAddr, conduc
 	}
 	o.BaseEnv = exec.AllowEnv(allow)
 
+	r.EnvAllow = append([]string(nil), c.SecretEnvAllow...)
 	r.FileRoots = nil
 	for _, root := range c.SecretFileRoots {
 		abs, err := filepath.Abs(root)

@@ -142,3 +142,33 @@ func TestExecConfig_ApplyDeniesOwnListeners(t *testing.T) {
 		t.Errorf("HTTPDeny %q, want %q", deny, want)
 	}
 }
+
+// TestExecConfig_SecretEnvAllow: --secret-env-allow (env
+// SIDECAR_SECRET_ENV_ALLOW) is empty by default, which refuses every env:
+// secret; its patterns are NAME or PREFIX*.
+func TestExecConfig_SecretEnvAllow(t *testing.T) {
+	var r secrets.Resolver
+	var o exec.Options
+	c := parseExec(t)
+	if err := c.apply(&o, &r, "127.0.0.1:8787", "http://localhost:8080/api"); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.EnvAllow) != 0 {
+		t.Errorf("default EnvAllow %q, want none", r.EnvAllow)
+	}
+	c = parseExec(t, "--secret-env-allow", "CI_TOKEN,DEPLOY_*")
+	if err := c.apply(&o, &r, "127.0.0.1:8787", "http://localhost:8080/api"); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"CI_TOKEN", "DEPLOY_*"}; !slices.Equal(r.EnvAllow, want) {
+		t.Errorf("EnvAllow %q, want %q", r.EnvAllow, want)
+	}
+	t.Setenv("SIDECAR_SECRET_ENV_ALLOW", "FROM_ENV")
+	if c = parseExec(t); !slices.Equal(c.SecretEnvAllow, []string{"FROM_ENV"}) {
+		t.Errorf("from the environment: %q", c.SecretEnvAllow)
+	}
+	bad := parseExec(t, "--secret-env-allow", "A*B")
+	if p := bad.validate(); len(p) != 1 || !strings.Contains(p[0], "--secret-env-allow") {
+		t.Errorf("problems %q, want one naming --secret-env-allow", p)
+	}
+}

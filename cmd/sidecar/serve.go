@@ -46,6 +46,11 @@ type ServeCommand struct{ m *Main }
 // and lets running steps finish within --shutdown-grace; a second one ends
 // the grace period at once.
 func (c *ServeCommand) Run(ctx context.Context, args []string) error {
+	// Before anything else: command steps run as this process's user and
+	// must not read its environment or memory through /proc.
+	if err := hideFromSameUser(); err != nil {
+		return err
+	}
 	cfg := DefaultConfig()
 	fs := c.m.newFlagSet("serve", "serve [flags]")
 	cfg.registerFlags(fs)

@@ -30,7 +30,7 @@ func TestSecrets_NeverLeak(t *testing.T) {
 	e := startStore(t)
 	srv, rec := testServer(t)
 	reg := exec.New(exec.Options{Artifacts: e.store, Logger: log, HTTPAllow: allowLoopback})
-	resolver := &secrets.Resolver{Logger: log}
+	resolver := &secrets.Resolver{Logger: log, EnvAllow: []string{"SIDECAR_TEST_SECRET_*"}}
 	vals, err := resolver.Resolve(context.Background(), []plan.SecretRef{{Name: "API_TOKEN", Ref: "env:SIDECAR_TEST_SECRET_" + value[3:11]}})
 	if err != nil {
 		t.Fatal(err)

@@ -24,7 +24,8 @@ const (
 	// CodeForbidden: the reference points where plans may not read: a
 	// file: path outside every Resolver.FileRoots (after resolving
 	// symlinks and ".."), or any file: reference when no root is
-	// configured. Not retryable.
+	// configured; an env: variable no Resolver.EnvAllow entry matches, or
+	// any env: reference when the list is empty. Not retryable.
 	CodeForbidden = "SECRET_REF_FORBIDDEN"
 )
 

@@ -47,6 +47,13 @@ const maxNameLen = 256
 type Resolver struct {
 	// LookupEnv reads the environment (default os.LookupEnv).
 	LookupEnv func(key string) (string, bool)
+	// EnvAllow names the variables env: secrets may read: a name, or a
+	// prefix followed by '*' ("*" alone allows every variable). A
+	// variable no entry matches fails with SECRET_REF_FORBIDDEN; with no
+	// entry every env: reference does (fail closed), so a plan cannot
+	// read the worker's own credentials (AWS_SECRET_ACCESS_KEY,
+	// PGPASSWORD, ...) through env:.
+	EnvAllow []string
 	// MaxFileBytes bounds a file: secret (default DefaultMaxFileBytes).
 	MaxFileBytes int64
 	// FileRoots are the directories file: secrets may be read from. A
@@ -125,6 +132,13 @@ func (r *Resolver) resolve(ref plan.SecretRef) (string, error) {
 		if strings.ContainsAny(loc, "=\x00") {
 			return "", fail(CodeInvalidRef, "variable name contains '=' or a NUL byte", false, nil)
 		}
+		if !envAllowed(r.EnvAllow, loc) {
+			reason := "variable is not in the allowed list (--secret-env-allow)"
+			if len(r.EnvAllow) == 0 {
+				reason = "no variable is allowed (--secret-env-allow), so env: secrets are refused"
+			}
+			return "", fail(CodeForbidden, reason, false, nil)
+		}
 		lookup := r.LookupEnv
 		if lookup == nil {
 			lookup = os.LookupEnv
@@ -142,6 +156,20 @@ func (r *Resolver) resolve(ref plan.SecretRef) (string, error) {
 	default:
 		return "", fail(CodeInvalidRef, fmt.Sprintf("unknown provider %q (want env or file)", provider), false, nil)
 	}
+}
+
+// envAllowed reports whether name matches one of allow (NAME or PREFIX*).
+func envAllowed(allow []string, name string) bool {
+	for _, p := range allow {
+		if prefix, ok := strings.CutSuffix(p, "*"); ok {
+			if strings.HasPrefix(name, prefix) {
+				return true
+			}
+		} else if p == name {
+			return true
+		}
+	}
+	return false
 }
 
 func (r *Resolver) readFile(path string, fail func(code, reason string, retryable bool, cause error) error) (string, error) {

@@ -42,7 +42,7 @@ func TestResolver_Resolve(t *testing.T) {
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	r := &secrets.Resolver{LookupEnv: env(map[string]string{"TOKEN": secretValue, "EMPTY": ""}), MaxFileBytes: 64, FileRoots: []string{dir}}
+	r := &secrets.Resolver{LookupEnv: env(map[string]string{"TOKEN": secretValue, "EMPTY": ""}), EnvAllow: []string{"*"}, MaxFileBytes: 64, FileRoots: []string{dir}}
 
 	t.Run("OK", func(t *testing.T) {
 		got, err := r.Resolve(context.Background(), []plan.SecretRef{
@@ -137,7 +137,7 @@ func TestResolver_Resolve(t *testing.T) {
 	})
 	t.Run("ShortValueWarns", func(t *testing.T) {
 		core, logs := observer.New(zap.DebugLevel)
-		r := &secrets.Resolver{LookupEnv: env(map[string]string{"S": "ab"}), Logger: zap.New(core)}
+		r := &secrets.Resolver{LookupEnv: env(map[string]string{"S": "ab"}), EnvAllow: []string{"S"}, Logger: zap.New(core)}
 		if _, err := r.Resolve(context.Background(), []plan.SecretRef{{Name: "SHORT", Ref: "env:S"}}); err != nil {
 			t.Fatal(err)
 		}
@@ -240,5 +240,35 @@ func TestResolver_FileRoots(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestResolver_EnvAllow: env: secrets resolve only the variables EnvAllow
+// names (NAME or PREFIX*); none named refuses every env: reference.
+func TestResolver_EnvAllow(t *testing.T) {
+	lookup := env(map[string]string{"CI_TOKEN": "ci-token-value", "DEPLOY_KEY": "deploy-key-value", "AWS_SECRET_ACCESS_KEY": "aws-value"})
+	for _, tc := range []struct {
+		allow []string
+		ref   string
+		ok    bool
+	}{
+		{nil, "env:CI_TOKEN", false},
+		{[]string{}, "env:CI_TOKEN", false},
+		{[]string{"CI_TOKEN"}, "env:CI_TOKEN", true},
+		{[]string{"CI_TOKEN"}, "env:AWS_SECRET_ACCESS_KEY", false},
+		{[]string{"DEPLOY_*"}, "env:DEPLOY_KEY", true},
+		{[]string{"DEPLOY_*"}, "env:CI_TOKEN", false},
+		{[]string{"*"}, "env:AWS_SECRET_ACCESS_KEY", true},
+	} {
+		r := &secrets.Resolver{LookupEnv: lookup, EnvAllow: tc.allow}
+		vals, err := r.Resolve(context.Background(), []plan.SecretRef{{Name: "S", Ref: tc.ref}})
+		switch {
+		case tc.ok && (err != nil || vals["S"] == ""):
+			t.Errorf("allow %q, %s: %v, want the value", tc.allow, tc.ref, err)
+		case !tc.ok && (err == nil || statestore.CodeOf(err) != secrets.CodeForbidden):
+			t.Errorf("allow %q, %s: %v, want %s", tc.allow, tc.ref, err, secrets.CodeForbidden)
+		case !tc.ok && strings.Contains(err.Error(), "-value"):
+			t.Errorf("the refusal shows a value: %v", err)
+		}
 	}
 }

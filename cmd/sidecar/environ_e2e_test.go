@@ -1,0 +1,137 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// startServeUnprivileged is startServe for a serve whose command steps must
+// not have CAP_SYS_PTRACE: run as root (a container), the test runs serve
+// as nobody (65534), as a deployment runs it as its own user.
+func startServeUnprivileged(t *testing.T, env []string, extra ...string) *proc {
+	t.Helper()
+	bin := sidecarBinary(t)
+	dataDir, logDir := t.TempDir(), t.TempDir()
+	logf, err := os.Create(filepath.Join(logDir, "sidecar.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	args := append([]string{"serve", "--conductor-url", conductortest.URL(t), "--data-dir", filepath.Join(dataDir, "data"), "--listen", addr,
+		"--worker-id", "e2e-" + filepath.Base(dataDir), "--task-domain", "e2e-" + filepath.Base(dataDir),
+		"--log-format", "console", "--shutdown-grace", "5s"}, extra...)
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if os.Geteuid() == 0 {
+		const nobody = 65534
+		// nobody must reach the binary and the data dir (t.TempDir's root
+		// is 0700).
+		for _, dir := range []string{filepath.Dir(bin), filepath.Dir(dataDir), dataDir} {
+			if err := os.Chmod(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Chown(dataDir, nobody, nobody); err != nil {
+			t.Fatal(err)
+		}
+		cmd.Dir = dataDir
+		cmd.Env = append(cmd.Env, "HOME="+dataDir, "TMPDIR="+dataDir)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	p := &proc{addr: addr, client: httpapi.NewClient("http://" + addr), log: logf}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		<-exited
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("sidecar log (%s):\n%s", addr, tail(string(b), sidecarLogLines))
+		}
+	})
+	deadline := time.After(2 * time.Minute) // a safety net: ready in seconds
+	for {
+		if resp, err := http.Get("http://" + addr + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return p
+			}
+		}
+		select {
+		case <-exited:
+			b, _ := os.ReadFile(logf.Name())
+			t.Fatalf("sidecar exited:\n%s", tail(string(b), 10))
+		case <-deadline:
+			t.Fatal("sidecar not ready after 2 minutes")
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// TestE2E_CommandStepCannotReadServeSecrets: a command step runs as
+// serve's user, as serve's child. It cannot read serve's environment
+// through /proc/$PPID/environ (serve is not dumpable), and an env: secret
+// resolves only variables --secret-env-allow names (default: none).
+func TestE2E_CommandStepCannotReadServeSecrets(t *testing.T) {
+	leak := uniq("parent-only-secret")
+	p := startServeUnprivileged(t, []string{"E2E_PARENT_ONLY=" + leak, "E2E_ALLOWED_TOKEN=allowed-token-value"},
+		"--secret-env-allow", "E2E_ALLOWED_*")
+	q := func(s string) string { b, _ := json.Marshal(s); return string(b) }
+	step := func(script, secrets string) string {
+		s := `{"stepId":"s","executor":{"type":"command","argv":["sh","-c",` + q(script) + `]}`
+		if secrets != "" {
+			s += `,"secrets":` + secrets
+		}
+		return `{"planId":"` + uniq("e2e-environ") + `","planVersion":"1","steps":[` + s + `}]}`
+	}
+	cases := []struct{ name, plan, wantCode string }{
+		// $PPID is serve (no shell between them); exit 3 if not, 4 if
+		// its environ can be read.
+		{"ParentEnviron", step(`grep -q sidecar /proc/$PPID/comm || exit 3; if cat /proc/$PPID/environ >/dev/null 2>&1; then echo readable; exit 4; fi`, ""), ""},
+		{"AllowedEnvSecret", step(`test "$T" = allowed-token-value`, `[{"name":"T","ref":"env:E2E_ALLOWED_TOKEN"}]`), ""},
+		{"OtherEnvSecret", step(`exit 0`, `[{"name":"T","ref":"env:E2E_PARENT_ONLY"}]`), "SECRET_REF_FORBIDDEN"},
+	}
+	runIDs := map[string]string{}
+	for _, c := range cases {
+		runIDs[c.name] = submit(t, p, mustPlan(t, c.plan), uniq("req")).RunID
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			v := waitTerminal(t, p, runIDs[c.name], 2*time.Minute)
+			var failed []string
+			for _, e := range allEvents(t, p, runIDs[c.name]) {
+				if e.EventType == statestore.StepFailed {
+					failed = append(failed, string(e.Payload))
+				}
+			}
+			if c.wantCode == "" {
+				if v.Status != statestore.RunStatusCompleted {
+					t.Fatalf("run %s, want COMPLETED; failures %v", v.Status, failed)
+				}
+				return
+			}
+			if len(failed) == 0 || !strings.Contains(failed[0], `"code":"`+c.wantCode+`"`) {
+				t.Fatalf("run %s, step failures %v, want %s", v.Status, failed, c.wantCode)
+			}
+		})
+	}
+	b, _ := os.ReadFile(p.log.Name())
+	if strings.Contains(string(b), leak) {
+		t.Error("the sidecar log contains the parent-only secret")
+	}
+}
