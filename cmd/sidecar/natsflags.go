@@ -163,13 +163,18 @@ func urlHasUser(raw string) bool {
 }
 
 // redactURL masks the password of every URL of a comma-separated list for
-// messages and usage text. A URL that does not parse loses everything
-// between its scheme and its last '@'.
+// messages and usage text, and a user without a password too (NATS takes a
+// token there), except in a PostgreSQL URL, whose user is a role name. A
+// URL that does not parse loses everything between its scheme and its
+// last '@'.
 func redactURL(raw string) string {
 	var out []string
 	for _, one := range strings.Split(raw, ",") {
 		one = strings.TrimSpace(one)
 		if u, err := url.Parse(one); err == nil {
+			if _, hasPw := u.User.Password(); u.User != nil && !hasPw && u.Scheme != "postgres" && u.Scheme != "postgresql" {
+				u.User = url.User("xxxxx")
+			}
 			out = append(out, u.Redacted())
 			continue
 		}

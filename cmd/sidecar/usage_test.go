@@ -46,6 +46,14 @@ func TestMain_UsageShowsNoSecret(t *testing.T) {
 			}
 		})
 	}
+	t.Run("NATS token as the URL's user", func(t *testing.T) {
+		t.Setenv("SIDECAR_NATS_URL", "nats://nats-s3cret-token@127.0.0.1:1")
+		code, out, errOut := run(t, "serve", "-h")
+		if code != exitUsage {
+			t.Fatalf("serve -h: exit %d", code)
+		}
+		check(t, []string{"serve", "-h"}, out, errOut)
+	})
 	t.Run("serve configuration error", func(t *testing.T) {
 		t.Setenv("SIDECAR_CONDUCTOR_URL", "ftp://user:cond-s3cret@127.0.0.1:1/api")
 		code, out, errOut := run(t, "serve")
