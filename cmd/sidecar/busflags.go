@@ -133,6 +133,9 @@ func (c *busConfig) validate() []string {
 		case "webhook":
 			if s.Params["url"] == "" || s.Params["secret-file"] == "" {
 				p = append(p, fmt.Sprintf("--bus-sink %s: url= and secret-file= are required (the secret signs every request)", n))
+			} else if u, err := url.Parse(s.Params["url"]); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				// The URL is not shown: it may carry a credential.
+				p = append(p, fmt.Sprintf("--bus-sink %s: url= must be an http(s) URL with a host, like https://hooks.example/sidecar", n))
 			}
 			if v := s.Params["timeout"]; v != "" {
 				if d, err := time.ParseDuration(v); err != nil || d <= 0 {

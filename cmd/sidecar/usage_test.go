@@ -54,6 +54,14 @@ func TestMain_UsageShowsNoSecret(t *testing.T) {
 		}
 		check(t, []string{"serve", "-h"}, out, errOut)
 	})
+	t.Run("webhook URL with credentials", func(t *testing.T) {
+		t.Setenv("SIDECAR_BUS_SINK", "webhook:url=ftp://u:hook-s3cret@127.0.0.1:1/x,secret-file=/nonexistent")
+		code, out, errOut := run(t, "serve", "--data-dir", t.TempDir(), "--drain-timeout", "0")
+		if code != exitUsage || !strings.Contains(errOut, "--bus-sink") {
+			t.Fatalf("serve: exit %d, stderr %q; want exit 2 naming --bus-sink", code, errOut)
+		}
+		check(t, []string{"serve"}, out, errOut)
+	})
 	t.Run("serve configuration error", func(t *testing.T) {
 		t.Setenv("SIDECAR_CONDUCTOR_URL", "ftp://user:cond-s3cret@127.0.0.1:1/api")
 		code, out, errOut := run(t, "serve")
