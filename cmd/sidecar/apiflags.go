@@ -145,6 +145,12 @@ func (c *apiConfig) reload(log *zap.Logger) {
 	if c.creds == nil {
 		return
 	}
+	if msg := checkSecretFile("--tokens-file", c.TokensFile); msg != "" {
+		// Refused at start, so refused here too: someone else may have
+		// written the principals it now holds.
+		log.Error("tokens file not reloaded; the previous principals stay in use", zap.String("error", msg))
+		return
+	}
 	if err := c.creds.Reload(); err != nil {
 		log.Error("tokens file not reloaded; the previous principals stay in use", zap.Error(err))
 		return

@@ -1,13 +1,19 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"flag"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -44,5 +50,47 @@ func TestAPIConfig_AllowedHosts(t *testing.T) {
 	bad := apiConfig{AllowedHosts: "sidecar:8787"}
 	if p := bad.validate("127.0.0.1:8787"); len(p) != 1 || !strings.Contains(p[0], "--api-allowed-hosts") {
 		t.Fatalf("a host with a port: %v, want one problem naming --api-allowed-hosts", p)
+	}
+}
+
+// TestAPIConfig_ReloadRefusesAReadableTokensFile: a tokens file that
+// became readable by others is not reloaded on SIGHUP (the previous
+// principals stay, one error line says why), as it would be refused at
+// start; once its mode is fixed, the next reload takes it.
+func TestAPIConfig_ReloadRefusesAReadableTokensFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tokens.yaml")
+	principal := func(name, token string) string {
+		sum := sha256.Sum256([]byte(token))
+		return "  - name: " + name + "\n    tokenSha256: " + hex.EncodeToString(sum[:]) + "\n    roles: [viewer]\n"
+	}
+	one := "principals:\n" + principal("a", "tok-a")
+	if err := os.WriteFile(path, []byte(one), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := apiConfig{TokensFile: path}
+	opts := httpapi.Options{Log: memstore.New(statestore.ProjectorOptions{}), Logger: zaptest.NewLogger(t)}
+	if err := cfg.apply(&opts, zaptest.NewLogger(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(one+principal("b", "tok-b")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.ErrorLevel)
+	cfg.reload(zap.New(core))
+	if n := cfg.creds.Len(); n != 1 {
+		t.Fatalf("a tokens file readable by others was reloaded: %d principals, want the previous 1", n)
+	}
+	if logs.Len() != 1 || !strings.Contains(logs.All()[0].ContextMap()["error"].(string), "chmod 600") {
+		t.Fatalf("want one error line naming the fix, got %v", logs.All())
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.reload(zaptest.NewLogger(t))
+	if n := cfg.creds.Len(); n != 2 {
+		t.Fatalf("after chmod 600 the reload took %d principals, want 2", n)
 	}
 }
