@@ -130,7 +130,13 @@ func (e *natsEnv) newRuns(t testing.TB, baseURL string, opts RunsOptions) *Runs 
 	if opts.TaskDomain == "" {
 		opts.TaskDomain = e.domain
 	}
-	r, err := OpenRuns(context.Background(), e.connect(t), newClient(t, baseURL, time.Second), e.emitter, opts)
+	// Conductor's answers take more than a second on a loaded machine; the
+	// lease must outlast two of them.
+	timeout := 10 * time.Second
+	if opts.LeaseTTL > 0 {
+		timeout = min(timeout, opts.LeaseTTL/2)
+	}
+	r, err := OpenRuns(context.Background(), e.connect(t), newClient(t, baseURL, timeout), e.emitter, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
