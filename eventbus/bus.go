@@ -408,7 +408,9 @@ func (c *courier) step(ctx context.Context) (more bool, delay time.Duration, err
 	if n > 0 {
 		c.attempts, c.retry = 0, nil
 		c.pending = c.pending[n:]
-		if err := c.save(ctx, c.acked()); err != nil {
+		// Saved even when the bus is closing: the sink has them, and the
+		// next owner must not deliver them again (save has its own timeout).
+		if err := c.save(context.WithoutCancel(ctx), c.acked()); err != nil {
 			return false, 0, err
 		}
 	}
