@@ -85,10 +85,15 @@ func TestE2E_EventBusSurvivesKill(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	// A run that ended has had its snapshot saved (at its end) before the
-	// kill, so that the restart has one to load: without this wait the
-	// kill could come before any (CI saw it once).
-	waitFor(t, "a persisted snapshot before the kill", 30*time.Second, func() bool {
+	// A run that ended has had its snapshot saved before the kill, so that
+	// the restart has one to load. A run's end is saved when something
+	// projects the run after it: reading the runs does, so the wait is on
+	// the runs' progress, with a safety net of minutes (a loaded machine
+	// may end no run for a while).
+	waitFor(t, "a persisted snapshot before the kill", 5*time.Minute, func() bool {
+		for _, id := range runIDs {
+			_, _ = p.client.Run(context.Background(), id)
+		}
 		return metricValue(t, p.addr, `sidecar_projector_durable_snapshots_total{outcome="saved"}`) > 0
 	})
 	p.stop(syscall.SIGKILL)
