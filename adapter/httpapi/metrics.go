@@ -2,10 +2,8 @@ package httpapi
 
 import (
 	"context"
-	"errors"
 	"net"
 	"net/http"
-	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -21,9 +19,7 @@ type MetricsServer struct {
 	log *zap.Logger
 	mux *http.ServeMux
 
-	mu  sync.Mutex
-	srv *http.Server
-	wg  sync.WaitGroup
+	serving serving
 }
 
 // NewMetricsServer returns a MetricsServer for g; Open serves it.
@@ -48,28 +44,9 @@ func (s *MetricsServer) Handler() http.Handler { return s.mux }
 
 // Open serves on ln until Close.
 func (s *MetricsServer) Open(ln net.Listener) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.srv = &http.Server{Handler: s.mux, ReadHeaderTimeout: DefaultReadHeaderTimeout, ReadTimeout: DefaultReadTimeout,
-		WriteTimeout: DefaultWriteTimeout, IdleTimeout: DefaultIdleTimeout, ErrorLog: zap.NewStdLog(s.log.Named("http"))}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			s.log.Error("metrics server stopped", zap.Error(err))
-		}
-	}()
+	s.serving.start(&http.Server{Handler: s.mux, ReadHeaderTimeout: DefaultReadHeaderTimeout, ReadTimeout: DefaultReadTimeout,
+		WriteTimeout: DefaultWriteTimeout, IdleTimeout: DefaultIdleTimeout, ErrorLog: zap.NewStdLog(s.log.Named("http"))}, ln, s.log)
 }
 
 // Close stops the server, waiting for scrapes in flight until ctx is done.
-func (s *MetricsServer) Close(ctx context.Context) error {
-	s.mu.Lock()
-	srv := s.srv
-	s.mu.Unlock()
-	if srv == nil {
-		return nil
-	}
-	err := srv.Shutdown(ctx)
-	s.wg.Wait()
-	return err
-}
+func (s *MetricsServer) Close(ctx context.Context) error { return s.serving.close(ctx) }

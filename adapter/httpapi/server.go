@@ -17,7 +17,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -159,9 +158,7 @@ type Server struct {
 	latency  *prometheus.HistogramVec
 	controls *prometheus.CounterVec
 
-	mu  sync.Mutex
-	srv *http.Server
-	wg  sync.WaitGroup
+	serving serving
 
 	allow map[string][]string // path pattern -> methods served
 }
@@ -262,35 +259,17 @@ func (s *Server) Handler() http.Handler { return s.mux }
 
 // Open serves on ln until Close.
 func (s *Server) Open(ln net.Listener) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.srv = &http.Server{Handler: s.mux, ReadHeaderTimeout: s.opts.ReadHeaderTimeout, ReadTimeout: s.opts.ReadTimeout,
+	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: s.opts.ReadHeaderTimeout, ReadTimeout: s.opts.ReadTimeout,
 		WriteTimeout: s.opts.WriteTimeout, IdleTimeout: s.opts.IdleTimeout, MaxHeaderBytes: MaxHeaderBytes, ErrorLog: zap.NewStdLog(s.log.Named("http"))}
 	if s.opts.TLSConfig != nil {
 		ln = tls.NewListener(ln, s.opts.TLSConfig)
 	}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			s.log.Error("api server stopped", zap.Error(err))
-		}
-	}()
+	s.serving.start(srv, ln, s.log)
 }
 
 // Close stops accepting requests and waits for those in flight until ctx
 // is done.
-func (s *Server) Close(ctx context.Context) error {
-	s.mu.Lock()
-	srv := s.srv
-	s.mu.Unlock()
-	if srv == nil {
-		return nil
-	}
-	err := srv.Shutdown(ctx)
-	s.wg.Wait()
-	return err
-}
+func (s *Server) Close(ctx context.Context) error { return s.serving.close(ctx) }
 
 // apiError is an error answer.
 type apiError struct {
