@@ -80,22 +80,9 @@ func TestE2E_ExecTrustBoundary(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			v := waitTerminal(t, p, runIDs[c.name], 60*time.Second)
-			evs := allEvents(t, p, runIDs[c.name])
-			var failed []string
-			for _, e := range evs {
-				if e.EventType == statestore.StepFailed {
-					failed = append(failed, string(e.Payload))
-				}
-			}
+			failed := requireOutcome(t, p, runIDs[c.name], c.wantCode, 60*time.Second)
 			if c.wantCode == "" {
-				if v.Status != statestore.RunStatusCompleted {
-					t.Fatalf("run %s, want COMPLETED; failures %v", v.Status, failed)
-				}
 				return
-			}
-			if len(failed) == 0 || !strings.Contains(failed[0], `"code":"`+c.wantCode+`"`) {
-				t.Fatalf("run %s, step failures %v, want %s", v.Status, failed, c.wantCode)
 			}
 			if strings.Contains(failed[0], `"retryable":true`) {
 				t.Errorf("%s must not be retryable: %s", c.wantCode, failed[0])
@@ -108,4 +95,28 @@ func TestE2E_ExecTrustBoundary(t *testing.T) {
 			t.Errorf("the sidecar log contains %q", s)
 		}
 	}
+}
+
+// requireOutcome waits for runID to end and fails t unless it COMPLETED
+// (wantCode empty) or its first StepFailed carries wantCode. It returns
+// the payloads of the run's StepFailed events.
+func requireOutcome(t *testing.T, p *proc, runID, wantCode string, within time.Duration) []string {
+	t.Helper()
+	v := waitTerminal(t, p, runID, within)
+	var failed []string
+	for _, e := range allEvents(t, p, runID) {
+		if e.EventType == statestore.StepFailed {
+			failed = append(failed, string(e.Payload))
+		}
+	}
+	if wantCode == "" {
+		if v.Status != statestore.RunStatusCompleted {
+			t.Fatalf("run %s, want COMPLETED; failures %v", v.Status, failed)
+		}
+		return failed
+	}
+	if len(failed) == 0 || !strings.Contains(failed[0], `"code":"`+wantCode+`"`) {
+		t.Fatalf("run %s, step failures %v, want %s", v.Status, failed, wantCode)
+	}
+	return failed
 }

@@ -10,8 +10,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
 // TestE2E_HTTPStepCannotReachOwnListeners: with every loopback address
@@ -48,22 +46,7 @@ func TestE2E_HTTPStepCannotReachOwnListeners(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			v := waitTerminal(t, p, runIDs[c.name], 2*time.Minute)
-			var failed []string
-			for _, e := range allEvents(t, p, runIDs[c.name]) {
-				if e.EventType == statestore.StepFailed {
-					failed = append(failed, string(e.Payload))
-				}
-			}
-			if c.wantCode == "" {
-				if v.Status != statestore.RunStatusCompleted {
-					t.Fatalf("run %s, want COMPLETED; failures %v", v.Status, failed)
-				}
-				return
-			}
-			if len(failed) == 0 || !strings.Contains(failed[0], `"code":"`+c.wantCode+`"`) {
-				t.Fatalf("run %s, step failures %v, want %s", v.Status, failed, c.wantCode)
-			}
+			requireOutcome(t, p, runIDs[c.name], c.wantCode, 2*time.Minute)
 		})
 	}
 }
