@@ -110,9 +110,11 @@ type Options struct {
 	// their shares in the period one replica would take over all of them.
 	FullScanRate int
 	// Schedule, when set, keeps the pauses to be resumed on their own
-	// (PauseRequest.ResumeAt): the monitor reads it every IndexInterval
-	// and at start, and resumes the due ones it owns. Without it the full
-	// pass resumes them.
+	// (PauseRequest.ResumeAt) and the staggered resumes (ResumeLater):
+	// the monitor reads it every IndexInterval and at start, and resumes
+	// the due pauses it owns; the staggered resumes it owns go to the
+	// pacer, which carries them out at the stagger's rate. Without it the
+	// full pass resumes the pauses.
 	Schedule ResumeSchedule
 	// Owner divides the runs between replicas (default: this replica
 	// owns every run). The drain index and the full pass bring in the
@@ -144,6 +146,9 @@ type Controller struct {
 	// drains it finds.
 	wmu     sync.Mutex
 	watched map[string]struct{}
+
+	// pacer holds the staggered resumes this replica carries out.
+	pacer *pacer
 }
 
 // New returns a Controller; Open starts its monitor.
@@ -173,7 +178,7 @@ func New(snaps SnapshotReader, emit Emitter, engine Engine, opts Options) *Contr
 		opts.Now = time.Now
 	}
 	return &Controller{snaps: snaps, emit: emit, engine: engine, opts: opts, logger: opts.Logger.Named("drain"),
-		nudge: make(chan string, 1024), watched: make(map[string]struct{})}
+		nudge: make(chan string, 1024), watched: make(map[string]struct{}), pacer: newPacer()}
 }
 
 // PauseRequest is the body of a pause.

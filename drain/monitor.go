@@ -26,15 +26,26 @@ func (c *Controller) Open(ctx context.Context) error {
 		return ErrAlreadyOpen
 	}
 	ctx, c.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	c.done = make(chan struct{})
+	done := make(chan struct{})
+	c.done = done
 	if c.opts.Drains != nil {
 		_ = c.readIndex(ctx) && c.checkWatched(ctx)
 	} else {
 		c.scan(ctx)
 	}
-	// A resume that fell due while no sidecar ran is carried out now.
+	// A resume that fell due while no sidecar ran is carried out now (a
+	// staggered one by the pacer, at the stagger's rate).
 	c.readSchedule(ctx)
-	go c.loop(ctx)
+	paced := make(chan struct{})
+	go func() {
+		defer close(paced)
+		c.pace(ctx)
+	}()
+	go func() {
+		defer close(done)
+		c.loop(ctx)
+		<-paced
+	}()
 	return nil
 }
 
@@ -75,7 +86,6 @@ func (c *Controller) Nudge(runID string) {
 // active runs; while checks fail (the store or the run index does not
 // answer) it waits twice as long each time, up to MaxScanBackoff.
 func (c *Controller) loop(ctx context.Context) {
-	defer close(c.done)
 	wait := c.opts.Interval
 	t := time.NewTimer(wait)
 	defer t.Stop()

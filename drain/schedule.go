@@ -67,7 +67,14 @@ func (c *Controller) readSchedule(ctx context.Context) bool {
 		return false
 	}
 	now := c.opts.Now()
+	var staggered []ScheduledResume
 	for _, e := range entries {
+		if e.RequestedBy != "" {
+			// A staggered resume: the pacer carries it out at the
+			// stagger's rate.
+			staggered = append(staggered, e)
+			continue
+		}
 		if now.Before(e.At) || !c.opts.Owner.Owns(e.RunID) {
 			continue
 		}
@@ -79,15 +86,12 @@ func (c *Controller) readSchedule(ctx context.Context) bool {
 		if err != nil {
 			return false
 		}
-		if e.RequestedBy != "" {
-			c.resumeLaterIfDue(ctx, snap, e)
-			continue
-		}
 		if !c.resumeIfDue(ctx, snap) && (snap.Pause == nil || snap.Pause.Cycle != e.Cycle || snap.Status != statestore.RunStatusPaused) {
 			// Resumed by hand, paused again, or ended: nothing is due.
 			_ = c.opts.Schedule.EndResume(ctx, e.RunID, e.Cycle)
 		}
 	}
+	c.pacer.sync(staggered, c.opts.Owner.Owns)
 	return true
 }
 
@@ -153,17 +157,24 @@ func (c *Controller) ResumeLater(ctx context.Context, runID string, at time.Time
 	if by == "" {
 		by = "bulk"
 	}
-	if err := c.opts.Schedule.ScheduleResume(ctx, ScheduledResume{RunID: runID, Cycle: snap.Pause.Cycle, At: at.UTC(), RequestedBy: by, Reason: req.Reason}); err != nil {
+	e := ScheduledResume{RunID: runID, Cycle: snap.Pause.Cycle, At: at.UTC(), RequestedBy: by, Reason: req.Reason}
+	if err := c.opts.Schedule.ScheduleResume(ctx, e); err != nil {
 		return nil, err
+	}
+	if c.opts.Owner.Owns(runID) {
+		// Queued here at once; another replica that owns the run reads
+		// it from the schedule within IndexInterval.
+		c.pacer.add(e)
 	}
 	return StateOf(snap, c.opts.DefaultTimeout), nil
 }
 
 // resumeLaterIfDue carries out a ResumeLater entry when it is due: the run
-// is resumed if it is still paused in that cycle; the entry then goes.
-func (c *Controller) resumeLaterIfDue(ctx context.Context, snap *statestore.RunSnapshot, e ScheduledResume) {
+// is resumed if it is still paused in that cycle; the entry then goes. It
+// reports false when the resume is to be tried again.
+func (c *Controller) resumeLaterIfDue(ctx context.Context, snap *statestore.RunSnapshot, e ScheduledResume) bool {
 	if c.opts.Now().Before(e.At) {
-		return
+		return false
 	}
 	if snap.Status == statestore.RunStatusPaused && snap.Pause != nil && snap.Pause.Cycle == e.Cycle && !snap.CancelRequested {
 		_, err := c.Resume(ctx, snap.RunID, statestore.ConductorWorkflowID(snap.EngineRunRef), ResumeRequest{RequestedBy: e.RequestedBy, Reason: e.Reason})
@@ -175,9 +186,10 @@ func (c *Controller) resumeLaterIfDue(ctx context.Context, snap *statestore.RunS
 			c.warns.warn(c.logger, "staggered resume not possible: the run has a failed step held for an operator; dropped",
 				zap.String("runId", snap.RunID), zap.Error(err))
 		default:
-			c.warns.warn(c.logger, "staggered resume failed; retrying", zap.String("runId", snap.RunID), zap.Error(err))
-			return
+			c.warns.warn(c.logger, "staggered resume failed; retrying after the next read of the schedule", zap.String("runId", snap.RunID), zap.Error(err))
+			return false
 		}
 	}
 	_ = c.opts.Schedule.EndResume(ctx, snap.RunID, e.Cycle)
+	return true
 }

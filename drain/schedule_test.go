@@ -289,3 +289,45 @@ func TestSchedule_ResumeLater(t *testing.T) {
 		t.Fatalf("status %s cycle %d, want PAUSED in cycle 3", snap.Status, snap.Pause.Cycle)
 	}
 }
+
+// TestSchedule_StaggeredResumeAtItsTime: a staggered resume that this
+// replica queued is carried out at its time, not at the next read of the
+// schedule (an hour away here), and not before.
+func TestSchedule_StaggeredResumeAtItsTime(t *testing.T) {
+	ctx := context.Background()
+	mem, eng := scheduledRun(t)
+	sched := &memSchedule{m: map[string]drain.ScheduledResume{}}
+	c := drain.New(mem, emitter{mem}, eng, drain.Options{
+		ActiveRuns: func(context.Context) ([]string, error) { return []string{"r"}, nil },
+		Schedule:   sched, IndexInterval: time.Hour, FullScanInterval: time.Hour, Logger: zaptest.NewLogger(t),
+	})
+	if err := c.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(ctx) })
+	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{Reason: "incident"}); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().Add(300 * time.Millisecond)
+	if _, err := c.ResumeLater(ctx, "r", at, drain.ResumeRequest{RequestedBy: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for len(resumes(t, mem)) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no RunResumed a minute after its time: it waits for the next read of the schedule")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	got := resumes(t, mem)
+	if when, _ := time.Parse(time.RFC3339Nano, got[0].PersistedAt); when.Before(at) {
+		t.Fatalf("resumed at %s, before its time %s", when, at)
+	}
+	waitFor := time.Now().Add(time.Minute)
+	for sched.len() != 0 {
+		if time.Now().After(waitFor) {
+			t.Fatal("the entry stays in the schedule after its resume")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
