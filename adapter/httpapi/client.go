@@ -133,8 +133,18 @@ func (c *Client) PauseWith(ctx context.Context, runID string, o PauseOptions) (*
 
 // Resume resumes a paused run.
 func (c *Client) Resume(ctx context.Context, runID string) (*RunView, error) {
+	return c.ResumeWith(ctx, runID, "")
+}
+
+// ResumeWith resumes a paused run, recording reason (when set) in its
+// RunResumed.
+func (c *Client) ResumeWith(ctx context.Context, runID, reason string) (*RunView, error) {
 	var out RunView
-	return &out, c.do(ctx, http.MethodPost, "/v1/runs/"+url.PathEscape(runID)+"/resume", map[string]any{}, &out)
+	body := map[string]any{}
+	if reason != "" {
+		body["reason"] = reason
+	}
+	return &out, c.do(ctx, http.MethodPost, "/v1/runs/"+url.PathEscape(runID)+"/resume", body, &out)
 }
 
 // Cancel cancels a run.

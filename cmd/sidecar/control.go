@@ -87,7 +87,7 @@ func (c *ControlCommand) Run(ctx context.Context, args []string) error {
 		v, err = client.PauseWith(ctx, runID, httpapi.PauseOptions{TimeoutSeconds: int64(timeout / time.Second), Reason: *reason,
 			ResumeAt: until, ResumeAfter: resumeFor})
 	case "resume":
-		v, err = client.Resume(ctx, runID)
+		v, err = client.ResumeWith(ctx, runID, *reason)
 	case "cancel":
 		v, err = client.Cancel(ctx, runID, *reason)
 	case "retry":

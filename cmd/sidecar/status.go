@@ -2,9 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
 // StatusCommand shows a run's state: "sidecar status RUN".
@@ -73,9 +77,26 @@ func (c *StatusCommand) Run(ctx context.Context, args []string) error {
 	if v.PausedSeconds > 0 {
 		fmt.Fprintf(c.m.Stdout, "paused    %.0fs in all\n", v.PausedSeconds)
 	}
+	var idle map[string]string // why each idle step's try ended
 	for _, s := range v.Steps {
-		line := fmt.Sprintf("step      %-24s %-8s attempt %d", e(s.StepID), e(s.Status), s.LogicalAttemptID)
+		if s.Idle && s.Status == statestore.StepStatusRunning {
+			idle = tryEndReasons(ctx, cf.client(), runID)
+			break
+		}
+	}
+	for _, s := range v.Steps {
+		status := s.Status
+		if s.Idle && s.Status == statestore.StepStatusRunning {
+			status = "IDLE"
+		}
+		line := fmt.Sprintf("step      %-24s %-8s attempt %d", e(s.StepID), e(status), s.LogicalAttemptID)
 		switch {
+		case status == "IDLE":
+			why := "try ended"
+			if r := idle[tryKey(s.StepID, s.LogicalAttemptID)]; r != "" {
+				why += ": " + e(r)
+			}
+			line += "  (" + why + "; waits for its next try, not in flight)"
 		case s.Held && s.Status == "FAILED":
 			line += "  HELD (retry it: sidecar retry " + e(v.RunID) + " " + e(s.StepID) + ")"
 		case s.RetryRequested:
@@ -88,3 +109,36 @@ func (c *StatusCommand) Run(ctx context.Context, args []string) error {
 	}
 	return nil
 }
+
+// tryEndReasons reads the run's log for the reason of each idle step's
+// last RunStepTryEnded, by tryKey; the snapshot says only that the step is
+// idle. A log that cannot be read gives none (the line then says less).
+func tryEndReasons(ctx context.Context, client *httpapi.Client, runID string) map[string]string {
+	reasons := map[string]string{}
+	var after int64
+	for {
+		page, err := client.Events(ctx, runID, after, 0)
+		if err != nil || len(page.Events) == 0 {
+			return reasons
+		}
+		for _, e := range page.Events {
+			if e.EventType != statestore.RunStepTryEnded {
+				continue
+			}
+			var p struct {
+				StepID               string `json:"stepId"`
+				StepLogicalAttemptID int64  `json:"stepLogicalAttemptId"`
+				Reason               string `json:"reason"`
+			}
+			if json.Unmarshal(e.Payload, &p) == nil {
+				reasons[tryKey(p.StepID, p.StepLogicalAttemptID)] = p.Reason
+			}
+		}
+		if page.NextAfterSeq <= after {
+			return reasons
+		}
+		after = page.NextAfterSeq
+	}
+}
+
+func tryKey(stepID string, attempt int64) string { return fmt.Sprintf("%s|%d", stepID, attempt) }
