@@ -39,7 +39,9 @@ func (c *Controller) Open(ctx context.Context) error {
 	paced := make(chan struct{})
 	go func() {
 		defer close(paced)
-		c.pace(ctx)
+		if c.opts.Schedule != nil {
+			c.pace(ctx)
+		}
 	}()
 	go func() {
 		defer close(done)

@@ -48,7 +48,7 @@ func (c *ControlCommand) bulk(ctx context.Context, args []string) error {
 		fs.StringVar(&resumeUntil, "until", "", "resume the runs on their own at this RFC 3339 time")
 		fs.BoolVar(&wait, "wait", false, "show the drains' progress until all are drained (exit 0) or one timed out (exit 3)")
 	case "resume":
-		fs.StringVar(&maxRate, "max-rate", "", "resume at most this many runs per second (e.g. 10/s), the rest scheduled")
+		fs.StringVar(&maxRate, "max-rate", "", "resume this many runs a second, evenly (e.g. 10/s): the first now, the rest scheduled; after a restart the rest catch up at this rate")
 		fs.Int64Var(&batch, "batch", 0, "resume this many runs now, and as many again every --interval")
 		fs.DurationVar(&interval, "interval", 0, "the wait between batches of --batch")
 	}
