@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -161,6 +162,7 @@ type sidecar struct {
 	watcher    *adapter.Watcher
 	drain      *drain.Controller
 	worker     *taskworkers.Worker
+	execs      *exec.Registry
 	api        *httpapi.Server
 	metrics    *httpapi.MetricsServer // nil without --metrics-listen
 	metricsLn  net.Listener           // bound, not yet served by metrics
@@ -325,11 +327,17 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger, own ...strin
 		return sc, err
 	}
 	execOpts := exec.Options{Artifacts: arts, Logger: log}
+	if cfg.NATSURL == "" {
+		// Beside the embedded store, under its lock: the records of running
+		// commands, which the next start ends if this process dies.
+		execOpts.CommandDir = filepath.Join(cfg.DataDir, "commands")
+	}
 	resolver := &secrets.Resolver{Logger: log}
 	if err := cfg.Exec.apply(&execOpts, resolver, sc.addr, cfg.ConductorURL, own[1:]...); err != nil {
 		return sc, err
 	}
 	executors := exec.New(execOpts)
+	sc.execs = executors
 	concurrency := map[string]int{}
 	for kind, n := range cfg.Concurrency {
 		concurrency[plan.TaskType(kind)] = n
@@ -385,6 +393,11 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger, own ...strin
 		log.Warn("could not register the task definitions yet; they are registered with the first plan", zap.Error(err))
 	}
 	if err := sc.drain.Open(ctx); err != nil {
+		return sc, err
+	}
+	// Commands a dead process left running end before the worker records
+	// their tries ended.
+	if err := executors.Open(ctx); err != nil {
 		return sc, err
 	}
 	if err := sc.worker.Open(ctx); err != nil {
@@ -471,6 +484,11 @@ func (sc *sidecar) close(ctx context.Context) error {
 	if sc.worker != nil {
 		if err := sc.worker.Close(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("workers: %w", err))
+		}
+	}
+	if sc.execs != nil {
+		if err := sc.execs.Close(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("executors: %w", err))
 		}
 	}
 	quick, cancel := context.WithTimeout(context.Background(), 5*time.Second)

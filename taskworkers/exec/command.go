@@ -37,8 +37,13 @@ const stderrInMessage = 512
 // the group id, cannot have been reused by an unrelated process.
 // Processes that leave the group (setsid) are out of reach; if they hold
 // the output pipes open, the capture stops KillGrace after the leader
-// exited.
-type commandExecutor struct{ base }
+// exited. With cmds, the group is recorded from right after the spawn
+// until it is dead, so that a restart after the sidecar died ends it
+// (leftover.go).
+type commandExecutor struct {
+	base
+	cmds *commandDir
+}
 
 func (e *commandExecutor) Execute(ctx context.Context, x taskworkers.Execution) (taskworkers.Result, error) {
 	if r, ok := checkOnly(x.Spec, plan.ExecutorCommand, "argv", "env", "workingDir"); !ok {
@@ -65,7 +70,8 @@ func (e *commandExecutor) Execute(ctx context.Context, x taskworkers.Execution) 
 	// step would otherwise complete twice. (Linux delivers the parent-death
 	// signal when the forking OS thread exits; the Go runtime keeps its
 	// threads unless a goroutine exits while locked to one, which this
-	// process does not do.)
+	// process does not do.) The rest of the group survives the leader; the
+	// group's record (cmds) lets the restart end it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = e.opts.KillGrace
 	started := time.Now()
@@ -76,6 +82,19 @@ func (e *commandExecutor) Execute(ctx context.Context, x taskworkers.Execution) 
 		return fail(CodeCommandStartFailed, "start "+red.String(err.Error()), retryable), nil
 	}
 	pid := cmd.Process.Pid
+	if e.cmds != nil {
+		if err := e.cmds.record(pid, x, started); err != nil {
+			// Unrecorded, a restart could not end it: do not let it run.
+			signalLeaderGroup(cmd.Process, syscall.SIGKILL)
+			waitExitNoReap(pid)
+			signalGroup(pid, syscall.SIGKILL)
+			_ = e.cmds.forget(pid)
+			_ = cmd.Wait()
+			log.Error("could not record the command's process group; killed it", zap.Int("pgid", pid), zap.Error(err))
+			return fail(CodeCommandStartFailed, "could not record the command's process group (the sidecar's data dir: "+
+				red.String(err.Error())+"); free space or fix permissions in --data-dir", true), nil
+		}
+	}
 	log.Debug("command started", zap.Int("pid", pid), zap.String("argv0", red.String(x.Spec.Argv[0])),
 		zap.Int("args", len(x.Spec.Argv)-1))
 
@@ -104,9 +123,15 @@ func (e *commandExecutor) Execute(ctx context.Context, x taskworkers.Execution) 
 		}
 		grace.Stop()
 	}
-	// The leader is a zombie now: kill what is left of its group, then reap.
+	// The leader is a zombie now: kill what is left of its group, forget
+	// the group (its id stays reserved until the reap), then reap.
 	if signalGroup(pid, syscall.SIGKILL) {
 		log.Info("killed processes left in the step's process group", zap.Int("pgid", pid))
+	}
+	if e.cmds != nil {
+		if err := e.cmds.forget(pid); err != nil {
+			log.Warn("could not remove the command's record; a restart checks it and leaves the group alone", zap.Int("pgid", pid), zap.Error(err))
+		}
 	}
 	waitErr := cmd.Wait()
 	took := time.Since(started)

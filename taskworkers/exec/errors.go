@@ -49,6 +49,20 @@ const (
 	CodeHTTPStatusPrefix = "HTTP_STATUS_"
 )
 
+// Errors of Registry.Open, which ends the commands a dead process left
+// running (Options.CommandDir).
+var (
+	// ErrCommandDirUnusable: the command records' directory cannot be
+	// created, read, locked or written.
+	ErrCommandDirUnusable = errors.New("command records directory is not usable")
+	// ErrCommandDirLocked: another process keeps its command records in
+	// the same directory.
+	ErrCommandDirLocked = errors.New("command records directory is locked by another process")
+	// ErrLeftoverCommand: a process group recorded by a dead process still
+	// runs after SIGKILL; starting would run its step's next try beside it.
+	ErrLeftoverCommand = errors.New("a command of a previous process still runs")
+)
+
 // ErrDestinationForbidden matches every *DestinationError: errors.Is(err,
 // ErrDestinationForbidden) tells a refused destination from a network
 // failure.

@@ -91,6 +91,13 @@ type Options struct {
 	// whatever that host name resolves to. Public addresses need no
 	// entry.
 	HTTPAllow []Destination
+	// CommandDir, when set, is where each running command's process group
+	// is recorded (a file per command, removed once the group is dead), so
+	// that Registry.Open can end the commands of a process that died
+	// (leftover.go). Empty: no records; a supervisor (systemd's
+	// KillMode=control-group or mixed, a container) must kill what a dead
+	// sidecar leaves running.
+	CommandDir string
 	// HTTPDeny lists the destinations the http executor never reaches,
 	// whatever HTTPAllow says: the sidecar's own API and Conductor. A
 	// host:port whose address is local to this machine (loopback,
@@ -125,6 +132,7 @@ func (o *Options) setDefaults() {
 type Registry struct {
 	execs map[string]taskworkers.Executor
 	log   *zap.Logger
+	cmds  *commandDir // nil without Options.CommandDir
 }
 
 var _ taskworkers.Executor = (*Registry)(nil)
@@ -135,11 +143,38 @@ func New(opts Options) *Registry {
 	opts.setDefaults()
 	base := base{opts: opts, log: opts.Logger.Named("exec")}
 	r := &Registry{log: base.log, execs: map[string]taskworkers.Executor{}}
-	r.execs[plan.ExecutorCommand] = guarded{&commandExecutor{base}, base.log}
+	if opts.CommandDir != "" {
+		r.cmds = &commandDir{dir: opts.CommandDir, grace: opts.KillGrace, killWait: leftoverKillWait, log: base.log}
+	}
+	r.execs[plan.ExecutorCommand] = guarded{&commandExecutor{base: base, cmds: r.cmds}, base.log}
 	r.execs[plan.ExecutorHTTP] = guarded{&httpExecutor{base: base, client: newGuardedClient(opts.HTTPAllow, opts.HTTPDeny)}, base.log}
 	r.execs[plan.ExecutorNoop] = guarded{noopExecutor{}, base.log}
 	r.execs[plan.ExecutorSleep] = guarded{sleepExecutor{}, base.log}
 	return r
+}
+
+// Open prepares Options.CommandDir: it locks it (one process per
+// directory) and ends the commands a process that died left running
+// there: each recorded process group that is still the recorded one gets
+// SIGTERM, and SIGKILL after KillGrace. Call it before the worker records
+// the tries of a dead process ended (taskworkers.Worker.Open), and before
+// the first command runs. It fails with ErrCommandDirUnusable,
+// ErrCommandDirLocked or ErrLeftoverCommand. Without a CommandDir it does
+// nothing.
+func (r *Registry) Open(ctx context.Context) error {
+	if r.cmds == nil {
+		return nil
+	}
+	return r.cmds.open(ctx)
+}
+
+// Close releases Options.CommandDir. Call it once no command runs any
+// more (after taskworkers.Worker.Close).
+func (r *Registry) Close(context.Context) error {
+	if r.cmds == nil {
+		return nil
+	}
+	return r.cmds.close()
 }
 
 // For returns the executor of an executor type (plan.ExecutorCommand, ...).
