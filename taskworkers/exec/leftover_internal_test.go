@@ -41,7 +41,11 @@ func startGroup(t *testing.T, script string) *group {
 	}
 	g := &group{leader: c, pgid: c.Process.Pid, reaped: make(chan struct{})}
 	go func() { _ = c.Wait(); close(g.reaped) }()
-	t.Cleanup(func() { _ = syscall.Kill(-g.pgid, syscall.SIGKILL); _ = syscall.Kill(g.child, syscall.SIGKILL); <-g.reaped })
+	t.Cleanup(func() {
+		_ = syscall.Kill(-g.pgid, syscall.SIGKILL)
+		_ = syscall.Kill(g.child, syscall.SIGKILL)
+		<-g.reaped
+	})
 	deadline := time.Now().Add(time.Minute)
 	for {
 		b, err := os.ReadFile(f)
