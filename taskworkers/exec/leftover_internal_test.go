@@ -43,7 +43,9 @@ func startGroup(t *testing.T, script string) *group {
 	go func() { _ = c.Wait(); close(g.reaped) }()
 	t.Cleanup(func() {
 		_ = syscall.Kill(-g.pgid, syscall.SIGKILL)
-		_ = syscall.Kill(g.child, syscall.SIGKILL)
+		if g.child > 0 {
+			_ = syscall.Kill(g.child, syscall.SIGKILL)
+		}
 		<-g.reaped
 	})
 	deadline := time.Now().Add(time.Minute)
