@@ -26,8 +26,10 @@ func TestE2E_KillLeavesNoOrphanCommand(t *testing.T) {
 	dir := t.TempDir()
 	pidFile := filepath.Join(dir, "pids")
 	// The inner sh appends its pid, then writes a heartbeat of its own
-	// every 100 ms (a later try of the step writes another file).
-	inner := "echo $$ >> " + pidFile + "; while :; do date +%s%N > " + dir + "/beat.$$; sleep 0.1; done"
+	// every 100 ms (a later try of the step writes another file). It
+	// ignores SIGTERM, so that its end takes the kill grace: the try must
+	// not be recorded ended during it.
+	inner := `trap "" TERM; ` + "echo $$ >> " + pidFile + "; while :; do date +%s%N > " + dir + "/beat.$$; sleep 0.1; done"
 	pl := &plan.Plan{PlanID: uniq("e2e-orphan"), PlanVersion: "1", Steps: []plan.Step{
 		{StepID: "beat", Executor: plan.ExecutorSpec{Type: plan.ExecutorCommand, Argv: []string{"sh", "-c", `sh -c '` + inner + `' & wait`}}},
 	}}
@@ -51,15 +53,34 @@ func TestE2E_KillLeavesNoOrphanCommand(t *testing.T) {
 		t.Fatalf("the step's background process %d died with serve: the test shows nothing", pid)
 	}
 	p2 := startServe(t, dataDir, addr)
+	var ended statestore.RunEventRecord
 	waitFor(t, "the restart to record the try ended (workerRestarted)", 2*time.Minute, func() bool {
 		evs := allEvents(t, p2, started.RunID)
 		i := eventIndex(evs, statestore.RunStepTryEnded, "", 0)
-		return i >= 0 && strings.Contains(string(evs[i].Payload), `"`+statestore.TryEndedWorkerRestarted+`"`)
+		if i >= 0 && strings.Contains(string(evs[i].Payload), `"`+statestore.TryEndedWorkerRestarted+`"`) {
+			ended = evs[i]
+			return true
+		}
+		return false
 	})
 	if processAlive(pid) {
 		t.Fatalf("the restart recorded the try ended (workerRestarted), but the old command (pid %d) is still running", pid)
 	}
+	// The API answers once serve is up, so also compare times: the old
+	// command's last heartbeat (before it died) precedes the event.
 	before, _ := os.ReadFile(beat)
+	last, err := strconv.ParseInt(strings.TrimSpace(string(before)), 10, 64)
+	if err != nil {
+		t.Fatalf("heartbeat %q: %v", before, err)
+	}
+	at, err := time.Parse(time.RFC3339Nano, ended.PersistedAt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lastBeat := time.Unix(0, last); !lastBeat.Before(at) {
+		t.Fatalf("the old command still ran %s after the restart recorded its try ended (last heartbeat %s, RunStepTryEnded persisted %s)",
+			lastBeat.Sub(at), lastBeat.UTC().Format(time.RFC3339Nano), ended.PersistedAt)
+	}
 	time.Sleep(time.Second) // ten heartbeats, were it alive
 	if after, _ := os.ReadFile(beat); !bytes.Equal(before, after) {
 		t.Fatalf("the old command's heartbeat goes on after the restart recorded the try ended: %q then %q", before, after)
