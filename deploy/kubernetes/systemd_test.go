@@ -160,6 +160,22 @@ func TestSystemdUnit(t *testing.T) {
 			t.Errorf("ReadWritePaths %v: want %s", rw, state)
 		}
 	})
+	// If the sidecar dies (kill -9, OOM), what its command steps started
+	// must not outlive it: systemd kills the rest of the unit's control
+	// group before Restart= starts the sidecar again (mixed: SIGKILL;
+	// control-group: SIGTERM, then SIGKILL after TimeoutStopSec). KillMode=process or none would leave them running
+	// beside the next try of their step.
+	t.Run("CrashLeavesNoStepRunning", func(t *testing.T) {
+		if mode := u.get("Service", "KillMode"); mode != "mixed" && mode != "control-group" {
+			t.Errorf("KillMode=%s: want mixed or control-group, so that systemd kills the steps a dead sidecar left", mode)
+		}
+		if v := u.get("Service", "SendSIGKILL"); v != "" && v != "yes" {
+			t.Errorf("SendSIGKILL=%s: want yes (the default), or a step that ignores SIGTERM outlives the sidecar", v)
+		}
+		if _, err := parseTimespan(u.get("Service", "TimeoutStopSec")); err != nil {
+			t.Errorf("TimeoutStopSec: want a finite time span, after which systemd sends SIGKILL: %v", err)
+		}
+	})
 	t.Run("StopTimeout", func(t *testing.T) {
 		stop, err := parseTimespan(u.get("Service", "TimeoutStopSec"))
 		if err != nil {
