@@ -130,7 +130,7 @@ func (e *commandExecutor) Execute(ctx context.Context, x taskworkers.Execution) 
 	}
 	if e.cmds != nil {
 		if err := e.cmds.forget(pid); err != nil {
-			log.Warn("could not remove the command's record; a restart checks it and leaves the group alone", zap.Int("pgid", pid), zap.Error(err))
+			log.Warn("could not remove the command's record; the next start finds its group gone and drops it", zap.Int("pgid", pid), zap.Error(err))
 		}
 	}
 	waitErr := cmd.Wait()
