@@ -26,17 +26,23 @@ func BenchmarkNoop_Execute(b *testing.B) {
 }
 
 // BenchmarkCommand_Execute runs `true`: spawn, wait, and (WithStore) two
-// artifact puts on an embedded JetStream that fsyncs every write.
+// artifact puts on an embedded JetStream that fsyncs every write;
+// Recorded adds the command's record in a CommandDir.
 func BenchmarkCommand_Execute(b *testing.B) {
-	for _, withStore := range []bool{false, true} {
-		name := "NoStore"
+	for _, name := range []string{"NoStore", "Recorded", "WithStore"} {
 		opts := exec.Options{Logger: zap.NewNop()}
-		if withStore {
-			name = "WithStore"
+		switch name {
+		case "Recorded":
+			opts.CommandDir = b.TempDir()
+		case "WithStore":
 			opts.Artifacts = startStore(b).store
 		}
 		b.Run(name, func(b *testing.B) {
 			reg := exec.New(opts)
+			if err := reg.Open(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			defer reg.Close(context.Background())
 			x := execution(b, cmd("true"))
 			ctx := context.Background()
 			b.ReportAllocs()
