@@ -453,44 +453,24 @@ func histogramCount(t *testing.T, reg *prometheus.Registry, name, outcome string
 	return 0
 }
 
-// stepAfterRead is the run's log as the controller reads it, with a
-// StepStarted appended right after the first read: the run moves on
-// between the pause's decision and its RunPaused.
-type stepAfterRead struct {
-	*memstore.Store
-	reads int
-}
-
-func (s *stepAfterRead) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
-	snap, err := s.Store.ProjectSnapshot(ctx, runID)
-	if s.reads++; s.reads == 1 {
-		if _, err := s.Append(ctx, storetest.Event(runID, statestore.StepStarted, "late")); err != nil {
-			return nil, err
-		}
-	}
-	return snap, err
-}
-
 // TestPause_DecidesAgainWhenTheRunMovesOn: RunPaused is appended on the
-// runSeq the pause was decided on (the fence); when the run moved on, the
-// pause reads it again and is recorded after what moved it.
+// runSeq the pause was decided on (the fence); when a StepStarted lands
+// between the pause's read and its append, the pause is recorded after it
+// and counts the step in flight.
 func TestPause_DecidesAgainWhenTheRunMovesOn(t *testing.T) {
 	mem, eng := setup(t)
-	log := &stepAfterRead{Store: mem}
-	c := drain.New(log, emitter{mem}, eng, drain.Options{Logger: zaptest.NewLogger(t)})
+	em := &landsFirst{emitter: emitter{mem}, pending: storetest.Event("r", statestore.StepStarted, "late")}
+	c := drain.New(mem, em, eng, drain.Options{Logger: zaptest.NewLogger(t)})
 	st, err := c.Pause(context.Background(), "r", "wf", drain.PauseRequest{})
 	if err != nil {
 		t.Fatal(err)
-	}
-	if log.reads < 3 {
-		t.Fatalf("the pause read the run %d times; want a second decision after RUN_CHANGED, then the answer", log.reads)
 	}
 	recs, _ := mem.Fetch(context.Background(), "r", 0, 0)
 	if got := types(recs); got != "RunStarted StepStarted RunPaused" {
 		t.Fatalf("log %s", got)
 	}
-	if st.Status != statestore.RunStatusPaused || st.Substatus != statestore.SubstatusDraining {
-		t.Fatalf("state %s/%s, want PAUSED/DRAINING", st.Status, st.Substatus)
+	if st.Status != statestore.RunStatusPaused || st.Substatus != statestore.SubstatusDraining || st.Drain == nil || strings.Join(st.Drain.InFlightStepIDs, ",") != "late" {
+		t.Fatalf("state %s/%s drain %+v, want PAUSED/DRAINING with [late] in flight", st.Status, st.Substatus, st.Drain)
 	}
 }
 
@@ -572,5 +552,72 @@ func TestController_CancelQueued(t *testing.T) {
 	}
 	if _, alerts := statestore.Reduce(nil, recs); len(alerts) != 0 {
 		t.Fatalf("the cancel raised %v", alerts)
+	}
+}
+
+// landsFirst is the write path with one event of another writer landing
+// in the log right before the pause's RunPaused reaches the store: after
+// the pause read the run, before its append. It keys on the write, not
+// on how often the run is read.
+type landsFirst struct {
+	emitter
+	mu      sync.Mutex
+	pending *statestore.RunEventWrite
+}
+
+func (l *landsFirst) land(ctx context.Context, w *statestore.RunEventWrite) error {
+	l.mu.Lock()
+	ev := l.pending
+	if w.EventType == statestore.RunPaused {
+		l.pending = nil
+	} else {
+		ev = nil
+	}
+	l.mu.Unlock()
+	if ev == nil {
+		return nil
+	}
+	_, err := l.s.Append(ctx, ev)
+	return err
+}
+
+func (l *landsFirst) Emit(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
+	if err := l.land(ctx, w); err != nil {
+		return statestore.AppendResult{}, err
+	}
+	return l.emitter.Emit(ctx, w)
+}
+
+func (l *landsFirst) EmitIf(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
+	if err := l.land(ctx, w); err != nil {
+		return statestore.AppendResult{}, err
+	}
+	return l.emitter.EmitIf(ctx, w, lastSeq)
+}
+
+// TestPause_FenceRefusesAfterATerminalEvent: a terminal event lands
+// between the pause's read of a RUNNING run and its RunPaused. The pause
+// decides again on the run as it now is: INVALID_TRANSITION, no RunPaused
+// after the terminal event, no alert, Conductor not called.
+func TestPause_FenceRefusesAfterATerminalEvent(t *testing.T) {
+	for _, terminal := range []string{statestore.RunCompleted, statestore.RunFailed, statestore.RunCancelled} {
+		t.Run(terminal, func(t *testing.T) {
+			mem, eng := setup(t)
+			ctx := context.Background()
+			em := &landsFirst{emitter: emitter{mem}, pending: storetest.Event("r", terminal, "")}
+			c := drain.New(mem, em, eng, drain.Options{Logger: zaptest.NewLogger(t)})
+			_, err := c.Pause(ctx, "r", "wf", drain.PauseRequest{Reason: "operator"})
+			if !errors.Is(err, statestore.ErrInvalidTransition) {
+				t.Fatalf("pause: %v; want INVALID_TRANSITION (the run ended before the pause was recorded)", err)
+			}
+			recs, _ := mem.Fetch(ctx, "r", 0, 0)
+			_, alerts := statestore.Reduce(nil, recs)
+			if got, want := types(recs), "RunStarted "+terminal; got != want || len(alerts) != 0 {
+				t.Fatalf("log %s with %d alerts; want %s and none", got, len(alerts), want)
+			}
+			if len(eng.calls) != 0 {
+				t.Fatalf("Conductor calls %v; want none", eng.calls)
+			}
+		})
 	}
 }
