@@ -72,3 +72,22 @@ func TestProjector_SnapshotTheLogContradicts(t *testing.T) {
 		t.Fatalf("%v discarded, want 1", n)
 	}
 }
+
+// TestProjector_SnapshotOfARestoredLogGrownPastIt: the event stream was
+// restored from an older backup and has grown past the persisted
+// snapshot's watermark: the runSeq is there, holding another event. The
+// snapshot is discarded, the run rebuilt from the log, marked STALE.
+func TestProjector_SnapshotOfARestoredLogGrownPastIt(t *testing.T) {
+	js, _ := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Permissions: natsstore.AllPermissions})
+	streams := map[string]string{"current": "NOW", "restored": "RESTORED"}
+	storetest.RestoredLogGrownPastTheSnapshot(t, func(t *testing.T, reg *prometheus.Registry, log string) statestore.Store {
+		stream := streams[log]
+		s, err := natsstore.Open(context.Background(), js, natsstore.Options{Stream: stream, SubjectPrefix: "log." + stream, StateBucket: "STATE_" + stream,
+			SnapshotBucket: "SNAPS", Metrics: statestore.NewMetrics(reg), Logger: zaptest.NewLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}, func(*testing.T, string) {}) // both streams share the bucket SNAPS
+}

@@ -106,3 +106,35 @@ func TestSnapshots_ChainAtTheWatermark(t *testing.T) {
 		t.Fatalf("check at runSeq 4 of a hash saved at 3: %v, want LOG_CHAIN_BROKEN", err)
 	}
 }
+
+// TestProjector_SnapshotOfARestoredLogGrownPastIt: the log was restored
+// from an older dump than run_snapshots and has grown past the snapshot's
+// watermark: the runSeq is there, holding another event. The snapshot is
+// discarded, the run rebuilt from the log, marked STALE.
+func TestProjector_SnapshotOfARestoredLogGrownPastIt(t *testing.T) {
+	ctx := context.Background()
+	urls := map[string]string{"current": pgtest.URL(t), "restored": pgtest.URL(t)}
+	storetest.RestoredLogGrownPastTheSnapshot(t, func(t *testing.T, reg *prometheus.Registry, log string) statestore.Store {
+		return openDurable(t, urls[log], reg)
+	}, func(t *testing.T, runID string) {
+		from, err := pgx.Connect(ctx, urls["current"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer from.Close(ctx)
+		var body string
+		var chain []byte
+		if err := from.QueryRow(ctx, "SELECT body, chain_hash FROM run_snapshots WHERE run_id = $1", runID).Scan(&body, &chain); err != nil {
+			t.Fatal(err)
+		}
+		to, err := pgx.Connect(ctx, urls["restored"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer to.Close(ctx)
+		if _, err := to.Exec(ctx, `INSERT INTO run_snapshots (run_id, body, chain_hash) VALUES ($1, $2, $3)
+			ON CONFLICT (run_id) DO UPDATE SET body = EXCLUDED.body, chain_hash = EXCLUDED.chain_hash`, runID, body, chain); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -91,6 +92,75 @@ func DurableSnapshots(t *testing.T, open func(t *testing.T, reg *prometheus.Regi
 	}
 	if n := Counter(t, reg2, "sidecar_projector_events_applied_total", ""); n != 6 {
 		t.Fatalf("the restarted projector reduced %v records, want the 6 after the persisted watermark (not 107)", n)
+	}
+}
+
+// RestoredLogGrownPastTheSnapshot checks that a persisted snapshot is
+// taken at one record, not at a runSeq: the run's log was restored from an
+// older backup and has grown past the snapshot's watermark since, so the
+// watermark's runSeq is there again, holding another event (another
+// eventId). The snapshot is discarded (PROJECTOR_SNAPSHOT_MISMATCH), the
+// run rebuilt from the log it now has and marked STALE.
+//
+// open returns a new store (nothing in memory) with durable snapshots on
+// and its metrics in reg, on the log named log: "current" or "restored".
+// carry makes the current log's persisted snapshot of runID the one the
+// restored log's stores load (a no-op when both logs share one snapshot
+// store); it is called after both logs are written.
+func RestoredLogGrownPastTheSnapshot(t *testing.T, open func(t *testing.T, reg *prometheus.Registry, log string) statestore.Store, carry func(t *testing.T, runID string)) {
+	const runID = "run-restored-grown"
+	ctx := context.Background()
+	cur := open(t, prometheus.NewRegistry(), "current")
+	AppendSteps(t, cur, runID, 0, 40) // 81 records
+	saved, err := cur.ProjectSnapshot(ctx, runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The restored log: the backup's first five steps, then other steps
+	// (r005...) until it is longer than the snapshot's watermark.
+	restored := open(t, prometheus.NewRegistry(), "restored")
+	AppendSteps(t, restored, runID, 0, 5) // 11 records
+	for i := 5; i < 45; i++ {
+		for _, typ := range []string{statestore.StepStarted, statestore.StepCompleted} {
+			if _, err := restored.Append(ctx, Event(runID, typ, fmt.Sprintf("r%03d", i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	recs, err := restored.Fetch(ctx, runID, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := saved.LastEventSeq
+	var at *statestore.RunEventRecord
+	for i := range recs {
+		if recs[i].RunSeq == w {
+			at = &recs[i]
+		}
+	}
+	if at == nil {
+		t.Fatalf("the restored log has no record at the snapshot's watermark (runSeq %d): the test does not set up what it names", w)
+	}
+	carry(t, runID)
+
+	reg := prometheus.NewRegistry()
+	got, err := open(t, reg, "restored").ProjectSnapshot(ctx, runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := Counter(t, reg, "sidecar_projector_durable_snapshots_total", "discarded"); n != 1 {
+		t.Fatalf("%v snapshots discarded, want 1: the log holds %s (eventId %s) at the snapshot's runSeq %d, not the record it was taken at",
+			n, at.EventType, at.EventID, w)
+	}
+	want, _ := statestore.Reduce(nil, recs)
+	if !got.Stale || got.EventCount != want.EventCount || len(got.Steps) != len(want.Steps) || got.LastEventSeq != want.LastEventSeq {
+		t.Fatalf("after the restore: stale %v, %d events, %d steps, watermark %d; want stale and the restored log's %d, %d, %d",
+			got.Stale, got.EventCount, len(got.Steps), got.LastEventSeq, want.EventCount, len(want.Steps), want.LastEventSeq)
+	}
+	for _, st := range got.Steps {
+		if strings.HasPrefix(st.StepID, "s") && st.StepID >= "s005" {
+			t.Fatalf("the run shows step %s, which only the snapshot has", st.StepID)
+		}
 	}
 }
 
