@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -279,6 +280,7 @@ func waitDeadLetters(ctx context.Context, bus *eventbus.Bus, n int) error {
 
 type apiAnswer struct {
 	status int
+	header http.Header
 	body   []byte
 }
 
@@ -310,7 +312,7 @@ func (e *contractEnv) do(t *testing.T, srv *httptest.Server, method, path, token
 	defer resp.Body.Close()
 	var b bytes.Buffer
 	_, _ = b.ReadFrom(resp.Body)
-	return apiAnswer{status: resp.StatusCode, body: b.Bytes()}
+	return apiAnswer{status: resp.StatusCode, header: resp.Header, body: b.Bytes()}
 }
 
 // TestOpenAPI_EveryAnswerDocumented drives the server through every
@@ -336,6 +338,7 @@ func TestOpenAPI_EveryAnswerDocumented(t *testing.T) {
 			return
 		}
 		produced[opKey+" "+status] = true
+		checkHeaders(t, opKey, status, r, a.header)
 		content, _ := r["content"].(map[string]any)
 		if _, ok := content["application/json"]; !ok {
 			return
@@ -553,6 +556,34 @@ func TestOpenAPI_EveryAnswerDocumented(t *testing.T) {
 }
 
 // schemaPointer is the JSON pointer of the schema of opKey's answer status.
+// checkHeaders checks the headers a documented answer marks required:
+// present, and a whole number >= its minimum when its schema is an
+// integer (Retry-After in seconds).
+func checkHeaders(t *testing.T, opKey, status string, r map[string]any, got http.Header) {
+	t.Helper()
+	hs, _ := r["headers"].(map[string]any)
+	for name, h := range hs {
+		h, _ := h.(map[string]any)
+		if req, _ := h["required"].(bool); !req {
+			continue
+		}
+		v := got.Get(name)
+		if v == "" {
+			t.Errorf("%s %s: no %s header, which docs/openapi.yaml makes required", opKey, status, name)
+			continue
+		}
+		sch, _ := h["schema"].(map[string]any)
+		if sch["type"] != "integer" {
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		min, _ := strconv.ParseInt(fmt.Sprint(sch["minimum"]), 10, 64)
+		if err != nil || n < min {
+			t.Errorf("%s %s: %s %q, want an integer >= %v", opKey, status, name, v, sch["minimum"])
+		}
+	}
+}
+
 func schemaPointer(doc *openAPIDoc, opKey, status string) string {
 	method, path, _ := strings.Cut(opKey, " ")
 	op := doc.operations()[opKey]
