@@ -3,6 +3,7 @@ package drain_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -10,7 +11,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -160,8 +164,14 @@ func TestController_TimeoutOnceAcrossReplicas(t *testing.T) {
 	now := time.Now()
 	clock := func() time.Time { return now }
 	reg1, reg2 := prometheus.NewRegistry(), prometheus.NewRegistry()
-	c1 := newController(t, mem, eng, reg1, clock)
-	c2 := newController(t, mem, eng, reg2, clock) // another replica
+	// Both replicas' warnings land in warns (seed 001 §6.6: "log a warning").
+	warnCore, warns := observer.New(zapcore.WarnLevel)
+	replica := func(reg prometheus.Registerer) *drain.Controller {
+		return drain.New(mem, emitter{mem}, eng, drain.Options{Logger: zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), warnCore)),
+			Metrics: drain.NewMetrics(reg), Now: clock})
+	}
+	c1 := replica(reg1)
+	c2 := replica(reg2) // another replica
 	if _, err := c1.Pause(ctx, "r", "wf1", drain.PauseRequest{TimeoutSeconds: 10}); err != nil {
 		t.Fatal(err)
 	}
@@ -199,6 +209,16 @@ func TestController_TimeoutOnceAcrossReplicas(t *testing.T) {
 	}
 	if total != 1 {
 		t.Fatalf("the replicas counted %v timeouts between them, want 1", total)
+	}
+	// One warning between them, naming the code, the run and the step
+	// still running.
+	timedOut := warns.FilterField(zap.String("code", statestore.PauseDrainTimeoutCode))
+	if timedOut.Len() != 1 {
+		t.Fatalf("%d PAUSE_DRAIN_TIMEOUT warnings between the replicas, want 1 (all warnings: %v)", timedOut.Len(), warns.All())
+	}
+	fields := timedOut.All()[0].ContextMap()
+	if fields["runId"] != "r" || fmt.Sprint(fields["inFlightStepIds"]) != "[a]" {
+		t.Fatalf("the warning's fields %v, want runId r and inFlightStepIds [a]", fields)
 	}
 }
 
