@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
@@ -125,5 +127,80 @@ func TestWatcher_RecordGuard(t *testing.T) {
 	}
 	if recs := env.events(t, run.RunID); len(recs) != 1 {
 		t.Fatalf("log %s, want RunStarted alone", strings.Join(eventTypes(recs), " "))
+	}
+}
+
+// pauseAfterEveryClose is pauseAfterClose with a new pause landing after
+// every RunResumed the watcher appends: no number of closes cures it.
+type pauseAfterEveryClose struct {
+	t      *testing.T
+	env    *natsEnv
+	run    Run
+	mu     sync.Mutex
+	landed int64 // the last cycle this reader paused
+}
+
+func (p *pauseAfterEveryClose) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	snap, err := p.env.store.ProjectSnapshot(ctx, runID)
+	if err != nil || runID != p.run.RunID || snap.Pause == nil || snap.Status != statestore.RunStatusRunning {
+		return snap, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if next := snap.Pause.Cycle + 1; next > p.landed {
+		ev, err := runEventAt(&p.run, statestore.RunPaused, next, map[string]any{"drainTimeoutSeconds": 300, "requestedBy": "operator"})
+		if err == nil {
+			_, err = p.env.emitter.Emit(ctx, ev)
+		}
+		if err != nil {
+			p.t.Errorf("the operator's pause %d: %v", next, err)
+		}
+		p.landed = next
+	}
+	return p.env.store.ProjectSnapshot(ctx, runID)
+}
+
+// TestWatcher_TerminalRefusedIsCounted: when closing pauses cannot make
+// the run's terminal event valid (a pause lands after every close), the
+// watcher appends no terminal event, marks the run final and counts it as
+// sidecar_run_watcher_actions_total{action="terminal_refused"}, the only
+// trace of a Conductor end the log does not record.
+func TestWatcher_TerminalRefusedIsCounted(t *testing.T) {
+	u := conductortest.URL(t)
+	ctx := context.Background()
+	env := newNATS(t)
+	r := env.newRuns(t, u, RunsOptions{})
+	res, err := r.StartRun(ctx, request(testPlan(t), "req"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := res.Run
+	m := NewMetrics(prometheus.NewRegistry())
+	w := NewWatcher(r, &pauseAfterEveryClose{t: t, env: env, run: run, landed: 1},
+		WatcherOptions{Interval: time.Hour, Logger: zaptest.NewLogger(t), Metrics: m})
+	paused, err := runEventAt(&run, statestore.RunPaused, 1, map[string]any{"drainTimeoutSeconds": 300, "requestedBy": "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.emitter.Emit(ctx, paused); err != nil {
+		t.Fatal(err)
+	}
+	task := pollTask(t, r.Client(), plan.TaskTypeNoop, run.TaskDomain)
+	if err := r.Client().UpdateTask(ctx, &model.TaskResult{TaskId: task.TaskId, WorkflowInstanceId: run.WorkflowID, Status: model.CompletedTask}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, r.Client(), run.WorkflowID, model.CompletedWorkflow)
+	if err := w.Scan(ctx); err != nil {
+		t.Fatal(err)
+	}
+	recs := waitFinal(t, env, r, run.RunID)
+	if _, alerts := statestore.Reduce(nil, recs); len(alerts) != 0 {
+		t.Fatalf("the watcher appended an event the projector flags: %s (log %s)", alerts[0].Reason, strings.Join(eventTypes(recs), " "))
+	}
+	if last := recs[len(recs)-1].EventType; last != statestore.RunPaused {
+		t.Fatalf("log %s, want it to end in the last pause (no terminal event)", strings.Join(eventTypes(recs), " "))
+	}
+	if n := testutil.ToFloat64(m.actions[actionTerminalRefused]); n != 1 {
+		t.Fatalf("terminal_refused %v, want 1 (log %s)", n, strings.Join(eventTypes(recs), " "))
 	}
 }
