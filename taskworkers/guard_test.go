@@ -9,11 +9,13 @@ import (
 	"time"
 
 	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 	"github.com/conductor-sidecar/sidecar/taskworkers/exec"
 )
@@ -51,9 +53,14 @@ func (o *otherOutcomeFirst) ProjectSnapshot(ctx context.Context, runID string) (
 
 func guardWorker(t *testing.T, e *benchEnv, runs taskworkers.SnapshotReader) *taskworkers.Worker {
 	t.Helper()
+	return guardWorkerWith(t, e, runs, nil)
+}
+
+func guardWorkerWith(t *testing.T, e *benchEnv, runs taskworkers.SnapshotReader, m *taskworkers.Metrics) *taskworkers.Worker {
+	t.Helper()
 	w := taskworkers.New(adapter.DomainPoller{Client: e.client, Domain: e.domain}, runs, e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
 		WorkerID: "guard-test", Concurrency: map[string]int{plan.TaskType(plan.ExecutorNoop): 1, plan.TaskType(plan.ExecutorSleep): 1},
-		PollTimeout: 100 * time.Millisecond, HandBackAfter: time.Hour, Logger: zaptest.NewLogger(t),
+		PollTimeout: 100 * time.Millisecond, HandBackAfter: time.Hour, Logger: zaptest.NewLogger(t), Metrics: m,
 	})
 	if err := w.Open(context.Background()); err != nil {
 		t.Fatal(err)
@@ -95,7 +102,8 @@ func checkLog(t *testing.T, e *benchEnv, runID string) []statestore.RunEventReco
 func TestWorker_OutcomeGuard(t *testing.T) {
 	e := newBenchEnv(t)
 	ids := e.startRunsWith(t, 1, plan.ExecutorSpec{Type: plan.ExecutorNoop}, plan.RetryPolicy{})
-	w := guardWorker(t, e, &otherOutcomeFirst{t: t, e: e})
+	reg := prometheus.NewRegistry()
+	w := guardWorkerWith(t, e, &otherOutcomeFirst{t: t, e: e}, taskworkers.NewMetrics(reg))
 	t.Cleanup(func() { _ = w.Close(context.Background()) })
 	e.waitEnded(t, ids)
 	wf, err := e.client.Workflow(context.Background(), ids[0], true)
@@ -110,6 +118,10 @@ func TestWorker_OutcomeGuard(t *testing.T) {
 	}
 	if wf.Status != model.FailedWorkflow {
 		t.Fatalf("workflow %s, want FAILED as the log says", wf.Status)
+	}
+	// The refusal is the only trace of the worker's own outcome.
+	if n := storetest.Counter(t, reg, "sidecar_worker_steps_total", "refused"); n != 1 {
+		t.Fatalf("sidecar_worker_steps_total{outcome=\"refused\"} %v, want 1", n)
 	}
 }
 
