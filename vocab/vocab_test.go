@@ -3,6 +3,7 @@ package vocab_test
 import (
 	"encoding/json"
 	"errors"
+	"reflect"
 	"regexp"
 	"slices"
 	"testing"
@@ -144,6 +145,48 @@ func TestNoETLEvents(t *testing.T) {
 	}
 	if _, err := vocab.Translate("temporal", recs); err == nil {
 		t.Fatal("an unknown vocabulary translated")
+	}
+}
+
+// TestNoETLEvents_ResultRef: a step.done of a StepCompleted carries the
+// step's outputs by reference (seed 004, "reference-first"): its
+// payload.result_ref is the record's ArtifactRefs, as they are in the log;
+// no other event has one.
+func TestNoETLEvents_ResultRef(t *testing.T) {
+	recs := aLog()
+	var arts json.RawMessage
+	for _, r := range recs {
+		if r.EventType == statestore.StepCompleted {
+			var p struct{ Artifacts json.RawMessage }
+			if err := json.Unmarshal(r.Payload, &p); err != nil {
+				t.Fatal(err)
+			}
+			arts = p.Artifacts
+		}
+	}
+	n := 0
+	for _, e := range vocab.NoETLEvents(recs) {
+		ref, ok := e.Payload["result_ref"]
+		if e.EventType != "step.done" || e.Status != "success" {
+			if ok {
+				t.Errorf("%s (%s) has a result_ref: %v", e.EventType, e.Status, ref)
+			}
+			continue
+		}
+		n++
+		got, err := json.Marshal(ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var g, w any
+		_ = json.Unmarshal(got, &g)
+		_ = json.Unmarshal(arts, &w)
+		if !ok || !reflect.DeepEqual(g, w) {
+			t.Fatalf("step.done of %s: result_ref %s, want the StepCompleted's artifacts %s", e.EntityID, got, arts)
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d successful step.done events, want 1", n)
 	}
 }
 
