@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"go.yaml.in/yaml/v3"
 )
 
 // repoRoot is the module root, seen from this package's directory (go test
@@ -52,8 +54,8 @@ func promtool(t *testing.T, dir string, args ...string) string {
 
 func TestAlertRules_Check(t *testing.T) {
 	out := promtool(t, filepath.Join(repoRoot, "deploy/prometheus"), "check", "rules", "alerts.yml")
-	if !strings.Contains(out, "SUCCESS: 9 rules found") {
-		t.Fatalf("promtool check rules: want 9 rules:\n%s", out)
+	if !strings.Contains(out, "SUCCESS: 11 rules found") {
+		t.Fatalf("promtool check rules: want 11 rules:\n%s", out)
 	}
 }
 
@@ -61,6 +63,37 @@ func TestAlertRules_UnitTests(t *testing.T) {
 	out := promtool(t, filepath.Join(repoRoot, "deploy/prometheus"), "test", "rules", "alerts_test.yml")
 	if !strings.Contains(out, "SUCCESS") {
 		t.Fatalf("promtool test rules:\n%s", out)
+	}
+	// Every alert has cases: one where it fires, one where it stays silent.
+	b, err := os.ReadFile(filepath.Join(repoRoot, "deploy/prometheus/alerts_test.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Tests []struct {
+			AlertRuleTest []struct {
+				Alertname string           `yaml:"alertname"`
+				ExpAlerts []map[string]any `yaml:"exp_alerts"`
+			} `yaml:"alert_rule_test"`
+		} `yaml:"tests"`
+	}
+	if err := yaml.Unmarshal(b, &f); err != nil {
+		t.Fatal(err)
+	}
+	fires, silent := map[string]bool{}, map[string]bool{}
+	for _, tc := range f.Tests {
+		for _, a := range tc.AlertRuleTest {
+			if len(a.ExpAlerts) > 0 {
+				fires[a.Alertname] = true
+			} else {
+				silent[a.Alertname] = true
+			}
+		}
+	}
+	for _, r := range loadAlertRules(t) {
+		if !fires[r.Alert] || !silent[r.Alert] {
+			t.Errorf("%s: alerts_test.yml has a case where it fires: %v, where it stays silent: %v; want both", r.Alert, fires[r.Alert], silent[r.Alert])
+		}
 	}
 }
 
@@ -74,7 +107,7 @@ func TestAlertRules_ExampleConfig(t *testing.T) {
 // a relative one) to the alert's section of docs/operations.md.
 func TestAlertRules_Names(t *testing.T) {
 	rules := loadAlertRules(t)
-	want := []string{"PAUSE_DRAIN_TIMEOUT", "PROJECTOR_LAG_HIGH", "INVALID_TRANSITION", "ENGINE_UNAVAILABLE", "WORKER_POLL_ERRORS", "STUCK_WORKFLOW", "EVENT_BUS_DELIVERY_FAILED",
+	want := []string{"PAUSE_DRAIN_TIMEOUT", "PROJECTOR_LAG_HIGH", "INVALID_TRANSITION", "PROJECTOR_NON_CONTIGUOUS_FETCH_DETECTED", "PROJECTOR_SNAPSHOT_MISMATCH", "ENGINE_UNAVAILABLE", "WORKER_POLL_ERRORS", "STUCK_WORKFLOW", "EVENT_BUS_DELIVERY_FAILED",
 		"SIDECAR_DOWN", "SIDECAR_ABSENT"}
 	headings := operationsHeadings(t)
 	if len(rules) != len(want) {
