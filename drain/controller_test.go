@@ -164,7 +164,7 @@ func TestController_TimeoutOnceAcrossReplicas(t *testing.T) {
 	now := time.Now()
 	clock := func() time.Time { return now }
 	reg1, reg2 := prometheus.NewRegistry(), prometheus.NewRegistry()
-	// Both replicas' warnings land in warns (seed 001 §6.6: "log a warning").
+	// Both replicas' warnings land in warns (a drain timeout logs a warning).
 	warnCore, warns := observer.New(zapcore.WarnLevel)
 	replica := func(reg prometheus.Registerer) *drain.Controller {
 		return drain.New(mem, emitter{mem}, eng, drain.Options{Logger: zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), warnCore)),

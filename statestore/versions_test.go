@@ -7,9 +7,10 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
-// TestPayloads_OldAndNewShapes: seed 001's consumer rule (accept old and
-// new event shapes while a contract changes). A payload written by a newer
-// producer (fields this version does not know, at any depth) and one
+// TestPayloads_OldAndNewShapes: the Execution Semantics contract's
+// consumer rule (accept old and new event shapes while a contract
+// changes). A payload written by a newer producer (fields this version
+// does not know, at any depth) and one
 // written before an optional field existed (no drainTimeoutSeconds, no
 // requestedBy, no sha256) are both accepted before append, in Go and by
 // the published schemas, and project exactly as the shape this version

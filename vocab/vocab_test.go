@@ -149,7 +149,7 @@ func TestNoETLEvents(t *testing.T) {
 }
 
 // TestNoETLEvents_ResultRef: a step.done of a StepCompleted carries the
-// step's outputs by reference (seed 004, "reference-first"): its
+// step's outputs by reference (the NoETL model's "reference-first"): its
 // payload.result_ref is the record's ArtifactRefs, as they are in the log;
 // no other event has one.
 func TestNoETLEvents_ResultRef(t *testing.T) {
