@@ -106,7 +106,9 @@ func startServe(t *testing.T, dataDir, addr string, extra ...string) *proc {
 			t.Logf("sidecar log (%s):\n%s", addr, tail(string(b), sidecarLogLines))
 		}
 	})
-	deadline := time.Now().Add(30 * time.Second)
+	// A safety net, not a budget: a restart may first end the commands a
+	// killed serve left (up to the kill grace), on a loaded machine.
+	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		resp, err := http.Get("http://" + addr + "/readyz")
 		if err == nil {
@@ -117,7 +119,7 @@ func startServe(t *testing.T, dataDir, addr string, extra ...string) *proc {
 		}
 		if time.Now().After(deadline) {
 			b, _ := os.ReadFile(logf.Name())
-			t.Fatalf("sidecar not ready after 30s:\n%s", tail(string(b), 40))
+			t.Fatalf("sidecar not ready after 2m:\n%s", tail(string(b), 40))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
