@@ -162,8 +162,9 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Bus, erro
 	return b, nil
 }
 
-// Close stops the couriers; what they had not acknowledged is delivered
-// again by the next owner.
+// Close stops the couriers, letting a delivery under way finish (within
+// Options.Timeout) and saving its cursor; what they had not acknowledged
+// is delivered again by the next owner.
 func (b *Bus) Close() {
 	for _, name := range b.order {
 		c := b.couriers[name]
@@ -401,7 +402,10 @@ func (c *courier) step(ctx context.Context) (more bool, delay time.Duration, err
 	if b, ok := c.sink.(Batcher); ok && b.Batch() < len(batch) {
 		batch = batch[:max(b.Batch(), 1)]
 	}
-	dctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+	// A delivery under way is not given up when the bus closes: the
+	// consumer may already have the events, and a graceful stop should not
+	// make it see them twice. Its timeout bounds how long Close waits.
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opts.Timeout)
 	n, derr := c.sink.Deliver(dctx, batch)
 	cancel()
 	c.m.delivered(name, n, c.pending[:n])
