@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/memstore"
 	"github.com/conductor-sidecar/sidecar/statestore/storetest"

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/httpapi"
 )
 
 // TestServe_APIAuthentication drives the binary: a non-loopback --listen

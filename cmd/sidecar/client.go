@@ -11,7 +11,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/httpapi"
 )
 
 // exitDrainTimeout is the exit code of "pause --wait" when the drain timed

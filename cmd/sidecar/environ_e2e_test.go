@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
-	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/httpapi"
 )
 
 // startServeUnprivileged is startServe for a serve whose command steps must

@@ -21,7 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/memstore"
 )

@@ -24,8 +24,8 @@ import (
 	"time"
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
-	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
