@@ -44,7 +44,7 @@ type openAPIDoc struct {
 
 func loadOpenAPI(t *testing.T) *openAPIDoc {
 	t.Helper()
-	path, err := filepath.Abs("../../docs/openapi.yaml")
+	path, err := filepath.Abs("../docs/openapi.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
