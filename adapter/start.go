@@ -22,8 +22,8 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
-// RequestKey returns the idempotency key of a run request (seed 001 §3):
-// lowercase hex SHA-256 of
+// RequestKey returns the idempotency key of a run request (Execution
+// Semantics Contract v1.1 §3): lowercase hex SHA-256 of
 // tenantId|projectId|environmentId|planId|planVersion|runRequestId.
 func RequestKey(tenantID, projectID, environmentID, planID, planVersion, runRequestID string) string {
 	sum := sha256.Sum256([]byte(tenantID + "|" + projectID + "|" + environmentID + "|" + planID + "|" + planVersion + "|" + runRequestID))

@@ -1,9 +1,10 @@
 // Package admission limits the runs active at once (Execution Semantics
-// §3): globally, per tenant and per plan, with the seed's three answers to
-// a start that would exceed a limit: REJECT (429, nothing started or
-// recorded), QUEUE (RunQueued recorded; the run starts when capacity frees
-// up, tenants taking turns, each tenant's runs in submission order) and DELAY (RunQueued recorded with a start time;
-// the run starts then, whatever the load).
+// Contract v1.1 §3): globally, per tenant and per plan, with the contract's
+// three answers to a start that would exceed a limit: REJECT (429, nothing
+// started or recorded), QUEUE (RunQueued recorded; the run starts when
+// capacity frees up, tenants taking turns, each tenant's runs in submission
+// order) and DELAY (RunQueued recorded with a start time; the run starts
+// then, whatever the load).
 //
 // With limits configured every start goes through one decider: the request
 // is written to the KV bucket SIDECAR_ADMISSION (one entry per run, its
@@ -14,7 +15,7 @@
 // itself is the adapter's, idempotent on the run's request key: an entry
 // whose start was interrupted (a crash, a lost owner) is started again by
 // the next decider and gets the same run, never a second one (the
-// reconciler of seed 001 §3).
+// reconciler of Execution Semantics Contract v1.1 §3).
 package admission
 
 import (

@@ -1,9 +1,10 @@
 // Package drain is the per-run pause state machine: PAUSE as draining on
-// Conductor (seed 001 §6), RESUME, CANCEL (Cancel wins), the drain monitor
-// and the drain timeout. Its state lives in the event log, so any replica
-// can act on a run and a restart loses nothing: every action is an
-// idempotent append, and side effects (Conductor calls, alert counts) follow
-// an append that persisted, or are idempotent themselves.
+// Conductor (Execution Semantics Contract v1.1 §6), RESUME, CANCEL (Cancel
+// wins), the drain monitor and the drain timeout. Its state lives in the
+// event log, so any replica can act on a run and a restart loses nothing:
+// every action is an idempotent append, and side effects (Conductor calls,
+// alert counts) follow an append that persisted, or are idempotent
+// themselves.
 package drain
 
 import (

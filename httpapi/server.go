@@ -627,8 +627,9 @@ func validateStart(req *StartRequest) error {
 }
 
 // RunView is GET /v1/runs/{runId} and the answer of the control actions:
-// the snapshot, the human message of seed 001 §6.5 and, while the run is
-// paused, the drain block (pausedAt, deadline, in-flight step ids).
+// the snapshot, the human message of Execution Semantics Contract v1.1 §6.5
+// and, while the run is paused, the drain block (pausedAt, deadline,
+// in-flight step ids).
 type RunView struct {
 	*statestore.RunSnapshot
 	Message string           `json:"message"`

@@ -79,8 +79,9 @@ func TestEmitter_Emit(t *testing.T) {
 		}
 	})
 	t.Run("RegistryWrittenBeforeAppend", func(t *testing.T) {
-		// Seed 000 §2.5.1: the new eventId is in the registry before the
-		// append is attempted, so a crash during the append loses nothing.
+		// Run Events Contract v2.0.1 §2.5.1: the new eventId is in the
+		// registry before the append is attempted, so a crash during the
+		// append loses nothing.
 		var atAppend string
 		var lookupErr error
 		app := &fakeAppender{AppendFunc: func(c context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {

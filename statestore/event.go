@@ -37,20 +37,21 @@ const (
 	// running; its payload carries code PAUSE_DRAIN_TIMEOUT.
 	RunDrainTimedOut = "RunDrainTimedOut"
 	// RunStepRetryRequested records an operator's RETRY_STEP of a step held
-	// after a failure (onStepFailure: pause). It is run-level (seed 000 §2.2
-	// allows stepId only on the four step events): the step and its next
-	// logical attempt are in the payload, and logicalAttemptId counts the
-	// run's retry requests (1, 2, ...), like the pause cycle of RunPaused.
+	// after a failure (onStepFailure: pause). It is run-level (Run Events
+	// Contract v2.0.1 §2.2 allows stepId only on the four step events): the
+	// step and its next logical attempt are in the payload, and
+	// logicalAttemptId counts the run's retry requests (1, 2, ...), like the
+	// pause cycle of RunPaused.
 	RunStepRetryRequested = "RunStepRetryRequested"
 	// RunStepTryEnded records that a RUNNING step's current try ended
 	// without an outcome for its logical attempt (an engine try failed and
 	// Conductor retries it, the task was handed back, or the worker that
 	// ran it died): the step is no longer in flight (steps[].idle), so a
 	// drain does not wait for it. RunStepTryStarted records that a later
-	// try of the same attempt started. Both are run-level (seed 000 §2.2):
-	// the step and its logical attempt are in the payload, and
-	// logicalAttemptId counts the run's try events (1, 2, ...), one counter
-	// for both types.
+	// try of the same attempt started. Both are run-level (Run Events
+	// Contract v2.0.1 §2.2): the step and its logical attempt are in the
+	// payload, and logicalAttemptId counts the run's try events (1, 2, ...),
+	// one counter for both types.
 	RunStepTryEnded   = "RunStepTryEnded"
 	RunStepTryStarted = "RunStepTryStarted"
 )

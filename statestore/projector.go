@@ -48,11 +48,11 @@ type ProjectorOptions struct {
 	PageSize int
 	// Now is the clock for lag measurement (default time.Now).
 	Now func() time.Time
-	// Durable, when set, keeps snapshots across restarts (seed 001 §1): a
-	// run not in memory is projected from its persisted snapshot and the
-	// records after its watermark, once the log is seen to still hold the
-	// record the snapshot was taken at; otherwise (the log was restored
-	// from an older backup, a record was deleted) the snapshot is
+	// Durable, when set, keeps snapshots across restarts (Execution Semantics
+	// Contract v1.1 §1): a run not in memory is projected from its persisted
+	// snapshot and the records after its watermark, once the log is seen to
+	// still hold the record the snapshot was taken at; otherwise (the log was
+	// restored from an older backup, a record was deleted) the snapshot is
 	// discarded, the run rebuilt from the log and marked Stale.
 	Durable SnapshotStore
 	// SaveEvery is how many records a run's snapshot may be ahead of its
@@ -176,14 +176,14 @@ func (p *Projector) Snapshot(ctx context.Context, runID string) (*RunSnapshot, e
 // Project fetches the records after the run's watermark, reduces them and
 // returns the new snapshot. It returns ErrNotFound for a run without events.
 //
-// With a contiguous source, a hole in runSeq is a visibility gap (seed 001
-// §1.1, §1.5): the run is marked Stale and, while the hole is open, every
-// projection is a resync that rebuilds the snapshot from scratch. Records
-// after the hole are held back for GapGrace; after that they are applied so
-// the run's projection is not frozen, but the run stays Stale. Stale clears
-// once a resync sees the hole filled and the watermark past it. Because each
-// resync starts from scratch, a record that becomes visible late is never
-// skipped.
+// With a contiguous source, a hole in runSeq is a visibility gap (Execution
+// Semantics Contract v1.1 §1.1, §1.5): the run is marked Stale and, while the
+// hole is open, every projection is a resync that rebuilds the snapshot from
+// scratch. Records after the hole are held back for GapGrace; after that they
+// are applied so the run's projection is not frozen, but the run stays Stale.
+// Stale clears once a resync sees the hole filled and the watermark past it.
+// Because each resync starts from scratch, a record that becomes visible late
+// is never skipped.
 func (p *Projector) Project(ctx context.Context, runID string) (*RunSnapshot, error) {
 	if CheckID(runID, false) != nil {
 		return nil, ErrNotFound

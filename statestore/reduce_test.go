@@ -72,8 +72,9 @@ const (
 )
 
 func TestDecide_RunTransitions(t *testing.T) {
-	// Written out by hand from seed 000 §5.1, seed 001 §1.2 and DESIGN.md: the
-	// status after the event, INVALID (Policy A) or AUDIT (kept, no effect).
+	// Written out by hand from Run Events Contract v2.0.1 §5.1, Execution
+	// Semantics Contract v1.1 §1.2 and DESIGN.md: the status after the event,
+	// INVALID (Policy A) or AUDIT (kept, no effect).
 	want := map[string]map[string]string{
 		"PENDING": {"RunQueued": "QUEUED", "RunApproved": "APPROVED", "RunStarted": "RUNNING", "RunPaused": inv, "RunResumed": inv,
 			"RunCompleted": inv, "RunFailed": inv, "RunCancelled": "CANCELLED", "RunCancelRequested": "PENDING", "RunDrainCompleted": inv, "RunDrainTimedOut": inv, "RunStepRetryRequested": inv},
@@ -307,7 +308,7 @@ func TestReduce_PolicyA(t *testing.T) {
 	if s.LastEventSeq != b.seq || s.EventCount != good.EventCount+2 {
 		t.Fatalf("watermark %d, want %d", s.LastEventSeq, b.seq)
 	}
-	// The alert carries every field of seed 000 §5.4.
+	// The alert carries every field of Run Events Contract v2.0.1 §5.4.
 	r := b.recs[4]
 	want := statestore.InvalidTransitionAlert{
 		Code: "INVALID_TRANSITION", RunID: "r", TenantID: r.TenantID, ProjectID: r.ProjectID, EnvironmentID: r.EnvironmentID,

@@ -16,11 +16,11 @@ type RunTransition struct {
 
 var nonTerminal = []string{RunStatusPending, RunStatusQueued, RunStatusApproved, RunStatusRunning, RunStatusPaused}
 
-// RunTransitions is the run-level table: seed 000 §5.1, RunQueued and
-// RunApproved of seed 001 §1.2, and the sidecar's extension events. An event
-// of the table applied in a status outside From is an invalid transition,
-// except where Cancel wins or an older pause cycle makes it audit only (see
-// Decide).
+// RunTransitions is the run-level table: Run Events Contract v2.0.1 §5.1,
+// RunQueued and RunApproved of Execution Semantics Contract v1.1 §1.2, and
+// the sidecar's extension events. An event of the table applied in a status
+// outside From is an invalid transition, except where Cancel wins or an older
+// pause cycle makes it audit only (see Decide).
 var RunTransitions = []RunTransition{
 	{RunQueued, []string{RunStatusPending}, RunStatusQueued},
 	{RunApproved, []string{RunStatusPending, RunStatusQueued}, RunStatusApproved},
@@ -38,8 +38,8 @@ var RunTransitions = []RunTransition{
 	{RunStepTryStarted, []string{RunStatusRunning}, ""},
 }
 
-// StepTransitions is the step-level table of seed 000 §5.2, applied per
-// (stepId, logicalAttemptId). A step first seen is PENDING.
+// StepTransitions is the step-level table of Run Events Contract v2.0.1 §5.2,
+// applied per (stepId, logicalAttemptId). A step first seen is PENDING.
 var StepTransitions = map[string]struct{ From, To string }{
 	StepStarted:   {StepStatusPending, StepStatusRunning},
 	StepCompleted: {StepStatusRunning, StepStatusSuccess},

@@ -19,10 +19,11 @@ type replayer interface {
 }
 
 // outbox holds StepStarted events that could not be appended within the
-// write budget (seed 001 §5: StepStarted may fail open). A background loop
-// replays them with backoff; flush replays one run's events synchronously,
-// and the worker calls it before that run's StepCompleted or StepFailed, so
-// the log never shows a step finishing before it started.
+// write budget (Execution Semantics Contract v1.1 §5: StepStarted may fail
+// open). A background loop replays them with backoff; flush replays one run's
+// events synchronously, and the worker calls it before that run's
+// StepCompleted or StepFailed, so the log never shows a step finishing before
+// it started.
 //
 // The outbox is in memory. If the process dies with events in it, nothing
 // is lost that matters: those steps' tasks were never reported to

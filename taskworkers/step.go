@@ -464,12 +464,12 @@ func (w *Worker) reportHeldFailure(t *model.Task, log *zap.Logger, a *Assignment
 }
 
 // keepOutcome handles a step whose StepCompleted or StepFailed the store
-// did not take within the write budget (seed 001 §5: a critical write
-// never fails open, and the step's try fails). The task is neither
-// completed nor failed in Conductor, whose retry budget is the plan's, not
-// the store's: it is handed back, and the outcome kept here is recorded
-// and reported when Conductor offers the task again, without running the
-// step again. A store failover (seconds: a NATS leader election) then
+// did not take within the write budget (Execution Semantics Contract v1.1 §5:
+// a critical write never fails open, and the step's try fails). The task is
+// neither completed nor failed in Conductor, whose retry budget is the
+// plan's, not the store's: it is handed back, and the outcome kept here is
+// recorded and reported when Conductor offers the task again, without running
+// the step again. A store failover (seconds: a NATS leader election) then
 // costs a delay, not the run.
 func (w *Worker) keepOutcome(t *model.Task, log *zap.Logger, o keptOutcome, err error) {
 	o.retryCount, o.at = t.RetryCount, time.Now()

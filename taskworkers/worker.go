@@ -83,9 +83,9 @@ type Options struct {
 	// HandBackAfter is the callbackAfterSeconds of a task handed back
 	// because its run is paused or not started yet (default 5s).
 	HandBackAfter time.Duration
-	// WriteBudget bounds an event append (seed 001 §5: 3s). StepStarted
-	// fails open to the outbox past it; StepCompleted and StepFailed never
-	// fail open.
+	// WriteBudget bounds an event append (Execution Semantics Contract
+	// v1.1 §5: 3s). StepStarted fails open to the outbox past it;
+	// StepCompleted and StepFailed never fail open.
 	WriteBudget time.Duration
 	// Decode turns a task's input into an Assignment (default
 	// plan.DecodeTaskInput).

@@ -6,7 +6,8 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
-// CoreEvent is an event of seed 002's Core Events (its EventEnvelope).
+// CoreEvent is an event of the Core Events Specification v1.0 (its
+// EventEnvelope).
 type CoreEvent struct {
 	EventID     string     `json:"eventId"`
 	ExecutionID string     `json:"executionId"`

@@ -6,7 +6,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
-// NoETLEvent is an event of seed 004's NoETL runtime model (canonical v10).
+// NoETLEvent is an event of the NoETL Runtime Event Model (canonical v10).
 type NoETLEvent struct {
 	EventID     string `json:"event_id"`
 	EventType   string `json:"event_type"`

@@ -1,10 +1,10 @@
 // Package vocab presents a run's event log in two other vocabularies: the
-// Core Events of seed 002 (EXECUTION_* / NODE_*, an envelope with
-// executionId, occurredAt and actor) and the NoETL v10 runtime taxonomy of
-// seed 004 (dot names such as step.started, an envelope with execution_id
-// and timestamp). They are views: computed from the log when asked, never
-// stored, and the log stays the one record. docs/events.md, "Other
-// vocabularies", has the mapping and says, for every event without a
+// events of the Core Events Specification v1.0 (EXECUTION_* / NODE_*, an
+// envelope with executionId, occurredAt and actor) and the taxonomy of the
+// NoETL Runtime Event Model v10 (dot names such as step.started, an envelope
+// with execution_id and timestamp). They are views: computed from the log
+// when asked, never stored, and the log stays the one record. docs/events.md,
+// "Other vocabularies", has the mapping and says, for every event without a
 // counterpart, why.
 package vocab
 

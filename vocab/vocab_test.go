@@ -14,7 +14,8 @@ import (
 	"github.com/conductor-sidecar/sidecar/vocab"
 )
 
-// coreTypes are the 24 Core Events of seed 002: no other type may be emitted.
+// coreTypes are the 24 events of the Core Events Specification v1.0: no
+// other type may be emitted.
 var coreTypes = []string{
 	"EXECUTION_CREATED", "EXECUTION_STARTED", "EXECUTION_COMPLETED", "EXECUTION_ARCHIVED",
 	"EXECUTION_CANCEL_REQUESTED", "EXECUTION_CANCELED", "EXECUTION_FAIL_REQUESTED", "EXECUTION_FAILED",
@@ -24,7 +25,8 @@ var coreTypes = []string{
 	"FORK_OPENED", "JOIN_GATE_UPDATED", "JOIN_PASSED",
 }
 
-// noetlTypes are the v10 names the view may emit (seed 004 §3).
+// noetlTypes are the v10 names the view may emit (NoETL Runtime Event Model
+// v10 §3).
 var noetlTypes = []string{
 	"playbook.execution.requested", "playbook.request.evaluated", "playbook.started", "playbook.paused",
 	"playbook.finished", "workflow.started", "workflow.finished", "step.started", "step.done", "step.failed",

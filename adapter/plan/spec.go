@@ -40,9 +40,9 @@ type Step struct {
 	TimeoutSeconds int64       `json:"timeoutSeconds,omitempty"`
 	Retries        RetryPolicy `json:"retries,omitempty"`
 	Secrets        []SecretRef `json:"secrets,omitempty"`
-	// Join is the gate of a step with two or more dependencies (seed 002's
-	// join policies): JoinAllSuccess (the default), JoinAllDone or
-	// JoinAnySuccess. docs/plans.md, "Joins".
+	// Join is the gate of a step with two or more dependencies (the join
+	// policies of the Core Events Specification v1.0): JoinAllSuccess (the
+	// default), JoinAllDone or JoinAnySuccess. docs/plans.md, "Joins".
 	Join string `json:"join,omitempty"`
 }
 

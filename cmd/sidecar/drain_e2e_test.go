@@ -238,8 +238,9 @@ func jsonString(s string) string {
 	return string(b)
 }
 
-// runLevelEngineAttemptIsOne checks seed 003 §3.3's fallback: an event no
-// engine try produced (every run-level event) has engineAttemptId 1.
+// runLevelEngineAttemptIsOne checks the fallback of IRunStateStore
+// Contract v2.0.0 §3.3: an event no engine try produced (every run-level
+// event) has engineAttemptId 1.
 func runLevelEngineAttemptIsOne(t *testing.T, evs []statestore.RunEventRecord) {
 	t.Helper()
 	for _, e := range evs {

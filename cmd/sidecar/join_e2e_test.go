@@ -10,11 +10,11 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
-// TestE2E_JoinPolicies: seed 002's join policies on the real Conductor,
-// for a → {b, c} → d: all_success (the default) fails the run on a failed
-// branch and never runs d; all_done runs d whatever the branches did;
-// any_success runs d when one branch succeeded and fails it with
-// JOIN_NOT_PASSABLE when none did.
+// TestE2E_JoinPolicies: the join policies of the Core Events Specification
+// v1.0 on the real Conductor, for a → {b, c} → d: all_success (the default)
+// fails the run on a failed branch and never runs d; all_done runs d whatever
+// the branches did; any_success runs d when one branch succeeded and fails it
+// with JOIN_NOT_PASSABLE when none did.
 func TestE2E_JoinPolicies(t *testing.T) {
 	p := startServe(t, t.TempDir(), freeAddr(t))
 	fail := plan.ExecutorSpec{Type: plan.ExecutorCommand, Argv: []string{"sh", "-c", "exit 3"}}

@@ -15,8 +15,8 @@ import (
 
 // TestProjector_DurableSnapshots: with a snapshot bucket, a restarted
 // store projects a run from its persisted snapshot and only the records
-// after its watermark (seed 001 §1: a restart does not replay every log),
-// and gets the snapshot a full replay gives.
+// after its watermark (Execution Semantics Contract v1.1 §1: a restart does
+// not replay every log), and gets the snapshot a full replay gives.
 func TestProjector_DurableSnapshots(t *testing.T) {
 	js, _ := natstest.Start(t)
 	storetest.DurableSnapshots(t, func(t *testing.T, reg *prometheus.Registry) statestore.Store {

@@ -1,6 +1,6 @@
 // Package pgstore is the append authority of the run event log on
-// PostgreSQL (seed 003's IRunStateStore): the table run_events with a
-// unique (run_id, idempotency_key), runSeq assigned in the write from the
+// PostgreSQL (the IRunStateStore Contract v2.0.0): the table run_events with
+// a unique (run_id, idempotency_key), runSeq assigned in the write from the
 // run's counter row (1, 2, 3, ... per run, without gaps: a duplicate rolls
 // its increment back), persistedAt from the database's clock, records
 // that triggers make immutable and a hash chain over each run's records

@@ -26,9 +26,10 @@ func openDurable(t *testing.T, url string, reg *prometheus.Registry) *pgstore.St
 	return s
 }
 
-// TestProjector_DurableSnapshots: seed 001 §1 on PostgreSQL. A restarted
-// store loads the run's snapshot from run_snapshots and reduces only the
-// records after its watermark, getting what a full replay gives.
+// TestProjector_DurableSnapshots: Execution Semantics Contract v1.1 §1 on
+// PostgreSQL. A restarted store loads the run's snapshot from run_snapshots
+// and reduces only the records after its watermark, getting what a full
+// replay gives.
 func TestProjector_DurableSnapshots(t *testing.T) {
 	url := pgtest.URL(t)
 	storetest.DurableSnapshots(t, func(t *testing.T, reg *prometheus.Registry) statestore.Store {

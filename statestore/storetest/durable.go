@@ -56,11 +56,11 @@ func Counter(tb testing.TB, reg *prometheus.Registry, name, outcome string) floa
 	return 0
 }
 
-// DurableSnapshots checks seed 001 §1 on a backend: a restarted store
-// projects a run from its persisted snapshot, reducing only the records
-// after its watermark, and gets the snapshot a full replay gives. open
-// returns a new store (a restart: nothing in memory) on the same log, with
-// durable snapshots on and its metrics in reg.
+// DurableSnapshots checks Execution Semantics Contract v1.1 §1 on a backend:
+// a restarted store projects a run from its persisted snapshot, reducing only
+// the records after its watermark, and gets the snapshot a full replay gives.
+// open returns a new store (a restart: nothing in memory) on the same log,
+// with durable snapshots on and its metrics in reg.
 func DurableSnapshots(t *testing.T, open func(t *testing.T, reg *prometheus.Registry) statestore.Store) {
 	ctx := context.Background()
 	reg1 := prometheus.NewRegistry()
