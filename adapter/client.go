@@ -447,7 +447,7 @@ const maxWorkflowBytes = 16 << 20
 // the adapter reads. Most of the answer is the workflow's definition,
 // every task of it included; the run watcher reads one workflow per ended
 // run, and decoding it whole was 8 % of the sidecar's CPU per step
-// (BENCHMARKS.md, issue #12).
+// (BENCHMARKS.md, "Where a step's CPU goes").
 type workflowHead struct {
 	WorkflowID            string            `json:"workflowId"`
 	WorkflowName          string            `json:"workflowName"`

@@ -14,8 +14,8 @@ import (
 
 // TestRuns_ListKeysDeadline: listing the run index (what drain.Open and
 // the background loops do) on a server that never delivers the listing
-// ends with an error instead of hanging (issue #10: a restart hung for
-// over 2 minutes in drain.Open -> Runs.ActiveRunIDs -> listKeys). The
+// ends with an error instead of hanging (a restart once hung for over
+// 2 minutes in drain.Open -> Runs.ActiveRunIDs -> listKeys). The
 // server here answers API requests (replies on _INBOX.<mux>.<token>) but
 // the user may not subscribe to a watcher's deliver subject (_INBOX.<id>),
 // so the consumer is created and its messages never arrive.

@@ -12,7 +12,7 @@ import (
 
 // TestRunCache: the run cache holds the runs that are not FINAL, sorted by
 // runId, follows updates in place, and drops a run when it becomes FINAL
-// (issue #12: it kept every run ever seen, and the watcher sorted and
+// (it used to keep every run ever seen, and the watcher sorted and
 // copied all of them every scan).
 func TestRunCache(t *testing.T) {
 	ctx := context.Background()

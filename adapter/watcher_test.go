@@ -234,7 +234,7 @@ func TestWatcher_Terminal(t *testing.T) {
 	})
 	t.Run("PauseRacedCompletion", func(t *testing.T) {
 		// A pause reached the log after Conductor had already taken the
-		// run's last task (issue #11 §1): the log says PAUSED, Conductor
+		// run's last task: the log says PAUSED, Conductor
 		// COMPLETED. The watcher closes the pause itself (RunResumed,
 		// requestedBy sidecar, the reason says why), then RunCompleted:
 		// the run ends COMPLETED, the log is valid and nothing alerts.
@@ -484,7 +484,7 @@ func eventTypes(recs []statestore.RunEventRecord) []string {
 // TestWatcher_ConductorPauseAndResume: a pause and a resume made in
 // Conductor's own API are recorded in the log (requestedBy conductor), and
 // a pause or resume of the sidecar's that did not reach Conductor is
-// applied to it, not mistaken for an action in Conductor (issue #11 §3).
+// applied to it, not mistaken for an action in Conductor.
 func TestWatcher_ConductorPauseAndResume(t *testing.T) {
 	u := conductortest.URL(t)
 	ctx := context.Background()
@@ -563,8 +563,8 @@ func TestWatcher_ConductorPauseAndResume(t *testing.T) {
 
 // forgetfulConductor is the real Conductor behind a proxy that, for one
 // workflow, answers the workflow read with status RUNNING until a decide
-// of it passes through: Conductor's lost decide (issue #11 §2: all tasks
-// COMPLETED, the workflow RUNNING for 7 minutes), which the real server
+// of it passes through: Conductor's lost decide (seen on a real server: all
+// tasks COMPLETED, the workflow RUNNING for 7 minutes), which the real server
 // cannot be made to show on demand. Every call still reaches the real
 // server; only that one answer is rewritten.
 type forgetfulConductor struct {
@@ -673,8 +673,9 @@ func TestWatcher_DecidesAStuckWorkflow(t *testing.T) {
 
 // TestWatcher_ScanCostFollowsChange: with its run cache, a scan reads
 // nothing from the run index per run and reads from Conductor only the
-// runs its turn comes to (issue #12: a KV get per active run every 2 s, and
-// every workflow every 30 s in one burst). A run that ends is still seen.
+// runs its turn comes to (it used to make a KV get per active run every 2 s,
+// and read every workflow every 30 s in one burst). A run that ends is
+// still seen.
 func TestWatcher_ScanCostFollowsChange(t *testing.T) {
 	u := conductortest.URL(t)
 	ctx := context.Background()

@@ -124,8 +124,8 @@ func BenchmarkDrainDetected(b *testing.B) {
 
 // BenchmarkMonitorIdle: the drain monitor's CPU with N active runs, none
 // of them draining, over 2 s of its loop (embedded JetStream store). The
-// every-tick mode passes over every run every 250 ms, as the monitor did
-// before issue #12; watched checks only open drains and passes over every
+// every-tick mode passes over every run every 250 ms, as the monitor once
+// did; watched checks only open drains and passes over every
 // run every 30 s. Reported as the share of one core.
 func BenchmarkMonitorIdle(b *testing.B) {
 	for _, n := range []int{1000, 5000} {

@@ -98,8 +98,8 @@ func TestController_PauseDrainResume(t *testing.T) {
 	if len(after) != len(before) || len(eng.calls) != 2 {
 		t.Fatalf("a second pause wrote %d events, engine calls %v", len(after)-len(before), eng.calls)
 	}
-	// A second pause with another timeout says it is not applied (issue
-	// #11 §2: it was silently ignored).
+	// A second pause with another timeout says it is not applied (it was
+	// silently ignored before).
 	again, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{TimeoutSeconds: 600})
 	if err != nil || !strings.Contains(again.Notice, "already paused") || !strings.Contains(again.Notice, "stays 60s") || again.Drain.TimeoutSeconds != 60 {
 		t.Fatalf("second pause with another timeout: %+v %v", again, err)
@@ -503,7 +503,7 @@ func types(recs []statestore.RunEventRecord) string {
 }
 
 // TestPause_RacesAPauseOnFailure: an operator's pause and the pause of a
-// step that failed under onStepFailure "pause" race (issue #11 §1). Exactly
+// step that failed under onStepFailure "pause" race. Exactly
 // one RunPaused is recorded, both calls answer PAUSED, the failed step is
 // held either way, and the log raises no alert.
 func TestPause_RacesAPauseOnFailure(t *testing.T) {

@@ -23,8 +23,8 @@ import (
 )
 
 // TestMonitor_StoreDown: while the store does not answer, the monitor
-// backs off between scans and logs a bounded number of lines (issue #11
-// §4: one warning per run every 250 ms); a second Open is refused.
+// backs off between scans and logs a bounded number of lines (before, one
+// warning per run every 250 ms); a second Open is refused.
 func TestMonitor_StoreDown(t *testing.T) {
 	ctx := context.Background()
 	js, _ := natstest.Start(t)
@@ -84,8 +84,9 @@ func (c *countingReader) count(runID string) int {
 }
 
 // TestMonitor_CostFollowsDrains: between its full passes the monitor reads
-// only the runs whose drain is open, not every active run (issue #12: an
-// idle sidecar spent 35% of a core per 1,000 active runs, most of it here).
+// only the runs whose drain is open, not every active run (when it read
+// them all, an idle sidecar spent 35% of a core per 1,000 active runs, most
+// of it here).
 func TestMonitor_CostFollowsDrains(t *testing.T) {
 	ctx := context.Background()
 	mem := memstore.New(statestore.ProjectorOptions{})
@@ -187,7 +188,7 @@ func (x *memIndex) len() int {
 // one replica is ended by another whose full pass is an hour away: the
 // pause marks the run in the drain index, the other replica's monitor reads
 // the index, watches the run, records RunDrainCompleted and removes the
-// mark (issue #12: the monitor reads only the runs that drain).
+// mark (the monitor reads only the runs that drain).
 func TestMonitor_FindsAnotherReplicasDrainThroughTheIndex(t *testing.T) {
 	ctx := context.Background()
 	mem, eng := setup(t, "a")
@@ -241,8 +242,8 @@ func TestMonitor_FindsAnotherReplicasDrainThroughTheIndex(t *testing.T) {
 
 // TestPause_NothingInFlightEndsTheDrainAtOnce: a pause of a run with no
 // step in flight records RunDrainCompleted in the same call, and leaves
-// nothing for the monitor (issue #12: pausing 50,000 runs left every
-// drain to the monitor's one goroutine, which ended them long after
+// nothing for the monitor (before, pausing 50,000 runs left every drain to
+// the monitor's one goroutine, which ended them long after
 // their 250 ms).
 func TestPause_NothingInFlightEndsTheDrainAtOnce(t *testing.T) {
 	ctx := context.Background()

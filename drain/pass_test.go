@@ -24,8 +24,8 @@ func (c *countedReads) ProjectSnapshot(ctx context.Context, runID string) (*stat
 
 // TestFullPass_SpreadAtItsRate: the full pass over the active runs reads
 // them a share per tick, at most FullScanRate a second, and sets the
-// runs-by-status gauges once it has read them all (issue #12: a pass that
-// read 10,000 runs at once every 30 s was the drain monitor's idle cost).
+// runs-by-status gauges once it has read them all (a pass that read 10,000
+// runs at once every 30 s was once the drain monitor's idle cost).
 func TestFullPass_SpreadAtItsRate(t *testing.T) {
 	ctx := context.Background()
 	mem := memstore.New(statestore.ProjectorOptions{})

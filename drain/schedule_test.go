@@ -107,7 +107,7 @@ func waitResumes(t *testing.T, mem *memstore.Store, n int) []statestore.RunEvent
 
 // TestSchedule_ResumesOnceWhenDue: a pause with a resume time is resumed
 // when it is due, once, by whichever of two replicas gets there (one
-// RunResumed, requestedBy "schedule"), and not before (issue #14 §3).
+// RunResumed, requestedBy "schedule"), and not before.
 func TestSchedule_ResumesOnceWhenDue(t *testing.T) {
 	ctx := context.Background()
 	mem, eng := scheduledRun(t)
@@ -224,7 +224,7 @@ func TestSchedule_CancelledByAManualResumeOrANewPause(t *testing.T) {
 // paused run when due, once, with the bulk request's requestedBy and
 // reason, by whichever replica is alive (here one that did not write it);
 // a manual resume and a new pause meanwhile cancel it; a run that is not
-// paused is refused (issue #14 §2).
+// paused is refused.
 func TestSchedule_ResumeLater(t *testing.T) {
 	ctx := context.Background()
 	mem, eng := scheduledRun(t)

@@ -26,7 +26,7 @@ func (o owns) Owns(runID string) bool { return o[runID] }
 // their full passes, end their own drains, and count only their own in
 // the drain gauges (so that a sum over replicas counts each drain once);
 // a drain a replica started itself is watched there too, whoever owns it
-// (issue #13: every replica read every active run).
+// (before, every replica read every active run).
 func TestMonitor_ReplicasDivideTheDrains(t *testing.T) {
 	ctx := context.Background()
 	mem := memstore.New(statestore.ProjectorOptions{})
@@ -145,7 +145,7 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 
 // TestMonitor_PausedRunsByOrigin: the full pass counts the paused runs by
 // where the pause came from (sidecar_runs_paused{origin}), a bounded label
-// where the reason is free text (issue #14 §5: a panel of paused runs).
+// where the reason is free text (for a dashboard panel of paused runs).
 func TestMonitor_PausedRunsByOrigin(t *testing.T) {
 	ctx := context.Background()
 	mem := memstore.New(statestore.ProjectorOptions{})

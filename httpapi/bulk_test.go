@@ -83,7 +83,7 @@ func postBulk(t *testing.T, srv *httptest.Server, action, body string) (int, htt
 // TestBulk_RunsThatStartMeanwhile: a run that starts while a bulk pause
 // acts is selected by the next round and paused; when runs keep starting,
 // those after the last round are answered as started_during, never left
-// out (issue #14 §2).
+// out.
 func TestBulk_RunsThatStartMeanwhile(t *testing.T) {
 	c := &startingControl{}
 	srv := bulkEnv(t, c)

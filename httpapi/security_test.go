@@ -119,7 +119,9 @@ func (e *secEnv) do(t *testing.T, method, path, token, contentType, body string)
 	return r
 }
 
-// TestServer_StrictInput: each finding of issue #10 §4 is a 4xx with a
+// TestServer_StrictInput: each malformed request below (trailing data,
+// case-variant or duplicate keys, invalid UTF-8, out-of-range numbers, null
+// steps, wrong media type or method, unknown fields) is a 4xx with a
 // machine code, and nothing reaches the engine.
 func TestServer_StrictInput(t *testing.T) {
 	e := newSecEnv(t, nil)
@@ -314,8 +316,8 @@ func TestLoadCredentials_Problems(t *testing.T) {
 }
 
 // TestServer_Timeouts: a body sent a byte at a time and an idle keep-alive
-// are cut off by the server's timeouts (issue #10: both were still open
-// after 90 s).
+// are cut off by the server's timeouts (both were still open after 90 s
+// before).
 func TestServer_Timeouts(t *testing.T) {
 	api := httpapi.NewServer(httpapi.Options{Log: memstore.New(statestore.ProjectorOptions{}), Control: &recordingControl{},
 		ReadTimeout: 300 * time.Millisecond, IdleTimeout: 300 * time.Millisecond, Logger: zaptest.NewLogger(t)})
@@ -479,7 +481,7 @@ func checkFuzzAnswer(t *testing.T, w *httptest.ResponseRecorder, body string) {
 
 // TestServer_EngineRefusal: Conductor answering CONFLICT to a recorded
 // resume is a 409 naming the workflow's status, not a 503 "did not answer"
-// (issue #11: concurrent pause/resume calls were told to retry).
+// (concurrent pause/resume calls were told to retry before).
 func TestServer_EngineRefusal(t *testing.T) {
 	e := newSecEnv(t, nil)
 	e.control.err = &drain.EngineError{Err: &adapter.Error{Code: adapter.CodeConflict, Op: "resume", Status: 500,

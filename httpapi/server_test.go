@@ -271,7 +271,7 @@ func TestMessage(t *testing.T) {
 		t.Fatalf("got %q", got)
 	}
 	// Timed out with the step still running, then the step ended: the
-	// message never claims "0 tasks still running" (issue #11 §2).
+	// message never claims "0 tasks still running".
 	timedOut := storetest.Event("r", statestore.RunDrainTimedOut, "")
 	mem.Append(ctx, storetest.WithPayload(timedOut, map[string]any{"code": statestore.PauseDrainTimeoutCode, "inFlightStepIds": []string{"a"}, "waitedSeconds": 300}))
 	s, _ = mem.ProjectSnapshot(ctx, "r")
@@ -284,7 +284,7 @@ func TestMessage(t *testing.T) {
 		t.Fatalf("timed out, step since completed: got %q", got)
 	}
 	// A run failed by the watcher because Conductor lost its workflow
-	// says so (issue #11 §2).
+	// says so.
 	failed := storetest.Event("lost", statestore.RunFailed, "")
 	mem.Append(ctx, storetest.Event("lost", statestore.RunStarted, ""))
 	mem.Append(ctx, storetest.WithPayload(failed, map[string]any{"error": map[string]any{"code": "WORKFLOW_NOT_FOUND", "message": "Conductor no longer knows workflow wf1", "retryable": false}}))

@@ -111,8 +111,8 @@ func runConcurrently(b *testing.B, conc int, op func()) {
 	}
 }
 
-// BenchmarkSchemaValidate is the alternative to ValidateWrite that issue
-// #15 §4 weighed: the same event checked by the published JSON Schemas
+// BenchmarkSchemaValidate is the alternative to ValidateWrite that was
+// weighed: the same event checked by the published JSON Schemas
 // (RunEventWrite and its type's), from the JSON the API receives.
 func BenchmarkSchemaValidate(b *testing.B) {
 	sch := schemas(b)

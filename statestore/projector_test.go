@@ -294,7 +294,7 @@ func TestProjector_AlertGateAcrossReplicas(t *testing.T) {
 }
 
 // TestProjector_EvictsLeastRecentlyUsed: the projector keeps at most
-// MaxRuns runs (issue #11 §4: its cache never evicted), and a run it
+// MaxRuns runs (its cache never evicted before), and a run it
 // dropped is rebuilt from the log with the same snapshot.
 func TestProjector_EvictsLeastRecentlyUsed(t *testing.T) {
 	ctx := context.Background()

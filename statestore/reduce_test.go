@@ -528,7 +528,7 @@ func TestReduce_StepTries(t *testing.T) {
 // TestReduce_PausedSeconds: the time between each RunPaused and the event
 // that ended the pause (RunResumed, or a terminal event of a paused run)
 // adds up in pausedSeconds; an open pause adds nothing yet, and a refused
-// RunResumed ends none (issue #14 §6: paused time apart from run time).
+// RunResumed ends none (paused time is kept apart from run time).
 func TestReduce_PausedSeconds(t *testing.T) {
 	b := newLog("r").ev(statestore.RunStarted).ev(statestore.RunPaused) // events 1 s apart
 	if s, _ := reduce(t, b.recs); s.PausedSeconds != 0 {

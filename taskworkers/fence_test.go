@@ -56,7 +56,7 @@ func (p *pauseAfterRead) count(runID string) int {
 
 // TestWorker_PauseIsAFence: once RunPaused is persisted, no StepStarted of
 // the run is, even when the gate read the run as RUNNING just before the
-// pause (issue #11 §2). The StepStarted is refused (RUN_CHANGED), the gate
+// pause. The StepStarted is refused (RUN_CHANGED), the gate
 // reads the run again, sees it paused and hands the task back.
 func TestWorker_PauseIsAFence(t *testing.T) {
 	e := newBenchEnv(t)

@@ -98,8 +98,8 @@ func startDown(t *testing.T, c *downConductor) *taskworkers.Worker {
 
 // TestWorker_CloseWhileConductorDown: a shutdown whose grace period ends
 // while reports to Conductor fail returns then, instead of retrying until
-// the task's response timeout (issue #11 §4: a second SIGTERM did not end
-// the grace period).
+// the task's response timeout (before, a second SIGTERM did not end the
+// grace period).
 func TestWorker_CloseWhileConductorDown(t *testing.T) {
 	w := startDown(t, &downConductor{updateErr: errors.New("dial tcp 127.0.0.1:8080: connect: connection refused")})
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
@@ -114,7 +114,7 @@ func TestWorker_CloseWhileConductorDown(t *testing.T) {
 }
 
 // TestWorker_ReportWorkflowGone: a 404 for the task's workflow ends the
-// report's retries at once and frees the slot (issue #11 §2: slots retried
+// report's retries at once and frees the slot (before, slots retried
 // every 5 s for minutes after Conductor restarted).
 func TestWorker_ReportWorkflowGone(t *testing.T) {
 	c := &downConductor{updateErr: codedErr("NOT_FOUND")}

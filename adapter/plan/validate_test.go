@@ -147,7 +147,7 @@ func TestValidate(t *testing.T) {
 
 // TestValidate_HTTPMethodDefaults: as docs/executors.md says and the
 // executor does, a missing method is GET and the method's case is free
-// (issue #10: the validator refused a missing method).
+// (the validator once refused a missing method).
 func TestValidate_HTTPMethodDefaults(t *testing.T) {
 	for _, m := range []string{"", "post", "Get", "DELETE"} {
 		p := validPlan()

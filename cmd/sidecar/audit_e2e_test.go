@@ -13,7 +13,7 @@ import (
 // TestE2E_Audit: `sidecar audit RUN` lists the run's control actions from
 // its log, in order, with who and why, and what became of them (the
 // drain's end); --since leaves out older ones; `audit --plan P` (or -l)
-// lists those of every run the filter selects (issue #14 §5).
+// lists those of every run the filter selects.
 func TestE2E_Audit(t *testing.T) {
 	p := startServe(t, t.TempDir(), freeAddr(t))
 	ctx := context.Background()

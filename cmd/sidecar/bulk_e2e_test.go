@@ -23,7 +23,7 @@ import (
 // is in it), the request repeated with its Idempotency-Key answers the
 // same and records nothing, `pause --wait` follows the drains, and a
 // staggered resume (100 now, 100 per 4 s) outlives a kill -9 of the
-// sidecar: every run resumed once, none before its time (issue #14 §2).
+// sidecar: every run resumed once, none before its time.
 func TestE2E_BulkControl(t *testing.T) {
 	dataDir, addr := t.TempDir(), freeAddr(t)
 	p := startServe(t, dataDir, addr, "--concurrency", "command=16")

@@ -32,7 +32,7 @@ import (
 // workload of 56 runs of seven kinds while it kills -9 a NATS node, kills -9
 // a sidecar replica twice at random points (each restarted with its worker
 // id) and restarts Conductor. Then an invariant checker reads every run's
-// log and Conductor's view of it (issue #13 §5). It prints a summary table.
+// log and Conductor's view of it. It prints a summary table.
 //
 // SIDECAR_TEST_CHAOS=1 runs it (.ci/run: one wave). SIDECAR_CHAOS_SOAK=30m
 // repeats waves, each with its own faults, for that long (docs/operations.md,

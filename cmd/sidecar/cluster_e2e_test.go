@@ -89,8 +89,7 @@ func (c *natsCluster) url(t *testing.T) string {
 // TestE2E_NATSClusterR3: serve --nats-replicas 3 on a 3-node cluster
 // creates the event stream, every bucket and the object store with three
 // replicas; a node killed with SIGKILL loses nothing and runs go on; a
-// replica count larger than the cluster is refused at start, in one line
-// (issue #13 §3).
+// replica count larger than the cluster is refused at start, in one line.
 func TestE2E_NATSClusterR3(t *testing.T) {
 	cl := startNATSCluster(t)
 	url := cl.url(t)

@@ -55,7 +55,7 @@ func metricLine(t *testing.T, p *proc, prefix string) string {
 }
 
 // TestE2E_ConductorRestartOfAnEndedRunIsRefused: a workflow whose run the
-// log already ended is restarted, or retried, in Conductor (issue #11 §3).
+// log already ended is restarted, or retried, in Conductor.
 // A run ends once: the sidecar refuses the tasks Conductor makes for it
 // (the workflow fails in Conductor with RUN_<status>), the log does not
 // change, and the refusal is logged and counted.

@@ -468,7 +468,7 @@ func TestE2E_CLI(t *testing.T) {
 	if code, _, errOut := run(t, "status", "no-such-run", "--server", server); code != 1 || !strings.Contains(errOut, "RUN_NOT_FOUND") {
 		t.Fatalf("status of an unknown run: exit %d %s", code, errOut)
 	}
-	// The same log in the other vocabularies (issue #15 §6): the diamond's
+	// The same log in the other vocabularies: the diamond's
 	// 10 events are 15 Core Events (EXECUTION_CREATED and a NODE_CREATED
 	// per step added) and 12 NoETL events (start and end are each a
 	// playbook and a workflow event).

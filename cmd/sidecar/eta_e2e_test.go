@@ -20,7 +20,7 @@ import (
 // "Drain ETA"): the p90 estimate covers at least 60% of the drains here
 // (90% expected; the monitor records a drain's end up to 250 ms after the
 // step), and the p50 estimate is off by at most 2.5 s at the median (with
-// whole-second durations it measured 1.0 to 2.0 s; issue #14 §4).
+// whole-second durations it measured 1.0 to 2.0 s).
 func TestE2E_DrainETA(t *testing.T) {
 	p := startServe(t, t.TempDir(), freeAddr(t), "--concurrency", "command=32")
 	ctx := context.Background()

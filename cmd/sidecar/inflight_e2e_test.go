@@ -39,8 +39,8 @@ func validLog(t *testing.T, evs []statestore.RunEventRecord) {
 // TestE2E_DrainEndsWhenAnEngineTryFails: a step with engineTries 2 is
 // paused mid-try; the try fails (Conductor would retry it), so nothing of
 // the run is running any more. The drain ends then, with the reason in the
-// log (RunStepTryEnded), not at the drain timeout (issue #11 §2: it paged
-// after the whole timeout). After RESUME the retry runs and the run
+// log (RunStepTryEnded), not at the drain timeout (it paged after the whole
+// timeout before). After RESUME the retry runs and the run
 // completes with a valid log.
 func TestE2E_DrainEndsWhenAnEngineTryFails(t *testing.T) {
 	p := startServe(t, t.TempDir(), freeAddr(t))
@@ -91,8 +91,8 @@ func TestE2E_DrainEndsWhenAnEngineTryFails(t *testing.T) {
 
 // TestE2E_DrainEndsAfterKillWhileDraining: kill -9 while draining; the
 // restart hands the run's task back, so nothing runs: the drain ends at
-// once, not at its timeout (issue #11 §2: status said "Waiting for 6
-// in-flight tasks" until the timeout).
+// once, not at its timeout (status said "Waiting for 6 in-flight tasks"
+// until the timeout before).
 func TestE2E_DrainEndsAfterKillWhileDraining(t *testing.T) {
 	dataDir, addr := t.TempDir(), freeAddr(t)
 	p := startServe(t, dataDir, addr)

@@ -15,7 +15,7 @@ import (
 
 // TestE2E_Labels: labels given at submission are recorded in RunStarted
 // and shown in the run's view; a repeat of the request with other labels
-// is the same run with the first labels (issue #14 §1, the labels).
+// is the same run with the first labels.
 func TestE2E_Labels(t *testing.T) {
 	p := startServe(t, t.TempDir(), freeAddr(t))
 	ctx := context.Background()

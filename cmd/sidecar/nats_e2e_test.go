@@ -27,7 +27,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 )
 
-// Issue #10 §1 and §2: who may touch the log, and one owner per data dir.
+// Who may touch the log, and one owner per data dir.
 // Each test drives the real binary; SIDECAR_TEST_BINARY runs them against
 // an older build (they fail on the build before the fix).
 

@@ -18,7 +18,7 @@ import (
 // back while paused) resumes to COMPLETED with every step at
 // attempt 1 and one Conductor task per step: the pause costs no timeout
 // and no retry, and the handed-back task is polled once per callback,
-// not in a loop (issue #14 §6).
+// not in a loop.
 func TestE2E_PauseOutlastsTheStepTimeouts(t *testing.T) {
 	// One sleep at a time: of a and b, the one that does not start first
 	// waits, scheduled, and is polled (and handed back) only once the

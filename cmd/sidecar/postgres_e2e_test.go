@@ -102,7 +102,7 @@ func freePort(t *testing.T) int {
 
 // TestE2E_ConductorRestartOnPostgres: Conductor on PostgreSQL restarted
 // while steps run keeps its workflows, and the sidecar carries every run
-// to its end, each step started and completed once (issue #13 §1).
+// to its end, each step started and completed once.
 func TestE2E_ConductorRestartOnPostgres(t *testing.T) {
 	c := startPostgresConductor(t)
 	dataDir, addr := t.TempDir(), freeAddr(t)

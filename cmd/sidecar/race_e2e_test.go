@@ -12,7 +12,7 @@ import (
 
 // TestE2E_PauseRacesAHeldFailure: operators pause runs whose step is
 // failing under onStepFailure "pause" at the moment it fails, on the real
-// Conductor (issue #11 §1). Each run ends PAUSED with its step held, one
+// Conductor. Each run ends PAUSED with its step held, one
 // RunPaused per pause cycle, a log without invalid transitions, and
 // Conductor's workflow PAUSED.
 func TestE2E_PauseRacesAHeldFailure(t *testing.T) {

@@ -14,7 +14,7 @@ import (
 // active runs, the sum is all of them); when one is killed with SIGKILL
 // the two others take its runs over: workflows terminated in Conductor's
 // own API after the kill (no worker of ours finishes a task, so no nudge
-// helps) are all recorded as ended in the log (issue #13 §4).
+// helps) are all recorded as ended in the log.
 func TestE2E_ReplicasShareTheRuns(t *testing.T) {
 	cl := startNATSCluster(t)
 	url := cl.url(t)

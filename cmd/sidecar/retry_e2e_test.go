@@ -89,7 +89,7 @@ func TestE2E_StepFailurePausesThenRetry(t *testing.T) {
 		t.Fatalf("replayed retry differs: exit %d\n%s\nvs\n%s%s", code, again, out, errOut)
 	}
 	// In text the CLI says it is a replay and shows the run as it is now
-	// too (issue #11 §2: it printed the stored state as if current).
+	// too (it printed the stored state as if current before).
 	code, text, errOut := run(t, "retry", started.RunID, "flaky", "--idempotency-key", "retry-1", "--server", server)
 	if code != 0 || !strings.HasPrefix(text, "replayed: ") || !strings.Contains(text, "\nnow: ") {
 		t.Fatalf("replayed retry in text: exit %d\n%s%s", code, text, errOut)

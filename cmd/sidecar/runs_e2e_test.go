@@ -36,7 +36,7 @@ func (l *lockedBuffer) String() string {
 // TestE2E_ListRuns: runs of two plans with labels, one of them paused
 // while a step runs, are listed by plan, label selector, status and
 // substatus, through the API and `sidecar runs`; `runs -w` prints the
-// paused run again when it is resumed (issue #14 §1).
+// paused run again when it is resumed.
 func TestE2E_ListRuns(t *testing.T) {
 	p := startServe(t, t.TempDir(), freeAddr(t))
 	server := "http://" + p.addr

@@ -18,7 +18,7 @@ import (
 // time with the pause (status shows it); the sidecar is killed, the time
 // passes while none runs, and the restarted sidecar resumes the run at
 // start (one RunResumed, requestedBy schedule); the run completes. A
-// resume time in the past, or two of them, is refused (issue #14 §3).
+// resume time in the past, or two of them, is refused.
 func TestE2E_ScheduledResumeAcrossARestart(t *testing.T) {
 	dataDir, addr := t.TempDir(), freeAddr(t)
 	p := startServe(t, dataDir, addr)

@@ -59,7 +59,7 @@ func reopen(t *testing.T, dir string) error {
 // TestOpen_DamagedLog damages the event stream's files while no server
 // runs, as a disk fault or a careless operator would, and expects Open to
 // refuse the log with STORE_DAMAGED instead of serving a log that lost
-// records (issue #10: runs went back to RUNNING with 2 of their 6 events).
+// records (runs once went back to RUNNING with 2 of their 6 events).
 func TestOpen_DamagedLog(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
