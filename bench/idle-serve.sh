@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench/idle-serve.sh BINARY N [PORT]: the CPU and RSS of an idle `sidecar serve`
-# with N active runs (BENCHMARKS.md, issue #12). It starts BINARY against the
+# with N active runs (BENCHMARKS.md, "Cost that grows with change, not with
+# active runs"). It starts BINARY against the
 # Conductor at $CONDUCTOR_URL (default http://127.0.0.1:8080/api), submits N
 # runs of a one-step `sleep` plan that no worker polls (every executor's
 # concurrency 0 but noop's), so they stay RUNNING with nothing in flight,

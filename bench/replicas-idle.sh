@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # bench/replicas-idle.sh BINARY N R: the background cost of R sidecar replicas
-# sharing N idle active runs on a 3-node NATS cluster (BENCHMARKS.md, issue #13
-# §4). It starts the cluster (deploy/local/nats-cluster.sh, in a directory and on
-# ports of its own), R `sidecar serve --nats-url ... --nats-replicas 3` against
-# the Conductor at $CONDUCTOR_URL (default http://127.0.0.1:8080/api), submits N
-# runs of a one-step `sleep` plan that no worker polls (so they stay RUNNING with
+# sharing N idle active runs on a 3-node NATS cluster (BENCHMARKS.md,
+# "Replicas sharing the background work"). It starts the cluster
+# (deploy/local/nats-cluster.sh, in a directory and on ports of its own), R
+# `sidecar serve --nats-url ... --nats-replicas 3` against the Conductor at
+# $CONDUCTOR_URL (default http://127.0.0.1:8080/api), submits N runs of a
+# one-step `sleep` plan that no worker polls (so they stay RUNNING with
 # nothing in flight), waits until the replicas count each other and SETTLE
 # seconds more (default 15), then measures over 30 s: each replica's CPU, the sum,
 # the NATS nodes' CPU, Conductor's (with CONDUCTOR_PID), the workflow reads and
