@@ -22,7 +22,7 @@ func (c *EventsCommand) Run(ctx context.Context, args []string) error {
 	follow := fs.Bool("follow", false, "keep printing new events until the run ends (or Ctrl-C)")
 	after := fs.Int64("after-seq", 0, "print events with runSeq greater than this")
 	interval := fs.Duration("interval", 500*time.Millisecond, "poll interval with --follow")
-	vocabulary := fs.String("vocabulary", "", "print the log as seed 002's Core Events (core) or NoETL v10 events (noetl), one JSON object per line")
+	vocabulary := fs.String("vocabulary", "", "print the log as Core Events Specification v1.0 events (core) or NoETL Runtime Event Model v10 events (noetl), one JSON object per line")
 	pos, err := cf.parse(fs, args, "RUN_ID")
 	if err != nil {
 		return err
