@@ -43,6 +43,10 @@ type Config struct {
 	// NATSReplicas is the replica count of the stream, the KV buckets and
 	// the object store serve creates (1 to 5; more than 1 on a cluster).
 	NATSReplicas int
+	// NATSStartTimeout bounds how long serve, with --nats-url, starts
+	// again while the NATS cluster is not ready (startWithRetry); 0 fails
+	// at the first error.
+	NATSStartTimeout time.Duration
 	// PollersPerType is the number of poll loops per task type, which
 	// share its concurrency (taskworkers.Options.PollersPerType).
 	PollersPerType int
@@ -69,20 +73,21 @@ type Config struct {
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
-		ConductorURL:   "http://localhost:8080/api",
-		Store:          "nats",
-		DataDir:        "./data",
-		Listen:         "127.0.0.1:8787",
-		DrainTimeout:   5 * time.Minute,
-		WorkerID:       "sidecar-" + host,
-		Concurrency:    map[string]int{plan.ExecutorCommand: 4, plan.ExecutorHTTP: 16, plan.ExecutorNoop: 16, plan.ExecutorSleep: 16},
-		ShutdownGrace:  30 * time.Second,
-		PollersPerType: 1,
-		NATSReplicas:   1,
-		LogFormat:      "json",
-		LogLevel:       "info",
-		Bus:            busConfig{MaxAttempts: 8},
-		Admission:      admissionConfig{Policy: "queue", Delay: 30 * time.Second},
+		ConductorURL:     "http://localhost:8080/api",
+		Store:            "nats",
+		DataDir:          "./data",
+		Listen:           "127.0.0.1:8787",
+		DrainTimeout:     5 * time.Minute,
+		WorkerID:         "sidecar-" + host,
+		Concurrency:      map[string]int{plan.ExecutorCommand: 4, plan.ExecutorHTTP: 16, plan.ExecutorNoop: 16, plan.ExecutorSleep: 16},
+		ShutdownGrace:    30 * time.Second,
+		PollersPerType:   1,
+		NATSReplicas:     1,
+		NATSStartTimeout: 2 * time.Minute,
+		LogFormat:        "json",
+		LogLevel:         "info",
+		Bus:              busConfig{MaxAttempts: 8},
+		Admission:        admissionConfig{Policy: "queue", Delay: 30 * time.Second},
 	}
 }
 
@@ -118,6 +123,9 @@ func (c *Config) Validate() error {
 	}
 	if c.SyncInterval < 0 {
 		p = append(p, "--sync-interval must be >= 0 (0: fsync every write)")
+	}
+	if c.NATSStartTimeout < 0 {
+		p = append(p, "--nats-start-timeout must be >= 0 (0: no retry)")
 	}
 	if c.ShutdownGrace < 0 {
 		p = append(p, "--shutdown-grace must be >= 0")
@@ -180,6 +188,7 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	str(&c.Listen, "listen", "control API and /metrics address")
 	dur(&c.DrainTimeout, "drain-timeout", "default drain timeout of a pause")
 	dur(&c.SyncInterval, "sync-interval", "embedded NATS fsync interval; 0 fsyncs every write before acknowledging")
+	dur(&c.NATSStartTimeout, "nats-start-timeout", "with --nats-url: how long serve keeps starting again while the NATS cluster is not ready (no JetStream leader yet, streams still being created); other errors fail at once; 0: no retry")
 	dur(&c.ShutdownGrace, "shutdown-grace", "how long running steps may finish after SIGTERM")
 	str(&c.WorkerID, "worker-id", "worker id reported to Conductor (unique and stable per replica: a restart recovers the tasks left under it)")
 	str(&c.TaskDomain, "task-domain", "Conductor task domain of this deployment's runs; sidecars sharing a Conductor but not NATS need distinct domains (empty: none)")

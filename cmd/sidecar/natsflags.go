@@ -104,6 +104,12 @@ func (c *natsConfig) password() (string, error) {
 	return pw, nil
 }
 
+// anonymous reports whether a connection to --nats-url carries neither
+// credentials nor a client certificate (connectOptions adds none).
+func (c *natsConfig) anonymous() bool {
+	return c.Creds == "" && c.NKey == "" && c.PasswordFile == "" && c.CA == "" && c.Cert == ""
+}
+
 // connectOptions are the nats.go options of a connection to --nats-url.
 func (c *natsConfig) connectOptions() ([]nats.Option, error) {
 	var opts []nats.Option

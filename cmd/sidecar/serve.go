@@ -80,7 +80,10 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	if pprofLn != nil {
 		own = append(own, pprofLn.Addr().String())
 	}
-	sc, err := startSidecar(ctx, cfg, log, own...)
+	if cfg.NATSURL != "" && cfg.NATS.anonymous() {
+		log.Warn("connecting to NATS without credentials: anyone who reaches it can rewrite the log (see docs/security.md)", zap.String("url", redactURL(cfg.NATSURL)))
+	}
+	sc, err := startWithRetry(ctx, cfg, log, own...)
 	if err != nil {
 		return err
 	}
@@ -102,7 +105,9 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	defer cancel()
 	graceCtx, stop := signal.NotifyContext(graceCtx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return errors.Join(lost, sc.close(graceCtx))
+	err = errors.Join(lost, sc.close(graceCtx))
+	log.Info("sidecar stopped")
+	return err
 }
 
 // serveUntil serves until ctx ends (nil) or the NATS connection is closed
@@ -179,6 +184,13 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger, own ...strin
 	sc = &sidecar{log: log}
 	defer func() {
 		if err != nil {
+			// A request the server refused for want of permission only
+			// times out; the connection knows why (transientStart).
+			if sc.nc != nil {
+				if last := sc.nc.LastError(); errors.Is(last, nats.ErrPermissionViolation) && !errors.Is(err, nats.ErrPermissionViolation) {
+					err = fmt.Errorf("%w (%w)", err, last)
+				}
+			}
 			_ = sc.close(context.Background())
 		}
 	}()
@@ -543,7 +555,6 @@ func (sc *sidecar) close(ctx context.Context) error {
 	if sc.srv != nil {
 		sc.srv.Shutdown()
 	}
-	sc.log.Info("sidecar stopped")
 	return errors.Join(errs...)
 }
 
@@ -594,9 +605,6 @@ func connectNATS(cfg Config, sc *sidecar, log *zap.Logger) (*nats.Conn, error) {
 	opts, err := cfg.NATS.connectOptions()
 	if err != nil {
 		return nil, err
-	}
-	if len(opts) == 0 {
-		log.Warn("connecting to NATS without credentials: anyone who reaches it can rewrite the log (see docs/security.md)", zap.String("url", redactURL(cfg.NATSURL)))
 	}
 	opts = append(opts, nats.Name("sidecar "+cfg.WorkerID), nats.MaxReconnects(-1))
 	nc, err := nats.Connect(cfg.NATSURL, opts...)

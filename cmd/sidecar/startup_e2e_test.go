@@ -1,0 +1,154 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+)
+
+// startedServe is a "sidecar serve" started without waiting for it: the
+// test watches whether it becomes ready or exits.
+type startedServe struct {
+	*proc
+	exited chan struct{} // closed once the process ended
+	err    error         // its exit status, set before exited closes
+}
+
+// launchServe starts serve (flags as startServe) once release is closed and
+// returns at once; the cleanup stops it with SIGTERM.
+func launchServe(t *testing.T, dataDir, addr string, release <-chan struct{}, extra ...string) *startedServe {
+	t.Helper()
+	logf, err := os.Create(filepath.Join(t.TempDir(), "sidecar.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"serve", "--conductor-url", conductortest.URL(t), "--data-dir", dataDir, "--listen", addr,
+		"--worker-id", "e2e-" + filepath.Base(dataDir), "--log-format", "console", "--shutdown-grace", "5s"}, extra...)
+	cmd := exec.Command(sidecarBinary(t), args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	s := &startedServe{proc: &proc{cmd: cmd, addr: addr, client: httpapi.NewClient("http://" + addr), log: logf}, exited: make(chan struct{})}
+	started := make(chan error, 1)
+	go func() {
+		<-release
+		if err := cmd.Start(); err != nil {
+			started <- err
+			s.err = err
+			close(s.exited)
+			return
+		}
+		started <- nil
+		s.err = cmd.Wait()
+		close(s.exited)
+	}()
+	t.Cleanup(func() {
+		if err := <-started; err != nil {
+			t.Errorf("start serve: %v", err)
+			return
+		}
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-s.exited:
+		case <-time.After(2 * time.Minute):
+			_ = cmd.Process.Kill()
+			<-s.exited
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("sidecar log (%s):\n%s", addr, tail(string(b), sidecarLogLines))
+		}
+	})
+	return s
+}
+
+// waitReady waits until /readyz answers 200; it returns an error with
+// the end of the log at once if the process exits first.
+func (s *startedServe) waitReady(within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		select {
+		case <-s.exited:
+			b, _ := os.ReadFile(s.log.Name())
+			return fmt.Errorf("serve %s exited before it was ready (%v):\n%s", s.addr, s.err, tail(string(b), 20))
+		default:
+		}
+		if resp, err := http.Get("http://" + s.addr + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(s.log.Name())
+			return fmt.Errorf("serve %s not ready after %s:\n%s", s.addr, within, tail(string(b), 40))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestE2E_ReplicasStartTogether: three serves started at the same moment
+// on a fresh 3-node NATS cluster (--nats-replicas 3), as the pods of a
+// Deployment start, all become ready: while the cluster has no JetStream
+// leader yet and the replicas race to create the same streams, serve
+// waits and retries instead of exiting. Then each replica runs a run to
+// COMPLETED. Three rounds, each on a fresh cluster.
+func TestE2E_ReplicasStartTogether(t *testing.T) {
+	for round := 1; round <= 3; round++ {
+		t.Run(fmt.Sprintf("round%d", round), func(t *testing.T) {
+			cl := startNATSCluster(t)
+			url := cl.url(t)
+			domain := "--task-domain=" + uniq("e2e-together")
+			release := make(chan struct{})
+			reps := make([]*startedServe, 3)
+			for i := range reps {
+				reps[i] = launchServe(t, t.TempDir(), freeAddr(t), release, "--nats-url", url, "--nats-replicas", "3", domain)
+			}
+			close(release)
+			var wg sync.WaitGroup
+			for _, r := range reps {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if err := r.waitReady(5 * time.Minute); err != nil {
+						t.Error(err)
+					}
+				}()
+			}
+			wg.Wait()
+			if t.Failed() {
+				t.FailNow()
+			}
+			for i, r := range reps {
+				b, err := os.ReadFile(r.log.Name())
+				if err != nil {
+					t.Fatal(err)
+				}
+				var retries []string
+				for _, line := range strings.Split(string(b), "\n") {
+					if strings.Contains(line, "the NATS cluster is not ready") {
+						retries = append(retries, line)
+					}
+				}
+				t.Logf("replica %d started again %d times%s", i, len(retries), strings.Join(append([]string{""}, retries...), "\n  "))
+			}
+			pl := mustPlan(t, `{"planId":"`+uniq("e2e-together")+`","planVersion":"1","steps":[
+				{"stepId":"a","executor":{"type":"noop"}},
+				{"stepId":"b","executor":{"type":"noop"},"dependsOn":["a"]}]}`)
+			for i, r := range reps {
+				runID := submit(t, r.proc, pl, uniq(fmt.Sprintf("req-%d", i))).RunID
+				if v := waitTerminal(t, r.proc, runID, 3*time.Minute); v.Status != "COMPLETED" {
+					t.Fatalf("replica %d: run %s ended %s, want COMPLETED", i, runID, v.Status)
+				}
+			}
+		})
+	}
+}
