@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -12,8 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/httpapi"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 )
 
 // startedServe is a "sidecar serve" started without waiting for it: the
@@ -151,4 +156,34 @@ func TestE2E_ReplicasStartTogether(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestServe_NATSURLRefusalsFailAtOnce: with --nats-url and a long
+// --nats-start-timeout, what waiting does not fix still ends serve at
+// once, in one line: a damaged event stream, and a NATS user that may not
+// create the sidecar's streams (the server drops such a request, so it
+// only times out; the connection's last error names the violation).
+func TestServe_NATSURLRefusalsFailAtOnce(t *testing.T) {
+	t.Run("Damaged", func(t *testing.T) {
+		admin, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "e2e-admin-pw", Permissions: natsstore.AllPermissions})
+		if _, err := admin.CreateStream(context.Background(), jetstream.StreamConfig{Name: natsstore.DefaultStream,
+			Subjects: []string{natsstore.DefaultSubjectPrefix + ".>"}, Storage: jetstream.FileStorage}); err != nil {
+			t.Fatal(err)
+		}
+		out := serveMustRefuse(t, 2*time.Minute, "--nats-url", srv.URL(), "--nats-start-timeout", "30m", "--listen", freeAddr(t))
+		t.Logf("refusal: %s", lastLine(out))
+		if line := lastLine(out); !strings.Contains(line, "STORE_DAMAGED") || strings.Contains(out, "starting again") {
+			t.Fatalf("want one STORE_DAMAGED refusal without a retry:\n%s", tail(out, 20))
+		}
+	})
+	t.Run("PermissionDenied", func(t *testing.T) {
+		perms := natsstore.Permissions(natsstore.DefaultSubjectPrefix)
+		perms.Publish.Deny = append(perms.Publish.Deny, "$JS.API.STREAM.CREATE.>")
+		_, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "e2e-pw", Permissions: perms})
+		out := serveMustRefuse(t, 2*time.Minute, "--nats-url", srv.URL(), "--nats-start-timeout", "30m", "--listen", freeAddr(t))
+		t.Logf("refusal: %s", lastLine(out))
+		if line := lastLine(out); !strings.Contains(line, "permissions violation") || strings.Contains(out, "starting again") {
+			t.Fatalf("want one refusal naming the permissions violation, without a retry:\n%s", tail(out, 20))
+		}
+	})
 }

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// The wait between two start attempts on a NATS cluster that is not
+// ready: from startRetryFirst, doubled each time up to startRetryMax, each
+// wait drawn within ±50% so that replicas started together spread out.
+const (
+	startRetryFirst = 250 * time.Millisecond
+	startRetryMax   = 5 * time.Second
+)
+
+// startWithRetry starts the sidecar; with --nats-url it starts it anew
+// while the attempt failed because the NATS cluster is not ready yet
+// (transientStart), for at most --nats-start-timeout. Every component
+// opened by a failed attempt is closed before the next one (startSidecar
+// does), and every open binds to what an earlier attempt or another
+// replica created. Each retry logs one line. An error that is not
+// transient, or the last one once the time is up, ends the start.
+func startWithRetry(ctx context.Context, cfg Config, log *zap.Logger) (*sidecar, error) {
+	if cfg.NATSURL == "" || cfg.NATSStartTimeout <= 0 {
+		// The embedded server is ready when it has started.
+		return startSidecar(ctx, cfg, log)
+	}
+	began := time.Now()
+	quiet := log.WithOptions(zap.AddStacktrace(zapcore.FatalLevel))
+	attempt := 0
+	var last error
+	sc, err := backoff.Retry(ctx, func() (*sidecar, error) {
+		attempt++
+		sc, err := startSidecar(ctx, cfg, log)
+		if err != nil {
+			last = err
+			if !transientStart(err) {
+				return nil, backoff.Permanent(err)
+			}
+		}
+		return sc, err
+	},
+		backoff.WithBackOff(&backoff.ExponentialBackOff{InitialInterval: startRetryFirst, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: startRetryMax}),
+		backoff.WithMaxElapsedTime(cfg.NATSStartTimeout),
+		backoff.WithNotify(func(err error, next time.Duration) {
+			quiet.Warn("the NATS cluster is not ready; starting again", zap.Int("attempt", attempt),
+				zap.Duration("in", next.Round(time.Millisecond)), zap.String("error", err.Error()))
+		}))
+	switch {
+	case err == nil:
+		if attempt > 1 {
+			log.Info("started once the NATS cluster was ready", zap.Int("attempts", attempt), zap.Duration("waited", time.Since(began).Round(time.Millisecond)))
+		}
+		return sc, nil
+	case last == nil || !transientStart(last):
+		return nil, err
+	case ctx.Err() != nil:
+		return nil, fmt.Errorf("stopped while waiting for the NATS cluster to be ready: %w", last)
+	default:
+		return nil, fmt.Errorf("the NATS cluster was not ready within --nats-start-timeout %s (%d attempts): %w; check the cluster (nats server report jetstream) or raise --nats-start-timeout",
+			cfg.NATSStartTimeout, attempt, last)
+	}
+}
+
+// JetStream API error codes that mean "not now" on a cluster that is
+// starting or electing leaders.
+const (
+	jsClusterNoPeers        = 10005 // no suitable peers for placement (not all peers known yet)
+	jsClusterNotAvail       = 10008 // JetStream system temporarily unavailable
+	jsClusterNotLeader      = 10009 // JetStream cluster can not handle request
+	jsClusterMemberInflight = 10202 // cluster member change is in progress
+)
+
+// transientStart reports whether a failed start is worth another attempt:
+// the NATS cluster did not answer yet (no responders: no JetStream meta
+// leader, or a stream just created whose replicas do not serve requests
+// yet; a request timed out; the connection is reconnecting) or said it is
+// electing a leader. Everything else fails at once: permissions, a damaged
+// or rolled-back store, a misconfiguration, a refused connection.
+func transientStart(err error) bool {
+	if errors.Is(err, nats.ErrPermissionViolation) || errors.Is(err, nats.ErrAuthorization) ||
+		errors.Is(err, statestore.ErrDamaged) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrConnectionReconnecting) {
+		return true
+	}
+	var jsErr jetstream.JetStreamError
+	if errors.As(err, &jsErr) && jsErr.APIError() != nil {
+		switch jsErr.APIError().ErrorCode {
+		case jsClusterNoPeers, jsClusterNotAvail, jsClusterNotLeader, jsClusterMemberInflight:
+			return true
+		}
+	}
+	return false
+}
