@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
@@ -160,9 +161,10 @@ func TestE2E_ReplicasStartTogether(t *testing.T) {
 
 // TestServe_NATSURLRefusalsFailAtOnce: with --nats-url and a long
 // --nats-start-timeout, what waiting does not fix still ends serve at
-// once, in one line: a damaged event stream, and a NATS user that may not
-// create the sidecar's streams (the server drops such a request, so it
-// only times out; the connection's last error names the violation).
+// once, in one line: a damaged event stream, a server without JetStream,
+// and a NATS user that may not create the sidecar's streams (the server
+// drops such a request, so it only times out; the connection's last error
+// names the violation).
 func TestServe_NATSURLRefusalsFailAtOnce(t *testing.T) {
 	t.Run("Damaged", func(t *testing.T) {
 		admin, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "e2e-admin-pw", Permissions: natsstore.AllPermissions})
@@ -174,6 +176,24 @@ func TestServe_NATSURLRefusalsFailAtOnce(t *testing.T) {
 		t.Logf("refusal: %s", lastLine(out))
 		if line := lastLine(out); !strings.Contains(line, "STORE_DAMAGED") || strings.Contains(out, "starting again") {
 			t.Fatalf("want one STORE_DAMAGED refusal without a retry:\n%s", tail(out, 20))
+		}
+	})
+	t.Run("NoJetStream", func(t *testing.T) {
+		// A server without JetStream answers "jetstream not enabled"
+		// (10076): a misconfiguration, not a cluster that is starting.
+		srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv.Start()
+		t.Cleanup(srv.Shutdown)
+		if !srv.ReadyForConnections(time.Minute) {
+			t.Fatal("nats server not ready")
+		}
+		out := serveMustRefuse(t, 2*time.Minute, "--nats-url", srv.ClientURL(), "--nats-start-timeout", "30m", "--listen", freeAddr(t))
+		t.Logf("refusal: %s", lastLine(out))
+		if line := lastLine(out); !strings.Contains(line, "jetstream not enabled") || strings.Contains(out, "starting again") {
+			t.Fatalf("want one refusal that says JetStream is not enabled, without a retry:\n%s", tail(out, 20))
 		}
 	})
 	t.Run("PermissionDenied", func(t *testing.T) {
