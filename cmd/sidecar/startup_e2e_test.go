@@ -207,3 +207,36 @@ func TestServe_NATSURLRefusalsFailAtOnce(t *testing.T) {
 		}
 	})
 }
+
+// TestE2E_NATSStartTimeoutBounds: on a cluster that has lost its
+// JetStream quorum (two of three nodes killed) serve keeps starting again
+// with one line per retry, then gives up after --nats-start-timeout with
+// one line that names the flag and the last error.
+func TestE2E_NATSStartTimeoutBounds(t *testing.T) {
+	cl := startNATSCluster(t)
+	url := cl.url(t)
+	cl.run(t, "kill", "2")
+	cl.run(t, "kill", "3")
+	out := serveMustRefuse(t, 3*time.Minute, "--nats-url", url, "--nats-start-timeout", "10s", "--listen", freeAddr(t))
+	line := lastLine(out)
+	t.Logf("refusal: %s", line)
+	if !strings.Contains(line, "not ready within --nats-start-timeout 10s") {
+		t.Fatalf("want a refusal naming --nats-start-timeout:\n%s", tail(out, 30))
+	}
+	lines := strings.Split(out, "\n")
+	retries := 0
+	for i, l := range lines {
+		if !strings.Contains(l, "the NATS cluster is not ready; starting again") {
+			continue
+		}
+		retries++
+		// One line: the next one is another record, not a stack frame.
+		if i+1 < len(lines) && lines[i+1] != "" && !strings.HasPrefix(lines[i+1], "20") && !strings.HasPrefix(lines[i+1], "sidecar serve:") {
+			t.Fatalf("a retry logged more than one line:\n%s", strings.Join(lines[i:min(i+8, len(lines))], "\n"))
+		}
+	}
+	if retries == 0 {
+		t.Fatalf("no retry logged:\n%s", tail(out, 30))
+	}
+	t.Logf("%d retries logged", retries)
+}
