@@ -92,7 +92,7 @@ func transientStart(err error) bool {
 		errors.Is(err, statestore.ErrDamaged) || errors.Is(err, context.Canceled) {
 		return false
 	}
-	if errors.Is(err, nats.ErrTimeout) ||
+	if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) ||
 		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrConnectionReconnecting) {
 		return true
 	}
