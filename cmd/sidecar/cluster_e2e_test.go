@@ -165,7 +165,7 @@ func TestE2E_NATSClusterR3(t *testing.T) {
 	assertNoDuplicateKeys(t, allEvents(t, p, second))
 
 	// Node 2 back (a replica that starts while a stream has no leader
-	// refuses to start, naming the bucket: docs/jetstream.md). A replica
+	// starts again until it has one: docs/jetstream.md). A replica
 	// started with another --nats-replicas uses the streams as they are
 	// and says, per stream, the command that aligns them.
 	cl.run(t, "start")

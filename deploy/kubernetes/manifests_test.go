@@ -483,6 +483,17 @@ func TestReplicated(t *testing.T) {
 	if env["SIDECAR_NATS_REPLICAS"] != "3" {
 		t.Errorf("SIDECAR_NATS_REPLICAS %q, want 3", env["SIDECAR_NATS_REPLICAS"])
 	}
+	// The pods start together and each waits for the NATS cluster for at
+	// most SIDECAR_NATS_START_TIMEOUT: that must end before the startup
+	// probe gives the pod up, or the kubelet kills a start that would
+	// have succeeded.
+	wait, err := time.ParseDuration(env["SIDECAR_NATS_START_TIMEOUT"])
+	if err != nil || wait <= 0 {
+		t.Errorf("SIDECAR_NATS_START_TIMEOUT %q: want a positive duration (%v)", env["SIDECAR_NATS_START_TIMEOUT"], err)
+	}
+	if p := c.StartupProbe; p == nil || time.Duration(p.PeriodSeconds*p.FailureThreshold)*time.Second <= wait {
+		t.Errorf("the startup probe must allow more than SIDECAR_NATS_START_TIMEOUT %s: %+v", wait, p)
+	}
 	if len(m.claims) != 0 {
 		t.Error("a PersistentVolumeClaim: the log is in the NATS cluster, replicas share no volume")
 	}
