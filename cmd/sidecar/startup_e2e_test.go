@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -101,16 +104,70 @@ func (s *startedServe) waitReady(within time.Duration) error {
 	}
 }
 
+// startNATSClusterEarly starts a cluster as startNATSCluster does, but
+// returns as soon as every node takes client connections, without waiting
+// for /healthz: the nodes may not have elected a JetStream meta leader yet.
+func startNATSClusterEarly(t *testing.T) *natsCluster {
+	t.Helper()
+	if os.Getenv("SIDECAR_TEST_NATS_CLUSTER") != "1" {
+		t.Skip("SIDECAR_TEST_NATS_CLUSTER=1 runs a 3-node NATS cluster (deploy/local/nats-cluster.sh)")
+	}
+	base := freeClusterPorts(t)
+	c := &natsCluster{env: append(os.Environ(), "NATS_CLUSTER_DIR="+t.TempDir(), "NATS_CLUSTER_PORT="+strconv.Itoa(base))}
+	cmd := exec.Command(filepath.Join("..", "..", "deploy", "local", "nats-cluster.sh"), "start")
+	cmd.Env = c.env
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		<-done
+		c.run(t, "stop")
+	})
+	deadline := time.Now().Add(5 * time.Minute)
+	for node := range 3 {
+		for {
+			conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(base+node), time.Second)
+			if err == nil {
+				conn.Close()
+				break
+			}
+			select {
+			case err := <-done:
+				done <- err
+				t.Fatalf("nats-cluster.sh start ended before node %d took connections (%v):\n%s", node+1, err, out.String())
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("node %d takes no connections after 5 minutes", node+1)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return c
+}
+
 // TestE2E_ReplicasStartTogether: three serves started at the same moment
 // on a fresh 3-node NATS cluster (--nats-replicas 3), as the pods of a
-// Deployment start, all become ready: while the cluster has no JetStream
-// leader yet and the replicas race to create the same streams, serve
-// waits and retries instead of exiting. Then each replica runs a run to
-// COMPLETED. Three rounds, each on a fresh cluster.
+// Deployment start, all become ready: while the replicas race to create
+// the same streams, and a stream created an instant ago has no replica
+// that answers yet, serve starts again instead of exiting. Then each
+// replica runs a run to COMPLETED. Three rounds on a fresh cluster that is
+// healthy, and one where the serves start as soon as the nodes take
+// connections (no JetStream meta leader yet).
 func TestE2E_ReplicasStartTogether(t *testing.T) {
-	for round := 1; round <= 3; round++ {
-		t.Run(fmt.Sprintf("round%d", round), func(t *testing.T) {
-			cl := startNATSCluster(t)
+	for _, round := range []struct {
+		name  string
+		start func(*testing.T) *natsCluster
+	}{
+		{"round1", startNATSCluster}, {"round2", startNATSCluster}, {"round3", startNATSCluster},
+		{"beforeTheClusterIsHealthy", startNATSClusterEarly},
+	} {
+		t.Run(round.name, func(t *testing.T) {
+			cl := round.start(t)
 			url := cl.url(t)
 			domain := "--task-domain=" + uniq("e2e-together")
 			release := make(chan struct{})
