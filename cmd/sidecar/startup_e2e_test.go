@@ -197,11 +197,11 @@ func TestE2E_ReplicasStartTogether(t *testing.T) {
 				}
 				var retries []string
 				for _, line := range strings.Split(string(b), "\n") {
-					if strings.Contains(line, "the NATS cluster is not ready") {
+					if strings.Contains(line, "the NATS cluster is not ready") || strings.Contains(line, "started once the NATS cluster was ready") {
 						retries = append(retries, line)
 					}
 				}
-				t.Logf("replica %d started again %d times%s", i, len(retries), strings.Join(append([]string{""}, retries...), "\n  "))
+				t.Logf("replica %d:%s", i, strings.Join(append([]string{""}, retries...), "\n  "))
 			}
 			pl := mustPlan(t, `{"planId":"`+uniq("e2e-together")+`","planVersion":"1","steps":[
 				{"stepId":"a","executor":{"type":"noop"}},
