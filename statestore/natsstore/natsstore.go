@@ -233,7 +233,6 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 	if err != nil {
 		return nil, unavailable("subscribe to appended notifications", err)
 	}
-	mark.start()
 	s := &Store{
 		created:   info.Created,
 		mark:      mark,
@@ -253,9 +252,12 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 	var durable statestore.SnapshotStore
 	if opts.SnapshotBucket != "" {
 		if durable, err = openSnapshots(ctx, js, opts.SnapshotBucket, opts.Replicas); err != nil {
+			_ = st.close()
 			return nil, err
 		}
 	}
+	// Started last: an Open that fails leaves nothing running.
+	mark.start()
 	s.proj = statestore.NewProjector(s, statestore.ProjectorOptions{
 		Logger:     opts.Logger,
 		Metrics:    opts.Metrics,
