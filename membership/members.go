@@ -146,6 +146,9 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Members, 
 	kw, err := kv.WatchAll(wctx)
 	if err != nil {
 		cancel()
+		// Leave again (best effort): a key left behind would count as a
+		// live member until its heartbeat is DeadAfter old.
+		_ = kv.Delete(context.WithoutCancel(ctx), m.key)
 		return nil, fmt.Errorf("%w: watch bucket %s: %w", ErrUnavailable, opts.Bucket, err)
 	}
 	m.stop = cancel
