@@ -37,7 +37,7 @@ func startWithRetry(ctx context.Context, cfg Config, log *zap.Logger, own ...str
 	}
 	began := time.Now()
 	quiet := log.WithOptions(zap.AddStacktrace(zapcore.FatalLevel))
-	attempt := 0
+	attempt, retries := 0, 0
 	var last error
 	sc, err := backoff.Retry(ctx, func() (*sidecar, error) {
 		attempt++
@@ -53,6 +53,7 @@ func startWithRetry(ctx context.Context, cfg Config, log *zap.Logger, own ...str
 		backoff.WithBackOff(&backoff.ExponentialBackOff{InitialInterval: startRetryFirst, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: startRetryMax}),
 		backoff.WithMaxElapsedTime(cfg.NATSStartTimeout),
 		backoff.WithNotify(func(err error, next time.Duration) {
+			retries++
 			quiet.Warn("the NATS cluster is not ready; starting again", zap.Int("attempt", attempt),
 				zap.Duration("in", next.Round(time.Millisecond)), zap.String("error", err.Error()))
 		}))
@@ -62,10 +63,12 @@ func startWithRetry(ctx context.Context, cfg Config, log *zap.Logger, own ...str
 			log.Info("started once the NATS cluster was ready", zap.Int("attempts", attempt), zap.Duration("waited", time.Since(began).Round(time.Millisecond)))
 		}
 		return sc, nil
+	case ctx.Err() != nil && retries > 0:
+		// A signal once serve was waiting: during a wait, or during a
+		// later attempt (whose requests then fail with context.Canceled).
+		return nil, fmt.Errorf("stopped while waiting for the NATS cluster to be ready: %w", last)
 	case last == nil || !transientStart(last):
 		return nil, err
-	case ctx.Err() != nil:
-		return nil, fmt.Errorf("stopped while waiting for the NATS cluster to be ready: %w", last)
 	default:
 		return nil, fmt.Errorf("the NATS cluster was not ready within --nats-start-timeout %s (%d attempts): %w; check the cluster (nats server report jetstream) or raise --nats-start-timeout",
 			cfg.NATSStartTimeout, attempt, last)

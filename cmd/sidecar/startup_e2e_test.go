@@ -268,7 +268,8 @@ func TestServe_NATSURLRefusalsFailAtOnce(t *testing.T) {
 // TestE2E_NATSStartTimeoutBounds: on a cluster that has lost its
 // JetStream quorum (two of three nodes killed) serve keeps starting again
 // with one line per retry, then gives up after --nats-start-timeout with
-// one line that names the flag and the last error.
+// one line that names the flag and the last error. SIGTERM while it
+// waits ends it at once.
 func TestE2E_NATSStartTimeoutBounds(t *testing.T) {
 	cl := startNATSCluster(t)
 	url := cl.url(t)
@@ -296,4 +297,38 @@ func TestE2E_NATSStartTimeoutBounds(t *testing.T) {
 		t.Fatalf("no retry logged:\n%s", tail(out, 30))
 	}
 	t.Logf("%d retries logged", retries)
+
+	// SIGTERM while serve waits ends it at once, saying what it waited for.
+	logf, err := os.Create(filepath.Join(t.TempDir(), "sidecar.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(sidecarBinary(t), "serve", "--conductor-url", conductortest.URL(t), "--log-format", "console",
+		"--nats-url", url, "--nats-start-timeout", "30m", "--listen", freeAddr(t))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	defer func() {
+		_ = cmd.Process.Kill()
+		<-done
+	}()
+	waitFor(t, "serve to retry", 3*time.Minute, func() bool {
+		b, _ := os.ReadFile(logf.Name())
+		return strings.Contains(string(b), "starting again")
+	})
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-done:
+		done <- err
+	case <-time.After(2 * time.Minute):
+		t.Fatal("serve still waits for the cluster 2 minutes after SIGTERM")
+	}
+	b, _ := os.ReadFile(logf.Name())
+	t.Logf("after SIGTERM: %s", lastLine(string(b)))
+	if line := lastLine(string(b)); !strings.Contains(line, "stopped while waiting for the NATS cluster to be ready") {
+		t.Fatalf("after SIGTERM while waiting: %q, want it to say it stopped while waiting", line)
+	}
 }
