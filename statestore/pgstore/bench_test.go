@@ -101,8 +101,11 @@ func BenchmarkFetch(b *testing.B) {
 
 // load writes others events of distinct runs and a run "run-small" of 100
 // events spread among them, with COPY (the setup, not what is measured).
+// Their chain hashes are zeros: Fetch does not check the chain (a
+// snapshot's load and sidecar verify do).
 func load(b *testing.B, url string, others int) {
 	b.Helper()
+	noChain := make([]byte, 32)
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
@@ -115,15 +118,15 @@ func load(b *testing.B, url string, others int) {
 	for i := 0; i < others; i++ {
 		w := storetest.Event(fmt.Sprintf("run-%07d", i), statestore.StepStarted, "s")
 		body, _ := json.Marshal(w)
-		rows = append(rows, []any{w.RunID, int64(1), w.IdempotencyKey, w.EventID, w.EventType, string(body), int64(len(rows) + 1)})
+		rows = append(rows, []any{w.RunID, int64(1), w.IdempotencyKey, w.EventID, w.EventType, string(body), int64(len(rows) + 1), noChain})
 		if every > 0 && i%every == 0 && small < 100 {
 			small++
 			w := storetest.Event("run-small", statestore.StepStarted, fmt.Sprintf("s%03d", small))
 			body, _ := json.Marshal(w)
-			rows = append(rows, []any{w.RunID, int64(small), w.IdempotencyKey, w.EventID, w.EventType, string(body), int64(len(rows) + 1)})
+			rows = append(rows, []any{w.RunID, int64(small), w.IdempotencyKey, w.EventID, w.EventType, string(body), int64(len(rows) + 1), noChain})
 		}
 	}
-	if _, err := conn.CopyFrom(ctx, pgx.Identifier{"run_events"}, []string{"run_id", "run_seq", "idempotency_key", "event_id", "event_type", "body", "log_seq"},
+	if _, err := conn.CopyFrom(ctx, pgx.Identifier{"run_events"}, []string{"run_id", "run_seq", "idempotency_key", "event_id", "event_type", "body", "log_seq", "chain_hash"},
 		pgx.CopyFromRows(rows)); err != nil {
 		b.Fatal(err)
 	}
