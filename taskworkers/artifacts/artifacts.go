@@ -22,15 +22,17 @@
 // # Re-putting a key
 //
 // A key names one engine try, so it is written again only when the same try
-// runs twice (a redelivery after a worker crash). Put then overwrites: the
-// object store replaces the object atomically (readers see the old or the
-// new bytes, never a mix) and the returned reference describes the new
-// bytes. An older reference to the same URI can tell that its bytes were
-// replaced by its sha256.
+// runs twice (a redelivery after a worker crash). Put then never
+// overwrites: the second object gets the key's name plus "." and a random
+// suffix, and every reference keeps reading the bytes it was made for.
+// Overwriting would purge the old object's chunks, which the sidecar's
+// NATS user may not do (the server refuses, and the put waits out a
+// timeout).
 package artifacts
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -219,6 +221,12 @@ func (s *Store) Put(ctx context.Context, key Key, kind string, r io.Reader) (sta
 	}
 	if err := checkKind(kind); err != nil {
 		return statestore.ArtifactRef{}, err
+	}
+	switch _, err := s.obs.GetInfo(ctx, name); {
+	case err == nil:
+		name += "." + rand.Text()[:8] // the same try again: a name of its own
+	case !errors.Is(err, jetstream.ErrObjectNotFound):
+		return statestore.ArtifactRef{}, fmt.Errorf("put artifact %s: %w", s.URI(name), err)
 	}
 	h := &hashCounter{h: sha256.New()}
 	info, err := s.obs.Put(ctx, jetstream.ObjectMeta{

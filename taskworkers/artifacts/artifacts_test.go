@@ -11,9 +11,11 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap/zaptest"
 
@@ -62,7 +64,25 @@ func readAll(t *testing.T, s *artifacts.Store, uri string) ([]byte, statestore.A
 func sum(b []byte) string { s := sha256.Sum256(b); return hex.EncodeToString(s[:]) }
 
 func TestStore_Put(t *testing.T) {
-	_, s := openStore(t, artifacts.Options{})
+	srv, _ := startJS(t)
+	var violations atomic.Int32
+	nc, err := srv.Connect(nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrPermissionViolation) {
+			violations.Add(1)
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := artifacts.Open(context.Background(), js, artifacts.Options{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 
 	t.Run("OK", func(t *testing.T) {
@@ -145,7 +165,12 @@ func TestStore_Put(t *testing.T) {
 			}
 		}
 	})
-	t.Run("RePutOverwrites", func(t *testing.T) {
+	t.Run("RePutKeepsBoth", func(t *testing.T) {
+		// The same try run twice (a redelivery after a crash): the second
+		// put gets a name of its own, and the first reference still reads
+		// its own bytes. Overwriting would need a purge of the old chunks,
+		// which the sidecar's NATS user may not do: the server refuses it
+		// (a permission violation) and the put waits out a timeout.
 		k := key("run-reput", "s")
 		first, err := s.Put(ctx, k, "stdout", strings.NewReader("first try"))
 		if err != nil {
@@ -155,12 +180,20 @@ func TestStore_Put(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if first.URI != second.URI || first.SHA256 == second.SHA256 {
-			t.Fatalf("first %+v second %+v", first, second)
+		if first.URI == second.URI || !strings.HasPrefix(second.URI, first.URI+".") {
+			t.Fatalf("first %s second %s: want a name of its own, the first's plus a suffix", first.URI, second.URI)
 		}
-		got, ref := readAll(t, s, first.URI)
-		if string(got) != "second try, longer" || ref.SHA256 != second.SHA256 {
-			t.Fatalf("got %q %+v", got, ref)
+		for _, c := range []struct {
+			ref  statestore.ArtifactRef
+			want string
+		}{{first, "first try"}, {second, "second try, longer"}} {
+			got, ref := readAll(t, s, c.ref.URI)
+			if string(got) != c.want || ref.SHA256 != c.ref.SHA256 {
+				t.Fatalf("%s: got %q %+v, want %q", c.ref.URI, got, ref, c.want)
+			}
+		}
+		if v := violations.Load(); v != 0 {
+			t.Fatalf("%d permission violations: the put tried what the sidecar's user may not do", v)
 		}
 	})
 	t.Run("ReaderError", func(t *testing.T) {
