@@ -3,13 +3,16 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/httpapi"
@@ -114,5 +117,50 @@ func TestE2E_OverlongIDsLeaveServeConnected(t *testing.T) {
 	st := submit(t, p, pl, uniq("req"))
 	if v := waitTerminal(t, p, st.RunID, 2*time.Minute); v.Status != "COMPLETED" {
 		t.Fatalf("a run after the long ids: %s", v.Status)
+	}
+}
+
+// TestServe_NATSAsyncErrorsLoggedBounded: the errors the NATS server
+// sends serve's connection asynchronously (here 50 real permission
+// violations) reach serve's logger, once a minute per kind of error, not
+// 50 unstructured lines on stderr (nats.go's default) that no log
+// pipeline parses.
+func TestServe_NATSAsyncErrorsLoggedBounded(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.ConductorURL = conductortest.URL(t)
+	dir := t.TempDir()
+	cfg.DataDir = filepath.Join(dir, "data")
+	cfg.Listen = "127.0.0.1:0"
+	cfg.WorkerID = "natserr-" + filepath.Base(dir)
+	cfg.TaskDomain = cfg.WorkerID
+	core, logs := observer.New(zap.WarnLevel)
+	sc, err := startSidecar(context.Background(), cfg, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sc.close(context.Background()) })
+	for range 50 {
+		_ = sc.nc.Publish("$JS.API.STREAM.PURGE.SIDECAR_EVENTS", nil) // denied to the sidecar's user
+	}
+	if err := sc.nc.FlushTimeout(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for logs.FilterMessageSnippet("NATS reported an error").Len() == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond) // the rest arrive right behind the first
+	// One from the server's log (embedded), one from the connection's.
+	n := 0
+	for _, e := range logs.All() {
+		if strings.Contains(e.Message, "Violation") || strings.Contains(fmt.Sprint(e.ContextMap()), "Violation") {
+			n++
+		}
+	}
+	if n > 2 {
+		t.Fatalf("%d log lines for 50 permission violations, want at most 2 (bounded): %v", n, logs.All())
+	}
+	if c := logs.FilterMessageSnippet("NATS reported an error").Len(); c != 1 {
+		t.Fatalf("%d lines from serve's connection for 50 permission violations, want 1", c)
 	}
 }

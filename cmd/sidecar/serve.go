@@ -600,13 +600,13 @@ func connectNATS(cfg Config, sc *sidecar, log *zap.Logger) (*nats.Conn, error) {
 		if addr := srv.Addr(); addr != nil {
 			log.Info("embedded nats listens for other replicas (user "+natsstore.SidecarUser+")", zap.String("addr", addr.String()))
 		}
-		return srv.Connect(nats.Name("sidecar " + cfg.WorkerID))
+		return srv.Connect(append(newNATSEvents(log).options(), nats.Name("sidecar "+cfg.WorkerID))...)
 	}
 	opts, err := cfg.NATS.connectOptions()
 	if err != nil {
 		return nil, err
 	}
-	opts = append(opts, nats.Name("sidecar "+cfg.WorkerID), nats.MaxReconnects(-1))
+	opts = append(append(opts, newNATSEvents(log).options()...), nats.Name("sidecar "+cfg.WorkerID), nats.MaxReconnects(-1))
 	nc, err := nats.Connect(cfg.NATSURL, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to nats %s: %w", redactURL(cfg.NATSURL), err)

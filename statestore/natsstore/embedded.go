@@ -252,19 +252,64 @@ type serverLogger struct {
 	l    *zap.SugaredLogger
 	mu   sync.Mutex
 	last string
+	// seen bounds repeated errors and warnings: one line per format a
+	// minute (a client repeating a refused request would otherwise log a
+	// line per request), the next one saying how many were left out.
+	seen map[string]*repeats
 }
 
+type repeats struct {
+	at      time.Time
+	skipped int
+}
+
+// repeatEvery is how often one kind of server error or warning is logged.
+const repeatEvery = time.Minute
+
 func (s *serverLogger) Noticef(format string, v ...any) { s.l.Infof(format, v...) }
-func (s *serverLogger) Warnf(format string, v ...any)   { s.l.Warnf(format, v...) }
-func (s *serverLogger) Fatalf(format string, v ...any)  { s.keep(format, v); s.l.Errorf(format, v...) }
-func (s *serverLogger) Errorf(format string, v ...any)  { s.keep(format, v); s.l.Errorf(format, v...) }
-func (s *serverLogger) Debugf(format string, v ...any)  { s.l.Debugf(format, v...) }
-func (s *serverLogger) Tracef(format string, v ...any)  { s.l.Debugf(format, v...) }
+func (s *serverLogger) Warnf(format string, v ...any) {
+	if sfx, ok := s.bounded(format); ok {
+		s.l.Warnf(format+sfx, v...)
+	}
+}
+func (s *serverLogger) Fatalf(format string, v ...any) { s.keep(format, v); s.l.Errorf(format, v...) }
+func (s *serverLogger) Errorf(format string, v ...any) {
+	s.keep(format, v)
+	if sfx, ok := s.bounded(format); ok {
+		s.l.Errorf(format+sfx, v...)
+	}
+}
+func (s *serverLogger) Debugf(format string, v ...any) { s.l.Debugf(format, v...) }
+func (s *serverLogger) Tracef(format string, v ...any) { s.l.Debugf(format, v...) }
 
 func (s *serverLogger) keep(format string, v []any) {
 	s.mu.Lock()
 	s.last = fmt.Sprintf(format, v...)
 	s.mu.Unlock()
+}
+
+// bounded reports whether a line of format is due (ok), with a suffix
+// counting the lines of that format left out since the last one.
+func (s *serverLogger) bounded(format string) (suffix string, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.seen == nil {
+		s.seen = map[string]*repeats{}
+	}
+	now := time.Now()
+	r := s.seen[format]
+	if r != nil && now.Sub(r.at) < repeatEvery {
+		r.skipped++
+		return "", false
+	}
+	if r != nil && r.skipped > 0 {
+		suffix = fmt.Sprintf(" (and %d more like it in the last %s)", r.skipped, repeatEvery)
+	}
+	if len(s.seen) > 1000 { // formats carry a connection's name: keep the map small
+		clear(s.seen)
+	}
+	s.seen[format] = &repeats{at: now}
+	return strings.ReplaceAll(suffix, "%", "%%"), true
 }
 
 // lastError is ": <the server's last error>", or "" when it logged none.
