@@ -66,25 +66,7 @@ func TestWatcher_TerminalEventGuard(t *testing.T) {
 	run := res.Run
 	snaps := &pauseAfterClose{t: t, env: env, run: run}
 	w := NewWatcher(r, snaps, WatcherOptions{Interval: time.Hour, Logger: zaptest.NewLogger(t)})
-	paused, err := runEventAt(&run, statestore.RunPaused, 1, map[string]any{"drainTimeoutSeconds": 300, "requestedBy": "test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := env.emitter.Emit(ctx, paused); err != nil {
-		t.Fatal(err)
-	}
-	task := pollTask(t, r.Client(), plan.TaskTypeNoop, run.TaskDomain)
-	if err := r.Client().UpdateTask(ctx, &model.TaskResult{TaskId: task.TaskId, WorkflowInstanceId: run.WorkflowID, Status: model.CompletedTask}); err != nil {
-		t.Fatal(err)
-	}
-	waitStatus(t, r.Client(), run.WorkflowID, model.CompletedWorkflow)
-	if err := w.Scan(ctx); err != nil {
-		t.Fatal(err)
-	}
-	recs := waitFinal(t, env, r, run.RunID)
-	if _, alerts := statestore.Reduce(nil, recs); len(alerts) != 0 {
-		t.Fatalf("the watcher appended an event the projector flags: %s (log %s)", alerts[0].Reason, strings.Join(eventTypes(recs), " "))
-	}
+	recs := pauseThenComplete(t, env, r, w, run)
 	if got, want := strings.Join(eventTypes(recs), " "), "RunStarted RunPaused RunResumed RunPaused RunResumed RunCompleted"; got != want {
 		t.Fatalf("log %s, want %s", got, want)
 	}
@@ -178,6 +160,21 @@ func TestWatcher_TerminalRefusedIsCounted(t *testing.T) {
 	m := NewMetrics(prometheus.NewRegistry())
 	w := NewWatcher(r, &pauseAfterEveryClose{t: t, env: env, run: run, landed: 1},
 		WatcherOptions{Interval: time.Hour, Logger: zaptest.NewLogger(t), Metrics: m})
+	recs := pauseThenComplete(t, env, r, w, run)
+	if last := recs[len(recs)-1].EventType; last != statestore.RunPaused {
+		t.Fatalf("log %s, want it to end in the last pause (no terminal event)", strings.Join(eventTypes(recs), " "))
+	}
+	if n := testutil.ToFloat64(m.actions[actionTerminalRefused]); n != 1 {
+		t.Fatalf("terminal_refused %v, want 1 (log %s)", n, strings.Join(eventTypes(recs), " "))
+	}
+}
+
+// pauseThenComplete records a pause of run, completes its task in
+// Conductor so the workflow ends while the log says PAUSED, lets w scan,
+// and returns the run's final log, which must raise no alert.
+func pauseThenComplete(t *testing.T, env *natsEnv, r *Runs, w *Watcher, run Run) []statestore.RunEventRecord {
+	t.Helper()
+	ctx := context.Background()
 	paused, err := runEventAt(&run, statestore.RunPaused, 1, map[string]any{"drainTimeoutSeconds": 300, "requestedBy": "test"})
 	if err != nil {
 		t.Fatal(err)
@@ -197,10 +194,5 @@ func TestWatcher_TerminalRefusedIsCounted(t *testing.T) {
 	if _, alerts := statestore.Reduce(nil, recs); len(alerts) != 0 {
 		t.Fatalf("the watcher appended an event the projector flags: %s (log %s)", alerts[0].Reason, strings.Join(eventTypes(recs), " "))
 	}
-	if last := recs[len(recs)-1].EventType; last != statestore.RunPaused {
-		t.Fatalf("log %s, want it to end in the last pause (no terminal event)", strings.Join(eventTypes(recs), " "))
-	}
-	if n := testutil.ToFloat64(m.actions[actionTerminalRefused]); n != 1 {
-		t.Fatalf("terminal_refused %v, want 1 (log %s)", n, strings.Join(eventTypes(recs), " "))
-	}
+	return recs
 }

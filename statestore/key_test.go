@@ -39,7 +39,7 @@ func loadVectors(t testing.TB) []vector {
 func TestIdempotencyKey_Vectors(t *testing.T) {
 	vs := loadVectors(t)
 	if len(vs) < 10 {
-		t.Fatalf("got %d vectors, want the 5 of seed 000 and at least 5 more", len(vs))
+		t.Fatalf("got %d vectors, want the 5 of the Run Events Contract and at least 5 more", len(vs))
 	}
 	seen := map[string]bool{}
 	for _, v := range vs {
@@ -86,7 +86,7 @@ func TestIdempotencyKey_Vectors(t *testing.T) {
 	for _, name := range []string{"vector-1-step-started", "vector-2-run-started", "vector-3-step-failed-attempt-2",
 		"vector-4-run-failed-plan-v3", "vector-5-step-skipped-customers-v1"} {
 		if !seen[name] {
-			t.Errorf("seed vector %s missing from the vectors file", name)
+			t.Errorf("contract vector %s missing from the vectors file", name)
 		}
 	}
 }
