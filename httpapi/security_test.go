@@ -108,6 +108,12 @@ func (e *secEnv) do(t *testing.T, method, path, token, contentType, body string)
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
+	return doReply(t, req)
+}
+
+// doReply sends req and reads the answer (its JSON error fields, if any).
+func doReply(t *testing.T, req *http.Request) reply {
+	t.Helper()
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -548,15 +554,7 @@ func TestServer_BrowserRequestsRefused(t *testing.T) {
 			}
 			req.Header.Set(k, v)
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		r := reply{status: resp.StatusCode, header: resp.Header, body: string(b)}
-		_ = json.Unmarshal(b, &r)
-		return r
+		return doReply(t, req)
 	}
 	const js = "application/json"
 	plan := `{"planId":"p1","planVersion":"1","steps":[{"stepId":"a","executor":{"type":"command","argv":["id"]}}]}`
