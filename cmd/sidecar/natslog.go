@@ -31,7 +31,10 @@ func newNATSEvents(log *zap.Logger) *natsEvents {
 func (e *natsEvents) options() []nats.Option {
 	return []nats.Option{
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { e.asyncError(err) }),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if err == nil || nc.IsClosed() {
+				return // closed on purpose (serve stopping), or for good (serve says so itself)
+			}
 			e.log.Warn("disconnected from NATS; reconnecting", zap.Error(err))
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
