@@ -1,7 +1,6 @@
 package statestore
 
 import (
-	"encoding/json"
 	"fmt"
 	"time"
 )
@@ -19,8 +18,9 @@ func (s *RunSnapshot) Ref() RunRef {
 
 // NewEvent is the one constructor of the events producers append: eventType
 // of run, emitted now (UTC), for stepID (step events only), at the given
-// attempts, with payload (nil or a value that encodes to a JSON object)
-// and its idempotencyKey derived (§3.1). The eventId is left to the
+// attempts, with payload (nil, eventType's Payload, or a value that
+// encodes to a JSON object; an empty one is left out) and its
+// idempotencyKey derived (§3.1). The eventId is left to the
 // EventIdRegistry (registry.Emitter). It does not validate; the append does.
 func NewEvent(run RunRef, eventType, stepID string, engineAttemptID, logicalAttemptID int64, payload any) (*RunEventWrite, error) {
 	w := &RunEventWrite{
@@ -33,11 +33,11 @@ func NewEvent(run RunRef, eventType, stepID string, engineAttemptID, logicalAtte
 		w.StepID = stepID
 	}
 	if payload != nil {
-		b, err := json.Marshal(payload)
+		b, err := encodePayload(eventType, payload)
 		if err != nil {
 			return nil, fmt.Errorf("statestore: encode %s payload: %w", eventType, err)
 		}
-		if string(b) != "null" && string(b) != "{}" {
+		if len(b) > 0 && string(b) != "null" && string(b) != "{}" {
 			w.Payload = b
 		}
 	}
