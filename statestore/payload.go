@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"time"
 )
@@ -16,60 +17,12 @@ const (
 	OnStepFailurePause = "pause"
 )
 
-// The payload shapes of the known event types, as in contract/<Type>.schema.json.
-// Fields not listed are allowed and kept; listed fields must have their type.
-type (
-	artifactsPayload struct {
-		Artifacts []ArtifactRef `json:"artifacts"`
-	}
-	runStartedPayload struct {
-		EngineRunRef string            `json:"engineRunRef"`
-		EngineType   string            `json:"engineType"`
-		StartedAt    string            `json:"startedAt"`
-		Labels       map[string]string `json:"labels"`
-	}
-	runQueuedPayload struct {
-		Labels map[string]string `json:"labels"`
-	}
-	stepFailedPayload struct {
-		Error         *StepError    `json:"error"`
-		Artifacts     []ArtifactRef `json:"artifacts"`
-		OnStepFailure string        `json:"onStepFailure"`
-	}
-	stepRetryPayload struct {
-		StepID               *string `json:"stepId"`
-		StepLogicalAttemptID *int64  `json:"stepLogicalAttemptId"`
-		Reason               string  `json:"reason"`
-		RequestedBy          string  `json:"requestedBy"`
-	}
-	stepTryPayload struct {
-		StepID               *string    `json:"stepId"`
-		StepLogicalAttemptID *int64     `json:"stepLogicalAttemptId"`
-		Reason               *string    `json:"reason"`
-		Error                *StepError `json:"error"`
-	}
-	runFailedPayload struct {
-		Error *StepError `json:"error"`
-	}
-	reasonPayload struct {
-		Reason      string `json:"reason"`
-		RequestedBy string `json:"requestedBy"`
-	}
-	runPausedPayload struct {
-		Reason              string  `json:"reason"`
-		RequestedBy         string  `json:"requestedBy"`
-		StepID              string  `json:"stepId"`
-		DrainTimeoutSeconds *int64  `json:"drainTimeoutSeconds"`
-		ResumeAt            *string `json:"resumeAt"`
-	}
-	drainPayload struct {
-		Code            *string  `json:"code"`
-		InFlightStepIDs []string `json:"inFlightStepIds"`
-		WaitedSeconds   *float64 `json:"waitedSeconds"`
-	}
-	stepSkippedPayload struct {
-		Reason string `json:"reason"`
-	}
+// absent marks, before decoding, a field whose absence the contract tells
+// apart from its zero value: a field still holding it after decoding was
+// absent (or null).
+const (
+	absentInt    int64 = math.MinInt64
+	absentString       = "\x00absent"
 )
 
 var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
@@ -97,10 +50,18 @@ func validateKnownPayload(eventType string, raw json.RawMessage) error {
 	}
 	switch eventType {
 	case RunQueued:
-		var p runQueuedPayload
+		// policy, reason, notBefore and requestedBy are the sidecar's own
+		// fields, which the contract leaves untyped.
+		var p struct {
+			RunQueuedPayload
+			NotBefore   json.RawMessage `json:"notBefore"`
+			Policy      json.RawMessage `json:"policy"`
+			Reason      json.RawMessage `json:"reason"`
+			RequestedBy json.RawMessage `json:"requestedBy"`
+		}
 		return decode(&p)
 	case RunStarted:
-		var p runStartedPayload
+		var p RunStartedPayload
 		if err := decode(&p); err != nil {
 			return err
 		}
@@ -110,14 +71,23 @@ func validateKnownPayload(eventType string, raw json.RawMessage) error {
 			return schemaError("payload.engineType", "must be conductor, temporal or mock")
 		}
 		return validateOptionalTime("payload.startedAt", p.StartedAt)
-	case StepCompleted, RunCompleted:
-		var p artifactsPayload
+	case StepCompleted:
+		var p StepCompletedPayload
+		if err := decode(&p); err != nil {
+			return err
+		}
+		return validateArtifacts(p.Artifacts)
+	case RunCompleted:
+		var p struct {
+			RunCompletedPayload
+			EngineStatus json.RawMessage `json:"engineStatus"` // the sidecar's own, untyped by the contract
+		}
 		if err := decode(&p); err != nil {
 			return err
 		}
 		return validateArtifacts(p.Artifacts)
 	case StepFailed:
-		var p stepFailedPayload
+		var p StepFailedPayload
 		if err := decode(&p); err != nil {
 			return err
 		}
@@ -131,84 +101,117 @@ func validateKnownPayload(eventType string, raw json.RawMessage) error {
 		}
 		return validateArtifacts(p.Artifacts)
 	case RunStepRetryRequested:
-		var p stepRetryPayload
+		p := RunStepRetryRequestedPayload{StepLogicalAttemptID: absentInt}
 		if err := decode(&p); err != nil {
 			return err
 		}
 		return validateStepRef(p.StepID, p.StepLogicalAttemptID, 2, " (a retry opens a later attempt)")
-	case RunStepTryEnded, RunStepTryStarted:
-		var p stepTryPayload
+	case RunStepTryStarted:
+		// reason and error, if given, are typed as RunStepTryEnded's.
+		p := struct {
+			RunStepTryStartedPayload
+			Reason *string    `json:"reason"`
+			Error  *StepError `json:"error"`
+		}{RunStepTryStartedPayload: RunStepTryStartedPayload{StepLogicalAttemptID: absentInt}}
+		if err := decode(&p); err != nil {
+			return err
+		}
+		return validateStepRef(p.StepID, p.StepLogicalAttemptID, 1, "")
+	case RunStepTryEnded:
+		p := RunStepTryEndedPayload{StepLogicalAttemptID: absentInt, Reason: absentString}
 		if err := decode(&p); err != nil {
 			return err
 		}
 		if err := validateStepRef(p.StepID, p.StepLogicalAttemptID, 1, ""); err != nil {
 			return err
 		}
-		if eventType == RunStepTryEnded {
-			if p.Reason == nil {
-				return schemaError("payload.reason", "is required")
-			}
-			switch *p.Reason {
-			case TryEndedEngineTryFailed, TryEndedHandedBack, TryEndedWorkerRestarted:
-			default:
-				return schemaError("payload.reason", "must be %s, %s or %s", TryEndedEngineTryFailed, TryEndedHandedBack, TryEndedWorkerRestarted)
-			}
-			if p.Error != nil {
-				return validateStepError(p.Error)
-			}
+		switch p.Reason {
+		case TryEndedEngineTryFailed, TryEndedHandedBack, TryEndedWorkerRestarted:
+		case absentString:
+			return schemaError("payload.reason", "is required")
+		default:
+			return schemaError("payload.reason", "must be %s, %s or %s", TryEndedEngineTryFailed, TryEndedHandedBack, TryEndedWorkerRestarted)
 		}
-		return nil
+		return validateStepError(p.Error)
 	case RunFailed:
-		var p runFailedPayload
+		var p struct {
+			RunFailedPayload
+			EngineStatus json.RawMessage `json:"engineStatus"` // the sidecar's own, untyped by the contract
+		}
 		if err := decode(&p); err != nil {
 			return err
 		}
 		return validateStepError(p.Error)
 	case StepSkipped:
-		return decode(&stepSkippedPayload{})
-	case RunResumed, RunCancelled, RunCancelRequested:
-		return decode(&reasonPayload{})
+		return decode(&StepSkippedPayload{})
+	case RunResumed:
+		return decode(&RunResumedPayload{})
+	case RunCancelRequested:
+		return decode(&RunCancelRequestedPayload{})
+	case RunCancelled:
+		return decode(&struct {
+			RunCancelledPayload
+			EngineStatus json.RawMessage `json:"engineStatus"` // the sidecar's own, untyped by the contract
+		}{})
 	case RunPaused:
-		var p runPausedPayload
+		p := RunPausedPayload{ResumeAt: absentString}
 		if err := decode(&p); err != nil {
 			return err
 		}
 		if p.DrainTimeoutSeconds != nil && *p.DrainTimeoutSeconds < 0 {
 			return schemaError("payload.drainTimeoutSeconds", "must be >= 0")
 		}
-		if p.ResumeAt != nil {
-			if _, err := time.Parse(time.RFC3339Nano, *p.ResumeAt); err != nil {
+		if p.ResumeAt != absentString {
+			if _, err := time.Parse(time.RFC3339Nano, p.ResumeAt); err != nil {
 				return schemaError("payload.resumeAt", "must be an RFC 3339 time")
 			}
 		}
-	case RunDrainCompleted, RunDrainTimedOut:
-		var p drainPayload
+	case RunDrainCompleted:
+		// code and inFlightStepIds, if given, are typed as RunDrainTimedOut's.
+		var p struct {
+			RunDrainCompletedPayload
+			Code            *string  `json:"code"`
+			InFlightStepIDs []string `json:"inFlightStepIds"`
+		}
 		if err := decode(&p); err != nil {
 			return err
 		}
-		if p.WaitedSeconds != nil && *p.WaitedSeconds < 0 {
-			return schemaError("payload.waitedSeconds", "must be >= 0")
+		return validateWaited(p.WaitedSeconds)
+	case RunDrainTimedOut:
+		var p RunDrainTimedOutPayload
+		if err := decode(&p); err != nil {
+			return err
 		}
-		if eventType == RunDrainTimedOut && (p.Code == nil || *p.Code != PauseDrainTimeoutCode) {
+		if err := validateWaited(p.WaitedSeconds); err != nil {
+			return err
+		}
+		if p.Code != PauseDrainTimeoutCode {
 			return schemaError("payload.code", "must be %s", PauseDrainTimeoutCode)
 		}
 	}
 	return nil
 }
 
+func validateWaited(s *float64) error {
+	if s != nil && *s < 0 {
+		return schemaError("payload.waitedSeconds", "must be >= 0")
+	}
+	return nil
+}
+
 // validateStepRef checks the step a run-level event names in its payload:
-// stepId present and a valid id, stepLogicalAttemptId present and at least
-// min (why says why, for the message).
-func validateStepRef(stepID *string, attempt *int64, min int64, why string) error {
+// stepId present and a valid id, stepLogicalAttemptId present (not
+// absentInt) and at least min (why says why, for the message).
+func validateStepRef(stepID string, attempt int64, min int64, why string) error {
 	switch {
-	case stepID == nil || *stepID == "":
+	case stepID == "":
 		return schemaError("payload.stepId", "is required")
-	case attempt == nil:
+	case attempt == absentInt:
 		return schemaError("payload.stepLogicalAttemptId", "is required")
-	case *attempt < min:
+	case attempt < min:
 		return schemaError("payload.stepLogicalAttemptId", "must be >= %d%s", min, why)
 	}
-	return validateID("payload.stepId", *stepID, true)
+	return validateID("payload.stepId", stepID, true)
 }
 
 func validateArtifacts(refs []ArtifactRef) error {

@@ -3,9 +3,12 @@ package statestore_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
 // TestPayload_SameBytesAsMaps: a typed payload is written byte for byte
@@ -144,5 +147,39 @@ func TestDecodePayload_KeepsWhatFits(t *testing.T) {
 	}
 	if _, ok := statestore.DecodePayload("RunAnnotated", json.RawMessage(`{}`)); ok {
 		t.Fatal("an unknown type decoded")
+	}
+}
+
+// TestValidateWrite_PayloadPresence: a required payload field that is
+// absent or null is "required", told apart from a present zero value; a
+// present but empty resumeAt is not a time.
+func TestValidateWrite_PayloadPresence(t *testing.T) {
+	cases := []struct {
+		name, eventType, payload, field, msg string
+	}{
+		{"retry attempt absent", statestore.RunStepRetryRequested, `{"stepId":"a"}`, "payload.stepLogicalAttemptId", "is required"},
+		{"retry attempt null", statestore.RunStepRetryRequested, `{"stepId":"a","stepLogicalAttemptId":null}`, "payload.stepLogicalAttemptId", "is required"},
+		{"retry attempt 0", statestore.RunStepRetryRequested, `{"stepId":"a","stepLogicalAttemptId":0}`, "payload.stepLogicalAttemptId", "must be >= 2"},
+		{"try ended reason absent", statestore.RunStepTryEnded, `{"stepId":"a","stepLogicalAttemptId":1}`, "payload.reason", "is required"},
+		{"try ended reason empty", statestore.RunStepTryEnded, `{"stepId":"a","stepLogicalAttemptId":1,"reason":""}`, "payload.reason", "must be"},
+		{"try started attempt absent", statestore.RunStepTryStarted, `{"stepId":"a"}`, "payload.stepLogicalAttemptId", "is required"},
+		{"resumeAt empty", statestore.RunPaused, `{"resumeAt":""}`, "payload.resumeAt", "must be an RFC 3339 time"},
+		{"engineStatus is the sidecar's, untyped", statestore.RunCompleted, `{"engineStatus":5}`, "", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			w := storetest.WithPayload(storetest.Event("run-presence", c.eventType, "a"), json.RawMessage(c.payload))
+			err := statestore.ValidateWrite(w)
+			if c.field == "" {
+				if err != nil {
+					t.Fatalf("got %v, want nil", err)
+				}
+				return
+			}
+			var e *statestore.Error
+			if !errors.As(err, &e) || e.Field != c.field || !strings.HasPrefix(e.Message, c.msg) {
+				t.Fatalf("got %v, want %s %s", err, c.field, c.msg)
+			}
+		})
 	}
 }

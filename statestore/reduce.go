@@ -1,8 +1,6 @@
 package statestore
 
 import (
-	"bytes"
-	"encoding/json"
 	"time"
 )
 
@@ -99,35 +97,6 @@ func (s *RunSnapshot) inFlight() int {
 	return n
 }
 
-// eventPayload is the subset of payload fields the reducer gives meaning to.
-type eventPayload struct {
-	EngineRunRef        string            `json:"engineRunRef"`
-	EngineType          string            `json:"engineType"`
-	StartedAt           string            `json:"startedAt"`
-	Artifacts           []ArtifactRef     `json:"artifacts"`
-	Error               *StepError        `json:"error"`
-	Reason              string            `json:"reason"`
-	RequestedBy         string            `json:"requestedBy"`
-	StepID              string            `json:"stepId"`
-	DrainTimeoutSeconds int64             `json:"drainTimeoutSeconds"`
-	ResumeAt            string            `json:"resumeAt"`
-	Labels              map[string]string `json:"labels"`
-	OnStepFailure       string            `json:"onStepFailure"`
-	// StepLogicalAttemptID is the attempt a RunStepRetryRequested opens.
-	StepLogicalAttemptID int64 `json:"stepLogicalAttemptId"`
-}
-
-func decodePayload(raw json.RawMessage) eventPayload {
-	var p eventPayload
-	if len(raw) == 0 || bytes.Equal(raw, []byte("{}")) {
-		return p
-	}
-	// A payload that does not fit the expected shape contributes nothing;
-	// the envelope was validated at append time.
-	_ = json.Unmarshal(raw, &p)
-	return p
-}
-
 func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTransitionAlert {
 	var step *StepSnapshot
 	if IsStepEvent(r.EventType) {
@@ -158,7 +127,6 @@ func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTran
 		applyStep(s, index, r)
 		return nil
 	}
-	p := decodePayload(r.Payload)
 	switch r.EventType {
 	case RunResumed, RunCompleted, RunFailed, RunCancelled:
 		if s.Status == RunStatusPaused && s.Pause != nil {
@@ -167,6 +135,8 @@ func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTran
 	}
 	switch r.EventType {
 	case RunQueued:
+		var p RunQueuedPayload
+		decodeLenient(r.Payload, &p)
 		s.Status = RunStatusQueued
 		if p.Labels != nil {
 			s.Labels = p.Labels // a queued run is selected by its labels too
@@ -174,6 +144,8 @@ func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTran
 	case RunApproved:
 		s.Status = RunStatusApproved
 	case RunStarted:
+		var p RunStartedPayload
+		decodeLenient(r.Payload, &p)
 		s.Status = RunStatusRunning
 		s.EngineRunRef, s.EngineType = p.EngineRunRef, p.EngineType
 		if p.Labels != nil {
@@ -184,10 +156,15 @@ func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTran
 			s.StartedAt = r.PersistedAt
 		}
 	case RunPaused:
+		var p RunPausedPayload
+		decodeLenient(r.Payload, &p)
 		s.Status = RunStatusPaused
 		s.Pause = &PauseState{
 			Cycle: r.LogicalAttemptID, Reason: p.Reason, RequestedBy: p.RequestedBy, StepID: p.StepID,
-			PausedAt: r.PersistedAt, DrainTimeoutSeconds: p.DrainTimeoutSeconds, ResumeAt: p.ResumeAt,
+			PausedAt: r.PersistedAt, ResumeAt: p.ResumeAt,
+		}
+		if p.DrainTimeoutSeconds != nil {
+			s.Pause.DrainTimeoutSeconds = *p.DrainTimeoutSeconds
 		}
 	case RunResumed:
 		s.Status = RunStatusRunning
@@ -203,6 +180,8 @@ func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTran
 	case RunCancelRequested:
 		s.CancelRequested = true
 	case RunStepRetryRequested:
+		var p RunStepRetryRequestedPayload
+		decodeLenient(r.Payload, &p)
 		s.StepRetries = r.LogicalAttemptID
 		// Opens the step's next attempt when the payload names it; a retry
 		// that does not fit the step (not failed, wrong attempt) counts but
@@ -215,6 +194,9 @@ func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTran
 			}
 		}
 	case RunStepTryEnded, RunStepTryStarted:
+		// Both payloads name the step and its attempt alike.
+		var p RunStepTryStartedPayload
+		decodeLenient(r.Payload, &p)
 		s.StepTryEvents = r.LogicalAttemptID
 		// Marks the step idle (or in flight again) when the payload names
 		// its RUNNING attempt; one that does not fit counts and changes no step.
@@ -225,6 +207,8 @@ func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTran
 			}
 		}
 	case RunCompleted:
+		var p RunCompletedPayload
+		decodeLenient(r.Payload, &p)
 		s.Status = RunStatusCompleted
 		s.finish(r.PersistedAt)
 		for i := range s.Steps {
@@ -232,6 +216,8 @@ func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTran
 		}
 		s.Artifacts = append(s.Artifacts, p.Artifacts...)
 	case RunFailed:
+		var p RunFailedPayload
+		decodeLenient(r.Payload, &p)
 		s.Status = RunStatusFailed
 		s.Error = p.Error
 		s.finish(r.PersistedAt)
@@ -284,11 +270,13 @@ func applyStep(s *RunSnapshot, index map[string]int, r *RunEventRecord) {
 	case StepCompleted:
 		st.Status = StepStatusSuccess
 		st.CompletedAt = r.PersistedAt
-		if p := decodePayload(r.Payload); len(p.Artifacts) > 0 {
+		var p StepCompletedPayload
+		if decodeLenient(r.Payload, &p); len(p.Artifacts) > 0 {
 			st.Artifacts = p.Artifacts
 		}
 	case StepFailed:
-		p := decodePayload(r.Payload)
+		var p StepFailedPayload
+		decodeLenient(r.Payload, &p)
 		st.Status = StepStatusFailed
 		st.CompletedAt = r.PersistedAt
 		st.Error = p.Error
@@ -298,6 +286,8 @@ func applyStep(s *RunSnapshot, index map[string]int, r *RunEventRecord) {
 	case StepSkipped:
 		st.Status = StepStatusSkipped
 		st.CompletedAt = r.PersistedAt
-		st.SkipReason = decodePayload(r.Payload).Reason
+		var p StepSkippedPayload
+		decodeLenient(r.Payload, &p)
+		st.SkipReason = p.Reason
 	}
 }
