@@ -9,7 +9,6 @@
 package vocab
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -85,22 +84,47 @@ func Views(v string, recs []statestore.RunEventRecord) ([]View, error) {
 	return nil, ErrUnknown
 }
 
-// payload is the subset of the sidecar's payloads the views carry over.
+// payload is the fields of an event's typed payload the views carry
+// over; a type without one of them leaves it empty.
 type payload struct {
-	Reason       string                   `json:"reason"`
-	RequestedBy  string                   `json:"requestedBy"`
-	Error        *statestore.StepError    `json:"error"`
-	Artifacts    []statestore.ArtifactRef `json:"artifacts"`
-	EngineRunRef string                   `json:"engineRunRef"`
-	StepID       string                   `json:"stepId"`
+	Reason      string
+	RequestedBy string
+	Error       *statestore.StepError
+	Artifacts   []statestore.ArtifactRef
+	StepID      string
 }
 
 func decode(r *statestore.RunEventRecord) payload {
-	var p payload
-	if len(r.Payload) > 0 {
-		_ = json.Unmarshal(r.Payload, &p)
+	tp, _ := statestore.DecodePayload(r.EventType, r.Payload)
+	switch p := tp.(type) {
+	case *statestore.RunQueuedPayload:
+		return payload{Reason: p.Reason, RequestedBy: p.RequestedBy}
+	case *statestore.StepCompletedPayload:
+		return payload{Artifacts: p.Artifacts}
+	case *statestore.StepFailedPayload:
+		return payload{Error: p.Error, Artifacts: p.Artifacts}
+	case *statestore.StepSkippedPayload:
+		return payload{Reason: p.Reason}
+	case *statestore.RunPausedPayload:
+		return payload{Reason: p.Reason, RequestedBy: p.RequestedBy, StepID: p.StepID}
+	case *statestore.RunResumedPayload:
+		return payload{Reason: p.Reason, RequestedBy: p.RequestedBy}
+	case *statestore.RunCompletedPayload:
+		return payload{Artifacts: p.Artifacts}
+	case *statestore.RunFailedPayload:
+		return payload{Error: p.Error}
+	case *statestore.RunCancelledPayload:
+		return payload{Reason: p.Reason, RequestedBy: p.RequestedBy}
+	case *statestore.RunCancelRequestedPayload:
+		return payload{Reason: p.Reason, RequestedBy: p.RequestedBy}
+	case *statestore.RunStepRetryRequestedPayload:
+		return payload{Reason: p.Reason, RequestedBy: p.RequestedBy, StepID: p.StepID}
+	case *statestore.RunStepTryEndedPayload:
+		return payload{Reason: p.Reason, Error: p.Error, StepID: p.StepID}
+	case *statestore.RunStepTryStartedPayload:
+		return payload{StepID: p.StepID}
 	}
-	return p
+	return payload{}
 }
 
 // actorOf is who caused an event, as the Core Events' actor: the
@@ -110,11 +134,11 @@ func actorOf(requestedBy string) *CoreActor {
 	switch {
 	case requestedBy == "":
 		return &CoreActor{Kind: "system"}
-	case requestedBy == "schedule":
+	case requestedBy == statestore.RequestedBySchedule:
 		return &CoreActor{Kind: "scheduler", ID: requestedBy}
-	case requestedBy == "conductor":
+	case requestedBy == statestore.RequestedByConductor:
 		return &CoreActor{Kind: "external", ID: requestedBy}
-	case strings.HasPrefix(requestedBy, "sidecar"):
+	case strings.HasPrefix(requestedBy, statestore.RequestedBySidecar):
 		return &CoreActor{Kind: "system", ID: requestedBy}
 	}
 	return &CoreActor{Kind: "user", ID: requestedBy}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
@@ -166,46 +165,51 @@ func orDash(s string) string {
 	return s
 }
 
+func orZero(v *float64) float64 {
+	if v == nil {
+		return 0
+	}
+	return *v
+}
+
 // auditOf turns a control event into an audit entry.
 func auditOf(r *statestore.RunEventRecord) (auditEntry, bool) {
-	var p struct {
-		Reason              string   `json:"reason"`
-		RequestedBy         string   `json:"requestedBy"`
-		StepID              string   `json:"stepId"`
-		DrainTimeoutSeconds int64    `json:"drainTimeoutSeconds"`
-		ResumeAt            string   `json:"resumeAt"`
-		InFlightStepIDs     []string `json:"inFlightStepIds"`
-		WaitedSeconds       float64  `json:"waitedSeconds"`
-	}
-	if len(r.Payload) > 0 {
-		_ = json.Unmarshal(r.Payload, &p)
-	}
-	e := auditEntry{At: r.PersistedAt, By: p.RequestedBy, Reason: p.Reason, RunSeq: r.RunSeq}
-	switch r.EventType {
-	case statestore.RunPaused:
+	e := auditEntry{At: r.PersistedAt, RunSeq: r.RunSeq}
+	tp, _ := statestore.DecodePayload(r.EventType, r.Payload)
+	switch p := tp.(type) {
+	case *statestore.RunPausedPayload:
+		e.By, e.Reason = p.RequestedBy, p.Reason
 		e.Action, e.Cycle, e.StepID = "pause", r.LogicalAttemptID, p.StepID
-		e.Detail = fmt.Sprintf("cycle %d, drain timeout %ds", r.LogicalAttemptID, p.DrainTimeoutSeconds)
+		var timeout int64
+		if p.DrainTimeoutSeconds != nil {
+			timeout = *p.DrainTimeoutSeconds
+		}
+		e.Detail = fmt.Sprintf("cycle %d, drain timeout %ds", r.LogicalAttemptID, timeout)
 		if p.StepID != "" {
 			e.Detail += ", step " + p.StepID + " failed"
 		}
 		if p.ResumeAt != "" {
 			e.Detail += ", resumes at " + p.ResumeAt
 		}
-	case statestore.RunResumed:
+	case *statestore.RunResumedPayload:
+		e.By, e.Reason = p.RequestedBy, p.Reason
 		e.Action, e.Cycle = "resume", r.LogicalAttemptID
 		e.Detail = fmt.Sprintf("cycle %d", r.LogicalAttemptID)
-	case statestore.RunCancelRequested:
+	case *statestore.RunCancelRequestedPayload:
+		e.By, e.Reason = p.RequestedBy, p.Reason
 		e.Action = "cancel"
-	case statestore.RunStepRetryRequested:
+	case *statestore.RunStepRetryRequestedPayload:
+		e.By, e.Reason = p.RequestedBy, p.Reason
 		e.Action, e.StepID = "retry step", p.StepID
 		e.Detail = "step " + p.StepID
-	case statestore.RunDrainCompleted:
-		e.Action, e.Cycle, e.By = "drain completed", r.LogicalAttemptID, ""
-		e.Detail = fmt.Sprintf("cycle %d, waited %.1fs", r.LogicalAttemptID, p.WaitedSeconds)
-	case statestore.RunDrainTimedOut:
-		e.Action, e.Cycle, e.By = "drain timed out", r.LogicalAttemptID, ""
+	case *statestore.RunDrainCompletedPayload:
+		e.Action, e.Cycle = "drain completed", r.LogicalAttemptID
+		e.Detail = fmt.Sprintf("cycle %d, waited %.1fs", r.LogicalAttemptID, orZero(p.WaitedSeconds))
+	case *statestore.RunDrainTimedOutPayload:
+		e.Action, e.Cycle = "drain timed out", r.LogicalAttemptID
 		e.Detail = fmt.Sprintf("PAUSE_DRAIN_TIMEOUT, cycle %d, still running: %s", r.LogicalAttemptID, strings.Join(p.InFlightStepIDs, ", "))
-	case statestore.RunCancelled:
+	case *statestore.RunCancelledPayload:
+		e.By, e.Reason = p.RequestedBy, p.Reason
 		e.Action = "cancelled"
 	default:
 		return e, false
