@@ -19,11 +19,6 @@ import (
 // the gate, StepStarted, the executor and StepCompleted or StepFailed to
 // its report (report.go); the poll machinery is poller.go.
 
-// maxFenceRetries bounds how often begin decides again after its
-// StepStarted found the run moved on (RUN_CHANGED): each retry reads the
-// run's new state, so it ends at once if the change was a pause.
-const maxFenceRetries = 64
-
 // handle runs one polled task to a Conductor update.
 func (w *Worker) handle(t *model.Task) {
 	start := time.Now()
@@ -142,36 +137,72 @@ func (w *Worker) begin(t *model.Task, log *zap.Logger, a *Assignment, engine, lo
 
 // start reads the run's state, applies the gate and, when it says start,
 // records the start: StepStarted, or RunStepTryStarted for a later try of
-// an idle attempt, appended on the runSeq the gate decided on. It decides
-// again while the run moves on under it (RUN_CHANGED), at most
-// maxFenceRetries times. The read and the append are serialized per run
-// within this process. snap is nil when runState already answered the
-// task; err is set when the start could not be recorded.
+// an idle attempt, appended on the runSeq the gate decided on
+// (statestore.Fenced: it decides again while the run moves on under it).
+// The read and the append are serialized per run within this process.
+// snap is nil when runState already answered the task; err is set when
+// the start could not be recorded.
 func (w *Worker) start(t *model.Task, log *zap.Logger, a *Assignment, engine, logical int64) (snap *statestore.RunSnapshot, d decision, err error) {
 	unlock := w.starting.lock(a.RunID)
 	defer unlock()
-	for try := 0; ; try++ {
-		var ok bool
-		if snap, ok = w.runState(t, log, a); !ok {
-			return nil, d, nil
-		}
+	gated := &gatedRun{w: w, t: t, log: log, a: a}
+	snap, _, err = statestore.Fenced(w.workCtx, gated, startAppender{w: w, log: log, a: a}, a.RunID, func(snap *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
 		d = gate(snap, t.WorkflowInstanceId, a.Step.StepID, engine, logical)
 		if d.verdict != start || w.executors[a.Step.Executor.Type] == nil {
-			return snap, d, nil
+			return nil, nil
 		}
 		if st := d.step; st != nil && st.Status == statestore.StepStatusRunning && st.LogicalAttemptID == d.logical && st.Idle {
 			// A later try of an attempt whose StepStarted is in the log
 			// (deduplicated if appended again): record that it runs again.
-			err = w.tryEvent(w.workCtx, a, snap, statestore.RunStepTryStarted, d.logical, "", nil)
-		} else {
-			err = w.emit(log, a, statestore.StepStarted, d.engine, d.logical, nil, snap.LastEventSeq)
+			return tryEvent(a, snap, statestore.RunStepTryStartedPayload{StepID: a.Step.StepID, StepLogicalAttemptID: d.logical})
 		}
-		if errors.Is(err, statestore.ErrRunChanged) && try < maxFenceRetries {
-			w.opts.Metrics.fenceRetry()
-			continue // the run moved on since the gate read it: decide again
-		}
-		return snap, d, err
+		return statestore.NewEvent(runRef(a), statestore.StepStarted, a.Step.StepID, d.engine, d.logical, nil)
+	})
+	if errors.Is(err, errAnswered) {
+		return nil, d, nil
 	}
+	return snap, d, err
+}
+
+// errAnswered is gatedRun's answer when runState already answered the
+// task (handed back or refused): start records nothing.
+var errAnswered = errors.New("task answered")
+
+// gatedRun reads the run's state for start's fence: runState, which
+// answers a task that cannot be gated. Every read after the first is a
+// decision taken again (a fence retry), and counted.
+type gatedRun struct {
+	w     *Worker
+	t     *model.Task
+	log   *zap.Logger
+	a     *Assignment
+	reads int
+}
+
+func (g *gatedRun) ProjectSnapshot(context.Context, string) (*statestore.RunSnapshot, error) {
+	if g.reads++; g.reads > 1 {
+		g.w.opts.Metrics.fenceRetry() // the run moved on since the gate read it
+	}
+	snap, ok := g.w.runState(g.t, g.log, g.a)
+	if !ok {
+		return nil, errAnswered
+	}
+	return snap, nil
+}
+
+// startAppender appends start's event: StepStarted fails open (emitEvent),
+// RunStepTryStarted is a try event (tryAppender).
+type startAppender struct {
+	w   *Worker
+	log *zap.Logger
+	a   *Assignment
+}
+
+func (s startAppender) EmitIf(ctx context.Context, ev *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
+	if ev.EventType == statestore.StepStarted {
+		return statestore.AppendResult{}, s.w.emitEvent(s.log, ev, lastSeq)
+	}
+	return tryAppender{w: s.w, a: s.a}.EmitIf(ctx, ev, lastSeq)
 }
 
 // endTry records that the step's current try ended without an outcome for
@@ -182,61 +213,52 @@ func (w *Worker) start(t *model.Task, log *zap.Logger, a *Assignment, engine, lo
 func (w *Worker) endTry(log *zap.Logger, a *Assignment, logical int64, reason string, stepErr *statestore.StepError) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.workCtx), w.opts.WriteBudget)
 	defer cancel()
-	for try := 0; ; try++ {
-		snap, err := w.runs.ProjectSnapshot(ctx, a.RunID)
-		if err == nil {
-			st := snap.Step(a.Step.StepID)
-			if st == nil || st.Status != statestore.StepStatusRunning || st.LogicalAttemptID != logical || st.Idle {
-				return // not in flight in the log: nothing to record
-			}
-			err = w.tryEvent(ctx, a, snap, statestore.RunStepTryEnded, logical, reason, stepErr)
+	_, _, err := statestore.Fenced(ctx, w.runs, tryAppender{w: w, a: a}, a.RunID, func(snap *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+		st := snap.Step(a.Step.StepID)
+		if st == nil || st.Status != statestore.StepStatusRunning || st.LogicalAttemptID != logical || st.Idle {
+			return nil, nil // not in flight in the log: nothing to record
 		}
-		if err == nil || !errors.Is(err, statestore.ErrRunChanged) || try >= maxFenceRetries {
-			if err != nil {
-				log.Warn("could not record that the step's try ended; a drain of the run waits for it until its timeout", zap.Error(err))
-			}
-			return
-		}
+		return tryEvent(a, snap, statestore.RunStepTryEndedPayload{StepID: a.Step.StepID, StepLogicalAttemptID: logical, Reason: reason, Error: stepErr})
+	})
+	if err != nil {
+		log.Warn("could not record that the step's try ended; a drain of the run waits for it until its timeout", zap.Error(err))
 	}
 }
 
-// tryEvent appends RunStepTryEnded or RunStepTryStarted for the step at
-// logical attempt, numbered after snap's last try event and conditioned on
-// snap's last runSeq (RUN_CHANGED when the run moved on). The number is per
-// run, so a concurrent try event of another step may have taken it, and
-// ours was then answered as its duplicate: tryEvent reads the run again and
-// reports RUN_CHANGED unless the step is now as the event says.
-func (w *Worker) tryEvent(ctx context.Context, a *Assignment, snap *statestore.RunSnapshot, eventType string, logical int64, reason string, stepErr *statestore.StepError) error {
-	payload := map[string]any{"stepId": a.Step.StepID, "stepLogicalAttemptId": logical}
-	if reason != "" {
-		payload["reason"] = reason
-	}
-	if stepErr != nil {
-		payload["error"] = stepErr
-	}
-	ev, err := statestore.NewEvent(runRef(a), eventType, "", 1, snap.StepTryEvents+1, payload)
-	if err != nil {
-		return err
-	}
-	if err := statestore.CheckTransition(snap, ev); err != nil {
-		return err
-	}
+// tryEvent is RunStepTryEnded or RunStepTryStarted for the step,
+// numbered after snap's last try event.
+func tryEvent(a *Assignment, snap *statestore.RunSnapshot, p statestore.Payload) (*statestore.RunEventWrite, error) {
+	return statestore.NewEvent(runRef(a), p.EventType(), "", 1, snap.StepTryEvents+1, p)
+}
+
+// tryAppender appends a try event conditioned on the runSeq it was
+// decided on (RUN_CHANGED when the run moved on). The number is per run,
+// so a concurrent try event of another step may have taken it, and ours
+// was then answered as its duplicate: it reads the run again and reports
+// RUN_CHANGED unless the step is now as the event says.
+type tryAppender struct {
+	w *Worker
+	a *Assignment
+}
+
+func (ta tryAppender) EmitIf(ctx context.Context, ev *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
+	w := ta.w
 	ctx, cancel := context.WithTimeout(ctx, w.opts.WriteBudget)
 	defer cancel()
 	began := time.Now()
-	_, err = w.events.EmitIf(ctx, ev, snap.LastEventSeq)
-	w.opts.Metrics.eventWrite(eventType, err, time.Since(began))
+	res, err := w.events.EmitIf(ctx, ev, lastSeq)
+	w.opts.Metrics.eventWrite(ev.EventType, err, time.Since(began))
 	if err != nil {
-		return err
+		return res, err
 	}
-	after, err := w.runs.ProjectSnapshot(ctx, a.RunID)
+	after, err := w.runs.ProjectSnapshot(ctx, ta.a.RunID)
 	if err != nil {
-		return err
+		return res, err
 	}
-	if st := after.Step(a.Step.StepID); st == nil || st.Idle != (eventType == statestore.RunStepTryEnded) {
-		return statestore.RunChanged(a.RunID, snap.LastEventSeq, after.LastEventSeq)
+	if st := after.Step(ta.a.Step.StepID); st == nil || st.Idle != (ev.EventType == statestore.RunStepTryEnded) {
+		return res, statestore.RunChanged(ta.a.RunID, lastSeq, after.LastEventSeq)
 	}
-	return nil
+	return res, nil
 }
 
 // runState reads the run's derived state for a polled task. A run without
@@ -325,11 +347,7 @@ func (w *Worker) joinGate(ctx context.Context, a *Assignment) *statestore.StepEr
 func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Result, engine, logical int64, operatorAttempt bool, took time.Duration) {
 	kind := a.Step.Executor.Type
 	if res.Err == nil {
-		payload := map[string]any{}
-		if len(res.Artifacts) > 0 {
-			payload["artifacts"] = res.Artifacts
-		}
-		err := w.emit(log, a, statestore.StepCompleted, engine, logical, payload, -1)
+		err := w.emit(log, a, engine, logical, statestore.StepCompletedPayload{Artifacts: res.Artifacts})
 		if errors.Is(err, statestore.ErrInvalidTransition) {
 			w.reportLogged(t, log, a, engine, logical)
 			return
@@ -360,14 +378,11 @@ func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Resul
 	// retry. Under onStepFailure "pause" the run pauses and the task is held.
 	held := a.OnStepFailure == plan.OnFailurePause &&
 		(!res.Err.Retryable || logical >= int64(max(a.LogicalAttempts, 1)) || operatorAttempt)
-	payload := map[string]any{"error": res.Err}
-	if len(res.Artifacts) > 0 {
-		payload["artifacts"] = res.Artifacts
-	}
+	payload := statestore.StepFailedPayload{Error: res.Err, Artifacts: res.Artifacts}
 	if held {
-		payload["onStepFailure"] = statestore.OnStepFailurePause
+		payload.OnStepFailure = statestore.OnStepFailurePause
 	}
-	err := w.emit(log, a, statestore.StepFailed, engine, logical, payload, -1)
+	err := w.emit(log, a, engine, logical, payload)
 	if errors.Is(err, statestore.ErrInvalidTransition) {
 		w.reportLogged(t, log, a, engine, logical)
 		return
@@ -521,27 +536,31 @@ func artifactOutput(refs []statestore.ArtifactRef, out map[string]any) map[strin
 	return m
 }
 
-// emit appends a step event. StepStarted is appended conditioned on
+// emit records a step's outcome (StepCompleted or StepFailed, payload's
+// type) for the attempt: emitEvent without a fence.
+func (w *Worker) emit(log *zap.Logger, a *Assignment, engine, logical int64, payload statestore.Payload) error {
+	ev, err := statestore.NewEvent(runRef(a), payload.EventType(), a.Step.StepID, engine, logical, payload)
+	if err != nil {
+		return err
+	}
+	return w.emitEvent(log, ev, -1)
+}
+
+// emitEvent appends a step event. StepStarted is appended conditioned on
 // lastSeq, the runSeq the gate decided on (RUN_CHANGED when the run moved
 // on), and fails open: it is queued in the outbox when the store does not
 // answer within the write budget. The other events (lastSeq < 0) never fail
 // open, and flush the outbox first, so that a run's events keep their
 // order.
-func (w *Worker) emit(log *zap.Logger, a *Assignment, eventType string, engine, logical int64, payload map[string]any, lastSeq int64) error {
+func (w *Worker) emitEvent(log *zap.Logger, ev *statestore.RunEventWrite, lastSeq int64) error {
 	failOpen := lastSeq >= 0
-	var body any
-	if len(payload) > 0 {
-		body = payload
-	}
-	ev, err := statestore.NewEvent(runRef(a), eventType, a.Step.StepID, engine, logical, body)
-	if err != nil {
-		return err
-	}
+	eventType := ev.EventType
+	var err error
 	log = log.With(zap.String("eventType", eventType))
 	ctx, cancel := context.WithTimeout(w.workCtx, w.opts.WriteBudget)
 	defer cancel()
 	if !failOpen {
-		if err := w.outbox.flush(ctx, a.RunID); err != nil {
+		if err := w.outbox.flush(ctx, ev.RunID); err != nil {
 			log.Error("outbox not flushed within the write budget; not recording", zap.Error(err))
 			return err
 		}

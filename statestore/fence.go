@@ -1,0 +1,78 @@
+package statestore
+
+import (
+	"context"
+	"errors"
+)
+
+// MaxFenceRetries bounds how often Fenced decides again after its
+// conditional append found the run moved on (RUN_CHANGED). Each retry
+// reads the run's new state, so a producer whose event the change made
+// pointless (a pause, an end) stops at once.
+const MaxFenceRetries = 64
+
+// FenceReader reads the derived state a producer decides on: a Store's or
+// a Projector's ProjectSnapshot.
+type FenceReader interface {
+	ProjectSnapshot(ctx context.Context, runID string) (*RunSnapshot, error)
+}
+
+// FenceAppender appends an event only if the run's last runSeq is still
+// lastSeq, and otherwise fails with an error matching ErrRunChanged,
+// writing nothing: registry.Emitter's EmitIf, the single write path.
+type FenceAppender interface {
+	EmitIf(ctx context.Context, w *RunEventWrite, lastSeq int64) (AppendResult, error)
+}
+
+// Fenced is the producers' fence (docs/events.md, "Fences"): it records
+// the event a producer decides from the run's current state, and only if
+// that state is still the run's when the event is appended.
+//
+//  1. read the run's derived state (runs.ProjectSnapshot),
+//  2. decide(snap) returns the event to record, or nil to record nothing,
+//  3. check the event against the state (CheckTransition, Layer 1),
+//  4. append it with emit.EmitIf on snap.LastEventSeq,
+//  5. on RUN_CHANGED go back to 1, at most MaxFenceRetries times.
+//
+// It returns the state of the last decision and the append's result (zero
+// when nothing was appended). A read error, decide's error, an invalid
+// transition (an *Error with code INVALID_TRANSITION; nothing written) and
+// an append error are returned as they are; after MaxFenceRetries the
+// last RUN_CHANGED is. decide is called once per read and may keep what it
+// decided (a cycle, a verdict) in its closure for the caller.
+//
+// A producer that reads differently (a guard on a missing run) or appends
+// differently (queued in an outbox when the store is slow) passes its own
+// FenceReader or FenceAppender.
+//
+//	var cycle int64
+//	snap, res, err := statestore.Fenced(ctx, store, emitter, runID, func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+//		if s.Status != statestore.RunStatusRunning {
+//			return nil, nil // nothing to record
+//		}
+//		cycle = 1
+//		if s.Pause != nil {
+//			cycle = s.Pause.Cycle + 1
+//		}
+//		return statestore.NewEvent(s.Ref(), statestore.RunPaused, "", 1, cycle, statestore.RunPausedPayload{Reason: "maintenance"})
+//	})
+func Fenced(ctx context.Context, runs FenceReader, emit FenceAppender, runID string, decide func(*RunSnapshot) (*RunEventWrite, error)) (*RunSnapshot, AppendResult, error) {
+	for try := 0; ; try++ {
+		snap, err := runs.ProjectSnapshot(ctx, runID)
+		if err != nil {
+			return nil, AppendResult{}, err
+		}
+		w, err := decide(snap)
+		if err != nil || w == nil {
+			return snap, AppendResult{}, err
+		}
+		if err := CheckTransition(snap, w); err != nil {
+			return snap, AppendResult{}, err
+		}
+		res, err := emit.EmitIf(ctx, w, snap.LastEventSeq)
+		if errors.Is(err, ErrRunChanged) && try < MaxFenceRetries {
+			continue
+		}
+		return snap, res, err
+	}
+}
