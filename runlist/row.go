@@ -102,7 +102,7 @@ func pauseOrigin(p *statestore.PauseState) string {
 	switch {
 	case p.StepID != "":
 		return PauseOriginStepFailed
-	case p.RequestedBy == "conductor":
+	case p.RequestedBy == statestore.RequestedByConductor:
 		return PauseOriginConductor
 	default:
 		return PauseOriginOperator
