@@ -225,16 +225,11 @@ func (c *Controller) hold(ctx context.Context, e *entry, reason string, over int
 		c.opts.Metrics.decided(stateRejected)
 		return c.put(ctx, key, e)
 	}
-	payload := map[string]any{"policy": e.Policy, "reason": reason}
-	if e.RequestedBy != "" {
-		payload["requestedBy"] = e.RequestedBy
-	}
-	if len(e.Labels) > 0 {
-		payload["labels"] = e.Labels // the run list selects a queued run by them
-	}
+	// Labels: the run list selects a queued run by them.
+	payload := &statestore.RunQueuedPayload{Policy: e.Policy, Reason: reason, RequestedBy: e.RequestedBy, Labels: e.Labels}
 	if e.Policy == Delay {
 		e.NotBefore = e.SubmittedAt.Add(time.Duration(over) * c.opts.Delay).UTC()
-		payload["notBefore"] = e.NotBefore.Format(time.RFC3339Nano)
+		payload.NotBefore = e.NotBefore.Format(time.RFC3339Nano)
 	}
 	ev, err := statestore.NewEvent(statestore.RunRef{RunID: e.RunID, TenantID: e.TenantID, ProjectID: e.ProjectID,
 		EnvironmentID: e.EnvironmentID, PlanID: e.PlanID, PlanVersion: e.PlanVersion}, statestore.RunQueued, "", 1, 1, payload)
@@ -311,7 +306,7 @@ func (c *Controller) start(ctx context.Context, e *entry) error {
 // from QUEUED), and the entry is final.
 func (c *Controller) cancelQueued(ctx context.Context, e *entry, snap *statestore.RunSnapshot) error {
 	if !statestore.IsTerminalRunStatus(snap.Status) {
-		ev, err := statestore.NewEvent(snap.Ref(), statestore.RunCancelled, "", 1, 1, map[string]any{"reason": "cancelled while queued"})
+		ev, err := statestore.NewEvent(snap.Ref(), statestore.RunCancelled, "", 1, 1, &statestore.RunCancelledPayload{Reason: "cancelled while queued"})
 		if err != nil {
 			return err
 		}

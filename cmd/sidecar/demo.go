@@ -69,14 +69,15 @@ type demo struct {
 }
 
 func (d *demo) run(ctx context.Context) error {
+	drainTimeout, waited := int64(300), 0.01
 	steps := []func() error{
 		func() error {
-			return d.append(ctx, statestore.RunStarted, "", 1, map[string]any{"engineType": "mock", "engineRunRef": "mock://demo/" + d.runID})
+			return d.append(ctx, statestore.RunStarted, "", 1, &statestore.RunStartedPayload{EngineType: "mock", EngineRunRef: "mock://demo/" + d.runID})
 		},
 		func() error { return d.append(ctx, statestore.StepStarted, "extract", 1, nil) },
 		func() error { return d.append(ctx, statestore.StepStarted, "load", 1, nil) },
 		func() error {
-			return d.append(ctx, statestore.RunPaused, "", 1, map[string]any{"reason": "maintenance", "requestedBy": "demo", "drainTimeoutSeconds": 300})
+			return d.append(ctx, statestore.RunPaused, "", 1, &statestore.RunPausedPayload{Reason: "maintenance", RequestedBy: "demo", DrainTimeoutSeconds: &drainTimeout})
 		},
 		func() error { return d.show(ctx) },
 		func() error { return d.append(ctx, statestore.StepCompleted, "extract", 1, nil) },
@@ -86,12 +87,12 @@ func (d *demo) run(ctx context.Context) error {
 		},
 		func() error { return d.append(ctx, statestore.StepCompleted, "load", 1, nil) },
 		func() error {
-			return d.append(ctx, statestore.RunDrainCompleted, "", 1, map[string]any{"waitedSeconds": 0.01})
+			return d.append(ctx, statestore.RunDrainCompleted, "", 1, &statestore.RunDrainCompletedPayload{WaitedSeconds: &waited})
 		},
 		func() error { return d.show(ctx) },
 		func() error { return d.rejected(ctx) },
 		func() error {
-			return d.append(ctx, statestore.RunResumed, "", 1, map[string]any{"requestedBy": "demo"})
+			return d.append(ctx, statestore.RunResumed, "", 1, &statestore.RunResumedPayload{RequestedBy: "demo"})
 		},
 		func() error { return d.append(ctx, statestore.StepStarted, "publish", 1, nil) },
 		func() error { return d.append(ctx, statestore.StepCompleted, "publish", 1, nil) },
