@@ -151,3 +151,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 		return nil
 	}
 }
+
+// Streams are the JetStream streams the run index keeps its state in:
+// its bucket's.
+func (r *Runs) Streams() []string { return []string{"KV_" + r.kv.Bucket()} }

@@ -434,3 +434,7 @@ func (c *Controller) turnFor(tenant string) uint64 {
 	}
 	return max(head, last+1)
 }
+
+// Streams are the JetStream streams admission keeps its state in: its
+// bucket's.
+func (c *Controller) Streams() []string { return []string{"KV_" + c.kv.Bucket()} }

@@ -485,3 +485,7 @@ func (c *courier) save(ctx context.Context, seq uint64) error {
 	c.cursor, c.cursorRev = seq, rev
 	return nil
 }
+
+// Streams are the JetStream streams the bus keeps its state in: its
+// bucket's and the dead letters'.
+func (b *Bus) Streams() []string { return []string{"KV_" + b.kv.Bucket(), "KV_" + b.dead.kv.Bucket()} }

@@ -285,3 +285,7 @@ type bufferedWriter struct {
 func (b *bufferedWriter) Header() http.Header         { return b.header }
 func (b *bufferedWriter) Write(p []byte) (int, error) { return b.body.Write(p) }
 func (b *bufferedWriter) WriteHeader(code int)        { b.status = code }
+
+// Streams are the JetStream streams the replies are kept in: the
+// bucket's.
+func (r *KVReplies) Streams() []string { return []string{"KV_" + r.kv.Bucket()} }

@@ -365,3 +365,7 @@ func mix(x uint64) uint64 {
 	x ^= x >> 31
 	return x
 }
+
+// Streams are the JetStream streams the members keep their state in:
+// the heartbeat bucket's.
+func (m *Members) Streams() []string { return []string{"KV_" + m.kv.Bucket()} }

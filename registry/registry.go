@@ -59,6 +59,7 @@ type Registry struct {
 	entries entries
 	log     *zap.Logger
 	metrics *Metrics
+	streams []string // Streams: the bucket's stream (none on PostgreSQL)
 }
 
 // entries is where a Registry keeps its eventIds: a JetStream KV bucket
@@ -128,7 +129,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Registry,
 		return nil, fmt.Errorf("registry: open bucket %s: %w", opts.Bucket, err)
 	}
 	log := opts.Logger.Named("registry")
-	r := &Registry{entries: &kvEntries{kv: natsstore.BoundKeys(kv), log: log}, log: log, metrics: opts.Metrics}
+	r := &Registry{entries: &kvEntries{kv: natsstore.BoundKeys(kv), log: log}, log: log, metrics: opts.Metrics, streams: []string{stream}}
 	r.log.Debug("opened", zap.String("bucket", opts.Bucket), zap.Int("replicas", opts.Replicas),
 		zap.Duration("ttl", opts.TTL), zap.Stringer("persistMode", mode))
 	return r, nil
@@ -354,3 +355,7 @@ func (r *kvEntries) get(ctx context.Context, key string) (string, uint64, error)
 func unavailable(op, key string, err error) error {
 	return fmt.Errorf("%w: %s key %s: %w", ErrUnavailable, op, key, err)
 }
+
+// Streams are the JetStream streams the registry keeps its eventIds in:
+// its bucket's (none on PostgreSQL).
+func (r *Registry) Streams() []string { return append([]string(nil), r.streams...) }

@@ -153,3 +153,7 @@ func (l *List) WaitIndexed(ctx context.Context) (uint64, error) {
 	l.follow.nudge()
 	return seq, l.mirror.waitCursor(ctx, seq)
 }
+
+// Streams are the JetStream streams the list keeps its state in: its
+// bucket's.
+func (l *List) Streams() []string { return []string{"KV_" + l.kv.Bucket()} }

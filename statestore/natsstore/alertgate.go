@@ -82,3 +82,7 @@ func alertKey(runID, eventID string) string {
 	}
 	return RunToken(runID) + "." + eventID
 }
+
+// Streams are the JetStream streams the gate keeps its state in: its
+// bucket's.
+func (g *AlertGate) Streams() []string { return []string{"KV_" + g.kv.Bucket()} }

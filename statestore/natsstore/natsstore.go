@@ -160,6 +160,7 @@ type Store struct {
 	metrics   *statestore.Metrics
 	created   time.Time  // creation time of the stream Open verified
 	mark      *watermark // highest sequence seen stored
+	streams   []string   // the stream and the streams of its buckets (Streams)
 }
 
 // Open creates the event stream, or binds to it when it exists (it never
@@ -245,6 +246,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 		log:       opts.Logger.Named("natsstore"),
 		stamps:    st,
 		metrics:   opts.Metrics,
+		streams:   []string{opts.Stream, "KV_" + opts.StateBucket},
 	}
 	if s.timeout <= 0 {
 		s.timeout = 5 * time.Second
@@ -255,6 +257,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 			_ = st.close()
 			return nil, err
 		}
+		s.streams = append(s.streams, "KV_"+opts.SnapshotBucket)
 	}
 	// Started last: an Open that fails leaves nothing running.
 	mark.start()
@@ -268,6 +271,10 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 	})
 	return s, nil
 }
+
+// Streams are the JetStream streams the store keeps its state in: the
+// event stream, the watermark's bucket and the snapshots' bucket.
+func (s *Store) Streams() []string { return append([]string(nil), s.streams...) }
 
 // Close stops the store's subscription to appended notifications. It does
 // not close the connection. The store keeps working after Close, but each

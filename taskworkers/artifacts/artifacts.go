@@ -322,3 +322,7 @@ func (c *hashCounter) Write(p []byte) (int, error) {
 	c.n += int64(len(p))
 	return c.h.Write(p)
 }
+
+// Streams are the JetStream streams the store keeps artifacts in: its
+// object store's.
+func (s *Store) Streams() []string { return []string{"OBJ_" + s.bucket} }
