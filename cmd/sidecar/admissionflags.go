@@ -51,7 +51,3 @@ func (c *admissionConfig) validate() []string {
 	}
 	return p
 }
-
-func (c *admissionConfig) enabled() bool {
-	return c.Limits.Global > 0 || c.Limits.PerTenant > 0 || c.Limits.PerPlan > 0
-}

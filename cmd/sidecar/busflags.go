@@ -1,23 +1,17 @@
 package main
 
 import (
-	"context"
 	"encoding/base64"
-	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/conductor-sidecar/sidecar/eventbus"
-	"github.com/conductor-sidecar/sidecar/taskworkers/exec"
+	"github.com/conductor-sidecar/sidecar/node"
 	"github.com/conductor-sidecar/sidecar/vocab"
 )
 
@@ -147,87 +141,28 @@ func (c *busConfig) validate() []string {
 	return p
 }
 
-// natsSubjects are the subjects the NATS sinks publish to (the embedded
-// server's permissions grant them).
-func (c *busConfig) natsSubjects() []string {
-	var out []string
-	for _, s := range c.Sinks {
-		if s.Kind == "nats" {
-			out = append(out, s.Params["prefix"]+".events.>")
-		}
-	}
-	return out
-}
-
-// open builds the sinks. A webhook's secret file holds the key: its raw
-// bytes, or "whsec_" and the key in base64 (the Standard Webhooks form).
-func (c *busConfig) open(ctx context.Context, js jetstream.JetStream, replicas int) ([]eventbus.Sink, error) {
-	var out []eventbus.Sink
+// node is the bus as the node opens it. A webhook's secret file holds the
+// key: its raw bytes, or "whsec_" and the key in base64 (the Standard
+// Webhooks form).
+func (c *busConfig) node() (node.Bus, error) {
+	b := node.Bus{MaxAttempts: c.MaxAttempts}
 	for _, s := range c.Sinks {
 		switch s.Kind {
 		case "nats":
 			age, _ := time.ParseDuration(s.Params["max-age"])
-			sink, err := eventbus.OpenNATSSink(ctx, js, eventbus.NATSSinkConfig{Name: s.name(), Vocabulary: s.Params["vocabulary"],
-				Prefix: s.Params["prefix"], MaxAge: age, Replicas: replicas})
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, sink)
+			b.Sinks = append(b.Sinks, node.Sink{NATS: &eventbus.NATSSinkConfig{Name: s.name(), Vocabulary: s.Params["vocabulary"],
+				Prefix: s.Params["prefix"], MaxAge: age}})
 		case "webhook":
 			secret, err := readSecret(s.Params["secret-file"])
 			if err != nil {
-				return nil, fmt.Errorf("--bus-sink %s: %w", s.name(), err)
+				return b, fmt.Errorf("--bus-sink %s: %w", s.name(), err)
 			}
 			timeout, _ := time.ParseDuration(s.Params["timeout"])
-			sink, err := eventbus.NewWebhookSink(eventbus.WebhookSinkConfig{Name: s.name(), Vocabulary: s.Params["vocabulary"],
-				URL: s.Params["url"], Secret: secret, Timeout: timeout})
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, sink)
+			b.Sinks = append(b.Sinks, node.Sink{Webhook: &eventbus.WebhookSinkConfig{Name: s.name(), Vocabulary: s.Params["vocabulary"],
+				URL: s.Params["url"], Secret: secret, Timeout: timeout}})
 		}
 	}
-	return out, nil
-}
-
-// checkNotSelf refuses a webhook sink whose URL reaches one of own, the
-// sidecar's listeners (its API first): it would deliver the log to the
-// sidecar itself. The message names the sink and its host:port only (a
-// URL may carry a token in its query).
-func (c *busConfig) checkNotSelf(ctx context.Context, own []string) error {
-	var deny []exec.Destination
-	for _, a := range own {
-		d, err := exec.ParseDestination(a)
-		if err != nil {
-			return fmt.Errorf("listener address %q: %w", a, err)
-		}
-		deny = append(deny, d)
-	}
-	for _, s := range c.Sinks {
-		if s.Kind != "webhook" {
-			continue
-		}
-		u, err := url.Parse(s.Params["url"])
-		if err != nil || u.Hostname() == "" {
-			return fmt.Errorf("--bus-sink %s: url= is not a URL with a host", s.name())
-		}
-		port := u.Port()
-		if port == "" {
-			port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
-		}
-		n, err := strconv.ParseUint(port, 10, 16)
-		if err != nil || n == 0 {
-			return fmt.Errorf("--bus-sink %s: url= has no valid port", s.name())
-		}
-		hostPort := net.JoinHostPort(u.Hostname(), port)
-		if err := exec.CheckDenied(ctx, u.Hostname(), uint16(n), deny); err != nil {
-			if errors.Is(err, exec.ErrDestinationForbidden) {
-				return fmt.Errorf("--bus-sink %s: url= %s reaches the sidecar's own API (or its pprof or NATS listener), so it would deliver the log to itself; point url= at the consumer", s.name(), hostPort)
-			}
-			return fmt.Errorf("--bus-sink %s: url= %s: %w (it must resolve, to check that it is not the sidecar itself)", s.name(), hostPort, err)
-		}
-	}
-	return nil
+	return b, nil
 }
 
 func readSecret(path string) ([]byte, error) {

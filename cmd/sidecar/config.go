@@ -4,13 +4,20 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/node"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/taskworkers/secrets"
 )
 
 // envOr returns the environment variable name, or def when it is unset.
@@ -94,6 +101,69 @@ func DefaultConfig() Config {
 // postgresStore reports whether --store names a PostgreSQL database.
 func (c *Config) postgresStore() bool {
 	return strings.HasPrefix(c.Store, "postgres://") || strings.HasPrefix(c.Store, "postgresql://")
+}
+
+// node is the configuration of the node serve opens. It binds the API's
+// listeners (own are the process's other listeners, which no step and no
+// webhook may reach) and reads the credential files; the listeners are
+// closed again when it fails.
+func (c *Config) node(log *zap.Logger, own []string) (nc node.Config, err error) {
+	nc = node.Config{ConductorURL: c.ConductorURL, AcceptNewNATSState: c.AcceptNewNATSState,
+		NATSURL: c.NATSURL, NATSURLShown: redactURL(c.NATSURL), Replicas: c.NATSReplicas,
+		Embedded:     natsstore.EmbeddedConfig{DataDir: c.DataDir, Listen: c.NATS.Listen, SyncInterval: c.SyncInterval},
+		DrainTimeout: c.DrainTimeout, WorkerID: c.WorkerID, TaskDomain: c.TaskDomain, Concurrency: c.Concurrency,
+		PollersPerType: c.PollersPerType, ValidateWrites: c.ValidateWrites,
+		Admission: node.Admission{Limits: c.Admission.Limits, Policy: c.Admission.Policy, Delay: c.Admission.Delay},
+		Secrets:   &secrets.Resolver{Logger: log}}
+	if c.postgresStore() {
+		nc.Postgres = c.Store
+	}
+	// The API's address is bound now so that neither the http executor
+	// nor a webhook sink can be pointed at it; the node serves it once
+	// every component is open.
+	if nc.API, err = net.Listen("tcp", c.Listen); err != nil {
+		return nc, fmt.Errorf("listen on %s: %w", c.Listen, err)
+	}
+	defer func() {
+		if err != nil {
+			closeListeners(nc)
+		}
+	}()
+	if c.API.MetricsListen != "" {
+		if nc.Metrics, err = net.Listen("tcp", c.API.MetricsListen); err != nil {
+			return nc, fmt.Errorf("--metrics-listen %s: %w", c.API.MetricsListen, err)
+		}
+		own = append(slices.Clone(own), nc.Metrics.Addr().String())
+	}
+	// Never reachable by an http step or a webhook: the API, the metrics
+	// listener, pprof and NATS (the servers of --nats-url; the node adds
+	// the embedded server's listener).
+	nc.Own = append(append([]string{nc.API.Addr().String()}, own...), natsHostPorts(c.NATSURL)...)
+	if c.NATSURL != "" {
+		if nc.NATSOptions, err = c.NATS.connectOptions(); err != nil {
+			return nc, err
+		}
+	} else if c.NATS.Listen != "" {
+		if nc.Embedded.Password, err = c.NATS.password(); err != nil {
+			return nc, err
+		}
+	}
+	if nc.Bus, err = c.Bus.node(); err != nil {
+		return nc, err
+	}
+	if err := c.Exec.apply(&nc.Exec, nc.Secrets, nc.Own[0], c.ConductorURL, nc.Own[1:]...); err != nil {
+		return nc, err
+	}
+	return nc, c.API.apply(&nc.APIOptions, log)
+}
+
+// closeListeners closes the listeners of nc that no node served.
+func closeListeners(nc node.Config) {
+	for _, ln := range []net.Listener{nc.API, nc.Metrics} {
+		if ln != nil {
+			_ = ln.Close()
+		}
+	}
 }
 
 // ConfigValidationError lists every invalid setting.

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/conductor-sidecar/sidecar/node"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -23,25 +24,38 @@ const (
 	startRetryMax   = 5 * time.Second
 )
 
-// startWithRetry starts the sidecar; with --nats-url it starts it anew
-// while the attempt failed because the NATS cluster is not ready yet
-// (transientStart), for at most --nats-start-timeout. Every component
-// opened by a failed attempt is closed before the next one (startSidecar
-// does), and every open binds to what an earlier attempt or another
-// replica created. Each retry logs one line. An error that is not
-// transient, or the last one once the time is up, ends the start.
+// startWithRetry starts the sidecar; with --nats-url it opens its node
+// anew while the attempt failed because the NATS cluster is not ready yet
+// (transientStart), for at most --nats-start-timeout. The listeners are
+// bound once; every component opened by a failed attempt is closed before
+// the next one (node.Open does), and every open binds to what an earlier
+// attempt or another replica created. Each retry logs one line. An error
+// that is not transient, or the last one once the time is up, ends the
+// start.
 func startWithRetry(ctx context.Context, cfg Config, log *zap.Logger, own ...string) (*sidecar, error) {
 	if cfg.NATSURL == "" || cfg.NATSStartTimeout <= 0 {
 		// The embedded server is ready when it has started.
 		return startSidecar(ctx, cfg, log, own...)
 	}
+	nodeCfg, err := cfg.node(log, own)
+	if err != nil {
+		return nil, err
+	}
+	sc, err := openWithRetry(ctx, &cfg, nodeCfg, log)
+	if err != nil {
+		closeListeners(nodeCfg)
+	}
+	return sc, err
+}
+
+func openWithRetry(ctx context.Context, cfg *Config, nodeCfg node.Config, log *zap.Logger) (*sidecar, error) {
 	began := time.Now()
 	quiet := log.WithOptions(zap.AddStacktrace(zapcore.FatalLevel))
 	attempt, retries := 0, 0
 	var last error
 	sc, err := backoff.Retry(ctx, func() (*sidecar, error) {
 		attempt++
-		sc, err := startSidecar(ctx, cfg, log, own...)
+		sc, err := openSidecar(ctx, cfg, nodeCfg, log)
 		if err != nil {
 			last = err
 			if !transientStart(err) {

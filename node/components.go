@@ -1,0 +1,243 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/admission"
+	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/eventbus"
+	"github.com/conductor-sidecar/sidecar/httpapi"
+	"github.com/conductor-sidecar/sidecar/membership"
+	"github.com/conductor-sidecar/sidecar/runlist"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/pgstore"
+	"github.com/conductor-sidecar/sidecar/taskworkers"
+	"github.com/conductor-sidecar/sidecar/taskworkers/artifacts"
+	"github.com/conductor-sidecar/sidecar/taskworkers/exec"
+)
+
+// openRuns opens the Conductor client and the run index, and pairs a
+// PostgreSQL log with this NATS state. Conductor is ready while it
+// answers.
+func (n *Node) openRuns(ctx context.Context) error {
+	n.adapterM = adapter.NewMetrics(n.reg)
+	conductor, err := adapter.NewClient(adapter.ClientOptions{BaseURL: n.cfg.ConductorURL, Logger: n.log, Metrics: n.adapterM})
+	if err != nil {
+		return err
+	}
+	n.conductor = conductor
+	runs, err := adapter.OpenRuns(ctx, n.js, conductor, n.emitter, adapter.RunsOptions{Logger: n.log, Metrics: n.adapterM, TaskDomain: n.cfg.TaskDomain, Replicas: n.cfg.Replicas})
+	if err != nil {
+		return err
+	}
+	n.runs = runs
+	n.add(part{name: "conductor", check: conductor.Health, streams: runs.Streams()})
+	if pg, ok := n.store.(*pgstore.Store); ok {
+		return n.pairNATS(ctx, pg)
+	}
+	return nil
+}
+
+// openMembers joins the replicas on this NATS, which divide the runs'
+// background work (the watcher's scans, the drain monitor's passes).
+func (n *Node) openMembers(ctx context.Context) error {
+	m, err := membership.Open(ctx, n.js, membership.Options{Name: n.cfg.WorkerID, Replicas: n.cfg.Replicas, Logger: n.log, Metrics: membership.NewMetrics(n.reg)})
+	if err != nil {
+		return err
+	}
+	n.members = m
+	// Closing leaves the members: the others take over this replica's runs now.
+	n.add(part{name: "members", close: m.Close, streams: m.Streams()})
+	return nil
+}
+
+// openList opens the run list (GET /v1/runs, sidecar runs): one replica
+// follows the log into it, every replica mirrors it.
+func (n *Node) openList(ctx context.Context) error {
+	l, err := runlist.Open(ctx, n.js, runlist.Options{Log: n.store, Owner: n.members, Replicas: n.cfg.Replicas, Logger: n.log,
+		Metrics: runlist.NewMetrics(n.reg), Registerer: n.reg})
+	if err != nil {
+		return err
+	}
+	n.list = l
+	n.add(part{name: "run list", close: func(context.Context) error { l.Close(); return nil }, streams: l.Streams()})
+	return nil
+}
+
+// openBus opens the event bus when it has sinks: one replica per sink
+// delivers the log.
+func (n *Node) openBus(ctx context.Context) error {
+	if len(n.cfg.Bus.Sinks) == 0 {
+		return nil
+	}
+	if err := n.cfg.Bus.checkNotSelf(ctx, n.cfg.Own); err != nil {
+		return err
+	}
+	sinks, err := n.cfg.Bus.open(ctx, n.js, n.cfg.Replicas)
+	if err != nil {
+		return err
+	}
+	b, err := eventbus.Open(ctx, n.js, eventbus.Options{Log: n.store, Sinks: sinks, Owner: n.members, MaxAttempts: n.cfg.Bus.MaxAttempts,
+		Replicas: n.cfg.Replicas, Logger: n.log, Metrics: eventbus.NewMetrics(n.reg)})
+	if err != nil {
+		return err
+	}
+	n.bus = b
+	n.add(part{name: "bus", close: func(context.Context) error { b.Close(); return nil }, streams: b.Streams()})
+	return nil
+}
+
+// openAdmission opens admission control when it has limits: starts go
+// through the one decider among the replicas.
+func (n *Node) openAdmission(ctx context.Context) error {
+	a := n.cfg.Admission
+	if !a.enabled() {
+		return nil
+	}
+	c, err := admission.Open(ctx, n.js, admission.Options{Limits: a.Limits, Policy: a.Policy, Delay: a.Delay, Runs: n.runs, Log: n.emitter,
+		Snapshots: n.store, Active: n.list, Owner: n.members, Replicas: n.cfg.Replicas, Logger: n.log, Metrics: admission.NewMetrics(n.reg)})
+	if err != nil {
+		return err
+	}
+	n.admit = c
+	n.add(part{name: "admission", close: func(context.Context) error { c.Close(); return nil }, streams: c.Streams()})
+	return nil
+}
+
+// openWatcher opens the run watcher, which follows Conductor's view of
+// the runs into the log.
+func (n *Node) openWatcher(ctx context.Context) error {
+	n.watcher = adapter.NewWatcher(n.runs, n.store, adapter.WatcherOptions{Owner: n.members, Logger: n.log, Metrics: n.adapterM, DrainTimeout: n.cfg.DrainTimeout})
+	n.add(part{name: "watcher", close: n.watcher.Close})
+	return n.watcher.Open(ctx)
+}
+
+// openDrain opens the drain controller: pause, resume and cancel, and
+// the monitor that ends drains.
+func (n *Node) openDrain(ctx context.Context) error {
+	n.drain = drain.New(n.store, n.emitter, n.conductor, drain.Options{
+		DefaultTimeout: n.cfg.DrainTimeout, Interrupt: n.running.Interrupt, ActiveRuns: n.watcher.OpenRunIDs, Drains: n.runs, Ledger: n.runs, Schedule: n.runs,
+		Owner: n.members, Logger: n.log, Metrics: drain.NewMetrics(n.reg),
+	})
+	n.add(part{name: "drain", close: n.drain.Close})
+	return n.drain.Open(ctx)
+}
+
+// openExecutors opens the artifact store and the executors. Commands a
+// dead process left running end before the workers record their tries
+// ended.
+func (n *Node) openExecutors(ctx context.Context) error {
+	arts, err := artifacts.Open(ctx, n.js, artifacts.Options{Logger: n.log, Replicas: n.cfg.Replicas})
+	if err != nil {
+		return err
+	}
+	n.add(part{name: "artifacts", streams: arts.Streams()})
+	opts := n.cfg.Exec
+	opts.Artifacts, opts.Logger = arts, n.log
+	if n.cfg.NATSURL == "" {
+		// Beside the embedded store, under its lock: the records of running
+		// commands, which the next start ends if this process dies.
+		opts.CommandDir = filepath.Join(n.cfg.Embedded.DataDir, "commands")
+	}
+	n.executors = exec.New(opts)
+	n.add(part{name: "executors", close: n.executors.Close, steps: true})
+	return n.executors.Open(ctx)
+}
+
+// openWorkers registers the task types and starts the task workers.
+// Conductor may still be starting: then the workers retry.
+func (n *Node) openWorkers(ctx context.Context) error {
+	concurrency := map[string]int{}
+	for kind, c := range n.cfg.Concurrency {
+		concurrency[plan.TaskType(kind)] = c
+	}
+	var tasks taskworkers.TaskClient = n.conductor
+	if n.cfg.TaskDomain != "" {
+		tasks = adapter.DomainPoller{Client: n.conductor, Domain: n.cfg.TaskDomain}
+	}
+	w := taskworkers.New(tasks, n.store, n.emitter, n.cfg.Secrets, n.executors.Executors(), taskworkers.Options{
+		WorkerID: n.cfg.WorkerID, Concurrency: concurrency, PollersPerType: n.cfg.PollersPerType, Running: n.running,
+		Guard:          runGuard{n.runs}.check,
+		Recover:        inFlight{n.runs, n.cfg.WorkerID}.tasks,
+		OnTaskDone:     taskDone{n.watcher, n.drain}.nudge,
+		PauseOnFailure: failurePause{n.drain, "sidecar " + n.cfg.WorkerID}.pause,
+		Logger:         n.log, Metrics: taskworkers.NewMetrics(n.reg),
+	})
+	// The task types must exist before polling them; registering is
+	// idempotent.
+	if err := n.conductor.RegisterTaskDefs(ctx, plan.TaskDefs()); err != nil {
+		n.log.Warn("could not register the task definitions yet; they are registered with the first plan", zap.Error(err))
+	}
+	n.add(part{name: "workers", close: w.Close, steps: true})
+	return w.Open(ctx)
+}
+
+// openGuard watches every stream the components keep state in: /readyz
+// reports one deleted or re-created by an administrator. It warns once
+// about a stream whose replica count is not Config.Replicas.
+func (n *Node) openGuard(ctx context.Context) error {
+	streams := n.streams()
+	g, err := natsstore.NewGuard(ctx, n.js, streams...)
+	if err != nil {
+		return err
+	}
+	n.add(part{name: "streams", check: g.Check})
+	reportReplicas(ctx, n.js, n.cfg.Replicas, streams, n.log)
+	return nil
+}
+
+// openAPI serves the control API on Config.API.
+func (n *Node) openAPI(context.Context) error {
+	opts := n.cfg.APIOptions
+	opts.Log, opts.List, opts.Replies, opts.Starter = n.store, n.list, n.replies, n.starter()
+	opts.Control = &httpapi.RunControl{Runs: n.runs, Drain: n.drain}
+	opts.DrainTimeout, opts.Gatherer, opts.Registerer, opts.Logger = n.cfg.DrainTimeout, n.reg, n.reg, n.log
+	// Live: the NATS connection may still come back. Ready: every
+	// component can work now, so an append can succeed.
+	opts.Live, opts.Ready = n.Live, n.Ready
+	if n.bus != nil {
+		opts.Bus = n.bus
+	}
+	if n.admit != nil {
+		opts.Queue = n.admit
+	}
+	api := httpapi.NewServer(opts)
+	api.Open(n.cfg.API)
+	n.add(part{name: "api", close: api.Close})
+	return nil
+}
+
+// starter starts runs: through admission control when it is on.
+func (n *Node) starter() httpapi.Starter {
+	if n.admit != nil {
+		return &httpapi.AdmittedStarter{Admission: n.admit}
+	}
+	return &httpapi.RunStarter{Runs: n.runs}
+}
+
+// openMetrics serves GET /metrics alone on Config.Metrics, when set.
+func (n *Node) openMetrics(context.Context) error {
+	if n.cfg.Metrics == nil {
+		return nil
+	}
+	m := httpapi.NewMetricsServer(n.reg, n.log)
+	m.Open(n.cfg.Metrics)
+	n.log.Info("serving /metrics without authentication", zap.String("metricsListen", n.cfg.Metrics.Addr().String()))
+	n.add(part{name: "metrics", close: m.Close})
+	return nil
+}
+
+// listenerAddr is addr as a destination no step may reach.
+func listenerAddr(addr string) (exec.Destination, error) {
+	d, err := exec.ParseDestination(addr)
+	if err != nil {
+		return d, fmt.Errorf("listener address %q: %w", addr, err)
+	}
+	return d, nil
+}

@@ -1,0 +1,93 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+)
+
+// openNATS starts the embedded server (without NATSURL) and connects to
+// NATS as the sidecar's least-privileged user. NATS is ready while the
+// connection is, the embedded server can write, and JetStream can store.
+func (n *Node) openNATS(ctx context.Context) error {
+	nc, err := n.connectNATS()
+	if err != nil {
+		return err
+	}
+	n.nc, n.lost = nc, nc.StatusChanged(nats.CLOSED)
+	srv := n.srv
+	n.add(part{name: "nats", close: func(context.Context) error {
+		nc.Close()
+		if srv != nil {
+			srv.Shutdown()
+		}
+		return nil
+	}, check: n.checkNATS})
+	if n.js, err = jetstream.New(nc); err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	if err := checkClusterSize(nc, n.cfg.Replicas); err != nil {
+		return err
+	}
+	if srv != nil {
+		if a := srv.Addr(); a != nil {
+			// Never reachable by an http step or a webhook.
+			n.cfg.Own = append(n.cfg.Own, a.String())
+			d, err := listenerAddr(a.String())
+			if err != nil {
+				return err
+			}
+			n.cfg.Exec.HTTPDeny = append(n.cfg.Exec.HTTPDeny, d)
+		}
+	}
+	return nil
+}
+
+func (n *Node) connectNATS() (*nats.Conn, error) {
+	events := newNATSEvents(n.log).options()
+	if n.cfg.NATSURL == "" {
+		ec := n.cfg.Embedded
+		ec.Logger = n.log
+		ec.Permissions = natsstore.Permissions(natsstore.DefaultSubjectPrefix, n.cfg.Bus.natsSubjects()...)
+		srv, err := natsstore.StartEmbedded(ec)
+		if err != nil {
+			return nil, err
+		}
+		n.srv = srv
+		if addr := srv.Addr(); addr != nil {
+			n.log.Info("embedded nats listens for other replicas (user "+natsstore.SidecarUser+")", zap.String("addr", addr.String()))
+		}
+		nc, err := srv.Connect(append(events, nats.Name("sidecar "+n.cfg.WorkerID))...)
+		if err != nil {
+			srv.Shutdown()
+		}
+		return nc, err
+	}
+	opts := append(append(append([]nats.Option(nil), n.cfg.NATSOptions...), events...), nats.Name("sidecar "+n.cfg.WorkerID), nats.MaxReconnects(-1))
+	nc, err := nats.Connect(n.cfg.NATSURL, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to nats %s: %w", n.cfg.NATSURLShown, err)
+	}
+	return nc, nil
+}
+
+func (n *Node) checkNATS(ctx context.Context) error {
+	if !n.nc.IsConnected() {
+		return errors.New("nats not connected")
+	}
+	if n.srv != nil {
+		if err := n.srv.Check(); err != nil {
+			return err
+		}
+	}
+	if _, err := n.js.AccountInfo(ctx); err != nil {
+		return fmt.Errorf("jetstream cannot store: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,71 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+
+	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/taskworkers"
+)
+
+// What the task workers ask of the rest of the node, each named for what
+// it decides.
+
+// runGuard tells the workers whether a task belongs to a run of this
+// deployment started with that workflow (taskworkers.Options.Guard).
+type runGuard struct{ runs *adapter.Runs }
+
+func (g runGuard) check(ctx context.Context, runID, workflowID string) error {
+	_, err := g.runs.EnsureStarted(ctx, runID, workflowID)
+	switch {
+	case errors.Is(err, adapter.ErrConflict):
+		// Our run, another workflow: an orphan of a crashed start.
+		return fmt.Errorf("%w: %v", taskworkers.ErrForeignWorkflow, err)
+	case errors.Is(err, adapter.ErrNotFound):
+		// Not a run of this deployment (another sidecar's, on another
+		// NATS): leave it to its owner.
+		return fmt.Errorf("%w: %v", taskworkers.ErrUnknownRun, err)
+	}
+	return err
+}
+
+// inFlight lists the tasks Conductor still has in progress under this
+// worker id, which a restart recovers (taskworkers.Options.Recover).
+type inFlight struct {
+	runs     *adapter.Runs
+	workerID string
+}
+
+func (f inFlight) tasks(ctx context.Context) ([]model.Task, error) {
+	return f.runs.InFlightTasks(ctx, f.workerID)
+}
+
+// taskDone nudges the watcher when a task may have ended its run, and the
+// drain monitor always (taskworkers.Options.OnTaskDone).
+type taskDone struct {
+	watcher *adapter.Watcher
+	drain   *drain.Controller
+}
+
+func (d taskDone) nudge(runID string, mayEndRun bool) {
+	if mayEndRun {
+		d.watcher.Nudge(runID)
+	}
+	d.drain.Nudge(runID)
+}
+
+// failurePause pauses a run whose step failed for good under
+// onStepFailure: pause (taskworkers.Options.PauseOnFailure).
+type failurePause struct {
+	drain *drain.Controller
+	by    string // requestedBy: this sidecar
+}
+
+func (p failurePause) pause(ctx context.Context, runID, workflowID, stepID string) error {
+	_, err := p.drain.Pause(ctx, runID, workflowID, drain.PauseRequest{Reason: "stepFailed", StepID: stepID, RequestedBy: p.by})
+	return err
+}
