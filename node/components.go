@@ -15,6 +15,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/membership"
 	"github.com/conductor-sidecar/sidecar/runlist"
+	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/pgstore"
 	"github.com/conductor-sidecar/sidecar/taskworkers"
@@ -166,7 +167,7 @@ func (n *Node) openWorkers(ctx context.Context) error {
 		Guard:          runGuard{n.runs}.check,
 		Recover:        inFlight{n.runs, n.cfg.WorkerID}.tasks,
 		OnTaskDone:     taskDone{n.watcher, n.drain}.nudge,
-		PauseOnFailure: failurePause{n.drain, "sidecar " + n.cfg.WorkerID}.pause,
+		PauseOnFailure: failurePause{n.drain, statestore.RequestedByWorker(n.cfg.WorkerID)}.pause,
 		Logger:         n.log, Metrics: taskworkers.NewMetrics(n.reg),
 	})
 	// The task types must exist before polling them; registering is
