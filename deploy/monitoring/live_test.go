@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -19,12 +18,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
 	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
@@ -75,7 +74,6 @@ func TestMonitoring_Live(t *testing.T) {
 			"(go test -run TestMonitoring_Live ./deploy/monitoring/)")
 	}
 	promBin, promtoolBin := tool(t, "prometheus"), tool(t, "promtool")
-	bin := buildSidecar(t)
 
 	// Both sidecars run admission control (one active run per plan: the
 	// scenario's last plan queues a run) and an event
@@ -94,8 +92,8 @@ func TestMonitoring_Live(t *testing.T) {
 		t.Fatal(err)
 	}
 	extra := []string{"--max-active-runs-per-plan", "1", "--bus-sink", "webhook:name=audit,url=" + hook.URL + ",secret-file=" + secret}
-	healthy := startSidecar(t, bin, conductor, "healthy", extra...)
-	down := startSidecar(t, bin, "http://"+freeAddr(t)+"/api", "down", extra...)
+	healthy := startSidecar(t, conductor, "healthy", extra...)
+	down := startSidecar(t, "http://"+sidecartest.FreeAddr(t)+"/api", "down", extra...)
 
 	for _, s := range []*sidecarProc{healthy, down} {
 		checkMetricsLint(t, promtoolBin, s)
@@ -105,14 +103,14 @@ func TestMonitoring_Live(t *testing.T) {
 	began := time.Now()
 	prom.waitTargetsUp(t, 2)
 
-	runScenario(t, bin, healthy)
+	runScenario(t, healthy)
 
 	// The scenario's last changes must be scraped (1s) and evaluated (1s);
 	// PAUSE_DRAIN_TIMEOUT firing shows the rules have seen the timeout.
-	waitFor(t, "PAUSE_DRAIN_TIMEOUT to fire in Prometheus", 60*time.Second, func() bool {
+	sidecartest.WaitFor(t, "PAUSE_DRAIN_TIMEOUT to fire in Prometheus", 60*time.Second, func() bool {
 		return prom.alertState(t, "PAUSE_DRAIN_TIMEOUT", healthy.addr) == "firing"
 	})
-	waitFor(t, "ENGINE_UNAVAILABLE and WORKER_POLL_ERRORS to be pending for the sidecar without Conductor", 60*time.Second, func() bool {
+	sidecartest.WaitFor(t, "ENGINE_UNAVAILABLE and WORKER_POLL_ERRORS to be pending for the sidecar without Conductor", 60*time.Second, func() bool {
 		return prom.alertState(t, "ENGINE_UNAVAILABLE", down.addr) != "" && prom.alertState(t, "WORKER_POLL_ERRORS", down.addr) != ""
 	})
 	time.Sleep(3 * time.Second) // a few more scrapes after the last change
@@ -162,7 +160,7 @@ func TestMonitoring_Live(t *testing.T) {
 // The steps that must still be running when their run is paused or
 // cancelled wait for a gate file the test creates when it is done with
 // them, so how long anything takes on a busy machine changes nothing.
-func runScenario(t *testing.T, bin string, s *sidecarProc) {
+func runScenario(t *testing.T, s *sidecarProc) {
 	ctx := context.Background()
 	server := "http://" + s.addr
 	gates := t.TempDir()
@@ -203,7 +201,7 @@ func runScenario(t *testing.T, bin string, s *sidecarProc) {
 		{"stepId":"after","executor":{"type":"noop"},"dependsOn":["fails"]}]}`)
 
 	started := func(id string, steps ...string) {
-		waitFor(t, "the first steps of "+id+" to start", 60*time.Second, func() bool {
+		sidecartest.WaitFor(t, "the first steps of "+id+" to start", 60*time.Second, func() bool {
 			evs := events(t, s, id)
 			for _, st := range steps {
 				if !hasEvent(evs, statestore.StepStarted, st) {
@@ -228,10 +226,10 @@ func runScenario(t *testing.T, bin string, s *sidecarProc) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			codes[i], outs[i] = runCLI(bin, append(append([]string{"pause"}, args...), "--wait", "--server", server)...)
+			codes[i], outs[i] = runCLI(append(append([]string{"pause"}, args...), "--wait", "--server", server)...)
 		}()
 	}
-	waitFor(t, "the pause of "+drains+" to be recorded", 2*time.Minute, func() bool {
+	sidecartest.WaitFor(t, "the pause of "+drains+" to be recorded", 2*time.Minute, func() bool {
 		return hasEvent(events(t, s, drains), statestore.RunPaused, "")
 	})
 	release(drainGate)
@@ -258,7 +256,7 @@ func runScenario(t *testing.T, bin string, s *sidecarProc) {
 	if v, err := s.client.Cancel(ctx, doomed, "monitoring test"); err != nil || v.Status != statestore.RunStatusCancelled {
 		t.Fatalf("cancel: %v %v", v, err)
 	}
-	waitFor(t, "the failed step's task to be held (handed back)", 60*time.Second, func() bool {
+	sidecartest.WaitFor(t, "the failed step's task to be held (handed back)", 60*time.Second, func() bool {
 		return strings.Contains(httpGet(t, server+"/metrics"), "sidecar_worker_tasks_handed_back_total{")
 	})
 	if v, err := s.client.Cancel(ctx, held, "monitoring test"); err != nil || v.Status != statestore.RunStatusCancelled {
@@ -267,17 +265,17 @@ func runScenario(t *testing.T, bin string, s *sidecarProc) {
 
 	// The timed-out run's steps keep running and complete; then both runs
 	// resume and complete.
-	waitFor(t, "the timed-out run's steps to complete", 60*time.Second, func() bool {
+	sidecartest.WaitFor(t, "the timed-out run's steps to complete", 60*time.Second, func() bool {
 		evs := events(t, s, slow)
 		return hasEvent(evs, statestore.StepCompleted, "s1") && hasEvent(evs, statestore.StepCompleted, "s2")
 	})
 	for _, id := range []string{drains, slow} {
-		if code, out := runCLI(bin, "resume", id, "--server", server); code != 0 {
+		if code, out := runCLI("resume", id, "--server", server); code != 0 {
 			t.Fatalf("resume %s: exit %d\n%s", id, code, out)
 		}
 	}
 	for _, id := range []string{drains, slow} {
-		waitFor(t, "run "+id+" to complete", 60*time.Second, func() bool {
+		sidecartest.WaitFor(t, "run "+id+" to complete", 60*time.Second, func() bool {
 			v, err := s.client.Run(ctx, id)
 			return err == nil && v.Status == statestore.RunStatusCompleted
 		})
@@ -289,7 +287,7 @@ func runScenario(t *testing.T, bin string, s *sidecarProc) {
 	first := submitPlan(t, s, queued)
 	second := submitPlan(t, s, queued)
 	for _, id := range []string{first, second} {
-		waitFor(t, "run "+id+" to complete", 60*time.Second, func() bool {
+		sidecartest.WaitFor(t, "run "+id+" to complete", 60*time.Second, func() bool {
 			v, err := s.client.Run(ctx, id)
 			return err == nil && v.Status == statestore.RunStatusCompleted
 		})
@@ -334,16 +332,10 @@ func hasEvent(evs []statestore.RunEventRecord, eventType, stepID string) bool {
 
 // runCLI runs a client subcommand of the sidecar binary and returns its
 // exit code and combined output.
-func runCLI(bin string, args ...string) (int, string) {
-	out, err := exec.Command(bin, args...).CombinedOutput()
-	var exitErr *exec.ExitError
-	if errors.As(err, &exitErr) {
-		return exitErr.ExitCode(), string(out)
-	}
-	if err != nil {
-		return -1, err.Error()
-	}
-	return 0, string(out)
+func runCLI(args ...string) (int, string) {
+	var out bytes.Buffer
+	code := (&sidecartest.Main{Stdout: &out, Stderr: &out}).Run(context.Background(), args)
+	return code, out.String()
 }
 
 func uniq(prefix string) string { return fmt.Sprintf("%s-%d", prefix, time.Now().UnixNano()) }
@@ -605,110 +597,30 @@ func checkAlertExprs(t *testing.T, prom *prometheus, healthy, down string) {
 
 // ---------------------------------------------------------------- processes
 
-func buildSidecar(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "sidecar")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/conductor-sidecar/sidecar/cmd/sidecar")
-	cmd.Dir = repoRoot
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 type sidecarProc struct {
 	name   string
 	addr   string
 	client *httpapi.Client
 }
 
-// startSidecar runs "sidecar serve" with a 3s drain timeout and a task
-// domain of its own, and stops it
-// (SIGTERM, by pid) when the test ends. It waits for /readyz when
-// Conductor should answer, for /healthz otherwise.
-func startSidecar(t *testing.T, bin, conductorURL, name string, extra ...string) *sidecarProc {
+// startSidecar runs "sidecar serve" with a 3s drain timeout and a worker
+// id and task domain of its own (package sidecartest stops it when the
+// test ends). It waits for /readyz when Conductor should answer, for
+// /healthz otherwise.
+func startSidecar(t *testing.T, conductorURL, name string, extra ...string) *sidecarProc {
 	t.Helper()
-	addr := freeAddr(t)
-	logPath := filepath.Join(t.TempDir(), name+".log")
-	// A task domain of its own: its workers see only its runs' tasks, and
-	// other sidecars polling the same Conductor never take them.
-	domain := "mon" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	args := append([]string{"serve", "--conductor-url", conductorURL, "--data-dir", t.TempDir(), "--listen", addr,
-		"--worker-id", uniq("mon-" + name), "--task-domain", domain,
-		"--drain-timeout", "3s", "--log-format", "console", "--shutdown-grace", "5s"}, extra...)
-	cmd := exec.Command(bin, args...)
-	startProcess(t, cmd, logPath, name+" sidecar")
 	probe := "/readyz"
 	if name == "down" {
 		probe = "/healthz"
 	}
-	waitFor(t, "the "+name+" sidecar to answer "+probe, 30*time.Second, func() bool {
-		resp, err := http.Get("http://" + addr + probe)
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
+	s := sidecartest.Start(t, sidecartest.Options{
+		ConductorURL: conductorURL,
+		Name:         "mon-" + name + "-" + strconv.FormatInt(time.Now().UnixNano(), 36),
+		Args:         append([]string{"--drain-timeout", "3s"}, extra...),
+		Probe:        probe,
+		ReadyWithin:  30 * time.Second,
 	})
-	return &sidecarProc{name: name, addr: addr, client: httpapi.NewClient("http://" + addr)}
-}
-
-// startProcess starts cmd with its output in logPath, and registers its
-// stop (SIGTERM, then SIGKILL after 15s) and, on failure, the log's tail.
-func startProcess(t *testing.T, cmd *exec.Cmd, logPath, what string) {
-	t.Helper()
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", what, err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("%s log (pid %d):\n%s", what, cmd.Process.Pid, tail(string(b), 40))
-		}
-	})
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(s, "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-func waitFor(t *testing.T, what string, within time.Duration, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up after %s waiting for %s", within, what)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	return &sidecarProc{name: name, addr: s.Addr, client: httpapi.NewClient(s.URL())}
 }
 
 func httpGet(t *testing.T, u string) string {
@@ -761,12 +673,12 @@ scrape_configs:
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeAddr(t)
+	addr := sidecartest.FreeAddr(t)
 	cmd := exec.Command(bin, "--config.file="+cfgPath, "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr, "--log.level=warn")
-	startProcess(t, cmd, filepath.Join(dir, "prometheus.log"), "prometheus")
+	sidecartest.StartProcess(t, cmd, addr)
 	p := &prometheus{base: "http://" + addr}
-	waitFor(t, "prometheus to be ready", 60*time.Second, func() bool {
+	sidecartest.WaitFor(t, "prometheus to be ready", 60*time.Second, func() bool {
 		resp, err := http.Get(p.base + "/-/ready")
 		if err != nil {
 			return false
@@ -894,7 +806,7 @@ func (p *prometheus) alertState(t *testing.T, name, instance string) string {
 // waitTargetsUp waits until n targets are scraped successfully.
 func (p *prometheus) waitTargetsUp(t *testing.T, n int) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("prometheus to scrape %d sidecars", n), 60*time.Second, func() bool {
+	sidecartest.WaitFor(t, fmt.Sprintf("prometheus to scrape %d sidecars", n), 60*time.Second, func() bool {
 		res, err := p.query(`up{job="sidecar"} == 1`)
 		return err == nil && len(res) == n
 	})
