@@ -8,11 +8,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
 )
 
 // repoRoot is the sidecar repository, two levels up.
@@ -29,29 +30,20 @@ var flags *serveFlags
 // sidecarBin is the sidecar binary the tests run.
 var sidecarBin string
 
-// TestMain builds the sidecar (or takes SIDECAR_BIN) and reads the flags of
-// `sidecar serve -h` once for every test.
+// TestMain builds the sidecar (or takes SIDECAR_TEST_BINARY; package
+// sidecartest) and reads the flags of `sidecar serve -h` once for every
+// test.
 func TestMain(m *testing.M) {
 	os.Exit(runTests(m))
 }
 
 func runTests(m *testing.M) int {
-	sidecarBin = os.Getenv("SIDECAR_BIN")
-	if sidecarBin == "" {
-		dir, err := os.MkdirTemp("", "sidecar-deploy-test")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer os.RemoveAll(dir)
-		sidecarBin = filepath.Join(dir, "sidecar")
-		build := exec.Command("go", "build", "-o", sidecarBin, "./cmd/sidecar")
-		build.Dir = repoRoot
-		if out, err := build.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "go build ./cmd/sidecar: %v\n%s", err, out)
-			return 1
-		}
+	bin, err := sidecartest.Build()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
+	sidecarBin = bin
 	f, err := loadServeFlags(sidecarBin)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "read the flags of sidecar serve:", err)

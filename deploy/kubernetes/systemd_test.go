@@ -196,16 +196,7 @@ func TestSystemdUnit_Verify(t *testing.T) {
 	if err != nil {
 		t.Skip("systemd-analyze not installed; TestSystemdUnit checked the unit's content")
 	}
-	bin := os.Getenv("SIDECAR_BIN")
-	if bin == "" {
-		bin = filepath.Join(t.TempDir(), "sidecar")
-		build := exec.Command("go", "build", "-o", bin, "./cmd/sidecar")
-		build.Dir = repoRoot
-		if out, err := build.CombinedOutput(); err != nil {
-			t.Fatalf("go build: %v\n%s", err, out)
-		}
-	}
-	bin, err = filepath.Abs(bin)
+	bin, err := filepath.Abs(sidecarBin)
 	if err != nil {
 		t.Fatal(err)
 	}
