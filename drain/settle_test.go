@@ -15,7 +15,7 @@ import (
 // resuming a workflow that is not paused is a conflict. Its pause can be
 // held in flight, to order two calls the other way round from the log
 // (the fault concurrent requests cause now and then on the real
-// Conductor; cmd/sidecar: TestE2E_ConcurrentPauseAndResume is the real
+// Conductor; e2e: TestE2E_ConcurrentPauseAndResume is the real
 // storm).
 type conductorModel struct {
 	mu       sync.Mutex
