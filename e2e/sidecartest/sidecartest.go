@@ -25,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"net"
 	"net/http"
@@ -144,8 +145,9 @@ type Options struct {
 	Addr string
 	// Name is the worker id and the task domain: each serve polls a task
 	// domain of its own, so tasks of other tests' sidecars on the same
-	// Conductor never reach it. Empty means "e2e-" and the data
-	// directory's base name.
+	// Conductor never reach it. Empty means "e2e-", the data directory's
+	// base name and a hash of its whole path (TempDir's base names, such as
+	// 001, repeat across test processes sharing one Conductor).
 	Name string
 	// Args come after the defaults; a repeated flag overrides its default.
 	Args []string
@@ -187,7 +189,9 @@ func Start(tb testing.TB, o Options) *Serve {
 		o.Addr = FreeAddr(tb)
 	}
 	if o.Name == "" {
-		o.Name = "e2e-" + filepath.Base(o.DataDir)
+		h := fnv.New32a()
+		h.Write([]byte(o.DataDir))
+		o.Name = fmt.Sprintf("e2e-%s-%08x", filepath.Base(o.DataDir), h.Sum32())
 	}
 	if o.Probe == "" {
 		o.Probe = "/readyz"
