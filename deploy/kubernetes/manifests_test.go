@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -27,7 +28,8 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// manifests is every object in deploy/kubernetes/*.yaml, decoded strictly.
+// manifests is every object of a set of YAML files or of a chart render,
+// decoded strictly.
 type manifests struct {
 	deployments []*appsv1.Deployment
 	services    []*corev1.Service
@@ -36,7 +38,11 @@ type manifests struct {
 	secrets     []*corev1.Secret
 	budgets     []*policyv1.PodDisruptionBudget
 	policies    []*networkingv1.NetworkPolicy
-	text        map[string]string // file -> raw text
+	// The Prometheus Operator's kinds, which only a chart render with
+	// its values for them holds.
+	serviceMonitors []*monitoringv1.ServiceMonitor
+	rules           []*monitoringv1.PrometheusRule
+	text            map[string]string // file -> raw text
 }
 
 // decodeStrict decodes one YAML document into the API type its apiVersion
@@ -63,6 +69,10 @@ func decodeStrict(doc []byte) (any, error) {
 		obj = &policyv1.PodDisruptionBudget{}
 	case "networking.k8s.io/v1/NetworkPolicy":
 		obj = &networkingv1.NetworkPolicy{}
+	case "monitoring.coreos.com/v1/ServiceMonitor":
+		obj = &monitoringv1.ServiceMonitor{}
+	case "monitoring.coreos.com/v1/PrometheusRule":
+		obj = &monitoringv1.PrometheusRule{}
 	default:
 		return nil, fmt.Errorf("unknown apiVersion/kind %q/%q", tm.APIVersion, tm.Kind)
 	}
@@ -125,25 +135,34 @@ func loadManifestsIn(t *testing.T, dir string) *manifests {
 			if err != nil {
 				t.Fatalf("%s, document %d: %v", file, i+1, err)
 			}
-			switch o := obj.(type) {
-			case *appsv1.Deployment:
-				m.deployments = append(m.deployments, o)
-			case *corev1.Service:
-				m.services = append(m.services, o)
-			case *corev1.ConfigMap:
-				m.configMaps = append(m.configMaps, o)
-			case *corev1.PersistentVolumeClaim:
-				m.claims = append(m.claims, o)
-			case *corev1.Secret:
-				m.secrets = append(m.secrets, o)
-			case *policyv1.PodDisruptionBudget:
-				m.budgets = append(m.budgets, o)
-			case *networkingv1.NetworkPolicy:
-				m.policies = append(m.policies, o)
-			}
+			m.add(obj)
 		}
 	}
 	return m
+}
+
+// add files a decoded object under its kind.
+func (m *manifests) add(obj any) {
+	switch o := obj.(type) {
+	case *appsv1.Deployment:
+		m.deployments = append(m.deployments, o)
+	case *corev1.Service:
+		m.services = append(m.services, o)
+	case *corev1.ConfigMap:
+		m.configMaps = append(m.configMaps, o)
+	case *corev1.PersistentVolumeClaim:
+		m.claims = append(m.claims, o)
+	case *corev1.Secret:
+		m.secrets = append(m.secrets, o)
+	case *policyv1.PodDisruptionBudget:
+		m.budgets = append(m.budgets, o)
+	case *networkingv1.NetworkPolicy:
+		m.policies = append(m.policies, o)
+	case *monitoringv1.ServiceMonitor:
+		m.serviceMonitors = append(m.serviceMonitors, o)
+	case *monitoringv1.PrometheusRule:
+		m.rules = append(m.rules, o)
+	}
 }
 
 // the returns the only element of s.
@@ -457,7 +476,7 @@ func TestService(t *testing.T) {
 	}
 }
 
-// TestReplicated: the variant in replicated/ runs three sidecars on an
+// TestReplicated: the set in replicated/ runs three sidecars on an
 // external NATS cluster with three replicas per stream, keeps two of them
 // up through voluntary disruptions, and keeps the base's pod hardening.
 func TestReplicated(t *testing.T) {

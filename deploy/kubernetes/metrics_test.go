@@ -15,17 +15,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
-// sets is the one-pod set and the replicated set, each with the base
-// directory's Service, Secret and NetworkPolicy (replicated/ is applied
-// with them).
+// sets is the one-pod set and the replicated set, each a complete render
+// of the chart.
 func sets(t *testing.T) map[string]*manifests {
 	t.Helper()
-	base := loadManifests(t)
-	rep := loadManifestsIn(t, "replicated")
-	rep.services = append(rep.services, base.services...)
-	rep.secrets = append(rep.secrets, base.secrets...)
-	rep.policies = append(rep.policies, base.policies...)
-	return map[string]*manifests{"OnePod": base, "Replicated": rep}
+	return map[string]*manifests{"OnePod": loadManifests(t), "Replicated": loadManifestsIn(t, "replicated")}
 }
 
 // TestManifests_MetricsListener: Prometheus scrapes the metrics listener,

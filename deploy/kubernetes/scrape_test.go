@@ -62,8 +62,7 @@ func TestManifests_PrometheusScrapes(t *testing.T) {
 		m    *manifests
 	}{
 		{"OnePod", base},
-		// replicated/ is applied with ../service.yaml and ../secret.yaml.
-		{"Replicated", withBase(loadManifestsIn(t, "replicated"), base)},
+		{"Replicated", loadManifestsIn(t, "replicated")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := the(t, "Deployments", tc.m.deployments)
@@ -103,14 +102,6 @@ func TestManifests_PrometheusScrapes(t *testing.T) {
 			}
 		})
 	}
-}
-
-// withBase adds the Services and Secrets of base to m, as replicated/ is
-// applied with the base directory's service.yaml and secret.yaml.
-func withBase(m, base *manifests) *manifests {
-	m.services = append(m.services, base.services...)
-	m.secrets = append(m.secrets, base.secrets...)
-	return m
 }
 
 // fakePod is the pod the test plays: its name and address.

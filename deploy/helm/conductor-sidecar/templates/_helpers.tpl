@@ -1,0 +1,132 @@
+{{/* The objects' name: the release name when it contains "sidecar", else <release>-sidecar. */}}
+{{- define "sidecar.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains "sidecar" .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-sidecar" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The labels that select the pods. */}}
+{{- define "sidecar.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: sidecar
+{{- end -}}
+
+{{/* The labels of every object: the selector's and more. */}}
+{{- define "sidecar.labels" -}}
+{{ include "sidecar.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* The sidecar image reference. */}}
+{{- define "sidecar.image" -}}
+{{- $ref := printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- if .Values.image.digest -}}{{- $ref = printf "%s@%s" $ref .Values.image.digest -}}{{- end -}}
+{{- $ref -}}
+{{- end -}}
+
+{{/* Whether the sidecar runs the embedded NATS server. */}}
+{{- define "sidecar.embeddedNATS" -}}
+{{- if not .Values.nats.url -}}true{{- end -}}
+{{- end -}}
+
+{{/* Conductor's API URL. */}}
+{{- define "sidecar.conductorURL" -}}
+{{- if .Values.conductor.url -}}
+{{- .Values.conductor.url -}}
+{{- else if .Values.conductor.inPod.enabled -}}
+http://localhost:8080/api
+{{- else -}}
+{{- fail "conductor.url is required (Conductor's API, e.g. http://conductor.conductor.svc:8080/api), or conductor.inPod.enabled for a Conductor in the sidecar's pod" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret with the tokens file. */}}
+{{- define "sidecar.tokensSecret" -}}
+{{- .Values.auth.existingSecret | default (printf "%s-api-tokens" (include "sidecar.fullname" .)) -}}
+{{- end -}}
+
+{{/*
+A Go duration of hours, minutes and seconds ("90s", "1m30s", "2h") in
+seconds; the schema allows no other form.
+*/}}
+{{- define "sidecar.seconds" -}}
+{{- $d := toString . -}}
+{{- $h := regexFind "[0-9]+h" $d | trimSuffix "h" | default "0" | atoi -}}
+{{- $m := regexFind "[0-9]+m" $d | trimSuffix "m" | default "0" | atoi -}}
+{{- $s := regexFind "[0-9]+s" $d | trimSuffix "s" | default "0" | atoi -}}
+{{- add (mul $h 3600) (mul $m 60) $s -}}
+{{- end -}}
+
+{{/* The pod's grace period: config.shutdownGrace + 60s, or the value set (not less). */}}
+{{- define "sidecar.terminationGracePeriodSeconds" -}}
+{{- $need := add (include "sidecar.seconds" .Values.config.shutdownGrace | atoi) 60 -}}
+{{- $set := .Values.terminationGracePeriodSeconds -}}
+{{- if kindIs "invalid" $set -}}
+{{- $need -}}
+{{- else if lt (int $set) (int $need) -}}
+{{- fail (printf "terminationGracePeriodSeconds %v is less than config.shutdownGrace (%s) + 60s = %ds: running steps would be killed before they are handed back" $set .Values.config.shutdownGrace $need) -}}
+{{- else -}}
+{{- int $set -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+GOMEMLIMIT: goMemLimitPercent of resources.limits.memory, in MiB; empty
+when either is unset. The schema allows integer quantities with a binary
+or decimal suffix.
+*/}}
+{{- define "sidecar.goMemLimit" -}}
+{{- $limit := "" -}}
+{{- with .Values.resources.limits -}}{{- $limit = toString (.memory | default "") -}}{{- end -}}
+{{- if and $limit .Values.goMemLimitPercent -}}
+{{- $num := regexFind "^[0-9]+" $limit -}}
+{{- $unit := trimPrefix $num $limit -}}
+{{- $scale := get (dict "" 1 "K" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776) $unit -}}
+{{- $bytes := mul (atoi $num) $scale -}}
+{{- $mib := div (div (mul $bytes .Values.goMemLimitPercent) 100) 1048576 -}}
+{{- if lt (int64 $mib) 1 -}}
+{{- fail (printf "resources.limits.memory %s is too small for GOMEMLIMIT (%d%% of it is under 1MiB)" $limit (int .Values.goMemLimitPercent)) -}}
+{{- end -}}
+{{- printf "%dMiB" (int64 $mib) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The startup probe's failureThreshold at 5s a period: 5 minutes, and longer than nats.startTimeout + 60s. */}}
+{{- define "sidecar.startupFailureThreshold" -}}
+{{- $wait := 0 -}}
+{{- if .Values.nats.url -}}{{- $wait = include "sidecar.seconds" .Values.nats.startTimeout | atoi -}}{{- end -}}
+{{- max 60 (add (div (add $wait 60) 5) 1) -}}
+{{- end -}}
+
+{{/* Values that the schema cannot check: fail with what to change. */}}
+{{- define "sidecar.validate" -}}
+{{- if and (not .Values.nats.url) (gt (int .Values.replicaCount) 1) -}}
+{{- fail (printf "replicaCount %d needs an external NATS cluster (nats.url): the embedded NATS store is a ReadWriteOnce volume that one sidecar may open" (int .Values.replicaCount)) -}}
+{{- end -}}
+{{- if and (not .Values.nats.url) (gt (int .Values.nats.replicas) 1) -}}
+{{- fail "nats.replicas above 1 needs an external NATS cluster (nats.url)" -}}
+{{- end -}}
+{{- if and .Values.nats.url (not .Values.nats.passwordSecret.name) (not .Values.nats.insecureNoAuth) -}}
+{{- fail "nats.url needs credentials: nats.passwordSecret.name (a Secret with the password of nats.user), or nats.insecureNoAuth: true" -}}
+{{- end -}}
+{{- if and .Values.auth.existingSecret .Values.auth.principals -}}
+{{- fail "set auth.principals or auth.existingSecret, not both" -}}
+{{- end -}}
+{{- if and (not .Values.auth.existingSecret) (not .Values.auth.principals) -}}
+{{- fail "auth.principals or auth.existingSecret is required: the API listens on all interfaces in a pod, and serve refuses that without authentication (make a token with `sidecar token new`)" -}}
+{{- end -}}
+{{- if and .Values.tls.clientCASecretName (not .Values.tls.secretName) -}}
+{{- fail "tls.clientCASecretName needs tls.secretName: client certificates are verified on a TLS listener" -}}
+{{- end -}}
+{{- if and .Values.store.postgresURL (regexMatch "^postgres(ql)?://[^/@]*:[^/@]*@" .Values.store.postgresURL) -}}
+{{- fail "store.postgresURL holds a password: keep it out of the URL (it would be in a ConfigMap) and put it in store.passwordSecret" -}}
+{{- end -}}
+{{- $_ := include "sidecar.conductorURL" . -}}
+{{- end -}}

@@ -1,0 +1,494 @@
+package kubernetes
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// update rewrites the files generated from the chart instead of comparing
+// them (deploy/helm/generate.sh).
+var update = flag.Bool("update", false, "rewrite the files generated from the Helm chart")
+
+const (
+	chartDir    = "../helm/conductor-sidecar"
+	examplesDir = "../helm/examples"
+	releaseName = "sidecar"
+)
+
+// renders are the documented values files, alone or layered, each with the
+// plain manifest rendered from it ("" when none is committed).
+var renders = []struct {
+	name   string
+	values []string
+	plain  string
+}{
+	{"OnePod", []string{"one-pod.yaml"}, "sidecar.yaml"},
+	{"Replicated", []string{"replicated.yaml"}, "replicated/sidecar.yaml"},
+	{"Postgres", []string{"postgres.yaml"}, ""},
+	{"PrometheusOperator", []string{"replicated.yaml", "prometheus-operator.yaml"}, ""},
+}
+
+var (
+	helmOnce sync.Once
+	helmPath string
+	helmErr  error
+)
+
+// helmBinary is helm from HELM, or as deploy/helm/install.sh builds it
+// (the pinned version, cached). Without it the test skips, but under CI
+// (CI=true) it fails: CI must run the chart's tests.
+func helmBinary(t *testing.T) string {
+	t.Helper()
+	helmOnce.Do(func() {
+		if p := os.Getenv("HELM"); p != "" {
+			helmPath = p
+			return
+		}
+		cmd := exec.Command("../helm/install.sh")
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			helmErr = fmt.Errorf("deploy/helm/install.sh: %v\n%s", err, stderr.Bytes())
+			return
+		}
+		helmPath = filepath.Join(strings.TrimSpace(string(out)), "helm")
+	})
+	if helmErr != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("helm is needed in CI: %v", helmErr)
+		}
+		t.Skipf("helm cannot be built, so the chart is not tested: %v", helmErr)
+	}
+	return helmPath
+}
+
+// helm runs helm with args and returns its standard output, or its error
+// with standard error.
+func helm(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(helmBinary(t), args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("helm %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	return stdout.String(), nil
+}
+
+// valuesArgs is -f for each values file of examplesDir.
+func valuesArgs(files []string) []string {
+	var args []string
+	for _, f := range files {
+		args = append(args, "-f", filepath.Join(examplesDir, f))
+	}
+	return args
+}
+
+// template renders the chart with the values files and extra arguments
+// (--set ...).
+func template(t *testing.T, files []string, extra ...string) (string, error) {
+	t.Helper()
+	args := append([]string{"template", releaseName, chartDir}, valuesArgs(files)...)
+	return helm(t, append(args, extra...)...)
+}
+
+// decodeRender is every object of a render, decoded strictly.
+func decodeRender(t *testing.T, out string) *manifests {
+	t.Helper()
+	docs, err := splitDocuments([]byte(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &manifests{text: map[string]string{}}
+	for i, doc := range docs {
+		obj, err := decodeStrict(doc)
+		if err != nil {
+			t.Fatalf("document %d: %v\n%s", i+1, err, doc)
+		}
+		m.add(obj)
+		m.text[fmt.Sprintf("document %d (%T)", i+1, obj)] = string(doc)
+	}
+	return m
+}
+
+// TestChart_Lint: helm lint --strict passes for every documented values
+// file, with no template failure (lint reports a template's fail as
+// "[INFO] Fail" and passes). With the chart's defaults the chart fails
+// for want of what it cannot choose: the API's principals.
+func TestChart_Lint(t *testing.T) {
+	for _, r := range renders {
+		t.Run(r.name, func(t *testing.T) {
+			cmd := exec.Command(helmBinary(t), append([]string{"lint", "--strict", chartDir}, valuesArgs(r.values)...)...)
+			out, err := cmd.CombinedOutput()
+			if err != nil || strings.Contains(string(out), "Fail:") || strings.Contains(string(out), "[WARNING]") {
+				t.Fatalf("helm lint: %v\n%s", err, out)
+			}
+		})
+	}
+	t.Run("Defaults", func(t *testing.T) {
+		out, err := template(t, nil)
+		if err == nil || !strings.Contains(err.Error(), "auth.principals or auth.existingSecret is required") {
+			t.Fatalf("helm template with the defaults: got %v\n%.2000s\nwant the failure that asks for auth.principals", err, out)
+		}
+	})
+}
+
+// TestChart_Render decodes every object of every documented render
+// strictly with the Kubernetes (and Prometheus Operator) API types, and
+// checks what each values file is for.
+func TestChart_Render(t *testing.T) {
+	for _, r := range renders {
+		t.Run(r.name, func(t *testing.T) {
+			out, err := template(t, r.values)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := decodeRender(t, out)
+			d := the(t, "Deployments", m.deployments)
+			c := container(t, d, "sidecar")
+			var cm *corev1.ConfigMap
+			for _, x := range m.configMaps {
+				if x.Name == c.EnvFrom[0].ConfigMapRef.Name {
+					cm = x
+				}
+			}
+			if cm == nil {
+				t.Fatalf("no ConfigMap %s", c.EnvFrom[0].ConfigMapRef.Name)
+			}
+			for doc, text := range m.text {
+				if strings.Contains(doc, "PrometheusRule") || strings.Contains(text, "sidecar-dashboard.json:") {
+					continue // the alert rules and the dashboard name alerts SIDECAR_DOWN, SIDECAR_ABSENT
+				}
+				for _, name := range envNamesIn(text) {
+					if !flags.isFlag(name) {
+						t.Errorf("%s names %s, which is no flag of sidecar serve", doc, name)
+					}
+				}
+			}
+			for key := range cm.Data {
+				if !flags.isFlag(key) {
+					t.Errorf("ConfigMap key %s is no flag of sidecar serve", key)
+				}
+			}
+			checkSecretModes(t, d)
+			grace := flags.shutdownGrace(t, cm.Data["SIDECAR_SHUTDOWN_GRACE"])
+			if p := d.Spec.Template.Spec.TerminationGracePeriodSeconds; p == nil || *p < int64((grace+stopBudget).Seconds()) {
+				t.Errorf("terminationGracePeriodSeconds %v: want >= shutdown grace %v + %v", p, grace, stopBudget)
+			}
+			switch r.name {
+			case "Postgres":
+				checkPostgres(t, m, c, cm)
+			case "PrometheusOperator":
+				checkPrometheusOperator(t, m, d)
+			}
+		})
+	}
+}
+
+// checkPostgres: the log in PostgreSQL, the password from a Secret and not
+// in the URL, the embedded NATS server still on its volume.
+func checkPostgres(t *testing.T, m *manifests, c *corev1.Container, cm *corev1.ConfigMap) {
+	t.Helper()
+	store := cm.Data["SIDECAR_STORE"]
+	if !strings.HasPrefix(store, "postgres://") || strings.Contains(strings.SplitN(strings.TrimPrefix(store, "postgres://"), "@", 2)[0], ":") {
+		t.Errorf("SIDECAR_STORE %q: want a postgres:// URL without a password", store)
+	}
+	i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "PGPASSWORD" })
+	if i < 0 || c.Env[i].ValueFrom == nil || c.Env[i].ValueFrom.SecretKeyRef == nil || c.Env[i].ValueFrom.SecretKeyRef.Name == "" {
+		t.Error("PGPASSWORD must come from a Secret")
+	}
+	if cm.Data["SIDECAR_DATA_DIR"] == "" || len(m.claims) != 1 {
+		t.Error("the embedded NATS server keeps the run index beside the database: want SIDECAR_DATA_DIR on a claim")
+	}
+	if len(m.secrets) != 0 {
+		t.Errorf("auth.existingSecret is set: the chart must make no tokens Secret, got %d", len(m.secrets))
+	}
+}
+
+// checkPrometheusOperator: the ServiceMonitor scrapes the metrics port of
+// the pods under the alert rules' job, the PrometheusRule is the project's
+// alert rules (promtool checks them), and the dashboard ConfigMap is the
+// project's dashboard with the label Grafana's sidecar loads.
+func checkPrometheusOperator(t *testing.T, m *manifests, d *appsv1.Deployment) {
+	t.Helper()
+	sm := the(t, "ServiceMonitors", m.serviceMonitors)
+	svc := the(t, "Services", m.services)
+	for k, v := range sm.Spec.Selector.MatchLabels {
+		if svc.Labels[k] != v {
+			t.Errorf("the ServiceMonitor selects %s=%s, which the Service's labels %v lack", k, v, svc.Labels)
+		}
+	}
+	ep := the(t, "ServiceMonitor endpoints", sm.Spec.Endpoints)
+	if ep.Port != "metrics" || ep.Path != "/metrics" {
+		t.Errorf("ServiceMonitor endpoint port %q path %q: want the Service's port metrics, /metrics", ep.Port, ep.Path)
+	}
+	job := ""
+	for _, r := range ep.RelabelConfigs {
+		if r.TargetLabel == "job" && r.Replacement != nil {
+			job = *r.Replacement
+		}
+	}
+	if job != "sidecar" {
+		t.Errorf("ServiceMonitor job %q: want sidecar, the job alerts.yml selects", job)
+	}
+	if len(svc.Annotations) != 0 {
+		t.Errorf("Service annotations %v: the ServiceMonitor scrapes, the prometheus.io annotations would scrape twice", svc.Annotations)
+	}
+
+	rule := the(t, "PrometheusRules", m.rules)
+	specJSON, err := json.Marshal(rule.Spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got, want any
+	if err := json.Unmarshal(specJSON, &got); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(repoRoot, "deploy/prometheus/alerts.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, &want); err != nil {
+		t.Fatal(err)
+	}
+	if gj, wj := mustJSON(t, got), mustJSON(t, want); gj != wj {
+		t.Errorf("the PrometheusRule's groups differ from deploy/prometheus/alerts.yml:\n got %s\nwant %s", gj, wj)
+	}
+	rulesFile := filepath.Join(t.TempDir(), "rules.yml")
+	y, err := yaml.Marshal(rule.Spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(rulesFile, y, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(promtoolBinary(t), "check", "rules", rulesFile)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "SUCCESS") {
+		t.Errorf("promtool check rules on the rendered PrometheusRule: %v\n%s", err, out)
+	}
+
+	var dash *corev1.ConfigMap
+	for _, cm := range m.configMaps {
+		if cm.Labels["grafana_dashboard"] == "1" {
+			dash = cm
+		}
+	}
+	if dash == nil {
+		t.Fatal("no ConfigMap labelled grafana_dashboard=1 (the label Grafana's dashboard sidecar loads)")
+	}
+	file, err := os.ReadFile(filepath.Join(repoRoot, "deploy/grafana/sidecar-dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := dash.Data["sidecar-dashboard.json"]; strings.TrimSpace(got) != strings.TrimSpace(string(file)) || !json.Valid([]byte(got)) {
+		t.Error("the dashboard ConfigMap does not hold deploy/grafana/sidecar-dashboard.json")
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// promtoolBinary is promtool from PATH or Debian's package
+// (deploy/prometheus/install.sh); without it the test skips, under CI it
+// fails.
+func promtoolBinary(t *testing.T) string {
+	t.Helper()
+	if p, err := exec.LookPath("promtool"); err == nil {
+		return p
+	}
+	if st, err := os.Stat("/usr/bin/promtool"); err == nil && st.Mode()&0o111 != 0 {
+		return "/usr/bin/promtool"
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("promtool is needed in CI: run deploy/prometheus/install.sh")
+	}
+	t.Skip("promtool is not installed: run deploy/prometheus/install.sh (Debian's prometheus package) to run this test")
+	return ""
+}
+
+// TestChart_BadValuesFail: values the sidecar cannot run with fail at
+// install (helm template runs the same schema and checks as helm install),
+// each saying what is wrong.
+func TestChart_BadValuesFail(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		values []string
+		set    []string
+		want   string
+	}{
+		{"UnknownKey", []string{"one-pod.yaml"}, []string{"replicas=3"}, "additional properties 'replicas' not allowed"},
+		{"TypoNested", []string{"one-pod.yaml"}, []string{"nats.urls=nats://x:4222"}, "additional properties 'urls' not allowed"},
+		{"ReplicasWithEmbeddedNATS", []string{"one-pod.yaml"}, []string{"replicaCount=3"}, "/replicaCount': value must be 1"},
+		{"NATSReplicasWithEmbeddedNATS", []string{"one-pod.yaml"}, []string{"nats.replicas=3"}, "/nats/replicas': value must be 1"},
+		{"NATSReplicasTooMany", []string{"replicated.yaml"}, []string{"nats.replicas=7"}, "/nats/replicas"},
+		{"NoAuth", nil, []string{"conductor.url=http://c:8080/api"}, "auth.principals or auth.existingSecret is required"},
+		{"NoConductor", nil, []string{"auth.existingSecret=x"}, "conductor.url is required"},
+		{"BadMemory", []string{"one-pod.yaml"}, []string{"resources.limits.memory=1.5Gi"}, "/resources/limits/memory': '1.5Gi' does not match"},
+		{"BadLogLevel", []string{"one-pod.yaml"}, []string{"config.logLevel=verbose"}, "/config/logLevel': value must be one of"},
+		{"BadShutdownGrace", []string{"one-pod.yaml"}, []string{"config.shutdownGrace=500ms"}, "/config/shutdownGrace'"},
+		{"GraceTooShort", []string{"one-pod.yaml"}, []string{"config.shutdownGrace=2m", "terminationGracePeriodSeconds=120"}, "terminationGracePeriodSeconds 120 is less than"},
+		{"ExternalNATSWithoutCredentials", []string{"replicated.yaml"}, []string{"nats.passwordSecret.name="}, "nats.url needs credentials"},
+		{"ExtraNotAFlagName", []string{"one-pod.yaml"}, []string{"config.extra.MAX_RUNS=1"}, "'MAX_RUNS' does not match pattern '^SIDECAR_"},
+		{"ExtraOverridesChart", []string{"one-pod.yaml"}, []string{"config.extra.SIDECAR_LISTEN=127.0.0.1:8787"}, "invalid propertyName 'SIDECAR_LISTEN'"},
+		{"PrincipalBadHash", []string{"one-pod.yaml"}, []string{"auth.principals[0].tokenSha256=abc"}, "/auth/principals/0/tokenSha256'"},
+		{"PrincipalBadRole", []string{"one-pod.yaml"}, []string{"auth.principals[0].roles[0]=root"}, "/auth/principals/0/roles/0': value must be one of"},
+		{"PrincipalsAndExistingSecret", []string{"one-pod.yaml"}, []string{"auth.existingSecret=mine"}, "not both"},
+		{"PostgresPasswordInURL", []string{"postgres.yaml"}, []string{"store.postgresURL=postgres://u:secret@h:5432/d"}, "holds a password"},
+		{"ClientCAWithoutTLS", []string{"one-pod.yaml"}, []string{"tls.clientCASecretName=ca"}, "needs tls.secretName"},
+		{"BadNATSURL", []string{"replicated.yaml"}, []string{"nats.url=http://nats:4222"}, "/nats/url': 'http://nats:4222' does not match"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var extra []string
+			for _, s := range tc.set {
+				extra = append(extra, "--set", s)
+			}
+			out, err := template(t, tc.values, extra...)
+			if err == nil {
+				t.Fatalf("helm template succeeded, want a failure mentioning %q:\n%.2000s", tc.want, out)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("helm template failed without mentioning %q: %v", tc.want, err)
+			}
+		})
+	}
+}
+
+// TestChart_GoMemLimit: GOMEMLIMIT is goMemLimitPercent of the memory
+// limit, whatever its unit, and unset without either.
+func TestChart_GoMemLimit(t *testing.T) {
+	for _, tc := range []struct {
+		set  []string // --set-string for quantities, --set for numbers and null
+		want string
+	}{
+		{nil, "921MiB"}, // 1Gi
+		{[]string{"--set-string", "resources.limits.memory=512Mi"}, "460MiB"},
+		{[]string{"--set-string", "resources.limits.memory=2G"}, "1716MiB"},
+		{[]string{"--set-string", "resources.limits.memory=4294967296"}, "3686MiB"},
+		{[]string{"--set", "goMemLimitPercent=80"}, "819MiB"},
+		{[]string{"--set", "goMemLimitPercent=0"}, ""},
+		{[]string{"--set", "resources.limits=null"}, ""},
+	} {
+		t.Run(strings.Join(tc.set, " "), func(t *testing.T) {
+			extra := tc.set
+			out, err := template(t, []string{"one-pod.yaml"}, extra...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := container(t, the(t, "Deployments", decodeRender(t, out).deployments), "sidecar")
+			got := ""
+			for _, e := range c.Env {
+				if e.Name == "GOMEMLIMIT" {
+					got = e.Value
+				}
+			}
+			if got != tc.want {
+				t.Errorf("GOMEMLIMIT %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestChart_GeneratedFiles: what is generated from the chart or for it is
+// current: the plain manifests (helm template of the documented values
+// files), the chart's copies of the alert rules and the dashboard, and the
+// values reference in docs/helm.md. go test -run TestChart_GeneratedFiles
+// -update (deploy/helm/generate.sh) rewrites them.
+func TestChart_GeneratedFiles(t *testing.T) {
+	type gen struct {
+		path string
+		want []byte
+	}
+	var files []gen
+	for _, r := range renders {
+		if r.plain == "" {
+			continue
+		}
+		out, err := template(t, r.values)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, v := range r.values {
+			names = append(names, "deploy/helm/examples/"+v)
+		}
+		header := "# Generated from the Helm chart deploy/helm/conductor-sidecar with\n# " +
+			strings.Join(names, ", ") + " by deploy/helm/generate.sh.\n" +
+			"# Edit the chart or the values file, not this file. `kubectl apply -f` it, or\n" +
+			"# install the chart with the same values: helm install sidecar deploy/helm/conductor-sidecar -f " +
+			names[0] + "\n"
+		files = append(files, gen{r.plain, []byte(header + out)})
+	}
+	for src, dst := range map[string]string{
+		"deploy/prometheus/alerts.yml":          "files/alerts.yml",
+		"deploy/grafana/sidecar-dashboard.json": "files/sidecar-dashboard.json",
+	} {
+		b, err := os.ReadFile(filepath.Join(repoRoot, src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, gen{filepath.Join(chartDir, dst), b})
+	}
+	docPath := filepath.Join(repoRoot, "docs/helm.md")
+	doc, err := os.ReadFile(docPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := valuesReference(filepath.Join(chartDir, "values.schema.json"), filepath.Join(chartDir, "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	newDoc, err := replaceBetween(string(doc), refBegin, refEnd, ref)
+	if err != nil {
+		t.Fatalf("docs/helm.md: %v", err)
+	}
+	files = append(files, gen{docPath, []byte(newDoc)})
+
+	for _, f := range files {
+		got, _ := os.ReadFile(f.path)
+		if bytes.Equal(got, f.want) {
+			continue
+		}
+		if *update {
+			if err := os.MkdirAll(filepath.Dir(f.path), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(f.path, f.want, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("rewrote %s", f.path)
+			continue
+		}
+		t.Errorf("%s is not current: run deploy/helm/generate.sh", f.path)
+	}
+}
+
+// replaceBetween replaces what is between the lines begin and end of doc.
+func replaceBetween(doc, begin, end, body string) (string, error) {
+	i := strings.Index(doc, begin+"\n")
+	j := strings.Index(doc, end+"\n")
+	if i < 0 || j < i {
+		return "", fmt.Errorf("want the lines %q and %q", begin, end)
+	}
+	return doc[:i+len(begin)+1] + body + doc[j:], nil
+}
