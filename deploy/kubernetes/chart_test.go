@@ -187,7 +187,7 @@ func TestChart_Render(t *testing.T) {
 			checkSecretModes(t, d)
 			grace := flags.shutdownGrace(t, cm.Data["SIDECAR_SHUTDOWN_GRACE"])
 			if p := d.Spec.Template.Spec.TerminationGracePeriodSeconds; p == nil || *p < int64((grace+stopBudget).Seconds()) {
-				t.Errorf("terminationGracePeriodSeconds %v: want >= shutdown grace %v + %v", p, grace, stopBudget)
+				t.Errorf("terminationGracePeriodSeconds %s: want >= shutdown grace %v + %v", fmtSeconds(p), grace, stopBudget)
 			}
 			switch r.name {
 			case "Postgres":
@@ -491,4 +491,12 @@ func replaceBetween(doc, begin, end, body string) (string, error) {
 		return "", fmt.Errorf("want the lines %q and %q", begin, end)
 	}
 	return doc[:i+len(begin)+1] + body + doc[j:], nil
+}
+
+// fmtSeconds is a grace period, or "unset".
+func fmtSeconds(p *int64) string {
+	if p == nil {
+		return "unset"
+	}
+	return fmt.Sprintf("%ds", *p)
 }
