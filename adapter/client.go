@@ -18,6 +18,8 @@ import (
 	"github.com/conductor-sdk/conductor-go/sdk/model"
 	"github.com/conductor-sdk/conductor-go/sdk/settings"
 	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/errcode"
 )
 
 // DefaultBaseURL is the Conductor API base URL used when ClientOptions.BaseURL
@@ -141,7 +143,7 @@ func (c *Client) observe(op string, start time.Time, err error) {
 	case errors.Is(err, context.Canceled):
 		result = resultCanceled
 	default:
-		result = CodeOf(err)
+		result = errcode.CodeOf(err)
 		if result == "" {
 			result = CodeEngineUnavailable
 		}

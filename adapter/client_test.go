@@ -4,6 +4,7 @@ import (
 	"reflect"
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+	"github.com/conductor-sidecar/sidecar/errcode"
 
 	"context"
 	"errors"
@@ -58,8 +59,8 @@ func TestClient_Unavailable(t *testing.T) {
 		}
 		for name, call := range calls {
 			err := call()
-			if !errors.Is(err, ErrEngineUnavailable) || CodeOf(err) != CodeEngineUnavailable {
-				t.Errorf("%s: got %v (code %q), want ENGINE_UNAVAILABLE", name, err, CodeOf(err))
+			if !errors.Is(err, ErrEngineUnavailable) || errcode.CodeOf(err) != CodeEngineUnavailable {
+				t.Errorf("%s: got %v (code %q), want ENGINE_UNAVAILABLE", name, err, errcode.CodeOf(err))
 			}
 		}
 		if got := counterValue(t, m.requests[[2]string{opGetWorkflow, CodeEngineUnavailable}]); got != 1 {

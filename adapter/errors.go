@@ -1,9 +1,10 @@
 package adapter
 
 import (
-	"errors"
 	"fmt"
 	"time"
+
+	"github.com/conductor-sidecar/sidecar/errcode"
 )
 
 // Error codes of the RunFailed events the watcher appends (payload.error.code).
@@ -55,6 +56,19 @@ const (
 	CodeRunRegistryUnavailable = "RUN_REGISTRY_UNAVAILABLE"
 )
 
+// kinds are the kinds of the adapter's codes: Conductor's 404 is NotFound,
+// its 409 Conflict, its other 4xx Upstream, no answer (or 5xx) Unavailable.
+var kinds = map[string]errcode.Kind{
+	CodeEngineUnavailable:      errcode.Unavailable,
+	CodeNotFound:               errcode.NotFound,
+	CodeConflict:               errcode.Conflict,
+	CodeEngineRejected:         errcode.Upstream,
+	CodePlanVersionConflict:    errcode.Conflict,
+	CodeInvalidInput:           errcode.Invalid,
+	CodeRunStartInProgress:     errcode.Conflict,
+	CodeRunRegistryUnavailable: errcode.Unavailable,
+}
+
 // Error is an adapter error with a machine-readable Code. Op names the
 // operation ("start workflow", "resume"), Status is Conductor's HTTP status
 // when there was an answer, Message is Conductor's own message (or ours),
@@ -90,23 +104,21 @@ func (e *Error) Error() string {
 	return s
 }
 
-// ErrorCode returns the machine code (for callers that match codes through
-// an interface rather than this package's sentinels).
+// ErrorCode returns the machine code.
 func (e *Error) ErrorCode() string { return e.Code }
+
+// ErrorKind returns the code's kind: callers that must not import the
+// adapter ask errors.Is(err, errcode.NotFound) of a Conductor call.
+func (e *Error) ErrorKind() errcode.Kind { return kinds[e.Code] }
 
 // Unwrap returns the underlying cause (a transport error, a JetStream
 // error, context.DeadlineExceeded), if any.
 func (e *Error) Unwrap() error { return e.Err }
 
-// Is matches a sentinel with the same Code, so that
-// errors.Is(err, adapter.ErrEngineUnavailable) works on every instance.
-func (e *Error) Is(target error) bool {
-	var t *Error
-	if !errors.As(target, &t) {
-		return false
-	}
-	return t.Code == e.Code && t.Op == "" && t.Message == "" && t.Status == 0
-}
+// Is matches an *Error with the same Code, so that
+// errors.Is(err, adapter.ErrEngineUnavailable) works on every instance,
+// and the code's kind (errors.Is(err, errcode.Conflict)).
+func (e *Error) Is(target error) bool { return errcode.Match(e, target) }
 
 // Sentinel errors, matched with errors.Is. Every error the adapter returns
 // for a Conductor call or a run-registry operation is an *Error matching one
@@ -136,15 +148,6 @@ var (
 	// error.
 	ErrRunRegistryUnavailable = &Error{Code: CodeRunRegistryUnavailable}
 )
-
-// CodeOf returns the machine code of err, or "" when err carries none.
-func CodeOf(err error) string {
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Code
-	}
-	return ""
-}
 
 func invalidInput(op, format string, args ...any) *Error {
 	return &Error{Code: CodeInvalidInput, Op: op, Message: fmt.Sprintf(format, args...)}

@@ -16,6 +16,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -71,7 +72,7 @@ func TestRuns_RegisterPlan(t *testing.T) {
 		// Same process (cache), another replica (KV record).
 		for name, r := range map[string]*Runs{"cache": a, "registry": env.newRuns(t, u, RunsOptions{})} {
 			err := r.RegisterPlan(ctx, changed)
-			if !errors.Is(err, ErrPlanConflict) || CodeOf(err) != CodePlanVersionConflict {
+			if !errors.Is(err, ErrPlanConflict) || errcode.CodeOf(err) != CodePlanVersionConflict {
 				t.Errorf("%s: got %v, want PLAN_VERSION_CONFLICT", name, err)
 			}
 		}
@@ -241,7 +242,7 @@ func TestRuns_StartRun(t *testing.T) {
 		// The plan is registered in the run index but this replica has
 		// not registered it in (its) Conductor: the first call fails there.
 		_, err := down.StartRun(ctx, request(p, "req-down"))
-		if !errors.Is(err, ErrEngineUnavailable) || CodeOf(err) != CodeEngineUnavailable {
+		if !errors.Is(err, ErrEngineUnavailable) || errcode.CodeOf(err) != CodeEngineUnavailable {
 			t.Fatalf("got %v, want ENGINE_UNAVAILABLE", err)
 		}
 		// Same with the plan cached, so that StartWorkflow is what fails.

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -372,7 +373,7 @@ func definitelyNotWritten(err error) bool {
 func (r *Runs) abandon(ctx context.Context, rec *Run, rev uint64, cause error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.conductor.timeout)
 	defer cancel()
-	reason := "sidecar: start abandoned: RunStarted could not be recorded: " + statestore.CodeOf(cause)
+	reason := "sidecar: start abandoned: RunStarted could not be recorded: " + errcode.CodeOf(cause)
 	if err := r.conductor.Terminate(ctx, rec.WorkflowID, reason); err != nil {
 		// The record stays: the watcher's orphan rules retry it.
 		r.log.Error("could not terminate the workflow of an abandoned start; the watcher retries", zap.String("runId", rec.RunID),

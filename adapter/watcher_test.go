@@ -23,6 +23,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -357,7 +358,7 @@ func TestWatcher_Scan(t *testing.T) {
 		}
 		down := env.newRuns(t, unusedURL(t), RunsOptions{})
 		w := NewWatcher(down, env.store, WatcherOptions{})
-		if err := w.Check(ctx, res.Run.RunID); CodeOf(err) != CodeEngineUnavailable {
+		if err := w.Check(ctx, res.Run.RunID); errcode.CodeOf(err) != CodeEngineUnavailable {
 			t.Fatalf("got %v, want ENGINE_UNAVAILABLE", err)
 		}
 		if got, _ := r.Run(ctx, res.Run.RunID); got.State != RunStateStarted {

@@ -1,6 +1,10 @@
 package admission
 
-import "time"
+import (
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/errcode"
+)
 
 // Machine codes of the package's errors (the API's "code").
 const (
@@ -12,6 +16,13 @@ const (
 	// CodeInvalid: admission options that cannot work.
 	CodeInvalid = "ADMISSION_INVALID"
 )
+
+// kinds are the kinds of the package's codes.
+var kinds = map[string]errcode.Kind{
+	CodeRejected:    errcode.Rejected,
+	CodeUnavailable: errcode.Unavailable,
+	CodeInvalid:     errcode.Invalid,
+}
 
 // Error is an error of the package with a machine code. Errors with the
 // same code match with errors.Is.
@@ -37,14 +48,14 @@ func (e *Error) Error() string {
 // Unwrap returns the cause.
 func (e *Error) Unwrap() error { return e.Err }
 
-// Is matches errors of the same code.
-func (e *Error) Is(target error) bool {
-	t, ok := target.(*Error)
-	return ok && t.Code == e.Code
-}
+// Is matches errors of the same code, and the code's kind.
+func (e *Error) Is(target error) bool { return errcode.Match(e, target) }
 
 // ErrorCode returns the machine code.
 func (e *Error) ErrorCode() string { return e.Code }
+
+// ErrorKind returns the code's kind.
+func (e *Error) ErrorKind() errcode.Kind { return kinds[e.Code] }
 
 // Errors of the package, matched with errors.Is.
 var (

@@ -1,20 +1,26 @@
 package drain
 
-import "github.com/conductor-sidecar/sidecar/statestore"
+import (
+	"github.com/conductor-sidecar/sidecar/errcode"
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
 
 // Machine codes of the controller's own errors; the others are the event
 // log's (statestore: INVALID_TRANSITION, SCHEMA_VALIDATION_FAILED,
 // STORE_UNAVAILABLE, RUN_CHANGED) and the timeout's (statestore.PauseDrainTimeoutCode).
 const (
 	// CodeRunNotFound: no run with that id.
-	CodeRunNotFound = "RUN_NOT_FOUND"
+	CodeRunNotFound = statestore.CodeRunNotFound
 	// CodeStepNotFound: the run has no step with that id (none of its
 	// events names it).
 	CodeStepNotFound = "STEP_NOT_FOUND"
 )
 
-// Errors of the controller, matched with errors.Is.
+// Errors of the controller, matched with errors.Is; both are
+// errcode.NotFound.
 var (
-	ErrRunNotFound  = &statestore.Error{Code: CodeRunNotFound, Message: "no such run"}
-	ErrStepNotFound = &statestore.Error{Code: CodeStepNotFound, Message: "no such step in this run"}
+	// ErrRunNotFound matches every RUN_NOT_FOUND error of the controller.
+	ErrRunNotFound = &statestore.Error{Code: CodeRunNotFound, Kind: errcode.NotFound, Message: "no such run"}
+	// ErrStepNotFound matches every STEP_NOT_FOUND error.
+	ErrStepNotFound = &statestore.Error{Code: CodeStepNotFound, Kind: errcode.NotFound, Message: "no such step in this run"}
 )

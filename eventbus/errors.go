@@ -1,5 +1,7 @@
 package eventbus
 
+import "github.com/conductor-sidecar/sidecar/errcode"
+
 // Machine codes of the package's errors (the API's "code").
 const (
 	// CodeSinkInvalid: a sink definition that cannot work (--bus-sink).
@@ -17,6 +19,15 @@ const (
 	// could not be read or written.
 	CodeUnavailable = "BUS_UNAVAILABLE"
 )
+
+// kinds are the kinds of the package's codes.
+var kinds = map[string]errcode.Kind{
+	CodeSinkInvalid:    errcode.Invalid,
+	CodeSinkUnknown:    errcode.NotFound,
+	CodeDeliveryFailed: errcode.Unavailable,
+	CodeRejected:       errcode.Upstream,
+	CodeUnavailable:    errcode.Unavailable,
+}
 
 // Error is an error of the bus with a machine code. Errors with the same
 // code match with errors.Is.
@@ -40,14 +51,14 @@ func (e *Error) Error() string {
 // Unwrap returns the cause.
 func (e *Error) Unwrap() error { return e.Err }
 
-// Is matches errors of the same code.
-func (e *Error) Is(target error) bool {
-	t, ok := target.(*Error)
-	return ok && t.Code == e.Code
-}
+// Is matches errors of the same code, and the code's kind.
+func (e *Error) Is(target error) bool { return errcode.Match(e, target) }
 
 // ErrorCode returns the machine code (the API's "code").
 func (e *Error) ErrorCode() string { return e.Code }
+
+// ErrorKind returns the code's kind.
+func (e *Error) ErrorKind() errcode.Kind { return kinds[e.Code] }
 
 // Errors of the package, matched with errors.Is.
 var (

@@ -1,6 +1,11 @@
 package registry
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/conductor-sidecar/sidecar/errcode"
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
 
 // Sentinel errors, matched with errors.Is. Errors returned by the registry
 // wrap one of them and, where there is one, the underlying jetstream error.
@@ -27,6 +32,8 @@ var (
 
 	// ErrUnavailable wraps every other failure of the KV bucket (timeouts,
 	// a closed connection, a missing bucket, a cancelled context). The
-	// outcome of a write is then unknown; retrying the call is safe.
-	ErrUnavailable = errors.New("registry: unavailable")
+	// outcome of a write is then unknown; retrying the call is safe. Its
+	// code is the log's STORE_UNAVAILABLE: the registry is part of the
+	// log's write path.
+	ErrUnavailable = errcode.New(errcode.Unavailable, statestore.CodeStoreUnavailable, "registry: unavailable")
 )

@@ -1,6 +1,11 @@
 package runlist
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/conductor-sidecar/sidecar/errcode"
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
 
 // Machine codes of the package's errors (the API's "code").
 const (
@@ -14,11 +19,21 @@ const (
 	CodeSyncing = "RUN_LIST_SYNCING"
 )
 
+// kinds are the kinds of the package's codes.
+var kinds = map[string]errcode.Kind{
+	CodeSelectorInvalid: errcode.Invalid,
+	CodeContinueInvalid: errcode.Invalid,
+	CodeSyncing:         errcode.Unavailable,
+}
+
 // Error is an error of the list with a machine code. Errors with the same
 // code match with errors.Is.
 type Error struct {
 	Code    string
 	Message string
+	// Err is the cause (the selector parser's error), if any; Message
+	// already says it.
+	Err error
 }
 
 func (e *Error) Error() string {
@@ -28,11 +43,17 @@ func (e *Error) Error() string {
 	return "runlist: " + e.Code + ": " + e.Message
 }
 
-// Is matches errors of the same code.
-func (e *Error) Is(target error) bool {
-	t, ok := target.(*Error)
-	return ok && t.Code == e.Code
-}
+// Unwrap returns the cause, if any.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Is matches errors of the same code, and the code's kind.
+func (e *Error) Is(target error) bool { return errcode.Match(e, target) }
+
+// ErrorCode returns the machine code (the API's "code").
+func (e *Error) ErrorCode() string { return e.Code }
+
+// ErrorKind returns the code's kind.
+func (e *Error) ErrorKind() errcode.Kind { return kinds[e.Code] }
 
 // Errors of the package, matched with errors.Is.
 var (
@@ -41,10 +62,11 @@ var (
 	// ErrContinueInvalid: see CodeContinueInvalid.
 	ErrContinueInvalid = &Error{Code: CodeContinueInvalid}
 	// ErrSyncing: see CodeSyncing.
-	ErrSyncing = &Error{Code: CodeSyncing}
+	ErrSyncing = &Error{Code: CodeSyncing, Message: "the run list is being read from NATS; try again in a second"}
 	// ErrUnavailable wraps a failure of the list's KV bucket or of the
-	// log (a timeout, a closed connection).
-	ErrUnavailable = errors.New("runlist: unavailable")
+	// log (a timeout, a closed connection). Its code is the log's
+	// STORE_UNAVAILABLE: the list is a view of the log.
+	ErrUnavailable = errcode.New(errcode.Unavailable, statestore.CodeStoreUnavailable, "runlist: unavailable")
 	// ErrInvalidOptions: Open was given options that cannot work.
 	ErrInvalidOptions = errors.New("runlist: invalid options")
 )

@@ -45,7 +45,7 @@ func ParseSelector(s string) (labels.Selector, error) {
 	}
 	sel, err := labels.Parse(s)
 	if err != nil {
-		return nil, &Error{Code: CodeSelectorInvalid, Message: err.Error()}
+		return nil, &Error{Code: CodeSelectorInvalid, Message: err.Error(), Err: err}
 	}
 	if reqs, _ := sel.Requirements(); len(reqs) > MaxSelectorTerms {
 		return nil, &Error{Code: CodeSelectorInvalid, Message: fmt.Sprintf("the selector has %d terms; the limit is %d", len(reqs), MaxSelectorTerms)}

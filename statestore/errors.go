@@ -1,8 +1,9 @@
 package statestore
 
 import (
-	"errors"
 	"fmt"
+
+	"github.com/conductor-sidecar/sidecar/errcode"
 )
 
 // PauseDrainTimeoutCode is the machine code of a drain timeout; the payload
@@ -30,17 +31,35 @@ const (
 	// run's log moved past the runSeq the producer decided on; nothing was
 	// written. The producer reads the run's state again and decides again.
 	CodeRunChanged = "RUN_CHANGED"
+	// CodeRunNotFound: the log has no event of the run (ErrNotFound).
+	CodeRunNotFound = "RUN_NOT_FOUND"
 )
+
+// kinds are the kinds of statestore's codes.
+var kinds = map[string]errcode.Kind{
+	CodeSchemaValidationFailed: errcode.Invalid,
+	CodeInvalidTransition:      errcode.Conflict,
+	CodeStoreUnavailable:       errcode.Unavailable,
+	CodeStoreDamaged:           errcode.Unavailable,
+	CodeRunChanged:             errcode.Conflict,
+	CodeRunNotFound:            errcode.NotFound,
+}
 
 // Error is a contract error with a machine-readable Code. Field names the
 // offending JSON field when there is one. Meta carries deterministic details
 // (for INVALID_TRANSITION: runId, stepId, expectedState, actualState,
 // attemptedEventType) so that a retry gets the identical answer.
+//
+// Other packages whose errors are about the log use Error with codes of
+// their own (drain's RUN_NOT_FOUND, pgstore's STORE_ROLE_REFUSED) and give
+// their kind in Kind; statestore's own codes have theirs whatever Kind
+// says.
 type Error struct {
 	Code    string            `json:"code"`
 	Field   string            `json:"field,omitempty"`
 	Message string            `json:"message"`
 	Meta    map[string]string `json:"meta,omitempty"`
+	Kind    errcode.Kind      `json:"-"`
 	Err     error             `json:"-"`
 }
 
@@ -54,15 +73,21 @@ func (e *Error) Error() string {
 // Unwrap returns the underlying cause, if any.
 func (e *Error) Unwrap() error { return e.Err }
 
-// Is matches any *Error with the same Code, so that
-// errors.Is(err, statestore.ErrSchemaValidation) works on every instance.
-func (e *Error) Is(target error) bool {
-	var t *Error
-	if !errors.As(target, &t) {
-		return false
+// ErrorCode returns the machine code.
+func (e *Error) ErrorCode() string { return e.Code }
+
+// ErrorKind returns the kind of the code: statestore's own, else Kind.
+func (e *Error) ErrorKind() errcode.Kind {
+	if k, ok := kinds[e.Code]; ok {
+		return k
 	}
-	return t.Code == e.Code && t.Field == "" && t.Message == ""
+	return e.Kind
 }
+
+// Is matches any *Error with the same Code, so that
+// errors.Is(err, statestore.ErrSchemaValidation) works on every instance,
+// and the code's kind (errors.Is(err, errcode.Conflict)).
+func (e *Error) Is(target error) bool { return errcode.Match(e, target) }
 
 // Sentinel errors, matched with errors.Is.
 var (
@@ -76,18 +101,10 @@ var (
 	ErrDamaged = &Error{Code: CodeStoreDamaged}
 	// ErrRunChanged matches every RUN_CHANGED error.
 	ErrRunChanged = &Error{Code: CodeRunChanged}
-	// ErrNotFound is returned when a run has no events.
-	ErrNotFound = errors.New("statestore: run not found")
+	// ErrNotFound is returned when a run has no events (RUN_NOT_FOUND,
+	// matched by identity).
+	ErrNotFound = errcode.New(errcode.NotFound, CodeRunNotFound, "statestore: run not found")
 )
-
-// CodeOf returns the machine code of err, or "" when err carries none.
-func CodeOf(err error) string {
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Code
-	}
-	return ""
-}
 
 func schemaError(field, format string, args ...any) *Error {
 	return &Error{Code: CodeSchemaValidationFailed, Field: field, Message: fmt.Sprintf(format, args...)}

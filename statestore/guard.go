@@ -42,7 +42,7 @@ func CheckTransition(s *RunSnapshot, w *RunEventWrite) error {
 // INVALID_TRANSITION error.
 func InvalidTransitionPayload(err error) json.RawMessage {
 	var e *Error
-	if !errors.As(err, &e) || e.Code != CodeInvalidTransition {
+	if !errors.As(err, &e) || !errors.Is(e, ErrInvalidTransition) {
 		return nil
 	}
 	b, _ := json.Marshal(map[string]any{

@@ -14,6 +14,7 @@ import (
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
+	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
@@ -269,7 +270,7 @@ func FuzzDecodeWrite(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		w, err := statestore.DecodeWrite(data)
 		if err != nil {
-			if w != nil || statestore.CodeOf(err) != statestore.CodeSchemaValidationFailed {
+			if w != nil || errcode.CodeOf(err) != statestore.CodeSchemaValidationFailed {
 				t.Fatalf("rejection without the machine code: %v", err)
 			}
 			schemaAcceptsOnlyWhatGoCannotExpress(t, sch, data, err)

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -318,7 +319,7 @@ func (w *Worker) execute(t *model.Task, a *Assignment, exec Executor, engine, lo
 	if len(a.Step.Secrets) > 0 {
 		var err error
 		if secrets, err = w.secrets.Resolve(ctx, a.Step.Secrets); err != nil {
-			return Result{Err: &statestore.StepError{Code: statestore.CodeOf(err), Message: err.Error()}}, nil
+			return Result{Err: &statestore.StepError{Code: errcode.CodeOf(err), Message: err.Error()}}, nil
 		}
 	}
 	return exec.Execute(ctx, Execution{RunID: a.RunID, StepID: a.Step.StepID, LogicalAttemptID: logical,

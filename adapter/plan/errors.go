@@ -1,9 +1,10 @@
 package plan
 
 import (
-	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/conductor-sidecar/sidecar/errcode"
 )
 
 // Machine codes of plan errors. CodePlanInvalid is the code of the whole
@@ -132,12 +133,14 @@ func (e *ValidationError) Error() string {
 // ErrorCode returns e.Code (PLAN_INVALID or TASK_INPUT_INVALID).
 func (e *ValidationError) ErrorCode() string { return e.Code }
 
+// ErrorKind returns errcode.Invalid: every code of a ValidationError is
+// a malformed input.
+func (e *ValidationError) ErrorKind() errcode.Kind { return errcode.Invalid }
+
 // Is matches any *ValidationError with the same Code, so that
-// errors.Is(err, plan.ErrInvalid) works on every plan error.
-func (e *ValidationError) Is(target error) bool {
-	var t *ValidationError
-	return errors.As(target, &t) && t.Code == e.Code && len(t.Problems) == 0
-}
+// errors.Is(err, plan.ErrInvalid) works on every plan error, and
+// errcode.Invalid.
+func (e *ValidationError) Is(target error) bool { return errcode.Match(e, target) }
 
 // Has reports whether e has a problem with the given code and path.
 func (e *ValidationError) Has(code, path string) bool {

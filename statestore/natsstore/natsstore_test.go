@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
@@ -132,7 +133,7 @@ func TestStore_IdentifierLength(t *testing.T) {
 	t.Run("TooLong", func(t *testing.T) {
 		w := storetest.Event(strings.Repeat("r", statestore.MaxIDBytes+1), statestore.RunStarted, "")
 		_, err := s.Append(ctx, w)
-		if statestore.CodeOf(err) != statestore.CodeSchemaValidationFailed {
+		if errcode.CodeOf(err) != statestore.CodeSchemaValidationFailed {
 			t.Fatalf("got %v, want %s", err, statestore.CodeSchemaValidationFailed)
 		}
 		for _, id := range []string{w.RunID, ""} {

@@ -5,6 +5,8 @@ import "github.com/conductor-sidecar/sidecar/statestore"
 // Machine-readable codes of this package, beside statestore's
 // (STORE_UNAVAILABLE, STORE_DAMAGED). Errors carry them as
 // *statestore.Error; match them with errors.Is and the sentinels below.
+// Their kind is errcode.Internal: an operator must act (migrate, grant a
+// role, repair the log).
 const (
 	// CodeRoleRefused: the connection's role is not the one the call
 	// needs: serve connected as a role that can alter the log while the

@@ -1,9 +1,9 @@
 package secrets
 
 import (
-	"errors"
 	"fmt"
 
+	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -29,9 +29,17 @@ const (
 	CodeForbidden = "SECRET_REF_FORBIDDEN"
 )
 
+// kinds are the kinds of the package's codes.
+var kinds = map[string]errcode.Kind{
+	CodeNotFound:   errcode.NotFound,
+	CodeUnreadable: errcode.Unavailable,
+	CodeTooLarge:   errcode.Invalid,
+	CodeInvalidRef: errcode.Invalid,
+	CodeForbidden:  errcode.Forbidden,
+}
+
 // Error is a secret resolution error. It never contains the secret's
-// value. errors.As(err, **statestore.Error) also succeeds on it (with the
-// same Code and message), so statestore.CodeOf(err) returns Code.
+// value.
 type Error struct {
 	// Code is one of the Code* constants.
 	Code string
@@ -57,26 +65,15 @@ func (e *Error) Error() string {
 // Unwrap returns the cause.
 func (e *Error) Unwrap() error { return e.Err }
 
-// Is matches any *Error with the same Code, so errors.Is(err, ErrNotFound)
-// works on every instance.
-func (e *Error) Is(target error) bool {
-	var t *Error
-	if !errors.As(target, &t) {
-		return false
-	}
-	return t.Code == e.Code && t.Name == "" && t.Ref == ""
-}
+// ErrorCode returns the machine code.
+func (e *Error) ErrorCode() string { return e.Code }
 
-// As lets errors.As(err, &statestoreErr) see a *statestore.Error with this
-// error's Code, so code that only knows the statestore contract
-// (statestore.CodeOf) still gets the machine code.
-func (e *Error) As(target any) bool {
-	if t, ok := target.(**statestore.Error); ok {
-		*t = &statestore.Error{Code: e.Code, Message: e.Error(), Err: e.Err}
-		return true
-	}
-	return false
-}
+// ErrorKind returns the code's kind.
+func (e *Error) ErrorKind() errcode.Kind { return kinds[e.Code] }
+
+// Is matches any *Error with the same Code, so errors.Is(err, ErrNotFound)
+// works on every instance, and the code's kind.
+func (e *Error) Is(target error) bool { return errcode.Match(e, target) }
 
 // StepError returns the error as a step's recorded error.
 func (e *Error) StepError() *statestore.StepError {

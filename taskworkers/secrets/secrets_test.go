@@ -13,7 +13,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
-	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/taskworkers/secrets"
 )
 
@@ -111,8 +111,8 @@ func TestResolver_Resolve(t *testing.T) {
 			if se.Code != tc.code || se.Retryable != tc.retryable {
 				t.Errorf("got code %s retryable %v, want %s %v (%v)", se.Code, se.Retryable, tc.code, tc.retryable, err)
 			}
-			if statestore.CodeOf(err) != tc.code {
-				t.Errorf("statestore.CodeOf: got %q want %q", statestore.CodeOf(err), tc.code)
+			if errcode.CodeOf(err) != tc.code {
+				t.Errorf("statestore.CodeOf: got %q want %q", errcode.CodeOf(err), tc.code)
 			}
 			if !errors.Is(err, &secrets.Error{Code: tc.code}) {
 				t.Errorf("errors.Is by code failed")
@@ -224,7 +224,7 @@ func TestResolver_FileRoots(t *testing.T) {
 				}
 				return
 			}
-			if code := statestore.CodeOf(err); code != tt.code {
+			if code := errcode.CodeOf(err); code != tt.code {
 				t.Fatalf("got %v (code %q), want %s", err, code, tt.code)
 			}
 			if tt.code == secrets.CodeForbidden {
@@ -265,7 +265,7 @@ func TestResolver_EnvAllow(t *testing.T) {
 		switch {
 		case tc.ok && (err != nil || vals["S"] == ""):
 			t.Errorf("allow %q, %s: %v, want the value", tc.allow, tc.ref, err)
-		case !tc.ok && (err == nil || statestore.CodeOf(err) != secrets.CodeForbidden):
+		case !tc.ok && (err == nil || errcode.CodeOf(err) != secrets.CodeForbidden):
 			t.Errorf("allow %q, %s: %v, want %s", tc.allow, tc.ref, err, secrets.CodeForbidden)
 		case !tc.ok && strings.Contains(err.Error(), "-value"):
 			t.Errorf("the refusal shows a value: %v", err)
