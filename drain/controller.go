@@ -17,6 +17,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -695,11 +696,8 @@ func (c *Controller) waited(snap *statestore.RunSnapshot) time.Duration {
 }
 
 // isEngineConflict reports whether Conductor refused a call because the
-// workflow is not in the state the call expects (machine code CONFLICT).
-func isEngineConflict(err error) bool {
-	var coded interface{ ErrorCode() string }
-	return errors.As(err, &coded) && coded.ErrorCode() == "CONFLICT"
-}
+// workflow is not in the state the call expects (a Conflict).
+func isEngineConflict(err error) bool { return errors.Is(err, errcode.Conflict) }
 
 func putIf(m map[string]any, k, v string) {
 	if v != "" {

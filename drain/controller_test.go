@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/memstore"
@@ -285,10 +286,9 @@ func TestController_EngineDownIsReportedButRecorded(t *testing.T) {
 
 // conflictErr is how the adapter reports Conductor refusing to resume a
 // workflow that already runs.
-type conflictErr struct{}
-
-func (conflictErr) Error() string     { return "workflow is not paused" }
-func (conflictErr) ErrorCode() string { return "CONFLICT" }
+func conflictErr() error {
+	return &adapter.Error{Code: adapter.CodeConflict, Op: "resume", Status: 409, Message: "workflow is not paused", EngineStatus: "RUNNING"}
+}
 
 func TestController_RepeatedResumeConverges(t *testing.T) {
 	ctx := context.Background()
@@ -309,7 +309,7 @@ func TestController_RepeatedResumeConverges(t *testing.T) {
 	recs, _ := mem.Fetch(ctx, "r", 0, 100)
 	// The retry re-sends the resume and writes nothing; Conductor saying
 	// the workflow already runs is success.
-	for _, e := range []error{nil, conflictErr{}} {
+	for _, e := range []error{nil, conflictErr()} {
 		eng.err = e
 		st, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{})
 		if err != nil || st.Status != "RUNNING" {
@@ -340,7 +340,7 @@ func TestController_ResumeOfAWorkflowConductorNeverPaused(t *testing.T) {
 	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{}); !errors.As(err, &ee) {
 		t.Fatalf("pause with Conductor down: %v", err)
 	}
-	eng.err = conflictErr{} // back, with the workflow RUNNING
+	eng.err = conflictErr() // back, with the workflow RUNNING
 	st, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{})
 	if err != nil || st.Status != statestore.RunStatusRunning {
 		t.Fatalf("resume: %+v, %v; want RUNNING", st, err)

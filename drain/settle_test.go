@@ -44,7 +44,7 @@ func (m *conductorModel) Resume(context.Context, string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.paused {
-		return conflictErr{}
+		return conflictErr()
 	}
 	m.paused = false
 	return nil

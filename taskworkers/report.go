@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/errcode"
 )
 
 // Reports to Conductor: a task's outcome, or its hand-back unstarted.
@@ -49,9 +50,8 @@ func (w *Worker) update(t *model.Task, log *zap.Logger, r *model.TaskResult) {
 			return
 		}
 		w.opts.Metrics.updateError()
-		var coded interface{ ErrorCode() string }
 		switch {
-		case errors.As(err, &coded) && coded.ErrorCode() == "NOT_FOUND":
+		case errors.Is(err, errcode.NotFound):
 			// Conductor no longer knows the workflow (it was restarted on
 			// an in-memory store, or the workflow was removed): no retry
 			// can succeed, and the slot is needed.

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/memstore"
@@ -48,11 +49,6 @@ func (d *downConductor) UpdateTask(context.Context, *model.TaskResult) error {
 	d.updates.Add(1)
 	return d.updateErr
 }
-
-type codedErr string
-
-func (e codedErr) Error() string     { return "adapter: update task: " + string(e) }
-func (e codedErr) ErrorCode() string { return string(e) }
 
 type idEmitter struct{ s statestore.Store }
 
@@ -117,7 +113,7 @@ func TestWorker_CloseWhileConductorDown(t *testing.T) {
 // report's retries at once and frees the slot (before, slots retried
 // every 5 s for minutes after Conductor restarted).
 func TestWorker_ReportWorkflowGone(t *testing.T) {
-	c := &downConductor{updateErr: codedErr("NOT_FOUND")}
+	c := &downConductor{updateErr: &adapter.Error{Code: adapter.CodeNotFound, Op: "update task", Status: 404}}
 	w := startDown(t, c)
 	time.Sleep(time.Second)
 	if n := c.updates.Load(); n != 1 {
