@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/conductor-sidecar/sidecar/errcode"
 )
 
 // Client calls a sidecar's control API.
@@ -50,6 +52,13 @@ func (e *Error) Error() string {
 
 // ErrorCode returns the machine code.
 func (e *Error) ErrorCode() string { return e.Code }
+
+// ErrorKind returns the kind the answer's status stands for (the inverse
+// of the server's kind -> status table).
+func (e *Error) ErrorKind() errcode.Kind { return kindOfStatus(e.Status) }
+
+// Is matches an *Error with the same code, and the answer's kind.
+func (e *Error) Is(target error) bool { return errcode.Match(e, target) }
 
 // Start starts a run (idempotent on the request's key).
 func (c *Client) Start(ctx context.Context, req StartRequest) (*Started, error) {

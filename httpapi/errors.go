@@ -2,14 +2,18 @@ package httpapi
 
 import (
 	"errors"
+	"net/http"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/errcode"
 )
 
-// Machine codes of the API's own errors. statestore, adapter and plan
-// codes pass through unchanged (STORE_UNAVAILABLE, STORE_DAMAGED,
-// INVALID_TRANSITION, SCHEMA_VALIDATION_FAILED, ...).
+// Machine codes of the API's own errors. The codes of other packages'
+// errors pass through unchanged (STORE_UNAVAILABLE, INVALID_TRANSITION,
+// ENGINE_UNAVAILABLE, ADMISSION_REJECTED, ...), with the status of their
+// kind (statusOf).
 const (
 	// CodeBadRequest: the request is malformed (body, parameters,
 	// headers; 415 for a body that is not application/json); nothing was
@@ -59,6 +63,33 @@ const (
 	CodeNotFound = "NOT_FOUND"
 )
 
+// errBadBody matches the errors of plan.DecodeJSON decoding a request
+// body with the code BAD_REQUEST.
+var errBadBody = &plan.ValidationError{Code: CodeBadRequest}
+
 // ErrUnauthenticated is returned by an Authenticator for a request without
 // valid credentials.
 var ErrUnauthenticated = errors.New("httpapi: no valid credentials")
+
+// statusOf is the API's status for each kind of coded error; an error of
+// kind errcode.Internal, or with no code, is 500 INTERNAL.
+var statusOf = map[errcode.Kind]int{
+	errcode.Invalid:     http.StatusBadRequest,
+	errcode.NotFound:    http.StatusNotFound,
+	errcode.Conflict:    http.StatusConflict,
+	errcode.Forbidden:   http.StatusForbidden,
+	errcode.Rejected:    http.StatusTooManyRequests,
+	errcode.Upstream:    http.StatusBadGateway,
+	errcode.Unavailable: http.StatusServiceUnavailable,
+}
+
+// kindOfStatus is the kind an answer's status stands for: statusOf read
+// backwards, errcode.Internal for any other status.
+func kindOfStatus(status int) errcode.Kind {
+	for k, st := range statusOf {
+		if st == status {
+			return k
+		}
+	}
+	return errcode.Internal
+}

@@ -2,7 +2,6 @@ package httpapi
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -172,23 +171,4 @@ func (s *Server) queuePosition(row *runlist.Row) int {
 		return 0
 	}
 	return s.opts.Queue.Position(row.RunID)
-}
-
-// classifyList maps the run list's errors to answers.
-func classifyList(err error) (*apiError, bool) {
-	var le *runlist.Error
-	if !errors.As(err, &le) {
-		if errors.Is(err, runlist.ErrUnavailable) {
-			return &apiError{status: http.StatusServiceUnavailable, Code: statestore.CodeStoreUnavailable, Message: err.Error()}, true
-		}
-		return nil, false
-	}
-	switch le.Code {
-	case runlist.CodeSyncing:
-		return &apiError{status: http.StatusServiceUnavailable, Code: le.Code, Message: "the run list is being read from NATS; try again in a second", retryAfter: time.Second}, true
-	case runlist.CodeSelectorInvalid:
-		return &apiError{status: http.StatusBadRequest, Code: le.Code, Message: le.Message, Field: "labelSelector"}, true
-	default:
-		return &apiError{status: http.StatusBadRequest, Code: le.Code, Message: le.Message, Field: "continue"}, true
-	}
 }

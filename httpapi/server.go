@@ -27,8 +27,8 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/admission"
 	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/eventbus"
-	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
@@ -474,87 +474,52 @@ func (s *Server) writeErr(w http.ResponseWriter, route string, err error) {
 	writeError(w, ae)
 }
 
-// classify maps errors from the store and the adapter to API answers by
-// their machine code.
+// classify answers an error that is not an API answer by its kind: the
+// status from statusOf, the code and message from the error, and the
+// details its type carries (a field, a plan's problems, when to retry). An
+// error without a kind is a fault of the sidecar (INTERNAL), unless a
+// deadline passed first: then the call waited on Conductor.
 func (s *Server) classify(err error) *apiError {
-	if ae, ok := classifyList(err); ok {
-		return ae
+	c, ok := errcode.Of(err)
+	status, known := 0, false
+	if ok {
+		status, known = statusOf[c.ErrorKind()]
 	}
-	var se *statestore.Error
-	if errors.As(err, &se) {
-		switch se.Code {
-		case statestore.CodeSchemaValidationFailed:
-			return &apiError{status: http.StatusBadRequest, Code: se.Code, Message: se.Message, Field: se.Field}
-		case statestore.CodeInvalidTransition:
-			return &apiError{status: http.StatusConflict, Code: se.Code, Message: se.Message}
-		case statestore.CodeStoreUnavailable, statestore.CodeStoreDamaged:
-			return &apiError{status: http.StatusServiceUnavailable, Code: se.Code, Message: se.Message}
-		case CodeRunNotFound, drain.CodeStepNotFound:
-			return &apiError{status: http.StatusNotFound, Code: se.Code, Message: se.Message}
+	if !known {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return &apiError{status: http.StatusServiceUnavailable, Code: CodeUnavailable, Message: err.Error()}
+		}
+		return &apiError{status: http.StatusInternalServerError, Code: CodeInternal, Message: err.Error()}
+	}
+	ae := &apiError{status: status, Code: c.ErrorCode(), Message: err.Error()}
+	switch e := c.(type) {
+	case *statestore.Error:
+		ae.Message, ae.Field = e.Message, e.Field
+	case *plan.ValidationError:
+		ae.Message, ae.Problems = e.Error(), e.Problems
+	case *runlist.Error:
+		ae.Message = e.Message
+		switch {
+		case errors.Is(e, runlist.ErrSelectorInvalid):
+			ae.Field = "labelSelector"
+		case errors.Is(e, runlist.ErrContinueInvalid):
+			ae.Field = "continue"
+		case errors.Is(e, runlist.ErrSyncing):
+			ae.retryAfter = time.Second
+		}
+	case *admission.Error:
+		ae.Message, ae.retryAfter = e.Error(), e.RetryAfter
+	case *eventbus.Error:
+		ae.Message = e.Error()
+	case *adapter.Error:
+		if !e.RetryAt.IsZero() {
+			ae.retryAfter = max(time.Until(e.RetryAt), time.Second)
 		}
 	}
-	var ae *admission.Error
-	if errors.As(err, &ae) {
-		switch ae.Code {
-		case admission.CodeRejected:
-			return &apiError{status: http.StatusTooManyRequests, Code: ae.Code, Message: ae.Error(), retryAfter: ae.RetryAfter}
-		case admission.CodeUnavailable:
-			return &apiError{status: http.StatusServiceUnavailable, Code: ae.Code, Message: ae.Error()}
-		}
+	if c == statestore.ErrNotFound {
+		ae.Message = "no such run"
 	}
-	var be *eventbus.Error
-	if errors.As(err, &be) {
-		switch be.Code {
-		case eventbus.CodeSinkUnknown:
-			return &apiError{status: http.StatusNotFound, Code: be.Code, Message: be.Error()}
-		case eventbus.CodeUnavailable:
-			return &apiError{status: http.StatusServiceUnavailable, Code: be.Code, Message: be.Error()}
-		}
-	}
-	var pe *plan.ValidationError
-	if errors.As(err, &pe) {
-		return &apiError{status: http.StatusBadRequest, Code: CodePlanInvalid, Message: pe.Error(), Problems: pe.Problems}
-	}
-	if errors.Is(err, statestore.ErrNotFound) {
-		return &apiError{status: http.StatusNotFound, Code: CodeRunNotFound, Message: "no such run"}
-	}
-	var coded interface{ ErrorCode() string }
-	if errors.As(err, &coded) {
-		switch c := coded.ErrorCode(); c {
-		case adapter.CodeEngineUnavailable, adapter.CodeRunRegistryUnavailable:
-			return &apiError{status: http.StatusServiceUnavailable, Code: c, Message: err.Error()}
-		case adapter.CodeRunStartInProgress, adapter.CodeConflict:
-			ae := &apiError{status: http.StatusConflict, Code: c, Message: err.Error()}
-			var e *adapter.Error
-			if errors.As(err, &e) && !e.RetryAt.IsZero() {
-				ae.retryAfter = max(time.Until(e.RetryAt), time.Second)
-			}
-			return ae
-		case adapter.CodeNotFound:
-			return &apiError{status: http.StatusNotFound, Code: c, Message: err.Error()}
-		case adapter.CodeEngineRejected:
-			return &apiError{status: http.StatusBadGateway, Code: c, Message: err.Error()}
-		case adapter.CodeInvalidInput:
-			return &apiError{status: http.StatusBadRequest, Code: c, Message: err.Error()}
-		case CodePlanConflict:
-			return &apiError{status: http.StatusConflict, Code: c, Message: err.Error()}
-		case CodeRunNotFound:
-			return &apiError{status: http.StatusNotFound, Code: c, Message: err.Error()}
-		default:
-			if strings.HasSuffix(c, "_CONFLICT") {
-				return &apiError{status: http.StatusConflict, Code: c, Message: err.Error()}
-			}
-		}
-	}
-	if errors.Is(err, registry.ErrUnavailable) {
-		// The EventIdRegistry is part of the log's write path: a write
-		// whose outcome is unknown, safe to retry with the same request.
-		return &apiError{status: http.StatusServiceUnavailable, Code: statestore.CodeStoreUnavailable, Message: err.Error()}
-	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		return &apiError{status: http.StatusServiceUnavailable, Code: CodeUnavailable, Message: err.Error()}
-	}
-	return &apiError{status: http.StatusInternalServerError, Code: CodeInternal, Message: err.Error()}
+	return ae
 }
 
 func (s *Server) start(w http.ResponseWriter, r *http.Request) error {
@@ -850,7 +815,7 @@ func decodeBody(r *http.Request, sch plan.Schema, v any) error {
 	}
 	err = plan.DecodeJSON(data, sch, v, CodeBadRequest)
 	var ve *plan.ValidationError
-	if errors.As(err, &ve) && ve.Code == CodeBadRequest {
+	if errors.Is(err, errBadBody) && errors.As(err, &ve) {
 		first := ve.Problems[0]
 		return &apiError{status: http.StatusBadRequest, Code: CodeBadRequest, Field: first.Path, Problems: ve.Problems,
 			Message: "malformed JSON body: " + first.String()}
