@@ -8,7 +8,9 @@
 // errors.Is(err, errcode.NotFound) matches every error of that kind, from
 // any package. Code that handles errors of many packages (the HTTP API
 // maps a kind to a status in one table) asks for the kind; no one compares
-// code strings.
+// code strings. A package's plain sentinels (errors.New) are for its own
+// callers; a sentinel another package must classify gets a code and a kind
+// with New.
 //
 // It is a package of its own because every layer needs it: statestore, at
 // the bottom, is the event contract, and a code with a kind is not an

@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
@@ -106,7 +107,7 @@ type ValidationError struct {
 func (e *ValidationError) Error() string {
 	var b strings.Builder
 	what := "plan"
-	if e.Code == CodeTaskInputInvalid {
+	if errors.Is(e, ErrTaskInputInvalid) {
 		what = "task input"
 	}
 	switch n := len(e.Problems); n {
