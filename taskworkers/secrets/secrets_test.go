@@ -112,7 +112,7 @@ func TestResolver_Resolve(t *testing.T) {
 				t.Errorf("got code %s retryable %v, want %s %v (%v)", se.Code, se.Retryable, tc.code, tc.retryable, err)
 			}
 			if errcode.CodeOf(err) != tc.code {
-				t.Errorf("statestore.CodeOf: got %q want %q", errcode.CodeOf(err), tc.code)
+				t.Errorf("errcode.CodeOf: got %q want %q", errcode.CodeOf(err), tc.code)
 			}
 			if !errors.Is(err, &secrets.Error{Code: tc.code}) {
 				t.Errorf("errors.Is by code failed")
