@@ -218,10 +218,15 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Controlle
 	return c, nil
 }
 
-// Close stops the mirror and the decider.
-func (c *Controller) Close() {
+// Close stops the mirror and the decider, waiting for them until ctx ends.
+func (c *Controller) Close(ctx context.Context) error {
 	c.stop()
-	<-c.done
+	select {
+	case <-c.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("admission: close: %w", ctx.Err())
+	}
 }
 
 // Decision is Submit's answer.

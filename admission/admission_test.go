@@ -67,7 +67,7 @@ func newEnv(t testing.TB) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(list.Close)
+	t.Cleanup(func() { _ = list.Close(context.Background()) })
 	p := &plan.Plan{PlanID: "adm-" + uuid.NewString()[:8], PlanVersion: "1", Steps: []plan.Step{{StepID: "a", Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}}}}
 	return &env{t: t, js: js, store: store, emit: emit, runs: runs, list: list, plan: p, domain: domain}
 }
@@ -158,7 +158,7 @@ func (e *env) started(runID string) bool {
 func TestAdmission_QueueInOrder(t *testing.T) {
 	e := newEnv(t)
 	c := e.open(admission.Options{Limits: admission.Limits{Global: 2}, Policy: admission.Queue})
-	defer c.Close()
+	defer c.Close(context.Background())
 	var ids []string
 	for i := range 5 {
 		d, err := e.submit(c, "t1", fmt.Sprintf("q-%d", i))
@@ -208,7 +208,7 @@ func TestAdmission_QueueInOrder(t *testing.T) {
 func TestAdmission_Reject(t *testing.T) {
 	e := newEnv(t)
 	c := e.open(admission.Options{Limits: admission.Limits{PerTenant: 1}, Policy: admission.Reject})
-	defer c.Close()
+	defer c.Close(context.Background())
 	if d, err := e.submit(c, "t1", "r-1"); err != nil || d.Started == nil {
 		t.Fatalf("first: %+v %v", d, err)
 	}
@@ -231,7 +231,7 @@ func TestAdmission_Reject(t *testing.T) {
 func TestAdmission_Delay(t *testing.T) {
 	e := newEnv(t)
 	c := e.open(admission.Options{Limits: admission.Limits{Global: 1}, Policy: admission.Delay, Delay: 1500 * time.Millisecond})
-	defer c.Close()
+	defer c.Close(context.Background())
 	if _, err := e.submit(c, "t1", "d-1"); err != nil {
 		t.Fatal(err)
 	}
@@ -271,12 +271,12 @@ func TestAdmission_InterruptedStartIsStartedAgain(t *testing.T) {
 		t.Fatalf("submit: %+v %v, want PENDING (the start hangs)", d, err)
 	}
 	<-calls
-	dying.Close()
+	_ = dying.Close(context.Background())
 	if e.started(d.RunID) {
 		t.Fatal("started by the dying decider")
 	}
 	c := e.open(admission.Options{Limits: admission.Limits{Global: 5}})
-	defer c.Close()
+	defer c.Close(context.Background())
 	e.waitStarted(d.RunID)
 	var wg sync.WaitGroup
 	for range 3 { // repeats meanwhile: the same run
@@ -299,7 +299,7 @@ func TestAdmission_InterruptedStartIsStartedAgain(t *testing.T) {
 func TestAdmission_CancelWhileQueued(t *testing.T) {
 	e := newEnv(t)
 	c := e.open(admission.Options{Limits: admission.Limits{Global: 1}})
-	defer c.Close()
+	defer c.Close(context.Background())
 	first, err := e.submit(c, "t1", "c-1")
 	if err != nil {
 		t.Fatal(err)
@@ -347,7 +347,7 @@ func TestAdmission_TwoReplicas(t *testing.T) {
 	}
 	defer func() {
 		for _, c := range cs {
-			c.Close()
+			c.Close(context.Background())
 		}
 	}()
 	// Both replicas see both members before the starts.

@@ -53,7 +53,7 @@ func BenchmarkStart(b *testing.B) {
 				}
 				b.ReportMetric(float64(n)/time.Since(began).Seconds(), "starts/s")
 				if c != nil {
-					c.Close()
+					c.Close(context.Background())
 				}
 			}
 		})

@@ -1,6 +1,7 @@
 package admission_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -16,7 +17,7 @@ import (
 func TestAdmission_FairAcrossTenants(t *testing.T) {
 	e := newEnv(t)
 	c := e.open(admission.Options{Limits: admission.Limits{Global: 1}, Policy: admission.Queue})
-	defer c.Close()
+	defer c.Close(context.Background())
 	var a []string
 	for i := range 6 {
 		d, err := e.submit(c, "tenant-a", fmt.Sprintf("fair-a-%d", i))
@@ -53,7 +54,7 @@ func TestAdmission_FairAcrossTenants(t *testing.T) {
 func TestAdmission_TenantLimitBlocksOnlyTheTenant(t *testing.T) {
 	e := newEnv(t)
 	c := e.open(admission.Options{Limits: admission.Limits{PerTenant: 1, Global: 10}, Policy: admission.Queue})
-	defer c.Close()
+	defer c.Close(context.Background())
 	for i := range 3 {
 		if _, err := e.submit(c, "tenant-a", fmt.Sprintf("hol-a-%d", i)); err != nil {
 			t.Fatal(err)

@@ -54,7 +54,7 @@ func TestHold_ProducerGuard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	defer c.Close(context.Background())
 	started := storetest.Event("run-g", statestore.RunStarted, "")
 	if _, err := store.Append(ctx, started); err != nil {
 		t.Fatal(err)

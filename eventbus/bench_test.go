@@ -69,7 +69,7 @@ func drainBus(b *testing.B, js jetstream.JetStream, s *natsstore.Store, sink eve
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer bus.Close()
+	defer bus.Close(context.Background())
 	for {
 		st, err := bus.Status(ctx)
 		if err == nil && st[0].Cursor >= last {
@@ -175,7 +175,7 @@ func BenchmarkDeliveryLatency(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer bus.Close()
+	defer bus.Close(context.Background())
 	const n = 2000
 	for i := 0; i < b.N; i++ {
 		mu.Lock()

@@ -164,13 +164,19 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Bus, erro
 
 // Close stops the couriers, letting a delivery under way finish (within
 // Options.Timeout) and saving its cursor; what they had not acknowledged
-// is delivered again by the next owner.
-func (b *Bus) Close() {
+// is delivered again by the next owner. It waits for them until ctx ends.
+func (b *Bus) Close(ctx context.Context) error {
 	for _, name := range b.order {
-		c := b.couriers[name]
-		c.stop()
-		<-c.done
+		b.couriers[name].stop()
 	}
+	for _, name := range b.order {
+		select {
+		case <-b.couriers[name].done:
+		case <-ctx.Done():
+			return fmt.Errorf("bus: close: sink %s still delivering: %w", name, ctx.Err())
+		}
+	}
+	return nil
 }
 
 // SinkStatus is a sink as the API shows it.

@@ -189,7 +189,7 @@ func TestBus_WebhookRetriesInOrder(t *testing.T) {
 	})
 	reg := prometheus.NewRegistry()
 	b := f.open([]eventbus.Sink{webhookSink(t, "audit", vocab.Sidecar, h, srv)}, eventbus.Options{Metrics: eventbus.NewMetrics(reg)})
-	defer b.Close()
+	defer b.Close(context.Background())
 	waitFor(t, "every event", func() bool { return len(h.received()) >= len(log) })
 	checkOrder(t, h.received(), ids(log))
 	if got := len(h.received()); got != len(log) {
@@ -254,7 +254,7 @@ func TestBus_DeadLetterAndReplay(t *testing.T) {
 	})
 	reg := prometheus.NewRegistry()
 	b := f.open([]eventbus.Sink{webhookSink(t, "audit", vocab.Sidecar, h, srv)}, eventbus.Options{MaxAttempts: 3, Metrics: eventbus.NewMetrics(reg)})
-	defer b.Close()
+	defer b.Close(context.Background())
 	waitFor(t, "every other event", func() bool { return len(h.received()) >= len(log)-2 })
 	var want []string
 	for _, id := range ids(log) {
@@ -323,14 +323,14 @@ func TestBus_RestartResumesAtTheCursor(t *testing.T) {
 	sink := webhookSink(t, "audit", vocab.Sidecar, h, srv)
 	b := f.open([]eventbus.Sink{sink}, eventbus.Options{MaxAttempts: 1000})
 	waitFor(t, "30 events", func() bool { return len(h.received()) >= 30 })
-	b.Close()
+	b.Close(context.Background())
 	mu.Lock()
 	stall = false
 	mu.Unlock()
 	before := len(h.received())
 	more := f.runs(5, "t1")
 	b = f.open([]eventbus.Sink{sink}, eventbus.Options{})
-	defer b.Close()
+	defer b.Close(context.Background())
 	all := append(append([]statestore.RunEventRecord(nil), log...), more...)
 	waitFor(t, "every event", func() bool { return len(h.received()) >= len(all) })
 	checkOrder(t, h.received(), ids(all))
@@ -355,7 +355,7 @@ func TestBus_NATSSink(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := f.open([]eventbus.Sink{sink, raw}, eventbus.Options{})
-	defer b.Close()
+	defer b.Close(context.Background())
 	read := func(stream string, n int) []jetstream.Msg {
 		t.Helper()
 		var out []jetstream.Msg
@@ -462,9 +462,9 @@ func TestBus_CloseFinishesTheDeliveryUnderWay(t *testing.T) {
 	b := f.open([]eventbus.Sink{sink}, eventbus.Options{})
 	<-sink.reached
 	close(sink.closing)
-	b.Close()
+	b.Close(context.Background())
 	b = f.open([]eventbus.Sink{sink}, eventbus.Options{})
-	defer b.Close()
+	defer b.Close(context.Background())
 	waitFor(t, "every event", func() bool { return len(sink.ids()) >= len(log) })
 	time.Sleep(200 * time.Millisecond) // a redelivery would come at once
 	if got := sink.ids(); len(got) != len(log) {

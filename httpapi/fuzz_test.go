@@ -36,7 +36,7 @@ func fuzzListedHandler(f *testing.F) (http.Handler, *recordingControl) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	f.Cleanup(bus.Close)
+	f.Cleanup(func() { _ = bus.Close(context.Background()) })
 	run1 := storetest.Event("run-1", statestore.RunStarted, "")
 	storetest.WithPayload(run1, map[string]any{"labels": map[string]string{"team": "data"}})
 	for _, w := range []*statestore.RunEventWrite{run1, storetest.Event("run-2", statestore.RunStarted, ""), storetest.Event("run-2", statestore.RunPaused, "")} {

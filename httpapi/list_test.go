@@ -112,6 +112,6 @@ func openListedLog(t testing.TB, js jetstream.JetStream) (*natsstore.Store, *run
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(list.Close)
+	t.Cleanup(func() { _ = list.Close(context.Background()) })
 	return store, list
 }

@@ -202,7 +202,7 @@ func newContractEnv(t *testing.T) *contractEnv {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(bus.Close)
+		t.Cleanup(func() { _ = bus.Close(context.Background()) })
 		return store, list, replies, bus, nsrv
 	}
 	creds, err := httpapi.LoadCredentials(writeTokens(t, t.TempDir(), tokensYAML(

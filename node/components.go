@@ -67,7 +67,7 @@ func (n *Node) openList(ctx context.Context) error {
 		return err
 	}
 	n.list = l
-	n.add(part{name: "run list", close: func(context.Context) error { l.Close(); return nil }, streams: l.Streams()})
+	n.add(part{name: "run list", close: l.Close, streams: l.Streams()})
 	return nil
 }
 
@@ -90,7 +90,7 @@ func (n *Node) openBus(ctx context.Context) error {
 		return err
 	}
 	n.bus = b
-	n.add(part{name: "bus", close: func(context.Context) error { b.Close(); return nil }, streams: b.Streams()})
+	n.add(part{name: "bus", close: b.Close, streams: b.Streams()})
 	return nil
 }
 
@@ -107,7 +107,7 @@ func (n *Node) openAdmission(ctx context.Context) error {
 		return err
 	}
 	n.admit = c
-	n.add(part{name: "admission", close: func(context.Context) error { c.Close(); return nil }, streams: c.Streams()})
+	n.add(part{name: "admission", close: c.Close, streams: c.Streams()})
 	return nil
 }
 

@@ -92,12 +92,12 @@ func BenchmarkList(b *testing.B) {
 			b.ReportMetric(float64(events)/s, "events/s")
 			b.ReportMetric(float64(n)/s, "runs/s")
 			if built != nil {
-				built.Close()
+				built.Close(context.Background())
 			}
 			built = l
 		}
 	})
-	defer built.Close()
+	defer built.Close(context.Background())
 	b.Run("mirror-load", func(b *testing.B) {
 		for range b.N {
 			var before, after runtime.MemStats
@@ -118,7 +118,7 @@ func BenchmarkList(b *testing.B) {
 			runtime.GC()
 			runtime.ReadMemStats(&after)
 			b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(n), "heap-B/run")
-			l.Close()
+			l.Close(context.Background())
 		}
 	})
 	gold, _ := runlist.ParseSelector("tier=gold,team in (t1,t2)")

@@ -134,10 +134,13 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*List, err
 	return l, nil
 }
 
-// Close stops the follower and the mirror.
-func (l *List) Close() {
-	l.follow.close()
-	l.mirror.close()
+// Close stops the follower and the mirror, waiting for them until ctx
+// ends.
+func (l *List) Close(ctx context.Context) error {
+	return waitClosed(ctx, "run list", func() {
+		l.follow.close()
+		l.mirror.close()
+	})
 }
 
 // WaitIndexed waits until the list includes every event up to the log's
@@ -157,3 +160,18 @@ func (l *List) WaitIndexed(ctx context.Context) (uint64, error) {
 // Streams are the JetStream streams the list keeps its state in: its
 // bucket's.
 func (l *List) Streams() []string { return []string{"KV_" + l.kv.Bucket()} }
+
+// waitClosed runs stop and waits for it until ctx ends.
+func waitClosed(ctx context.Context, what string, stop func()) error {
+	done := make(chan struct{})
+	go func() {
+		stop()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%s: close: %w", what, ctx.Err())
+	}
+}

@@ -79,7 +79,7 @@ func (f *fixture) open(opts runlist.Options) *runlist.List {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	f.t.Cleanup(l.Close)
+	f.t.Cleanup(func() { _ = l.Close(context.Background()) })
 	return l
 }
 
@@ -327,7 +327,7 @@ func TestList_RebuiltFromTheLog(t *testing.T) {
 	first := f.workload("a")
 	l := f.open(runlist.Options{Batch: 7})
 	waitIndexed(t, l)
-	l.Close()
+	l.Close(context.Background())
 
 	// More events while no sidecar follows: runs started before the
 	// cursor get events after it (read back), and new runs come.
@@ -342,7 +342,7 @@ func TestList_RebuiltFromTheLog(t *testing.T) {
 	l2 := f.open(runlist.Options{Batch: 7})
 	waitIndexed(t, l2)
 	f.checkRows(l2, append(slices.Clone(first), second...))
-	l2.Close()
+	l2.Close(context.Background())
 
 	if err := f.js.DeleteKeyValue(context.Background(), runlist.DefaultBucket); err != nil {
 		t.Fatal(err)
@@ -452,7 +452,7 @@ func TestList_DrainETA(t *testing.T) {
 	if len(e.Unknown) != 0 || e.Samples != 3 || p50.Sub(now) < 110*time.Millisecond || p50.Sub(now) > 220*time.Millisecond || p90.Before(p50) {
 		t.Fatalf("ETA of a step just started: %+v (p50 in %s), want about the median duration", e, p50.Sub(now))
 	}
-	l.Close()
+	l.Close(context.Background())
 
 	if err := f.js.DeleteKeyValue(context.Background(), runlist.DefaultBucket); err != nil {
 		t.Fatal(err)
