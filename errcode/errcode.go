@@ -124,15 +124,6 @@ func CodeOf(err error) string {
 	return ""
 }
 
-// KindOf returns the kind of the first coded error in err's tree, or
-// Internal when err carries none.
-func KindOf(err error) Kind {
-	if c, ok := Of(err); ok {
-		return c.ErrorKind()
-	}
-	return Internal
-}
-
 // Error is a coded sentinel for a package whose errors are sentinels
 // wrapped with context (fmt.Errorf("%w: ...", ErrUnavailable, cause))
 // rather than values of a type of its own. errors.Is matches it by

@@ -74,8 +74,12 @@ func TestOf(t *testing.T) {
 			if got := errcode.CodeOf(tc.err); got != tc.code {
 				t.Errorf("CodeOf: got %q want %q", got, tc.code)
 			}
-			if got := errcode.KindOf(tc.err); got != tc.kind {
-				t.Errorf("KindOf: got %v want %v", got, tc.kind)
+			got := errcode.Internal // the kind of an error with no code
+			if c, ok := errcode.Of(tc.err); ok {
+				got = c.ErrorKind()
+			}
+			if got != tc.kind {
+				t.Errorf("kind: got %v want %v", got, tc.kind)
 			}
 		})
 	}

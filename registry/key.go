@@ -3,7 +3,6 @@ package registry
 import (
 	"encoding/base64"
 	"fmt"
-	"strings"
 
 	"github.com/google/uuid"
 
@@ -29,24 +28,6 @@ func Key(runID, idempotencyKey string) (string, error) {
 		return "", err
 	}
 	return keyEncoding.EncodeToString([]byte(runID)) + "." + idempotencyKey, nil
-}
-
-// ParseKey reverses Key. It returns an error wrapping ErrInvalidInput for a
-// key that Key cannot produce.
-func ParseKey(key string) (runID, idempotencyKey string, err error) {
-	token, idempotencyKey, ok := strings.Cut(key, ".")
-	if !ok {
-		return "", "", fmt.Errorf("%w: key %q has no '.'", ErrInvalidInput, key)
-	}
-	raw, err := keyEncoding.DecodeString(token)
-	if err != nil {
-		return "", "", fmt.Errorf("%w: key %q: runId token: %v", ErrInvalidInput, key, err)
-	}
-	runID = string(raw)
-	if _, err := Key(runID, idempotencyKey); err != nil {
-		return "", "", err
-	}
-	return runID, idempotencyKey, nil
 }
 
 func validateRunID(runID string) error {

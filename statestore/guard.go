@@ -2,7 +2,6 @@ package statestore
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"strconv"
 	"sync"
@@ -13,8 +12,9 @@ import (
 // s (nil for a run without events) before a producer emits it. It returns
 // nil when the event applies, or is audit-only or of an unknown type, and an
 // *Error with code INVALID_TRANSITION otherwise. The error's Meta carries
-// expectedState, actualState and attemptedEventType (see
-// InvalidTransitionPayload), plus runId and stepId.
+// expectedState, actualState and attemptedEventType (the contract's
+// invalid-transition fields, which a producer logs when it refuses), plus
+// runId and stepId.
 func CheckTransition(s *RunSnapshot, w *RunEventWrite) error {
 	d := Decide(s, w.EventType, w.StepID, w.LogicalAttemptID)
 	if d.Outcome != Invalid {
@@ -33,25 +33,6 @@ func CheckTransition(s *RunSnapshot, w *RunEventWrite) error {
 		meta["stepId"] = w.StepID
 	}
 	return &Error{Code: CodeInvalidTransition, Message: d.Reason, Meta: meta}
-}
-
-// InvalidTransitionPayload returns the payload a producer must attach when it
-// reports a locally detected invalid transition (a RunFailed, or a StepFailed
-// while the step is RUNNING): invalidTransitionDetected=true, expectedState,
-// actualState and attemptedEventType. It returns nil if err is not an
-// INVALID_TRANSITION error.
-func InvalidTransitionPayload(err error) json.RawMessage {
-	var e *Error
-	if !errors.As(err, &e) || !errors.Is(e, ErrInvalidTransition) {
-		return nil
-	}
-	b, _ := json.Marshal(map[string]any{
-		"invalidTransitionDetected": true,
-		"expectedState":             e.Meta["expectedState"],
-		"actualState":               e.Meta["actualState"],
-		"attemptedEventType":        e.Meta["attemptedEventType"],
-	})
-	return b
 }
 
 // ValidatingStore adds the optional append-time transition validation of

@@ -47,13 +47,6 @@ func (k KeyInput) Key() string {
 	return hex.EncodeToString(sum[:])
 }
 
-// IdempotencyKey derives the idempotencyKey for an event from its six
-// participating fields. tenantId, projectId, environmentId and engineAttemptId
-// do not participate. It does not check the fields; ValidateWrite does.
-func IdempotencyKey(runID, stepID string, logicalAttemptID int64, eventType, planID, planVersion string) string {
-	return KeyInput{runID, stepID, logicalAttemptID, eventType, planID, planVersion}.Key()
-}
-
 // KeyInput returns the derivation input of w. For run-level events any stepId
 // is ignored, as the derivation normalizes it to "RUN".
 func (w *RunEventWrite) KeyInput() KeyInput {

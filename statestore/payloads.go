@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
-	"strings"
 )
 
 // Who requested a control event (payload requestedBy) when no operator
@@ -25,12 +24,6 @@ const (
 // RequestedByWorker is the requestedBy of an action a sidecar worker took
 // on its own (a pause after a held step failure): "sidecar <workerId>".
 func RequestedByWorker(workerID string) string { return RequestedBySidecar + " " + workerID }
-
-// IsSidecarRequester reports whether requestedBy is the sidecar's own
-// (RequestedBySidecar or RequestedByWorker).
-func IsSidecarRequester(requestedBy string) bool {
-	return requestedBy == RequestedBySidecar || strings.HasPrefix(requestedBy, RequestedBySidecar+" ")
-}
 
 // Payload is the typed payload of one known event type: EventType names
 // the type it belongs to. Every known event type has one (PayloadFor);

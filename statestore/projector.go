@@ -486,10 +486,3 @@ func (p *Projector) evict() {
 		e = prev
 	}
 }
-
-// cachedRuns is the number of runs whose projections are kept.
-func (p *Projector) cachedRuns() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.lru.Len()
-}

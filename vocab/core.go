@@ -33,13 +33,6 @@ func derivedID(eventID, typ string) string {
 	return uuid.NewSHA1(uuid.NameSpaceURL, []byte("sidecar:"+eventID+":"+typ)).String()
 }
 
-// CoreEvents translates a run's records (in runSeq order) into Core
-// Events. docs/events.md has the table.
-func CoreEvents(recs []statestore.RunEventRecord) []CoreEvent {
-	out, _ := coreEvents(recs)
-	return out
-}
-
 // coreEvents is CoreEvents with, for each event, the index of the record
 // it comes from.
 func coreEvents(recs []statestore.RunEventRecord) ([]CoreEvent, []int) {

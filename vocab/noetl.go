@@ -36,13 +36,6 @@ func alias(dot string) string {
 	return b.String()
 }
 
-// NoETLEvents translates a run's records (in runSeq order) into NoETL v10
-// events. docs/events.md has the table.
-func NoETLEvents(recs []statestore.RunEventRecord) []NoETLEvent {
-	out, _ := noetlEvents(recs)
-	return out
-}
-
 // noetlEvents is NoETLEvents with, for each event, the index of the
 // record it comes from.
 func noetlEvents(recs []statestore.RunEventRecord) ([]NoETLEvent, []int) {

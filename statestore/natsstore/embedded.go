@@ -228,17 +228,6 @@ func (e *Embedded) Connect(opts ...nats.Option) (*nats.Conn, error) {
 	return nc, nil
 }
 
-// URL is the listener's URL with SidecarUser's credentials in it, for
-// another replica (tests); empty when the server has no listener.
-func (e *Embedded) URL() string {
-	addr := e.Server.Addr()
-	if addr == nil {
-		return ""
-	}
-	u := url.URL{Scheme: "nats", User: url.UserPassword(SidecarUser, e.password), Host: addr.String()}
-	return u.String()
-}
-
 func randomPassword() string {
 	b := make([]byte, 24)
 	_, _ = rand.Read(b) // crypto/rand.Read never fails on Linux
@@ -320,4 +309,15 @@ func (s *serverLogger) lastError() string {
 		return ""
 	}
 	return ": " + strings.TrimSpace(s.last)
+}
+
+// URL is the listener's URL with SidecarUser's credentials in it, for
+// another replica (tests); empty when the server has no listener.
+func (e *Embedded) URL() string {
+	addr := e.Server.Addr()
+	if addr == nil {
+		return ""
+	}
+	u := url.URL{Scheme: "nats", User: url.UserPassword(SidecarUser, e.password), Host: addr.String()}
+	return u.String()
 }

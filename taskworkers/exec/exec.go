@@ -135,8 +135,6 @@ type Registry struct {
 	cmds  *commandDir // nil without Options.CommandDir
 }
 
-var _ taskworkers.Executor = (*Registry)(nil)
-
 // New returns the command, http, noop and sleep executors configured by
 // opts.
 func New(opts Options) *Registry {
@@ -177,12 +175,6 @@ func (r *Registry) Close(context.Context) error {
 	return r.cmds.close()
 }
 
-// For returns the executor of an executor type (plan.ExecutorCommand, ...).
-func (r *Registry) For(typ string) (taskworkers.Executor, bool) {
-	e, ok := r.execs[typ]
-	return e, ok
-}
-
 // Executors returns a new map of all executors by type, the shape
 // taskworkers.New takes.
 func (r *Registry) Executors() map[string]taskworkers.Executor {
@@ -191,16 +183,6 @@ func (r *Registry) Executors() map[string]taskworkers.Executor {
 		m[k] = v
 	}
 	return m
-}
-
-// Execute runs x with the executor of x.Spec.Type; an unknown type fails
-// the step with EXECUTOR_UNKNOWN.
-func (r *Registry) Execute(ctx context.Context, x taskworkers.Execution) (taskworkers.Result, error) {
-	e, ok := r.execs[x.Spec.Type]
-	if !ok {
-		return fail(CodeUnknownExecutor, fmt.Sprintf("no executor of type %q (want command, http, noop or sleep)", x.Spec.Type), false), nil
-	}
-	return e.Execute(ctx, x)
 }
 
 // base is what every executor shares.
