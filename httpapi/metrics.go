@@ -44,7 +44,7 @@ func (s *MetricsServer) Handler() http.Handler { return s.mux }
 
 // Open serves on ln until Close.
 func (s *MetricsServer) Open(ln net.Listener) {
-	s.serving.start(&http.Server{Handler: s.mux, ReadHeaderTimeout: DefaultReadHeaderTimeout, ReadTimeout: DefaultReadTimeout,
+	s.serving.start(&http.Server{Handler: s.Handler(), ReadHeaderTimeout: DefaultReadHeaderTimeout, ReadTimeout: DefaultReadTimeout,
 		WriteTimeout: DefaultWriteTimeout, IdleTimeout: DefaultIdleTimeout, ErrorLog: zap.NewStdLog(s.log.Named("http"))}, ln, s.log)
 }
 

@@ -14,7 +14,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -241,25 +240,12 @@ func NewServer(opts Options) *Server {
 	return s
 }
 
-// Routes returns the routes the server serves, "METHOD /path" sorted (the
-// OpenAPI document, docs/openapi.yaml, must list exactly these).
-func (s *Server) Routes() []string {
-	var out []string
-	for path, methods := range s.allow {
-		for _, m := range methods {
-			out = append(out, m+" "+path)
-		}
-	}
-	sort.Strings(out)
-	return out
-}
-
 // Handler returns the API's handler.
 func (s *Server) Handler() http.Handler { return s.mux }
 
 // Open serves on ln until Close.
 func (s *Server) Open(ln net.Listener) {
-	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: s.opts.ReadHeaderTimeout, ReadTimeout: s.opts.ReadTimeout,
+	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: s.opts.ReadHeaderTimeout, ReadTimeout: s.opts.ReadTimeout,
 		WriteTimeout: s.opts.WriteTimeout, IdleTimeout: s.opts.IdleTimeout, MaxHeaderBytes: MaxHeaderBytes, ErrorLog: zap.NewStdLog(s.log.Named("http"))}
 	if s.opts.TLSConfig != nil {
 		ln = tls.NewListener(ln, s.opts.TLSConfig)

@@ -1,0 +1,16 @@
+package httpapi
+
+import "sort"
+
+// Routes returns the routes the server serves, "METHOD /path" sorted (the
+// OpenAPI document, docs/openapi.yaml, must list exactly these).
+func (s *Server) Routes() []string {
+	var out []string
+	for path, methods := range s.allow {
+		for _, m := range methods {
+			out = append(out, m+" "+path)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
