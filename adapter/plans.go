@@ -153,3 +153,15 @@ func (r *Runs) registeredPlans(ctx context.Context) ([]planRecord, error) {
 	}
 	return out, nil
 }
+
+// PlanSteps returns the steps of a registered plan version, read back from
+// its workflow definition in Conductor (plan.StepsOf): none for a
+// workflow that is not a compiled plan (an adopted definition). An
+// unknown plan version gives an error matching ErrNotFound.
+func (r *Runs) PlanSteps(ctx context.Context, planID, planVersion string) ([]plan.Step, error) {
+	def, err := r.conductor.WorkflowDef(ctx, plan.WorkflowName(planID, planVersion), plan.WorkflowVersion)
+	if err != nil {
+		return nil, err
+	}
+	return plan.StepsOf(def), nil
+}
