@@ -71,3 +71,21 @@ func mustRow(t *testing.T, seq int64) []byte {
 	}
 	return b
 }
+
+// TestRowOf_Drained: a paused run's row counts the steps that were in
+// flight at the pause and ended since, not those that ended before it or
+// still run.
+func TestRowOf_Drained(t *testing.T) {
+	s := &statestore.RunSnapshot{RunID: "r", Status: statestore.RunStatusPaused, Substatus: statestore.SubstatusDraining,
+		Pause: &statestore.PauseState{PausedAt: "2026-01-01T10:00:00Z", DrainTimeoutSeconds: 60},
+		Steps: []statestore.StepSnapshot{
+			{StepID: "before", Status: statestore.StepStatusSuccess, StartedAt: "2026-01-01T09:00:00Z", CompletedAt: "2026-01-01T09:59:59Z"},
+			{StepID: "drained", Status: statestore.StepStatusSuccess, StartedAt: "2026-01-01T09:59:00Z", CompletedAt: "2026-01-01T10:00:05.5Z"},
+			{StepID: "failed", Status: statestore.StepStatusFailed, StartedAt: "2026-01-01T09:59:00Z", CompletedAt: "2026-01-01T10:00:06Z"},
+			{StepID: "running", Status: statestore.StepStatusRunning, StartedAt: "2026-01-01T09:59:30Z"},
+		}}
+	r := rowOf(s, "", "")
+	if r.Drained != 2 || r.InFlight != 1 || r.DrainTimeoutSeconds != 60 {
+		t.Fatalf("row drained %d in flight %d timeout %d, want 2, 1, 60", r.Drained, r.InFlight, r.DrainTimeoutSeconds)
+	}
+}

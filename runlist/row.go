@@ -58,6 +58,12 @@ type Row struct {
 	PauseOrigin string `json:"pauseOrigin,omitempty"`
 	// DrainTimedOut: the open pause's drain ended by PAUSE_DRAIN_TIMEOUT.
 	DrainTimedOut bool `json:"drainTimedOut,omitempty"`
+	// Drained counts the steps of the open pause that were in flight when
+	// it began and have ended since (a drain's progress: Drained of
+	// Drained+InFlight); DrainTimeoutSeconds is the pause's drain timeout
+	// (0: the sidecar's default).
+	Drained             int   `json:"drained,omitempty"`
+	DrainTimeoutSeconds int64 `json:"drainTimeoutSeconds,omitempty"`
 	// LastEventSeq is the runSeq of the last event the row includes;
 	// UpdatedAt that event's persistedAt.
 	LastEventSeq int64  `json:"lastEventSeq"`
@@ -84,8 +90,29 @@ func rowOf(s *statestore.RunSnapshot, created, updated string) Row {
 	if s.Status == statestore.RunStatusPaused && s.Pause != nil {
 		r.PausedAt, r.PauseReason, r.ResumeAt, r.DrainTimedOut = s.Pause.PausedAt, s.Pause.Reason, s.Pause.ResumeAt, s.Pause.DrainTimedOut
 		r.PauseOrigin = pauseOrigin(s.Pause)
+		r.DrainTimeoutSeconds = s.Pause.DrainTimeoutSeconds
+		r.Drained = drainedSince(s, s.Pause.PausedAt)
 	}
 	return r
+}
+
+// drainedSince counts the steps of s that started before pausedAt and
+// ended after it: those a drain beginning then waited for and saw end.
+func drainedSince(s *statestore.RunSnapshot, pausedAt string) int {
+	at, err := time.Parse(time.RFC3339Nano, pausedAt)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for i := range s.Steps {
+		st := &s.Steps[i]
+		started, err1 := time.Parse(time.RFC3339Nano, st.StartedAt)
+		ended, err2 := time.Parse(time.RFC3339Nano, st.CompletedAt)
+		if err1 == nil && err2 == nil && !started.After(at) && !ended.Before(at) {
+			n++
+		}
+	}
+	return n
 }
 
 // Where a pause came from (Row.PauseOrigin): a bounded set, unlike the
