@@ -61,6 +61,9 @@ const (
 	CodeMethodNotAllowed = "METHOD_NOT_ALLOWED"
 	// CodeNotFound: no such endpoint.
 	CodeNotFound = "NOT_FOUND"
+	// CodeCSRF: a console session's request that changes something came
+	// without the session's CSRF token (403).
+	CodeCSRF = "CSRF_TOKEN_INVALID"
 )
 
 // errBadBody matches the errors of plan.DecodeJSON decoding a request

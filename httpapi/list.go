@@ -45,8 +45,11 @@ type ListedRun struct {
 	runlist.Row
 	// QueuePosition is a QUEUED run's place among the runs waiting for
 	// admission (1: next), as GET /v1/runs/{runId} gives it.
-	QueuePosition int   `json:"queuePosition,omitempty"`
-	Matches       *bool `json:"matches,omitempty"`
+	QueuePosition int `json:"queuePosition,omitempty"`
+	// DrainDeadline is when a DRAINING run's drain times out (its
+	// pause's timeout, or the sidecar's default, after PausedAt).
+	DrainDeadline string `json:"drainDeadline,omitempty"`
+	Matches       *bool  `json:"matches,omitempty"`
 }
 
 // RunList is the answer of GET /v1/runs.
@@ -129,7 +132,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := RunList{Runs: make([]ListedRun, len(page.Runs)), Continue: page.Continue, IndexedThrough: page.IndexedThrough, Revision: page.Revision}
 	for i, row := range page.Runs {
-		out.Runs[i] = ListedRun{Row: row, QueuePosition: s.queuePosition(&row)}
+		out.Runs[i] = s.listed(row)
 	}
 	return writeJSON(w, http.StatusOK, out)
 }
@@ -159,9 +162,23 @@ func (s *Server) watchList(w http.ResponseWriter, r *http.Request, q url.Values,
 	out := RunList{Runs: make([]ListedRun, len(page.Runs)), IndexedThrough: page.IndexedThrough, Revision: page.Revision}
 	for i, row := range page.Runs {
 		m := f.MatchStatus(&row)
-		out.Runs[i] = ListedRun{Row: row, QueuePosition: s.queuePosition(&row), Matches: &m}
+		out.Runs[i] = s.listed(row)
+		out.Runs[i].Matches = &m
 	}
 	return writeJSON(w, http.StatusOK, out)
+}
+
+// listed is row as a listing shows it.
+func (s *Server) listed(row runlist.Row) ListedRun {
+	lr := ListedRun{Row: row, QueuePosition: s.queuePosition(&row)}
+	if at, err := time.Parse(time.RFC3339Nano, row.PausedAt); err == nil && row.Substatus == statestore.SubstatusDraining {
+		timeout := time.Duration(row.DrainTimeoutSeconds) * time.Second
+		if timeout <= 0 {
+			timeout = s.opts.DrainTimeout
+		}
+		lr.DrainDeadline = at.Add(timeout).UTC().Format(time.RFC3339Nano)
+	}
+	return lr
 }
 
 // queuePosition is a QUEUED row's place in the admission queue (0 for

@@ -84,6 +84,12 @@ type Options struct {
 	// Bus is the event bus: GET /v1/bus, its dead letters and their
 	// replay (nil: not served).
 	Bus Bus
+	// Plans reads a run's plan version: GET /v1/runs/{runId}/plan, the
+	// step graph the console draws (nil: not served).
+	Plans PlanReader
+	// NoConsole turns the web console at /ui off (it is served by
+	// default, behind the API's authentication: docs/console.md).
+	NoConsole bool
 	// Queue gives a QUEUED run's place in the admission queue (nil: no
 	// admission control).
 	Queue QueuePositions
@@ -157,7 +163,8 @@ type Server struct {
 	latency  *prometheus.HistogramVec
 	controls *prometheus.CounterVec
 
-	serving serving
+	serving  serving
+	sessions *sessions // the console's cookie sessions
 
 	allow map[string][]string // path pattern -> methods served
 }
@@ -178,7 +185,7 @@ func NewServer(opts Options) *Server {
 			*d.p = d.def
 		}
 	}
-	s := &Server{opts: opts, log: opts.Logger.Named("api"), mux: http.NewServeMux(), allow: map[string][]string{}}
+	s := &Server{opts: opts, log: opts.Logger.Named("api"), mux: http.NewServeMux(), allow: map[string][]string{}, sessions: newSessions()}
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sidecar_api_requests_total", Help: "Control API requests by route and result code.",
 	}, []string{"route", "code"})
@@ -203,6 +210,9 @@ func NewServer(opts Options) *Server {
 	}
 	s.route("GET /v1/runs/{runId}", "status", RoleViewer, s.status)
 	s.route("GET /v1/runs/{runId}/events", "events", RoleViewer, s.events)
+	if opts.Plans != nil {
+		s.route("GET /v1/runs/{runId}/plan", "plan", RoleViewer, s.planGraph)
+	}
 	for _, action := range []string{"pause", "resume", "cancel"} {
 		s.route("POST /v1/runs/{runId}/"+action, action, RoleOperator, s.controlRoute(action, s.control(action)))
 	}
@@ -233,6 +243,9 @@ func NewServer(opts Options) *Server {
 			w.Header().Set("Allow", allow)
 			writeError(w, &apiError{status: http.StatusMethodNotAllowed, Code: CodeMethodNotAllowed, Message: r.Method + " " + r.URL.Path + ": allowed: " + allow})
 		})
+	}
+	if !opts.NoConsole {
+		s.consoleRoutes()
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{status: http.StatusNotFound, Code: CodeNotFound, Message: "no such endpoint: " + r.Method + " " + r.URL.Path})
@@ -419,8 +432,15 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, role string) 
 	}
 	p, err := s.opts.Auth.Authenticate(r)
 	if err != nil {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="sidecar"`)
-		return r, &apiError{status: http.StatusUnauthorized, Code: CodeUnauthenticated, Message: "a bearer token (or a client certificate) listed in the tokens file is required"}
+		// A console session: its cookie, and its CSRF token on a change.
+		p, err = s.cookiePrincipal(r)
+	}
+	if err != nil {
+		var ae *apiError
+		if errors.As(err, &ae) {
+			return r, ae
+		}
+		return r, errUnauthenticated(w)
 	}
 	if !p.Can(role) {
 		return r, &apiError{status: http.StatusForbidden, Code: CodeForbidden, Message: fmt.Sprintf("%s lacks the role %s", p.Name, role)}
