@@ -28,6 +28,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/admission"
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/eventbus"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -139,6 +140,15 @@ func (c *scriptedControl) ResumeLater(context.Context, string, time.Time, drain.
 	return c.act()
 }
 
+// scriptedPlans answers every plan version with a two-step plan, as
+// adapter.Runs reads it from Conductor (its e2e test: the console's).
+type scriptedPlans struct{}
+
+func (scriptedPlans) PlanSteps(context.Context, string, string) ([]plan.Step, error) {
+	return []plan.Step{{StepID: "a", Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}, Retries: plan.RetryPolicy{EngineTries: 1, LogicalAttempts: 1}},
+		{StepID: "b", Executor: plan.ExecutorSpec{Type: plan.ExecutorSleep}, DependsOn: []string{"a"}, Retries: plan.RetryPolicy{EngineTries: 1, LogicalAttempts: 1}}}, nil
+}
+
 // scriptedStarter answers starts with what the case sets: Conductor's
 // refusals and outages, which the e2e tests meet on the real server.
 type scriptedStarter struct {
@@ -237,7 +247,7 @@ func newContractEnv(t *testing.T) *contractEnv {
 		t.Fatal(err)
 	}
 	e := &contractEnv{control: &scriptedControl{}, starter: &scriptedStarter{}}
-	opts := httpapi.Options{Log: store, List: list, Bus: bus, Control: e.control, Starter: e.starter, Replies: replies, Auth: creds,
+	opts := httpapi.Options{Log: store, List: list, Bus: bus, Control: e.control, Starter: e.starter, Replies: replies, Auth: creds, Plans: scriptedPlans{},
 		Gatherer: prometheus.NewRegistry(), Logger: zaptest.NewLogger(t)}
 	e.api = httpapi.NewServer(opts)
 	serve := func(o httpapi.Options) *httptest.Server {
@@ -444,6 +454,9 @@ func TestOpenAPI_EveryAnswerDocumented(t *testing.T) {
 	run("GET /v1/runs/{runId}", e.srv, "/v1/runs/run-1", "tok-admin", "", "", "")
 	run("GET /v1/runs/{runId}", e.srv, "/v1/runs/nope", "tok-admin", "", "", "")
 	run("GET /v1/runs/{runId}", e.down, "/v1/runs/run-1", "tok-admin", "", "", "")
+	run("GET /v1/runs/{runId}/plan", e.srv, "/v1/runs/run-1/plan", "tok-admin", "", "", "")
+	run("GET /v1/runs/{runId}/plan", e.srv, "/v1/runs/nope/plan", "tok-admin", "", "", "")
+	run("GET /v1/runs/{runId}/plan", e.down, "/v1/runs/run-1/plan", "tok-admin", "", "", "")
 	events := "GET /v1/runs/{runId}/events"
 	run(events, e.srv, "/v1/runs/run-1/events", "tok-admin", "", "", "")
 	run(events, e.srv, "/v1/runs/run-1/events?limit=0", "tok-admin", "", "", "")
