@@ -19,7 +19,7 @@ function h(tag, attrs, ...children) {
     else if (k === "text") el.textContent = v;
     else el.setAttribute(k, v === true ? "" : v);
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined || c === false) continue;
     el.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
@@ -31,7 +31,7 @@ const SVG_NS = "http://www.w3.org/2000/svg"; // a name, not a location: nothing 
 function svg(tag, attrs, ...children) {
   const el = document.createElementNS(SVG_NS, tag);
   for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, v);
-  for (const c of children.flat()) if (c) el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  for (const c of children.flat(Infinity)) if (c) el.append(c instanceof Node ? c : document.createTextNode(String(c)));
   return el;
 }
 
@@ -195,7 +195,9 @@ function renderLogin() {
   document.getElementById("logout").hidden = true;
   const input = h("input", { type: "password", id: "token", name: "token", autocomplete: "off", required: true });
   const err = h("p", { role: "alert" });
-  const form = h("form", { onsubmit: async (e) => {
+  // method post: were the script's handler ever bypassed, the token would
+  // go in a body (refused), never in the URL.
+  const form = h("form", { method: "post", action: "/ui/login", onsubmit: async (e) => {
     e.preventDefault();
     try {
       session = await api("POST", "/ui/login", { token: input.value });
@@ -515,7 +517,7 @@ async function renderRun(runId, signal) {
     }
     forms.push(controlForm("Cancel", [], (f) => op("cancel", { reason: f.get("reason") }),
       (f) => cli(["cancel", runId, "--reason", f.get("reason") || "REASON"]), true));
-    controls.append(h("h2", {}, "Control"), forms);
+    controls.append(h("h2", {}, "Control"), ...forms);
   }
 
   let run = await refresh();
