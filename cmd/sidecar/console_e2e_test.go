@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,7 +18,11 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/httpapi"
+	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
 // The web console in a real browser: Debian's headless Chromium
@@ -322,4 +328,66 @@ func TestE2E_Console(t *testing.T) {
 	if w := eval[int](t, ctx, `document.documentElement.scrollWidth`); w > 400 {
 		t.Fatalf("the run list is %d px wide on a 390 px viewport", w)
 	}
+}
+
+// TestConsole_TenThousandRunsFirstScreen measures (reports, does not
+// assert) how long the run list takes to show its first screen in
+// headless Chromium with 10,000 runs in the list: the API over the
+// embedded JetStream store and the real run list (BENCHMARKS.md).
+func TestConsole_TenThousandRunsFirstScreen(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: appends 10,000 runs")
+	}
+	ctx := browser(t)
+	bg := context.Background()
+	js, _ := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{})
+	store, err := natsstore.Open(bg, js, natsstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := runlist.Open(bg, js, runlist.Options{Log: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(list.Close)
+	const runs = 10000
+	began := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := w; i < runs; i += 8 {
+				ev := storetest.WithPayload(storetest.Event(fmt.Sprintf("bench-run-%05d", i), statestore.RunStarted, ""),
+					map[string]any{"engineType": "conductor", "labels": map[string]string{"team": []string{"data", "ml", "web"}[i%3]}})
+				if _, err := store.Append(bg, ev); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(bg, 2*time.Minute)
+	defer cancel()
+	if _, err := list.WaitIndexed(wctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d runs appended and listed in %s", runs, time.Since(began).Round(time.Millisecond))
+	srv := httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: store, List: list}).Handler())
+	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() }) // the page's watch waits up to 30 s
+	var firsts []string
+	for i := 0; i < 5; i++ {
+		navigate(t, ctx, srv.URL+"/ui/runs", "runs")
+		firsts = append(firsts, eval[string](t, ctx, `document.documentElement.dataset.firstScreenMs + " ms (list request and render " + document.documentElement.dataset.listMs + " ms)"`))
+	}
+	if n := eval[int](t, ctx, `document.querySelectorAll("#runs tbody tr").length`); n != 100 {
+		t.Fatalf("first screen shows %d rows, want a page of 100", n)
+	}
+	t.Logf("run list with %d runs, first screen from navigation start (5 loads): %s", runs, strings.Join(firsts, "; "))
 }
