@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
 	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -148,7 +149,7 @@ func TestE2E_Console(t *testing.T) {
 	ctx := browser(t)
 	dir := t.TempDir()
 	newToken := func(name, roles string) (token, entry string) {
-		out, err := exec.Command(sidecarBinary(t), "token", "new", "--name", name, "--roles", roles).Output()
+		out, err := exec.Command(sidecartest.Binary(t), "token", "new", "--name", name, "--roles", roles).Output()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -161,7 +162,7 @@ func TestE2E_Console(t *testing.T) {
 	if err := os.WriteFile(tokens, []byte("principals:\n"+opsEntry+viewEntry), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p := startServe(t, t.TempDir(), freeAddr(t), "--tokens-file", tokens)
+	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--tokens-file", tokens)
 	p.client.Token = opsToken
 	base := "http://" + p.addr
 	team := uniq("console")
@@ -185,7 +186,7 @@ func TestE2E_Console(t *testing.T) {
 	}
 	start := func(labels map[string]string) string { return startPlan(pl, labels) }
 	inFlight := func(runID string, n int) {
-		waitFor(t, fmt.Sprintf("%d steps of %s in flight", n, runID), 60*time.Second, func() bool {
+		sidecartest.WaitFor(t, fmt.Sprintf("%d steps of %s in flight", n, runID), 60*time.Second, func() bool {
 			v, err := p.client.Run(context.Background(), runID)
 			return err == nil && len(v.InFlight()) >= n
 		})
@@ -208,7 +209,7 @@ func TestE2E_Console(t *testing.T) {
 		chromedp.Click(`//summary[text()="Pause"]`, chromedp.BySearch),
 		chromedp.SendKeys(`details[open] input[name=reason]`, "disk pressure on db-7", chromedp.ByQuery),
 		chromedp.Click(`details[open] button[type=submit]`, chromedp.ByQuery))
-	waitFor(t, "the run page to show DRAINING", 20*time.Second, func() bool {
+	sidecartest.WaitFor(t, "the run page to show DRAINING", 20*time.Second, func() bool {
 		return eval[string](t, ctx, `document.documentElement.dataset.runStatus || ""`) == "PAUSED/DRAINING"
 	})
 	screenshot(t, ctx, "run-draining")
@@ -349,7 +350,7 @@ func TestConsole_TenThousandRunsFirstScreen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(list.Close)
+	t.Cleanup(func() { _ = list.Close(context.Background()) })
 	const runs = 10000
 	began := time.Now()
 	var wg sync.WaitGroup
