@@ -155,7 +155,10 @@ func (s *Server) watchList(w http.ResponseWriter, r *http.Request, q url.Values,
 	if !ok {
 		f = runlist.Filter{TenantID: "\x00"} // outside the caller's scope: nothing, after the wait
 	}
-	page, err := s.opts.List.Changes(r.Context(), f, uint64(after), time.Duration(wait)*time.Second)
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	defer context.AfterFunc(s.closing, cancel)()
+	page, err := s.opts.List.Changes(ctx, f, uint64(after), time.Duration(wait)*time.Second)
 	if err != nil {
 		return err
 	}

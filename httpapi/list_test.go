@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -114,4 +115,37 @@ func openListedLog(t testing.TB, js jetstream.JetStream) (*natsstore.Store, *run
 	}
 	t.Cleanup(func() { _ = list.Close(context.Background()) })
 	return store, list
+}
+
+// TestServer_CloseEndsWatches: a list watch (a console page, `runs -w`)
+// waits up to a minute for a change; closing the server answers it at once
+// with what changed so far, instead of holding shutdown until the watch's
+// wait runs out.
+func TestServer_CloseEndsWatches(t *testing.T) {
+	store, list := openListedLog(t, natstest.Connect(t, natstestServer(t)))
+	api := httpapi.NewServer(httpapi.Options{Log: store, List: list, Logger: zaptest.NewLogger(t)})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	api.Open(ln)
+	answered := make(chan int, 1)
+	go func() {
+		resp, err := http.Get("http://" + ln.Addr().String() + "/v1/runs?watch=true&timeoutSeconds=60")
+		if err != nil {
+			answered <- 0
+			return
+		}
+		resp.Body.Close()
+		answered <- resp.StatusCode
+	}()
+	time.Sleep(300 * time.Millisecond) // the watch is waiting
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := api.Close(ctx); err != nil {
+		t.Fatalf("close with a watch waiting: %v", err)
+	}
+	if code := <-answered; code != http.StatusOK {
+		t.Fatalf("watch answered %d, want 200 (an empty change set)", code)
+	}
 }

@@ -165,6 +165,10 @@ type Server struct {
 
 	serving  serving
 	sessions *sessions // the console's cookie sessions
+	// closing is cancelled when Close starts: list watches answer then
+	// instead of holding shutdown for the rest of their wait.
+	closing     context.Context
+	stopWatches context.CancelFunc
 
 	allow map[string][]string // path pattern -> methods served
 }
@@ -186,6 +190,7 @@ func NewServer(opts Options) *Server {
 		}
 	}
 	s := &Server{opts: opts, log: opts.Logger.Named("api"), mux: http.NewServeMux(), allow: map[string][]string{}, sessions: newSessions()}
+	s.closing, s.stopWatches = context.WithCancel(context.Background())
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sidecar_api_requests_total", Help: "Control API requests by route and result code.",
 	}, []string{"route", "code"})
@@ -268,7 +273,10 @@ func (s *Server) Open(ln net.Listener) {
 
 // Close stops accepting requests and waits for those in flight until ctx
 // is done.
-func (s *Server) Close(ctx context.Context) error { return s.serving.close(ctx) }
+func (s *Server) Close(ctx context.Context) error {
+	s.stopWatches()
+	return s.serving.close(ctx)
+}
 
 // apiError is an error answer.
 type apiError struct {
