@@ -46,12 +46,11 @@ func (c *AuditCommand) Run(ctx context.Context, args []string) error {
 	since := fs.String("since", "", "only actions at or after this time (RFC 3339), or this long ago (e.g. 24h)")
 	var q runQuery
 	q.register(fs)
-	var names []string
-	if len(args) == 0 || !strings.HasPrefix(args[0], "-") {
-		names = []string{"RUN_ID"}
-	}
-	pos, err := cf.parse(fs, args, names...)
+	pos, err := cf.parseUpTo(fs, args, 1)
 	if err != nil {
+		return err
+	}
+	if err := checkIDs(fs, []string{"RUN_ID"}, pos); err != nil {
 		return err
 	}
 	var from time.Time

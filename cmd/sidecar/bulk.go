@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"net/url"
 	"sort"
@@ -13,56 +14,77 @@ import (
 	"github.com/conductor-sidecar/sidecar/httpapi"
 )
 
-// bulk runs "sidecar pause|resume|cancel -l SELECTOR ..." : the action on
-// every run the filter selects (POST /v1/runs:<action>).
-func (c *ControlCommand) bulk(ctx context.Context, args []string) error {
-	synopsis := c.action + " -l SELECTOR | --plan P | --all  --reason R [--dry-run] [--idempotency-key K] [-o json]"
-	switch c.action {
+// bulkFlags are the flags of the bulk form of pause, resume and cancel.
+type bulkFlags struct {
+	q                            runQuery
+	all, dryRun, wait            bool
+	reason, idemKey              string
+	timeout, resumeFor, interval time.Duration
+	resumeUntil, maxRate         string
+	batch                        int64
+}
+
+func (b *bulkFlags) register(fs *flag.FlagSet, action string) {
+	fs.StringVar(&b.q.selector, "l", "", `label selector, as kubectl's: "team=data,tier!=gold"`)
+	fs.StringVar(&b.q.plan, "plan", "", "only runs of this planId")
+	fs.StringVar(&b.q.planVersion, "plan-version", "", "only runs of this planVersion")
+	fs.StringVar(&b.q.tenant, "tenant", "", "only runs of this tenantId")
+	fs.StringVar(&b.q.project, "project", "", "only runs of this projectId")
+	fs.StringVar(&b.q.environment, "environment", "", "only runs of this environmentId")
+	fs.BoolVar(&b.all, "all", false, "act on every run (no filter)")
+	fs.StringVar(&b.reason, "reason", "", "why (required, but not for --dry-run; recorded in every run's event)")
+	fs.BoolVar(&b.dryRun, "dry-run", false, "list the runs that would be acted on, with their in-flight steps; change nothing")
+	fs.StringVar(&b.idemKey, "idempotency-key", "", "send this Idempotency-Key: repeating the command with the same key returns the first answer")
+	switch action {
+	case "pause":
+		fs.DurationVar(&b.timeout, "timeout", 0, "drain timeout of these pauses (default: the sidecar's --drain-timeout)")
+		fs.DurationVar(&b.resumeFor, "for", 0, "resume the runs on their own after this long")
+		fs.StringVar(&b.resumeUntil, "until", "", "resume the runs on their own at this RFC 3339 time")
+		fs.BoolVar(&b.wait, "wait", false, "show the drains' progress until all are drained (exit 0) or one timed out (exit 3)")
+	case "resume":
+		fs.StringVar(&b.maxRate, "max-rate", "", "resume this many runs a second, evenly (e.g. 10/s): the first now, the rest scheduled; after a restart the rest catch up at this rate")
+		fs.Int64Var(&b.batch, "batch", 0, "resume this many runs now, and as many again every --interval")
+		fs.DurationVar(&b.interval, "interval", 0, "the wait between batches of --batch")
+	}
+}
+
+// bulkSynopsis is the bulk form's usage line.
+func bulkSynopsis(action string) string {
+	synopsis := action + " -l SELECTOR | --plan P | --all  --reason R [--dry-run] [--idempotency-key K] [-o json|yaml|name]"
+	switch action {
 	case "pause":
 		synopsis += " [--timeout D] [--for D | --until TIME] [--wait]"
 	case "resume":
 		synopsis += " [--max-rate N/s | --batch N --interval D]"
 	}
-	fs := c.m.newFlagSet(c.action, synopsis)
-	var cf clientFlags
+	return synopsis
+}
+
+// bulkFlagSet is the bulk form's flag set.
+func (c *ControlCommand) bulkFlagSet() (*flag.FlagSet, *bulkFlags, *clientFlags) {
+	fs := c.m.newFlagSet(c.action, bulkSynopsis(c.action))
+	cf := &clientFlags{named: true}
 	cf.register(fs)
-	var q runQuery
-	fs.StringVar(&q.selector, "l", "", `label selector, as kubectl's: "team=data,tier!=gold"`)
-	fs.StringVar(&q.plan, "plan", "", "only runs of this planId")
-	fs.StringVar(&q.planVersion, "plan-version", "", "only runs of this planVersion")
-	fs.StringVar(&q.tenant, "tenant", "", "only runs of this tenantId")
-	fs.StringVar(&q.project, "project", "", "only runs of this projectId")
-	fs.StringVar(&q.environment, "environment", "", "only runs of this environmentId")
-	all := fs.Bool("all", false, "act on every run (no filter)")
-	reason := fs.String("reason", "", "why (required; recorded in every run's event)")
-	dryRun := fs.Bool("dry-run", false, "list the runs that would be acted on, with their in-flight steps; change nothing")
-	idemKey := fs.String("idempotency-key", "", "send this Idempotency-Key: repeating the command with the same key returns the first answer")
-	var timeout, resumeFor, interval time.Duration
-	var resumeUntil, maxRate string
-	var batch int64
-	var wait bool
-	switch c.action {
-	case "pause":
-		fs.DurationVar(&timeout, "timeout", 0, "drain timeout of these pauses (default: the sidecar's --drain-timeout)")
-		fs.DurationVar(&resumeFor, "for", 0, "resume the runs on their own after this long")
-		fs.StringVar(&resumeUntil, "until", "", "resume the runs on their own at this RFC 3339 time")
-		fs.BoolVar(&wait, "wait", false, "show the drains' progress until all are drained (exit 0) or one timed out (exit 3)")
-	case "resume":
-		fs.StringVar(&maxRate, "max-rate", "", "resume this many runs a second, evenly (e.g. 10/s): the first now, the rest scheduled; after a restart the rest catch up at this rate")
-		fs.Int64Var(&batch, "batch", 0, "resume this many runs now, and as many again every --interval")
-		fs.DurationVar(&interval, "interval", 0, "the wait between batches of --batch")
-	}
+	b := &bulkFlags{}
+	b.register(fs, c.action)
+	return fs, b, cf
+}
+
+// bulk runs "sidecar pause|resume|cancel -l SELECTOR ..." : the action on
+// every run the filter selects (POST /v1/runs:<action>).
+func (c *ControlCommand) bulk(ctx context.Context, args []string) error {
+	fs, b, cf := c.bulkFlagSet()
 	if _, err := cf.parse(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return usageError(fs, "give a RUN_ID first, or a filter (-l, --plan, ...) without one, not both")
-	}
+	q, all, reason, dryRun, idemKey := b.q, &b.all, &b.reason, &b.dryRun, &b.idemKey
+	timeout, resumeFor, interval, resumeUntil, maxRate, batch, wait := b.timeout, b.resumeFor, b.interval, b.resumeUntil, b.maxRate, b.batch, b.wait
 	if len(q.values()) == 0 && !*all {
 		return usageError(fs, "give a RUN_ID, or for many runs a filter (-l, --plan, --tenant, ...) or --all")
 	}
-	if *reason == "" {
-		return usageError(fs, "--reason is required for a bulk %s", c.action)
+	if *reason == "" && !*dryRun {
+		// A preview changes nothing and needs no justification.
+		return usageError(fs, "--reason is required for a bulk %s (a --dry-run needs none)", c.action)
 	}
 	req := httpapi.BulkRequest{LabelSelector: q.selector, PlanID: q.plan, PlanVersion: q.planVersion, TenantID: q.tenant,
 		ProjectID: q.project, EnvironmentID: q.environment, All: *all, Reason: *reason, DryRun: *dryRun,
@@ -88,16 +110,25 @@ func (c *ControlCommand) bulk(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if cf.output == "json" && !wait {
-		return printJSON(c.m.Stdout, res)
+	if cf.structured() && !wait {
+		return cf.print(c.m.Stdout, res, bulkNames(res)...)
 	}
-	if cf.output != "json" {
+	if !cf.structured() {
 		printBulk(c.m, res)
 	}
 	if !wait || *dryRun {
 		return nil
 	}
 	return c.waitBulk(ctx, client, res, cf.output)
+}
+
+// bulkNames are the runs of a bulk answer, for -o name.
+func bulkNames(res *httpapi.BulkResult) []string {
+	names := make([]string, len(res.Runs))
+	for i, r := range res.Runs {
+		names[i] = r.RunID
+	}
+	return names
 }
 
 func printBulk(m *Main, res *httpapi.BulkResult) {
@@ -147,44 +178,14 @@ func (c *ControlCommand) waitBulk(ctx context.Context, client *httpapi.Client, r
 		if err != nil {
 			return err
 		}
-		drained, inFlight, timedOut, gone := 0, 0, 0, len(want)
-		now := time.Now()
-		var slowest time.Time // the latest p90 among the drains
-		unknown := 0          // drains without an estimate
-		for _, r := range list.Runs {
-			if !want[r.RunID] {
-				continue
-			}
-			gone--
-			switch {
-			case r.DrainTimedOut:
-				timedOut++
-			case r.Substatus == "":
-				drained++
-			default:
-				inFlight += r.InFlight
-				if e := r.DrainETA; e == nil || len(e.Unknown) > 0 {
-					unknown++
-				} else if t, err := time.Parse(time.RFC3339Nano, e.P90); err == nil && t.After(slowest) {
-					slowest = t
-				}
-			}
+		p := progressOf(want, list.Runs, time.Now())
+		if p.state != last && output == "text" {
+			fmt.Fprintln(c.m.Stdout, p.line)
 		}
-		// A run no longer PAUSED (resumed or ended meanwhile) is not waited for.
-		line := fmt.Sprintf("drained %d/%d, steps in flight %d, drain timed out %d, no longer paused %d", drained, len(want), inFlight, timedOut, gone)
-		if !slowest.IsZero() {
-			line += ", slowest drained in " + max(slowest.Sub(now), 0).Round(time.Second).String() + " (p90)"
-		}
-		if unknown > 0 {
-			line += fmt.Sprintf(", %d without an estimate", unknown)
-		}
-		if line != last && output != "json" {
-			fmt.Fprintln(c.m.Stdout, line)
-			last = line
-		}
-		if drained+timedOut+gone == len(want) {
-			if timedOut > 0 {
-				return errDrainTimedOut{runID: fmt.Sprintf("(%d of the runs)", timedOut)}
+		last = p.state
+		if p.drained+p.timedOut+p.gone == len(want) {
+			if p.timedOut > 0 {
+				return errDrainTimedOut{runID: fmt.Sprintf("(%d of the runs)", p.timedOut)}
 			}
 			return nil
 		}
@@ -194,4 +195,50 @@ func (c *ControlCommand) waitBulk(ctx context.Context, client *httpapi.Client, r
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// bulkProgress is the progress of a bulk pause's drains: state counts them
+// (a line is printed when it changes, not as time passes), line adds the
+// time left of the slowest.
+type bulkProgress struct {
+	drained, timedOut, gone int
+	state, line             string
+}
+
+// progressOf is the progress of the drains of the runs in want, from the
+// PAUSED runs listed at now.
+func progressOf(want map[string]bool, runs []httpapi.ListedRun, now time.Time) bulkProgress {
+	p := bulkProgress{gone: len(want)}
+	inFlight := 0
+	var slowest time.Time // the latest p90 among the drains
+	unknown := 0          // drains without an estimate
+	for _, r := range runs {
+		if !want[r.RunID] {
+			continue
+		}
+		p.gone--
+		switch {
+		case r.DrainTimedOut:
+			p.timedOut++
+		case r.Substatus == "":
+			p.drained++
+		default:
+			inFlight += r.InFlight
+			if e := r.DrainETA; e == nil || len(e.Unknown) > 0 {
+				unknown++
+			} else if t, err := time.Parse(time.RFC3339Nano, e.P90); err == nil && t.After(slowest) {
+				slowest = t
+			}
+		}
+	}
+	// A run no longer PAUSED (resumed or ended meanwhile) is not waited for.
+	p.state = fmt.Sprintf("drained %d/%d, steps in flight %d, drain timed out %d, no longer paused %d", p.drained, len(want), inFlight, p.timedOut, p.gone)
+	p.line = p.state
+	if !slowest.IsZero() {
+		p.line += ", slowest drained in " + max(slowest.Sub(now), 0).Round(time.Second).String() + " (p90)"
+	}
+	if unknown > 0 {
+		p.line += fmt.Sprintf(", %d without an estimate", unknown)
+	}
+	return p
 }

@@ -2,13 +2,28 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"strconv"
 	"text/tabwriter"
 
 	"github.com/conductor-sidecar/sidecar/httpapi"
 )
+
+// errNoBus: the sidecar serves no event bus (its bus endpoints are not
+// there).
+var errNoBus = errors.New("no event bus: the sidecar runs without sinks (serve --bus-sink; README.md)")
+
+// noBus turns the API's answer for a missing bus endpoint into errNoBus.
+func noBus(err error) error {
+	var ae *httpapi.Error
+	if errors.As(err, &ae) && ae.Status == http.StatusNotFound && ae.Code == httpapi.CodeNotFound {
+		return errNoBus
+	}
+	return err
+}
 
 // BusCommand shows the event bus and replays its dead letters:
 //
@@ -36,6 +51,10 @@ func (c *BusCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 	st, err := cf.client().Bus(ctx)
+	if errors.Is(noBus(err), errNoBus) {
+		fmt.Fprintln(c.m.Stderr, errNoBus.Error())
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -67,7 +86,7 @@ func (c *BusCommand) deadLetters(ctx context.Context, args []string) error {
 		q.Set("limit", strconv.Itoa(min(*limit-n, httpapi.MaxDeadLetterLimit)))
 		page, err := client.DeadLetters(ctx, q)
 		if err != nil {
-			return err
+			return noBus(err)
 		}
 		all = append(all, *page)
 		n += len(page.DeadLetters)
@@ -111,7 +130,7 @@ func (c *BusCommand) replay(ctx context.Context, args []string) error {
 	}
 	res, err := cf.client().Replay(ctx, httpapi.ReplayRequest{Sink: *sink, Keys: keys})
 	if err != nil {
-		return err
+		return noBus(err)
 	}
 	if cf.output == "json" {
 		return printJSON(c.m.Stdout, res)

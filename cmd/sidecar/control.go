@@ -2,8 +2,9 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
-	"strings"
+	"io"
 	"time"
 
 	"github.com/conductor-sidecar/sidecar/httpapi"
@@ -27,32 +28,82 @@ type ControlCommand struct {
 	action string
 }
 
-// Run implements the control subcommands.
+// Run implements the control subcommands: with a RUN_ID (anywhere among
+// the arguments) the single-run form, without one the bulk form.
 func (c *ControlCommand) Run(ctx context.Context, args []string) error {
-	synopsis := c.action + " RUN_ID [--reason R] [--idempotency-key K] [--server URL] [-o json]  (or a filter for many runs: " + c.action + " -l SELECTOR --reason R [--dry-run]; -l -h for its flags)"
+	if c.action == "retry" {
+		return c.single(ctx, args)
+	}
+	if helpRequested(args) {
+		return c.help()
+	}
+	// The bulk form's flags include the single form's: parse with them,
+	// quietly, to find a RUN_ID.
+	probe := flag.NewFlagSet(c.action, flag.ContinueOnError)
+	probe.SetOutput(io.Discard)
+	new(clientFlags).register(probe)
+	new(bulkFlags).register(probe, c.action)
+	if pos, _ := parseArgs(probe, args); len(pos) > 0 {
+		return c.single(ctx, args)
+	}
+	return c.bulk(ctx, args)
+}
+
+// singleFlags are the flags of the single-run form.
+type singleFlags struct {
+	reason, idemKey    string
+	timeout, resumeFor time.Duration
+	resumeUntil        string
+	wait               bool
+}
+
+func (c *ControlCommand) singleFlagSet(f *singleFlags, cf *clientFlags) *flag.FlagSet {
+	synopsis := c.action + " RUN_ID [--reason R] [--idempotency-key K] [--server URL] [-o json|yaml|name]"
 	switch c.action {
 	case "pause":
-		synopsis = "pause RUN_ID [--timeout D] [--reason R] [--for D | --until TIME] [--wait] [--idempotency-key K] [--server URL] [-o json]"
+		synopsis = "pause RUN_ID [--timeout D] [--reason R] [--for D | --until TIME] [--wait] [--idempotency-key K] [--server URL] [-o json|yaml|name]"
 	case "retry":
-		synopsis = "retry RUN_ID STEP_ID [--reason R] [--idempotency-key K] [--server URL] [-o json]"
-	}
-	if c.action != "retry" && (len(args) == 0 || strings.HasPrefix(args[0], "-")) && !isHelp(args) {
-		return c.bulk(ctx, args)
+		synopsis = "retry RUN_ID STEP_ID [--reason R] [--idempotency-key K] [--server URL] [-o json|yaml|name]"
 	}
 	fs := c.m.newFlagSet(c.action, synopsis)
-	var cf clientFlags
+	cf.named = true
 	cf.register(fs)
-	reason := fs.String("reason", "", "why (recorded in the event's payload)")
-	idemKey := fs.String("idempotency-key", "", "send this Idempotency-Key: repeating the command with the same key returns the first answer")
-	var timeout, resumeFor time.Duration
-	var resumeUntil string
-	var wait bool
+	fs.StringVar(&f.reason, "reason", "", "why (recorded in the event's payload)")
+	fs.StringVar(&f.idemKey, "idempotency-key", "", "send this Idempotency-Key: repeating the command with the same key returns the first answer")
 	if c.action == "pause" {
-		fs.DurationVar(&timeout, "timeout", 0, "drain timeout of this pause (default: the sidecar's --drain-timeout)")
-		fs.DurationVar(&resumeFor, "for", 0, "resume the run on its own after this long (e.g. 30m; requestedBy schedule)")
-		fs.StringVar(&resumeUntil, "until", "", "resume the run on its own at this RFC 3339 time (e.g. 2026-11-23T06:00:00Z)")
-		fs.BoolVar(&wait, "wait", false, "show in-flight progress until drained (exit 0) or the drain times out (exit 3)")
+		fs.DurationVar(&f.timeout, "timeout", 0, "drain timeout of this pause (default: the sidecar's --drain-timeout)")
+		fs.DurationVar(&f.resumeFor, "for", 0, "resume the run on its own after this long (e.g. 30m; requestedBy schedule)")
+		fs.StringVar(&f.resumeUntil, "until", "", "resume the run on its own at this RFC 3339 time (e.g. 2026-11-23T06:00:00Z)")
+		fs.BoolVar(&f.wait, "wait", false, "show in-flight progress until drained (exit 0) or the drain times out (exit 3)")
 	}
+	return fs
+}
+
+// help prints the usage of both forms: the single run's, then the flags
+// only the bulk form has.
+func (c *ControlCommand) help() error {
+	var sf singleFlags
+	var cf clientFlags
+	single := c.singleFlagSet(&sf, &cf)
+	single.Usage()
+	bulk, _, _ := c.bulkFlagSet()
+	extra := flag.NewFlagSet(c.action, flag.ContinueOnError)
+	extra.SetOutput(single.Output())
+	bulk.VisitAll(func(f *flag.Flag) {
+		if single.Lookup(f.Name) == nil {
+			extra.Var(f.Value, f.Name, f.Usage)
+		}
+	})
+	fmt.Fprintf(single.Output(), "\nMany runs at once: sidecar %s\n\nFlags of the bulk form (besides those above):\n", bulkSynopsis(c.action))
+	printDefaults(extra)
+	return flag.ErrHelp
+}
+
+// single runs the action on one run.
+func (c *ControlCommand) single(ctx context.Context, args []string) error {
+	var f singleFlags
+	var cf clientFlags
+	fs := c.singleFlagSet(&f, &cf)
 	names := []string{"RUN_ID"}
 	if c.action == "retry" {
 		names = append(names, "STEP_ID")
@@ -61,6 +112,8 @@ func (c *ControlCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	reason, idemKey := &f.reason, &f.idemKey
+	timeout, resumeFor, resumeUntil, wait := f.timeout, f.resumeFor, f.resumeUntil, f.wait
 	runID, stepID := pos[0], ""
 	if c.action == "retry" {
 		stepID = pos[1]
@@ -97,8 +150,8 @@ func (c *ControlCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 	if !wait {
-		if cf.output == "json" {
-			return printJSON(c.m.Stdout, v)
+		if cf.structured() {
+			return cf.print(c.m.Stdout, v, v.RunID)
 		}
 		if v.Notice != "" {
 			fmt.Fprintf(c.m.Stdout, "note: %s\n", escapeText(v.Notice))
@@ -117,41 +170,39 @@ func (c *ControlCommand) Run(ctx context.Context, args []string) error {
 		fmt.Fprintf(c.m.Stdout, "now: %s: %s\n", escapeText(statusLine(now)), escapeText(now.Message))
 		return nil
 	}
-	return c.wait(ctx, client, runID, cf.output)
+	return c.wait(ctx, client, &cf, runID)
 }
 
-// wait polls the run until its drain ends.
-func (c *ControlCommand) wait(ctx context.Context, client *httpapi.Client, runID, output string) error {
+// wait polls the run until its drain ends. It prints a line when the
+// run's status or its steps in flight change, with the time left to the
+// drain's deadline then.
+func (c *ControlCommand) wait(ctx context.Context, client *httpapi.Client, cf *clientFlags, runID string) error {
 	last := ""
 	for {
 		v, err := client.Run(ctx, runID)
 		if err != nil {
 			return err
 		}
-		line := fmt.Sprintf("%s: %s", statusLine(v), v.Message)
-		if v.Drain != nil && v.Drain.Draining {
-			line += fmt.Sprintf(" in flight: %v (deadline %s)", v.Drain.InFlightStepIDs, v.Drain.Deadline)
+		state, line := waitLine(v, time.Now())
+		if state != last && cf.output == "text" {
+			fmt.Fprintln(c.m.Stdout, escapeText(line))
 		}
-		line = escapeText(line)
-		if line != last && output != "json" {
-			fmt.Fprintln(c.m.Stdout, line)
-			last = line
-		}
+		last = state
 		switch {
 		case v.Drain == nil:
 			// Not paused any more (resumed or ended while we waited).
-			if output == "json" {
-				return printJSON(c.m.Stdout, v)
+			if cf.structured() {
+				return cf.print(c.m.Stdout, v, v.RunID)
 			}
 			return nil
 		case v.Drain.TimedOut:
-			if output == "json" {
-				_ = printJSON(c.m.Stdout, v)
+			if cf.structured() {
+				_ = cf.print(c.m.Stdout, v, v.RunID)
 			}
 			return errDrainTimedOut{runID}
 		case !v.Drain.Draining && v.Drain.EndedAt != "":
-			if output == "json" {
-				return printJSON(c.m.Stdout, v)
+			if cf.structured() {
+				return cf.print(c.m.Stdout, v, v.RunID)
 			}
 			return nil
 		}
@@ -161,6 +212,21 @@ func (c *ControlCommand) wait(ctx context.Context, client *httpapi.Client, runID
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// waitLine is the progress of a run's drain: state is its status and steps
+// in flight (a line is printed when it changes), line adds the time left
+// to the drain's deadline.
+func waitLine(v *httpapi.RunView, now time.Time) (state, line string) {
+	state = fmt.Sprintf("%s: %s", statusLine(v), v.Message)
+	if v.Drain != nil && v.Drain.Draining {
+		state += fmt.Sprintf(" in flight: %v", v.Drain.InFlightStepIDs)
+	}
+	line = state
+	if v.Drain != nil && v.Drain.Draining && v.Drain.Deadline != "" {
+		line += " (deadline in " + left(now, v.Drain.Deadline) + ")"
+	}
+	return state, line
 }
 
 func statusLine(v *httpapi.RunView) string {

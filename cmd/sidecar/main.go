@@ -29,6 +29,10 @@ var errUsage = errors.New("usage")
 type Main struct {
 	Stdout io.Writer
 	Stderr io.Writer
+
+	// flagSets, when set, collects every flag set a command makes
+	// (completion.go reads the commands' flags from their "-h").
+	flagSets *[]*flag.FlagSet
 }
 
 func main() {
@@ -45,7 +49,11 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 	out, errw := &safeWriter{w: m.Stdout}, &safeWriter{w: m.Stderr}
 	defer errw.Flush()
 	defer out.Flush()
-	m = &Main{Stdout: out, Stderr: errw}
+	m = &Main{Stdout: out, Stderr: errw, flagSets: m.flagSets}
+	if helpRequested(args) {
+		// Asked-for help is output, as kubectl's: on stdout, exit 0.
+		m.Stderr = out
+	}
 	if len(args) == 0 {
 		m.usage()
 		return exitUsage
@@ -80,7 +88,9 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		err = (&VerifyCommand{m}).Run(ctx, rest)
 	case "pause", "resume", "cancel", "retry":
 		err = (&ControlCommand{m: m, action: args[0]}).Run(ctx, rest)
-	case "help", "-h", "--help":
+	case "completion":
+		err = (&CompletionCommand{m}).Run(ctx, rest)
+	case "help", "-h", "--help", "-help":
 		m.usage()
 		return exitOK
 	default:
@@ -91,7 +101,9 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.Is(err, errUsage), errors.Is(err, flag.ErrHelp):
+	case errors.Is(err, flag.ErrHelp):
+		return exitOK
+	case errors.Is(err, errUsage):
 		return exitUsage
 	case errors.As(err, new(errDrainTimedOut)):
 		fmt.Fprintf(m.Stderr, "sidecar %s: %v\n", args[0], err)
@@ -128,8 +140,19 @@ Commands:
   key       print the idempotencyKey of an event
   token     make an API token and its tokens-file entry: sidecar token new --name N --roles R
   version   print the version
+  completion  print a shell completion script: sidecar completion bash|zsh
 
-Run "sidecar <command> -h" for a command's flags.
+Flags may come before or after a command's arguments ("sidecar status RUN_ID -o json");
+after "--" every argument is an argument.
+
+Examples:
+  sidecar run submit plan.json -l team=data,tier=gold
+  sidecar runs -l team=data -w
+  sidecar pause RUN_ID --reason "db maintenance" --wait
+  sidecar pause -l team=data --dry-run
+  source <(sidecar completion bash)
+
+Run "sidecar <command> -h" for a command's flags and examples.
 `)
 }
 
@@ -139,8 +162,14 @@ func (m *Main) newFlagSet(name, synopsis string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(m.Stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(m.Stderr, "Usage: sidecar %s\n\nFlags:\n", synopsis)
+		fmt.Fprintf(fs.Output(), "Usage: sidecar %s\n\nFlags:\n", synopsis)
 		printDefaults(fs)
+		if ex := examples[name]; ex != "" {
+			fmt.Fprintf(fs.Output(), "\nExamples:\n%s", ex)
+		}
+	}
+	if m.flagSets != nil {
+		*m.flagSets = append(*m.flagSets, fs)
 	}
 	return fs
 }
@@ -174,16 +203,53 @@ func usageError(fs *flag.FlagSet, format string, args ...any) error {
 	return errUsage
 }
 
-// parse parses args and maps flag errors to errUsage (flag already printed them).
+// parse parses args, a command's flags without positional arguments, and
+// maps flag errors to errUsage (flag already printed them).
 func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return errUsage
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
 	}
-	if fs.NArg() > 0 {
-		return usageError(fs, "unexpected argument %q", fs.Arg(0))
+	if len(pos) > 0 {
+		return usageError(fs, "unexpected argument %q", pos[0])
 	}
 	return nil
+}
+
+// parseArgs parses args with the flags anywhere among the positional
+// arguments, as kubectl does: "status RUN_ID -o json" and "status -o json
+// RUN_ID" are the same; after "--" every argument is positional. It returns
+// the positional arguments, those before a bad flag too; a bad flag is
+// errUsage (flag printed it), -h flag.ErrHelp.
+func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return pos, err
+			}
+			return pos, errUsage
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
+	}
+}
+
+// helpRequested reports a -h (or --help) among args before any "--".
+func helpRequested(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "-h", "-help", "--help", "help":
+			return a != "help" || len(args) == 1
+		}
+	}
+	return false
 }

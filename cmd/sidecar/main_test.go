@@ -102,8 +102,8 @@ func TestMain_Commands(t *testing.T) {
 	if code, _, _ := run(t); code != 2 {
 		t.Fatalf("no command: exit %d", code)
 	}
-	if code, _, errOut := run(t, "key", "-h"); code != 2 || !strings.Contains(errOut, "--run-id") {
-		t.Fatalf("key -h: exit %d %q", code, errOut)
+	if code, out, _ := run(t, "key", "-h"); code != exitOK || !strings.Contains(out, "-run-id") {
+		t.Fatalf("key -h: exit %d %q", code, out)
 	}
 }
 

@@ -20,15 +20,15 @@ func (c *RunCommand) Run(ctx context.Context, args []string) error {
 		fmt.Fprintln(c.m.Stderr, "Usage: sidecar run submit PLAN_FILE [flags]")
 		return errUsage
 	}
-	fs := c.m.newFlagSet("run submit", "run submit PLAN_FILE [--run-request-id ID] [--tenant-id T] [--project-id P] [--environment-id E] [-l KEY=VALUE ...] [--server URL] [-o json]")
-	var cf clientFlags
+	fs := c.m.newFlagSet("run submit", "run submit PLAN_FILE [--run-request-id ID] [--tenant-id T] [--project-id P] [--environment-id E] [-l KEY=VALUE[,KEY=VALUE]] [--server URL] [-o json|yaml|name]")
+	cf := clientFlags{named: true}
 	cf.register(fs)
 	requestID := fs.String("run-request-id", "", "idempotency id of this request (default: a new UUID, printed); resubmitting with the same id returns the same run")
 	tenant := fs.String("tenant-id", envOr("SIDECAR_TENANT_ID", "default"), "tenantId (env SIDECAR_TENANT_ID)")
 	project := fs.String("project-id", envOr("SIDECAR_PROJECT_ID", "default"), "projectId (env SIDECAR_PROJECT_ID)")
 	env := fs.String("environment-id", envOr("SIDECAR_ENVIRONMENT_ID", "default"), "environmentId (env SIDECAR_ENVIRONMENT_ID)")
 	labels := labelFlag{}
-	fs.Var(labels, "l", "a label of the run, KEY=VALUE (repeat the flag for more; Kubernetes' rules)")
+	fs.Var(labels, "l", "labels of the run, KEY=VALUE[,KEY=VALUE] (or repeat the flag; Kubernetes' rules)")
 	pos, err := cf.parse(fs, args[1:], "PLAN_FILE")
 	if err != nil {
 		return err
@@ -46,8 +46,8 @@ func (c *RunCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if cf.output == "json" {
-		return printJSON(c.m.Stdout, started)
+	if cf.structured() {
+		return cf.print(c.m.Stdout, started, started.RunID)
 	}
 	what := "started"
 	switch {
@@ -69,14 +69,18 @@ type labelFlag map[string]string
 
 func (l labelFlag) String() string { return "" }
 
+// Set takes KEY=VALUE, or several comma separated as kubectl takes them
+// (a label value has no comma).
 func (l labelFlag) Set(v string) error {
-	k, val, ok := strings.Cut(v, "=")
-	if !ok || k == "" {
-		return fmt.Errorf("want KEY=VALUE, got %q", v)
+	for _, kv := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("want KEY=VALUE[,KEY=VALUE], got %q", v)
+		}
+		if _, dup := l[k]; dup {
+			return fmt.Errorf("label %q given twice", k)
+		}
+		l[k] = val
 	}
-	if _, dup := l[k]; dup {
-		return fmt.Errorf("label %q given twice", k)
-	}
-	l[k] = val
 	return nil
 }

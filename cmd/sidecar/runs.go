@@ -9,8 +9,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/runlist"
@@ -21,30 +21,28 @@ type RunsCommand struct{ m *Main }
 
 // Run implements "sidecar runs".
 func (c *RunsCommand) Run(ctx context.Context, args []string) error {
-	fs := c.m.newFlagSet("runs", "runs [-l SELECTOR] [--plan P] [--plan-version V] [--status S[,S]] [--draining] [--tenant T] [-o text|wide|json] [-w]")
-	cf := clientFlags{wide: true}
+	fs := c.m.newFlagSet("runs", "runs [-l SELECTOR] [--plan P] [--plan-version V] [--status S[,S]] [--draining] [--tenant T] [-o text|wide|json|yaml|name] [--no-headers] [-w]")
+	cf := clientFlags{wide: true, named: true}
 	cf.register(fs)
 	var q runQuery
 	q.register(fs)
 	watch := fs.Bool("w", false, "after the list, print each run that changes (Ctrl-C to stop)")
+	noHeaders := fs.Bool("no-headers", false, "print the table without its header line")
 	if _, err := cf.parse(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return usageError(fs, "unexpected argument %q", fs.Arg(0))
 	}
 	client := cf.client()
 	list, err := listAll(ctx, client, q.values())
 	if err != nil {
 		return err
 	}
-	if cf.output == "json" && !*watch {
-		return printJSON(c.m.Stdout, list)
+	if (cf.output == "json" || cf.output == "yaml") && !*watch {
+		return cf.print(c.m.Stdout, list)
 	}
-	t := runTable{out: c.m.Stdout, errw: c.m.Stderr, wide: cf.output == "wide", json: cf.output == "json", now: time.Now}
+	t := runTable{out: c.m.Stdout, errw: c.m.Stderr, output: cf.output, header: *noHeaders, now: time.Now}
 	t.print(list.Runs, true)
 	if !*watch {
-		if len(list.Runs) == 0 && cf.output != "json" {
+		if len(list.Runs) == 0 && !cf.structured() {
 			fmt.Fprintln(c.m.Stderr, "no runs match")
 		}
 		return nil
@@ -156,33 +154,48 @@ func followRuns(ctx context.Context, client *httpapi.Client, q url.Values, revis
 	}
 }
 
-// runTable prints runs as kubectl prints resources.
+// runTable prints runs as kubectl prints resources: a table (text, wide),
+// or each run as JSON (one a line), YAML (documents) or its id (name). A
+// watch's later rows line up with the first screen's columns.
 type runTable struct {
 	out    io.Writer
 	errw   io.Writer
-	wide   bool
-	json   bool
-	header bool // printed once
+	output string
+	header bool  // printed once (or not wanted: --no-headers)
+	widths []int // of the columns so far
 	now    func() time.Time
 }
 
 func (t *runTable) print(rows []httpapi.ListedRun, first bool) {
-	if t.json {
+	switch t.output {
+	case "json":
 		for _, r := range rows {
 			_ = printJSONLine(t.out, r)
+		}
+		return
+	case "yaml":
+		for _, r := range rows {
+			fmt.Fprintln(t.out, "---")
+			_ = printYAML(t.out, r)
+		}
+		return
+	case "name":
+		for _, r := range rows {
+			fmt.Fprintln(t.out, escapeText(r.RunID))
 		}
 		return
 	}
 	if len(rows) == 0 && !first {
 		return
 	}
-	tw := tabwriter.NewWriter(t.out, 0, 0, 3, ' ', 0)
+	wide := t.output == "wide"
+	var lines [][]string
 	if !t.header {
-		cols := "RUN\tPLAN\tSTATUS\tSTEPS\tIN-FLIGHT\tDRAIN ETA\tAGE"
-		if t.wide {
-			cols += "\tVERSION\tTENANT\tLABELS\tPAUSE REASON\tRESUMES"
+		cols := []string{"RUN", "PLAN", "STATUS", "STEPS", "IN-FLIGHT", "DRAIN ETA", "AGE"}
+		if wide {
+			cols = append(cols, "VERSION", "TENANT", "LABELS", "PAUSE REASON", "RESUMES")
 		}
-		fmt.Fprintln(tw, cols)
+		lines = append(lines, cols)
 		t.header = true
 	}
 	for _, r := range rows {
@@ -191,14 +204,35 @@ func (t *runTable) print(rows []httpapi.ListedRun, first bool) {
 			status += "/" + r.Substatus
 		}
 		e := escapeText // every string from the API: one cell, one line
-		line := fmt.Sprintf("%s\t%s\t%s\t%d/%d\t%d\t%s\t%s", e(r.RunID), e(r.PlanID), e(status), r.Done, r.Steps, r.InFlight, e(etaString(t.now(), r.DrainETA)), e(age(t.now(), r.CreatedAt)))
-		if t.wide {
-			line += fmt.Sprintf("\t%s\t%s\t%s\t%s\t%s", e(r.PlanVersion), e(r.TenantID), e(optional(labelString(r.Labels), "-")),
+		line := []string{e(r.RunID), e(r.PlanID), e(status), fmt.Sprintf("%d/%d", r.Done, r.Steps), strconv.Itoa(r.InFlight),
+			e(etaString(t.now(), r.DrainETA)), e(age(t.now(), r.CreatedAt))}
+		if wide {
+			line = append(line, e(r.PlanVersion), e(r.TenantID), e(optional(labelString(r.Labels), "-")),
 				e(optional(r.PauseReason, "-")), e(optional(r.ResumeAt, "-")))
 		}
-		fmt.Fprintln(tw, line)
+		lines = append(lines, line)
 	}
-	_ = tw.Flush()
+	for _, l := range lines {
+		for i, cell := range l {
+			if i == len(t.widths) {
+				t.widths = append(t.widths, 0)
+			}
+			t.widths[i] = max(t.widths[i], utf8.RuneCountInString(cell))
+		}
+	}
+	var b strings.Builder
+	for _, l := range lines {
+		b.Reset()
+		for i, cell := range l {
+			if i == len(l)-1 {
+				b.WriteString(cell)
+				break
+			}
+			b.WriteString(cell)
+			b.WriteString(strings.Repeat(" ", t.widths[i]-utf8.RuneCountInString(cell)+3))
+		}
+		fmt.Fprintln(t.out, b.String())
+	}
 }
 
 // age prints the time since at as kubectl does: 42s, 5m, 3h, 2d.

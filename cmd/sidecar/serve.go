@@ -152,6 +152,9 @@ func newLogger(cfg Config) (*zap.Logger, error) {
 	var zc zap.Config
 	if cfg.LogFormat == "console" {
 		zc = zap.NewDevelopmentConfig()
+		// Human-readable lines, without a stack trace under every warning
+		// (development mode's): stack traces only for errors, as in json.
+		zc.Development = false
 	} else {
 		zc = zap.NewProductionConfig()
 		zc.EncoderConfig.TimeKey = "ts"

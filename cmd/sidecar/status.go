@@ -16,8 +16,8 @@ type StatusCommand struct{ m *Main }
 
 // Run implements "sidecar status".
 func (c *StatusCommand) Run(ctx context.Context, args []string) error {
-	fs := c.m.newFlagSet("status", "status RUN_ID [--server URL] [-o json]")
-	var cf clientFlags
+	fs := c.m.newFlagSet("status", "status RUN_ID [--server URL] [-o json|yaml|name]")
+	cf := clientFlags{named: true}
 	cf.register(fs)
 	pos, err := cf.parse(fs, args, "RUN_ID")
 	if err != nil {
@@ -28,8 +28,8 @@ func (c *StatusCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if cf.output == "json" {
-		return printJSON(c.m.Stdout, v)
+	if cf.structured() {
+		return cf.print(c.m.Stdout, v, v.RunID)
 	}
 	status := v.Status
 	if v.Substatus != "" {

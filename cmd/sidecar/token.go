@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/conductor-sidecar/sidecar/httpapi"
 )
@@ -33,10 +35,20 @@ func (c *TokenCommand) Run(ctx context.Context, args []string) error {
 	if *name == "" || *roles == "" {
 		return usageError(fs, "--name and --roles are required")
 	}
+	// Only the roles serve accepts: an entry it would refuse is no entry.
+	known := []string{httpapi.RoleViewer, httpapi.RoleSubmitter, httpapi.RoleOperator, httpapi.RoleAdmin}
+	var list []string
+	for _, r := range strings.Split(*roles, ",") {
+		r = strings.TrimSpace(r)
+		if !slices.Contains(known, r) {
+			return usageError(fs, "--roles: unknown role %q (want %s)", r, strings.Join(known, ", "))
+		}
+		list = append(list, r)
+	}
 	b := make([]byte, 32)
 	_, _ = rand.Read(b) // crypto/rand.Read never fails on Linux
 	token := base64.RawURLEncoding.EncodeToString(b)
-	entry := fmt.Sprintf("  - name: %q\n    tokenSha256: %s\n    roles: [%s]\n", *name, httpapi.HashToken(token), *roles)
+	entry := fmt.Sprintf("  - name: %q\n    tokenSha256: %s\n    roles: [%s]\n", *name, httpapi.HashToken(token), strings.Join(list, ", "))
 	if *tenant+*project+*env != "" {
 		entry += fmt.Sprintf("    scope: {tenantId: %q, projectId: %q, environmentId: %q}\n", *tenant, *project, *env)
 	}

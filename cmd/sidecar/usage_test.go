@@ -36,20 +36,26 @@ func TestMain_UsageShowsNoSecret(t *testing.T) {
 	for _, cmd := range commands {
 		name := strings.Join(cmd, " ")
 		t.Run(name, func(t *testing.T) {
-			for _, extra := range [][]string{{"-h"}, {"--no-such-flag"}} {
-				args := append(append([]string{}, cmd...), extra...)
-				code, out, errOut := run(t, args...)
-				if code != exitUsage || !strings.Contains(errOut, "Usage: sidecar") {
-					t.Fatalf("sidecar %s: exit %d, stderr %q; want exit 2 and the usage", strings.Join(args, " "), code, errOut)
-				}
-				check(t, args, out, errOut)
+			// Asked-for help is output (stdout, exit 0); a bad flag a
+			// usage error (stderr, exit 2).
+			args := append(append([]string{}, cmd...), "-h")
+			code, out, errOut := run(t, args...)
+			if code != exitOK || !strings.Contains(out, "Usage: sidecar") {
+				t.Fatalf("sidecar %s: exit %d, stdout %q; want exit 0 and the usage on stdout", strings.Join(args, " "), code, out)
 			}
+			check(t, args, out, errOut)
+			args = append(append([]string{}, cmd...), "--no-such-flag")
+			code, out, errOut = run(t, args...)
+			if code != exitUsage || !strings.Contains(errOut, "Usage: sidecar") {
+				t.Fatalf("sidecar %s: exit %d, stderr %q; want exit 2 and the usage", strings.Join(args, " "), code, errOut)
+			}
+			check(t, args, out, errOut)
 		})
 	}
 	t.Run("NATS token as the URL's user", func(t *testing.T) {
 		t.Setenv("SIDECAR_NATS_URL", "nats://nats-s3cret-token@127.0.0.1:1")
 		code, out, errOut := run(t, "serve", "-h")
-		if code != exitUsage {
+		if code != exitOK {
 			t.Fatalf("serve -h: exit %d", code)
 		}
 		check(t, []string{"serve", "-h"}, out, errOut)

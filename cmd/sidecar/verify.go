@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"strings"
 
@@ -21,18 +19,9 @@ func (c *VerifyCommand) Run(ctx context.Context, args []string) error {
 	fs := c.m.newFlagSet("verify", "verify --store postgres://user@host:port/database [-o json] [RUN_ID...]")
 	store := fs.String("store", envOr("SIDECAR_STORE", ""), "the PostgreSQL database of the log (env SIDECAR_STORE; the password from PGPASSFILE or PGPASSWORD)")
 	output := fs.String("o", "text", "output format: text or json")
-	var runs []string
-	for rest := args; ; {
-		if err := fs.Parse(rest); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return err
-			}
-			return errUsage // flag printed it
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		runs, rest = append(runs, fs.Arg(0)), fs.Args()[1:]
+	runs, err := parseArgs(fs, args)
+	if err != nil {
+		return err
 	}
 	switch {
 	case !strings.HasPrefix(*store, "postgres://") && !strings.HasPrefix(*store, "postgresql://"):
