@@ -313,7 +313,7 @@ func TestReduce_PolicyA(t *testing.T) {
 	want := statestore.InvalidTransitionAlert{
 		Code: "INVALID_TRANSITION", RunID: "r", TenantID: r.TenantID, ProjectID: r.ProjectID, EnvironmentID: r.EnvironmentID,
 		EventID: r.EventID, EventType: "RunPaused", RunSeq: 5, PersistedAt: r.PersistedAt, Entity: "run",
-		PriorState: "COMPLETED", AttemptedState: "PAUSED", ExpectedState: "RUNNING", Reason: "RunPaused is not allowed from COMPLETED",
+		PriorState: "COMPLETED", AttemptedState: "PAUSED", ExpectedState: "RUNNING", Reason: "RunPaused is not allowed: the run is COMPLETED",
 	}
 	if alerts[0] != want {
 		t.Fatalf("alert:\n got %+v\nwant %+v", alerts[0], want)

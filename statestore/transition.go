@@ -122,7 +122,7 @@ func decide(s *RunSnapshot, step *StepSnapshot, eventType string, logicalAttempt
 		return d
 	}
 	if !contains(t.From, status) {
-		d.Outcome, d.Reason = Invalid, eventType+" is not allowed from "+status
+		d.Outcome, d.Reason = Invalid, eventType+" is not allowed: the run is "+status
 		return d
 	}
 	switch eventType {
@@ -187,7 +187,7 @@ func decideStep(st *StepSnapshot, runStatus, eventType string, attempt int64, fr
 		return d
 	}
 	if prior != from {
-		d.Outcome, d.Reason = Invalid, eventType+" is not allowed from step status "+prior
+		d.Outcome, d.Reason = Invalid, eventType+" is not allowed: the step is "+prior
 		return d
 	}
 	d.Outcome = Apply
