@@ -118,7 +118,7 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger, own ...strin
 // listeners bound and unserved.
 func openSidecar(ctx context.Context, cfg *Config, nodeCfg node.Config, log *zap.Logger) (*sidecar, error) {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
 	n := node.New(nodeCfg, log, reg)
 	if err := n.Open(ctx); err != nil {
 		return nil, err

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"runtime"
+
 	"context"
 	"fmt"
 	"runtime/debug"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3".
@@ -54,4 +58,16 @@ func buildVersion() string {
 		rev += "-dirty"
 	}
 	return "devel+" + rev + " (" + info.GoVersion + ")"
+}
+
+// buildInfo is the gauge sidecar_build_info{version, goversion} = 1: the
+// dashboard shows which versions the sidecars run.
+func buildInfo() prometheus.Collector {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "sidecar_build_info",
+		Help:        "1, labelled with the sidecar's version and the Go version that built it.",
+		ConstLabels: prometheus.Labels{"version": buildVersion(), "goversion": runtime.Version()},
+	})
+	g.Set(1)
+	return g
 }

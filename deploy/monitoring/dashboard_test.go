@@ -159,3 +159,77 @@ func registeredMetrics(t *testing.T) map[string]bool {
 	}
 	return out
 }
+
+// TestDashboard_Layout: each panel sits under the row of its subject (a
+// panel belongs to the last row above it); "Draining runs" is not red at
+// its first draining run (draining is what a pause does); the overview
+// shows which sidecars are up and the versions they run.
+func TestDashboard_Layout(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot, "deploy/grafana/sidecar-dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Panels []struct {
+			Type, Title string
+			GridPos     struct{ X, Y int } `json:"gridPos"`
+			FieldConfig struct {
+				Defaults struct {
+					Thresholds struct {
+						Steps []struct {
+							Color string
+							Value *float64
+						}
+					}
+				}
+			} `json:"fieldConfig"`
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	rowOf := map[string]string{}
+	row := ""
+	lastY := -1
+	for _, p := range d.Panels {
+		if p.GridPos.Y < lastY {
+			t.Errorf("panel %q (y %d) comes after a panel at y %d: keep panels in layout order", p.Title, p.GridPos.Y, lastY)
+		}
+		lastY = p.GridPos.Y
+		if p.Type == "row" {
+			row = p.Title
+			continue
+		}
+		rowOf[p.Title] = row
+	}
+	for title, want := range map[string]string{
+		"Paused runs by origin": "Pause and drain", "Paused runs by reason": "Pause and drain", "Drain ETA of the slowest open drain": "Pause and drain",
+		"Replicas and their share of the runs": "Replicas and run list", "Run list": "Replicas and run list",
+		"Event bus: delivered and dead-lettered": "Event bus", "Event bus: lag and delivery latency": "Event bus",
+		"Admission: queue depth and wait": "Admission", "Admission: decisions": "Admission",
+		"Control API requests": "Conductor and API", "Sidecars up": "Overview", "Versions": "Overview",
+	} {
+		if got, ok := rowOf[title]; !ok || got != want {
+			t.Errorf("panel %q under row %q, want %q", title, got, want)
+		}
+	}
+	var up, version bool
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			up = up || strings.Contains(tg.Expr, "up{")
+			version = version || strings.Contains(tg.Expr, "sidecar_build_info")
+		}
+		if p.Title != "Draining runs" {
+			continue
+		}
+		for _, s := range p.FieldConfig.Defaults.Thresholds.Steps {
+			if s.Value != nil && *s.Value <= 1 && s.Color == "red" {
+				t.Errorf("Draining runs turns red at %v: a drain is normal operation", *s.Value)
+			}
+		}
+	}
+	if !up || !version {
+		t.Errorf("no panel shows up (%v) and the versions (sidecar_build_info: %v)", up, version)
+	}
+}

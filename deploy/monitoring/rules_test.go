@@ -166,3 +166,32 @@ func operationsHeadings(t *testing.T) map[string]bool {
 	}
 	return out
 }
+
+// TestAlertRules_ReadmeTable: deploy/prometheus/README.md's table lists
+// every alert of alerts.yml with its severity; an alert whose runbook says
+// nothing is lost by waiting (a timed-out drain) does not page.
+func TestAlertRules_ReadmeTable(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot, "deploy/prometheus/README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := regexp.MustCompile("(?m)^ *\\| `([A-Z_]+)` \\|.*\\| (page|warning) \\|$")
+	readme := map[string]string{}
+	for _, m := range row.FindAllStringSubmatch(string(b), -1) {
+		readme[m[1]] = m[2]
+	}
+	rules := loadAlertRules(t)
+	if len(readme) != len(rules) {
+		t.Errorf("README lists %d alerts, alerts.yml has %d", len(readme), len(rules))
+	}
+	for _, r := range rules {
+		if got := readme[r.Alert]; got != r.Labels["severity"] {
+			t.Errorf("%s: README says severity %q, alerts.yml %q", r.Alert, got, r.Labels["severity"])
+		}
+	}
+	for _, r := range rules {
+		if r.Alert == "PAUSE_DRAIN_TIMEOUT" && r.Labels["severity"] == "page" {
+			t.Errorf("PAUSE_DRAIN_TIMEOUT pages; its runbook says nothing is lost by waiting: want warning")
+		}
+	}
+}
