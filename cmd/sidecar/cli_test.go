@@ -6,10 +6,12 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/runlist"
@@ -297,5 +299,18 @@ func TestCompletion_Scripts(t *testing.T) {
 	}
 	if code, _, _ := run(t, "completion", "fish"); code != exitUsage {
 		t.Fatalf("completion fish: exit %d, want 2", code)
+	}
+}
+
+// TestExamplePlans_Parse: the example plans the README submits are valid.
+func TestExamplePlans_Parse(t *testing.T) {
+	files, err := filepath.Glob("../../deploy/local/plans/*.yaml")
+	if err != nil || len(files) < 4 {
+		t.Fatalf("plans %v: %v", files, err)
+	}
+	for _, f := range files {
+		if _, err := plan.ParseFile(f); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
 	}
 }

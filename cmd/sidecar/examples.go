@@ -5,8 +5,8 @@ var examples = map[string]string{
 	"serve": `  sidecar serve --conductor-url http://127.0.0.1:8080/api --data-dir ./data
   sidecar serve --log-format console --listen 127.0.0.1:8787
 `,
-	"run submit": `  sidecar run submit examples/plans/etl.json
-  sidecar run submit examples/plans/etl.json -l team=data,tier=gold
+	"run submit": `  sidecar run submit deploy/local/plans/diamond.yaml
+  sidecar run submit deploy/local/plans/diamond.yaml -l team=data,tier=gold
   sidecar run submit plan.yaml -l team=data -l tier=gold -o name
 `,
 	"status": `  sidecar status RUN_ID
