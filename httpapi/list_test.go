@@ -123,6 +123,11 @@ func openListedLog(t testing.TB, js jetstream.JetStream) (*natsstore.Store, *run
 // wait runs out.
 func TestServer_CloseEndsWatches(t *testing.T) {
 	store, list := openListedLog(t, natstest.Connect(t, natstestServer(t)))
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer wcancel()
+	if _, err := list.WaitIndexed(wctx); err != nil { // a list still syncing answers 503
+		t.Fatal(err)
+	}
 	api := httpapi.NewServer(httpapi.Options{Log: store, List: list, Logger: zaptest.NewLogger(t)})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
