@@ -70,7 +70,7 @@ func BenchmarkPauseRecorded(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		began := time.Now()
-		if _, err := c.Pause(context.Background(), runs[i], "wf", drain.PauseRequest{}); err != nil {
+		if _, err := c.Pause(context.Background(), runs[i], drain.PauseRequest{}); err != nil {
 			b.Fatal(err)
 		}
 		lat[i] = time.Since(began)
@@ -86,7 +86,7 @@ func BenchmarkDrainDetected(b *testing.B) {
 	c := drain.New(store, emit, noEngine{}, drain.Options{ActiveRuns: func(context.Context) ([]string, error) { return nil, nil }})
 	for i := range runs {
 		runs[i] = runningRun(b, emit)
-		if _, err := c.Pause(context.Background(), runs[i], "wf", drain.PauseRequest{}); err != nil {
+		if _, err := c.Pause(context.Background(), runs[i], drain.PauseRequest{}); err != nil {
 			b.Fatal(err)
 		}
 	}

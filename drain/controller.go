@@ -207,6 +207,10 @@ type State struct {
 	// Notice says what an accepted request did not do (a pause of a run
 	// already paused records nothing and keeps its drain timeout).
 	Notice string `json:"notice,omitempty"`
+	// Snapshot is the run's snapshot the state was read from (not
+	// encoded): the API answers a control request from it rather than
+	// read the run again. Treat it as read-only.
+	Snapshot *statestore.RunSnapshot `json:"-"`
 }
 
 // DrainView is the drain block of a paused run.
@@ -223,7 +227,7 @@ type DrainView struct {
 
 // StateOf returns the pause state of a snapshot.
 func StateOf(s *statestore.RunSnapshot, defaultTimeout time.Duration) *State {
-	st := &State{RunID: s.RunID, Status: s.Status, Substatus: s.Substatus}
+	st := &State{RunID: s.RunID, Status: s.Status, Substatus: s.Substatus, Snapshot: s}
 	if s.Status == statestore.RunStatusPaused && s.Pause != nil {
 		timeout := timeoutOf(s.Pause, defaultTimeout)
 		deadline := ""
@@ -254,7 +258,7 @@ func timeoutOf(p *statestore.PauseState, def time.Duration) time.Duration {
 // state (and pauses Conductor's workflow again, in case that failed the
 // first time). Any other status gets INVALID_TRANSITION and nothing is
 // written.
-func (c *Controller) Pause(ctx context.Context, runID, workflowID string, req PauseRequest) (*State, error) {
+func (c *Controller) Pause(ctx context.Context, runID string, req PauseRequest) (*State, error) {
 	if req.TimeoutSeconds < 0 {
 		return nil, &statestore.Error{Code: statestore.CodeSchemaValidationFailed, Field: "timeoutSeconds", Message: "must be >= 0"}
 	}
@@ -267,7 +271,9 @@ func (c *Controller) Pause(ctx context.Context, runID, workflowID string, req Pa
 			return nil, err
 		}
 		if snap.Status == statestore.RunStatusPaused {
-			st, err := c.withEngine(ctx, snap, c.settle(ctx, runID, workflowID, true, snap.Pause.Cycle, c.applied(ctx, runID, true, snap.Pause.Cycle, c.engine.Pause(ctx, workflowID))))
+			wf := workflowOf(snap)
+			_, engineErr := c.settle(ctx, runID, wf, true, snap.Pause.Cycle, c.applied(ctx, runID, true, snap.Pause.Cycle, c.engine.Pause(ctx, wf)))
+			st, err := c.withEngine(snap, engineErr)
 			st.Notice = fmt.Sprintf("the run was already paused (cycle %d); nothing was recorded", snap.Pause.Cycle)
 			if have := int64(timeoutOf(snap.Pause, c.opts.DefaultTimeout) / time.Second); req.TimeoutSeconds != 0 && req.TimeoutSeconds != have {
 				st.Notice += fmt.Sprintf(", and its drain timeout stays %ds: this request's %ds is not applied (resume, then pause again, to change it)", have, req.TimeoutSeconds)
@@ -315,15 +321,12 @@ func (c *Controller) Pause(ctx context.Context, runID, workflowID string, req Pa
 			zap.Int("inFlight", len(snap.InFlight())), zap.Int64("timeoutSeconds", timeout))
 	}
 	engineBegan := c.opts.Now()
-	engineErr := c.applied(ctx, runID, true, cycle, c.engine.Pause(ctx, workflowID))
+	wf := workflowOf(snap)
+	engineErr := c.applied(ctx, runID, true, cycle, c.engine.Pause(ctx, wf))
 	c.opts.Metrics.enginePause(c.opts.Now().Sub(engineBegan))
-	engineErr = c.settle(ctx, runID, workflowID, true, cycle, engineErr)
+	after, engineErr := c.settle(ctx, runID, wf, true, cycle, engineErr)
 	c.Nudge(runID)
-	snap, err := c.snapshot(ctx, runID)
-	if err != nil {
-		return nil, err
-	}
-	return c.withEngine(ctx, snap, engineErr)
+	return c.answer(ctx, runID, after, engineErr)
 }
 
 // endEmptyDrain ends the drain of a pause that found no step in flight:
@@ -367,20 +370,22 @@ type ResumeRequest struct {
 // workflow again (so a retry converges when the first resume did not reach
 // Conductor). A run never paused gets INVALID_TRANSITION, and so does a
 // run with a failed step held for RETRY_STEP.
-func (c *Controller) Resume(ctx context.Context, runID, workflowID string, req ResumeRequest) (*State, error) {
+func (c *Controller) Resume(ctx context.Context, runID string, req ResumeRequest) (*State, error) {
 	snap, err := c.snapshot(ctx, runID)
 	if err != nil {
 		return nil, err
 	}
+	wf := workflowOf(snap)
 	if snap.Status == statestore.RunStatusRunning && snap.Pause != nil && snap.Pause.ResumedAt != "" && !snap.CancelRequested {
 		// A repeated resume (the first one may have been recorded without
 		// reaching Conductor): resume Conductor's workflow again. Conductor
 		// refusing because the workflow already runs is success.
-		err := c.engine.Resume(ctx, workflowID)
+		err := c.engine.Resume(ctx, wf)
 		if isEngineConflict(err) {
 			err = nil
 		}
-		return c.withEngine(ctx, snap, c.settle(ctx, runID, workflowID, false, snap.Pause.Cycle, c.applied(ctx, runID, false, snap.Pause.Cycle, err)))
+		_, engineErr := c.settle(ctx, runID, wf, false, snap.Pause.Cycle, c.applied(ctx, runID, false, snap.Pause.Cycle, err))
+		return c.withEngine(snap, engineErr)
 	}
 	if snap.Status != statestore.RunStatusPaused || snap.Pause == nil {
 		return nil, c.invalid(snap, statestore.RunResumed)
@@ -409,24 +414,20 @@ func (c *Controller) Resume(ctx context.Context, runID, workflowID string, req R
 	// here too: its pause may never have reached it (a held failure paused
 	// the run while Conductor restarted), and it runs, as the log now says.
 	// If it has ended, the run watcher records how.
-	err = c.engine.Resume(ctx, workflowID)
+	err = c.engine.Resume(ctx, wf)
 	if isEngineConflict(err) {
 		c.logger.Info("Conductor's workflow was not paused; the resume is recorded and the workflow runs", zap.String("runId", runID), zap.Error(err))
 		err = nil
 	}
-	engineErr := c.settle(ctx, runID, workflowID, false, snap.Pause.Cycle, c.applied(ctx, runID, false, snap.Pause.Cycle, err))
-	snap, err = c.snapshot(ctx, runID)
-	if err != nil {
-		return nil, err
-	}
-	return c.withEngine(ctx, snap, engineErr)
+	after, engineErr := c.settle(ctx, runID, wf, false, snap.Pause.Cycle, c.applied(ctx, runID, false, snap.Pause.Cycle, err))
+	return c.answer(ctx, runID, after, engineErr)
 }
 
 // Cancel cancels a run that is not terminal: RunCancelRequested (from then
 // on Cancel wins), Conductor's workflow terminated, the run's running steps
 // interrupted on this process (best effort), RunCancelled. Cancelling a
 // cancelled run returns its state.
-func (c *Controller) Cancel(ctx context.Context, runID, workflowID, reason, requestedBy string) (*State, error) {
+func (c *Controller) Cancel(ctx context.Context, runID, reason, requestedBy string) (*State, error) {
 	snap, err := c.snapshot(ctx, runID)
 	if err != nil {
 		return nil, err
@@ -450,7 +451,7 @@ func (c *Controller) Cancel(ctx context.Context, runID, workflowID, reason, requ
 		// here, and the admission decider drops it (package admission).
 		return c.cancelQueued(ctx, runID, payload)
 	}
-	if err := c.engine.Terminate(ctx, workflowID, "cancelled: "+reason); err != nil {
+	if err := c.engine.Terminate(ctx, workflowOf(snap), "cancelled: "+reason); err != nil {
 		// The request is recorded; a retry of the cancel terminates.
 		return nil, err
 	}
@@ -583,19 +584,24 @@ const settleRounds = 4
 // followed by such a read, which sees every event appended before it, so
 // Conductor ends as the log says, and the run watcher never takes the
 // sidecar's own reordered calls for a pause or resume made in Conductor.
-// A call that failed (engineErr) applied nothing: it is returned as it is.
-func (c *Controller) settle(ctx context.Context, runID, workflowID string, paused bool, cycle int64, engineErr error) error {
+// It returns the last snapshot it read, which is the run's state as the
+// request leaves it (nil when it read none: the caller reads it), and
+// engineErr: a call that failed applied nothing.
+func (c *Controller) settle(ctx context.Context, runID, workflowID string, paused bool, cycle int64, engineErr error) (*statestore.RunSnapshot, error) {
 	if engineErr != nil {
-		return engineErr
+		return nil, engineErr
 	}
 	for range settleRounds {
 		snap, err := c.snapshot(ctx, runID)
-		if err != nil || snap.CancelRequested || statestore.IsTerminalRunStatus(snap.Status) || snap.Pause == nil {
-			return nil // the watcher converges what is left
+		if err != nil {
+			return nil, nil // the watcher converges what is left
+		}
+		if snap.CancelRequested || statestore.IsTerminalRunStatus(snap.Status) || snap.Pause == nil {
+			return snap, nil // the watcher converges what is left
 		}
 		want := snap.Status == statestore.RunStatusPaused
 		if want == paused && snap.Pause.Cycle == cycle {
-			return nil
+			return snap, nil
 		}
 		if want {
 			err = c.engine.Pause(ctx, workflowID)
@@ -603,13 +609,13 @@ func (c *Controller) settle(ctx context.Context, runID, workflowID string, pause
 			err = nil
 		}
 		if err := c.applied(ctx, runID, want, snap.Pause.Cycle, err); err != nil {
-			return err
+			return nil, err
 		}
 		c.logger.Info("a concurrent request changed the run's pause state; applied the log's state to Conductor",
 			zap.String("runId", runID), zap.Bool("paused", want), zap.Int64("cycle", snap.Pause.Cycle))
 		paused, cycle = want, snap.Pause.Cycle
 	}
-	return nil
+	return nil, nil
 }
 
 // EngineError is returned with the run's state when the log was updated
@@ -624,12 +630,31 @@ func (e *EngineError) Error() string {
 }
 func (e *EngineError) Unwrap() error { return e.Err }
 
-func (c *Controller) withEngine(_ context.Context, snap *statestore.RunSnapshot, engineErr error) (*State, error) {
+func (c *Controller) withEngine(snap *statestore.RunSnapshot, engineErr error) (*State, error) {
 	st := StateOf(snap, c.opts.DefaultTimeout)
 	if engineErr != nil {
 		return st, &EngineError{State: st, Err: engineErr}
 	}
 	return st, nil
+}
+
+// answer is the state a request that reached Conductor returns: from
+// snap, the state settle left the run in, or read now when settle read
+// none.
+func (c *Controller) answer(ctx context.Context, runID string, snap *statestore.RunSnapshot, engineErr error) (*State, error) {
+	if snap == nil {
+		var err error
+		if snap, err = c.snapshot(ctx, runID); err != nil {
+			return nil, err
+		}
+	}
+	return c.withEngine(snap, engineErr)
+}
+
+// workflowOf is the Conductor workflow of a run: the workflowId of the
+// engineRunRef its RunStarted recorded ("" before it started).
+func workflowOf(snap *statestore.RunSnapshot) string {
+	return statestore.ConductorWorkflowID(snap.EngineRunRef)
 }
 
 func (c *Controller) snapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {

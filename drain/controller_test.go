@@ -64,7 +64,10 @@ func setup(t *testing.T, steps ...string) (*memstore.Store, *engine) {
 	t.Helper()
 	mem := memstore.New(statestore.ProjectorOptions{})
 	ctx := context.Background()
-	mem.Append(ctx, storetest.Event("r", statestore.RunStarted, ""))
+	// The controller finds the run's Conductor workflow (wf1) in the
+	// engineRunRef of its RunStarted.
+	mem.Append(ctx, storetest.WithPayload(storetest.Event("r", statestore.RunStarted, ""),
+		map[string]any{"engineRunRef": statestore.ConductorRunRef("plan", "wf1"), "engineType": "conductor"}))
 	for _, s := range steps {
 		mem.Append(ctx, storetest.Event("r", statestore.StepStarted, s))
 	}
@@ -83,7 +86,7 @@ func TestController_PauseDrainResume(t *testing.T) {
 	ctx := context.Background()
 	mem, eng := setup(t, "a", "b")
 	c := newController(t, mem, eng, nil, nil)
-	st, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{Reason: "maint", TimeoutSeconds: 60})
+	st, err := c.Pause(ctx, "r", drain.PauseRequest{Reason: "maint", TimeoutSeconds: 60})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +95,7 @@ func TestController_PauseDrainResume(t *testing.T) {
 	}
 	// Pausing again changes nothing in the log, and pauses Conductor again.
 	before, _ := mem.Fetch(ctx, "r", 0, 0)
-	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{}); err != nil {
+	if _, err := c.Pause(ctx, "r", drain.PauseRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	after, _ := mem.Fetch(ctx, "r", 0, 0)
@@ -101,7 +104,7 @@ func TestController_PauseDrainResume(t *testing.T) {
 	}
 	// A second pause with another timeout says it is not applied (it was
 	// silently ignored before).
-	again, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{TimeoutSeconds: 600})
+	again, err := c.Pause(ctx, "r", drain.PauseRequest{TimeoutSeconds: 600})
 	if err != nil || !strings.Contains(again.Notice, "already paused") || !strings.Contains(again.Notice, "stays 60s") || again.Drain.TimeoutSeconds != 60 {
 		t.Fatalf("second pause with another timeout: %+v %v", again, err)
 	}
@@ -116,15 +119,15 @@ func TestController_PauseDrainResume(t *testing.T) {
 	if snap.Pause.DrainEndedAt == "" || snap.Pause.DrainTimedOut || snap.Inconsistent {
 		t.Fatalf("drain not completed: %+v", snap.Pause)
 	}
-	if _, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{}); err != nil {
+	if _, err := c.Resume(ctx, "r", drain.ResumeRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	// A second pause opens cycle 2.
-	st, err = c.Pause(ctx, "r", "wf1", drain.PauseRequest{})
+	st, err = c.Pause(ctx, "r", drain.PauseRequest{})
 	if err != nil || st.Drain.Cycle != 2 || st.Substatus != "" || st.Drain.TimeoutSeconds != 300 {
 		t.Fatalf("second pause: %+v %+v %v", st, st.Drain, err)
 	}
-	if _, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{}); err != nil {
+	if _, err := c.Resume(ctx, "r", drain.ResumeRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	snap, _ = mem.ProjectSnapshot(ctx, "r")
@@ -137,20 +140,20 @@ func TestController_InvalidActionsWriteNothing(t *testing.T) {
 	ctx := context.Background()
 	mem, eng := setup(t)
 	c := newController(t, mem, eng, nil, nil)
-	if _, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{}); !errors.Is(err, statestore.ErrInvalidTransition) {
+	if _, err := c.Resume(ctx, "r", drain.ResumeRequest{}); !errors.Is(err, statestore.ErrInvalidTransition) {
 		t.Fatalf("resume a running run: %v", err)
 	}
-	if _, err := c.Pause(ctx, "nope", "wf", drain.PauseRequest{}); !errors.Is(err, drain.ErrRunNotFound) {
+	if _, err := c.Pause(ctx, "nope", drain.PauseRequest{}); !errors.Is(err, drain.ErrRunNotFound) {
 		t.Fatalf("unknown run: %v", err)
 	}
-	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{TimeoutSeconds: -1}); !errors.Is(err, statestore.ErrSchemaValidation) {
+	if _, err := c.Pause(ctx, "r", drain.PauseRequest{TimeoutSeconds: -1}); !errors.Is(err, statestore.ErrSchemaValidation) {
 		t.Fatalf("negative timeout: %v", err)
 	}
 	mem.Append(ctx, storetest.Event("r", statestore.RunCompleted, ""))
-	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{}); !errors.Is(err, statestore.ErrInvalidTransition) {
+	if _, err := c.Pause(ctx, "r", drain.PauseRequest{}); !errors.Is(err, statestore.ErrInvalidTransition) {
 		t.Fatalf("pause a completed run: %v", err)
 	}
-	if _, err := c.Cancel(ctx, "r", "wf1", "", ""); !errors.Is(err, statestore.ErrInvalidTransition) {
+	if _, err := c.Cancel(ctx, "r", "", ""); !errors.Is(err, statestore.ErrInvalidTransition) {
 		t.Fatalf("cancel a completed run: %v", err)
 	}
 	recs, _ := mem.Fetch(ctx, "r", 0, 0)
@@ -173,7 +176,7 @@ func TestController_TimeoutOnceAcrossReplicas(t *testing.T) {
 	}
 	c1 := replica(reg1)
 	c2 := replica(reg2) // another replica
-	if _, err := c1.Pause(ctx, "r", "wf1", drain.PauseRequest{TimeoutSeconds: 10}); err != nil {
+	if _, err := c1.Pause(ctx, "r", drain.PauseRequest{TimeoutSeconds: 10}); err != nil {
 		t.Fatal(err)
 	}
 	c1.Check(ctx, "r")
@@ -228,7 +231,7 @@ func TestController_OpenRaisesAPassedDeadline(t *testing.T) {
 	mem, eng := setup(t, "a")
 	now := time.Now()
 	c := newController(t, mem, eng, nil, func() time.Time { return now })
-	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{TimeoutSeconds: 5}); err != nil {
+	if _, err := c.Pause(ctx, "r", drain.PauseRequest{TimeoutSeconds: 5}); err != nil {
 		t.Fatal(err)
 	}
 	// The sidecar was down past the deadline; a new one opens.
@@ -248,10 +251,10 @@ func TestController_CancelWhileDraining(t *testing.T) {
 	mem, eng := setup(t, "a")
 	interrupted := ""
 	c := drain.New(mem, emitter{mem}, eng, drain.Options{Interrupt: func(runID string) int { interrupted = runID; return 1 }})
-	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{}); err != nil {
+	if _, err := c.Pause(ctx, "r", drain.PauseRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	st, err := c.Cancel(ctx, "r", "wf1", "operator", "jane")
+	st, err := c.Cancel(ctx, "r", "operator", "jane")
 	if err != nil || st.Status != "CANCELLED" || interrupted != "r" {
 		t.Fatalf("cancel: %+v %v interrupted %q", st, err, interrupted)
 	}
@@ -262,7 +265,7 @@ func TestController_CancelWhileDraining(t *testing.T) {
 		t.Fatalf("cancel must win: %s", snap.Status)
 	}
 	// Cancelling again answers the state, writes nothing.
-	if st, err := c.Cancel(ctx, "r", "wf1", "", ""); err != nil || st.Status != "CANCELLED" {
+	if st, err := c.Cancel(ctx, "r", "", ""); err != nil || st.Status != "CANCELLED" {
 		t.Fatalf("second cancel: %+v %v", st, err)
 	}
 }
@@ -272,14 +275,14 @@ func TestController_EngineDownIsReportedButRecorded(t *testing.T) {
 	mem, eng := setup(t, "a")
 	eng.err = errors.New("conductor down")
 	c := newController(t, mem, eng, nil, nil)
-	st, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{})
+	st, err := c.Pause(ctx, "r", drain.PauseRequest{})
 	var ee *drain.EngineError
 	if !errors.As(err, &ee) || st == nil || st.Status != "PAUSED" {
 		t.Fatalf("got %+v %v, want the PAUSED state with an EngineError", st, err)
 	}
 	// The retry converges: Conductor is paused once it answers.
 	eng.err = nil
-	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{}); err != nil {
+	if _, err := c.Pause(ctx, "r", drain.PauseRequest{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -294,16 +297,16 @@ func TestController_RepeatedResumeConverges(t *testing.T) {
 	ctx := context.Background()
 	mem, eng := setup(t)
 	c := newController(t, mem, eng, nil, nil)
-	if _, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{}); !errors.Is(err, statestore.ErrInvalidTransition) {
+	if _, err := c.Resume(ctx, "r", drain.ResumeRequest{}); !errors.Is(err, statestore.ErrInvalidTransition) {
 		t.Fatalf("resume of a run never paused: %v", err)
 	}
-	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{}); err != nil {
+	if _, err := c.Pause(ctx, "r", drain.PauseRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	// The resume is recorded but Conductor is down.
 	eng.err = errors.New("connection refused")
 	var ee *drain.EngineError
-	if _, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{}); !errors.As(err, &ee) {
+	if _, err := c.Resume(ctx, "r", drain.ResumeRequest{}); !errors.As(err, &ee) {
 		t.Fatalf("resume with Conductor down: %v", err)
 	}
 	recs, _ := mem.Fetch(ctx, "r", 0, 100)
@@ -311,7 +314,7 @@ func TestController_RepeatedResumeConverges(t *testing.T) {
 	// the workflow already runs is success.
 	for _, e := range []error{nil, conflictErr()} {
 		eng.err = e
-		st, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{})
+		st, err := c.Resume(ctx, "r", drain.ResumeRequest{})
 		if err != nil || st.Status != "RUNNING" {
 			t.Fatalf("repeated resume (engine %v): %+v %v", e, st, err)
 		}
@@ -337,11 +340,11 @@ func TestController_ResumeOfAWorkflowConductorNeverPaused(t *testing.T) {
 	c := newController(t, mem, eng, nil, nil)
 	eng.err = errors.New("connection refused") // Conductor restarting
 	var ee *drain.EngineError
-	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{}); !errors.As(err, &ee) {
+	if _, err := c.Pause(ctx, "r", drain.PauseRequest{}); !errors.As(err, &ee) {
 		t.Fatalf("pause with Conductor down: %v", err)
 	}
 	eng.err = conflictErr() // back, with the workflow RUNNING
-	st, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{})
+	st, err := c.Resume(ctx, "r", drain.ResumeRequest{})
 	if err != nil || st.Status != statestore.RunStatusRunning {
 		t.Fatalf("resume: %+v, %v; want RUNNING", st, err)
 	}
@@ -360,10 +363,10 @@ func TestController_RetryStep(t *testing.T) {
 	if _, err := c.RetryStep(ctx, "r", "a", drain.RetryRequest{}); !errors.Is(err, statestore.ErrInvalidTransition) {
 		t.Fatalf("retry in a running run: %v", err)
 	}
-	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{Reason: "stepFailed", StepID: "a"}); err != nil {
+	if _, err := c.Pause(ctx, "r", drain.PauseRequest{Reason: "stepFailed", StepID: "a"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{}); !errors.Is(err, statestore.ErrInvalidTransition) {
+	if _, err := c.Resume(ctx, "r", drain.ResumeRequest{}); !errors.Is(err, statestore.ErrInvalidTransition) {
 		t.Fatalf("resume with a held step: %v", err)
 	}
 	if _, err := c.RetryStep(ctx, "r", "b", drain.RetryRequest{}); !errors.Is(err, statestore.ErrInvalidTransition) {
@@ -381,7 +384,7 @@ func TestController_RetryStep(t *testing.T) {
 	if st := snap.Step("a"); st.LogicalAttemptID != 2 || !st.RetryRequested || snap.StepRetries != 1 {
 		t.Fatalf("after retry: %+v retries %d", st, snap.StepRetries)
 	}
-	if _, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{}); err != nil {
+	if _, err := c.Resume(ctx, "r", drain.ResumeRequest{}); err != nil {
 		t.Fatalf("resume after the retry: %v", err)
 	}
 }
@@ -397,7 +400,7 @@ func TestController_ConcurrentRetriesOfTwoSteps(t *testing.T) {
 	}
 	c1 := newController(t, mem, eng, nil, nil)
 	c2 := newController(t, mem, eng, nil, nil)
-	if _, err := c1.Pause(ctx, "r", "wf1", drain.PauseRequest{}); err != nil {
+	if _, err := c1.Pause(ctx, "r", drain.PauseRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
@@ -427,10 +430,10 @@ func TestController_ResumeWhileDrainingEndsTheDrain(t *testing.T) {
 	mem, eng := setup(t, "a")
 	reg := prometheus.NewRegistry()
 	c := newController(t, mem, eng, reg, nil)
-	if st, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{}); err != nil || st.Substatus != "DRAINING" {
+	if st, err := c.Pause(ctx, "r", drain.PauseRequest{}); err != nil || st.Substatus != "DRAINING" {
 		t.Fatalf("pause: %+v %v", st, err)
 	}
-	st, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{})
+	st, err := c.Resume(ctx, "r", drain.ResumeRequest{})
 	if err != nil || st.Status != "RUNNING" || st.Substatus != "" || st.Drain != nil {
 		t.Fatalf("resume while draining: %+v %v", st, err)
 	}
@@ -481,7 +484,7 @@ func TestPause_DecidesAgainWhenTheRunMovesOn(t *testing.T) {
 	mem, eng := setup(t)
 	em := &landsFirst{emitter: emitter{mem}, pending: storetest.Event("r", statestore.StepStarted, "late")}
 	c := drain.New(mem, em, eng, drain.Options{Logger: zaptest.NewLogger(t)})
-	st, err := c.Pause(context.Background(), "r", "wf", drain.PauseRequest{})
+	st, err := c.Pause(context.Background(), "r", drain.PauseRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -519,7 +522,7 @@ func TestPause_RacesAPauseOnFailure(t *testing.T) {
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
-			states[0], errs[0] = c.Pause(ctx, "r", "wf", drain.PauseRequest{Reason: "operator", RequestedBy: "ops"})
+			states[0], errs[0] = c.Pause(ctx, "r", drain.PauseRequest{Reason: "operator", RequestedBy: "ops"})
 		}()
 		go func() {
 			defer wg.Done()
@@ -527,7 +530,7 @@ func TestPause_RacesAPauseOnFailure(t *testing.T) {
 				errs[1] = err
 				return
 			}
-			states[1], errs[1] = c.Pause(ctx, "r", "wf", drain.PauseRequest{Reason: "stepFailed", StepID: "a", RequestedBy: "sidecar"})
+			states[1], errs[1] = c.Pause(ctx, "r", drain.PauseRequest{Reason: "stepFailed", StepID: "a", RequestedBy: "sidecar"})
 		}()
 		wg.Wait()
 		for j, err := range errs {
@@ -558,7 +561,7 @@ func TestController_CancelQueued(t *testing.T) {
 	mem.Append(ctx, storetest.Event("q", statestore.RunQueued, ""))
 	eng := &engine{}
 	c := newController(t, mem, eng, nil, nil)
-	st, err := c.Cancel(ctx, "q", "", "not needed", "ops")
+	st, err := c.Cancel(ctx, "q", "not needed", "ops")
 	if err != nil || st.Status != statestore.RunStatusCancelled {
 		t.Fatalf("cancel a queued run: %+v %v, want CANCELLED", st, err)
 	}
@@ -626,7 +629,7 @@ func TestPause_FenceRefusesAfterATerminalEvent(t *testing.T) {
 			ctx := context.Background()
 			em := &landsFirst{emitter: emitter{mem}, pending: storetest.Event("r", terminal, "")}
 			c := drain.New(mem, em, eng, drain.Options{Logger: zaptest.NewLogger(t)})
-			_, err := c.Pause(ctx, "r", "wf", drain.PauseRequest{Reason: "operator"})
+			_, err := c.Pause(ctx, "r", drain.PauseRequest{Reason: "operator"})
 			if !errors.Is(err, statestore.ErrInvalidTransition) {
 				t.Fatalf("pause: %v; want INVALID_TRANSITION (the run ended before the pause was recorded)", err)
 			}

@@ -116,7 +116,7 @@ func TestMonitor_CostFollowsDrains(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close(ctx) })
-	if _, err := c.Pause(ctx, "draining", "wf", drain.PauseRequest{TimeoutSeconds: 3600}); err != nil {
+	if _, err := c.Pause(ctx, "draining", drain.PauseRequest{TimeoutSeconds: 3600}); err != nil {
 		t.Fatal(err)
 	}
 	before := reader.count("idle-000")
@@ -205,7 +205,7 @@ func TestMonitor_FindsAnotherReplicasDrainThroughTheIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = other.Close(ctx) })
-	if _, err := pausing.Pause(ctx, "r", "wf", drain.PauseRequest{TimeoutSeconds: 3600}); err != nil {
+	if _, err := pausing.Pause(ctx, "r", drain.PauseRequest{TimeoutSeconds: 3600}); err != nil {
 		t.Fatal(err)
 	}
 	if index.len() != 1 {
@@ -253,7 +253,7 @@ func TestPause_NothingInFlightEndsTheDrainAtOnce(t *testing.T) {
 		ActiveRuns: func(context.Context) ([]string, error) { return []string{"r"}, nil },
 		Drains:     index, Logger: zaptest.NewLogger(t),
 	}) // never opened: no monitor runs
-	st, err := c.Pause(ctx, "r", "wf", drain.PauseRequest{})
+	st, err := c.Pause(ctx, "r", drain.PauseRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +276,7 @@ func TestPause_NothingInFlightEndsTheDrainAtOnce(t *testing.T) {
 		ActiveRuns: func(context.Context) ([]string, error) { return []string{"r"}, nil },
 		Drains:     index, Logger: zaptest.NewLogger(t),
 	})
-	if st, err := c2.Pause(ctx, "r", "wf", drain.PauseRequest{}); err != nil || st.Drain.EndedAt != "" || !st.Drain.Draining {
+	if st, err := c2.Pause(ctx, "r", drain.PauseRequest{}); err != nil || st.Drain.EndedAt != "" || !st.Drain.Draining {
 		t.Fatalf("pause with a step in flight: %+v %v", st.Drain, err)
 	}
 	if index.len() != 1 || c2.Watched() != 1 {

@@ -108,8 +108,7 @@ func (c *Controller) resumeIfDue(ctx context.Context, snap *statestore.RunSnapsh
 	if err != nil || c.opts.Now().Before(at) {
 		return false
 	}
-	wf := statestore.ConductorWorkflowID(snap.EngineRunRef)
-	_, err = c.Resume(ctx, snap.RunID, wf, ResumeRequest{RequestedBy: RequestedBySchedule,
+	_, err = c.Resume(ctx, snap.RunID, ResumeRequest{RequestedBy: RequestedBySchedule,
 		Reason: fmt.Sprintf("scheduled resume at %s", p.ResumeAt)})
 	var ee *EngineError
 	switch {
@@ -177,7 +176,7 @@ func (c *Controller) resumeLaterIfDue(ctx context.Context, snap *statestore.RunS
 		return false
 	}
 	if snap.Status == statestore.RunStatusPaused && snap.Pause != nil && snap.Pause.Cycle == e.Cycle && !snap.CancelRequested {
-		_, err := c.Resume(ctx, snap.RunID, statestore.ConductorWorkflowID(snap.EngineRunRef), ResumeRequest{RequestedBy: e.RequestedBy, Reason: e.Reason})
+		_, err := c.Resume(ctx, snap.RunID, ResumeRequest{RequestedBy: e.RequestedBy, Reason: e.Reason})
 		var ee *EngineError
 		switch {
 		case err == nil, errors.As(err, &ee):

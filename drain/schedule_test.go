@@ -122,7 +122,7 @@ func TestSchedule_ResumesOnceWhenDue(t *testing.T) {
 	}
 	a, b := newReplica(), newReplica()
 	at := clk.now().Add(30 * time.Minute)
-	st, err := a.Pause(ctx, "r", "wf1", drain.PauseRequest{Reason: "night", ResumeAt: at})
+	st, err := a.Pause(ctx, "r", drain.PauseRequest{Reason: "night", ResumeAt: at})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,13 +176,13 @@ func TestSchedule_CancelledByAManualResumeOrANewPause(t *testing.T) {
 		Now: clk.now, Logger: zaptest.NewLogger(t),
 	}
 	c := drain.New(mem, emitter{mem}, eng, opts)
-	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{ResumeAt: clk.now().Add(time.Hour)}); err != nil {
+	if _, err := c.Pause(ctx, "r", drain.PauseRequest{ResumeAt: clk.now().Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{RequestedBy: "jane"}); err != nil {
+	if _, err := c.Resume(ctx, "r", drain.ResumeRequest{RequestedBy: "jane"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{}); err != nil { // cycle 2, no schedule
+	if _, err := c.Pause(ctx, "r", drain.PauseRequest{}); err != nil { // cycle 2, no schedule
 		t.Fatal(err)
 	}
 	clk.add(2 * time.Hour)
@@ -202,11 +202,11 @@ func TestSchedule_CancelledByAManualResumeOrANewPause(t *testing.T) {
 
 	// Cycle 3 is paused by a process without the schedule (its entry is
 	// lost), due an hour ago when the monitor opens.
-	if _, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{}); err != nil {
+	if _, err := c.Resume(ctx, "r", drain.ResumeRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	lost := drain.New(mem, emitter{mem}, eng, drain.Options{Now: clk.now})
-	if _, err := lost.Pause(ctx, "r", "wf1", drain.PauseRequest{ResumeAt: clk.now().Add(-time.Hour)}); err != nil {
+	if _, err := lost.Pause(ctx, "r", drain.PauseRequest{ResumeAt: clk.now().Add(-time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
 	again := drain.New(mem, emitter{mem}, eng, opts)
@@ -239,7 +239,7 @@ func TestSchedule_ResumeLater(t *testing.T) {
 	if _, err := writer.ResumeLater(ctx, "r", clk.now().Add(time.Minute), drain.ResumeRequest{RequestedBy: "alice"}); !errors.Is(err, statestore.ErrInvalidTransition) {
 		t.Fatalf("ResumeLater of a running run: %v, want INVALID_TRANSITION", err)
 	}
-	if _, err := writer.Pause(ctx, "r", "wf1", drain.PauseRequest{Reason: "incident"}); err != nil {
+	if _, err := writer.Pause(ctx, "r", drain.PauseRequest{Reason: "incident"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := writer.ResumeLater(ctx, "r", clk.now().Add(time.Minute), drain.ResumeRequest{RequestedBy: "alice", Reason: "dependency back"}); err != nil {
@@ -268,16 +268,16 @@ func TestSchedule_ResumeLater(t *testing.T) {
 
 	// Paused again, a later resume is cancelled by a manual resume and a
 	// new pause (cycle 3): nothing more is resumed when it falls due.
-	if _, err := writer.Pause(ctx, "r", "wf1", drain.PauseRequest{}); err != nil {
+	if _, err := writer.Pause(ctx, "r", drain.PauseRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := writer.ResumeLater(ctx, "r", clk.now().Add(time.Minute), drain.ResumeRequest{RequestedBy: "alice"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := writer.Resume(ctx, "r", "wf1", drain.ResumeRequest{RequestedBy: "bob"}); err != nil {
+	if _, err := writer.Resume(ctx, "r", drain.ResumeRequest{RequestedBy: "bob"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := writer.Pause(ctx, "r", "wf1", drain.PauseRequest{}); err != nil {
+	if _, err := writer.Pause(ctx, "r", drain.PauseRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	clk.add(2 * time.Minute)
@@ -305,7 +305,7 @@ func TestSchedule_StaggeredResumeAtItsTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close(ctx) })
-	if _, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{Reason: "incident"}); err != nil {
+	if _, err := c.Pause(ctx, "r", drain.PauseRequest{Reason: "incident"}); err != nil {
 		t.Fatal(err)
 	}
 	at := time.Now().Add(300 * time.Millisecond)

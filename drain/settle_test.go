@@ -71,11 +71,11 @@ func TestController_ConcurrentPauseAndResumeEndAsTheLog(t *testing.T) {
 		ActiveRuns: func(context.Context) ([]string, error) { return []string{"r"}, nil }, Logger: zaptest.NewLogger(t)})
 	paused := make(chan error, 1)
 	go func() {
-		_, err := c.Pause(ctx, "r", "wf1", drain.PauseRequest{Reason: "p"})
+		_, err := c.Pause(ctx, "r", drain.PauseRequest{Reason: "p"})
 		paused <- err
 	}()
 	<-eng.entered // RunPaused recorded; its call to Conductor in flight
-	if _, err := c.Resume(ctx, "r", "wf1", drain.ResumeRequest{Reason: "r"}); err != nil {
+	if _, err := c.Resume(ctx, "r", drain.ResumeRequest{Reason: "r"}); err != nil {
 		t.Fatalf("resume: %v", err)
 	}
 	close(eng.release) // the pause lands after the resume

@@ -73,7 +73,7 @@ func TestMonitor_ReplicasDivideTheDrains(t *testing.T) {
 		if id == "r1" {
 			pauser = a.c
 		}
-		if _, err := pauser.Pause(ctx, id, "wf-"+id, drain.PauseRequest{TimeoutSeconds: 3600}); err != nil {
+		if _, err := pauser.Pause(ctx, id, drain.PauseRequest{TimeoutSeconds: 3600}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -12,7 +12,9 @@ import (
 	"github.com/conductor-sidecar/sidecar/drain"
 )
 
-// Control carries out the control actions on a run.
+// Control carries out the control actions on a run; *drain.Controller
+// satisfies it. The State each action returns is the run's state after it
+// (State.Snapshot, when set, is what the answer shows).
 type Control interface {
 	Pause(ctx context.Context, runID string, req drain.PauseRequest) (*drain.State, error)
 	Resume(ctx context.Context, runID string, req drain.ResumeRequest) (*drain.State, error)
@@ -21,70 +23,6 @@ type Control interface {
 	// ResumeLater schedules the resume of a paused run (a staggered bulk
 	// resume): drain.Controller.ResumeLater.
 	ResumeLater(ctx context.Context, runID string, at time.Time, req drain.ResumeRequest) (*drain.State, error)
-}
-
-// RunControl is the Control of a sidecar: it finds the run's workflow in
-// the adapter's run index and acts through the drain controller.
-type RunControl struct {
-	Runs  *adapter.Runs
-	Drain *drain.Controller
-}
-
-func (c *RunControl) workflow(ctx context.Context, runID string) (string, error) {
-	run, err := c.Runs.Run(ctx, runID)
-	if errors.Is(err, adapter.ErrNotFound) {
-		return "", drain.ErrRunNotFound
-	}
-	if err != nil {
-		return "", err
-	}
-	return run.WorkflowID, nil
-}
-
-// Pause implements Control.
-func (c *RunControl) Pause(ctx context.Context, runID string, req drain.PauseRequest) (*drain.State, error) {
-	wf, err := c.workflow(ctx, runID)
-	if err != nil {
-		return nil, err
-	}
-	return c.Drain.Pause(ctx, runID, wf, req)
-}
-
-// Resume implements Control.
-func (c *RunControl) Resume(ctx context.Context, runID string, req drain.ResumeRequest) (*drain.State, error) {
-	wf, err := c.workflow(ctx, runID)
-	if err != nil {
-		return nil, err
-	}
-	return c.Drain.Resume(ctx, runID, wf, req)
-}
-
-// Cancel implements Control.
-func (c *RunControl) Cancel(ctx context.Context, runID, reason, requestedBy string) (*drain.State, error) {
-	wf, err := c.workflow(ctx, runID)
-	if err != nil && !errors.Is(err, drain.ErrRunNotFound) {
-		return nil, err
-	}
-	// Not in the run index: a run queued by admission control has no
-	// workflow yet; the drain controller cancels it in the log (and
-	// answers RUN_NOT_FOUND for a run the log does not have).
-	return c.Drain.Cancel(ctx, runID, wf, reason, requestedBy)
-}
-
-// ResumeLater implements Control.
-func (c *RunControl) ResumeLater(ctx context.Context, runID string, at time.Time, req drain.ResumeRequest) (*drain.State, error) {
-	if _, err := c.workflow(ctx, runID); err != nil {
-		return nil, err
-	}
-	return c.Drain.ResumeLater(ctx, runID, at, req)
-}
-
-// RetryStep implements Control.
-func (c *RunControl) RetryStep(ctx context.Context, runID, stepID string, req drain.RetryRequest) (*drain.State, error) {
-	if _, err := c.workflow(ctx, runID); err != nil {
-		return nil, err
-	}
-	return c.Drain.RetryStep(ctx, runID, stepID, req)
 }
 
 // controlBody is the optional body of resume, cancel and retry.
@@ -191,11 +129,7 @@ func (s *Server) control(action string) func(http.ResponseWriter, *http.Request)
 		if err != nil {
 			return err
 		}
-		notice := ""
-		if st != nil {
-			notice = st.Notice
-		}
-		return s.writeRunNotice(w, r, runID, notice)
+		return s.writeControlled(w, r, runID, st)
 	}
 }
 

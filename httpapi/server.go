@@ -632,17 +632,36 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) writeRun(w http.ResponseWriter, r *http.Request, runID string) error {
-	return s.writeRunNotice(w, r, runID, "")
-}
-
-func (s *Server) writeRunNotice(w http.ResponseWriter, r *http.Request, runID, notice string) error {
 	snap, err := s.opts.Log.ProjectSnapshot(r.Context(), runID)
 	if err != nil {
 		return err
 	}
+	return s.writeSnapshot(w, runID, drain.StateOf(snap, s.opts.DrainTimeout), snap)
+}
+
+// writeControlled answers a control action from the state it returned
+// (read again only when that state carries no snapshot).
+func (s *Server) writeControlled(w http.ResponseWriter, r *http.Request, runID string, st *drain.State) error {
+	if st != nil && st.Snapshot != nil {
+		return s.writeSnapshot(w, runID, st, st.Snapshot)
+	}
+	snap, err := s.opts.Log.ProjectSnapshot(r.Context(), runID)
+	if err != nil {
+		return err
+	}
+	answer := drain.StateOf(snap, s.opts.DrainTimeout)
+	if st != nil {
+		answer.Notice = st.Notice
+	}
+	return s.writeSnapshot(w, runID, answer, snap)
+}
+
+// writeSnapshot writes the RunView of snap, with the drain block and the
+// notice of st, snap's pause state.
+func (s *Server) writeSnapshot(w http.ResponseWriter, runID string, st *drain.State, snap *statestore.RunSnapshot) error {
 	view := *snap // the projector's snapshot may be shared: the open pause goes on a copy
 	view.PausedSeconds += openPauseSeconds(snap, time.Now())
-	rv := RunView{RunSnapshot: &view, Message: Message(snap), Drain: drain.StateOf(snap, s.opts.DrainTimeout).Drain, Notice: notice}
+	rv := RunView{RunSnapshot: &view, Message: Message(snap), Drain: st.Drain, Notice: st.Notice}
 	if snap.Substatus == statestore.SubstatusDraining && s.opts.List != nil {
 		rv.DrainETA = s.opts.List.ETA(snap.PlanID, snap.PlanVersion, runlist.InFlightSteps(snap), time.Now())
 	}

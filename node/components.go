@@ -197,7 +197,7 @@ func (n *Node) openGuard(ctx context.Context) error {
 func (n *Node) openAPI(context.Context) error {
 	opts := n.cfg.APIOptions
 	opts.Log, opts.List, opts.Replies, opts.Starter = n.store, n.list, n.replies, n.starter()
-	opts.Control, opts.Plans = &httpapi.RunControl{Runs: n.runs, Drain: n.drain}, n.runs
+	opts.Control, opts.Plans = n.drain, n.runs
 	opts.DrainTimeout, opts.Gatherer, opts.Registerer, opts.Logger = n.cfg.DrainTimeout, n.reg, n.reg, n.log
 	// Live: the NATS connection may still come back. Ready: every
 	// component can work now, so an append can succeed.

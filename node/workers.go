@@ -65,7 +65,7 @@ type failurePause struct {
 	by    string // requestedBy: this sidecar
 }
 
-func (p failurePause) pause(ctx context.Context, runID, workflowID, stepID string) error {
-	_, err := p.drain.Pause(ctx, runID, workflowID, drain.PauseRequest{Reason: "stepFailed", StepID: stepID, RequestedBy: p.by})
+func (p failurePause) pause(ctx context.Context, runID, _, stepID string) error {
+	_, err := p.drain.Pause(ctx, runID, drain.PauseRequest{Reason: "stepFailed", StepID: stepID, RequestedBy: p.by})
 	return err
 }
