@@ -29,16 +29,20 @@ type Engine interface {
 	Terminate(ctx context.Context, workflowID, reason string) error
 }
 
-// EngineLedger remembers the pause state the controller put a run's
-// workflow in (adapter.Runs implements it). The run watcher reads it to
-// tell a pause or resume made in Conductor from one of ours that has not
-// reached Conductor yet.
+// EngineLedger remembers the pause state the sidecar last put a run's
+// workflow in, or saw it in (Keys implements it). The Follower reads it to
+// tell a pause or resume made in Conductor from one of the sidecar's that
+// has not reached Conductor yet.
 type EngineLedger interface {
+	// NoteEngine records that runID's workflow is paused (or not) for
+	// pause cycle cycle; a note of an older cycle changes nothing.
 	NoteEngine(ctx context.Context, runID string, paused bool, cycle int64) error
+	// EngineState returns the last note (not paused, cycle 0: none).
+	EngineState(ctx context.Context, runID string) (paused bool, cycle int64, err error)
 }
 
 // DrainIndex remembers, for every replica, which runs may have an open
-// drain (adapter.Runs implements it in the run index), so that the monitor
+// drain (Keys implements it), so that the monitor
 // finds a drain another replica started, or one a dead process left,
 // without reading every active run.
 type DrainIndex interface {
@@ -283,21 +287,12 @@ func (c *Controller) Pause(ctx context.Context, runID string, req PauseRequest) 
 			}
 			return st, err
 		}
-		cycle = 1
-		if snap.Pause != nil {
-			cycle = snap.Pause.Cycle + 1
-		}
+		cycle = nextCycle(snap)
 		timeout = req.TimeoutSeconds
 		if timeout == 0 {
 			timeout = int64(c.opts.DefaultTimeout / time.Second)
 		}
-		payload := map[string]any{"drainTimeoutSeconds": timeout}
-		putIf(payload, "reason", req.Reason)
-		putIf(payload, "requestedBy", req.RequestedBy)
-		putIf(payload, "stepId", req.StepID)
-		if !req.ResumeAt.IsZero() {
-			payload["resumeAt"] = req.ResumeAt.UTC().Format(time.RFC3339Nano)
-		}
+		payload := pausedPayload(req, timeout)
 		// RunPaused is appended on the runSeq it was decided on, so that a
 		// StepStarted, which is appended the same way, and the pause are
 		// ordered whatever the interleaving (docs/events.md, "Fences").
@@ -397,13 +392,7 @@ func (c *Controller) Resume(ctx context.Context, runID string, req ResumeRequest
 			Message: fmt.Sprintf("step %s failed and is held (onStepFailure: pause): retry it first, or cancel the run", strings.Join(held, ", ")),
 			Meta:    map[string]string{"actualState": snap.Status, "attemptedEventType": statestore.RunResumed, "heldSteps": strings.Join(held, ",")}}
 	}
-	payload := map[string]any{}
-	putIf(payload, "reason", req.Reason)
-	putIf(payload, "requestedBy", req.RequestedBy)
-	if len(payload) == 0 {
-		payload = nil
-	}
-	if _, err := c.append(ctx, snap, statestore.RunResumed, snap.Pause.Cycle, payload); err != nil {
+	if _, err := c.append(ctx, snap, statestore.RunResumed, snap.Pause.Cycle, resumedPayload(req)); err != nil {
 		return nil, err
 	}
 	if snap.Substatus == statestore.SubstatusDraining {
@@ -692,14 +681,7 @@ func (c *Controller) appendIf(ctx context.Context, snap *statestore.RunSnapshot,
 }
 
 func (c *Controller) appendOn(ctx context.Context, snap *statestore.RunSnapshot, eventType string, cycle int64, payload map[string]any, conditional bool) (statestore.AppendResult, error) {
-	w := c.event(snap, eventType, cycle, payload)
-	if err := statestore.CheckTransition(snap, w); err != nil {
-		return statestore.AppendResult{}, err
-	}
-	if conditional {
-		return c.emit.EmitIf(ctx, w, snap.LastEventSeq)
-	}
-	return c.emit.Emit(ctx, w)
+	return record(ctx, c.emit, snap, eventType, cycle, payload, c.opts.Now, conditional)
 }
 
 func (c *Controller) event(snap *statestore.RunSnapshot, eventType string, attempt int64, payload map[string]any) *statestore.RunEventWrite {

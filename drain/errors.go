@@ -24,3 +24,10 @@ var (
 	// ErrStepNotFound matches every STEP_NOT_FOUND error.
 	ErrStepNotFound = &statestore.Error{Code: CodeStepNotFound, Kind: errcode.NotFound, Message: "no such step in this run"}
 )
+
+// keysUnavailable is the error of a Keys operation the bucket did not
+// answer: STORE_UNAVAILABLE, like the event log's (the same NATS, and safe
+// to retry).
+func keysUnavailable(op string, err error) error {
+	return &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: "pause keys: " + op + ": " + err.Error(), Err: err}
+}

@@ -16,7 +16,7 @@ import (
 const RequestedBySchedule = "schedule"
 
 // ResumeSchedule remembers, for every replica, the pauses that are to be
-// resumed on their own (adapter.Runs implements it in the run index), so
+// resumed on their own (Keys implements it), so
 // that whichever replica owns the run when one is due resumes it, without
 // reading every paused run.
 type ResumeSchedule interface {

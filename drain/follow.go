@@ -1,0 +1,286 @@
+package drain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// Who records a pause the sidecar did not receive as a request: the
+// requestedBy of its RunPaused and RunResumed.
+const (
+	// RequestedByConductor: a pause or resume made in Conductor itself.
+	RequestedByConductor = "conductor"
+	// RequestedBySidecar: a pause the sidecar closed because Conductor
+	// completed the run.
+	RequestedBySidecar = "sidecar"
+)
+
+// Conductor's workflow statuses the Follower reacts to.
+const (
+	EngineRunning   = "RUNNING"
+	EnginePaused    = "PAUSED"
+	EngineCompleted = "COMPLETED"
+)
+
+// What the Follower did, as the run watcher counts it
+// (sidecar_run_watcher_actions_total{action}); "" is nothing.
+const (
+	// FollowConverged: the log's pause state, which the sidecar's own
+	// call had not brought to Conductor, applied to Conductor.
+	FollowConverged = "converged"
+	// FollowConductorPaused, FollowConductorResumed: a pause or resume
+	// made in Conductor, recorded in the log.
+	FollowConductorPaused  = "conductor_paused"
+	FollowConductorResumed = "conductor_resumed"
+	// FollowPauseClosed: RunResumed (requestedBy sidecar) for a pause
+	// that raced Conductor's completion of the run.
+	FollowPauseClosed = "pause_closed"
+)
+
+// FollowerOptions configures NewFollower. The zero value works.
+type FollowerOptions struct {
+	// DrainTimeout is the drain timeout of a pause made in Conductor
+	// (default 5m, as the Controller's).
+	DrainTimeout time.Duration
+	// Drains, when set, is the drain index: a pause made in Conductor is
+	// marked there, so that the drain monitors find it.
+	Drains DrainIndex
+	Logger *zap.Logger
+	Now    func() time.Time
+}
+
+// Follower is drain's reaction to what Conductor reports of a run's
+// workflow: the run watcher tells it what it saw (Saw), and it keeps the
+// pause in the log and in Conductor in step. Who changed a pause, and
+// why, is decided here and in the Controller, nowhere else.
+type Follower struct {
+	snaps  SnapshotReader
+	emit   Emitter
+	engine Engine
+	ledger EngineLedger
+	opts   FollowerOptions
+	logger *zap.Logger
+}
+
+// NewFollower returns a Follower that reads the runs from snaps, appends
+// through emit, calls Conductor through engine and keeps the engine ledger
+// in ledger (the Controller's, so that the two agree on who moved last).
+func NewFollower(snaps SnapshotReader, emit Emitter, engine Engine, ledger EngineLedger, opts FollowerOptions) *Follower {
+	if opts.DrainTimeout <= 0 {
+		opts.DrainTimeout = 5 * time.Minute
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Follower{snaps: snaps, emit: emit, engine: engine, ledger: ledger, opts: opts, logger: opts.Logger.Named("drain")}
+}
+
+// Saw reacts to status, the status the watcher read of runID's workflow
+// workflowID in Conductor, and returns what it did:
+//
+//   - RUNNING or PAUSED while the log says otherwise: the engine ledger
+//     (the state the sidecar last put the workflow in) says who moved. If
+//     it does not hold the log's state for the log's pause cycle, the
+//     sidecar's own pause or resume has not reached Conductor: it is
+//     applied to Conductor (FollowConverged). If it does, the workflow was
+//     paused or resumed in Conductor: that is recorded in the log
+//     (RunPaused of the next cycle, which drains and times out like any
+//     other, or RunResumed; requestedBy "conductor").
+//   - COMPLETED while the log says PAUSED: the pause reached the log after
+//     Conductor had taken the run's last task. RunCompleted is valid from
+//     RUNNING only, so the pause is closed (RunResumed, requestedBy
+//     "sidecar", the reason says why) for the watcher to complete the run.
+//
+// Anything else needs nothing. A run cancelled or ended in the log is left
+// alone. Every record is checked against the state it was decided on.
+func (f *Follower) Saw(ctx context.Context, runID, workflowID, status string) (string, error) {
+	switch status {
+	case EngineRunning, EnginePaused:
+		return f.follow(ctx, runID, workflowID, status == EnginePaused)
+	case EngineCompleted:
+		return f.closePause(ctx, runID)
+	}
+	return "", nil
+}
+
+func (f *Follower) follow(ctx context.Context, runID, workflowID string, enginePaused bool) (string, error) {
+	snap, err := f.snapshot(ctx, runID)
+	if snap == nil || err != nil {
+		return "", err
+	}
+	if snap.CancelRequested || (snap.Status != statestore.RunStatusRunning && snap.Status != statestore.RunStatusPaused) {
+		return "", nil
+	}
+	var cycle int64
+	if snap.Pause != nil {
+		cycle = snap.Pause.Cycle
+	}
+	logPaused := snap.Status == statestore.RunStatusPaused
+	if cycle == 0 && !logPaused && !enginePaused {
+		return "", nil // never paused: nothing noted, nothing to note
+	}
+	notedPaused, notedCycle, err := f.ledger.EngineState(ctx, runID)
+	if err != nil {
+		return "", err
+	}
+	if logPaused == enginePaused {
+		if notedCycle != cycle || notedPaused != enginePaused {
+			return "", f.ledger.NoteEngine(ctx, runID, enginePaused, cycle)
+		}
+		return "", nil
+	}
+	if notedCycle != cycle || notedPaused != logPaused {
+		return f.converge(ctx, runID, workflowID, logPaused, cycle)
+	}
+	if enginePaused {
+		return f.pausedInConductor(ctx, snap, workflowID)
+	}
+	return f.resumedInConductor(ctx, snap, workflowID)
+}
+
+// converge applies the log's pause state to Conductor.
+func (f *Follower) converge(ctx context.Context, runID, workflowID string, paused bool, cycle int64) (string, error) {
+	var err error
+	if paused {
+		err = f.engine.Pause(ctx, workflowID)
+	} else if err = f.engine.Resume(ctx, workflowID); isEngineConflict(err) {
+		err = nil // no longer PAUSED: what we wanted
+	}
+	if err != nil {
+		return "", err
+	}
+	f.logger.Info("applied the log's pause state to Conductor (the sidecar's own call had not reached it)",
+		zap.String("runId", runID), zap.String("workflowId", workflowID), zap.Bool("paused", paused), zap.Int64("cycle", cycle))
+	return FollowConverged, f.ledger.NoteEngine(ctx, runID, paused, cycle)
+}
+
+// pausedInConductor records a pause made in Conductor: RunPaused with the
+// next cycle, appended on the runSeq it was decided on (a concurrent
+// pause through the sidecar wins, and this one is then seen in step).
+func (f *Follower) pausedInConductor(ctx context.Context, snap *statestore.RunSnapshot, workflowID string) (string, error) {
+	cycle := nextCycle(snap)
+	_, err := record(ctx, f.emit, snap, statestore.RunPaused, cycle, pausedPayload(PauseRequest{
+		RequestedBy: RequestedByConductor, Reason: "paused in Conductor"}, int64(f.opts.DrainTimeout/time.Second)), f.opts.Now, true)
+	if errors.Is(err, statestore.ErrRunChanged) {
+		return "", nil // decided again at the next check
+	}
+	if err != nil {
+		return "", err
+	}
+	f.logger.Warn("the run's workflow was paused in Conductor; recorded the pause, the run drains",
+		zap.String("runId", snap.RunID), zap.String("workflowId", workflowID), zap.Int64("cycle", cycle))
+	if f.opts.Drains != nil {
+		if err := f.opts.Drains.MarkDraining(ctx, snap.RunID, cycle); err != nil {
+			// The drain monitors' full pass finds the drain without its mark.
+			f.logger.Warn("could not mark the drain in the drain index", zap.String("runId", snap.RunID), zap.Error(err))
+		}
+	}
+	return FollowConductorPaused, f.ledger.NoteEngine(ctx, snap.RunID, true, cycle)
+}
+
+// resumedInConductor records a resume made in Conductor: RunResumed of the
+// open cycle.
+func (f *Follower) resumedInConductor(ctx context.Context, snap *statestore.RunSnapshot, workflowID string) (string, error) {
+	if _, err := record(ctx, f.emit, snap, statestore.RunResumed, snap.Pause.Cycle, resumedPayload(ResumeRequest{
+		RequestedBy: RequestedByConductor, Reason: "resumed in Conductor"}), f.opts.Now, false); err != nil {
+		return "", err
+	}
+	f.logger.Warn("the run's workflow was resumed in Conductor; recorded the resume",
+		zap.String("runId", snap.RunID), zap.String("workflowId", workflowID), zap.Int64("cycle", snap.Pause.Cycle))
+	return FollowConductorResumed, f.ledger.NoteEngine(ctx, snap.RunID, false, snap.Pause.Cycle)
+}
+
+// closePause appends the RunResumed that closes a pause Conductor never
+// applied: the log says PAUSED, but Conductor COMPLETED the workflow
+// (docs/drain.md, "A pause that races the end of the run"). The other
+// terminal events are valid from PAUSED and need nothing.
+func (f *Follower) closePause(ctx context.Context, runID string) (string, error) {
+	snap, err := f.snapshot(ctx, runID)
+	if snap == nil || err != nil {
+		return "", err
+	}
+	if snap.Status != statestore.RunStatusPaused || snap.Pause == nil || snap.CancelRequested {
+		return "", nil
+	}
+	if _, err := record(ctx, f.emit, snap, statestore.RunResumed, snap.Pause.Cycle, resumedPayload(ResumeRequest{
+		RequestedBy: RequestedBySidecar,
+		Reason:      "Conductor had COMPLETED the workflow before the pause took effect; the pause is closed so that the run can complete",
+	}), f.opts.Now, false); err != nil {
+		return "", err
+	}
+	f.logger.Warn("the run completed in Conductor while paused in the log; closed the pause before RunCompleted",
+		zap.String("runId", runID), zap.Int64("cycle", snap.Pause.Cycle))
+	return FollowPauseClosed, nil
+}
+
+// snapshot is the run's snapshot; nil, without an error, for a run the log
+// does not have.
+func (f *Follower) snapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	snap, err := f.snaps.ProjectSnapshot(ctx, runID)
+	if errors.Is(err, statestore.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("drain: snapshot of run %s: %w", runID, err)
+	}
+	return snap, nil
+}
+
+// nextCycle is the pause cycle of the next RunPaused of snap's run.
+func nextCycle(snap *statestore.RunSnapshot) int64 {
+	if snap.Pause == nil {
+		return 1
+	}
+	return snap.Pause.Cycle + 1
+}
+
+// pausedPayload is RunPaused's payload: the drain timeout (seconds) and
+// req's reason, requestedBy, stepId and resumeAt when set.
+func pausedPayload(req PauseRequest, timeoutSeconds int64) map[string]any {
+	payload := map[string]any{"drainTimeoutSeconds": timeoutSeconds}
+	putIf(payload, "reason", req.Reason)
+	putIf(payload, "requestedBy", req.RequestedBy)
+	putIf(payload, "stepId", req.StepID)
+	if !req.ResumeAt.IsZero() {
+		payload["resumeAt"] = req.ResumeAt.UTC().Format(time.RFC3339Nano)
+	}
+	return payload
+}
+
+// resumedPayload is RunResumed's payload: req's reason and requestedBy
+// when set (nil when neither is).
+func resumedPayload(req ResumeRequest) map[string]any {
+	payload := map[string]any{}
+	putIf(payload, "reason", req.Reason)
+	putIf(payload, "requestedBy", req.RequestedBy)
+	if len(payload) == 0 {
+		return nil
+	}
+	return payload
+}
+
+// record appends the run-level event eventType of snap's run for the
+// given cycle, after checking it against snap (Layer 1: never what the
+// projector would flag); conditional appends it on snap's last runSeq (an
+// error matching statestore.ErrRunChanged when the run moved on).
+func record(ctx context.Context, emit Emitter, snap *statestore.RunSnapshot, eventType string, cycle int64, payload map[string]any, now func() time.Time, conditional bool) (statestore.AppendResult, error) {
+	// A map[string]any always encodes.
+	w, _ := statestore.NewEvent(snap.Ref(), eventType, "", 1, cycle, payload)
+	w.EmittedAt = now().UTC().Format(time.RFC3339Nano)
+	if err := statestore.CheckTransition(snap, w); err != nil {
+		return statestore.AppendResult{}, err
+	}
+	if conditional {
+		return emit.EmitIf(ctx, w, snap.LastEventSeq)
+	}
+	return emit.Emit(ctx, w)
+}
