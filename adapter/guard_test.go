@@ -2,7 +2,6 @@ package adapter
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -65,50 +64,11 @@ func TestWatcher_TerminalEventGuard(t *testing.T) {
 	}
 	run := res.Run
 	snaps := &pauseAfterClose{t: t, env: env, run: run}
-	w := NewWatcher(r, snaps, WatcherOptions{Interval: time.Hour, Logger: zaptest.NewLogger(t)})
+	pauses, _ := env.pauses(t, r, snaps, 0)
+	w := NewWatcher(r, snaps, WatcherOptions{Interval: time.Hour, Pauses: pauses, Logger: zaptest.NewLogger(t)})
 	recs := pauseThenComplete(t, env, r, w, run)
 	if got, want := strings.Join(eventTypes(recs), " "), "RunStarted RunPaused RunResumed RunPaused RunResumed RunCompleted"; got != want {
 		t.Fatalf("log %s, want %s", got, want)
-	}
-}
-
-// TestWatcher_RecordGuard: the watcher's record of a pause or resume made
-// in Conductor (and of the RunResumed that closes a raced pause) is checked
-// against the state it was decided on: an event that state does not allow
-// is refused with INVALID_TRANSITION and nothing is appended, conditional
-// or not.
-func TestWatcher_RecordGuard(t *testing.T) {
-	u := conductortest.URL(t)
-	ctx := context.Background()
-	env := newNATS(t)
-	r := env.newRuns(t, u, RunsOptions{})
-	res, err := r.StartRun(ctx, request(testPlan(t), "req"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	run := res.Run
-	w := NewWatcher(r, env.store, WatcherOptions{Interval: time.Hour, Logger: zaptest.NewLogger(t)})
-	snap, err := env.store.ProjectSnapshot(ctx, run.RunID)
-	if err != nil || snap.Status != statestore.RunStatusRunning {
-		t.Fatalf("snapshot %+v %v, want RUNNING", snap, err)
-	}
-	for _, c := range []struct {
-		event       string
-		cycle       int64
-		conditional bool
-	}{
-		{statestore.RunResumed, 1, false}, // no pause to close
-		{statestore.RunResumed, 1, true},
-		{statestore.RunPaused, 2, true}, // skips cycle 1
-		{statestore.RunPaused, 2, false},
-	} {
-		err := w.record(ctx, &run, snap, c.event, c.cycle, map[string]any{"requestedBy": RequestedByConductor, "reason": "test"}, c.conditional)
-		if !errors.Is(err, statestore.ErrInvalidTransition) {
-			t.Errorf("%s cycle %d (conditional %v) on RUNNING: %v, want INVALID_TRANSITION", c.event, c.cycle, c.conditional, err)
-		}
-	}
-	if recs := env.events(t, run.RunID); len(recs) != 1 {
-		t.Fatalf("log %s, want RunStarted alone", strings.Join(eventTypes(recs), " "))
 	}
 }
 
@@ -158,8 +118,9 @@ func TestWatcher_TerminalRefusedIsCounted(t *testing.T) {
 	}
 	run := res.Run
 	m := NewMetrics(prometheus.NewRegistry())
-	w := NewWatcher(r, &pauseAfterEveryClose{t: t, env: env, run: run, landed: 1},
-		WatcherOptions{Interval: time.Hour, Logger: zaptest.NewLogger(t), Metrics: m})
+	snaps := &pauseAfterEveryClose{t: t, env: env, run: run, landed: 1}
+	pauses, _ := env.pauses(t, r, snaps, 0)
+	w := NewWatcher(r, snaps, WatcherOptions{Interval: time.Hour, Pauses: pauses, Logger: zaptest.NewLogger(t), Metrics: m})
 	recs := pauseThenComplete(t, env, r, w, run)
 	if last := recs[len(recs)-1].EventType; last != statestore.RunPaused {
 		t.Fatalf("log %s, want it to end in the last pause (no terminal event)", strings.Join(eventTypes(recs), " "))

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
@@ -178,4 +179,16 @@ func countType(recs []statestore.RunEventRecord, eventType string) int {
 
 func request(p *plan.Compiled, runRequestID string) StartRequest {
 	return StartRequest{TenantID: "tenant-a", ProjectID: "proj-a", EnvironmentID: "dev", RunRequestID: runRequestID, Plan: p}
+}
+
+// pauses is the pause follower serve wires into the watcher (drain's, on
+// this environment's JetStream), reading the runs from snaps; keys holds
+// its engine ledger.
+func (e *natsEnv) pauses(t testing.TB, r *Runs, snaps SnapshotReader, drainTimeout time.Duration) (*drain.Follower, *drain.Keys) {
+	t.Helper()
+	keys, err := drain.OpenKeys(context.Background(), e.connect(t), drain.KeysOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return drain.NewFollower(snaps, e.emitter, r.Client(), keys, drain.FollowerOptions{DrainTimeout: drainTimeout, Drains: keys, Logger: zaptest.NewLogger(t)}), keys
 }

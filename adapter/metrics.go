@@ -44,7 +44,9 @@ var conductorResults = []string{
 // to keep the log in step with Conductor besides the terminal events.
 const (
 	// actionPauseClosed: RunResumed (requestedBy sidecar) before the
-	// RunCompleted of a run that completed in Conductor while PAUSED in the log.
+	// RunCompleted of a run that completed in Conductor while PAUSED in
+	// the log. This and the conductor_* and converged actions are the
+	// pause follower's (drain.Follow*), counted under the same names.
 	actionPauseClosed = "pause_closed"
 	// actionTerminalRefused: a terminal event that is not valid from the
 	// run's state was not appended (Layer 1) or was refused (Layer 2).
@@ -197,10 +199,20 @@ func (m *Metrics) setStuck(n int) {
 	}
 }
 
+// watcherAction counts action; an action the watcher does not know (a
+// pause follower's newer one) is not counted.
 func (m *Metrics) watcherAction(action string) {
-	if m != nil {
-		m.actions[action].Inc()
+	if c, ok := m.counter(action); ok {
+		c.Inc()
 	}
+}
+
+func (m *Metrics) counter(action string) (prometheus.Counter, bool) {
+	if m == nil {
+		return nil, false
+	}
+	c, ok := m.actions[action]
+	return c, ok
 }
 
 func (m *Metrics) terminalEvent(status string) {

@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -18,7 +17,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
-	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -40,8 +38,6 @@ const (
 	keyReq    = "req."
 	keyRun    = "run."
 	keyActive = "active."
-	keyDrain  = "drain."
-	keyResume = "resume."
 )
 
 // Run is a run's entry in the run index: its identity, its Conductor
@@ -83,14 +79,6 @@ type Run struct {
 	// (COMPLETED, FAILED, TIMED_OUT, TERMINATED) or LOST.
 	EngineStatus string    `json:"engineStatus,omitempty"`
 	FinalAt      time.Time `json:"finalAt,omitzero"`
-	// EnginePaused and EngineCycle are the pause state the sidecar last
-	// put the run's workflow in, or saw it in: paused (or resumed) for pause
-	// cycle EngineCycle. The watcher compares them with Conductor and the
-	// log to tell a pause or resume made in Conductor from one of the
-	// sidecar's that has not reached Conductor yet (docs/conductor.md,
-	// "Actions taken in Conductor").
-	EnginePaused bool  `json:"enginePaused,omitempty"`
-	EngineCycle  int64 `json:"engineCycle,omitempty"`
 }
 
 // EngineRunRef returns conductor://<workflowName>/<workflowId>, or "" before
@@ -190,137 +178,6 @@ func (r *Runs) updateRun(ctx context.Context, rec *Run, rev uint64) (uint64, err
 }
 
 var errRevisionMismatch = errors.New("adapter: run index entry changed concurrently")
-
-// NoteEngine records that the run's workflow was paused (or resumed) in
-// Conductor for pause cycle cycle: Run.EnginePaused and Run.EngineCycle.
-// A note of an older cycle than the recorded one changes nothing.
-func (r *Runs) NoteEngine(ctx context.Context, runID string, paused bool, cycle int64) error {
-	for range 5 {
-		rec, rev, err := r.get(ctx, runID)
-		if err != nil {
-			return err
-		}
-		if cycle < rec.EngineCycle || (rec.EngineCycle == cycle && rec.EnginePaused == paused) {
-			return nil
-		}
-		rec.EnginePaused, rec.EngineCycle = paused, cycle
-		if _, err = r.updateRun(ctx, rec, rev); !isRevisionMismatch(err) {
-			return err
-		}
-	}
-	return fmt.Errorf("adapter: note engine state of run %s: %w", runID, errRevisionMismatch)
-}
-
-// MarkDraining records in the drain index that runID's drain of pause
-// cycle cycle may be open, so that the drain monitor of every replica finds
-// it without reading every run (drain.DrainIndex). It is written after the
-// RunPaused of that cycle persisted: a mark always names a cycle in the log.
-func (r *Runs) MarkDraining(ctx context.Context, runID string, cycle int64) error {
-	if _, err := r.kv.Put(ctx, keyDrain+runID, []byte(strconv.FormatInt(cycle, 10))); err != nil {
-		return registryUnavailable("mark drain", err)
-	}
-	return nil
-}
-
-// EndDraining removes runID's drain mark if it names cycle or an older one
-// (a mark of a later pause, written meanwhile, stays).
-func (r *Runs) EndDraining(ctx context.Context, runID string, cycle int64) error {
-	e, err := r.kv.Get(ctx, keyDrain+runID)
-	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
-		return nil
-	}
-	if err != nil {
-		return registryUnavailable("read drain mark", err)
-	}
-	if marked, err := strconv.ParseInt(string(e.Value()), 10, 64); err == nil && marked > cycle {
-		return nil
-	}
-	if err := r.kv.Delete(ctx, keyDrain+runID, jetstream.LastRevision(e.Revision())); err != nil && !isRevisionMismatch(err) {
-		return registryUnavailable("end drain mark", err)
-	}
-	return nil
-}
-
-// DrainingRunIDs lists the runs of the drain index: its cost follows the
-// number of open drains, not of active runs.
-func (r *Runs) DrainingRunIDs(ctx context.Context) ([]string, error) {
-	keys, err := r.listKeys(ctx, keyDrain+">")
-	if err != nil {
-		return nil, err
-	}
-	ids := make([]string, len(keys))
-	for i, k := range keys {
-		ids[i] = strings.TrimPrefix(k, keyDrain)
-	}
-	return ids, nil
-}
-
-// scheduledResume is the value of a resume.<runId> key.
-type scheduledResume struct {
-	Cycle       int64     `json:"cycle"`
-	At          time.Time `json:"at"`
-	RequestedBy string    `json:"requestedBy,omitempty"`
-	Reason      string    `json:"reason,omitempty"`
-}
-
-// ScheduleResume records that e.RunID's pause cycle is to be resumed at
-// e.At (drain.ResumeSchedule), after that cycle's RunPaused persisted.
-func (r *Runs) ScheduleResume(ctx context.Context, e drain.ScheduledResume) error {
-	b, err := json.Marshal(scheduledResume{Cycle: e.Cycle, At: e.At.UTC(), RequestedBy: e.RequestedBy, Reason: e.Reason})
-	if err != nil {
-		return err
-	}
-	if _, err := r.kv.Put(ctx, keyResume+e.RunID, b); err != nil {
-		return registryUnavailable("schedule resume", err)
-	}
-	return nil
-}
-
-// EndResume removes runID's scheduled resume if it names cycle or an older
-// one (that of a later pause, written meanwhile, stays).
-func (r *Runs) EndResume(ctx context.Context, runID string, cycle int64) error {
-	e, err := r.kv.Get(ctx, keyResume+runID)
-	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
-		return nil
-	}
-	if err != nil {
-		return registryUnavailable("read scheduled resume", err)
-	}
-	var s scheduledResume
-	if json.Unmarshal(e.Value(), &s) == nil && s.Cycle > cycle {
-		return nil
-	}
-	if err := r.kv.Delete(ctx, keyResume+runID, jetstream.LastRevision(e.Revision())); err != nil && !isRevisionMismatch(err) {
-		return registryUnavailable("end scheduled resume", err)
-	}
-	return nil
-}
-
-// ScheduledResumes lists the scheduled resumes: its cost follows the
-// number of pauses with a resume time, not of active runs. An entry that
-// does not decode is skipped (the full pass still resumes its run).
-func (r *Runs) ScheduledResumes(ctx context.Context) ([]drain.ScheduledResume, error) {
-	keys, err := r.listKeys(ctx, keyResume+">")
-	if err != nil {
-		return nil, err
-	}
-	out := make([]drain.ScheduledResume, 0, len(keys))
-	for _, k := range keys {
-		e, err := r.kv.Get(ctx, k)
-		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
-			continue // resumed meanwhile
-		}
-		if err != nil {
-			return nil, registryUnavailable("read "+k, err)
-		}
-		var s scheduledResume
-		if err := json.Unmarshal(e.Value(), &s); err != nil {
-			continue
-		}
-		out = append(out, drain.ScheduledResume{RunID: strings.TrimPrefix(k, keyResume), Cycle: s.Cycle, At: s.At, RequestedBy: s.RequestedBy, Reason: s.Reason})
-	}
-	return out, nil
-}
 
 // leaderRun reads runID's entry from the bucket stream's leader, with the
 // stream message API that only the leader answers. A KV Get is a direct

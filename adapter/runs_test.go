@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"slices"
-	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -15,7 +13,6 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
-	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
@@ -594,91 +591,6 @@ func TestRuns_EnsureStarted(t *testing.T) {
 			t.Fatalf("short deadline: got %v, want RUN_START_IN_PROGRESS", err)
 		}
 	})
-}
-
-// TestRuns_DrainIndex: the drain index in the run index (drain.DrainIndex)
-// on a real JetStream KV, shared by two replicas: a mark names its pause
-// cycle, the end of an older cycle's drain leaves a later mark alone, and
-// the listing holds only the marked runs.
-func TestRuns_DrainIndex(t *testing.T) {
-	ctx := context.Background()
-	env := newNATS(t)
-	a, b := env.newRuns(t, unusedURL(t), RunsOptions{}), env.newRuns(t, unusedURL(t), RunsOptions{})
-	list := func() []string {
-		t.Helper()
-		ids, err := b.DrainingRunIDs(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sort.Strings(ids)
-		return ids
-	}
-	if ids := list(); len(ids) != 0 {
-		t.Fatalf("empty index lists %v", ids)
-	}
-	for _, m := range []struct {
-		run   string
-		cycle int64
-	}{{"run-1", 1}, {"run-2", 3}, {"run-2", 4}} {
-		if err := a.MarkDraining(ctx, m.run, m.cycle); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if ids := list(); !slices.Equal(ids, []string{"run-1", "run-2"}) {
-		t.Fatalf("index lists %v, want run-1 and run-2", ids)
-	}
-	// run-2's drain of cycle 3 ends on replica b while a already marked cycle 4.
-	if err := b.EndDraining(ctx, "run-2", 3); err != nil {
-		t.Fatal(err)
-	}
-	if ids := list(); !slices.Equal(ids, []string{"run-1", "run-2"}) {
-		t.Fatalf("ending cycle 3 removed the mark of cycle 4: index lists %v", ids)
-	}
-	for _, e := range []struct {
-		run   string
-		cycle int64
-	}{{"run-2", 4}, {"run-1", 1}, {"run-1", 1}, {"run-9", 1}} {
-		if err := b.EndDraining(ctx, e.run, e.cycle); err != nil {
-			t.Fatalf("end %s cycle %d: %v", e.run, e.cycle, err)
-		}
-	}
-	if ids := list(); len(ids) != 0 {
-		t.Fatalf("index lists %v after every drain ended", ids)
-	}
-}
-
-// TestRuns_ResumeSchedule: the scheduled resumes in the run index
-// (drain.ResumeSchedule) on a real JetStream KV, shared by two replicas: an
-// entry names its cycle and time, the end of an older cycle leaves a later
-// entry alone, and the listing holds only the scheduled runs.
-func TestRuns_ResumeSchedule(t *testing.T) {
-	ctx := context.Background()
-	env := newNATS(t)
-	a, b := env.newRuns(t, unusedURL(t), RunsOptions{}), env.newRuns(t, unusedURL(t), RunsOptions{})
-	at := time.Date(2026, 11, 26, 6, 0, 0, 0, time.UTC)
-	if err := a.ScheduleResume(ctx, drain.ScheduledResume{RunID: "run-1", Cycle: 1, At: at}); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.ScheduleResume(ctx, drain.ScheduledResume{RunID: "run-2", Cycle: 4, At: at.Add(time.Hour), RequestedBy: "bulk", Reason: "r"}); err != nil {
-		t.Fatal(err)
-	}
-	got, err := b.ScheduledResumes(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sort.Slice(got, func(i, j int) bool { return got[i].RunID < got[j].RunID })
-	if len(got) != 2 || got[0].RunID != "run-1" || got[0].Cycle != 1 || !got[0].At.Equal(at) || got[1].Cycle != 4 || got[1].RequestedBy != "bulk" || got[1].Reason != "r" {
-		t.Fatalf("listed %+v", got)
-	}
-	if err := b.EndResume(ctx, "run-2", 3); err != nil { // an older cycle: stays
-		t.Fatal(err)
-	}
-	if err := b.EndResume(ctx, "run-1", 1); err != nil {
-		t.Fatal(err)
-	}
-	if got, _ := b.ScheduledResumes(ctx); len(got) != 1 || got[0].RunID != "run-2" {
-		t.Fatalf("after ending run-1 and an older cycle of run-2: %+v", got)
-	}
 }
 
 // TestRuns_LeaderRun: the leader read that confirms a conflict before a

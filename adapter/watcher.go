@@ -16,16 +16,21 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
-// RequestedBySidecar is the requestedBy of the events the sidecar appends on
-// its own account (a pause it closes because Conductor completed the run).
-const RequestedBySidecar = "sidecar"
-
 // engineStatusLost is the Run.EngineStatus of a run whose workflow vanished.
 const engineStatusLost = "LOST"
 
 // SnapshotReader gives a run's derived state; statestore.Store satisfies it.
 type SnapshotReader interface {
 	ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error)
+}
+
+// PauseFollower keeps a run's pause in the log and in Conductor in step
+// with what the watcher saw of its workflow; *drain.Follower satisfies it.
+// Saw gets Conductor's workflow status (RUNNING, PAUSED, COMPLETED, ...)
+// and returns what it did, for sidecar_run_watcher_actions_total{action}
+// ("" nothing).
+type PauseFollower interface {
+	Saw(ctx context.Context, runID, workflowID, status string) (action string, err error)
 }
 
 // Owner tells whether this replica does a run's background work, so that
@@ -69,9 +74,13 @@ type WatcherOptions struct {
 	// read again, with its tasks, to see whether Conductor forgot to
 	// decide it (default 10s).
 	StuckAfter time.Duration
-	// DrainTimeout is the drain timeout of a pause made in Conductor
-	// (default 5m, as the drain controller's).
-	DrainTimeout time.Duration
+	// Pauses is told what the watcher saw of a workflow that runs, is
+	// paused or completed, and keeps the run's pause in step (a pause or
+	// resume made in Conductor, one of the sidecar's that did not reach
+	// it, a pause raced by the run's completion). Nil: pauses are left
+	// alone, and a run completed in Conductor while paused in the log
+	// ends without a terminal event (terminal_refused).
+	Pauses PauseFollower
 	// LostAfter is how many consecutive 404s for a started run's workflow
 	// make the run fail with WORKFLOW_NOT_FOUND (default 3).
 	LostAfter int
@@ -142,9 +151,6 @@ func NewWatcher(runs *Runs, snaps SnapshotReader, opts WatcherOptions) *Watcher 
 	}
 	if opts.FullReadRate <= 0 {
 		opts.FullReadRate = 20
-	}
-	if opts.DrainTimeout <= 0 {
-		opts.DrainTimeout = 5 * time.Minute
 	}
 	if opts.StuckAfter <= 0 {
 		opts.StuckAfter = 10 * time.Second
@@ -558,7 +564,23 @@ func (w *Watcher) checkRun(ctx context.Context, rec *Run, rev uint64, alive *run
 	case model.CompletedWorkflow, model.FailedWorkflow, model.TimedOutWorkflow, model.TerminatedWorkflow:
 		return w.finish(ctx, runID, rec.WorkflowID, string(wf.Status), wf.ReasonForIncompletion)
 	case model.RunningWorkflow, model.PausedWorkflow:
-		return w.follow(ctx, rec, wf.Status)
+		return w.saw(ctx, rec, string(wf.Status))
+	}
+	return nil
+}
+
+// saw tells the pause follower what the watcher saw of rec's workflow,
+// and counts what it did.
+func (w *Watcher) saw(ctx context.Context, rec *Run, status string) error {
+	if w.opts.Pauses == nil {
+		return nil
+	}
+	action, err := w.opts.Pauses.Saw(ctx, rec.RunID, rec.WorkflowID, status)
+	if action != "" {
+		w.opts.Metrics.watcherAction(action)
+	}
+	if err != nil {
+		return fmt.Errorf("adapter: watcher: run %s: %w", rec.RunID, err)
 	}
 	return nil
 }
@@ -650,16 +672,20 @@ const maxPauseCloses = 3
 
 // endInLog appends the run's terminal event for Conductor's engineStatus,
 // checked against the run's state read just before (the producer guard,
-// Layer 1: never an event the projector would flag). A pause that raced
-// the run's completion is closed first (closePause); if another lands
-// between that RunResumed and RunCompleted, the guard refuses RunCompleted
-// (not allowed from PAUSED) and the new pause is closed too, at most
-// maxPauseCloses times. A refusal that closing a pause cannot cure is
-// logged and counted, and the run is marked FINAL without a terminal event.
-func (w *Watcher) endInLog(ctx context.Context, rec *Run, snap *statestore.RunSnapshot, engineStatus, reason string) error {
+// Layer 1: never an event the projector would flag). A run COMPLETED in
+// Conductor while PAUSED in the log (a pause that raced the run's
+// completion) is told to the pause follower, which closes the pause; if
+// another lands between that RunResumed and RunCompleted, the guard
+// refuses RunCompleted (not allowed from PAUSED) and the follower is told
+// again, at most maxPauseCloses times. A refusal that closing a pause
+// cannot cure is logged and counted, and the run is marked FINAL without a
+// terminal event.
+func (w *Watcher) endInLog(ctx context.Context, rec *Run, snap *statestore.RunSnapshot, engineStatus string, reason string) error {
 	for closes := 1; ; closes++ {
-		if err := w.closePause(ctx, rec, snap, engineStatus); err != nil {
-			return err
+		if pausedAtCompletion(snap, engineStatus) {
+			if err := w.saw(ctx, rec, engineStatus); err != nil {
+				return err
+			}
 		}
 		var err error
 		if snap, err = w.snaps.ProjectSnapshot(ctx, rec.RunID); err != nil && !errors.Is(err, statestore.ErrNotFound) {
@@ -673,7 +699,7 @@ func (w *Watcher) endInLog(ctx context.Context, rec *Run, snap *statestore.RunSn
 			return err
 		}
 		if err := statestore.CheckTransition(snap, ev); err != nil {
-			if closes < maxPauseCloses && w.pauseToClose(snap, engineStatus) {
+			if closes < maxPauseCloses && w.opts.Pauses != nil && pausedAtCompletion(snap, engineStatus) {
 				continue
 			}
 			w.opts.Metrics.watcherAction(actionTerminalRefused)
@@ -698,33 +724,11 @@ func (w *Watcher) endInLog(ctx context.Context, rec *Run, snap *statestore.RunSn
 	}
 }
 
-// closePause appends the RunResumed that closes a pause Conductor never
-// applied: the log says PAUSED, but Conductor COMPLETED the workflow (the
-// pause reached the log after Conductor had taken the run's last task,
-// docs/drain.md "A pause that races the end of the run"). RunCompleted is
-// valid from RUNNING only, so the sidecar resumes the run in the log itself,
-// with requestedBy "sidecar" and a reason that says why. The other terminal
-// events are valid from PAUSED and need nothing.
-func (w *Watcher) closePause(ctx context.Context, rec *Run, snap *statestore.RunSnapshot, engineStatus string) error {
-	if !w.pauseToClose(snap, engineStatus) {
-		return nil
-	}
-	if err := w.record(ctx, rec, snap, statestore.RunResumed, snap.Pause.Cycle, map[string]any{
-		"requestedBy": RequestedBySidecar,
-		"reason":      "Conductor had COMPLETED the workflow before the pause took effect; the pause is closed so that the run can complete",
-	}, false); err != nil {
-		return err
-	}
-	w.opts.Metrics.watcherAction(actionPauseClosed)
-	w.log.Warn("the run completed in Conductor while paused in the log; closed the pause before RunCompleted",
-		zap.String("runId", rec.RunID), zap.Int64("cycle", snap.Pause.Cycle))
-	return nil
-}
-
-// pauseToClose tells whether closePause has a pause to close: the log
-// says PAUSED (no cancel requested) and Conductor COMPLETED the workflow.
-func (w *Watcher) pauseToClose(snap *statestore.RunSnapshot, engineStatus string) bool {
-	return snap != nil && snap.Status == statestore.RunStatusPaused && snap.Pause != nil && !snap.CancelRequested &&
+// pausedAtCompletion tells whether Conductor COMPLETED a workflow whose run
+// the log (snap) has PAUSED, no cancel requested: RunCompleted is not
+// valid until the pause follower closes the pause.
+func pausedAtCompletion(snap *statestore.RunSnapshot, engineStatus string) bool {
+	return snap != nil && snap.Status == statestore.RunStatusPaused && !snap.CancelRequested &&
 		engineStatus == string(model.CompletedWorkflow)
 }
 

@@ -23,6 +23,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
@@ -130,7 +131,8 @@ func TestWatcher_Terminal(t *testing.T) {
 	env := newNATS(t)
 	r := env.newRuns(t, u, RunsOptions{})
 	// A long interval: the runs end through Nudge, not through the ticker.
-	w := NewWatcher(r, env.store, WatcherOptions{Interval: time.Hour, Logger: zaptest.NewLogger(t)})
+	pauses, _ := env.pauses(t, r, env.store, 0)
+	w := NewWatcher(r, env.store, WatcherOptions{Interval: time.Hour, Pauses: pauses, Logger: zaptest.NewLogger(t)})
 	if err := w.Open(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -491,7 +493,8 @@ func TestWatcher_ConductorPauseAndResume(t *testing.T) {
 	ctx := context.Background()
 	env := newNATS(t)
 	r := env.newRuns(t, u, RunsOptions{})
-	w := NewWatcher(r, env.store, WatcherOptions{Interval: time.Hour, DrainTimeout: 42 * time.Second, Logger: zaptest.NewLogger(t)})
+	pauses, ledger := env.pauses(t, r, env.store, 42*time.Second)
+	w := NewWatcher(r, env.store, WatcherOptions{Interval: time.Hour, Pauses: pauses, Logger: zaptest.NewLogger(t)})
 	p := testPlan(t)
 	res, err := r.StartRun(ctx, request(p, "req"))
 	if err != nil {
@@ -521,7 +524,7 @@ func TestWatcher_ConductorPauseAndResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	snap := check("RunStarted RunPaused")
-	if snap.Status != statestore.RunStatusPaused || snap.Pause.RequestedBy != RequestedByConductor || snap.Pause.DrainTimeoutSeconds != 42 {
+	if snap.Status != statestore.RunStatusPaused || snap.Pause.RequestedBy != drain.RequestedByConductor || snap.Pause.DrainTimeoutSeconds != 42 {
 		t.Fatalf("pause %+v, want requestedBy conductor and the default drain timeout", snap.Pause)
 	}
 	check("RunStarted RunPaused") // in step: nothing more
@@ -557,8 +560,8 @@ func TestWatcher_ConductorPauseAndResume(t *testing.T) {
 	}
 	check("RunStarted RunPaused RunResumed RunPaused RunResumed")
 	waitStatus(t, r.Client(), run.WorkflowID, model.RunningWorkflow)
-	if rec, _ := r.Run(ctx, run.RunID); rec.EnginePaused || rec.EngineCycle != 2 {
-		t.Fatalf("ledger paused=%v cycle=%d, want resumed in cycle 2", rec.EnginePaused, rec.EngineCycle)
+	if paused, cycle, _ := ledger.EngineState(ctx, run.RunID); paused || cycle != 2 {
+		t.Fatalf("ledger paused=%v cycle=%d, want resumed in cycle 2", paused, cycle)
 	}
 }
 

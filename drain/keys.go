@@ -109,6 +109,9 @@ func OpenKeys(ctx context.Context, js jetstream.JetStream, opts KeysOptions) (*K
 	return k, nil
 }
 
+// Streams is the JetStream stream Keys keeps its entries in (its bucket's).
+func (k *Keys) Streams() []string { return []string{"KV_" + k.kv.Bucket()} }
+
 // moveLegacy copies the entries an earlier version kept in the legacy
 // bucket (each one unless this bucket has it already), removes the moved
 // drain and resume keys there, and marks the move done. Two replicas

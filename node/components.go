@@ -114,7 +114,17 @@ func (n *Node) openAdmission(ctx context.Context) error {
 // openWatcher opens the run watcher, which follows Conductor's view of
 // the runs into the log.
 func (n *Node) openWatcher(ctx context.Context) error {
-	n.watcher = adapter.NewWatcher(n.runs, n.store, adapter.WatcherOptions{Owner: n.members, Logger: n.log, Metrics: n.adapterM, DrainTimeout: n.cfg.DrainTimeout})
+	// drain's own keys (drain marks, scheduled resumes, engine ledger),
+	// moved once from the run index where earlier versions kept them; its
+	// follower is the watcher's reaction to the pauses it sees in Conductor.
+	keys, err := drain.OpenKeys(ctx, n.js, drain.KeysOptions{Replicas: n.cfg.Replicas, LegacyBucket: adapter.DefaultRunsBucket, Logger: n.log})
+	if err != nil {
+		return err
+	}
+	n.pauseKeys = keys
+	n.add(part{name: "pause keys", streams: keys.Streams()})
+	pauses := drain.NewFollower(n.store, n.emitter, n.conductor, keys, drain.FollowerOptions{DrainTimeout: n.cfg.DrainTimeout, Drains: keys, Logger: n.log})
+	n.watcher = adapter.NewWatcher(n.runs, n.store, adapter.WatcherOptions{Owner: n.members, Pauses: pauses, Logger: n.log, Metrics: n.adapterM})
 	n.add(part{name: "watcher", close: n.watcher.Close})
 	return n.watcher.Open(ctx)
 }
@@ -123,7 +133,7 @@ func (n *Node) openWatcher(ctx context.Context) error {
 // the monitor that ends drains.
 func (n *Node) openDrain(ctx context.Context) error {
 	n.drain = drain.New(n.store, n.emitter, n.conductor, drain.Options{
-		DefaultTimeout: n.cfg.DrainTimeout, Interrupt: n.running.Interrupt, ActiveRuns: n.watcher.OpenRunIDs, Drains: n.runs, Ledger: n.runs, Schedule: n.runs,
+		DefaultTimeout: n.cfg.DrainTimeout, Interrupt: n.running.Interrupt, ActiveRuns: n.watcher.OpenRunIDs, Drains: n.pauseKeys, Ledger: n.pauseKeys, Schedule: n.pauseKeys,
 		Owner: n.members, Logger: n.log, Metrics: drain.NewMetrics(n.reg),
 	})
 	n.add(part{name: "drain", close: n.drain.Close})

@@ -159,6 +159,7 @@ type Node struct {
 	admit     *admission.Controller
 	watcher   *adapter.Watcher
 	drain     *drain.Controller
+	pauseKeys *drain.Keys
 	executors *exec.Registry
 }
 

@@ -57,7 +57,7 @@ func TestNode_ReadyReportsEveryStream(t *testing.T) {
 		t.Fatalf("Ready of a node just opened: %v", err)
 	}
 	want := []string{"KV_SIDECAR_ADMISSION", "KV_SIDECAR_ALERTS", "KV_SIDECAR_CONTROL_REPLIES", "KV_SIDECAR_EVENTBUS", "KV_SIDECAR_EVENTBUS_DLQ",
-		"KV_SIDECAR_EVENT_IDS", "KV_SIDECAR_LOG_STATE", "KV_SIDECAR_MEMBERS", "KV_SIDECAR_RUNLIST", "KV_SIDECAR_RUNS", "KV_SIDECAR_SNAPSHOTS",
+		"KV_SIDECAR_EVENT_IDS", "KV_SIDECAR_LOG_STATE", "KV_SIDECAR_MEMBERS", "KV_SIDECAR_PAUSES", "KV_SIDECAR_RUNLIST", "KV_SIDECAR_RUNS", "KV_SIDECAR_SNAPSHOTS",
 		"OBJ_SIDECAR_ARTIFACTS", natsstore.DefaultStream}
 	if got := slices.Sorted(slices.Values(n.streams())); !slices.Equal(got, want) {
 		t.Fatalf("streams of the open components:\n got %q\nwant %q", got, want)
