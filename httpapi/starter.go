@@ -9,10 +9,16 @@ import (
 	"github.com/conductor-sidecar/sidecar/admission"
 )
 
+// RunStarts starts runs on Conductor, idempotently, RunStarted appended;
+// *adapter.Runs satisfies it.
+type RunStarts interface {
+	StartRun(ctx context.Context, req adapter.StartRequest) (adapter.StartResult, error)
+}
+
 // RunStarter is the Starter of a sidecar: it compiles the plan and starts
 // the run through the adapter (idempotent, RunStarted appended).
 type RunStarter struct {
-	Runs *adapter.Runs
+	Runs RunStarts
 }
 
 // Start implements Starter.
