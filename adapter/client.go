@@ -409,6 +409,16 @@ func (c *Client) StartWorkflow(ctx context.Context, req model.StartWorkflowReque
 	return strings.TrimSpace(id), nil
 }
 
+// WorkflowStatus returns the status of workflowID (RUNNING, PAUSED,
+// COMPLETED, ...), read without its tasks.
+func (c *Client) WorkflowStatus(ctx context.Context, workflowID string) (string, error) {
+	wf, err := c.Workflow(ctx, workflowID, false)
+	if err != nil {
+		return "", err
+	}
+	return string(wf.Status), nil
+}
+
 // Workflow returns the workflow's execution state (status,
 // reasonForIncompletion, input, and its tasks when includeTasks is set), or
 // an error matching ErrNotFound.

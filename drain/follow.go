@@ -43,6 +43,13 @@ const (
 	FollowPauseClosed = "pause_closed"
 )
 
+// FollowerEngine is the part of Conductor's workflow API the Follower
+// uses: the Controller's, and a read of a workflow's status.
+type FollowerEngine interface {
+	Engine
+	WorkflowStatus(ctx context.Context, workflowID string) (string, error)
+}
+
 // FollowerOptions configures NewFollower. The zero value works.
 type FollowerOptions struct {
 	// DrainTimeout is the drain timeout of a pause made in Conductor
@@ -62,7 +69,7 @@ type FollowerOptions struct {
 type Follower struct {
 	snaps  SnapshotReader
 	emit   Emitter
-	engine Engine
+	engine FollowerEngine
 	ledger EngineLedger
 	opts   FollowerOptions
 	logger *zap.Logger
@@ -71,7 +78,7 @@ type Follower struct {
 // NewFollower returns a Follower that reads the runs from snaps, appends
 // through emit, calls Conductor through engine and keeps the engine ledger
 // in ledger (the Controller's, so that the two agree on who moved last).
-func NewFollower(snaps SnapshotReader, emit Emitter, engine Engine, ledger EngineLedger, opts FollowerOptions) *Follower {
+func NewFollower(snaps SnapshotReader, emit Emitter, engine FollowerEngine, ledger EngineLedger, opts FollowerOptions) *Follower {
 	if opts.DrainTimeout <= 0 {
 		opts.DrainTimeout = 5 * time.Minute
 	}
@@ -140,6 +147,18 @@ func (f *Follower) follow(ctx context.Context, runID, workflowID string, engineP
 	}
 	if notedCycle != cycle || notedPaused != logPaused {
 		return f.converge(ctx, runID, workflowID, logPaused, cycle)
+	}
+	// The ledger holds the log's state, so Conductor moved after the
+	// sidecar's last call, unless the status the watcher read is older
+	// than that call (read before it reached Conductor, the ledger after):
+	// Conductor is read again, after the ledger, before anything is
+	// recorded.
+	now, err := f.engine.WorkflowStatus(ctx, workflowID)
+	if err != nil {
+		return "", err
+	}
+	if now != EngineRunning && now != EnginePaused || (now == EnginePaused) == logPaused {
+		return "", nil // ended, or in step: the next check sees it
 	}
 	if enginePaused {
 		return f.pausedInConductor(ctx, snap, workflowID)
