@@ -121,49 +121,64 @@ func (f *Follower) Saw(ctx context.Context, runID, workflowID, status string) (s
 
 func (f *Follower) follow(ctx context.Context, runID, workflowID string, enginePaused bool) (string, error) {
 	snap, err := f.snapshot(ctx, runID)
-	if snap == nil || err != nil {
+	if snap == nil || err != nil || !followed(snap) {
 		return "", err
 	}
-	if snap.CancelRequested || (snap.Status != statestore.RunStatusRunning && snap.Status != statestore.RunStatusPaused) {
-		return "", nil
+	cycle, logPaused := pauseOf(snap)
+	if logPaused == enginePaused {
+		if cycle == 0 && !logPaused {
+			return "", nil // never paused: nothing noted, nothing to note
+		}
+		notedPaused, notedCycle, err := f.ledger.EngineState(ctx, runID)
+		if err != nil || (notedCycle == cycle && notedPaused == enginePaused) {
+			return "", err
+		}
+		return "", f.ledger.NoteEngine(ctx, runID, enginePaused, cycle)
 	}
-	var cycle int64
-	if snap.Pause != nil {
-		cycle = snap.Pause.Cycle
-	}
-	logPaused := snap.Status == statestore.RunStatusPaused
-	if cycle == 0 && !logPaused && !enginePaused {
-		return "", nil // never paused: nothing noted, nothing to note
-	}
+	// Apart. The sidecar writes the log, then Conductor, then the ledger:
+	// who moved is decided on reads in the other order (the ledger, then
+	// Conductor, then the log), so that no read is older than the one
+	// before it and a call of the sidecar's in flight is never taken for
+	// an action in Conductor. The status the watcher read only says to
+	// look.
 	notedPaused, notedCycle, err := f.ledger.EngineState(ctx, runID)
 	if err != nil {
 		return "", err
 	}
-	if logPaused == enginePaused {
-		if notedCycle != cycle || notedPaused != enginePaused {
-			return "", f.ledger.NoteEngine(ctx, runID, enginePaused, cycle)
-		}
-		return "", nil
+	status, err := f.engine.WorkflowStatus(ctx, workflowID)
+	if err != nil || (status != EngineRunning && status != EnginePaused) {
+		return "", err // ended: the watcher records how
+	}
+	enginePaused = status == EnginePaused
+	if snap, err = f.snapshot(ctx, runID); snap == nil || err != nil || !followed(snap) {
+		return "", err
+	}
+	if cycle, logPaused = pauseOf(snap); logPaused == enginePaused {
+		return "", nil // in step now: the next check notes it
 	}
 	if notedCycle != cycle || notedPaused != logPaused {
 		return f.converge(ctx, runID, workflowID, logPaused, cycle)
-	}
-	// The ledger holds the log's state, so Conductor moved after the
-	// sidecar's last call, unless the status the watcher read is older
-	// than that call (read before it reached Conductor, the ledger after):
-	// Conductor is read again, after the ledger, before anything is
-	// recorded.
-	now, err := f.engine.WorkflowStatus(ctx, workflowID)
-	if err != nil {
-		return "", err
-	}
-	if now != EngineRunning && now != EnginePaused || (now == EnginePaused) == logPaused {
-		return "", nil // ended, or in step: the next check sees it
 	}
 	if enginePaused {
 		return f.pausedInConductor(ctx, snap, workflowID)
 	}
 	return f.resumedInConductor(ctx, snap, workflowID)
+}
+
+// followed tells whether the Follower keeps snap's run in step: RUNNING or
+// PAUSED, no cancel requested.
+func followed(snap *statestore.RunSnapshot) bool {
+	return !snap.CancelRequested && (snap.Status == statestore.RunStatusRunning || snap.Status == statestore.RunStatusPaused)
+}
+
+// pauseOf is the log's pause state of snap's run: its pause cycle (0:
+// never paused) and whether it is paused.
+func pauseOf(snap *statestore.RunSnapshot) (int64, bool) {
+	var cycle int64
+	if snap.Pause != nil {
+		cycle = snap.Pause.Cycle
+	}
+	return cycle, snap.Status == statestore.RunStatusPaused
 }
 
 // converge applies the log's pause state to Conductor.
