@@ -23,7 +23,6 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
-	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
@@ -524,7 +523,7 @@ func TestWatcher_ConductorPauseAndResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	snap := check("RunStarted RunPaused")
-	if snap.Status != statestore.RunStatusPaused || snap.Pause.RequestedBy != drain.RequestedByConductor || snap.Pause.DrainTimeoutSeconds != 42 {
+	if snap.Status != statestore.RunStatusPaused || snap.Pause.RequestedBy != statestore.RequestedByConductor || snap.Pause.DrainTimeoutSeconds != 42 {
 		t.Fatalf("pause %+v, want requestedBy conductor and the default drain timeout", snap.Pause)
 	}
 	check("RunStarted RunPaused") // in step: nothing more

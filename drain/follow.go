@@ -11,16 +11,6 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
-// Who records a pause the sidecar did not receive as a request: the
-// requestedBy of its RunPaused and RunResumed.
-const (
-	// RequestedByConductor: a pause or resume made in Conductor itself.
-	RequestedByConductor = "conductor"
-	// RequestedBySidecar: a pause the sidecar closed because Conductor
-	// completed the run.
-	RequestedBySidecar = "sidecar"
-)
-
 // Conductor's workflow statuses the Follower reacts to.
 const (
 	EngineRunning   = "RUNNING"
@@ -203,7 +193,7 @@ func (f *Follower) converge(ctx context.Context, runID, workflowID string, pause
 func (f *Follower) pausedInConductor(ctx context.Context, snap *statestore.RunSnapshot, workflowID string) (string, error) {
 	cycle := nextCycle(snap)
 	_, err := record(ctx, f.emit, snap, statestore.RunPaused, cycle, pausedPayload(PauseRequest{
-		RequestedBy: RequestedByConductor, Reason: "paused in Conductor"}, int64(f.opts.DrainTimeout/time.Second)), f.opts.Now, true)
+		RequestedBy: statestore.RequestedByConductor, Reason: "paused in Conductor"}, int64(f.opts.DrainTimeout/time.Second)), f.opts.Now, true)
 	if errors.Is(err, statestore.ErrRunChanged) {
 		return "", nil // decided again at the next check
 	}
@@ -225,7 +215,7 @@ func (f *Follower) pausedInConductor(ctx context.Context, snap *statestore.RunSn
 // open cycle.
 func (f *Follower) resumedInConductor(ctx context.Context, snap *statestore.RunSnapshot, workflowID string) (string, error) {
 	if _, err := record(ctx, f.emit, snap, statestore.RunResumed, snap.Pause.Cycle, resumedPayload(ResumeRequest{
-		RequestedBy: RequestedByConductor, Reason: "resumed in Conductor"}), f.opts.Now, false); err != nil {
+		RequestedBy: statestore.RequestedByConductor, Reason: "resumed in Conductor"}), f.opts.Now, false); err != nil {
 		return "", err
 	}
 	f.logger.Warn("the run's workflow was resumed in Conductor; recorded the resume",
@@ -246,7 +236,7 @@ func (f *Follower) closePause(ctx context.Context, runID string) (string, error)
 		return "", nil
 	}
 	if _, err := record(ctx, f.emit, snap, statestore.RunResumed, snap.Pause.Cycle, resumedPayload(ResumeRequest{
-		RequestedBy: RequestedBySidecar,
+		RequestedBy: statestore.RequestedBySidecar,
 		Reason:      "Conductor had COMPLETED the workflow before the pause took effect; the pause is closed so that the run can complete",
 	}), f.opts.Now, false); err != nil {
 		return "", err

@@ -47,7 +47,7 @@ func TestFollower_RecordGuard(t *testing.T) {
 		{statestore.RunPaused, 2, true}, // skips cycle 1
 		{statestore.RunPaused, 2, false},
 	} {
-		_, err := record(ctx, memEmitter{mem}, snap, c.event, c.cycle, map[string]any{"requestedBy": RequestedByConductor, "reason": "test"}, time.Now, c.conditional)
+		_, err := record(ctx, memEmitter{mem}, snap, c.event, c.cycle, map[string]any{"requestedBy": statestore.RequestedByConductor, "reason": "test"}, time.Now, c.conditional)
 		if !errors.Is(err, statestore.ErrInvalidTransition) {
 			t.Errorf("%s cycle %d (conditional %v) on RUNNING: %v, want INVALID_TRANSITION", c.event, c.cycle, c.conditional, err)
 		}

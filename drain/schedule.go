@@ -13,7 +13,7 @@ import (
 
 // RequestedBySchedule is the requestedBy of a RunResumed that a scheduled
 // resume recorded.
-const RequestedBySchedule = "schedule"
+const RequestedBySchedule = statestore.RequestedBySchedule
 
 // ResumeSchedule remembers, for every replica, the pauses that are to be
 // resumed on their own (Keys implements it), so
