@@ -1,0 +1,89 @@
+package tracing
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Request is one control request's span, made when the request ends.
+// Its parent is the caller's span when the request carries a valid W3C
+// traceparent (the span is then linked to the run's trace), else the
+// run's span when the request names a run. Nil is off.
+type Request struct {
+	t      *Tracer
+	began  time.Time
+	caller trace.SpanContext
+	name   string
+	method string
+	route  string
+	runID  string
+}
+
+type requestKey struct{}
+
+// BeginRequest notes the start of a control request on route (the
+// pattern's path) and returns r with the Request in its context, where
+// RequestFrom finds it. An invalid traceparent is ignored. Nil when t is
+// off.
+func (t *Tracer) BeginRequest(r *http.Request, route string) (*http.Request, *Request) {
+	if t == nil {
+		return r, nil
+	}
+	q := &Request{t: t, began: time.Now(), method: r.Method, route: route, name: r.Method + " " + route, runID: r.PathValue("runId")}
+	q.caller = trace.SpanContextFromContext(propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header)))
+	return r.WithContext(context.WithValue(r.Context(), requestKey{}, q)), q
+}
+
+// RequestFrom is the Request BeginRequest put in ctx (nil: none).
+func RequestFrom(ctx context.Context) *Request {
+	q, _ := ctx.Value(requestKey{}).(*Request)
+	return q
+}
+
+// SetRunID names the run a request acted on when its path does not (a
+// start).
+func (q *Request) SetRunID(runID string) {
+	if q != nil {
+		q.runID = runID
+	}
+}
+
+// End makes the request's span, from BeginRequest to now, with the
+// answer's status and error code (a 5xx is an error).
+func (q *Request) End(status int, errorCode string) {
+	if q == nil {
+		return
+	}
+	opts := []trace.SpanStartOption{trace.WithTimestamp(q.began), trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attribute.String(AttrHTTPMethod, q.method), attribute.String(AttrHTTPRoute, q.route), attribute.Int(AttrHTTPStatusCode, status))}
+	ctx := context.Background()
+	switch {
+	case q.caller.IsValid():
+		ctx = trace.ContextWithRemoteSpanContext(ctx, q.caller)
+		if q.runID != "" {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: RunContext(q.runID)}))
+		}
+	case q.runID != "":
+		ctx = trace.ContextWithRemoteSpanContext(ctx, RunContext(q.runID))
+	default:
+		opts = append(opts, trace.WithNewRoot())
+	}
+	if q.runID != "" {
+		opts = append(opts, trace.WithAttributes(attribute.String(AttrRunID, q.runID)))
+	}
+	_, span := q.t.tracer.Start(ctx, q.name, opts...)
+	if errorCode != "" {
+		span.SetAttributes(attribute.String(AttrErrorCode, errorCode))
+	}
+	if status >= 500 {
+		span.SetStatus(codes.Error, strconv.Itoa(status)+" "+errorCode)
+	}
+	span.End()
+}
