@@ -62,6 +62,16 @@ type RunsOptions struct {
 	Logger *zap.Logger
 	// Metrics (nil: none).
 	Metrics *Metrics
+	// Tracer gives each run's workflow its trace context, in the input
+	// variable InputTraceContext (nil: none).
+	Tracer WorkflowTracer
+}
+
+// WorkflowTracer gives a run's workflow the trace context of the run's
+// span (tracing.Tracer): a W3C carrier, {"traceparent": ...}, or nil when
+// tracing is off.
+type WorkflowTracer interface {
+	WorkflowTraceContext(runID string) map[string]any
 }
 
 // Runs registers plans and starts runs on Conductor, idempotently and

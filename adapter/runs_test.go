@@ -342,7 +342,7 @@ func crashedStart(t *testing.T, r *Runs, req StartRequest, startWorkflow bool) *
 		t.Fatal(err)
 	}
 	if startWorkflow {
-		rec.WorkflowID, err = r.conductor.StartWorkflow(ctx, startRequest(rec))
+		rec.WorkflowID, err = r.conductor.StartWorkflow(ctx, startRequest(rec, nil))
 		if err != nil {
 			t.Fatal(err)
 		}

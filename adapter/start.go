@@ -279,17 +279,29 @@ func (r *Runs) newRun(runID, reqKey string, req StartRequest, defs *planDefs) *R
 	}
 }
 
-// workflowInput is the input of a run's workflow.
-func workflowInput(rec *Run) map[string]any {
+// InputTraceContext is the workflow input variable that carries the run
+// span's W3C trace context, in the shape of Conductor's trace context
+// proposal: {"traceparent": "00-<trace id>-<span id>-01"}. Present only
+// when tracing is on.
+const InputTraceContext = "_trace_context"
+
+// workflowInput is the input of a run's workflow; tracer may be nil.
+func workflowInput(rec *Run, tracer WorkflowTracer) map[string]any {
 	in := plan.WorkflowInput(rec.RunID, rec.TenantID, rec.ProjectID, rec.EnvironmentID, rec.PlanID, rec.PlanVersion)
 	in[InputStartAttemptID] = rec.AttemptID
+	if tracer != nil {
+		if tc := tracer.WorkflowTraceContext(rec.RunID); tc != nil {
+			in[InputTraceContext] = tc
+		}
+	}
 	return in
 }
 
-// startRequest is the StartWorkflow request of a run's start attempt.
-func startRequest(rec *Run) model.StartWorkflowRequest {
+// startRequest is the StartWorkflow request of a run's start attempt;
+// tracer may be nil.
+func startRequest(rec *Run, tracer WorkflowTracer) model.StartWorkflowRequest {
 	req := model.StartWorkflowRequest{
-		Name: rec.WorkflowName, Version: rec.WorkflowVersion, CorrelationId: rec.RunID, Input: workflowInput(rec),
+		Name: rec.WorkflowName, Version: rec.WorkflowVersion, CorrelationId: rec.RunID, Input: workflowInput(rec, tracer),
 	}
 	if rec.TaskDomain != "" {
 		req.TaskToDomain = map[string]string{"*": rec.TaskDomain}
@@ -310,7 +322,7 @@ func (r *Runs) launch(ctx context.Context, rec *Run, rev uint64, defs *planDefs)
 		// more, so that it ends well inside the lease.
 		sctx, cancel := context.WithTimeout(ctx, r.conductor.timeout)
 		defer cancel()
-		return r.conductor.StartWorkflow(sctx, startRequest(rec))
+		return r.conductor.StartWorkflow(sctx, startRequest(rec, r.opts.Tracer))
 	}
 	workflowID, err := start()
 	if errors.Is(err, ErrNotFound) {

@@ -30,6 +30,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/eventbus"
 	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/tracing"
 )
 
 // LogReader reads a run's events and its derived state.
@@ -111,6 +112,10 @@ type Options struct {
 	// Registerer receives the API's own metrics (nil: none).
 	Registerer prometheus.Registerer
 	Logger     *zap.Logger
+	// Tracer makes a span per control request (every method but GET),
+	// in the trace of the caller's W3C traceparent or else in the run's
+	// (nil: tracing off).
+	Tracer *tracing.Tracer
 	// Auth authenticates every request but /healthz and /readyz; nil
 	// serves without authentication (local use on loopback), and then the
 	// requestedBy a caller sends is recorded as it is.
@@ -291,6 +296,15 @@ type apiError struct {
 
 func (e *apiError) Error() string { return e.Code + ": " + e.Message }
 
+// answerCode is the machine code err is answered with ("" for nil).
+func answerCode(err error) string {
+	var ae *apiError
+	if errors.As(err, &ae) {
+		return ae.Code
+	}
+	return errcode.CodeOf(err)
+}
+
 // route serves pattern ("METHOD /path") as name. With authentication on,
 // the caller needs role (none: open, for probes), and on a route with a
 // {runId} a scoped caller sees only the runs in its scope: any other run
@@ -298,8 +312,13 @@ func (e *apiError) Error() string { return e.Code + ": " + e.Message }
 func (s *Server) route(pattern, name, role string, h func(http.ResponseWriter, *http.Request) error) {
 	method, path, _ := strings.Cut(pattern, " ")
 	s.allow[path] = append(s.allow[path], method)
+	traced := s.opts.Tracer != nil && method != http.MethodGet && role != ""
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		began := time.Now()
+		var span *tracing.Request
+		if traced { // a control request: its span, in the caller's trace or the run's
+			r, span = s.opts.Tracer.BeginRequest(r, path)
+		}
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 		r.Body = http.MaxBytesReader(rec, r.Body, bodyBudget(name))
 		var err error
@@ -317,6 +336,9 @@ func (s *Server) route(pattern, name, role string, h func(http.ResponseWriter, *
 		}
 		if err != nil {
 			s.writeErr(rec, name, err)
+		}
+		if span != nil {
+			span.End(rec.status, answerCode(err))
 		}
 		s.requests.WithLabelValues(name, strconv.Itoa(rec.status)).Inc()
 		s.latency.WithLabelValues(name).Observe(time.Since(began).Seconds())
@@ -563,6 +585,7 @@ func (s *Server) start(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	tracing.RequestFrom(r.Context()).SetRunID(started.RunID)
 	status := http.StatusOK
 	switch {
 	case started.Status != "":

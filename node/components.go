@@ -21,7 +21,31 @@ import (
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 	"github.com/conductor-sidecar/sidecar/taskworkers/artifacts"
 	"github.com/conductor-sidecar/sidecar/taskworkers/exec"
+	"github.com/conductor-sidecar/sidecar/tracing"
 )
+
+// openTracing builds the tracer of Config.Tracing (none when off). It
+// closes last, exporting the spans still buffered.
+func (n *Node) openTracing(ctx context.Context) error {
+	t, err := tracing.New(ctx, n.cfg.Tracing, n.log)
+	if err != nil {
+		return err
+	}
+	n.tracer = t
+	n.add(part{name: "tracing", close: t.Close})
+	return nil
+}
+
+// openRunSpans makes the run and pause cycle spans from the log, for the
+// runs this replica owns (when tracing is on).
+func (n *Node) openRunSpans(ctx context.Context) error {
+	rs := tracing.NewRunSpans(n.tracer, n.store, tracing.RunSpansOptions{Owner: n.members, Logger: n.log})
+	if rs == nil {
+		return nil
+	}
+	n.add(part{name: "run spans", close: rs.Close})
+	return rs.Open(ctx)
+}
 
 // openRuns opens the Conductor client and the run index, and pairs a
 // PostgreSQL log with this NATS state. Conductor is ready while it
@@ -33,7 +57,7 @@ func (n *Node) openRuns(ctx context.Context) error {
 		return err
 	}
 	n.conductor = conductor
-	runs, err := adapter.OpenRuns(ctx, n.js, conductor, n.emitter, adapter.RunsOptions{Logger: n.log, Metrics: n.adapterM, TaskDomain: n.cfg.TaskDomain, Replicas: n.cfg.Replicas})
+	runs, err := adapter.OpenRuns(ctx, n.js, conductor, n.emitter, adapter.RunsOptions{Logger: n.log, Metrics: n.adapterM, TaskDomain: n.cfg.TaskDomain, Replicas: n.cfg.Replicas, Tracer: n.workflowTracer()})
 	if err != nil {
 		return err
 	}
@@ -178,7 +202,7 @@ func (n *Node) openWorkers(ctx context.Context) error {
 		Recover:        inFlight{n.runs, n.cfg.WorkerID}.tasks,
 		OnTaskDone:     taskDone{n.watcher, n.drain}.nudge,
 		PauseOnFailure: failurePause{n.drain, statestore.RequestedByWorker(n.cfg.WorkerID)}.pause,
-		Logger:         n.log, Metrics: taskworkers.NewMetrics(n.reg),
+		Logger:         n.log, Metrics: taskworkers.NewMetrics(n.reg), Tracer: n.tracer,
 	})
 	// The task types must exist before polling them; registering is
 	// idempotent.
@@ -208,7 +232,7 @@ func (n *Node) openAPI(context.Context) error {
 	opts := n.cfg.APIOptions
 	opts.Log, opts.List, opts.Replies, opts.Starter = n.store, n.list, n.replies, n.starter()
 	opts.Control, opts.Plans = n.drain, n.runs
-	opts.DrainTimeout, opts.Gatherer, opts.Registerer, opts.Logger = n.cfg.DrainTimeout, n.reg, n.reg, n.log
+	opts.DrainTimeout, opts.Gatherer, opts.Registerer, opts.Logger, opts.Tracer = n.cfg.DrainTimeout, n.reg, n.reg, n.log, n.tracer
 	// Live: the NATS connection may still come back. Ready: every
 	// component can work now, so an append can succeed.
 	opts.Live, opts.Ready = n.Live, n.Ready
@@ -222,6 +246,15 @@ func (n *Node) openAPI(context.Context) error {
 	api.Open(n.cfg.API)
 	n.add(part{name: "api", close: api.Close})
 	return nil
+}
+
+// workflowTracer is what gives workflows their trace context: none when
+// tracing is off (a nil *tracing.Tracer in the interface would not be nil).
+func (n *Node) workflowTracer() adapter.WorkflowTracer {
+	if n.tracer == nil {
+		return nil
+	}
+	return n.tracer
 }
 
 // starter starts runs: through admission control when it is on.

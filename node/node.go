@@ -39,6 +39,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 	"github.com/conductor-sidecar/sidecar/taskworkers/exec"
 	"github.com/conductor-sidecar/sidecar/taskworkers/secrets"
+	"github.com/conductor-sidecar/sidecar/tracing"
 )
 
 // Config is what a node is built from: settings serve fills from its
@@ -99,6 +100,9 @@ type Config struct {
 	Bus Bus
 	// Admission is admission control (no limits: none).
 	Admission Admission
+	// Tracing says whether and how spans are exported (zero: off;
+	// tracing.ConfigFromEnv reads the OTEL_* environment).
+	Tracing tracing.Config
 }
 
 // Bus is the event bus: its sinks, in order, and how many times an event
@@ -161,6 +165,7 @@ type Node struct {
 	drain     *drain.Controller
 	pauseKeys *drain.Keys
 	executors *exec.Registry
+	tracer    *tracing.Tracer // nil: tracing off
 }
 
 // part is one open component as the node sees it.
@@ -203,7 +208,7 @@ func (n *Node) Open(ctx context.Context) (err error) {
 		}
 	}()
 	for _, open := range []func(context.Context) error{
-		n.openNATS, n.openLog, n.openRuns, n.openMembers, n.openList, n.openBus, n.openAdmission,
+		n.openTracing, n.openNATS, n.openLog, n.openRuns, n.openMembers, n.openRunSpans, n.openList, n.openBus, n.openAdmission,
 		n.openWatcher, n.openDrain, n.openExecutors, n.openWorkers, n.openGuard, n.openAPI, n.openMetrics,
 	} {
 		if err := open(ctx); err != nil {

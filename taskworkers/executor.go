@@ -19,6 +19,10 @@ type Execution struct {
 	// Secrets are the resolved values of the step's secret references, by
 	// SecretRef.Name. Executors must not log them or put them in results.
 	Secrets map[string]string
+	// Traceparent is the W3C trace context of the step attempt's span
+	// ("" when tracing is off): a command gets it as TRACEPARENT, an http
+	// request as its traceparent header.
+	Traceparent string
 }
 
 // Result is the outcome of an Execution. Err nil means success.

@@ -14,6 +14,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/tracing"
 )
 
 // The step handler: what a polled task means. handle takes it through
@@ -59,21 +60,30 @@ func (w *Worker) handle(t *model.Task) {
 	}
 	exec := w.executors[a.Step.Executor.Type]
 
-	res, runErr := w.execute(t, a, exec, engine, logical)
+	span := w.opts.Tracer.StartStep(tracing.Step{RunID: a.RunID, StepID: a.Step.StepID, Executor: a.Step.Executor.Type, TaskID: t.TaskId,
+		LogicalAttempt: logical, EngineAttempt: engine}, start)
+	res, runErr := w.execute(t, a, exec, engine, logical, span.Traceparent())
 	if runErr != nil {
 		// The executor could not run at all: hand the task back, same attempt.
 		log.Warn("executor could not run; handing the task back", zap.Error(runErr))
 		w.endTry(log, a, logical, statestore.TryEndedHandedBack, nil)
 		w.handBack(t, w.opts.HandBackAfter, "executor unavailable")
+		span.End(tracing.OutcomeHandedBack, "")
 		return
 	}
 	if w.workCtx.Err() != nil && res.Err != nil {
 		// Interrupted by shutdown, not by the step: another worker retries it.
 		w.endTry(log, a, logical, statestore.TryEndedHandedBack, nil)
 		w.handBack(t, 0, "shutdown")
+		span.End(tracing.OutcomeHandedBack, "")
 		return
 	}
-	w.finish(t, log, a, res, engine, logical, operatorAttempt, time.Since(start))
+	outcome := w.finish(t, log, a, res, engine, logical, operatorAttempt, time.Since(start))
+	code := ""
+	if res.Err != nil {
+		code = res.Err.Code
+	}
+	span.End(outcome, code)
 }
 
 // begin takes a polled task up to its recorded StepStarted: it reads the
@@ -300,7 +310,9 @@ func (w *Worker) runState(t *model.Task, log *zap.Logger, a *Assignment) (*state
 	return snap, true
 }
 
-func (w *Worker) execute(t *model.Task, a *Assignment, exec Executor, engine, logical int64) (Result, error) {
+// execute runs the step's try; traceparent is its span's W3C trace
+// context ("" when tracing is off).
+func (w *Worker) execute(t *model.Task, a *Assignment, exec Executor, engine, logical int64, traceparent string) (Result, error) {
 	ctx, cancel := context.WithCancel(w.workCtx)
 	defer cancel()
 	w.running.track(a.RunID, t.TaskId, cancel)
@@ -323,7 +335,7 @@ func (w *Worker) execute(t *model.Task, a *Assignment, exec Executor, engine, lo
 		}
 	}
 	return exec.Execute(ctx, Execution{RunID: a.RunID, StepID: a.Step.StepID, LogicalAttemptID: logical,
-		EngineAttemptID: engine, Spec: a.Step.Executor, Secrets: secrets})
+		EngineAttemptID: engine, Spec: a.Step.Executor, Secrets: secrets, Traceparent: traceparent})
 }
 
 // joinGate is the any_success join: the step runs only if one of its
@@ -344,23 +356,24 @@ func (w *Worker) joinGate(ctx context.Context, a *Assignment) *statestore.StepEr
 		Message: fmt.Sprintf("join any_success: none of %s succeeded", strings.Join(a.Step.DependsOn, ", "))}
 }
 
-// finish records the step's outcome and reports it to Conductor.
-func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Result, engine, logical int64, operatorAttempt bool, took time.Duration) {
+// finish records the step's outcome and reports it to Conductor. It
+// returns what became of the try (tracing.Outcome*).
+func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Result, engine, logical int64, operatorAttempt bool, took time.Duration) string {
 	kind := a.Step.Executor.Type
 	if res.Err == nil {
 		err := w.emit(log, a, engine, logical, statestore.StepCompletedPayload{Artifacts: res.Artifacts})
 		if errors.Is(err, statestore.ErrInvalidTransition) {
 			w.reportLogged(t, log, a, engine, logical)
-			return
+			return tracing.OutcomeRefused
 		}
 		if err != nil {
 			// Never fail open: without StepCompleted the task must not complete.
 			w.keepOutcome(t, log, keptOutcome{res: res, engine: engine, logical: logical, operatorAttempt: operatorAttempt, took: took}, err)
-			return
+			return tracing.OutcomeKept
 		}
 		w.opts.Metrics.stepDone(kind, "completed", took)
 		w.update(t, log, &model.TaskResult{Status: model.CompletedTask, OutputData: artifactOutput(res.Artifacts, res.Output)})
-		return
+		return tracing.OutcomeCompleted
 	}
 	final := !res.Err.Retryable || engine >= int64(max(a.EngineTries, 1)) || operatorAttempt
 	if !final {
@@ -373,7 +386,7 @@ func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Resul
 		w.endTry(log, a, logical, statestore.TryEndedEngineTryFailed, res.Err)
 		w.opts.Metrics.stepDone(kind, "retried", took)
 		w.reportFailure(t, log, a, &model.TaskResult{Status: model.FailedTask, ReasonForIncompletion: res.Err.Code + ": " + res.Err.Message, OutputData: artifactOutput(res.Artifacts, res.Output)})
-		return
+		return tracing.OutcomeRetried
 	}
 	// For good: no logical attempt left, not retryable, or an operator's
 	// retry. Under onStepFailure "pause" the run pauses and the task is held.
@@ -386,21 +399,22 @@ func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Resul
 	err := w.emit(log, a, engine, logical, payload)
 	if errors.Is(err, statestore.ErrInvalidTransition) {
 		w.reportLogged(t, log, a, engine, logical)
-		return
+		return tracing.OutcomeRefused
 	}
 	if err != nil {
 		w.keepOutcome(t, log, keptOutcome{res: res, engine: engine, logical: logical, operatorAttempt: operatorAttempt, took: took}, err)
-		return
+		return tracing.OutcomeKept
 	}
 	w.opts.Metrics.stepDone(kind, "failed", took)
 	log.Warn("step failed for this logical attempt", zap.String("code", res.Err.Code), zap.Bool("retryable", res.Err.Retryable), zap.Bool("held", held))
 	if held {
 		w.hold(t, log, a)
-		return
+		return tracing.OutcomeHeld
 	}
 	r := failedResult(a, res.Err, engine, logical)
 	r.OutputData = artifactOutput(res.Artifacts, res.Output)
 	w.reportFailure(t, log, a, r)
+	return tracing.OutcomeFailed
 }
 
 // heldFailureKey names the task output that holds a failed try's report

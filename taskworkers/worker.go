@@ -11,6 +11,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/tracing"
 )
 
 // TaskClient is the part of Conductor's task API the workers use.
@@ -121,6 +122,9 @@ type Options struct {
 	Logger  *zap.Logger
 	// Metrics may be nil.
 	Metrics *Metrics
+	// Tracer makes a span per step attempt, a child of the run's span,
+	// and gives its trace context to the step (nil: tracing off).
+	Tracer *tracing.Tracer
 }
 
 // Worker polls Conductor for the sidecar's task types and runs each task's

@@ -18,6 +18,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/node"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/taskworkers/secrets"
+	"github.com/conductor-sidecar/sidecar/tracing"
 )
 
 // envOr returns the environment variable name, or def when it is unset.
@@ -117,6 +118,10 @@ func (c *Config) node(log *zap.Logger, own []string) (nc node.Config, err error)
 		Secrets:   &secrets.Resolver{Logger: log}}
 	if c.postgresStore() {
 		nc.Postgres = c.Store
+	}
+	// Traces: the standard OTEL_* environment (docs/tracing.md).
+	if nc.Tracing, err = tracing.ConfigFromEnv(os.Getenv); err != nil {
+		return nc, err
 	}
 	// The API's address is bound now so that neither the http executor
 	// nor a webhook sink can be pointed at it; the node serves it once

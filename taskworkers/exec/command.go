@@ -219,6 +219,11 @@ func (e *commandExecutor) env(x taskworkers.Execution) ([]string, taskworkers.Re
 		}
 	}
 	env := e.opts.BaseEnv()
+	if x.Traceparent != "" {
+		// The step attempt's trace context (W3C); the spec's env may
+		// replace it.
+		env = append(env, "TRACEPARENT="+x.Traceparent)
+	}
 	for _, k := range slices.Sorted(maps.Keys(s.Env)) {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
 			return nil, specInvalid("env name %q is empty or contains '=' or NUL", k), false

@@ -169,6 +169,11 @@ func (e *httpExecutor) request(x taskworkers.Execution, red *secrets.Redactor) (
 	if err != nil {
 		return nil, nil, specInvalid("request: %s", red.String(err.Error())), false
 	}
+	if x.Traceparent != "" {
+		// The step attempt's trace context; a traceparent of the spec's
+		// own headers replaces it.
+		req.Header.Set("traceparent", x.Traceparent)
+	}
 	for _, name := range slices.Sorted(maps.Keys(s.Headers)) {
 		if !tokenRe.MatchString(name) {
 			return nil, nil, specInvalid("header name %q is not an HTTP token", name), false
