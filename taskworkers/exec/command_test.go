@@ -80,6 +80,21 @@ func TestCommand_Execute(t *testing.T) {
 			t.Errorf("got %q want %q", got, want)
 		}
 	})
+	t.Run("Traceparent", func(t *testing.T) {
+		const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+		x := execution(t, sh(`echo "[$TRACEPARENT]"`))
+		x.Traceparent = tp
+		res, err := reg.Execute(ctx, x)
+		wantOK(t, res, err)
+		if got := string(artifact(t, e.store, res, exec.KindStdout)); got != "["+tp+"]\n" {
+			t.Errorf("got %q, want the step attempt's TRACEPARENT", got)
+		}
+		res, err = reg.Execute(ctx, execution(t, sh(`echo "[$TRACEPARENT]"`)))
+		wantOK(t, res, err)
+		if got := string(artifact(t, e.store, res, exec.KindStdout)); got != "[]\n" {
+			t.Errorf("got %q: TRACEPARENT while tracing is off", got)
+		}
+	})
 	t.Run("RelativeToWorkingDir", func(t *testing.T) {
 		dir := t.TempDir()
 		if err := os.WriteFile(filepath.Join(dir, "hello.sh"), []byte("#!/bin/sh\necho hello from script\n"), 0o755); err != nil {

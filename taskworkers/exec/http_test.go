@@ -109,6 +109,21 @@ func TestHTTP_Execute(t *testing.T) {
 			t.Errorf("server saw %+v", got)
 		}
 	})
+	t.Run("Traceparent", func(t *testing.T) {
+		const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+		x := execution(t, httpSpec("GET", srv.URL+"/ok"))
+		x.Traceparent = tp
+		res, err := reg.Execute(ctx, x)
+		wantOK(t, res, err)
+		if got := rec.get().header.Get("traceparent"); got != tp {
+			t.Errorf("traceparent header %q, want the step attempt's %q", got, tp)
+		}
+		res, err = reg.Execute(ctx, execution(t, httpSpec("GET", srv.URL+"/ok")))
+		wantOK(t, res, err)
+		if got := rec.get().header.Get("traceparent"); got != "" {
+			t.Errorf("traceparent header %q while tracing is off", got)
+		}
+	})
 	t.Run("Redirect", func(t *testing.T) {
 		res, err := reg.Execute(ctx, execution(t, httpSpec("GET", srv.URL+"/redirect")))
 		wantOK(t, res, err)
