@@ -194,6 +194,9 @@ func Compile(p *Plan) (*Compiled, error) {
 		used[TaskType(s.Executor.Type)] = true
 	}
 	for _, t := range TaskTypes {
+		// An external step's type is the outside worker's: its
+		// definition rides inline, and none is registered (that would
+		// replace the owner's own).
 		if used[t] {
 			out.TaskDefs = append(out.TaskDefs, TaskDefFor(t))
 		}
@@ -490,6 +493,17 @@ func (c *compiler) stepTask(s *Step) (model.WorkflowTask, error) {
 	in[InputOnStepFailure] = c.plan.OnStepFailure
 	in[InputSink] = !c.dependedOn[s.StepID]
 	tt := TaskType(s.Executor.Type)
+	responseTimeout := s.TimeoutSeconds + ResponseTimeoutGraceSeconds
+	if s.Executor.Type == ExecutorExternal {
+		// An outside worker: its own type, its own input, and no grace:
+		// the step's timeout is the time Conductor gives the worker to
+		// answer, so a worker that died is seen after it.
+		tt = s.Executor.TaskType
+		for k, v := range s.Executor.Input {
+			in[k] = v
+		}
+		responseTimeout = s.TimeoutSeconds
+	}
 	return model.WorkflowTask{
 		Name:              tt,
 		TaskReferenceName: c.refs[s.StepID],
@@ -504,7 +518,7 @@ func (c *compiler) stepTask(s *Step) (model.WorkflowTask, error) {
 			RetryDelaySeconds:      int32(s.Retries.DelaySeconds),
 			TimeoutSeconds:         0,
 			TimeoutPolicy:          "RETRY",
-			ResponseTimeoutSeconds: s.TimeoutSeconds + ResponseTimeoutGraceSeconds,
+			ResponseTimeoutSeconds: responseTimeout,
 			OwnerEmail:             OwnerEmail,
 		},
 	}, nil

@@ -97,6 +97,7 @@ func (s Step) Clone() Step {
 	c.Executor.Env = cloneMap(s.Executor.Env)
 	c.Executor.Headers = cloneMap(s.Executor.Headers)
 	c.Executor.RetryableStatus = cloneSlice(s.Executor.RetryableStatus)
+	c.Executor.Input = cloneMap(s.Executor.Input)
 	return c
 }
 

@@ -145,6 +145,8 @@ var (
 		"body":            stringSchema,
 		"retryableStatus": {kind: kindArray, elem: intSchema},
 		"seconds":         numberSchema,
+		"taskType":        stringSchema,
+		"input":           stringMapSchema,
 	}}
 	stepSchema = &schema{kind: kindObject, fields: map[string]*schema{
 		"stepId":         stringSchema,

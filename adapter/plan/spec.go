@@ -10,6 +10,11 @@ const (
 	ExecutorHTTP    = "http"
 	ExecutorNoop    = "noop"
 	ExecutorSleep   = "sleep"
+	// ExecutorExternal is a step an outside worker executes: a Conductor
+	// SIMPLE task of the step's taskType, polled through the task proxy
+	// (docs/workers.md, "Bring your own workers"). The sidecar runs no
+	// code for it; it gates and records it.
+	ExecutorExternal = "external"
 )
 
 // Failure policies (Plan.OnStepFailure).
@@ -103,4 +108,10 @@ type ExecutorSpec struct {
 
 	// sleep: waits Seconds, then succeeds.
 	Seconds float64 `json:"seconds,omitempty"`
+
+	// external: TaskType is the Conductor task type the outside worker
+	// polls; Input is added to the task's input (keys must not be one of
+	// the sidecar's own task input keys).
+	TaskType string            `json:"taskType,omitempty"`
+	Input    map[string]string `json:"input,omitempty"`
 }

@@ -374,6 +374,8 @@ func executorFields(e *ExecutorSpec) []struct {
 		{"body", ExecutorHTTP, e.Body != ""},
 		{"retryableStatus", ExecutorHTTP, e.RetryableStatus != nil},
 		{"seconds", ExecutorSleep, e.Seconds != 0},
+		{"taskType", ExecutorExternal, e.TaskType != ""},
+		{"input", ExecutorExternal, e.Input != nil},
 	}
 }
 
@@ -382,12 +384,12 @@ func validateExecutor(ps *problems, s *Step, path string, timeout int64, secrets
 	ep := path + ".executor"
 	id := s.StepID
 	switch e.Type {
-	case ExecutorCommand, ExecutorHTTP, ExecutorNoop, ExecutorSleep:
+	case ExecutorCommand, ExecutorHTTP, ExecutorNoop, ExecutorSleep, ExecutorExternal:
 	case "":
-		ps.add(CodeBadExecutor, ep+".type", id, "is required: one of command, http, noop, sleep")
+		ps.add(CodeBadExecutor, ep+".type", id, "is required: one of command, http, noop, sleep, external")
 		return
 	default:
-		ps.add(CodeBadExecutor, ep+".type", id, "unknown executor type %q: one of command, http, noop, sleep", e.Type)
+		ps.add(CodeBadExecutor, ep+".type", id, "unknown executor type %q: one of command, http, noop, sleep, external", e.Type)
 		return
 	}
 	for _, f := range executorFields(e) {
@@ -400,6 +402,8 @@ func validateExecutor(ps *problems, s *Step, path string, timeout int64, secrets
 		validateCommand(ps, e, ep, id, secrets)
 	case ExecutorHTTP:
 		validateHTTP(ps, e, ep, id, secrets)
+	case ExecutorExternal:
+		validateExternal(ps, s, ep)
 	case ExecutorSleep:
 		switch {
 		case !(e.Seconds > 0) || math.IsInf(e.Seconds, 0):
@@ -594,3 +598,54 @@ func ExpandPlaceholders(s string, values map[string]string) (string, error) {
 }
 
 func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }
+
+// MaxTaskTypeBytes bounds an external step's taskType.
+const MaxTaskTypeBytes = 128
+
+// validateExternal checks an external step: a taskType Conductor accepts
+// that is not one of the sidecar's own, input keys that do not hide the
+// sidecar's task input, and no secrets (the outside worker has its own).
+func validateExternal(ps *problems, s *Step, ep string) {
+	e, id := &s.Executor, s.StepID
+	switch {
+	case e.TaskType == "":
+		ps.add(CodeBadExecutor, ep+".taskType", id, "is required: the Conductor task type the outside worker polls")
+	case len(e.TaskType) > MaxTaskTypeBytes || !isTaskTypeName(e.TaskType):
+		ps.add(CodeBadExecutor, ep+".taskType", id, "must be 1 to %d bytes of [A-Za-z0-9_-], got %q", MaxTaskTypeBytes, e.TaskType)
+	case ExecutorTypeOf(e.TaskType) != "":
+		ps.add(CodeBadExecutor, ep+".taskType", id, "%q is a task type of the sidecar's own workers", e.TaskType)
+	}
+	for _, k := range sortedKeys(e.Input) {
+		if reservedInputKey(k) {
+			ps.add(CodeBadExecutor, ep+".input["+strconv.Quote(k)+"]", id, "%q is a task input key of the sidecar", k)
+		}
+	}
+	if len(s.Secrets) > 0 {
+		ps.add(CodeBadSecret, strings.TrimSuffix(ep, ".executor")+".secrets", id, "an external step takes no secrets: its worker resolves its own")
+	}
+}
+
+func isTaskTypeName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// reservedInputKey reports whether k is a key of the task input the
+// compiler writes (WorkflowInputKeys and the step keys).
+func reservedInputKey(k string) bool {
+	switch k {
+	case InputStep, InputEngineTries, InputLogicalAttempts, InputOnStepFailure, InputSink:
+		return true
+	}
+	for _, w := range WorkflowInputKeys {
+		if k == w {
+			return true
+		}
+	}
+	return false
+}
