@@ -15,6 +15,12 @@ import (
 // and can be handed back at once instead of waiting for Conductor's
 // response timeout. Worker ids must therefore be unique per live sidecar.
 func (r *Runs) InFlightTasks(ctx context.Context, workerID string) ([]model.Task, error) {
+	return r.InProgressTasks(ctx, func(t *model.Task) bool { return t.WorkerId == workerID })
+}
+
+// InProgressTasks returns the tasks of the active runs that Conductor
+// shows IN_PROGRESS and match keeps.
+func (r *Runs) InProgressTasks(ctx context.Context, keep func(*model.Task) bool) ([]model.Task, error) {
 	keys, err := r.listKeys(ctx, keyActive+">")
 	if err != nil {
 		return nil, err
@@ -40,7 +46,7 @@ func (r *Runs) InFlightTasks(ctx context.Context, workerID string) ([]model.Task
 			continue
 		}
 		for _, t := range wf.Tasks {
-			if t.Status == model.InProgressTask && t.WorkerId == workerID {
+			if t.Status == model.InProgressTask && keep(&t) {
 				out = append(out, t)
 			}
 		}

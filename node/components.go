@@ -21,6 +21,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 	"github.com/conductor-sidecar/sidecar/taskworkers/artifacts"
 	"github.com/conductor-sidecar/sidecar/taskworkers/exec"
+	"github.com/conductor-sidecar/sidecar/taskworkers/proxy"
 	"github.com/conductor-sidecar/sidecar/tracing"
 )
 
@@ -202,8 +203,10 @@ func (n *Node) openWorkers(ctx context.Context) error {
 		Recover:        inFlight{n.runs, n.cfg.WorkerID}.tasks,
 		OnTaskDone:     taskDone{n.watcher, n.drain}.nudge,
 		PauseOnFailure: failurePause{n.drain, statestore.RequestedByWorker(n.cfg.WorkerID)}.pause,
-		Logger:         n.log, Metrics: taskworkers.NewMetrics(n.reg), Tracer: n.tracer,
+		Tasks:          n.conductor, ExternalInFlight: externalInFlight{n.runs}.tasks,
+		Logger: n.log, Metrics: taskworkers.NewMetrics(n.reg), Tracer: n.tracer,
 	})
+	n.workers = w
 	// The task types must exist before polling them; registering is
 	// idempotent.
 	if err := n.conductor.RegisterTaskDefs(ctx, plan.TaskDefs()); err != nil {
@@ -211,6 +214,21 @@ func (n *Node) openWorkers(ctx context.Context) error {
 	}
 	n.add(part{name: "workers", close: w.Close, steps: true})
 	return w.Open(ctx)
+}
+
+// openProxy serves the task proxy on Config.ConductorProxy, when set.
+func (n *Node) openProxy(context.Context) error {
+	if n.cfg.ConductorProxy == nil {
+		return nil
+	}
+	p, err := proxy.New(n.workers, proxy.Options{Conductor: n.cfg.ConductorURL, Tokens: n.cfg.ConductorProxyTokens,
+		Logger: n.log, Metrics: proxy.NewMetrics(n.reg)})
+	if err != nil {
+		return err
+	}
+	p.Open(n.cfg.ConductorProxy)
+	n.add(part{name: "proxy", close: p.Close})
+	return nil
 }
 
 // openGuard watches every stream the components keep state in: /readyz

@@ -96,6 +96,12 @@ type Config struct {
 	PollersPerType int
 	// ValidateWrites rejects invalid transitions at append time.
 	ValidateWrites bool
+	// ConductorProxy, when set, is the bound listener of the task proxy:
+	// Conductor's API for outside workers, their external steps gated and
+	// recorded. ConductorProxyTokens are the tokens it requires (none:
+	// any request).
+	ConductorProxy       net.Listener
+	ConductorProxyTokens []string
 	// Bus is the event bus (no sinks: none).
 	Bus Bus
 	// Admission is admission control (no limits: none).
@@ -166,6 +172,7 @@ type Node struct {
 	pauseKeys *drain.Keys
 	executors *exec.Registry
 	tracer    *tracing.Tracer // nil: tracing off
+	workers   *taskworkers.Worker
 }
 
 // part is one open component as the node sees it.
@@ -209,7 +216,7 @@ func (n *Node) Open(ctx context.Context) (err error) {
 	}()
 	for _, open := range []func(context.Context) error{
 		n.openTracing, n.openNATS, n.openLog, n.openRuns, n.openMembers, n.openRunSpans, n.openList, n.openBus, n.openAdmission,
-		n.openWatcher, n.openDrain, n.openExecutors, n.openWorkers, n.openGuard, n.openAPI, n.openMetrics,
+		n.openWatcher, n.openDrain, n.openExecutors, n.openWorkers, n.openProxy, n.openGuard, n.openAPI, n.openMetrics,
 	} {
 		if err := open(ctx); err != nil {
 			return err

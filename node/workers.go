@@ -44,6 +44,18 @@ func (f inFlight) tasks(ctx context.Context) ([]model.Task, error) {
 	return f.runs.InFlightTasks(ctx, f.workerID)
 }
 
+// externalInFlight lists the tasks of the active runs' external steps
+// that Conductor shows in progress, which the workers' watch of outside
+// workers covers after a restart (taskworkers.Options.ExternalInFlight).
+type externalInFlight struct{ runs *adapter.Runs }
+
+func (f externalInFlight) tasks(ctx context.Context) ([]model.Task, error) {
+	return f.runs.InProgressTasks(ctx, func(t *model.Task) bool {
+		_, ok := taskworkers.ExternalStep(t)
+		return ok
+	})
+}
+
 // taskDone nudges the watcher when a task may have ended its run, and the
 // drain monitor always (taskworkers.Options.OnTaskDone).
 type taskDone struct {

@@ -67,6 +67,10 @@ const (
 	// TryEndedWorkerRestarted: the process that ran the try died; its
 	// restart handed the task back.
 	TryEndedWorkerRestarted = "workerRestarted"
+	// TryEndedTaskTimedOut: an outside worker's task ended in Conductor
+	// without its report (the response timeout passed: the worker died,
+	// or the task was cancelled); Conductor retries it or fails the run.
+	TryEndedTaskTimedOut = "taskTimedOut"
 )
 
 // RunLevelStepID is stepIdNormalized for run-level events (§3.1 rule 7).

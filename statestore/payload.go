@@ -126,11 +126,11 @@ func validateKnownPayload(eventType string, raw json.RawMessage) error {
 			return err
 		}
 		switch p.Reason {
-		case TryEndedEngineTryFailed, TryEndedHandedBack, TryEndedWorkerRestarted:
+		case TryEndedEngineTryFailed, TryEndedHandedBack, TryEndedWorkerRestarted, TryEndedTaskTimedOut:
 		case absentString:
 			return schemaError("payload.reason", "is required")
 		default:
-			return schemaError("payload.reason", "must be %s, %s or %s", TryEndedEngineTryFailed, TryEndedHandedBack, TryEndedWorkerRestarted)
+			return schemaError("payload.reason", "must be %s, %s, %s or %s", TryEndedEngineTryFailed, TryEndedHandedBack, TryEndedWorkerRestarted, TryEndedTaskTimedOut)
 		}
 		return validateStepError(p.Error)
 	case RunFailed:

@@ -173,8 +173,8 @@ type RunStepRetryRequestedPayload struct {
 type RunStepTryEndedPayload struct {
 	// Error is the failed try's error (reason TryEndedEngineTryFailed).
 	Error *StepError `json:"error,omitempty"`
-	// Reason is TryEndedEngineTryFailed, TryEndedHandedBack or
-	// TryEndedWorkerRestarted (required).
+	// Reason is TryEndedEngineTryFailed, TryEndedHandedBack,
+	// TryEndedWorkerRestarted or TryEndedTaskTimedOut (required).
 	Reason string `json:"reason"`
 	// StepID and StepLogicalAttemptID name the step's RUNNING attempt
 	// (required).

@@ -136,7 +136,7 @@ func (w *Worker) begin(t *model.Task, log *zap.Logger, a *Assignment, engine, lo
 		log.Info("step already failed in the log; reporting it without running it again")
 		w.update(t, log, failedResult(a, d.step.Error, d.engine, d.logical))
 		return d, false
-	case w.executors[a.Step.Executor.Type] == nil:
+	case !w.runnable(a):
 		log.Error("no executor for the step's type", zap.String("executor", a.Step.Executor.Type))
 		w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask,
 			ReasonForIncompletion: CodeUnknownExecutor + ": no executor of type " + a.Step.Executor.Type})
@@ -159,7 +159,7 @@ func (w *Worker) start(t *model.Task, log *zap.Logger, a *Assignment, engine, lo
 	gated := &gatedRun{w: w, t: t, log: log, a: a}
 	snap, _, err = statestore.Fenced(w.workCtx, gated, startAppender{w: w, log: log, a: a}, a.RunID, func(snap *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
 		d = gate(snap, t.WorkflowInstanceId, a.Step.StepID, engine, logical)
-		if d.verdict != start || w.executors[a.Step.Executor.Type] == nil {
+		if d.verdict != start || !w.runnable(a) {
 			return nil, nil
 		}
 		if st := d.step; st != nil && st.Status == statestore.StepStatusRunning && st.LogicalAttemptID == d.logical && st.Idle {
@@ -642,6 +642,13 @@ func (w *Worker) reportLogged(t *model.Task, log *zap.Logger, a *Assignment, eng
 	default:
 		w.handBack(t, w.opts.HandBackAfter, "outcome refused")
 	}
+}
+
+// runnable reports whether the step can start: an executor of its type is
+// registered here, or an outside worker runs it (an external step, gated
+// by Admit).
+func (w *Worker) runnable(a *Assignment) bool {
+	return a.Step.Executor.Type == plan.ExecutorExternal || w.executors[a.Step.Executor.Type] != nil
 }
 
 // runRef is the run an Assignment's events belong to.

@@ -115,6 +115,18 @@ type Options struct {
 	// id); the step's task is then held, not failed. Without it such a
 	// step is held all the same, and the run is not paused.
 	PauseOnFailure func(ctx context.Context, runID, workflowID, stepID string) error
+	// Tasks, when set, reads tasks back from Conductor: the watch of the
+	// external steps handed to outside workers (Admit), which records
+	// RunStepTryEnded (taskTimedOut) for a task Conductor ended without
+	// its worker's report. Nil: no watch.
+	Tasks TaskReader
+	// ExternalInFlight, when set with Tasks, lists as Open runs the
+	// external steps' tasks Conductor shows in progress, so that the watch
+	// covers those a previous process handed out.
+	ExternalInFlight func(ctx context.Context) ([]model.Task, error)
+	// ExternalCheck is how often the watch reads back the tasks past
+	// their response timeout (default 5s).
+	ExternalCheck time.Duration
 	// Running is the set of the steps this worker runs, which a run's
 	// cancel interrupts (nil: a set of its own). Create it first and give
 	// it to the drain controller too (drain.Options.Interrupt).
@@ -141,6 +153,9 @@ type Worker struct {
 	outbox    *outbox
 	// kept holds outcomes the store did not take in time (kept.go).
 	kept keptOutcomes
+	// external watches the external steps handed to outside workers
+	// (external.go).
+	external externalWatch
 
 	// taken holds the tasks polls returned whose report is not done yet;
 	// lost signals a poll answer that may have been lost (strays.go).
@@ -202,6 +217,9 @@ func New(tasks TaskClient, runs SnapshotReader, events Emitter, secrets SecretRe
 	if opts.Running == nil {
 		opts.Running = NewRunning()
 	}
+	if opts.ExternalCheck <= 0 {
+		opts.ExternalCheck = 5 * time.Second
+	}
 	w := &Worker{tasks: tasks, runs: runs, events: events, secrets: secrets, executors: executors, opts: opts,
 		log: opts.Logger.Named("worker"), running: opts.Running, taken: map[string]struct{}{}, lost: make(chan struct{}, 1)}
 	w.reportCtx, w.abortReports = context.WithCancel(context.Background())
@@ -261,6 +279,16 @@ func (w *Worker) Open(ctx context.Context) error {
 		go func() {
 			defer w.polling.Done()
 			w.recoverStrays(w.pollCtx)
+		}()
+	}
+	if w.opts.Tasks != nil {
+		if w.opts.ExternalInFlight != nil {
+			w.recoverExternal(ctx)
+		}
+		w.polling.Add(1)
+		go func() {
+			defer w.polling.Done()
+			w.watchExternal(w.pollCtx)
 		}()
 	}
 	for _, p := range w.pollers {

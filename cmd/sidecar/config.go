@@ -69,6 +69,8 @@ type Config struct {
 	NATS natsConfig
 	// API is the control API's authentication, authorization and TLS.
 	API apiConfig
+	// Proxy is the task proxy for outside workers.
+	Proxy proxyConfig
 	// Exec bounds what plans may reach (environment, files, addresses).
 	Exec execConfig
 	// Bus is the event bus's sinks.
@@ -140,6 +142,12 @@ func (c *Config) node(log *zap.Logger, own []string) (nc node.Config, err error)
 		}
 		own = append(slices.Clone(own), nc.Metrics.Addr().String())
 	}
+	if err = c.Proxy.apply(&nc); err != nil {
+		return nc, err
+	}
+	if nc.ConductorProxy != nil {
+		own = append(slices.Clone(own), nc.ConductorProxy.Addr().String())
+	}
 	// Never reachable by an http step or a webhook: the API, the metrics
 	// listener, pprof and NATS (the servers of --nats-url; the node adds
 	// the embedded server's listener).
@@ -164,7 +172,7 @@ func (c *Config) node(log *zap.Logger, own []string) (nc node.Config, err error)
 
 // closeListeners closes the listeners of nc that no node served.
 func closeListeners(nc node.Config) {
-	for _, ln := range []net.Listener{nc.API, nc.Metrics} {
+	for _, ln := range []net.Listener{nc.API, nc.Metrics, nc.ConductorProxy} {
 		if ln != nil {
 			_ = ln.Close()
 		}
@@ -237,6 +245,7 @@ func (c *Config) Validate() error {
 	}
 	p = append(p, c.NATS.validate(c.NATSURL)...)
 	p = append(p, c.API.validate(c.Listen)...)
+	p = append(p, c.Proxy.validate()...)
 	p = append(p, c.Exec.validate()...)
 	p = append(p, c.Bus.validate()...)
 	p = append(p, c.Admission.validate()...)
@@ -293,6 +302,7 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	c.Exec.registerFlags(fs)
 	c.Bus.registerFlags(fs)
 	c.Admission.registerFlags(fs)
+	c.Proxy.registerFlags(fs)
 }
 
 // stringFlag binds p to the flag name of fs, with SIDECAR_<NAME> as its

@@ -1,0 +1,64 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+
+	"github.com/conductor-sidecar/sidecar/node"
+)
+
+// proxyConfig is the task proxy: Conductor's API for outside workers
+// (docs/workers.md, "Bring your own workers").
+type proxyConfig struct {
+	// Listen is the proxy's address (empty: no proxy).
+	Listen string
+	// TokenFile holds the tokens a worker must present, one per line
+	// (empty: none required).
+	TokenFile string
+	// NoAuth allows a non-loopback Listen without TokenFile: Conductor's
+	// own authentication, or the network, keeps workers apart.
+	NoAuth bool
+}
+
+func (c *proxyConfig) registerFlags(fs *flag.FlagSet) {
+	stringFlag(fs, &c.Listen, "conductor-proxy-listen", "serve Conductor's API for outside workers on this address (the task proxy; empty: off)")
+	stringFlag(fs, &c.TokenFile, "conductor-proxy-token-file", "file of the tokens the task proxy requires, one per line (header "+"X-Sidecar-Proxy-Token, or the URL's first path segment)")
+	boolFlag(fs, &c.NoAuth, "conductor-proxy-no-auth", "allow a non-loopback --conductor-proxy-listen without --conductor-proxy-token-file")
+}
+
+func (c *proxyConfig) validate() []string {
+	if c.Listen != "" && c.TokenFile == "" && !c.NoAuth && !loopbackListen(c.Listen) {
+		return []string{"--conductor-proxy-listen " + c.Listen + " is not loopback: give --conductor-proxy-token-file, or --conductor-proxy-no-auth when Conductor's own authentication or the network keeps workers apart"}
+	}
+	return nil
+}
+
+// apply binds the proxy's listener and reads its tokens into nc.
+func (c *proxyConfig) apply(nc *node.Config) error {
+	if c.Listen == "" {
+		return nil
+	}
+	if c.TokenFile != "" {
+		b, err := os.ReadFile(c.TokenFile)
+		if err != nil {
+			return fmt.Errorf("--conductor-proxy-token-file: %w", err)
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+				nc.ConductorProxyTokens = append(nc.ConductorProxyTokens, l)
+			}
+		}
+		if len(nc.ConductorProxyTokens) == 0 {
+			return fmt.Errorf("--conductor-proxy-token-file %s holds no token", c.TokenFile)
+		}
+	}
+	ln, err := net.Listen("tcp", c.Listen)
+	if err != nil {
+		return fmt.Errorf("--conductor-proxy-listen %s: %w", c.Listen, err)
+	}
+	nc.ConductorProxy = ln
+	return nil
+}

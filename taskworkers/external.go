@@ -1,0 +1,319 @@
+package taskworkers
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// Steps an outside worker runs (plan.ExecutorExternal): the task proxy
+// (package proxy) hands their polled tasks to Admit and their updates to
+// Record, so they pass the same gate, fence and outcome recording as the
+// steps this worker runs. The worker itself never polls their task types.
+
+// CodeExternalFailed is the error code of a StepFailed recorded from an
+// outside worker's FAILED update; its message is the worker's
+// reasonForIncompletion.
+const CodeExternalFailed = "EXTERNAL_WORKER_FAILED"
+
+// TaskReader reads a task back from Conductor, and has Conductor decide
+// its workflow.
+type TaskReader interface {
+	// Task returns the task; an unknown task is an error matching
+	// errcode.NotFound.
+	Task(ctx context.Context, taskID string) (*model.Task, error)
+	// Decide has Conductor evaluate the workflow now: among others it
+	// times out a task past its response timeout, which its sweeper may
+	// do minutes late on a busy server.
+	Decide(ctx context.Context, workflowID string) error
+}
+
+// ExternalStep decodes t as a step an outside worker runs. ok is false for
+// any other task: one of no run of the log, or of a step the sidecar runs
+// itself.
+func ExternalStep(t *model.Task) (*Assignment, bool) {
+	if t == nil || t.InputData[plan.InputStep] == nil {
+		return nil, false
+	}
+	a, err := plan.DecodeTaskInput(t.InputData)
+	if err != nil || a.Step.Executor.Type != plan.ExecutorExternal {
+		return nil, false
+	}
+	return a, true
+}
+
+// Admit takes a polled task of an external step through the gate: when it
+// returns true, StepStarted (or RunStepTryStarted for a later try) is in
+// the log, appended on the runSeq the gate decided on, and the task may be
+// handed to the outside worker. When it returns false the task was
+// answered to Conductor here (handed back while the run is paused or not
+// started, refused when it ended, or reported from the log) and must not
+// reach the worker. A task that is not an external step returns false and
+// is left alone: call ExternalStep first.
+func (w *Worker) Admit(t *model.Task) bool {
+	a, ok := ExternalStep(t)
+	if !ok || w.workCtx == nil {
+		return false
+	}
+	log := w.log.With(zap.String("taskId", t.TaskId), zap.String("workflowId", t.WorkflowInstanceId),
+		zap.String("runId", a.RunID), zap.String("stepId", a.Step.StepID), zap.String("taskType", t.TaskDefName))
+	if f, held := heldFailureOf(t); held {
+		w.reportHeldFailure(t, log, a, f)
+		return false
+	}
+	engine, logical := a.Attempts(int(t.RetryCount))
+	d, ok := w.begin(t, log, a, engine, logical)
+	if !ok {
+		return false
+	}
+	w.external.watch(t, a, d.logical)
+	return true
+}
+
+// Record records an outside worker's update r of t (the task as Conductor
+// has it, with its input) before it is forwarded: StepCompleted, or
+// StepFailed with the logical and engine attempts when the failure is
+// final for the logical attempt (RunStepTryEnded when Conductor retries
+// it). forward is true when the caller must now send r to Conductor
+// (and call Reported once Conductor took it); false when Record answered
+// Conductor itself (a failure held while the run is paused, a step held
+// after a failure, or an outcome the log already had). An error means the
+// outcome could not be recorded within the write budget: nothing is
+// forwarded, and the worker should retry its update. A status other than
+// COMPLETED, FAILED or FAILED_WITH_TERMINAL_ERROR (IN_PROGRESS: a progress
+// report or a lease extension) records nothing and is forwarded.
+func (w *Worker) Record(t *model.Task, r *model.TaskResult) (forward bool, err error) {
+	a, ok := ExternalStep(t)
+	if !ok || w.workCtx == nil {
+		return true, nil
+	}
+	var stepErr *statestore.StepError
+	switch r.Status {
+	case model.CompletedTask:
+	case model.FailedTask, model.FailedWithTerminalErrorTask:
+		stepErr = &statestore.StepError{Code: CodeExternalFailed, Message: r.ReasonForIncompletion, Retryable: r.Status == model.FailedTask}
+		if stepErr.Message == "" {
+			stepErr.Message = "the outside worker reported " + string(r.Status)
+		}
+	default:
+		return true, nil
+	}
+	log := w.log.With(zap.String("taskId", t.TaskId), zap.String("workflowId", t.WorkflowInstanceId),
+		zap.String("runId", a.RunID), zap.String("stepId", a.Step.StepID))
+	engine, logical := a.Attempts(int(t.RetryCount))
+	operatorAttempt := false
+	if snap, err := w.runs.ProjectSnapshot(w.workCtx, a.RunID); err == nil {
+		if st := snap.Step(a.Step.StepID); st != nil && st.LogicalAttemptID > logical {
+			// Admitted as an operator's RETRY_STEP (gate): one try.
+			logical, engine, operatorAttempt = st.LogicalAttemptID, 1, true
+		}
+	}
+	log = log.With(zap.Int64("logicalAttemptId", logical), zap.Int64("engineAttemptId", engine))
+	w.external.forget(t.TaskId)
+	kind := plan.ExecutorExternal
+	if stepErr == nil {
+		err := w.emit(log, a, engine, logical, statestore.StepCompletedPayload{})
+		switch {
+		case errors.Is(err, statestore.ErrInvalidTransition):
+			w.reportLogged(t, log, a, engine, logical)
+			return false, nil
+		case err != nil:
+			w.external.watch(t, a, logical)
+			return false, err
+		}
+		w.opts.Metrics.stepDone(kind, "completed", 0)
+		return true, nil
+	}
+	final := !stepErr.Retryable || engine >= int64(max(a.EngineTries, 1)) || operatorAttempt
+	if !final {
+		log.Warn("outside worker's try failed; Conductor retries it", zap.String("error", stepErr.Message))
+		w.endTry(log, a, logical, statestore.TryEndedEngineTryFailed, stepErr)
+		w.opts.Metrics.stepDone(kind, "retried", 0)
+		return w.forwardFailure(t, log, a, r), nil
+	}
+	held := a.OnStepFailure == plan.OnFailurePause &&
+		(!stepErr.Retryable || logical >= int64(max(a.LogicalAttempts, 1)) || operatorAttempt)
+	payload := statestore.StepFailedPayload{Error: stepErr}
+	if held {
+		payload.OnStepFailure = statestore.OnStepFailurePause
+	}
+	err = w.emit(log, a, engine, logical, payload)
+	switch {
+	case errors.Is(err, statestore.ErrInvalidTransition):
+		w.reportLogged(t, log, a, engine, logical)
+		return false, nil
+	case err != nil:
+		w.external.watch(t, a, logical)
+		return false, err
+	}
+	w.opts.Metrics.stepDone(kind, "failed", 0)
+	if held {
+		w.hold(t, log, a)
+		return false, nil
+	}
+	return w.forwardFailure(t, log, a, r), nil
+}
+
+// forwardFailure decides whether a FAILED report Conductor answers with a
+// retry is forwarded now: not while the run is paused (reportFailure says
+// why); it is then held on the task and reported when the run resumes.
+func (w *Worker) forwardFailure(t *model.Task, log *zap.Logger, a *Assignment, r *model.TaskResult) bool {
+	if r.Status != model.FailedTask {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(w.reportCtx, w.opts.WriteBudget)
+	snap, err := w.runs.ProjectSnapshot(ctx, a.RunID)
+	cancel()
+	if err == nil && (snap.Status != statestore.RunStatusPaused || snap.CancelRequested) {
+		return true
+	}
+	log.Info("the run is paused: the outside worker's failed try is held and reported when the run is resumed", zap.Error(err))
+	w.holdFailure(t, heldFailure{RetryCount: t.RetryCount, Reason: r.ReasonForIncompletion, Output: r.OutputData})
+	return false
+}
+
+// Reported is called once Conductor took a forwarded final update of t
+// (r): it nudges the run watcher and the drain monitor as the worker's
+// own reports do.
+func (w *Worker) Reported(t *model.Task, r *model.TaskResult) {
+	if r.Status == model.InProgressTask {
+		return
+	}
+	w.wakePollers()
+	if w.opts.OnTaskDone != nil {
+		if runID, ok := t.InputData[plan.InputRunID].(string); ok {
+			w.opts.OnTaskDone(runID, r.Status != model.CompletedTask || plan.IsSink(t.InputData))
+		}
+	}
+}
+
+// externalWatch holds the external steps' tasks handed to outside workers
+// and not reported yet: a worker that dies leaves its task to Conductor's
+// response timeout, and the watch then records that the try ended
+// (RunStepTryEnded, taskTimedOut), so that a drain does not wait for it.
+type externalWatch struct {
+	mu    sync.Mutex
+	tasks map[string]*watched
+}
+
+type watched struct {
+	t       *model.Task
+	a       *Assignment
+	logical int64
+	// due is when the task is read back from Conductor.
+	due time.Time
+}
+
+func (x *externalWatch) watch(t *model.Task, a *Assignment, logical int64) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.tasks == nil {
+		x.tasks = map[string]*watched{}
+	}
+	wait := time.Duration(max(t.ResponseTimeoutSeconds, 1)) * time.Second
+	x.tasks[t.TaskId] = &watched{t: t, a: a, logical: logical, due: time.Now().Add(wait)}
+}
+
+func (x *externalWatch) forget(taskID string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	delete(x.tasks, taskID)
+}
+
+// dueNow returns the watched tasks whose time has come and moves each one's
+// next read interval later.
+func (x *externalWatch) dueNow(now time.Time, interval time.Duration) []*watched {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	var out []*watched
+	for _, e := range x.tasks {
+		if !now.Before(e.due) {
+			out = append(out, e)
+			e.due = now.Add(interval)
+		}
+	}
+	return out
+}
+
+// watchExternal reads back, every ExternalCheck, the watched tasks past
+// their response timeout; a task Conductor ended without the worker's
+// report gets RunStepTryEnded. It returns when ctx is done.
+func (w *Worker) watchExternal(ctx context.Context) {
+	tick := time.NewTicker(w.opts.ExternalCheck)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			for _, e := range w.external.dueNow(now, w.opts.ExternalCheck) {
+				w.checkExternal(ctx, e)
+			}
+		}
+	}
+}
+
+// checkExternal reads one watched task back from Conductor.
+func (w *Worker) checkExternal(ctx context.Context, e *watched) {
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	log := w.log.With(zap.String("taskId", e.t.TaskId), zap.String("runId", e.a.RunID), zap.String("stepId", e.a.Step.StepID))
+	t, err := w.opts.Tasks.Task(rctx, e.t.TaskId)
+	if err == nil && t.Status == "IN_PROGRESS" && t.CallbackAfterSeconds == 0 &&
+		time.Since(time.UnixMilli(t.UpdateTime)) > time.Duration(t.ResponseTimeoutSeconds)*time.Second {
+		// Past its response timeout: have Conductor time it out now.
+		if err = w.opts.Tasks.Decide(rctx, t.WorkflowInstanceId); err == nil {
+			t, err = w.opts.Tasks.Task(rctx, e.t.TaskId)
+		}
+	}
+	if err != nil {
+		log.Debug("could not read an outside worker's task back; trying again", zap.Error(err))
+		return
+	}
+	switch t.Status {
+	case "IN_PROGRESS", "SCHEDULED":
+		return // still the worker's (its lease extended, or handed back): look again later
+	case "COMPLETED", "FAILED", "FAILED_WITH_TERMINAL_ERROR":
+		// Reported through another proxy replica, or straight to
+		// Conductor: that path recorded it (or the task is not the
+		// proxy's to record).
+		w.external.forget(e.t.TaskId)
+		return
+	}
+	log.Warn("the outside worker's task ended in Conductor without its report (the worker died?); recording that the try ended",
+		zap.String("status", string(t.Status)))
+	w.endTry(log, e.a, e.logical, statestore.TryEndedTaskTimedOut, nil)
+	w.external.forget(e.t.TaskId)
+	if w.opts.OnTaskDone != nil {
+		w.opts.OnTaskDone(e.a.RunID, true)
+	}
+}
+
+// recoverExternal watches the external steps' tasks Conductor shows in
+// progress as this worker opens (Options.ExternalInFlight): a previous
+// process handed them out and its watch is gone.
+func (w *Worker) recoverExternal(ctx context.Context) {
+	tasks, err := w.opts.ExternalInFlight(ctx)
+	if err != nil {
+		w.log.Warn("could not list the outside workers' tasks in progress; a drain waits for those whose worker died until its timeout", zap.Error(err))
+	}
+	for i := range tasks {
+		t := &tasks[i]
+		if a, ok := ExternalStep(t); ok {
+			_, logical := a.Attempts(int(t.RetryCount))
+			if snap, err := w.runs.ProjectSnapshot(ctx, a.RunID); err == nil {
+				if st := snap.Step(a.Step.StepID); st != nil && st.LogicalAttemptID > logical {
+					logical = st.LogicalAttemptID
+				}
+			}
+			w.external.watch(t, a, logical)
+		}
+	}
+}

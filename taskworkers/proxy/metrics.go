@@ -1,0 +1,44 @@
+package proxy
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the task proxy's Prometheus metrics. A nil *Metrics records
+// nothing.
+type Metrics struct {
+	requests *prometheus.CounterVec
+	tasks    *prometheus.CounterVec
+}
+
+// NewMetrics registers the proxy's metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sidecar_proxy_requests_total",
+			Help: "Requests the task proxy served, by kind: poll, batch_poll, update, update_v2, update_by_ref, forward (any other call, passed through), unauthorized.",
+		}, []string{"kind"}),
+		tasks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sidecar_proxy_external_tasks_total",
+			Help: "External steps' tasks by what the proxy did: admitted (StepStarted recorded, handed to the worker), held_back (the gate answered Conductor: paused, ended, ...), update_answered (the update was answered by the sidecar, not forwarded), update_not_recorded (the store did not take the outcome; the worker retries).",
+		}, []string{"outcome"}),
+	}
+	for _, k := range []string{"poll", "batch_poll", "update", "update_v2", "update_by_ref", "forward", "unauthorized"} {
+		m.requests.WithLabelValues(k)
+	}
+	for _, o := range []string{"admitted", "held_back", "update_answered", "update_not_recorded"} {
+		m.tasks.WithLabelValues(o)
+	}
+	reg.MustRegister(m.requests, m.tasks)
+	return m
+}
+
+func (m *Metrics) request(kind string) {
+	if m != nil {
+		m.requests.WithLabelValues(kind).Inc()
+	}
+}
+
+func (m *Metrics) task(outcome string) {
+	if m != nil {
+		m.tasks.WithLabelValues(outcome).Inc()
+	}
+}

@@ -1,0 +1,600 @@
+// Package proxy is the task proxy: Conductor's REST API on a listener of
+// its own, for workers written with Conductor's SDKs. It forwards every
+// call to Conductor unchanged except task polls and task updates: a polled
+// task of an external step (plan.ExecutorExternal) reaches the worker only
+// through the gate (taskworkers.Worker.Admit: the run is not paused,
+// draining or cancelled, and StepStarted is in the log), and the worker's
+// update of one is recorded (StepCompleted / StepFailed) before it is
+// forwarded. Tasks of any other workflow pass through untouched. The
+// worker's own headers are forwarded; the proxy can require a token of
+// its own (Options.Tokens). docs/workers.md, "Bring your own workers",
+// lists the endpoints and the SDKs that use them.
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/taskworkers"
+)
+
+// Steps is what the proxy asks of the task workers for external steps
+// (taskworkers.Worker).
+type Steps interface {
+	// Admit gates a polled task of an external step; false: the task was
+	// answered to Conductor and must not reach the worker.
+	Admit(t *model.Task) bool
+	// Record records the worker's update of t before it is forwarded;
+	// forward false: Record answered Conductor itself. An error: nothing
+	// recorded, nothing may be forwarded.
+	Record(t *model.Task, r *model.TaskResult) (forward bool, err error)
+	// Reported is called once Conductor took a forwarded update.
+	Reported(t *model.Task, r *model.TaskResult)
+}
+
+// Options configures a Proxy.
+type Options struct {
+	// Conductor is Conductor's API base URL (as --conductor-url:
+	// http://host:8080/api). A request for /api/X is forwarded to
+	// Conductor + /X.
+	Conductor string
+	// Tokens, when not empty, are the tokens a worker must present: in
+	// the header X-Sidecar-Proxy-Token, or as the first path segment
+	// (http://proxy:8788/TOKEN/api), so that a worker whose SDK sets no
+	// custom header changes only its server URL. The header is not
+	// forwarded.
+	Tokens []string
+	// Transport carries the forwarded requests (default: a keep-alive
+	// transport sized for many workers).
+	Transport http.RoundTripper
+	Logger    *zap.Logger
+	// Metrics may be nil.
+	Metrics *Metrics
+}
+
+// TokenHeader is the header a worker presents the proxy's token in.
+const TokenHeader = "X-Sidecar-Proxy-Token"
+
+// Error codes the proxy itself answers with, as {"code", "message"}.
+const (
+	// CodeUnauthorized: Options.Tokens is set and the request has none of them.
+	CodeUnauthorized = "PROXY_UNAUTHORIZED"
+	// CodeStoreUnavailable: the update's outcome could not be recorded;
+	// the worker should retry its update (the SDKs do).
+	CodeStoreUnavailable = "STATE_STORE_UNAVAILABLE"
+	// CodeBadRequest: the update's body is not a task result.
+	CodeBadRequest = "PROXY_BAD_REQUEST"
+	// CodeConductorUnavailable: Conductor did not answer.
+	CodeConductorUnavailable = "CONDUCTOR_UNAVAILABLE"
+)
+
+// Proxy is the task proxy. New builds it; Open serves it on a listener;
+// Close stops it.
+type Proxy struct {
+	base   *url.URL
+	steps  Steps
+	opts   Options
+	log    *zap.Logger
+	client *http.Client
+	rp     *httputil.ReverseProxy
+	srv    *http.Server
+	done   chan struct{}
+	seen   seenTasks
+}
+
+// New returns a Proxy in front of Options.Conductor for steps.
+func New(steps Steps, opts Options) (*Proxy, error) {
+	base, err := url.Parse(strings.TrimRight(opts.Conductor, "/"))
+	if err != nil || base.Scheme == "" || base.Host == "" {
+		return nil, errors.New("proxy: Options.Conductor must be an absolute http(s) URL")
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	if opts.Transport == nil {
+		opts.Transport = &http.Transport{
+			Proxy: nil, DialContext: (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns: 1024, MaxIdleConnsPerHost: 1024, IdleConnTimeout: 90 * time.Second,
+		}
+	}
+	p := &Proxy{base: base, steps: steps, opts: opts, log: opts.Logger.Named("proxy"),
+		client: &http.Client{Transport: opts.Transport}, done: make(chan struct{})}
+	p.rp = &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.Out.URL = p.target(r.In.URL)
+			r.Out.Host = base.Host
+			r.Out.Header.Del(TokenHeader)
+		},
+		Transport: opts.Transport,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			p.log.Warn("Conductor did not answer a forwarded request", zap.String("path", r.URL.Path), zap.Error(err))
+			writeError(w, http.StatusBadGateway, CodeConductorUnavailable, err.Error())
+		},
+	}
+	return p, nil
+}
+
+// Open serves the proxy on ln until Close.
+func (p *Proxy) Open(ln net.Listener) {
+	p.srv = &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		defer close(p.done)
+		if err := p.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			p.log.Error("task proxy stopped serving", zap.Error(err))
+		}
+	}()
+	p.log.Info("task proxy serving", zap.String("listen", ln.Addr().String()), zap.String("conductor", p.base.String()))
+}
+
+// Close stops accepting requests and waits for those in progress until
+// ctx is done.
+func (p *Proxy) Close(ctx context.Context) error {
+	if p.srv == nil {
+		return nil
+	}
+	err := p.srv.Shutdown(ctx)
+	<-p.done
+	return err
+}
+
+// target is Conductor's URL for a request URL of the proxy: its path
+// without the leading /api (the base URL has its own) and without a
+// token segment.
+func (p *Proxy) target(in *url.URL) *url.URL {
+	out := *p.base
+	out.Path = p.base.Path + strings.TrimPrefix(in.Path, "/api")
+	out.RawPath = ""
+	out.RawQuery = in.RawQuery
+	return &out
+}
+
+// ServeHTTP authenticates the request and routes it: task polls and
+// updates are intercepted, the rest forwarded.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !p.authorize(r) {
+		p.opts.Metrics.request("unauthorized")
+		writeError(w, http.StatusUnauthorized, CodeUnauthorized, "the task proxy requires its token (header "+TokenHeader+" or the URL's first path segment)")
+		return
+	}
+	path := strings.TrimPrefix(r.URL.Path, "/api")
+	switch {
+	case r.Method == http.MethodGet && strings.HasPrefix(path, "/tasks/poll/batch/"):
+		p.opts.Metrics.request("batch_poll")
+		p.poll(w, r, true)
+	case r.Method == http.MethodGet && strings.HasPrefix(path, "/tasks/poll/"):
+		p.opts.Metrics.request("poll")
+		p.poll(w, r, false)
+	case r.Method == http.MethodPost && (path == "/tasks" || path == "/tasks/"):
+		p.opts.Metrics.request("update")
+		p.update(w, r, false)
+	case r.Method == http.MethodPost && path == "/tasks/update-v2":
+		p.opts.Metrics.request("update_v2")
+		p.update(w, r, true)
+	case r.Method == http.MethodPost && isUpdateByRef(path):
+		p.opts.Metrics.request("update_by_ref")
+		p.updateByRef(w, r, path)
+	default:
+		p.opts.Metrics.request("forward")
+		p.rp.ServeHTTP(w, r)
+	}
+}
+
+// authorize checks the proxy's token and strips a token path segment.
+func (p *Proxy) authorize(r *http.Request) bool {
+	if len(p.opts.Tokens) == 0 {
+		return true
+	}
+	if h := r.Header.Get(TokenHeader); h != "" {
+		return p.known(h)
+	}
+	rest := strings.TrimPrefix(r.URL.Path, "/")
+	seg, after, _ := strings.Cut(rest, "/")
+	if seg == "" || !p.known(seg) {
+		return false
+	}
+	r.URL.Path = "/" + after
+	r.URL.RawPath = ""
+	return true
+}
+
+func (p *Proxy) known(tok string) bool {
+	ok := 0
+	for _, t := range p.opts.Tokens {
+		ok |= subtle.ConstantTimeCompare([]byte(t), []byte(tok))
+	}
+	return ok == 1
+}
+
+// forward sends r (with body) to Conductor with the worker's headers and
+// returns the answer, its body read.
+func (p *Proxy) forward(r *http.Request, body []byte) (*http.Response, []byte, error) {
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, p.target(r.URL).String(), bytes.NewReader(body))
+	if err != nil {
+		return nil, nil, err
+	}
+	copyHeaders(out.Header, r.Header)
+	resp, err := p.client.Do(out)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp, b, err
+}
+
+// hopHeaders are not forwarded (RFC 9110 §7.6.1), nor is the proxy's token.
+var hopHeaders = map[string]bool{"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true,
+	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true, TokenHeader: true}
+
+func copyHeaders(dst, src http.Header) {
+	for k, vs := range src {
+		if !hopHeaders[http.CanonicalHeaderKey(k)] {
+			dst[k] = append([]string(nil), vs...)
+		}
+	}
+}
+
+// reply writes Conductor's answer (status, headers) with body.
+func reply(w http.ResponseWriter, resp *http.Response, body []byte) {
+	copyHeaders(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(body)
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"status": status, "code": code, "message": msg, "retryable": status >= 500})
+}
+
+// polledTask is the part of a polled task the gate reads (decoding the
+// whole task, mostly its definition, costs twice as much).
+type polledTask struct {
+	TaskID                 string         `json:"taskId"`
+	TaskDefName            string         `json:"taskDefName"`
+	TaskType               string         `json:"taskType"`
+	Status                 string         `json:"status"`
+	ReferenceTaskName      string         `json:"referenceTaskName"`
+	WorkflowInstanceID     string         `json:"workflowInstanceId"`
+	WorkerID               string         `json:"workerId"`
+	Domain                 string         `json:"domain"`
+	InputData              map[string]any `json:"inputData"`
+	OutputData             map[string]any `json:"outputData"`
+	RetryCount             int32          `json:"retryCount"`
+	PollCount              int32          `json:"pollCount"`
+	ScheduledTime          int64          `json:"scheduledTime"`
+	ResponseTimeoutSeconds int64          `json:"responseTimeoutSeconds"`
+}
+
+func (t *polledTask) task() *model.Task {
+	return &model.Task{TaskId: t.TaskID, TaskDefName: t.TaskDefName, TaskType: t.TaskType, Status: model.TaskResultStatus(t.Status),
+		ReferenceTaskName: t.ReferenceTaskName, WorkflowInstanceId: t.WorkflowInstanceID, WorkerId: t.WorkerID, Domain: t.Domain,
+		InputData: t.InputData, OutputData: t.OutputData, RetryCount: t.RetryCount, PollCount: t.PollCount,
+		ScheduledTime: t.ScheduledTime, ResponseTimeoutSeconds: t.ResponseTimeoutSeconds}
+}
+
+// gate decides for one task of Conductor's answer (raw JSON): pass is
+// true when it goes to the worker unchanged (a task of no external step,
+// or one Admit let through).
+func (p *Proxy) gate(raw []byte) (pass bool) {
+	var pt polledTask
+	if err := json.Unmarshal(raw, &pt); err != nil || pt.TaskID == "" {
+		return true // not a task we can read: Conductor's answer as is
+	}
+	t := pt.task()
+	if _, ours := taskworkers.ExternalStep(t); !ours {
+		p.seen.note(t.TaskId, nil)
+		return true
+	}
+	if !p.steps.Admit(t) {
+		p.opts.Metrics.task("held_back")
+		return false
+	}
+	p.opts.Metrics.task("admitted")
+	p.seen.note(t.TaskId, t)
+	return true
+}
+
+// poll forwards a poll and gates the tasks of its answer; a task the gate
+// holds back is left out (a single poll then answers 204, as Conductor
+// does when no task is queued).
+func (p *Proxy) poll(w http.ResponseWriter, r *http.Request, batch bool) {
+	resp, body, err := p.forward(r, nil)
+	if err != nil {
+		writeError(w, http.StatusBadGateway, CodeConductorUnavailable, err.Error())
+		return
+	}
+	if resp.StatusCode != http.StatusOK || len(bytes.TrimSpace(body)) == 0 {
+		reply(w, resp, body)
+		return
+	}
+	if !batch {
+		if p.gate(body) {
+			reply(w, resp, body)
+			return
+		}
+		copyHeaders(w.Header(), resp.Header)
+		w.Header().Del("Content-Type")
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	var tasks []json.RawMessage
+	if err := json.Unmarshal(body, &tasks); err != nil {
+		reply(w, resp, body)
+		return
+	}
+	kept := tasks[:0]
+	for _, raw := range tasks {
+		if p.gate(raw) {
+			kept = append(kept, raw)
+		}
+	}
+	if len(kept) == len(tasks) {
+		reply(w, resp, body)
+		return
+	}
+	out, _ := json.Marshal(kept)
+	reply(w, resp, out)
+}
+
+// update records an update of an external step's task, then forwards it;
+// update-v2's answer (the worker's next task) passes the gate too.
+func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxUpdateBytes+1))
+	if err != nil || len(body) > maxUpdateBytes {
+		writeError(w, http.StatusBadRequest, CodeBadRequest, "the task result could not be read, or exceeds 64 MiB")
+		return
+	}
+	var res model.TaskResult
+	if err := json.Unmarshal(body, &res); err != nil {
+		// Not ours to judge: Conductor answers it.
+		p.relay(w, r, body, v2, nil, nil)
+		return
+	}
+	t, err := p.task(r, res.TaskId)
+	if err != nil {
+		writeError(w, http.StatusBadGateway, CodeConductorUnavailable, err.Error())
+		return
+	}
+	if t == nil {
+		p.relay(w, r, body, v2, nil, nil)
+		return
+	}
+	forward, err := p.steps.Record(t, &res)
+	if err != nil {
+		p.opts.Metrics.task("update_not_recorded")
+		writeError(w, http.StatusServiceUnavailable, CodeStoreUnavailable, "the step's outcome could not be recorded; retry the update: "+err.Error())
+		return
+	}
+	if !forward {
+		// Answered to Conductor by Record: the worker hears what
+		// Conductor says to a taken update.
+		p.opts.Metrics.task("update_answered")
+		p.seen.forget(res.TaskId)
+		if v2 {
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = io.WriteString(w, res.TaskId)
+		return
+	}
+	p.relay(w, r, body, v2, t, &res)
+}
+
+// maxUpdateBytes caps an update's body.
+const maxUpdateBytes = 64 << 20
+
+// relay forwards an update and answers the worker as Conductor answered;
+// t (of an external step) is reported once Conductor took res.
+func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, body []byte, v2 bool, t *model.Task, res *model.TaskResult) {
+	resp, out, err := p.forward(r, body)
+	if err != nil {
+		writeError(w, http.StatusBadGateway, CodeConductorUnavailable, err.Error())
+		return
+	}
+	if resp.StatusCode/100 == 2 && res != nil {
+		if res.Status != model.InProgressTask {
+			p.seen.forget(res.TaskId)
+		}
+		if t != nil {
+			p.steps.Reported(t, res)
+		}
+	}
+	if v2 && resp.StatusCode == http.StatusOK && len(bytes.TrimSpace(out)) > 0 && !p.gate(out) {
+		copyHeaders(w.Header(), resp.Header)
+		w.Header().Del("Content-Type")
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	reply(w, resp, out)
+}
+
+// task returns the task an update is about when it is an external step's
+// (nil: any other task), from the polls this proxy answered or else from
+// Conductor (a poll through another replica, or before a restart).
+func (p *Proxy) task(r *http.Request, taskID string) (*model.Task, error) {
+	if taskID == "" {
+		return nil, nil
+	}
+	if t, known := p.seen.get(taskID); known {
+		return t, nil
+	}
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, p.base.String()+"/tasks/"+url.PathEscape(taskID), nil)
+	if err != nil {
+		return nil, err
+	}
+	copyHeaders(req.Header, r.Header)
+	req.Header.Set("Accept", "application/json")
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK || len(bytes.TrimSpace(b)) == 0 {
+		return nil, nil // unknown to Conductor: its answer to the update says so
+	}
+	var pt polledTask
+	if err := json.Unmarshal(b, &pt); err != nil {
+		return nil, nil
+	}
+	t := pt.task()
+	if _, ours := taskworkers.ExternalStep(t); !ours {
+		return nil, nil
+	}
+	return t, nil
+}
+
+// isUpdateByRef reports whether path is POST /tasks/{workflowId}/{ref}/{status}
+// (optionally /sync): an update by reference name.
+func isUpdateByRef(path string) bool {
+	parts := strings.Split(strings.TrimPrefix(path, "/tasks/"), "/")
+	if !strings.HasPrefix(path, "/tasks/") || len(parts) < 3 || len(parts) > 4 {
+		return false
+	}
+	if len(parts) == 4 && parts[3] != "sync" {
+		return false
+	}
+	switch parts[2] {
+	case "COMPLETED", "FAILED", "FAILED_WITH_TERMINAL_ERROR", "IN_PROGRESS":
+		return true
+	}
+	return false
+}
+
+// updateByRef records an update by reference name of an external step's
+// task (the workflow's task of that reference, in progress) and forwards
+// it; the body is the task's output.
+func (p *Proxy) updateByRef(w http.ResponseWriter, r *http.Request, path string) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxUpdateBytes+1))
+	if err != nil || len(body) > maxUpdateBytes {
+		writeError(w, http.StatusBadRequest, CodeBadRequest, "the task output could not be read, or exceeds 64 MiB")
+		return
+	}
+	parts := strings.Split(strings.TrimPrefix(path, "/tasks/"), "/")
+	t, err := p.taskByRef(r, parts[0], parts[1])
+	if err != nil {
+		writeError(w, http.StatusBadGateway, CodeConductorUnavailable, err.Error())
+		return
+	}
+	if t == nil {
+		p.relay(w, r, body, false, nil, nil)
+		return
+	}
+	res := &model.TaskResult{TaskId: t.TaskId, WorkflowInstanceId: t.WorkflowInstanceId, Status: model.TaskResultStatus(parts[2])}
+	_ = json.Unmarshal(body, &res.OutputData)
+	forward, err := p.steps.Record(t, res)
+	switch {
+	case err != nil:
+		writeError(w, http.StatusServiceUnavailable, CodeStoreUnavailable, "the step's outcome could not be recorded; retry the update: "+err.Error())
+	case !forward:
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = io.WriteString(w, t.TaskId)
+	default:
+		p.relay(w, r, body, false, t, res)
+	}
+}
+
+// taskByRef returns the in-progress task of reference ref in workflowID
+// when it is an external step's (nil: any other).
+func (p *Proxy) taskByRef(r *http.Request, workflowID, ref string) (*model.Task, error) {
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, p.base.String()+"/workflow/"+url.PathEscape(workflowID)+"?includeTasks=true", nil)
+	if err != nil {
+		return nil, err
+	}
+	copyHeaders(req.Header, r.Header)
+	req.Header.Set("Accept", "application/json")
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, nil
+	}
+	var wf struct {
+		Tasks []polledTask `json:"tasks"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&wf); err != nil {
+		return nil, nil
+	}
+	for i := len(wf.Tasks) - 1; i >= 0; i-- {
+		pt := &wf.Tasks[i]
+		if pt.ReferenceTaskName != ref {
+			continue
+		}
+		t := pt.task()
+		if _, ours := taskworkers.ExternalStep(t); !ours || (pt.Status != "IN_PROGRESS" && pt.Status != "SCHEDULED") {
+			return nil, nil
+		}
+		return t, nil
+	}
+	return nil, nil
+}
+
+// seenTasks remembers the tasks polls handed out until their final
+// update: an external step's task (for Record), or nil for any other (so
+// that its update costs no read from Conductor). Entries older than
+// seenMaxAge are dropped when the map grows past seenSweepAt.
+type seenTasks struct {
+	mu sync.Mutex
+	m  map[string]seenTask
+}
+
+type seenTask struct {
+	t  *model.Task
+	at time.Time
+}
+
+const (
+	seenSweepAt = 100_000
+	seenMaxAge  = 2 * time.Hour
+)
+
+func (s *seenTasks) note(id string, t *model.Task) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[string]seenTask{}
+	}
+	now := time.Now()
+	if len(s.m) >= seenSweepAt {
+		for k, v := range s.m {
+			if now.Sub(v.at) > seenMaxAge {
+				delete(s.m, k)
+			}
+		}
+	}
+	s.m[id] = seenTask{t: t, at: now}
+}
+
+func (s *seenTasks) get(id string) (*model.Task, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.m[id]
+	return v.t, ok
+}
+
+func (s *seenTasks) forget(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m, id)
+}

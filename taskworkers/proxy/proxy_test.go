@@ -1,0 +1,352 @@
+package proxy_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/registry"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+	"github.com/conductor-sidecar/sidecar/taskworkers"
+	"github.com/conductor-sidecar/sidecar/taskworkers/proxy"
+)
+
+// env is a real Conductor, an embedded JetStream log, the task workers
+// (polling nothing: they only gate external steps) and the proxy.
+type env struct {
+	client *adapter.Client
+	runs   *adapter.Runs
+	store  *natsstore.Store
+	emit   *registry.Emitter
+	domain string
+	url    string // the proxy's base URL, as a worker's server URL
+	tt     string // the external task type
+}
+
+func newEnv(t *testing.T, tokens ...string) *env {
+	t.Helper()
+	curl := conductortest.URL(t)
+	ctx := context.Background()
+	js, _ := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{})
+	store, err := natsstore.Open(ctx, js, natsstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := registry.Open(ctx, js, registry.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := adapter.NewClient(adapter.ClientOptions{BaseURL: curl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	emit := registry.NewEmitter(ids, store)
+	domain := "proxy" + uuid.NewString()[:8]
+	runs, err := adapter.OpenRuns(ctx, js, client, emit, adapter.RunsOptions{TaskDomain: domain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := taskworkers.New(adapter.DomainPoller{Client: client, Domain: domain}, store, emit, nil, nil, taskworkers.Options{
+		WorkerID: "proxy-test", HandBackAfter: time.Second, Tasks: client, ExternalCheck: 500 * time.Millisecond,
+		Guard: func(ctx context.Context, runID, workflowID string) error {
+			_, err := runs.EnsureStarted(ctx, runID, workflowID)
+			return err
+		},
+		Logger: zaptest.NewLogger(t),
+	})
+	if err := w.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	p, err := proxy.New(w, proxy.Options{Conductor: curl, Tokens: tokens, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Open(ln)
+	t.Cleanup(func() { _ = p.Close(context.Background()) })
+	return &env{client: client, runs: runs, store: store, emit: emit, domain: domain,
+		url: "http://" + ln.Addr().String() + "/api", tt: "ext_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")}
+}
+
+// start starts a run of n parallel external steps (timeout seconds each)
+// and returns its runId and workflowId.
+func (e *env) start(t *testing.T, n int, timeout int64) (string, string) {
+	t.Helper()
+	p := &plan.Plan{PlanID: "proxy-" + uuid.NewString()[:8], PlanVersion: "1"}
+	for i := 0; i < n; i++ {
+		p.Steps = append(p.Steps, plan.Step{StepID: fmt.Sprintf("x%d", i), TimeoutSeconds: timeout,
+			Executor: plan.ExecutorSpec{Type: plan.ExecutorExternal, TaskType: e.tt, Input: map[string]string{"n": fmt.Sprint(i)}}})
+	}
+	c, err := plan.Compile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.runs.StartRun(context.Background(), adapter.StartRequest{TenantID: "t", ProjectID: "p", EnvironmentID: "e",
+		RunRequestID: uuid.NewString(), Plan: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Run.RunID, res.Run.WorkflowID
+}
+
+// task is what an outside worker reads of a polled task.
+type task struct {
+	TaskID             string         `json:"taskId"`
+	WorkflowInstanceID string         `json:"workflowInstanceId"`
+	InputData          map[string]any `json:"inputData"`
+	Status             string         `json:"status"`
+}
+
+// pollBatch polls through the proxy as the SDKs do.
+func (e *env) pollBatch(t *testing.T, count int) []task {
+	t.Helper()
+	q := url.Values{"workerid": {"sdk-worker"}, "count": {fmt.Sprint(count)}, "timeout": {"100"}, "domain": {e.domain}}
+	resp, body := call(t, http.MethodGet, e.url+"/tasks/poll/batch/"+e.tt+"?"+q.Encode(), nil)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("batch poll: %d %s", resp.StatusCode, body)
+	}
+	var out []task
+	if err := json.Unmarshal(body, &out); err != nil {
+		t.Fatalf("batch poll answer %q: %v", body, err)
+	}
+	return out
+}
+
+func call(t *testing.T, method, u string, body any) (*http.Response, []byte) {
+	t.Helper()
+	var r io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		r = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, u, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, b
+}
+
+func (e *env) events(t *testing.T, runID string) []statestore.RunEventRecord {
+	t.Helper()
+	recs, err := e.store.Fetch(context.Background(), runID, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return recs
+}
+
+func count(recs []statestore.RunEventRecord, eventType string) int {
+	n := 0
+	for _, r := range recs {
+		if r.EventType == eventType {
+			n++
+		}
+	}
+	return n
+}
+
+func (e *env) control(t *testing.T, runID, eventType string, cycle int64) {
+	t.Helper()
+	snap, err := e.store.ProjectSnapshot(context.Background(), runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &statestore.RunEventWrite{EventType: eventType, EmittedAt: time.Now().UTC().Format(time.RFC3339Nano), RunID: runID,
+		TenantID: snap.TenantID, ProjectID: snap.ProjectID, EnvironmentID: snap.EnvironmentID, PlanID: snap.PlanID, PlanVersion: snap.PlanVersion,
+		EngineAttemptID: 1, LogicalAttemptID: cycle}
+	w.IdempotencyKey = w.KeyInput().Key()
+	if _, err := e.emit.Emit(context.Background(), w); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitFor(t *testing.T, what string, within time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestProxy_GatesAndRecordsExternalSteps: a polled task reaches the worker
+// only with its StepStarted in the log; nothing is handed out while the
+// run is paused; an update is recorded (StepCompleted) before Conductor
+// has it; the run completes.
+func TestProxy_GatesAndRecordsExternalSteps(t *testing.T) {
+	e := newEnv(t)
+	runID, wfID := e.start(t, 3, 60)
+	var got []task
+	waitFor(t, "the first external task", 10*time.Second, func() bool {
+		got = append(got, e.pollBatch(t, 1)...)
+		return len(got) > 0
+	})
+	recs := e.events(t, runID)
+	if n := count(recs, statestore.StepStarted); n != 1 {
+		t.Fatalf("after one task was handed out: %d StepStarted, want 1", n)
+	}
+	if got[0].InputData["n"] == nil {
+		t.Fatalf("the step's input did not reach the worker: %v", got[0].InputData)
+	}
+	// Paused: the two other tasks are handed back, never to the worker.
+	e.control(t, runID, statestore.RunPaused, 1)
+	for i := 0; i < 5; i++ {
+		if tasks := e.pollBatch(t, 5); len(tasks) != 0 {
+			t.Fatalf("a task was handed out while the run is paused: %+v", tasks)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if n := count(e.events(t, runID), statestore.StepStarted); n != 1 {
+		t.Fatalf("while paused: %d StepStarted, want still 1", n)
+	}
+	// The in-flight one finishes while paused (the drain): recorded first.
+	resp, body := call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": got[0].TaskID, "workflowInstanceId": got[0].WorkflowInstanceID,
+		"status": "COMPLETED", "outputData": map[string]any{"ok": true}, "workerId": "sdk-worker"})
+	if resp.StatusCode != http.StatusOK || string(body) != got[0].TaskID {
+		t.Fatalf("update: %d %q, want 200 and the task id (Conductor's answer)", resp.StatusCode, body)
+	}
+	snap, _ := e.store.ProjectSnapshot(context.Background(), runID)
+	if st := snap.Step("x" + fmt.Sprint(got[0].InputData["n"])); st == nil || st.Status != statestore.StepStatusSuccess {
+		t.Fatalf("the completed step is not SUCCESS in the log: %+v", st)
+	}
+	e.control(t, runID, statestore.RunResumed, 1)
+	// Resumed: the rest are handed out, completed through update-v2.
+	done := 1
+	waitFor(t, "the other tasks", 30*time.Second, func() bool {
+		for _, tk := range e.pollBatch(t, 5) {
+			resp, body := call(t, http.MethodPost, e.url+"/tasks/update-v2", map[string]any{"taskId": tk.TaskID,
+				"workflowInstanceId": tk.WorkflowInstanceID, "status": "COMPLETED", "workerId": "sdk-worker"})
+			if resp.StatusCode/100 != 2 {
+				t.Fatalf("update-v2: %d %s", resp.StatusCode, body)
+			}
+			done++
+		}
+		return done == 3
+	})
+	waitFor(t, "the workflow to complete", 20*time.Second, func() bool {
+		wf, err := e.client.Workflow(context.Background(), wfID, false)
+		return err == nil && wf.Status == "COMPLETED"
+	})
+	recs = e.events(t, runID)
+	if count(recs, statestore.StepStarted) != 3 || count(recs, statestore.StepCompleted) != 3 {
+		t.Fatalf("log: %d StepStarted, %d StepCompleted, want 3 and 3", count(recs, statestore.StepStarted), count(recs, statestore.StepCompleted))
+	}
+}
+
+// TestProxy_RefusedUpdateIsRelayed: an update Conductor refuses reaches
+// the worker as Conductor answered it.
+func TestProxy_RefusedUpdateIsRelayed(t *testing.T) {
+	e := newEnv(t)
+	resp, body := call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": uuid.NewString(), "workflowInstanceId": uuid.NewString(), "status": "COMPLETED"})
+	direct, dbody := call(t, http.MethodPost, strings.TrimSuffix(e.client.BaseURL(), "/")+"/tasks", map[string]any{"taskId": uuid.NewString(), "workflowInstanceId": uuid.NewString(), "status": "COMPLETED"})
+	if resp.StatusCode != direct.StatusCode || resp.StatusCode/100 == 2 {
+		t.Fatalf("through the proxy: %d %s; direct: %d %s", resp.StatusCode, body, direct.StatusCode, dbody)
+	}
+}
+
+// TestProxy_PassesOtherTasksThrough: tasks of a workflow that is no run
+// of the log reach the worker untouched and its update is forwarded.
+func TestProxy_PassesOtherTasksThrough(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	name := "plain_" + e.tt
+	def := fmt.Sprintf(`{"name":%q,"version":1,"ownerEmail":"x@y","schemaVersion":2,"tasks":[{"name":%q,"taskReferenceName":"a","type":"SIMPLE",
+		"taskDefinition":{"name":%q,"ownerEmail":"x@y","responseTimeoutSeconds":30,"retryCount":0}}]}`, name, e.tt, e.tt)
+	if err := e.client.RegisterWorkflowDefJSON(ctx, []byte(def)); err != nil {
+		t.Fatal(err)
+	}
+	resp, body := call(t, http.MethodPost, e.url+"/workflow", map[string]any{"name": name, "version": 1, "input": map[string]any{"x": 1}})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("start through the proxy: %d %s", resp.StatusCode, body)
+	}
+	wfID := string(body)
+	var got []task
+	waitFor(t, "the plain task", 10*time.Second, func() bool {
+		q := url.Values{"workerid": {"w"}, "count": {"1"}, "timeout": {"100"}}
+		resp, body := call(t, http.MethodGet, e.url+"/tasks/poll/batch/"+e.tt+"?"+q.Encode(), nil)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("poll: %d %s", resp.StatusCode, body)
+		}
+		_ = json.Unmarshal(body, &got)
+		return len(got) > 0
+	})
+	resp, body = call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": got[0].TaskID, "workflowInstanceId": wfID, "status": "COMPLETED"})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("update: %d %s", resp.StatusCode, body)
+	}
+	waitFor(t, "the plain workflow to complete", 20*time.Second, func() bool {
+		wf, err := e.client.Workflow(ctx, wfID, false)
+		return err == nil && wf.Status == "COMPLETED"
+	})
+}
+
+// TestProxy_Token: with tokens set, a request without one is refused and
+// one with a token (header or first path segment) is forwarded.
+func TestProxy_Token(t *testing.T) {
+	e := newEnv(t, "s3cret")
+	resp, _ := call(t, http.MethodGet, e.url+"/metadata/taskdefs", nil)
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("no token: %d, want 401", resp.StatusCode)
+	}
+	withPath := strings.Replace(e.url, "/api", "/s3cret/api", 1)
+	if resp, body := call(t, http.MethodGet, withPath+"/metadata/taskdefs", nil); resp.StatusCode != http.StatusOK {
+		t.Fatalf("token in the path: %d %s", resp.StatusCode, body)
+	}
+	req, _ := http.NewRequest(http.MethodGet, e.url+"/metadata/taskdefs", nil)
+	req.Header.Set(proxy.TokenHeader, "s3cret")
+	r2, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2.Body.Close()
+	if r2.StatusCode != http.StatusOK {
+		t.Fatalf("token in the header: %d", r2.StatusCode)
+	}
+}
+
+// TestProxy_DeadWorkerEndsItsTry: a worker that takes a task and dies
+// leaves it to Conductor's response timeout; the try is then recorded
+// ended (RunStepTryEnded, taskTimedOut), so a drain does not wait for it.
+func TestProxy_DeadWorkerEndsItsTry(t *testing.T) {
+	e := newEnv(t)
+	runID, _ := e.start(t, 1, 2)
+	waitFor(t, "the external task", 10*time.Second, func() bool { return len(e.pollBatch(t, 1)) > 0 })
+	// The worker dies: no update. The watch has Conductor time the task
+	// out after 2 s (its sweeper alone took minutes on a busy server).
+	waitFor(t, "RunStepTryEnded", 90*time.Second, func() bool {
+		return count(e.events(t, runID), statestore.RunStepTryEnded) == 1
+	})
+	snap, _ := e.store.ProjectSnapshot(context.Background(), runID)
+	if st := snap.Step("x0"); st == nil || !st.Idle {
+		t.Fatalf("the step of the dead worker is still in flight: %+v", st)
+	}
+}
