@@ -34,10 +34,6 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// TestE2E_ListRuns: runs of two plans with labels, one of them paused
-// while a step runs, are listed by plan, label selector, status and
-// substatus, through the API and `sidecar runs`; `runs -w` prints the
-// paused run again when it is resumed.
 // listAll reads every page of a listing: the runs of every page, with the
 // first page's revision.
 func listAll(ctx context.Context, client *httpapi.Client, q url.Values) (*httpapi.RunList, error) {
@@ -59,12 +55,17 @@ func listAll(ctx context.Context, client *httpapi.Client, q url.Values) (*httpap
 	return all, nil
 }
 
+// TestE2E_ListRuns: runs of two plans with labels, one of them paused
+// while a step runs, are listed by plan, label selector, status and
+// substatus, through the API and `sidecar runs` (with the plan's step
+// count); `runs -w` prints the paused run again when it is resumed.
 func TestE2E_ListRuns(t *testing.T) {
 	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t))
 	server := "http://" + p.addr
 	ctx := context.Background()
 	long := mustPlan(t, `{"planId":"`+uniq("e2e-list-long")+`","planVersion":"1","steps":[
-		{"stepId":"wait","executor":{"type":"command","argv":["sleep","30"]}}]}`)
+		{"stepId":"wait","executor":{"type":"command","argv":["sleep","30"]}},
+		{"stepId":"after","executor":{"type":"noop"},"dependsOn":["wait"]}]}`)
 	short := mustPlan(t, `{"planId":"`+uniq("e2e-list-short")+`","planVersion":"1","steps":[{"stepId":"a","executor":{"type":"noop"}}]}`)
 	start := func(pl any, labels map[string]string) string {
 		t.Helper()
@@ -141,7 +142,8 @@ func TestE2E_ListRuns(t *testing.T) {
 	if err != nil || len(page.Runs) != 1 {
 		t.Fatalf("%+v %v", page, err)
 	}
-	if r := page.Runs[0]; r.Status != "PAUSED" || r.InFlight != 1 || r.PauseReason != "incident 7" || r.Labels["tier"] != "gold" {
+	if r := page.Runs[0]; r.Status != "PAUSED" || r.InFlight != 1 || r.PauseReason != "incident 7" || r.Labels["tier"] != "gold" ||
+		r.Steps != 1 || r.PlanSteps != 2 {
 		t.Fatalf("the draining run's row: %+v", r)
 	}
 	for q, code := range map[string]string{"labelSelector=tier+in+(gold": "LABEL_SELECTOR_INVALID", "status=SLEEPING": "BAD_REQUEST",
@@ -152,10 +154,11 @@ func TestE2E_ListRuns(t *testing.T) {
 		}
 	}
 
-	// The CLI: a table, wide, JSON, and a bad selector.
+	// The CLI: a table (STEPS: done of the plan's 2 steps), wide, JSON,
+	// and a bad selector.
 	code, out, errOut := sidecartest.Run(t, "runs", "-l", "tier=gold", "--plan", long.PlanID, "--server", server)
 	if code != 0 || !strings.Contains(out, "RUN") || !strings.Contains(out, gold1) || !strings.Contains(out, gold2) ||
-		!strings.Contains(out, "PAUSED/DRAINING") || strings.Contains(out, silver) {
+		!strings.Contains(out, "PAUSED/DRAINING") || strings.Contains(out, silver) || !strings.Contains(out, " 0/2 ") {
 		t.Fatalf("runs -l: exit %d\n%s%s", code, out, errOut)
 	}
 	if code, out, _ = sidecartest.Run(t, "runs", "--draining", "-o", "wide", "--server", server); code != 0 || !strings.Contains(out, "incident 7") || !strings.Contains(out, "team=data,tier=gold") {

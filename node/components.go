@@ -87,13 +87,25 @@ func (n *Node) openMembers(ctx context.Context) error {
 // follows the log into it, every replica mirrors it.
 func (n *Node) openList(ctx context.Context) error {
 	l, err := runlist.Open(ctx, n.js, runlist.Options{Log: n.store, Owner: n.members, Replicas: n.cfg.Replicas, Logger: n.log,
-		Metrics: runlist.NewMetrics(n.reg), Registerer: n.reg})
+		Plans: planStepCounter{n.runs}, Metrics: runlist.NewMetrics(n.reg), Registerer: n.reg})
 	if err != nil {
 		return err
 	}
 	n.list = l
 	n.add(part{name: "run list", close: l.Close, streams: l.Streams()})
 	return nil
+}
+
+// planStepCounter counts a plan version's steps for the run list
+// (runlist.StepCounter) with the run index's plan lookup: a read of the
+// plan's workflow definition from Conductor, which the list caches.
+type planStepCounter struct{ runs *adapter.Runs }
+
+var _ runlist.StepCounter = planStepCounter{}
+
+func (c planStepCounter) StepCount(ctx context.Context, planID, planVersion string) (int, error) {
+	steps, err := c.runs.PlanSteps(ctx, planID, planVersion)
+	return len(steps), err
 }
 
 // openBus opens the event bus when it has sinks: one replica per sink

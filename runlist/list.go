@@ -62,6 +62,9 @@ type Options struct {
 	MaxTracked int
 	// Timeout bounds every NATS request without a deadline (default 10s).
 	Timeout time.Duration
+	// Plans tells the step count of each plan version, for the rows'
+	// PlanSteps (nil: left 0, unknown).
+	Plans StepCounter
 	// Logger (default zap.NewNop()); Metrics (nil: none).
 	Logger  *zap.Logger
 	Metrics *Metrics
@@ -78,6 +81,7 @@ type List struct {
 	kv     jetstream.KeyValue
 	mirror *mirror
 	follow *follower
+	plans  *planSteps // nil without Options.Plans
 }
 
 // Open opens (or creates) the bucket, starts mirroring it and starts the
@@ -118,6 +122,9 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*List, err
 		return nil, fmt.Errorf("%w: open bucket %s: %w", ErrUnavailable, opts.Bucket, err)
 	}
 	l := &List{opts: opts, log: opts.Logger.Named("runlist"), kv: kv}
+	if opts.Plans != nil {
+		l.plans = newPlanSteps(opts.Plans)
+	}
 	l.mirror = startMirror(kv, l.log, opts.Metrics)
 	l.follow = startFollower(kv, opts, l.log, l.mirror)
 	if opts.Registerer != nil {

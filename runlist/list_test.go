@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -533,5 +534,65 @@ func TestParseSelector_Bounded(t *testing.T) {
 	}
 	if _, err := runlist.ParseSelector(terms(runlist.MaxSelectorTerms)); err != nil {
 		t.Fatalf("%d terms: %v", runlist.MaxSelectorTerms, err)
+	}
+}
+
+// stepCounter is a runlist.StepCounter of fixed answers that counts the
+// lookups.
+type stepCounter struct {
+	mu    sync.Mutex
+	steps map[string]int // planID -> steps; absent: the plan cannot be read
+	calls map[string]int
+}
+
+func (c *stepCounter) StepCount(_ context.Context, planID, _ string) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls[planID]++
+	n, ok := c.steps[planID]
+	if !ok {
+		return 0, errors.New("no such workflow definition")
+	}
+	return n, nil
+}
+
+// TestList_PlanSteps: a listed row carries its plan's step count, so a
+// paused 5-step run with 4 steps done reads 4 of 5 (not 4 of the 4 the
+// log has seen); a plan that cannot be read leaves it 0 (unknown). Plans
+// are immutable: each plan version is looked up once, by List and
+// Changes alike.
+func TestList_PlanSteps(t *testing.T) {
+	f := newFixture(t)
+	c := &stepCounter{steps: map[string]int{"five": 5}, calls: map[string]int{}}
+	l := f.open(runlist.Options{Plans: c})
+	f.start("r5", "five", nil)
+	for _, s := range []string{"a", "b", "c", "d"} {
+		f.event("r5", "five", statestore.StepStarted, s, 1, nil)
+		f.event("r5", "five", statestore.StepCompleted, s, 1, nil)
+	}
+	f.event("r5", "five", statestore.RunPaused, "", 1, map[string]any{"reason": "r"})
+	f.start("lost", "gone", nil)
+	f.event("lost", "gone", statestore.StepStarted, "a", 1, nil)
+	waitIndexed(t, l)
+	for range 2 {
+		p, err := l.List(runlist.Filter{}, 0, "")
+		if err != nil || len(p.Runs) != 2 {
+			t.Fatalf("%+v %v", p, err)
+		}
+		for _, r := range p.Runs {
+			want := map[string]int{"r5": 5, "lost": 0}[r.RunID]
+			if r.PlanSteps != want || (r.RunID == "r5" && (r.Done != 4 || r.Steps != 4)) {
+				t.Fatalf("row %s: done %d, steps %d, planSteps %d; want planSteps %d (r5: 4 done of 4 seen)", r.RunID, r.Done, r.Steps, r.PlanSteps, want)
+			}
+		}
+	}
+	ch, err := l.Changes(context.Background(), runlist.Filter{PlanID: "five"}, 0, 0)
+	if err != nil || len(ch.Runs) != 1 || ch.Runs[0].PlanSteps != 5 {
+		t.Fatalf("changes: %+v %v, want r5 with planSteps 5", ch, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.calls["five"] != 1 || c.calls["gone"] != 1 {
+		t.Fatalf("lookups %v, want one per plan version (a failed one retried only later)", c.calls)
 	}
 }

@@ -139,7 +139,8 @@ func before(a, b *entry) bool {
 // List returns the runs that match f, newest first, at most limit (<= 0:
 // all of them), from the position of cont (a Page's Continue; "" from the
 // start). Runs created while a listing is paged through appear on no page
-// if they sort before its position, and never twice. It reads memory only.
+// if they sort before its position, and never twice. It reads memory,
+// and Options.Plans for a plan version it has not read yet.
 func (l *List) List(f Filter, limit int, cont string) (*Page, error) {
 	var from *entry
 	if cont != "" {
@@ -183,6 +184,7 @@ func (l *List) List(f Filter, limit int, cont string) (*Page, error) {
 	}
 	mr.mu.Unlock()
 	l.addETAs(page.Runs)
+	l.plans.fill(context.Background(), page.Runs)
 	return page, nil
 }
 
@@ -212,6 +214,7 @@ func (l *List) Changes(ctx context.Context, f Filter, after uint64, wait time.Du
 		if len(page.Runs) > 0 || wait <= 0 {
 			sort.Slice(page.Runs, func(i, j int) bool { return page.Runs[i].LastEventSeq < page.Runs[j].LastEventSeq })
 			l.addETAs(page.Runs)
+			l.plans.fill(ctx, page.Runs)
 			return page, nil
 		}
 		select {

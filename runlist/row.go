@@ -39,6 +39,10 @@ type Row struct {
 	Steps    int `json:"steps"`
 	Done     int `json:"done"`
 	InFlight int `json:"inFlight"`
+	// PlanSteps is the number of steps of the run's plan (so Done of
+	// PlanSteps is the run's progress), 0 when the plan could not be read
+	// (Options.Plans); filled in when the run is listed, never stored.
+	PlanSteps int `json:"planSteps,omitempty"`
 	// InFlightSteps are the steps in flight with the time their try began.
 	InFlightSteps []InFlightStep `json:"inFlightSteps,omitempty"`
 	// DrainETA estimates when a DRAINING run's drain ends; computed when

@@ -219,6 +219,27 @@ func TestRunTable_WatchLinesAligned(t *testing.T) {
 	}
 }
 
+// TestRunTable_StepsOfThePlan: STEPS is done of the plan's steps (a
+// paused 5-step run with 4 done reads 4/5, not 4/4), done/? when the
+// plan could not be read.
+func TestRunTable_StepsOfThePlan(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		planSteps int
+		want      string
+	}{{5, " 4/5 "}, {0, " 4/? "}} {
+		var r httpapi.ListedRun
+		r.RunID, r.PlanID, r.Status, r.CreatedAt = "run-a", "etl", "PAUSED", now.Format(time.RFC3339)
+		r.Steps, r.Done, r.PlanSteps = 4, 4, c.planSteps
+		var b bytes.Buffer
+		tbl := runTable{out: &b, output: "text", header: true, now: func() time.Time { return now }}
+		tbl.print([]httpapi.ListedRun{r}, true)
+		if !strings.Contains(b.String(), c.want) {
+			t.Fatalf("planSteps %d: got %q, want STEPS %q", c.planSteps, b.String(), c.want)
+		}
+	}
+}
+
 // TestBulkWait_PrintsOnChange: the progress a bulk --wait prints changes
 // only when a count does, not as the ETA's time left runs down.
 func TestBulkWait_PrintsOnChange(t *testing.T) {

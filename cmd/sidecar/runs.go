@@ -204,7 +204,7 @@ func (t *runTable) print(rows []httpapi.ListedRun, first bool) {
 			status += "/" + r.Substatus
 		}
 		e := escapeText // every string from the API: one cell, one line
-		line := []string{e(r.RunID), e(r.PlanID), e(status), fmt.Sprintf("%d/%d", r.Done, r.Steps), strconv.Itoa(r.InFlight),
+		line := []string{e(r.RunID), e(r.PlanID), e(status), stepsCell(&r.Row), strconv.Itoa(r.InFlight),
 			e(etaString(t.now(), r.DrainETA)), e(age(t.now(), r.CreatedAt))}
 		if wide {
 			line = append(line, e(r.PlanVersion), e(r.TenantID), e(optional(labelString(r.Labels), "-")),
@@ -233,6 +233,15 @@ func (t *runTable) print(rows []httpapi.ListedRun, first bool) {
 		}
 		fmt.Fprintln(t.out, b.String())
 	}
+}
+
+// stepsCell is a run's STEPS: its steps done of its plan's, done/? when
+// the sidecar could not read the plan.
+func stepsCell(r *runlist.Row) string {
+	if r.PlanSteps == 0 {
+		return fmt.Sprintf("%d/?", r.Done)
+	}
+	return fmt.Sprintf("%d/%d", r.Done, max(r.PlanSteps, r.Steps))
 }
 
 // age prints the time since at as kubectl does: 42s, 5m, 3h, 2d.

@@ -267,7 +267,7 @@ function runRow(r) {
     h("td", {}, h("a", { href: "/ui/runs/" + encodeURIComponent(r.runId), class: "mono" }, r.runId)),
     h("td", {}, `${r.planId}@${r.planVersion}`),
     h("td", {}, badge(r.status, r.substatus)),
-    h("td", { class: "num" }, `${r.done}/${r.steps}`),
+    h("td", { class: "num", title: r.planSteps ? null : "the plan could not be read" }, `${r.done}/${r.planSteps ? Math.max(r.planSteps, r.steps) : "?"}`),
     h("td", { class: "num" }, String(r.inFlight)),
     h("td", {}, drain),
     h("td", {}, deadline),
