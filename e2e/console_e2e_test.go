@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -212,6 +213,12 @@ func TestE2E_Console(t *testing.T) {
 	sidecartest.WaitFor(t, "the run page to show DRAINING", 20*time.Second, func() bool {
 		return eval[string](t, ctx, `document.documentElement.dataset.runStatus || ""`) == "PAUSED/DRAINING"
 	})
+	// What the operator reads (Execution Semantics §6.5): PAUSED with the
+	// DRAINING substatus and the message.
+	if text := eval[string](t, ctx, `document.querySelector("main").innerText`); !strings.Contains(text, "PAUSED (DRAINING)") ||
+		!regexp.MustCompile(`Workflow paused\. Waiting for \d+ in-flight tasks? to complete\.`).MatchString(text) {
+		t.Fatalf("the draining run's page does not show PAUSED (DRAINING) and the message:\n%s", text)
+	}
 	screenshot(t, ctx, "run-draining")
 	var paused *statestore.RunEventRecord
 	for _, ev := range allEvents(t, p, runID) {
@@ -228,7 +235,8 @@ func TestE2E_Console(t *testing.T) {
 	}
 
 	// The run list, filtered by label (the URL carries the filter): the
-	// row goes DRAINING -> PAUSED and its in-flight count falls.
+	// row goes DRAINING -> PAUSED and its in-flight count falls; its steps
+	// are counted against the plan's.
 	navigate(t, ctx, base+"/ui/runs?labelSelector=team%3D"+team, "runs")
 	screenshot(t, ctx, "runs-draining")
 	row := `(() => { const r = document.querySelector('tr[data-run="` + runID + `"]'); return r ? r.cells[2].innerText + "|" + r.cells[4].innerText : ""; })()`
@@ -248,6 +256,13 @@ func TestE2E_Console(t *testing.T) {
 		t.Fatalf("the list row went %q; want DRAINING with a falling in-flight count, then PAUSED|0", seen)
 	}
 	t.Logf("run list row over the drain: %q", seen)
+	// Steps done of the plan's 5 (not of the 4 the log has seen): prepare
+	// and the three extracts the drain waited for; publish waits for the
+	// resume.
+	steps := `document.querySelector('tr[data-run="` + runID + `"]').cells[3].innerText`
+	if got := eval[string](t, ctx, steps); got != "4/5" {
+		t.Fatalf("the paused run's steps read %q, want 4/5 (done of the plan's steps)", got)
+	}
 	screenshot(t, ctx, "runs")
 
 	// Bulk: two more runs, a dry run listing them and their in-flight
