@@ -1,0 +1,263 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/tracing"
+	"github.com/conductor-sidecar/sidecar/tracing/tracingtest"
+)
+
+// tracedRun is what a run of tracingPlan left behind outside the sidecar.
+type tracedRun struct {
+	runID string
+	// commandTP is the TRACEPARENT the command step saw, httpTP the
+	// traceparent header the http step's server saw, inputTC the
+	// _trace_context of the workflow's input on Conductor.
+	commandTP, httpTP string
+	inputTC           map[string]any
+}
+
+// runTracingPlan runs a plan of a command step (which writes its
+// TRACEPARENT to a file and runs for a while) and an http step after it
+// (to a server that records its traceparent header) on p; it pauses the
+// run while the command runs, with pauseHeader on the request, waits for
+// the drain, resumes it, and waits for COMPLETED.
+func runTracingPlan(t *testing.T, p *proc, pauseHeader http.Header) tracedRun {
+	t.Helper()
+	var (
+		mu     sync.Mutex
+		httpTP = "(no request)"
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		httpTP = r.Header.Get("traceparent")
+		mu.Unlock()
+	}))
+	defer srv.Close()
+	tpFile := filepath.Join(t.TempDir(), "traceparent")
+	pl := &plan.Plan{PlanID: uniq("e2e-trace"), PlanVersion: "1", Steps: []plan.Step{
+		{StepID: "cmd", Executor: plan.ExecutorSpec{Type: plan.ExecutorCommand,
+			Argv: []string{"sh", "-c", `printf '%s' "$TRACEPARENT" > "$1"; sleep 2`, "sh", tpFile}}},
+		{StepID: "call", DependsOn: []string{"cmd"}, Executor: plan.ExecutorSpec{Type: plan.ExecutorHTTP, Method: http.MethodGet, URL: srv.URL + "/hook"}},
+	}}
+	started := submit(t, p, pl, uniq("req"))
+	sidecartest.WaitFor(t, "cmd to start", time.Minute, func() bool {
+		return eventIndex(allEvents(t, p, started.RunID), statestore.StepStarted, "cmd", 0) >= 0
+	})
+	post(t, p, "/v1/runs/"+url.PathEscape(started.RunID)+"/pause", `{"reason":"maintenance"}`, pauseHeader)
+	sidecartest.WaitFor(t, "the drain to complete", time.Minute, func() bool {
+		return eventIndex(allEvents(t, p, started.RunID), statestore.RunDrainCompleted, "", 0) >= 0
+	})
+	post(t, p, "/v1/runs/"+url.PathEscape(started.RunID)+"/resume", `{}`, nil)
+	if v := waitTerminal(t, p, started.RunID, 2*time.Minute); v.Status != statestore.RunStatusCompleted {
+		t.Fatalf("run %s, want COMPLETED", v.Status)
+	}
+	b, err := os.ReadFile(tpFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return tracedRun{runID: started.RunID, commandTP: string(b), httpTP: httpTP, inputTC: workflowTraceContext(t, p, started.RunID)}
+}
+
+// post sends a control request with header and fails t unless it
+// succeeds.
+func post(t *testing.T, p *proc, path, body string, header http.Header) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "http://"+p.addr+path, bytes.NewBufferString(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		var e bytes.Buffer
+		_, _ = e.ReadFrom(resp.Body)
+		t.Fatalf("POST %s: %d %s", path, resp.StatusCode, e.String())
+	}
+}
+
+// workflowTraceContext is the _trace_context of the run's workflow input
+// on Conductor (nil: none).
+func workflowTraceContext(t *testing.T, p *proc, runID string) map[string]any {
+	t.Helper()
+	evs := allEvents(t, p, runID)
+	i := eventIndex(evs, statestore.RunStarted, "", 0)
+	if i < 0 {
+		t.Fatalf("no RunStarted: %v", types(evs))
+	}
+	var started statestore.RunStartedPayload
+	if err := json.Unmarshal(evs[i].Payload, &started); err != nil {
+		t.Fatal(err)
+	}
+	workflowID := started.EngineRunRef[strings.LastIndexByte(started.EngineRunRef, '/')+1:]
+	resp, err := http.Get(conductortest.URL(t) + "/workflow/" + url.PathEscape(workflowID) + "?includeTasks=false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var wf struct {
+		Input map[string]any `json:"input"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&wf); err != nil {
+		t.Fatalf("workflow %s on Conductor: %d %v", workflowID, resp.StatusCode, err)
+	}
+	tc, _ := wf.Input["_trace_context"].(map[string]any)
+	return tc
+}
+
+// environ is this process's environment without OTEL_* variables, plus
+// extra and the http steps' permission to reach the test's own server.
+func environ(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "OTEL_") && !strings.HasPrefix(kv, "SIDECAR_HTTP_ALLOW=") {
+			env = append(env, kv)
+		}
+	}
+	return append(append(env, "SIDECAR_HTTP_ALLOW=127.0.0.1/32"), extra...)
+}
+
+// TestE2E_Tracing runs the sidecar binary with OTEL_EXPORTER_OTLP_ENDPOINT
+// set to a real OpenTelemetry Collector (both protocols), runs a plan
+// with a command step and an http step, pauses it through the API with a
+// caller's W3C traceparent and resumes it, and reads the spans back from
+// the collector: the run span, both step attempt spans, the pause cycle
+// span and the control request spans, all in the run's trace; the steps
+// and Conductor got the trace context.
+func TestE2E_Tracing(t *testing.T) {
+	for _, proto := range []string{tracing.ProtocolHTTP, tracing.ProtocolGRPC} {
+		t.Run(strings.ReplaceAll(proto, "/", "_"), func(t *testing.T) {
+			col := tracingtest.Start(t)
+			endpoint := col.HTTP
+			if proto == tracing.ProtocolGRPC {
+				endpoint = col.GRPC
+			}
+			p := newProc(sidecartest.Start(t, sidecartest.Options{Env: environ(
+				"OTEL_EXPORTER_OTLP_ENDPOINT="+endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL="+proto,
+				"OTEL_SERVICE_NAME=sidecar-e2e", "OTEL_BSP_SCHEDULE_DELAY=100")}))
+			const callerTrace, callerSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+			run := runTracingPlan(t, p, http.Header{"Traceparent": {"00-" + callerTrace + "-" + callerSpan + "-01"}})
+
+			traceID := tracing.RunTraceID(run.runID).String()
+			runSpanID := tracing.RunContext(run.runID).SpanID().String()
+			if want := tracing.Traceparent(tracing.RunContext(run.runID)); run.inputTC["traceparent"] != want {
+				t.Errorf("workflow input _trace_context %v, want traceparent %s", run.inputTC, want)
+			}
+
+			want := []string{"run", "step cmd", "step call", "pause", "POST /v1/runs", "POST /v1/runs/{runId}/pause", "POST /v1/runs/{runId}/resume"}
+			byName := func(spans []tracingtest.Span) map[string]tracingtest.Span {
+				m := map[string]tracingtest.Span{}
+				for _, s := range spans {
+					if s.Attributes[tracing.AttrRunID] != run.runID {
+						continue
+					}
+					name := s.Name
+					if strings.HasPrefix(name, "run ") { // "run <planId>"
+						name = "run"
+					}
+					m[name] = s
+				}
+				return m
+			}
+			spans := byName(col.WaitSpans(t, 30*time.Second, func(all []tracingtest.Span) bool { return len(byName(all)) >= len(want) }))
+			for _, name := range want {
+				s, ok := spans[name]
+				if !ok {
+					t.Errorf("no span %q of the run", name)
+					continue
+				}
+				if s.Service != "sidecar-e2e" {
+					t.Errorf("span %q: service %q, want sidecar-e2e (OTEL_SERVICE_NAME)", name, s.Service)
+				}
+				switch name {
+				case "run":
+					if s.TraceID != traceID || s.SpanID != runSpanID || s.ParentSpanID != "" || s.Attributes[tracing.AttrRunStatus] != statestore.RunCompleted {
+						t.Errorf("run span %+v: want trace %s, id %s, a root, RunCompleted", s, traceID, runSpanID)
+					}
+				case "step cmd", "step call":
+					if s.TraceID != traceID || s.ParentSpanID != runSpanID || s.Attributes[tracing.AttrOutcome] != tracing.OutcomeCompleted ||
+						s.Attributes[tracing.AttrLogicalAttempt] != int64(1) || s.Attributes[tracing.AttrEngineAttempt] != int64(1) {
+						t.Errorf("step span %+v: want a child of the run span, attempt 1/1, completed", s)
+					}
+					seen, what := run.commandTP, "the command's TRACEPARENT"
+					if name == "step call" {
+						seen, what = run.httpTP, "the http step's traceparent header"
+					}
+					if wantTP := "00-" + traceID + "-" + s.SpanID + "-01"; seen != wantTP {
+						t.Errorf("%s %q, want the step attempt span's %s", what, seen, wantTP)
+					}
+				case "pause":
+					if s.TraceID != traceID || s.ParentSpanID != runSpanID || s.Attributes[tracing.AttrDrainEnded] != true ||
+						s.Attributes[tracing.AttrDrainTimedOut] != false || s.Attributes[tracing.AttrPauseReason] != "maintenance" {
+						t.Errorf("pause span %+v: want a child of the run span, drain ended in time, reason maintenance", s)
+					}
+					if d, _ := s.Attributes[tracing.AttrDrainSeconds].(float64); d < 0.5 {
+						t.Errorf("pause span drain seconds %v: the command ran about 2 s", s.Attributes[tracing.AttrDrainSeconds])
+					}
+				case "POST /v1/runs/{runId}/pause":
+					if s.TraceID != callerTrace || s.ParentSpanID != callerSpan || len(s.Links) != 1 || s.Links[0].TraceID != traceID || s.Links[0].SpanID != runSpanID {
+						t.Errorf("pause request span %+v: want a child of the caller's span, linked to the run span", s)
+					}
+				default: // the start and the resume, without a traceparent
+					if code, _ := s.Attributes[tracing.AttrHTTPStatusCode].(int64); s.TraceID != traceID || s.ParentSpanID != runSpanID || code < 200 || code > 299 {
+						t.Errorf("request span %+v: want a child of the run span, answered 2xx", s)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestE2E_TracingOff: without OTEL_* variables, and with
+// OTEL_SDK_DISABLED=true beside an endpoint, the sidecar exports nothing
+// and gives the steps and Conductor no trace context.
+func TestE2E_TracingOff(t *testing.T) {
+	col := tracingtest.Start(t)
+	for _, c := range []struct {
+		name string
+		env  []string
+	}{
+		{"NoVariables", nil},
+		{"SDKDisabled", []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + col.HTTP, "OTEL_SDK_DISABLED=true", "OTEL_BSP_SCHEDULE_DELAY=100"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := sidecartest.Start(t, sidecartest.Options{Env: environ(c.env...)})
+			run := runTracingPlan(t, newProc(s), nil)
+			if run.commandTP != "" || run.httpTP != "" || run.inputTC != nil {
+				t.Errorf("trace context while off: TRACEPARENT %q, traceparent header %q, workflow _trace_context %v", run.commandTP, run.httpTP, run.inputTC)
+			}
+			s.Stop(syscall.SIGTERM) // a Tracer would flush now
+			if b, _ := os.ReadFile(s.Log.Name()); bytes.Contains(b, []byte("exporting traces")) {
+				t.Errorf("the sidecar says it exports traces:\n%s", b)
+			}
+		})
+	}
+	time.Sleep(time.Second) // the collector's file exporter flushes every 50 ms
+	if spans := col.Spans(t); len(spans) != 0 {
+		t.Fatalf("the collector received %d spans, want none; first %+v", len(spans), spans[0])
+	}
+}
