@@ -261,3 +261,24 @@ func TestE2E_TracingOff(t *testing.T) {
 		t.Fatalf("the collector received %d spans, want none; first %+v", len(spans), spans[0])
 	}
 }
+
+// TestE2E_TracingCollectorDown: with the collector unreachable the run
+// completes as ever, and the exporter's errors reach the sidecar's log,
+// rate limited (one line for the whole run).
+func TestE2E_TracingCollectorDown(t *testing.T) {
+	dead := sidecartest.FreeAddr(t) // nobody listens there
+	s := sidecartest.Start(t, sidecartest.Options{Env: environ("OTEL_EXPORTER_OTLP_ENDPOINT=http://"+dead,
+		"OTEL_BSP_SCHEDULE_DELAY=100", "OTEL_EXPORTER_OTLP_TIMEOUT=500")})
+	run := runTracingPlan(t, newProc(s), nil)
+	if run.commandTP == "" {
+		t.Error("no TRACEPARENT while tracing is on")
+	}
+	s.Stop(syscall.SIGTERM)
+	b, _ := os.ReadFile(s.Log.Name())
+	if n := bytes.Count(b, []byte("tracing: OpenTelemetry error")); n != 1 {
+		t.Fatalf("the log has %d OpenTelemetry error lines, want 1 (rate limited):\n%s", n, b)
+	}
+	if !bytes.Contains(b, []byte(dead)) {
+		t.Fatalf("the logged error does not name the collector %s:\n%s", dead, b)
+	}
+}

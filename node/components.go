@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"go.opentelemetry.io/otel"
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
@@ -27,13 +28,26 @@ import (
 
 // openTracing builds the tracer of Config.Tracing (none when off). It
 // closes last, exporting the spans still buffered.
+//
+// When tracing is on it also sends OpenTelemetry's errors (a failed
+// export, a full queue) to the node's logger, rate limited. OpenTelemetry
+// reports them only to one global handler per process (otel.Handle), so
+// this is the one place the sidecar sets global state: the last node
+// opened with tracing on gets the process's errors, and a closed node's
+// handler drops them.
 func (n *Node) openTracing(ctx context.Context) error {
 	t, err := tracing.New(ctx, n.cfg.Tracing, n.log)
-	if err != nil {
+	if err != nil || t == nil {
 		return err
 	}
 	n.tracer = t
-	n.add(part{name: "tracing", close: t.Close})
+	errs := tracing.NewErrorHandler(n.log, tracing.DefaultErrorEvery)
+	otel.SetErrorHandler(errs)
+	n.add(part{name: "tracing", close: func(ctx context.Context) error {
+		err := t.Close(ctx)
+		errs.Close()
+		return err
+	}})
 	return nil
 }
 
