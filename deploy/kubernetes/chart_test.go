@@ -357,6 +357,10 @@ func TestChart_BadValuesFail(t *testing.T) {
 		{"PostgresPasswordInURL", []string{"postgres.yaml"}, []string{"store.postgresURL=postgres://u:secret@h:5432/d"}, "holds a password"},
 		{"ClientCAWithoutTLS", []string{"one-pod.yaml"}, []string{"tls.clientCASecretName=ca"}, "needs tls.secretName"},
 		{"BadNATSURL", []string{"replicated.yaml"}, []string{"nats.url=http://nats:4222"}, "/nats/url': 'http://nats:4222' does not match"},
+		{"OTelBadProtocol", []string{"one-pod.yaml"}, []string{"otel.endpoint=http://otel:4318", "otel.protocol=http/json"}, "/otel/protocol': value must be one of"},
+		{"OTelBadEndpoint", []string{"one-pod.yaml"}, []string{"otel.endpoint=otel:4317"}, "/otel/endpoint': 'otel:4317' does not match"},
+		{"OTelExtraNotOTel", []string{"one-pod.yaml"}, []string{"otel.extra.SIDECAR_X=1"}, "'SIDECAR_X' does not match pattern '^OTEL_"},
+		{"OTelExtraOverridesChart", []string{"one-pod.yaml"}, []string{"otel.extra.OTEL_SERVICE_NAME=x"}, "invalid propertyName 'OTEL_SERVICE_NAME'"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var extra []string
@@ -407,6 +411,51 @@ func TestChart_GoMemLimit(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestChart_OTel: otel.endpoint turns tracing on with the standard OTEL_*
+// variables (the headers from a Secret, never a value); without it no
+// OTEL_* variable is set and serve does not trace.
+func TestChart_OTel(t *testing.T) {
+	env := func(t *testing.T, extra ...string) map[string]corev1.EnvVar {
+		t.Helper()
+		out, err := template(t, []string{"one-pod.yaml"}, extra...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]corev1.EnvVar{}
+		for _, e := range container(t, the(t, "Deployments", decodeRender(t, out).deployments), "sidecar").Env {
+			if strings.HasPrefix(e.Name, "OTEL_") {
+				m[e.Name] = e
+			}
+		}
+		return m
+	}
+	t.Run("Off", func(t *testing.T) {
+		if got := env(t); len(got) != 0 {
+			t.Fatalf("OTEL_* set without otel.endpoint: %v", got)
+		}
+	})
+	t.Run("On", func(t *testing.T) {
+		got := env(t, "--set", "otel.endpoint=http://otel-collector.observability:4317", "--set", "otel.protocol=grpc",
+			"--set", "otel.serviceName=sidecar-prod", "--set", "otel.headersSecret.name=otel-auth",
+			"--set", "otel.extra.OTEL_TRACES_SAMPLER=parentbased_traceidratio", "--set-string", "otel.extra.OTEL_TRACES_SAMPLER_ARG=0.1")
+		for name, want := range map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector.observability:4317",
+			"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_SERVICE_NAME": "sidecar-prod",
+			"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"} {
+			if got[name].Value != want {
+				t.Errorf("%s = %q, want %q", name, got[name].Value, want)
+			}
+		}
+		h := got["OTEL_EXPORTER_OTLP_HEADERS"]
+		if h.Value != "" || h.ValueFrom == nil || h.ValueFrom.SecretKeyRef == nil ||
+			h.ValueFrom.SecretKeyRef.Name != "otel-auth" || h.ValueFrom.SecretKeyRef.Key != "headers" {
+			t.Errorf("OTEL_EXPORTER_OTLP_HEADERS %+v, want from Secret otel-auth, key headers", h)
+		}
+		if len(got) != 6 {
+			t.Errorf("got %d OTEL_* variables, want 6: %v", len(got), got)
+		}
+	})
 }
 
 // TestChart_GeneratedFiles: what is generated from the chart or for it is
