@@ -1,0 +1,329 @@
+// Package archive keeps runs that leave the sidecar's hot state in an
+// archive that can be proven complete: compressed NDJSON segments holding
+// each run's records exactly as the log stored them, and one manifest per
+// segment with each run's record count and SHA-256, chained by hash.
+//
+// # Layout
+//
+// Inside a Destination (a directory, an S3 bucket prefix):
+//
+//	segments/<unixNano>-<random>.ndjson.gz   gzip of NDJSON lines, one record a line
+//	manifests/000000000001.json              the segment's Manifest, seq 1, 2, ...
+//
+// A segment holds one or more runs, each run's records contiguous and in
+// increasing runSeq. A line is the contract's RunEventRecord as compact
+// JSON (EncodeRecord), so runSeq, eventId, persistedAt and the payload are
+// exactly what the log returned. A run's SHA-256 is over its lines, each
+// with its newline; `zcat segment | sha256sum` of a one-run segment is the
+// run's hash.
+//
+// Manifest n records the segment's name, its SHA-256 and size (stored and
+// decompressed), its record count and runs, Prev (the Chain of manifest
+// n-1, Genesis for the first) and Chain, the SHA-256 of the manifest itself
+// with Chain empty. Manifests are written once (Destination.PutNew), after
+// their segment, so a writer that dies leaves at most a segment no
+// manifest names, which Verify reports as an orphan and nothing reads.
+//
+// # What verification proves
+//
+// Verify reads every manifest from 1 to the last and every segment, and
+// checks each hash and count. Changing, dropping or reordering a record
+// breaks its run's SHA-256; editing a manifest to match breaks its Chain;
+// recomputing that Chain breaks the next manifest's Prev; deleting a
+// manifest leaves a gap. What a reader of the archive alone cannot see is
+// the removal of the newest manifests, or every manifest rewritten from
+// some point on; comparing the head (Head, printed by Verify) with one
+// kept elsewhere (the sidecar's log of removals, an operator's note)
+// closes that gap: VerifyOptions.ExpectHead.
+package archive
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// conflictRetries is how often Write takes the next seq after losing one
+// to another writer: each loss means another write succeeded, so only
+// more than this many concurrent writes can make Write give up with
+// ErrConflict.
+const conflictRetries = 64
+
+// Archive reads and writes one archive. It is safe for concurrent use;
+// writes of one Archive are serialized, and writers of several processes
+// on one destination never fork the chain (PutNew).
+type Archive struct {
+	dest Destination
+	now  func() time.Time
+
+	mu   sync.Mutex
+	head *Manifest // newest manifest read or written (nil: none yet)
+	// index maps a runId to where its newest copy is listed; built by
+	// loadIndex and kept up to date by Write.
+	index   map[string]location
+	indexed uint64 // manifests read into index: 1..indexed
+}
+
+// location is a run's place: manifest seq and the run's entry in it.
+type location struct {
+	seq   uint64
+	entry int
+}
+
+// Options configures Open. The zero value uses the defaults.
+type Options struct {
+	// Now is the clock of CreatedAt (default time.Now).
+	Now func() time.Time
+}
+
+// Open returns the Archive on dest. It reads the newest manifest (if any)
+// and checks it, so that a writer chains on to it; an archive whose newest
+// manifest does not check fails with an error matching ErrCorrupt.
+func Open(ctx context.Context, dest Destination, opts Options) (*Archive, error) {
+	if dest == nil {
+		return nil, newError(CodeURLInvalid, nil, "no destination")
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	a := &Archive{dest: dest, now: opts.Now, index: map[string]location{}}
+	if err := a.loadHead(ctx); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// Close releases the archive. It writes nothing.
+func (a *Archive) Close(ctx context.Context) error { return nil }
+
+// Destination returns the archive's destination.
+func (a *Archive) Destination() Destination { return a.dest }
+
+// Head returns the newest manifest this Archive knows of (nil for an
+// empty archive). Its Chain commits to every record archived before it.
+func (a *Archive) Head() *Manifest {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.head == nil {
+		return nil
+	}
+	h := *a.head
+	return &h
+}
+
+// manifestSeqs lists the seq numbers of the destination's manifests,
+// sorted, ignoring other objects.
+func (a *Archive) manifestSeqs(ctx context.Context) ([]uint64, error) {
+	names, err := a.dest.List(ctx, manifestPrefix)
+	if err != nil {
+		return nil, err
+	}
+	seqs := make([]uint64, 0, len(names))
+	for _, n := range names {
+		if s, ok := parseManifestName(n); ok {
+			seqs = append(seqs, s)
+		}
+	}
+	slices.Sort(seqs)
+	return seqs, nil
+}
+
+// readManifest gets and checks manifest seq.
+func (a *Archive) readManifest(ctx context.Context, seq uint64) (*Manifest, error) {
+	b, err := a.dest.Get(ctx, manifestName(seq))
+	if err != nil {
+		return nil, err
+	}
+	return parseManifest(b, seq)
+}
+
+// loadHead reads the newest manifest into a.head. Called with a.mu held
+// or before the Archive is shared.
+func (a *Archive) loadHead(ctx context.Context) error {
+	seqs, err := a.manifestSeqs(ctx)
+	if err != nil {
+		return err
+	}
+	if len(seqs) == 0 {
+		a.head = nil
+		return nil
+	}
+	m, err := a.readManifest(ctx, seqs[len(seqs)-1])
+	if err != nil {
+		return err
+	}
+	a.head = m
+	return nil
+}
+
+// Write archives runs as one segment and returns its manifest once both
+// are confirmed: the segment was written, read back and its hashes and
+// every run's count and SHA-256 checked, then the manifest was written
+// under the next seq (never over another) and read back byte for byte.
+// Only then may the runs leave hot state. Each run must be given with every
+// one of its records, in increasing runSeq; bad input fails with
+// ErrInputInvalid and writes nothing. A destination that fails gives an
+// error matching ErrUnavailable; the runs are then not archived (a segment
+// may be left that no manifest names).
+func (a *Archive) Write(ctx context.Context, runs []Run) (*Manifest, error) {
+	if err := checkRuns(runs); err != nil {
+		return nil, err
+	}
+	data, m, err := buildSegment(runs)
+	if err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := a.now().UTC()
+	var rnd [8]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return nil, fmt.Errorf("archive: random segment name: %w", err)
+	}
+	m.CreatedAt = now.Format(time.RFC3339Nano)
+	m.Segment = fmt.Sprintf("%s%019d-%s%s", segmentPrefix, now.UnixNano(), hex.EncodeToString(rnd[:]), segmentSuffix)
+	if err := a.dest.Put(ctx, m.Segment, data); err != nil {
+		return nil, err
+	}
+	back, err := a.dest.Get(ctx, m.Segment)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := decodeSegment(m, back); err != nil {
+		return nil, fmt.Errorf("read back: %w", err)
+	}
+	for try := 0; ; try++ {
+		m.Seq, m.Prev = 1, Genesis
+		if a.head != nil {
+			m.Seq, m.Prev = a.head.Seq+1, a.head.Chain
+		}
+		if m.Chain, err = chainOf(m); err != nil {
+			return nil, err
+		}
+		enc, err := encodeManifest(m)
+		if err != nil {
+			return nil, err
+		}
+		err = a.dest.PutNew(ctx, manifestName(m.Seq), enc)
+		if errors.Is(err, ErrConflict) && try < conflictRetries {
+			if err := a.loadHead(ctx); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		got, err := a.dest.Get(ctx, manifestName(m.Seq))
+		if err != nil {
+			return nil, err
+		}
+		if string(got) != string(enc) {
+			return nil, newError(CodeCorrupt, nil, "manifest %d read back differs from what was written", m.Seq)
+		}
+		break
+	}
+	a.head = m
+	if a.indexed == m.Seq-1 {
+		for i, e := range m.Runs {
+			a.index[e.RunID] = location{seq: m.Seq, entry: i}
+		}
+		a.indexed = m.Seq
+	}
+	out := *m
+	return &out, nil
+}
+
+// loadIndex reads the manifests the index has not read yet. Called with
+// a.mu held.
+func (a *Archive) loadIndex(ctx context.Context) error {
+	seqs, err := a.manifestSeqs(ctx)
+	if err != nil {
+		return err
+	}
+	for _, seq := range seqs {
+		if seq <= a.indexed {
+			continue
+		}
+		m, err := a.readManifest(ctx, seq)
+		if err != nil {
+			return err
+		}
+		for i, e := range m.Runs {
+			a.index[e.RunID] = location{seq: seq, entry: i}
+		}
+		a.indexed = seq
+		if a.head == nil || seq > a.head.Seq {
+			a.head = m
+		}
+	}
+	return nil
+}
+
+// Lookup returns the manifest entry of runID's newest copy in the archive,
+// or an error matching ErrRunNotFound.
+func (a *Archive) Lookup(ctx context.Context, runID string) (*RunEntry, error) {
+	_, e, err := a.locate(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+func (a *Archive) locate(ctx context.Context, runID string) (*Manifest, *RunEntry, error) {
+	a.mu.Lock()
+	loc, ok := a.index[runID]
+	if !ok {
+		if err := a.loadIndex(ctx); err != nil {
+			a.mu.Unlock()
+			return nil, nil, err
+		}
+		loc, ok = a.index[runID]
+	}
+	a.mu.Unlock()
+	if !ok {
+		return nil, nil, newError(CodeRunNotFound, nil, "run %q is not in %s", runID, a.dest)
+	}
+	m, err := a.readManifest(ctx, loc.seq)
+	if err != nil {
+		return nil, nil, err
+	}
+	if loc.entry >= len(m.Runs) || m.Runs[loc.entry].RunID != runID {
+		return nil, nil, newError(CodeCorrupt, nil, "manifest %d no longer lists run %q", loc.seq, runID)
+	}
+	return m, &m.Runs[loc.entry], nil
+}
+
+// Records returns every record of runID from the archive, after checking
+// its segment against its manifest (hash, counts, the run's SHA-256). A
+// run not archived gives an error matching ErrRunNotFound.
+func (a *Archive) Records(ctx context.Context, runID string) ([]statestore.RunEventRecord, error) {
+	m, e, err := a.locate(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	data, err := a.dest.Get(ctx, m.Segment)
+	if errors.Is(err, ErrObjectNotFound) {
+		return nil, newError(CodeCorrupt, err, "manifest %d names segment %s, which is missing", m.Seq, m.Segment)
+	}
+	if err != nil {
+		return nil, err
+	}
+	runs, err := decodeSegment(m, data)
+	if err != nil {
+		return nil, err
+	}
+	for i := range m.Runs {
+		if m.Runs[i].RunID == e.RunID {
+			return runs[i], nil
+		}
+	}
+	return nil, newError(CodeRunNotFound, nil, "run %q is not in %s", runID, a.dest)
+}

@@ -1,0 +1,157 @@
+package archive
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+var _ Destination = (*Dir)(nil)
+
+// Dir is a Destination in a directory of a local or mounted file system.
+// An object is written to a temporary file in its directory, fsynced, and
+// renamed (Put) or hard-linked (PutNew, which fails if the name exists) to
+// its name, and the directory is fsynced: after a crash an object is
+// either whole or absent.
+type Dir struct {
+	root string
+}
+
+// NewDir returns the Destination in directory root.
+func NewDir(root string) *Dir { return &Dir{root: filepath.Clean(root)} }
+
+// String implements Destination.
+func (d *Dir) String() string { return "file://" + filepath.ToSlash(d.root) }
+
+// path maps an object name to a file path, refusing names that leave root.
+func (d *Dir) path(name string) (string, error) {
+	clean := path.Clean("/" + name)
+	if name == "" || clean != "/"+name || strings.HasSuffix(name, "/") {
+		return "", newError(CodeInputInvalid, nil, "object name %q", name)
+	}
+	return filepath.Join(d.root, filepath.FromSlash(name)), nil
+}
+
+// Put implements Destination.
+func (d *Dir) Put(ctx context.Context, name string, data []byte) error {
+	return d.put(ctx, name, data, false)
+}
+
+// PutNew implements Destination.
+func (d *Dir) PutNew(ctx context.Context, name string, data []byte) error {
+	return d.put(ctx, name, data, true)
+}
+
+func (d *Dir) put(ctx context.Context, name string, data []byte, exclusive bool) error {
+	if err := ctx.Err(); err != nil {
+		return newError(CodeUnavailable, err, "put %s", name)
+	}
+	p, err := d.path(name)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(p)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return newError(CodeUnavailable, err, "put %s", name)
+	}
+	tmp, err := os.CreateTemp(dir, ".tmp-*")
+	if err != nil {
+		return newError(CodeUnavailable, err, "put %s", name)
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return newError(CodeUnavailable, err, "put %s", name)
+	}
+	if exclusive {
+		if err := os.Link(tmp.Name(), p); err != nil {
+			if errors.Is(err, fs.ErrExist) {
+				return newError(CodeConflict, nil, "%s exists", name)
+			}
+			return newError(CodeUnavailable, err, "put %s", name)
+		}
+	} else if err := os.Rename(tmp.Name(), p); err != nil {
+		return newError(CodeUnavailable, err, "put %s", name)
+	}
+	if err := syncDir(dir); err != nil {
+		return newError(CodeUnavailable, err, "put %s", name)
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// Get implements Destination.
+func (d *Dir) Get(ctx context.Context, name string) ([]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, newError(CodeUnavailable, err, "get %s", name)
+	}
+	p, err := d.path(name)
+	if err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, newError(CodeObjectNotFound, nil, "%s", name)
+	}
+	if err != nil {
+		return nil, newError(CodeUnavailable, err, "get %s", name)
+	}
+	return b, nil
+}
+
+// List implements Destination. Temporary files of unfinished writes are
+// not listed.
+func (d *Dir) List(ctx context.Context, prefix string) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, newError(CodeUnavailable, err, "list %s", prefix)
+	}
+	var names []string
+	// Walk only the directory the prefix is in.
+	start := filepath.Join(d.root, filepath.FromSlash(path.Dir("/"+prefix+"x")))
+	err := filepath.WalkDir(start, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			if p == start && errors.Is(err, fs.ErrNotExist) {
+				return fs.SkipAll
+			}
+			return err
+		}
+		if e.IsDir() || strings.HasPrefix(e.Name(), ".tmp-") {
+			return nil
+		}
+		rel, err := filepath.Rel(d.root, p)
+		if err != nil {
+			return err
+		}
+		if name := filepath.ToSlash(rel); strings.HasPrefix(name, prefix) {
+			names = append(names, name)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, newError(CodeUnavailable, err, "list %s", prefix)
+	}
+	slices.Sort(names)
+	return names, nil
+}

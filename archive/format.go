@@ -1,0 +1,369 @@
+package archive
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// FormatVersion names the archive format in every manifest.
+const FormatVersion = "sidecar-archive/1"
+
+// Genesis is the Prev of an archive's first manifest: 64 zeros.
+const Genesis = "0000000000000000000000000000000000000000000000000000000000000000"
+
+// Object name prefixes inside a destination.
+const (
+	manifestPrefix = "manifests/"
+	segmentPrefix  = "segments/"
+	segmentSuffix  = ".ndjson.gz"
+)
+
+// maxRawBytes bounds a segment's uncompressed size that a reader accepts
+// (a manifest that declares more is corrupt): it keeps a hostile segment
+// from inflating without bound.
+const maxRawBytes = 1 << 30
+
+// Manifest describes one segment: where it is, its hashes, the runs it
+// holds, and its place in the archive's hash chain. Manifest seq n is the
+// object manifests/<n, 12 digits>.json; seq numbers start at 1 and have no
+// gaps.
+type Manifest struct {
+	// Format is FormatVersion.
+	Format string `json:"format"`
+	// Seq is the manifest's place in the archive (1, 2, ...).
+	Seq uint64 `json:"seq"`
+	// CreatedAt is when the writer made the segment (RFC 3339, UTC).
+	CreatedAt string `json:"createdAt"`
+	// Segment is the segment's object name.
+	Segment string `json:"segment"`
+	// SegmentSHA256 is the lowercase hex SHA-256 of the segment's stored
+	// (compressed) bytes, and SegmentBytes their length.
+	SegmentSHA256 string `json:"segmentSha256"`
+	SegmentBytes  int64  `json:"segmentBytes"`
+	// RawBytes is the length of the segment's NDJSON once decompressed.
+	RawBytes int64 `json:"rawBytes"`
+	// Records is the number of records (lines) in the segment.
+	Records int64 `json:"records"`
+	// Runs are the segment's runs in the order their records appear.
+	Runs []RunEntry `json:"runs"`
+	// Prev is the Chain of manifest Seq-1 (Genesis for the first).
+	Prev string `json:"prev"`
+	// Chain is the lowercase hex SHA-256 of this manifest encoded as JSON
+	// (the encoding Write stores) with Chain empty. It covers Prev, so
+	// each manifest commits to every one before it.
+	Chain string `json:"chain"`
+}
+
+// RunEntry is one run of a segment: how many records it has, their
+// SHA-256, and what a run list shows of it.
+type RunEntry struct {
+	RunID         string `json:"runId"`
+	TenantID      string `json:"tenantId"`
+	ProjectID     string `json:"projectId"`
+	EnvironmentID string `json:"environmentId"`
+	PlanID        string `json:"planId"`
+	PlanVersion   string `json:"planVersion"`
+	// Records is the run's record count and SHA256 the lowercase hex
+	// SHA-256 of its lines in the segment, each with its newline.
+	Records int64  `json:"records"`
+	SHA256  string `json:"sha256"`
+	// FirstRunSeq and LastRunSeq are the runSeq of its first and last record.
+	FirstRunSeq int64 `json:"firstRunSeq"`
+	LastRunSeq  int64 `json:"lastRunSeq"`
+	// FirstPersistedAt and LastPersistedAt are their persistedAt.
+	FirstPersistedAt string `json:"firstPersistedAt"`
+	LastPersistedAt  string `json:"lastPersistedAt"`
+	// LastEventType is the eventType of its last record (RunCompleted,
+	// RunFailed, RunCancelled for a finished run).
+	LastEventType string `json:"lastEventType"`
+}
+
+// Run is a run's records as Write takes them: every record of the run, in
+// increasing runSeq, exactly as the store returned them.
+type Run struct {
+	ID      string
+	Records []statestore.RunEventRecord
+}
+
+// EncodeRecord is a record's line in a segment (without its newline): the
+// contract's RunEventRecord as compact JSON without HTML escaping, so a
+// payload stays byte for byte what the store holds.
+func EncodeRecord(r *statestore.RunEventRecord) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(r); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
+// encodeManifest is the stored form of m: indented JSON and a newline.
+func encodeManifest(m *Manifest) ([]byte, error) {
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
+}
+
+// chainOf computes m's Chain: SHA-256 of m's compact JSON with Chain empty.
+func chainOf(m *Manifest) (string, error) {
+	c := *m
+	c.Chain = ""
+	b, err := json.Marshal(&c)
+	if err != nil {
+		return "", fmt.Errorf("encode manifest: %w", err)
+	}
+	return hexSHA256(b), nil
+}
+
+func hexSHA256(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// manifestName is the object name of manifest seq.
+func manifestName(seq uint64) string { return fmt.Sprintf("%s%012d.json", manifestPrefix, seq) }
+
+// parseManifestName returns the seq of a manifest object name.
+func parseManifestName(name string) (uint64, bool) {
+	s, ok := strings.CutPrefix(name, manifestPrefix)
+	if !ok {
+		return 0, false
+	}
+	s, ok = strings.CutSuffix(s, ".json")
+	if !ok || len(s) != 12 {
+		return 0, false
+	}
+	var n uint64
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + uint64(c-'0')
+	}
+	return n, n > 0
+}
+
+// checkRuns validates runs for Write: each has records, all of its own
+// runId, in strictly increasing runSeq, and no run twice.
+func checkRuns(runs []Run) error {
+	if len(runs) == 0 {
+		return newError(CodeInputInvalid, nil, "no runs to archive")
+	}
+	seen := make(map[string]bool, len(runs))
+	for _, r := range runs {
+		switch {
+		case r.ID == "":
+			return newError(CodeInputInvalid, nil, "a run without an id")
+		case seen[r.ID]:
+			return newError(CodeInputInvalid, nil, "run %q given twice", r.ID)
+		case len(r.Records) == 0:
+			return newError(CodeInputInvalid, nil, "run %q has no records", r.ID)
+		}
+		seen[r.ID] = true
+		var last int64
+		for i := range r.Records {
+			rec := &r.Records[i]
+			if rec.RunID != r.ID {
+				return newError(CodeInputInvalid, nil, "run %q: record %d belongs to run %q", r.ID, i, rec.RunID)
+			}
+			if rec.RunSeq <= last {
+				return newError(CodeInputInvalid, nil, "run %q: runSeq %d after %d", r.ID, rec.RunSeq, last)
+			}
+			last = rec.RunSeq
+		}
+	}
+	return nil
+}
+
+// buildSegment encodes runs as a segment: the NDJSON lines compressed
+// with gzip, and a manifest without Seq, Prev and Chain.
+func buildSegment(runs []Run) ([]byte, *Manifest, error) {
+	var comp bytes.Buffer
+	zw := gzip.NewWriter(&comp)
+	m := &Manifest{Format: FormatVersion, Runs: make([]RunEntry, 0, len(runs))}
+	for _, r := range runs {
+		h := sha256.New()
+		for i := range r.Records {
+			line, err := EncodeRecord(&r.Records[i])
+			if err != nil {
+				return nil, nil, newError(CodeInputInvalid, err, "run %q: encode record %d", r.ID, i)
+			}
+			line = append(line, '\n')
+			h.Write(line)
+			if _, err := zw.Write(line); err != nil {
+				return nil, nil, err
+			}
+			m.RawBytes += int64(len(line))
+		}
+		first, last := &r.Records[0], &r.Records[len(r.Records)-1]
+		m.Records += int64(len(r.Records))
+		m.Runs = append(m.Runs, RunEntry{
+			RunID: r.ID, TenantID: first.TenantID, ProjectID: first.ProjectID,
+			EnvironmentID: first.EnvironmentID, PlanID: first.PlanID, PlanVersion: first.PlanVersion,
+			Records: int64(len(r.Records)), SHA256: hex.EncodeToString(h.Sum(nil)),
+			FirstRunSeq: first.RunSeq, LastRunSeq: last.RunSeq,
+			FirstPersistedAt: first.PersistedAt, LastPersistedAt: last.PersistedAt,
+			LastEventType: last.EventType,
+		})
+	}
+	if err := zw.Close(); err != nil {
+		return nil, nil, err
+	}
+	data := comp.Bytes()
+	m.SegmentBytes = int64(len(data))
+	m.SegmentSHA256 = hexSHA256(data)
+	return data, m, nil
+}
+
+// decodeSegment checks data against m and returns the records of every
+// run of m, in m.Runs' order. Any difference (size, hash, count, a run's
+// SHA-256, a line that does not parse or is not its run's, runSeq out of
+// order) is an error matching ErrCorrupt that names it.
+func decodeSegment(m *Manifest, data []byte) ([][]statestore.RunEventRecord, error) {
+	if int64(len(data)) != m.SegmentBytes {
+		return nil, newError(CodeCorrupt, nil, "segment %s: %d bytes, manifest %d says %d", m.Segment, len(data), m.Seq, m.SegmentBytes)
+	}
+	if got := hexSHA256(data); got != m.SegmentSHA256 {
+		return nil, newError(CodeCorrupt, nil, "segment %s: SHA-256 %s, manifest %d says %s", m.Segment, got, m.Seq, m.SegmentSHA256)
+	}
+	if m.RawBytes < 0 || m.RawBytes > maxRawBytes {
+		return nil, newError(CodeCorrupt, nil, "manifest %d: rawBytes %d out of range", m.Seq, m.RawBytes)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(data))
+	if err != nil {
+		return nil, newError(CodeCorrupt, err, "segment %s: not gzip", m.Segment)
+	}
+	raw, err := io.ReadAll(io.LimitReader(zr, m.RawBytes+1))
+	if err != nil {
+		return nil, newError(CodeCorrupt, err, "segment %s: decompress", m.Segment)
+	}
+	if int64(len(raw)) != m.RawBytes {
+		return nil, newError(CodeCorrupt, nil, "segment %s: %d bytes decompressed, manifest %d says %d", m.Segment, len(raw), m.Seq, m.RawBytes)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	sc.Buffer(nil, len(raw)+1)
+	sc.Split(scanLines)
+	out := make([][]statestore.RunEventRecord, 0, len(m.Runs))
+	var total int64
+	for _, e := range m.Runs {
+		if e.Records <= 0 || e.Records > m.Records {
+			return nil, newError(CodeCorrupt, nil, "manifest %d: run %q: records %d out of range", m.Seq, e.RunID, e.Records)
+		}
+		h := sha256.New()
+		recs := make([]statestore.RunEventRecord, 0, e.Records)
+		var last int64
+		for i := int64(0); i < e.Records; i++ {
+			if !sc.Scan() {
+				return nil, newError(CodeCorrupt, nil, "segment %s: run %q: %d records, manifest %d says %d", m.Segment, e.RunID, i, m.Seq, e.Records)
+			}
+			line := sc.Bytes()
+			h.Write(line)
+			var rec statestore.RunEventRecord
+			if err := json.Unmarshal(bytes.TrimSuffix(line, []byte("\n")), &rec); err != nil {
+				return nil, newError(CodeCorrupt, err, "segment %s: run %q: record %d does not parse", m.Segment, e.RunID, i)
+			}
+			if rec.RunID != e.RunID {
+				return nil, newError(CodeCorrupt, nil, "segment %s: run %q: record %d belongs to run %q", m.Segment, e.RunID, i, rec.RunID)
+			}
+			if rec.RunSeq <= last {
+				return nil, newError(CodeCorrupt, nil, "segment %s: run %q: runSeq %d after %d", m.Segment, e.RunID, rec.RunSeq, last)
+			}
+			last = rec.RunSeq
+			recs = append(recs, rec)
+		}
+		if got := hex.EncodeToString(h.Sum(nil)); got != e.SHA256 {
+			return nil, newError(CodeCorrupt, nil, "segment %s: run %q: SHA-256 %s, manifest %d says %s", m.Segment, e.RunID, got, m.Seq, e.SHA256)
+		}
+		if recs[0].RunSeq != e.FirstRunSeq || last != e.LastRunSeq {
+			return nil, newError(CodeCorrupt, nil, "segment %s: run %q: runSeq %d..%d, manifest %d says %d..%d", m.Segment, e.RunID, recs[0].RunSeq, last, m.Seq, e.FirstRunSeq, e.LastRunSeq)
+		}
+		total += e.Records
+		out = append(out, recs)
+	}
+	if sc.Scan() {
+		return nil, newError(CodeCorrupt, nil, "segment %s: more records than manifest %d lists", m.Segment, m.Seq)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, newError(CodeCorrupt, err, "segment %s: read lines", m.Segment)
+	}
+	if total != m.Records {
+		return nil, newError(CodeCorrupt, nil, "manifest %d: runs hold %d records, manifest says %d", m.Seq, total, m.Records)
+	}
+	return out, nil
+}
+
+// scanLines is bufio.ScanLines keeping each line's newline, so that a run's
+// SHA-256 is over the exact bytes of the segment; a last line without a
+// newline is returned as it is (and so fails its run's hash).
+func scanLines(data []byte, atEOF bool) (int, []byte, error) {
+	if i := bytes.IndexByte(data, '\n'); i >= 0 {
+		return i + 1, data[:i+1], nil
+	}
+	if atEOF && len(data) > 0 {
+		return len(data), data, nil
+	}
+	return 0, nil, nil
+}
+
+// checkManifest checks what a manifest can say of itself: format, seq,
+// names, hashes well formed, its Chain.
+func checkManifest(m *Manifest, seq uint64) error {
+	switch {
+	case m.Format != FormatVersion:
+		return newError(CodeCorrupt, nil, "manifest %d: format %q, want %q", seq, m.Format, FormatVersion)
+	case m.Seq != seq:
+		return newError(CodeCorrupt, nil, "manifest %d: says seq %d", seq, m.Seq)
+	case !strings.HasPrefix(m.Segment, segmentPrefix) || !strings.HasSuffix(m.Segment, segmentSuffix) || strings.Contains(m.Segment, ".."):
+		return newError(CodeCorrupt, nil, "manifest %d: segment name %q", seq, m.Segment)
+	case !isHex64(m.SegmentSHA256) || !isHex64(m.Prev) || !isHex64(m.Chain):
+		return newError(CodeCorrupt, nil, "manifest %d: a hash is not 64 lowercase hex digits", seq)
+	case len(m.Runs) == 0:
+		return newError(CodeCorrupt, nil, "manifest %d: lists no runs", seq)
+	}
+	got, err := chainOf(m)
+	if err != nil {
+		return newError(CodeCorrupt, err, "manifest %d", seq)
+	}
+	if got != m.Chain {
+		return newError(CodeCorrupt, nil, "manifest %d: chain %s, its content hashes to %s", seq, m.Chain, got)
+	}
+	return nil
+}
+
+func isHex64(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for _, c := range s {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// parseManifest decodes a manifest object and checks it (checkManifest).
+func parseManifest(b []byte, seq uint64) (*Manifest, error) {
+	var m Manifest
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return nil, newError(CodeCorrupt, err, "manifest %d does not parse", seq)
+	}
+	if err := checkManifest(&m, seq); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
