@@ -86,6 +86,8 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		err = (&MigrateCommand{m}).Run(ctx, rest)
 	case "verify":
 		err = (&VerifyCommand{m}).Run(ctx, rest)
+	case "archive":
+		err = (&ArchiveCommand{m}).Run(ctx, rest)
 	case "pause", "resume", "cancel", "retry":
 		err = (&ControlCommand{m: m, action: args[0]}).Run(ctx, rest)
 	case "completion":
@@ -136,6 +138,8 @@ Commands:
                                          sidecar bus [deadletters [--sink S] | replay --sink S [--key K ...]]
   migrate   apply the PostgreSQL schema as its owner: sidecar migrate --store postgres://OWNER@... [--runtime-role R]
   verify    check the PostgreSQL log's hash chain: sidecar verify --store postgres://... [RUN_ID...]
+  archive   check a run archive, read an archived run:
+                                         sidecar archive verify --archive URL | archive events --archive URL RUN_ID
   demo      append a small run to the JetStream event log and show its snapshot
   key       print the idempotencyKey of an event
   token     make an API token and its tokens-file entry: sidecar token new --name N --roles R

@@ -25,7 +25,7 @@ func TestMain_UsageShowsNoSecret(t *testing.T) {
 	commands := [][]string{
 		{"serve"}, {"run", "submit"}, {"status", "r1"}, {"runs"}, {"events", "r1"}, {"audit", "r1"},
 		{"pause", "r1"}, {"resume", "r1"}, {"cancel", "r1"}, {"retry", "r1", "s1"},
-		{"bus"}, {"bus", "deadletters"}, {"bus", "replay"}, {"demo"}, {"key"}, {"token", "new"}, {"version"},
+		{"bus"}, {"bus", "deadletters"}, {"bus", "replay"}, {"archive", "verify"}, {"archive", "events"}, {"demo"}, {"key"}, {"token", "new"}, {"version"},
 	}
 	check := func(t *testing.T, args []string, out, errOut string) {
 		t.Helper()

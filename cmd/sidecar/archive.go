@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+
+	"github.com/conductor-sidecar/sidecar/archive"
+	"github.com/conductor-sidecar/sidecar/vocab"
+)
+
+// ArchiveCommand reads a run archive directly, without a running sidecar
+// (docs/retention.md): "sidecar archive verify" proves it complete and
+// unchanged, "sidecar archive events RUN_ID" prints an archived run's log.
+type ArchiveCommand struct{ m *Main }
+
+const archiveSynopsis = "archive verify --archive URL [--expect-head CHAIN] [-o json] | archive events --archive URL RUN_ID [--vocabulary core|noetl] [-o json]"
+
+// Run implements "sidecar archive".
+func (c *ArchiveCommand) Run(ctx context.Context, args []string) error {
+	sub := ""
+	if len(args) > 0 {
+		sub, args = args[0], args[1:]
+	}
+	switch sub {
+	case "verify":
+		return c.verify(ctx, args)
+	case "events":
+		return c.events(ctx, args)
+	}
+	fs := c.m.newFlagSet("archive", archiveSynopsis)
+	if sub == "-h" || sub == "--help" || sub == "help" {
+		fs.Usage()
+		return flag.ErrHelp
+	}
+	if sub == "" {
+		return usageError(fs, "say verify or events")
+	}
+	return usageError(fs, "unknown subcommand %q: say verify or events", sub)
+}
+
+// archiveFlags are the flags every archive subcommand takes.
+type archiveFlags struct {
+	url    *string
+	output *string
+}
+
+func (f *archiveFlags) register(fs *flag.FlagSet) {
+	f.url = fs.String("archive", envOr("SIDECAR_ARCHIVE", ""), "the archive: file:///dir (env SIDECAR_ARCHIVE)")
+	f.output = fs.String("o", "text", "output format: text or json")
+}
+
+// parse parses args (flags and positional arguments in any order) and
+// returns the positional ones.
+func (f *archiveFlags) parse(fs *flag.FlagSet, args []string) ([]string, archive.Destination, error) {
+	var pos []string
+	for rest := args; ; {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, nil, err
+			}
+			return nil, nil, errUsage // flag printed it
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos, rest = append(pos, fs.Arg(0)), fs.Args()[1:]
+	}
+	if *f.output != "text" && *f.output != "json" {
+		return nil, nil, usageError(fs, "-o must be text or json")
+	}
+	if *f.url == "" {
+		return nil, nil, usageError(fs, "--archive is required (file:///dir)")
+	}
+	dest, err := archive.ParseURL(*f.url)
+	if err != nil {
+		return nil, nil, usageError(fs, "%v", err)
+	}
+	return pos, dest, nil
+}
+
+func (c *ArchiveCommand) verify(ctx context.Context, args []string) error {
+	fs := c.m.newFlagSet("archive verify", "archive verify --archive URL [--expect-head CHAIN] [-o json]")
+	var af archiveFlags
+	af.register(fs)
+	head := fs.String("expect-head", "", "a chain hash reported earlier (the archive's head then): the archive must still hold that manifest, so nothing up to it was dropped or rewritten")
+	pos, dest, err := af.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usageError(fs, "unexpected argument %q", pos[0])
+	}
+	rep, err := archive.Verify(ctx, dest, archive.VerifyOptions{ExpectHead: *head})
+	if err != nil {
+		return err
+	}
+	if *af.output == "json" {
+		if err := printJSON(c.m.Stdout, rep); err != nil {
+			return err
+		}
+	} else {
+		for _, p := range rep.Problems {
+			at := ""
+			if p.Object != "" {
+				at = " " + p.Object
+			}
+			fmt.Fprintf(c.m.Stdout, "PROBLEM %s%s: %s\n", p.Code, escapeText(at), escapeText(p.Message))
+		}
+		for _, o := range rep.Orphans {
+			fmt.Fprintf(c.m.Stdout, "orphan %s (no manifest names it: a write that did not finish; not part of the archive)\n", escapeText(o))
+		}
+		fmt.Fprintf(c.m.Stdout, "verified %s: %d manifests, %d segments, %d runs, %d records: %d problems\nhead %s\n",
+			escapeText(rep.Destination), rep.Manifests, rep.Segments, rep.Runs, rep.Records, len(rep.Problems), optional(rep.Head, "(empty archive)"))
+	}
+	if len(rep.Problems) > 0 {
+		return fmt.Errorf("%d problems: the archive was changed or lost objects after it was written; see docs/retention.md, \"Verifying an archive\"", len(rep.Problems))
+	}
+	return nil
+}
+
+func (c *ArchiveCommand) events(ctx context.Context, args []string) error {
+	fs := c.m.newFlagSet("archive events", "archive events --archive URL RUN_ID [--vocabulary core|noetl] [-o json]")
+	var af archiveFlags
+	af.register(fs)
+	vocabulary := fs.String("vocabulary", "", "print the log as Core Events Specification v1.0 events (core) or NoETL Runtime Event Model v10 events (noetl), one JSON object per line")
+	pos, dest, err := af.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usageError(fs, "give one RUN_ID")
+	}
+	if *vocabulary != "" && *vocabulary != vocab.Core && *vocabulary != vocab.NoETL {
+		return usageError(fs, "--vocabulary must be %s or %s", vocab.Core, vocab.NoETL)
+	}
+	a, err := archive.Open(ctx, dest, archive.Options{})
+	if err != nil {
+		return err
+	}
+	defer a.Close(ctx)
+	recs, err := a.Records(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	if *vocabulary != "" {
+		events, err := vocab.Translate(*vocabulary, recs)
+		if err != nil {
+			return err
+		}
+		for _, e := range events {
+			if err := printJSONLine(c.m.Stdout, e); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	ev := &EventsCommand{c.m}
+	for i := range recs {
+		if err := ev.print(*af.output, &recs[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/conductor-sidecar/sidecar/archive"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/memstore"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// writeArchive archives one finished run in a new directory and returns
+// the archive's URL, its directory, the run and its manifest.
+func writeArchive(t *testing.T) (string, string, archive.Run, *archive.Manifest) {
+	t.Helper()
+	ctx := context.Background()
+	s := memstore.New(statestore.ProjectorOptions{})
+	id := "run-archived-1"
+	for _, w := range []*statestore.RunEventWrite{
+		storetest.Event(id, statestore.RunStarted, ""),
+		storetest.Event(id, statestore.StepStarted, "s1"),
+		storetest.Event(id, statestore.StepCompleted, "s1"),
+		storetest.Event(id, statestore.RunCompleted, ""),
+	} {
+		if _, err := s.Append(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recs, err := s.Fetch(ctx, id, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "archive")
+	a, err := archive.Open(ctx, archive.NewDir(dir), archive.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := archive.Run{ID: id, Records: recs}
+	m, err := a.Write(ctx, []archive.Run{run})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "file://" + dir, dir, run, m
+}
+
+func TestArchiveCommand_Verify(t *testing.T) {
+	t.Run("OK", func(t *testing.T) {
+		url, _, _, m := writeArchive(t)
+		code, out, errOut := run(t, "archive", "verify", "--archive", url, "--expect-head", m.Chain)
+		if code != exitOK || !strings.Contains(out, "1 runs, 4 records: 0 problems") || !strings.Contains(out, "head "+m.Chain) {
+			t.Fatalf("exit %d\n%s%s", code, out, errOut)
+		}
+	})
+	t.Run("Corrupt", func(t *testing.T) {
+		url, dir, _, m := writeArchive(t)
+		p := filepath.Join(dir, m.Segment)
+		b, _ := os.ReadFile(p)
+		b[len(b)/2] ^= 1
+		os.WriteFile(p, b, 0o600)
+		code, out, errOut := run(t, "archive", "verify", "-o", "json", "--archive", url)
+		var rep archive.Report
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		if code != exitError || len(rep.Problems) != 1 || rep.Problems[0].Code != archive.ProblemSegmentCorrupt || !strings.Contains(errOut, "1 problems") {
+			t.Fatalf("exit %d\n%s%s", code, out, errOut)
+		}
+	})
+	t.Run("BadInput", func(t *testing.T) {
+		for _, args := range [][]string{
+			{"archive"}, {"archive", "nope"}, {"archive", "verify"},
+			{"archive", "verify", "--archive", "s4://x"}, {"archive", "verify", "--archive", "file:///tmp", "extra"},
+			{"archive", "events", "--archive", "file:///tmp"}, {"archive", "verify", "--archive", "file:///tmp", "-o", "yaml"},
+		} {
+			if code, _, errOut := run(t, args...); code != exitUsage {
+				t.Errorf("sidecar %s: exit %d, want 2\n%s", strings.Join(args, " "), code, errOut)
+			}
+		}
+	})
+}
+
+func TestArchiveCommand_Events(t *testing.T) {
+	url, _, r, _ := writeArchive(t)
+	code, out, errOut := run(t, "archive", "events", r.ID, "--archive", url, "-o", "json")
+	if code != exitOK {
+		t.Fatalf("exit %d\n%s", code, errOut)
+	}
+	var got []statestore.RunEventRecord
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		var rec statestore.RunEventRecord
+		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, rec)
+	}
+	if !reflect.DeepEqual(got, r.Records) {
+		t.Fatalf("got %+v, want %+v", got, r.Records)
+	}
+	code, out, _ = run(t, "archive", "events", r.ID, "--archive", url, "--vocabulary", "core")
+	if code != exitOK || strings.Count(out, "\n") == 0 {
+		t.Fatalf("core vocabulary: exit %d\n%s", code, out)
+	}
+	code, _, errOut = run(t, "archive", "events", "no-such-run", "--archive", url)
+	if code != exitError || !strings.Contains(errOut, archive.CodeRunNotFound) {
+		t.Fatalf("unknown run: exit %d\n%s", code, errOut)
+	}
+}
