@@ -39,6 +39,10 @@ type EmbeddedConfig struct {
 	// Permissions limit SidecarUser (nil: Permissions(DefaultSubjectPrefix),
 	// the least privilege the sidecar needs). Tests may pass AllPermissions.
 	Permissions *server.Permissions
+	// RetentionPassword is the password of RetentionUser, who may remove
+	// finished runs (RetentionPermissions). Empty: a random one that never
+	// leaves the process (ConnectRetention uses it).
+	RetentionPassword string
 	// SyncInterval is how often the file store fsyncs. Zero, the default,
 	// fsyncs every write before it is acknowledged ("sync_interval:
 	// always"), so an acknowledged event survives a power loss. A positive
@@ -111,8 +115,10 @@ type Embedded struct {
 	dir      string
 	minFree  uint64
 	password string
-	unlock   func() error
-	once     sync.Once
+	// retentionPassword is RetentionUser's.
+	retentionPassword string
+	unlock            func() error
+	once              sync.Once
 }
 
 // StartEmbedded locks cfg.DataDir, starts a NATS server with JetStream in
@@ -169,7 +175,13 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		}
 		opts.Host, opts.Port = host, p
 	}
-	opts.Users = []*server.User{{Username: SidecarUser, Password: cfg.Password, Permissions: cfg.Permissions}}
+	if cfg.RetentionPassword == "" {
+		cfg.RetentionPassword = randomPassword()
+	}
+	opts.Users = []*server.User{
+		{Username: SidecarUser, Password: cfg.Password, Permissions: cfg.Permissions},
+		{Username: RetentionUser, Password: cfg.RetentionPassword, Permissions: RetentionPermissions(DefaultStream, DefaultStateBucket)},
+	}
 	unlock, err := LockDataDir(cfg.DataDir)
 	if err != nil {
 		return nil, err
@@ -186,7 +198,7 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	logs := &serverLogger{l: cfg.Logger.Named("nats").Sugar()}
 	srv.SetLoggerV2(logs, false, false, false)
 	srv.Start()
-	e := &Embedded{Server: srv, password: cfg.Password, unlock: unlock, dir: cfg.DataDir, minFree: cfg.MinFreeBytes}
+	e := &Embedded{Server: srv, password: cfg.Password, retentionPassword: cfg.RetentionPassword, unlock: unlock, dir: cfg.DataDir, minFree: cfg.MinFreeBytes}
 	if !srv.ReadyForConnections(cfg.ReadyTimeout) {
 		e.Shutdown()
 		return nil, fmt.Errorf("nats server on %s not ready within %s%s", cfg.DataDir, cfg.ReadyTimeout, logs.lastError())
@@ -224,6 +236,17 @@ func (e *Embedded) Connect(opts ...nats.Option) (*nats.Conn, error) {
 	nc, err := nats.Connect("", opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to embedded nats: %w", err)
+	}
+	return nc, nil
+}
+
+// ConnectRetention connects to the server in-process as RetentionUser,
+// for retention's Remover and nothing else.
+func (e *Embedded) ConnectRetention(opts ...nats.Option) (*nats.Conn, error) {
+	opts = append([]nats.Option{nats.Name("sidecar retention"), nats.InProcessServer(e.Server), nats.UserInfo(RetentionUser, e.retentionPassword)}, opts...)
+	nc, err := nats.Connect("", opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to embedded nats as %s: %w", RetentionUser, err)
 	}
 	return nc, nil
 }

@@ -48,13 +48,16 @@ func openStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Strea
 }
 
 // checkConfig refuses a stream on which records could be removed,
-// replaced or duplicated.
+// replaced or duplicated. Purge is allowed on a stream created for
+// retention (metadata MetaRemovable): there the removal ledger accounts
+// for every record removed (checkState), and only the retention user may
+// purge.
 func checkConfig(have, want jetstream.StreamConfig) error {
 	var p []string
 	if !have.DenyDelete {
 		p = append(p, "deny_delete is off")
 	}
-	if !have.DenyPurge {
+	if !have.DenyPurge && have.Metadata[MetaRemovable] != "true" {
 		p = append(p, "deny_purge is off")
 	}
 	if have.AllowRollup {
@@ -78,11 +81,21 @@ func checkConfig(have, want jetstream.StreamConfig) error {
 // checkState reports a stream that lost records. The stream never removes
 // a message on its own (no limits, deletes denied, discard new), so its
 // sequences are 1..LastSeq without holes, and LastSeq never goes below a
-// sequence the sidecar saw stored.
-func checkState(name string, st jetstream.StreamState, watermark uint64) error {
+// sequence the sidecar saw stored, except for the records retention
+// removed: the removal ledger counts them, and the stream must be missing
+// exactly that many (plus, while a removal is under way, up to its
+// records).
+func checkState(name string, st jetstream.StreamState, watermark uint64, l ledger) error {
+	missing := st.LastSeq - min(st.Msgs, st.LastSeq)
 	switch {
 	case st.LastSeq < watermark:
 		return damaged(fmt.Sprintf("stream %s ends at sequence %d but sequence %d was stored before: the log was rolled back or truncated", name, st.LastSeq, watermark), nil)
+	case l.Removed > 0 || l.Pending != nil:
+		if missing < l.Removed || missing > l.Removed+l.pendingRecords() {
+			return damaged(fmt.Sprintf("stream %s is missing %d of its %d records, but retention removed %d (%s): records were lost or removed outside retention",
+				name, missing, st.LastSeq, l.Removed, l), nil)
+		}
+		return nil
 	case st.NumDeleted > 0:
 		return damaged(fmt.Sprintf("stream %s is missing %d records inside sequences %d..%d (deletes are denied: its files are damaged)", name, st.NumDeleted, st.FirstSeq, st.LastSeq), nil)
 	case st.LastSeq > 0 && st.FirstSeq > 1:
@@ -115,7 +128,11 @@ func (s *Store) Check(ctx context.Context) error {
 	if err := checkConfig(info.Config, jetstream.StreamConfig{Name: s.name, Subjects: []string{s.prefix + ".>"}}); err != nil {
 		return err
 	}
-	return checkState(s.name, info.State, s.mark.high())
+	l, _, err := loadLedger(ctx, s.mark.kv, s.name)
+	if err != nil {
+		return err
+	}
+	return checkState(s.name, info.State, s.mark.high(), l)
 }
 
 // damaged is a STORE_DAMAGED error; its message ends with the runbook.

@@ -140,6 +140,14 @@ type Options struct {
 	// WatermarkInterval is how often the watermark is saved while appends
 	// move it (default 1s).
 	WatermarkInterval time.Duration
+	// Removable creates the stream so that retention can remove finished
+	// runs from it (deny_purge off, metadata MetaRemovable); only a
+	// Remover on the retention user's connection does, and the removal
+	// ledger accounts for every record removed. It applies when the stream
+	// is created: JetStream cannot turn deny_purge off on an existing
+	// stream, so a stream created without it keeps every record (Purgeable
+	// reports which one Open found).
+	Removable bool
 	// SnapshotBucket, when set, is the KV bucket where the projector
 	// keeps run snapshots across restarts (DefaultSnapshotBucket for
 	// serve; empty: snapshots live in memory only).
@@ -159,6 +167,7 @@ type Store struct {
 	stamps    *stamps
 	metrics   *statestore.Metrics
 	created   time.Time  // creation time of the stream Open verified
+	purgeable bool       // the stream allows retention's purges
 	mark      *watermark // highest sequence seen stored
 	streams   []string   // the stream and the streams of its buckets (Streams)
 }
@@ -205,7 +214,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 		Discard:              jetstream.DiscardNew,
 		DiscardNewPerSubject: true,
 		DenyDelete:           true,
-		DenyPurge:            true,
+		DenyPurge:            !opts.Removable,
 		AllowDirect:          true,
 		Storage:              jetstream.FileStorage,
 		Replicas:             opts.Replicas,
@@ -214,6 +223,9 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 			Destination: opts.SubjectPrefix + appendedSuffix + ".>",
 			HeadersOnly: true,
 		},
+	}
+	if opts.Removable {
+		cfg.Metadata = map[string]string{MetaRemovable: "true"}
 	}
 	stream, err := openStream(ctx, js, cfg, opts.Logger)
 	if err != nil {
@@ -226,7 +238,11 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 	}
 	// The log must be whole before anything is appended to it: a
 	// damaged or rolled-back stream is refused here, with the reason.
-	if err := checkState(opts.Stream, info.State, mark.high()); err != nil {
+	l, _, err := loadLedger(ctx, mark.kv, opts.Stream)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkState(opts.Stream, info.State, mark.high(), l); err != nil {
 		return nil, err
 	}
 	mark.saw(info.State.LastSeq)
@@ -236,6 +252,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 	}
 	s := &Store{
 		created:   info.Created,
+		purgeable: !info.Config.DenyPurge,
 		mark:      mark,
 		js:        js,
 		nc:        js.Conn(),
@@ -294,6 +311,10 @@ func (s *Store) Close() error {
 	}
 	return nil
 }
+
+// Purgeable reports whether retention can remove runs from the stream
+// (it was created with Options.Removable).
+func (s *Store) Purgeable() bool { return s.purgeable }
 
 // Stream returns the name of the event stream.
 func (s *Store) Stream() string { return s.name }

@@ -1,0 +1,237 @@
+package natsstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// removable starts a server, opens a Removable store as the sidecar's
+// least-privileged user and appends three finished runs of 3 events; it
+// returns the store, the server and the runs' ids.
+func removable(t *testing.T) (*natsstore.Store, *natsstore.Embedded, jetstream.JetStream, []string) {
+	t.Helper()
+	ctx := context.Background()
+	js, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Logger: zaptest.NewLogger(t)})
+	s, err := natsstore.Open(ctx, js, natsstore.Options{Removable: true, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	var ids []string
+	for i := range 3 {
+		id := fmt.Sprintf("run-%d", i)
+		ids = append(ids, id)
+		for _, w := range []*statestore.RunEventWrite{storetest.Event(id, statestore.RunStarted, ""), storetest.Event(id, statestore.StepStarted, "s"), storetest.Event(id, statestore.RunCompleted, "")} {
+			if _, err := s.Append(ctx, w); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return s, srv, js, ids
+}
+
+func openRemover(t *testing.T, srv *natsstore.Embedded) *natsstore.Remover {
+	t.Helper()
+	nc, err := srv.ConnectRetention()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := natsstore.OpenRemover(context.Background(), js, natsstore.RemoverOptions{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func lastSeq(t *testing.T, s *natsstore.Store, id string) (uint64, uint64) {
+	t.Helper()
+	recs, err := s.Fetch(context.Background(), id, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) == 0 {
+		return 0, 0
+	}
+	return uint64(recs[len(recs)-1].RunSeq), uint64(len(recs))
+}
+
+func TestRemover_RemoveRun(t *testing.T) {
+	ctx := context.Background()
+	t.Run("OK", func(t *testing.T) {
+		s, srv, js, ids := removable(t)
+		r := openRemover(t, srv)
+		for _, id := range ids[:2] {
+			last, n := lastSeq(t, s, id)
+			if err := r.RemoveRun(ctx, id, last, n); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.RemoveRun(ctx, id, last, n); err != nil {
+				t.Fatalf("removing again: %v", err)
+			}
+		}
+		for i, id := range ids {
+			if _, n := lastSeq(t, s, id); (i < 2 && n != 0) || (i == 2 && n != 3) {
+				t.Fatalf("run %s has %d records after removal of runs 0 and 1", id, n)
+			}
+		}
+		if err := s.Check(ctx); err != nil {
+			t.Fatalf("Check after removal: %v", err)
+		}
+		// A store opened again accepts the stream: the ledger accounts for it.
+		s2, err := natsstore.Open(ctx, js, natsstore.Options{Removable: true})
+		if err != nil {
+			t.Fatalf("reopen after removal: %v", err)
+		}
+		s2.Close()
+	})
+	t.Run("SidecarUserCannotPurge", func(t *testing.T) {
+		_, _, js, _ := removable(t)
+		st, err := js.Stream(ctx, natsstore.DefaultStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Purge(ctx, jetstream.WithPurgeSubject(natsstore.DefaultSubjectPrefix+"."+natsstore.RunToken("run-0")+".>")); err == nil {
+			t.Fatal("the sidecar's user purged a run")
+		}
+	})
+	t.Run("RetentionUserCannotAppend", func(t *testing.T) {
+		_, srv, _, _ := removable(t)
+		nc, err := srv.ConnectRetention()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		js, _ := jetstream.New(nc)
+		if _, err := js.Publish(ctx, natsstore.DefaultSubjectPrefix+".x.y", []byte("{}")); err == nil {
+			t.Fatal("the retention user appended to the log")
+		}
+		if err := js.DeleteStream(ctx, natsstore.DefaultStream); err == nil {
+			t.Fatal("the retention user deleted the stream")
+		}
+	})
+	t.Run("PurgeOutsideTheLedgerIsDamage", func(t *testing.T) {
+		s, srv, _, _ := removable(t)
+		nc, err := srv.ConnectRetention()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		js, _ := jetstream.New(nc)
+		st, _ := js.Stream(ctx, natsstore.DefaultStream)
+		if err := st.Purge(ctx, jetstream.WithPurgeSubject(natsstore.DefaultSubjectPrefix+"."+natsstore.RunToken("run-1")+".>")); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Check(ctx); !errors.Is(err, statestore.ErrDamaged) {
+			t.Fatalf("Check after a purge the ledger does not know: got %v, want ErrDamaged", err)
+		}
+	})
+	t.Run("CountDiffersRemovesNothing", func(t *testing.T) {
+		s, srv, _, ids := removable(t)
+		r := openRemover(t, srv)
+		last, n := lastSeq(t, s, ids[0])
+		if err := r.RemoveRun(ctx, ids[0], last, n-1); !errors.Is(err, statestore.ErrRunChanged) {
+			t.Fatalf("got %v, want ErrRunChanged", err)
+		}
+		if _, got := lastSeq(t, s, ids[0]); got != n {
+			t.Fatalf("run has %d records, want %d", got, n)
+		}
+	})
+	t.Run("LaterRecordsStay", func(t *testing.T) {
+		s, srv, _, ids := removable(t)
+		r := openRemover(t, srv)
+		last, n := lastSeq(t, s, ids[0])
+		late := storetest.Event(ids[0], statestore.StepCompleted, "s")
+		if _, err := s.Append(ctx, late); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.RemoveRun(ctx, ids[0], last, n); err != nil {
+			t.Fatal(err)
+		}
+		recs, err := s.Fetch(ctx, ids[0], 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) != 1 || recs[0].EventID != late.EventID {
+			t.Fatalf("got %+v, want only the late record", recs)
+		}
+		if err := s.Check(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("NotRemovable", func(t *testing.T) {
+		js, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{})
+		s, err := natsstore.Open(ctx, js, natsstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		nc, _ := srv.ConnectRetention()
+		defer nc.Close()
+		rjs, _ := jetstream.New(nc)
+		if _, err := natsstore.OpenRemover(ctx, rjs, natsstore.RemoverOptions{}); !errors.Is(err, natsstore.ErrNotRemovable) {
+			t.Fatalf("got %v, want ErrNotRemovable", err)
+		}
+	})
+}
+
+// TestRemover_CrashAtEachStep stops a removal after each of its steps, as
+// a kill -9 would, and checks that the log still verifies in that state
+// and that the next Remover finishes the removal.
+func TestRemover_CrashAtEachStep(t *testing.T) {
+	ctx := context.Background()
+	crash := errors.New("crash")
+	for _, step := range []string{"pending", "purged"} {
+		t.Run(step, func(t *testing.T) {
+			s, srv, js, ids := removable(t)
+			r := openRemover(t, srv)
+			r.SetStep(func(at string) error {
+				if at == step {
+					return crash
+				}
+				return nil
+			})
+			last, n := lastSeq(t, s, ids[1])
+			if err := r.RemoveRun(ctx, ids[1], last, n); !errors.Is(err, crash) {
+				t.Fatalf("got %v, want the crash", err)
+			}
+			if err := s.Check(ctx); err != nil {
+				t.Fatalf("Check with a removal under way: %v", err)
+			}
+			s2, err := natsstore.Open(ctx, js, natsstore.Options{Removable: true})
+			if err != nil {
+				t.Fatalf("reopen with a removal under way: %v", err)
+			}
+			s2.Close()
+			openRemover(t, srv) // recovers
+			if _, got := lastSeq(t, s, ids[1]); got != 0 {
+				t.Fatalf("run has %d records after recovery", got)
+			}
+			if err := s.Check(ctx); err != nil {
+				t.Fatalf("Check after recovery: %v", err)
+			}
+			// One more removal keeps the ledger exact.
+			last, n = lastSeq(t, s, ids[2])
+			if err := openRemover(t, srv).RemoveRun(ctx, ids[2], last, n); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Check(ctx); err != nil {
+				t.Fatalf("Check after the next removal: %v", err)
+			}
+		})
+	}
+}
