@@ -1,0 +1,474 @@
+// Package retention moves finished runs out of the sidecar's hot state:
+// once a run ended longer ago than its retention period, its records are
+// written to the archive, the archive is read back and checked, the run's
+// other per-run keys are forgotten, and its records are removed from the
+// log. Without retention configured nothing of this runs and nothing is
+// removed.
+//
+// # Order of a removal, and crashes
+//
+// For each due run: (1) its records are read from the log; (2) unless the
+// archive already holds exactly those records, they are written as part of
+// a segment, which archive.Write confirms by reading it back and checking
+// its hashes; (3) the Forgetters drop the run's keys (snapshot, event ids,
+// run list row, ...); (4) the Remover removes its records from the log, up
+// to the last archived runSeq. A crash anywhere leaves the run in the log,
+// in the archive, or both: after a restart, following the log finds its
+// terminal event again (the log still holds it), the archive is found to
+// hold the run already, and steps 3 and 4 run again. A run is never
+// removed unless the archive holds every record the log has of it up to
+// the removed runSeq.
+//
+// # What is due
+//
+// Retention follows the log from its start (after retention, the log holds
+// only the window, so this reads what is open or recent). A run whose
+// terminal event (RunCompleted, RunFailed, RunCancelled) it saw waits in a
+// queue ordered by due time: its last record's persistedAt plus its
+// tenant's retention period. When due, it is removed only if its snapshot
+// is terminal and no record arrived since; otherwise it waits again from
+// its newest record.
+package retention
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/archive"
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// Log is what retention reads of the run event log.
+type Log interface {
+	statestore.Follower
+	Fetch(ctx context.Context, runID string, afterSeq int64, limit int) ([]statestore.RunEventRecord, error)
+	GetSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error)
+}
+
+// Archive is where runs go before they leave (an *archive.Archive).
+type Archive interface {
+	// Write archives runs as one segment and returns once it was read back
+	// and checked.
+	Write(ctx context.Context, runs []archive.Run) (*archive.Manifest, error)
+	// Lookup returns the archive's entry of runID, or an error matching
+	// archive.ErrRunNotFound.
+	Lookup(ctx context.Context, runID string) (*archive.RunEntry, error)
+	// Records returns the archived records of runID, checked against the
+	// manifest.
+	Records(ctx context.Context, runID string) ([]statestore.RunEventRecord, error)
+}
+
+// Remover removes a run's records from the log, up to lastRunSeq, of which
+// there are records (natsstore.Remover, on the privileged connection).
+// Removing a run again is harmless.
+type Remover interface {
+	RemoveRun(ctx context.Context, runID string, lastRunSeq, records uint64) error
+}
+
+// Forgetter drops what a component keeps per run (a bucket's keys, a
+// table's rows, an in-memory entry) for a run that leaves hot state.
+// ForgetRun of a run it does not know, or forgot before, returns nil. It
+// is called before the run's records leave the log, and again after a
+// crash, so it must be idempotent.
+type Forgetter interface {
+	ForgetRun(ctx context.Context, runID string) error
+}
+
+// Defaults of Options.
+const (
+	DefaultInterval  = 10 * time.Second
+	DefaultBatchRuns = 200
+	// maxBackoff caps the wait after a failed pass.
+	maxBackoff = 5 * time.Minute
+)
+
+// Options configures New.
+type Options struct {
+	// RetainFinished is how long a finished run stays in hot state after
+	// its last record (required, > 0).
+	RetainFinished time.Duration
+	// PerTenant overrides RetainFinished for the tenants it names (> 0).
+	PerTenant map[string]time.Duration
+	// Interval is how often a pass looks for due runs (default
+	// DefaultInterval).
+	Interval time.Duration
+	// BatchRuns is the most runs one segment holds (default DefaultBatchRuns).
+	BatchRuns int
+	// Forgetters drop the run's other per-run state, in order.
+	Forgetters []Forgetter
+	Logger     *zap.Logger
+	Metrics    *Metrics
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Retention is the loop that archives and removes finished runs. Open
+// starts it; Pass runs one pass (tests, and the loop).
+type Retention struct {
+	log     Log
+	archive Archive
+	remover Remover
+	opts    Options
+	logger  *zap.Logger
+
+	mu    sync.Mutex // one pass at a time; guards the fields below
+	tail  statestore.LogTail
+	queue runQueue
+	byRun map[string]*item
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New returns the loop over log, archive and remover.
+func New(log Log, arch Archive, rm Remover, opts Options) (*Retention, error) {
+	switch {
+	case log == nil || arch == nil || rm == nil:
+		return nil, fmt.Errorf("%w: log, archive and remover are required", ErrInvalidOptions)
+	case opts.RetainFinished <= 0:
+		return nil, fmt.Errorf("%w: the retention period must be positive", ErrInvalidOptions)
+	}
+	for t, d := range opts.PerTenant {
+		if d <= 0 {
+			return nil, fmt.Errorf("%w: tenant %q: the retention period must be positive", ErrInvalidOptions, t)
+		}
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = DefaultInterval
+	}
+	if opts.BatchRuns <= 0 {
+		opts.BatchRuns = DefaultBatchRuns
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Retention{log: log, archive: arch, remover: rm, opts: opts, logger: opts.Logger.Named("retention"), byRun: map[string]*item{}}, nil
+}
+
+// Open starts the loop: a pass every Interval, backing off after failures.
+func (r *Retention) Open(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.cancel = cancel
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		r.loop(ctx)
+	}()
+	return nil
+}
+
+// Close stops the loop and waits for a pass under way, within ctx.
+func (r *Retention) Close(ctx context.Context) error {
+	if r.cancel != nil {
+		r.cancel()
+	}
+	done := make(chan struct{})
+	go func() { r.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.tail != nil {
+		r.tail.Close()
+		r.tail = nil
+	}
+	return nil
+}
+
+func (r *Retention) loop(ctx context.Context) {
+	wait := r.opts.Interval
+	var failing bool
+	var lastLog time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		_, err := r.Pass(ctx)
+		switch {
+		case err == nil:
+			if failing {
+				r.logger.Info("retention works again")
+				failing = false
+			}
+			wait = r.opts.Interval
+		case errors.Is(err, context.Canceled):
+			return
+		default:
+			failing = true
+			wait = min(2*wait, maxBackoff)
+			if time.Since(lastLog) > time.Minute {
+				lastLog = time.Now()
+				r.logger.Warn("retention pass failed; nothing was removed that is not archived, and hot state keeps growing until it works (logged once a minute)", zap.Error(err), zap.Duration("retry", wait))
+			}
+		}
+	}
+}
+
+// PassResult is what one pass did.
+type PassResult struct {
+	// Archived runs were written to the archive in this pass; Removed runs
+	// left hot state (archived in this pass or before).
+	Archived, Removed int
+	// Waiting is the number of finished runs not yet due.
+	Waiting int
+}
+
+// Pass reads the log's new records, then archives and removes every due
+// run, a segment of up to BatchRuns runs at a time. It stops at the first
+// failure, leaving the runs it did not finish in the queue.
+func (r *Retention) Pass(ctx context.Context) (PassResult, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var res PassResult
+	if err := r.follow(ctx); err != nil {
+		r.opts.Metrics.failed(stepRead)
+		return res, err
+	}
+	for {
+		batch, err := r.due(ctx)
+		if err != nil {
+			r.opts.Metrics.failed(stepRead)
+			return res, err
+		}
+		if len(batch) == 0 {
+			break
+		}
+		n, err := r.archiveAndRemove(ctx, batch, &res)
+		if err != nil {
+			// Put back what was not removed, due now.
+			for _, b := range batch[n:] {
+				r.push(b.run.ID, b.tenant, r.opts.Now())
+			}
+			r.opts.Metrics.queue(len(r.queue))
+			return res, err
+		}
+	}
+	res.Waiting = len(r.queue)
+	r.opts.Metrics.queue(res.Waiting)
+	return res, nil
+}
+
+// follow reads the log's new records and queues the runs that ended.
+func (r *Retention) follow(ctx context.Context) error {
+	if r.tail == nil {
+		t, err := r.log.Follow(ctx, 0)
+		if err != nil {
+			return err
+		}
+		r.tail = t
+	}
+	last, err := r.log.LastSeq(ctx)
+	if err != nil {
+		return err
+	}
+	for {
+		recs, through, err := r.tail.Next(ctx, 1000)
+		if err != nil {
+			r.tail.Close()
+			r.tail = nil // follow anew next pass
+			return err
+		}
+		for i := range recs {
+			switch recs[i].EventType {
+			case statestore.RunCompleted, statestore.RunFailed, statestore.RunCancelled:
+				at, err := time.Parse(time.RFC3339Nano, recs[i].PersistedAt)
+				if err != nil {
+					at = r.opts.Now()
+				}
+				r.push(recs[i].RunID, recs[i].TenantID, at.Add(r.retainFor(recs[i].TenantID)))
+			}
+		}
+		if through >= last || len(recs) == 0 {
+			return nil
+		}
+	}
+}
+
+func (r *Retention) retainFor(tenant string) time.Duration {
+	if d, ok := r.opts.PerTenant[tenant]; ok {
+		return d
+	}
+	return r.opts.RetainFinished
+}
+
+// candidate is a due run with the records it leaves with.
+type candidate struct {
+	run      archive.Run
+	tenant   string
+	archived bool // the archive already holds exactly these records
+}
+
+// due pops due runs and returns up to BatchRuns of them that are ready to
+// leave, with their records; runs that are not (not terminal, or a record
+// arrived since) wait again or leave the queue.
+func (r *Retention) due(ctx context.Context) ([]candidate, error) {
+	now := r.opts.Now()
+	var out []candidate
+	for len(out) < r.opts.BatchRuns && len(r.queue) > 0 && !r.queue[0].due.After(now) {
+		it := heap.Pop(&r.queue).(*item)
+		delete(r.byRun, it.runID)
+		snap, err := r.log.GetSnapshot(ctx, it.runID)
+		if errors.Is(err, statestore.ErrNotFound) {
+			continue // gone already
+		}
+		if err != nil {
+			r.push(it.runID, it.tenant, it.due)
+			return out, err
+		}
+		if !statestore.IsTerminalRunStatus(snap.Status) {
+			continue // a later terminal event queues it again
+		}
+		recs, err := r.log.Fetch(ctx, it.runID, 0, 0)
+		if err != nil {
+			r.push(it.runID, it.tenant, it.due)
+			return out, err
+		}
+		if len(recs) == 0 {
+			continue
+		}
+		last := recs[len(recs)-1]
+		if at, err := time.Parse(time.RFC3339Nano, last.PersistedAt); err == nil {
+			if d := at.Add(r.retainFor(it.tenant)); d.After(now) {
+				r.push(it.runID, it.tenant, d) // a record arrived since
+				continue
+			}
+		}
+		c := candidate{run: archive.Run{ID: it.runID, Records: recs}, tenant: it.tenant}
+		if c.archived, err = r.alreadyArchived(ctx, c.run); err != nil {
+			r.push(it.runID, it.tenant, it.due)
+			return out, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// alreadyArchived reports whether the archive holds exactly run's records
+// (a pass that archived it died before removing it).
+func (r *Retention) alreadyArchived(ctx context.Context, run archive.Run) (bool, error) {
+	e, err := r.archive.Lookup(ctx, run.ID)
+	if errors.Is(err, archive.ErrRunNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	last := run.Records[len(run.Records)-1]
+	if e.Records != int64(len(run.Records)) || e.LastRunSeq != last.RunSeq {
+		return false, nil // archived before more records came: archive again
+	}
+	got, err := r.archive.Records(ctx, run.ID)
+	if err != nil {
+		return false, err
+	}
+	if len(got) != len(run.Records) {
+		return false, nil
+	}
+	for i := range got {
+		a, errA := archive.EncodeRecord(&got[i])
+		b, errB := archive.EncodeRecord(&run.Records[i])
+		if errA != nil || errB != nil || string(a) != string(b) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// archiveAndRemove writes the batch's runs that are not archived yet as
+// one segment, then forgets and removes each run. It returns how many runs
+// of the batch it removed.
+func (r *Retention) archiveAndRemove(ctx context.Context, batch []candidate, res *PassResult) (int, error) {
+	var write []archive.Run
+	for _, c := range batch {
+		if !c.archived {
+			write = append(write, c.run)
+		}
+	}
+	if len(write) > 0 {
+		m, err := r.archive.Write(ctx, write)
+		if err != nil {
+			r.opts.Metrics.failed(stepArchive)
+			return 0, fmt.Errorf("archive %d runs: %w", len(write), err)
+		}
+		r.opts.Metrics.wrote(len(write), float64(r.opts.Now().Unix()))
+		res.Archived += len(write)
+		r.logger.Debug("archived", zap.Uint64("manifest", m.Seq), zap.Int("runs", len(write)), zap.String("chain", m.Chain))
+	}
+	for i, c := range batch {
+		if err := r.remove(ctx, c.run); err != nil {
+			r.opts.Metrics.failed(stepRemove)
+			return i, fmt.Errorf("remove run %q: %w", c.run.ID, err)
+		}
+		r.opts.Metrics.removedRun()
+		res.Removed++
+	}
+	return len(batch), nil
+}
+
+func (r *Retention) remove(ctx context.Context, run archive.Run) error {
+	for _, f := range r.opts.Forgetters {
+		if err := f.ForgetRun(ctx, run.ID); err != nil {
+			return err
+		}
+	}
+	last := run.Records[len(run.Records)-1].RunSeq
+	return r.remover.RemoveRun(ctx, run.ID, uint64(last), uint64(len(run.Records)))
+}
+
+// push queues runID due at due, or moves it later if it is queued earlier.
+func (r *Retention) push(runID, tenant string, due time.Time) {
+	if it, ok := r.byRun[runID]; ok {
+		if due.After(it.due) {
+			it.due = due
+			heap.Fix(&r.queue, it.index)
+		}
+		return
+	}
+	it := &item{runID: runID, tenant: tenant, due: due}
+	heap.Push(&r.queue, it)
+	r.byRun[runID] = it
+}
+
+// item is a finished run waiting for its retention period.
+type item struct {
+	runID  string
+	tenant string
+	due    time.Time
+	index  int
+}
+
+// runQueue is a min-heap of items by due time.
+type runQueue []*item
+
+func (q runQueue) Len() int           { return len(q) }
+func (q runQueue) Less(i, j int) bool { return q[i].due.Before(q[j].due) }
+func (q runQueue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].index, q[j].index = i, j
+}
+func (q *runQueue) Push(x any) {
+	it := x.(*item)
+	it.index = len(*q)
+	*q = append(*q, it)
+}
+func (q *runQueue) Pop() any {
+	old := *q
+	it := old[len(old)-1]
+	old[len(old)-1] = nil
+	*q = old[:len(old)-1]
+	return it
+}

@@ -1,0 +1,402 @@
+package retention_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/archive"
+	"github.com/conductor-sidecar/sidecar/retention"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// hot is a removable JetStream log on an embedded server with finished
+// and open runs in it.
+type hot struct {
+	t        *testing.T
+	srv      *natsstore.Embedded
+	js       jetstream.JetStream
+	store    *natsstore.Store
+	finished map[string][]statestore.RunEventRecord
+	open     []string
+	dir      string
+}
+
+func newHot(t *testing.T, finished, open int, tenantOf func(i int) string) *hot {
+	t.Helper()
+	ctx := context.Background()
+	js, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Logger: zaptest.NewLogger(t)})
+	s, err := natsstore.Open(ctx, js, natsstore.Options{Removable: true, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	h := &hot{t: t, srv: srv, js: js, store: s, finished: map[string][]statestore.RunEventRecord{}, dir: filepath.Join(t.TempDir(), "archive")}
+	for i := range finished + open {
+		id := fmt.Sprintf("run-%d", i)
+		tenant := "tenant_acme"
+		if tenantOf != nil {
+			tenant = tenantOf(i)
+		}
+		events := []*statestore.RunEventWrite{storetest.Event(id, statestore.RunStarted, ""), storetest.Event(id, statestore.StepStarted, "s1"), storetest.Event(id, statestore.StepCompleted, "s1")}
+		if i < finished {
+			events = append(events, storetest.Event(id, statestore.RunCompleted, ""))
+		}
+		for _, w := range events {
+			w.TenantID = tenant
+			if _, err := s.Append(ctx, w); err != nil {
+				t.Fatal(err)
+			}
+		}
+		recs, err := s.Fetch(ctx, id, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i < finished {
+			h.finished[id] = recs
+		} else {
+			h.open = append(h.open, id)
+		}
+	}
+	return h
+}
+
+func (h *hot) remover() *natsstore.Remover {
+	h.t.Helper()
+	nc, err := h.srv.ConnectRetention()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	r, err := natsstore.OpenRemover(context.Background(), js, natsstore.RemoverOptions{Logger: zaptest.NewLogger(h.t)})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return r
+}
+
+func (h *hot) archive(dest archive.Destination) *archive.Archive {
+	h.t.Helper()
+	if dest == nil {
+		dest = archive.NewDir(h.dir)
+	}
+	a, err := archive.Open(context.Background(), dest, archive.Options{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return a
+}
+
+// retention is a fresh loop (as after a restart) on the hot log.
+func (h *hot) retention(arch retention.Archive, rm retention.Remover, opts retention.Options) *retention.Retention {
+	h.t.Helper()
+	if opts.RetainFinished == 0 {
+		opts.RetainFinished = time.Hour
+	}
+	if opts.Now == nil {
+		opts.Now = func() time.Time { return time.Now().Add(2 * time.Hour) }
+	}
+	opts.Logger = zaptest.NewLogger(h.t)
+	r, err := retention.New(h.store, arch, rm, opts)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { r.Close(context.Background()) })
+	return r
+}
+
+// requireSafe checks the invariant after any crash: every finished run is
+// whole in the log, or whole and verified in the archive, or both; open
+// runs are whole in the log; the log verifies.
+func (h *hot) requireSafe(wantRemoved bool) {
+	h.t.Helper()
+	ctx := context.Background()
+	rep, err := archive.Verify(ctx, archive.NewDir(h.dir), archive.VerifyOptions{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if len(rep.Problems) != 0 {
+		h.t.Fatalf("archive does not verify: %+v", rep.Problems)
+	}
+	a := h.archive(nil)
+	for id, want := range h.finished {
+		got, err := h.store.Fetch(ctx, id, 0, 0)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		inHot := reflect.DeepEqual(got, want)
+		arch, err := a.Records(ctx, id)
+		inArchive := err == nil && reflect.DeepEqual(arch, want)
+		if err != nil && !errors.Is(err, archive.ErrRunNotFound) {
+			h.t.Fatal(err)
+		}
+		switch {
+		case !inHot && !inArchive:
+			h.t.Fatalf("run %s is neither whole in the log (%d of %d records) nor in the archive", id, len(got), len(want))
+		case !inHot && len(got) != 0:
+			h.t.Fatalf("run %s is partly in the log: %d of %d records", id, len(got), len(want))
+		case wantRemoved && (len(got) != 0 || !inArchive):
+			h.t.Fatalf("run %s: %d records in the log, archived %v; want removed and archived", id, len(got), inArchive)
+		}
+	}
+	for _, id := range h.open {
+		if got, _ := h.store.Fetch(ctx, id, 0, 0); len(got) != 3 {
+			h.t.Fatalf("open run %s has %d records, want 3", id, len(got))
+		}
+	}
+	if err := h.store.Check(ctx); err != nil {
+		h.t.Fatalf("the log does not verify: %v", err)
+	}
+}
+
+func TestRetention_Pass(t *testing.T) {
+	ctx := context.Background()
+	t.Run("OK", func(t *testing.T) {
+		h := newHot(t, 5, 2, nil)
+		reg := prometheus.NewRegistry()
+		r := h.retention(h.archive(nil), h.remover(), retention.Options{BatchRuns: 2, Metrics: retention.NewMetrics(reg)})
+		res, err := r.Pass(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Archived != 5 || res.Removed != 5 || res.Waiting != 0 {
+			t.Fatalf("got %+v, want 5 archived and removed", res)
+		}
+		h.requireSafe(true)
+		if got := testutil.ToFloat64(mustGauge(t, reg, "sidecar_retention_runs_removed_total")); got != 5 {
+			t.Fatalf("removed metric %v", got)
+		}
+		// A second pass finds nothing to do.
+		if res, err := r.Pass(ctx); err != nil || res.Archived+res.Removed != 0 {
+			t.Fatalf("second pass: %+v %v", res, err)
+		}
+	})
+	t.Run("NotDueYet", func(t *testing.T) {
+		h := newHot(t, 3, 0, nil)
+		r := h.retention(h.archive(nil), h.remover(), retention.Options{Now: time.Now})
+		res, err := r.Pass(ctx)
+		if err != nil || res.Removed != 0 || res.Waiting != 3 {
+			t.Fatalf("got %+v %v, want 3 waiting", res, err)
+		}
+		h.requireSafe(false)
+		for id, want := range h.finished {
+			if got, _ := h.store.Fetch(ctx, id, 0, 0); len(got) != len(want) {
+				t.Fatalf("run %s removed before it was due", id)
+			}
+		}
+	})
+	t.Run("PerTenant", func(t *testing.T) {
+		h := newHot(t, 4, 0, func(i int) string { return []string{"short", "long"}[i%2] })
+		r := h.retention(h.archive(nil), h.remover(), retention.Options{RetainFinished: 1000 * time.Hour, PerTenant: map[string]time.Duration{"short": time.Hour}})
+		res, err := r.Pass(ctx)
+		if err != nil || res.Removed != 2 || res.Waiting != 2 {
+			t.Fatalf("got %+v %v, want the 2 runs of tenant short removed", res, err)
+		}
+		for id := range h.finished {
+			got, _ := h.store.Fetch(ctx, id, 0, 0)
+			if short := h.finished[id][0].TenantID == "short"; short != (len(got) == 0) {
+				t.Fatalf("run %s of tenant %s has %d records", id, h.finished[id][0].TenantID, len(got))
+			}
+		}
+		h.requireSafe(false)
+	})
+	t.Run("ArchiveDownRemovesNothing", func(t *testing.T) {
+		h := newHot(t, 3, 1, nil)
+		down := &downDest{Dir: archive.NewDir(h.dir), down: true}
+		reg := prometheus.NewRegistry()
+		rm := h.remover()
+		r := h.retention(h.archive(down), rm, retention.Options{Metrics: retention.NewMetrics(reg)})
+		if _, err := r.Pass(ctx); !errors.Is(err, archive.ErrUnavailable) {
+			t.Fatalf("got %v, want ErrUnavailable", err)
+		}
+		for id, want := range h.finished {
+			if got, _ := h.store.Fetch(ctx, id, 0, 0); len(got) != len(want) {
+				t.Fatalf("run %s lost records while the archive was down", id)
+			}
+		}
+		if got := testutil.ToFloat64(mustGauge(t, reg, "sidecar_archive_failing")); got != 1 {
+			t.Fatalf("sidecar_archive_failing = %v, want 1", got)
+		}
+		down.down = false
+		if res, err := r.Pass(ctx); err != nil || res.Removed != 3 {
+			t.Fatalf("after the archive came back: %+v %v", res, err)
+		}
+		if got := testutil.ToFloat64(mustGauge(t, reg, "sidecar_archive_failing")); got != 0 {
+			t.Fatalf("sidecar_archive_failing = %v, want 0", got)
+		}
+		h.requireSafe(true)
+	})
+	t.Run("InvalidOptions", func(t *testing.T) {
+		h := newHot(t, 0, 0, nil)
+		for _, opts := range []retention.Options{{}, {RetainFinished: -time.Second}, {RetainFinished: time.Hour, PerTenant: map[string]time.Duration{"x": 0}}} {
+			if _, err := retention.New(h.store, h.archive(nil), h.remover(), opts); !errors.Is(err, retention.ErrInvalidOptions) {
+				t.Errorf("%+v: got %v, want ErrInvalidOptions", opts, err)
+			}
+		}
+	})
+}
+
+// TestRetention_CrashAtEachStep stops a pass after each step (as kill -9
+// would: everything retention keeps is in the log, the archive and the
+// ledger), then runs a fresh loop as after a restart: no run is lost at
+// any point, and the fresh loop finishes the job without archiving a run
+// twice.
+func TestRetention_CrashAtEachStep(t *testing.T) {
+	ctx := context.Background()
+	crash := errors.New("crash")
+	// The steps inside a removal (ledger pending, purged) are
+	// natsstore's TestRemover_CrashAtEachStep.
+	for _, step := range []string{"segment-written", "manifest-written", "archive-confirmed", "forgotten", "removal-starting", "removed"} {
+		t.Run(step, func(t *testing.T) {
+			h := newHot(t, 4, 1, nil)
+			dest := &downDest{Dir: archive.NewDir(h.dir)}
+			arch := h.archive(dest)
+			var a retention.Archive = arch
+			var rm retention.Remover = h.remover()
+			var forget []retention.Forgetter
+			switch step {
+			case "segment-written":
+				dest.failPutNew = crash // the manifest is never written
+			case "manifest-written":
+				dest.failGetManifest = crash // written, not read back
+			case "archive-confirmed":
+				a = crashAfterWrite{arch, crash}
+			case "forgotten":
+				forget = []retention.Forgetter{forgetFunc(func(context.Context, string) error { return crash })}
+			case "removal-starting":
+				rm = crashRemover{rm, crash, false}
+			case "removed":
+				rm = crashRemover{rm, crash, true}
+			}
+			r := h.retention(a, rm, retention.Options{Forgetters: forget})
+			if _, err := r.Pass(ctx); !errors.Is(err, crash) {
+				t.Fatalf("got %v, want the crash", err)
+			}
+			r.Close(ctx)
+			h.requireSafe(false)
+			// Restart: a fresh archive, remover (which finishes a pending
+			// removal) and loop.
+			r2 := h.retention(h.archive(nil), h.remover(), retention.Options{})
+			if _, err := r2.Pass(ctx); err != nil {
+				t.Fatal(err)
+			}
+			h.requireSafe(true)
+			rep, err := archive.Verify(ctx, archive.NewDir(h.dir), archive.VerifyOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Runs != 4 || rep.Records != 16 {
+				t.Fatalf("archive holds %d runs, %d records; want 4 and 16 (no run twice)", rep.Runs, rep.Records)
+			}
+		})
+	}
+}
+
+func mustGauge(t *testing.T, reg *prometheus.Registry, name string) prometheus.Collector {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			v := mf.GetMetric()[0]
+			g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name})
+			if v.Gauge != nil {
+				g.Set(v.Gauge.GetValue())
+			} else {
+				g.Set(v.Counter.GetValue())
+			}
+			return g
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return nil
+}
+
+// downDest is a directory that can be down, or fail one kind of call.
+type downDest struct {
+	*archive.Dir
+	down            bool
+	failPutNew      error
+	failGetManifest error
+}
+
+func (d *downDest) Put(ctx context.Context, name string, b []byte) error {
+	if d.down {
+		return &archive.Error{Code: archive.CodeUnavailable, Message: "down"}
+	}
+	return d.Dir.Put(ctx, name, b)
+}
+
+func (d *downDest) PutNew(ctx context.Context, name string, b []byte) error {
+	if d.down {
+		return &archive.Error{Code: archive.CodeUnavailable, Message: "down"}
+	}
+	if d.failPutNew != nil {
+		return d.failPutNew
+	}
+	return d.Dir.PutNew(ctx, name, b)
+}
+
+func (d *downDest) Get(ctx context.Context, name string) ([]byte, error) {
+	if d.down {
+		return nil, &archive.Error{Code: archive.CodeUnavailable, Message: "down"}
+	}
+	if d.failGetManifest != nil && filepath.Dir(name) == "manifests" {
+		if b, err := d.Dir.Get(ctx, name); err == nil && len(b) > 0 {
+			return nil, d.failGetManifest
+		}
+	}
+	return d.Dir.Get(ctx, name)
+}
+
+// crashAfterWrite confirms the write, then fails as if the process died.
+type crashAfterWrite struct {
+	*archive.Archive
+	crash error
+}
+
+func (c crashAfterWrite) Write(ctx context.Context, runs []archive.Run) (*archive.Manifest, error) {
+	if _, err := c.Archive.Write(ctx, runs); err != nil {
+		return nil, err
+	}
+	return nil, c.crash
+}
+
+type forgetFunc func(context.Context, string) error
+
+func (f forgetFunc) ForgetRun(ctx context.Context, runID string) error { return f(ctx, runID) }
+
+// crashRemover dies before a removal starts, or right after it finished.
+type crashRemover struct {
+	retention.Remover
+	crash error
+	after bool
+}
+
+func (c crashRemover) RemoveRun(ctx context.Context, runID string, last, n uint64) error {
+	if !c.after {
+		return c.crash
+	}
+	if err := c.Remover.RemoveRun(ctx, runID, last, n); err != nil {
+		return err
+	}
+	return c.crash
+}
