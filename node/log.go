@@ -47,7 +47,7 @@ func (n *Node) openLog(ctx context.Context) error {
 
 func (n *Node) openJetStreamLog(ctx context.Context) (*registry.Registry, error) {
 	ns, err := natsstore.Open(ctx, n.js, natsstore.Options{Logger: n.log, Metrics: statestore.NewMetrics(n.reg), Gate: n.gate, Replicas: n.cfg.Replicas,
-		SnapshotBucket: natsstore.DefaultSnapshotBucket})
+		SnapshotBucket: natsstore.DefaultSnapshotBucket, Removable: n.cfg.Retention.enabled()})
 	if err != nil {
 		return nil, err
 	}

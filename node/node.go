@@ -109,6 +109,8 @@ type Config struct {
 	// Tracing says whether and how spans are exported (zero: off;
 	// tracing.ConfigFromEnv reads the OTEL_* environment).
 	Tracing tracing.Config
+	// Retention moves finished runs to an archive (zero: off).
+	Retention Retention
 }
 
 // Bus is the event bus: its sinks, in order, and how many times an event
@@ -216,7 +218,7 @@ func (n *Node) Open(ctx context.Context) (err error) {
 	}()
 	for _, open := range []func(context.Context) error{
 		n.openTracing, n.openNATS, n.openLog, n.openRuns, n.openMembers, n.openRunSpans, n.openList, n.openBus, n.openAdmission,
-		n.openWatcher, n.openDrain, n.openExecutors, n.openWorkers, n.openProxy, n.openGuard, n.openAPI, n.openMetrics,
+		n.openWatcher, n.openDrain, n.openExecutors, n.openWorkers, n.openProxy, n.openGuard, n.openRetention, n.openAPI, n.openMetrics,
 	} {
 		if err := open(ctx); err != nil {
 			return err

@@ -77,6 +77,8 @@ type Config struct {
 	Bus busConfig
 	// Admission is admission control (limits on active runs).
 	Admission admissionConfig
+	// Retention moves finished runs to an archive.
+	Retention retentionConfig
 }
 
 // DefaultConfig returns the defaults DESIGN.md names.
@@ -160,6 +162,9 @@ func (c *Config) node(log *zap.Logger, own []string) (nc node.Config, err error)
 		if nc.Embedded.Password, err = c.NATS.password(); err != nil {
 			return nc, err
 		}
+	}
+	if nc.Retention, err = c.Retention.node(c.NATSURL, nc.NATSOptions); err != nil {
+		return nc, err
 	}
 	if nc.Bus, err = c.Bus.node(); err != nil {
 		return nc, err
@@ -249,6 +254,7 @@ func (c *Config) Validate() error {
 	p = append(p, c.Exec.validate()...)
 	p = append(p, c.Bus.validate()...)
 	p = append(p, c.Admission.validate()...)
+	p = append(p, c.Retention.validate(c.postgresStore(), c.NATSURL)...)
 	p = append(p, c.secretFileProblems()...)
 	if len(p) > 0 {
 		return &ConfigValidationError{Problems: p}
@@ -303,6 +309,7 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	c.Bus.registerFlags(fs)
 	c.Admission.registerFlags(fs)
 	c.Proxy.registerFlags(fs)
+	c.Retention.registerFlags(fs)
 }
 
 // stringFlag binds p to the flag name of fs, with SIDECAR_<NAME> as its

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/conductor-sidecar/sidecar/archive"
+	"github.com/conductor-sidecar/sidecar/node"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+)
+
+// retentionConfig is retention: how long finished runs stay in hot state
+// and the archive they go to (docs/retention.md).
+type retentionConfig struct {
+	Finished  time.Duration
+	PerTenant map[string]time.Duration
+	Archive   string
+	// PasswordFile holds natsstore.RetentionUser's password on --nats-url.
+	PasswordFile string
+	bad          []string // --retain-tenant values that do not parse
+}
+
+func (c *retentionConfig) registerFlags(fs *flag.FlagSet) {
+	fs.Var(&durationValue{&c.Finished}, "retain-finished", "remove a finished run from hot state this long after its last record, once it is archived to --archive (0: keep every run; state grows without bound) (env "+envName("retain-finished")+")")
+	if v, ok := os.LookupEnv(envName("retain-finished")); ok {
+		_ = fs.Set("retain-finished", v)
+	}
+	fs.Var(&tenantRetention{c}, "retain-tenant", "TENANT=DURATION: --retain-finished for one tenantId (repeat, or comma separated) (env "+envName("retain-tenant")+")")
+	if v, ok := os.LookupEnv(envName("retain-tenant")); ok {
+		_ = fs.Set("retain-tenant", v)
+	}
+	stringFlag(fs, &c.Archive, "archive", "where finished runs are archived before they leave hot state: file:///dir")
+	stringFlag(fs, &c.PasswordFile, "retention-nats-password-file", "with --nats-url and --retain-finished: file with the password of NATS user "+natsstore.RetentionUser+", the only one that may remove runs (deploy/nats/sidecar.conf)")
+}
+
+func (c *retentionConfig) validate(postgres bool, natsURL string) []string {
+	p := append([]string(nil), c.bad...)
+	if c.Finished < 0 {
+		p = append(p, "--retain-finished must be >= 0 (0: keep every run)")
+	}
+	if c.Finished == 0 {
+		if len(c.PerTenant) > 0 || c.Archive != "" || c.PasswordFile != "" {
+			p = append(p, "--retain-tenant, --archive and --retention-nats-password-file need --retain-finished")
+		}
+		return p
+	}
+	if c.Archive == "" {
+		p = append(p, "--retain-finished needs --archive: runs leave hot state only once archived")
+	} else if _, err := archive.ParseURL(c.Archive); err != nil {
+		p = append(p, "--archive: "+err.Error())
+	}
+	if postgres {
+		p = append(p, "--retain-finished is not available with --store postgres:// yet (docs/retention.md)")
+	}
+	if natsURL != "" && c.PasswordFile == "" {
+		p = append(p, "--retain-finished with --nats-url needs --retention-nats-password-file (user "+natsstore.RetentionUser+")")
+	}
+	return p
+}
+
+// node is retention's part of the node's configuration; base are the
+// options of the sidecar's own connection to --nats-url (TLS), to which
+// the retention user's credentials are added.
+func (c *retentionConfig) node(natsURL string, base []nats.Option) (node.Retention, error) {
+	r := node.Retention{Finished: c.Finished, PerTenant: c.PerTenant, Archive: c.Archive}
+	if c.Finished == 0 || natsURL == "" {
+		return r, nil
+	}
+	pw, err := (&natsConfig{PasswordFile: c.PasswordFile}).password()
+	if err != nil {
+		return r, fmt.Errorf("--retention-nats-password-file: %w", err)
+	}
+	r.NATSOptions = append(append([]nats.Option(nil), base...), nats.UserInfo(natsstore.RetentionUser, pw))
+	return r, nil
+}
+
+// tenantRetention is --retain-tenant: TENANT=DURATION, repeatable.
+type tenantRetention struct{ c *retentionConfig }
+
+func (t *tenantRetention) String() string {
+	if t.c == nil {
+		return ""
+	}
+	var parts []string
+	for k, v := range t.c.PerTenant {
+		parts = append(parts, k+"="+v.String())
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ",")
+}
+
+func (t *tenantRetention) Set(s string) error {
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		tenant, dur, ok := strings.Cut(part, "=")
+		d, err := time.ParseDuration(dur)
+		if !ok || tenant == "" || err != nil || d <= 0 {
+			t.c.bad = append(t.c.bad, fmt.Sprintf("--retain-tenant %q: want TENANT=DURATION with a positive duration, e.g. acme=720h", part))
+			continue
+		}
+		if t.c.PerTenant == nil {
+			t.c.PerTenant = map[string]time.Duration{}
+		}
+		t.c.PerTenant[tenant] = d
+	}
+	return nil
+}

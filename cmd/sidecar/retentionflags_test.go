@@ -1,0 +1,62 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestConfig_Retention: retention is off by default; --retain-finished
+// needs --archive (a file:/// URL), and on --nats-url the retention user's
+// password file; --retain-tenant takes TENANT=DURATION; PostgreSQL is
+// refused for now.
+func TestConfig_Retention(t *testing.T) {
+	if DefaultConfig().Retention.Finished != 0 {
+		t.Fatal("retention is on by default")
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		ok   bool
+	}{
+		{"Off", nil, true},
+		{"OK", []string{"--retain-finished", "720h", "--archive", "file:///var/lib/sidecar/archive"}, true},
+		{"PerTenant", []string{"--retain-finished", "720h", "--retain-tenant", "acme=24h,beta=1h", "--archive", "file:///a"}, true},
+		{"NoArchive", []string{"--retain-finished", "720h"}, false},
+		{"BadArchive", []string{"--retain-finished", "1h", "--archive", "/relative/or/plain"}, false},
+		{"Negative", []string{"--retain-finished", "-1h", "--archive", "file:///a"}, false},
+		{"TenantWithoutDefault", []string{"--retain-tenant", "acme=1h"}, false},
+		{"BadTenant", []string{"--retain-finished", "1h", "--archive", "file:///a", "--retain-tenant", "acme"}, false},
+		{"ZeroTenant", []string{"--retain-finished", "1h", "--archive", "file:///a", "--retain-tenant", "acme=0s"}, false},
+		{"ExternalNATSNeedsRetentionUser", []string{"--retain-finished", "1h", "--archive", "file:///a", "--nats-url", "nats://127.0.0.1:4222", "--nats-insecure-no-auth"}, false},
+		{"Postgres", []string{"--retain-finished", "1h", "--archive", "file:///a", "--store", "postgres://sidecar@127.0.0.1:1/sidecar"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			cfg.registerFlags(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			err := cfg.Validate()
+			var ve *ConfigValidationError
+			bad := errors.As(err, &ve) && (strings.Contains(err.Error(), "retain") || strings.Contains(err.Error(), "--archive"))
+			if bad == tc.ok {
+				t.Fatalf("%v: %v, want ok=%v", tc.args, err, tc.ok)
+			}
+		})
+	}
+	cfg := DefaultConfig()
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	cfg.registerFlags(fs)
+	if err := fs.Parse([]string{"--retain-tenant", "acme=24h", "--retain-tenant", "beta=2h"}); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Retention.PerTenant["acme"] != 24*time.Hour || cfg.Retention.PerTenant["beta"] != 2*time.Hour {
+		t.Fatalf("got %v", cfg.Retention.PerTenant)
+	}
+}

@@ -1,0 +1,102 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/archive"
+	"github.com/conductor-sidecar/sidecar/retention"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+)
+
+// Retention is how long finished runs stay in hot state and where they go
+// then (docs/retention.md). Finished zero: retention is off, nothing is
+// ever removed.
+type Retention struct {
+	// Finished is how long a finished run stays after its last record;
+	// PerTenant overrides it per tenantId.
+	Finished  time.Duration
+	PerTenant map[string]time.Duration
+	// Interval is how often retention looks for due runs (0: its default).
+	Interval time.Duration
+	// Archive is the archive's URL (file:///dir).
+	Archive string
+	// NATSOptions connect to NATSURL as natsstore.RetentionUser (its
+	// credentials and TLS); unused with the embedded server, which
+	// connects that user in-process.
+	NATSOptions []nats.Option
+}
+
+func (r Retention) enabled() bool { return r.Finished > 0 }
+
+// openRetention starts the loop that archives and removes finished runs,
+// or, without retention, says that hot state grows without bound and
+// exports the log's size either way.
+func (n *Node) openRetention(ctx context.Context) error {
+	ns, onJetStream := n.store.(*natsstore.Store)
+	if onJetStream {
+		n.reg.MustRegister(ns.SizeCollector())
+	}
+	if n.srv != nil {
+		n.reg.MustRegister(natsstore.DataDirCollector(n.cfg.Embedded.DataDir))
+	}
+	// Retention's metrics exist from start, retention or not: 0 is not
+	// failing.
+	metrics := retention.NewMetrics(n.reg)
+	rc := n.cfg.Retention
+	if !rc.enabled() {
+		n.log.Warn("no retention configured (--retain-finished): the sidecar keeps every run it ever ran, and its state grows without bound; watch sidecar_log_bytes (docs/retention.md)")
+		return nil
+	}
+	if !onJetStream {
+		return fmt.Errorf("retention (--retain-finished) needs the JetStream log: not available on PostgreSQL yet (docs/retention.md)")
+	}
+	dest, err := archive.ParseURL(rc.Archive)
+	if err != nil {
+		return fmt.Errorf("--archive: %w", err)
+	}
+	arch, err := archive.Open(ctx, dest, archive.Options{})
+	if err != nil {
+		return fmt.Errorf("open the archive %s: %w", dest, err)
+	}
+	var nc *nats.Conn
+	if n.srv != nil {
+		nc, err = n.srv.ConnectRetention()
+	} else {
+		nc, err = nats.Connect(n.cfg.NATSURL, append(append([]nats.Option(nil), rc.NATSOptions...), nats.Name("sidecar retention "+n.cfg.WorkerID))...)
+	}
+	if err != nil {
+		return fmt.Errorf("connect as %s: %w", natsstore.RetentionUser, err)
+	}
+	n.add(part{name: "retention connection", close: func(context.Context) error { nc.Close(); return nil }})
+	rjs, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	rm, err := natsstore.OpenRemover(ctx, rjs, natsstore.RemoverOptions{Logger: n.log})
+	if err != nil {
+		return err
+	}
+	r, err := retention.New(ns, arch, rm, retention.Options{
+		RetainFinished: rc.Finished, PerTenant: rc.PerTenant, Interval: rc.Interval,
+		Logger: n.log, Metrics: metrics,
+	})
+	if err != nil {
+		return err
+	}
+	if err := r.Open(ctx); err != nil {
+		return err
+	}
+	n.add(part{name: "retention", close: func(ctx context.Context) error {
+		err := r.Close(ctx)
+		_ = arch.Close(ctx)
+		return err
+	}})
+	n.log.Info("retention: finished runs leave hot state once archived", zap.Duration("retainFinished", rc.Finished), zap.String("archive", dest.String()))
+	return nil
+}
