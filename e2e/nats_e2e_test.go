@@ -215,6 +215,7 @@ func startConfServer(t *testing.T) string {
 	t.Setenv("SIDECAR_NATS_PASSWORD", "pw-sidecar")
 	t.Setenv("SIDECAR_NATS_READER_PASSWORD", "pw-reader")
 	t.Setenv("SIDECAR_NATS_ADMIN_PASSWORD", "pw-admin")
+	t.Setenv("SIDECAR_NATS_RETENTION_PASSWORD", "pw-retention")
 	opts, err := server.ProcessConfigFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -222,10 +223,16 @@ func startConfServer(t *testing.T) string {
 	opts.NoSigs = true
 	// The file's rules are the ones the embedded server gives its user.
 	for _, u := range opts.Users {
-		if u.Username != natsstore.SidecarUser {
+		var want *server.Permissions
+		switch u.Username {
+		case natsstore.SidecarUser:
+			want = natsstore.Permissions(natsstore.DefaultSubjectPrefix)
+		case natsstore.RetentionUser:
+			want = natsstore.RetentionPermissions(natsstore.DefaultStream, natsstore.DefaultStateBucket)
+			want.Publish.Deny = nil
+		default:
 			continue
 		}
-		want := natsstore.Permissions(natsstore.DefaultSubjectPrefix)
 		for _, c := range []struct {
 			what      string
 			got, want []string
@@ -235,7 +242,7 @@ func startConfServer(t *testing.T) string {
 			{"subscribe allow", u.Permissions.Subscribe.Allow, want.Subscribe.Allow},
 		} {
 			if !slices.Equal(slices.Sorted(slices.Values(c.got)), slices.Sorted(slices.Values(c.want))) {
-				t.Errorf("deploy/nats/sidecar.conf %s of user sidecar: %v, natsstore.Permissions: %v", c.what, c.got, c.want)
+				t.Errorf("deploy/nats/sidecar.conf %s of user %s: %v, natsstore: %v", c.what, u.Username, c.got, c.want)
 			}
 		}
 	}

@@ -406,7 +406,7 @@ func (r *Retention) archiveAndRemove(ctx context.Context, batch []candidate, res
 		}
 		r.opts.Metrics.wrote(len(write), float64(r.opts.Now().Unix()))
 		res.Archived += len(write)
-		r.logger.Debug("archived", zap.Uint64("manifest", m.Seq), zap.Int("runs", len(write)), zap.String("chain", m.Chain))
+		r.logger.Info("archived", zap.Uint64("manifest", m.Seq), zap.Int("runs", len(write)), zap.String("chain", m.Chain))
 	}
 	for i, c := range batch {
 		if err := r.remove(ctx, c.run); err != nil {
