@@ -125,7 +125,13 @@ func TestRemover_RemoveRun(t *testing.T) {
 		}
 	})
 	t.Run("PurgeOutsideTheLedgerIsDamage", func(t *testing.T) {
-		s, srv, _, _ := removable(t)
+		s, srv, _, ids := removable(t)
+		// A removal through the ledger first: holes are expected from now
+		// on, but only as many as it accounts for.
+		last, n := lastSeq(t, s, ids[0])
+		if err := openRemover(t, srv).RemoveRun(ctx, ids[0], last, n); err != nil {
+			t.Fatal(err)
+		}
 		nc, err := srv.ConnectRetention()
 		if err != nil {
 			t.Fatal(err)
