@@ -24,6 +24,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
 	"github.com/conductor-sidecar/sidecar/httpapi"
+	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 )
@@ -228,7 +229,7 @@ func startConfServer(t *testing.T) string {
 		case natsstore.SidecarUser:
 			want = natsstore.Permissions(natsstore.DefaultSubjectPrefix)
 		case natsstore.RetentionUser:
-			want = natsstore.RetentionPermissions(natsstore.DefaultStream, natsstore.DefaultStateBucket)
+			want = natsstore.RetentionPermissions(natsstore.DefaultStream, natsstore.DefaultStateBucket, natsstore.DefaultSnapshotBucket, registry.DefaultBucket)
 			want.Publish.Deny = nil
 		default:
 			continue

@@ -55,6 +55,7 @@ func (n *Node) connectNATS() (*nats.Conn, error) {
 		ec := n.cfg.Embedded
 		ec.Logger = n.log
 		ec.Permissions = natsstore.Permissions(natsstore.DefaultSubjectPrefix, n.cfg.Bus.natsSubjects()...)
+		ec.RetentionPermissions = retentionPermissions()
 		srv, err := natsstore.StartEmbedded(ec)
 		if err != nil {
 			return nil, err

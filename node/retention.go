@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/archive"
+	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/retention"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 )
@@ -33,6 +35,19 @@ type Retention struct {
 }
 
 func (r Retention) enabled() bool { return r.Finished > 0 }
+
+// runKeys are the buckets whose keys of a run leave with it: its snapshot
+// and its event ids. natsstore.RetentionPermissions of RetentionUser
+// name the same buckets (retentionPermissions, deploy/nats/sidecar.conf).
+var runKeys = []natsstore.RunKeys{
+	{Bucket: natsstore.DefaultSnapshotBucket, Keys: natsstore.RunKey},
+	{Bucket: registry.DefaultBucket, Keys: natsstore.RunKeyPrefix},
+}
+
+// retentionPermissions are RetentionUser's on the embedded server.
+func retentionPermissions() *server.Permissions {
+	return natsstore.RetentionPermissions(natsstore.DefaultStream, natsstore.DefaultStateBucket, natsstore.DefaultSnapshotBucket, registry.DefaultBucket)
+}
 
 // openRetention starts the loop that archives and removes finished runs,
 // or, without retention, says that hot state grows without bound and
@@ -78,7 +93,7 @@ func (n *Node) openRetention(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	rm, err := natsstore.OpenRemover(ctx, rjs, natsstore.RemoverOptions{Logger: n.log})
+	rm, err := natsstore.OpenRemover(ctx, rjs, natsstore.RemoverOptions{Logger: n.log, RunKeys: runKeys})
 	if err != nil {
 		return err
 	}

@@ -2,11 +2,13 @@ package node
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
@@ -23,7 +25,7 @@ import (
 // external server), keeps an open one, and exports the log's size.
 func TestNode_Retention(t *testing.T) {
 	ctx := context.Background()
-	_, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "node-pw", RetentionPassword: "retention-pw", Permissions: natsstore.AllPermissions})
+	_, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "node-pw", RetentionPassword: "retention-pw", RetentionPermissions: retentionPermissions(), Permissions: natsstore.AllPermissions})
 	cfg := testConfig(t, srv.URL())
 	dir := filepath.Join(t.TempDir(), "archive")
 	cfg.Retention = Retention{Finished: time.Millisecond, Interval: 50 * time.Millisecond, Archive: "file://" + dir,
@@ -65,6 +67,14 @@ func TestNode_Retention(t *testing.T) {
 	}
 	if err := n.Ready(ctx); err != nil {
 		t.Fatalf("Ready after a removal: %v", err)
+	}
+	// Its snapshot left with it (the event ids too: RunKeys).
+	snaps, err := n.js.KeyValue(ctx, natsstore.DefaultSnapshotBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := snaps.Get(ctx, natsstore.RunToken("node-done")); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("snapshot of the removed run: %v, want ErrKeyNotFound", err)
 	}
 	if got, err := testutil.GatherAndCount(reg, "sidecar_log_records", "sidecar_retention_runs_removed_total", "sidecar_archive_failing"); err != nil || got != 3 {
 		t.Fatalf("retention and log size metrics: %d series, %v", got, err)

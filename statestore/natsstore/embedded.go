@@ -43,6 +43,10 @@ type EmbeddedConfig struct {
 	// finished runs (RetentionPermissions). Empty: a random one that never
 	// leaves the process (ConnectRetention uses it).
 	RetentionPassword string
+	// RetentionPermissions limit RetentionUser (nil:
+	// RetentionPermissions(DefaultStream, DefaultStateBucket,
+	// DefaultSnapshotBucket)).
+	RetentionPermissions *server.Permissions
 	// SyncInterval is how often the file store fsyncs. Zero, the default,
 	// fsyncs every write before it is acknowledged ("sync_interval:
 	// always"), so an acknowledged event survives a power loss. A positive
@@ -178,9 +182,12 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if cfg.RetentionPassword == "" {
 		cfg.RetentionPassword = randomPassword()
 	}
+	if cfg.RetentionPermissions == nil {
+		cfg.RetentionPermissions = RetentionPermissions(DefaultStream, DefaultStateBucket, DefaultSnapshotBucket)
+	}
 	opts.Users = []*server.User{
 		{Username: SidecarUser, Password: cfg.Password, Permissions: cfg.Permissions},
-		{Username: RetentionUser, Password: cfg.RetentionPassword, Permissions: RetentionPermissions(DefaultStream, DefaultStateBucket)},
+		{Username: RetentionUser, Password: cfg.RetentionPassword, Permissions: cfg.RetentionPermissions},
 	}
 	unlock, err := LockDataDir(cfg.DataDir)
 	if err != nil {

@@ -78,21 +78,26 @@ func loadLedger(ctx context.Context, kv jetstream.KeyValue, stream string) (ledg
 }
 
 // RetentionPermissions are RetentionUser's: stream info and per-subject
-// purge of the event stream, direct gets of it, and reads and writes of
-// the state bucket (the removal ledger). It cannot publish to the stream,
-// delete a message, or touch any other stream or bucket.
-func RetentionPermissions(stream, stateBucket string) *server.Permissions {
+// purge of the event stream, direct gets of it, reads and writes of the
+// state bucket (the removal ledger), and purges of the buckets whose
+// per-run keys leave with a run (RunKeys). It cannot publish to the
+// stream, delete a message, or touch any other stream or bucket.
+func RetentionPermissions(stream, stateBucket string, runKeyBuckets ...string) *server.Permissions {
 	kv := "KV_" + stateBucket
+	var purge []string
+	for _, b := range runKeyBuckets {
+		purge = append(purge, "$JS.API.STREAM.INFO.KV_"+b, "$JS.API.STREAM.PURGE.KV_"+b)
+	}
 	return &server.Permissions{
 		Publish: &server.SubjectPermission{
-			Allow: []string{
+			Allow: append([]string{
 				"$JS.API.INFO",
 				"$JS.API.STREAM.INFO." + stream, "$JS.API.STREAM.PURGE." + stream,
 				"$JS.API.DIRECT.GET." + stream, "$JS.API.DIRECT.GET." + stream + ".>", "$JS.API.STREAM.MSG.GET." + stream,
 				"$JS.API.STREAM.INFO." + kv, "$JS.API.STREAM.MSG.GET." + kv,
 				"$JS.API.DIRECT.GET." + kv, "$JS.API.DIRECT.GET." + kv + ".>",
 				"$KV." + stateBucket + ".>",
-			},
+			}, purge...),
 		},
 		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
 	}
@@ -104,14 +109,36 @@ type RemoverOptions struct {
 	Stream        string
 	SubjectPrefix string
 	StateBucket   string
-	Logger        *zap.Logger
+	// RunKeys are the buckets whose keys of a run leave with it, purged
+	// (no delete marker stays) before the run's records.
+	RunKeys []RunKeys
+	Logger  *zap.Logger
 }
+
+// RunKeys names a bucket's keys of one run.
+type RunKeys struct {
+	// Bucket is the KV bucket.
+	Bucket string
+	// Keys returns the run's key, or key pattern ("<token>.>"), from its
+	// RunToken.
+	Keys func(runToken string) string
+}
+
+// RunKey is RunKeys.Keys of a bucket with one key per run, its RunToken
+// (SIDECAR_SNAPSHOTS).
+func RunKey(runToken string) string { return runToken }
+
+// RunKeyPrefix is RunKeys.Keys of a bucket whose keys of a run all start
+// with its RunToken and a dot (SIDECAR_EVENT_IDS).
+func RunKeyPrefix(runToken string) string { return runToken + ".>" }
 
 // Remover removes finished runs from the event stream: a per-subject purge
 // made as RetentionUser, accounted for in the removal ledger. It does not
 // decide what may be removed: its caller (retention) removes a run only
 // once the run's archive was read back and checked.
 type Remover struct {
+	js     jetstream.JetStream
+	keys   []RunKeys
 	stream jetstream.Stream
 	kv     jetstream.KeyValue
 	name   string
@@ -150,7 +177,7 @@ func OpenRemover(ctx context.Context, js jetstream.JetStream, opts RemoverOption
 	if err != nil {
 		return nil, unavailable("open bucket "+opts.StateBucket+" for removal", err)
 	}
-	r := &Remover{stream: st, kv: kv, name: opts.Stream, prefix: opts.SubjectPrefix, log: opts.Logger.Named("remover")}
+	r := &Remover{js: js, keys: opts.RunKeys, stream: st, kv: kv, name: opts.Stream, prefix: opts.SubjectPrefix, log: opts.Logger.Named("remover")}
 	if err := r.Recover(ctx); err != nil {
 		return nil, err
 	}
@@ -193,7 +220,7 @@ func (r *Remover) RemoveRun(ctx context.Context, runID string, lastRunSeq, recor
 		return err
 	}
 	if left == 0 {
-		return nil // removed before
+		return nil // removed before (keys first, so they went too)
 	}
 	if left != records {
 		return &statestore.Error{Code: statestore.CodeRunChanged, Message: fmt.Sprintf("run %q has %d records up to runSeq %d, not the %d archived: nothing removed", runID, left, lastRunSeq, records)}
@@ -208,9 +235,25 @@ func (r *Remover) RemoveRun(ctx context.Context, runID string, lastRunSeq, recor
 	return r.finish(ctx, l, rev)
 }
 
-// finish purges l.Pending's records and moves them to Removed.
+// finish purges l.Pending's keys and records and moves them to Removed.
 func (r *Remover) finish(ctx context.Context, l ledger, rev uint64) error {
 	p := l.Pending
+	token := RunToken(p.RunID)
+	for _, k := range r.keys {
+		st, err := r.js.Stream(ctx, "KV_"+k.Bucket)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue // the bucket is not used (no such component)
+		}
+		if err != nil {
+			return unavailable("open bucket "+k.Bucket+" for removal", err)
+		}
+		if err := st.Purge(ctx, jetstream.WithPurgeSubject("$KV."+k.Bucket+"."+k.Keys(token))); err != nil {
+			return unavailable("purge run "+p.RunID+" from "+k.Bucket, err)
+		}
+	}
+	if err := r.at("keys"); err != nil {
+		return err
+	}
 	err := r.stream.Purge(ctx, jetstream.WithPurgeSubject(r.prefix+"."+RunToken(p.RunID)+".>"), jetstream.WithPurgeSequence(p.LastRunSeq+1))
 	if err != nil {
 		return unavailable("purge run "+p.RunID, err)

@@ -21,8 +21,9 @@ import (
 func removable(t *testing.T) (*natsstore.Store, *natsstore.Embedded, jetstream.JetStream, []string) {
 	t.Helper()
 	ctx := context.Background()
-	js, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Logger: zaptest.NewLogger(t)})
-	s, err := natsstore.Open(ctx, js, natsstore.Options{Removable: true, Logger: zaptest.NewLogger(t)})
+	js, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Logger: zaptest.NewLogger(t),
+		RetentionPermissions: natsstore.RetentionPermissions(natsstore.DefaultStream, natsstore.DefaultStateBucket, natsstore.DefaultSnapshotBucket, idsBucket)})
+	s, err := natsstore.Open(ctx, js, natsstore.Options{Removable: true, Logger: zaptest.NewLogger(t), SnapshotBucket: natsstore.DefaultSnapshotBucket})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,6 +41,9 @@ func removable(t *testing.T) (*natsstore.Store, *natsstore.Embedded, jetstream.J
 	return s, srv, js, ids
 }
 
+// idsBucket is a bucket with keys <runToken>.<key>, like the registry's.
+const idsBucket = "SIDECAR_EVENT_IDS"
+
 func openRemover(t *testing.T, srv *natsstore.Embedded) *natsstore.Remover {
 	t.Helper()
 	nc, err := srv.ConnectRetention()
@@ -51,7 +55,9 @@ func openRemover(t *testing.T, srv *natsstore.Embedded) *natsstore.Remover {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := natsstore.OpenRemover(context.Background(), js, natsstore.RemoverOptions{Logger: zaptest.NewLogger(t)})
+	r, err := natsstore.OpenRemover(context.Background(), js, natsstore.RemoverOptions{Logger: zaptest.NewLogger(t), RunKeys: []natsstore.RunKeys{
+		{Bucket: natsstore.DefaultSnapshotBucket, Keys: natsstore.RunKey}, {Bucket: idsBucket, Keys: natsstore.RunKeyPrefix},
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,6 +104,59 @@ func TestRemover_RemoveRun(t *testing.T) {
 			t.Fatalf("reopen after removal: %v", err)
 		}
 		s2.Close()
+	})
+	t.Run("RunKeysLeaveWithTheRun", func(t *testing.T) {
+		s, srv, js, ids := removable(t)
+		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: idsBucket})
+		if err != nil {
+			t.Fatal(err)
+		}
+		snaps, err := js.KeyValue(ctx, natsstore.DefaultSnapshotBucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range ids {
+			if _, err := s.ProjectSnapshot(ctx, id); err != nil { // terminal: saved
+				t.Fatal(err)
+			}
+			for _, k := range []string{"a", "b"} {
+				if _, err := kv.PutString(ctx, natsstore.RunToken(id)+"."+k, "x"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := snaps.Get(ctx, natsstore.RunToken(id)); err != nil {
+				t.Fatalf("snapshot of %s not saved: %v", id, err)
+			}
+		}
+		last, n := lastSeq(t, s, ids[0])
+		if err := openRemover(t, srv).RemoveRun(ctx, ids[0], last, n); err != nil {
+			t.Fatal(err)
+		}
+		for i, id := range ids {
+			_, errSnap := snaps.Get(ctx, natsstore.RunToken(id))
+			keys, _ := kv.ListKeysFiltered(ctx, natsstore.RunToken(id)+".>")
+			var got []string
+			for k := range keys.Keys() {
+				got = append(got, k)
+			}
+			if removed := i == 0; removed != errors.Is(errSnap, jetstream.ErrKeyNotFound) || removed != (len(got) == 0) {
+				t.Fatalf("run %s (removed %v): snapshot %v, event-id keys %v", id, removed, errSnap, got)
+			}
+		}
+		// Purged, not deleted: no marker stays per key.
+		for b, keys := range map[string]string{idsBucket: natsstore.RunKeyPrefix(natsstore.RunToken(ids[0])), natsstore.DefaultSnapshotBucket: natsstore.RunKey(natsstore.RunToken(ids[0]))} {
+			st, err := js.Stream(ctx, "KV_"+b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := st.Info(ctx, jetstream.WithSubjectFilter("$KV."+b+"."+keys))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(info.State.Subjects) != 0 {
+				t.Fatalf("%s still holds %v of the removed run", b, info.State.Subjects)
+			}
+		}
 	})
 	t.Run("SidecarUserCannotPurge", func(t *testing.T) {
 		_, _, js, _ := removable(t)
@@ -201,7 +260,7 @@ func TestRemover_RemoveRun(t *testing.T) {
 func TestRemover_CrashAtEachStep(t *testing.T) {
 	ctx := context.Background()
 	crash := errors.New("crash")
-	for _, step := range []string{"pending", "purged"} {
+	for _, step := range []string{"pending", "keys", "purged"} {
 		t.Run(step, func(t *testing.T) {
 			s, srv, js, ids := removable(t)
 			r := openRemover(t, srv)
