@@ -128,11 +128,22 @@ func (s *Store) Check(ctx context.Context) error {
 	if err := checkConfig(info.Config, jetstream.StreamConfig{Name: s.name, Subjects: []string{s.prefix + ".>"}}); err != nil {
 		return err
 	}
-	l, _, err := loadLedger(ctx, s.mark.kv, s.name)
+	l, err := ledgerForHoles(ctx, s.mark.kv, s.name, info.State)
 	if err != nil {
 		return err
 	}
 	return checkState(s.name, info.State, s.mark.high(), l)
+}
+
+// ledgerForHoles reads the removal ledger when the stream misses records
+// (only then can it matter): a log that never lost a record costs no
+// request.
+func ledgerForHoles(ctx context.Context, kv jetstream.KeyValue, stream string, st jetstream.StreamState) (ledger, error) {
+	if st.LastSeq <= st.Msgs {
+		return ledger{}, nil
+	}
+	l, _, err := loadLedger(ctx, kv, stream)
+	return l, err
 }
 
 // damaged is a STORE_DAMAGED error; its message ends with the runbook.

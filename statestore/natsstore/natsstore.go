@@ -238,7 +238,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 	}
 	// The log must be whole before anything is appended to it: a
 	// damaged or rolled-back stream is refused here, with the reason.
-	l, _, err := loadLedger(ctx, mark.kv, opts.Stream)
+	l, err := ledgerForHoles(ctx, mark.kv, opts.Stream, info.State)
 	if err != nil {
 		return nil, err
 	}
