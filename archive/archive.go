@@ -196,7 +196,7 @@ func (a *Archive) Write(ctx context.Context, runs []Run) (*Manifest, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := decodeSegment(m, back); err != nil {
+	if err := checkSegment(m, back); err != nil {
 		return nil, fmt.Errorf("read back: %w", err)
 	}
 	for try := 0; ; try++ {

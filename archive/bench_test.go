@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -13,14 +14,20 @@ import (
 )
 
 // BenchmarkArchive_WriteVsRaw measures, in the same run on the same disk,
-// Archive.Write of a 200-run segment (encode, gzip, write and fsync,
+// Archive.Write of a segment of 200 and 2,000 runs (encode, gzip, write and fsync,
 // read back and check every hash, write and read back the manifest)
 // against a raw sequential gzip write of the same NDJSON bytes with one
 // fsync. It reports both rates in MB/s of uncompressed NDJSON and their
 // ratio (the target is >= 0.5).
 func BenchmarkArchive_WriteVsRaw(b *testing.B) {
+	for _, n := range []int{200, 2000} {
+		b.Run(fmt.Sprintf("runs=%d", n), func(b *testing.B) { benchWriteVsRaw(b, n) })
+	}
+}
+
+func benchWriteVsRaw(b *testing.B, n int) {
 	ctx := context.Background()
-	runs := finishedRuns(b, "bench", 200)
+	runs := finishedRuns(b, "bench", n)
 	var raw bytes.Buffer
 	for _, r := range runs {
 		for i := range r.Records {
