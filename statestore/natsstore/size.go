@@ -42,7 +42,7 @@ func (c *sizeCollector) Collect(ch chan<- prometheus.Metric) {
 	state := st.CachedInfo().State
 	ch <- prometheus.MustNewConstMetric(logBytesDesc, prometheus.GaugeValue, float64(state.Bytes))
 	ch <- prometheus.MustNewConstMetric(logRecordsDesc, prometheus.GaugeValue, float64(state.Msgs))
-	ch <- prometheus.MustNewConstMetric(logLastDesc, prometheus.CounterValue, float64(state.LastSeq))
+	ch <- prometheus.MustNewConstMetric(logLastDesc, prometheus.GaugeValue, float64(state.LastSeq))
 }
 
 // DataDirCollector exports the file system of the embedded server's data
