@@ -15,6 +15,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -194,6 +195,8 @@ func TestChart_Render(t *testing.T) {
 				checkPostgres(t, m, c, cm)
 			case "PrometheusOperator":
 				checkPrometheusOperator(t, m, d)
+			case "Replicated":
+				checkTaskProxy(t, m, c, cm, false)
 			}
 		})
 	}
@@ -216,6 +219,74 @@ func checkPostgres(t *testing.T, m *manifests, c *corev1.Container, cm *corev1.C
 	}
 	if len(m.secrets) != 0 {
 		t.Errorf("auth.existingSecret is set: the chart must make no tokens Secret, got %d", len(m.secrets))
+	}
+}
+
+// checkTaskProxy: the task proxy listens on all interfaces on the port the
+// container, the Service and the NetworkPolicy name conductor-proxy, with
+// the tokens file from its Secret, or explicitly without a token of its own.
+func checkTaskProxy(t *testing.T, m *manifests, c *corev1.Container, cm *corev1.ConfigMap, tokens bool) {
+	t.Helper()
+	listen := cm.Data["SIDECAR_CONDUCTOR_PROXY_LISTEN"]
+	if listen != "0.0.0.0:8788" {
+		t.Errorf("SIDECAR_CONDUCTOR_PROXY_LISTEN %q, want 0.0.0.0:8788", listen)
+	}
+	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "conductor-proxy" && p.ContainerPort == 8788 }) {
+		t.Errorf("container ports %v: want conductor-proxy 8788", c.Ports)
+	}
+	svc := the(t, "Services", m.services)
+	if !slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool {
+		return p.Name == "conductor-proxy" && p.Port == 8788 && p.TargetPort.StrVal == "conductor-proxy"
+	}) {
+		t.Errorf("Service ports %v: want conductor-proxy 8788", svc.Spec.Ports)
+	}
+	np := the(t, "NetworkPolicies", m.policies)
+	if !slices.ContainsFunc(np.Spec.Ingress, func(r networkingv1.NetworkPolicyIngressRule) bool {
+		return len(r.Ports) == 1 && r.Ports[0].Port != nil && r.Ports[0].Port.StrVal == "conductor-proxy"
+	}) {
+		t.Errorf("the NetworkPolicy admits nobody to port conductor-proxy: %+v", np.Spec.Ingress)
+	}
+	file, noAuth := cm.Data["SIDECAR_CONDUCTOR_PROXY_TOKEN_FILE"], cm.Data["SIDECAR_CONDUCTOR_PROXY_NO_AUTH"]
+	if !tokens {
+		if file != "" || noAuth != "true" {
+			t.Errorf("no tokenSecret: want SIDECAR_CONDUCTOR_PROXY_NO_AUTH=true and no token file, got %q, %q", noAuth, file)
+		}
+		return
+	}
+	if noAuth != "" || file == "" {
+		t.Fatalf("tokenSecret: want SIDECAR_CONDUCTOR_PROXY_TOKEN_FILE and no NO_AUTH, got %q, %q", file, noAuth)
+	}
+	i := slices.IndexFunc(c.VolumeMounts, func(v corev1.VolumeMount) bool { return strings.HasPrefix(file, v.MountPath+"/") })
+	if i < 0 || !c.VolumeMounts[i].ReadOnly {
+		t.Errorf("the token file %s is on no read-only mount: %+v", file, c.VolumeMounts)
+	}
+}
+
+// TestChart_TaskProxyTokens: with taskProxy.tokenSecret the proxy reads its
+// tokens from that Secret, mounted 0440 like the chart's other Secrets.
+func TestChart_TaskProxyTokens(t *testing.T) {
+	out, err := template(t, []string{"one-pod.yaml"}, "--set", "taskProxy.enabled=true", "--set", "taskProxy.tokenSecret.name=proxy-tokens")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := decodeRender(t, out)
+	d := the(t, "Deployments", m.deployments)
+	c := container(t, d, "sidecar")
+	var cm *corev1.ConfigMap
+	for _, x := range m.configMaps {
+		if x.Name == c.EnvFrom[0].ConfigMapRef.Name {
+			cm = x
+		}
+	}
+	if cm == nil {
+		t.Fatal("no ConfigMap of the sidecar's")
+	}
+	checkTaskProxy(t, m, c, cm, true)
+	checkSecretModes(t, d)
+	if !slices.ContainsFunc(d.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool {
+		return v.Secret != nil && v.Secret.SecretName == "proxy-tokens"
+	}) {
+		t.Error("no volume of the Secret proxy-tokens")
 	}
 }
 
