@@ -33,7 +33,14 @@ type TaskReader interface {
 	// times out a task past its response timeout, which its sweeper may
 	// do minutes late on a busy server.
 	Decide(ctx context.Context, workflowID string) error
+	// UpdateTask reports a task's result, as a worker would.
+	UpdateTask(ctx context.Context, r *model.TaskResult) error
 }
+
+// reasonResponseTimedOut is the reasonForIncompletion of a task the watch
+// fails itself: past its response timeout, in a workflow Conductor does not
+// decide (PAUSED), where Conductor would time it out only at resume.
+const reasonResponseTimedOut = "responseTimeoutSeconds passed without the worker's report (the sidecar failed the task: its workflow is paused, and Conductor times out no task of a paused workflow)"
 
 // ExternalStep decodes t as a step an outside worker runs. ok is false for
 // any other task: one of no run of the log, or of a step the sidecar runs
@@ -266,21 +273,36 @@ func (w *Worker) checkExternal(ctx context.Context, e *watched) {
 	defer cancel()
 	log := w.log.With(zap.String("taskId", e.t.TaskId), zap.String("runId", e.a.RunID), zap.String("stepId", e.a.Step.StepID))
 	t, err := w.opts.Tasks.Task(rctx, e.t.TaskId)
+	failedHere := false
 	if err == nil && t.Status == "IN_PROGRESS" && t.CallbackAfterSeconds == 0 &&
 		time.Since(time.UnixMilli(t.UpdateTime)) > time.Duration(t.ResponseTimeoutSeconds)*time.Second {
 		// Past its response timeout: have Conductor time it out now.
 		if err = w.opts.Tasks.Decide(rctx, t.WorkflowInstanceId); err == nil {
 			t, err = w.opts.Tasks.Task(rctx, e.t.TaskId)
 		}
+		if err == nil && t.Status == "IN_PROGRESS" {
+			// Conductor decides no PAUSED workflow (the run's pause
+			// paused it): it would time the task out only at resume, and
+			// the drain would wait for a worker that is gone. Fail it as
+			// its response timeout would; a late report of the worker is
+			// then refused by Conductor, as after a timeout.
+			err = w.opts.Tasks.UpdateTask(rctx, &model.TaskResult{WorkflowInstanceId: t.WorkflowInstanceId, TaskId: t.TaskId,
+				Status: "FAILED", ReasonForIncompletion: reasonResponseTimedOut, WorkerId: t.WorkerId})
+			if err == nil {
+				t, err = w.opts.Tasks.Task(rctx, e.t.TaskId)
+				failedHere = err == nil && t.Status == "FAILED" && t.ReasonForIncompletion == reasonResponseTimedOut
+			}
+		}
 	}
 	if err != nil {
 		log.Debug("could not read an outside worker's task back; trying again", zap.Error(err))
 		return
 	}
-	switch t.Status {
-	case "IN_PROGRESS", "SCHEDULED":
+	switch {
+	case failedHere:
+	case t.Status == "IN_PROGRESS" || t.Status == "SCHEDULED":
 		return // still the worker's (its lease extended, or handed back): look again later
-	case "COMPLETED", "FAILED", "FAILED_WITH_TERMINAL_ERROR":
+	case t.Status == "COMPLETED" || t.Status == "FAILED" || t.Status == "FAILED_WITH_TERMINAL_ERROR":
 		// Reported through another proxy replica, or straight to
 		// Conductor: that path recorded it (or the task is not the
 		// proxy's to record).
