@@ -1,0 +1,258 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// TestBench_ProxyPythonWorker measures the task proxy with the official
+// Python SDK's worker running noop tasks (BENCHMARKS.md, "Task proxy"):
+//
+//   - plan: a run of the sidecar, a fan-out of N external steps; the worker
+//     polls through the proxy (gated and recorded) or straight from
+//     Conductor (the same workflow, nothing recorded);
+//   - plain: a workflow started in Conductor, not a run of the sidecar, a
+//     FORK_JOIN of N SIMPLE tasks; through the proxy (forwarded untouched)
+//     or straight.
+//
+// Rounds alternate proxy and direct (A B A B) in one process, on one
+// Conductor. Per round: tasks/s (N over first scheduled to last ended, from
+// Conductor's task times), the p50 of a task's time from its start (polled)
+// to its end (update taken) in Conductor, and the CPU time per task of the
+// sidecar process (which serves the proxy) and of Conductor's.
+//
+//	SIDECAR_BENCH_PROXY=1 SIDECAR_TEST_CONDUCTOR_URL=http://127.0.0.1:8196/api \
+//	  BENCH_CONDUCTOR_PID=$(cat /tmp/cond-proxybench/conductor.pid) \
+//	  go test -count=1 -p 1 -v -run TestBench_ProxyPythonWorker -timeout 30m ./e2e
+//
+// BENCH_TASKS (default 200) and BENCH_ROUNDS (default 3) size it.
+func TestBench_ProxyPythonWorker(t *testing.T) {
+	if os.Getenv("SIDECAR_BENCH_PROXY") == "" {
+		t.Skip("a benchmark: SIDECAR_BENCH_PROXY=1 runs it")
+	}
+	w := sdkWorkerFor(t, "python")
+	n := envInt("BENCH_TASKS", 200)
+	rounds := envInt("BENCH_ROUNDS", 3)
+	condPid := envInt("BENCH_CONDUCTOR_PID", 0)
+	p := newProxied(t, "bench-proxy")
+	condURL := strings.TrimSuffix(os.Getenv("SIDECAR_TEST_CONDUCTOR_URL"), "/")
+	plain := uniq("bench_plain")
+
+	type sample struct{ tps, p50ms, sideCPUms, condCPUms float64 }
+	results := map[string][]sample{}
+	for r := 0; r < rounds; r++ {
+		for _, mode := range []string{"plan/proxy", "plan/direct", "plain/proxy", "plain/direct"} {
+			taskType := uniq("bench_" + strings.ReplaceAll(mode, "/", "_"))
+			server := p.api()
+			if strings.HasSuffix(mode, "/direct") {
+				server = condURL
+			}
+			wp := w.start(t, server, taskType, p.domain, 8)
+			side0, cond0 := cpuOf(t, p.serve.Cmd.Process.Pid), cpuOf(t, condPid)
+			var wfID string
+			if strings.HasPrefix(mode, "plan/") {
+				started := submit(t, p.proc, fanOutPlan(uniq("bench"), taskType, n, 0, 0, 60), "req-1")
+				if v := waitTerminal(t, p.proc, started.RunID, 10*time.Minute); v.Status != statestore.RunStatusCompleted {
+					t.Fatalf("%s: run %s", mode, v.Status)
+				}
+				wfID = conductorWorkflowOf(t, p.proc, started.RunID)
+			} else {
+				wfID = startPlain(t, condURL, plain, taskType, p.domain, n)
+				waitWorkflow(t, condURL, wfID, 10*time.Minute)
+			}
+			side1, cond1 := cpuOf(t, p.serve.Cmd.Process.Pid), cpuOf(t, condPid)
+			wp.kill()
+			tps, p50 := taskTimes(t, condURL, wfID, taskType)
+			s := sample{tps, p50, float64(side1-side0) / float64(n), float64(cond1-cond0) / float64(n)}
+			results[mode] = append(results[mode], s)
+			t.Logf("round %d %-12s %7.1f tasks/s  p50 start->end %6.2f ms  sidecar CPU %.2f ms/task  Conductor CPU %.2f ms/task",
+				r+1, mode, s.tps, s.p50ms, s.sideCPUms, s.condCPUms)
+		}
+	}
+	med := func(mode string, f func(sample) float64) float64 {
+		var v []float64
+		for _, s := range results[mode] {
+			v = append(v, f(s))
+		}
+		slices.Sort(v)
+		return (v[(len(v)-1)/2] + v[len(v)/2]) / 2
+	}
+	tps := func(s sample) float64 { return s.tps }
+	p50 := func(s sample) float64 { return s.p50ms }
+	t.Logf("median of %d rounds, %d tasks each:", rounds, n)
+	for _, mode := range []string{"plan/proxy", "plan/direct", "plain/proxy", "plain/direct"} {
+		t.Logf("  %-12s %7.1f tasks/s  p50 %6.2f ms  sidecar CPU %.2f ms/task  Conductor CPU %.2f ms/task", mode,
+			med(mode, tps), med(mode, p50), med(mode, func(s sample) float64 { return s.sideCPUms }), med(mode, func(s sample) float64 { return s.condCPUms }))
+	}
+	t.Logf("plan: proxy/direct throughput %.2fx, added p50 %.2f ms; plain: proxy/direct throughput %.2fx",
+		med("plan/proxy", tps)/med("plan/direct", tps), med("plan/proxy", p50)-med("plan/direct", p50),
+		med("plain/proxy", tps)/med("plain/direct", tps))
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
+
+// cpuOf is the user+system CPU time of pid in milliseconds (0 for pid 0).
+func cpuOf(t *testing.T, pid int) int64 {
+	t.Helper()
+	if pid == 0 {
+		return 0
+	}
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return (ut + st) * 10 // USER_HZ 100
+}
+
+func conductorJSON(t *testing.T, method, url string, body, out any) {
+	t.Helper()
+	var rd *bytes.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	} else {
+		rd = bytes.NewReader(nil)
+	}
+	req, _ := http.NewRequest(method, url, rd)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode/100 != 2 {
+		var b bytes.Buffer
+		_, _ = b.ReadFrom(res.Body)
+		t.Fatalf("%s %s: %s %s", method, url, res.Status, b.String())
+	}
+	if out != nil {
+		if err := json.NewDecoder(res.Body).Decode(out); err != nil {
+			t.Fatalf("%s %s: %v", method, url, err)
+		}
+	}
+}
+
+// startPlain registers a workflow (not a run of the sidecar's) of n SIMPLE
+// tasks of taskType in a FORK_JOIN and starts it with taskType in domain;
+// it returns the workflow id.
+func startPlain(t *testing.T, condURL, name, taskType, domain string, n int) string {
+	t.Helper()
+	var branches [][]map[string]any
+	var joinOn []string
+	for i := 0; i < n; i++ {
+		ref := fmt.Sprintf("x%d", i)
+		joinOn = append(joinOn, ref)
+		branches = append(branches, []map[string]any{{"name": taskType, "taskReferenceName": ref, "type": "SIMPLE",
+			"inputParameters": map[string]any{"sleepMs": "0"},
+			"taskDefinition":  map[string]any{"name": taskType, "retryCount": 0, "timeoutSeconds": 0, "responseTimeoutSeconds": 60}}})
+	}
+	def := map[string]any{"name": name + "_" + taskType, "version": 1, "schemaVersion": 2, "ownerEmail": "bench@example.com",
+		"tasks": []map[string]any{
+			{"name": "fork", "taskReferenceName": "fork", "type": "FORK_JOIN", "forkTasks": branches},
+			{"name": "join", "taskReferenceName": "join", "type": "JOIN", "joinOn": joinOn},
+		}}
+	conductorJSON(t, http.MethodPost, condURL+"/metadata/workflow", def, nil)
+	req, _ := http.NewRequest(http.MethodPost, condURL+"/workflow", bytes.NewReader(mustJSON(map[string]any{
+		"name": def["name"], "version": 1, "input": map[string]any{}, "taskToDomain": map[string]string{taskType: domain}})))
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var b bytes.Buffer
+	_, _ = b.ReadFrom(res.Body)
+	if res.StatusCode != 200 {
+		t.Fatalf("start %s: %s %s", def["name"], res.Status, b.String())
+	}
+	return strings.TrimSpace(b.String())
+}
+
+func mustJSON(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
+}
+
+type condTask struct {
+	TaskType      string `json:"taskType"`
+	Status        string `json:"status"`
+	ScheduledTime int64  `json:"scheduledTime"`
+	StartTime     int64  `json:"startTime"`
+	EndTime       int64  `json:"endTime"`
+}
+
+type condWorkflow struct {
+	Status string     `json:"status"`
+	Tasks  []condTask `json:"tasks"`
+}
+
+func waitWorkflow(t *testing.T, condURL, id string, within time.Duration) {
+	t.Helper()
+	sidecartest.WaitFor(t, "workflow "+id+" to complete", within, func() bool {
+		var wf condWorkflow
+		conductorJSON(t, http.MethodGet, condURL+"/workflow/"+id+"?includeTasks=false", nil, &wf)
+		if wf.Status != "RUNNING" && wf.Status != "COMPLETED" {
+			t.Fatalf("workflow %s %s", id, wf.Status)
+		}
+		return wf.Status == "COMPLETED"
+	})
+}
+
+// conductorWorkflowOf is the Conductor workflow id of a run.
+func conductorWorkflowOf(t *testing.T, p *proc, runID string) string {
+	t.Helper()
+	v, err := p.client.Run(t.Context(), runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := statestore.ConductorWorkflowID(v.EngineRunRef)
+	if id == "" {
+		t.Fatalf("run %s has no workflow id", runID)
+	}
+	return id
+}
+
+// taskTimes: the workflow's tasks of taskType per second (first scheduled
+// to last ended) and the p50 of start->end in milliseconds.
+func taskTimes(t *testing.T, condURL, id, taskType string) (float64, float64) {
+	t.Helper()
+	var wf condWorkflow
+	conductorJSON(t, http.MethodGet, condURL+"/workflow/"+id+"?includeTasks=true", nil, &wf)
+	var first, last int64
+	var d []float64
+	for _, k := range wf.Tasks {
+		if k.TaskType != taskType || k.Status != "COMPLETED" {
+			continue
+		}
+		if first == 0 || k.ScheduledTime < first {
+			first = k.ScheduledTime
+		}
+		last = max(last, k.EndTime)
+		d = append(d, float64(k.EndTime-k.StartTime))
+	}
+	if len(d) == 0 {
+		t.Fatalf("workflow %s has no completed task of type %s", id, taskType)
+	}
+	slices.Sort(d)
+	return float64(len(d)) / (float64(last-first) / 1000), d[len(d)/2]
+}
