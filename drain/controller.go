@@ -661,7 +661,7 @@ func (c *Controller) invalid(snap *statestore.RunSnapshot, eventType string) err
 	if err := statestore.CheckTransition(snap, w); err != nil {
 		return err
 	}
-	return &statestore.Error{Code: statestore.CodeInvalidTransition, Message: fmt.Sprintf("%s is not allowed from %s", eventType, snap.Status),
+	return &statestore.Error{Code: statestore.CodeInvalidTransition, Message: fmt.Sprintf("%s is not allowed: the run is %s", eventType, snap.Status),
 		Meta: map[string]string{"actualState": snap.Status, "attemptedEventType": eventType}}
 }
 
