@@ -267,43 +267,36 @@ func (c *Controller) Pause(ctx context.Context, runID string, req PauseRequest) 
 		return nil, &statestore.Error{Code: statestore.CodeSchemaValidationFailed, Field: "timeoutSeconds", Message: "must be >= 0"}
 	}
 	began := c.opts.Now()
-	var snap *statestore.RunSnapshot
-	var cycle, timeout int64
-	for try := 0; ; try++ {
-		var err error
-		if snap, err = c.snapshot(ctx, runID); err != nil {
-			return nil, err
+	timeout := req.TimeoutSeconds
+	if timeout == 0 {
+		timeout = int64(c.opts.DefaultTimeout / time.Second)
+	}
+	// RunPaused is appended on the runSeq it was decided on, so that a
+	// StepStarted, which is appended the same way, and the pause are
+	// ordered whatever the interleaving (docs/events.md, "Fences").
+	var cycle int64
+	snap, _, err := statestore.Fenced(ctx, knownRuns{c.snaps}, c.emit, runID, func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+		if s.Status == statestore.RunStatusPaused {
+			return nil, nil
 		}
-		if snap.Status == statestore.RunStatusPaused {
-			wf := workflowOf(snap)
-			_, engineErr := c.settle(ctx, runID, wf, true, snap.Pause.Cycle, c.applied(ctx, runID, true, snap.Pause.Cycle, c.engine.Pause(ctx, wf)))
-			st, err := c.withEngine(snap, engineErr)
-			st.Notice = fmt.Sprintf("the run was already paused (cycle %d); nothing was recorded", snap.Pause.Cycle)
-			if have := int64(timeoutOf(snap.Pause, c.opts.DefaultTimeout) / time.Second); req.TimeoutSeconds != 0 && req.TimeoutSeconds != have {
-				st.Notice += fmt.Sprintf(", and its drain timeout stays %ds: this request's %ds is not applied (resume, then pause again, to change it)", have, req.TimeoutSeconds)
-			}
-			if !req.ResumeAt.IsZero() {
-				st.Notice += ", and this request's scheduled resume is not applied (resume, then pause again, to schedule one)"
-			}
-			return st, err
+		cycle = nextCycle(s)
+		return runEvent(s, pausedPayload(req, timeout), cycle, c.opts.Now)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if snap.Status == statestore.RunStatusPaused {
+		wf := workflowOf(snap)
+		_, engineErr := c.settle(ctx, runID, wf, true, snap.Pause.Cycle, c.applied(ctx, runID, true, snap.Pause.Cycle, c.engine.Pause(ctx, wf)))
+		st, err := c.withEngine(snap, engineErr)
+		st.Notice = fmt.Sprintf("the run was already paused (cycle %d); nothing was recorded", snap.Pause.Cycle)
+		if have := int64(timeoutOf(snap.Pause, c.opts.DefaultTimeout) / time.Second); req.TimeoutSeconds != 0 && req.TimeoutSeconds != have {
+			st.Notice += fmt.Sprintf(", and its drain timeout stays %ds: this request's %ds is not applied (resume, then pause again, to change it)", have, req.TimeoutSeconds)
 		}
-		cycle = nextCycle(snap)
-		timeout = req.TimeoutSeconds
-		if timeout == 0 {
-			timeout = int64(c.opts.DefaultTimeout / time.Second)
+		if !req.ResumeAt.IsZero() {
+			st.Notice += ", and this request's scheduled resume is not applied (resume, then pause again, to schedule one)"
 		}
-		payload := pausedPayload(req, timeout)
-		// RunPaused is appended on the runSeq it was decided on, so that a
-		// StepStarted, which is appended the same way, and the pause are
-		// ordered whatever the interleaving (docs/events.md, "Fences").
-		_, err = c.appendIf(ctx, snap, statestore.RunPaused, cycle, payload)
-		if errors.Is(err, statestore.ErrRunChanged) && try < maxFenceRetries {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		break
+		return st, err
 	}
 	c.opts.Metrics.pauseRecorded(c.opts.Now().Sub(began))
 	if !req.ResumeAt.IsZero() {
@@ -332,16 +325,15 @@ func (c *Controller) Pause(ctx context.Context, runID string, req PauseRequest) 
 // here rather than in the monitor keeps a burst of pauses from queueing
 // behind the monitor's one goroutine.
 func (c *Controller) endEmptyDrain(ctx context.Context, runID string, cycle int64) bool {
-	snap, err := c.snapshot(ctx, runID)
+	var waited time.Duration
+	snap, res, err := statestore.Fenced(ctx, knownRuns{c.snaps}, c.emit, runID, func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+		if s.Status != statestore.RunStatusPaused || s.Pause == nil || s.Pause.Cycle != cycle || len(s.InFlight()) > 0 || s.Pause.DrainEndedAt != "" {
+			return nil, nil
+		}
+		waited = c.waited(s)
+		return runEvent(s, statestore.RunDrainCompletedPayload{WaitedSeconds: seconds(waited)}, cycle, c.opts.Now)
+	})
 	if err != nil || snap.Status != statestore.RunStatusPaused || snap.Pause == nil || snap.Pause.Cycle != cycle || len(snap.InFlight()) > 0 {
-		return false
-	}
-	if snap.Pause.DrainEndedAt != "" {
-		return true
-	}
-	waited := c.waited(snap)
-	res, err := c.appendIf(ctx, snap, statestore.RunDrainCompleted, cycle, map[string]any{"waitedSeconds": waited.Seconds()})
-	if err != nil {
 		return false
 	}
 	if res.Persisted {
@@ -392,7 +384,7 @@ func (c *Controller) Resume(ctx context.Context, runID string, req ResumeRequest
 			Message: fmt.Sprintf("step %s failed and is held (onStepFailure: pause): retry it first, or cancel the run", strings.Join(held, ", ")),
 			Meta:    map[string]string{"actualState": snap.Status, "attemptedEventType": statestore.RunResumed, "heldSteps": strings.Join(held, ",")}}
 	}
-	if _, err := c.append(ctx, snap, statestore.RunResumed, snap.Pause.Cycle, resumedPayload(req)); err != nil {
+	if _, err := c.record(ctx, snap, resumedPayload(req), snap.Pause.Cycle); err != nil {
 		return nil, err
 	}
 	if snap.Substatus == statestore.SubstatusDraining {
@@ -427,18 +419,16 @@ func (c *Controller) Cancel(ctx context.Context, runID, reason, requestedBy stri
 	if statestore.IsTerminalRunStatus(snap.Status) {
 		return nil, c.invalid(snap, statestore.RunCancelRequested)
 	}
-	payload := map[string]any{}
-	putIf(payload, "reason", reason)
-	putIf(payload, "requestedBy", requestedBy)
+	cancelled := statestore.RunCancelledPayload{Reason: reason, RequestedBy: requestedBy}
 	if !snap.CancelRequested {
-		if _, err := c.append(ctx, snap, statestore.RunCancelRequested, 1, payload); err != nil {
+		if _, err := c.record(ctx, snap, statestore.RunCancelRequestedPayload{Reason: reason, RequestedBy: requestedBy}, 1); err != nil {
 			return nil, err
 		}
 	}
 	if snap.Status == statestore.RunStatusQueued {
 		// Waiting for admission: no workflow exists yet. The run ends
 		// here, and the admission decider drops it (package admission).
-		return c.cancelQueued(ctx, runID, payload)
+		return c.cancelQueued(ctx, runID, cancelled)
 	}
 	if err := c.engine.Terminate(ctx, workflowOf(snap), "cancelled: "+reason); err != nil {
 		// The request is recorded; a retry of the cancel terminates.
@@ -452,7 +442,7 @@ func (c *Controller) Cancel(ctx context.Context, runID, reason, requestedBy stri
 	if snap, err = c.snapshot(ctx, runID); err != nil {
 		return nil, err
 	}
-	if _, err := c.append(ctx, snap, statestore.RunCancelled, 1, payload); err != nil {
+	if _, err := c.record(ctx, snap, cancelled, 1); err != nil {
 		return nil, err
 	}
 	if snap.Substatus == statestore.SubstatusDraining {
@@ -466,13 +456,13 @@ func (c *Controller) Cancel(ctx context.Context, runID, reason, requestedBy stri
 }
 
 // cancelQueued appends RunCancelled to a run cancelled while QUEUED.
-func (c *Controller) cancelQueued(ctx context.Context, runID string, payload map[string]any) (*State, error) {
+func (c *Controller) cancelQueued(ctx context.Context, runID string, cancelled statestore.RunCancelledPayload) (*State, error) {
 	snap, err := c.snapshot(ctx, runID)
 	if err != nil {
 		return nil, err
 	}
 	if snap.Status != statestore.RunStatusCancelled {
-		if _, err := c.append(ctx, snap, statestore.RunCancelled, 1, payload); err != nil {
+		if _, err := c.record(ctx, snap, cancelled, 1); err != nil {
 			return nil, err
 		}
 		if snap, err = c.snapshot(ctx, runID); err != nil {
@@ -526,10 +516,8 @@ func (c *Controller) RetryStep(ctx context.Context, runID, stepID string, req Re
 				Meta:    map[string]string{"actualState": st.Status, "attemptedEventType": statestore.RunStepRetryRequested}}
 		}
 		next := st.LogicalAttemptID + 1
-		payload := map[string]any{"stepId": stepID, "stepLogicalAttemptId": next}
-		putIf(payload, "reason", req.Reason)
-		putIf(payload, "requestedBy", req.RequestedBy)
-		if _, err := c.append(ctx, snap, statestore.RunStepRetryRequested, snap.StepRetries+1, payload); err != nil {
+		payload := statestore.RunStepRetryRequestedPayload{Reason: req.Reason, RequestedBy: req.RequestedBy, StepID: stepID, StepLogicalAttemptID: next}
+		if _, err := c.record(ctx, snap, payload, snap.StepRetries+1); err != nil {
 			return nil, err
 		}
 		// The request number is per run: a concurrent retry of another step
@@ -647,7 +635,15 @@ func workflowOf(snap *statestore.RunSnapshot) string {
 }
 
 func (c *Controller) snapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
-	snap, err := c.snaps.ProjectSnapshot(ctx, runID)
+	return knownRuns{c.snaps}.ProjectSnapshot(ctx, runID)
+}
+
+// knownRuns reads the runs the controller acts on, for itself and for
+// statestore.Fenced: a run the log does not have is ErrRunNotFound.
+type knownRuns struct{ snaps SnapshotReader }
+
+func (r knownRuns) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	snap, err := r.snaps.ProjectSnapshot(ctx, runID)
 	if errors.Is(err, statestore.ErrNotFound) {
 		return nil, ErrRunNotFound
 	}
@@ -657,7 +653,10 @@ func (c *Controller) snapshot(ctx context.Context, runID string) (*statestore.Ru
 // invalid is the INVALID_TRANSITION answer for an action the run's state
 // does not allow; nothing is written.
 func (c *Controller) invalid(snap *statestore.RunSnapshot, eventType string) error {
-	w := c.event(snap, eventType, 1, nil)
+	w, err := statestore.NewEvent(snap.Ref(), eventType, "", 1, 1, nil)
+	if err != nil {
+		return err
+	}
 	if err := statestore.CheckTransition(snap, w); err != nil {
 		return err
 	}
@@ -665,30 +664,10 @@ func (c *Controller) invalid(snap *statestore.RunSnapshot, eventType string) err
 		Meta: map[string]string{"actualState": snap.Status, "attemptedEventType": eventType}}
 }
 
-// append checks the transition (Layer 1) and appends.
-func (c *Controller) append(ctx context.Context, snap *statestore.RunSnapshot, eventType string, cycle int64, payload map[string]any) (statestore.AppendResult, error) {
-	return c.appendOn(ctx, snap, eventType, cycle, payload, false)
-}
-
-// maxFenceRetries bounds how often Pause decides again after its
-// conditional RunPaused found the run moved on.
-const maxFenceRetries = 64
-
-// appendIf is append conditioned on snap's last runSeq: an error matching
-// statestore.ErrRunChanged when the run moved on.
-func (c *Controller) appendIf(ctx context.Context, snap *statestore.RunSnapshot, eventType string, cycle int64, payload map[string]any) (statestore.AppendResult, error) {
-	return c.appendOn(ctx, snap, eventType, cycle, payload, true)
-}
-
-func (c *Controller) appendOn(ctx context.Context, snap *statestore.RunSnapshot, eventType string, cycle int64, payload map[string]any, conditional bool) (statestore.AppendResult, error) {
-	return record(ctx, c.emit, snap, eventType, cycle, payload, c.opts.Now, conditional)
-}
-
-func (c *Controller) event(snap *statestore.RunSnapshot, eventType string, attempt int64, payload map[string]any) *statestore.RunEventWrite {
-	// A map[string]any always encodes.
-	w, _ := statestore.NewEvent(snap.Ref(), eventType, "", 1, attempt, payload)
-	w.EmittedAt = c.opts.Now().UTC().Format(time.RFC3339Nano)
-	return w
+// record appends the run-level event with payload p for cycle, checked
+// against snap (record).
+func (c *Controller) record(ctx context.Context, snap *statestore.RunSnapshot, p statestore.Payload, cycle int64) (statestore.AppendResult, error) {
+	return record(ctx, c.emit, snap, p, cycle, c.opts.Now)
 }
 
 func (c *Controller) waited(snap *statestore.RunSnapshot) time.Duration {
@@ -706,8 +685,8 @@ func (c *Controller) waited(snap *statestore.RunSnapshot) time.Duration {
 // workflow is not in the state the call expects (a Conflict).
 func isEngineConflict(err error) bool { return errors.Is(err, errcode.Conflict) }
 
-func putIf(m map[string]any, k, v string) {
-	if v != "" {
-		m[k] = v
-	}
+// seconds is d in seconds, for a payload's optional waitedSeconds.
+func seconds(d time.Duration) *float64 {
+	v := d.Seconds()
+	return &v
 }

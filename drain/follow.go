@@ -188,34 +188,42 @@ func (f *Follower) converge(ctx context.Context, runID, workflowID string, pause
 }
 
 // pausedInConductor records a pause made in Conductor: RunPaused with the
-// next cycle, appended on the runSeq it was decided on (a concurrent
-// pause through the sidecar wins, and this one is then seen in step).
+// next cycle, appended only while the log still says what the pause was
+// decided on (RUNNING at snap's cycle); a concurrent pause through the
+// sidecar wins, and this one is then seen in step.
 func (f *Follower) pausedInConductor(ctx context.Context, snap *statestore.RunSnapshot, workflowID string) (string, error) {
-	cycle := nextCycle(snap)
-	_, err := record(ctx, f.emit, snap, statestore.RunPaused, cycle, pausedPayload(PauseRequest{
-		RequestedBy: statestore.RequestedByConductor, Reason: "paused in Conductor"}, int64(f.opts.DrainTimeout/time.Second)), f.opts.Now, true)
-	if errors.Is(err, statestore.ErrRunChanged) {
+	runID, cycle := snap.RunID, nextCycle(snap)
+	payload := pausedPayload(PauseRequest{RequestedBy: statestore.RequestedByConductor, Reason: "paused in Conductor"}, int64(f.opts.DrainTimeout/time.Second))
+	var still bool
+	_, _, err := statestore.Fenced(ctx, f.snaps, f.emit, runID, func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+		open, paused := pauseOf(s)
+		if still = followed(s) && !paused && open+1 == cycle; !still {
+			return nil, nil // decided again at the next check
+		}
+		return runEvent(s, payload, cycle, f.opts.Now)
+	})
+	if errors.Is(err, statestore.ErrRunChanged) || errors.Is(err, statestore.ErrNotFound) {
 		return "", nil // decided again at the next check
 	}
-	if err != nil {
+	if err != nil || !still {
 		return "", err
 	}
 	f.logger.Warn("the run's workflow was paused in Conductor; recorded the pause, the run drains",
-		zap.String("runId", snap.RunID), zap.String("workflowId", workflowID), zap.Int64("cycle", cycle))
+		zap.String("runId", runID), zap.String("workflowId", workflowID), zap.Int64("cycle", cycle))
 	if f.opts.Drains != nil {
-		if err := f.opts.Drains.MarkDraining(ctx, snap.RunID, cycle); err != nil {
+		if err := f.opts.Drains.MarkDraining(ctx, runID, cycle); err != nil {
 			// The drain monitors' full pass finds the drain without its mark.
-			f.logger.Warn("could not mark the drain in the drain index", zap.String("runId", snap.RunID), zap.Error(err))
+			f.logger.Warn("could not mark the drain in the drain index", zap.String("runId", runID), zap.Error(err))
 		}
 	}
-	return FollowConductorPaused, f.ledger.NoteEngine(ctx, snap.RunID, true, cycle)
+	return FollowConductorPaused, f.ledger.NoteEngine(ctx, runID, true, cycle)
 }
 
 // resumedInConductor records a resume made in Conductor: RunResumed of the
 // open cycle.
 func (f *Follower) resumedInConductor(ctx context.Context, snap *statestore.RunSnapshot, workflowID string) (string, error) {
-	if _, err := record(ctx, f.emit, snap, statestore.RunResumed, snap.Pause.Cycle, resumedPayload(ResumeRequest{
-		RequestedBy: statestore.RequestedByConductor, Reason: "resumed in Conductor"}), f.opts.Now, false); err != nil {
+	if _, err := record(ctx, f.emit, snap, resumedPayload(ResumeRequest{
+		RequestedBy: statestore.RequestedByConductor, Reason: "resumed in Conductor"}), snap.Pause.Cycle, f.opts.Now); err != nil {
 		return "", err
 	}
 	f.logger.Warn("the run's workflow was resumed in Conductor; recorded the resume",
@@ -235,10 +243,10 @@ func (f *Follower) closePause(ctx context.Context, runID string) (string, error)
 	if snap.Status != statestore.RunStatusPaused || snap.Pause == nil || snap.CancelRequested {
 		return "", nil
 	}
-	if _, err := record(ctx, f.emit, snap, statestore.RunResumed, snap.Pause.Cycle, resumedPayload(ResumeRequest{
+	if _, err := record(ctx, f.emit, snap, resumedPayload(ResumeRequest{
 		RequestedBy: statestore.RequestedBySidecar,
 		Reason:      "Conductor had COMPLETED the workflow before the pause took effect; the pause is closed so that the run can complete",
-	}), f.opts.Now, false); err != nil {
+	}), snap.Pause.Cycle, f.opts.Now); err != nil {
 		return "", err
 	}
 	f.logger.Warn("the run completed in Conductor while paused in the log; closed the pause before RunCompleted",
@@ -269,42 +277,46 @@ func nextCycle(snap *statestore.RunSnapshot) int64 {
 
 // pausedPayload is RunPaused's payload: the drain timeout (seconds) and
 // req's reason, requestedBy, stepId and resumeAt when set.
-func pausedPayload(req PauseRequest, timeoutSeconds int64) map[string]any {
-	payload := map[string]any{"drainTimeoutSeconds": timeoutSeconds}
-	putIf(payload, "reason", req.Reason)
-	putIf(payload, "requestedBy", req.RequestedBy)
-	putIf(payload, "stepId", req.StepID)
+func pausedPayload(req PauseRequest, timeoutSeconds int64) statestore.RunPausedPayload {
+	p := statestore.RunPausedPayload{DrainTimeoutSeconds: &timeoutSeconds, Reason: req.Reason, RequestedBy: req.RequestedBy, StepID: req.StepID}
 	if !req.ResumeAt.IsZero() {
-		payload["resumeAt"] = req.ResumeAt.UTC().Format(time.RFC3339Nano)
+		p.ResumeAt = req.ResumeAt.UTC().Format(time.RFC3339Nano)
 	}
-	return payload
+	return p
 }
 
 // resumedPayload is RunResumed's payload: req's reason and requestedBy
-// when set (nil when neither is).
-func resumedPayload(req ResumeRequest) map[string]any {
-	payload := map[string]any{}
-	putIf(payload, "reason", req.Reason)
-	putIf(payload, "requestedBy", req.RequestedBy)
-	if len(payload) == 0 {
-		return nil
-	}
-	return payload
+// when set.
+func resumedPayload(req ResumeRequest) statestore.RunResumedPayload {
+	return statestore.RunResumedPayload{Reason: req.Reason, RequestedBy: req.RequestedBy}
 }
 
-// record appends the run-level event eventType of snap's run for the
-// given cycle, after checking it against snap (Layer 1: never what the
-// projector would flag); conditional appends it on snap's last runSeq (an
-// error matching statestore.ErrRunChanged when the run moved on).
-func record(ctx context.Context, emit Emitter, snap *statestore.RunSnapshot, eventType string, cycle int64, payload map[string]any, now func() time.Time, conditional bool) (statestore.AppendResult, error) {
-	// A map[string]any always encodes.
-	w, _ := statestore.NewEvent(snap.Ref(), eventType, "", 1, cycle, payload)
+// runEvent is the run-level event with payload p (its type names the
+// event's) of snap's run, for cycle (its logicalAttemptId: the pause cycle
+// of the pause events, the request number of a retry), emitted at now.
+func runEvent(snap *statestore.RunSnapshot, p statestore.Payload, cycle int64, now func() time.Time) (*statestore.RunEventWrite, error) {
+	w, err := statestore.NewEvent(snap.Ref(), p.EventType(), "", 1, cycle, p)
+	if err != nil {
+		return nil, err
+	}
 	w.EmittedAt = now().UTC().Format(time.RFC3339Nano)
-	if err := statestore.CheckTransition(snap, w); err != nil {
+	return w, nil
+}
+
+// record appends runEvent(snap, p, cycle, now) after checking it against
+// snap (Layer 1: never what the projector would flag). The append is not
+// conditioned on snap's runSeq: it is for the events a later change of
+// the run does not make wrong (a repeat is deduplicated by its
+// idempotency key, an event the run outgrew is audit only). The events
+// that must not land after a change (a pause, the end of a drain nothing
+// can join) go through statestore.Fenced.
+func record(ctx context.Context, emit Emitter, snap *statestore.RunSnapshot, p statestore.Payload, cycle int64, now func() time.Time) (statestore.AppendResult, error) {
+	w, err := runEvent(snap, p, cycle, now)
+	if err != nil {
 		return statestore.AppendResult{}, err
 	}
-	if conditional {
-		return emit.EmitIf(ctx, w, snap.LastEventSeq)
+	if err := statestore.CheckTransition(snap, w); err != nil {
+		return statestore.AppendResult{}, err
 	}
 	return emit.Emit(ctx, w)
 }

@@ -315,7 +315,7 @@ func pauseOrigin(p *statestore.PauseState) string {
 	switch {
 	case p.StepID != "":
 		return originStepFailed
-	case p.RequestedBy == "conductor":
+	case p.RequestedBy == statestore.RequestedByConductor:
 		return originConductor
 	default:
 		return originOperator
@@ -391,7 +391,7 @@ func (c *Controller) check(ctx context.Context, runID string) (*statestore.RunSn
 	waited := c.waited(snap)
 	switch {
 	case len(inflight) == 0:
-		res, err := c.append(ctx, snap, statestore.RunDrainCompleted, snap.Pause.Cycle, map[string]any{"waitedSeconds": waited.Seconds()})
+		res, err := c.record(ctx, snap, statestore.RunDrainCompletedPayload{WaitedSeconds: seconds(waited)}, snap.Pause.Cycle)
 		if err != nil {
 			c.warns.warn(c.logger, "could not record the end of a drain; retrying", zap.String("runId", runID), zap.Error(err))
 			return snap, nil
@@ -402,9 +402,9 @@ func (c *Controller) check(ctx context.Context, runID string) (*statestore.RunSn
 			c.logger.Info("drain completed: no step in flight", zap.String("runId", runID), zap.Int64("cycle", snap.Pause.Cycle), zap.Duration("waited", waited))
 		}
 	case waited >= timeoutOf(snap.Pause, c.opts.DefaultTimeout):
-		res, err := c.append(ctx, snap, statestore.RunDrainTimedOut, snap.Pause.Cycle, map[string]any{
-			"code": statestore.PauseDrainTimeoutCode, "inFlightStepIds": inflight, "waitedSeconds": waited.Seconds(),
-		})
+		res, err := c.record(ctx, snap, statestore.RunDrainTimedOutPayload{
+			Code: statestore.PauseDrainTimeoutCode, InFlightStepIDs: inflight, WaitedSeconds: seconds(waited),
+		}, snap.Pause.Cycle)
 		if err != nil {
 			c.warns.warn(c.logger, "could not record a drain timeout; retrying", zap.String("runId", runID), zap.Error(err))
 			return snap, nil

@@ -28,7 +28,8 @@ func (e memEmitter) EmitIf(ctx context.Context, w *statestore.RunEventWrite, las
 // TestFollower_RecordGuard: the Follower's (and the Controller's) record
 // of a pause or resume is checked against the state it was decided on: an
 // event that state does not allow is refused with INVALID_TRANSITION and
-// nothing is appended, conditional or not.
+// nothing is appended, whether it is appended as it is (record) or
+// fenced on the run's runSeq (statestore.Fenced, with runEvent).
 func TestFollower_RecordGuard(t *testing.T) {
 	ctx := context.Background()
 	mem := memstore.New(statestore.ProjectorOptions{})
@@ -38,18 +39,24 @@ func TestFollower_RecordGuard(t *testing.T) {
 		t.Fatalf("snapshot %+v %v, want RUNNING", snap, err)
 	}
 	for _, c := range []struct {
-		event       string
+		payload     statestore.Payload
 		cycle       int64
 		conditional bool
 	}{
-		{statestore.RunResumed, 1, false}, // no pause to close
-		{statestore.RunResumed, 1, true},
-		{statestore.RunPaused, 2, true}, // skips cycle 1
-		{statestore.RunPaused, 2, false},
+		{statestore.RunResumedPayload{RequestedBy: statestore.RequestedByConductor, Reason: "test"}, 1, false}, // no pause to close
+		{statestore.RunResumedPayload{RequestedBy: statestore.RequestedByConductor, Reason: "test"}, 1, true},
+		{statestore.RunPausedPayload{RequestedBy: statestore.RequestedByConductor, Reason: "test"}, 2, true}, // skips cycle 1
+		{statestore.RunPausedPayload{RequestedBy: statestore.RequestedByConductor, Reason: "test"}, 2, false},
 	} {
-		_, err := record(ctx, memEmitter{mem}, snap, c.event, c.cycle, map[string]any{"requestedBy": statestore.RequestedByConductor, "reason": "test"}, time.Now, c.conditional)
+		if c.conditional {
+			_, _, err = statestore.Fenced(ctx, mem, memEmitter{mem}, "r", func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+				return runEvent(s, c.payload, c.cycle, time.Now)
+			})
+		} else {
+			_, err = record(ctx, memEmitter{mem}, snap, c.payload, c.cycle, time.Now)
+		}
 		if !errors.Is(err, statestore.ErrInvalidTransition) {
-			t.Errorf("%s cycle %d (conditional %v) on RUNNING: %v, want INVALID_TRANSITION", c.event, c.cycle, c.conditional, err)
+			t.Errorf("%s cycle %d (conditional %v) on RUNNING: %v, want INVALID_TRANSITION", c.payload.EventType(), c.cycle, c.conditional, err)
 		}
 	}
 	if recs, _ := mem.Fetch(ctx, "r", 0, 0); len(recs) != 1 {
