@@ -154,7 +154,7 @@ func (c *Controller) ResumeLater(ctx context.Context, runID string, at time.Time
 	}
 	by := req.RequestedBy
 	if by == "" {
-		by = "bulk"
+		by = statestore.RequestedByBulk
 	}
 	e := ScheduledResume{RunID: runID, Cycle: snap.Pause.Cycle, At: at.UTC(), RequestedBy: by, Reason: req.Reason}
 	if err := c.opts.Schedule.ScheduleResume(ctx, e); err != nil {

@@ -16,9 +16,11 @@ const (
 	// RequestedBySidecar: the sidecar itself (e.g. it closed a pause that
 	// the run's completion raced). RequestedByWorker names one worker.
 	RequestedBySidecar = "sidecar"
-	// RequestedBySchedule: a scheduled resume (RunPaused's resumeAt, or
-	// a staggered bulk resume).
+	// RequestedBySchedule: a scheduled resume (RunPaused's resumeAt).
 	RequestedBySchedule = "schedule"
+	// RequestedByBulk: a step of a staggered bulk resume that named no
+	// one (the API names the principal).
+	RequestedByBulk = "bulk"
 )
 
 // RequestedByWorker is the requestedBy of an action a sidecar worker took
