@@ -419,15 +419,10 @@ func (r *Runs) ensureRunStarted(ctx context.Context, rec *Run, rev uint64) error
 	if rec.RunStartedEmitted || rec.WorkflowID == "" {
 		return nil
 	}
-	payload := map[string]any{
-		"engineRunRef": rec.EngineRunRef(),
-		"engineType":   EngineType,
-		"startedAt":    rec.StartedAt.UTC().Format(time.RFC3339Nano),
-	}
-	if len(rec.Labels) > 0 {
-		payload["labels"] = rec.Labels
-	}
-	w, err := runEvent(rec, statestore.RunStarted, payload)
+	w, err := runEvent(rec, statestore.RunStarted, statestore.RunStartedPayload{
+		EngineRunRef: rec.EngineRunRef(), EngineType: EngineType, Labels: rec.Labels,
+		StartedAt: rec.StartedAt.UTC().Format(time.RFC3339Nano),
+	})
 	if err != nil {
 		return err
 	}
@@ -452,14 +447,15 @@ func (r *Runs) ensureRunStarted(ctx context.Context, rec *Run, rev uint64) error
 	return nil
 }
 
-// runEvent builds a run-level event of rec (logicalAttemptId 1).
-func runEvent(rec *Run, eventType string, payload map[string]any) (*statestore.RunEventWrite, error) {
+// runEvent builds a run-level event of rec (logicalAttemptId 1) with
+// payload, eventType's statestore.Payload.
+func runEvent(rec *Run, eventType string, payload any) (*statestore.RunEventWrite, error) {
 	return runEventAt(rec, eventType, 1, payload)
 }
 
 // runEventAt is runEvent with the logicalAttemptId of a repeated run-level
 // event (the pause cycle of RunPaused and RunResumed).
-func runEventAt(rec *Run, eventType string, attempt int64, payload map[string]any) (*statestore.RunEventWrite, error) {
+func runEventAt(rec *Run, eventType string, attempt int64, payload any) (*statestore.RunEventWrite, error) {
 	return statestore.NewEvent(statestore.RunRef{RunID: rec.RunID, TenantID: rec.TenantID, ProjectID: rec.ProjectID,
 		EnvironmentID: rec.EnvironmentID, PlanID: rec.PlanID, PlanVersion: rec.PlanVersion}, eventType, "", 1, attempt, payload)
 }

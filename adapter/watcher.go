@@ -740,15 +740,14 @@ func terminalEvent(rec *Run, engineStatus, reason string, cancelRequested bool) 
 		if msg == "" {
 			msg = fallback
 		}
-		ev, err := runEvent(rec, statestore.RunFailed, map[string]any{
-			"error":        statestore.StepError{Code: code, Message: msg, Retryable: false},
-			"engineStatus": engineStatus,
+		ev, err := runEvent(rec, statestore.RunFailed, statestore.RunFailedPayload{
+			EngineStatus: engineStatus, Error: &statestore.StepError{Code: code, Message: msg, Retryable: false},
 		})
 		return ev, engineStatus, err
 	}
 	switch engineStatus {
 	case string(model.CompletedWorkflow):
-		ev, err := runEvent(rec, statestore.RunCompleted, map[string]any{"engineStatus": engineStatus})
+		ev, err := runEvent(rec, statestore.RunCompleted, statestore.RunCompletedPayload{EngineStatus: engineStatus})
 		return ev, engineStatus, err
 	case string(model.FailedWorkflow):
 		return failed(CodeWorkflowFailed, "workflow FAILED in Conductor")
@@ -756,11 +755,7 @@ func terminalEvent(rec *Run, engineStatus, reason string, cancelRequested bool) 
 		return failed(CodeWorkflowTimedOut, "workflow TIMED_OUT in Conductor")
 	case string(model.TerminatedWorkflow):
 		if cancelRequested {
-			p := map[string]any{"engineStatus": engineStatus}
-			if reason != "" {
-				p["reason"] = reason
-			}
-			ev, err := runEvent(rec, statestore.RunCancelled, p)
+			ev, err := runEvent(rec, statestore.RunCancelled, statestore.RunCancelledPayload{EngineStatus: engineStatus, Reason: reason})
 			return ev, "CANCELLED", err
 		}
 		return failed(CodeWorkflowTerminated, "workflow TERMINATED in Conductor")
