@@ -287,7 +287,12 @@ func (w *Watcher) loop(ctx context.Context) {
 		// stale; with the cache, the rotating full read does that at a
 		// steady rate.
 		full := time.Since(lastReconcile) >= w.opts.ReconcileInterval
-		err := w.scan(ctx, !full || w.cache.ready())
+		var err error
+		if full && !w.cache.ready() {
+			err = w.scan(ctx, false)
+		} else {
+			err = w.Scan(ctx)
+		}
 		if full {
 			err = errors.Join(err, w.Reconcile(ctx))
 			lastReconcile = time.Now()
@@ -348,10 +353,11 @@ func (w *Watcher) OpenRunIDs(ctx context.Context) ([]string, error) {
 }
 
 // Scan checks every active run once (as Check) and returns the joined
-// errors. It reads each workflow definition's list of running workflows once
-// (GET /workflow/running/{name}) and reads a workflow itself only when it is
-// not on that list: Conductor's cost is one call per plan version plus one
-// per run that ended, not one per active run.
+// errors; it is the watcher's periodic scan. It reads each workflow
+// definition's list of running workflows once (GET
+// /workflow/running/{name}) and reads a workflow itself only when it is
+// not on that list: Conductor's cost is one call per plan version plus
+// one per run that ended, not one per active run.
 func (w *Watcher) Scan(ctx context.Context) error {
 	return w.scan(ctx, true)
 }
