@@ -27,7 +27,9 @@ var (
 
 // keysUnavailable is the error of a Keys operation the bucket did not
 // answer: STORE_UNAVAILABLE, like the event log's (the same NATS, and safe
-// to retry).
+// to retry), the code the API documents for a bulk action (a staggered
+// resume's schedule is written here); not the run index's
+// RUN_REGISTRY_UNAVAILABLE, which is Conductor's side.
 func keysUnavailable(op string, err error) error {
 	return &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: "pause keys: " + op + ": " + err.Error(), Err: err}
 }

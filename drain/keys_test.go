@@ -2,6 +2,7 @@ package drain_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sort"
 	"testing"
@@ -10,6 +11,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/errcode"
+	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 )
@@ -205,5 +208,38 @@ func TestKeys_MovesTheRunIndexEntries(t *testing.T) {
 	js2, _ := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{})
 	if _, err := drain.OpenKeys(ctx, js2, drain.KeysOptions{LegacyBucket: "SIDECAR_RUNS"}); err != nil {
 		t.Fatalf("open without a run index: %v", err)
+	}
+}
+
+// TestKeys_DownIsStoreUnavailable: with NATS down, every pause key
+// operation answers STORE_UNAVAILABLE (kind Unavailable: 503, safe to
+// retry), the code the API documents for a bulk action, e.g. the
+// staggered resume whose schedule cannot be written.
+func TestKeys_DownIsStoreUnavailable(t *testing.T) {
+	js, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{})
+	k, err := drain.OpenKeys(context.Background(), js, drain.KeysOptions{ListTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Shutdown()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	ops := map[string]func() error{
+		"MarkDraining":   func() error { return k.MarkDraining(ctx, "r", 1) },
+		"EndDraining":    func() error { return k.EndDraining(ctx, "r", 1) },
+		"DrainingRunIDs": func() error { _, err := k.DrainingRunIDs(ctx); return err },
+		"ScheduleResume": func() error {
+			return k.ScheduleResume(ctx, drain.ScheduledResume{RunID: "r", Cycle: 1, At: time.Now(), RequestedBy: statestore.RequestedByBulk})
+		},
+		"EndResume":        func() error { return k.EndResume(ctx, "r", 1) },
+		"ScheduledResumes": func() error { _, err := k.ScheduledResumes(ctx); return err },
+		"NoteEngine":       func() error { return k.NoteEngine(ctx, "r", true, 1) },
+		"EngineState":      func() error { _, _, err := k.EngineState(ctx, "r"); return err },
+	}
+	for name, op := range ops {
+		err := op()
+		if !errors.Is(err, statestore.ErrUnavailable) || !errors.Is(err, errcode.Unavailable) {
+			t.Errorf("%s with NATS down: %v (code %q); want STORE_UNAVAILABLE, kind Unavailable", name, err, errcode.CodeOf(err))
+		}
 	}
 }
