@@ -27,12 +27,10 @@ const (
 const EngineType = "conductor"
 
 // Emitter appends events through the EventIdRegistry protocol;
-// *registry.Emitter satisfies it.
+// *registry.Emitter satisfies it. The adapter appends RunStarted and the
+// run's terminal event, neither fenced on the run's runSeq.
 type Emitter interface {
 	Emit(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error)
-	// EmitIf appends only if the run's last runSeq is lastSeq (else an
-	// error matching statestore.ErrRunChanged, nothing written).
-	EmitIf(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error)
 }
 
 // RunsOptions configures OpenRuns. The zero value works.
@@ -143,12 +141,6 @@ func OpenRuns(ctx context.Context, js jetstream.JetStream, conductor *Client, em
 
 // Client returns the Conductor client the Runs uses.
 func (r *Runs) Client() *Client { return r.conductor }
-
-// TaskDomain is the Conductor task domain of the runs this Runs starts.
-func (r *Runs) TaskDomain() string { return r.opts.TaskDomain }
-
-// LeaseTTL is how long a start holds its lease (RunsOptions.LeaseTTL).
-func (r *Runs) LeaseTTL() time.Duration { return r.opts.LeaseTTL }
 
 // sleep waits d or until ctx ends.
 func sleep(ctx context.Context, d time.Duration) error {

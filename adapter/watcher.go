@@ -899,14 +899,14 @@ func (w *Watcher) reconcileWorkflow(ctx context.Context, workflowID string) erro
 	if runID == "" || attempt == "" {
 		return nil // not started by the adapter
 	}
-	if wf.TaskToDomain["*"] != w.runs.TaskDomain() {
+	if wf.TaskToDomain["*"] != w.runs.opts.TaskDomain {
 		return nil // started by a deployment with another task domain
 	}
 	rec, _, err := w.runs.get(ctx, runID)
 	var reason string
 	switch {
 	case errors.Is(err, ErrNotFound):
-		if wf.StartTime == 0 || time.Since(time.UnixMilli(wf.StartTime)) < w.runs.LeaseTTL() {
+		if wf.StartTime == 0 || time.Since(time.UnixMilli(wf.StartTime)) < w.runs.opts.LeaseTTL {
 			return nil
 		}
 		reason = fmt.Sprintf("sidecar: orphan workflow: run %s has no run entry (its start was abandoned)", runID)
