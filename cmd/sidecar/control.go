@@ -236,7 +236,3 @@ func statusLine(v *httpapi.RunView) string {
 	return v.Status
 }
 
-// isHelp reports a request for the single-run form's help.
-func isHelp(args []string) bool {
-	return len(args) == 1 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help")
-}
