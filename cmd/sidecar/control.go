@@ -235,4 +235,3 @@ func statusLine(v *httpapi.RunView) string {
 	}
 	return v.Status
 }
-
