@@ -173,8 +173,10 @@ func TestClient_Conductor(t *testing.T) {
 		}
 	})
 	t.Run("ErrEngineRejected", func(t *testing.T) {
+		// A task without a reference name: refused with 400 by every supported
+		// version (a missing ownerEmail is refused by 3.21 only).
 		err := c.RegisterWorkflowDef(ctx, model.WorkflowDef{Name: "sidecar_bad_" + suffix(t), Version: 1, SchemaVersion: 2,
-			Tasks: []model.WorkflowTask{{Name: "x", TaskReferenceName: "x", Type_: "SIMPLE"}}}) // no ownerEmail
+			OwnerEmail: "sidecar-test@example.com", Tasks: []model.WorkflowTask{{Name: "x", Type_: "SIMPLE"}}})
 		var e *Error
 		if !errors.Is(err, ErrEngineRejected) || !errors.As(err, &e) || e.Status != 400 {
 			t.Fatalf("got %v, want ENGINE_REJECTED with HTTP 400", err)
