@@ -705,8 +705,8 @@ func (c *Client) UpdateTask(ctx context.Context, r *model.TaskResult) error {
 	return err
 }
 
-// Task returns a task by id. Conductor 3.21 answers 204 with no body for an
-// unknown id; Task returns ErrNotFound then.
+// Task returns a task by id, or ErrNotFound for an unknown id: Conductor
+// 3.21 answers that with 204 and no body, 3.32 with 404.
 func (c *Client) Task(ctx context.Context, taskID string) (*model.Task, error) {
 	if taskID == "" {
 		return nil, invalidInput(opGetTask, "empty taskId")
