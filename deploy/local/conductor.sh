@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
-# deploy/local/conductor.sh — run a pinned conductor-oss server locally for the sidecar.
+# deploy/local/conductor.sh — run a supported conductor-oss server locally for the sidecar.
 #
 #   conductor.sh start    fetch the boot jar (first run only, cached), start the server in the
 #                         background and return once its health endpoint answers
 #   conductor.sh stop     stop the server this script started (and nothing else)
 #   conductor.sh status   print whether it runs and is healthy; exit 0 only if healthy
-#   conductor.sh fetch    only download the boot jar into the cache
+#   conductor.sh fetch    only download the boot jar into the cache (and find or install a Java)
 #   conductor.sh url      print the server's base URL (http://127.0.0.1:<port>)
-#
 #   conductor.sh java     print the java binary the selected version runs on (installing one if needed)
 #   conductor.sh versions print the supported versions and the Java each needs
 #
@@ -23,8 +22,10 @@
 #   CONDUCTOR_PORT            HTTP port (default 8080)
 #   CONDUCTOR_HOST            address to bind and to probe (default 127.0.0.1)
 #   CONDUCTOR_STATE_DIR       pid, log, generated properties, sqlite db (default /tmp/conductor-sidecar-local)
-#   CONDUCTOR_CACHE_DIR       where the jar is cached (default ${XDG_CACHE_HOME:-$HOME/.cache}/conductor-sidecar)
-#   CONDUCTOR_STORE           memory (default: in-process, empty on every start),
+#   CONDUCTOR_CACHE_DIR       where the jars and an installed Java are cached
+#                             (default ${XDG_CACHE_HOME:-$HOME/.cache}/conductor-sidecar)
+#   CONDUCTOR_STORE           memory (default: empty on every start; in-process on 3.21, a sqlite file
+#                             deleted at each start on 3.32, which has no in-memory queue),
 #                             sqlite (file $CONDUCTOR_STATE_DIR/conductor.db, survives restarts, search works) or
 #                             postgres (a PostgreSQL cluster in $CONDUCTOR_STATE_DIR/postgres, started and
 #                             stopped with the server by deploy/local/postgres.sh, which installs Debian's
@@ -91,7 +92,7 @@ log() { printf 'conductor.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 usage() {
-  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -443,6 +444,8 @@ write_properties() {
       # uses neither, and the AI providers' clients would reach out of loopback
       printf 'conductor.integrations.ai.enabled=false\n'
       printf 'conductor.scheduler.enabled=false\n'
+      # its AI model provider is built even so, and makes this directory (default ~/worker-payload)
+      printf 'conductor.file-storage.parentDir=%s/worker-payload/\n' "$STATE_DIR"
     fi
   } >"$PROPS_FILE"
 }
