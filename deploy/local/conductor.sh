@@ -441,7 +441,7 @@ write_properties() {
     printf 'spring.autoconfigure.exclude=org.springframework.boot.autoconfigure.elasticsearch.ElasticsearchRestClientAutoConfiguration\n'
     if at_least_3_32; then
       # 3.32 turns on its AI integrations and its workflow scheduler by default; the sidecar
-      # uses neither, and the AI providers' clients would reach out of loopback
+      # uses neither, so they stay off (less to start, nothing that could reach out)
       printf 'conductor.integrations.ai.enabled=false\n'
       printf 'conductor.scheduler.enabled=false\n'
       # its AI model provider is built even so, and makes this directory (default ~/worker-payload)
