@@ -167,6 +167,14 @@ func (w *Worker) start(t *model.Task, log *zap.Logger, a *Assignment, engine, lo
 			// (deduplicated if appended again): record that it runs again.
 			return tryEvent(a, snap, statestore.RunStepTryStartedPayload{StepID: a.Step.StepID, StepLogicalAttemptID: d.logical})
 		}
+		if st := d.step; st != nil && st.Status == statestore.StepStatusRunning && st.LogicalAttemptID == d.logical {
+			// This attempt's StepStarted is in the log already (a worker
+			// recorded it and died before it reported; Conductor handed the
+			// task out again): run it, recording nothing. A second
+			// StepStarted would be a duplicate at best, and the transition
+			// check refuses it on a RUNNING step.
+			return nil, nil
+		}
 		return statestore.NewEvent(runRef(a), statestore.StepStarted, a.Step.StepID, d.engine, d.logical, nil)
 	})
 	if errors.Is(err, errAnswered) {
