@@ -83,7 +83,13 @@ func TestNetworkPolicy(t *testing.T) {
 			}
 			httpPort := portNumber(t, c, intstr.FromString("http"))
 			metricsPort := portNumber(t, c, intstr.FromString("metrics"))
-			httpOpen, metricsFromPeers := false, false
+			// The task proxy's port, when the pod serves one, is open to the
+			// workers that poll through it, like the API's.
+			proxyPort := int32(-1)
+			if slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "conductor-proxy" }) {
+				proxyPort = portNumber(t, c, intstr.FromString("conductor-proxy"))
+			}
+			httpOpen, metricsFromPeers, proxyOpen := false, false, false
 			for i, r := range np.Spec.Ingress {
 				if len(r.Ports) == 0 {
 					t.Errorf("ingress rule %d has no ports: it opens every port of the pod", i)
@@ -96,6 +102,8 @@ func TestNetworkPolicy(t *testing.T) {
 					switch portNumber(t, c, *p.Port) {
 					case httpPort:
 						httpOpen = httpOpen || len(r.From) == 0
+					case proxyPort:
+						proxyOpen = true
 					case metricsPort:
 						if len(r.From) == 0 {
 							t.Errorf("ingress rule %d opens the metrics port (no token) to every pod", i)
@@ -118,6 +126,9 @@ func TestNetworkPolicy(t *testing.T) {
 			}
 			if !metricsFromPeers {
 				t.Error("the metrics port is not open to Prometheus")
+			}
+			if proxyPort >= 0 && !proxyOpen {
+				t.Error("the pod serves the task proxy, but its port (conductor-proxy) is not open to the workers")
 			}
 		})
 	}
