@@ -631,7 +631,7 @@ func (c *Client) BatchPollDomain(ctx context.Context, taskType, workerID, domain
 		q.Set("domain", domain)
 	}
 	target := c.base + "/tasks/poll/batch/" + url.PathEscape(taskType) + "?" + q.Encode()
-	var polled []polledTask
+	var polled []PolledTask
 	_, err := c.do(ctx, opBatchPoll, timeout, func(ctx context.Context) (*http.Response, error) {
 		return c.rawJSON(ctx, c.poll, http.MethodGet, target, nil, maxPollBytes, &polled)
 	})
@@ -639,13 +639,8 @@ func (c *Client) BatchPollDomain(ctx context.Context, taskType, workerID, domain
 		return nil, err
 	}
 	tasks := make([]model.Task, len(polled))
-	for i, p := range polled {
-		tasks[i] = model.Task{
-			TaskId: p.TaskID, TaskType: p.TaskType, Status: model.TaskResultStatus(p.Status),
-			ReferenceTaskName: p.ReferenceTaskName, WorkflowInstanceId: p.WorkflowInstanceID, WorkerId: p.WorkerID, Domain: p.Domain,
-			InputData: p.InputData, OutputData: p.OutputData, RetryCount: p.RetryCount, PollCount: p.PollCount,
-			ScheduledTime: p.ScheduledTime, ResponseTimeoutSeconds: p.ResponseTimeoutSeconds,
-		}
+	for i := range polled {
+		tasks[i] = *polled[i].Task()
 	}
 	return tasks, nil
 }
@@ -654,12 +649,14 @@ func (c *Client) BatchPollDomain(ctx context.Context, taskType, workerID, domain
 // up to 64 KiB of input each).
 const maxPollBytes = 64 << 20
 
-// polledTask is the part of a polled task the workers read. A task's JSON
-// is mostly its workflowTask and taskDefinition (the whole task
-// definition, input templates included); decoding only these fields into
-// a model.Task was two thirds of a poll's client CPU less (BENCHMARKS.md).
-type polledTask struct {
+// PolledTask is the part of a polled task the workers and the task proxy
+// read. A task's JSON is mostly its workflowTask and taskDefinition (the
+// whole task definition, input templates included); decoding only these
+// fields into a model.Task was two thirds of a poll's client CPU less
+// (BENCHMARKS.md).
+type PolledTask struct {
 	TaskID             string         `json:"taskId"`
+	TaskDefName        string         `json:"taskDefName"`
 	TaskType           string         `json:"taskType"`
 	Status             string         `json:"status"`
 	ReferenceTaskName  string         `json:"referenceTaskName"`
@@ -674,6 +671,14 @@ type polledTask struct {
 	PollCount              int32          `json:"pollCount"`
 	ScheduledTime          int64          `json:"scheduledTime"`
 	ResponseTimeoutSeconds int64          `json:"responseTimeoutSeconds"`
+}
+
+// Task is p as a model.Task.
+func (p *PolledTask) Task() *model.Task {
+	return &model.Task{TaskId: p.TaskID, TaskDefName: p.TaskDefName, TaskType: p.TaskType, Status: model.TaskResultStatus(p.Status),
+		ReferenceTaskName: p.ReferenceTaskName, WorkflowInstanceId: p.WorkflowInstanceID, WorkerId: p.WorkerID, Domain: p.Domain,
+		InputData: p.InputData, OutputData: p.OutputData, RetryCount: p.RetryCount, PollCount: p.PollCount,
+		ScheduledTime: p.ScheduledTime, ResponseTimeoutSeconds: p.ResponseTimeoutSeconds}
 }
 
 // DomainPoller is a Client whose BatchPoll polls one task domain (the

@@ -247,7 +247,7 @@ func TestClient_Conductor(t *testing.T) {
 		if err != nil || got.TaskId != tasks[0].TaskId {
 			t.Fatalf("task: %v %v", got, err)
 		}
-		// A poll decodes only the fields the workers read (polledTask):
+		// A poll decodes only the fields the workers read (PolledTask):
 		// each of them as the full task has it.
 		p := tasks[0]
 		if p.TaskType != got.TaskType || p.Status != got.Status || p.ReferenceTaskName != got.ReferenceTaskName ||

@@ -29,6 +29,7 @@ import (
 	"github.com/conductor-sdk/conductor-go/sdk/model"
 	"go.uber.org/zap"
 
+	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 )
 
@@ -261,41 +262,15 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"status": status, "code": code, "message": msg, "retryable": status >= 500})
 }
 
-// polledTask is the part of a polled task the gate reads (decoding the
-// whole task, mostly its definition, costs twice as much).
-type polledTask struct {
-	TaskID                 string         `json:"taskId"`
-	TaskDefName            string         `json:"taskDefName"`
-	TaskType               string         `json:"taskType"`
-	Status                 string         `json:"status"`
-	ReferenceTaskName      string         `json:"referenceTaskName"`
-	WorkflowInstanceID     string         `json:"workflowInstanceId"`
-	WorkerID               string         `json:"workerId"`
-	Domain                 string         `json:"domain"`
-	InputData              map[string]any `json:"inputData"`
-	OutputData             map[string]any `json:"outputData"`
-	RetryCount             int32          `json:"retryCount"`
-	PollCount              int32          `json:"pollCount"`
-	ScheduledTime          int64          `json:"scheduledTime"`
-	ResponseTimeoutSeconds int64          `json:"responseTimeoutSeconds"`
-}
-
-func (t *polledTask) task() *model.Task {
-	return &model.Task{TaskId: t.TaskID, TaskDefName: t.TaskDefName, TaskType: t.TaskType, Status: model.TaskResultStatus(t.Status),
-		ReferenceTaskName: t.ReferenceTaskName, WorkflowInstanceId: t.WorkflowInstanceID, WorkerId: t.WorkerID, Domain: t.Domain,
-		InputData: t.InputData, OutputData: t.OutputData, RetryCount: t.RetryCount, PollCount: t.PollCount,
-		ScheduledTime: t.ScheduledTime, ResponseTimeoutSeconds: t.ResponseTimeoutSeconds}
-}
-
 // gate decides for one task of Conductor's answer (raw JSON): pass is
 // true when it goes to the worker unchanged (a task of no external step,
 // or one Admit let through).
 func (p *Proxy) gate(raw []byte) (pass bool) {
-	var pt polledTask
+	var pt adapter.PolledTask
 	if err := json.Unmarshal(raw, &pt); err != nil || pt.TaskID == "" {
 		return true // not a task we can read: Conductor's answer as is
 	}
-	t := pt.task()
+	t := pt.Task()
 	if _, ours := taskworkers.ExternalStep(t); !ours {
 		p.seen.note(t.TaskId, nil)
 		return true
@@ -452,11 +427,11 @@ func (p *Proxy) task(r *http.Request, taskID string) (*model.Task, error) {
 	if resp.StatusCode != http.StatusOK || len(bytes.TrimSpace(b)) == 0 {
 		return nil, nil // unknown to Conductor: its answer to the update says so
 	}
-	var pt polledTask
+	var pt adapter.PolledTask
 	if err := json.Unmarshal(b, &pt); err != nil {
 		return nil, nil
 	}
-	t := pt.task()
+	t := pt.Task()
 	if _, ours := taskworkers.ExternalStep(t); !ours {
 		return nil, nil
 	}
@@ -531,7 +506,7 @@ func (p *Proxy) taskByRef(r *http.Request, workflowID, ref string) (*model.Task,
 		return nil, nil
 	}
 	var wf struct {
-		Tasks []polledTask `json:"tasks"`
+		Tasks []adapter.PolledTask `json:"tasks"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&wf); err != nil {
 		return nil, nil
@@ -541,7 +516,7 @@ func (p *Proxy) taskByRef(r *http.Request, workflowID, ref string) (*model.Task,
 		if pt.ReferenceTaskName != ref {
 			continue
 		}
-		t := pt.task()
+		t := pt.Task()
 		if _, ours := taskworkers.ExternalStep(t); !ours || (pt.Status != "IN_PROGRESS" && pt.Status != "SCHEDULED") {
 			return nil, nil
 		}
