@@ -5,6 +5,7 @@ package tracingtest
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -24,6 +26,7 @@ type Collector struct {
 	// GRPC and HTTP are the OTLP endpoints (http://127.0.0.1:port).
 	GRPC, HTTP string
 	file       string
+	pid        int
 }
 
 // Start starts the collector of $SIDECAR_TEST_OTELCOL on free loopback
@@ -74,6 +77,7 @@ service:
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", bin, err)
 	}
+	c.pid = cmd.Process.Pid
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
@@ -246,4 +250,31 @@ func attrs(kvs []kv) map[string]any {
 func nanos(s string) time.Time {
 	n, _ := strconv.ParseInt(s, 10, 64)
 	return time.Unix(0, n).UTC()
+}
+
+// CPU is the CPU time (user and system) the collector process has used
+// so far, from /proc (Linux; clock ticks of 10 ms).
+func (c *Collector) CPU(t testing.TB) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.pid))
+	if err != nil {
+		t.Fatalf("read the collector's CPU: %v", err)
+	}
+	// The command name (field 2) is in parentheses and may hold spaces:
+	// count fields after its closing one. utime and stime are fields 14
+	// and 15.
+	rest := b[bytes.LastIndexByte(b, ')')+2:]
+	f := strings.Fields(string(rest))
+	if len(f) < 13 {
+		t.Fatalf("read the collector's CPU: %q", b)
+	}
+	var ticks int64
+	for _, s := range f[11:13] {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			t.Fatalf("read the collector's CPU: %q: %v", s, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
 }
