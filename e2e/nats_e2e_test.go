@@ -20,8 +20,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
 	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/registry"
@@ -229,7 +231,8 @@ func startConfServer(t *testing.T) string {
 		case natsstore.SidecarUser:
 			want = natsstore.Permissions(natsstore.DefaultSubjectPrefix)
 		case natsstore.RetentionUser:
-			want = natsstore.RetentionPermissions(natsstore.DefaultStream, natsstore.DefaultStateBucket, natsstore.DefaultSnapshotBucket, registry.DefaultBucket)
+			want = natsstore.RetentionPermissions(natsstore.DefaultStream, natsstore.DefaultStateBucket, natsstore.DefaultSnapshotBucket, registry.DefaultBucket,
+				natsstore.DefaultAlertBucket, adapter.DefaultRunsBucket, drain.DefaultBucket)
 			want.Publish.Deny = nil
 		default:
 			continue

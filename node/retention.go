@@ -10,7 +10,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/archive"
+	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/retention"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
@@ -36,17 +38,29 @@ type Retention struct {
 
 func (r Retention) enabled() bool { return r.Finished > 0 }
 
-// runKeys are the buckets whose keys of a run leave with it: its snapshot
-// and its event ids. natsstore.RetentionPermissions of RetentionUser
-// name the same buckets (retentionPermissions, deploy/nats/sidecar.conf).
+// runKeys are the buckets whose keys of a run are named by its run token
+// and leave with it, purged by the remover: its snapshot, its event ids
+// and its alert marks. The run index and the pause bucket, keyed by runId,
+// are forgotten by their own packages' Forgetters (forgetBuckets).
 var runKeys = []natsstore.RunKeys{
 	{Bucket: natsstore.DefaultSnapshotBucket, Keys: natsstore.RunKey},
 	{Bucket: registry.DefaultBucket, Keys: natsstore.RunKeyPrefix},
+	{Bucket: natsstore.DefaultAlertBucket, Keys: natsstore.RunKeyPrefix},
 }
 
-// retentionPermissions are RetentionUser's on the embedded server.
+// forgetBuckets are the buckets the Forgetters purge keys of.
+var forgetBuckets = []string{adapter.DefaultRunsBucket, drain.DefaultBucket}
+
+// retentionPermissions are RetentionUser's on the embedded server: it may
+// purge the buckets of runKeys and forgetBuckets (deploy/nats/sidecar.conf
+// names the same).
 func retentionPermissions() *server.Permissions {
-	return natsstore.RetentionPermissions(natsstore.DefaultStream, natsstore.DefaultStateBucket, natsstore.DefaultSnapshotBucket, registry.DefaultBucket)
+	var buckets []string
+	for _, k := range runKeys {
+		buckets = append(buckets, k.Bucket)
+	}
+	buckets = append(buckets, forgetBuckets...)
+	return natsstore.RetentionPermissions(natsstore.DefaultStream, natsstore.DefaultStateBucket, buckets...)
 }
 
 // openRetention starts the loop that archives and removes finished runs,
@@ -97,9 +111,16 @@ func (n *Node) openRetention(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Every other per-run key leaves with the run too, forgotten by the
+	// package that owns it before the run's records are removed.
+	purger := natsstore.NewKeyPurger(rjs)
+	forget := []retention.Forgetter{
+		adapter.NewRunIndexForgetter(n.runs, purger),
+		drain.NewKeysForgetter(n.pauseKeys, purger),
+	}
 	r, err := retention.New(ns, arch, rm, retention.Options{
 		RetainFinished: rc.Finished, PerTenant: rc.PerTenant, Interval: rc.Interval,
-		Logger: n.log, Metrics: metrics,
+		Forgetters: forget, Logger: n.log, Metrics: metrics,
 	})
 	if err != nil {
 		return err

@@ -2,18 +2,24 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/archive"
+	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
@@ -78,5 +84,126 @@ func TestNode_Retention(t *testing.T) {
 	}
 	if got, err := testutil.GatherAndCount(reg, "sidecar_log_records", "sidecar_retention_runs_removed_total", "sidecar_archive_failing"); err != nil || got != 3 {
 		t.Fatalf("retention and log size metrics: %d series, %v", got, err)
+	}
+}
+
+// TestNode_RetentionForgetsEveryRunKey: after a retention pass, no key of
+// the removed run is left in any bucket that keeps keys per run (markers
+// included: the buckets' streams are scanned by subject), while the keys
+// of an open run stay.
+func TestNode_RetentionForgetsEveryRunKey(t *testing.T) {
+	ctx := context.Background()
+	_, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "node-pw", RetentionPassword: "retention-pw", RetentionPermissions: retentionPermissions(), Permissions: natsstore.AllPermissions})
+	cfg := testConfig(t, srv.URL())
+	cfg.Retention = Retention{Finished: time.Millisecond, Interval: 50 * time.Millisecond, Archive: "file://" + filepath.Join(t.TempDir(), "archive"),
+		NATSOptions: []nats.Option{nats.UserInfo(natsstore.RetentionUser, "retention-pw")}}
+	n := New(cfg, zaptest.NewLogger(t), prometheus.NewRegistry())
+	if err := n.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close(ctx) })
+	done, open := uuid.NewString(), uuid.NewString()
+	runsKV, err := n.js.KeyValue(ctx, adapter.DefaultRunsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each run gets every per-run key the components write: the run
+	// index's entries (as the adapter writes them, with the marker an
+	// ended active entry leaves), a drain mark and a resume ended (markers
+	// too), an engine ledger entry, an alert mark, its event ids and its
+	// snapshot (through the emitter).
+	for _, id := range []string{done, open} {
+		reqKey := adapter.RequestKey("t", "p", "e", "plan", "1", id)
+		rec, _ := json.Marshal(adapter.Run{RunID: id, RequestKey: reqKey, State: adapter.RunStateFinal})
+		req, _ := json.Marshal(map[string]string{"runId": id})
+		for k, v := range map[string][]byte{"run." + id: rec, "req." + reqKey: req, "active." + id: nil} {
+			if _, err := runsKV.Put(ctx, k, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := runsKV.Delete(ctx, "active."+id); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.pauseKeys.MarkDraining(ctx, id, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.pauseKeys.EndDraining(ctx, id, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.pauseKeys.ScheduleResume(ctx, drain.ScheduledResume{RunID: id, Cycle: 1, At: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.pauseKeys.EndResume(ctx, id, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.pauseKeys.NoteEngine(ctx, id, true, 1); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := n.gate.First(ctx, id, uuid.NewString()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, w := range []*statestore.RunEventWrite{
+		storetest.Event(open, statestore.RunStarted, ""),
+		storetest.Event(done, statestore.RunStarted, ""), storetest.Event(done, statestore.RunCompleted, ""),
+	} {
+		if _, err := n.emitter.Emit(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The run's keys as they appear in subjects: by runId, by run token,
+	// and the request entry by its key.
+	marks := func(id string) []string {
+		return []string{id, natsstore.RunToken(id), adapter.RequestKey("t", "p", "e", "plan", "1", id)}
+	}
+	buckets := []string{adapter.DefaultRunsBucket, drain.DefaultBucket, natsstore.DefaultAlertBucket, natsstore.DefaultSnapshotBucket, registry.DefaultBucket}
+	subjectsOf := func(id string) map[string][]string {
+		t.Helper()
+		found := map[string][]string{}
+		for _, b := range buckets {
+			st, err := n.js.Stream(ctx, "KV_"+b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := st.Info(ctx, jetstream.WithSubjectFilter("$KV."+b+".>"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for subj := range info.State.Subjects {
+				for _, m := range marks(id) {
+					if strings.Contains(subj, m) {
+						found[b] = append(found[b], subj)
+						break
+					}
+				}
+			}
+		}
+		return found
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		recs, err := n.store.Fetch(ctx, done, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the finished run was not removed within 20 s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if left := subjectsOf(done); len(left) != 0 {
+		t.Errorf("keys of the removed run left: %v", left)
+	}
+	kept := subjectsOf(open)
+	for _, b := range []string{adapter.DefaultRunsBucket, drain.DefaultBucket, natsstore.DefaultAlertBucket, registry.DefaultBucket} {
+		if len(kept[b]) == 0 {
+			t.Errorf("the open run has no key left in %s, want its keys kept", b)
+		}
+	}
+	if got := len(kept[adapter.DefaultRunsBucket]); got != 3 {
+		t.Errorf("the open run has %d subjects in the run index, want 3 (run, req, active marker): %v", got, kept[adapter.DefaultRunsBucket])
 	}
 }
