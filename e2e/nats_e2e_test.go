@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/admission"
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/drain"
@@ -232,7 +233,7 @@ func startConfServer(t *testing.T) string {
 			want = natsstore.Permissions(natsstore.DefaultSubjectPrefix)
 		case natsstore.RetentionUser:
 			want = natsstore.RetentionPermissions(natsstore.DefaultStream, natsstore.DefaultStateBucket, natsstore.DefaultSnapshotBucket, registry.DefaultBucket,
-				natsstore.DefaultAlertBucket, adapter.DefaultRunsBucket, drain.DefaultBucket)
+				natsstore.DefaultAlertBucket, adapter.DefaultRunsBucket, drain.DefaultBucket, admission.Bucket)
 			want.Publish.Deny = nil
 		default:
 			continue

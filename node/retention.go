@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/admission"
 	"github.com/conductor-sidecar/sidecar/archive"
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/registry"
@@ -40,8 +41,9 @@ func (r Retention) enabled() bool { return r.Finished > 0 }
 
 // runKeys are the buckets whose keys of a run are named by its run token
 // and leave with it, purged by the remover: its snapshot, its event ids
-// and its alert marks. The run index and the pause bucket, keyed by runId,
-// are forgotten by their own packages' Forgetters (forgetBuckets).
+// and its alert marks. The run index, the pause bucket and admission's
+// entries, whose components read or mirror them, are forgotten by their
+// own packages' Forgetters (forgetBuckets).
 var runKeys = []natsstore.RunKeys{
 	{Bucket: natsstore.DefaultSnapshotBucket, Keys: natsstore.RunKey},
 	{Bucket: registry.DefaultBucket, Keys: natsstore.RunKeyPrefix},
@@ -49,7 +51,7 @@ var runKeys = []natsstore.RunKeys{
 }
 
 // forgetBuckets are the buckets the Forgetters purge keys of.
-var forgetBuckets = []string{adapter.DefaultRunsBucket, drain.DefaultBucket}
+var forgetBuckets = []string{adapter.DefaultRunsBucket, drain.DefaultBucket, admission.Bucket}
 
 // retentionPermissions are RetentionUser's on the embedded server: it may
 // purge the buckets of runKeys and forgetBuckets (deploy/nats/sidecar.conf
@@ -117,6 +119,9 @@ func (n *Node) openRetention(ctx context.Context) error {
 	forget := []retention.Forgetter{
 		adapter.NewRunIndexForgetter(n.runs, purger),
 		drain.NewKeysForgetter(n.pauseKeys, purger),
+	}
+	if n.admit != nil {
+		forget = append(forget, admission.NewForgetter(n.admit, purger))
 	}
 	r, err := retention.New(ns, arch, rm, retention.Options{
 		RetainFinished: rc.Finished, PerTenant: rc.PerTenant, Interval: rc.Interval,

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/admission"
 	"github.com/conductor-sidecar/sidecar/archive"
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/registry"
@@ -107,6 +108,10 @@ func TestNode_RetentionForgetsEveryRunKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	admitKV, err := n.js.KeyValue(ctx, admission.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
 	// Each run gets every per-run key the components write: the run
 	// index's entries (as the adapter writes them, with the marker an
 	// ended active entry leaves), a drain mark and a resume ended (markers
@@ -142,6 +147,10 @@ func TestNode_RetentionForgetsEveryRunKey(t *testing.T) {
 		if _, err := n.gate.First(ctx, id, uuid.NewString()); err != nil {
 			t.Fatal(err)
 		}
+		admitted, _ := json.Marshal(map[string]string{"runId": id, "state": "started"})
+		if _, err := admitKV.Put(ctx, "r."+natsstore.RunToken(id), admitted); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, w := range []*statestore.RunEventWrite{
 		storetest.Event(open, statestore.RunStarted, ""),
@@ -156,7 +165,7 @@ func TestNode_RetentionForgetsEveryRunKey(t *testing.T) {
 	marks := func(id string) []string {
 		return []string{id, natsstore.RunToken(id), adapter.RequestKey("t", "p", "e", "plan", "1", id)}
 	}
-	buckets := []string{adapter.DefaultRunsBucket, drain.DefaultBucket, natsstore.DefaultAlertBucket, natsstore.DefaultSnapshotBucket, registry.DefaultBucket}
+	buckets := []string{adapter.DefaultRunsBucket, drain.DefaultBucket, natsstore.DefaultAlertBucket, admission.Bucket, natsstore.DefaultSnapshotBucket, registry.DefaultBucket}
 	subjectsOf := func(id string) map[string][]string {
 		t.Helper()
 		found := map[string][]string{}
@@ -198,7 +207,7 @@ func TestNode_RetentionForgetsEveryRunKey(t *testing.T) {
 		t.Errorf("keys of the removed run left: %v", left)
 	}
 	kept := subjectsOf(open)
-	for _, b := range []string{adapter.DefaultRunsBucket, drain.DefaultBucket, natsstore.DefaultAlertBucket, registry.DefaultBucket} {
+	for _, b := range []string{adapter.DefaultRunsBucket, drain.DefaultBucket, natsstore.DefaultAlertBucket, admission.Bucket, registry.DefaultBucket} {
 		if len(kept[b]) == 0 {
 			t.Errorf("the open run has no key left in %s, want its keys kept", b)
 		}
