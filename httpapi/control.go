@@ -127,7 +127,7 @@ func (s *Server) control(action string) func(http.ResponseWriter, *http.Request)
 				Message: "the " + action + " is recorded but Conductor did not answer; retry the request: " + ee.Err.Error()}
 		}
 		if err != nil {
-			return err
+			return s.archivedConflict(r.Context(), runID, err)
 		}
 		return s.writeControlled(w, r, runID, st)
 	}

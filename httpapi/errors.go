@@ -22,6 +22,9 @@ const (
 	CodeBadRequest = "BAD_REQUEST"
 	// CodeRunNotFound: no such run, or none the caller's scope may see.
 	CodeRunNotFound = drain.CodeRunNotFound
+	// CodeRunArchived: the run left hot state and is read from the
+	// archive: it can be read (status, events) but not steered (409).
+	CodeRunArchived = "RUN_ARCHIVED"
 	// CodePlanInvalid: the plan of a start is invalid; problems lists
 	// every problem with its code, path and stepId.
 	CodePlanInvalid = "PLAN_INVALID"

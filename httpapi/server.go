@@ -76,7 +76,11 @@ type Starter interface {
 
 // Options configures a Server.
 type Options struct {
-	Log     LogReader
+	Log LogReader
+	// Archive reads the runs that left hot state (nil: no archive):
+	// status and events answer them from it, marked archived, and
+	// control actions on them answer RUN_ARCHIVED.
+	Archive ArchiveReader
 	Starter Starter
 	// Control carries out pause, resume and cancel (nil: not served).
 	Control Control
@@ -477,7 +481,7 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, role string) 
 	}
 	r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
 	if runID := r.PathValue("runId"); runID != "" && p.Scope != (Scope{}) {
-		snap, err := s.opts.Log.ProjectSnapshot(r.Context(), runID)
+		snap, _, err := s.runSnapshot(r.Context(), runID)
 		if errors.Is(err, statestore.ErrNotFound) {
 			return r, &apiError{status: http.StatusNotFound, Code: CodeRunNotFound, Message: "no such run"}
 		}
@@ -645,6 +649,9 @@ type RunView struct {
 	// Notice says what an accepted control request did not do (see
 	// drain.State.Notice).
 	Notice string `json:"notice,omitempty"`
+	// Archived is set when the run left hot state and was read from the
+	// archive (its records checked against the archive's manifest).
+	Archived bool `json:"archived,omitempty"`
 	// Replayed is set by the Client when the answer is the stored first
 	// answer of an Idempotency-Key (the run's state then, not now).
 	Replayed bool `json:"-"`
@@ -655,9 +662,12 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) writeRun(w http.ResponseWriter, r *http.Request, runID string) error {
-	snap, err := s.opts.Log.ProjectSnapshot(r.Context(), runID)
+	snap, archived, err := s.runSnapshot(r.Context(), runID)
 	if err != nil {
 		return err
+	}
+	if archived {
+		return writeJSON(w, http.StatusOK, RunView{RunSnapshot: snap, Message: Message(snap), Archived: true})
 	}
 	return s.writeSnapshot(w, runID, drain.StateOf(snap, s.opts.DrainTimeout), snap)
 }
@@ -750,6 +760,9 @@ type EventsPage struct {
 	// NextAfterSeq is the afterSeq of the next page (the last runSeq
 	// returned, or the request's afterSeq when none was).
 	NextAfterSeq int64 `json:"nextAfterSeq"`
+	// Archived is set when the run left hot state and its events were
+	// read from the archive.
+	Archived bool `json:"archived,omitempty"`
 }
 
 // Events page size limits.
@@ -779,6 +792,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	asked := after
 	if len(recs) == 0 && after > 0 {
 		// Past the end of a run, or no run at all: ask for its first event.
 		if recs, err = s.opts.Log.Fetch(r.Context(), runID, 0, 1); err != nil {
@@ -791,6 +805,9 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if len(recs) == 0 && after == 0 {
+		if s.opts.Archive != nil {
+			return s.archivedEvents(w, r, runID, asked, int(limit))
+		}
 		return &apiError{status: http.StatusNotFound, Code: CodeRunNotFound, Message: "no such run"}
 	}
 	next := after

@@ -1,0 +1,118 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/conductor-sidecar/sidecar/archive"
+	"github.com/conductor-sidecar/sidecar/errcode"
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// ArchiveReader reads the runs that left hot state (an *archive.Archive).
+type ArchiveReader interface {
+	// Lookup returns the archive's entry of runID, or an error matching
+	// archive.ErrRunNotFound.
+	Lookup(ctx context.Context, runID string) (*archive.RunEntry, error)
+	// Records returns the archived records of runID, checked against the
+	// archive's manifest, or an error matching archive.ErrRunNotFound.
+	Records(ctx context.Context, runID string) ([]statestore.RunEventRecord, error)
+}
+
+// runSnapshot returns runID's snapshot from hot state or, when the run
+// left it, projected from its archived records (archived true). A
+// finished run's snapshot may still be cached in memory after its records
+// left: it is answered from the archive then, as every replica would.
+func (s *Server) runSnapshot(ctx context.Context, runID string) (snap *statestore.RunSnapshot, archived bool, err error) {
+	snap, err = s.opts.Log.ProjectSnapshot(ctx, runID)
+	switch {
+	case s.opts.Archive == nil:
+		return snap, false, err
+	case errors.Is(err, statestore.ErrNotFound):
+	case err != nil:
+		return nil, false, err
+	case !statestore.IsTerminalRunStatus(snap.Status):
+		return snap, false, nil
+	default:
+		hot, err := s.inHotState(ctx, runID)
+		if err != nil || hot {
+			return snap, false, err
+		}
+	}
+	recs, err := s.archivedRecords(ctx, runID)
+	if err != nil {
+		return nil, false, err
+	}
+	snap, _ = statestore.Reduce(nil, recs)
+	return snap, true, nil
+}
+
+// inHotState reports whether the log still holds a record of runID.
+func (s *Server) inHotState(ctx context.Context, runID string) (bool, error) {
+	recs, err := s.opts.Log.Fetch(ctx, runID, 0, 1)
+	return len(recs) > 0, err
+}
+
+// archivedRecords returns runID's records from the archive; a run the
+// archive does not hold is statestore.ErrNotFound (no such run).
+func (s *Server) archivedRecords(ctx context.Context, runID string) ([]statestore.RunEventRecord, error) {
+	recs, err := s.opts.Archive.Records(ctx, runID)
+	switch {
+	case errors.Is(err, archive.ErrRunNotFound):
+		return nil, statestore.ErrNotFound
+	case err != nil:
+		return nil, fmt.Errorf("read run %q from the archive: %w", runID, err)
+	case len(recs) == 0:
+		return nil, statestore.ErrNotFound
+	}
+	return recs, nil
+}
+
+// archivedEvents answers GET /v1/runs/{runId}/events for a run that is
+// not in hot state: a page of its archived records after afterSeq.
+func (s *Server) archivedEvents(w http.ResponseWriter, r *http.Request, runID string, after int64, limit int) error {
+	recs, err := s.archivedRecords(r.Context(), runID)
+	if errors.Is(err, statestore.ErrNotFound) {
+		return &apiError{status: http.StatusNotFound, Code: CodeRunNotFound, Message: "no such run"}
+	}
+	if err != nil {
+		return err
+	}
+	page := EventsPage{Events: []statestore.RunEventRecord{}, NextAfterSeq: after, Archived: true}
+	for _, rec := range recs {
+		if rec.RunSeq <= after {
+			continue
+		}
+		if len(page.Events) == limit {
+			break
+		}
+		page.Events = append(page.Events, rec)
+		page.NextAfterSeq = rec.RunSeq
+	}
+	return writeJSON(w, http.StatusOK, page)
+}
+
+// archivedConflict turns a control action's refusal (no such run, or a
+// transition a finished run cannot make) into RUN_ARCHIVED when the run
+// left hot state for the archive; any other error is returned as it is.
+func (s *Server) archivedConflict(ctx context.Context, runID string, err error) error {
+	if s.opts.Archive == nil || runID == "" {
+		return err
+	}
+	var ae *apiError
+	refused := errors.Is(err, errcode.NotFound) || errors.Is(err, errcode.Conflict) ||
+		errors.As(err, &ae) && (ae.status == http.StatusNotFound || ae.status == http.StatusConflict)
+	if !refused {
+		return err
+	}
+	if hot, herr := s.inHotState(ctx, runID); herr != nil || hot {
+		return err
+	}
+	if _, lerr := s.opts.Archive.Lookup(ctx, runID); lerr != nil {
+		return err
+	}
+	return &apiError{status: http.StatusConflict, Code: CodeRunArchived,
+		Message: fmt.Sprintf("run %s left hot state and is archived: it can be read, not steered", runID)}
+}

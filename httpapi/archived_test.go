@@ -1,0 +1,184 @@
+package httpapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/archive"
+	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/httpapi"
+	"github.com/conductor-sidecar/sidecar/registry"
+	"github.com/conductor-sidecar/sidecar/retention"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// archivedEnv is an API over a removable embedded JetStream log and a
+// file:// archive, after a real retention pass removed run "gone" (a
+// finished 2-step run) and kept run "hot" (running).
+func archivedEnv(t *testing.T) (srv *httptest.Server, store *natsstore.Store, goneRecs []statestore.RunEventRecord) {
+	t.Helper()
+	ctx := context.Background()
+	js, ns := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{
+		RetentionPermissions: natsstore.RetentionPermissions(natsstore.DefaultStream, natsstore.DefaultStateBucket, natsstore.DefaultSnapshotBucket)})
+	store, err := natsstore.Open(ctx, js, natsstore.Options{Removable: true, SnapshotBucket: natsstore.DefaultSnapshotBucket, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	ids, err := registry.Open(ctx, js, registry.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	emit := registry.NewEmitter(ids, store)
+	started := func(id string) *statestore.RunEventWrite {
+		return storetest.WithPayload(storetest.Event(id, statestore.RunStarted, ""),
+			map[string]any{"engineRunRef": statestore.ConductorRunRef("plan", "wf-"+id), "engineType": "conductor"})
+	}
+	for _, w := range []*statestore.RunEventWrite{
+		started("gone"), storetest.Event("gone", statestore.StepStarted, "a"), storetest.Event("gone", statestore.StepCompleted, "a"),
+		storetest.Event("gone", statestore.StepStarted, "b"), storetest.Event("gone", statestore.StepCompleted, "b"),
+		storetest.Event("gone", statestore.RunCompleted, ""),
+		started("hot"),
+	} {
+		if _, err := emit.Emit(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if goneRecs, err = store.Fetch(ctx, "gone", 0, 0); err != nil || len(goneRecs) != 6 {
+		t.Fatalf("gone has %d records (%v), want 6", len(goneRecs), err)
+	}
+	// Its snapshot is now cached in the projector, as on a replica that
+	// served it before it left.
+	if snap, err := store.ProjectSnapshot(ctx, "gone"); err != nil || snap.Status != statestore.RunStatusCompleted {
+		t.Fatalf("gone before removal: %+v %v", snap, err)
+	}
+	arch, err := archive.Open(ctx, archive.NewDir(filepath.Join(t.TempDir(), "archive")), archive.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := ns.ConnectRetention()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	rjs, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rm, err := natsstore.OpenRemover(ctx, rjs, natsstore.RemoverOptions{Logger: zaptest.NewLogger(t),
+		RunKeys: []natsstore.RunKeys{{Bucket: natsstore.DefaultSnapshotBucket, Keys: natsstore.RunKey}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := retention.New(store, arch, rm, retention.Options{RetainFinished: time.Minute, Logger: zaptest.NewLogger(t),
+		Now: func() time.Time { return time.Now().Add(time.Hour) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(ctx) })
+	if res, err := r.Pass(ctx); err != nil || res.Removed != 1 {
+		t.Fatalf("retention pass: %+v %v, want 1 run removed", res, err)
+	}
+	if recs, err := store.Fetch(ctx, "gone", 0, 0); err != nil || len(recs) != 0 {
+		t.Fatalf("gone after removal: %d records, %v", len(recs), err)
+	}
+	ctrl := drain.New(store, emit, &pausedWorkflows{}, drain.Options{})
+	srv = httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: store, Archive: arch, Control: ctrl, Logger: zaptest.NewLogger(t)}).Handler())
+	t.Cleanup(srv.Close)
+	return srv, store, goneRecs
+}
+
+func getJSON(t *testing.T, url string, v any) int {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatalf("GET %s: %d %s: %v", url, resp.StatusCode, b, err)
+	}
+	return resp.StatusCode
+}
+
+// TestServer_ArchivedRun: a run a retention pass removed answers status
+// and events from the archive as a hot run would, marked archived; a hot
+// run is not marked; control actions on the archived run answer
+// RUN_ARCHIVED; an unknown run is still RUN_NOT_FOUND.
+func TestServer_ArchivedRun(t *testing.T) {
+	srv, _, recs := archivedEnv(t)
+	t.Run("Status", func(t *testing.T) {
+		var v httpapi.RunView
+		if code := getJSON(t, srv.URL+"/v1/runs/gone", &v); code != http.StatusOK {
+			t.Fatalf("status: %d", code)
+		}
+		if !v.Archived || v.Status != statestore.RunStatusCompleted || v.LastEventSeq != recs[len(recs)-1].RunSeq || len(v.Steps) != 2 {
+			t.Fatalf("status %+v archived %v, want COMPLETED, archived, 2 steps, lastEventSeq %d", v.RunSnapshot, v.Archived, recs[len(recs)-1].RunSeq)
+		}
+		var hot httpapi.RunView
+		if code := getJSON(t, srv.URL+"/v1/runs/hot", &hot); code != http.StatusOK || hot.Archived || hot.Status != statestore.RunStatusRunning {
+			t.Fatalf("hot run: %d %+v archived %v", code, hot.RunSnapshot, hot.Archived)
+		}
+	})
+	t.Run("Events", func(t *testing.T) {
+		var all []statestore.RunEventRecord
+		after := int64(0)
+		for range 10 {
+			var p httpapi.EventsPage
+			if code := getJSON(t, srv.URL+"/v1/runs/gone/events?limit=4&afterSeq="+itoa(after), &p); code != http.StatusOK || !p.Archived {
+				t.Fatalf("events after %d: %d archived %v", after, code, p.Archived)
+			}
+			if len(p.Events) == 0 {
+				break
+			}
+			all = append(all, p.Events...)
+			after = p.NextAfterSeq
+		}
+		if len(all) != len(recs) {
+			t.Fatalf("archived events: %d, want %d", len(all), len(recs))
+		}
+		for i := range recs {
+			if all[i].EventID != recs[i].EventID || all[i].RunSeq != recs[i].RunSeq || all[i].PersistedAt != recs[i].PersistedAt {
+				t.Fatalf("event %d: %+v, want %+v", i, all[i], recs[i])
+			}
+		}
+	})
+	t.Run("ControlIsRunArchived", func(t *testing.T) {
+		for _, action := range []string{"pause", "resume", "cancel", "steps/a/retry"} {
+			resp, err := http.Post(srv.URL+"/v1/runs/gone/"+action, "application/json", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var a answer
+			_ = json.NewDecoder(resp.Body).Decode(&a)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusConflict || a.Code != httpapi.CodeRunArchived {
+				t.Fatalf("%s of the archived run: %d %s, want 409 %s", action, resp.StatusCode, a.Code, httpapi.CodeRunArchived)
+			}
+		}
+	})
+	t.Run("UnknownRun", func(t *testing.T) {
+		for _, path := range []string{"/v1/runs/never", "/v1/runs/never/events"} {
+			var a answer
+			if code := getJSON(t, srv.URL+path, &a); code != http.StatusNotFound || a.Code != httpapi.CodeRunNotFound {
+				t.Fatalf("GET %s: %d %s, want 404 %s", path, code, a.Code, httpapi.CodeRunNotFound)
+			}
+		}
+	})
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
