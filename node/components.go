@@ -286,6 +286,9 @@ func (n *Node) openAPI(context.Context) error {
 	if n.admit != nil {
 		opts.Queue = n.admit
 	}
+	if n.archive != nil {
+		opts.Archive = n.archive
+	}
 	api := httpapi.NewServer(opts)
 	api.Open(n.cfg.API)
 	n.add(part{name: "api", close: api.Close})

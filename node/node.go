@@ -28,6 +28,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/admission"
+	"github.com/conductor-sidecar/sidecar/archive"
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/eventbus"
 	"github.com/conductor-sidecar/sidecar/httpapi"
@@ -169,6 +170,7 @@ type Node struct {
 	list      *runlist.List
 	bus       *eventbus.Bus
 	admit     *admission.Controller
+	archive   *archive.Archive // where finished runs go (nil without retention)
 	watcher   *adapter.Watcher
 	drain     *drain.Controller
 	pauseKeys *drain.Keys

@@ -95,6 +95,7 @@ func (n *Node) openRetention(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("open the archive %s: %w", dest, err)
 	}
+	n.archive = arch
 	var nc *nats.Conn
 	if n.srv != nil {
 		nc, err = n.srv.ConnectRetention()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -85,6 +86,19 @@ func TestNode_Retention(t *testing.T) {
 	}
 	if got, err := testutil.GatherAndCount(reg, "sidecar_log_records", "sidecar_retention_runs_removed_total", "sidecar_archive_failing"); err != nil || got != 3 {
 		t.Fatalf("retention and log size metrics: %d series, %v", got, err)
+	}
+	// The API reads the removed run from the archive.
+	resp, err := http.Get("http://" + cfg.API.Addr().String() + "/v1/runs/node-done")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var view struct {
+		Status   string `json:"status"`
+		Archived bool   `json:"archived"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&view); err != nil || resp.StatusCode != http.StatusOK || !view.Archived || view.Status != statestore.RunStatusCompleted {
+		t.Fatalf("status of the removed run: %d %+v %v, want COMPLETED from the archive", resp.StatusCode, view, err)
 	}
 }
 
