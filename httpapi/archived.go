@@ -19,6 +19,11 @@ type ArchiveReader interface {
 	// Records returns the archived records of runID, checked against the
 	// archive's manifest, or an error matching archive.ErrRunNotFound.
 	Records(ctx context.Context, runID string) ([]statestore.RunEventRecord, error)
+	// ManifestSeqs lists the archive's manifests, oldest first, reading
+	// none of them.
+	ManifestSeqs(ctx context.Context) ([]uint64, error)
+	// Manifest reads and checks one manifest.
+	Manifest(ctx context.Context, seq uint64) (*archive.Manifest, error)
 }
 
 // runSnapshot returns runID's snapshot from hot state or, when the run

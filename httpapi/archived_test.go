@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/retention"
+	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
@@ -96,7 +98,15 @@ func archivedEnv(t *testing.T) (srv *httptest.Server, store *natsstore.Store, go
 		t.Fatalf("gone after removal: %d records, %v", len(recs), err)
 	}
 	ctrl := drain.New(store, emit, &pausedWorkflows{}, drain.Options{})
-	srv = httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: store, Archive: arch, Control: ctrl, Logger: zaptest.NewLogger(t)}).Handler())
+	list, err := runlist.Open(ctx, js, runlist.Options{Log: store, Poll: 10 * time.Millisecond, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = list.Close(ctx) })
+	if _, err := list.WaitIndexed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv = httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: store, Archive: arch, Control: ctrl, List: list, Logger: zaptest.NewLogger(t)}).Handler())
 	t.Cleanup(srv.Close)
 	return srv, store, goneRecs
 }
@@ -169,6 +179,44 @@ func TestServer_ArchivedRun(t *testing.T) {
 			if resp.StatusCode != http.StatusConflict || a.Code != httpapi.CodeRunArchived {
 				t.Fatalf("%s of the archived run: %d %s, want 409 %s", action, resp.StatusCode, a.Code, httpapi.CodeRunArchived)
 			}
+		}
+	})
+	t.Run("ListIncludeArchived", func(t *testing.T) {
+		// Page by one: the hot run(s), then the archived one, marked.
+		seen := map[string]bool{}
+		var archived []string
+		cont := ""
+		for range 10 {
+			var l httpapi.RunList
+			if code := getJSON(t, srv.URL+"/v1/runs?include=archived&limit=1&continue="+url.QueryEscape(cont), &l); code != http.StatusOK {
+				t.Fatalf("list: %d", code)
+			}
+			for _, r := range l.Runs {
+				seen[r.RunID] = true
+				if r.Archived {
+					archived = append(archived, r.RunID)
+					if r.Status != statestore.RunStatusCompleted || r.CreatedAt != recs[0].PersistedAt || r.CompletedAt != recs[len(recs)-1].PersistedAt {
+						t.Fatalf("archived row %+v", r.Row)
+					}
+				}
+			}
+			if cont = l.Continue; cont == "" {
+				break
+			}
+		}
+		if !seen["hot"] || len(archived) != 1 || archived[0] != "gone" {
+			t.Fatalf("listed %v, archived %v: want hot, and gone archived once", seen, archived)
+		}
+		var l httpapi.RunList
+		getJSON(t, srv.URL+"/v1/runs?include=archived&status=RUNNING", &l)
+		for _, r := range l.Runs {
+			if r.Archived {
+				t.Fatalf("status=RUNNING listed archived run %+v", r.Row)
+			}
+		}
+		var a answer
+		if code := getJSON(t, srv.URL+"/v1/runs?include=everything", &a); code != http.StatusBadRequest || a.Code != httpapi.CodeBadRequest {
+			t.Fatalf("include=everything: %d %s, want 400", code, a.Code)
 		}
 	})
 	t.Run("UnknownRun", func(t *testing.T) {

@@ -50,6 +50,9 @@ type ListedRun struct {
 	// pause's timeout, or the sidecar's default, after PausedAt).
 	DrainDeadline string `json:"drainDeadline,omitempty"`
 	Matches       *bool  `json:"matches,omitempty"`
+	// Archived is set on a run that left hot state, listed from the
+	// archive (include=archived).
+	Archived bool `json:"archived,omitempty"`
 }
 
 // RunList is the answer of GET /v1/runs.
@@ -105,7 +108,8 @@ func listFilter(r *http.Request, q url.Values) (f runlist.Filter, ok bool, err e
 }
 
 // list serves GET /v1/runs: the runs that match the filter, newest first,
-// limit at a time (continue: the previous page's token); with watch=true,
+// limit at a time (continue: the previous page's token), and with
+// include=archived the archived runs after them; with watch=true,
 // the runs changed after revision, waiting up to timeoutSeconds for one.
 func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
@@ -123,16 +127,41 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 	if limit < 1 || limit > MaxListLimit {
 		return badRequest("limit", fmt.Sprintf("limit must be 1..%d", MaxListLimit))
 	}
+	archived := false
+	switch inc := q.Get("include"); {
+	case inc == IncludeArchived && s.opts.Archive != nil:
+		archived = true
+	case inc == IncludeArchived, inc == "":
+		// No archive: every run is in hot state.
+	default:
+		return badRequest("include", fmt.Sprintf("include %q: %s is the only value", inc, IncludeArchived))
+	}
 	if !ok {
 		return writeJSON(w, http.StatusOK, RunList{Runs: []ListedRun{}})
 	}
-	page, err := s.opts.List.List(f, int(limit), q.Get("continue"))
+	cont := q.Get("continue")
+	if archived {
+		if pos, isArchive := parseArchivePos(cont); isArchive {
+			out := RunList{Runs: []ListedRun{}}
+			if err := s.listArchived(r.Context(), f, int(limit), pos, &out); err != nil {
+				return err
+			}
+			return writeJSON(w, http.StatusOK, out)
+		}
+	}
+	page, err := s.opts.List.List(f, int(limit), cont)
 	if err != nil {
 		return err
 	}
 	out := RunList{Runs: make([]ListedRun, len(page.Runs)), Continue: page.Continue, IndexedThrough: page.IndexedThrough, Revision: page.Revision}
 	for i, row := range page.Runs {
 		out.Runs[i] = s.listed(row)
+	}
+	if archived && out.Continue == "" {
+		// Hot state is listed to its end: the archived runs follow.
+		if err := s.listArchived(r.Context(), f, int(limit), archivePos{i: -1}, &out); err != nil {
+			return err
+		}
 	}
 	return writeJSON(w, http.StatusOK, out)
 }
