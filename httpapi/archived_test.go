@@ -29,7 +29,8 @@ import (
 
 // archivedEnv is an API over a removable embedded JetStream log and a
 // file:// archive, after a real retention pass removed run "gone" (a
-// finished 2-step run) and kept run "hot" (running).
+// finished 2-step run), "gone-2" and "gone-3" (two manifests in all) and
+// kept run "hot" (running).
 func archivedEnv(t *testing.T) (srv *httptest.Server, store *natsstore.Store, goneRecs []statestore.RunEventRecord) {
 	t.Helper()
 	ctx := context.Background()
@@ -53,6 +54,8 @@ func archivedEnv(t *testing.T) (srv *httptest.Server, store *natsstore.Store, go
 		started("gone"), storetest.Event("gone", statestore.StepStarted, "a"), storetest.Event("gone", statestore.StepCompleted, "a"),
 		storetest.Event("gone", statestore.StepStarted, "b"), storetest.Event("gone", statestore.StepCompleted, "b"),
 		storetest.Event("gone", statestore.RunCompleted, ""),
+		started("gone-2"), storetest.Event("gone-2", statestore.RunFailed, ""),
+		started("gone-3"), storetest.Event("gone-3", statestore.RunCancelled, ""),
 		started("hot"),
 	} {
 		if _, err := emit.Emit(ctx, w); err != nil {
@@ -85,14 +88,18 @@ func archivedEnv(t *testing.T) (srv *httptest.Server, store *natsstore.Store, go
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := retention.New(store, arch, rm, retention.Options{RetainFinished: time.Minute, Logger: zaptest.NewLogger(t),
+	// Two runs a segment: the three finished runs make two manifests.
+	r, err := retention.New(store, arch, rm, retention.Options{RetainFinished: time.Minute, BatchRuns: 2, Logger: zaptest.NewLogger(t),
 		Now: func() time.Time { return time.Now().Add(time.Hour) }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Close(ctx) })
-	if res, err := r.Pass(ctx); err != nil || res.Removed != 1 {
-		t.Fatalf("retention pass: %+v %v, want 1 run removed", res, err)
+	if res, err := r.Pass(ctx); err != nil || res.Removed != 3 {
+		t.Fatalf("retention pass: %+v %v, want 3 runs removed", res, err)
+	}
+	if h := arch.Head(); h == nil || h.Seq != 2 {
+		t.Fatalf("archive head %+v, want manifest 2", h)
 	}
 	if recs, err := store.Fetch(ctx, "gone", 0, 0); err != nil || len(recs) != 0 {
 		t.Fatalf("gone after removal: %d records, %v", len(recs), err)
@@ -182,11 +189,13 @@ func TestServer_ArchivedRun(t *testing.T) {
 		}
 	})
 	t.Run("ListIncludeArchived", func(t *testing.T) {
-		// Page by one: the hot run(s), then the archived one, marked.
+		// Page by one: the hot run(s), then the archived ones, each once,
+		// across both manifests, marked.
+		want := map[string]string{"gone": statestore.RunStatusCompleted, "gone-2": statestore.RunStatusFailed, "gone-3": statestore.RunStatusCancelled}
 		seen := map[string]bool{}
-		var archived []string
+		archived := map[string]int{}
 		cont := ""
-		for range 10 {
+		for range 20 {
 			var l httpapi.RunList
 			if code := getJSON(t, srv.URL+"/v1/runs?include=archived&limit=1&continue="+url.QueryEscape(cont), &l); code != http.StatusOK {
 				t.Fatalf("list: %d", code)
@@ -194,9 +203,9 @@ func TestServer_ArchivedRun(t *testing.T) {
 			for _, r := range l.Runs {
 				seen[r.RunID] = true
 				if r.Archived {
-					archived = append(archived, r.RunID)
-					if r.Status != statestore.RunStatusCompleted || r.CreatedAt != recs[0].PersistedAt || r.CompletedAt != recs[len(recs)-1].PersistedAt {
-						t.Fatalf("archived row %+v", r.Row)
+					archived[r.RunID]++
+					if r.Status != want[r.RunID] || r.CreatedAt == "" || r.CompletedAt == "" {
+						t.Fatalf("archived row %+v, want status %s", r.Row, want[r.RunID])
 					}
 				}
 			}
@@ -204,8 +213,8 @@ func TestServer_ArchivedRun(t *testing.T) {
 				break
 			}
 		}
-		if !seen["hot"] || len(archived) != 1 || archived[0] != "gone" {
-			t.Fatalf("listed %v, archived %v: want hot, and gone archived once", seen, archived)
+		if !seen["hot"] || len(archived) != 3 || archived["gone"] != 1 || archived["gone-2"] != 1 || archived["gone-3"] != 1 {
+			t.Fatalf("listed %v, archived %v: want hot, and each archived run once", seen, archived)
 		}
 		var l httpapi.RunList
 		getJSON(t, srv.URL+"/v1/runs?include=archived&status=RUNNING", &l)
