@@ -110,7 +110,8 @@ func (s *Server) listArchived(ctx context.Context, f runlist.Filter, limit int, 
 // (a step that ended after a cancel) is projected from its records.
 func (s *Server) archivedRow(ctx context.Context, e *archive.RunEntry) (runlist.Row, error) {
 	row := runlist.Row{RunID: e.RunID, TenantID: e.TenantID, ProjectID: e.ProjectID, EnvironmentID: e.EnvironmentID,
-		PlanID: e.PlanID, PlanVersion: e.PlanVersion, CreatedAt: e.FirstPersistedAt}
+		PlanID: e.PlanID, PlanVersion: e.PlanVersion, CreatedAt: e.FirstPersistedAt,
+		LastEventSeq: e.LastRunSeq, UpdatedAt: e.LastPersistedAt}
 	switch e.LastEventType {
 	case statestore.RunCompleted:
 		row.Status = statestore.RunStatusCompleted

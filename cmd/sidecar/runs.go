@@ -21,18 +21,23 @@ type RunsCommand struct{ m *Main }
 
 // Run implements "sidecar runs".
 func (c *RunsCommand) Run(ctx context.Context, args []string) error {
-	fs := c.m.newFlagSet("runs", "runs [-l SELECTOR] [--plan P] [--plan-version V] [--status S[,S]] [--draining] [--tenant T] [-o text|wide|json|yaml|name] [--no-headers] [-w]")
+	fs := c.m.newFlagSet("runs", "runs [-l SELECTOR] [--plan P] [--plan-version V] [--status S[,S]] [--draining] [--tenant T] [--archived] [-o text|wide|json|yaml|name] [--no-headers] [-w]")
 	cf := clientFlags{wide: true, named: true}
 	cf.register(fs)
 	var q runQuery
 	q.register(fs)
 	watch := fs.Bool("w", false, "after the list, print each run that changes (Ctrl-C to stop)")
 	noHeaders := fs.Bool("no-headers", false, "print the table without its header line")
+	archived := fs.Bool("archived", false, "after the runs in hot state, list those that left it, from the archive (-o json marks them archived)")
 	if _, err := cf.parse(fs, args); err != nil {
 		return err
 	}
 	client := cf.client()
-	list, err := listAll(ctx, client, q.values())
+	lq := q.values()
+	if *archived {
+		lq.Set("include", httpapi.IncludeArchived)
+	}
+	list, err := listAll(ctx, client, lq)
 	if err != nil {
 		return err
 	}
