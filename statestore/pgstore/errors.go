@@ -27,6 +27,9 @@ const (
 	CodeChainBroken = "LOG_CHAIN_BROKEN"
 	// CodeRunNotFound (sidecar verify RUN...): the log has no such run.
 	CodeRunNotFound = "RUN_NOT_FOUND"
+	// CodeRunNotFinished (Remover.RemoveRun): the run has no terminal
+	// event, so it may not leave the log; nothing was removed.
+	CodeRunNotFinished = "RUN_NOT_FINISHED"
 )
 
 // Sentinel errors, matched with errors.Is.
@@ -37,4 +40,6 @@ var (
 	ErrMigrationNeeded = &statestore.Error{Code: CodeMigrationNeeded}
 	// ErrChainBroken matches every LOG_CHAIN_BROKEN error.
 	ErrChainBroken = &statestore.Error{Code: CodeChainBroken}
+	// ErrRunNotFinished matches every RUN_NOT_FINISHED error.
+	ErrRunNotFinished = &statestore.Error{Code: CodeRunNotFinished}
 )

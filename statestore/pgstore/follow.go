@@ -15,9 +15,13 @@ var _ statestore.Follower = (*Store)(nil)
 // (migrations/0001), after afterSeq. log_seq comes from a sequence, which
 // is not transactional: a number taken by an append that has not committed
 // yet is a hole for a moment, and one taken by an append that failed is a
-// hole for good. The tail stops at a hole and passes it once it is older
-// than Options.HoleGrace, longer than the statement_timeout that bounds
-// every append: by then no statement can fill it.
+// hole for good, and so is a removed run's (retention, Remover). The tail
+// stops at a hole and passes it once no statement can fill it any more:
+// at once when the record after the hole was stored more than
+// Options.HoleGrace ago (the append that took the hole's number began
+// before that record's number was taken, and statement_timeout, shorter
+// than the grace, ended it since), else once the tail has waited the
+// grace at it.
 func (s *Store) Follow(ctx context.Context, afterSeq uint64) (statestore.LogTail, error) {
 	return &tail{s: s, next: afterSeq}, nil
 }
@@ -54,8 +58,11 @@ func (t *tail) Next(ctx context.Context, limit int) ([]statestore.RunEventRecord
 	}
 	qctx, cancel := t.s.withTimeout(ctx)
 	defer cancel()
-	rows, err := t.s.pool.Query(qctx, "SELECT log_seq, run_seq, persisted_at, body FROM run_events WHERE log_seq > $1 ORDER BY log_seq LIMIT $2",
-		int64(t.next), limit)
+	// settled: the record was stored more than the grace ago, by the
+	// database's clock, so every hole before it is for good.
+	rows, err := t.s.pool.Query(qctx, `SELECT log_seq, run_seq, persisted_at, body,
+		persisted_at < clock_timestamp() - make_interval(secs => $3) FROM run_events WHERE log_seq > $1 ORDER BY log_seq LIMIT $2`,
+		int64(t.next), limit, t.s.holeGrace.Seconds())
 	if err != nil {
 		return nil, t.next, unavailable("follow", err)
 	}
@@ -65,10 +72,11 @@ func (t *tail) Next(ctx context.Context, limit int) ([]statestore.RunEventRecord
 		var logSeq, runSeq int64
 		var at time.Time
 		var body string
-		if err := rows.Scan(&logSeq, &runSeq, &at, &body); err != nil {
+		var settled bool
+		if err := rows.Scan(&logSeq, &runSeq, &at, &body, &settled); err != nil {
 			return out, t.next, unavailable("follow", err)
 		}
-		if uint64(logSeq) != t.next+1 {
+		if uint64(logSeq) != t.next+1 && !settled {
 			if t.holeAt != t.next+1 {
 				t.holeAt, t.holeSince = t.next+1, time.Now()
 			}

@@ -55,6 +55,9 @@ const migrationLock = 0x53494443 // "SIDC"
 //go:embed grants.sql
 var grantsSQL string
 
+//go:embed retention_grants.sql
+var retentionGrantsSQL string
+
 // MigrateOptions configures Migrate.
 type MigrateOptions struct {
 	// RuntimeRole is the role sidecar serve connects as. Migrate records
@@ -62,6 +65,12 @@ type MigrateOptions struct {
 	// later Migrate without it grants the recorded one again. Empty and
 	// none recorded: no role is granted anything.
 	RuntimeRole string
+	// RetentionRole is the role retention connects as to remove finished
+	// runs (serve --retention-store). Migrate records it and grants it
+	// EXECUTE on remove_run alone (retention_grants.sql); a later Migrate
+	// without it grants the recorded one again. It must be none of the
+	// owner, a superuser and the runtime role.
+	RetentionRole string
 	// Timeout bounds the whole migration (default 10m: the first chaining
 	// of a large log rewrites every record once).
 	Timeout time.Duration
@@ -73,6 +82,8 @@ type Migrated struct {
 	From, To int
 	// RuntimeRole is the role granted serve's privileges ("" if none).
 	RuntimeRole string
+	// RetentionRole is the role granted retention's ("" if none).
+	RetentionRole string
 }
 
 // Migrate connects to url as the owner of the log (or the role that is to
@@ -109,7 +120,7 @@ func Migrate(ctx context.Context, url string, opts MigrateOptions) (Migrated, er
 		return Migrated{}, err
 	}
 	out := Migrated{From: r.version, To: all[len(all)-1].version}
-	out.RuntimeRole, err = migrateTo(ctx, pool, all, opts.RuntimeRole)
+	out.RuntimeRole, out.RetentionRole, err = migrateTo(ctx, pool, all, opts.RuntimeRole, opts.RetentionRole)
 	return out, err
 }
 
@@ -155,31 +166,31 @@ func readRoles(ctx context.Context, pool *pgxpool.Pool) (roles, error) {
 
 // migrateTo applies the migrations of all the database lacks (tests pass a
 // prefix of the list to make a database of an older version), each in its
-// own transaction, under an advisory lock; records runtime when set, and
-// grants the recorded runtime role serve's privileges. It returns the
-// runtime role granted. A database at a version newer than this binary
-// knows is refused (an older sidecar must not write to a log whose schema
-// it does not know).
-func migrateTo(ctx context.Context, pool *pgxpool.Pool, all []migration, runtime string) (string, error) {
+// own transaction, under an advisory lock; records runtime and retention
+// when set, and grants the recorded roles their privileges. It returns the
+// roles granted. A database at a version newer than this binary knows is
+// refused (an older sidecar must not write to a log whose schema it does
+// not know).
+func migrateTo(ctx context.Context, pool *pgxpool.Pool, all []migration, runtime, retention string) (string, string, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		return "", unavailable("migrate", err)
+		return "", "", unavailable("migrate", err)
 	}
 	defer conn.Release()
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", migrationLock); err != nil {
-		return "", unavailable("migrate: lock", err)
+		return "", "", unavailable("migrate: lock", err)
 	}
 	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", migrationLock) }()
 	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 		version int PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-		return "", unavailable("migrate: schema_migrations", err)
+		return "", "", unavailable("migrate: schema_migrations", err)
 	}
 	var have int
 	if err := conn.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM schema_migrations").Scan(&have); err != nil {
-		return "", unavailable("migrate: read version", err)
+		return "", "", unavailable("migrate: read version", err)
 	}
 	if latest := all[len(all)-1].version; have > latest {
-		return "", damaged(fmt.Sprintf("the database's schema is at version %d, newer than this sidecar's %d: run a sidecar of that version or newer", have, latest), nil)
+		return "", "", damaged(fmt.Sprintf("the database's schema is at version %d, newer than this sidecar's %d: run a sidecar of that version or newer", have, latest), nil)
 	}
 	for _, m := range all {
 		if m.version <= have {
@@ -193,56 +204,99 @@ func migrateTo(ctx context.Context, pool *pgxpool.Pool, all []migration, runtime
 			return err
 		})
 		if err != nil {
-			return "", unavailable(fmt.Sprintf("migrate: apply %04d_%s", m.version, m.name), err)
+			return "", "", unavailable(fmt.Sprintf("migrate: apply %04d_%s", m.version, m.name), err)
 		}
 	}
-	var hasRuntime bool
-	if err := conn.QueryRow(ctx, "SELECT to_regclass('runtime_role') IS NOT NULL").Scan(&hasRuntime); err != nil {
-		return "", unavailable("migrate: runtime role", err)
+	runtime, err = grantRole(ctx, conn.Conn(), "runtime_role", "--runtime-role", runtime, grantsSQL, `:"runtime"`, fitRuntime)
+	if err != nil {
+		return "", "", err
 	}
-	if !hasRuntime { // an older version (tests)
+	retention, err = grantRole(ctx, conn.Conn(), "retention_role", "--retention-role", retention, retentionGrantsSQL, `:"retention"`,
+		func(ctx context.Context, conn *pgx.Conn, role string) error {
+			return fitRetention(ctx, conn, role, runtime)
+		})
+	return runtime, retention, err
+}
+
+// grantRole records role in table (one row) when set, after fit accepts
+// it, and grants the recorded role grants (with placeholder replaced by
+// it). It returns the role granted: "" when none is recorded, or the table
+// does not exist (an older version, in tests).
+func grantRole(ctx context.Context, conn *pgx.Conn, table, flag, role, grants, placeholder string,
+	fit func(ctx context.Context, conn *pgx.Conn, role string) error) (string, error) {
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table).Scan(&exists); err != nil {
+		return "", unavailable("migrate: "+flag, err)
+	}
+	if !exists {
 		return "", nil
 	}
-	if runtime != "" {
-		if err := fitRuntime(ctx, conn.Conn(), runtime); err != nil {
+	if role != "" {
+		if err := fit(ctx, conn, role); err != nil {
 			return "", err
 		}
-		if _, err := conn.Exec(ctx, `INSERT INTO runtime_role (role_name) VALUES ($1)
-			ON CONFLICT (only_row) DO UPDATE SET role_name = EXCLUDED.role_name`, runtime); err != nil {
-			return "", unavailable("migrate: record the runtime role", err)
+		if _, err := conn.Exec(ctx, "INSERT INTO "+table+` (role_name) VALUES ($1)
+			ON CONFLICT (only_row) DO UPDATE SET role_name = EXCLUDED.role_name`, role); err != nil {
+			return "", unavailable("migrate: record "+flag+" "+role, err)
 		}
 	}
-	err = conn.QueryRow(ctx, "SELECT role_name::text FROM runtime_role").Scan(&runtime)
+	err := conn.QueryRow(ctx, "SELECT role_name::text FROM "+table).Scan(&role)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", nil
 	}
 	if err != nil {
-		return "", unavailable("migrate: read the runtime role", err)
+		return "", unavailable("migrate: read "+flag, err)
 	}
-	grants := strings.ReplaceAll(grantsSQL, `:"runtime"`, pgx.Identifier{runtime}.Sanitize())
-	if _, err := conn.Exec(ctx, grants); err != nil {
-		return "", unavailable("migrate: grant the runtime role "+runtime, err)
+	if _, err := conn.Exec(ctx, strings.ReplaceAll(grants, placeholder, pgx.Identifier{role}.Sanitize())); err != nil {
+		return "", unavailable("migrate: grant "+flag+" "+role, err)
 	}
-	return runtime, nil
+	return role, nil
+}
+
+// fitRetention refuses a retention role that does not exist, could alter
+// the log, or is (or is a member of, or has as a member) the runtime role:
+// the role that serves the log must not be able to remove a run.
+func fitRetention(ctx context.Context, conn *pgx.Conn, retention, runtime string) error {
+	if err := fitRole(ctx, conn, "--retention-role", retention, "give retention a role of its own"); err != nil {
+		return err
+	}
+	if runtime == "" {
+		return nil
+	}
+	var shared bool
+	err := conn.QueryRow(ctx, `SELECT pg_has_role($1, $2, 'USAGE') OR pg_has_role($2, $1, 'USAGE')`, runtime, retention).Scan(&shared)
+	switch {
+	case err != nil:
+		return unavailable("migrate: read the retention role", err)
+	case shared:
+		return roleRefused(fmt.Sprintf("--retention-role %s is the runtime role %s, or a member of it or it of the other: the role that serves the log must not remove runs; give retention a role of its own (deploy/postgres/roles.sql)", retention, runtime))
+	}
+	return nil
 }
 
 // fitRuntime refuses a runtime role that does not exist or could alter the
 // log.
 func fitRuntime(ctx context.Context, conn *pgx.Conn, runtime string) error {
+	return fitRole(ctx, conn, "--runtime-role", runtime, "give serve a role of its own")
+}
+
+// fitRole refuses a role (given as flag) that does not exist or could
+// alter the log; fix ends the message.
+func fitRole(ctx context.Context, conn *pgx.Conn, flag, role, fix string) error {
 	var exists, super, owner, self bool
 	err := conn.QueryRow(ctx, `SELECT count(*) = 1, coalesce(bool_or(rolsuper), false),
 		coalesce(bool_or(pg_has_role(rolname, (SELECT relowner FROM pg_class WHERE oid = to_regclass('run_events')), 'USAGE')), false),
 		coalesce(bool_or(rolname = current_user), false)
-		FROM pg_roles WHERE rolname = $1`, runtime).Scan(&exists, &super, &owner, &self)
+		FROM pg_roles WHERE rolname = $1`, role).Scan(&exists, &super, &owner, &self)
 	switch {
 	case err != nil:
-		return unavailable("migrate: read the runtime role", err)
+		return unavailable("migrate: read "+flag, err)
 	case !exists:
-		return roleRefused(fmt.Sprintf("--runtime-role %s: no such role: create it first (deploy/postgres/roles.sql)", runtime))
+		return roleRefused(fmt.Sprintf("%s %s: no such role: create it first (deploy/postgres/roles.sql)", flag, role))
 	case super:
-		return roleRefused(fmt.Sprintf("--runtime-role %s is a superuser: it could alter the log; give serve a role of its own (deploy/postgres/roles.sql)", runtime))
+		return roleRefused(fmt.Sprintf("%s %s is a superuser: it could alter the log; %s (deploy/postgres/roles.sql)", flag, role, fix))
 	case self, owner:
-		return roleRefused(fmt.Sprintf("--runtime-role %s owns the log (or is a member of its owner): it could alter it; give serve a role of its own (deploy/postgres/roles.sql)", runtime))
+		return roleRefused(fmt.Sprintf("%s %s owns the log (or is a member of its owner): it could alter it; %s (deploy/postgres/roles.sql)", flag, role, fix))
 	}
 	return nil
 }

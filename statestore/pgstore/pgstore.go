@@ -164,7 +164,7 @@ func admit(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger) error {
 	case r.runtime != "" && r.canAlter:
 		return roleRefused(fmt.Sprintf("connected as %s, which can alter the log (it owns run_events, is a member of its owner or a superuser): serve connects as the runtime role %s; only sidecar migrate connects as the owner (docs/postgres.md, \"Roles\")", r.user, r.runtime))
 	case r.version < latest && (r.canAlter || !r.logExists && r.canCreate):
-		if _, err := migrateTo(ctx, pool, all, ""); err != nil {
+		if _, _, err := migrateTo(ctx, pool, all, "", ""); err != nil {
 			return err
 		}
 		canAlter = true
@@ -213,7 +213,7 @@ func (s *Store) Check(ctx context.Context) error {
 }
 
 // tables are the tables the migrations create.
-var tables = []string{"schema_migrations", "runs", "run_events", "event_ids", "control_replies", "nats_pairing", "run_snapshots", "runtime_role"}
+var tables = []string{"schema_migrations", "runs", "run_events", "event_ids", "control_replies", "nats_pairing", "run_snapshots", "runtime_role", "retention_role"}
 
 // Pair checks that natsState, the identity of the NATS state serving with
 // this database (serve: the run index's creation), is the one paired with

@@ -160,7 +160,7 @@ func TestRoles_DocsQuoteTheSQL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{filepath.Join("..", "..", "deploy", "postgres", "roles.sql"), "grants.sql"} {
+	for _, f := range []string{filepath.Join("..", "..", "deploy", "postgres", "roles.sql"), "grants.sql", "retention_grants.sql"} {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)

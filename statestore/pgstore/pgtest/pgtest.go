@@ -177,12 +177,14 @@ func (c *Cluster) Stop(tb testing.TB) {
 }
 
 // Roles is a database set up as docs/postgres.md says: its owner (that
-// `sidecar migrate` connects as) and its runtime role (that `sidecar
-// serve` connects as), made by deploy/postgres/roles.sql.
+// `sidecar migrate` connects as), its runtime role (that `sidecar serve`
+// connects as) and its retention role (that retention removes runs as),
+// made by deploy/postgres/roles.sql.
 type Roles struct {
-	Owner, Runtime, Database string
-	// OwnerURL and RuntimeURL connect to Database as each role.
-	OwnerURL, RuntimeURL string
+	Owner, Runtime, Retention, Database string
+	// OwnerURL, RuntimeURL and RetentionURL connect to Database as each
+	// role.
+	OwnerURL, RuntimeURL, RetentionURL string
 }
 
 // NewRoles runs deploy/postgres/roles.sql with psql, as the cluster's
@@ -197,13 +199,14 @@ func NewRoles(tb testing.TB) Roles {
 	}
 	n := counter.Add(1)
 	r := Roles{
-		Owner:    fmt.Sprintf("o_%d_%d", os.Getpid(), n),
-		Runtime:  fmt.Sprintf("r_%d_%d", os.Getpid(), n),
-		Database: fmt.Sprintf("t_%d_%d", os.Getpid(), n),
+		Owner:     fmt.Sprintf("o_%d_%d", os.Getpid(), n),
+		Runtime:   fmt.Sprintf("r_%d_%d", os.Getpid(), n),
+		Retention: fmt.Sprintf("d_%d_%d", os.Getpid(), n),
+		Database:  fmt.Sprintf("t_%d_%d", os.Getpid(), n),
 	}
 	_, file, _, _ := runtime.Caller(0)
 	sql := filepath.Join(filepath.Dir(file), "..", "..", "..", "deploy", "postgres", "roles.sql")
-	cmd := exec.Command("psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", "owner="+r.Owner, "-v", "runtime="+r.Runtime,
+	cmd := exec.Command("psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", "owner="+r.Owner, "-v", "runtime="+r.Runtime, "-v", "retention="+r.Retention,
 		"-v", "database="+r.Database, "-f", sql,
 		"-h", cfg.Host, "-p", fmt.Sprint(cfg.Port), "-U", cfg.User, "-d", cfg.Database)
 	tb.Cleanup(func() {
@@ -216,6 +219,7 @@ func NewRoles(tb testing.TB) Roles {
 		_, _ = c.Exec(ctx, "DROP DATABASE IF EXISTS "+r.Database+" WITH (FORCE)")
 		_, _ = c.Exec(ctx, "DROP ROLE IF EXISTS "+r.Owner)
 		_, _ = c.Exec(ctx, "DROP ROLE IF EXISTS "+r.Runtime)
+		_, _ = c.Exec(ctx, "DROP ROLE IF EXISTS "+r.Retention)
 	})
 	if out, err := cmd.CombinedOutput(); err != nil {
 		tb.Fatalf("psql -f deploy/postgres/roles.sql: %v\n%s", err, out)
@@ -223,6 +227,7 @@ func NewRoles(tb testing.TB) Roles {
 	base := withDatabase(adminURL, r.Database)
 	r.OwnerURL = withUser(base, r.Owner)
 	r.RuntimeURL = withUser(base, r.Runtime)
+	r.RetentionURL = withUser(base, r.Retention)
 	return r
 }
 
