@@ -126,42 +126,58 @@ func (h *hot) retention(arch retention.Archive, rm retention.Remover, opts reten
 // runs are whole in the log; the log verifies.
 func (h *hot) requireSafe(wantRemoved bool) {
 	h.t.Helper()
+	requireSafe(h.t, h.store, h.dir, h.finished, h.open, wantRemoved)
+}
+
+// checkedLog is a log whose integrity check requireSafe runs.
+type checkedLog interface {
+	Fetch(ctx context.Context, runID string, afterSeq int64, limit int) ([]statestore.RunEventRecord, error)
+	Check(ctx context.Context) error
+}
+
+// requireSafe is hot.requireSafe on any log: finished are the finished
+// runs' records, open the open runs (3 records each), dir the archive.
+func requireSafe(t *testing.T, log checkedLog, dir string, finished map[string][]statestore.RunEventRecord, open []string, wantRemoved bool) {
+	t.Helper()
 	ctx := context.Background()
-	rep, err := archive.Verify(ctx, archive.NewDir(h.dir), archive.VerifyOptions{})
+	rep, err := archive.Verify(ctx, archive.NewDir(dir), archive.VerifyOptions{})
 	if err != nil {
-		h.t.Fatal(err)
+		t.Fatal(err)
 	}
 	if len(rep.Problems) != 0 {
-		h.t.Fatalf("archive does not verify: %+v", rep.Problems)
+		t.Fatalf("archive does not verify: %+v", rep.Problems)
 	}
-	a := h.archive(nil)
-	for id, want := range h.finished {
-		got, err := h.store.Fetch(ctx, id, 0, 0)
+	a, err := archive.Open(ctx, archive.NewDir(dir), archive.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range finished {
+		got, err := log.Fetch(ctx, id, 0, 0)
 		if err != nil {
-			h.t.Fatal(err)
+			t.Fatal(err)
 		}
 		inHot := reflect.DeepEqual(got, want)
 		arch, err := a.Records(ctx, id)
 		inArchive := err == nil && reflect.DeepEqual(arch, want)
 		if err != nil && !errors.Is(err, archive.ErrRunNotFound) {
-			h.t.Fatal(err)
+			t.Fatal(err)
 		}
 		switch {
 		case !inHot && !inArchive:
-			h.t.Fatalf("run %s is neither whole in the log (%d of %d records) nor in the archive", id, len(got), len(want))
+			t.Fatalf("run %s is neither whole in the log (%d of %d records) nor in the archive", id, len(got), len(want))
 		case !inHot && len(got) != 0:
-			h.t.Fatalf("run %s is partly in the log: %d of %d records", id, len(got), len(want))
+			t.Fatalf("run %s is partly in the log: %d of %d records", id, len(got), len(want))
 		case wantRemoved && (len(got) != 0 || !inArchive):
-			h.t.Fatalf("run %s: %d records in the log, archived %v; want removed and archived", id, len(got), inArchive)
+			t.Fatalf("run %s: %d records in the log, archived %v; want removed and archived", id, len(got), inArchive)
 		}
 	}
-	for _, id := range h.open {
-		if got, _ := h.store.Fetch(ctx, id, 0, 0); len(got) != 3 {
-			h.t.Fatalf("open run %s has %d records, want 3", id, len(got))
+	for _, id := range open {
+		if got, _ := log.Fetch(ctx, id, 0, 0); len(got) != 3 {
+			t.Fatalf("open run %s has %d records, want 3", id, len(got))
 		}
 	}
-	if err := h.store.Check(ctx); err != nil {
-		h.t.Fatalf("the log does not verify: %v", err)
+	if err := log.Check(ctx); err != nil {
+		t.Fatalf("the log does not verify: %v", err)
 	}
 }
 
