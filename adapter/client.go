@@ -566,6 +566,19 @@ func (c *Client) Terminate(ctx context.Context, workflowID, reason string) error
 	return err
 }
 
+// RemoveWorkflow deletes a workflow and its tasks from Conductor's store
+// (DELETE /workflow/{id}/remove?archiveWorkflow=false): Conductor keeps
+// nothing of it. An unknown workflow (removed before) gives ErrNotFound.
+func (c *Client) RemoveWorkflow(ctx context.Context, workflowID string) error {
+	if workflowID == "" {
+		return invalidInput(opRemoveWorkflow, "empty workflowId")
+	}
+	_, err := c.do(ctx, opRemoveWorkflow, 0, func(ctx context.Context) (*http.Response, error) {
+		return c.workflow.Delete(ctx, workflowID, &client.WorkflowResourceApiDeleteOpts{ArchiveWorkflow: optional.NewBool(false)})
+	})
+	return err
+}
+
 // Retry retries the last failed task of a FAILED (or TIMED_OUT, TERMINATED)
 // workflow; Conductor answers 204. On a workflow that is still running
 // Conductor 3.21 answers 404 ("Workflow is still running"); Retry then reads

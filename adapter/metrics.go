@@ -16,6 +16,7 @@ const (
 	opPause             = "pause"
 	opResume            = "resume"
 	opTerminate         = "terminate"
+	opRemoveWorkflow    = "remove_workflow"
 	opRetry             = "retry"
 	opBatchPoll         = "batch_poll"
 	opUpdateTask        = "update_task"
@@ -33,7 +34,7 @@ const (
 var conductorOps = []string{
 	opRegisterTaskDefs, opRegisterWorkflow, opGetWorkflowDef, opStartWorkflow, opGetWorkflow, opPause,
 	opResume, opTerminate, opRetry, opBatchPoll, opUpdateTask, opGetTask, opRunningWorkflows, opHealth,
-	opDecide,
+	opDecide, opRemoveWorkflow,
 }
 
 var conductorResults = []string{
