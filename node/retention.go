@@ -17,6 +17,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/retention"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/pgstore"
 )
 
 // Retention is how long finished runs stay in hot state and where they go
@@ -31,6 +32,13 @@ type Retention struct {
 	Interval time.Duration
 	// Archive is the archive's URL (file:///dir).
 	Archive string
+	// Store is the PostgreSQL URL retention removes runs through, as the
+	// retention role (docs/postgres.md, "Retention"); required with a
+	// PostgreSQL log, unused with JetStream.
+	Store string
+	// Conductor also removes a removed run's workflow from Conductor
+	// (adapter.WorkflowRemover), before the run's records leave.
+	Conductor bool
 	// NATSOptions connect to NATSURL as natsstore.RetentionUser (its
 	// credentials and TLS); unused with the embedded server, which
 	// connects that user in-process.
@@ -84,8 +92,8 @@ func (n *Node) openRetention(ctx context.Context) error {
 		n.log.Warn("no retention configured (--retain-finished): the sidecar keeps every run it ever ran, and its state grows without bound; watch sidecar_log_bytes (docs/retention.md)")
 		return nil
 	}
-	if !onJetStream {
-		return fmt.Errorf("retention (--retain-finished) needs the JetStream log: not available on PostgreSQL yet (docs/retention.md)")
+	if pg, ok := n.store.(*pgstore.Store); ok && rc.Store == "" {
+		return fmt.Errorf("retention (--retain-finished) on PostgreSQL needs --retention-store postgres://RETENTION_ROLE@host:port/database, the role that may remove runs (docs/postgres.md, \"Retention\"; database %s)", pg.Pool().Config().ConnConfig.Database)
 	}
 	dest, err := archive.ParseURL(rc.Archive)
 	if err != nil {
@@ -96,35 +104,33 @@ func (n *Node) openRetention(ctx context.Context) error {
 		return fmt.Errorf("open the archive %s: %w", dest, err)
 	}
 	n.archive = arch
-	var nc *nats.Conn
-	if n.srv != nil {
-		nc, err = n.srv.ConnectRetention()
+	rjs, err := n.retentionJetStream()
+	if err != nil {
+		_ = arch.Close(ctx)
+		return err
+	}
+	var rm retention.Remover
+	if onJetStream {
+		rm, err = natsstore.OpenRemover(ctx, rjs, natsstore.RemoverOptions{Logger: n.log, RunKeys: runKeys})
 	} else {
-		nc, err = nats.Connect(n.cfg.NATSURL, append(append([]nats.Option(nil), rc.NATSOptions...), nats.Name("sidecar retention "+n.cfg.WorkerID))...)
+		rm, err = n.pgRemover(ctx)
 	}
 	if err != nil {
-		return fmt.Errorf("connect as %s: %w", natsstore.RetentionUser, err)
-	}
-	n.add(part{name: "retention connection", close: func(context.Context) error { nc.Close(); return nil }})
-	rjs, err := jetstream.New(nc)
-	if err != nil {
+		_ = arch.Close(ctx)
 		return err
 	}
-	rm, err := natsstore.OpenRemover(ctx, rjs, natsstore.RemoverOptions{Logger: n.log, RunKeys: runKeys})
-	if err != nil {
-		return err
+	var forget []retention.Forgetter
+	if rc.Conductor {
+		forget = append(forget, adapter.NewWorkflowRemover(n.conductor, n.store, n.log))
 	}
 	// Every other per-run key leaves with the run too, forgotten by the
 	// package that owns it before the run's records are removed.
 	purger := natsstore.NewKeyPurger(rjs)
-	forget := []retention.Forgetter{
-		adapter.NewRunIndexForgetter(n.runs, purger),
-		drain.NewKeysForgetter(n.pauseKeys, purger),
-	}
+	forget = append(forget, adapter.NewRunIndexForgetter(n.runs, purger), drain.NewKeysForgetter(n.pauseKeys, purger))
 	if n.admit != nil {
 		forget = append(forget, admission.NewForgetter(n.admit, purger))
 	}
-	r, err := retention.New(ns, arch, rm, retention.Options{
+	r, err := retention.New(n.store, arch, rm, retention.Options{
 		RetainFinished: rc.Finished, PerTenant: rc.PerTenant, Interval: rc.Interval,
 		Forgetters: forget, Logger: n.log, Metrics: metrics,
 	})
@@ -139,6 +145,34 @@ func (n *Node) openRetention(ctx context.Context) error {
 		_ = arch.Close(ctx)
 		return err
 	}})
-	n.log.Info("retention: finished runs leave hot state once archived", zap.Duration("retainFinished", rc.Finished), zap.String("archive", dest.String()))
+	n.log.Info("retention: finished runs leave hot state once archived", zap.Duration("retainFinished", rc.Finished), zap.String("archive", dest.String()), zap.Bool("conductor", rc.Conductor))
 	return nil
+}
+
+// retentionJetStream connects as natsstore.RetentionUser (the purges of
+// log's Remover.
+func (n *Node) retentionJetStream() (jetstream.JetStream, error) {
+	var nc *nats.Conn
+	var err error
+	if n.srv != nil {
+		nc, err = n.srv.ConnectRetention()
+	} else {
+		nc, err = nats.Connect(n.cfg.NATSURL, append(append([]nats.Option(nil), n.cfg.Retention.NATSOptions...), nats.Name("sidecar retention "+n.cfg.WorkerID))...)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("connect as %s: %w", natsstore.RetentionUser, err)
+	}
+	n.add(part{name: "retention connection", close: func(context.Context) error { nc.Close(); return nil }})
+	return jetstream.New(nc)
+}
+
+// pgRemover connects to Retention.Store as the retention role and opens
+// the PostgreSQL log's Remover.
+func (n *Node) pgRemover(ctx context.Context) (retention.Remover, error) {
+	rm, err := pgstore.OpenRemover(ctx, n.cfg.Retention.Store, pgstore.RemoverOptions{Logger: n.log})
+	if err != nil {
+		return nil, fmt.Errorf("--retention-store: %w", err)
+	}
+	n.add(part{name: "retention store", close: func(context.Context) error { rm.Close(); return nil }})
+	return rm, nil
 }

@@ -4,13 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/conductor-sdk/conductor-go/sdk/model"
 	"github.com/google/uuid"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,8 +28,13 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+	"github.com/conductor-sidecar/sidecar/statestore/pgstore"
+	"github.com/conductor-sidecar/sidecar/statestore/pgstore/pgtest"
 	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
+
+// TestMain stops the PostgreSQL cluster pgtest started, if any.
+func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // TestNode_Retention: a node with retention creates a removable log,
 // removes a finished run once archived (as the retention user, on the
@@ -228,5 +236,96 @@ func TestNode_RetentionForgetsEveryRunKey(t *testing.T) {
 	}
 	if got := len(kept[adapter.DefaultRunsBucket]); got != 3 {
 		t.Errorf("the open run has %d subjects in the run index, want 3 (run, req, active marker): %v", got, kept[adapter.DefaultRunsBucket])
+	}
+}
+
+// startWorkflow starts, then terminates, a one-task workflow in the node's
+// Conductor and returns its id.
+func startWorkflow(t *testing.T, c *adapter.Client) string {
+	t.Helper()
+	ctx := context.Background()
+	name := "nodetest_retention_" + strings.ReplaceAll(filepath.Base(t.TempDir()), "-", "_")
+	if err := c.RegisterTaskDefs(ctx, []model.TaskDef{{Name: name, OwnerEmail: "sidecar-tests@example.com", TimeoutSeconds: 120, ResponseTimeoutSeconds: 60, TimeoutPolicy: "TIME_OUT_WF"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RegisterWorkflowDef(ctx, model.WorkflowDef{Name: name, Version: 1, OwnerEmail: "sidecar-tests@example.com", SchemaVersion: 2,
+		Tasks: []model.WorkflowTask{{Name: name, TaskReferenceName: "s1", Type_: "SIMPLE"}}}); err != nil {
+		t.Fatal(err)
+	}
+	id, err := c.StartWorkflow(ctx, model.StartWorkflowRequest{Name: name, Version: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Terminate(ctx, id, "test"); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// TestNode_RetentionConductor: a node with retention on PostgreSQL (the
+// retention role's URL, --retention-store) removes a finished run from the
+// log and, by default, its workflow from Conductor; with Conductor off the
+// workflow stays. Without --retention-store the node refuses to open.
+func TestNode_RetentionConductor(t *testing.T) {
+	for _, removeWorkflow := range []bool{true, false} {
+		t.Run(fmt.Sprintf("conductor=%v", removeWorkflow), func(t *testing.T) {
+			ctx := context.Background()
+			roles := pgtest.NewRoles(t)
+			if _, err := pgstore.Migrate(ctx, roles.OwnerURL, pgstore.MigrateOptions{RuntimeRole: roles.Runtime, RetentionRole: roles.Retention}); err != nil {
+				t.Fatal(err)
+			}
+			_, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "node-pw", Permissions: natsstore.AllPermissions})
+			cfg := testConfig(t, srv.URL())
+			cfg.Postgres = roles.RuntimeURL
+			dir := filepath.Join(t.TempDir(), "archive")
+			cfg.Retention = Retention{Finished: time.Millisecond, Interval: 50 * time.Millisecond, Archive: "file://" + dir, Conductor: removeWorkflow}
+			if removeWorkflow { // without the retention role's URL: refused
+				if err := New(cfg, zaptest.NewLogger(t), prometheus.NewRegistry()).Open(ctx); err == nil || !strings.Contains(err.Error(), "--retention-store") {
+					t.Fatalf("open without --retention-store: %v, want refused naming it", err)
+				}
+			}
+			cfg.Retention.Store = roles.RetentionURL
+			n := New(cfg, zaptest.NewLogger(t), prometheus.NewRegistry())
+			if err := n.Open(ctx); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = n.Close(ctx) })
+			wf := startWorkflow(t, n.conductor)
+			started := storetest.Event("node-done", statestore.RunStarted, "")
+			started.Payload, _ = json.Marshal(statestore.RunStartedPayload{EngineRunRef: statestore.ConductorRunRef("wf", wf), EngineType: "conductor", StartedAt: time.Now().UTC().Format(time.RFC3339Nano)})
+			for _, w := range []*statestore.RunEventWrite{started, storetest.Event("node-done", statestore.RunCancelled, "")} {
+				if _, err := n.store.Append(ctx, w); err != nil {
+					t.Fatal(err)
+				}
+			}
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				recs, err := n.store.Fetch(ctx, "node-done", 0, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(recs) == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the finished run was not removed within 20 s")
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			_, err := n.conductor.Workflow(ctx, wf, false)
+			if removeWorkflow && !errors.Is(err, adapter.ErrNotFound) {
+				t.Fatalf("the removed run's workflow in Conductor: %v, want NOT_FOUND", err)
+			}
+			if !removeWorkflow {
+				if err != nil {
+					t.Fatalf("with Conductor off, the workflow: %v, want kept", err)
+				}
+				_ = n.conductor.RemoveWorkflow(ctx, wf)
+			}
+			rep, err := archive.Verify(ctx, archive.NewDir(dir), archive.VerifyOptions{})
+			if err != nil || len(rep.Problems) != 0 || rep.Runs != 1 || rep.Records != 2 {
+				t.Fatalf("archive: %+v %v", rep, err)
+			}
+		})
 	}
 }

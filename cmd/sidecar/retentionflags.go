@@ -23,6 +23,11 @@ type retentionConfig struct {
 	Archive   string
 	// PasswordFile holds natsstore.RetentionUser's password on --nats-url.
 	PasswordFile string
+	// Store is the PostgreSQL URL of the retention role, with --store
+	// postgres://.
+	Store string
+	// Conductor also removes a removed run's workflow from Conductor.
+	Conductor bool
 	bad          []string // --retain-tenant values that do not parse
 }
 
@@ -36,6 +41,8 @@ func (c *retentionConfig) registerFlags(fs *flag.FlagSet) {
 		_ = fs.Set("retain-tenant", v)
 	}
 	stringFlag(fs, &c.Archive, "archive", "where finished runs are archived before they leave hot state: file:///dir")
+	stringFlag(fs, &c.Store, "retention-store", "with --store postgres:// and --retain-finished: postgres://RETENTION_ROLE@host:port/database, the role that may remove finished runs (docs/postgres.md, Retention; password from PGPASSFILE or PGPASSWORD)")
+	fs.BoolVar(&c.Conductor, "retain-conductor", envOr(envName("retain-conductor"), "true") == "true", "with --retain-finished: also remove a removed run's workflow from Conductor (env "+envName("retain-conductor")+")")
 	stringFlag(fs, &c.PasswordFile, "retention-nats-password-file", "with --nats-url and --retain-finished: file with the password of NATS user "+natsstore.RetentionUser+", the only one that may remove runs (deploy/nats/sidecar.conf)")
 }
 
@@ -45,8 +52,8 @@ func (c *retentionConfig) validate(postgres bool, natsURL string) []string {
 		p = append(p, "--retain-finished must be >= 0 (0: keep every run)")
 	}
 	if c.Finished == 0 {
-		if len(c.PerTenant) > 0 || c.Archive != "" || c.PasswordFile != "" {
-			p = append(p, "--retain-tenant, --archive and --retention-nats-password-file need --retain-finished")
+		if len(c.PerTenant) > 0 || c.Archive != "" || c.PasswordFile != "" || c.Store != "" {
+			p = append(p, "--retain-tenant, --archive, --retention-store and --retention-nats-password-file need --retain-finished")
 		}
 		return p
 	}
@@ -55,8 +62,13 @@ func (c *retentionConfig) validate(postgres bool, natsURL string) []string {
 	} else if _, err := archive.ParseURL(c.Archive); err != nil {
 		p = append(p, "--archive: "+err.Error())
 	}
-	if postgres {
-		p = append(p, "--retain-finished is not available with --store postgres:// yet (docs/retention.md)")
+	switch {
+	case postgres && c.Store == "":
+		p = append(p, "--retain-finished with --store postgres:// needs --retention-store postgres://RETENTION_ROLE@host:port/database, the role that may remove runs (docs/postgres.md, Retention)")
+	case postgres && !strings.HasPrefix(c.Store, "postgres://") && !strings.HasPrefix(c.Store, "postgresql://"):
+		p = append(p, "--retention-store "+redactURL(c.Store)+": want postgres://RETENTION_ROLE@host:port/database (for --retain-finished)")
+	case !postgres && c.Store != "":
+		p = append(p, "--retention-store is for --store postgres:// (with --retain-finished); on JetStream retention uses the NATS user "+natsstore.RetentionUser)
 	}
 	if natsURL != "" && c.PasswordFile == "" {
 		p = append(p, "--retain-finished with --nats-url needs --retention-nats-password-file (user "+natsstore.RetentionUser+")")
@@ -68,7 +80,7 @@ func (c *retentionConfig) validate(postgres bool, natsURL string) []string {
 // options of the sidecar's own connection to --nats-url (TLS), to which
 // the retention user's credentials are added.
 func (c *retentionConfig) node(natsURL string, base []nats.Option) (node.Retention, error) {
-	r := node.Retention{Finished: c.Finished, PerTenant: c.PerTenant, Archive: c.Archive}
+	r := node.Retention{Finished: c.Finished, PerTenant: c.PerTenant, Archive: c.Archive, Store: c.Store, Conductor: c.Conductor}
 	if c.Finished == 0 || natsURL == "" {
 		return r, nil
 	}

@@ -11,8 +11,9 @@ import (
 
 // TestConfig_Retention: retention is off by default; --retain-finished
 // needs --archive (a file:/// URL), and on --nats-url the retention user's
-// password file; --retain-tenant takes TENANT=DURATION; PostgreSQL is
-// refused for now.
+// password file, and on PostgreSQL the retention role's URL
+// (--retention-store, for PostgreSQL only); --retain-tenant takes
+// TENANT=DURATION; Conductor's copy is removed unless --retain-conductor=false.
 func TestConfig_Retention(t *testing.T) {
 	if DefaultConfig().Retention.Finished != 0 {
 		t.Fatal("retention is on by default")
@@ -32,7 +33,11 @@ func TestConfig_Retention(t *testing.T) {
 		{"BadTenant", []string{"--retain-finished", "1h", "--archive", "file:///a", "--retain-tenant", "acme"}, false},
 		{"ZeroTenant", []string{"--retain-finished", "1h", "--archive", "file:///a", "--retain-tenant", "acme=0s"}, false},
 		{"ExternalNATSNeedsRetentionUser", []string{"--retain-finished", "1h", "--archive", "file:///a", "--nats-url", "nats://127.0.0.1:4222", "--nats-insecure-no-auth"}, false},
-		{"Postgres", []string{"--retain-finished", "1h", "--archive", "file:///a", "--store", "postgres://sidecar@127.0.0.1:1/sidecar"}, false},
+		{"PostgresNeedsRetentionStore", []string{"--retain-finished", "1h", "--archive", "file:///a", "--store", "postgres://sidecar@127.0.0.1:1/sidecar"}, false},
+		{"Postgres", []string{"--retain-finished", "1h", "--archive", "file:///a", "--store", "postgres://sidecar@127.0.0.1:1/sidecar", "--retention-store", "postgres://sidecar_retention@127.0.0.1:1/sidecar"}, true},
+		{"PostgresBadRetentionStore", []string{"--retain-finished", "1h", "--archive", "file:///a", "--store", "postgres://sidecar@127.0.0.1:1/sidecar", "--retention-store", "nats://x"}, false},
+		{"RetentionStoreOnJetStream", []string{"--retain-finished", "1h", "--archive", "file:///a", "--retention-store", "postgres://sidecar_retention@127.0.0.1:1/sidecar"}, false},
+		{"KeepConductor", []string{"--retain-finished", "1h", "--archive", "file:///a", "--retain-conductor=false"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultConfig()
@@ -58,5 +63,8 @@ func TestConfig_Retention(t *testing.T) {
 	}
 	if cfg.Retention.PerTenant["acme"] != 24*time.Hour || cfg.Retention.PerTenant["beta"] != 2*time.Hour {
 		t.Fatalf("got %v", cfg.Retention.PerTenant)
+	}
+	if !cfg.Retention.Conductor {
+		t.Fatal("--retain-conductor is off by default, want on")
 	}
 }
