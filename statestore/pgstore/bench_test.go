@@ -214,3 +214,56 @@ func BenchmarkColdProjection(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRemoveRun: remove_run of a finished 3-step run (8 records, a
+// saved snapshot), one at a time, as the retention role, among the runs
+// appended for it.
+func BenchmarkRemoveRun(b *testing.B) {
+	ctx := context.Background()
+	r := pgtest.NewRoles(b)
+	if _, err := pgstore.Migrate(ctx, r.OwnerURL, pgstore.MigrateOptions{RuntimeRole: r.Runtime, RetentionRole: r.Retention}); err != nil {
+		b.Fatal(err)
+	}
+	s, err := pgstore.Open(ctx, r.RuntimeURL, pgstore.Options{MaxConns: 8, DurableSnapshots: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(s.Close)
+	append8 := func(i int) error {
+		id := fmt.Sprintf("run-%06d", i)
+		for _, w := range []*statestore.RunEventWrite{storetest.Event(id, statestore.RunStarted, ""),
+			storetest.Event(id, statestore.StepStarted, "a"), storetest.Event(id, statestore.StepCompleted, "a"),
+			storetest.Event(id, statestore.StepStarted, "b"), storetest.Event(id, statestore.StepCompleted, "b"),
+			storetest.Event(id, statestore.StepStarted, "c"), storetest.Event(id, statestore.StepCompleted, "c"),
+			storetest.Event(id, statestore.RunCompleted, "")} {
+			if _, err := s.Append(ctx, w); err != nil {
+				return err
+			}
+		}
+		_, err := s.ProjectSnapshot(ctx, id)
+		return err
+	}
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < b.N; i += 8 {
+				if err := append8(i); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	rm, err := pgstore.OpenRemover(ctx, r.RetentionURL, pgstore.RemoverOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(rm.Close)
+	b.ResetTimer()
+	for i := range b.N {
+		if err := rm.RemoveRun(ctx, fmt.Sprintf("run-%06d", i), 8, 8); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
