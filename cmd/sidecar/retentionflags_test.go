@@ -67,4 +67,14 @@ func TestConfig_Retention(t *testing.T) {
 	if !cfg.Retention.Conductor {
 		t.Fatal("--retain-conductor is off by default, want on")
 	}
+	cfg = DefaultConfig()
+	fs = flag.NewFlagSet("serve", flag.ContinueOnError)
+	cfg.registerFlags(fs)
+	if err := fs.Parse([]string{"--retain-finished", "1h", "--archive", "file:///a", "--store", "postgres://sidecar@db/sidecar",
+		"--retention-store", "postgres://sidecar_retention@db/sidecar", "--retain-conductor=false"}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := cfg.Retention.node("", nil); err != nil || r.Store != "postgres://sidecar_retention@db/sidecar" || r.Conductor {
+		t.Fatalf("node's retention: %+v %v, want the retention store and Conductor off", r, err)
+	}
 }
