@@ -232,3 +232,49 @@ func TestFollow_PassesRemovedRuns(t *testing.T) {
 		t.Fatalf("LastSeq %d %v, want %d", last, err, got[11].LogSeq)
 	}
 }
+
+// TestRemover_AppendRacingARemoval: an append to a run whose removal
+// holds the run's row (it waits for the removal to commit, then finds the
+// row gone) appends the run anew at runSeq 1, as an append after the
+// removal would; it does not fail.
+func TestRemover_AppendRacingARemoval(t *testing.T) {
+	ctx := context.Background()
+	r := migratedForRetention(t)
+	s := openDurable(t, r.RuntimeURL, prometheus.NewRegistry())
+	storetest.AppendSteps(t, s, "run-x", 0, 1)
+	// The owner plays remove_run's steps, with a pause after its lock.
+	owner, err := pgx.Connect(ctx, r.OwnerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close(ctx)
+	tx, err := owner.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM runs WHERE run_id = 'run-x' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	var res statestore.AppendResult
+	go func() {
+		var err error
+		res, err = s.Append(ctx, storetest.Event("run-x", statestore.RunCompleted, ""))
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // the append waits for the run's row
+	for _, q := range []string{"SELECT set_config('sidecar.removing_run', 'run-x', true)", "DELETE FROM run_events WHERE run_id = 'run-x'", "DELETE FROM runs WHERE run_id = 'run-x'"} {
+		if _, err := tx.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil || !res.Persisted || res.RunSeq != 1 {
+		t.Fatalf("the append racing the removal: %+v %v, want appended anew at runSeq 1", res, err)
+	}
+	if v, err := pgstore.Verify(ctx, r.RuntimeURL, nil); err != nil || len(v.Broken) != 0 {
+		t.Fatalf("verify: %+v %v", v, err)
+	}
+}

@@ -71,3 +71,69 @@ BEGIN
     EXECUTE format('ALTER FUNCTION remove_run(text, bigint, bigint) SET search_path = %I, pg_temp', current_schema());
 END;
 $$;
+
+-- append_event as in 0004, but an append that waited for the run's row
+-- while remove_run removed the run creates the row again (the run starts
+-- anew at runSeq 1) instead of finding no row and failing.
+CREATE OR REPLACE FUNCTION append_event(p_run text, p_key text, p_event_id text, p_type text, p_body text, p_last bigint)
+RETURNS TABLE (o_event_id text, o_run_seq bigint, o_persisted_at timestamptz, o_idempotent boolean, o_changed_last bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
+DECLARE
+    v_last bigint;
+    v_prev bytea;
+    v_log  bigint;
+    v_at   timestamptz;
+BEGIN
+    SELECT e.event_id, e.run_seq, e.persisted_at INTO o_event_id, o_run_seq, o_persisted_at
+        FROM run_events e WHERE e.run_id = p_run AND e.idempotency_key = p_key;
+    IF FOUND THEN
+        o_idempotent := true;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    LOOP
+        INSERT INTO runs (run_id, last_seq) VALUES (p_run, 0) ON CONFLICT (run_id) DO NOTHING;
+        SELECT r.last_seq INTO v_last FROM runs r WHERE r.run_id = p_run FOR UPDATE;
+        EXIT WHEN FOUND;
+        -- remove_run removed the run while this append waited for its row:
+        -- the run starts anew, as it would for an append after the removal.
+    END LOOP;
+    SELECT e.event_id, e.run_seq, e.persisted_at INTO o_event_id, o_run_seq, o_persisted_at
+        FROM run_events e WHERE e.run_id = p_run AND e.idempotency_key = p_key;
+    IF FOUND THEN
+        o_idempotent := true;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF p_last >= 0 AND v_last <> p_last THEN
+        o_changed_last := v_last;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF v_last = 0 THEN
+        v_prev := decode(repeat('00', 32), 'hex');
+    ELSE
+        SELECT e.chain_hash INTO v_prev FROM run_events e WHERE e.run_id = p_run AND e.run_seq = v_last;
+        IF v_prev IS NULL THEN
+            RAISE EXCEPTION 'run % has no record at runSeq %, its last: the log was changed outside the sidecar (run sidecar verify)', p_run, v_last
+                USING ERRCODE = 'data_corrupted';
+        END IF;
+    END IF;
+    v_log := nextval('run_events_log_seq');
+    v_at := clock_timestamp();
+    INSERT INTO run_events (run_id, run_seq, idempotency_key, event_id, event_type, persisted_at, body, log_seq, chain_hash)
+        VALUES (p_run, v_last + 1, p_key, p_event_id, p_type, v_at, p_body, v_log,
+            run_event_chain(v_prev, p_run, v_last + 1, v_log, v_at, p_key, p_event_id, p_type, p_body));
+    UPDATE runs SET last_seq = v_last + 1 WHERE runs.run_id = p_run;
+    o_event_id := p_event_id;
+    o_run_seq := v_last + 1;
+    o_persisted_at := v_at;
+    o_idempotent := false;
+    RETURN NEXT;
+END;
+$$;
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION append_event(text, text, text, text, text, bigint) SET search_path = %I, pg_temp', current_schema());
+END;
+$$;
