@@ -267,3 +267,80 @@ func BenchmarkRemoveRun(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRemovalSteadyState: rounds of 2,000 finished 3-step runs
+// appended, then removed by remove_run, as retention does once its window
+// is full; reports the database's size of the log's tables (with their
+// indexes and TOAST) after the first round and after the last, with
+// autovacuum left to its defaults. b.N is the number of rounds after the
+// first.
+func BenchmarkRemovalSteadyState(b *testing.B) {
+	ctx := context.Background()
+	r := pgtest.NewRoles(b)
+	if _, err := pgstore.Migrate(ctx, r.OwnerURL, pgstore.MigrateOptions{RuntimeRole: r.Runtime, RetentionRole: r.Retention}); err != nil {
+		b.Fatal(err)
+	}
+	s, err := pgstore.Open(ctx, r.RuntimeURL, pgstore.Options{MaxConns: 8, DurableSnapshots: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(s.Close)
+	rm, err := pgstore.OpenRemover(ctx, r.RetentionURL, pgstore.RemoverOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(rm.Close)
+	const runs = 2000
+	round := func(n int) {
+		var wg sync.WaitGroup
+		for w := range 8 {
+			wg.Go(func() {
+				for i := w; i < runs; i += 8 {
+					id := fmt.Sprintf("run-%d-%06d", n, i)
+					for _, e := range []*statestore.RunEventWrite{storetest.Event(id, statestore.RunStarted, ""),
+						storetest.Event(id, statestore.StepStarted, "a"), storetest.Event(id, statestore.StepCompleted, "a"),
+						storetest.Event(id, statestore.StepStarted, "b"), storetest.Event(id, statestore.StepCompleted, "b"),
+						storetest.Event(id, statestore.StepStarted, "c"), storetest.Event(id, statestore.StepCompleted, "c"),
+						storetest.Event(id, statestore.RunCompleted, "")} {
+						if _, err := s.Append(ctx, e); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+					if _, err := s.ProjectSnapshot(ctx, id); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		for i := range runs {
+			if err := rm.RemoveRun(ctx, fmt.Sprintf("run-%d-%06d", n, i), 8, 8); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	size := func() float64 {
+		var n int64
+		if err := s.Pool().QueryRow(ctx, `SELECT sum(pg_total_relation_size(t)) FROM unnest(array['run_events', 'runs', 'run_snapshots', 'event_ids']::regclass[]) t`).Scan(&n); err != nil {
+			b.Fatal(err)
+		}
+		return float64(n)
+	}
+	round(0)
+	first := size()
+	b.ResetTimer()
+	for i := range b.N {
+		round(i + 1)
+		var dead int64
+		var vacuumed bool
+		if err := s.Pool().QueryRow(ctx, `SELECT n_dead_tup, last_autovacuum IS NOT NULL FROM pg_stat_user_tables WHERE relname = 'run_events'`).Scan(&dead, &vacuumed); err != nil {
+			b.Fatal(err)
+		}
+		b.Logf("after round %d: %.1f MB; run_events: %d dead rows, autovacuumed %v", i+2, size()/1e6, dead, vacuumed)
+	}
+	b.StopTimer()
+	b.ReportMetric(first, "bytes-after-round-1")
+	b.ReportMetric(size(), "bytes-after-last")
+}
