@@ -119,7 +119,8 @@ func (n *Node) openRetention(ctx context.Context) error {
 		_ = arch.Close(ctx)
 		return err
 	}
-	var forget []retention.Forgetter
+	// The run list's row leaves with its run, on every replica.
+	forget := []retention.Forgetter{n.list}
 	if rc.Conductor {
 		forget = append(forget, adapter.NewWorkflowRemover(n.conductor, n.store, n.log))
 	}

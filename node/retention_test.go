@@ -25,6 +25,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/archive"
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/registry"
+	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
@@ -91,6 +92,20 @@ func TestNode_Retention(t *testing.T) {
 	}
 	if _, err := snaps.Get(ctx, natsstore.RunToken("node-done")); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("snapshot of the removed run: %v, want ErrKeyNotFound", err)
+	}
+	// So did its row of the run list (this replica learns by its watch);
+	// the open run's stays.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		page, err := n.list.List(runlist.Filter{}, 0, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page.Runs) == 1 && page.Runs[0].RunID == "node-open" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the run list after the removal: %+v, want node-open only", page.Runs)
+		}
 	}
 	if got, err := testutil.GatherAndCount(reg, "sidecar_log_records", "sidecar_retention_runs_removed_total", "sidecar_archive_failing"); err != nil || got != 3 {
 		t.Fatalf("retention and log size metrics: %d series, %v", got, err)

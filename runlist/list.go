@@ -60,6 +60,11 @@ type Options struct {
 	// keeps in memory (default 100,000); a run dropped beyond it is read
 	// back from the log at its next event.
 	MaxTracked int
+	// MarkerTTL is how long the bucket keeps the marker of a row that
+	// ForgetRun removed (default DefaultMarkerTTL): long enough for every
+	// replica's watch to receive it. It is set when the bucket is created;
+	// a bucket created without it keeps delete markers.
+	MarkerTTL time.Duration
 	// Timeout bounds every NATS request without a deadline (default 10s).
 	Timeout time.Duration
 	// Plans tells the step count of each plan version, for the rows'
@@ -82,6 +87,9 @@ type List struct {
 	mirror *mirror
 	follow *follower
 	plans  *planSteps // nil without Options.Plans
+	// markerTTL is the TTL of a forgotten row's marker (0: the bucket
+	// takes none; a delete marker stays).
+	markerTTL time.Duration
 }
 
 // Open opens (or creates) the bucket, starts mirroring it and starts the
@@ -108,6 +116,9 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*List, err
 	if opts.Timeout <= 0 {
 		opts.Timeout = 10 * time.Second
 	}
+	if opts.MarkerTTL <= 0 {
+		opts.MarkerTTL = DefaultMarkerTTL
+	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
@@ -117,11 +128,16 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*List, err
 		History:     1,
 		Storage:     jetstream.FileStorage,
 		Replicas:    opts.Replicas,
+		// Forgotten rows leave a purge marker that expires (ForgetRun).
+		LimitMarkerTTL: opts.MarkerTTL,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: open bucket %s: %w", ErrUnavailable, opts.Bucket, err)
 	}
 	l := &List{opts: opts, log: opts.Logger.Named("runlist"), kv: kv}
+	sctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+	l.markerTTL = markerTTLOf(sctx, kv, opts.MarkerTTL, l.log)
+	cancel()
 	if opts.Plans != nil {
 		l.plans = newPlanSteps(opts.Plans)
 	}

@@ -4,9 +4,10 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // Metrics of the run list. A nil *Metrics records nothing.
 type Metrics struct {
-	rows   prometheus.Gauge
-	writes prometheus.Counter
-	errors prometheus.Counter
+	rows    prometheus.Gauge
+	writes  prometheus.Counter
+	errors  prometheus.Counter
+	forgets prometheus.Counter
 }
 
 // NewMetrics registers the run list's metrics with reg.
@@ -21,8 +22,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sidecar_runlist_follow_errors_total", Help: "Failed rounds of the run list's follower of the log (retried with backoff).",
 		}),
+		forgets: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sidecar_runlist_rows_forgotten_total", Help: "Rows of the run list removed by this replica because their run left hot state (retention).",
+		}),
 	}
-	reg.MustRegister(m.rows, m.writes, m.errors)
+	reg.MustRegister(m.rows, m.writes, m.errors, m.forgets)
 	return m
 }
 
@@ -35,6 +39,12 @@ func (m *Metrics) setRows(n int) {
 func (m *Metrics) wrote() {
 	if m != nil {
 		m.writes.Inc()
+	}
+}
+
+func (m *Metrics) forgot() {
+	if m != nil {
+		m.forgets.Inc()
 	}
 }
 

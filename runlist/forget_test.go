@@ -1,0 +1,169 @@
+package runlist_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/archive"
+	"github.com/conductor-sidecar/sidecar/retention"
+	"github.com/conductor-sidecar/sidecar/runlist"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// TestList_ForgetRun runs a real retention pass with the list as a
+// Forgetter, the sidecar's own NATS user holding the list: the finished
+// runs' rows leave the bucket and the memory of both replicas (the other
+// learns by its watch), the open runs' rows stay, forgetting again is
+// nothing, and the markers expire so that the bucket holds only what is
+// open.
+func TestList_ForgetRun(t *testing.T) {
+	ctx := context.Background()
+	js, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Logger: zaptest.NewLogger(t)})
+	store, err := natsstore.Open(ctx, js, natsstore.Options{Removable: true, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	open := func(js jetstream.JetStream, own bool) *runlist.List {
+		l, err := runlist.Open(ctx, js, runlist.Options{Log: store, Owner: owner(own), Poll: 20 * time.Millisecond, MarkerTTL: time.Second, Logger: zaptest.NewLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close(ctx) })
+		return l
+	}
+	a, b := open(js, true), open(natstest.Connect(t, srv), false)
+
+	var finished, running []string
+	for i := range 12 {
+		id := fmt.Sprintf("run-%02d", i)
+		evs := []*statestore.RunEventWrite{storetest.Event(id, statestore.RunStarted, ""), storetest.Event(id, statestore.StepStarted, "s1")}
+		if i%3 != 0 {
+			evs = append(evs, storetest.Event(id, statestore.StepCompleted, "s1"), storetest.Event(id, statestore.RunCompleted, ""))
+			finished = append(finished, id)
+		} else {
+			running = append(running, id)
+		}
+		for _, w := range evs {
+			if _, err := store.Append(ctx, w); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	waitIndexed(t, a)
+	waitIndexed(t, b)
+	for _, l := range []*runlist.List{a, b} {
+		if got := ids(allRows(t, l, runlist.Filter{}, 5)); len(got) != 12 {
+			t.Fatalf("listed %d runs before retention, want 12", len(got))
+		}
+	}
+
+	// A real pass: archive, forget (the list), remove from the log.
+	nc, err := srv.ConnectRetention()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	rjs, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rm, err := natsstore.OpenRemover(ctx, rjs, natsstore.RemoverOptions{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	arch, err := archive.Open(ctx, archive.NewDir(filepath.Join(t.TempDir(), "archive")), archive.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := retention.New(store, arch, rm, retention.Options{
+		RetainFinished: time.Hour, Forgetters: []retention.Forgetter{a}, Logger: zaptest.NewLogger(t),
+		Now: func() time.Time { return time.Now().Add(2 * time.Hour) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.Pass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Removed != len(finished) {
+		t.Fatalf("removed %d runs, want %d", res.Removed, len(finished))
+	}
+
+	// Both replicas drop the rows: the owner and the one that only
+	// watches the bucket.
+	for name, l := range map[string]*runlist.List{"owner": a, "other replica": b} {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			got := ids(allRows(t, l, runlist.Filter{}, 5))
+			slices.Sort(got)
+			if slices.Equal(got, running) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s lists %v after retention, want only the open runs %v", name, got, running)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	// Forgetting again, or a run the list never had, is nothing.
+	for _, id := range []string{finished[0], "never-was"} {
+		if err := a.ForgetRun(ctx, id); err != nil {
+			t.Fatalf("ForgetRun(%s) again: %v", id, err)
+		}
+	}
+	// The markers expire: the bucket keeps the open runs' rows, the
+	// cursor and the step durations, nothing of the forgotten runs.
+	kv, err := js.KeyValue(ctx, runlist.DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, "KV_"+runlist.DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		keys, err := kv.ListKeys(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		for k := range keys.Keys() {
+			n++
+			if k != "cursor" && !slices.ContainsFunc(running, func(id string) bool { return k == "run."+natsstore.RunToken(id) }) && k[:4] != "dur." {
+				t.Fatalf("the bucket keeps key %q", k)
+			}
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Msgs == uint64(n) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the bucket holds %d messages for %d keys: the forgotten rows' markers stay", info.State.Msgs, n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// A restarted replica (a new watch) lists the open runs only.
+	c := open(natstest.Connect(t, srv), false)
+	waitIndexed(t, c)
+	got := ids(allRows(t, c, runlist.Filter{}, 0))
+	slices.Sort(got)
+	if !slices.Equal(got, running) {
+		t.Fatalf("a new replica lists %v, want %v", got, running)
+	}
+}
