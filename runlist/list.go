@@ -65,6 +65,11 @@ type Options struct {
 	// replica's watch to receive it. It is set when the bucket is created;
 	// a bucket created without it keeps delete markers.
 	MarkerTTL time.Duration
+	// MaxFinished bounds the finished runs' rows each replica keeps in
+	// memory (default DefaultMaxFinished): the newest ones. Open runs'
+	// rows are always kept; a listing that goes past the newest
+	// MaxFinished finished runs reads the older ones from the bucket.
+	MaxFinished int
 	// Timeout bounds every NATS request without a deadline (default 10s).
 	Timeout time.Duration
 	// Plans tells the step count of each plan version, for the rows'
@@ -116,6 +121,9 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*List, err
 	if opts.Timeout <= 0 {
 		opts.Timeout = 10 * time.Second
 	}
+	if opts.MaxFinished <= 0 {
+		opts.MaxFinished = DefaultMaxFinished
+	}
 	if opts.MarkerTTL <= 0 {
 		opts.MarkerTTL = DefaultMarkerTTL
 	}
@@ -141,7 +149,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*List, err
 	if opts.Plans != nil {
 		l.plans = newPlanSteps(opts.Plans)
 	}
-	l.mirror = startMirror(kv, l.log, opts.Metrics)
+	l.mirror = startMirror(kv, opts.MaxFinished, l.log, opts.Metrics)
 	l.follow = startFollower(kv, opts, l.log, l.mirror)
 	if opts.Registerer != nil {
 		opts.Registerer.MustRegister(newPausedByReason(l))

@@ -20,9 +20,10 @@ import (
 // mirror holds the bucket in memory, fed by a KV watch: a query reads no
 // NATS at all, and each changed row reaches every replica once.
 type mirror struct {
-	kv  jetstream.KeyValue
-	log *zap.Logger
-	m   *Metrics
+	kv          jetstream.KeyValue
+	maxFinished int // Options.MaxFinished
+	log         *zap.Logger
+	m           *Metrics
 
 	mu      sync.RWMutex
 	st      state
@@ -43,10 +44,14 @@ type state struct {
 	durs     map[string]*StepDurations // durKey -> durations
 	cursor   uint64                    // the log sequence the rows include
 	rev      uint64                    // highest bucket revision applied
+	// window holds the finished rows in rows, oldest on top; at most
+	// maxFinished of them (the rest stay in the bucket only).
+	window
 }
 
-func newState() state {
-	return state{rows: map[string]*entry{}, draining: map[string]*entry{}, paused: map[string]*entry{}, durs: map[string]*StepDurations{}}
+func newState(maxFinished int) state {
+	return state{rows: map[string]*entry{}, draining: map[string]*entry{}, paused: map[string]*entry{}, durs: map[string]*StepDurations{},
+		window: window{max: maxFinished}}
 }
 
 // entry is a row with its bucket revision and its CreatedAt parsed.
@@ -54,11 +59,14 @@ type entry struct {
 	row     Row
 	rev     uint64
 	created int64 // unix nanoseconds
+	// finIndex is the entry's index in the window's heap, -1 when it is
+	// not there (an open run).
+	finIndex int
 }
 
-func startMirror(kv jetstream.KeyValue, log *zap.Logger, m *Metrics) *mirror {
+func startMirror(kv jetstream.KeyValue, maxFinished int, log *zap.Logger, m *Metrics) *mirror {
 	ctx, cancel := context.WithCancel(context.Background())
-	mr := &mirror{kv: kv, log: log.Named("mirror"), m: m, st: newState(), changed: make(chan struct{}), stop: cancel, done: make(chan struct{})}
+	mr := &mirror{kv: kv, maxFinished: maxFinished, log: log.Named("mirror"), m: m, st: newState(maxFinished), changed: make(chan struct{}), stop: cancel, done: make(chan struct{})}
 	go mr.loop(ctx)
 	return mr
 }
@@ -85,7 +93,7 @@ func (mr *mirror) loop(ctx context.Context) {
 			backoff = min(2*backoff, 30*time.Second)
 			continue
 		}
-		next := newState()
+		next := newState(mr.maxFinished)
 		building := true
 		for {
 			var e jetstream.KeyValueEntry
@@ -151,11 +159,7 @@ func (st *state) apply(e jetstream.KeyValueEntry, log *zap.Logger) (cameOrWent b
 	}
 	runID := runIDOfKey(key)
 	if e.Operation() != jetstream.KeyValuePut {
-		_, had := st.rows[runID]
-		delete(st.rows, runID)
-		delete(st.draining, runID)
-		delete(st.paused, runID)
-		return had
+		return st.drop(runID)
 	}
 	var r Row
 	if err := json.Unmarshal(e.Value(), &r); err != nil || r.RunID == "" || keyRun+natsstore.RunToken(r.RunID) != key {
@@ -166,10 +170,17 @@ func (st *state) apply(e jetstream.KeyValueEntry, log *zap.Logger) (cameOrWent b
 	if had && (cur.rev > e.Revision() || cur.row.LastEventSeq > r.LastEventSeq) {
 		return false
 	}
-	intern(&r)
-	ne := entry{row: r, rev: e.Revision(), created: r.created().UnixNano()}
+	ne := entry{row: r, rev: e.Revision(), created: r.created().UnixNano(), finIndex: -1}
+	finished := statestore.IsTerminalRunStatus(r.Status)
+	if finished && st.beyond(&ne) {
+		// Older than the finished rows kept: in the bucket only.
+		st.evictedRev = max(st.evictedRev, ne.rev)
+		return st.drop(r.RunID)
+	}
+	intern(&ne.row)
 	if had {
-		*cur = ne // in place: the sorted order holds this pointer
+		ne.finIndex = cur.finIndex
+		*cur = ne // in place: the sorted order and the window hold this pointer
 	} else {
 		cur = &ne
 		st.rows[r.RunID] = cur
@@ -184,7 +195,33 @@ func (st *state) apply(e jetstream.KeyValueEntry, log *zap.Logger) (cameOrWent b
 	} else {
 		delete(st.paused, r.RunID)
 	}
-	return !had
+	went := false
+	if !finished {
+		st.remove(cur)
+	} else {
+		for _, old := range st.keep(cur) {
+			st.dropEntry(old)
+			went = went || old == cur
+		}
+	}
+	return !had || went
+}
+
+// drop removes runID's row; it reports whether there was one.
+func (st *state) drop(runID string) bool {
+	e, had := st.rows[runID]
+	if had {
+		st.dropEntry(e)
+	}
+	return had
+}
+
+func (st *state) dropEntry(e *entry) {
+	id := e.row.RunID
+	delete(st.rows, id)
+	delete(st.draining, id)
+	delete(st.paused, id)
+	st.remove(e)
 }
 
 func (mr *mirror) swap(next state) {

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -139,8 +140,11 @@ func before(a, b *entry) bool {
 // List returns the runs that match f, newest first, at most limit (<= 0:
 // all of them), from the position of cont (a Page's Continue; "" from the
 // start). Runs created while a listing is paged through appear on no page
-// if they sort before its position, and never twice. It reads memory,
-// and Options.Plans for a plan version it has not read yet.
+// if they sort before its position, and never twice. It reads memory:
+// the open runs and the newest Options.MaxFinished finished ones; a page
+// that goes past those reads the older finished runs from the bucket (a
+// scan of the bucket), unless f selects open runs only. It also reads
+// Options.Plans for a plan version it has not read yet.
 func (l *List) List(f Filter, limit int, cont string) (*Page, error) {
 	var from *entry
 	if cont != "" {
@@ -169,23 +173,160 @@ func (l *List) List(f Filter, limit int, cont string) (*Page, error) {
 	if from != nil {
 		i = sort.Search(len(mr.sorted), func(k int) bool { return before(from, mr.sorted[k]) })
 	}
+	bound := mr.st.bound
 	var last *entry // the last run on the page
+	full := false
 	for ; i < len(mr.sorted); i++ {
 		e := mr.sorted[i]
+		if bound != nil && !before(e, bound) {
+			break // the rest is merged with the bucket's rows
+		}
 		if !f.Match(&e.row) {
 			continue
 		}
 		if limit > 0 && len(page.Runs) == limit {
-			page.Continue = position{Created: last.created, RunID: last.row.RunID}.token()
+			full = true
 			break
 		}
 		page.Runs = append(page.Runs, e.row)
 		last = e
 	}
+	// Beyond the bound: the open runs there, from memory, and the
+	// finished ones, from the bucket.
+	var beyond []entry
+	if !full && bound != nil {
+		for ; i < len(mr.sorted); i++ {
+			if e := mr.sorted[i]; f.Match(&e.row) {
+				beyond = append(beyond, *e)
+			}
+		}
+	}
 	mr.mu.Unlock()
+	if !full && bound != nil && !f.openOnly() {
+		want := 0
+		if limit > 0 {
+			// One more than the page needs (to tell whether a next page
+			// is), and as many again as memory has beyond the bound (a
+			// run in both counts once).
+			want = limit - len(page.Runs) + 1 + len(beyond)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), scanTimeout)
+		stored, err := l.scanFinished(ctx, f, bound, from, want)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		beyond = mergeBeyond(beyond, stored)
+	}
+	for k := range beyond {
+		e := &beyond[k]
+		if limit > 0 && len(page.Runs) == limit {
+			full = true
+			break
+		}
+		page.Runs = append(page.Runs, e.row)
+		last = e
+	}
+	if full {
+		page.Continue = position{Created: last.created, RunID: last.row.RunID}.token()
+	}
 	l.addETAs(page.Runs)
 	l.plans.fill(context.Background(), page.Runs)
 	return page, nil
+}
+
+// scanTimeout bounds a scan of the bucket for the finished runs beyond
+// the memory's bound.
+const scanTimeout = 2 * time.Minute
+
+// openOnly reports whether f selects open runs only (every one of its
+// statuses is not terminal, or it asks for DRAINING): those are all in
+// memory.
+func (f *Filter) openOnly() bool {
+	if f.Substatus != "" {
+		return true
+	}
+	if len(f.Statuses) == 0 {
+		return false
+	}
+	for _, s := range f.Statuses {
+		if statestore.IsTerminalRunStatus(s) {
+			return false
+		}
+	}
+	return true
+}
+
+// scanFinished reads the bucket's finished rows that match f, sort at or
+// after bound and after from (nil: the start), and returns the first want
+// of them in the list's order (want <= 0: all).
+func (l *List) scanFinished(ctx context.Context, f Filter, bound, from *entry, want int) ([]entry, error) {
+	w, err := l.kv.Watch(ctx, keyRun+">", jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("%w: read the run list: %w", ErrUnavailable, err)
+	}
+	defer func() { _ = w.Stop() }()
+	var out []entry
+	trim := func() {
+		sort.Slice(out, func(i, j int) bool { return before(&out[i], &out[j]) })
+		if want > 0 && len(out) > want {
+			out = out[:want]
+		}
+	}
+	for {
+		var kve jetstream.KeyValueEntry
+		var ok bool
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: read the run list: %w", ErrUnavailable, ctx.Err())
+		case kve, ok = <-w.Updates():
+		}
+		if !ok {
+			return nil, fmt.Errorf("%w: read the run list: the watch ended", ErrUnavailable)
+		}
+		if kve == nil {
+			break // every row is in
+		}
+		var r Row
+		if json.Unmarshal(kve.Value(), &r) != nil || !statestore.IsTerminalRunStatus(r.Status) {
+			continue
+		}
+		e := entry{row: r, rev: kve.Revision(), created: r.created().UnixNano(), finIndex: -1}
+		if before(&e, bound) || (from != nil && !before(from, &e)) || !f.Match(&e.row) {
+			continue
+		}
+		out = append(out, e)
+		if want > 0 && len(out) >= 2*want+64 {
+			trim()
+		}
+	}
+	trim()
+	return out, nil
+}
+
+// mergeBeyond merges the rows beyond the bound from memory (open runs)
+// and from the bucket (finished ones), both in the list's order, keeping
+// memory's row of a run that is in both.
+func mergeBeyond(mem, stored []entry) []entry {
+	in := make(map[string]bool, len(mem))
+	for i := range mem {
+		in[mem[i].row.RunID] = true
+	}
+	out := make([]entry, 0, len(mem)+len(stored))
+	i, j := 0, 0
+	for i < len(mem) || j < len(stored) {
+		switch {
+		case j < len(stored) && in[stored[j].row.RunID]:
+			j++
+		case j == len(stored) || (i < len(mem) && before(&mem[i], &stored[j])):
+			out = append(out, mem[i])
+			i++
+		default:
+			out = append(out, stored[j])
+			j++
+		}
+	}
+	return out
 }
 
 // Changes returns the rows changed after revision after whose fixed
