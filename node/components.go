@@ -101,7 +101,7 @@ func (n *Node) openMembers(ctx context.Context) error {
 // follows the log into it, every replica mirrors it.
 func (n *Node) openList(ctx context.Context) error {
 	l, err := runlist.Open(ctx, n.js, runlist.Options{Log: n.store, Owner: n.members, Replicas: n.cfg.Replicas, Logger: n.log,
-		Plans: planStepCounter{n.runs}, Metrics: runlist.NewMetrics(n.reg), Registerer: n.reg})
+		MaxFinished: n.cfg.ListFinishedInMemory, Plans: planStepCounter{n.runs}, Metrics: runlist.NewMetrics(n.reg), Registerer: n.reg})
 	if err != nil {
 		return err
 	}

@@ -87,6 +87,9 @@ type Config struct {
 	Secrets *secrets.Resolver
 	// DrainTimeout is a pause's default drain timeout.
 	DrainTimeout time.Duration
+	// ListFinishedInMemory bounds the run list's finished rows in memory
+	// (runlist.Options.MaxFinished; 0: its default).
+	ListFinishedInMemory int
 	// WorkerID names this replica to Conductor and to the other replicas.
 	WorkerID string
 	// TaskDomain is the Conductor task domain of this deployment's runs.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/node"
+	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/taskworkers/secrets"
 	"github.com/conductor-sidecar/sidecar/tracing"
@@ -58,10 +59,13 @@ type Config struct {
 	// PollersPerType is the number of poll loops per task type, which
 	// share its concurrency (taskworkers.Options.PollersPerType).
 	PollersPerType int
-	ShutdownGrace  time.Duration
-	LogFormat      string
-	LogLevel       string
-	ValidateWrites bool
+	// ListFinishedInMemory is how many finished runs' rows of the run list
+	// each replica keeps in memory (runlist.Options.MaxFinished).
+	ListFinishedInMemory int
+	ShutdownGrace        time.Duration
+	LogFormat            string
+	LogLevel             string
+	ValidateWrites       bool
 	// PprofListen, when set, serves net/http/pprof on this loopback
 	// address (profiling; empty: off).
 	PprofListen string
@@ -85,21 +89,22 @@ type Config struct {
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
-		ConductorURL:     "http://localhost:8080/api",
-		Store:            "nats",
-		DataDir:          "./data",
-		Listen:           "127.0.0.1:8787",
-		DrainTimeout:     5 * time.Minute,
-		WorkerID:         "sidecar-" + host,
-		Concurrency:      map[string]int{plan.ExecutorCommand: 4, plan.ExecutorHTTP: 16, plan.ExecutorNoop: 16, plan.ExecutorSleep: 16},
-		ShutdownGrace:    30 * time.Second,
-		PollersPerType:   1,
-		NATSReplicas:     1,
-		NATSStartTimeout: 2 * time.Minute,
-		LogFormat:        "json",
-		LogLevel:         "info",
-		Bus:              busConfig{MaxAttempts: 8},
-		Admission:        admissionConfig{Policy: "queue", Delay: 30 * time.Second},
+		ConductorURL:         "http://localhost:8080/api",
+		Store:                "nats",
+		DataDir:              "./data",
+		Listen:               "127.0.0.1:8787",
+		DrainTimeout:         5 * time.Minute,
+		WorkerID:             "sidecar-" + host,
+		Concurrency:          map[string]int{plan.ExecutorCommand: 4, plan.ExecutorHTTP: 16, plan.ExecutorNoop: 16, plan.ExecutorSleep: 16},
+		ShutdownGrace:        30 * time.Second,
+		PollersPerType:       1,
+		ListFinishedInMemory: runlist.DefaultMaxFinished,
+		NATSReplicas:         1,
+		NATSStartTimeout:     2 * time.Minute,
+		LogFormat:            "json",
+		LogLevel:             "info",
+		Bus:                  busConfig{MaxAttempts: 8},
+		Admission:            admissionConfig{Policy: "queue", Delay: 30 * time.Second},
 	}
 }
 
@@ -117,7 +122,7 @@ func (c *Config) node(log *zap.Logger, own []string) (nc node.Config, err error)
 		NATSURL: c.NATSURL, NATSURLShown: redactURL(c.NATSURL), Replicas: c.NATSReplicas,
 		Embedded:     natsstore.EmbeddedConfig{DataDir: c.DataDir, Listen: c.NATS.Listen, SyncInterval: c.SyncInterval},
 		DrainTimeout: c.DrainTimeout, WorkerID: c.WorkerID, TaskDomain: c.TaskDomain, Concurrency: c.Concurrency,
-		PollersPerType: c.PollersPerType, ValidateWrites: c.ValidateWrites,
+		PollersPerType: c.PollersPerType, ValidateWrites: c.ValidateWrites, ListFinishedInMemory: c.ListFinishedInMemory,
 		Admission: node.Admission{Limits: c.Admission.Limits, Policy: c.Admission.Policy, Delay: c.Admission.Delay},
 		Secrets:   &secrets.Resolver{Logger: log}}
 	if c.postgresStore() {
@@ -230,6 +235,9 @@ func (c *Config) Validate() error {
 	if c.PollersPerType < 1 || c.PollersPerType > 64 {
 		p = append(p, fmt.Sprintf("--pollers-per-type %d: want 1 to 64 (more than 1 only on a Conductor whose queue takes concurrent polls, such as its PostgreSQL store)", c.PollersPerType))
 	}
+	if c.ListFinishedInMemory < 1 {
+		p = append(p, fmt.Sprintf("--list-finished-in-memory %d: want at least 1", c.ListFinishedInMemory))
+	}
 	if strings.ContainsAny(c.TaskDomain, " ,:*/") {
 		p = append(p, "--task-domain must not contain spaces, ',', ':', '*' or '/'")
 	}
@@ -293,6 +301,12 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	if v, ok := os.LookupEnv(envName("nats-replicas")); ok {
 		if fs.Set("nats-replicas", v) != nil {
 			c.NATSReplicas = 0 // Validate names it
+		}
+	}
+	fs.Var(&intValue{&c.ListFinishedInMemory}, "list-finished-in-memory", "finished runs of the run list each replica keeps in memory, the newest (about 1 KB each); older ones are read from NATS when a listing reaches them (env "+envName("list-finished-in-memory")+")")
+	if v, ok := os.LookupEnv(envName("list-finished-in-memory")); ok {
+		if fs.Set("list-finished-in-memory", v) != nil {
+			c.ListFinishedInMemory = 0 // Validate names it
 		}
 	}
 	fs.Var(&intValue{&c.PollersPerType}, "pollers-per-type", "poll loops per task type, sharing its concurrency; more than 1 only on a Conductor whose queue takes concurrent polls (PostgreSQL: yes; the memory store: no) (env "+envName("pollers-per-type")+")")
