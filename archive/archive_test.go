@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/conductor-sidecar/sidecar/archive"
@@ -182,32 +181,6 @@ func TestArchive_Write(t *testing.T) {
 					t.Fatalf("got objects %v, want none", names)
 				}
 			})
-		}
-	})
-	t.Run("ConcurrentWritersOneChain", func(t *testing.T) {
-		d, _ := openDir(t)
-		runs := finishedRuns(t, "r", 16)
-		writers := []*archive.Archive{mustOpen(t, d), mustOpen(t, d), mustOpen(t, d), mustOpen(t, d)}
-		var wg sync.WaitGroup
-		errs := make(chan error, len(runs))
-		for i, r := range runs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				_, err := writers[i%len(writers)].Write(ctx, []archive.Run{r})
-				errs <- err
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			if err != nil {
-				t.Fatal(err)
-			}
-		}
-		rep := mustVerify(t, d, archive.VerifyOptions{})
-		if len(rep.Problems) != 0 || rep.Manifests != 16 || rep.Runs != 16 || len(rep.Orphans) != 0 {
-			t.Fatalf("got report %+v", rep)
 		}
 	})
 }

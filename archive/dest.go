@@ -3,6 +3,7 @@ package archive
 import (
 	"context"
 	"net/url"
+	"os"
 	"strings"
 )
 
@@ -29,7 +30,8 @@ type Destination interface {
 }
 
 // ParseURL opens the destination an --archive URL names:
-// file:///absolute/dir (a directory, made if missing).
+// file:///absolute/dir (a directory, made if missing), or
+// s3://bucket/prefix (a prefix of an S3 bucket; ParseS3URL).
 func ParseURL(raw string) (Destination, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
@@ -44,7 +46,70 @@ func ParseURL(raw string) (Destination, error) {
 			return nil, newError(CodeURLInvalid, nil, "%q: file:// takes an absolute path (file:///var/lib/sidecar/archive)", raw)
 		}
 		return NewDir(u.Path), nil
+	case "s3":
+		cfg, err := ParseS3URL(raw, os.Getenv)
+		if err != nil {
+			return nil, err
+		}
+		return NewS3(context.Background(), cfg)
 	default:
-		return nil, newError(CodeURLInvalid, nil, "%q: the archive is a file:///dir URL", raw)
+		return nil, newError(CodeURLInvalid, nil, "%q: the archive is a file:///dir or s3://bucket/prefix URL", raw)
 	}
+}
+
+// ParseS3URL reads s3://bucket/prefix[?path-style=true|false] into an
+// S3Config, with the endpoint from getenv's AWS_ENDPOINT_URL_S3 or
+// AWS_ENDPOINT_URL; region and credentials are left to the SDK's default
+// chain (AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, profiles,
+// roles). path-style defaults to true when an endpoint is set (an
+// S3-compatible server) and to false otherwise (AWS S3). Credentials in
+// the URL are refused: they would end up in logs and process listings.
+func ParseS3URL(raw string, getenv func(string) string) (S3Config, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return S3Config{}, newError(CodeURLInvalid, err, "%q", raw)
+	}
+	if u.Scheme != "s3" {
+		return S3Config{}, newError(CodeURLInvalid, nil, "%q: not an s3:// URL", raw)
+	}
+	if u.User != nil {
+		return S3Config{}, newError(CodeURLInvalid, nil, "s3 URL with credentials: give them as AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+	}
+	if u.Port() != "" || u.Fragment != "" || u.Opaque != "" {
+		return S3Config{}, newError(CodeURLInvalid, nil, "%q: s3:// takes a bucket and a key prefix (s3://bucket/prefix); the endpoint is AWS_ENDPOINT_URL_S3", raw)
+	}
+	cfg := S3Config{Bucket: u.Host, Prefix: strings.Trim(u.Path, "/")}
+	if strings.Contains(u.Path, "//") {
+		return S3Config{}, newError(CodeURLInvalid, nil, "%q: empty segment in the key prefix", raw)
+	}
+	if getenv("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS") != "true" {
+		cfg.Endpoint = getenv("AWS_ENDPOINT_URL_S3")
+		if cfg.Endpoint == "" {
+			cfg.Endpoint = getenv("AWS_ENDPOINT_URL")
+		}
+	}
+	cfg.PathStyle = cfg.Endpoint != ""
+	q := u.Query()
+	for k := range q {
+		if k != "path-style" {
+			return S3Config{}, newError(CodeURLInvalid, nil, "%q: unknown option %q (only path-style=true|false)", raw, k)
+		}
+	}
+	if v, ok := q["path-style"]; ok {
+		switch {
+		case len(v) == 1 && v[0] == "true":
+			cfg.PathStyle = true
+		case len(v) == 1 && v[0] == "false":
+			cfg.PathStyle = false
+		default:
+			return S3Config{}, newError(CodeURLInvalid, nil, "%q: path-style is true or false", raw)
+		}
+	}
+	if !bucketName.MatchString(cfg.Bucket) {
+		return S3Config{}, newError(CodeURLInvalid, nil, "%q: bucket name %q (3 to 63 of a-z, 0-9, '.', '-')", raw, cfg.Bucket)
+	}
+	if cfg.Prefix != "" && checkName(cfg.Prefix) != nil {
+		return S3Config{}, newError(CodeURLInvalid, nil, "%q: key prefix %q", raw, cfg.Prefix)
+	}
+	return cfg, nil
 }

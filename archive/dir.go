@@ -30,11 +30,21 @@ func (d *Dir) String() string { return "file://" + filepath.ToSlash(d.root) }
 
 // path maps an object name to a file path, refusing names that leave root.
 func (d *Dir) path(name string) (string, error) {
-	clean := path.Clean("/" + name)
-	if name == "" || clean != "/"+name || strings.HasSuffix(name, "/") {
-		return "", newError(CodeInputInvalid, nil, "object name %q", name)
+	if err := checkName(name); err != nil {
+		return "", err
 	}
 	return filepath.Join(d.root, filepath.FromSlash(name)), nil
+}
+
+// checkName refuses an object name that is not a clean relative
+// slash-separated path ("", "../x", "/abs", "dir/", "a//b"): every
+// Destination takes the same names.
+func checkName(name string) error {
+	clean := path.Clean("/" + name)
+	if name == "" || clean != "/"+name || strings.HasSuffix(name, "/") {
+		return newError(CodeInputInvalid, nil, "object name %q", name)
+	}
+	return nil
 }
 
 // Put implements Destination.

@@ -30,7 +30,7 @@ type Retention struct {
 	PerTenant map[string]time.Duration
 	// Interval is how often retention looks for due runs (0: its default).
 	Interval time.Duration
-	// Archive is the archive's URL (file:///dir).
+	// Archive is the archive's URL (file:///dir or s3://bucket/prefix).
 	Archive string
 	// Store is the PostgreSQL URL retention removes runs through, as the
 	// retention role (docs/postgres.md, "Retention"); required with a

@@ -47,7 +47,7 @@ type archiveFlags struct {
 }
 
 func (f *archiveFlags) register(fs *flag.FlagSet) {
-	f.url = fs.String("archive", envOr("SIDECAR_ARCHIVE", ""), "the archive: file:///dir (env SIDECAR_ARCHIVE)")
+	f.url = fs.String("archive", envOr("SIDECAR_ARCHIVE", ""), "the archive: file:///dir or s3://bucket/prefix (env SIDECAR_ARCHIVE; S3 endpoint and credentials from the AWS variables, docs/retention.md)")
 	f.output = fs.String("o", "text", "output format: text or json")
 }
 
@@ -71,7 +71,7 @@ func (f *archiveFlags) parse(fs *flag.FlagSet, args []string) ([]string, archive
 		return nil, nil, usageError(fs, "-o must be text or json")
 	}
 	if *f.url == "" {
-		return nil, nil, usageError(fs, "--archive is required (file:///dir)")
+		return nil, nil, usageError(fs, "--archive is required (file:///dir or s3://bucket/prefix)")
 	}
 	dest, err := archive.ParseURL(*f.url)
 	if err != nil {

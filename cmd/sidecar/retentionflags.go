@@ -40,7 +40,7 @@ func (c *retentionConfig) registerFlags(fs *flag.FlagSet) {
 	if v, ok := os.LookupEnv(envName("retain-tenant")); ok {
 		_ = fs.Set("retain-tenant", v)
 	}
-	stringFlag(fs, &c.Archive, "archive", "where finished runs are archived before they leave hot state: file:///dir")
+	stringFlag(fs, &c.Archive, "archive", "where finished runs are archived before they leave hot state: file:///dir or s3://bucket/prefix")
 	stringFlag(fs, &c.Store, "retention-store", "with --store postgres:// and --retain-finished: postgres://RETENTION_ROLE@host:port/database, the role that may remove finished runs (docs/postgres.md, Retention; password from PGPASSFILE or PGPASSWORD)")
 	fs.BoolVar(&c.Conductor, "retain-conductor", envOr(envName("retain-conductor"), "true") == "true", "with --retain-finished: also remove a removed run's workflow from Conductor (env "+envName("retain-conductor")+")")
 	stringFlag(fs, &c.PasswordFile, "retention-nats-password-file", "with --nats-url and --retain-finished: file with the password of NATS user "+natsstore.RetentionUser+", the only one that may remove runs (deploy/nats/sidecar.conf)")

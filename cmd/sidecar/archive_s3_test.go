@@ -1,0 +1,42 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/conductor-sidecar/sidecar/archive"
+	"github.com/conductor-sidecar/sidecar/archive/archivetest"
+)
+
+// TestArchiveCommand_S3 verifies and reads an archive in a bucket of a
+// real S3-compatible server through its s3:// URL, with the endpoint and
+// credentials from the AWS variables.
+func TestArchiveCommand_S3(t *testing.T) {
+	srv := archivetest.StartS3(t)
+	for k, v := range srv.Env() {
+		t.Setenv(k, v)
+	}
+	_, _, r, m := writeArchive(t)
+	a, err := archive.Open(context.Background(), srv.Bucket("archive", "prod/sidecar"), archive.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err = a.Write(context.Background(), []archive.Run{r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "s3://archive/prod/sidecar"
+	code, out, errOut := run(t, "archive", "verify", "--archive", url, "--expect-head", m.Chain)
+	if code != exitOK || !strings.Contains(out, "verified "+url+": 1 manifests, 1 segments, 1 runs, 4 records: 0 problems") {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = run(t, "archive", "events", r.ID, "--archive", url)
+	if code != exitOK || strings.Count(out, "\n") != len(r.Records) || !strings.Contains(out, "RunCompleted") {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+	if code, out, errOut = run(t, "archive", "verify", "--archive", url); code == exitOK || !strings.Contains(errOut, archive.CodeUnavailable) {
+		t.Fatalf("wrong secret: exit %d\n%s%s", code, out, errOut)
+	}
+}
