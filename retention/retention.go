@@ -241,7 +241,13 @@ func (r *Retention) Pass(ctx context.Context) (PassResult, error) {
 	for {
 		batch, err := r.due(ctx)
 		if err != nil {
-			r.opts.Metrics.failed(stepRead)
+			// due looks each run up in the archive: a destination that is
+			// down fails here first, and must count as the archive failing.
+			if ae := (*archive.Error)(nil); errors.As(err, &ae) {
+				r.opts.Metrics.failed(stepArchive)
+			} else {
+				r.opts.Metrics.failed(stepRead)
+			}
 			return res, err
 		}
 		if len(batch) == 0 {
