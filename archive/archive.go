@@ -176,10 +176,12 @@ func (a *Archive) Write(ctx context.Context, runs []Run) (*Manifest, error) {
 	if err := checkRuns(runs); err != nil {
 		return nil, err
 	}
-	data, m, err := buildSegment(runs)
+	seg, err := buildSegment(runs)
 	if err != nil {
 		return nil, err
 	}
+	defer seg.release()
+	m := seg.m
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := a.now().UTC()
@@ -189,14 +191,14 @@ func (a *Archive) Write(ctx context.Context, runs []Run) (*Manifest, error) {
 	}
 	m.CreatedAt = now.Format(time.RFC3339Nano)
 	m.Segment = fmt.Sprintf("%s%019d-%s%s", segmentPrefix, now.UnixNano(), hex.EncodeToString(rnd[:]), segmentSuffix)
-	if err := a.dest.Put(ctx, m.Segment, data); err != nil {
+	if err := a.dest.Put(ctx, m.Segment, seg.data); err != nil {
 		return nil, err
 	}
 	back, err := a.dest.Get(ctx, m.Segment)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkSegment(m, back); err != nil {
+	if err := checkReadBack(seg, back); err != nil {
 		return nil, fmt.Errorf("read back: %w", err)
 	}
 	for try := 0; ; try++ {

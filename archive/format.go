@@ -7,9 +7,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"strings"
+	"sync"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
@@ -187,44 +190,192 @@ func checkRuns(runs []Run) error {
 	return nil
 }
 
-// buildSegment encodes runs as a segment: the NDJSON lines compressed
-// with gzip, and a manifest without Seq, Prev and Chain.
-func buildSegment(runs []Run) ([]byte, *Manifest, error) {
-	var comp bytes.Buffer
-	zw := gzip.NewWriter(&comp)
+// segment is a segment built by buildSegment: its stored (compressed)
+// bytes, the NDJSON lines they hold (in chunks, in order), and its
+// manifest without Seq, Prev and Chain. release hands its buffers back for
+// the next segment; data may not be used after it.
+type segment struct {
+	data   []byte
+	chunks [][]byte
+	m      *Manifest
+	comp   *bytes.Buffer
+}
+
+// chunkSize is the size of the blocks of lines buildSegment hands from
+// encoding to compression.
+const chunkSize = 64 << 10
+
+// Buffers and compressors reused from one segment to the next: a gzip
+// writer allocates about 1 MB of tables, and a segment's buffer is the
+// size of the segment.
+var (
+	compPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+	gzwPool  = sync.Pool{New: func() any { return gzip.NewWriter(io.Discard) }}
+	gzrPool  sync.Pool // *gzip.Reader, made on first use (NewReader needs a stream)
+)
+
+func (s *segment) release() {
+	if s.comp != nil && s.comp.Cap() <= 64<<20 {
+		s.comp.Reset()
+		compPool.Put(s.comp)
+	}
+	*s = segment{}
+}
+
+// chunker is the writer buildSegment's JSON encoder writes lines to: it
+// hashes them into the current run's SHA-256, cuts them into chunks of
+// about chunkSize and sends each full chunk to the compressor, keeping it
+// for the read-back check. A chunk sent is never written again.
+type chunker struct {
+	cur    []byte
+	out    chan<- []byte
+	chunks [][]byte
+	run    hash.Hash
+	n      int64
+}
+
+func (c *chunker) Write(p []byte) (int, error) {
+	c.run.Write(p)
+	c.cur = append(c.cur, p...)
+	c.n += int64(len(p))
+	if c.n > maxRawBytes {
+		return 0, fmt.Errorf("more than %d bytes of records in one segment", int64(maxRawBytes))
+	}
+	if len(c.cur) >= chunkSize {
+		c.flush()
+	}
+	return len(p), nil
+}
+
+func (c *chunker) flush() {
+	if len(c.cur) == 0 {
+		return
+	}
+	c.chunks = append(c.chunks, c.cur)
+	c.out <- c.cur
+	c.cur = make([]byte, 0, chunkSize+chunkSize/4)
+}
+
+// buildSegment encodes runs as a segment: each record a line of compact
+// JSON (EncodeRecord's bytes and a newline), each run's SHA-256 over its
+// lines, and the lines compressed with gzip (default level) as one
+// stream. Encoding and compression run in two goroutines, a chunk of
+// lines at a time, so they overlap.
+func buildSegment(runs []Run) (*segment, error) {
+	seg := &segment{comp: compPool.Get().(*bytes.Buffer)}
+	zw := gzwPool.Get().(*gzip.Writer)
+	zw.Reset(seg.comp)
+	chunks := make(chan []byte, 4)
+	compressed := make(chan error, 1)
+	go func() {
+		var err error
+		for c := range chunks {
+			if err == nil {
+				_, err = zw.Write(c)
+			}
+		}
+		if err == nil {
+			err = zw.Close()
+		}
+		compressed <- err
+	}()
+	ck := &chunker{cur: make([]byte, 0, chunkSize+chunkSize/4), out: chunks, run: sha256.New()}
+	m, err := encodeRuns(runs, ck)
+	if err == nil {
+		ck.flush()
+	}
+	close(chunks)
+	cerr := <-compressed
+	gzwPool.Put(zw)
+	if err == nil {
+		err = cerr
+	}
+	if err != nil {
+		seg.release()
+		return nil, err
+	}
+	seg.chunks, seg.m = ck.chunks, m
+	seg.data = seg.comp.Bytes()
+	m.RawBytes = ck.n
+	m.SegmentBytes = int64(len(seg.data))
+	m.SegmentSHA256 = hexSHA256(seg.data)
+	return seg, nil
+}
+
+// encodeRuns writes every record of runs to ck and returns the manifest's
+// runs and counts.
+func encodeRuns(runs []Run, ck *chunker) (*Manifest, error) {
+	enc := json.NewEncoder(ck)
+	enc.SetEscapeHTML(false)
 	m := &Manifest{Format: FormatVersion, Runs: make([]RunEntry, 0, len(runs))}
 	for _, r := range runs {
-		h := sha256.New()
+		ck.run.Reset()
 		for i := range r.Records {
-			line, err := EncodeRecord(&r.Records[i])
-			if err != nil {
-				return nil, nil, newError(CodeInputInvalid, err, "run %q: encode record %d", r.ID, i)
+			// Encode writes the record as EncodeRecord does, and a newline,
+			// in one Write; a record it cannot encode writes nothing.
+			if err := enc.Encode(&r.Records[i]); err != nil {
+				return nil, newError(CodeInputInvalid, err, "run %q: encode record %d", r.ID, i)
 			}
-			line = append(line, '\n')
-			h.Write(line)
-			if _, err := zw.Write(line); err != nil {
-				return nil, nil, err
-			}
-			m.RawBytes += int64(len(line))
 		}
 		first, last := &r.Records[0], &r.Records[len(r.Records)-1]
 		m.Records += int64(len(r.Records))
 		m.Runs = append(m.Runs, RunEntry{
 			RunID: r.ID, TenantID: first.TenantID, ProjectID: first.ProjectID,
 			EnvironmentID: first.EnvironmentID, PlanID: first.PlanID, PlanVersion: first.PlanVersion,
-			Records: int64(len(r.Records)), SHA256: hex.EncodeToString(h.Sum(nil)),
+			Records: int64(len(r.Records)), SHA256: hex.EncodeToString(ck.run.Sum(nil)),
 			FirstRunSeq: first.RunSeq, LastRunSeq: last.RunSeq,
 			FirstPersistedAt: first.PersistedAt, LastPersistedAt: last.PersistedAt,
 			LastEventType: last.EventType,
 		})
 	}
-	if err := zw.Close(); err != nil {
-		return nil, nil, err
+	return m, nil
+}
+
+// checkReadBack checks what the destination returned for a segment just
+// written: the same bytes as were written (whose SHA-256 and size the
+// manifest records), and these bytes decompress to exactly the lines
+// whose counts and per-run SHA-256 the manifest records. Comparing bytes
+// proves what hashing them again would.
+func checkReadBack(seg *segment, back []byte) error {
+	m := seg.m
+	if !bytes.Equal(back, seg.data) {
+		return newError(CodeCorrupt, nil, "segment %s: %d bytes read back differ from the %d written (SHA-256 %s)", m.Segment, len(back), len(seg.data), m.SegmentSHA256)
 	}
-	data := comp.Bytes()
-	m.SegmentBytes = int64(len(data))
-	m.SegmentSHA256 = hexSHA256(data)
-	return data, m, nil
+	zr, _ := gzrPool.Get().(*gzip.Reader)
+	var err error
+	if zr != nil {
+		err = zr.Reset(bytes.NewReader(back))
+	} else {
+		zr, err = gzip.NewReader(bytes.NewReader(back))
+	}
+	if err != nil {
+		return newError(CodeCorrupt, err, "segment %s: not gzip", m.Segment)
+	}
+	defer gzrPool.Put(zr)
+	buf := make([]byte, chunkSize)
+	for _, c := range seg.chunks {
+		// A chunk is longer than chunkSize by its last line: compare it
+		// a buffer at a time.
+		for len(c) > 0 {
+			want := c[:min(len(c), len(buf))]
+			c = c[len(want):]
+			n, err := io.ReadFull(zr, buf[:len(want)])
+			if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+				return newError(CodeCorrupt, err, "segment %s: decompress", m.Segment)
+			}
+			if !bytes.Equal(buf[:n], want) {
+				return newError(CodeCorrupt, nil, "segment %s: decompressed lines differ from those written", m.Segment)
+			}
+		}
+	}
+	// The stream ends here, and its CRC-32 and length check.
+	switch n, err := io.ReadFull(zr, buf[:1]); {
+	case n != 0:
+		return newError(CodeCorrupt, nil, "segment %s: decompresses to more lines than were written", m.Segment)
+	case !errors.Is(err, io.EOF):
+		return newError(CodeCorrupt, err, "segment %s: decompress", m.Segment)
+	}
+	return nil
 }
 
 // decodeSegment checks data against m and returns the records of every
@@ -232,19 +383,6 @@ func buildSegment(runs []Run) ([]byte, *Manifest, error) {
 // SHA-256, a line that does not parse or is not its run's, runSeq out of
 // order) is an error matching ErrCorrupt that names it.
 func decodeSegment(m *Manifest, data []byte) ([][]statestore.RunEventRecord, error) {
-	return readSegment(m, data, true)
-}
-
-// checkSegment is decodeSegment without decoding the records: sizes,
-// hashes and counts only. Write uses it on what it reads back: the
-// records it encoded were checked before, and the hashes prove the bytes
-// are those.
-func checkSegment(m *Manifest, data []byte) error {
-	_, err := readSegment(m, data, false)
-	return err
-}
-
-func readSegment(m *Manifest, data []byte, decode bool) ([][]statestore.RunEventRecord, error) {
 	if int64(len(data)) != m.SegmentBytes {
 		return nil, newError(CodeCorrupt, nil, "segment %s: %d bytes, manifest %d says %d", m.Segment, len(data), m.Seq, m.SegmentBytes)
 	}
@@ -283,9 +421,6 @@ func readSegment(m *Manifest, data []byte, decode bool) ([][]statestore.RunEvent
 			}
 			line := sc.Bytes()
 			h.Write(line)
-			if !decode {
-				continue
-			}
 			var rec statestore.RunEventRecord
 			if err := json.Unmarshal(bytes.TrimSuffix(line, []byte("\n")), &rec); err != nil {
 				return nil, newError(CodeCorrupt, err, "segment %s: run %q: record %d does not parse", m.Segment, e.RunID, i)
@@ -302,7 +437,7 @@ func readSegment(m *Manifest, data []byte, decode bool) ([][]statestore.RunEvent
 		if got := hex.EncodeToString(h.Sum(nil)); got != e.SHA256 {
 			return nil, newError(CodeCorrupt, nil, "segment %s: run %q: SHA-256 %s, manifest %d says %s", m.Segment, e.RunID, got, m.Seq, e.SHA256)
 		}
-		if decode && (recs[0].RunSeq != e.FirstRunSeq || last != e.LastRunSeq) {
+		if recs[0].RunSeq != e.FirstRunSeq || last != e.LastRunSeq {
 			return nil, newError(CodeCorrupt, nil, "segment %s: run %q: runSeq %d..%d, manifest %d says %d..%d", m.Segment, e.RunID, recs[0].RunSeq, last, m.Seq, e.FirstRunSeq, e.LastRunSeq)
 		}
 		total += e.Records

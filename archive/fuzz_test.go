@@ -32,10 +32,12 @@ func seedSegment(t testing.TB) ([]byte, *Manifest, []byte) {
 		}
 		runs = append(runs, Run{ID: id, Records: recs})
 	}
-	data, m, err := buildSegment(runs)
+	seg, err := buildSegment(runs)
 	if err != nil {
 		t.Fatal(err)
 	}
+	data, m := append([]byte(nil), seg.data...), seg.m
+	seg.release()
 	m.Seq, m.Prev, m.Segment, m.CreatedAt = 1, Genesis, "segments/1-a.ndjson.gz", "2026-01-01T00:00:00Z"
 	if m.Chain, err = chainOf(m); err != nil {
 		t.Fatal(err)
