@@ -201,6 +201,11 @@ type segment struct {
 	comp   *bytes.Buffer
 }
 
+// SegmentLevel is the gzip level of segments. Levels 2 to 4 of
+// compress/flate run about twice as fast as the default (6) on NDJSON
+// records, and the output is about 3 % larger.
+const SegmentLevel = 4
+
 // chunkSize is the size of the blocks of lines buildSegment hands from
 // encoding to compression.
 const chunkSize = 64 << 10
@@ -210,7 +215,13 @@ const chunkSize = 64 << 10
 // size of the segment.
 var (
 	compPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-	gzwPool  = sync.Pool{New: func() any { return gzip.NewWriter(io.Discard) }}
+	gzwPool  = sync.Pool{New: func() any {
+		zw, err := gzip.NewWriterLevel(io.Discard, SegmentLevel)
+		if err != nil { // not with a valid SegmentLevel
+			return gzip.NewWriter(io.Discard)
+		}
+		return zw
+	}}
 	gzrPool  sync.Pool // *gzip.Reader, made on first use (NewReader needs a stream)
 )
 
@@ -258,7 +269,7 @@ func (c *chunker) flush() {
 
 // buildSegment encodes runs as a segment: each record a line of compact
 // JSON (EncodeRecord's bytes and a newline), each run's SHA-256 over its
-// lines, and the lines compressed with gzip (default level) as one
+// lines, and the lines compressed with gzip (SegmentLevel) as one
 // stream. Encoding and compression run in two goroutines, a chunk of
 // lines at a time, so they overlap.
 func buildSegment(runs []Run) (*segment, error) {
