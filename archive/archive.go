@@ -164,8 +164,10 @@ func (a *Archive) loadHead(ctx context.Context) error {
 }
 
 // Write archives runs as one segment and returns its manifest once both
-// are confirmed: the segment was written, read back and its hashes and
-// every run's count and SHA-256 checked, then the manifest was written
+// are confirmed: the segment was written and read back, and what came
+// back is byte for byte what was written (the bytes whose SHA-256 and size
+// the manifest records) and decompresses to exactly the lines each run's
+// count and SHA-256 are over; then the manifest was written
 // under the next seq (never over another) and read back byte for byte.
 // Only then may the runs leave hot state. Each run must be given with every
 // one of its records, in increasing runSeq; bad input fails with
