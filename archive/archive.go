@@ -65,6 +65,9 @@ type Archive struct {
 
 	mu   sync.Mutex
 	head *Manifest // newest manifest read or written (nil: none yet)
+	// headRead is whether head was read from the destination (Open's
+	// read fails while the destination is down; Write reads it then).
+	headRead bool
 	// index maps a runId to where its newest copy is listed; built by
 	// loadIndex and kept up to date by Write.
 	index   map[string]location
@@ -85,7 +88,11 @@ type Options struct {
 
 // Open returns the Archive on dest. It reads the newest manifest (if any)
 // and checks it, so that a writer chains on to it; an archive whose newest
-// manifest does not check fails with an error matching ErrCorrupt.
+// manifest does not check fails with an error matching ErrCorrupt. A
+// destination that does not answer (ErrUnavailable: a bucket's server
+// down) does not fail Open: the first Write reads the head then, and fails
+// while the destination does, so a sidecar starts with its archive down
+// and reports it failing instead of not starting.
 func Open(ctx context.Context, dest Destination, opts Options) (*Archive, error) {
 	if dest == nil {
 		return nil, newError(CodeURLInvalid, nil, "no destination")
@@ -94,7 +101,7 @@ func Open(ctx context.Context, dest Destination, opts Options) (*Archive, error)
 		opts.Now = time.Now
 	}
 	a := &Archive{dest: dest, now: opts.Now, index: map[string]location{}}
-	if err := a.loadHead(ctx); err != nil {
+	if err := a.loadHead(ctx); err != nil && !errors.Is(err, ErrUnavailable) {
 		return nil, err
 	}
 	return a, nil
@@ -152,14 +159,14 @@ func (a *Archive) loadHead(ctx context.Context) error {
 		return err
 	}
 	if len(seqs) == 0 {
-		a.head = nil
+		a.head, a.headRead = nil, true
 		return nil
 	}
 	m, err := a.readManifest(ctx, seqs[len(seqs)-1])
 	if err != nil {
 		return err
 	}
-	a.head = m
+	a.head, a.headRead = m, true
 	return nil
 }
 
@@ -186,6 +193,11 @@ func (a *Archive) Write(ctx context.Context, runs []Run) (*Manifest, error) {
 	m := seg.m
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if !a.headRead {
+		if err := a.loadHead(ctx); err != nil {
+			return nil, err
+		}
+	}
 	now := a.now().UTC()
 	var rnd [8]byte
 	if _, err := rand.Read(rnd[:]); err != nil {
