@@ -222,7 +222,7 @@ var (
 		}
 		return zw
 	}}
-	gzrPool  sync.Pool // *gzip.Reader, made on first use (NewReader needs a stream)
+	gzrPool sync.Pool // *gzip.Reader, made on first use (NewReader needs a stream)
 )
 
 func (s *segment) release() {

@@ -100,8 +100,8 @@ func TestCheckReadBack(t *testing.T) {
 		// The gzip header's OS byte: the stream still decompresses to the
 		// same lines, but the bytes are not those the manifest's SHA-256 is of.
 		"HeaderChanged": func(_ *segment, back []byte) []byte { back[9] ^= 1; return back },
-		"Truncated":   func(_ *segment, back []byte) []byte { return back[:len(back)-1] },
-		"Empty":       func(_ *segment, back []byte) []byte { return nil },
+		"Truncated":     func(_ *segment, back []byte) []byte { return back[:len(back)-1] },
+		"Empty":         func(_ *segment, back []byte) []byte { return nil },
 		"LineChanged": func(seg *segment, back []byte) []byte {
 			c := seg.chunks[len(seg.chunks)/2]
 			c[len(c)/2] ^= 1
