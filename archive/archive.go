@@ -38,6 +38,7 @@
 package archive
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -228,11 +229,18 @@ func (a *Archive) Write(ctx context.Context, runs []Run) (*Manifest, error) {
 			return nil, err
 		}
 		err = a.dest.PutNew(ctx, manifestName(m.Seq), enc)
-		if errors.Is(err, ErrConflict) && try < conflictRetries {
-			if err := a.loadHead(ctx); err != nil {
-				return nil, err
+		if errors.Is(err, ErrConflict) {
+			// The object may be this very manifest (it names this
+			// segment): a request the destination stored whose answer was
+			// lost, retried by the client (S3 clients retry).
+			if got, gerr := a.dest.Get(ctx, manifestName(m.Seq)); gerr == nil && bytes.Equal(got, enc) {
+				err = nil
+			} else if try < conflictRetries {
+				if err := a.loadHead(ctx); err != nil {
+					return nil, err
+				}
+				continue
 			}
-			continue
 		}
 		if err != nil {
 			return nil, err

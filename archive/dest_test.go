@@ -403,3 +403,45 @@ func TestParseS3URL(t *testing.T) {
 		}
 	})
 }
+
+// lostAnswer is a Destination over a Dir whose first PutNew stores the
+// object and then answers ErrConflict, as a client does that retried a
+// conditional PUT whose first answer was lost.
+type lostAnswer struct {
+	*archive.Dir
+	lost bool
+}
+
+func (d *lostAnswer) PutNew(ctx context.Context, name string, data []byte) error {
+	if err := d.Dir.PutNew(ctx, name, data); err != nil || d.lost {
+		return err
+	}
+	d.lost = true
+	return &archive.Error{Code: archive.CodeConflict, Message: name + " exists"}
+}
+
+// TestArchive_WriteLostAnswer checks that a manifest the destination
+// stored but answered as a conflict (its own earlier attempt) counts as
+// written, not as lost to another writer: the runs are not written a
+// second time under the next seq.
+func TestArchive_WriteLostAnswer(t *testing.T) {
+	ctx := context.Background()
+	dir, _ := openDir(t)
+	d := &lostAnswer{Dir: dir}
+	a := mustOpen(t, d)
+	runs := finishedRuns(t, "r", 2)
+	m, err := a.Write(ctx, runs[:1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Seq != 1 {
+		t.Fatalf("got manifest %d, want 1", m.Seq)
+	}
+	if m, err = a.Write(ctx, runs[1:]); err != nil || m.Seq != 2 {
+		t.Fatalf("next write: got %v, %v, want manifest 2", m, err)
+	}
+	rep := mustVerify(t, d, archive.VerifyOptions{})
+	if len(rep.Problems) != 0 || rep.Manifests != 2 || rep.Runs != 2 {
+		t.Fatalf("got report %+v", rep)
+	}
+}
