@@ -36,7 +36,7 @@ func TestArchiveCommand_S3(t *testing.T) {
 		t.Fatalf("exit %d\n%s%s", code, out, errOut)
 	}
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "wrong")
-	if code, out, errOut = run(t, "archive", "verify", "--archive", url); code == exitOK || !strings.Contains(errOut, archive.CodeUnavailable) {
+	if code, out, errOut = run(t, "archive", "verify", "--archive", url); code == exitOK || !strings.Contains(errOut, archive.CodeUnavailable) || !strings.Contains(errOut, "SignatureDoesNotMatch") {
 		t.Fatalf("wrong secret: exit %d\n%s%s", code, out, errOut)
 	}
 }
