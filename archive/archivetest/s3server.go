@@ -5,7 +5,6 @@ package archivetest
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -184,5 +183,5 @@ func tail(b []byte, n int) string {
 	if len(b) > n {
 		b = b[len(b)-n:]
 	}
-	return fmt.Sprintf("%s", b)
+	return string(b)
 }
