@@ -161,3 +161,19 @@ func (c *runCache) close() {
 	c.stop()
 	<-c.done
 }
+
+// runOf returns the open run whose workflow is workflowID (false for a nil
+// cache, or none).
+func (c *runCache) runOf(workflowID string) (string, bool) {
+	if c == nil {
+		return "", false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, r := range c.runs {
+		if r.rec.WorkflowID == workflowID {
+			return id, true
+		}
+	}
+	return "", false
+}

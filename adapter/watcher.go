@@ -188,7 +188,9 @@ func (w *Watcher) Open(ctx context.Context) error {
 		// Scans read the index directly until a later Open.
 		w.log.Warn("cannot watch the run index; scans read it run by run", zap.Error(err))
 	}
+	w.mu.Lock() // NudgeWorkflow reads it from other goroutines
 	w.cache = cache
+	w.mu.Unlock()
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	w.cancel, w.done = cancel, done
@@ -929,4 +931,27 @@ func (w *Watcher) reconcileWorkflow(ctx context.Context, workflowID string) erro
 	w.log.Warn("terminated an orphan workflow", zap.String("workflowId", workflowID), zap.String("runId", runID),
 		zap.String("reason", reason))
 	return nil
+}
+
+// NudgeWorkflow asks for a prompt check of the run whose workflow is
+// workflowID (Conductor notified a change of the workflow's status), and
+// reports whether workflowID is the workflow of a run the watcher follows.
+// The check is Nudge's: the workflow is read from Conductor, and what it
+// shows recorded as the scan would. It never blocks; a workflow of no
+// open run is left alone.
+func (w *Watcher) NudgeWorkflow(workflowID string) bool {
+	if workflowID == "" {
+		return false
+	}
+	w.mu.Lock()
+	runID, ok := w.known[workflowID]
+	cache := w.cache
+	w.mu.Unlock()
+	if !ok {
+		runID, ok = cache.runOf(workflowID)
+	}
+	if ok {
+		w.Nudge(runID)
+	}
+	return ok
 }

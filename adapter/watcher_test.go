@@ -745,3 +745,49 @@ func TestWatcher_ScanCostFollowsChange(t *testing.T) {
 		t.Fatalf("terminated run: last event %s", ev.EventType)
 	}
 }
+
+// TestWatcher_NudgeWorkflow: a status change Conductor notifies names the
+// workflow, not the run. NudgeWorkflow finds the run of a workflow the
+// watcher has not read yet (a run started after its last scan) and checks
+// it at once: a pause made in Conductor is recorded long before the next
+// scan. A workflow of no run is left alone.
+func TestWatcher_NudgeWorkflow(t *testing.T) {
+	u := conductortest.URL(t)
+	ctx := context.Background()
+	env := newNATS(t)
+	r := env.newRuns(t, u, RunsOptions{})
+	pauses, _ := env.pauses(t, r, env.store, 42*time.Second)
+	w := NewWatcher(r, env.store, WatcherOptions{Interval: time.Hour, ReconcileInterval: time.Hour, Pauses: pauses, Logger: zaptest.NewLogger(t)})
+	if err := w.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	if w.NudgeWorkflow("no-such-workflow") {
+		t.Fatal("NudgeWorkflow of a workflow of no run: true")
+	}
+	res, err := r.StartRun(ctx, request(testPlan(t), "req"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := res.Run
+	t.Cleanup(func() { _ = r.Client().Terminate(context.Background(), run.WorkflowID, "test done") })
+	if err := r.Client().Pause(ctx, run.WorkflowID); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	for !w.NudgeWorkflow(run.WorkflowID) { // the run index reaches the watcher's cache
+		if time.Since(began) > 5*time.Second {
+			t.Fatal("NudgeWorkflow of a started run's workflow: false for 5 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for {
+		if got := strings.Join(eventTypes(env.events(t, run.RunID)), " "); got == "RunStarted RunPaused" {
+			break
+		} else if time.Since(began) > 10*time.Second {
+			t.Fatalf("log %q 10 s after the nudge, want RunStarted RunPaused", got)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("pause in Conductor recorded %s after the nudge", time.Since(began).Round(time.Millisecond))
+}
