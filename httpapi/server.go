@@ -134,6 +134,13 @@ type Options struct {
 	// AllowedHosts are host names (no port) a request's Host may name
 	// besides loopback names and IP addresses, e.g. a pod's service name.
 	AllowedHosts []string
+	// Notifications, with NotifySecret, serves POST NotifyPath: Conductor's
+	// workflow status notifications, each a prompt check of the
+	// workflow's run. The route takes no bearer token: the caller proves
+	// itself with NotifySecret (at least MinNotifySecretBytes) in
+	// NotifySecretHeader. Nil or no secret: not served.
+	Notifications WorkflowNudger
+	NotifySecret  []byte
 }
 
 // Default server timeouts.
@@ -180,6 +187,8 @@ type Server struct {
 	stopWatches context.CancelFunc
 
 	allow map[string][]string // path pattern -> methods served
+
+	notifySecret [32]byte // the digest of Options.NotifySecret
 }
 
 // NewServer returns a Server; Handler serves it, Open listens.
@@ -240,6 +249,12 @@ func NewServer(opts Options) *Server {
 		s.route("GET /v1/bus", "bus", RoleViewer, s.busStatus)
 		s.route("GET /v1/bus/deadletters", "deadletters", RoleViewer, s.deadLetters)
 		s.route("POST /v1/bus/deadletters:replay", "replay", RoleOperator, s.replay)
+	}
+	if opts.Notifications != nil && len(opts.NotifySecret) >= MinNotifySecretBytes {
+		// Conductor sends one header, no bearer token: the secret is
+		// the route's authentication (checked by the handler).
+		s.notifySecret = notifySecret(opts.NotifySecret)
+		s.route("POST "+NotifyPath, "conductor_status", "", s.workflowStatus)
 	}
 	s.route("GET /healthz", "healthz", "", s.live)
 	s.route("GET /readyz", "readyz", "", s.ready)
@@ -396,6 +411,8 @@ func bodyBudget(name string) int64 {
 	switch name {
 	case "start", "replay":
 		return MaxBodyBytes
+	case "conductor_status":
+		return MaxNotificationBytes
 	}
 	return MaxControlBodyBytes
 }
