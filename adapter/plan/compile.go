@@ -187,6 +187,11 @@ func Compile(p *Plan) (*Compiled, error) {
 			OwnerEmail:      OwnerEmail,
 			TimeoutPolicy:   "ALERT_ONLY",
 			TimeoutSeconds:  0,
+			// Conductor's status listener (workflow_publisher, 3.22+)
+			// notifies the sidecar of its runs' pauses, resumes and ends
+			// only for definitions that enable it; without a listener it
+			// is a no-op.
+			WorkflowStatusListenerEnabled: true,
 		},
 	}
 	used := map[string]bool{}

@@ -170,6 +170,10 @@ func TestCompile(t *testing.T) {
 		if r, ok := m["restartable"]; !ok || r != false {
 			t.Fatalf("restartable %v, %v", r, ok)
 		}
+		// Conductor notifies a definition's status changes only if it asks.
+		if l, ok := m["workflowStatusListenerEnabled"]; !ok || l != true {
+			t.Fatalf("workflowStatusListenerEnabled %v, %v", l, ok)
+		}
 		if n := strings.Count(string(b), `"retryDelaySeconds":`); n != len(p.Steps) {
 			t.Fatalf("retryDelaySeconds present %d times, want %d: %s", n, len(p.Steps), b)
 		}
