@@ -289,6 +289,9 @@ func (n *Node) openAPI(context.Context) error {
 	if n.archive != nil {
 		opts.Archive = n.archive
 	}
+	if len(opts.NotifySecret) > 0 {
+		opts.Notifications = n.watcher // Conductor's status notifications: a prompt check of the run
+	}
 	api := httpapi.NewServer(opts)
 	api.Open(n.cfg.API)
 	n.add(part{name: "api", close: api.Close})

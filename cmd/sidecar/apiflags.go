@@ -34,6 +34,10 @@ type apiConfig struct {
 	// AllowedHosts are the host names, comma separated, a request's Host
 	// may name besides loopback names and IP addresses.
 	AllowedHosts string
+	// NotifySecretFile holds the shared secret of Conductor's workflow
+	// status notifications; set, the API serves their intake
+	// (httpapi.NotifyPath).
+	NotifySecretFile string
 
 	creds *httpapi.Credentials // loaded by apply, reloaded on SIGHUP
 }
@@ -47,6 +51,7 @@ func (c *apiConfig) registerFlags(fs *flag.FlagSet) {
 	str(&c.ClientCA, "client-ca", "CA (PEM) whose client certificates the API requires and accepts (mTLS; needs --tls-cert and --tokens-file)")
 	str(&c.MetricsListen, "metrics-listen", "also serve GET /metrics, and nothing else, on this address WITHOUT authentication, for Prometheus (guard it with a network policy; empty: off)")
 	str(&c.AllowedHosts, "api-allowed-hosts", "host names, comma separated, the API answers besides localhost and IP addresses (e.g. a pod's service name); without --tokens-file any other Host is refused (DNS rebinding), with it only when this is set")
+	str(&c.NotifySecretFile, "conductor-notify-secret-file", fmt.Sprintf("file holding the shared secret (%d+ visible ASCII characters) Conductor sends in %s with its workflow status notifications; set, the API takes them at %s (docs/conductor.md, \"Status notifications\")", httpapi.MinNotifySecretBytes, httpapi.NotifySecretHeader, httpapi.NotifyPath))
 	boolFlag(fs, &c.InsecureNoAuth, "insecure-no-auth", "serve the API off loopback WITHOUT authentication: anyone who reaches it may start, pause and cancel runs")
 }
 
@@ -69,6 +74,11 @@ func (c *apiConfig) validate(listen string) []string {
 	for _, h := range c.allowedHosts() {
 		if strings.ContainsAny(h, ":/[] ") {
 			p = append(p, fmt.Sprintf("--api-allowed-hosts: %q: give host names without scheme or port, comma separated", h))
+		}
+	}
+	if c.NotifySecretFile != "" {
+		if _, err := readNotifySecret(c.NotifySecretFile); err != nil {
+			p = append(p, "--conductor-notify-secret-file: "+err.Error())
 		}
 	}
 	if c.TokensFile == "" && !c.InsecureNoAuth && !loopbackListen(listen) {
@@ -101,9 +111,37 @@ func (c *apiConfig) allowedHosts() []string {
 	return out
 }
 
+// readNotifySecret reads the notification secret from path: its content
+// without surrounding white space, at least MinNotifySecretBytes visible
+// ASCII characters (it travels in an HTTP header).
+func readNotifySecret(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	secret := strings.TrimSpace(string(b))
+	if len(secret) < httpapi.MinNotifySecretBytes {
+		return nil, fmt.Errorf("%s holds %d characters; give at least %d (e.g. openssl rand -hex 32)", path, len(secret), httpapi.MinNotifySecretBytes)
+	}
+	for _, r := range secret {
+		if r <= ' ' || r > '~' {
+			return nil, fmt.Errorf("%s: the secret must be visible ASCII characters only (it is sent as an HTTP header value; e.g. openssl rand -hex 32)", path)
+		}
+	}
+	return []byte(secret), nil
+}
+
 // apply sets the security options of the API server.
 func (c *apiConfig) apply(o *httpapi.Options, log *zap.Logger) error {
 	o.AllowedHosts = c.allowedHosts()
+	if c.NotifySecretFile != "" {
+		secret, err := readNotifySecret(c.NotifySecretFile)
+		if err != nil {
+			return fmt.Errorf("--conductor-notify-secret-file: %w", err)
+		}
+		o.NotifySecret = secret
+		log.Info("taking Conductor's workflow status notifications", zap.String("path", httpapi.NotifyPath), zap.String("secretFile", c.NotifySecretFile))
+	}
 	if c.TokensFile != "" {
 		creds, err := httpapi.LoadCredentials(c.TokensFile)
 		if err != nil {

@@ -45,6 +45,7 @@ func (c *Config) secretFileProblems() []string {
 		{"--nats-key", c.NATS.Key},
 		{"--tls-key", c.API.TLSKey},
 		{"--tokens-file", c.API.TokensFile},
+		{"--conductor-notify-secret-file", c.API.NotifySecretFile},
 		{"--retention-nats-password-file", c.Retention.PasswordFile},
 	}
 	for _, s := range c.Bus.Sinks {
