@@ -87,11 +87,15 @@ func DecodeWorkflowNotification(data []byte) (WorkflowNotification, error) {
 // same time whatever the header holds, its length included.
 func notifySecret(secret []byte) [sha256.Size]byte { return sha256.Sum256(secret) }
 
-// workflowStatus answers a status notification: 401 without the shared
+// workflowStatus answers a status notification: a web page's request is
+// refused as on every route (checkBrowser), 401 without the shared
 // secret, 415/400/413 for a body that is not a notification (nothing
 // checked), else 202 once the workflow's run is queued for a check
 // (followed false: the workflow is no run's, and nothing is done).
 func (s *Server) workflowStatus(w http.ResponseWriter, r *http.Request) error {
+	if err := s.checkBrowser(r); err != nil { // as on every route of the API but the probes
+		return err
+	}
 	got := sha256.Sum256([]byte(r.Header.Get(NotifySecretHeader)))
 	if subtle.ConstantTimeCompare(got[:], s.notifySecret[:]) != 1 {
 		return &apiError{status: http.StatusUnauthorized, Code: CodeUnauthenticated,

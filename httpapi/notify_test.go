@@ -114,6 +114,16 @@ func TestServer_WorkflowStatusNotification(t *testing.T) {
 			}
 		})
 	}
+	t.Run("CrossOrigin", func(t *testing.T) {
+		before := len(n.nudged())
+		req := notifyRequest(testNotifySecret, "application/json", summary("wf-1", "PAUSED"))
+		req.Header.Set("Origin", "http://evil.example")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		if w.Code != 403 || !strings.Contains(w.Body.String(), "CROSS_ORIGIN_REFUSED") || len(n.nudged()) != before {
+			t.Fatalf("got %d %s, nudged %v, want 403 CROSS_ORIGIN_REFUSED and no check", w.Code, w.Body, n.nudged()[before:])
+		}
+	})
 	t.Run("NotServedWithoutSecret", func(t *testing.T) {
 		for _, secret := range []string{"", testNotifySecret[:httpapi.MinNotifySecretBytes-1]} {
 			h := httpapi.NewServer(httpapi.Options{Notifications: n, NotifySecret: []byte(secret)}).Handler()
