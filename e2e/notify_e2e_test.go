@@ -1,0 +1,151 @@
+package e2e
+
+import (
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// TestE2E_ConductorStatusNotifications: a Conductor whose workflow status
+// listener posts to the sidecar (deploy/local/conductor.sh with
+// CONDUCTOR_NOTIFY_URL and CONDUCTOR_NOTIFY_SECRET_FILE; the sidecar with
+// --conductor-notify-secret-file). A pause, a resume and a terminate made
+// in Conductor's own API are recorded as the watcher records them; on a
+// Conductor that notifies them (3.32: all three; 3.21: the terminate
+// only) within a few seconds, the others by the watcher's pass. The test
+// logs each delay (BENCHMARKS.md). It starts its own Conductor
+// (CONDUCTOR_VERSION, memory store) and runs when
+// SIDECAR_TEST_CONDUCTOR_NOTIFY=1.
+func TestE2E_ConductorStatusNotifications(t *testing.T) {
+	if os.Getenv("SIDECAR_TEST_CONDUCTOR_NOTIFY") != "1" {
+		t.Skip("SIDECAR_TEST_CONDUCTOR_NOTIFY=1 starts a Conductor that notifies status changes (deploy/local/conductor.sh)")
+	}
+	version := os.Getenv("CONDUCTOR_VERSION")
+	if version == "" {
+		version = "3.21.14"
+	}
+	pausesNotified := !strings.HasPrefix(version, "3.21.")
+	dir := t.TempDir()
+	secretFile := filepath.Join(dir, "notify-secret")
+	if err := os.WriteFile(secretFile, []byte("e2e-notify-secret-0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := sidecartest.FreeAddr(t)
+	conductorURL := startNotifyingConductor(t, "http://"+addr, secretFile)
+	p := newProc(sidecartest.Start(t, sidecartest.Options{ConductorURL: conductorURL, Addr: addr,
+		Args: []string{"--conductor-notify-secret-file", secretFile}}))
+
+	pl := mustPlan(t, `{"planId":"`+uniq("e2e-notify")+`","planVersion":"1","steps":[
+		{"stepId":"long","executor":{"type":"command","argv":["sleep","600"]}},
+		{"stepId":"after","executor":{"type":"noop"},"dependsOn":["long"]}]}`)
+	started := submit(t, p, pl, "req-1")
+	sidecartest.WaitFor(t, "long to start", 60*time.Second, func() bool {
+		return eventIndex(allEvents(t, p, started.RunID), statestore.StepStarted, "long", 0) >= 0
+	})
+	call := func(method, path string) {
+		t.Helper()
+		req, err := http.NewRequest(method, conductorURL+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode >= 300 {
+			t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, body)
+		}
+	}
+	// recorded waits for the n-th eventType after the action made at
+	// began, and returns the delay.
+	recorded := func(what, eventType string, n int, began time.Time, notified bool) time.Duration {
+		t.Helper()
+		within := 60 * time.Second // the watcher's pass: 2 s scans, one run read in turn at 20 a second
+		if notified {
+			within = 10 * time.Second // a generous bound: the notification arrives in well under a second
+		}
+		for {
+			evs := allEvents(t, p, started.RunID)
+			if count(evs, eventType, "") >= n {
+				d := time.Since(began)
+				for _, e := range evs {
+					if e.EventType == eventType && eventType != statestore.RunFailed && !strings.Contains(string(e.Payload), `"requestedBy":"conductor"`) {
+						t.Fatalf("%s payload %s, want requestedBy conductor", eventType, e.Payload)
+					}
+				}
+				return d
+			}
+			if time.Since(began) > within {
+				t.Fatalf("Conductor %s: %s made in Conductor not recorded as %s within %s; log %v", version, what, eventType, within, types(evs))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	by := map[bool]string{true: "notified", false: "the watcher's pass"}
+	report := func(what string, ds []time.Duration, notified bool) {
+		slices.Sort(ds)
+		t.Logf("Conductor %s: %s made in Conductor recorded after median %s, min %s, max %s over %d (%s)", version, what,
+			ds[len(ds)/2].Round(time.Millisecond), ds[0].Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond), len(ds), by[notified])
+	}
+	wf := "/workflow/" + started.WorkflowID
+	const cycles = 5
+	var pauses, resumes []time.Duration
+	for i := 1; i <= cycles; i++ {
+		began := time.Now()
+		call("PUT", wf+"/pause")
+		pauses = append(pauses, recorded("pause", statestore.RunPaused, i, began, pausesNotified))
+		began = time.Now()
+		call("PUT", wf+"/resume")
+		resumes = append(resumes, recorded("resume", statestore.RunResumed, i, began, pausesNotified))
+	}
+	report("a pause", pauses, pausesNotified)
+	report("a resume", resumes, pausesNotified)
+	began := time.Now()
+	call("DELETE", wf+"?reason=e2e+terminate")
+	report("a terminate", []time.Duration{recorded("terminate", statestore.RunFailed, 1, began, true)}, true)
+	if got := metricLine(t, p, `sidecar_api_requests_total{code="202",route="conductor_status"}`); got == "" {
+		t.Fatal("no notification was answered 202 (sidecar_api_requests_total{route=conductor_status})")
+	} else {
+		t.Log(got)
+	}
+}
+
+// startNotifyingConductor starts a Conductor (deploy/local/conductor.sh,
+// CONDUCTOR_VERSION, memory store) in a directory and on a port of its
+// own, whose status listener posts to the sidecar at sidecarURL with the
+// secret in secretFile, and returns its API URL.
+func startNotifyingConductor(t *testing.T, sidecarURL, secretFile string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "conductor-notify-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	env := append(os.Environ(), "CONDUCTOR_STORE=memory", "CONDUCTOR_STATE_DIR="+dir, "CONDUCTOR_PORT="+strconv.Itoa(port),
+		"CONDUCTOR_NOTIFY_URL="+sidecarURL, "CONDUCTOR_NOTIFY_SECRET_FILE="+secretFile)
+	run := func(command string) {
+		cmd := exec.Command(filepath.Join("..", "deploy", "local", "conductor.sh"), command)
+		cmd.Env = env
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("conductor.sh %s: %v\n%s", command, err, out)
+		}
+	}
+	t.Cleanup(func() {
+		run("stop")
+		_ = os.RemoveAll(dir)
+	})
+	run("start")
+	return "http://127.0.0.1:" + strconv.Itoa(port) + "/api"
+}
