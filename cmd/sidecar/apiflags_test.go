@@ -94,3 +94,39 @@ func TestAPIConfig_ReloadRefusesAReadableTokensFile(t *testing.T) {
 		t.Fatalf("after chmod 600 the reload took %d principals, want 2", n)
 	}
 }
+
+// TestAPIConfig_NotifySecret: the notification secret file gives the API
+// its secret without surrounding white space; a secret too short, or one
+// an HTTP header cannot carry, is refused before serve starts.
+func TestAPIConfig_NotifySecret(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		name, content, want, problem string
+	}{
+		{"OK", "0123456789abcdef0123\n", "0123456789abcdef0123", ""},
+		{"Short", "0123456789abcde\n", "", "holds 15 characters"},
+		{"Space", "0123456789 abcdef0123", "", "visible ASCII"},
+		{"NotASCII", "0123456789abcdefé", "", "visible ASCII"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(dir, tt.name)
+			if err := os.WriteFile(path, []byte(tt.content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			c := apiConfig{NotifySecretFile: path}
+			problems := strings.Join(c.validate("127.0.0.1:8787"), "\n")
+			var o httpapi.Options
+			err := c.apply(&o, zap.NewNop())
+			if tt.problem == "" {
+				if problems != "" || err != nil || string(o.NotifySecret) != tt.want {
+					t.Fatalf("problems %q, apply %v, secret %q; want none and %q", problems, err, o.NotifySecret, tt.want)
+				}
+				return
+			}
+			if !strings.Contains(problems, tt.problem) || err == nil || o.NotifySecret != nil {
+				t.Fatalf("problems %q, apply %v, secret %q; want %q and no secret", problems, err, o.NotifySecret, tt.problem)
+			}
+		})
+	}
+}
