@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"os"
@@ -12,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
+	"github.com/conductor-sidecar/sidecar/errcode"
+	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -48,7 +52,19 @@ func TestE2E_ConductorStatusNotifications(t *testing.T) {
 	pl := mustPlan(t, `{"planId":"`+uniq("e2e-notify")+`","planVersion":"1","steps":[
 		{"stepId":"long","executor":{"type":"command","argv":["sleep","600"]}},
 		{"stepId":"after","executor":{"type":"noop"},"dependsOn":["long"]}]}`)
-	started := submit(t, p, pl, "req-1")
+	// A Conductor that has just started may not answer in time on a
+	// loaded machine; a start is idempotent on its request id.
+	var started *httpapi.Started
+	sidecartest.WaitFor(t, "the run to start", 2*time.Minute, func() bool {
+		var err error
+		started, err = p.client.Start(context.Background(), httpapi.StartRequest{
+			TenantID: "t-e2e", ProjectID: "p-e2e", EnvironmentID: "test", RunRequestID: "req-1", Plan: pl,
+		})
+		if err != nil && errcode.CodeOf(err) != adapter.CodeEngineUnavailable {
+			t.Fatal(err)
+		}
+		return err == nil
+	})
 	sidecartest.WaitFor(t, "long to start", 60*time.Second, func() bool {
 		return eventIndex(allEvents(t, p, started.RunID), statestore.StepStarted, "long", 0) >= 0
 	})
