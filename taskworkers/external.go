@@ -193,7 +193,7 @@ func (w *Worker) Reported(t *model.Task, r *model.TaskResult) {
 	if r.Status == model.InProgressTask {
 		return
 	}
-	w.wakePollers()
+	w.wakePollers(t)
 	if w.opts.OnTaskDone != nil {
 		if runID, ok := t.InputData[plan.InputRunID].(string); ok {
 			w.opts.OnTaskDone(runID, r.Status != model.CompletedTask || plan.IsSink(t.InputData))

@@ -103,3 +103,70 @@ func TestNew_PollersPerTypeSplitTheSlots(t *testing.T) {
 		}
 	}
 }
+
+// typedTasks answers every poll empty and reports each poll's task type.
+type typedTasks struct{ polled chan string }
+
+func (c *typedTasks) BatchPoll(_ context.Context, taskType, _ string, _ int, _ time.Duration) ([]model.Task, error) {
+	c.polled <- taskType
+	return nil, nil
+}
+
+func (c *typedTasks) UpdateTask(context.Context, *model.TaskResult) error { return nil }
+
+// TestWorker_OutcomeWakesItsPlansTypes: a reported outcome wakes the poll
+// loops of the task types its plan uses (learned from the polls), not
+// every loop: waking all of them made each idle type poll once per step
+// of another type. A task of a plan never polled wakes every loop.
+func TestWorker_OutcomeWakesItsPlansTypes(t *testing.T) {
+	tasks := &typedTasks{polled: make(chan string, 100)}
+	w := New(tasks, nil, nil, nil, nil, Options{WorkerID: "w", PollInterval: time.Hour,
+		Concurrency: map[string]int{"noop": 1, "sleep": 1, "command": 1}, Logger: zaptest.NewLogger(t)})
+	ctx, stop := context.WithCancel(context.Background())
+	var polling, working sync.WaitGroup
+	for _, p := range w.pollers {
+		polling.Add(1)
+		go func() { defer polling.Done(); p.run(ctx, ctx, &working) }()
+	}
+	defer func() { stop(); polling.Wait() }()
+	// polls collects the task types polled within d.
+	polls := func(d time.Duration) map[string]int {
+		got := map[string]int{}
+		deadline := time.After(d)
+		for {
+			select {
+			case tt := <-tasks.polled:
+				got[tt]++
+			case <-deadline:
+				return got
+			}
+		}
+	}
+	if got := polls(200 * time.Millisecond); len(got) != 3 {
+		t.Fatalf("first polls %v, want one of each type", got)
+	}
+	task := func(taskType, planID string) *model.Task {
+		return &model.Task{TaskId: planID + taskType, TaskType: taskType,
+			InputData: map[string]any{"planId": planID, "planVersion": "1"}}
+	}
+	outcome := func(tk *model.Task) {
+		w.update(tk, w.log, &model.TaskResult{Status: model.CompletedTask})
+	}
+
+	w.took([]model.Task{*task("noop", "chain")})
+	outcome(task("noop", "chain"))
+	if got := polls(200 * time.Millisecond); fmt.Sprint(got) != "map[noop:1]" {
+		t.Errorf("a noop-only plan's outcome: polls %v, want map[noop:1]", got)
+	}
+
+	w.took([]model.Task{*task("noop", "mixed"), *task("sleep", "mixed")})
+	outcome(task("noop", "mixed"))
+	if got := polls(200 * time.Millisecond); fmt.Sprint(got) != "map[noop:1 sleep:1]" {
+		t.Errorf("a noop+sleep plan's outcome: polls %v, want map[noop:1 sleep:1]", got)
+	}
+
+	outcome(task("noop", "unknown"))
+	if got := polls(200 * time.Millisecond); fmt.Sprint(got) != "map[command:1 noop:1 sleep:1]" {
+		t.Errorf("an unknown plan's outcome: polls %v, want every type once", got)
+	}
+}

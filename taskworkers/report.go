@@ -3,6 +3,7 @@ package taskworkers
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/conductor-sdk/conductor-go/sdk/model"
@@ -40,7 +41,7 @@ func (w *Worker) update(t *model.Task, log *zap.Logger, r *model.TaskResult) {
 		cancel()
 		if err == nil {
 			if r.Status != model.InProgressTask {
-				w.wakePollers()
+				w.wakePollers(t)
 			}
 			if r.Status != model.InProgressTask && w.opts.OnTaskDone != nil {
 				if runID, ok := t.InputData[plan.InputRunID].(string); ok {
@@ -73,9 +74,96 @@ func (w *Worker) update(t *model.Task, log *zap.Logger, r *model.TaskResult) {
 	}
 }
 
-// wakePollers ends the idle wait of every poll loop.
-func (w *Worker) wakePollers() {
+// wakePollers ends the idle wait of the poll loops that may have work
+// now that t's outcome reached Conductor: those of t's own task type (a
+// retry, or a successor of the same type) and of the task types polled
+// for t's plan before (its other steps' types). Waking every loop made an
+// idle task type poll once per step of any other type; a successor of a
+// type not seen for the plan yet waits for its loop's PollInterval.
+func (w *Worker) wakePollers(t *model.Task) {
+	wake := w.wakes.typesOf(t)
 	for _, p := range w.pollers {
-		p.nudge()
+		if wake.has(p.taskType) {
+			p.nudge()
+		}
 	}
+}
+
+// wakeMaxPlans bounds the plans planTypes remembers; past it, an outcome of
+// an unknown plan wakes every poll loop, as before any was learned.
+const wakeMaxPlans = 10000
+
+// planTypes learns, per plan (planId and planVersion of a task's input),
+// the task types polled for it, so that an outcome wakes only the poll
+// loops of the types its plan uses. It is safe for concurrent use.
+type planTypes struct {
+	mu sync.Mutex
+	// index numbers the polled task types, bits of a mask; byPlan holds
+	// the mask of each plan's types.
+	index  map[string]uint64
+	byPlan map[string]uint64
+}
+
+// typeMask is a set of task types (bits of planTypes.index); all is
+// every type.
+type typeMask struct {
+	all   bool
+	bits  uint64
+	index map[string]uint64
+}
+
+// has reports whether taskType is in the set.
+func (m typeMask) has(taskType string) bool {
+	return m.all || m.bits&m.index[taskType] != 0
+}
+
+func newPlanTypes(taskTypes []string) *planTypes {
+	pt := &planTypes{index: map[string]uint64{}, byPlan: map[string]uint64{}}
+	for i, tt := range taskTypes {
+		if i < 64 {
+			pt.index[tt] = 1 << i
+		}
+	}
+	return pt
+}
+
+// planOf is the plan key of a task: "planId|planVersion" ('|' is not
+// allowed in either), or "" for a task whose input has neither.
+func planOf(t *model.Task) string {
+	id, _ := t.InputData[plan.InputPlanID].(string)
+	v, _ := t.InputData[plan.InputPlanVersion].(string)
+	if id == "" {
+		return ""
+	}
+	return id + "|" + v
+}
+
+// learn records the task types of polled tasks for their plans.
+func (pt *planTypes) learn(tasks []model.Task) {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	for i := range tasks {
+		key, bit := planOf(&tasks[i]), pt.index[tasks[i].TaskType]
+		if key == "" || bit == 0 {
+			continue
+		}
+		if m, ok := pt.byPlan[key]; ok || len(pt.byPlan) < wakeMaxPlans {
+			pt.byPlan[key] = m | bit
+		}
+	}
+}
+
+// typesOf returns the task types to wake for t's outcome: t's own and its
+// plan's, or every type for a task of no known plan or of an unnumbered
+// type.
+func (pt *planTypes) typesOf(t *model.Task) typeMask {
+	own := pt.index[t.TaskType]
+	key := planOf(t)
+	pt.mu.Lock()
+	m, ok := pt.byPlan[key]
+	pt.mu.Unlock()
+	if !ok || key == "" || own == 0 {
+		return typeMask{all: true}
+	}
+	return typeMask{bits: m | own, index: pt.index}
 }

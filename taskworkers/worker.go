@@ -172,9 +172,12 @@ type Worker struct {
 	reportCtx    context.Context
 	abortReports context.CancelFunc
 	// pollers are the poll machinery, one per polled task type; a task's
-	// outcome reported to Conductor wakes them, since Conductor schedules
-	// the step's successors as it takes the update.
+	// outcome reported to Conductor wakes those of its plan's task types,
+	// since Conductor schedules the step's successors as it takes the
+	// update.
 	pollers []*poller
+	// wakes learns which task types each plan's steps use (wakePollers).
+	wakes *planTypes
 
 	running *Running
 	// starting serializes, per run, the gate's read and its conditional
@@ -225,10 +228,13 @@ func New(tasks TaskClient, runs SnapshotReader, events Emitter, secrets SecretRe
 	w.reportCtx, w.abortReports = context.WithCancel(context.Background())
 	var types []string
 	for taskType, n := range opts.Concurrency {
-		if n <= 0 {
-			continue
+		if n > 0 {
+			types = append(types, taskType)
 		}
-		types = append(types, taskType)
+	}
+	w.wakes = newPlanTypes(types)
+	for _, taskType := range types {
+		n := opts.Concurrency[taskType]
 		loops := min(opts.PollersPerType, n)
 		for i := range loops {
 			share := n / loops
@@ -239,7 +245,7 @@ func New(tasks TaskClient, runs SnapshotReader, events Emitter, secrets SecretRe
 				tasks: tasks, taskType: taskType, workerID: opts.WorkerID, concurrency: share, batch: opts.BatchSize,
 				interval: opts.PollInterval, timeout: opts.PollTimeout, linger: max(opts.PollLinger, 0),
 				handle: w.handle, release: func(t *model.Task) { w.handBack(t, 0, "shutdown") },
-				took: w.noteTaken, lost: w.pollLost,
+				took: w.took, lost: w.pollLost,
 				metrics: opts.Metrics, log: w.log.With(zap.String("taskType", taskType)), wake: make(chan struct{}, 1), freed: make(chan struct{}, 1),
 			})
 		}
@@ -247,6 +253,13 @@ func New(tasks TaskClient, runs SnapshotReader, events Emitter, secrets SecretRe
 	opts.Metrics.taskTypes(types)
 	w.outbox = newOutbox(events, w.log, opts.Metrics)
 	return w
+}
+
+// took records the tasks a poll returned: as taken (strays.go) and their
+// plans' task types (wakePollers).
+func (w *Worker) took(tasks []model.Task) {
+	w.noteTaken(tasks)
+	w.wakes.learn(tasks)
 }
 
 // Open starts Options.PollersPerType poll loops per task type of
