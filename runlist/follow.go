@@ -84,7 +84,8 @@ func (f *follower) loop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		more, err := f.step(ctx)
+		read, err := f.step(ctx)
+		wait := f.opts.Poll
 		switch {
 		case err != nil && ctx.Err() == nil:
 			f.m.error()
@@ -93,13 +94,20 @@ func (f *follower) loop(ctx context.Context) {
 				f.log.Warn("run list: following the log failed; retrying", zap.Duration("in", backoff), zap.Error(err))
 			}
 			f.endTurn() // start again from the stored cursor
-		case more:
+			wait = backoff
+		case read >= f.opts.Batch:
 			backoff = 0
-			continue
+			continue // behind: read on at once
+		case read > 0:
+			// The log is moving: let a run's next events pile up, so that
+			// its row is written once for them (a step's two events, a
+			// run's steps), not once per event.
+			backoff = 0
+			wait = f.opts.Coalesce
 		default:
 			backoff = 0
 		}
-		t := time.NewTimer(max(backoff, f.opts.Poll))
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -121,21 +129,22 @@ func (f *follower) endTurn() {
 	f.durs, f.dirty = nil, nil
 }
 
-// step does one batch: it returns more when the batch was full.
-func (f *follower) step(ctx context.Context) (more bool, err error) {
+// step does one batch: it returns the records it read (a full batch:
+// more are waiting).
+func (f *follower) step(ctx context.Context) (read int, err error) {
 	if f.opts.Owner != nil && !f.opts.Owner.Owns(ownerKey) {
 		f.endTurn()
-		return false, nil
+		return 0, nil
 	}
 	if !f.owner {
 		if err := f.loadCursor(ctx); err != nil {
-			return false, err
+			return 0, err
 		}
 		fctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
 		tail, err := f.opts.Log.Follow(fctx, f.cursor)
 		cancel()
 		if err != nil {
-			return false, err
+			return 0, err
 		}
 		f.owner, f.tail, f.tracked = true, tail, map[string]*tracked{}
 		f.durs, f.dirty = map[string]*StepDurations{}, map[string]bool{}
@@ -148,27 +157,27 @@ func (f *follower) step(ctx context.Context) (more bool, err error) {
 	recs, next, err := f.tail.Next(sctx, f.opts.Batch)
 	cancel()
 	if err != nil {
-		return false, err
+		return 0, err
 	}
 	if next == f.cursor {
 		if f.fresh {
 			f.log.Info("run list: built", zap.Uint64("through", f.cursor), zap.Int("runs", len(f.seen)))
 			f.fresh, f.seen = false, nil
 		}
-		return false, nil
+		return 0, nil
 	}
 	dirty, err := f.fold(ctx, recs)
 	if err != nil {
-		return false, err
+		return 0, err
 	}
 	if err := f.writeRows(ctx, dirty); err != nil {
-		return false, err
+		return 0, err
 	}
 	if err := f.writeDurations(ctx); err != nil {
-		return false, err
+		return 0, err
 	}
 	if err := f.saveCursor(ctx, next); err != nil {
-		return false, err
+		return 0, err
 	}
 	for _, t := range dirty {
 		if statestore.IsTerminalRunStatus(t.snap.Status) {
@@ -176,7 +185,9 @@ func (f *follower) step(ctx context.Context) (more bool, err error) {
 		}
 	}
 	f.bound()
-	return true, nil // until a scan finds nothing
+	// A batch that moved the cursor without records (events of no run)
+	// still counts as progress.
+	return max(len(recs), 1), nil
 }
 
 // fold applies recs to the runs they belong to and returns the runs that

@@ -54,6 +54,12 @@ type Options struct {
 	// Poll is how often an idle follower looks for new events (default
 	// 500ms): the list is that much behind the log at most, plus a write.
 	Poll time.Duration
+	// Coalesce is how long the follower waits after reading new events
+	// before it reads again (default 250ms), so that a run's
+	// events in that time cost one write of its row, not one each; the
+	// list is that much behind a moving log at most, plus a write.
+	// WaitIndexed does not wait for it.
+	Coalesce time.Duration
 	// Batch is how many events the follower reads at once (default 1,024).
 	Batch int
 	// MaxTracked bounds the snapshots of unfinished runs the follower
@@ -111,6 +117,9 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*List, err
 	}
 	if opts.Poll <= 0 {
 		opts.Poll = 500 * time.Millisecond
+	}
+	if opts.Coalesce <= 0 {
+		opts.Coalesce = 250 * time.Millisecond
 	}
 	if opts.Batch <= 0 {
 		opts.Batch = 1024

@@ -596,3 +596,40 @@ func TestList_PlanSteps(t *testing.T) {
 		t.Fatalf("lookups %v, want one per plan version (a failed one retried only later)", c.calls)
 	}
 }
+
+// TestList_CoalescesRowWrites: while a run's events keep coming, its row
+// is written once per Coalesce, not once per event (a row write is an
+// fsynced JetStream write: 21-23 of them for a 10-step run), and the row
+// still ends as the log says.
+func TestList_CoalescesRowWrites(t *testing.T) {
+	f := newFixture(t)
+	reg := prometheus.NewRegistry()
+	l := f.open(runlist.Options{Coalesce: 200 * time.Millisecond, Metrics: runlist.NewMetrics(reg)})
+	f.start("r1", "p", nil)
+	began := time.Now()
+	for i := 1; i <= 10; i++ {
+		step := fmt.Sprintf("s%d", i)
+		f.event("r1", "p", statestore.StepStarted, step, 1, nil)
+		time.Sleep(10 * time.Millisecond)
+		f.event("r1", "p", statestore.StepCompleted, step, 1, nil)
+		time.Sleep(10 * time.Millisecond)
+	}
+	f.event("r1", "p", statestore.RunCompleted, "", 1, nil)
+	took := time.Since(began)
+	waitIndexed(t, l)
+	f.checkRows(l, []string{"r1"})
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	writes := -1.0
+	for _, mf := range mfs {
+		if mf.GetName() == "sidecar_runlist_row_writes_total" {
+			writes = mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	// One write per Coalesce while the events came, and one for the rest.
+	if limit := float64(took/(200*time.Millisecond)) + 2; writes > limit {
+		t.Errorf("%v row writes for 21 events in %s, want at most %v", writes, took.Round(time.Millisecond), limit)
+	}
+}
