@@ -55,10 +55,10 @@ type Options struct {
 	// 500ms): the list is that much behind the log at most, plus a write.
 	Poll time.Duration
 	// Coalesce is how long the follower waits after reading new events
-	// before it reads again (default 250ms), so that a run's
-	// events in that time cost one write of its row, not one each; the
-	// list is that much behind a moving log at most, plus a write.
-	// WaitIndexed does not wait for it.
+	// before it reads again (default Poll), so that a run's events in that
+	// time cost one write of its row, not one each; the list stays at most
+	// Poll behind the log, plus a write, as when idle. WaitIndexed does
+	// not wait for it.
 	Coalesce time.Duration
 	// Batch is how many events the follower reads at once (default 1,024).
 	Batch int
@@ -119,7 +119,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*List, err
 		opts.Poll = 500 * time.Millisecond
 	}
 	if opts.Coalesce <= 0 {
-		opts.Coalesce = 250 * time.Millisecond
+		opts.Coalesce = opts.Poll
 	}
 	if opts.Batch <= 0 {
 		opts.Batch = 1024
