@@ -126,7 +126,7 @@ func (w *Worker) Record(t *model.Task, r *model.TaskResult) (forward bool, err e
 	w.external.forget(t.TaskId)
 	kind := plan.ExecutorExternal
 	if stepErr == nil {
-		err := w.emit(log, a, engine, logical, statestore.StepCompletedPayload{})
+		err := w.emit(log, a, engine, logical, statestore.StepCompletedPayload{}, nil)
 		switch {
 		case errors.Is(err, statestore.ErrInvalidTransition):
 			w.reportLogged(t, log, a, engine, logical)
@@ -151,7 +151,7 @@ func (w *Worker) Record(t *model.Task, r *model.TaskResult) (forward bool, err e
 	if held {
 		payload.OnStepFailure = statestore.OnStepFailurePause
 	}
-	err = w.emit(log, a, engine, logical, payload)
+	err = w.emit(log, a, engine, logical, payload, nil)
 	switch {
 	case errors.Is(err, statestore.ErrInvalidTransition):
 		w.reportLogged(t, log, a, engine, logical)

@@ -37,6 +37,9 @@ type decision struct {
 	operatorAttempt bool
 	// step is the step's derived state (nil: the log does not name it).
 	step *statestore.StepSnapshot
+	// started is the run as this worker's StepStarted left it (nil: the
+	// start was not recorded by this worker's own append).
+	started *startedRun
 }
 
 // gate is the pause gate and the producer guard (Layer 1) of StepStarted,

@@ -20,35 +20,36 @@ import (
 	"github.com/conductor-sidecar/sidecar/taskworkers/exec"
 )
 
-// otherOutcomeFirst is the run state as the worker reads it (the real
-// store), with another writer's StepFailed of the same attempt landing
-// right after the step's StepStarted: a second worker that ran the same
-// task (Conductor redelivered it after a response timeout) and recorded
-// its outcome first. The worker's own outcome, decided before, is no
-// longer a valid transition.
+// otherOutcomeFirst is the noop executor with another writer's StepFailed
+// of the same attempt landing while it runs (after the step's
+// StepStarted): a second worker that ran the same task (Conductor
+// redelivered it after a response timeout) and recorded its outcome
+// first. The worker's own outcome, decided after, is no longer a valid
+// transition.
 type otherOutcomeFirst struct {
-	t    *testing.T
-	e    *benchEnv
-	once sync.Once
+	t     *testing.T
+	e     *benchEnv
+	inner taskworkers.Executor
+	once  sync.Once
 }
 
-func (o *otherOutcomeFirst) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
-	snap, err := o.e.store.ProjectSnapshot(ctx, runID)
-	if err != nil || len(snap.Steps) == 0 || snap.Steps[0].Status != statestore.StepStatusRunning {
-		return snap, err
-	}
+func (o *otherOutcomeFirst) Execute(ctx context.Context, x taskworkers.Execution) (taskworkers.Result, error) {
 	o.once.Do(func() {
-		st := snap.Steps[0]
+		snap, err := o.e.store.ProjectSnapshot(ctx, x.RunID)
+		if err != nil {
+			o.t.Errorf("read the run: %v", err)
+			return
+		}
 		w := &statestore.RunEventWrite{EventType: statestore.StepFailed, EmittedAt: time.Now().UTC().Format(time.RFC3339Nano),
-			RunID: runID, TenantID: snap.TenantID, ProjectID: snap.ProjectID, EnvironmentID: snap.EnvironmentID,
-			PlanID: snap.PlanID, PlanVersion: snap.PlanVersion, StepID: st.StepID, EngineAttemptID: 1, LogicalAttemptID: st.LogicalAttemptID,
+			RunID: x.RunID, TenantID: snap.TenantID, ProjectID: snap.ProjectID, EnvironmentID: snap.EnvironmentID,
+			PlanID: snap.PlanID, PlanVersion: snap.PlanVersion, StepID: x.StepID, EngineAttemptID: 1, LogicalAttemptID: x.LogicalAttemptID,
 			Payload: json.RawMessage(`{"error":{"code":"OTHER_WORKER","message":"the other worker's outcome","retryable":false}}`)}
 		w.IdempotencyKey = w.KeyInput().Key()
 		if _, err := o.e.emit.Emit(ctx, w); err != nil {
 			o.t.Errorf("the other worker's StepFailed: %v", err)
 		}
 	})
-	return o.e.store.ProjectSnapshot(ctx, runID)
+	return o.inner.Execute(ctx, x)
 }
 
 func guardWorker(t *testing.T, e *benchEnv, runs taskworkers.SnapshotReader) *taskworkers.Worker {
@@ -56,9 +57,13 @@ func guardWorker(t *testing.T, e *benchEnv, runs taskworkers.SnapshotReader) *ta
 	return guardWorkerWith(t, e, runs, nil)
 }
 
-func guardWorkerWith(t *testing.T, e *benchEnv, runs taskworkers.SnapshotReader, m *taskworkers.Metrics) *taskworkers.Worker {
+func guardWorkerWith(t *testing.T, e *benchEnv, runs taskworkers.SnapshotReader, m *taskworkers.Metrics, wrap ...func(taskworkers.Executor) taskworkers.Executor) *taskworkers.Worker {
 	t.Helper()
-	w := taskworkers.New(adapter.DomainPoller{Client: e.client, Domain: e.domain}, runs, e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
+	executors := exec.New(exec.Options{}).Executors()
+	for _, f := range wrap {
+		executors[plan.ExecutorNoop] = f(executors[plan.ExecutorNoop])
+	}
+	w := taskworkers.New(adapter.DomainPoller{Client: e.client, Domain: e.domain}, runs, e.emit, nil, executors, taskworkers.Options{
 		WorkerID: "guard-test", Concurrency: map[string]int{plan.TaskType(plan.ExecutorNoop): 1, plan.TaskType(plan.ExecutorSleep): 1},
 		PollTimeout: 100 * time.Millisecond, HandBackAfter: time.Hour, Logger: zaptest.NewLogger(t), Metrics: m,
 	})
@@ -95,15 +100,20 @@ func checkLog(t *testing.T, e *benchEnv, runID string) []statestore.RunEventReco
 }
 
 // TestWorker_OutcomeGuard: the worker checks the step's outcome against
-// the run's state before it appends it (Layer 1). When the log already has
+// the run's state before it appends it (Layer 1): the state its
+// StepStarted left, with the outcome appended conditioned on it, or, the
+// run having moved on, the state read again. When the log already has
 // another outcome for the attempt, it appends nothing and reports to
 // Conductor what the log says, so that the log and Conductor agree.
-// Without the check the log gets StepCompleted after StepFailed.
+// Without the check (or with an unconditional append after the check on
+// the StepStarted's state) the log gets StepCompleted after StepFailed.
 func TestWorker_OutcomeGuard(t *testing.T) {
 	e := newBenchEnv(t)
 	ids := e.startRunsWith(t, 1, plan.ExecutorSpec{Type: plan.ExecutorNoop}, plan.RetryPolicy{})
 	reg := prometheus.NewRegistry()
-	w := guardWorkerWith(t, e, &otherOutcomeFirst{t: t, e: e}, taskworkers.NewMetrics(reg))
+	w := guardWorkerWith(t, e, e.store, taskworkers.NewMetrics(reg), func(x taskworkers.Executor) taskworkers.Executor {
+		return &otherOutcomeFirst{t: t, e: e, inner: x}
+	})
 	t.Cleanup(func() { _ = w.Close(context.Background()) })
 	e.waitEnded(t, ids)
 	wf, err := e.client.Workflow(context.Background(), ids[0], true)
@@ -162,5 +172,41 @@ func TestWorker_TryEndedGuard(t *testing.T) {
 		if r.EventType == statestore.RunStepTryEnded {
 			t.Fatalf("RunStepTryEnded (runSeq %d) appended to a cancelled run", r.RunSeq)
 		}
+	}
+}
+
+// countingReads counts the run state reads of a worker.
+type countingReads struct {
+	taskworkers.SnapshotReader
+	mu sync.Mutex
+	n  int
+}
+
+func (c *countingReads) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	c.mu.Lock()
+	c.n++
+	c.mu.Unlock()
+	return c.SnapshotReader.ProjectSnapshot(ctx, runID)
+}
+
+// TestWorker_OutcomeReusesTheStartRead: a step of a run that did not move
+// while it ran costs one read of the run's state (the gate's), not two:
+// the outcome is checked against the state its StepStarted left and
+// appended conditioned on it.
+func TestWorker_OutcomeReusesTheStartRead(t *testing.T) {
+	e := newBenchEnv(t)
+	ids := e.startRunsWith(t, 1, plan.ExecutorSpec{Type: plan.ExecutorNoop}, plan.RetryPolicy{})
+	reads := &countingReads{SnapshotReader: e.store}
+	w := guardWorker(t, e, reads)
+	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	e.waitEnded(t, ids)
+	recs := checkLog(t, e, runIDOf(t, e, ids[0]))
+	if got := recs[len(recs)-1].EventType; got != statestore.StepCompleted {
+		t.Fatalf("last event %s, want StepCompleted", got)
+	}
+	reads.mu.Lock()
+	defer reads.mu.Unlock()
+	if reads.n != 1 {
+		t.Fatalf("%d reads of the run's state for one step, want 1", reads.n)
 	}
 }

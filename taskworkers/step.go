@@ -39,7 +39,7 @@ func (w *Worker) handle(t *model.Task) {
 		// it now, whatever the run's state (a drain waits for it), and do
 		// not run the step again.
 		log.Info("recording the outcome kept while the state store did not answer; the step is not run again")
-		w.finish(t, log, a, k.res, k.engine, k.logical, k.operatorAttempt, k.took)
+		w.finish(t, log, a, k.res, k.engine, k.logical, k.operatorAttempt, k.took, nil)
 		return
 	}
 
@@ -78,7 +78,7 @@ func (w *Worker) handle(t *model.Task) {
 		span.End(tracing.OutcomeHandedBack, "")
 		return
 	}
-	outcome := w.finish(t, log, a, res, engine, logical, operatorAttempt, time.Since(start))
+	outcome := w.finish(t, log, a, res, engine, logical, operatorAttempt, time.Since(start), d.started)
 	code := ""
 	if res.Err != nil {
 		code = res.Err.Code
@@ -157,7 +157,8 @@ func (w *Worker) start(t *model.Task, log *zap.Logger, a *Assignment, engine, lo
 	unlock := w.starting.lock(a.RunID)
 	defer unlock()
 	gated := &gatedRun{w: w, t: t, log: log, a: a}
-	snap, _, err = statestore.Fenced(w.workCtx, gated, startAppender{w: w, log: log, a: a}, a.RunID, func(snap *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+	appender := &startAppender{w: w, log: log, a: a}
+	snap, _, err = statestore.Fenced(w.workCtx, gated, appender, a.RunID, func(snap *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
 		d = gate(snap, t.WorkflowInstanceId, a.Step.StepID, engine, logical)
 		if d.verdict != start || !w.runnable(a) {
 			return nil, nil
@@ -180,7 +181,37 @@ func (w *Worker) start(t *model.Task, log *zap.Logger, a *Assignment, engine, lo
 	if errors.Is(err, errAnswered) {
 		return nil, d, nil
 	}
+	if err == nil && d.verdict == start {
+		d.started = startedFrom(snap, appender.started)
+	}
 	return snap, d, err
+}
+
+// startedRun is the run as this worker's StepStarted left it: the state
+// the fence decided on with the StepStarted applied, and its runSeq.
+// While the run's last runSeq is still seq, that is the run's state, so
+// the step's outcome is checked against it and appended conditioned on
+// seq (outcome), without reading the run again.
+type startedRun struct {
+	snap *statestore.RunSnapshot
+	seq  int64
+}
+
+// startedFrom returns the run after rec, the StepStarted the fence
+// appended on snap, or nil when there is none (queued in the outbox, a
+// duplicate, a try event).
+func startedFrom(snap *statestore.RunSnapshot, rec *statestore.RunEventRecord) *startedRun {
+	if rec == nil || rec.RunSeq <= snap.LastEventSeq {
+		return nil
+	}
+	after, _ := statestore.Reduce(snap, []statestore.RunEventRecord{*rec})
+	if after == nil || after.LastEventSeq != rec.RunSeq || len(after.InFlight()) > 1 {
+		// With other steps in flight the run will likely have moved on
+		// by the outcome (a refused conditional append costs more than
+		// the read it saves).
+		return nil
+	}
+	return &startedRun{snap: after, seq: rec.RunSeq}
 }
 
 // errAnswered is gatedRun's answer when runState already answered the
@@ -215,11 +246,18 @@ type startAppender struct {
 	w   *Worker
 	log *zap.Logger
 	a   *Assignment
+	// started is the StepStarted it persisted (nil: none, or queued).
+	started *statestore.RunEventRecord
 }
 
-func (s startAppender) EmitIf(ctx context.Context, ev *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
+func (s *startAppender) EmitIf(ctx context.Context, ev *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
 	if ev.EventType == statestore.StepStarted {
-		return statestore.AppendResult{}, s.w.emitEvent(s.log, ev, lastSeq)
+		res, err := s.w.emitEvent(s.log, ev, lastSeq, nil)
+		if err == nil && res.Persisted {
+			s.started = &statestore.RunEventRecord{RunEventWrite: *ev, RunSeq: res.RunSeq, PersistedAt: res.PersistedAt}
+			s.started.EventID = res.EventID
+		}
+		return res, err
 	}
 	return tryAppender{w: s.w, a: s.a}.EmitIf(ctx, ev, lastSeq)
 }
@@ -364,12 +402,13 @@ func (w *Worker) joinGate(ctx context.Context, a *Assignment) *statestore.StepEr
 		Message: fmt.Sprintf("join any_success: none of %s succeeded", strings.Join(a.Step.DependsOn, ", "))}
 }
 
-// finish records the step's outcome and reports it to Conductor. It
-// returns what became of the try (tracing.Outcome*).
-func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Result, engine, logical int64, operatorAttempt bool, took time.Duration) string {
+// finish records the step's outcome and reports it to Conductor; st,
+// when set, is the run as the step's StepStarted left it. It returns what
+// became of the try (tracing.Outcome*).
+func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Result, engine, logical int64, operatorAttempt bool, took time.Duration, st *startedRun) string {
 	kind := a.Step.Executor.Type
 	if res.Err == nil {
-		err := w.emit(log, a, engine, logical, statestore.StepCompletedPayload{Artifacts: res.Artifacts})
+		err := w.emit(log, a, engine, logical, statestore.StepCompletedPayload{Artifacts: res.Artifacts}, st)
 		if errors.Is(err, statestore.ErrInvalidTransition) {
 			w.reportLogged(t, log, a, engine, logical)
 			return tracing.OutcomeRefused
@@ -404,7 +443,7 @@ func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Resul
 	if held {
 		payload.OnStepFailure = statestore.OnStepFailurePause
 	}
-	err := w.emit(log, a, engine, logical, payload)
+	err := w.emit(log, a, engine, logical, payload, st)
 	if errors.Is(err, statestore.ErrInvalidTransition) {
 		w.reportLogged(t, log, a, engine, logical)
 		return tracing.OutcomeRefused
@@ -560,55 +599,80 @@ func artifactOutput(refs []statestore.ArtifactRef, out map[string]any) map[strin
 }
 
 // emit records a step's outcome (StepCompleted or StepFailed, payload's
-// type) for the attempt: emitEvent without a fence.
-func (w *Worker) emit(log *zap.Logger, a *Assignment, engine, logical int64, payload statestore.Payload) error {
+// type) for the attempt: emitEvent without a fence; st, when set, is the
+// run as the step's StepStarted left it.
+func (w *Worker) emit(log *zap.Logger, a *Assignment, engine, logical int64, payload statestore.Payload, st *startedRun) error {
 	ev, err := statestore.NewEvent(runRef(a), payload.EventType(), a.Step.StepID, engine, logical, payload)
 	if err != nil {
 		return err
 	}
-	return w.emitEvent(log, ev, -1)
+	_, err = w.emitEvent(log, ev, -1, st)
+	return err
 }
 
 // emitEvent appends a step event. StepStarted is appended conditioned on
 // lastSeq, the runSeq the gate decided on (RUN_CHANGED when the run moved
 // on), and fails open: it is queued in the outbox when the store does not
-// answer within the write budget. The other events (lastSeq < 0) never fail
-// open, and flush the outbox first, so that a run's events keep their
-// order.
-func (w *Worker) emitEvent(log *zap.Logger, ev *statestore.RunEventWrite, lastSeq int64) error {
+// answer within the write budget (a zero result, no error). The other
+// events (lastSeq < 0) never fail open, and flush the outbox first, so
+// that a run's events keep their order; they are checked against the
+// run's state (checkOutcome), which st gives without a read while the run
+// has not moved since the step's StepStarted (outcome).
+func (w *Worker) emitEvent(log *zap.Logger, ev *statestore.RunEventWrite, lastSeq int64, st *startedRun) (statestore.AppendResult, error) {
 	failOpen := lastSeq >= 0
 	eventType := ev.EventType
+	var res statestore.AppendResult
 	var err error
 	log = log.With(zap.String("eventType", eventType))
 	ctx, cancel := context.WithTimeout(w.workCtx, w.opts.WriteBudget)
 	defer cancel()
-	if !failOpen {
+	began := time.Now()
+	switch {
+	case failOpen:
+		res, err = w.events.EmitIf(ctx, ev, lastSeq)
+	default:
 		if err := w.outbox.flush(ctx, ev.RunID); err != nil {
 			log.Error("outbox not flushed within the write budget; not recording", zap.Error(err))
-			return err
+			return res, err
 		}
-		if err := w.checkOutcome(ctx, ev); err != nil {
-			log.Error("the step's outcome is not a valid transition from the run's state; not recording it", zap.Error(err))
-			return err
+		var done bool
+		if res, done, err = w.outcome(ctx, ev, st); !done {
+			if err := w.checkOutcome(ctx, ev); err != nil {
+				log.Error("the step's outcome is not a valid transition from the run's state; not recording it", zap.Error(err))
+				return res, err
+			}
+			began = time.Now()
+			res, err = w.events.Emit(ctx, ev)
 		}
-	}
-	began := time.Now()
-	if failOpen {
-		_, err = w.events.EmitIf(ctx, ev, lastSeq)
-	} else {
-		_, err = w.events.Emit(ctx, ev)
 	}
 	w.opts.Metrics.eventWrite(eventType, err, time.Since(began))
 	if err == nil || errors.Is(err, statestore.ErrRunChanged) {
-		return err
+		return res, err
 	}
 	if errors.Is(err, statestore.ErrSchemaValidation) || !failOpen {
 		log.Error("event not recorded", zap.Error(err))
-		return err
+		return res, err
 	}
 	log.Warn("state store slow or down; StepStarted queued in the outbox", zap.Error(err))
 	w.outbox.add(ev)
-	return nil
+	return statestore.AppendResult{}, nil
+}
+
+// outcome appends the outcome ev without reading the run while it has
+// not moved since the step's StepStarted: checked against st (the run as
+// the StepStarted left it) and appended conditioned on st.seq, so that
+// the check holds for the state the append lands on. done is false when
+// that cannot decide: no st, the run moved on (RUN_CHANGED, nothing
+// written), or st refuses ev (then the run's state now decides).
+func (w *Worker) outcome(ctx context.Context, ev *statestore.RunEventWrite, st *startedRun) (res statestore.AppendResult, done bool, err error) {
+	if st == nil || statestore.CheckTransition(st.snap, ev) != nil {
+		return res, false, nil
+	}
+	res, err = w.events.EmitIf(ctx, ev, st.seq)
+	if errors.Is(err, statestore.ErrRunChanged) {
+		return res, false, nil
+	}
+	return res, true, err
 }
 
 // checkOutcome is the producer guard (Layer 1) of StepCompleted and
