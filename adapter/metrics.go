@@ -24,6 +24,9 @@ const (
 	opRunningWorkflows  = "running_workflows"
 	opDecide            = "decide"
 	opHealth            = "health"
+	opBulkPause         = "bulk_pause"
+	opBulkResume        = "bulk_resume"
+	opBulkTerminate     = "bulk_terminate"
 	resultOK            = "ok"
 	resultCanceled      = "canceled"
 	startResultStarted  = "started"
@@ -34,7 +37,7 @@ const (
 var conductorOps = []string{
 	opRegisterTaskDefs, opRegisterWorkflow, opGetWorkflowDef, opStartWorkflow, opGetWorkflow, opPause,
 	opResume, opTerminate, opRetry, opBatchPoll, opUpdateTask, opGetTask, opRunningWorkflows, opHealth,
-	opDecide, opRemoveWorkflow,
+	opDecide, opRemoveWorkflow, opBulkPause, opBulkResume, opBulkTerminate,
 }
 
 var conductorResults = []string{

@@ -263,6 +263,30 @@ func timeoutOf(p *statestore.PauseState, def time.Duration) time.Duration {
 // first time). Any other status gets INVALID_TRANSITION and nothing is
 // written.
 func (c *Controller) Pause(ctx context.Context, runID string, req PauseRequest) (*State, error) {
+	p, err := c.pauseLog(ctx, runID, req)
+	if err != nil {
+		return nil, err
+	}
+	began := c.opts.Now()
+	engineErr := c.engine.Pause(ctx, p.wf)
+	return c.pauseEngine(ctx, p, engineErr, c.opts.Now().Sub(began))
+}
+
+// pausing is a pause whose log part is done (pauseLog) and whose
+// workflow is to be paused in Conductor (pauseEngine).
+type pausing struct {
+	runID, wf string
+	req       PauseRequest
+	snap      *statestore.RunSnapshot // the run after the log part
+	cycle     int64
+	// already: the run was paused before; nothing was recorded.
+	already bool
+}
+
+// pauseLog is a pause's part in the log: the fenced RunPaused, the end of
+// a drain with nothing in flight, the scheduled resume and the drain's
+// watch.
+func (c *Controller) pauseLog(ctx context.Context, runID string, req PauseRequest) (*pausing, error) {
 	if req.TimeoutSeconds < 0 {
 		return nil, &statestore.Error{Code: statestore.CodeSchemaValidationFailed, Field: "timeoutSeconds", Message: "must be >= 0"}
 	}
@@ -285,18 +309,10 @@ func (c *Controller) Pause(ctx context.Context, runID string, req PauseRequest) 
 	if err != nil {
 		return nil, err
 	}
+	p := &pausing{runID: runID, wf: workflowOf(snap), req: req, snap: snap, cycle: cycle}
 	if snap.Status == statestore.RunStatusPaused {
-		wf := workflowOf(snap)
-		_, engineErr := c.settle(ctx, runID, wf, true, snap.Pause.Cycle, c.applied(ctx, runID, true, snap.Pause.Cycle, c.engine.Pause(ctx, wf)))
-		st, err := c.withEngine(snap, engineErr)
-		st.Notice = fmt.Sprintf("the run was already paused (cycle %d); nothing was recorded", snap.Pause.Cycle)
-		if have := int64(timeoutOf(snap.Pause, c.opts.DefaultTimeout) / time.Second); req.TimeoutSeconds != 0 && req.TimeoutSeconds != have {
-			st.Notice += fmt.Sprintf(", and its drain timeout stays %ds: this request's %ds is not applied (resume, then pause again, to change it)", have, req.TimeoutSeconds)
-		}
-		if !req.ResumeAt.IsZero() {
-			st.Notice += ", and this request's scheduled resume is not applied (resume, then pause again, to schedule one)"
-		}
-		return st, err
+		p.already, p.cycle = true, snap.Pause.Cycle
+		return p, nil
 	}
 	c.opts.Metrics.pauseRecorded(c.opts.Now().Sub(began))
 	if !req.ResumeAt.IsZero() {
@@ -308,13 +324,31 @@ func (c *Controller) Pause(ctx context.Context, runID string, req PauseRequest) 
 		c.logger.Info("run paused; draining in-flight steps", zap.String("runId", runID), zap.Int64("cycle", cycle),
 			zap.Int("inFlight", len(snap.InFlight())), zap.Int64("timeoutSeconds", timeout))
 	}
-	engineBegan := c.opts.Now()
-	wf := workflowOf(snap)
-	engineErr := c.applied(ctx, runID, true, cycle, c.engine.Pause(ctx, wf))
-	c.opts.Metrics.enginePause(c.opts.Now().Sub(engineBegan))
-	after, engineErr := c.settle(ctx, runID, wf, true, cycle, engineErr)
-	c.Nudge(runID)
-	return c.answer(ctx, runID, after, engineErr)
+	return p, nil
+}
+
+// pauseEngine is the rest of a pause once Conductor answered its pause of
+// p's workflow with engineErr, after took: the ledger's note, settle, the
+// answer.
+func (c *Controller) pauseEngine(ctx context.Context, p *pausing, engineErr error, took time.Duration) (*State, error) {
+	if p.already {
+		snap := p.snap
+		_, engineErr := c.settle(ctx, p.runID, p.wf, true, p.cycle, c.applied(ctx, p.runID, true, p.cycle, engineErr))
+		st, err := c.withEngine(snap, engineErr)
+		st.Notice = fmt.Sprintf("the run was already paused (cycle %d); nothing was recorded", snap.Pause.Cycle)
+		if have := int64(timeoutOf(snap.Pause, c.opts.DefaultTimeout) / time.Second); p.req.TimeoutSeconds != 0 && p.req.TimeoutSeconds != have {
+			st.Notice += fmt.Sprintf(", and its drain timeout stays %ds: this request's %ds is not applied (resume, then pause again, to change it)", have, p.req.TimeoutSeconds)
+		}
+		if !p.req.ResumeAt.IsZero() {
+			st.Notice += ", and this request's scheduled resume is not applied (resume, then pause again, to schedule one)"
+		}
+		return st, err
+	}
+	engineErr = c.applied(ctx, p.runID, true, p.cycle, engineErr)
+	c.opts.Metrics.enginePause(took)
+	after, engineErr := c.settle(ctx, p.runID, p.wf, true, p.cycle, engineErr)
+	c.Nudge(p.runID)
+	return c.answer(ctx, p.runID, after, engineErr)
 }
 
 // endEmptyDrain ends the drain of a pause that found no step in flight:
@@ -358,21 +392,36 @@ type ResumeRequest struct {
 // Conductor). A run never paused gets INVALID_TRANSITION, and so does a
 // run with a failed step held for RETRY_STEP.
 func (c *Controller) Resume(ctx context.Context, runID string, req ResumeRequest) (*State, error) {
+	r, err := c.resumeLog(ctx, runID, req)
+	if err != nil {
+		return nil, err
+	}
+	return c.resumeEngine(ctx, r, c.engine.Resume(ctx, r.wf))
+}
+
+// resuming is a resume whose log part is done (resumeLog) and whose
+// workflow is to be resumed in Conductor (resumeEngine).
+type resuming struct {
+	runID, wf string
+	snap      *statestore.RunSnapshot // the run before RunResumed
+	// again: the run was resumed before (RunResumed is in the log);
+	// Conductor's workflow is resumed again.
+	again bool
+}
+
+// resumeLog is a resume's part in the log: RunResumed, checked against
+// the run's state.
+func (c *Controller) resumeLog(ctx context.Context, runID string, req ResumeRequest) (*resuming, error) {
 	snap, err := c.snapshot(ctx, runID)
 	if err != nil {
 		return nil, err
 	}
-	wf := workflowOf(snap)
+	r := &resuming{runID: runID, wf: workflowOf(snap), snap: snap}
 	if snap.Status == statestore.RunStatusRunning && snap.Pause != nil && snap.Pause.ResumedAt != "" && !snap.CancelRequested {
 		// A repeated resume (the first one may have been recorded without
-		// reaching Conductor): resume Conductor's workflow again. Conductor
-		// refusing because the workflow already runs is success.
-		err := c.engine.Resume(ctx, wf)
-		if isEngineConflict(err) {
-			err = nil
-		}
-		_, engineErr := c.settle(ctx, runID, wf, false, snap.Pause.Cycle, c.applied(ctx, runID, false, snap.Pause.Cycle, err))
-		return c.withEngine(snap, engineErr)
+		// reaching Conductor): resume Conductor's workflow again.
+		r.again = true
+		return r, nil
 	}
 	if snap.Status != statestore.RunStatusPaused || snap.Pause == nil {
 		return nil, c.invalid(snap, statestore.RunResumed)
@@ -391,17 +440,27 @@ func (c *Controller) Resume(ctx context.Context, runID string, req ResumeRequest
 		c.opts.Metrics.drainEnded("resumed", c.waited(snap))
 	}
 	c.logger.Info("run resumed", zap.String("runId", runID), zap.Int64("cycle", snap.Pause.Cycle))
+	return r, nil
+}
+
+// resumeEngine is the rest of a resume once Conductor answered its resume
+// of r's workflow with err: the ledger's note, settle, the answer.
+func (c *Controller) resumeEngine(ctx context.Context, r *resuming, err error) (*State, error) {
 	// Conductor refusing because the workflow is not paused is success
 	// here too: its pause may never have reached it (a held failure paused
 	// the run while Conductor restarted), and it runs, as the log now says.
 	// If it has ended, the run watcher records how.
-	err = c.engine.Resume(ctx, wf)
 	if isEngineConflict(err) {
-		c.logger.Info("Conductor's workflow was not paused; the resume is recorded and the workflow runs", zap.String("runId", runID), zap.Error(err))
+		if !r.again {
+			c.logger.Info("Conductor's workflow was not paused; the resume is recorded and the workflow runs", zap.String("runId", r.runID), zap.Error(err))
+		}
 		err = nil
 	}
-	after, engineErr := c.settle(ctx, runID, wf, false, snap.Pause.Cycle, c.applied(ctx, runID, false, snap.Pause.Cycle, err))
-	return c.answer(ctx, runID, after, engineErr)
+	after, engineErr := c.settle(ctx, r.runID, r.wf, false, r.snap.Pause.Cycle, c.applied(ctx, r.runID, false, r.snap.Pause.Cycle, err))
+	if r.again {
+		return c.withEngine(r.snap, engineErr)
+	}
+	return c.answer(ctx, r.runID, after, engineErr)
 }
 
 // Cancel cancels a run that is not terminal: RunCancelRequested (from then
@@ -409,40 +468,68 @@ func (c *Controller) Resume(ctx context.Context, runID string, req ResumeRequest
 // interrupted on this process (best effort), RunCancelled. Cancelling a
 // cancelled run returns its state.
 func (c *Controller) Cancel(ctx context.Context, runID, reason, requestedBy string) (*State, error) {
+	cl, st, err := c.cancelLog(ctx, runID, reason, requestedBy)
+	if cl == nil {
+		return st, err
+	}
+	return c.cancelEngine(ctx, cl, c.engine.Terminate(ctx, cl.wf, "cancelled: "+reason))
+}
+
+// cancelling is a cancel whose request is recorded (cancelLog) and whose
+// workflow is to be terminated in Conductor (cancelEngine).
+type cancelling struct {
+	runID, wf string
+	cancelled statestore.RunCancelledPayload
+}
+
+// cancelLog is a cancel's first part in the log: RunCancelRequested. A run
+// it ends here (cancelled already, or queued), or an error, returns no
+// cancelling, and the state or the error as Cancel returns them.
+func (c *Controller) cancelLog(ctx context.Context, runID, reason, requestedBy string) (*cancelling, *State, error) {
 	snap, err := c.snapshot(ctx, runID)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if snap.Status == statestore.RunStatusCancelled {
-		return StateOf(snap, c.opts.DefaultTimeout), nil
+		return nil, StateOf(snap, c.opts.DefaultTimeout), nil
 	}
 	if statestore.IsTerminalRunStatus(snap.Status) {
-		return nil, c.invalid(snap, statestore.RunCancelRequested)
+		return nil, nil, c.invalid(snap, statestore.RunCancelRequested)
 	}
 	cancelled := statestore.RunCancelledPayload{Reason: reason, RequestedBy: requestedBy}
 	if !snap.CancelRequested {
 		if _, err := c.record(ctx, snap, statestore.RunCancelRequestedPayload{Reason: reason, RequestedBy: requestedBy}, 1); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if snap.Status == statestore.RunStatusQueued {
 		// Waiting for admission: no workflow exists yet. The run ends
 		// here, and the admission decider drops it (package admission).
-		return c.cancelQueued(ctx, runID, cancelled)
+		st, err := c.cancelQueued(ctx, runID, cancelled)
+		return nil, st, err
 	}
-	if err := c.engine.Terminate(ctx, workflowOf(snap), "cancelled: "+reason); err != nil {
+	return &cancelling{runID: runID, wf: workflowOf(snap), cancelled: cancelled}, nil, nil
+}
+
+// cancelEngine is the rest of a cancel once Conductor answered the
+// termination of cl's workflow with err: the run's steps interrupted,
+// RunCancelled.
+func (c *Controller) cancelEngine(ctx context.Context, cl *cancelling, err error) (*State, error) {
+	if err != nil {
 		// The request is recorded; a retry of the cancel terminates.
 		return nil, err
 	}
+	runID := cl.runID
 	if c.opts.Interrupt != nil {
 		if n := c.opts.Interrupt(runID); n > 0 {
 			c.logger.Info("interrupted running steps of a cancelled run", zap.String("runId", runID), zap.Int("steps", n))
 		}
 	}
-	if snap, err = c.snapshot(ctx, runID); err != nil {
+	snap, err := c.snapshot(ctx, runID)
+	if err != nil {
 		return nil, err
 	}
-	if _, err := c.record(ctx, snap, cancelled, 1); err != nil {
+	if _, err := c.record(ctx, snap, cl.cancelled, 1); err != nil {
 		return nil, err
 	}
 	if snap.Substatus == statestore.SubstatusDraining {

@@ -20,7 +20,7 @@ import (
 const (
 	// MaxBulkRuns bounds the runs one bulk action selects; a larger
 	// selection is refused (BULK_TOO_LARGE), nothing done.
-	MaxBulkRuns = 5000
+	MaxBulkRuns = 10000
 	// bulkRounds is how many times a bulk action selects again, after
 	// acting, to take in the runs that started while it acted.
 	bulkRounds = 3
@@ -114,6 +114,23 @@ type BulkError struct {
 	Message string `json:"message"`
 }
 
+// BulkControl acts on many runs at once (drain.Controller): each run as
+// the single action would, with Conductor's side in bulk. A Control that
+// has it carries out the bulk actions through it, except a staggered
+// resume.
+type BulkControl interface {
+	PauseMany(ctx context.Context, runIDs []string, req drain.PauseRequest) []drain.Outcome
+	ResumeMany(ctx context.Context, runIDs []string, req drain.ResumeRequest) []drain.Outcome
+	CancelMany(ctx context.Context, runIDs []string, reason, requestedBy string) []drain.Outcome
+}
+
+// bulkAction is what a bulk action does: one run at a time (op), or all
+// the runs of a selection at once (many, when set).
+type bulkAction struct {
+	op   func(ctx context.Context, i int, row *runlist.Row, dry bool) BulkRun
+	many func(ctx context.Context, rows []runlist.Row) []BulkRun
+}
+
 // bulkStatuses are the statuses a bulk action selects.
 var bulkStatuses = map[string][]string{
 	"pause":  {statestore.RunStatusRunning, statestore.RunStatusPaused},
@@ -142,13 +159,13 @@ func (s *Server) bulk(action string) func(http.ResponseWriter, *http.Request) er
 			return err
 		}
 		f.Statuses = bulkStatuses[action]
-		op, err := s.bulkOp(r, action, &body)
+		act, err := s.bulkOp(r, action, &body)
 		if err != nil {
 			return err
 		}
 		res := &BulkResult{Action: action, DryRun: body.DryRun, Runs: []BulkRun{}, Counts: map[string]int{}}
 		if inScope {
-			if err := s.runBulk(r.Context(), f, op, body.DryRun, res); err != nil {
+			if err := s.runBulk(r.Context(), f, act, body.DryRun, res); err != nil {
 				return err
 			}
 		}
@@ -179,8 +196,75 @@ func bulkFilter(r *http.Request, b *BulkRequest) (f runlist.Filter, inScope bool
 }
 
 // bulkOp checks the action's own fields and returns what to do to one run
-// (i is its place in the selection, for a stagger).
-func (s *Server) bulkOp(r *http.Request, action string, b *BulkRequest) (func(ctx context.Context, i int, row *runlist.Row, dry bool) BulkRun, error) {
+// (i is its place in the selection, for a stagger), and to all of them at
+// once when the Control has BulkControl.
+func (s *Server) bulkOp(r *http.Request, action string, b *BulkRequest) (bulkAction, error) {
+	op, err := s.bulkOne(r, action, b)
+	if err != nil {
+		return bulkAction{}, err
+	}
+	act := bulkAction{op: op}
+	bc, ok := s.opts.Control.(BulkControl)
+	if !ok {
+		return act, nil
+	}
+	by, _ := requestedBy(r.Context(), b.RequestedBy) // checked by bulkOne
+	switch action {
+	case "pause":
+		pb := pauseBody{ResumeAt: b.ResumeAt, ResumeAfterSeconds: b.ResumeAfterSeconds}
+		resumeAt, _ := pb.resumeTime(time.Now()) // checked by bulkOne
+		req := drain.PauseRequest{TimeoutSeconds: b.TimeoutSeconds, Reason: b.Reason, RequestedBy: by, ResumeAt: resumeAt}
+		act.many = func(ctx context.Context, rows []runlist.Row) []BulkRun {
+			out := make([]BulkRun, len(rows))
+			var ids []string
+			var at []int
+			for i := range rows {
+				if rows[i].Status == statestore.RunStatusPaused {
+					out[i] = BulkRun{Outcome: OutcomeAlreadyPaused}
+					continue
+				}
+				ids, at = append(ids, rows[i].RunID), append(at, i)
+			}
+			for k, o := range bc.PauseMany(ctx, ids, req) {
+				out[at[k]] = bulkOutcome(o.Err, OutcomePaused)
+			}
+			return out
+		}
+	case "resume":
+		if b.MaxPerSecond != 0 || b.Batch != 0 || b.IntervalSeconds != 0 {
+			return act, nil // staggered: one run at a time, each at its time
+		}
+		req := drain.ResumeRequest{Reason: b.Reason, RequestedBy: by}
+		act.many = func(ctx context.Context, rows []runlist.Row) []BulkRun {
+			return outcomes(bc.ResumeMany(ctx, rowIDs(rows), req), OutcomeResumed)
+		}
+	default: // cancel
+		act.many = func(ctx context.Context, rows []runlist.Row) []BulkRun {
+			return outcomes(bc.CancelMany(ctx, rowIDs(rows), b.Reason, by), OutcomeCancelled)
+		}
+	}
+	return act, nil
+}
+
+func rowIDs(rows []runlist.Row) []string {
+	ids := make([]string, len(rows))
+	for i := range rows {
+		ids[i] = rows[i].RunID
+	}
+	return ids
+}
+
+func outcomes(os []drain.Outcome, ok string) []BulkRun {
+	out := make([]BulkRun, len(os))
+	for i, o := range os {
+		out[i] = bulkOutcome(o.Err, ok)
+	}
+	return out
+}
+
+// bulkOne checks the action's own fields and returns what to do to one
+// run (i is its place in the selection, for a stagger).
+func (s *Server) bulkOne(r *http.Request, action string, b *BulkRequest) (func(ctx context.Context, i int, row *runlist.Row, dry bool) BulkRun, error) {
 	by, err := requestedBy(r.Context(), b.RequestedBy)
 	if err != nil {
 		return nil, err
@@ -306,7 +390,8 @@ func bulkError(err error) *BulkError {
 }
 
 // runBulk selects and acts, in rounds, filling res.
-func (s *Server) runBulk(ctx context.Context, f runlist.Filter, op func(context.Context, int, *runlist.Row, bool) BulkRun, dryRun bool, res *BulkResult) error {
+func (s *Server) runBulk(ctx context.Context, f runlist.Filter, act bulkAction, dryRun bool, res *BulkResult) error {
+	op := act.op
 	done := map[string]bool{}
 	placed := 0 // runs acted on so far: the stagger's position
 	for round := 0; ; round++ {
@@ -357,25 +442,41 @@ func (s *Server) runBulk(ctx context.Context, f runlist.Filter, op func(context.
 			}
 			return nil
 		}
-		out := make([]BulkRun, len(todo))
-		var wg sync.WaitGroup
-		sem := make(chan struct{}, bulkWorkers)
-		for i := range todo {
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer func() { <-sem; wg.Done() }()
+		var out []BulkRun
+		if act.many != nil {
+			out = act.many(ctx, todo)
+			for i := range todo {
 				row := &todo[i]
-				o := op(ctx, placed+i, row, false)
-				o.RunID, o.PlanID, o.Status, o.Substatus = row.RunID, row.PlanID, row.Status, row.Substatus
-				out[i] = o
-			}()
+				out[i].RunID, out[i].PlanID, out[i].Status, out[i].Substatus = row.RunID, row.PlanID, row.Status, row.Substatus
+			}
+		} else {
+			out = s.eachRun(ctx, todo, placed, op)
 		}
-		wg.Wait()
 		placed += len(todo)
 		for _, o := range out {
 			done[o.RunID] = true
 			res.Runs = append(res.Runs, o)
 		}
 	}
+}
+
+// eachRun acts on each run of todo with op, bulkWorkers at a time; placed
+// is the place of todo's first run in the selection.
+func (s *Server) eachRun(ctx context.Context, todo []runlist.Row, placed int, op func(context.Context, int, *runlist.Row, bool) BulkRun) []BulkRun {
+	out := make([]BulkRun, len(todo))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, bulkWorkers)
+	for i := range todo {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			row := &todo[i]
+			o := op(ctx, placed+i, row, false)
+			o.RunID, o.PlanID, o.Status, o.Substatus = row.RunID, row.PlanID, row.Status, row.Substatus
+			out[i] = o
+		}()
+	}
+	wg.Wait()
+	return out
 }

@@ -1,0 +1,115 @@
+package adapter
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"sync"
+)
+
+// BulkMax is the most workflows one of Conductor's bulk calls takes
+// (WorkflowBulkService.MAX_REQUEST_ITEMS): the *Many calls send their ids
+// in requests of at most this many.
+const BulkMax = 1000
+
+// bulkAnswer is Conductor's BulkResponse.
+type bulkAnswer struct {
+	Errors    map[string]string `json:"bulkErrorResults"`
+	Succeeded []string          `json:"bulkSuccessfulResults"`
+}
+
+// PauseMany pauses the workflows ids with Conductor's bulk pause (PUT
+// /workflow/bulk/pause, BulkMax ids a request) and returns the error of
+// each workflow it could not pause, as Pause would return it: a workflow
+// Conductor refused in the bulk call is paused again with Pause, whose
+// error is the one returned (the bulk answer carries a message only). A
+// request that failed as a whole gives its error to each of its ids. An
+// id missing from the map was paused.
+func (c *Client) PauseMany(ctx context.Context, ids []string) map[string]error {
+	return c.many(ctx, opBulkPause, http.MethodPut, "/workflow/bulk/pause", ids, c.Pause)
+}
+
+// ResumeMany resumes the workflows ids with Conductor's bulk resume (PUT
+// /workflow/bulk/resume), as PauseMany; a refused workflow's error is
+// Resume's (CONFLICT with the engine status for a workflow that is not
+// paused).
+func (c *Client) ResumeMany(ctx context.Context, ids []string) map[string]error {
+	return c.many(ctx, opBulkResume, http.MethodPut, "/workflow/bulk/resume", ids, c.Resume)
+}
+
+// TerminateMany terminates the workflows ids with reason through
+// Conductor's bulk terminate (POST /workflow/bulk/terminate), as
+// PauseMany; a refused workflow's error is Terminate's.
+func (c *Client) TerminateMany(ctx context.Context, ids []string, reason string) map[string]error {
+	path := "/workflow/bulk/terminate"
+	if reason != "" {
+		path += "?reason=" + url.QueryEscape(reason)
+	}
+	return c.many(ctx, opBulkTerminate, http.MethodPost, path, ids, func(ctx context.Context, id string) error {
+		return c.Terminate(ctx, id, reason)
+	})
+}
+
+// many sends ids to the bulk endpoint path in requests of BulkMax and
+// asks one for each id the bulk answer refused.
+func (c *Client) many(ctx context.Context, op, method, path string, ids []string, one func(context.Context, string) error) map[string]error {
+	errs := map[string]error{}
+	var valid []string
+	for _, id := range ids {
+		if id == "" {
+			errs[id] = invalidInput(op, "empty workflowId")
+			continue
+		}
+		valid = append(valid, id)
+	}
+	var refused []string
+	for len(valid) > 0 {
+		chunk := valid[:min(len(valid), BulkMax)]
+		valid = valid[len(chunk):]
+		body, err := json.Marshal(chunk)
+		if err != nil {
+			for _, id := range chunk {
+				errs[id] = err
+			}
+			continue
+		}
+		var ans bulkAnswer
+		_, err = c.do(ctx, op, 0, func(ctx context.Context) (*http.Response, error) {
+			// Up to BulkMax workflows' ids come back; 64 KiB of answer per
+			// id bounds even a long refusal for each.
+			return c.rawJSON(ctx, c.http, method, c.base+path, body, int64(len(chunk))<<16, &ans)
+		})
+		if err != nil {
+			for _, id := range chunk {
+				errs[id] = err
+			}
+			continue
+		}
+		for _, id := range chunk {
+			if _, ok := ans.Errors[id]; ok {
+				refused = append(refused, id)
+			}
+		}
+	}
+	// The refusals are rare (a workflow that ended, or is not paused for a
+	// resume): each is asked again on its own for an error with a code.
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for _, id := range refused {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			err := one(ctx, id)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs[id] = err
+			}
+		}()
+	}
+	wg.Wait()
+	return errs
+}

@@ -1,0 +1,178 @@
+package drain_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/memstore"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// bulkEngine is engine with Conductor's bulk calls, which it records
+// apart; refuse names the workflows a bulk call refuses, with the error.
+type bulkEngine struct {
+	engine
+	bmu    sync.Mutex
+	bulk   []string
+	refuse map[string]error
+}
+
+func (e *bulkEngine) many(op string, ids []string) map[string]error {
+	e.bmu.Lock()
+	defer e.bmu.Unlock()
+	sorted := append([]string(nil), ids...)
+	sort.Strings(sorted)
+	e.bulk = append(e.bulk, op+" "+strings.Join(sorted, ","))
+	errs := map[string]error{}
+	for _, id := range ids {
+		if err := e.refuse[id]; err != nil {
+			errs[id] = err
+		}
+	}
+	return errs
+}
+
+func (e *bulkEngine) PauseMany(_ context.Context, ids []string) map[string]error {
+	return e.many("pause", ids)
+}
+func (e *bulkEngine) ResumeMany(_ context.Context, ids []string) map[string]error {
+	return e.many("resume", ids)
+}
+func (e *bulkEngine) TerminateMany(_ context.Context, ids []string, _ string) map[string]error {
+	return e.many("terminate", ids)
+}
+
+// startRun appends run's RunStarted (workflow wf-<run>) and a StepStarted
+// for each step.
+func startRun(t *testing.T, mem *memstore.Store, run string, steps ...string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := mem.Append(ctx, storetest.WithPayload(storetest.Event(run, statestore.RunStarted, ""),
+		map[string]any{"engineRunRef": statestore.ConductorRunRef("plan", "wf-"+run), "engineType": "conductor"})); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range steps {
+		if _, err := mem.Append(ctx, storetest.Event(run, statestore.StepStarted, s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func eventTypes(t *testing.T, mem *memstore.Store, run string) string {
+	t.Helper()
+	recs, err := mem.Fetch(context.Background(), run, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, r := range recs {
+		types = append(types, r.EventType)
+	}
+	return strings.Join(types, " ")
+}
+
+// TestController_PauseMany: a bulk pause records each run's pause as a
+// single pause does (RunPaused fenced, a drain with nothing in flight
+// ended at once, one with a step in flight watched and ended when the step
+// finishes), pauses the workflows in Conductor with one bulk call, and
+// answers each run as Pause would: an ended run INVALID_TRANSITION, an
+// unknown one RUN_NOT_FOUND, a workflow Conductor refused an EngineError
+// with the run paused in the log. Resume and cancel do the same.
+func TestController_PauseMany(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	startRun(t, mem, "busy", "a")
+	startRun(t, mem, "idle")
+	startRun(t, mem, "paused")
+	startRun(t, mem, "refused")
+	startRun(t, mem, "done")
+	mem.Append(ctx, storetest.Event("done", statestore.RunCompleted, ""))
+	eng := &bulkEngine{refuse: map[string]error{"wf-refused": &adapter.Error{Code: adapter.CodeEngineUnavailable, Op: "pause"}}}
+	c := drain.New(mem, emitter{mem}, eng, drain.Options{ActiveRuns: func(context.Context) ([]string, error) { return nil, nil }})
+	if _, err := c.Pause(ctx, "paused", drain.PauseRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	eng.calls = nil
+
+	runs := []string{"busy", "idle", "paused", "refused", "done", "nope"}
+	out := c.PauseMany(ctx, runs, drain.PauseRequest{Reason: "incident", RequestedBy: "ops"})
+	if len(out) != len(runs) {
+		t.Fatalf("%d outcomes for %d runs", len(out), len(runs))
+	}
+	got := map[string]drain.Outcome{}
+	for i, o := range out {
+		if o.RunID != runs[i] {
+			t.Fatalf("outcome %d is run %s, want %s", i, o.RunID, runs[i])
+		}
+		got[o.RunID] = o
+	}
+	if o := got["busy"]; o.Err != nil || o.State.Status != "PAUSED" || o.State.Substatus != "DRAINING" {
+		t.Errorf("busy: %+v %v, want PAUSED DRAINING", o.State, o.Err)
+	}
+	if o := got["idle"]; o.Err != nil || o.State.Status != "PAUSED" || o.State.Substatus != "" {
+		t.Errorf("idle: %+v %v, want PAUSED, drain ended", o.State, o.Err)
+	}
+	if o := got["paused"]; o.Err != nil || !strings.Contains(o.State.Notice, "already paused") {
+		t.Errorf("paused: %+v %v, want the notice that it was paused already", o.State, o.Err)
+	}
+	var ee *drain.EngineError
+	if o := got["refused"]; !errors.As(o.Err, &ee) || ee.State.Status != "PAUSED" {
+		t.Errorf("refused: %v, want an EngineError with the run PAUSED", o.Err)
+	}
+	if o := got["done"]; !errors.Is(o.Err, statestore.ErrInvalidTransition) {
+		t.Errorf("done: %v, want INVALID_TRANSITION", o.Err)
+	}
+	if o := got["nope"]; !errors.Is(o.Err, drain.ErrRunNotFound) {
+		t.Errorf("nope: %v, want RUN_NOT_FOUND", o.Err)
+	}
+	if want := []string{"pause wf-busy,wf-idle,wf-paused,wf-refused"}; fmt.Sprint(eng.bulk) != fmt.Sprint(want) || len(eng.calls) != 0 {
+		t.Fatalf("Conductor calls: bulk %v single %v, want bulk %v and no single call", eng.bulk, eng.calls, want)
+	}
+	for run, want := range map[string]string{
+		"busy":    "RunStarted StepStarted RunPaused",
+		"idle":    "RunStarted RunPaused RunDrainCompleted",
+		"paused":  "RunStarted RunPaused RunDrainCompleted",
+		"refused": "RunStarted RunPaused RunDrainCompleted",
+		"done":    "RunStarted RunCompleted",
+	} {
+		if got := eventTypes(t, mem, run); got != want {
+			t.Errorf("%s: events %s, want %s", run, got, want)
+		}
+	}
+	// The busy run's drain is watched: it ends when its step finishes.
+	mem.Append(ctx, storetest.Event("busy", statestore.StepCompleted, "a"))
+	c.Check(ctx, "busy")
+	if s, _ := mem.ProjectSnapshot(ctx, "busy"); s.Substatus != "" || s.Pause.DrainEndedAt == "" {
+		t.Fatalf("busy after its step: substatus %q, drain ended %q", s.Substatus, s.Pause.DrainEndedAt)
+	}
+
+	eng.bulk = nil
+	res := c.ResumeMany(ctx, []string{"busy", "idle", "done"}, drain.ResumeRequest{Reason: "over"})
+	if res[0].Err != nil || res[0].State.Status != "RUNNING" || res[1].Err != nil || !errors.Is(res[2].Err, statestore.ErrInvalidTransition) {
+		t.Fatalf("resume: %+v", res)
+	}
+	if want := []string{"resume wf-busy,wf-idle"}; fmt.Sprint(eng.bulk) != fmt.Sprint(want) || len(eng.calls) != 0 {
+		t.Fatalf("Conductor calls: bulk %v single %v, want bulk %v", eng.bulk, eng.calls, want)
+	}
+
+	eng.bulk = nil
+	can := c.CancelMany(ctx, []string{"busy", "paused", "done"}, "bad batch", "ops")
+	if can[0].Err != nil || can[0].State.Status != "CANCELLED" || can[1].Err != nil || can[1].State.Status != "CANCELLED" ||
+		!errors.Is(can[2].Err, statestore.ErrInvalidTransition) {
+		t.Fatalf("cancel: %+v", can)
+	}
+	if want := []string{"terminate wf-busy,wf-paused"}; fmt.Sprint(eng.bulk) != fmt.Sprint(want) || len(eng.calls) != 0 {
+		t.Fatalf("Conductor calls: bulk %v single %v, want bulk %v", eng.bulk, eng.calls, want)
+	}
+	if got, want := eventTypes(t, mem, "busy"), "RunStarted StepStarted RunPaused StepCompleted RunDrainCompleted RunResumed RunCancelRequested RunCancelled"; got != want {
+		t.Errorf("busy: events %s, want %s", got, want)
+	}
+}
