@@ -65,7 +65,11 @@ func (c *Client) many(ctx context.Context, op, method, path string, ids []string
 	}
 	var refused []string
 	for len(valid) > 0 {
-		chunk := valid[:min(len(valid), BulkMax)]
+		n := c.bulkMax
+		if n <= 0 || n > BulkMax {
+			n = BulkMax
+		}
+		chunk := valid[:min(len(valid), n)]
 		valid = valid[len(chunk):]
 		body, err := json.Marshal(chunk)
 		if err != nil {

@@ -69,6 +69,8 @@ type Client struct {
 	workflow client.WorkflowClient
 	tasks    client.TaskClient
 	metadata client.MetadataClient
+	// bulkMax is how many workflow ids one bulk call sends (BulkMax).
+	bulkMax int
 }
 
 // NewClient returns a Client for opts.BaseURL. It does not contact the

@@ -333,3 +333,58 @@ func TestNotPausedStatus(t *testing.T) {
 		}
 	}
 }
+
+// TestClient_Many: the bulk calls pause, resume and terminate workflows
+// in requests of bulkMax ids (here 2: 5 workflows and an unknown take 3), and
+// answer a workflow Conductor refused with the single call's error:
+// NOT_FOUND for an unknown one, CONFLICT (engine status RUNNING) for the
+// resume of one that runs, INVALID_INPUT for an empty id.
+func TestClient_Many(t *testing.T) {
+	u := conductortest.URL(t)
+	ctx := context.Background()
+	c, err := NewClient(ClientOptions{BaseURL: u, Timeout: 5 * time.Second, Logger: zaptest.NewLogger(t), Metrics: NewMetrics(prometheus.NewRegistry())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.bulkMax = 2
+	def, _, first := startTestWorkflow(t, c)
+	ids := []string{first}
+	for range 4 {
+		id, err := c.StartWorkflow(ctx, model.StartWorkflowRequest{Name: def.Name, Version: 1, Input: map[string]any{"runId": "r"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	const unknown = "00000000-0000-4000-8000-000000000000"
+	requests := func(op string) float64 {
+		return counterValue(t, c.metrics.requests[[2]string{op, resultOK}])
+	}
+	before := requests(opBulkPause)
+	errs := c.PauseMany(ctx, append(append([]string{}, ids...), unknown, ""))
+	if got := requests(opBulkPause) - before; got != 3 {
+		t.Errorf("%v bulk pause requests for 6 ids, 2 a request, want 3 (the empty id is not sent)", got)
+	}
+	if len(errs) != 2 || !errors.Is(errs[unknown], ErrNotFound) || !errors.Is(errs[""], ErrInvalidInput) {
+		t.Fatalf("pause: errors %v, want NOT_FOUND for the unknown and INVALID_INPUT for the empty id only", errs)
+	}
+	for _, id := range ids {
+		waitStatus(t, c, id, model.PausedWorkflow)
+	}
+	if errs := c.ResumeMany(ctx, ids[:3]); len(errs) != 0 {
+		t.Fatalf("resume: %v", errs)
+	}
+	var e *Error
+	errs = c.ResumeMany(ctx, ids)
+	if len(errs) != 3 || !errors.As(errs[ids[0]], &e) || !errors.Is(e, ErrConflict) || e.EngineStatus != "RUNNING" {
+		t.Fatalf("resume of 3 running and 2 paused: errors %v, want CONFLICT (RUNNING) for the 3", errs)
+	}
+	if errs := c.TerminateMany(ctx, ids, "over"); len(errs) != 0 {
+		t.Fatalf("terminate: %v", errs)
+	}
+	for _, id := range ids {
+		if wf := waitStatus(t, c, id, model.TerminatedWorkflow); wf.ReasonForIncompletion != "over" {
+			t.Errorf("%s: reason %q, want over", id, wf.ReasonForIncompletion)
+		}
+	}
+}
