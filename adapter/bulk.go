@@ -20,7 +20,8 @@ type bulkAnswer struct {
 }
 
 // PauseMany pauses the workflows ids with Conductor's bulk pause (PUT
-// /workflow/bulk/pause, BulkMax ids a request) and returns the error of
+// /workflow/bulk/pause; at most BulkMax ids a request, up to four requests
+// at once) and returns the error of
 // each workflow it could not pause, as Pause would return it: a workflow
 // Conductor refused in the bulk call is paused again with Pause, whose
 // error is the one returned (the bulk answer carries a message only). A
@@ -63,57 +64,76 @@ func (c *Client) many(ctx context.Context, op, method, path string, ids []string
 		}
 		valid = append(valid, id)
 	}
-	var refused []string
+	// Conductor acts on a request's workflows one after the other: the ids
+	// go in up to bulkRequests requests at once, so that its threads share
+	// them.
+	size := c.bulkMax
+	if size <= 0 || size > BulkMax {
+		size = BulkMax
+	}
+	size = max(1, min(size, (len(valid)+bulkRequests-1)/bulkRequests))
+	var chunks [][]string
 	for len(valid) > 0 {
-		n := c.bulkMax
-		if n <= 0 || n > BulkMax {
-			n = BulkMax
-		}
-		chunk := valid[:min(len(valid), n)]
-		valid = valid[len(chunk):]
-		body, err := json.Marshal(chunk)
-		if err != nil {
-			for _, id := range chunk {
-				errs[id] = err
-			}
-			continue
-		}
-		var ans bulkAnswer
-		_, err = c.do(ctx, op, 0, func(ctx context.Context) (*http.Response, error) {
-			// Up to BulkMax workflows' ids come back; 64 KiB of answer per
-			// id bounds even a long refusal for each.
-			return c.rawJSON(ctx, c.http, method, c.base+path, body, int64(len(chunk))<<16, &ans)
-		})
-		if err != nil {
-			for _, id := range chunk {
-				errs[id] = err
-			}
-			continue
-		}
+		chunks = append(chunks, valid[:min(len(valid), size)])
+		valid = valid[len(chunks[len(chunks)-1]):]
+	}
+	var mu sync.Mutex
+	var refused []string
+	eachOf(len(chunks), bulkRequests, func(i int) {
+		chunk := chunks[i]
+		ans, err := c.bulkCall(ctx, op, method, path, chunk)
+		mu.Lock()
+		defer mu.Unlock()
 		for _, id := range chunk {
-			if _, ok := ans.Errors[id]; ok {
+			if err != nil {
+				errs[id] = err
+			} else if _, ok := ans.Errors[id]; ok {
 				refused = append(refused, id)
 			}
 		}
-	}
+	})
 	// The refusals are rare (a workflow that ended, or is not paused for a
 	// resume): each is asked again on its own for an error with a code.
-	var mu sync.Mutex
+	eachOf(len(refused), bulkRequests, func(i int) {
+		if err := one(ctx, refused[i]); err != nil {
+			mu.Lock()
+			defer mu.Unlock()
+			errs[refused[i]] = err
+		}
+	})
+	return errs
+}
+
+// bulkRequests is how many bulk requests (or single calls for refused
+// workflows) a *Many call has in flight at once.
+const bulkRequests = 4
+
+// bulkCall sends one request of ids to the bulk endpoint path.
+func (c *Client) bulkCall(ctx context.Context, op, method, path string, ids []string) (bulkAnswer, error) {
+	var ans bulkAnswer
+	body, err := json.Marshal(ids)
+	if err != nil {
+		return ans, err
+	}
+	_, err = c.do(ctx, op, 0, func(ctx context.Context) (*http.Response, error) {
+		// 64 KiB of answer per id bounds even a long refusal for each.
+		return c.rawJSON(ctx, c.http, method, c.base+path, body, int64(len(ids))<<16, &ans)
+	})
+	return ans, err
+}
+
+// eachOf calls f(0..n-1), at most k at once, and returns when every call
+// has.
+func eachOf(n, k int, f func(i int)) {
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, 8)
-	for _, id := range refused {
+	sem := make(chan struct{}, k)
+	for i := range n {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			err := one(ctx, id)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				errs[id] = err
-			}
+			f(i)
 		}()
 	}
 	wg.Wait()
-	return errs
 }

@@ -23,6 +23,9 @@ type bulkEngine struct {
 	bmu    sync.Mutex
 	bulk   []string
 	refuse map[string]error
+	// terminated, when set, is called with each workflow a bulk terminate
+	// terminated.
+	terminated func(wf string)
 }
 
 func (e *bulkEngine) many(op string, ids []string) map[string]error {
@@ -47,7 +50,13 @@ func (e *bulkEngine) ResumeMany(_ context.Context, ids []string) map[string]erro
 	return e.many("resume", ids)
 }
 func (e *bulkEngine) TerminateMany(_ context.Context, ids []string, _ string) map[string]error {
-	return e.many("terminate", ids)
+	errs := e.many("terminate", ids)
+	for _, id := range ids {
+		if errs[id] == nil && e.terminated != nil {
+			e.terminated(id)
+		}
+	}
+	return errs
 }
 
 // startRun appends run's RunStarted (workflow wf-<run>) and a StepStarted
@@ -174,5 +183,33 @@ func TestController_PauseMany(t *testing.T) {
 	}
 	if got, want := eventTypes(t, mem, "busy"), "RunStarted StepStarted RunPaused StepCompleted RunDrainCompleted RunResumed RunCancelRequested RunCancelled"; got != want {
 		t.Errorf("busy: events %s, want %s", got, want)
+	}
+}
+
+// TestController_CancelManyAfterTheWatcher: the run watcher may record a
+// cancelled run's RunCancelled (it saw the workflow TERMINATED with the
+// cancel requested) before the cancel does: the cancel answers the run
+// CANCELLED, as a repeated cancel does, not INVALID_TRANSITION.
+func TestController_CancelManyAfterTheWatcher(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	startRun(t, mem, "r1", "a")
+	startRun(t, mem, "r2")
+	eng := &bulkEngine{}
+	eng.terminated = func(wf string) {
+		if wf == "wf-r1" { // the watcher's RunCancelled
+			if _, err := mem.Append(ctx, storetest.Event("r1", statestore.RunCancelled, "")); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	c := drain.New(mem, emitter{mem}, eng, drain.Options{ActiveRuns: func(context.Context) ([]string, error) { return nil, nil }})
+	for i, o := range c.CancelMany(ctx, []string{"r1", "r2"}, "bad batch", "ops") {
+		if o.Err != nil || o.State == nil || o.State.Status != "CANCELLED" {
+			t.Errorf("run %d %s: %+v %v, want CANCELLED", i, o.RunID, o.State, o.Err)
+		}
+	}
+	if got, want := eventTypes(t, mem, "r1"), "RunStarted StepStarted RunCancelRequested RunCancelled"; got != want {
+		t.Errorf("r1: events %s, want %s", got, want)
 	}
 }

@@ -529,6 +529,11 @@ func (c *Controller) cancelEngine(ctx context.Context, cl *cancelling, err error
 	if err != nil {
 		return nil, err
 	}
+	if snap.Status == statestore.RunStatusCancelled {
+		// The run watcher saw the workflow terminated, with the cancel
+		// requested, and recorded RunCancelled first.
+		return StateOf(snap, c.opts.DefaultTimeout), nil
+	}
 	if _, err := c.record(ctx, snap, cl.cancelled, 1); err != nil {
 		return nil, err
 	}

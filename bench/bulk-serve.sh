@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# bench/bulk-serve.sh BINARY N [PORT]: bulk pause, resume and cancel of N
+# running runs through one `sidecar serve` (BENCHMARKS.md, "Bulk control of
+# 10,000 runs"). It starts BINARY against the Conductor at $CONDUCTOR_URL
+# (default http://127.0.0.1:8080/api), submits N runs of a one-step `sleep`
+# plan that no worker polls (RUNNING, nothing in flight), waits SETTLE
+# seconds (default 10), then pauses every run with bulk requests, resumes
+# them, and cancels them, and reports for each: the wall time, serve's CPU
+# and (with CONDUCTOR_PID) Conductor's over it, and serve's writes per run
+# from its /metrics (persisted appends, registry entries written, run-list
+# rows). TENANTS=T submits the runs over tenants t0..t(T-1) and sends one
+# bulk request per tenant (a build whose bulk action takes fewer runs than
+# N); without it one request (all: true) acts on every run.
+# Needs python3 (bench/runs.py). Stops only the process it started.
+set -euo pipefail
+BIN=${1:?usage: bench/bulk-serve.sh BINARY N [PORT]}
+N=${2:?usage: bench/bulk-serve.sh BINARY N [PORT]}
+PORT=${3:-18794}
+CONDUCTOR_URL=${CONDUCTOR_URL:-http://127.0.0.1:8080/api}
+TENANTS=${TENANTS:-}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+D=$(mktemp -d)
+"$BIN" serve --data-dir "$D/data" --listen "127.0.0.1:$PORT" --conductor-url "$CONDUCTOR_URL" \
+  --insecure-no-auth --concurrency noop=1,sleep=0,command=0,http=0 --task-domain "bulk$PORT$RANDOM" >"$D/log" 2>&1 &
+PID=$!
+trap 'kill "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; rm -rf "$D"' EXIT
+for _ in $(seq 100); do curl -fs "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+"$HERE/runs.py" submit "$PORT" "$N" "$D/runs" ${TENANTS:+"$TENANTS"}
+sleep "${SETTLE:-10}"
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+conductor_ticks() { if [ -n "${CONDUCTOR_PID:-}" ]; then ticks "$CONDUCTOR_PID"; else echo 0; fi; }
+# writes: persisted appends + registry writes + run-list rows, from /metrics.
+writes() {
+  curl -fs "http://127.0.0.1:$PORT/metrics" | python3 -c '
+import sys
+n = 0.0
+for line in sys.stdin:
+    if line.startswith("#"): continue
+    if (line.startswith("sidecar_store_appends_total{") and "result=\"persisted\"" in line) or \
+       (line.startswith("sidecar_registry_operations_total{") and ("result=\"created\"" in line or "result=\"adopted\"" in line)) or \
+       line.startswith("sidecar_runlist_row_writes_total"):
+        n += float(line.split()[-1])
+print(n)'
+}
+# bulk ACTION: the bulk ACTION of every run, with its cost.
+bulk() {
+  local a0 b0 w0 a1 b1 w1 hz load
+  hz=$(getconf CLK_TCK)
+  load=$(cut -d' ' -f1-3 /proc/loadavg)
+  a0=$(ticks "$PID"); b0=$(conductor_ticks); w0=$(writes)
+  "$HERE/runs.py" bulk "$PORT" "$1" ${TENANTS:+"$TENANTS"}
+  a1=$(ticks "$PID"); b1=$(conductor_ticks); w1=$(writes)
+  python3 -c "print('  %s: serve cpu=%.2f ms/run, conductor cpu=%.2f ms/run, writes=%.2f/run (load before: $load)' % ('$1', 1000.0 * ($a1 - $a0) / $hz / $N, 1000.0 * ($b1 - $b0) / $hz / $N, ($w1 - $w0) / $N))"
+}
+bulk pause
+sleep "${SETTLE:-10}"
+bulk resume
+sleep "${SETTLE:-10}"
+bulk cancel
