@@ -8,6 +8,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/drain"
@@ -105,7 +108,14 @@ func TestController_PauseMany(t *testing.T) {
 	startRun(t, mem, "done")
 	mem.Append(ctx, storetest.Event("done", statestore.RunCompleted, ""))
 	eng := &bulkEngine{refuse: map[string]error{"wf-refused": &adapter.Error{Code: adapter.CodeEngineUnavailable, Op: "pause"}}}
-	c := drain.New(mem, emitter{mem}, eng, drain.Options{ActiveRuns: func(context.Context) ([]string, error) { return nil, nil }})
+	// The monitor watches the drains the pauses leave open (no full pass:
+	// only what the pause itself watches is found).
+	c := drain.New(mem, emitter{mem}, eng, drain.Options{ActiveRuns: func(context.Context) ([]string, error) { return nil, nil },
+		Interval: 10 * time.Millisecond, FullScanInterval: time.Hour, Logger: zaptest.NewLogger(t)})
+	if err := c.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	if _, err := c.Pause(ctx, "paused", drain.PauseRequest{}); err != nil {
 		t.Fatal(err)
 	}
@@ -156,11 +166,17 @@ func TestController_PauseMany(t *testing.T) {
 			t.Errorf("%s: events %s, want %s", run, got, want)
 		}
 	}
-	// The busy run's drain is watched: it ends when its step finishes.
+	// The busy run's drain is watched: the monitor ends it when its step
+	// finishes.
 	mem.Append(ctx, storetest.Event("busy", statestore.StepCompleted, "a"))
-	c.Check(ctx, "busy")
-	if s, _ := mem.ProjectSnapshot(ctx, "busy"); s.Substatus != "" || s.Pause.DrainEndedAt == "" {
-		t.Fatalf("busy after its step: substatus %q, drain ended %q", s.Substatus, s.Pause.DrainEndedAt)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		s, _ := mem.ProjectSnapshot(ctx, "busy")
+		if s.Substatus == "" && s.Pause.DrainEndedAt != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("busy 5 s after its step: substatus %q, drain not ended", s.Substatus)
+		}
 	}
 
 	eng.bulk = nil
