@@ -258,18 +258,18 @@ func TestE2E_SDKWorkerPython_PauseDrainResume(t *testing.T) { sdkPauseDrainResum
 func TestE2E_SDKWorkerJS_PauseDrainResume(t *testing.T)     { sdkPauseDrainResume(t, "js") }
 func TestE2E_SDKWorkerJava_PauseDrainResume(t *testing.T)   { sdkPauseDrainResume(t, "java") }
 
-// TestE2E_SDKWorkerPython_KillWorkerWhileDraining: the Python worker is
-// killed (-9, its whole process group) with its tasks in flight while the
-// run drains; the tasks' response timeout (the steps' timeoutSeconds) ends
-// them in Conductor, RunStepTryEnded (taskTimedOut) takes them out of
-// flight, and the drain completes long before its own timeout.
-func TestE2E_SDKWorkerPython_KillWorkerWhileDraining(t *testing.T) {
-	w := sdkWorkerFor(t, "python")
-	p := newProxied(t, "e2e-sdk-killw")
-	taskType := uniq("sdk_killw")
+// sdkKillWorkerWhileDraining: the worker of lang is killed (-9, its whole
+// process group) with its tasks in flight while the run drains; the tasks'
+// response timeout (the steps' timeoutSeconds) ends them in Conductor,
+// RunStepTryEnded (taskTimedOut) takes them out of flight, and the drain
+// completes long before its own timeout.
+func sdkKillWorkerWhileDraining(t *testing.T, lang string) {
+	w := sdkWorkerFor(t, lang)
+	p := newProxied(t, "e2e-sdk-killw-"+lang)
+	taskType := uniq("sdk_killw_" + lang)
 	wp := w.start(t, p.api(), taskType, p.domain, 2)
 	const respTimeout = 8
-	started := submit(t, p.proc, fanOutPlan(uniq("e2e-sdk-killw"), taskType, 2, 120000, 0, respTimeout), "req-1")
+	started := submit(t, p.proc, fanOutPlan(uniq("e2e-sdk-killw-"+lang), taskType, 2, 120000, 0, respTimeout), "req-1")
 	sidecartest.WaitFor(t, "2 external steps to start", 90*time.Second, func() bool {
 		return len(startedExternal(allEvents(t, p.proc, started.RunID))) >= 2
 	})
@@ -287,7 +287,7 @@ func TestE2E_SDKWorkerPython_KillWorkerWhileDraining(t *testing.T) {
 	})
 	evs := allEvents(t, p.proc, started.RunID)
 	took, how := drainEnd(t, evs)
-	t.Logf("drain ended with %s %s after RunPaused, %s after the kill (response timeout %ds)", how, took, time.Since(killed).Round(time.Second), respTimeout)
+	t.Logf("%s: drain ended with %s %s after RunPaused, %s after the kill (response timeout %ds)", lang, how, took, time.Since(killed).Round(time.Second), respTimeout)
 	if how != statestore.RunDrainCompleted {
 		t.Fatalf("drain ended with %s, want RunDrainCompleted once the response timeout passed\n%v", how, types(evs))
 	}
@@ -304,18 +304,18 @@ func TestE2E_SDKWorkerPython_KillWorkerWhileDraining(t *testing.T) {
 	}
 }
 
-// TestE2E_SDKWorkerPython_KillSidecarWithTasksInFlight: the sidecar is
-// killed (-9) while the Python worker runs 4 external tasks; it restarts on
-// the same log and addresses, the worker's updates (retried by its SDK)
-// reach it, and the run completes with each step started and completed
-// once: nothing is lost or run twice.
-func TestE2E_SDKWorkerPython_KillSidecarWithTasksInFlight(t *testing.T) {
-	w := sdkWorkerFor(t, "python")
-	p := newProxied(t, "e2e-sdk-kills")
-	taskType := uniq("sdk_kills")
+// sdkKillSidecarWithTasksInFlight: the sidecar is killed (-9) while the
+// worker of lang runs 4 external tasks; it restarts on the same log and
+// addresses, the worker's updates (retried by its SDK) reach it, and the
+// run completes with each step started and completed once: nothing is lost
+// or run twice.
+func sdkKillSidecarWithTasksInFlight(t *testing.T, lang string) {
+	w := sdkWorkerFor(t, lang)
+	p := newProxied(t, "e2e-sdk-kills-"+lang)
+	taskType := uniq("sdk_kills_" + lang)
 	w.start(t, p.api(), taskType, p.domain, 4)
 	const n = 4
-	started := submit(t, p.proc, fanOutPlan(uniq("e2e-sdk-kills"), taskType, n, 6000, 0, 120), "req-1")
+	started := submit(t, p.proc, fanOutPlan(uniq("e2e-sdk-kills-"+lang), taskType, n, 6000, 0, 120), "req-1")
 	sidecartest.WaitFor(t, "4 external steps to start", 90*time.Second, func() bool {
 		return len(startedExternal(allEvents(t, p.proc, started.RunID))) >= n
 	})
@@ -332,4 +332,22 @@ func TestE2E_SDKWorkerPython_KillSidecarWithTasksInFlight(t *testing.T) {
 			t.Fatalf("step %s: %d StepStarted, %d StepCompleted, want 1 and 1\n%v", id, s, c, types(evs))
 		}
 	}
+}
+
+func TestE2E_SDKWorkerPython_KillWorkerWhileDraining(t *testing.T) {
+	sdkKillWorkerWhileDraining(t, "python")
+}
+func TestE2E_SDKWorkerJS_KillWorkerWhileDraining(t *testing.T) { sdkKillWorkerWhileDraining(t, "js") }
+func TestE2E_SDKWorkerJava_KillWorkerWhileDraining(t *testing.T) {
+	sdkKillWorkerWhileDraining(t, "java")
+}
+
+func TestE2E_SDKWorkerPython_KillSidecarWithTasksInFlight(t *testing.T) {
+	sdkKillSidecarWithTasksInFlight(t, "python")
+}
+func TestE2E_SDKWorkerJS_KillSidecarWithTasksInFlight(t *testing.T) {
+	sdkKillSidecarWithTasksInFlight(t, "js")
+}
+func TestE2E_SDKWorkerJava_KillSidecarWithTasksInFlight(t *testing.T) {
+	sdkKillSidecarWithTasksInFlight(t, "java")
 }
