@@ -1,12 +1,17 @@
 package proxy
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Metrics are the task proxy's Prometheus metrics. A nil *Metrics records
 // nothing.
 type Metrics struct {
 	requests *prometheus.CounterVec
 	tasks    *prometheus.CounterVec
+	gate     *prometheus.HistogramVec
 }
 
 // NewMetrics registers the proxy's metrics with reg.
@@ -20,6 +25,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sidecar_proxy_external_tasks_total",
 			Help: "External steps' tasks by what the proxy did: admitted (StepStarted recorded, handed to the worker), held_back (the gate answered Conductor: paused, ended, ...), update_answered (the update was answered by the sidecar, not forwarded), update_not_recorded (the store did not take the outcome; the worker retries).",
 		}, []string{"outcome"}),
+		gate: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sidecar_proxy_gate_seconds",
+			Help:    "Time the proxy added to a worker's call for external steps' tasks, by stage: poll (the gate of a poll's answer, StepStarted appended, for all its tasks), update (the outcome recorded before the update is forwarded).",
+			Buckets: []float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}, []string{"stage"}),
 	}
 	for _, k := range []string{"poll", "batch_poll", "update", "update_v2", "update_by_ref", "forward", "unauthorized"} {
 		m.requests.WithLabelValues(k)
@@ -27,7 +37,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, o := range []string{"admitted", "held_back", "update_answered", "update_not_recorded"} {
 		m.tasks.WithLabelValues(o)
 	}
-	reg.MustRegister(m.requests, m.tasks)
+	for _, st := range []string{"poll", "update"} {
+		m.gate.WithLabelValues(st)
+	}
+	reg.MustRegister(m.requests, m.tasks, m.gate)
 	return m
 }
 
@@ -40,5 +53,12 @@ func (m *Metrics) request(kind string) {
 func (m *Metrics) task(outcome string) {
 	if m != nil {
 		m.tasks.WithLabelValues(outcome).Inc()
+	}
+}
+
+// gated observes the time a stage of the gate took since began.
+func (m *Metrics) gated(stage string, began time.Time) {
+	if m != nil {
+		m.gate.WithLabelValues(stage).Observe(time.Since(began).Seconds())
 	}
 }

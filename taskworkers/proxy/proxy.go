@@ -262,27 +262,66 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"status": status, "code": code, "message": msg, "retryable": status >= 500})
 }
 
-// gate decides for one task of Conductor's answer (raw JSON): pass is
-// true when it goes to the worker unchanged (a task of no external step,
-// or one Admit let through).
-func (p *Proxy) gate(raw []byte) (pass bool) {
-	var pt adapter.PolledTask
-	if err := json.Unmarshal(raw, &pt); err != nil || pt.TaskID == "" {
-		return true // not a task we can read: Conductor's answer as is
+// gate decides for the tasks of Conductor's answer (raw JSON each): pass[i]
+// is true when task i goes to the worker unchanged (a task of no external
+// step, or one Admit let through). The external steps' tasks are admitted
+// concurrently, at most maxAdmits at a time: a batch is answered after one
+// round of parallel appends, not one append after another. (Admit
+// serializes the starts of one run itself, each on the runSeq the one
+// before it left.) Every Admit has returned when gate returns.
+func (p *Proxy) gate(raws ...[]byte) (pass []bool) {
+	pass = make([]bool, len(raws))
+	var external []int
+	tasks := make([]*model.Task, len(raws))
+	for i, raw := range raws {
+		var pt adapter.PolledTask
+		if err := json.Unmarshal(raw, &pt); err != nil || pt.TaskID == "" {
+			pass[i] = true // not a task we can read: Conductor's answer as is
+			continue
+		}
+		t := pt.Task()
+		if _, ours := taskworkers.ExternalStep(t); !ours {
+			p.seen.note(t.TaskId, nil)
+			pass[i] = true
+			continue
+		}
+		tasks[i] = t
+		external = append(external, i)
 	}
-	t := pt.Task()
-	if _, ours := taskworkers.ExternalStep(t); !ours {
-		p.seen.note(t.TaskId, nil)
-		return true
+	if len(external) == 0 {
+		return pass
 	}
-	if !p.steps.Admit(t) {
-		p.opts.Metrics.task("held_back")
-		return false
+	defer p.opts.Metrics.gated("poll", time.Now())
+	admit := func(i int) {
+		t := tasks[i]
+		if !p.steps.Admit(t) {
+			p.opts.Metrics.task("held_back")
+			return
+		}
+		p.opts.Metrics.task("admitted")
+		p.seen.note(t.TaskId, t)
+		pass[i] = true
 	}
-	p.opts.Metrics.task("admitted")
-	p.seen.note(t.TaskId, t)
-	return true
+	if len(external) == 1 {
+		admit(external[0])
+		return pass
+	}
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, maxAdmits)
+	for _, i := range external {
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			admit(i)
+		}()
+	}
+	wg.Wait()
+	return pass
 }
+
+// maxAdmits bounds the tasks of one poll's answer admitted at once.
+const maxAdmits = 32
 
 // poll forwards a poll and gates the tasks of its answer; a task the gate
 // holds back is left out (a single poll then answers 204, as Conductor
@@ -298,7 +337,7 @@ func (p *Proxy) poll(w http.ResponseWriter, r *http.Request, batch bool) {
 		return
 	}
 	if !batch {
-		if p.gate(body) {
+		if p.gate(body)[0] {
 			reply(w, resp, body)
 			return
 		}
@@ -312,9 +351,14 @@ func (p *Proxy) poll(w http.ResponseWriter, r *http.Request, batch bool) {
 		reply(w, resp, body)
 		return
 	}
+	raws := make([][]byte, len(tasks))
+	for i, raw := range tasks {
+		raws[i] = raw
+	}
+	pass := p.gate(raws...)
 	kept := tasks[:0]
-	for _, raw := range tasks {
-		if p.gate(raw) {
+	for i, raw := range tasks {
+		if pass[i] {
 			kept = append(kept, raw)
 		}
 	}
@@ -349,7 +393,9 @@ func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
 		p.relay(w, r, body, v2, nil, nil)
 		return
 	}
+	began := time.Now()
 	forward, err := p.steps.Record(t, &res)
+	p.opts.Metrics.gated("update", began)
 	if err != nil {
 		p.opts.Metrics.task("update_not_recorded")
 		writeError(w, http.StatusServiceUnavailable, CodeStoreUnavailable, "the step's outcome could not be recorded; retry the update: "+err.Error())
@@ -390,7 +436,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, body []byte, v2 bo
 			p.steps.Reported(t, res)
 		}
 	}
-	if v2 && resp.StatusCode == http.StatusOK && len(bytes.TrimSpace(out)) > 0 && !p.gate(out) {
+	if v2 && resp.StatusCode == http.StatusOK && len(bytes.TrimSpace(out)) > 0 && !p.gate(out)[0] {
 		copyHeaders(w.Header(), resp.Header)
 		w.Header().Del("Content-Type")
 		w.WriteHeader(http.StatusNoContent)
@@ -476,7 +522,9 @@ func (p *Proxy) updateByRef(w http.ResponseWriter, r *http.Request, path string)
 	}
 	res := &model.TaskResult{TaskId: t.TaskId, WorkflowInstanceId: t.WorkflowInstanceId, Status: model.TaskResultStatus(parts[2])}
 	_ = json.Unmarshal(body, &res.OutputData)
+	began := time.Now()
 	forward, err := p.steps.Record(t, res)
+	p.opts.Metrics.gated("update", began)
 	switch {
 	case err != nil:
 		writeError(w, http.StatusServiceUnavailable, CodeStoreUnavailable, "the step's outcome could not be recorded; retry the update: "+err.Error())

@@ -10,9 +10,11 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/conductor-sdk/conductor-go/sdk/model"
 	"github.com/google/uuid"
 	"go.uber.org/zap/zaptest"
 
@@ -40,6 +42,13 @@ type env struct {
 }
 
 func newEnv(t *testing.T, tokens ...string) *env {
+	t.Helper()
+	return newEnvWith(t, nil, tokens...)
+}
+
+// newEnvWith is newEnv with the proxy's Steps (the task workers) seen
+// through wrap, when not nil.
+func newEnvWith(t *testing.T, wrap func(proxy.Steps) proxy.Steps, tokens ...string) *env {
 	t.Helper()
 	curl := conductortest.URL(t)
 	ctx := context.Background()
@@ -74,7 +83,11 @@ func newEnv(t *testing.T, tokens ...string) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = w.Close(context.Background()) })
-	p, err := proxy.New(w, proxy.Options{Conductor: curl, Tokens: tokens, Logger: zaptest.NewLogger(t)})
+	var steps proxy.Steps = w
+	if wrap != nil {
+		steps = wrap(w)
+	}
+	p, err := proxy.New(steps, proxy.Options{Conductor: curl, Tokens: tokens, Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -348,5 +361,68 @@ func TestProxy_DeadWorkerEndsItsTry(t *testing.T) {
 	snap, _ := e.store.ProjectSnapshot(context.Background(), runID)
 	if st := snap.Step("x0"); st == nil || !st.Idle {
 		t.Fatalf("the step of the dead worker is still in flight: %+v", st)
+	}
+}
+
+// barrierSteps are the task workers, whose Admit first waits (up to a
+// few seconds) until n calls are inside it at once.
+type barrierSteps struct {
+	proxy.Steps
+	n        int
+	arrived  chan struct{}
+	together atomic.Int32 // Admits that met all n-1 others
+}
+
+func (b *barrierSteps) Admit(t *model.Task) bool {
+	b.arrived <- struct{}{}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(b.arrived) < b.n && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if len(b.arrived) >= b.n {
+		b.together.Add(1)
+	}
+	return b.Steps.Admit(t)
+}
+
+// TestProxy_AdmitsABatchAtOnce: the external steps' tasks of one batch
+// poll's answer are admitted concurrently (one round of appends, not one
+// after another), and each is handed out with its StepStarted in the log.
+func TestProxy_AdmitsABatchAtOnce(t *testing.T) {
+	const n = 4
+	b := &barrierSteps{n: n, arrived: make(chan struct{}, n)}
+	e := newEnvWith(t, func(s proxy.Steps) proxy.Steps { b.Steps = s; return b })
+	var runIDs []string
+	for range n {
+		runID, _ := e.start(t, 1, 60)
+		runIDs = append(runIDs, runID)
+	}
+	// Conductor queues the tasks as each workflow starts: wait until all n
+	// are pollable, then take them in one batch poll.
+	waitFor(t, "the tasks to be queued", 10*time.Second, func() bool {
+		var size map[string]map[string]map[string]int64
+		_, body := call(t, http.MethodGet, e.url+"/tasks/queue/all/verbose", nil)
+		_ = json.Unmarshal(body, &size)
+		q := 0
+		for name, shards := range size {
+			if strings.Contains(name, e.tt) {
+				for _, s := range shards {
+					q += int(s["size"])
+				}
+			}
+		}
+		return q >= n
+	})
+	got := e.pollBatch(t, n)
+	if len(got) != n {
+		t.Fatalf("batch poll: %d tasks, want %d", len(got), n)
+	}
+	if c := b.together.Load(); c != n {
+		t.Fatalf("%d of %d Admits met the others: the batch's tasks were admitted one after another", c, n)
+	}
+	for _, runID := range runIDs {
+		if c := count(e.events(t, runID), statestore.StepStarted); c != 1 {
+			t.Fatalf("run %s: %d StepStarted, want 1", runID, c)
+		}
 	}
 }
