@@ -37,7 +37,14 @@ import (
 //	  BENCH_CONDUCTOR_PID=$(cat /tmp/cond-proxybench/conductor.pid) \
 //	  go test -count=1 -p 1 -v -run TestBench_ProxyPythonWorker -timeout 30m ./e2e
 //
-// BENCH_TASKS (default 200) and BENCH_ROUNDS (default 3) size it.
+// BENCH_TASKS (default 200) and BENCH_ROUNDS (default 3) size it. Each
+// plan/proxy round also prints where a gated task's time went, as the mean
+// per task of the sidecar's own latency metrics over the round: the proxy's
+// gate of a poll's answer and of an update (sidecar_proxy_gate_seconds),
+// the StepStarted and StepCompleted writes within them
+// (sidecar_worker_event_write_seconds), and within those the registry's
+// eventId and the log's append. BENCH_PPROF_DIR=DIR also writes a CPU
+// profile of the sidecar over each plan/proxy round's first 10 s there.
 func TestBench_ProxyPythonWorker(t *testing.T) {
 	if os.Getenv("SIDECAR_BENCH_PROXY") == "" {
 		t.Skip("a benchmark: SIDECAR_BENCH_PROXY=1 runs it")
@@ -46,7 +53,16 @@ func TestBench_ProxyPythonWorker(t *testing.T) {
 	n := envInt("BENCH_TASKS", 200)
 	rounds := envInt("BENCH_ROUNDS", 3)
 	condPid := envInt("BENCH_CONDUCTOR_PID", 0)
-	p := newProxied(t, "bench-proxy")
+	var pprofAddr string
+	var extra []string
+	profDir := os.Getenv("BENCH_PPROF_DIR")
+	if profDir != "" {
+		pprofAddr = sidecartest.FreeAddr(t)
+		extra = []string{"--pprof-listen", pprofAddr}
+	}
+	addr, proxyAddr, domain := sidecartest.FreeAddr(t), sidecartest.FreeAddr(t), uniq("bench-proxy")
+	p := &proxied{proc: startServe(t, t.TempDir(), addr, append([]string{"--conductor-proxy-listen", proxyAddr, "--task-domain", domain}, extra...)...),
+		addr: addr, proxyAddr: proxyAddr, domain: domain}
 	condURL := strings.TrimSuffix(os.Getenv("SIDECAR_TEST_CONDUCTOR_URL"), "/")
 	plain := uniq("bench_plain")
 
@@ -61,6 +77,10 @@ func TestBench_ProxyPythonWorker(t *testing.T) {
 			}
 			wp := w.start(t, server, taskType, p.domain, 8)
 			side0, cond0 := cpuOf(t, p.serve.Cmd.Process.Pid), cpuOf(t, condPid)
+			m0 := scrape(t, p.addr)
+			if profDir != "" && mode == "plan/proxy" {
+				go cpuProfile(t, pprofAddr, filepath.Join(profDir, fmt.Sprintf("sidecar-round%d.pprof", r+1)), 10)
+			}
 			var wfID string
 			if strings.HasPrefix(mode, "plan/") {
 				started := submit(t, p.proc, fanOutPlan(uniq("bench"), taskType, n, 0, 0, 60), "req-1")
@@ -79,6 +99,15 @@ func TestBench_ProxyPythonWorker(t *testing.T) {
 			results[mode] = append(results[mode], s)
 			t.Logf("round %d %-12s %7.1f tasks/s  p50 start->end %6.2f ms  sidecar CPU %.2f ms/task  Conductor CPU %.2f ms/task",
 				r+1, mode, s.tps, s.p50ms, s.sideCPUms, s.condCPUms)
+			if mode == "plan/proxy" {
+				m1 := scrape(t, p.addr)
+				var parts []string
+				for _, q := range gateBreakdown {
+					c := m1.count(m0, q.metric, q.labels)
+					parts = append(parts, fmt.Sprintf("%s %.2f (%.0f x %.2f)", q.name, m1.sum(m0, q.metric, "_sum", q.labels)*1000/float64(n), c, m1.mean(m0, q.metric, q.labels)*1000))
+				}
+				t.Logf("round %d plan/proxy, ms per task (observations x mean ms): %s", r+1, strings.Join(parts, ", "))
+			}
 		}
 	}
 	med := func(mode string, f func(sample) float64) float64 {
@@ -255,4 +284,81 @@ func taskTimes(t *testing.T, condURL, id, taskType string) (float64, float64) {
 	}
 	slices.Sort(d)
 	return float64(len(d)) / (float64(last-first) / 1000), d[len(d)/2]
+}
+
+// gateBreakdown names the sidecar's latency histograms a gated task's time
+// is read from.
+var gateBreakdown = []struct{ name, metric, labels string }{
+	{"poll gate", "sidecar_proxy_gate_seconds", `stage="poll"`},
+	{"update gate", "sidecar_proxy_gate_seconds", `stage="update"`},
+	{"StepStarted write", "sidecar_worker_event_write_seconds", `event_type="StepStarted"`},
+	{"StepCompleted write", "sidecar_worker_event_write_seconds", `event_type="StepCompleted"`},
+	{"registry eventId", "sidecar_registry_operation_duration_seconds", `op="get_or_create"`},
+	{"log append", "sidecar_store_append_duration_seconds", ``},
+}
+
+// metricsText is a scrape of the sidecar's /metrics: sample line -> value.
+type metricsText map[string]float64
+
+func scrape(t *testing.T, addr string) metricsText {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	_, _ = b.ReadFrom(resp.Body)
+	m := metricsText{}
+	for _, line := range strings.Split(b.String(), "\n") {
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			m[line[:i]] = v
+		}
+	}
+	return m
+}
+
+// sum is the sum over the series of name+suffix whose labels contain
+// labels, since the scrape before.
+func (m metricsText) sum(before metricsText, name, suffix, labels string) float64 {
+	var v float64
+	for k, x := range m {
+		if strings.HasPrefix(k, name+suffix) && (len(k) == len(name+suffix) || k[len(name+suffix)] == '{') && strings.Contains(k, labels) {
+			v += x - before[k]
+		}
+	}
+	return v
+}
+
+func (m metricsText) count(before metricsText, name, labels string) float64 {
+	return m.sum(before, name, "_count", labels)
+}
+
+// mean is the mean observation in seconds since the scrape before.
+func (m metricsText) mean(before metricsText, name, labels string) float64 {
+	c := m.count(before, name, labels)
+	if c == 0 {
+		return 0
+	}
+	return m.sum(before, name, "_sum", labels) / c
+}
+
+// cpuProfile writes a CPU profile of seconds from the pprof listener at
+// addr to path (logged, not fatal, when it fails).
+func cpuProfile(t *testing.T, addr, path string, seconds int) {
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, seconds))
+	if err != nil {
+		t.Logf("cpu profile: %v", err)
+		return
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	_, _ = b.ReadFrom(resp.Body)
+	if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
+		t.Logf("cpu profile: %v", err)
+	}
 }
