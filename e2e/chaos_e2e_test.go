@@ -60,14 +60,16 @@ func TestE2E_Chaos(t *testing.T) {
 	}
 	t.Logf("seed %d (SIDECAR_CHAOS_SEED replays it)", seed)
 
+	worker := sdkWorkerFor(t, "python")
 	cond := startPostgresConductor(t)
 	cl := startNATSCluster(t)
 	ch := &chaos{t: t, cond: cond, cluster: cl, natsURL: cl.url(t), domain: uniq("chaos"), marks: t.TempDir(),
-		rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+		rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), worker: worker, taskType: uniq("chaos_ext")}
 	for range 3 {
-		r := &replica{dataDir: t.TempDir(), addr: sidecartest.FreeAddr(t)}
+		r := &replica{dataDir: t.TempDir(), addr: sidecartest.FreeAddr(t), proxyAddr: sidecartest.FreeAddr(t)}
 		ch.replicas = append(ch.replicas, r)
 		ch.start(r)
+		ch.startWorker(r)
 	}
 	began := time.Now()
 	var total summary
@@ -94,23 +96,35 @@ type chaos struct {
 	domain   string
 	marks    string // marker files of the steps that fail once
 	rng      *rand.Rand
+	worker   sdkWorker // the Python SDK worker of the external steps
+	taskType string    // the external steps' task type
 	mu       sync.Mutex
 	replicas []*replica
 }
 
-// replica is one sidecar; p is nil while it is down.
+// replica is one sidecar, with its task proxy and the SDK worker polling
+// through that proxy; p is nil while the sidecar is down.
 type replica struct {
-	dataDir, addr string
-	p             *proc
-	kills         int
+	dataDir, addr, proxyAddr string
+	p                        *proc
+	w                        *workerProc
+	kills                    int
 }
 
 func (ch *chaos) start(r *replica) {
 	p := startServe(ch.t, r.dataDir, r.addr, "--conductor-url", ch.cond.url(), "--nats-url", ch.natsURL,
-		"--nats-replicas", "3", "--task-domain", ch.domain, "--drain-timeout", "60s")
+		"--nats-replicas", "3", "--task-domain", ch.domain, "--drain-timeout", "60s",
+		"--conductor-proxy-listen", r.proxyAddr)
 	ch.mu.Lock()
 	r.p = p
 	ch.mu.Unlock()
+}
+
+// startWorker starts the SDK worker of r's proxy: it polls and reports
+// through that replica only, so it sees the replica's kills as a worker
+// beside a real pod would.
+func (ch *chaos) startWorker(r *replica) {
+	r.w = ch.worker.start(ch.t, "http://"+r.proxyAddr+"/api", ch.taskType, ch.domain, 4)
 }
 
 func (ch *chaos) kill(r *replica) {
@@ -397,6 +411,40 @@ var kinds = []kind{
 		}},
 }
 
+// externalTimeout is the external steps' timeoutSeconds: the response
+// timeout after which Conductor retries the task of a killed worker.
+const externalTimeout = 10
+
+// externalStep is an external step worked by the Python SDK worker through
+// a replica's task proxy, sleeping ms there.
+func externalStep(ch *chaos, id string, ms int, dependsOn string) string {
+	dep := ""
+	if dependsOn != "" {
+		dep = `,"dependsOn":["` + dependsOn + `"]`
+	}
+	return fmt.Sprintf(`{"stepId":%q,"executor":{"type":"external","taskType":%q,"input":{"sleepMs":"%d"}},"timeoutSeconds":%d,"retries":{"engineTries":4}%s}`,
+		id, ch.taskType, ms, externalTimeout, dep)
+}
+
+// externalKinds are the runs of a wave whose steps outside workers run:
+// the Python SDK worker, one beside each replica, through its task proxy.
+var externalKinds = []kind{
+	{name: "external fan-out", runs: 6, want: statestore.RunStatusCompleted,
+		plan: func(ch *chaos, _ int) string {
+			return `{"planId":"%s","planVersion":"1","steps":[
+				{"stepId":"a","executor":{"type":"noop"}},` +
+				externalStep(ch, "e1", 300, "a") + "," + externalStep(ch, "e2", 800, "a") + "," + externalStep(ch, "e3", 1500, "a") + `,
+				{"stepId":"c","executor":{"type":"noop"},"dependsOn":["e1","e2","e3"]}]}`
+		},
+		drive: func(ch *chaos, s *summary, runID string) error { return ch.waitEnd(s, runID) }},
+	{name: "external pause, drained", runs: 6, want: statestore.RunStatusCompleted,
+		plan: func(ch *chaos, _ int) string {
+			return `{"planId":"%s","planVersion":"1","steps":[` + externalStep(ch, "slow", 3000, "") + `,
+				{"stepId":"after","executor":{"type":"noop"},"dependsOn":["slow"]}]}`
+		},
+		drive: func(ch *chaos, s *summary, runID string) error { return ch.pauseThenResume(s, runID, "slow", 60) }},
+}
+
 func slicesAny[T any](s []T, f func(T) bool) bool {
 	for _, v := range s {
 		if f(v) {
@@ -420,10 +468,12 @@ type chaosRun struct {
 func (ch *chaos) wave(n int) *summary {
 	s := &summary{waves: 1}
 	var runs []*chaosRun
-	for ki := range kinds {
-		k := &kinds[ki]
-		for range k.runs {
-			runs = append(runs, &chaosRun{kind: k})
+	for _, ks := range [][]kind{kinds, externalKinds} {
+		for ki := range ks {
+			k := &ks[ki]
+			for range k.runs {
+				runs = append(runs, &chaosRun{kind: k})
+			}
 		}
 	}
 	ch.rng.Shuffle(len(runs), func(i, j int) { runs[i], runs[j] = runs[j], runs[i] })
@@ -500,6 +550,13 @@ func (ch *chaos) faults(s *summary) {
 	ch.cluster.run(t, "start")
 	pause(1, 5)
 	killReplica()
+	pause(1, 4)
+	r := ch.replicas[ch.rng.IntN(len(ch.replicas))]
+	t.Logf("fault: kill -9 the SDK worker of sidecar %s", r.addr)
+	r.w.kill()
+	s.count(&s.faultsWorker)
+	pause(1, 4)
+	ch.startWorker(r)
 	pause(1, 5)
 	t.Logf("fault: restart Conductor")
 	ch.cond.run(t, "stop")
@@ -725,6 +782,7 @@ type summary struct {
 	pauses, resumes, retries, cancels, retried int
 	pausesRaced, pausesLate, resumedDraining   int
 	faultsSidecar, faultsNATS, faultsConductor int
+	faultsWorker                               int
 	violations                                 int
 }
 
@@ -749,6 +807,7 @@ func (s *summary) add(o *summary) {
 	s.faultsSidecar += o.faultsSidecar
 	s.faultsNATS += o.faultsNATS
 	s.faultsConductor += o.faultsConductor
+	s.faultsWorker += o.faultsWorker
 	s.violations += o.violations
 }
 
@@ -763,6 +822,7 @@ func (s *summary) print(t *testing.T, took time.Duration) {
 		{"faults: sidecar kill -9", strconv.Itoa(s.faultsSidecar)},
 		{"faults: NATS node kill -9", strconv.Itoa(s.faultsNATS)},
 		{"faults: Conductor restart", strconv.Itoa(s.faultsConductor)},
+		{"faults: SDK worker kill -9", strconv.Itoa(s.faultsWorker)},
 		{"API calls retried (replica down, 5xx)", strconv.Itoa(s.retried)},
 		{"violations", strconv.Itoa(s.violations)},
 		{"took", took.Round(time.Second).String()},
