@@ -426,3 +426,60 @@ func TestProxy_AdmitsABatchAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestProxy_OutcomeAlreadyLoggedIsNotRecordedAgain: the log already holds
+// another writer's outcome of the attempt (StepFailed, final); the
+// worker's COMPLETED update through the proxy records nothing (the
+// outcome check refuses it) and is not forwarded: the log's outcome is
+// reported to Conductor instead.
+func TestProxy_OutcomeAlreadyLoggedIsNotRecordedAgain(t *testing.T) {
+	e := newEnv(t)
+	runID, wfID := e.start(t, 1, 60)
+	var got []task
+	waitFor(t, "the external task", 10*time.Second, func() bool {
+		got = append(got, e.pollBatch(t, 1)...)
+		return len(got) > 0
+	})
+	snap, err := e.store.ProjectSnapshot(context.Background(), runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := snap.Step("x0")
+	if st == nil || st.Status != statestore.StepStatusRunning {
+		t.Fatalf("step x0: %+v, want RUNNING", st)
+	}
+	ref := statestore.RunRef{RunID: runID, TenantID: snap.TenantID, ProjectID: snap.ProjectID, EnvironmentID: snap.EnvironmentID,
+		PlanID: snap.PlanID, PlanVersion: snap.PlanVersion}
+	failed, err := statestore.NewEvent(ref, statestore.StepFailed, "x0", st.EngineAttemptID, st.LogicalAttemptID,
+		statestore.StepFailedPayload{Error: &statestore.StepError{Code: "OTHER_WRITER", Message: "recorded by another writer"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.emit.Emit(context.Background(), failed); err != nil {
+		t.Fatal(err)
+	}
+	resp, body := call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": got[0].TaskID, "workflowInstanceId": wfID, "status": "COMPLETED"})
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("update: %d %s", resp.StatusCode, body)
+	}
+	recs := e.events(t, runID)
+	if c := count(recs, statestore.StepCompleted); c != 0 {
+		t.Fatalf("%d StepCompleted after the logged StepFailed, want 0 (the outcome check refuses it)", c)
+	}
+	waitFor(t, "Conductor to have the logged failure", 10*time.Second, func() bool {
+		var wf struct {
+			Tasks []struct {
+				TaskID string `json:"taskId"`
+				Status string `json:"status"`
+			} `json:"tasks"`
+		}
+		_, b := call(t, http.MethodGet, strings.TrimSuffix(e.client.BaseURL(), "/")+"/workflow/"+wfID+"?includeTasks=true", nil)
+		_ = json.Unmarshal(b, &wf)
+		for _, tk := range wf.Tasks {
+			if tk.TaskID == got[0].TaskID {
+				return strings.HasPrefix(tk.Status, "FAILED")
+			}
+		}
+		return false
+	})
+}
