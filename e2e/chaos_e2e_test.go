@@ -30,9 +30,11 @@ import (
 
 // TestE2E_Chaos runs the production topology (Conductor on PostgreSQL, a
 // 3-node NATS cluster, three sidecar replicas sharing it) through a
-// workload of 56 runs of seven kinds while it kills -9 a NATS node, kills -9
-// a sidecar replica twice at random points (each restarted with its worker
-// id) and restarts Conductor. Then an invariant checker reads every run's
+// workload of 68 runs of nine kinds (two of them external steps, worked by
+// the Python SDK's worker through each replica's task proxy) while it kills
+// -9 a NATS node, kills -9 a sidecar replica twice at random points (each
+// restarted with its worker id), kills -9 an SDK worker (restarted) and
+// restarts Conductor. Then an invariant checker reads every run's
 // log and Conductor's view of it. It prints a summary table.
 //
 // SIDECAR_TEST_CHAOS=1 runs it (.ci/run: one wave). SIDECAR_CHAOS_SOAK=30m
@@ -527,9 +529,9 @@ func (ch *chaos) wave(n int) *summary {
 	return s
 }
 
-// faults kills -9 a sidecar, a NATS node and another sidecar, each brought
-// back, then restarts Conductor: at random points of the wave's first
-// ~35 s, one at a time (a replica restarts only while Conductor answers:
+// faults kills -9 a sidecar, a NATS node, another sidecar and an SDK
+// worker, each brought back, then restarts Conductor: at random points of
+// the wave's first ~40 s, one at a time (a replica restarts only while Conductor answers:
 // its readiness needs it).
 func (ch *chaos) faults(s *summary) {
 	t := ch.t
