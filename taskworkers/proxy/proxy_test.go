@@ -145,6 +145,17 @@ func (e *env) pollBatch(t *testing.T, count int) []task {
 	return out
 }
 
+// pollOne batch-polls one task through the proxy until one is handed out.
+func (e *env) pollOne(t *testing.T) task {
+	t.Helper()
+	var got []task
+	waitFor(t, "an external task", 10*time.Second, func() bool {
+		got = e.pollBatch(t, 1)
+		return len(got) > 0
+	})
+	return got[0]
+}
+
 func call(t *testing.T, method, u string, body any) (*http.Response, []byte) {
 	t.Helper()
 	var r io.Reader
@@ -218,11 +229,7 @@ func waitFor(t *testing.T, what string, within time.Duration, ok func() bool) {
 func TestProxy_GatesAndRecordsExternalSteps(t *testing.T) {
 	e := newEnv(t)
 	runID, wfID := e.start(t, 3, 60)
-	var got []task
-	waitFor(t, "the first external task", 10*time.Second, func() bool {
-		got = append(got, e.pollBatch(t, 1)...)
-		return len(got) > 0
-	})
+	got := []task{e.pollOne(t)}
 	recs := e.events(t, runID)
 	if n := count(recs, statestore.StepStarted); n != 1 {
 		t.Fatalf("after one task was handed out: %d StepStarted, want 1", n)
@@ -435,11 +442,7 @@ func TestProxy_AdmitsABatchAtOnce(t *testing.T) {
 func TestProxy_OutcomeAlreadyLoggedIsNotRecordedAgain(t *testing.T) {
 	e := newEnv(t)
 	runID, wfID := e.start(t, 1, 60)
-	var got []task
-	waitFor(t, "the external task", 10*time.Second, func() bool {
-		got = append(got, e.pollBatch(t, 1)...)
-		return len(got) > 0
-	})
+	got := []task{e.pollOne(t)}
 	snap, err := e.store.ProjectSnapshot(context.Background(), runID)
 	if err != nil {
 		t.Fatal(err)
