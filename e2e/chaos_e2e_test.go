@@ -273,7 +273,9 @@ func (ch *chaos) pauseThenResume(s *summary, runID, step string, timeout int64) 
 // run ended first: faults delayed the pause past the step, and a pause of
 // an ended run is refused, rightly.
 func (ch *chaos) pauseWhile(s *summary, runID, step string, o httpapi.PauseOptions) (paused bool, err error) {
-	if v, err := ch.until(s, runID, "step "+step+" running", 2*time.Minute, running(step)); err != nil || statestore.IsTerminalRunStatus(v.Status) {
+	// Up to 4 minutes: an external step waits for an SDK worker that may
+	// be backing off after Conductor's restart (see waitEnd).
+	if v, err := ch.until(s, runID, "step "+step+" running", 4*time.Minute, running(step)); err != nil || statestore.IsTerminalRunStatus(v.Status) {
 		return false, err
 	}
 	if err := ch.do(s, func(ctx context.Context, c *httpapi.Client) error {
