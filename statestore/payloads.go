@@ -73,19 +73,35 @@ type RunStartedPayload struct {
 	StartedAt string `json:"startedAt,omitempty"`
 }
 
-// StepStartedPayload is StepStarted's payload (no fields).
-type StepStartedPayload struct{}
+// StepStartedPayload is StepStarted's payload: empty for a step the
+// sidecar gated; for a task of an adopted workflow recorded from what
+// Conductor reports, the Conductor task and when Conductor started it.
+type StepStartedPayload struct {
+	// EngineStartedAt is the Conductor task's startTime (RFC 3339), set
+	// when the event was recorded from Conductor's report.
+	EngineStartedAt string `json:"engineStartedAt,omitempty"`
+	// EngineTaskID is the Conductor task's id.
+	EngineTaskID string `json:"engineTaskId,omitempty"`
+}
 
 // StepCompletedPayload is StepCompleted's payload: the step's outputs, by
 // reference.
 type StepCompletedPayload struct {
 	Artifacts []ArtifactRef `json:"artifacts,omitempty"`
+	// EngineEndedAt is the Conductor task's endTime (RFC 3339), set when
+	// the event was recorded from Conductor's report (an adopted
+	// workflow's task).
+	EngineEndedAt string `json:"engineEndedAt,omitempty"`
+	EngineTaskID  string `json:"engineTaskId,omitempty"`
 }
 
 // StepFailedPayload is StepFailed's payload.
 type StepFailedPayload struct {
 	Artifacts []ArtifactRef `json:"artifacts,omitempty"`
-	Error     *StepError    `json:"error,omitempty"`
+	// EngineEndedAt and EngineTaskID: as StepCompletedPayload's.
+	EngineEndedAt string     `json:"engineEndedAt,omitempty"`
+	EngineTaskID  string     `json:"engineTaskId,omitempty"`
+	Error         *StepError `json:"error,omitempty"`
 	// OnStepFailure is OnStepFailurePause when the run is paused and the
 	// step held for RETRY_STEP; empty (or fail) otherwise.
 	OnStepFailure string `json:"onStepFailure,omitempty"`
