@@ -686,14 +686,32 @@ type PolledTask struct {
 	PollCount              int32          `json:"pollCount"`
 	ScheduledTime          int64          `json:"scheduledTime"`
 	ResponseTimeoutSeconds int64          `json:"responseTimeoutSeconds"`
+	// WorkflowType is the name of the task's workflow definition: the
+	// task proxy tells an adopted workflow's task by it.
+	WorkflowType string `json:"workflowType"`
+	// Iteration is the DO_WHILE iteration of a task inside a loop (0
+	// outside one).
+	Iteration int32 `json:"iteration"`
+	// WorkflowTask carries the task definition's retryCount (the engine
+	// tries of an adopted workflow's task).
+	WorkflowTask *struct {
+		TaskDefinition *struct {
+			RetryCount int32 `json:"retryCount"`
+		} `json:"taskDefinition"`
+	} `json:"workflowTask"`
 }
 
 // Task is p as a model.Task.
 func (p *PolledTask) Task() *model.Task {
-	return &model.Task{TaskId: p.TaskID, TaskDefName: p.TaskDefName, TaskType: p.TaskType, Status: model.TaskResultStatus(p.Status),
+	t := &model.Task{TaskId: p.TaskID, TaskDefName: p.TaskDefName, TaskType: p.TaskType, Status: model.TaskResultStatus(p.Status),
 		ReferenceTaskName: p.ReferenceTaskName, WorkflowInstanceId: p.WorkflowInstanceID, WorkerId: p.WorkerID, Domain: p.Domain,
 		InputData: p.InputData, OutputData: p.OutputData, RetryCount: p.RetryCount, PollCount: p.PollCount,
-		ScheduledTime: p.ScheduledTime, ResponseTimeoutSeconds: p.ResponseTimeoutSeconds}
+		ScheduledTime: p.ScheduledTime, ResponseTimeoutSeconds: p.ResponseTimeoutSeconds,
+		WorkflowType: p.WorkflowType, Iteration: p.Iteration}
+	if p.WorkflowTask != nil && p.WorkflowTask.TaskDefinition != nil {
+		t.WorkflowTask = &model.WorkflowTask{TaskDefinition: &model.TaskDef{RetryCount: p.WorkflowTask.TaskDefinition.RetryCount}}
+	}
+	return t
 }
 
 // DomainPoller is a Client whose BatchPoll polls one task domain (the
