@@ -56,6 +56,26 @@ func ExternalStep(t *model.Task) (*Assignment, bool) {
 	return a, true
 }
 
+// AdoptedSteps gives the assignment of a worker task of an adopted
+// workflow (adapter.Adopter): ok false for a task of any other workflow.
+type AdoptedSteps interface {
+	Step(t *model.Task) (*Assignment, bool)
+}
+
+// External decodes t as a step an outside worker runs: an external plan
+// step (ExternalStep), or a worker task of an adopted workflow
+// (Options.Adopted). ok is false for any other task, which the task proxy
+// passes through untouched.
+func (w *Worker) External(t *model.Task) (*Assignment, bool) {
+	if a, ok := ExternalStep(t); ok {
+		return a, true
+	}
+	if w.opts.Adopted == nil || t == nil || t.InputData[plan.InputStep] != nil {
+		return nil, false
+	}
+	return w.opts.Adopted.Step(t)
+}
+
 // Admit takes a polled task of an external step through the gate: when it
 // returns true, StepStarted (or RunStepTryStarted for a later try) is in
 // the log, appended on the runSeq the gate decided on, and the task may be
@@ -63,9 +83,9 @@ func ExternalStep(t *model.Task) (*Assignment, bool) {
 // answered to Conductor here (handed back while the run is paused or not
 // started, refused when it ended, or reported from the log) and must not
 // reach the worker. A task that is not an external step returns false and
-// is left alone: call ExternalStep first.
+// is left alone: call External first.
 func (w *Worker) Admit(t *model.Task) bool {
-	a, ok := ExternalStep(t)
+	a, ok := w.External(t)
 	if !ok || w.workCtx == nil {
 		return false
 	}
@@ -97,7 +117,7 @@ func (w *Worker) Admit(t *model.Task) bool {
 // COMPLETED, FAILED or FAILED_WITH_TERMINAL_ERROR (IN_PROGRESS: a progress
 // report or a lease extension) records nothing and is forwarded.
 func (w *Worker) Record(t *model.Task, r *model.TaskResult) (forward bool, err error) {
-	a, ok := ExternalStep(t)
+	a, ok := w.External(t)
 	if !ok || w.workCtx == nil {
 		return true, nil
 	}
@@ -195,8 +215,8 @@ func (w *Worker) Reported(t *model.Task, r *model.TaskResult) {
 	}
 	w.wakePollers(t)
 	if w.opts.OnTaskDone != nil {
-		if runID, ok := t.InputData[plan.InputRunID].(string); ok {
-			w.opts.OnTaskDone(runID, r.Status != model.CompletedTask || plan.IsSink(t.InputData))
+		if a, ok := w.External(t); ok {
+			w.opts.OnTaskDone(a.RunID, r.Status != model.CompletedTask || a.Sink)
 		}
 	}
 }

@@ -124,6 +124,10 @@ type Options struct {
 	// external steps' tasks Conductor shows in progress, so that the watch
 	// covers those a previous process handed out.
 	ExternalInFlight func(ctx context.Context) ([]model.Task, error)
+	// Adopted, when set, gives the assignments of the worker tasks of
+	// adopted workflows, which then pass the same gate and recording as
+	// external plan steps (External).
+	Adopted AdoptedSteps
 	// ExternalCheck is how often the watch reads back the tasks past
 	// their response timeout (default 5s).
 	ExternalCheck time.Duration
