@@ -34,8 +34,12 @@ import (
 )
 
 // Steps is what the proxy asks of the task workers for external steps
-// (taskworkers.Worker).
+// and for the worker tasks of adopted workflows (taskworkers.Worker).
 type Steps interface {
+	// External tells the tasks the proxy gates (an external plan step's,
+	// or a worker task of an adopted workflow) from those it passes
+	// through untouched.
+	External(t *model.Task) (*taskworkers.Assignment, bool)
 	// Admit gates a polled task of an external step; false: the task was
 	// answered to Conductor and must not reach the worker.
 	Admit(t *model.Task) bool
@@ -280,7 +284,7 @@ func (p *Proxy) gate(raws ...[]byte) (pass []bool) {
 			continue
 		}
 		t := pt.Task()
-		if _, ours := taskworkers.ExternalStep(t); !ours {
+		if _, ours := p.steps.External(t); !ours {
 			p.seen.note(t.TaskId, nil)
 			pass[i] = true
 			continue
@@ -478,7 +482,7 @@ func (p *Proxy) task(r *http.Request, taskID string) (*model.Task, error) {
 		return nil, nil
 	}
 	t := pt.Task()
-	if _, ours := taskworkers.ExternalStep(t); !ours {
+	if _, ours := p.steps.External(t); !ours {
 		return nil, nil
 	}
 	return t, nil
@@ -565,7 +569,7 @@ func (p *Proxy) taskByRef(r *http.Request, workflowID, ref string) (*model.Task,
 			continue
 		}
 		t := pt.Task()
-		if _, ours := taskworkers.ExternalStep(t); !ours || (pt.Status != "IN_PROGRESS" && pt.Status != "SCHEDULED") {
+		if _, ours := p.steps.External(t); !ours || (pt.Status != "IN_PROGRESS" && pt.Status != "SCHEDULED") {
 			return nil, nil
 		}
 		return t, nil
