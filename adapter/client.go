@@ -367,8 +367,8 @@ func (c *Client) RegisterWorkflowDef(ctx context.Context, def model.WorkflowDef)
 	return err
 }
 
-// WorkflowDef returns the registered workflow definition name/version, or an
-// error matching ErrNotFound.
+// WorkflowDef returns the registered workflow definition name/version
+// (version 0: the latest), or an error matching ErrNotFound.
 func (c *Client) WorkflowDef(ctx context.Context, name string, version int32) (*model.WorkflowDef, error) {
 	if name == "" {
 		return nil, invalidInput(opGetWorkflowDef, "empty workflow name")
@@ -377,7 +377,11 @@ func (c *Client) WorkflowDef(ctx context.Context, name string, version int32) (*
 	_, err := c.do(ctx, opGetWorkflowDef, 0, func(ctx context.Context) (*http.Response, error) {
 		var resp *http.Response
 		var err error
-		def, resp, err = c.metadata.Get(ctx, name, &client.MetadataResourceApiGetOpts{Version: optional.NewInt32(version)})
+		opts := &client.MetadataResourceApiGetOpts{}
+		if version > 0 {
+			opts.Version = optional.NewInt32(version)
+		}
+		def, resp, err = c.metadata.Get(ctx, name, opts)
 		return resp, err
 	})
 	if err != nil {

@@ -33,6 +33,11 @@ type PauseFollower interface {
 	Saw(ctx context.Context, runID, workflowID, status string) (action string, err error)
 }
 
+// RunSettler brings a run's steps into the log before its end.
+type RunSettler interface {
+	Settle(ctx context.Context, rec *Run) error
+}
+
 // Owner tells whether this replica does a run's background work, so that
 // replicas sharing one NATS divide the runs instead of each scanning every
 // one; membership.Members satisfies it. Owns must be cheap: it is asked
@@ -81,6 +86,10 @@ type WatcherOptions struct {
 	// alone, and a run completed in Conductor while paused in the log
 	// ends without a terminal event (terminal_refused).
 	Pauses PauseFollower
+	// Adopted, when set, records what the log lacks of an adopted run's
+	// tasks before the watcher appends its terminal event, so that the
+	// run's last steps come before its end (*Adopter satisfies it).
+	Adopted RunSettler
 	// LostAfter is how many consecutive 404s for a started run's workflow
 	// make the run fail with WORKFLOW_NOT_FOUND (default 3).
 	LostAfter int
@@ -643,6 +652,11 @@ func (w *Watcher) finish(ctx context.Context, runID, workflowID, engineStatus, r
 		return fmt.Errorf("adapter: watcher: snapshot of run %s: %w", runID, err)
 	}
 	if snap == nil || !statestore.IsTerminalRunStatus(snap.Status) {
+		if w.opts.Adopted != nil && rec.IsAdopted() && engineStatus != engineStatusLost {
+			if err := w.opts.Adopted.Settle(ctx, rec); err != nil {
+				return fmt.Errorf("adapter: watcher: the last tasks of adopted run %s: %w", runID, err)
+			}
+		}
 		if err := w.endInLog(ctx, rec, snap, engineStatus, reason); err != nil {
 			return err
 		}

@@ -1,0 +1,345 @@
+package adapter
+
+// Adoption of existing workflow definitions (docs/workers.md, "Adopting
+// existing workflows"): every workflow of an adopted definition becomes a
+// run of the log. Its runId is its workflowId; planId and planVersion are
+// the definition's name and version; a stepId is a task's reference name.
+// Tasks the sidecar gates (the SIMPLE tasks of outside workers, through
+// the task proxy) are recorded by the task workers; the others (system
+// tasks, and worker tasks that finished before the sidecar saw them) are
+// recorded here from what Conductor reports.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// AdoptSpec names a workflow definition whose workflows are adopted:
+// Version 0 adopts every version.
+type AdoptSpec struct {
+	Name    string
+	Version int32
+}
+
+// String is NAME or NAME:VERSION, as ParseAdoptSpec reads it.
+func (s AdoptSpec) String() string {
+	if s.Version == 0 {
+		return s.Name
+	}
+	return s.Name + ":" + strconv.Itoa(int(s.Version))
+}
+
+// matches reports whether a workflow of definition name, version is
+// adopted by s.
+func (s AdoptSpec) matches(name string, version int32) bool {
+	return s.Name == name && (s.Version == 0 || s.Version == version)
+}
+
+// ParseAdoptSpec reads NAME or NAME:VERSION (VERSION an integer >= 1). A
+// name that the run event contract refuses as a planId (empty, '|', NUL,
+// too long) is refused with ErrInvalidInput.
+func ParseAdoptSpec(s string) (AdoptSpec, error) {
+	const op = "adopt"
+	name, ver, hasVer := strings.Cut(strings.TrimSpace(s), ":")
+	if err := statestore.CheckID(name, true); err != nil {
+		return AdoptSpec{}, invalidInput(op, "definition name %q %v", name, err)
+	}
+	spec := AdoptSpec{Name: name}
+	if hasVer {
+		v, err := strconv.ParseInt(ver, 10, 32)
+		if err != nil || v < 1 {
+			return AdoptSpec{}, invalidInput(op, "%q: the version must be an integer >= 1, got %q", s, ver)
+		}
+		spec.Version = int32(v)
+	}
+	return spec, nil
+}
+
+// AdoptedStepID is the stepId of a task of an adopted workflow: its
+// reference name, with '%' and '|' percent-encoded ('|' may not appear
+// in a stepId; '%' is encoded so that the mapping stays reversible). A
+// task inside a DO_WHILE loop (iteration >= 1) gets the iteration as the
+// suffix "__N", as Conductor itself names it (Conductor's reference
+// names of loop tasks already end in "__N"; it is not added twice).
+// Dynamically forked tasks keep the reference names the fork's input gave
+// them, unique within a workflow.
+func AdoptedStepID(ref string, iteration int32) string {
+	id := ref
+	if strings.ContainsAny(id, "%|") {
+		id = strings.NewReplacer("%", "%25", "|", "%7C").Replace(id)
+	}
+	if iteration > 0 {
+		if suffix := "__" + strconv.Itoa(int(iteration)); !strings.HasSuffix(id, suffix) {
+			id += suffix
+		}
+	}
+	return id
+}
+
+// Adopted runs' identity in the run index: their RequestKey.
+const adoptedRequestKeyPrefix = "adopted:"
+
+// IsAdopted reports whether rec is an adopted workflow's run.
+func (r *Run) IsAdopted() bool { return strings.HasPrefix(r.RequestKey, adoptedRequestKeyPrefix) }
+
+// Label keys of an adopted run (docs/workers.md, "Labels").
+const (
+	// LabelCorrelationID carries the workflow's correlationId when it is a
+	// valid label value.
+	LabelCorrelationID = "correlationId"
+	// InputLabels is the workflow input field whose object of strings
+	// becomes the run's labels (those that are valid labels).
+	InputLabels = "labels"
+)
+
+// adoptedLabels are the labels of an adopted workflow's run: its input's
+// "labels" object (string values, valid labels only) and its correlationId
+// (when a valid label value) as label correlationId.
+func adoptedLabels(wf *model.Workflow) map[string]string {
+	labels := map[string]string{}
+	if in, ok := wf.Input[InputLabels].(map[string]any); ok {
+		for k, v := range in {
+			if s, ok := v.(string); ok && len(CheckLabels(map[string]string{k: s})) == 0 {
+				labels[k] = s
+			}
+		}
+	}
+	if c := wf.CorrelationId; c != "" && len(CheckLabels(map[string]string{LabelCorrelationID: c})) == 0 {
+		labels[LabelCorrelationID] = c
+	}
+	for len(labels) > MaxLabels {
+		for k := range labels {
+			delete(labels, k)
+			break
+		}
+	}
+	if len(labels) == 0 {
+		return nil
+	}
+	return labels
+}
+
+// AdoptedIdentity is the tenant, project and environment of every adopted
+// run (a Conductor workflow has none of its own).
+type AdoptedIdentity struct {
+	TenantID, ProjectID, EnvironmentID string
+}
+
+// adoptRun records workflow wf as a run: its index entry (state STARTED,
+// runId = workflowId) and the active index, then RunStarted. A workflow
+// already adopted is left as it is (its RunStarted appended if missing).
+func (r *Runs) adoptRun(ctx context.Context, wf *model.Workflow, id AdoptedIdentity) (*Run, error) {
+	if _, err := uuid.Parse(wf.WorkflowId); err != nil || len(wf.WorkflowId) != 36 {
+		return nil, invalidInput("adopt", "workflow id %q is not a UUID: it cannot be a runId", wf.WorkflowId)
+	}
+	started := time.Now().UTC()
+	if wf.StartTime > 0 {
+		started = time.UnixMilli(wf.StartTime).UTC()
+	}
+	rec := &Run{
+		RunID: wf.WorkflowId, RequestKey: adoptedRequestKeyPrefix + wf.WorkflowId,
+		TenantID: id.TenantID, ProjectID: id.ProjectID, EnvironmentID: id.EnvironmentID,
+		PlanID: wf.WorkflowName, PlanVersion: strconv.Itoa(int(wf.WorkflowVersion)),
+		Labels: adoptedLabels(wf), WorkflowName: wf.WorkflowName, WorkflowVersion: wf.WorkflowVersion,
+		WorkflowID: wf.WorkflowId, State: RunStateStarted, CreatedAt: time.Now().UTC(), StartedAt: started,
+	}
+	rev, err := r.createRun(ctx, rec)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		if rec, rev, err = r.get(ctx, wf.WorkflowId); err != nil {
+			return nil, err
+		}
+		if !rec.IsAdopted() {
+			return nil, &Error{Code: CodeConflict, Op: "adopt", Message: "run " + rec.RunID + " is a plan run, not an adopted workflow"}
+		}
+	} else if err != nil {
+		return nil, err
+	} else {
+		r.log.Info("adopted a workflow", zap.String("runId", rec.RunID), zap.String("workflow", rec.WorkflowName),
+			zap.Int32("version", rec.WorkflowVersion))
+	}
+	if rec.State != RunStateFinal {
+		if _, err := r.kv.Put(ctx, keyActive+rec.RunID, []byte(rec.RequestKey)); err != nil {
+			return nil, registryUnavailable("index active run", err)
+		}
+	}
+	if err := r.ensureRunStarted(ctx, rec, rev); err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
+// controlTaskTypes are the system tasks that steer a workflow and do no
+// work of their own: they are recorded once they end (StepStarted and
+// their outcome together), never as in flight, so that a drain does not
+// wait for a JOIN, a loop or a WAIT that waits for the tasks it steers or
+// for a signal.
+var controlTaskTypes = map[string]bool{
+	"DECISION": true, "SWITCH": true, "FORK": true, "FORK_JOIN": true, "FORK_JOIN_DYNAMIC": true,
+	"JOIN": true, "EXCLUSIVE_JOIN": true, "DO_WHILE": true, "WAIT": true, "HUMAN": true,
+	"SET_VARIABLE": true, "TERMINATE": true, "NOOP": true,
+}
+
+// systemTaskTypes are the task types Conductor runs itself; any other
+// task type is a worker's (SIMPLE: its type is its definition's name).
+var systemTaskTypes = map[string]bool{
+	"HTTP": true, "INLINE": true, "LAMBDA": true, "SUB_WORKFLOW": true, "START_WORKFLOW": true, "EVENT": true,
+	"JSON_JQ_TRANSFORM": true, "KAFKA_PUBLISH": true, "WAIT_FOR_WEBHOOK": true, "BUSINESS_RULE": true,
+}
+
+// IsWorkerTask reports whether a task of type taskType is a worker's
+// (SIMPLE), which the task proxy gates, rather than a system task.
+func IsWorkerTask(taskType string) bool {
+	return !systemTaskTypes[taskType] && !controlTaskTypes[taskType]
+}
+
+// AdoptedTaskInput is the assignment of a worker task of an adopted run:
+// run ids from rec, the stepId from the reference name and iteration, the
+// engine tries from the task definition's retryCount (one logical
+// attempt; failure policy fail).
+func AdoptedTaskInput(rec *Run, t *model.Task) *plan.TaskInput {
+	tries := int(t.RetryCount) + 1
+	if t.WorkflowTask != nil && t.WorkflowTask.TaskDefinition != nil {
+		tries = max(tries, int(t.WorkflowTask.TaskDefinition.RetryCount)+1)
+	}
+	step := plan.Step{StepID: AdoptedStepID(t.ReferenceTaskName, t.Iteration),
+		Executor: plan.ExecutorSpec{Type: plan.ExecutorExternal, TaskType: t.TaskDefName},
+		Retries:  plan.RetryPolicy{EngineTries: tries, LogicalAttempts: 1}}
+	return &plan.TaskInput{RunID: rec.RunID, TenantID: rec.TenantID, ProjectID: rec.ProjectID, EnvironmentID: rec.EnvironmentID,
+		PlanID: rec.PlanID, PlanVersion: rec.PlanVersion, Step: step, EngineTries: tries, LogicalAttempts: 1,
+		OnStepFailure: plan.OnFailureFail, Sink: true}
+}
+
+// CodeEngineTask is the error code prefix of a StepFailed recorded from
+// Conductor's report: ENGINE_TASK_<status> (FAILED, TIMED_OUT, CANCELED,
+// FAILED_WITH_TERMINAL_ERROR, COMPLETED_WITH_ERRORS).
+const CodeEngineTask = "ENGINE_TASK_"
+
+// engineTime formats a Conductor epoch-millisecond time ("" for none).
+func engineTime(ms int64) string {
+	if ms <= 0 {
+		return ""
+	}
+	return time.UnixMilli(ms).UTC().Format(time.RFC3339Nano)
+}
+
+// taskEvents are the events that bring the log's view of one step (st,
+// nil when the log has none) up to Conductor's task t. adoption is true
+// on the first read of a workflow the sidecar had not seen: a worker task
+// already in progress is recorded as started then (its worker got it
+// before the sidecar could gate it); afterwards only the proxy's gate
+// starts a worker task. pending reports a task whose end is still to be
+// recorded from Conductor's report.
+func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption bool) (evs []*statestore.RunEventWrite, pending bool, err error) {
+	stepID := AdoptedStepID(t.ReferenceTaskName, t.Iteration)
+	if statestore.CheckID(stepID, true) != nil {
+		return nil, false, nil // an empty or oversized reference name: not a step of the log
+	}
+	engine := int64(t.RetryCount) + 1
+	ref := statestore.RunRef{RunID: rec.RunID, TenantID: rec.TenantID, ProjectID: rec.ProjectID,
+		EnvironmentID: rec.EnvironmentID, PlanID: rec.PlanID, PlanVersion: rec.PlanVersion}
+	add := func(p statestore.Payload) {
+		if err != nil {
+			return
+		}
+		var ev *statestore.RunEventWrite
+		if ev, err = statestore.NewEvent(ref, p.EventType(), stepID, engine, 1, p); err == nil {
+			evs = append(evs, ev)
+		}
+	}
+	started := st != nil && st.Status != statestore.StepStatusPending
+	ended := st != nil && (st.Status == statestore.StepStatusSuccess || st.Status == statestore.StepStatusFailed || st.Status == statestore.StepStatusSkipped)
+	start := func() {
+		if !started {
+			add(statestore.StepStartedPayload{EngineStartedAt: engineTime(t.StartTime), EngineTaskID: t.TaskId})
+		}
+	}
+	worker := IsWorkerTask(t.TaskType)
+	switch status := string(t.Status); status {
+	case "SCHEDULED":
+		return nil, !worker, nil
+	case "IN_PROGRESS":
+		switch {
+		case worker && !(adoption && !started):
+			// The proxy's gate starts it and records its outcome.
+			return nil, false, nil
+		case controlTaskTypes[t.TaskType]:
+			return nil, true, nil
+		}
+		start()
+		return evs, true, err
+	case "COMPLETED":
+		if ended {
+			return nil, false, nil
+		}
+		start()
+		add(statestore.StepCompletedPayload{EngineEndedAt: engineTime(t.EndTime), EngineTaskID: t.TaskId})
+	case "SKIPPED":
+		if started || ended {
+			return nil, false, nil
+		}
+		add(statestore.StepSkippedPayload{Reason: "Conductor skipped the task"})
+	case "FAILED", "FAILED_WITH_TERMINAL_ERROR", "TIMED_OUT", "CANCELED", "COMPLETED_WITH_ERRORS":
+		if ended || (t.Retried && status != "COMPLETED_WITH_ERRORS") {
+			// Conductor retries it: the step is in flight until a try ends it.
+			return nil, false, nil
+		}
+		if status == "CANCELED" && !started {
+			return nil, false, nil // never ran
+		}
+		start()
+		msg := t.ReasonForIncompletion
+		if msg == "" {
+			msg = "Conductor reported the task " + status
+		}
+		add(statestore.StepFailedPayload{EngineEndedAt: engineTime(t.EndTime), EngineTaskID: t.TaskId,
+			Error: &statestore.StepError{Code: CodeEngineTask + status, Message: msg, Retryable: status != "FAILED_WITH_TERMINAL_ERROR"}})
+	default:
+		return nil, false, nil
+	}
+	return evs, false, err
+}
+
+// recordTasks appends what the log lacks of wf's tasks (taskEvents, in
+// Conductor's order); pending reports a task whose end is still to be
+// recorded.
+func (r *Runs) recordTasks(ctx context.Context, snaps SnapshotReader, rec *Run, wf *model.Workflow, adoption bool) (pending bool, err error) {
+	snap, err := snaps.ProjectSnapshot(ctx, rec.RunID)
+	if err != nil {
+		return true, fmt.Errorf("adapter: snapshot of adopted run %s: %w", rec.RunID, err)
+	}
+	if statestore.IsTerminalRunStatus(snap.Status) {
+		return false, nil
+	}
+	for i := range wf.Tasks {
+		t := &wf.Tasks[i]
+		evs, p, err := taskEvents(rec, t, snap.Step(AdoptedStepID(t.ReferenceTaskName, t.Iteration)), adoption)
+		pending = pending || p
+		if err != nil {
+			return true, err
+		}
+		for _, ev := range evs {
+			if d := statestore.Decide(snap, ev.EventType, ev.StepID, ev.LogicalAttemptID); d.Outcome != statestore.Apply {
+				break // the log moved on (the proxy recorded the step): nothing to add
+			}
+			if _, err := r.emitter.Emit(ctx, ev); err != nil {
+				return true, fmt.Errorf("adapter: record task %s of adopted run %s: %w", t.TaskId, rec.RunID, err)
+			}
+			if snap, err = snaps.ProjectSnapshot(ctx, rec.RunID); err != nil {
+				return true, err
+			}
+		}
+	}
+	return pending, nil
+}

@@ -1,0 +1,158 @@
+package adapter
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+func TestAdoptedStepID(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		ref       string
+		iteration int32
+		want      string
+	}{
+		{"plain reference name", "charge_card", 0, "charge_card"},
+		{"loop task as Conductor names it", "poll_status__3", 3, "poll_status__3"},
+		{"loop task without Conductor's suffix", "poll_status", 2, "poll_status__2"},
+		{"first iteration", "step__1", 1, "step__1"},
+		{"a suffix of another iteration is kept", "step__1", 2, "step__1__2"},
+		{"dynamic fork task keeps the fork input's name", "resize_img_7", 0, "resize_img_7"},
+		{"pipe escaped", "a|b", 0, "a%7Cb"},
+		{"percent escaped first", "50%|x", 0, "50%25%7Cx"},
+		{"escaped and looped", "a|b", 4, "a%7Cb__4"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := AdoptedStepID(tt.ref, tt.iteration)
+			if got != tt.want {
+				t.Fatalf("AdoptedStepID(%q, %d) = %q, want %q", tt.ref, tt.iteration, got, tt.want)
+			}
+			if err := statestore.CheckID(got, true); err != nil {
+				t.Fatalf("stepId %q refused by the contract: %v", got, err)
+			}
+		})
+	}
+	// Reversible: distinct reference names never share a stepId.
+	seen := map[string]string{}
+	for _, ref := range []string{"a|b", "a%7Cb", "a%b", "a%25b", "a_b"} {
+		id := AdoptedStepID(ref, 0)
+		if prev, dup := seen[id]; dup {
+			t.Fatalf("%q and %q both map to %q", prev, ref, id)
+		}
+		seen[id] = ref
+	}
+}
+
+func TestParseAdoptSpec(t *testing.T) {
+	for in, want := range map[string]AdoptSpec{
+		"orders":      {Name: "orders"},
+		"orders:3":    {Name: "orders", Version: 3},
+		" billing:1 ": {Name: "billing", Version: 1},
+	} {
+		got, err := ParseAdoptSpec(in)
+		if err != nil || got != want {
+			t.Fatalf("ParseAdoptSpec(%q) = %+v, %v; want %+v", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", ":2", "orders:", "orders:0", "orders:-1", "orders:x", "a|b", strings.Repeat("n", statestore.MaxIDBytes+1)} {
+		if _, err := ParseAdoptSpec(bad); !errors.Is(err, ErrInvalidInput) {
+			t.Fatalf("ParseAdoptSpec(%q): %v, want INVALID_INPUT", bad, err)
+		}
+	}
+}
+
+func TestIsWorkerTask(t *testing.T) {
+	for typ, want := range map[string]bool{"resize_image": true, "HTTP": false, "SWITCH": false, "SUB_WORKFLOW": false,
+		"DO_WHILE": false, "FORK_JOIN_DYNAMIC": false, "JOIN": false, "WAIT": false, "INLINE": false} {
+		if got := IsWorkerTask(typ); got != want {
+			t.Fatalf("IsWorkerTask(%q) = %v", typ, got)
+		}
+	}
+}
+
+// types lists the event types of evs.
+func types(evs []*statestore.RunEventWrite) string {
+	var s []string
+	for _, e := range evs {
+		s = append(s, e.EventType)
+	}
+	return strings.Join(s, ",")
+}
+
+func TestTaskEvents(t *testing.T) {
+	rec := &Run{RunID: "0d7c5a3e-8a3b-4c55-9d0e-1f2a3b4c5d6e", TenantID: "default", ProjectID: "default", EnvironmentID: "default",
+		PlanID: "orders", PlanVersion: "2"}
+	running := &statestore.StepSnapshot{Status: statestore.StepStatusRunning, LogicalAttemptID: 1}
+	done := &statestore.StepSnapshot{Status: statestore.StepStatusSuccess, LogicalAttemptID: 1}
+	for _, tt := range []struct {
+		name        string
+		task        model.Task
+		st          *statestore.StepSnapshot
+		adoption    bool
+		want        string
+		wantPending bool
+	}{
+		{"HTTP in progress starts", model.Task{TaskType: "HTTP", Status: "IN_PROGRESS"}, nil, false, "StepStarted", true},
+		{"HTTP scheduled waits", model.Task{TaskType: "HTTP", Status: "SCHEDULED"}, nil, false, "", true},
+		{"HTTP completed unseen", model.Task{TaskType: "HTTP", Status: "COMPLETED"}, nil, false, "StepStarted,StepCompleted", false},
+		{"HTTP completed while running", model.Task{TaskType: "HTTP", Status: "COMPLETED"}, running, false, "StepCompleted", false},
+		{"completed already recorded", model.Task{TaskType: "HTTP", Status: "COMPLETED"}, done, false, "", false},
+		{"HTTP failed, retried by Conductor", model.Task{TaskType: "HTTP", Status: "FAILED", Retried: true}, running, false, "", false},
+		{"HTTP failed for good", model.Task{TaskType: "HTTP", Status: "FAILED"}, running, false, "StepFailed", false},
+		{"JOIN in progress is not in flight", model.Task{TaskType: "JOIN", Status: "IN_PROGRESS"}, nil, false, "", true},
+		{"SWITCH completed", model.Task{TaskType: "SWITCH", Status: "COMPLETED"}, nil, false, "StepStarted,StepCompleted", false},
+		{"skipped", model.Task{TaskType: "HTTP", Status: "SKIPPED"}, nil, false, "StepSkipped", false},
+		{"canceled before it ran", model.Task{TaskType: "HTTP", Status: "CANCELED"}, nil, false, "", false},
+		{"canceled while running", model.Task{TaskType: "HTTP", Status: "CANCELED"}, running, false, "StepFailed", false},
+		{"worker task in progress is the proxy's", model.Task{TaskType: "resize", Status: "IN_PROGRESS"}, nil, false, "", false},
+		{"worker task in progress at adoption", model.Task{TaskType: "resize", Status: "IN_PROGRESS"}, nil, true, "StepStarted", true},
+		{"worker task completed before adoption", model.Task{TaskType: "resize", Status: "COMPLETED"}, nil, true, "StepStarted,StepCompleted", false},
+		{"worker task reported straight to Conductor", model.Task{TaskType: "resize", Status: "COMPLETED"}, running, false, "StepCompleted", false},
+		{"worker task scheduled", model.Task{TaskType: "resize", Status: "SCHEDULED"}, nil, true, "", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			task := tt.task
+			task.ReferenceTaskName, task.TaskId, task.StartTime, task.EndTime = "step_a", "task-1", 1_700_000_000_000, 1_700_000_001_000
+			evs, pending, err := taskEvents(rec, &task, tt.st, tt.adoption)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := types(evs); got != tt.want || pending != tt.wantPending {
+				t.Fatalf("events %q pending %v, want %q pending %v", got, pending, tt.want, tt.wantPending)
+			}
+			for _, ev := range evs {
+				if ev.StepID != "step_a" || ev.LogicalAttemptID != 1 || ev.PlanID != "orders" || ev.PlanVersion != "2" {
+					t.Fatalf("event %+v", ev)
+				}
+			}
+		})
+	}
+	// The engine attempt is Conductor's retryCount + 1; times are Conductor's.
+	task := model.Task{TaskType: "HTTP", Status: "COMPLETED", ReferenceTaskName: "call", RetryCount: 2, TaskId: "t9", StartTime: 1_700_000_000_000, EndTime: 1_700_000_002_000}
+	evs, _, err := taskEvents(rec, &task, nil, false)
+	if err != nil || len(evs) != 2 {
+		t.Fatalf("%v %v", evs, err)
+	}
+	if evs[0].EngineAttemptID != 3 || !strings.Contains(string(evs[0].Payload), `"engineStartedAt":"2023-11-14T22:13:20Z"`) ||
+		!strings.Contains(string(evs[1].Payload), `"engineEndedAt":"2023-11-14T22:13:22Z"`) || !strings.Contains(string(evs[1].Payload), `"engineTaskId":"t9"`) {
+		t.Fatalf("payloads %s / %s, engine attempt %d", evs[0].Payload, evs[1].Payload, evs[0].EngineAttemptID)
+	}
+}
+
+func TestAdoptedTaskInput(t *testing.T) {
+	rec := &Run{RunID: "0d7c5a3e-8a3b-4c55-9d0e-1f2a3b4c5d6e", TenantID: "t", ProjectID: "p", EnvironmentID: "e", PlanID: "orders", PlanVersion: "2"}
+	task := &model.Task{TaskDefName: "resize", TaskType: "resize", ReferenceTaskName: "resize_ref", Iteration: 2, RetryCount: 1,
+		WorkflowTask: &model.WorkflowTask{TaskDefinition: &model.TaskDef{RetryCount: 3}}}
+	a := AdoptedTaskInput(rec, task)
+	if a.RunID != rec.RunID || a.PlanID != "orders" || a.PlanVersion != "2" || a.Step.StepID != "resize_ref__2" || a.EngineTries != 4 || a.LogicalAttempts != 1 {
+		t.Fatalf("%+v", a)
+	}
+	if e, l := a.Attempts(int(task.RetryCount)); e != 2 || l != 1 {
+		t.Fatalf("attempts %d/%d, want engine 2 logical 1", e, l)
+	}
+}

@@ -1,0 +1,356 @@
+package adapter
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+)
+
+// AdopterOptions configures NewAdopter. Zero values take the defaults noted.
+type AdopterOptions struct {
+	// Specs are the adopted definitions (--adopt).
+	Specs []AdoptSpec
+	// Identity is the tenant, project and environment of adopted runs
+	// (each default "default").
+	Identity AdoptedIdentity
+	// Interval is how often the runs with a system task in progress are
+	// read back and the nudged runs read (default 1s).
+	Interval time.Duration
+	// DiscoverEvery is how many Intervals pass between two reads of the
+	// adopted definitions' running lists, which finds the workflows no
+	// task poll showed yet (default 5).
+	DiscoverEvery int
+	// Owner divides the adopted runs between replicas (default: all).
+	Owner  Owner
+	Logger *zap.Logger
+}
+
+// Adopter makes the workflows of the adopted definitions runs of the log
+// (docs/workers.md, "Adopting existing workflows"). A workflow is adopted
+// when a task of it is first polled through the task proxy (Ensure, from
+// the workers' guard) or when the periodic read of its definition's
+// running list finds it (a workflow already running when adoption
+// started). Each adopted run is then read back from Conductor, with its
+// tasks, when something may have changed: a nudge (an outside worker's
+// report through the proxy), every Interval while a system task of it is
+// in progress, and once more before the watcher appends its terminal
+// event (Settle). The run's end is the watcher's, as for plan runs.
+type Adopter struct {
+	runs  *Runs
+	snaps SnapshotReader
+	opts  AdopterOptions
+	log   *zap.Logger
+
+	mu sync.Mutex
+	// known are the open adopted runs this process follows: runId ->
+	// whether a task of it is still to be recorded from Conductor.
+	known map[string]*followed
+	// nudged are the runs to read at the next tick.
+	nudged  map[string]struct{}
+	nudgeCh chan struct{}
+	// foreign caches the workflows of an adopted definition's name whose
+	// version is not adopted (bounded).
+	foreign map[string]struct{}
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+type followed struct {
+	rec     *Run
+	pending bool
+}
+
+// NewAdopter returns an Adopter for runs' run index and Conductor client.
+func NewAdopter(runs *Runs, snaps SnapshotReader, opts AdopterOptions) *Adopter {
+	if opts.Interval <= 0 {
+		opts.Interval = time.Second
+	}
+	if opts.DiscoverEvery <= 0 {
+		opts.DiscoverEvery = 5
+	}
+	if opts.Owner == nil {
+		opts.Owner = everyRun{}
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	for _, f := range []*string{&opts.Identity.TenantID, &opts.Identity.ProjectID, &opts.Identity.EnvironmentID} {
+		if *f == "" {
+			*f = "default"
+		}
+	}
+	return &Adopter{runs: runs, snaps: snaps, opts: opts, log: opts.Logger.Named("adopter"),
+		known: map[string]*followed{}, nudged: map[string]struct{}{}, nudgeCh: make(chan struct{}, 1), foreign: map[string]struct{}{}}
+}
+
+// Open starts the adopter's loop.
+func (a *Adopter) Open(ctx context.Context) error {
+	ctx, a.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	a.done = make(chan struct{})
+	go a.loop(ctx)
+	specs := make([]string, len(a.opts.Specs))
+	for i, s := range a.opts.Specs {
+		specs[i] = s.String()
+	}
+	a.log.Info("adopting the workflows of existing definitions", zap.Strings("adopt", specs))
+	return nil
+}
+
+// Close stops the loop.
+func (a *Adopter) Close(ctx context.Context) error {
+	if a.cancel == nil {
+		return nil
+	}
+	a.cancel()
+	select {
+	case <-a.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Nudge asks for runID's workflow to be read back soon (a task of it ended).
+func (a *Adopter) Nudge(runID string) {
+	a.mu.Lock()
+	_, ok := a.known[runID]
+	if ok {
+		a.nudged[runID] = struct{}{}
+	}
+	a.mu.Unlock()
+	if ok {
+		select {
+		case a.nudgeCh <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// adoptsName reports whether a definition of that name is adopted (some
+// version of it).
+func (a *Adopter) adoptsName(name string) bool {
+	for _, s := range a.opts.Specs {
+		if s.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *Adopter) adopts(name string, version int32) bool {
+	for _, s := range a.opts.Specs {
+		if s.matches(name, version) {
+			return true
+		}
+	}
+	return false
+}
+
+// Step is the assignment of a polled worker task of an adopted workflow
+// (taskworkers.Options.Adopted): ok false for a task of any other
+// workflow, which then passes untouched. A task of a workflow not seen
+// yet costs one read of the run index (and, when no run has its id, one
+// of the workflow from Conductor); the run itself is adopted by the
+// workers' guard (Ensure) before the step starts.
+func (a *Adopter) Step(t *model.Task) (*plan.TaskInput, bool) {
+	if t == nil || t.WorkflowType == "" || !a.adoptsName(t.WorkflowType) || !IsWorkerTask(t.TaskType) {
+		return nil, false
+	}
+	id := t.WorkflowInstanceId
+	a.mu.Lock()
+	f, known := a.known[id]
+	_, isForeign := a.foreign[id]
+	a.mu.Unlock()
+	if isForeign {
+		return nil, false
+	}
+	if known {
+		return AdoptedTaskInput(f.rec, t), true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), a.runs.conductor.timeout)
+	defer cancel()
+	rec, err := a.runs.Run(ctx, id)
+	switch {
+	case err == nil && rec.IsAdopted():
+		return AdoptedTaskInput(rec, t), true
+	case err == nil:
+		return nil, false // a plan run's workflow
+	case !errors.Is(err, ErrNotFound):
+		a.log.Warn("could not read the run index for a polled task; passing it through", zap.String("workflowId", id), zap.Error(err))
+		return nil, false
+	}
+	wf, err := a.runs.conductor.Workflow(ctx, id, false)
+	if err != nil {
+		a.log.Warn("could not read a polled task's workflow; passing it through", zap.String("workflowId", id), zap.Error(err))
+		return nil, false
+	}
+	if !a.adopts(wf.WorkflowName, wf.WorkflowVersion) {
+		a.mu.Lock()
+		if len(a.foreign) > 100_000 {
+			clear(a.foreign)
+		}
+		a.foreign[id] = struct{}{}
+		a.mu.Unlock()
+		return nil, false
+	}
+	// Not adopted yet: the identity it will get (the guard adopts it).
+	pending := &Run{RunID: id, TenantID: a.opts.Identity.TenantID, ProjectID: a.opts.Identity.ProjectID,
+		EnvironmentID: a.opts.Identity.EnvironmentID, PlanID: wf.WorkflowName, PlanVersion: strconv.Itoa(int(wf.WorkflowVersion))}
+	return AdoptedTaskInput(pending, t), true
+}
+
+// Adopts reports whether runID may be an adopted workflow's run: adopted
+// runs' runId is their workflowId.
+func (a *Adopter) Adopts(runID, workflowID string) bool { return runID == workflowID }
+
+// Ensure adopts workflowID now, if its definition is adopted, and records
+// what of its tasks the log lacks; ErrNotFound when its definition is not
+// adopted (or Conductor does not know it).
+func (a *Adopter) Ensure(ctx context.Context, workflowID string) error {
+	wf, err := a.runs.conductor.Workflow(ctx, workflowID, true)
+	if err != nil {
+		return err
+	}
+	if !a.adopts(wf.WorkflowName, wf.WorkflowVersion) {
+		return &Error{Code: CodeNotFound, Op: "adopt", Message: "workflow " + workflowID + " is not of an adopted definition"}
+	}
+	return a.adopt(ctx, wf)
+}
+
+// adopt records wf as a run and brings its tasks into the log (the
+// mid-flight rule on the first read).
+func (a *Adopter) adopt(ctx context.Context, wf *model.Workflow) error {
+	rec, err := a.runs.adoptRun(ctx, wf, a.opts.Identity)
+	if err != nil {
+		return err
+	}
+	pending, err := a.runs.recordTasks(ctx, a.snaps, rec, wf, true)
+	a.mu.Lock()
+	if wf.Status == model.RunningWorkflow || wf.Status == model.PausedWorkflow {
+		a.known[rec.RunID] = &followed{rec: rec, pending: pending || err != nil}
+	}
+	a.mu.Unlock()
+	return err
+}
+
+// Settle records what the log lacks of rec's tasks before the watcher
+// appends its terminal event (adopted runs only).
+func (a *Adopter) Settle(ctx context.Context, rec *Run) error {
+	if !rec.IsAdopted() {
+		return nil
+	}
+	err := a.read(ctx, rec)
+	a.mu.Lock()
+	delete(a.known, rec.RunID)
+	delete(a.nudged, rec.RunID)
+	a.mu.Unlock()
+	return err
+}
+
+// read reads rec's workflow with its tasks and records what the log lacks.
+func (a *Adopter) read(ctx context.Context, rec *Run) error {
+	wf, err := a.runs.conductor.Workflow(ctx, rec.WorkflowID, true)
+	if err != nil {
+		return err
+	}
+	pending, err := a.runs.recordTasks(ctx, a.snaps, rec, wf, false)
+	a.mu.Lock()
+	if f, ok := a.known[rec.RunID]; ok {
+		f.pending = pending || err != nil
+	}
+	a.mu.Unlock()
+	return err
+}
+
+func (a *Adopter) loop(ctx context.Context) {
+	defer close(a.done)
+	tick := time.NewTicker(a.opts.Interval)
+	defer tick.Stop()
+	a.discover(ctx)
+	for n := 1; ; n++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.nudgeCh:
+			a.readDue(ctx, false)
+			n--
+		case <-tick.C:
+			if n%a.opts.DiscoverEvery == 0 {
+				a.discover(ctx)
+			}
+			a.readDue(ctx, true)
+		}
+	}
+}
+
+// readDue reads the nudged runs, and with pending also those with a task
+// still to be recorded.
+func (a *Adopter) readDue(ctx context.Context, pending bool) {
+	a.mu.Lock()
+	var due []*Run
+	for id, f := range a.known {
+		if _, nudged := a.nudged[id]; nudged || (pending && f.pending) {
+			due = append(due, f.rec)
+		}
+	}
+	clear(a.nudged)
+	a.mu.Unlock()
+	for _, rec := range due {
+		if ctx.Err() != nil {
+			return
+		}
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if err := a.read(rctx, rec); err != nil {
+			a.log.Debug("could not bring an adopted run's tasks into the log; trying again", zap.String("runId", rec.RunID), zap.Error(err))
+		}
+		cancel()
+	}
+}
+
+// discover reads the running lists of the adopted definitions and adopts
+// the workflows this process does not follow yet (after a restart: every
+// one, whose adoption is then a no-op beside the catch-up of its tasks).
+func (a *Adopter) discover(ctx context.Context) {
+	for _, s := range a.opts.Specs {
+		versions := []int32{s.Version}
+		if s.Version == 0 {
+			def, err := a.runs.conductor.WorkflowDef(ctx, s.Name, 0)
+			if err != nil {
+				a.log.Debug("could not read an adopted definition", zap.String("adopt", s.String()), zap.Error(err))
+				continue
+			}
+			versions = versions[:0]
+			for v := int32(1); v <= def.Version; v++ {
+				versions = append(versions, v)
+			}
+		}
+		for _, v := range versions {
+			ids, err := a.runs.conductor.RunningWorkflows(ctx, s.Name, v)
+			if err != nil {
+				a.log.Debug("could not list an adopted definition's running workflows", zap.String("adopt", s.String()), zap.Error(err))
+				continue
+			}
+			for _, id := range ids {
+				a.mu.Lock()
+				_, known := a.known[id]
+				a.mu.Unlock()
+				if known || !a.opts.Owner.Owns(id) {
+					continue
+				}
+				rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				if err := a.Ensure(rctx, id); err != nil {
+					a.log.Warn("could not adopt a workflow; trying again", zap.String("workflowId", id), zap.Error(err))
+				}
+				cancel()
+			}
+		}
+	}
+}
