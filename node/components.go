@@ -175,9 +175,23 @@ func (n *Node) openWatcher(ctx context.Context) error {
 	n.pauseKeys = keys
 	n.add(part{name: "pause keys", streams: keys.Streams()})
 	pauses := drain.NewFollower(n.store, n.emitter, n.conductor, keys, drain.FollowerOptions{DrainTimeout: n.cfg.DrainTimeout, Drains: keys, Logger: n.log})
-	n.watcher = adapter.NewWatcher(n.runs, n.store, adapter.WatcherOptions{Owner: n.members, Pauses: pauses, Logger: n.log, Metrics: n.adapterM})
+	wopts := adapter.WatcherOptions{Owner: n.members, Pauses: pauses, Logger: n.log, Metrics: n.adapterM}
+	if len(n.cfg.Adopt.Specs) > 0 {
+		aopts := n.cfg.Adopt
+		aopts.Owner, aopts.Logger = n.members, n.log
+		n.adopter = adapter.NewAdopter(n.runs, n.store, aopts)
+		wopts.Adopted = n.adopter
+	}
+	n.watcher = adapter.NewWatcher(n.runs, n.store, wopts)
 	n.add(part{name: "watcher", close: n.watcher.Close})
-	return n.watcher.Open(ctx)
+	if err := n.watcher.Open(ctx); err != nil {
+		return err
+	}
+	if n.adopter == nil {
+		return nil
+	}
+	n.add(part{name: "adopter", close: n.adopter.Close})
+	return n.adopter.Open(ctx)
 }
 
 // openDrain opens the drain controller: pause, resume and cancel, and
@@ -223,15 +237,19 @@ func (n *Node) openWorkers(ctx context.Context) error {
 	if n.cfg.TaskDomain != "" {
 		tasks = adapter.DomainPoller{Client: n.conductor, Domain: n.cfg.TaskDomain}
 	}
-	w := taskworkers.New(tasks, n.store, n.emitter, n.cfg.Secrets, n.executors.Executors(), taskworkers.Options{
+	wopts := taskworkers.Options{
 		WorkerID: n.cfg.WorkerID, Concurrency: concurrency, PollersPerType: n.cfg.PollersPerType, Running: n.running,
-		Guard:          runGuard{n.runs}.check,
+		Guard:          runGuard{n.runs, n.adopter}.check,
 		Recover:        inFlight{n.runs, n.cfg.WorkerID}.tasks,
-		OnTaskDone:     taskDone{n.watcher, n.drain}.nudge,
+		OnTaskDone:     taskDone{n.watcher, n.drain, n.adopter}.nudge,
 		PauseOnFailure: failurePause{n.drain, statestore.RequestedByWorker(n.cfg.WorkerID)}.pause,
 		Tasks:          n.conductor, ExternalInFlight: externalInFlight{n.runs}.tasks,
 		Logger: n.log, Metrics: taskworkers.NewMetrics(n.reg), Tracer: n.tracer,
-	})
+	}
+	if n.adopter != nil {
+		wopts.Adopted = n.adopter
+	}
+	w := taskworkers.New(tasks, n.store, n.emitter, n.cfg.Secrets, n.executors.Executors(), wopts)
 	n.workers = w
 	// The task types must exist before polling them; registering is
 	// idempotent.

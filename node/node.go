@@ -106,6 +106,9 @@ type Config struct {
 	// any request).
 	ConductorProxy       net.Listener
 	ConductorProxyTokens []string
+	// Adopt is the adoption of existing workflow definitions (no specs:
+	// none).
+	Adopt adapter.AdopterOptions
 	// Bus is the event bus (no sinks: none).
 	Bus Bus
 	// Admission is admission control (no limits: none).
@@ -175,6 +178,8 @@ type Node struct {
 	admit     *admission.Controller
 	archive   *archive.Archive // where finished runs go (nil without retention)
 	watcher   *adapter.Watcher
+	// adopter is nil unless Config.Adopt names definitions.
+	adopter   *adapter.Adopter
 	drain     *drain.Controller
 	pauseKeys *drain.Keys
 	executors *exec.Registry

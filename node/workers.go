@@ -17,10 +17,20 @@ import (
 
 // runGuard tells the workers whether a task belongs to a run of this
 // deployment started with that workflow (taskworkers.Options.Guard).
-type runGuard struct{ runs *adapter.Runs }
+// A task of an adopted definition's workflow (runId = workflowId) adopts
+// the workflow (adopt nil: no definition is adopted).
+type runGuard struct {
+	runs  *adapter.Runs
+	adopt *adapter.Adopter
+}
 
 func (g runGuard) check(ctx context.Context, runID, workflowID string) error {
-	_, err := g.runs.EnsureStarted(ctx, runID, workflowID)
+	var err error
+	if g.adopt != nil && g.adopt.Adopts(runID, workflowID) {
+		err = g.adopt.Ensure(ctx, workflowID)
+	} else {
+		_, err = g.runs.EnsureStarted(ctx, runID, workflowID)
+	}
 	switch {
 	case errors.Is(err, adapter.ErrConflict):
 		// Our run, another workflow: an orphan of a crashed start.
@@ -61,9 +71,14 @@ func (f externalInFlight) tasks(ctx context.Context) ([]model.Task, error) {
 type taskDone struct {
 	watcher *adapter.Watcher
 	drain   *drain.Controller
+	// adopter reads an adopted run back (nil: none adopted).
+	adopter *adapter.Adopter
 }
 
 func (d taskDone) nudge(runID string, mayEndRun bool) {
+	if d.adopter != nil {
+		d.adopter.Nudge(runID)
+	}
 	if mayEndRun {
 		d.watcher.Nudge(runID)
 	}

@@ -75,6 +75,8 @@ type Config struct {
 	API apiConfig
 	// Proxy is the task proxy for outside workers.
 	Proxy proxyConfig
+	// Adopt is the adoption of existing workflow definitions.
+	Adopt adoptConfig
 	// Exec bounds what plans may reach (environment, files, addresses).
 	Exec execConfig
 	// Bus is the event bus's sinks.
@@ -149,6 +151,7 @@ func (c *Config) node(log *zap.Logger, own []string) (nc node.Config, err error)
 		}
 		own = append(slices.Clone(own), nc.Metrics.Addr().String())
 	}
+	c.Adopt.apply(&nc)
 	if err = c.Proxy.apply(&nc); err != nil {
 		return nc, err
 	}
@@ -259,6 +262,7 @@ func (c *Config) Validate() error {
 	p = append(p, c.NATS.validate(c.NATSURL)...)
 	p = append(p, c.API.validate(c.Listen)...)
 	p = append(p, c.Proxy.validate()...)
+	p = append(p, c.Adopt.validate()...)
 	p = append(p, c.Exec.validate()...)
 	p = append(p, c.Bus.validate()...)
 	p = append(p, c.Admission.validate()...)
@@ -323,6 +327,7 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	c.Bus.registerFlags(fs)
 	c.Admission.registerFlags(fs)
 	c.Proxy.registerFlags(fs)
+	c.Adopt.registerFlags(fs)
 	c.Retention.registerFlags(fs)
 }
 

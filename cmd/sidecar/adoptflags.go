@@ -1,0 +1,82 @@
+package main
+
+import (
+	"flag"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/node"
+)
+
+// adoptConfig is the adoption of existing workflow definitions
+// (docs/workers.md, "Adopting existing workflows").
+type adoptConfig struct {
+	// Specs are the --adopt values, NAME or NAME:VERSION.
+	Specs []string
+	// Interval is how often adopted runs with a system task in progress
+	// are read back (0: the default, 1s).
+	Interval time.Duration
+	// TenantID, ProjectID and EnvironmentID of the adopted runs.
+	TenantID, ProjectID, EnvironmentID string
+}
+
+// adoptValue is the repeatable --adopt flag; SIDECAR_ADOPT holds
+// comma-separated values.
+type adoptValue struct{ p *[]string }
+
+func (v *adoptValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return strings.Join(*v.p, ",")
+}
+
+func (v *adoptValue) Set(s string) error {
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			*v.p = append(*v.p, part)
+		}
+	}
+	return nil
+}
+
+func (c *adoptConfig) registerFlags(fs *flag.FlagSet) {
+	fs.Var(&adoptValue{&c.Specs}, "adopt", "make every workflow of this Conductor definition a run of the log: NAME or NAME:VERSION (repeatable; env "+envName("adopt")+", comma-separated)")
+	if v, ok := os.LookupEnv(envName("adopt")); ok {
+		_ = fs.Set("adopt", v)
+	}
+	fs.Var(&durationValue{&c.Interval}, "adopt-interval", "how often adopted runs with a system task in progress are read back from Conductor (default 1s; their definitions' running lists every 5 intervals) (env "+envName("adopt-interval")+")")
+	if v, ok := os.LookupEnv(envName("adopt-interval")); ok {
+		_ = fs.Set("adopt-interval", v)
+	}
+	c.TenantID, c.ProjectID, c.EnvironmentID = "default", "default", "default"
+	stringFlag(fs, &c.TenantID, "adopt-tenant-id", "tenantId of adopted runs")
+	stringFlag(fs, &c.ProjectID, "adopt-project-id", "projectId of adopted runs")
+	stringFlag(fs, &c.EnvironmentID, "adopt-environment-id", "environmentId of adopted runs")
+}
+
+func (c *adoptConfig) validate() []string {
+	var p []string
+	for _, s := range c.Specs {
+		if _, err := adapter.ParseAdoptSpec(s); err != nil {
+			p = append(p, "--adopt "+s+": "+err.Error())
+		}
+	}
+	if c.Interval < 0 {
+		p = append(p, "--adopt-interval must not be negative")
+	}
+	return p
+}
+
+// apply puts the adopted definitions into nc (validate checked them).
+func (c *adoptConfig) apply(nc *node.Config) {
+	for _, s := range c.Specs {
+		if spec, err := adapter.ParseAdoptSpec(s); err == nil {
+			nc.Adopt.Specs = append(nc.Adopt.Specs, spec)
+		}
+	}
+	nc.Adopt.Interval = c.Interval
+	nc.Adopt.Identity = adapter.AdoptedIdentity{TenantID: c.TenantID, ProjectID: c.ProjectID, EnvironmentID: c.EnvironmentID}
+}
