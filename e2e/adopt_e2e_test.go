@@ -1,0 +1,263 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// Adoption of existing workflow definitions (serve --adopt): workflows
+// started in Conductor, not by the sidecar, from definitions nobody wrote
+// for it, become runs of the log.
+
+// simpleTask is a SIMPLE task of taskType sleeping sleepMs in the SDK
+// worker, its definition inline (no retries).
+func simpleTask(ref, taskType string, sleepMs int) map[string]any {
+	return map[string]any{"name": taskType, "taskReferenceName": ref, "type": "SIMPLE",
+		"inputParameters": map[string]any{"sleepMs": fmt.Sprint(sleepMs)},
+		"taskDefinition":  map[string]any{"name": taskType, "retryCount": 0, "timeoutSeconds": 0, "responseTimeoutSeconds": 60}}
+}
+
+func registerDef(t *testing.T, condURL, name string, tasks []map[string]any) {
+	t.Helper()
+	conductorJSON(t, http.MethodPost, condURL+"/metadata/workflow", map[string]any{"name": name, "version": 1, "schemaVersion": 2,
+		"ownerEmail": "e2e@example.com", "tasks": tasks}, nil)
+}
+
+// startWorkflow starts a workflow of name v1 in Conductor, as any client
+// of Conductor would, and returns its id.
+func startWorkflow(t *testing.T, condURL, name, correlationID string, input map[string]any) string {
+	t.Helper()
+	b, _ := json.Marshal(map[string]any{"name": name, "version": 1, "correlationId": correlationID, "input": input})
+	res, err := http.Post(condURL+"/workflow", "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var out bytes.Buffer
+	_, _ = out.ReadFrom(res.Body)
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("start %s: %s %s", name, res.Status, out.String())
+	}
+	return strings.TrimSpace(out.String())
+}
+
+// eventsOf is the run's log, empty while the run is not in it yet.
+func eventsOf(t *testing.T, p *proc, runID string) []statestore.RunEventRecord {
+	t.Helper()
+	page, err := p.client.Events(t.Context(), runID, 0, 1000)
+	if err != nil {
+		return nil
+	}
+	return page.Events
+}
+
+// completedSteps are the step ids with a StepCompleted in evs.
+func completedSteps(evs []statestore.RunEventRecord) map[string]int {
+	out := map[string]int{}
+	for _, e := range evs {
+		if e.EventType == statestore.StepCompleted {
+			out[e.StepID]++
+		}
+	}
+	return out
+}
+
+// TestE2E_AdoptMixedDefinition_PauseResume: one unmodified definition
+// mixing SIMPLE tasks (worked by the official Python SDK's worker through
+// the task proxy) with a SWITCH, a FORK_JOIN, an HTTP task (to a local
+// server) and a SUB_WORKFLOW, started in Conductor, is adopted (runId =
+// workflowId, planId = the definition's name, labels from its input and
+// correlationId), paused while two SIMPLE tasks run: the drain's in-flight
+// count falls to 0 as the worker finishes them, nothing starts while
+// paused; resumed, it completes, every task recorded once, the log valid.
+func TestE2E_AdoptMixedDefinition_PauseResume(t *testing.T) {
+	w := sdkWorkerFor(t, "python")
+	condURL := conductortest.URL(t)
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		hits.Add(1)
+		rw.Header().Set("Content-Type", "application/json")
+		_, _ = rw.Write([]byte(`{"notified":true}`))
+	}))
+	defer srv.Close()
+	taskType := uniq("adopt_py")
+	name := uniq("adopt_mixed")
+	child := name + "_child"
+	registerDef(t, condURL, child, []map[string]any{simpleTask("child_step", taskType, 0)})
+	registerDef(t, condURL, name, []map[string]any{
+		simpleTask("prepare", taskType, 0),
+		{"name": "route", "taskReferenceName": "route", "type": "SWITCH", "evaluatorType": "value-param", "expression": "kind",
+			"inputParameters": map[string]any{"kind": "${workflow.input.kind}"},
+			"decisionCases": map[string]any{"big": []map[string]any{
+				{"name": "fan", "taskReferenceName": "fan", "type": "FORK_JOIN", "forkTasks": [][]map[string]any{
+					{simpleTask("work_a", taskType, 4000)}, {simpleTask("work_b", taskType, 7000)}}},
+				{"name": "gather", "taskReferenceName": "gather", "type": "JOIN", "joinOn": []string{"work_a", "work_b"}},
+			}},
+			"defaultCase": []map[string]any{simpleTask("small", taskType, 0)}},
+		{"name": "notify", "taskReferenceName": "notify", "type": "HTTP",
+			"inputParameters": map[string]any{"http_request": map[string]any{"uri": srv.URL + "/notify", "method": "GET", "connectionTimeOut": 3000, "readTimeOut": 3000}}},
+		{"name": "sub", "taskReferenceName": "sub", "type": "SUB_WORKFLOW", "subWorkflowParam": map[string]any{"name": child, "version": 1}},
+		simpleTask("finish", taskType, 0),
+	})
+
+	proxyAddr := sidecartest.FreeAddr(t)
+	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--conductor-proxy-listen", proxyAddr, "--adopt", name, "--adopt-interval", "300ms")
+	w.start(t, "http://"+proxyAddr+"/api", taskType, "", 4)
+	runID := startWorkflow(t, condURL, name, "order-42", map[string]any{"kind": "big", "labels": map[string]any{"team": "data"}})
+
+	sidecartest.WaitFor(t, "work_a and work_b to start", 90*time.Second, func() bool {
+		evs := eventsOf(t, p, runID)
+		return eventIndex(evs, statestore.StepStarted, "work_a", 0) >= 0 && eventIndex(evs, statestore.StepStarted, "work_b", 0) >= 0
+	})
+	if _, err := p.client.Pause(t.Context(), runID, 60, "adopted workflow test"); err != nil {
+		t.Fatal(err)
+	}
+	var counts []int
+	sidecartest.WaitFor(t, "the drain to end", 60*time.Second, func() bool {
+		if c := len(inFlight(t, p, runID)); len(counts) == 0 || counts[len(counts)-1] != c {
+			counts = append(counts, c)
+		}
+		_, how := drainEnd(t, allEvents(t, p, runID))
+		return how != ""
+	})
+	evs := allEvents(t, p, runID)
+	took, how := drainEnd(t, evs)
+	t.Logf("drain ended with %s %s after RunPaused; in-flight counts seen %v", how, took, counts)
+	if how != statestore.RunDrainCompleted || counts[0] != 2 || counts[len(counts)-1] != 0 {
+		t.Fatalf("drain: %s, in-flight counts %v; want RunDrainCompleted, from 2 down to 0\n%v", how, counts, types(evs))
+	}
+	for i := 1; i < len(counts); i++ {
+		if counts[i] > counts[i-1] {
+			t.Fatalf("the in-flight count rose while draining: %v", counts)
+		}
+	}
+	// Paused: the worker polls on through the proxy, nothing starts.
+	time.Sleep(4 * time.Second)
+	evs = allEvents(t, p, runID)
+	paused := eventIndex(evs, statestore.RunPaused, "", 0)
+	for _, e := range evs[paused:] {
+		if e.EventType == statestore.StepStarted && e.StepID != "gather" {
+			t.Fatalf("step %s started while the run was paused\n%v", e.StepID, types(evs))
+		}
+	}
+	if hits.Load() != 0 {
+		t.Fatalf("the HTTP task ran while the run was paused")
+	}
+	if _, err := p.client.Resume(t.Context(), runID); err != nil {
+		t.Fatal(err)
+	}
+	if v := waitTerminal(t, p, runID, 90*time.Second); v.Status != statestore.RunStatusCompleted {
+		t.Fatalf("run %s after resume, want COMPLETED\n%v", v.Status, types(allEvents(t, p, runID)))
+	}
+	evs = allEvents(t, p, runID)
+	validLog(t, evs)
+	done := completedSteps(evs)
+	for _, id := range []string{"prepare", "route", "fan", "work_a", "work_b", "gather", "notify", "sub", "finish"} {
+		if done[id] != 1 {
+			t.Fatalf("step %s completed %d times, want 1\n%v", id, done[id], types(evs))
+		}
+	}
+	if done["small"] != 0 || done["child_step"] != 0 {
+		t.Fatalf("the default case or the (not adopted) child's task is in the log: %v", done)
+	}
+	if hits.Load() != 1 {
+		t.Fatalf("the HTTP task reached the local server %d times, want 1", hits.Load())
+	}
+	st := evs[0]
+	if st.EventType != statestore.RunStarted || st.PlanID != name || st.PlanVersion != "1" || st.RunID != runID ||
+		!strings.Contains(string(st.Payload), `"correlationId":"order-42"`) || !strings.Contains(string(st.Payload), `"team":"data"`) {
+		t.Fatalf("first event %+v %s", st, st.Payload)
+	}
+	// The run list selects it by its labels.
+	list, err := p.client.ListRuns(t.Context(), url.Values{"labelSelector": {"correlationId=order-42,team=data"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Runs) != 1 || list.Runs[0].RunID != runID {
+		t.Fatalf("run list by label: %+v", list.Runs)
+	}
+}
+
+// TestE2E_AdoptMidFlight: a workflow already running when the sidecar
+// starts (its first SIMPLE task and an HTTP task done, worked straight
+// against Conductor) is adopted by the periodic read of its definition's
+// running list: its finished tasks are in the log as StepStarted and
+// StepCompleted with Conductor's times; its next SIMPLE task, polled
+// through the proxy, is gated and recorded, and the run completes with a
+// valid log.
+func TestE2E_AdoptMidFlight(t *testing.T) {
+	w := sdkWorkerFor(t, "python")
+	condURL := conductortest.URL(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Type", "application/json")
+		_, _ = rw.Write([]byte(`{}`))
+	}))
+	defer srv.Close()
+	early, late := uniq("adopt_early"), uniq("adopt_late")
+	name := uniq("adopt_midflight")
+	registerDef(t, condURL, name, []map[string]any{
+		simpleTask("first", early, 0),
+		{"name": "notify", "taskReferenceName": "notify", "type": "HTTP",
+			"inputParameters": map[string]any{"http_request": map[string]any{"uri": srv.URL, "method": "GET"}}},
+		simpleTask("second", late, 0),
+	})
+	// Before the sidecar: a worker straight on Conductor does the first task.
+	direct := w.start(t, condURL, early, "", 1)
+	runID := startWorkflow(t, condURL, name, "", map[string]any{})
+	sidecartest.WaitFor(t, "first and notify to complete in Conductor", 60*time.Second, func() bool {
+		var wf struct {
+			Tasks []struct {
+				Ref    string `json:"referenceTaskName"`
+				Status string `json:"status"`
+			} `json:"tasks"`
+		}
+		conductorJSON(t, http.MethodGet, condURL+"/workflow/"+runID+"?includeTasks=true", nil, &wf)
+		for _, tk := range wf.Tasks {
+			if tk.Ref == "second" {
+				return true
+			}
+		}
+		return false
+	})
+	direct.kill()
+
+	proxyAddr := sidecartest.FreeAddr(t)
+	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--conductor-proxy-listen", proxyAddr, "--adopt", name+":1", "--adopt-interval", "300ms")
+	sidecartest.WaitFor(t, "the running workflow to be adopted", 30*time.Second, func() bool {
+		return eventIndex(eventsOf(t, p, runID), statestore.StepCompleted, "notify", 0) >= 0
+	})
+	evs := allEvents(t, p, runID)
+	if evs[0].EventType != statestore.RunStarted || eventIndex(evs, statestore.StepStarted, "second", 0) >= 0 {
+		t.Fatalf("at adoption: %v", types(evs))
+	}
+	for _, id := range []string{"first", "notify"} {
+		i, j := eventIndex(evs, statestore.StepStarted, id, 0), eventIndex(evs, statestore.StepCompleted, id, 0)
+		if i < 0 || j < i || !strings.Contains(string(evs[i].Payload), `"engineStartedAt"`) || !strings.Contains(string(evs[j].Payload), `"engineEndedAt"`) {
+			t.Fatalf("step %s not recorded as finished before adoption\n%v", id, types(evs))
+		}
+	}
+	w.start(t, "http://"+proxyAddr+"/api", late, "", 1)
+	if v := waitTerminal(t, p, runID, 90*time.Second); v.Status != statestore.RunStatusCompleted {
+		t.Fatalf("run %s, want COMPLETED\n%v", v.Status, types(allEvents(t, p, runID)))
+	}
+	evs = allEvents(t, p, runID)
+	validLog(t, evs)
+	if done := completedSteps(evs); done["first"] != 1 || done["notify"] != 1 || done["second"] != 1 {
+		t.Fatalf("completed steps %v\n%v", done, types(evs))
+	}
+	if i := eventIndex(evs, statestore.StepStarted, "second", 0); strings.Contains(string(evs[i].Payload), "engineStartedAt") {
+		t.Fatalf("second was gated by the proxy; its StepStarted should be the gate's, got %s", evs[i].Payload)
+	}
+}
