@@ -207,6 +207,21 @@ func (a *Adopter) Step(t *model.Task) (*plan.TaskInput, bool) {
 	return AdoptedTaskInput(pending, t), true
 }
 
+// Sync records what the log lacks of the tasks of t's workflow, when it
+// is an adopted run this process follows, before the gate starts t's step
+// (taskworkers.AdoptedSteps): the system tasks Conductor ran before t
+// come before it in the log. A workflow not adopted yet is adopted by
+// the gate's guard (Ensure), which records them.
+func (a *Adopter) Sync(ctx context.Context, t *model.Task) error {
+	a.mu.Lock()
+	f, known := a.known[t.WorkflowInstanceId]
+	a.mu.Unlock()
+	if !known {
+		return nil
+	}
+	return a.read(ctx, f.rec)
+}
+
 // Adopts reports whether runID may be an adopted workflow's run: adopted
 // runs' runId is their workflowId.
 func (a *Adopter) Adopts(runID, workflowID string) bool { return runID == workflowID }

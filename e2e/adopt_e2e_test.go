@@ -63,6 +63,19 @@ func eventsOf(t *testing.T, p *proc, runID string) []statestore.RunEventRecord {
 	return page.Events
 }
 
+// stepTypes lists evs as eventType or eventType:stepId.
+func stepTypes(evs []statestore.RunEventRecord) []string {
+	var out []string
+	for _, e := range evs {
+		s := e.EventType
+		if e.StepID != "" {
+			s += ":" + e.StepID
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
 // completedSteps are the step ids with a StepCompleted in evs.
 func completedSteps(evs []statestore.RunEventRecord) map[string]int {
 	out := map[string]int{}
@@ -136,7 +149,7 @@ func TestE2E_AdoptMixedDefinition_PauseResume(t *testing.T) {
 	took, how := drainEnd(t, evs)
 	t.Logf("drain ended with %s %s after RunPaused; in-flight counts seen %v", how, took, counts)
 	if how != statestore.RunDrainCompleted || counts[0] != 2 || counts[len(counts)-1] != 0 {
-		t.Fatalf("drain: %s, in-flight counts %v; want RunDrainCompleted, from 2 down to 0\n%v", how, counts, types(evs))
+		t.Fatalf("drain: %s, in-flight counts %v; want RunDrainCompleted, from 2 down to 0\n%v", how, counts, stepTypes(evs))
 	}
 	for i := 1; i < len(counts); i++ {
 		if counts[i] > counts[i-1] {
@@ -149,7 +162,7 @@ func TestE2E_AdoptMixedDefinition_PauseResume(t *testing.T) {
 	paused := eventIndex(evs, statestore.RunPaused, "", 0)
 	for _, e := range evs[paused:] {
 		if e.EventType == statestore.StepStarted && e.StepID != "gather" {
-			t.Fatalf("step %s started while the run was paused\n%v", e.StepID, types(evs))
+			t.Fatalf("step %s started while the run was paused\n%v", e.StepID, stepTypes(evs))
 		}
 	}
 	if hits.Load() != 0 {
@@ -159,14 +172,27 @@ func TestE2E_AdoptMixedDefinition_PauseResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	if v := waitTerminal(t, p, runID, 90*time.Second); v.Status != statestore.RunStatusCompleted {
-		t.Fatalf("run %s after resume, want COMPLETED\n%v", v.Status, types(allEvents(t, p, runID)))
+		t.Fatalf("run %s after resume, want COMPLETED\n%v", v.Status, stepTypes(allEvents(t, p, runID)))
 	}
 	evs = allEvents(t, p, runID)
+	t.Logf("log: %v", stepTypes(evs))
 	validLog(t, evs)
 	done := completedSteps(evs)
 	for _, id := range []string{"prepare", "route", "fan", "work_a", "work_b", "gather", "notify", "sub", "finish"} {
 		if done[id] != 1 {
-			t.Fatalf("step %s completed %d times, want 1\n%v", id, done[id], types(evs))
+			t.Fatalf("step %s completed %d times, want 1\n%v", id, done[id], stepTypes(evs))
+		}
+	}
+	// The log keeps Conductor's order: each step of the chain completes
+	// before the next one starts.
+	chain := [][]string{{"prepare"}, {"route"}, {"fan"}, {"work_a", "work_b"}, {"gather"}, {"notify"}, {"sub"}, {"finish"}}
+	for i := 1; i < len(chain); i++ {
+		for _, before := range chain[i-1] {
+			for _, after := range chain[i] {
+				if eventIndex(evs, statestore.StepCompleted, before, 0) > eventIndex(evs, statestore.StepStarted, after, 0) {
+					t.Fatalf("%s started before %s completed: the log is not in Conductor's order\n%v", after, before, stepTypes(evs))
+				}
+			}
 		}
 	}
 	if done["small"] != 0 || done["child_step"] != 0 {
@@ -240,22 +266,22 @@ func TestE2E_AdoptMidFlight(t *testing.T) {
 	})
 	evs := allEvents(t, p, runID)
 	if evs[0].EventType != statestore.RunStarted || eventIndex(evs, statestore.StepStarted, "second", 0) >= 0 {
-		t.Fatalf("at adoption: %v", types(evs))
+		t.Fatalf("at adoption: %v", stepTypes(evs))
 	}
 	for _, id := range []string{"first", "notify"} {
 		i, j := eventIndex(evs, statestore.StepStarted, id, 0), eventIndex(evs, statestore.StepCompleted, id, 0)
 		if i < 0 || j < i || !strings.Contains(string(evs[i].Payload), `"engineStartedAt"`) || !strings.Contains(string(evs[j].Payload), `"engineEndedAt"`) {
-			t.Fatalf("step %s not recorded as finished before adoption\n%v", id, types(evs))
+			t.Fatalf("step %s not recorded as finished before adoption\n%v", id, stepTypes(evs))
 		}
 	}
 	w.start(t, "http://"+proxyAddr+"/api", late, "", 1)
 	if v := waitTerminal(t, p, runID, 90*time.Second); v.Status != statestore.RunStatusCompleted {
-		t.Fatalf("run %s, want COMPLETED\n%v", v.Status, types(allEvents(t, p, runID)))
+		t.Fatalf("run %s, want COMPLETED\n%v", v.Status, stepTypes(allEvents(t, p, runID)))
 	}
 	evs = allEvents(t, p, runID)
 	validLog(t, evs)
 	if done := completedSteps(evs); done["first"] != 1 || done["notify"] != 1 || done["second"] != 1 {
-		t.Fatalf("completed steps %v\n%v", done, types(evs))
+		t.Fatalf("completed steps %v\n%v", done, stepTypes(evs))
 	}
 	if i := eventIndex(evs, statestore.StepStarted, "second", 0); strings.Contains(string(evs[i].Payload), "engineStartedAt") {
 		t.Fatalf("second was gated by the proxy; its StepStarted should be the gate's, got %s", evs[i].Payload)

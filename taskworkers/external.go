@@ -60,6 +60,10 @@ func ExternalStep(t *model.Task) (*Assignment, bool) {
 // workflow (adapter.Adopter): ok false for a task of any other workflow.
 type AdoptedSteps interface {
 	Step(t *model.Task) (*Assignment, bool)
+	// Sync records, before t's step starts, what the log lacks of the
+	// tasks Conductor ran before it in its workflow (system tasks), so
+	// that the log keeps Conductor's order.
+	Sync(ctx context.Context, t *model.Task) error
 }
 
 // External decodes t as a step an outside worker runs: an external plan
@@ -94,6 +98,13 @@ func (w *Worker) Admit(t *model.Task) bool {
 	if f, held := heldFailureOf(t); held {
 		w.reportHeldFailure(t, log, a, f)
 		return false
+	}
+	if t.InputData[plan.InputStep] == nil && w.opts.Adopted != nil {
+		ctx, cancel := context.WithTimeout(w.workCtx, w.opts.WriteBudget)
+		if err := w.opts.Adopted.Sync(ctx, t); err != nil {
+			log.Debug("could not record the adopted workflow's earlier tasks first; they are recorded later", zap.Error(err))
+		}
+		cancel()
 	}
 	engine, logical := a.Attempts(int(t.RetryCount))
 	d, ok := w.begin(t, log, a, engine, logical)
