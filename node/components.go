@@ -243,7 +243,7 @@ func (n *Node) openWorkers(ctx context.Context) error {
 		Recover:        inFlight{n.runs, n.cfg.WorkerID}.tasks,
 		OnTaskDone:     taskDone{n.watcher, n.drain, n.adopter}.nudge,
 		PauseOnFailure: failurePause{n.drain, statestore.RequestedByWorker(n.cfg.WorkerID)}.pause,
-		Tasks:          n.conductor, ExternalInFlight: externalInFlight{n.runs}.tasks,
+		Tasks:          n.conductor, ExternalInFlight: externalInFlight{n.runs, n.adopter}.tasks,
 		Logger: n.log, Metrics: taskworkers.NewMetrics(n.reg), Tracer: n.tracer,
 	}
 	if n.adopter != nil {

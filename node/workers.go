@@ -57,11 +57,21 @@ func (f inFlight) tasks(ctx context.Context) ([]model.Task, error) {
 // externalInFlight lists the tasks of the active runs' external steps
 // that Conductor shows in progress, which the workers' watch of outside
 // workers covers after a restart (taskworkers.Options.ExternalInFlight).
-type externalInFlight struct{ runs *adapter.Runs }
+// Adopted workflows' worker tasks are among them (adopt nil: none adopted).
+type externalInFlight struct {
+	runs  *adapter.Runs
+	adopt *adapter.Adopter
+}
 
 func (f externalInFlight) tasks(ctx context.Context) ([]model.Task, error) {
 	return f.runs.InProgressTasks(ctx, func(t *model.Task) bool {
-		_, ok := taskworkers.ExternalStep(t)
+		if _, ok := taskworkers.ExternalStep(t); ok {
+			return true
+		}
+		if f.adopt == nil {
+			return false
+		}
+		_, ok := f.adopt.Step(t)
 		return ok
 	})
 }

@@ -359,7 +359,7 @@ func (w *Worker) recoverExternal(ctx context.Context) {
 	}
 	for i := range tasks {
 		t := &tasks[i]
-		if a, ok := ExternalStep(t); ok {
+		if a, ok := w.External(t); ok {
 			_, logical := a.Attempts(int(t.RetryCount))
 			if snap, err := w.runs.ProjectSnapshot(ctx, a.RunID); err == nil {
 				if st := snap.Step(a.Step.StepID); st != nil && st.LogicalAttemptID > logical {
