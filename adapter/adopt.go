@@ -88,6 +88,16 @@ func AdoptedStepID(ref string, iteration int32) string {
 	return id
 }
 
+// stepIDOf is the stepId of t, a task of an adopted workflow: a DO_WHILE
+// task itself carries the loop's current iteration, which names its
+// inner tasks' iterations, not the loop: its stepId is its reference name.
+func stepIDOf(t *model.Task) string {
+	if t.TaskType == "DO_WHILE" {
+		return AdoptedStepID(t.ReferenceTaskName, 0)
+	}
+	return AdoptedStepID(t.ReferenceTaskName, t.Iteration)
+}
+
 // Adopted runs' identity in the run index: their RequestKey.
 const adoptedRequestKeyPrefix = "adopted:"
 
@@ -213,7 +223,7 @@ func AdoptedTaskInput(rec *Run, t *model.Task) *plan.TaskInput {
 	if t.WorkflowTask != nil && t.WorkflowTask.TaskDefinition != nil {
 		tries = max(tries, int(t.WorkflowTask.TaskDefinition.RetryCount)+1)
 	}
-	step := plan.Step{StepID: AdoptedStepID(t.ReferenceTaskName, t.Iteration),
+	step := plan.Step{StepID: stepIDOf(t),
 		Executor: plan.ExecutorSpec{Type: plan.ExecutorExternal, TaskType: t.TaskDefName},
 		Retries:  plan.RetryPolicy{EngineTries: tries, LogicalAttempts: 1}}
 	return &plan.TaskInput{RunID: rec.RunID, TenantID: rec.TenantID, ProjectID: rec.ProjectID, EnvironmentID: rec.EnvironmentID,
@@ -242,7 +252,7 @@ func engineTime(ms int64) string {
 // starts a worker task. pending reports a task whose end is still to be
 // recorded from Conductor's report.
 func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption bool) (evs []*statestore.RunEventWrite, pending bool, err error) {
-	stepID := AdoptedStepID(t.ReferenceTaskName, t.Iteration)
+	stepID := stepIDOf(t)
 	if statestore.CheckID(stepID, true) != nil {
 		return nil, false, nil // an empty or oversized reference name: not a step of the log
 	}
@@ -324,7 +334,7 @@ func (r *Runs) recordTasks(ctx context.Context, snaps SnapshotReader, rec *Run, 
 	}
 	for i := range wf.Tasks {
 		t := &wf.Tasks[i]
-		evs, p, err := taskEvents(rec, t, snap.Step(AdoptedStepID(t.ReferenceTaskName, t.Iteration)), adoption)
+		evs, p, err := taskEvents(rec, t, snap.Step(stepIDOf(t)), adoption)
 		pending = pending || p
 		if err != nil {
 			return true, err

@@ -48,6 +48,17 @@ func TestAdoptedStepID(t *testing.T) {
 	}
 }
 
+func TestStepIDOf_LoopTaskItself(t *testing.T) {
+	loop := &model.Task{TaskType: "DO_WHILE", ReferenceTaskName: "poll_loop", Iteration: 3}
+	inner := &model.Task{TaskType: "check", ReferenceTaskName: "check__3", Iteration: 3}
+	if got := stepIDOf(loop); got != "poll_loop" {
+		t.Fatalf("the DO_WHILE task's stepId is %q, want poll_loop at every iteration", got)
+	}
+	if got := stepIDOf(inner); got != "check__3" {
+		t.Fatalf("an inner task's stepId is %q, want check__3", got)
+	}
+}
+
 func TestParseAdoptSpec(t *testing.T) {
 	for in, want := range map[string]AdoptSpec{
 		"orders":      {Name: "orders"},

@@ -287,3 +287,56 @@ func TestE2E_AdoptMidFlight(t *testing.T) {
 		t.Fatalf("second was gated by the proxy; its StepStarted should be the gate's, got %s", evs[i].Payload)
 	}
 }
+
+// TestE2E_AdoptLoopAndDynamicFork: a definition with a DO_WHILE of two
+// iterations around a SIMPLE task and a FORK_JOIN_DYNAMIC of two SIMPLE
+// tasks, worked through the proxy: the loop's tasks are the steps
+// step__1 and step__2, the loop itself is one step, the forked tasks keep
+// the names the fork's input gave them, and the log is valid.
+func TestE2E_AdoptLoopAndDynamicFork(t *testing.T) {
+	w := sdkWorkerFor(t, "python")
+	condURL := conductortest.URL(t)
+	taskType := uniq("adopt_loop")
+	conductorJSON(t, http.MethodPost, condURL+"/metadata/taskdefs", []map[string]any{{"name": taskType, "retryCount": 0,
+		"timeoutSeconds": 0, "responseTimeoutSeconds": 60, "ownerEmail": "e2e@example.com"}}, nil)
+	name := uniq("adopt_loopfork")
+	registerDef(t, condURL, name, []map[string]any{
+		{"name": "loop", "taskReferenceName": "loop", "type": "DO_WHILE",
+			"loopCondition": "if ($.loop['iteration'] < 2) { true; } else { false; }",
+			"loopOver":      []map[string]any{simpleTask("step", taskType, 0)}},
+		{"name": "dfork", "taskReferenceName": "dfork", "type": "FORK_JOIN_DYNAMIC",
+			"inputParameters":                map[string]any{"dynamicTasks": "${workflow.input.tasks}", "dynamicTasksInput": "${workflow.input.inputs}"},
+			"dynamicForkTasksParam":          "dynamicTasks",
+			"dynamicForkTasksInputParamName": "dynamicTasksInput"},
+		{"name": "djoin", "taskReferenceName": "djoin", "type": "JOIN"},
+	})
+	proxyAddr := sidecartest.FreeAddr(t)
+	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--conductor-proxy-listen", proxyAddr, "--adopt", name, "--adopt-interval", "300ms")
+	w.start(t, "http://"+proxyAddr+"/api", taskType, "", 2)
+	runID := startWorkflow(t, condURL, name, "", map[string]any{
+		"tasks": []map[string]any{
+			{"name": taskType, "taskReferenceName": "img_0", "type": "SIMPLE"},
+			{"name": taskType, "taskReferenceName": "img_1", "type": "SIMPLE"},
+		},
+		"inputs": map[string]any{"img_0": map[string]any{"sleepMs": "0"}, "img_1": map[string]any{"sleepMs": "0"}},
+	})
+	sidecartest.WaitFor(t, "the adopted run to end", 90*time.Second, func() bool {
+		v, err := p.client.Run(t.Context(), runID)
+		return err == nil && statestore.IsTerminalRunStatus(v.Status)
+	})
+	evs := allEvents(t, p, runID)
+	t.Logf("log: %v", stepTypes(evs))
+	if v := waitTerminal(t, p, runID, time.Second); v.Status != statestore.RunStatusCompleted {
+		t.Fatalf("run %s, want COMPLETED\n%v", v.Status, stepTypes(evs))
+	}
+	validLog(t, evs)
+	done := completedSteps(evs)
+	for _, id := range []string{"step__1", "step__2", "loop", "dfork", "img_0", "img_1", "djoin"} {
+		if done[id] != 1 {
+			t.Fatalf("step %s completed %d times, want 1: %v\n%v", id, done[id], done, stepTypes(evs))
+		}
+	}
+	if len(done) != 7 {
+		t.Fatalf("completed steps %v, want exactly the 7 above", done)
+	}
+}
