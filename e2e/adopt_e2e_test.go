@@ -14,6 +14,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
+	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -338,5 +339,67 @@ func TestE2E_AdoptLoopAndDynamicFork(t *testing.T) {
 	}
 	if len(done) != 7 {
 		t.Fatalf("completed steps %v, want exactly the 7 above", done)
+	}
+}
+
+// TestE2E_AdoptBulkPauseThenCancel: two adopted workflows selected by the
+// label their input gave them are paused in bulk while their SIMPLE tasks
+// run (both drain), then cancelled in bulk: both end CANCELLED in the log
+// and TERMINATED in Conductor, their next task never started, their logs
+// valid.
+func TestE2E_AdoptBulkPauseThenCancel(t *testing.T) {
+	w := sdkWorkerFor(t, "python")
+	condURL := conductortest.URL(t)
+	taskType := uniq("adopt_bulk")
+	name := uniq("adopt_bulk")
+	registerDef(t, condURL, name, []map[string]any{simpleTask("work", taskType, 4000), simpleTask("after", taskType, 0)})
+	proxyAddr := sidecartest.FreeAddr(t)
+	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--conductor-proxy-listen", proxyAddr, "--adopt", name+":1", "--adopt-interval", "300ms")
+	w.start(t, "http://"+proxyAddr+"/api", taskType, "", 2)
+	team := strings.ReplaceAll(uniq("team"), "_", "-")
+	ids := []string{
+		startWorkflow(t, condURL, name, "", map[string]any{"labels": map[string]any{"team": team}}),
+		startWorkflow(t, condURL, name, "", map[string]any{"labels": map[string]any{"team": team}}),
+	}
+	sidecartest.WaitFor(t, "both work steps to start", 90*time.Second, func() bool {
+		for _, id := range ids {
+			if eventIndex(eventsOf(t, p, id), statestore.StepStarted, "work", 0) < 0 {
+				return false
+			}
+		}
+		return true
+	})
+	res, err := p.client.Bulk(t.Context(), "pause", httpapi.BulkRequest{LabelSelector: "team=" + team, Reason: "bulk test", TimeoutSeconds: 60})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Runs) != 2 {
+		t.Fatalf("bulk pause selected %+v, want the 2 adopted runs", res.Runs)
+	}
+	sidecartest.WaitFor(t, "both drains to complete", 60*time.Second, func() bool {
+		for _, id := range ids {
+			if _, how := drainEnd(t, allEvents(t, p, id)); how != statestore.RunDrainCompleted {
+				return false
+			}
+		}
+		return true
+	})
+	if _, err := p.client.Bulk(t.Context(), "cancel", httpapi.BulkRequest{LabelSelector: "team=" + team, Reason: "bulk test over"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		v := waitTerminal(t, p, id, 60*time.Second)
+		evs := allEvents(t, p, id)
+		if v.Status != statestore.RunStatusCancelled || eventIndex(evs, statestore.StepStarted, "after", 0) >= 0 {
+			t.Fatalf("run %s: %s, want CANCELLED with after never started\n%v", id, v.Status, stepTypes(evs))
+		}
+		validLog(t, evs)
+		var wf struct {
+			Status string `json:"status"`
+		}
+		conductorJSON(t, http.MethodGet, condURL+"/workflow/"+id+"?includeTasks=false", nil, &wf)
+		if wf.Status != "TERMINATED" {
+			t.Fatalf("workflow %s is %s in Conductor, want TERMINATED", id, wf.Status)
+		}
 	}
 }
