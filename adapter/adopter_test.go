@@ -1,0 +1,113 @@
+package adapter
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// TestAdopter_SystemTasksUntilTheEnd: a workflow of system tasks only
+// (HTTP to a local server, then INLINE), started in Conductor, is adopted
+// (Ensure, as the workers' guard does) while its HTTP task runs; the
+// adopter reads it back no more (its interval is an hour), so its tasks
+// reach the log only because the watcher settles the run before it
+// appends RunCompleted: they come before it, and the log is valid.
+func TestAdopter_SystemTasksUntilTheEnd(t *testing.T) {
+	u := conductortest.URL(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		time.Sleep(300 * time.Millisecond)
+		rw.Header().Set("Content-Type", "application/json")
+		_, _ = rw.Write([]byte(`{"ok":true}`))
+	}))
+	defer srv.Close()
+	env := newNATS(t)
+	runs := env.newRuns(t, u, RunsOptions{})
+	ctx := context.Background()
+	name := "adopt-system-" + suffix(t)
+	def := `{"name":"` + name + `","version":1,"schemaVersion":2,"ownerEmail":"t@example.com","tasks":[
+		{"name":"notify","taskReferenceName":"notify","type":"HTTP","inputParameters":{"http_request":{"uri":"` + srv.URL + `","method":"GET"}}},
+		{"name":"calc","taskReferenceName":"calc","type":"INLINE","inputParameters":{"evaluatorType":"javascript","expression":"1 + 1"}}]}`
+	if err := runs.conductor.RegisterWorkflowDefJSON(ctx, []byte(def)); err != nil {
+		t.Fatal(err)
+	}
+	adopter := NewAdopter(runs, env.store, AdopterOptions{Specs: []AdoptSpec{{Name: name}}, Interval: time.Hour, Logger: zaptest.NewLogger(t)})
+	watcher := NewWatcher(runs, env.store, WatcherOptions{Interval: 5 * time.Second, Adopted: adopter, Logger: zaptest.NewLogger(t)})
+	if err := watcher.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = watcher.Close(ctx) })
+	if err := adopter.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = adopter.Close(ctx) })
+	id, err := runs.conductor.StartWorkflow(ctx, model.StartWorkflowRequest{Name: name, Version: 1, CorrelationId: "order-7",
+		Input: map[string]any{"labels": map[string]any{"team": "data", "bad label": "x"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := adopter.Ensure(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(typesOf(env.events(t, id)), " "); got != "RunStarted" && got != "RunStarted StepStarted:notify" {
+		t.Fatalf("at adoption, with the HTTP task scheduled or running: %s", got)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		// The watcher's own scan is slow here (5 s): nudge it as the
+		// workers' reports do.
+		watcher.Nudge(id)
+		recs := env.events(t, id)
+		if n := len(recs); n > 0 && statestore.IsTerminalRunStatus(mustReduce(t, recs).Status) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run not ended: %v", typesOf(recs))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	recs := env.events(t, id)
+	want := "RunStarted StepStarted:notify StepCompleted:notify StepStarted:calc StepCompleted:calc RunCompleted"
+	if got := strings.Join(typesOf(recs), " "); got != want {
+		t.Fatalf("log %q\nwant %q", got, want)
+	}
+	if _, alerts := statestore.Reduce(nil, recs); len(alerts) != 0 {
+		t.Fatalf("alerts %+v", alerts)
+	}
+	if p := string(recs[0].Payload); !strings.Contains(p, `"correlationId":"order-7"`) || !strings.Contains(p, `"team":"data"`) || strings.Contains(p, "bad label") {
+		t.Fatalf("RunStarted payload %s", p)
+	}
+	if recs[0].PlanID != name || recs[0].PlanVersion != "1" || recs[0].TenantID != "default" {
+		t.Fatalf("RunStarted %+v", recs[0])
+	}
+	rec, err := runs.Run(ctx, id)
+	if err != nil || !rec.IsAdopted() || rec.State != RunStateFinal {
+		t.Fatalf("run index entry %+v, %v", rec, err)
+	}
+}
+
+func mustReduce(t *testing.T, recs []statestore.RunEventRecord) *statestore.RunSnapshot {
+	t.Helper()
+	s, _ := statestore.Reduce(nil, recs)
+	return s
+}
+
+func typesOf(recs []statestore.RunEventRecord) []string {
+	var out []string
+	for _, r := range recs {
+		s := r.EventType
+		if r.StepID != "" {
+			s += ":" + r.StepID
+		}
+		out = append(out, s)
+	}
+	return out
+}
