@@ -176,6 +176,7 @@ func (r *Runs) adoptRun(ctx context.Context, wf *model.Workflow, id AdoptedIdent
 	} else if err != nil {
 		return nil, err
 	} else {
+		r.metrics.adoptedWorkflow()
 		r.log.Info("adopted a workflow", zap.String("runId", rec.RunID), zap.String("workflow", rec.WorkflowName),
 			zap.Int32("version", rec.WorkflowVersion))
 	}

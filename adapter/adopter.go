@@ -219,7 +219,7 @@ func (a *Adopter) Sync(ctx context.Context, t *model.Task) error {
 	if !known {
 		return nil
 	}
-	return a.read(ctx, f.rec)
+	return a.read(ctx, f.rec, adoptReadGate)
 }
 
 // Adopts reports whether runID may be an adopted workflow's run: adopted
@@ -230,6 +230,7 @@ func (a *Adopter) Adopts(runID, workflowID string) bool { return runID == workfl
 // what of its tasks the log lacks; ErrNotFound when its definition is not
 // adopted (or Conductor does not know it).
 func (a *Adopter) Ensure(ctx context.Context, workflowID string) error {
+	a.runs.metrics.adoptRead(adoptReadAdoption)
 	wf, err := a.runs.conductor.Workflow(ctx, workflowID, true)
 	if err != nil {
 		return err
@@ -262,7 +263,7 @@ func (a *Adopter) Settle(ctx context.Context, rec *Run) error {
 	if !rec.IsAdopted() {
 		return nil
 	}
-	err := a.read(ctx, rec)
+	err := a.read(ctx, rec, adoptReadSettle)
 	a.mu.Lock()
 	delete(a.known, rec.RunID)
 	delete(a.nudged, rec.RunID)
@@ -270,8 +271,10 @@ func (a *Adopter) Settle(ctx context.Context, rec *Run) error {
 	return err
 }
 
-// read reads rec's workflow with its tasks and records what the log lacks.
-func (a *Adopter) read(ctx context.Context, rec *Run) error {
+// read reads rec's workflow with its tasks and records what the log
+// lacks; reason is counted (sidecar_adopter_reads_total).
+func (a *Adopter) read(ctx context.Context, rec *Run, reason string) error {
+	a.runs.metrics.adoptRead(reason)
 	wf, err := a.runs.conductor.Workflow(ctx, rec.WorkflowID, true)
 	if err != nil {
 		return err
@@ -310,21 +313,27 @@ func (a *Adopter) loop(ctx context.Context) {
 // still to be recorded.
 func (a *Adopter) readDue(ctx context.Context, pending bool) {
 	a.mu.Lock()
-	var due []*Run
+	type dueRun struct {
+		rec    *Run
+		reason string
+	}
+	var due []dueRun
 	for id, f := range a.known {
-		if _, nudged := a.nudged[id]; nudged || (pending && f.pending) {
-			due = append(due, f.rec)
+		if _, nudged := a.nudged[id]; nudged {
+			due = append(due, dueRun{f.rec, adoptReadNudge})
+		} else if pending && f.pending {
+			due = append(due, dueRun{f.rec, adoptReadPending})
 		}
 	}
 	clear(a.nudged)
 	a.mu.Unlock()
-	for _, rec := range due {
+	for _, d := range due {
 		if ctx.Err() != nil {
 			return
 		}
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		if err := a.read(rctx, rec); err != nil {
-			a.log.Debug("could not bring an adopted run's tasks into the log; trying again", zap.String("runId", rec.RunID), zap.Error(err))
+		if err := a.read(rctx, d.rec, d.reason); err != nil {
+			a.log.Debug("could not bring an adopted run's tasks into the log; trying again", zap.String("runId", d.rec.RunID), zap.Error(err))
 		}
 		cancel()
 	}

@@ -96,7 +96,19 @@ type Metrics struct {
 	orphans  map[string]prometheus.Counter
 	actions  map[string]prometheus.Counter
 	stuck    prometheus.Gauge
+	adopted  prometheus.Counter
+	reads    map[string]prometheus.Counter
 }
+
+// Why the adopter read an adopted workflow back from Conductor
+// (sidecar_adopter_reads_total{reason}).
+const (
+	adoptReadGate     = "gate"     // a task of it passed the proxy's gate (Sync)
+	adoptReadNudge    = "nudge"    // an outside worker reported a task of it
+	adoptReadPending  = "pending"  // a system task of it is scheduled or in progress
+	adoptReadSettle   = "settle"   // its workflow ended (the watcher's settle)
+	adoptReadAdoption = "adoption" // first sight
+)
 
 // NewMetrics registers the adapter metrics with reg and returns them. It
 // panics, like prometheus.MustRegister, if they are already registered:
@@ -139,7 +151,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "sidecar_run_watcher_stuck_runs",
 		Help: "Runs whose workflow Conductor left RUNNING with every task terminal, after the watcher asked it to decide; alert STUCK_WORKFLOW.",
 	})
-	reg.MustRegister(requests, duration, starts, active, terminal, errs, orphans, actions, stuck)
+	adopted := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sidecar_adopter_adopted_total",
+		Help: "Workflows of adopted definitions (--adopt) this replica made runs of the log.",
+	})
+	reads := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sidecar_adopter_reads_total",
+		Help: "Reads of an adopted workflow with its tasks, by reason: adoption (first sight), gate (a task of it passed the proxy's gate), nudge (an outside worker reported a task of it), pending (a system task of it is scheduled or in progress), settle (its workflow ended).",
+	}, []string{"reason"})
+	reg.MustRegister(requests, duration, starts, active, terminal, errs, orphans, actions, stuck, adopted, reads)
 
 	m := &Metrics{
 		requests: make(map[[2]string]prometheus.Counter),
@@ -151,6 +171,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		orphans:  make(map[string]prometheus.Counter),
 		actions:  make(map[string]prometheus.Counter),
 		stuck:    stuck,
+		adopted:  adopted,
+		reads:    make(map[string]prometheus.Counter),
+	}
+	for _, r := range []string{adoptReadGate, adoptReadNudge, adoptReadPending, adoptReadSettle, adoptReadAdoption} {
+		m.reads[r] = reads.WithLabelValues(r)
 	}
 	for _, a := range watcherActions {
 		m.actions[a] = actions.WithLabelValues(a)
@@ -231,6 +256,18 @@ func (m *Metrics) terminalEvent(status string) {
 func (m *Metrics) watcherError() {
 	if m != nil {
 		m.errors.Inc()
+	}
+}
+
+func (m *Metrics) adoptedWorkflow() {
+	if m != nil {
+		m.adopted.Inc()
+	}
+}
+
+func (m *Metrics) adoptRead(reason string) {
+	if m != nil {
+		m.reads[reason].Inc()
 	}
 }
 
