@@ -77,6 +77,26 @@ func stepTypes(evs []statestore.RunEventRecord) []string {
 	return out
 }
 
+// logAdopterReads logs the adopter's reads of Conductor, by reason.
+func logAdopterReads(t *testing.T, p *proc) {
+	t.Helper()
+	res, err := http.Get("http://" + p.addr + "/metrics")
+	if err != nil {
+		t.Logf("metrics: %v", err)
+		return
+	}
+	defer res.Body.Close()
+	var b bytes.Buffer
+	_, _ = b.ReadFrom(res.Body)
+	var lines []string
+	for _, l := range strings.Split(b.String(), "\n") {
+		if strings.HasPrefix(l, "sidecar_adopter_") {
+			lines = append(lines, l)
+		}
+	}
+	t.Logf("adopter: %s", strings.Join(lines, "; "))
+}
+
 // completedSteps are the step ids with a StepCompleted in evs.
 func completedSteps(evs []statestore.RunEventRecord) map[string]int {
 	out := map[string]int{}
@@ -207,6 +227,7 @@ func TestE2E_AdoptMixedDefinition_PauseResume(t *testing.T) {
 		!strings.Contains(string(st.Payload), `"correlationId":"order-42"`) || !strings.Contains(string(st.Payload), `"team":"data"`) {
 		t.Fatalf("first event %+v %s", st, st.Payload)
 	}
+	logAdopterReads(t, p)
 	// The run list selects it by its labels.
 	list, err := p.client.ListRuns(t.Context(), url.Values{"labelSelector": {"correlationId=order-42,team=data"}})
 	if err != nil {
