@@ -23,8 +23,11 @@ type adoptConfig struct {
 }
 
 // adoptValue is the repeatable --adopt flag; SIDECAR_ADOPT holds
-// comma-separated values.
-type adoptValue struct{ p *[]string }
+// comma-separated values, which the first --adopt replaces (fromEnv).
+type adoptValue struct {
+	p       *[]string
+	fromEnv bool
+}
 
 func (v *adoptValue) String() string {
 	if v.p == nil {
@@ -34,6 +37,9 @@ func (v *adoptValue) String() string {
 }
 
 func (v *adoptValue) Set(s string) error {
+	if v.fromEnv {
+		*v.p, v.fromEnv = nil, false
+	}
 	for _, part := range strings.Split(s, ",") {
 		if part = strings.TrimSpace(part); part != "" {
 			*v.p = append(*v.p, part)
@@ -43,9 +49,11 @@ func (v *adoptValue) Set(s string) error {
 }
 
 func (c *adoptConfig) registerFlags(fs *flag.FlagSet) {
-	fs.Var(&adoptValue{&c.Specs}, "adopt", "make every workflow of this Conductor definition a run of the log: NAME or NAME:VERSION (repeatable; env "+envName("adopt")+", comma-separated)")
+	adopt := &adoptValue{p: &c.Specs}
+	fs.Var(adopt, "adopt", "make every workflow of this Conductor definition a run of the log: NAME or NAME:VERSION (repeatable; env "+envName("adopt")+", comma-separated)")
 	if v, ok := os.LookupEnv(envName("adopt")); ok {
-		_ = fs.Set("adopt", v)
+		_ = adopt.Set(v)
+		adopt.fromEnv = true
 	}
 	fs.Var(&durationValue{&c.Interval}, "adopt-interval", "how often adopted runs with a system task in progress are read back from Conductor (default 1s; their definitions' running lists every 5 intervals) (env "+envName("adopt-interval")+")")
 	if v, ok := os.LookupEnv(envName("adopt-interval")); ok {
