@@ -238,6 +238,11 @@ func (a *Adopter) Ensure(ctx context.Context, workflowID string) error {
 	if !a.adopts(wf.WorkflowName, wf.WorkflowVersion) {
 		return &Error{Code: CodeNotFound, Op: "adopt", Message: "workflow " + workflowID + " is not of an adopted definition"}
 	}
+	if _, planRun := wf.Input[plan.InputRunID]; planRun {
+		// The workflow of a plan run (the sidecar started it): it is in
+		// the log as that run already.
+		return &Error{Code: CodeNotFound, Op: "adopt", Message: "workflow " + workflowID + " is a plan run's; it is not adopted"}
+	}
 	return a.adopt(ctx, wf)
 }
 
