@@ -250,8 +250,9 @@ func engineTime(ms int64) string {
 // on the first read of a workflow the sidecar had not seen: a worker task
 // already in progress is recorded as started then (its worker got it
 // before the sidecar could gate it); afterwards only the proxy's gate
-// starts a worker task. pending reports a task whose end is still to be
-// recorded from Conductor's report.
+// starts a worker task. pending reports a system task whose end is
+// still to be recorded from Conductor's report (not a control task's:
+// controlOpen).
 func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption bool) (evs []*statestore.RunEventWrite, pending bool, err error) {
 	stepID := stepIDOf(t)
 	if statestore.CheckID(stepID, true) != nil {
@@ -279,14 +280,14 @@ func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption b
 	worker := IsWorkerTask(t.TaskType)
 	switch status := string(t.Status); status {
 	case "SCHEDULED":
-		return nil, !worker, nil
+		return nil, !worker && !controlTaskTypes[t.TaskType], nil
 	case "IN_PROGRESS":
 		switch {
 		case worker && !(adoption && !started):
 			// The proxy's gate starts it and records its outcome.
 			return nil, false, nil
 		case controlTaskTypes[t.TaskType]:
-			return nil, true, nil
+			return nil, false, nil
 		}
 		start()
 		return evs, true, err
@@ -323,34 +324,36 @@ func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption b
 }
 
 // recordTasks appends what the log lacks of wf's tasks (taskEvents, in
-// Conductor's order); pending reports a task whose end is still to be
-// recorded.
-func (r *Runs) recordTasks(ctx context.Context, snaps SnapshotReader, rec *Run, wf *model.Workflow, adoption bool) (pending bool, err error) {
+// Conductor's order); pending reports a system task whose end is still to
+// be recorded, control a control task still open (a JOIN waiting for its
+// branches, a loop, a WAIT).
+func (r *Runs) recordTasks(ctx context.Context, snaps SnapshotReader, rec *Run, wf *model.Workflow, adoption bool) (pending, control bool, err error) {
 	snap, err := snaps.ProjectSnapshot(ctx, rec.RunID)
 	if err != nil {
-		return true, fmt.Errorf("adapter: snapshot of adopted run %s: %w", rec.RunID, err)
+		return true, false, fmt.Errorf("adapter: snapshot of adopted run %s: %w", rec.RunID, err)
 	}
 	if statestore.IsTerminalRunStatus(snap.Status) {
-		return false, nil
+		return false, false, nil
 	}
 	for i := range wf.Tasks {
 		t := &wf.Tasks[i]
 		evs, p, err := taskEvents(rec, t, snap.Step(stepIDOf(t)), adoption)
 		pending = pending || p
+		control = control || (controlTaskTypes[t.TaskType] && (t.Status == "SCHEDULED" || t.Status == "IN_PROGRESS"))
 		if err != nil {
-			return true, err
+			return true, control, err
 		}
 		for _, ev := range evs {
 			if d := statestore.Decide(snap, ev.EventType, ev.StepID, ev.LogicalAttemptID); d.Outcome != statestore.Apply {
 				break // the log moved on (the proxy recorded the step): nothing to add
 			}
 			if _, err := r.emitter.Emit(ctx, ev); err != nil {
-				return true, fmt.Errorf("adapter: record task %s of adopted run %s: %w", t.TaskId, rec.RunID, err)
+				return true, control, fmt.Errorf("adapter: record task %s of adopted run %s: %w", t.TaskId, rec.RunID, err)
 			}
 			if snap, err = snaps.ProjectSnapshot(ctx, rec.RunID); err != nil {
-				return true, err
+				return true, control, err
 			}
 		}
 	}
-	return pending, nil
+	return pending, control, nil
 }

@@ -66,7 +66,15 @@ type Adopter struct {
 type followed struct {
 	rec     *Run
 	pending bool
+	// followUps are the interval reads still due after a read found a
+	// control task open: a JOIN completes, or a loop moves on, a moment
+	// after the worker report whose nudge caused that read.
+	followUps int
 }
+
+// controlFollowUps is how many interval reads follow a read that found a
+// control task open.
+const controlFollowUps = 3
 
 // NewAdopter returns an Adopter for runs' run index and Conductor client.
 func NewAdopter(runs *Runs, snaps SnapshotReader, opts AdopterOptions) *Adopter {
@@ -253,10 +261,14 @@ func (a *Adopter) adopt(ctx context.Context, wf *model.Workflow) error {
 	if err != nil {
 		return err
 	}
-	pending, err := a.runs.recordTasks(ctx, a.snaps, rec, wf, true)
+	pending, control, err := a.runs.recordTasks(ctx, a.snaps, rec, wf, true)
 	a.mu.Lock()
 	if wf.Status == model.RunningWorkflow || wf.Status == model.PausedWorkflow {
-		a.known[rec.RunID] = &followed{rec: rec, pending: pending || err != nil}
+		f := &followed{rec: rec, pending: pending || err != nil}
+		if control {
+			f.followUps = controlFollowUps
+		}
+		a.known[rec.RunID] = f
 	}
 	a.mu.Unlock()
 	return err
@@ -284,10 +296,18 @@ func (a *Adopter) read(ctx context.Context, rec *Run, reason string) error {
 	if err != nil {
 		return err
 	}
-	pending, err := a.runs.recordTasks(ctx, a.snaps, rec, wf, false)
+	pending, control, err := a.runs.recordTasks(ctx, a.snaps, rec, wf, false)
 	a.mu.Lock()
 	if f, ok := a.known[rec.RunID]; ok {
 		f.pending = pending || err != nil
+		switch {
+		case !control:
+			f.followUps = 0
+		case reason == adoptReadPending:
+			f.followUps = max(f.followUps-1, 0)
+		default:
+			f.followUps = controlFollowUps
+		}
 	}
 	a.mu.Unlock()
 	return err
@@ -326,7 +346,7 @@ func (a *Adopter) readDue(ctx context.Context, pending bool) {
 	for id, f := range a.known {
 		if _, nudged := a.nudged[id]; nudged {
 			due = append(due, dueRun{f.rec, adoptReadNudge})
-		} else if pending && f.pending {
+		} else if pending && (f.pending || f.followUps > 0) {
 			due = append(due, dueRun{f.rec, adoptReadPending})
 		}
 	}
