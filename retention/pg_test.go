@@ -263,4 +263,3 @@ func TestRetention_KillChildPostgres(t *testing.T) {
 	_, err := h.retention(a, rm, retention.Options{BatchRuns: 3}).Pass(context.Background())
 	t.Fatalf("the pass ended without being killed: %v", err)
 }
-

@@ -28,7 +28,7 @@ type retentionConfig struct {
 	Store string
 	// Conductor also removes a removed run's workflow from Conductor.
 	Conductor bool
-	bad          []string // --retain-tenant values that do not parse
+	bad       []string // --retain-tenant values that do not parse
 }
 
 func (c *retentionConfig) registerFlags(fs *flag.FlagSet) {
