@@ -633,3 +633,20 @@ func TestList_CoalescesRowWrites(t *testing.T) {
 		t.Errorf("%v row writes for 21 events in %s, want at most %v", writes, took.Round(time.Millisecond), limit)
 	}
 }
+
+// TestList_WaitIndexedMeansAnswering: once WaitIndexed returns, the list
+// answers (a bulk selection and a list watch rely on it), even on an empty
+// log, where the cursor it waits for is 0 from the start.
+func TestList_WaitIndexedMeansAnswering(t *testing.T) {
+	for i := range 20 {
+		f := newFixture(t)
+		l := f.open(runlist.Options{})
+		waitIndexed(t, l)
+		if _, err := l.List(runlist.Filter{}, 10, ""); err != nil {
+			t.Fatalf("open #%d: list right after WaitIndexed: %v", i, err)
+		}
+		if _, err := l.Changes(context.Background(), runlist.Filter{}, 0, 0); err != nil {
+			t.Fatalf("open #%d: changes right after WaitIndexed: %v", i, err)
+		}
+	}
+}

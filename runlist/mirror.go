@@ -251,13 +251,16 @@ func (mr *mirror) notifyLocked() {
 	mr.changed = make(chan struct{})
 }
 
-// waitCursor waits until the rows include the log up to seq.
+// waitCursor waits until the rows include the log up to seq and the list
+// answers (its first read of the bucket is done).
 func (mr *mirror) waitCursor(ctx context.Context, seq uint64) error {
 	for {
 		mr.mu.RLock()
-		cursor, ch := mr.st.cursor, mr.changed
+		cursor, synced, ch := mr.st.cursor, mr.synced, mr.changed
 		mr.mu.RUnlock()
-		if cursor >= seq {
+		// Synced too: on an empty log the cursor is 0 from the start,
+		// while the list still answers RUN_LIST_SYNCING.
+		if synced && cursor >= seq {
 			return nil
 		}
 		select {
