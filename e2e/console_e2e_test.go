@@ -50,11 +50,26 @@ func browser(t *testing.T) context.Context {
 		}
 		t.Skip("no chromium on PATH: deploy/local/chromium.sh installs Debian's package (SIDECAR_TEST_CHROMIUM names another)")
 	}
+	// The profile is removed after the browser: a helper process of
+	// Chromium can still write into it for a moment after the browser
+	// exits, which t.TempDir's removal reports as a failure.
+	profile, err := os.MkdirTemp("", "sidecar-console-profile-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for range 20 {
+			if os.RemoveAll(profile) == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(path), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
 		chromedp.NoDefaultBrowserCheck, chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
 		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 800),
+		chromedp.UserDataDir(profile), chromedp.WindowSize(1280, 800),
 	}
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
