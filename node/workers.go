@@ -77,7 +77,7 @@ func (f externalInFlight) tasks(ctx context.Context) ([]model.Task, error) {
 }
 
 // taskDone nudges the watcher when a task may have ended its run, and the
-// drain monitor always (taskworkers.Options.OnTaskDone).
+// drain monitor when it may have ended a drain (taskworkers.Options.OnTaskDone).
 type taskDone struct {
 	watcher *adapter.Watcher
 	drain   *drain.Controller
@@ -85,14 +85,16 @@ type taskDone struct {
 	adopter *adapter.Adopter
 }
 
-func (d taskDone) nudge(runID string, mayEndRun bool) {
+func (d taskDone) nudge(runID string, mayEndRun, mayEndDrain bool) {
 	if d.adopter != nil {
 		d.adopter.Nudge(runID)
 	}
 	if mayEndRun {
 		d.watcher.Nudge(runID)
 	}
-	d.drain.Nudge(runID)
+	if mayEndDrain {
+		d.drain.Nudge(runID)
+	}
 }
 
 // failurePause pauses a run whose step failed for good under

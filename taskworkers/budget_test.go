@@ -291,7 +291,7 @@ func TestWorker_OnTaskDoneMayEndRun(t *testing.T) {
 	open := func(t *testing.T) {
 		w := taskworkers.New(adapter.DomainPoller{Client: e.client, Domain: e.domain}, e.store, e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
 			WorkerID: "nudge-test", Concurrency: map[string]int{plan.TaskType(plan.ExecutorNoop): 1, plan.TaskType(plan.ExecutorCommand): 1},
-			Logger: zaptest.NewLogger(t), OnTaskDone: func(runID string, mayEndRun bool) { calls <- done{runID, mayEndRun} },
+			Logger: zaptest.NewLogger(t), OnTaskDone: func(runID string, mayEndRun, _ bool) { calls <- done{runID, mayEndRun} },
 		})
 		if err := w.Open(context.Background()); err != nil {
 			t.Fatal(err)

@@ -295,11 +295,13 @@ func BenchmarkNoopSteps(b *testing.B) {
 	w := taskworkers.New(dc, e.store, e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
 		Metrics:  taskworkers.NewMetrics(reg),
 		WorkerID: "sidecar-bench", Concurrency: map[string]int{taskType: benchConcurrency()}, PollersPerType: benchPollers(),
-		OnTaskDone: func(runID string, mayEndRun bool) { // as serve does
+		OnTaskDone: func(runID string, mayEndRun, mayEndDrain bool) { // as serve does
 			if mayEndRun {
 				watcher.Nudge(runID)
 			}
-			monitor.Nudge(runID)
+			if mayEndDrain {
+				monitor.Nudge(runID)
+			}
 		},
 	})
 	monitor = drain.New(e.store, e.emit, e.client, drain.Options{Interrupt: w.Interrupt, ActiveRuns: e.runs.ActiveRunIDs})

@@ -227,7 +227,7 @@ func (w *Worker) Reported(t *model.Task, r *model.TaskResult) {
 	w.wakePollers(t)
 	if w.opts.OnTaskDone != nil {
 		if a, ok := w.External(t); ok {
-			w.opts.OnTaskDone(a.RunID, r.Status != model.CompletedTask || a.Sink)
+			w.opts.OnTaskDone(a.RunID, r.Status != model.CompletedTask || a.Sink, true)
 		}
 	}
 }
@@ -345,7 +345,7 @@ func (w *Worker) checkExternal(ctx context.Context, e *watched) {
 	w.endTry(log, e.a, e.logical, statestore.TryEndedTaskTimedOut, nil)
 	w.external.forget(e.t.TaskId)
 	if w.opts.OnTaskDone != nil {
-		w.opts.OnTaskDone(e.a.RunID, true)
+		w.opts.OnTaskDone(e.a.RunID, true, true)
 	}
 }
 

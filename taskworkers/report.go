@@ -28,6 +28,11 @@ func (w *Worker) handBack(t *model.Task, after time.Duration, why string) {
 // update reports r for t, retrying while Conductor is unavailable (bounded
 // by the task's response timeout, after which Conductor retries the task).
 func (w *Worker) update(t *model.Task, log *zap.Logger, r *model.TaskResult) {
+	w.report(t, log, r, true)
+}
+
+// report is update; mayEndDrain is OnTaskDone's.
+func (w *Worker) report(t *model.Task, log *zap.Logger, r *model.TaskResult, mayEndDrain bool) {
 	defer w.forgetTaken(t.TaskId)
 	r.TaskId, r.WorkflowInstanceId, r.WorkerId = t.TaskId, t.WorkflowInstanceId, w.opts.WorkerID
 	deadline := time.Now().Add(max(time.Duration(t.ResponseTimeoutSeconds)*time.Second, 30*time.Second))
@@ -45,7 +50,7 @@ func (w *Worker) update(t *model.Task, log *zap.Logger, r *model.TaskResult) {
 			}
 			if r.Status != model.InProgressTask && w.opts.OnTaskDone != nil {
 				if runID, ok := t.InputData[plan.InputRunID].(string); ok {
-					w.opts.OnTaskDone(runID, r.Status != model.CompletedTask || plan.IsSink(t.InputData))
+					w.opts.OnTaskDone(runID, r.Status != model.CompletedTask || plan.IsSink(t.InputData), mayEndDrain)
 				}
 			}
 			return

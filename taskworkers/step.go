@@ -252,7 +252,7 @@ type startAppender struct {
 
 func (s *startAppender) EmitIf(ctx context.Context, ev *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
 	if ev.EventType == statestore.StepStarted {
-		res, err := s.w.emitEvent(s.log, ev, lastSeq, nil)
+		res, _, err := s.w.emitEvent(s.log, ev, lastSeq, nil)
 		if err == nil && res.Persisted {
 			s.started = &statestore.RunEventRecord{RunEventWrite: *ev, RunSeq: res.RunSeq, PersistedAt: res.PersistedAt}
 			s.started.EventID = res.EventID
@@ -408,7 +408,7 @@ func (w *Worker) joinGate(ctx context.Context, a *Assignment) *statestore.StepEr
 func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Result, engine, logical int64, operatorAttempt bool, took time.Duration, st *startedRun) string {
 	kind := a.Step.Executor.Type
 	if res.Err == nil {
-		err := w.emit(log, a, engine, logical, statestore.StepCompletedPayload{Artifacts: res.Artifacts}, st)
+		settled, err := w.record(log, a, engine, logical, statestore.StepCompletedPayload{Artifacts: res.Artifacts}, st)
 		if errors.Is(err, statestore.ErrInvalidTransition) {
 			w.reportLogged(t, log, a, engine, logical)
 			return tracing.OutcomeRefused
@@ -419,7 +419,7 @@ func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Resul
 			return tracing.OutcomeKept
 		}
 		w.opts.Metrics.stepDone(kind, "completed", took)
-		w.update(t, log, &model.TaskResult{Status: model.CompletedTask, OutputData: artifactOutput(res.Artifacts, res.Output)})
+		w.report(t, log, &model.TaskResult{Status: model.CompletedTask, OutputData: artifactOutput(res.Artifacts, res.Output)}, !settled)
 		return tracing.OutcomeCompleted
 	}
 	final := !res.Err.Retryable || engine >= int64(max(a.EngineTries, 1)) || operatorAttempt
@@ -602,12 +602,20 @@ func artifactOutput(refs []statestore.ArtifactRef, out map[string]any) map[strin
 // type) for the attempt: emitEvent without a fence; st, when set, is the
 // run as the step's StepStarted left it.
 func (w *Worker) emit(log *zap.Logger, a *Assignment, engine, logical int64, payload statestore.Payload, st *startedRun) error {
+	_, err := w.record(log, a, engine, logical, payload, st)
+	return err
+}
+
+// record is emit; settled reports that the outcome was persisted on the
+// run as the step's StepStarted left it (outcome), so that no drain of
+// the run can wait for the step.
+func (w *Worker) record(log *zap.Logger, a *Assignment, engine, logical int64, payload statestore.Payload, st *startedRun) (settled bool, err error) {
 	ev, err := statestore.NewEvent(runRef(a), payload.EventType(), a.Step.StepID, engine, logical, payload)
 	if err != nil {
-		return err
+		return false, err
 	}
-	_, err = w.emitEvent(log, ev, -1, st)
-	return err
+	_, settled, err = w.emitEvent(log, ev, -1, st)
+	return settled, err
 }
 
 // emitEvent appends a step event. StepStarted is appended conditioned on
@@ -617,12 +625,11 @@ func (w *Worker) emit(log *zap.Logger, a *Assignment, engine, logical int64, pay
 // events (lastSeq < 0) never fail open, and flush the outbox first, so
 // that a run's events keep their order; they are checked against the
 // run's state (checkOutcome), which st gives without a read while the run
-// has not moved since the step's StepStarted (outcome).
-func (w *Worker) emitEvent(log *zap.Logger, ev *statestore.RunEventWrite, lastSeq int64, st *startedRun) (statestore.AppendResult, error) {
+// has not moved since the step's StepStarted (outcome); settled is true
+// when the outcome was persisted that way.
+func (w *Worker) emitEvent(log *zap.Logger, ev *statestore.RunEventWrite, lastSeq int64, st *startedRun) (res statestore.AppendResult, settled bool, err error) {
 	failOpen := lastSeq >= 0
 	eventType := ev.EventType
-	var res statestore.AppendResult
-	var err error
 	log = log.With(zap.String("eventType", eventType))
 	ctx, cancel := context.WithTimeout(w.workCtx, w.opts.WriteBudget)
 	defer cancel()
@@ -633,29 +640,31 @@ func (w *Worker) emitEvent(log *zap.Logger, ev *statestore.RunEventWrite, lastSe
 	default:
 		if err := w.outbox.flush(ctx, ev.RunID); err != nil {
 			log.Error("outbox not flushed within the write budget; not recording", zap.Error(err))
-			return res, err
+			return res, false, err
 		}
 		var done bool
 		if res, done, err = w.outcome(ctx, ev, st); !done {
 			if err := w.checkOutcome(ctx, ev); err != nil {
 				log.Error("the step's outcome is not a valid transition from the run's state; not recording it", zap.Error(err))
-				return res, err
+				return res, false, err
 			}
 			began = time.Now()
 			res, err = w.events.Emit(ctx, ev)
+		} else {
+			settled = res.Persisted
 		}
 	}
 	w.opts.Metrics.eventWrite(eventType, err, time.Since(began))
 	if err == nil || errors.Is(err, statestore.ErrRunChanged) {
-		return res, err
+		return res, settled, err
 	}
 	if errors.Is(err, statestore.ErrSchemaValidation) || !failOpen {
 		log.Error("event not recorded", zap.Error(err))
-		return res, err
+		return res, false, err
 	}
 	log.Warn("state store slow or down; StepStarted queued in the outbox", zap.Error(err))
 	w.outbox.add(ev)
-	return statestore.AppendResult{}, nil
+	return statestore.AppendResult{}, false, nil
 }
 
 // outcome appends the outcome ev without reading the run while it has

@@ -86,11 +86,13 @@ func (e *benchEnv) tracedPhase(b *testing.B, n int, on bool) (time.Duration, tim
 		Metrics:  taskworkers.NewMetrics(prometheus.NewRegistry()),
 		WorkerID: "sidecar-bench", Concurrency: map[string]int{taskType: benchConcurrency()}, PollersPerType: benchPollers(),
 		Tracer: tr,
-		OnTaskDone: func(runID string, mayEndRun bool) { // as serve does
+		OnTaskDone: func(runID string, mayEndRun, mayEndDrain bool) { // as serve does
 			if mayEndRun {
 				watcher.Nudge(runID)
 			}
-			monitor.Nudge(runID)
+			if mayEndDrain {
+				monitor.Nudge(runID)
+			}
 		},
 	})
 	monitor = drain.New(e.store, e.emit, e.client, drain.Options{Interrupt: w.Interrupt, ActiveRuns: e.runs.ActiveRunIDs})

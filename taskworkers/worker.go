@@ -108,8 +108,13 @@ type Options struct {
 	// to Conductor (the nudge of the run watcher and the drain monitor).
 	// mayEndRun is false when the step completed and the plan has steps
 	// that depend on it (plan.InputSink): Conductor goes on with the run,
-	// so its status need not be read.
-	OnTaskDone func(runID string, mayEndRun bool)
+	// so its status need not be read. mayEndDrain is false when the step's
+	// outcome was appended on the run's state as the step's own
+	// StepStarted left it (conditioned on that runSeq, so nothing came
+	// between): the run was not paused then, and a pause recorded after
+	// the outcome already counts the step as ended, so no drain waits
+	// for it and the drain monitor need not read the run.
+	OnTaskDone func(runID string, mayEndRun, mayEndDrain bool)
 	// PauseOnFailure, when set, pauses a run whose step failed for good
 	// under onStepFailure "pause" (RunPaused, reason stepFailed, the step
 	// id); the step's task is then held, not failed. Without it such a
