@@ -3,7 +3,10 @@ package registry_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -56,6 +59,10 @@ const floorChain = 10
 //     encoding, persistedAt from the republished headers).
 //   - postgres-emit: the same on PostgreSQL (registry.OpenPostgres and
 //     pgstore in one database; skipped without SIDECAR_TEST_POSTGRES=1).
+//     The server's CPU is in another process: with BENCH_PG_POSTMASTER_PID
+//     set to its postmaster's pid, the CPU of the postmaster and its
+//     children (the backends, the WAL writer) is added and also reported
+//     apart (server-cpu-ms/step).
 func BenchmarkStepFloor(b *testing.B) {
 	c := context.Background()
 	b.Run("jetstream-raw", func(b *testing.B) {
@@ -116,6 +123,14 @@ func BenchmarkStepFloor(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		if v := os.Getenv("BENCH_PG_POSTMASTER_PID"); v != "" {
+			pid, err := strconv.Atoi(v)
+			if err != nil {
+				b.Fatalf("BENCH_PG_POSTMASTER_PID: %v", err)
+			}
+			floorServerCPU = func() time.Duration { return treeCPU(b, pid) }
+			b.Cleanup(func() { floorServerCPU = nil })
+		}
 		runFloor(b, emitStep(registry.NewEmitter(r, store)))
 	})
 }
@@ -168,6 +183,10 @@ func runFloorAt(b *testing.B, conc int, write floorWrite) {
 		events, appends, steps []time.Duration
 	)
 	cpu0 := processCPU(b)
+	var server0 time.Duration
+	if floorServerCPU != nil {
+		server0 = floorServerCPU()
+	}
 	b.ResetTimer()
 	for g := range conc {
 		wg.Go(func() {
@@ -214,6 +233,11 @@ func runFloorAt(b *testing.B, conc int, write floorWrite) {
 		b.Fatal(err)
 	}
 	cpu := processCPU(b) - cpu0
+	if floorServerCPU != nil {
+		server := floorServerCPU() - server0
+		cpu += server
+		b.ReportMetric(float64(server.Microseconds())/1000/float64(b.N), "server-cpu-ms/step")
+	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "steps/s")
 	b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "cpu-ms/step")
 	reportP50(b, events, "event-p50-ms")
@@ -229,6 +253,41 @@ func reportP50(b *testing.B, ds []time.Duration, unit string) {
 	}
 	slices.Sort(ds)
 	b.ReportMetric(float64(ds[len(ds)/2].Microseconds())/1000, unit)
+}
+
+// floorServerCPU, when set, reads the CPU time of the store's server
+// process so far (PostgreSQL's processes).
+var floorServerCPU func() time.Duration
+
+// treeCPU is the CPU time (user and system) of process pid and its
+// children, from /proc (clock ticks of 10 ms).
+func treeCPU(b *testing.B, pid int) time.Duration {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var ticks int64
+	for _, e := range entries {
+		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue // not a process, or gone
+		}
+		// Fields after the command's closing parenthesis: state, ppid, ...;
+		// utime and stime are the 14th and 15th fields of the line.
+		f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
+		if len(f) < 13 {
+			continue
+		}
+		self, _ := strconv.Atoi(e.Name())
+		ppid, _ := strconv.Atoi(f[1])
+		if self != pid && ppid != pid {
+			continue
+		}
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		ticks += ut + st
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
 }
 
 // processCPU is the CPU time (user and system) the process used so far.
