@@ -74,7 +74,9 @@ func (v *ValidatingStore) Append(ctx context.Context, w *RunEventWrite) (AppendR
 }
 
 // AppendIf validates the transition, then appends conditionally through
-// the wrapped Store.
+// the wrapped Store. An event that is not valid from the run's state is
+// answered RUN_CHANGED, not INVALID_TRANSITION, when the run's last runSeq
+// is not lastSeq: it was decided on a state the run has left.
 func (v *ValidatingStore) AppendIf(ctx context.Context, w *RunEventWrite, lastSeq int64) (AppendResult, error) {
 	return v.append(ctx, w, max(lastSeq, 0))
 }
@@ -97,12 +99,25 @@ func (v *ValidatingStore) append(ctx context.Context, w *RunEventWrite, lastSeq 
 		return AppendResult{}, err
 	}
 	if err := CheckTransition(snap, w); err != nil {
+		if have := lastEventSeq(snap); lastSeq >= 0 && have != lastSeq {
+			// Decided on a state the run has left: the producer decides
+			// again on the new one (Fenced), as on the backend's answer.
+			return AppendResult{}, RunChanged(w.RunID, lastSeq, have)
+		}
 		return AppendResult{}, err
 	}
 	if lastSeq >= 0 {
 		return v.Store.AppendIf(ctx, w, lastSeq)
 	}
 	return v.Store.Append(ctx, w)
+}
+
+// lastEventSeq is snap's last runSeq, 0 for a run without events.
+func lastEventSeq(snap *RunSnapshot) int64 {
+	if snap == nil {
+		return 0
+	}
+	return snap.LastEventSeq
 }
 
 func (v *ValidatingStore) lock(runID string) func() {

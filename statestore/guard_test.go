@@ -82,3 +82,44 @@ func TestValidatingStore_Append(t *testing.T) {
 		}
 	})
 }
+
+// TestValidatingStore_AppendIf: a conditional append decided on a state
+// the run has left is answered RUN_CHANGED, as by the backend, even when
+// the event is no longer valid from the new state: the producer reads
+// again and decides again (statestore.Fenced) instead of taking the
+// refusal as final.
+func TestValidatingStore_AppendIf(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	s, err := statestore.NewValidatingStore(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := storetest.Event("r", statestore.RunStarted, "")
+	appendAll(t, s, started)
+	decidedOn, err := s.ProjectSnapshot(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendAll(t, s, storetest.Event("r", statestore.RunPaused, ""))
+
+	t.Run("ErrRunChanged", func(t *testing.T) {
+		completed := storetest.Event("r", statestore.RunCompleted, "")
+		if _, err := s.AppendIf(ctx, completed, decidedOn.LastEventSeq); !errors.Is(err, statestore.ErrRunChanged) {
+			t.Fatalf("got %v, want RUN_CHANGED", err)
+		}
+		if recs, _ := mem.Fetch(ctx, "r", 0, 0); len(recs) != 2 {
+			t.Fatalf("%d records, want 2", len(recs))
+		}
+	})
+	t.Run("ErrInvalidTransition", func(t *testing.T) {
+		now, err := s.ProjectSnapshot(ctx, "r")
+		if err != nil {
+			t.Fatal(err)
+		}
+		completed := storetest.Event("r", statestore.RunCompleted, "")
+		if _, err := s.AppendIf(ctx, completed, now.LastEventSeq); !errors.Is(err, statestore.ErrInvalidTransition) {
+			t.Fatalf("got %v, want INVALID_TRANSITION (decided on the run's current state)", err)
+		}
+	})
+}
