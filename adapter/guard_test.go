@@ -8,12 +8,14 @@ import (
 	"time"
 
 	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -156,4 +158,112 @@ func pauseThenComplete(t *testing.T, env *natsEnv, r *Runs, w *Watcher, run Run)
 		t.Fatalf("the watcher appended an event the projector flags: %s (log %s)", alerts[0].Reason, strings.Join(eventTypes(recs), " "))
 	}
 	return recs
+}
+
+// pauseBeforeEnd is the append authority (the real store) with an
+// operator's pause landing just before the run's terminal event: the
+// first RunCompleted of run is preceded by a RunPaused (cycle 1) appended
+// on the inner store, after the watcher read the run as RUNNING and
+// decided on it. It is the interleaving no real timing can be made to
+// hit on demand.
+type pauseBeforeEnd struct {
+	registry.Appender
+	t    *testing.T
+	run  Run
+	once sync.Once
+}
+
+func (p *pauseBeforeEnd) pause(ctx context.Context, w *statestore.RunEventWrite) {
+	if w.RunID != p.run.RunID || w.EventType != statestore.RunCompleted {
+		return
+	}
+	p.once.Do(func() {
+		ev, err := runEventAt(&p.run, statestore.RunPaused, 1, map[string]any{"drainTimeoutSeconds": 300, "requestedBy": "operator"})
+		if err == nil {
+			ev.EventID = uuid.NewString()
+			_, err = p.Appender.Append(ctx, ev)
+		}
+		if err != nil {
+			p.t.Errorf("the operator's pause: %v", err)
+		}
+	})
+}
+
+func (p *pauseBeforeEnd) Append(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
+	p.pause(ctx, w)
+	return p.Appender.Append(ctx, w)
+}
+
+func (p *pauseBeforeEnd) AppendIf(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
+	p.pause(ctx, w)
+	return p.Appender.AppendIf(ctx, w, lastSeq)
+}
+
+// TestWatcher_PauseBeforeTerminalEvent: a pause that lands after the
+// watcher decided the run's end and before its RunCompleted is appended
+// does not change the run's outcome. The terminal event is appended only
+// on the state it was decided on (statestore.Fenced); the pause makes it
+// decide again, the pause follower closes the pause (Conductor had
+// COMPLETED the workflow) and the run ends COMPLETED, with a valid log.
+// Over the plain store (RunCompleted would land on PAUSED) and over one
+// that validates transitions (RunCompleted would be refused and the run
+// marked final without its end).
+func TestWatcher_PauseBeforeTerminalEvent(t *testing.T) {
+	u := conductortest.URL(t)
+	for _, validate := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Store", true: "ValidatingStore"}[validate], func(t *testing.T) {
+			ctx := context.Background()
+			env := newNATS(t)
+			var app registry.Appender = env.store
+			if validate {
+				v, err := statestore.NewValidatingStore(env.store)
+				if err != nil {
+					t.Fatal(err)
+				}
+				app = v
+			}
+			reg, err := registry.Open(ctx, env.js, registry.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			hooked := &pauseBeforeEnd{Appender: app, t: t}
+			wenv := *env
+			wenv.emitter = registry.NewEmitter(reg, hooked)
+			r := wenv.newRuns(t, u, RunsOptions{})
+			p := testPlan(t)
+			if err := r.RegisterPlan(ctx, p); err != nil {
+				t.Fatal(err)
+			}
+			res, err := r.StartRun(ctx, request(p, "req"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			hooked.run = res.Run
+			m := NewMetrics(prometheus.NewRegistry())
+			pauses, _ := wenv.pauses(t, r, env.store, 0)
+			w := NewWatcher(r, env.store, WatcherOptions{Interval: time.Hour, Pauses: pauses, Logger: zaptest.NewLogger(t), Metrics: m})
+			task := pollTask(t, r.Client(), plan.TaskTypeNoop, res.Run.TaskDomain)
+			if err := r.Client().UpdateTask(ctx, &model.TaskResult{TaskId: task.TaskId, WorkflowInstanceId: res.Run.WorkflowID, Status: model.CompletedTask}); err != nil {
+				t.Fatal(err)
+			}
+			waitStatus(t, r.Client(), res.Run.WorkflowID, model.CompletedWorkflow)
+			if err := w.Scan(ctx); err != nil {
+				t.Fatal(err)
+			}
+			recs := waitFinal(t, env, r, res.Run.RunID)
+			if got, want := strings.Join(eventTypes(recs), " "), "RunStarted RunPaused RunResumed RunCompleted"; got != want {
+				t.Fatalf("log %s, want %s", got, want)
+			}
+			if _, alerts := statestore.Reduce(nil, recs); len(alerts) != 0 {
+				t.Fatalf("the log raises an alert: %s", alerts[0].Reason)
+			}
+			snap, err := env.store.ProjectSnapshot(ctx, res.Run.RunID)
+			if err != nil || snap.Status != statestore.RunStatusCompleted {
+				t.Fatalf("snapshot %+v %v, want COMPLETED", snap, err)
+			}
+			if n := testutil.ToFloat64(m.actions[actionTerminalRefused]); n != 0 {
+				t.Fatalf("terminal_refused %v, want 0", n)
+			}
+		})
+	}
 }

@@ -28,9 +28,13 @@ const EngineType = "conductor"
 
 // Emitter appends events through the EventIdRegistry protocol;
 // *registry.Emitter satisfies it. The adapter appends RunStarted and the
-// run's terminal event, neither fenced on the run's runSeq.
+// steps of adopted runs with Emit, and the run's terminal event with
+// EmitIf, fenced on the runSeq of the state it was decided on.
 type Emitter interface {
 	Emit(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error)
+	// EmitIf appends only if the run's last runSeq is lastSeq (else an
+	// error matching statestore.ErrRunChanged, nothing written).
+	EmitIf(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error)
 }
 
 // RunsOptions configures OpenRuns. The zero value works.

@@ -657,7 +657,7 @@ func (w *Watcher) finish(ctx context.Context, runID, workflowID, engineStatus, r
 				return fmt.Errorf("adapter: watcher: the last tasks of adopted run %s: %w", runID, err)
 			}
 		}
-		if err := w.endInLog(ctx, rec, snap, engineStatus, reason); err != nil {
+		if err := w.endInLog(ctx, rec, engineStatus, reason); err != nil {
 			return err
 		}
 	}
@@ -689,54 +689,56 @@ func (w *Watcher) finish(ctx context.Context, runID, workflowID, engineStatus, r
 }
 
 // maxPauseCloses bounds how often endInLog closes a pause that keeps
-// landing between its RunResumed and the run's RunCompleted.
+// landing before the run's RunCompleted.
 const maxPauseCloses = 3
 
-// endInLog appends the run's terminal event for Conductor's engineStatus,
-// checked against the run's state read just before (the producer guard,
-// Layer 1: never an event the projector would flag). A run COMPLETED in
-// Conductor while PAUSED in the log (a pause that raced the run's
-// completion) is told to the pause follower, which closes the pause; if
-// another lands between that RunResumed and RunCompleted, the guard
-// refuses RunCompleted (not allowed from PAUSED) and the follower is told
-// again, at most maxPauseCloses times. A refusal that closing a pause
-// cannot cure is logged and counted, and the run is marked FINAL without a
-// terminal event.
-func (w *Watcher) endInLog(ctx context.Context, rec *Run, snap *statestore.RunSnapshot, engineStatus string, reason string) error {
+// endInLog appends the run's terminal event for Conductor's engineStatus
+// through statestore.Fenced: decided on the run's state, checked against
+// it (the producer guard, Layer 1: never an event the projector would
+// flag), and appended only while that state is still the run's, so an
+// event that lands meanwhile (a pause) makes it read and decide again. A
+// run COMPLETED in Conductor while PAUSED in the log (a pause that raced
+// the run's completion, before or after the watcher's read) is told to
+// the pause follower, which closes the pause, and then decided again, at
+// most maxPauseCloses times. A refusal that closing a pause cannot cure
+// is logged and counted, and the run is marked FINAL without a terminal
+// event.
+func (w *Watcher) endInLog(ctx context.Context, rec *Run, engineStatus string, reason string) error {
 	for closes := 1; ; closes++ {
-		if pausedAtCompletion(snap, engineStatus) {
+		var (
+			ev     *statestore.RunEventWrite
+			label  string
+			paused bool
+		)
+		_, _, err := statestore.Fenced(ctx, w.snaps, w.emitter, rec.RunID, func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+			ev, paused = nil, false
+			if statestore.IsTerminalRunStatus(s.Status) {
+				return nil, nil // another replica recorded the end meanwhile
+			}
+			if w.opts.Pauses != nil && closes <= maxPauseCloses && pausedAtCompletion(s, engineStatus) {
+				paused = true
+				return nil, nil // the pause follower closes the pause first
+			}
+			var err error
+			ev, label, err = terminalEvent(rec, engineStatus, reason, s.CancelRequested)
+			return ev, err
+		})
+		switch {
+		case err == nil && paused:
 			if err := w.saw(ctx, rec, engineStatus); err != nil {
 				return err
 			}
-		}
-		var err error
-		if snap, err = w.snaps.ProjectSnapshot(ctx, rec.RunID); err != nil && !errors.Is(err, statestore.ErrNotFound) {
-			return fmt.Errorf("adapter: watcher: snapshot of run %s: %w", rec.RunID, err)
-		}
-		if snap != nil && statestore.IsTerminalRunStatus(snap.Status) {
-			return nil // another replica recorded the end meanwhile
-		}
-		ev, label, err := terminalEvent(rec, engineStatus, reason, snap != nil && snap.CancelRequested)
-		if err != nil {
-			return err
-		}
-		if err := statestore.CheckTransition(snap, ev); err != nil {
-			if closes < maxPauseCloses && w.opts.Pauses != nil && pausedAtCompletion(snap, engineStatus) {
-				continue
-			}
+			continue
+		case errors.Is(err, statestore.ErrInvalidTransition), errors.Is(err, statestore.ErrNotFound):
+			// Not valid from the run's state, as the guard or a store that
+			// validates transitions (Layer 2) found it.
 			w.opts.Metrics.watcherAction(actionTerminalRefused)
 			w.log.Error("terminal run event not valid from the run's state; marking the run final without it",
-				zap.String("runId", rec.RunID), zap.String("event", ev.EventType), zap.String("engineStatus", engineStatus), zap.Error(err))
+				zap.String("runId", rec.RunID), zap.String("engineStatus", engineStatus), zap.Error(err))
 			return nil
-		}
-		if _, err = w.emitter.Emit(ctx, ev); err != nil {
-			if !errors.Is(err, statestore.ErrInvalidTransition) {
-				return fmt.Errorf("adapter: watcher: append %s of run %s: %w", ev.EventType, rec.RunID, err)
-			}
-			// A store that validates transitions (Layer 2) refused it.
-			w.opts.Metrics.watcherAction(actionTerminalRefused)
-			w.log.Error("terminal run event refused by the store; marking the run final without it",
-				zap.String("runId", rec.RunID), zap.String("event", ev.EventType), zap.String("engineStatus", engineStatus), zap.Error(err))
+		case err != nil:
+			return fmt.Errorf("adapter: watcher: end of run %s: %w", rec.RunID, err)
+		case ev == nil:
 			return nil
 		}
 		w.opts.Metrics.terminalEvent(label)
