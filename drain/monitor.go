@@ -387,39 +387,84 @@ func (c *Controller) check(ctx context.Context, runID string) (*statestore.RunSn
 	if c.watch(runID, true) {
 		c.mark(ctx, runID, snap.Pause.Cycle) // found by a pass or a nudge: tell the other replicas
 	}
-	inflight := snap.InFlight()
-	waited := c.waited(snap)
-	switch {
-	case len(inflight) == 0:
-		res, err := c.record(ctx, snap, statestore.RunDrainCompletedPayload{WaitedSeconds: seconds(waited)}, snap.Pause.Cycle)
-		if err != nil {
-			c.warns.warn(c.logger, "could not record the end of a drain; retrying", zap.String("runId", runID), zap.Error(err))
-			return snap, nil
-		}
-		c.unwatch(ctx, runID, snap.Pause.Cycle)
-		if res.Persisted {
-			c.opts.Metrics.drainEnded("drained", waited)
-			c.logger.Info("drain completed: no step in flight", zap.String("runId", runID), zap.Int64("cycle", snap.Pause.Cycle), zap.Duration("waited", waited))
-		}
-	case waited >= timeoutOf(snap.Pause, c.opts.DefaultTimeout):
-		res, err := c.record(ctx, snap, statestore.RunDrainTimedOutPayload{
-			Code: statestore.PauseDrainTimeoutCode, InFlightStepIDs: inflight, WaitedSeconds: seconds(waited),
-		}, snap.Pause.Cycle)
-		if err != nil {
-			c.warns.warn(c.logger, "could not record a drain timeout; retrying", zap.String("runId", runID), zap.Error(err))
-			return snap, nil
-		}
-		c.unwatch(ctx, runID, snap.Pause.Cycle)
-		if res.Persisted {
-			// Counted by the replica whose append persisted: one alert between replicas.
-			c.opts.Metrics.drainEnded("timed_out", waited)
-			c.opts.Metrics.timeout()
-			c.logger.Warn("PAUSE_DRAIN_TIMEOUT: drain deadline passed with steps still running; the run is PAUSED and they keep running",
-				zap.String("code", statestore.PauseDrainTimeoutCode), zap.String("runId", runID), zap.Int64("cycle", snap.Pause.Cycle),
-				zap.Strings("inFlightStepIds", inflight), zap.Duration("waited", waited))
-		}
+	if len(snap.InFlight()) > 0 && c.waited(snap) < timeoutOf(snap.Pause, c.opts.DefaultTimeout) {
+		return snap, nil // still draining
 	}
-	return snap, nil
+	return c.endDrain(ctx, snap), nil
+}
+
+// endDrain appends the end of the drain of snap's pause cycle, decided on
+// snap: RunDrainCompleted when no step is in flight, RunDrainTimedOut when
+// the deadline passed with steps still running. Both are valid from PAUSED
+// only, so the append is fenced (statestore.Fenced): a resume or a step's
+// end that lands between the read and the append makes it decide again on
+// the run's new state. It returns the state of the last decision; when the
+// store did not answer, snap, and the drain stays watched.
+func (c *Controller) endDrain(ctx context.Context, snap *statestore.RunSnapshot) *statestore.RunSnapshot {
+	runID := snap.RunID
+	var (
+		ended    string // "drained", "timed_out", or "" (nothing to end)
+		waited   time.Duration
+		inflight []string
+	)
+	now, res, err := statestore.Fenced(ctx, &readFirst{snap: snap, runs: knownRuns{c.snaps}}, c.emit, runID, func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+		ended = ""
+		if s.Status != statestore.RunStatusPaused || s.Pause == nil || s.Pause.DrainEndedAt != "" {
+			return nil, nil // resumed, ended or drained meanwhile: the next check unwatches it
+		}
+		inflight, waited = s.InFlight(), c.waited(s)
+		switch {
+		case len(inflight) == 0:
+			ended = "drained"
+			return runEvent(s, statestore.RunDrainCompletedPayload{WaitedSeconds: seconds(waited)}, s.Pause.Cycle, c.opts.Now)
+		case waited >= timeoutOf(s.Pause, c.opts.DefaultTimeout):
+			ended = "timed_out"
+			return runEvent(s, statestore.RunDrainTimedOutPayload{
+				Code: statestore.PauseDrainTimeoutCode, InFlightStepIDs: inflight, WaitedSeconds: seconds(waited),
+			}, s.Pause.Cycle, c.opts.Now)
+		}
+		return nil, nil // a step is still in flight and the deadline is ahead
+	})
+	if err != nil {
+		c.warns.warn(c.logger, "could not record the end of a drain; retrying", zap.String("runId", runID), zap.Error(err))
+		return snap
+	}
+	if ended == "" {
+		return now
+	}
+	c.unwatch(ctx, runID, now.Pause.Cycle)
+	if !res.Persisted {
+		return now
+	}
+	switch ended {
+	case "drained":
+		c.opts.Metrics.drainEnded("drained", waited)
+		c.logger.Info("drain completed: no step in flight", zap.String("runId", runID), zap.Int64("cycle", now.Pause.Cycle), zap.Duration("waited", waited))
+	case "timed_out":
+		// Counted by the replica whose append persisted: one alert between replicas.
+		c.opts.Metrics.drainEnded("timed_out", waited)
+		c.opts.Metrics.timeout()
+		c.logger.Warn("PAUSE_DRAIN_TIMEOUT: drain deadline passed with steps still running; the run is PAUSED and they keep running",
+			zap.String("code", statestore.PauseDrainTimeoutCode), zap.String("runId", runID), zap.Int64("cycle", now.Pause.Cycle),
+			zap.Strings("inFlightStepIds", inflight), zap.Duration("waited", waited))
+	}
+	return now
+}
+
+// readFirst is a statestore.FenceReader that answers its first read with
+// snap, the state a caller already read, and reads runs after that: a
+// fenced append decided on a read the caller made costs no second read.
+type readFirst struct {
+	snap *statestore.RunSnapshot
+	runs statestore.FenceReader
+}
+
+func (r *readFirst) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	if snap := r.snap; snap != nil {
+		r.snap = nil
+		return snap, nil
+	}
+	return r.runs.ProjectSnapshot(ctx, runID)
 }
 
 // warnLimiter logs a warning at most once a minute, with the number of

@@ -283,3 +283,82 @@ func TestPause_NothingInFlightEndsTheDrainAtOnce(t *testing.T) {
 		t.Fatalf("%d marks, %d watched: want the open drain in both", index.len(), c2.Watched())
 	}
 }
+
+// resumeAfterRead is the monitor's view of the log (memstore, the real
+// store's double), with an operator's resume of pause cycle 1 landing
+// right after the first read of run that shows it PAUSED: between the
+// monitor's decision that the drain ended and its append.
+type resumeAfterRead struct {
+	*memstore.Store
+	t    *testing.T
+	run  string
+	once sync.Once
+}
+
+func (r *resumeAfterRead) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	snap, err := r.Store.ProjectSnapshot(ctx, runID)
+	if err != nil || runID != r.run || snap.Status != statestore.RunStatusPaused {
+		return snap, err
+	}
+	r.once.Do(func() {
+		if _, err := r.Store.Append(ctx, storetest.Event(runID, statestore.RunResumed, "")); err != nil {
+			r.t.Errorf("the operator's resume: %v", err)
+		}
+	})
+	return snap, nil
+}
+
+// TestMonitor_ResumeBeforeDrainEnd: a resume that lands after the monitor
+// decided that a pause's drain ended (completed: no step in flight; timed
+// out: the deadline passed) and before its append gets no
+// RunDrainCompleted or RunDrainTimedOut after it, which are valid from
+// PAUSED only: the drain's end is appended on the state it was decided on,
+// and decided again when the run moved on.
+func TestMonitor_ResumeBeforeDrainEnd(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		events []*statestore.RunEventWrite
+		later  time.Duration // how long after the pause the monitor looks
+	}{
+		{"RunDrainCompleted", []*statestore.RunEventWrite{
+			storetest.Event("r", statestore.RunStarted, ""), storetest.Event("r", statestore.RunPaused, ""),
+		}, 0},
+		{"RunDrainTimedOut", []*statestore.RunEventWrite{
+			storetest.Event("r", statestore.RunStarted, ""), storetest.Event("r", statestore.StepStarted, "a"),
+			storetest.Event("r", statestore.RunPaused, ""),
+		}, time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			mem := memstore.New(statestore.ProjectorOptions{})
+			for _, w := range tc.events {
+				if _, err := mem.Append(ctx, w); err != nil {
+					t.Fatal(err)
+				}
+			}
+			reader := &resumeAfterRead{Store: mem, t: t, run: "r"}
+			c := drain.New(reader, emitter{mem}, &engine{}, drain.Options{
+				DefaultTimeout: time.Minute, Logger: zaptest.NewLogger(t),
+				Now: func() time.Time { return time.Now().Add(tc.later) },
+			})
+			snap := c.Check(ctx, "r")
+			recs, err := mem.Fetch(ctx, "r", 0, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, alerts := statestore.Reduce(nil, recs); len(alerts) != 0 {
+				t.Fatalf("the monitor appended an event the projector flags: %s", alerts[0].Reason)
+			}
+			if n := len(recs); recs[n-1].EventType != statestore.RunResumed {
+				t.Fatalf("last event %s, want the resume (nothing after it)", recs[n-1].EventType)
+			}
+			if snap == nil || snap.Status != statestore.RunStatusRunning {
+				status := "no state"
+				if snap != nil {
+					status = snap.Status
+				}
+				t.Fatalf("Check returned %s, want the run's state after the resume (RUNNING)", status)
+			}
+		})
+	}
+}
