@@ -3,114 +3,61 @@ package retention_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap/zaptest"
-
 	"github.com/conductor-sidecar/sidecar/archive"
 	"github.com/conductor-sidecar/sidecar/retention"
-	"github.com/conductor-sidecar/sidecar/statestore"
-	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
-	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
-// Environment of the child process of TestRetention_KillDashNine.
+// killBackendEnv names the backend of the child process of
+// TestRetention_KillDashNine, and killAtEnv where it kills itself; the
+// backend's own variables say where its log is.
 const (
-	killDirEnv = "RETENTION_KILL_DIR"
-	killAtEnv  = "RETENTION_KILL_AT"
+	killBackendEnv = "RETENTION_KILL_BACKEND"
+	killAtEnv      = "RETENTION_KILL_AT"
 )
-
-// openHotIn is newHot on the data dir dir/nats (made when fresh), with
-// the archive in dir/archive: a process that opens it again finds the
-// same log, ledger and archive.
-func openHotIn(t *testing.T, dir string, fresh bool, finished, open int) *hot {
-	t.Helper()
-	ctx := context.Background()
-	srv, err := natsstore.StartEmbedded(natsstore.EmbeddedConfig{DataDir: filepath.Join(dir, "nats"), Logger: zaptest.NewLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := srv.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := natsstore.Open(ctx, js, natsstore.Options{Removable: true, Logger: zaptest.NewLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	h := &hot{t: t, srv: srv, js: js, store: s, finished: map[string][]statestore.RunEventRecord{}, dir: filepath.Join(dir, "archive")}
-	for i := range finished + open {
-		id := fmt.Sprintf("run-%d", i)
-		if fresh {
-			events := []*statestore.RunEventWrite{storetest.Event(id, statestore.RunStarted, ""), storetest.Event(id, statestore.StepStarted, "s1"), storetest.Event(id, statestore.StepCompleted, "s1")}
-			if i < finished {
-				events = append(events, storetest.Event(id, statestore.RunCompleted, ""))
-			}
-			for _, w := range events {
-				if _, err := s.Append(ctx, w); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-		if i >= finished {
-			h.open = append(h.open, id)
-		}
-	}
-	return h
-}
 
 // TestRetention_KillDashNine kills (SIGKILL) a process in the middle of
 // a retention pass, at each of several points, and checks from a new
-// process on the same data dir and archive that no run was lost, then
-// that a new pass finishes the job. The in-process stops of
+// process on the same log and archive that no run was lost, then that a
+// new pass finishes the job. The in-process stops of
 // TestRetention_CrashAtEachStep cover every step; this covers what only a
-// real kill shows (the server's files as a dead process left them).
+// real kill shows (the log's files or rows as a dead process left them).
 func TestRetention_KillDashNine(t *testing.T) {
-	if os.Getenv(killDirEnv) != "" {
+	if os.Getenv(killBackendEnv) != "" {
 		t.Skip("the child's own run")
 	}
+	eachBackend(t, testKillDashNine)
+}
+
+func testKillDashNine(t *testing.T, b *backend) {
 	ctx := context.Background()
 	for _, at := range []string{"segment-written", "archive-confirmed", "one-run-removed"} {
 		t.Run(at, func(t *testing.T) {
-			dir := t.TempDir()
-			// Set up the log, remember the finished runs' records, close.
-			setup := openHotIn(t, dir, true, 6, 2)
-			expect := map[string][]statestore.RunEventRecord{}
-			for i := range 6 {
-				id := fmt.Sprintf("run-%d", i)
-				recs, err := setup.store.Fetch(ctx, id, 0, 0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				expect[id] = recs
-			}
-			setup.store.Close()
-			setup.srv.Shutdown()
+			// Set up the log, remember its runs, close it.
+			addr := b.create(t)
+			get := func(k string) string { return addr[k] }
+			setup := b.open(t, get)
+			setup.populate(6, 2, nil)
+			setup.close()
 
 			cmd := exec.Command(os.Args[0], "-test.run=^TestRetention_KillChild$", "-test.v")
-			cmd.Env = append(os.Environ(), killDirEnv+"="+dir, killAtEnv+"="+at)
+			cmd.Env = append(os.Environ(), killBackendEnv+"="+b.name, killAtEnv+"="+at)
+			for k, v := range addr {
+				cmd.Env = append(cmd.Env, k+"="+v)
+			}
 			out, err := cmd.CombinedOutput()
 			var exit *exec.ExitError
 			if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 				t.Fatalf("child: %v, want killed by SIGKILL\n%s", err, out)
 			}
 
-			h := openHotIn(t, dir, false, 6, 2)
-			h.finished = expect
+			h := b.open(t, get)
+			h.finished, h.open = setup.finished, setup.open
 			h.requireSafe(false)
 			// The kill came where it was meant to.
 			mid, err := archive.Verify(ctx, archive.NewDir(h.dir), archive.VerifyOptions{})
@@ -118,7 +65,7 @@ func TestRetention_KillDashNine(t *testing.T) {
 				t.Fatal(err)
 			}
 			removed := 0
-			for id := range expect {
+			for id := range h.finished {
 				if recs, _ := h.store.Fetch(ctx, id, 0, 0); len(recs) == 0 {
 					removed++
 				}
@@ -127,11 +74,7 @@ func TestRetention_KillDashNine(t *testing.T) {
 			if got := [3]int{int(mid.Manifests), len(mid.Orphans), removed}; got != want {
 				t.Fatalf("after the kill: %d manifests, %d orphans, %d runs removed; want %v", got[0], got[1], got[2], want)
 			}
-			r := h.retention(h.archive(nil), h.remover(), retention.Options{})
-			if _, err := r.Pass(ctx); err != nil {
-				t.Fatal(err)
-			}
-			h.requireSafe(true)
+			restart(t, h, b)
 			rep, err := archive.Verify(ctx, archive.NewDir(h.dir), archive.VerifyOptions{})
 			if err != nil {
 				t.Fatal(err)
@@ -144,18 +87,23 @@ func TestRetention_KillDashNine(t *testing.T) {
 }
 
 // TestRetention_KillChild is the child of TestRetention_KillDashNine: a
-// retention pass that SIGKILLs its own process at RETENTION_KILL_AT.
+// retention pass on the log of RETENTION_KILL_BACKEND that SIGKILLs its
+// own process at RETENTION_KILL_AT.
 func TestRetention_KillChild(t *testing.T) {
-	dir, at := os.Getenv(killDirEnv), os.Getenv(killAtEnv)
-	if dir == "" {
+	name, at := os.Getenv(killBackendEnv), os.Getenv(killAtEnv)
+	if name == "" {
 		t.Skip("run by TestRetention_KillDashNine")
+	}
+	b := backendNamed(name)
+	if b == nil {
+		t.Fatalf("%s=%q names no backend", killBackendEnv, name)
 	}
 	die := func() error {
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		time.Sleep(time.Minute)
 		return errors.New("not killed")
 	}
-	h := openHotIn(t, dir, false, 0, 0)
+	h := b.open(t, os.Getenv)
 	dest := &killDest{Dir: archive.NewDir(h.dir)}
 	arch := h.archive(dest)
 	var a retention.Archive = arch

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"reflect"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,28 +23,142 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
-// hot is a removable JetStream log on an embedded server with finished
-// and open runs in it.
+// hotLog is the log retention works on, as the tests use it: natsstore's
+// or pgstore's Store.
+type hotLog interface {
+	retention.Log
+	checkedLog
+	Append(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error)
+}
+
+// backend is one kind of log the retention suite runs on: every case of
+// TestRetention_Pass, TestRetention_CrashAtEachStep and
+// TestRetention_KillDashNine runs on each of backends().
+type backend struct {
+	name string
+	// create makes an empty log and returns where it is, as the
+	// environment variables open reads (a child process gets them).
+	create func(t *testing.T) map[string]string
+	// open opens the log that get (a map lookup, or os.Getenv in a
+	// child) says where to find, with no runs recorded in the hot.
+	open func(t *testing.T, get func(string) string) *hot
+	// grace is how long the log's followers wait before they pass the
+	// log sequences of a removed run (pgstore.Options.HoleGrace; 0: they
+	// do not wait): a restarted pass waits that long for the runs a
+	// killed pass removed.
+	grace time.Duration
+	// seed, when set, adds what must leave the log with a finished run
+	// besides its records, and removed checks that it left and that the
+	// role serving the log still cannot remove a record.
+	seed, removed func(t *testing.T, h *hot)
+}
+
+// envArchiveDir is where every backend's hot keeps its archive directory.
+const envArchiveDir = "RETENTION_ARCHIVE_DIR"
+
+// backends is the list the suite runs on: JetStream always, PostgreSQL
+// too (its cases are skipped, saying how to run them, unless
+// SIDECAR_TEST_POSTGRES=1 or a PostgreSQL URL is set).
+func backends() []*backend { return []*backend{jetStream, postgres} }
+
+func backendNamed(name string) *backend {
+	for _, b := range backends() {
+		if b.name == name {
+			return b
+		}
+	}
+	return nil
+}
+
+// eachBackend runs test on every backend, as a subtest named after it.
+func eachBackend(t *testing.T, test func(t *testing.T, b *backend)) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) { test(t, b) })
+	}
+}
+
+// envNATSDir is the data dir of the JetStream backend's embedded server.
+const envNATSDir = "RETENTION_NATS_DIR"
+
+// jetStream is a removable JetStream log on an embedded server.
+var jetStream = &backend{
+	name: "JetStream",
+	create: func(t *testing.T) map[string]string {
+		dir := t.TempDir()
+		return map[string]string{envNATSDir: filepath.Join(dir, "nats"), envArchiveDir: filepath.Join(dir, "archive")}
+	},
+	open: func(t *testing.T, get func(string) string) *hot {
+		js, srv := natstest.StartIn(t, get(envNATSDir), natsstore.EmbeddedConfig{Logger: zaptest.NewLogger(t)})
+		s, err := natsstore.Open(context.Background(), js, natsstore.Options{Removable: true, Logger: zaptest.NewLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var once sync.Once
+		closeLog := func() { once.Do(func() { _ = s.Close(); srv.Shutdown() }) }
+		t.Cleanup(closeLog)
+		return &hot{t: t, srv: srv, js: js, store: s, dir: get(envArchiveDir), close: closeLog,
+			newRemover: func() retention.Remover {
+				nc, err := srv.ConnectRetention()
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(nc.Close)
+				js, err := jetstream.New(nc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r, err := natsstore.OpenRemover(context.Background(), js, natsstore.RemoverOptions{Logger: zaptest.NewLogger(t)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return r
+			}}
+	},
+}
+
+// hot is a log on one backend with finished and open runs in it, and an
+// archive directory.
 type hot struct {
 	t        *testing.T
-	srv      *natsstore.Embedded
-	js       jetstream.JetStream
-	store    *natsstore.Store
+	srv      *natsstore.Embedded // JetStream only
+	js       jetstream.JetStream // JetStream only
+	store    hotLog
 	finished map[string][]statestore.RunEventRecord
 	open     []string
 	dir      string
+	// close closes the log (and its server); newRemover opens a remover
+	// with the retention credential; verify, when set, is the backend's
+	// own check of the whole log (sidecar verify).
+	close      func()
+	newRemover func() retention.Remover
+	verify     func()
 }
 
+// newHot is newHotOn the JetStream backend.
 func newHot(t *testing.T, finished, open int, tenantOf func(i int) string) *hot {
 	t.Helper()
+	return newHotOn(t, jetStream, finished, open, tenantOf)
+}
+
+// newHotOn makes a log on b with finished runs run-0... (RunStarted, a
+// step, RunCompleted) and open ones after them (no RunCompleted), of
+// tenant tenantOf(i) (nil: tenant_acme).
+func newHotOn(t *testing.T, b *backend, finished, open int, tenantOf func(i int) string) *hot {
+	t.Helper()
+	addr := b.create(t)
+	h := b.open(t, func(k string) string { return addr[k] })
+	h.populate(finished, open, tenantOf)
+	return h
+}
+
+// populate appends the runs of newHotOn and keeps the finished runs'
+// records.
+func (h *hot) populate(finished, open int, tenantOf func(i int) string) {
+	h.t.Helper()
 	ctx := context.Background()
-	js, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Logger: zaptest.NewLogger(t)})
-	s, err := natsstore.Open(ctx, js, natsstore.Options{Removable: true, Logger: zaptest.NewLogger(t)})
-	if err != nil {
-		t.Fatal(err)
+	if h.finished == nil {
+		h.finished = map[string][]statestore.RunEventRecord{}
 	}
-	t.Cleanup(func() { s.Close() })
-	h := &hot{t: t, srv: srv, js: js, store: s, finished: map[string][]statestore.RunEventRecord{}, dir: filepath.Join(t.TempDir(), "archive")}
 	for i := range finished + open {
 		id := fmt.Sprintf("run-%d", i)
 		tenant := "tenant_acme"
@@ -56,13 +171,13 @@ func newHot(t *testing.T, finished, open int, tenantOf func(i int) string) *hot 
 		}
 		for _, w := range events {
 			w.TenantID = tenant
-			if _, err := s.Append(ctx, w); err != nil {
-				t.Fatal(err)
+			if _, err := h.store.Append(ctx, w); err != nil {
+				h.t.Fatal(err)
 			}
 		}
-		recs, err := s.Fetch(ctx, id, 0, 0)
+		recs, err := h.store.Fetch(ctx, id, 0, 0)
 		if err != nil {
-			t.Fatal(err)
+			h.t.Fatal(err)
 		}
 		if i < finished {
 			h.finished[id] = recs
@@ -70,25 +185,11 @@ func newHot(t *testing.T, finished, open int, tenantOf func(i int) string) *hot 
 			h.open = append(h.open, id)
 		}
 	}
-	return h
 }
 
-func (h *hot) remover() *natsstore.Remover {
+func (h *hot) remover() retention.Remover {
 	h.t.Helper()
-	nc, err := h.srv.ConnectRetention()
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	h.t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	r, err := natsstore.OpenRemover(context.Background(), js, natsstore.RemoverOptions{Logger: zaptest.NewLogger(h.t)})
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	return r
+	return h.newRemover()
 }
 
 func (h *hot) archive(dest archive.Destination) *archive.Archive {
@@ -103,7 +204,9 @@ func (h *hot) archive(dest archive.Destination) *archive.Archive {
 	return a
 }
 
-// retention is a fresh loop (as after a restart) on the hot log.
+// retention is a fresh loop (as after a restart) on the hot log, by
+// default with a retention period of one hour and its clock two hours
+// ahead.
 func (h *hot) retention(arch retention.Archive, rm retention.Remover, opts retention.Options) *retention.Retention {
 	h.t.Helper()
 	if opts.RetainFinished == 0 {
@@ -123,10 +226,14 @@ func (h *hot) retention(arch retention.Archive, rm retention.Remover, opts reten
 
 // requireSafe checks the invariant after any crash: every finished run is
 // whole in the log, or whole and verified in the archive, or both; open
-// runs are whole in the log; the log verifies.
+// runs are whole in the log; the log verifies (and passes the backend's
+// own check).
 func (h *hot) requireSafe(wantRemoved bool) {
 	h.t.Helper()
 	requireSafe(h.t, h.store, h.dir, h.finished, h.open, wantRemoved)
+	if h.verify != nil {
+		h.verify()
+	}
 }
 
 // checkedLog is a log whose integrity check requireSafe runs.
@@ -181,10 +288,22 @@ func requireSafe(t *testing.T, log checkedLog, dir string, finished map[string][
 	}
 }
 
+// TestRetention_Pass: a pass archives every finished run that is due,
+// the archive verifies, and the runs leave the log (on PostgreSQL through
+// the retention role, with their snapshots and event ids, the role that
+// serves the log still unable to delete a record); open runs, runs not
+// due yet and, while the archive is down, every run stay.
 func TestRetention_Pass(t *testing.T) {
+	eachBackend(t, testPass)
+}
+
+func testPass(t *testing.T, b *backend) {
 	ctx := context.Background()
 	t.Run("OK", func(t *testing.T) {
-		h := newHot(t, 5, 2, nil)
+		h := newHotOn(t, b, 5, 2, nil)
+		if b.seed != nil {
+			b.seed(t, h)
+		}
 		reg := prometheus.NewRegistry()
 		r := h.retention(h.archive(nil), h.remover(), retention.Options{BatchRuns: 2, Metrics: retention.NewMetrics(reg)})
 		res, err := r.Pass(ctx)
@@ -198,13 +317,20 @@ func TestRetention_Pass(t *testing.T) {
 		if got := testutil.ToFloat64(mustGauge(t, reg, "sidecar_retention_runs_removed_total")); got != 5 {
 			t.Fatalf("removed metric %v", got)
 		}
+		rep, err := archive.Verify(ctx, archive.NewDir(h.dir), archive.VerifyOptions{})
+		if err != nil || len(rep.Problems) != 0 || rep.Runs != 5 || rep.Records != 20 {
+			t.Fatalf("archive verify: %+v %v, want 5 runs, 20 records", rep, err)
+		}
+		if b.removed != nil {
+			b.removed(t, h)
+		}
 		// A second pass finds nothing to do.
 		if res, err := r.Pass(ctx); err != nil || res.Archived+res.Removed != 0 {
 			t.Fatalf("second pass: %+v %v", res, err)
 		}
 	})
 	t.Run("NotDueYet", func(t *testing.T) {
-		h := newHot(t, 3, 0, nil)
+		h := newHotOn(t, b, 3, 0, nil)
 		r := h.retention(h.archive(nil), h.remover(), retention.Options{Now: time.Now})
 		res, err := r.Pass(ctx)
 		if err != nil || res.Removed != 0 || res.Waiting != 3 {
@@ -218,7 +344,7 @@ func TestRetention_Pass(t *testing.T) {
 		}
 	})
 	t.Run("PerTenant", func(t *testing.T) {
-		h := newHot(t, 4, 0, func(i int) string { return []string{"short", "long"}[i%2] })
+		h := newHotOn(t, b, 4, 0, func(i int) string { return []string{"short", "long"}[i%2] })
 		r := h.retention(h.archive(nil), h.remover(), retention.Options{RetainFinished: 1000 * time.Hour, PerTenant: map[string]time.Duration{"short": time.Hour}})
 		res, err := r.Pass(ctx)
 		if err != nil || res.Removed != 2 || res.Waiting != 2 {
@@ -233,7 +359,7 @@ func TestRetention_Pass(t *testing.T) {
 		h.requireSafe(false)
 	})
 	t.Run("ArchiveDownRemovesNothing", func(t *testing.T) {
-		h := newHot(t, 3, 1, nil)
+		h := newHotOn(t, b, 3, 1, nil)
 		down := &downDest{Dir: archive.NewDir(h.dir), down: true}
 		reg := prometheus.NewRegistry()
 		rm := h.remover()
@@ -259,7 +385,7 @@ func TestRetention_Pass(t *testing.T) {
 		h.requireSafe(true)
 	})
 	t.Run("InvalidOptions", func(t *testing.T) {
-		h := newHot(t, 0, 0, nil)
+		h := newHotOn(t, b, 0, 0, nil)
 		for _, opts := range []retention.Options{{}, {RetainFinished: -time.Second}, {RetainFinished: time.Hour, PerTenant: map[string]time.Duration{"x": 0}}} {
 			if _, err := retention.New(h.store, h.archive(nil), h.remover(), opts); !errors.Is(err, retention.ErrInvalidOptions) {
 				t.Errorf("%+v: got %v, want ErrInvalidOptions", opts, err)
@@ -274,13 +400,17 @@ func TestRetention_Pass(t *testing.T) {
 // any point, and the fresh loop finishes the job without archiving a run
 // twice.
 func TestRetention_CrashAtEachStep(t *testing.T) {
+	eachBackend(t, testCrashAtEachStep)
+}
+
+func testCrashAtEachStep(t *testing.T, b *backend) {
 	ctx := context.Background()
 	crash := errors.New("crash")
 	// The steps inside a removal (ledger pending, purged) are
 	// natsstore's TestRemover_CrashAtEachStep.
 	for _, step := range []string{"segment-written", "manifest-written", "archive-confirmed", "forgotten", "removal-starting", "removed"} {
 		t.Run(step, func(t *testing.T) {
-			h := newHot(t, 4, 1, nil)
+			h := newHotOn(t, b, 4, 1, nil)
 			dest := &downDest{Dir: archive.NewDir(h.dir)}
 			arch := h.archive(dest)
 			var a retention.Archive = arch
@@ -306,13 +436,7 @@ func TestRetention_CrashAtEachStep(t *testing.T) {
 			}
 			r.Close(ctx)
 			h.requireSafe(false)
-			// Restart: a fresh archive, remover (which finishes a pending
-			// removal) and loop.
-			r2 := h.retention(h.archive(nil), h.remover(), retention.Options{})
-			if _, err := r2.Pass(ctx); err != nil {
-				t.Fatal(err)
-			}
-			h.requireSafe(true)
+			restart(t, h, b)
 			rep, err := archive.Verify(ctx, archive.NewDir(h.dir), archive.VerifyOptions{})
 			if err != nil {
 				t.Fatal(err)
@@ -322,6 +446,21 @@ func TestRetention_CrashAtEachStep(t *testing.T) {
 			}
 		})
 	}
+}
+
+// restart is what a process started after a crash or a kill does: once
+// the log's followers pass the removed runs (b.grace), a fresh archive,
+// remover (which finishes a pending removal) and loop make a pass; every
+// finished run then is archived and gone from the log.
+func restart(t *testing.T, h *hot, b *backend) {
+	t.Helper()
+	if b.grace > 0 {
+		time.Sleep(b.grace + 200*time.Millisecond) // the removed runs' records are older than the grace
+	}
+	if _, err := h.retention(h.archive(nil), h.remover(), retention.Options{}).Pass(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h.requireSafe(true)
 }
 
 func mustGauge(t *testing.T, reg *prometheus.Registry, name string) prometheus.Collector {
