@@ -1,10 +1,8 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -22,6 +20,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
 	"github.com/conductor-sidecar/sidecar/httpapi"
+	"github.com/conductor-sidecar/sidecar/proctest"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 )
@@ -115,39 +114,16 @@ func startNATSClusterEarly(t *testing.T) *natsCluster {
 	}
 	base := freeClusterPorts(t)
 	c := &natsCluster{env: append(os.Environ(), "NATS_CLUSTER_DIR="+t.TempDir(), "NATS_CLUSTER_PORT="+strconv.Itoa(base))}
+	t.Cleanup(func() { c.run(t, "stop") })
 	cmd := exec.Command(filepath.Join("..", "deploy", "local", "nats-cluster.sh"), "start")
 	cmd.Env = c.env
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	addrs := make([]string, 3)
+	for node := range addrs {
+		addrs[node] = "127.0.0.1:" + strconv.Itoa(base+node)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		<-done
-		c.run(t, "stop")
-	})
-	deadline := time.Now().Add(5 * time.Minute)
-	for node := range 3 {
-		for {
-			conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(base+node), time.Second)
-			if err == nil {
-				conn.Close()
-				break
-			}
-			select {
-			case err := <-done:
-				done <- err
-				t.Fatalf("nats-cluster.sh start ended before node %d took connections (%v):\n%s", node+1, err, out.String())
-			default:
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("node %d takes no connections after 5 minutes", node+1)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+	// The script ends by itself once the cluster is healthy (the nodes run
+	// on): its end is waited for, not forced, before the stop.
+	proctest.Start(t, cmd, proctest.Options{Stop: func(*proctest.Process) {}}, addrs...)
 	return c
 }
 

@@ -5,8 +5,6 @@ package archivetest
 
 import (
 	"context"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +16,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/conductor-sidecar/sidecar/archive"
+	"github.com/conductor-sidecar/sidecar/proctest"
 )
 
 // EnvBinary names the S3 server binary the tests run.
@@ -38,9 +37,7 @@ type S3Server struct {
 	bin, dir string
 	addr     string
 	t        testing.TB
-	cmd      *exec.Cmd
-	done     chan struct{}
-	logf     *os.File
+	proc     *proctest.Process // nil while stopped
 }
 
 // StartS3 starts the server of $SIDECAR_TEST_S3SERVER on a free loopback
@@ -63,29 +60,18 @@ func StartS3(t testing.TB) *S3Server {
 			t.Fatal(err)
 		}
 	}
-	logf, err := os.Create(filepath.Join(dir, "s3server.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &S3Server{bin: bin, dir: dir, addr: freeAddr(t), t: t, logf: logf}
+	s := &S3Server{bin: bin, dir: dir, addr: proctest.FreeAddr(t), t: t}
 	s.Endpoint = "http://" + s.addr
-	t.Cleanup(func() {
-		s.Stop()
-		_ = logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("s3 server log (tail):\n%s", tail(b, 4096))
-		}
-	})
+	t.Cleanup(s.Stop)
 	s.Start()
 	return s
 }
 
 // Start starts the server if it is not running and returns once it
-// answers HTTP.
+// listens.
 func (s *S3Server) Start() {
 	s.t.Helper()
-	if s.cmd != nil {
+	if s.proc != nil {
 		return
 	}
 	// The posix backend keeps object metadata in a sidecar directory, so
@@ -93,42 +79,17 @@ func (s *S3Server) Start() {
 	cmd := exec.Command(s.bin, "--access", AccessKeyID, "--secret", SecretAccessKey,
 		"--region", Region, "--port", s.addr, "--quiet",
 		"posix", "--sidecar", filepath.Join(s.dir, "meta"), filepath.Join(s.dir, "data"))
-	cmd.Stdout, cmd.Stderr = s.logf, s.logf
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + s.dir}
-	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("start %s: %v", s.bin, err)
-	}
-	s.cmd, s.done = cmd, make(chan struct{})
-	go func(done chan struct{}) { _ = cmd.Wait(); close(done) }(s.done)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get(s.Endpoint + "/")
-		if err == nil {
-			resp.Body.Close()
-			return
-		}
-		select {
-		case <-s.done:
-			b, _ := os.ReadFile(s.logf.Name())
-			s.t.Fatalf("s3 server exited at start:\n%s", tail(b, 4096))
-		default:
-		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(s.logf.Name())
-			s.t.Fatalf("s3 server not answering on %s after 30s:\n%s", s.Endpoint, tail(b, 4096))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	s.proc = proctest.Start(s.t, cmd, proctest.Options{Log: filepath.Join(s.dir, "s3server.log")}, s.addr)
 }
 
 // Stop kills the server's process and waits for it to exit.
 func (s *S3Server) Stop() {
-	if s.cmd == nil {
+	if s.proc == nil {
 		return
 	}
-	_ = s.cmd.Process.Kill()
-	<-s.done
-	s.cmd, s.done = nil, nil
+	s.proc.Stop()
+	s.proc = nil
 }
 
 // Config returns the S3Config of bucket/prefix on the server, with its
@@ -168,20 +129,4 @@ func (s *S3Server) Bucket(bucket, prefix string) *archive.S3 {
 		s.t.Fatal(err)
 	}
 	return d
-}
-
-func freeAddr(t testing.TB) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-func tail(b []byte, n int) string {
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	return string(b)
 }

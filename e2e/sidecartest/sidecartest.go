@@ -27,7 +27,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -41,6 +40,7 @@ import (
 	"time"
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+	"github.com/conductor-sidecar/sidecar/proctest"
 )
 
 // Environment variables the package reads.
@@ -123,12 +123,7 @@ func repoRoot() (string, error) {
 // FreeAddr returns a loopback address with a port nobody listens on now.
 func FreeAddr(tb testing.TB) string {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return proctest.FreeAddr(tb)
 }
 
 // Options say how Start runs "sidecar serve". The zero value runs it on

@@ -8,7 +8,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/conductor-sidecar/sidecar/proctest"
 )
 
 // EnvBinary names the collector binary the tests run.
@@ -26,7 +27,7 @@ type Collector struct {
 	// GRPC and HTTP are the OTLP endpoints (http://127.0.0.1:port).
 	GRPC, HTTP string
 	file       string
-	pid        int
+	proc       *proctest.Process
 }
 
 // Start starts the collector of $SIDECAR_TEST_OTELCOL on free loopback
@@ -43,7 +44,7 @@ func Start(t testing.TB) *Collector {
 		t.Skip(msg)
 	}
 	dir := t.TempDir()
-	c := &Collector{GRPC: "http://" + freeAddr(t), HTTP: "http://" + freeAddr(t), file: filepath.Join(dir, "spans.jsonl")}
+	c := &Collector{GRPC: "http://" + proctest.FreeAddr(t), HTTP: "http://" + proctest.FreeAddr(t), file: filepath.Join(dir, "spans.jsonl")}
 	cfg := fmt.Sprintf(`receivers:
   otlp:
     protocols:
@@ -68,50 +69,9 @@ service:
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logf, err := os.Create(filepath.Join(dir, "otelcol.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "--config", cfgPath)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", bin, err)
-	}
-	c.pid = cmd.Process.Pid
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		_ = logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("collector log:\n%s", b)
-		}
-	})
-	deadline := time.Now().Add(30 * time.Second)
-	for _, ep := range []string{c.GRPC, c.HTTP} {
-		for {
-			conn, err := net.DialTimeout("tcp", ep[len("http://"):], time.Second)
-			if err == nil {
-				conn.Close()
-				break
-			}
-			if time.Now().After(deadline) {
-				b, _ := os.ReadFile(logf.Name())
-				t.Fatalf("collector not listening on %s after 30s:\n%s", ep, b)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
+	c.proc = proctest.Start(t, exec.Command(bin, "--config", cfgPath), proctest.Options{Log: filepath.Join(dir, "otelcol.log")},
+		c.GRPC[len("http://"):], c.HTTP[len("http://"):])
 	return c
-}
-
-func freeAddr(t testing.TB) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // Span is a span as the collector received it.
@@ -256,7 +216,7 @@ func nanos(s string) time.Time {
 // so far, from /proc (Linux; clock ticks of 10 ms).
 func (c *Collector) CPU(t testing.TB) time.Duration {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.proc.Cmd.Process.Pid))
 	if err != nil {
 		t.Fatalf("read the collector's CPU: %v", err)
 	}
