@@ -409,37 +409,43 @@ type resuming struct {
 	again bool
 }
 
-// resumeLog is a resume's part in the log: RunResumed, checked against
-// the run's state.
+// resumeLog is a resume's part in the log: RunResumed, decided on the
+// run's state and appended only while that state is the run's
+// (statestore.Fenced): a run that ended or changed meanwhile is decided
+// again.
 func (c *Controller) resumeLog(ctx context.Context, runID string, req ResumeRequest) (*resuming, error) {
-	snap, err := c.snapshot(ctx, runID)
+	var r *resuming
+	_, _, err := statestore.Fenced(ctx, knownRuns{c.snaps}, c.emit, runID, func(snap *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+		r = &resuming{runID: runID, wf: workflowOf(snap), snap: snap}
+		if snap.Status == statestore.RunStatusRunning && snap.Pause != nil && snap.Pause.ResumedAt != "" && !snap.CancelRequested {
+			// A repeated resume (the first one may have been recorded
+			// without reaching Conductor): resume Conductor's workflow
+			// again.
+			r.again = true
+			return nil, nil
+		}
+		if snap.Status != statestore.RunStatusPaused || snap.Pause == nil {
+			return nil, c.invalid(snap, statestore.RunResumed)
+		}
+		if held := snap.HeldSteps(); len(held) > 0 {
+			// Resuming would leave a failed step with nothing to run it:
+			// the operator retries it (or cancels the run) first.
+			return nil, &statestore.Error{Code: statestore.CodeInvalidTransition,
+				Message: fmt.Sprintf("step %s failed and is held (onStepFailure: pause): retry it first, or cancel the run", strings.Join(held, ", ")),
+				Meta:    map[string]string{"actualState": snap.Status, "attemptedEventType": statestore.RunResumed, "heldSteps": strings.Join(held, ",")}}
+		}
+		return runEvent(snap, resumedPayload(req), snap.Pause.Cycle, c.opts.Now)
+	})
 	if err != nil {
 		return nil, err
 	}
-	r := &resuming{runID: runID, wf: workflowOf(snap), snap: snap}
-	if snap.Status == statestore.RunStatusRunning && snap.Pause != nil && snap.Pause.ResumedAt != "" && !snap.CancelRequested {
-		// A repeated resume (the first one may have been recorded without
-		// reaching Conductor): resume Conductor's workflow again.
-		r.again = true
+	if r.again {
 		return r, nil
 	}
-	if snap.Status != statestore.RunStatusPaused || snap.Pause == nil {
-		return nil, c.invalid(snap, statestore.RunResumed)
+	if r.snap.Substatus == statestore.SubstatusDraining {
+		c.opts.Metrics.drainEnded("resumed", c.waited(r.snap))
 	}
-	if held := snap.HeldSteps(); len(held) > 0 {
-		// Resuming would leave a failed step with nothing to run it: the
-		// operator retries it (or cancels the run) first.
-		return nil, &statestore.Error{Code: statestore.CodeInvalidTransition,
-			Message: fmt.Sprintf("step %s failed and is held (onStepFailure: pause): retry it first, or cancel the run", strings.Join(held, ", ")),
-			Meta:    map[string]string{"actualState": snap.Status, "attemptedEventType": statestore.RunResumed, "heldSteps": strings.Join(held, ",")}}
-	}
-	if _, err := c.record(ctx, snap, resumedPayload(req), snap.Pause.Cycle); err != nil {
-		return nil, err
-	}
-	if snap.Substatus == statestore.SubstatusDraining {
-		c.opts.Metrics.drainEnded("resumed", c.waited(snap))
-	}
-	c.logger.Info("run resumed", zap.String("runId", runID), zap.Int64("cycle", snap.Pause.Cycle))
+	c.logger.Info("run resumed", zap.String("runId", runID), zap.Int64("cycle", r.snap.Pause.Cycle))
 	return r, nil
 }
 
@@ -482,26 +488,28 @@ type cancelling struct {
 	cancelled statestore.RunCancelledPayload
 }
 
-// cancelLog is a cancel's first part in the log: RunCancelRequested. A run
-// it ends here (cancelled already, or queued), or an error, returns no
-// cancelling, and the state or the error as Cancel returns them.
+// cancelLog is a cancel's first part in the log: RunCancelRequested,
+// decided on the run's state and appended only while that state is the
+// run's (statestore.Fenced): a run that ended meanwhile is decided again.
+// A run it ends here (cancelled already, or queued), or an error, returns
+// no cancelling, and the state or the error as Cancel returns them.
 func (c *Controller) cancelLog(ctx context.Context, runID, reason, requestedBy string) (*cancelling, *State, error) {
-	snap, err := c.snapshot(ctx, runID)
+	snap, _, err := statestore.Fenced(ctx, knownRuns{c.snaps}, c.emit, runID, func(snap *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+		if snap.Status == statestore.RunStatusCancelled || snap.CancelRequested {
+			return nil, nil // cancelled, or its cancel recorded: nothing to add
+		}
+		if statestore.IsTerminalRunStatus(snap.Status) {
+			return nil, c.invalid(snap, statestore.RunCancelRequested)
+		}
+		return runEvent(snap, statestore.RunCancelRequestedPayload{Reason: reason, RequestedBy: requestedBy}, 1, c.opts.Now)
+	})
 	if err != nil {
 		return nil, nil, err
 	}
 	if snap.Status == statestore.RunStatusCancelled {
 		return nil, StateOf(snap, c.opts.DefaultTimeout), nil
 	}
-	if statestore.IsTerminalRunStatus(snap.Status) {
-		return nil, nil, c.invalid(snap, statestore.RunCancelRequested)
-	}
 	cancelled := statestore.RunCancelledPayload{Reason: reason, RequestedBy: requestedBy}
-	if !snap.CancelRequested {
-		if _, err := c.record(ctx, snap, statestore.RunCancelRequestedPayload{Reason: reason, RequestedBy: requestedBy}, 1); err != nil {
-			return nil, nil, err
-		}
-	}
 	if snap.Status == statestore.RunStatusQueued {
 		// Waiting for admission: no workflow exists yet. The run ends
 		// here, and the admission decider drops it (package admission).
@@ -584,33 +592,37 @@ const maxRetryRaces = 8
 // No Conductor call: the step's task is held by the workers, not failed.
 func (c *Controller) RetryStep(ctx context.Context, runID, stepID string, req RetryRequest) (*State, error) {
 	for range maxRetryRaces {
-		snap, err := c.snapshot(ctx, runID)
+		var next int64
+		snap, _, err := statestore.Fenced(ctx, knownRuns{c.snaps}, c.emit, runID, func(snap *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+			next = 0
+			st := snap.Step(stepID)
+			if st == nil {
+				return nil, ErrStepNotFound
+			}
+			if st.RetryRequested && st.Status == statestore.StepStatusPending {
+				return nil, nil // requested already
+			}
+			if snap.Status != statestore.RunStatusPaused || snap.CancelRequested {
+				return nil, c.invalid(snap, statestore.RunStepRetryRequested)
+			}
+			if st.Status != statestore.StepStatusFailed || !st.Held {
+				why := "it has not failed"
+				if st.Status == statestore.StepStatusFailed {
+					why = "its failure is final (the plan's onStepFailure is fail)"
+				}
+				return nil, &statestore.Error{Code: statestore.CodeInvalidTransition,
+					Message: fmt.Sprintf("step %s cannot be retried: %s (status %s, logical attempt %d)", stepID, why, st.Status, st.LogicalAttemptID),
+					Meta:    map[string]string{"actualState": st.Status, "attemptedEventType": statestore.RunStepRetryRequested}}
+			}
+			next = st.LogicalAttemptID + 1
+			payload := statestore.RunStepRetryRequestedPayload{Reason: req.Reason, RequestedBy: req.RequestedBy, StepID: stepID, StepLogicalAttemptID: next}
+			return runEvent(snap, payload, snap.StepRetries+1, c.opts.Now)
+		})
 		if err != nil {
 			return nil, err
 		}
-		st := snap.Step(stepID)
-		if st == nil {
-			return nil, ErrStepNotFound
-		}
-		if st.RetryRequested && st.Status == statestore.StepStatusPending {
+		if next == 0 {
 			return StateOf(snap, c.opts.DefaultTimeout), nil
-		}
-		if snap.Status != statestore.RunStatusPaused || snap.CancelRequested {
-			return nil, c.invalid(snap, statestore.RunStepRetryRequested)
-		}
-		if st.Status != statestore.StepStatusFailed || !st.Held {
-			why := "it has not failed"
-			if st.Status == statestore.StepStatusFailed {
-				why = "its failure is final (the plan's onStepFailure is fail)"
-			}
-			return nil, &statestore.Error{Code: statestore.CodeInvalidTransition,
-				Message: fmt.Sprintf("step %s cannot be retried: %s (status %s, logical attempt %d)", stepID, why, st.Status, st.LogicalAttemptID),
-				Meta:    map[string]string{"actualState": st.Status, "attemptedEventType": statestore.RunStepRetryRequested}}
-		}
-		next := st.LogicalAttemptID + 1
-		payload := statestore.RunStepRetryRequestedPayload{Reason: req.Reason, RequestedBy: req.RequestedBy, StepID: stepID, StepLogicalAttemptID: next}
-		if _, err := c.record(ctx, snap, payload, snap.StepRetries+1); err != nil {
-			return nil, err
 		}
 		// The request number is per run: a concurrent retry of another step
 		// may have taken it, and then ours was deduplicated into theirs.

@@ -644,3 +644,85 @@ func TestPause_FenceRefusesAfterATerminalEvent(t *testing.T) {
 		})
 	}
 }
+
+// landAfterFirstRead is the controller's view of the log (memstore), with
+// another writer's event landing right after the first read of run "r":
+// between the action's decision and its append.
+type landAfterFirstRead struct {
+	*memstore.Store
+	t    *testing.T
+	ev   *statestore.RunEventWrite
+	once sync.Once
+}
+
+func (l *landAfterFirstRead) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	snap, err := l.Store.ProjectSnapshot(ctx, runID)
+	if err != nil || runID != "r" {
+		return snap, err
+	}
+	l.once.Do(func() {
+		if _, err := l.Store.Append(ctx, l.ev); err != nil {
+			l.t.Errorf("append %s: %v", l.ev.EventType, err)
+		}
+	})
+	return snap, nil
+}
+
+// TestController_ActionsDecideAgainWhenTheRunMovesOn: an operator's
+// action whose event another writer's event made invalid between the
+// action's read and its append (the run ended, or a cancel was
+// requested) is answered INVALID_TRANSITION on the run's new state and
+// appends nothing: the action's event is appended on the state it was
+// decided on (statestore.Fenced) and decided again when the run moved on.
+func TestController_ActionsDecideAgainWhenTheRunMovesOn(t *testing.T) {
+	ctx := context.Background()
+	held := storetest.WithPayload(storetest.Event("r", statestore.StepFailed, "a"),
+		map[string]any{"error": map[string]any{"code": "EXIT_CODE", "message": "exit 1"}, "onStepFailure": "pause"})
+	for _, tc := range []struct {
+		name   string
+		before []*statestore.RunEventWrite // after RunStarted and StepStarted a
+		lands  *statestore.RunEventWrite
+		act    func(c *drain.Controller) error
+	}{
+		{"Resume/RunFailedLands", []*statestore.RunEventWrite{storetest.Event("r", statestore.RunPaused, "")},
+			storetest.Event("r", statestore.RunFailed, ""),
+			func(c *drain.Controller) error { _, err := c.Resume(ctx, "r", drain.ResumeRequest{}); return err }},
+		{"Cancel/RunCompletedLands", nil,
+			storetest.Event("r", statestore.RunCompleted, ""),
+			func(c *drain.Controller) error { _, err := c.Cancel(ctx, "r", "operator", "jane"); return err }},
+		{"RetryStep/CancelRequestedLands", []*statestore.RunEventWrite{held, storetest.Event("r", statestore.RunPaused, "")},
+			storetest.Event("r", statestore.RunCancelRequested, ""),
+			func(c *drain.Controller) error {
+				_, err := c.RetryStep(ctx, "r", "a", drain.RetryRequest{})
+				return err
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mem, eng := setup(t, "a")
+			for _, w := range tc.before {
+				w := *w
+				w.EventID = uuid.NewString()
+				if _, err := mem.Append(ctx, &w); err != nil {
+					t.Fatal(err)
+				}
+			}
+			lands := *tc.lands
+			lands.EventID = uuid.NewString()
+			reader := &landAfterFirstRead{Store: mem, t: t, ev: &lands}
+			c := drain.New(reader, emitter{mem}, eng, drain.Options{Logger: zaptest.NewLogger(t)})
+			if err := tc.act(c); !errors.Is(err, statestore.ErrInvalidTransition) {
+				t.Errorf("got %v, want INVALID_TRANSITION on the run's new state", err)
+			}
+			recs, err := mem.Fetch(ctx, "r", 0, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, alerts := statestore.Reduce(nil, recs); len(alerts) != 0 {
+				t.Fatalf("the action appended an event the projector flags: %s", alerts[0].Reason)
+			}
+			if last := recs[len(recs)-1].EventType; last != tc.lands.EventType {
+				t.Fatalf("last event %s, want %s (nothing after it)", last, tc.lands.EventType)
+			}
+		})
+	}
+}
