@@ -344,11 +344,22 @@ func (r *Runs) recordTasks(ctx context.Context, snaps SnapshotReader, rec *Run, 
 			return true, control, err
 		}
 		for _, ev := range evs {
-			if d := statestore.Decide(snap, ev.EventType, ev.StepID, ev.LogicalAttemptID); d.Outcome != statestore.Apply {
-				break // the log moved on (the proxy recorded the step): nothing to add
-			}
-			if _, err := r.emitter.Emit(ctx, ev); err != nil {
+			// Appended on the state it was decided on: a run that moved on
+			// meanwhile (the proxy recorded the step, the run ended) is
+			// decided again.
+			var applies bool
+			snap, _, err = statestore.Fenced(ctx, statestore.ReadFirst(snap, snaps), r.emitter, rec.RunID, func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+				applies = statestore.Decide(s, ev.EventType, ev.StepID, ev.LogicalAttemptID).Outcome == statestore.Apply
+				if !applies {
+					return nil, nil // the log moved on: nothing to add
+				}
+				return ev, nil
+			})
+			if err != nil {
 				return true, control, fmt.Errorf("adapter: record task %s of adopted run %s: %w", t.TaskId, rec.RunID, err)
+			}
+			if !applies {
+				break
 			}
 			if snap, err = snaps.ProjectSnapshot(ctx, rec.RunID); err != nil {
 				return true, control, err

@@ -1,11 +1,16 @@
 package adapter
 
 import (
+	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"github.com/google/uuid"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
@@ -166,5 +171,66 @@ func TestAdoptedTaskInput(t *testing.T) {
 	}
 	if e, l := a.Attempts(int(task.RetryCount)); e != 2 || l != 1 {
 		t.Fatalf("attempts %d/%d, want engine 2 logical 1", e, l)
+	}
+}
+
+// endAfterFirstRead is the adopter's view of the log (the real store),
+// with the run's end landing right after its first read of run: between
+// recordTasks' decision and the append of the tasks it decided to record.
+type endAfterFirstRead struct {
+	t    *testing.T
+	env  *natsEnv
+	run  *Run
+	once sync.Once
+}
+
+func (e *endAfterFirstRead) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	snap, err := e.env.store.ProjectSnapshot(ctx, runID)
+	if err != nil || runID != e.run.RunID {
+		return snap, err
+	}
+	e.once.Do(func() {
+		ev, err := runEvent(e.run, statestore.RunCompleted, statestore.RunCompletedPayload{EngineStatus: "COMPLETED"})
+		if err == nil {
+			_, err = e.env.emitter.Emit(ctx, ev)
+		}
+		if err != nil {
+			e.t.Errorf("the run's end: %v", err)
+		}
+	})
+	return snap, nil
+}
+
+// TestRecordTasks_RunEndsMeanwhile: the step events of an adopted run's
+// tasks are appended on the state they were decided on; a run that ended
+// between recordTasks' read and its append gets no StepStarted after its
+// RunCompleted (not valid on a COMPLETED run): the tasks are decided again
+// and nothing is left to record.
+func TestRecordTasks_RunEndsMeanwhile(t *testing.T) {
+	ctx := context.Background()
+	env := newNATS(t)
+	r, err := OpenRuns(ctx, env.connect(t), newClient(t, "http://127.0.0.1:1/api", 100*time.Millisecond), env.emitter, RunsOptions{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &Run{RunID: uuid.NewString(), TenantID: "t", ProjectID: "p", EnvironmentID: "e", PlanID: "orders", PlanVersion: "2"}
+	started, err := runEvent(rec, statestore.RunStarted, statestore.RunStartedPayload{EngineType: EngineType, EngineRunRef: statestore.ConductorRunRef("orders", "wf-1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.emitter.Emit(ctx, started); err != nil {
+		t.Fatal(err)
+	}
+	wf := &model.Workflow{WorkflowId: "wf-1", Tasks: []model.Task{{TaskType: "HTTP", Status: "COMPLETED", ReferenceTaskName: "call",
+		TaskId: "t1", StartTime: 1_700_000_000_000, EndTime: 1_700_000_001_000}}}
+	if _, _, err := r.recordTasks(ctx, &endAfterFirstRead{t: t, env: env, run: rec}, rec, wf, true); err != nil {
+		t.Fatal(err)
+	}
+	recs := env.events(t, rec.RunID)
+	if _, alerts := statestore.Reduce(nil, recs); len(alerts) != 0 {
+		t.Fatalf("recordTasks appended an event the projector flags: %s (log %s)", alerts[0].Reason, strings.Join(eventTypes(recs), " "))
+	}
+	if got := strings.Join(eventTypes(recs), " "); got != "RunStarted RunCompleted" {
+		t.Fatalf("log %s, want RunStarted RunCompleted", got)
 	}
 }

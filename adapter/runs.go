@@ -27,9 +27,9 @@ const (
 const EngineType = "conductor"
 
 // Emitter appends events through the EventIdRegistry protocol;
-// *registry.Emitter satisfies it. The adapter appends RunStarted and the
-// steps of adopted runs with Emit, and the run's terminal event with
-// EmitIf, fenced on the runSeq of the state it was decided on.
+// *registry.Emitter satisfies it. The adapter appends RunStarted with
+// Emit, and the run's terminal event and the steps of adopted runs with
+// EmitIf, fenced on the runSeq of the state they were decided on.
 type Emitter interface {
 	Emit(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error)
 	// EmitIf appends only if the run's last runSeq is lastSeq (else an

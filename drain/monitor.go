@@ -407,7 +407,7 @@ func (c *Controller) endDrain(ctx context.Context, snap *statestore.RunSnapshot)
 		waited   time.Duration
 		inflight []string
 	)
-	now, res, err := statestore.Fenced(ctx, &readFirst{snap: snap, runs: knownRuns{c.snaps}}, c.emit, runID, func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+	now, res, err := statestore.Fenced(ctx, statestore.ReadFirst(snap, knownRuns{c.snaps}), c.emit, runID, func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
 		ended = ""
 		if s.Status != statestore.RunStatusPaused || s.Pause == nil || s.Pause.DrainEndedAt != "" {
 			return nil, nil // resumed, ended or drained meanwhile: the next check unwatches it
@@ -449,22 +449,6 @@ func (c *Controller) endDrain(ctx context.Context, snap *statestore.RunSnapshot)
 			zap.Strings("inFlightStepIds", inflight), zap.Duration("waited", waited))
 	}
 	return now
-}
-
-// readFirst is a statestore.FenceReader that answers its first read with
-// snap, the state a caller already read, and reads runs after that: a
-// fenced append decided on a read the caller made costs no second read.
-type readFirst struct {
-	snap *statestore.RunSnapshot
-	runs statestore.FenceReader
-}
-
-func (r *readFirst) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
-	if snap := r.snap; snap != nil {
-		r.snap = nil
-		return snap, nil
-	}
-	return r.runs.ProjectSnapshot(ctx, runID)
 }
 
 // warnLimiter logs a warning at most once a minute, with the number of

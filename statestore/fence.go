@@ -76,3 +76,24 @@ func Fenced(ctx context.Context, runs FenceReader, emit FenceAppender, runID str
 		return snap, res, err
 	}
 }
+
+// ReadFirst returns a FenceReader that answers its first read with snap,
+// the state a producer already read, and reads runs after that: a fenced
+// append decided on a read the producer made costs no second read. It is
+// for one Fenced call; snap must be of the run that call reads.
+func ReadFirst(snap *RunSnapshot, runs FenceReader) FenceReader {
+	return &readFirst{snap: snap, runs: runs}
+}
+
+type readFirst struct {
+	snap *RunSnapshot
+	runs FenceReader
+}
+
+func (r *readFirst) ProjectSnapshot(ctx context.Context, runID string) (*RunSnapshot, error) {
+	if snap := r.snap; snap != nil {
+		r.snap = nil
+		return snap, nil
+	}
+	return r.runs.ProjectSnapshot(ctx, runID)
+}

@@ -3,6 +3,7 @@ package statestore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -88,4 +89,40 @@ func TestFenced(t *testing.T) {
 			t.Fatalf("got %v after %d decisions, want RUN_CHANGED after %d", err, decisions, statestore.MaxFenceRetries+1)
 		}
 	})
+}
+
+// TestReadFirst: Fenced on a state the producer read before decides on it
+// without reading again, and when the run moved on since that read, the
+// conditional append is refused and the next decision is on the run's
+// state as the store has it.
+func TestReadFirst(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	if _, err := mem.Append(ctx, storetest.Event("r", statestore.RunStarted, "")); err != nil {
+		t.Fatal(err)
+	}
+	read, err := mem.ProjectSnapshot(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mem.Append(ctx, storetest.Event("r", statestore.RunPaused, "")); err != nil {
+		t.Fatal(err)
+	}
+	var decided []string
+	_, _, err = statestore.Fenced(ctx, statestore.ReadFirst(read, mem), storeEmitter{mem}, "r", func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+		decided = append(decided, s.Status)
+		if s.Status != statestore.RunStatusRunning {
+			return nil, nil
+		}
+		return storetest.Event("r", statestore.RunCompleted, ""), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(decided); got != "[RUNNING PAUSED]" {
+		t.Fatalf("decided on %s, want [RUNNING PAUSED] (the read handed in, then the store's)", got)
+	}
+	if recs, _ := mem.Fetch(ctx, "r", 0, 0); len(recs) != 2 {
+		t.Fatalf("%d records, want 2 (RunCompleted refused)", len(recs))
+	}
 }
