@@ -726,3 +726,80 @@ func TestController_ActionsDecideAgainWhenTheRunMovesOn(t *testing.T) {
 		})
 	}
 }
+
+// followEngine is the engine fake of the controller's tests with the
+// workflow status the Follower reads.
+type followEngine struct {
+	*engine
+	status string
+}
+
+func (e followEngine) WorkflowStatus(context.Context, string) (string, error) { return e.status, nil }
+
+// ledger is an engine ledger holding one note.
+type ledger struct {
+	paused bool
+	cycle  int64
+}
+
+func (l *ledger) NoteEngine(_ context.Context, _ string, paused bool, cycle int64) error {
+	l.paused, l.cycle = paused, cycle
+	return nil
+}
+
+func (l *ledger) EngineState(context.Context, string) (bool, int64, error) {
+	return l.paused, l.cycle, nil
+}
+
+// landAfterRead is landAfterFirstRead at the nth read of run "r".
+type landAfterRead struct {
+	*memstore.Store
+	t     *testing.T
+	ev    *statestore.RunEventWrite
+	n     int
+	reads int
+}
+
+func (l *landAfterRead) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	snap, err := l.Store.ProjectSnapshot(ctx, runID)
+	if err != nil || runID != "r" {
+		return snap, err
+	}
+	if l.reads++; l.reads == l.n {
+		if _, err := l.Store.Append(ctx, l.ev); err != nil {
+			l.t.Errorf("append %s: %v", l.ev.EventType, err)
+		}
+	}
+	return snap, nil
+}
+
+// TestFollower_ResumeInConductorRacesTheEnd: the Follower records a resume
+// made in Conductor (RunResumed, requestedBy conductor) on the state it
+// decided on; a run that ended between that read and the append (its
+// RunFailed landed) gets no RunResumed after its end.
+func TestFollower_ResumeInConductorRacesTheEnd(t *testing.T) {
+	ctx := context.Background()
+	mem, eng := setup(t)
+	paused := storetest.Event("r", statestore.RunPaused, "")
+	if _, err := mem.Append(ctx, paused); err != nil {
+		t.Fatal(err)
+	}
+	failed := storetest.Event("r", statestore.RunFailed, "")
+	// The Follower reads the run, then the ledger and Conductor, then the
+	// run again, and decides on that second read.
+	reader := &landAfterRead{Store: mem, t: t, ev: failed, n: 2}
+	f := drain.NewFollower(reader, emitter{mem}, followEngine{eng, drain.EngineRunning}, &ledger{paused: true, cycle: 1}, drain.FollowerOptions{Logger: zaptest.NewLogger(t)})
+	if _, err := f.Saw(ctx, "r", "wf1", drain.EngineRunning); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := mem.Fetch(ctx, "r", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, alerts := statestore.Reduce(nil, recs); len(alerts) != 0 {
+		t.Fatalf("the Follower appended an event the projector flags: %s", alerts[0].Reason)
+	}
+	if last := recs[len(recs)-1].EventType; last != statestore.RunFailed {
+		t.Fatalf("last event %s, want RunFailed (nothing after it)", last)
+	}
+}

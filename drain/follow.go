@@ -220,15 +220,29 @@ func (f *Follower) pausedInConductor(ctx context.Context, snap *statestore.RunSn
 }
 
 // resumedInConductor records a resume made in Conductor: RunResumed of the
-// open cycle.
+// open cycle, appended only while the log still says what the resume was
+// decided on (snap: PAUSED at that cycle); a run that ended or moved on
+// meanwhile is decided again at the next check.
 func (f *Follower) resumedInConductor(ctx context.Context, snap *statestore.RunSnapshot, workflowID string) (string, error) {
-	if _, err := record(ctx, f.emit, snap, resumedPayload(ResumeRequest{
-		RequestedBy: statestore.RequestedByConductor, Reason: "resumed in Conductor"}), snap.Pause.Cycle, f.opts.Now); err != nil {
+	cycle := snap.Pause.Cycle
+	payload := resumedPayload(ResumeRequest{RequestedBy: statestore.RequestedByConductor, Reason: "resumed in Conductor"})
+	var still bool
+	_, _, err := statestore.Fenced(ctx, statestore.ReadFirst(snap, f.snaps), f.emit, snap.RunID, func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+		open, paused := pauseOf(s)
+		if still = followed(s) && paused && open == cycle; !still {
+			return nil, nil // decided again at the next check
+		}
+		return runEvent(s, payload, cycle, f.opts.Now)
+	})
+	if errors.Is(err, statestore.ErrRunChanged) || errors.Is(err, statestore.ErrNotFound) {
+		return "", nil // decided again at the next check
+	}
+	if err != nil || !still {
 		return "", err
 	}
 	f.logger.Warn("the run's workflow was resumed in Conductor; recorded the resume",
-		zap.String("runId", snap.RunID), zap.String("workflowId", workflowID), zap.Int64("cycle", snap.Pause.Cycle))
-	return FollowConductorResumed, f.ledger.NoteEngine(ctx, snap.RunID, false, snap.Pause.Cycle)
+		zap.String("runId", snap.RunID), zap.String("workflowId", workflowID), zap.Int64("cycle", cycle))
+	return FollowConductorResumed, f.ledger.NoteEngine(ctx, snap.RunID, false, cycle)
 }
 
 // closePause appends the RunResumed that closes a pause Conductor never
