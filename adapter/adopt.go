@@ -327,7 +327,11 @@ func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption b
 // Conductor's order); pending reports a system task whose end is still to
 // be recorded, control a control task still open (a JOIN waiting for its
 // branches, a loop, a WAIT).
-func (r *Runs) recordTasks(ctx context.Context, snaps SnapshotReader, rec *Run, wf *model.Workflow, adoption bool) (pending, control bool, err error) {
+//
+// gatedTaskID, when set, is the task whose poll through the proxy adopts
+// the workflow: Conductor shows it IN_PROGRESS (the proxy's poll took it),
+// but no worker has it yet, so the mid-flight rule leaves it to the gate.
+func (r *Runs) recordTasks(ctx context.Context, snaps SnapshotReader, rec *Run, wf *model.Workflow, adoption bool, gatedTaskID string) (pending, control bool, err error) {
 	snap, err := snaps.ProjectSnapshot(ctx, rec.RunID)
 	if err != nil {
 		return true, false, fmt.Errorf("adapter: snapshot of adopted run %s: %w", rec.RunID, err)
@@ -337,7 +341,7 @@ func (r *Runs) recordTasks(ctx context.Context, snaps SnapshotReader, rec *Run, 
 	}
 	for i := range wf.Tasks {
 		t := &wf.Tasks[i]
-		evs, p, err := taskEvents(rec, t, snap.Step(stepIDOf(t)), adoption)
+		evs, p, err := taskEvents(rec, t, snap.Step(stepIDOf(t)), adoption && (gatedTaskID == "" || t.TaskId != gatedTaskID))
 		pending = pending || p
 		control = control || (controlTaskTypes[t.TaskType] && (t.Status == "SCHEDULED" || t.Status == "IN_PROGRESS"))
 		if err != nil {

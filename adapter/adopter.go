@@ -28,7 +28,12 @@ type AdopterOptions struct {
 	// task poll showed yet (default 5).
 	DiscoverEvery int
 	// Owner divides the adopted runs between replicas (default: all).
-	Owner  Owner
+	Owner Owner
+	// Pauses, when set, is told when a read of an adopted workflow finds
+	// it PAUSED in Conductor (the run watcher's follower), so that a pause
+	// made in Conductor is in the log before the gate decides on the
+	// workflow's tasks, not only at the watcher's next scan.
+	Pauses PauseFollower
 	Logger *zap.Logger
 }
 
@@ -218,14 +223,17 @@ func (a *Adopter) Step(t *model.Task) (*plan.TaskInput, bool) {
 // Sync records what the log lacks of the tasks of t's workflow, when it
 // is an adopted run this process follows, before the gate starts t's step
 // (taskworkers.AdoptedSteps): the system tasks Conductor ran before t
-// come before it in the log. A workflow not adopted yet is adopted by
-// the gate's guard (Ensure), which records them.
+// come before it in the log. A workflow this process does not follow yet
+// is adopted here (as Ensure does), t left to the gate: Conductor shows
+// it IN_PROGRESS since the proxy's poll, but no worker has it yet, and a
+// workflow found PAUSED must hold it back rather than have it recorded
+// as started by the mid-flight rule.
 func (a *Adopter) Sync(ctx context.Context, t *model.Task) error {
 	a.mu.Lock()
 	f, known := a.known[t.WorkflowInstanceId]
 	a.mu.Unlock()
 	if !known {
-		return nil
+		return a.ensure(ctx, t.WorkflowInstanceId, t.TaskId)
 	}
 	return a.read(ctx, f.rec, adoptReadGate)
 }
@@ -238,6 +246,12 @@ func (a *Adopter) Adopts(runID, workflowID string) bool { return runID == workfl
 // what of its tasks the log lacks; ErrNotFound when its definition is not
 // adopted (or Conductor does not know it).
 func (a *Adopter) Ensure(ctx context.Context, workflowID string) error {
+	return a.ensure(ctx, workflowID, "")
+}
+
+// ensure is Ensure; gatedTaskID is the task whose poll adopts the
+// workflow ("" when no poll does), which the gate starts.
+func (a *Adopter) ensure(ctx context.Context, workflowID, gatedTaskID string) error {
 	a.runs.metrics.adoptRead(adoptReadAdoption)
 	wf, err := a.runs.conductor.Workflow(ctx, workflowID, true)
 	if err != nil {
@@ -251,17 +265,18 @@ func (a *Adopter) Ensure(ctx context.Context, workflowID string) error {
 		// the log as that run already.
 		return &Error{Code: CodeNotFound, Op: "adopt", Message: "workflow " + workflowID + " is a plan run's; it is not adopted"}
 	}
-	return a.adopt(ctx, wf)
+	return a.adopt(ctx, wf, gatedTaskID)
 }
 
 // adopt records wf as a run and brings its tasks into the log (the
 // mid-flight rule on the first read).
-func (a *Adopter) adopt(ctx context.Context, wf *model.Workflow) error {
+func (a *Adopter) adopt(ctx context.Context, wf *model.Workflow, gatedTaskID string) error {
 	rec, err := a.runs.adoptRun(ctx, wf, a.opts.Identity)
 	if err != nil {
 		return err
 	}
-	pending, control, err := a.runs.recordTasks(ctx, a.snaps, rec, wf, true)
+	pending, control, err := a.runs.recordTasks(ctx, a.snaps, rec, wf, true, gatedTaskID)
+	err = errors.Join(err, a.sawPaused(ctx, rec, wf))
 	a.mu.Lock()
 	if wf.Status == model.RunningWorkflow || wf.Status == model.PausedWorkflow {
 		f := &followed{rec: rec, pending: pending || err != nil}
@@ -296,7 +311,8 @@ func (a *Adopter) read(ctx context.Context, rec *Run, reason string) error {
 	if err != nil {
 		return err
 	}
-	pending, control, err := a.runs.recordTasks(ctx, a.snaps, rec, wf, false)
+	pending, control, err := a.runs.recordTasks(ctx, a.snaps, rec, wf, false, "")
+	err = errors.Join(err, a.sawPaused(ctx, rec, wf))
 	a.mu.Lock()
 	if f, ok := a.known[rec.RunID]; ok {
 		f.pending = pending || err != nil
@@ -310,6 +326,19 @@ func (a *Adopter) read(ctx context.Context, rec *Run, reason string) error {
 		}
 	}
 	a.mu.Unlock()
+	return err
+}
+
+// sawPaused tells the pause follower that wf, rec's workflow, is PAUSED
+// in Conductor: a pause made there is recorded (RunPaused, requestedBy
+// conductor) unless the log has it already or it is the sidecar's own.
+// Conductor's pause leaves the workflow's scheduled tasks pollable, so the
+// gate, which decides on the log, must see it first.
+func (a *Adopter) sawPaused(ctx context.Context, rec *Run, wf *model.Workflow) error {
+	if a.opts.Pauses == nil || wf.Status != model.PausedWorkflow {
+		return nil
+	}
+	_, err := a.opts.Pauses.Saw(ctx, rec.RunID, rec.WorkflowID, string(wf.Status))
 	return err
 }
 

@@ -301,3 +301,46 @@ func TestE2E_AdoptKillSidecarWithTasksInFlight(t *testing.T) {
 		}
 	}
 }
+
+// TestE2E_AdoptPausedInConductorBeforeItsFirstPoll: a workflow paused in
+// Conductor while its SIMPLE task waits SCHEDULED (pollable: Conductor's
+// pause does not withdraw it), before any worker polled it. The worker's
+// first poll through the proxy adopts the workflow: the adoption finds it
+// PAUSED, so the log records the pause (requestedBy conductor) before the
+// gate decides, and the task is handed back, not started. Resumed in
+// Conductor, the task starts and the run completes.
+func TestE2E_AdoptPausedInConductorBeforeItsFirstPoll(t *testing.T) {
+	w := sdkWorkerFor(t, "python")
+	condURL := conductortest.URL(t)
+	taskType := uniq("adopt_prepaused")
+	name := uniq("adopt_prepaused")
+	registerDef(t, condURL, name, []map[string]any{simpleTask("work", taskType, 0)})
+	proxyAddr := sidecartest.FreeAddr(t)
+	// A long --adopt-interval: the workflow is adopted by the worker's
+	// poll, not by a read of the running list.
+	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--conductor-proxy-listen", proxyAddr, "--adopt", name, "--adopt-interval", "1m")
+	runID := startWorkflow(t, condURL, name, "", map[string]any{})
+	conductorCall(t, http.MethodPut, "/workflow/"+runID+"/pause", "")
+	w.start(t, "http://"+proxyAddr+"/api", taskType, "", 1)
+	sidecartest.WaitFor(t, "the workflow to be adopted and its pause recorded", 90*time.Second, func() bool {
+		return eventIndex(eventsOf(t, p, runID), statestore.RunPaused, "", 0) >= 0
+	})
+	evs := allEvents(t, p, runID)
+	paused := eventIndex(evs, statestore.RunPaused, "", 0)
+	if s := eventIndex(evs, statestore.StepStarted, "work", 0); s >= 0 && s < paused {
+		t.Fatalf("work started (log index %d) in a workflow paused in Conductor, before the log had its pause (index %d)\n%v", s, paused, stepTypes(evs))
+	}
+	if !strings.Contains(string(evs[paused].Payload), `"requestedBy":"conductor"`) {
+		t.Fatalf("RunPaused %s, want requestedBy conductor", evs[paused].Payload)
+	}
+	conductorCall(t, http.MethodPut, "/workflow/"+runID+"/resume", "")
+	if v := waitTerminal(t, p, runID, 120*time.Second); v.Status != statestore.RunStatusCompleted {
+		t.Fatalf("run %s after the resume in Conductor, want COMPLETED\n%v", v.Status, stepTypes(allEvents(t, p, runID)))
+	}
+	evs = allEvents(t, p, runID)
+	t.Logf("log: %v", stepTypes(evs))
+	validLog(t, evs)
+	if r, s := eventIndex(evs, statestore.RunResumed, "", 0), eventIndex(evs, statestore.StepStarted, "work", 0); r < 0 || s < r {
+		t.Fatalf("work started at %d, RunResumed at %d: want the start after the resume\n%v", s, r, stepTypes(evs))
+	}
+}

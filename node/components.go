@@ -178,7 +178,7 @@ func (n *Node) openWatcher(ctx context.Context) error {
 	wopts := adapter.WatcherOptions{Owner: n.members, Pauses: pauses, Logger: n.log, Metrics: n.adapterM}
 	if len(n.cfg.Adopt.Specs) > 0 {
 		aopts := n.cfg.Adopt
-		aopts.Owner, aopts.Logger = n.members, n.log
+		aopts.Owner, aopts.Pauses, aopts.Logger = n.members, pauses, n.log
 		n.adopter = adapter.NewAdopter(n.runs, n.store, aopts)
 		wopts.Adopted = n.adopter
 	}
