@@ -50,7 +50,7 @@ func (v *adoptValue) Set(s string) error {
 
 func (c *adoptConfig) registerFlags(fs *flag.FlagSet) {
 	adopt := &adoptValue{p: &c.Specs}
-	fs.Var(adopt, "adopt", "make every workflow of this Conductor definition a run of the log: NAME or NAME:VERSION (repeatable; env "+envName("adopt")+", comma-separated)")
+	fs.Var(adopt, "adopt", "make every workflow of this Conductor definition a run of the log: NAME or NAME:VERSION (repeatable, or comma-separated) (env "+envName("adopt")+")")
 	if v, ok := os.LookupEnv(envName("adopt")); ok {
 		_ = adopt.Set(v)
 		adopt.fromEnv = true
