@@ -290,6 +290,88 @@ func TestChart_TaskProxyTokens(t *testing.T) {
 	}
 }
 
+// TestChart_AdoptAndRetention: taskProxy.adopt and retention reach serve as
+// its variables (every ConfigMap key a flag of serve), the retention
+// role's pgpass file and the NATS retention user's password from their
+// Secrets, mounted read-only 0440 where the variables point.
+func TestChart_AdoptAndRetention(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		values []string
+		set    []string
+		want   map[string]string
+		mounts map[string]string // secret name -> file the env points at
+	}{
+		{"NATS", []string{"replicated.yaml"}, []string{"taskProxy.adopt={orders,billing:3}", "taskProxy.adoptInterval=2s",
+			"retention.finished=720h", "retention.archive=s3://archive/sidecar", "retention.conductor=false", "retention.natsPasswordSecret.name=nats-retention"},
+			map[string]string{"SIDECAR_ADOPT": "orders,billing:3", "SIDECAR_ADOPT_INTERVAL": "2s", "SIDECAR_RETAIN_FINISHED": "720h",
+				"SIDECAR_ARCHIVE": "s3://archive/sidecar", "SIDECAR_RETAIN_CONDUCTOR": "false"},
+			map[string]string{"nats-retention": "SIDECAR_RETENTION_NATS_PASSWORD_FILE"}},
+		{"Postgres", []string{"postgres.yaml"}, []string{"store.passwordSecret.name=", "retention.finished=48h", "retention.archive=s3://archive/pg",
+			"retention.store=postgres://sidecar_retention@postgres.db.svc:5432/sidecar", "retention.passfileSecret.name=sidecar-pgpass"},
+			map[string]string{"SIDECAR_RETAIN_FINISHED": "48h", "SIDECAR_RETENTION_STORE": "postgres://sidecar_retention@postgres.db.svc:5432/sidecar",
+				"SIDECAR_RETAIN_CONDUCTOR": "true"},
+			map[string]string{"sidecar-pgpass": "PGPASSFILE"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var extra []string
+			for _, s := range tc.set {
+				extra = append(extra, "--set", s)
+			}
+			out, err := template(t, tc.values, extra...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := decodeRender(t, out)
+			d := the(t, "Deployments", m.deployments)
+			c := container(t, d, "sidecar")
+			var cm *corev1.ConfigMap
+			for _, x := range m.configMaps {
+				if x.Name == c.EnvFrom[0].ConfigMapRef.Name {
+					cm = x
+				}
+			}
+			if cm == nil {
+				t.Fatal("no ConfigMap of the sidecar's")
+			}
+			for key := range cm.Data {
+				if !flags.isFlag(key) {
+					t.Errorf("ConfigMap key %s is no flag of sidecar serve", key)
+				}
+			}
+			for k, v := range tc.want {
+				if cm.Data[k] != v {
+					t.Errorf("%s = %q, want %q", k, cm.Data[k], v)
+				}
+			}
+			checkSecretModes(t, d)
+			env := map[string]string{}
+			for k, v := range cm.Data {
+				env[k] = v
+			}
+			for _, e := range c.Env {
+				env[e.Name] = e.Value
+			}
+			for secret, variable := range tc.mounts {
+				vi := slices.IndexFunc(d.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool { return v.Secret != nil && v.Secret.SecretName == secret })
+				if vi < 0 {
+					t.Fatalf("no volume of the Secret %s", secret)
+				}
+				vol := d.Spec.Template.Spec.Volumes[vi]
+				file := env[variable]
+				mi := slices.IndexFunc(c.VolumeMounts, func(v corev1.VolumeMount) bool { return v.Name == vol.Name })
+				if mi < 0 || !c.VolumeMounts[mi].ReadOnly || len(vol.Secret.Items) != 1 ||
+					file != c.VolumeMounts[mi].MountPath+"/"+vol.Secret.Items[0].Path {
+					t.Errorf("%s = %q is not the read-only mount of the Secret %s: %+v %+v", variable, file, secret, c.VolumeMounts, vol)
+				}
+			}
+			if _, ok := env["PGPASSWORD"]; ok && tc.name == "Postgres" {
+				t.Error("PGPASSWORD is set beside PGPASSFILE: it would be used for the retention role too")
+			}
+		})
+	}
+}
+
 // checkPrometheusOperator: the ServiceMonitor scrapes the metrics port of
 // the pods under the alert rules' job, the PrometheusRule is the project's
 // alert rules (promtool checks them), and the dashboard ConfigMap is the
@@ -432,6 +514,18 @@ func TestChart_BadValuesFail(t *testing.T) {
 		{"OTelBadEndpoint", []string{"one-pod.yaml"}, []string{"otel.endpoint=otel:4317"}, "/otel/endpoint': 'otel:4317' does not match"},
 		{"OTelExtraNotOTel", []string{"one-pod.yaml"}, []string{"otel.extra.SIDECAR_X=1"}, "'SIDECAR_X' does not match pattern '^OTEL_"},
 		{"OTelExtraOverridesChart", []string{"one-pod.yaml"}, []string{"otel.extra.OTEL_SERVICE_NAME=x"}, "invalid propertyName 'OTEL_SERVICE_NAME'"},
+		{"AdoptWithoutProxy", []string{"one-pod.yaml"}, []string{"taskProxy.adopt={orders}"}, "taskProxy.adopt needs taskProxy.enabled"},
+		{"AdoptBadVersion", []string{"replicated.yaml"}, []string{"taskProxy.adopt={orders:0}"}, "/taskProxy/adopt/0'"},
+		{"AdoptBadInterval", []string{"replicated.yaml"}, []string{"taskProxy.adopt={orders}", "taskProxy.adoptInterval=soon"}, "/taskProxy/adoptInterval'"},
+		{"RetentionWithoutArchive", []string{"one-pod.yaml"}, []string{"retention.finished=720h"}, "retention.finished needs retention.archive"},
+		{"RetentionArchiveWithoutFinished", []string{"one-pod.yaml"}, []string{"retention.archive=s3://b/p"}, "need retention.finished"},
+		{"RetentionBadArchive", []string{"one-pod.yaml"}, []string{"retention.finished=720h", "retention.archive=/var/archive"}, "/retention/archive'"},
+		{"RetentionPostgresWithoutStore", []string{"postgres.yaml"}, []string{"retention.finished=720h", "retention.archive=s3://b/p"}, "needs retention.store"},
+		{"RetentionStoreOnNATS", []string{"one-pod.yaml"}, []string{"retention.finished=720h", "retention.archive=s3://b/p", "retention.store=postgres://r@h:5432/d"}, "retention.store is for store.postgresURL"},
+		{"RetentionStorePassword", []string{"postgres.yaml"}, []string{"retention.finished=720h", "retention.archive=s3://b/p", "retention.store=postgres://r:pw@h:5432/d"}, "retention.store holds a password"},
+		{"RetentionStoreWithoutPassfile", []string{"postgres.yaml"}, []string{"retention.finished=720h", "retention.archive=s3://b/p", "retention.store=postgres://r@h:5432/d"}, "retention.store needs retention.passfileSecret"},
+		{"RetentionPassfileAndPGPASSWORD", []string{"postgres.yaml"}, []string{"retention.finished=720h", "retention.archive=s3://b/p", "retention.store=postgres://r@h:5432/d", "retention.passfileSecret.name=pgpass"}, "retention.passfileSecret replaces store.passwordSecret"},
+		{"RetentionExternalNATSWithoutPassword", []string{"replicated.yaml"}, []string{"retention.finished=720h", "retention.archive=s3://b/p"}, "needs retention.natsPasswordSecret"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var extra []string

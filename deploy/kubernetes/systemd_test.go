@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -148,6 +149,17 @@ func TestSystemdUnit(t *testing.T) {
 		for _, name := range envNamesIn(readFile(t, envFile) + readFile(t, unitFile)) {
 			if !flags.isFlag(name) {
 				t.Errorf("%s is named in deploy/systemd but is no flag of sidecar serve", name)
+			}
+		}
+	})
+	// The settings a reader looks for in the env file are there, as
+	// commented examples (each a flag of serve, checked above).
+	t.Run("NamesProxyAdoptionRetention", func(t *testing.T) {
+		named := envNamesIn(readFile(t, envFile))
+		for _, want := range []string{"SIDECAR_CONDUCTOR_PROXY_LISTEN", "SIDECAR_ADOPT", "SIDECAR_ADOPT_INTERVAL",
+			"SIDECAR_RETAIN_FINISHED", "SIDECAR_ARCHIVE", "SIDECAR_RETENTION_STORE", "SIDECAR_RETENTION_NATS_PASSWORD_FILE"} {
+			if !slices.Contains(named, want) {
+				t.Errorf("%s does not name %s", envFile, want)
 			}
 		}
 	})

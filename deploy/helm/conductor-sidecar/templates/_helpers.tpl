@@ -128,5 +128,36 @@ or decimal suffix.
 {{- if and .Values.store.postgresURL (regexMatch "^postgres(ql)?://[^/@]*:[^/@]*@" .Values.store.postgresURL) -}}
 {{- fail "store.postgresURL holds a password: keep it out of the URL (it would be in a ConfigMap) and put it in store.passwordSecret" -}}
 {{- end -}}
+{{- if and .Values.taskProxy.adopt (not .Values.taskProxy.enabled) -}}
+{{- fail "taskProxy.adopt needs taskProxy.enabled: the workers of adopted definitions poll through the task proxy, which gates their tasks" -}}
+{{- end -}}
+{{- with .Values.retention -}}
+{{- if and (not .finished) (or .archive .store .passfileSecret.name .natsPasswordSecret.name) -}}
+{{- fail "retention.archive, .store, .passfileSecret and .natsPasswordSecret need retention.finished (e.g. 720h)" -}}
+{{- end -}}
+{{- if .finished -}}
+{{- if not .archive -}}
+{{- fail "retention.finished needs retention.archive (s3://bucket/prefix or file:///dir): runs leave hot state only once archived" -}}
+{{- end -}}
+{{- if and $.Values.store.postgresURL (not .store) -}}
+{{- fail "retention.finished with store.postgresURL needs retention.store: postgres://RETENTION_ROLE@host:5432/database, the role that may remove runs (docs/postgres.md, Retention)" -}}
+{{- end -}}
+{{- if and .store (not $.Values.store.postgresURL) -}}
+{{- fail "retention.store is for store.postgresURL; on NATS retention uses the NATS user sidecar-retention (retention.natsPasswordSecret)" -}}
+{{- end -}}
+{{- if and .store (regexMatch "^postgres(ql)?://[^/@]*:[^/@]*@" .store) -}}
+{{- fail "retention.store holds a password: keep it out of the URL (it would be in a ConfigMap) and put it in retention.passfileSecret" -}}
+{{- end -}}
+{{- if and .store (not .passfileSecret.name) -}}
+{{- fail "retention.store needs retention.passfileSecret: a pgpass file with the passwords of both roles" -}}
+{{- end -}}
+{{- if and .passfileSecret.name $.Values.store.passwordSecret.name -}}
+{{- fail "retention.passfileSecret replaces store.passwordSecret: PGPASSWORD would be used for the retention role too; put both roles' passwords in the pgpass file" -}}
+{{- end -}}
+{{- if and $.Values.nats.url (not .natsPasswordSecret.name) -}}
+{{- fail "retention.finished with nats.url needs retention.natsPasswordSecret: the password of the NATS user sidecar-retention, the only one that may remove runs" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- $_ := include "sidecar.conductorURL" . -}}
 {{- end -}}
