@@ -218,8 +218,12 @@ func IsWorkerTask(taskType string) bool {
 // AdoptedTaskInput is the assignment of a worker task of an adopted run:
 // run ids from rec, the stepId from the reference name and iteration, the
 // engine tries from the task definition's retryCount (one logical
-// attempt; failure policy fail).
-func AdoptedTaskInput(rec *Run, t *model.Task) *plan.TaskInput {
+// attempt), failure policy onStepFailure (--adopt-on-step-failure; ""
+// is fail).
+func AdoptedTaskInput(rec *Run, t *model.Task, onStepFailure string) *plan.TaskInput {
+	if onStepFailure == "" {
+		onStepFailure = plan.OnFailureFail
+	}
 	tries := int(t.RetryCount) + 1
 	if t.WorkflowTask != nil && t.WorkflowTask.TaskDefinition != nil {
 		tries = max(tries, int(t.WorkflowTask.TaskDefinition.RetryCount)+1)
@@ -229,7 +233,7 @@ func AdoptedTaskInput(rec *Run, t *model.Task) *plan.TaskInput {
 		Retries:  plan.RetryPolicy{EngineTries: tries, LogicalAttempts: 1}}
 	return &plan.TaskInput{RunID: rec.RunID, TenantID: rec.TenantID, ProjectID: rec.ProjectID, EnvironmentID: rec.EnvironmentID,
 		PlanID: rec.PlanID, PlanVersion: rec.PlanVersion, Step: step, EngineTries: tries, LogicalAttempts: 1,
-		OnStepFailure: plan.OnFailureFail, Sink: true}
+		OnStepFailure: onStepFailure, Sink: true}
 }
 
 // CodeEngineTask is the error code prefix of a StepFailed recorded from

@@ -165,7 +165,7 @@ func TestAdoptedTaskInput(t *testing.T) {
 	rec := &Run{RunID: "0d7c5a3e-8a3b-4c55-9d0e-1f2a3b4c5d6e", TenantID: "t", ProjectID: "p", EnvironmentID: "e", PlanID: "orders", PlanVersion: "2"}
 	task := &model.Task{TaskDefName: "resize", TaskType: "resize", ReferenceTaskName: "resize_ref", Iteration: 2, RetryCount: 1,
 		WorkflowTask: &model.WorkflowTask{TaskDefinition: &model.TaskDef{RetryCount: 3}}}
-	a := AdoptedTaskInput(rec, task)
+	a := AdoptedTaskInput(rec, task, "")
 	if a.RunID != rec.RunID || a.PlanID != "orders" || a.PlanVersion != "2" || a.Step.StepID != "resize_ref__2" || a.EngineTries != 4 || a.LogicalAttempts != 1 {
 		t.Fatalf("%+v", a)
 	}

@@ -29,6 +29,10 @@ type AdopterOptions struct {
 	DiscoverEvery int
 	// Owner divides the adopted runs between replicas (default: all).
 	Owner Owner
+	// OnStepFailure is the failure policy of adopted runs' worker tasks
+	// (plan.OnFailureFail, the default, or plan.OnFailurePause: a final
+	// failure reported through the proxy is held for RETRY_STEP).
+	OnStepFailure string
 	// Pauses, when set, is told when a read of an adopted workflow finds
 	// it PAUSED in Conductor (the run watcher's follower), so that a pause
 	// made in Conductor is in the log before the gate decides on the
@@ -186,14 +190,14 @@ func (a *Adopter) Step(t *model.Task) (*plan.TaskInput, bool) {
 		return nil, false
 	}
 	if known {
-		return AdoptedTaskInput(f.rec, t), true
+		return AdoptedTaskInput(f.rec, t, a.opts.OnStepFailure), true
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), a.runs.conductor.timeout)
 	defer cancel()
 	rec, err := a.runs.Run(ctx, id)
 	switch {
 	case err == nil && rec.IsAdopted():
-		return AdoptedTaskInput(rec, t), true
+		return AdoptedTaskInput(rec, t, a.opts.OnStepFailure), true
 	case err == nil:
 		return nil, false // a plan run's workflow
 	case !errors.Is(err, ErrNotFound):
@@ -217,7 +221,7 @@ func (a *Adopter) Step(t *model.Task) (*plan.TaskInput, bool) {
 	// Not adopted yet: the identity it will get (the guard adopts it).
 	pending := &Run{RunID: id, TenantID: a.opts.Identity.TenantID, ProjectID: a.opts.Identity.ProjectID,
 		EnvironmentID: a.opts.Identity.EnvironmentID, PlanID: wf.WorkflowName, PlanVersion: strconv.Itoa(int(wf.WorkflowVersion))}
-	return AdoptedTaskInput(pending, t), true
+	return AdoptedTaskInput(pending, t, a.opts.OnStepFailure), true
 }
 
 // Sync records what the log lacks of the tasks of t's workflow, when it

@@ -344,3 +344,50 @@ func TestE2E_AdoptPausedInConductorBeforeItsFirstPoll(t *testing.T) {
 		t.Fatalf("work started at %d, RunResumed at %d: want the start after the resume\n%v", s, r, stepTypes(evs))
 	}
 }
+
+// TestE2E_AdoptRetryStep: under --adopt-on-step-failure pause, a SIMPLE
+// task of an adopted workflow whose worker (the Python SDK's, through the
+// proxy) reports FAILED for good is held: StepFailed (held), the run
+// paused (stepFailed) in the log and in Conductor, the task not failed in
+// Conductor. RETRY_STEP then RESUME run it again as logical attempt 2,
+// which completes, and so does the workflow, with a valid log.
+func TestE2E_AdoptRetryStep(t *testing.T) {
+	w := sdkWorkerFor(t, "python")
+	condURL := conductortest.URL(t)
+	taskType := uniq("adopt_retry")
+	name := uniq("adopt_retry")
+	flaky := simpleTask("flaky", taskType, 0)
+	flaky["inputParameters"].(map[string]any)["failOnceFile"] = filepath.Join(t.TempDir(), "failed-once")
+	registerDef(t, condURL, name, []map[string]any{flaky, simpleTask("after", taskType, 0)})
+	proxyAddr := sidecartest.FreeAddr(t)
+	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--conductor-proxy-listen", proxyAddr, "--adopt", name,
+		"--adopt-interval", "300ms", "--adopt-on-step-failure", "pause")
+	w.start(t, "http://"+proxyAddr+"/api", taskType, "", 1)
+	runID := startWorkflow(t, condURL, name, "", map[string]any{})
+	sidecartest.WaitFor(t, "flaky to fail and the run to pause", 120*time.Second, func() bool {
+		evs := eventsOf(t, p, runID)
+		return eventIndex(evs, statestore.StepFailed, "flaky", 0) >= 0 && eventIndex(evs, statestore.RunPaused, "", 0) >= 0
+	})
+	sidecartest.WaitFor(t, "the workflow to be paused in Conductor", 60*time.Second, func() bool {
+		return conductorStatus(t, runID) == "PAUSED"
+	})
+	if _, err := p.client.RetryStep(t.Context(), runID, "flaky", "flaky once"); err != nil {
+		t.Fatalf("RETRY_STEP of the adopted run's held step: %v\n%v", err, stepTypes(allEvents(t, p, runID)))
+	}
+	if _, err := p.client.Resume(t.Context(), runID); err != nil {
+		t.Fatal(err)
+	}
+	if v := waitTerminal(t, p, runID, 180*time.Second); v.Status != statestore.RunStatusCompleted {
+		t.Fatalf("run %s after RETRY_STEP and resume, want COMPLETED\n%v", v.Status, stepTypes(allEvents(t, p, runID)))
+	}
+	evs := allEvents(t, p, runID)
+	t.Logf("log: %v", stepTypes(evs))
+	validLog(t, evs)
+	if eventIndex(evs, statestore.StepFailed, "flaky", 1) < 0 || eventIndex(evs, statestore.StepCompleted, "flaky", 2) < 0 ||
+		count(evs, statestore.StepCompleted, "after") != 1 {
+		t.Fatalf("want flaky failed as logical attempt 1, completed as 2, then after\n%v", stepTypes(evs))
+	}
+	if i := eventIndex(evs, statestore.StepFailed, "flaky", 1); !strings.Contains(string(evs[i].Payload), `"onStepFailure":"pause"`) {
+		t.Fatalf("StepFailed %s: want it held (onStepFailure pause)", evs[i].Payload)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/node"
 )
 
@@ -20,6 +21,9 @@ type adoptConfig struct {
 	Interval time.Duration
 	// TenantID, ProjectID and EnvironmentID of the adopted runs.
 	TenantID, ProjectID, EnvironmentID string
+	// OnStepFailure is the failure policy of adopted runs' SIMPLE tasks:
+	// fail (the definition decides) or pause (held for RETRY_STEP).
+	OnStepFailure string
 }
 
 // adoptValue is the repeatable --adopt flag; SIDECAR_ADOPT holds
@@ -63,6 +67,8 @@ func (c *adoptConfig) registerFlags(fs *flag.FlagSet) {
 	stringFlag(fs, &c.TenantID, "adopt-tenant-id", "tenantId of adopted runs")
 	stringFlag(fs, &c.ProjectID, "adopt-project-id", "projectId of adopted runs")
 	stringFlag(fs, &c.EnvironmentID, "adopt-environment-id", "environmentId of adopted runs")
+	c.OnStepFailure = plan.OnFailureFail
+	stringFlag(fs, &c.OnStepFailure, "adopt-on-step-failure", "a SIMPLE task of an adopted run failed for good: fail (forwarded; the definition decides) or pause (held, the run paused, for RETRY_STEP)")
 }
 
 func (c *adoptConfig) validate() []string {
@@ -75,6 +81,9 @@ func (c *adoptConfig) validate() []string {
 	if c.Interval < 0 {
 		p = append(p, "--adopt-interval must not be negative")
 	}
+	if c.OnStepFailure != plan.OnFailureFail && c.OnStepFailure != plan.OnFailurePause {
+		p = append(p, "--adopt-on-step-failure "+c.OnStepFailure+": want fail or pause")
+	}
 	return p
 }
 
@@ -86,5 +95,6 @@ func (c *adoptConfig) apply(nc *node.Config) {
 		}
 	}
 	nc.Adopt.Interval = c.Interval
+	nc.Adopt.OnStepFailure = c.OnStepFailure
 	nc.Adopt.Identity = adapter.AdoptedIdentity{TenantID: c.TenantID, ProjectID: c.ProjectID, EnvironmentID: c.EnvironmentID}
 }

@@ -57,4 +57,24 @@ func TestConfig_Adopt(t *testing.T) {
 			t.Fatalf("--adopt %s: %v, want a validation problem naming it", bad, err)
 		}
 	}
+
+	// The failure policy: fail unless asked, pause reaches the node, and
+	// anything else is refused.
+	if nc.Adopt.OnStepFailure != "fail" {
+		t.Fatalf("default --adopt-on-step-failure %q, want fail", nc.Adopt.OnStepFailure)
+	}
+	cfg, err = parseAdopt(t, "--adopt", "orders", "--adopt-on-step-failure", "pause")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc = node.Config{}
+	cfg.Adopt.apply(&nc)
+	if nc.Adopt.OnStepFailure != "pause" {
+		t.Fatalf("--adopt-on-step-failure pause: node config %q", nc.Adopt.OnStepFailure)
+	}
+	_, err = parseAdopt(t, "--adopt", "orders", "--adopt-on-step-failure", "retry")
+	var ve *ConfigValidationError
+	if !errors.As(err, &ve) || !strings.Contains(err.Error(), "--adopt-on-step-failure retry: want fail or pause") {
+		t.Fatalf("--adopt-on-step-failure retry: %v, want a validation problem naming it", err)
+	}
 }

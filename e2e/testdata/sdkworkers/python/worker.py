@@ -3,7 +3,8 @@ as its README shows, run by the end-to-end tests through the task proxy.
 
 Environment: SERVER_URL (the proxy's .../api), TASK_TYPE, DOMAIN, THREADS.
 A task sleeps its input's sleepMs (default 0), then completes with
-{"by": "python"}. The worker's only sidecar-specific setting is SERVER_URL.
+{"by": "python"}; with failOnceFile it fails instead when that file does
+not exist yet, and creates it. The worker's only sidecar-specific setting is SERVER_URL.
 """
 import os
 import time
@@ -17,8 +18,12 @@ TASK_TYPE = os.environ["TASK_TYPE"]
 
 @worker_task(task_definition_name=TASK_TYPE, domain=os.environ.get("DOMAIN") or None,
              thread_count=int(os.environ.get("THREADS", "4")), poll_interval_millis=100)
-def work(sleepMs: str = "0") -> dict:
+def work(sleepMs: str = "0", failOnceFile: str = "") -> dict:
     time.sleep(int(sleepMs) / 1000.0)
+    if failOnceFile and not os.path.exists(failOnceFile):
+        # The first task given this input fails; the file says it did.
+        open(failOnceFile, "w").close()
+        raise Exception("failing once, as asked")
     return {"by": "python"}
 
 
