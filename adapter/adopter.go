@@ -282,7 +282,9 @@ func (a *Adopter) adopt(ctx context.Context, wf *model.Workflow, gatedTaskID str
 	pending, control, err := a.runs.recordTasks(ctx, a.snaps, rec, wf, true, gatedTaskID)
 	err = errors.Join(err, a.sawPaused(ctx, rec, wf))
 	a.mu.Lock()
-	if wf.Status == model.RunningWorkflow || wf.Status == model.PausedWorkflow {
+	// A run that ended is not followed again, even when Conductor runs
+	// its workflow again (restart, rerun, retry): a run ends once.
+	if rec.State != RunStateFinal && (wf.Status == model.RunningWorkflow || wf.Status == model.PausedWorkflow) {
 		f := &followed{rec: rec, pending: pending || err != nil}
 		if control {
 			f.followUps = controlFollowUps

@@ -92,6 +92,32 @@ func TestAdopter_SystemTasksUntilTheEnd(t *testing.T) {
 	if err != nil || !rec.IsAdopted() || rec.State != RunStateFinal {
 		t.Fatalf("run index entry %+v, %v", rec, err)
 	}
+
+	// Restarted in Conductor after its run ended: a task of it polled
+	// through the proxy adopts nothing again (a run ends once), and the
+	// adopter does not follow the ended run (no reads for it).
+	req, _ := http.NewRequest(http.MethodPost, u+"/workflow/"+id+"/restart", nil)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode >= 300 {
+		t.Fatalf("restart in Conductor: %s", res.Status)
+	}
+	t.Cleanup(func() { _ = runs.conductor.Terminate(context.Background(), id, "test done") })
+	if err := adopter.Ensure(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	adopter.mu.Lock()
+	_, followed := adopter.known[id]
+	adopter.mu.Unlock()
+	if followed {
+		t.Fatal("the adopter follows the ended run of a workflow restarted in Conductor")
+	}
+	if got := strings.Join(typesOf(env.events(t, id)), " "); got != want {
+		t.Fatalf("the ended run's log changed: %q", got)
+	}
 }
 
 func mustReduce(t *testing.T, recs []statestore.RunEventRecord) *statestore.RunSnapshot {
