@@ -223,7 +223,7 @@ func TestRecordTasks_RunEndsMeanwhile(t *testing.T) {
 	}
 	wf := &model.Workflow{WorkflowId: "wf-1", Tasks: []model.Task{{TaskType: "HTTP", Status: "COMPLETED", ReferenceTaskName: "call",
 		TaskId: "t1", StartTime: 1_700_000_000_000, EndTime: 1_700_000_001_000}}}
-	if _, _, err := r.recordTasks(ctx, &endAfterFirstRead{t: t, env: env, run: rec}, rec, wf, true); err != nil {
+	if _, _, err := r.recordTasks(ctx, &endAfterFirstRead{t: t, env: env, run: rec}, rec, wf, true, ""); err != nil {
 		t.Fatal(err)
 	}
 	recs := env.events(t, rec.RunID)
