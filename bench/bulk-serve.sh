@@ -8,7 +8,7 @@
 # them, and cancels them, and reports for each: the wall time, serve's CPU
 # and (with CONDUCTOR_PID) Conductor's over it, and serve's writes per run
 # from its /metrics (persisted appends, registry entries written, run-list
-# rows). TENANTS=T submits the runs over tenants t0..t(T-1) and sends one
+# rows), and serve's RSS with every run paused. TENANTS=T submits the runs over tenants t0..t(T-1) and sends one
 # bulk request per tenant (a build whose bulk action takes fewer runs than
 # N); without it one request (all: true) acts on every run.
 # Needs python3 (bench/runs.py). Stops only the process it started.
@@ -54,6 +54,8 @@ bulk() {
 }
 bulk pause
 sleep "${SETTLE:-10}"
+# serve's resident memory with every run paused (VmRSS; VmHWM is the peak so far).
+grep -E '^Vm(RSS|HWM)' "/proc/$PID/status" | tr -s ' \t' ' ' | sed 's/^/  paused: /'
 bulk resume
 sleep "${SETTLE:-10}"
 bulk cancel

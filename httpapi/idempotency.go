@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -62,6 +63,9 @@ type Replies interface {
 // sidecar on the same NATS.
 type KVReplies struct {
 	kv jetstream.KeyValue
+	// partBytes is the most a kept answer's entry may hold; a larger
+	// answer is kept gzipped in parts of at most this size (keepParts).
+	partBytes int
 	// StaleAfter is how long a claim without an answer blocks its key
 	// (a process that died mid-request); then a retry takes it over.
 	StaleAfter time.Duration
@@ -85,14 +89,34 @@ func OpenKVReplies(ctx context.Context, js jetstream.JetStream, ttl time.Duratio
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", KVRepliesBucket, err)
 	}
-	return &KVReplies{kv: kv, StaleAfter: time.Minute, now: time.Now}, nil
+	return &KVReplies{kv: kv, partBytes: replyPartBytes(js.Conn().MaxPayload()), StaleAfter: time.Minute, now: time.Now}, nil
+}
+
+// replyPartBytes is the most one entry of the bucket holds, for a
+// connection whose server takes messages of up to maxPayload bytes: the
+// rest of the message (subject, headers) gets 8 KiB.
+func replyPartBytes(maxPayload int64) int {
+	return int(max(maxPayload-8<<10, 32<<10))
 }
 
 type replyEntry struct {
 	Fingerprint string    `json:"fingerprint"`
 	ClaimedAt   time.Time `json:"claimedAt"`
 	Reply       *Reply    `json:"reply,omitempty"`
+	// Parts, when not 0: the answer's body is not in Reply but kept
+	// gzipped in Parts entries of their own (partKey), written before this
+	// one; PartsSHA256 is the hash of their bytes in order.
+	Parts       int    `json:"parts,omitempty"`
+	PartsSHA256 string `json:"partsSha256,omitempty"`
 }
+
+// errPartsGone: a kept answer's parts are missing or are not the ones its
+// entry names (they expired first, being written first, or a keep was cut
+// short); the answer is taken as expired.
+var errPartsGone = errors.New("httpapi: the parts of a kept answer are gone")
+
+// partKey names the i-th part of the answer kept under key.
+func partKey(key string, i int) string { return fmt.Sprintf("%s.p%d", key, i) }
 
 // Claim implements Replies.
 func (k *KVReplies) Claim(ctx context.Context, key, fp string) (*Reply, error) {
@@ -117,12 +141,22 @@ func (k *KVReplies) Claim(ctx context.Context, key, fp string) (*Reply, error) {
 		switch {
 		case held.Fingerprint != fp:
 			return nil, ErrKeyReused
-		case held.Reply != nil:
+		case held.Reply != nil && held.Parts == 0:
 			return held.Reply, nil
+		case held.Reply != nil:
+			body, err := k.readParts(ctx, key, &held)
+			if err == nil {
+				return &Reply{Status: held.Reply.Status, Body: body}, nil
+			}
+			if !errors.Is(err, errPartsGone) {
+				return nil, err
+			}
+			// As if the whole answer had expired: take the key over.
 		case k.now().Sub(held.ClaimedAt) < k.StaleAfter:
 			return nil, ErrReplyPending
 		}
-		// A stale claim: take it over, unless someone else just did.
+		// A stale claim (or an answer whose parts are gone): take it over,
+		// unless someone else just did.
 		if _, err := k.kv.Update(ctx, key, claim, e.Revision()); err == nil {
 			return nil, nil
 		}
@@ -130,14 +164,78 @@ func (k *KVReplies) Claim(ctx context.Context, key, fp string) (*Reply, error) {
 	return nil, ErrReplyPending
 }
 
-// Keep implements Replies.
+// Keep implements Replies. An answer whose entry would not fit into one
+// message of the bucket (a bulk action's over thousands of runs) is kept
+// gzipped in parts, each an entry of its own, written before the entry
+// that names them.
 func (k *KVReplies) Keep(ctx context.Context, key, fp string, r *Reply) error {
-	b, err := json.Marshal(replyEntry{Fingerprint: fp, ClaimedAt: k.now().UTC(), Reply: r})
+	e := replyEntry{Fingerprint: fp, ClaimedAt: k.now().UTC(), Reply: r}
+	b, err := json.Marshal(e)
 	if err != nil {
 		return err
 	}
+	if len(b) > k.partBytes {
+		if e, err = k.keepParts(ctx, key, e); err != nil {
+			return err
+		}
+		if b, err = json.Marshal(e); err != nil {
+			return err
+		}
+	}
 	_, err = k.kv.Put(ctx, key, b)
 	return err
+}
+
+// keepParts writes e's answer body gzipped in parts and returns the entry
+// that names them.
+func (k *KVReplies) keepParts(ctx context.Context, key string, e replyEntry) (replyEntry, error) {
+	var z bytes.Buffer
+	zw := gzip.NewWriter(&z)
+	if _, err := zw.Write(e.Reply.Body); err != nil {
+		return e, err
+	}
+	if err := zw.Close(); err != nil {
+		return e, err
+	}
+	data := z.Bytes()
+	n := 0
+	for from := 0; from < len(data); from += k.partBytes {
+		if _, err := k.kv.Put(ctx, partKey(key, n), data[from:min(len(data), from+k.partBytes)]); err != nil {
+			return e, fmt.Errorf("keeping part %d of the answer: %w", n, err)
+		}
+		n++
+	}
+	sum := sha256.Sum256(data)
+	e.Reply = &Reply{Status: e.Reply.Status}
+	e.Parts, e.PartsSHA256 = n, hex.EncodeToString(sum[:])
+	return e, nil
+}
+
+// readParts reads the answer body that held's parts keep.
+func (k *KVReplies) readParts(ctx context.Context, key string, held *replyEntry) ([]byte, error) {
+	var data []byte
+	for i := range held.Parts {
+		e, err := k.kv.Get(ctx, partKey(key, i))
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, errPartsGone
+		}
+		if err != nil {
+			return nil, err
+		}
+		data = append(data, e.Value()...)
+	}
+	if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != held.PartsSHA256 {
+		return nil, errPartsGone
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(data))
+	if err != nil {
+		return nil, fmt.Errorf("kept reply %s: %w", key, err)
+	}
+	body, err := io.ReadAll(zr)
+	if err != nil {
+		return nil, fmt.Errorf("kept reply %s: %w", key, err)
+	}
+	return body, nil
 }
 
 // Release implements Replies.
