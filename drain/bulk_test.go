@@ -229,3 +229,71 @@ func TestController_CancelManyAfterTheWatcher(t *testing.T) {
 		t.Errorf("r1: events %s, want %s", got, want)
 	}
 }
+
+// landsAfter is the write path with another writer's event landing in
+// the log right after a RunPaused is appended, before anything else of the
+// pause: the run moves on between RunPaused and the end of its empty drain.
+type landsAfter struct {
+	emitter
+	mu      sync.Mutex
+	pending map[string]*statestore.RunEventWrite // by runId
+}
+
+func (l *landsAfter) EmitIf(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
+	res, err := l.emitter.EmitIf(ctx, w, lastSeq)
+	if err != nil || !res.Persisted || w.EventType != statestore.RunPaused {
+		return res, err
+	}
+	l.mu.Lock()
+	ev := l.pending[w.RunID]
+	delete(l.pending, w.RunID)
+	l.mu.Unlock()
+	if ev != nil {
+		if _, err := l.s.Append(ctx, ev); err != nil {
+			return res, err
+		}
+	}
+	return res, err
+}
+
+// TestPauseMany_EmptyDrainEndIsFenced: a bulk pause ends the drain of a
+// run with nothing in flight on the run as its RunPaused left it, so a
+// change landing in between (a resume, a cancel request, a step's event
+// from another replica) is seen: no RunDrainCompleted after a resume, and
+// none before a step that joined; an untouched run's drain ends at once.
+func TestPauseMany_EmptyDrainEndIsFenced(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	for _, run := range []string{"resumed", "cancelling", "joined", "quiet"} {
+		startRun(t, mem, run)
+	}
+	em := &landsAfter{emitter: emitter{mem}, pending: map[string]*statestore.RunEventWrite{
+		"resumed":    storetest.Event("resumed", statestore.RunResumed, ""),
+		"cancelling": storetest.Event("cancelling", statestore.RunCancelRequested, ""),
+		"joined":     storetest.Event("joined", statestore.StepStarted, "late"),
+	}}
+	c := drain.New(mem, em, &bulkEngine{}, drain.Options{Logger: zaptest.NewLogger(t)})
+	for _, o := range c.PauseMany(ctx, []string{"resumed", "cancelling", "joined", "quiet"}, drain.PauseRequest{Reason: "incident"}) {
+		if o.Err != nil {
+			t.Fatalf("%s: %v", o.RunID, o.Err)
+		}
+	}
+	for run, want := range map[string]string{
+		"resumed":    "RunStarted RunPaused RunResumed",
+		"cancelling": "RunStarted RunPaused RunCancelRequested RunDrainCompleted",
+		"joined":     "RunStarted RunPaused StepStarted",
+		"quiet":      "RunStarted RunPaused RunDrainCompleted",
+	} {
+		if got := eventTypes(t, mem, run); got != want {
+			t.Errorf("%s: log %s, want %s", run, got, want)
+		}
+		recs, _ := mem.Fetch(ctx, run, 0, 0)
+		if _, alerts := statestore.Reduce(nil, recs); len(alerts) != 0 {
+			t.Errorf("%s: %d alerts: %+v", run, len(alerts), alerts)
+		}
+	}
+	snap, err := mem.ProjectSnapshot(ctx, "joined")
+	if err != nil || snap.Substatus != statestore.SubstatusDraining {
+		t.Fatalf("joined: %+v %v; want PAUSED/DRAINING on its late step", snap, err)
+	}
+}

@@ -299,12 +299,15 @@ func (c *Controller) pauseLog(ctx context.Context, runID string, req PauseReques
 	// StepStarted, which is appended the same way, and the pause are
 	// ordered whatever the interleaving (docs/events.md, "Fences").
 	var cycle int64
-	snap, _, err := statestore.Fenced(ctx, knownRuns{c.snaps}, c.emit, runID, func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+	var paused *statestore.RunEventWrite
+	snap, res, err := statestore.Fenced(ctx, knownRuns{c.snaps}, c.emit, runID, func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
 		if s.Status == statestore.RunStatusPaused {
 			return nil, nil
 		}
 		cycle = nextCycle(s)
-		return runEvent(s, pausedPayload(req, timeout), cycle, c.opts.Now)
+		w, err := runEvent(s, pausedPayload(req, timeout), cycle, c.opts.Now)
+		paused = w
+		return w, err
 	})
 	if err != nil {
 		return nil, err
@@ -318,7 +321,7 @@ func (c *Controller) pauseLog(ctx context.Context, runID string, req PauseReques
 	if !req.ResumeAt.IsZero() {
 		c.schedule(ctx, runID, cycle, req.ResumeAt)
 	}
-	if len(snap.InFlight()) > 0 || !c.endEmptyDrain(ctx, runID, cycle) {
+	if len(snap.InFlight()) > 0 || !c.endEmptyDrain(ctx, runID, cycle, appended(snap, paused, res)) {
 		c.watch(runID, true)
 		c.mark(ctx, runID, cycle)
 		c.logger.Info("run paused; draining in-flight steps", zap.String("runId", runID), zap.Int64("cycle", cycle),
@@ -357,10 +360,16 @@ func (c *Controller) pauseEngine(ctx context.Context, p *pausing, engineErr erro
 // It reports whether the drain is over; when it is not (the run moved on,
 // the store did not answer) the monitor takes the drain as usual. Doing it
 // here rather than in the monitor keeps a burst of pauses from queueing
-// behind the monitor's one goroutine.
-func (c *Controller) endEmptyDrain(ctx context.Context, runID string, cycle int64) bool {
+// behind the monitor's one goroutine. after, when not nil, is the run as
+// RunPaused left it (appended): the fence decides on it without reading
+// the run, and reads only when the run moved on since.
+func (c *Controller) endEmptyDrain(ctx context.Context, runID string, cycle int64, after *statestore.RunSnapshot) bool {
 	var waited time.Duration
-	snap, res, err := statestore.Fenced(ctx, knownRuns{c.snaps}, c.emit, runID, func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+	var runs statestore.FenceReader = knownRuns{c.snaps}
+	if after != nil {
+		runs = &primed{snap: after, runs: runs}
+	}
+	snap, res, err := statestore.Fenced(ctx, runs, c.emit, runID, func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
 		if s.Status != statestore.RunStatusPaused || s.Pause == nil || s.Pause.Cycle != cycle || len(s.InFlight()) > 0 || s.Pause.DrainEndedAt != "" {
 			return nil, nil
 		}
@@ -375,6 +384,39 @@ func (c *Controller) endEmptyDrain(ctx context.Context, runID string, cycle int6
 		c.logger.Info("run paused; no step in flight, drain completed", zap.String("runId", runID), zap.Int64("cycle", cycle))
 	}
 	return true
+}
+
+// appended is snap with the event w that was appended on it (res), as the
+// projector will show it, or nil when that is not known: w was not
+// persisted by this append (a duplicate carries another append's
+// metadata), or the reducer would not apply it cleanly.
+func appended(snap *statestore.RunSnapshot, w *statestore.RunEventWrite, res statestore.AppendResult) *statestore.RunSnapshot {
+	if w == nil || !res.Persisted || res.RunSeq <= snap.LastEventSeq {
+		return nil
+	}
+	rec := statestore.RunEventRecord{RunEventWrite: *w, RunSeq: res.RunSeq, PersistedAt: res.PersistedAt}
+	rec.EventID = res.EventID
+	next, alerts := statestore.Reduce(snap, []statestore.RunEventRecord{rec})
+	if len(alerts) > 0 || next.LastEventSeq != res.RunSeq {
+		return nil
+	}
+	return next
+}
+
+// primed is a FenceReader whose first read is snap, a state the caller
+// derived itself (appended); every later read, after the fence found the
+// run moved on, is the run's as runs reads it.
+type primed struct {
+	snap *statestore.RunSnapshot
+	runs statestore.FenceReader
+}
+
+func (p *primed) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	if s := p.snap; s != nil {
+		p.snap = nil
+		return s, nil
+	}
+	return p.runs.ProjectSnapshot(ctx, runID)
 }
 
 // ResumeRequest is who resumes a run, and why; both go into RunResumed's
