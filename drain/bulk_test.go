@@ -297,3 +297,90 @@ func TestPauseMany_EmptyDrainEndIsFenced(t *testing.T) {
 		t.Fatalf("joined: %+v %v; want PAUSED/DRAINING on its late step", snap, err)
 	}
 }
+
+// pausingEngine is bulkEngine whose bulk pause runs paused first: what
+// happens in the log while Conductor pauses the workflows.
+type pausingEngine struct {
+	bulkEngine
+	paused func()
+}
+
+func (e *pausingEngine) PauseMany(ctx context.Context, ids []string) map[string]error {
+	e.paused()
+	return e.bulkEngine.PauseMany(ctx, ids)
+}
+
+// TestPauseMany_DrainEndingDuringConductorsPauseIsDetected: a run paused
+// with a step in flight whose step finishes while Conductor pauses the
+// batch's workflows has its drain ended by the pause's own nudge, not by
+// the monitor's next scan (set an hour away here), while the runs whose
+// drain the pause ended itself stay as they are.
+func TestPauseMany_DrainEndingDuringConductorsPauseIsDetected(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	startRun(t, mem, "busy", "a")
+	startRun(t, mem, "idle")
+	eng := &pausingEngine{paused: func() {
+		if _, err := mem.Append(ctx, storetest.Event("busy", statestore.StepCompleted, "a")); err != nil {
+			t.Error(err)
+		}
+	}}
+	c := drain.New(mem, emitter{mem}, eng, drain.Options{Logger: zaptest.NewLogger(t),
+		ActiveRuns: func(context.Context) ([]string, error) { return []string{"busy", "idle"}, nil },
+		Interval:   time.Hour, IndexInterval: time.Hour, FullScanInterval: time.Hour})
+	if err := c.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(ctx) })
+	for _, o := range c.PauseMany(ctx, []string{"busy", "idle"}, drain.PauseRequest{Reason: "incident"}) {
+		if o.Err != nil {
+			t.Fatalf("%s: %v", o.RunID, o.Err)
+		}
+	}
+	want := "RunStarted StepStarted RunPaused StepCompleted RunDrainCompleted"
+	deadline := time.Now().Add(2 * time.Minute)
+	for got := eventTypes(t, mem, "busy"); got != want; got = eventTypes(t, mem, "busy") {
+		if time.Now().After(deadline) {
+			t.Fatalf("busy: log %s after 2 min, want %s (the drain's end detected)", got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got, want := eventTypes(t, mem, "idle"), "RunStarted RunPaused RunDrainCompleted"; got != want {
+		t.Fatalf("idle: log %s, want %s", got, want)
+	}
+}
+
+// TestCancelMany_AStepEndingDuringTheTerminate: a step's outcome landing
+// while Conductor terminates the batch's workflows (between the cancel's
+// RunCancelRequested and its RunCancelled) is seen: RunCancelled lands
+// after it, once, and the run's answer shows the step's outcome.
+func TestCancelMany_AStepEndingDuringTheTerminate(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	startRun(t, mem, "r1", "a")
+	startRun(t, mem, "r2")
+	eng := &bulkEngine{}
+	eng.terminated = func(wf string) {
+		if wf == "wf-r1" {
+			if _, err := mem.Append(ctx, storetest.Event("r1", statestore.StepCompleted, "a")); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	c := drain.New(mem, emitter{mem}, eng, drain.Options{Logger: zaptest.NewLogger(t)})
+	out := c.CancelMany(ctx, []string{"r1", "r2"}, "bad batch", "ops")
+	for _, o := range out {
+		if o.Err != nil || o.State == nil || o.State.Status != statestore.RunStatusCancelled {
+			t.Fatalf("%s: %+v %v, want CANCELLED", o.RunID, o.State, o.Err)
+		}
+	}
+	if st := out[0].State.Snapshot.Step("a"); st == nil || st.Status != statestore.StepStatusSuccess {
+		t.Fatalf("r1's answer shows step a as %+v, want SUCCESS", st)
+	}
+	if got, want := eventTypes(t, mem, "r1"), "RunStarted StepStarted RunCancelRequested StepCompleted RunCancelled"; got != want {
+		t.Errorf("r1: events %s, want %s", got, want)
+	}
+	if got, want := eventTypes(t, mem, "r2"), "RunStarted RunCancelRequested RunCancelled"; got != want {
+		t.Errorf("r2: events %s, want %s", got, want)
+	}
+}

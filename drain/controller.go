@@ -281,6 +281,9 @@ type pausing struct {
 	cycle     int64
 	// already: the run was paused before; nothing was recorded.
 	already bool
+	// drained: the pause found nothing in flight and ended its drain
+	// (endEmptyDrain); the monitor has nothing to check.
+	drained bool
 }
 
 // pauseLog is a pause's part in the log: the fenced RunPaused, the end of
@@ -321,7 +324,8 @@ func (c *Controller) pauseLog(ctx context.Context, runID string, req PauseReques
 	if !req.ResumeAt.IsZero() {
 		c.schedule(ctx, runID, cycle, req.ResumeAt)
 	}
-	if len(snap.InFlight()) > 0 || !c.endEmptyDrain(ctx, runID, cycle, appended(snap, paused, res)) {
+	p.drained = len(snap.InFlight()) == 0 && c.endEmptyDrain(ctx, runID, cycle, appended(snap, paused, res))
+	if !p.drained {
 		c.watch(runID, true)
 		c.mark(ctx, runID, cycle)
 		c.logger.Info("run paused; draining in-flight steps", zap.String("runId", runID), zap.Int64("cycle", cycle),
@@ -350,7 +354,9 @@ func (c *Controller) pauseEngine(ctx context.Context, p *pausing, engineErr erro
 	engineErr = c.applied(ctx, p.runID, true, p.cycle, engineErr)
 	c.opts.Metrics.enginePause(took)
 	after, engineErr := c.settle(ctx, p.runID, p.wf, true, p.cycle, engineErr)
-	c.Nudge(p.runID)
+	if !p.drained {
+		c.Nudge(p.runID)
+	}
 	return c.answer(ctx, p.runID, after, engineErr)
 }
 
@@ -528,6 +534,9 @@ func (c *Controller) Cancel(ctx context.Context, runID, reason, requestedBy stri
 type cancelling struct {
 	runID, wf string
 	cancelled statestore.RunCancelledPayload
+	// after is the run as the cancel's RunCancelRequested left it
+	// (appended), nil when this cancel did not append it.
+	after *statestore.RunSnapshot
 }
 
 // cancelLog is a cancel's first part in the log: RunCancelRequested,
@@ -536,14 +545,18 @@ type cancelling struct {
 // A run it ends here (cancelled already, or queued), or an error, returns
 // no cancelling, and the state or the error as Cancel returns them.
 func (c *Controller) cancelLog(ctx context.Context, runID, reason, requestedBy string) (*cancelling, *State, error) {
-	snap, _, err := statestore.Fenced(ctx, knownRuns{c.snaps}, c.emit, runID, func(snap *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
-		if snap.Status == statestore.RunStatusCancelled || snap.CancelRequested {
-			return nil, nil // cancelled, or its cancel recorded: nothing to add
+	// RunCancelRequested is appended on the runSeq it was decided on, so
+	// that the run as it left it is known without reading it again
+	// (cancelEngine's fence decides on it).
+	var requested *statestore.RunEventWrite
+	snap, res, err := statestore.Fenced(ctx, knownRuns{c.snaps}, c.emit, runID, func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+		requested = nil
+		if statestore.IsTerminalRunStatus(s.Status) || s.CancelRequested {
+			return nil, nil
 		}
-		if statestore.IsTerminalRunStatus(snap.Status) {
-			return nil, c.invalid(snap, statestore.RunCancelRequested)
-		}
-		return runEvent(snap, statestore.RunCancelRequestedPayload{Reason: reason, RequestedBy: requestedBy}, 1, c.opts.Now)
+		w, err := runEvent(s, statestore.RunCancelRequestedPayload{Reason: reason, RequestedBy: requestedBy}, 1, c.opts.Now)
+		requested = w
+		return w, err
 	})
 	if err != nil {
 		return nil, nil, err
@@ -558,7 +571,7 @@ func (c *Controller) cancelLog(ctx context.Context, runID, reason, requestedBy s
 		st, err := c.cancelQueued(ctx, runID, cancelled)
 		return nil, st, err
 	}
-	return &cancelling{runID: runID, wf: workflowOf(snap), cancelled: cancelled}, nil, nil
+	return &cancelling{runID: runID, wf: workflowOf(snap), cancelled: cancelled, after: appended(snap, requested, res)}, nil, nil
 }
 
 // cancelEngine is the rest of a cancel once Conductor answered the
@@ -575,7 +588,24 @@ func (c *Controller) cancelEngine(ctx context.Context, cl *cancelling, err error
 			c.logger.Info("interrupted running steps of a cancelled run", zap.String("runId", runID), zap.Int("steps", n))
 		}
 	}
-	snap, err := c.snapshot(ctx, runID)
+	// RunCancelled is decided on the run as RunCancelRequested left it
+	// and appended on that runSeq; whatever landed since (the run
+	// watcher's RunCancelled, a step's event) makes the fence read the
+	// run and decide again.
+	var runs statestore.FenceReader = knownRuns{c.snaps}
+	if cl.after != nil {
+		runs = &primed{snap: cl.after, runs: runs}
+	}
+	var ended *statestore.RunEventWrite
+	snap, res, err := statestore.Fenced(ctx, runs, c.emit, runID, func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+		ended = nil
+		if s.Status == statestore.RunStatusCancelled {
+			return nil, nil
+		}
+		w, err := runEvent(s, cl.cancelled, 1, c.opts.Now)
+		ended = w
+		return w, err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -584,13 +614,13 @@ func (c *Controller) cancelEngine(ctx context.Context, cl *cancelling, err error
 		// requested, and recorded RunCancelled first.
 		return StateOf(snap, c.opts.DefaultTimeout), nil
 	}
-	if _, err := c.record(ctx, snap, cl.cancelled, 1); err != nil {
-		return nil, err
-	}
 	if snap.Substatus == statestore.SubstatusDraining {
 		c.opts.Metrics.drainEnded("cancelled", c.waited(snap))
 	}
 	c.logger.Info("run cancelled", zap.String("runId", runID))
+	if after := appended(snap, ended, res); after != nil {
+		return StateOf(after, c.opts.DefaultTimeout), nil
+	}
 	if snap, err = c.snapshot(ctx, runID); err != nil {
 		return nil, err
 	}
