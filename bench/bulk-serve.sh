@@ -10,7 +10,10 @@
 # from its /metrics (persisted appends, registry entries written, run-list
 # rows), and serve's RSS with every run paused. TENANTS=T submits the runs over tenants t0..t(T-1) and sends one
 # bulk request per tenant (a build whose bulk action takes fewer runs than
-# N); without it one request (all: true) acts on every run.
+# N); without it one request (all: true) acts on every run. PROFILE_DIR=DIR
+# writes a CPU profile of serve over the first PROFILE_SECONDS (default 20)
+# of each request to DIR/<action>.prof, and its heap with every run paused to
+# DIR/paused.heap (serve's --pprof-listen on PORT+1).
 # Needs python3 (bench/runs.py). Stops only the process it started.
 set -euo pipefail
 BIN=${1:?usage: bench/bulk-serve.sh BINARY N [PORT]}
@@ -21,7 +24,7 @@ TENANTS=${TENANTS:-}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 D=$(mktemp -d)
 "$BIN" serve --data-dir "$D/data" --listen "127.0.0.1:$PORT" --conductor-url "$CONDUCTOR_URL" \
-  --insecure-no-auth --concurrency noop=1,sleep=0,command=0,http=0 --task-domain "bulk$PORT$RANDOM" >"$D/log" 2>&1 &
+  ${PROFILE_DIR:+--pprof-listen "127.0.0.1:$((PORT + 1))"} --insecure-no-auth --concurrency noop=1,sleep=0,command=0,http=0 --task-domain "bulk$PORT$RANDOM" >"$D/log" 2>&1 &
 PID=$!
 trap 'kill "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; rm -rf "$D"' EXIT
 for _ in $(seq 100); do curl -fs "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
@@ -44,11 +47,16 @@ print(n)'
 }
 # bulk ACTION: the bulk ACTION of every run, with its cost.
 bulk() {
-  local a0 b0 w0 a1 b1 w1 hz load
+  local a0 b0 w0 a1 b1 w1 hz load prof=
   hz=$(getconf CLK_TCK)
   load=$(cut -d' ' -f1-3 /proc/loadavg)
   a0=$(ticks "$PID"); b0=$(conductor_ticks); w0=$(writes)
+  if [ -n "${PROFILE_DIR:-}" ]; then
+    curl -fs -o "$PROFILE_DIR/$1.prof" "http://127.0.0.1:$((PORT + 1))/debug/pprof/profile?seconds=${PROFILE_SECONDS:-20}" &
+    prof=$!
+  fi
   "$HERE/runs.py" bulk "$PORT" "$1" ${TENANTS:+"$TENANTS"}
+  if [ -n "$prof" ]; then wait "$prof" || true; fi
   a1=$(ticks "$PID"); b1=$(conductor_ticks); w1=$(writes)
   python3 -c "print('  %s: serve cpu=%.2f ms/run, conductor cpu=%.2f ms/run, writes=%.2f/run (load before: $load)' % ('$1', 1000.0 * ($a1 - $a0) / $hz / $N, 1000.0 * ($b1 - $b0) / $hz / $N, ($w1 - $w0) / $N))"
 }
@@ -56,6 +64,9 @@ bulk pause
 sleep "${SETTLE:-10}"
 # serve's resident memory with every run paused (VmRSS; VmHWM is the peak so far).
 grep -E '^Vm(RSS|HWM)' "/proc/$PID/status" | tr -s ' \t' ' ' | sed 's/^/  paused: /'
+if [ -n "${PROFILE_DIR:-}" ]; then
+  curl -fs -o "$PROFILE_DIR/paused.heap" "http://127.0.0.1:$((PORT + 1))/debug/pprof/heap"
+fi
 bulk resume
 sleep "${SETTLE:-10}"
 bulk cancel

@@ -66,7 +66,7 @@ func TestIdempotencyKey_BulkOfMaxRunsIsReplayed(t *testing.T) {
 			first := e.post(t, "/v1/runs:pause", "bulk-10k", body)
 			want := fmt.Sprintf(`"counts":{"paused":%d}`, httpapi.MaxBulkRuns)
 			if first.status != http.StatusOK || !strings.Contains(first.body, want) {
-				t.Fatalf("first bulk pause: %d, %d bytes, want 200 with %s", first.status, len(first.body), want)
+				t.Fatalf("first bulk pause: %d, %d bytes (%s...), want 200 with %s", first.status, len(first.body), first.body[:min(len(first.body), 200)], want)
 			}
 			if len(first.body) <= 1<<20 {
 				t.Fatalf("the answer is %d bytes: the test needs one larger than a NATS message (1 MiB)", len(first.body))
