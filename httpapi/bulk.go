@@ -26,6 +26,11 @@ const (
 	bulkRounds = 3
 	// bulkWorkers is how many runs a bulk action acts on at once.
 	bulkWorkers = 8
+	// bulkSelectWait bounds the wait for the run list before a bulk
+	// action's first selection; bulkCatchUpWait the wait after acting,
+	// while the list takes in the action's own events.
+	bulkSelectWait  = 10 * time.Second
+	bulkCatchUpWait = 2 * time.Minute
 	// CodeBulkTooLarge: the selection holds more than MaxBulkRuns runs.
 	CodeBulkTooLarge = "BULK_TOO_LARGE"
 )
@@ -395,12 +400,21 @@ func (s *Server) runBulk(ctx context.Context, f runlist.Filter, act bulkAction, 
 	done := map[string]bool{}
 	placed := 0 // runs acted on so far: the stagger's position
 	for round := 0; ; round++ {
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		// Before acting the list must answer within bulkSelectWait, else
+		// nothing is done. After acting it takes in the action's own
+		// events (two or three per run) before it can show the runs that
+		// started meanwhile: that is work under way, waited for up to
+		// bulkCatchUpWait, so that the outcomes are not lost.
+		wait, what := bulkSelectWait, "nothing more was done"
+		if round > 0 {
+			wait, what = bulkCatchUpWait, "the runs selected before were acted on; repeat the request (with a new Idempotency-Key) to act on runs that started meanwhile"
+		}
+		wctx, cancel := context.WithTimeout(ctx, wait)
 		through, err := s.opts.List.WaitIndexed(wctx)
 		cancel()
 		if err != nil {
 			return &apiError{status: http.StatusServiceUnavailable, Code: runlist.CodeSyncing,
-				Message: "the run list did not catch up with the log in 10 s; nothing more was done: " + err.Error(), retryAfter: time.Second}
+				Message: fmt.Sprintf("the run list did not catch up with the log in %s; %s: %v", wait, what, err), retryAfter: time.Second}
 		}
 		res.IndexedThrough = through
 		page, err := s.opts.List.List(f, 0, "")

@@ -167,3 +167,49 @@ func TestBulk_BadRequests(t *testing.T) {
 		t.Fatalf("the pause asked: %+v", got)
 	}
 }
+
+// slowList is the real run list taking longer than the first selection's
+// 10 s to catch up with what the action itself wrote (10,000 runs' events
+// on a loaded machine): every wait after the first is held back by lag.
+type slowList struct {
+	httpapi.RunLister
+	lag   time.Duration
+	mu    sync.Mutex
+	waits int
+}
+
+func (l *slowList) WaitIndexed(ctx context.Context) (uint64, error) {
+	l.mu.Lock()
+	l.waits++
+	n := l.waits
+	l.mu.Unlock()
+	if n > 1 {
+		select {
+		case <-time.After(l.lag):
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	return l.RunLister.WaitIndexed(ctx)
+}
+
+// TestBulk_ListSlowAfterActing: once a bulk action has acted, its next
+// selection (the runs that started meanwhile) waits for the run list to
+// take in the action's own events however long that takes on a loaded
+// machine, rather than failing the request with 503 after the runs were
+// acted on and losing their outcomes.
+func TestBulk_ListSlowAfterActing(t *testing.T) {
+	c := &startingControl{starts: func(string) []string { return nil }}
+	store, list := openListedLog(t, natstest.Connect(t, natstestServer(t)))
+	c.t, c.store = t, store
+	slow := &slowList{RunLister: list, lag: 12 * time.Second}
+	srv := httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: store, List: slow, Control: c, Logger: zaptest.NewLogger(t)}).Handler())
+	t.Cleanup(srv.Close)
+	for i := range 3 {
+		c.start(fmt.Sprintf("r%d", i))
+	}
+	status, res, raw := postBulk(t, srv, "pause", `{"labelSelector":"team=data","reason":"incident"}`)
+	if status != 200 || res.Counts["paused"] != 3 {
+		t.Fatalf("%d %s: want the 3 runs paused", status, raw)
+	}
+}
