@@ -551,8 +551,11 @@ func (c *Controller) cancelLog(ctx context.Context, runID, reason, requestedBy s
 	var requested *statestore.RunEventWrite
 	snap, res, err := statestore.Fenced(ctx, knownRuns{c.snaps}, c.emit, runID, func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
 		requested = nil
-		if statestore.IsTerminalRunStatus(s.Status) || s.CancelRequested {
-			return nil, nil
+		if s.Status == statestore.RunStatusCancelled || s.CancelRequested {
+			return nil, nil // cancelled, or its cancel recorded: nothing to add
+		}
+		if statestore.IsTerminalRunStatus(s.Status) {
+			return nil, c.invalid(s, statestore.RunCancelRequested)
 		}
 		w, err := runEvent(s, statestore.RunCancelRequestedPayload{Reason: reason, RequestedBy: requestedBy}, 1, c.opts.Now)
 		requested = w
