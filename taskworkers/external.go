@@ -146,18 +146,25 @@ func (w *Worker) Record(t *model.Task, r *model.TaskResult) (forward bool, err e
 	log := w.log.With(zap.String("taskId", t.TaskId), zap.String("workflowId", t.WorkflowInstanceId),
 		zap.String("runId", a.RunID), zap.String("stepId", a.Step.StepID))
 	engine, logical := a.Attempts(int(t.RetryCount))
+	w.external.forget(t.TaskId)
+	ctx, cancel := context.WithTimeout(w.workCtx, w.opts.WriteBudget)
+	defer cancel()
+	snap, err := w.outcomeState(ctx, log, a.RunID)
+	if err != nil {
+		w.external.watch(t, a, logical)
+		return false, err
+	}
 	operatorAttempt := false
-	if snap, err := w.runs.ProjectSnapshot(w.workCtx, a.RunID); err == nil {
+	if snap != nil {
 		if st := snap.Step(a.Step.StepID); st != nil && st.LogicalAttemptID > logical {
 			// Admitted as an operator's RETRY_STEP (gate): one try.
 			logical, engine, operatorAttempt = st.LogicalAttemptID, 1, true
 		}
 	}
 	log = log.With(zap.Int64("logicalAttemptId", logical), zap.Int64("engineAttemptId", engine))
-	w.external.forget(t.TaskId)
 	kind := plan.ExecutorExternal
 	if stepErr == nil {
-		err := w.emit(log, a, engine, logical, statestore.StepCompletedPayload{}, nil)
+		err := w.recordOutcome(ctx, log, a, snap, engine, logical, statestore.StepCompletedPayload{})
 		switch {
 		case errors.Is(err, statestore.ErrInvalidTransition):
 			w.reportLogged(t, log, a, engine, logical)
@@ -182,7 +189,7 @@ func (w *Worker) Record(t *model.Task, r *model.TaskResult) (forward bool, err e
 	if held {
 		payload.OnStepFailure = statestore.OnStepFailurePause
 	}
-	err = w.emit(log, a, engine, logical, payload, nil)
+	err = w.recordOutcome(ctx, log, a, snap, engine, logical, payload)
 	switch {
 	case errors.Is(err, statestore.ErrInvalidTransition):
 		w.reportLogged(t, log, a, engine, logical)
@@ -197,6 +204,52 @@ func (w *Worker) Record(t *model.Task, r *model.TaskResult) (forward bool, err e
 		return false, nil
 	}
 	return w.forwardFailure(t, log, a, r), nil
+}
+
+// outcomeState is the run's state an outside worker's update is decided
+// and checked on, read once, after the outbox put the step's StepStarted
+// in the log (a StepStarted that failed open): which attempt the update
+// is of, and whether its outcome is a valid transition (the producer
+// guard, as checkOutcome). A run that cannot be read gives nil and no
+// error: the append then fails the same way, or decides. An error: the
+// outbox was not flushed within ctx, and nothing may be recorded.
+func (w *Worker) outcomeState(ctx context.Context, log *zap.Logger, runID string) (*statestore.RunSnapshot, error) {
+	if err := w.outbox.flush(ctx, runID); err != nil {
+		log.Error("outbox not flushed within the write budget; not recording", zap.Error(err))
+		return nil, err
+	}
+	snap, err := w.runs.ProjectSnapshot(ctx, runID)
+	if err != nil {
+		log.Debug("cannot read the run's state; the append decides", zap.Error(err))
+		return nil, nil
+	}
+	return snap, nil
+}
+
+// recordOutcome appends an outside worker's outcome of the attempt
+// (StepCompleted or StepFailed, payload's type), checked against snap,
+// the run's state outcomeState read (not checked when nil). An outcome
+// the state refuses is an INVALID_TRANSITION error, and nothing is
+// written: another writer recorded the attempt's outcome first.
+func (w *Worker) recordOutcome(ctx context.Context, log *zap.Logger, a *Assignment, snap *statestore.RunSnapshot, engine, logical int64, payload statestore.Payload) error {
+	ev, err := statestore.NewEvent(runRef(a), payload.EventType(), a.Step.StepID, engine, logical, payload)
+	if err != nil {
+		return err
+	}
+	log = log.With(zap.String("eventType", ev.EventType))
+	if snap != nil {
+		if err := statestore.CheckTransition(snap, ev); err != nil {
+			log.Error("the step's outcome is not a valid transition from the run's state; not recording it", zap.Error(err))
+			return err
+		}
+	}
+	began := time.Now()
+	_, err = w.events.Emit(ctx, ev)
+	w.opts.Metrics.eventWrite(ev.EventType, err, time.Since(began))
+	if err != nil {
+		log.Error("event not recorded", zap.Error(err))
+	}
+	return err
 }
 
 // forwardFailure decides whether a FAILED report Conductor answers with a

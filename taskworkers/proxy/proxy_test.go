@@ -50,6 +50,25 @@ func newEnv(t *testing.T, tokens ...string) *env {
 // through wrap, when not nil.
 func newEnvWith(t *testing.T, wrap func(proxy.Steps) proxy.Steps, tokens ...string) *env {
 	t.Helper()
+	return newEnvOpts(t, envOpts{wrap: wrap, tokens: tokens})
+}
+
+// envOpts changes what newEnvOpts builds.
+type envOpts struct {
+	// wrap, when set, is what the proxy sees of the task workers.
+	wrap func(proxy.Steps) proxy.Steps
+	// reads, when set, is how the task workers read the runs' state
+	// (given the store).
+	reads func(taskworkers.SnapshotReader) taskworkers.SnapshotReader
+	// events, when set, is how the task workers append (given the
+	// registry's emitter).
+	events func(*registry.Emitter) taskworkers.Emitter
+	tokens []string
+}
+
+func newEnvOpts(t *testing.T, o envOpts) *env {
+	t.Helper()
+	wrap, reads, tokens := o.wrap, o.reads, o.tokens
 	curl := conductortest.URL(t)
 	ctx := context.Background()
 	js, _ := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{})
@@ -71,8 +90,18 @@ func newEnvWith(t *testing.T, wrap func(proxy.Steps) proxy.Steps, tokens ...stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := taskworkers.New(adapter.DomainPoller{Client: client, Domain: domain}, store, emit, nil, nil, taskworkers.Options{
-		WorkerID: "proxy-test", HandBackAfter: time.Second, Tasks: client, ExternalCheck: 500 * time.Millisecond,
+	var runState taskworkers.SnapshotReader = store
+	budget := time.Duration(0) // the default
+	if reads != nil {
+		runState = reads(store)
+		budget = time.Minute // slow reads do not use the write budget up
+	}
+	var events taskworkers.Emitter = emit
+	if o.events != nil {
+		events = o.events(emit)
+	}
+	w := taskworkers.New(adapter.DomainPoller{Client: client, Domain: domain}, runState, events, nil, nil, taskworkers.Options{
+		WorkerID: "proxy-test", HandBackAfter: time.Second, Tasks: client, ExternalCheck: 500 * time.Millisecond, WriteBudget: budget,
 		Guard: func(ctx context.Context, runID, workflowID string) error {
 			_, err := runs.EnsureStarted(ctx, runID, workflowID)
 			return err
@@ -485,4 +514,108 @@ func TestProxy_OutcomeAlreadyLoggedIsNotRecordedAgain(t *testing.T) {
 		}
 		return false
 	})
+}
+
+// slowReads is the store's state reads, each taking delay while on: a
+// store far away, or busy.
+type slowReads struct {
+	taskworkers.SnapshotReader
+	delay time.Duration
+	on    atomic.Bool
+}
+
+func (s *slowReads) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	if s.on.Load() {
+		time.Sleep(s.delay)
+	}
+	return s.SnapshotReader.ProjectSnapshot(ctx, runID)
+}
+
+// TestProxy_UpdateWaitsForOneReadOfTheRun: an update of an external
+// step's task waits for one read of the run's state, not two: with every
+// read taking 4 s, the update is answered (recorded and forwarded) in
+// less than 8 s. The outcome is still checked against the run's state
+// (TestProxy_OutcomeAlreadyLoggedIsNotRecordedAgain) and recorded before
+// Conductor has it.
+func TestProxy_UpdateWaitsForOneReadOfTheRun(t *testing.T) {
+	const delay = 4 * time.Second
+	slow := &slowReads{delay: delay}
+	e := newEnvOpts(t, envOpts{reads: func(r taskworkers.SnapshotReader) taskworkers.SnapshotReader { slow.SnapshotReader = r; return slow }})
+	runID, wfID := e.start(t, 1, 60)
+	got := e.pollOne(t)
+	slow.on.Store(true)
+	began := time.Now()
+	resp, body := call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": got.TaskID, "workflowInstanceId": wfID, "status": "COMPLETED", "workerId": "sdk-worker"})
+	took := time.Since(began)
+	slow.on.Store(false)
+	if resp.StatusCode != http.StatusOK || string(body) != got.TaskID {
+		t.Fatalf("update: %d %q, want 200 and the task id", resp.StatusCode, body)
+	}
+	if c := count(e.events(t, runID), statestore.StepCompleted); c != 1 {
+		t.Fatalf("%d StepCompleted, want 1", c)
+	}
+	if took >= 2*delay {
+		t.Fatalf("the update took %s with reads of %s each: it waited for more than one read of the run", took.Round(time.Millisecond), delay)
+	}
+}
+
+// startedRefused is the registry's emitter, refusing every StepStarted
+// while on: a store outage for the starts only, which the real store
+// cannot be made to show.
+type startedRefused struct {
+	*registry.Emitter
+	on      atomic.Bool
+	refused atomic.Int32
+}
+
+func (s *startedRefused) refuse(w *statestore.RunEventWrite) error {
+	if s.on.Load() && w.EventType == statestore.StepStarted {
+		s.refused.Add(1)
+		return &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: "injected outage"}
+	}
+	return nil
+}
+
+func (s *startedRefused) Emit(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
+	if err := s.refuse(w); err != nil {
+		return statestore.AppendResult{}, err
+	}
+	return s.Emitter.Emit(ctx, w)
+}
+
+func (s *startedRefused) EmitIf(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
+	if err := s.refuse(w); err != nil {
+		return statestore.AppendResult{}, err
+	}
+	return s.Emitter.EmitIf(ctx, w, lastSeq)
+}
+
+// TestProxy_UpdateAfterAQueuedStartRecordsBoth: the store refused the
+// task's StepStarted (queued in the outbox: StepStarted fails open) and
+// comes back; the worker's update, at once, puts the StepStarted in the
+// log first and then the StepCompleted, and is forwarded.
+func TestProxy_UpdateAfterAQueuedStartRecordsBoth(t *testing.T) {
+	sink := &startedRefused{}
+	sink.on.Store(true)
+	e := newEnvOpts(t, envOpts{events: func(em *registry.Emitter) taskworkers.Emitter { sink.Emitter = em; return sink }})
+	runID, wfID := e.start(t, 1, 60)
+	got := e.pollOne(t)
+	if c := count(e.events(t, runID), statestore.StepStarted); c != 0 {
+		t.Fatalf("%d StepStarted while the store refuses them, want 0 (queued)", c)
+	}
+	// The outbox's own replays fail and back off (to seconds apart).
+	waitFor(t, "the outbox's replays to back off", time.Minute, func() bool { return sink.refused.Load() >= 5 })
+	sink.on.Store(false)
+	resp, body := call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": got.TaskID, "workflowInstanceId": wfID, "status": "COMPLETED", "workerId": "sdk-worker"})
+	if resp.StatusCode != http.StatusOK || string(body) != got.TaskID {
+		t.Fatalf("update: %d %q, want 200 and the task id", resp.StatusCode, body)
+	}
+	recs := e.events(t, runID)
+	var types []string
+	for _, r := range recs {
+		types = append(types, r.EventType)
+	}
+	if len(recs) != 3 || recs[1].EventType != statestore.StepStarted || recs[2].EventType != statestore.StepCompleted {
+		t.Fatalf("log %v, want RunStarted, StepStarted, StepCompleted", types)
+	}
 }
