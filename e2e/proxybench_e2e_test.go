@@ -37,7 +37,8 @@ import (
 //	  BENCH_CONDUCTOR_PID=$(cat /tmp/cond-proxybench/conductor.pid) \
 //	  go test -count=1 -p 1 -v -run TestBench_ProxyPythonWorker -timeout 30m ./e2e
 //
-// BENCH_TASKS (default 200) and BENCH_ROUNDS (default 3) size it. Each
+// BENCH_TASKS (default 200) and BENCH_ROUNDS (default 3) size it;
+// BENCH_MODES (comma-separated, default all four) picks the modes. Each
 // plan/proxy round also prints where a gated task's time went, as the mean
 // per task of the sidecar's own latency metrics over the round: the proxy's
 // gate of a poll's answer and of an update (sidecar_proxy_gate_seconds),
@@ -66,10 +67,19 @@ func TestBench_ProxyPythonWorker(t *testing.T) {
 	condURL := strings.TrimSuffix(os.Getenv("SIDECAR_TEST_CONDUCTOR_URL"), "/")
 	plain := uniq("bench_plain")
 
+	modes := []string{"plan/proxy", "plan/direct", "plain/proxy", "plain/direct"}
+	if m := os.Getenv("BENCH_MODES"); m != "" {
+		modes = strings.Split(m, ",")
+		for _, mode := range modes {
+			if !slices.Contains([]string{"plan/proxy", "plan/direct", "plain/proxy", "plain/direct"}, mode) {
+				t.Fatalf("BENCH_MODES: unknown mode %q (plan/proxy, plan/direct, plain/proxy, plain/direct)", mode)
+			}
+		}
+	}
 	type sample struct{ tps, p50ms, sideCPUms, condCPUms float64 }
 	results := map[string][]sample{}
 	for r := 0; r < rounds; r++ {
-		for _, mode := range []string{"plan/proxy", "plan/direct", "plain/proxy", "plain/direct"} {
+		for _, mode := range modes {
 			taskType := uniq("bench_" + strings.ReplaceAll(mode, "/", "_"))
 			server := p.api()
 			if strings.HasSuffix(mode, "/direct") {
@@ -121,13 +131,17 @@ func TestBench_ProxyPythonWorker(t *testing.T) {
 	tps := func(s sample) float64 { return s.tps }
 	p50 := func(s sample) float64 { return s.p50ms }
 	t.Logf("median of %d rounds, %d tasks each:", rounds, n)
-	for _, mode := range []string{"plan/proxy", "plan/direct", "plain/proxy", "plain/direct"} {
+	for _, mode := range modes {
 		t.Logf("  %-12s %7.1f tasks/s  p50 %6.2f ms  sidecar CPU %.2f ms/task  Conductor CPU %.2f ms/task", mode,
 			med(mode, tps), med(mode, p50), med(mode, func(s sample) float64 { return s.sideCPUms }), med(mode, func(s sample) float64 { return s.condCPUms }))
 	}
-	t.Logf("plan: proxy/direct throughput %.2fx, added p50 %.2f ms; plain: proxy/direct throughput %.2fx",
-		med("plan/proxy", tps)/med("plan/direct", tps), med("plan/proxy", p50)-med("plan/direct", p50),
-		med("plain/proxy", tps)/med("plain/direct", tps))
+	ratio := func(what, a, b string) {
+		if len(results[a]) > 0 && len(results[b]) > 0 {
+			t.Logf("%s: proxy/direct throughput %.2fx, added p50 %.2f ms", what, med(a, tps)/med(b, tps), med(a, p50)-med(b, p50))
+		}
+	}
+	ratio("plan", "plan/proxy", "plan/direct")
+	ratio("plain", "plain/proxy", "plain/direct")
 }
 
 func envInt(name string, def int) int {
