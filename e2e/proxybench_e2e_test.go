@@ -117,6 +117,16 @@ func TestBench_ProxyPythonWorker(t *testing.T) {
 					parts = append(parts, fmt.Sprintf("%s %.2f (%.0f x %.2f)", q.name, m1.sum(m0, q.metric, "_sum", q.labels)*1000/float64(n), c, m1.mean(m0, q.metric, q.labels)*1000))
 				}
 				t.Logf("round %d plan/proxy, ms per task (observations x mean ms): %s", r+1, strings.Join(parts, ", "))
+				parts = parts[:0]
+				for _, stage := range []string{"poll", "update"} {
+					labels := `stage="` + stage + `"`
+					c := m1.count(m0, "sidecar_proxy_gate_seconds", labels)
+					parts = append(parts, fmt.Sprintf("%s gate <= 1 ms %.0f%%, <= 2 ms %.0f%%, <= 5 ms %.0f%%", stage,
+						100*m1.sum(m0, "sidecar_proxy_gate_seconds", "_bucket", labels+`,le="0.001"`)/c,
+						100*m1.sum(m0, "sidecar_proxy_gate_seconds", "_bucket", labels+`,le="0.002"`)/c,
+						100*m1.sum(m0, "sidecar_proxy_gate_seconds", "_bucket", labels+`,le="0.005"`)/c))
+				}
+				t.Logf("round %d plan/proxy, share of the gate's observations: %s", r+1, strings.Join(parts, "; "))
 			}
 		}
 	}
