@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,6 +63,18 @@ func BenchmarkFencedStartsOfOneRun(b *testing.B) {
 				b.Fatal(err)
 			}
 			f := &fencedRun{b: b, js: js, nc: nc, body: make([]byte, 600)}
+			f.serial(2) // the run exists
+			// The fence holds for a batch: one whose first message names a
+			// stale last sequence of the run is refused whole.
+			stale, stored := f.last, f.last
+			f.last = stale - 1
+			if ack := f.commit(k); !strings.Contains(ack, `"err_code":10071`) {
+				b.Fatalf("a batch on a stale sequence: %s, want wrong last sequence (10071)", ack)
+			}
+			f.last = stored
+			if info, err := js.Stream(ctx, "FENCE"); err != nil || info.CachedInfo().State.LastSeq != stored {
+				b.Fatalf("a refused batch stored something: %v", err)
+			}
 			for _, way := range []struct {
 				name string
 				do   func(int)
@@ -110,6 +123,20 @@ func (f *fencedRun) serial(k int) {
 }
 
 func (f *fencedRun) atomic(k int) {
+	var ack struct {
+		Seq   uint64 `json:"seq"`
+		Count int    `json:"count"`
+	}
+	resp := f.commit(k)
+	if err := json.Unmarshal([]byte(resp), &ack); err != nil || ack.Count != k {
+		f.b.Fatalf("atomic batch: %s", resp)
+	}
+	f.last = ack.Seq
+}
+
+// commit publishes one atomic batch of k messages, the first fenced on
+// f.last, and returns the server's answer to its commit.
+func (f *fencedRun) commit(k int) string {
 	id := fmt.Sprintf("batch-%d", f.n)
 	for i := 0; i < k; i++ {
 		m := f.msg(f.last, i == 0)
@@ -126,15 +153,9 @@ func (f *fencedRun) atomic(k int) {
 		if err != nil {
 			f.b.Fatal(err)
 		}
-		var ack struct {
-			Seq   uint64 `json:"seq"`
-			Count int    `json:"count"`
-		}
-		if err := json.Unmarshal(resp.Data, &ack); err != nil || ack.Count != k {
-			f.b.Fatalf("atomic batch: %s", resp.Data)
-		}
-		f.last = ack.Seq
+		return string(resp.Data)
 	}
+	return ""
 }
 
 func (f *fencedRun) pipelined(k int) {
