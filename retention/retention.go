@@ -48,7 +48,10 @@ import (
 type Log interface {
 	statestore.Follower
 	Fetch(ctx context.Context, runID string, afterSeq int64, limit int) ([]statestore.RunEventRecord, error)
-	GetSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error)
+	// ProjectSnapshot projects the run from its records as they are now
+	// (a store's GetSnapshot may answer a snapshot it cached before the
+	// run ended).
+	ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error)
 }
 
 // Archive is where runs go before they leave (an *archive.Archive).
@@ -327,7 +330,7 @@ func (r *Retention) due(ctx context.Context) ([]candidate, error) {
 	for len(out) < r.opts.BatchRuns && len(r.queue) > 0 && !r.queue[0].due.After(now) {
 		it := heap.Pop(&r.queue).(*item)
 		delete(r.byRun, it.runID)
-		snap, err := r.log.GetSnapshot(ctx, it.runID)
+		snap, err := r.log.ProjectSnapshot(ctx, it.runID)
 		if errors.Is(err, statestore.ErrNotFound) {
 			continue // gone already
 		}
