@@ -464,15 +464,18 @@ func (s *soak) run(ctx context.Context) (*Result, error) {
 			}
 			fmt.Fprintln(s.cfg.CSV, strings.Join(rowOf(sm, csvHeader), ","))
 		}
-		s.logf("%s submitted %d (errors %d) finished %d archived %d removed %d records %d disk %.1f MB RSS %.0f MiB conductor %d",
+		s.logf("%s submitted %d (errors %d) finished %d archived %d removed %d records %d disk %.1f MB RSS %.0f MiB conductor %d (sampled in %s)",
 			sm.Elapsed.Truncate(time.Second), sm.Submitted, sm.SubmitErrors, sm.Finished, sm.Archived, sm.Removed, sm.LogRecords,
-			float64(sm.DiskBytes)/1e6, float64(sm.RSS)/(1<<20), sm.Conductor)
+			float64(sm.DiskBytes)/1e6, float64(sm.RSS)/(1<<20), sm.Conductor, (time.Since(start) - sm.Elapsed).Truncate(time.Millisecond))
 		return sm
 	}
 	sample()
 
 	// Submit at Rate for Duration, 16 requests at most in flight.
 	plan := s.plan()
+	// The steady part ends with the submissions, not when the loop below
+	// notices (a slow sample delays that).
+	submittedEnd := time.Since(start) + s.cfg.Duration
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.Duration)
 	var wg sync.WaitGroup
 	work := make(chan int64, 1024)
@@ -515,7 +518,6 @@ loop:
 	}
 	cancel()
 	wg.Wait()
-	submittedEnd := time.Since(start)
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
@@ -659,13 +661,16 @@ func (s *soak) samplePostgres(ctx context.Context, sm *Sample) {
 }
 
 // conductorHolds advances past the oldest runs whose workflows Conductor
-// no longer has (at most 200 lookups a sample) and counts the rest.
+// no longer has (at most 50 lookups of 10 s at most a sample, so that a
+// slow Conductor does not stretch the sampling) and counts the rest.
 func (s *soak) conductorHolds(ctx context.Context) int64 {
 	s.mu.Lock()
 	runs, from := s.runs, s.goneUpTo
 	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	i := from
-	for ; i < len(runs) && i < from+200; i++ {
+	for ; i < len(runs) && i < from+50; i++ {
 		if gone, err := s.workflowGone(ctx, runs[i].WorkflowID); err != nil || !gone {
 			break
 		}
