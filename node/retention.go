@@ -131,6 +131,10 @@ func (n *Node) openRetention(ctx context.Context) error {
 	if n.admit != nil {
 		forget = append(forget, admission.NewForgetter(n.admit, purger))
 	}
+	// Last, the store's projector lets go of the run's snapshot in memory.
+	if f, ok := n.store.(retention.Forgetter); ok {
+		forget = append(forget, f)
+	}
 	r, err := retention.New(n.store, arch, rm, retention.Options{
 		RetainFinished: rc.Finished, PerTenant: rc.PerTenant, Interval: rc.Interval,
 		Forgetters: forget, Logger: n.log, Metrics: metrics,

@@ -460,6 +460,43 @@ func (p *Projector) run(runID string) *runProjection {
 	return rp
 }
 
+// Forget drops what the projector keeps in memory of runID, a run that
+// leaves hot state; a later read projects it again from the log. A run
+// that a projection holds at that moment, or that has an open visibility
+// gap, is kept (the least recently used go first, as always).
+func (p *Projector) Forget(runID string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e, ok := p.runs[runID]
+	if !ok {
+		return
+	}
+	p.drop(e)
+	p.opts.Metrics.cached(p.lru.Len())
+}
+
+// drop removes e's run unless a projection holds it or it has an open
+// visibility gap. p.mu is held.
+func (p *Projector) drop(e *list.Element) {
+	rp := e.Value.(*runProjection)
+	if !rp.mu.TryLock() {
+		return
+	}
+	defer rp.mu.Unlock()
+	if !rp.gapSince.IsZero() {
+		return
+	}
+	p.lru.Remove(e)
+	delete(p.runs, rp.runID)
+	if p.opts.Gate != nil {
+		for k := range p.alerted {
+			if k.runID == rp.runID {
+				delete(p.alerted, k)
+			}
+		}
+	}
+}
+
 // evict drops least recently used runs while there are more than MaxRuns,
 // skipping a run that a projection holds or that has an open visibility
 // gap (its grace period is state the log cannot rebuild). With an alert
@@ -468,21 +505,7 @@ func (p *Projector) run(runID string) *runProjection {
 func (p *Projector) evict() {
 	for e := p.lru.Back(); e != nil && p.lru.Len() > p.opts.MaxRuns; {
 		prev := e.Prev()
-		rp := e.Value.(*runProjection)
-		if rp.mu.TryLock() {
-			if rp.gapSince.IsZero() {
-				p.lru.Remove(e)
-				delete(p.runs, rp.runID)
-				if p.opts.Gate != nil {
-					for k := range p.alerted {
-						if k.runID == rp.runID {
-							delete(p.alerted, k)
-						}
-					}
-				}
-			}
-			rp.mu.Unlock()
-		}
+		p.drop(e)
 		e = prev
 	}
 }

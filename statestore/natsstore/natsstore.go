@@ -770,3 +770,10 @@ func sortedBySeq(recs []statestore.RunEventRecord) []statestore.RunEventRecord {
 func unavailable(op string, err error) error {
 	return &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: op + ": " + err.Error(), Err: err}
 }
+
+// ForgetRun drops runID's snapshot from the projector's memory, for a run
+// that leaves hot state (a retention Forgetter); the log is not touched.
+func (s *Store) ForgetRun(_ context.Context, runID string) error {
+	s.proj.Forget(runID)
+	return nil
+}

@@ -428,3 +428,10 @@ func innermost(err error) error {
 func damaged(msg string, err error) error {
 	return &statestore.Error{Code: statestore.CodeStoreDamaged, Message: msg, Err: err}
 }
+
+// ForgetRun drops runID's snapshot from the projector's memory, for a run
+// that leaves hot state (a retention Forgetter); the log is not touched.
+func (s *Store) ForgetRun(_ context.Context, runID string) error {
+	s.proj.Forget(runID)
+	return nil
+}
