@@ -8,6 +8,8 @@ type Metrics struct {
 	writes  prometheus.Counter
 	errors  prometheus.Counter
 	forgets prometheus.Counter
+	// startRead is the rows of the last full read of the bucket.
+	startRead prometheus.Gauge
 }
 
 // NewMetrics registers the run list's metrics with reg.
@@ -25,14 +27,24 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		forgets: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sidecar_runlist_rows_forgotten_total", Help: "Rows of the run list removed by this replica because their run left hot state (retention).",
 		}),
+		startRead: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sidecar_runlist_start_rows_read",
+			Help: "Rows of the run list this replica read from the bucket at its last full read of it (at start, or when its watch began anew).",
+		}),
 	}
-	reg.MustRegister(m.rows, m.writes, m.errors, m.forgets)
+	reg.MustRegister(m.rows, m.writes, m.errors, m.forgets, m.startRead)
 	return m
 }
 
 func (m *Metrics) setRows(n int) {
 	if m != nil {
 		m.rows.Set(float64(n))
+	}
+}
+
+func (m *Metrics) setStartRead(n int) {
+	if m != nil {
+		m.startRead.Set(float64(n))
 	}
 }
 

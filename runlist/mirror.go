@@ -94,7 +94,7 @@ func (mr *mirror) loop(ctx context.Context) {
 			continue
 		}
 		next := newState(mr.maxFinished)
-		building := true
+		building, read := true, 0
 		for {
 			var e jetstream.KeyValueEntry
 			var ok bool
@@ -108,12 +108,16 @@ func (mr *mirror) loop(ctx context.Context) {
 				break
 			}
 			if e == nil { // the entries that existed are in
+				mr.m.setStartRead(read)
 				mr.swap(next)
 				building, next = false, state{}
 				backoff = 250 * time.Millisecond
 				continue
 			}
 			if building {
+				if strings.HasPrefix(e.Key(), keyRun) {
+					read++
+				}
 				next.apply(e, mr.log)
 				continue
 			}
