@@ -46,6 +46,9 @@ type follower struct {
 	dirty map[string]bool
 	// mirror has the durations written before this turn.
 	mirror *mirror
+	// floorSeq is the Seq of the last floor written; floorRev the
+	// mirror's revision then.
+	floorSeq, floorRev uint64
 }
 
 // tracked is a run the follower has folded so far.
@@ -164,7 +167,7 @@ func (f *follower) step(ctx context.Context) (read int, err error) {
 			f.log.Info("run list: built", zap.Uint64("through", f.cursor), zap.Int("runs", len(f.seen)))
 			f.fresh, f.seen = false, nil
 		}
-		return 0, nil
+		return 0, f.maybeFloor(ctx)
 	}
 	dirty, err := f.fold(ctx, recs)
 	if err != nil {

@@ -84,7 +84,8 @@ func (mr *mirror) loop(ctx context.Context) {
 	defer close(mr.done)
 	backoff := 250 * time.Millisecond
 	for ctx.Err() == nil {
-		kw, err := mr.kv.WatchAll(ctx)
+		next := newState(mr.maxFinished)
+		kw, err := mr.watch(ctx, &next)
 		if err != nil {
 			mr.log.Warn("run list: cannot watch the bucket; retrying", zap.Duration("in", backoff), zap.Error(err))
 			if sleep(ctx, backoff) != nil {
@@ -93,7 +94,6 @@ func (mr *mirror) loop(ctx context.Context) {
 			backoff = min(2*backoff, 30*time.Second)
 			continue
 		}
-		next := newState(mr.maxFinished)
 		building, read := true, 0
 		for {
 			var e jetstream.KeyValueEntry
@@ -132,6 +132,27 @@ func (mr *mirror) loop(ctx context.Context) {
 			backoff = min(2*backoff, 30*time.Second)
 		}
 	}
+}
+
+// watch begins a watch of the bucket that first delivers what st does
+// not hold yet: with a floor, the keys that are not rows are read into st
+// and its window's bound set to the floor's position, and the watch
+// begins at the floor's Seq; without one, it delivers every key.
+func (mr *mirror) watch(ctx context.Context, st *state) (jetstream.KeyWatcher, error) {
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	fl, err := mr.readFloor(rctx)
+	if err != nil {
+		return nil, err
+	}
+	if fl == nil {
+		return mr.kv.WatchAll(ctx)
+	}
+	if err := mr.readKeys(rctx, st); err != nil {
+		return nil, err
+	}
+	st.bound = &entry{created: fl.Created, row: Row{RunID: fl.RunID}}
+	return mr.kv.WatchAll(ctx, jetstream.ResumeFromRevision(fl.Seq))
 }
 
 // apply applies a bucket entry; it reports whether a run came or went.
