@@ -301,6 +301,27 @@ func (a *Archive) Lookup(ctx context.Context, runID string) (*RunEntry, error) {
 	return e, nil
 }
 
+// NewestSeq returns the manifest that holds runID's newest copy in the
+// archive (a run archived again, with records that arrived after its
+// first copy, has more than one), reading the manifests after those it
+// has read only when through is beyond them or the run is not among
+// them; an error matching ErrRunNotFound when the archive does not hold
+// the run.
+func (a *Archive) NewestSeq(ctx context.Context, runID string, through uint64) (uint64, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	loc, ok := a.index[runID]
+	if !ok || a.indexed < through {
+		if err := a.loadIndex(ctx); err != nil {
+			return 0, err
+		}
+		if loc, ok = a.index[runID]; !ok {
+			return 0, newError(CodeRunNotFound, nil, "run %q is not in %s", runID, a.dest)
+		}
+	}
+	return loc.seq, nil
+}
+
 func (a *Archive) locate(ctx context.Context, runID string) (*Manifest, *RunEntry, error) {
 	a.mu.Lock()
 	loc, ok := a.index[runID]

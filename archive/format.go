@@ -88,6 +88,11 @@ type RunEntry struct {
 	// LastEventType is the eventType of its last record (RunCompleted,
 	// RunFailed, RunCancelled for a finished run).
 	LastEventType string `json:"lastEventType"`
+	// Labels are the run's labels as the projector takes them (its
+	// RunStarted's, else its RunQueued's), so that a listing of archived
+	// runs selects by them without reading the segment; absent when the
+	// run has none.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // Run is a run's records as Write takes them: every record of the run, in
@@ -338,10 +343,37 @@ func encodeRuns(runs []Run, ck *chunker) (*Manifest, error) {
 			Records: int64(len(r.Records)), SHA256: hex.EncodeToString(ck.run.Sum(nil)),
 			FirstRunSeq: first.RunSeq, LastRunSeq: last.RunSeq,
 			FirstPersistedAt: first.PersistedAt, LastPersistedAt: last.PersistedAt,
-			LastEventType: last.EventType,
+			LastEventType: last.EventType, Labels: labelsOf(r.Records),
 		})
 	}
 	return m, nil
+}
+
+// labelsOf returns a run's labels: its RunStarted's, else its
+// RunQueued's (the projector's rule), nil when it has none.
+func labelsOf(recs []statestore.RunEventRecord) map[string]string {
+	var queued, started map[string]string
+	for i := range recs {
+		r := &recs[i]
+		if r.EventType != statestore.RunStarted && r.EventType != statestore.RunQueued {
+			continue
+		}
+		var p struct {
+			Labels map[string]string `json:"labels"`
+		}
+		if json.Unmarshal(r.Payload, &p) != nil || len(p.Labels) == 0 {
+			continue
+		}
+		if r.EventType == statestore.RunStarted {
+			started = p.Labels
+		} else {
+			queued = p.Labels
+		}
+	}
+	if started != nil {
+		return started
+	}
+	return queued
 }
 
 // checkReadBack checks what the destination returned for a segment just

@@ -24,6 +24,9 @@ type ArchiveReader interface {
 	ManifestSeqs(ctx context.Context) ([]uint64, error)
 	// Manifest reads and checks one manifest.
 	Manifest(ctx context.Context, seq uint64) (*archive.Manifest, error)
+	// NewestSeq returns the manifest of runID's newest copy, knowing the
+	// archive has manifests through through.
+	NewestSeq(ctx context.Context, runID string, through uint64) (uint64, error)
 }
 
 // runSnapshot returns runID's snapshot from hot state or, when the run

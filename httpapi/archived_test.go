@@ -29,9 +29,10 @@ import (
 
 // archivedEnv is an API over a removable embedded JetStream log and a
 // file:// archive, after a real retention pass removed run "gone" (a
-// finished 2-step run), "gone-2" and "gone-3" (two manifests in all) and
-// kept run "hot" (running).
-func archivedEnv(t *testing.T) (srv *httptest.Server, store *natsstore.Store, goneRecs []statestore.RunEventRecord) {
+// finished 2-step run, label team=data), "gone-2" (team=web) and "gone-3"
+// (two manifests in all) and kept run "hot" (running); then finished run
+// "moving" (team=data) was archived twice and is still in hot state.
+func archivedEnv(t *testing.T) (srv *httptest.Server, list *runlist.List, goneRecs []statestore.RunEventRecord) {
 	t.Helper()
 	ctx := context.Background()
 	js, ns := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{
@@ -46,9 +47,13 @@ func archivedEnv(t *testing.T) (srv *httptest.Server, store *natsstore.Store, go
 		t.Fatal(err)
 	}
 	emit := registry.NewEmitter(ids, store)
+	teams := map[string]string{"gone": "data", "gone-2": "web", "moving": "data"}
 	started := func(id string) *statestore.RunEventWrite {
-		return storetest.WithPayload(storetest.Event(id, statestore.RunStarted, ""),
-			map[string]any{"engineRunRef": statestore.ConductorRunRef("plan", "wf-"+id), "engineType": "conductor"})
+		p := map[string]any{"engineRunRef": statestore.ConductorRunRef("plan", "wf-"+id), "engineType": "conductor"}
+		if team := teams[id]; team != "" {
+			p["labels"] = map[string]string{"team": team}
+		}
+		return storetest.WithPayload(storetest.Event(id, statestore.RunStarted, ""), p)
 	}
 	for _, w := range []*statestore.RunEventWrite{
 		started("gone"), storetest.Event("gone", statestore.StepStarted, "a"), storetest.Event("gone", statestore.StepCompleted, "a"),
@@ -104,8 +109,25 @@ func archivedEnv(t *testing.T) (srv *httptest.Server, store *natsstore.Store, go
 	if recs, err := store.Fetch(ctx, "gone", 0, 0); err != nil || len(recs) != 0 {
 		t.Fatalf("gone after removal: %d records, %v", len(recs), err)
 	}
+	// Run "moving" finished and was archived twice (as a pass that
+	// stopped before its removal leaves it, and the next pass), and is
+	// still in hot state.
+	for _, w := range []*statestore.RunEventWrite{started("moving"), storetest.Event("moving", statestore.RunCompleted, "")} {
+		if _, err := emit.Emit(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	moving, err := store.Fetch(ctx, "moving", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := arch.Write(ctx, []archive.Run{{ID: "moving", Records: moving}}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	ctrl := drain.New(store, emit, &pausedWorkflows{}, drain.Options{})
-	list, err := runlist.Open(ctx, js, runlist.Options{Log: store, Poll: 10 * time.Millisecond, Logger: zaptest.NewLogger(t)})
+	list, err = runlist.Open(ctx, js, runlist.Options{Log: store, Poll: 10 * time.Millisecond, Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +137,7 @@ func archivedEnv(t *testing.T) (srv *httptest.Server, store *natsstore.Store, go
 	}
 	srv = httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: store, Archive: arch, Control: ctrl, List: list, Logger: zaptest.NewLogger(t)}).Handler())
 	t.Cleanup(srv.Close)
-	return srv, store, goneRecs
+	return srv, list, goneRecs
 }
 
 func getJSON(t *testing.T, url string, v any) int {
@@ -236,6 +258,83 @@ func TestServer_ArchivedRun(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestServer_ArchivedListLabelsAndOnce: with include=archived, an
+// archived run carries its labels (a label selector finds it), and a run
+// that is both in hot state and archived (twice) is listed once, from hot
+// state.
+func TestServer_ArchivedListLabelsAndOnce(t *testing.T) {
+	srv, list, _ := archivedEnv(t)
+	listAll := func(query string) []httpapi.ListedRun {
+		t.Helper()
+		var all []httpapi.ListedRun
+		cont := ""
+		for range 50 {
+			var l httpapi.RunList
+			if code := getJSON(t, srv.URL+"/v1/runs?include=archived&limit=1&"+query+"&continue="+url.QueryEscape(cont), &l); code != http.StatusOK {
+				t.Fatalf("list %s: %d", query, code)
+			}
+			all = append(all, l.Runs...)
+			if cont = l.Continue; cont == "" {
+				return all
+			}
+		}
+		t.Fatalf("list %s: more than 50 pages", query)
+		return nil
+	}
+	got := map[string][]bool{} // runId -> archived flag of each listing
+	for _, r := range listAll("labelSelector=team%3Ddata") {
+		got[r.RunID] = append(got[r.RunID], r.Archived)
+		if r.Labels["team"] != "data" {
+			t.Fatalf("team=data listed %s with labels %v", r.RunID, r.Labels)
+		}
+	}
+	if len(got) != 2 || len(got["gone"]) != 1 || !got["gone"][0] || len(got["moving"]) != 1 || got["moving"][0] {
+		t.Fatalf("team=data listed %v (runId: archived flags); want gone once archived, moving once from hot state", got)
+	}
+	n := 0
+	for _, r := range listAll("") {
+		if r.RunID == "moving" {
+			n++
+			if r.Archived {
+				t.Fatalf("moving listed from the archive while in hot state: %+v", r)
+			}
+		}
+	}
+	if n != 1 {
+		t.Fatalf("moving listed %d times, want once", n)
+	}
+
+	// Its row leaves the run list (the last step of its removal): it is
+	// listed once, from its newest archived copy.
+	ctx := context.Background()
+	if err := list.ForgetRun(ctx, "moving"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		hot, err := list.HasRow(ctx, "moving")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !hot {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the run list still has moving's row a minute after ForgetRun")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var flags []bool
+	for _, r := range listAll("") {
+		if r.RunID == "moving" {
+			flags = append(flags, r.Archived)
+		}
+	}
+	if len(flags) != 1 || !flags[0] {
+		t.Fatalf("moving, archived twice and out of hot state, listed with archived flags %v; want once, archived", flags)
+	}
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }

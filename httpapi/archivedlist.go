@@ -97,12 +97,35 @@ func (s *Server) listArchived(ctx context.Context, f runlist.Filter, limit int, 
 			if err != nil {
 				return err
 			}
-			if f.Match(&row) {
-				out.Runs = append(out.Runs, ListedRun{Row: row, Archived: true})
+			if !f.Match(&row) {
+				continue
 			}
+			if once, err := s.listedOnce(ctx, row.RunID, seqs[k], seqs[len(seqs)-1]); err != nil || !once {
+				if err != nil {
+					return err
+				}
+				continue
+			}
+			out.Runs = append(out.Runs, ListedRun{Row: row, Archived: true})
 		}
 	}
 	return nil
+}
+
+// listedOnce reports whether the archived copy of runID in manifest seq
+// is where the run is listed: not while the run list still has its row
+// (listed from hot state, as it moves from hot state to the archive), and
+// only from its newest copy (through: the archive's newest manifest).
+func (s *Server) listedOnce(ctx context.Context, runID string, seq, through uint64) (bool, error) {
+	newest, err := s.opts.Archive.NewestSeq(ctx, runID, through)
+	if err != nil {
+		return false, fmt.Errorf("locate run %q in the archive: %w", runID, err)
+	}
+	if newest != seq {
+		return false, nil
+	}
+	hot, err := s.opts.List.HasRow(ctx, runID)
+	return !hot, err
 }
 
 // archivedRow is the run list row of an archived run, from its manifest
@@ -111,7 +134,7 @@ func (s *Server) listArchived(ctx context.Context, f runlist.Filter, limit int, 
 func (s *Server) archivedRow(ctx context.Context, e *archive.RunEntry) (runlist.Row, error) {
 	row := runlist.Row{RunID: e.RunID, TenantID: e.TenantID, ProjectID: e.ProjectID, EnvironmentID: e.EnvironmentID,
 		PlanID: e.PlanID, PlanVersion: e.PlanVersion, CreatedAt: e.FirstPersistedAt,
-		LastEventSeq: e.LastRunSeq, UpdatedAt: e.LastPersistedAt}
+		LastEventSeq: e.LastRunSeq, UpdatedAt: e.LastPersistedAt, Labels: e.Labels}
 	switch e.LastEventType {
 	case statestore.RunCompleted:
 		row.Status = statestore.RunStatusCompleted

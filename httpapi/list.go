@@ -16,6 +16,9 @@ import (
 // RunLister lists runs; *runlist.List satisfies it.
 type RunLister interface {
 	List(f runlist.Filter, limit int, cont string) (*runlist.Page, error)
+	// HasRow reports whether the list holds a row of runID (a run in
+	// hot state is listed from there, not from the archive).
+	HasRow(ctx context.Context, runID string) (bool, error)
 	// WaitIndexed waits until the list includes every event persisted
 	// before the call (a bulk action's selection).
 	WaitIndexed(ctx context.Context) (uint64, error)

@@ -74,3 +74,23 @@ func markerTTLOf(ctx context.Context, kv jetstream.KeyValue, want time.Duration,
 	}
 	return want
 }
+
+// HasRow reports whether the list holds a row of runID: in this replica's
+// memory, or else in the bucket (a finished run beyond the window).
+func (l *List) HasRow(ctx context.Context, runID string) (bool, error) {
+	l.mirror.mu.RLock()
+	_, ok := l.mirror.st.rows[runID]
+	l.mirror.mu.RUnlock()
+	if ok {
+		return true, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+	defer cancel()
+	switch _, err := l.kv.Get(ctx, keyRun+natsstore.RunToken(runID)); {
+	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("%w: read the row of %s: %w", ErrUnavailable, runID, err)
+	}
+	return true, nil
+}
