@@ -80,7 +80,7 @@ func run(dir string, runs, workers int, prefix string, removable bool) error {
 					storetest.Event(id, statestore.RunStarted, ""), storetest.Event(id, statestore.StepStarted, "s1"),
 					storetest.Event(id, statestore.StepCompleted, "s1"), storetest.Event(id, statestore.RunCompleted, ""),
 				} {
-					if _, err := s.Append(ctx, w); err != nil {
+					if err := appendRetrying(ctx, s, w); err != nil {
 						errs <- fmt.Errorf("run %s: %w", id, err)
 						return
 					}
@@ -98,4 +98,18 @@ func run(dir string, runs, workers int, prefix string, removable bool) error {
 	}
 	fmt.Printf("appended %d finished runs (%d events) in %s\n", runs, 4*runs, time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// appendRetrying appends w, again after a failure (a timeout on a loaded
+// machine): an append is idempotent, so a retry of one that was stored
+// stores nothing more.
+func appendRetrying(ctx context.Context, s *natsstore.Store, w *statestore.RunEventWrite) error {
+	var err error
+	for try := range 8 {
+		if _, err = s.Append(ctx, w); err == nil {
+			return nil
+		}
+		time.Sleep(time.Duration(try+1) * 250 * time.Millisecond)
+	}
+	return err
 }
