@@ -80,13 +80,13 @@ func (mr *mirror) readKeys(ctx context.Context, st *state) error {
 
 // floorNow is the floor this replica's mirror can vouch for, and the keys
 // of the open runs' rows below it (to rewrite first); ok is false when
-// the mirror has let no finished row go (no floor needed) or is not
-// synced.
-func (mr *mirror) floorNow() (fl floor, below []string, rev uint64, ok bool) {
+// the mirror's revision is below minRev (nothing is looked at), it has
+// let no finished row go (no floor needed) or it is not synced.
+func (mr *mirror) floorNow(minRev uint64) (fl floor, below []string, rev uint64, ok bool) {
 	mr.mu.RLock()
 	defer mr.mu.RUnlock()
 	st := &mr.st
-	if !mr.synced || st.bound == nil || len(st.heap) == 0 {
+	if !mr.synced || st.rev < minRev || st.bound == nil || len(st.heap) == 0 {
 		return fl, nil, st.rev, false
 	}
 	fl.Seq = st.heap[0].rev
@@ -107,8 +107,8 @@ func (mr *mirror) floorNow() (fl floor, below []string, rev uint64, ok bool) {
 // the new floor, then the floor.
 func (f *follower) maybeFloor(ctx context.Context) error {
 	step := uint64(max(1, f.opts.MaxFinished/2))
-	fl, below, rev, ok := f.mirror.floorNow()
-	if !ok || rev < f.floorRev+step || fl.Seq <= f.floorSeq {
+	fl, below, rev, ok := f.mirror.floorNow(f.floorRev + step)
+	if !ok || fl.Seq <= f.floorSeq {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)

@@ -21,20 +21,23 @@ import (
 // on every page, and follows what happens next.
 func TestList_StartReadsWhatIsOpen(t *testing.T) {
 	f := newFixture(t)
+	ref := f.open(runlist.Options{})
 	var open []string
 	for i := range 3 {
 		id := fmt.Sprintf("open-%d", i)
 		f.start(id, "report", map[string]string{"tier": "gold"})
 		open = append(open, id)
 	}
+	// One run at a time, so that the rows are written in the order the
+	// runs finish, as they are in a list that keeps up with the log (the
+	// rows of one batch of the follower are written in any order).
 	for i := range 60 {
 		id := fmt.Sprintf("done-%02d", i)
 		f.start(id, "report", map[string]string{"tier": "bronze"})
 		f.event(id, "report", statestore.RunCompleted, "", 1, nil)
+		waitIndexed(t, ref)
 	}
 	const window = 5
-	ref := f.open(runlist.Options{})
-	waitIndexed(t, ref)
 	// The replica that keeps the list, with the same window.
 	f.open(runlist.Options{MaxFinished: window})
 
