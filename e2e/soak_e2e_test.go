@@ -24,8 +24,10 @@ import (
 // none is left. Every run is in the archive, the archive verifies and
 // Conductor holds none of their workflows.
 func TestE2E_BoundedSoak(t *testing.T) {
-	t.Run("jetstream", func(t *testing.T) { boundedSoak(t, false) })
-	t.Run("postgres", func(t *testing.T) { boundedSoak(t, true) })
+	// The two logs soak side by side (each its own serve, data dir and
+	// archive): about three minutes each, mostly waiting.
+	t.Run("jetstream", func(t *testing.T) { t.Parallel(); boundedSoak(t, false) })
+	t.Run("postgres", func(t *testing.T) { t.Parallel(); boundedSoak(t, true) })
 }
 
 func boundedSoak(t *testing.T, postgres bool) {
