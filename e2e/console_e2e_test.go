@@ -267,6 +267,12 @@ func TestE2E_Console(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	// The list follows the log within its documented lag (a poll
+	// interval, docs/operations.md): the row may still say RUNNING when
+	// the page first loads after the pause.
+	for len(seen) > 0 && strings.HasPrefix(seen[0], "RUNNING|") {
+		seen = seen[1:]
+	}
 	if len(seen) < 3 || seen[len(seen)-1] != "PAUSED|0" || !strings.Contains(seen[0], "DRAINING") {
 		t.Fatalf("the list row went %q; want DRAINING with a falling in-flight count, then PAUSED|0", seen)
 	}
