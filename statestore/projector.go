@@ -69,7 +69,8 @@ type ProjectorOptions struct {
 
 // Projector keeps an up-to-date snapshot per run by reducing the records
 // that a Fetcher returns after the snapshot's watermark. It is safe for
-// concurrent use; projections of one run are serialized.
+// concurrent use; projections of one run are serialized, and concurrent
+// ones share a fetch (Project).
 type Projector struct {
 	src  Fetcher
 	opts ProjectorOptions
@@ -86,7 +87,11 @@ type alertKey struct{ runID, eventID string }
 type runProjection struct {
 	runID string
 	mu    sync.Mutex
-	snap  *RunSnapshot
+	// roundMu guards next, the fetch that calls arriving now wait for
+	// (nil: none waits; the next call starts one).
+	roundMu sync.Mutex
+	next    *projectRound
+	snap    *RunSnapshot
 	// gapSince is when the open visibility gap was first seen (zero: none);
 	// gapAt is the runSeq observed right after the hole.
 	gapSince time.Time
@@ -184,13 +189,57 @@ func (p *Projector) Snapshot(ctx context.Context, runID string) (*RunSnapshot, e
 // Stale clears once a resync sees the hole filled and the watermark past it.
 // Because each resync starts from scratch, a record that becomes visible late
 // is never skipped.
+//
+// Concurrent projections of one run share a fetch: a call that arrives
+// while a fetch of the run is in flight waits for the next fetch, which
+// starts after it arrived, and every call that arrived meanwhile takes
+// that fetch's result. A call never takes the result of a fetch that
+// started before it, so it sees every record appended before it was made.
 func (p *Projector) Project(ctx context.Context, runID string) (*RunSnapshot, error) {
 	if CheckID(runID, false) != nil {
 		return nil, ErrNotFound
 	}
 	rp := p.run(runID)
-	rp.mu.Lock()
-	defer rp.mu.Unlock()
+	for {
+		rp.roundMu.Lock()
+		r := rp.next
+		lead := r == nil
+		if lead {
+			r = &projectRound{done: make(chan struct{})}
+			rp.next = r
+		}
+		rp.roundMu.Unlock()
+		if lead {
+			rp.mu.Lock() // the fetch in flight ends
+			rp.roundMu.Lock()
+			rp.next = nil // a later call waits for a fetch that starts after it
+			rp.roundMu.Unlock()
+			r.snap, r.err = p.project(ctx, rp, runID)
+			rp.mu.Unlock()
+			close(r.done)
+			return r.snap, r.err
+		}
+		select {
+		case <-r.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if r.err != nil && ctx.Err() == nil && (errors.Is(r.err, context.Canceled) || errors.Is(r.err, context.DeadlineExceeded)) {
+			continue // the leader's call ended, not this one's: fetch again
+		}
+		return r.snap, r.err
+	}
+}
+
+// projectRound is one fetch of a run that concurrent projections share.
+type projectRound struct {
+	done chan struct{}
+	snap *RunSnapshot
+	err  error
+}
+
+// project is one projection of rp; rp.mu is held.
+func (p *Projector) project(ctx context.Context, rp *runProjection, runID string) (*RunSnapshot, error) {
 	if !rp.gapSince.IsZero() {
 		return p.resync(ctx, rp, runID)
 	}

@@ -331,3 +331,133 @@ func TestProjector_EvictsLeastRecentlyUsed(t *testing.T) {
 		}
 	}
 }
+
+// slowFetcher is the real memstore behind a fetch that takes delay, as a
+// remote store's read does.
+type slowFetcher struct {
+	inner *memstore.Store
+	delay time.Duration
+}
+
+func (s *slowFetcher) Fetch(ctx context.Context, runID string, after int64, limit int) ([]statestore.RunEventRecord, error) {
+	time.Sleep(s.delay)
+	return s.inner.Fetch(ctx, runID, after, limit)
+}
+
+// Concurrent reads of one run share a fetch: N readers that arrive while a
+// fetch is in flight wait for one next fetch, not for N fetches in a row.
+func TestProjector_ConcurrentReadsShareAFetch(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	appendAll(t, mem,
+		storetest.Event("r", statestore.RunStarted, ""),
+		storetest.Event("r", statestore.StepStarted, "a"))
+	const readers, delay = 16, 200 * time.Millisecond
+	p := statestore.NewProjector(&slowFetcher{inner: mem, delay: delay}, statestore.ProjectorOptions{})
+	if _, err := p.Project(ctx, "r"); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, readers)
+	for range readers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := p.Project(ctx, "r")
+			if err == nil && s.LastEventSeq != 2 {
+				err = fmt.Errorf("watermark %d, want 2", s.LastEventSeq)
+			}
+			if err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(began)
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	// One fetch after another would take at least readers*delay (3.2 s);
+	// shared, a few fetches do.
+	if took >= readers*delay/2 {
+		t.Fatalf("%d concurrent reads of one run took %v with a fetch of %v: the reads fetched one after another", readers, took, delay)
+	}
+}
+
+// heldFetcher is the real memstore behind a fetch that, once armed, reads
+// the log and then waits to be released before it answers: a fetch in
+// flight while records are appended.
+type heldFetcher struct {
+	inner   *memstore.Store
+	mu      sync.Mutex
+	armed   bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (h *heldFetcher) Fetch(ctx context.Context, runID string, after int64, limit int) ([]statestore.RunEventRecord, error) {
+	recs, err := h.inner.Fetch(ctx, runID, after, limit)
+	h.mu.Lock()
+	hold := h.armed
+	h.armed = false
+	h.mu.Unlock()
+	if hold {
+		close(h.entered)
+		<-h.release
+	}
+	return recs, err
+}
+
+// A read never misses a record appended before it started, even when it
+// arrives while a fetch that began before that append is in flight: it
+// waits for a fetch that starts after it arrived (the fence and the task
+// proxy's gate rely on this).
+func TestProjector_ReadSeesRecordsAppendedBeforeIt(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	appendAll(t, mem, storetest.Event("r", statestore.RunStarted, ""))
+	src := &heldFetcher{inner: mem, entered: make(chan struct{}), release: make(chan struct{})}
+	p := statestore.NewProjector(src, statestore.ProjectorOptions{})
+	if _, err := p.Project(ctx, "r"); err != nil {
+		t.Fatal(err)
+	}
+	src.mu.Lock()
+	src.armed = true
+	src.mu.Unlock()
+	first := make(chan *statestore.RunSnapshot, 1)
+	go func() {
+		s, _ := p.Project(ctx, "r")
+		first <- s
+	}()
+	select {
+	case <-src.entered:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the first read never fetched")
+	}
+	appendAll(t, mem, storetest.Event("r", statestore.StepStarted, "a"))
+	const readers = 4
+	later := make(chan *statestore.RunSnapshot, readers)
+	for range readers {
+		go func() {
+			s, err := p.Project(ctx, "r")
+			if err != nil {
+				t.Error(err)
+			}
+			later <- s
+		}()
+	}
+	// Let the later reads arrive while the first fetch is held.
+	time.Sleep(200 * time.Millisecond)
+	close(src.release)
+	if s := <-first; s == nil || s.LastEventSeq != 1 {
+		t.Fatalf("the held fetch read the log before the append: got %+v", s)
+	}
+	for range readers {
+		s := <-later
+		if s == nil || s.LastEventSeq != 2 || s.Step("a") == nil {
+			t.Fatalf("a read that started after StepStarted was appended did not see it: %+v", s)
+		}
+	}
+}
