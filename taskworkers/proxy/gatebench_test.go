@@ -3,6 +3,9 @@ package proxy_test
 import (
 	"net/http"
 	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
@@ -35,7 +38,8 @@ func (r *timedRecords) Record(t *model.Task, res *model.TaskResult) (bool, error
 // through the proxy: a run of BENCH_TASKS (default 40) external steps,
 // all handed out first, then their updates with BENCH_WORKERS (default
 // 1) at a time. It logs the gate's p50, p90 and mean
-// (BENCHMARKS.md, "An update's one read of the run").
+// (BENCHMARKS.md, "An update's one read of the run"). BENCH_PROFILE_DIR,
+// when set, writes the block and mutex profiles of the run there.
 //
 //	SIDECAR_BENCH_PROXY=1 SIDECAR_TEST_CONDUCTOR_URL=http://127.0.0.1:8080/api \
 //	  go test -count=1 -run TestBench_ProxyUpdateGate -v ./taskworkers/proxy
@@ -49,6 +53,23 @@ func TestBench_ProxyUpdateGate(t *testing.T) {
 	}
 	if v, err := strconv.Atoi(os.Getenv("BENCH_WORKERS")); err == nil {
 		workers = v
+	}
+	if dir := os.Getenv("BENCH_PROFILE_DIR"); dir != "" {
+		runtime.SetBlockProfileRate(1)
+		runtime.SetMutexProfileFraction(1)
+		t.Cleanup(func() {
+			for _, name := range []string{"block", "mutex"} {
+				f, err := os.Create(filepath.Join(dir, name+".pprof"))
+				if err != nil {
+					t.Errorf("profile: %v", err)
+					continue
+				}
+				_ = pprof.Lookup(name).WriteTo(f, 0)
+				_ = f.Close()
+			}
+			runtime.SetBlockProfileRate(0)
+			runtime.SetMutexProfileFraction(0)
+		})
 	}
 	rec := &timedRecords{}
 	e := newEnvWith(t, func(s proxy.Steps) proxy.Steps { rec.Steps = s; return rec })
