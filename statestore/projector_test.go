@@ -398,6 +398,9 @@ type heldFetcher struct {
 }
 
 func (h *heldFetcher) Fetch(ctx context.Context, runID string, after int64, limit int) ([]statestore.RunEventRecord, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	recs, err := h.inner.Fetch(ctx, runID, after, limit)
 	h.mu.Lock()
 	hold := h.armed
@@ -406,6 +409,9 @@ func (h *heldFetcher) Fetch(ctx context.Context, runID string, after int64, limi
 	if hold {
 		close(h.entered)
 		<-h.release
+		if err := ctx.Err(); err != nil {
+			return nil, err // a store's read ends with its caller's context
+		}
 	}
 	return recs, err
 }
@@ -459,5 +465,53 @@ func TestProjector_ReadSeesRecordsAppendedBeforeIt(t *testing.T) {
 		if s == nil || s.LastEventSeq != 2 || s.Step("a") == nil {
 			t.Fatalf("a read that started after StepStarted was appended did not see it: %+v", s)
 		}
+	}
+}
+
+// A read that waits for a shared fetch is not failed by the context of the
+// call that makes the fetch: when that call's context ended, the read
+// fetches again with its own.
+func TestProjector_SharedFetchOutlivesItsCaller(t *testing.T) {
+	mem := memstore.New(statestore.ProjectorOptions{})
+	appendAll(t, mem, storetest.Event("r", statestore.RunStarted, ""))
+	src := &heldFetcher{inner: mem, entered: make(chan struct{}), release: make(chan struct{})}
+	p := statestore.NewProjector(src, statestore.ProjectorOptions{})
+	src.mu.Lock()
+	src.armed = true
+	src.mu.Unlock()
+	read := func(ctx context.Context) chan error {
+		c := make(chan error, 1)
+		go func() {
+			s, err := p.Project(ctx, "r")
+			if err == nil && s.LastEventSeq != 1 {
+				err = fmt.Errorf("watermark %d, want 1", s.LastEventSeq)
+			}
+			c <- err
+		}()
+		return c
+	}
+	inFlight := read(context.Background())
+	select {
+	case <-src.entered:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the first read never fetched")
+	}
+	// While that fetch is held: a read that will make the next fetch, with
+	// a context that ends before it fetches, then a read that waits for it.
+	ctx, cancel := context.WithCancel(context.Background())
+	makesNext := read(ctx)
+	time.Sleep(100 * time.Millisecond)
+	waits := read(context.Background())
+	time.Sleep(100 * time.Millisecond)
+	cancel()
+	close(src.release)
+	if err := <-inFlight; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-makesNext; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the cancelled read: %v, want context.Canceled", err)
+	}
+	if err := <-waits; err != nil {
+		t.Fatalf("a read with a live context failed with another call's: %v", err)
 	}
 }
