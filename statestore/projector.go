@@ -210,13 +210,7 @@ func (p *Projector) Project(ctx context.Context, runID string) (*RunSnapshot, er
 		}
 		rp.roundMu.Unlock()
 		if lead {
-			rp.mu.Lock() // the fetch in flight ends
-			rp.roundMu.Lock()
-			rp.next = nil // a later call waits for a fetch that starts after it
-			rp.roundMu.Unlock()
-			r.snap, r.err = p.project(ctx, rp, runID)
-			rp.mu.Unlock()
-			close(r.done)
+			p.lead(ctx, rp, runID, r)
 			return r.snap, r.err
 		}
 		select {
@@ -229,6 +223,21 @@ func (p *Projector) Project(ctx context.Context, runID string) (*RunSnapshot, er
 		}
 		return r.snap, r.err
 	}
+}
+
+// lead makes round r's fetch once the fetch in flight ended, and hands
+// its result to the calls waiting for r.
+func (p *Projector) lead(ctx context.Context, rp *runProjection, runID string, r *projectRound) {
+	defer close(r.done)
+	rp.mu.Lock() // the fetch in flight ends
+	defer rp.mu.Unlock()
+	rp.roundMu.Lock()
+	rp.next = nil // a later call waits for a fetch that starts after it
+	rp.roundMu.Unlock()
+	// What the waiting calls get if project panics: they must not wait
+	// for good.
+	r.err = &Error{Code: CodeStoreUnavailable, Message: "the projection of run " + runID + " failed; read it again"}
+	r.snap, r.err = p.project(ctx, rp, runID)
 }
 
 // projectRound is one fetch of a run that concurrent projections share.

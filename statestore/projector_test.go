@@ -515,3 +515,63 @@ func TestProjector_SharedFetchOutlivesItsCaller(t *testing.T) {
 		t.Fatalf("a read with a live context failed with another call's: %v", err)
 	}
 }
+
+// panickingFetcher is heldFetcher whose fetch after the held one panics.
+type panickingFetcher struct{ heldFetcher }
+
+func (f *panickingFetcher) Fetch(ctx context.Context, runID string, after int64, limit int) ([]statestore.RunEventRecord, error) {
+	f.mu.Lock()
+	held := f.armed
+	f.mu.Unlock()
+	if !held {
+		panic("fetch panicked")
+	}
+	return f.heldFetcher.Fetch(ctx, runID, after, limit)
+}
+
+// A projection that panics does not leave the reads waiting for its fetch
+// waiting for good: they get STORE_UNAVAILABLE.
+func TestProjector_SharedFetchThatPanics(t *testing.T) {
+	mem := memstore.New(statestore.ProjectorOptions{})
+	appendAll(t, mem, storetest.Event("r", statestore.RunStarted, ""))
+	src := &panickingFetcher{heldFetcher{inner: mem, armed: true, entered: make(chan struct{}), release: make(chan struct{})}}
+	p := statestore.NewProjector(src, statestore.ProjectorOptions{})
+	read := func() chan error {
+		c := make(chan error, 1)
+		go func() {
+			defer func() {
+				if v := recover(); v != nil {
+					c <- fmt.Errorf("panicked: %v", v)
+				}
+			}()
+			_, err := p.Project(context.Background(), "r")
+			c <- err
+		}()
+		return c
+	}
+	inFlight := read()
+	select {
+	case <-src.entered:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the first read never fetched")
+	}
+	panics := read() // makes the next fetch, which panics
+	time.Sleep(100 * time.Millisecond)
+	waits := read()
+	time.Sleep(100 * time.Millisecond)
+	close(src.release)
+	if err := <-inFlight; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-panics; err == nil {
+		t.Fatal("the read whose fetch panicked did not panic")
+	}
+	select {
+	case err := <-waits:
+		if !errors.Is(err, statestore.ErrUnavailable) {
+			t.Fatalf("the read waiting for a fetch that panicked: %v, want STORE_UNAVAILABLE", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the read waiting for a fetch that panicked still waits")
+	}
+}
