@@ -25,6 +25,15 @@ var _ statestore.Follower = (*Store)(nil)
 // consumer at every call.) The stream denies delete and purge, so the
 // sequences a tail passes never come back.
 func (s *Store) Follow(ctx context.Context, afterSeq uint64) (statestore.LogTail, error) {
+	it, err := s.follow(ctx, afterSeq)
+	if err != nil {
+		return nil, err
+	}
+	return &tail{s: s, it: it, next: afterSeq, progress: time.Now()}, nil
+}
+
+// follow opens an ordered consumer's pull iterator from afterSeq+1.
+func (s *Store) follow(ctx context.Context, afterSeq uint64) (jetstream.MessagesContext, error) {
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
 	cons, err := s.js.OrderedConsumer(ctx, s.name, jetstream.OrderedConsumerConfig{
@@ -42,7 +51,7 @@ func (s *Store) Follow(ctx context.Context, afterSeq uint64) (statestore.LogTail
 	if err != nil {
 		return nil, unavailable("follow", err)
 	}
-	return &tail{s: s, it: it, next: afterSeq}, nil
+	return it, nil
 }
 
 // tail is a statestore.LogTail on an ordered consumer.
@@ -50,14 +59,33 @@ type tail struct {
 	s    *Store
 	it   jetstream.MessagesContext
 	next uint64 // the sequence read through
+	// progress is when a message last arrived (or the consumer was
+	// opened), checked is when the tail last asked the stream whether it
+	// is behind (stallAfter).
+	progress, checked time.Time
+	// reopenedFor is the stream's last sequence when the tail last
+	// reopened its consumer: records purged before the tail read them
+	// leave the stream's last sequence past the tail for good, and are
+	// not a reason to reopen again.
+	reopenedFor uint64
 }
 
 // tailWait is how long Next waits for a first message.
 const tailWait = 100 * time.Millisecond
 
+// stallAfter is how long a tail may get nothing before it asks the stream
+// whether it holds records past the tail's position (one stream info at
+// most every stallAfter while the tail is idle). If it does, the consumer
+// is stalled: alive, no error, delivering nothing, as an overloaded server
+// left one for good under a steady load (TestStore_FollowAStalledConsumer
+// causes it with a consumer paused on the server), and the tail opens a
+// new one from its position.
+const stallAfter = 10 * time.Second
+
 // Next implements statestore.LogTail: it waits up to 100 ms (or ctx) for
 // a first message, then takes what has arrived. A message that is not a
-// valid record is logged and passed.
+// valid record is logged and passed. A tail that has got nothing for
+// stallAfter while the stream holds records past it reopens its consumer.
 func (t *tail) Next(ctx context.Context, limit int) ([]statestore.RunEventRecord, uint64, error) {
 	if limit <= 0 {
 		limit = walkBatch
@@ -78,6 +106,7 @@ func (t *tail) Next(ctx context.Context, limit int) ([]statestore.RunEventRecord
 		if err != nil {
 			return out, t.next, unavailable("follow", err)
 		}
+		t.progress = time.Now()
 		meta, err := m.Metadata()
 		if err != nil {
 			return out, t.next, unavailable("follow", fmt.Errorf("message metadata: %w", err))
@@ -95,7 +124,37 @@ func (t *tail) Next(ctx context.Context, limit int) ([]statestore.RunEventRecord
 		rec.LogSeq = seq
 		out = append(out, rec)
 	}
+	if len(out) == 0 {
+		if err := t.unstall(ctx); err != nil {
+			return out, t.next, err
+		}
+	}
 	return out, t.next, nil
+}
+
+// unstall reopens the tail's consumer when it has delivered nothing for
+// stallAfter while the stream holds records past the tail's position.
+func (t *tail) unstall(ctx context.Context) error {
+	now := time.Now()
+	if now.Sub(t.progress) < stallAfter || now.Sub(t.checked) < stallAfter {
+		return nil
+	}
+	t.checked = now
+	last, err := t.s.LastSeq(ctx)
+	if err != nil || last <= t.next || last == t.reopenedFor {
+		return nil // nothing to read, or the next call asks again
+	}
+	t.s.log.Warn("follow: the stream's consumer delivered nothing for a while though the stream holds records past it; opening a new one",
+		zap.Uint64("through", t.next), zap.Uint64("streamLast", last), zap.Duration("idle", now.Sub(t.progress)))
+	it, err := t.s.follow(ctx, t.next)
+	if err != nil {
+		return err
+	}
+	t.it.Stop()
+	t.it = it
+	t.progress = now
+	t.reopenedFor = last
+	return nil
 }
 
 // Close implements statestore.LogTail: it stops the iterator, and the

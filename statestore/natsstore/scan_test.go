@@ -155,3 +155,58 @@ func TestStore_FollowAStreamDeleted(t *testing.T) {
 		t.Fatal("Next on a deleted stream did not return in 30 s")
 	}
 }
+
+// TestStore_FollowAStalledConsumer: the server keeps the tail's consumer
+// but it delivers nothing (paused on the server here; an overloaded server
+// left one so for good under a steady load, and retention stopped seeing
+// runs end). Records appended after that still reach the tail, through a
+// new consumer from the tail's position, and none twice.
+func TestStore_FollowAStalledConsumer(t *testing.T) {
+	ctx := context.Background()
+	js := connect(t, startServer(t, t.TempDir()))
+	s := openUnique(t, js)
+	mustAppend(t, s, storetest.Event("r", statestore.RunStarted, ""))
+	tl, err := s.Follow(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	if recs, _, err := tl.Next(ctx, 10); err != nil || len(recs) != 1 {
+		t.Fatalf("%d records, %v", len(recs), err)
+	}
+	st, err := js.Stream(ctx, s.Stream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	paused := 0
+	for name := range st.ConsumerNames(ctx).Name() {
+		if _, err := st.PauseConsumer(ctx, name, time.Now().Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		paused++
+	}
+	if paused != 1 {
+		t.Fatalf("paused %d consumers, want the tail's one", paused)
+	}
+	want := []statestore.AppendResult{
+		mustAppend(t, s, storetest.Event("r", statestore.StepStarted, "a")),
+		mustAppend(t, s, storetest.Event("r", statestore.StepStarted, "b")),
+	}
+	var got []statestore.RunEventRecord
+	deadline := time.Now().Add(2 * time.Minute)
+	for len(got) < len(want) && time.Now().Before(deadline) {
+		recs, _, err := tl.Next(ctx, 10)
+		if err != nil {
+			t.Fatalf("Next: %v", err)
+		}
+		got = append(got, recs...)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("the tail got %d of the %d records appended while its consumer was stalled", len(got), len(want))
+	}
+	for i := range want {
+		if got[i].RunSeq != want[i].RunSeq {
+			t.Fatalf("record %d: runSeq %d, want %d", i, got[i].RunSeq, want[i].RunSeq)
+		}
+	}
+}
