@@ -22,7 +22,8 @@ const keyDur = "dur."
 
 // StepDurations are the latest durations (seconds, oldest first) of one
 // step of one plan version: from its StepStarted to its StepCompleted or
-// StepFailed, as the log's persistedAt times give them.
+// StepFailed, each end at the engine's time its event carries (a step
+// recorded from Conductor's report), else at the log's persistedAt.
 type StepDurations struct {
 	PlanID      string    `json:"planId"`
 	PlanVersion string    `json:"planVersion"`

@@ -1,6 +1,7 @@
 package runlist
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -57,6 +58,47 @@ type tracked struct {
 	created string // persistedAt of its first event
 	updated string // persistedAt of its last event folded
 	rowRev  uint64 // revision of its row as last written (0: unknown)
+	// engineStarts are, by step id, the engine's start time its latest
+	// StepStarted carried (a step recorded from Conductor's report).
+	engineStarts map[string]string
+}
+
+// noteStart keeps the engine's start time a StepStarted carries (none:
+// forgotten, for a later attempt the gate started).
+func (t *tracked) noteStart(r *statestore.RunEventRecord) {
+	if r.EventType != statestore.StepStarted {
+		return
+	}
+	at := engineTime(r, `"engineStartedAt"`)
+	switch {
+	case at != "":
+		if t.engineStarts == nil {
+			t.engineStarts = map[string]string{}
+		}
+		t.engineStarts[r.StepID] = at
+	case t.engineStarts != nil:
+		delete(t.engineStarts, r.StepID)
+	}
+}
+
+// engineTime is the engine's time (engineStartedAt or engineEndedAt, by
+// field) r's payload carries, "" for none. Only the payloads that name
+// the field are decoded.
+func engineTime(r *statestore.RunEventRecord, field string) string {
+	if !bytes.Contains(r.Payload, []byte(field)) {
+		return ""
+	}
+	var p struct {
+		Started string `json:"engineStartedAt"`
+		Ended   string `json:"engineEndedAt"`
+	}
+	if json.Unmarshal(r.Payload, &p) != nil {
+		return ""
+	}
+	if field == `"engineStartedAt"` {
+		return p.Started
+	}
+	return p.Ended
 }
 
 func startFollower(kv jetstream.KeyValue, opts Options, log *zap.Logger, mr *mirror) *follower {
@@ -234,7 +276,7 @@ func (f *follower) fold(ctx context.Context, recs []statestore.RunEventRecord) (
 		if t.snap != nil && t.snap.LastEventSeq != before {
 			t.updated = rs[len(rs)-1].PersistedAt
 			dirty = append(dirty, t)
-			f.noteDurations(t.snap, rs, before)
+			f.noteDurations(t, rs, before)
 		} else if readBack {
 			dirty = append(dirty, t)
 		}
@@ -255,7 +297,11 @@ func (f *follower) readBack(ctx context.Context, runID string, upTo int64) (*tra
 		}
 		if len(recs) > 0 && recs[len(recs)-1].RunSeq >= upTo {
 			snap, _ := statestore.Reduce(nil, recs)
-			return &tracked{snap: snap, created: recs[0].PersistedAt, updated: recs[len(recs)-1].PersistedAt}, nil
+			t := &tracked{snap: snap, created: recs[0].PersistedAt, updated: recs[len(recs)-1].PersistedAt}
+			for i := range recs {
+				t.noteStart(&recs[i])
+			}
+			return t, nil
 		}
 		if try == 4 {
 			return nil, fmt.Errorf("read run %s back: the log shows %d events, not yet its event %d", runID, len(recs), upTo)
@@ -423,20 +469,35 @@ func sleep(ctx context.Context, d time.Duration) error {
 }
 
 // noteDurations records the durations of the steps that ended in rs (the
-// records after before): from the step's StepStarted to its end, as the
-// snapshot has them.
-func (f *follower) noteDurations(snap *statestore.RunSnapshot, rs []statestore.RunEventRecord, before int64) {
+// records after before) of t's run: from the step's start to its end.
+// Each end is the engine's time when its event carries one (a step
+// recorded from Conductor's report: an adopted run's system task, or a
+// task that ran before adoption or between two reads), else the log's
+// persistedAt, as the snapshot has it.
+func (f *follower) noteDurations(t *tracked, rs []statestore.RunEventRecord, before int64) {
+	snap := t.snap
 	for i := range rs {
 		r := &rs[i]
-		if r.RunSeq <= before || (r.EventType != statestore.StepCompleted && r.EventType != statestore.StepFailed) {
+		if r.RunSeq <= before {
+			continue
+		}
+		t.noteStart(r)
+		if r.EventType != statestore.StepCompleted && r.EventType != statestore.StepFailed {
 			continue
 		}
 		st := snap.Step(r.StepID)
 		if st == nil || st.StartedAt == "" || st.CompletedAt != r.PersistedAt {
 			continue // a later attempt of the step is in the batch too
 		}
-		from, err1 := time.Parse(time.RFC3339Nano, st.StartedAt)
-		to, err2 := time.Parse(time.RFC3339Nano, st.CompletedAt)
+		startedAt, endedAt := st.StartedAt, st.CompletedAt
+		if at := t.engineStarts[r.StepID]; at != "" {
+			startedAt = at
+		}
+		if at := engineTime(r, `"engineEndedAt"`); at != "" {
+			endedAt = at
+		}
+		from, err1 := time.Parse(time.RFC3339Nano, startedAt)
+		to, err2 := time.Parse(time.RFC3339Nano, endedAt)
 		if err1 != nil || err2 != nil || to.Before(from) {
 			continue
 		}

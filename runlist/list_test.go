@@ -650,3 +650,29 @@ func TestList_WaitIndexedMeansAnswering(t *testing.T) {
 		}
 	}
 }
+
+// TestList_DurationsOfAdoptedSteps: a step of an adopted run whose start
+// and end were recorded from Conductor's report carries the engine's
+// times; its duration is taken from them, not from the log's persistedAt
+// (the same instant when both were recorded together), whether its two
+// events are folded at once or its end comes in a later batch.
+func TestList_DurationsOfAdoptedSteps(t *testing.T) {
+	f := newFixture(t)
+	l := f.open(runlist.Options{})
+	t0 := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) string { return t0.Add(d).Format(time.RFC3339Nano) }
+	f.start("together", "adopted", nil)
+	f.event("together", "adopted", statestore.StepStarted, "sys", 1, map[string]any{"engineStartedAt": at(0), "engineTaskId": "a"})
+	f.event("together", "adopted", statestore.StepCompleted, "sys", 1, map[string]any{"engineEndedAt": at(5 * time.Second), "engineTaskId": "a"})
+	waitIndexed(t, l)
+	f.start("apart", "adopted", nil)
+	f.event("apart", "adopted", statestore.StepStarted, "sys", 1, map[string]any{"engineStartedAt": at(time.Minute), "engineTaskId": "b"})
+	waitIndexed(t, l) // its end in a later batch
+	f.event("apart", "adopted", statestore.StepFailed, "sys", 1, map[string]any{"engineEndedAt": at(time.Minute + 7*time.Second), "engineTaskId": "b",
+		"error": map[string]any{"code": "ENGINE_TASK_FAILED", "message": "m"}})
+	waitIndexed(t, l)
+	got := l.Durations("adopted", "2", "sys")
+	if len(got) != 2 || got[0] < 4.99 || got[0] > 5.01 || got[1] < 6.99 || got[1] > 7.01 {
+		t.Fatalf("durations %v, want [5 7] (the engine's times)", got)
+	}
+}
