@@ -22,8 +22,8 @@ type RunLister interface {
 	// WaitIndexed waits until the list includes every event persisted
 	// before the call (a bulk action's selection).
 	WaitIndexed(ctx context.Context) (uint64, error)
-	// ETA estimates the end of a drain waiting for steps.
-	ETA(planID, planVersion string, steps []runlist.InFlightStep, now time.Time) *runlist.ETA
+	// DrainETA estimates the end of the drain of snap's run.
+	DrainETA(snap *statestore.RunSnapshot, now time.Time) *runlist.ETA
 	Changes(ctx context.Context, f runlist.Filter, after uint64, wait time.Duration) (*runlist.Page, error)
 }
 

@@ -713,7 +713,7 @@ func (s *Server) writeSnapshot(w http.ResponseWriter, runID string, st *drain.St
 	view.PausedSeconds += openPauseSeconds(snap, time.Now())
 	rv := RunView{RunSnapshot: &view, Message: Message(snap), Drain: st.Drain, Notice: st.Notice}
 	if snap.Substatus == statestore.SubstatusDraining && s.opts.List != nil {
-		rv.DrainETA = s.opts.List.ETA(snap.PlanID, snap.PlanVersion, runlist.InFlightSteps(snap), time.Now())
+		rv.DrainETA = s.opts.List.DrainETA(snap, time.Now())
 	}
 	if snap.Status == statestore.RunStatusQueued && s.opts.Queue != nil {
 		if n := s.opts.Queue.Position(runID); n > 0 {

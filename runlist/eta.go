@@ -45,7 +45,9 @@ func (d *StepDurations) add(s float64) {
 	}
 }
 
-// InFlightStep is a step a drain waits for, with the time its try began.
+// InFlightStep is a step a drain waits for, with the time its try began
+// (in a run list row, Conductor's start time for a step recorded as
+// started from Conductor's report).
 type InFlightStep struct {
 	StepID    string `json:"stepId"`
 	StartedAt string `json:"startedAt"`
@@ -146,6 +148,21 @@ func (mr *mirror) eta(planID, planVersion string, steps []InFlightStep, now time
 // the durations are in the run list, kept by its follower.
 func (l *List) ETA(planID, planVersion string, steps []InFlightStep, now time.Time) *ETA {
 	return l.mirror.eta(planID, planVersion, steps, now)
+}
+
+// DrainETA estimates when the drain of snap's run ends (nil without steps
+// in flight). The steps in flight and when each began are the run list's
+// row's when it is as new as snap (a step recorded as started from
+// Conductor's report began when Conductor started it, which only the
+// follower keeps), else snap's (their StepStarted's persistedAt).
+func (l *List) DrainETA(snap *statestore.RunSnapshot, now time.Time) *ETA {
+	steps := InFlightSteps(snap)
+	l.mirror.mu.RLock()
+	if e := l.mirror.st.draining[snap.RunID]; e != nil && e.row.LastEventSeq == snap.LastEventSeq {
+		steps = e.row.InFlightSteps
+	}
+	l.mirror.mu.RUnlock()
+	return l.mirror.eta(snap.PlanID, snap.PlanVersion, steps, now)
 }
 
 // Durations returns the step durations the list holds for a plan version's

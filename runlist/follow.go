@@ -343,6 +343,13 @@ func (f *follower) writeRows(ctx context.Context, dirty []*tracked) error {
 // go back.
 func (f *follower) writeRow(ctx context.Context, t *tracked) error {
 	row := rowOf(t.snap, t.created, t.updated)
+	for i := range row.InFlightSteps {
+		// A step recorded as started from Conductor's report (a worker
+		// task in progress at adoption) has run since Conductor started it.
+		if at := t.engineStarts[row.InFlightSteps[i].StepID]; at != "" {
+			row.InFlightSteps[i].StartedAt = at
+		}
+	}
 	b, err := json.Marshal(row)
 	if err != nil {
 		return err

@@ -676,3 +676,43 @@ func TestList_DurationsOfAdoptedSteps(t *testing.T) {
 		t.Fatalf("durations %v, want [5 7] (the engine's times)", got)
 	}
 }
+
+// TestList_DrainETAOfAStepAdoptedMidFlight: a worker task in progress
+// when its workflow was adopted is recorded as started with Conductor's
+// start time; the drain's estimate counts the time it has run from then,
+// not from the adoption.
+func TestList_DrainETAOfAStepAdoptedMidFlight(t *testing.T) {
+	f := newFixture(t)
+	l := f.open(runlist.Options{})
+	t0 := time.Now().Add(-time.Hour)
+	at := func(d time.Duration) string { return t0.Add(d).UTC().Format(time.RFC3339Nano) }
+	for i := range 3 {
+		id := fmt.Sprintf("earlier-%d", i)
+		f.start(id, "adopted", nil)
+		f.event(id, "adopted", statestore.StepStarted, "work", 1, map[string]any{"engineStartedAt": at(0)})
+		f.event(id, "adopted", statestore.StepCompleted, "work", 1, map[string]any{"engineEndedAt": at(60 * time.Second)})
+		f.event(id, "adopted", statestore.RunCompleted, "", 1, nil)
+	}
+	f.start("midflight", "adopted", nil)
+	f.event("midflight", "adopted", statestore.StepStarted, "work", 1,
+		map[string]any{"engineStartedAt": time.Now().Add(-50 * time.Second).UTC().Format(time.RFC3339Nano)})
+	f.event("midflight", "adopted", statestore.RunPaused, "", 1, map[string]any{"reason": "r"})
+	waitIndexed(t, l)
+	p, err := l.List(runlist.Filter{Substatus: statestore.SubstatusDraining}, 0, "")
+	if err != nil || len(p.Runs) != 1 || p.Runs[0].DrainETA == nil {
+		t.Fatalf("%+v %v", p, err)
+	}
+	p50, _ := time.Parse(time.RFC3339Nano, p.Runs[0].DrainETA.P50)
+	if left := time.Until(p50); left < 5*time.Second || left > 15*time.Second {
+		t.Fatalf("the run list's ETA: drained in %s, want about 10s (60s steps, 50s run already)", left.Round(time.Second))
+	}
+	snap, err := f.store.ProjectSnapshot(context.Background(), "midflight")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := l.DrainETA(snap, time.Now()) // the run view's
+	p50, _ = time.Parse(time.RFC3339Nano, e.P50)
+	if left := time.Until(p50); left < 5*time.Second || left > 15*time.Second {
+		t.Fatalf("the run view's ETA: drained in %s, want about 10s (60s steps, 50s run already)", left.Round(time.Second))
+	}
+}
