@@ -3,11 +3,14 @@ package natsstore_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
@@ -158,5 +161,64 @@ func TestStore_ForgedHeaders(t *testing.T) {
 	rec, err := s.Lookup(ctx, runID, w.IdempotencyKey)
 	if err != nil || rec.RunSeq != int64(ack.Sequence) {
 		t.Fatalf("lookup: %+v, %v", rec, err)
+	}
+}
+
+// slowLink is the client's in-process link to the server with every write
+// of the client held back by delay once delay is set: a slow network, or
+// a server that takes a while to answer each request.
+type slowLink struct {
+	srv   *natsstore.Embedded
+	delay atomic.Int64 // nanoseconds
+}
+
+func (l *slowLink) InProcessConn() (net.Conn, error) {
+	c, err := l.srv.Server.InProcessConn()
+	if err != nil {
+		return nil, err
+	}
+	return &slowConn{Conn: c, delay: &l.delay}, nil
+}
+
+type slowConn struct {
+	net.Conn
+	delay *atomic.Int64
+}
+
+func (c *slowConn) Write(b []byte) (int, error) {
+	time.Sleep(time.Duration(c.delay.Load()))
+	return c.Conn.Write(b)
+}
+
+// TestStore_FetchTimeoutPerRequest: the store's timeout bounds each request
+// of a Fetch, not the whole read. A run past multi_last's 1,024 subjects is
+// read with 17 requests (the refused multi_last and one per bucket); each
+// waits 250 ms on the link, so the whole read takes more than the 3 s
+// timeout while every request stays well inside it.
+func TestStore_FetchTimeoutPerRequest(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	link := &slowLink{srv: srv}
+	nc, err := srv.Connect(nats.InProcessServer(link))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := openUnique(t, js)
+	var seqs []int64
+	for i := range 1100 {
+		seqs = append(seqs, mustAppend(t, s, storetest.Event("run-slow-link", statestore.StepStarted, fmt.Sprintf("s%05d", i))).RunSeq)
+	}
+	link.delay.Store(int64(250 * time.Millisecond))
+	recs, err := s.Fetch(context.Background(), "run-slow-link", 0, 0)
+	link.delay.Store(0)
+	if err != nil {
+		t.Fatalf("Fetch of %d events over a slow link: %v", len(seqs), err)
+	}
+	if len(recs) != len(seqs) || recs[0].RunSeq != seqs[0] || recs[len(recs)-1].RunSeq != seqs[len(seqs)-1] {
+		t.Fatalf("Fetch over a slow link: %d records, want %d", len(recs), len(seqs))
 	}
 }

@@ -490,6 +490,12 @@ const walkBatch = 1024
 // Only a bucket that itself holds more than 1,024 events is read with a
 // next_by_subj batch walk from afterSeq+1, a scan of the stream from there.
 //
+// The store's timeout (the JetStream context's default timeout) bounds
+// each request of a Fetch, not the whole read: a large run read in many
+// pages, or a loaded machine, makes the read longer, not failed; a server
+// that stops answering fails it within one timeout. A deadline of ctx
+// bounds the whole read.
+//
 // A message on the run's subjects that is not a valid record of the run
 // (something other than Append published it) is logged and skipped.
 func (s *Store) Fetch(ctx context.Context, runID string, afterSeq int64, limit int) ([]statestore.RunEventRecord, error) {
@@ -499,8 +505,6 @@ func (s *Store) Fetch(ctx context.Context, runID string, afterSeq int64, limit i
 	if err := ctx.Err(); err != nil {
 		return nil, unavailable("fetch", err)
 	}
-	ctx, cancel := s.withTimeout(ctx)
-	defer cancel()
 	base := s.prefix + "." + RunToken(runID)
 	out, err := s.fetchFilter(ctx, runID, base+".>", afterSeq, limit, false)
 	if err == nil && len(out) == 0 && afterSeq <= 0 {
@@ -558,11 +562,13 @@ func (s *Store) fetchFilter(ctx context.Context, runID, filter string, afterSeq 
 				req.Batch = walkBatch
 			}
 		}
-		eob, err := s.getBatch(ctx, req, func(m *storedMsg) {
+		pctx, cancel := s.withTimeout(ctx)
+		eob, err := s.getBatch(pctx, req, func(m *storedMsg) {
 			if rec, ok := s.runRecord(runID, m); ok {
 				out = append(out, rec)
 			}
 		})
+		cancel()
 		switch {
 		case errors.Is(err, errTooManyResults) && multi:
 			if !walk {
@@ -595,7 +601,9 @@ func (s *Store) leaderFetch(ctx context.Context, runID, filter string, limit int
 	out := []statestore.RunEventRecord{}
 	next := uint64(1)
 	for limit <= 0 || len(out) < limit {
-		m, err := s.leaderMsg(ctx, directRequest{Seq: next, NextFor: filter})
+		mctx, cancel := s.withTimeout(ctx)
+		m, err := s.leaderMsg(mctx, directRequest{Seq: next, NextFor: filter})
+		cancel()
 		if errors.Is(err, errNotFound) {
 			break
 		}
