@@ -142,8 +142,11 @@ func (s *Store) leaderMsg(ctx context.Context, req directRequest) (*storedMsg, e
 }
 
 // getBatch sends a batch or multi_last direct get and hands every message to
-// fn in the order the server sent it, until the end-of-batch status.
-func (s *Store) getBatch(ctx context.Context, req directRequest, fn func(*storedMsg)) (endOfBatch, error) {
+// fn in the order the server sent it, until the end-of-batch status. It
+// waits at most idle for each message (the first, and each next one after
+// fn returned): a page of 8 MiB may take long to arrive and decode on a
+// loaded machine, while a server that stops answering fails it within idle.
+func (s *Store) getBatch(ctx context.Context, req directRequest, idle time.Duration, fn func(*storedMsg)) (endOfBatch, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return endOfBatch{}, err
@@ -166,12 +169,16 @@ func (s *Store) getBatch(ctx context.Context, req directRequest, fn func(*stored
 	if err := s.nc.PublishRequest(s.apiPrefix+"DIRECT.GET."+s.name, inbox, body); err != nil {
 		return endOfBatch{}, err
 	}
+	timer := time.NewTimer(idle)
+	defer timer.Stop()
 	for {
 		var resp *nats.Msg
 		select {
 		case resp = <-ch:
 		case <-ctx.Done():
 			return endOfBatch{}, ctx.Err()
+		case <-timer.C:
+			return endOfBatch{}, fmt.Errorf("no answer from the server within %s: %w", idle, context.DeadlineExceeded)
 		}
 		m, status, err := parseDirect(resp)
 		if err != nil {
@@ -179,6 +186,7 @@ func (s *Store) getBatch(ctx context.Context, req directRequest, fn func(*stored
 		}
 		if m != nil {
 			fn(m)
+			timer.Reset(idle)
 			continue
 		}
 		if status != statusEOB {

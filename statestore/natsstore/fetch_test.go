@@ -170,6 +170,9 @@ func TestStore_ForgedHeaders(t *testing.T) {
 type slowLink struct {
 	srv   *natsstore.Embedded
 	delay atomic.Int64 // nanoseconds
+	// readDelay holds back every read of the client once set: a page
+	// that arrives slowly, or a client too busy to take it faster.
+	readDelay atomic.Int64 // nanoseconds
 }
 
 func (l *slowLink) InProcessConn() (net.Conn, error) {
@@ -177,12 +180,17 @@ func (l *slowLink) InProcessConn() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &slowConn{Conn: c, delay: &l.delay}, nil
+	return &slowConn{Conn: c, delay: &l.delay, readDelay: &l.readDelay}, nil
 }
 
 type slowConn struct {
 	net.Conn
-	delay *atomic.Int64
+	delay, readDelay *atomic.Int64
+}
+
+func (c *slowConn) Read(b []byte) (int, error) {
+	time.Sleep(time.Duration(c.readDelay.Load()))
+	return c.Conn.Read(b)
 }
 
 func (c *slowConn) Write(b []byte) (int, error) {
@@ -217,6 +225,42 @@ func TestStore_FetchTimeoutPerRequest(t *testing.T) {
 	link.delay.Store(0)
 	if err != nil {
 		t.Fatalf("Fetch of %d events over a slow link: %v", len(seqs), err)
+	}
+	if len(recs) != len(seqs) || recs[0].RunSeq != seqs[0] || recs[len(recs)-1].RunSeq != seqs[len(seqs)-1] {
+		t.Fatalf("Fetch over a slow link: %d records, want %d", len(recs), len(seqs))
+	}
+}
+
+// TestStore_FetchSlowPage: the store's timeout is how long a Fetch waits
+// for the server's next message, not how long one page may take to arrive
+// and be decoded. 12 MiB of events come in two 8 MiB-capped pages; with
+// every read of the client held back 15 ms, a page (at least 256 reads of
+// at most 32 KiB) takes more than the 2 s timeout, while the next message
+// is never more than a few reads away.
+func TestStore_FetchSlowPage(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	link := &slowLink{srv: srv}
+	nc, err := srv.Connect(nats.InProcessServer(link))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := openUnique(t, js)
+	var seqs []int64
+	for i := range 200 {
+		w := storetest.Event("run-slow-page", statestore.StepStarted, fmt.Sprintf("s%05d", i))
+		storetest.WithPayload(w, map[string]string{"blob": strings.Repeat("x", 60<<10)})
+		seqs = append(seqs, mustAppend(t, s, w).RunSeq)
+	}
+	link.readDelay.Store(int64(15 * time.Millisecond))
+	recs, err := s.Fetch(context.Background(), "run-slow-page", 0, 0)
+	link.readDelay.Store(0)
+	if err != nil {
+		t.Fatalf("Fetch of %d events of 60 KiB over a slow link: %v", len(seqs), err)
 	}
 	if len(recs) != len(seqs) || recs[0].RunSeq != seqs[0] || recs[len(recs)-1].RunSeq != seqs[len(seqs)-1] {
 		t.Fatalf("Fetch over a slow link: %d records, want %d", len(recs), len(seqs))

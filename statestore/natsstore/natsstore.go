@@ -491,10 +491,11 @@ const walkBatch = 1024
 // next_by_subj batch walk from afterSeq+1, a scan of the stream from there.
 //
 // The store's timeout (the JetStream context's default timeout) bounds
-// each request of a Fetch, not the whole read: a large run read in many
-// pages, or a loaded machine, makes the read longer, not failed; a server
-// that stops answering fails it within one timeout. A deadline of ctx
-// bounds the whole read.
+// each wait for the server, not the whole read: the wait for a request's
+// first message and for each next one, and each leader get. A large run
+// read in many pages, or a page that a loaded machine receives and decodes
+// slowly, makes the read longer, not failed; a server that stops answering
+// fails it within one timeout. A deadline of ctx bounds the whole read.
 //
 // A message on the run's subjects that is not a valid record of the run
 // (something other than Append published it) is logged and skipped.
@@ -562,13 +563,11 @@ func (s *Store) fetchFilter(ctx context.Context, runID, filter string, afterSeq 
 				req.Batch = walkBatch
 			}
 		}
-		pctx, cancel := s.withTimeout(ctx)
-		eob, err := s.getBatch(pctx, req, func(m *storedMsg) {
+		eob, err := s.getBatch(ctx, req, s.timeout, func(m *storedMsg) {
 			if rec, ok := s.runRecord(runID, m); ok {
 				out = append(out, rec)
 			}
 		})
-		cancel()
 		switch {
 		case errors.Is(err, errTooManyResults) && multi:
 			if !walk {
