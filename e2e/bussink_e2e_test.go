@@ -12,6 +12,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
+	"github.com/conductor-sidecar/sidecar/proctest"
 )
 
 // TestServe_RefusesWebhookToItself: a webhook sink whose URL reaches the
@@ -31,7 +32,7 @@ func TestServe_RefusesWebhookToItself(t *testing.T) {
 			cmd := exec.Command(sidecartest.Binary(t), "serve", "--conductor-url", conductortest.URL(t), "--data-dir", t.TempDir(),
 				"--listen", addr, "--log-format", "console", "--bus-sink", "webhook:name=self,url="+url+",secret-file="+secret)
 			cmd.Stdout, cmd.Stderr = &out, &out
-			if err := cmd.Start(); err != nil {
+			if err := proctest.StartTied(cmd); err != nil {
 				t.Fatal(err)
 			}
 			exited := make(chan error, 1)

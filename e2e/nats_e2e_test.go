@@ -27,6 +27,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
 	"github.com/conductor-sidecar/sidecar/httpapi"
+	"github.com/conductor-sidecar/sidecar/proctest"
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
@@ -99,7 +100,7 @@ func serveMustRefuse(t *testing.T, within time.Duration, args ...string) string 
 	cmd := exec.Command(sidecartest.Binary(t), args...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
+	if err := proctest.StartTied(cmd); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
+	"github.com/conductor-sidecar/sidecar/proctest"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -80,20 +81,21 @@ type workerProc struct {
 
 // start runs the worker against serverURL (the proxy's .../api) for
 // taskType in domain with threads concurrent tasks. It is killed (its
-// whole process group) when the test ends; a failed test shows its log.
+// whole process group) when the test ends, or when the test process dies
+// (proctest.StartTiedGroup); a failed test shows its log.
 func (w sdkWorker) start(t *testing.T, serverURL, taskType, domain string, threads int) *workerProc {
 	t.Helper()
 	cmd := exec.Command(w.argv[0], w.argv[1:]...)
 	cmd.Env = append(os.Environ(), w.env...)
 	cmd.Env = append(cmd.Env, "SERVER_URL="+serverURL, "CONDUCTOR_SERVER_URL="+serverURL,
 		"TASK_TYPE="+taskType, "DOMAIN="+domain, "THREADS="+strconv.Itoa(threads))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	logf, err := os.Create(filepath.Join(t.TempDir(), w.lang+"-worker.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
+	// A process group of its own that is SIGKILLed with the test process.
+	if err := proctest.StartTiedGroup(cmd); err != nil {
 		t.Fatalf("start the %s worker: %v", w.lang, err)
 	}
 	p := &workerProc{cmd: cmd, done: make(chan struct{})}

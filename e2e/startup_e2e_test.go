@@ -49,7 +49,7 @@ func launchServe(t *testing.T, dataDir, addr string, release <-chan struct{}, ex
 	started := make(chan error, 1)
 	go func() {
 		<-release
-		if err := cmd.Start(); err != nil {
+		if err := proctest.StartTied(cmd); err != nil {
 			started <- err
 			s.err = err
 			close(s.exited)
@@ -283,7 +283,7 @@ func TestE2E_NATSStartTimeoutBounds(t *testing.T) {
 	cmd := exec.Command(sidecartest.Binary(t), "serve", "--conductor-url", conductortest.URL(t), "--log-format", "console",
 		"--nats-url", url, "--nats-start-timeout", "30m", "--listen", sidecartest.FreeAddr(t))
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
+	if err := proctest.StartTied(cmd); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)

@@ -59,7 +59,8 @@ type Process struct {
 // Start starts cmd (its Stdout and Stderr go to the log) and returns once
 // it accepts TCP connections on every address of addrs. It fails tb with
 // the end of the log when the process exits first or ListenWithin
-// passes, and stops the process when tb ends.
+// passes, and stops the process when tb ends. The process is SIGKILLed
+// when the test process dies (StartTied).
 func Start(tb testing.TB, cmd *exec.Cmd, opts Options, addrs ...string) *Process {
 	tb.Helper()
 	if opts.Log == "" {
@@ -70,7 +71,7 @@ func Start(tb testing.TB, cmd *exec.Cmd, opts Options, addrs ...string) *Process
 		tb.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
+	if err := StartTied(cmd); err != nil {
 		logf.Close()
 		tb.Fatalf("start %s: %v", cmd.Path, err)
 	}

@@ -208,7 +208,8 @@ func Start(tb testing.TB, o Options) *Serve {
 
 // StartProcess starts cmd, which listens on addr, with its stdout and
 // stderr in a log file of its own, and registers its stop (SIGTERM) for
-// the end of the test; a failed test shows the end of the log. It does not
+// the end of the test (and its SIGKILL, should the test process die:
+// proctest.StartTied); a failed test shows the end of the log. It does not
 // wait for the process to be ready (WaitReady does). It is Start for a
 // process built by hand: serve with flags, credentials or an environment
 // Start does not give, or another server a test needs.
@@ -220,7 +221,7 @@ func StartProcess(tb testing.TB, cmd *exec.Cmd, addr string) *Serve {
 		tb.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
+	if err := proctest.StartTied(cmd); err != nil {
 		logf.Close()
 		tb.Fatalf("start %s: %v", what, err)
 	}
@@ -316,7 +317,7 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = m.Stdout, m.Stderr
-	if err := cmd.Start(); err != nil {
+	if err := proctest.StartTied(cmd); err != nil {
 		fmt.Fprintln(stderr, err)
 		return -1
 	}
