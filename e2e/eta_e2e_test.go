@@ -14,19 +14,27 @@ import (
 )
 
 // TestE2E_DrainETA measures the drain estimate on a workload with known
-// durations: one step that sleeps 2 to 6 s (uniform). 24 runs complete
-// first (the history); 24 more are paused together while their step runs;
-// each run's estimate at that moment is compared with when its drain
-// actually ended (RunDrainCompleted). The documented error (docs/drain.md,
-// "Drain ETA"): the p90 estimate covers at least 60% of the drains here
-// (90% expected; the monitor records a drain's end up to 250 ms after the
-// step), and the p50 estimate is off by at most 2.5 s at the median (with
-// whole-second durations it measured 1.0 to 2.0 s).
+// durations: one step that sleeps a uniform 2 to 6 s, in milliseconds (a
+// continuous spread: with whole seconds the history's p90 is its top value,
+// a fifth of the mass, and each step ending a little past it counts as not
+// covered). 40 runs complete first (the history); 40 more are paused
+// together while their step runs; each draining run's estimate at that
+// moment is compared with when its drain ended: its step's StepCompleted,
+// where the run's DRAINING substatus clears (not RunDrainCompleted, which
+// the monitor appends up to its 250 ms interval later).
+//
+// The floors (docs/drain.md, "Drain ETA"): the p90 estimate covers at least
+// 60% of the drains, and the p50 estimate is off by at most 2.5 s at the
+// median. A correct p90 from 40 samples covers about 88% of the drains;
+// the coverage seen in one run varies by about 7 points (the 40 samples of
+// history, shared by every drain, and 30-40 drains), so 60% is four of
+// those below: a run under it is a wrong estimate, not bad luck.
 func TestE2E_DrainETA(t *testing.T) {
-	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--concurrency", "command=32")
+	const history, drains = 40, 40
+	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--concurrency", "command=48")
 	ctx := context.Background()
 	pl := mustPlan(t, `{"planId":"`+uniq("e2e-eta")+`","planVersion":"1","steps":[
-		{"stepId":"work","executor":{"type":"command","argv":["bash","-c","sleep $((RANDOM % 5 + 2))"]}}]}`)
+		{"stepId":"work","executor":{"type":"command","argv":["bash","-c","sleep $((RANDOM % 4 + 2)).$(printf %03d $((RANDOM % 1000)))"]}}]}`)
 	startN := func(n int) []string {
 		var mu sync.Mutex
 		var ids []string
@@ -44,13 +52,15 @@ func TestE2E_DrainETA(t *testing.T) {
 		wg.Wait()
 		return ids
 	}
-	for _, id := range startN(24) {
-		if v := waitTerminal(t, p, id, 60*time.Second); v.Status != statestore.RunStatusCompleted {
+	for _, id := range startN(history) {
+		if v := waitTerminal(t, p, id, 5*time.Minute); v.Status != statestore.RunStatusCompleted {
 			t.Fatalf("history run %s: %s", id, v.Status)
 		}
 	}
-	ids := startN(24)
-	sidecartest.WaitFor(t, "the 24 steps to run", 30*time.Second, func() bool {
+	ids := startN(drains)
+	// Most, not all: on a loaded machine the first steps may end before
+	// the last start. Runs whose step is not running are not measured.
+	sidecartest.WaitFor(t, "most of the steps to run", 2*time.Minute, func() bool {
 		l, err := listAll(ctx, p.client, url.Values{"planId": {pl.PlanID}, "status": {"RUNNING"}})
 		if err != nil {
 			return false
@@ -61,10 +71,10 @@ func TestE2E_DrainETA(t *testing.T) {
 				n++
 			}
 		}
-		return n == 24
+		return n >= drains*4/5
 	})
 	res, err := p.client.Bulk(ctx, "pause", httpapi.BulkRequest{PlanID: pl.PlanID, Reason: "eta test"})
-	if err != nil || res.Counts[httpapi.OutcomePaused] < 20 {
+	if err != nil || res.Counts[httpapi.OutcomePaused] < drains/2 {
 		t.Fatalf("bulk pause: %+v %v", res, err)
 	}
 	estimated := map[string][2]time.Time{}
@@ -81,16 +91,19 @@ func TestE2E_DrainETA(t *testing.T) {
 		p90, _ := time.Parse(time.RFC3339Nano, e.P90)
 		estimated[r.RunID] = [2]time.Time{p50, p90}
 	}
-	if len(estimated) < 15 {
-		t.Fatalf("%d runs draining when listed, want most of the 24", len(estimated))
+	if len(estimated) < drains/2 {
+		t.Fatalf("%d runs draining when listed, want most of the %d", len(estimated), drains)
 	}
-	var errs []float64
+	var errs, late []float64
 	covered := 0
 	for id, est := range estimated {
 		var ended time.Time
-		sidecartest.WaitFor(t, "the drain of "+id, 30*time.Second, func() bool {
+		sidecartest.WaitFor(t, "the drain of "+id, 2*time.Minute, func() bool {
 			evs := allEvents(t, p, id)
-			i := eventIndex(evs, statestore.RunDrainCompleted, "", 0)
+			i := eventIndex(evs, statestore.StepCompleted, "work", 0)
+			if i < 0 {
+				i = eventIndex(evs, statestore.StepFailed, "work", 0)
+			}
 			if i < 0 {
 				return false
 			}
@@ -101,12 +114,15 @@ func TestE2E_DrainETA(t *testing.T) {
 		errs = append(errs, max(d, -d))
 		if !ended.After(est[1]) {
 			covered++
+		} else {
+			late = append(late, ended.Sub(est[1]).Seconds())
 		}
 	}
+	slices.Sort(late)
 	slices.Sort(errs)
 	median := errs[len(errs)/2]
 	coverage := float64(covered) / float64(len(estimated))
-	t.Logf("drain ETA on %d drains: p50 off by %.2f s at the median (max %.2f s); p90 covered %.0f%%", len(errs), median, errs[len(errs)-1], 100*coverage)
+	t.Logf("drain ETA on %d drains: p50 off by %.2f s at the median (max %.2f s); p90 covered %.0f%%; the others ended past it by %.2f s", len(errs), median, errs[len(errs)-1], 100*coverage, late)
 	if median > 2.5 || coverage < 0.6 {
 		t.Fatalf("the estimate is outside its documented error: median |actual - p50| %.2f s (at most 2.5), p90 coverage %.0f%% (at least 60%%)", median, 100*coverage)
 	}
