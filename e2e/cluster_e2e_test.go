@@ -19,6 +19,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
 	"github.com/conductor-sidecar/sidecar/httpapi"
+	"github.com/conductor-sidecar/sidecar/proctest"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 )
@@ -96,8 +97,8 @@ func TestE2E_NATSClusterR3(t *testing.T) {
 	url := cl.url(t)
 
 	// Larger than the cluster: refused before anything is created.
-	out, err := exec.Command(sidecartest.Binary(t), "serve", "--conductor-url", "http://127.0.0.1:1/api", "--nats-url", url,
-		"--nats-replicas", "5", "--listen", sidecartest.FreeAddr(t), "--insecure-no-auth").CombinedOutput()
+	out, err := proctest.CombinedOutput(exec.Command(sidecartest.Binary(t), "serve", "--conductor-url", "http://127.0.0.1:1/api", "--nats-url", url,
+		"--nats-replicas", "5", "--listen", sidecartest.FreeAddr(t), "--insecure-no-auth"))
 	if err == nil || !strings.Contains(string(out), "--nats-replicas 5: the NATS cluster") {
 		t.Fatalf("--nats-replicas 5 on 3 nodes: %v\n%s", err, out)
 	}
@@ -185,8 +186,8 @@ func TestE2E_NATSClusterR3(t *testing.T) {
 // anything.
 func TestServe_NATSReplicasNeedACluster(t *testing.T) {
 	admin, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "e2e-admin-pw", Permissions: natsstore.AllPermissions})
-	out, err := exec.Command(sidecartest.Binary(t), "serve", "--conductor-url", "http://127.0.0.1:1/api", "--nats-url", srv.URL(),
-		"--nats-replicas", "3", "--listen", sidecartest.FreeAddr(t)).CombinedOutput()
+	out, err := proctest.CombinedOutput(exec.Command(sidecartest.Binary(t), "serve", "--conductor-url", "http://127.0.0.1:1/api", "--nats-url", srv.URL(),
+		"--nats-replicas", "3", "--listen", sidecartest.FreeAddr(t)))
 	if err == nil || !strings.Contains(string(out), "--nats-replicas 3: the NATS server at") || !strings.Contains(string(out), "is not part of a cluster") {
 		t.Fatalf("--nats-replicas 3 on one server: %v\n%s", err, out)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
+	"github.com/conductor-sidecar/sidecar/proctest"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/pgstore/pgtest"
 )
@@ -27,13 +28,13 @@ import (
 func TestE2E_PostgresStoreFailsClosed(t *testing.T) {
 	url := pgtest.URL(t)
 	down := fmt.Sprintf("postgres://sidecar:hunter2@%s/sidecar?connect_timeout=2", sidecartest.FreeAddr(t))
-	out, err := exec.Command(sidecartest.Binary(t), "serve", "--conductor-url", "http://127.0.0.1:1/api", "--store", down,
-		"--data-dir", t.TempDir(), "--listen", sidecartest.FreeAddr(t)).CombinedOutput()
+	out, err := proctest.CombinedOutput(exec.Command(sidecartest.Binary(t), "serve", "--conductor-url", "http://127.0.0.1:1/api", "--store", down,
+		"--data-dir", t.TempDir(), "--listen", sidecartest.FreeAddr(t)))
 	if err == nil || !strings.Contains(string(out), "STORE_UNAVAILABLE: cannot reach PostgreSQL at 127.0.0.1:") ||
 		!strings.Contains(string(out), ": connection refused: check --store") || strings.Contains(string(out), "hunter2") {
 		t.Fatalf("a database that does not answer: %v\n%s", err, out)
 	}
-	out, err = exec.Command(sidecartest.Binary(t), "serve", "--store", "mysql://sidecar:hunter2@db/sidecar", "--data-dir", t.TempDir()).CombinedOutput()
+	out, err = proctest.CombinedOutput(exec.Command(sidecartest.Binary(t), "serve", "--store", "mysql://sidecar:hunter2@db/sidecar", "--data-dir", t.TempDir()))
 	if code := exitCode(err); code != 2 || !strings.Contains(string(out), "--store mysql://sidecar:xxxxx@db/sidecar: want nats or a PostgreSQL URL") {
 		t.Fatalf("--store mysql://: exit %d\n%s", code, out)
 	}
@@ -87,7 +88,7 @@ func TestE2E_PostgresStoreLostNATSState(t *testing.T) {
 	cmd := exec.Command(sidecartest.Binary(t), append([]string{"serve", "--conductor-url", conductortest.URL(t), "--data-dir", other,
 		"--listen", sidecartest.FreeAddr(t)}, same...)...)
 	done := make(chan []byte, 1)
-	go func() { out, _ := cmd.CombinedOutput(); done <- out }()
+	go func() { out, _ := proctest.CombinedOutput(cmd); done <- out }()
 	select {
 	case out := <-done:
 		if code := cmd.ProcessState.ExitCode(); code != 1 || !strings.Contains(string(out), "STORE_DAMAGED: this database was used with other NATS state") ||
@@ -109,8 +110,8 @@ func TestE2E_PostgresStoreLostNATSState(t *testing.T) {
 	// database's pair from then on; the old one is refused.
 	p3 := startServe(t, other, sidecartest.FreeAddr(t), append(same, "--accept-new-nats-state")...)
 	p3.stop(syscall.SIGTERM)
-	out, err := exec.Command(sidecartest.Binary(t), append([]string{"serve", "--conductor-url", conductortest.URL(t), "--data-dir", dataDir,
-		"--listen", sidecartest.FreeAddr(t)}, same...)...).CombinedOutput()
+	out, err := proctest.CombinedOutput(exec.Command(sidecartest.Binary(t), append([]string{"serve", "--conductor-url", conductortest.URL(t), "--data-dir", dataDir,
+		"--listen", sidecartest.FreeAddr(t)}, same...)...))
 	if err == nil || !strings.Contains(string(out), "this database was used with other NATS state") {
 		t.Fatalf("the old data dir after re-pairing: %v\n%s", err, out)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
+	"github.com/conductor-sidecar/sidecar/proctest"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/pgstore"
 	"github.com/conductor-sidecar/sidecar/statestore/pgstore/pgtest"
@@ -30,8 +31,8 @@ func TestE2E_PostgresRuntimeRole(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "runtime role "+r.Runtime+" granted") {
 		t.Fatalf("sidecar migrate: %v\n%s", err, out)
 	}
-	out, err = exec.Command(bin, "serve", "--conductor-url", "http://127.0.0.1:1/api", "--store", r.OwnerURL,
-		"--data-dir", t.TempDir(), "--listen", sidecartest.FreeAddr(t)).CombinedOutput()
+	out, err = proctest.CombinedOutput(exec.Command(bin, "serve", "--conductor-url", "http://127.0.0.1:1/api", "--store", r.OwnerURL,
+		"--data-dir", t.TempDir(), "--listen", sidecartest.FreeAddr(t)))
 	if exitCode(err) != 1 || !strings.Contains(string(out), "STORE_ROLE_REFUSED: connected as "+r.Owner) {
 		t.Fatalf("serve as the owner: %v\n%s", err, out)
 	}

@@ -1,6 +1,7 @@
 package proctest
 
 import (
+	"bytes"
 	"os/exec"
 	"runtime"
 	"sync"
@@ -82,4 +83,17 @@ func StartTiedGroup(cmd *exec.Cmd) error {
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGTERM
 	onSpawnThread(func() { err = cmd.Start() })
 	return err
+}
+
+// CombinedOutput is cmd.CombinedOutput with cmd started by StartTied: for
+// a command a test expects to exit by itself (a refusal), which must not
+// outlive the test process if it does not.
+func CombinedOutput(cmd *exec.Cmd) ([]byte, error) {
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := StartTied(cmd); err != nil {
+		return nil, err
+	}
+	err := cmd.Wait()
+	return out.Bytes(), err
 }

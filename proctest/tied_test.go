@@ -185,3 +185,13 @@ func alive(pid int) bool {
 	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
 	return len(fields) == 0 || fields[0] != "Z"
 }
+
+// TestCombinedOutput: the command's output and exit status, as
+// exec.Cmd.CombinedOutput gives them.
+func TestCombinedOutput(t *testing.T) {
+	out, err := proctest.CombinedOutput(exec.Command("sh", "-c", "echo out; echo err >&2; exit 3"))
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 3 || string(out) != "out\nerr\n" {
+		t.Fatalf("output %q, error %v; want \"out\\nerr\\n\" and exit 3", out, err)
+	}
+}
