@@ -78,7 +78,23 @@ func apiPrefix(o jetstream.JetStreamOptions) string {
 // with a direct get that names the subject in the request subject, so the
 // server has no JSON to parse.
 func (s *Store) msg(ctx context.Context, subject string) (*storedMsg, error) {
-	resp, err := s.nc.RequestWithContext(ctx, s.apiPrefix+"DIRECT.GET."+s.name+"."+subject, nil)
+	return s.direct(ctx, s.apiPrefix+"DIRECT.GET."+s.name+"."+subject, nil)
+}
+
+// nextMsg sends a single direct get (req without Batch or MultiLast) and
+// returns its message.
+func (s *Store) nextMsg(ctx context.Context, req directRequest) (*storedMsg, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	return s.direct(ctx, s.apiPrefix+"DIRECT.GET."+s.name, body)
+}
+
+// direct sends one direct get request that the server answers with one
+// message or a status.
+func (s *Store) direct(ctx context.Context, subject string, body []byte) (*storedMsg, error) {
+	resp, err := s.nc.RequestWithContext(ctx, subject, body)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return nil, fmt.Errorf("direct get on stream %s: %w", s.name, err)
 	}

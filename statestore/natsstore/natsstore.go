@@ -39,7 +39,11 @@
 // the run's subjects through its subject index, so the cost grows with the
 // size of the run, not of the stream. Such a request is refused above 1,024
 // subjects; a larger run is read with a next_by_subj batch walk instead,
-// which scans the stream from afterSeq on (see Fetch).
+// which scans the stream from afterSeq on (see Fetch). A read after a
+// watermark (afterSeq > 0) first takes up to 8 records with single
+// next_by_subj direct gets, which the server answers from the stream's
+// newest messages whatever the run's size; only a run further ahead than
+// that is read from the subject index for the rest.
 //
 // Server-generated Nats-* headers come after any headers a message was
 // published with (direct get and republish both append them), so every
@@ -489,6 +493,8 @@ const walkBatch = 1024
 // them, which serves runs up to about 16,000 events from the subject index.
 // Only a bucket that itself holds more than 1,024 events is read with a
 // next_by_subj batch walk from afterSeq+1, a scan of the stream from there.
+// With afterSeq > 0 (a projector catching up) Fetch reads first with
+// fetchTail, so a run's newest records cost the same whatever its size.
 //
 // The store's timeout (the JetStream context's default timeout) bounds
 // each wait for the server, not the whole read: the wait for a request's
@@ -507,6 +513,60 @@ func (s *Store) Fetch(ctx context.Context, runID string, afterSeq int64, limit i
 		return nil, unavailable("fetch", err)
 	}
 	base := s.prefix + "." + RunToken(runID)
+	if afterSeq <= 0 {
+		return s.fetchIndexed(ctx, runID, base, afterSeq, limit)
+	}
+	tail, cursor, done, err := s.fetchTail(ctx, runID, base+".>", afterSeq, limit)
+	if err != nil || done {
+		return tail, err
+	}
+	if limit > 0 {
+		limit -= len(tail)
+	}
+	rest, err := s.fetchIndexed(ctx, runID, base, cursor, limit)
+	if err != nil {
+		return nil, err
+	}
+	return append(tail, rest...), nil
+}
+
+// tailReads bounds the single next_by_subj direct gets with which Fetch
+// reads what follows a watermark; a run further ahead is read from the
+// subject index for the rest.
+const tailReads = 8
+
+// fetchTail reads runID's records after afterSeq with single next_by_subj
+// direct gets, one record each, until the server has none (done) or
+// tailReads were made. The server finds each from the sequence on,
+// scanning the stream's newest messages, so a projector catching up on
+// a run's newest record costs the same whatever the run's size; a
+// multi_last, or a batch get's pending count, matches every subject of
+// the run. cursor is the last sequence read.
+func (s *Store) fetchTail(ctx context.Context, runID, filter string, afterSeq int64, limit int) (out []statestore.RunEventRecord, cursor int64, done bool, err error) {
+	out = []statestore.RunEventRecord{}
+	cursor = afterSeq
+	for range tailReads {
+		if limit > 0 && len(out) >= limit {
+			return out, cursor, true, nil
+		}
+		m, err := s.nextMsg(ctx, directRequest{Seq: uint64(cursor) + 1, NextFor: filter})
+		if errors.Is(err, errNotFound) {
+			return out, cursor, true, nil
+		}
+		if err != nil {
+			return nil, 0, false, unavailable("fetch", err)
+		}
+		cursor = int64(m.seq)
+		if rec, ok := s.runRecord(runID, m); ok {
+			out = append(out, rec)
+		}
+	}
+	return out, cursor, limit > 0 && len(out) >= limit, nil
+}
+
+// fetchIndexed reads runID's records after afterSeq from the subject index
+// (multi_last), bucket by bucket past 1,024 subjects.
+func (s *Store) fetchIndexed(ctx context.Context, runID, base string, afterSeq int64, limit int) ([]statestore.RunEventRecord, error) {
 	out, err := s.fetchFilter(ctx, runID, base+".>", afterSeq, limit, false)
 	if err == nil && len(out) == 0 && afterSeq <= 0 {
 		// Direct gets are answered by any replica of a replicated stream,

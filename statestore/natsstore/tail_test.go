@@ -1,0 +1,78 @@
+package natsstore_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// TestStore_TailFetchStaysFlat: a projector reads a run's records after
+// its watermark after every append (a gated task reads its run two or
+// three times), so what such a read asks of the server must not grow with
+// the run. The direct get requests that reach the real server are counted
+// by a second connection subscribed to the stream's direct get subjects,
+// for one new record after the watermark of a run of 10 records and of
+// one past multi_last's 1,024 subjects.
+func TestStore_TailFetchStaysFlat(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t, t.TempDir())
+	s := openUnique(t, connect(t, srv))
+	obs := connect(t, srv).Conn()
+	var subs []*nats.Subscription
+	for _, subj := range []string{"$JS.API.DIRECT.GET." + s.Stream(), "$JS.API.DIRECT.GET." + s.Stream() + ".>"} {
+		sub, err := obs.SubscribeSync(subj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs = append(subs, sub)
+	}
+	if err := obs.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	requests := func() int {
+		t.Helper()
+		if err := obs.Flush(); err != nil { // every copy sent before now has arrived
+			t.Fatal(err)
+		}
+		n := 0
+		for _, sub := range subs {
+			for {
+				if _, err := sub.NextMsg(0); err != nil {
+					break
+				}
+				n++
+			}
+		}
+		return n
+	}
+	tail := func(runID string, size int) int {
+		t.Helper()
+		var last int64
+		for i := 0; i < size; i++ {
+			last = mustAppend(t, s, storetest.Event(runID, statestore.StepStarted, fmt.Sprintf("s%05d", i))).RunSeq
+			if i%50 == 0 {
+				mustAppend(t, s, storetest.Event(fmt.Sprintf("%s-other-%d", runID, i), statestore.RunStarted, ""))
+			}
+		}
+		next := mustAppend(t, s, storetest.Event(runID, statestore.StepStarted, "next")).RunSeq
+		requests()
+		recs, err := s.Fetch(ctx, runID, last, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) != 1 || recs[0].RunSeq != next {
+			t.Fatalf("Fetch(%s after %d) = %d records, want the one at %d", runID, last, len(recs), next)
+		}
+		return requests()
+	}
+	small := tail("run-small", 10)
+	big := tail("run-big", 1100)
+	if big != small || big > 2 {
+		t.Fatalf("reading one new record made %d direct get requests for a run of 10 records and %d for one of 1,100: want the same, at most 2", small, big)
+	}
+}
