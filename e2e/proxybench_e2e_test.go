@@ -109,8 +109,9 @@ func TestBench_ProxyPythonWorker(t *testing.T) {
 			results[mode] = append(results[mode], s)
 			t.Logf("round %d %-12s %7.1f tasks/s  p50 start->end %6.2f ms  sidecar CPU %.2f ms/task  Conductor CPU %.2f ms/task",
 				r+1, mode, s.tps, s.p50ms, s.sideCPUms, s.condCPUms)
+			m1 := scrape(t, p.addr)
+			t.Logf("round %d %-12s the sidecar's own Conductor requests per task: %s", r+1, mode, m1.perOp(m0, "sidecar_conductor_requests_total", n))
 			if mode == "plan/proxy" {
-				m1 := scrape(t, p.addr)
 				var parts []string
 				for _, q := range gateBreakdown {
 					c := m1.count(m0, q.metric, q.labels)
@@ -369,6 +370,35 @@ func (m metricsText) mean(before metricsText, name, labels string) float64 {
 		return 0
 	}
 	return m.sum(before, name, "_sum", labels) / c
+}
+
+// perOp lists the increase of counter name by its op label since the
+// scrape before, divided by n, largest first.
+func (m metricsText) perOp(before metricsText, name string, n int) string {
+	by := map[string]float64{}
+	for k, x := range m {
+		if !strings.HasPrefix(k, name+"{") {
+			continue
+		}
+		_, rest, ok := strings.Cut(k, `op="`)
+		if !ok {
+			continue
+		}
+		op, _, _ := strings.Cut(rest, `"`)
+		by[op] += x - before[k]
+	}
+	ops := make([]string, 0, len(by))
+	for op, v := range by {
+		if v > 0 {
+			ops = append(ops, op)
+		}
+	}
+	slices.SortFunc(ops, func(a, b string) int { return int(by[b] - by[a]) })
+	parts := make([]string, 0, len(ops))
+	for _, op := range ops {
+		parts = append(parts, fmt.Sprintf("%s %.2f", op, by[op]/float64(n)))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // cpuProfile writes a CPU profile of seconds from the pprof listener at

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -74,5 +75,27 @@ func TestStore_TailFetchStaysFlat(t *testing.T) {
 	big := tail("run-big", 1100)
 	if big != small || big > 2 {
 		t.Fatalf("reading one new record made %d direct get requests for a run of 10 records and %d for one of 1,100: want the same, at most 2", small, big)
+	}
+}
+
+// BenchmarkTailFetch reads the one record after the watermark of runs of
+// 10, 500 and 1,100 records (a projector catching up on a gated task's
+// event): the cost should not grow with the run.
+func BenchmarkTailFetch(b *testing.B) {
+	ctx := context.Background()
+	s := benchStore(b, benchServer(b, 2*time.Minute))
+	for _, size := range []int{10, 500, 1100} {
+		runID := fmt.Sprintf("run-%d", size)
+		var seqs []int64
+		for i := 0; i <= size; i++ {
+			res, err := s.Append(ctx, storetest.Event(runID, statestore.StepStarted, fmt.Sprintf("s%05d", i)))
+			if err != nil {
+				b.Fatal(err)
+			}
+			seqs = append(seqs, res.RunSeq)
+		}
+		b.Run(fmt.Sprintf("run=%d", size), func(b *testing.B) {
+			benchFetch(b, s, runID, seqs[len(seqs)-2], 1)
+		})
 	}
 }
