@@ -169,4 +169,30 @@ func TestWorker_OutcomeWakesItsPlansTypes(t *testing.T) {
 	if got := polls(200 * time.Millisecond); fmt.Sprint(got) != "map[command:1 noop:1 sleep:1]" {
 		t.Errorf("an unknown plan's outcome: polls %v, want every type once", got)
 	}
+
+	// An outside worker's outcome (forwarded by the task proxy): no loop
+	// of this worker polls its type, so it wakes its plan's types only.
+	w.Reported(task("bench_external", "mixed"), &model.TaskResult{Status: model.CompletedTask})
+	if got := polls(200 * time.Millisecond); fmt.Sprint(got) != "map[noop:1 sleep:1]" {
+		t.Errorf("an outside worker's outcome in a noop+sleep plan: polls %v, want map[noop:1 sleep:1]", got)
+	}
+}
+
+// TestPlanTypes_UnnumberedLoopWakesAll: past 64 polled types a type has
+// no bit of its own, so its outcome wakes every loop (its own among them);
+// a type no loop polls adds nothing to its plan's types.
+func TestPlanTypes_UnnumberedLoopWakesAll(t *testing.T) {
+	var types []string
+	for i := 0; i < 70; i++ {
+		types = append(types, fmt.Sprintf("t%d", i))
+	}
+	pt := newPlanTypes(types)
+	in := map[string]any{"planId": "p", "planVersion": "1"}
+	pt.learn([]model.Task{{TaskType: "t0", InputData: in}})
+	if m := pt.typesOf(&model.Task{TaskType: "t65", InputData: in}); !m.all {
+		t.Errorf("outcome of the 66th polled type: wakes %+v, want every loop", m)
+	}
+	if m := pt.typesOf(&model.Task{TaskType: "outside", InputData: in}); m.all || !m.has("t0") || m.has("t1") {
+		t.Errorf("outcome of a type no loop polls: wakes all=%v t0=%v t1=%v, want t0 only", m.all, m.has("t0"), m.has("t1"))
+	}
 }

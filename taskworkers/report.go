@@ -125,6 +125,7 @@ func (m typeMask) has(taskType string) bool {
 func newPlanTypes(taskTypes []string) *planTypes {
 	pt := &planTypes{index: map[string]uint64{}, byPlan: map[string]uint64{}}
 	for i, tt := range taskTypes {
+		pt.index[tt] = 0 // polled here, past the 64 numbered: its outcome wakes every loop
 		if i < 64 {
 			pt.index[tt] = 1 << i
 		}
@@ -160,14 +161,16 @@ func (pt *planTypes) learn(tasks []model.Task) {
 
 // typesOf returns the task types to wake for t's outcome: t's own and its
 // plan's, or every type for a task of no known plan or of an unnumbered
-// type.
+// type this worker polls. A type no loop polls (an outside worker's,
+// whose outcome the task proxy forwarded) adds nothing: waking every loop
+// for it made each gated task of a fan-out cost Conductor a poll per type.
 func (pt *planTypes) typesOf(t *model.Task) typeMask {
-	own := pt.index[t.TaskType]
+	own, polled := pt.index[t.TaskType]
 	key := planOf(t)
 	pt.mu.Lock()
 	m, ok := pt.byPlan[key]
 	pt.mu.Unlock()
-	if !ok || key == "" || own == 0 {
+	if !ok || key == "" || (polled && own == 0) {
 		return typeMask{all: true}
 	}
 	return typeMask{bits: m | own, index: pt.index}
