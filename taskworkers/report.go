@@ -163,7 +163,7 @@ func (pt *planTypes) learn(tasks []model.Task) {
 // plan's, or every type for a task of no known plan or of an unnumbered
 // type this worker polls. A type no loop polls (an outside worker's,
 // whose outcome the task proxy forwarded) adds nothing: waking every loop
-// for it made each gated task of a fan-out cost Conductor a poll per type.
+// for it would cost Conductor a poll per idle task type per gated task.
 func (pt *planTypes) typesOf(t *model.Task) typeMask {
 	own, polled := pt.index[t.TaskType]
 	key := planOf(t)
