@@ -129,6 +129,32 @@ func (m *Metrics) Appended(res AppendResult, err error, took time.Duration) {
 	m.appendDuration.Observe(took.Seconds())
 }
 
+// AppendedBatch records an AppendBatch: each run's events as Appended
+// would (one count per event written or found, one for a refused run),
+// and the call's duration once.
+func (m *Metrics) AppendedBatch(out []BatchResult, took time.Duration) {
+	if m == nil {
+		return
+	}
+	for _, r := range out {
+		for _, res := range r.Results {
+			result := "persisted"
+			if !res.Persisted {
+				result = "duplicate"
+			}
+			m.appends.WithLabelValues(result).Inc()
+		}
+		switch {
+		case r.Err == nil:
+		case errors.Is(r.Err, ErrSchemaValidation) || errors.Is(r.Err, ErrInvalidTransition):
+			m.appends.WithLabelValues("rejected").Inc()
+		default:
+			m.appends.WithLabelValues("error").Inc()
+		}
+	}
+	m.appendDuration.Observe(took.Seconds())
+}
+
 func (m *Metrics) cached(n int) {
 	if m != nil {
 		m.cachedRuns.Set(float64(n))

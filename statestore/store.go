@@ -76,3 +76,63 @@ type LogTail interface {
 	// Close releases the reader.
 	Close()
 }
+
+// BatchAppender is an optional Store capability: conditional appends to
+// many runs in one call, for bulk control (docs/operations.md, "Bulk
+// pause, resume and cancel").
+type BatchAppender interface {
+	// AppendBatch appends each RunBatch's events to its run, in order, on
+	// the condition AppendIf puts on one event: the run's last runSeq is
+	// the batch's LastSeq, and each later event of the run follows the one
+	// before it. The answer has one BatchResult per RunBatch, in order.
+	//
+	// A run whose events are all valid and whose condition holds gets one
+	// AppendResult per event; an event the run already holds is answered
+	// as Append answers a duplicate and writes nothing. A run that moved
+	// on gets an error matching ErrRunChanged, an invalid event its
+	// *Error, a backend failure an error matching ErrUnavailable. A store
+	// whose AtomicRuns is true then writes nothing of that run, and a
+	// crash during the call leaves each run with all of its events or none;
+	// one whose AtomicRuns is false may have written the run's first
+	// events, and Results holds those (the rest were not written). Other
+	// runs are not affected by one run's refusal. Safe for concurrent use.
+	AppendBatch(ctx context.Context, runs []RunBatch) []BatchResult
+	// AtomicRuns reports whether AppendBatch writes each run's events all
+	// or none.
+	AtomicRuns() bool
+}
+
+// RunBatch is one run's part of an AppendBatch: its events (at least one,
+// all of one run) and the runSeq they were decided on.
+type RunBatch struct {
+	LastSeq int64
+	Events  []*RunEventWrite
+}
+
+// BatchResult is one run's answer to an AppendBatch: one AppendResult per
+// event written or found, and the error that stopped the run, if any.
+type BatchResult struct {
+	Results []AppendResult
+	Err     error
+}
+
+// CheckBatch checks the shape of an AppendBatch's run: at least one event,
+// every event of one run, each valid (ValidateWrite). A run that fails it
+// is answered with the returned error and nothing of it is written.
+func CheckBatch(b RunBatch) error {
+	if len(b.Events) == 0 {
+		return &Error{Code: CodeSchemaValidationFailed, Field: "events", Message: "a run's batch needs at least one event"}
+	}
+	for _, w := range b.Events {
+		if w == nil {
+			return &Error{Code: CodeSchemaValidationFailed, Field: "events", Message: "event is nil"}
+		}
+		if w.RunID != b.Events[0].RunID {
+			return &Error{Code: CodeSchemaValidationFailed, Field: "runId", Message: "a run's batch holds events of runs " + b.Events[0].RunID + " and " + w.RunID}
+		}
+		if err := ValidateWrite(w); err != nil {
+			return err
+		}
+	}
+	return nil
+}

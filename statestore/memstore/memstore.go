@@ -89,6 +89,80 @@ func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite, lastSeq
 	return statestore.AppendResult{EventID: rec.EventID, RunSeq: rec.RunSeq, PersistedAt: rec.PersistedAt, Persisted: true}, nil
 }
 
+// AppendBatch implements statestore.BatchAppender: each run is checked
+// and written under the store's lock, all of its events or none.
+func (s *Store) AppendBatch(ctx context.Context, runs []statestore.RunBatch) []statestore.BatchResult {
+	out := make([]statestore.BatchResult, len(runs))
+	for i, b := range runs {
+		if err := statestore.CheckBatch(b); err != nil {
+			out[i].Err = err
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			out[i].Err = err
+			continue
+		}
+		out[i] = s.appendRun(b)
+	}
+	return out
+}
+
+// AtomicRuns implements statestore.BatchAppender.
+func (s *Store) AtomicRuns() bool { return true }
+
+// appendRun writes b's events, all or none, under the lock.
+func (s *Store) appendRun(b statestore.RunBatch) statestore.BatchResult {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	runID := b.Events[0].RunID
+	r := s.runs[runID]
+	have := int64(0)
+	if r != nil {
+		have = int64(len(r.recs))
+	}
+	// The events the run holds are answered as duplicates; the others must
+	// follow LastSeq.
+	res := make([]statestore.AppendResult, len(b.Events))
+	fresh := false
+	for i, w := range b.Events {
+		if r != nil {
+			if j, ok := r.byKey[w.IdempotencyKey]; ok {
+				rec := &r.recs[j]
+				res[i] = statestore.AppendResult{EventID: rec.EventID, RunSeq: rec.RunSeq, PersistedAt: rec.PersistedAt, Idempotent: true}
+				continue
+			}
+		}
+		fresh = true
+	}
+	if fresh && have != max(b.LastSeq, 0) {
+		return statestore.BatchResult{Err: statestore.RunChanged(runID, b.LastSeq, have)}
+	}
+	if r == nil {
+		r = &run{byKey: make(map[string]int)}
+		s.runs[runID] = r
+	}
+	at := s.Now().UTC().Format(time.RFC3339Nano)
+	for i, w := range b.Events {
+		if res[i].Idempotent {
+			continue
+		}
+		if _, ok := r.byKey[w.IdempotencyKey]; ok { // twice in one batch
+			j := r.byKey[w.IdempotencyKey]
+			res[i] = statestore.AppendResult{EventID: r.recs[j].EventID, RunSeq: r.recs[j].RunSeq, PersistedAt: r.recs[j].PersistedAt, Idempotent: true}
+			continue
+		}
+		rec := statestore.RunEventRecord{RunEventWrite: *w, RunSeq: int64(len(r.recs)) + 1, PersistedAt: at}
+		rec.Payload = append([]byte(nil), w.Payload...)
+		if len(rec.Payload) == 0 {
+			rec.Payload = nil
+		}
+		r.byKey[w.IdempotencyKey] = len(r.recs)
+		r.recs = append(r.recs, rec)
+		res[i] = statestore.AppendResult{EventID: rec.EventID, RunSeq: rec.RunSeq, PersistedAt: rec.PersistedAt, Persisted: true}
+	}
+	return statestore.BatchResult{Results: res}
+}
+
 // Fetch implements statestore.Store.
 func (s *Store) Fetch(ctx context.Context, runID string, afterSeq int64, limit int) ([]statestore.RunEventRecord, error) {
 	if err := ctx.Err(); err != nil {

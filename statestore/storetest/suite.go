@@ -23,6 +23,7 @@ func RunSuite(t *testing.T, newStore func(t *testing.T) statestore.Store) {
 	run := func(name string, f func(t *testing.T, s statestore.Store)) {
 		t.Run(name, func(t *testing.T) { f(t, newStore(t)) })
 	}
+	runBatchSuite(t, run)
 
 	run("Append/OK", func(t *testing.T, s statestore.Store) {
 		w := Event("run-1", statestore.RunStarted, "")

@@ -1,0 +1,69 @@
+package natsstore
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+var _ statestore.BatchAppender = (*Store)(nil)
+
+// batchInFlight bounds the runs of one AppendBatch whose publishes are in
+// flight together on the connection.
+const batchInFlight = 256
+
+// AppendBatch implements statestore.BatchAppender with pipelined
+// conditional publishes: up to batchInFlight runs at a time, each run's
+// events one after the other, each publish carrying the run's expected
+// last sequence (AppendIf), so the server checks every run's condition
+// with its write. The stream's own atomic batch publish is not used: it
+// would need the stream created with atomic publish allowed, and it
+// refuses a whole batch when one run's condition fails.
+//
+// AtomicRuns is false: each event is stored or not on its own. A run
+// whose later event is refused (another writer appended between two of
+// its events) keeps the events before it, and Results holds them; a crash
+// between two events of a run leaves the first ones stored.
+func (s *Store) AppendBatch(ctx context.Context, runs []statestore.RunBatch) []statestore.BatchResult {
+	began := time.Now()
+	out := make([]statestore.BatchResult, len(runs))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, batchInFlight)
+	for i, b := range runs {
+		if err := statestore.CheckBatch(b); err != nil {
+			out[i].Err = err
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			out[i] = s.appendRun(ctx, b)
+		}()
+	}
+	wg.Wait()
+	s.metrics.AppendedBatch(out, time.Since(began))
+	return out
+}
+
+// AtomicRuns implements statestore.BatchAppender: false.
+func (s *Store) AtomicRuns() bool { return false }
+
+func (s *Store) appendRun(ctx context.Context, b statestore.RunBatch) statestore.BatchResult {
+	var r statestore.BatchResult
+	last := max(b.LastSeq, 0)
+	for _, w := range b.Events {
+		res, err := s.append(ctx, w, last)
+		if err != nil {
+			r.Err = err
+			return r
+		}
+		r.Results = append(r.Results, res)
+		if res.Persisted {
+			last = res.RunSeq
+		}
+	}
+	return r
+}
