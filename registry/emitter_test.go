@@ -182,6 +182,10 @@ func TestEmitter_Emit_MemStore(t *testing.T) {
 		_, js := connect(t, s)
 		return open(t, js, registry.Options{})
 	})
+	t.Run("EmitBatch", func(t *testing.T) {
+		_, js := connect(t, s)
+		emitBatchProtocol(t, memstore.New(statestore.ProjectorOptions{Logger: zaptest.NewLogger(t)}), open(t, js, registry.Options{}))
+	})
 }
 
 // emitterProtocol is §2.5.1 against one append authority: eight producers,
@@ -237,3 +241,86 @@ func emitterProtocol(t *testing.T, store statestore.Store, newRegistry func(t *t
 		}
 	})
 }
+
+// emitBatchProtocol is EmitBatch against one append authority: a run's
+// events get registry-stable eventIds and are appended on its LastSeq; a
+// run that moved on is refused and keeps its registered eventIds for the
+// single path; a retry of the batch answers with the same eventIds; an
+// invalid run registers nothing.
+func emitBatchProtocol(t *testing.T, store statestore.Store, r *registry.Registry) {
+	rec := &sentIDs{Store: store}
+	e := registry.NewEmitter(r, rec)
+	pair := func(runID string) []*statestore.RunEventWrite {
+		a, b := storetest.Event(runID, statestore.RunPaused, ""), storetest.Event(runID, statestore.RunDrainCompleted, "")
+		a.EventID, b.EventID = "", ""
+		return []*statestore.RunEventWrite{a, b}
+	}
+	last := map[string]int64{}
+	for _, run := range []string{"batch-ok", "batch-moved"} {
+		res, err := e.Emit(ctx(t), event(run))
+		if err != nil {
+			t.Fatal(err)
+		}
+		last[run] = res.RunSeq
+	}
+	if _, err := e.Emit(ctx(t), storetest.Event("batch-moved", statestore.StepStarted, "s1")); err != nil {
+		t.Fatal(err)
+	}
+	ok, moved := pair("batch-ok"), pair("batch-moved")
+	bad := pair("batch-bad")
+	bad[1].EmittedAt = "yesterday"
+	out := e.EmitBatch(ctx(t), []statestore.RunBatch{{LastSeq: last["batch-ok"], Events: ok}, {LastSeq: last["batch-moved"], Events: moved}, {Events: bad}})
+	if out[0].Err != nil || len(out[0].Results) != 2 {
+		t.Fatalf("batch-ok: got %+v, want 2 appended", out[0])
+	}
+	for k, w := range ok {
+		id, err := r.Lookup(ctx(t), w.RunID, w.IdempotencyKey)
+		if err != nil || id != w.EventID || out[0].Results[k].EventID != id {
+			t.Fatalf("batch-ok event %d: registry %q (%v), event %q, result %q: want one eventId", k, id, err, w.EventID, out[0].Results[k].EventID)
+		}
+	}
+	if !errors.Is(out[1].Err, statestore.ErrRunChanged) || len(out[1].Results) != 0 {
+		t.Fatalf("batch-moved: got %+v, want RUN_CHANGED", out[1])
+	}
+	if recs, _ := store.Fetch(ctx(t), "batch-moved", 0, 0); len(recs) != 2 {
+		t.Fatalf("batch-moved: %d records, want 2 (nothing of the batch)", len(recs))
+	}
+	if !errors.Is(out[2].Err, statestore.ErrSchemaValidation) {
+		t.Fatalf("batch-bad: got %v, want SCHEMA_VALIDATION_FAILED", out[2].Err)
+	}
+	if _, err := r.Lookup(ctx(t), "batch-bad", bad[0].IdempotencyKey); !errors.Is(err, registry.ErrNotFound) {
+		t.Fatalf("batch-bad: registry lookup %v, want nothing registered", err)
+	}
+	// The refused run's single path sends the eventId the batch registered.
+	id := moved[0].EventID
+	res, err := e.EmitIf(ctx(t), moved[0], last["batch-moved"]+1)
+	if err != nil || res.EventID != id {
+		t.Fatalf("batch-moved again: %+v %v, want eventId %s", res, err, id)
+	}
+	// A retry of the batch: the same eventIds, nothing written.
+	again := pair("batch-ok")
+	out = e.EmitBatch(ctx(t), []statestore.RunBatch{{LastSeq: last["batch-ok"], Events: again}})
+	if out[0].Err != nil || len(out[0].Results) != 2 || !out[0].Results[0].Idempotent || out[0].Results[0].EventID != ok[0].EventID || out[0].Results[1].EventID != ok[1].EventID {
+		t.Fatalf("retried batch: got %+v, want the first batch's eventIds, idempotent", out[0])
+	}
+	if sent := rec.sent[len(rec.sent)-2:]; sent[0] != ok[0].EventID || sent[1] != ok[1].EventID {
+		t.Fatalf("retried batch sent eventIds %v, want the registered %s, %s", sent, ok[0].EventID, ok[1].EventID)
+	}
+}
+
+// sentIDs is a store that remembers the eventIds AppendBatch was sent.
+type sentIDs struct {
+	statestore.Store
+	sent []string
+}
+
+func (s *sentIDs) AppendBatch(ctx context.Context, runs []statestore.RunBatch) []statestore.BatchResult {
+	for _, b := range runs {
+		for _, w := range b.Events {
+			s.sent = append(s.sent, w.EventID)
+		}
+	}
+	return s.Store.(statestore.BatchAppender).AppendBatch(ctx, runs)
+}
+
+func (s *sentIDs) AtomicRuns() bool { return s.Store.(statestore.BatchAppender).AtomicRuns() }

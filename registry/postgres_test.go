@@ -216,6 +216,10 @@ func TestPostgres_Emitter(t *testing.T) {
 		}
 		return r
 	})
+	t.Run("EmitBatch", func(t *testing.T) {
+		store, r := openPG(t, pgtest.URL(t))
+		emitBatchProtocol(t, store, r)
+	})
 }
 
 func rawConn(t *testing.T, url string) *pgx.Conn {
