@@ -42,13 +42,7 @@ const (
 // run. The outcomes are in runIDs' order.
 func (c *Controller) PauseMany(ctx context.Context, runIDs []string, req PauseRequest) []Outcome {
 	return bulk(ctx, c, runIDs,
-		func(ctx context.Context, runID string) (*pausing, string, *State, error) {
-			p, err := c.pauseLog(ctx, runID, req)
-			if err != nil {
-				return nil, "", nil, err
-			}
-			return p, p.wf, nil, nil
-		},
+		func(ctx context.Context, runIDs []string) []logged[*pausing] { return c.pauseLogs(ctx, runIDs, req) },
 		func(ctx context.Context, ids []string) map[string]error {
 			if b, ok := c.engine.(BulkEngine); ok {
 				return b.PauseMany(ctx, ids)
@@ -64,13 +58,7 @@ func (c *Controller) PauseMany(ctx context.Context, runIDs []string, req PauseRe
 // Conductor's workflows resumed in bulk (PauseMany).
 func (c *Controller) ResumeMany(ctx context.Context, runIDs []string, req ResumeRequest) []Outcome {
 	return bulk(ctx, c, runIDs,
-		func(ctx context.Context, runID string) (*resuming, string, *State, error) {
-			r, err := c.resumeLog(ctx, runID, req)
-			if err != nil {
-				return nil, "", nil, err
-			}
-			return r, r.wf, nil, nil
-		},
+		func(ctx context.Context, runIDs []string) []logged[*resuming] { return c.resumeLogs(ctx, runIDs, req) },
 		func(ctx context.Context, ids []string) map[string]error {
 			if b, ok := c.engine.(BulkEngine); ok {
 				return b.ResumeMany(ctx, ids)
@@ -86,13 +74,13 @@ func (c *Controller) ResumeMany(ctx context.Context, runIDs []string, req Resume
 // Conductor's workflows terminated in bulk (PauseMany).
 func (c *Controller) CancelMany(ctx context.Context, runIDs []string, reason, requestedBy string) []Outcome {
 	return bulk(ctx, c, runIDs,
-		func(ctx context.Context, runID string) (*cancelling, string, *State, error) {
+		eachLog(func(ctx context.Context, runID string) (*cancelling, string, *State, error) {
 			cl, st, err := c.cancelLog(ctx, runID, reason, requestedBy)
 			if cl == nil {
 				return nil, "", st, err
 			}
 			return cl, cl.wf, nil, nil
-		},
+		}),
 		func(ctx context.Context, ids []string) map[string]error {
 			if b, ok := c.engine.(BulkEngine); ok {
 				return b.TerminateMany(ctx, ids, "cancelled: "+reason)
@@ -107,11 +95,11 @@ func (c *Controller) CancelMany(ctx context.Context, runIDs []string, reason, re
 }
 
 // bulk runs a bulk action over runIDs in batches of bulkBatch: logPart
-// for each run of the batch (a run it answers, with a state or an error,
+// for the runs of the batch (a run it answers, with a state or an error,
 // is done; else it names the run's workflow), engine once for the
 // batch's workflows, then rest for each run with its workflow's error.
 func bulk[T any](ctx context.Context, c *Controller, runIDs []string,
-	logPart func(context.Context, string) (T, string, *State, error),
+	logPart func(context.Context, []string) []logged[T],
 	engine func(context.Context, []string) map[string]error,
 	rest func(context.Context, T, error, time.Duration) (*State, error)) []Outcome {
 	out := make([]Outcome, len(runIDs))
@@ -120,16 +108,15 @@ func bulk[T any](ctx context.Context, c *Controller, runIDs []string,
 		parts := make([]T, len(batch))
 		wfs := make([]string, len(batch))
 		pending := make([]bool, len(batch))
-		forEach(len(batch), func(i int) {
+		for i, l := range logPart(ctx, batch) {
 			o := &out[from+i]
 			o.RunID = batch[i]
-			part, wf, st, err := logPart(ctx, batch[i])
-			if st != nil || err != nil {
-				o.State, o.Err = st, err
-				return
+			if l.st != nil || l.err != nil {
+				o.State, o.Err = l.st, l.err
+				continue
 			}
-			parts[i], wfs[i], pending[i] = part, wf, true
-		})
+			parts[i], wfs[i], pending[i] = l.part, l.wf, true
+		}
 		var ids []string
 		for i, p := range pending {
 			if p {

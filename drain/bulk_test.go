@@ -256,6 +256,26 @@ func (l *landsAfter) EmitIf(ctx context.Context, w *statestore.RunEventWrite, la
 	return res, err
 }
 
+// EmitBatch appends each run's events one by one through EmitIf, as a
+// store that is not atomic per run does (natsstore): the other writer's
+// event lands between a run's RunPaused and its drain's end.
+func (l *landsAfter) EmitBatch(ctx context.Context, runs []statestore.RunBatch) []statestore.BatchResult {
+	out := make([]statestore.BatchResult, len(runs))
+	for i, b := range runs {
+		last := b.LastSeq
+		for _, w := range b.Events {
+			res, err := l.EmitIf(ctx, w, last)
+			if err != nil {
+				out[i].Err = err
+				break
+			}
+			out[i].Results = append(out[i].Results, res)
+			last = res.RunSeq
+		}
+	}
+	return out
+}
+
 // TestPauseMany_EmptyDrainEndIsFenced: a bulk pause ends the drain of a
 // run with nothing in flight on the run as its RunPaused left it, so a
 // change landing in between (a resume, a cancel request, a step's event
@@ -382,5 +402,65 @@ func TestCancelMany_AStepEndingDuringTheTerminate(t *testing.T) {
 	}
 	if got, want := eventTypes(t, mem, "r2"), "RunStarted RunCancelRequested RunCancelled"; got != want {
 		t.Errorf("r2: events %s, want %s", got, want)
+	}
+}
+
+// landsBefore is the write path with another writer's event landing in
+// the log after a bulk action read a run and before its batch is
+// appended.
+type landsBefore struct {
+	emitter
+	pending map[string]*statestore.RunEventWrite // by runId
+}
+
+func (l *landsBefore) EmitBatch(ctx context.Context, runs []statestore.RunBatch) []statestore.BatchResult {
+	for _, b := range runs {
+		if ev := l.pending[b.Events[0].RunID]; ev != nil {
+			delete(l.pending, b.Events[0].RunID)
+			if _, err := l.s.Append(ctx, ev); err != nil {
+				panic(err)
+			}
+		}
+	}
+	return l.emitter.EmitBatch(ctx, runs)
+}
+
+// TestPauseMany_BatchIsFenced: a run that moved on between a bulk
+// pause's read and its batch is refused by the batch and paused the single
+// way on its new state: a step that started in between is in flight, so
+// the pause drains it (no RunDrainCompleted before it ends), and a run
+// another request paused in between is answered as already paused, with
+// nothing written twice; the untouched run's pause and drain end land.
+func TestPauseMany_BatchIsFenced(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	for _, run := range []string{"joined", "paused", "quiet"} {
+		startRun(t, mem, run)
+	}
+	em := &landsBefore{emitter: emitter{mem}, pending: map[string]*statestore.RunEventWrite{
+		"joined": storetest.Event("joined", statestore.StepStarted, "late"),
+		"paused": storetest.Event("paused", statestore.RunPaused, ""),
+	}}
+	c := drain.New(mem, em, &bulkEngine{}, drain.Options{Logger: zaptest.NewLogger(t)})
+	out := c.PauseMany(ctx, []string{"joined", "paused", "quiet"}, drain.PauseRequest{Reason: "incident"})
+	for _, o := range out {
+		if o.Err != nil {
+			t.Fatalf("%s: %v", o.RunID, o.Err)
+		}
+	}
+	for run, want := range map[string]string{
+		"joined": "RunStarted StepStarted RunPaused",
+		"paused": "RunStarted RunPaused",
+		"quiet":  "RunStarted RunPaused RunDrainCompleted",
+	} {
+		if got := eventTypes(t, mem, run); got != want {
+			t.Errorf("%s: log %s, want %s", run, got, want)
+		}
+	}
+	if st := out[0].State; st == nil || st.Substatus != statestore.SubstatusDraining {
+		t.Errorf("joined: %+v, want PAUSED/DRAINING on its late step", st)
+	}
+	if st := out[1].State; st == nil || !strings.Contains(st.Notice, "already paused") {
+		t.Errorf("paused: %+v, want the already-paused notice", st)
 	}
 }

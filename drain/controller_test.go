@@ -41,6 +41,18 @@ func (e emitter) EmitIf(ctx context.Context, w *statestore.RunEventWrite, lastSe
 	return e.s.AppendIf(ctx, w, lastSeq)
 }
 
+// EmitBatch appends each run's events with the store's AppendBatch.
+func (e emitter) EmitBatch(ctx context.Context, runs []statestore.RunBatch) []statestore.BatchResult {
+	for _, b := range runs {
+		for _, w := range b.Events {
+			if w.EventID == "" {
+				w.EventID = uuid.NewString()
+			}
+		}
+	}
+	return e.s.(statestore.BatchAppender).AppendBatch(ctx, runs)
+}
+
 // engine records Conductor calls (the real Conductor is in the end-to-end tests).
 type engine struct {
 	mu    sync.Mutex
