@@ -464,3 +464,44 @@ func TestPauseMany_BatchIsFenced(t *testing.T) {
 		t.Errorf("paused: %+v, want the already-paused notice", st)
 	}
 }
+
+// TestPauseMany_OpenDrainIsFoundByAnotherReplica: a bulk pause that
+// leaves a drain open (a step in flight) watches it and marks it in the
+// drain index, so another replica's monitor finds it and records its end
+// when the step finishes; a drain the batch ended is not marked.
+func TestPauseMany_OpenDrainIsFoundByAnotherReplica(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	startRun(t, mem, "busy", "a")
+	startRun(t, mem, "idle")
+	index := &memIndex{marks: map[string]int64{}}
+	a := drain.New(mem, emitter{mem}, &bulkEngine{}, drain.Options{Logger: zaptest.NewLogger(t), Drains: index})
+	for _, o := range a.PauseMany(ctx, []string{"busy", "idle"}, drain.PauseRequest{Reason: "incident"}) {
+		if o.Err != nil {
+			t.Fatalf("%s: %v", o.RunID, o.Err)
+		}
+	}
+	if got := a.Watched(); got != 1 {
+		t.Errorf("pausing replica watches %d runs, want 1 (busy)", got)
+	}
+	if ids, _ := index.DrainingRunIDs(ctx); len(ids) != 1 || ids[0] != "busy" {
+		t.Fatalf("drain index %v, want [busy]", ids)
+	}
+	b := drain.New(mem, emitter{mem}, &bulkEngine{}, drain.Options{Logger: zaptest.NewLogger(t), Drains: index,
+		ActiveRuns: func(context.Context) ([]string, error) { return nil, nil },
+		Interval:   10 * time.Millisecond, IndexInterval: 20 * time.Millisecond, FullScanInterval: time.Hour})
+	if err := b.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close(ctx) })
+	if _, err := mem.Append(ctx, storetest.Event("busy", statestore.StepCompleted, "a")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for eventTypes(t, mem, "busy") != "RunStarted StepStarted RunPaused StepCompleted RunDrainCompleted" {
+		if time.Now().After(deadline) {
+			t.Fatalf("busy: log %s, want its drain ended by the other replica", eventTypes(t, mem, "busy"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
