@@ -74,13 +74,9 @@ func (c *Controller) ResumeMany(ctx context.Context, runIDs []string, req Resume
 // Conductor's workflows terminated in bulk (PauseMany).
 func (c *Controller) CancelMany(ctx context.Context, runIDs []string, reason, requestedBy string) []Outcome {
 	return bulk(ctx, c, runIDs,
-		eachLog(func(ctx context.Context, runID string) (*cancelling, string, *State, error) {
-			cl, st, err := c.cancelLog(ctx, runID, reason, requestedBy)
-			if cl == nil {
-				return nil, "", st, err
-			}
-			return cl, cl.wf, nil, nil
-		}),
+		func(ctx context.Context, runIDs []string) []logged[*cancelling] {
+			return c.cancelLogs(ctx, runIDs, reason, requestedBy)
+		},
 		func(ctx context.Context, ids []string) map[string]error {
 			if b, ok := c.engine.(BulkEngine); ok {
 				return b.TerminateMany(ctx, ids, "cancelled: "+reason)

@@ -212,3 +212,36 @@ func (c *Controller) resumeLogs(ctx context.Context, runIDs []string, req Resume
 	}
 	return eachLog(single)(ctx, runIDs)
 }
+
+// cancelLogs is the first log part of CancelMany: each cancellable run's
+// RunCancelRequested in one EmitBatch (logBatch); the rest as cancelLog
+// (a run cancelled already, queued, ended or moved on). Each run's
+// RunCancelled follows Conductor's terminate the single way.
+func (c *Controller) cancelLogs(ctx context.Context, runIDs []string, reason, requestedBy string) []logged[*cancelling] {
+	single := func(ctx context.Context, runID string) (*cancelling, string, *State, error) {
+		cl, st, err := c.cancelLog(ctx, runID, reason, requestedBy)
+		if cl == nil {
+			return nil, "", st, err
+		}
+		return cl, cl.wf, nil, nil
+	}
+	decide := func(s *statestore.RunSnapshot) []*statestore.RunEventWrite {
+		if s.Status == statestore.RunStatusCancelled || s.CancelRequested || s.Status == statestore.RunStatusQueued || statestore.IsTerminalRunStatus(s.Status) {
+			return nil // the single way answers
+		}
+		w, err := runEvent(s, statestore.RunCancelRequestedPayload{Reason: reason, RequestedBy: requestedBy}, 1, c.opts.Now)
+		if err != nil || statestore.CheckTransition(s, w) != nil {
+			return nil
+		}
+		return []*statestore.RunEventWrite{w}
+	}
+	done := func(_ context.Context, runID string, d decided, r statestore.BatchResult) (*cancelling, string, *State, error) {
+		cl := &cancelling{runID: runID, wf: workflowOf(d.snap), cancelled: statestore.RunCancelledPayload{Reason: reason, RequestedBy: requestedBy},
+			after: appended(d.snap, d.events[0], r.Results[0])}
+		return cl, cl.wf, nil, nil
+	}
+	if out, ok := logBatch(ctx, c, runIDs, decide, done, single); ok {
+		return out
+	}
+	return eachLog(single)(ctx, runIDs)
+}
