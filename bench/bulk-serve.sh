@@ -14,6 +14,10 @@
 # writes a CPU profile of serve over the first PROFILE_SECONDS (default 20)
 # of each request to DIR/<action>.prof, and its heap with every run paused to
 # DIR/paused.heap (serve's --pprof-listen on PORT+1).
+# STORE=postgres://... runs serve with --store (the log and the registry in
+# PostgreSQL); PG_DATA (that cluster's data dir) adds the CPU of its server
+# processes per run to the report. SERVE_ENV="NAME=VALUE ..." sets extra
+# environment for serve (e.g. GOMEMLIMIT=150MiB).
 # Needs python3 (bench/runs.py). Stops only the process it started.
 set -euo pipefail
 BIN=${1:?usage: bench/bulk-serve.sh BINARY N [PORT]}
@@ -23,8 +27,8 @@ CONDUCTOR_URL=${CONDUCTOR_URL:-http://127.0.0.1:8080/api}
 TENANTS=${TENANTS:-}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 D=$(mktemp -d)
-"$BIN" serve --data-dir "$D/data" --listen "127.0.0.1:$PORT" --conductor-url "$CONDUCTOR_URL" \
-  ${PROFILE_DIR:+--pprof-listen "127.0.0.1:$((PORT + 1))"} --insecure-no-auth --concurrency noop=1,sleep=0,command=0,http=0 --task-domain "bulk$PORT$RANDOM" >"$D/log" 2>&1 &
+env ${SERVE_ENV:-} "$BIN" serve --data-dir "$D/data" --listen "127.0.0.1:$PORT" --conductor-url "$CONDUCTOR_URL" \
+  ${STORE:+--store "$STORE"} ${PROFILE_DIR:+--pprof-listen "127.0.0.1:$((PORT + 1))"} --insecure-no-auth --concurrency noop=1,sleep=0,command=0,http=0 --task-domain "bulk$PORT$RANDOM" >"$D/log" 2>&1 &
 PID=$!
 trap 'kill "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; rm -rf "$D"' EXIT
 for _ in $(seq 100); do curl -fs "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
@@ -32,6 +36,13 @@ for _ in $(seq 100); do curl -fs "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&
 sleep "${SETTLE:-10}"
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 conductor_ticks() { if [ -n "${CONDUCTOR_PID:-}" ]; then ticks "$CONDUCTOR_PID"; else echo 0; fi; }
+# pg_ticks: the CPU ticks of the PostgreSQL server at PG_DATA and its backends (0 without).
+pg_ticks() {
+  if [ -z "${PG_DATA:-}" ]; then echo 0; return; fi
+  local pm
+  pm=$(head -n 1 "$PG_DATA/postmaster.pid")
+  for p in "$pm" $(pgrep -P "$pm"); do awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || true; done | awk '{s += $1} END {print s + 0}'
+}
 # writes: persisted appends + registry writes + run-list rows, from /metrics.
 writes() {
   curl -fs "http://127.0.0.1:$PORT/metrics" | python3 -c '
@@ -47,18 +58,18 @@ print(n)'
 }
 # bulk ACTION: the bulk ACTION of every run, with its cost.
 bulk() {
-  local a0 b0 w0 a1 b1 w1 hz load prof=
+  local a0 b0 w0 p0 a1 b1 w1 p1 hz load prof=
   hz=$(getconf CLK_TCK)
   load=$(cut -d' ' -f1-3 /proc/loadavg)
-  a0=$(ticks "$PID"); b0=$(conductor_ticks); w0=$(writes)
+  a0=$(ticks "$PID"); b0=$(conductor_ticks); w0=$(writes); p0=$(pg_ticks)
   if [ -n "${PROFILE_DIR:-}" ]; then
     curl -fs -o "$PROFILE_DIR/$1.prof" "http://127.0.0.1:$((PORT + 1))/debug/pprof/profile?seconds=${PROFILE_SECONDS:-20}" &
     prof=$!
   fi
   "$HERE/runs.py" bulk "$PORT" "$1" ${TENANTS:+"$TENANTS"}
   if [ -n "$prof" ]; then wait "$prof" || true; fi
-  a1=$(ticks "$PID"); b1=$(conductor_ticks); w1=$(writes)
-  python3 -c "print('  %s: serve cpu=%.2f ms/run, conductor cpu=%.2f ms/run, writes=%.2f/run (load before: $load)' % ('$1', 1000.0 * ($a1 - $a0) / $hz / $N, 1000.0 * ($b1 - $b0) / $hz / $N, ($w1 - $w0) / $N))"
+  a1=$(ticks "$PID"); b1=$(conductor_ticks); w1=$(writes); p1=$(pg_ticks)
+  python3 -c "print('  %s: serve cpu=%.2f ms/run, conductor cpu=%.2f ms/run, postgres cpu=%.2f ms/run, writes=%.2f/run (load before: $load)' % ('$1', 1000.0 * ($a1 - $a0) / $hz / $N, 1000.0 * ($b1 - $b0) / $hz / $N, 1000.0 * ($p1 - $p0) / $hz / $N, ($w1 - $w0) / $N))"
 }
 bulk pause
 sleep "${SETTLE:-10}"
