@@ -12,6 +12,11 @@ import (
 
 var _ statestore.BatchAppender = (*Store)(nil)
 
+// batchRunsPerTimeout is how many runs of an AppendBatch without a
+// deadline of its own get one Options.Timeout: a batch of 1,000 runs has
+// five.
+const batchRunsPerTimeout = 250
+
 // AppendBatch implements statestore.BatchAppender in one transaction: the
 // first event of every run is sent in one pipelined round of append_event
 // calls, each conditional on its run's LastSeq, then the second events on
@@ -65,8 +70,12 @@ func (s *Store) appendBatch(ctx context.Context, runs []statestore.RunBatch, ord
 			bodies[i] = append(bodies[i], string(body))
 		}
 	}
-	ctx, cancel := s.withTimeout(ctx)
-	defer cancel()
+	if _, ok := ctx.Deadline(); !ok {
+		// The store's timeout for every batchRunsPerTimeout runs.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.timeout*time.Duration(1+len(order)/batchRunsPerTimeout))
+		defer cancel()
+	}
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return err
