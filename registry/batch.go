@@ -16,7 +16,7 @@ import (
 // batchInFlight bounds the registry writes (JetStream KV) and the runs
 // appended one at a time (a store without AppendBatch) that one EmitBatch
 // has in flight together.
-const batchInFlight = 256
+const batchInFlight = 32
 
 // EmitBatch is EmitIf for many runs at once, for bulk control: each
 // RunBatch's events are validated, get their registry-stable eventIds,
@@ -31,8 +31,8 @@ const batchInFlight = 256
 // adopts it; an adopt that fails is the run's error, with its results.
 //
 // The eventIds of a batch are registered together: on PostgreSQL in one
-// pipelined round trip and one commit, on JetStream KV up to
-// batchInFlight creates in flight.
+// pipelined round trip and one commit, on JetStream KV batchInFlight
+// creates in flight.
 func (e *Emitter) EmitBatch(ctx context.Context, runs []statestore.RunBatch) []statestore.BatchResult {
 	out := make([]statestore.BatchResult, len(runs))
 	var keys []pendingID
