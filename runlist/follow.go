@@ -259,6 +259,9 @@ func (f *follower) fold(ctx context.Context, recs []statestore.RunEventRecord) (
 				if t, err = f.readBack(ctx, runID, rs[len(rs)-1].RunSeq); err != nil {
 					return nil, err
 				}
+				if t == nil {
+					continue // removed by retention since it was read
+				}
 				readBack = true // its events are in, its row is not
 			}
 			f.tracked[runID] = t
@@ -286,7 +289,8 @@ func (f *follower) fold(ctx context.Context, recs []statestore.RunEventRecord) (
 
 // readBack reads a run the follower meets mid-log from the log, up to at
 // least its event upTo (a replica that is behind may answer with less;
-// the read is retried then).
+// the read is retried then). It returns nil for a run that retention
+// removed since its record was read: no records, its row forgotten.
 func (f *follower) readBack(ctx context.Context, runID string, upTo int64) (*tracked, error) {
 	for try := 0; ; try++ {
 		fctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
@@ -302,6 +306,17 @@ func (f *follower) readBack(ctx context.Context, runID string, upTo int64) (*tra
 				t.noteStart(&recs[i])
 			}
 			return t, nil
+		}
+		if len(recs) == 0 {
+			// Retention removed the run after the follower read its
+			// record: its row was forgotten first (ForgetRun).
+			gone, err := forgotten(ctx, f.kv, f.opts.Timeout, runID)
+			if err != nil {
+				return nil, err
+			}
+			if gone {
+				return nil, nil
+			}
 		}
 		if try == 4 {
 			return nil, fmt.Errorf("read run %s back: the log shows %d events, not yet its event %d", runID, len(recs), upTo)
@@ -340,7 +355,10 @@ func (f *follower) writeRows(ctx context.Context, dirty []*tracked) error {
 
 // writeRow writes t's row unless the bucket holds a newer one (another
 // follower's, while two replicas believe they own the list): rows never
-// go back.
+// go back. Nor does a forgotten row come back: a key whose last entry is
+// ForgetRun's marker is never written (a new row is written only where
+// the key holds nothing, unlike KeyValue.Create, which writes over a
+// marker).
 func (f *follower) writeRow(ctx context.Context, t *tracked) error {
 	row := rowOf(t.snap, t.created, t.updated)
 	for i := range row.InFlightSteps {
@@ -361,7 +379,7 @@ func (f *follower) writeRow(ctx context.Context, t *tracked) error {
 	for range 5 {
 		var newRev uint64
 		if rev == 0 {
-			newRev, err = f.kv.Create(ctx, key, b)
+			newRev, err = f.kv.Update(ctx, key, b, 0)
 		} else {
 			newRev, err = f.kv.Update(ctx, key, b, rev)
 		}
@@ -376,8 +394,9 @@ func (f *follower) writeRow(ctx context.Context, t *tracked) error {
 		e, gerr := f.kv.Get(ctx, key)
 		switch {
 		case errors.Is(gerr, jetstream.ErrKeyNotFound) || errors.Is(gerr, jetstream.ErrKeyDeleted):
-			rev = 0
-			continue
+			// The write lost to something that is not a row: ForgetRun's
+			// marker. Its run left hot state.
+			return nil
 		case gerr != nil:
 			return fmt.Errorf("%w: read %s: %w", ErrUnavailable, key, gerr)
 		}

@@ -3,6 +3,7 @@ package runlist
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
@@ -89,3 +90,76 @@ func TestRowOf_Drained(t *testing.T) {
 		t.Fatalf("row drained %d in flight %d timeout %d, want 2, 1, 60", r.Drained, r.InFlight, r.DrainTimeoutSeconds)
 	}
 }
+
+// TestWriteRow_ForgottenStaysForgotten: a follower that read a run's
+// records before retention forgot its row and removed them (a batch in
+// flight, a row it wrote before) does not write the row back; a run it
+// meets mid-log whose records are gone and whose row was forgotten is
+// passed over, not an error that stops the follower.
+func TestWriteRow_ForgottenStaysForgotten(t *testing.T) {
+	ctx := context.Background()
+	js, _ := natstest.Start(t)
+	store, err := natsstore.Open(ctx, js, natsstore.Options{Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	l, err := Open(ctx, js, Options{Log: store, Owner: never{}, Timeout: 5 * time.Second, MarkerTTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(ctx) })
+	f := &follower{kv: l.kv, opts: l.opts, log: zap.NewNop(), m: nil, tracked: map[string]*tracked{}, durs: map[string]*StepDurations{}, dirty: map[string]bool{}, mirror: l.mirror}
+	snap := func(id string, seq int64) *tracked {
+		return &tracked{snap: &statestore.RunSnapshot{RunID: id, Status: statestore.RunStatusCompleted, LastEventSeq: seq}}
+	}
+	requireNoRow := func(id string) {
+		t.Helper()
+		if _, err := l.kv.Get(ctx, keyRun+natsstore.RunToken(id)); !errors.Is(err, jetstream.ErrKeyDeleted) && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Fatalf("the row of forgotten run %s is back (Get: %v)", id, err)
+		}
+	}
+
+	// Read in a batch, never written, forgotten: not written back.
+	inFlight := snap("in-flight", 4)
+	if err := l.ForgetRun(ctx, "in-flight"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.writeRow(ctx, inFlight); err != nil {
+		t.Fatal(err)
+	}
+	requireNoRow("in-flight")
+
+	// Written, then forgotten, then written again from the same batch.
+	written := snap("written", 3)
+	if err := f.writeRow(ctx, written); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.ForgetRun(ctx, "written"); err != nil {
+		t.Fatal(err)
+	}
+	written.snap.LastEventSeq = 4
+	if err := f.writeRow(ctx, written); err != nil {
+		t.Fatal(err)
+	}
+	requireNoRow("written")
+
+	// Met mid-log (not fresh), its records gone, its row forgotten: the
+	// follower goes on with the other runs of the batch.
+	if err := l.ForgetRun(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	gone := statestore.RunEventRecord{RunEventWrite: statestore.RunEventWrite{RunID: "gone", EventType: statestore.StepStarted}, RunSeq: 2}
+	dirty, err := f.fold(ctx, []statestore.RunEventRecord{gone})
+	if err != nil {
+		t.Fatalf("fold of a removed run's record: %v", err)
+	}
+	if len(dirty) != 0 {
+		t.Fatalf("fold of a removed run's record: %d rows to write, want none", len(dirty))
+	}
+}
+
+// never is an Owner that owns nothing: the list's own follower stays idle.
+type never struct{}
+
+func (never) Owns(string) bool { return false }

@@ -18,34 +18,26 @@ const DefaultMarkerTTL = 15 * time.Minute
 
 // ForgetRun removes runID's row from the list, for a run that leaves hot
 // state (retention.Forgetter): from the bucket and, through the bucket's
-// watch, from every replica's memory. It first waits until the list
-// includes the whole log as it is now, so that the follower, behind, does
-// not write the row again from the run's records while they are still in
-// the log; it fails with ErrUnavailable when the list does not get there
-// within Options.Timeout (retention tries again on its next pass).
+// watch, from every replica's memory. It does not wait for the list to
+// include the log: it leaves a marker on the run's key whether the list
+// has a row of the run yet or not, and the follower never writes a row
+// over a marker (writeRow). A follower that is behind therefore cannot
+// write the row again from records it read before they were removed, and
+// once they are removed it does not meet them at all: on a log the list
+// has not read yet (a generator's, a restored one, a new replica's),
+// retention removes runs while the list is still being built.
 //
-// The row is purged with a marker that every watching replica receives
-// and that the bucket drops after Options.MarkerTTL, so a forgotten run
-// leaves nothing in the bucket for good (a bucket created before marker
-// TTLs keeps a delete marker per forgotten run). The step durations the
-// run added to stay: they are aggregates of its plan. A run the list does
-// not have, or forgot before, is nothing to do.
+// The marker is a purge marker that every watching replica receives and
+// that the bucket drops after Options.MarkerTTL, so a forgotten run leaves
+// nothing in the bucket for good (a bucket created before marker TTLs
+// keeps a delete marker per forgotten run). The step durations the run
+// added to stay: they are aggregates of its plan. Forgetting a run again,
+// or one the list never had, writes the marker again and is harmless.
 func (l *List) ForgetRun(ctx context.Context, runID string) error {
-	wctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
-	_, err := l.WaitIndexed(wctx)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("%w: forget run %q: the list does not include the log yet: %w", ErrUnavailable, runID, err)
-	}
 	key := keyRun + natsstore.RunToken(runID)
-	ctx, cancel = context.WithTimeout(ctx, l.opts.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
-	switch _, err := l.kv.Get(ctx, key); {
-	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
-		return nil
-	case err != nil:
-		return fmt.Errorf("%w: forget run %q: read its row: %w", ErrUnavailable, runID, err)
-	}
+	var err error
 	if l.markerTTL > 0 {
 		err = l.kv.Purge(ctx, key, jetstream.PurgeTTL(l.markerTTL))
 	} else {
@@ -56,6 +48,25 @@ func (l *List) ForgetRun(ctx context.Context, runID string) error {
 	}
 	l.opts.Metrics.forgot()
 	return nil
+}
+
+// forgotten reports whether runID's row was forgotten: its key's last
+// entry is ForgetRun's marker (until the marker expires). KeyValue.Get
+// answers "not found" for a marker and for nothing alike; the key's
+// history tells them apart.
+func forgotten(ctx context.Context, kv jetstream.KeyValue, timeout time.Duration, runID string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	es, err := kv.History(ctx, keyRun+natsstore.RunToken(runID))
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("%w: read the row of %s: %w", ErrUnavailable, runID, err)
+	case len(es) == 0:
+		return false, nil
+	}
+	return es[len(es)-1].Operation() != jetstream.KeyValuePut, nil
 }
 
 // markerTTLOf is the marker TTL the bucket allows: opts' when the bucket

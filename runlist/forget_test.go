@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -162,5 +163,105 @@ func TestList_ForgetRun(t *testing.T) {
 	slices.Sort(got)
 	if !slices.Equal(got, running) {
 		t.Fatalf("a new replica lists %v, want %v", got, running)
+	}
+}
+
+// switchOwner is an Owner that can start owning the list later.
+type switchOwner struct{ owns atomic.Bool }
+
+func (o *switchOwner) Owns(string) bool { return o.owns.Load() }
+
+// TestList_ForgetRunBeforeTheListReadTheLog: retention removes due runs
+// from a log the list has not read yet (a generator's, a restored one, a
+// new replica's), without waiting for the list to include the log; once
+// the list has read the whole log, it holds no row of a removed run and a
+// row of every run still there.
+func TestList_ForgetRunBeforeTheListReadTheLog(t *testing.T) {
+	ctx := context.Background()
+	js, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Logger: zaptest.NewLogger(t)})
+	store, err := natsstore.Open(ctx, js, natsstore.Options{Removable: true, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	var finished, running []string
+	for i := range 9 {
+		id := fmt.Sprintf("unread-%02d", i)
+		evs := []*statestore.RunEventWrite{storetest.Event(id, statestore.RunStarted, ""), storetest.Event(id, statestore.StepStarted, "s1")}
+		if i%3 != 0 {
+			evs = append(evs, storetest.Event(id, statestore.StepCompleted, "s1"), storetest.Event(id, statestore.RunCompleted, ""))
+			finished = append(finished, id)
+		} else {
+			running = append(running, id)
+		}
+		for _, w := range evs {
+			if _, err := store.Append(ctx, w); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The list has not read the log: no replica follows it yet.
+	own := &switchOwner{}
+	l, err := runlist.Open(ctx, js, runlist.Options{Log: store, Owner: own, Poll: 20 * time.Millisecond,
+		Timeout: 2 * time.Second, MarkerTTL: time.Minute, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(ctx) })
+
+	nc, err := srv.ConnectRetention()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	rjs, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rm, err := natsstore.OpenRemover(ctx, rjs, natsstore.RemoverOptions{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	arch, err := archive.Open(ctx, archive.NewDir(filepath.Join(t.TempDir(), "archive")), archive.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := retention.New(store, arch, rm, retention.Options{
+		RetainFinished: time.Hour, Forgetters: []retention.Forgetter{l}, Logger: zaptest.NewLogger(t),
+		Now: func() time.Time { return time.Now().Add(2 * time.Hour) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(ctx) })
+	res, err := r.Pass(ctx)
+	if err != nil {
+		t.Fatalf("a pass on a log the list has not read: %v", err)
+	}
+	if res.Removed != len(finished) {
+		t.Fatalf("removed %d runs, want %d", res.Removed, len(finished))
+	}
+
+	// The log moves on (a log whose last records were removed before the
+	// list read them stays "not included" until its next record: the
+	// list's cursor moves with the records it reads), and the list reads
+	// it now: the open runs are listed, the removed ones are not, in
+	// memory or in the bucket.
+	later := "unread-later"
+	if _, err := store.Append(ctx, storetest.Event(later, statestore.RunStarted, "")); err != nil {
+		t.Fatal(err)
+	}
+	running = append(running, later)
+	own.owns.Store(true)
+	waitIndexed(t, l)
+	got := ids(allRows(t, l, runlist.Filter{}, 0))
+	slices.Sort(got)
+	if !slices.Equal(got, running) {
+		t.Fatalf("the list holds %v once it read the log, want only the runs still there %v", got, running)
+	}
+	for _, id := range finished {
+		if has, err := l.HasRow(ctx, id); err != nil || has {
+			t.Fatalf("HasRow(%s) of a removed run = %v, %v; want false", id, has, err)
+		}
 	}
 }
