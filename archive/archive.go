@@ -301,6 +301,30 @@ func (a *Archive) Lookup(ctx context.Context, runID string) (*RunEntry, error) {
 	return e, nil
 }
 
+// Refresh reads the manifests written since the archive last read them
+// (by another process, or one before a restart), so that LookupRead
+// answers for their runs. It lists the destination once.
+func (a *Archive) Refresh(ctx context.Context) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.loadIndex(ctx)
+}
+
+// LookupRead is Lookup from the manifests this Archive has read (at
+// Refresh, Lookup, or its own Write): it never lists the destination, so
+// its cost does not grow with the archive. A run only in manifests
+// written since gives an error matching ErrRunNotFound.
+func (a *Archive) LookupRead(ctx context.Context, runID string) (*RunEntry, error) {
+	a.mu.Lock()
+	_, ok := a.index[runID]
+	a.mu.Unlock()
+	if !ok {
+		return nil, newError(CodeRunNotFound, nil, "run %q is not in %s", runID, a.dest)
+	}
+	_, e, err := a.locate(ctx, runID) // indexed: locate does not list
+	return e, err
+}
+
 // NewestSeq returns the manifest that holds runID's newest copy in the
 // archive (a run archived again, with records that arrived after its
 // first copy, has more than one), reading the manifests after those it

@@ -59,9 +59,12 @@ type Archive interface {
 	// Write archives runs as one segment and returns once it was read back
 	// and checked.
 	Write(ctx context.Context, runs []archive.Run) (*archive.Manifest, error)
-	// Lookup returns the archive's entry of runID, or an error matching
-	// archive.ErrRunNotFound.
-	Lookup(ctx context.Context, runID string) (*archive.RunEntry, error)
+	// Refresh reads the manifests written since the archive last read
+	// them (one listing of the destination); LookupRead returns the entry
+	// of runID from the manifests read, without listing, or an error
+	// matching archive.ErrRunNotFound.
+	Refresh(ctx context.Context) error
+	LookupRead(ctx context.Context, runID string) (*archive.RunEntry, error)
 	// Records returns the archived records of runID, checked against the
 	// manifest.
 	Records(ctx context.Context, runID string) ([]statestore.RunEventRecord, error)
@@ -327,7 +330,19 @@ type candidate struct {
 func (r *Retention) due(ctx context.Context) ([]candidate, error) {
 	now := r.opts.Now()
 	var out []candidate
+	refreshed := false
 	for len(out) < r.opts.BatchRuns && len(r.queue) > 0 && !r.queue[0].due.After(now) {
+		if !refreshed {
+			// Once a batch, not once a run: a listing of the archive
+			// costs what the archive holds (a walk of its manifests, an
+			// S3 LIST). It finds the runs a process before this one
+			// archived and did not remove; this one's own writes are
+			// read as it makes them.
+			if err := r.archive.Refresh(ctx); err != nil {
+				return out, err
+			}
+			refreshed = true
+		}
 		it := heap.Pop(&r.queue).(*item)
 		delete(r.byRun, it.runID)
 		snap, err := r.log.ProjectSnapshot(ctx, it.runID)
@@ -369,7 +384,7 @@ func (r *Retention) due(ctx context.Context) ([]candidate, error) {
 // alreadyArchived reports whether the archive holds exactly run's records
 // (a pass that archived it died before removing it).
 func (r *Retention) alreadyArchived(ctx context.Context, run archive.Run) (bool, error) {
-	e, err := r.archive.Lookup(ctx, run.ID)
+	e, err := r.archive.LookupRead(ctx, run.ID)
 	if errors.Is(err, archive.ErrRunNotFound) {
 		return false, nil
 	}
