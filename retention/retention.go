@@ -92,10 +92,6 @@ const (
 	DefaultBatchRuns = 200
 	// maxBackoff caps the wait after a failed pass.
 	maxBackoff = 5 * time.Minute
-	// tailPatience is how many empty reads (each waits up to 100 ms for
-	// a first record) a pass gives a reader of the log that is behind
-	// before it replaces it.
-	tailPatience = 20
 )
 
 // Options configures New.
@@ -294,7 +290,6 @@ func (r *Retention) follow(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	empty, reopened := 0, false
 	for {
 		recs, through, err := r.tail.Next(ctx, 1000)
 		if err != nil {
@@ -303,31 +298,18 @@ func (r *Retention) follow(ctx context.Context) error {
 			return err
 		}
 		if len(recs) == 0 && through < last {
-			// Nothing arrived, yet the log holds more: a reader that is
-			// slow to deliver (a new one, on a loaded server: give it
-			// tailPatience reads), or one the server stopped serving
-			// (an ordered consumer whose resets failed while the server
-			// was busy): replace it, once a pass, from where it
-			// stopped. A pass that took "nothing" for "the end" left
-			// every run after it in hot state. A log whose last records
-			// were removed also gets here (through stays below last
-			// until its next record): a new reader a pass then.
-			if empty++; empty < tailPatience {
-				continue
-			}
+			// Nothing arrived, yet the log holds more: a reader the
+			// server stopped serving (an ordered consumer whose resets
+			// failed while the server was busy) or one that is slow.
+			// The next pass reads from a new one, from where this one
+			// stopped; a pass that took "nothing" for "the end" left
+			// every run after it in hot state for good. (A log whose
+			// last records were removed also gets here: a new reader a
+			// pass then.)
 			r.tail.Close()
 			r.tail = nil
-			if reopened {
-				return nil
-			}
-			t, err := r.log.Follow(ctx, r.through)
-			if err != nil {
-				return err
-			}
-			r.tail, empty, reopened = t, 0, true
-			continue
+			return nil
 		}
-		empty = 0
 		r.through = max(r.through, through)
 		for i := range recs {
 			switch recs[i].EventType {
