@@ -123,13 +123,10 @@ type Retention struct {
 	opts    Options
 	logger  *zap.Logger
 
-	mu   sync.Mutex // one pass at a time; guards the fields below
-	tail statestore.LogTail
-	// through is the log sequence the tails have read through: a new
-	// tail starts after it.
-	through uint64
-	queue   runQueue
-	byRun   map[string]*item
+	mu    sync.Mutex // one pass at a time; guards the fields below
+	tail  statestore.LogTail
+	queue runQueue
+	byRun map[string]*item
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -280,7 +277,7 @@ func (r *Retention) Pass(ctx context.Context) (PassResult, error) {
 // follow reads the log's new records and queues the runs that ended.
 func (r *Retention) follow(ctx context.Context) error {
 	if r.tail == nil {
-		t, err := r.log.Follow(ctx, r.through)
+		t, err := r.log.Follow(ctx, 0)
 		if err != nil {
 			return err
 		}
@@ -294,23 +291,9 @@ func (r *Retention) follow(ctx context.Context) error {
 		recs, through, err := r.tail.Next(ctx, 1000)
 		if err != nil {
 			r.tail.Close()
-			r.tail = nil // follow anew next pass, from r.through
+			r.tail = nil // follow anew next pass
 			return err
 		}
-		if len(recs) == 0 && through < last {
-			// Nothing arrived, yet the log holds more: a reader the
-			// server stopped serving (an ordered consumer whose resets
-			// failed while the server was busy) or one that is slow.
-			// The next pass reads from a new one, from where this one
-			// stopped; a pass that took "nothing" for "the end" left
-			// every run after it in hot state for good. (A log whose
-			// last records were removed also gets here: a new reader a
-			// pass then.)
-			r.tail.Close()
-			r.tail = nil
-			return nil
-		}
-		r.through = max(r.through, through)
 		for i := range recs {
 			switch recs[i].EventType {
 			case statestore.RunCompleted, statestore.RunFailed, statestore.RunCancelled:

@@ -4,13 +4,9 @@ import (
 	"context"
 	"sync/atomic"
 	"testing"
-	"time"
-
-	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/archive"
 	"github.com/conductor-sidecar/sidecar/retention"
-	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
 // listingDest is a directory that counts the listings asked of it: on S3
@@ -55,72 +51,6 @@ func TestRetention_ArchiveListedPerSegment(t *testing.T) {
 	// nothing due: segments+1, whatever the number of runs.
 	if n, most := dest.lists.Load(), int64(runs/batch+1); n > most {
 		t.Fatalf("the archive was listed %d times for %d runs in %d segments, want at most %d", n, runs, runs/batch, most)
-	}
-	h.requireSafe(true)
-}
-
-// stallingLog is the hot log whose first tail stops delivering after a
-// few records, as a consumer does that the server stopped serving (an
-// ordered consumer whose resets failed while the server was busy); tails
-// opened after it are the log's own.
-type stallingLog struct {
-	hotLog
-	opened atomic.Int64
-	after  int
-}
-
-func (l *stallingLog) Follow(ctx context.Context, afterSeq uint64) (statestore.LogTail, error) {
-	t, err := l.hotLog.Follow(ctx, afterSeq)
-	if err != nil || l.opened.Add(1) > 1 {
-		return t, err
-	}
-	return &stallingTail{LogTail: t, left: l.after}, nil
-}
-
-type stallingTail struct {
-	statestore.LogTail
-	left    int
-	through uint64
-}
-
-func (t *stallingTail) Next(ctx context.Context, limit int) ([]statestore.RunEventRecord, uint64, error) {
-	if t.left <= 0 {
-		return nil, t.through, nil // nothing, ever again
-	}
-	recs, through, err := t.LogTail.Next(ctx, min(limit, t.left))
-	t.left -= len(recs)
-	t.through = through
-	return recs, through, err
-}
-
-// TestRetention_TailThatStops: a reader of the log that stops delivering
-// while the log holds more (its last position behind the log's last
-// sequence) is replaced at the next pass from where it stopped, and the
-// runs after it leave; a pass does not take "nothing arrived" for "read
-// to the end".
-func TestRetention_TailThatStops(t *testing.T) {
-	ctx := context.Background()
-	const runs = 20
-	h := newHot(t, runs, 0, nil)
-	log := &stallingLog{hotLog: h.store, after: 10}
-	r, err := retention.New(log, h.archive(nil), h.remover(), retention.Options{
-		RetainFinished: time.Hour, Logger: zaptest.NewLogger(t),
-		Now: func() time.Time { return time.Now().Add(2 * time.Hour) },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close(ctx) })
-	removed := 0
-	for range 3 {
-		res, err := r.Pass(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		removed += res.Removed
-	}
-	if removed != runs {
-		t.Fatalf("removed %d of %d finished runs in 3 passes, the log's reader having stopped after 10 records", removed, runs)
 	}
 	h.requireSafe(true)
 }
