@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+
+	"golang.org/x/sync/errgroup"
 )
 
 // BulkMax is the most workflows one of Conductor's bulk calls takes
@@ -125,15 +127,10 @@ func (c *Client) bulkCall(ctx context.Context, op, method, path string, ids []st
 // eachOf calls f(0..n-1), at most k at once, and returns when every call
 // has.
 func eachOf(n, k int, f func(i int)) {
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, k)
+	var g errgroup.Group
+	g.SetLimit(k)
 	for i := range n {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			f(i)
-		}()
+		g.Go(func() error { f(i); return nil })
 	}
-	wg.Wait()
+	_ = g.Wait() // f returns no error
 }

@@ -2,8 +2,9 @@ package drain
 
 import (
 	"context"
-	"sync"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 )
 
 // BulkEngine is the bulk side of Conductor's workflow API (adapter.Client
@@ -138,17 +139,12 @@ func bulk[T any](ctx context.Context, c *Controller, runIDs []string,
 // forEach calls f(0..n-1), bulkWorkers at a time, and returns when every
 // call has.
 func forEach(n int, f func(i int)) {
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, bulkWorkers)
+	var g errgroup.Group
+	g.SetLimit(bulkWorkers)
 	for i := range n {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			f(i)
-		}()
+		g.Go(func() error { f(i); return nil })
 	}
-	wg.Wait()
+	_ = g.Wait() // f returns no error
 }
 
 // eachWorkflow calls one for every workflow id, bulkWorkers at a time: the

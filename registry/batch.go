@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
@@ -234,15 +234,10 @@ func (p *pgEntries) getOrCreateMany(ctx context.Context, keys []pendingID, fresh
 // each calls f(0..n-1), batchInFlight at a time, and returns when every
 // call has.
 func each(n int, f func(i int)) {
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, batchInFlight)
+	var g errgroup.Group
+	g.SetLimit(batchInFlight)
 	for i := range n {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			f(i)
-		}()
+		g.Go(func() error { f(i); return nil })
 	}
-	wg.Wait()
+	_ = g.Wait() // f returns no error
 }
