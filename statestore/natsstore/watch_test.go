@@ -1,0 +1,86 @@
+package natsstore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+)
+
+// TestWatch_AStalledConsumer: the server keeps a KV watch's consumer but
+// it delivers nothing (paused on the server here, as an overloaded server
+// left an ordered consumer for good under a steady load). A key put after
+// that still reaches the watch, once, through a new consumer from the
+// revision after the last one delivered, and the initial-values marker is
+// not delivered again.
+func TestWatch_AStalledConsumer(t *testing.T) {
+	ctx := context.Background()
+	js := connect(t, startServer(t, t.TempDir()))
+	kv, err := natsstore.OpenBucket(ctx, js, jetstream.KeyValueConfig{Bucket: "STALL", History: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.PutString(ctx, "a", "1"); err != nil {
+		t.Fatal(err)
+	}
+	kw, err := natsstore.Watch(ctx, kv, jetstream.AllKeys, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = kw.Stop() }()
+	next := func() (jetstream.KeyValueEntry, bool) {
+		t.Helper()
+		select {
+		case e, ok := <-kw.Updates():
+			if !ok {
+				t.Fatal("the watch ended")
+			}
+			return e, true
+		case <-time.After(2 * time.Minute):
+			return nil, false
+		}
+	}
+	if e, ok := next(); !ok || e == nil || e.Key() != "a" {
+		t.Fatalf("first update %v, want key a", e)
+	}
+	if e, ok := next(); !ok || e != nil {
+		t.Fatalf("second update %v, want the initial-values marker", e)
+	}
+	st, err := js.Stream(ctx, "KV_STALL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	paused := 0
+	for name := range st.ConsumerNames(ctx).Name() {
+		if _, err := st.PauseConsumer(ctx, name, time.Now().Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		paused++
+	}
+	if paused != 1 {
+		t.Fatalf("paused %d consumers, want the watch's one", paused)
+	}
+	rev, err := kv.PutString(ctx, "b", "2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, ok := next()
+	if !ok {
+		t.Fatal("the key put while the watch's consumer was stalled never arrived")
+	}
+	if e == nil || e.Key() != "b" || e.Revision() != rev {
+		t.Fatalf("update %v, want key b at revision %d", e, rev)
+	}
+	// Once: the next update is the next put, not b again nor a marker.
+	rev, err = kv.PutString(ctx, "c", "3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, ok := next(); !ok || e == nil || e.Key() != "c" || e.Revision() != rev {
+		t.Fatalf("update %v after b, want key c at revision %d", e, rev)
+	}
+}
