@@ -137,7 +137,10 @@ func (mr *mirror) loop(ctx context.Context) {
 // watch begins a watch of the bucket that first delivers what st does
 // not hold yet: with a floor, the keys that are not rows are read into st
 // and its window's bound set to the floor's position, and the watch
-// begins at the floor's Seq; without one, it delivers every key.
+// begins at the floor's Seq; without one, it delivers every key. The
+// watch replaces a consumer that stalls (natsstore.Watch) and delivers
+// the initial-values marker once, so a replaced consumer neither swaps
+// the state again nor loses the rows it had not delivered.
 func (mr *mirror) watch(ctx context.Context, st *state) (jetstream.KeyWatcher, error) {
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -146,13 +149,13 @@ func (mr *mirror) watch(ctx context.Context, st *state) (jetstream.KeyWatcher, e
 		return nil, err
 	}
 	if fl == nil {
-		return mr.kv.WatchAll(ctx)
+		return natsstore.Watch(ctx, mr.kv, jetstream.AllKeys, mr.log)
 	}
 	if err := mr.readKeys(rctx, st); err != nil {
 		return nil, err
 	}
 	st.bound = &entry{created: fl.Created, row: Row{RunID: fl.RunID}}
-	return mr.kv.WatchAll(ctx, jetstream.ResumeFromRevision(fl.Seq))
+	return natsstore.Watch(ctx, mr.kv, jetstream.AllKeys, mr.log, jetstream.ResumeFromRevision(fl.Seq))
 }
 
 // apply applies a bucket entry; it reports whether a run came or went.
