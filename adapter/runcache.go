@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 )
 
 // runCache mirrors the run index's run entries in memory from a KV watch,
@@ -38,10 +40,12 @@ type cachedRun struct {
 	rev uint64
 }
 
-// watchRuns starts the cache's watch of run.> in the index.
+// watchRuns starts the cache's watch of run.> in the index, through
+// natsstore.Watch: a watch consumer that stalls is replaced, and the
+// cache is not left without the runs created after it stalled.
 func (r *Runs) watchRuns(ctx context.Context, log *zap.Logger) (*runCache, error) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	kw, err := r.kv.Watch(ctx, keyRun+">")
+	kw, err := natsstore.Watch(ctx, r.kv, keyRun+">", log)
 	if err != nil {
 		cancel()
 		return nil, registryUnavailable("watch runs", err)
