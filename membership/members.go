@@ -143,7 +143,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Members, 
 		return nil, err
 	}
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	kw, err := kv.WatchAll(wctx)
+	kw, err := natsstore.Watch(wctx, kv, jetstream.AllKeys, m.log)
 	if err != nil {
 		cancel()
 		// Leave again (best effort): a key left behind would count as a
@@ -248,7 +248,7 @@ func (m *Members) loop(ctx context.Context, kw jetstream.KeyWatcher) {
 func (m *Members) rewatch(ctx context.Context) jetstream.KeyWatcher {
 	clear(m.seen)
 	m.synced = false
-	kw, err := m.kv.WatchAll(ctx)
+	kw, err := natsstore.Watch(ctx, m.kv, jetstream.AllKeys, m.log)
 	if err != nil {
 		m.warn("cannot watch the members; this replica does every run's background work until it can", zap.Error(err))
 		return nil
