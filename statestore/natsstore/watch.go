@@ -92,14 +92,15 @@ func (w *watch) run(ctx context.Context, inner jetstream.KeyWatcher) {
 			}
 			select {
 			case w.out <- e:
+				progress = time.Now() // a slow reader is not a stalled consumer
 			case <-ctx.Done():
 				return
 			case <-w.stop:
 				return
 			}
 		case now := <-tick.C:
-			if now.Sub(progress) < stallAfter || now.Sub(checked) < stallAfter {
-				continue
+			if now.Sub(progress) < stallAfter || now.Sub(checked) < stallAfter || len(inner.Updates()) > 0 {
+				continue // delivering, asked lately, or entries waiting
 			}
 			checked = now
 			bucketLast, err := w.lastSeq(ctx)
