@@ -84,3 +84,70 @@ func TestWatch_AStalledConsumer(t *testing.T) {
 		t.Fatalf("update %v after b, want key c at revision %d", e, rev)
 	}
 }
+
+// TestWatch_ReopensOnceForTheSameLastRevision: a watch of some keys sees
+// the bucket's last revision move past it with another key. It opens a
+// new consumer once for that revision, not again every check, and still
+// delivers its own keys once.
+func TestWatch_ReopensOnceForTheSameLastRevision(t *testing.T) {
+	ctx := context.Background()
+	js := connect(t, startServer(t, t.TempDir()))
+	kv, err := natsstore.OpenBucket(ctx, js, jetstream.KeyValueConfig{Bucket: "OTHERKEYS", History: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kw, err := natsstore.Watch(ctx, kv, "a.>", zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = kw.Stop() }()
+	if e := <-kw.Updates(); e != nil {
+		t.Fatalf("first update %v, want the initial-values marker", e)
+	}
+	st, err := js.Stream(ctx, "KV_OTHERKEYS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumer := func() string {
+		t.Helper()
+		var names []string
+		for name := range st.ConsumerNames(ctx).Name() {
+			names = append(names, name)
+		}
+		if len(names) != 1 {
+			t.Fatalf("consumers %v, want the watch's one", names)
+		}
+		return names[0]
+	}
+	first := consumer()
+	if _, err := kv.PutString(ctx, "b", "1"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	second := first
+	for second == first && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+		second = consumer()
+	}
+	if second == first {
+		t.Fatal("the watch never checked the bucket's last revision")
+	}
+	// Two more checks' worth of idle time: the same last revision must
+	// not make it open another consumer.
+	time.Sleep(25 * time.Second)
+	if now := consumer(); now != second {
+		t.Fatalf("the watch opened consumer %s after %s for the same last revision", now, second)
+	}
+	rev, err := kv.PutString(ctx, "a.x", "2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e := <-kw.Updates():
+		if e == nil || e.Key() != "a.x" || e.Revision() != rev {
+			t.Fatalf("update %v, want a.x at revision %d", e, rev)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("a.x never arrived")
+	}
+}
