@@ -24,13 +24,7 @@ func TestMembers_AStalledWatchSeesANewMember(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	paused := 0
-	for name := range st.ConsumerNames(ctx).Name() {
-		if _, err := st.PauseConsumer(ctx, name, time.Now().Add(time.Hour)); err != nil {
-			t.Fatal(err)
-		}
-		paused++
-	}
+	paused := natstest.StallConsumers(t, st)
 	if paused != 1 {
 		t.Fatalf("paused %d consumers, want a's one", paused)
 	}

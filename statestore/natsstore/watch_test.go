@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap/zaptest"
 
@@ -54,13 +56,7 @@ func TestWatch_AStalledConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	paused := 0
-	for name := range st.ConsumerNames(ctx).Name() {
-		if _, err := st.PauseConsumer(ctx, name, time.Now().Add(time.Hour)); err != nil {
-			t.Fatal(err)
-		}
-		paused++
-	}
+	paused := natstest.StallConsumers(t, st)
 	if paused != 1 {
 		t.Fatalf("paused %d consumers, want the watch's one", paused)
 	}

@@ -6,6 +6,7 @@ package natstest
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -78,4 +79,20 @@ func RequireNoRewrite(tb testing.TB, js jetstream.JetStream, bucket string) {
 			tb.Errorf("%s as the sidecar's user: allowed", op.name)
 		}
 	}
+}
+
+// StallConsumers pauses every consumer of st on the server for an hour and
+// returns how many: each keeps existing and delivers nothing, with no
+// error to its client, as an overloaded server has left one.
+func StallConsumers(tb testing.TB, st jetstream.Stream) int {
+	tb.Helper()
+	ctx := context.Background()
+	n := 0
+	for name := range st.ConsumerNames(ctx).Name() {
+		if _, err := st.PauseConsumer(ctx, name, time.Now().Add(time.Hour)); err != nil {
+			tb.Fatal(err)
+		}
+		n++
+	}
+	return n
 }
