@@ -27,10 +27,12 @@ func TestE2E_KillLeavesNoOrphanCommand(t *testing.T) {
 	dir := t.TempDir()
 	pidFile := filepath.Join(dir, "pids")
 	// The inner sh appends its pid, then writes a heartbeat of its own
-	// every 100 ms (a later try of the step writes another file). It
+	// every 100 ms (a later try of the step writes another file), to a
+	// temporary file renamed over it, so that the kill never leaves it
+	// empty. It
 	// ignores SIGTERM, so that its end takes the kill grace: the try must
 	// not be recorded ended during it.
-	inner := `trap "" TERM; ` + "echo $$ >> " + pidFile + "; while :; do date +%s%N > " + dir + "/beat.$$; sleep 0.1; done"
+	inner := `trap "" TERM; ` + "echo $$ >> " + pidFile + "; while :; do date +%s%N > " + dir + "/.beat.$$ && mv " + dir + "/.beat.$$ " + dir + "/beat.$$; sleep 0.1; done"
 	pl := &plan.Plan{PlanID: uniq("e2e-orphan"), PlanVersion: "1", Steps: []plan.Step{
 		{StepID: "beat", Executor: plan.ExecutorSpec{Type: plan.ExecutorCommand, Argv: []string{"sh", "-c", `sh -c '` + inner + `' & wait`}}},
 	}}
