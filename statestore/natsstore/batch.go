@@ -2,10 +2,10 @@ package natsstore
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
+	"golang.org/x/sync/errgroup"
 )
 
 var _ statestore.BatchAppender = (*Store)(nil)
@@ -30,21 +30,16 @@ const batchInFlight = 32
 func (s *Store) AppendBatch(ctx context.Context, runs []statestore.RunBatch) []statestore.BatchResult {
 	began := time.Now()
 	out := make([]statestore.BatchResult, len(runs))
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, batchInFlight)
+	var g errgroup.Group
+	g.SetLimit(batchInFlight)
 	for i, b := range runs {
 		if err := statestore.CheckBatch(b); err != nil {
 			out[i].Err = err
 			continue
 		}
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			out[i] = s.appendRun(ctx, b)
-		}()
+		g.Go(func() error { out[i] = s.appendRun(ctx, b); return nil })
 	}
-	wg.Wait()
+	_ = g.Wait() // each run's outcome is in out
 	s.metrics.AppendedBatch(out, time.Since(began))
 	return out
 }
