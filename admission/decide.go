@@ -14,6 +14,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 )
 
 // ownerKey is the membership key of the decider.
@@ -25,12 +26,13 @@ const keepDecided = 2 * time.Minute
 
 // loop mirrors the bucket and, while this replica owns the decider,
 // decides the entries: at every change, and every second (delays, the
-// list catching up, retries).
+// list catching up, retries). The watch is natsstore's, which replaces a
+// consumer the server stopped delivering from.
 func (c *Controller) loop(ctx context.Context) {
 	defer close(c.done)
 	backoff := time.Duration(0)
 	for ctx.Err() == nil {
-		w, err := c.kv.WatchAll(ctx)
+		w, err := natsstore.Watch(ctx, c.kv, jetstream.AllKeys, c.log)
 		if err != nil {
 			backoff = min(max(2*backoff, 100*time.Millisecond), 30*time.Second)
 			c.log.Warn("admission: cannot watch the queue; retrying", zap.Duration("in", backoff), zap.Error(err))
