@@ -99,6 +99,7 @@ func bulk[T any](ctx context.Context, c *Controller, runIDs []string,
 	logPart func(context.Context, []string) []logged[T],
 	engine func(context.Context, []string) map[string]error,
 	rest func(context.Context, T, error, time.Duration) (*State, error)) []Outcome {
+	defer c.opts.Calls.begin(runIDs...)() // the Follower waits for these runs' requests (Calls)
 	out := make([]Outcome, len(runIDs))
 	for from := 0; from < len(runIDs); from += bulkBatch {
 		batch := runIDs[from:min(len(runIDs), from+bulkBatch)]

@@ -126,7 +126,11 @@ type Options struct {
 	// owns every run). The drain index and the full pass bring in the
 	// owned runs only, and the gauges count them; a drain this process
 	// started (a pause, a nudge) is watched here whoever owns it.
-	Owner   Owner
+	Owner Owner
+	// Calls, when set, is told of every pause and resume request under
+	// way, for the process's Follower (FollowerOptions.Calls) to see
+	// (default: a Calls of the Controller's own, which nobody reads).
+	Calls   *Calls
 	Logger  *zap.Logger
 	Metrics *Metrics
 	Now     func() time.Time
@@ -179,6 +183,9 @@ func New(snaps SnapshotReader, emit Emitter, engine Engine, opts Options) *Contr
 	}
 	if opts.Owner == nil {
 		opts.Owner = everyRun{}
+	}
+	if opts.Calls == nil {
+		opts.Calls = NewCalls()
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
@@ -263,6 +270,7 @@ func timeoutOf(p *statestore.PauseState, def time.Duration) time.Duration {
 // first time). Any other status gets INVALID_TRANSITION and nothing is
 // written.
 func (c *Controller) Pause(ctx context.Context, runID string, req PauseRequest) (*State, error) {
+	defer c.opts.Calls.begin(runID)()
 	p, err := c.pauseLog(ctx, runID, req)
 	if err != nil {
 		return nil, err
@@ -440,6 +448,7 @@ type ResumeRequest struct {
 // Conductor). A run never paused gets INVALID_TRANSITION, and so does a
 // run with a failed step held for RETRY_STEP.
 func (c *Controller) Resume(ctx context.Context, runID string, req ResumeRequest) (*State, error) {
+	defer c.opts.Calls.begin(runID)()
 	r, err := c.resumeLog(ctx, runID, req)
 	if err != nil {
 		return nil, err
@@ -733,22 +742,35 @@ func (c *Controller) applied(ctx context.Context, runID string, paused bool, cyc
 const settleRounds = 4
 
 // settle keeps Conductor at the log's pause state after a request set it
-// to paused (or not) at cycle: concurrent pause and resume requests append
-// in one order and may reach Conductor in the other. After its own call
-// each request reads the log again and, when the log has moved on,
-// applies the log's state. The last call to reach Conductor is always
-// followed by such a read, which sees every event appended before it, so
-// Conductor ends as the log says, and the run watcher never takes the
-// sidecar's own reordered calls for a pause or resume made in Conductor.
-// It returns the last snapshot it read, which is the run's state as the
-// request leaves it (nil when it read none: the caller reads it), and
-// engineErr: a call that failed applied nothing.
+// to paused (or not) at cycle (settleEngine), noting each call that
+// reached Conductor in the ledger (applied).
 func (c *Controller) settle(ctx context.Context, runID, workflowID string, paused bool, cycle int64, engineErr error) (*statestore.RunSnapshot, error) {
 	if engineErr != nil {
 		return nil, engineErr
 	}
-	for range settleRounds {
-		snap, err := c.snapshot(ctx, runID)
+	return settleEngine(ctx, c.snaps, c.engine, c.logger, runID, workflowID, paused, cycle,
+		func(ctx context.Context, paused bool, cycle int64, err error) error {
+			return c.applied(ctx, runID, paused, cycle, err)
+		})
+}
+
+// settleEngine keeps Conductor at the log's pause state after a call set
+// runID's workflow to paused (or not) at cycle: concurrent pause and
+// resume requests append in one order and may reach Conductor in the
+// other. After the call it reads the log again and, when the log has
+// moved on, applies the log's state and notes it (note gets each call's
+// state and error, and returns the error to go on with); every call is
+// followed by such a read, which sees every event appended before it, so
+// the last call to reach Conductor leaves it as the log says. Meanwhile
+// Conductor may show a state the log has left: the Follower puts nothing
+// down to Conductor while a request of the Controller's is under way
+// (Calls). It returns the last snapshot it read when Conductor was left
+// at it (the run's state as the request leaves it; nil otherwise: the
+// caller reads it, and the run watcher converges what is left).
+func settleEngine(ctx context.Context, snaps SnapshotReader, engine Engine, logger *zap.Logger, runID, workflowID string,
+	paused bool, cycle int64, note func(ctx context.Context, paused bool, cycle int64, err error) error) (*statestore.RunSnapshot, error) {
+	for round := 0; ; round++ {
+		snap, err := knownRuns{snaps}.ProjectSnapshot(ctx, runID)
 		if err != nil {
 			return nil, nil // the watcher converges what is left
 		}
@@ -759,19 +781,21 @@ func (c *Controller) settle(ctx context.Context, runID, workflowID string, pause
 		if want == paused && snap.Pause.Cycle == cycle {
 			return snap, nil
 		}
+		if round == settleRounds {
+			return nil, nil // the watcher converges what is left
+		}
 		if want {
-			err = c.engine.Pause(ctx, workflowID)
-		} else if err = c.engine.Resume(ctx, workflowID); isEngineConflict(err) {
+			err = engine.Pause(ctx, workflowID)
+		} else if err = engine.Resume(ctx, workflowID); isEngineConflict(err) {
 			err = nil
 		}
-		if err := c.applied(ctx, runID, want, snap.Pause.Cycle, err); err != nil {
+		if err := note(ctx, want, snap.Pause.Cycle, err); err != nil {
 			return nil, err
 		}
-		c.logger.Info("a concurrent request changed the run's pause state; applied the log's state to Conductor",
+		logger.Info("a concurrent request changed the run's pause state; applied the log's state to Conductor",
 			zap.String("runId", runID), zap.Bool("paused", want), zap.Int64("cycle", snap.Pause.Cycle))
 		paused, cycle = want, snap.Pause.Cycle
 	}
-	return nil, nil
 }
 
 // EngineError is returned with the run's state when the log was updated

@@ -40,8 +40,20 @@ type FollowerEngine interface {
 	WorkflowStatus(ctx context.Context, workflowID string) (string, error)
 }
 
+// InFlight tells whether the Controller has a pause or resume of a run
+// under way in this process (Calls implements it).
+type InFlight interface {
+	// InFlight reports whether a pause or resume of runID is under way,
+	// and a generation that changes whenever one starts or ends.
+	InFlight(runID string) (busy bool, gen uint64)
+}
+
 // FollowerOptions configures NewFollower. The zero value works.
 type FollowerOptions struct {
+	// Calls, when set, is the process's Controller's (Options.Calls): no
+	// difference is put down to Conductor while a request of it on the
+	// run is under way. Without it, only the engine ledger decides.
+	Calls InFlight
 	// DrainTimeout is the drain timeout of a pause made in Conductor
 	// (default 5m, as the Controller's).
 	DrainTimeout time.Duration
@@ -91,7 +103,12 @@ func NewFollower(snaps SnapshotReader, emit Emitter, engine FollowerEngine, ledg
 //     applied to Conductor (FollowConverged). If it does, the workflow was
 //     paused or resumed in Conductor: that is recorded in the log
 //     (RunPaused of the next cycle, which drains and times out like any
-//     other, or RunResumed; requestedBy "conductor").
+//     other, or RunResumed; requestedBy "conductor"), unless a pause or
+//     resume of the Controller's on the run was under way at any moment
+//     of the check (FollowerOptions.Calls): a call of it may have reached
+//     Conductor after a later one, and its settle brings Conductor back
+//     to the log; the check decides nothing and the next one decides
+//     again.
 //   - COMPLETED while the log says PAUSED: the pause reached the log after
 //     Conductor had taken the run's last task. RunCompleted is valid from
 //     RUNNING only, so the pause is closed (RunResumed, requestedBy
@@ -130,7 +147,11 @@ func (f *Follower) follow(ctx context.Context, runID, workflowID string, engineP
 	// Conductor, then the log), so that no read is older than the one
 	// before it and a call of the sidecar's in flight is never taken for
 	// an action in Conductor. The status the watcher read only says to
-	// look.
+	// look. A pause or resume of the Controller's under way at any moment
+	// of these reads may have a call that reaches Conductor after a later
+	// request's (its settle then applies the log again): what Conductor
+	// shows is nobody's action yet.
+	_, gen := f.inFlight(runID)
 	notedPaused, notedCycle, err := f.ledger.EngineState(ctx, runID)
 	if err != nil {
 		return "", err
@@ -148,6 +169,11 @@ func (f *Follower) follow(ctx context.Context, runID, workflowID string, engineP
 	}
 	if notedCycle != cycle || notedPaused != logPaused {
 		return f.converge(ctx, runID, workflowID, logPaused, cycle)
+	}
+	if busy, now := f.inFlight(runID); busy || now != gen {
+		f.logger.Debug("Conductor and the log differ while a pause or resume of the run is under way; decided at the next check",
+			zap.String("runId", runID), zap.String("workflowId", workflowID), zap.Bool("enginePaused", enginePaused), zap.Int64("cycle", cycle))
+		return "", nil
 	}
 	if enginePaused {
 		return f.pausedInConductor(ctx, snap, workflowID)
@@ -171,7 +197,18 @@ func pauseOf(snap *statestore.RunSnapshot) (int64, bool) {
 	return cycle, snap.Status == statestore.RunStatusPaused
 }
 
-// converge applies the log's pause state to Conductor.
+// inFlight is FollowerOptions.Calls' answer for runID (nothing under way
+// without it).
+func (f *Follower) inFlight(runID string) (bool, uint64) {
+	if f.opts.Calls == nil {
+		return false, 0
+	}
+	return f.opts.Calls.InFlight(runID)
+}
+
+// converge applies the log's pause state to Conductor, then reads the log
+// again and applies a later state, as a request's settle does: a pause or
+// resume appended meanwhile may have reached Conductor before this call.
 func (f *Follower) converge(ctx context.Context, runID, workflowID string, paused bool, cycle int64) (string, error) {
 	var err error
 	if paused {
@@ -184,7 +221,17 @@ func (f *Follower) converge(ctx context.Context, runID, workflowID string, pause
 	}
 	f.logger.Info("applied the log's pause state to Conductor (the sidecar's own call had not reached it)",
 		zap.String("runId", runID), zap.String("workflowId", workflowID), zap.Bool("paused", paused), zap.Int64("cycle", cycle))
-	return FollowConverged, f.ledger.NoteEngine(ctx, runID, paused, cycle)
+	if err := f.ledger.NoteEngine(ctx, runID, paused, cycle); err != nil {
+		return FollowConverged, err
+	}
+	_, err = settleEngine(ctx, f.snaps, f.engine, f.logger, runID, workflowID, paused, cycle,
+		func(ctx context.Context, paused bool, cycle int64, err error) error {
+			if err != nil {
+				return err
+			}
+			return f.ledger.NoteEngine(ctx, runID, paused, cycle)
+		})
+	return FollowConverged, err
 }
 
 // pausedInConductor records a pause made in Conductor: RunPaused with the

@@ -174,7 +174,11 @@ func (n *Node) openWatcher(ctx context.Context) error {
 	}
 	n.pauseKeys = keys
 	n.add(part{name: "pause keys", streams: keys.Streams()})
-	pauses := drain.NewFollower(n.store, n.emitter, n.conductor, keys, drain.FollowerOptions{DrainTimeout: n.cfg.DrainTimeout, Drains: keys, Logger: n.log})
+	// The follower puts nothing down to Conductor while the drain
+	// controller's pause or resume of the run is under way: they share
+	// the requests under way (openDrain).
+	n.pauseCalls = drain.NewCalls()
+	pauses := drain.NewFollower(n.store, n.emitter, n.conductor, keys, drain.FollowerOptions{DrainTimeout: n.cfg.DrainTimeout, Drains: keys, Calls: n.pauseCalls, Logger: n.log})
 	wopts := adapter.WatcherOptions{Owner: n.members, Pauses: pauses, Logger: n.log, Metrics: n.adapterM}
 	if len(n.cfg.Adopt.Specs) > 0 {
 		aopts := n.cfg.Adopt
@@ -199,7 +203,7 @@ func (n *Node) openWatcher(ctx context.Context) error {
 func (n *Node) openDrain(ctx context.Context) error {
 	n.drain = drain.New(n.store, n.emitter, n.conductor, drain.Options{
 		DefaultTimeout: n.cfg.DrainTimeout, Interrupt: n.running.Interrupt, ActiveRuns: n.watcher.OpenRunIDs, Drains: n.pauseKeys, Ledger: n.pauseKeys, Schedule: n.pauseKeys,
-		Owner: n.members, Logger: n.log, Metrics: drain.NewMetrics(n.reg),
+		Calls: n.pauseCalls, Owner: n.members, Logger: n.log, Metrics: drain.NewMetrics(n.reg),
 	})
 	n.add(part{name: "drain", close: n.drain.Close})
 	return n.drain.Open(ctx)

@@ -182,9 +182,12 @@ type Node struct {
 	adopter   *adapter.Adopter
 	drain     *drain.Controller
 	pauseKeys *drain.Keys
-	executors *exec.Registry
-	tracer    *tracing.Tracer // nil: tracing off
-	workers   *taskworkers.Worker
+	// pauseCalls: the drain controller's pause and resume requests under
+	// way, which its follower waits for.
+	pauseCalls *drain.Calls
+	executors  *exec.Registry
+	tracer     *tracing.Tracer // nil: tracing off
+	workers    *taskworkers.Worker
 }
 
 // part is one open component as the node sees it.

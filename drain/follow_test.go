@@ -1,0 +1,407 @@
+package drain_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"path"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/registry"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+)
+
+// holdingConductor is the real Conductor behind a reverse proxy that can
+// hold the next pause (or resume) of a workflow until the test releases
+// it: the order in which concurrent calls reach Conductor, chosen by the
+// test. Every call reaches the real server unchanged.
+type holdingConductor struct {
+	mu   sync.Mutex
+	next map[string]*heldCall // "pause" or "resume": the next such call to hold
+	all  []*heldCall
+}
+
+// heldCall is one call the proxy holds.
+type heldCall struct {
+	entered chan struct{} // closed when the call reached the proxy
+	release chan struct{} // closed by the test: the call goes on to Conductor
+	done    chan struct{} // closed once Conductor answered it
+	once    sync.Once
+}
+
+func (h *heldCall) let() { h.once.Do(func() { close(h.release) }) }
+
+// holdNext holds the next PUT /workflow/{id}/{action}.
+func (h *holdingConductor) holdNext(action string) *heldCall {
+	c := &heldCall{entered: make(chan struct{}), release: make(chan struct{}), done: make(chan struct{})}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.next[action] = c
+	h.all = append(h.all, c)
+	return c
+}
+
+// start serves the proxy in front of target and returns its API base URL.
+func (h *holdingConductor) start(t *testing.T, target *url.URL) string {
+	t.Helper()
+	proxy := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: target.Scheme, Host: target.Host})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var held *heldCall
+		if r.Method == http.MethodPut {
+			h.mu.Lock()
+			action := path.Base(r.URL.Path)
+			if held = h.next[action]; held != nil {
+				delete(h.next, action)
+			}
+			h.mu.Unlock()
+		}
+		if held != nil {
+			close(held.entered)
+			<-held.release
+			defer close(held.done)
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() {
+		h.mu.Lock()
+		for _, c := range h.all {
+			c.let() // a test that failed midway leaves no call hanging
+		}
+		h.mu.Unlock()
+		srv.Close()
+	})
+	return srv.URL + target.Path
+}
+
+// wait waits for ch, with a deadline that only a hang reaches.
+func wait(t *testing.T, what string, ch <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("timed out after 2m waiting for %s", what)
+	}
+}
+
+func randomSuffix(t *testing.T) string {
+	t.Helper()
+	b := make([]byte, 5)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// staleCallCase is one order of concurrent requests in which a request's
+// call to Conductor lands after a later request's.
+type staleCallCase struct {
+	name string
+	// before brings the run to where the case starts.
+	before []func(context.Context, *drain.Controller, string) error
+	// stale is the request whose call (staleCall: "pause" or "resume") is
+	// held until between's requests have answered.
+	stale     func(context.Context, *drain.Controller, string) error
+	staleCall string
+	between   []func(context.Context, *drain.Controller, string) error
+	// settleCall is the call the stale request's settle makes once its own
+	// call landed: held while the follower checks. window is Conductor's
+	// status meanwhile, want the run's status at the end, in the log and
+	// in Conductor.
+	settleCall, window, want string
+}
+
+func pauseRun(ctx context.Context, c *drain.Controller, runID string) error {
+	_, err := c.Pause(ctx, runID, drain.PauseRequest{Reason: "test"})
+	return err
+}
+
+func resumeRun(ctx context.Context, c *drain.Controller, runID string) error {
+	_, err := c.Resume(ctx, runID, drain.ResumeRequest{Reason: "test"})
+	return err
+}
+
+func pauseMany(ctx context.Context, c *drain.Controller, runID string) error {
+	return c.PauseMany(ctx, []string{runID}, drain.PauseRequest{Reason: "test"})[0].Err
+}
+
+// TestFollower_StaleCallOfAConcurrentRequestIsNotTakenForConductor:
+// concurrent pauses and resumes of a run, one of whose calls reaches
+// Conductor after a later request's, must end as the log says, with no
+// pause or resume put down to Conductor. On the real Conductor behind a
+// proxy that holds chosen calls, with the log on embedded JetStream:
+//
+//  1. a request (pause or resume) is recorded; its call to Conductor is
+//     held;
+//  2. later requests are recorded and reach Conductor, and note the
+//     engine ledger;
+//  3. the held call lands: Conductor's workflow is as the log was before
+//     step 2. The request's settle reads the log and applies it to
+//     Conductor; that call is held;
+//  4. the follower checks the run now, as the watcher would: ledger and
+//     log agree, Conductor differs. Nobody acted in Conductor.
+//
+// Then everything is let through, and the follower checks again.
+func TestFollower_StaleCallOfAConcurrentRequestIsNotTakenForConductor(t *testing.T) {
+	cases := []staleCallCase{{
+		name:   "a resume lands after a later pause",
+		before: []func(context.Context, *drain.Controller, string) error{pauseRun},
+		stale:  resumeRun, staleCall: "resume",
+		between:    []func(context.Context, *drain.Controller, string) error{pauseRun},
+		settleCall: "pause", window: drain.EngineRunning, want: drain.EnginePaused,
+	}, {
+		name:   "a pause lands after a later resume, pause and resume",
+		before: []func(context.Context, *drain.Controller, string) error{pauseRun, resumeRun},
+		stale:  pauseRun, staleCall: "pause",
+		between:    []func(context.Context, *drain.Controller, string) error{resumeRun, pauseRun, resumeRun},
+		settleCall: "resume", window: drain.EnginePaused, want: drain.EngineRunning,
+	}, {
+		name:   "a bulk pause lands after a later resume, pause and resume",
+		before: []func(context.Context, *drain.Controller, string) error{pauseRun, resumeRun},
+		stale:  pauseMany, staleCall: "pause",
+		between:    []func(context.Context, *drain.Controller, string) error{resumeRun, pauseRun, resumeRun},
+		settleCall: "resume", window: drain.EnginePaused, want: drain.EngineRunning,
+	}}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) { staleCall(t, tc) })
+	}
+}
+
+// raceEnv is one sidecar process's drain on a run of the real Conductor,
+// reached through a holdingConductor, with the log on embedded JetStream.
+type raceEnv struct {
+	hc        *holdingConductor
+	client    *adapter.Client
+	store     *natsstore.Store
+	emit      *registry.Emitter
+	c         *drain.Controller
+	f         *drain.Follower
+	runID, wf string
+}
+
+func newRaceEnv(t *testing.T) *raceEnv {
+	t.Helper()
+	u := conductortest.URL(t)
+	target, err := url.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	e := &raceEnv{hc: &holdingConductor{next: map[string]*heldCall{}}}
+	base := e.hc.start(t, target)
+	logger := zaptest.NewLogger(t)
+
+	js, _ := natstest.Start(t)
+	if e.store, err = natsstore.Open(ctx, js, natsstore.Options{Logger: logger}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.store.Close() })
+	reg, err := registry.Open(ctx, js, registry.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.emit = registry.NewEmitter(reg, e.store)
+	// Held calls wait for the test: the client's timeout is a safety net.
+	if e.client, err = adapter.NewClient(adapter.ClientOptions{BaseURL: base, Timeout: 3 * time.Minute, Logger: logger}); err != nil {
+		t.Fatal(err)
+	}
+	sfx := randomSuffix(t)
+	runs, err := adapter.OpenRuns(ctx, js, e.client, e.emit, adapter.RunsOptions{TaskDomain: "drain-test-" + sfx, LeaseTTL: 7 * time.Minute, Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	compiled, err := plan.Compile(&plan.Plan{PlanID: "drain-race-" + sfx, PlanVersion: "1",
+		Steps: []plan.Step{{StepID: "step-1", Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Nobody polls the test's task domain: the workflow stays RUNNING.
+	started, err := runs.StartRun(ctx, adapter.StartRequest{TenantID: "t", ProjectID: "p", EnvironmentID: "e", RunRequestID: "req", Plan: compiled})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.runID, e.wf = started.Run.RunID, started.Run.WorkflowID
+	t.Cleanup(func() { _ = e.client.Terminate(context.Background(), e.wf, "test done") })
+
+	keys, err := drain.OpenKeys(ctx, js, drain.KeysOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The Controller and the Follower of one process share its Calls.
+	calls := drain.NewCalls()
+	e.c = drain.New(e.store, e.emit, e.client, drain.Options{Ledger: keys, Drains: keys, Calls: calls, Logger: logger})
+	e.f = drain.NewFollower(e.store, e.emit, e.client, keys, drain.FollowerOptions{Calls: calls, Drains: keys, Logger: logger})
+	return e
+}
+
+// status is the run's status in the log and its workflow's in Conductor.
+func (e *raceEnv) status(t *testing.T) (inLog, inConductor string) {
+	t.Helper()
+	snap, err := e.store.ProjectSnapshot(context.Background(), e.runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf, err := e.client.WorkflowStatus(context.Background(), e.wf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap.Status, wf
+}
+
+func staleCall(t *testing.T, tc staleCallCase) {
+	ctx := context.Background()
+	e := newRaceEnv(t)
+	hc, client, store, c, f, runID, wf := e.hc, e.client, e.store, e.c, e.f, e.runID, e.wf
+
+	for i, req := range tc.before {
+		if err := req(ctx, c, runID); err != nil {
+			t.Fatalf("request %d before: %v", i+1, err)
+		}
+	}
+	// 1. The request whose call to Conductor is held.
+	stale := hc.holdNext(tc.staleCall)
+	staleDone := make(chan error, 1)
+	go func() { staleDone <- tc.stale(ctx, c, runID) }()
+	wait(t, "the stale call", stale.entered)
+	// 2. Later requests, which reach Conductor first.
+	for i, req := range tc.between {
+		if err := req(ctx, c, runID); err != nil {
+			t.Fatalf("request %d in between: %v", i+1, err)
+		}
+	}
+	// 3. The stale call lands; the settle's call after it is held.
+	settle := hc.holdNext(tc.settleCall)
+	stale.let()
+	wait(t, "the stale call to land", stale.done)
+	wait(t, "the settle's call", settle.entered)
+
+	// 4. The follower checks the run in that window.
+	status, err := client.WorkflowStatus(ctx, wf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status != tc.window {
+		t.Fatalf("Conductor's workflow is %s in the window, want %s (the stale call landed)", status, tc.window)
+	}
+	if _, err := f.Saw(ctx, runID, wf, status); err != nil {
+		t.Fatalf("follower: %v", err)
+	}
+
+	settle.let()
+	select {
+	case err := <-staleDone:
+		if err != nil {
+			t.Fatalf("the stale request: %v", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("timed out after 2m waiting for the stale request to return")
+	}
+	// A later check, with nothing under way, finds nothing to do.
+	if status, err = client.WorkflowStatus(ctx, wf); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Saw(ctx, runID, wf, status); err != nil {
+		t.Fatalf("follower: %v", err)
+	}
+
+	recs, err := store.Fetch(ctx, runID, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, alerts := statestore.Reduce(nil, recs)
+	if len(alerts) != 0 {
+		t.Fatalf("the log has an invalid transition: %s", alerts[0].Reason)
+	}
+	var byConductor []string
+	for _, r := range recs {
+		var p struct {
+			RequestedBy string `json:"requestedBy"`
+		}
+		if json.Unmarshal(r.Payload, &p) == nil && p.RequestedBy == statestore.RequestedByConductor {
+			byConductor = append(byConductor, r.EventType)
+		}
+	}
+	if status, err = client.WorkflowStatus(ctx, wf); err != nil {
+		t.Fatal(err)
+	}
+	if len(byConductor) > 0 || snap.Status != tc.want || status != tc.want {
+		t.Fatalf("put down to Conductor, which nobody used: %v; the run ends %s in the log and %s in Conductor, want %s in both (a concurrent request changed the run's outcome)",
+			byConductor, snap.Status, status, tc.want)
+	}
+
+	// Once the requests are done, an action taken in Conductor is still
+	// recorded as such, at the first check.
+	act, want := client.Resume, drain.FollowConductorResumed
+	if tc.want == drain.EngineRunning {
+		act, want = client.Pause, drain.FollowConductorPaused
+	}
+	if err := act(ctx, wf); err != nil {
+		t.Fatal(err)
+	}
+	if status, err = client.WorkflowStatus(ctx, wf); err != nil {
+		t.Fatal(err)
+	}
+	if did, err := f.Saw(ctx, runID, wf, status); err != nil || did != want {
+		t.Fatalf("a check after an action in Conductor (%s) did %q (%v), want %q", status, did, err, want)
+	}
+}
+
+// TestFollower_ConvergeRacedByAResume: the follower applies to Conductor a
+// pause the log holds and Conductor does not (its call never reached
+// Conductor); a resume recorded meanwhile reaches Conductor before the
+// follower's pause. When the follower's check returns, Conductor is as
+// the log says (RUNNING): it read the log again after its call.
+func TestFollower_ConvergeRacedByAResume(t *testing.T) {
+	ctx := context.Background()
+	e := newRaceEnv(t)
+	snap, err := e.store.ProjectSnapshot(ctx, e.runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A pause recorded whose call to Conductor never left.
+	timeout := int64(300)
+	w, err := statestore.NewEvent(snap.Ref(), statestore.RunPaused, "", 1, 1, statestore.RunPausedPayload{RequestedBy: "ops", DrainTimeoutSeconds: &timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.EmittedAt = time.Now().UTC().Format(time.RFC3339Nano)
+	if _, err := e.emit.Emit(ctx, w); err != nil {
+		t.Fatal(err)
+	}
+	converge := e.hc.holdNext("pause")
+	checked := make(chan error, 1)
+	go func() {
+		_, err := e.f.Saw(ctx, e.runID, e.wf, drain.EngineRunning)
+		checked <- err
+	}()
+	wait(t, "the follower's pause", converge.entered)
+	if _, err := e.c.Resume(ctx, e.runID, drain.ResumeRequest{Reason: "test"}); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	converge.let()
+	select {
+	case err := <-checked:
+		if err != nil {
+			t.Fatalf("follower: %v", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("timed out after 2m waiting for the follower's check")
+	}
+	if inLog, inConductor := e.status(t); inLog != statestore.RunStatusRunning || inConductor != drain.EngineRunning {
+		t.Fatalf("after the follower's check the run is %s in the log and %s in Conductor, want RUNNING in both", inLog, inConductor)
+	}
+}
