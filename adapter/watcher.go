@@ -90,6 +90,14 @@ type WatcherOptions struct {
 	// tasks before the watcher appends its terminal event, so that the
 	// run's last steps come before its end (*Adopter satisfies it).
 	Adopted RunSettler
+	// RecheckInterval is the least time between two reads of one run's
+	// workflow asked for by Recheck (default 2s): a task the gate holds
+	// back because the log says its run is paused costs at most one read
+	// of Conductor per run per interval, however often it is polled.
+	RecheckInterval time.Duration
+	// RecheckTimeout bounds one such read and what it records (default
+	// 10s).
+	RecheckTimeout time.Duration
 	// LostAfter is how many consecutive 404s for a started run's workflow
 	// make the run fail with WORKFLOW_NOT_FOUND (default 3).
 	LostAfter int
@@ -131,6 +139,10 @@ type Watcher struct {
 	known    map[string]string // workflowId -> runId of started runs
 	notFound map[string]int    // runId -> consecutive 404s
 	suspects map[string]*suspect
+	// rechecks are the runs Recheck asked to read (to do), rechecked when
+	// it last did for each (pruned past RecheckInterval).
+	rechecks  map[string]struct{}
+	rechecked map[string]time.Time
 
 	// cache mirrors the run index (nil until Open); cursor is the last run
 	// the rotating full read reached (guarded by mu: Scan may run beside
@@ -164,6 +176,12 @@ func NewWatcher(runs *Runs, snaps SnapshotReader, opts WatcherOptions) *Watcher 
 	if opts.StuckAfter <= 0 {
 		opts.StuckAfter = 10 * time.Second
 	}
+	if opts.RecheckInterval <= 0 {
+		opts.RecheckInterval = 2 * time.Second
+	}
+	if opts.RecheckTimeout <= 0 {
+		opts.RecheckTimeout = 10 * time.Second
+	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
@@ -180,6 +198,7 @@ func NewWatcher(runs *Runs, snaps SnapshotReader, opts WatcherOptions) *Watcher 
 		known:    make(map[string]string),
 		notFound: make(map[string]int),
 		suspects: make(map[string]*suspect),
+		rechecks: make(map[string]struct{}), rechecked: make(map[string]time.Time),
 	}
 }
 
@@ -241,6 +260,68 @@ func (w *Watcher) Nudge(runID string) {
 	select {
 	case w.nudgeCh <- struct{}{}:
 	default:
+	}
+}
+
+// maxRechecked bounds the runs Recheck remembers; past it, those older
+// than RecheckInterval are forgotten.
+const maxRechecked = 4096
+
+// Recheck asks for a read of runID's workflow in Conductor soon, at most
+// once per run per RecheckInterval: the gate calls it for a task it holds
+// back because the log says the run is paused. A resume made in Conductor
+// (its UI or API, not the sidecar) is then recorded (RunResumed,
+// requestedBy conductor, by the pause follower, fenced) without waiting
+// for the run's next scan, and the task passes at its next poll. A run
+// paused through the sidecar is PAUSED in Conductor too: the read
+// records nothing. It never blocks; the read is the open watcher's.
+func (w *Watcher) Recheck(runID string) {
+	now := time.Now()
+	w.mu.Lock()
+	if last, ok := w.rechecked[runID]; ok && now.Sub(last) < w.opts.RecheckInterval {
+		w.mu.Unlock()
+		return
+	}
+	if len(w.rechecked) >= maxRechecked {
+		for id, last := range w.rechecked {
+			if now.Sub(last) >= w.opts.RecheckInterval {
+				delete(w.rechecked, id)
+			}
+		}
+		if len(w.rechecked) >= maxRechecked {
+			w.mu.Unlock()
+			return // as many runs held back within one interval: the scans follow them
+		}
+	}
+	w.rechecked[runID] = now
+	w.rechecks[runID] = struct{}{}
+	w.mu.Unlock()
+	select {
+	case w.nudgeCh <- struct{}{}:
+	default:
+	}
+}
+
+// takeRechecks returns the runs Recheck asked to read, not nudged too.
+func (w *Watcher) takeRechecks() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ids := make([]string, 0, len(w.rechecks))
+	for id := range w.rechecks {
+		if _, nudged := w.nudged[id]; !nudged {
+			ids = append(ids, id)
+		}
+	}
+	clear(w.rechecks)
+	return ids
+}
+
+// recheck reads runID's workflow for Recheck, within RecheckTimeout.
+func (w *Watcher) recheck(ctx context.Context, runID string) {
+	ctx, cancel := context.WithTimeout(ctx, w.opts.RecheckTimeout)
+	defer cancel()
+	if _, err := w.checkStatus(ctx, runID); err != nil && ctx.Err() == nil {
+		w.log.Debug("could not read a held-back run's workflow; its next scan does", zap.String("runId", runID), zap.Error(err))
 	}
 }
 
@@ -330,6 +411,9 @@ func (w *Watcher) loop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-w.nudgeCh:
+			for _, id := range w.takeRechecks() {
+				w.recheck(ctx, id)
+			}
 			var errs []error
 			for _, id := range w.takeNudged() {
 				status, err := w.checkStatus(ctx, id)

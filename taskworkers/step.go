@@ -121,6 +121,10 @@ func (w *Worker) begin(t *model.Task, log *zap.Logger, a *Assignment, engine, lo
 	case d.verdict == waitPaused:
 		w.opts.Metrics.handedBack(handBackPaused)
 		w.handBack(t, w.opts.HandBackAfter, "run paused")
+		if w.opts.OnPausedTask != nil {
+			// Resumed in Conductor, not yet in the log? Have it looked at.
+			w.opts.OnPausedTask(a.RunID)
+		}
 		return d, false
 	case d.verdict == waitNotRunning:
 		w.handBack(t, time.Second, "run not running yet")

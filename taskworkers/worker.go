@@ -115,6 +115,12 @@ type Options struct {
 	// the outcome already counts the step as ended, so no drain waits
 	// for it and the drain monitor need not read the run.
 	OnTaskDone func(runID string, mayEndRun, mayEndDrain bool)
+	// OnPausedTask, when set, is called for each task the gate hands
+	// back because the log says its run is paused (or draining). It must
+	// not block: the run watcher's Recheck, which reads the workflow in
+	// Conductor (at most once per run per short interval) and records a
+	// resume made there, so that the task passes at a later poll.
+	OnPausedTask func(runID string)
 	// PauseOnFailure, when set, pauses a run whose step failed for good
 	// under onStepFailure "pause" (RunPaused, reason stepFailed, the step
 	// id); the step's task is then held, not failed. Without it such a

@@ -16,6 +16,7 @@ import (
 
 	"github.com/conductor-sdk/conductor-go/sdk/model"
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
@@ -32,6 +33,7 @@ import (
 // env is a real Conductor, an embedded JetStream log, the task workers
 // (polling nothing: they only gate external steps) and the proxy.
 type env struct {
+	js     jetstream.JetStream
 	client *adapter.Client
 	runs   *adapter.Runs
 	store  *natsstore.Store
@@ -64,6 +66,8 @@ type envOpts struct {
 	// registry's emitter).
 	events func(*registry.Emitter) taskworkers.Emitter
 	tokens []string
+	// pausedTask, when set, is the task workers' OnPausedTask.
+	pausedTask func(runID string)
 }
 
 func newEnvOpts(t *testing.T, o envOpts) *env {
@@ -106,7 +110,7 @@ func newEnvOpts(t *testing.T, o envOpts) *env {
 			_, err := runs.EnsureStarted(ctx, runID, workflowID)
 			return err
 		},
-		Logger: zaptest.NewLogger(t),
+		OnPausedTask: o.pausedTask, Logger: zaptest.NewLogger(t),
 	})
 	if err := w.Open(ctx); err != nil {
 		t.Fatal(err)
@@ -126,7 +130,7 @@ func newEnvOpts(t *testing.T, o envOpts) *env {
 	}
 	p.Open(ln)
 	t.Cleanup(func() { _ = p.Close(context.Background()) })
-	return &env{client: client, runs: runs, store: store, emit: emit, domain: domain,
+	return &env{js: js, client: client, runs: runs, store: store, emit: emit, domain: domain,
 		url: "http://" + ln.Addr().String() + "/api", tt: "ext_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")}
 }
 
