@@ -36,19 +36,42 @@ type holdingConductor struct {
 	all  []*heldCall
 }
 
-// heldCall is one call the proxy holds.
+// heldCall is one call the proxy holds (holdNext), and its answer too
+// (holdNextAndAnswer).
 type heldCall struct {
 	entered chan struct{} // closed when the call reached the proxy
 	release chan struct{} // closed by the test: the call goes on to Conductor
 	done    chan struct{} // closed once Conductor answered it
+	answer  chan struct{} // nil, or closed by the test: the answer goes back
 	once    sync.Once
+	aonce   sync.Once
 }
 
 func (h *heldCall) let() { h.once.Do(func() { close(h.release) }) }
 
+func (h *heldCall) letAnswer() {
+	if h.answer != nil {
+		h.aonce.Do(func() { close(h.answer) })
+	}
+}
+
 // holdNext holds the next PUT /workflow/{id}/{action}.
 func (h *holdingConductor) holdNext(action string) *heldCall {
+	return h.hold(action, false)
+}
+
+// holdNextAndAnswer holds the next PUT /workflow/{id}/{action} and, once
+// it is let through and has landed, Conductor's answer to it: its caller
+// does not know yet.
+func (h *holdingConductor) holdNextAndAnswer(action string) *heldCall {
+	return h.hold(action, true)
+}
+
+func (h *holdingConductor) hold(action string, answer bool) *heldCall {
 	c := &heldCall{entered: make(chan struct{}), release: make(chan struct{}), done: make(chan struct{})}
+	if answer {
+		c.answer = make(chan struct{})
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.next[action] = c
@@ -70,17 +93,33 @@ func (h *holdingConductor) start(t *testing.T, target *url.URL) string {
 			}
 			h.mu.Unlock()
 		}
-		if held != nil {
+		switch {
+		case held == nil:
+			proxy.ServeHTTP(w, r)
+		case held.answer != nil:
 			close(held.entered)
 			<-held.release
-			defer close(held.done)
+			rec := httptest.NewRecorder()
+			proxy.ServeHTTP(rec, r)
+			close(held.done)
+			<-held.answer
+			for k, v := range rec.Header() {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(rec.Code)
+			_, _ = w.Write(rec.Body.Bytes())
+		default:
+			close(held.entered)
+			<-held.release
+			proxy.ServeHTTP(w, r)
+			close(held.done)
 		}
-		proxy.ServeHTTP(w, r)
 	}))
 	t.Cleanup(func() {
 		h.mu.Lock()
 		for _, c := range h.all {
 			c.let() // a test that failed midway leaves no call hanging
+			c.letAnswer()
 		}
 		h.mu.Unlock()
 		srv.Close()
@@ -195,6 +234,13 @@ type raceEnv struct {
 
 func newRaceEnv(t *testing.T) *raceEnv {
 	t.Helper()
+	return newRaceEnvWith(t, nil)
+}
+
+// newRaceEnvWith is newRaceEnv whose Follower reads the log and the
+// engine ledger through wrap (nil: directly).
+func newRaceEnvWith(t *testing.T, wrap func(drain.SnapshotReader, drain.EngineLedger) (drain.SnapshotReader, drain.EngineLedger)) *raceEnv {
+	t.Helper()
 	u := conductortest.URL(t)
 	target, err := url.Parse(u)
 	if err != nil {
@@ -244,7 +290,12 @@ func newRaceEnv(t *testing.T) *raceEnv {
 	// The Controller and the Follower of one process share its Calls.
 	calls := drain.NewCalls()
 	e.c = drain.New(e.store, e.emit, e.client, drain.Options{Ledger: keys, Drains: keys, Calls: calls, Logger: logger})
-	e.f = drain.NewFollower(e.store, e.emit, e.client, keys, drain.FollowerOptions{Calls: calls, Drains: keys, Logger: logger})
+	var snaps drain.SnapshotReader = e.store
+	var ledger drain.EngineLedger = keys
+	if wrap != nil {
+		snaps, ledger = wrap(snaps, ledger)
+	}
+	e.f = drain.NewFollower(snaps, e.emit, e.client, ledger, drain.FollowerOptions{Calls: calls, Drains: keys, Logger: logger})
 	return e
 }
 
@@ -403,5 +454,110 @@ func TestFollower_ConvergeRacedByAResume(t *testing.T) {
 	}
 	if inLog, inConductor := e.status(t); inLog != statestore.RunStatusRunning || inConductor != drain.EngineRunning {
 		t.Fatalf("after the follower's check the run is %s in the log and %s in Conductor, want RUNNING in both", inLog, inConductor)
+	}
+}
+
+// hooked reads the log and the engine ledger for the Follower, and runs a
+// step of the test at a chosen read: before the next ledger read
+// (beforeLedger), before the first log read after that (beforeLog).
+type hooked struct {
+	drain.SnapshotReader
+	drain.EngineLedger
+	mu           sync.Mutex
+	beforeLedger func()
+	beforeLog    func()
+	ledgerRead   bool
+}
+
+func (h *hooked) EngineState(ctx context.Context, runID string) (bool, int64, error) {
+	h.mu.Lock()
+	f := h.beforeLedger
+	h.beforeLedger = nil
+	h.ledgerRead = true
+	h.mu.Unlock()
+	if f != nil {
+		f()
+	}
+	return h.EngineLedger.EngineState(ctx, runID)
+}
+
+func (h *hooked) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	h.mu.Lock()
+	var f func()
+	if h.ledgerRead {
+		f, h.beforeLog = h.beforeLog, nil
+	}
+	h.mu.Unlock()
+	if f != nil {
+		f()
+	}
+	return h.SnapshotReader.ProjectSnapshot(ctx, runID)
+}
+
+// TestFollower_RequestWithinOneCheck: a request that starts and ends
+// within one check of the follower can still make the check read
+// Conductor in its late call's window. Run paused (cycle 1). The follower
+// checks; after its first read and before its read of the ledger, a
+// pause of the already paused run (which pauses Conductor's workflow
+// again) and a resume start: the resume lands and notes the ledger
+// (running, 1), then the pause lands after it (its answer held). The
+// follower reads the ledger (running, 1) and Conductor (PAUSED); before
+// it reads the log, the pause's answer is let through and the pause's
+// settle resumes the workflow and returns. The log says RUNNING: nobody
+// acted in Conductor, and the run must end RUNNING.
+func TestFollower_RequestWithinOneCheck(t *testing.T) {
+	ctx := context.Background()
+	var h *hooked
+	e := newRaceEnvWith(t, func(s drain.SnapshotReader, l drain.EngineLedger) (drain.SnapshotReader, drain.EngineLedger) {
+		h = &hooked{SnapshotReader: s, EngineLedger: l}
+		return h, h
+	})
+	if err := pauseRun(ctx, e.c, e.runID); err != nil {
+		t.Fatal(err)
+	}
+	repause := e.hc.holdNextAndAnswer("pause")
+	repaused := make(chan error, 1)
+	h.mu.Lock()
+	h.beforeLedger = func() {
+		go func() { repaused <- pauseRun(ctx, e.c, e.runID) }()
+		wait(t, "the repeated pause's call", repause.entered)
+		if err := resumeRun(ctx, e.c, e.runID); err != nil {
+			t.Errorf("resume: %v", err)
+		}
+		repause.let()
+		wait(t, "the repeated pause to land", repause.done)
+	}
+	h.beforeLog = func() {
+		// The repeated pause learns it landed; its settle resumes the
+		// workflow (RunResumed is in the log) and it returns.
+		repause.letAnswer()
+		select {
+		case err := <-repaused:
+			if err != nil {
+				t.Errorf("repeated pause: %v", err)
+			}
+		case <-time.After(2 * time.Minute):
+			t.Error("timed out after 2m waiting for the repeated pause")
+		}
+	}
+	h.mu.Unlock()
+	// The watcher saw the workflow RUNNING: the follower looks.
+	if _, err := e.f.Saw(ctx, e.runID, e.wf, drain.EngineRunning); err != nil {
+		t.Fatalf("follower: %v", err)
+	}
+	recs, err := e.store.Fetch(ctx, e.runID, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		var p struct {
+			RequestedBy string `json:"requestedBy"`
+		}
+		if json.Unmarshal(r.Payload, &p) == nil && p.RequestedBy == statestore.RequestedByConductor {
+			t.Errorf("%s put down to Conductor, which nobody used", r.EventType)
+		}
+	}
+	if inLog, inConductor := e.status(t); inLog != statestore.RunStatusRunning || inConductor != drain.EngineRunning {
+		t.Fatalf("the run ends %s in the log and %s in Conductor, want RUNNING in both", inLog, inConductor)
 	}
 }
