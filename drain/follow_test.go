@@ -5,11 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
-	"path"
 	"sync"
 	"testing"
 	"time"
@@ -25,107 +20,6 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 )
-
-// holdingConductor is the real Conductor behind a reverse proxy that can
-// hold the next pause (or resume) of a workflow until the test releases
-// it: the order in which concurrent calls reach Conductor, chosen by the
-// test. Every call reaches the real server unchanged.
-type holdingConductor struct {
-	mu   sync.Mutex
-	next map[string]*heldCall // "pause" or "resume": the next such call to hold
-	all  []*heldCall
-}
-
-// heldCall is one call the proxy holds (holdNext), and its answer too
-// (holdNextAndAnswer).
-type heldCall struct {
-	entered chan struct{} // closed when the call reached the proxy
-	release chan struct{} // closed by the test: the call goes on to Conductor
-	done    chan struct{} // closed once Conductor answered it
-	answer  chan struct{} // nil, or closed by the test: the answer goes back
-	once    sync.Once
-	aonce   sync.Once
-}
-
-func (h *heldCall) let() { h.once.Do(func() { close(h.release) }) }
-
-func (h *heldCall) letAnswer() {
-	if h.answer != nil {
-		h.aonce.Do(func() { close(h.answer) })
-	}
-}
-
-// holdNext holds the next PUT /workflow/{id}/{action}.
-func (h *holdingConductor) holdNext(action string) *heldCall {
-	return h.hold(action, false)
-}
-
-// holdNextAndAnswer holds the next PUT /workflow/{id}/{action} and, once
-// it is let through and has landed, Conductor's answer to it: its caller
-// does not know yet.
-func (h *holdingConductor) holdNextAndAnswer(action string) *heldCall {
-	return h.hold(action, true)
-}
-
-func (h *holdingConductor) hold(action string, answer bool) *heldCall {
-	c := &heldCall{entered: make(chan struct{}), release: make(chan struct{}), done: make(chan struct{})}
-	if answer {
-		c.answer = make(chan struct{})
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.next[action] = c
-	h.all = append(h.all, c)
-	return c
-}
-
-// start serves the proxy in front of target and returns its API base URL.
-func (h *holdingConductor) start(t *testing.T, target *url.URL) string {
-	t.Helper()
-	proxy := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: target.Scheme, Host: target.Host})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var held *heldCall
-		if r.Method == http.MethodPut {
-			h.mu.Lock()
-			action := path.Base(r.URL.Path)
-			if held = h.next[action]; held != nil {
-				delete(h.next, action)
-			}
-			h.mu.Unlock()
-		}
-		switch {
-		case held == nil:
-			proxy.ServeHTTP(w, r)
-		case held.answer != nil:
-			close(held.entered)
-			<-held.release
-			rec := httptest.NewRecorder()
-			proxy.ServeHTTP(rec, r)
-			close(held.done)
-			<-held.answer
-			for k, v := range rec.Header() {
-				w.Header()[k] = v
-			}
-			w.WriteHeader(rec.Code)
-			_, _ = w.Write(rec.Body.Bytes())
-		default:
-			close(held.entered)
-			<-held.release
-			proxy.ServeHTTP(w, r)
-			close(held.done)
-		}
-	}))
-	t.Cleanup(func() {
-		h.mu.Lock()
-		for _, c := range h.all {
-			c.let() // a test that failed midway leaves no call hanging
-			c.letAnswer()
-		}
-		h.mu.Unlock()
-		srv.Close()
-	})
-	return srv.URL + target.Path
-}
 
 // wait waits for ch, with a deadline that only a hang reaches.
 func wait(t *testing.T, what string, ch <-chan struct{}) {
@@ -223,7 +117,7 @@ func TestFollower_StaleCallOfAConcurrentRequestIsNotTakenForConductor(t *testing
 // raceEnv is one sidecar process's drain on a run of the real Conductor,
 // reached through a holdingConductor, with the log on embedded JetStream.
 type raceEnv struct {
-	hc        *holdingConductor
+	hc        *conductortest.Holding
 	client    *adapter.Client
 	store     *natsstore.Store
 	emit      *registry.Emitter
@@ -241,14 +135,11 @@ func newRaceEnv(t *testing.T) *raceEnv {
 // engine ledger through wrap (nil: directly).
 func newRaceEnvWith(t *testing.T, wrap func(drain.SnapshotReader, drain.EngineLedger) (drain.SnapshotReader, drain.EngineLedger)) *raceEnv {
 	t.Helper()
-	u := conductortest.URL(t)
-	target, err := url.Parse(u)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	e := &raceEnv{hc: &holdingConductor{next: map[string]*heldCall{}}}
-	base := e.hc.start(t, target)
+	e := &raceEnv{}
+	var base string
+	e.hc, base = conductortest.NewHolding(t)
+	var err error
 	logger := zaptest.NewLogger(t)
 
 	js, _ := natstest.Start(t)
@@ -324,10 +215,10 @@ func staleCall(t *testing.T, tc staleCallCase) {
 		}
 	}
 	// 1. The request whose call to Conductor is held.
-	stale := hc.holdNext(tc.staleCall)
+	stale := hc.HoldNext(tc.staleCall)
 	staleDone := make(chan error, 1)
 	go func() { staleDone <- tc.stale(ctx, c, runID) }()
-	wait(t, "the stale call", stale.entered)
+	wait(t, "the stale call", stale.Entered)
 	// 2. Later requests, which reach Conductor first.
 	for i, req := range tc.between {
 		if err := req(ctx, c, runID); err != nil {
@@ -335,10 +226,10 @@ func staleCall(t *testing.T, tc staleCallCase) {
 		}
 	}
 	// 3. The stale call lands; the settle's call after it is held.
-	settle := hc.holdNext(tc.settleCall)
-	stale.let()
-	wait(t, "the stale call to land", stale.done)
-	wait(t, "the settle's call", settle.entered)
+	settle := hc.HoldNext(tc.settleCall)
+	stale.Let()
+	wait(t, "the stale call to land", stale.Done)
+	wait(t, "the settle's call", settle.Entered)
 
 	// 4. The follower checks the run in that window.
 	status, err := client.WorkflowStatus(ctx, wf)
@@ -352,7 +243,7 @@ func staleCall(t *testing.T, tc staleCallCase) {
 		t.Fatalf("follower: %v", err)
 	}
 
-	settle.let()
+	settle.Let()
 	select {
 	case err := <-staleDone:
 		if err != nil {
@@ -433,17 +324,17 @@ func TestFollower_ConvergeRacedByAResume(t *testing.T) {
 	if _, err := e.emit.Emit(ctx, w); err != nil {
 		t.Fatal(err)
 	}
-	converge := e.hc.holdNext("pause")
+	converge := e.hc.HoldNext("pause")
 	checked := make(chan error, 1)
 	go func() {
 		_, err := e.f.Saw(ctx, e.runID, e.wf, drain.EngineRunning)
 		checked <- err
 	}()
-	wait(t, "the follower's pause", converge.entered)
+	wait(t, "the follower's pause", converge.Entered)
 	if _, err := e.c.Resume(ctx, e.runID, drain.ResumeRequest{Reason: "test"}); err != nil {
 		t.Fatalf("resume: %v", err)
 	}
-	converge.let()
+	converge.Let()
 	select {
 	case err := <-checked:
 		if err != nil {
@@ -515,22 +406,22 @@ func TestFollower_RequestWithinOneCheck(t *testing.T) {
 	if err := pauseRun(ctx, e.c, e.runID); err != nil {
 		t.Fatal(err)
 	}
-	repause := e.hc.holdNextAndAnswer("pause")
+	repause := e.hc.HoldNextAndAnswer("pause")
 	repaused := make(chan error, 1)
 	h.mu.Lock()
 	h.beforeLedger = func() {
 		go func() { repaused <- pauseRun(ctx, e.c, e.runID) }()
-		wait(t, "the repeated pause's call", repause.entered)
+		wait(t, "the repeated pause's call", repause.Entered)
 		if err := resumeRun(ctx, e.c, e.runID); err != nil {
 			t.Errorf("resume: %v", err)
 		}
-		repause.let()
-		wait(t, "the repeated pause to land", repause.done)
+		repause.Let()
+		wait(t, "the repeated pause to land", repause.Done)
 	}
 	h.beforeLog = func() {
 		// The repeated pause learns it landed; its settle resumes the
 		// workflow (RunResumed is in the log) and it returns.
-		repause.letAnswer()
+		repause.LetAnswer()
 		select {
 		case err := <-repaused:
 			if err != nil {

@@ -1,0 +1,120 @@
+package conductortest
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"path"
+	"sync"
+	"testing"
+)
+
+// Holding is the real Conductor behind a reverse proxy that can hold the
+// next pause or resume of a workflow (PUT /workflow/{id}/pause, /resume,
+// and the bulk forms) until the test lets it through, and Conductor's
+// answer to it: the order in which concurrent calls reach Conductor,
+// chosen by the test. Every call reaches the real server unchanged.
+type Holding struct {
+	mu   sync.Mutex
+	next map[string]*Held // "pause" or "resume": the next such call to hold
+	all  []*Held
+}
+
+// Held is one call a Holding holds.
+type Held struct {
+	// Entered is closed when the call reached the proxy.
+	Entered chan struct{}
+	// Done is closed once Conductor answered it (it landed).
+	Done    chan struct{}
+	release chan struct{}
+	answer  chan struct{} // nil: the answer is not held
+	once    sync.Once
+	aonce   sync.Once
+}
+
+// Let lets the call go on to Conductor.
+func (h *Held) Let() { h.once.Do(func() { close(h.release) }) }
+
+// LetAnswer lets Conductor's answer go back to the caller (HoldNextAndAnswer).
+func (h *Held) LetAnswer() {
+	if h.answer != nil {
+		h.aonce.Do(func() { close(h.answer) })
+	}
+}
+
+// NewHolding serves a Holding in front of the test Conductor (URL) and
+// returns it with its API base URL; it ends with tb, letting every held
+// call through.
+func NewHolding(tb testing.TB) (*Holding, string) {
+	tb.Helper()
+	target, err := url.Parse(URL(tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	h := &Holding{next: map[string]*Held{}}
+	proxy := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: target.Scheme, Host: target.Host})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var held *Held
+		if r.Method == http.MethodPut {
+			h.mu.Lock()
+			action := path.Base(r.URL.Path)
+			if held = h.next[action]; held != nil {
+				delete(h.next, action)
+			}
+			h.mu.Unlock()
+		}
+		switch {
+		case held == nil:
+			proxy.ServeHTTP(w, r)
+		case held.answer != nil:
+			close(held.Entered)
+			<-held.release
+			rec := httptest.NewRecorder()
+			proxy.ServeHTTP(rec, r)
+			close(held.Done)
+			<-held.answer
+			for k, v := range rec.Header() {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(rec.Code)
+			_, _ = w.Write(rec.Body.Bytes())
+		default:
+			close(held.Entered)
+			<-held.release
+			proxy.ServeHTTP(w, r)
+			close(held.Done)
+		}
+	}))
+	tb.Cleanup(func() {
+		h.mu.Lock()
+		for _, c := range h.all {
+			c.Let() // a test that failed midway leaves no call hanging
+			c.LetAnswer()
+		}
+		h.mu.Unlock()
+		srv.Close()
+	})
+	return h, srv.URL + target.Path
+}
+
+// HoldNext holds the next PUT /workflow/{id}/{action} (action "pause" or
+// "resume") until Let.
+func (h *Holding) HoldNext(action string) *Held { return h.hold(action, false) }
+
+// HoldNextAndAnswer holds the next PUT /workflow/{id}/{action} until Let
+// and then, once it has landed, Conductor's answer to it until LetAnswer:
+// its caller does not know yet.
+func (h *Holding) HoldNextAndAnswer(action string) *Held { return h.hold(action, true) }
+
+func (h *Holding) hold(action string, answer bool) *Held {
+	c := &Held{Entered: make(chan struct{}), Done: make(chan struct{}), release: make(chan struct{})}
+	if answer {
+		c.answer = make(chan struct{})
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.next[action] = c
+	h.all = append(h.all, c)
+	return c
+}

@@ -1,0 +1,121 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+)
+
+// TestNode_LateCallIsNotTakenForConductor: serve's drain controller and
+// its run watcher's pause follower share the requests under way, so a
+// resume whose call reaches Conductor after a later pause's is not
+// recorded as a resume made in Conductor by a check of the watcher in
+// that window (drain: TestFollower_StaleCallOfAConcurrentRequestIsNotTakenForConductor
+// is the rule; this is the node's wiring of it). The node reaches the
+// real Conductor through a proxy that holds chosen calls.
+func TestNode_LateCallIsNotTakenForConductor(t *testing.T) {
+	ctx := context.Background()
+	hc, base := conductortest.NewHolding(t)
+	_, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "node-pw", Permissions: natsstore.AllPermissions})
+	cfg := testConfig(t, srv.URL())
+	cfg.ConductorURL = base
+	n := New(cfg, zaptest.NewLogger(t), prometheus.NewRegistry())
+	if err := n.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close(ctx) })
+	id := strings.ReplaceAll(filepath.Base(t.TempDir()), "-", "_")
+	// One step of an outside worker's task type nobody polls: the workflow
+	// stays RUNNING.
+	compiled, err := plan.Compile(&plan.Plan{PlanID: "nodetest-late-" + id, PlanVersion: "1",
+		Steps: []plan.Step{{StepID: "s1", Executor: plan.ExecutorSpec{Type: plan.ExecutorExternal, TaskType: "nodetest_late_" + id}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started, err := n.runs.StartRun(ctx, adapter.StartRequest{TenantID: "t", ProjectID: "p", EnvironmentID: "e", RunRequestID: "req", Plan: compiled})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runID, wf := started.Run.RunID, started.Run.WorkflowID
+	t.Cleanup(func() { _ = n.conductor.Terminate(context.Background(), wf, "test done") })
+	wait := func(what string, ch <-chan struct{}) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("timed out after 2m waiting for %s", what)
+		}
+	}
+
+	if _, err := n.drain.Pause(ctx, runID, drain.PauseRequest{Reason: "first"}); err != nil {
+		t.Fatal(err)
+	}
+	late := hc.HoldNext("resume")
+	resumed := make(chan error, 1)
+	go func() {
+		_, err := n.drain.Resume(ctx, runID, drain.ResumeRequest{Reason: "resume"})
+		resumed <- err
+	}()
+	wait("the resume's call", late.Entered)
+	if _, err := n.drain.Pause(ctx, runID, drain.PauseRequest{Reason: "second"}); err != nil {
+		t.Fatal(err)
+	}
+	settle := hc.HoldNext("pause")
+	late.Let()
+	wait("the resume's call to land", late.Done)
+	wait("the settle's pause", settle.Entered)
+	// The watcher checks the run in the window: Conductor RUNNING, the log
+	// and the ledger PAUSED in cycle 2.
+	if err := n.watcher.Check(ctx, runID); err != nil {
+		t.Fatal(err)
+	}
+	settle.Let()
+	select {
+	case err := <-resumed:
+		if err != nil {
+			t.Fatalf("resume: %v", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("timed out after 2m waiting for the resume")
+	}
+	if err := n.watcher.Check(ctx, runID); err != nil {
+		t.Fatal(err)
+	}
+
+	recs, err := n.store.Fetch(ctx, runID, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, _ := statestore.Reduce(nil, recs)
+	var byConductor []string
+	for _, r := range recs {
+		var p struct {
+			RequestedBy string `json:"requestedBy"`
+		}
+		if json.Unmarshal(r.Payload, &p) == nil && p.RequestedBy == statestore.RequestedByConductor {
+			byConductor = append(byConductor, r.EventType)
+		}
+	}
+	status, err := n.conductor.WorkflowStatus(ctx, wf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(byConductor) > 0 || snap.Status != statestore.RunStatusPaused || status != drain.EnginePaused {
+		t.Fatalf("put down to Conductor, which nobody used: %v; the run ends %s in the log and %s in Conductor, want PAUSED in both",
+			byConductor, snap.Status, status)
+	}
+}
