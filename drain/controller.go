@@ -759,9 +759,9 @@ func (c *Controller) settle(ctx context.Context, runID, workflowID string, pause
 // resume requests append in one order and may reach Conductor in the
 // other. After the call it reads the log again and, when the log has
 // moved on, applies the log's state and notes it (note gets each call's
-// state and error, and returns the error to go on with); every call is
-// followed by such a read, which sees every event appended before it, so
-// the last call to reach Conductor leaves it as the log says. Meanwhile
+// state and error, and returns the error to go on with), at most
+// settleRounds times; such a read sees every event appended before it,
+// so the last call to reach Conductor leaves it as the log says. Meanwhile
 // Conductor may show a state the log has left: the Follower puts nothing
 // down to Conductor while a request of the Controller's is under way
 // (Calls). It returns the last snapshot it read when Conductor was left
@@ -769,7 +769,7 @@ func (c *Controller) settle(ctx context.Context, runID, workflowID string, pause
 // caller reads it, and the run watcher converges what is left).
 func settleEngine(ctx context.Context, snaps SnapshotReader, engine Engine, logger *zap.Logger, runID, workflowID string,
 	paused bool, cycle int64, note func(ctx context.Context, paused bool, cycle int64, err error) error) (*statestore.RunSnapshot, error) {
-	for round := 0; ; round++ {
+	for range settleRounds {
 		snap, err := knownRuns{snaps}.ProjectSnapshot(ctx, runID)
 		if err != nil {
 			return nil, nil // the watcher converges what is left
@@ -780,9 +780,6 @@ func settleEngine(ctx context.Context, snaps SnapshotReader, engine Engine, logg
 		want := snap.Status == statestore.RunStatusPaused
 		if want == paused && snap.Pause.Cycle == cycle {
 			return snap, nil
-		}
-		if round == settleRounds {
-			return nil, nil // the watcher converges what is left
 		}
 		if want {
 			err = engine.Pause(ctx, workflowID)
@@ -796,6 +793,7 @@ func settleEngine(ctx context.Context, snaps SnapshotReader, engine Engine, logg
 			zap.String("runId", runID), zap.Bool("paused", want), zap.Int64("cycle", snap.Pause.Cycle))
 		paused, cycle = want, snap.Pause.Cycle
 	}
+	return nil, nil // the watcher converges what is left
 }
 
 // EngineError is returned with the run's state when the log was updated
