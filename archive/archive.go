@@ -73,6 +73,10 @@ type Archive struct {
 	// loadIndex and kept up to date by Write.
 	index   map[string]location
 	indexed uint64 // manifests read into index: 1..indexed
+	// recent are the run keys of the manifests this Archive wrote that
+	// the catalog does not cover yet (at most catalogSpan), for the range
+	// of level 0 that its writes complete (catalog.go).
+	recent map[uint64][]uint64
 }
 
 // location is a run's place: manifest seq and the run's entry in it.
@@ -101,7 +105,7 @@ func Open(ctx context.Context, dest Destination, opts Options) (*Archive, error)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	a := &Archive{dest: dest, now: opts.Now, index: map[string]location{}}
+	a := &Archive{dest: dest, now: opts.Now, index: map[string]location{}, recent: map[uint64][]uint64{}}
 	if err := a.loadHead(ctx); err != nil && !errors.Is(err, ErrUnavailable) {
 		return nil, err
 	}
@@ -182,7 +186,20 @@ func (a *Archive) loadHead(ctx context.Context) error {
 // ErrInputInvalid and writes nothing. A destination that fails gives an
 // error matching ErrUnavailable; the runs are then not archived (a segment
 // may be left that no manifest names).
+//
+// A manifest that completes a range of the catalog (every 32nd) has Write
+// build that range before it returns; the catalog is a hint for lookups,
+// so a failure to write it does not fail the Write (catalog.go).
 func (a *Archive) Write(ctx context.Context, runs []Run) (*Manifest, error) {
+	m, err := a.write(ctx, runs)
+	if err != nil {
+		return nil, err
+	}
+	a.buildCatalog(ctx, m.Seq)
+	return m, nil
+}
+
+func (a *Archive) write(ctx context.Context, runs []Run) (*Manifest, error) {
 	if err := checkRuns(runs); err != nil {
 		return nil, err
 	}
@@ -255,6 +272,12 @@ func (a *Archive) Write(ctx context.Context, runs []Run) (*Manifest, error) {
 		break
 	}
 	a.head = m
+	a.recent[m.Seq] = keysOf(m)
+	for seq := range a.recent {
+		if seq+catalogSpan <= m.Seq {
+			delete(a.recent, seq)
+		}
+	}
 	if a.indexed == m.Seq-1 {
 		for i, e := range m.Runs {
 			a.index[e.RunID] = location{seq: m.Seq, entry: i}
@@ -349,16 +372,15 @@ func (a *Archive) NewestSeq(ctx context.Context, runID string, through uint64) (
 func (a *Archive) locate(ctx context.Context, runID string) (*Manifest, *RunEntry, error) {
 	a.mu.Lock()
 	loc, ok := a.index[runID]
-	if !ok {
-		if err := a.loadIndex(ctx); err != nil {
-			a.mu.Unlock()
-			return nil, nil, err
-		}
-		loc, ok = a.index[runID]
-	}
 	a.mu.Unlock()
 	if !ok {
-		return nil, nil, newError(CodeRunNotFound, nil, "run %q is not in %s", runID, a.dest)
+		// Through the catalog: a bounded number of reads whatever the
+		// archive holds, and no entry kept in memory per run.
+		m, i, err := a.lookupCatalog(ctx, runID)
+		if err != nil {
+			return nil, nil, err
+		}
+		return m, &m.Runs[i], nil
 	}
 	m, err := a.readManifest(ctx, loc.seq)
 	if err != nil {
