@@ -3,6 +3,10 @@ package archive_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -118,5 +122,192 @@ func testLookupAfterRestart(t *testing.T, dest archive.Destination, n int) {
 	}
 	if rep := mustVerify(t, dest, archive.VerifyOptions{}); len(rep.Problems) != 0 {
 		t.Fatalf("verify: %+v", rep.Problems)
+	}
+}
+
+// shardOfRun is the name of the catalog shard of level 1 (16 shards)
+// covering manifests 1 to 128 that lists runID, and the run's key as the
+// shard writes it.
+func shardOfRun(runID string) (name, key string) {
+	key = sha256Hex([]byte(runID))[:16]
+	var shard int
+	fmt.Sscanf(key[:1], "%x", &shard)
+	return fmt.Sprintf("catalog/1/000000000001-000000000128/016-%03d", shard), key
+}
+
+// TestArchive_CatalogIsAHint: what the catalog says is checked against the
+// manifests. A shard that is absent or does not parse is read from the
+// ranges below it (or the manifests); an entry naming a manifest that does
+// not list the run is skipped, so the catalog never makes a lookup return
+// another run's records; verify reports every shard that differs from what
+// its manifests give and counts the absent ones.
+func TestArchive_CatalogIsAHint(t *testing.T) {
+	ctx := context.Background()
+	const n = 140 // levels 1 (1..128) and 0 (1..128 in 4), then 13 manifests
+	setup := func(t *testing.T) (archive.Destination, string, []archive.Run) {
+		dest, root := openDir(t)
+		runs := writeSegments(t, dest, n)
+		rep := mustVerify(t, dest, archive.VerifyOptions{})
+		if len(rep.Problems) != 0 || rep.CatalogShards != 4*4+16 || rep.CatalogMissing != 0 {
+			t.Fatalf("verify of a whole catalog: problems %+v, %d shards, %d missing", rep.Problems, rep.CatalogShards, rep.CatalogMissing)
+		}
+		return dest, root, runs
+	}
+	lookupAll := func(t *testing.T, dest archive.Destination, runs []archive.Run) {
+		t.Helper()
+		for i, r := range runs {
+			e, err := mustOpen(t, dest).Lookup(ctx, r.ID)
+			if err != nil || e.RunID != r.ID {
+				t.Fatalf("lookup of run %d: %+v, %v", i, e, err)
+			}
+		}
+	}
+	t.Run("LevelAbsent", func(t *testing.T) {
+		dest, root, runs := setup(t)
+		if err := os.RemoveAll(filepath.Join(root, "catalog", "1")); err != nil {
+			t.Fatal(err)
+		}
+		lookupAll(t, dest, runs)
+		rep := mustVerify(t, dest, archive.VerifyOptions{})
+		if len(rep.Problems) != 0 || rep.CatalogShards != 16 || rep.CatalogMissing != 16 {
+			t.Fatalf("verify: problems %+v, %d shards, %d missing", rep.Problems, rep.CatalogShards, rep.CatalogMissing)
+		}
+	})
+	t.Run("CatalogAbsent", func(t *testing.T) {
+		dest, root, runs := setup(t)
+		if err := os.RemoveAll(filepath.Join(root, "catalog")); err != nil {
+			t.Fatal(err)
+		}
+		lookupAll(t, dest, runs)
+		if rep := mustVerify(t, dest, archive.VerifyOptions{}); len(rep.Problems) != 0 || rep.CatalogMissing != 32 {
+			t.Fatalf("verify: problems %+v, %d missing", rep.Problems, rep.CatalogMissing)
+		}
+	})
+	t.Run("ShardGarbage", func(t *testing.T) {
+		dest, root, runs := setup(t)
+		name, _ := shardOfRun(runs[10].ID)
+		if err := os.WriteFile(filepath.Join(root, name), []byte("not a shard\n"), 0o640); err != nil {
+			t.Fatal(err)
+		}
+		lookupAll(t, dest, runs)
+		rep := mustVerify(t, dest, archive.VerifyOptions{})
+		if len(rep.Problems) != 1 || rep.Problems[0].Code != archive.ProblemCatalogInvalid || rep.Problems[0].Object != name {
+			t.Fatalf("verify: problems %+v", rep.Problems)
+		}
+	})
+	t.Run("WrongEntry", func(t *testing.T) {
+		dest, root, runs := setup(t)
+		// runs[10] is in manifest 11; an entry naming manifest 100 (which
+		// lists runs[99]) after it is checked and skipped.
+		name, key := shardOfRun(runs[10].ID)
+		path := filepath.Join(root, name)
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		right := key + " 11\n"
+		if !strings.Contains(string(b), right) {
+			t.Fatalf("shard %s has no line %q:\n%s", name, right, b)
+		}
+		if err := os.WriteFile(path, []byte(strings.Replace(string(b), right, right+key+" 100\n", 1)), 0o640); err != nil {
+			t.Fatal(err)
+		}
+		recs, err := mustOpen(t, dest).Records(ctx, runs[10].ID)
+		if err != nil || len(recs) != len(runs[10].Records) || recs[0].RunID != runs[10].ID {
+			t.Fatalf("records past a wrong entry: %d, %v", len(recs), err)
+		}
+		rep := mustVerify(t, dest, archive.VerifyOptions{})
+		if len(rep.Problems) != 1 || rep.Problems[0].Code != archive.ProblemCatalogInvalid || rep.Problems[0].Object != name {
+			t.Fatalf("verify: problems %+v", rep.Problems)
+		}
+		// Only the wrong entry: the run is not found (the catalog is
+		// trusted for absence, so a lookup of an unknown run stays
+		// bounded), never found as another run; verify names the shard.
+		if err := os.WriteFile(path, []byte(strings.Replace(string(b), right, key+" 100\n", 1)), 0o640); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := mustOpen(t, dest).Records(ctx, runs[10].ID); !errors.Is(err, archive.ErrRunNotFound) {
+			t.Fatalf("records with only a wrong entry: %v, want ErrRunNotFound", err)
+		}
+		if rep := mustVerify(t, dest, archive.VerifyOptions{}); len(rep.Problems) != 1 || rep.Problems[0].Object != name {
+			t.Fatalf("verify: problems %+v", rep.Problems)
+		}
+	})
+	t.Run("ForeignObject", func(t *testing.T) {
+		dest, root, _ := setup(t)
+		if err := os.WriteFile(filepath.Join(root, "catalog", "notes.txt"), []byte("x"), 0o640); err != nil {
+			t.Fatal(err)
+		}
+		rep := mustVerify(t, dest, archive.VerifyOptions{})
+		if len(rep.Problems) != 1 || rep.Problems[0].Code != archive.ProblemCatalogInvalid {
+			t.Fatalf("verify: problems %+v", rep.Problems)
+		}
+	})
+}
+
+// TestArchive_CatalogTwoWriters: two writers taking turns on one archive
+// build the catalog's ranges each where its write completes one; the
+// shards match the manifests and a third process finds every run.
+func TestArchive_CatalogTwoWriters(t *testing.T) {
+	ctx := context.Background()
+	dest, _ := openDir(t)
+	a, b := mustOpen(t, dest), mustOpen(t, dest)
+	runs := finishedRuns(t, "two", 70)
+	for i := range runs {
+		w := a
+		if i%3 == 0 {
+			w = b
+		}
+		if _, err := w.Write(ctx, runs[i:i+1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep := mustVerify(t, dest, archive.VerifyOptions{})
+	if len(rep.Problems) != 0 || rep.CatalogShards != 2*4 || rep.CatalogMissing != 0 {
+		t.Fatalf("verify: problems %+v, %d shards, %d missing", rep.Problems, rep.CatalogShards, rep.CatalogMissing)
+	}
+	// a opened before b wrote its last segments: it learns the new head.
+	for _, r := range runs {
+		if e, err := a.Lookup(ctx, r.ID); err != nil || e.RunID != r.ID {
+			t.Fatalf("lookup of %q by a writer: %+v, %v", r.ID, e, err)
+		}
+	}
+	last := finishedRuns(t, "later", 1)
+	if _, err := b.Write(ctx, last); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := a.Lookup(ctx, last[0].ID); err != nil || e.RunID != last[0].ID {
+		t.Fatalf("lookup of a run the other writer archived since: %+v, %v", e, err)
+	}
+}
+
+// TestArchive_CatalogWriteFails: a catalog shard that cannot be written
+// does not fail the Write that completed its range (the runs are archived;
+// the catalog is a hint): lookups read the manifests instead, and verify
+// counts the shards missing.
+func TestArchive_CatalogWriteFails(t *testing.T) {
+	ctx := context.Background()
+	dir, _ := openDir(t)
+	down := &archive.Error{Code: archive.CodeUnavailable, Message: "connection refused"}
+	f := &failing{Dir: dir, putNew: func(name string) error {
+		if strings.HasPrefix(name, "catalog/") {
+			return down
+		}
+		return nil
+	}}
+	a := mustOpen(t, f)
+	runs := finishedRuns(t, "cf", 33)
+	for i := range runs {
+		if _, err := a.Write(ctx, runs[i:i+1]); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+	}
+	for _, r := range runs {
+		if e, err := mustOpen(t, dir).Lookup(ctx, r.ID); err != nil || e.RunID != r.ID {
+			t.Fatalf("lookup without a catalog: %+v, %v", e, err)
+		}
+	}
+	if rep := mustVerify(t, dir, archive.VerifyOptions{}); len(rep.Problems) != 0 || rep.CatalogMissing != 4 {
+		t.Fatalf("verify: problems %+v, %d missing", rep.Problems, rep.CatalogMissing)
 	}
 }

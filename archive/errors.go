@@ -119,4 +119,10 @@ const (
 	// manifest of the archive: manifests it committed to were removed or
 	// rewritten.
 	ProblemHeadMismatch = "ARCHIVE_HEAD_MISMATCH"
+	// ProblemCatalogInvalid: an object under catalog/ is not what the
+	// manifests it covers give (a name no range has, a shard that does not
+	// parse, or entries that differ): a lookup may not find a run that
+	// shard should name. Removing the object makes lookups read the ranges
+	// below it, or its manifests, instead.
+	ProblemCatalogInvalid = "ARCHIVE_CATALOG_INVALID"
 )

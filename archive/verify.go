@@ -1,8 +1,10 @@
 package archive
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 )
 
@@ -33,6 +35,14 @@ type Report struct {
 	// Orphans are segments no manifest names: left by a writer that died
 	// between segment and manifest. They are not part of the archive.
 	Orphans []string `json:"orphans,omitempty"`
+	// CatalogShards is the number of catalog shards that match the
+	// manifests they cover; CatalogMissing the number of shards of ranges
+	// the manifests fill that are absent (a writer that died before
+	// building them, or an archive written before it had a catalog):
+	// lookups read the ranges below them, or their manifests, instead. A
+	// shard that does not match is a problem (ProblemCatalogInvalid).
+	CatalogShards  int64 `json:"catalogShards"`
+	CatalogMissing int64 `json:"catalogMissing"`
 }
 
 // Problem is one thing that does not verify.
@@ -61,6 +71,7 @@ func Verify(ctx context.Context, dest Destination, opts VerifyOptions) (*Report,
 	}
 	named := map[string]bool{}
 	runs := map[string]bool{}
+	keys := map[uint64][]uint64{} // run keys of the manifests that parsed
 	prev, headFound := Genesis, opts.ExpectHead == ""
 	next := uint64(1)
 	for _, seq := range seqs {
@@ -90,6 +101,7 @@ func Verify(ctx context.Context, dest Destination, opts VerifyOptions) (*Report,
 		}
 		prev = m.Chain
 		rep.Head = m.Chain
+		keys[seq] = keysOf(m)
 		if m.Chain == opts.ExpectHead {
 			headFound = true
 		}
@@ -117,6 +129,9 @@ func Verify(ctx context.Context, dest Destination, opts VerifyOptions) (*Report,
 		rep.Problems = append(rep.Problems, Problem{Code: ProblemHeadMismatch,
 			Message: "no manifest has chain " + opts.ExpectHead + ": manifests up to it were removed or rewritten"})
 	}
+	if err := verifyCatalog(ctx, dest, rep, keys); err != nil {
+		return nil, err
+	}
 	segs, err := dest.List(ctx, segmentPrefix)
 	if err != nil {
 		return nil, err
@@ -128,4 +143,76 @@ func Verify(ctx context.Context, dest Destination, opts VerifyOptions) (*Report,
 	}
 	slices.Sort(rep.Orphans)
 	return rep, nil
+}
+
+// verifyCatalog checks every object under catalog/ against the run keys
+// of the manifests (keys, by seq) and counts the shards of full ranges
+// that are absent.
+func verifyCatalog(ctx context.Context, dest Destination, rep *Report, keys map[uint64][]uint64) error {
+	names, err := dest.List(ctx, catalogPrefix)
+	if err != nil {
+		return err
+	}
+	present := map[string]bool{}
+	for _, name := range names {
+		present[name] = true
+		l, first, s, ok := parseCatalogName(name)
+		if !ok {
+			rep.Problems = append(rep.Problems, Problem{Code: ProblemCatalogInvalid, Object: name,
+				Message: "not a catalog shard name; remove it"})
+			continue
+		}
+		last := first + catalogWidth(l) - 1
+		if last > rep.Manifests {
+			rep.Problems = append(rep.Problems, Problem{Code: ProblemCatalogInvalid, Seq: last, Object: name,
+				Message: fmt.Sprintf("covers manifests %d to %d, the archive ends at %d; remove it", first, last, rep.Manifests)})
+			continue
+		}
+		lo, hi := keyInterval(shardBits(l), s)
+		var want []catalogEntry
+		whole := true
+		for seq := first; seq <= last; seq++ {
+			k, ok := keys[seq]
+			whole = whole && ok
+			for _, key := range k {
+				if key >= lo && key <= hi {
+					want = append(want, catalogEntry{key: key, seq: seq})
+				}
+			}
+		}
+		if !whole {
+			continue // a manifest it covers is missing or invalid: reported above
+		}
+		slices.SortFunc(want, compareEntries)
+		want = slices.Compact(want)
+		data, err := dest.Get(ctx, name)
+		if errors.Is(err, ErrObjectNotFound) {
+			continue // removed since the listing
+		}
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(data, encodeShard(l, first, s, want)) {
+			var msg string
+			if got, perr := parseShard(l, first, s, data); perr != nil {
+				msg = perr.Error() + "; remove it (lookups then read what it covers from below)"
+			} else {
+				msg = fmt.Sprintf("its %d entries differ from the %d its manifests %d to %d give; remove it (lookups then read what it covers from below)", len(got), len(want), first, last)
+			}
+			rep.Problems = append(rep.Problems, Problem{Code: ProblemCatalogInvalid, Seq: first, Object: name, Message: msg})
+			continue
+		}
+		rep.CatalogShards++
+	}
+	for l := range catalogLevels {
+		w := catalogWidth(l)
+		for first := uint64(1); first-1+w <= rep.Manifests; first += w {
+			for s := range 1 << shardBits(l) {
+				if !present[catalogName(l, first, s)] {
+					rep.CatalogMissing++
+				}
+			}
+		}
+	}
+	return nil
 }

@@ -113,6 +113,7 @@ func (c *ArchiveCommand) verify(ctx context.Context, args []string) error {
 		}
 		fmt.Fprintf(c.m.Stdout, "verified %s: %d manifests, %d segments, %d runs, %d records: %d problems\nhead %s\n",
 			escapeText(rep.Destination), rep.Manifests, rep.Segments, rep.Runs, rep.Records, len(rep.Problems), optional(rep.Head, "(empty archive)"))
+		fmt.Fprintf(c.m.Stdout, "catalog: %d shards match their manifests, %d missing (lookups read the manifests they would cover)\n", rep.CatalogShards, rep.CatalogMissing)
 	}
 	if len(rep.Problems) > 0 {
 		return fmt.Errorf("%d problems: the archive was changed or lost objects after it was written; see docs/retention.md, \"Verifying an archive\"", len(rep.Problems))
