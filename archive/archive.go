@@ -288,28 +288,38 @@ func (a *Archive) write(ctx context.Context, runs []Run) (*Manifest, error) {
 	return &out, nil
 }
 
-// loadIndex reads the manifests the index has not read yet. Called with
-// a.mu held.
+// loadIndex reads the manifests the index has not read yet. Called
+// without a.mu: it takes it only to merge each manifest it read, so a
+// lookup or a Write does not wait for a read of every manifest. Each
+// caller merges in seq order and skips a manifest another merged, so
+// 1..indexed stay merged.
 func (a *Archive) loadIndex(ctx context.Context) error {
 	seqs, err := a.manifestSeqs(ctx)
 	if err != nil {
 		return err
 	}
+	a.mu.Lock()
+	from := a.indexed
+	a.mu.Unlock()
 	for _, seq := range seqs {
-		if seq <= a.indexed {
+		if seq <= from {
 			continue
 		}
 		m, err := a.readManifest(ctx, seq)
 		if err != nil {
 			return err
 		}
-		for i, e := range m.Runs {
-			a.index[e.RunID] = location{seq: seq, entry: i}
+		a.mu.Lock()
+		if seq > a.indexed {
+			for i, e := range m.Runs {
+				a.index[e.RunID] = location{seq: seq, entry: i}
+			}
+			a.indexed = seq
+			if a.head == nil || seq > a.head.Seq {
+				a.head = m
+			}
 		}
-		a.indexed = seq
-		if a.head == nil || seq > a.head.Seq {
-			a.head = m
-		}
+		a.mu.Unlock()
 	}
 	return nil
 }
@@ -328,8 +338,6 @@ func (a *Archive) Lookup(ctx context.Context, runID string) (*RunEntry, error) {
 // (by another process, or one before a restart), so that LookupRead
 // answers for their runs. It lists the destination once.
 func (a *Archive) Refresh(ctx context.Context) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	return a.loadIndex(ctx)
 }
 
@@ -356,13 +364,17 @@ func (a *Archive) LookupRead(ctx context.Context, runID string) (*RunEntry, erro
 // the run.
 func (a *Archive) NewestSeq(ctx context.Context, runID string, through uint64) (uint64, error) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	loc, ok := a.index[runID]
-	if !ok || a.indexed < through {
+	indexed := a.indexed
+	a.mu.Unlock()
+	if !ok || indexed < through {
 		if err := a.loadIndex(ctx); err != nil {
 			return 0, err
 		}
-		if loc, ok = a.index[runID]; !ok {
+		a.mu.Lock()
+		loc, ok = a.index[runID]
+		a.mu.Unlock()
+		if !ok {
 			return 0, newError(CodeRunNotFound, nil, "run %q is not in %s", runID, a.dest)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/archive"
 	"github.com/conductor-sidecar/sidecar/archive/archivetest"
+	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
 // BenchmarkArchive_WriteVsRaw measures, in the same run on the same disk,
@@ -101,4 +102,52 @@ func benchWriteVsRaw(b *testing.B, n int, dest func(dir string) archive.Destinat
 	b.ReportMetric(mb/tDefault.Seconds(), "raw-MB/s")
 	b.ReportMetric(tDefault.Seconds()/tArchive.Seconds(), "ratio")
 	b.ReportMetric(tSame.Seconds()/tArchive.Seconds(), "ratio-same-level")
+}
+
+// BenchmarkArchive_LookupAfterRestart measures the first Lookup of a run
+// by a new Archive (a process after a restart) in archives of 500 and
+// 5,000 segments of 200 runs (100,000 and 1,000,000 runs) on a directory,
+// each Open and Lookup of a different run. The archives are written
+// through Write (so with the catalog this version builds) into
+// SIDECAR_BENCH_ARCHIVE_DIR when it is set, and kept there: a binary of
+// another version measures its lookups on the same archives. Without it,
+// only 500 segments, in a temporary directory.
+func BenchmarkArchive_LookupAfterRestart(b *testing.B) {
+	ctx := context.Background()
+	base, sizes := os.Getenv("SIDECAR_BENCH_ARCHIVE_DIR"), []int{500, 5000}
+	if base == "" {
+		base, sizes = b.TempDir(), []int{500}
+	}
+	const perSegment = 200
+	tmpl := finishedRuns(b, "tmpl", 1)[0].Records[0]
+	runID := func(seg, i int) string { return fmt.Sprintf("lookup-%d-%d", seg, i) }
+	for _, segments := range sizes {
+		dest := archive.NewDir(filepath.Join(base, fmt.Sprintf("segments-%d", segments)))
+		a := mustOpen(b, dest)
+		have := uint64(0)
+		if h := a.Head(); h != nil {
+			have = h.Seq
+		}
+		for seg := int(have); seg < segments; seg++ {
+			runs := make([]archive.Run, perSegment)
+			for i := range runs {
+				rec := tmpl
+				rec.RunID = runID(seg, i)
+				runs[i] = archive.Run{ID: rec.RunID, Records: []statestore.RunEventRecord{rec}}
+			}
+			if _, err := a.Write(ctx, runs); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.Run(fmt.Sprintf("segments=%d", segments), func(b *testing.B) {
+			for i := 0; b.Loop(); i++ {
+				a := mustOpen(b, dest)
+				k := i * 7919
+				id := runID(k%segments, k%perSegment)
+				if e, err := a.Lookup(ctx, id); err != nil || e.RunID != id {
+					b.Fatalf("lookup of %q: %+v, %v", id, e, err)
+				}
+			}
+		})
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/conductor-sidecar/sidecar/archive"
 )
@@ -309,5 +310,56 @@ func TestArchive_CatalogWriteFails(t *testing.T) {
 	}
 	if rep := mustVerify(t, dir, archive.VerifyOptions{}); len(rep.Problems) != 0 || rep.CatalogMissing != 4 {
 		t.Fatalf("verify: problems %+v, %d missing", rep.Problems, rep.CatalogMissing)
+	}
+}
+
+// gated is a Destination whose reads of one object wait until released.
+type gated struct {
+	archive.Destination
+	name    string
+	reached chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (g *gated) Get(ctx context.Context, name string) ([]byte, error) {
+	if name == g.name {
+		g.once.Do(func() { close(g.reached) })
+		<-g.release
+	}
+	return g.Destination.Get(ctx, name)
+}
+
+// TestArchive_LookupWhileRefreshing: a lookup (status of an archived run)
+// does not wait for a Refresh (retention's read of every manifest after a
+// restart) that is still reading.
+func TestArchive_LookupWhileRefreshing(t *testing.T) {
+	ctx := context.Background()
+	dir, _ := openDir(t)
+	runs := writeSegments(t, dir, 40)
+	g := &gated{Destination: dir, name: "manifests/000000000002.json", reached: make(chan struct{}), release: make(chan struct{})}
+	a := mustOpen(t, g)
+	refreshed := make(chan error, 1)
+	go func() { refreshed <- a.Refresh(ctx) }()
+	<-g.reached
+	looked := make(chan error, 1)
+	go func() {
+		_, err := a.Lookup(ctx, runs[35].ID)
+		looked <- err
+	}()
+	select {
+	case err := <-looked:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("lookup still waiting for a Refresh that is reading manifests after 2 minutes")
+	}
+	close(g.release)
+	if err := <-refreshed; err != nil {
+		t.Fatal(err)
+	}
+	if e, err := a.LookupRead(ctx, runs[1].ID); err != nil || e.RunID != runs[1].ID {
+		t.Fatalf("LookupRead after Refresh: %+v, %v", e, err)
 	}
 }
