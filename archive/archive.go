@@ -9,6 +9,7 @@
 //
 //	segments/<unixNano>-<random>.ndjson.gz   gzip of NDJSON lines, one record a line
 //	manifests/000000000001.json              the segment's Manifest, seq 1, 2, ...
+//	catalog/<level>/<first>-<last>/<n>-<i>   which manifests list a run (catalog.go)
 //
 // A segment holds one or more runs, each run's records contiguous and in
 // increasing runSeq. A line is the contract's RunEventRecord as compact
@@ -35,6 +36,10 @@
 // some point on; comparing the head (Head, printed by Verify) with one
 // kept elsewhere (the sidecar's log of removals, an operator's note)
 // closes that gap: VerifyOptions.ExpectHead.
+//
+// The catalog is not part of what Verify proves: it is a hint for
+// lookups, checked against the manifest it names, and Verify reports a
+// catalog shard that differs from its manifests.
 package archive
 
 import (
@@ -325,7 +330,10 @@ func (a *Archive) loadIndex(ctx context.Context) error {
 }
 
 // Lookup returns the manifest entry of runID's newest copy in the archive,
-// or an error matching ErrRunNotFound.
+// or an error matching ErrRunNotFound. A run not among the manifests this
+// Archive has read is found through the catalog: a bounded number of
+// reads whatever the archive holds, and no listing unless another writer
+// wrote since (catalog.go).
 func (a *Archive) Lookup(ctx context.Context, runID string) (*RunEntry, error) {
 	_, e, err := a.locate(ctx, runID)
 	if err != nil {
