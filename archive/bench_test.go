@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -128,6 +129,9 @@ func BenchmarkArchive_LookupAfterRestart(b *testing.B) {
 		if h := a.Head(); h != nil {
 			have = h.Seq
 		}
+		// The writes that complete a range of the catalog's level 1 and
+		// up (every 128th, 512th, 2,048th) are timed apart from the others.
+		var plain []time.Duration
 		for seg := int(have); seg < segments; seg++ {
 			runs := make([]archive.Run, perSegment)
 			for i := range runs {
@@ -135,9 +139,24 @@ func BenchmarkArchive_LookupAfterRestart(b *testing.B) {
 				rec.RunID = runID(seg, i)
 				runs[i] = archive.Run{ID: rec.RunID, Records: []statestore.RunEventRecord{rec}}
 			}
+			start := time.Now()
 			if _, err := a.Write(ctx, runs); err != nil {
 				b.Fatal(err)
 			}
+			d := time.Since(start)
+			if seq := seg + 1; seq%128 == 0 {
+				w := 128
+				for seq%(w*4) == 0 {
+					w *= 4
+				}
+				b.Logf("write of manifest %d (completes a range of %d manifests): %v", seq, w, d)
+			} else {
+				plain = append(plain, d)
+			}
+		}
+		if len(plain) > 0 {
+			slices.Sort(plain)
+			b.Logf("%d other writes: median %v, 99th percentile %v, max %v", len(plain), plain[len(plain)/2], plain[len(plain)*99/100], plain[len(plain)-1])
 		}
 		b.Run(fmt.Sprintf("segments=%d", segments), func(b *testing.B) {
 			for i := 0; b.Loop(); i++ {
