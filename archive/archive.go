@@ -78,9 +78,10 @@ type Archive struct {
 	// loadIndex and kept up to date by Write.
 	index   map[string]location
 	indexed uint64 // manifests read into index: 1..indexed
-	// recent are the run keys of the manifests this Archive wrote that
-	// the catalog does not cover yet (at most catalogSpan), for the range
-	// of level 0 that its writes complete (catalog.go).
+	// recent are the run keys of manifests the catalog does not cover
+	// yet (about catalogSpan of them): those this Archive wrote, for the
+	// range of level 0 its writes complete, and those its lookups read
+	// after the last full range (catalog.go).
 	recent map[uint64][]uint64
 }
 

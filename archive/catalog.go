@@ -448,9 +448,8 @@ func (a *Archive) lookupCatalog(ctx context.Context, runID string) (*Manifest, i
 	key := runKey(runID)
 	r := a.catalogReader()
 	var (
-		mu    sync.Mutex
-		seqs  []uint64
-		found = map[uint64]*Manifest{}
+		mu   sync.Mutex
+		seqs []uint64
 	)
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(catalogReaders)
@@ -469,16 +468,27 @@ func (a *Archive) lookupCatalog(ctx context.Context, runID string) (*Manifest, i
 			})
 		}
 	}
+	// The manifests after the last full range: their run keys, read once
+	// and kept (at most catalogSpan-1 manifests) until a range covers them.
+	a.mu.Lock()
+	for seq := range a.recent {
+		if seq < p {
+			delete(a.recent, seq)
+		}
+	}
+	a.mu.Unlock()
 	for seq := p; seq <= head; seq++ {
 		g.Go(func() error {
-			m, err := a.readManifest(gctx, seq)
+			keys, err := r.manifestKeys(gctx, seq)
 			if err != nil {
 				return err
 			}
-			if slices.ContainsFunc(m.Runs, func(e RunEntry) bool { return e.RunID == runID }) {
+			a.mu.Lock()
+			a.recent[seq] = keys
+			a.mu.Unlock()
+			if slices.Contains(keys, key) {
 				mu.Lock()
 				seqs = append(seqs, seq)
-				found[seq] = m
 				mu.Unlock()
 			}
 			return nil
@@ -490,12 +500,9 @@ func (a *Archive) lookupCatalog(ctx context.Context, runID string) (*Manifest, i
 	slices.Sort(seqs)
 	seqs = slices.Compact(seqs)
 	for i := len(seqs) - 1; i >= 0; i-- {
-		m := found[seqs[i]]
-		if m == nil {
-			var err error
-			if m, err = a.readManifest(ctx, seqs[i]); err != nil {
-				return nil, 0, err
-			}
+		m, err := a.readManifest(ctx, seqs[i])
+		if err != nil {
+			return nil, 0, err
 		}
 		for j := range m.Runs {
 			if m.Runs[j].RunID == runID {

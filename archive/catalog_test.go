@@ -20,13 +20,18 @@ type counting struct {
 	archive.Destination
 	mu          sync.Mutex
 	gets, lists int
+	manifests   int // manifests read (that exist)
 }
 
 func (c *counting) Get(ctx context.Context, name string) ([]byte, error) {
+	b, err := c.Destination.Get(ctx, name)
 	c.mu.Lock()
 	c.gets++
+	if err == nil && strings.HasPrefix(name, "manifests/") {
+		c.manifests++
+	}
 	c.mu.Unlock()
-	return c.Destination.Get(ctx, name)
+	return b, err
 }
 
 func (c *counting) List(ctx context.Context, prefix string) ([]string, error) {
@@ -41,7 +46,7 @@ func (c *counting) reset() (gets, lists int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	gets, lists = c.gets, c.lists
-	c.gets, c.lists = 0, 0
+	c.gets, c.lists, c.manifests = 0, 0, 0
 	return gets, lists
 }
 
@@ -70,7 +75,11 @@ func writeSegments(t testing.TB, d archive.Destination, n int) []archive.Run {
 // run in at most 3 ranges of each of its 8 levels, the manifests after
 // the last full range (at most 31), the probe for a manifest newer than
 // the head, and the manifest the catalog names.
-const lookupReadBound = 3*8 + 31 + 2
+const lookupReadBound = lookupShardBound + 31 + 2
+
+// lookupShardBound is the catalog's part of it: a shard of at most 3
+// ranges of each of its 8 levels.
+const lookupShardBound = 3 * 8
 
 // TestArchive_LookupAfterRestart: a new Archive (a process after a
 // restart) finds a run reading a bounded number of objects and listing
@@ -120,6 +129,20 @@ func testLookupAfterRestart(t *testing.T, dest archive.Destination, n int) {
 	}
 	if gets, lists := c.reset(); gets > lookupReadBound || lists > 0 {
 		t.Fatalf("lookup of a run never archived, %d segments: %d objects read, %d listings", n, gets, lists)
+	}
+	// The manifests after the last full range were read once: the next
+	// lookup of an unknown id (a status of a run that never was) reads
+	// only the catalog's shards and the probe, no manifest.
+	for i := range 3 {
+		if _, err := a.Lookup(ctx, fmt.Sprintf("never archived %d", i)); !errors.Is(err, archive.ErrRunNotFound) {
+			t.Fatalf("lookup of a run never archived: %v", err)
+		}
+		c.mu.Lock()
+		manifests := c.manifests
+		c.mu.Unlock()
+		if gets, lists := c.reset(); manifests > 0 || gets > lookupShardBound+1 || lists > 0 {
+			t.Fatalf("lookup %d of a run never archived by the same Archive, %d segments: %d manifests and %d objects in all read, %d listings (want none, at most %d, none)", i+2, n, manifests, gets, lists, lookupShardBound+1)
+		}
 	}
 	if rep := mustVerify(t, dest, archive.VerifyOptions{}); len(rep.Problems) != 0 {
 		t.Fatalf("verify: %+v", rep.Problems)
