@@ -112,7 +112,8 @@ func benchWriteVsRaw(b *testing.B, n int, dest func(dir string) archive.Destinat
 // through Write (so with the catalog this version builds) into
 // SIDECAR_BENCH_ARCHIVE_DIR when it is set, and kept there: a binary of
 // another version measures its lookups on the same archives. Without it,
-// only 500 segments, in a temporary directory.
+// only 500 segments, in a temporary directory. "later" is the lookups
+// that follow in the same process, each of a different run.
 func BenchmarkArchive_LookupAfterRestart(b *testing.B) {
 	ctx := context.Background()
 	base, sizes := os.Getenv("SIDECAR_BENCH_ARCHIVE_DIR"), []int{500, 5000}
@@ -162,6 +163,17 @@ func BenchmarkArchive_LookupAfterRestart(b *testing.B) {
 			for i := 0; b.Loop(); i++ {
 				a := mustOpen(b, dest)
 				k := i * 7919
+				id := runID(k%segments, k%perSegment)
+				if e, err := a.Lookup(ctx, id); err != nil || e.RunID != id {
+					b.Fatalf("lookup of %q: %+v, %v", id, e, err)
+				}
+			}
+		})
+		// Later lookups of one process: each of a different run.
+		b.Run(fmt.Sprintf("segments=%d/later", segments), func(b *testing.B) {
+			a := mustOpen(b, dest)
+			for i := 0; b.Loop(); i++ {
+				k := i*7919 + 1
 				id := runID(k%segments, k%perSegment)
 				if e, err := a.Lookup(ctx, id); err != nil || e.RunID != id {
 					b.Fatalf("lookup of %q: %+v, %v", id, e, err)
