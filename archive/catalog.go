@@ -1,7 +1,6 @@
 package archive
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -172,22 +171,25 @@ func parseShard(l int, first uint64, s int, data []byte) ([]catalogEntry, error)
 		return nil, newError(CodeCorrupt, nil, "%s: header is not %q", catalogName(l, first, s), strings.TrimSpace(header))
 	}
 	last := first + catalogWidth(l) - 1
+	body := data[len(header):]
+	if len(body) == 0 {
+		return nil, nil
+	}
+	if body[len(body)-1] != '\n' {
+		return nil, newError(CodeCorrupt, nil, "%s: the last line has no newline", catalogName(l, first, s))
+	}
 	var out []catalogEntry
-	sc := bufio.NewScanner(bytes.NewReader(data[len(header):]))
-	for n := 1; sc.Scan(); n++ {
-		k, q, ok := strings.Cut(sc.Text(), " ")
+	for n, line := range bytes.Split(body[:len(body)-1], []byte("\n")) {
+		k, q, ok := strings.Cut(string(line), " ")
 		key, err1 := strconv.ParseUint(k, 16, 64)
 		seq, err2 := strconv.ParseUint(q, 10, 64)
 		e := catalogEntry{key: key, seq: seq}
 		if !ok || len(k) != 16 || err1 != nil || err2 != nil || strconv.FormatUint(seq, 10) != q ||
 			shardOf(shardBits(l), key) != s || seq < first || seq > last ||
 			(len(out) > 0 && compareEntries(out[len(out)-1], e) >= 0) || k != fmt.Sprintf("%016x", key) {
-			return nil, newError(CodeCorrupt, nil, "%s: line %d is not an entry of this shard in order", catalogName(l, first, s), n+1)
+			return nil, newError(CodeCorrupt, nil, "%s: line %d is not an entry of this shard in order", catalogName(l, first, s), n+2)
 		}
 		out = append(out, e)
-	}
-	if err := sc.Err(); err != nil || (len(data) > len(header) && data[len(data)-1] != '\n') {
-		return nil, newError(CodeCorrupt, err, "%s: lines", catalogName(l, first, s))
 	}
 	return out, nil
 }

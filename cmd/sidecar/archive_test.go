@@ -73,6 +73,33 @@ func TestArchiveCommand_Verify(t *testing.T) {
 			t.Fatalf("exit %d\n%s%s", code, out, errOut)
 		}
 	})
+	t.Run("Catalog", func(t *testing.T) {
+		ctx := context.Background()
+		url, dir, r, _ := writeArchive(t)
+		a, err := archive.Open(ctx, archive.NewDir(dir), archive.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 31 { // manifest 32 completes the catalog's first range
+			if _, err := a.Write(ctx, []archive.Run{r}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		shards, err := filepath.Glob(filepath.Join(dir, "catalog", "0", "*", "*"))
+		if err != nil || len(shards) != 4 {
+			t.Fatalf("shards of the first range: %v, %v", shards, err)
+		}
+		os.Remove(shards[0])
+		code, out, errOut := run(t, "archive", "verify", "--archive", url)
+		if code != exitOK || !strings.Contains(out, "catalog: 3 shards match their manifests, 1 missing") {
+			t.Fatalf("a shard missing: exit %d\n%s%s", code, out, errOut)
+		}
+		os.WriteFile(shards[1], []byte("edited\n"), 0o600)
+		code, out, errOut = run(t, "archive", "verify", "--archive", url)
+		if code != exitError || !strings.Contains(out, "PROBLEM "+archive.ProblemCatalogInvalid) {
+			t.Fatalf("a shard edited: exit %d\n%s%s", code, out, errOut)
+		}
+	})
 	t.Run("BadInput", func(t *testing.T) {
 		for _, args := range [][]string{
 			{"archive"}, {"archive", "nope"}, {"archive", "verify"},
