@@ -28,8 +28,9 @@ import (
 // ranges start at 1, 1+width, 1+2*width, ...). A range is cut into
 // 2^shardBits(l) shards by the first bits of its runs' keys (the first 8
 // bytes of the SHA-256 of the runId, big-endian), so a lookup reads one
-// shard of a range, a few KB to a few hundred KB whatever the range's
-// width. A shard object is a header line and one line per (run, manifest):
+// shard of a range: with 200-run segments about 6 KB at level 0 and 35 KB
+// at level 3, then four times as much a level (256 shards at most). A
+// shard object is a header line and one line per (run, manifest):
 //
 //	sidecar-archive-catalog/1 <level> <first> <last> <shards> <shard>
 //	<key, 16 lowercase hex digits> <manifest seq>
@@ -48,7 +49,9 @@ import (
 // most catalogFanout-1 of each level, then at most catalogSpan-1
 // manifests after the last full range, read directly), reads the run's
 // shard of each range, and confirms the newest manifest the shards name
-// by reading it. A shard that is absent or does not parse is replaced by
+// by reading it. The number of ranges is bounded (at most
+// catalogFanout-1 a level) up to catalogFanout times the widest range,
+// 2,097,152 manifests; past that, one more a 524,288 manifests. A shard that is absent or does not parse is replaced by
 // the ranges below it (and a range of level 0 by its manifests), so a
 // writer that died before building a range costs reads, never answers.
 const (
@@ -58,7 +61,7 @@ const (
 	catalogFanout  = 4
 	catalogLevels  = 8
 	maxShardBits   = 8
-	catalogReaders = 8 // objects one lookup or build reads at once
+	catalogReaders = 8 // objects a lookup, or a step of a build, reads or writes at once
 )
 
 // catalogWidth is the number of manifests a range of level l covers.
