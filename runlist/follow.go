@@ -7,11 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
@@ -129,7 +129,7 @@ func (f *follower) loop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		read, err := f.step(ctx)
+		read, more, err := f.step(ctx)
 		wait := f.opts.Poll
 		switch {
 		case err != nil && ctx.Err() == nil:
@@ -140,7 +140,7 @@ func (f *follower) loop(ctx context.Context) {
 			}
 			f.endTurn() // start again from the stored cursor
 			wait = backoff
-		case read >= f.opts.Batch:
+		case more:
 			backoff = 0
 			continue // behind: read on at once
 		case read > 0:
@@ -174,22 +174,23 @@ func (f *follower) endTurn() {
 	f.durs, f.dirty = nil, nil
 }
 
-// step does one batch: it returns the records it read (a full batch:
-// more are waiting).
-func (f *follower) step(ctx context.Context) (read int, err error) {
+// step does one round: it folds what the log has (foldReads), writes the
+// rows that changed and then the cursor. It returns the records it read
+// and whether more are waiting.
+func (f *follower) step(ctx context.Context) (read int, more bool, err error) {
 	if f.opts.Owner != nil && !f.opts.Owner.Owns(ownerKey) {
 		f.endTurn()
-		return 0, nil
+		return 0, false, nil
 	}
 	if !f.owner {
 		if err := f.loadCursor(ctx); err != nil {
-			return 0, err
+			return 0, false, err
 		}
 		fctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
 		tail, err := f.opts.Log.Follow(fctx, f.cursor)
 		cancel()
 		if err != nil {
-			return 0, err
+			return 0, false, err
 		}
 		f.owner, f.tail, f.tracked = true, tail, map[string]*tracked{}
 		f.durs, f.dirty = map[string]*StepDurations{}, map[string]bool{}
@@ -198,31 +199,25 @@ func (f *follower) step(ctx context.Context) (read int, err error) {
 			f.log.Info("run list: building the list from the start of the log")
 		}
 	}
-	sctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
-	recs, next, err := f.tail.Next(sctx, f.opts.Batch)
-	cancel()
+	dirty, next, read, more, err := f.foldReads(ctx)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if next == f.cursor {
 		if f.fresh {
 			f.log.Info("run list: built", zap.Uint64("through", f.cursor), zap.Int("runs", len(f.seen)))
 			f.fresh, f.seen = false, nil
 		}
-		return 0, f.maybeFloor(ctx)
-	}
-	dirty, err := f.fold(ctx, recs)
-	if err != nil {
-		return 0, err
+		return 0, false, f.maybeFloor(ctx)
 	}
 	if err := f.writeRows(ctx, dirty); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if err := f.writeDurations(ctx); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if err := f.saveCursor(ctx, next); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	for _, t := range dirty {
 		if statestore.IsTerminalRunStatus(t.snap.Status) {
@@ -230,9 +225,51 @@ func (f *follower) step(ctx context.Context) (read int, err error) {
 		}
 	}
 	f.bound()
-	// A batch that moved the cursor without records (events of no run)
-	// still counts as progress.
-	return max(len(recs), 1), nil
+	return read, more, nil
+}
+
+// maxFoldReads is how many full reads of the log (Options.Batch records
+// each) the follower folds before it writes their rows: a run whose
+// events span them (a bulk pause's RunPaused and RunDrainCompleted,
+// which PostgreSQL appends in rounds: every run's first event, then
+// every run's second) gets one row written for them, its latest.
+const maxFoldReads = 8
+
+// foldReads reads the log from the cursor, up to maxFoldReads full
+// reads while more are waiting, folds what it reads, and returns the runs
+// that changed (each once), the sequence read through (the cursor:
+// nothing new), how many records it read (a read that moved the cursor
+// without records, events of no run, counts as one: progress) and
+// whether its last read was full (more are waiting).
+func (f *follower) foldReads(ctx context.Context) (dirty []*tracked, next uint64, read int, more bool, err error) {
+	next = f.cursor
+	in := map[*tracked]bool{}
+	for range maxFoldReads {
+		sctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
+		recs, at, err := f.tail.Next(sctx, f.opts.Batch)
+		cancel()
+		if err != nil {
+			return nil, 0, 0, false, err
+		}
+		if at == next {
+			break
+		}
+		changed, err := f.fold(ctx, recs)
+		if err != nil {
+			return nil, 0, 0, false, err
+		}
+		for _, t := range changed {
+			if !in[t] {
+				in[t] = true
+				dirty = append(dirty, t)
+			}
+		}
+		next, read = at, read+max(len(recs), 1)
+		if more = len(recs) >= f.opts.Batch; !more {
+			break // caught up
+		}
+	}
+	return dirty, next, read, more, nil
 }
 
 // fold applies recs to the runs they belong to and returns the runs that
@@ -327,30 +364,21 @@ func (f *follower) readBack(ctx context.Context, runID string, upTo int64) (*tra
 	}
 }
 
-// writeRows writes the rows of the runs that changed, a few at a time.
+// rowWrites is how many row writes the follower keeps in flight: each
+// is a KV put the server stores on its own, so more in flight queue
+// there rather than on the follower.
+const rowWrites = 16
+
+// writeRows writes the rows of the runs that changed, rowWrites at a
+// time, and returns the first error (the other writes still run: a row
+// written is never wrong, only the cursor waits for all of them).
 func (f *follower) writeRows(ctx context.Context, dirty []*tracked) error {
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		first error
-		sem   = make(chan struct{}, 16)
-	)
+	var g errgroup.Group
+	g.SetLimit(rowWrites)
 	for _, t := range dirty {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			if err := f.writeRow(ctx, t); err != nil {
-				mu.Lock()
-				if first == nil {
-					first = err
-				}
-				mu.Unlock()
-			}
-		}()
+		g.Go(func() error { return f.writeRow(ctx, t) })
 	}
-	wg.Wait()
-	return first
+	return g.Wait()
 }
 
 // writeRow writes t's row unless the bucket holds a newer one (another
