@@ -243,3 +243,44 @@ func TestKeys_DownIsStoreUnavailable(t *testing.T) {
 		}
 	}
 }
+
+// TestKeys_NoteEngines: the batch form of NoteEngine on a real JetStream
+// KV notes each run as NoteEngine does: a new entry, a later cycle over
+// an earlier one, and never an earlier cycle over a later one (written
+// meanwhile by another replica); every note answers in order.
+func TestKeys_NoteEngines(t *testing.T) {
+	ctx := context.Background()
+	a, b := openKeys(t)
+	for _, n := range []drain.EngineNote{{RunID: "later", Paused: true, Cycle: 3}, {RunID: "earlier", Paused: false, Cycle: 1}} {
+		if err := b.NoteEngine(ctx, n.RunID, n.Paused, n.Cycle); err != nil {
+			t.Fatal(err)
+		}
+	}
+	notes := []drain.EngineNote{
+		{RunID: "later", Paused: false, Cycle: 2},
+		{RunID: "earlier", Paused: true, Cycle: 2},
+		{RunID: "new", Paused: true, Cycle: 1},
+	}
+	errs := a.NoteEngines(ctx, notes)
+	if len(errs) != len(notes) {
+		t.Fatalf("%d answers for %d notes", len(errs), len(notes))
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("note %s: %v", notes[i].RunID, err)
+		}
+	}
+	for run, want := range map[string]drain.EngineNote{
+		"later":   {Paused: true, Cycle: 3},
+		"earlier": {Paused: true, Cycle: 2},
+		"new":     {Paused: true, Cycle: 1},
+	} {
+		paused, cycle, err := b.EngineState(ctx, run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if paused != want.Paused || cycle != want.Cycle {
+			t.Errorf("%s: noted paused=%v cycle %d, want paused=%v cycle %d", run, paused, cycle, want.Paused, want.Cycle)
+		}
+	}
+}
