@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -16,24 +15,6 @@ type BulkEngine interface {
 	PauseMany(ctx context.Context, workflowIDs []string) map[string]error
 	ResumeMany(ctx context.Context, workflowIDs []string) map[string]error
 	TerminateMany(ctx context.Context, workflowIDs []string, reason string) map[string]error
-}
-
-// BatchLedger is an EngineLedger that notes many runs at once (Keys has
-// it). A bulk pause or resume notes the runs of a batch whose workflows
-// Conductor's call paused or resumed with it, before each run's rest
-// (whose own note then finds the entry written and writes nothing).
-type BatchLedger interface {
-	// NoteEngines notes each of notes as NoteEngine would and returns each
-	// one's error (nil: noted), in notes' order.
-	NoteEngines(ctx context.Context, notes []EngineNote) []error
-}
-
-// EngineNote is one run's note in the engine ledger: its workflow is
-// paused (or not) in Conductor for pause cycle Cycle.
-type EngineNote struct {
-	RunID  string
-	Paused bool
-	Cycle  int64
 }
 
 // Outcome is one run's result of a bulk action: the state and error the
@@ -69,9 +50,6 @@ func (c *Controller) PauseMany(ctx context.Context, runIDs []string, req PauseRe
 			}
 			return eachWorkflow(ctx, ids, c.engine.Pause)
 		},
-		func(p *pausing, err error) (EngineNote, bool) {
-			return EngineNote{RunID: p.runID, Paused: true, Cycle: p.cycle}, err == nil
-		},
 		func(ctx context.Context, p *pausing, err error, took time.Duration) (*State, error) {
 			return c.pauseEngine(ctx, p, err, took)
 		})
@@ -87,11 +65,6 @@ func (c *Controller) ResumeMany(ctx context.Context, runIDs []string, req Resume
 				return b.ResumeMany(ctx, ids)
 			}
 			return eachWorkflow(ctx, ids, c.engine.Resume)
-		},
-		func(r *resuming, err error) (EngineNote, bool) {
-			// Conductor refusing because the workflow is not paused is a
-			// resume applied (resumeEngine).
-			return EngineNote{RunID: r.runID, Paused: false, Cycle: r.snap.Pause.Cycle}, err == nil || isEngineConflict(err)
 		},
 		func(ctx context.Context, r *resuming, err error, _ time.Duration) (*State, error) {
 			return c.resumeEngine(ctx, r, err)
@@ -113,7 +86,6 @@ func (c *Controller) CancelMany(ctx context.Context, runIDs []string, reason, re
 				return c.engine.Terminate(ctx, wf, "cancelled: "+reason)
 			})
 		},
-		nil,
 		func(ctx context.Context, cl *cancelling, err error, _ time.Duration) (*State, error) {
 			return c.cancelEngine(ctx, cl, err)
 		})
@@ -122,14 +94,10 @@ func (c *Controller) CancelMany(ctx context.Context, runIDs []string, reason, re
 // bulk runs a bulk action over runIDs in batches of bulkBatch: logPart
 // for the runs of the batch (a run it answers, with a state or an error,
 // is done; else it names the run's workflow), engine once for the
-// batch's workflows, the engine ledger's notes of the batch (note: a
-// run's note after its workflow's error, ok false for none; nil: the
-// action notes nothing), then rest for each run with its workflow's
-// error.
+// batch's workflows, then rest for each run with its workflow's error.
 func bulk[T any](ctx context.Context, c *Controller, runIDs []string,
 	logPart func(context.Context, []string) []logged[T],
 	engine func(context.Context, []string) map[string]error,
-	note func(T, error) (EngineNote, bool),
 	rest func(context.Context, T, error, time.Duration) (*State, error)) []Outcome {
 	defer c.opts.Calls.begin(runIDs...)() // the Follower waits for these runs' requests (Calls)
 	out := make([]Outcome, len(runIDs))
@@ -159,18 +127,6 @@ func bulk[T any](ctx context.Context, c *Controller, runIDs []string,
 		began := c.opts.Now()
 		errs := engine(ctx, ids)
 		took := c.opts.Now().Sub(began)
-		if note != nil {
-			var notes []EngineNote
-			for i, p := range pending {
-				if !p {
-					continue
-				}
-				if n, ok := note(parts[i], errs[wfs[i]]); ok {
-					notes = append(notes, n)
-				}
-			}
-			c.noteMany(ctx, notes)
-		}
 		forEach(len(batch), func(i int) {
 			if pending[i] {
 				o := &out[from+i]
@@ -179,22 +135,6 @@ func bulk[T any](ctx context.Context, c *Controller, runIDs []string,
 		})
 	}
 	return out
-}
-
-// noteMany writes notes to the engine ledger at once when it has a batch
-// form (BatchLedger); else each run's rest notes its run. A note that
-// cannot be written is logged, as applied does, and its run's rest tries
-// it again.
-func (c *Controller) noteMany(ctx context.Context, notes []EngineNote) {
-	bl, ok := c.opts.Ledger.(BatchLedger)
-	if !ok || len(notes) == 0 {
-		return
-	}
-	for i, err := range bl.NoteEngines(ctx, notes) {
-		if err != nil {
-			c.logger.Warn("could not note Conductor's pause state in the run index", zap.String("runId", notes[i].RunID), zap.Error(err))
-		}
-	}
 }
 
 // forEach calls f(0..n-1), bulkWorkers at a time, and returns when every

@@ -17,7 +17,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 )
@@ -407,26 +406,4 @@ func isMissing(err error) bool {
 // CAS conflict also matches jetstream.ErrKeyExists (same API code).
 func isRevisionMismatch(err error) bool {
 	return errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists)
-}
-
-// ledgerWrites is how many notes NoteEngines keeps in flight.
-const ledgerWrites = 32
-
-var _ BatchLedger = (*Keys)(nil)
-
-// NoteEngines notes each of notes as NoteEngine does (an entry of a later
-// cycle stays), ledgerWrites at once, and returns each one's error in
-// notes' order.
-func (k *Keys) NoteEngines(ctx context.Context, notes []EngineNote) []error {
-	errs := make([]error, len(notes))
-	var g errgroup.Group
-	g.SetLimit(ledgerWrites)
-	for i, n := range notes {
-		g.Go(func() error {
-			errs[i] = k.NoteEngine(ctx, n.RunID, n.Paused, n.Cycle)
-			return nil
-		})
-	}
-	_ = g.Wait() // each error is in errs
-	return errs
 }
