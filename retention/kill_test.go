@@ -11,6 +11,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/archive"
 	"github.com/conductor-sidecar/sidecar/retention"
+	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
 // killBackendEnv names the backend of the child process of
@@ -36,7 +37,7 @@ func TestRetention_KillDashNine(t *testing.T) {
 
 func testKillDashNine(t *testing.T, b *backend) {
 	ctx := context.Background()
-	for _, at := range []string{"segment-written", "archive-confirmed", "one-run-removed"} {
+	for _, at := range []string{"segment-written", "archive-confirmed", "batch-removed"} {
 		t.Run(at, func(t *testing.T) {
 			// Set up the log, remember its runs, close it.
 			addr := b.create(t)
@@ -70,7 +71,7 @@ func testKillDashNine(t *testing.T, b *backend) {
 					removed++
 				}
 			}
-			want := map[string][3]int{"segment-written": {0, 1, 0}, "archive-confirmed": {1, 0, 0}, "one-run-removed": {1, 0, 1}}[at]
+			want := map[string][3]int{"segment-written": {0, 1, 0}, "archive-confirmed": {1, 0, 0}, "batch-removed": {1, 0, 3}}[at]
 			if got := [3]int{int(mid.Manifests), len(mid.Orphans), removed}; got != want {
 				t.Fatalf("after the kill: %d manifests, %d orphans, %d runs removed; want %v", got[0], got[1], got[2], want)
 			}
@@ -113,7 +114,7 @@ func TestRetention_KillChild(t *testing.T) {
 		dest.afterSegment = die
 	case "archive-confirmed":
 		a = killAfterWrite{arch, die}
-	case "one-run-removed":
+	case "batch-removed":
 		rm = killAfterRemove{rm, die}
 	}
 	r := h.retention(a, rm, retention.Options{BatchRuns: 3})
@@ -154,8 +155,8 @@ type killAfterRemove struct {
 	die func() error
 }
 
-func (k killAfterRemove) RemoveRun(ctx context.Context, runID string, last, n uint64) error {
-	if err := k.Remover.RemoveRun(ctx, runID, last, n); err != nil {
+func (k killAfterRemove) RemoveRuns(ctx context.Context, runs []statestore.Removal) error {
+	if err := k.Remover.RemoveRuns(ctx, runs); err != nil {
 		return err
 	}
 	return k.die()

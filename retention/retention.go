@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/conductor-sidecar/sidecar/archive"
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -70,11 +71,12 @@ type Archive interface {
 	Records(ctx context.Context, runID string) ([]statestore.RunEventRecord, error)
 }
 
-// Remover removes a run's records from the log, up to lastRunSeq, of which
-// there are records (natsstore.Remover, on the privileged connection).
-// Removing a run again is harmless.
+// Remover removes runs' records from the log, each up to its LastRunSeq,
+// of which there are Records (natsstore.Remover, on the privileged
+// connection; pgstore.Remover, as the retention role). Removing a run
+// again is harmless. On an error some of the runs may be removed.
 type Remover interface {
-	RemoveRun(ctx context.Context, runID string, lastRunSeq, records uint64) error
+	RemoveRuns(ctx context.Context, runs []statestore.Removal) error
 }
 
 // Forgetter drops what a component keeps per run (a bucket's keys, a
@@ -92,6 +94,9 @@ const (
 	DefaultBatchRuns = 200
 	// maxBackoff caps the wait after a failed pass.
 	maxBackoff = 5 * time.Minute
+	// forgetInFlight bounds the runs of a batch whose Forgetters run at
+	// once.
+	forgetInFlight = 16
 )
 
 // Options configures New.
@@ -259,10 +264,10 @@ func (r *Retention) Pass(ctx context.Context) (PassResult, error) {
 		if len(batch) == 0 {
 			break
 		}
-		n, err := r.archiveAndRemove(ctx, batch, &res)
+		left, err := r.archiveAndRemove(ctx, batch, &res)
 		if err != nil {
 			// Put back what was not removed, due now.
-			for _, b := range batch[n:] {
+			for _, b := range left {
 				r.push(b.run.ID, b.tenant, r.opts.Now())
 			}
 			r.opts.Metrics.queue(len(r.queue))
@@ -413,9 +418,9 @@ func (r *Retention) alreadyArchived(ctx context.Context, run archive.Run) (bool,
 }
 
 // archiveAndRemove writes the batch's runs that are not archived yet as
-// one segment, then forgets and removes each run. It returns how many runs
-// of the batch it removed.
-func (r *Retention) archiveAndRemove(ctx context.Context, batch []candidate, res *PassResult) (int, error) {
+// one segment, then forgets and removes the batch's runs. It returns the
+// runs of the batch it did not remove.
+func (r *Retention) archiveAndRemove(ctx context.Context, batch []candidate, res *PassResult) ([]candidate, error) {
 	var write []archive.Run
 	for _, c := range batch {
 		if !c.archived {
@@ -426,31 +431,58 @@ func (r *Retention) archiveAndRemove(ctx context.Context, batch []candidate, res
 		m, err := r.archive.Write(ctx, write)
 		if err != nil {
 			r.opts.Metrics.failed(stepArchive)
-			return 0, fmt.Errorf("archive %d runs: %w", len(write), err)
+			return batch, fmt.Errorf("archive %d runs: %w", len(write), err)
 		}
 		r.opts.Metrics.wrote(len(write), float64(r.opts.Now().Unix()))
 		res.Archived += len(write)
 		r.logger.Info("archived", zap.Uint64("manifest", m.Seq), zap.Int("runs", len(write)), zap.String("chain", m.Chain))
 	}
+	// Each run's Forgetters, in order, before its records leave; the
+	// batch's runs forgetInFlight at a time. A run whose Forgetters failed
+	// stays whole in the log; the others are removed.
+	forgot := make([]error, len(batch))
+	var g errgroup.Group
+	g.SetLimit(forgetInFlight)
 	for i, c := range batch {
-		if err := r.remove(ctx, c.run); err != nil {
+		g.Go(func() error {
+			for _, f := range r.opts.Forgetters {
+				if err := f.ForgetRun(ctx, c.run.ID); err != nil {
+					forgot[i] = fmt.Errorf("remove run %q: %w", c.run.ID, err)
+					return nil
+				}
+			}
+			return nil
+		})
+	}
+	_ = g.Wait() // each run's outcome is in forgot
+	var removals []statestore.Removal
+	var kept []candidate
+	for i, c := range batch {
+		if forgot[i] != nil {
+			kept = append(kept, c)
+			continue
+		}
+		last := c.run.Records[len(c.run.Records)-1].RunSeq
+		removals = append(removals, statestore.Removal{RunID: c.run.ID, LastRunSeq: uint64(last), Records: uint64(len(c.run.Records))})
+	}
+	if len(removals) > 0 {
+		if err := r.remover.RemoveRuns(ctx, removals); err != nil {
+			// Which of them left is not known: every one is tried again
+			// (removing a run again is harmless; a run found gone is
+			// skipped, uncounted).
 			r.opts.Metrics.failed(stepRemove)
-			return i, fmt.Errorf("remove run %q: %w", c.run.ID, err)
+			return batch, fmt.Errorf("remove %d runs: %w", len(removals), err)
 		}
-		r.opts.Metrics.removedRun()
-		res.Removed++
-	}
-	return len(batch), nil
-}
-
-func (r *Retention) remove(ctx context.Context, run archive.Run) error {
-	for _, f := range r.opts.Forgetters {
-		if err := f.ForgetRun(ctx, run.ID); err != nil {
-			return err
+		for range removals {
+			r.opts.Metrics.removedRun()
 		}
+		res.Removed += len(removals)
 	}
-	last := run.Records[len(run.Records)-1].RunSeq
-	return r.remover.RemoveRun(ctx, run.ID, uint64(last), uint64(len(run.Records)))
+	if err := errors.Join(forgot...); err != nil {
+		r.opts.Metrics.failed(stepRemove)
+		return kept, err
+	}
+	return nil, nil
 }
 
 // push queues runID due at due, or moves it later if it is queued earlier.

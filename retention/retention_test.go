@@ -546,11 +546,11 @@ type crashRemover struct {
 	after bool
 }
 
-func (c crashRemover) RemoveRun(ctx context.Context, runID string, last, n uint64) error {
+func (c crashRemover) RemoveRuns(ctx context.Context, runs []statestore.Removal) error {
 	if !c.after {
 		return c.crash
 	}
-	if err := c.Remover.RemoveRun(ctx, runID, last, n); err != nil {
+	if err := c.Remover.RemoveRuns(ctx, runs); err != nil {
 		return err
 	}
 	return c.crash

@@ -2,11 +2,16 @@ package retention_test
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/conductor-sidecar/sidecar/archive"
 	"github.com/conductor-sidecar/sidecar/retention"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 )
 
 // listingDest is a directory that counts the listings asked of it: on S3
@@ -53,4 +58,45 @@ func TestRetention_ArchiveListedPerSegment(t *testing.T) {
 		t.Fatalf("the archive was listed %d times for %d runs in %d segments, want at most %d", n, runs, runs/batch, most)
 	}
 	h.requireSafe(true)
+}
+
+// TestRetention_LedgerWrittenPerBatch: removing a segment's runs writes
+// the JetStream removal ledger once before the batch's purges and once
+// after, not twice per run (which made each removal a chain of round
+// trips, one run at a time), and every run still leaves, accounted for.
+func TestRetention_LedgerWrittenPerBatch(t *testing.T) {
+	ctx := context.Background()
+	const runs = 64
+	h := newHot(t, runs, 0, nil)
+	kv, err := h.js.KeyValue(ctx, natsstore.DefaultStateBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := kv.Watch(ctx, natsstore.DefaultStream+".removed", jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	r := h.retention(h.archive(nil), h.remover(), retention.Options{BatchRuns: runs})
+	res, err := r.Pass(ctx)
+	if err != nil || res.Removed != runs {
+		t.Fatalf("pass: %+v, %v; want %d removed", res, err, runs)
+	}
+	h.requireSafe(true)
+	// The last write (the batch done) was acknowledged before the pass
+	// returned; the watch has it once the ledger's value says so.
+	writes := 0
+	deadline := time.After(2 * time.Minute)
+	for done := false; !done; {
+		select {
+		case e := <-w.Updates():
+			writes++
+			done = string(e.Value()) == fmt.Sprintf(`{"removed":%d}`, 4*runs)
+		case <-deadline:
+			t.Fatalf("the ledger's last write did not arrive after %d writes", writes)
+		}
+	}
+	if writes > 2 {
+		t.Fatalf("the removal ledger was written %d times for %d runs in one segment, want 2 (pending, done)", writes, runs)
+	}
 }

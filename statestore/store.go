@@ -136,3 +136,13 @@ func CheckBatch(b RunBatch) error {
 	}
 	return nil
 }
+
+// Removal is one finished run leaving the log (retention, once its archive
+// was read back and checked): its records with runSeq up to LastRunSeq, of
+// which there are Records (the count its archive holds). Records the run
+// got after LastRunSeq stay.
+type Removal struct {
+	RunID      string
+	LastRunSeq uint64
+	Records    uint64
+}

@@ -11,6 +11,13 @@ func (s *Store) LeaderFetch(ctx context.Context, runID string, limit int) ([]sta
 	return s.leaderFetch(ctx, runID, s.prefix+"."+RunToken(runID)+".>", limit)
 }
 
-// SetStep makes r call step after each step of a removal ("pending",
-// "purged"); an error stops the removal there, as a crash would.
-func (r *Remover) SetStep(step func(string) error) { r.step = step }
+// SetStep makes r call step after each step of a removal ("pending";
+// "keys" and "purged" of each run; "purged" of the batch, runID empty);
+// an error stops the removal there, as a crash would.
+func (r *Remover) SetStep(step func(step, runID string) error) { r.step = step }
+
+// RemoveInFlight and RemoveBatchRuns are the Remover's bounds, for tests.
+const (
+	RemoveInFlight  = removeInFlight
+	RemoveBatchRuns = removeBatchRuns
+)

@@ -83,14 +83,14 @@ func checkConfig(have, want jetstream.StreamConfig) error {
 // sequences are 1..LastSeq without holes, and LastSeq never goes below a
 // sequence the sidecar saw stored, except for the records retention
 // removed: the removal ledger counts them, and the stream must be missing
-// exactly that many (plus, while a removal is under way, up to its
-// records).
+// exactly that many (plus, while a removal of a batch of runs is under
+// way, up to the batch's records).
 func checkState(name string, st jetstream.StreamState, watermark uint64, l ledger) error {
 	missing := st.LastSeq - min(st.Msgs, st.LastSeq)
 	switch {
 	case st.LastSeq < watermark:
 		return damaged(fmt.Sprintf("stream %s ends at sequence %d but sequence %d was stored before: the log was rolled back or truncated", name, st.LastSeq, watermark), nil)
-	case l.Removed > 0 || l.Pending != nil:
+	case l.Removed > 0 || len(l.Batch) > 0:
 		if missing < l.Removed || missing > l.Removed+l.pendingRecords() {
 			return damaged(fmt.Sprintf("stream %s is missing %d of its %d records, but retention removed %d (%s): records were lost or removed outside retention",
 				name, missing, st.LastSeq, l.Removed, l), nil)

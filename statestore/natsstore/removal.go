@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
@@ -27,14 +28,18 @@ const RetentionUser = "sidecar-retention"
 func ledgerKey(stream string) string { return stream + ".removed" }
 
 // ledger counts the records retention removed from a stream. A removal
-// first records itself as Pending, then purges, then adds its records to
-// Removed and clears Pending, each step a compare-and-set on one key: at
-// any moment the stream is missing between Removed and Removed+Pending's
-// records, and checkState holds it to that.
+// of a batch of runs first records them as Batch, then purges them, then
+// adds their records to Removed and clears Batch, each step a
+// compare-and-set on one key: at any moment the stream is missing between
+// Removed and Removed plus the batch's records, and checkState holds it to
+// that.
 type ledger struct {
 	// Removed is the number of records removed by finished removals.
 	Removed uint64 `json:"removed"`
-	// Pending is the removal under way, if any.
+	// Batch is the removal under way, if any: up to removeBatchRuns runs.
+	Batch []pendingRemoval `json:"batch,omitempty"`
+	// Pending is a removal under way of one run, the ledger's one-run
+	// form: loadLedger reads it into Batch, save never writes it.
 	Pending *pendingRemoval `json:"pending,omitempty"`
 }
 
@@ -47,17 +52,21 @@ type pendingRemoval struct {
 }
 
 func (l ledger) pendingRecords() uint64 {
-	if l.Pending == nil {
-		return 0
+	var n uint64
+	for _, p := range l.Batch {
+		n += p.Records
 	}
-	return l.Pending.Records
+	return n
 }
 
 func (l ledger) String() string {
-	if l.Pending == nil {
+	switch len(l.Batch) {
+	case 0:
 		return "no removal under way"
+	case 1:
+		return fmt.Sprintf("removal of run %q (%d records) under way", l.Batch[0].RunID, l.Batch[0].Records)
 	}
-	return fmt.Sprintf("removal of run %q (%d records) under way", l.Pending.RunID, l.Pending.Records)
+	return fmt.Sprintf("removal of %d runs (%d records) under way", len(l.Batch), l.pendingRecords())
 }
 
 // loadLedger reads the stream's removal ledger (zero when absent) and its
@@ -73,6 +82,10 @@ func loadLedger(ctx context.Context, kv jetstream.KeyValue, stream string) (ledg
 	var l ledger
 	if err := json.Unmarshal(e.Value(), &l); err != nil {
 		return ledger{}, 0, damaged(fmt.Sprintf("the removal ledger %s/%s does not parse", kv.Bucket(), ledgerKey(stream)), err)
+	}
+	if l.Pending != nil {
+		l.Batch = append(l.Batch, *l.Pending)
+		l.Pending = nil
 	}
 	return l, e.Revision(), nil
 }
@@ -132,6 +145,15 @@ func RunKey(runToken string) string { return runToken }
 // with its RunToken and a dot (SIDECAR_EVENT_IDS).
 func RunKeyPrefix(runToken string) string { return runToken + ".>" }
 
+// removeBatchRuns is the most runs one removal ledger entry holds: a
+// RemoveRuns of more is removed in batches of this many, each one
+// "pending" and one "done" write of the ledger.
+const removeBatchRuns = 64
+
+// removeInFlight bounds the runs of a batch whose counts and purges are in
+// flight at once.
+const removeInFlight = 16
+
 // Remover removes finished runs from the event stream: a per-subject purge
 // made as RetentionUser, accounted for in the removal ledger. It does not
 // decide what may be removed: its caller (retention) removes a run only
@@ -144,10 +166,13 @@ type Remover struct {
 	name   string
 	prefix string
 	log    *zap.Logger
-	// step, when set (tests), is called after each step of a removal
-	// ("pending", "purged"); an error stops the removal there, as if the
-	// process died.
-	step func(string) error
+	// step, when set (tests), is called after each step of a removal:
+	// "pending" (the batch is in the ledger), "keys" and "purged" of each
+	// run (its keys, then its records, are purged; runs of a batch run
+	// concurrently), and "purged" with no run once every run of the batch
+	// is. An error stops that run, or the batch, there, as if the process
+	// died.
+	step func(step, runID string) error
 }
 
 // OpenRemover binds to the event stream and its state bucket on js, a
@@ -185,60 +210,108 @@ func OpenRemover(ctx context.Context, js jetstream.JetStream, opts RemoverOption
 }
 
 // Recover finishes a removal a crash left pending: it purges the pending
-// run's records again (a no-op if they are gone) and adds them to the
-// ledger.
+// batch's runs again (a no-op for those that are gone) and adds their
+// records to the ledger.
 func (r *Remover) Recover(ctx context.Context) error {
 	l, rev, err := loadLedger(ctx, r.kv, r.name)
-	if err != nil || l.Pending == nil {
+	if err != nil || len(l.Batch) == 0 {
 		return err
 	}
-	r.log.Info("finishing a removal a restart interrupted", zap.String("runId", l.Pending.RunID), zap.Uint64("records", l.Pending.Records))
+	r.log.Info("finishing a removal a restart interrupted", zap.Int("runs", len(l.Batch)), zap.Uint64("records", l.pendingRecords()))
 	return r.finish(ctx, l, rev)
 }
 
-// RemoveRun removes the records of runID with runSeq up to lastRunSeq,
-// of which there must be records (the count its archive holds). Records
-// the run got later stay. Removing a run again is harmless.
+// RemoveRun removes one run: RemoveRuns of it alone.
 func (r *Remover) RemoveRun(ctx context.Context, runID string, lastRunSeq, records uint64) error {
-	if runID == "" || lastRunSeq == 0 || records == 0 || records > lastRunSeq {
-		return &statestore.Error{Code: statestore.CodeSchemaValidationFailed, Message: fmt.Sprintf("remove run %q: lastRunSeq %d, records %d", runID, lastRunSeq, records)}
+	return r.RemoveRuns(ctx, []statestore.Removal{{RunID: runID, LastRunSeq: lastRunSeq, Records: records}})
+}
+
+// RemoveRuns removes each run's records with runSeq up to its LastRunSeq,
+// of which there must be Records (the count its archive holds), in
+// batches of up to removeBatchRuns runs: one ledger write before a
+// batch's purges and one after, the purges of the batch's runs concurrent.
+// Records a run got later stay. Removing a run again is harmless. A run
+// whose count differs is left whole, the others are removed, and the
+// error (RUN_CHANGED) names it. A runId given twice removes nothing.
+func (r *Remover) RemoveRuns(ctx context.Context, runs []statestore.Removal) error {
+	seen := make(map[string]bool, len(runs))
+	for _, rm := range runs {
+		if rm.RunID == "" || rm.LastRunSeq == 0 || rm.Records == 0 || rm.Records > rm.LastRunSeq || seen[rm.RunID] {
+			return &statestore.Error{Code: statestore.CodeSchemaValidationFailed, Message: fmt.Sprintf("remove run %q: lastRunSeq %d, records %d (a runId once per call): nothing removed", rm.RunID, rm.LastRunSeq, rm.Records)}
+		}
+		seen[rm.RunID] = true
 	}
+	var changed []error
+	for len(runs) > 0 {
+		n := min(len(runs), removeBatchRuns)
+		c, err := r.removeBatch(ctx, runs[:n])
+		if err != nil {
+			return err
+		}
+		changed = append(changed, c...)
+		runs = runs[n:]
+	}
+	if len(changed) > 0 {
+		return &statestore.Error{Code: statestore.CodeRunChanged, Message: errors.Join(changed...).Error()}
+	}
+	return nil
+}
+
+// removeBatch removes up to removeBatchRuns runs and returns the runs it
+// left because their count differs.
+func (r *Remover) removeBatch(ctx context.Context, runs []statestore.Removal) ([]error, error) {
 	l, rev, err := loadLedger(ctx, r.kv, r.name)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if l.Pending != nil {
+	if len(l.Batch) > 0 {
 		if err := r.finish(ctx, l, rev); err != nil {
-			return err
+			return nil, err
 		}
 		if l, rev, err = loadLedger(ctx, r.kv, r.name); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	left, err := r.remaining(ctx, runID, lastRunSeq)
-	if err != nil {
-		return err
+	left := make([]uint64, len(runs))
+	var g errgroup.Group
+	g.SetLimit(removeInFlight)
+	for i, rm := range runs {
+		g.Go(func() (err error) {
+			left[i], err = r.remaining(ctx, rm.RunID, rm.LastRunSeq)
+			return err
+		})
 	}
-	if left == 0 {
-		return nil // removed before (keys first, so they went too)
+	if err := g.Wait(); err != nil {
+		return nil, err
 	}
-	if left != records {
-		return &statestore.Error{Code: statestore.CodeRunChanged, Message: fmt.Sprintf("run %q has %d records up to runSeq %d, not the %d archived: nothing removed", runID, left, lastRunSeq, records)}
+	var changed []error
+	for i, rm := range runs {
+		switch left[i] {
+		case 0: // removed before (keys first, so they went too)
+		case rm.Records:
+			l.Batch = append(l.Batch, pendingRemoval{RunID: rm.RunID, LastRunSeq: rm.LastRunSeq, Records: rm.Records})
+		default:
+			changed = append(changed, fmt.Errorf("run %q has %d records up to runSeq %d, not the %d archived: nothing of it removed", rm.RunID, left[i], rm.LastRunSeq, rm.Records))
+		}
 	}
-	l.Pending = &pendingRemoval{RunID: runID, LastRunSeq: lastRunSeq, Records: records}
+	if len(l.Batch) == 0 {
+		return changed, nil
+	}
 	if rev, err = r.save(ctx, l, rev); err != nil {
-		return err
+		return nil, err
 	}
-	if err := r.at("pending"); err != nil {
-		return err
+	if err := r.at("pending", ""); err != nil {
+		return nil, err
 	}
-	return r.finish(ctx, l, rev)
+	return changed, r.finish(ctx, l, rev)
 }
 
-// finish purges l.Pending's keys and records and moves them to Removed.
+// finish purges the keys and records of l.Batch's runs, removeInFlight
+// runs at a time, and once every one is purged moves their records to
+// Removed.
 func (r *Remover) finish(ctx context.Context, l ledger, rev uint64) error {
-	p := l.Pending
-	token := RunToken(p.RunID)
+	var buckets []jetstream.Stream
+	var subjects []func(string) string
 	for _, k := range r.keys {
 		st, err := r.js.Stream(ctx, "KV_"+k.Bucket)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -247,23 +320,40 @@ func (r *Remover) finish(ctx context.Context, l ledger, rev uint64) error {
 		if err != nil {
 			return unavailable("open bucket "+k.Bucket+" for removal", err)
 		}
-		if err := st.Purge(ctx, jetstream.WithPurgeSubject("$KV."+k.Bucket+"."+k.Keys(token))); err != nil {
-			return unavailable("purge run "+p.RunID+" from "+k.Bucket, err)
-		}
+		buckets = append(buckets, st)
+		subjects = append(subjects, func(token string) string { return "$KV." + k.Bucket + "." + k.Keys(token) })
 	}
-	if err := r.at("keys"); err != nil {
+	var g errgroup.Group
+	g.SetLimit(removeInFlight)
+	for _, p := range l.Batch {
+		g.Go(func() error {
+			token := RunToken(p.RunID)
+			for i, st := range buckets {
+				if err := st.Purge(ctx, jetstream.WithPurgeSubject(subjects[i](token))); err != nil {
+					return unavailable("purge run "+p.RunID+" from "+st.CachedInfo().Config.Name, err)
+				}
+			}
+			if err := r.at("keys", p.RunID); err != nil {
+				return err
+			}
+			err := r.stream.Purge(ctx, jetstream.WithPurgeSubject(r.prefix+"."+token+".>"), jetstream.WithPurgeSequence(p.LastRunSeq+1))
+			if err != nil {
+				return unavailable("purge run "+p.RunID, err)
+			}
+			return r.at("purged", p.RunID)
+		})
+	}
+	// Every run of the batch is tried; the first failure is returned and
+	// the batch stays pending, finished by the next removal or open.
+	if err := g.Wait(); err != nil {
 		return err
 	}
-	err := r.stream.Purge(ctx, jetstream.WithPurgeSubject(r.prefix+"."+RunToken(p.RunID)+".>"), jetstream.WithPurgeSequence(p.LastRunSeq+1))
-	if err != nil {
-		return unavailable("purge run "+p.RunID, err)
-	}
-	if err := r.at("purged"); err != nil {
+	if err := r.at("purged", ""); err != nil {
 		return err
 	}
-	l.Removed += p.Records
-	l.Pending = nil
-	_, err = r.save(ctx, l, rev)
+	l.Removed += l.pendingRecords()
+	l.Batch = nil
+	_, err := r.save(ctx, l, rev)
 	return err
 }
 
@@ -308,9 +398,9 @@ func (r *Remover) save(ctx context.Context, l ledger, rev uint64) (uint64, error
 	return rev, nil
 }
 
-func (r *Remover) at(step string) error {
+func (r *Remover) at(step, runID string) error {
 	if r.step == nil {
 		return nil
 	}
-	return r.step(step)
+	return r.step(step, runID)
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap/zaptest"
@@ -264,7 +266,7 @@ func TestRemover_CrashAtEachStep(t *testing.T) {
 		t.Run(step, func(t *testing.T) {
 			s, srv, js, ids := removable(t)
 			r := openRemover(t, srv)
-			r.SetStep(func(at string) error {
+			r.SetStep(func(at, _ string) error {
 				if at == step {
 					return crash
 				}
@@ -274,29 +276,193 @@ func TestRemover_CrashAtEachStep(t *testing.T) {
 			if err := r.RemoveRun(ctx, ids[1], last, n); !errors.Is(err, crash) {
 				t.Fatalf("got %v, want the crash", err)
 			}
-			if err := s.Check(ctx); err != nil {
-				t.Fatalf("Check with a removal under way: %v", err)
-			}
-			s2, err := natsstore.Open(ctx, js, natsstore.Options{Removable: true})
-			if err != nil {
-				t.Fatalf("reopen with a removal under way: %v", err)
-			}
-			s2.Close()
-			openRemover(t, srv) // recovers
-			if _, got := lastSeq(t, s, ids[1]); got != 0 {
-				t.Fatalf("run has %d records after recovery", got)
-			}
-			if err := s.Check(ctx); err != nil {
-				t.Fatalf("Check after recovery: %v", err)
-			}
-			// One more removal keeps the ledger exact.
-			last, n = lastSeq(t, s, ids[2])
-			if err := openRemover(t, srv).RemoveRun(ctx, ids[2], last, n); err != nil {
+			requireRecovers(t, s, srv, js, ids[1:2], ids[2])
+		})
+	}
+}
+
+// requireRecovers checks a log a removal of gone crashed in: it verifies,
+// a store opens on it, a new Remover finishes the removal (every run of
+// gone leaves), and a removal of next after it keeps the ledger exact.
+func requireRecovers(t *testing.T, s *natsstore.Store, srv *natsstore.Embedded, js jetstream.JetStream, gone []string, next string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := s.Check(ctx); err != nil {
+		t.Fatalf("Check with a removal under way: %v", err)
+	}
+	s2, err := natsstore.Open(ctx, js, natsstore.Options{Removable: true})
+	if err != nil {
+		t.Fatalf("reopen with a removal under way: %v", err)
+	}
+	s2.Close()
+	openRemover(t, srv) // recovers
+	for _, id := range gone {
+		if _, got := lastSeq(t, s, id); got != 0 {
+			t.Fatalf("run %s has %d records after recovery", id, got)
+		}
+	}
+	if err := s.Check(ctx); err != nil {
+		t.Fatalf("Check after recovery: %v", err)
+	}
+	last, n := lastSeq(t, s, next)
+	if err := openRemover(t, srv).RemoveRun(ctx, next, last, n); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(ctx); err != nil {
+		t.Fatalf("Check after the next removal: %v", err)
+	}
+}
+
+// removableRuns is removable with n finished runs of 3 events.
+func removableRuns(t *testing.T, n int) (*natsstore.Store, *natsstore.Embedded, jetstream.JetStream, []string) {
+	t.Helper()
+	s, srv, js, ids := removable(t)
+	for i := len(ids); i < n; i++ {
+		id := fmt.Sprintf("run-%d", i)
+		ids = append(ids, id)
+		for _, w := range []*statestore.RunEventWrite{storetest.Event(id, statestore.RunStarted, ""), storetest.Event(id, statestore.StepStarted, "s"), storetest.Event(id, statestore.RunCompleted, "")} {
+			if _, err := s.Append(context.Background(), w); err != nil {
 				t.Fatal(err)
 			}
-			if err := s.Check(ctx); err != nil {
-				t.Fatalf("Check after the next removal: %v", err)
+		}
+	}
+	return s, srv, js, ids
+}
+
+func removals(t *testing.T, s *natsstore.Store, ids []string) []statestore.Removal {
+	t.Helper()
+	var out []statestore.Removal
+	for _, id := range ids {
+		last, n := lastSeq(t, s, id)
+		out = append(out, statestore.Removal{RunID: id, LastRunSeq: last, Records: n})
+	}
+	return out
+}
+
+// TestRemover_CrashInTheMiddleOfABatch stops a batch's removal with some
+// of its runs purged and others not (their keys purged, their records
+// not), as a kill -9 between two purges would: the log verifies, and the
+// next Remover purges the rest and accounts for exactly the batch.
+func TestRemover_CrashInTheMiddleOfABatch(t *testing.T) {
+	ctx := context.Background()
+	crash := errors.New("crash")
+	s, srv, js, ids := removableRuns(t, 8)
+	batch := ids[:7]
+	stopped := map[string]bool{ids[1]: true, ids[4]: true, ids[6]: true}
+	r := openRemover(t, srv)
+	r.SetStep(func(at, runID string) error {
+		if at == "keys" && stopped[runID] {
+			return crash
+		}
+		return nil
+	})
+	if err := r.RemoveRuns(ctx, removals(t, s, batch)); !errors.Is(err, crash) {
+		t.Fatalf("got %v, want the crash", err)
+	}
+	for _, id := range batch {
+		if _, n := lastSeq(t, s, id); (n == 0) == stopped[id] {
+			t.Fatalf("run %s has %d records after the crash (stopped before its purge: %v)", id, n, stopped[id])
+		}
+	}
+	requireRecovers(t, s, srv, js, batch, ids[7])
+}
+
+// TestRemover_Batch: a batch's runs are purged concurrently, at most
+// RemoveInFlight at a time; a run whose count differs stays whole while
+// the others leave; a runId given twice removes nothing.
+func TestRemover_Batch(t *testing.T) {
+	ctx := context.Background()
+	t.Run("Concurrent", func(t *testing.T) {
+		s, srv, _, ids := removableRuns(t, natsstore.RemoveBatchRuns+10)
+		r := openRemover(t, srv)
+		var in, most atomic.Int64
+		deadline := time.Now().Add(2 * time.Minute) // a safety net for the whole batch
+		r.SetStep(func(at, runID string) error {
+			if at != "keys" {
+				return nil
 			}
+			n := in.Add(1)
+			defer in.Add(-1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			// Wait for a second run to be purged alongside, then a moment
+			// for more to pile in.
+			for most.Load() < 2 && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			time.Sleep(20 * time.Millisecond)
+			return nil
 		})
+		if err := r.RemoveRuns(ctx, removals(t, s, ids)); err != nil {
+			t.Fatal(err)
+		}
+		if m := most.Load(); m < 2 || m > natsstore.RemoveInFlight {
+			t.Fatalf("%d runs were purged at once, want 2 to %d", m, natsstore.RemoveInFlight)
+		}
+		for _, id := range ids {
+			if _, n := lastSeq(t, s, id); n != 0 {
+				t.Fatalf("run %s has %d records after removal", id, n)
+			}
+		}
+		if err := s.Check(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("OneRunChanged", func(t *testing.T) {
+		s, srv, _, ids := removableRuns(t, 5)
+		rs := removals(t, s, ids)
+		rs[2].Records--
+		if err := openRemover(t, srv).RemoveRuns(ctx, rs); !errors.Is(err, statestore.ErrRunChanged) {
+			t.Fatalf("got %v, want ErrRunChanged", err)
+		}
+		for i, id := range ids {
+			if _, n := lastSeq(t, s, id); (i == 2) != (n == 3) {
+				t.Fatalf("run %s has %d records", id, n)
+			}
+		}
+		if err := s.Check(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("RunTwiceRemovesNothing", func(t *testing.T) {
+		s, srv, _, ids := removableRuns(t, 3)
+		rs := removals(t, s, ids)
+		rs = append(rs, rs[0])
+		if err := openRemover(t, srv).RemoveRuns(ctx, rs); !errors.Is(err, statestore.ErrSchemaValidation) {
+			t.Fatalf("got %v, want ErrSchemaValidation", err)
+		}
+		for _, id := range ids {
+			if _, n := lastSeq(t, s, id); n != 3 {
+				t.Fatalf("run %s has %d records", id, n)
+			}
+		}
+	})
+}
+
+// TestRemover_OnePendingRunLedger: a ledger holding one pending run in
+// its one-run form ("pending") is finished on open like a batch.
+func TestRemover_OnePendingRunLedger(t *testing.T) {
+	ctx := context.Background()
+	s, srv, js, ids := removable(t)
+	last, n := lastSeq(t, s, ids[0])
+	if err := openRemover(t, srv).RemoveRun(ctx, ids[0], last, n); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, natsstore.DefaultStateBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, n = lastSeq(t, s, ids[1])
+	old := fmt.Sprintf(`{"removed":3,"pending":{"runId":%q,"lastRunSeq":%d,"records":%d}}`, ids[1], last, n)
+	if _, err := kv.PutString(ctx, natsstore.DefaultStream+".removed", old); err != nil {
+		t.Fatal(err)
+	}
+	requireRecovers(t, s, srv, js, ids[:2], ids[2])
+	e, err := kv.Get(ctx, natsstore.DefaultStream+".removed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(e.Value()); got != `{"removed":9}` {
+		t.Fatalf("ledger %s, want {\"removed\":9}", got)
 	}
 }

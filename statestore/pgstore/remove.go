@@ -2,11 +2,13 @@ package pgstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
@@ -22,6 +24,10 @@ type RemoverOptions struct {
 	Timeout time.Duration
 	Logger  *zap.Logger
 }
+
+// removeConns is the retention role's connections: the runs of a
+// RemoveRuns removed this many at a time, each in its own transaction.
+const removeConns = 2
 
 // Remover removes finished runs from the log through remove_run
 // (migrations/0005), connected as the retention role: each run's records,
@@ -51,7 +57,7 @@ func OpenRemover(ctx context.Context, url string, opts RemoverOptions) (*Remover
 	if err != nil {
 		return nil, &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: "parse the retention PostgreSQL URL (postgres://user:password@host:port/database)", Err: err}
 	}
-	cfg.MaxConns = 2
+	cfg.MaxConns = removeConns
 	octx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
 	pool, err := connect(octx, cfg)
@@ -86,6 +92,23 @@ func admitRemover(ctx context.Context, pool *pgxpool.Pool) error {
 
 // Close closes the pool.
 func (r *Remover) Close() { r.pool.Close() }
+
+// RemoveRuns removes runs, each as RemoveRun does (a transaction of its
+// own), removeConns at a time. Every run is tried; the errors of those
+// not removed are returned, joined.
+func (r *Remover) RemoveRuns(ctx context.Context, runs []statestore.Removal) error {
+	errs := make([]error, len(runs))
+	var g errgroup.Group
+	g.SetLimit(removeConns)
+	for i, rm := range runs {
+		g.Go(func() error {
+			errs[i] = r.RemoveRun(ctx, rm.RunID, rm.LastRunSeq, rm.Records)
+			return nil
+		})
+	}
+	_ = g.Wait() // each run's outcome is in errs
+	return errors.Join(errs...)
+}
 
 // RemoveRun removes runID from the log: its records (runSeq 1 to
 // lastRunSeq, records of them), its counter row, its saved snapshot and
