@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,25 +26,22 @@ import (
 // returns the store, the server and the runs' ids.
 func removable(t *testing.T) (*natsstore.Store, *natsstore.Embedded, jetstream.JetStream, []string) {
 	t.Helper()
-	ctx := context.Background()
-	js, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Logger: zaptest.NewLogger(t),
+	s, srv, js := openRemovable(t, t.TempDir())
+	return s, srv, js, appendRuns(t, s, nil, 3)
+}
+
+// openRemovable starts a server on dir and opens a Removable store as the
+// sidecar's least-privileged user.
+func openRemovable(t *testing.T, dir string) (*natsstore.Store, *natsstore.Embedded, jetstream.JetStream) {
+	t.Helper()
+	js, srv := natstest.StartIn(t, dir, natsstore.EmbeddedConfig{Logger: zaptest.NewLogger(t),
 		RetentionPermissions: natsstore.RetentionPermissions(natsstore.DefaultStream, natsstore.DefaultStateBucket, natsstore.DefaultSnapshotBucket, idsBucket)})
-	s, err := natsstore.Open(ctx, js, natsstore.Options{Removable: true, Logger: zaptest.NewLogger(t), SnapshotBucket: natsstore.DefaultSnapshotBucket})
+	s, err := natsstore.Open(context.Background(), js, natsstore.Options{Removable: true, Logger: zaptest.NewLogger(t), SnapshotBucket: natsstore.DefaultSnapshotBucket})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	var ids []string
-	for i := range 3 {
-		id := fmt.Sprintf("run-%d", i)
-		ids = append(ids, id)
-		for _, w := range []*statestore.RunEventWrite{storetest.Event(id, statestore.RunStarted, ""), storetest.Event(id, statestore.StepStarted, "s"), storetest.Event(id, statestore.RunCompleted, "")} {
-			if _, err := s.Append(ctx, w); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	return s, srv, js, ids
+	return s, srv, js
 }
 
 // idsBucket is a bucket with keys <runToken>.<key>, like the registry's.
@@ -317,6 +318,13 @@ func requireRecovers(t *testing.T, s *natsstore.Store, srv *natsstore.Embedded, 
 func removableRuns(t *testing.T, n int) (*natsstore.Store, *natsstore.Embedded, jetstream.JetStream, []string) {
 	t.Helper()
 	s, srv, js, ids := removable(t)
+	return s, srv, js, appendRuns(t, s, ids, n)
+}
+
+// appendRuns appends finished runs of 3 events after ids, up to n runs,
+// and returns every run's id.
+func appendRuns(t *testing.T, s *natsstore.Store, ids []string, n int) []string {
+	t.Helper()
 	for i := len(ids); i < n; i++ {
 		id := fmt.Sprintf("run-%d", i)
 		ids = append(ids, id)
@@ -326,7 +334,7 @@ func removableRuns(t *testing.T, n int) (*natsstore.Store, *natsstore.Embedded, 
 			}
 		}
 	}
-	return s, srv, js, ids
+	return ids
 }
 
 func removals(t *testing.T, s *natsstore.Store, ids []string) []statestore.Removal {
@@ -465,4 +473,79 @@ func TestRemover_OnePendingRunLedger(t *testing.T) {
 	if got := string(e.Value()); got != `{"removed":9}` {
 		t.Fatalf("ledger %s, want {\"removed\":9}", got)
 	}
+}
+
+// killDirEnv is the data dir of TestRemover_KillChild's server, set by
+// TestRemover_KillDashNineInTheMiddleOfABatch.
+const killDirEnv = "NATSSTORE_KILL_DIR"
+
+// killBatch is the batch the child removes and killStopped its runs the
+// child's purges never reach: their keys are purged, their records not.
+var (
+	killBatch   = []string{"run-0", "run-1", "run-2", "run-3", "run-4", "run-5", "run-6"}
+	killStopped = map[string]bool{"run-1": true, "run-4": true, "run-6": true}
+)
+
+// TestRemover_KillDashNineInTheMiddleOfABatch kills (SIGKILL) a process
+// whose Remover is in the middle of a batch's purges, with some of the
+// batch's runs purged and the others not, and checks from this process on
+// the same data dir that the log verifies, that a new Remover finishes
+// the batch and that the ledger stays exact.
+func TestRemover_KillDashNineInTheMiddleOfABatch(t *testing.T) {
+	if os.Getenv(killDirEnv) != "" {
+		t.Skip("the child's own run")
+	}
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "nats")
+	{
+		s, srv, _ := openRemovable(t, dir)
+		appendRuns(t, s, nil, len(killBatch)+1)
+		s.Close()
+		srv.Shutdown()
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRemover_KillChild$", "-test.v")
+	cmd.Env = append(os.Environ(), killDirEnv+"="+dir)
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("child: %v, want killed by SIGKILL\n%s", err, out)
+	}
+	s, srv, js := openRemovable(t, dir)
+	for _, id := range killBatch {
+		if _, n := lastSeq(t, s, id); (n == 0) == killStopped[id] {
+			t.Fatalf("run %s has %d records after the kill (its purge never reached: %v)", id, n, killStopped[id])
+		}
+	}
+	requireRecovers(t, s, srv, js, killBatch, "run-7")
+	if err := s.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRemover_KillChild is the child of
+// TestRemover_KillDashNineInTheMiddleOfABatch: it removes killBatch and
+// SIGKILLs its own process once every run of it but killStopped is
+// purged, those waiting after their keys' purge.
+func TestRemover_KillChild(t *testing.T) {
+	dir := os.Getenv(killDirEnv)
+	if dir == "" {
+		t.Skip("run by TestRemover_KillDashNineInTheMiddleOfABatch")
+	}
+	s, srv, _ := openRemovable(t, dir)
+	r := openRemover(t, srv)
+	var purged atomic.Int64
+	r.SetStep(func(at, runID string) error {
+		switch {
+		case at == "keys" && killStopped[runID]:
+			select {} // never purged: the kill comes first
+		case at == "purged" && runID != "":
+			if purged.Add(1) == int64(len(killBatch)-len(killStopped)) {
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				select {}
+			}
+		}
+		return nil
+	})
+	err := r.RemoveRuns(context.Background(), removals(t, s, killBatch))
+	t.Fatalf("the removal ended without being killed: %v", err)
 }
