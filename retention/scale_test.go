@@ -3,6 +3,7 @@ package retention_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -99,4 +100,49 @@ func TestRetention_LedgerWrittenPerBatch(t *testing.T) {
 	if writes > 2 {
 		t.Fatalf("the removal ledger was written %d times for %d runs in one segment, want 2 (pending, done)", writes, runs)
 	}
+}
+
+// TestRetention_ForgettersRunConcurrently: the Forgetters of a segment's
+// runs run for several runs at once, at most ForgetInFlight, each run's
+// in order and before its records leave.
+func TestRetention_ForgettersRunConcurrently(t *testing.T) {
+	ctx := context.Background()
+	const runs = 40
+	h := newHot(t, runs, 0, nil)
+	var in, most atomic.Int64
+	deadline := time.Now().Add(2 * time.Minute) // a safety net for the whole pass
+	var order sync.Map                          // runID -> Forgetters called, in order
+	first := forgetFunc(func(ctx context.Context, runID string) error {
+		n := in.Add(1)
+		defer in.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		// Wait for a second run to be forgotten alongside, then a moment
+		// for more to pile in.
+		for most.Load() < 2 && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(20 * time.Millisecond)
+		order.Store(runID, "first")
+		return nil
+	})
+	second := forgetFunc(func(ctx context.Context, runID string) error {
+		if v, _ := order.Load(runID); v != "first" {
+			return fmt.Errorf("run %s: second Forgetter before the first", runID)
+		}
+		if recs, err := h.store.Fetch(ctx, runID, 0, 0); err != nil || len(recs) == 0 {
+			return fmt.Errorf("run %s: records gone before its Forgetters ran (%v)", runID, err)
+		}
+		order.Store(runID, "second")
+		return nil
+	})
+	r := h.retention(h.archive(nil), h.remover(), retention.Options{BatchRuns: runs, Forgetters: []retention.Forgetter{first, second}})
+	res, err := r.Pass(ctx)
+	if err != nil || res.Removed != runs {
+		t.Fatalf("pass: %+v, %v; want %d removed", res, err, runs)
+	}
+	if m := most.Load(); m < 2 || m > retention.ForgetInFlight {
+		t.Fatalf("%d runs' Forgetters ran at once, want 2 to %d", m, retention.ForgetInFlight)
+	}
+	h.requireSafe(true)
 }

@@ -1,0 +1,4 @@
+package retention
+
+// ForgetInFlight bounds the runs whose Forgetters run at once, for tests.
+const ForgetInFlight = forgetInFlight
