@@ -74,10 +74,13 @@ type Archive struct {
 	// headRead is whether head was read from the destination (Open's
 	// read fails while the destination is down; Write reads it then).
 	headRead bool
-	// index maps a runId to where its newest copy is listed; built by
-	// loadIndex and kept up to date by Write.
-	index   map[string]location
-	indexed uint64 // manifests read into index: 1..indexed
+	// index maps a runId to where its newest copy is listed in the
+	// newest indexWindow manifests; built by loadIndex and kept up to date
+	// by Write. indexRuns are the runIds each of those manifests added,
+	// to drop them when the manifest leaves the window.
+	index     map[string]location
+	indexRuns map[uint64][]string
+	indexed   uint64 // the index is current through manifest indexed
 	// recent are the run keys of manifests the catalog does not cover
 	// yet (about catalogSpan of them): those this Archive wrote, for the
 	// range of level 0 its writes complete, and those its lookups read
@@ -111,7 +114,7 @@ func Open(ctx context.Context, dest Destination, opts Options) (*Archive, error)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	a := &Archive{dest: dest, now: opts.Now, index: map[string]location{}, recent: map[uint64][]uint64{}}
+	a := &Archive{dest: dest, now: opts.Now, index: map[string]location{}, indexRuns: map[uint64][]string{}, recent: map[uint64][]uint64{}}
 	if err := a.loadHead(ctx); err != nil && !errors.Is(err, ErrUnavailable) {
 		return nil, err
 	}
@@ -285,13 +288,38 @@ func (a *Archive) write(ctx context.Context, runs []Run) (*Manifest, error) {
 		}
 	}
 	if a.indexed == m.Seq-1 {
-		for i, e := range m.Runs {
-			a.index[e.RunID] = location{seq: m.Seq, entry: i}
-		}
-		a.indexed = m.Seq
+		a.indexManifest(m)
 	}
 	out := *m
 	return &out, nil
+}
+
+// indexWindow is how many of the newest manifests the index holds: what
+// an Archive keeps per archived run follows this window, not the
+// archive's history. Older runs are found through the catalog.
+const indexWindow = 2 * catalogSpan
+
+// indexManifest adds m's runs to the index, as its newest manifest, and
+// drops the runs of manifests that left the window. a.mu is held.
+func (a *Archive) indexManifest(m *Manifest) {
+	ids := make([]string, len(m.Runs))
+	for i, e := range m.Runs {
+		a.index[e.RunID] = location{seq: m.Seq, entry: i}
+		ids[i] = e.RunID
+	}
+	a.indexRuns[m.Seq] = ids
+	a.indexed = m.Seq
+	for seq, ids := range a.indexRuns {
+		if seq+indexWindow > m.Seq {
+			continue
+		}
+		for _, id := range ids {
+			if l, ok := a.index[id]; ok && l.seq == seq {
+				delete(a.index, id)
+			}
+		}
+		delete(a.indexRuns, seq)
+	}
 }
 
 // loadIndex reads the manifests the index has not read yet. Called
@@ -307,6 +335,9 @@ func (a *Archive) loadIndex(ctx context.Context) error {
 	a.mu.Lock()
 	from := a.indexed
 	a.mu.Unlock()
+	if n := len(seqs); n > 0 && seqs[n-1] > indexWindow {
+		from = max(from, seqs[n-1]-indexWindow) // older ones would leave the window at once
+	}
 	for _, seq := range seqs {
 		if seq <= from {
 			continue
@@ -317,10 +348,7 @@ func (a *Archive) loadIndex(ctx context.Context) error {
 		}
 		a.mu.Lock()
 		if seq > a.indexed {
-			for i, e := range m.Runs {
-				a.index[e.RunID] = location{seq: seq, entry: i}
-			}
-			a.indexed = seq
+			a.indexManifest(m)
 			if a.head == nil || seq > a.head.Seq {
 				a.head = m
 			}
@@ -344,16 +372,18 @@ func (a *Archive) Lookup(ctx context.Context, runID string) (*RunEntry, error) {
 }
 
 // Refresh reads the manifests written since the archive last read them
-// (by another process, or one before a restart), so that LookupRead
-// answers for their runs. It lists the destination once.
+// (by another process, or one before a restart), at most the newest
+// indexWindow of them, so that LookupRead answers for their runs. It
+// lists the destination once.
 func (a *Archive) Refresh(ctx context.Context) error {
 	return a.loadIndex(ctx)
 }
 
-// LookupRead is Lookup from the manifests this Archive has read (at
-// Refresh, Lookup, or its own Write): it never lists the destination, so
-// its cost does not grow with the archive. A run only in manifests
-// written since gives an error matching ErrRunNotFound.
+// LookupRead is Lookup from the newest indexWindow manifests this
+// Archive has read (at Refresh, Lookup, or its own Write): it never lists
+// the destination, so its cost does not grow with the archive. A run only
+// in manifests written since, or only in older ones, gives an error
+// matching ErrRunNotFound.
 func (a *Archive) LookupRead(ctx context.Context, runID string) (*RunEntry, error) {
 	a.mu.Lock()
 	_, ok := a.index[runID]
@@ -368,26 +398,29 @@ func (a *Archive) LookupRead(ctx context.Context, runID string) (*RunEntry, erro
 // NewestSeq returns the manifest that holds runID's newest copy in the
 // archive (a run archived again, with records that arrived after its
 // first copy, has more than one), reading the manifests after those it
-// has read only when through is beyond them or the run is not among
-// them; an error matching ErrRunNotFound when the archive does not hold
-// the run.
+// has read when through is beyond them, and finding a run older than the
+// index's window through the catalog; an error matching ErrRunNotFound
+// when the archive does not hold the run.
 func (a *Archive) NewestSeq(ctx context.Context, runID string, through uint64) (uint64, error) {
 	a.mu.Lock()
-	loc, ok := a.index[runID]
 	indexed := a.indexed
 	a.mu.Unlock()
-	if !ok || indexed < through {
+	if indexed < through {
 		if err := a.loadIndex(ctx); err != nil {
 			return 0, err
 		}
-		a.mu.Lock()
-		loc, ok = a.index[runID]
-		a.mu.Unlock()
-		if !ok {
-			return 0, newError(CodeRunNotFound, nil, "run %q is not in %s", runID, a.dest)
-		}
 	}
-	return loc.seq, nil
+	a.mu.Lock()
+	loc, ok := a.index[runID]
+	a.mu.Unlock()
+	if ok {
+		return loc.seq, nil // the window holds the newest manifests
+	}
+	m, _, err := a.lookupCatalog(ctx, runID)
+	if err != nil {
+		return 0, err
+	}
+	return m.Seq, nil
 }
 
 func (a *Archive) locate(ctx context.Context, runID string) (*Manifest, *RunEntry, error) {
