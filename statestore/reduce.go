@@ -1,6 +1,7 @@
 package statestore
 
 import (
+	"slices"
 	"time"
 )
 
@@ -36,7 +37,7 @@ type InvalidTransitionAlert struct {
 func Reduce(prev *RunSnapshot, recs []RunEventRecord) (*RunSnapshot, []InvalidTransitionAlert) {
 	var s *RunSnapshot
 	var alerts []InvalidTransitionAlert
-	var index map[string]int
+	var index stepIndex
 	for i := range recs {
 		r := &recs[i]
 		if s == nil {
@@ -44,26 +45,16 @@ func Reduce(prev *RunSnapshot, recs []RunEventRecord) (*RunSnapshot, []InvalidTr
 				if r.RunID != prev.RunID || r.RunSeq <= prev.LastEventSeq {
 					continue
 				}
-				s = prev.Clone()
+				s = prev.derive(len(recs) / 2)
 			} else {
 				s = newSnapshot(r)
 			}
-			if cap(s.Steps)-len(s.Steps) < len(recs)/2 {
-				// Room for every step the batch may add, so that growing
-				// the slice does not copy large structs repeatedly.
-				grown := make([]StepSnapshot, len(s.Steps), len(s.Steps)+len(recs)/2+1)
-				copy(grown, s.Steps)
-				s.Steps = grown
-			}
-			index = make(map[string]int, len(s.Steps))
-			for j := range s.Steps {
-				index[s.Steps[j].StepID] = j
-			}
+			index = stepIndex{s: s, lookups: len(recs) - i}
 		}
 		if r.RunID != s.RunID || r.RunSeq <= s.LastEventSeq {
 			continue
 		}
-		if a := apply(s, index, r); a != nil {
+		if a := apply(s, &index, r); a != nil {
 			alerts = append(alerts, *a)
 		}
 		s.LastEventSeq = r.RunSeq
@@ -77,6 +68,67 @@ func Reduce(prev *RunSnapshot, recs []RunEventRecord) (*RunSnapshot, []InvalidTr
 		s.Substatus = SubstatusDraining
 	}
 	return s, alerts
+}
+
+// derive is the copy of s that Reduce applies records to: its own Steps
+// (with room for grow more) and Pause, and everything else shared with s.
+// What is shared is never written through: apply replaces a step's
+// Artifacts and Error and the run's Error and Labels rather than changing
+// them, and the lists it appends to (the run's Artifacts and
+// InvalidEvents, a step's Artifacts) are clipped, so that an append
+// copies them first. A record thus costs one copy of the Steps slice's
+// elements (a memmove), not a deep copy of every step.
+func (s *RunSnapshot) derive(grow int) *RunSnapshot {
+	c := *s
+	c.Steps = make([]StepSnapshot, len(s.Steps), len(s.Steps)+grow+1)
+	copy(c.Steps, s.Steps)
+	c.Artifacts = slices.Clip(s.Artifacts)
+	c.InvalidEvents = slices.Clip(s.InvalidEvents)
+	if s.Pause != nil {
+		p := *s.Pause
+		c.Pause = &p
+	}
+	return &c
+}
+
+// stepIndex finds a step's position in s.Steps for Reduce. A batch of
+// few records (a projection catching up on the newest one) looks each
+// step up by a scan, which costs less than building a map of every step
+// of a large run; a batch of many builds the map once.
+type stepIndex struct {
+	s *RunSnapshot
+	// lookups is how many lookups the batch may make (its records).
+	lookups int
+	m       map[string]int
+}
+
+// scanBelow is the batch size up to which lookups scan.
+const scanBelow = 8
+
+func (x *stepIndex) find(stepID string) (int, bool) {
+	if x.m == nil && x.lookups >= scanBelow {
+		x.m = make(map[string]int, len(x.s.Steps))
+		for j := range x.s.Steps {
+			x.m[x.s.Steps[j].StepID] = j
+		}
+	}
+	if x.m != nil {
+		i, ok := x.m[stepID]
+		return i, ok
+	}
+	for j := range x.s.Steps {
+		if x.s.Steps[j].StepID == stepID {
+			return j, true
+		}
+	}
+	return 0, false
+}
+
+// add records that stepID was appended to s.Steps at i.
+func (x *stepIndex) add(stepID string, i int) {
+	if x.m != nil {
+		x.m[stepID] = i
+	}
 }
 
 func newSnapshot(r *RunEventRecord) *RunSnapshot {
@@ -97,10 +149,10 @@ func (s *RunSnapshot) inFlight() int {
 	return n
 }
 
-func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTransitionAlert {
+func apply(s *RunSnapshot, index *stepIndex, r *RunEventRecord) *InvalidTransitionAlert {
 	var step *StepSnapshot
 	if IsStepEvent(r.EventType) {
-		if i, ok := index[r.StepID]; ok {
+		if i, ok := index.find(r.StepID); ok {
 			step = &s.Steps[i]
 		}
 	}
@@ -186,7 +238,7 @@ func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTran
 		// Opens the step's next attempt when the payload names it; a retry
 		// that does not fit the step (not failed, wrong attempt) counts but
 		// changes no step.
-		if i, ok := index[p.StepID]; ok {
+		if i, ok := index.find(p.StepID); ok {
 			st := &s.Steps[i]
 			if st.Status == StepStatusFailed && p.StepLogicalAttemptID == st.LogicalAttemptID+1 {
 				*st = StepSnapshot{StepID: st.StepID, Status: StepStatusPending, LogicalAttemptID: p.StepLogicalAttemptID,
@@ -200,7 +252,7 @@ func apply(s *RunSnapshot, index map[string]int, r *RunEventRecord) *InvalidTran
 		s.StepTryEvents = r.LogicalAttemptID
 		// Marks the step idle (or in flight again) when the payload names
 		// its RUNNING attempt; one that does not fit counts and changes no step.
-		if i, ok := index[p.StepID]; ok {
+		if i, ok := index.find(p.StepID); ok {
 			st := &s.Steps[i]
 			if st.Status == StepStatusRunning && st.LogicalAttemptID == p.StepLogicalAttemptID {
 				st.Idle = r.EventType == RunStepTryEnded
@@ -249,11 +301,11 @@ func (s *RunSnapshot) finish(at string) {
 	}
 }
 
-func applyStep(s *RunSnapshot, index map[string]int, r *RunEventRecord) {
-	i, ok := index[r.StepID]
+func applyStep(s *RunSnapshot, index *stepIndex, r *RunEventRecord) {
+	i, ok := index.find(r.StepID)
 	if !ok {
 		i = len(s.Steps)
-		index[r.StepID] = i
+		index.add(r.StepID, i)
 		s.Steps = append(s.Steps, StepSnapshot{StepID: r.StepID, Status: StepStatusPending, LogicalAttemptID: r.LogicalAttemptID, Artifacts: []ArtifactRef{}})
 	}
 	st := &s.Steps[i]
@@ -280,7 +332,7 @@ func applyStep(s *RunSnapshot, index map[string]int, r *RunEventRecord) {
 		st.Status = StepStatusFailed
 		st.CompletedAt = r.PersistedAt
 		st.Error = p.Error
-		st.Artifacts = append(st.Artifacts, p.Artifacts...)
+		st.Artifacts = append(slices.Clip(st.Artifacts), p.Artifacts...)
 		st.Held = p.OnStepFailure == OnStepFailurePause
 		s.FailedSteps++
 	case StepSkipped:
