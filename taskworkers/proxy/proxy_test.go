@@ -68,6 +68,8 @@ type envOpts struct {
 	tokens []string
 	// pausedTask, when set, is the task workers' OnPausedTask.
 	pausedTask func(runID string)
+	// transport, when set, carries the proxy's forwarded requests.
+	transport http.RoundTripper
 }
 
 func newEnvOpts(t *testing.T, o envOpts) *env {
@@ -120,7 +122,7 @@ func newEnvOpts(t *testing.T, o envOpts) *env {
 	if wrap != nil {
 		steps = wrap(w)
 	}
-	p, err := proxy.New(steps, proxy.Options{Conductor: curl, Tokens: tokens, Logger: zaptest.NewLogger(t)})
+	p, err := proxy.New(steps, proxy.Options{Conductor: curl, Tokens: tokens, Transport: o.transport, Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
