@@ -205,17 +205,28 @@ type startedRun struct {
 // appended on snap, or nil when there is none (queued in the outbox, a
 // duplicate, a try event).
 func startedFrom(snap *statestore.RunSnapshot, rec *statestore.RunEventRecord) *startedRun {
-	if rec == nil || rec.RunSeq <= snap.LastEventSeq {
+	if rec == nil || rec.RunSeq <= snap.LastEventSeq || inFlightOther(snap, rec.StepID) {
+		// With other steps in flight the run will likely have moved on
+		// by the outcome (a refused conditional append costs more than
+		// the read it saves): no copy of the run is made for it.
 		return nil
 	}
 	after, _ := statestore.Reduce(snap, []statestore.RunEventRecord{*rec})
-	if after == nil || after.LastEventSeq != rec.RunSeq || len(after.InFlight()) > 1 {
-		// With other steps in flight the run will likely have moved on
-		// by the outcome (a refused conditional append costs more than
-		// the read it saves).
+	if after == nil || after.LastEventSeq != rec.RunSeq {
 		return nil
 	}
 	return &startedRun{snap: after, seq: rec.RunSeq}
+}
+
+// inFlightOther reports whether a step other than stepID is in flight in
+// snap.
+func inFlightOther(snap *statestore.RunSnapshot, stepID string) bool {
+	for i := range snap.Steps {
+		if st := &snap.Steps[i]; st.StepID != stepID && st.Status == statestore.StepStatusRunning && !st.Idle {
+			return true
+		}
+	}
+	return false
 }
 
 // errAnswered is gatedRun's answer when runState already answered the
