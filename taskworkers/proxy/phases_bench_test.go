@@ -18,6 +18,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 	"github.com/conductor-sidecar/sidecar/taskworkers/proxy"
 )
@@ -123,6 +124,9 @@ func (tr phaseTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // in the loop conductor-python 2.0.0 runs (poll one, then update-v2 and
 // take the next task from its answer). It logs count, p50 and mean of
 // each part (BENCHMARKS.md, "Where a gated task's time goes").
+// BENCH_SYNC_INTERVAL (a duration) has the log's server fsync at that
+// interval instead of on every write, to see what the fsyncs cost the
+// appends and Conductor's answers on a shared disk.
 //
 //	SIDECAR_BENCH_PROXY=1 SIDECAR_TEST_CONDUCTOR_URL=http://127.0.0.1:8196/api \
 //	  go test -count=1 -run TestBench_ProxyPhases -v ./taskworkers/proxy
@@ -137,6 +141,14 @@ func TestBench_ProxyPhases(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("BENCH_WORKERS")); err == nil {
 		workers = v
 	}
+	var embedded natsstore.EmbeddedConfig
+	if v := os.Getenv("BENCH_SYNC_INTERVAL"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("BENCH_SYNC_INTERVAL: %v", err)
+		}
+		embedded.SyncInterval = d
+	}
 	ph := &phases{}
 	e := newEnvOpts(t, envOpts{
 		wrap: func(s proxy.Steps) proxy.Steps { return phaseSteps{Steps: s, ph: ph} },
@@ -145,6 +157,7 @@ func TestBench_ProxyPhases(t *testing.T) {
 		},
 		events:    func(em *registry.Emitter) taskworkers.Emitter { return phaseEvents{Emitter: em, ph: ph} },
 		transport: phaseTransport{RoundTripper: http.DefaultTransport, ph: ph},
+		embedded:  embedded,
 	})
 	report := func(pass string) {
 		load, _ := os.ReadFile("/proc/loadavg")

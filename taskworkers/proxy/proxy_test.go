@@ -70,6 +70,8 @@ type envOpts struct {
 	pausedTask func(runID string)
 	// transport, when set, carries the proxy's forwarded requests.
 	transport http.RoundTripper
+	// embedded configures the embedded NATS server of the log.
+	embedded natsstore.EmbeddedConfig
 }
 
 func newEnvOpts(t *testing.T, o envOpts) *env {
@@ -77,7 +79,7 @@ func newEnvOpts(t *testing.T, o envOpts) *env {
 	wrap, reads, tokens := o.wrap, o.reads, o.tokens
 	curl := conductortest.URL(t)
 	ctx := context.Background()
-	js, _ := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{})
+	js, _ := natstest.StartIn(t, t.TempDir(), o.embedded)
 	store, err := natsstore.Open(ctx, js, natsstore.Options{})
 	if err != nil {
 		t.Fatal(err)
