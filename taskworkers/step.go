@@ -159,8 +159,16 @@ func (w *Worker) begin(t *model.Task, log *zap.Logger, a *Assignment, engine, lo
 // the start could not be recorded.
 func (w *Worker) start(t *model.Task, log *zap.Logger, a *Assignment, engine, logical int64) (snap *statestore.RunSnapshot, d decision, err error) {
 	unlock := w.starting.lock(a.RunID)
-	defer unlock()
 	gated := &gatedRun{w: w, t: t, log: log, a: a}
+	defer func() {
+		// The run's lock orders its reads and appends only: a task answered
+		// to Conductor (handed back, refused) is answered after it, so
+		// that the run's other tasks do not wait for Conductor.
+		unlock()
+		if gated.answer != nil {
+			gated.answer()
+		}
+	}()
 	appender := &startAppender{w: w, log: log, a: a}
 	snap, _, err = statestore.Fenced(w.workCtx, gated, appender, a.RunID, func(snap *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
 		d = gate(snap, t.WorkflowInstanceId, a.Step.StepID, engine, logical)
@@ -242,14 +250,18 @@ type gatedRun struct {
 	log   *zap.Logger
 	a     *Assignment
 	reads int
+	// answer, when set, answers the task to Conductor (runState's
+	// decision); start calls it once the run's lock is released.
+	answer func()
 }
 
 func (g *gatedRun) ProjectSnapshot(context.Context, string) (*statestore.RunSnapshot, error) {
 	if g.reads++; g.reads > 1 {
 		g.w.opts.Metrics.fenceRetry() // the run moved on since the gate read it
 	}
-	snap, ok := g.w.runState(g.t, g.log, g.a)
-	if !ok {
+	snap, answer := g.w.runState(g.t, g.log, g.a)
+	if answer != nil {
+		g.answer = answer
 		return nil, errAnswered
 	}
 	return snap, nil
@@ -335,40 +347,36 @@ func (ta tryAppender) EmitIf(ctx context.Context, ev *statestore.RunEventWrite, 
 
 // runState reads the run's derived state for a polled task. A run without
 // events is brought to RunStarted by Options.Guard when the task's
-// workflow is the run's. A task that cannot be gated is handed back (or
-// refused) here, and ok is false.
-func (w *Worker) runState(t *model.Task, log *zap.Logger, a *Assignment) (*statestore.RunSnapshot, bool) {
+// workflow is the run's. A task that cannot be gated gets answer, which
+// hands it back (or refuses it) to Conductor; the caller calls it once it
+// holds no lock of the run.
+func (w *Worker) runState(t *model.Task, log *zap.Logger, a *Assignment) (snap *statestore.RunSnapshot, answer func()) {
 	snap, err := w.runs.ProjectSnapshot(w.workCtx, a.RunID)
 	if errors.Is(err, statestore.ErrNotFound) && w.opts.Guard != nil {
 		// RunStarted is appended right after Conductor starts the workflow;
 		// the task can be polled first. The guard records it.
 		if gerr := w.opts.Guard(w.workCtx, a.RunID, t.WorkflowInstanceId); gerr != nil {
 			if errors.Is(gerr, ErrForeignWorkflow) {
-				w.refuseForeign(t, log)
-				return nil, false
+				return nil, func() { w.refuseForeign(t, log) }
 			}
 			if errors.Is(gerr, ErrUnknownRun) {
 				log.Warn("task of a run this sidecar does not know (another deployment on the same Conductor? give each its own --task-domain); handing it back", zap.Error(gerr))
 				w.opts.Metrics.handedBack(handBackUnknown)
-				w.handBack(t, w.opts.HandBackAfter, "unknown run")
-				return nil, false
+				return nil, func() { w.handBack(t, w.opts.HandBackAfter, "unknown run") }
 			}
 			log.Info("run start not recorded yet; handing the task back", zap.Error(gerr))
-			w.handBack(t, time.Second, "run not started yet")
-			return nil, false
+			return nil, func() { w.handBack(t, time.Second, "run not started yet") }
 		}
 		snap, err = w.runs.ProjectSnapshot(w.workCtx, a.RunID)
 	}
 	switch {
 	case errors.Is(err, statestore.ErrNotFound):
-		w.handBack(t, time.Second, "run not started yet")
-		return nil, false
+		return nil, func() { w.handBack(t, time.Second, "run not started yet") }
 	case err != nil:
 		log.Warn("cannot read the run's state; handing the task back", zap.Error(err))
-		w.handBack(t, w.opts.HandBackAfter, "state unavailable")
-		return nil, false
+		return nil, func() { w.handBack(t, w.opts.HandBackAfter, "state unavailable") }
 	}
-	return snap, true
+	return snap, nil
 }
 
 // execute runs the step's try; traceparent is its span's W3C trace

@@ -72,6 +72,9 @@ type envOpts struct {
 	transport http.RoundTripper
 	// embedded configures the embedded NATS server of the log.
 	embedded natsstore.EmbeddedConfig
+	// workerConductor, when set, is the Conductor URL the task workers
+	// use (given the real one), e.g. a front that holds their calls.
+	workerConductor func(string) string
 }
 
 func newEnvOpts(t *testing.T, o envOpts) *env {
@@ -108,8 +111,14 @@ func newEnvOpts(t *testing.T, o envOpts) *env {
 	if o.events != nil {
 		events = o.events(emit)
 	}
-	w := taskworkers.New(adapter.DomainPoller{Client: client, Domain: domain}, runState, events, nil, nil, taskworkers.Options{
-		WorkerID: "proxy-test", HandBackAfter: time.Second, Tasks: client, ExternalCheck: 500 * time.Millisecond, WriteBudget: budget,
+	wclient := client
+	if o.workerConductor != nil {
+		if wclient, err = adapter.NewClient(adapter.ClientOptions{BaseURL: o.workerConductor(curl)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := taskworkers.New(adapter.DomainPoller{Client: wclient, Domain: domain}, runState, events, nil, nil, taskworkers.Options{
+		WorkerID: "proxy-test", HandBackAfter: time.Second, Tasks: wclient, ExternalCheck: 500 * time.Millisecond, WriteBudget: budget,
 		Guard: func(ctx context.Context, runID, workflowID string) error {
 			_, err := runs.EnsureStarted(ctx, runID, workflowID)
 			return err
