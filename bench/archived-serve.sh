@@ -10,6 +10,9 @@
 # Optional: RETAIN (--retain-finished, default 24h: nothing due), STATUS_RUNS
 # (space-separated run ids in the archive), HOLD (default 120), HEAP_PROFILE=f
 # (a heap profile at the end), SERVE_ARGS (more flags).
+# From ready on, a sampler writes DATA_DIR.samples.txt once a second (seconds
+# since ready, RSS MiB, runs removed); the end prints the peak RSS, the first
+# removal's delay after ready and the removal rate from those samples.
 set -euo pipefail
 dir=${1:?data dir}
 arch=${2:?archive dir}
@@ -25,9 +28,16 @@ t0=$(date +%s.%N)
   --archive "file://$arch" --retain-finished "${RETAIN:-24h}" --retain-conductor=false ${SERVE_ARGS:-} \
   >"$dir.serve.log" 2>&1 &
 pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null || true' EXIT
+sampler=
+trap 'kill $sampler $pid 2>/dev/null; wait $pid 2>/dev/null || true' EXIT
 until curl -sf -o /dev/null "$url/readyz"; do sleep 0.05; kill -0 $pid; done
 t1=$(date +%s.%N)
+removed() { curl -s "$url/metrics" | awk '/^sidecar_retention_runs_removed_total /{n=$2} END{printf "%d", n}'; }
+while :; do
+  echo "$(echo "$(date +%s.%N)-$t1" | bc) $(rss) $(removed)"
+  sleep 1
+done >"$dir.samples.txt" 2>/dev/null &
+sampler=$!
 echo "ready $(echo "$t1-$t0" | bc) s; RSS $(rss) MiB; load $(load)"
 for _ in $(seq 20); do curl -s -o /dev/null -w '%{time_total}\n' "$url/v1/runs?limit=50"; done | sort -n > "$dir.page.txt"
 echo "first page median $(sed -n 10p "$dir.page.txt") s (min $(head -1 "$dir.page.txt"), max $(tail -1 "$dir.page.txt")); load $(load)"
@@ -46,4 +56,7 @@ if [ -n "${HOLD:-120}" ]; then
   removed=$(curl -s "$url/metrics" | awk '/^sidecar_retention_runs_removed_total /{print $2}')
   echo "after ${HOLD:-120}s: RSS $(rss) MiB; runs removed ${removed:-?}; CPU $(awk '{print ($14+$15)/100}' /proc/$pid/stat) s; load $(load)"
 fi
+awk 'NF==3 { if ($2>peak) peak=$2; if ($3>0 && first=="") {first=$1; n0=$3} if ($3>n) changed=$1; n=$3 }
+  END { printf "samples: peak RSS %d MiB", peak;
+        if (first=="") print "; no run removed"; else printf "; first removal %.1f s after ready; %d removed, %.0f runs/s from the first removal to the last\n", first, n, (changed>first ? (n-n0)/(changed-first) : 0) }' "$dir.samples.txt"
 if [ -n "${HEAP_PROFILE:-}" ]; then curl -s "http://127.0.0.1:$((port+1))/debug/pprof/heap" > "$HEAP_PROFILE"; fi
