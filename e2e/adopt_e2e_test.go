@@ -116,9 +116,17 @@ func completedSteps(evs []statestore.RunEventRecord) map[string]int {
 // correlationId), paused while two SIMPLE tasks run: the drain's in-flight
 // count falls to 0 as the worker finishes them, nothing starts while
 // paused; resumed, it completes, every task recorded once, the log valid.
+//
+// It has a Conductor of its own: the memory store's decider queue (an
+// in-process Redis stand-in) can stop putting workflows back for
+// evaluation after other tests' workloads ("Error while processing
+// unacks" every minute in Conductor's log), and then a parent is never
+// decided again once its sub-workflow completes, with or without the
+// sidecar; a fresh server decides it within seconds.
 func TestE2E_AdoptMixedDefinition_PauseResume(t *testing.T) {
 	w := sdkWorkerFor(t, "python")
-	condURL := conductortest.URL(t)
+	conductortest.URL(t) // skips without a test Conductor
+	condURL := startConductor(t)
 	var hits atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
 		hits.Add(1)
@@ -147,7 +155,8 @@ func TestE2E_AdoptMixedDefinition_PauseResume(t *testing.T) {
 	})
 
 	proxyAddr := sidecartest.FreeAddr(t)
-	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--conductor-proxy-listen", proxyAddr, "--adopt", name, "--adopt-interval", "300ms")
+	p := newProc(sidecartest.Start(t, sidecartest.Options{ConductorURL: condURL, DataDir: t.TempDir(), Addr: sidecartest.FreeAddr(t),
+		Args: []string{"--conductor-proxy-listen", proxyAddr, "--adopt", name, "--adopt-interval", "300ms"}}))
 	w.start(t, "http://"+proxyAddr+"/api", taskType, "", 4)
 	runID := startWorkflow(t, condURL, name, "order-42", map[string]any{"kind": "big", "labels": map[string]any{"team": "data"}})
 

@@ -145,19 +145,26 @@ func TestE2E_ConductorStatusNotifications(t *testing.T) {
 	}
 }
 
-// startNotifyingConductor starts a Conductor (deploy/local/conductor.sh,
-// CONDUCTOR_VERSION, memory store) in a directory and on a port of its
-// own, whose status listener posts to the sidecar at sidecarURL with the
+// startNotifyingConductor starts a Conductor of its own (startConductor)
+// whose status listener posts to the sidecar at sidecarURL with the
 // secret in secretFile, and returns its API URL.
 func startNotifyingConductor(t *testing.T, sidecarURL, secretFile string) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "conductor-notify-")
+	return startConductor(t, "CONDUCTOR_NOTIFY_URL="+sidecarURL, "CONDUCTOR_NOTIFY_SECRET_FILE="+secretFile)
+}
+
+// startConductor starts a Conductor (deploy/local/conductor.sh,
+// CONDUCTOR_VERSION, memory store) in a directory and on a port of its
+// own, with env added to conductor.sh's environment, and returns its API
+// URL; it stops with t.
+func startConductor(t *testing.T, env ...string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "conductor-own-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	port := freePort(t)
-	env := append(os.Environ(), "CONDUCTOR_STORE=memory", "CONDUCTOR_STATE_DIR="+dir, "CONDUCTOR_PORT="+strconv.Itoa(port),
-		"CONDUCTOR_NOTIFY_URL="+sidecarURL, "CONDUCTOR_NOTIFY_SECRET_FILE="+secretFile)
+	env = append(append(os.Environ(), "CONDUCTOR_STORE=memory", "CONDUCTOR_STATE_DIR="+dir, "CONDUCTOR_PORT="+strconv.Itoa(port)), env...)
 	run := func(command string) {
 		cmd := exec.Command(filepath.Join("..", "deploy", "local", "conductor.sh"), command)
 		cmd.Env = env
