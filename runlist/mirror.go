@@ -51,7 +51,7 @@ type state struct {
 
 func newState(maxFinished int) state {
 	return state{rows: map[string]*entry{}, draining: map[string]*entry{}, paused: map[string]*entry{}, durs: map[string]*StepDurations{},
-		window: window{max: maxFinished}}
+		window: newWindow(maxFinished)}
 }
 
 // entry is a row with its bucket revision and its CreatedAt parsed.
@@ -155,6 +155,7 @@ func (mr *mirror) watch(ctx context.Context, st *state) (jetstream.KeyWatcher, e
 		return nil, err
 	}
 	st.bound = &entry{created: fl.Created, row: Row{RunID: fl.RunID}}
+	st.forgetOutside() // the rows beyond the floor are not read
 	return natsstore.Watch(ctx, mr.kv, jetstream.AllKeys, mr.log, jetstream.ResumeFromRevision(fl.Seq))
 }
 
@@ -187,6 +188,7 @@ func (st *state) apply(e jetstream.KeyValueEntry, log *zap.Logger) (cameOrWent b
 	}
 	runID := runIDOfKey(key)
 	if e.Operation() != jetstream.KeyValuePut {
+		st.gone(runID)
 		return st.drop(runID)
 	}
 	var r Row
@@ -203,8 +205,10 @@ func (st *state) apply(e jetstream.KeyValueEntry, log *zap.Logger) (cameOrWent b
 	if finished && st.beyond(&ne) {
 		// Older than the finished rows kept: in the bucket only.
 		st.evictedRev = max(st.evictedRev, ne.rev)
+		st.letGo(r.RunID)
 		return st.drop(r.RunID)
 	}
+	st.gone(r.RunID)
 	intern(&ne.row)
 	if had {
 		ne.finIndex = cur.finIndex

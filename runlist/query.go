@@ -174,6 +174,9 @@ func (l *List) List(f Filter, limit int, cont string) (*Page, error) {
 		i = sort.Search(len(mr.sorted), func(k int) bool { return before(from, mr.sorted[k]) })
 	}
 	bound := mr.st.bound
+	if mr.st.noneBeyond() {
+		bound = nil // nothing beyond it: memory holds every row
+	}
 	var last *entry // the last run on the page
 	full := false
 	for ; i < len(mr.sorted); i++ {

@@ -13,12 +13,59 @@ const DefaultMaxFinished = 10_000
 // finished row at or beyond bound is in the bucket only, and a listing
 // that reaches bound reads on from the bucket. bound only moves towards
 // the newest, so what is in memory and what is not never overlap.
+//
+// outside names the finished rows at or beyond bound that the bucket
+// still holds, while outsideKnown: a row let go joins it, a row removed
+// from the bucket (ForgetRun's marker) leaves it. While it is known and
+// empty, nothing beyond bound exists and a listing reads no bucket. It
+// holds at most outsideFactor*max runIds (a runId costs about a tenth of
+// a row); past that, or when the replica started from a floor (the rows
+// beyond it were never read), it is not known and a listing that reaches
+// bound reads the bucket.
 type window struct {
 	max   int
 	heap  finHeap // the finished rows kept, oldest on top
 	bound *entry  // position of the newest row let go (nil: none)
 	// evictedRev is the highest revision of a row let go.
-	evictedRev uint64
+	evictedRev   uint64
+	outside      map[string]struct{}
+	outsideKnown bool
+}
+
+// outsideFactor bounds window.outside: at most this many runIds per
+// finished row kept.
+const outsideFactor = 10
+
+func newWindow(max int) window {
+	return window{max: max, outside: map[string]struct{}{}, outsideKnown: true}
+}
+
+// noneBeyond reports whether the window knows that no finished row
+// exists at or beyond its bound.
+func (w *window) noneBeyond() bool {
+	return w.bound == nil || (w.outsideKnown && len(w.outside) == 0)
+}
+
+// letGo notes that the bucket holds runID's finished row beyond bound.
+func (w *window) letGo(runID string) {
+	if !w.outsideKnown {
+		return
+	}
+	if _, ok := w.outside[runID]; !ok && len(w.outside) >= outsideFactor*w.max {
+		w.forgetOutside()
+		return
+	}
+	w.outside[runID] = struct{}{}
+}
+
+// forgetOutside gives up knowing which rows are beyond bound.
+func (w *window) forgetOutside() {
+	w.outside, w.outsideKnown = nil, false
+}
+
+// gone notes that runID's row left the bucket or came into memory.
+func (w *window) gone(runID string) {
+	delete(w.outside, runID)
 }
 
 // beyond reports whether e is at or beyond the bound: a finished row
@@ -38,6 +85,7 @@ func (w *window) keep(e *entry) []*entry {
 		old := heap.Pop(&w.heap).(*entry)
 		w.bound = &entry{created: old.created, row: Row{RunID: old.row.RunID}}
 		w.evictedRev = max(w.evictedRev, old.rev)
+		w.letGo(old.row.RunID)
 		out = append(out, old)
 	}
 	return out
