@@ -23,7 +23,8 @@ import (
 // them) or no longer does (37: more than it names); once retention forgot
 // every finished run (the bucket holds their purge markers), a replica
 // that knows comes up with the first page from memory alone: its
-// connection receives none of the markers. The row kept may be one that
+// connection receives none of the markers; so does a replica started
+// after them, from the second page it lists on. The row kept may be one that
 // came into the bucket beyond the window already (its run, the oldest,
 // finished last).
 func TestList_FirstPageReadsNoRemovedRows(t *testing.T) {
@@ -90,7 +91,7 @@ func firstPageAfterRetention(t *testing.T, nFinished, keep int, late, readsNoMar
 
 	// lists waits (minutes at most) until the replica's first page is
 	// want, newest first.
-	lists := func(want []string) {
+	listsOn := func(replica *runlist.List, want []string) {
 		t.Helper()
 		deadline := time.Now().Add(2 * time.Minute)
 		for {
@@ -107,6 +108,7 @@ func firstPageAfterRetention(t *testing.T, nFinished, keep int, late, readsNoMar
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+	lists := func(want []string) { t.Helper(); listsOn(replica, want) }
 	newestFirst := func(s ...[]string) []string {
 		out := slices.Concat(s...)
 		slices.Reverse(out)
@@ -134,16 +136,29 @@ func firstPageAfterRetention(t *testing.T, nFinished, keep int, late, readsNoMar
 	if !readsNoMarkers {
 		return
 	}
-	nc := rjs.Conn()
-	before := nc.Stats().InMsgs
-	p, err := replica.List(runlist.Filter{}, 50, "")
-	if err != nil {
-		t.Fatal(err)
+	fromMemory := func(replica *runlist.List, rjs jetstream.JetStream) {
+		t.Helper()
+		nc := rjs.Conn()
+		before := nc.Stats().InMsgs
+		p, err := replica.List(runlist.Filter{}, 50, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := nc.Stats().InMsgs - before; got >= uint64(nFinished) {
+			t.Fatalf("the first page %v received %d messages (the bucket holds %d purge markers); want it read from memory", ids(p.Runs), got, nFinished)
+		}
+		if !slices.Equal(ids(p.Runs), newestFirst(running)) {
+			t.Fatalf("the first page is %v, want %v", ids(p.Runs), newestFirst(running))
+		}
 	}
-	if got := nc.Stats().InMsgs - before; got >= uint64(nFinished) {
-		t.Fatalf("the first page %v received %d messages (the bucket holds %d purge markers); want it read from memory", ids(p.Runs), got, nFinished)
-	}
-	if !slices.Equal(ids(p.Runs), newestFirst(running)) {
-		t.Fatalf("the first page is %v, want %v", ids(p.Runs), newestFirst(running))
-	}
+	fromMemory(replica, rjs)
+
+	// A replica that starts now, from the list's floor, has not read the
+	// rows beyond it: its first page reads the bucket, finds none of them,
+	// and the next page comes from memory.
+	ljs := natstest.Connect(t, srv)
+	later := open(ljs, false)
+	waitIndexed(t, later)
+	listsOn(later, newestFirst(running))
+	fromMemory(later, ljs)
 }

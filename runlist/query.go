@@ -173,7 +173,7 @@ func (l *List) List(f Filter, limit int, cont string) (*Page, error) {
 	if from != nil {
 		i = sort.Search(len(mr.sorted), func(k int) bool { return before(from, mr.sorted[k]) })
 	}
-	bound := mr.st.bound
+	bound, letGoN := mr.st.bound, mr.st.letGoN
 	if mr.st.noneBeyond() {
 		bound = nil // nothing beyond it: memory holds every row
 	}
@@ -214,10 +214,15 @@ func (l *List) List(f Filter, limit int, cont string) (*Page, error) {
 			want = limit - len(page.Runs) + 1 + len(beyond)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), scanTimeout)
-		stored, err := l.scanFinished(ctx, f, bound, from, want)
+		stored, anyBeyond, err := l.scanFinished(ctx, f, bound, from, want)
 		cancel()
 		if err != nil {
 			return nil, err
+		}
+		if !anyBeyond {
+			mr.mu.Lock()
+			mr.st.noneFound(bound, letGoN)
+			mr.mu.Unlock()
 		}
 		beyond = mergeBeyond(beyond, stored)
 	}
@@ -262,11 +267,12 @@ func (f *Filter) openOnly() bool {
 
 // scanFinished reads the bucket's finished rows that match f, sort at or
 // after bound and after from (nil: the start), and returns the first want
-// of them in the list's order (want <= 0: all).
-func (l *List) scanFinished(ctx context.Context, f Filter, bound, from *entry, want int) ([]entry, error) {
+// of them in the list's order (want <= 0: all); anyBeyond tells whether
+// the bucket holds any finished row at or after bound, matching or not.
+func (l *List) scanFinished(ctx context.Context, f Filter, bound, from *entry, want int) (_ []entry, anyBeyond bool, _ error) {
 	w, err := l.kv.Watch(ctx, keyRun+">", jetstream.IgnoreDeletes())
 	if err != nil {
-		return nil, fmt.Errorf("%w: read the run list: %w", ErrUnavailable, err)
+		return nil, false, fmt.Errorf("%w: read the run list: %w", ErrUnavailable, err)
 	}
 	defer func() { _ = w.Stop() }()
 	var out []entry
@@ -281,11 +287,11 @@ func (l *List) scanFinished(ctx context.Context, f Filter, bound, from *entry, w
 		var ok bool
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("%w: read the run list: %w", ErrUnavailable, ctx.Err())
+			return nil, false, fmt.Errorf("%w: read the run list: %w", ErrUnavailable, ctx.Err())
 		case kve, ok = <-w.Updates():
 		}
 		if !ok {
-			return nil, fmt.Errorf("%w: read the run list: the watch ended", ErrUnavailable)
+			return nil, false, fmt.Errorf("%w: read the run list: the watch ended", ErrUnavailable)
 		}
 		if kve == nil {
 			break // every row is in
@@ -295,7 +301,11 @@ func (l *List) scanFinished(ctx context.Context, f Filter, bound, from *entry, w
 			continue
 		}
 		e := entry{row: r, rev: kve.Revision(), created: r.created().UnixNano(), finIndex: -1}
-		if before(&e, bound) || (from != nil && !before(from, &e)) || !f.Match(&e.row) {
+		if before(&e, bound) {
+			continue
+		}
+		anyBeyond = true
+		if (from != nil && !before(from, &e)) || !f.Match(&e.row) {
 			continue
 		}
 		out = append(out, e)
@@ -304,7 +314,7 @@ func (l *List) scanFinished(ctx context.Context, f Filter, bound, from *entry, w
 		}
 	}
 	trim()
-	return out, nil
+	return out, anyBeyond, nil
 }
 
 // mergeBeyond merges the rows beyond the bound from memory (open runs)

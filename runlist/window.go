@@ -21,7 +21,8 @@ const DefaultMaxFinished = 10_000
 // holds at most outsideFactor*max runIds (a runId costs about a tenth of
 // a row); past that, or when the replica started from a floor (the rows
 // beyond it were never read), it is not known and a listing that reaches
-// bound reads the bucket.
+// bound reads the bucket; a read that finds no finished row beyond bound,
+// with no row let go meanwhile, makes it known (and empty) again.
 type window struct {
 	max   int
 	heap  finHeap // the finished rows kept, oldest on top
@@ -30,6 +31,8 @@ type window struct {
 	evictedRev   uint64
 	outside      map[string]struct{}
 	outsideKnown bool
+	// letGoN counts the rows let go, known or not.
+	letGoN uint64
 }
 
 // outsideFactor bounds window.outside: at most this many runIds per
@@ -48,6 +51,7 @@ func (w *window) noneBeyond() bool {
 
 // letGo notes that the bucket holds runID's finished row beyond bound.
 func (w *window) letGo(runID string) {
+	w.letGoN++
 	if !w.outsideKnown {
 		return
 	}
@@ -61,6 +65,15 @@ func (w *window) letGo(runID string) {
 // forgetOutside gives up knowing which rows are beyond bound.
 func (w *window) forgetOutside() {
 	w.outside, w.outsideKnown = nil, false
+}
+
+// noneFound notes that a read of the bucket found no finished row
+// beyond bound, a read begun when bound and letGoN were as given: unless
+// a row was let go since (the read may have missed it), none is there.
+func (w *window) noneFound(bound *entry, letGoN uint64) {
+	if w.bound == bound && w.letGoN == letGoN && !w.outsideKnown {
+		w.outside, w.outsideKnown = map[string]struct{}{}, true
+	}
 }
 
 // gone notes that runID's row left the bucket or came into memory.
