@@ -115,6 +115,20 @@ func firstPageAfterRetention(t *testing.T, nFinished, keep int, late, readsNoMar
 		return out
 	}
 	lists(newestFirst(finished, running))
+	// The follower writes the list's floor (a replica that starts later
+	// reads from it).
+	kv, err := js.KeyValue(ctx, runlist.DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := kv.Get(ctx, "floor"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the follower wrote no floor")
+		}
+	}
 
 	// Retention forgets every finished run but one beyond the window (in
 	// the bucket only): the page still shows it.
