@@ -143,7 +143,8 @@ func before(a, b *entry) bool {
 // if they sort before its position, and never twice. It reads memory:
 // the open runs and the newest Options.MaxFinished finished ones; a page
 // that goes past those reads the older finished runs from the bucket (a
-// scan of the bucket), unless f selects open runs only. It also reads
+// scan of the bucket), unless f selects open runs only or the replica
+// knows that no finished row is beyond its window (window). It also reads
 // Options.Plans for a plan version it has not read yet.
 func (l *List) List(f Filter, limit int, cont string) (*Page, error) {
 	var from *entry
