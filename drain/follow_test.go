@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"sync"
 	"testing"
 	"time"
@@ -19,6 +18,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
 // wait waits for ch, with a deadline that only a hang reaches.
@@ -268,15 +268,7 @@ func staleCall(t *testing.T, tc staleCallCase) {
 	if len(alerts) != 0 {
 		t.Fatalf("the log has an invalid transition: %s", alerts[0].Reason)
 	}
-	var byConductor []string
-	for _, r := range recs {
-		var p struct {
-			RequestedBy string `json:"requestedBy"`
-		}
-		if json.Unmarshal(r.Payload, &p) == nil && p.RequestedBy == statestore.RequestedByConductor {
-			byConductor = append(byConductor, r.EventType)
-		}
-	}
+	byConductor := storetest.RequestedBy(recs, statestore.RequestedByConductor)
 	if status, err = client.WorkflowStatus(ctx, wf); err != nil {
 		t.Fatal(err)
 	}
@@ -440,13 +432,8 @@ func TestFollower_RequestWithinOneCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range recs {
-		var p struct {
-			RequestedBy string `json:"requestedBy"`
-		}
-		if json.Unmarshal(r.Payload, &p) == nil && p.RequestedBy == statestore.RequestedByConductor {
-			t.Errorf("%s put down to Conductor, which nobody used", r.EventType)
-		}
+	for _, typ := range storetest.RequestedBy(recs, statestore.RequestedByConductor) {
+		t.Errorf("%s put down to Conductor, which nobody used", typ)
 	}
 	if inLog, inConductor := e.status(t); inLog != statestore.RunStatusRunning || inConductor != drain.EngineRunning {
 		t.Fatalf("the run ends %s in the log and %s in Conductor, want RUNNING in both", inLog, inConductor)

@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"encoding/json"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
 // TestNode_LateCallIsNotTakenForConductor: serve's drain controller and
@@ -101,15 +101,7 @@ func TestNode_LateCallIsNotTakenForConductor(t *testing.T) {
 		t.Fatal(err)
 	}
 	snap, _ := statestore.Reduce(nil, recs)
-	var byConductor []string
-	for _, r := range recs {
-		var p struct {
-			RequestedBy string `json:"requestedBy"`
-		}
-		if json.Unmarshal(r.Payload, &p) == nil && p.RequestedBy == statestore.RequestedByConductor {
-			byConductor = append(byConductor, r.EventType)
-		}
-	}
+	byConductor := storetest.RequestedBy(recs, statestore.RequestedByConductor)
 	status, err := n.conductor.WorkflowStatus(ctx, wf)
 	if err != nil {
 		t.Fatal(err)

@@ -53,3 +53,19 @@ func WithPayload(w *statestore.RunEventWrite, v any) *statestore.RunEventWrite {
 	w.Payload = b
 	return w
 }
+
+// RequestedBy returns the types of recs' events whose payload names who
+// as requestedBy (statestore.RequestedByConductor: what the log put down
+// to an action taken in Conductor), in log order.
+func RequestedBy(recs []statestore.RunEventRecord, who string) []string {
+	var out []string
+	for _, r := range recs {
+		var p struct {
+			RequestedBy string `json:"requestedBy"`
+		}
+		if json.Unmarshal(r.Payload, &p) == nil && p.RequestedBy == who {
+			out = append(out, r.EventType)
+		}
+	}
+	return out
+}
