@@ -19,8 +19,10 @@ import (
 // workflows one after the other, so a bulk call of many workflows takes
 // longer than a single call. Here a proxy in front of the real Conductor
 // answers each bulk terminate 1.3 s late, longer than the client's 1 s
-// timeout for one call: the 40 workflows (4 requests of 10) are terminated, and the client
-// says so, rather than reporting each one ENGINE_UNAVAILABLE.
+// timeout for one call: the 80 workflows (4 requests of 20, each given
+// 2 s more, so that a loaded Conductor's own time fits) are terminated,
+// and the client says so, rather than reporting each one
+// ENGINE_UNAVAILABLE.
 func TestClient_ManyOnASlowConductor(t *testing.T) {
 	target, err := url.Parse(conductortest.URL(t))
 	if err != nil {
@@ -41,7 +43,7 @@ func TestClient_ManyOnASlowConductor(t *testing.T) {
 	}
 	def, _, first := startTestWorkflow(t, c)
 	ids := []string{first}
-	for range 39 {
+	for range 79 {
 		id, err := c.StartWorkflow(ctx, model.StartWorkflowRequest{Name: def.Name, Version: 1, Input: map[string]any{"runId": "r"}})
 		if err != nil {
 			t.Fatal(err)
