@@ -164,9 +164,8 @@ func TestE2E_AdoptMixedDefinition_PauseResume(t *testing.T) {
 		evs := eventsOf(t, p, runID)
 		return eventIndex(evs, statestore.StepStarted, "work_a", 0) >= 0 && eventIndex(evs, statestore.StepStarted, "work_b", 0) >= 0
 	})
-	if _, err := p.client.Pause(t.Context(), runID, 60, "adopted workflow test"); err != nil {
-		t.Fatal(err)
-	}
+	_, err := p.client.Pause(t.Context(), runID, 60, "adopted workflow test")
+	recordedDespiteConductor(t, "pause", err)
 	var counts []int
 	sidecartest.WaitFor(t, "the drain to end", 60*time.Second, func() bool {
 		if c := len(inFlight(t, p, runID)); len(counts) == 0 || counts[len(counts)-1] != c {
@@ -198,9 +197,8 @@ func TestE2E_AdoptMixedDefinition_PauseResume(t *testing.T) {
 	if hits.Load() != 0 {
 		t.Fatalf("the HTTP task ran while the run was paused")
 	}
-	if _, err := p.client.Resume(t.Context(), runID); err != nil {
-		t.Fatal(err)
-	}
+	_, err = p.client.Resume(t.Context(), runID)
+	recordedDespiteConductor(t, "resume", err)
 	if v := waitTerminal(t, p, runID, 90*time.Second); v.Status != statestore.RunStatusCompleted {
 		t.Fatalf("run %s after resume, want COMPLETED\n%v", v.Status, stepTypes(allEvents(t, p, runID)))
 	}
@@ -431,5 +429,21 @@ func TestE2E_AdoptBulkPauseThenCancel(t *testing.T) {
 		if wf.Status != "TERMINATED" {
 			t.Fatalf("workflow %s is %s in Conductor, want TERMINATED", id, wf.Status)
 		}
+	}
+}
+
+// recordedDespiteConductor fails t unless err is nil or the API's 503
+// ENGINE_UNAVAILABLE: the request is recorded in the log and Conductor,
+// which did not answer in time (a Conductor of a test's own, cold and on
+// a loaded machine), is brought in line by the follower; what the test
+// asserts next (the drain, the run's end) shows that it was.
+func recordedDespiteConductor(t *testing.T, what string, err error) {
+	t.Helper()
+	switch code := apiCode(err); {
+	case err == nil:
+	case code == "503 ENGINE_UNAVAILABLE":
+		t.Logf("%s recorded, Conductor slow to answer: %v", what, err)
+	default:
+		t.Fatalf("%s: %v", what, err)
 	}
 }
