@@ -183,12 +183,14 @@ func request(p *plan.Compiled, runRequestID string) StartRequest {
 
 // pauses is the pause follower serve wires into the watcher (drain's, on
 // this environment's JetStream), reading the runs from snaps; keys holds
-// its engine ledger.
+// its engine ledger. It is one replica's, alone: a difference is decided
+// at the first check.
 func (e *natsEnv) pauses(t testing.TB, r *Runs, snaps SnapshotReader, drainTimeout time.Duration) (*drain.Follower, *drain.Keys) {
 	t.Helper()
 	keys, err := drain.OpenKeys(context.Background(), e.connect(t), drain.KeysOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return drain.NewFollower(snaps, e.emitter, r.Client(), keys, drain.FollowerOptions{DrainTimeout: drainTimeout, Drains: keys, Logger: zaptest.NewLogger(t)}), keys
+	return drain.NewFollower(snaps, e.emitter, r.Client(), keys, drain.FollowerOptions{DrainTimeout: drainTimeout, Drains: keys,
+		Alone: func() bool { return true }, Logger: zaptest.NewLogger(t)}), keys
 }

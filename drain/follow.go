@@ -54,6 +54,21 @@ type FollowerOptions struct {
 	// difference is put down to Conductor while a request of it on the
 	// run is under way. Without it, only the engine ledger decides.
 	Calls InFlight
+	// Grace is how long a difference between Conductor and the log must
+	// last, seen at two checks, before it is put down to an action in
+	// Conductor on a run the sidecar paused before (default
+	// DefaultGrace): another replica's pause or resume, which Calls does
+	// not see, may have a call that lands late, and its own settle
+	// brings Conductor back to the log within that time.
+	Grace time.Duration
+	// Alone, when set, tells whether this replica is the only live one:
+	// then Calls sees every request, and a difference is decided at the
+	// first check. Nil: other replicas are assumed, and the grace holds.
+	Alone func() bool
+	// MaxSightings is how many runs' differences are remembered for the
+	// grace at most (default DefaultMaxSightings); past it, a difference
+	// is decided at a later check.
+	MaxSightings int
 	// DrainTimeout is the drain timeout of a pause made in Conductor
 	// (default 5m, as the Controller's).
 	DrainTimeout time.Duration
@@ -75,6 +90,7 @@ type Follower struct {
 	ledger EngineLedger
 	opts   FollowerOptions
 	logger *zap.Logger
+	seen   *sightings
 }
 
 // NewFollower returns a Follower that reads the runs from snaps, appends
@@ -90,7 +106,14 @@ func NewFollower(snaps SnapshotReader, emit Emitter, engine FollowerEngine, ledg
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Follower{snaps: snaps, emit: emit, engine: engine, ledger: ledger, opts: opts, logger: opts.Logger.Named("drain")}
+	if opts.Grace <= 0 {
+		opts.Grace = DefaultGrace
+	}
+	if opts.MaxSightings <= 0 {
+		opts.MaxSightings = DefaultMaxSightings
+	}
+	return &Follower{snaps: snaps, emit: emit, engine: engine, ledger: ledger, opts: opts, logger: opts.Logger.Named("drain"),
+		seen: &sightings{runs: map[string]sighting{}, max: opts.MaxSightings}}
 }
 
 // Saw reacts to status, the status the watcher read of runID's workflow
@@ -108,7 +131,11 @@ func NewFollower(snaps SnapshotReader, emit Emitter, engine FollowerEngine, ledg
 //     of the check (FollowerOptions.Calls): a call of it may have reached
 //     Conductor after a later one, and its settle brings Conductor back
 //     to the log; the check decides nothing and the next one decides
-//     again.
+//     again. Another replica's requests are not in Calls: on a run the
+//     sidecar paused before (pause cycle > 0), unless this replica is
+//     alone (FollowerOptions.Alone), the same difference (log state and
+//     cycle, ledger note and revision, Conductor's status) must be seen
+//     by two checks at least FollowerOptions.Grace apart.
 //   - COMPLETED while the log says PAUSED: the pause reached the log after
 //     Conductor had taken the run's last task. RunCompleted is valid from
 //     RUNNING only, so the pause is closed (RunResumed, requestedBy
@@ -121,18 +148,25 @@ func (f *Follower) Saw(ctx context.Context, runID, workflowID, status string) (s
 	case EngineRunning, EnginePaused:
 		return f.follow(ctx, runID, workflowID, status == EnginePaused)
 	case EngineCompleted:
+		f.seen.forget(runID)
 		return f.closePause(ctx, runID)
 	}
+	f.seen.forget(runID)
 	return "", nil
 }
 
 func (f *Follower) follow(ctx context.Context, runID, workflowID string, enginePaused bool) (string, error) {
 	snap, err := f.snapshot(ctx, runID)
-	if snap == nil || err != nil || !followed(snap) {
+	if err != nil {
 		return "", err
+	}
+	if snap == nil || !followed(snap) {
+		f.seen.forget(runID)
+		return "", nil
 	}
 	cycle, logPaused := pauseOf(snap)
 	if logPaused == enginePaused {
+		f.seen.forget(runID)
 		if cycle == 0 && !logPaused {
 			return "", nil // never paused: nothing noted, nothing to note
 		}
@@ -152,7 +186,7 @@ func (f *Follower) follow(ctx context.Context, runID, workflowID string, engineP
 	// request's (its settle then applies the log again): what Conductor
 	// shows is nobody's action yet.
 	_, gen := f.inFlight(runID)
-	notedPaused, notedCycle, err := f.ledger.EngineState(ctx, runID)
+	notedPaused, notedCycle, rev, err := f.engineNote(ctx, runID)
 	if err != nil {
 		return "", err
 	}
@@ -165,9 +199,11 @@ func (f *Follower) follow(ctx context.Context, runID, workflowID string, engineP
 		return "", err
 	}
 	if cycle, logPaused = pauseOf(snap); logPaused == enginePaused {
+		f.seen.forget(runID)
 		return "", nil // in step now: the next check notes it
 	}
 	if notedCycle != cycle || notedPaused != logPaused {
+		f.seen.forget(runID)
 		return f.converge(ctx, runID, workflowID, logPaused, cycle)
 	}
 	if busy, now := f.inFlight(runID); busy || now != gen {
@@ -175,10 +211,38 @@ func (f *Follower) follow(ctx context.Context, runID, workflowID string, engineP
 			zap.String("runId", runID), zap.String("workflowId", workflowID), zap.Bool("enginePaused", enginePaused), zap.Int64("cycle", cycle))
 		return "", nil
 	}
+	if !f.lasted(runID, sighting{logCycle: cycle, logPaused: logPaused, noteRev: rev, notePaused: notedPaused, noteCycle: notedCycle, enginePause: enginePaused}) {
+		f.logger.Debug("Conductor and the log differ; decided once the difference has lasted the grace (another replica's late call is corrected within it)",
+			zap.String("runId", runID), zap.String("workflowId", workflowID), zap.Bool("enginePaused", enginePaused), zap.Int64("cycle", cycle), zap.Duration("grace", f.opts.Grace))
+		return "", nil
+	}
 	if enginePaused {
 		return f.pausedInConductor(ctx, snap, workflowID)
 	}
 	return f.resumedInConductor(ctx, snap, workflowID)
+}
+
+// lasted tells whether the difference s of runID may be put down to
+// Conductor now. A run never paused in the log (cycle 0) has had no call
+// of the sidecar's, so none can land late: decided at once; so is every
+// run when this replica is alone. Otherwise only a difference that two
+// checks at least the grace apart saw the same.
+func (f *Follower) lasted(runID string, s sighting) bool {
+	if s.logCycle == 0 || (f.opts.Alone != nil && f.opts.Alone()) {
+		f.seen.forget(runID)
+		return true
+	}
+	return f.seen.lasted(runID, s, f.opts.Now(), f.opts.Grace)
+}
+
+// engineNote is the engine ledger's note of runID, with its revision when
+// the ledger tells it (RevisionLedger; 0 otherwise).
+func (f *Follower) engineNote(ctx context.Context, runID string) (paused bool, cycle int64, rev uint64, err error) {
+	if l, ok := f.ledger.(RevisionLedger); ok {
+		return l.EngineRevision(ctx, runID)
+	}
+	paused, cycle, err = f.ledger.EngineState(ctx, runID)
+	return paused, cycle, 0, err
 }
 
 // followed tells whether the Follower keeps snap's run in step: RUNNING or

@@ -110,7 +110,35 @@ func TestFollower_StaleCallOfAConcurrentRequestIsNotTakenForConductor(t *testing
 		settleCall: "resume", window: drain.EnginePaused, want: drain.EngineRunning,
 	}}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) { staleCall(t, tc) })
+		t.Run(tc.name, func(t *testing.T) { staleCall(t, tc, false) })
+	}
+}
+
+// TestFollower_StaleCallOfAnotherReplicasRequestIsNotTakenForConductor:
+// the same orders of requests across two replicas sharing one log and
+// one engine ledger: the stale request goes through replica 1's
+// Controller, the later requests and the follower's checks through
+// replica 2's, each replica with its own requests under way (Calls).
+// Replica 2 knows nothing of replica 1's request when it checks the run
+// in the late call's window; the run must still end as the log says,
+// with nothing put down to Conductor. An action then taken in Conductor
+// is recorded once the difference has lasted the follower's grace.
+func TestFollower_StaleCallOfAnotherReplicasRequestIsNotTakenForConductor(t *testing.T) {
+	cases := []staleCallCase{{
+		name:   "a resume lands after a later pause",
+		before: []func(context.Context, *drain.Controller, string) error{pauseRun},
+		stale:  resumeRun, staleCall: "resume",
+		between:    []func(context.Context, *drain.Controller, string) error{pauseRun},
+		settleCall: "pause", window: drain.EngineRunning, want: drain.EnginePaused,
+	}, {
+		name:   "a pause lands after a later resume, pause and resume",
+		before: []func(context.Context, *drain.Controller, string) error{pauseRun, resumeRun},
+		stale:  pauseRun, staleCall: "pause",
+		between:    []func(context.Context, *drain.Controller, string) error{resumeRun, pauseRun, resumeRun},
+		settleCall: "resume", window: drain.EnginePaused, want: drain.EngineRunning,
+	}}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) { staleCall(t, tc, true) })
 	}
 }
 
@@ -124,6 +152,29 @@ type raceEnv struct {
 	c         *drain.Controller
 	f         *drain.Follower
 	runID, wf string
+	// c2 is the Controller of the follower's replica: c itself, or
+	// another replica's (newReplicasEnv).
+	c2 *drain.Controller
+	// clock is the follower's clock: the time now plus advance.
+	clock *testClock
+}
+
+// testClock is time.Now moved on by the test.
+type testClock struct {
+	mu      sync.Mutex
+	advance time.Duration
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Now().Add(c.advance)
+}
+
+func (c *testClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.advance += d
+	c.mu.Unlock()
 }
 
 func newRaceEnv(t *testing.T) *raceEnv {
@@ -134,6 +185,19 @@ func newRaceEnv(t *testing.T) *raceEnv {
 // newRaceEnvWith is newRaceEnv whose Follower reads the log and the
 // engine ledger through wrap (nil: directly).
 func newRaceEnvWith(t *testing.T, wrap func(drain.SnapshotReader, drain.EngineLedger) (drain.SnapshotReader, drain.EngineLedger)) *raceEnv {
+	t.Helper()
+	return newEnv(t, wrap, false)
+}
+
+// newReplicasEnv is newRaceEnv with two replicas on one log and one
+// engine ledger: c is replica 1's Controller, c2 and f replica 2's, and
+// each replica has its own requests under way (Calls).
+func newReplicasEnv(t *testing.T) *raceEnv {
+	t.Helper()
+	return newEnv(t, nil, true)
+}
+
+func newEnv(t *testing.T, wrap func(drain.SnapshotReader, drain.EngineLedger) (drain.SnapshotReader, drain.EngineLedger), replicas bool) *raceEnv {
 	t.Helper()
 	ctx := context.Background()
 	e := &raceEnv{}
@@ -181,12 +245,24 @@ func newRaceEnvWith(t *testing.T, wrap func(drain.SnapshotReader, drain.EngineLe
 	// The Controller and the Follower of one process share its Calls.
 	calls := drain.NewCalls()
 	e.c = drain.New(e.store, e.emit, e.client, drain.Options{Ledger: keys, Drains: keys, Calls: calls, Logger: logger})
+	e.c2 = e.c
+	if replicas {
+		calls = drain.NewCalls()
+		e.c2 = drain.New(e.store, e.emit, e.client, drain.Options{Ledger: keys, Drains: keys, Calls: calls, Logger: logger})
+	}
 	var snaps drain.SnapshotReader = e.store
 	var ledger drain.EngineLedger = keys
 	if wrap != nil {
 		snaps, ledger = wrap(snaps, ledger)
 	}
-	e.f = drain.NewFollower(snaps, e.emit, e.client, ledger, drain.FollowerOptions{Calls: calls, Drains: keys, Logger: logger})
+	e.clock = &testClock{}
+	// One process is alone: its Calls sees every request. Two replicas
+	// are not.
+	var alone func() bool
+	if !replicas {
+		alone = func() bool { return true }
+	}
+	e.f = drain.NewFollower(snaps, e.emit, e.client, ledger, drain.FollowerOptions{Calls: calls, Drains: keys, Alone: alone, Logger: logger, Now: e.clock.Now})
 	return e
 }
 
@@ -204,9 +280,15 @@ func (e *raceEnv) status(t *testing.T) (inLog, inConductor string) {
 	return snap.Status, wf
 }
 
-func staleCall(t *testing.T, tc staleCallCase) {
+// staleCall runs tc in one process, or across two replicas: the stale
+// request through replica 1, the others and the follower through
+// replica 2.
+func staleCall(t *testing.T, tc staleCallCase, replicas bool) {
 	ctx := context.Background()
 	e := newRaceEnv(t)
+	if replicas {
+		e = newReplicasEnv(t)
+	}
 	hc, client, store, c, f, runID, wf := e.hc, e.client, e.store, e.c, e.f, e.runID, e.wf
 
 	for i, req := range tc.before {
@@ -221,7 +303,7 @@ func staleCall(t *testing.T, tc staleCallCase) {
 	wait(t, "the stale call", stale.Entered)
 	// 2. Later requests, which reach Conductor first.
 	for i, req := range tc.between {
-		if err := req(ctx, c, runID); err != nil {
+		if err := req(ctx, e.c2, runID); err != nil {
 			t.Fatalf("request %d in between: %v", i+1, err)
 		}
 	}
@@ -289,6 +371,15 @@ func staleCall(t *testing.T, tc staleCallCase) {
 	if status, err = client.WorkflowStatus(ctx, wf); err != nil {
 		t.Fatal(err)
 	}
+	if replicas {
+		// Another replica's request may still have a call landing: the
+		// first check remembers the difference, a check a grace later
+		// records it.
+		if did, err := f.Saw(ctx, runID, wf, status); err != nil || did != "" {
+			t.Fatalf("the first check after an action in Conductor (%s) did %q (%v), want nothing before the grace", status, did, err)
+		}
+		e.clock.Advance(drain.DefaultGrace)
+	}
 	if did, err := f.Saw(ctx, runID, wf, status); err != nil || did != want {
 		t.Fatalf("a check after an action in Conductor (%s) did %q (%v), want %q", status, did, err, want)
 	}
@@ -352,7 +443,8 @@ type hooked struct {
 	ledgerRead   bool
 }
 
-func (h *hooked) EngineState(ctx context.Context, runID string) (bool, int64, error) {
+// readLedger runs beforeLedger, once, before a read of the ledger.
+func (h *hooked) readLedger() {
 	h.mu.Lock()
 	f := h.beforeLedger
 	h.beforeLedger = nil
@@ -361,7 +453,16 @@ func (h *hooked) EngineState(ctx context.Context, runID string) (bool, int64, er
 	if f != nil {
 		f()
 	}
+}
+
+func (h *hooked) EngineState(ctx context.Context, runID string) (bool, int64, error) {
+	h.readLedger()
 	return h.EngineLedger.EngineState(ctx, runID)
+}
+
+func (h *hooked) EngineRevision(ctx context.Context, runID string) (bool, int64, uint64, error) {
+	h.readLedger()
+	return h.EngineLedger.(drain.RevisionLedger).EngineRevision(ctx, runID)
 }
 
 func (h *hooked) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {

@@ -72,6 +72,7 @@ var (
 	_ DrainIndex     = (*Keys)(nil)
 	_ ResumeSchedule = (*Keys)(nil)
 	_ EngineLedger   = (*Keys)(nil)
+	_ RevisionLedger = (*Keys)(nil)
 )
 
 // OpenKeys creates the bucket, or binds to it, and moves the entries of
@@ -357,18 +358,25 @@ func (k *Keys) NoteEngine(ctx context.Context, runID string, paused bool, cycle 
 // EngineState returns the state NoteEngine recorded for runID (not paused,
 // cycle 0 when none).
 func (k *Keys) EngineState(ctx context.Context, runID string) (paused bool, cycle int64, err error) {
+	paused, cycle, _, err = k.EngineRevision(ctx, runID)
+	return paused, cycle, err
+}
+
+// EngineRevision is EngineState with the revision of runID's note, which
+// changes with every note written (0 when none).
+func (k *Keys) EngineRevision(ctx context.Context, runID string) (paused bool, cycle int64, rev uint64, err error) {
 	e, err := k.kv.Get(ctx, keyEngine+runID)
 	if isMissing(err) {
-		return false, 0, nil
+		return false, 0, 0, nil
 	}
 	if err != nil {
-		return false, 0, keysUnavailable("read engine ledger", err)
+		return false, 0, 0, keysUnavailable("read engine ledger", err)
 	}
 	var n engineNote
 	if err := json.Unmarshal(e.Value(), &n); err != nil {
-		return false, 0, nil // rewritten by the next note
+		return false, 0, e.Revision(), nil // rewritten by the next note
 	}
-	return n.Paused, n.Cycle, nil
+	return n.Paused, n.Cycle, e.Revision(), nil
 }
 
 // listIn returns the keys of kv matching filter. A KV listing is a watch

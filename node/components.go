@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.uber.org/zap"
@@ -177,8 +178,12 @@ func (n *Node) openWatcher(ctx context.Context) error {
 	// The follower puts nothing down to Conductor while the drain
 	// controller's pause or resume of the run is under way: they share
 	// the requests under way (openDrain).
-	n.pauseCalls = drain.NewCalls()
-	pauses := drain.NewFollower(n.store, n.emitter, n.conductor, keys, drain.FollowerOptions{DrainTimeout: n.cfg.DrainTimeout, Drains: keys, Calls: n.pauseCalls, Logger: n.log})
+	// Another replica's requests are not among them: while other replicas
+	// are live, a difference is put down to Conductor only once it has
+	// lasted the follower's grace (docs/drain.md).
+	n.pauseCalls, n.pauseAlone = drain.NewCalls(), alone(n.members, time.Now())
+	pauses := drain.NewFollower(n.store, n.emitter, n.conductor, keys, drain.FollowerOptions{DrainTimeout: n.cfg.DrainTimeout, Drains: keys, Calls: n.pauseCalls,
+		Alone: n.pauseAlone, Logger: n.log})
 	wopts := adapter.WatcherOptions{Owner: n.members, Pauses: pauses, Logger: n.log, Metrics: n.adapterM}
 	if len(n.cfg.Adopt.Specs) > 0 {
 		aopts := n.cfg.Adopt
@@ -196,6 +201,24 @@ func (n *Node) openWatcher(ctx context.Context) error {
 	}
 	n.add(part{name: "adopter", close: n.adopter.Close})
 	return n.adopter.Open(ctx)
+}
+
+// aloneAfter is how long after it joined a replica may take itself for
+// the only live one: membership counts a member once a heartbeat of it
+// arrives after the join (every 2 s), so until then it may not know the
+// others yet. It is membership's default DeadAfter (five heartbeats).
+const aloneAfter = 10 * time.Second
+
+// alone tells whether m counts this replica, which joined at joined, as
+// the only live one; not while it cannot tell, nor before aloneAfter.
+func alone(m *membership.Members, joined time.Time) func() bool {
+	return func() bool {
+		if time.Since(joined) < aloneAfter {
+			return false
+		}
+		keys, unknown := m.Live()
+		return !unknown && len(keys) == 1 && keys[0] == m.Key()
+	}
 }
 
 // openDrain opens the drain controller: pause, resume and cancel, and

@@ -185,6 +185,9 @@ type Node struct {
 	// pauseCalls: the drain controller's pause and resume requests under
 	// way, which its follower waits for.
 	pauseCalls *drain.Calls
+	// pauseAlone: whether the follower takes this replica for the only
+	// live one (then it decides a difference at the first check).
+	pauseAlone func() bool
 	executors  *exec.Registry
 	tracer     *tracing.Tracer // nil: tracing off
 	workers    *taskworkers.Worker

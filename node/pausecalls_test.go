@@ -61,6 +61,14 @@ func TestNode_LateCallIsNotTakenForConductor(t *testing.T) {
 		}
 	}
 
+	// This rule is the one of a replica alone: another replica's requests
+	// are covered by the follower's grace, which would hide a missing
+	// shared Calls. Wait until the node takes itself for the only replica.
+	for deadline := time.Now().Add(2 * time.Minute); !n.pauseAlone(); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out after 2m waiting for the node to take itself for the only live replica")
+		}
+	}
 	if _, err := n.drain.Pause(ctx, runID, drain.PauseRequest{Reason: "first"}); err != nil {
 		t.Fatal(err)
 	}
