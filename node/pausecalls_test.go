@@ -28,16 +28,61 @@ import (
 // is the rule; this is the node's wiring of it). The node reaches the
 // real Conductor through a proxy that holds chosen calls.
 func TestNode_LateCallIsNotTakenForConductor(t *testing.T) {
+	lateCall(t, false)
+}
+
+// TestNode_AnotherReplicasLateCallIsNotTakenForConductor: two serve
+// replicas on one NATS. A resume through replica 1 has its call reach
+// Conductor after a later pause through replica 2; replica 2's watcher
+// checks the run in that window. Replica 2 does not see replica 1's
+// request, and knows it is not alone (membership): its follower waits
+// for the difference to last its grace, and the run ends PAUSED, with
+// nothing put down to Conductor.
+func TestNode_AnotherReplicasLateCallIsNotTakenForConductor(t *testing.T) {
+	lateCall(t, true)
+}
+
+// lateCall is a resume whose call lands after a later pause's, the
+// watcher checking the run in the window: the requests and the check
+// through one node, or (replicas) the resume through another node on the
+// same NATS and Conductor.
+func lateCall(t *testing.T, replicas bool) {
 	ctx := context.Background()
 	hc, base := conductortest.NewHolding(t)
 	_, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "node-pw", Permissions: natsstore.AllPermissions})
-	cfg := testConfig(t, srv.URL())
-	cfg.ConductorURL = base
-	n := New(cfg, zaptest.NewLogger(t), prometheus.NewRegistry())
-	if err := n.Open(ctx); err != nil {
-		t.Fatal(err)
+	open := func(domain string) (*Node, time.Time) {
+		t.Helper()
+		cfg := testConfig(t, srv.URL())
+		cfg.ConductorURL = base
+		if domain != "" {
+			cfg.TaskDomain = domain
+		}
+		n := New(cfg, zaptest.NewLogger(t), prometheus.NewRegistry())
+		opened := time.Now()
+		if err := n.Open(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = n.Close(ctx) })
+		return n, opened
 	}
-	t.Cleanup(func() { _ = n.Close(ctx) })
+	n, opened := open("")
+	// first is the node of the stale resume: n, or another replica.
+	first := n
+	if replicas {
+		first, _ = open(n.cfg.TaskDomain)
+		// n must not take itself for alone by the time its watcher checks:
+		// wait until its membership shows both replicas and it joined
+		// longer ago than a replica may not know the others yet, so that
+		// only the membership keeps it from deciding at once.
+		for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+			if live, _ := n.members.Live(); len(live) == 2 && time.Since(opened) > aloneAfter {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("timed out after 2m waiting for the replicas to see each other")
+			}
+		}
+	}
 	id := strings.ReplaceAll(filepath.Base(t.TempDir()), "-", "_")
 	// One step of an outside worker's task type nobody polls: the workflow
 	// stays RUNNING.
@@ -61,21 +106,21 @@ func TestNode_LateCallIsNotTakenForConductor(t *testing.T) {
 		}
 	}
 
-	// This rule is the one of a replica alone: another replica's requests
-	// are covered by the follower's grace, which would hide a missing
-	// shared Calls. Wait until the node takes itself for the only replica.
-	for deadline := time.Now().Add(2 * time.Minute); !n.pauseAlone(); time.Sleep(100 * time.Millisecond) {
+	// Alone, the rule is the shared Calls: another replica's requests are
+	// covered by the follower's grace, which would hide a missing shared
+	// Calls. Wait until the node takes itself for the only replica.
+	for deadline := time.Now().Add(2 * time.Minute); !replicas && !n.pauseAlone(); time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("timed out after 2m waiting for the node to take itself for the only live replica")
 		}
 	}
-	if _, err := n.drain.Pause(ctx, runID, drain.PauseRequest{Reason: "first"}); err != nil {
+	if _, err := first.drain.Pause(ctx, runID, drain.PauseRequest{Reason: "first"}); err != nil {
 		t.Fatal(err)
 	}
 	late := hc.HoldNext("resume")
 	resumed := make(chan error, 1)
 	go func() {
-		_, err := n.drain.Resume(ctx, runID, drain.ResumeRequest{Reason: "resume"})
+		_, err := first.drain.Resume(ctx, runID, drain.ResumeRequest{Reason: "resume"})
 		resumed <- err
 	}()
 	wait("the resume's call", late.Entered)
@@ -117,5 +162,22 @@ func TestNode_LateCallIsNotTakenForConductor(t *testing.T) {
 	if len(byConductor) > 0 || snap.Status != statestore.RunStatusPaused || status != drain.EnginePaused {
 		t.Fatalf("put down to Conductor, which nobody used: %v; the run ends %s in the log and %s in Conductor, want PAUSED in both",
 			byConductor, snap.Status, status)
+	}
+	if replicas {
+		return // an action in Conductor is recorded a grace later (drain's tests)
+	}
+	// Alone, an action then taken in Conductor is recorded at the first
+	// check.
+	if err := n.conductor.Resume(ctx, wf); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.watcher.Check(ctx, runID); err != nil {
+		t.Fatal(err)
+	}
+	if recs, err = n.store.Fetch(ctx, runID, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := storetest.RequestedBy(recs, statestore.RequestedByConductor); len(got) != 1 || got[0] != statestore.RunResumed {
+		t.Fatalf("after a resume in Conductor and one check, put down to Conductor: %v, want [RunResumed]", got)
 	}
 }
