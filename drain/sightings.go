@@ -27,6 +27,10 @@ const DefaultMaxSightings = 4096
 // for good.
 const sightingTTL = 15 * time.Minute
 
+// sweepEvery is how often at most a full Follower looks for entries
+// older than sightingTTL: the look reads every entry.
+const sweepEvery = time.Minute
+
 // RevisionLedger is an engine ledger that also tells the revision of a
 // run's note, which changes with every note written (Keys implements
 // it). With it, a difference is only put down to Conductor when no note
@@ -55,13 +59,15 @@ func (s sighting) same(o sighting) bool {
 
 // sightings remembers, per run, the difference a check saw first, so that
 // a later check decides only on one that lasted the grace. Its size is
-// fixed (max): when full, entries older than sightingTTL go; when none
-// can, a new difference is not remembered and is decided at a later
-// check, once there is room. Forgetting only ever delays a decision.
+// fixed (max): when full, entries older than sightingTTL go (looked for
+// at most every sweepEvery); when none can, a new difference is not
+// remembered and is decided at a later check, once there is room.
+// Forgetting only ever delays a decision.
 type sightings struct {
-	mu   sync.Mutex
-	runs map[string]sighting
-	max  int
+	mu    sync.Mutex
+	runs  map[string]sighting
+	max   int
+	swept time.Time // the last look for entries to drop
 }
 
 // lasted reports whether s, seen now, was seen at a check at least grace
@@ -78,15 +84,16 @@ func (t *sightings) lasted(runID string, s sighting, now time.Time, grace time.D
 		delete(t.runs, runID)
 		return true
 	}
-	if !ok && len(t.runs) >= t.max {
+	if !ok && len(t.runs) >= t.max && now.Sub(t.swept) >= sweepEvery {
+		t.swept = now
 		for id, old := range t.runs {
 			if now.Sub(old.first) > sightingTTL {
 				delete(t.runs, id)
 			}
 		}
-		if len(t.runs) >= t.max {
-			return false // not remembered: decided at a later check
-		}
+	}
+	if !ok && len(t.runs) >= t.max {
+		return false // not remembered: decided at a later check
 	}
 	s.first = now
 	t.runs[runID] = s
