@@ -136,6 +136,12 @@ func TestFollower_StaleCallOfAnotherReplicasRequestIsNotTakenForConductor(t *tes
 		stale:  pauseRun, staleCall: "pause",
 		between:    []func(context.Context, *drain.Controller, string) error{resumeRun, pauseRun, resumeRun},
 		settleCall: "resume", window: drain.EnginePaused, want: drain.EngineRunning,
+	}, {
+		name:   "a bulk pause lands after a later resume, pause and resume",
+		before: []func(context.Context, *drain.Controller, string) error{pauseRun, resumeRun},
+		stale:  pauseMany, staleCall: "pause",
+		between:    []func(context.Context, *drain.Controller, string) error{resumeRun, pauseRun, resumeRun},
+		settleCall: "resume", window: drain.EnginePaused, want: drain.EngineRunning,
 	}}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { staleCall(t, tc, true) })
