@@ -14,6 +14,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/membership"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
@@ -179,5 +180,32 @@ func lateCall(t *testing.T, replicas bool) {
 	}
 	if got := storetest.RequestedBy(recs, statestore.RequestedByConductor); len(got) != 1 || got[0] != statestore.RunResumed {
 		t.Fatalf("after a resume in Conductor and one check, put down to Conductor: %v, want [RunResumed]", got)
+	}
+}
+
+// TestAlone: serve's follower takes its replica for the only live one
+// only when the membership lists nothing else and it joined aloneAfter
+// ago or more: until a heartbeat of each other replica has arrived since
+// the join, the membership may not list them yet.
+func TestAlone(t *testing.T) {
+	js, _ := natstest.Start(t)
+	m, err := membership.Open(context.Background(), js, membership.Options{Heartbeat: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close(context.Background()) })
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		if _, unknown := m.Live(); !unknown {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("timed out after 2m waiting for the membership to know the members")
+		}
+	}
+	if alone(m, time.Now())() {
+		t.Fatal("a replica that has just joined takes itself for alone")
+	}
+	if !alone(m, time.Now().Add(-aloneAfter))() {
+		t.Fatal("a replica alone since aloneAfter does not take itself for alone")
 	}
 }
