@@ -8,6 +8,7 @@
 // Inside a Destination (a directory, an S3 bucket prefix):
 //
 //	segments/<unixNano>-<random>.ndjson.gz   gzip of NDJSON lines, one record a line
+//	                                         (gzip members of about 64 KiB of lines each)
 //	manifests/000000000001.json              the segment's Manifest, seq 1, 2, ...
 //	catalog/<level>/<first>-<last>/<n>-<i>   which manifests list a run (catalog.go)
 //
@@ -232,27 +233,20 @@ func (a *Archive) write(ctx context.Context, runs []Run) (*Manifest, error) {
 	}
 	m.CreatedAt = now.Format(time.RFC3339Nano)
 	m.Segment = fmt.Sprintf("%s%019d-%s%s", segmentPrefix, now.UnixNano(), hex.EncodeToString(rnd[:]), segmentSuffix)
-	if err := a.dest.Put(ctx, m.Segment, seg.data); err != nil {
+	// The manifest is sealed while the segment is being stored.
+	var enc []byte
+	var serr error
+	if err := storeSegment(ctx, a.dest, seg, func() { enc, serr = a.sealManifest(m) }); err != nil {
 		return nil, err
 	}
-	back, err := a.dest.Get(ctx, m.Segment)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkReadBack(seg, back); err != nil {
-		return nil, fmt.Errorf("read back: %w", err)
+	if serr != nil {
+		return nil, serr
 	}
 	for try := 0; ; try++ {
-		m.Seq, m.Prev = 1, Genesis
-		if a.head != nil {
-			m.Seq, m.Prev = a.head.Seq+1, a.head.Chain
-		}
-		if m.Chain, err = chainOf(m); err != nil {
-			return nil, err
-		}
-		enc, err := encodeManifest(m)
-		if err != nil {
-			return nil, err
+		if try > 0 {
+			if enc, err = a.sealManifest(m); err != nil {
+				return nil, err
+			}
 		}
 		err = a.dest.PutNew(ctx, manifestName(m.Seq), enc)
 		if errors.Is(err, ErrConflict) {
@@ -292,6 +286,46 @@ func (a *Archive) write(ctx context.Context, runs []Run) (*Manifest, error) {
 	}
 	out := *m
 	return &out, nil
+}
+
+// storeSegment puts seg under its name and confirms it: that its bytes
+// decompress to exactly the lines its manifest's counts and SHA-256 are
+// over (checkLines), and that the destination gives back exactly those
+// bytes (checkReadBack). The lines are checked, and also runs, on this
+// goroutine while the destination stores the segment, so the store's wait
+// (an fsync, a PUT) overlaps that CPU work; nothing is read back before
+// the store answered.
+func storeSegment(ctx context.Context, dest Destination, seg *segment, also func()) error {
+	stored := make(chan error, 1)
+	go func() { stored <- dest.Put(ctx, seg.m.Segment, seg.data) }()
+	lerr := seg.checkLines()
+	if also != nil {
+		also()
+	}
+	if err := <-stored; err != nil {
+		return err
+	}
+	if lerr != nil {
+		return fmt.Errorf("check segment: %w", lerr)
+	}
+	back, err := dest.Get(ctx, seg.m.Segment)
+	if err != nil {
+		return err
+	}
+	if err := checkReadBack(seg, back); err != nil {
+		return fmt.Errorf("read back: %w", err)
+	}
+	return nil
+}
+
+// sealManifest gives m the next seq after a.head, its Prev and its Chain,
+// and returns its stored form. a.mu is held.
+func (a *Archive) sealManifest(m *Manifest) ([]byte, error) {
+	m.Seq, m.Prev = 1, Genesis
+	if a.head != nil {
+		m.Seq, m.Prev = a.head.Seq+1, a.head.Chain
+	}
+	return sealManifest(m)
 }
 
 // indexWindow is how many of the newest manifests the index holds: what

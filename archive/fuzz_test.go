@@ -116,6 +116,7 @@ func FuzzParseManifest(f *testing.F) {
 func FuzzDecodeSegmentBytes(f *testing.F) {
 	data, m, _ := seedSegment(f)
 	f.Add(data)
+	f.Add(append(bytes.Clone(data), data...)) // two gzip members
 	f.Add([]byte{0x1f, 0x8b})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		fm := *m
