@@ -3,6 +3,8 @@ package archive_test
 import (
 	"context"
 	"errors"
+	"net/http/httptrace"
+	"sync/atomic"
 	"testing"
 
 	"github.com/conductor-sidecar/sidecar/archive"
@@ -41,5 +43,34 @@ func TestArchive_OpenWhileDown(t *testing.T) {
 	rep := mustVerify(t, dest, archive.VerifyOptions{})
 	if len(rep.Problems) != 0 || rep.Manifests != 2 || rep.Runs != 2 {
 		t.Fatalf("got report %+v", rep)
+	}
+}
+
+// TestS3_ReusesConnections checks that the archive's requests to an S3
+// server reuse their HTTP connections (keep-alive): a Write is four
+// requests in a row (the segment's PUT and GET, the manifest's), and a
+// new TCP connection for each costs the server an accept and a
+// connection's setup every time.
+func TestS3_ReusesConnections(t *testing.T) {
+	var reused, fresh atomic.Int64
+	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+		GotConn: func(i httptrace.GotConnInfo) {
+			if i.Reused {
+				reused.Add(1)
+			} else {
+				fresh.Add(1)
+			}
+		},
+	})
+	a := mustOpen(t, archivetest.StartS3(t).Bucket("keepalive", "a"))
+	for _, r := range finishedRuns(t, "r", 10) {
+		if _, err := a.Write(ctx, []archive.Run{r}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One connection, made by the first request, would do; a few more
+	// leave room for a connection the server or the client closed.
+	if fresh.Load() > 4 || reused.Load() < 36 {
+		t.Fatalf("%d requests on a new connection, %d on a reused one; want at most 4 new of 40", fresh.Load(), reused.Load())
 	}
 }

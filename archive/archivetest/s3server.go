@@ -75,9 +75,11 @@ func (s *S3Server) Start() {
 		return
 	}
 	// The posix backend keeps object metadata in a sidecar directory, so
-	// the data directory needs no extended attributes.
+	// the data directory needs no extended attributes. --keep-alive: the
+	// server closes every connection after one request without it (its
+	// default), which S3 services do not.
 	cmd := exec.Command(s.bin, "--access", AccessKeyID, "--secret", SecretAccessKey,
-		"--region", Region, "--port", s.addr, "--quiet",
+		"--region", Region, "--port", s.addr, "--quiet", "--keep-alive",
 		"posix", "--sidecar", filepath.Join(s.dir, "meta"), filepath.Join(s.dir, "data"))
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + s.dir}
 	s.proc = proctest.Start(s.t, cmd, proctest.Options{Log: filepath.Join(s.dir, "s3server.log")}, s.addr)

@@ -14,7 +14,10 @@
 #
 #   mkdir -p /tmp/s3/data /tmp/s3/meta
 #   "$(deploy/local/s3server.sh)/versitygw" --access KEY --secret SECRET --port 127.0.0.1:7070 \
-#     posix --sidecar /tmp/s3/meta /tmp/s3/data
+#     --keep-alive posix --sidecar /tmp/s3/meta /tmp/s3/data
+#
+# (--keep-alive: without it the server closes the connection after every
+# request, so each of the archive's requests would open a new one.)
 #
 # Needs Go and the Go module proxy: a few minutes on 2 cores the first time
 # (downloads included). S3SERVER_CACHE_DIR overrides the cache directory.
