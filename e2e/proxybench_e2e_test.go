@@ -45,7 +45,15 @@ import (
 // the StepStarted and StepCompleted writes within them
 // (sidecar_worker_event_write_seconds), and within those the registry's
 // eventId and the log's append. BENCH_PPROF_DIR=DIR also writes a CPU
-// profile of the sidecar over each plan/proxy round's first 10 s there.
+// profile of the sidecar over each plan round's first BENCH_PPROF_SECONDS
+// (default 10) there (sidecar-plan-proxy-roundN.pprof,
+// sidecar-plan-direct-roundN.pprof); a round ends after its profile, so a
+// profile longer than the round holds the idle time after it too.
+// BENCH_TIME_CONDUCTOR=1 puts a pass-through in front of Conductor, for
+// the worker in the direct modes and for the sidecar (its proxy and its
+// own client) in all, that times Conductor's answers to the worker's polls
+// and updates (condTimer): the same instrument in both modes, one more hop
+// in each.
 func TestBench_ProxyPythonWorker(t *testing.T) {
 	if os.Getenv("SIDECAR_BENCH_PROXY") == "" {
 		t.Skip("a benchmark: SIDECAR_BENCH_PROXY=1 runs it")
@@ -62,9 +70,16 @@ func TestBench_ProxyPythonWorker(t *testing.T) {
 		extra = []string{"--pprof-listen", pprofAddr}
 	}
 	addr, proxyAddr, domain := sidecartest.FreeAddr(t), sidecartest.FreeAddr(t), uniq("bench-proxy")
-	p := &proxied{proc: startServe(t, t.TempDir(), addr, append([]string{"--conductor-proxy-listen", proxyAddr, "--task-domain", domain}, extra...)...),
-		addr: addr, proxyAddr: proxyAddr, domain: domain}
 	condURL := strings.TrimSuffix(os.Getenv("SIDECAR_TEST_CONDUCTOR_URL"), "/")
+	var timer *condTimer
+	serveCond := condURL
+	if os.Getenv("BENCH_TIME_CONDUCTOR") != "" {
+		timer = startCondTimer(t, condURL)
+		serveCond = timer.URL
+	}
+	p := &proxied{proc: newProc(sidecartest.Start(t, sidecartest.Options{DataDir: t.TempDir(), Addr: addr, ConductorURL: serveCond,
+		Args: append([]string{"--conductor-proxy-listen", proxyAddr, "--task-domain", domain}, extra...)})),
+		addr: addr, proxyAddr: proxyAddr, domain: domain}
 	plain := uniq("bench_plain")
 
 	modes := []string{"plan/proxy", "plan/direct", "plain/proxy", "plain/direct"}
@@ -83,13 +98,22 @@ func TestBench_ProxyPythonWorker(t *testing.T) {
 			taskType := uniq("bench_" + strings.ReplaceAll(mode, "/", "_"))
 			server := p.api()
 			if strings.HasSuffix(mode, "/direct") {
-				server = condURL
+				server = serveCond
+			}
+			if timer != nil {
+				timer.round(taskType)
 			}
 			wp := w.start(t, server, taskType, p.domain, 8)
 			side0, cond0 := cpuOf(t, p.serve.Cmd.Process.Pid), cpuOf(t, condPid)
 			m0 := scrape(t, p.addr)
-			if profDir != "" && mode == "plan/proxy" {
-				go cpuProfile(t, pprofAddr, filepath.Join(profDir, fmt.Sprintf("sidecar-round%d.pprof", r+1)), 10)
+			profiled := make(chan struct{})
+			if profDir != "" && strings.HasPrefix(mode, "plan/") {
+				go func() {
+					defer close(profiled)
+					cpuProfile(t, pprofAddr, filepath.Join(profDir, fmt.Sprintf("sidecar-%s-round%d.pprof", strings.ReplaceAll(mode, "/", "-"), r+1)), envInt("BENCH_PPROF_SECONDS", 10))
+				}()
+			} else {
+				close(profiled)
 			}
 			var wfID string
 			if strings.HasPrefix(mode, "plan/") {
@@ -104,6 +128,7 @@ func TestBench_ProxyPythonWorker(t *testing.T) {
 			}
 			side1, cond1 := cpuOf(t, p.serve.Cmd.Process.Pid), cpuOf(t, condPid)
 			wp.kill()
+			<-profiled // the next round's profile cannot start before it ends
 			tps, p50 := taskTimes(t, condURL, wfID, taskType)
 			s := sample{tps, p50, float64(side1-side0) / float64(n), float64(cond1-cond0) / float64(n)}
 			results[mode] = append(results[mode], s)
@@ -111,6 +136,9 @@ func TestBench_ProxyPythonWorker(t *testing.T) {
 				r+1, mode, s.tps, s.p50ms, s.sideCPUms, s.condCPUms)
 			m1 := scrape(t, p.addr)
 			t.Logf("round %d %-12s the sidecar's own Conductor requests per task: %s", r+1, mode, m1.perOp(m0, "sidecar_conductor_requests_total", n))
+			if timer != nil {
+				t.Logf("round %d %-12s Conductor's answers at the pass-through: %s", r+1, mode, timer.summary(n))
+			}
 			if mode == "plan/proxy" {
 				var parts []string
 				for _, q := range gateBreakdown {
