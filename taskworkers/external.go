@@ -86,11 +86,11 @@ func (w *Worker) External(t *model.Task) (*Assignment, bool) {
 // handed to the outside worker. When it returns false the task was
 // answered to Conductor here (handed back while the run is paused or not
 // started, refused when it ended, or reported from the log) and must not
-// reach the worker. A task that is not an external step returns false and
-// is left alone: call External first.
-func (w *Worker) Admit(t *model.Task) bool {
-	a, ok := w.External(t)
-	if !ok || w.workCtx == nil {
+// reach the worker. a is External's assignment of t (decoded once by the
+// caller); a nil a (a task that is not an external step) returns false and
+// leaves the task alone.
+func (w *Worker) Admit(t *model.Task, a *Assignment) bool {
+	if a == nil || w.workCtx == nil {
 		return false
 	}
 	log := w.log.With(zap.String("taskId", t.TaskId), zap.String("workflowId", t.WorkflowInstanceId),
@@ -126,10 +126,10 @@ func (w *Worker) Admit(t *model.Task) bool {
 // outcome could not be recorded within the write budget: nothing is
 // forwarded, and the worker should retry its update. A status other than
 // COMPLETED, FAILED or FAILED_WITH_TERMINAL_ERROR (IN_PROGRESS: a progress
-// report or a lease extension) records nothing and is forwarded.
-func (w *Worker) Record(t *model.Task, r *model.TaskResult) (forward bool, err error) {
-	a, ok := w.External(t)
-	if !ok || w.workCtx == nil {
+// report or a lease extension) records nothing and is forwarded. a is
+// External's assignment of t; nil (not an external step) records nothing.
+func (w *Worker) Record(t *model.Task, a *Assignment, r *model.TaskResult) (forward bool, err error) {
+	if a == nil || w.workCtx == nil {
 		return true, nil
 	}
 	var stepErr *statestore.StepError
@@ -272,16 +272,14 @@ func (w *Worker) forwardFailure(t *model.Task, log *zap.Logger, a *Assignment, r
 
 // Reported is called once Conductor took a forwarded final update of t
 // (r): it nudges the run watcher and the drain monitor as the worker's
-// own reports do.
-func (w *Worker) Reported(t *model.Task, r *model.TaskResult) {
+// own reports do. a is External's assignment of t (nil: no run's step).
+func (w *Worker) Reported(t *model.Task, a *Assignment, r *model.TaskResult) {
 	if r.Status == model.InProgressTask {
 		return
 	}
 	w.wakePollers(t)
-	if w.opts.OnTaskDone != nil {
-		if a, ok := w.External(t); ok {
-			w.opts.OnTaskDone(a.RunID, r.Status != model.CompletedTask || a.Sink, true)
-		}
+	if w.opts.OnTaskDone != nil && a != nil {
+		w.opts.OnTaskDone(a.RunID, r.Status != model.CompletedTask || a.Sink, true)
 	}
 }
 

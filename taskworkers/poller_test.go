@@ -172,7 +172,7 @@ func TestWorker_OutcomeWakesItsPlansTypes(t *testing.T) {
 
 	// An outside worker's outcome (forwarded by the task proxy): no loop
 	// of this worker polls its type, so it wakes its plan's types only.
-	w.Reported(task("bench_external", "mixed"), &model.TaskResult{Status: model.CompletedTask})
+	w.Reported(task("bench_external", "mixed"), nil, &model.TaskResult{Status: model.CompletedTask})
 	if got := polls(200 * time.Millisecond); fmt.Sprint(got) != "map[noop:1 sleep:1]" {
 		t.Errorf("an outside worker's outcome in a noop+sleep plan: polls %v, want map[noop:1 sleep:1]", got)
 	}

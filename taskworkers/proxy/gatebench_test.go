@@ -14,6 +14,7 @@ import (
 
 	"github.com/conductor-sdk/conductor-go/sdk/model"
 
+	"github.com/conductor-sidecar/sidecar/taskworkers"
 	"github.com/conductor-sidecar/sidecar/taskworkers/proxy"
 )
 
@@ -24,9 +25,9 @@ type timedRecords struct {
 	took []time.Duration
 }
 
-func (r *timedRecords) Record(t *model.Task, res *model.TaskResult) (bool, error) {
+func (r *timedRecords) Record(t *model.Task, a *taskworkers.Assignment, res *model.TaskResult) (bool, error) {
 	began := time.Now()
-	forward, err := r.Steps.Record(t, res)
+	forward, err := r.Steps.Record(t, a, res)
 	r.mu.Lock()
 	r.took = append(r.took, time.Since(began))
 	r.mu.Unlock()

@@ -53,19 +53,19 @@ type phaseSteps struct {
 	ph *phases
 }
 
-func (s phaseSteps) Admit(t *model.Task) bool {
+func (s phaseSteps) Admit(t *model.Task, a *taskworkers.Assignment) bool {
 	defer s.ph.add("gate: Admit (whole)", time.Now())
-	return s.Steps.Admit(t)
+	return s.Steps.Admit(t, a)
 }
 
-func (s phaseSteps) Record(t *model.Task, r *model.TaskResult) (bool, error) {
+func (s phaseSteps) Record(t *model.Task, a *taskworkers.Assignment, r *model.TaskResult) (bool, error) {
 	defer s.ph.add("update: Record (whole)", time.Now())
-	return s.Steps.Record(t, r)
+	return s.Steps.Record(t, a, r)
 }
 
-func (s phaseSteps) Reported(t *model.Task, r *model.TaskResult) {
+func (s phaseSteps) Reported(t *model.Task, a *taskworkers.Assignment, r *model.TaskResult) {
 	defer s.ph.add("update: Reported", time.Now())
-	s.Steps.Reported(t, r)
+	s.Steps.Reported(t, a, r)
 }
 
 type phaseReads struct {

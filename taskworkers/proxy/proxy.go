@@ -40,15 +40,16 @@ type Steps interface {
 	// or a worker task of an adopted workflow) from those it passes
 	// through untouched.
 	External(t *model.Task) (*taskworkers.Assignment, bool)
-	// Admit gates a polled task of an external step; false: the task was
+	// Admit gates a polled task of an external step (a: External's
+	// assignment of t, decoded once per task); false: the task was
 	// answered to Conductor and must not reach the worker.
-	Admit(t *model.Task) bool
-	// Record records the worker's update of t before it is forwarded;
-	// forward false: Record answered Conductor itself. An error: nothing
-	// recorded, nothing may be forwarded.
-	Record(t *model.Task, r *model.TaskResult) (forward bool, err error)
+	Admit(t *model.Task, a *taskworkers.Assignment) bool
+	// Record records the worker's update of t (a: as for Admit) before it
+	// is forwarded; forward false: Record answered Conductor itself. An
+	// error: nothing recorded, nothing may be forwarded.
+	Record(t *model.Task, a *taskworkers.Assignment, r *model.TaskResult) (forward bool, err error)
 	// Reported is called once Conductor took a forwarded update.
-	Reported(t *model.Task, r *model.TaskResult)
+	Reported(t *model.Task, a *taskworkers.Assignment, r *model.TaskResult)
 }
 
 // Options configures a Proxy.
@@ -277,6 +278,7 @@ func (p *Proxy) gate(raws ...[]byte) (pass []bool) {
 	pass = make([]bool, len(raws))
 	var external []int
 	tasks := make([]*model.Task, len(raws))
+	as := make([]*taskworkers.Assignment, len(raws))
 	for i, raw := range raws {
 		var pt adapter.PolledTask
 		if err := json.Unmarshal(raw, &pt); err != nil || pt.TaskID == "" {
@@ -284,12 +286,13 @@ func (p *Proxy) gate(raws ...[]byte) (pass []bool) {
 			continue
 		}
 		t := pt.Task()
-		if _, ours := p.steps.External(t); !ours {
-			p.seen.note(t.TaskId, nil)
+		a, ours := p.steps.External(t)
+		if !ours {
+			p.seen.note(t.TaskId, nil, nil)
 			pass[i] = true
 			continue
 		}
-		tasks[i] = t
+		tasks[i], as[i] = t, a
 		external = append(external, i)
 	}
 	if len(external) == 0 {
@@ -298,12 +301,12 @@ func (p *Proxy) gate(raws ...[]byte) (pass []bool) {
 	defer p.opts.Metrics.gated("poll", time.Now())
 	admit := func(i int) {
 		t := tasks[i]
-		if !p.steps.Admit(t) {
+		if !p.steps.Admit(t, as[i]) {
 			p.opts.Metrics.task("held_back")
 			return
 		}
 		p.opts.Metrics.task("admitted")
-		p.seen.note(t.TaskId, t)
+		p.seen.note(t.TaskId, t, as[i])
 		pass[i] = true
 	}
 	if len(external) == 1 {
@@ -385,20 +388,20 @@ func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
 	var res model.TaskResult
 	if err := json.Unmarshal(body, &res); err != nil {
 		// Not ours to judge: Conductor answers it.
-		p.relay(w, r, body, v2, nil, nil)
+		p.relay(w, r, body, v2, nil, nil, nil)
 		return
 	}
-	t, err := p.task(r, res.TaskId)
+	t, a, err := p.task(r, res.TaskId)
 	if err != nil {
 		writeError(w, http.StatusBadGateway, CodeConductorUnavailable, err.Error())
 		return
 	}
 	if t == nil {
-		p.relay(w, r, body, v2, nil, nil)
+		p.relay(w, r, body, v2, nil, nil, nil)
 		return
 	}
 	began := time.Now()
-	forward, err := p.steps.Record(t, &res)
+	forward, err := p.steps.Record(t, a, &res)
 	p.opts.Metrics.gated("update", began)
 	if err != nil {
 		p.opts.Metrics.task("update_not_recorded")
@@ -418,15 +421,16 @@ func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
 		_, _ = io.WriteString(w, res.TaskId)
 		return
 	}
-	p.relay(w, r, body, v2, t, &res)
+	p.relay(w, r, body, v2, t, a, &res)
 }
 
 // maxUpdateBytes caps an update's body.
 const maxUpdateBytes = 64 << 20
 
 // relay forwards an update and answers the worker as Conductor answered;
-// t (of an external step) is reported once Conductor took res.
-func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, body []byte, v2 bool, t *model.Task, res *model.TaskResult) {
+// t (of an external step, a its assignment) is reported once Conductor
+// took res.
+func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, body []byte, v2 bool, t *model.Task, a *taskworkers.Assignment, res *model.TaskResult) {
 	resp, out, err := p.forward(r, body)
 	if err != nil {
 		writeError(w, http.StatusBadGateway, CodeConductorUnavailable, err.Error())
@@ -437,7 +441,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, body []byte, v2 bo
 			p.seen.forget(res.TaskId)
 		}
 		if t != nil {
-			p.steps.Reported(t, res)
+			p.steps.Reported(t, a, res)
 		}
 	}
 	if v2 && resp.StatusCode == http.StatusOK && len(bytes.TrimSpace(out)) > 0 && !p.gate(out)[0] {
@@ -449,43 +453,45 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, body []byte, v2 bo
 	reply(w, resp, out)
 }
 
-// task returns the task an update is about when it is an external step's
-// (nil: any other task), from the polls this proxy answered or else from
-// Conductor (a poll through another replica, or before a restart).
-func (p *Proxy) task(r *http.Request, taskID string) (*model.Task, error) {
+// task returns the task an update is about, with its assignment, when it
+// is an external step's (nil: any other task), from the polls this proxy
+// answered or else from Conductor (a poll through another replica, or
+// before a restart).
+func (p *Proxy) task(r *http.Request, taskID string) (*model.Task, *taskworkers.Assignment, error) {
 	if taskID == "" {
-		return nil, nil
+		return nil, nil, nil
 	}
-	if t, known := p.seen.get(taskID); known {
-		return t, nil
+	if t, a, known := p.seen.get(taskID); known {
+		return t, a, nil
 	}
 	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, p.base.String()+"/tasks/"+url.PathEscape(taskID), nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	copyHeaders(req.Header, r.Header)
 	req.Header.Set("Accept", "application/json")
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if resp.StatusCode != http.StatusOK || len(bytes.TrimSpace(b)) == 0 {
-		return nil, nil // unknown to Conductor: its answer to the update says so
+		return nil, nil, nil // unknown to Conductor: its answer to the update says so
 	}
 	var pt adapter.PolledTask
 	if err := json.Unmarshal(b, &pt); err != nil {
-		return nil, nil
+		return nil, nil, nil
 	}
 	t := pt.Task()
-	if _, ours := p.steps.External(t); !ours {
-		return nil, nil
+	a, ours := p.steps.External(t)
+	if !ours {
+		return nil, nil, nil
 	}
-	return t, nil
+	return t, a, nil
 }
 
 // isUpdateByRef reports whether path is POST /tasks/{workflowId}/{ref}/{status}
@@ -515,19 +521,19 @@ func (p *Proxy) updateByRef(w http.ResponseWriter, r *http.Request, path string)
 		return
 	}
 	parts := strings.Split(strings.TrimPrefix(path, "/tasks/"), "/")
-	t, err := p.taskByRef(r, parts[0], parts[1])
+	t, a, err := p.taskByRef(r, parts[0], parts[1])
 	if err != nil {
 		writeError(w, http.StatusBadGateway, CodeConductorUnavailable, err.Error())
 		return
 	}
 	if t == nil {
-		p.relay(w, r, body, false, nil, nil)
+		p.relay(w, r, body, false, nil, nil, nil)
 		return
 	}
 	res := &model.TaskResult{TaskId: t.TaskId, WorkflowInstanceId: t.WorkflowInstanceId, Status: model.TaskResultStatus(parts[2])}
 	_ = json.Unmarshal(body, &res.OutputData)
 	began := time.Now()
-	forward, err := p.steps.Record(t, res)
+	forward, err := p.steps.Record(t, a, res)
 	p.opts.Metrics.gated("update", began)
 	switch {
 	case err != nil:
@@ -536,32 +542,32 @@ func (p *Proxy) updateByRef(w http.ResponseWriter, r *http.Request, path string)
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = io.WriteString(w, t.TaskId)
 	default:
-		p.relay(w, r, body, false, t, res)
+		p.relay(w, r, body, false, t, a, res)
 	}
 }
 
 // taskByRef returns the in-progress task of reference ref in workflowID
 // when it is an external step's (nil: any other).
-func (p *Proxy) taskByRef(r *http.Request, workflowID, ref string) (*model.Task, error) {
+func (p *Proxy) taskByRef(r *http.Request, workflowID, ref string) (*model.Task, *taskworkers.Assignment, error) {
 	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, p.base.String()+"/workflow/"+url.PathEscape(workflowID)+"?includeTasks=true", nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	copyHeaders(req.Header, r.Header)
 	req.Header.Set("Accept", "application/json")
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, nil
+		return nil, nil, nil
 	}
 	var wf struct {
 		Tasks []adapter.PolledTask `json:"tasks"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&wf); err != nil {
-		return nil, nil
+		return nil, nil, nil
 	}
 	for i := len(wf.Tasks) - 1; i >= 0; i-- {
 		pt := &wf.Tasks[i]
@@ -569,18 +575,20 @@ func (p *Proxy) taskByRef(r *http.Request, workflowID, ref string) (*model.Task,
 			continue
 		}
 		t := pt.Task()
-		if _, ours := p.steps.External(t); !ours || (pt.Status != "IN_PROGRESS" && pt.Status != "SCHEDULED") {
-			return nil, nil
+		a, ours := p.steps.External(t)
+		if !ours || (pt.Status != "IN_PROGRESS" && pt.Status != "SCHEDULED") {
+			return nil, nil, nil
 		}
-		return t, nil
+		return t, a, nil
 	}
-	return nil, nil
+	return nil, nil, nil
 }
 
 // seenTasks remembers the tasks polls handed out until their final
-// update: an external step's task (for Record), or nil for any other (so
-// that its update costs no read from Conductor). Entries older than
-// seenMaxAge are dropped when the map grows past seenSweepAt.
+// update: an external step's task and its assignment (for Record, so that
+// its input is decoded once per task), or nil for any other (so that its
+// update costs no read from Conductor). Entries older than seenMaxAge are
+// dropped when the map grows past seenSweepAt.
 type seenTasks struct {
 	mu sync.Mutex
 	m  map[string]seenTask
@@ -588,6 +596,7 @@ type seenTasks struct {
 
 type seenTask struct {
 	t  *model.Task
+	a  *taskworkers.Assignment
 	at time.Time
 }
 
@@ -596,7 +605,7 @@ const (
 	seenMaxAge  = 2 * time.Hour
 )
 
-func (s *seenTasks) note(id string, t *model.Task) {
+func (s *seenTasks) note(id string, t *model.Task, a *taskworkers.Assignment) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.m == nil {
@@ -610,14 +619,14 @@ func (s *seenTasks) note(id string, t *model.Task) {
 			}
 		}
 	}
-	s.m[id] = seenTask{t: t, at: now}
+	s.m[id] = seenTask{t: t, a: a, at: now}
 }
 
-func (s *seenTasks) get(id string) (*model.Task, bool) {
+func (s *seenTasks) get(id string) (*model.Task, *taskworkers.Assignment, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	v, ok := s.m[id]
-	return v.t, ok
+	return v.t, v.a, ok
 }
 
 func (s *seenTasks) forget(id string) {

@@ -426,7 +426,7 @@ type barrierSteps struct {
 	together atomic.Int32 // Admits that met all n-1 others
 }
 
-func (b *barrierSteps) Admit(t *model.Task) bool {
+func (b *barrierSteps) Admit(t *model.Task, a *taskworkers.Assignment) bool {
 	b.arrived <- struct{}{}
 	deadline := time.Now().Add(5 * time.Second)
 	for len(b.arrived) < b.n && time.Now().Before(deadline) {
@@ -435,7 +435,7 @@ func (b *barrierSteps) Admit(t *model.Task) bool {
 	if len(b.arrived) >= b.n {
 		b.together.Add(1)
 	}
-	return b.Steps.Admit(t)
+	return b.Steps.Admit(t, a)
 }
 
 // TestProxy_AdmitsABatchAtOnce: the external steps' tasks of one batch
