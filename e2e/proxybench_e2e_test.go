@@ -128,7 +128,6 @@ func TestBench_ProxyPythonWorker(t *testing.T) {
 			}
 			side1, cond1 := cpuOf(t, p.serve.Cmd.Process.Pid), cpuOf(t, condPid)
 			wp.kill()
-			<-profiled // the next round's profile cannot start before it ends
 			tps, p50 := taskTimes(t, condURL, wfID, taskType)
 			s := sample{tps, p50, float64(side1-side0) / float64(n), float64(cond1-cond0) / float64(n)}
 			results[mode] = append(results[mode], s)
@@ -157,6 +156,7 @@ func TestBench_ProxyPythonWorker(t *testing.T) {
 				}
 				t.Logf("round %d plan/proxy, share of the gate's observations: %s", r+1, strings.Join(parts, "; "))
 			}
+			<-profiled // after the round's counts; the next round's profile cannot start before it ends
 		}
 	}
 	med := func(mode string, f func(sample) float64) float64 {
