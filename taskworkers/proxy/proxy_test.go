@@ -68,6 +68,8 @@ type envOpts struct {
 	tokens []string
 	// pausedTask, when set, is the task workers' OnPausedTask.
 	pausedTask func(runID string)
+	// taskDone, when set, is the task workers' OnTaskDone.
+	taskDone func(runID string, mayEndRun, mayEndDrain bool)
 	// transport, when set, carries the proxy's forwarded requests.
 	transport http.RoundTripper
 	// embedded configures the embedded NATS server of the log.
@@ -123,7 +125,7 @@ func newEnvOpts(t *testing.T, o envOpts) *env {
 			_, err := runs.EnsureStarted(ctx, runID, workflowID)
 			return err
 		},
-		OnPausedTask: o.pausedTask, Logger: zaptest.NewLogger(t),
+		OnPausedTask: o.pausedTask, OnTaskDone: o.taskDone, Logger: zaptest.NewLogger(t),
 	})
 	if err := w.Open(ctx); err != nil {
 		t.Fatal(err)
@@ -325,6 +327,37 @@ func TestProxy_GatesAndRecordsExternalSteps(t *testing.T) {
 	recs = e.events(t, runID)
 	if count(recs, statestore.StepStarted) != 3 || count(recs, statestore.StepCompleted) != 3 {
 		t.Fatalf("log: %d StepStarted, %d StepCompleted, want 3 and 3", count(recs, statestore.StepStarted), count(recs, statestore.StepCompleted))
+	}
+}
+
+// TestProxy_ForwardedOutcomeNudgesItsRun: once Conductor took an outside
+// worker's final update, the run's watcher and drain monitor are told
+// about that run (OnTaskDone), as for the sidecar's own steps: a drain can
+// end, and the run's last step can end the run, without waiting for a scan.
+func TestProxy_ForwardedOutcomeNudgesItsRun(t *testing.T) {
+	type nudge struct {
+		runID                  string
+		mayEndRun, mayEndDrain bool
+	}
+	nudges := make(chan nudge, 16)
+	e := newEnvOpts(t, envOpts{taskDone: func(runID string, mayEndRun, mayEndDrain bool) {
+		nudges <- nudge{runID, mayEndRun, mayEndDrain}
+	}})
+	runID, _ := e.start(t, 1, 60)
+	tk := e.pollOne(t)
+	resp, body := call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": tk.TaskID, "workflowInstanceId": tk.WorkflowInstanceID,
+		"status": "COMPLETED", "workerId": "sdk-worker"})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("update: %d %s", resp.StatusCode, body)
+	}
+	select {
+	case n := <-nudges:
+		// The run's only step: its end may end the run.
+		if want := (nudge{runID, true, true}); n != want {
+			t.Fatalf("nudged %+v, want %+v", n, want)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the run was not nudged after Conductor took the update")
 	}
 }
 
