@@ -357,9 +357,12 @@ func (r *Remover) finish(ctx context.Context, l ledger, rev uint64) error {
 	return err
 }
 
-// remaining counts runID's records with runSeq up to last.
+// remaining counts runID's records with runSeq up to last: two requests
+// (the run's subjects, then its first record after last, if any), plus one
+// per record when the run got records after last.
 func (r *Remover) remaining(ctx context.Context, runID string, last uint64) (uint64, error) {
-	info, err := r.stream.Info(ctx, jetstream.WithSubjectFilter(r.prefix+"."+RunToken(runID)+".>"))
+	filter := r.prefix + "." + RunToken(runID) + ".>"
+	info, err := r.stream.Info(ctx, jetstream.WithSubjectFilter(filter))
 	if err != nil {
 		return 0, unavailable("count run "+runID, err)
 	}
@@ -367,7 +370,16 @@ func (r *Remover) remaining(ctx context.Context, runID string, last uint64) (uin
 		return 0, nil
 	}
 	// The filtered state counts every subject of the run; each holds one
-	// message. Those above last are records the run got after its archive.
+	// message. Those above last are records the run got after its archive;
+	// when it got none (a run retention removes has ended), every subject
+	// counts. A record appended after the Info is above last too.
+	_, err = r.stream.GetMsg(ctx, last+1, jetstream.WithGetMsgSubject(filter))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return uint64(len(info.State.Subjects)), nil
+	}
+	if err != nil {
+		return 0, unavailable("count run "+runID, err)
+	}
 	var n uint64
 	for subj := range info.State.Subjects {
 		m, err := r.stream.GetLastMsgForSubject(ctx, subj)
