@@ -89,8 +89,17 @@ type Sample struct {
 	// DiskBytes is the data dir's files (and, on PostgreSQL, the sidecar
 	// database's size).
 	DiskBytes int64
-	// RSS is serve's resident set (/proc/PID/status VmRSS).
-	RSS int64
+	// RSS is serve's resident set (/proc/PID/status VmRSS); HeapInuse the
+	// Go heap's spans in use (go_memstats_heap_inuse_bytes), a part of it.
+	RSS, HeapInuse int64
+	// LiveBytes is what the JetStream streams' messages hold (the sum of
+	// their State.Bytes): DiskBytes without the space of removed messages
+	// that a stream's blocks keep until compacted, and without indexes.
+	// Shown next to DiskBytes, not judged: the target is bytes on disk.
+	LiveBytes int64
+	// StreamDisk is each JetStream stream's directory in the data dir
+	// (embedded server): which stream the bytes on disk are in.
+	StreamDisk map[string]int64
 	// Messages per JetStream stream (a bucket is KV_<name>), and rows per
 	// PostgreSQL table of the log.
 	Messages map[string]int64
@@ -169,6 +178,8 @@ const runListBucket = "SIDECAR_RUNLIST"
 // judged are the series the verdict is over: what hot state holds on
 // disk and in memory (and Conductor's workflows); the run list's bucket
 // by its keys, its messages include 15 minutes of removed runs' markers.
+// The parts that explain a judged series (each stream's directory, the
+// streams' live bytes, the Go heap) are shown, not judged.
 func judged(name string) bool {
 	switch {
 	case name == "msgs_KV_"+runListBucket:
@@ -614,10 +625,13 @@ func (s *soak) sample(ctx context.Context, elapsed time.Duration) Sample {
 	sm.Active = int64(m["sidecar_runs_active"])
 	sm.LogRecords, sm.LogBytes = int64(m["sidecar_log_records"]), int64(m["sidecar_log_bytes"])
 	sm.DiskBytes = dirSize(filepath.Join(s.cfg.Dir, "data"))
-	sm.RSS = rss(s.serve.Process.Pid)
+	sm.RSS, sm.HeapInuse = rss(s.serve.Process.Pid), int64(m["go_memstats_heap_inuse_bytes"])
+	sm.StreamDisk = map[string]int64{}
 	lister := s.js.ListStreams(ctx)
 	for info := range lister.Info() {
 		sm.Messages[info.Config.Name] = int64(info.State.Msgs)
+		sm.LiveBytes += int64(info.State.Bytes)
+		sm.StreamDisk[info.Config.Name] = dirSize(filepath.Join(s.cfg.Dir, "data", "jetstream", "$G", "streams", info.Config.Name))
 	}
 	// The run list's bucket keeps a removed run's marker for 15 minutes
 	// (docs/jetstream.md), so its messages lag its keys by that long.
@@ -747,21 +761,27 @@ func values(sm Sample) map[string]float64 {
 		"started": float64(sm.Started), "finished": float64(sm.Finished), "archived": float64(sm.Archived),
 		"removed": float64(sm.Removed), "active": float64(sm.Active), "log_records": float64(sm.LogRecords),
 		"log_bytes": float64(sm.LogBytes), "disk_bytes": float64(sm.DiskBytes), "rss_bytes": float64(sm.RSS),
-		"conductor_workflows": float64(sm.Conductor),
+		"conductor_workflows": float64(sm.Conductor), "live_bytes": float64(sm.LiveBytes), "heap_inuse_bytes": float64(sm.HeapInuse),
 	}
 	for k, n := range sm.Messages {
 		v["msgs_"+k] = float64(n)
+	}
+	for k, n := range sm.StreamDisk {
+		v["disk_"+k] = float64(n)
 	}
 	return v
 }
 
 var fixedColumns = []string{"elapsed_s", "submitted", "submit_errors", "started", "finished", "archived", "removed", "active",
-	"log_records", "log_bytes", "disk_bytes", "rss_bytes", "conductor_workflows"}
+	"log_records", "log_bytes", "disk_bytes", "rss_bytes", "conductor_workflows", "live_bytes", "heap_inuse_bytes"}
 
 func headerOf(sm Sample) []string {
 	var streams []string
 	for k := range sm.Messages {
 		streams = append(streams, "msgs_"+k)
+	}
+	for k := range sm.StreamDisk {
+		streams = append(streams, "disk_"+k)
 	}
 	sort.Strings(streams)
 	return append(append([]string(nil), fixedColumns...), streams...)

@@ -1,0 +1,51 @@
+package soak
+
+import (
+	"testing"
+	"time"
+)
+
+// TestSteady_JudgesBytesOnDiskNotLiveBytes: the verdict is over bytes on
+// disk and RSS; the series that explain them (live bytes, a stream's
+// directory, the Go heap) are shown beside them and never make a soak
+// flat or not.
+func TestSteady_JudgesBytesOnDiskNotLiveBytes(t *testing.T) {
+	at := func(s int, disk, live, heap int64) Sample {
+		return Sample{Elapsed: time.Duration(s) * time.Second, DiskBytes: disk, LiveBytes: live, HeapInuse: heap, RSS: 100 << 20,
+			Messages: map[string]int64{"SIDECAR_EVENTS": 1000}, StreamDisk: map[string]int64{"SIDECAR_EVENTS": disk}}
+	}
+	// Live bytes flat, bytes on disk doubling: not flat.
+	samples := []Sample{at(0, 1e6, 1e6, 1e6), at(10, 20e6, 10e6, 30e6), at(20, 40e6, 10e6, 10e6), at(30, 20e6, 10e6, 30e6)}
+	got := map[string]Series{}
+	for _, s := range steady(samples, 10*time.Second, 30*time.Second) {
+		got[s.Name] = s
+	}
+	for _, tc := range []struct {
+		name          string
+		judged, flat  bool
+		min, max, avg float64
+	}{
+		{"disk_bytes", true, false, 20e6, 40e6, 80e6 / 3},
+		{"live_bytes", false, true, 10e6, 10e6, 10e6},
+		{"disk_SIDECAR_EVENTS", false, false, 20e6, 40e6, 80e6 / 3},
+		{"heap_inuse_bytes", false, false, 10e6, 30e6, 70e6 / 3},
+		{"rss_bytes", true, true, 100 << 20, 100 << 20, 100 << 20},
+		{"msgs_SIDECAR_EVENTS", true, true, 1000, 1000, 1000},
+	} {
+		s, ok := got[tc.name]
+		if !ok {
+			t.Fatalf("no series %s in %v", tc.name, got)
+		}
+		if s.Judged != tc.judged || s.Flat != tc.flat || s.Min != tc.min || s.Max != tc.max || s.Mean < tc.avg*0.999 || s.Mean > tc.avg*1.001 {
+			t.Errorf("%s: got %+v, want judged %v flat %v min %.0f max %.0f mean %.0f", tc.name, s, tc.judged, tc.flat, tc.min, tc.max, tc.avg)
+		}
+	}
+	r := &Result{Steady: steady(samples, 10*time.Second, 30*time.Second)}
+	if r.Flat() {
+		t.Fatal("Flat with bytes on disk doubling: got true, want false")
+	}
+	samples[2].DiskBytes, samples[2].LiveBytes = 20e6, 40e6
+	if r := (&Result{Steady: steady(samples, 10*time.Second, 30*time.Second)}); !r.Flat() {
+		t.Fatalf("Flat with bytes on disk flat and live bytes moving: got false, want true (%+v)", r.Steady)
+	}
+}
