@@ -674,18 +674,41 @@ func (s *soak) samplePostgres(ctx context.Context, sm *Sample) {
 	}
 }
 
+// conductorLookups is how many workflow lookups a sample has in flight.
+const conductorLookups = 16
+
 // conductorHolds advances past the oldest runs whose workflows Conductor
-// no longer has (at most 50 lookups of 10 s at most a sample, so that a
-// slow Conductor does not stretch the sampling) and counts the rest.
+// no longer has and counts the rest. A sample looks up to three samples'
+// worth of submissions (at least 50), conductorLookups at a time, within
+// 10 s: enough to follow removal at the soak's rate and to catch up after
+// a slow sample, without a slow Conductor stretching the sampling.
 func (s *soak) conductorHolds(ctx context.Context) int64 {
 	s.mu.Lock()
 	runs, from := s.runs, s.goneUpTo
 	s.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	end := min(len(runs), from+max(50, int(3*s.cfg.Rate*s.cfg.Sample.Seconds())))
 	i := from
-	for ; i < len(runs) && i < from+50; i++ {
-		if gone, err := s.workflowGone(ctx, runs[i].WorkflowID); err != nil || !gone {
+	for i < end {
+		chunk := runs[i:min(end, i+conductorLookups)]
+		gone := make([]bool, len(chunk))
+		var wg sync.WaitGroup
+		for j, r := range chunk {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				g, err := s.workflowGone(ctx, r.WorkflowID)
+				gone[j] = err == nil && g
+			}()
+		}
+		wg.Wait()
+		n := 0
+		for n < len(gone) && gone[n] {
+			n++
+		}
+		i += n
+		if n < len(chunk) {
 			break
 		}
 	}

@@ -1,8 +1,13 @@
 package soak
 
 import (
+	"context"
+	"net/http"
+	"os"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // TestSteady_JudgesBytesOnDiskNotLiveBytes: the verdict is over bytes on
@@ -47,5 +52,34 @@ func TestSteady_JudgesBytesOnDiskNotLiveBytes(t *testing.T) {
 	samples[2].DiskBytes, samples[2].LiveBytes = 20e6, 40e6
 	if r := (&Result{Steady: steady(samples, 10*time.Second, 30*time.Second)}); !r.Flat() {
 		t.Fatalf("Flat with bytes on disk flat and live bytes moving: got false, want true (%+v)", r.Steady)
+	}
+}
+
+// TestSoak_ConductorHoldsKeepsUpWithTheRate: the count of workflows
+// Conductor still holds must follow removal at the soak's rate; a sampler
+// that looks up fewer runs a sample than are submitted counts a Conductor
+// that keeps up as growing. At 10 runs/s sampled every 10 s, each sample
+// adds 100 runs whose workflows are already gone (ids Conductor never
+// had, answered 404 like a removed workflow); after 6 samples the count
+// must not have grown past one sample's runs.
+func TestSoak_ConductorHoldsKeepsUpWithTheRate(t *testing.T) {
+	url := os.Getenv("SIDECAR_TEST_CONDUCTOR_URL")
+	if url == "" {
+		t.Skip("set SIDECAR_TEST_CONDUCTOR_URL (e.g. http://127.0.0.1:8080/api) to look workflows up in a real Conductor")
+	}
+	s := &soak{cfg: Config{Rate: 10, Sample: 10 * time.Second}, conductor: url, http: &http.Client{Timeout: time.Minute}}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var held []int64
+	for range 6 {
+		s.mu.Lock()
+		for range 100 {
+			s.runs = append(s.runs, Run{RunID: uuid.NewString(), WorkflowID: uuid.NewString()})
+		}
+		s.mu.Unlock()
+		held = append(held, s.conductorHolds(ctx))
+	}
+	if last := held[len(held)-1]; last > 100 {
+		t.Fatalf("Conductor holds %d of 600 runs whose workflows are gone after 6 samples (per sample %v); want at most 100", last, held)
 	}
 }
