@@ -100,6 +100,10 @@ type Sample struct {
 	// StreamDisk is each JetStream stream's directory in the data dir
 	// (embedded server): which stream the bytes on disk are in.
 	StreamDisk map[string]int64
+	// Missing are the columns whose metric serve's /metrics did not have
+	// at this sample (a collector that timed out leaves its metric out):
+	// unknown, not 0, and left out of the steady series.
+	Missing []string
 	// Messages per JetStream stream (a bucket is KV_<name>), and rows per
 	// PostgreSQL table of the log.
 	Messages map[string]int64
@@ -619,13 +623,9 @@ func (s *soak) workflowGone(ctx context.Context, id string) (bool, error) {
 
 func (s *soak) sample(ctx context.Context, elapsed time.Duration) Sample {
 	sm := Sample{Elapsed: elapsed, Submitted: s.sub.Load(), SubmitErrors: s.err.Load(), Messages: map[string]int64{}}
-	m := s.metrics(ctx)
-	sm.Started, sm.Finished = int64(m["sidecar_run_starts_total"]), int64(m["sidecar_run_watcher_terminal_total"])
-	sm.Archived, sm.Removed = int64(m["sidecar_retention_runs_archived_total"]), int64(m["sidecar_retention_runs_removed_total"])
-	sm.Active = int64(m["sidecar_runs_active"])
-	sm.LogRecords, sm.LogBytes = int64(m["sidecar_log_records"]), int64(m["sidecar_log_bytes"])
+	applyMetrics(&sm, s.metrics(ctx))
 	sm.DiskBytes = dirSize(filepath.Join(s.cfg.Dir, "data"))
-	sm.RSS, sm.HeapInuse = rss(s.serve.Process.Pid), int64(m["go_memstats_heap_inuse_bytes"])
+	sm.RSS = rss(s.serve.Process.Pid)
 	sm.StreamDisk = map[string]int64{}
 	lister := s.js.ListStreams(ctx)
 	for info := range lister.Info() {
@@ -718,6 +718,30 @@ func (s *soak) conductorHolds(ctx context.Context) int64 {
 	return int64(len(runs) - i)
 }
 
+// applyMetrics sets sm's columns read from serve's /metrics (m). The
+// counters and sidecar_runs_active exist from serve's start, absent means
+// 0; the log's size and the heap come from collectors that can miss a
+// scrape (the log's size gives up after 2 s), so absent is Missing.
+func applyMetrics(sm *Sample, m map[string]float64) {
+	sm.Started, sm.Finished = int64(m["sidecar_run_starts_total"]), int64(m["sidecar_run_watcher_terminal_total"])
+	sm.Archived, sm.Removed = int64(m["sidecar_retention_runs_archived_total"]), int64(m["sidecar_retention_runs_removed_total"])
+	sm.Active = int64(m["sidecar_runs_active"])
+	for _, c := range []struct {
+		column, metric string
+		v              *int64
+	}{
+		{"log_records", "sidecar_log_records", &sm.LogRecords},
+		{"log_bytes", "sidecar_log_bytes", &sm.LogBytes},
+		{"heap_inuse_bytes", "go_memstats_heap_inuse_bytes", &sm.HeapInuse},
+	} {
+		v, ok := m[c.metric]
+		if !ok {
+			sm.Missing = append(sm.Missing, c.column)
+		}
+		*c.v = int64(v)
+	}
+}
+
 // metrics reads serve's /metrics: each family's samples summed over labels.
 func (s *soak) metrics(ctx context.Context) map[string]float64 {
 	out := map[string]float64{}
@@ -792,6 +816,9 @@ func values(sm Sample) map[string]float64 {
 	for k, n := range sm.StreamDisk {
 		v["disk_"+k] = float64(n)
 	}
+	for _, k := range sm.Missing {
+		v[k] = math.NaN()
+	}
 	return v
 }
 
@@ -841,11 +868,17 @@ func steady(samples []Sample, from, to time.Duration) []Series {
 			continue
 		}
 		s := Series{Name: name, Min: math.Inf(1), Max: math.Inf(-1)}
+		var xs []float64
 		for _, sm := range in {
-			x := values(sm)[name]
-			s.Min, s.Max, s.Mean = math.Min(s.Min, x), math.Max(s.Max, x), s.Mean+x/float64(len(in))
+			if x := values(sm)[name]; !math.IsNaN(x) {
+				xs = append(xs, x)
+			}
 		}
-		s.Flat = s.Max <= s.Mean*(1+FlatTolerance) && s.Min >= s.Mean*(1-FlatTolerance) || s.Max-s.Min <= FlatSlack
+		for _, x := range xs {
+			s.Min, s.Max, s.Mean = math.Min(s.Min, x), math.Max(s.Max, x), s.Mean+x/float64(len(xs))
+		}
+		// A series no sample knows is not flat: it is unknown.
+		s.Flat = len(xs) > 0 && (s.Max <= s.Mean*(1+FlatTolerance) && s.Min >= s.Mean*(1-FlatTolerance) || s.Max-s.Min <= FlatSlack)
 		s.Judged = judged(name)
 		out = append(out, s)
 	}

@@ -83,3 +83,39 @@ func TestSoak_ConductorHoldsKeepsUpWithTheRate(t *testing.T) {
 		t.Fatalf("Conductor holds %d of 600 runs whose workflows are gone after 6 samples (per sample %v); want at most 100", last, held)
 	}
 }
+
+// TestSteady_AMetricServeLeftOutIsUnknownNotZero: serve's log-size
+// collector leaves its metric out of a scrape that takes over 2 s; the
+// sample must not read that as an empty log (a steady log of ~8,000
+// records judged not flat on one scrape, min 0).
+func TestSteady_AMetricServeLeftOutIsUnknownNotZero(t *testing.T) {
+	scrape := func(records float64) map[string]float64 {
+		m := map[string]float64{"sidecar_log_bytes": records * 700, "go_memstats_heap_inuse_bytes": 30e6, "sidecar_runs_active": 5}
+		if records > 0 {
+			m["sidecar_log_records"] = records
+		}
+		return m
+	}
+	var samples []Sample
+	for i, records := range []float64{8000, 8100, 0, 7900, 8050} {
+		sm := Sample{Elapsed: time.Duration(i) * 10 * time.Second, Messages: map[string]int64{}}
+		applyMetrics(&sm, scrape(records))
+		samples = append(samples, sm)
+	}
+	got := map[string]Series{}
+	for _, s := range steady(samples, 0, time.Minute) {
+		got[s.Name] = s
+	}
+	if s := got["log_records"]; !s.Flat || s.Min != 7900 || s.Max != 8100 {
+		t.Fatalf("log_records: got %+v, want flat over 7900 - 8100 (the scrape without it left out)", s)
+	}
+	if m := samples[2].Missing; len(m) != 1 || m[0] != "log_records" {
+		t.Fatalf("missing columns of the scrape without the log's records: got %v, want [log_records]", m)
+	}
+	none := []Sample{samples[2]}
+	for _, s := range steady(none, 0, time.Minute) {
+		if s.Name == "log_records" && s.Flat {
+			t.Fatalf("log_records with no sample knowing it: got %+v, want not flat", s)
+		}
+	}
+}
