@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -123,7 +124,7 @@ func (rp *replicaPair) inStep(t *testing.T, when, runID, want string) {
 //   - a storm: rounds of one pause and one resume per run released
 //     together, split across the replicas. Once both have answered, the
 //     log and Conductor agree, on the state the last request's event
-//     implies.
+//     implies, and no answer says Conductor did not answer.
 //   - late calls, both ways round: a resume through one replica whose call
 //     reaches Conductor after a later pause through the other, its
 //     correction held long enough for the run's watcher (on whichever
@@ -138,6 +139,7 @@ func TestE2E_ReplicasPauseNeverChangesTheOutcome(t *testing.T) {
 	ctx := t.Context()
 
 	const rounds = 12
+	var unavailable atomic.Int32
 	for round := range rounds {
 		var wg sync.WaitGroup
 		gate := make(chan struct{})
@@ -147,14 +149,16 @@ func TestE2E_ReplicasPauseNeverChangesTheOutcome(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-gate
-				if _, err := pauser.client.Pause(ctx, id, 0, "storm"); err != nil {
+				if _, err := pauser.client.Pause(ctx, id, 0, "storm"); apiCode(err) == "503 ENGINE_UNAVAILABLE" {
+					unavailable.Add(1)
 					t.Logf("round %d: pause %s: %v", round, id, err)
 				}
 			}()
 			go func() {
 				defer wg.Done()
 				<-gate
-				if _, err := resumer.client.Resume(ctx, id); err != nil {
+				if _, err := resumer.client.Resume(ctx, id); apiCode(err) == "503 ENGINE_UNAVAILABLE" {
+					unavailable.Add(1)
 					t.Logf("round %d: resume %s: %v", round, id, err)
 				}
 			}()
@@ -167,6 +171,10 @@ func TestE2E_ReplicasPauseNeverChangesTheOutcome(t *testing.T) {
 	}
 	for _, id := range runs {
 		rp.noneByConductor(t, "after the storm", id)
+	}
+	// Conductor answered every call: a refusal is an answer, not 503.
+	if n := unavailable.Load(); n > 0 {
+		t.Errorf("%d answers said Conductor did not answer; it answered every call", n)
 	}
 
 	// Late calls: the window held for about four of the watcher's 2 s scans
@@ -241,8 +249,8 @@ func TestE2E_ReplicasPauseNeverChangesTheOutcome(t *testing.T) {
 // pause made in Conductor's own API is recorded (RunPaused, requestedBy
 // conductor): on a run never paused at the first check, on a run the
 // sidecar paused and resumed before once two checks a grace apart saw it
-// (docs/drain.md, "Who decides 'Conductor moved'"). Both pauses are made
-// at the same moment; the never-paused run's is recorded first.
+// (docs/drain.md, "Who decides 'Conductor moved'"). The never-paused
+// run's pause is made 6 s after the other's and recorded first.
 func TestE2E_ReplicasRecordAPauseMadeInConductor(t *testing.T) {
 	rp := startReplicaPair(t)
 	runs := rp.startHeld(t, "e2e-twor-ui", 2)
@@ -263,14 +271,18 @@ func TestE2E_ReplicasRecordAPauseMadeInConductor(t *testing.T) {
 	}
 	paused := time.Now()
 	conductorCall(t, "PUT", "/workflow/"+wf[before]+"/pause", "")
+	// The never-paused run's pause a few of the watcher's 2 s scans later:
+	// recorded first all the same, for it alone waits no grace.
+	time.Sleep(6 * time.Second)
+	neverPaused := time.Now()
 	conductorCall(t, "PUT", "/workflow/"+wf[never]+"/pause", "")
 
 	sidecartest.WaitFor(t, "the pause of the never-paused run to be put down to Conductor", 3*time.Minute, func() bool {
 		return byConductor(never)
 	})
-	neverAfter := time.Since(paused)
+	neverAfter := time.Since(neverPaused)
 	if byConductor(before) {
-		t.Fatalf("the pause of the run paused before was recorded by %s, with the never-paused run's; want it a grace (%s) after it was first seen",
+		t.Fatalf("the pause of the run paused before, made 6 s earlier, was recorded by the time the never-paused run's was (%s after it was made); want it a grace (%s) after it was first seen",
 			neverAfter, drain.DefaultGrace)
 	}
 	sidecartest.WaitFor(t, "the pause of the run paused before to be put down to Conductor", 3*time.Minute, func() bool {
