@@ -23,7 +23,7 @@ type bulkAnswer struct {
 }
 
 // PauseMany pauses the workflows ids with Conductor's bulk pause (PUT
-// /workflow/bulk/pause; at most BulkMax ids a request, up to four requests
+// /workflow/bulk/pause; at most pauseChunk ids a request, up to four requests
 // at once) and returns the error of
 // each workflow it could not pause, as Pause would return it: a workflow
 // Conductor refused in the bulk call is paused again with Pause, whose
@@ -31,7 +31,7 @@ type bulkAnswer struct {
 // request that failed as a whole gives its error to each of its ids. An
 // id missing from the map was paused.
 func (c *Client) PauseMany(ctx context.Context, ids []string) map[string]error {
-	return c.many(ctx, opBulkPause, http.MethodPut, "/workflow/bulk/pause", ids, c.Pause)
+	return c.many(ctx, opBulkPause, http.MethodPut, "/workflow/bulk/pause", ids, pauseChunk, c.Pause)
 }
 
 // ResumeMany resumes the workflows ids with Conductor's bulk resume (PUT
@@ -39,7 +39,7 @@ func (c *Client) PauseMany(ctx context.Context, ids []string) map[string]error {
 // Resume's (CONFLICT with the engine status for a workflow that is not
 // paused).
 func (c *Client) ResumeMany(ctx context.Context, ids []string) map[string]error {
-	return c.many(ctx, opBulkResume, http.MethodPut, "/workflow/bulk/resume", ids, c.Resume)
+	return c.many(ctx, opBulkResume, http.MethodPut, "/workflow/bulk/resume", ids, pauseChunk, c.Resume)
 }
 
 // TerminateMany terminates the workflows ids with reason through
@@ -50,14 +50,14 @@ func (c *Client) TerminateMany(ctx context.Context, ids []string, reason string)
 	if reason != "" {
 		path += "?reason=" + url.QueryEscape(reason)
 	}
-	return c.many(ctx, opBulkTerminate, http.MethodPost, path, ids, func(ctx context.Context, id string) error {
+	return c.many(ctx, opBulkTerminate, http.MethodPost, path, ids, BulkMax, func(ctx context.Context, id string) error {
 		return c.Terminate(ctx, id, reason)
 	})
 }
 
-// many sends ids to the bulk endpoint path in requests of BulkMax and
-// asks one for each id the bulk answer refused.
-func (c *Client) many(ctx context.Context, op, method, path string, ids []string, one func(context.Context, string) error) map[string]error {
+// many sends ids to the bulk endpoint path in requests of at most most
+// (and BulkMax) and asks one for each id the bulk answer refused.
+func (c *Client) many(ctx context.Context, op, method, path string, ids []string, most int, one func(context.Context, string) error) map[string]error {
 	errs := map[string]error{}
 	var valid []string
 	for _, id := range ids {
@@ -74,6 +74,7 @@ func (c *Client) many(ctx context.Context, op, method, path string, ids []string
 	if size <= 0 || size > BulkMax {
 		size = BulkMax
 	}
+	size = min(size, most)
 	size = max(1, min(size, (len(valid)+bulkRequests-1)/bulkRequests))
 	var chunks [][]string
 	for len(valid) > 0 {
@@ -111,6 +112,21 @@ func (c *Client) many(ctx context.Context, op, method, path string, ids []string
 // client's timeout: Conductor on PostgreSQL under load took over 40 ms per
 // workflow of a bulk terminate.
 const bulkPerWorkflow = 100 * time.Millisecond
+
+// pauseChunk is the most workflows one bulk pause or resume request
+// sends, so that none of them takes longer than LongestPauseCall: a
+// follower on another replica waits that long twice before it takes a
+// difference such a call leaves for an action made in Conductor
+// (drain.GraceFor). Conductor pauses a workflow in about a millisecond of
+// its CPU; the bound costs requests, not time.
+const pauseChunk = 50
+
+// LongestPauseCall is the longest one of the client's pause or resume
+// calls may last, single or bulk (its timeout, and a bulk request's time
+// per workflow): a late call of a pause or resume lands within it.
+func (c *Client) LongestPauseCall() time.Duration {
+	return c.timeout + pauseChunk*bulkPerWorkflow
+}
 
 // bulkRequests is how many bulk requests (or single calls for refused
 // workflows) a *Many call has in flight at once.

@@ -1,12 +1,17 @@
 package adapter
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -57,5 +62,63 @@ func TestClient_ManyOnASlowConductor(t *testing.T) {
 	}
 	for _, id := range ids {
 		waitStatus(t, c, id, model.TerminatedWorkflow)
+	}
+}
+
+// TestClient_PauseCallsFitTheLongestPauseCall: no bulk pause or resume
+// request carries more workflows than its time per workflow lets finish
+// within LongestPauseCall, the bound on a late call that a follower on
+// another replica waits out twice (drain.GraceFor). 240 ids (of no
+// workflow: Conductor refuses each, which is asked again on its own) go
+// to each of PauseMany and ResumeMany.
+func TestClient_PauseCallsFitTheLongestPauseCall(t *testing.T) {
+	target, err := url.Parse(conductortest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: target.Scheme, Host: target.Host})
+	var mu sync.Mutex
+	var sizes []int
+	counting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/workflow/bulk/pause") || strings.HasSuffix(r.URL.Path, "/workflow/bulk/resume") {
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				t.Error(err)
+			}
+			var ids []string
+			if err := json.Unmarshal(body, &ids); err != nil {
+				t.Errorf("bulk body %q: %v", body, err)
+			}
+			mu.Lock()
+			sizes = append(sizes, len(ids))
+			mu.Unlock()
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(counting.Close)
+	c, err := NewClient(ClientOptions{BaseURL: counting.URL + target.Path, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, 240)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("no-such-workflow-%d-%d", time.Now().UnixNano(), i)
+	}
+	if errs := c.PauseMany(t.Context(), ids); len(errs) != len(ids) {
+		t.Fatalf("pause of %d workflows that do not exist: %d errors", len(ids), len(errs))
+	}
+	_ = c.ResumeMany(t.Context(), ids)
+	mu.Lock()
+	defer mu.Unlock()
+	total := 0
+	for _, n := range sizes {
+		total += n
+		if d := DefaultTimeout + time.Duration(n)*bulkPerWorkflow; d > c.LongestPauseCall() {
+			t.Fatalf("a bulk request of %d workflows may last %v, longer than LongestPauseCall %v (requests %v)", n, d, c.LongestPauseCall(), sizes)
+		}
+	}
+	if total != 2*len(ids) {
+		t.Fatalf("the bulk requests carried %d ids, want %d (requests %v)", total, 2*len(ids), sizes)
 	}
 }

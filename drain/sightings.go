@@ -17,6 +17,16 @@ import (
 // such a call leaves lasts that long.
 const DefaultGrace = 30 * time.Second
 
+// GraceFor is the grace for a Conductor client whose pause and resume
+// calls last at most longestCall (adapter.Client.LongestPauseCall): a late
+// call lands within longestCall of being sent, its request's correction
+// is sent within 10 s (the ledger note and the log's re-read) of its
+// answer and lands within longestCall more. DefaultGrace is GraceFor of a
+// client whose calls last 10 s.
+func GraceFor(longestCall time.Duration) time.Duration {
+	return 2*longestCall + 10*time.Second
+}
+
 // DefaultMaxSightings is how many runs' differences a Follower remembers
 // at most (FollowerOptions.MaxSightings).
 const DefaultMaxSightings = 4096

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/drain"
@@ -264,6 +265,14 @@ func TestE2E_ReplicasRecordAPauseMadeInConductor(t *testing.T) {
 	}
 	rp.inStep(t, "paused and resumed", before, "RUNNING")
 
+	// serve's grace: its Conductor client's longest pause or resume call
+	// (the default timeout and a bulk request's time per workflow), twice,
+	// and the re-read between them.
+	client, err := adapter.NewClient(adapter.ClientOptions{BaseURL: conductortest.URL(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	grace := drain.GraceFor(client.LongestPauseCall())
 	wf := rp.workflow
 	byConductor := func(id string) bool {
 		got := storetest.RequestedBy(allEvents(t, rp.reps[0], id), statestore.RequestedByConductor)
@@ -283,14 +292,14 @@ func TestE2E_ReplicasRecordAPauseMadeInConductor(t *testing.T) {
 	neverAfter := time.Since(neverPaused)
 	if byConductor(before) {
 		t.Fatalf("the pause of the run paused before, made 6 s earlier, was recorded by the time the never-paused run's was (%s after it was made); want it a grace (%s) after it was first seen",
-			neverAfter, drain.DefaultGrace)
+			neverAfter, grace)
 	}
 	sidecartest.WaitFor(t, "the pause of the run paused before to be put down to Conductor", 3*time.Minute, func() bool {
 		return byConductor(before)
 	})
 	beforeAfter := time.Since(paused)
-	if beforeAfter < drain.DefaultGrace {
-		t.Fatalf("the pause of the run paused before was recorded %s after it was made; want at least the grace, %s", beforeAfter, drain.DefaultGrace)
+	if beforeAfter < grace {
+		t.Fatalf("the pause of the run paused before was recorded %s after it was made; want at least the grace, %s", beforeAfter, grace)
 	}
 	t.Logf("recorded after: never paused %s, paused before %s", neverAfter.Round(100*time.Millisecond), beforeAfter.Round(100*time.Millisecond))
 	for _, id := range runs {

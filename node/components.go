@@ -183,7 +183,7 @@ func (n *Node) openWatcher(ctx context.Context) error {
 	// lasted the follower's grace (docs/drain.md).
 	n.pauseCalls, n.pauseAlone = drain.NewCalls(), alone(n.members, time.Now())
 	pauses := drain.NewFollower(n.store, n.emitter, n.conductor, keys, drain.FollowerOptions{DrainTimeout: n.cfg.DrainTimeout, Drains: keys, Calls: n.pauseCalls,
-		Alone: n.pauseAlone, Logger: n.log})
+		Alone: n.pauseAlone, Grace: drain.GraceFor(n.conductor.LongestPauseCall()), Logger: n.log})
 	wopts := adapter.WatcherOptions{Owner: n.members, Pauses: pauses, Logger: n.log, Metrics: n.adapterM}
 	if len(n.cfg.Adopt.Specs) > 0 {
 		aopts := n.cfg.Adopt
