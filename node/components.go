@@ -271,7 +271,7 @@ func (n *Node) openWorkers(ctx context.Context) error {
 		OnTaskDone:     taskDone{n.watcher, n.drain, n.adopter}.nudge,
 		OnPausedTask:   n.watcher.Recheck,
 		PauseOnFailure: failurePause{n.drain, statestore.RequestedByWorker(n.cfg.WorkerID)}.pause,
-		Tasks:          n.conductor, ExternalInFlight: externalInFlight{n.runs, n.adopter}.tasks,
+		Tasks:          n.conductor, Definitions: n.conductor, ExternalInFlight: externalInFlight{n.runs, n.adopter}.tasks,
 		Logger: n.log, Metrics: taskworkers.NewMetrics(n.reg), Tracer: n.tracer,
 	}
 	if n.adopter != nil {

@@ -189,10 +189,29 @@ func TestPlanTypes_UnnumberedLoopWakesAll(t *testing.T) {
 	pt := newPlanTypes(types)
 	in := map[string]any{"planId": "p", "planVersion": "1"}
 	pt.learn([]model.Task{{TaskType: "t0", InputData: in}})
-	if m := pt.typesOf(&model.Task{TaskType: "t65", InputData: in}); !m.all {
+	if m, _ := pt.typesOf(&model.Task{TaskType: "t65", InputData: in}, false); !m.all {
 		t.Errorf("outcome of the 66th polled type: wakes %+v, want every loop", m)
 	}
-	if m := pt.typesOf(&model.Task{TaskType: "outside", InputData: in}); m.all || !m.has("t0") || m.has("t1") {
+	if m, _ := pt.typesOf(&model.Task{TaskType: "outside", InputData: in}, false); m.all || !m.has("t0") || m.has("t1") {
 		t.Errorf("outcome of a type no loop polls: wakes all=%v t0=%v t1=%v, want t0 only", m.all, m.has("t0"), m.has("t1"))
+	}
+}
+
+// TestPlanTypes_NoPlanWakesItsDefinitionsTypes: a task of no plan (an
+// adopted workflow's) wakes only the types polled for its workflow
+// definition before: none for an outside worker's task of a definition
+// whose tasks no loop polled, and never every loop.
+func TestPlanTypes_NoPlanWakesItsDefinitionsTypes(t *testing.T) {
+	pt := newPlanTypes([]string{"noop", "sleep"})
+	outside := &model.Task{TaskType: "outside", WorkflowType: "legacy"}
+	if m, resolve := pt.typesOf(outside, true); m.all || m.has("noop") || m.has("sleep") || resolve {
+		t.Errorf("an adopted workflow's outside task: wakes all=%v noop=%v sleep=%v (resolve %v), want none", m.all, m.has("noop"), m.has("sleep"), resolve)
+	}
+	pt.learn([]model.Task{{TaskType: "noop", WorkflowType: "legacy"}})
+	if m, _ := pt.typesOf(outside, true); m.all || !m.has("noop") || m.has("sleep") {
+		t.Errorf("after a noop task of the definition was polled: wakes all=%v noop=%v sleep=%v, want noop only", m.all, m.has("noop"), m.has("sleep"))
+	}
+	if m, _ := pt.typesOf(&model.Task{TaskType: "outside", WorkflowType: "other"}, true); m.all || m.has("noop") {
+		t.Errorf("another definition's outside task: wakes all=%v noop=%v, want none", m.all, m.has("noop"))
 	}
 }

@@ -81,32 +81,98 @@ func (w *Worker) report(t *model.Task, log *zap.Logger, r *model.TaskResult, may
 
 // wakePollers ends the idle wait of the poll loops that may have work
 // now that t's outcome reached Conductor: those of t's own task type (a
-// retry, or a successor of the same type) and of the task types polled
-// for t's plan before (its other steps' types). Waking every loop made an
-// idle task type poll once per step of any other type; a successor of a
-// type not seen for the plan yet waits for its loop's PollInterval.
+// retry, or a successor of the same type) and of the task types t's plan
+// uses. With Options.Definitions the plan's types are its workflow
+// definition's, read from Conductor once per plan version (the first
+// outcome of a plan wakes its loops once the definition is read); without
+// it, or when the read fails, they are the types polled for the plan
+// before, and a plan none was polled for wakes every loop. A task of no
+// plan (an adopted workflow's) wakes the types polled for its workflow
+// definition before, and no others. So an outside worker's outcome wakes
+// no loop of a plan whose steps are all external: waking them would cost
+// Conductor a poll per idle task type per gated task.
 func (w *Worker) wakePollers(t *model.Task) {
-	wake := w.wakes.typesOf(t)
+	wake, resolve := w.wakes.typesOf(t, w.opts.Definitions != nil)
+	w.nudge(wake)
+	if resolve {
+		id, _ := t.InputData[plan.InputPlanID].(string)
+		v, _ := t.InputData[plan.InputPlanVersion].(string)
+		go w.resolvePlan(id, v)
+	}
+}
+
+// nudge ends the idle wait of the loops of the types in m.
+func (w *Worker) nudge(m typeMask) {
 	for _, p := range w.pollers {
-		if wake.has(p.taskType) {
+		if m.has(p.taskType) {
 			p.nudge()
 		}
 	}
 }
 
-// wakeMaxPlans bounds the plans planTypes remembers; past it, an outcome of
-// an unknown plan wakes every poll loop, as before any was learned.
+// Wake ends the idle wait of every poll loop: a run was started,
+// resumed or had a step retried through this replica, so Conductor may
+// have queued a task of any type. It never blocks.
+func (w *Worker) Wake() {
+	w.nudge(typeMask{all: true})
+}
+
+// resolvePlan reads the workflow definition of a plan version, records
+// the task types its steps use and wakes their loops.
+func (w *Worker) resolvePlan(planID, planVersion string) {
+	ctx, cancel := context.WithTimeout(w.reportCtx, 10*time.Second)
+	def, err := w.opts.Definitions.WorkflowDef(ctx, plan.WorkflowName(planID, planVersion), plan.WorkflowVersion)
+	cancel()
+	if err != nil {
+		w.log.Debug("cannot read the plan's workflow definition; waking the loops of the types polled for it", zap.String("planId", planID), zap.Error(err))
+	}
+	var names []string
+	if def != nil {
+		names = workflowTaskNames(def.Tasks, names)
+	}
+	w.nudge(w.wakes.resolved(planID+"|"+planVersion, names, err == nil && def != nil))
+}
+
+// workflowTaskNames appends the names (task types) of the tasks, nested
+// ones included (forks, switch cases, loops).
+func workflowTaskNames(tasks []model.WorkflowTask, names []string) []string {
+	for i := range tasks {
+		t := &tasks[i]
+		names = append(names, t.Name)
+		for _, branch := range t.ForkTasks {
+			names = workflowTaskNames(branch, names)
+		}
+		for _, c := range t.DecisionCases {
+			names = workflowTaskNames(c, names)
+		}
+		names = workflowTaskNames(t.DefaultCase, names)
+		names = workflowTaskNames(t.LoopOver, names)
+	}
+	return names
+}
+
+// wakeMaxPlans bounds the plans (and workflow definitions) planTypes
+// remembers; past it, an outcome of an unknown plan wakes every poll
+// loop, as before any was learned.
 const wakeMaxPlans = 10000
 
-// planTypes learns, per plan (planId and planVersion of a task's input),
-// the task types polled for it, so that an outcome wakes only the poll
-// loops of the types its plan uses. It is safe for concurrent use.
+// planTypes knows, per plan (planId and planVersion of a task's input),
+// the task types its steps use: exactly, from its workflow definition
+// (resolved), or as learned from the tasks polled for it. For a task of
+// no plan it learns the types polled per workflow definition. It is safe
+// for concurrent use.
 type planTypes struct {
 	mu sync.Mutex
 	// index numbers the polled task types, bits of a mask; byPlan holds
-	// the mask of each plan's types.
-	index  map[string]uint64
-	byPlan map[string]uint64
+	// the mask of each plan's polled types, byWorkflow that of each
+	// workflow definition's (tasks of no plan), exact that of each plan
+	// whose definition was read.
+	index      map[string]uint64
+	byPlan     map[string]uint64
+	byWorkflow map[string]uint64
+	exact      map[string]typeMask
+	// resolving holds the plans whose definition is being read.
+	resolving map[string]bool
 }
 
 // typeMask is a set of task types (bits of planTypes.index); all is
@@ -123,7 +189,8 @@ func (m typeMask) has(taskType string) bool {
 }
 
 func newPlanTypes(taskTypes []string) *planTypes {
-	pt := &planTypes{index: map[string]uint64{}, byPlan: map[string]uint64{}}
+	pt := &planTypes{index: map[string]uint64{}, byPlan: map[string]uint64{}, byWorkflow: map[string]uint64{},
+		exact: map[string]typeMask{}, resolving: map[string]bool{}}
 	for i, tt := range taskTypes {
 		pt.index[tt] = 0 // polled here, past the 64 numbered: its outcome wakes every loop
 		if i < 64 {
@@ -144,34 +211,82 @@ func planOf(t *model.Task) string {
 	return id + "|" + v
 }
 
-// learn records the task types of polled tasks for their plans.
+// learn records the task types of polled tasks for their plans, or for
+// their workflow definitions when they have none.
 func (pt *planTypes) learn(tasks []model.Task) {
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
 	for i := range tasks {
-		key, bit := planOf(&tasks[i]), pt.index[tasks[i].TaskType]
+		bit, known := pt.index[tasks[i].TaskType], pt.byPlan
+		key := planOf(&tasks[i])
+		if key == "" {
+			key, known = tasks[i].WorkflowType, pt.byWorkflow
+		}
 		if key == "" || bit == 0 {
 			continue
 		}
-		if m, ok := pt.byPlan[key]; ok || len(pt.byPlan) < wakeMaxPlans {
-			pt.byPlan[key] = m | bit
+		if m, ok := known[key]; ok || len(known) < wakeMaxPlans {
+			known[key] = m | bit
 		}
 	}
 }
 
-// typesOf returns the task types to wake for t's outcome: t's own and its
-// plan's, or every type for a task of no known plan or of an unnumbered
-// type this worker polls. A type no loop polls (an outside worker's,
-// whose outcome the task proxy forwarded) adds nothing: waking every loop
-// for it would cost Conductor a poll per idle task type per gated task.
-func (pt *planTypes) typesOf(t *model.Task) typeMask {
+// typesOf returns the task types to wake for t's outcome now: t's own and
+// its plan's, or every type for a task of a plan not known or of an
+// unnumbered type this worker polls. A type no loop polls (an outside
+// worker's, whose outcome the task proxy forwarded) adds nothing. With
+// resolve (definitions can be read), a plan not resolved yet wakes t's own
+// type now and resolveNow asks the caller to read its definition (once
+// per plan while a read is under way: that read's wake comes after this
+// outcome reached Conductor, so it covers it).
+func (pt *planTypes) typesOf(t *model.Task, resolve bool) (m typeMask, resolveNow bool) {
 	own, polled := pt.index[t.TaskType]
+	if polled && own == 0 {
+		return typeMask{all: true}, false
+	}
 	key := planOf(t)
 	pt.mu.Lock()
-	m, ok := pt.byPlan[key]
-	pt.mu.Unlock()
-	if !ok || key == "" || (polled && own == 0) {
-		return typeMask{all: true}
+	defer pt.mu.Unlock()
+	if key == "" {
+		return typeMask{bits: pt.byWorkflow[t.WorkflowType] | own, index: pt.index}, false
 	}
-	return typeMask{bits: m | own, index: pt.index}
+	if m, ok := pt.exact[key]; ok {
+		m.bits |= own
+		return m, false
+	}
+	if resolve && len(pt.exact)+len(pt.resolving) < wakeMaxPlans {
+		first := !pt.resolving[key]
+		pt.resolving[key] = true
+		return typeMask{bits: own, index: pt.index}, first
+	}
+	learned, ok := pt.byPlan[key]
+	if !ok {
+		return typeMask{all: true}, false
+	}
+	return typeMask{bits: learned | own, index: pt.index}, false
+}
+
+// resolved records the task types of a plan's workflow definition (names;
+// ok false: the definition could not be read, and the next outcome tries
+// again) and returns the types to wake: the plan's, or, when it could not
+// be read, those polled for it before (every type if none was).
+func (pt *planTypes) resolved(key string, names []string, ok bool) typeMask {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	delete(pt.resolving, key)
+	if !ok {
+		learned, known := pt.byPlan[key]
+		if !known {
+			return typeMask{all: true}
+		}
+		return typeMask{bits: learned, index: pt.index}
+	}
+	m := typeMask{index: pt.index}
+	for _, name := range names {
+		bit, polled := pt.index[name]
+		m.bits |= bit
+		m.all = m.all || (polled && bit == 0)
+	}
+	pt.exact[key] = m
+	return m
 }

@@ -37,6 +37,12 @@ type Emitter interface {
 	EmitIf(ctx context.Context, w *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error)
 }
 
+// WorkflowDefs reads workflow definitions from Conductor
+// (adapter.Client).
+type WorkflowDefs interface {
+	WorkflowDef(ctx context.Context, name string, version int32) (*model.WorkflowDef, error)
+}
+
 // SecretResolver resolves a step's secret references right before it runs.
 type SecretResolver interface {
 	Resolve(ctx context.Context, refs []plan.SecretRef) (map[string]string, error)
@@ -139,6 +145,12 @@ type Options struct {
 	// adopted workflows, which then pass the same gate and recording as
 	// external plan steps (External).
 	Adopted AdoptedSteps
+	// Definitions, when set, reads a plan's workflow definition from
+	// Conductor, once per plan version, so that a step's outcome wakes
+	// exactly the poll loops of the task types its plan's steps use
+	// (none for a plan whose steps are all external). Nil: the types
+	// polled for the plan before, every type for a plan never polled.
+	Definitions WorkflowDefs
 	// ExternalCheck is how often the watch reads back the tasks past
 	// their response timeout (default 5s).
 	ExternalCheck time.Duration

@@ -77,6 +77,9 @@ type envOpts struct {
 	// workerConductor, when set, is the Conductor URL the task workers
 	// use (given the real one), e.g. a front that holds their calls.
 	workerConductor func(string) string
+	// worker, when set, changes the task workers' options (e.g. the
+	// task types they poll).
+	worker func(*taskworkers.Options)
 }
 
 func newEnvOpts(t *testing.T, o envOpts) *env {
@@ -119,14 +122,18 @@ func newEnvOpts(t *testing.T, o envOpts) *env {
 			t.Fatal(err)
 		}
 	}
-	w := taskworkers.New(adapter.DomainPoller{Client: wclient, Domain: domain}, runState, events, nil, nil, taskworkers.Options{
-		WorkerID: "proxy-test", HandBackAfter: time.Second, Tasks: wclient, ExternalCheck: 500 * time.Millisecond, WriteBudget: budget,
+	wopts := taskworkers.Options{
+		WorkerID: "proxy-test", HandBackAfter: time.Second, Tasks: wclient, Definitions: wclient, ExternalCheck: 500 * time.Millisecond, WriteBudget: budget,
 		Guard: func(ctx context.Context, runID, workflowID string) error {
 			_, err := runs.EnsureStarted(ctx, runID, workflowID)
 			return err
 		},
 		OnPausedTask: o.pausedTask, OnTaskDone: o.taskDone, Logger: zaptest.NewLogger(t),
-	})
+	}
+	if o.worker != nil {
+		o.worker(&wopts)
+	}
+	w := taskworkers.New(adapter.DomainPoller{Client: wclient, Domain: domain}, runState, events, nil, nil, wopts)
 	if err := w.Open(ctx); err != nil {
 		t.Fatal(err)
 	}
