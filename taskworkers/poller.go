@@ -28,6 +28,9 @@ type poller struct {
 	// interval is the pause after a poll that found nothing; timeout the
 	// server-side wait of a poll (Options.PollInterval, PollTimeout).
 	interval, timeout time.Duration
+	// maxInterval bounds the idle pause, which doubles from interval
+	// with each consecutive empty poll (Options.PollIntervalMax).
+	maxInterval time.Duration
 	// linger is how long a busy loop waits for half a batch of free slots.
 	linger time.Duration
 	// handle runs one task to its report; release hands back a task
@@ -42,8 +45,8 @@ type poller struct {
 	lost    func()
 	metrics *Metrics
 	log     *zap.Logger
-	// wake ends the idle wait: a reported outcome makes Conductor schedule
-	// the step's successors.
+	// wake ends the idle wait and resets it to interval: a reported
+	// outcome makes Conductor schedule the step's successors.
 	wake chan struct{}
 	// freed is signalled (without blocking) when a task's slot frees.
 	freed chan struct{}
@@ -66,6 +69,7 @@ func (p *poller) run(pollCtx, workCtx context.Context, working *sync.WaitGroup) 
 	slots := make(chan struct{}, p.concurrency)
 	backoff := time.Duration(0)
 	busy := false // the last poll found tasks
+	idle := p.interval
 	for {
 		// Wait for at least one free slot before polling, so tasks are
 		// never taken without capacity to run them.
@@ -113,17 +117,23 @@ func (p *poller) run(pollCtx, workCtx context.Context, working *sync.WaitGroup) 
 		}
 		busy = len(tasks) > 0
 		if len(tasks) == 0 {
-			// Nothing queued: wait before the next poll. Conductor's batch
-			// poll answers at once with what is queued (wait 0); it does not
-			// wake a waiting poll for a new task (see Options.PollTimeout).
+			// Nothing queued: wait before the next poll, twice as long as
+			// the last time (up to maxInterval) after consecutive empty
+			// polls. Conductor's batch poll answers at once with what is
+			// queued (wait 0); it does not wake a waiting poll for a new
+			// task (see Options.PollTimeout). A wake polls at once and
+			// starts the backoff over.
 			select {
-			case <-time.After(p.interval):
+			case <-time.After(idle):
+				idle = min(2*idle, max(p.maxInterval, p.interval))
 			case <-p.wake:
+				idle = p.interval
 			case <-pollCtx.Done():
 				return
 			}
 			continue
 		}
+		idle = p.interval
 		for i := range tasks {
 			slots <- struct{}{}
 			t := tasks[i]

@@ -65,6 +65,14 @@ type Options struct {
 	// 100ms, as the Conductor SDKs). A poll that found tasks is followed by
 	// the next one at once.
 	PollInterval time.Duration
+	// PollIntervalMax bounds an idle loop's pause: after consecutive
+	// empty polls it doubles from PollInterval up to PollIntervalMax
+	// (default 1s; below PollInterval: no backoff). A poll that found
+	// tasks, or a wake (a step's outcome reported, Wake), starts over
+	// at PollInterval. Work nothing here wakes for (a run started
+	// through another replica, a retry Conductor schedules after its
+	// delay, a task handed back) waits at most PollIntervalMax.
+	PollIntervalMax time.Duration
 	// PollTimeout is the server-side wait of one batch poll (default 0: no
 	// wait). Conductor 3.21 does not hand a waiting poll a task that is
 	// queued during the wait: the poll returns empty at its timeout, so a
@@ -220,6 +228,10 @@ func New(tasks TaskClient, runs SnapshotReader, events Emitter, secrets SecretRe
 	if opts.PollInterval <= 0 {
 		opts.PollInterval = 100 * time.Millisecond
 	}
+	if opts.PollIntervalMax == 0 {
+		opts.PollIntervalMax = time.Second
+	}
+	opts.PollIntervalMax = max(opts.PollIntervalMax, opts.PollInterval)
 	if opts.PollTimeout < 0 {
 		opts.PollTimeout = 0
 	}
@@ -270,7 +282,7 @@ func New(tasks TaskClient, runs SnapshotReader, events Emitter, secrets SecretRe
 			}
 			w.pollers = append(w.pollers, &poller{
 				tasks: tasks, taskType: taskType, workerID: opts.WorkerID, concurrency: share, batch: opts.BatchSize,
-				interval: opts.PollInterval, timeout: opts.PollTimeout, linger: max(opts.PollLinger, 0),
+				interval: opts.PollInterval, maxInterval: opts.PollIntervalMax, timeout: opts.PollTimeout, linger: max(opts.PollLinger, 0),
 				handle: w.handle, release: func(t *model.Task) { w.handBack(t, 0, "shutdown") },
 				took: w.took, lost: w.pollLost,
 				metrics: opts.Metrics, log: w.log.With(zap.String("taskType", taskType)), wake: make(chan struct{}, 1), freed: make(chan struct{}, 1),

@@ -41,6 +41,7 @@ type env struct {
 	domain string
 	url    string // the proxy's base URL, as a worker's server URL
 	tt     string // the external task type
+	worker *taskworkers.Worker
 }
 
 func newEnv(t *testing.T, tokens ...string) *env {
@@ -152,7 +153,7 @@ func newEnvOpts(t *testing.T, o envOpts) *env {
 	}
 	p.Open(ln)
 	t.Cleanup(func() { _ = p.Close(context.Background()) })
-	return &env{js: js, client: client, runs: runs, store: store, emit: emit, domain: domain,
+	return &env{js: js, client: client, runs: runs, store: store, emit: emit, domain: domain, worker: w,
 		url: "http://" + ln.Addr().String() + "/api", tt: "ext_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")}
 }
 

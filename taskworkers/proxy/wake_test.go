@@ -145,3 +145,56 @@ func TestProxy_OutsideOutcomesWakeOnlyLoopsWithWork(t *testing.T) {
 		t.Errorf("the outcome of a plan with no sleep step: %d batch polls of %s, want 0", got, plan.TaskTypeSleep)
 	}
 }
+
+// TestWorker_IdleLoopsBackOff: an idle worker's poll loops, after
+// consecutive empty polls, wait longer between polls (up to
+// Options.PollIntervalMax, default 1 s) instead of polling Conductor
+// every PollInterval (100 ms: 10 polls a second per task type).
+func TestWorker_IdleLoopsBackOff(t *testing.T) {
+	polls := &pollCounter{counts: map[string]int{}}
+	newEnvOpts(t, envOpts{
+		workerConductor: func(u string) string { return polls.front(t, u) },
+		worker: func(o *taskworkers.Options) {
+			o.Concurrency = map[string]int{plan.TaskTypeNoop: 1, plan.TaskTypeSleep: 1}
+		},
+	})
+	// Backing off from 100 ms to 1 s takes 0.1+0.2+0.4+0.8 s of empty polls.
+	waitFor(t, "the loops' first empty polls", 2*time.Minute, func() bool {
+		return polls.of(plan.TaskTypeNoop) >= 5 && polls.of(plan.TaskTypeSleep) >= 5
+	})
+	noop, sleep := polls.of(plan.TaskTypeNoop), polls.of(plan.TaskTypeSleep)
+	const window = 4 * time.Second
+	time.Sleep(window)
+	// At most one poll per second and type, plus one for the window's edge.
+	for tt, n := range map[string]int{plan.TaskTypeNoop: polls.of(plan.TaskTypeNoop) - noop, plan.TaskTypeSleep: polls.of(plan.TaskTypeSleep) - sleep} {
+		if n > 6 {
+			t.Errorf("idle %s loop: %d batch polls in %v, want at most 6 (backed off to 1 s)", tt, n, window)
+		}
+	}
+}
+
+// TestWorker_WakeStartsTheBackoffOver: a loop backed off after a long
+// idle period polls at once when woken (Wake: a run started or resumed
+// through this replica) and then at PollInterval again, not after the
+// doubled pause it had reached.
+func TestWorker_WakeStartsTheBackoffOver(t *testing.T) {
+	polls := &pollCounter{counts: map[string]int{}}
+	e := newEnvOpts(t, envOpts{
+		workerConductor: func(u string) string { return polls.front(t, u) },
+		worker: func(o *taskworkers.Options) {
+			o.PollInterval, o.PollIntervalMax = 20*time.Millisecond, time.Hour
+			o.Concurrency = map[string]int{plan.TaskTypeNoop: 1}
+		},
+	})
+	// Pauses of 20, 40, ... 1280 ms: after the 8th poll the loop waits
+	// 2.56 s, after the 9th 5.12 s.
+	waitFor(t, "eight empty polls", 2*time.Minute, func() bool { return polls.of(plan.TaskTypeNoop) >= 8 })
+	before := polls.of(plan.TaskTypeNoop)
+	e.worker.Wake()
+	// Started over: polls after 0, 20, 40 ms; without the reset one poll,
+	// then a pause of seconds.
+	time.Sleep(2 * time.Second)
+	if got := polls.of(plan.TaskTypeNoop) - before; got < 3 {
+		t.Errorf("woken after a long idle period: %d polls in 2 s, want at least 3 (the pause back at 20 ms)", got)
+	}
+}
