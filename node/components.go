@@ -265,7 +265,7 @@ func (n *Node) openWorkers(ctx context.Context) error {
 		tasks = adapter.DomainPoller{Client: n.conductor, Domain: n.cfg.TaskDomain}
 	}
 	wopts := taskworkers.Options{
-		WorkerID: n.cfg.WorkerID, Concurrency: concurrency, PollersPerType: n.cfg.PollersPerType, Running: n.running,
+		WorkerID: n.cfg.WorkerID, Concurrency: concurrency, PollersPerType: n.cfg.PollersPerType, PollIntervalMax: n.cfg.PollIntervalMax, Running: n.running,
 		Guard:          runGuard{n.runs, n.adopter}.check,
 		Recover:        inFlight{n.runs, n.cfg.WorkerID}.tasks,
 		OnTaskDone:     taskDone{n.watcher, n.drain, n.adopter}.nudge,
@@ -320,8 +320,8 @@ func (n *Node) openGuard(ctx context.Context) error {
 // openAPI serves the control API on Config.API.
 func (n *Node) openAPI(context.Context) error {
 	opts := n.cfg.APIOptions
-	opts.Log, opts.List, opts.Replies, opts.Starter = n.store, n.list, n.replies, n.starter()
-	opts.Control, opts.Plans = n.drain, n.runs
+	opts.Log, opts.List, opts.Replies, opts.Starter = n.store, n.list, n.replies, wakingStarter{n.starter(), n.workers}
+	opts.Control, opts.Plans = wakingControl{n.drain, n.workers}, n.runs
 	opts.DrainTimeout, opts.Gatherer, opts.Registerer, opts.Logger, opts.Tracer = n.cfg.DrainTimeout, n.reg, n.reg, n.log, n.tracer
 	// Live: the NATS connection may still come back. Ready: every
 	// component can work now, so an append can succeed.

@@ -98,6 +98,9 @@ type Config struct {
 	Concurrency map[string]int
 	// PollersPerType is the number of poll loops per task type.
 	PollersPerType int
+	// PollIntervalMax bounds an idle poll loop's backed-off pause
+	// (taskworkers.Options.PollIntervalMax; zero: its default, 1s).
+	PollIntervalMax time.Duration
 	// ValidateWrites rejects invalid transitions at append time.
 	ValidateWrites bool
 	// ConductorProxy, when set, is the bound listener of the task proxy:

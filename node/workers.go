@@ -9,6 +9,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 )
 
@@ -107,4 +108,44 @@ type failurePause struct {
 func (p failurePause) pause(ctx context.Context, runID, _, stepID string) error {
 	_, err := p.drain.Pause(ctx, runID, drain.PauseRequest{Reason: "stepFailed", StepID: stepID, RequestedBy: p.by})
 	return err
+}
+
+// wakingStarter starts runs and then wakes the task workers' idle poll
+// loops, since Conductor has queued the run's first steps: they start at
+// once instead of after the loops' backed-off pause
+// (taskworkers.Options.PollIntervalMax).
+type wakingStarter struct {
+	httpapi.Starter
+	workers *taskworkers.Worker
+}
+
+func (s wakingStarter) Start(ctx context.Context, req httpapi.StartRequest) (*httpapi.Started, error) {
+	started, err := s.Starter.Start(ctx, req)
+	if err == nil {
+		s.workers.Wake()
+	}
+	return started, err
+}
+
+// wakingControl is the drain controller whose resumes (one run, or many)
+// wake the task workers' idle poll loops: the resumed runs' tasks are
+// pollable again. Its other methods, the bulk ones among them, are the
+// controller's.
+type wakingControl struct {
+	*drain.Controller
+	workers *taskworkers.Worker
+}
+
+func (c wakingControl) Resume(ctx context.Context, runID string, req drain.ResumeRequest) (*drain.State, error) {
+	st, err := c.Controller.Resume(ctx, runID, req)
+	if err == nil {
+		c.workers.Wake()
+	}
+	return st, err
+}
+
+func (c wakingControl) ResumeMany(ctx context.Context, runIDs []string, req drain.ResumeRequest) []drain.Outcome {
+	out := c.Controller.ResumeMany(ctx, runIDs, req)
+	c.workers.Wake()
+	return out
 }
