@@ -2,6 +2,7 @@ package taskworkers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/conductor-sdk/conductor-go/sdk/model"
 	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/errcode"
 )
 
 // countingTasks hands out tasks of one type and records the count of
@@ -213,5 +216,30 @@ func TestPlanTypes_NoPlanWakesItsDefinitionsTypes(t *testing.T) {
 	}
 	if m, _ := pt.typesOf(&model.Task{TaskType: "outside", WorkflowType: "other"}, true); m.all || m.has("noop") {
 		t.Errorf("another definition's outside task: wakes all=%v noop=%v, want none", m.all, m.has("noop"))
+	}
+}
+
+// TestPlanTypes_MissingDefinitionIsNotReadAgain: a plan whose workflow
+// definition Conductor does not have falls back to the types polled for
+// it, without a read per outcome; after another error the next outcome
+// reads it again.
+func TestPlanTypes_MissingDefinitionIsNotReadAgain(t *testing.T) {
+	pt := newPlanTypes([]string{"noop", "sleep"})
+	task := func(planID string) *model.Task {
+		return &model.Task{TaskType: "outside", InputData: map[string]any{"planId": planID, "planVersion": "1"}}
+	}
+	if _, resolve := pt.typesOf(task("gone"), true); !resolve {
+		t.Fatal("first outcome of a plan: no read of its definition")
+	}
+	if m := pt.resolved("gone|1", nil, fmt.Errorf("get: %w", errcode.NotFound)); !m.all {
+		t.Errorf("a plan of no definition and no polls: wakes all=%v, want every loop", m.all)
+	}
+	if _, resolve := pt.typesOf(task("gone"), true); resolve {
+		t.Error("a plan whose definition Conductor does not have is read again")
+	}
+	pt.typesOf(task("flaky"), true)
+	pt.resolved("flaky|1", nil, errors.New("connection reset"))
+	if _, resolve := pt.typesOf(task("flaky"), true); !resolve {
+		t.Error("after a failed read the plan's definition is not read again")
 	}
 }

@@ -126,11 +126,14 @@ func (w *Worker) resolvePlan(planID, planVersion string) {
 	if err != nil {
 		w.log.Debug("cannot read the plan's workflow definition; waking the loops of the types polled for it", zap.String("planId", planID), zap.Error(err))
 	}
+	if err == nil && def == nil {
+		err = errcode.NotFound
+	}
 	var names []string
 	if def != nil {
 		names = workflowTaskNames(def.Tasks, names)
 	}
-	w.nudge(w.wakes.resolved(planID+"|"+planVersion, names, err == nil && def != nil))
+	w.nudge(w.wakes.resolved(planID+"|"+planVersion, names, err))
 }
 
 // workflowTaskNames appends the names (task types) of the tasks, nested
@@ -171,8 +174,10 @@ type planTypes struct {
 	byPlan     map[string]uint64
 	byWorkflow map[string]uint64
 	exact      map[string]typeMask
-	// resolving holds the plans whose definition is being read.
-	resolving map[string]bool
+	// resolving holds the plans whose definition is being read;
+	// missing those whose definition Conductor does not have (a plan
+	// compiled under another workflow name): they are not read again.
+	resolving, missing map[string]bool
 }
 
 // typeMask is a set of task types (bits of planTypes.index); all is
@@ -190,7 +195,7 @@ func (m typeMask) has(taskType string) bool {
 
 func newPlanTypes(taskTypes []string) *planTypes {
 	pt := &planTypes{index: map[string]uint64{}, byPlan: map[string]uint64{}, byWorkflow: map[string]uint64{},
-		exact: map[string]typeMask{}, resolving: map[string]bool{}}
+		exact: map[string]typeMask{}, resolving: map[string]bool{}, missing: map[string]bool{}}
 	for i, tt := range taskTypes {
 		pt.index[tt] = 0 // polled here, past the 64 numbered: its outcome wakes every loop
 		if i < 64 {
@@ -254,7 +259,7 @@ func (pt *planTypes) typesOf(t *model.Task, resolve bool) (m typeMask, resolveNo
 		m.bits |= own
 		return m, false
 	}
-	if resolve && len(pt.exact)+len(pt.resolving) < wakeMaxPlans {
+	if resolve && !pt.missing[key] && len(pt.exact)+len(pt.resolving)+len(pt.missing) < wakeMaxPlans {
 		first := !pt.resolving[key]
 		pt.resolving[key] = true
 		return typeMask{bits: own, index: pt.index}, first
@@ -266,15 +271,19 @@ func (pt *planTypes) typesOf(t *model.Task, resolve bool) (m typeMask, resolveNo
 	return typeMask{bits: learned | own, index: pt.index}, false
 }
 
-// resolved records the task types of a plan's workflow definition (names;
-// ok false: the definition could not be read, and the next outcome tries
-// again) and returns the types to wake: the plan's, or, when it could not
-// be read, those polled for it before (every type if none was).
-func (pt *planTypes) resolved(key string, names []string, ok bool) typeMask {
+// resolved records the task types of a plan's workflow definition (names)
+// and returns the types to wake: the plan's, or, when it could not be read
+// (err), those polled for it before (every type if none was). After a
+// definition Conductor does not have (errcode.NotFound) the plan is not
+// read again; after another error the next outcome tries again.
+func (pt *planTypes) resolved(key string, names []string, err error) typeMask {
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
 	delete(pt.resolving, key)
-	if !ok {
+	if err != nil {
+		if errors.Is(err, errcode.NotFound) {
+			pt.missing[key] = true
+		}
 		learned, known := pt.byPlan[key]
 		if !known {
 			return typeMask{all: true}
