@@ -228,13 +228,36 @@ func (e *Embedded) Shutdown() {
 }
 
 // Check reports whether the server can store now: JetStream enabled (the
-// server disables it when a write fails for lack of space) and the data
-// dir's file system above its minimum free space.
+// server disables it when a write fails for lack of space), no stream
+// holding a write error, and the data dir's file system above its minimum
+// free space.
+//
+// A stream whose file store failed a write (a full disk, a file size
+// limit) refuses every later write, and the server keeps that error until
+// it restarts, even once space is freed: Check reports it from the
+// server's own health report (its stream write errors), which reads no
+// message and writes nothing.
 func (e *Embedded) Check() error {
 	if !e.Server.JetStreamEnabled() {
 		return errors.New("jetstream is disabled on the embedded server (see its log: a failed write disables it)")
 	}
+	if err := e.checkWriteErrors(); err != nil {
+		return err
+	}
 	return CheckFreeSpace(e.dir, e.minFree)
+}
+
+// checkWriteErrors reports the first stream the server's health report
+// names with a write error.
+func (e *Embedded) checkWriteErrors() error {
+	h := e.Server.Healthz(&server.HealthzOptions{Details: true})
+	for _, he := range h.Errors {
+		if he.Type != server.HealthzErrorStream || !strings.Contains(he.Error, "write error") {
+			continue
+		}
+		return fmt.Errorf("stream %s refuses every write: %s; free space on %s (or raise the file size limit), then restart serve: the embedded server keeps a stream's write error until it restarts", he.Stream, he.Error, e.dir)
+	}
+	return nil
 }
 
 // Connect connects to the server in-process, as SidecarUser.
