@@ -35,6 +35,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -478,12 +479,53 @@ func (r *Retention) archiveAndRemove(ctx context.Context, batch []candidate, res
 		}
 		res.Removed += len(removals)
 	}
-	if err := errors.Join(forgot...); err != nil {
+	if err := joinRunErrors(forgot); err != nil {
 		r.opts.Metrics.failed(stepRemove)
 		return kept, err
 	}
 	return nil, nil
 }
+
+// shownRunErrors is how many runs' errors a batch's error spells out; the
+// others are counted. A pass failure is logged as one line, and every run
+// of a batch fails alike when the store refuses writes.
+const shownRunErrors = 3
+
+// runErrors is the errors of a batch's runs. errors.Is and errors.As see
+// every one; the message names the first shownRunErrors and counts the
+// rest.
+type runErrors []error
+
+// joinRunErrors returns the non-nil errors of errs as a runErrors, or nil.
+func joinRunErrors(errs []error) error {
+	var out runErrors
+	for _, err := range errs {
+		if err != nil {
+			out = append(out, err)
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+func (e runErrors) Error() string {
+	var b strings.Builder
+	for i, err := range e {
+		if i == shownRunErrors {
+			fmt.Fprintf(&b, "; and %d more", len(e)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(err.Error())
+	}
+	return b.String()
+}
+
+func (e runErrors) Unwrap() []error { return e }
 
 // push queues runID due at due, or moves it later if it is queued earlier.
 func (r *Retention) push(runID, tenant string, due time.Time) {
