@@ -38,6 +38,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
@@ -224,7 +225,7 @@ func (r *Retention) loop(ctx context.Context) {
 			wait = min(2*wait, maxBackoff)
 			if time.Since(lastLog) > time.Minute {
 				lastLog = time.Now()
-				r.logger.Warn("retention pass failed; nothing was removed that is not archived, and hot state keeps growing until it works (logged once a minute)", zap.Error(err), zap.Duration("retry", wait))
+				r.logger.Warn("retention pass failed; nothing was removed that is not archived, and hot state keeps growing until it works (logged once a minute)", zap.String("error", clip(err.Error(), maxLoggedError)), zap.Duration("retry", wait))
 			}
 		}
 	}
@@ -484,6 +485,22 @@ func (r *Retention) archiveAndRemove(ctx context.Context, batch []candidate, res
 		return kept, err
 	}
 	return nil, nil
+}
+
+// maxLoggedError bounds the error text of a pass-failure line: an error
+// from a store or destination may list every run of a batch.
+const maxLoggedError = 2048
+
+// clip returns s cut to at most n bytes (at a rune boundary), saying how
+// many bytes were left out.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return fmt.Sprintf("%s... (%d bytes more)", s[:n], len(s)-n)
 }
 
 // shownRunErrors is how many runs' errors a batch's error spells out; the
