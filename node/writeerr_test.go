@@ -43,6 +43,11 @@ func TestNode_ReadyReportsAStreamThatRefusesWrites(t *testing.T) {
 	if err != nil || !bytes.Contains(out, []byte("--- PASS: TestNode_WriteErrorChild")) {
 		t.Fatalf("child: %v\n%s", err, out)
 	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, "Ready: ") {
+			t.Log(strings.TrimSpace(l))
+		}
+	}
 }
 
 // TestNode_WriteErrorChild is the child of

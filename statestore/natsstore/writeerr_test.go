@@ -43,6 +43,11 @@ func TestEmbedded_WriteErrorIsNotReady(t *testing.T) {
 	if err != nil || !bytes.Contains(out, []byte("--- PASS: TestEmbedded_WriteErrorChild")) {
 		t.Fatalf("child: %v\n%s", err, out)
 	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, "Check: ") {
+			t.Log(strings.TrimSpace(l))
+		}
+	}
 }
 
 // TestEmbedded_WriteErrorChild is the child of
