@@ -252,9 +252,24 @@ func (r *Remover) RemoveRuns(ctx context.Context, runs []statestore.Removal) err
 		runs = runs[n:]
 	}
 	if len(changed) > 0 {
-		return &statestore.Error{Code: statestore.CodeRunChanged, Message: errors.Join(changed...).Error()}
+		return &statestore.Error{Code: statestore.CodeRunChanged, Message: changedRuns(changed)}
 	}
 	return nil
+}
+
+// namedChanges is how many changed runs a RUN_CHANGED error of RemoveRuns
+// names; the rest are counted, so that the error stays a line a log can
+// take whatever the batch's size.
+const namedChanges = 3
+
+// changedRuns is the message of RemoveRuns' RUN_CHANGED error.
+func changedRuns(changed []error) string {
+	shown := changed[:min(len(changed), namedChanges)]
+	msg := errors.Join(shown...).Error()
+	if rest := len(changed) - len(shown); rest > 0 {
+		msg += fmt.Sprintf("\nand %d more runs that changed: nothing of them removed", rest)
+	}
+	return msg
 }
 
 // removeBatch removes up to removeBatchRuns runs and returns the runs it

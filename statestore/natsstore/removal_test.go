@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -430,6 +431,21 @@ func TestRemover_Batch(t *testing.T) {
 		}
 		if err := s.Check(ctx); err != nil {
 			t.Fatal(err)
+		}
+	})
+	t.Run("ManyRunsChangedNamesAFew", func(t *testing.T) {
+		s, srv, _, ids := removableRuns(t, 40)
+		rs := removals(t, s, ids)
+		for i := range rs {
+			rs[i].Records--
+		}
+		err := openRemover(t, srv).RemoveRuns(ctx, rs)
+		if !errors.Is(err, statestore.ErrRunChanged) {
+			t.Fatalf("got %v, want ErrRunChanged", err)
+		}
+		// The error is logged as it is: a few runs and a count, not every run.
+		if msg := err.Error(); len(msg) > 1024 || !strings.Contains(msg, "and 37 more runs") {
+			t.Fatalf("RUN_CHANGED of 40 runs says, in %d bytes: %.300s...; want three runs and \"and 37 more\" within 1 KiB", len(msg), msg)
 		}
 	})
 	t.Run("RunTwiceRemovesNothing", func(t *testing.T) {
