@@ -72,6 +72,29 @@ func pauseMany(ctx context.Context, c *drain.Controller, runID string) error {
 	return c.PauseMany(ctx, []string{runID}, drain.PauseRequest{Reason: "test"})[0].Err
 }
 
+// staleCallCases are the orders of requests in which one request's call
+// lands after a later request's, run in one process and across two
+// replicas.
+var staleCallCases = []staleCallCase{{
+	name:   "a resume lands after a later pause",
+	before: []func(context.Context, *drain.Controller, string) error{pauseRun},
+	stale:  resumeRun, staleCall: "resume",
+	between:    []func(context.Context, *drain.Controller, string) error{pauseRun},
+	settleCall: "pause", window: drain.EngineRunning, want: drain.EnginePaused,
+}, {
+	name:   "a pause lands after a later resume, pause and resume",
+	before: []func(context.Context, *drain.Controller, string) error{pauseRun, resumeRun},
+	stale:  pauseRun, staleCall: "pause",
+	between:    []func(context.Context, *drain.Controller, string) error{resumeRun, pauseRun, resumeRun},
+	settleCall: "resume", window: drain.EnginePaused, want: drain.EngineRunning,
+}, {
+	name:   "a bulk pause lands after a later resume, pause and resume",
+	before: []func(context.Context, *drain.Controller, string) error{pauseRun, resumeRun},
+	stale:  pauseMany, staleCall: "pause",
+	between:    []func(context.Context, *drain.Controller, string) error{resumeRun, pauseRun, resumeRun},
+	settleCall: "resume", window: drain.EnginePaused, want: drain.EngineRunning,
+}}
+
 // TestFollower_StaleCallOfAConcurrentRequestIsNotTakenForConductor:
 // concurrent pauses and resumes of a run, one of whose calls reaches
 // Conductor after a later request's, must end as the log says, with no
@@ -90,26 +113,7 @@ func pauseMany(ctx context.Context, c *drain.Controller, runID string) error {
 //
 // Then everything is let through, and the follower checks again.
 func TestFollower_StaleCallOfAConcurrentRequestIsNotTakenForConductor(t *testing.T) {
-	cases := []staleCallCase{{
-		name:   "a resume lands after a later pause",
-		before: []func(context.Context, *drain.Controller, string) error{pauseRun},
-		stale:  resumeRun, staleCall: "resume",
-		between:    []func(context.Context, *drain.Controller, string) error{pauseRun},
-		settleCall: "pause", window: drain.EngineRunning, want: drain.EnginePaused,
-	}, {
-		name:   "a pause lands after a later resume, pause and resume",
-		before: []func(context.Context, *drain.Controller, string) error{pauseRun, resumeRun},
-		stale:  pauseRun, staleCall: "pause",
-		between:    []func(context.Context, *drain.Controller, string) error{resumeRun, pauseRun, resumeRun},
-		settleCall: "resume", window: drain.EnginePaused, want: drain.EngineRunning,
-	}, {
-		name:   "a bulk pause lands after a later resume, pause and resume",
-		before: []func(context.Context, *drain.Controller, string) error{pauseRun, resumeRun},
-		stale:  pauseMany, staleCall: "pause",
-		between:    []func(context.Context, *drain.Controller, string) error{resumeRun, pauseRun, resumeRun},
-		settleCall: "resume", window: drain.EnginePaused, want: drain.EngineRunning,
-	}}
-	for _, tc := range cases {
+	for _, tc := range staleCallCases {
 		t.Run(tc.name, func(t *testing.T) { staleCall(t, tc, false) })
 	}
 }
@@ -124,26 +128,7 @@ func TestFollower_StaleCallOfAConcurrentRequestIsNotTakenForConductor(t *testing
 // with nothing put down to Conductor. An action then taken in Conductor
 // is recorded once the difference has lasted the follower's grace.
 func TestFollower_StaleCallOfAnotherReplicasRequestIsNotTakenForConductor(t *testing.T) {
-	cases := []staleCallCase{{
-		name:   "a resume lands after a later pause",
-		before: []func(context.Context, *drain.Controller, string) error{pauseRun},
-		stale:  resumeRun, staleCall: "resume",
-		between:    []func(context.Context, *drain.Controller, string) error{pauseRun},
-		settleCall: "pause", window: drain.EngineRunning, want: drain.EnginePaused,
-	}, {
-		name:   "a pause lands after a later resume, pause and resume",
-		before: []func(context.Context, *drain.Controller, string) error{pauseRun, resumeRun},
-		stale:  pauseRun, staleCall: "pause",
-		between:    []func(context.Context, *drain.Controller, string) error{resumeRun, pauseRun, resumeRun},
-		settleCall: "resume", window: drain.EnginePaused, want: drain.EngineRunning,
-	}, {
-		name:   "a bulk pause lands after a later resume, pause and resume",
-		before: []func(context.Context, *drain.Controller, string) error{pauseRun, resumeRun},
-		stale:  pauseMany, staleCall: "pause",
-		between:    []func(context.Context, *drain.Controller, string) error{resumeRun, pauseRun, resumeRun},
-		settleCall: "resume", window: drain.EnginePaused, want: drain.EngineRunning,
-	}}
-	for _, tc := range cases {
+	for _, tc := range staleCallCases {
 		t.Run(tc.name, func(t *testing.T) { staleCall(t, tc, true) })
 	}
 }
