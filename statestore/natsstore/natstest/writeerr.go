@@ -1,0 +1,81 @@
+package natstest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// WriteErrLimit is the RLIMIT_FSIZE of a write-error child (WriteErrChild):
+// no file it writes may grow past it, so a stream's message block fails its
+// write with EFBIG (Go ignores SIGXFSZ), as a full disk fails it with
+// ENOSPC.
+const WriteErrLimit = 256 << 10
+
+// RunWriteErrChild re-executes the test binary to run only the test child,
+// with env set to a new data directory: the child calls WriteErrChild. It
+// skips tb when the child skipped, fails it unless the child passed, and
+// returns the child's output.
+func RunWriteErrChild(tb testing.TB, child, env string) string {
+	tb.Helper()
+	if os.Getenv(env) != "" {
+		tb.Skip("the child's own run")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^"+child+"$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), env+"="+filepath.Join(tb.TempDir(), "nats"))
+	out, err := cmd.CombinedOutput()
+	if bytes.Contains(out, []byte("--- SKIP: "+child)) {
+		tb.Skip("the child skipped: " + string(out))
+	}
+	if err != nil || !bytes.Contains(out, []byte("--- PASS: "+child)) {
+		tb.Fatalf("child: %v\n%s", err, out)
+	}
+	return string(out)
+}
+
+// WriteErrChild is the child's side of RunWriteErrChild: it skips tb
+// unless the test binary runs as that child, limits the size of every
+// file the process writes to WriteErrLimit, and returns the data
+// directory to start the embedded server in.
+func WriteErrChild(tb testing.TB, env string) string {
+	tb.Helper()
+	dir := os.Getenv(env)
+	if dir == "" {
+		tb.Skip("run by its parent test, as a child process")
+	}
+	lim := syscall.Rlimit{Cur: WriteErrLimit, Max: WriteErrLimit}
+	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
+		tb.Fatal(err)
+	}
+	return dir
+}
+
+// FillUntilWriteError puts values into kv until the server's log (logs,
+// the embedded server's logger's) says a file store failed a write, and
+// returns that line. The server does not answer a write its file store
+// failed: each put waits at most 10 s.
+func FillUntilWriteError(tb testing.TB, kv jetstream.KeyValue, logs *observer.ObservedLogs) string {
+	tb.Helper()
+	critical := func() bool { return logs.FilterMessageSnippet("Critical write error").Len() > 0 }
+	val := bytes.Repeat([]byte("x"), 4096)
+	for i := 0; i < 4*WriteErrLimit/len(val) && !critical(); i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, _ = kv.Put(ctx, fmt.Sprintf("filler-%d", i%5), val)
+		cancel()
+	}
+	for end := time.Now().Add(2 * time.Minute); !critical(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			tb.Fatalf("the server logged no critical write error past %d bytes", 4*WriteErrLimit)
+		}
+	}
+	return logs.FilterMessageSnippet("Critical write error").All()[0].Message
+}
