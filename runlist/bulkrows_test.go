@@ -52,11 +52,23 @@ func (t *heldTail) Next(ctx context.Context, limit int) ([]statestore.RunEventRe
 	if t.h.held {
 		return nil, t.at, nil
 	}
-	recs, next, err := t.LogTail.Next(ctx, limit)
-	if err == nil {
-		t.at = next
+	// A read takes what the log holds, up to limit, as PostgreSQL's read
+	// of a committed batch does. The JetStream tail takes what its
+	// consumer has delivered so far, which on a loaded machine may be a
+	// part of what the stream holds; that cuts the follower's reads short
+	// by timing, not by what the log holds.
+	var recs []statestore.RunEventRecord
+	for len(recs) < limit {
+		got, next, err := t.LogTail.Next(ctx, limit-len(recs))
+		if err != nil {
+			return recs, t.at, err
+		}
+		if next == t.at {
+			break // nothing more in the log
+		}
+		recs, t.at = append(recs, got...), next
 	}
-	return recs, next, err
+	return recs, t.at, nil
 }
 
 // TestList_BulkPauseWritesOneRowPerRun: a bulk pause of n running runs
