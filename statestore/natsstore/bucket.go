@@ -12,7 +12,10 @@ import (
 // when it exists: the sidecar's NATS user may not update buckets
 // (docs/jetstream.md), so a bucket an administrator configured otherwise
 // (more replicas, say) is kept as it is. The bucket it returns refuses keys
-// longer than MaxKeyBytes (BoundKeys).
+// longer than MaxKeyBytes (BoundKeys), and on a connection to the embedded
+// server (Embedded.Connect) refuses every write with STORE_WRITE_REFUSED,
+// without a request, while the server reports a write error of the
+// bucket's stream (see Embedded.Check).
 func OpenBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	kv, err := js.CreateKeyValue(ctx, cfg)
 	if errors.Is(err, jetstream.ErrBucketExists) {
@@ -21,7 +24,8 @@ func OpenBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyVa
 	if err != nil {
 		return nil, err
 	}
-	return BoundKeys(kv), nil
+	b := boundedKV{KeyValue: kv, guard: guardOf(js.Conn(), "KV_"+kv.Bucket())}
+	return b, nil
 }
 
 // BoundKeys returns kv refusing, with ErrKeyTooLong and without a request,
@@ -33,10 +37,14 @@ func BoundKeys(kv jetstream.KeyValue) jetstream.KeyValue {
 	if b, ok := kv.(boundedKV); ok {
 		return b
 	}
-	return boundedKV{kv}
+	return boundedKV{KeyValue: kv}
 }
 
-type boundedKV struct{ jetstream.KeyValue }
+type boundedKV struct {
+	jetstream.KeyValue
+	// guard fails writes fast while the bucket's stream refuses them.
+	guard writeGuard
+}
 
 func checkKeys(keys ...string) error {
 	for _, k := range keys {
@@ -65,42 +73,64 @@ func (b boundedKV) Put(ctx context.Context, key string, value []byte) (uint64, e
 	if err := checkKeys(key); err != nil {
 		return 0, err
 	}
-	return b.KeyValue.Put(ctx, key, value)
+	if err := b.guard.before(); err != nil {
+		return 0, err
+	}
+	rev, err := b.KeyValue.Put(ctx, key, value)
+	return rev, b.guard.after(err)
 }
 
 func (b boundedKV) PutString(ctx context.Context, key string, value string) (uint64, error) {
 	if err := checkKeys(key); err != nil {
 		return 0, err
 	}
-	return b.KeyValue.PutString(ctx, key, value)
+	if err := b.guard.before(); err != nil {
+		return 0, err
+	}
+	rev, err := b.KeyValue.PutString(ctx, key, value)
+	return rev, b.guard.after(err)
 }
 
 func (b boundedKV) Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error) {
 	if err := checkKeys(key); err != nil {
 		return 0, err
 	}
-	return b.KeyValue.Create(ctx, key, value, opts...)
+	if err := b.guard.before(); err != nil {
+		return 0, err
+	}
+	rev, err := b.KeyValue.Create(ctx, key, value, opts...)
+	return rev, b.guard.after(err)
 }
 
 func (b boundedKV) Update(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
 	if err := checkKeys(key); err != nil {
 		return 0, err
 	}
-	return b.KeyValue.Update(ctx, key, value, revision)
+	if err := b.guard.before(); err != nil {
+		return 0, err
+	}
+	rev, err := b.KeyValue.Update(ctx, key, value, revision)
+	return rev, b.guard.after(err)
 }
 
 func (b boundedKV) Delete(ctx context.Context, key string, opts ...jetstream.KVDeleteOpt) error {
 	if err := checkKeys(key); err != nil {
 		return err
 	}
-	return b.KeyValue.Delete(ctx, key, opts...)
+	if err := b.guard.before(); err != nil {
+		return err
+	}
+	return b.guard.after(b.KeyValue.Delete(ctx, key, opts...))
 }
 
 func (b boundedKV) Purge(ctx context.Context, key string, opts ...jetstream.KVDeleteOpt) error {
 	if err := checkKeys(key); err != nil {
 		return err
 	}
-	return b.KeyValue.Purge(ctx, key, opts...)
+	if err := b.guard.before(); err != nil {
+		return err
+	}
+	return b.guard.after(b.KeyValue.Purge(ctx, key, opts...))
 }
 
 func (b boundedKV) Watch(ctx context.Context, keys string, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {

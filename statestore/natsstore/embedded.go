@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -123,7 +124,12 @@ type Embedded struct {
 	retentionPassword string
 	unlock            func() error
 	once              sync.Once
+	// refusals is what Check (or a write's recheck) last found: the
+	// streams that hold a write error, read by every write (writeGuard).
+	refusals atomic.Pointer[map[string]*WriteRefusedError]
 }
+
+var _ writeRefusals = (*Embedded)(nil)
 
 // StartEmbedded locks cfg.DataDir, starts a NATS server with JetStream in
 // this process and returns once it accepts connections. Every client,
@@ -236,7 +242,10 @@ func (e *Embedded) Shutdown() {
 // limit) refuses every later write, and the server keeps that error until
 // it restarts, even once space is freed: Check reports it from the
 // server's own health report (its stream write errors), which reads no
-// message and writes nothing.
+// message and writes nothing, as a *WriteRefusedError. Check also keeps
+// what it found for the store's writes on this server's connections
+// (Connect): a write to such a stream then fails at once with
+// STORE_WRITE_REFUSED instead of waiting out its timeout.
 func (e *Embedded) Check() error {
 	if !e.Server.JetStreamEnabled() {
 		return errors.New("jetstream is disabled on the embedded server (see its log: a failed write disables it)")
@@ -247,22 +256,66 @@ func (e *Embedded) Check() error {
 	return CheckFreeSpace(e.dir, e.minFree)
 }
 
-// checkWriteErrors reports the first stream the server's health report
-// names with a write error.
+// checkWriteErrors asks the server which streams hold a write error,
+// keeps the answer for the store's writes (writeGuard) and reports the
+// first such stream of the server's health report.
 func (e *Embedded) checkWriteErrors() error {
-	h := e.Server.Healthz(&server.HealthzOptions{Details: true})
-	for _, he := range h.Errors {
-		if he.Type != server.HealthzErrorStream || !strings.Contains(he.Error, "write error") {
-			continue
-		}
-		return fmt.Errorf("stream %s refuses every write: %s; free space on %s (or raise the file size limit), then restart serve: the embedded server keeps a stream's write error until it restarts", he.Stream, he.Error, e.dir)
+	if r := e.findRefusals(""); r != nil {
+		return r
 	}
 	return nil
 }
 
+// findRefusals reads the server's health report, keeps every stream it
+// names with a write error, and returns stream's (any stream's, for "":
+// the first named) as a copy, or nil.
+func (e *Embedded) findRefusals(stream string) *WriteRefusedError {
+	h := e.Server.Healthz(&server.HealthzOptions{Details: true})
+	found := map[string]*WriteRefusedError{}
+	var first *WriteRefusedError
+	for _, he := range h.Errors {
+		if he.Type != server.HealthzErrorStream || !strings.Contains(he.Error, "write error") {
+			continue
+		}
+		r := &WriteRefusedError{Stream: he.Stream, Cause: he.Error, DataDir: e.dir}
+		found[he.Stream] = r
+		if first == nil {
+			first = r
+		}
+	}
+	e.refusals.Store(&found)
+	if stream != "" {
+		first = found[stream]
+	}
+	if first == nil {
+		return nil
+	}
+	c := *first
+	return &c
+}
+
+// refused implements writeRefusals: what Check last found about stream.
+func (e *Embedded) refused(stream string) *WriteRefusedError {
+	m := e.refusals.Load()
+	if m == nil {
+		return nil
+	}
+	r := (*m)[stream]
+	if r == nil {
+		return nil
+	}
+	c := *r
+	return &c
+}
+
+// recheck implements writeRefusals: ask the server now.
+func (e *Embedded) recheck(stream string) *WriteRefusedError { return e.findRefusals(stream) }
+
 // Connect connects to the server in-process, as SidecarUser.
 func (e *Embedded) Connect(opts ...nats.Option) (*nats.Conn, error) {
-	opts = append([]nats.Option{nats.Name("sidecar"), nats.InProcessServer(e.Server), nats.UserInfo(SidecarUser, e.password)}, opts...)
+	// e itself is the in-process provider: the store's writes on the
+	// connection find the server's write errors through it (guardOf).
+	opts = append([]nats.Option{nats.Name("sidecar"), nats.InProcessServer(e), nats.UserInfo(SidecarUser, e.password)}, opts...)
 	nc, err := nats.Connect("", opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to embedded nats: %w", err)
@@ -273,7 +326,7 @@ func (e *Embedded) Connect(opts ...nats.Option) (*nats.Conn, error) {
 // ConnectRetention connects to the server in-process as RetentionUser,
 // for retention's Remover and nothing else.
 func (e *Embedded) ConnectRetention(opts ...nats.Option) (*nats.Conn, error) {
-	opts = append([]nats.Option{nats.Name("sidecar retention"), nats.InProcessServer(e.Server), nats.UserInfo(RetentionUser, e.retentionPassword)}, opts...)
+	opts = append([]nats.Option{nats.Name("sidecar retention"), nats.InProcessServer(e), nats.UserInfo(RetentionUser, e.retentionPassword)}, opts...)
 	nc, err := nats.Connect("", opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to embedded nats as %s: %w", RetentionUser, err)

@@ -174,6 +174,7 @@ type Store struct {
 	purgeable bool       // the stream allows retention's purges
 	mark      *watermark // highest sequence seen stored
 	streams   []string   // the stream and the streams of its buckets (Streams)
+	guard     writeGuard // fails appends fast while the stream refuses writes
 }
 
 // Open creates the event stream, or binds to it when it exists (it never
@@ -268,6 +269,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 		stamps:    st,
 		metrics:   opts.Metrics,
 		streams:   []string{opts.Stream, "KV_" + opts.StateBucket},
+		guard:     guardOf(js.Conn(), opts.Stream),
 	}
 	if s.timeout <= 0 {
 		s.timeout = 5 * time.Second
@@ -331,7 +333,9 @@ func (s *Store) Stream() string { return s.name }
 // 10077, no sequence used); Append then reads the stored record and returns
 // its metadata. If the result is unknown (timeout, lost connection), the
 // error matches statestore.ErrUnavailable and the same event can be
-// appended again.
+// appended again. While the embedded server reports a write error of the
+// stream (Embedded.Check), Append fails at once, without a request, with
+// an error matching both statestore.ErrUnavailable and ErrWriteRefused.
 func (s *Store) Append(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error) {
 	began := time.Now()
 	res, err := s.append(ctx, w, -1)
@@ -363,6 +367,9 @@ func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite, lastSeq
 		return statestore.AppendResult{}, err
 	}
 	if err := ctx.Err(); err != nil {
+		return statestore.AppendResult{}, unavailable("append", err)
+	}
+	if err := s.guard.before(); err != nil {
 		return statestore.AppendResult{}, unavailable("append", err)
 	}
 	body, err := statestore.EncodeWrite(w)
@@ -406,7 +413,7 @@ func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite, lastSeq
 			}
 			return statestore.AppendResult{}, unavailable("append (no response from the stream; it exists)", err)
 		}
-		return statestore.AppendResult{}, unavailable("append", err)
+		return statestore.AppendResult{}, unavailable("append", s.guard.after(err))
 	}
 	if ack.Stream != s.name {
 		return statestore.AppendResult{}, fmt.Errorf("append: stored by stream %q, want %q", ack.Stream, s.name)

@@ -60,22 +60,35 @@ func WriteErrChild(tb testing.TB, env string) string {
 }
 
 // FillUntilWriteError puts values into kv until the server's log (logs,
-// the embedded server's logger's) says a file store failed a write, and
-// returns that line. The server does not answer a write its file store
-// failed: each put waits at most 10 s.
+// the embedded server's logger's) says the file store of kv's stream
+// failed a write, and returns that line. The server does not answer a
+// write its file store failed: each put waits at most 10 s.
 func FillUntilWriteError(tb testing.TB, kv jetstream.KeyValue, logs *observer.ObservedLogs) string {
 	tb.Helper()
-	critical := func() bool { return logs.FilterMessageSnippet("Critical write error").Len() > 0 }
+	return FillStreamUntilWriteError(tb, "KV_"+kv.Bucket(), logs, func(ctx context.Context, i int, val []byte) {
+		_, _ = kv.Put(ctx, fmt.Sprintf("filler-%d", i%5), val)
+	})
+}
+
+// FillStreamUntilWriteError calls put with values of 4 KiB (i counting
+// the calls) until the server's log (logs) says the file store of stream
+// failed a write, and returns that line. Each put gets a context that
+// ends after 10 s: the server does not answer a write its file store
+// failed.
+func FillStreamUntilWriteError(tb testing.TB, stream string, logs *observer.ObservedLogs, put func(ctx context.Context, i int, val []byte)) string {
+	tb.Helper()
+	line := "Filestore [" + stream + "] Critical write error"
+	critical := func() bool { return logs.FilterMessageSnippet(line).Len() > 0 }
 	val := bytes.Repeat([]byte("x"), 4096)
 	for i := 0; i < 4*WriteErrLimit/len(val) && !critical(); i++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, _ = kv.Put(ctx, fmt.Sprintf("filler-%d", i%5), val)
+		put(ctx, i, val)
 		cancel()
 	}
 	for end := time.Now().Add(2 * time.Minute); !critical(); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(end) {
-			tb.Fatalf("the server logged no critical write error past %d bytes", 4*WriteErrLimit)
+			tb.Fatalf("the server logged no critical write error of stream %s past %d bytes", stream, 4*WriteErrLimit)
 		}
 	}
-	return logs.FilterMessageSnippet("Critical write error").All()[0].Message
+	return logs.FilterMessageSnippet(line).All()[0].Message
 }
