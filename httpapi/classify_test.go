@@ -16,6 +16,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/pgstore"
 )
 
@@ -25,6 +26,7 @@ func TestServer_Classify(t *testing.T) {
 	wrap := func(err error) error { return fmt.Errorf("handler: %w", err) }
 	problems := &plan.ValidationError{Code: plan.CodePlanInvalid, Problems: []plan.Problem{{Code: plan.CodeNoSteps, Message: "no steps"}}}
 	inProgress := &adapter.Error{Code: adapter.CodeRunStartInProgress, Op: "start", RetryAt: time.Now().Add(time.Hour)}
+	refused := &natsstore.WriteRefusedError{Stream: "KV_SIDECAR_RUNS", Cause: "write error: file too large", DataDir: "/var/lib/sidecar", Err: context.DeadlineExceeded}
 	type want struct {
 		status  int
 		code    string
@@ -70,6 +72,10 @@ func TestServer_Classify(t *testing.T) {
 		{"ListContinue", &runlist.Error{Code: runlist.CodeContinueInvalid, Message: "bad token"}, want{http.StatusBadRequest, runlist.CodeContinueInvalid, "bad token", "continue", false}},
 		{"ListUnavailable", fmt.Errorf("%w: read cursor: %w", runlist.ErrUnavailable, errors.New("timeout")), want{http.StatusServiceUnavailable, statestore.CodeStoreUnavailable, "", "", false}},
 		{"RegistryUnavailable", fmt.Errorf("%w: get key k: %w", registry.ErrUnavailable, errors.New("timeout")), want{http.StatusServiceUnavailable, statestore.CodeStoreUnavailable, "", "", false}},
+		{"WriteRefusedUnderRegistry", wrap(&adapter.Error{Code: adapter.CodeRunRegistryUnavailable, Op: "record run request", Err: refused}),
+			want{http.StatusServiceUnavailable, natsstore.CodeWriteRefused, refused.Message(), "", false}},
+		{"WriteRefusedUnderStore", &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: "append: " + refused.Error(), Err: refused},
+			want{http.StatusServiceUnavailable, natsstore.CodeWriteRefused, refused.Message(), "", false}},
 		{"Deadline", fmt.Errorf("wait: %w", context.DeadlineExceeded), want{http.StatusServiceUnavailable, CodeUnavailable, "", "", false}},
 		{"Uncoded", errors.New("boom"), want{http.StatusInternalServerError, CodeInternal, "", "", false}},
 	} {

@@ -8,6 +8,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/errcode"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 )
 
 // Machine codes of the API's own errors. The codes of other packages'
@@ -98,4 +99,17 @@ func kindOfStatus(status int) errcode.Kind {
 		}
 	}
 	return errcode.Internal
+}
+
+// writeRefused answers an error with a stream that refuses every write
+// (STORE_WRITE_REFUSED, 503) in its tree, whatever wrapped it
+// (RUN_REGISTRY_UNAVAILABLE, STORE_UNAVAILABLE): its message names the
+// stream and the fix, which retrying does not bring. Nil for any other
+// error.
+func writeRefused(err error) *apiError {
+	var r *natsstore.WriteRefusedError
+	if !errors.As(err, &r) {
+		return nil
+	}
+	return &apiError{status: statusOf[r.ErrorKind()], Code: r.ErrorCode(), Message: r.Message()}
 }

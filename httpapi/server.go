@@ -535,8 +535,12 @@ func (s *Server) writeErr(w http.ResponseWriter, route string, err error) {
 // status from statusOf, the code and message from the error, and the
 // details its type carries (a field, a plan's problems, when to retry). An
 // error without a kind is a fault of the sidecar (INTERNAL), unless a
-// deadline passed first: then the call waited on Conductor.
+// deadline passed first: then the call waited on Conductor. A stream that
+// refuses every write outranks whatever wrapped its error (writeRefused).
 func (s *Server) classify(err error) *apiError {
+	if ae := writeRefused(err); ae != nil {
+		return ae
+	}
 	c, ok := errcode.Of(err)
 	status, known := 0, false
 	if ok {
