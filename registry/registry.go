@@ -129,7 +129,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Registry,
 		return nil, fmt.Errorf("registry: open bucket %s: %w", opts.Bucket, err)
 	}
 	log := opts.Logger.Named("registry")
-	r := &Registry{entries: &kvEntries{kv: natsstore.BoundKeys(kv), log: log}, log: log, metrics: opts.Metrics, streams: []string{stream}}
+	r := &Registry{entries: &kvEntries{kv: natsstore.BoundKeys(js, kv), log: log}, log: log, metrics: opts.Metrics, streams: []string{stream}}
 	r.log.Debug("opened", zap.String("bucket", opts.Bucket), zap.Int("replicas", opts.Replicas),
 		zap.Duration("ttl", opts.TTL), zap.Stringer("persistMode", mode))
 	return r, nil

@@ -28,16 +28,17 @@ func OpenBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyVa
 	return b, nil
 }
 
-// BoundKeys returns kv refusing, with ErrKeyTooLong and without a request,
-// every key (or watched key pattern) longer than MaxKeyBytes. A key is
-// part of the subject of every request about it; one longer than the
-// server's control line makes the server close the connection, which cuts
-// the whole process off its store.
-func BoundKeys(kv jetstream.KeyValue) jetstream.KeyValue {
+// BoundKeys returns kv, opened through js, refusing, with ErrKeyTooLong
+// and without a request, every key (or watched key pattern) longer than
+// MaxKeyBytes. A key is part of the subject of every request about it;
+// one longer than the server's control line makes the server close the
+// connection, which cuts the whole process off its store. On a connection
+// to the embedded server its writes fail fast as OpenBucket's do.
+func BoundKeys(js jetstream.JetStream, kv jetstream.KeyValue) jetstream.KeyValue {
 	if b, ok := kv.(boundedKV); ok {
 		return b
 	}
-	return boundedKV{KeyValue: kv}
+	return boundedKV{KeyValue: kv, guard: guardOf(js.Conn(), "KV_"+kv.Bucket())}
 }
 
 type boundedKV struct {
