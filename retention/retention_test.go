@@ -80,7 +80,9 @@ func eachBackend(t *testing.T, test func(t *testing.T, b *backend)) {
 // envNATSDir is the data dir of the JetStream backend's embedded server.
 const envNATSDir = "RETENTION_NATS_DIR"
 
-// jetStream is a removable JetStream log on an embedded server.
+// jetStream is a removable JetStream log on an embedded server, with
+// durable snapshots in DefaultSnapshotBucket, whose run keys the remover
+// purges with the run (as serve has them).
 var jetStream = &backend{
 	name: "JetStream",
 	create: func(t *testing.T) map[string]string {
@@ -89,7 +91,7 @@ var jetStream = &backend{
 	},
 	open: func(t *testing.T, get func(string) string) *hot {
 		js, srv := natstest.StartIn(t, get(envNATSDir), natsstore.EmbeddedConfig{Logger: zaptest.NewLogger(t)})
-		s, err := natsstore.Open(context.Background(), js, natsstore.Options{Removable: true, Logger: zaptest.NewLogger(t)})
+		s, err := natsstore.Open(context.Background(), js, natsstore.Options{Removable: true, SnapshotBucket: natsstore.DefaultSnapshotBucket, Logger: zaptest.NewLogger(t)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -107,7 +109,8 @@ var jetStream = &backend{
 				if err != nil {
 					t.Fatal(err)
 				}
-				r, err := natsstore.OpenRemover(context.Background(), js, natsstore.RemoverOptions{Logger: zaptest.NewLogger(t)})
+				r, err := natsstore.OpenRemover(context.Background(), js, natsstore.RemoverOptions{Logger: zaptest.NewLogger(t),
+					RunKeys: []natsstore.RunKeys{{Bucket: natsstore.DefaultSnapshotBucket, Keys: natsstore.RunKey}}})
 				if err != nil {
 					t.Fatal(err)
 				}
