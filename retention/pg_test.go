@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap/zaptest"
 
@@ -70,6 +71,18 @@ var postgres = &backend{
 			}}
 	},
 	grace: holeGrace,
+	// A row's xmin is the transaction that wrote it last: every save of
+	// the snapshot changes it.
+	snapshots: func(ctx context.Context, h *hot) (map[string]string, error) {
+		rows, err := h.store.(*pgstore.Store).Pool().Query(ctx, "SELECT run_id, xmin::text FROM run_snapshots")
+		if err != nil {
+			return nil, err
+		}
+		out := map[string]string{}
+		var id, rev string
+		_, err = pgx.ForEachRow(rows, []any{&id, &rev}, func() error { out[id] = rev; return nil })
+		return out, err
+	},
 	// A saved snapshot and an event id for each finished run: both leave
 	// with the run.
 	seed: func(t *testing.T, h *hot) {

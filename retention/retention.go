@@ -25,9 +25,10 @@
 // only the window, so this reads what is open or recent). A run whose
 // terminal event (RunCompleted, RunFailed, RunCancelled) it saw waits in a
 // queue ordered by due time: its last record's persistedAt plus its
-// tenant's retention period. When due, it is removed only if its snapshot
-// is terminal and no record arrived since; otherwise it waits again from
-// its newest record.
+// tenant's retention period. When due, it is removed only if its records,
+// reduced, end it (a terminal status) and no record arrived since;
+// otherwise it waits again from its newest record. That read goes around
+// the store's projector: archiving a run saves no snapshot of it.
 package retention
 
 import (
@@ -47,14 +48,14 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
-// Log is what retention reads of the run event log.
+// Log is what retention reads of the run event log. It reads a due run's
+// records and no snapshot: whether the run ended is decided from the
+// records it leaves with (statestore.Reduce), not through the store's
+// projector, whose read would save the finished run's snapshot only for
+// the removal to purge it moments later.
 type Log interface {
 	statestore.Follower
 	Fetch(ctx context.Context, runID string, afterSeq int64, limit int) ([]statestore.RunEventRecord, error)
-	// ProjectSnapshot projects the run from its records as they are now
-	// (a store's GetSnapshot may answer a snapshot it cached before the
-	// run ended).
-	ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error)
 }
 
 // Archive is where runs go before they leave (an *archive.Archive).
@@ -352,24 +353,17 @@ func (r *Retention) due(ctx context.Context) ([]candidate, error) {
 		}
 		it := heap.Pop(&r.queue).(*item)
 		delete(r.byRun, it.runID)
-		snap, err := r.log.ProjectSnapshot(ctx, it.runID)
-		if errors.Is(err, statestore.ErrNotFound) {
-			continue // gone already
-		}
-		if err != nil {
-			r.push(it.runID, it.tenant, it.due)
-			return out, err
-		}
-		if !statestore.IsTerminalRunStatus(snap.Status) {
-			continue // a later terminal event queues it again
-		}
 		recs, err := r.log.Fetch(ctx, it.runID, 0, 0)
 		if err != nil {
 			r.push(it.runID, it.tenant, it.due)
 			return out, err
 		}
 		if len(recs) == 0 {
-			continue
+			continue // gone already
+		}
+		// Ended, as its records say (see Log): the read saves no snapshot.
+		if snap, _ := statestore.Reduce(nil, recs); snap == nil || !statestore.IsTerminalRunStatus(snap.Status) {
+			continue // a later terminal event queues it again
 		}
 		last := recs[len(recs)-1]
 		if at, err := time.Parse(time.RFC3339Nano, last.PersistedAt); err == nil {

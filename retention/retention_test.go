@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -29,6 +30,9 @@ type hotLog interface {
 	retention.Log
 	checkedLog
 	Append(ctx context.Context, w *statestore.RunEventWrite) (statestore.AppendResult, error)
+	// ProjectSnapshot is the ordinary read of a run (the API's, the
+	// workers'), which retention does not use.
+	ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error)
 }
 
 // backend is one kind of log the retention suite runs on: every case of
@@ -51,6 +55,10 @@ type backend struct {
 	// besides its records, and removed checks that it left and that the
 	// role serving the log still cannot remove a record.
 	seed, removed func(t *testing.T, h *hot)
+	// snapshots returns the run snapshots the log keeps saved (the
+	// projector's durable ones): a revision by runId, which every save
+	// of the run's snapshot changes.
+	snapshots func(ctx context.Context, h *hot) (map[string]string, error)
 }
 
 // envArchiveDir is where every backend's hot keeps its archive directory.
@@ -116,6 +124,29 @@ var jetStream = &backend{
 				}
 				return r
 			}}
+	},
+	snapshots: func(ctx context.Context, h *hot) (map[string]string, error) {
+		kv, err := h.js.KeyValue(ctx, natsstore.DefaultSnapshotBucket)
+		if err != nil {
+			return nil, err
+		}
+		keys, err := kv.ListKeys(ctx)
+		if err != nil {
+			return nil, err
+		}
+		out := map[string]string{}
+		for k := range keys.Keys() {
+			e, err := kv.Get(ctx, k)
+			if err != nil {
+				return nil, fmt.Errorf("snapshot key %s: %w", k, err)
+			}
+			id, err := natsstore.ParseRunToken(k)
+			if err != nil {
+				return nil, err
+			}
+			out[id] = strconv.FormatUint(e.Revision(), 10)
+		}
+		return out, nil
 	},
 }
 
