@@ -44,3 +44,40 @@ func TestRetention_RunReadWhileItRan(t *testing.T) {
 	}
 	h.requireSafe(true)
 }
+
+// TestRetention_RunNotEndedByItsRecordsStays: a run queued on a terminal
+// event that did not end it (cancel wins: RunCompleted after
+// RunCancelRequested leaves the run to its RunCancelled) is not removed
+// when due; its RunCancelled queues it again, and then it leaves.
+func TestRetention_RunNotEndedByItsRecordsStays(t *testing.T) {
+	ctx := context.Background()
+	h := newHot(t, 0, 0, nil)
+	const id = "cancel-wins"
+	appendAs := func(w *statestore.RunEventWrite) {
+		t.Helper()
+		w.TenantID = "tenant_acme"
+		if _, err := h.store.Append(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	appendAs(storetest.Event(id, statestore.RunStarted, ""))
+	appendAs(storetest.Event(id, statestore.RunCancelRequested, ""))
+	appendAs(storetest.Event(id, statestore.RunCompleted, ""))
+	r := h.retention(h.archive(nil), h.remover(), retention.Options{})
+	if res, err := r.Pass(ctx); err != nil || res.Archived != 0 || res.Removed != 0 {
+		t.Fatalf("pass before RunCancelled: %+v %v, want nothing archived or removed", res, err)
+	}
+	if recs, err := h.store.Fetch(ctx, id, 0, 0); err != nil || len(recs) != 3 {
+		t.Fatalf("run %s has %d records (%v) before its RunCancelled, want all 3", id, len(recs), err)
+	}
+	appendAs(storetest.Event(id, statestore.RunCancelled, ""))
+	recs, err := h.store.Fetch(ctx, id, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.finished[id] = recs
+	if res, err := r.Pass(ctx); err != nil || res.Archived != 1 || res.Removed != 1 {
+		t.Fatalf("pass after RunCancelled: %+v %v, want the run archived and removed", res, err)
+	}
+	h.requireSafe(true)
+}
