@@ -4,7 +4,9 @@
 # retention due at once (--retain-finished 1s, a file:// archive, Conductor's
 # copy kept), then print every 10 s the runs removed and the rate since the
 # last sample, whether the run list has read the whole log, and at the end
-# the time to remove every run and serve's CPU seconds per run removed.
+# the time to remove every run, the snapshots serve saved (each one a synced
+# write to SIDECAR_SNAPSHOTS that the removal purges) and serve's CPU
+# seconds per run removed.
 # Needs a Conductor for serve to start (SIDECAR_CONDUCTOR_URL, default
 # http://127.0.0.1:8080/api); nothing is sent to it. SIDECAR_BIN picks the
 # binary, PORT the API's port (the next one is pprof), LIMIT_S the longest
@@ -40,6 +42,8 @@ while :; do
   prev=$removed tprev=$now
   if [ "$removed" -ge "$runs" ] || [ "$(echo "$now-$t0 > ${LIMIT_S:-1800}" | bc)" = 1 ]; then break; fi
 done
+saved=$(curl -s "$url/metrics" | awk '/^sidecar_projector_durable_snapshots_total\{outcome="saved"\} /{printf "%d", $2}')
+echo "$(basename "$bin"): snapshots saved ${saved:-?} ($(printf '%.2f' "$(echo "${saved:-0}/($removed+0.0001)" | bc -l)") a run removed)"
 read -r ut st < <(awk '{print $14, $15}' /proc/$pid/stat)
 cpu=$(echo "($ut+$st)/$(getconf CLK_TCK)" | bc -l)
 echo "$(basename "$bin"): $removed of $runs removed in $(printf '%.0f' "$(echo "$(date +%s.%N)-$t0" | bc)") s; serve CPU $(printf '%.1f' "$cpu") s, $(printf '%.2f' "$(echo "$cpu*1000/($removed+0.0001)" | bc -l)") ms a run removed"
