@@ -16,7 +16,8 @@ import (
 // it archives saves no snapshot. Up to the moment a run leaves (its
 // Forgetters run after retention read it and before its records are
 // removed), a finished run whose snapshot was never saved has none, and
-// one that an ordinary read saved keeps its revision; on JetStream the
+// one that an ordinary read saved keeps its revision, also when that
+// read was before the run's end; on JetStream the
 // snapshot bucket takes no write at all during the pass. Ordinary reads
 // still save as before: a finished run's snapshot at once, a live run's
 // on its first (cold) read once it is SaveEvery records long.
@@ -27,17 +28,24 @@ func TestRetention_ArchivingSavesNoSnapshot(t *testing.T) {
 func testArchivingSavesNoSnapshot(t *testing.T, b *backend) {
 	ctx := context.Background()
 	h := newHotOn(t, b, 4, 1, nil)
-	// A live run of 41 records: more than the projector's SaveEvery (32).
-	const live = "live-long"
-	events := []*statestore.RunEventWrite{storetest.Event(live, statestore.RunStarted, "")}
-	for i := range 20 {
-		step := fmt.Sprintf("s%d", i)
-		events = append(events, storetest.Event(live, statestore.StepStarted, step), storetest.Event(live, statestore.StepCompleted, step))
+	appendAll := func(events ...*statestore.RunEventWrite) {
+		t.Helper()
+		for _, w := range events {
+			w.TenantID = "tenant_acme"
+			if _, err := h.store.Append(ctx, w); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
-	for _, w := range events {
-		w.TenantID = "tenant_acme"
-		if _, err := h.store.Append(ctx, w); err != nil {
-			t.Fatal(err)
+	// Runs of 41 records: more than the projector's SaveEvery (32). The
+	// live one stays live; the other ends after its snapshot was saved,
+	// so the saved one is behind its end.
+	const live, behind = "live-long", "saved-behind"
+	for _, id := range []string{live, behind} {
+		appendAll(storetest.Event(id, statestore.RunStarted, ""))
+		for i := range 20 {
+			step := fmt.Sprintf("s%d", i)
+			appendAll(storetest.Event(id, statestore.StepStarted, step), storetest.Event(id, statestore.StepCompleted, step))
 		}
 	}
 	snapshots := func() map[string]string {
@@ -53,7 +61,7 @@ func testArchivingSavesNoSnapshot(t *testing.T, b *backend) {
 	}
 
 	// Ordinary reads, as the API, the watcher and the workers make them.
-	for _, id := range []string{"run-0", live} {
+	for _, id := range []string{"run-0", live, behind} {
 		if _, err := h.store.ProjectSnapshot(ctx, id); err != nil {
 			t.Fatal(err)
 		}
@@ -62,9 +70,17 @@ func testArchivingSavesNoSnapshot(t *testing.T, b *backend) {
 	if _, ok := read["run-0"]; !ok {
 		t.Fatalf("an ordinary read of finished run run-0 saved no snapshot: %v", read)
 	}
-	if _, ok := read[live]; !ok {
-		t.Fatalf("an ordinary cold read of live run %s (41 records) saved no snapshot: %v", live, read)
+	for _, id := range []string{live, behind} {
+		if _, ok := read[id]; !ok {
+			t.Fatalf("an ordinary cold read of live run %s (41 records) saved no snapshot: %v", id, read)
+		}
 	}
+	appendAll(storetest.Event(behind, statestore.RunCompleted, ""))
+	recs, err := h.store.Fetch(ctx, behind, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.finished[behind] = recs
 
 	// What the log keeps saved when each run is forgotten: after
 	// retention's read, before the run's records leave.
@@ -86,8 +102,8 @@ func testArchivingSavesNoSnapshot(t *testing.T, b *backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Archived != 4 || res.Removed != 4 {
-		t.Fatalf("pass: %+v, want the 4 finished runs archived and removed", res)
+	if res.Archived != 5 || res.Removed != 5 {
+		t.Fatalf("pass: %+v, want the 5 finished runs archived and removed", res)
 	}
 	for id := range h.finished {
 		s, ok := atForget[id]
