@@ -12,19 +12,30 @@ import (
 
 // WorkflowRemover removes a finished run's workflow from Conductor when
 // the run leaves the sidecar's hot state: a retention Forgetter. It reads
-// the workflowId from the run's snapshot (its RunStarted's engineRunRef),
+// the workflowId from the run's records (its RunStarted's engineRunRef),
 // so it must run while the run is still in the log, as Forgetters do
 // (before its records leave: a crash after the workflow's removal leaves
 // the run in the log, and the next pass removes it again, finding the
-// workflow gone).
+// workflow gone). It reduces the records itself rather than read the
+// run's snapshot: the store's projection would save the finished run's
+// snapshot only for the removal to purge it moments later.
 type WorkflowRemover struct {
 	client *Client
-	log    SnapshotReader
+	log    RecordReader
 	logger *zap.Logger
 }
 
+// RecordReader reads a run's records; statestore.Store satisfies it.
+type RecordReader interface {
+	Fetch(ctx context.Context, runID string, afterSeq int64, limit int) ([]statestore.RunEventRecord, error)
+}
+
+// workflowRefPage is how many records ForgetRun reads at a time until it
+// has the run's engineRunRef (its RunStarted, among the first records).
+const workflowRefPage = 16
+
 // NewWorkflowRemover returns the Forgetter over client and log.
-func NewWorkflowRemover(client *Client, log SnapshotReader, logger *zap.Logger) *WorkflowRemover {
+func NewWorkflowRemover(client *Client, log RecordReader, logger *zap.Logger) *WorkflowRemover {
 	if logger == nil {
 		logger = zap.NewNop()
 	}
@@ -37,14 +48,11 @@ func NewWorkflowRemover(client *Client, log SnapshotReader, logger *zap.Logger) 
 // down) are returned, and the run stays in hot state until a later pass
 // removes its workflow.
 func (w *WorkflowRemover) ForgetRun(ctx context.Context, runID string) error {
-	snap, err := w.log.ProjectSnapshot(ctx, runID)
-	if errors.Is(err, statestore.ErrNotFound) {
-		return nil
-	}
+	ref, err := w.engineRunRef(ctx, runID)
 	if err != nil {
 		return fmt.Errorf("read run %q for its workflow: %w", runID, err)
 	}
-	id := statestore.ConductorWorkflowID(snap.EngineRunRef)
+	id := statestore.ConductorWorkflowID(ref)
 	if id == "" {
 		return nil
 	}
@@ -57,4 +65,25 @@ func (w *WorkflowRemover) ForgetRun(ctx context.Context, runID string) error {
 	}
 	w.logger.Debug("removed the workflow from conductor", zap.String("runId", runID), zap.String("workflowId", id))
 	return nil
+}
+
+// engineRunRef reduces runID's records, a page at a time, until they give
+// its engineRunRef; "" when they have none (or the log has no record).
+func (w *WorkflowRemover) engineRunRef(ctx context.Context, runID string) (string, error) {
+	var snap *statestore.RunSnapshot
+	var after int64
+	for {
+		recs, err := w.log.Fetch(ctx, runID, after, workflowRefPage)
+		if err != nil {
+			return "", err
+		}
+		snap, _ = statestore.Reduce(snap, recs)
+		if snap != nil && snap.EngineRunRef != "" {
+			return snap.EngineRunRef, nil
+		}
+		if len(recs) < workflowRefPage {
+			return "", nil
+		}
+		after = recs[len(recs)-1].RunSeq
+	}
 }

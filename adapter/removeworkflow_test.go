@@ -12,6 +12,8 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/memstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
@@ -19,7 +21,9 @@ import (
 // workflow of a finished run whose RunStarted names it is gone from
 // Conductor after ForgetRun, and forgetting it again (Conductor answers
 // 404) is done; a run without a workflow and a run the log does not have
-// are done too. A workflow whose run is not forgotten stays.
+// are done too. A workflow whose run is not forgotten stays. The
+// RunStarted is found past the first page of records read (run-late:
+// 20 records of an extension type before it).
 func TestWorkflowRemover_ForgetRun(t *testing.T) {
 	u := conductortest.URL(t)
 	ctx := context.Background()
@@ -27,7 +31,13 @@ func TestWorkflowRemover_ForgetRun(t *testing.T) {
 	log := memstore.New(statestore.ProjectorOptions{})
 	_, _, gone := startTestWorkflow(t, c)
 	_, _, kept := startTestWorkflow(t, c)
-	for runID, wf := range map[string]string{"run-gone": gone, "run-kept": kept, "run-nowf": ""} {
+	_, _, late := startTestWorkflow(t, c)
+	for i := range 20 {
+		if _, err := log.Append(ctx, storetest.EventAt("run-late", "RunNoted", "", int64(i+1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for runID, wf := range map[string]string{"run-gone": gone, "run-kept": kept, "run-nowf": "", "run-late": late} {
 		started := storetest.Event(runID, statestore.RunStarted, "")
 		if wf != "" {
 			b, _ := json.Marshal(statestore.RunStartedPayload{EngineRunRef: statestore.ConductorRunRef("wf", wf), EngineType: "conductor",
@@ -40,19 +50,21 @@ func TestWorkflowRemover_ForgetRun(t *testing.T) {
 			}
 		}
 	}
-	for _, id := range []string{gone, kept} {
+	for _, id := range []string{gone, kept, late} {
 		if err := c.Terminate(ctx, id, "test"); err != nil {
 			t.Fatal(err)
 		}
 	}
 	f := NewWorkflowRemover(c, log, zaptest.NewLogger(t))
-	for _, run := range []string{"run-gone", "run-gone", "run-nowf", "run-unknown"} {
+	for _, run := range []string{"run-gone", "run-gone", "run-nowf", "run-unknown", "run-late"} {
 		if err := f.ForgetRun(ctx, run); err != nil {
 			t.Fatalf("forget %s: %v", run, err)
 		}
 	}
-	if _, err := c.Workflow(ctx, gone, false); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("the forgotten run's workflow: %v, want NOT_FOUND (removed from Conductor)", err)
+	for _, id := range []string{gone, late} {
+		if _, err := c.Workflow(ctx, id, false); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("the forgotten run's workflow %s: %v, want NOT_FOUND (removed from Conductor)", id, err)
+		}
 	}
 	if _, err := c.Workflow(ctx, kept, false); err != nil {
 		t.Fatalf("the other workflow: %v, want it kept", err)
@@ -61,4 +73,51 @@ func TestWorkflowRemover_ForgetRun(t *testing.T) {
 		t.Fatalf("remove an empty workflowId: %v, want INVALID_INPUT", err)
 	}
 	_ = c.RemoveWorkflow(ctx, kept)
+}
+
+// TestWorkflowRemover_SavesNoSnapshot: finding a finished run's workflow
+// saves no snapshot of the run (retention forgets the run moments before
+// its removal purges whatever was saved): on a JetStream log that keeps
+// durable snapshots, the run's workflow is gone from Conductor after
+// ForgetRun and the snapshot bucket took no write.
+func TestWorkflowRemover_SavesNoSnapshot(t *testing.T) {
+	u := conductortest.URL(t)
+	ctx := context.Background()
+	c := newClient(t, u, 5*time.Second)
+	js, _ := natstest.Start(t)
+	log, err := natsstore.Open(ctx, js, natsstore.Options{SnapshotBucket: natsstore.DefaultSnapshotBucket, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = log.Close() })
+	_, _, wf := startTestWorkflow(t, c)
+	if err := c.Terminate(ctx, wf, "test"); err != nil {
+		t.Fatal(err)
+	}
+	const runID = "run-removed"
+	started := storetest.Event(runID, statestore.RunStarted, "")
+	started.Payload, _ = json.Marshal(statestore.RunStartedPayload{EngineRunRef: statestore.ConductorRunRef("wf", wf), EngineType: "conductor",
+		StartedAt: time.Now().UTC().Format(time.RFC3339Nano)})
+	for _, w := range []*statestore.RunEventWrite{started, storetest.Event(runID, statestore.RunCancelled, "")} {
+		if _, err := log.Append(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := NewWorkflowRemover(c, log, zaptest.NewLogger(t)).ForgetRun(ctx, runID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Workflow(ctx, wf, false); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("the forgotten run's workflow: %v, want NOT_FOUND (removed from Conductor)", err)
+	}
+	st, err := js.Stream(ctx, "KV_"+natsstore.DefaultSnapshotBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := info.State.LastSeq; n != 0 {
+		t.Fatalf("the snapshot bucket took %d writes while the run's workflow was found and removed, want none", n)
+	}
 }
