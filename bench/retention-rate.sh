@@ -8,7 +8,9 @@
 # write to SIDECAR_SNAPSHOTS that the removal purges) and serve's CPU
 # seconds per run removed.
 # Needs a Conductor for serve to start (SIDECAR_CONDUCTOR_URL, default
-# http://127.0.0.1:8080/api); nothing is sent to it. SIDECAR_BIN picks the
+# http://127.0.0.1:8080/api); nothing is sent to it (RETAIN_CONDUCTOR=true
+# turns on the removal of a run's workflow, which finds none in a
+# generator's runs and calls nothing). SIDECAR_BIN picks the
 # binary, PORT the API's port (the next one is pprof), LIMIT_S the longest
 # wait (default 1800).
 set -euo pipefail
@@ -21,7 +23,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/retention-rate.XXXXXX")
 cp -a "$base" "$work/data"
 "$bin" serve --data-dir "$work/data" --listen 127.0.0.1:$port --pprof-listen 127.0.0.1:$((port+1)) \
   --conductor-url "${SIDECAR_CONDUCTOR_URL:-http://127.0.0.1:8080/api}" --task-domain "rate$port" \
-  --retain-finished 1s --archive "file://$work/archive" --retain-conductor=false >"$work/serve.log" 2>&1 &
+  --retain-finished 1s --archive "file://$work/archive" --retain-conductor="${RETAIN_CONDUCTOR:-false}" >"$work/serve.log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$work"' EXIT
 t0=$(date +%s.%N)
