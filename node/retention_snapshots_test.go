@@ -1,0 +1,73 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// TestNode_RetentionSavesNoSnapshot: serve's retention, with every
+// Forgetter it wires (Conductor's copy removed, the default), archives
+// and removes a finished run that nothing read after its end without
+// writing its snapshot: SIDECAR_SNAPSHOTS takes no write, where each
+// archived run used to cost one synced write that the removal purged.
+func TestNode_RetentionSavesNoSnapshot(t *testing.T) {
+	ctx := context.Background()
+	_, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "node-pw", RetentionPassword: "retention-pw", RetentionPermissions: retentionPermissions(), Permissions: natsstore.AllPermissions})
+	cfg := testConfig(t, srv.URL())
+	cfg.Retention = Retention{Finished: time.Millisecond, Interval: 50 * time.Millisecond, Archive: "file://" + filepath.Join(t.TempDir(), "archive"), Conductor: true,
+		NATSOptions: []nats.Option{nats.UserInfo(natsstore.RetentionUser, "retention-pw")}}
+	n := New(cfg, zaptest.NewLogger(t), prometheus.NewRegistry())
+	if err := n.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close(ctx) })
+	wf := startWorkflow(t, n.conductor)
+	const id = "node-archived"
+	started := storetest.Event(id, statestore.RunStarted, "")
+	started.Payload, _ = json.Marshal(statestore.RunStartedPayload{EngineRunRef: statestore.ConductorRunRef("wf", wf), EngineType: "conductor", StartedAt: time.Now().UTC().Format(time.RFC3339Nano)})
+	for _, w := range []*statestore.RunEventWrite{started, storetest.Event(id, statestore.RunCancelled, "")} {
+		if _, err := n.store.Append(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		recs, err := n.store.Fetch(ctx, id, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the finished run was not removed within 2 minutes")
+		}
+	}
+	if _, err := n.conductor.Workflow(ctx, wf, false); !errors.Is(err, adapter.ErrNotFound) {
+		t.Fatalf("the removed run's workflow in Conductor: %v, want NOT_FOUND", err)
+	}
+	st, err := n.js.Stream(ctx, "KV_"+natsstore.DefaultSnapshotBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := info.State.LastSeq; w != 0 {
+		t.Fatalf("SIDECAR_SNAPSHOTS took %d writes while the run was archived and removed, want none", w)
+	}
+}
