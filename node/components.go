@@ -265,7 +265,8 @@ func (n *Node) openWorkers(ctx context.Context) error {
 		tasks = adapter.DomainPoller{Client: n.conductor, Domain: n.cfg.TaskDomain}
 	}
 	wopts := taskworkers.Options{
-		WorkerID: n.cfg.WorkerID, Concurrency: concurrency, PollersPerType: n.cfg.PollersPerType, PollIntervalMax: n.cfg.PollIntervalMax, Running: n.running,
+		WorkerID: n.cfg.WorkerID, Concurrency: concurrency, PollersPerType: n.cfg.PollersPerType,
+		PollInterval: n.cfg.PollInterval, PollIntervalMax: n.cfg.PollIntervalMax, Running: n.running,
 		Guard:          runGuard{n.runs, n.adopter}.check,
 		Recover:        inFlight{n.runs, n.cfg.WorkerID}.tasks,
 		OnTaskDone:     taskDone{n.watcher, n.drain, n.adopter}.nudge,

@@ -98,9 +98,12 @@ type Config struct {
 	Concurrency map[string]int
 	// PollersPerType is the number of poll loops per task type.
 	PollersPerType int
-	// PollIntervalMax bounds an idle poll loop's backed-off pause
-	// (taskworkers.Options.PollIntervalMax; zero: its default, 1s).
-	PollIntervalMax time.Duration
+	// PollInterval is an idle poll loop's first pause, after one empty
+	// poll (taskworkers.Options.PollInterval; zero: its default, 100ms).
+	// PollIntervalMax bounds the pause, which doubles over consecutive
+	// empty polls (taskworkers.Options.PollIntervalMax; zero: its
+	// default, 1s).
+	PollInterval, PollIntervalMax time.Duration
 	// ValidateWrites rejects invalid transitions at append time.
 	ValidateWrites bool
 	// ConductorProxy, when set, is the bound listener of the task proxy:

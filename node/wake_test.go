@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/admission"
 	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
@@ -137,5 +140,131 @@ func TestNode_ResumeThroughTheAPIWakesIdleLoops(t *testing.T) {
 	})
 	if at := time.Since(quiet); at > 24*time.Second {
 		t.Fatalf("step b started %v after the loops' last wake: it waited for the backed-off pause, not the resume's wake", at.Round(time.Millisecond))
+	}
+}
+
+// idlePause is the poll loops' idle pause in the tests of wakes that come
+// from outside the workers: every empty poll is followed by this pause
+// (Config.PollInterval = PollIntervalMax), so a task that only the
+// pause's end would find waits about this long.
+const idlePause = time.Minute
+
+// wakeDeadline bounds how long after the loops last polled a woken step
+// may take to start: generous for a loaded machine, and far enough below
+// idlePause that a step which waited for the pause's end fails.
+const wakeDeadline = 45 * time.Second
+
+// openIdle opens a node whose poll loops (noop and sleep, one slot each)
+// pause idlePause after every empty poll, with adjust applied to its
+// config, and returns it with a client of its control API.
+func openIdle(t *testing.T, adjust func(*Config)) (*Node, *httpapi.Client) {
+	t.Helper()
+	_, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "node-wake-pw", Permissions: natsstore.AllPermissions})
+	cfg := testConfig(t, srv.URL())
+	cfg.PollInterval, cfg.PollIntervalMax = idlePause, idlePause
+	cfg.Concurrency = map[string]int{plan.ExecutorNoop: 1, plan.ExecutorSleep: 1}
+	if adjust != nil {
+		adjust(&cfg)
+	}
+	n := New(cfg, zaptest.NewLogger(t), prometheus.NewRegistry())
+	ctx := context.Background()
+	if err := n.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close(ctx) })
+	return n, httpapi.NewClient("http://" + cfg.API.Addr().String())
+}
+
+// startPlan starts (or submits) a run of one plan version of steps.
+func startPlan(t *testing.T, api *httpapi.Client, name string, steps ...plan.Step) *httpapi.Started {
+	t.Helper()
+	started, err := api.Start(context.Background(), httpapi.StartRequest{TenantID: "t", ProjectID: "p", EnvironmentID: "e", RunRequestID: uuid.NewString(),
+		Plan: &plan.Plan{PlanID: name + "-" + uuid.NewString()[:8], PlanVersion: "1", Steps: steps}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return started
+}
+
+// stepStatus is the status of runID's step stepID in the log ("" before
+// the run or the step is in it).
+func stepStatus(n *Node, runID, stepID string) string {
+	snap, err := n.store.ProjectSnapshot(context.Background(), runID)
+	if err != nil {
+		return ""
+	}
+	if st := snap.Step(stepID); st != nil {
+		return st.Status
+	}
+	return ""
+}
+
+// waitStep waits until runID's step stepID has a status in want, or fails
+// the test at deadline with why.
+func waitStep(t *testing.T, n *Node, runID, stepID string, deadline time.Time, why string, want ...string) {
+	t.Helper()
+	for {
+		if slices.Contains(want, stepStatus(n, runID, stepID)) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("step %s of run %s is %q at the deadline, want one of %q: %s", stepID, runID, stepStatus(n, runID, stepID), want, why)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// begun are the statuses of a step that started.
+var begun = []string{statestore.StepStatusRunning, statestore.StepStatusSuccess, statestore.StepStatusFailed}
+
+// TestNode_AdmissionReleaseWakesIdleLoops: a run that admission control
+// queued has its first step polled at once when the decider releases it
+// (capacity freed up), not when the idle loop's pause ends. The queued
+// run's noop step is of a type the first run's plan does not use, so the
+// first run's outcome wakes only the sleep loop; the queued submission's
+// own wake is the noop loop's last poll before the release.
+func TestNode_AdmissionReleaseWakesIdleLoops(t *testing.T) {
+	n, api := openIdle(t, func(cfg *Config) {
+		cfg.Admission = Admission{Limits: admission.Limits{Global: 1}, Policy: admission.Queue}
+	})
+	first := startPlan(t, api, "wake-admit-first", plan.Step{StepID: "a", Executor: plan.ExecutorSpec{Type: plan.ExecutorSleep, Seconds: 2}})
+	waitStep(t, n, first.RunID, "a", time.Now().Add(2*time.Minute), "the first run's step did not start", begun...)
+	submitted := time.Now()
+	queued := startPlan(t, api, "wake-admit-queued", plan.Step{StepID: "a", Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}})
+	if queued.Status != statestore.RunStatusQueued {
+		t.Fatalf("the second run under a global limit of 1: status %q, want %q", queued.Status, statestore.RunStatusQueued)
+	}
+	waitStep(t, n, queued.RunID, "a", submitted.Add(wakeDeadline),
+		fmt.Sprintf("released, it waited for the noop loop's %v idle pause, not the release's wake", idlePause), begun...)
+	if stepStatus(n, first.RunID, "a") != statestore.StepStatusSuccess {
+		t.Fatalf("the queued run started before the first run's step ended: %q", stepStatus(n, first.RunID, "a"))
+	}
+}
+
+// TestNode_ScheduledResumeWakesIdleLoops: a run paused with a scheduled
+// resume (resumeAt) has its next step polled at once when the drain
+// monitor resumes it, not when the idle loop's pause ends. Step a ends
+// while the run is paused; its outcome wakes the plan's loops, which find
+// nothing (Conductor schedules b only once the workflow is resumed).
+func TestNode_ScheduledResumeWakesIdleLoops(t *testing.T) {
+	n, api := openIdle(t, nil)
+	ctx := context.Background()
+	started := startPlan(t, api, "wake-schedule",
+		plan.Step{StepID: "a", Executor: plan.ExecutorSpec{Type: plan.ExecutorSleep, Seconds: 2}},
+		plan.Step{StepID: "b", DependsOn: []string{"a"}, Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}})
+	waitStep(t, n, started.RunID, "a", time.Now().Add(2*time.Minute), "step a did not start", begun...)
+	if _, err := api.PauseWith(ctx, started.RunID, httpapi.PauseOptions{TimeoutSeconds: 120, Reason: "test", ResumeAfter: 4 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	waitStep(t, n, started.RunID, "a", time.Now().Add(2*time.Minute), "step a did not end while paused", statestore.StepStatusSuccess)
+	ended := time.Now()
+	if snap, err := n.store.ProjectSnapshot(ctx, started.RunID); err != nil || snap.Status != statestore.RunStatusPaused {
+		t.Fatalf("the run when step a ended: %+v %v, want PAUSED", snap, err)
+	}
+	waitStep(t, n, started.RunID, "b", ended.Add(wakeDeadline),
+		fmt.Sprintf("after the scheduled resume it waited for the noop loop's %v idle pause, not the resume's wake", idlePause), begun...)
+	snap, err := n.store.ProjectSnapshot(ctx, started.RunID)
+	if err != nil || snap.Pause == nil || snap.Pause.ResumedAt == "" {
+		t.Fatalf("the run after step b started: %+v %v, want it resumed", snap, err)
 	}
 }
