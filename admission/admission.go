@@ -94,6 +94,12 @@ type ActiveRuns interface {
 	ActiveCounts() (total int, byTenant, byPlan map[string]int, ok bool)
 }
 
+// Waker wakes the task workers' idle poll loops (taskworkers.Wakeup). Wake
+// must not block.
+type Waker interface {
+	Wake()
+}
+
 // Owner tells whether this replica does the work of a key.
 type Owner interface {
 	Owns(key string) bool
@@ -115,7 +121,11 @@ type Options struct {
 	Owner     Owner
 	Replicas  int
 	// Wait bounds how long Submit waits for the decider (default 10s).
-	Wait    time.Duration
+	Wait time.Duration
+	// Waker, when set, is woken after every run the decider started:
+	// the task workers' idle poll loops, since Conductor has queued the
+	// run's first steps.
+	Waker   Waker
 	Logger  *zap.Logger
 	Metrics *Metrics
 }

@@ -292,6 +292,9 @@ func (c *Controller) start(ctx context.Context, e *entry) error {
 	if err != nil {
 		return fmt.Errorf("start run %s: %w", e.RunID, err) // kept starting; retried
 	}
+	if c.opts.Waker != nil {
+		c.opts.Waker.Wake()
+	}
 	if !e.QueuedAt.IsZero() {
 		c.opts.Metrics.waited(time.Since(e.QueuedAt))
 	}

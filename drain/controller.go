@@ -130,10 +130,21 @@ type Options struct {
 	// Calls, when set, is told of every pause and resume request under
 	// way, for the process's Follower (FollowerOptions.Calls) to see
 	// (default: a Calls of the Controller's own, which nobody reads).
-	Calls   *Calls
+	Calls *Calls
+	// Waker, when set, is woken after every resume that reached
+	// Conductor (single, bulk, scheduled, staggered): the task workers'
+	// idle poll loops, since Conductor now schedules the run's next
+	// steps.
+	Waker   Waker
 	Logger  *zap.Logger
 	Metrics *Metrics
 	Now     func() time.Time
+}
+
+// Waker wakes the task workers' idle poll loops (taskworkers.Wakeup). Wake
+// must not block.
+type Waker interface {
+	Wake()
 }
 
 // Controller carries out PAUSE, RESUME and CANCEL and watches drains.
@@ -520,6 +531,9 @@ func (c *Controller) resumeEngine(ctx context.Context, r *resuming, err error) (
 		err = nil
 	}
 	after, engineErr := c.settle(ctx, r.runID, r.wf, false, r.snap.Pause.Cycle, c.applied(ctx, r.runID, false, r.snap.Pause.Cycle, err))
+	if engineErr == nil && c.opts.Waker != nil {
+		c.opts.Waker.Wake()
+	}
 	if r.again {
 		return c.withEngine(r.snap, engineErr)
 	}

@@ -154,7 +154,7 @@ func (n *Node) openAdmission(ctx context.Context) error {
 		return nil
 	}
 	c, err := admission.Open(ctx, n.js, admission.Options{Limits: a.Limits, Policy: a.Policy, Delay: a.Delay, Runs: n.runs, Log: n.emitter,
-		Snapshots: n.store, Active: n.list, Owner: n.members, Replicas: n.cfg.Replicas, Logger: n.log, Metrics: admission.NewMetrics(n.reg)})
+		Snapshots: n.store, Active: n.list, Owner: n.members, Replicas: n.cfg.Replicas, Waker: n.wakeup, Logger: n.log, Metrics: admission.NewMetrics(n.reg)})
 	if err != nil {
 		return err
 	}
@@ -226,7 +226,7 @@ func alone(m *membership.Members, joined time.Time) func() bool {
 func (n *Node) openDrain(ctx context.Context) error {
 	n.drain = drain.New(n.store, n.emitter, n.conductor, drain.Options{
 		DefaultTimeout: n.cfg.DrainTimeout, Interrupt: n.running.Interrupt, ActiveRuns: n.watcher.OpenRunIDs, Drains: n.pauseKeys, Ledger: n.pauseKeys, Schedule: n.pauseKeys,
-		Calls: n.pauseCalls, Owner: n.members, Logger: n.log, Metrics: drain.NewMetrics(n.reg),
+		Calls: n.pauseCalls, Owner: n.members, Waker: n.wakeup, Logger: n.log, Metrics: drain.NewMetrics(n.reg),
 	})
 	n.add(part{name: "drain", close: n.drain.Close})
 	return n.drain.Open(ctx)
@@ -266,7 +266,7 @@ func (n *Node) openWorkers(ctx context.Context) error {
 	}
 	wopts := taskworkers.Options{
 		WorkerID: n.cfg.WorkerID, Concurrency: concurrency, PollersPerType: n.cfg.PollersPerType,
-		PollInterval: n.cfg.PollInterval, PollIntervalMax: n.cfg.PollIntervalMax, Running: n.running,
+		PollInterval: n.cfg.PollInterval, PollIntervalMax: n.cfg.PollIntervalMax, Running: n.running, Wakeup: n.wakeup,
 		Guard:          runGuard{n.runs, n.adopter}.check,
 		Recover:        inFlight{n.runs, n.cfg.WorkerID}.tasks,
 		OnTaskDone:     taskDone{n.watcher, n.drain, n.adopter}.nudge,
@@ -321,8 +321,8 @@ func (n *Node) openGuard(ctx context.Context) error {
 // openAPI serves the control API on Config.API.
 func (n *Node) openAPI(context.Context) error {
 	opts := n.cfg.APIOptions
-	opts.Log, opts.List, opts.Replies, opts.Starter = n.store, n.list, n.replies, wakingStarter{n.starter(), n.workers}
-	opts.Control, opts.Plans = wakingControl{n.drain, n.workers}, n.runs
+	opts.Log, opts.List, opts.Replies, opts.Starter = n.store, n.list, n.replies, n.starter()
+	opts.Control, opts.Plans = n.drain, n.runs
 	opts.DrainTimeout, opts.Gatherer, opts.Registerer, opts.Logger, opts.Tracer = n.cfg.DrainTimeout, n.reg, n.reg, n.log, n.tracer
 	// Live: the NATS connection may still come back. Ready: every
 	// component can work now, so an append can succeed.
@@ -354,12 +354,14 @@ func (n *Node) workflowTracer() adapter.WorkflowTracer {
 	return n.tracer
 }
 
-// starter starts runs: through admission control when it is on.
+// starter starts runs: through admission control when it is on. Each
+// start wakes the task workers' idle poll loops: admission control's
+// decider wakes them for the runs it starts, queued ones included.
 func (n *Node) starter() httpapi.Starter {
 	if n.admit != nil {
 		return &httpapi.AdmittedStarter{Admission: n.admit}
 	}
-	return &httpapi.RunStarter{Runs: n.runs}
+	return wakingStarter{&httpapi.RunStarter{Runs: n.runs}, n.wakeup}
 }
 
 // openMetrics serves GET /metrics alone on Config.Metrics, when set.

@@ -161,6 +161,9 @@ type Node struct {
 	log     *zap.Logger
 	reg     *prometheus.Registry
 	running *taskworkers.Running
+	// wakeup wakes the workers' idle poll loops; admission control and the
+	// drain controller are built with it before the workers are.
+	wakeup *taskworkers.Wakeup
 
 	// parts are the open components, in the order they were opened.
 	parts   []part
@@ -226,7 +229,7 @@ type eventLog interface {
 func New(cfg Config, log *zap.Logger, reg *prometheus.Registry) *Node {
 	// Open adds the embedded server's listener to these.
 	cfg.Own, cfg.Exec.HTTPDeny = slices.Clone(cfg.Own), slices.Clone(cfg.Exec.HTTPDeny)
-	return &Node{cfg: cfg, log: log, reg: reg, running: taskworkers.NewRunning()}
+	return &Node{cfg: cfg, log: log, reg: reg, running: taskworkers.NewRunning(), wakeup: taskworkers.NewWakeup()}
 }
 
 // Open opens every component in order; the control API serves last. An

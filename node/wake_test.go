@@ -22,9 +22,6 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 )
 
-// The resumes of the control API wake the poll loops, bulk ones included.
-var _ httpapi.BulkControl = wakingControl{}
-
 // TestNode_StartThroughTheAPIWakesIdleLoops: a run started through the
 // API after the poll loops backed off to long pauses starts its first
 // step at once (the start wakes the loops), not when the loop's pause
@@ -221,21 +218,22 @@ var begun = []string{statestore.StepStatusRunning, statestore.StepStatusSuccess,
 // queued has its first step polled at once when the decider releases it
 // (capacity freed up), not when the idle loop's pause ends. The queued
 // run's noop step is of a type the first run's plan does not use, so the
-// first run's outcome wakes only the sleep loop; the queued submission's
-// own wake is the noop loop's last poll before the release.
+// first run's outcome wakes only the sleep loop; the first run's start
+// woke the noop loop last before the release.
 func TestNode_AdmissionReleaseWakesIdleLoops(t *testing.T) {
 	n, api := openIdle(t, func(cfg *Config) {
 		cfg.Admission = Admission{Limits: admission.Limits{Global: 1}, Policy: admission.Queue}
 	})
+	submitted := time.Now()
 	first := startPlan(t, api, "wake-admit-first", plan.Step{StepID: "a", Executor: plan.ExecutorSpec{Type: plan.ExecutorSleep, Seconds: 2}})
 	waitStep(t, n, first.RunID, "a", time.Now().Add(2*time.Minute), "the first run's step did not start", begun...)
-	submitted := time.Now()
 	queued := startPlan(t, api, "wake-admit-queued", plan.Step{StepID: "a", Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}})
 	if queued.Status != statestore.RunStatusQueued {
 		t.Fatalf("the second run under a global limit of 1: status %q, want %q", queued.Status, statestore.RunStatusQueued)
 	}
 	waitStep(t, n, queued.RunID, "a", submitted.Add(wakeDeadline),
 		fmt.Sprintf("released, it waited for the noop loop's %v idle pause, not the release's wake", idlePause), begun...)
+	t.Logf("the queued run's step started %v after the first run was submitted", time.Since(submitted).Round(time.Millisecond))
 	if stepStatus(n, first.RunID, "a") != statestore.StepStatusSuccess {
 		t.Fatalf("the queued run started before the first run's step ended: %q", stepStatus(n, first.RunID, "a"))
 	}
@@ -263,6 +261,7 @@ func TestNode_ScheduledResumeWakesIdleLoops(t *testing.T) {
 	}
 	waitStep(t, n, started.RunID, "b", ended.Add(wakeDeadline),
 		fmt.Sprintf("after the scheduled resume it waited for the noop loop's %v idle pause, not the resume's wake", idlePause), begun...)
+	t.Logf("step b started %v after step a ended", time.Since(ended).Round(time.Millisecond))
 	snap, err := n.store.ProjectSnapshot(ctx, started.RunID)
 	if err != nil || snap.Pause == nil || snap.Pause.ResumedAt == "" {
 		t.Fatalf("the run after step b started: %+v %v, want it resumed", snap, err)

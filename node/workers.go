@@ -116,36 +116,13 @@ func (p failurePause) pause(ctx context.Context, runID, _, stepID string) error 
 // (taskworkers.Options.PollIntervalMax).
 type wakingStarter struct {
 	httpapi.Starter
-	workers *taskworkers.Worker
+	wakeup *taskworkers.Wakeup
 }
 
 func (s wakingStarter) Start(ctx context.Context, req httpapi.StartRequest) (*httpapi.Started, error) {
 	started, err := s.Starter.Start(ctx, req)
 	if err == nil {
-		s.workers.Wake()
+		s.wakeup.Wake()
 	}
 	return started, err
-}
-
-// wakingControl is the drain controller whose resumes (one run, or many)
-// wake the task workers' idle poll loops: the resumed runs' tasks are
-// pollable again. Its other methods, the bulk ones among them, are the
-// controller's.
-type wakingControl struct {
-	*drain.Controller
-	workers *taskworkers.Worker
-}
-
-func (c wakingControl) Resume(ctx context.Context, runID string, req drain.ResumeRequest) (*drain.State, error) {
-	st, err := c.Controller.Resume(ctx, runID, req)
-	if err == nil {
-		c.workers.Wake()
-	}
-	return st, err
-}
-
-func (c wakingControl) ResumeMany(ctx context.Context, runIDs []string, req drain.ResumeRequest) []drain.Outcome {
-	out := c.Controller.ResumeMany(ctx, runIDs, req)
-	c.workers.Wake()
-	return out
 }

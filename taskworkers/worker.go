@@ -166,7 +166,11 @@ type Options struct {
 	// cancel interrupts (nil: a set of its own). Create it first and give
 	// it to the drain controller too (drain.Options.Interrupt).
 	Running *Running
-	Logger  *zap.Logger
+	// Wakeup, when set, wakes this worker's idle poll loops too (Wake):
+	// create it first and give it to the components that make tasks
+	// pollable (admission.Options.Waker, drain.Options.Waker).
+	Wakeup *Wakeup
+	Logger *zap.Logger
 	// Metrics may be nil.
 	Metrics *Metrics
 	// Tracer makes a span per step attempt, a child of the run's span,
@@ -288,6 +292,9 @@ func New(tasks TaskClient, runs SnapshotReader, events Emitter, secrets SecretRe
 				metrics: opts.Metrics, log: w.log.With(zap.String("taskType", taskType)), wake: make(chan struct{}, 1), freed: make(chan struct{}, 1),
 			})
 		}
+	}
+	if opts.Wakeup != nil {
+		opts.Wakeup.add(w.pollers...)
 	}
 	opts.Metrics.taskTypes(types)
 	w.outbox = newOutbox(events, w.log, opts.Metrics)
