@@ -1,11 +1,8 @@
 package node
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"slices"
 	"testing"
 	"time"
@@ -22,126 +19,8 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 )
 
-// TestNode_StartThroughTheAPIWakesIdleLoops: a run started through the
-// API after the poll loops backed off to long pauses starts its first
-// step at once (the start wakes the loops), not when the loop's pause
-// ends. Here the pauses double from 100 ms without bound in sight: 13 s
-// after Open the noop loop's pending pause ends 25 s after Open.
-func TestNode_StartThroughTheAPIWakesIdleLoops(t *testing.T) {
-	_, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "node-wake-pw", Permissions: natsstore.AllPermissions})
-	cfg := testConfig(t, srv.URL())
-	cfg.PollIntervalMax = time.Hour
-	n := New(cfg, zaptest.NewLogger(t), prometheus.NewRegistry())
-	ctx := context.Background()
-	if err := n.Open(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Close(ctx) })
-	opened := time.Now()
-	// Polls 0.1+0.2+...+6.4 s apart: the 8th poll comes 12.7 s after the
-	// loop began, the 9th 25.5 s after.
-	time.Sleep(13 * time.Second)
-
-	body, _ := json.Marshal(httpapi.StartRequest{TenantID: "t", ProjectID: "p", EnvironmentID: "e", RunRequestID: uuid.NewString(),
-		Plan: &plan.Plan{PlanID: "wake-" + uuid.NewString()[:8], PlanVersion: "1", Steps: []plan.Step{{StepID: "a", Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}}}}})
-	resp, err := http.Post("http://"+cfg.API.Addr().String()+"/v1/runs", "application/json", bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var started httpapi.Started
-	err = json.NewDecoder(resp.Body).Decode(&started)
-	resp.Body.Close()
-	if err != nil || resp.StatusCode/100 != 2 || started.RunID == "" {
-		t.Fatalf("start: %d %+v %v", resp.StatusCode, started, err)
-	}
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		snap, err := n.store.ProjectSnapshot(ctx, started.RunID)
-		if err == nil {
-			if st := snap.Step("a"); st != nil && st.Status != statestore.StepStatusPending {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the run's step did not start within 2 minutes")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	// Without the wake the step waits for the loop's poll 25.5 s after it
-	// began (before opened).
-	if at := time.Since(opened); at > 24*time.Second {
-		t.Fatalf("the step started %v after Open: it waited for the loop's backed-off pause, not the start's wake", at.Round(time.Millisecond))
-	}
-}
-
-// TestNode_ResumeThroughTheAPIWakesIdleLoops: a run resumed through the
-// API after the poll loops backed off to long pauses has its next step
-// polled at once (the resume wakes the loops), not when the loop's pause
-// ends.
-func TestNode_ResumeThroughTheAPIWakesIdleLoops(t *testing.T) {
-	_, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "node-wake-pw", Permissions: natsstore.AllPermissions})
-	cfg := testConfig(t, srv.URL())
-	cfg.PollIntervalMax = time.Hour
-	cfg.Concurrency = map[string]int{plan.ExecutorNoop: 1, plan.ExecutorSleep: 1}
-	n := New(cfg, zaptest.NewLogger(t), prometheus.NewRegistry())
-	ctx := context.Background()
-	if err := n.Open(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Close(ctx) })
-	api := httpapi.NewClient("http://" + cfg.API.Addr().String())
-	started, err := api.Start(ctx, httpapi.StartRequest{TenantID: "t", ProjectID: "p", EnvironmentID: "e", RunRequestID: uuid.NewString(),
-		Plan: &plan.Plan{PlanID: "wake-resume-" + uuid.NewString()[:8], PlanVersion: "1", Steps: []plan.Step{
-			{StepID: "a", Executor: plan.ExecutorSpec{Type: plan.ExecutorSleep, Seconds: 2}},
-			{StepID: "b", DependsOn: []string{"a"}, Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}},
-		}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// until waits (2 minutes at most) for the run's snapshot to satisfy ok.
-	until := func(what string, ok func(*statestore.RunSnapshot) bool) {
-		t.Helper()
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
-			if snap, err := n.store.ProjectSnapshot(ctx, started.RunID); err == nil && ok(snap) {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	status := func(snap *statestore.RunSnapshot, stepID string) string {
-		if st := snap.Step(stepID); st != nil {
-			return st.Status
-		}
-		return ""
-	}
-	until("step a running", func(s *statestore.RunSnapshot) bool { return status(s, "a") == statestore.StepStatusRunning })
-	if _, err := api.Pause(ctx, started.RunID, 120, "test"); err != nil {
-		t.Fatal(err)
-	}
-	until("step a done while paused", func(s *statestore.RunSnapshot) bool {
-		return s.Status == statestore.RunStatusPaused && status(s, "a") == statestore.StepStatusSuccess
-	})
-	// a's outcome woke the loops last: their pauses double from 100 ms
-	// again, the 8th poll 12.7 s later, the 9th 25.5 s later.
-	quiet := time.Now()
-	time.Sleep(13 * time.Second)
-	if _, err := api.Resume(ctx, started.RunID); err != nil {
-		t.Fatal(err)
-	}
-	until("step b started", func(s *statestore.RunSnapshot) bool {
-		return status(s, "b") != "" && status(s, "b") != statestore.StepStatusPending
-	})
-	if at := time.Since(quiet); at > 24*time.Second {
-		t.Fatalf("step b started %v after the loops' last wake: it waited for the backed-off pause, not the resume's wake", at.Round(time.Millisecond))
-	}
-}
-
-// idlePause is the poll loops' idle pause in the tests of wakes that come
-// from outside the workers: every empty poll is followed by this pause
+// idlePause is the poll loops' idle pause in the tests of their wakes:
+// every empty poll is followed by this pause
 // (Config.PollInterval = PollIntervalMax), so a task that only the
 // pause's end would find waits about this long.
 const idlePause = time.Minute
@@ -169,7 +48,41 @@ func openIdle(t *testing.T, adjust func(*Config)) (*Node, *httpapi.Client) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = n.Close(ctx) })
+	// Every loop's first poll found nothing: a task the test makes
+	// pollable from now on is found by a wake, or after idlePause.
+	for _, kind := range []string{plan.ExecutorNoop, plan.ExecutorSleep} {
+		deadline := time.Now().Add(2 * time.Minute)
+		for polls(t, n, plan.TaskType(kind)) < 1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("the %s loop did not poll within 2 minutes of Open", kind)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	return n, httpapi.NewClient("http://" + cfg.API.Addr().String())
+}
+
+// polls is how many polls the loops of taskType sent
+// (sidecar_worker_polls_total).
+func polls(t *testing.T, n *Node, taskType string) float64 {
+	t.Helper()
+	families, err := n.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "sidecar_worker_polls_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "task_type" && l.GetValue() == taskType {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }
 
 // startPlan starts (or submits) a run of one plan version of steps.
@@ -213,6 +126,54 @@ func waitStep(t *testing.T, n *Node, runID, stepID string, deadline time.Time, w
 
 // begun are the statuses of a step that started.
 var begun = []string{statestore.StepStatusRunning, statestore.StepStatusSuccess, statestore.StepStatusFailed}
+
+// TestNode_StartThroughTheAPIWakesIdleLoops: a run started through the
+// API while the poll loops are idle has its first step polled at once,
+// not when the noop loop's pause ends: the start wakes the loops, through
+// admission control (its decider wakes them) and without it.
+func TestNode_StartThroughTheAPIWakesIdleLoops(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		admission Admission
+	}{
+		{"Admitted", Admission{Limits: admission.Limits{Global: 100}, Policy: admission.Queue}},
+		{"NoAdmission", Admission{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opening := time.Now()
+			n, api := openIdle(t, func(cfg *Config) { cfg.Admission = tc.admission })
+			started := startPlan(t, api, "wake-start", plan.Step{StepID: "a", Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}})
+			waitStep(t, n, started.RunID, "a", opening.Add(wakeDeadline),
+				fmt.Sprintf("it waited for the noop loop's %v idle pause, not the start's wake", idlePause), begun...)
+			t.Logf("the step started %v after Open began", time.Since(opening).Round(time.Millisecond))
+		})
+	}
+}
+
+// TestNode_ResumeThroughTheAPIWakesIdleLoops: a run resumed through the
+// API has its next step polled at once, not when the noop loop's pause
+// ends. Step a ends while the run is paused; its outcome wakes the plan's
+// loops, which find nothing (Conductor schedules b only once the workflow
+// is resumed).
+func TestNode_ResumeThroughTheAPIWakesIdleLoops(t *testing.T) {
+	n, api := openIdle(t, nil)
+	ctx := context.Background()
+	started := startPlan(t, api, "wake-resume",
+		plan.Step{StepID: "a", Executor: plan.ExecutorSpec{Type: plan.ExecutorSleep, Seconds: 2}},
+		plan.Step{StepID: "b", DependsOn: []string{"a"}, Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}})
+	waitStep(t, n, started.RunID, "a", time.Now().Add(2*time.Minute), "step a did not start", begun...)
+	if _, err := api.Pause(ctx, started.RunID, 120, "test"); err != nil {
+		t.Fatal(err)
+	}
+	waitStep(t, n, started.RunID, "a", time.Now().Add(2*time.Minute), "step a did not end while paused", statestore.StepStatusSuccess)
+	ended := time.Now()
+	if _, err := api.Resume(ctx, started.RunID); err != nil {
+		t.Fatal(err)
+	}
+	waitStep(t, n, started.RunID, "b", ended.Add(wakeDeadline),
+		fmt.Sprintf("after the resume it waited for the noop loop's %v idle pause, not the resume's wake", idlePause), begun...)
+	t.Logf("step b started %v after step a ended", time.Since(ended).Round(time.Millisecond))
+}
 
 // TestNode_AdmissionReleaseWakesIdleLoops: a run that admission control
 // queued has its first step polled at once when the decider releases it
