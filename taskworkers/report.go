@@ -110,9 +110,10 @@ func (w *Worker) nudge(m typeMask) {
 	}
 }
 
-// Wake ends the idle wait of every poll loop: a run was started,
-// resumed or had a step retried through this replica, so Conductor may
-// have queued a task of any type. It never blocks.
+// Wake ends the idle wait of every poll loop: Conductor may have queued
+// a task of any type. It never blocks. The node wakes the loops through
+// Options.Wakeup instead, which the components built before the Worker
+// hold.
 func (w *Worker) Wake() {
 	w.nudge(typeMask{all: true})
 }
