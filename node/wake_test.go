@@ -3,6 +3,8 @@ package node
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -113,12 +115,29 @@ func stepStatus(n *Node, runID, stepID string) string {
 // the test at deadline with why.
 func waitStep(t *testing.T, n *Node, runID, stepID string, deadline time.Time, why string, want ...string) {
 	t.Helper()
+	waitRun(t, n, runID, deadline, fmt.Sprintf("step %s not in %q: %s", stepID, want, why), func(snap *statestore.RunSnapshot) bool {
+		st := snap.Step(stepID)
+		return st != nil && slices.Contains(want, st.Status)
+	})
+}
+
+// waitRun waits until runID's snapshot satisfies ok, or fails the test at
+// deadline with why and the run's steps.
+func waitRun(t *testing.T, n *Node, runID string, deadline time.Time, why string, ok func(*statestore.RunSnapshot) bool) {
+	t.Helper()
 	for {
-		if slices.Contains(want, stepStatus(n, runID, stepID)) {
+		snap, err := n.store.ProjectSnapshot(context.Background(), runID)
+		if err == nil && ok(snap) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("step %s of run %s is %q at the deadline, want one of %q: %s", stepID, runID, stepStatus(n, runID, stepID), want, why)
+			var steps []string
+			if snap != nil {
+				for _, st := range snap.Steps {
+					steps = append(steps, fmt.Sprintf("%s %s #%d", st.StepID, st.Status, st.LogicalAttemptID))
+				}
+			}
+			t.Fatalf("run %s at the deadline (%v; steps %q): %s", runID, err, steps, why)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -227,4 +246,45 @@ func TestNode_ScheduledResumeWakesIdleLoops(t *testing.T) {
 	if err != nil || snap.Pause == nil || snap.Pause.ResumedAt == "" {
 		t.Fatalf("the run after step b started: %+v %v, want it resumed", snap, err)
 	}
+}
+
+// TestNode_RetriedStepStartsAtItsCallback: a step held after a failure
+// (onStepFailure: pause), retried (RETRY_STEP) and resumed starts its next
+// attempt as soon as its task's callback ends, not when the idle loop's
+// pause ends. The task was handed back with a callback when it was held:
+// the resume's wake polls while the callback still runs and finds
+// nothing, so only a wake when the callback ends finds it in time.
+func TestNode_RetriedStepStartsAtItsCallback(t *testing.T) {
+	n, api := openIdle(t, func(cfg *Config) { cfg.Concurrency[plan.ExecutorCommand] = 1 })
+	ctx := context.Background()
+	marker := filepath.Join(t.TempDir(), "fixed")
+	started, err := api.Start(ctx, httpapi.StartRequest{TenantID: "t", ProjectID: "p", EnvironmentID: "e", RunRequestID: uuid.NewString(),
+		Plan: &plan.Plan{PlanID: "wake-retry-" + uuid.NewString()[:8], PlanVersion: "1", OnStepFailure: plan.OnFailurePause, Steps: []plan.Step{
+			{StepID: "flaky", Executor: plan.ExecutorSpec{Type: plan.ExecutorCommand, Argv: []string{"test", "-f", marker}}},
+		}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRun(t, n, started.RunID, time.Now().Add(2*time.Minute), "the run did not pause on the step's failure", func(s *statestore.RunSnapshot) bool {
+		st := s.Step("flaky")
+		return s.Status == statestore.RunStatusPaused && st != nil && st.Held
+	})
+	held := time.Now()
+	if err := os.WriteFile(marker, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := api.RetryStep(ctx, started.RunID, "flaky", "fixed"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := api.Resume(ctx, started.RunID); err != nil {
+		t.Fatal(err)
+	}
+	resumed := time.Since(held)
+	waitRun(t, n, started.RunID, held.Add(wakeDeadline),
+		fmt.Sprintf("the retried attempt waited for the command loop's %v idle pause, not a wake at its task's callback (resumed %v after the hold was seen)", idlePause, resumed.Round(time.Millisecond)),
+		func(s *statestore.RunSnapshot) bool {
+			st := s.Step("flaky")
+			return st != nil && st.LogicalAttemptID >= 2 && slices.Contains(begun, st.Status)
+		})
+	t.Logf("resumed %v and the retried attempt started %v after the hold was seen", resumed.Round(time.Millisecond), time.Since(held).Round(time.Millisecond))
 }
