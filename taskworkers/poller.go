@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -50,6 +51,10 @@ type poller struct {
 	wake chan struct{}
 	// freed is signalled (without blocking) when a task's slot frees.
 	freed chan struct{}
+
+	// callbacks are the times at which tasks this loop's type handed back
+	// come back to Conductor's queue (wakeAt); it wakes the loop at each.
+	callbacks callbackWakes
 }
 
 // nudge ends the poller's idle wait. It never blocks.
@@ -60,12 +65,84 @@ func (p *poller) nudge() {
 	}
 }
 
+// callbackWakeStep rounds up the times at which a loop is woken for the
+// tasks it handed back: tasks handed back within it (one poll's batch, in
+// practice) come back to one wake, so a loop is woken for callbacks at
+// most once per step.
+const callbackWakeStep = 100 * time.Millisecond
+
+// wakeAt wakes the loop at at (rounded up to callbackWakeStep): a task of
+// its type handed back with a callback is in Conductor's queue again
+// then. It never blocks.
+func (p *poller) wakeAt(at time.Time) {
+	p.callbacks.add(at.Add(callbackWakeStep-1).Truncate(callbackWakeStep), p.nudge)
+}
+
+// callbackWakes calls a nudge at each of a set of times, with one timer
+// for the earliest. It is safe for concurrent use; the zero value is
+// ready, and stop ends it.
+type callbackWakes struct {
+	mu      sync.Mutex
+	due     []time.Time // sorted, distinct
+	timer   *time.Timer
+	stopped bool
+}
+
+// add calls nudge at at (once for every time added more than once).
+func (c *callbackWakes) add(at time.Time, nudge func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i, found := slices.BinarySearchFunc(c.due, at, time.Time.Compare)
+	if c.stopped || found {
+		return
+	}
+	c.due = slices.Insert(c.due, i, at)
+	if i == 0 {
+		c.arm(nudge)
+	}
+}
+
+// arm sets the timer for the earliest time; c.mu is held.
+func (c *callbackWakes) arm(nudge func()) {
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
+	if len(c.due) == 0 || c.stopped {
+		return
+	}
+	c.timer = time.AfterFunc(time.Until(c.due[0]), func() {
+		c.mu.Lock()
+		now := time.Now()
+		n := 0
+		for n < len(c.due) && !c.due[n].After(now) {
+			n++
+		}
+		c.due = c.due[n:]
+		c.arm(nudge)
+		c.mu.Unlock()
+		nudge()
+	})
+}
+
+// stop drops the times not reached and ignores later ones.
+func (c *callbackWakes) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stopped, c.due = true, nil
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
+}
+
 // run polls until pollCtx ends. A poll is bounded by workCtx and by
 // timeout + 10 s, never by pollCtx: Conductor would go on long-polling for
 // an abandoned request and could hand it a task nobody receives (stuck
 // IN_PROGRESS until its response timeout); what a poll returns after
 // polling stopped is released. Each task's goroutine is counted in working.
 func (p *poller) run(pollCtx, workCtx context.Context, working *sync.WaitGroup) {
+	defer p.callbacks.stop()
 	slots := make(chan struct{}, p.concurrency)
 	backoff := time.Duration(0)
 	busy := false // the last poll found tasks

@@ -243,3 +243,39 @@ func TestPlanTypes_MissingDefinitionIsNotReadAgain(t *testing.T) {
 		t.Error("after a failed read the plan's definition is not read again")
 	}
 }
+
+// TestCallbackWakes_EachTimeOnce: every time added is nudged once, in
+// order, whatever order it was added in (an earlier time added after a
+// later one re-arms the timer; a later one is nudged after the earlier
+// fired); a time added twice is nudged once; after stop nothing is.
+func TestCallbackWakes_EachTimeOnce(t *testing.T) {
+	var c callbackWakes
+	nudged := make(chan time.Time, 16)
+	nudge := func() { nudged <- time.Now() }
+	start := time.Now()
+	for _, d := range []time.Duration{600, 200, 600, 1000} {
+		c.add(start.Add(d*time.Millisecond), nudge)
+	}
+	var got []time.Duration
+	for range 3 {
+		select {
+		case at := <-nudged:
+			got = append(got, at.Sub(start))
+		case <-time.After(time.Minute):
+			t.Fatalf("nudged at %v, then nothing within a minute; want 3 nudges (200, 600, 1000 ms)", got)
+		}
+	}
+	for i, want := range []time.Duration{200, 600, 1000} {
+		if got[i] < want*time.Millisecond {
+			t.Fatalf("nudges at %v: nudge %d came before %v", got, i, want*time.Millisecond)
+		}
+	}
+	c.add(time.Now().Add(100*time.Millisecond), nudge)
+	c.stop()
+	c.add(time.Now().Add(100*time.Millisecond), nudge)
+	select {
+	case at := <-nudged:
+		t.Fatalf("nudged at %v after stop (or a repeated time twice); nudges before: %v", at.Sub(start), got)
+	case <-time.After(time.Second):
+	}
+}

@@ -47,6 +47,8 @@ func (w *Worker) report(t *model.Task, log *zap.Logger, r *model.TaskResult, may
 		if err == nil {
 			if r.Status != model.InProgressTask {
 				w.wakePollers(t)
+			} else if r.CallbackAfterSeconds > 0 {
+				w.wakeAtCallback(t.TaskType, time.Now().Add(time.Duration(r.CallbackAfterSeconds)*time.Second))
 			}
 			if r.Status != model.InProgressTask && w.opts.OnTaskDone != nil {
 				if runID, ok := t.InputData[plan.InputRunID].(string); ok {
@@ -98,6 +100,21 @@ func (w *Worker) wakePollers(t *model.Task) {
 		id, _ := t.InputData[plan.InputPlanID].(string)
 		v, _ := t.InputData[plan.InputPlanVersion].(string)
 		go w.resolvePlan(id, v)
+	}
+}
+
+// wakeAtCallback wakes a loop of taskType at at, when a task of that type
+// handed back with a callback is in Conductor's queue again (a paused
+// run's task, a held failure, which a RETRY_STEP and a resume run as the
+// next attempt): the resume's wake polled before the callback ended. One
+// loop of the type is enough: it takes the tasks of its type that came
+// back. A type no loop polls (an outside worker's) wakes nothing.
+func (w *Worker) wakeAtCallback(taskType string, at time.Time) {
+	for _, p := range w.pollers {
+		if p.taskType == taskType {
+			p.wakeAt(at)
+			return
+		}
 	}
 }
 
