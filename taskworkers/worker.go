@@ -68,11 +68,11 @@ type Options struct {
 	// PollIntervalMax bounds an idle loop's pause: after consecutive
 	// empty polls it doubles from PollInterval up to PollIntervalMax
 	// (default 1s; below PollInterval: no backoff). A poll that found
-	// tasks, or a wake (a step's outcome reported, Wake, Wakeup), starts
-	// over at PollInterval. Work nothing here wakes for (a run started
-	// or resumed through another replica, a resume made in Conductor, a
-	// retry Conductor schedules after its delay, a task handed back)
-	// waits at most PollIntervalMax.
+	// tasks, or a wake (a step's outcome reported, Wake, Wakeup, the end
+	// of the callback of a task handed back here), starts over at
+	// PollInterval. Work nothing here wakes for (a run started or resumed
+	// through another replica, a resume made in Conductor, a retry
+	// Conductor schedules after its delay) waits at most PollIntervalMax.
 	PollIntervalMax time.Duration
 	// PollTimeout is the server-side wait of one batch poll (default 0: no
 	// wait). Conductor 3.21 does not hand a waiting poll a task that is
