@@ -50,8 +50,9 @@ func openIdle(t *testing.T, adjust func(*Config)) (*Node, *httpapi.Client) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = n.Close(ctx) })
-	// Every loop's first poll found nothing: a task the test makes
-	// pollable from now on is found by a wake, or after idlePause.
+	// Every loop sent its first poll, which finds nothing (no run is
+	// started yet): a task the test makes pollable from now on is found
+	// by a wake, or idlePause after that poll.
 	for _, kind := range []string{plan.ExecutorNoop, plan.ExecutorSleep} {
 		deadline := time.Now().Add(2 * time.Minute)
 		for polls(t, n, plan.TaskType(kind)) < 1 {
