@@ -70,6 +70,12 @@ type Config struct {
 	// Settle is how long, after the last submission, the soak waits for
 	// every run to be removed (default Window + 3 min).
 	Settle time.Duration
+	// HeapProfile, when positive, is how often the soak saves serve's heap
+	// profile (a collection first: /debug/pprof/heap?gc=1) as
+	// Dir/heap-<seconds into the soak>.pb.gz; serve then listens for
+	// pprof on a loopback port of its own (--pprof-listen). One more is
+	// saved at the end of the settle.
+	HeapProfile time.Duration
 	// Log gets progress lines; CSV the samples (both may be nil).
 	Log, CSV io.Writer
 }
@@ -92,6 +98,10 @@ type Sample struct {
 	// RSS is serve's resident set (/proc/PID/status VmRSS); HeapInuse the
 	// Go heap's spans in use (go_memstats_heap_inuse_bytes), a part of it.
 	RSS, HeapInuse int64
+	// Runtime are serve's Go runtime metrics by column (runtimeColumns):
+	// shown beside RSS to tell the live heap from the allocator's
+	// headroom; a column the scrape lacked is Missing.
+	Runtime map[string]int64
 	// LiveBytes is what the JetStream streams' messages hold (the sum of
 	// their State.Bytes): DiskBytes without the space of removed messages
 	// that a stream's blocks keep until compacted, and without indexes.
@@ -206,6 +216,7 @@ type soak struct {
 	cfg       Config
 	conductor string
 	apiURL    string
+	pprofURL  string
 	serve     *exec.Cmd
 	pgAdmin   string
 	pgDB      string
@@ -381,6 +392,14 @@ func (s *soak) startServe(ctx context.Context) error {
 		"--worker-id", "soak", "--retain-finished", s.cfg.Window.String(),
 		"--archive", "file://" + filepath.Join(s.cfg.Dir, "archive"),
 		"--nats-listen", natsAddr, "--nats-password-file", pw}, extra...)
+	if s.cfg.HeapProfile > 0 {
+		pprofAddr, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		args = append(args, "--pprof-listen", pprofAddr)
+		s.pprofURL = "http://" + pprofAddr
+	}
 	cmd := exec.Command(s.cfg.Sidecar, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
@@ -469,6 +488,7 @@ func (s *soak) run(ctx context.Context) (*Result, error) {
 	res := &Result{}
 	start := time.Now()
 	var csvHeader []string
+	var nextProfile time.Duration
 	sample := func() Sample {
 		sm := s.sample(ctx, time.Since(start))
 		res.Samples = append(res.Samples, sm)
@@ -482,6 +502,10 @@ func (s *soak) run(ctx context.Context) (*Result, error) {
 		s.logf("%s submitted %d (errors %d) finished %d archived %d removed %d records %d disk %.1f MB RSS %.0f MiB conductor %d (sampled in %s)",
 			sm.Elapsed.Truncate(time.Second), sm.Submitted, sm.SubmitErrors, sm.Finished, sm.Archived, sm.Removed, sm.LogRecords,
 			float64(sm.DiskBytes)/1e6, float64(sm.RSS)/(1<<20), sm.Conductor, (time.Since(start) - sm.Elapsed).Truncate(time.Millisecond))
+		if s.pprofURL != "" && sm.Elapsed >= nextProfile {
+			s.heapProfile(ctx, sm.Elapsed)
+			nextProfile = sm.Elapsed.Truncate(s.cfg.HeapProfile) + s.cfg.HeapProfile
+		}
 		return sm
 	}
 	sample()
@@ -554,6 +578,9 @@ loop:
 		}
 	}
 	res.Final = res.Samples[len(res.Samples)-1]
+	if s.pprofURL != "" {
+		s.heapProfile(ctx, time.Since(start))
+	}
 	s.mu.Lock()
 	res.Runs = append([]Run(nil), s.runs...)
 	s.mu.Unlock()
@@ -562,6 +589,35 @@ loop:
 		return res, err
 	}
 	return res, nil
+}
+
+// heapProfile saves serve's heap profile, after a collection, as
+// Dir/heap-<seconds>.pb.gz.
+func (s *soak) heapProfile(ctx context.Context, elapsed time.Duration) {
+	name := filepath.Join(s.cfg.Dir, fmt.Sprintf("heap-%05d.pb.gz", int(elapsed.Seconds())))
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.pprofURL+"/debug/pprof/heap?gc=1", nil)
+	resp, err := s.http.Do(req)
+	if err != nil {
+		s.logf("heap profile: %v", err)
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		s.logf("heap profile: %s", resp.Status)
+		return
+	}
+	f, err := os.Create(name)
+	if err == nil {
+		_, err = io.Copy(f, resp.Body)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		s.logf("heap profile: %v", err)
+		return
+	}
+	s.logf("heap profile %s", name)
 }
 
 // check looks up every run in the archive and in Conductor and verifies
@@ -740,6 +796,27 @@ func applyMetrics(sm *Sample, m map[string]float64) {
 		}
 		*c.v = int64(v)
 	}
+	sm.Runtime = map[string]int64{}
+	for _, c := range runtimeColumns {
+		v, ok := m[c.metric]
+		if !ok {
+			sm.Missing = append(sm.Missing, c.column)
+		}
+		sm.Runtime[c.column] = int64(v)
+	}
+}
+
+// runtimeColumns are the Go runtime's metrics each sample records (the
+// client library's Go collector, served by serve's /metrics).
+var runtimeColumns = []struct{ column, metric string }{
+	{"heap_alloc_bytes", "go_memstats_heap_alloc_bytes"},
+	{"heap_objects", "go_memstats_heap_objects"},
+	{"heap_idle_bytes", "go_memstats_heap_idle_bytes"},
+	{"heap_released_bytes", "go_memstats_heap_released_bytes"},
+	{"next_gc_bytes", "go_memstats_next_gc_bytes"},
+	{"stack_inuse_bytes", "go_memstats_stack_inuse_bytes"},
+	{"gc_count", "go_gc_duration_seconds_count"},
+	{"goroutines", "go_goroutines"},
 }
 
 // metrics reads serve's /metrics: each family's samples summed over labels.
@@ -816,6 +893,9 @@ func values(sm Sample) map[string]float64 {
 	for k, n := range sm.StreamDisk {
 		v["disk_"+k] = float64(n)
 	}
+	for k, n := range sm.Runtime {
+		v[k] = float64(n)
+	}
 	for _, k := range sm.Missing {
 		v[k] = math.NaN()
 	}
@@ -834,7 +914,11 @@ func headerOf(sm Sample) []string {
 		streams = append(streams, "disk_"+k)
 	}
 	sort.Strings(streams)
-	return append(append([]string(nil), fixedColumns...), streams...)
+	h := append([]string(nil), fixedColumns...)
+	for _, c := range runtimeColumns {
+		h = append(h, c.column)
+	}
+	return append(h, streams...)
 }
 
 func rowOf(sm Sample, header []string) []string {
@@ -849,7 +933,7 @@ func rowOf(sm Sample, header []string) []string {
 // cumulative are the columns that count since the start; they are not
 // expected to be flat.
 var cumulative = map[string]bool{"elapsed_s": true, "submitted": true, "submit_errors": true, "started": true,
-	"finished": true, "archived": true, "removed": true}
+	"finished": true, "archived": true, "removed": true, "gc_count": true}
 
 // steady returns the series of the samples taken in [from, to].
 func steady(samples []Sample, from, to time.Duration) []Series {

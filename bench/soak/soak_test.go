@@ -91,6 +91,9 @@ func TestSoak_ConductorHoldsKeepsUpWithTheRate(t *testing.T) {
 func TestSteady_AMetricServeLeftOutIsUnknownNotZero(t *testing.T) {
 	scrape := func(records float64) map[string]float64 {
 		m := map[string]float64{"sidecar_log_bytes": records * 700, "go_memstats_heap_inuse_bytes": 30e6, "sidecar_runs_active": 5}
+		for _, c := range runtimeColumns {
+			m[c.metric] = 1
+		}
 		if records > 0 {
 			m["sidecar_log_records"] = records
 		}
@@ -116,6 +119,36 @@ func TestSteady_AMetricServeLeftOutIsUnknownNotZero(t *testing.T) {
 	for _, s := range steady(none, 0, time.Minute) {
 		if s.Name == "log_records" && s.Flat {
 			t.Fatalf("log_records with no sample knowing it: got %+v, want not flat", s)
+		}
+	}
+}
+
+// TestSample_RecordsTheGoRuntime: each sample records serve's Go runtime
+// metrics (the heap's objects, its idle and released bytes, stacks,
+// collections, goroutines) as CSV columns beside RSS; the count of
+// collections only grows, so it is no steady series; a metric the scrape
+// lacked is unknown, not 0.
+func TestSample_RecordsTheGoRuntime(t *testing.T) {
+	scrape := map[string]float64{"go_memstats_heap_inuse_bytes": 30e6, "go_memstats_heap_alloc_bytes": 25e6,
+		"go_memstats_heap_objects": 123456, "go_memstats_heap_idle_bytes": 9e6, "go_memstats_heap_released_bytes": 4e6,
+		"go_memstats_next_gc_bytes": 50e6, "go_memstats_stack_inuse_bytes": 2e6, "go_gc_duration_seconds_count": 77}
+	sm := Sample{Messages: map[string]int64{}}
+	applyMetrics(&sm, scrape)
+	header := headerOf(sm)
+	row := rowOf(sm, header)
+	col := map[string]string{}
+	for i, h := range header {
+		col[h] = row[i]
+	}
+	for name, want := range map[string]string{"heap_objects": "123456", "heap_idle_bytes": "9000000", "heap_released_bytes": "4000000",
+		"next_gc_bytes": "50000000", "stack_inuse_bytes": "2000000", "gc_count": "77", "heap_alloc_bytes": "25000000", "goroutines": "NaN"} {
+		if col[name] != want {
+			t.Errorf("column %s: got %q, want %q (header %v)", name, col[name], want, header)
+		}
+	}
+	for _, s := range steady([]Sample{sm}, 0, time.Minute) {
+		if s.Name == "gc_count" {
+			t.Errorf("gc_count is a steady series (%+v); it counts since serve started", s)
 		}
 	}
 }

@@ -32,6 +32,7 @@ func main() {
 	flag.DurationVar(&cfg.Sample, "sample", 10*time.Second, "how often hot state is sampled")
 	flag.IntVar(&cfg.Steps, "steps", 1, "noop steps per run")
 	flag.DurationVar(&cfg.Settle, "settle", 0, "after the last submission, how long to wait for every run to leave (default window + 3m)")
+	flag.DurationVar(&cfg.HeapProfile, "heap-profile", 0, "how often to save serve's heap profile as DIR/heap-<seconds>.pb.gz (serve gets a --pprof-listen of its own; 0: none)")
 	flag.StringVar(&cfg.ConductorURL, "conductor-url", "", "a running Conductor's API to use (…/api); empty: start one with deploy/local/conductor.sh")
 	flag.IntVar(&cfg.ConductorPort, "conductor-port", 8199, "the port of the Conductor the soak starts (its state in DIR/conductor)")
 	flag.BoolVar(&cfg.Postgres, "postgres", false, "keep the log in PostgreSQL (--store postgres://), in a cluster started with deploy/local/postgres.sh")
