@@ -1,9 +1,14 @@
 package soak
 
 import (
+	"compress/gzip"
 	"context"
+	"io"
+	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -150,5 +155,37 @@ func TestSample_RecordsTheGoRuntime(t *testing.T) {
 		if s.Name == "gc_count" {
 			t.Errorf("gc_count is a steady series (%+v); it counts since serve started", s)
 		}
+	}
+}
+
+// TestHeapProfile_SavedIntoTheSoaksDir: with -heap-profile the soak saves
+// serve's heap profile, read from a net/http/pprof listener as serve's
+// --pprof-listen serves it, as Dir/heap-<seconds>.pb.gz: a gzipped
+// profile that go tool pprof reads.
+func TestHeapProfile_SavedIntoTheSoaksDir(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	srv := &http.Server{Handler: mux}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	dir := t.TempDir()
+	s := &soak{cfg: Config{Dir: dir, Log: io.Discard}, http: &http.Client{Timeout: time.Minute}, pprofURL: "http://" + ln.Addr().String()}
+	s.heapProfile(context.Background(), 301500*time.Millisecond)
+	f, err := os.Open(filepath.Join(dir, "heap-00301.pb.gz"))
+	if err != nil {
+		t.Fatalf("no profile saved: %v", err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatalf("heap-00301.pb.gz is not gzipped: %v", err)
+	}
+	b, err := io.ReadAll(zr)
+	if err != nil || len(b) == 0 {
+		t.Fatalf("heap-00301.pb.gz: %d bytes, %v", len(b), err)
 	}
 }
