@@ -88,7 +88,7 @@ func TestIdempotencyKey_BulkOfMaxRunsIsReplayed(t *testing.T) {
 func TestKVReplies_AnswerInParts(t *testing.T) {
 	ctx := context.Background()
 	js, _ := natstest.Start(t)
-	replies, err := httpapi.OpenKVReplies(ctx, js, time.Hour, 1)
+	replies, err := httpapi.OpenKVReplies(ctx, js, httpapi.KVRepliesOptions{TTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

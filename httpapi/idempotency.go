@@ -16,6 +16,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
 
@@ -63,6 +64,7 @@ type Replies interface {
 // sidecar on the same NATS.
 type KVReplies struct {
 	kv jetstream.KeyValue
+	js jetstream.JetStream
 	// partBytes is the most a kept answer's entry may hold; a larger
 	// answer is kept gzipped in parts of at most this size (keepParts).
 	partBytes int
@@ -75,21 +77,99 @@ type KVReplies struct {
 // KVRepliesBucket is the bucket's name.
 const KVRepliesBucket = "SIDECAR_CONTROL_REPLIES"
 
-// OpenKVReplies creates (or opens) the bucket, with replicas replicas
-// when it creates it (default 1). Replies expire after ttl (default 24h).
-func OpenKVReplies(ctx context.Context, js jetstream.JetStream, ttl time.Duration, replicas int) (*KVReplies, error) {
-	replicas = max(replicas, 1)
-	if ttl <= 0 {
-		ttl = 24 * time.Hour
+// KVRepliesOptions configure OpenKVReplies.
+type KVRepliesOptions struct {
+	// TTL is how long an answer is kept (default 24h).
+	TTL time.Duration
+	// Replicas of the bucket when OpenKVReplies creates it (default 1).
+	Replicas int
+	// MaxBytes bounds the bytes the bucket holds (default
+	// DefaultRepliesMaxBytes). When a new answer would pass it, the
+	// oldest entries are evicted (discard old): a keyed request is never
+	// refused for want of room, and a key whose answer was evicted runs
+	// its action again, as a key never seen does.
+	MaxBytes int64
+	// Log gets the warning of a bucket whose bound could not be set.
+	Log *zap.Logger
+}
+
+// DefaultRepliesMaxBytes is the replies bucket's bound by default: 1 GiB.
+const DefaultRepliesMaxBytes = 1 << 30
+
+// OpenKVReplies creates (or opens) the bucket. A bucket that exists with
+// another bound or discard policy (one created before the bound) is used
+// as it is, with one warning naming the command that aligns it.
+func OpenKVReplies(ctx context.Context, js jetstream.JetStream, opts KVRepliesOptions) (*KVReplies, error) {
+	if opts.MaxBytes < 0 {
+		return nil, fmt.Errorf("open %s: MaxBytes %d: want more than 0 (0 is %d)", KVRepliesBucket, opts.MaxBytes, DefaultRepliesMaxBytes)
 	}
-	kv, err := natsstore.OpenBucket(ctx, js, jetstream.KeyValueConfig{
-		Bucket: KVRepliesBucket, Description: "first answers of control requests with an Idempotency-Key",
-		TTL: ttl, History: 1, Storage: jetstream.FileStorage, Replicas: replicas,
-	})
+	if opts.MaxBytes == 0 {
+		opts.MaxBytes = DefaultRepliesMaxBytes
+	}
+	if opts.Log == nil {
+		opts.Log = zap.NewNop()
+	}
+	want := repliesStream(opts)
+	if _, err := js.CreateStream(ctx, want); err != nil {
+		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return nil, fmt.Errorf("open %s: %w", KVRepliesBucket, err)
+		}
+		if err := reportBound(ctx, js, want, opts.Log); err != nil {
+			return nil, fmt.Errorf("open %s: %w", KVRepliesBucket, err)
+		}
+	}
+	kv, err := js.KeyValue(ctx, KVRepliesBucket)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", KVRepliesBucket, err)
 	}
-	return &KVReplies{kv: kv, partBytes: replyPartBytes(js.Conn().MaxPayload()), StaleAfter: time.Minute, now: time.Now}, nil
+	return &KVReplies{kv: natsstore.BoundKeys(js, kv), js: js, partBytes: replyPartBytes(js.Conn().MaxPayload()), StaleAfter: time.Minute, now: time.Now}, nil
+}
+
+// repliesStream is the bucket's stream as the KV API makes it (History 1,
+// direct get, roll-ups, no deletes of the stream's messages), with a
+// bound and discard old, which the KV API cannot set.
+func repliesStream(opts KVRepliesOptions) jetstream.StreamConfig {
+	ttl := opts.TTL
+	if ttl <= 0 {
+		ttl = 24 * time.Hour
+	}
+	return jetstream.StreamConfig{
+		Name:              "KV_" + KVRepliesBucket,
+		Description:       "first answers of control requests with an Idempotency-Key",
+		Subjects:          []string{"$KV." + KVRepliesBucket + ".>"},
+		MaxMsgsPerSubject: 1,
+		MaxBytes:          opts.MaxBytes,
+		MaxAge:            ttl,
+		MaxMsgSize:        -1,
+		MaxMsgs:           -1,
+		MaxConsumers:      -1,
+		Storage:           jetstream.FileStorage,
+		Replicas:          max(opts.Replicas, 1),
+		AllowRollup:       true,
+		DenyDelete:        true,
+		AllowDirect:       true,
+		Duplicates:        min(2*time.Minute, ttl), // the KV API's duplicate window
+		Discard:           jetstream.DiscardOld,
+	}
+}
+
+// reportBound warns, once at open, when the existing bucket has another
+// bound or discard policy than want (it was created before the bound, or
+// with another --control-replies-max-bytes): serve never updates a stream
+// (its NATS user may not), so the bucket is used as it is, and the
+// warning carries the command that aligns it.
+func reportBound(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, log *zap.Logger) error {
+	st, err := js.Stream(ctx, want.Name)
+	if err != nil {
+		return err
+	}
+	have := st.CachedInfo().Config
+	if have.MaxBytes != want.MaxBytes || have.Discard != want.Discard {
+		log.Warn("the kept answers of Idempotency-Key requests have another bound than --control-replies-max-bytes (none: they grow until their TTL); change it as the NATS admin user",
+			zap.String("stream", want.Name), zap.Int64("maxBytes", have.MaxBytes), zap.Stringer("discard", have.Discard), zap.Int64("want", want.MaxBytes),
+			zap.String("fix", fmt.Sprintf("nats stream edit %s --max-bytes %d --discard old", want.Name, want.MaxBytes)))
+	}
+	return nil
 }
 
 // replyPartBytes is the most one entry of the bucket holds, for a
@@ -387,3 +467,38 @@ func (b *bufferedWriter) WriteHeader(code int)        { b.status = code }
 // Streams are the JetStream streams the replies are kept in: the
 // bucket's.
 func (r *KVReplies) Streams() []string { return []string{"KV_" + r.kv.Bucket()} }
+
+// repliesSizeTimeout bounds the stream-info request of one scrape.
+const repliesSizeTimeout = 2 * time.Second
+
+var (
+	repliesBytesDesc = prometheus.NewDesc("sidecar_control_replies_bytes",
+		"Bytes the kept answers of Idempotency-Key requests hold now (JetStream: the bucket's stream).", nil, nil)
+	repliesMaxBytesDesc = prometheus.NewDesc("sidecar_control_replies_max_bytes",
+		"The bound of the kept answers' bucket (-1: none, a bucket this NATS user may not update). At the bound the oldest answers are evicted before their TTL.", nil, nil)
+)
+
+// SizeCollector exports the bucket's size at each scrape:
+// sidecar_control_replies_bytes and sidecar_control_replies_max_bytes. A
+// scrape the server does not answer within 2 s exports neither. Register
+// it with the node's registry.
+func (k *KVReplies) SizeCollector() prometheus.Collector { return repliesSize{k} }
+
+type repliesSize struct{ k *KVReplies }
+
+func (c repliesSize) Describe(ch chan<- *prometheus.Desc) {
+	ch <- repliesBytesDesc
+	ch <- repliesMaxBytesDesc
+}
+
+func (c repliesSize) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), repliesSizeTimeout)
+	defer cancel()
+	st, err := c.k.js.Stream(ctx, "KV_"+c.k.kv.Bucket())
+	if err != nil {
+		return
+	}
+	info := st.CachedInfo()
+	ch <- prometheus.MustNewConstMetric(repliesBytesDesc, prometheus.GaugeValue, float64(info.State.Bytes))
+	ch <- prometheus.MustNewConstMetric(repliesMaxBytesDesc, prometheus.GaugeValue, float64(info.Config.MaxBytes))
+}

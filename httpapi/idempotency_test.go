@@ -33,6 +33,8 @@ type countingControl struct {
 	calls atomic.Int64
 	delay time.Duration
 	err   atomic.Pointer[error]
+	// notice is the State.Notice of every answer (it sizes the answers).
+	notice string
 }
 
 func (c *countingControl) act() (*drain.State, error) {
@@ -41,7 +43,7 @@ func (c *countingControl) act() (*drain.State, error) {
 	if e := c.err.Load(); e != nil {
 		return nil, *e
 	}
-	return &drain.State{}, nil
+	return &drain.State{Notice: c.notice}, nil
 }
 
 func (c *countingControl) setErr(err error) { c.err.Store(&err) }
@@ -98,7 +100,7 @@ func openReplies(t testing.TB, backend string) (httpapi.Replies, func(time.Durat
 		return replies, func(d time.Duration) { replies.StaleAfter = d }
 	}
 	js, _ := natstest.Start(t)
-	replies, err := httpapi.OpenKVReplies(ctx, js, time.Hour, 1)
+	replies, err := httpapi.OpenKVReplies(ctx, js, httpapi.KVRepliesOptions{TTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,8 +109,14 @@ func openReplies(t testing.TB, backend string) (httpapi.Replies, func(time.Durat
 
 func newReplayEnvTB(t testing.TB, backend string) *replayEnv {
 	t.Helper()
-	ctx := context.Background()
 	replies, stale := openReplies(t, backend)
+	return newReplayEnvWith(t, replies, stale)
+}
+
+// newReplayEnvWith serves the replay tests' API over replies.
+func newReplayEnvWith(t testing.TB, replies httpapi.Replies, stale func(time.Duration)) *replayEnv {
+	t.Helper()
+	ctx := context.Background()
 	runs := memstore.New(statestore.ProjectorOptions{})
 	for _, run := range []string{"run-1", "run-2"} {
 		if _, err := runs.Append(ctx, storetest.Event(run, statestore.RunStarted, "")); err != nil {

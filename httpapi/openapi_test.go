@@ -200,7 +200,7 @@ func newContractEnv(t *testing.T) *contractEnv {
 		nsrv := natstestServer(t)
 		js := natstest.Connect(t, nsrv, jetstream.WithDefaultTimeout(500*time.Millisecond))
 		store, list := openListedLog(t, js)
-		replies, err := httpapi.OpenKVReplies(ctx, js, 0, 1)
+		replies, err := httpapi.OpenKVReplies(ctx, js, httpapi.KVRepliesOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}

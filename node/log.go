@@ -58,11 +58,12 @@ func (n *Node) openJetStreamLog(ctx context.Context) (*registry.Registry, error)
 		return nil, err
 	}
 	n.add(part{name: "event ids", streams: ids.Streams()})
-	replies, err := httpapi.OpenKVReplies(ctx, n.js, 0, n.cfg.Replicas)
+	replies, err := httpapi.OpenKVReplies(ctx, n.js, httpapi.KVRepliesOptions{Replicas: n.cfg.Replicas, MaxBytes: n.cfg.RepliesMaxBytes, Log: n.log})
 	if err != nil {
 		return nil, err
 	}
 	n.replies = replies
+	n.reg.MustRegister(replies.SizeCollector())
 	n.add(part{name: "replies", streams: replies.Streams()})
 	return ids, nil
 }

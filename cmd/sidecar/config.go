@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/node"
 	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
@@ -62,6 +63,9 @@ type Config struct {
 	// ListFinishedInMemory is how many finished runs' rows of the run list
 	// each replica keeps in memory (runlist.Options.MaxFinished).
 	ListFinishedInMemory int
+	// ControlRepliesMaxMiB bounds the kept answers of Idempotency-Key
+	// requests (the JetStream bucket), in MiB.
+	ControlRepliesMaxMiB int
 	ShutdownGrace        time.Duration
 	LogFormat            string
 	LogLevel             string
@@ -101,6 +105,7 @@ func DefaultConfig() Config {
 		ShutdownGrace:        30 * time.Second,
 		PollersPerType:       1,
 		ListFinishedInMemory: runlist.DefaultMaxFinished,
+		ControlRepliesMaxMiB: httpapi.DefaultRepliesMaxBytes >> 20,
 		NATSReplicas:         1,
 		NATSStartTimeout:     2 * time.Minute,
 		LogFormat:            "json",
@@ -109,6 +114,14 @@ func DefaultConfig() Config {
 		Admission:            admissionConfig{Policy: "queue", Delay: 30 * time.Second},
 	}
 }
+
+// minRepliesMiB and maxRepliesMiB bound --control-replies-max-mib: the
+// bucket holds at least a few bulk answers (about 1 MiB each, in parts),
+// and at most 1 TiB.
+const (
+	minRepliesMiB = 16
+	maxRepliesMiB = 1 << 20
+)
 
 // postgresStore reports whether --store names a PostgreSQL database.
 func (c *Config) postgresStore() bool {
@@ -125,8 +138,9 @@ func (c *Config) node(log *zap.Logger, own []string) (nc node.Config, err error)
 		Embedded:     natsstore.EmbeddedConfig{DataDir: c.DataDir, Listen: c.NATS.Listen, SyncInterval: c.SyncInterval},
 		DrainTimeout: c.DrainTimeout, WorkerID: c.WorkerID, TaskDomain: c.TaskDomain, Concurrency: c.Concurrency,
 		PollersPerType: c.PollersPerType, ValidateWrites: c.ValidateWrites, ListFinishedInMemory: c.ListFinishedInMemory,
-		Admission: node.Admission{Limits: c.Admission.Limits, Policy: c.Admission.Policy, Delay: c.Admission.Delay},
-		Secrets:   &secrets.Resolver{Logger: log}}
+		RepliesMaxBytes: int64(c.ControlRepliesMaxMiB) << 20,
+		Admission:       node.Admission{Limits: c.Admission.Limits, Policy: c.Admission.Policy, Delay: c.Admission.Delay},
+		Secrets:         &secrets.Resolver{Logger: log}}
 	if c.postgresStore() {
 		nc.Postgres = c.Store
 	}
@@ -238,6 +252,9 @@ func (c *Config) Validate() error {
 	if c.PollersPerType < 1 || c.PollersPerType > 64 {
 		p = append(p, fmt.Sprintf("--pollers-per-type %d: want 1 to 64 (more than 1 only on a Conductor whose queue takes concurrent polls, such as its PostgreSQL store)", c.PollersPerType))
 	}
+	if c.ControlRepliesMaxMiB < minRepliesMiB || c.ControlRepliesMaxMiB > maxRepliesMiB {
+		p = append(p, fmt.Sprintf("--control-replies-max-mib %d: want %d to %d (a bulk answer is kept in parts of up to 1 MiB)", c.ControlRepliesMaxMiB, minRepliesMiB, maxRepliesMiB))
+	}
 	if c.ListFinishedInMemory < 1 {
 		p = append(p, fmt.Sprintf("--list-finished-in-memory %d: want at least 1", c.ListFinishedInMemory))
 	}
@@ -305,6 +322,12 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	if v, ok := os.LookupEnv(envName("nats-replicas")); ok {
 		if fs.Set("nats-replicas", v) != nil {
 			c.NATSReplicas = 0 // Validate names it
+		}
+	}
+	fs.Var(&intValue{&c.ControlRepliesMaxMiB}, "control-replies-max-mib", "MiB the kept answers of control requests with an Idempotency-Key may hold (JetStream bucket "+httpapi.KVRepliesBucket+"); at the bound the oldest are evicted before their 24 h, and a retry of an evicted key runs its action again (docs/drain.md) (env "+envName("control-replies-max-mib")+")")
+	if v, ok := os.LookupEnv(envName("control-replies-max-mib")); ok {
+		if fs.Set("control-replies-max-mib", v) != nil {
+			c.ControlRepliesMaxMiB = 0 // Validate names it
 		}
 	}
 	fs.Var(&intValue{&c.ListFinishedInMemory}, "list-finished-in-memory", "finished runs of the run list each replica keeps in memory, the newest (about 1 KB each); older ones are read from NATS when a listing reaches them (env "+envName("list-finished-in-memory")+")")
