@@ -18,3 +18,6 @@ func (s *Server) Routes() []string {
 // SetPartBytes sets the most one entry of the bucket holds, so that a
 // test keeps an answer in parts without making it megabytes long.
 func (k *KVReplies) SetPartBytes(n int) { k.partBytes = n }
+
+// PruneNext makes the next Claim prune, however recent the last prune.
+func (p *PostgresReplies) PruneNext() { p.lastPrune.Store(0) }

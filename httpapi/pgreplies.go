@@ -21,7 +21,9 @@ type PostgresReplies struct {
 	// StaleAfter is how long a claim without an answer blocks its key
 	// (a process that died mid-request); then a retry takes it over.
 	StaleAfter time.Duration
-	timeout    time.Duration
+	// MaxBytes bounds the table's rows (0: DefaultRepliesMaxBytes).
+	MaxBytes int64
+	timeout  time.Duration
 	// lastPrune is when a Claim last deleted the expired rows (unix ns).
 	lastPrune atomic.Int64
 }
@@ -94,8 +96,20 @@ func (p *PostgresReplies) Claim(ctx context.Context, key, fp string) (*Reply, er
 	return nil, ErrReplyPending
 }
 
-// prune deletes the expired rows, at most once every pruneEvery across
-// the process's Claims; a failure is left to the next one.
+// pruneBytes deletes the oldest rows (by claimed_at, which a keep sets)
+// past the newest $1 bytes: a row counts its key, its fingerprint and its
+// body as stored (pg_column_size: compressed, if PostgreSQL compressed it).
+const pruneBytes = `DELETE FROM control_replies c USING (
+	SELECT key FROM (
+		SELECT key, sum(octet_length(key) + octet_length(fingerprint) + coalesce(pg_column_size(body), 0))
+			OVER (ORDER BY claimed_at DESC, key ROWS UNBOUNDED PRECEDING) AS newer
+		FROM control_replies) r
+	WHERE newer > $1) old
+WHERE c.key = old.key`
+
+// prune deletes the expired rows, then the oldest past MaxBytes, at most
+// once every pruneEvery across the process's Claims; a failure is left to
+// the next one.
 func (p *PostgresReplies) prune(ctx context.Context) {
 	now := time.Now().UnixNano()
 	last := p.lastPrune.Load()
@@ -103,6 +117,11 @@ func (p *PostgresReplies) prune(ctx context.Context) {
 		return
 	}
 	_, _ = p.pool.Exec(ctx, "DELETE FROM control_replies WHERE claimed_at < now() - $1::bigint * interval '1 microsecond'", p.ttl.Microseconds())
+	maxBytes := p.MaxBytes
+	if maxBytes <= 0 {
+		maxBytes = DefaultRepliesMaxBytes
+	}
+	_, _ = p.pool.Exec(ctx, pruneBytes, maxBytes)
 }
 
 // Keep implements Replies.

@@ -2,6 +2,8 @@ package httpapi_test
 
 import (
 	"context"
+	"fmt"
+	"math/rand"
 	"testing"
 	"time"
 
@@ -68,5 +70,58 @@ func TestPostgresReplies_ExpiryAndStaleness(t *testing.T) {
 	}
 	if len(keys) != 1 || keys[0] != "new" {
 		t.Fatalf("rows after the prune: %v, want [new]", keys)
+	}
+}
+
+// TestPostgresReplies_BoundedBytes: the rows of kept answers hold at most
+// MaxBytes once a claim pruned (at most once a minute); the newest
+// answers stay, and the oldest key, evicted, is claimed anew: its action
+// runs again.
+func TestPostgresReplies_BoundedBytes(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.URL(t)
+	store, err := pgstore.Open(ctx, url, pgstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	replies, err := httpapi.OpenPostgresReplies(ctx, store.Pool(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bound = 1 << 20
+	replies.MaxBytes = bound
+	body := func(i int) []byte { // 50 KB that do not compress
+		b := make([]byte, 25<<10)
+		rand.New(rand.NewSource(int64(i))).Read(b)
+		return []byte(fmt.Sprintf(`{"n":%d,"x":"%x"}`, i, b))
+	}
+	const keys = 60 // about 3 MB
+	for i := range keys {
+		key := fmt.Sprintf("bound-%d", i)
+		if r, err := replies.Claim(ctx, key, "fp"); r != nil || err != nil {
+			t.Fatalf("claim %d: %v %v", i, r, err)
+		}
+		if err := replies.Keep(ctx, key, "fp", &httpapi.Reply{Status: 200, Body: body(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	replies.PruneNext()
+	if _, err := replies.Claim(ctx, "bound-next", "fp"); err != nil {
+		t.Fatal(err)
+	}
+	var kept int64
+	if err := store.Pool().QueryRow(ctx, "SELECT coalesce(sum(octet_length(key) + octet_length(fingerprint) + coalesce(pg_column_size(body), 0)), 0) FROM control_replies").Scan(&kept); err != nil {
+		t.Fatal(err)
+	}
+	if kept > bound {
+		t.Fatalf("the kept answers hold %d bytes after %d answers of 50 KB and a prune, over the bound of %d", kept, keys, bound)
+	}
+	last := fmt.Sprintf("bound-%d", keys-1)
+	if r, err := replies.Claim(ctx, last, "fp"); err != nil || r == nil || string(r.Body) != string(body(keys-1)) {
+		t.Fatalf("the newest answer: %v, %v; want it replayed", r != nil, err)
+	}
+	if r, err := replies.Claim(ctx, "bound-0", "fp"); r != nil || err != nil {
+		t.Fatalf("the oldest key: replayed %v, %v; want it evicted and claimed anew", r != nil, err)
 	}
 }

@@ -79,9 +79,12 @@ func (n *Node) openPostgres(ctx context.Context) (*registry.Registry, error) {
 	if err != nil {
 		return nil, err
 	}
-	if n.replies, err = httpapi.OpenPostgresReplies(ctx, pg.Pool(), 0); err != nil {
+	replies, err := httpapi.OpenPostgresReplies(ctx, pg.Pool(), 0)
+	if err != nil {
 		return nil, err
 	}
+	replies.MaxBytes = n.cfg.RepliesMaxBytes
+	n.replies = replies
 	n.log.Info("run event log, event ids and control replies on postgresql", zap.String("database", pg.Pool().Config().ConnConfig.Database))
 	return ids, nil
 }

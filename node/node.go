@@ -87,8 +87,9 @@ type Config struct {
 	Secrets *secrets.Resolver
 	// DrainTimeout is a pause's default drain timeout.
 	DrainTimeout time.Duration
-	// RepliesMaxBytes bounds the JetStream bucket of kept answers of
-	// Idempotency-Key requests (0: httpapi.DefaultRepliesMaxBytes).
+	// RepliesMaxBytes bounds the kept answers of Idempotency-Key requests,
+	// JetStream's bucket or PostgreSQL's table (0:
+	// httpapi.DefaultRepliesMaxBytes).
 	RepliesMaxBytes int64
 	// ListFinishedInMemory bounds the run list's finished rows in memory
 	// (runlist.Options.MaxFinished; 0: its default).

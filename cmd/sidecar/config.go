@@ -64,7 +64,7 @@ type Config struct {
 	// each replica keeps in memory (runlist.Options.MaxFinished).
 	ListFinishedInMemory int
 	// ControlRepliesMaxMiB bounds the kept answers of Idempotency-Key
-	// requests (the JetStream bucket), in MiB.
+	// requests (JetStream's bucket or PostgreSQL's table), in MiB.
 	ControlRepliesMaxMiB int
 	ShutdownGrace        time.Duration
 	LogFormat            string
@@ -324,7 +324,7 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 			c.NATSReplicas = 0 // Validate names it
 		}
 	}
-	fs.Var(&intValue{&c.ControlRepliesMaxMiB}, "control-replies-max-mib", "MiB the kept answers of control requests with an Idempotency-Key may hold (JetStream bucket "+httpapi.KVRepliesBucket+"); at the bound the oldest are evicted before their 24 h, and a retry of an evicted key runs its action again (docs/drain.md) (env "+envName("control-replies-max-mib")+")")
+	fs.Var(&intValue{&c.ControlRepliesMaxMiB}, "control-replies-max-mib", "MiB the kept answers of control requests with an Idempotency-Key may hold (JetStream bucket "+httpapi.KVRepliesBucket+", or PostgreSQL table control_replies, pruned once a minute); at the bound the oldest are evicted before their 24 h, and a retry of an evicted key runs its action again (docs/drain.md) (env "+envName("control-replies-max-mib")+")")
 	if v, ok := os.LookupEnv(envName("control-replies-max-mib")); ok {
 		if fs.Set("control-replies-max-mib", v) != nil {
 			c.ControlRepliesMaxMiB = 0 // Validate names it
