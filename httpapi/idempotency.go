@@ -165,7 +165,7 @@ func reportBound(ctx context.Context, js jetstream.JetStream, want jetstream.Str
 	}
 	have := st.CachedInfo().Config
 	if have.MaxBytes != want.MaxBytes || have.Discard != want.Discard {
-		log.Warn("the kept answers of Idempotency-Key requests have another bound than --control-replies-max-bytes (none: they grow until their TTL); change it as the NATS admin user",
+		log.Warn("the kept answers of Idempotency-Key requests keep the bound their bucket was created with, not --control-replies-max-mib's (maxBytes -1: none, they grow until their TTL); change it as the NATS admin user",
 			zap.String("stream", want.Name), zap.Int64("maxBytes", have.MaxBytes), zap.Stringer("discard", have.Discard), zap.Int64("want", want.MaxBytes),
 			zap.String("fix", fmt.Sprintf("nats stream edit %s --max-bytes %d --discard old", want.Name, want.MaxBytes)))
 	}

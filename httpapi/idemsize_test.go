@@ -116,7 +116,7 @@ func TestKVReplies_AnExistingBucketKeepsItsBound(t *testing.T) {
 	}
 	warns := open(js, 8<<20)
 	fix := "nats stream edit KV_SIDECAR_CONTROL_REPLIES --max-bytes 8388608 --discard old"
-	if len(warns) != 1 || warns[0].ContextMap()["fix"] != fix {
+	if len(warns) != 1 || warns[0].ContextMap()["fix"] != fix || !strings.Contains(warns[0].Message, "--control-replies-max-mib") {
 		t.Fatalf("opening a bucket made without a bound: warnings %v, want one with fix %q", warns, fix)
 	}
 	if info := repliesBytes(t, js); info.Config.MaxBytes != -1 || info.Config.Discard != jetstream.DiscardNew {
