@@ -12,6 +12,7 @@ type Metrics struct {
 	requests *prometheus.CounterVec
 	tasks    *prometheus.CounterVec
 	gate     *prometheus.HistogramVec
+	held     prometheus.Gauge
 }
 
 // NewMetrics registers the proxy's metrics with reg.
@@ -19,7 +20,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sidecar_proxy_requests_total",
-			Help: "Requests the task proxy served, by kind: poll, batch_poll, update, update_v2, update_by_ref, forward (any other call, passed through), unauthorized.",
+			Help: "Requests the task proxy served, by kind: poll, batch_poll, update, update_v2, update_by_ref, forward (another call of workers, passed through), unauthorized, refused (not a call of workers: 403 PROXY_ROUTE_NOT_FORWARDED), too_large (413), busy (503 PROXY_BUSY).",
 		}, []string{"kind"}),
 		tasks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sidecar_proxy_external_tasks_total",
@@ -30,8 +31,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time the proxy added to a worker's call for external steps' tasks, by stage: poll (the gate of a poll's answer, StepStarted appended, for all its tasks), update (the outcome recorded before the update is forwarded).",
 			Buckets: []float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 		}, []string{"stage"}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sidecar_proxy_buffered_bytes",
+			Help: "Bytes of update bodies the task proxy holds now (its room taken: Content-Length, or the per-update bound for a body of unannounced length); at most its MaxBufferedBytes.",
+		}),
 	}
-	for _, k := range []string{"poll", "batch_poll", "update", "update_v2", "update_by_ref", "forward", "unauthorized"} {
+	for _, k := range []string{"poll", "batch_poll", "update", "update_v2", "update_by_ref", "forward", "unauthorized", "refused", "too_large", "busy"} {
 		m.requests.WithLabelValues(k)
 	}
 	for _, o := range []string{"admitted", "held_back", "update_answered", "update_not_recorded"} {
@@ -40,7 +45,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, st := range []string{"poll", "update"} {
 		m.gate.WithLabelValues(st)
 	}
-	reg.MustRegister(m.requests, m.tasks, m.gate)
+	reg.MustRegister(m.requests, m.tasks, m.gate, m.held)
 	return m
 }
 
@@ -60,5 +65,12 @@ func (m *Metrics) task(outcome string) {
 func (m *Metrics) gated(stage string, began time.Time) {
 	if m != nil {
 		m.gate.WithLabelValues(stage).Observe(time.Since(began).Seconds())
+	}
+}
+
+// buffered adds d to the bytes of update bodies held now.
+func (m *Metrics) buffered(d int64) {
+	if m != nil {
+		m.held.Add(float64(d))
 	}
 }

@@ -64,6 +64,25 @@ type Options struct {
 	// custom header changes only its server URL. The header is not
 	// forwarded.
 	Tokens []string
+	// ForwardAll forwards every request the proxy does not intercept, as
+	// Conductor's whole API: a worker that may reach the proxy may then
+	// pause, resume, terminate and read every workflow, any tenant's.
+	// Off: only the calls workers make are forwarded (routes.go), the
+	// rest answered 403 CodeRouteNotForwarded.
+	ForwardAll bool
+	// MaxUpdateBytes bounds a request's body (default
+	// DefaultMaxUpdateBytes; 413 CodeUpdateTooLarge beyond).
+	// MaxBufferedBytes bounds the update bodies held at once, across
+	// requests (default DefaultMaxBufferedBytes, at least
+	// MaxUpdateBytes); an update waits BufferWait (default
+	// DefaultBufferWait) for room, then is answered 503 CodeBusy.
+	MaxUpdateBytes, MaxBufferedBytes int64
+	BufferWait                       time.Duration
+	// Timeouts of the listener (defaults as the control API's:
+	// DefaultReadHeaderTimeout, DefaultReadTimeout, DefaultWriteTimeout,
+	// DefaultIdleTimeout). A request whose body has not arrived within
+	// ReadTimeout is cut off.
+	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
 	// Transport carries the forwarded requests (default: a keep-alive
 	// transport sized for many workers).
 	Transport http.RoundTripper
@@ -74,19 +93,6 @@ type Options struct {
 
 // TokenHeader is the header a worker presents the proxy's token in.
 const TokenHeader = "X-Sidecar-Proxy-Token"
-
-// Error codes the proxy itself answers with, as {"code", "message"}.
-const (
-	// CodeUnauthorized: Options.Tokens is set and the request has none of them.
-	CodeUnauthorized = "PROXY_UNAUTHORIZED"
-	// CodeStoreUnavailable: the update's outcome could not be recorded;
-	// the worker should retry its update (the SDKs do).
-	CodeStoreUnavailable = "STATE_STORE_UNAVAILABLE"
-	// CodeBadRequest: the update's body is not a task result.
-	CodeBadRequest = "PROXY_BAD_REQUEST"
-	// CodeConductorUnavailable: Conductor did not answer.
-	CodeConductorUnavailable = "CONDUCTOR_UNAVAILABLE"
-)
 
 // Proxy is the task proxy. New builds it; Open serves it on a listener;
 // Close stops it.
@@ -100,6 +106,7 @@ type Proxy struct {
 	srv    *http.Server
 	done   chan struct{}
 	seen   seenTasks
+	buf    *buffers
 }
 
 // New returns a Proxy in front of Options.Conductor for steps.
@@ -111,6 +118,9 @@ func New(steps Steps, opts Options) (*Proxy, error) {
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
+	if err := setLimitDefaults(&opts); err != nil {
+		return nil, err
+	}
 	if opts.Transport == nil {
 		opts.Transport = &http.Transport{
 			Proxy: nil, DialContext: (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -118,7 +128,7 @@ func New(steps Steps, opts Options) (*Proxy, error) {
 		}
 	}
 	p := &Proxy{base: base, steps: steps, opts: opts, log: opts.Logger.Named("proxy"),
-		client: &http.Client{Transport: opts.Transport}, done: make(chan struct{})}
+		client: &http.Client{Transport: opts.Transport}, done: make(chan struct{}), buf: newBuffers(opts.MaxBufferedBytes, opts.Metrics)}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.Out.URL = p.target(r.In.URL)
@@ -127,6 +137,10 @@ func New(steps Steps, opts Options) (*Proxy, error) {
 		},
 		Transport: opts.Transport,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if tooBig := (*http.MaxBytesError)(nil); errors.As(err, &tooBig) {
+				writeError(w, http.StatusRequestEntityTooLarge, CodeUpdateTooLarge, tooLarge(opts.MaxUpdateBytes))
+				return
+			}
 			p.log.Warn("Conductor did not answer a forwarded request", zap.String("path", r.URL.Path), zap.Error(err))
 			writeError(w, http.StatusBadGateway, CodeConductorUnavailable, err.Error())
 		},
@@ -136,7 +150,9 @@ func New(steps Steps, opts Options) (*Proxy, error) {
 
 // Open serves the proxy on ln until Close.
 func (p *Proxy) Open(ln net.Listener) {
-	p.srv = &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second}
+	p.srv = &http.Server{Handler: p, ReadHeaderTimeout: p.opts.ReadHeaderTimeout, ReadTimeout: p.opts.ReadTimeout,
+		WriteTimeout: p.opts.WriteTimeout, IdleTimeout: p.opts.IdleTimeout, MaxHeaderBytes: MaxHeaderBytes,
+		ErrorLog: zap.NewStdLog(p.log.Named("http"))}
 	go func() {
 		defer close(p.done)
 		if err := p.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -159,17 +175,21 @@ func (p *Proxy) Close(ctx context.Context) error {
 
 // target is Conductor's URL for a request URL of the proxy: its path
 // without the leading /api (the base URL has its own) and without a
-// token segment.
+// token segment. /health is Conductor's, beside its /api.
 func (p *Proxy) target(in *url.URL) *url.URL {
 	out := *p.base
 	out.Path = p.base.Path + strings.TrimPrefix(in.Path, "/api")
+	if out.Path == p.base.Path+"/health" {
+		out.Path = strings.TrimSuffix(p.base.Path, "/api") + "/health"
+	}
 	out.RawPath = ""
 	out.RawQuery = in.RawQuery
 	return &out
 }
 
-// ServeHTTP authenticates the request and routes it: task polls and
-// updates are intercepted, the rest forwarded.
+// ServeHTTP authenticates the request, before anything of its body is
+// read, and routes it (routeOf): task polls and updates are intercepted,
+// the workers' other calls forwarded, the rest refused.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !p.authorize(r) {
 		p.opts.Metrics.request("unauthorized")
@@ -177,25 +197,36 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	path := strings.TrimPrefix(r.URL.Path, "/api")
-	switch {
-	case r.Method == http.MethodGet && strings.HasPrefix(path, "/tasks/poll/batch/"):
+	switch routeOf(r.Method, r.URL.Path, p.opts.ForwardAll) {
+	case routeBatchPoll:
 		p.opts.Metrics.request("batch_poll")
 		p.poll(w, r, true)
-	case r.Method == http.MethodGet && strings.HasPrefix(path, "/tasks/poll/"):
+	case routePoll:
 		p.opts.Metrics.request("poll")
 		p.poll(w, r, false)
-	case r.Method == http.MethodPost && (path == "/tasks" || path == "/tasks/"):
+	case routeUpdate:
 		p.opts.Metrics.request("update")
 		p.update(w, r, false)
-	case r.Method == http.MethodPost && path == "/tasks/update-v2":
+	case routeUpdateV2:
 		p.opts.Metrics.request("update_v2")
 		p.update(w, r, true)
-	case r.Method == http.MethodPost && isUpdateByRef(path):
+	case routeUpdateByRef:
 		p.opts.Metrics.request("update_by_ref")
 		p.updateByRef(w, r, path)
-	default:
+	case routeForward:
+		if r.ContentLength > p.opts.MaxUpdateBytes {
+			p.opts.Metrics.request("too_large")
+			writeError(w, http.StatusRequestEntityTooLarge, CodeUpdateTooLarge, tooLarge(p.opts.MaxUpdateBytes))
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, p.opts.MaxUpdateBytes)
 		p.opts.Metrics.request("forward")
 		p.rp.ServeHTTP(w, r)
+	default:
+		p.opts.Metrics.request("refused")
+		p.log.Warn("refused a request the task proxy does not forward", zap.String("method", r.Method), zap.String("path", r.URL.Path))
+		writeError(w, http.StatusForbidden, CodeRouteNotForwarded, "the task proxy forwards only the calls workers make ("+r.Method+" "+r.URL.Path+
+			" is not one): call Conductor directly, or start serve with --conductor-proxy-forward-all")
 	}
 }
 
@@ -380,11 +411,11 @@ func (p *Proxy) poll(w http.ResponseWriter, r *http.Request, batch bool) {
 // update records an update of an external step's task, then forwards it;
 // update-v2's answer (the worker's next task) passes the gate too.
 func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxUpdateBytes+1))
-	if err != nil || len(body) > maxUpdateBytes {
-		writeError(w, http.StatusBadRequest, CodeBadRequest, "the task result could not be read, or exceeds 64 MiB")
+	body, release, ok := p.readBody(w, r)
+	if !ok {
 		return
 	}
+	defer release()
 	var res model.TaskResult
 	if err := json.Unmarshal(body, &res); err != nil {
 		// Not ours to judge: Conductor answers it.
@@ -423,9 +454,6 @@ func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
 	}
 	p.relay(w, r, body, v2, t, a, &res)
 }
-
-// maxUpdateBytes caps an update's body.
-const maxUpdateBytes = 64 << 20
 
 // relay forwards an update and answers the worker as Conductor answered;
 // t (of an external step, a its assignment) is reported once Conductor
@@ -515,11 +543,11 @@ func isUpdateByRef(path string) bool {
 // task (the workflow's task of that reference, in progress) and forwards
 // it; the body is the task's output.
 func (p *Proxy) updateByRef(w http.ResponseWriter, r *http.Request, path string) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxUpdateBytes+1))
-	if err != nil || len(body) > maxUpdateBytes {
-		writeError(w, http.StatusBadRequest, CodeBadRequest, "the task output could not be read, or exceeds 64 MiB")
+	body, release, ok := p.readBody(w, r)
+	if !ok {
 		return
 	}
+	defer release()
 	parts := strings.Split(strings.TrimPrefix(path, "/tasks/"), "/")
 	t, a, err := p.taskByRef(r, parts[0], parts[1])
 	if err != nil {

@@ -1,0 +1,29 @@
+package proxy
+
+// Error codes the proxy itself answers with, as {"status", "code",
+// "message", "retryable"}. Any other answer is Conductor's, relayed.
+const (
+	// CodeUnauthorized: Options.Tokens is set and the request has none of them.
+	CodeUnauthorized = "PROXY_UNAUTHORIZED"
+	// CodeRouteNotForwarded: the request is not one of the calls workers
+	// make (routes.go) and Options.ForwardAll is off; nothing was sent to
+	// Conductor (403).
+	CodeRouteNotForwarded = "PROXY_ROUTE_NOT_FORWARDED"
+	// CodeUpdateTooLarge: a request's body is larger than
+	// Options.MaxUpdateBytes; nothing was forwarded (413).
+	CodeUpdateTooLarge = "PROXY_UPDATE_TOO_LARGE"
+	// CodeBusy: the updates in progress already hold
+	// Options.MaxBufferedBytes and none ended within Options.BufferWait;
+	// nothing was read or forwarded, retry the update (503, Retry-After).
+	CodeBusy = "PROXY_BUSY"
+	// CodeRequestTimeout: the request's body did not arrive within the
+	// listener's read timeout; nothing was forwarded (408).
+	CodeRequestTimeout = "PROXY_REQUEST_TIMEOUT"
+	// CodeStoreUnavailable: the update's outcome could not be recorded;
+	// the worker should retry its update (the SDKs do).
+	CodeStoreUnavailable = "STATE_STORE_UNAVAILABLE"
+	// CodeBadRequest: the update's body is not a task result.
+	CodeBadRequest = "PROXY_BAD_REQUEST"
+	// CodeConductorUnavailable: Conductor did not answer.
+	CodeConductorUnavailable = "CONDUCTOR_UNAVAILABLE"
+)
