@@ -113,9 +113,12 @@ type Config struct {
 	// ConductorProxy, when set, is the bound listener of the task proxy:
 	// Conductor's API for outside workers, their external steps gated and
 	// recorded. ConductorProxyTokens are the tokens it requires (none:
-	// any request).
-	ConductorProxy       net.Listener
-	ConductorProxyTokens []string
+	// any request). ConductorProxyForwardAll forwards Conductor's whole
+	// API through it, not only the calls workers make
+	// (proxy.Options.ForwardAll).
+	ConductorProxy           net.Listener
+	ConductorProxyTokens     []string
+	ConductorProxyForwardAll bool
 	// Adopt is the adoption of existing workflow definitions (no specs:
 	// none).
 	Adopt adapter.AdopterOptions

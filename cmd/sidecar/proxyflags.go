@@ -21,12 +21,16 @@ type proxyConfig struct {
 	// NoAuth allows a non-loopback Listen without TokenFile: Conductor's
 	// own authentication, or the network, keeps workers apart.
 	NoAuth bool
+	// ForwardAll forwards Conductor's whole API, not only the calls
+	// workers make: a proxy token then grants every tenant's workflows.
+	ForwardAll bool
 }
 
 func (c *proxyConfig) registerFlags(fs *flag.FlagSet) {
 	stringFlag(fs, &c.Listen, "conductor-proxy-listen", "serve Conductor's API for outside workers on this address (the task proxy; empty: off)")
 	stringFlag(fs, &c.TokenFile, "conductor-proxy-token-file", "file of the tokens the task proxy requires, one per line (header "+"X-Sidecar-Proxy-Token, or the URL's first path segment)")
 	boolFlag(fs, &c.NoAuth, "conductor-proxy-no-auth", "allow a non-loopback --conductor-proxy-listen without --conductor-proxy-token-file")
+	boolFlag(fs, &c.ForwardAll, "conductor-proxy-forward-all", "forward Conductor's whole API through the task proxy, not only the calls workers make (the proxy token then grants Conductor's whole API, every tenant)")
 }
 
 func (c *proxyConfig) validate() []string {
@@ -60,5 +64,6 @@ func (c *proxyConfig) apply(nc *node.Config) error {
 		return fmt.Errorf("--conductor-proxy-listen %s: %w", c.Listen, err)
 	}
 	nc.ConductorProxy = ln
+	nc.ConductorProxyForwardAll = c.ForwardAll
 	return nil
 }
