@@ -69,6 +69,10 @@ func TestProxy_RefusesWhatWorkersDoNotCall(t *testing.T) {
 		{http.MethodDelete, "/api/metadata/taskdefs/" + e.tt},
 		{http.MethodPut, "/api/tasks/../workflow/" + wfID + "/resume"},
 		{http.MethodPut, "/api/tasks/x/..;/../workflow/" + wfID + "/resume"},
+		// The shape of an update by reference, resolved by Conductor to
+		// POST /workflow/{name}: a start.
+		{http.MethodPost, "/api/tasks/../workflow/COMPLETED"},
+		{http.MethodPost, "/api/tasks/./x/y/COMPLETED"},
 		{http.MethodPost, "/api/tasks/queue/requeue/COMPLETED"},
 	} {
 		resp, body := call(t, c.method, origin+c.path, nil)
