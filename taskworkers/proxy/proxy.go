@@ -1,6 +1,8 @@
 // Package proxy is the task proxy: Conductor's REST API on a listener of
-// its own, for workers written with Conductor's SDKs. It forwards every
-// call to Conductor unchanged except task polls and task updates: a polled
+// its own, for workers written with Conductor's SDKs. It forwards the
+// calls workers make (routes.go; the rest is refused unless
+// Options.ForwardAll) to Conductor unchanged, within the limits of
+// limits.go, except task polls and task updates: a polled
 // task of an external step (plan.ExecutorExternal) reaches the worker only
 // through the gate (taskworkers.Worker.Admit: the run is not paused,
 // draining or cancelled, and StepStarted is in the log), and the worker's
