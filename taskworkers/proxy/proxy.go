@@ -109,6 +109,7 @@ type Proxy struct {
 	done   chan struct{}
 	seen   seenTasks
 	buf    *buffers
+	refuse refusals
 }
 
 // New returns a Proxy in front of Options.Conductor for steps.
@@ -226,7 +227,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.rp.ServeHTTP(w, r)
 	default:
 		p.opts.Metrics.request("refused")
-		p.log.Warn("refused a request the task proxy does not forward", zap.String("method", r.Method), zap.String("path", r.URL.Path))
+		p.refuse.log(p.log, r.Method, r.URL.Path)
 		writeError(w, http.StatusForbidden, CodeRouteNotForwarded, "the task proxy forwards only the calls workers make ("+r.Method+" "+r.URL.Path+
 			" is not one): call Conductor directly, or start serve with --conductor-proxy-forward-all")
 	}

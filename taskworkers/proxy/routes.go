@@ -3,6 +3,10 @@ package proxy
 import (
 	"net/http"
 	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
 )
 
 // route is what the proxy does with a request.
@@ -122,4 +126,27 @@ func cleanPath(p string) bool {
 		}
 	}
 	return true
+}
+
+// refusals logs refused requests, at most one line a second: a worker
+// that keeps calling a refused route shows in the log without filling it.
+type refusals struct {
+	mu      sync.Mutex
+	last    time.Time
+	skipped int
+}
+
+func (r *refusals) log(l *zap.Logger, method, path string) {
+	r.mu.Lock()
+	now := time.Now()
+	if now.Sub(r.last) < time.Second {
+		r.skipped++
+		r.mu.Unlock()
+		return
+	}
+	skipped := r.skipped
+	r.last, r.skipped = now, 0
+	r.mu.Unlock()
+	l.Warn("refused a request the task proxy does not forward (--conductor-proxy-forward-all forwards it)",
+		zap.String("method", method), zap.String("path", path), zap.Int("refusedNotLogged", skipped))
 }
