@@ -33,6 +33,9 @@ const (
 	CodeInternal = "INTERNAL"
 	// CodeNotReady: the sidecar cannot serve the request now (/readyz).
 	CodeNotReady = "NOT_READY"
+	// CodeSessionsFull: the console's session table is full of other
+	// principals' sessions; a login is refused until one ends (503).
+	CodeSessionsFull = "SESSIONS_FULL"
 	// CodeNotLive: the process cannot recover by itself; restart it
 	// (/healthz).
 	CodeNotLive = "NOT_LIVE"

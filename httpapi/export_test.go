@@ -21,3 +21,9 @@ func (k *KVReplies) SetPartBytes(n int) { k.partBytes = n }
 
 // PruneNext makes the next Claim prune, however recent the last prune.
 func (p *PostgresReplies) PruneNext() { p.lastPrune.Store(0) }
+
+// SetSessionLimits sets the console's session bounds (the table's and
+// each principal's), so that a test fills the table with a few logins.
+func (s *Server) SetSessionLimits(total, perPrincipal int) {
+	s.sessions.max, s.sessions.perPrincipal = total, perPrincipal
+}

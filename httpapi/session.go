@@ -30,6 +30,8 @@ const (
 	// MaxSessions bounds the sessions kept; a login beyond is refused
 	// (503) until one ends.
 	MaxSessions = 10000
+	// MaxSessionsPerPrincipal bounds the sessions of one principal.
+	MaxSessionsPerPrincipal = 16
 )
 
 // sessions keeps the console's sessions by the SHA-256 of their cookie
@@ -38,6 +40,9 @@ type sessions struct {
 	mu   sync.Mutex
 	byID map[[sha256.Size]byte]*session
 	now  func() time.Time
+	// max and perPrincipal bound the sessions of the table and of one
+	// principal.
+	max, perPrincipal int
 }
 
 type session struct {
@@ -49,7 +54,7 @@ type session struct {
 }
 
 func newSessions() *sessions {
-	return &sessions{byID: map[[sha256.Size]byte]*session{}, now: time.Now}
+	return &sessions{byID: map[[sha256.Size]byte]*session{}, now: time.Now, max: MaxSessions, perPrincipal: MaxSessionsPerPrincipal}
 }
 
 func randomToken() string {
@@ -64,13 +69,13 @@ func (ss *sessions) open(token string) (id, csrf string, ok bool) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	now := ss.now()
-	if len(ss.byID) >= MaxSessions {
+	if len(ss.byID) >= ss.max {
 		for k, s := range ss.byID {
 			if s.expired(now) {
 				delete(ss.byID, k)
 			}
 		}
-		if len(ss.byID) >= MaxSessions {
+		if len(ss.byID) >= ss.max {
 			return "", "", false
 		}
 	}
