@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -106,9 +107,10 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return errUnauthenticated(w)
 	}
-	id, csrf, ok := s.sessions.open(body.Token)
+	id, csrf, ok := s.sessions.open(p.Name, body.Token)
 	if !ok {
-		return &apiError{status: http.StatusServiceUnavailable, Code: CodeNotReady, Message: "too many console sessions are open; try again later"}
+		return &apiError{status: http.StatusServiceUnavailable, retryAfter: time.Minute, Code: CodeSessionsFull,
+			Message: fmt.Sprintf("the console's %d sessions are all open; sign out of unused ones or use the bearer token directly, and try again later", s.sessions.max)}
 	}
 	http.SetCookie(w, sessionCookie(r, id, int(SessionMax/time.Second)))
 	return writeJSON(w, http.StatusOK, ConsoleSession{Auth: true, Name: p.Name, Roles: p.Roles, Scope: p.Scope, CSRFToken: csrf,

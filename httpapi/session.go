@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 )
@@ -27,10 +28,11 @@ const (
 	SessionIdle = time.Hour
 	// SessionMax ends a session this long after its login, used or not.
 	SessionMax = 12 * time.Hour
-	// MaxSessions bounds the sessions kept; a login beyond is refused
-	// (503) until one ends.
+	// MaxSessions bounds the sessions kept; a login of a principal
+	// holding none of them is refused (503 SESSIONS_FULL) until one ends.
 	MaxSessions = 10000
-	// MaxSessionsPerPrincipal bounds the sessions of one principal.
+	// MaxSessionsPerPrincipal bounds the sessions of one principal: its
+	// next login ends its oldest session (by login time).
 	MaxSessionsPerPrincipal = 16
 )
 
@@ -39,13 +41,18 @@ const (
 type sessions struct {
 	mu   sync.Mutex
 	byID map[[sha256.Size]byte]*session
-	now  func() time.Time
+	// byPrincipal holds the keys of each principal's sessions in login
+	// order.
+	byPrincipal map[string][][sha256.Size]byte
+	now         func() time.Time
 	// max and perPrincipal bound the sessions of the table and of one
 	// principal.
 	max, perPrincipal int
 }
 
 type session struct {
+	// principal is the name of the principal the session was opened by.
+	principal string
 	// authHeader is "Bearer " and the token the session was opened with.
 	authHeader string
 	csrf       string
@@ -54,7 +61,7 @@ type session struct {
 }
 
 func newSessions() *sessions {
-	return &sessions{byID: map[[sha256.Size]byte]*session{}, now: time.Now, max: MaxSessions, perPrincipal: MaxSessionsPerPrincipal}
+	return &sessions{byID: map[[sha256.Size]byte]*session{}, byPrincipal: map[string][][sha256.Size]byte{}, now: time.Now, max: MaxSessions, perPrincipal: MaxSessionsPerPrincipal}
 }
 
 func randomToken() string {
@@ -63,16 +70,22 @@ func randomToken() string {
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
-// open starts a session for token and returns its cookie value and CSRF
-// token; ok is false when MaxSessions are open.
-func (ss *sessions) open(token string) (id, csrf string, ok bool) {
+// open starts a session of principal for token and returns its cookie
+// value and CSRF token. A principal holding perPrincipal sessions has its
+// oldest (by login) ended to make room, so that no principal takes more
+// than its share of the table; ok is false when the table still holds
+// max sessions after the expired ones are dropped.
+func (ss *sessions) open(principal, token string) (id, csrf string, ok bool) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	now := ss.now()
+	if mine := ss.byPrincipal[principal]; len(mine) >= ss.perPrincipal {
+		ss.drop(mine[0]) // the oldest: kept in login order
+	}
 	if len(ss.byID) >= ss.max {
 		for k, s := range ss.byID {
 			if s.expired(now) {
-				delete(ss.byID, k)
+				ss.drop(k)
 			}
 		}
 		if len(ss.byID) >= ss.max {
@@ -80,8 +93,25 @@ func (ss *sessions) open(token string) (id, csrf string, ok bool) {
 		}
 	}
 	id, csrf = randomToken(), randomToken()
-	ss.byID[sha256.Sum256([]byte(id))] = &session{csrf: csrf, opened: now, lastUsed: now, authHeader: "Bearer " + token}
+	k := sha256.Sum256([]byte(id))
+	ss.byID[k] = &session{principal: principal, csrf: csrf, opened: now, lastUsed: now, authHeader: "Bearer " + token}
+	ss.byPrincipal[principal] = append(ss.byPrincipal[principal], k)
 	return id, csrf, true
+}
+
+// drop ends the session of key k; ss.mu is held.
+func (ss *sessions) drop(k [sha256.Size]byte) {
+	s := ss.byID[k]
+	if s == nil {
+		return
+	}
+	delete(ss.byID, k)
+	mine := slices.DeleteFunc(ss.byPrincipal[s.principal], func(o [sha256.Size]byte) bool { return o == k })
+	if len(mine) == 0 {
+		delete(ss.byPrincipal, s.principal)
+	} else {
+		ss.byPrincipal[s.principal] = mine
+	}
 }
 
 func (s *session) expired(now time.Time) bool {
@@ -99,7 +129,7 @@ func (ss *sessions) get(id string) *session {
 	}
 	now := ss.now()
 	if s.expired(now) {
-		delete(ss.byID, k)
+		ss.drop(k)
 		return nil
 	}
 	s.lastUsed = now
@@ -110,7 +140,7 @@ func (ss *sessions) get(id string) *session {
 func (ss *sessions) close(id string) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	delete(ss.byID, sha256.Sum256([]byte(id)))
+	ss.drop(sha256.Sum256([]byte(id)))
 }
 
 // checkCSRF reports whether r, a request of session s, may change

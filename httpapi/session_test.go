@@ -81,4 +81,3 @@ func TestSessions_TableFull(t *testing.T) {
 		t.Fatalf("alice's oldest session after her third login: %d %s, want 401", rep.status, rep.body)
 	}
 }
-
