@@ -36,6 +36,9 @@ const (
 	// CodeSessionsFull: the console's session table is full of other
 	// principals' sessions; a login is refused until one ends (503).
 	CodeSessionsFull = "SESSIONS_FULL"
+	// CodeTooManyConnections: the listener holds MaxConnections open
+	// connections; a further one is answered 503 and closed.
+	CodeTooManyConnections = "TOO_MANY_CONNECTIONS"
 	// CodeNotLive: the process cannot recover by itself; restart it
 	// (/healthz).
 	CodeNotLive = "NOT_LIVE"

@@ -141,6 +141,9 @@ type Options struct {
 	// NotifySecretHeader. Nil or no secret: not served.
 	Notifications WorkflowNudger
 	NotifySecret  []byte
+	// MaxConnections bounds the connections the listener keeps open at
+	// once (0: no bound).
+	MaxConnections int
 }
 
 // Default server timeouts.

@@ -1,0 +1,134 @@
+package httpapi_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/httpapi"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/memstore"
+	"go.uber.org/zap/zaptest"
+)
+
+// heldConn is a keep-alive client connection of its own.
+type heldConn struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+// dialHealthz opens a connection to addr and sends GET /healthz on it;
+// it returns the connection and the answer's status and code.
+func dialHealthz(t *testing.T, addr string) (*heldConn, int, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	h := &heldConn{c: c, r: bufio.NewReader(c)}
+	status, code := h.get(t)
+	return h, status, code
+}
+
+// get sends GET /healthz and reads the answer (0 when the connection
+// ended without one).
+func (h *heldConn) get(t *testing.T) (int, string) {
+	t.Helper()
+	_ = h.c.SetDeadline(time.Now().Add(2 * time.Minute)) // a safety net: the answer comes at once
+	if _, err := io.WriteString(h.c, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
+		return 0, err.Error()
+	}
+	resp, err := http.ReadResponse(h.r, nil)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	var body struct{ Code string }
+	_ = json.NewDecoder(resp.Body).Decode(&body)
+	return resp.StatusCode, body.Code
+}
+
+// TestServer_ConnectionBound: with MaxConnections 2, two held keep-alive
+// connections leave a third answered 503 TOO_MANY_CONNECTIONS and closed,
+// never served; once they close, new connections are served, and the
+// bound holds again after the churn.
+func TestServer_ConnectionBound(t *testing.T) {
+	const bound = 2
+	api := httpapi.NewServer(httpapi.Options{Log: memstore.New(statestore.ProjectorOptions{}), Control: &recordingControl{},
+		Logger: zaptest.NewLogger(t), MaxConnections: bound})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	api.Open(ln)
+	t.Cleanup(func() { _ = api.Close(t.Context()) })
+	addr := ln.Addr().String()
+
+	hold := func() []*heldConn {
+		var held []*heldConn
+		for i := 0; i < bound; i++ {
+			h, status, code := dialHealthz(t, addr)
+			if status != http.StatusOK {
+				t.Fatalf("held connection %d of %d: %d %s, want 200", i+1, bound, status, code)
+			}
+			held = append(held, h)
+		}
+		return held
+	}
+	refused := func(when string) {
+		h, status, code := dialHealthz(t, addr)
+		if status != http.StatusServiceUnavailable || code != httpapi.CodeTooManyConnections {
+			t.Fatalf("%s: connection %d got %d %s, want 503 %s", when, bound+1, status, code, httpapi.CodeTooManyConnections)
+		}
+		if _, err := h.r.ReadByte(); !errors.Is(err, io.EOF) {
+			t.Fatalf("%s: the refused connection stayed open (%v), want it closed", when, err)
+		}
+	}
+
+	held := hold()
+	refused("while the first are held")
+	for _, h := range held {
+		if status, code := h.get(t); status != http.StatusOK {
+			t.Fatalf("a held connection's next request: %d %s, want 200", status, code)
+		}
+		h.c.Close()
+	}
+	// The server sees the closes on its own time: wait for a connection
+	// to be served, with a safety net of minutes.
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		h, status, _ := dialHealthz(t, addr)
+		h.c.Close()
+		if status == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no connection served 2m after the held ones closed (last: %d)", status)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for served := false; !served; { // the probe above closed too: wait until both places are free
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections not served at once 2m after the held ones closed", bound)
+		}
+		for _, h := range held {
+			h.c.Close()
+		}
+		held, served = nil, true
+		for i := 0; i < bound && served; i++ {
+			h, status, _ := dialHealthz(t, addr)
+			held = append(held, h)
+			served = status == http.StatusOK
+		}
+		if !served {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	refused("after the churn")
+}
