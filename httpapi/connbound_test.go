@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/memstore"
@@ -60,8 +62,9 @@ func (h *heldConn) get(t *testing.T) (int, string) {
 // bound holds again after the churn.
 func TestServer_ConnectionBound(t *testing.T) {
 	const bound = 2
+	reg := prometheus.NewRegistry()
 	api := httpapi.NewServer(httpapi.Options{Log: memstore.New(statestore.ProjectorOptions{}), Control: &recordingControl{},
-		Logger: zaptest.NewLogger(t), MaxConnections: bound})
+		Logger: zaptest.NewLogger(t), MaxConnections: bound, Registerer: reg})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -131,4 +134,23 @@ func TestServer_ConnectionBound(t *testing.T) {
 		}
 	}
 	refused("after the churn")
+	if got := counterValue(t, reg, "sidecar_api_connections_refused_total"); got != 2 {
+		t.Fatalf("sidecar_api_connections_refused_total = %v after two refusals", got)
+	}
+}
+
+// counterValue is the value of counter name of reg.
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }

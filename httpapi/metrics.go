@@ -8,6 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/connlimit"
 )
 
 // MetricsServer serves GET /metrics and nothing else, without
@@ -16,6 +18,11 @@ import (
 // instead). It reads no run and steers nothing; any other path is 404
 // NOT_FOUND, another method on /metrics 405 METHOD_NOT_ALLOWED.
 type MetricsServer struct {
+	// MaxConnections bounds the connections its listener keeps open, as
+	// Options.MaxConnections does the API's (0: no bound); set it before
+	// Open.
+	MaxConnections int
+
 	log *zap.Logger
 	mux *http.ServeMux
 
@@ -44,6 +51,9 @@ func (s *MetricsServer) Handler() http.Handler { return s.mux }
 
 // Open serves on ln until Close.
 func (s *MetricsServer) Open(ln net.Listener) {
+	if s.MaxConnections > 0 {
+		ln = connlimit.New(ln, connlimit.Options{Max: s.MaxConnections, Refusal: tooManyConnections})
+	}
 	s.serving.start(&http.Server{Handler: s.Handler(), ReadHeaderTimeout: DefaultReadHeaderTimeout, ReadTimeout: DefaultReadTimeout,
 		WriteTimeout: DefaultWriteTimeout, IdleTimeout: DefaultIdleTimeout, ErrorLog: zap.NewStdLog(s.log.Named("http"))}, ln, s.log)
 }

@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,6 +26,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/admission"
+	"github.com/conductor-sidecar/sidecar/connlimit"
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/eventbus"
@@ -142,7 +144,8 @@ type Options struct {
 	Notifications WorkflowNudger
 	NotifySecret  []byte
 	// MaxConnections bounds the connections the listener keeps open at
-	// once (0: no bound).
+	// once (0: no bound); a connection beyond is answered 503
+	// TOO_MANY_CONNECTIONS and closed (over TLS, closed).
 	MaxConnections int
 }
 
@@ -181,6 +184,10 @@ type Server struct {
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
 	controls *prometheus.CounterVec
+	// refusedConns counts the connections refused beyond MaxConnections;
+	// conns is the bounded listener once Open made it.
+	refusedConns prometheus.Counter
+	conns        atomic.Pointer[connlimit.Listener]
 
 	serving  serving
 	sessions *sessions // the console's cookie sessions
@@ -227,8 +234,23 @@ func NewServer(opts Options) *Server {
 			s.controls.WithLabelValues(a, r)
 		}
 	}
+	s.refusedConns = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sidecar_api_connections_refused_total", Help: "Connections to the API's listener refused (503 TOO_MANY_CONNECTIONS) because it held MaxConnections.",
+	})
+	openConns := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sidecar_api_connections_open", Help: "Connections the API's listener holds open (counted when it has a bound).",
+	}, func() float64 {
+		if l := s.conns.Load(); l != nil {
+			return float64(l.Open())
+		}
+		return 0
+	})
+	maxConns := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sidecar_api_connections_max", Help: "The bound on the API listener's open connections (0: none).",
+	})
+	maxConns.Set(float64(max(opts.MaxConnections, 0)))
 	if opts.Registerer != nil {
-		opts.Registerer.MustRegister(s.requests, s.latency, s.controls)
+		opts.Registerer.MustRegister(s.requests, s.latency, s.controls, s.refusedConns, openConns, maxConns)
 	}
 	s.route("POST /v1/runs", "start", RoleSubmitter, s.start)
 	if opts.List != nil {
@@ -292,11 +314,31 @@ func (s *Server) Handler() http.Handler { return s.mux }
 func (s *Server) Open(ln net.Listener) {
 	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: s.opts.ReadHeaderTimeout, ReadTimeout: s.opts.ReadTimeout,
 		WriteTimeout: s.opts.WriteTimeout, IdleTimeout: s.opts.IdleTimeout, MaxHeaderBytes: MaxHeaderBytes, ErrorLog: zap.NewStdLog(s.log.Named("http"))}
+	if s.opts.MaxConnections > 0 {
+		// Bounded before TLS: a connection beyond the bound costs no
+		// handshake. Over TLS it is closed without a word (its client
+		// expects a handshake, not plain HTTP).
+		opts := connlimit.Options{Max: s.opts.MaxConnections, OnRefuse: s.refusedConns.Inc}
+		if s.opts.TLSConfig == nil {
+			opts.Refusal = tooManyConnections
+		}
+		l := connlimit.New(ln, opts)
+		s.conns.Store(l)
+		ln = l
+	}
 	if s.opts.TLSConfig != nil {
 		ln = tls.NewListener(ln, s.opts.TLSConfig)
 	}
 	s.serving.start(srv, ln, s.log)
 }
+
+// tooManyConnections is the whole answer to a connection beyond
+// MaxConnections, written before it is closed.
+var tooManyConnections = func() []byte {
+	body, _ := json.Marshal(apiError{Code: CodeTooManyConnections,
+		Message: "this listener holds its most open connections (--max-connections); close idle connections or try again later"})
+	return []byte(fmt.Sprintf("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %d\r\nRetry-After: 1\r\nConnection: close\r\n\r\n%s", len(body), body))
+}()
 
 // Close stops accepting requests and waits for those in flight until ctx
 // is done.

@@ -370,6 +370,7 @@ func (n *Node) openMetrics(context.Context) error {
 		return nil
 	}
 	m := httpapi.NewMetricsServer(n.reg, n.log)
+	m.MaxConnections = n.cfg.APIOptions.MaxConnections
 	m.Open(n.cfg.Metrics)
 	n.log.Info("serving /metrics without authentication", zap.String("metricsListen", n.cfg.Metrics.Addr().String()))
 	n.add(part{name: "metrics", close: m.Close})

@@ -39,6 +39,11 @@ type apiConfig struct {
 	// (httpapi.NotifyPath).
 	NotifySecretFile string
 
+	// MaxConnections bounds the connections each listener (the API, the
+	// metrics listener) keeps open; 0 derives it from the descriptor
+	// limit (maxConnections).
+	MaxConnections int
+
 	creds *httpapi.Credentials // loaded by apply, reloaded on SIGHUP
 }
 
@@ -52,6 +57,12 @@ func (c *apiConfig) registerFlags(fs *flag.FlagSet) {
 	str(&c.MetricsListen, "metrics-listen", "also serve GET /metrics, and nothing else, on this address WITHOUT authentication, for Prometheus (guard it with a network policy; empty: off)")
 	str(&c.AllowedHosts, "api-allowed-hosts", "host names, comma separated, the API answers besides localhost and IP addresses (e.g. a pod's service name); without --tokens-file any other Host is refused (DNS rebinding), with it only when this is set")
 	str(&c.NotifySecretFile, "conductor-notify-secret-file", fmt.Sprintf("file holding the shared secret (%d+ visible ASCII characters) Conductor sends in %s with its workflow status notifications; set, the API takes them at %s (docs/conductor.md, \"Status notifications\")", httpapi.MinNotifySecretBytes, httpapi.NotifySecretHeader, httpapi.NotifyPath))
+	fs.Var(&intValue{&c.MaxConnections}, "max-connections", fmt.Sprintf("connections the API listener (and the metrics listener) each keep open at most; beyond, a connection is answered 503 TOO_MANY_CONNECTIONS and closed; 0: a third of the descriptor limit less %d (docs/operations.md) (env %s)", descriptorReserve, envName("max-connections")))
+	if v, ok := os.LookupEnv(envName("max-connections")); ok {
+		if fs.Set("max-connections", v) != nil {
+			c.MaxConnections = -1 // apply names it
+		}
+	}
 	boolFlag(fs, &c.InsecureNoAuth, "insecure-no-auth", "serve the API off loopback WITHOUT authentication: anyone who reaches it may start, pause and cancel runs")
 }
 
@@ -134,6 +145,14 @@ func readNotifySecret(path string) ([]byte, error) {
 // apply sets the security options of the API server.
 func (c *apiConfig) apply(o *httpapi.Options, log *zap.Logger) error {
 	o.AllowedHosts = c.allowedHosts()
+	nofile, err := descriptorLimit()
+	if err != nil {
+		return err
+	}
+	if o.MaxConnections, err = maxConnections(c.MaxConnections, nofile); err != nil {
+		return err
+	}
+	log.Info("bounding the connections of each listener", zap.Int("maxConnections", o.MaxConnections), zap.Uint64("descriptorLimit", nofile))
 	if c.NotifySecretFile != "" {
 		secret, err := readNotifySecret(c.NotifySecretFile)
 		if err != nil {

@@ -1,0 +1,45 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestMaxConnections: the bound is a third of the descriptor limit less
+// the reserve (half of a limit under 2,048); --max-connections may lower
+// it, never raise it, and a bad value fails naming the fix.
+func TestMaxConnections(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		flag   int
+		nofile uint64
+		want   int
+		err    string
+	}{
+		{"Derived", 0, 20000, 6325, ""},
+		{"DerivedSmallLimit", 0, 1024, 170, ""},
+		{"Lowered", 500, 20000, 500, ""},
+		{"AboveShare", 6326, 20000, 0, "give at most 6325, or raise the limit"},
+		{"Negative", -1, 20000, 0, "give a positive number"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := maxConnections(tc.flag, tc.nofile)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("got %d, %v; want an error with %q", got, err, tc.err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("got %d, %v; want %d", got, err, tc.want)
+			}
+			if nofile := tc.nofile; uint64(got)*connListeners+reserveOf(nofile) > nofile {
+				t.Fatalf("%d listeners of %d each and the reserve %d exceed the limit %d", connListeners, got, reserveOf(nofile), nofile)
+			}
+		})
+	}
+	nofile, err := descriptorLimit()
+	if err != nil || nofile == 0 {
+		t.Fatalf("descriptorLimit: %d, %v", nofile, err)
+	}
+}
