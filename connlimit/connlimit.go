@@ -12,23 +12,16 @@ package connlimit
 
 import (
 	"errors"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// RefuseLinger is how long a refused connection is kept after its
-// answer, reading what the client sent, so that the client reads the
-// answer before the connection ends (closing a socket with unread input
-// resets it, and a reset can discard an answer the client has not read).
-const RefuseLinger = time.Second
-
-// MaxRefusing bounds the refused connections kept for RefuseLinger at
-// once; beyond it a refused connection is closed without its answer. They
-// are descriptors beyond the bound.
-const MaxRefusing = 16
+// refuseWrite bounds the write of a refusal. A new connection's send
+// buffer is empty, so the write does not wait in practice; the bound
+// keeps Accept from ever waiting on a client.
+const refuseWrite = 100 * time.Millisecond
 
 // Options configure a Listener.
 type Options struct {
@@ -48,15 +41,13 @@ type Options struct {
 // open. It is safe for concurrent use.
 type Listener struct {
 	net.Listener
-	opts     Options
-	open     atomic.Int64
-	refusing chan struct{}
-	wg       sync.WaitGroup
+	opts Options
+	open atomic.Int64
 }
 
 // New returns ln bounded by opts.
 func New(ln net.Listener, opts Options) *Listener {
-	return &Listener{Listener: ln, opts: opts, refusing: make(chan struct{}, MaxRefusing)}
+	return &Listener{Listener: ln, opts: opts}
 }
 
 // Open is the number of connections open now.
@@ -79,43 +70,19 @@ func (l *Listener) Accept() (net.Conn, error) {
 	}
 }
 
-// Close closes the listener and waits for the refused connections it
-// still keeps (at most RefuseLinger).
-func (l *Listener) Close() error {
-	err := l.Listener.Close()
-	l.wg.Wait()
-	return err
-}
-
-// refuse answers c with the refusal and closes it.
+// refuse answers c with the refusal, if any, and closes it at once: a
+// refused connection holds no descriptor beyond Accept. (A client whose
+// request arrives after the close gets a reset; on Linux it still reads
+// the answer it received before.)
 func (l *Listener) refuse(c net.Conn) {
 	if l.opts.OnRefuse != nil {
 		l.opts.OnRefuse()
 	}
-	if l.opts.Refusal == nil {
-		_ = c.Close()
-		return
+	if l.opts.Refusal != nil {
+		_ = c.SetWriteDeadline(time.Now().Add(refuseWrite))
+		_, _ = c.Write(l.opts.Refusal)
 	}
-	select {
-	case l.refusing <- struct{}{}:
-	default:
-		_ = c.Close()
-		return
-	}
-	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
-		defer func() { <-l.refusing }()
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(RefuseLinger))
-		if _, err := c.Write(l.opts.Refusal); err != nil {
-			return
-		}
-		if cw, ok := c.(interface{ CloseWrite() error }); ok {
-			_ = cw.CloseWrite()
-		}
-		_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<10))
-	}()
+	_ = c.Close()
 }
 
 // conn gives its place back on its first Close.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"syscall"
 	"testing"
 	"time"
 
@@ -72,11 +73,19 @@ func TestServer_ConnectionBound(t *testing.T) {
 	api.Open(ln)
 	t.Cleanup(func() { _ = api.Close(t.Context()) })
 	addr := ln.Addr().String()
+	var refusals float64 // the 503s this test saw
+	dial := func() (*heldConn, int, string) {
+		h, status, code := dialHealthz(t, addr)
+		if code == httpapi.CodeTooManyConnections {
+			refusals++
+		}
+		return h, status, code
+	}
 
 	hold := func() []*heldConn {
 		var held []*heldConn
 		for i := 0; i < bound; i++ {
-			h, status, code := dialHealthz(t, addr)
+			h, status, code := dial()
 			if status != http.StatusOK {
 				t.Fatalf("held connection %d of %d: %d %s, want 200", i+1, bound, status, code)
 			}
@@ -85,11 +94,13 @@ func TestServer_ConnectionBound(t *testing.T) {
 		return held
 	}
 	refused := func(when string) {
-		h, status, code := dialHealthz(t, addr)
+		h, status, code := dial()
 		if status != http.StatusServiceUnavailable || code != httpapi.CodeTooManyConnections {
 			t.Fatalf("%s: connection %d got %d %s, want 503 %s", when, bound+1, status, code, httpapi.CodeTooManyConnections)
 		}
-		if _, err := h.r.ReadByte(); !errors.Is(err, io.EOF) {
+		// Closed: an end, or a reset when the close found the request
+		// unread.
+		if _, err := h.r.ReadByte(); !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) {
 			t.Fatalf("%s: the refused connection stayed open (%v), want it closed", when, err)
 		}
 	}
@@ -106,7 +117,7 @@ func TestServer_ConnectionBound(t *testing.T) {
 	// to be served, with a safety net of minutes.
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		h, status, _ := dialHealthz(t, addr)
+		h, status, _ := dial()
 		h.c.Close()
 		if status == http.StatusOK {
 			break
@@ -125,7 +136,7 @@ func TestServer_ConnectionBound(t *testing.T) {
 		}
 		held, served = nil, true
 		for i := 0; i < bound && served; i++ {
-			h, status, _ := dialHealthz(t, addr)
+			h, status, _ := dial()
 			held = append(held, h)
 			served = status == http.StatusOK
 		}
@@ -134,8 +145,8 @@ func TestServer_ConnectionBound(t *testing.T) {
 		}
 	}
 	refused("after the churn")
-	if got := counterValue(t, reg, "sidecar_api_connections_refused_total"); got != 2 {
-		t.Fatalf("sidecar_api_connections_refused_total = %v after two refusals", got)
+	if got := counterValue(t, reg, "sidecar_api_connections_refused_total"); got != refusals || got < 2 {
+		t.Fatalf("sidecar_api_connections_refused_total = %v after %v refusals", got, refusals)
 	}
 }
 
