@@ -69,15 +69,30 @@ func TestSessions_PerPrincipalBound(t *testing.T) {
 func TestSessions_TableFull(t *testing.T) {
 	e := sessionEnv(t, 4, 2, "alice", "tok-a", "bob", "tok-b", "carol", "tok-c")
 	a1, _ := e.login(t, "tok-a")
-	e.login(t, "tok-a")
+	a2, a2csrf := e.login(t, "tok-a")
 	e.login(t, "tok-b")
 	e.login(t, "tok-b")
 	rep := e.consoleReq(t, "POST", "/ui/login", "", "", `{"token":"tok-c"}`)
 	if rep.status != http.StatusServiceUnavailable || rep.Code != httpapi.CodeSessionsFull {
 		t.Fatalf("carol's login into a full table: %d %s, want 503 %s", rep.status, rep.body, httpapi.CodeSessionsFull)
 	}
-	e.login(t, "tok-a")
+	a3, _ := e.login(t, "tok-a")
 	if rep := e.consoleReq(t, "GET", "/v1/runs/run-t1", a1, "", ""); rep.status != http.StatusUnauthorized {
 		t.Fatalf("alice's oldest session after her third login: %d %s, want 401", rep.status, rep.body)
+	}
+	// A session signed out leaves its principal's count: two logins
+	// later, alice again holds her newest two, no more.
+	if rep := e.consoleReq(t, "POST", "/ui/logout", a2, a2csrf, ""); rep.status != http.StatusNoContent {
+		t.Fatalf("logout: %d %s", rep.status, rep.body)
+	}
+	a4, _ := e.login(t, "tok-a")
+	a5, _ := e.login(t, "tok-a")
+	for _, tc := range []struct {
+		name, cookie string
+		want         int
+	}{{"third", a3, http.StatusUnauthorized}, {"fourth", a4, http.StatusOK}, {"fifth", a5, http.StatusOK}} {
+		if rep := e.consoleReq(t, "GET", "/v1/runs/run-t1", tc.cookie, "", ""); rep.status != tc.want {
+			t.Fatalf("alice's %s session after a logout and two logins: %d %s, want %d", tc.name, rep.status, rep.body, tc.want)
+		}
 	}
 }
