@@ -107,6 +107,9 @@ func TestServer_ConnectionBound(t *testing.T) {
 
 	held := hold()
 	refused("while the first are held")
+	if open, most := metricValue(t, reg, "sidecar_api_connections_open"), metricValue(t, reg, "sidecar_api_connections_max"); open != bound || most != bound {
+		t.Fatalf("sidecar_api_connections_open %v, _max %v with %d held, want %d and %d", open, most, bound, bound, bound)
+	}
 	for _, h := range held {
 		if status, code := h.get(t); status != http.StatusOK {
 			t.Fatalf("a held connection's next request: %d %s, want 200", status, code)
@@ -145,13 +148,13 @@ func TestServer_ConnectionBound(t *testing.T) {
 		}
 	}
 	refused("after the churn")
-	if got := counterValue(t, reg, "sidecar_api_connections_refused_total"); got != refusals || got < 2 {
+	if got := metricValue(t, reg, "sidecar_api_connections_refused_total"); got != refusals || got < 2 {
 		t.Fatalf("sidecar_api_connections_refused_total = %v after %v refusals", got, refusals)
 	}
 }
 
-// counterValue is the value of counter name of reg.
-func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+// metricValue is the value of counter or gauge name of reg.
+func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -159,9 +162,33 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	for _, mf := range mfs {
 		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetCounter().GetValue()
+			m := mf.GetMetric()[0]
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
 		}
 	}
 	t.Fatalf("no metric %s", name)
 	return 0
+}
+
+// TestMetricsServer_ConnectionBound: the metrics listener keeps its bound
+// too: with one connection held, the next is answered 503
+// TOO_MANY_CONNECTIONS.
+func TestMetricsServer_ConnectionBound(t *testing.T) {
+	m := httpapi.NewMetricsServer(prometheus.NewRegistry(), zaptest.NewLogger(t))
+	m.MaxConnections = 1
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Open(ln)
+	t.Cleanup(func() { _ = m.Close(t.Context()) })
+	if _, status, code := dialHealthz(t, ln.Addr().String()); status != http.StatusNotFound {
+		t.Fatalf("the held connection: %d %s, want the metrics listener's 404", status, code)
+	}
+	if _, status, code := dialHealthz(t, ln.Addr().String()); status != http.StatusServiceUnavailable || code != httpapi.CodeTooManyConnections {
+		t.Fatalf("the connection beyond the bound: %d %s, want 503 %s", status, code, httpapi.CodeTooManyConnections)
+	}
 }
