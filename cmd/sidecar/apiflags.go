@@ -43,6 +43,9 @@ type apiConfig struct {
 	// metrics listener) keeps open; 0 derives it from the descriptor
 	// limit (maxConnections).
 	MaxConnections int
+	// maxConnectionsEnv is the problem of a SIDECAR_MAX_CONNECTIONS that
+	// is not a number (apply returns it).
+	maxConnectionsEnv error
 
 	creds *httpapi.Credentials // loaded by apply, reloaded on SIGHUP
 }
@@ -59,8 +62,8 @@ func (c *apiConfig) registerFlags(fs *flag.FlagSet) {
 	str(&c.NotifySecretFile, "conductor-notify-secret-file", fmt.Sprintf("file holding the shared secret (%d+ visible ASCII characters) Conductor sends in %s with its workflow status notifications; set, the API takes them at %s (docs/conductor.md, \"Status notifications\")", httpapi.MinNotifySecretBytes, httpapi.NotifySecretHeader, httpapi.NotifyPath))
 	fs.Var(&intValue{&c.MaxConnections}, "max-connections", fmt.Sprintf("connections the API listener (and the metrics listener) each keep open at most; beyond, a connection is answered 503 TOO_MANY_CONNECTIONS and closed; 0: a third of the descriptor limit less %d (docs/operations.md) (env %s)", descriptorReserve, envName("max-connections")))
 	if v, ok := os.LookupEnv(envName("max-connections")); ok {
-		if fs.Set("max-connections", v) != nil {
-			c.MaxConnections = -1 // apply names it
+		if err := fs.Set("max-connections", v); err != nil {
+			c.maxConnectionsEnv = fmt.Errorf("%s=%q: %w (0 derives the bound from the descriptor limit)", envName("max-connections"), v, err)
 		}
 	}
 	boolFlag(fs, &c.InsecureNoAuth, "insecure-no-auth", "serve the API off loopback WITHOUT authentication: anyone who reaches it may start, pause and cancel runs")
@@ -145,6 +148,9 @@ func readNotifySecret(path string) ([]byte, error) {
 // apply sets the security options of the API server.
 func (c *apiConfig) apply(o *httpapi.Options, log *zap.Logger) error {
 	o.AllowedHosts = c.allowedHosts()
+	if c.maxConnectionsEnv != nil {
+		return c.maxConnectionsEnv
+	}
 	nofile, err := descriptorLimit()
 	if err != nil {
 		return err

@@ -1,8 +1,13 @@
 package main
 
 import (
+	"flag"
 	"strings"
 	"testing"
+
+	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/httpapi"
 )
 
 // TestMaxConnections: the bound is a third of the descriptor limit less
@@ -41,5 +46,49 @@ func TestMaxConnections(t *testing.T) {
 	nofile, err := descriptorLimit()
 	if err != nil || nofile == 0 {
 		t.Fatalf("descriptorLimit: %d, %v", nofile, err)
+	}
+}
+
+// TestAPIConfig_MaxConnections: the flag and its environment variable
+// reach the API's options; the derived bound is this process's share; a
+// SIDECAR_MAX_CONNECTIONS that is not a number fails naming it.
+func TestAPIConfig_MaxConnections(t *testing.T) {
+	nofile, err := descriptorLimit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, env string
+		args      []string
+		want      int
+		err       string
+	}{
+		{"Derived", "", nil, defaultMaxConnections(nofile), ""},
+		{"Flag", "", []string{"--max-connections", "7"}, 7, ""},
+		{"Env", "9", nil, 9, ""},
+		{"EnvNotANumber", "many", nil, 0, `SIDECAR_MAX_CONNECTIONS="many": want a whole number`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.env != "" {
+				t.Setenv("SIDECAR_MAX_CONNECTIONS", tc.env)
+			}
+			var c apiConfig
+			fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+			c.registerFlags(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			var o httpapi.Options
+			err := c.apply(&o, zap.NewNop())
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("apply: %v, want an error with %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || o.MaxConnections != tc.want {
+				t.Fatalf("apply: %v, MaxConnections %d; want %d", err, o.MaxConnections, tc.want)
+			}
+		})
 	}
 }
