@@ -295,7 +295,8 @@ func (n *Node) openProxy(context.Context) error {
 		return nil
 	}
 	p, err := proxy.New(n.workers, proxy.Options{Conductor: n.cfg.ConductorURL, Tokens: n.cfg.ConductorProxyTokens,
-		ForwardAll: n.cfg.ConductorProxyForwardAll, Logger: n.log, Metrics: proxy.NewMetrics(n.reg)})
+		ForwardAll: n.cfg.ConductorProxyForwardAll, MaxConnections: n.cfg.APIOptions.MaxConnections,
+		Logger: n.log, Metrics: proxy.NewMetrics(n.reg)})
 	if err != nil {
 		return err
 	}

@@ -24,6 +24,10 @@ const (
 	CodeStoreUnavailable = "STATE_STORE_UNAVAILABLE"
 	// CodeBadRequest: the update's body is not a task result.
 	CodeBadRequest = "PROXY_BAD_REQUEST"
+	// CodeTooManyConnections: the proxy's listener holds
+	// Options.MaxConnections open; the connection is answered and closed,
+	// nothing was read or forwarded (503, Retry-After).
+	CodeTooManyConnections = "TOO_MANY_CONNECTIONS"
 	// CodeConductorUnavailable: Conductor did not answer.
 	CodeConductorUnavailable = "CONDUCTOR_UNAVAILABLE"
 )

@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -138,3 +140,11 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) (body []byte, r
 func tooLarge(max int64) string {
 	return "the request's body exceeds the task proxy's " + strconv.FormatInt(max, 10) + " bytes (Conductor fails a task output over its maxTaskOutputPayloadSizeThreshold, 10 MB by default)"
 }
+
+// tooManyConnections is the whole answer to a connection beyond
+// Options.MaxConnections, written before it is closed.
+var tooManyConnections = func() []byte {
+	body, _ := json.Marshal(map[string]any{"status": http.StatusServiceUnavailable, "code": CodeTooManyConnections, "retryable": true,
+		"message": "the task proxy holds its most open connections (--max-connections); close idle connections or try again later"})
+	return []byte(fmt.Sprintf("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %d\r\nRetry-After: 1\r\nConnection: close\r\n\r\n%s", len(body), body))
+}()

@@ -32,6 +32,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/connlimit"
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 )
 
@@ -85,6 +86,11 @@ type Options struct {
 	// DefaultIdleTimeout). A request whose body has not arrived within
 	// ReadTimeout is cut off.
 	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// MaxConnections bounds the connections the listener keeps open (0:
+	// no bound); a connection beyond is answered 503
+	// CodeTooManyConnections and closed (package connlimit). serve gives
+	// it the API's bound (--max-connections).
+	MaxConnections int
 	// Transport carries the forwarded requests (default: a keep-alive
 	// transport sized for many workers).
 	Transport http.RoundTripper
@@ -153,6 +159,9 @@ func New(steps Steps, opts Options) (*Proxy, error) {
 
 // Open serves the proxy on ln until Close.
 func (p *Proxy) Open(ln net.Listener) {
+	if p.opts.MaxConnections > 0 {
+		ln = connlimit.New(ln, connlimit.Options{Max: p.opts.MaxConnections, Refusal: tooManyConnections})
+	}
 	p.srv = &http.Server{Handler: p, ReadHeaderTimeout: p.opts.ReadHeaderTimeout, ReadTimeout: p.opts.ReadTimeout,
 		WriteTimeout: p.opts.WriteTimeout, IdleTimeout: p.opts.IdleTimeout, MaxHeaderBytes: MaxHeaderBytes,
 		ErrorLog: zap.NewStdLog(p.log.Named("http"))}
