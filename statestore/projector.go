@@ -60,12 +60,20 @@ type ProjectorOptions struct {
 	// snapshot is saved at once. A restart replays at most that many
 	// records per run.
 	SaveEvery int64
-	// MaxRuns bounds the runs whose snapshots are kept (default 10,000).
-	// Past it the least recently used run that no projection holds is
-	// dropped; its next projection rebuilds it from the log, which gives
-	// the same snapshot (Reduce is pure).
+	// MaxRuns bounds the runs whose snapshots are kept (default
+	// DefaultMaxRuns). Past it the least recently used run that no
+	// projection holds is dropped; its next projection rebuilds it from
+	// the log (or its persisted snapshot), which gives the same snapshot
+	// (Reduce is pure).
 	MaxRuns int
 }
+
+// DefaultMaxRuns is how many runs' snapshots a Projector keeps without
+// ProjectorOptions.MaxRuns: the runs read lately (steps in flight, a bulk
+// action's batch of 1,000), not every active run. Runs paused and left
+// alone are dropped and rebuilt when next read, which costs one read of
+// the run's records instead of one after its watermark.
+const DefaultMaxRuns = 2000
 
 // Projector keeps an up-to-date snapshot per run by reducing the records
 // that a Fetcher returns after the snapshot's watermark. It is safe for
@@ -153,7 +161,7 @@ func NewProjector(src Fetcher, opts ProjectorOptions) *Projector {
 		opts.Now = time.Now
 	}
 	if opts.MaxRuns <= 0 {
-		opts.MaxRuns = 10_000
+		opts.MaxRuns = DefaultMaxRuns
 	}
 	if opts.SaveEvery <= 0 {
 		opts.SaveEvery = 32

@@ -575,3 +575,44 @@ func TestProjector_SharedFetchThatPanics(t *testing.T) {
 		t.Fatal("the read waiting for a fetch that panicked still waits")
 	}
 }
+
+// TestProjector_DefaultBoundKeepsFewerThanTheActiveRuns: without
+// MaxRuns the projector keeps at most 2,000 runs' snapshots, well under
+// the 10,000 active runs a bulk action takes, so that runs paused and
+// left alone do not each hold a snapshot in memory; a run dropped early
+// is rebuilt from the log with the snapshot it had.
+func TestProjector_DefaultBoundKeepsFewerThanTheActiveRuns(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	p := statestore.NewProjector(mem, statestore.ProjectorOptions{})
+	const runs = 2500
+	var first *statestore.RunSnapshot
+	for i := range runs {
+		runID := fmt.Sprintf("run-%d", i)
+		for _, w := range []*statestore.RunEventWrite{
+			storetest.Event(runID, statestore.RunStarted, ""),
+			storetest.Event(runID, statestore.StepStarted, "a"),
+		} {
+			if _, err := mem.Append(ctx, w); err != nil {
+				t.Fatal(err)
+			}
+		}
+		snap, err := p.Project(ctx, runID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			first = snap
+		}
+	}
+	if n := p.CachedRuns(); n > 2000 {
+		t.Fatalf("after %d runs the projector keeps %d snapshots, want at most 2000", runs, n)
+	}
+	got, err := p.Snapshot(ctx, "run-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, first) {
+		t.Fatalf("run-0 rebuilt after eviction:\n got %+v\nwant %+v", got, first)
+	}
+}
