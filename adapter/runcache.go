@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"unique"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
@@ -97,12 +98,31 @@ func (c *runCache) apply(e jetstream.KeyValueEntry, log *zap.Logger) {
 		}
 		return
 	}
+	intern(&rec)
 	r := cachedRun{rec: &rec, rev: e.Revision()}
 	c.runs[runID] = r
 	if !had {
 		c.stale = true
 	} else if i, ok := c.pos[runID]; ok && !c.stale {
 		c.sorted[i] = r
+	}
+}
+
+// intern makes rec share the strings that repeat across runs (scope,
+// plan, workflow, task domain, state, label keys and values) with every
+// other entry that has them: the cache holds every open run, paused ones
+// included, and decoding an entry allocates each string anew.
+func intern(rec *Run) {
+	for _, p := range []*string{&rec.TenantID, &rec.ProjectID, &rec.EnvironmentID, &rec.PlanID, &rec.PlanVersion, &rec.PlanHash,
+		&rec.WorkflowName, &rec.TaskDomain, &rec.State, &rec.EngineStatus} {
+		*p = unique.Make(*p).Value()
+	}
+	if len(rec.Labels) > 0 {
+		m := make(map[string]string, len(rec.Labels))
+		for k, v := range rec.Labels {
+			m[unique.Make(k).Value()] = unique.Make(v).Value()
+		}
+		rec.Labels = m
 	}
 }
 

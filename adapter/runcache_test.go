@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"go.uber.org/zap/zaptest"
 )
@@ -77,5 +78,61 @@ func TestRunCache(t *testing.T) {
 	cache.mu.Unlock()
 	if n != 4 {
 		t.Fatalf("the cache keeps %d runs, want the 4 not FINAL", n)
+	}
+}
+
+// TestRunCache_SharesRepeatedStrings: the cache holds every open run
+// (10,000 paused runs stay in it), so the strings that repeat across runs
+// (scope, plan, workflow, task domain, state, labels) are held once, not
+// once per run as each entry's decoding allocates them.
+func TestRunCache_SharesRepeatedStrings(t *testing.T) {
+	ctx := context.Background()
+	env := newNATS(t)
+	r := env.newRuns(t, unusedURL(t), RunsOptions{})
+	hash := strings.Repeat("ab", 32)
+	for _, id := range []string{"00000000-0000-4000-8000-000000000001", "00000000-0000-4000-8000-000000000002"} {
+		if _, err := r.createRun(ctx, &Run{RunID: id, State: RunStateStarted, WorkflowID: "wf-" + id, TenantID: "tenant-a", ProjectID: "project-a",
+			EnvironmentID: "env-a", PlanID: "plan-a", PlanVersion: "1", PlanHash: hash, WorkflowName: "sidecar_plan-a_" + hash[:16],
+			TaskDomain: "domain-a", Labels: map[string]string{"team": "payments"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cache, err := r.watchRuns(ctx, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cache.close)
+	deadline := time.Now().Add(2 * time.Minute)
+	for !cache.ready() || len(cache.open()) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the cache holds %d runs after 2 minutes, want 2", len(cache.open()))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	open := cache.open()
+	a, b := open[0].rec, open[1].rec
+	same := func(name, x, y string) {
+		t.Helper()
+		if x != y {
+			t.Fatalf("%s differs: %q and %q", name, x, y)
+		}
+		if unsafe.StringData(x) != unsafe.StringData(y) {
+			t.Errorf("%s %q is held twice, once per run", name, x)
+		}
+	}
+	same("tenantId", a.TenantID, b.TenantID)
+	same("projectId", a.ProjectID, b.ProjectID)
+	same("environmentId", a.EnvironmentID, b.EnvironmentID)
+	same("planId", a.PlanID, b.PlanID)
+	same("planVersion", a.PlanVersion, b.PlanVersion)
+	same("planHash", a.PlanHash, b.PlanHash)
+	same("workflowName", a.WorkflowName, b.WorkflowName)
+	same("taskDomain", a.TaskDomain, b.TaskDomain)
+	same("state", a.State, b.State)
+	for k, v := range a.Labels {
+		for k2, v2 := range b.Labels {
+			same("label key", k, k2)
+			same("label value", v, v2)
+		}
 	}
 }
