@@ -45,7 +45,7 @@ func Reduce(prev *RunSnapshot, recs []RunEventRecord) (*RunSnapshot, []InvalidTr
 				if r.RunID != prev.RunID || r.RunSeq <= prev.LastEventSeq {
 					continue
 				}
-				s = prev.derive(len(recs) / 2)
+				s = prev.derive(stepRoom(recs[i:]))
 			} else {
 				s = newSnapshot(r)
 			}
@@ -80,7 +80,7 @@ func Reduce(prev *RunSnapshot, recs []RunEventRecord) (*RunSnapshot, []InvalidTr
 // elements (a memmove), not a deep copy of every step.
 func (s *RunSnapshot) derive(grow int) *RunSnapshot {
 	c := *s
-	c.Steps = make([]StepSnapshot, len(s.Steps), len(s.Steps)+grow+1)
+	c.Steps = make([]StepSnapshot, len(s.Steps), len(s.Steps)+grow)
 	copy(c.Steps, s.Steps)
 	c.Artifacts = slices.Clip(s.Artifacts)
 	c.InvalidEvents = slices.Clip(s.InvalidEvents)
@@ -89,6 +89,20 @@ func (s *RunSnapshot) derive(grow int) *RunSnapshot {
 		c.Pause = &p
 	}
 	return &c
+}
+
+// stepRoom is the room derive leaves for steps that recs may add: one
+// per step event, at most half the batch and one. Run-level events add
+// no step, so a snapshot that only they changed (a paused run's, kept by
+// the projector and the run list) holds no unused steps.
+func stepRoom(recs []RunEventRecord) int {
+	n := 0
+	for i := range recs {
+		if recs[i].StepID != "" {
+			n++
+		}
+	}
+	return min(n, len(recs)/2+1)
 }
 
 // stepIndex finds a step's position in s.Steps for Reduce. A batch of

@@ -551,3 +551,38 @@ func TestReduce_PausedSeconds(t *testing.T) {
 		t.Fatalf("totalDurationMs %d, want 7000 (paused time included)", s.TotalDurationMs)
 	}
 }
+
+// TestReduce_RunEventsLeaveNoRoomForSteps: a snapshot that only run-level
+// events changed (a pause, its drain's end, a resume) has no room in its
+// steps for steps those events cannot add, since the projector and the run
+// list's follower keep such snapshots of every paused run; a step event
+// still gets room for the step it may add, and the snapshots are the same.
+func TestReduce_RunEventsLeaveNoRoomForSteps(t *testing.T) {
+	for _, steps := range []int{0, 1, 3} {
+		b := newLog("r").ev(statestore.RunStarted)
+		for i := range steps {
+			b.step(statestore.StepStarted, fmt.Sprintf("s%d", i))
+		}
+		prev, _ := reduce(t, b.recs)
+		n := len(b.recs)
+		b.ev(statestore.RunPaused).ev(statestore.RunDrainCompleted)
+		for _, recs := range [][]statestore.RunEventRecord{b.recs[n : n+1], b.recs[n:]} {
+			next, _ := statestore.Reduce(prev, recs)
+			if len(next.Steps) != steps || next.Steps == nil {
+				t.Fatalf("%d steps: %d after %d run events", steps, len(next.Steps), len(recs))
+			}
+			if c := cap(next.Steps); c != steps {
+				t.Errorf("%d steps, %d run events: the snapshot's steps have room for %d, want %d (no step to add)", steps, len(recs), c, steps)
+			}
+			whole, _ := reduce(t, b.recs[:n+len(recs)])
+			if !reflect.DeepEqual(next, whole) {
+				t.Fatalf("%d steps: reduced in two batches\n%+v\nfrom scratch\n%+v", steps, next, whole)
+			}
+		}
+		b.step(statestore.StepStarted, "late")
+		next, _ := statestore.Reduce(prev, b.recs[n:])
+		if len(next.Steps) != steps+1 {
+			t.Fatalf("%d steps: %d after a StepStarted", steps, len(next.Steps))
+		}
+	}
+}
