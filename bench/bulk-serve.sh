@@ -17,7 +17,11 @@
 # STORE=postgres://... runs serve with --store (the log and the registry in
 # PostgreSQL); PG_DATA (that cluster's data dir) adds the CPU of its server
 # processes per run to the report. SERVE_ENV="NAME=VALUE ..." sets extra
-# environment for serve (e.g. GOMEMLIMIT=150MiB).
+# environment for serve (e.g. GOMEMLIMIT=150MiB). With every run paused
+# it also prints Go's heap in use and held (go_memstats_heap_*); LATER=S
+# samples RSS and heap again S seconds on. PAUSE_ONLY=1 stops after the
+# paused measurement (the runs stay paused in Conductor: restart a
+# Conductor of its own with the memory store to drop them).
 # Needs python3 (bench/runs.py). Stops only the process it started.
 set -euo pipefail
 BIN=${1:?usage: bench/bulk-serve.sh BINARY N [PORT]}
@@ -75,9 +79,19 @@ bulk pause
 sleep "${SETTLE:-10}"
 # serve's resident memory with every run paused (VmRSS; VmHWM is the peak so far).
 grep -E '^Vm(RSS|HWM)' "/proc/$PID/status" | tr -s ' \t' ' ' | sed 's/^/  paused: /'
+# and Go's heap then: in use (live plus not yet collected) and what it holds from the system.
+curl -fs "http://127.0.0.1:$PORT/metrics" | awk '/^go_memstats_heap_(inuse|sys)_bytes /{printf "  paused: %s %.1f MB\n", $1, $2 / 1e6}'
 if [ -n "${PROFILE_DIR:-}" ]; then
   curl -fs -o "$PROFILE_DIR/paused.heap" "http://127.0.0.1:$((PORT + 1))/debug/pprof/heap"
 fi
+# LATER=S samples the same again S seconds on (e.g. 150: after Go's
+# periodic collection, every 2 minutes, has run on the idle serve).
+if [ -n "${LATER:-}" ]; then
+  sleep "$LATER"
+  grep -E '^Vm(RSS|HWM)' "/proc/$PID/status" | tr -s ' \t' ' ' | sed "s/^/  paused +${LATER}s: /"
+  curl -fs "http://127.0.0.1:$PORT/metrics" | awk -v l="$LATER" '/^go_memstats_heap_(inuse|sys|released)_bytes /{printf "  paused +%ss: %s %.1f MB\n", l, $1, $2 / 1e6}'
+fi
+if [ -n "${PAUSE_ONLY:-}" ]; then exit 0; fi
 bulk resume
 sleep "${SETTLE:-10}"
 bulk cancel
