@@ -219,6 +219,9 @@ func (p *Projector) Project(ctx context.Context, runID string) (*RunSnapshot, er
 		rp.roundMu.Unlock()
 		if lead {
 			p.lead(ctx, rp, runID, r)
+			if errors.Is(r.err, ErrNotFound) {
+				p.forgetEmpty(rp)
+			}
 			return r.snap, r.err
 		}
 		select {
@@ -539,6 +542,28 @@ func (p *Projector) Forget(runID string) {
 	}
 	p.drop(e)
 	p.opts.Metrics.cached(p.lru.Len())
+}
+
+// forgetEmpty drops rp, a run whose projection found no event, unless it
+// holds a snapshot by now: a read of a run the log does not have (a task
+// of another deployment's workflow, a mistyped id) leaves nothing behind
+// to take the room of runs that exist.
+func (p *Projector) forgetEmpty(rp *runProjection) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e, ok := p.runs[rp.runID]
+	if !ok || e.Value.(*runProjection) != rp {
+		return
+	}
+	if !rp.mu.TryLock() {
+		return // a projection of it is under way (and may wait for p.mu)
+	}
+	empty := rp.snap == nil
+	rp.mu.Unlock()
+	if empty {
+		p.drop(e)
+		p.opts.Metrics.cached(p.lru.Len())
+	}
 }
 
 // drop removes e's run unless a projection holds it or it has an open

@@ -616,3 +616,32 @@ func TestProjector_DefaultBoundKeepsFewerThanTheActiveRuns(t *testing.T) {
 		t.Fatalf("run-0 rebuilt after eviction:\n got %+v\nwant %+v", got, first)
 	}
 }
+
+// TestProjector_RunWithoutEventsIsNotKept: reading a run the log has no
+// event of (a task of another deployment's workflow, a mistyped id)
+// answers ErrNotFound and leaves nothing in the projector's memory, so
+// such reads neither take the room of runs that exist nor show in
+// sidecar_projector_cached_runs; a run that then appears is read in full.
+func TestProjector_RunWithoutEventsIsNotKept(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	p := statestore.NewProjector(mem, statestore.ProjectorOptions{})
+	for i := range 50 {
+		if _, err := p.Project(ctx, fmt.Sprintf("nobody-%d", i)); !errors.Is(err, statestore.ErrNotFound) {
+			t.Fatalf("projection of a run without events: %v, want ErrNotFound", err)
+		}
+		if _, err := p.Snapshot(ctx, fmt.Sprintf("nobody-%d", i)); !errors.Is(err, statestore.ErrNotFound) {
+			t.Fatalf("snapshot of a run without events: %v, want ErrNotFound", err)
+		}
+	}
+	if n := p.CachedRuns(); n != 0 {
+		t.Fatalf("after reading 50 runs without events the projector keeps %d runs, want 0", n)
+	}
+	if _, err := mem.Append(ctx, storetest.Event("nobody-0", statestore.RunStarted, "")); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := p.Snapshot(ctx, "nobody-0")
+	if err != nil || snap.LastEventSeq != 1 {
+		t.Fatalf("a run that appeared after a read found nothing: %+v, %v; want its RunStarted", snap, err)
+	}
+}
