@@ -11,7 +11,7 @@ import (
 // to the next check).
 const callSlots = 256
 
-// Calls tracks, per run, the Controller's pause and resume requests under
+// Calls tracks, per run, the Controller's pause, resume and cancel requests under
 // way in this process: from the moment a request starts until its settle
 // has read the log after its last call to Conductor. While one is under
 // way, a call of it may still reach Conductor after a later request's,
@@ -28,7 +28,7 @@ type Calls struct {
 // NewCalls returns an empty Calls.
 func NewCalls() *Calls { return &Calls{runs: map[string]int{}} }
 
-// InFlight reports whether a pause or resume of runID is under way, and
+// InFlight reports whether a pause, resume or cancel of runID is under way, and
 // a generation that changes whenever one starts or ends: two answers
 // with the same generation, the first with nothing under way, mean that
 // no request on the run ran in between.

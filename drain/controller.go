@@ -127,7 +127,7 @@ type Options struct {
 	// owned runs only, and the gauges count them; a drain this process
 	// started (a pause, a nudge) is watched here whoever owns it.
 	Owner Owner
-	// Calls, when set, is told of every pause and resume request under
+	// Calls, when set, is told of every pause, resume and cancel request under
 	// way, for the process's Follower (FollowerOptions.Calls) to see
 	// (default: a Calls of the Controller's own, which nobody reads).
 	Calls *Calls
@@ -545,6 +545,7 @@ func (c *Controller) resumeEngine(ctx context.Context, r *resuming, err error) (
 // interrupted on this process (best effort), RunCancelled. Cancelling a
 // cancelled run returns its state.
 func (c *Controller) Cancel(ctx context.Context, runID, reason, requestedBy string) (*State, error) {
+	defer c.opts.Calls.begin(runID)() // the Follower leaves the terminate to this cancel
 	cl, st, err := c.cancelLog(ctx, runID, reason, requestedBy)
 	if cl == nil {
 		return st, err

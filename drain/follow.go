@@ -16,6 +16,8 @@ const (
 	EngineRunning   = "RUNNING"
 	EnginePaused    = "PAUSED"
 	EngineCompleted = "COMPLETED"
+	// EngineTerminated is the status a cancel's terminate leaves.
+	EngineTerminated = "TERMINATED"
 )
 
 // What the Follower did, as the run watcher counts it
@@ -31,6 +33,10 @@ const (
 	// FollowPauseClosed: RunResumed (requestedBy sidecar) for a pause
 	// that raced Conductor's completion of the run.
 	FollowPauseClosed = "pause_closed"
+	// FollowCancelCompleted: a cancel requested in the log whose
+	// workflow still ran in Conductor (its process died before the
+	// terminate) completed: workflow terminated, RunCancelled.
+	FollowCancelCompleted = "cancel_completed"
 )
 
 // FollowerEngine is the part of Conductor's workflow API the Follower
@@ -75,8 +81,12 @@ type FollowerOptions struct {
 	// Drains, when set, is the drain index: a pause made in Conductor is
 	// marked there, so that the drain monitors find it.
 	Drains DrainIndex
-	Logger *zap.Logger
-	Now    func() time.Time
+	// Interrupt, when set, interrupts the running steps of a run on this
+	// process (the Controller's Options.Interrupt): used when a cancel
+	// left unfinished is completed.
+	Interrupt func(runID string) int
+	Logger    *zap.Logger
+	Now       func() time.Time
 }
 
 // Follower is drain's reaction to what Conductor reports of a run's
@@ -141,6 +151,14 @@ func NewFollower(snaps SnapshotReader, emit Emitter, engine FollowerEngine, ledg
 //     RUNNING only, so the pause is closed (RunResumed, requestedBy
 //     "sidecar", the reason says why) for the watcher to complete the run.
 //
+// RUNNING or PAUSED while the log has the run's cancel requested and not
+// ended: the cancel's own terminate never reached Conductor (its process
+// died in between, or Conductor did not answer it). Unless a request of
+// the Controller's on the run is under way (FollowerOptions.Calls), the
+// cancel is completed: the workflow terminated, the run's steps on this
+// process interrupted, RunCancelled (requestedBy "sidecar", fenced)
+// (FollowCancelCompleted).
+//
 // Anything else needs nothing. A run cancelled or ended in the log is left
 // alone. Every record is checked against the state it was decided on.
 func (f *Follower) Saw(ctx context.Context, runID, workflowID, status string) (string, error) {
@@ -159,6 +177,10 @@ func (f *Follower) follow(ctx context.Context, runID, workflowID string, engineP
 	snap, err := f.snapshot(ctx, runID)
 	if err != nil {
 		return "", err
+	}
+	if snap != nil && snap.CancelRequested && !statestore.IsTerminalRunStatus(snap.Status) {
+		f.seen.forget(runID)
+		return f.completeCancel(ctx, runID, workflowID)
 	}
 	if snap == nil || !followed(snap) {
 		f.seen.forget(runID)
@@ -354,6 +376,40 @@ func (f *Follower) resumedInConductor(ctx context.Context, snap *statestore.RunS
 	f.logger.Warn("the run's workflow was resumed in Conductor; recorded the resume",
 		zap.String("runId", snap.RunID), zap.String("workflowId", workflowID), zap.Int64("cycle", cycle))
 	return FollowConductorResumed, f.ledger.NoteEngine(ctx, snap.RunID, false, cycle)
+}
+
+// completeCancel completes runID's cancel, requested in the log, whose
+// workflow workflowID Conductor still runs: terminate, interrupt the
+// run's steps here, RunCancelled appended on the runSeq it was decided
+// on. Terminating a workflow that ended meanwhile changes nothing in
+// Conductor; a run the Controller (or the watcher) ended meanwhile is
+// left as it is.
+func (f *Follower) completeCancel(ctx context.Context, runID, workflowID string) (string, error) {
+	if busy, _ := f.inFlight(runID); busy {
+		return "", nil // the Controller's own cancel is under way: its terminate follows
+	}
+	if err := f.engine.Terminate(ctx, workflowID, "cancelled: the cancel requested in the sidecar's log"); err != nil {
+		return "", err
+	}
+	if f.opts.Interrupt != nil {
+		if n := f.opts.Interrupt(runID); n > 0 {
+			f.logger.Info("interrupted running steps of a cancelled run", zap.String("runId", runID), zap.Int("steps", n))
+		}
+	}
+	var ended bool
+	_, _, err := statestore.Fenced(ctx, f.snaps, f.emit, runID, func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+		if ended = s.CancelRequested && !statestore.IsTerminalRunStatus(s.Status); !ended {
+			return nil, nil
+		}
+		return runEvent(s, statestore.RunCancelledPayload{EngineStatus: EngineTerminated, RequestedBy: statestore.RequestedBySidecar,
+			Reason: "the cancel requested in the log had not reached Conductor; completed"}, 1, f.opts.Now)
+	})
+	if err != nil || !ended {
+		return "", err
+	}
+	f.logger.Warn("completed a cancel requested in the log whose workflow still ran in Conductor (the cancel's terminate never reached it)",
+		zap.String("runId", runID), zap.String("workflowId", workflowID))
+	return FollowCancelCompleted, nil
 }
 
 // closePause appends the RunResumed that closes a pause Conductor never

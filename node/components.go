@@ -182,7 +182,7 @@ func (n *Node) openWatcher(ctx context.Context) error {
 	// are live, a difference is put down to Conductor only once it has
 	// lasted the follower's grace (docs/drain.md).
 	n.pauseCalls, n.pauseAlone = drain.NewCalls(), alone(n.members, time.Now())
-	pauses := drain.NewFollower(n.store, n.emitter, n.conductor, keys, drain.FollowerOptions{DrainTimeout: n.cfg.DrainTimeout, Drains: keys, Calls: n.pauseCalls,
+	pauses := drain.NewFollower(n.store, n.emitter, n.conductor, keys, drain.FollowerOptions{DrainTimeout: n.cfg.DrainTimeout, Drains: keys, Calls: n.pauseCalls, Interrupt: n.running.Interrupt,
 		Alone: n.pauseAlone, Grace: drain.GraceFor(n.conductor.LongestPauseCall()), Logger: n.log})
 	wopts := adapter.WatcherOptions{Owner: n.members, Pauses: pauses, Logger: n.log, Metrics: n.adapterM}
 	if len(n.cfg.Adopt.Specs) > 0 {
@@ -267,10 +267,10 @@ func (n *Node) openWorkers(ctx context.Context) error {
 	wopts := taskworkers.Options{
 		WorkerID: n.cfg.WorkerID, Concurrency: concurrency, PollersPerType: n.cfg.PollersPerType,
 		PollInterval: n.cfg.PollInterval, PollIntervalMax: n.cfg.PollIntervalMax, Running: n.running, Wakeup: n.wakeup,
-		Guard:          runGuard{n.runs, n.adopter}.check,
-		Recover:        inFlight{n.runs, n.cfg.WorkerID}.tasks,
-		OnTaskDone:     taskDone{n.watcher, n.drain, n.adopter}.nudge,
-		OnPausedTask:   n.watcher.Recheck,
+		Guard:        runGuard{n.runs, n.adopter}.check,
+		Recover:      inFlight{n.runs, n.cfg.WorkerID}.tasks,
+		OnTaskDone:   taskDone{n.watcher, n.drain, n.adopter}.nudge,
+		OnPausedTask: n.watcher.Recheck, OnCancellingTask: n.watcher.Recheck,
 		PauseOnFailure: failurePause{n.drain, statestore.RequestedByWorker(n.cfg.WorkerID)}.pause,
 		Tasks:          n.conductor, Definitions: n.conductor, ExternalInFlight: externalInFlight{n.runs, n.adopter}.tasks,
 		Logger: n.log, Metrics: taskworkers.NewMetrics(n.reg), Tracer: n.tracer,

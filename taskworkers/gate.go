@@ -14,6 +14,10 @@ const (
 	waitNotRunning
 	// refuseEnded: the run is cancelled or finished; fail the task for good.
 	refuseEnded
+	// waitCancel: the run's cancel is requested and the run not ended yet:
+	// hand the task back, unstarted, for the cancel's terminate to end it
+	// (failing it would fail the workflow in Conductor instead).
+	waitCancel
 	// refuseForeign: the task's workflow is not the run's.
 	refuseForeign
 	// reportCompleted: the log already has the attempt's StepCompleted
@@ -54,8 +58,11 @@ func gate(snap *statestore.RunSnapshot, workflowID, stepID string, engine, logic
 		return d
 	}
 	switch {
-	case snap.CancelRequested || statestore.IsTerminalRunStatus(snap.Status):
+	case statestore.IsTerminalRunStatus(snap.Status):
 		d.verdict = refuseEnded
+		return d
+	case snap.CancelRequested:
+		d.verdict = waitCancel
 		return d
 	case snap.Status == statestore.RunStatusPaused:
 		d.verdict = waitPaused

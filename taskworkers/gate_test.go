@@ -33,7 +33,7 @@ func TestGate(t *testing.T) {
 		{"paused", run(statestore.RunStatusPaused), wf, 1, waitPaused, 0, false},
 		{"pending", run(statestore.RunStatusPending), wf, 1, waitNotRunning, 0, false},
 		{"approved", run(statestore.RunStatusApproved), wf, 1, waitNotRunning, 0, false},
-		{"cancel requested", cancelled, wf, 1, refuseEnded, 0, false},
+		{"cancel requested", cancelled, wf, 1, waitCancel, 0, false},
 		{"completed", run(statestore.RunStatusCompleted), wf, 1, refuseEnded, 0, false},
 		{"failed", run(statestore.RunStatusFailed), wf, 1, refuseEnded, 0, false},
 		{"another workflow", run(statestore.RunStatusRunning), "wf-2", 1, refuseForeign, 0, false},

@@ -46,7 +46,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 		}),
 		handedBackBy: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sidecar_worker_tasks_handed_back_total", Help: "Tasks handed back to Conductor unstarted, by reason: paused (the run is paused), held (a step failed under onStepFailure pause), foreign_workflow (refused: not the run's workflow), unknown_run (a run of another deployment), run_ended (refused: a task of a run whose log already ended, made by a restart, rerun or retry in Conductor), lost_poll_answer (Conductor gave it to a poll whose answer never arrived).",
+			Name: "sidecar_worker_tasks_handed_back_total", Help: "Tasks handed back to Conductor unstarted, by reason: paused (the run is paused), held (a step failed under onStepFailure pause), foreign_workflow (refused: not the run's workflow), unknown_run (a run of another deployment), run_ended (refused: a task of a run whose log already ended, made by a restart, rerun or retry in Conductor), cancelling (the run's cancel is requested and not ended: the terminate ends the task), lost_poll_answer (Conductor gave it to a poll whose answer never arrived).",
 		}, []string{"reason"}),
 		writes: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "sidecar_worker_event_write_seconds", Help: "Event append latency by event type and result.",
@@ -62,7 +62,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sidecar_worker_fence_retries_total", Help: "StepStarted appends refused because the run moved on after the gate read it (RUN_CHANGED), then decided again.",
 		}),
 	}
-	for _, r := range []string{handBackPaused, handBackHeld, handBackForeign, handBackUnknown, handBackRunEnded} {
+	for _, r := range []string{handBackPaused, handBackHeld, handBackForeign, handBackUnknown, handBackRunEnded, handBackCancelling} {
 		m.handedBackBy.WithLabelValues(r)
 	}
 	reg.MustRegister(m.polledTasks, m.polls, m.pollErrors, m.steps, m.stepDuration, m.startLatency, m.handedBackBy, m.writes, m.updateErrors, m.outboxEvents, m.fenceRetries)
@@ -76,8 +76,10 @@ const (
 	handBackForeign  = "foreign_workflow"
 	handBackUnknown  = "unknown_run"
 	handBackRunEnded = "run_ended"
-	handBackLost     = "lost_poll_answer"
-	handBackKept     = "outcome_not_recorded"
+	// handBackCancelling: the run's cancel is requested, not yet ended.
+	handBackCancelling = "cancelling"
+	handBackLost       = "lost_poll_answer"
+	handBackKept       = "outcome_not_recorded"
 )
 
 // taskTypes creates the per-task-type series of the polled types at zero,

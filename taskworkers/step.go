@@ -105,18 +105,25 @@ func (w *Worker) begin(t *model.Task, log *zap.Logger, a *Assignment, engine, lo
 		w.refuseForeign(t, log)
 		return d, false
 	case d.verdict == refuseEnded:
-		if statestore.IsTerminalRunStatus(snap.Status) {
-			// The run's log is final; a task of it is one Conductor made
-			// after the end: the workflow was restarted, rerun or retried
-			// in Conductor. Refused: a run ends once (docs/conductor.md,
-			// "Actions taken in Conductor").
-			log.Warn("task of a run that already ended (its workflow was restarted, rerun or retried in Conductor?); refusing it: the run's log is final, start a new run instead",
-				zap.String("status", snap.Status))
-			w.opts.Metrics.handedBack(handBackRunEnded)
-		} else {
-			log.Info("run is being cancelled; not starting the step")
-		}
+		// The run's log is final; a task of it is one Conductor made
+		// after the end: the workflow was restarted, rerun or retried
+		// in Conductor. Refused: a run ends once (docs/conductor.md,
+		// "Actions taken in Conductor").
+		log.Warn("task of a run that already ended (its workflow was restarted, rerun or retried in Conductor?); refusing it: the run's log is final, start a new run instead",
+			zap.String("status", snap.Status))
+		w.opts.Metrics.handedBack(handBackRunEnded)
 		w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: "RUN_" + snap.Status})
+		return d, false
+	case d.verdict == waitCancel:
+		// The cancel's terminate ends the task in Conductor; failing it
+		// here would fail the workflow instead. A cancel whose process
+		// died before the terminate is completed from the run's check.
+		log.Info("run is being cancelled; not starting the step, handing the task back")
+		w.opts.Metrics.handedBack(handBackCancelling)
+		w.handBack(t, w.opts.HandBackAfter, "run being cancelled")
+		if w.opts.OnCancellingTask != nil {
+			w.opts.OnCancellingTask(a.RunID)
+		}
 		return d, false
 	case d.verdict == waitPaused:
 		w.opts.Metrics.handedBack(handBackPaused)

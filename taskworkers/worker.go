@@ -136,6 +136,12 @@ type Options struct {
 	// Conductor (at most once per run per short interval) and records a
 	// resume made there, so that the task passes at a later poll.
 	OnPausedTask func(runID string)
+	// OnCancellingTask, when set, is called for each task the gate hands
+	// back because the log has the run's cancel requested and not ended.
+	// It must not block: the run watcher's Recheck, whose read of the
+	// workflow completes a cancel that never reached Conductor (its
+	// process died before the terminate).
+	OnCancellingTask func(runID string)
 	// PauseOnFailure, when set, pauses a run whose step failed for good
 	// under onStepFailure "pause" (RunPaused, reason stepFailed, the step
 	// id); the step's task is then held, not failed. Without it such a
