@@ -231,6 +231,41 @@ func TestWatcher_Terminal(t *testing.T) {
 			t.Fatalf("snapshot %v %v, want CANCELLED", snap, err)
 		}
 	})
+	// Cancel wins: whatever Conductor reports at the end of a run whose
+	// cancel is requested (the cancel's terminate never reached it, and
+	// the workflow completed or failed on its own), the run ends
+	// CANCELLED, with Conductor's status in RunCancelled's payload.
+	for _, tc := range []struct {
+		name   string
+		status model.TaskResultStatus
+		engine string
+	}{
+		{"CancelRequested/Completed", model.CompletedTask, "COMPLETED"},
+		{"CancelRequested/Failed", model.FailedWithTerminalErrorTask, "FAILED"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, run := start(t)
+			cancelReq, err := runEvent(&run, statestore.RunCancelRequested, map[string]any{"reason": "operator", "requestedBy": "test"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := env.emitter.Emit(ctx, cancelReq); err != nil {
+				t.Fatal(err)
+			}
+			complete(t, p, run, tc.status, "ended on its own", true)
+			recs := waitFinal(t, env, r, run.RunID)
+			snap, err := env.store.ProjectSnapshot(ctx, run.RunID)
+			if err != nil || snap.Status != statestore.RunStatusCancelled {
+				t.Fatalf("log %s: status %v (%v), want CANCELLED: the cancel requested before Conductor's %s", strings.Join(eventTypes(recs), " "),
+					snap.Status, err, tc.engine)
+			}
+			var cancelled struct{ EngineStatus string }
+			_ = json.Unmarshal(lastEvent(t, recs).Payload, &cancelled)
+			if cancelled.EngineStatus != tc.engine {
+				t.Fatalf("RunCancelled payload %s, want engineStatus %s", lastEvent(t, recs).Payload, tc.engine)
+			}
+		})
+	}
 	t.Run("RunFailed/Terminated", func(t *testing.T) {
 		_, run := start(t)
 		if err := r.Client().Terminate(ctx, run.WorkflowID, "killed by hand"); err != nil {
