@@ -841,8 +841,16 @@ func pausedAtCompletion(snap *statestore.RunSnapshot, engineStatus string) bool 
 }
 
 // terminalEvent maps a terminal Conductor status to the run event to
-// append; label is the metric label (CANCELLED for our own cancel).
+// append; label is the metric label (CANCELLED for our own cancel). A run
+// whose cancel is requested ends CANCELLED whatever Conductor reports
+// (Cancel wins): the workflow may have completed or failed before the
+// cancel's terminate reached it, or without it (its process died in
+// between); Conductor's status is in the payload.
 func terminalEvent(rec *Run, engineStatus, reason string, cancelRequested bool) (*statestore.RunEventWrite, string, error) {
+	if cancelRequested {
+		ev, err := runEvent(rec, statestore.RunCancelled, statestore.RunCancelledPayload{EngineStatus: engineStatus, Reason: reason})
+		return ev, "CANCELLED", err
+	}
 	failed := func(code, fallback string) (*statestore.RunEventWrite, string, error) {
 		msg := reason
 		if msg == "" {
@@ -862,10 +870,6 @@ func terminalEvent(rec *Run, engineStatus, reason string, cancelRequested bool) 
 	case string(model.TimedOutWorkflow):
 		return failed(CodeWorkflowTimedOut, "workflow TIMED_OUT in Conductor")
 	case string(model.TerminatedWorkflow):
-		if cancelRequested {
-			ev, err := runEvent(rec, statestore.RunCancelled, statestore.RunCancelledPayload{EngineStatus: engineStatus, Reason: reason})
-			return ev, "CANCELLED", err
-		}
 		return failed(CodeWorkflowTerminated, "workflow TERMINATED in Conductor")
 	default:
 		return failed(CodeWorkflowNotFound, "workflow not found in Conductor")
