@@ -117,7 +117,7 @@ func (c *Controller) pauseLogs(ctx context.Context, runIDs []string, req PauseRe
 		timeout = int64(c.opts.DefaultTimeout / time.Second)
 	}
 	decide := func(s *statestore.RunSnapshot) []*statestore.RunEventWrite {
-		if s.Status != statestore.RunStatusRunning {
+		if s.Status != statestore.RunStatusRunning || s.CancelRequested {
 			return nil // paused already, or not pausable: the single way answers
 		}
 		cycle := nextCycle(s)
@@ -190,7 +190,7 @@ func (c *Controller) resumeLogs(ctx context.Context, runIDs []string, req Resume
 		return r, r.wf, nil, nil
 	}
 	decide := func(s *statestore.RunSnapshot) []*statestore.RunEventWrite {
-		if s.Status != statestore.RunStatusPaused || s.Pause == nil || len(s.HeldSteps()) > 0 {
+		if s.Status != statestore.RunStatusPaused || s.Pause == nil || len(s.HeldSteps()) > 0 || s.CancelRequested {
 			return nil // the single way answers
 		}
 		w, err := runEvent(s, resumedPayload(req), s.Pause.Cycle, c.opts.Now)

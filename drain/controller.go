@@ -323,6 +323,9 @@ func (c *Controller) pauseLog(ctx context.Context, runID string, req PauseReques
 	var cycle int64
 	var paused *statestore.RunEventWrite
 	snap, res, err := statestore.Fenced(ctx, knownRuns{c.snaps}, c.emit, runID, func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+		if cancelInProgress(s) {
+			return nil, cancelWins(s, statestore.RunPaused)
+		}
 		if s.Status == statestore.RunStatusPaused {
 			return nil, nil
 		}
@@ -485,6 +488,9 @@ func (c *Controller) resumeLog(ctx context.Context, runID string, req ResumeRequ
 	var r *resuming
 	_, _, err := statestore.Fenced(ctx, knownRuns{c.snaps}, c.emit, runID, func(snap *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
 		r = &resuming{runID: runID, wf: workflowOf(snap), snap: snap}
+		if cancelInProgress(snap) {
+			return nil, cancelWins(snap, statestore.RunResumed)
+		}
 		if snap.Status == statestore.RunStatusRunning && snap.Pause != nil && snap.Pause.ResumedAt != "" && !snap.CancelRequested {
 			// A repeated resume (the first one may have been recorded
 			// without reaching Conductor): resume Conductor's workflow
@@ -878,6 +884,22 @@ func (c *Controller) invalid(snap *statestore.RunSnapshot, eventType string) err
 	}
 	return &statestore.Error{Code: statestore.CodeInvalidTransition, Message: fmt.Sprintf("%s is not allowed: the run is %s", eventType, snap.Status),
 		Meta: map[string]string{"actualState": snap.Status, "attemptedEventType": eventType}}
+}
+
+// cancelInProgress tells whether snap's run has its cancel requested and has not
+// ended: its cancel is in progress.
+func cancelInProgress(snap *statestore.RunSnapshot) bool {
+	return snap.CancelRequested && !statestore.IsTerminalRunStatus(snap.Status)
+}
+
+// cancelWins is the INVALID_TRANSITION answer for a pause or resume
+// (eventType) of a run whose cancel is in progress: Cancel wins, and a
+// pause or resume sent to a workflow being terminated could undo the
+// terminate. Nothing is written.
+func cancelWins(snap *statestore.RunSnapshot, eventType string) error {
+	return &statestore.Error{Code: statestore.CodeInvalidTransition,
+		Message: fmt.Sprintf("%s is not allowed: the run's cancel is in progress (requested, not yet ended); it ends CANCELLED", eventType),
+		Meta:    map[string]string{"actualState": snap.Status, "attemptedEventType": eventType, "cancelRequested": "true"}}
 }
 
 // record appends the run-level event with payload p for cycle, checked
