@@ -65,9 +65,13 @@ const (
 	// actionDecide: a workflow RUNNING with every task terminal was asked
 	// to decide (PUT /workflow/decide/{id}).
 	actionDecide = "decide"
+	// actionCancelCompleted: a cancel requested in the log whose workflow
+	// still ran in Conductor (the cancel's terminate never reached it)
+	// completed by the pause follower: terminate, RunCancelled.
+	actionCancelCompleted = "cancel_completed"
 )
 
-var watcherActions = []string{actionPauseClosed, actionTerminalRefused, actionConductorPaused, actionConductorResumed, actionConverged, actionDecide}
+var watcherActions = []string{actionPauseClosed, actionTerminalRefused, actionConductorPaused, actionConductorResumed, actionConverged, actionDecide, actionCancelCompleted}
 
 // Watcher outcome label values (sidecar_run_watcher_terminal_total{status}).
 var watcherStatuses = []string{"COMPLETED", "FAILED", "TIMED_OUT", "TERMINATED", "CANCELLED", "LOST"}
@@ -80,7 +84,7 @@ var watcherStatuses = []string{"COMPLETED", "FAILED", "TIMED_OUT", "TERMINATED",
 //	sidecar_run_watcher_active_runs                     runs the watcher follows (last scan)
 //	sidecar_run_watcher_terminal_total{status}          terminal run events appended, by Conductor status
 //	sidecar_run_watcher_errors_total                    failed watcher checks
-//	sidecar_run_watcher_actions_total{action}           pause_closed, terminal_refused, conductor_paused, conductor_resumed, converged, decide (see watcherActions)
+//	sidecar_run_watcher_actions_total{action}           pause_closed, terminal_refused, conductor_paused, conductor_resumed, converged, decide, cancel_completed (see watcherActions)
 //	sidecar_run_watcher_stuck_runs                      runs whose workflow Conductor leaves RUNNING with every task done
 //	sidecar_run_orphans_total{action}                   orphan workflows terminated or adopted
 //
@@ -145,7 +149,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}, []string{"action"})
 	actions := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sidecar_run_watcher_actions_total",
-		Help: "What the run watcher did to keep the log in step with Conductor: pause_closed (a run completed in Conductor while paused in the log), terminal_refused (a terminal event not valid from the run's state, not appended), conductor_paused and conductor_resumed (a pause or resume made in Conductor, recorded in the log), converged (the sidecar's own pause or resume applied to Conductor by the watcher), decide (a workflow left RUNNING with every task done was asked to decide).",
+		Help: "What the run watcher did to keep the log in step with Conductor: pause_closed (a run completed in Conductor while paused in the log), terminal_refused (a terminal event not valid from the run's state, not appended), conductor_paused and conductor_resumed (a pause or resume made in Conductor, recorded in the log), converged (the sidecar's own pause or resume applied to Conductor by the watcher), decide (a workflow left RUNNING with every task done was asked to decide), cancel_completed (a cancel requested in the log whose terminate never reached Conductor, completed).",
 	}, []string{"action"})
 	stuck := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "sidecar_run_watcher_stuck_runs",
