@@ -2,9 +2,12 @@ package drain_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
+
+	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -69,5 +72,85 @@ func TestController_NoPauseOrResumeOnceCancelRequested(t *testing.T) {
 			refused(t, "bulk pause", o.Err)
 		}
 		check(t, mem, eng, len(recs)+1, calls)
+	})
+}
+
+// heldTerminate is the engine fake whose terminates wait for release
+// once entered is told.
+type heldTerminate struct {
+	*engine
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (e heldTerminate) Terminate(ctx context.Context, wf, reason string) error {
+	e.entered <- struct{}{}
+	<-e.release
+	return e.engine.Terminate(ctx, wf, reason)
+}
+
+func (e heldTerminate) WorkflowStatus(context.Context, string) (string, error) {
+	return drain.EngineRunning, nil
+}
+
+// TestFollower_CompletesACancelCutShort: the Follower, told that the
+// workflow of a run whose cancel is requested still runs, completes the
+// cancel (terminate, RunCancelled requestedBy sidecar), unless the
+// Controller's own cancel of the run is under way in this process: then
+// the terminate is the Controller's alone.
+func TestFollower_CompletesACancelCutShort(t *testing.T) {
+	ctx := context.Background()
+	t.Run("CutShort", func(t *testing.T) {
+		mem, eng := setup(t, "a")
+		mem.Append(ctx, storetest.Event("r", statestore.RunCancelRequested, ""))
+		f := drain.NewFollower(mem, emitter{mem}, followEngine{engine: eng, status: drain.EngineRunning}, &ledger{}, drain.FollowerOptions{Calls: drain.NewCalls()})
+		action, err := f.Saw(ctx, "r", "wf1", drain.EngineRunning)
+		if err != nil || action != drain.FollowCancelCompleted {
+			t.Fatalf("Saw: %q %v, want %q", action, err, drain.FollowCancelCompleted)
+		}
+		snap, _ := mem.ProjectSnapshot(ctx, "r")
+		if snap.Status != statestore.RunStatusCancelled || len(eng.calls) != 1 || eng.calls[0] != "terminate wf1" {
+			t.Fatalf("run %s, Conductor calls %v: want CANCELLED after one terminate", snap.Status, eng.calls)
+		}
+	})
+	t.Run("ControllerCancelUnderWay", func(t *testing.T) {
+		mem, eng := setup(t, "a")
+		held := heldTerminate{engine: eng, entered: make(chan struct{}, 4), release: make(chan struct{})}
+		calls := drain.NewCalls()
+		c := drain.New(mem, emitter{mem}, held, drain.Options{Calls: calls, Logger: zaptest.NewLogger(t)})
+		f := drain.NewFollower(mem, emitter{mem}, held, &ledger{}, drain.FollowerOptions{Calls: calls})
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Cancel(ctx, "r", "operator", "op")
+			done <- err
+		}()
+		<-held.entered // RunCancelRequested is in, the terminate under way
+		type sawResult struct {
+			action string
+			err    error
+		}
+		saw := make(chan sawResult, 1)
+		go func() {
+			action, err := f.Saw(ctx, "r", "wf1", drain.EngineRunning)
+			saw <- sawResult{action, err}
+		}()
+		select {
+		case r := <-saw:
+			if r.err != nil || r.action != "" {
+				t.Errorf("Saw while the Controller's cancel terminates: %q %v, want nothing done", r.action, r.err)
+			}
+		case <-held.entered:
+			t.Error("the Follower terminated the workflow while the Controller's cancel was under way")
+		}
+		close(held.release)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		recs, _ := mem.Fetch(ctx, "r", 0, 0)
+		var payload struct{ RequestedBy string }
+		_ = json.Unmarshal(recs[len(recs)-1].Payload, &payload)
+		if got := types(recs); !strings.HasSuffix(got, "RunCancelRequested RunCancelled") || payload.RequestedBy != "op" {
+			t.Fatalf("log %s, RunCancelled by %q: want the Controller's RunCancelled", got, payload.RequestedBy)
+		}
 	})
 }

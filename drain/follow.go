@@ -404,6 +404,9 @@ func (f *Follower) completeCancel(ctx context.Context, runID, workflowID string)
 		return runEvent(s, statestore.RunCancelledPayload{EngineStatus: EngineTerminated, RequestedBy: statestore.RequestedBySidecar,
 			Reason: "the cancel requested in the log had not reached Conductor; completed"}, 1, f.opts.Now)
 	})
+	if errors.Is(err, statestore.ErrRunChanged) || errors.Is(err, statestore.ErrNotFound) {
+		return "", nil // decided again at the next check
+	}
 	if err != nil || !ended {
 		return "", err
 	}
