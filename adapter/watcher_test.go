@@ -40,7 +40,10 @@ func TestTerminalEvent(t *testing.T) {
 		label           string
 	}{
 		{"COMPLETED", "", false, statestore.RunCompleted, "", "", "COMPLETED"},
-		{"COMPLETED", "", true, statestore.RunCompleted, "", "", "COMPLETED"},
+		{"COMPLETED", "", true, statestore.RunCancelled, "", "", "CANCELLED"},
+		{"FAILED", "Task x failed", true, statestore.RunCancelled, "", "", "CANCELLED"},
+		{"TIMED_OUT", "Workflow timed out", true, statestore.RunCancelled, "", "", "CANCELLED"},
+		{"LOST", "gone", true, statestore.RunCancelled, "", "", "CANCELLED"},
 		{"FAILED", "Task x failed", false, statestore.RunFailed, CodeWorkflowFailed, "Task x failed", "FAILED"},
 		{"FAILED", "", false, statestore.RunFailed, CodeWorkflowFailed, "workflow FAILED in Conductor", "FAILED"},
 		{"TIMED_OUT", "Workflow timed out", false, statestore.RunFailed, CodeWorkflowTimedOut, "Workflow timed out", "TIMED_OUT"},
