@@ -54,6 +54,12 @@ func NewHolding(tb testing.TB) (*Holding, string) {
 	}
 	h := &Holding{next: map[string]*Held{}}
 	proxy := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: target.Scheme, Host: target.Host})
+	// A transport of its own: every httptest.Server's Close closes the idle
+	// connections of http.DefaultTransport, which a parallel test's
+	// cleanup did while this proxy read an answer on one of them
+	// ("use of closed network connection", the call failed).
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	proxy.Transport = tr
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var held *Held
 		if r.Method == http.MethodPut {
@@ -94,6 +100,7 @@ func NewHolding(tb testing.TB) (*Holding, string) {
 		}
 		h.mu.Unlock()
 		srv.Close()
+		tr.CloseIdleConnections()
 	})
 	return h, srv.URL + target.Path
 }
