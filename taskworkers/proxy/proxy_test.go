@@ -44,14 +44,14 @@ type env struct {
 	worker *taskworkers.Worker
 }
 
-func newEnv(t *testing.T, tokens ...string) *env {
+func newEnv(t testing.TB, tokens ...string) *env {
 	t.Helper()
 	return newEnvWith(t, nil, tokens...)
 }
 
 // newEnvWith is newEnv with the proxy's Steps (the task workers) seen
 // through wrap, when not nil.
-func newEnvWith(t *testing.T, wrap func(proxy.Steps) proxy.Steps, tokens ...string) *env {
+func newEnvWith(t testing.TB, wrap func(proxy.Steps) proxy.Steps, tokens ...string) *env {
 	t.Helper()
 	return newEnvOpts(t, envOpts{wrap: wrap, tokens: tokens})
 }
@@ -85,7 +85,7 @@ type envOpts struct {
 	proxy func(*proxy.Options)
 }
 
-func newEnvOpts(t *testing.T, o envOpts) *env {
+func newEnvOpts(t testing.TB, o envOpts) *env {
 	t.Helper()
 	wrap, reads, tokens := o.wrap, o.reads, o.tokens
 	curl := conductortest.URL(t)

@@ -1,0 +1,231 @@
+package proxy_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+	"github.com/conductor-sidecar/sidecar/taskworkers"
+	"github.com/conductor-sidecar/sidecar/taskworkers/proxy"
+)
+
+// BenchmarkProxy_PassThrough measures what the proxy costs a task that
+// passes through it untouched: a SIMPLE task of a workflow that is no run
+// of the log (a FORK_JOIN of passThroughFork tasks, started in Conductor
+// with the timer stopped), taken by one worker in the loop
+// conductor-python 2.0.0 runs: a batch poll of one task when it holds
+// none, then update-v2 (COMPLETED), whose answer is its next task. One
+// op is one task. "proxy" runs the loop through the proxy, "direct"
+// straight to Conductor, in the same process. The proxy's Steps are the
+// task workers (taskworkers.Worker, not opened: a task that passes through
+// never reaches its gate), without an adopter, with the proxy's metrics
+// registered, so that the process runs nothing in the background that
+// would bill the slower mode for its longer wall time.
+//
+// Besides ns/op (the worker's wall time per task, mostly Conductor's),
+// it reports cpu-ns/op: the CPU time (user + system, getrusage) of the
+// whole test process per task. The worker loop's own CPU is in both, so
+// proxy minus direct is the proxy's CPU per task; B/op and allocs/op, of
+// the whole process too, subtract the same way.
+//
+//	SIDECAR_TEST_CONDUCTOR_URL=http://127.0.0.1:8080/api go test -run '^$' \
+//	  -bench BenchmarkProxy_PassThrough -benchtime 400x -count 5 ./taskworkers/proxy
+func BenchmarkProxy_PassThrough(b *testing.B) {
+	base := conductortest.URL(b)
+	client, err := adapter.NewClient(adapter.ClientOptions{BaseURL: base})
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := proxy.New(taskworkers.New(nil, nil, nil, nil, nil, taskworkers.Options{}),
+		proxy.Options{Conductor: base, Metrics: proxy.NewMetrics(prometheus.NewRegistry())})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	p.Open(ln)
+	b.Cleanup(func() { _ = p.Close(context.Background()) })
+	tt := "pass_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	name := "passthru_" + tt
+	if err := registerForkJoin(base, name, tt, passThroughFork); err != nil {
+		b.Fatal(err)
+	}
+	for _, mode := range []struct{ name, url string }{{"proxy", "http://" + ln.Addr().String() + "/api"}, {"direct", base}} {
+		b.Run(mode.name, func(b *testing.B) {
+			b.StopTimer()
+			for range (b.N + passThroughFork - 1) / passThroughFork {
+				if _, err := client.StartWorkflow(context.Background(), model.StartWorkflowRequest{Name: name, Version: 1,
+					Input: map[string]any{"source": "benchmark"}}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			w := &passWorker{base: mode.url, tt: tt, client: &http.Client{}}
+			b.ReportAllocs()
+			cpu := cpuTime()
+			b.StartTimer()
+			if err := w.run(b.N, 5*time.Minute); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64((cpuTime()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/op")
+			b.ReportMetric(float64(w.polls)/float64(b.N), "polls/op")
+			w.client.CloseIdleConnections()
+			// The queue is left empty for the next run: its workflows'
+			// remaining tasks, if any, taken and completed.
+			_ = w.run(passThroughFork, 0)
+		})
+	}
+}
+
+// passThroughFork is the number of tasks a benchmark workflow forks.
+const passThroughFork = 50
+
+// registerForkJoin registers task type tt and workflow name, a FORK_JOIN
+// of n SIMPLE tasks of tt, each with a small input.
+func registerForkJoin(base, name, tt string, n int) error {
+	taskDefs := []map[string]any{{"name": tt, "ownerEmail": "bench@example.com", "retryCount": 0, "responseTimeoutSeconds": 120, "timeoutSeconds": 0}}
+	if err := post(base+"/metadata/taskdefs", taskDefs); err != nil {
+		return err
+	}
+	var branches [][]map[string]any
+	var refs []string
+	for i := range n {
+		ref := fmt.Sprintf("t%d", i)
+		refs = append(refs, ref)
+		branches = append(branches, []map[string]any{{"name": tt, "taskReferenceName": ref, "type": "SIMPLE",
+			"inputParameters": map[string]any{"n": i, "source": "${workflow.input.source}", "item": map[string]any{"id": ref, "size": 3}}}})
+	}
+	def := map[string]any{"name": name, "version": 1, "ownerEmail": "bench@example.com", "schemaVersion": 2, "tasks": []map[string]any{
+		{"name": "fork", "taskReferenceName": "fork", "type": "FORK_JOIN", "forkTasks": branches},
+		{"name": "join", "taskReferenceName": "join", "type": "JOIN", "joinOn": refs},
+	}}
+	return post(base+"/metadata/workflow", def)
+}
+
+func post(u string, body any) error {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	resp, err := http.Post(u, "application/json", bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("POST %s: %d %s", u, resp.StatusCode, out)
+	}
+	return nil
+}
+
+// passWorker is one worker thread of conductor-python 2.0.0: batch poll
+// of one task when it holds none, update-v2, the answer its next task.
+type passWorker struct {
+	base, tt string
+	client   *http.Client
+	polls    int // batch polls sent
+}
+
+// run takes and completes n tasks, or what is queued when within is 0
+// (an empty poll ends it); it fails past within.
+func (w *passWorker) run(n int, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	q := url.Values{"workerid": {"bench"}, "count": {"1"}, "timeout": {"100"}}.Encode()
+	var next *passTask
+	for done := 0; done < n; {
+		if next == nil {
+			var tasks []passTask
+			w.polls++
+			if err := w.do(http.MethodGet, w.base+"/tasks/poll/batch/"+w.tt+"?"+q, nil, &tasks); err != nil {
+				return err
+			}
+			if len(tasks) == 0 {
+				if within == 0 {
+					return nil
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("%d of %d tasks done within %s", done, n, within)
+				}
+				continue
+			}
+			next = &tasks[0]
+		}
+		res := map[string]any{"taskId": next.TaskID, "workflowInstanceId": next.WorkflowInstanceID, "status": "COMPLETED",
+			"workerId": "bench", "outputData": map[string]any{"ok": true, "n": next.InputData["n"]}}
+		var answer passTask
+		if err := w.do(http.MethodPost, w.base+"/tasks/update-v2", res, &answer); err != nil {
+			return err
+		}
+		done++
+		next = nil
+		if answer.TaskID != "" {
+			next = &answer
+		}
+	}
+	return nil
+}
+
+// passTask is what the worker reads of a task.
+type passTask struct {
+	TaskID             string         `json:"taskId"`
+	WorkflowInstanceID string         `json:"workflowInstanceId"`
+	InputData          map[string]any `json:"inputData"`
+}
+
+func (w *passWorker) do(method, u string, body, into any) error {
+	var r io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		r = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, u, r)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	resp, err := w.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("%s %s: %d %s", method, u, resp.StatusCode, out)
+	}
+	if len(bytes.TrimSpace(out)) == 0 {
+		return nil
+	}
+	return json.Unmarshal(out, into)
+}
+
+// cpuTime is the process's CPU time so far, user and system.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
