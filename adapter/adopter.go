@@ -151,9 +151,10 @@ func (a *Adopter) Nudge(runID string) {
 	}
 }
 
-// adoptsName reports whether a definition of that name is adopted (some
-// version of it).
-func (a *Adopter) adoptsName(name string) bool {
+// AdoptsName reports whether a definition of that name is adopted (some
+// version of it): Step is false for the tasks of any other
+// (taskworkers.AdoptedSteps).
+func (a *Adopter) AdoptsName(name string) bool {
 	for _, s := range a.opts.Specs {
 		if s.Name == name {
 			return true
@@ -178,7 +179,7 @@ func (a *Adopter) adopts(name string, version int32) bool {
 // of the workflow from Conductor); the run itself is adopted by the
 // workers' guard (Ensure) before the step starts.
 func (a *Adopter) Step(t *model.Task) (*plan.TaskInput, bool) {
-	if t == nil || t.WorkflowType == "" || !a.adoptsName(t.WorkflowType) || !IsWorkerTask(t.TaskType) {
+	if t == nil || t.WorkflowType == "" || !a.AdoptsName(t.WorkflowType) || !IsWorkerTask(t.TaskType) {
 		return nil, false
 	}
 	id := t.WorkflowInstanceId

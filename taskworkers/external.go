@@ -64,6 +64,9 @@ type AdoptedSteps interface {
 	// tasks Conductor ran before it in its workflow (system tasks), so
 	// that the log keeps Conductor's order.
 	Sync(ctx context.Context, t *model.Task) error
+	// AdoptsName reports whether some version of the definition of that
+	// name is adopted: Step is false for the tasks of any other.
+	AdoptsName(name string) bool
 }
 
 // External decodes t as a step an outside worker runs: an external plan
@@ -78,6 +81,15 @@ func (w *Worker) External(t *model.Task) (*Assignment, bool) {
 		return nil, false
 	}
 	return w.opts.Adopted.Step(t)
+}
+
+// MayAdopt reports whether External may take a task of a workflow of
+// definition workflowType whose input holds no plan step (a worker task
+// of an adopted workflow): false when no definition of that name is
+// adopted (Options.Adopted). The task proxy passes the tasks of any other
+// workflow through without decoding them.
+func (w *Worker) MayAdopt(workflowType string) bool {
+	return w.opts.Adopted != nil && w.opts.Adopted.AdoptsName(workflowType)
 }
 
 // Admit takes a polled task of an external step through the gate: when it

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -46,28 +47,13 @@ import (
 //	SIDECAR_TEST_CONDUCTOR_URL=http://127.0.0.1:8080/api go test -run '^$' \
 //	  -bench BenchmarkProxy_PassThrough -benchtime 400x -count 5 ./taskworkers/proxy
 func BenchmarkProxy_PassThrough(b *testing.B) {
-	base := conductortest.URL(b)
-	client, err := adapter.NewClient(adapter.ClientOptions{BaseURL: base})
-	if err != nil {
-		b.Fatal(err)
-	}
-	p, err := proxy.New(taskworkers.New(nil, nil, nil, nil, nil, taskworkers.Options{}),
-		proxy.Options{Conductor: base, Metrics: proxy.NewMetrics(prometheus.NewRegistry())})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	p.Open(ln)
-	b.Cleanup(func() { _ = p.Close(context.Background()) })
+	base, proxyURL, client := newPassProxy(b)
 	tt := "pass_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
 	name := "passthru_" + tt
 	if err := registerForkJoin(base, name, tt, passThroughFork); err != nil {
 		b.Fatal(err)
 	}
-	for _, mode := range []struct{ name, url string }{{"proxy", "http://" + ln.Addr().String() + "/api"}, {"direct", base}} {
+	for _, mode := range []struct{ name, url string }{{"proxy", proxyURL}, {"direct", base}} {
 		b.Run(mode.name, func(b *testing.B) {
 			b.StopTimer()
 			for range (b.N + passThroughFork - 1) / passThroughFork {
@@ -91,6 +77,122 @@ func BenchmarkProxy_PassThrough(b *testing.B) {
 			// remaining tasks, if any, taken and completed.
 			_ = w.run(passThroughFork, 0)
 		})
+	}
+}
+
+// newPassProxy serves a proxy in front of the test's Conductor whose
+// Steps are the task workers (not opened), without an adopter, and
+// returns Conductor's base URL, the proxy's, and a client of Conductor.
+func newPassProxy(tb testing.TB) (base, proxyURL string, client *adapter.Client) {
+	tb.Helper()
+	base = conductortest.URL(tb)
+	client, err := adapter.NewClient(adapter.ClientOptions{BaseURL: base})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p, err := proxy.New(taskworkers.New(nil, nil, nil, nil, nil, taskworkers.Options{}),
+		proxy.Options{Conductor: base, Metrics: proxy.NewMetrics(prometheus.NewRegistry())})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p.Open(ln)
+	tb.Cleanup(func() { _ = p.Close(context.Background()) })
+	return base, "http://" + ln.Addr().String() + "/api", client
+}
+
+// TestProxy_PassThroughDoesNotDecodeTheTask: a task of a workflow that is
+// not adopted passes through the proxy without being decoded, nor is
+// the worker's update of it: the process's allocations for a poll of it
+// through the proxy do not grow with the number of keys in its input,
+// nor those for its update with the keys of its output (2,000 here; a
+// decode allocates for each). The worker reads the task's id only, and
+// its update's body is encoded beforehand.
+func TestProxy_PassThroughDoesNotDecodeTheTask(t *testing.T) {
+	_, proxyURL, client := newPassProxy(t)
+	ctx := context.Background()
+	big := map[string]any{}
+	for i := range 2000 {
+		big[fmt.Sprintf("k%d", i)] = i
+	}
+	mallocs := map[string]uint64{}
+	quietest := func(what string, m uint64) {
+		if v, ok := mallocs[what]; !ok || m < v {
+			mallocs[what] = m
+		}
+	}
+	for _, size := range []string{"small", "big"} {
+		tt := size + "_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+		def := fmt.Sprintf(`{"name":%q,"version":1,"ownerEmail":"x@y","schemaVersion":2,"tasks":[{"name":%q,"taskReferenceName":"a","type":"SIMPLE",
+			"inputParameters":{"data":"${workflow.input.data}"},
+			"taskDefinition":{"name":%q,"ownerEmail":"x@y","responseTimeoutSeconds":60,"retryCount":0}}]}`, tt, tt, tt)
+		if err := client.RegisterWorkflowDefJSON(ctx, []byte(def)); err != nil {
+			t.Fatal(err)
+		}
+		input := map[string]any{"data": map[string]any{"k": 1}}
+		if size == "big" {
+			input["data"] = big
+		}
+		const rounds = 3
+		for range rounds {
+			if _, err := client.StartWorkflow(ctx, model.StartWorkflowRequest{Name: tt, Version: 1, Input: input}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		hc := &http.Client{}
+		u := proxyURL + "/tasks/poll/batch/" + tt + "?" + url.Values{"workerid": {"w"}, "count": {"1"}, "timeout": {"100"}}.Encode()
+		deadline := time.Now().Add(2 * time.Minute)
+		for got := 0; got < rounds; {
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			resp, err := hc.Get(u)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var tasks []struct {
+				TaskID     string `json:"taskId"`
+				WorkflowID string `json:"workflowInstanceId"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&tasks)
+			resp.Body.Close()
+			runtime.ReadMemStats(&after)
+			if err != nil {
+				t.Fatalf("poll: %d %v", resp.StatusCode, err)
+			}
+			if len(tasks) == 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d of %d %s tasks polled in 2 minutes", got, rounds, size)
+				}
+				continue
+			}
+			got++
+			quietest("poll "+size, after.Mallocs-before.Mallocs)
+			body, err := json.Marshal(map[string]any{"taskId": tasks[0].TaskID, "workflowInstanceId": tasks[0].WorkflowID, "status": "COMPLETED", "outputData": input["data"]})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runtime.ReadMemStats(&before)
+			resp, err = hc.Post(proxyURL+"/tasks", "application/json", bytes.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			answer, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			runtime.ReadMemStats(&after)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("update: %d %s", resp.StatusCode, answer)
+			}
+			quietest("update "+size, after.Mallocs-before.Mallocs)
+		}
+	}
+	for _, what := range []string{"poll", "update"} {
+		if grew := int64(mallocs[what+" big"]) - int64(mallocs[what+" small"]); grew > 500 {
+			t.Errorf("the %s of a task with 2,000 keys took %d allocations, one with 1 key %d: the proxy decoded it",
+				what, mallocs[what+" big"], mallocs[what+" small"])
+		}
 	}
 }
 

@@ -43,6 +43,12 @@ type Steps interface {
 	// or a worker task of an adopted workflow) from those it passes
 	// through untouched.
 	External(t *model.Task) (*taskworkers.Assignment, bool)
+	// MayAdopt reports whether External may take a task of a workflow
+	// of that definition name whose input holds no plan step for one
+	// (a worker task of an adopted workflow). When it is false, the
+	// proxy passes such a task through having read only its taskId,
+	// workflowType and input's keys, without decoding it.
+	MayAdopt(workflowType string) bool
 	// Admit gates a polled task of an external step (a: External's
 	// assignment of t, decoded once per task); false: the task was
 	// answered to Conductor and must not reach the worker.
@@ -323,6 +329,11 @@ func (p *Proxy) gate(raws ...[]byte) (pass []bool) {
 	tasks := make([]*model.Task, len(raws))
 	as := make([]*taskworkers.Assignment, len(raws))
 	for i, raw := range raws {
+		if s, ok := scanTask(raw); ok && s.taskID != "" && !s.stepInput && !p.steps.MayAdopt(s.workflowType) {
+			p.seen.note(s.taskID, nil, nil)
+			pass[i] = true
+			continue
+		}
 		var pt adapter.PolledTask
 		if err := json.Unmarshal(raw, &pt); err != nil || pt.TaskID == "" {
 			pass[i] = true // not a task we can read: Conductor's answer as is
@@ -428,6 +439,11 @@ func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
 		return
 	}
 	defer release()
+	if s, ok := scanTask(body); ok && p.seen.passed(s.taskID) {
+		// A task a poll passed through: forwarded without decoding it.
+		p.relay(w, r, body, v2, nil, nil, nil)
+		return
+	}
 	var res model.TaskResult
 	if err := json.Unmarshal(body, &res); err != nil {
 		// Not ours to judge: Conductor answers it.
@@ -667,6 +683,13 @@ func (s *seenTasks) get(id string) (*model.Task, *taskworkers.Assignment, bool) 
 	defer s.mu.Unlock()
 	v, ok := s.m[id]
 	return v.t, v.a, ok
+}
+
+// passed reports whether a poll passed task id through untouched (not an
+// external step's).
+func (s *seenTasks) passed(id string) bool {
+	t, _, known := s.get(id)
+	return known && t == nil
 }
 
 func (s *seenTasks) forget(id string) {

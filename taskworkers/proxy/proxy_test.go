@@ -83,6 +83,9 @@ type envOpts struct {
 	worker func(*taskworkers.Options)
 	// proxy, when set, changes the proxy's options (its limits).
 	proxy func(*proxy.Options)
+	// adopt, when set, are the adopted definitions (an adapter.Adopter
+	// is the task workers' Options.Adopted and adopts in their guard).
+	adopt []adapter.AdoptSpec
 }
 
 func newEnvOpts(t testing.TB, o envOpts) *env {
@@ -125,13 +128,27 @@ func newEnvOpts(t testing.TB, o envOpts) *env {
 			t.Fatal(err)
 		}
 	}
+	var adopter *adapter.Adopter
+	if len(o.adopt) > 0 {
+		adopter = adapter.NewAdopter(runs, store, adapter.AdopterOptions{Specs: o.adopt, Logger: zaptest.NewLogger(t)})
+		if err := adopter.Open(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = adopter.Close(context.Background()) })
+	}
 	wopts := taskworkers.Options{
 		WorkerID: "proxy-test", HandBackAfter: time.Second, Tasks: wclient, Definitions: wclient, ExternalCheck: 500 * time.Millisecond, WriteBudget: budget,
 		Guard: func(ctx context.Context, runID, workflowID string) error {
+			if adopter != nil && adopter.Adopts(runID, workflowID) {
+				return adopter.Ensure(ctx, workflowID)
+			}
 			_, err := runs.EnsureStarted(ctx, runID, workflowID)
 			return err
 		},
 		OnPausedTask: o.pausedTask, OnTaskDone: o.taskDone, Logger: zaptest.NewLogger(t),
+	}
+	if adopter != nil {
+		wopts.Adopted = adopter
 	}
 	if o.worker != nil {
 		o.worker(&wopts)
@@ -419,6 +436,71 @@ func TestProxy_PassesOtherTasksThrough(t *testing.T) {
 		wf, err := e.client.Workflow(ctx, wfID, false)
 		return err == nil && wf.Status == "COMPLETED"
 	})
+}
+
+// TestProxy_GatesAnAdoptedWorkflowsTasks: a task of an adopted
+// definition's workflow, whose input holds no plan step, is gated as an
+// external step's: it reaches the worker with its StepStarted in the log
+// (the workflow adopted as a run), and its update is recorded before
+// Conductor has it. A task of the same type in a workflow of another
+// definition passes through, no run made of it.
+func TestProxy_GatesAnAdoptedWorkflowsTasks(t *testing.T) {
+	adopted, other := "adopted_"+uuid.NewString()[:8], "other_"+uuid.NewString()[:8]
+	e := newEnvOpts(t, envOpts{adopt: []adapter.AdoptSpec{{Name: adopted}}})
+	ctx := context.Background()
+	for _, name := range []string{adopted, other} {
+		def := fmt.Sprintf(`{"name":%q,"version":1,"ownerEmail":"x@y","schemaVersion":2,"tasks":[{"name":%q,"taskReferenceName":"a","type":"SIMPLE",
+			"inputParameters":{"n":"${workflow.input.n}"},
+			"taskDefinition":{"name":%q,"ownerEmail":"x@y","responseTimeoutSeconds":60,"retryCount":0}}]}`, name, e.tt, e.tt)
+		if err := e.client.RegisterWorkflowDefJSON(ctx, []byte(def)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := map[string]string{}
+	for _, name := range []string{adopted, other} {
+		id, err := e.client.StartWorkflow(ctx, model.StartWorkflowRequest{Name: name, Version: 1, Input: map[string]any{"n": 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[id] = name
+	}
+	var got []task
+	waitFor(t, "both tasks", time.Minute, func() bool {
+		q := url.Values{"workerid": {"w"}, "count": {"2"}, "timeout": {"100"}}
+		resp, body := call(t, http.MethodGet, e.url+"/tasks/poll/batch/"+e.tt+"?"+q.Encode(), nil)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("poll: %d %s", resp.StatusCode, body)
+		}
+		var tasks []task
+		_ = json.Unmarshal(body, &tasks)
+		for _, tk := range tasks {
+			if ids[tk.WorkflowInstanceID] == adopted {
+				// Handed out: its StepStarted is in the log already.
+				if c := count(e.events(t, tk.WorkflowInstanceID), statestore.StepStarted); c != 1 {
+					t.Fatalf("the adopted workflow's task reached the worker with %d StepStarted in the log, want 1", c)
+				}
+			}
+		}
+		got = append(got, tasks...)
+		return len(got) == 2
+	})
+	for _, tk := range got {
+		resp, body := call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": tk.TaskID, "workflowInstanceId": tk.WorkflowInstanceID,
+			"status": "COMPLETED", "workerId": "w"})
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("update: %d %s", resp.StatusCode, body)
+		}
+		recs := e.events(t, tk.WorkflowInstanceID)
+		if ids[tk.WorkflowInstanceID] == other {
+			if len(recs) != 0 {
+				t.Fatalf("the other definition's workflow has a log: %d events", len(recs))
+			}
+			continue
+		}
+		if c := count(recs, statestore.StepCompleted); c != 1 {
+			t.Fatalf("after the adopted task's update: %d StepCompleted, want 1", c)
+		}
+	}
 }
 
 // TestProxy_Token: with tokens set, a request without one is refused and
