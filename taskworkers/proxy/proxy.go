@@ -275,14 +275,17 @@ func (p *Proxy) known(tok string) bool {
 }
 
 // forward sends r (with body) to Conductor with the worker's headers and
-// returns the answer, its body read.
+// returns the answer, its body read. It is one round trip of the
+// transport: a redirect is the worker's to follow, as for every other
+// call the proxy forwards.
 func (p *Proxy) forward(r *http.Request, body []byte) (*http.Response, []byte, error) {
-	out, err := http.NewRequestWithContext(r.Context(), r.Method, p.target(r.URL).String(), bytes.NewReader(body))
-	if err != nil {
-		return nil, nil, err
+	out := (&http.Request{Method: r.Method, URL: p.target(r.URL), Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: make(http.Header, len(r.Header)), Host: p.base.Host}).WithContext(r.Context())
+	if len(body) > 0 {
+		out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 	}
 	copyHeaders(out.Header, r.Header)
-	resp, err := p.client.Do(out)
+	resp, err := p.opts.Transport.RoundTrip(out)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -295,10 +298,12 @@ func (p *Proxy) forward(r *http.Request, body []byte) (*http.Response, []byte, e
 var hopHeaders = map[string]bool{"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true,
 	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true, TokenHeader: true}
 
+// copyHeaders copies src's end-to-end headers to dst. The values are
+// shared, not copied: neither side is changed afterwards.
 func copyHeaders(dst, src http.Header) {
 	for k, vs := range src {
 		if !hopHeaders[http.CanonicalHeaderKey(k)] {
-			dst[k] = append([]string(nil), vs...)
+			dst[k] = vs
 		}
 	}
 }
@@ -326,8 +331,8 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 func (p *Proxy) gate(raws ...[]byte) (pass []bool) {
 	pass = make([]bool, len(raws))
 	var external []int
-	tasks := make([]*model.Task, len(raws))
-	as := make([]*taskworkers.Assignment, len(raws))
+	var tasks []*model.Task
+	var as []*taskworkers.Assignment
 	for i, raw := range raws {
 		if s, ok := scanTask(raw); ok && s.taskID != "" && !s.stepInput && !p.steps.MayAdopt(s.workflowType) {
 			p.seen.note(s.taskID, nil, nil)
@@ -345,6 +350,9 @@ func (p *Proxy) gate(raws ...[]byte) (pass []bool) {
 			p.seen.note(t.TaskId, nil, nil)
 			pass[i] = true
 			continue
+		}
+		if tasks == nil {
+			tasks, as = make([]*model.Task, len(raws)), make([]*taskworkers.Assignment, len(raws))
 		}
 		tasks[i], as[i] = t, a
 		external = append(external, i)

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -524,6 +525,63 @@ func TestProxy_Token(t *testing.T) {
 	r2.Body.Close()
 	if r2.StatusCode != http.StatusOK {
 		t.Fatalf("token in the header: %d", r2.StatusCode)
+	}
+}
+
+// seenHeaders records the headers of the requests the proxy sends
+// Conductor.
+type seenHeaders struct {
+	mu  sync.Mutex
+	got []http.Header
+}
+
+func (s *seenHeaders) RoundTrip(r *http.Request) (*http.Response, error) {
+	s.mu.Lock()
+	s.got = append(s.got, r.Header.Clone())
+	s.mu.Unlock()
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// TestProxy_ForwardsTheWorkersHeadersNotItsToken: a poll and an update
+// reach Conductor with the worker's own headers (its Conductor key), not
+// with the proxy's token nor the hop-by-hop headers of the worker's
+// connection to the proxy.
+func TestProxy_ForwardsTheWorkersHeadersNotItsToken(t *testing.T) {
+	rec := &seenHeaders{}
+	e := newEnvOpts(t, envOpts{tokens: []string{"s3cret"}, transport: rec})
+	for _, c := range []struct{ method, path string }{
+		{http.MethodGet, "/tasks/poll/batch/" + e.tt + "?count=1&timeout=100"},
+		{http.MethodPost, "/tasks/update-v2"},
+	} {
+		var body io.Reader
+		if c.method == http.MethodPost {
+			body = strings.NewReader(`{"taskId":"` + uuid.NewString() + `","workflowInstanceId":"` + uuid.NewString() + `","status":"COMPLETED"}`)
+		}
+		req, err := http.NewRequest(c.method, e.url+c.path, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set(proxy.TokenHeader, "s3cret")
+		req.Header.Set("X-Authorization", "worker-key")
+		req.Header.Set("Keep-Alive", "timeout=5")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		rec.mu.Lock()
+		got := rec.got
+		rec.got = nil
+		rec.mu.Unlock()
+		if len(got) == 0 {
+			t.Fatalf("%s %s: nothing reached Conductor (%d)", c.method, c.path, resp.StatusCode)
+		}
+		for _, h := range got {
+			if h.Get("X-Authorization") != "worker-key" || h.Get(proxy.TokenHeader) != "" || h.Get("Keep-Alive") != "" {
+				t.Fatalf("%s %s reached Conductor with headers %v: want the worker's X-Authorization, not the proxy's token nor Keep-Alive", c.method, c.path, h)
+			}
+		}
 	}
 }
 
