@@ -294,9 +294,16 @@ func (p *Proxy) forward(r *http.Request, body []byte) (*http.Response, []byte, e
 	return resp, b, err
 }
 
-// hopHeaders are not forwarded (RFC 9110 §7.6.1), nor is the proxy's token.
+// hopHeaders are not copied to the calls the proxy reads the answers of
+// (polls, updates, its own reads of a task): the hop-by-hop headers (RFC
+// 9110 §7.6.1), the proxy's token, and the worker's Accept-Encoding. The
+// proxy's transport negotiates the encoding itself and hands the proxy
+// Conductor's answer decoded: a gzipped answer would be a task the proxy
+// cannot read, and one it cannot read passes through. The worker gets the
+// answer uncompressed.
 var hopHeaders = map[string]bool{"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true,
-	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true, TokenHeader: true}
+	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true, TokenHeader: true,
+	"Accept-Encoding": true}
 
 // copyHeaders copies src's end-to-end headers to dst. The values are
 // shared, not copied: neither side is changed afterwards.

@@ -2,12 +2,15 @@ package proxy_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"strings"
 	"sync"
@@ -84,6 +87,9 @@ type envOpts struct {
 	worker func(*taskworkers.Options)
 	// proxy, when set, changes the proxy's options (its limits).
 	proxy func(*proxy.Options)
+	// proxyConductor, when set, is the Conductor URL the proxy forwards
+	// to (given the real one), e.g. a front that compresses its answers.
+	proxyConductor func(string) string
 	// adopt, when set, are the adopted definitions (an adapter.Adopter
 	// is the task workers' Options.Adopted and adopts in their guard).
 	adopt []adapter.AdoptSpec
@@ -163,7 +169,11 @@ func newEnvOpts(t testing.TB, o envOpts) *env {
 	if wrap != nil {
 		steps = wrap(w)
 	}
-	popts := proxy.Options{Conductor: curl, Tokens: tokens, Transport: o.transport, Logger: zaptest.NewLogger(t)}
+	pcurl := curl
+	if o.proxyConductor != nil {
+		pcurl = o.proxyConductor(curl)
+	}
+	popts := proxy.Options{Conductor: pcurl, Tokens: tokens, Transport: o.transport, Logger: zaptest.NewLogger(t)}
 	if o.proxy != nil {
 		o.proxy(&popts)
 	}
@@ -582,6 +592,92 @@ func TestProxy_ForwardsTheWorkersHeadersNotItsToken(t *testing.T) {
 				t.Fatalf("%s %s reached Conductor with headers %v: want the worker's X-Authorization, not the proxy's token nor Keep-Alive", c.method, c.path, h)
 			}
 		}
+	}
+}
+
+// gzipFront serves Conductor (its API at base) behind a front that
+// gzips every answer whose request accepts gzip, as Conductor does with
+// Spring Boot's server.compression enabled; it returns the front's API
+// URL.
+func gzipFront(t testing.TB, base string) string {
+	t.Helper()
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: u.Scheme, Host: u.Host})
+	rp.ModifyResponse = func(resp *http.Response) error {
+		if !strings.Contains(resp.Request.Header.Get("Accept-Encoding"), "gzip") || resp.Header.Get("Content-Encoding") != "" {
+			return nil
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return err
+		}
+		var zipped bytes.Buffer
+		zw := gzip.NewWriter(&zipped)
+		_, _ = zw.Write(b)
+		_ = zw.Close()
+		resp.Body = io.NopCloser(&zipped)
+		resp.ContentLength = int64(zipped.Len())
+		resp.Header.Set("Content-Length", fmt.Sprint(zipped.Len()))
+		resp.Header.Set("Content-Encoding", "gzip")
+		return nil
+	}
+	srv := httptest.NewServer(rp)
+	t.Cleanup(srv.Close)
+	return srv.URL + u.Path
+}
+
+// TestProxy_GatesWhenConductorCompresses: with a Conductor that gzips its
+// answers and a worker that accepts gzip (Python's requests does), an
+// external step's task still reaches the worker only through the gate
+// (its StepStarted in the log), and its update is recorded before it is
+// forwarded: the proxy reads Conductor's answers decoded.
+func TestProxy_GatesWhenConductorCompresses(t *testing.T) {
+	e := newEnvOpts(t, envOpts{proxyConductor: func(base string) string { return gzipFront(t, base) }})
+	runID, wfID := e.start(t, 1, 60)
+	var got []task
+	waitFor(t, "the external task", time.Minute, func() bool {
+		q := url.Values{"workerid": {"w"}, "count": {"1"}, "timeout": {"100"}, "domain": {e.domain}}
+		req, _ := http.NewRequest(http.MethodGet, e.url+"/tasks/poll/batch/"+e.tt+"?"+q.Encode(), nil)
+		req.Header.Set("Accept-Encoding", "gzip")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var r io.Reader = resp.Body
+		if resp.Header.Get("Content-Encoding") == "gzip" {
+			if r, err = gzip.NewReader(resp.Body); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b, _ := io.ReadAll(r)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("poll: %d %s", resp.StatusCode, b)
+		}
+		_ = json.Unmarshal(b, &got)
+		return len(got) > 0
+	})
+	if c := count(e.events(t, runID), statestore.StepStarted); c != 1 {
+		t.Fatalf("the task reached the worker with %d StepStarted in the log, want 1", c)
+	}
+	body, _ := json.Marshal(map[string]any{"taskId": got[0].TaskID, "workflowInstanceId": wfID, "status": "COMPLETED", "workerId": "w"})
+	req, _ := http.NewRequest(http.MethodPost, e.url+"/tasks", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept-Encoding", "gzip")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("update: %d", resp.StatusCode)
+	}
+	if c := count(e.events(t, runID), statestore.StepCompleted); c != 1 {
+		t.Fatalf("after the update: %d StepCompleted, want 1", c)
 	}
 }
 
