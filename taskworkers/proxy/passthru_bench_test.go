@@ -47,7 +47,7 @@ import (
 //	SIDECAR_TEST_CONDUCTOR_URL=http://127.0.0.1:8080/api go test -run '^$' \
 //	  -bench BenchmarkProxy_PassThrough -benchtime 400x -count 5 ./taskworkers/proxy
 func BenchmarkProxy_PassThrough(b *testing.B) {
-	base, proxyURL, client := newPassProxy(b)
+	base, proxyURL, client, _ := newPassProxy(b)
 	tt := "pass_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
 	name := "passthru_" + tt
 	if err := registerForkJoin(base, name, tt, passThroughFork); err != nil {
@@ -82,15 +82,16 @@ func BenchmarkProxy_PassThrough(b *testing.B) {
 
 // newPassProxy serves a proxy in front of the test's Conductor whose
 // Steps are the task workers (not opened), without an adopter, and
-// returns Conductor's base URL, the proxy's, and a client of Conductor.
-func newPassProxy(tb testing.TB) (base, proxyURL string, client *adapter.Client) {
+// returns Conductor's base URL, the proxy's, a client of Conductor and
+// the proxy.
+func newPassProxy(tb testing.TB) (base, proxyURL string, client *adapter.Client, p *proxy.Proxy) {
 	tb.Helper()
 	base = conductortest.URL(tb)
 	client, err := adapter.NewClient(adapter.ClientOptions{BaseURL: base})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	p, err := proxy.New(taskworkers.New(nil, nil, nil, nil, nil, taskworkers.Options{}),
+	p, err = proxy.New(taskworkers.New(nil, nil, nil, nil, nil, taskworkers.Options{}),
 		proxy.Options{Conductor: base, Metrics: proxy.NewMetrics(prometheus.NewRegistry())})
 	if err != nil {
 		tb.Fatal(err)
@@ -101,7 +102,51 @@ func newPassProxy(tb testing.TB) (base, proxyURL string, client *adapter.Client)
 	}
 	p.Open(ln)
 	tb.Cleanup(func() { _ = p.Close(context.Background()) })
-	return base, "http://" + ln.Addr().String() + "/api", client
+	return base, "http://" + ln.Addr().String() + "/api", client, p
+}
+
+// TestProxy_ForgetsAPassedTaskAtItsFinalUpdate: the proxy holds a task it
+// passed through (so that its update costs no read from Conductor) while
+// the worker has it, through an IN_PROGRESS update, and lets it go once
+// Conductor took its final update.
+func TestProxy_ForgetsAPassedTaskAtItsFinalUpdate(t *testing.T) {
+	_, proxyURL, client, p := newPassProxy(t)
+	ctx := context.Background()
+	tt := "forget_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	def := fmt.Sprintf(`{"name":%q,"version":1,"ownerEmail":"x@y","schemaVersion":2,"tasks":[{"name":%q,"taskReferenceName":"a","type":"SIMPLE",
+		"taskDefinition":{"name":%q,"ownerEmail":"x@y","responseTimeoutSeconds":60,"retryCount":0}}]}`, tt, tt, tt)
+	if err := client.RegisterWorkflowDefJSON(ctx, []byte(def)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.StartWorkflow(ctx, model.StartWorkflowRequest{Name: tt, Version: 1}); err != nil {
+		t.Fatal(err)
+	}
+	w := &passWorker{base: proxyURL, tt: tt, client: &http.Client{}}
+	var tasks []passTask
+	q := url.Values{"workerid": {"w"}, "count": {"1"}, "timeout": {"100"}}.Encode()
+	deadline := time.Now().Add(2 * time.Minute)
+	for len(tasks) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no task polled within 2 minutes")
+		}
+		if err := w.do(http.MethodGet, proxyURL+"/tasks/poll/batch/"+tt+"?"+q, nil, &tasks); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tk := tasks[0]
+	if !proxy.Remembers(p, tk.TaskID) {
+		t.Fatal("the proxy does not hold the task it passed through")
+	}
+	for _, status := range []string{"IN_PROGRESS", "COMPLETED"} {
+		var next passTask
+		if err := w.do(http.MethodPost, proxyURL+"/tasks/update-v2", map[string]any{"taskId": tk.TaskID,
+			"workflowInstanceId": tk.WorkflowInstanceID, "status": status, "workerId": "w"}, &next); err != nil {
+			t.Fatal(err)
+		}
+		if held := proxy.Remembers(p, tk.TaskID); held != (status == "IN_PROGRESS") {
+			t.Fatalf("after its %s update, the proxy holds the task: %v", status, held)
+		}
+	}
 }
 
 // TestProxy_PassThroughDoesNotDecodeTheTask: a task of a workflow that is
@@ -112,7 +157,7 @@ func newPassProxy(tb testing.TB) (base, proxyURL string, client *adapter.Client)
 // decode allocates for each). The worker reads the task's id only, and
 // its update's body is encoded beforehand.
 func TestProxy_PassThroughDoesNotDecodeTheTask(t *testing.T) {
-	_, proxyURL, client := newPassProxy(t)
+	_, proxyURL, client, _ := newPassProxy(t)
 	ctx := context.Background()
 	big := map[string]any{}
 	for i := range 2000 {

@@ -455,8 +455,9 @@ func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
 	}
 	defer release()
 	if s, ok := scanTask(body); ok && p.seen.passed(s.taskID) {
-		// A task a poll passed through: forwarded without decoding it.
-		p.relay(w, r, body, v2, nil, nil, nil)
+		// A task a poll passed through: forwarded without decoding it
+		// (and forgotten once Conductor took its final update).
+		p.relay(w, r, body, v2, nil, nil, &model.TaskResult{TaskId: s.taskID, Status: model.TaskResultStatus(s.status)})
 		return
 	}
 	var res model.TaskResult
@@ -471,7 +472,7 @@ func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
 		return
 	}
 	if t == nil {
-		p.relay(w, r, body, v2, nil, nil, nil)
+		p.relay(w, r, body, v2, nil, nil, &res)
 		return
 	}
 	began := time.Now()
@@ -658,11 +659,15 @@ func (p *Proxy) taskByRef(r *http.Request, workflowID, ref string) (*model.Task,
 // seenTasks remembers the tasks polls handed out until their final
 // update: an external step's task and its assignment (for Record, so that
 // its input is decoded once per task), or nil for any other (so that its
-// update costs no read from Conductor). Entries older than seenMaxAge are
-// dropped when the map grows past seenSweepAt.
+// update costs no read from Conductor). A task whose final update never
+// came through this proxy stays: entries older than seenMaxAge are
+// dropped when the map has grown past seenSweepAt, at most once every
+// seenSweepEvery (a sweep reads every entry).
 type seenTasks struct {
-	mu sync.Mutex
-	m  map[string]seenTask
+	mu     sync.Mutex
+	m      map[string]seenTask
+	swept  time.Time
+	nowFor func() time.Time // time.Now unless a test sets it
 }
 
 type seenTask struct {
@@ -672,8 +677,9 @@ type seenTask struct {
 }
 
 const (
-	seenSweepAt = 100_000
-	seenMaxAge  = 2 * time.Hour
+	seenSweepAt    = 100_000
+	seenSweepEvery = time.Minute
+	seenMaxAge     = 2 * time.Hour
 )
 
 func (s *seenTasks) note(id string, t *model.Task, a *taskworkers.Assignment) {
@@ -683,7 +689,11 @@ func (s *seenTasks) note(id string, t *model.Task, a *taskworkers.Assignment) {
 		s.m = map[string]seenTask{}
 	}
 	now := time.Now()
-	if len(s.m) >= seenSweepAt {
+	if s.nowFor != nil {
+		now = s.nowFor()
+	}
+	if len(s.m) >= seenSweepAt && now.Sub(s.swept) >= seenSweepEvery {
+		s.swept = now
 		for k, v := range s.m {
 			if now.Sub(v.at) > seenMaxAge {
 				delete(s.m, k)
