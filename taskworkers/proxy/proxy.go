@@ -275,10 +275,10 @@ func (p *Proxy) known(tok string) bool {
 }
 
 // forward sends r (with body) to Conductor with the worker's headers and
-// returns the answer, its body read. It is one round trip of the
-// transport: a redirect is the worker's to follow, as for every other
-// call the proxy forwards.
-func (p *Proxy) forward(r *http.Request, body []byte) (*http.Response, []byte, error) {
+// returns the answer, its body read into buf (the bytes are buf's). It is
+// one round trip of the transport: a redirect is the worker's to follow,
+// as for every other call the proxy forwards.
+func (p *Proxy) forward(r *http.Request, body []byte, buf *bytes.Buffer) (*http.Response, []byte, error) {
 	out := (&http.Request{Method: r.Method, URL: p.target(r.URL), Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: make(http.Header, len(r.Header)), Host: p.base.Host}).WithContext(r.Context())
 	if len(body) > 0 {
@@ -290,9 +290,30 @@ func (p *Proxy) forward(r *http.Request, body []byte) (*http.Response, []byte, e
 		return nil, nil, err
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp, b, err
+	_, err = buf.ReadFrom(resp.Body)
+	return resp, buf.Bytes(), err
 }
+
+// answers are the buffers Conductor's answers to polls and updates are
+// read into, each back once the worker has the answer: nothing the proxy
+// keeps refers to one (what it keeps of a task is decoded or copied).
+var answers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// answerBuffer returns an empty buffer of answers and the func that
+// gives it back.
+func answerBuffer() (*bytes.Buffer, func()) {
+	buf := answers.Get().(*bytes.Buffer)
+	buf.Reset()
+	return buf, func() {
+		if buf.Cap() <= maxPooledAnswer {
+			answers.Put(buf)
+		}
+	}
+}
+
+// maxPooledAnswer: a buffer that grew larger (a batch of large tasks) is
+// left to the garbage collector rather than kept.
+const maxPooledAnswer = 1 << 20
 
 // hopHeaders are not copied to the calls the proxy reads the answers of
 // (polls, updates, its own reads of a task): the hop-by-hop headers (RFC
@@ -403,7 +424,9 @@ const maxAdmits = 32
 // holds back is left out (a single poll then answers 204, as Conductor
 // does when no task is queued).
 func (p *Proxy) poll(w http.ResponseWriter, r *http.Request, batch bool) {
-	resp, body, err := p.forward(r, nil)
+	buf, release := answerBuffer()
+	defer release()
+	resp, body, err := p.forward(r, nil, buf)
 	if err != nil {
 		writeError(w, http.StatusBadGateway, CodeConductorUnavailable, err.Error())
 		return
@@ -503,7 +526,9 @@ func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
 // t (of an external step, a its assignment) is reported once Conductor
 // took res.
 func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, body []byte, v2 bool, t *model.Task, a *taskworkers.Assignment, res *model.TaskResult) {
-	resp, out, err := p.forward(r, body)
+	buf, release := answerBuffer()
+	defer release()
+	resp, out, err := p.forward(r, body, buf)
 	if err != nil {
 		writeError(w, http.StatusBadGateway, CodeConductorUnavailable, err.Error())
 		return
