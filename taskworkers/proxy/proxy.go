@@ -43,10 +43,10 @@ type Steps interface {
 	// or a worker task of an adopted workflow) from those it passes
 	// through untouched.
 	External(t *model.Task) (*taskworkers.Assignment, bool)
-	// MayAdopt reports whether External may take a task of a workflow
-	// of that definition name whose input holds no plan step for one
-	// (a worker task of an adopted workflow). When it is false, the
-	// proxy passes such a task through having read only its taskId,
+	// MayAdopt reports whether External may take a task whose input
+	// holds no plan step, of a workflow of that definition name (a
+	// worker task of an adopted workflow). When it is false, the proxy
+	// passes such a task through having scanned only its taskId,
 	// workflowType and input's keys, without decoding it.
 	MayAdopt(workflowType string) bool
 	// Admit gates a polled task of an external step (a: External's
