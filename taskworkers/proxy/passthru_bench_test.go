@@ -80,6 +80,40 @@ func BenchmarkProxy_PassThrough(b *testing.B) {
 	}
 }
 
+// BenchmarkProxy_EmptyPoll measures what the proxy costs a poll that
+// finds no task, which an SDK worker sends several times a second per
+// thread while its queue is empty: a batch poll of a task type nothing
+// is queued for (timeout 0: Conductor answers at once; an SDK waits
+// up to 100 ms, wall time, not CPU), through the proxy and direct, as in
+// BenchmarkProxy_PassThrough (proxy minus direct is the proxy's own).
+//
+//	SIDECAR_TEST_CONDUCTOR_URL=http://127.0.0.1:8080/api go test -run '^$' \
+//	  -bench BenchmarkProxy_EmptyPoll -benchtime 300x -count 5 ./taskworkers/proxy
+func BenchmarkProxy_EmptyPoll(b *testing.B) {
+	base, proxyURL, _, _ := newPassProxy(b)
+	tt := "empty_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	q := url.Values{"workerid": {"bench"}, "count": {"8"}, "timeout": {"0"}}.Encode()
+	for _, mode := range []struct{ name, url string }{{"proxy", proxyURL}, {"direct", base}} {
+		b.Run(mode.name, func(b *testing.B) {
+			w := &passWorker{base: mode.url, tt: tt, client: &http.Client{}}
+			b.ReportAllocs()
+			cpu := cpuTime()
+			for range b.N {
+				var tasks []passTask
+				if err := w.do(http.MethodGet, mode.url+"/tasks/poll/batch/"+tt+"?"+q, nil, &tasks); err != nil {
+					b.Fatal(err)
+				}
+				if len(tasks) != 0 {
+					b.Fatalf("a task of %s was queued", tt)
+				}
+			}
+			b.StopTimer()
+			b.ReportMetric(float64((cpuTime()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/op")
+			w.client.CloseIdleConnections()
+		})
+	}
+}
+
 // newPassProxy serves a proxy in front of the test's Conductor whose
 // Steps are the task workers (not opened), without an adopter, and
 // returns Conductor's base URL, the proxy's, a client of Conductor and
