@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
 	"net/url"
 	"strings"
 	"sync"
@@ -33,7 +32,7 @@ func TestClient_ManyOnASlowConductor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: target.Scheme, Host: target.Host})
+	proxy := conductortest.ReverseProxy(t, target)
 	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasSuffix(r.URL.Path, "/workflow/bulk/terminate") {
 			time.Sleep(1300 * time.Millisecond)
@@ -76,7 +75,7 @@ func TestClient_PauseCallsFitTheLongestPauseCall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: target.Scheme, Host: target.Host})
+	proxy := conductortest.ReverseProxy(t, target)
 	var mu sync.Mutex
 	var sizes []int
 	counting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

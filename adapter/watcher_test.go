@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
 	"net/url"
 	"strconv"
 	"strings"
@@ -639,7 +638,7 @@ func (f *forgetfulConductor) decides() int {
 
 func (f *forgetfulConductor) start(t *testing.T) string {
 	t.Helper()
-	proxy := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: f.target.Scheme, Host: f.target.Host})
+	proxy := conductortest.ReverseProxy(t, f.target)
 	proxy.ModifyResponse = func(resp *http.Response) error {
 		f.mu.Lock()
 		stuck := f.stuck

@@ -53,13 +53,7 @@ func NewHolding(tb testing.TB) (*Holding, string) {
 		tb.Fatal(err)
 	}
 	h := &Holding{next: map[string]*Held{}}
-	proxy := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: target.Scheme, Host: target.Host})
-	// A transport of its own: every httptest.Server's Close closes the idle
-	// connections of http.DefaultTransport, which a parallel test's
-	// cleanup did while this proxy read an answer on one of them
-	// ("use of closed network connection", the call failed).
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	proxy.Transport = tr
+	proxy := ReverseProxy(tb, target)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var held *Held
 		if r.Method == http.MethodPut {
@@ -100,7 +94,6 @@ func NewHolding(tb testing.TB) (*Holding, string) {
 		}
 		h.mu.Unlock()
 		srv.Close()
-		tr.CloseIdleConnections()
 	})
 	return h, srv.URL + target.Path
 }
@@ -124,4 +117,18 @@ func (h *Holding) hold(action string, answer bool) *Held {
 	h.next[action] = c
 	h.all = append(h.all, c)
 	return c
+}
+
+// ReverseProxy is a reverse proxy to target's scheme and host for a test's
+// front of Conductor, with a transport of its own whose connections close
+// at the end of tb. Not http.DefaultTransport: every httptest.Server's
+// Close closes that transport's idle connections, and a parallel test's
+// cleanup closed one while a proxy read an answer on it ("use of closed
+// network connection": the call through the proxy failed).
+func ReverseProxy(tb testing.TB, target *url.URL) *httputil.ReverseProxy {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tb.Cleanup(tr.CloseIdleConnections)
+	p := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: target.Scheme, Host: target.Host})
+	p.Transport = tr
+	return p
 }

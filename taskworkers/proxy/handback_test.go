@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
 	"net/url"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 )
@@ -53,7 +53,7 @@ func TestProxy_HandBacksOfOneRunDoNotWaitForEachOther(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rp := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: u.Scheme, Host: u.Host})
+		rp := conductortest.ReverseProxy(t, u)
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/tasks") && fail.Load() {
 				body, _ := io.ReadAll(r.Body)

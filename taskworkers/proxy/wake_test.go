@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
 	"net/url"
 	"strings"
 	"sync"
@@ -15,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 )
@@ -32,7 +32,7 @@ func (c *pollCounter) front(t *testing.T, conductorURL string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rp := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: target.Scheme, Host: target.Host})
+	rp := conductortest.ReverseProxy(t, target)
 	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		if i := strings.Index(r.URL.Path, "/tasks/poll/batch/"); i >= 0 && r.Method == http.MethodGet {
 			c.mu.Lock()
