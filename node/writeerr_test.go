@@ -25,28 +25,14 @@ const envWriteErrChild = "NODE_WRITE_ERROR_CHILD_DIR"
 // stream's file store failed a write, Ready must say not ready, naming
 // the stream and the fix.
 func TestNode_ReadyReportsAStreamThatRefusesWrites(t *testing.T) {
-	out := natstest.RunWriteErrChild(t, "TestNode_WriteErrorChild", envWriteErrChild)
-	for _, l := range strings.Split(out, "\n") {
-		if strings.Contains(l, "Ready: ") {
-			t.Log(strings.TrimSpace(l))
-		}
-	}
+	natstest.RunWriteErrChild(t, "TestNode_WriteErrorChild", envWriteErrChild, "Ready: ")
 }
 
 // TestNode_WriteErrorChild is the child of
 // TestNode_ReadyReportsAStreamThatRefusesWrites.
 func TestNode_WriteErrorChild(t *testing.T) {
-	dir := natstest.WriteErrChild(t, envWriteErrChild)
 	ctx := context.Background()
-	core, logs := observer.New(zap.InfoLevel)
-	cfg := testConfig(t, "")
-	cfg.NATSURLShown = ""
-	cfg.Embedded = natsstore.EmbeddedConfig{DataDir: dir}
-	n := New(cfg, zap.New(core), prometheus.NewRegistry())
-	if err := n.Open(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Close(ctx) })
+	n, _, logs := openWriteErrChild(t, envWriteErrChild)
 	if err := n.Ready(ctx); err != nil {
 		t.Fatalf("Ready of a node just opened: %v", err)
 	}
@@ -65,4 +51,23 @@ func TestNode_WriteErrorChild(t *testing.T) {
 			t.Errorf("Ready = %q, want it to name %q", err, want)
 		}
 	}
+}
+
+// openWriteErrChild is the node of a write-error child (env names its data
+// dir; natstest.WriteErrChild), open on an embedded server of its own, with
+// its config and the log the server writes its critical write errors to.
+func openWriteErrChild(t *testing.T, env string) (*Node, Config, *observer.ObservedLogs) {
+	t.Helper()
+	dir := natstest.WriteErrChild(t, env)
+	ctx := context.Background()
+	core, logs := observer.New(zap.InfoLevel)
+	cfg := testConfig(t, "")
+	cfg.NATSURLShown = ""
+	cfg.Embedded = natsstore.EmbeddedConfig{DataDir: dir}
+	n := New(cfg, zap.New(core), prometheus.NewRegistry())
+	if err := n.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close(ctx) })
+	return n, cfg, logs
 }

@@ -10,9 +10,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/httpapi"
@@ -31,28 +28,14 @@ const envStartRefusedChild = "NODE_START_REFUSED_CHILD_DIR"
 // 503 and a start through the API answers 503 STORE_WRITE_REFUSED naming
 // the stream and the fix, not the RUN_REGISTRY_UNAVAILABLE that wraps it.
 func TestNode_StartOnAStreamThatRefusesWrites(t *testing.T) {
-	out := natstest.RunWriteErrChild(t, "TestNode_StartRefusedChild", envStartRefusedChild)
-	for _, l := range strings.Split(out, "\n") {
-		if strings.Contains(l, "start: ") {
-			t.Log(strings.TrimSpace(l))
-		}
-	}
+	natstest.RunWriteErrChild(t, "TestNode_StartRefusedChild", envStartRefusedChild, "start: ")
 }
 
 // TestNode_StartRefusedChild is the child of
 // TestNode_StartOnAStreamThatRefusesWrites.
 func TestNode_StartRefusedChild(t *testing.T) {
-	dir := natstest.WriteErrChild(t, envStartRefusedChild)
 	ctx := context.Background()
-	core, logs := observer.New(zap.InfoLevel)
-	cfg := testConfig(t, "")
-	cfg.NATSURLShown = ""
-	cfg.Embedded = natsstore.EmbeddedConfig{DataDir: dir}
-	n := New(cfg, zap.New(core), prometheus.NewRegistry())
-	if err := n.Open(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Close(ctx) })
+	n, cfg, logs := openWriteErrChild(t, envStartRefusedChild)
 	kv, err := n.js.KeyValue(ctx, "SIDECAR_RUNS")
 	if err != nil {
 		t.Fatal(err)

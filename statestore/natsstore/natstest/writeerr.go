@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -24,8 +25,19 @@ const WriteErrLimit = 256 << 10
 // RunWriteErrChild re-executes the test binary to run only the test child,
 // with env set to a new data directory: the child calls WriteErrChild. It
 // skips tb when the child skipped, fails it unless the child passed, and
-// returns the child's output.
-func RunWriteErrChild(tb testing.TB, child, env string) string {
+// logs the lines of the child's output that contain marker (what the
+// child found, for the parent's log).
+func RunWriteErrChild(tb testing.TB, child, env, marker string) {
+	tb.Helper()
+	for _, l := range strings.Split(runWriteErrChild(tb, child, env), "\n") {
+		if strings.Contains(l, marker) {
+			tb.Log(strings.TrimSpace(l))
+		}
+	}
+}
+
+// runWriteErrChild runs the child and returns its output.
+func runWriteErrChild(tb testing.TB, child, env string) string {
 	tb.Helper()
 	if os.Getenv(env) != "" {
 		tb.Skip("the child's own run")
