@@ -110,7 +110,7 @@ func OpenKVReplies(ctx context.Context, js jetstream.JetStream, opts KVRepliesOp
 		opts.Log = zap.NewNop()
 	}
 	want := repliesStream(opts)
-	if _, err := js.CreateStream(ctx, want); err != nil {
+	if err := createReplies(ctx, js, &want, opts.Log); err != nil {
 		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			return nil, fmt.Errorf("open %s: %w", KVRepliesBucket, err)
 		}
@@ -123,6 +123,38 @@ func OpenKVReplies(ctx context.Context, js jetstream.JetStream, opts KVRepliesOp
 		return nil, fmt.Errorf("open %s: %w", KVRepliesBucket, err)
 	}
 	return &KVReplies{kv: natsstore.BoundKeys(js, kv), js: js, partBytes: replyPartBytes(js.Conn().MaxPayload()), StaleAfter: time.Minute, now: time.Now}, nil
+}
+
+// minRepliesBytes is the least bound createReplies lowers a bound to: a
+// bulk answer is kept in parts of up to about 1 MiB, so the bucket must
+// hold several.
+const minRepliesBytes = 16 << 20
+
+// errStorageResourcesExceeded is JetStream's refusal of a stream whose
+// MaxBytes is more than the server (or the account) has left to reserve.
+const errStorageResourcesExceeded jetstream.ErrorCode = 10047
+
+// createReplies creates the bucket's stream as want says. JetStream
+// reserves a bounded stream's MaxBytes out of the server's storage (on the
+// embedded server, most of the data dir's free space at start) and
+// refuses a bound it cannot reserve; on a small volume the default bound
+// would keep serve from starting. So a refused bound is halved until the
+// server takes it, down to minRepliesBytes, and one warning says what was
+// kept (want.MaxBytes is then that bound).
+func createReplies(ctx context.Context, js jetstream.JetStream, want *jetstream.StreamConfig, log *zap.Logger) error {
+	asked := want.MaxBytes
+	for {
+		_, err := js.CreateStream(ctx, *want)
+		var api *jetstream.APIError
+		if err == nil || !errors.As(err, &api) || api.ErrorCode != errStorageResourcesExceeded || want.MaxBytes/2 < minRepliesBytes {
+			if err == nil && want.MaxBytes != asked {
+				log.Warn("the kept answers of Idempotency-Key requests are bounded lower than --control-replies-max-mib asks, to fit the storage JetStream has left to reserve; free space (or give the server more storage) and restart to get the bound asked for",
+					zap.String("stream", want.Name), zap.Int64("maxBytes", want.MaxBytes), zap.Int64("asked", asked))
+			}
+			return err
+		}
+		want.MaxBytes /= 2
+	}
 }
 
 // repliesStream is the bucket's stream as the KV API makes it (History 1,
