@@ -20,19 +20,29 @@ import (
 // at least 1s: the SDK omits a zero callbackAfterSeconds, and IN_PROGRESS
 // without one is a plain progress report that leaves the task with us.
 func (w *Worker) handBack(t *model.Task, after time.Duration, why string) {
-	w.update(t, w.log.With(zap.String("taskId", t.TaskId), zap.String("reason", why)), &model.TaskResult{
+	w.handBackWaking(t, after, why, true)
+}
+
+// handBackWaking is handBack; wake says whether a loop of the task's type
+// is woken when the callback ends. A task of a run this sidecar does not
+// know (another deployment's on the same Conductor, with no task domain)
+// wakes none: the loop woken at its callback would take it again before
+// the other deployment's loops, backed off, ever polled it.
+func (w *Worker) handBackWaking(t *model.Task, after time.Duration, why string, wake bool) {
+	w.report(t, w.log.With(zap.String("taskId", t.TaskId), zap.String("reason", why)), &model.TaskResult{
 		Status: model.InProgressTask, CallbackAfterSeconds: max(int64(after/time.Second), 1),
-	})
+	}, true, wake)
 }
 
 // update reports r for t, retrying while Conductor is unavailable (bounded
 // by the task's response timeout, after which Conductor retries the task).
 func (w *Worker) update(t *model.Task, log *zap.Logger, r *model.TaskResult) {
-	w.report(t, log, r, true)
+	w.report(t, log, r, true, true)
 }
 
-// report is update; mayEndDrain is OnTaskDone's.
-func (w *Worker) report(t *model.Task, log *zap.Logger, r *model.TaskResult, mayEndDrain bool) {
+// report is update; mayEndDrain is OnTaskDone's, callbackWake whether a
+// hand-back with a callback wakes a loop of its type when it ends.
+func (w *Worker) report(t *model.Task, log *zap.Logger, r *model.TaskResult, mayEndDrain, callbackWake bool) {
 	defer w.forgetTaken(t.TaskId)
 	r.TaskId, r.WorkflowInstanceId, r.WorkerId = t.TaskId, t.WorkflowInstanceId, w.opts.WorkerID
 	deadline := time.Now().Add(max(time.Duration(t.ResponseTimeoutSeconds)*time.Second, 30*time.Second))
@@ -47,7 +57,7 @@ func (w *Worker) report(t *model.Task, log *zap.Logger, r *model.TaskResult, may
 		if err == nil {
 			if r.Status != model.InProgressTask {
 				w.wakePollers(t)
-			} else if r.CallbackAfterSeconds > 0 {
+			} else if r.CallbackAfterSeconds > 0 && callbackWake {
 				w.wakeAtCallback(t.TaskType, time.Now().Add(time.Duration(r.CallbackAfterSeconds)*time.Second))
 			}
 			if r.Status != model.InProgressTask && w.opts.OnTaskDone != nil {

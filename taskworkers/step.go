@@ -369,7 +369,7 @@ func (w *Worker) runState(t *model.Task, log *zap.Logger, a *Assignment) (snap *
 			if errors.Is(gerr, ErrUnknownRun) {
 				log.Warn("task of a run this sidecar does not know (another deployment on the same Conductor? give each its own --task-domain); handing it back", zap.Error(gerr))
 				w.opts.Metrics.handedBack(handBackUnknown)
-				return nil, func() { w.handBack(t, w.opts.HandBackAfter, "unknown run") }
+				return nil, func() { w.handBackWaking(t, w.opts.HandBackAfter, "unknown run", false) }
 			}
 			log.Info("run start not recorded yet; handing the task back", zap.Error(gerr))
 			return nil, func() { w.handBack(t, time.Second, "run not started yet") }
@@ -449,7 +449,7 @@ func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Resul
 			return tracing.OutcomeKept
 		}
 		w.opts.Metrics.stepDone(kind, "completed", took)
-		w.report(t, log, &model.TaskResult{Status: model.CompletedTask, OutputData: artifactOutput(res.Artifacts, res.Output)}, !settled)
+		w.report(t, log, &model.TaskResult{Status: model.CompletedTask, OutputData: artifactOutput(res.Artifacts, res.Output)}, !settled, true)
 		return tracing.OutcomeCompleted
 	}
 	final := !res.Err.Retryable || engine >= int64(max(a.EngineTries, 1)) || operatorAttempt
