@@ -22,8 +22,8 @@ import (
 // TestNode_RetentionSavesNoSnapshot: serve's retention, with every
 // Forgetter it wires (Conductor's copy removed, the default), archives
 // and removes a finished run that nothing read after its end without
-// writing its snapshot: SIDECAR_SNAPSHOTS takes no write, where each
-// archived run used to cost one synced write that the removal purged.
+// writing its snapshot: SIDECAR_SNAPSHOTS takes no write (a snapshot
+// saved there would cost a synced write that the removal then purges).
 func TestNode_RetentionSavesNoSnapshot(t *testing.T) {
 	ctx := context.Background()
 	_, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "node-pw", RetentionPassword: "retention-pw", RetentionPermissions: retentionPermissions(), Permissions: natsstore.AllPermissions})
