@@ -5,12 +5,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
@@ -33,11 +29,8 @@ func TestRegistry_WriteRefusedFailsFast(t *testing.T) {
 // TestRegistry_WriteRefusedChild is the child of
 // TestRegistry_WriteRefusedFailsFast.
 func TestRegistry_WriteRefusedChild(t *testing.T) {
-	dir := natstest.WriteErrChild(t, envWriteRefusedChild)
 	ctx := context.Background()
-	core, logs := observer.New(zap.ErrorLevel)
-	_, srv := natstest.StartIn(t, dir, natsstore.EmbeddedConfig{Logger: zap.New(core)})
-	js := natstest.Connect(t, srv, jetstream.WithDefaultTimeout(5*time.Second))
+	js, srv, logs := natstest.StartWriteErrChild(t, envWriteRefusedChild)
 	const bucket = "SIDECAR_EVENT_IDS"
 	r, err := registry.Open(ctx, js, registry.Options{Bucket: bucket})
 	if err != nil {

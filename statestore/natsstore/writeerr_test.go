@@ -6,10 +6,7 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 )
 
@@ -29,9 +26,7 @@ func TestEmbedded_WriteErrorIsNotReady(t *testing.T) {
 // TestEmbedded_WriteErrorChild is the child of
 // TestEmbedded_WriteErrorIsNotReady.
 func TestEmbedded_WriteErrorChild(t *testing.T) {
-	dir := natstest.WriteErrChild(t, envWriteErrChild)
-	core, logs := observer.New(zap.ErrorLevel)
-	js, srv := natstest.StartIn(t, dir, natsstore.EmbeddedConfig{Logger: zap.New(core)})
+	js, srv, logs := natstest.StartWriteErrChild(t, envWriteErrChild)
 	if err := srv.Check(); err != nil {
 		t.Fatalf("a fresh server is not ready: %v", err)
 	}

@@ -10,8 +10,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -38,13 +36,10 @@ func TestStore_WriteRefusedFailsFast(t *testing.T) {
 // TestStore_WriteRefusedChild is the child of
 // TestStore_WriteRefusedFailsFast.
 func TestStore_WriteRefusedChild(t *testing.T) {
-	dir := natstest.WriteErrChild(t, envWriteRefusedChild)
 	ctx := context.Background()
-	core, logs := observer.New(zap.ErrorLevel)
-	_, srv := natstest.StartIn(t, dir, natsstore.EmbeddedConfig{Logger: zap.New(core)})
-	// A write's own timeout: what a refused write would wait without the
-	// fast path. The writes below pass contexts without a deadline.
-	js := natstest.Connect(t, srv, jetstream.WithDefaultTimeout(5*time.Second))
+	// The writes below pass contexts without a deadline: each waits its
+	// connection's timeout at most.
+	js, srv, logs := natstest.StartWriteErrChild(t, envWriteRefusedChild)
 	s, err := natsstore.Open(ctx, js, natsstore.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -13,7 +13,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 )
 
 // WriteErrLimit is the RLIMIT_FSIZE of a write-error child (WriteErrChild):
@@ -103,4 +106,17 @@ func FillStreamUntilWriteError(tb testing.TB, stream string, logs *observer.Obse
 		}
 	}
 	return logs.FilterMessageSnippet(line).All()[0].Message
+}
+
+// StartWriteErrChild is the embedded server of a write-error child
+// (WriteErrChild with env), started in the child's data dir with its
+// errors logged to logs (where FillUntilWriteError finds the server's
+// critical write error), and a connection to it whose requests wait at
+// most 5 s: what a refused write would wait without a fast path.
+func StartWriteErrChild(tb testing.TB, env string) (jetstream.JetStream, *natsstore.Embedded, *observer.ObservedLogs) {
+	tb.Helper()
+	dir := WriteErrChild(tb, env)
+	core, logs := observer.New(zap.ErrorLevel)
+	_, srv := StartIn(tb, dir, natsstore.EmbeddedConfig{Logger: zap.New(core)})
+	return Connect(tb, srv, jetstream.WithDefaultTimeout(5*time.Second)), srv, logs
 }
