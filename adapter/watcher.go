@@ -804,7 +804,7 @@ func (w *Watcher) endInLog(ctx context.Context, rec *Run, engineStatus string, r
 				return nil, nil // the pause follower closes the pause first
 			}
 			var err error
-			ev, label, err = terminalEvent(rec, engineStatus, reason, s.CancelRequested)
+			ev, label, err = terminalEvent(rec, engineStatus, reason, s)
 			return ev, err
 		})
 		switch {
@@ -846,9 +846,10 @@ func pausedAtCompletion(snap *statestore.RunSnapshot, engineStatus string) bool 
 // (Cancel wins): the workflow may have completed or failed before the
 // cancel's terminate reached it, or without it (its process died in
 // between); Conductor's status is in the payload.
-func terminalEvent(rec *Run, engineStatus, reason string, cancelRequested bool) (*statestore.RunEventWrite, string, error) {
-	if cancelRequested {
-		ev, err := runEvent(rec, statestore.RunCancelled, statestore.RunCancelledPayload{EngineStatus: engineStatus, Reason: reason})
+func terminalEvent(rec *Run, engineStatus, reason string, snap *statestore.RunSnapshot) (*statestore.RunEventWrite, string, error) {
+	if snap != nil && snap.CancelRequested {
+		ev, err := runEvent(rec, statestore.RunCancelled, statestore.RunCancelledPayload{EngineStatus: engineStatus, Reason: reason,
+			RequestedBy: snap.CancelRequestedBy})
 		return ev, "CANCELLED", err
 	}
 	failed := func(code, fallback string) (*statestore.RunEventWrite, string, error) {

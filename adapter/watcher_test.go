@@ -24,6 +24,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
 func TestTerminalEvent(t *testing.T) {
@@ -51,7 +52,7 @@ func TestTerminalEvent(t *testing.T) {
 		{"LOST", "gone", false, statestore.RunFailed, CodeWorkflowNotFound, "gone", "LOST"},
 	}
 	for _, tt := range tests {
-		ev, label, err := terminalEvent(rec, tt.status, tt.reason, tt.cancelRequested)
+		ev, label, err := terminalEvent(rec, tt.status, tt.reason, &statestore.RunSnapshot{CancelRequested: tt.cancelRequested})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -225,8 +226,8 @@ func TestWatcher_Terminal(t *testing.T) {
 		}
 		w.Nudge(run.RunID)
 		ev := lastEvent(t, waitFinal(t, env, r, run.RunID))
-		if ev.EventType != statestore.RunCancelled {
-			t.Fatalf("got %s, want RunCancelled", ev.EventType)
+		if ev.EventType != statestore.RunCancelled || len(storetest.RequestedBy([]statestore.RunEventRecord{ev}, "test")) != 1 {
+			t.Fatalf("got %s %s, want RunCancelled, requestedBy test (who requested the cancel)", ev.EventType, ev.Payload)
 		}
 		snap, err := env.store.ProjectSnapshot(ctx, run.RunID)
 		if err != nil || snap.Status != statestore.RunStatusCancelled {
@@ -261,10 +262,10 @@ func TestWatcher_Terminal(t *testing.T) {
 				t.Fatalf("log %s: status %v (%v), want CANCELLED: the cancel requested before Conductor's %s", strings.Join(eventTypes(recs), " "),
 					snap.Status, err, tc.engine)
 			}
-			var cancelled struct{ EngineStatus string }
+			var cancelled struct{ EngineStatus, RequestedBy string }
 			_ = json.Unmarshal(lastEvent(t, recs).Payload, &cancelled)
-			if cancelled.EngineStatus != tc.engine {
-				t.Fatalf("RunCancelled payload %s, want engineStatus %s", lastEvent(t, recs).Payload, tc.engine)
+			if cancelled.EngineStatus != tc.engine || cancelled.RequestedBy != "test" {
+				t.Fatalf("RunCancelled payload %s, want engineStatus %s, requestedBy test (who requested the cancel)", lastEvent(t, recs).Payload, tc.engine)
 			}
 		})
 	}

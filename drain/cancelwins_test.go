@@ -102,7 +102,8 @@ func TestFollower_CompletesACancelCutShort(t *testing.T) {
 	ctx := context.Background()
 	t.Run("CutShort", func(t *testing.T) {
 		mem, eng := setup(t, "a")
-		mem.Append(ctx, storetest.Event("r", statestore.RunCancelRequested, ""))
+		mem.Append(ctx, storetest.WithPayload(storetest.Event("r", statestore.RunCancelRequested, ""),
+			statestore.RunCancelRequestedPayload{Reason: "stop", RequestedBy: "op"}))
 		f := drain.NewFollower(mem, emitter{mem}, followEngine{engine: eng, status: drain.EngineRunning}, &ledger{}, drain.FollowerOptions{Calls: drain.NewCalls()})
 		action, err := f.Saw(ctx, "r", "wf1", drain.EngineRunning)
 		if err != nil || action != drain.FollowCancelCompleted {
@@ -111,6 +112,12 @@ func TestFollower_CompletesACancelCutShort(t *testing.T) {
 		snap, _ := mem.ProjectSnapshot(ctx, "r")
 		if snap.Status != statestore.RunStatusCancelled || len(eng.calls) != 1 || eng.calls[0] != "terminate wf1" {
 			t.Fatalf("run %s, Conductor calls %v: want CANCELLED after one terminate", snap.Status, eng.calls)
+		}
+		// The cancel is the operator's: completing it does not make it
+		// the sidecar's.
+		recs, _ := mem.Fetch(ctx, "r", 0, 0)
+		if got := storetest.RequestedBy(recs[len(recs)-1:], "op"); len(got) != 1 || got[0] != statestore.RunCancelled {
+			t.Fatalf("RunCancelled %s: want requestedBy op, who requested the cancel", recs[len(recs)-1].Payload)
 		}
 	})
 	t.Run("ControllerCancelUnderWay", func(t *testing.T) {

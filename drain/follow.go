@@ -156,7 +156,8 @@ func NewFollower(snaps SnapshotReader, emit Emitter, engine FollowerEngine, ledg
 // died in between, or Conductor did not answer it). Unless a request of
 // the Controller's on the run is under way (FollowerOptions.Calls), the
 // cancel is completed: the workflow terminated, the run's steps on this
-// process interrupted, RunCancelled (requestedBy "sidecar", fenced)
+// process interrupted, RunCancelled (requestedBy whoever requested the
+// cancel, fenced)
 // (FollowCancelCompleted).
 //
 // Anything else needs nothing. A run cancelled or ended in the log is left
@@ -401,7 +402,7 @@ func (f *Follower) completeCancel(ctx context.Context, runID, workflowID string)
 		if ended = s.CancelRequested && !statestore.IsTerminalRunStatus(s.Status); !ended {
 			return nil, nil
 		}
-		return runEvent(s, statestore.RunCancelledPayload{EngineStatus: EngineTerminated, RequestedBy: statestore.RequestedBySidecar,
+		return runEvent(s, statestore.RunCancelledPayload{EngineStatus: EngineTerminated, RequestedBy: cancelledBy(s),
 			Reason: "the cancel requested in the log had not reached Conductor; completed"}, 1, f.opts.Now)
 	})
 	if errors.Is(err, statestore.ErrRunChanged) || errors.Is(err, statestore.ErrNotFound) {
@@ -413,6 +414,15 @@ func (f *Follower) completeCancel(ctx context.Context, runID, workflowID string)
 	f.logger.Warn("completed a cancel requested in the log whose workflow still ran in Conductor (the cancel's terminate never reached it)",
 		zap.String("runId", runID), zap.String("workflowId", workflowID))
 	return FollowCancelCompleted, nil
+}
+
+// cancelledBy is who requested s's cancel, which RunCancelled records
+// whoever completes it; "sidecar" for a request that names no one.
+func cancelledBy(s *statestore.RunSnapshot) string {
+	if s.CancelRequestedBy != "" {
+		return s.CancelRequestedBy
+	}
+	return statestore.RequestedBySidecar
 }
 
 // closePause appends the RunResumed that closes a pause Conductor never

@@ -244,7 +244,10 @@ func apply(s *RunSnapshot, index *stepIndex, r *RunEventRecord) *InvalidTransiti
 		s.Pause.DrainEndedAt = r.PersistedAt
 		s.Pause.DrainTimedOut = true
 	case RunCancelRequested:
+		var p RunCancelRequestedPayload
+		decodeLenient(r.Payload, &p)
 		s.CancelRequested = true
+		s.CancelRequestedBy = p.RequestedBy
 	case RunStepRetryRequested:
 		var p RunStepRetryRequestedPayload
 		decodeLenient(r.Payload, &p)

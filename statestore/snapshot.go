@@ -80,6 +80,10 @@ type RunSnapshot struct {
 	// CancelRequested is set by RunCancelRequested: a later RunCompleted or
 	// RunFailed no longer sets the status (Cancel wins).
 	CancelRequested bool `json:"cancelRequested"`
+	// CancelRequestedBy is the requestedBy of the run's RunCancelRequested:
+	// whoever ends the cancel (the Controller, the run watcher, the pause
+	// follower completing a cancel cut short) records it as theirs.
+	CancelRequestedBy string `json:"cancelRequestedBy,omitempty"`
 	// Inconsistent is set when an invalid transition was ignored (Policy A).
 	Inconsistent bool `json:"inconsistent"`
 	// InvalidEvents lists the eventIds ignored as invalid transitions.
