@@ -3,11 +3,13 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/pgstore/pgtest"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
 func conductorStatus(t *testing.T, workflowID string) string {
@@ -238,4 +241,72 @@ func runLevelEngineAttemptIsOne(t *testing.T, evs []statestore.RunEventRecord) {
 			t.Fatalf("%s (runSeq %d) has engineAttemptId %d; a run-level event has no engine try: 1", e.EventType, e.RunSeq, e.EngineAttemptID)
 		}
 	}
+}
+
+// TestE2E_KillMidCancelThenRestart: serve is killed -9 after it recorded
+// RunCancelRequested and before its terminate reached Conductor (held at a
+// front of Conductor, which the kill cuts). The serve started on the same
+// data dir completes the cancel: Conductor TERMINATED, the log CANCELLED,
+// RunCancelled naming who requested the cancel, the step not run to its
+// end and nothing after the cancel.
+func TestE2E_KillMidCancelThenRestart(t *testing.T) {
+	forEachLogBackend(t, func(t *testing.T, store []string) {
+		front, conductorURL := conductortest.NewHolding(t)
+		dataDir, addr := t.TempDir(), sidecartest.FreeAddr(t)
+		start := func() *proc {
+			return newProc(sidecartest.Start(t, sidecartest.Options{DataDir: dataDir, Addr: addr, ConductorURL: conductorURL, Args: store}))
+		}
+		p := start()
+		marker := filepath.Join(t.TempDir(), "ran")
+		pl := mustPlan(t, `{"planId":"`+uniq("e2e-killcancel")+`","planVersion":"1","steps":[
+			{"stepId":"long","executor":{"type":"command","argv":["sh","-c",`+jsonString("sleep 8; echo done > "+marker)+`]}},
+			{"stepId":"after","executor":{"type":"noop"},"dependsOn":["long"]}]}`)
+		started := submit(t, p, pl, "req-1")
+		sidecartest.WaitFor(t, "long to start", 30*time.Second, func() bool {
+			return eventIndex(allEvents(t, p, started.RunID), statestore.StepStarted, "long", 0) >= 0
+		})
+		held := front.HoldNext("terminate")
+		go func() { _, _ = p.client.Cancel(context.Background(), started.RunID, "stop it") }()
+		select {
+		case <-held.Entered:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the cancel's terminate never reached Conductor's front")
+		}
+		requested := allEvents(t, p, started.RunID)
+		at := eventIndex(requested, statestore.RunCancelRequested, "", 0)
+		if at < 0 {
+			t.Fatalf("log %v while the terminate is under way, want RunCancelRequested in it", types(requested))
+		}
+		p.stop(syscall.SIGKILL)
+		killedAt := time.Now() // the held terminate stays held: it never reaches Conductor
+		if s := conductorStatus(t, started.WorkflowID); s != "RUNNING" {
+			t.Fatalf("Conductor's workflow %s after the kill, want RUNNING: the cancel was not cut short", s)
+		}
+
+		p2 := start()
+		v := waitTerminal(t, p2, started.RunID, 90*time.Second)
+		if v.Status != statestore.RunStatusCancelled {
+			t.Fatalf("run ended %s after the restart, want CANCELLED", v.Status)
+		}
+		sidecartest.WaitFor(t, "Conductor to terminate the workflow", 30*time.Second, func() bool {
+			return conductorStatus(t, started.WorkflowID) == "TERMINATED"
+		})
+		evs := allEvents(t, p2, started.RunID)
+		var req struct{ RequestedBy string }
+		_ = json.Unmarshal(requested[at].Payload, &req)
+		last := evs[len(evs)-1]
+		if last.EventType != statestore.RunCancelled || req.RequestedBy == "" ||
+			len(storetest.RequestedBy([]statestore.RunEventRecord{last}, req.RequestedBy)) != 1 {
+			t.Fatalf("log %v ends with %s %s, want RunCancelled requested by %q", types(evs), last.EventType, last.Payload, req.RequestedBy)
+		}
+		for _, e := range evs[at+1:] {
+			if e.EventType == statestore.StepStarted || e.EventType == statestore.StepCompleted {
+				t.Fatalf("log %v: %s %s after the cancel was requested", types(evs), e.EventType, e.StepID)
+			}
+		}
+		time.Sleep(time.Until(killedAt.Add(10 * time.Second))) // past the step's own end
+		if _, err := os.Stat(marker); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("step long ran to its end (%v) although the run was cancelled", err)
+		}
+	})
 }

@@ -11,8 +11,9 @@ import (
 )
 
 // Holding is the real Conductor behind a reverse proxy that can hold the
-// next pause or resume of a workflow (PUT /workflow/{id}/pause, /resume,
-// and the bulk forms) until the test lets it through, and Conductor's
+// next pause, resume or terminate of a workflow (PUT /workflow/{id}/pause,
+// /resume, and the bulk forms; DELETE /workflow/{id}) until the test lets
+// it through, and Conductor's
 // answer to it: the order in which concurrent calls reach Conductor,
 // chosen by the test. Every call reaches the real server unchanged.
 type Holding struct {
@@ -56,9 +57,8 @@ func NewHolding(tb testing.TB) (*Holding, string) {
 	proxy := ReverseProxy(tb, target)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var held *Held
-		if r.Method == http.MethodPut {
+		if action := holdable(r); action != "" {
 			h.mu.Lock()
-			action := path.Base(r.URL.Path)
 			if held = h.next[action]; held != nil {
 				delete(h.next, action)
 			}
@@ -98,8 +98,21 @@ func NewHolding(tb testing.TB) (*Holding, string) {
 	return h, srv.URL + target.Path
 }
 
+// holdable is the action a Holding can hold r as: "pause" or "resume" for
+// PUT /workflow/{id}/{action} (and the bulk forms), "terminate" for a
+// workflow's terminate (DELETE /workflow/{id}); "" for anything else.
+func holdable(r *http.Request) string {
+	switch {
+	case r.Method == http.MethodPut:
+		return path.Base(r.URL.Path)
+	case r.Method == http.MethodDelete && path.Base(path.Dir(r.URL.Path)) == "workflow":
+		return "terminate"
+	}
+	return ""
+}
+
 // HoldNext holds the next PUT /workflow/{id}/{action} (action "pause" or
-// "resume") until Let.
+// "resume"), or the next terminate (action "terminate"), until Let.
 func (h *Holding) HoldNext(action string) *Held { return h.hold(action, false) }
 
 // HoldNextAndAnswer holds the next PUT /workflow/{id}/{action} until Let
