@@ -284,7 +284,14 @@ func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption b
 	worker := IsWorkerTask(t.TaskType)
 	switch status := string(t.Status); status {
 	case "SCHEDULED":
-		return nil, !worker && !controlTaskTypes[t.TaskType], nil
+		if worker || controlTaskTypes[t.TaskType] {
+			return nil, false, nil
+		}
+		// Conductor runs a system task it scheduled whatever the
+		// workflow's pause, and 3.21 shows an HTTP task SCHEDULED, with no
+		// start time, while it makes the call: it is in flight.
+		start()
+		return evs, true, err
 	case "IN_PROGRESS":
 		switch {
 		case worker && !(adoption && !started):

@@ -114,7 +114,8 @@ func TestTaskEvents(t *testing.T) {
 		wantPending bool
 	}{
 		{"HTTP in progress starts", model.Task{TaskType: "HTTP", Status: "IN_PROGRESS"}, nil, false, "StepStarted", true},
-		{"HTTP scheduled waits", model.Task{TaskType: "HTTP", Status: "SCHEDULED"}, nil, false, "", true},
+		{"HTTP scheduled is in flight", model.Task{TaskType: "HTTP", Status: "SCHEDULED"}, nil, false, "StepStarted", true},
+		{"HTTP scheduled, started already", model.Task{TaskType: "HTTP", Status: "SCHEDULED"}, running, false, "", true},
 		{"HTTP completed unseen", model.Task{TaskType: "HTTP", Status: "COMPLETED"}, nil, false, "StepStarted,StepCompleted", false},
 		{"HTTP completed while running", model.Task{TaskType: "HTTP", Status: "COMPLETED"}, running, false, "StepCompleted", false},
 		{"completed already recorded", model.Task{TaskType: "HTTP", Status: "COMPLETED"}, done, false, "", false},

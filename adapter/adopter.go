@@ -243,6 +243,33 @@ func (a *Adopter) Sync(ctx context.Context, t *model.Task) error {
 	return a.read(ctx, f.rec, adoptReadGate)
 }
 
+// SyncEngineTasks records what the log lacks of runID's tasks as
+// Conductor reports them now (drain.AdoptedRuns): called by a pause of the
+// run once Conductor's pause took effect, so that the system tasks
+// Conductor runs whatever the pause (scheduled or in progress) are in
+// flight before the drain's end is decided. Any replica may call it for
+// any adopted run; a run this process does not follow is read from the
+// run index first.
+func (a *Adopter) SyncEngineTasks(ctx context.Context, runID string) error {
+	a.mu.Lock()
+	f, known := a.known[runID]
+	a.mu.Unlock()
+	rec := (*Run)(nil)
+	if known {
+		rec = f.rec
+	} else {
+		r, err := a.runs.Run(ctx, runID)
+		if err != nil {
+			return err
+		}
+		if !r.IsAdopted() {
+			return nil
+		}
+		rec = r
+	}
+	return a.read(ctx, rec, adoptReadPause)
+}
+
 // Adopts reports whether runID may be an adopted workflow's run: adopted
 // runs' runId is their workflowId.
 func (a *Adopter) Adopts(runID, workflowID string) bool { return runID == workflowID }

@@ -112,6 +112,7 @@ const (
 	adoptReadPending  = "pending"  // a system task of it is scheduled or in progress
 	adoptReadSettle   = "settle"   // its workflow ended (the watcher's settle)
 	adoptReadAdoption = "adoption" // first sight
+	adoptReadPause    = "pause"    // a pause of it took effect in Conductor (SyncEngineTasks)
 )
 
 // NewMetrics registers the adapter metrics with reg and returns them. It
@@ -178,7 +179,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		adopted:  adopted,
 		reads:    make(map[string]prometheus.Counter),
 	}
-	for _, r := range []string{adoptReadGate, adoptReadNudge, adoptReadPending, adoptReadSettle, adoptReadAdoption} {
+	for _, r := range []string{adoptReadGate, adoptReadNudge, adoptReadPending, adoptReadSettle, adoptReadAdoption, adoptReadPause} {
 		m.reads[r] = reads.WithLabelValues(r)
 	}
 	for _, a := range watcherActions {

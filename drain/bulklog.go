@@ -125,7 +125,9 @@ func (c *Controller) pauseLogs(ctx context.Context, runIDs []string, req PauseRe
 		if err != nil || statestore.CheckTransition(s, paused) != nil {
 			return nil
 		}
-		if len(s.InFlight()) > 0 {
+		if len(s.InFlight()) > 0 || c.adopted(s) {
+			// An adopted run's drain is decided once Conductor's pause
+			// took effect (syncAdopted).
 			return []*statestore.RunEventWrite{paused}
 		}
 		// Nothing in flight: the drain ends with the pause, decided on the

@@ -135,10 +135,32 @@ type Options struct {
 	// Conductor (single, bulk, scheduled, staggered): the task workers'
 	// idle poll loops, since Conductor now schedules the run's next
 	// steps.
-	Waker   Waker
+	Waker Waker
+	// Adopted, when set, is the adopter of existing workflows: the
+	// tasks Conductor runs itself of an adopted run (its system tasks)
+	// are brought into the log by a pause once Conductor's pause took
+	// effect, before its drain may end, and read back after a resume.
+	Adopted AdoptedRuns
 	Logger  *zap.Logger
 	Metrics *Metrics
 	Now     func() time.Time
+}
+
+// AdoptedRuns is what the Controller needs of the adopter of existing
+// workflows (adapter.Adopter). Conductor runs an adopted run's system
+// tasks (HTTP, SUB_WORKFLOW, ...) itself and runs one it scheduled
+// whatever the workflow's pause, so a pause's drain waits for them; the
+// log has them only from the adopter's reads of the workflow.
+type AdoptedRuns interface {
+	// Adopts reports whether runID, whose workflow is workflowID, is an
+	// adopted workflow's run.
+	Adopts(runID, workflowID string) bool
+	// SyncEngineTasks records what the log lacks of the run's tasks as
+	// Conductor reports them now.
+	SyncEngineTasks(ctx context.Context, runID string) error
+	// Nudge asks for the run to be read back from Conductor soon. It must
+	// not block.
+	Nudge(runID string)
 }
 
 // Waker wakes the task workers' idle poll loops (taskworkers.Wakeup). Wake
@@ -346,7 +368,7 @@ func (c *Controller) pauseLog(ctx context.Context, runID string, req PauseReques
 	if !req.ResumeAt.IsZero() {
 		c.schedule(ctx, runID, cycle, req.ResumeAt)
 	}
-	p.drained = len(snap.InFlight()) == 0 && c.endEmptyDrain(ctx, runID, cycle, appended(snap, paused, res))
+	p.drained = len(snap.InFlight()) == 0 && !c.adopted(snap) && c.endEmptyDrain(ctx, runID, cycle, appended(snap, paused, res))
 	if !p.drained {
 		c.watch(runID, true)
 		c.mark(ctx, runID, cycle)
@@ -375,11 +397,36 @@ func (c *Controller) pauseEngine(ctx context.Context, p *pausing, engineErr erro
 	}
 	engineErr = c.applied(ctx, p.runID, true, p.cycle, engineErr)
 	c.opts.Metrics.enginePause(took)
+	if !p.drained && c.adopted(p.snap) {
+		p.drained = c.syncAdopted(ctx, p.runID, p.cycle)
+	}
 	after, engineErr := c.settle(ctx, p.runID, p.wf, true, p.cycle, engineErr)
 	if !p.drained {
 		c.Nudge(p.runID)
 	}
 	return c.answer(ctx, p.runID, after, engineErr)
+}
+
+// adopted reports whether snap's run is an adopted workflow's.
+func (c *Controller) adopted(snap *statestore.RunSnapshot) bool {
+	return c.opts.Adopted != nil && c.opts.Adopted.Adopts(snap.RunID, workflowOf(snap))
+}
+
+// syncAdopted brings into the log the tasks Conductor runs itself of
+// runID, an adopted run whose pause (cycle) reached Conductor, and ends
+// the drain when none is in flight; it reports whether the drain ended.
+// Once Conductor's pause took effect Conductor schedules nothing new, so
+// what this read finds is all the drain waits for: the tasks recorded
+// here (StepStarted after RunPaused, docs/events.md, "Fences") were
+// scheduled before the pause. Without the read (Conductor did not answer)
+// the monitor takes the drain, and the adopter's reads bring them in.
+func (c *Controller) syncAdopted(ctx context.Context, runID string, cycle int64) bool {
+	if err := c.opts.Adopted.SyncEngineTasks(ctx, runID); err != nil {
+		c.logger.Warn("could not read an adopted run's tasks from Conductor after its pause; the monitor takes its drain",
+			zap.String("runId", runID), zap.Error(err))
+		return false
+	}
+	return c.endEmptyDrain(ctx, runID, cycle, nil)
 }
 
 // endEmptyDrain ends the drain of a pause that found no step in flight:
@@ -539,6 +586,11 @@ func (c *Controller) resumeEngine(ctx context.Context, r *resuming, err error) (
 	after, engineErr := c.settle(ctx, r.runID, r.wf, false, r.snap.Pause.Cycle, c.applied(ctx, r.runID, false, r.snap.Pause.Cycle, err))
 	if engineErr == nil && c.opts.Waker != nil {
 		c.opts.Waker.Wake()
+	}
+	if engineErr == nil && c.adopted(r.snap) {
+		// Conductor schedules the run's next tasks as it resumes it: its
+		// system tasks are in the log only from the adopter's reads.
+		c.opts.Adopted.Nudge(r.runID)
 	}
 	if r.again {
 		return c.withEngine(r.snap, engineErr)

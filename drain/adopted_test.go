@@ -1,0 +1,118 @@
+package drain_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/drain"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/memstore"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
+)
+
+// conductorTasks stands for the adopter: the runs named adopted-* are
+// adopted workflows' runs, whose system task "http" Conductor scheduled
+// before their pause reached it. SyncEngineTasks records it, as the
+// adopter's read of the workflow does, once Conductor's pause was asked.
+type conductorTasks struct {
+	mem    *memstore.Store
+	eng    *bulkEngine
+	mu     sync.Mutex
+	synced []string
+	nudged []string
+}
+
+func (a *conductorTasks) Adopts(runID, _ string) bool { return strings.HasPrefix(runID, "adopted-") }
+
+func (a *conductorTasks) SyncEngineTasks(ctx context.Context, runID string) error {
+	a.eng.bmu.Lock()
+	asked := strings.Contains(strings.Join(a.eng.bulk, " "), "wf-"+runID)
+	a.eng.bmu.Unlock()
+	a.mu.Lock()
+	a.synced = append(a.synced, runID)
+	a.mu.Unlock()
+	if !asked {
+		return nil // read before Conductor's pause: what it shows may still change
+	}
+	_, err := a.mem.Append(ctx, storetest.Event(runID, statestore.StepStarted, "http"))
+	return err
+}
+
+func (a *conductorTasks) Nudge(runID string) {
+	a.mu.Lock()
+	a.nudged = append(a.nudged, runID)
+	a.mu.Unlock()
+}
+
+// TestController_AdoptedRunDrainsForConductorsTasks: a pause of an adopted
+// run with nothing in flight in the log does not end its drain until the
+// tasks Conductor runs itself are read once Conductor's pause took effect
+// (they are in flight then), single and bulk; a plan run's drain ends at
+// once as before. A resume that reached Conductor asks for the adopted
+// run to be read back.
+func TestController_AdoptedRunDrainsForConductorsTasks(t *testing.T) {
+	ctx := context.Background()
+	for _, bulk := range []bool{false, true} {
+		name := map[bool]string{false: "single", true: "bulk"}[bulk]
+		t.Run(name, func(t *testing.T) {
+			mem := memstore.New(statestore.ProjectorOptions{})
+			startRun(t, mem, "adopted-1")
+			startRun(t, mem, "plan-1")
+			eng := &bulkEngine{}
+			adopted := &conductorTasks{mem: mem, eng: eng}
+			c := drain.New(mem, emitter{mem}, eng, drain.Options{ActiveRuns: func(context.Context) ([]string, error) { return nil, nil },
+				Interval: 10 * time.Millisecond, FullScanInterval: time.Hour, Adopted: adopted, Logger: zaptest.NewLogger(t)})
+			if err := c.Open(ctx); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Close(context.Background()) })
+			states := map[string]*drain.State{}
+			if bulk {
+				for _, o := range c.PauseMany(ctx, []string{"adopted-1", "plan-1"}, drain.PauseRequest{Reason: "incident"}) {
+					if o.Err != nil {
+						t.Fatalf("%s: %v", o.RunID, o.Err)
+					}
+					states[o.RunID] = o.State
+				}
+			} else {
+				for _, id := range []string{"adopted-1", "plan-1"} {
+					eng.bulk = append(eng.bulk, "pause wf-"+id) // the single pause's call, as the fake's bulk log keeps it
+					st, err := c.Pause(ctx, id, drain.PauseRequest{Reason: "incident"})
+					if err != nil {
+						t.Fatalf("%s: %v", id, err)
+					}
+					states[id] = st
+				}
+			}
+			if st := states["adopted-1"]; st.Substatus != "DRAINING" || st.Drain == nil || strings.Join(st.Drain.InFlightStepIDs, ",") != "http" {
+				t.Errorf("adopted run: %s/%s drain %+v, want PAUSED/DRAINING with http (Conductor's task) in flight", st.Status, st.Substatus, st.Drain)
+			}
+			if st := states["plan-1"]; st.Substatus != "" || st.Status != statestore.RunStatusPaused {
+				t.Errorf("plan run: %s/%s, want PAUSED, drain ended", st.Status, st.Substatus)
+			}
+			snap, _ := mem.ProjectSnapshot(ctx, "adopted-1")
+			if snap.Pause == nil || snap.Pause.DrainEndedAt != "" {
+				t.Fatalf("adopted run's drain ended with Conductor's task in flight: %+v", snap.Pause)
+			}
+			adopted.mu.Lock()
+			synced := strings.Join(adopted.synced, ",")
+			adopted.mu.Unlock()
+			if synced != "adopted-1" {
+				t.Errorf("tasks read for %q, want adopted-1 only", synced)
+			}
+			if _, err := c.Resume(ctx, "adopted-1", drain.ResumeRequest{}); err != nil {
+				t.Fatal(err)
+			}
+			adopted.mu.Lock()
+			defer adopted.mu.Unlock()
+			if strings.Join(adopted.nudged, ",") != "adopted-1" {
+				t.Errorf("read back after the resume: %v, want adopted-1", adopted.nudged)
+			}
+		})
+	}
+}
