@@ -53,7 +53,7 @@ func (f *RunIndexForgetter) ForgetRun(ctx context.Context, runID string) error {
 	case err != nil:
 		return err
 	}
-	if rec != nil && rec.RequestKey != "" {
+	if rec != nil && rec.RequestKey != "" && !rec.IsAdopted() { // an adopted run has no request entry
 		var rr reqRecord
 		_, err := f.runs.getJSON(ctx, keyReq+rec.RequestKey, &rr)
 		switch {

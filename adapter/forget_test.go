@@ -94,4 +94,14 @@ func TestRunIndexForgetter_ForgetRun(t *testing.T) {
 	if got := subjects(); !slices.Equal(got, want[:1]) {
 		t.Fatalf("subjects after forgetting %s: %v, want %v", b, got, want[:1])
 	}
+	// An adopted workflow's run has no request entry (its RequestKey,
+	// "adopted:<workflowId>", is not a key): its entries leave all the same.
+	d := uuid.NewString()
+	put(keyRun+d, Run{RunID: d, WorkflowID: d, RequestKey: adoptedRequestKeyPrefix + d, State: RunStateFinal})
+	if err := f.ForgetRun(ctx, d); err != nil {
+		t.Fatalf("ForgetRun of an adopted run: %v", err)
+	}
+	if got := subjects(); !slices.Equal(got, want[:1]) {
+		t.Fatalf("subjects after forgetting adopted run %s: %v, want %v", d, got, want[:1])
+	}
 }
