@@ -161,3 +161,26 @@ func TestFollower_CompletesACancelCutShort(t *testing.T) {
 		}
 	})
 }
+
+// TestController_CancelledNamesWhoseCancelWasRecorded: a cancel that finds
+// another principal's cancel already recorded completes it, and its
+// RunCancelled names that principal and reason, not its own (two cancels
+// racing: only the first one's RunCancelRequested is in the log).
+func TestController_CancelledNamesWhoseCancelWasRecorded(t *testing.T) {
+	ctx := context.Background()
+	mem, eng := setup(t, "a")
+	mem.Append(ctx, storetest.WithPayload(storetest.Event("r", statestore.RunCancelRequested, ""),
+		statestore.RunCancelRequestedPayload{Reason: "by-acme", RequestedBy: "acme-op"}))
+	c := drain.New(mem, emitter{mem}, eng, drain.Options{Logger: zaptest.NewLogger(t)})
+	if _, err := c.Cancel(ctx, "r", "by-admin", "admin"); err != nil {
+		t.Fatal(err)
+	}
+	recs, _ := mem.Fetch(ctx, "r", 0, 0)
+	last := recs[len(recs)-1]
+	var p statestore.RunCancelledPayload
+	_ = json.Unmarshal(last.Payload, &p)
+	if last.EventType != statestore.RunCancelled || p.RequestedBy != "acme-op" || p.Reason != "by-acme" {
+		t.Fatalf("log %s ends with %s %s; want RunCancelled by acme-op, reason by-acme: the cancel recorded", types(recs), last.EventType, last.Payload)
+	}
+}
+

@@ -687,7 +687,7 @@ func (c *Controller) cancelEngine(ctx context.Context, cl *cancelling, err error
 		if s.Status == statestore.RunStatusCancelled {
 			return nil, nil
 		}
-		w, err := runEvent(s, cl.cancelled, 1, c.opts.Now)
+		w, err := runEvent(s, recordedCancel(s, cl.cancelled), 1, c.opts.Now)
 		ended = w
 		return w, err
 	})
@@ -710,6 +710,17 @@ func (c *Controller) cancelEngine(ctx context.Context, cl *cancelling, err error
 		return nil, err
 	}
 	return StateOf(snap, c.opts.DefaultTimeout), nil
+}
+
+// recordedCancel is the RunCancelled that ends s's cancel: the requester
+// and reason of its RunCancelRequested, which may be another request's
+// (two cancels raced and the other was recorded first); mine's when the
+// log names no one.
+func recordedCancel(s *statestore.RunSnapshot, mine statestore.RunCancelledPayload) statestore.RunCancelledPayload {
+	if s.CancelRequested && s.CancelRequestedBy != "" {
+		mine.RequestedBy, mine.Reason = s.CancelRequestedBy, s.CancelReason
+	}
+	return mine
 }
 
 // cancelQueued appends RunCancelled to a run cancelled while QUEUED.

@@ -247,7 +247,7 @@ func apply(s *RunSnapshot, index *stepIndex, r *RunEventRecord) *InvalidTransiti
 		var p RunCancelRequestedPayload
 		decodeLenient(r.Payload, &p)
 		s.CancelRequested = true
-		s.CancelRequestedBy = p.RequestedBy
+		s.CancelRequestedBy, s.CancelReason = p.RequestedBy, p.Reason
 	case RunStepRetryRequested:
 		var p RunStepRetryRequestedPayload
 		decodeLenient(r.Payload, &p)

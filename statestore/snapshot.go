@@ -84,6 +84,8 @@ type RunSnapshot struct {
 	// whoever ends the cancel (the Controller, the run watcher, the pause
 	// follower completing a cancel cut short) records it as theirs.
 	CancelRequestedBy string `json:"cancelRequestedBy,omitempty"`
+	// CancelReason is the reason of the run's RunCancelRequested.
+	CancelReason string `json:"cancelReason,omitempty"`
 	// Inconsistent is set when an invalid transition was ignored (Policy A).
 	Inconsistent bool `json:"inconsistent"`
 	// InvalidEvents lists the eventIds ignored as invalid transitions.
