@@ -336,7 +336,7 @@ func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption b
 
 // recordTasks appends what the log lacks of wf's tasks (taskEvents, in
 // Conductor's order); pending reports a system task whose end is still to
-// be recorded, control a control task still open (a JOIN waiting for its
+// be recorded (or a worker task in progress while the run drains), control a control task still open (a JOIN waiting for its
 // branches, a loop, a WAIT).
 //
 // gatedTaskID, when set, is the task whose poll through the proxy adopts
@@ -350,10 +350,15 @@ func (r *Runs) recordTasks(ctx context.Context, snaps SnapshotReader, rec *Run, 
 	if statestore.IsTerminalRunStatus(snap.Status) {
 		return false, false, nil
 	}
+	// A worker task in progress while the run's pause drains is followed
+	// too: a worker that reports straight to Conductor (one that had its
+	// task before adoption) ends it only in Conductor's report, and the
+	// drain waits for that.
+	draining := snap.Status == statestore.RunStatusPaused && snap.Pause != nil && snap.Pause.DrainEndedAt == ""
 	for i := range wf.Tasks {
 		t := &wf.Tasks[i]
 		evs, p, err := taskEvents(rec, t, snap.Step(stepIDOf(t)), adoption && (gatedTaskID == "" || t.TaskId != gatedTaskID))
-		pending = pending || p
+		pending = pending || p || (draining && IsWorkerTask(t.TaskType) && t.Status == "IN_PROGRESS")
 		control = control || (controlTaskTypes[t.TaskType] && (t.Status == "SCHEDULED" || t.Status == "IN_PROGRESS"))
 		if err != nil {
 			return true, control, err

@@ -235,3 +235,44 @@ func TestRecordTasks_RunEndsMeanwhile(t *testing.T) {
 		t.Fatalf("log %s, want RunStarted RunCompleted", got)
 	}
 }
+
+// TestRecordTasks_WorkerTaskFollowedWhileDraining: a worker task of an
+// adopted run in progress while the run's pause drains keeps the run's
+// interval reads going (pending), so that its end is recorded from
+// Conductor's report when its worker reports straight to Conductor (a task
+// in progress at adoption): the drain ends then, not at its timeout. Before
+// the pause, or once the drain ended, it costs no reads (its worker reports
+// through the proxy, or the gate records the next step's reads).
+func TestRecordTasks_WorkerTaskFollowedWhileDraining(t *testing.T) {
+	ctx := context.Background()
+	env := newNATS(t)
+	r, err := OpenRuns(ctx, env.connect(t), newClient(t, "http://127.0.0.1:1/api", 100*time.Millisecond), env.emitter, RunsOptions{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &Run{RunID: uuid.NewString(), TenantID: "t", ProjectID: "p", EnvironmentID: "e", PlanID: "orders", PlanVersion: "2"}
+	emit := func(et string, p any) {
+		t.Helper()
+		ev, err := runEvent(rec, et, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := env.emitter.Emit(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	emit(statestore.RunStarted, statestore.RunStartedPayload{EngineType: EngineType, EngineRunRef: statestore.ConductorRunRef("orders", "wf-1")})
+	wf := &model.Workflow{WorkflowId: "wf-1", Tasks: []model.Task{{TaskType: "resize", Status: "IN_PROGRESS", ReferenceTaskName: "f2",
+		TaskId: "t2", StartTime: 1_700_000_000_000}}}
+	if pending, _, err := r.recordTasks(ctx, env.store, rec, wf, true, ""); err != nil || !pending {
+		t.Fatalf("adoption: pending %v %v, want the task started and followed", pending, err)
+	}
+	if pending, _, err := r.recordTasks(ctx, env.store, rec, wf, false, ""); err != nil || pending {
+		t.Fatalf("running: pending %v %v, want no interval reads", pending, err)
+	}
+	timeout := int64(60)
+	emit(statestore.RunPaused, statestore.RunPausedPayload{DrainTimeoutSeconds: &timeout})
+	if pending, _, err := r.recordTasks(ctx, env.store, rec, wf, false, ""); err != nil || !pending {
+		t.Fatalf("draining: pending %v %v, want the run read every interval until the task ends", pending, err)
+	}
+}
