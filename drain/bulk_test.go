@@ -505,3 +505,33 @@ func TestPauseMany_OpenDrainIsFoundByAnotherReplica(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestController_CancelWhoseTerminateConductorDidNotAnswer: a cancel is
+// recorded (RunCancelRequested) when Conductor does not answer its
+// terminate: single and bulk answer an EngineError with the run's state,
+// as a pause or resume that Conductor did not take does (the API: 503
+// ENGINE_UNAVAILABLE single, the outcome recorded in bulk), not a bare
+// error that the bulk answer reported as INTERNAL. The pause follower
+// completes the cancel.
+func TestController_CancelWhoseTerminateConductorDidNotAnswer(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	startRun(t, mem, "one", "a")
+	startRun(t, mem, "many", "a")
+	unavailable := &adapter.Error{Code: adapter.CodeEngineUnavailable, Op: "terminate"}
+	eng := &bulkEngine{refuse: map[string]error{"wf-one": unavailable, "wf-many": unavailable}}
+	c := drain.New(mem, emitter{mem}, eng, drain.Options{Logger: zaptest.NewLogger(t)})
+	check := func(how string, st *drain.State, err error) {
+		t.Helper()
+		var ee *drain.EngineError
+		if !errors.As(err, &ee) || !errors.Is(err, unavailable) || ee.State == nil || ee.State.Snapshot == nil || !ee.State.Snapshot.CancelRequested {
+			t.Fatalf("%s cancel, Conductor not answering: %+v %v; want an EngineError with the run's state, its cancel recorded", how, st, err)
+		}
+	}
+	eng.err = unavailable // the single terminate's answer
+	st, err := c.Cancel(ctx, "one", "stop", "ops")
+	check("single", st, err)
+	for _, o := range c.CancelMany(ctx, []string{"many"}, "stop", "ops") {
+		check("bulk", o.State, o.Err)
+	}
+}

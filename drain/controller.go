@@ -664,8 +664,15 @@ func (c *Controller) cancelLog(ctx context.Context, runID, reason, requestedBy s
 // RunCancelled.
 func (c *Controller) cancelEngine(ctx context.Context, cl *cancelling, err error) (*State, error) {
 	if err != nil {
-		// The request is recorded; a retry of the cancel terminates.
-		return nil, err
+		// The request is recorded; a retry of the cancel terminates, and
+		// so does the pause follower if none comes.
+		snap := cl.after
+		if snap == nil {
+			if snap, _ = c.snapshot(ctx, cl.runID); snap == nil {
+				return nil, err
+			}
+		}
+		return c.withEngine(snap, err)
 	}
 	runID := cl.runID
 	if c.opts.Interrupt != nil {
