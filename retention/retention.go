@@ -212,6 +212,15 @@ func (r *Retention) loop(ctx context.Context) {
 		case <-time.After(wait):
 		}
 		_, err := r.Pass(ctx)
+		if errors.Is(err, ErrRunsKept) {
+			// The other runs went on: no back-off, but say it.
+			if time.Since(lastLog) > time.Minute {
+				lastLog = time.Now()
+				r.logger.Warn("retention could not remove some runs; they stay whole in the log and are tried again (logged once a minute)",
+					zap.String("error", clip(err.Error(), maxLoggedError)))
+			}
+			err = nil
+		}
 		switch {
 		case err == nil:
 			if failing {
@@ -241,9 +250,16 @@ type PassResult struct {
 	Waiting int
 }
 
+// KeptRetry is how long a run that could not be removed waits before it
+// is tried again (ErrRunsKept).
+const KeptRetry = time.Minute
+
 // Pass reads the log's new records, then archives and removes every due
 // run, a segment of up to BatchRuns runs at a time. It stops at the first
-// failure, leaving the runs it did not finish in the queue.
+// failure of the log, the archive or the removal of a batch, leaving the
+// runs it did not finish in the queue, due now. A run whose own keys
+// could not be forgotten is put back due after KeptRetry, and the pass
+// goes on: it then returns an error matching ErrRunsKept.
 func (r *Retention) Pass(ctx context.Context) (PassResult, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -252,6 +268,7 @@ func (r *Retention) Pass(ctx context.Context) (PassResult, error) {
 		r.opts.Metrics.failed(stepRead)
 		return res, err
 	}
+	var kept error
 	for {
 		batch, err := r.due(ctx)
 		if err != nil {
@@ -268,6 +285,16 @@ func (r *Retention) Pass(ctx context.Context) (PassResult, error) {
 			break
 		}
 		left, err := r.archiveAndRemove(ctx, batch, &res)
+		var runErrs runErrors
+		if errors.As(err, &runErrs) {
+			// Runs of their own: the rest of the batch left, and the
+			// pass goes on without them.
+			for _, b := range left {
+				r.push(b.run.ID, b.tenant, r.opts.Now().Add(KeptRetry))
+			}
+			kept = errors.Join(kept, err)
+			continue
+		}
 		if err != nil {
 			// Put back what was not removed, due now.
 			for _, b := range left {
@@ -279,6 +306,9 @@ func (r *Retention) Pass(ctx context.Context) (PassResult, error) {
 	}
 	res.Waiting = len(r.queue)
 	r.opts.Metrics.queue(res.Waiting)
+	if kept != nil {
+		return res, fmt.Errorf("%w (tried again in %s): %w", ErrRunsKept, KeptRetry, kept)
+	}
 	return res, nil
 }
 

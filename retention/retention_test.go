@@ -589,3 +589,39 @@ func (c crashRemover) RemoveRuns(ctx context.Context, runs []statestore.Removal)
 	}
 	return c.crash
 }
+
+// TestRetention_ARunThatCannotBeRemovedHoldsUpNoOther: a run whose removal
+// fails (one of its per-run keys cannot be forgotten) stays whole in the
+// log and is tried again a minute later; the pass goes on with the other
+// due runs, and the next pass is not delayed by it (errors.Is
+// ErrRunsKept, which the loop does not back off for).
+func TestRetention_ARunThatCannotBeRemovedHoldsUpNoOther(t *testing.T) {
+	ctx := context.Background()
+	h := newHot(t, 5, 0, nil)
+	fail := true
+	stuck := forgetFunc(func(_ context.Context, runID string) error {
+		if runID == "run-0" && fail {
+			return errors.New("its key cannot be purged")
+		}
+		return nil
+	})
+	now := time.Now().Add(2 * time.Hour)
+	r := h.retention(h.archive(nil), h.remover(), retention.Options{BatchRuns: 1, Forgetters: []retention.Forgetter{stuck},
+		Now: func() time.Time { return now }})
+	res, err := r.Pass(ctx)
+	if !errors.Is(err, retention.ErrRunsKept) || res.Removed != 4 {
+		t.Fatalf("pass: %+v %v; want the 4 other runs removed and ErrRunsKept for run-0", res, err)
+	}
+	if recs, _ := h.store.Fetch(ctx, "run-0", 0, 0); len(recs) != len(h.finished["run-0"]) {
+		t.Fatalf("run-0 has %d records, want it whole", len(recs))
+	}
+	if res, err := r.Pass(ctx); err != nil || res.Removed != 0 || res.Waiting != 1 {
+		t.Fatalf("pass at once: %+v %v; want run-0 waiting for its retry", res, err)
+	}
+	fail = false
+	now = now.Add(time.Minute + time.Second)
+	if res, err := r.Pass(ctx); err != nil || res.Removed != 1 {
+		t.Fatalf("pass a minute later: %+v %v; want run-0 removed", res, err)
+	}
+	h.requireSafe(true)
+}
