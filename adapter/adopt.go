@@ -13,6 +13,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -129,10 +131,12 @@ func adoptedLabels(wf *model.Workflow) map[string]string {
 	if c := wf.CorrelationId; c != "" && len(CheckLabels(map[string]string{LabelCorrelationID: c})) == 0 {
 		labels[LabelCorrelationID] = c
 	}
-	for len(labels) > MaxLabels {
-		for k := range labels {
+	if len(labels) > MaxLabels {
+		// The first MaxLabels by key are kept (correlationId among them
+		// or not, as its key sorts): the same ones on every replica.
+		keys := slices.Sorted(maps.Keys(labels))
+		for _, k := range keys[MaxLabels:] {
 			delete(labels, k)
-			break
 		}
 	}
 	if len(labels) == 0 {

@@ -3,6 +3,7 @@ package adapter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -274,5 +275,30 @@ func TestRecordTasks_WorkerTaskFollowedWhileDraining(t *testing.T) {
 	emit(statestore.RunPaused, statestore.RunPausedPayload{DrainTimeoutSeconds: &timeout})
 	if pending, _, err := r.recordTasks(ctx, env.store, rec, wf, false, ""); err != nil || !pending {
 		t.Fatalf("draining: pending %v %v, want the run read every interval until the task ends", pending, err)
+	}
+}
+
+// TestAdoptedLabels_KeepsTheFirstByKey: a workflow input with more valid
+// labels than a run may have keeps the first MaxLabels by key, the same
+// ones on every replica; invalid ones are left out first.
+func TestAdoptedLabels_KeepsTheFirstByKey(t *testing.T) {
+	in := map[string]any{"bad key!": "x", "n": 3}
+	for i := range MaxLabels + 36 {
+		in[fmt.Sprintf("k%03d", i)] = "v"
+	}
+	for range 20 {
+		got := adoptedLabels(&model.Workflow{Input: map[string]any{InputLabels: in}, CorrelationId: "order-42"})
+		if len(got) != MaxLabels {
+			t.Fatalf("%d labels, want %d", len(got), MaxLabels)
+		}
+		// correlationId sorts before k000: it and k000..k062 are kept.
+		if _, ok := got[LabelCorrelationID]; !ok {
+			t.Fatalf("correlationId dropped although it sorts first")
+		}
+		for i := range MaxLabels - 1 {
+			if _, ok := got[fmt.Sprintf("k%03d", i)]; !ok {
+				t.Fatalf("label k%03d dropped; want the first %d by key", i, MaxLabels)
+			}
+		}
 	}
 }
