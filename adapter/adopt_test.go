@@ -203,6 +203,31 @@ func (e *endAfterFirstRead) ProjectSnapshot(ctx context.Context, runID string) (
 	return snap, nil
 }
 
+// runOfWorkflow is a run index on embedded NATS and a run of workflow
+// wf-1 in its log (RunStarted); emit appends a run-level event to it.
+func runOfWorkflow(t *testing.T) (env *natsEnv, r *Runs, rec *Run, emit func(eventType string, payload any)) {
+	t.Helper()
+	ctx := context.Background()
+	env = newNATS(t)
+	r, err := OpenRuns(ctx, env.connect(t), newClient(t, "http://127.0.0.1:1/api", 100*time.Millisecond), env.emitter, RunsOptions{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec = &Run{RunID: uuid.NewString(), TenantID: "t", ProjectID: "p", EnvironmentID: "e", PlanID: "orders", PlanVersion: "2"}
+	emit = func(eventType string, payload any) {
+		t.Helper()
+		ev, err := runEvent(rec, eventType, payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := env.emitter.Emit(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	emit(statestore.RunStarted, statestore.RunStartedPayload{EngineType: EngineType, EngineRunRef: statestore.ConductorRunRef("orders", "wf-1")})
+	return env, r, rec, emit
+}
+
 // TestRecordTasks_RunEndsMeanwhile: the step events of an adopted run's
 // tasks are appended on the state they were decided on; a run that ended
 // between recordTasks' read and its append gets no StepStarted after its
@@ -210,19 +235,7 @@ func (e *endAfterFirstRead) ProjectSnapshot(ctx context.Context, runID string) (
 // and nothing is left to record.
 func TestRecordTasks_RunEndsMeanwhile(t *testing.T) {
 	ctx := context.Background()
-	env := newNATS(t)
-	r, err := OpenRuns(ctx, env.connect(t), newClient(t, "http://127.0.0.1:1/api", 100*time.Millisecond), env.emitter, RunsOptions{Logger: zaptest.NewLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &Run{RunID: uuid.NewString(), TenantID: "t", ProjectID: "p", EnvironmentID: "e", PlanID: "orders", PlanVersion: "2"}
-	started, err := runEvent(rec, statestore.RunStarted, statestore.RunStartedPayload{EngineType: EngineType, EngineRunRef: statestore.ConductorRunRef("orders", "wf-1")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := env.emitter.Emit(ctx, started); err != nil {
-		t.Fatal(err)
-	}
+	env, r, rec, _ := runOfWorkflow(t)
 	wf := &model.Workflow{WorkflowId: "wf-1", Tasks: []model.Task{{TaskType: "HTTP", Status: "COMPLETED", ReferenceTaskName: "call",
 		TaskId: "t1", StartTime: 1_700_000_000_000, EndTime: 1_700_000_001_000}}}
 	if _, _, err := r.recordTasks(ctx, &endAfterFirstRead{t: t, env: env, run: rec}, rec, wf, true, ""); err != nil {
@@ -246,23 +259,7 @@ func TestRecordTasks_RunEndsMeanwhile(t *testing.T) {
 // through the proxy, or the gate records the next step's reads).
 func TestRecordTasks_WorkerTaskFollowedWhileDraining(t *testing.T) {
 	ctx := context.Background()
-	env := newNATS(t)
-	r, err := OpenRuns(ctx, env.connect(t), newClient(t, "http://127.0.0.1:1/api", 100*time.Millisecond), env.emitter, RunsOptions{Logger: zaptest.NewLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &Run{RunID: uuid.NewString(), TenantID: "t", ProjectID: "p", EnvironmentID: "e", PlanID: "orders", PlanVersion: "2"}
-	emit := func(et string, p any) {
-		t.Helper()
-		ev, err := runEvent(rec, et, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := env.emitter.Emit(ctx, ev); err != nil {
-			t.Fatal(err)
-		}
-	}
-	emit(statestore.RunStarted, statestore.RunStartedPayload{EngineType: EngineType, EngineRunRef: statestore.ConductorRunRef("orders", "wf-1")})
+	env, r, rec, emit := runOfWorkflow(t)
 	wf := &model.Workflow{WorkflowId: "wf-1", Tasks: []model.Task{{TaskType: "resize", Status: "IN_PROGRESS", ReferenceTaskName: "f2",
 		TaskId: "t2", StartTime: 1_700_000_000_000}}}
 	if pending, _, err := r.recordTasks(ctx, env.store, rec, wf, true, ""); err != nil || !pending {
