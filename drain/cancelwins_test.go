@@ -183,4 +183,3 @@ func TestController_CancelledNamesWhoseCancelWasRecorded(t *testing.T) {
 		t.Fatalf("log %s ends with %s %s; want RunCancelled by acme-op, reason by-acme: the cancel recorded", types(recs), last.EventType, last.Payload)
 	}
 }
-
