@@ -116,3 +116,90 @@ func TestController_AdoptedRunDrainsForConductorsTasks(t *testing.T) {
 		})
 	}
 }
+
+// heldSync is conductorTasks whose first read of the workflow (the
+// pause's) waits for release (Conductor slow to answer), meanwhile the
+// monitor runs; a read made meanwhile is noted in early.
+type heldSync struct {
+	*conductorTasks
+	entered, release chan struct{}
+	mu               sync.Mutex
+	calls            int
+	early            bool
+}
+
+func (h *heldSync) SyncEngineTasks(ctx context.Context, runID string) error {
+	h.mu.Lock()
+	h.calls++
+	first := h.calls == 1
+	if !first {
+		select {
+		case <-h.release:
+		default:
+			h.early = true
+		}
+	}
+	h.mu.Unlock()
+	if first {
+		close(h.entered)
+		<-h.release
+	}
+	return h.conductorTasks.SyncEngineTasks(ctx, runID)
+}
+
+// TestController_AdoptedDrainEndsOnlyAfterConductorsTasksAreRead: the
+// monitor never ends an adopted run's drain on the log alone. While the
+// pause's own read of the workflow is under way the run is not watched
+// (a monitor that ran meanwhile ended the drain before that read recorded
+// Conductor's running HTTP task); and a drain the monitor finds by itself
+// (a pause made in Conductor, recorded by the follower) is ended only
+// after a read of the workflow.
+func TestController_AdoptedDrainEndsOnlyAfterConductorsTasksAreRead(t *testing.T) {
+	ctx := context.Background()
+	t.Run("PauseReadUnderWay", func(t *testing.T) {
+		mem := memstore.New(statestore.ProjectorOptions{})
+		startRun(t, mem, "adopted-1")
+		eng := &bulkEngine{bulk: []string{"pause wf-adopted-1"}}
+		held := &heldSync{conductorTasks: &conductorTasks{mem: mem, eng: eng}, entered: make(chan struct{}), release: make(chan struct{})}
+		c := drain.New(mem, emitter{mem}, eng, drain.Options{ActiveRuns: func(context.Context) ([]string, error) { return nil, nil },
+			Interval: 5 * time.Millisecond, FullScanInterval: time.Hour, Adopted: held, Logger: zaptest.NewLogger(t)})
+		if err := c.Open(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close(context.Background()) })
+		done := make(chan *drain.State, 1)
+		go func() {
+			st, _ := c.Pause(ctx, "adopted-1", drain.PauseRequest{Reason: "incident"})
+			done <- st
+		}()
+		<-held.entered
+		time.Sleep(100 * time.Millisecond) // twenty monitor intervals
+		close(held.release)
+		st := <-done
+		snap, _ := mem.ProjectSnapshot(ctx, "adopted-1")
+		if snap.Pause == nil || snap.Pause.DrainEndedAt != "" || st.Substatus != "DRAINING" {
+			t.Fatalf("drain %+v, answer %s/%s: the drain ended while the pause's read of Conductor's tasks was under way", snap.Pause, st.Status, st.Substatus)
+		}
+		held.mu.Lock()
+		defer held.mu.Unlock()
+		if held.early {
+			t.Fatal("the monitor checked the drain while the pause's read of Conductor's tasks was under way")
+		}
+	})
+	t.Run("FoundByTheMonitor", func(t *testing.T) {
+		mem := memstore.New(statestore.ProjectorOptions{})
+		startRun(t, mem, "adopted-1")
+		eng := &bulkEngine{bulk: []string{"pause wf-adopted-1"}} // paused in Conductor
+		adopted := &conductorTasks{mem: mem, eng: eng}
+		c := drain.New(mem, emitter{mem}, eng, drain.Options{Adopted: adopted, Logger: zaptest.NewLogger(t)})
+		timeout := int64(300)
+		if _, err := mem.Append(ctx, storetest.WithPayload(storetest.Event("adopted-1", statestore.RunPaused, ""),
+			statestore.RunPausedPayload{RequestedBy: statestore.RequestedByConductor, DrainTimeoutSeconds: &timeout})); err != nil {
+			t.Fatal(err)
+		}
+		snap := c.Check(ctx, "adopted-1")
+		if snap == nil || snap.Pause == nil || snap.Pause.DrainEndedAt != "" || len(snap.InFlight()) != 1 {
+			t.Fatalf("after the monitor's check: %+v; want the drain open with Conductor's http task in flight", snap)
+		}
+	})
+}

@@ -165,13 +165,11 @@ func (c *Controller) pauseLogs(ctx context.Context, runIDs []string, req PauseRe
 			}
 			p.drained = c.endEmptyDrain(ctx, runID, cycle, nil)
 		}
-		if !p.drained {
+		if !p.drained && !c.adopted(d.snap) {
 			// A step in flight, or a drain the run's changes keep open:
-			// the monitor watches it.
-			c.watch(runID, true)
-			c.mark(ctx, runID, cycle)
-			c.logger.Info("run paused; draining in-flight steps", zap.String("runId", runID), zap.Int64("cycle", cycle),
-				zap.Int("inFlight", len(d.snap.InFlight())), zap.Int64("timeoutSeconds", timeout))
+			// the monitor watches it (an adopted run's once its
+			// Conductor tasks were read: syncAdopted).
+			c.watchDrain(ctx, runID, cycle, len(d.snap.InFlight()), timeout)
 		}
 		return p, p.wf, nil, nil
 	}

@@ -369,13 +369,24 @@ func (c *Controller) pauseLog(ctx context.Context, runID string, req PauseReques
 		c.schedule(ctx, runID, cycle, req.ResumeAt)
 	}
 	p.drained = len(snap.InFlight()) == 0 && !c.adopted(snap) && c.endEmptyDrain(ctx, runID, cycle, appended(snap, paused, res))
-	if !p.drained {
-		c.watch(runID, true)
-		c.mark(ctx, runID, cycle)
-		c.logger.Info("run paused; draining in-flight steps", zap.String("runId", runID), zap.Int64("cycle", cycle),
-			zap.Int("inFlight", len(snap.InFlight())), zap.Int64("timeoutSeconds", timeout))
+	if !p.drained && !c.adopted(snap) {
+		c.watchDrain(ctx, runID, cycle, len(snap.InFlight()), timeout)
 	}
 	return p, nil
+}
+
+// watchDrain has the monitor watch runID's drain of cycle (and marks it in
+// the drain index for the other replicas); inFlight < 0 is not known. An adopted run's is watched
+// only once the pause's read of Conductor's tasks is done (syncAdopted):
+// until then the log may not show what Conductor runs.
+func (c *Controller) watchDrain(ctx context.Context, runID string, cycle int64, inFlight int, timeoutSeconds int64) {
+	c.watch(runID, true)
+	c.mark(ctx, runID, cycle)
+	fields := []zap.Field{zap.String("runId", runID), zap.Int64("cycle", cycle), zap.Int64("timeoutSeconds", timeoutSeconds)}
+	if inFlight >= 0 {
+		fields = append(fields, zap.Int("inFlight", inFlight))
+	}
+	c.logger.Info("run paused; draining in-flight steps", fields...)
 }
 
 // pauseEngine is the rest of a pause once Conductor answered its pause of
@@ -398,7 +409,13 @@ func (c *Controller) pauseEngine(ctx context.Context, p *pausing, engineErr erro
 	engineErr = c.applied(ctx, p.runID, true, p.cycle, engineErr)
 	c.opts.Metrics.enginePause(took)
 	if !p.drained && c.adopted(p.snap) {
-		p.drained = c.syncAdopted(ctx, p.runID, p.cycle)
+		if p.drained = c.syncAdopted(ctx, p.runID, p.cycle); !p.drained {
+			timeout := p.req.TimeoutSeconds
+			if timeout == 0 {
+				timeout = int64(c.opts.DefaultTimeout / time.Second)
+			}
+			c.watchDrain(ctx, p.runID, p.cycle, -1, timeout)
+		}
 	}
 	after, engineErr := c.settle(ctx, p.runID, p.wf, true, p.cycle, engineErr)
 	if !p.drained {

@@ -390,8 +390,26 @@ func (c *Controller) check(ctx context.Context, runID string) (*statestore.RunSn
 	if len(snap.InFlight()) > 0 && c.waited(snap) < timeoutOf(snap.Pause, c.opts.DefaultTimeout) {
 		return snap, nil // still draining
 	}
+	if len(snap.InFlight()) == 0 && c.adopted(snap) {
+		// Conductor runs an adopted run's system tasks whatever the
+		// pause: the log shows them only once they were read. A read
+		// that fails leaves the drain open until a later check.
+		sctx, cancel := context.WithTimeout(ctx, adoptedReadTimeout)
+		err := c.opts.Adopted.SyncEngineTasks(sctx, runID)
+		cancel()
+		if err != nil {
+			c.warns.warn(c.logger, "could not read an adopted run's tasks from Conductor; its drain stays open until a read works",
+				zap.String("runId", runID), zap.Error(err))
+			return snap, nil
+		}
+	}
 	return c.endDrain(ctx, snap), nil
 }
+
+// adoptedReadTimeout bounds the monitor's read of an adopted run's tasks
+// before it ends the run's drain: the monitor's one goroutine checks every
+// watched run.
+const adoptedReadTimeout = 2 * time.Second
 
 // endDrain appends the end of the drain of snap's pause cycle, decided on
 // snap: RunDrainCompleted when no step is in flight, RunDrainTimedOut when
