@@ -21,10 +21,12 @@ import (
 // --adopt-interval 10m), and the WAIT before the first HTTP task, in
 // progress when the run was adopted, ended unseen. The second HTTP task,
 // which Conductor schedules as the run resumes, is in the log while its
-// call runs, and a second pause drains for it too.
+// call runs, and a second pause drains for it too; so is the third,
+// scheduled by a resume made in Conductor itself, and a pause made in
+// Conductor drains for it.
 func TestE2E_AdoptPauseWaitsForConductorsHTTPCalls(t *testing.T) {
 	condURL := conductortest.URL(t)
-	calls := make(chan chan struct{}, 2) // each call's gate, as it arrives
+	calls := make(chan chan struct{}, 3) // each call's gate, as it arrives
 	var gates []chan struct{}
 	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
 		gate := make(chan struct{})
@@ -61,7 +63,7 @@ func TestE2E_AdoptPauseWaitsForConductorsHTTPCalls(t *testing.T) {
 	name := uniq("adopt_http_pause")
 	registerDef(t, condURL, name, []map[string]any{
 		{"name": "hold", "taskReferenceName": "hold", "type": "WAIT", "inputParameters": map[string]any{"duration": "8 seconds"}},
-		httpTask("call"), httpTask("call2"),
+		httpTask("call"), httpTask("call2"), httpTask("call3"),
 	})
 	runID := startWorkflow(t, condURL, name, "", map[string]any{})
 	t.Cleanup(func() { // a workflow the test left running (409 once it ended)
@@ -125,13 +127,33 @@ func TestE2E_AdoptPauseWaitsForConductorsHTTPCalls(t *testing.T) {
 	pauseDrains("call2")
 	close(second)
 	sidecartest.WaitFor(t, "Conductor to complete call2", 60*time.Second, func() bool { return completed("call2") })
+
+	// Resumed and paused again in Conductor itself: call3, which
+	// Conductor schedules as it resumes, is in the log while its call
+	// runs, and the pause made in Conductor drains for it.
+	conductorJSON(t, http.MethodPut, condURL+"/workflow/"+runID+"/resume", nil, nil)
+	third := arrives("call3")
+	sidecartest.WaitFor(t, "call3 in the log while its call runs", 30*time.Second, func() bool {
+		return eventIndex(allEvents(t, p, runID), statestore.StepStarted, "call3", 0) >= 0
+	})
+	conductorJSON(t, http.MethodPut, condURL+"/workflow/"+runID+"/pause", nil, nil)
+	sidecartest.WaitFor(t, "the pause made in Conductor in the log", 30*time.Second, func() bool {
+		v, err := p.client.Run(t.Context(), runID)
+		return err == nil && v.Status == statestore.RunStatusPaused
+	})
+	time.Sleep(2 * time.Second)
+	if evs := allEvents(t, p, runID); !slices.Contains(inFlight(t, p, runID), "call3") {
+		t.Fatalf("in flight %v while call3's call runs, after a pause made in Conductor; want call3\n%v", inFlight(t, p, runID), stepTypes(evs))
+	}
+	close(third)
+	sidecartest.WaitFor(t, "Conductor to complete call3", 60*time.Second, func() bool { return completed("call3") })
 	_, err = p.client.Resume(t.Context(), runID)
 	recordedDespiteConductor(t, "resume", err)
 	if v := waitTerminal(t, p, runID, 60*time.Second); v.Status != statestore.RunStatusCompleted {
 		t.Fatalf("run ended %s, want COMPLETED", v.Status)
 	}
 	evs := allEvents(t, p, runID)
-	for _, step := range []string{"call", "call2"} {
+	for _, step := range []string{"call", "call2", "call3"} {
 		if completedSteps(evs)[step] != 1 || count(evs, statestore.StepStarted, step) != 1 {
 			t.Fatalf("%s recorded %d started, %d completed; want 1 each\n%v", step, count(evs, statestore.StepStarted, step), completedSteps(evs)[step], stepTypes(evs))
 		}
