@@ -376,9 +376,10 @@ func (c *Controller) pauseLog(ctx context.Context, runID string, req PauseReques
 }
 
 // watchDrain has the monitor watch runID's drain of cycle (and marks it in
-// the drain index for the other replicas); inFlight < 0 is not known. An adopted run's is watched
-// only once the pause's read of Conductor's tasks is done (syncAdopted):
-// until then the log may not show what Conductor runs.
+// the drain index for the other replicas); inFlight < 0 is not known. An
+// adopted run's is watched only once the pause's read of Conductor's
+// tasks is done (syncAdopted): until then the log may not show what
+// Conductor runs.
 func (c *Controller) watchDrain(ctx context.Context, runID string, cycle int64, inFlight int, timeoutSeconds int64) {
 	c.watch(runID, true)
 	c.mark(ctx, runID, cycle)
@@ -436,7 +437,7 @@ func (c *Controller) adopted(snap *statestore.RunSnapshot) bool {
 // what this read finds is all the drain waits for: the tasks recorded
 // here (StepStarted after RunPaused, docs/events.md, "Fences") were
 // scheduled before the pause. Without the read (Conductor did not answer)
-// the monitor takes the drain, and the adopter's reads bring them in.
+// the monitor takes the drain, and reads them before it ends it.
 func (c *Controller) syncAdopted(ctx context.Context, runID string, cycle int64) bool {
 	if err := c.opts.Adopted.SyncEngineTasks(ctx, runID); err != nil {
 		c.logger.Warn("could not read an adopted run's tasks from Conductor after its pause; the monitor takes its drain",
