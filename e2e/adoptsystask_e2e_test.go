@@ -25,6 +25,7 @@ import (
 // scheduled by a resume made in Conductor itself, and a pause made in
 // Conductor drains for it.
 func TestE2E_AdoptPauseWaitsForConductorsHTTPCalls(t *testing.T) {
+	t.Parallel() // its own serve, data dir and definition
 	condURL := conductortest.URL(t)
 	calls := make(chan chan struct{}, 3) // each call's gate, as it arrives
 	var gates []chan struct{}

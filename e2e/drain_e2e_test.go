@@ -250,6 +250,7 @@ func runLevelEngineAttemptIsOne(t *testing.T, evs []statestore.RunEventRecord) {
 // RunCancelled naming who requested the cancel, the step not run to its
 // end and nothing after the cancel.
 func TestE2E_KillMidCancelThenRestart(t *testing.T) {
+	t.Parallel() // its own serve, data dir and front of Conductor
 	forEachLogBackend(t, func(t *testing.T, store []string) {
 		front, conductorURL := conductortest.NewHolding(t)
 		dataDir, addr := t.TempDir(), sidecartest.FreeAddr(t)
