@@ -355,6 +355,9 @@ func (a *Adopter) read(ctx context.Context, rec *Run, reason string) error {
 			f.followUps = 0
 		case reason == adoptReadPending:
 			f.followUps = max(f.followUps-1, 0)
+		case reason == adoptReadPause:
+			// Conductor's pause took effect: no control task moves on
+			// for a report that follows; the interval reads left stay.
 		default:
 			f.followUps = controlFollowUps
 		}
