@@ -389,6 +389,89 @@ func (r *Runs) recordTasks(ctx context.Context, snaps SnapshotReader, rec *Run, 
 				return true, control, err
 			}
 		}
+		if snap, err = r.recordSubWorkflowTry(ctx, snaps, snap, t); err != nil {
+			return true, control, err
+		}
 	}
 	return pending, control, nil
+}
+
+// maxSubWorkflowDepth bounds how many levels of nested sub-workflows
+// subWorkflowIdle reads: a SUB_WORKFLOW task deeper than that counts as
+// running.
+const maxSubWorkflowDepth = 4
+
+// recordSubWorkflowTry brings the log's view of t, when it is a
+// SUB_WORKFLOW task in progress, in line with its child workflow: the
+// task does not end while the child is paused, so while the run's pause
+// drains and the child is paused with nothing of it running, the step is
+// idle (RunStepTryEnded, subWorkflowPaused) and the drain does not wait
+// for it; once the run runs again and so does the child, it is in flight
+// again (RunStepTryStarted). The child is read only in those two cases.
+// It returns the run's state after what it recorded.
+func (r *Runs) recordSubWorkflowTry(ctx context.Context, snaps SnapshotReader, snap *statestore.RunSnapshot, t *model.Task) (*statestore.RunSnapshot, error) {
+	if t.TaskType != "SUB_WORKFLOW" || t.Status != "IN_PROGRESS" || t.SubWorkflowId == "" {
+		return snap, nil
+	}
+	stepID := stepIDOf(t)
+	st := snap.Step(stepID)
+	if st == nil || st.Status != statestore.StepStatusRunning {
+		return snap, nil
+	}
+	draining := snap.Status == statestore.RunStatusPaused && snap.Pause != nil && snap.Pause.DrainEndedAt == ""
+	if !(draining && !st.Idle) && !(snap.Status == statestore.RunStatusRunning && st.Idle) {
+		return snap, nil
+	}
+	r.metrics.adoptRead(adoptReadSubWorkflow)
+	idle, err := r.subWorkflowIdle(ctx, t.SubWorkflowId, maxSubWorkflowDepth)
+	if err != nil || idle == st.Idle {
+		return snap, err
+	}
+	snap, _, err = statestore.Fenced(ctx, statestore.ReadFirst(snap, snaps), statestore.TryAppender{Emit: r.emitter, Runs: snaps, StepID: stepID}, snap.RunID,
+		func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+			st := s.Step(stepID)
+			if st == nil || st.Status != statestore.StepStatusRunning || st.Idle == idle || statestore.IsTerminalRunStatus(s.Status) {
+				return nil, nil // the log moved on
+			}
+			if idle {
+				return statestore.NewTryEvent(s, statestore.RunStepTryEndedPayload{StepID: stepID, StepLogicalAttemptID: st.LogicalAttemptID,
+					Reason: statestore.TryEndedSubWorkflowPaused})
+			}
+			if s.Status != statestore.RunStatusRunning {
+				return nil, nil // RunStepTryStarted only while the run runs
+			}
+			return statestore.NewTryEvent(s, statestore.RunStepTryStartedPayload{StepID: stepID, StepLogicalAttemptID: st.LogicalAttemptID})
+		})
+	if err != nil {
+		return snap, fmt.Errorf("adapter: record sub-workflow %s of adopted run %s: %w", t.SubWorkflowId, snap.RunID, err)
+	}
+	return snaps.ProjectSnapshot(ctx, snap.RunID)
+}
+
+// subWorkflowIdle reports whether workflow id is paused with nothing of it
+// running: no task in progress (control tasks aside, as in taskEvents) and
+// no system task scheduled (Conductor runs one whatever the pause). A
+// SUB_WORKFLOW task in progress is idle when its own child is, down to
+// depth levels.
+func (r *Runs) subWorkflowIdle(ctx context.Context, id string, depth int) (bool, error) {
+	wf, err := r.conductor.Workflow(ctx, id, true)
+	if err != nil {
+		return false, err
+	}
+	if wf.Status != model.PausedWorkflow {
+		return false, nil
+	}
+	for i := range wf.Tasks {
+		t := &wf.Tasks[i]
+		switch {
+		case controlTaskTypes[t.TaskType]:
+		case t.Status == "IN_PROGRESS" && t.TaskType == "SUB_WORKFLOW" && t.SubWorkflowId != "" && depth > 1:
+			if idle, err := r.subWorkflowIdle(ctx, t.SubWorkflowId, depth-1); err != nil || !idle {
+				return false, err
+			}
+		case t.Status == "IN_PROGRESS", t.Status == "SCHEDULED" && !IsWorkerTask(t.TaskType):
+			return false, nil
+		}
+	}
+	return true, nil
 }

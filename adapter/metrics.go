@@ -113,6 +113,9 @@ const (
 	adoptReadSettle   = "settle"   // its workflow ended (the watcher's settle)
 	adoptReadAdoption = "adoption" // first sight
 	adoptReadPause    = "pause"    // a pause of it took effect in Conductor (SyncEngineTasks)
+	// a SUB_WORKFLOW task of it is in progress and its child may be paused
+	// or running again (recordSubWorkflowTry): the child's read
+	adoptReadSubWorkflow = "subworkflow"
 )
 
 // NewMetrics registers the adapter metrics with reg and returns them. It
@@ -179,7 +182,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		adopted:  adopted,
 		reads:    make(map[string]prometheus.Counter),
 	}
-	for _, r := range []string{adoptReadGate, adoptReadNudge, adoptReadPending, adoptReadSettle, adoptReadAdoption, adoptReadPause} {
+	for _, r := range []string{adoptReadGate, adoptReadNudge, adoptReadPending, adoptReadSettle, adoptReadAdoption, adoptReadPause, adoptReadSubWorkflow} {
 		m.reads[r] = reads.WithLabelValues(r)
 	}
 	for _, a := range watcherActions {

@@ -71,6 +71,12 @@ const (
 	// without its report (the response timeout passed: the worker died,
 	// or the task was cancelled); Conductor retries it or fails the run.
 	TryEndedTaskTimedOut = "taskTimedOut"
+	// TryEndedSubWorkflowPaused: a SUB_WORKFLOW task of an adopted run is
+	// in progress, but its child workflow is paused and nothing of it runs
+	// (its own drain ended): the task does not end while the child stays
+	// paused. The step is in flight again (RunStepTryStarted) once the run
+	// runs and so does the child.
+	TryEndedSubWorkflowPaused = "subWorkflowPaused"
 )
 
 // RunLevelStepID is stepIdNormalized for run-level events (§3.1 rule 7).

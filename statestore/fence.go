@@ -97,3 +97,38 @@ func (r *readFirst) ProjectSnapshot(ctx context.Context, runID string) (*RunSnap
 	}
 	return r.runs.ProjectSnapshot(ctx, runID)
 }
+
+// NewTryEvent is p, a try event of one step (RunStepTryEnded or
+// RunStepTryStarted, run-level), for snap's run, numbered after snap's last
+// try event; append it with a TryAppender.
+func NewTryEvent(snap *RunSnapshot, p Payload) (*RunEventWrite, error) {
+	return NewEvent(snap.Ref(), p.EventType(), "", 1, snap.StepTryEvents+1, p)
+}
+
+// TryAppender appends a try event of step StepID through Emit, conditioned
+// on the runSeq it was decided on. Try events are numbered per run, so a
+// concurrent try event of another step may have taken the number, and
+// this one was then answered as its duplicate: TryAppender reads the run
+// again (Runs) and reports RUN_CHANGED unless the step is now as the event
+// says, so that Fenced decides again.
+type TryAppender struct {
+	Emit   FenceAppender
+	Runs   FenceReader
+	StepID string
+}
+
+// EmitIf implements FenceAppender.
+func (ta TryAppender) EmitIf(ctx context.Context, ev *RunEventWrite, lastSeq int64) (AppendResult, error) {
+	res, err := ta.Emit.EmitIf(ctx, ev, lastSeq)
+	if err != nil {
+		return res, err
+	}
+	after, err := ta.Runs.ProjectSnapshot(ctx, ev.RunID)
+	if err != nil {
+		return res, err
+	}
+	if st := after.Step(ta.StepID); st == nil || st.Idle != (ev.EventType == RunStepTryEnded) {
+		return res, RunChanged(ev.RunID, lastSeq, after.LastEventSeq)
+	}
+	return res, nil
+}

@@ -126,11 +126,12 @@ func validateKnownPayload(eventType string, raw json.RawMessage) error {
 			return err
 		}
 		switch p.Reason {
-		case TryEndedEngineTryFailed, TryEndedHandedBack, TryEndedWorkerRestarted, TryEndedTaskTimedOut:
+		case TryEndedEngineTryFailed, TryEndedHandedBack, TryEndedWorkerRestarted, TryEndedTaskTimedOut, TryEndedSubWorkflowPaused:
 		case absentString:
 			return schemaError("payload.reason", "is required")
 		default:
-			return schemaError("payload.reason", "must be %s, %s, %s or %s", TryEndedEngineTryFailed, TryEndedHandedBack, TryEndedWorkerRestarted, TryEndedTaskTimedOut)
+			return schemaError("payload.reason", "must be %s, %s, %s, %s or %s", TryEndedEngineTryFailed, TryEndedHandedBack,
+				TryEndedWorkerRestarted, TryEndedTaskTimedOut, TryEndedSubWorkflowPaused)
 		}
 		return validateStepError(p.Error)
 	case RunFailed:

@@ -109,6 +109,11 @@ func validEvents() []*statestore.RunEventWrite {
 			out = append(out, storetest.WithPayload(storetest.Event("run-valid", et, "step.a"), p))
 		}
 	}
+	for _, reason := range []string{statestore.TryEndedEngineTryFailed, statestore.TryEndedHandedBack, statestore.TryEndedWorkerRestarted,
+		statestore.TryEndedTaskTimedOut, statestore.TryEndedSubWorkflowPaused} {
+		out = append(out, storetest.WithPayload(storetest.Event("run-valid", statestore.RunStepTryEnded, ""),
+			map[string]any{"stepId": "step.a", "stepLogicalAttemptId": 1, "reason": reason}))
+	}
 	out = append(out, storetest.WithPayload(storetest.Event("run-valid", "RunAnnotated", ""), map[string]any{"any": []int{1}}))
 	w := storetest.Event("ünï.*>", statestore.StepStarted, "日本")
 	w.EmittedAt = "2026-02-11T10:30:00+00:00"

@@ -322,34 +322,29 @@ func tryEvent(a *Assignment, snap *statestore.RunSnapshot, p statestore.Payload)
 	return statestore.NewEvent(runRef(a), p.EventType(), "", 1, snap.StepTryEvents+1, p)
 }
 
-// tryAppender appends a try event conditioned on the runSeq it was
-// decided on (RUN_CHANGED when the run moved on). The number is per run,
-// so a concurrent try event of another step may have taken it, and ours
-// was then answered as its duplicate: it reads the run again and reports
-// RUN_CHANGED unless the step is now as the event says.
+// tryAppender appends a try event of a's step within the write budget
+// (statestore.TryAppender: RUN_CHANGED unless the step is then as the
+// event says).
 type tryAppender struct {
 	w *Worker
 	a *Assignment
 }
 
 func (ta tryAppender) EmitIf(ctx context.Context, ev *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
-	w := ta.w
-	ctx, cancel := context.WithTimeout(ctx, w.opts.WriteBudget)
+	ctx, cancel := context.WithTimeout(ctx, ta.w.opts.WriteBudget)
 	defer cancel()
+	return statestore.TryAppender{Emit: meteredAppender{ta.w}, Runs: ta.w.runs, StepID: ta.a.Step.StepID}.EmitIf(ctx, ev, lastSeq)
+}
+
+// meteredAppender appends through the worker's emitter and counts the
+// write's latency (sidecar_worker_event_write_seconds).
+type meteredAppender struct{ w *Worker }
+
+func (m meteredAppender) EmitIf(ctx context.Context, ev *statestore.RunEventWrite, lastSeq int64) (statestore.AppendResult, error) {
 	began := time.Now()
-	res, err := w.events.EmitIf(ctx, ev, lastSeq)
-	w.opts.Metrics.eventWrite(ev.EventType, err, time.Since(began))
-	if err != nil {
-		return res, err
-	}
-	after, err := w.runs.ProjectSnapshot(ctx, ta.a.RunID)
-	if err != nil {
-		return res, err
-	}
-	if st := after.Step(ta.a.Step.StepID); st == nil || st.Idle != (ev.EventType == statestore.RunStepTryEnded) {
-		return res, statestore.RunChanged(ta.a.RunID, lastSeq, after.LastEventSeq)
-	}
-	return res, nil
+	res, err := m.w.events.EmitIf(ctx, ev, lastSeq)
+	m.w.opts.Metrics.eventWrite(ev.EventType, err, time.Since(began))
+	return res, err
 }
 
 // runState reads the run's derived state for a polled task. A run without
