@@ -62,7 +62,10 @@ type Adopter struct {
 	// whether a task of it is still to be recorded from Conductor.
 	known map[string]*followed
 	// nudged are the runs to read at the next tick.
-	nudged  map[string]struct{}
+	nudged map[string]struct{}
+	// resumed are the runs this process did not follow when a resume of
+	// them reached Conductor (Resumed): read and followed at the next tick.
+	resumed map[string]struct{}
 	nudgeCh chan struct{}
 	// foreign caches the workflows of an adopted definition's name whose
 	// version is not adopted (bounded).
@@ -75,6 +78,10 @@ type Adopter struct {
 type followed struct {
 	rec     *Run
 	pending bool
+	// visiting is set on a run another replica owns, followed here since
+	// a resume of it went through this process: it is forgotten once a read
+	// finds nothing of it left to record.
+	visiting bool
 	// followUps are the interval reads still due after a read found a
 	// control task open: a JOIN completes, or a loop moves on, a moment
 	// after the worker report whose nudge caused that read.
@@ -105,7 +112,7 @@ func NewAdopter(runs *Runs, snaps SnapshotReader, opts AdopterOptions) *Adopter 
 		}
 	}
 	return &Adopter{runs: runs, snaps: snaps, opts: opts, log: opts.Logger.Named("adopter"),
-		known: map[string]*followed{}, nudged: map[string]struct{}{}, nudgeCh: make(chan struct{}, 1), foreign: map[string]struct{}{}}
+		known: map[string]*followed{}, nudged: map[string]struct{}{}, resumed: map[string]struct{}{}, nudgeCh: make(chan struct{}, 1), foreign: map[string]struct{}{}}
 }
 
 // Open starts the adopter's loop.
@@ -149,6 +156,45 @@ func (a *Adopter) Nudge(runID string) {
 		default:
 		}
 	}
+}
+
+// maxResumed bounds the resumed runs waiting for their first read.
+const maxResumed = 10_000
+
+// Resumed asks for runID's workflow to be read back soon because a resume
+// of it reached Conductor, which schedules the run's next tasks as it
+// resumes it (drain.AdoptedRuns, and the run watcher for a resume made in
+// Conductor). Unlike Nudge, a run this process does not follow (another
+// replica owns it) is read too, and followed until a read finds nothing
+// of it left to record: its system tasks are in the log while they run
+// whichever replica the resume went through. It does not block.
+func (a *Adopter) Resumed(runID string) {
+	a.mu.Lock()
+	if _, ok := a.known[runID]; ok {
+		a.nudged[runID] = struct{}{}
+	} else if len(a.resumed) < maxResumed {
+		a.resumed[runID] = struct{}{}
+	}
+	a.mu.Unlock()
+	select {
+	case a.nudgeCh <- struct{}{}:
+	default:
+	}
+}
+
+// follow reads runID, an adopted run this process did not follow, and
+// follows it from then on (visiting, when another replica owns it).
+func (a *Adopter) follow(ctx context.Context, runID string) error {
+	rec, err := a.runs.Run(ctx, runID)
+	if err != nil || !rec.IsAdopted() || rec.State == RunStateFinal {
+		return err
+	}
+	a.mu.Lock()
+	if _, ok := a.known[runID]; !ok {
+		a.known[runID] = &followed{rec: rec, visiting: !a.opts.Owner.Owns(runID)}
+	}
+	a.mu.Unlock()
+	return a.read(ctx, rec, adoptReadNudge)
 }
 
 // AdoptsName reports whether a definition of that name is adopted (some
@@ -361,6 +407,9 @@ func (a *Adopter) read(ctx context.Context, rec *Run, reason string) error {
 		default:
 			f.followUps = controlFollowUps
 		}
+		if f.visiting && !f.pending && f.followUps == 0 {
+			delete(a.known, rec.RunID) // its owner follows it
+		}
 	}
 	a.mu.Unlock()
 	return err
@@ -417,7 +466,22 @@ func (a *Adopter) readDue(ctx context.Context, pending bool) {
 		}
 	}
 	clear(a.nudged)
+	var resumed []string
+	for id := range a.resumed {
+		resumed = append(resumed, id)
+	}
+	clear(a.resumed)
 	a.mu.Unlock()
+	for _, id := range resumed {
+		if ctx.Err() != nil {
+			return
+		}
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if err := a.follow(rctx, id); err != nil {
+			a.log.Debug("could not read a resumed adopted run", zap.String("runId", id), zap.Error(err))
+		}
+		cancel()
+	}
 	for _, d := range due {
 		if ctx.Err() != nil {
 			return

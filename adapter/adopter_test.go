@@ -137,3 +137,104 @@ func typesOf(recs []statestore.RunEventRecord) []string {
 	}
 	return out
 }
+
+// ownsNothing is the Owner of a replica that owns none of the runs.
+type ownsNothing struct{}
+
+func (ownsNothing) Owns(string) bool { return false }
+
+// TestAdopter_ResumeOnAReplicaThatDoesNotFollowTheRun: a resume of an
+// adopted run reaches Conductor through a replica that does not follow the
+// run (another replica owns it); Conductor schedules the run's HTTP task
+// as it resumes. That replica reads the run and follows it until the task
+// ends: the HTTP task is in the log while its call runs, and its end once
+// the call returns, without any other replica's read; then it forgets the
+// run, which its owner follows.
+func TestAdopter_ResumeOnAReplicaThatDoesNotFollowTheRun(t *testing.T) {
+	u := conductortest.URL(t)
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		<-release
+		rw.Header().Set("Content-Type", "application/json")
+		_, _ = rw.Write([]byte(`{"ok":true}`))
+	}))
+	defer srv.Close()
+	defer close(release)
+	env := newNATS(t)
+	runs := env.newRuns(t, u, RunsOptions{})
+	ctx := context.Background()
+	name := "adopt-resume-elsewhere-" + suffix(t)
+	def := `{"name":"` + name + `","version":1,"schemaVersion":2,"ownerEmail":"t@example.com","tasks":[
+		{"name":"hold","taskReferenceName":"hold","type":"WAIT","inputParameters":{"duration":"1 hour"}},
+		{"name":"call","taskReferenceName":"call","type":"HTTP","inputParameters":{"http_request":{"uri":"` + srv.URL + `","method":"GET","readTimeOut":60000}}}]}`
+	if err := runs.conductor.RegisterWorkflowDefJSON(ctx, []byte(def)); err != nil {
+		t.Fatal(err)
+	}
+	id, err := runs.conductor.StartWorkflow(ctx, model.StartWorkflowRequest{Name: name, Version: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = runs.conductor.Terminate(context.Background(), id, "test done") })
+	// The owner adopted the run; it reads nothing more here.
+	owner := NewAdopter(runs, env.store, AdopterOptions{Specs: []AdoptSpec{{Name: name}}, Interval: time.Hour, Logger: zaptest.NewLogger(t)})
+	if err := owner.Ensure(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	other := NewAdopter(runs, env.store, AdopterOptions{Specs: []AdoptSpec{{Name: name}}, Interval: 200 * time.Millisecond,
+		Owner: ownsNothing{}, Logger: zaptest.NewLogger(t)})
+	if err := other.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = other.Close(ctx) })
+
+	// Paused in Conductor, its WAIT completed meanwhile (Conductor
+	// schedules nothing while paused), then resumed through the other
+	// replica: Conductor schedules the HTTP task.
+	if err := runs.conductor.Pause(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	wf, err := runs.conductor.Workflow(ctx, id, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"workflowInstanceId":"` + id + `","taskId":"` + wf.Tasks[0].TaskId + `","status":"COMPLETED"}`
+	res, err := http.Post(u+"/tasks", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	req, _ := http.NewRequest(http.MethodPut, u+"/workflow/"+id+"/resume", nil)
+	if res, err = http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	other.Resumed(id)
+
+	waitLog := func(what, want string) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !strings.Contains(strings.Join(typesOf(env.events(t, id)), " "), want) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: log %v, want %s in it", what, typesOf(env.events(t, id)), want)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitLog("while the call runs", "StepStarted:call")
+	release <- struct{}{}
+	waitLog("after the call returned", "StepCompleted:call")
+	// Nothing of it left to record: the run is its owner's to follow.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		other.mu.Lock()
+		_, followed := other.known[id]
+		other.mu.Unlock()
+		if !followed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the replica that does not own the run still follows it with nothing left to record")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -36,9 +36,9 @@ type PauseFollower interface {
 // RunSettler brings a run's steps into the log before its end.
 type RunSettler interface {
 	Settle(ctx context.Context, rec *Run) error
-	// Nudge asks for the run to be read back from Conductor soon (a
+	// Resumed asks for the run to be read back from Conductor soon (a
 	// resume made in Conductor, which schedules the run's next tasks).
-	Nudge(runID string)
+	Resumed(runID string)
 }
 
 // Owner tells whether this replica does a run's background work, so that
@@ -684,7 +684,7 @@ func (w *Watcher) saw(ctx context.Context, rec *Run, status string) error {
 		w.opts.Metrics.watcherAction(action)
 	}
 	if action == actionConductorResumed && w.opts.Adopted != nil && rec.IsAdopted() {
-		w.opts.Adopted.Nudge(rec.RunID) // the tasks Conductor scheduled as it resumed
+		w.opts.Adopted.Resumed(rec.RunID) // the tasks Conductor scheduled as it resumed
 	}
 	if err != nil {
 		return fmt.Errorf("adapter: watcher: run %s: %w", rec.RunID, err)

@@ -43,7 +43,7 @@ func (a *conductorTasks) SyncEngineTasks(ctx context.Context, runID string) erro
 	return err
 }
 
-func (a *conductorTasks) Nudge(runID string) {
+func (a *conductorTasks) Resumed(runID string) {
 	a.mu.Lock()
 	a.nudged = append(a.nudged, runID)
 	a.mu.Unlock()

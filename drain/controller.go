@@ -158,9 +158,11 @@ type AdoptedRuns interface {
 	// SyncEngineTasks records what the log lacks of the run's tasks as
 	// Conductor reports them now.
 	SyncEngineTasks(ctx context.Context, runID string) error
-	// Nudge asks for the run to be read back from Conductor soon. It must
-	// not block.
-	Nudge(runID string)
+	// Resumed asks for the run to be read back from Conductor soon, on
+	// this replica whether or not it follows the run: a resume of it
+	// reached Conductor, which schedules its next tasks. It must not
+	// block.
+	Resumed(runID string)
 }
 
 // Waker wakes the task workers' idle poll loops (taskworkers.Wakeup). Wake
@@ -608,7 +610,7 @@ func (c *Controller) resumeEngine(ctx context.Context, r *resuming, err error) (
 	if engineErr == nil && c.adopted(r.snap) {
 		// Conductor schedules the run's next tasks as it resumes it: its
 		// system tasks are in the log only from the adopter's reads.
-		c.opts.Adopted.Nudge(r.runID)
+		c.opts.Adopted.Resumed(r.runID)
 	}
 	if r.again {
 		return c.withEngine(r.snap, engineErr)
