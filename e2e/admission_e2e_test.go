@@ -21,6 +21,7 @@ import (
 // each started once, the queued ones in submission order, and the log
 // never shows more than two active at once.
 func TestE2E_AdmissionQueueSurvivesKill(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	dataDir, addr := t.TempDir(), sidecartest.FreeAddr(t)
 	limits := []string{"--max-active-runs", "2", "--admission-policy", "queue"}
 	p := startServe(t, dataDir, addr, limits...)

@@ -124,6 +124,7 @@ func completedSteps(evs []statestore.RunEventRecord) map[string]int {
 // decided again once its sub-workflow completes, with or without the
 // sidecar; a fresh server decides it within seconds.
 func TestE2E_AdoptMixedDefinition_PauseResume(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	w := sdkWorkerFor(t, "python")
 	conductortest.URL(t) // skips without a test Conductor
 	condURL := startConductor(t)

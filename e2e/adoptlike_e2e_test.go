@@ -34,6 +34,7 @@ import (
 // adopted run ends), is audited (pause, drain completed, resume), and
 // every event of its log reaches the webhook in the log's order.
 func TestE2E_AdoptedRunLikeAPlanRun(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	w := sdkWorkerFor(t, "python")
 	condURL := conductortest.URL(t)
 	consumer := &webhookConsumer{t: t, secret: []byte("e2e-adopt-bus-secret-0123456789")}
@@ -191,6 +192,7 @@ func TestE2E_AdoptedRunLikeAPlanRun(t *testing.T) {
 // paused; resumed in Conductor, the log records it and the workflow
 // completes with a valid log.
 func TestE2E_AdoptPauseInConductor(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	w := sdkWorkerFor(t, "python")
 	condURL := conductortest.URL(t)
 	taskType := uniq("adopt_cpause")
@@ -259,6 +261,7 @@ func TestE2E_AdoptPauseInConductor(t *testing.T) {
 // addresses, it takes the worker's reports, and the run completes with a
 // valid log, each task started and completed once.
 func TestE2E_AdoptKillSidecarWithTasksInFlight(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	w := sdkWorkerFor(t, "python")
 	condURL := conductortest.URL(t)
 	taskType := uniq("adopt_kills")
@@ -310,6 +313,7 @@ func TestE2E_AdoptKillSidecarWithTasksInFlight(t *testing.T) {
 // gate decides, and the task is handed back, not started. Resumed in
 // Conductor, the task starts and the run completes.
 func TestE2E_AdoptPausedInConductorBeforeItsFirstPoll(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	w := sdkWorkerFor(t, "python")
 	condURL := conductortest.URL(t)
 	taskType := uniq("adopt_prepaused")

@@ -26,6 +26,7 @@ import (
 // staggered resume (100 now, 100 per 4 s) outlives a kill -9 of the
 // sidecar: every run resumed once, none before its time.
 func TestE2E_BulkControl(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	dataDir, addr := t.TempDir(), sidecartest.FreeAddr(t)
 	p := startServe(t, dataDir, addr, "--concurrency", "command=16")
 	server := "http://" + addr

@@ -93,6 +93,7 @@ func (c *natsCluster) url(t *testing.T) string {
 // replicas; a node killed with SIGKILL loses nothing and runs go on; a
 // replica count larger than the cluster is refused at start, in one line.
 func TestE2E_NATSClusterR3(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	cl := startNATSCluster(t)
 	url := cl.url(t)
 

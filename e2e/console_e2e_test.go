@@ -162,6 +162,7 @@ func login(t *testing.T, ctx context.Context, base, token string) {
 // audit; a viewer sees no control and a forged control POST from its
 // session is 403. One screenshot per page.
 func TestE2E_Console(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	ctx := browser(t)
 	dir := t.TempDir()
 	newToken := func(name, roles string) (token, entry string) {

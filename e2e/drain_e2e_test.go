@@ -71,6 +71,7 @@ func inPostgres(t *testing.T, url string) {
 }
 
 func TestE2E_PauseDrainsThenResume(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	forEachLogBackend(t, func(t *testing.T, store []string) {
 		p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), store...)
 		server := "http://" + p.addr
@@ -146,6 +147,7 @@ func TestE2E_PauseDrainsThenResume(t *testing.T) {
 }
 
 func TestE2E_DrainTimeout(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	forEachLogBackend(t, func(t *testing.T, store []string) {
 		p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), store...)
 		pl := mustPlan(t, `{"planId":"`+uniq("e2e-timeout")+`","planVersion":"1","steps":[

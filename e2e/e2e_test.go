@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -111,7 +112,13 @@ func mustPlan(t *testing.T, js string) *plan.Plan {
 	return p
 }
 
-func uniq(prefix string) string { return fmt.Sprintf("%s-%d", prefix, time.Now().UnixNano()) }
+// uniq is prefix made unique among this process's tests, parallel ones
+// included, and its earlier runs on the same Conductor.
+func uniq(prefix string) string {
+	return fmt.Sprintf("%s-%d%03d", prefix, time.Now().UnixNano(), uniqSeq.Add(1)%1000)
+}
+
+var uniqSeq atomic.Int64
 
 func TestE2E_DiamondCompletes(t *testing.T) {
 	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t))
@@ -216,6 +223,7 @@ func TestE2E_SecondLogicalAttemptSucceeds(t *testing.T) {
 // data dir (and, on PostgreSQL, database): the step runs to completion once,
 // no event is doubled, and the run list shows the run COMPLETED.
 func TestE2E_KillDuringStepThenRestart(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	forEachLogBackend(t, func(t *testing.T, store []string) {
 		dataDir, addr := t.TempDir(), sidecartest.FreeAddr(t)
 		p := startServe(t, dataDir, addr, store...)

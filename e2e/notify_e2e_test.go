@@ -31,6 +31,7 @@ import (
 // (CONDUCTOR_VERSION, memory store) and runs when
 // SIDECAR_TEST_CONDUCTOR_NOTIFY=1.
 func TestE2E_ConductorStatusNotifications(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	if os.Getenv("SIDECAR_TEST_CONDUCTOR_NOTIFY") != "1" {
 		t.Skip("SIDECAR_TEST_CONDUCTOR_NOTIFY=1 starts a Conductor that notifies status changes (deploy/local/conductor.sh)")
 	}

@@ -22,6 +22,7 @@ import (
 // restart has recorded the try ended (RunStepTryEnded, workerRestarted),
 // the old command must be gone: its heartbeat stops and its pid is free.
 func TestE2E_KillLeavesNoOrphanCommand(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	dataDir, addr := t.TempDir(), sidecartest.FreeAddr(t)
 	p := startServe(t, dataDir, addr)
 	dir := t.TempDir()

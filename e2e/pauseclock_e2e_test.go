@@ -21,6 +21,7 @@ import (
 // and no retry, and the handed-back task is polled once per callback,
 // not in a loop.
 func TestE2E_PauseOutlastsTheStepTimeouts(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	// One sleep at a time: of a and b, the one that does not start first
 	// waits, scheduled, and is polled (and handed back) only once the
 	// other has ended, in the pause.

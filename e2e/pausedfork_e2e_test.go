@@ -22,6 +22,7 @@ import (
 // while the run is paused and reports it once the run is resumed, when
 // Conductor retries it. The run completes, as it does without the pause.
 func TestE2E_PausedForkBranchTryFailure(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t))
 	marker := filepath.Join(t.TempDir(), "tried")
 	pl := &plan.Plan{PlanID: uniq("e2e-forkpause"), PlanVersion: "1", Steps: []plan.Step{

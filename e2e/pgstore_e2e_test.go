@@ -122,6 +122,7 @@ func TestE2E_PostgresStoreLostNATSState(t *testing.T) {
 // back the run completes with every step started and completed once and
 // no event twice.
 func TestE2E_PostgresRestartMidRun(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	cl := pgtest.Own(t)
 	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--store", cl.URL)
 	pl := mustPlan(t, `{"planId":"`+uniq("e2e-pgrestart")+`","planVersion":"1","steps":[

@@ -105,6 +105,7 @@ func freePort(t *testing.T) int {
 // while steps run keeps its workflows, and the sidecar carries every run
 // to its end, each step started and completed once.
 func TestE2E_ConductorRestartOnPostgres(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	c := startPostgresConductor(t)
 	dataDir, addr := t.TempDir(), sidecartest.FreeAddr(t)
 	p := startServe(t, dataDir, addr, "--conductor-url", c.url())

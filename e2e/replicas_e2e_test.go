@@ -17,6 +17,7 @@ import (
 // own API after the kill (no worker of ours finishes a task, so no nudge
 // helps) are all recorded as ended in the log.
 func TestE2E_ReplicasShareTheRuns(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	cl := startNATSCluster(t)
 	url := cl.url(t)
 	domain := "--task-domain=" + uniq("e2e-share")

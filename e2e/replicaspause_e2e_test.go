@@ -135,6 +135,7 @@ func (rp *replicaPair) inStep(t *testing.T, when, runID, want string) {
 // Throughout, no pause or resume is put down to Conductor (requestedBy
 // conductor): nobody used Conductor's API.
 func TestE2E_ReplicasPauseNeverChangesTheOutcome(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	rp := startReplicaPair(t)
 	runs := rp.startHeld(t, "e2e-twor-storm", 2)
 	ctx := t.Context()
@@ -253,6 +254,7 @@ func TestE2E_ReplicasPauseNeverChangesTheOutcome(t *testing.T) {
 // (docs/drain.md, "Who decides 'Conductor moved'"). The never-paused
 // run's pause is made 6 s after the other's and recorded first.
 func TestE2E_ReplicasRecordAPauseMadeInConductor(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	rp := startReplicaPair(t)
 	runs := rp.startHeld(t, "e2e-twor-ui", 2)
 	before, never := runs[0], runs[1]

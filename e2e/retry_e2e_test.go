@@ -190,6 +190,7 @@ func metricValue(t *testing.T, addr, name string) float64 {
 // while no sidecar runs; the restarted process raises it once, at start,
 // and carries the run on from the log.
 func TestE2E_RestartWhileDraining(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	dataDir, addr := t.TempDir(), sidecartest.FreeAddr(t)
 	p := startServe(t, dataDir, addr)
 	pl := mustPlan(t, `{"planId":"`+uniq("e2e-restart-drain")+`","planVersion":"1","steps":[

@@ -190,6 +190,7 @@ func inFlight(t *testing.T, p *proc, runID string) []string {
 // polling through the proxy all along), and resume completes the run with
 // every external step completed once and a valid log.
 func sdkPauseDrainResume(t *testing.T, lang string) {
+	t.Parallel() // its own serve, data dir and worker
 	w := sdkWorkerFor(t, lang)
 	p := newProxied(t, "e2e-sdk-"+lang)
 	taskType := uniq("sdk_" + lang)
@@ -266,6 +267,7 @@ func TestE2E_SDKWorkerJava_PauseDrainResume(t *testing.T)   { sdkPauseDrainResum
 // RunStepTryEnded (taskTimedOut) takes them out of flight, and the drain
 // completes long before its own timeout.
 func sdkKillWorkerWhileDraining(t *testing.T, lang string) {
+	t.Parallel() // its own serve, data dir and worker
 	w := sdkWorkerFor(t, lang)
 	p := newProxied(t, "e2e-sdk-killw-"+lang)
 	taskType := uniq("sdk_killw_" + lang)
@@ -312,6 +314,7 @@ func sdkKillWorkerWhileDraining(t *testing.T, lang string) {
 // run completes with each step started and completed once: nothing is lost
 // or run twice.
 func sdkKillSidecarWithTasksInFlight(t *testing.T, lang string) {
+	t.Parallel() // its own serve, data dir and worker
 	w := sdkWorkerFor(t, lang)
 	p := newProxied(t, "e2e-sdk-kills-"+lang)
 	taskType := uniq("sdk_kills_" + lang)

@@ -136,6 +136,7 @@ func startNATSClusterEarly(t *testing.T) *natsCluster {
 // healthy, and one where the serves start as soon as the nodes take
 // connections (no JetStream meta leader yet).
 func TestE2E_ReplicasStartTogether(t *testing.T) {
+	t.Parallel() // its own serve and data dir
 	for _, round := range []struct {
 		name  string
 		start func(*testing.T) *natsCluster
