@@ -238,3 +238,106 @@ func TestAdopter_ResumeOnAReplicaThatDoesNotFollowTheRun(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestWatcher_ChildOfACancelledParentEndsCancelled: an adopted parent's
+// run is cancelled (RunCancelRequested, then Conductor's terminate, which
+// terminates its sub-workflow too); the adopted child's run ends
+// RunCancelled naming who requested the parent's cancel, not RunFailed: no
+// failure of the child's happened. A child terminated in Conductor
+// otherwise still ends RunFailed WORKFLOW_TERMINATED.
+func TestWatcher_ChildOfACancelledParentEndsCancelled(t *testing.T) {
+	u := conductortest.URL(t)
+	env := newNATS(t)
+	runs := env.newRuns(t, u, RunsOptions{})
+	ctx := context.Background()
+	child := "adopt-cancel-child-" + suffix(t)
+	parent := "adopt-cancel-parent-" + suffix(t)
+	for _, def := range []string{
+		`{"name":"` + child + `","version":1,"schemaVersion":2,"ownerEmail":"t@example.com","tasks":[
+			{"name":"hold","taskReferenceName":"hold","type":"WAIT","inputParameters":{"duration":"1 hour"}}]}`,
+		`{"name":"` + parent + `","version":1,"schemaVersion":2,"ownerEmail":"t@example.com","tasks":[
+			{"name":"sub","taskReferenceName":"sub","type":"SUB_WORKFLOW","subWorkflowParam":{"name":"` + child + `","version":1}}]}`,
+	} {
+		if err := runs.conductor.RegisterWorkflowDefJSON(ctx, []byte(def)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	adopter := NewAdopter(runs, env.store, AdopterOptions{Specs: []AdoptSpec{{Name: parent}, {Name: child}}, Interval: time.Hour, Logger: zaptest.NewLogger(t)})
+	watcher := NewWatcher(runs, env.store, WatcherOptions{Interval: time.Hour, Adopted: adopter, Logger: zaptest.NewLogger(t)})
+	if err := watcher.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = watcher.Close(ctx) })
+	start := func() (parentID, childID string) {
+		t.Helper()
+		parentID, err := runs.conductor.StartWorkflow(ctx, model.StartWorkflowRequest{Name: parent, Version: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = runs.conductor.Terminate(context.Background(), parentID, "test done") })
+		deadline := time.Now().Add(30 * time.Second)
+		for childID == "" {
+			wf, err := runs.conductor.Workflow(ctx, parentID, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, task := range wf.Tasks {
+				childID = task.SubWorkflowId
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("Conductor did not start the sub-workflow")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		for _, id := range []string{parentID, childID} {
+			if err := adopter.Ensure(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return parentID, childID
+	}
+	end := func(childID string) statestore.RunEventRecord {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			watcher.Nudge(childID)
+			recs := env.events(t, childID)
+			if last := recs[len(recs)-1]; statestore.IsTerminalRunStatus(mustReduce(t, recs).Status) {
+				return last
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("child's run not ended: %v", typesOf(recs))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+
+	parentID, childID := start()
+	rec, err := runs.Run(ctx, parentID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := runEvent(rec, statestore.RunCancelRequested, statestore.RunCancelRequestedPayload{Reason: "wrong order", RequestedBy: "acme-op"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.emitter.Emit(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := runs.conductor.Terminate(ctx, parentID, "wrong order"); err != nil {
+		t.Fatal(err)
+	}
+	if last := end(childID); last.EventType != statestore.RunCancelled || !strings.Contains(string(last.Payload), `"requestedBy":"acme-op"`) {
+		t.Fatalf("child of a cancelled parent ended %s %s, want RunCancelled requested by acme-op", last.EventType, last.Payload)
+	}
+
+	// The parent terminated in Conductor, no cancel requested: the
+	// child's run fails, as any workflow terminated there.
+	parentID, childID = start()
+	if err := runs.conductor.Terminate(ctx, parentID, "done by hand"); err != nil {
+		t.Fatal(err)
+	}
+	if last := end(childID); last.EventType != statestore.RunFailed || !strings.Contains(string(last.Payload), CodeWorkflowTerminated) {
+		t.Fatalf("child of a parent terminated in Conductor ended %s %s, want RunFailed %s", last.EventType, last.Payload, CodeWorkflowTerminated)
+	}
+}

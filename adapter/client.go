@@ -426,7 +426,8 @@ func (c *Client) WorkflowStatus(ctx context.Context, workflowID string) (string,
 }
 
 // Workflow returns the workflow's execution state (status,
-// reasonForIncompletion, input, and its tasks when includeTasks is set), or
+// reasonForIncompletion, input, parentWorkflowId, and its tasks when
+// includeTasks is set), or
 // an error matching ErrNotFound.
 func (c *Client) Workflow(ctx context.Context, workflowID string, includeTasks bool) (*model.Workflow, error) {
 	if workflowID == "" {
@@ -444,7 +445,8 @@ func (c *Client) Workflow(ctx context.Context, workflowID string, includeTasks b
 			resp, err = c.rawJSON(ctx, c.http, http.MethodGet, c.base+"/workflow/"+url.PathEscape(workflowID)+"?includeTasks=false", nil, maxWorkflowBytes, &head)
 			wf = model.Workflow{WorkflowId: head.WorkflowID, WorkflowName: head.WorkflowName, WorkflowVersion: head.WorkflowVersion,
 				Status: model.WorkflowStatus(head.Status), ReasonForIncompletion: head.ReasonForIncompletion, Input: head.Input,
-				StartTime: head.StartTime, EndTime: head.EndTime, TaskToDomain: head.TaskToDomain, CorrelationId: head.CorrelationID}
+				StartTime: head.StartTime, EndTime: head.EndTime, TaskToDomain: head.TaskToDomain, CorrelationId: head.CorrelationID,
+				ParentWorkflowId: head.ParentWorkflowID}
 		}
 		if err == nil && wf.WorkflowId == "" {
 			err = errors.New("workflow answer has no workflowId")
@@ -468,6 +470,7 @@ const maxWorkflowBytes = 16 << 20
 // (BENCHMARKS.md, "Where a step's CPU goes").
 type workflowHead struct {
 	WorkflowID            string            `json:"workflowId"`
+	ParentWorkflowID      string            `json:"parentWorkflowId"`
 	WorkflowName          string            `json:"workflowName"`
 	WorkflowVersion       int32             `json:"workflowVersion"`
 	Status                string            `json:"status"`

@@ -244,7 +244,7 @@ func TestWatcher_FinishChecksTheWorkflowIsStillTheRuns(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = r.Client().Terminate(context.Background(), res.Run.WorkflowID, "cleanup") })
 	w := NewWatcher(r, env.store, WatcherOptions{})
-	if err := w.finish(ctx, res.Run.RunID, "00000000-0000-4000-8000-0000000000ab", "TERMINATED", "an abandoned start's workflow"); err != nil {
+	if err := w.finish(ctx, res.Run.RunID, "00000000-0000-4000-8000-0000000000ab", "TERMINATED", "an abandoned start's workflow", nil); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := r.Run(ctx, res.Run.RunID); got.State != RunStateStarted {

@@ -117,6 +117,7 @@ type WatcherOptions struct {
 //	FAILED                           -> RunFailed  (error.code WORKFLOW_FAILED, message reasonForIncompletion)
 //	TIMED_OUT                        -> RunFailed  (WORKFLOW_TIMED_OUT)
 //	TERMINATED, cancel requested     -> RunCancelled
+//	TERMINATED, parent's cancel      -> RunCancelled (an adopted sub-workflow's)
 //	TERMINATED, no cancel requested  -> RunFailed  (WORKFLOW_TERMINATED)
 //	workflow gone (LostAfter x 404)  -> RunFailed  (WORKFLOW_NOT_FOUND)
 //
@@ -655,7 +656,7 @@ func (w *Watcher) checkRun(ctx context.Context, rec *Run, rev uint64, alive *run
 			return nil
 		}
 		return w.finish(ctx, runID, rec.WorkflowID, engineStatusLost,
-			fmt.Sprintf("Conductor no longer knows workflow %s (answered 404 %d times)", rec.WorkflowID, strikes))
+			fmt.Sprintf("Conductor no longer knows workflow %s (answered 404 %d times)", rec.WorkflowID, strikes), nil)
 	}
 	if err != nil {
 		return err
@@ -666,7 +667,7 @@ func (w *Watcher) checkRun(ctx context.Context, rec *Run, rev uint64, alive *run
 	}
 	switch wf.Status {
 	case model.CompletedWorkflow, model.FailedWorkflow, model.TimedOutWorkflow, model.TerminatedWorkflow:
-		return w.finish(ctx, runID, rec.WorkflowID, string(wf.Status), wf.ReasonForIncompletion)
+		return w.finish(ctx, runID, rec.WorkflowID, string(wf.Status), wf.ReasonForIncompletion, w.parentCancelled(ctx, rec, wf))
 	case model.RunningWorkflow, model.PausedWorkflow:
 		return w.saw(ctx, rec, string(wf.Status))
 	}
@@ -713,14 +714,30 @@ func (w *Watcher) dropActive(ctx context.Context, runID string) {
 	}
 }
 
+// parentCancelled is the state of the run of wf's parent workflow when
+// wf, an adopted run's workflow, was TERMINATED because that run was
+// cancelled (Conductor terminates a workflow's sub-workflows with it; an
+// adopted parent's runId is its workflowId); nil otherwise.
+func (w *Watcher) parentCancelled(ctx context.Context, rec *Run, wf *model.Workflow) *statestore.RunSnapshot {
+	if wf.Status != model.TerminatedWorkflow || wf.ParentWorkflowId == "" || !rec.IsAdopted() {
+		return nil
+	}
+	parent, err := w.snaps.ProjectSnapshot(ctx, wf.ParentWorkflowId)
+	if err != nil || !parent.CancelRequested {
+		return nil
+	}
+	return parent
+}
+
 // finish appends the terminal event for engineStatus, the end of the run's
 // workflow workflowID (unless the run is already terminal in its
-// snapshot), and marks the run FINAL. It reads the run's entry from the
+// snapshot), and marks the run FINAL. parentCancel, when set, is the
+// cancelled run whose workflow terminated this one (parentCancelled). It reads the run's entry from the
 // bucket's leader: the end of a run is for good, and a follower may still
 // hold an entry that was replaced (a start abandoned and retried with
 // another workflow); if the entry names another workflow now, the one that
 // ended was not the run's, and nothing is recorded.
-func (w *Watcher) finish(ctx context.Context, runID, workflowID, engineStatus, reason string) error {
+func (w *Watcher) finish(ctx context.Context, runID, workflowID, engineStatus, reason string, parentCancel *statestore.RunSnapshot) error {
 	rec, rev, err := w.runs.leaderRun(ctx, runID)
 	if errors.Is(err, ErrNotFound) {
 		return nil // released: its workflow was an abandoned start's
@@ -747,7 +764,7 @@ func (w *Watcher) finish(ctx context.Context, runID, workflowID, engineStatus, r
 				return fmt.Errorf("adapter: watcher: the last tasks of adopted run %s: %w", runID, err)
 			}
 		}
-		if err := w.endInLog(ctx, rec, engineStatus, reason); err != nil {
+		if err := w.endInLog(ctx, rec, engineStatus, reason, parentCancel); err != nil {
 			return err
 		}
 	}
@@ -793,7 +810,7 @@ const maxPauseCloses = 3
 // most maxPauseCloses times. A refusal that closing a pause cannot cure
 // is logged and counted, and the run is marked FINAL without a terminal
 // event.
-func (w *Watcher) endInLog(ctx context.Context, rec *Run, engineStatus string, reason string) error {
+func (w *Watcher) endInLog(ctx context.Context, rec *Run, engineStatus, reason string, parentCancel *statestore.RunSnapshot) error {
 	for closes := 1; ; closes++ {
 		var (
 			ev     *statestore.RunEventWrite
@@ -810,7 +827,7 @@ func (w *Watcher) endInLog(ctx context.Context, rec *Run, engineStatus string, r
 				return nil, nil // the pause follower closes the pause first
 			}
 			var err error
-			ev, label, err = terminalEvent(rec, engineStatus, reason, s)
+			ev, label, err = terminalEvent(rec, engineStatus, reason, s, parentCancel)
 			return ev, err
 		})
 		switch {
@@ -851,11 +868,18 @@ func pausedAtCompletion(snap *statestore.RunSnapshot, engineStatus string) bool 
 // whose cancel is requested ends CANCELLED whatever Conductor reports
 // (Cancel wins): the workflow may have completed or failed before the
 // cancel's terminate reached it, or without it (its process died in
-// between); Conductor's status is in the payload.
-func terminalEvent(rec *Run, engineStatus, reason string, snap *statestore.RunSnapshot) (*statestore.RunEventWrite, string, error) {
+// between); Conductor's status is in the payload. A workflow terminated by
+// its parent's cancel (parentCancel, the parent's run) ends RunCancelled
+// too, naming who requested the parent's cancel: nothing of it failed.
+func terminalEvent(rec *Run, engineStatus, reason string, snap, parentCancel *statestore.RunSnapshot) (*statestore.RunEventWrite, string, error) {
 	if snap != nil && snap.CancelRequested {
 		ev, err := runEvent(rec, statestore.RunCancelled, statestore.RunCancelledPayload{EngineStatus: engineStatus, Reason: reason,
 			RequestedBy: snap.CancelRequestedBy})
+		return ev, "CANCELLED", err
+	}
+	if parentCancel != nil && engineStatus == string(model.TerminatedWorkflow) {
+		ev, err := runEvent(rec, statestore.RunCancelled, statestore.RunCancelledPayload{EngineStatus: engineStatus, Reason: reason,
+			RequestedBy: parentCancel.CancelRequestedBy})
 		return ev, "CANCELLED", err
 	}
 	failed := func(code, fallback string) (*statestore.RunEventWrite, string, error) {

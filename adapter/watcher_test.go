@@ -52,7 +52,7 @@ func TestTerminalEvent(t *testing.T) {
 		{"LOST", "gone", false, statestore.RunFailed, CodeWorkflowNotFound, "gone", "LOST"},
 	}
 	for _, tt := range tests {
-		ev, label, err := terminalEvent(rec, tt.status, tt.reason, &statestore.RunSnapshot{CancelRequested: tt.cancelRequested})
+		ev, label, err := terminalEvent(rec, tt.status, tt.reason, &statestore.RunSnapshot{CancelRequested: tt.cancelRequested}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
