@@ -454,7 +454,7 @@ func (r *Runs) recordSubWorkflowTry(ctx context.Context, snaps SnapshotReader, s
 // SUB_WORKFLOW task in progress is idle when its own child is, down to
 // depth levels.
 func (r *Runs) subWorkflowIdle(ctx context.Context, id string, depth int) (bool, error) {
-	wf, err := r.conductor.Workflow(ctx, id, true)
+	wf, err := r.conductor.WorkflowTasks(ctx, id)
 	if err != nil {
 		return false, err
 	}

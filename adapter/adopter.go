@@ -331,7 +331,7 @@ func (a *Adopter) Ensure(ctx context.Context, workflowID string) error {
 // workflow ("" when no poll does), which the gate starts.
 func (a *Adopter) ensure(ctx context.Context, workflowID, gatedTaskID string) error {
 	a.runs.metrics.adoptRead(adoptReadAdoption)
-	wf, err := a.runs.conductor.Workflow(ctx, workflowID, true)
+	wf, err := a.runs.conductor.WorkflowTasks(ctx, workflowID)
 	if err != nil {
 		return err
 	}
@@ -387,7 +387,7 @@ func (a *Adopter) Settle(ctx context.Context, rec *Run) error {
 // lacks; reason is counted (sidecar_adopter_reads_total).
 func (a *Adopter) read(ctx context.Context, rec *Run, reason string) error {
 	a.runs.metrics.adoptRead(reason)
-	wf, err := a.runs.conductor.Workflow(ctx, rec.WorkflowID, true)
+	wf, err := a.runs.conductor.WorkflowTasks(ctx, rec.WorkflowID)
 	if err != nil {
 		return err
 	}

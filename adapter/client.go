@@ -443,10 +443,7 @@ func (c *Client) Workflow(ctx context.Context, workflowID string, includeTasks b
 		} else {
 			var head workflowHead
 			resp, err = c.rawJSON(ctx, c.http, http.MethodGet, c.base+"/workflow/"+url.PathEscape(workflowID)+"?includeTasks=false", nil, maxWorkflowBytes, &head)
-			wf = model.Workflow{WorkflowId: head.WorkflowID, WorkflowName: head.WorkflowName, WorkflowVersion: head.WorkflowVersion,
-				Status: model.WorkflowStatus(head.Status), ReasonForIncompletion: head.ReasonForIncompletion, Input: head.Input,
-				StartTime: head.StartTime, EndTime: head.EndTime, TaskToDomain: head.TaskToDomain, CorrelationId: head.CorrelationID,
-				ParentWorkflowId: head.ParentWorkflowID}
+			wf = *head.workflow()
 		}
 		if err == nil && wf.WorkflowId == "" {
 			err = errors.New("workflow answer has no workflowId")
@@ -480,6 +477,74 @@ type workflowHead struct {
 	EndTime               int64             `json:"endTime"`
 	TaskToDomain          map[string]string `json:"taskToDomain"`
 	CorrelationID         string            `json:"correlationId"`
+}
+
+// WorkflowTasks returns the workflow with its tasks as the adopter reads
+// it: the fields of workflowHead and, of each task, those of taskHead
+// (the others are left zero); an error matching ErrNotFound for a workflow
+// Conductor does not know. Decoding Conductor's whole answer (the
+// definition, each task's definition, input and output) was most of a read
+// of an adopted run (BENCHMARKS.md, "The adopter's read of a workflow").
+func (c *Client) WorkflowTasks(ctx context.Context, workflowID string) (*model.Workflow, error) {
+	if workflowID == "" {
+		return nil, invalidInput(opGetWorkflow, "empty workflowId")
+	}
+	var wt workflowTasks
+	_, err := c.do(ctx, opGetWorkflow, 0, func(ctx context.Context) (*http.Response, error) {
+		wt = workflowTasks{}
+		resp, err := c.rawJSON(ctx, c.http, http.MethodGet, c.base+"/workflow/"+url.PathEscape(workflowID)+"?includeTasks=true", nil, maxWorkflowBytes, &wt)
+		if err == nil && wt.WorkflowID == "" {
+			err = errors.New("workflow answer has no workflowId")
+		}
+		return resp, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return wt.workflow(), nil
+}
+
+// workflowTasks is a workflow read with its tasks, as the adopter reads
+// it (Client.WorkflowTasks).
+type workflowTasks struct {
+	workflowHead
+	Tasks []taskHead `json:"tasks"`
+}
+
+// taskHead is the part of a workflow's task the adopter reads.
+type taskHead struct {
+	TaskID                string `json:"taskId"`
+	TaskType              string `json:"taskType"`
+	TaskDefName           string `json:"taskDefName"`
+	Status                string `json:"status"`
+	ReferenceTaskName     string `json:"referenceTaskName"`
+	Iteration             int32  `json:"iteration"`
+	RetryCount            int32  `json:"retryCount"`
+	Retried               bool   `json:"retried"`
+	StartTime             int64  `json:"startTime"`
+	EndTime               int64  `json:"endTime"`
+	ReasonForIncompletion string `json:"reasonForIncompletion"`
+	SubWorkflowID         string `json:"subWorkflowId"`
+	WorkflowInstanceID    string `json:"workflowInstanceId"`
+}
+
+func (h *workflowHead) workflow() *model.Workflow {
+	return &model.Workflow{WorkflowId: h.WorkflowID, WorkflowName: h.WorkflowName, WorkflowVersion: h.WorkflowVersion,
+		Status: model.WorkflowStatus(h.Status), ReasonForIncompletion: h.ReasonForIncompletion, Input: h.Input,
+		StartTime: h.StartTime, EndTime: h.EndTime, TaskToDomain: h.TaskToDomain, CorrelationId: h.CorrelationID,
+		ParentWorkflowId: h.ParentWorkflowID}
+}
+
+func (wt *workflowTasks) workflow() *model.Workflow {
+	wf := wt.workflowHead.workflow()
+	wf.Tasks = make([]model.Task, len(wt.Tasks))
+	for i, t := range wt.Tasks {
+		wf.Tasks[i] = model.Task{TaskId: t.TaskID, TaskType: t.TaskType, TaskDefName: t.TaskDefName, Status: model.TaskResultStatus(t.Status),
+			ReferenceTaskName: t.ReferenceTaskName, Iteration: t.Iteration, RetryCount: t.RetryCount, Retried: t.Retried,
+			StartTime: t.StartTime, EndTime: t.EndTime, ReasonForIncompletion: t.ReasonForIncompletion,
+			SubWorkflowId: t.SubWorkflowID, WorkflowInstanceId: t.WorkflowInstanceID}
+	}
+	return wf
 }
 
 // Pause pauses a workflow: Conductor stops scheduling its next tasks, but
