@@ -117,8 +117,10 @@ func (c *Controller) pauseLogs(ctx context.Context, runIDs []string, req PauseRe
 		timeout = int64(c.opts.DefaultTimeout / time.Second)
 	}
 	decide := func(s *statestore.RunSnapshot) []*statestore.RunEventWrite {
-		if s.Status != statestore.RunStatusRunning || s.CancelRequested {
-			return nil // paused already, or not pausable: the single way answers
+		if s.Status != statestore.RunStatusRunning || s.CancelRequested || (c.adopted(s) && idleStep(s)) {
+			// paused already, or not pausable, or an adopted run read
+			// before its pause (syncIdleSteps): the single way answers
+			return nil
 		}
 		cycle := nextCycle(s)
 		paused, err := runEvent(s, pausedPayload(req, timeout), cycle, c.opts.Now)

@@ -341,6 +341,7 @@ func (c *Controller) pauseLog(ctx context.Context, runID string, req PauseReques
 	if timeout == 0 {
 		timeout = int64(c.opts.DefaultTimeout / time.Second)
 	}
+	c.syncIdleSteps(ctx, runID)
 	// RunPaused is appended on the runSeq it was decided on, so that a
 	// StepStarted, which is appended the same way, and the pause are
 	// ordered whatever the interleaving (docs/events.md, "Fences").
@@ -430,6 +431,36 @@ func (c *Controller) pauseEngine(ctx context.Context, p *pausing, engineErr erro
 // adopted reports whether snap's run is an adopted workflow's.
 func (c *Controller) adopted(snap *statestore.RunSnapshot) bool {
 	return c.opts.Adopted != nil && c.opts.Adopted.Adopts(snap.RunID, workflowOf(snap))
+}
+
+// idleStep reports whether a step of snap is idle (RunStepTryEnded).
+func idleStep(snap *statestore.RunSnapshot) bool {
+	for i := range snap.Steps {
+		if snap.Steps[i].Status == statestore.StepStatusRunning && snap.Steps[i].Idle {
+			return true
+		}
+	}
+	return false
+}
+
+// syncIdleSteps has a running adopted run with an idle step read from
+// Conductor before its pause is recorded. A step idle while its
+// sub-workflow was paused is in flight again (RunStepTryStarted, valid
+// only while the run runs) once the sub-workflow runs; the adopter's
+// reads see that within an interval, and a pause in between would find
+// the step idle, too late to mark it in flight, and end its drain while
+// the sub-workflow runs. A failed read leaves the pause as it was.
+func (c *Controller) syncIdleSteps(ctx context.Context, runID string) {
+	if c.opts.Adopted == nil {
+		return
+	}
+	s, err := knownRuns{c.snaps}.ProjectSnapshot(ctx, runID)
+	if err != nil || s.Status != statestore.RunStatusRunning || !c.adopted(s) || !idleStep(s) {
+		return
+	}
+	if err := c.opts.Adopted.SyncEngineTasks(ctx, runID); err != nil {
+		c.logger.Warn("could not read an adopted run with an idle step before its pause", zap.String("runId", runID), zap.Error(err))
+	}
 }
 
 // syncAdopted brings into the log the tasks Conductor runs itself of
