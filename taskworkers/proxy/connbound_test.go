@@ -7,11 +7,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/taskworkers/proxy"
 )
 
@@ -86,4 +89,66 @@ func getHealth(t *testing.T, c net.Conn, r *bufio.Reader) (int, string) {
 	var body struct{ Code string }
 	_ = json.NewDecoder(resp.Body).Decode(&body)
 	return resp.StatusCode, body.Code
+}
+
+// TestProxy_UpstreamConnectionsAreBounded: 24 workers long-poll at once
+// through a proxy whose MaxUpstreamConnections is 4; Conductor (behind a
+// front that counts the requests it carries at once) sees at most 4 at a
+// time, and every poll is answered. Workers cannot hold more of the
+// sidecar's descriptors and of Conductor's request threads than that.
+func TestProxy_UpstreamConnectionsAreBounded(t *testing.T) {
+	const bound, workers = 4, 24
+	var mu sync.Mutex
+	now, most := 0, 0
+	e := newEnvOpts(t, envOpts{
+		proxyConductor: func(curl string) string {
+			u, err := url.Parse(curl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rp := conductortest.ReverseProxy(t, u)
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				now++
+				most = max(most, now)
+				mu.Unlock()
+				defer func() {
+					mu.Lock()
+					now--
+					mu.Unlock()
+				}()
+				rp.ServeHTTP(w, r)
+			}))
+			t.Cleanup(srv.Close)
+			return srv.URL + u.Path
+		},
+		proxy: func(o *proxy.Options) { o.MaxUpstreamConnections = bound },
+	})
+	var wg sync.WaitGroup
+	codes := make(chan int, workers)
+	for range workers {
+		wg.Go(func() {
+			// Nothing is queued for the type: Conductor holds each poll
+			// for its timeout.
+			res, err := http.Get(e.url + "/tasks/poll/batch/nobody_polls_" + e.tt + "?count=1&timeout=500")
+			if err != nil {
+				codes <- 0
+				return
+			}
+			res.Body.Close()
+			codes <- res.StatusCode
+		})
+	}
+	wg.Wait()
+	close(codes)
+	for c := range codes {
+		if c != http.StatusOK && c != http.StatusNoContent {
+			t.Fatalf("a poll answered %d, want 200 or 204 once a connection was free", c)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if most > bound || most == 0 {
+		t.Fatalf("Conductor carried %d of the proxy's requests at once, want at most %d", most, bound)
+	}
 }

@@ -27,6 +27,14 @@ const (
 	// DefaultBufferWait is how long an update waits for room before it
 	// is answered 503 CodeBusy.
 	DefaultBufferWait = 2 * time.Second
+	// DefaultMaxUpstreamConnections bounds the connections to Conductor
+	// the proxy has open at once, so its forwarded requests at once: a
+	// further request waits for one (for as long as its worker waits).
+	// Each forwarded request holds a descriptor beside its worker's, which
+	// the listener's bound does not count, and a request thread of
+	// Conductor's (Tomcat's pool: 200 by default), which serve's own calls
+	// to Conductor need too.
+	DefaultMaxUpstreamConnections = 64
 	// The listener's timeouts, as the control API's (httpapi).
 	DefaultReadHeaderTimeout = 10 * time.Second
 	DefaultReadTimeout       = 30 * time.Second
@@ -52,6 +60,9 @@ func setLimitDefaults(o *Options) error {
 	}
 	if o.MaxBufferedBytes <= 0 {
 		o.MaxBufferedBytes = DefaultMaxBufferedBytes
+	}
+	if o.MaxUpstreamConnections <= 0 {
+		o.MaxUpstreamConnections = DefaultMaxUpstreamConnections
 	}
 	if o.MaxBufferedBytes < o.MaxUpdateBytes {
 		return errors.New("proxy: Options.MaxBufferedBytes must be at least Options.MaxUpdateBytes")

@@ -97,8 +97,12 @@ type Options struct {
 	// CodeTooManyConnections and closed (package connlimit). serve gives
 	// it the API's bound (--max-connections).
 	MaxConnections int
+	// MaxUpstreamConnections bounds the connections to Conductor the
+	// default Transport has open at once (0:
+	// DefaultMaxUpstreamConnections); a forwarded request waits for one.
+	MaxUpstreamConnections int
 	// Transport carries the forwarded requests (default: a keep-alive
-	// transport sized for many workers).
+	// transport of at most MaxUpstreamConnections connections).
 	Transport http.RoundTripper
 	Logger    *zap.Logger
 	// Metrics may be nil.
@@ -139,7 +143,8 @@ func New(steps Steps, opts Options) (*Proxy, error) {
 	if opts.Transport == nil {
 		opts.Transport = &http.Transport{
 			Proxy: nil, DialContext: (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConns: 1024, MaxIdleConnsPerHost: 1024, IdleConnTimeout: 90 * time.Second,
+			MaxConnsPerHost: opts.MaxUpstreamConnections, MaxIdleConns: opts.MaxUpstreamConnections,
+			MaxIdleConnsPerHost: opts.MaxUpstreamConnections, IdleConnTimeout: 90 * time.Second,
 		}
 	}
 	p := &Proxy{base: base, steps: steps, opts: opts, log: opts.Logger.Named("proxy"),
