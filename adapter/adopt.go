@@ -361,7 +361,11 @@ func (r *Runs) recordTasks(ctx context.Context, snaps SnapshotReader, rec *Run, 
 	draining := snap.Status == statestore.RunStatusPaused && snap.Pause != nil && snap.Pause.DrainEndedAt == ""
 	for i := range wf.Tasks {
 		t := &wf.Tasks[i]
-		evs, p, err := taskEvents(rec, t, snap.Step(stepIDOf(t)), adoption && (gatedTaskID == "" || t.TaskId != gatedTaskID))
+		// The mid-flight rule starts a worker task only while the log has
+		// the run RUNNING: a read as at adoption of a run the log has
+		// PAUSED (after a restart) records no StepStarted inside the pause.
+		midFlight := adoption && snap.Status == statestore.RunStatusRunning && (gatedTaskID == "" || t.TaskId != gatedTaskID)
+		evs, p, err := taskEvents(rec, t, snap.Step(stepIDOf(t)), midFlight)
 		pending = pending || p || (draining && IsWorkerTask(t.TaskType) && t.Status == "IN_PROGRESS")
 		control = control || (controlTaskTypes[t.TaskType] && (t.Status == "SCHEDULED" || t.Status == "IN_PROGRESS"))
 		if err != nil {

@@ -299,3 +299,25 @@ func TestAdoptedLabels_KeepsTheFirstByKey(t *testing.T) {
 		}
 	}
 }
+
+// TestRecordTasks_NoWorkerTaskStartedInsideAPause: a run the log has
+// PAUSED, read again as at its adoption (the running-list read after a
+// restart) while Conductor shows a worker task in progress (a worker that
+// polls Conductor itself took it after a resume made there): the
+// mid-flight rule records nothing inside the pause (docs/events.md,
+// "Fences"); the step is recorded from Conductor's report, after the
+// resume is in the log.
+func TestRecordTasks_NoWorkerTaskStartedInsideAPause(t *testing.T) {
+	ctx := context.Background()
+	env, r, rec, emit := runOfWorkflow(t)
+	timeout := int64(60)
+	emit(statestore.RunPaused, statestore.RunPausedPayload{DrainTimeoutSeconds: &timeout})
+	wf := &model.Workflow{WorkflowId: "wf-1", Tasks: []model.Task{{TaskType: "resize", Status: "IN_PROGRESS", ReferenceTaskName: "c1",
+		TaskId: "t1", StartTime: 1_700_000_000_000}}}
+	if _, _, err := r.recordTasks(ctx, env.store, rec, wf, true, ""); err != nil {
+		t.Fatal(err)
+	}
+	if got := typesOf(env.events(t, rec.RunID)); strings.Join(got, " ") != "RunStarted RunPaused" {
+		t.Fatalf("log %v, want nothing after RunPaused", got)
+	}
+}
