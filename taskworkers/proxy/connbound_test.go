@@ -9,7 +9,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -94,12 +96,15 @@ func getHealth(t *testing.T, c net.Conn, r *bufio.Reader) (int, string) {
 // TestProxy_UpstreamConnectionsAreBounded: 24 workers long-poll at once
 // through a proxy whose MaxUpstreamConnections is 4; Conductor (behind a
 // front that counts the requests it carries at once) sees at most 4 at a
-// time, and every poll is answered. Workers cannot hold more of the
-// sidecar's descriptors and of Conductor's request threads than that.
+// time, and every poll is answered. Then 24 workers each hang up 100 ms
+// into their poll: the polls sent on go on until Conductor answers them
+// (Conductor works on an abandoned poll until its timeout anyway), still
+// at most 4 at once. Workers cannot hold more of the sidecar's
+// descriptors and of Conductor's request threads than that.
 func TestProxy_UpstreamConnectionsAreBounded(t *testing.T) {
 	const bound, workers = 4, 24
 	var mu sync.Mutex
-	now, most := 0, 0
+	now, most, cut := 0, 0, 0
 	e := newEnvOpts(t, envOpts{
 		proxyConductor: func(curl string) string {
 			u, err := url.Parse(curl)
@@ -112,12 +117,13 @@ func TestProxy_UpstreamConnectionsAreBounded(t *testing.T) {
 				now++
 				most = max(most, now)
 				mu.Unlock()
-				defer func() {
-					mu.Lock()
-					now--
-					mu.Unlock()
-				}()
 				rp.ServeHTTP(w, r)
+				mu.Lock()
+				now--
+				if r.Context().Err() != nil {
+					cut++ // the proxy gave up on it before Conductor answered
+				}
+				mu.Unlock()
 			}))
 			t.Cleanup(srv.Close)
 			return srv.URL + u.Path
@@ -125,9 +131,11 @@ func TestProxy_UpstreamConnectionsAreBounded(t *testing.T) {
 		proxy: func(o *proxy.Options) { o.MaxUpstreamConnections = bound },
 	})
 	var wg sync.WaitGroup
+	var answered atomic.Int32
 	codes := make(chan int, workers)
 	for range workers {
 		wg.Go(func() {
+			defer answered.Add(1)
 			// Nothing is queued for the type: Conductor holds each poll
 			// for its timeout.
 			res, err := http.Get(e.url + "/tasks/poll/batch/nobody_polls_" + e.tt + "?count=1&timeout=500")
@@ -139,6 +147,22 @@ func TestProxy_UpstreamConnectionsAreBounded(t *testing.T) {
 			codes <- res.StatusCode
 		})
 	}
+	// An update (of a task Conductor does not know: answered at once)
+	// does not queue behind the polls: it has slots of its own.
+	waitFor(t, "the polls to fill the proxy's slots", time.Minute, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return now > 0
+	})
+	res, err := http.Post(e.url+"/tasks", "application/json", strings.NewReader(
+		`{"taskId":"00000000-0000-4000-8000-000000000000","workflowInstanceId":"00000000-0000-4000-8000-000000000001","status":"COMPLETED"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if n := answered.Load(); n > workers/2 {
+		t.Fatalf("the update was answered after %d of the %d polls: it queued behind them", n, workers)
+	}
 	wg.Wait()
 	close(codes)
 	for c := range codes {
@@ -147,8 +171,30 @@ func TestProxy_UpstreamConnectionsAreBounded(t *testing.T) {
 		}
 	}
 	mu.Lock()
-	defer mu.Unlock()
 	if most > bound || most == 0 {
 		t.Fatalf("Conductor carried %d of the proxy's requests at once, want at most %d", most, bound)
+	}
+	most = 0
+	mu.Unlock()
+
+	hangUp := &http.Client{Timeout: 100 * time.Millisecond}
+	for range workers {
+		wg.Go(func() {
+			if res, err := hangUp.Get(e.url + "/tasks/poll/batch/nobody_polls_" + e.tt + "?count=1&timeout=1000"); err == nil {
+				res.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
+	waitFor(t, "the polls sent on to be answered", time.Minute, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return now == 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if most > bound || cut > 0 {
+		t.Fatalf("after the workers hung up: %d at once (want at most %d), %d given up before Conductor answered (want 0: Conductor goes on with them)",
+			most, bound, cut)
 	}
 }

@@ -64,6 +64,9 @@ func setLimitDefaults(o *Options) error {
 	if o.MaxUpstreamConnections <= 0 {
 		o.MaxUpstreamConnections = DefaultMaxUpstreamConnections
 	}
+	if o.MaxUpstreamConnections < 2 {
+		return errors.New("proxy: Options.MaxUpstreamConnections must be at least 2 (polls and updates each need one)")
+	}
 	if o.MaxBufferedBytes < o.MaxUpdateBytes {
 		return errors.New("proxy: Options.MaxBufferedBytes must be at least Options.MaxUpdateBytes")
 	}

@@ -30,6 +30,7 @@ import (
 
 	"github.com/conductor-sdk/conductor-go/sdk/model"
 	"go.uber.org/zap"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/connlimit"
@@ -125,7 +126,13 @@ type Proxy struct {
 	done   chan struct{}
 	seen   seenTasks
 	buf    *buffers
-	refuse refusals
+	// pollSlots and updateSlots are the polls and the updates the proxy
+	// has at Conductor at once, together Options.MaxUpstreamConnections
+	// (an update, short and the end of a worker's work, never queues
+	// behind a flood of long polls): forward holds one until Conductor
+	// answered.
+	pollSlots, updateSlots *semaphore.Weighted
+	refuse                 refusals
 }
 
 // New returns a Proxy in front of Options.Conductor for steps.
@@ -148,7 +155,9 @@ func New(steps Steps, opts Options) (*Proxy, error) {
 		}
 	}
 	p := &Proxy{base: base, steps: steps, opts: opts, log: opts.Logger.Named("proxy"),
-		client: &http.Client{Transport: opts.Transport}, done: make(chan struct{}), buf: newBuffers(opts.MaxBufferedBytes, opts.Metrics)}
+		client: &http.Client{Transport: opts.Transport}, done: make(chan struct{}), buf: newBuffers(opts.MaxBufferedBytes, opts.Metrics),
+		pollSlots:   semaphore.NewWeighted(int64(opts.MaxUpstreamConnections - updateSlots(opts.MaxUpstreamConnections))),
+		updateSlots: semaphore.NewWeighted(int64(updateSlots(opts.MaxUpstreamConnections)))}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.Out.URL = p.target(r.In.URL)
@@ -283,9 +292,22 @@ func (p *Proxy) known(tok string) bool {
 // returns the answer, its body read into buf (the bytes are buf's). It is
 // one round trip of the transport: a redirect is the worker's to follow,
 // as for every other call the proxy forwards.
-func (p *Proxy) forward(r *http.Request, body []byte, buf *bytes.Buffer) (*http.Response, []byte, error) {
+//
+// It holds one of the proxy's slots until Conductor answered, even when
+// the worker hangs up first: Conductor works on an abandoned poll until
+// its timeout, and a slot freed at the hang-up would let a flood of
+// abandoned polls take every request thread of Conductor's, which serve's
+// own calls need. A request still waiting for a slot when its worker
+// hangs up is never sent.
+func (p *Proxy) forward(r *http.Request, body []byte, buf *bytes.Buffer, slots *semaphore.Weighted) (*http.Response, []byte, error) {
+	if err := slots.Acquire(r.Context(), 1); err != nil {
+		return nil, nil, err
+	}
+	defer slots.Release(1)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), p.opts.WriteTimeout)
+	defer cancel()
 	out := (&http.Request{Method: r.Method, URL: p.target(r.URL), Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: make(http.Header, len(r.Header)), Host: p.base.Host}).WithContext(r.Context())
+		Header: make(http.Header, len(r.Header)), Host: p.base.Host}).WithContext(ctx)
 	if len(body) > 0 {
 		out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 	}
@@ -297,6 +319,12 @@ func (p *Proxy) forward(r *http.Request, body []byte, buf *bytes.Buffer) (*http.
 	defer resp.Body.Close()
 	_, err = buf.ReadFrom(resp.Body)
 	return resp, buf.Bytes(), err
+}
+
+// updateSlots is the share of n upstream slots kept for updates: a
+// quarter, at least one.
+func updateSlots(n int) int {
+	return max(1, n/4)
 }
 
 // answers are the buffers Conductor's answers to polls and updates are
@@ -431,9 +459,15 @@ const maxAdmits = 32
 func (p *Proxy) poll(w http.ResponseWriter, r *http.Request, batch bool) {
 	buf, release := answerBuffer()
 	defer release()
-	resp, body, err := p.forward(r, nil, buf)
+	resp, body, err := p.forward(r, nil, buf, p.pollSlots)
 	if err != nil {
 		writeError(w, http.StatusBadGateway, CodeConductorUnavailable, err.Error())
+		return
+	}
+	if r.Context().Err() != nil {
+		// The worker hung up: nothing is gated for a worker that will
+		// never have the tasks (Conductor's response timeout puts them
+		// back, as for a worker that polled it and died).
 		return
 	}
 	if resp.StatusCode != http.StatusOK || len(bytes.TrimSpace(body)) == 0 {
@@ -533,7 +567,7 @@ func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
 func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, body []byte, v2 bool, t *model.Task, a *taskworkers.Assignment, res *model.TaskResult) {
 	buf, release := answerBuffer()
 	defer release()
-	resp, out, err := p.forward(r, body, buf)
+	resp, out, err := p.forward(r, body, buf, p.updateSlots)
 	if err != nil {
 		writeError(w, http.StatusBadGateway, CodeConductorUnavailable, err.Error())
 		return
