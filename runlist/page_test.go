@@ -3,6 +3,7 @@ package runlist_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -152,13 +153,22 @@ func firstPageAfterRetention(t *testing.T, nFinished, keep int, late, readsNoMar
 	}
 	fromMemory := func(replica *runlist.List, rjs jetstream.JetStream) {
 		t.Helper()
+		// The connection's count takes the watchers' deliveries too (the
+		// purge markers' reach the mirror a moment later): the fewest
+		// of three reads is the page's own.
 		nc := rjs.Conn()
-		before := nc.Stats().InMsgs
-		p, err := replica.List(runlist.Filter{}, 50, "")
-		if err != nil {
-			t.Fatal(err)
+		var p *runlist.Page
+		got := uint64(math.MaxUint64)
+		for range 3 {
+			before := nc.Stats().InMsgs
+			var err error
+			if p, err = replica.List(runlist.Filter{}, 50, ""); err != nil {
+				t.Fatal(err)
+			}
+			got = min(got, nc.Stats().InMsgs-before)
+			time.Sleep(100 * time.Millisecond)
 		}
-		if got := nc.Stats().InMsgs - before; got >= uint64(nFinished) {
+		if got >= uint64(nFinished) {
 			t.Fatalf("the first page %v received %d messages (the bucket holds %d purge markers); want it read from memory", ids(p.Runs), got, nFinished)
 		}
 		if !slices.Equal(ids(p.Runs), newestFirst(running)) {
