@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/vocab"
 )
 
@@ -77,7 +78,7 @@ func OpenNATSSink(ctx context.Context, js jetstream.JetStream, cfg NATSSinkConfi
 		MaxAge: cfg.MaxAge, Replicas: cfg.Replicas, Storage: jetstream.FileStorage,
 		Description: "the sidecar's run events, one subject per event (sink " + cfg.Name + ")"})
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		_, err = js.Stream(ctx, cfg.Stream)
+		_, err = natsstore.BindStream(ctx, js, cfg.Stream)
 	}
 	if err != nil {
 		return nil, &Error{Code: CodeSinkInvalid, Message: fmt.Sprintf("sink %s: stream %s", cfg.Name, cfg.Stream), Err: err}

@@ -118,11 +118,11 @@ func OpenKVReplies(ctx context.Context, js jetstream.JetStream, opts KVRepliesOp
 			return nil, fmt.Errorf("open %s: %w", KVRepliesBucket, err)
 		}
 	}
-	kv, err := js.KeyValue(ctx, KVRepliesBucket)
+	kv, err := natsstore.BindBucket(ctx, js, KVRepliesBucket)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", KVRepliesBucket, err)
 	}
-	return &KVReplies{kv: natsstore.BoundKeys(js, kv), js: js, partBytes: replyPartBytes(js.Conn().MaxPayload()), StaleAfter: time.Minute, now: time.Now}, nil
+	return &KVReplies{kv: kv, js: js, partBytes: replyPartBytes(js.Conn().MaxPayload()), StaleAfter: time.Minute, now: time.Now}, nil
 }
 
 // minRepliesBytes is the least bound createReplies lowers a bound to: a
@@ -191,7 +191,7 @@ func repliesStream(opts KVRepliesOptions) jetstream.StreamConfig {
 // (its NATS user may not), so the bucket is used as it is, and the
 // warning carries the command that aligns it.
 func reportBound(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, log *zap.Logger) error {
-	st, err := js.Stream(ctx, want.Name)
+	st, err := natsstore.BindStream(ctx, js, want.Name)
 	if err != nil {
 		return err
 	}

@@ -95,7 +95,7 @@ func (n *Node) openPostgres(ctx context.Context) (*registry.Registry, error) {
 // the right database and the wrong NATS state would not know the runs in
 // flight (they would stay RUNNING: TestE2E_PostgresStoreLostNATSState).
 func (n *Node) pairNATS(ctx context.Context, pg *pgstore.Store) error {
-	st, err := n.js.Stream(ctx, "KV_"+adapter.DefaultRunsBucket)
+	st, err := natsstore.BindStream(ctx, n.js, "KV_"+adapter.DefaultRunsBucket)
 	if err != nil {
 		return fmt.Errorf("read the run index's stream: %w", err)
 	}

@@ -108,28 +108,31 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Registry,
 	if opts.Replicas == 1 && !opts.SyncWrites {
 		mode = jetstream.AsyncPersistMode
 	}
-	switch st, err := js.Stream(ctx, stream); {
-	case err == nil:
-		// The server refuses to change a stream's persist mode: keep it.
-		if have := st.CachedInfo().Config.PersistMode; have != mode {
-			opts.Logger.Info("registry bucket keeps the persist mode it was created with",
-				zap.String("bucket", opts.Bucket), zap.Stringer("persistMode", have), zap.Stringer("requested", mode))
-			mode = have
-		}
-	case !errors.Is(err, jetstream.ErrStreamNotFound):
-		return nil, fmt.Errorf("registry: open bucket %s: %w", opts.Bucket, err)
-	}
 	// Create, never update: the sidecar's NATS user may not reconfigure a
-	// stream. An existing bucket keeps its configuration.
-	if _, err := js.CreateStream(ctx, bucketStream(opts, mode)); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+	// stream. An existing bucket keeps its configuration. (Created first,
+	// not looked up first: on a cluster, a lookup while a replica starting
+	// with this one creates the stream may get no answer at all.)
+	_, err := js.CreateStream(ctx, bucketStream(opts, mode))
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		var st jetstream.Stream
+		if st, err = natsstore.BindStream(ctx, js, stream); err == nil {
+			// The server refuses to change a stream's persist mode.
+			if have := st.CachedInfo().Config.PersistMode; have != mode {
+				opts.Logger.Info("registry bucket keeps the persist mode it was created with",
+					zap.String("bucket", opts.Bucket), zap.Stringer("persistMode", have), zap.Stringer("requested", mode))
+				mode = have
+			}
+		}
+	}
+	if err != nil {
 		return nil, fmt.Errorf("registry: open bucket %s: %w", opts.Bucket, err)
 	}
-	kv, err := js.KeyValue(ctx, opts.Bucket)
+	kv, err := natsstore.BindBucket(ctx, js, opts.Bucket)
 	if err != nil {
 		return nil, fmt.Errorf("registry: open bucket %s: %w", opts.Bucket, err)
 	}
 	log := opts.Logger.Named("registry")
-	r := &Registry{entries: &kvEntries{kv: natsstore.BoundKeys(js, kv), log: log}, log: log, metrics: opts.Metrics, streams: []string{stream}}
+	r := &Registry{entries: &kvEntries{kv: kv, log: log}, log: log, metrics: opts.Metrics, streams: []string{stream}}
 	r.log.Debug("opened", zap.String("bucket", opts.Bucket), zap.Int("replicas", opts.Replicas),
 		zap.Duration("ttl", opts.TTL), zap.Stringer("persistMode", mode))
 	return r, nil

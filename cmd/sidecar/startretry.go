@@ -2,18 +2,15 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/conductor-sidecar/sidecar/node"
-	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 )
 
 // The wait between two start attempts on a NATS cluster that is not
@@ -26,7 +23,7 @@ const (
 
 // startWithRetry starts the sidecar; with --nats-url it opens its node
 // anew while the attempt failed because the NATS cluster is not ready yet
-// (transientStart), for at most --nats-start-timeout. The listeners are
+// (natsstore.NotReady), for at most --nats-start-timeout. The listeners are
 // bound once; every component opened by a failed attempt is closed before
 // the next one (node.Open does), and every open binds to what an earlier
 // attempt or another replica created. Each retry logs one line. An error
@@ -58,7 +55,7 @@ func openWithRetry(ctx context.Context, cfg *Config, nodeCfg node.Config, log *z
 		sc, err := openSidecar(ctx, cfg, nodeCfg, log)
 		if err != nil {
 			last = err
-			if !transientStart(err) {
+			if !natsstore.NotReady(err) {
 				return nil, backoff.Permanent(err)
 			}
 		}
@@ -81,44 +78,10 @@ func openWithRetry(ctx context.Context, cfg *Config, nodeCfg node.Config, log *z
 		// A signal once serve was waiting: during a wait, or during a
 		// later attempt (whose requests then fail with context.Canceled).
 		return nil, fmt.Errorf("stopped while waiting for the NATS cluster to be ready: %w", last)
-	case last == nil || !transientStart(last):
+	case last == nil || !natsstore.NotReady(last):
 		return nil, err
 	default:
 		return nil, fmt.Errorf("the NATS cluster was not ready within --nats-start-timeout %s (%d attempts): %w; check the cluster (nats server report jetstream) or raise --nats-start-timeout",
 			cfg.NATSStartTimeout, attempt, last)
 	}
-}
-
-// JetStream API error codes that mean "not now" on a cluster that is
-// starting or electing leaders.
-const (
-	jsClusterNoPeers        = 10005 // no suitable peers for placement (not all peers known yet)
-	jsClusterNotAvail       = 10008 // JetStream system temporarily unavailable
-	jsClusterNotLeader      = 10009 // JetStream cluster can not handle request
-	jsClusterMemberInflight = 10202 // cluster member change is in progress
-)
-
-// transientStart reports whether a failed start is worth another attempt:
-// the NATS cluster did not answer yet (no responders: no JetStream meta
-// leader, or a stream just created whose replicas do not serve requests
-// yet; a request timed out; the connection is reconnecting) or said it is
-// electing a leader. Everything else fails at once: permissions, a damaged
-// or rolled-back store, a misconfiguration, a refused connection.
-func transientStart(err error) bool {
-	if errors.Is(err, nats.ErrPermissionViolation) || errors.Is(err, nats.ErrAuthorization) ||
-		errors.Is(err, statestore.ErrDamaged) || errors.Is(err, context.Canceled) {
-		return false
-	}
-	if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) ||
-		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrConnectionReconnecting) {
-		return true
-	}
-	var jsErr jetstream.JetStreamError
-	if errors.As(err, &jsErr) && jsErr.APIError() != nil {
-		switch jsErr.APIError().ErrorCode {
-		case jsClusterNoPeers, jsClusterNotAvail, jsClusterNotLeader, jsClusterMemberInflight:
-			return true
-		}
-	}
-	return false
 }

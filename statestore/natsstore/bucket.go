@@ -19,13 +19,40 @@ import (
 func OpenBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	kv, err := js.CreateKeyValue(ctx, cfg)
 	if errors.Is(err, jetstream.ErrBucketExists) {
-		kv, err = js.KeyValue(ctx, cfg.Bucket)
+		return BindBucket(ctx, js, cfg.Bucket)
 	}
 	if err != nil {
 		return nil, err
 	}
 	b := boundedKV{KeyValue: kv, guard: guardOf(js.Conn(), "KV_"+kv.Bucket())}
 	return b, nil
+}
+
+// BindBucket binds to the KV bucket that the caller has just created or
+// was told exists, as BoundKeys returns it. On a cluster the stream of a
+// bucket created an instant ago (by this process or by a replica starting
+// with it) may not be served by its replicas yet, and the lookup answers
+// "not found": that error matches ErrNotReady, for the open to be tried
+// again.
+func BindBucket(ctx context.Context, js jetstream.JetStream, bucket string) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("%w: bucket %s was just created: %w", ErrNotReady, bucket, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return BoundKeys(js, kv), nil
+}
+
+// BindStream is BindBucket for a stream that the caller has just created
+// or was told exists.
+func BindStream(ctx context.Context, js jetstream.JetStream, name string) (jetstream.Stream, error) {
+	st, err := js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("%w: stream %s was just created: %w", ErrNotReady, name, err)
+	}
+	return st, err
 }
 
 // BoundKeys returns kv, opened through js, refusing, with ErrKeyTooLong

@@ -27,6 +27,12 @@ var (
 	// without Options.Removable), so no run can be removed from it.
 	ErrNotRemovable = &statestore.Error{Code: CodeNotRemovable, Kind: errcode.Conflict,
 		Message: "the event stream denies purge: it was created without retention, and JetStream cannot allow purge on an existing stream (docs/retention.md)"}
+	// ErrNotReady: a stream or bucket that was just created (by this
+	// process or another), or was reported existing, is not served by its
+	// replicas yet; on a cluster a lookup an instant after the create may
+	// answer "not found". The same open succeeds a moment later
+	// (NotReady reports true).
+	ErrNotReady = errors.New("natsstore: the stream's replicas do not serve it yet")
 	// ErrWriteRefused matches every STORE_WRITE_REFUSED error (a
 	// *WriteRefusedError).
 	ErrWriteRefused = &WriteRefusedError{}

@@ -36,7 +36,7 @@ func openStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Strea
 	if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 		return nil, unavailable("open stream "+cfg.Name, err)
 	}
-	if st, err = js.Stream(ctx, cfg.Name); err != nil {
+	if st, err = BindStream(ctx, js, cfg.Name); err != nil {
 		return nil, unavailable("open stream "+cfg.Name, err)
 	}
 	if err := checkConfig(st.CachedInfo().Config, cfg); err != nil {
@@ -325,7 +325,7 @@ func NewGuard(ctx context.Context, js jetstream.JetStream, streams ...string) (*
 		g.timeout = 5 * time.Second
 	}
 	for _, name := range streams {
-		st, err := js.Stream(ctx, name)
+		st, err := BindStream(ctx, js, name)
 		if err != nil {
 			return nil, unavailable("guard stream "+name, err)
 		}

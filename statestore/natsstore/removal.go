@@ -191,14 +191,14 @@ func OpenRemover(ctx context.Context, js jetstream.JetStream, opts RemoverOption
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
-	st, err := js.Stream(ctx, opts.Stream)
+	st, err := BindStream(ctx, js, opts.Stream)
 	if err != nil {
 		return nil, unavailable("open stream "+opts.Stream+" for removal", err)
 	}
 	if st.CachedInfo().Config.DenyPurge {
 		return nil, ErrNotRemovable
 	}
-	kv, err := js.KeyValue(ctx, opts.StateBucket)
+	kv, err := BindBucket(ctx, js, opts.StateBucket)
 	if err != nil {
 		return nil, unavailable("open bucket "+opts.StateBucket+" for removal", err)
 	}

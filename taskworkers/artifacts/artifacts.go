@@ -49,6 +49,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 )
 
 // DefaultBucket is the object store bucket used when Options.Bucket is empty.
@@ -133,6 +134,10 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			// Another replica created it first, with other options.
 			obs, err = js.ObjectStore(ctx, opts.Bucket)
+			if errors.Is(err, jetstream.ErrBucketNotFound) {
+				// Created an instant ago, not served by its replicas yet.
+				err = fmt.Errorf("%w: %w", natsstore.ErrNotReady, err)
+			}
 		}
 	}
 	if err != nil {
