@@ -11,7 +11,9 @@ import (
 
 // TestServe_ProxyRouteRule: serve's task proxy refuses Conductor's admin
 // and workflow calls (403 PROXY_ROUTE_NOT_FORWARDED) and forwards them
-// with --conductor-proxy-forward-all: the flag reaches the proxy.
+// with --conductor-proxy-forward-all: the flag reaches the proxy. So does
+// --conductor-proxy-max-upstream-connections: the metrics show its
+// slots, a quarter for updates.
 func TestServe_ProxyRouteRule(t *testing.T) {
 	get := func(t *testing.T, u string) (int, string) {
 		t.Helper()
@@ -30,14 +32,21 @@ func TestServe_ProxyRouteRule(t *testing.T) {
 		extra []string
 		want  int
 		code  string
+		slots [2]string // sidecar_proxy_upstream_slots poll, update
 	}{
-		{"Default", nil, http.StatusForbidden, "PROXY_ROUTE_NOT_FORWARDED"},
-		{"ForwardAll", []string{"--conductor-proxy-forward-all"}, http.StatusOK, ""},
+		{"Default", nil, http.StatusForbidden, "PROXY_ROUTE_NOT_FORWARDED", [2]string{"48", "16"}},
+		{"ForwardAll", []string{"--conductor-proxy-forward-all", "--conductor-proxy-max-upstream-connections", "10"}, http.StatusOK, "", [2]string{"8", "2"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			proxyAddr := sidecartest.FreeAddr(t)
-			startServe(t, t.TempDir(), sidecartest.FreeAddr(t), append([]string{"--conductor-proxy-listen", proxyAddr, "--concurrency",
+			p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), append([]string{"--conductor-proxy-listen", proxyAddr, "--concurrency",
 				"command=0,http=0,noop=0,sleep=0"}, c.extra...)...)
+			for i, kind := range []string{"poll", "update"} {
+				prefix := `sidecar_proxy_upstream_slots{kind="` + kind + `"} `
+				if l := metricLine(t, p, prefix); l != prefix+c.slots[i] {
+					t.Fatalf("/metrics: %q, want %q", l, prefix+c.slots[i])
+				}
+			}
 			if st, code := get(t, "http://"+proxyAddr+"/api/admin/config"); st != c.want || code != c.code {
 				t.Fatalf("GET /api/admin/config through the proxy: %d %q, want %d %q", st, code, c.want, c.code)
 			}

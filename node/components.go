@@ -304,7 +304,7 @@ func (n *Node) openProxy(context.Context) error {
 		return nil
 	}
 	p, err := proxy.New(n.workers, proxy.Options{Conductor: n.cfg.ConductorURL, Tokens: n.cfg.ConductorProxyTokens,
-		ForwardAll: n.cfg.ConductorProxyForwardAll, MaxConnections: n.cfg.APIOptions.MaxConnections,
+		ForwardAll: n.cfg.ConductorProxyForwardAll, MaxConnections: n.cfg.APIOptions.MaxConnections, MaxUpstreamConnections: n.cfg.ConductorProxyMaxUpstream,
 		Logger: n.log, Metrics: proxy.NewMetrics(n.reg)})
 	if err != nil {
 		return err

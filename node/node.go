@@ -119,6 +119,9 @@ type Config struct {
 	ConductorProxy           net.Listener
 	ConductorProxyTokens     []string
 	ConductorProxyForwardAll bool
+	// ConductorProxyMaxUpstream bounds the proxy's connections to
+	// Conductor (0: proxy.DefaultMaxUpstreamConnections).
+	ConductorProxyMaxUpstream int
 	// Adopt is the adoption of existing workflow definitions (no specs:
 	// none).
 	Adopt adapter.AdopterOptions

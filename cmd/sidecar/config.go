@@ -19,6 +19,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/node"
 	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/taskworkers/proxy"
 	"github.com/conductor-sidecar/sidecar/taskworkers/secrets"
 	"github.com/conductor-sidecar/sidecar/tracing"
 )
@@ -107,6 +108,7 @@ func DefaultConfig() Config {
 		ListFinishedInMemory: runlist.DefaultMaxFinished,
 		ControlRepliesMaxMiB: httpapi.DefaultRepliesMaxBytes >> 20,
 		NATSReplicas:         1,
+		Proxy:                proxyConfig{MaxUpstream: proxy.DefaultMaxUpstreamConnections},
 		NATSStartTimeout:     2 * time.Minute,
 		LogFormat:            "json",
 		LogLevel:             "info",

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/conductor-sidecar/sidecar/node"
+	"github.com/conductor-sidecar/sidecar/taskworkers/proxy"
 )
 
 // proxyConfig is the task proxy: Conductor's API for outside workers
@@ -24,6 +25,9 @@ type proxyConfig struct {
 	// ForwardAll forwards Conductor's whole API, not only the calls
 	// workers make: a proxy token then grants every tenant's workflows.
 	ForwardAll bool
+	// MaxUpstream bounds the proxy's connections to Conductor (polls and
+	// updates at Conductor at once); 0 after a bad environment value.
+	MaxUpstream int
 }
 
 func (c *proxyConfig) registerFlags(fs *flag.FlagSet) {
@@ -31,13 +35,23 @@ func (c *proxyConfig) registerFlags(fs *flag.FlagSet) {
 	stringFlag(fs, &c.TokenFile, "conductor-proxy-token-file", "file of the tokens the task proxy requires, one per line (header "+"X-Sidecar-Proxy-Token, or the URL's first path segment)")
 	boolFlag(fs, &c.NoAuth, "conductor-proxy-no-auth", "allow a non-loopback --conductor-proxy-listen without --conductor-proxy-token-file")
 	boolFlag(fs, &c.ForwardAll, "conductor-proxy-forward-all", "forward Conductor's whole API through the task proxy, not only the calls workers make (the proxy token then grants Conductor's whole API, every tenant)")
+	fs.Var(&intValue{&c.MaxUpstream}, "conductor-proxy-max-upstream-connections", "connections of the task proxy to Conductor, so its workers' polls and updates at Conductor at once, a quarter kept for updates (at least 2; each takes one of Conductor's request threads); more polls wait at the proxy (sidecar_proxy_upstream_waiting) (env "+envName("conductor-proxy-max-upstream-connections")+")")
+	if v, ok := os.LookupEnv(envName("conductor-proxy-max-upstream-connections")); ok {
+		if fs.Set("conductor-proxy-max-upstream-connections", v) != nil {
+			c.MaxUpstream = 0 // validate names it
+		}
+	}
 }
 
 func (c *proxyConfig) validate() []string {
+	var p []string
 	if c.Listen != "" && c.TokenFile == "" && !c.NoAuth && !loopbackListen(c.Listen) {
-		return []string{"--conductor-proxy-listen " + c.Listen + " is not loopback: give --conductor-proxy-token-file, or --conductor-proxy-no-auth when Conductor's own authentication or the network keeps workers apart"}
+		p = append(p, "--conductor-proxy-listen "+c.Listen+" is not loopback: give --conductor-proxy-token-file, or --conductor-proxy-no-auth when Conductor's own authentication or the network keeps workers apart")
 	}
-	return nil
+	if c.MaxUpstream < 2 {
+		p = append(p, fmt.Sprintf("--conductor-proxy-max-upstream-connections %d: want a whole number of at least 2 (polls and updates each need one; default %d)", c.MaxUpstream, proxy.DefaultMaxUpstreamConnections))
+	}
+	return p
 }
 
 // apply binds the proxy's listener and reads its tokens into nc.
@@ -65,5 +79,6 @@ func (c *proxyConfig) apply(nc *node.Config) error {
 	}
 	nc.ConductorProxy = ln
 	nc.ConductorProxyForwardAll = c.ForwardAll
+	nc.ConductorProxyMaxUpstream = c.MaxUpstream
 	return nil
 }

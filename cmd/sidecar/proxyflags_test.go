@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/conductor-sidecar/sidecar/node"
@@ -33,6 +34,46 @@ func TestConfig_ProxyForwardAll(t *testing.T) {
 			defer nc.ConductorProxy.Close()
 			if nc.ConductorProxyForwardAll != c.want {
 				t.Fatalf("node's ConductorProxyForwardAll %v, want %v", nc.ConductorProxyForwardAll, c.want)
+			}
+		})
+	}
+}
+
+// TestConfig_ProxyMaxUpstreamConnections: the flag and its variable set
+// the bound the node passes to the proxy (64 by default); fewer than 2,
+// or not a number, is a problem naming the flag.
+func TestConfig_ProxyMaxUpstreamConnections(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		env  string
+		args []string
+		want int
+		bad  bool
+	}{
+		{"Default", "", nil, 64, false},
+		{"Flag", "", []string{"--conductor-proxy-max-upstream-connections", "8"}, 8, false},
+		{"Env", "200", nil, 200, false},
+		{"TooFew", "", []string{"--conductor-proxy-max-upstream-connections", "1"}, 1, true},
+		{"EnvNotANumber", "many", nil, 0, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.env != "" {
+				t.Setenv("SIDECAR_CONDUCTOR_PROXY_MAX_UPSTREAM_CONNECTIONS", c.env)
+			}
+			cfg, err := parseAdopt(t, append([]string{"--conductor-proxy-listen", "127.0.0.1:0"}, c.args...)...)
+			if got := err != nil && strings.Contains(err.Error(), "--conductor-proxy-max-upstream-connections"); got != c.bad {
+				t.Fatalf("Validate: %v, want a problem naming the flag: %v", err, c.bad)
+			}
+			if c.bad {
+				return
+			}
+			var nc node.Config
+			if err := cfg.Proxy.apply(&nc); err != nil {
+				t.Fatal(err)
+			}
+			defer nc.ConductorProxy.Close()
+			if nc.ConductorProxyMaxUpstream != c.want {
+				t.Fatalf("node's ConductorProxyMaxUpstream %d, want %d", nc.ConductorProxyMaxUpstream, c.want)
 			}
 		})
 	}

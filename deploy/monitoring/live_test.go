@@ -92,7 +92,12 @@ func TestMonitoring_Live(t *testing.T) {
 		t.Fatal(err)
 	}
 	extra := []string{"--max-active-runs-per-plan", "1", "--bus-sink", "webhook:name=audit,url=" + hook.URL + ",secret-file=" + secret}
-	healthy := startSidecar(t, conductor, "healthy", extra...)
+	// The healthy sidecar also serves the task proxy and adopts a
+	// definition whose one SIMPLE task the scenario's worker runs through
+	// it: the "Task proxy" row.
+	adopted := adoptedDefinition(t, conductor)
+	proxyAddr := sidecartest.FreeAddr(t)
+	healthy := startSidecar(t, conductor, "healthy", append([]string{"--conductor-proxy-listen", proxyAddr, "--adopt", adopted}, extra...)...)
 	down := startSidecar(t, "http://"+sidecartest.FreeAddr(t)+"/api", "down", extra...)
 
 	for _, s := range []*sidecarProc{healthy, down} {
@@ -104,6 +109,7 @@ func TestMonitoring_Live(t *testing.T) {
 	prom.waitTargetsUp(t, 2)
 
 	runScenario(t, healthy)
+	runProxyScenario(t, healthy, conductor, proxyAddr, adopted)
 
 	// The scenario's last changes must be scraped (1s) and evaluated (1s);
 	// PAUSE_DRAIN_TIMEOUT firing shows the rules have seen the timeout.
@@ -295,6 +301,69 @@ func runScenario(t *testing.T, s *sidecarProc) {
 	if evs := events(t, s, second); len(evs) == 0 || evs[0].EventType != statestore.RunQueued {
 		t.Fatalf("the second run of the plan was not queued: %v", evs)
 	}
+}
+
+// adoptedDefinition registers a workflow definition of one SIMPLE task,
+// of a task type of the same name, and returns the name.
+func adoptedDefinition(t *testing.T, conductor string) string {
+	t.Helper()
+	name := uniq("mon_adopted")
+	def, _ := json.Marshal(map[string]any{"name": name, "version": 1, "schemaVersion": 2, "ownerEmail": "monitoring@example.com",
+		"tasks": []map[string]any{{"name": name, "taskReferenceName": "work", "type": "SIMPLE",
+			"taskDefinition": map[string]any{"name": name, "retryCount": 0, "timeoutSeconds": 0, "responseTimeoutSeconds": 60}}}})
+	conductorCall(t, http.MethodPost, conductor+"/metadata/workflow", def)
+	return name
+}
+
+// runProxyScenario starts a workflow of the adopted definition in
+// Conductor and runs its task as an outside worker would, through the
+// task proxy: polled (StepStarted appended before the worker has it) and
+// completed; the run completes in the log.
+func runProxyScenario(t *testing.T, s *sidecarProc, conductor, proxyAddr, name string) {
+	body, _ := json.Marshal(map[string]any{"name": name, "version": 1, "input": map[string]any{}})
+	runID := strings.TrimSpace(conductorCall(t, http.MethodPost, conductor+"/workflow", body))
+	var task struct {
+		TaskID             string `json:"taskId"`
+		WorkflowInstanceID string `json:"workflowInstanceId"`
+	}
+	sidecartest.WaitFor(t, "the adopted workflow's task through the task proxy", 60*time.Second, func() bool {
+		out := conductorCall(t, http.MethodGet, "http://"+proxyAddr+"/api/tasks/poll/batch/"+name+"?count=1&timeout=500&workerid=monitoring", nil)
+		var tasks []json.RawMessage
+		if json.Unmarshal([]byte(out), &tasks) != nil || len(tasks) == 0 {
+			return false
+		}
+		if err := json.Unmarshal(tasks[0], &task); err != nil {
+			t.Fatal(err)
+		}
+		return true
+	})
+	update, _ := json.Marshal(map[string]any{"taskId": task.TaskID, "workflowInstanceId": task.WorkflowInstanceID, "status": "COMPLETED", "workerId": "monitoring"})
+	conductorCall(t, http.MethodPost, "http://"+proxyAddr+"/api/tasks", update)
+	sidecartest.WaitFor(t, "the adopted run "+runID+" to complete", 60*time.Second, func() bool {
+		v, err := s.client.Run(context.Background(), runID)
+		return err == nil && v.Status == statestore.RunStatusCompleted
+	})
+}
+
+// conductorCall sends body (JSON, or nothing) to u and returns the
+// answer; a status other than 200 or 204 fails the test.
+func conductorCall(t *testing.T, method, u string, body []byte) string {
+	t.Helper()
+	req, err := http.NewRequest(method, u, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("%s %s: %s\n%s", method, u, resp.Status, b)
+	}
+	return string(b)
 }
 
 func submitPlan(t *testing.T, s *sidecarProc, js string) string {

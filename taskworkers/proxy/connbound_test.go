@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/taskworkers/proxy"
 )
@@ -103,6 +105,7 @@ func getHealth(t *testing.T, c net.Conn, r *bufio.Reader) (int, string) {
 // descriptors and of Conductor's request threads than that.
 func TestProxy_UpstreamConnectionsAreBounded(t *testing.T) {
 	const bound, workers = 4, 24
+	reg := prometheus.NewRegistry()
 	var mu sync.Mutex
 	now, most, cut := 0, 0, 0
 	e := newEnvOpts(t, envOpts{
@@ -128,7 +131,7 @@ func TestProxy_UpstreamConnectionsAreBounded(t *testing.T) {
 			t.Cleanup(srv.Close)
 			return srv.URL + u.Path
 		},
-		proxy: func(o *proxy.Options) { o.MaxUpstreamConnections = bound },
+		proxy: func(o *proxy.Options) { o.MaxUpstreamConnections = bound; o.Metrics = proxy.NewMetrics(reg) },
 	})
 	var wg sync.WaitGroup
 	var answered atomic.Int32
@@ -153,6 +156,13 @@ func TestProxy_UpstreamConnectionsAreBounded(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		return now > 0
+	})
+	// The metrics show the slots full and the polls waiting for one.
+	if s, u := upstreamGauge(t, reg, "sidecar_proxy_upstream_slots", "poll"), upstreamGauge(t, reg, "sidecar_proxy_upstream_slots", "update"); s != 3 || u != 1 {
+		t.Fatalf("sidecar_proxy_upstream_slots poll %v, update %v: want 3 and 1 (a quarter of %d for updates)", s, u, bound)
+	}
+	waitFor(t, "the metrics to show every poll slot taken and polls waiting", time.Minute, func() bool {
+		return upstreamGauge(t, reg, "sidecar_proxy_upstream_requests", "poll") == 3 && upstreamGauge(t, reg, "sidecar_proxy_upstream_waiting", "poll") > 0
 	})
 	res, err := http.Post(e.url+"/tasks", "application/json", strings.NewReader(
 		`{"taskId":"00000000-0000-4000-8000-000000000000","workflowInstanceId":"00000000-0000-4000-8000-000000000001","status":"COMPLETED"}`))
@@ -197,4 +207,33 @@ func TestProxy_UpstreamConnectionsAreBounded(t *testing.T) {
 		t.Fatalf("after the workers hung up: %d at once (want at most %d), %d given up before Conductor answered (want 0: Conductor goes on with them)",
 			most, bound, cut)
 	}
+	for _, name := range []string{"sidecar_proxy_upstream_requests", "sidecar_proxy_upstream_waiting"} {
+		for _, kind := range []string{"poll", "update"} {
+			if v := upstreamGauge(t, reg, name, kind); v != 0 {
+				t.Errorf("%s{kind=%q} %v once every request was answered, want 0", name, kind, v)
+			}
+		}
+	}
+}
+
+// upstreamGauge is the gauge name{kind} in reg (-1: not there).
+func upstreamGauge(t *testing.T, reg *prometheus.Registry, name, kind string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "kind" && l.GetValue() == kind {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return -1
 }

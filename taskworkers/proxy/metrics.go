@@ -13,6 +13,10 @@ type Metrics struct {
 	tasks    *prometheus.CounterVec
 	gate     *prometheus.HistogramVec
 	held     prometheus.Gauge
+	// slots, upstream and waiting are the proxy's connections to
+	// Conductor by kind (poll, update): the bound, those in use, the
+	// requests waiting for one.
+	slots, upstream, waiting *prometheus.GaugeVec
 }
 
 // NewMetrics registers the proxy's metrics with reg.
@@ -35,6 +39,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sidecar_proxy_buffered_bytes",
 			Help: "Bytes of update bodies the task proxy holds now (its room taken: Content-Length, or the per-update bound for a body of unannounced length); at most its MaxBufferedBytes.",
 		}),
+		slots: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sidecar_proxy_upstream_slots",
+			Help: "Requests the task proxy may have at Conductor at once, by kind: poll (polls, batch polls), update (task updates: a quarter of --conductor-proxy-max-upstream-connections, kept so that an update never waits behind long polls).",
+		}, []string{"kind"}),
+		upstream: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sidecar_proxy_upstream_requests",
+			Help: "Requests the task proxy has at Conductor now, by kind (poll, update); at sidecar_proxy_upstream_slots, further ones wait (sidecar_proxy_upstream_waiting).",
+		}, []string{"kind"}),
+		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sidecar_proxy_upstream_waiting",
+			Help: "Workers' polls and updates waiting for a connection of the task proxy to Conductor, by kind (poll, update): above 0 for long, raise --conductor-proxy-max-upstream-connections (and Conductor's request threads).",
+		}, []string{"kind"}),
 	}
 	for _, k := range []string{"poll", "batch_poll", "update", "update_v2", "update_by_ref", "forward", "unauthorized", "refused", "too_large", "busy"} {
 		m.requests.WithLabelValues(k)
@@ -45,7 +61,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, st := range []string{"poll", "update"} {
 		m.gate.WithLabelValues(st)
 	}
-	reg.MustRegister(m.requests, m.tasks, m.gate, m.held)
+	for _, k := range []string{"poll", "update"} {
+		m.upstream.WithLabelValues(k)
+		m.waiting.WithLabelValues(k)
+	}
+	reg.MustRegister(m.requests, m.tasks, m.gate, m.held, m.slots, m.upstream, m.waiting)
 	return m
 }
 
@@ -72,5 +92,26 @@ func (m *Metrics) gated(stage string, began time.Time) {
 func (m *Metrics) buffered(d int64) {
 	if m != nil {
 		m.held.Add(float64(d))
+	}
+}
+
+// bound sets the connections to Conductor the proxy may use for kind.
+func (m *Metrics) bound(kind string, n int) {
+	if m != nil {
+		m.slots.WithLabelValues(kind).Set(float64(n))
+	}
+}
+
+// upstreamWait adds d to the requests of kind waiting for a connection.
+func (m *Metrics) upstreamWait(kind string, d int) {
+	if m != nil {
+		m.waiting.WithLabelValues(kind).Add(float64(d))
+	}
+}
+
+// upstreamHeld adds d to the requests of kind at Conductor now.
+func (m *Metrics) upstreamHeld(kind string, d int) {
+	if m != nil {
+		m.upstream.WithLabelValues(kind).Add(float64(d))
 	}
 }

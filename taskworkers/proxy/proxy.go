@@ -131,7 +131,7 @@ type Proxy struct {
 	// (an update, short and the end of a worker's work, never queues
 	// behind a flood of long polls): forward holds one until Conductor
 	// answered.
-	pollSlots, updateSlots *semaphore.Weighted
+	pollSlots, updateSlots *upstreamSlots
 	refuse                 refusals
 }
 
@@ -156,8 +156,8 @@ func New(steps Steps, opts Options) (*Proxy, error) {
 	}
 	p := &Proxy{base: base, steps: steps, opts: opts, log: opts.Logger.Named("proxy"),
 		client: &http.Client{Transport: opts.Transport}, done: make(chan struct{}), buf: newBuffers(opts.MaxBufferedBytes, opts.Metrics),
-		pollSlots:   semaphore.NewWeighted(int64(opts.MaxUpstreamConnections - updateSlots(opts.MaxUpstreamConnections))),
-		updateSlots: semaphore.NewWeighted(int64(updateSlots(opts.MaxUpstreamConnections)))}
+		pollSlots:   newUpstreamSlots("poll", opts.MaxUpstreamConnections-updateSlots(opts.MaxUpstreamConnections), opts.Metrics),
+		updateSlots: newUpstreamSlots("update", updateSlots(opts.MaxUpstreamConnections), opts.Metrics)}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.Out.URL = p.target(r.In.URL)
@@ -299,11 +299,11 @@ func (p *Proxy) known(tok string) bool {
 // abandoned polls take every request thread of Conductor's, which serve's
 // own calls need. A request still waiting for a slot when its worker
 // hangs up is never sent.
-func (p *Proxy) forward(r *http.Request, body []byte, buf *bytes.Buffer, slots *semaphore.Weighted) (*http.Response, []byte, error) {
-	if err := slots.Acquire(r.Context(), 1); err != nil {
+func (p *Proxy) forward(r *http.Request, body []byte, buf *bytes.Buffer, slots *upstreamSlots) (*http.Response, []byte, error) {
+	if err := slots.acquire(r.Context()); err != nil {
 		return nil, nil, err
 	}
-	defer slots.Release(1)
+	defer slots.release()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), p.opts.WriteTimeout)
 	defer cancel()
 	out := (&http.Request{Method: r.Method, URL: p.target(r.URL), Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
@@ -325,6 +325,39 @@ func (p *Proxy) forward(r *http.Request, body []byte, buf *bytes.Buffer, slots *
 // quarter, at least one.
 func updateSlots(n int) int {
 	return max(1, n/4)
+}
+
+// upstreamSlots are the requests of one kind the proxy may have at
+// Conductor at once, counted in the metrics.
+type upstreamSlots struct {
+	sem     *semaphore.Weighted
+	kind    string
+	metrics *Metrics
+}
+
+func newUpstreamSlots(kind string, n int, m *Metrics) *upstreamSlots {
+	m.bound(kind, n)
+	return &upstreamSlots{sem: semaphore.NewWeighted(int64(n)), kind: kind, metrics: m}
+}
+
+// acquire takes a slot, waiting for one while ctx lasts.
+func (s *upstreamSlots) acquire(ctx context.Context) error {
+	if !s.sem.TryAcquire(1) {
+		s.metrics.upstreamWait(s.kind, 1)
+		err := s.sem.Acquire(ctx, 1)
+		s.metrics.upstreamWait(s.kind, -1)
+		if err != nil {
+			return err
+		}
+	}
+	s.metrics.upstreamHeld(s.kind, 1)
+	return nil
+}
+
+// release gives back a slot acquire took.
+func (s *upstreamSlots) release() {
+	s.metrics.upstreamHeld(s.kind, -1)
+	s.sem.Release(1)
 }
 
 // answers are the buffers Conductor's answers to polls and updates are
