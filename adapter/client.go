@@ -18,6 +18,7 @@ import (
 	"github.com/conductor-sdk/conductor-go/sdk/model"
 	"github.com/conductor-sdk/conductor-go/sdk/settings"
 	"go.uber.org/zap"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/conductor-sidecar/sidecar/errcode"
 )
@@ -50,7 +51,19 @@ type ClientOptions struct {
 	Logger *zap.Logger
 	// Metrics records every call (nil: none).
 	Metrics *Metrics
+	// MaxConcurrentCalls bounds the calls the client has at Conductor at
+	// once, batch polls aside (their loops are few and fixed); a further
+	// call waits for one within its deadline. Each call takes one of
+	// Conductor's request threads (Tomcat's 200 by default), which
+	// workers and other clients need too. Default
+	// DefaultMaxConcurrentCalls.
+	MaxConcurrentCalls int
 }
+
+// DefaultMaxConcurrentCalls is ClientOptions.MaxConcurrentCalls by
+// default: more than serve's task workers report at once with the
+// default concurrency (52), fewer than a third of Conductor's threads.
+const DefaultMaxConcurrentCalls = 64
 
 // Client is the sidecar's Conductor API client: the conductor-go SDK v1.5.4
 // with a deadline on every call, typed errors and metrics. Every method takes
@@ -71,6 +84,10 @@ type Client struct {
 	metadata client.MetadataClient
 	// bulkMax is how many workflow ids one bulk call sends (BulkMax).
 	bulkMax int
+	// calls bounds the calls at Conductor at once (MaxConcurrentCalls),
+	// batch polls aside.
+	calls    *semaphore.Weighted
+	maxCalls int
 }
 
 // NewClient returns a Client for opts.BaseURL. It does not contact the
@@ -86,6 +103,10 @@ func NewClient(opts ClientOptions) (*Client, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = DefaultTimeout
 	}
+	if opts.MaxConcurrentCalls <= 0 {
+		opts.MaxConcurrentCalls = DefaultMaxConcurrentCalls
+	}
+	opts.Metrics.bound(opts.MaxConcurrentCalls)
 	if opts.HTTPClient == nil {
 		// Go's default transport keeps 2 idle connections per host: the
 		// pollers and the concurrent task updates would open and close
@@ -114,6 +135,8 @@ func NewClient(opts ClientOptions) (*Client, error) {
 		workflow: client.NewWorkflowClient(api),
 		tasks:    client.NewTaskClient(api),
 		metadata: client.NewMetadataClient(api),
+		calls:    semaphore.NewWeighted(int64(opts.MaxConcurrentCalls)),
+		maxCalls: opts.MaxConcurrentCalls,
 	}, nil
 }
 
@@ -130,12 +153,34 @@ func (c *Client) do(ctx context.Context, op string, extra time.Duration, call fu
 		callCtx, cancel = context.WithTimeout(ctx, c.timeout+extra)
 		defer cancel()
 	}
+	if op != opBatchPoll {
+		if err := c.acquire(callCtx); err != nil {
+			err = c.classify(ctx, op, nil, err)
+			c.observe(op, start, err)
+			return nil, err
+		}
+		defer c.calls.Release(1)
+	}
 	resp, err := call(callCtx)
 	if err != nil {
 		err = c.classify(ctx, op, resp, err)
 	}
 	c.observe(op, start, err)
 	return resp, err
+}
+
+// acquire takes one of the places for calls at Conductor, waiting for one
+// while ctx lasts.
+func (c *Client) acquire(ctx context.Context) error {
+	if c.calls.TryAcquire(1) {
+		return nil
+	}
+	c.metrics.waiting(1)
+	defer c.metrics.waiting(-1)
+	if err := c.calls.Acquire(ctx, 1); err != nil {
+		return fmt.Errorf("waiting for one of the %d places for calls to Conductor (--conductor-max-concurrent-calls): %w", c.maxCalls, err)
+	}
+	return nil
 }
 
 func (c *Client) observe(op string, start time.Time, err error) {

@@ -102,6 +102,9 @@ type Metrics struct {
 	stuck    prometheus.Gauge
 	adopted  prometheus.Counter
 	reads    map[string]prometheus.Counter
+	// queued: calls waiting for a place (ClientOptions.MaxConcurrentCalls);
+	// places: the bound.
+	queued, places prometheus.Gauge
 }
 
 // Why the adopter read an adopted workflow back from Conductor
@@ -167,7 +170,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "sidecar_adopter_reads_total",
 		Help: "Reads of an adopted workflow with its tasks, by reason: adoption (first sight), gate (a task of it passed the proxy's gate), nudge (an outside worker reported a task of it), pending (a system task of it is scheduled or in progress), settle (its workflow ended).",
 	}, []string{"reason"})
-	reg.MustRegister(requests, duration, starts, active, terminal, errs, orphans, actions, stuck, adopted, reads)
+	queued := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sidecar_conductor_calls_waiting",
+		Help: "Calls of the sidecar to Conductor waiting for one of its --conductor-max-concurrent-calls places (batch polls aside); above 0 for long, Conductor is slow for the sidecar's load, or the bound is low.",
+	})
+	places := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sidecar_conductor_call_slots",
+		Help: "Calls the sidecar may have at Conductor at once, batch polls aside (--conductor-max-concurrent-calls).",
+	})
+	reg.MustRegister(requests, duration, starts, active, terminal, errs, orphans, actions, stuck, adopted, reads, queued, places)
 
 	m := &Metrics{
 		requests: make(map[[2]string]prometheus.Counter),
@@ -181,6 +192,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		stuck:    stuck,
 		adopted:  adopted,
 		reads:    make(map[string]prometheus.Counter),
+		queued:   queued,
+		places:   places,
 	}
 	for _, r := range []string{adoptReadGate, adoptReadNudge, adoptReadPending, adoptReadSettle, adoptReadAdoption, adoptReadPause, adoptReadSubWorkflow} {
 		m.reads[r] = reads.WithLabelValues(r)
@@ -282,5 +295,19 @@ func (m *Metrics) adoptRead(reason string) {
 func (m *Metrics) orphan(action string) {
 	if m != nil {
 		m.orphans[action].Inc()
+	}
+}
+
+// waiting adds d to the calls waiting for a place.
+func (m *Metrics) waiting(d int) {
+	if m != nil {
+		m.queued.Add(float64(d))
+	}
+}
+
+// bound records the calls the client may have at Conductor at once.
+func (m *Metrics) bound(n int) {
+	if m != nil {
+		m.places.Set(float64(n))
 	}
 }

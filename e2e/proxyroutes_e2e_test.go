@@ -13,7 +13,8 @@ import (
 // and workflow calls (403 PROXY_ROUTE_NOT_FORWARDED) and forwards them
 // with --conductor-proxy-forward-all: the flag reaches the proxy. So does
 // --conductor-proxy-max-upstream-connections: the metrics show its
-// slots, a quarter for updates.
+// slots, a quarter for updates; and --conductor-max-concurrent-calls, the
+// bound of serve's own calls.
 func TestServe_ProxyRouteRule(t *testing.T) {
 	get := func(t *testing.T, u string) (int, string) {
 		t.Helper()
@@ -32,17 +33,17 @@ func TestServe_ProxyRouteRule(t *testing.T) {
 		extra []string
 		want  int
 		code  string
-		slots [2]string // sidecar_proxy_upstream_slots poll, update
+		slots [3]string // sidecar_proxy_upstream_slots poll, update; sidecar_conductor_call_slots
 	}{
-		{"Default", nil, http.StatusForbidden, "PROXY_ROUTE_NOT_FORWARDED", [2]string{"48", "16"}},
-		{"ForwardAll", []string{"--conductor-proxy-forward-all", "--conductor-proxy-max-upstream-connections", "10"}, http.StatusOK, "", [2]string{"8", "2"}},
+		{"Default", nil, http.StatusForbidden, "PROXY_ROUTE_NOT_FORWARDED", [3]string{"48", "16", "64"}},
+		{"ForwardAll", []string{"--conductor-proxy-forward-all", "--conductor-proxy-max-upstream-connections", "10", "--conductor-max-concurrent-calls", "7"},
+			http.StatusOK, "", [3]string{"8", "2", "7"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			proxyAddr := sidecartest.FreeAddr(t)
 			p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), append([]string{"--conductor-proxy-listen", proxyAddr, "--concurrency",
 				"command=0,http=0,noop=0,sleep=0"}, c.extra...)...)
-			for i, kind := range []string{"poll", "update"} {
-				prefix := `sidecar_proxy_upstream_slots{kind="` + kind + `"} `
+			for i, prefix := range []string{`sidecar_proxy_upstream_slots{kind="poll"} `, `sidecar_proxy_upstream_slots{kind="update"} `, "sidecar_conductor_call_slots "} {
 				if l := metricLine(t, p, prefix); l != prefix+c.slots[i] {
 					t.Fatalf("/metrics: %q, want %q", l, prefix+c.slots[i])
 				}

@@ -68,7 +68,7 @@ func (n *Node) openRunSpans(ctx context.Context) error {
 // answers.
 func (n *Node) openRuns(ctx context.Context) error {
 	n.adapterM = adapter.NewMetrics(n.reg)
-	conductor, err := adapter.NewClient(adapter.ClientOptions{BaseURL: n.cfg.ConductorURL, Logger: n.log, Metrics: n.adapterM})
+	conductor, err := adapter.NewClient(adapter.ClientOptions{BaseURL: n.cfg.ConductorURL, Logger: n.log, Metrics: n.adapterM, MaxConcurrentCalls: n.cfg.ConductorMaxCalls})
 	if err != nil {
 		return err
 	}

@@ -48,6 +48,9 @@ import (
 type Config struct {
 	// ConductorURL is Conductor's API base URL.
 	ConductorURL string
+	// ConductorMaxCalls bounds the calls at Conductor at once, batch polls
+	// aside (0: adapter.DefaultMaxConcurrentCalls).
+	ConductorMaxCalls int
 	// Postgres, when set, is the PostgreSQL URL where the run event log,
 	// the EventIdRegistry and the control API's replies live; empty:
 	// they live on JetStream. The rest of the state is on NATS either way.

@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/node"
@@ -36,6 +37,9 @@ func envOr(name, def string) string {
 // and an environment variable SIDECAR_<FLAG NAME IN UPPER SNAKE CASE>.
 type Config struct {
 	ConductorURL string
+	// ConductorMaxCalls bounds serve's calls at Conductor at once, batch
+	// polls aside (0 after a bad environment value).
+	ConductorMaxCalls int
 	// Store is where the run event log, the EventIdRegistry and the
 	// control API's replies live: "nats" (JetStream, the default) or a
 	// PostgreSQL URL (postgres://user@host:port/database).
@@ -97,6 +101,7 @@ func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
 		ConductorURL:         "http://localhost:8080/api",
+		ConductorMaxCalls:    adapter.DefaultMaxConcurrentCalls,
 		Store:                "nats",
 		DataDir:              "./data",
 		Listen:               "127.0.0.1:8787",
@@ -135,7 +140,7 @@ func (c *Config) postgresStore() bool {
 // webhook may reach) and reads the credential files; the listeners are
 // closed again when it fails.
 func (c *Config) node(log *zap.Logger, own []string) (nc node.Config, err error) {
-	nc = node.Config{ConductorURL: c.ConductorURL, AcceptNewNATSState: c.AcceptNewNATSState,
+	nc = node.Config{ConductorURL: c.ConductorURL, ConductorMaxCalls: c.ConductorMaxCalls, AcceptNewNATSState: c.AcceptNewNATSState,
 		NATSURL: c.NATSURL, NATSURLShown: redactURL(c.NATSURL), Replicas: c.NATSReplicas,
 		Embedded:     natsstore.EmbeddedConfig{DataDir: c.DataDir, Listen: c.NATS.Listen, SyncInterval: c.SyncInterval},
 		DrainTimeout: c.DrainTimeout, WorkerID: c.WorkerID, TaskDomain: c.TaskDomain, Concurrency: c.Concurrency,
@@ -221,6 +226,9 @@ func (c *Config) Validate() error {
 	if u, err := url.Parse(c.ConductorURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		p = append(p, fmt.Sprintf("--conductor-url %q: want an http(s) URL like http://localhost:8080/api", redactURL(c.ConductorURL)))
 	}
+	if c.ConductorMaxCalls < 1 {
+		p = append(p, fmt.Sprintf("--conductor-max-concurrent-calls %d: want a whole number of at least 1 (default %d)", c.ConductorMaxCalls, adapter.DefaultMaxConcurrentCalls))
+	}
 	if c.Store != "nats" && !c.postgresStore() {
 		p = append(p, "--store "+redactURL(c.Store)+": want nats or a PostgreSQL URL like postgres://sidecar@db:5432/sidecar (password from PGPASSFILE or PGPASSWORD)")
 	}
@@ -303,6 +311,12 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 		}
 	}
 	str(&c.ConductorURL, "conductor-url", "Conductor API base URL")
+	fs.Var(&intValue{&c.ConductorMaxCalls}, "conductor-max-concurrent-calls", "calls serve has at Conductor at once, its task workers' batch polls aside (each takes one of Conductor's request threads); more wait for a place (sidecar_conductor_calls_waiting) (env "+envName("conductor-max-concurrent-calls")+")")
+	if v, ok := os.LookupEnv(envName("conductor-max-concurrent-calls")); ok {
+		if fs.Set("conductor-max-concurrent-calls", v) != nil {
+			c.ConductorMaxCalls = 0 // Validate names it
+		}
+	}
 	str(&c.Store, "store", "where the run event log, the event ids and the control replies live: nats, or postgres://user@host:port/database (keep the password out of the URL: PGPASSFILE or PGPASSWORD)")
 	str(&c.NATSURL, "nats-url", "external NATS URL; empty runs an embedded server")
 	str(&c.DataDir, "data-dir", "embedded NATS store directory")

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"go.uber.org/zap"
+
 	"github.com/conductor-sidecar/sidecar/node"
 )
 
@@ -74,6 +76,46 @@ func TestConfig_ProxyMaxUpstreamConnections(t *testing.T) {
 			defer nc.ConductorProxy.Close()
 			if nc.ConductorProxyMaxUpstream != c.want {
 				t.Fatalf("node's ConductorProxyMaxUpstream %d, want %d", nc.ConductorProxyMaxUpstream, c.want)
+			}
+		})
+	}
+}
+
+// TestConfig_ConductorMaxConcurrentCalls: the flag and its variable set
+// the bound of serve's calls at Conductor the node gets (64 by default);
+// fewer than 1, or not a number, is a problem naming the flag.
+func TestConfig_ConductorMaxConcurrentCalls(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		env  string
+		args []string
+		want int
+		bad  bool
+	}{
+		{"Default", "", nil, 64, false},
+		{"Flag", "", []string{"--conductor-max-concurrent-calls", "16"}, 16, false},
+		{"Env", "128", nil, 128, false},
+		{"Zero", "", []string{"--conductor-max-concurrent-calls", "0"}, 0, true},
+		{"EnvNotANumber", "lots", nil, 0, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.env != "" {
+				t.Setenv("SIDECAR_CONDUCTOR_MAX_CONCURRENT_CALLS", c.env)
+			}
+			cfg, err := parseAdopt(t, append([]string{"--listen", "127.0.0.1:0"}, c.args...)...)
+			if got := err != nil && strings.Contains(err.Error(), "--conductor-max-concurrent-calls"); got != c.bad {
+				t.Fatalf("Validate: %v, want a problem naming the flag: %v", err, c.bad)
+			}
+			if c.bad {
+				return
+			}
+			nc, err := cfg.node(zap.NewNop(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			closeListeners(nc)
+			if nc.ConductorMaxCalls != c.want {
+				t.Fatalf("node's ConductorMaxCalls %d, want %d", nc.ConductorMaxCalls, c.want)
 			}
 		})
 	}

@@ -302,9 +302,9 @@ func TestChart_AdoptAndRetention(t *testing.T) {
 		want   map[string]string
 		mounts map[string]string // secret name -> file the env points at
 	}{
-		{"NATS", []string{"replicated.yaml"}, []string{"taskProxy.adopt={orders,billing:3}", "taskProxy.adoptInterval=2s", "taskProxy.adoptOnStepFailure=pause", "taskProxy.maxUpstreamConnections=128",
+		{"NATS", []string{"replicated.yaml"}, []string{"taskProxy.adopt={orders,billing:3}", "taskProxy.adoptInterval=2s", "taskProxy.adoptOnStepFailure=pause", "taskProxy.maxUpstreamConnections=128", "conductor.maxConcurrentCalls=32",
 			"retention.finished=720h", "retention.archive=s3://archive/sidecar", "retention.conductor=false", "retention.natsPasswordSecret.name=nats-retention"},
-			map[string]string{"SIDECAR_ADOPT": "orders,billing:3", "SIDECAR_ADOPT_INTERVAL": "2s", "SIDECAR_ADOPT_ON_STEP_FAILURE": "pause", "SIDECAR_CONDUCTOR_PROXY_MAX_UPSTREAM_CONNECTIONS": "128", "SIDECAR_RETAIN_FINISHED": "720h",
+			map[string]string{"SIDECAR_ADOPT": "orders,billing:3", "SIDECAR_ADOPT_INTERVAL": "2s", "SIDECAR_ADOPT_ON_STEP_FAILURE": "pause", "SIDECAR_CONDUCTOR_PROXY_MAX_UPSTREAM_CONNECTIONS": "128", "SIDECAR_CONDUCTOR_MAX_CONCURRENT_CALLS": "32", "SIDECAR_RETAIN_FINISHED": "720h",
 				"SIDECAR_ARCHIVE": "s3://archive/sidecar", "SIDECAR_RETAIN_CONDUCTOR": "false"},
 			map[string]string{"nats-retention": "SIDECAR_RETENTION_NATS_PASSWORD_FILE"}},
 		{"Postgres", []string{"postgres.yaml"}, []string{"store.passwordSecret.name=", "retention.finished=48h", "retention.archive=s3://archive/pg",
@@ -517,6 +517,7 @@ func TestChart_BadValuesFail(t *testing.T) {
 		{"AdoptWithoutProxy", []string{"one-pod.yaml"}, []string{"taskProxy.adopt={orders}"}, "taskProxy.adopt needs taskProxy.enabled"},
 		{"AdoptBadVersion", []string{"replicated.yaml"}, []string{"taskProxy.adopt={orders:0}"}, "/taskProxy/adopt/0'"},
 		{"AdoptBadFailurePolicy", []string{"replicated.yaml"}, []string{"taskProxy.adopt={orders}", "taskProxy.adoptOnStepFailure=retry"}, "/taskProxy/adoptOnStepFailure'"},
+		{"ConductorNoCalls", []string{"one-pod.yaml"}, []string{"conductor.maxConcurrentCalls=0"}, "/conductor/maxConcurrentCalls'"},
 		{"ProxyTooFewUpstreamConnections", []string{"replicated.yaml"}, []string{"taskProxy.maxUpstreamConnections=1"}, "/taskProxy/maxUpstreamConnections'"},
 		{"AdoptBadInterval", []string{"replicated.yaml"}, []string{"taskProxy.adopt={orders}", "taskProxy.adoptInterval=soon"}, "/taskProxy/adoptInterval'"},
 		{"RetentionWithoutArchive", []string{"one-pod.yaml"}, []string{"retention.finished=720h"}, "retention.finished needs retention.archive"},

@@ -1,0 +1,116 @@
+package adapter
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+)
+
+// TestClient_CallsAtConductorAreBounded: of many calls made at once, at
+// most MaxConcurrentCalls are at Conductor together; the others wait for
+// a place (sidecar_conductor_calls_waiting) and all succeed. Batch polls
+// are not counted: the poll loops are few and each holds its long poll.
+// Conductor here is the real one behind a counter that answers each call
+// 50 ms late (a busy Conductor), so that calls overlap.
+func TestClient_CallsAtConductorAreBounded(t *testing.T) {
+	const bound, calls, polls = 4, 40, 6
+	u, err := url.Parse(conductortest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := conductortest.ReverseProxy(t, u)
+	var mu sync.Mutex
+	now, most, pollsNow, mostPolls := 0, 0, 0, 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		poll := r.URL.Query().Has("count")
+		mu.Lock()
+		if poll {
+			pollsNow++
+			mostPolls = max(mostPolls, pollsNow)
+		} else {
+			now++
+			most = max(most, now)
+		}
+		mu.Unlock()
+		time.Sleep(50 * time.Millisecond)
+		rp.ServeHTTP(w, r)
+		mu.Lock()
+		if poll {
+			pollsNow--
+		} else {
+			now--
+		}
+		mu.Unlock()
+	}))
+	t.Cleanup(srv.Close)
+	reg := prometheus.NewRegistry()
+	c, err := NewClient(ClientOptions{BaseURL: srv.URL + u.Path, MaxConcurrentCalls: bound, Metrics: NewMetrics(reg), Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := func() float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "sidecar_conductor_calls_waiting" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("no sidecar_conductor_calls_waiting")
+		return 0
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, calls+polls)
+	var sawWaiting sync.Once
+	waited := make(chan struct{})
+	for range calls {
+		wg.Go(func() {
+			if _, err := c.RunningWorkflows(context.Background(), "no_such_workflow_"+t.Name(), 1); err != nil && !errors.Is(err, ErrNotFound) {
+				errs <- err
+			}
+			if waiting() > 0 {
+				sawWaiting.Do(func() { close(waited) })
+			}
+		})
+	}
+	for range polls {
+		wg.Go(func() {
+			if _, err := c.BatchPoll(context.Background(), "nobody_polls_"+t.Name(), "bound-test", 1, 500*time.Millisecond); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("a call failed: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if most != bound {
+		t.Errorf("Conductor carried at most %d of the client's calls at once, want %d (MaxConcurrentCalls)", most, bound)
+	}
+	if mostPolls != polls {
+		t.Errorf("Conductor carried at most %d of the %d batch polls at once, want all: polls are not bounded", mostPolls, polls)
+	}
+	select {
+	case <-waited:
+	default:
+		t.Error("sidecar_conductor_calls_waiting never showed a call waiting")
+	}
+	if w := waiting(); w != 0 {
+		t.Errorf("sidecar_conductor_calls_waiting %v once every call ended, want 0", w)
+	}
+}
