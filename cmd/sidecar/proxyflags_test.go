@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -41,82 +42,52 @@ func TestConfig_ProxyForwardAll(t *testing.T) {
 	}
 }
 
-// TestConfig_ProxyMaxUpstreamConnections: the flag and its variable set
-// the bound the node passes to the proxy (64 by default); fewer than 2,
-// or not a number, is a problem naming the flag.
-func TestConfig_ProxyMaxUpstreamConnections(t *testing.T) {
-	for _, c := range []struct {
-		name string
-		env  string
-		args []string
-		want int
-		bad  bool
+// TestConfig_ConductorConnectionBounds: each bound of serve's requests
+// at Conductor, set by its flag or its variable, reaches the node (64 by
+// default); one below its least, or not a number, is a problem naming the
+// flag.
+func TestConfig_ConductorConnectionBounds(t *testing.T) {
+	for _, b := range []struct {
+		flag  string
+		least int
+		got   func(node.Config) int
 	}{
-		{"Default", "", nil, 64, false},
-		{"Flag", "", []string{"--conductor-proxy-max-upstream-connections", "8"}, 8, false},
-		{"Env", "200", nil, 200, false},
-		{"TooFew", "", []string{"--conductor-proxy-max-upstream-connections", "1"}, 1, true},
-		{"EnvNotANumber", "many", nil, 0, true},
+		{"conductor-max-concurrent-calls", 1, func(nc node.Config) int { return nc.ConductorMaxCalls }},
+		{"conductor-proxy-max-upstream-connections", 2, func(nc node.Config) int { return nc.ConductorProxyMaxUpstream }},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			if c.env != "" {
-				t.Setenv("SIDECAR_CONDUCTOR_PROXY_MAX_UPSTREAM_CONNECTIONS", c.env)
-			}
-			cfg, err := parseAdopt(t, append([]string{"--conductor-proxy-listen", "127.0.0.1:0"}, c.args...)...)
-			if got := err != nil && strings.Contains(err.Error(), "--conductor-proxy-max-upstream-connections"); got != c.bad {
-				t.Fatalf("Validate: %v, want a problem naming the flag: %v", err, c.bad)
-			}
-			if c.bad {
-				return
-			}
-			var nc node.Config
-			if err := cfg.Proxy.apply(&nc); err != nil {
-				t.Fatal(err)
-			}
-			defer nc.ConductorProxy.Close()
-			if nc.ConductorProxyMaxUpstream != c.want {
-				t.Fatalf("node's ConductorProxyMaxUpstream %d, want %d", nc.ConductorProxyMaxUpstream, c.want)
-			}
-		})
-	}
-}
-
-// TestConfig_ConductorMaxConcurrentCalls: the flag and its variable set
-// the bound of serve's calls at Conductor the node gets (64 by default);
-// fewer than 1, or not a number, is a problem naming the flag.
-func TestConfig_ConductorMaxConcurrentCalls(t *testing.T) {
-	for _, c := range []struct {
-		name string
-		env  string
-		args []string
-		want int
-		bad  bool
-	}{
-		{"Default", "", nil, 64, false},
-		{"Flag", "", []string{"--conductor-max-concurrent-calls", "16"}, 16, false},
-		{"Env", "128", nil, 128, false},
-		{"Zero", "", []string{"--conductor-max-concurrent-calls", "0"}, 0, true},
-		{"EnvNotANumber", "lots", nil, 0, true},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			if c.env != "" {
-				t.Setenv("SIDECAR_CONDUCTOR_MAX_CONCURRENT_CALLS", c.env)
-			}
-			cfg, err := parseAdopt(t, append([]string{"--listen", "127.0.0.1:0"}, c.args...)...)
-			if got := err != nil && strings.Contains(err.Error(), "--conductor-max-concurrent-calls"); got != c.bad {
-				t.Fatalf("Validate: %v, want a problem naming the flag: %v", err, c.bad)
-			}
-			if c.bad {
-				return
-			}
-			nc, err := cfg.node(zap.NewNop(), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			closeListeners(nc)
-			if nc.ConductorMaxCalls != c.want {
-				t.Fatalf("node's ConductorMaxCalls %d, want %d", nc.ConductorMaxCalls, c.want)
-			}
-		})
+		for _, c := range []struct {
+			name string
+			env  string
+			args []string
+			want int
+			bad  bool
+		}{
+			{"Default", "", nil, 64, false},
+			{"Flag", "", []string{"--" + b.flag, "16"}, 16, false},
+			{"Env", "128", nil, 128, false},
+			{"TooFew", "", []string{"--" + b.flag, strconv.Itoa(b.least - 1)}, 0, true},
+			{"EnvNotANumber", "lots", nil, 0, true},
+		} {
+			t.Run(b.flag+"/"+c.name, func(t *testing.T) {
+				if c.env != "" {
+					t.Setenv(envName(b.flag), c.env)
+				}
+				cfg, err := parseAdopt(t, append([]string{"--listen", "127.0.0.1:0", "--conductor-proxy-listen", "127.0.0.1:0"}, c.args...)...)
+				if got := err != nil && strings.Contains(err.Error(), "--"+b.flag); got != c.bad {
+					t.Fatalf("Validate: %v, want a problem naming the flag: %v", err, c.bad)
+				}
+				if c.bad {
+					return
+				}
+				nc, err := cfg.node(zap.NewNop(), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				closeListeners(nc)
+				if got := b.got(nc); got != c.want {
+					t.Fatalf("the node's bound %d, want %d", got, c.want)
+				}
+			})
+		}
 	}
 }
