@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -281,8 +282,9 @@ func TestE2E_NATSStartTimeoutBounds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	apiAddr, proxyAddr := sidecartest.FreeAddr(t), sidecartest.FreeAddr(t)
 	cmd := exec.Command(sidecartest.Binary(t), "serve", "--conductor-url", conductortest.URL(t), "--log-format", "console",
-		"--nats-url", url, "--nats-start-timeout", "30m", "--listen", sidecartest.FreeAddr(t))
+		"--nats-url", url, "--nats-start-timeout", "30m", "--listen", apiAddr, "--conductor-proxy-listen", proxyAddr)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := proctest.StartTied(cmd); err != nil {
 		t.Fatal(err)
@@ -297,6 +299,20 @@ func TestE2E_NATSStartTimeoutBounds(t *testing.T) {
 		b, _ := os.ReadFile(logf.Name())
 		return strings.Contains(string(b), "starting again")
 	})
+	// Meanwhile its ports answer at once that it is starting, rather
+	// than keep requests waiting to be served minutes later.
+	impatient := &http.Client{Timeout: 3 * time.Second}
+	for _, u := range []string{"http://" + apiAddr + "/healthz", "http://" + apiAddr + "/readyz", "http://" + proxyAddr + "/api/tasks/poll/batch/x"} {
+		res, err := impatient.Get(u)
+		if err != nil {
+			t.Fatalf("GET %s while serve waits for the cluster: %v, want 503 NOT_READY at once", u, err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), `"NOT_READY"`) {
+			t.Fatalf("GET %s while serve waits for the cluster: %d %s, want 503 NOT_READY", u, res.StatusCode, b)
+		}
+	}
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-done:

@@ -158,7 +158,7 @@ func (c *Config) node(log *zap.Logger, own []string) (nc node.Config, err error)
 	// The API's address is bound now so that neither the http executor
 	// nor a webhook sink can be pointed at it; the node serves it once
 	// every component is open.
-	if nc.API, err = net.Listen("tcp", c.Listen); err != nil {
+	if nc.API, err = listenHeld(c.Listen); err != nil {
 		return nc, fmt.Errorf("listen on %s: %w", c.Listen, err)
 	}
 	defer func() {
@@ -167,7 +167,7 @@ func (c *Config) node(log *zap.Logger, own []string) (nc node.Config, err error)
 		}
 	}()
 	if c.API.MetricsListen != "" {
-		if nc.Metrics, err = net.Listen("tcp", c.API.MetricsListen); err != nil {
+		if nc.Metrics, err = listenHeld(c.API.MetricsListen); err != nil {
 			return nc, fmt.Errorf("--metrics-listen %s: %w", c.API.MetricsListen, err)
 		}
 		own = append(slices.Clone(own), nc.Metrics.Addr().String())
@@ -204,10 +204,15 @@ func (c *Config) node(log *zap.Logger, own []string) (nc node.Config, err error)
 	return nc, c.API.apply(&nc.APIOptions, log)
 }
 
-// closeListeners closes the listeners of nc that no node served.
+// closeListeners closes the listeners of nc (their sockets: a
+// heldListener's Close would only end a server's session).
 func closeListeners(nc node.Config) {
 	for _, ln := range []net.Listener{nc.API, nc.Metrics, nc.ConductorProxy} {
-		if ln != nil {
+		switch ln := ln.(type) {
+		case nil:
+		case *heldListener:
+			_ = ln.release()
+		default:
 			_ = ln.Close()
 		}
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"strings"
 
@@ -73,7 +72,7 @@ func (c *proxyConfig) apply(nc *node.Config) error {
 			return fmt.Errorf("--conductor-proxy-token-file %s holds no token", c.TokenFile)
 		}
 	}
-	ln, err := net.Listen("tcp", c.Listen)
+	ln, err := listenHeld(c.Listen)
 	if err != nil {
 		return fmt.Errorf("--conductor-proxy-listen %s: %w", c.Listen, err)
 	}

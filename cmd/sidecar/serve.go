@@ -96,6 +96,9 @@ type sidecar struct {
 	nc     *nats.Conn // the node's connection to NATS
 	apiCfg *apiConfig
 	log    *zap.Logger
+	// listeners holds the listeners serve bound, released once the node
+	// is closed.
+	listeners node.Config
 }
 
 // startSidecar binds the API's listeners and opens a node on them. own
@@ -123,7 +126,7 @@ func openSidecar(ctx context.Context, cfg *Config, nodeCfg node.Config, log *zap
 	if err := n.Open(ctx); err != nil {
 		return nil, err
 	}
-	return &sidecar{node: n, addr: nodeCfg.API.Addr().String(), nc: n.Conn(), apiCfg: &cfg.API, log: log}, nil
+	return &sidecar{node: n, addr: nodeCfg.API.Addr().String(), nc: n.Conn(), apiCfg: &cfg.API, log: log, listeners: nodeCfg}, nil
 }
 
 // serveUntil serves until ctx ends (nil) or the NATS connection is closed
@@ -146,7 +149,11 @@ func (sc *sidecar) serveUntil(ctx context.Context, hup <-chan os.Signal) error {
 }
 
 // close closes the node; ctx bounds the running steps' grace period.
-func (sc *sidecar) close(ctx context.Context) error { return sc.node.Close(ctx) }
+func (sc *sidecar) close(ctx context.Context) error {
+	err := sc.node.Close(ctx)
+	closeListeners(sc.listeners)
+	return err
+}
 
 func newLogger(cfg Config) (*zap.Logger, error) {
 	var zc zap.Config

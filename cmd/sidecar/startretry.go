@@ -78,6 +78,10 @@ func openWithRetry(ctx context.Context, cfg *Config, nodeCfg node.Config, log *z
 		// A signal once serve was waiting: during a wait, or during a
 		// later attempt (whose requests then fail with context.Canceled).
 		return nil, fmt.Errorf("stopped while waiting for the NATS cluster to be ready: %w", last)
+	case ctx.Err() != nil:
+		// A signal during the first attempt (a request to a cluster that
+		// does not answer yet, say).
+		return nil, fmt.Errorf("stopped while starting: %w", err)
 	case last == nil || !natsstore.NotReady(last):
 		return nil, err
 	default:
