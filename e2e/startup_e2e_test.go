@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -200,7 +201,8 @@ func TestE2E_ReplicasStartTogether(t *testing.T) {
 // once, in one line: a damaged event stream, a server without JetStream,
 // and a NATS user that may not create the sidecar's streams (the server
 // drops such a request, so it only times out; the connection's last error
-// names the violation).
+// names the violation), and an address where no NATS server listens (the
+// refusal names --nats-url).
 func TestServe_NATSURLRefusalsFailAtOnce(t *testing.T) {
 	t.Run("Damaged", func(t *testing.T) {
 		admin, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "e2e-admin-pw", Permissions: natsstore.AllPermissions})
@@ -240,6 +242,13 @@ func TestServe_NATSURLRefusalsFailAtOnce(t *testing.T) {
 		t.Logf("refusal: %s", lastLine(out))
 		if line := lastLine(out); !strings.Contains(line, "permissions violation") || strings.Contains(out, "starting again") {
 			t.Fatalf("want one refusal naming the permissions violation, without a retry:\n%s", sidecartest.Tail(out, 20))
+		}
+	})
+	t.Run("NothingListens", func(t *testing.T) {
+		out := serveMustRefuse(t, 2*time.Minute, "--nats-url", "nats://"+sidecartest.FreeAddr(t), "--nats-insecure-no-auth", "--nats-start-timeout", "30m", "--listen", sidecartest.FreeAddr(t))
+		t.Logf("refusal: %s", lastLine(out))
+		if line := lastLine(out); !strings.Contains(line, "no servers available") || !strings.Contains(line, "check --nats-url") {
+			t.Fatalf("want one refusal that names the flag to check:\n%s", sidecartest.Tail(out, 20))
 		}
 	})
 }
@@ -324,5 +333,60 @@ func TestE2E_NATSStartTimeoutBounds(t *testing.T) {
 	t.Logf("after SIGTERM: %s", lastLine(string(b)))
 	if line := lastLine(string(b)); !strings.Contains(line, "stopped while waiting for the NATS cluster to be ready") {
 		t.Fatalf("after SIGTERM while waiting: %q, want it to say it stopped while waiting", line)
+	}
+}
+
+// TestServe_SIGTERMDuringTheFirstStartAttempt: a signal while serve's
+// first attempt waits on a cluster that does not answer (one node of a
+// new 3-node cluster: no JetStream leader, its API requests unanswered)
+// ends serve at once, saying it stopped while starting.
+func TestServe_SIGTERMDuringTheFirstStartAttempt(t *testing.T) {
+	t.Parallel() // its own server and serve
+	peers := []string{sidecartest.FreeAddr(t), sidecartest.FreeAddr(t)}
+	routes := make([]*url.URL, len(peers))
+	for i, p := range peers {
+		routes[i] = &url.URL{Scheme: "nats", Host: p}
+	}
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, ServerName: "n1",
+		JetStream: true, StoreDir: t.TempDir(), Cluster: server.ClusterOpts{Name: "lonely", Host: "127.0.0.1", Port: -1}, Routes: routes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	t.Cleanup(srv.Shutdown)
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	logf, err := os.Create(filepath.Join(t.TempDir(), "sidecar.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(sidecartest.Binary(t), "serve", "--conductor-url", conductortest.URL(t), "--log-format", "console",
+		"--nats-url", srv.ClientURL(), "--nats-insecure-no-auth", "--listen", sidecartest.FreeAddr(t))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := proctest.StartTied(cmd); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	time.Sleep(time.Second) // inside the first attempt's first request (5 s)
+	signalled := time.Now()
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+		t.Logf("ended %s after SIGTERM", time.Since(signalled).Round(time.Millisecond))
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatal("serve still runs 30 s after SIGTERM")
+	}
+	b, _ := os.ReadFile(logf.Name())
+	line := lastLine(string(b))
+	t.Logf("after SIGTERM: %s", line)
+	if strings.Contains(string(b), "starting again") {
+		t.Skip("the first attempt ended before the signal; nothing to check")
+	}
+	if !strings.Contains(line, "stopped while starting") {
+		t.Fatalf("after SIGTERM during the first attempt: %q, want it to say it stopped while starting", line)
 	}
 }

@@ -73,7 +73,10 @@ func (n *Node) connectNATS() (*nats.Conn, error) {
 	opts := append(append(append([]nats.Option(nil), n.cfg.NATSOptions...), events...), nats.Name("sidecar "+n.cfg.WorkerID), nats.MaxReconnects(-1))
 	nc, err := nats.Connect(n.cfg.NATSURL, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to nats %s: %w", n.cfg.NATSURLShown, err)
+		// Not retried (nats.go reconnects only a connection it made):
+		// a wrong address, or a server that does not speak NATS there
+		// (no INFO: an i/o timeout), is a mistake to fix.
+		return nil, fmt.Errorf("connect to nats %s: %w; check --nats-url: a NATS server's client port (4222 by default), and that the server runs", n.cfg.NATSURLShown, err)
 	}
 	return nc, nil
 }

@@ -144,11 +144,8 @@ func (c *execConfig) apply(o *exec.Options, r *secrets.Resolver, apiAddr, conduc
 // (port 4222 when none is given).
 func natsHostPorts(raw string) []string {
 	var out []string
-	for _, one := range strings.Split(raw, ",") {
-		u, err := url.Parse(strings.TrimSpace(one))
-		if err != nil || u.Hostname() == "" {
-			continue
-		}
+	us, _ := natsURLs(raw) // Validate refused a list that does not parse
+	for _, u := range us {
 		port := u.Port()
 		if port == "" {
 			port = "4222"

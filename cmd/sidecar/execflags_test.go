@@ -129,7 +129,7 @@ func TestExecConfig_ApplyDeniesOwnListeners(t *testing.T) {
 	var c execConfig
 	var o exec.Options
 	var r secrets.Resolver
-	own := append([]string{"127.0.0.1:6060", "127.0.0.1:4222"}, natsHostPorts("nats://nats-a,nats://nats-b:4333")...)
+	own := append([]string{"127.0.0.1:6060", "127.0.0.1:4222"}, natsHostPorts("nats://nats-a,nats://nats-b:4333,nats-c:4444")...)
 	if err := c.apply(&o, &r, "127.0.0.1:8787", "http://localhost:8080/api", own...); err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +137,7 @@ func TestExecConfig_ApplyDeniesOwnListeners(t *testing.T) {
 	for _, d := range o.HTTPDeny {
 		deny = append(deny, d.String())
 	}
-	want := []string{"127.0.0.1:8787", "localhost:8080", "127.0.0.1:6060", "127.0.0.1:4222", "nats-a:4222", "nats-b:4333"}
+	want := []string{"127.0.0.1:8787", "localhost:8080", "127.0.0.1:6060", "127.0.0.1:4222", "nats-a:4222", "nats-b:4333", "nats-c:4444"}
 	if !slices.Equal(deny, want) {
 		t.Errorf("HTTPDeny %q, want %q", deny, want)
 	}

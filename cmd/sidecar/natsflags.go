@@ -85,6 +85,9 @@ func (c *natsConfig) validate(natsURL string) []string {
 	if (c.Cert == "") != (c.Key == "") {
 		p = append(p, "--nats-cert and --nats-key go together")
 	}
+	if _, err := natsURLs(natsURL); err != nil {
+		return append(p, err.Error())
+	}
 	if creds == 0 && c.Cert == "" && !c.InsecureNoAuth && !loopbackNATS(natsURL) && !urlHasUser(natsURL) {
 		p = append(p, fmt.Sprintf("--nats-url %s is not on loopback and no NATS credentials are given: pass --nats-creds, --nats-nkey or --nats-password-file (deploy/nats/sidecar.conf), or --nats-insecure-no-auth", redactURL(natsURL)))
 	}
@@ -143,11 +146,11 @@ func (c *natsConfig) connectOptions() ([]nats.Option, error) {
 }
 
 func loopbackNATS(raw string) bool {
-	for _, one := range strings.Split(raw, ",") {
-		u, err := url.Parse(strings.TrimSpace(one))
-		if err != nil {
-			return false
-		}
+	us, err := natsURLs(raw)
+	if err != nil {
+		return false
+	}
+	for _, u := range us {
 		host := u.Hostname()
 		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 			return false
@@ -159,13 +162,42 @@ func loopbackNATS(raw string) bool {
 // urlHasUser reports whether every URL of the list carries a user (and
 // maybe a password or token) in its userinfo.
 func urlHasUser(raw string) bool {
-	for _, one := range strings.Split(raw, ",") {
-		u, err := url.Parse(strings.TrimSpace(one))
-		if err != nil || u.User == nil {
+	us, err := natsURLs(raw)
+	if err != nil {
+		return false
+	}
+	for _, u := range us {
+		if u.User == nil {
 			return false
 		}
 	}
 	return true
+}
+
+// natsURLs parses a --nats-url list as nats.go does: comma separated, a
+// server without a scheme is nats://, and its schemes are nats, tls, ws
+// and wss. An entry that is none of these is an error naming it (nats.go
+// would take http://host:4222 as nats://host:4222).
+func natsURLs(raw string) ([]*url.URL, error) {
+	var out []*url.URL
+	for _, one := range strings.Split(raw, ",") {
+		one = strings.TrimSpace(one)
+		if one != "" && !strings.Contains(one, "://") {
+			one = "nats://" + one
+		}
+		u, err := url.Parse(one)
+		if err == nil && u.Hostname() == "" {
+			err = errors.New("no host")
+		}
+		if err == nil && u.Scheme != "nats" && u.Scheme != "tls" && u.Scheme != "ws" && u.Scheme != "wss" {
+			err = fmt.Errorf("scheme %s", u.Scheme)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("--nats-url %s: want nats://host:port (or tls://, ws://, wss://), comma separated (%v)", redactURL(raw), err)
+		}
+		out = append(out, u)
+	}
+	return out, nil
 }
 
 // redactURL masks the password of every URL of a comma-separated list for

@@ -24,6 +24,11 @@ func TestNATSConfig_Validate(t *testing.T) {
 		{"ListenWithURL", "nats://a:4222", natsConfig{Creds: "c", Listen: "127.0.0.1:1"}, "embedded server"},
 		{"CredentialsInURL", "nats://u:secret@nats.prod:4222", natsConfig{}, ""},
 		{"CredentialsInOneURLOnly", "nats://u:secret@a:4222,nats://b:4222", natsConfig{}, "not on loopback"},
+		// Without a scheme a server is nats://, as nats.go takes it.
+		{"LoopbackWithoutScheme", "127.0.0.1:4222", natsConfig{}, ""},
+		{"RemoteWithoutScheme", "nats.prod:4222", natsConfig{}, "not on loopback"},
+		{"HTTPScheme", "http://u:secret@127.0.0.1:4222", natsConfig{}, "want nats://host:port"},
+		{"NoHost", "nats://127.0.0.1:4222,nats://", natsConfig{}, "want nats://host:port"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := tc.cfg.validate(tc.url)
