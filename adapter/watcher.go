@@ -487,7 +487,7 @@ func (w *Watcher) scan(ctx context.Context, lists bool) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		errs = append(errs, w.checkWith(ctx, id, alive))
+		errs = append(errs, w.checkWith(ctx, id, alive, true))
 	}
 	return errors.Join(errs...)
 }
@@ -529,7 +529,7 @@ func (w *Watcher) scanCached(ctx context.Context) error {
 			continue
 		}
 		rec := *r.rec // checkRun may change its entry
-		err := w.checkRun(ctx, &rec, r.rev, lists, nil)
+		err := w.checkRun(ctx, &rec, r.rev, lists, nil, true)
 		if err != nil && !errors.Is(err, context.Canceled) {
 			w.opts.Metrics.watcherError()
 		}
@@ -592,29 +592,29 @@ func (l *runningLists) running(ctx context.Context, rec *Run) bool {
 // expired start, or, when the run's workflow has ended, appends the terminal
 // run event and marks the run FINAL. A run that needs nothing is a no-op.
 func (w *Watcher) Check(ctx context.Context, runID string) error {
-	return w.checkWith(ctx, runID, nil)
+	return w.checkWith(ctx, runID, nil, false)
 }
 
 // checkStatus is Check, also returning the workflow status it read from
 // Conductor ("" when it read none).
 func (w *Watcher) checkStatus(ctx context.Context, runID string) (model.WorkflowStatus, error) {
 	var status model.WorkflowStatus
-	err := w.check(ctx, runID, nil, &status)
+	err := w.check(ctx, runID, nil, &status, false)
 	if err != nil && !errors.Is(err, context.Canceled) {
 		w.opts.Metrics.watcherError()
 	}
 	return status, err
 }
 
-func (w *Watcher) checkWith(ctx context.Context, runID string, alive *runningLists) error {
-	err := w.check(ctx, runID, alive, nil)
+func (w *Watcher) checkWith(ctx context.Context, runID string, alive *runningLists, scanning bool) error {
+	err := w.check(ctx, runID, alive, nil, scanning)
 	if err != nil && !errors.Is(err, context.Canceled) {
 		w.opts.Metrics.watcherError()
 	}
 	return err
 }
 
-func (w *Watcher) check(ctx context.Context, runID string, alive *runningLists, saw *model.WorkflowStatus) error {
+func (w *Watcher) check(ctx context.Context, runID string, alive *runningLists, saw *model.WorkflowStatus, scanning bool) error {
 	rec, rev, err := w.runs.get(ctx, runID)
 	if errors.Is(err, ErrNotFound) {
 		w.dropActive(ctx, runID)
@@ -623,11 +623,17 @@ func (w *Watcher) check(ctx context.Context, runID string, alive *runningLists, 
 	if err != nil {
 		return err
 	}
-	return w.checkRun(ctx, rec, rev, alive, saw)
+	return w.checkRun(ctx, rec, rev, alive, saw, scanning)
 }
 
-// checkRun is check of the index entry rec at revision rev.
-func (w *Watcher) checkRun(ctx context.Context, rec *Run, rev uint64, alive *runningLists, saw *model.WorkflowStatus) error {
+// checkRun is check of the index entry rec at revision rev. A scan's read
+// (scanning: a run off its definition's running list, or its turn for a
+// full read) takes the tasks' statuses too (the trimmed read), so that a
+// workflow Conductor left RUNNING with every task done becomes a suspect
+// (checkSuspects) without a nudge: the nudge may have been lost with the
+// replica that made it, or Conductor may have lost the decide after it, as
+// it restarted.
+func (w *Watcher) checkRun(ctx context.Context, rec *Run, rev uint64, alive *runningLists, saw *model.WorkflowStatus, scanning bool) error {
 	runID := rec.RunID
 	switch rec.State {
 	case RunStateFinal:
@@ -646,7 +652,13 @@ func (w *Watcher) checkRun(ctx context.Context, rec *Run, rev uint64, alive *run
 		w.found(runID, rec.WorkflowID) // RUNNING or PAUSED: nothing to record
 		return nil
 	}
-	wf, err := w.conductor.Workflow(ctx, rec.WorkflowID, false)
+	var wf *model.Workflow
+	var err error
+	if scanning {
+		wf, err = w.conductor.WorkflowTasks(ctx, rec.WorkflowID)
+	} else {
+		wf, err = w.conductor.Workflow(ctx, rec.WorkflowID, false)
+	}
 	if errors.Is(err, ErrNotFound) {
 		w.mu.Lock()
 		w.notFound[runID]++
@@ -669,6 +681,9 @@ func (w *Watcher) checkRun(ctx context.Context, rec *Run, rev uint64, alive *run
 	case model.CompletedWorkflow, model.FailedWorkflow, model.TimedOutWorkflow, model.TerminatedWorkflow:
 		return w.finish(ctx, runID, rec.WorkflowID, string(wf.Status), wf.ReasonForIncompletion, w.parentCancelled(ctx, rec, wf))
 	case model.RunningWorkflow, model.PausedWorkflow:
+		if scanning && wf.Status == model.RunningWorkflow && allTerminal(wf.Tasks) {
+			w.suspectRun(runID)
+		}
 		return w.saw(ctx, rec, string(wf.Status))
 	}
 	return nil

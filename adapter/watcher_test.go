@@ -722,6 +722,47 @@ func TestWatcher_DecidesAStuckWorkflow(t *testing.T) {
 	}
 }
 
+// TestWatcher_DecidesAStuckWorkflowNobodyNudged: a workflow Conductor
+// leaves RUNNING with every task done is found by the scan alone, without
+// the nudge of the worker that reported its last task (lost with its
+// replica, or before the decide Conductor lost as it restarted), and asked
+// to decide.
+func TestWatcher_DecidesAStuckWorkflowNobodyNudged(t *testing.T) {
+	u := conductortest.URL(t)
+	target, err := url.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := &forgetfulConductor{target: target}
+	ctx := context.Background()
+	env := newNATS(t)
+	r := env.newRuns(t, fc.start(t), RunsOptions{})
+	m := NewMetrics(prometheus.NewRegistry())
+	w := NewWatcher(r, env.store, WatcherOptions{Interval: 50 * time.Millisecond, StuckAfter: 100 * time.Millisecond,
+		Metrics: m, Logger: zaptest.NewLogger(t)})
+	res, err := r.StartRun(ctx, request(testPlan(t), "req"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := res.Run
+	fc.forget(run.WorkflowID)
+	task := pollTask(t, r.Client(), plan.TaskTypeNoop, run.TaskDomain)
+	if err := r.Client().UpdateTask(ctx, &model.TaskResult{TaskId: task.TaskId, WorkflowInstanceId: run.WorkflowID, Status: model.CompletedTask}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	recs := waitFinal(t, env, r, run.RunID)
+	if got := strings.Join(eventTypes(recs), " "); got != "RunStarted RunCompleted" {
+		t.Fatalf("log %s", got)
+	}
+	if fc.decides() != 1 {
+		t.Fatalf("%d decides reached Conductor, want 1", fc.decides())
+	}
+}
+
 // TestWatcher_ScanCostFollowsChange: with its run cache, a scan reads
 // nothing from the run index per run and reads from Conductor only the
 // runs its turn comes to (it used to make a KV get per active run every 2 s,
