@@ -680,86 +680,55 @@ func (f *forgetfulConductor) start(t *testing.T) string {
 
 // TestWatcher_DecidesAStuckWorkflow: a workflow Conductor leaves RUNNING
 // with every task done is asked to decide after StuckAfter, counted, and
-// then recorded as it ends.
+// then recorded as it ends: after the nudge of the worker that reported
+// its last task, and without it (the nudge lost with its replica, or spent
+// before the decide Conductor lost as it restarted): the scan finds it.
 func TestWatcher_DecidesAStuckWorkflow(t *testing.T) {
-	u := conductortest.URL(t)
-	target, err := url.Parse(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fc := &forgetfulConductor{target: target}
-	ctx := context.Background()
-	env := newNATS(t)
-	r := env.newRuns(t, fc.start(t), RunsOptions{})
-	m := NewMetrics(prometheus.NewRegistry())
-	w := NewWatcher(r, env.store, WatcherOptions{Interval: 50 * time.Millisecond, StuckAfter: 100 * time.Millisecond,
-		Metrics: m, Logger: zaptest.NewLogger(t)})
-	p := testPlan(t)
-	res, err := r.StartRun(ctx, request(p, "req"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	run := res.Run
-	fc.forget(run.WorkflowID)
-	task := pollTask(t, r.Client(), plan.TaskTypeNoop, run.TaskDomain)
-	if err := r.Client().UpdateTask(ctx, &model.TaskResult{TaskId: task.TaskId, WorkflowInstanceId: run.WorkflowID, Status: model.CompletedTask}); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Open(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.Close(context.Background()) })
-	w.Nudge(run.RunID) // the worker's nudge after the last task
-	recs := waitFinal(t, env, r, run.RunID)
-	if got := strings.Join(eventTypes(recs), " "); got != "RunStarted RunCompleted" {
-		t.Fatalf("log %s", got)
-	}
-	if fc.decides() != 1 {
-		t.Fatalf("%d decides reached Conductor, want 1", fc.decides())
-	}
-	if v := testutil.ToFloat64(m.actions[actionDecide]); v != 1 {
-		t.Fatalf("decide counted %v times", v)
-	}
-}
-
-// TestWatcher_DecidesAStuckWorkflowNobodyNudged: a workflow Conductor
-// leaves RUNNING with every task done is found by the scan alone, without
-// the nudge of the worker that reported its last task (lost with its
-// replica, or before the decide Conductor lost as it restarted), and asked
-// to decide.
-func TestWatcher_DecidesAStuckWorkflowNobodyNudged(t *testing.T) {
-	u := conductortest.URL(t)
-	target, err := url.Parse(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fc := &forgetfulConductor{target: target}
-	ctx := context.Background()
-	env := newNATS(t)
-	r := env.newRuns(t, fc.start(t), RunsOptions{})
-	m := NewMetrics(prometheus.NewRegistry())
-	w := NewWatcher(r, env.store, WatcherOptions{Interval: 50 * time.Millisecond, StuckAfter: 100 * time.Millisecond,
-		Metrics: m, Logger: zaptest.NewLogger(t)})
-	res, err := r.StartRun(ctx, request(testPlan(t), "req"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	run := res.Run
-	fc.forget(run.WorkflowID)
-	task := pollTask(t, r.Client(), plan.TaskTypeNoop, run.TaskDomain)
-	if err := r.Client().UpdateTask(ctx, &model.TaskResult{TaskId: task.TaskId, WorkflowInstanceId: run.WorkflowID, Status: model.CompletedTask}); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Open(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.Close(context.Background()) })
-	recs := waitFinal(t, env, r, run.RunID)
-	if got := strings.Join(eventTypes(recs), " "); got != "RunStarted RunCompleted" {
-		t.Fatalf("log %s", got)
-	}
-	if fc.decides() != 1 {
-		t.Fatalf("%d decides reached Conductor, want 1", fc.decides())
+	for _, tc := range []struct {
+		name  string
+		nudge bool
+	}{{"Nudged", true}, {"NobodyNudged", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			u := conductortest.URL(t)
+			target, err := url.Parse(u)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fc := &forgetfulConductor{target: target}
+			ctx := context.Background()
+			env := newNATS(t)
+			r := env.newRuns(t, fc.start(t), RunsOptions{})
+			m := NewMetrics(prometheus.NewRegistry())
+			w := NewWatcher(r, env.store, WatcherOptions{Interval: 50 * time.Millisecond, StuckAfter: 100 * time.Millisecond,
+				Metrics: m, Logger: zaptest.NewLogger(t)})
+			res, err := r.StartRun(ctx, request(testPlan(t), "req"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			run := res.Run
+			fc.forget(run.WorkflowID)
+			task := pollTask(t, r.Client(), plan.TaskTypeNoop, run.TaskDomain)
+			if err := r.Client().UpdateTask(ctx, &model.TaskResult{TaskId: task.TaskId, WorkflowInstanceId: run.WorkflowID, Status: model.CompletedTask}); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Open(ctx); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = w.Close(context.Background()) })
+			if tc.nudge {
+				w.Nudge(run.RunID) // the worker's nudge after the last task
+			}
+			recs := waitFinal(t, env, r, run.RunID)
+			if got := strings.Join(eventTypes(recs), " "); got != "RunStarted RunCompleted" {
+				t.Fatalf("log %s", got)
+			}
+			if fc.decides() != 1 {
+				t.Fatalf("%d decides reached Conductor, want 1", fc.decides())
+			}
+			if v := testutil.ToFloat64(m.actions[actionDecide]); v != 1 {
+				t.Fatalf("decide counted %v times", v)
+			}
+		})
 	}
 }
 
