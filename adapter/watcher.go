@@ -329,6 +329,24 @@ func (w *Watcher) recheck(ctx context.Context, runID string) {
 	}
 }
 
+// checkNudged reads the runs Recheck and Nudge asked for. A nudged run
+// whose workflow is still RUNNING becomes a suspect: checkSuspects looks
+// at it again StuckAfter later.
+func (w *Watcher) checkNudged(ctx context.Context) error {
+	for _, id := range w.takeRechecks() {
+		w.recheck(ctx, id)
+	}
+	var errs []error
+	for _, id := range w.takeNudged() {
+		status, err := w.checkStatus(ctx, id)
+		if status == model.RunningWorkflow {
+			w.suspectRun(id)
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
 func (w *Watcher) takeNudged() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -415,18 +433,7 @@ func (w *Watcher) loop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-w.nudgeCh:
-			for _, id := range w.takeRechecks() {
-				w.recheck(ctx, id)
-			}
-			var errs []error
-			for _, id := range w.takeNudged() {
-				status, err := w.checkStatus(ctx, id)
-				if status == model.RunningWorkflow {
-					w.suspectRun(id)
-				}
-				errs = append(errs, err)
-			}
-			report(errors.Join(errs...))
+			report(w.checkNudged(ctx))
 		case <-ticker.C:
 			tick()
 		}

@@ -683,6 +683,9 @@ func (f *forgetfulConductor) start(t *testing.T) string {
 // then recorded as it ends: after the nudge of the worker that reported
 // its last task, and without it (the nudge lost with its replica, or spent
 // before the decide Conductor lost as it restarted): the scan finds it.
+// The nudged case runs no scan: the watcher is not opened, and the test
+// takes the loop's steps itself (the nudge's read, the suspects' check,
+// the run's check), so that only the nudge can have found the workflow.
 func TestWatcher_DecidesAStuckWorkflow(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -711,12 +714,33 @@ func TestWatcher_DecidesAStuckWorkflow(t *testing.T) {
 			if err := r.Client().UpdateTask(ctx, &model.TaskResult{TaskId: task.TaskId, WorkflowInstanceId: run.WorkflowID, Status: model.CompletedTask}); err != nil {
 				t.Fatal(err)
 			}
-			if err := w.Open(ctx); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = w.Close(context.Background()) })
 			if tc.nudge {
 				w.Nudge(run.RunID) // the worker's nudge after the last task
+				if err := w.checkNudged(ctx); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(w.opts.StuckAfter)
+				if err := w.checkSuspects(ctx); err != nil {
+					t.Fatal(err)
+				}
+				deadline := time.Now().Add(30 * time.Second)
+				for {
+					if err := w.Check(ctx, run.RunID); err != nil {
+						t.Fatal(err)
+					}
+					if rec, err := r.Run(ctx, run.RunID); err == nil && rec.State == RunStateFinal {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatal("the decided workflow's end was never recorded")
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+			} else {
+				if err := w.Open(ctx); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = w.Close(context.Background()) })
 			}
 			recs := waitFinal(t, env, r, run.RunID)
 			if got := strings.Join(eventTypes(recs), " "); got != "RunStarted RunCompleted" {
