@@ -77,10 +77,13 @@ func retentionPermissions() *server.Permissions {
 // or, without retention, says that hot state grows without bound and
 // exports the log's size either way.
 func (n *Node) openRetention(ctx context.Context) error {
-	ns, onJetStream := n.store.(*natsstore.Store)
-	if onJetStream {
-		n.reg.MustRegister(ns.SizeCollector())
+	switch s := n.store.(type) {
+	case *natsstore.Store:
+		n.reg.MustRegister(s.SizeCollector())
+	case *pgstore.Store:
+		n.reg.MustRegister(s.SizeCollector())
 	}
+	_, onJetStream := n.store.(*natsstore.Store)
 	if n.srv != nil {
 		n.reg.MustRegister(natsstore.DataDirCollector(n.cfg.Embedded.DataDir))
 	}

@@ -300,7 +300,8 @@ func TestNode_RetentionConductor(t *testing.T) {
 				}
 			}
 			cfg.Retention.Store = roles.RetentionURL
-			n := New(cfg, zaptest.NewLogger(t), prometheus.NewRegistry())
+			reg := prometheus.NewRegistry()
+			n := New(cfg, zaptest.NewLogger(t), reg)
 			if err := n.Open(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -340,6 +341,10 @@ func TestNode_RetentionConductor(t *testing.T) {
 			rep, err := archive.Verify(ctx, archive.NewDir(dir), archive.VerifyOptions{})
 			if err != nil || len(rep.Problems) != 0 || rep.Runs != 1 || rep.Records != 2 {
 				t.Fatalf("archive: %+v %v", rep, err)
+			}
+			// The log's size is exported on PostgreSQL too.
+			if got, err := testutil.GatherAndCount(reg, "sidecar_log_bytes", "sidecar_log_records", "sidecar_log_last_sequence"); err != nil || got != 3 {
+				t.Fatalf("log size metrics on PostgreSQL: %d series, %v", got, err)
 			}
 		})
 	}
