@@ -30,3 +30,10 @@ var ErrForeignWorkflow = errors.New("taskworkers: the task's workflow is not its
 // that polls the same Conductor task types (use distinct task domains). Such
 // a task is handed back, never run and never failed.
 var ErrUnknownRun = errors.New("taskworkers: the task's run is not one of this sidecar's")
+
+// ErrNotAdmitted is returned by Record for an outside worker's update of a
+// task the gate never handed out (polled from Conductor directly) whose run
+// may not start it now (paused, being cancelled, ended): nothing is
+// recorded or forwarded, and the task is answered to Conductor as a poll's
+// would be (handed back, or failed for an ended run).
+var ErrNotAdmitted = errors.New("taskworkers: the task was not handed out through the gate, and its run may not start it now")

@@ -166,6 +166,22 @@ func (w *Worker) Record(t *model.Task, a *Assignment, r *model.TaskResult) (forw
 		w.external.watch(t, a, logical)
 		return false, err
 	}
+	if snap != nil && !startedBefore(snap, a.Step.StepID, logical) {
+		// Polled from Conductor directly, not through the gate: the
+		// gate decides now, as for a poll, and records the start before
+		// the outcome; a run that may not start it (paused, cancelled,
+		// ended) refuses the update, and the task is answered to
+		// Conductor as that poll's would be.
+		log.Warn("update of a task the gate never handed out (polled from Conductor directly?); deciding its start now")
+		if !w.Admit(t, a) {
+			return false, ErrNotAdmitted
+		}
+		w.external.forget(t.TaskId)
+		if snap, err = w.outcomeState(ctx, log, a.RunID); err != nil {
+			w.external.watch(t, a, logical)
+			return false, err
+		}
+	}
 	operatorAttempt := false
 	if snap != nil {
 		if st := snap.Step(a.Step.StepID); st != nil && st.LogicalAttemptID > logical {
@@ -178,6 +194,8 @@ func (w *Worker) Record(t *model.Task, a *Assignment, r *model.TaskResult) (forw
 	if stepErr == nil {
 		err := w.recordOutcome(ctx, log, a, snap, engine, logical, statestore.StepCompletedPayload{})
 		switch {
+		case errors.Is(err, statestore.ErrInvalidTransition) && w.recordedBefore(ctx, log, snap, a, engine, logical, r.Status):
+			return true, nil
 		case errors.Is(err, statestore.ErrInvalidTransition):
 			w.reportLogged(t, log, a, engine, logical)
 			return false, nil
@@ -203,6 +221,8 @@ func (w *Worker) Record(t *model.Task, a *Assignment, r *model.TaskResult) (forw
 	}
 	err = w.recordOutcome(ctx, log, a, snap, engine, logical, payload)
 	switch {
+	case errors.Is(err, statestore.ErrInvalidTransition) && w.recordedBefore(ctx, log, snap, a, engine, logical, r.Status):
+		return w.forwardFailure(t, log, a, r), nil
 	case errors.Is(err, statestore.ErrInvalidTransition):
 		w.reportLogged(t, log, a, engine, logical)
 		return false, nil
@@ -216,6 +236,43 @@ func (w *Worker) Record(t *model.Task, a *Assignment, r *model.TaskResult) (forw
 		return false, nil
 	}
 	return w.forwardFailure(t, log, a, r), nil
+}
+
+// startedBefore reports whether snap has a start of stepID's logical
+// attempt (or of a later one, an operator's RETRY_STEP): a step the log
+// shows pending, or at an earlier attempt, was never handed out by the
+// gate.
+func startedBefore(snap *statestore.RunSnapshot, stepID string, logical int64) bool {
+	st := snap.Step(stepID)
+	return st != nil && st.Status != statestore.StepStatusPending && st.LogicalAttemptID >= logical
+}
+
+// recordedBefore reports whether the log already has the outcome status
+// reports for the attempt (engine, logical), as recorded by this update's
+// earlier try: the same status, not held for RETRY_STEP. The worker's SDK
+// retries an update whose forward failed (Conductor's answer lost, serve
+// stopped between the record and the forward) with the same body, and
+// that body, the worker's output with it, is what Conductor must get; an
+// answer made up from the log would carry no output (the log keeps
+// outcomes, not data). snap is the state the outcome was refused on; nil
+// (it could not be read) reads it again.
+func (w *Worker) recordedBefore(ctx context.Context, log *zap.Logger, snap *statestore.RunSnapshot, a *Assignment, engine, logical int64, status model.TaskResultStatus) bool {
+	if snap == nil {
+		var err error
+		if snap, err = w.runs.ProjectSnapshot(ctx, a.RunID); err != nil {
+			return false
+		}
+	}
+	st := snap.Step(a.Step.StepID)
+	if st == nil || st.LogicalAttemptID != logical || st.EngineAttemptID != engine {
+		return false
+	}
+	same := (status == model.CompletedTask && st.Status == statestore.StepStatusSuccess) ||
+		(status != model.CompletedTask && st.Status == statestore.StepStatusFailed && !st.Held)
+	if same {
+		log.Info("the log already has this outcome of the attempt: the worker's update is a retry, forwarded as the worker sent it")
+	}
+	return same
 }
 
 // outcomeState is the run's state an outside worker's update is decided

@@ -22,6 +22,13 @@ const (
 	// CodeStoreUnavailable: the update's outcome could not be recorded;
 	// the worker should retry its update (the SDKs do).
 	CodeStoreUnavailable = "STATE_STORE_UNAVAILABLE"
+	// CodeTaskNotAdmitted: an update of an external step's task that the
+	// proxy never handed out (its worker polled Conductor directly),
+	// whose run is paused, being cancelled or ended, so that the step may
+	// not start: nothing was recorded or forwarded, and the task was
+	// answered to Conductor as a poll's would be (409). A task of a
+	// running run is recorded (its start, then its outcome) and forwarded.
+	CodeTaskNotAdmitted = "PROXY_TASK_NOT_ADMITTED"
 	// CodeBadRequest: the update's body is not a task result.
 	CodeBadRequest = "PROXY_BAD_REQUEST"
 	// CodeTooManyConnections: the proxy's listener holds

@@ -574,8 +574,7 @@ func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
 	forward, err := p.steps.Record(t, a, &res)
 	p.opts.Metrics.gated("update", began)
 	if err != nil {
-		p.opts.Metrics.task("update_not_recorded")
-		writeError(w, http.StatusServiceUnavailable, CodeStoreUnavailable, "the step's outcome could not be recorded; retry the update: "+err.Error())
+		p.notRecorded(w, err)
 		return
 	}
 	if !forward {
@@ -592,6 +591,19 @@ func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
 		return
 	}
 	p.relay(w, r, body, v2, t, a, &res)
+}
+
+// notRecorded answers an update whose outcome Record did not take: a task
+// the gate never handed out whose run may not start it (409, not to be
+// retried), or an outcome that could not be recorded (503, retry).
+func (p *Proxy) notRecorded(w http.ResponseWriter, err error) {
+	if errors.Is(err, taskworkers.ErrNotAdmitted) {
+		p.opts.Metrics.task("update_not_admitted")
+		writeError(w, http.StatusConflict, CodeTaskNotAdmitted, "the task was not handed out through the proxy (polled from Conductor directly?) and its run is paused, being cancelled or ended: the update was not taken, and Conductor gets the task back")
+		return
+	}
+	p.opts.Metrics.task("update_not_recorded")
+	writeError(w, http.StatusServiceUnavailable, CodeStoreUnavailable, "the step's outcome could not be recorded; retry the update: "+err.Error())
 }
 
 // relay forwards an update and answers the worker as Conductor answered;
@@ -706,7 +718,7 @@ func (p *Proxy) updateByRef(w http.ResponseWriter, r *http.Request, path string)
 	p.opts.Metrics.gated("update", began)
 	switch {
 	case err != nil:
-		writeError(w, http.StatusServiceUnavailable, CodeStoreUnavailable, "the step's outcome could not be recorded; retry the update: "+err.Error())
+		p.notRecorded(w, err)
 	case !forward:
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = io.WriteString(w, t.TaskId)

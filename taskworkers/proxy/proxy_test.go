@@ -919,3 +919,118 @@ func TestProxy_UpdateAfterAQueuedStartRecordsBoth(t *testing.T) {
 		t.Fatalf("log %v, want RunStarted, StepStarted, StepCompleted", types)
 	}
 }
+
+// failOneUpdate answers the first task update the proxy forwards with a
+// 503 of its own, without sending it to Conductor (Conductor's answer
+// lost, or serve killed between the record and the forward); every other
+// request passes.
+type failOneUpdate struct{ failed atomic.Bool }
+
+func (f *failOneUpdate) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/tasks") && f.failed.CompareAndSwap(false, true) {
+		return &http.Response{StatusCode: http.StatusServiceUnavailable, Status: "503 Service Unavailable", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+			Header: http.Header{"Content-Type": {"text/plain"}}, Body: io.NopCloser(strings.NewReader("unavailable")), Request: r}, nil
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// TestProxy_RetriedUpdateKeepsTheWorkersOutput: an update whose outcome was
+// recorded but whose forward failed is retried by the worker's SDK with
+// the same body; the retry reaches Conductor as the worker sent it, with
+// its output, and the outcome is recorded once.
+func TestProxy_RetriedUpdateKeepsTheWorkersOutput(t *testing.T) {
+	e := newEnvOpts(t, envOpts{transport: &failOneUpdate{}})
+	runID, wfID := e.start(t, 1, 60)
+	got := e.pollOne(t)
+	update := map[string]any{"taskId": got.TaskID, "workflowInstanceId": wfID, "status": "COMPLETED", "outputData": map[string]any{"result": 42}}
+	if resp, body := call(t, http.MethodPost, e.url+"/tasks", update); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first update: %d %s, want Conductor's 503", resp.StatusCode, body)
+	}
+	if c := count(e.events(t, runID), statestore.StepCompleted); c != 1 {
+		t.Fatalf("%d StepCompleted after the first update, want 1", c)
+	}
+	if resp, body := call(t, http.MethodPost, e.url+"/tasks", update); resp.StatusCode/100 != 2 {
+		t.Fatalf("retried update: %d %s", resp.StatusCode, body)
+	}
+	var tk struct {
+		Status     string         `json:"status"`
+		OutputData map[string]any `json:"outputData"`
+	}
+	_, b := call(t, http.MethodGet, strings.TrimSuffix(e.client.BaseURL(), "/")+"/tasks/"+got.TaskID, nil)
+	if err := json.Unmarshal(b, &tk); err != nil {
+		t.Fatal(err)
+	}
+	if tk.Status != "COMPLETED" || tk.OutputData["result"] != float64(42) {
+		t.Fatalf("the task in Conductor: %s output %v, want COMPLETED with the worker's output {result: 42}", tk.Status, tk.OutputData)
+	}
+	if c := count(e.events(t, runID), statestore.StepCompleted); c != 1 {
+		t.Fatalf("%d StepCompleted after the retry, want 1", c)
+	}
+}
+
+// TestProxy_UpdateOfATaskPolledDirectly: a worker that polled its task
+// from Conductor directly and reports through the proxy. While the run
+// runs, the gate decides the start at the update: StepStarted, then the
+// outcome, recorded in that order, and Conductor gets the worker's
+// update with its output. While the run is paused, the step may not
+// start: the update is refused (409 PROXY_TASK_NOT_ADMITTED, nothing
+// recorded or forwarded) and the task goes back to Conductor's queue, not
+// silently dropped with a 200.
+func TestProxy_UpdateOfATaskPolledDirectly(t *testing.T) {
+	for _, paused := range []bool{false, true} {
+		t.Run(fmt.Sprintf("paused=%v", paused), func(t *testing.T) {
+			e := newEnv(t)
+			runID, wfID := e.start(t, 1, 60)
+			var direct []task
+			waitFor(t, "a task polled from Conductor directly", 10*time.Second, func() bool {
+				q := url.Values{"workerid": {"direct-worker"}, "count": {"1"}, "timeout": {"100"}, "domain": {e.domain}}
+				_, b := call(t, http.MethodGet, strings.TrimSuffix(e.client.BaseURL(), "/")+"/tasks/poll/batch/"+e.tt+"?"+q.Encode(), nil)
+				_ = json.Unmarshal(b, &direct)
+				return len(direct) > 0
+			})
+			if paused {
+				e.control(t, runID, statestore.RunPaused, 1)
+			}
+			update := map[string]any{"taskId": direct[0].TaskID, "workflowInstanceId": wfID, "status": "COMPLETED", "outputData": map[string]any{"by": "direct"}}
+			resp, body := call(t, http.MethodPost, e.url+"/tasks", update)
+			recs := e.events(t, runID)
+			var tk struct {
+				Status     string         `json:"status"`
+				OutputData map[string]any `json:"outputData"`
+			}
+			if paused {
+				if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), proxy.CodeTaskNotAdmitted) {
+					t.Fatalf("update of a paused run's task the gate never handed out: %d %s, want 409 %s", resp.StatusCode, body, proxy.CodeTaskNotAdmitted)
+				}
+				if c := count(recs, statestore.StepStarted) + count(recs, statestore.StepCompleted); c != 0 {
+					t.Fatalf("%d step events recorded for a refused update, want none", c)
+				}
+				_, b := call(t, http.MethodGet, strings.TrimSuffix(e.client.BaseURL(), "/")+"/tasks/"+direct[0].TaskID, nil)
+				_ = json.Unmarshal(b, &tk)
+				if tk.Status == "COMPLETED" {
+					t.Fatal("the refused update reached Conductor")
+				}
+				return
+			}
+			if resp.StatusCode/100 != 2 {
+				t.Fatalf("update of a running run's task the gate never handed out: %d %s", resp.StatusCode, body)
+			}
+			var order []string
+			for _, r := range recs {
+				if r.StepID == "x0" {
+					order = append(order, r.EventType)
+				}
+			}
+			if got := strings.Join(order, " "); got != "StepStarted StepCompleted" {
+				t.Fatalf("x0's events %q, want StepStarted StepCompleted", got)
+			}
+			_, b := call(t, http.MethodGet, strings.TrimSuffix(e.client.BaseURL(), "/")+"/tasks/"+direct[0].TaskID, nil)
+			if err := json.Unmarshal(b, &tk); err != nil {
+				t.Fatal(err)
+			}
+			if tk.Status != "COMPLETED" || tk.OutputData["by"] != "direct" {
+				t.Fatalf("the task in Conductor: %s %v, want COMPLETED with the worker's output", tk.Status, tk.OutputData)
+			}
+		})
+	}
+}
