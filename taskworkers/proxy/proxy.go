@@ -267,16 +267,21 @@ func (p *Proxy) authorize(r *http.Request) bool {
 	if len(p.opts.Tokens) == 0 {
 		return true
 	}
-	if h := r.Header.Get(TokenHeader); h != "" {
-		return p.known(h)
-	}
 	rest := strings.TrimPrefix(r.URL.Path, "/")
 	seg, after, _ := strings.Cut(rest, "/")
-	if seg == "" || !p.known(seg) {
+	inPath := seg != "" && p.known(seg)
+	if h := r.Header.Get(TokenHeader); h != "" && !p.known(h) {
+		return false
+	} else if h == "" && !inPath {
 		return false
 	}
-	r.URL.Path = "/" + after
-	r.URL.RawPath = ""
+	if inPath {
+		// The token as the path's first segment (a worker whose server
+		// URL carries it), with or without the header: never forwarded,
+		// nor logged.
+		r.URL.Path = "/" + after
+		r.URL.RawPath = ""
+	}
 	return true
 }
 

@@ -536,6 +536,29 @@ func TestProxy_Token(t *testing.T) {
 	if r2.StatusCode != http.StatusOK {
 		t.Fatalf("token in the header: %d", r2.StatusCode)
 	}
+	// Both (a server URL with the token, and the header): served, the
+	// token taken off the path, never refused with the path logged.
+	req, _ = http.NewRequest(http.MethodGet, withPath+"/metadata/taskdefs", nil)
+	req.Header.Set(proxy.TokenHeader, "s3cret")
+	r3, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r3.Body.Close()
+	if r3.StatusCode != http.StatusOK {
+		t.Fatalf("token in the path and the header: %d, want 200", r3.StatusCode)
+	}
+	// A wrong header is not made good by the path's token.
+	req, _ = http.NewRequest(http.MethodGet, withPath+"/metadata/taskdefs", nil)
+	req.Header.Set(proxy.TokenHeader, "wrong")
+	r4, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r4.Body.Close()
+	if r4.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("a wrong header with the token in the path: %d, want 401", r4.StatusCode)
+	}
 }
 
 // seenHeaders records the headers of the requests the proxy sends
