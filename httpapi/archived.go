@@ -57,6 +57,22 @@ func (s *Server) runSnapshot(ctx context.Context, runID string) (snap *statestor
 	return snap, true, nil
 }
 
+// archivedOutside reports whether an archived run whose records could not
+// be read (err, the archive's) is outside scope, or cannot be shown to be
+// inside it: its manifest entry names its tenant, project and environment,
+// and an entry that cannot be read either proves nothing. Such a run is
+// answered as one that does not exist, as a run of another tenant is, so
+// that a scoped principal learns neither its existence nor the archive's
+// objects from the error.
+func (s *Server) archivedOutside(ctx context.Context, scope Scope, runID string, err error) bool {
+	var ae *archive.Error
+	if s.opts.Archive == nil || !errors.As(err, &ae) {
+		return false
+	}
+	e, lerr := s.opts.Archive.Lookup(ctx, runID)
+	return lerr != nil || !scope.Allows(e.TenantID, e.ProjectID, e.EnvironmentID)
+}
+
 // inHotState reports whether the log still holds a record of runID.
 func (s *Server) inHotState(ctx context.Context, runID string) (bool, error) {
 	recs, err := s.opts.Log.Fetch(ctx, runID, 0, 1)

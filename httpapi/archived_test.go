@@ -7,8 +7,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,6 +35,14 @@ import (
 // (two manifests in all) and kept run "hot" (running); then finished run
 // "moving" (team=data) was archived twice and is still in hot state.
 func archivedEnv(t *testing.T) (srv *httptest.Server, list *runlist.List, goneRecs []statestore.RunEventRecord) {
+	t.Helper()
+	srv, list, goneRecs, _ = archivedEnvAuth(t, nil)
+	return srv, list, goneRecs
+}
+
+// archivedEnvAuth is archivedEnv with auth (nil: none), also returning
+// the file:// archive's directory.
+func archivedEnvAuth(t *testing.T, auth httpapi.Authenticator) (srv *httptest.Server, list *runlist.List, goneRecs []statestore.RunEventRecord, dir string) {
 	t.Helper()
 	ctx := context.Background()
 	js, ns := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{
@@ -75,7 +85,8 @@ func archivedEnv(t *testing.T) (srv *httptest.Server, list *runlist.List, goneRe
 	if snap, err := store.ProjectSnapshot(ctx, "gone"); err != nil || snap.Status != statestore.RunStatusCompleted {
 		t.Fatalf("gone before removal: %+v %v", snap, err)
 	}
-	arch, err := archive.Open(ctx, archive.NewDir(filepath.Join(t.TempDir(), "archive")), archive.Options{})
+	dir = filepath.Join(t.TempDir(), "archive")
+	arch, err := archive.Open(ctx, archive.NewDir(dir), archive.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,9 +146,9 @@ func archivedEnv(t *testing.T) (srv *httptest.Server, list *runlist.List, goneRe
 	if _, err := list.WaitIndexed(ctx); err != nil {
 		t.Fatal(err)
 	}
-	srv = httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: store, Archive: arch, Control: ctrl, List: list, Logger: zaptest.NewLogger(t)}).Handler())
+	srv = httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: store, Archive: arch, Control: ctrl, List: list, Auth: auth, Logger: zaptest.NewLogger(t)}).Handler())
 	t.Cleanup(srv.Close)
-	return srv, list, goneRecs
+	return srv, list, goneRecs, dir
 }
 
 func getJSON(t *testing.T, url string, v any) int {
@@ -338,3 +349,60 @@ func TestServer_ArchivedListLabelsAndOnce(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// TestServer_ArchivedRunCorrupt: a run whose archived segment no longer
+// matches its manifest is refused with ARCHIVE_CORRUPT (500), not
+// INTERNAL, to whom may read it; to a principal scoped to another tenant it
+// is RUN_NOT_FOUND, as a run that does not exist: its scope is decided
+// from the manifest's entry, not from the records that cannot be read,
+// and nothing of the archive's names or hashes reaches that principal.
+func TestServer_ArchivedRunCorrupt(t *testing.T) {
+	creds, err := httpapi.LoadCredentials(writeTokens(t, t.TempDir(), tokensYAML(
+		principal("owner", "tok-owner", "viewer", "tenantId: tenant_acme"),
+		principal("other", "tok-other", "viewer", "tenantId: other"),
+		principal("root", "tok-admin", "admin", ""),
+	)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _, _, dir := archivedEnvAuth(t, creds)
+	segs, err := filepath.Glob(filepath.Join(dir, "segments", "*"))
+	if err != nil || len(segs) == 0 {
+		t.Fatalf("segments %v %v", segs, err)
+	}
+	for _, seg := range segs { // every segment: "gone" is in one of them
+		b, err := os.ReadFile(seg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b[len(b)/2] ^= 0x40
+		if err := os.WriteFile(seg, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get := func(token, path string) (int, answer, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		var a answer
+		_ = json.Unmarshal(b, &a)
+		return resp.StatusCode, a, string(b)
+	}
+	for _, path := range []string{"/v1/runs/gone", "/v1/runs/gone/events"} {
+		for _, tok := range []string{"tok-owner", "tok-admin"} {
+			if code, a, body := get(tok, path); code != http.StatusInternalServerError || a.Code != archive.CodeCorrupt {
+				t.Errorf("%s as %s: %d %s, want 500 %s", path, tok, code, body, archive.CodeCorrupt)
+			}
+		}
+		code, a, body := get("tok-other", path)
+		if code != http.StatusNotFound || a.Code != httpapi.CodeRunNotFound || strings.Contains(body, "segment") {
+			t.Errorf("%s as another tenant: %d %s, want 404 %s as for a run that does not exist", path, code, body, httpapi.CodeRunNotFound)
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/admission"
+	"github.com/conductor-sidecar/sidecar/archive"
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/eventbus"
 	"github.com/conductor-sidecar/sidecar/registry"
@@ -50,7 +51,11 @@ func TestServer_Classify(t *testing.T) {
 		{"DrainRunNotFound", wrap(drain.ErrRunNotFound), want{http.StatusNotFound, CodeRunNotFound, "no such run", "", false}},
 		{"DrainStepNotFound", drain.ErrStepNotFound, want{http.StatusNotFound, drain.CodeStepNotFound, "no such step in this run", "", false}},
 		{"LogRunNotFound", wrap(statestore.ErrNotFound), want{http.StatusNotFound, CodeRunNotFound, "no such run", "", false}},
-		{"ChainBroken", &statestore.Error{Code: pgstore.CodeChainBroken, Message: "record 3 changed"}, want{http.StatusInternalServerError, CodeInternal, "", "", false}},
+		// A fault with a name keeps it: a client tells a damaged log or
+		// archive from a fault of the sidecar's (INTERNAL).
+		{"ChainBroken", &statestore.Error{Code: pgstore.CodeChainBroken, Message: "record 3 changed"}, want{http.StatusInternalServerError, pgstore.CodeChainBroken, "", "", false}},
+		{"ArchiveCorrupt", wrap(&archive.Error{Code: archive.CodeCorrupt, Message: "segment s: SHA-256 a, manifest 1 says b"}), want{http.StatusInternalServerError, archive.CodeCorrupt, "", "", false}},
+		{"Unnamed", errors.New("boom"), want{http.StatusInternalServerError, CodeInternal, "", "", false}},
 		{"AdmissionRejected", &admission.Error{Code: admission.CodeRejected, Message: "limit 3 reached", RetryAfter: 10 * time.Second},
 			want{http.StatusTooManyRequests, admission.CodeRejected, "", "", true}},
 		{"AdmissionUnavailable", &admission.Error{Code: admission.CodeUnavailable, Message: "submit", Err: errors.New("timeout")},

@@ -543,15 +543,17 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, role string) 
 	}
 	r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
 	if runID := r.PathValue("runId"); runID != "" && p.Scope != (Scope{}) {
+		notFound := &apiError{status: http.StatusNotFound, Code: CodeRunNotFound, Message: "no such run"}
 		snap, _, err := s.runSnapshot(r.Context(), runID)
-		if errors.Is(err, statestore.ErrNotFound) {
-			return r, &apiError{status: http.StatusNotFound, Code: CodeRunNotFound, Message: "no such run"}
-		}
-		if err != nil {
+		switch {
+		case errors.Is(err, statestore.ErrNotFound):
+			return r, notFound
+		case err != nil && s.archivedOutside(r.Context(), p.Scope, runID, err):
+			return r, notFound
+		case err != nil:
 			return r, err
-		}
-		if !p.Scope.Allows(snap.TenantID, snap.ProjectID, snap.EnvironmentID) {
-			return r, &apiError{status: http.StatusNotFound, Code: CodeRunNotFound, Message: "no such run"}
+		case !p.Scope.Allows(snap.TenantID, snap.ProjectID, snap.EnvironmentID):
+			return r, notFound
 		}
 	}
 	return r, nil
@@ -570,8 +572,13 @@ func (s *Server) answer(err error) *apiError {
 // writeErr writes the answer of a handler's error, logging server faults.
 func (s *Server) writeErr(w http.ResponseWriter, route string, err error) {
 	ae := s.answer(err)
-	if ae.status >= 500 {
+	switch {
+	case ae.status >= 500 && ae.Code == CodeInternal:
 		s.log.Error("request failed", zap.String("route", route), zap.String("code", ae.Code), zap.Error(err))
+	case ae.status >= 500:
+		// A named condition (a store or an archive unavailable or
+		// damaged), not a fault of the sidecar's: no stack.
+		s.log.Warn("request failed", zap.String("route", route), zap.String("code", ae.Code), zap.Error(err))
 	}
 	writeError(w, ae)
 }
@@ -590,6 +597,11 @@ func (s *Server) classify(err error) *apiError {
 	status, known := 0, false
 	if ok {
 		status, known = statusOf[c.ErrorKind()]
+	}
+	if !known && ok && c.ErrorKind() == errcode.Internal && c.ErrorCode() != "" {
+		// A fault with a name (an archive that does not match its
+		// manifests): its code, not INTERNAL.
+		return &apiError{status: http.StatusInternalServerError, Code: c.ErrorCode(), Message: err.Error()}
 	}
 	if !known {
 		if errors.Is(err, context.DeadlineExceeded) {
