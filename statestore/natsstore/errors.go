@@ -26,7 +26,7 @@ var (
 	// ErrNotRemovable: the event stream denies purge (it was created
 	// without Options.Removable), so no run can be removed from it.
 	ErrNotRemovable = &statestore.Error{Code: CodeNotRemovable, Kind: errcode.Conflict,
-		Message: "the event stream denies purge: it was created without retention, and JetStream cannot allow purge on an existing stream (docs/retention.md)"}
+		Message: "the event stream denies purge: it was created without retention, and JetStream cannot allow purge on an existing stream: start serve with --retain-finished on a new data dir (or a new stream on the cluster), or without --retain-finished on this one (docs/retention.md)"}
 	// ErrNotReady: a stream or bucket that was just created (by this
 	// process or another), or was reported existing, is not served by its
 	// replicas yet; on a cluster a lookup an instant after the create may

@@ -103,7 +103,7 @@ func Migrate(ctx context.Context, url string, opts MigrateOptions) (Migrated, er
 		return Migrated{}, &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: "parse the PostgreSQL URL (postgres://user:password@host:port/database)", Err: err}
 	}
 	cfg.MaxConns = 1
-	pool, err := connect(ctx, cfg)
+	pool, err := connect(ctx, cfg, "--store")
 	if err != nil {
 		return Migrated{}, err
 	}

@@ -101,7 +101,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	cfg.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(opts.StatementTimeout.Milliseconds(), 10)
 	octx, cancel := context.WithTimeout(ctx, 4*opts.Timeout)
 	defer cancel()
-	pool, err := connect(octx, cfg)
+	pool, err := connect(octx, cfg, "--store")
 	if err != nil {
 		return nil, err
 	}
@@ -122,8 +122,9 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 }
 
 // connect opens a pool on cfg and pings the server: a server that does
-// not answer gives one line naming the fix.
-func connect(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) {
+// not answer, or refuses the login, gives one line naming the fix and the
+// flag the URL came from.
+func connect(ctx context.Context, cfg *pgxpool.Config, flag string) (*pgxpool.Pool, error) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, unavailable("connect", err)
@@ -131,9 +132,15 @@ func connect(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) {
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
 		c := cfg.ConnConfig
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && (pe.Code == "28P01" || pe.Code == "28000") { // invalid_password, invalid_authorization_specification
+			return nil, &statestore.Error{Code: statestore.CodeStoreUnavailable, Err: err, Message: fmt.Sprintf(
+				"PostgreSQL at %s:%d refused the login of user %s to database %s: %s: check the user of %s and its password (PGPASSFILE or PGPASSWORD), and pg_hba.conf",
+				c.Host, c.Port, c.User, c.Database, pe.Message, flag)}
+		}
 		return nil, &statestore.Error{Code: statestore.CodeStoreUnavailable, Err: err, Message: fmt.Sprintf(
-			"cannot reach PostgreSQL at %s:%d (database %s, user %s): %v: check --store and that the server is up; the password comes from PGPASSFILE or PGPASSWORD",
-			c.Host, c.Port, c.Database, c.User, innermost(err))}
+			"cannot reach PostgreSQL at %s:%d (database %s, user %s): %v: check %s and that the server is up; the password comes from PGPASSFILE or PGPASSWORD",
+			c.Host, c.Port, c.Database, c.User, innermost(err), flag)}
 	}
 	return pool, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
@@ -60,7 +61,7 @@ func OpenRemover(ctx context.Context, url string, opts RemoverOptions) (*Remover
 	cfg.MaxConns = removeConns
 	octx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
-	pool, err := connect(octx, cfg)
+	pool, err := connect(octx, cfg, "--retention-store")
 	if err != nil {
 		return nil, err
 	}
@@ -129,7 +130,11 @@ func (r *Remover) RemoveRun(ctx context.Context, runID string, lastRunSeq, recor
 	var finished bool
 	err := r.pool.QueryRow(ctx, "SELECT o_removed, o_last, o_records, o_finished FROM remove_run($1, $2, $3)",
 		runID, int64(lastRunSeq), int64(records)).Scan(&removed, &last, &have, &finished)
+	var pe *pgconn.PgError
 	switch {
+	case errors.As(err, &pe) && pe.Code == "42501": // insufficient_privilege
+		return &statestore.Error{Code: CodeRoleRefused, Err: err, Message: fmt.Sprintf(
+			"remove run %q: %s: the retention role may no longer call remove_run; run sidecar migrate --retention-role ROLE as the log's owner, which grants it again (docs/postgres.md, \"Retention\")", runID, pe.Message)}
 	case err != nil:
 		return unavailable("remove run "+runID, err)
 	case removed > 0:

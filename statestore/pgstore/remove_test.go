@@ -175,13 +175,36 @@ func TestRemover_OnlyTheRetentionRole(t *testing.T) {
 	if n := count(t, r.OwnerURL, "SELECT count(*) FROM run_events WHERE run_id = 'run-r'"); n != 4 {
 		t.Fatalf("after the refused deletes run-r has %d records, want 4", n)
 	}
-	if err := openRemover(t, r.RetentionURL).RemoveRun(ctx, "run-r", 4, 4); err != nil {
+	// A retention role that lost remove_run is told so, with the fix
+	// (not STORE_DAMAGED: the log is whole), and removes nothing; the
+	// owner's migrate grants it again.
+	rm := openRemover(t, r.RetentionURL)
+	owner, err := pgx.Connect(ctx, r.OwnerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := owner.Exec(ctx, "REVOKE EXECUTE ON FUNCTION remove_run(text, bigint, bigint) FROM "+pgx.Identifier{r.Retention}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	owner.Close(ctx)
+	if err := rm.RemoveRun(ctx, "run-r", 4, 4); !errors.Is(err, pgstore.ErrRoleRefused) || !strings.Contains(err.Error(), "sidecar migrate --retention-role") {
+		t.Fatalf("remove_run revoked: %v, want STORE_ROLE_REFUSED naming sidecar migrate", err)
+	}
+	if _, err := pgstore.Migrate(ctx, r.OwnerURL, pgstore.MigrateOptions{RetentionRole: r.Retention}); err != nil {
+		t.Fatal(err)
+	}
+	// A login the server refuses names the flag the URL came from.
+	if _, err := pgstore.OpenRemover(ctx, strings.Replace(r.RetentionURL, r.Retention+"@", "no_such_role@", 1), pgstore.RemoverOptions{}); err == nil ||
+		!strings.Contains(err.Error(), "refused the login") || !strings.Contains(err.Error(), "--retention-store") {
+		t.Fatalf("a Remover as a role that cannot log in: %v, want the login refused, naming --retention-store", err)
+	}
+	if err := rm.RemoveRun(ctx, "run-r", 4, 4); err != nil {
 		t.Fatal(err)
 	}
 	if n := count(t, r.OwnerURL, "SELECT count(*) FROM run_events WHERE run_id = 'run-r'"); n != 0 {
 		t.Fatalf("after remove_run run-r has %d records, want 0", n)
 	}
-	_, err := pgstore.Migrate(ctx, r.OwnerURL, pgstore.MigrateOptions{RetentionRole: r.Runtime})
+	_, err = pgstore.Migrate(ctx, r.OwnerURL, pgstore.MigrateOptions{RetentionRole: r.Runtime})
 	if !errors.Is(err, pgstore.ErrRoleRefused) || !strings.Contains(err.Error(), "runtime role") {
 		t.Errorf("migrate --retention-role RUNTIME: %v, want STORE_ROLE_REFUSED", err)
 	}

@@ -83,7 +83,7 @@ func Verify(ctx context.Context, url string, runIDs []string) (Verified, error) 
 		return out, &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: "parse the PostgreSQL URL (postgres://user:password@host:port/database)", Err: err}
 	}
 	cfg.MaxConns = 1
-	pool, err := connect(ctx, cfg)
+	pool, err := connect(ctx, cfg, "--store")
 	if err != nil {
 		return out, err
 	}
