@@ -365,7 +365,14 @@ func (r *Runs) recordTasks(ctx context.Context, snaps SnapshotReader, rec *Run, 
 		// the run RUNNING: a read as at adoption of a run the log has
 		// PAUSED (after a restart) records no StepStarted inside the pause.
 		midFlight := adoption && snap.Status == statestore.RunStatusRunning && (gatedTaskID == "" || t.TaskId != gatedTaskID)
-		evs, p, err := taskEvents(rec, t, snap.Step(stepIDOf(t)), midFlight)
+		st := snap.Step(stepIDOf(t))
+		if snap.Status == statestore.RunStatusPaused && IsWorkerTask(t.TaskType) && (st == nil || st.Status == statestore.StepStatusPending) {
+			// A worker task the gate never started (its worker polls
+			// Conductor directly), ended or not: recorded once the log has
+			// the run running again, never started inside the pause.
+			continue
+		}
+		evs, p, err := taskEvents(rec, t, st, midFlight)
 		pending = pending || p || (draining && IsWorkerTask(t.TaskType) && t.Status == "IN_PROGRESS")
 		control = control || (controlTaskTypes[t.TaskType] && (t.Status == "SCHEDULED" || t.Status == "IN_PROGRESS"))
 		if err != nil {

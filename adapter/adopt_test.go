@@ -321,3 +321,33 @@ func TestRecordTasks_NoWorkerTaskStartedInsideAPause(t *testing.T) {
 		t.Fatalf("log %v, want nothing after RunPaused", got)
 	}
 }
+
+// TestRecordTasks_WorkerTaskEndedInsideAPauseWaitsForTheResume: a worker
+// task the gate never started (its worker polled Conductor directly) that
+// ended while the log has the run PAUSED is not recorded inside the pause
+// (no StepStarted after RunPaused, docs/events.md "Fences"): it is
+// recorded, started and completed, once the log has the run running
+// again.
+func TestRecordTasks_WorkerTaskEndedInsideAPauseWaitsForTheResume(t *testing.T) {
+	ctx := context.Background()
+	env, r, rec, emit := runOfWorkflow(t)
+	timeout := int64(60)
+	emit(statestore.RunPaused, statestore.RunPausedPayload{DrainTimeoutSeconds: &timeout})
+	wf := &model.Workflow{WorkflowId: "wf-1", Tasks: []model.Task{{TaskType: "resize", Status: "COMPLETED", ReferenceTaskName: "d1",
+		TaskId: "t1", StartTime: 1_700_000_000_000, EndTime: 1_700_000_001_000}}}
+	for _, adoption := range []bool{false, true} {
+		if _, _, err := r.recordTasks(ctx, env.store, rec, wf, adoption, ""); err != nil {
+			t.Fatal(err)
+		}
+		if got := typesOf(env.events(t, rec.RunID)); strings.Join(got, " ") != "RunStarted RunPaused" {
+			t.Fatalf("adoption=%v: log %v, want nothing after RunPaused", adoption, got)
+		}
+	}
+	emit(statestore.RunResumed, statestore.RunResumedPayload{})
+	if _, _, err := r.recordTasks(ctx, env.store, rec, wf, false, ""); err != nil {
+		t.Fatal(err)
+	}
+	if got := typesOf(env.events(t, rec.RunID)); strings.Join(got, " ") != "RunStarted RunPaused RunResumed StepStarted:d1 StepCompleted:d1" {
+		t.Fatalf("log %v, want the step recorded after the resume", got)
+	}
+}
