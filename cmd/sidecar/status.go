@@ -96,7 +96,11 @@ func (c *StatusCommand) Run(ctx context.Context, args []string) error {
 			if r := idle[tryKey(s.StepID, s.LogicalAttemptID)]; r != "" {
 				why += ": " + e(r)
 			}
-			line += "  (" + why + "; waits for its next try, not in flight)"
+			if statestore.IsTerminalRunStatus(v.Status) {
+				line += "  (" + why + "; the run ended before another try)"
+			} else {
+				line += "  (" + why + "; waits for its next try, not in flight)"
+			}
 		case s.Held && s.Status == "FAILED":
 			line += "  HELD (retry it: sidecar retry " + e(v.RunID) + " " + e(s.StepID) + ")"
 		case s.RetryRequested:
