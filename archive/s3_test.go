@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http/httptrace"
+	"os"
 	"sync/atomic"
 	"testing"
 
@@ -72,5 +73,49 @@ func TestS3_ReusesConnections(t *testing.T) {
 	// leave room for a connection the server or the client closed.
 	if fresh.Load() > 4 || reused.Load() < 36 {
 		t.Fatalf("%d requests on a new connection, %d on a reused one; want at most 4 new of 40", fresh.Load(), reused.Load())
+	}
+}
+
+// TestS3_ChangedObject changes one segment's bytes in the server's own
+// file, behind its back: the server still answers with the checksum it
+// stored, so the client's check of the response fails. Verify reports
+// that segment corrupt and checks the others, and a reader of a run in it
+// gets ErrCorrupt, not ErrUnavailable.
+func TestS3_ChangedObject(t *testing.T) {
+	ctx := context.Background()
+	srv := archivetest.StartS3(t)
+	dest := srv.Bucket("changed", "a")
+	a := mustOpen(t, dest)
+	runs := finishedRuns(t, "r", 3)
+	var ms []*archive.Manifest
+	for _, r := range runs {
+		m, err := a.Write(ctx, []archive.Run{r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms = append(ms, m)
+	}
+	p := srv.ObjectFile("changed", "a/"+ms[1].Segment)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 1
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := archive.Verify(ctx, dest, archive.VerifyOptions{})
+	if err != nil {
+		t.Fatalf("Verify: got %v, want a report", err)
+	}
+	if len(rep.Problems) != 1 || rep.Problems[0].Code != archive.ProblemSegmentCorrupt || rep.Problems[0].Object != ms[1].Segment ||
+		rep.Manifests != 3 || rep.Segments != 2 || rep.Runs != 2 {
+		t.Fatalf("got report %+v, want 3 manifests, segment %s corrupt, the 2 others verified", rep, ms[1].Segment)
+	}
+	if _, err := mustOpen(t, dest).Records(ctx, runs[1].ID); !errors.Is(err, archive.ErrCorrupt) || errors.Is(err, archive.ErrUnavailable) {
+		t.Fatalf("Records of the run in it: got %v, want ErrCorrupt", err)
+	}
+	if _, err := dest.Get(ctx, ms[1].Segment); !errors.Is(err, archive.ErrCorrupt) {
+		t.Fatalf("Get: got %v, want ErrCorrupt", err)
 	}
 }

@@ -60,8 +60,9 @@ type Problem struct {
 // to the newest is present, each is the hash of its content and chains to
 // the one before, every segment matches its manifest's size and SHA-256,
 // and every run in it its record count and SHA-256. What does not verify
-// is reported in Report.Problems; the error is only for a destination that
-// cannot be read (ErrUnavailable).
+// is reported in Report.Problems, an object whose bytes the destination
+// itself finds changed (Get's ErrCorrupt) included; the error is only for
+// a destination that cannot be read (ErrUnavailable).
 func Verify(ctx context.Context, dest Destination, opts VerifyOptions) (*Report, error) {
 	rep := &Report{Destination: dest.String(), Problems: []Problem{}}
 	a := &Archive{dest: dest}
@@ -110,6 +111,9 @@ func Verify(ctx context.Context, dest Destination, opts VerifyOptions) (*Report,
 		switch {
 		case errors.Is(err, ErrObjectNotFound):
 			rep.Problems = append(rep.Problems, Problem{Code: ProblemSegmentMissing, Seq: seq, Object: m.Segment, Message: "segment is missing"})
+			continue
+		case errors.Is(err, ErrCorrupt):
+			rep.Problems = append(rep.Problems, Problem{Code: ProblemSegmentCorrupt, Seq: seq, Object: m.Segment, Message: err.Error()})
 			continue
 		case err != nil:
 			return nil, err
@@ -188,6 +192,11 @@ func verifyCatalog(ctx context.Context, dest Destination, rep *Report, keys map[
 		data, err := dest.Get(ctx, name)
 		if errors.Is(err, ErrObjectNotFound) {
 			continue // removed since the listing
+		}
+		if errors.Is(err, ErrCorrupt) {
+			rep.Problems = append(rep.Problems, Problem{Code: ProblemCatalogInvalid, Seq: first, Object: name,
+				Message: err.Error() + "; remove it (lookups then read what it covers from below)"})
+			continue
 		}
 		if err != nil {
 			return err
