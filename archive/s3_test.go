@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http/httptrace"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -117,5 +118,27 @@ func TestS3_ChangedObject(t *testing.T) {
 	}
 	if _, err := dest.Get(ctx, ms[1].Segment); !errors.Is(err, archive.ErrCorrupt) {
 		t.Fatalf("Get: got %v, want ErrCorrupt", err)
+	}
+}
+
+// TestS3_WrongPrefix verifies a prefix of a bucket that holds an archive
+// under another prefix: nothing is there, which does not verify unless
+// an empty archive is allowed.
+func TestS3_WrongPrefix(t *testing.T) {
+	ctx := context.Background()
+	srv := archivetest.StartS3(t)
+	if _, err := mustOpen(t, srv.Bucket("prefixes", "prod")).Write(ctx, finishedRuns(t, "r", 1)); err != nil {
+		t.Fatal(err)
+	}
+	typo, err := archive.NewS3(ctx, srv.Config("prefixes", "prd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := mustVerify(t, typo, archive.VerifyOptions{})
+	if len(rep.Problems) != 1 || rep.Problems[0].Code != archive.ProblemArchiveEmpty || !strings.Contains(rep.Problems[0].Message, "s3://prefixes/prd") {
+		t.Fatalf("got %+v, want %s naming s3://prefixes/prd", rep, archive.ProblemArchiveEmpty)
+	}
+	if rep := mustVerify(t, typo, archive.VerifyOptions{AllowEmpty: true}); len(rep.Problems) != 0 {
+		t.Fatalf("AllowEmpty: got %+v, want no problem", rep)
 	}
 }

@@ -100,6 +100,28 @@ func TestArchiveCommand_Verify(t *testing.T) {
 			t.Fatalf("a shard edited: exit %d\n%s%s", code, out, errOut)
 		}
 	})
+	t.Run("Empty", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "archive")
+		if err := os.Mkdir(dir, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		url := "file://" + dir
+		code, out, errOut := run(t, "archive", "verify", "--archive", url)
+		if code == exitOK || !strings.Contains(out, "PROBLEM "+archive.ProblemArchiveEmpty) || !strings.Contains(out, url) || !strings.Contains(errOut, "--allow-empty") {
+			t.Fatalf("no manifest: exit %d\n%s%s", code, out, errOut)
+		}
+		code, out, errOut = run(t, "archive", "verify", "--archive", url, "--allow-empty")
+		if code != exitOK || !strings.Contains(out, "0 manifests") || !strings.Contains(out, "0 problems") {
+			t.Fatalf("no manifest, --allow-empty: exit %d\n%s%s", code, out, errOut)
+		}
+	})
+	t.Run("NoDirectory", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "nonexistent")
+		code, out, errOut := run(t, "archive", "verify", "--archive", "file://"+dir, "--allow-empty")
+		if code == exitOK || !strings.Contains(errOut, archive.CodeUnavailable) || !strings.Contains(errOut, dir) {
+			t.Fatalf("exit %d\n%s%s", code, out, errOut)
+		}
+	})
 	t.Run("BadInput", func(t *testing.T) {
 		for _, args := range [][]string{
 			{"archive"}, {"archive", "nope"}, {"archive", "verify"},
