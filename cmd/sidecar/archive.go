@@ -10,6 +10,30 @@ import (
 	"github.com/conductor-sidecar/sidecar/vocab"
 )
 
+// exitArchiveUnreadable is the exit code of "archive verify" when the
+// archive could not be read (ARCHIVE_UNAVAILABLE: the destination down,
+// credentials refused, a directory that does not exist): nothing was
+// verified, either way. An archive read that does not verify exits 1.
+const exitArchiveUnreadable = 3
+
+// errArchiveUnreadable makes Main.Run exit with exitArchiveUnreadable.
+type errArchiveUnreadable struct{ err error }
+
+func (e errArchiveUnreadable) Error() string {
+	return e.err.Error() + "; nothing was verified"
+}
+
+func (e errArchiveUnreadable) Unwrap() error { return e.err }
+
+// archiveVerifyExit is the end of "archive verify -h".
+const archiveVerifyExit = `
+Exit status:
+  0  the archive verifies
+  1  it does not: PROBLEM lines (ARCHIVE_EMPTY: no manifest at the location)
+  2  usage
+  3  the archive could not be read (ARCHIVE_UNAVAILABLE): nothing was verified
+`
+
 // ArchiveCommand reads a run archive directly, without a running sidecar
 // (docs/retention.md): "sidecar archive verify" proves it complete and
 // unchanged, "sidecar archive events RUN_ID" prints an archived run's log.
@@ -85,6 +109,11 @@ func (c *ArchiveCommand) verify(ctx context.Context, args []string) error {
 	var af archiveFlags
 	af.register(fs)
 	head := fs.String("expect-head", "", "a chain hash reported earlier (the archive's head then): the archive must still hold that manifest, so nothing up to it was dropped or rewritten")
+	usage := fs.Usage
+	fs.Usage = func() {
+		usage()
+		fmt.Fprint(fs.Output(), archiveVerifyExit)
+	}
 	allowEmpty := fs.Bool("allow-empty", false, "accept a location that holds no manifest (an archive nothing was written to yet); without it that is ARCHIVE_EMPTY")
 	pos, dest, err := af.parse(fs, args)
 	if err != nil {
@@ -95,7 +124,7 @@ func (c *ArchiveCommand) verify(ctx context.Context, args []string) error {
 	}
 	rep, err := archive.Verify(ctx, dest, archive.VerifyOptions{ExpectHead: *head, AllowEmpty: *allowEmpty})
 	if err != nil {
-		return err
+		return errArchiveUnreadable{err}
 	}
 	if *af.output == "json" {
 		if err := printJSON(c.m.Stdout, rep); err != nil {
