@@ -142,3 +142,42 @@ func TestS3_WrongPrefix(t *testing.T) {
 		t.Fatalf("AllowEmpty: got %+v, want no problem", rep)
 	}
 }
+
+// TestS3_ChangedCatalogShard changes every catalog shard's bytes in the
+// server's own files: lookups read the manifests the shards cover
+// instead, and Verify reports each shard.
+func TestS3_ChangedCatalogShard(t *testing.T) {
+	ctx := context.Background()
+	srv := archivetest.StartS3(t)
+	dest := srv.Bucket("catalog", "a")
+	runs := writeSegments(t, dest, 32) // the first range of the catalog: 4 shards
+	shards, err := dest.List(ctx, "catalog/")
+	if err != nil || len(shards) != 4 {
+		t.Fatalf("catalog: %v, %v; want 4 shards", shards, err)
+	}
+	for _, name := range shards {
+		p := srv.ObjectFile("catalog", "a/"+name)
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b[len(b)-2] ^= 1
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, r := range runs {
+		if e, err := mustOpen(t, dest).Lookup(ctx, r.ID); err != nil || e.RunID != r.ID {
+			t.Fatalf("lookup of run %d: %+v, %v", i, e, err)
+		}
+	}
+	rep := mustVerify(t, dest, archive.VerifyOptions{})
+	if len(rep.Problems) != 4 || rep.Segments != int64(rep.Manifests) {
+		t.Fatalf("got report %+v, want every segment verified and 4 problems", rep)
+	}
+	for _, p := range rep.Problems {
+		if p.Code != archive.ProblemCatalogInvalid {
+			t.Fatalf("got problem %+v, want %s", p, archive.ProblemCatalogInvalid)
+		}
+	}
+}
