@@ -391,11 +391,46 @@ func TestVerify(t *testing.T) {
 			t.Fatalf("got %+v, want one orphan and no problem", rep)
 		}
 	})
+	t.Run("NoDirectory", func(t *testing.T) {
+		d, root := openDir(t)
+		if rep, err := archive.Verify(ctx, d, archive.VerifyOptions{AllowEmpty: true}); !errors.Is(err, archive.ErrUnavailable) || !strings.Contains(err.Error(), root) {
+			t.Fatalf("got %+v, %v; want ErrUnavailable naming %s", rep, err, root)
+		}
+	})
 	t.Run("Empty", func(t *testing.T) {
-		d, _ := openDir(t)
+		d, root := openDir(t)
+		if err := os.Mkdir(root, 0o750); err != nil {
+			t.Fatal(err)
+		}
 		rep := mustVerify(t, d, archive.VerifyOptions{})
-		if len(rep.Problems) != 0 || rep.Manifests != 0 || rep.Head != "" {
-			t.Fatalf("got %+v", rep)
+		if len(rep.Problems) != 1 || rep.Problems[0].Code != archive.ProblemArchiveEmpty || !strings.Contains(rep.Problems[0].Message, d.String()) ||
+			rep.Manifests != 0 || rep.Head != "" {
+			t.Fatalf("got %+v, want one problem %s naming %s", rep, archive.ProblemArchiveEmpty, d)
+		}
+		if rep := mustVerify(t, d, archive.VerifyOptions{AllowEmpty: true}); len(rep.Problems) != 0 {
+			t.Fatalf("AllowEmpty: got %+v, want no problem", rep)
+		}
+	})
+	t.Run("OrphansOnly", func(t *testing.T) {
+		d, _ := openDir(t)
+		if err := d.Put(ctx, "segments/1-dead.ndjson.gz", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		for _, allow := range []bool{false, true} {
+			rep := mustVerify(t, d, archive.VerifyOptions{AllowEmpty: allow})
+			if (len(rep.Problems) == 0) != allow || !reflect.DeepEqual(rep.Orphans, []string{"segments/1-dead.ndjson.gz"}) {
+				t.Fatalf("AllowEmpty %v: got %+v, want one orphan and %s unless allowed", allow, rep, archive.ProblemArchiveEmpty)
+			}
+		}
+	})
+	t.Run("ManifestsAllRemoved", func(t *testing.T) {
+		d, root, ms := setup(t)
+		if err := os.RemoveAll(filepath.Join(root, "manifests")); err != nil {
+			t.Fatal(err)
+		}
+		rep := mustVerify(t, d, archive.VerifyOptions{})
+		if len(rep.Problems) != 1 || rep.Problems[0].Code != archive.ProblemArchiveEmpty || len(rep.Orphans) != len(ms) {
+			t.Fatalf("got %+v, want %s and %d orphans", rep, archive.ProblemArchiveEmpty, len(ms))
 		}
 	})
 }

@@ -212,10 +212,11 @@ func (a *Archive) catalogReader() *catalogReader {
 }
 
 // shard reads shard s of range (l, first); ok is false when it is absent
-// or does not parse (the caller reads the ranges below it instead).
+// or does not parse, or the destination finds its bytes changed (the
+// caller reads the ranges below it instead).
 func (r *catalogReader) shard(ctx context.Context, l int, first uint64, s int) (entries []catalogEntry, ok bool, err error) {
 	data, err := r.a.dest.Get(ctx, catalogName(l, first, s))
-	if errors.Is(err, ErrObjectNotFound) {
+	if errors.Is(err, ErrObjectNotFound) || errors.Is(err, ErrCorrupt) {
 		return nil, false, nil
 	}
 	if err != nil {

@@ -21,7 +21,8 @@ type Destination interface {
 	// ErrConflict. Two writers racing for one name: one wins.
 	PutNew(ctx context.Context, name string, data []byte) error
 	// Get returns the object's bytes, or an error matching
-	// ErrObjectNotFound.
+	// ErrObjectNotFound, or ErrCorrupt when the destination checks the
+	// bytes against a checksum it stored with them and they differ.
 	Get(ctx context.Context, name string) ([]byte, error)
 	// List returns the names of the objects under prefix, sorted.
 	List(ctx context.Context, prefix string) ([]string, error)

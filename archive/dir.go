@@ -112,6 +112,22 @@ func syncDir(dir string) error {
 	return err
 }
 
+// checkRoot returns an error matching ErrUnavailable when the directory
+// does not exist or is not a directory. A writer makes it with its first
+// object; a reader finds nothing there.
+func (d *Dir) checkRoot() error {
+	fi, err := os.Stat(d.root)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return newError(CodeUnavailable, nil, "directory %s does not exist", d.root)
+	case err != nil:
+		return newError(CodeUnavailable, err, "directory %s", d.root)
+	case !fi.IsDir():
+		return newError(CodeUnavailable, nil, "%s is not a directory", d.root)
+	}
+	return nil
+}
+
 // Get implements Destination.
 func (d *Dir) Get(ctx context.Context, name string) ([]byte, error) {
 	if err := ctx.Err(); err != nil {

@@ -102,6 +102,11 @@ func newError(code string, cause error, format string, args ...any) *Error {
 // wrong with an archive; Verify's own error is only for a destination it
 // cannot read.
 const (
+	// ProblemArchiveEmpty: the destination holds no manifest at all: a
+	// wrong location (directory, bucket prefix), an archive nothing was
+	// written to yet, or one whose manifests were all removed. Nothing was
+	// verified. VerifyOptions.AllowEmpty accepts it.
+	ProblemArchiveEmpty = "ARCHIVE_EMPTY"
 	// ProblemManifestMissing: a manifest seq between 1 and the newest is absent.
 	ProblemManifestMissing = "ARCHIVE_MANIFEST_MISSING"
 	// ProblemManifestInvalid: a manifest does not parse, or its Chain is

@@ -218,10 +218,25 @@ func (s *S3) Get(ctx context.Context, name string) ([]byte, error) {
 	if n := aws.ToInt64(out.ContentLength); n > 0 {
 		buf.Grow(int(n))
 	}
-	if _, err := io.Copy(&buf, out.Body); err != nil {
+	if n, err := io.Copy(&buf, out.Body); err != nil {
+		if checksumFailed(out, n) {
+			return nil, newError(CodeCorrupt, err, "get %s: its bytes do not match the checksum the server stored with it", name)
+		}
 		return nil, newError(CodeUnavailable, err, "get %s", name)
 	}
 	return buf.Bytes(), nil
+}
+
+// checksumFailed tells whether a GetObject body that failed after read
+// bytes failed the client's check of the object's checksum: the SDK checks
+// the bytes against the checksum the server sent with them (stored when
+// the object was written) once it has read them all, and fails the last
+// read when they differ, with an error of a type it does not export. On a
+// response it checks, an error after every byte the server announced
+// arrived is that check; an error before is the connection's.
+func checksumFailed(out *s3.GetObjectOutput, read int64) bool {
+	v, ok := s3.GetChecksumValidationMetadata(out.ResultMetadata)
+	return ok && len(v.AlgorithmsUsed) > 0 && out.ContentLength != nil && read == *out.ContentLength
 }
 
 // List implements Destination. Keys under the archive's prefix that are

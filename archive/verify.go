@@ -14,6 +14,9 @@ type VerifyOptions struct {
 	// sidecar reported earlier): the archive must hold a manifest with
 	// that Chain, so that no manifest up to it was dropped or rewritten.
 	ExpectHead string
+	// AllowEmpty accepts a destination that holds no manifest (an archive
+	// nothing was written to yet); without it that is ProblemArchiveEmpty.
+	AllowEmpty bool
 }
 
 // Report is what Verify found.
@@ -59,15 +62,28 @@ type Problem struct {
 // Verify proves the archive complete and unchanged: every manifest from 1
 // to the newest is present, each is the hash of its content and chains to
 // the one before, every segment matches its manifest's size and SHA-256,
-// and every run in it its record count and SHA-256. What does not verify
-// is reported in Report.Problems; the error is only for a destination that
-// cannot be read (ErrUnavailable).
+// and every run in it its record count and SHA-256. A destination with no
+// manifest at all does not verify (ProblemArchiveEmpty) unless
+// opts.AllowEmpty, and a directory that does not exist is ErrUnavailable.
+// What does not verify
+// is reported in Report.Problems, an object whose bytes the destination
+// itself finds changed (Get's ErrCorrupt) included; the error is only for
+// a destination that cannot be read (ErrUnavailable).
 func Verify(ctx context.Context, dest Destination, opts VerifyOptions) (*Report, error) {
 	rep := &Report{Destination: dest.String(), Problems: []Problem{}}
+	if rc, ok := dest.(rootChecker); ok {
+		if err := rc.checkRoot(); err != nil {
+			return nil, err
+		}
+	}
 	a := &Archive{dest: dest}
 	seqs, err := a.manifestSeqs(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if len(seqs) == 0 && !opts.AllowEmpty {
+		rep.Problems = append(rep.Problems, Problem{Code: ProblemArchiveEmpty,
+			Message: "no manifest in " + dest.String() + ": a wrong location, an archive nothing was written to yet, or one whose manifests were all removed; nothing was verified"})
 	}
 	named := map[string]bool{}
 	runs := map[string]bool{}
@@ -111,6 +127,9 @@ func Verify(ctx context.Context, dest Destination, opts VerifyOptions) (*Report,
 		case errors.Is(err, ErrObjectNotFound):
 			rep.Problems = append(rep.Problems, Problem{Code: ProblemSegmentMissing, Seq: seq, Object: m.Segment, Message: "segment is missing"})
 			continue
+		case errors.Is(err, ErrCorrupt):
+			rep.Problems = append(rep.Problems, Problem{Code: ProblemSegmentCorrupt, Seq: seq, Object: m.Segment, Message: err.Error()})
+			continue
 		case err != nil:
 			return nil, err
 		}
@@ -143,6 +162,14 @@ func Verify(ctx context.Context, dest Destination, opts VerifyOptions) (*Report,
 	}
 	slices.Sort(rep.Orphans)
 	return rep, nil
+}
+
+// rootChecker is a Destination that tells a root that is not there (a
+// directory that does not exist) from one that holds no object yet.
+type rootChecker interface {
+	// checkRoot returns an error matching ErrUnavailable when the root is
+	// not there.
+	checkRoot() error
 }
 
 // verifyCatalog checks every object under catalog/ against the run keys
@@ -188,6 +215,11 @@ func verifyCatalog(ctx context.Context, dest Destination, rep *Report, keys map[
 		data, err := dest.Get(ctx, name)
 		if errors.Is(err, ErrObjectNotFound) {
 			continue // removed since the listing
+		}
+		if errors.Is(err, ErrCorrupt) {
+			rep.Problems = append(rep.Problems, Problem{Code: ProblemCatalogInvalid, Seq: first, Object: name,
+				Message: err.Error() + "; remove it (lookups then read what it covers from below)"})
+			continue
 		}
 		if err != nil {
 			return err

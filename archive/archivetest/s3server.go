@@ -94,6 +94,13 @@ func (s *S3Server) Stop() {
 	s.proc = nil
 }
 
+// ObjectFile returns the file the server keeps the object of key in
+// bucket in (its posix backend: the data directory, the bucket, the key's
+// path): a test changes the object's bytes there, behind the server's back.
+func (s *S3Server) ObjectFile(bucket, key string) string {
+	return filepath.Join(s.dir, "data", bucket, filepath.FromSlash(key))
+}
+
 // Config returns the S3Config of bucket/prefix on the server, with its
 // credentials and path-style addressing.
 func (s *S3Server) Config(bucket, prefix string) archive.S3Config {

@@ -10,12 +10,36 @@ import (
 	"github.com/conductor-sidecar/sidecar/vocab"
 )
 
+// exitArchiveUnreadable is the exit code of "archive verify" when the
+// archive could not be read (ARCHIVE_UNAVAILABLE: the destination down,
+// credentials refused, a directory that does not exist): nothing was
+// verified, either way. An archive read that does not verify exits 1.
+const exitArchiveUnreadable = 3
+
+// errArchiveUnreadable makes Main.Run exit with exitArchiveUnreadable.
+type errArchiveUnreadable struct{ err error }
+
+func (e errArchiveUnreadable) Error() string {
+	return e.err.Error() + "; nothing was verified"
+}
+
+func (e errArchiveUnreadable) Unwrap() error { return e.err }
+
+// archiveVerifyExit is the end of "archive verify -h".
+const archiveVerifyExit = `
+Exit status:
+  0  the archive verifies
+  1  it does not: PROBLEM lines (ARCHIVE_EMPTY: no manifest at the location)
+  2  usage
+  3  the archive could not be read (ARCHIVE_UNAVAILABLE): nothing was verified
+`
+
 // ArchiveCommand reads a run archive directly, without a running sidecar
 // (docs/retention.md): "sidecar archive verify" proves it complete and
 // unchanged, "sidecar archive events RUN_ID" prints an archived run's log.
 type ArchiveCommand struct{ m *Main }
 
-const archiveSynopsis = "archive verify --archive URL [--expect-head CHAIN] [-o json] | archive events --archive URL RUN_ID [--vocabulary core|noetl] [-o json]"
+const archiveSynopsis = "archive verify --archive URL [--expect-head CHAIN] [--allow-empty] [-o json] | archive events --archive URL RUN_ID [--vocabulary core|noetl] [-o json]"
 
 // Run implements "sidecar archive".
 func (c *ArchiveCommand) Run(ctx context.Context, args []string) error {
@@ -81,10 +105,16 @@ func (f *archiveFlags) parse(fs *flag.FlagSet, args []string) ([]string, archive
 }
 
 func (c *ArchiveCommand) verify(ctx context.Context, args []string) error {
-	fs := c.m.newFlagSet("archive verify", "archive verify --archive URL [--expect-head CHAIN] [-o json]")
+	fs := c.m.newFlagSet("archive verify", "archive verify --archive URL [--expect-head CHAIN] [--allow-empty] [-o json]")
 	var af archiveFlags
 	af.register(fs)
 	head := fs.String("expect-head", "", "a chain hash reported earlier (the archive's head then): the archive must still hold that manifest, so nothing up to it was dropped or rewritten")
+	usage := fs.Usage
+	fs.Usage = func() {
+		usage()
+		fmt.Fprint(fs.Output(), archiveVerifyExit)
+	}
+	allowEmpty := fs.Bool("allow-empty", false, "accept a location that holds no manifest (an archive nothing was written to yet); without it that is ARCHIVE_EMPTY")
 	pos, dest, err := af.parse(fs, args)
 	if err != nil {
 		return err
@@ -92,9 +122,9 @@ func (c *ArchiveCommand) verify(ctx context.Context, args []string) error {
 	if len(pos) > 0 {
 		return usageError(fs, "unexpected argument %q", pos[0])
 	}
-	rep, err := archive.Verify(ctx, dest, archive.VerifyOptions{ExpectHead: *head})
+	rep, err := archive.Verify(ctx, dest, archive.VerifyOptions{ExpectHead: *head, AllowEmpty: *allowEmpty})
 	if err != nil {
-		return err
+		return errArchiveUnreadable{err}
 	}
 	if *af.output == "json" {
 		if err := printJSON(c.m.Stdout, rep); err != nil {
@@ -114,6 +144,10 @@ func (c *ArchiveCommand) verify(ctx context.Context, args []string) error {
 		fmt.Fprintf(c.m.Stdout, "verified %s: %d manifests, %d segments, %d runs, %d records: %d problems\nhead %s\n",
 			escapeText(rep.Destination), rep.Manifests, rep.Segments, rep.Runs, rep.Records, len(rep.Problems), optional(rep.Head, "(empty archive)"))
 		fmt.Fprintf(c.m.Stdout, "catalog: %d shards match their manifests, %d missing (lookups read the manifests they would cover)\n", rep.CatalogShards, rep.CatalogMissing)
+	}
+	if len(rep.Problems) == 1 && rep.Problems[0].Code == archive.ProblemArchiveEmpty {
+		return fmt.Errorf("%s: no manifest in %s, nothing was verified: check --archive (directory, bucket, prefix), or pass --allow-empty for an archive nothing was written to yet",
+			archive.ProblemArchiveEmpty, rep.Destination)
 	}
 	if len(rep.Problems) > 0 {
 		return fmt.Errorf("%d problems: the archive was changed or lost objects after it was written; see docs/retention.md, \"Verifying an archive\"", len(rep.Problems))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 
@@ -35,8 +36,23 @@ func TestArchiveCommand_S3(t *testing.T) {
 	if code != exitOK || strings.Count(out, "\n") != len(r.Records) || !strings.Contains(out, "RunCompleted") {
 		t.Fatalf("exit %d\n%s%s", code, out, errOut)
 	}
+	// The segment's bytes changed in the server's storage: the archive
+	// does not verify (exit 1), it is not unreadable (exit 3).
+	p := srv.ObjectFile("archive", "prod/sidecar/"+m.Segment)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 1
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = run(t, "archive", "verify", "--archive", url)
+	if code != exitError || !strings.Contains(out, "PROBLEM "+archive.ProblemSegmentCorrupt+" "+m.Segment) {
+		t.Fatalf("segment changed: exit %d\n%s%s", code, out, errOut)
+	}
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "wrong")
-	if code, out, errOut = run(t, "archive", "verify", "--archive", url); code == exitOK || !strings.Contains(errOut, archive.CodeUnavailable) || !strings.Contains(errOut, "SignatureDoesNotMatch") {
+	if code, out, errOut = run(t, "archive", "verify", "--archive", url); code != exitArchiveUnreadable || !strings.Contains(errOut, archive.CodeUnavailable) || !strings.Contains(errOut, "SignatureDoesNotMatch") {
 		t.Fatalf("wrong secret: exit %d\n%s%s", code, out, errOut)
 	}
 }

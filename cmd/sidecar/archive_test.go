@@ -100,6 +100,47 @@ func TestArchiveCommand_Verify(t *testing.T) {
 			t.Fatalf("a shard edited: exit %d\n%s%s", code, out, errOut)
 		}
 	})
+	t.Run("Empty", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "archive")
+		if err := os.Mkdir(dir, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		url := "file://" + dir
+		code, out, errOut := run(t, "archive", "verify", "--archive", url)
+		if code != exitError || !strings.Contains(out, "PROBLEM "+archive.ProblemArchiveEmpty) || !strings.Contains(out, url) || !strings.Contains(errOut, "--allow-empty") {
+			t.Fatalf("no manifest: exit %d\n%s%s", code, out, errOut)
+		}
+		code, out, errOut = run(t, "archive", "verify", "--archive", url, "--allow-empty")
+		if code != exitOK || !strings.Contains(out, "0 manifests") || !strings.Contains(out, "0 problems") {
+			t.Fatalf("no manifest, --allow-empty: exit %d\n%s%s", code, out, errOut)
+		}
+	})
+	t.Run("NoDirectory", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "nonexistent")
+		code, out, errOut := run(t, "archive", "verify", "--archive", "file://"+dir, "--allow-empty")
+		if code != exitArchiveUnreadable || !strings.Contains(errOut, archive.CodeUnavailable) || !strings.Contains(errOut, dir) || !strings.Contains(errOut, "nothing was verified") {
+			t.Fatalf("exit %d\n%s%s", code, out, errOut)
+		}
+	})
+	t.Run("Unreadable", func(t *testing.T) {
+		// A segment the file system cannot read (a directory in its
+		// place, whoever runs the test): no problem is proven.
+		url, dir, _, m := writeArchive(t)
+		p := filepath.Join(dir, m.Segment)
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(p, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errOut := run(t, "archive", "verify", "--archive", url)
+		if code != exitArchiveUnreadable || !strings.Contains(errOut, archive.CodeUnavailable) || strings.Contains(out, "PROBLEM") {
+			t.Fatalf("segment unreadable: exit %d, want %d and no problem\n%s%s", code, exitArchiveUnreadable, out, errOut)
+		}
+		if _, out, _ := run(t, "archive", "verify", "-h"); !strings.Contains(out, "1  it does not") || !strings.Contains(out, "3  the archive could not be read") {
+			t.Fatalf("help: no exit status\n%s", out)
+		}
+	})
 	t.Run("BadInput", func(t *testing.T) {
 		for _, args := range [][]string{
 			{"archive"}, {"archive", "nope"}, {"archive", "verify"},
