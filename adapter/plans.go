@@ -72,10 +72,12 @@ func (r *Runs) registerPlan(ctx context.Context, defs *planDefs) error {
 	}
 	if defs.TaskDefsJSON != nil {
 		if err := r.conductor.RegisterTaskDefsJSON(ctx, defs.TaskDefsJSON); err != nil {
+			r.releaseRejected(ctx, pk, defs, err)
 			return err
 		}
 	}
 	if err := r.conductor.RegisterWorkflowDefJSON(ctx, defs.WorkflowJSON); err != nil {
+		r.releaseRejected(ctx, pk, defs, err)
 		return err
 	}
 	r.mu.Lock()
@@ -93,6 +95,27 @@ func (r *Runs) forgetPlan(defs *planDefs) {
 	r.mu.Lock()
 	delete(r.plans, planKey(defs.PlanID, defs.PlanVersion))
 	r.mu.Unlock()
+}
+
+// releaseRejected gives back the claim of a plan version whose
+// definitions Conductor refused as invalid (ENGINE_REJECTED: nothing of it
+// was registered), so that the plan, once fixed, can be published under
+// the same version. The claim is removed only while it still holds this
+// plan's hash, at the revision read; any other error keeps it (Conductor
+// may have registered the definition before its answer was lost).
+func (r *Runs) releaseRejected(ctx context.Context, pk string, defs *planDefs, err error) {
+	if !errors.Is(err, ErrEngineRejected) {
+		return
+	}
+	var stored planRecord
+	rev, gerr := r.getJSON(ctx, pk, &stored)
+	if gerr == nil && stored.Hash == defs.Hash {
+		gerr = r.kv.Delete(ctx, pk, jetstream.LastRevision(rev))
+	}
+	if gerr != nil && !errors.Is(gerr, ErrNotFound) {
+		r.log.Warn("could not give back the claim of a plan version Conductor refused; publish the fixed plan as a new planVersion",
+			zap.String("planId", defs.PlanID), zap.String("planVersion", defs.PlanVersion), zap.Error(gerr))
+	}
 }
 
 func planConflict(defs *planDefs, registered string) error {

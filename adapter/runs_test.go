@@ -617,3 +617,28 @@ func TestRuns_LeaderRun(t *testing.T) {
 		t.Fatalf("unknown run: %v, want not found", err)
 	}
 }
+
+// TestRuns_RegisterPlanRejectedKeepsNoClaim: a plan whose workflow
+// definition Conductor refuses as invalid (ENGINE_REJECTED) leaves no claim
+// of its version behind: the fixed plan is published under the same
+// planId and planVersion, by this replica or another.
+func TestRuns_RegisterPlanRejectedKeepsNoClaim(t *testing.T) {
+	u := conductortest.URL(t)
+	ctx := context.Background()
+	env := newNATS(t)
+	good := testPlan(t)
+	bad := compilePlan(t, good.Plan.Clone())
+	// An input naming a task the workflow does not have: Conductor
+	// refuses the definition.
+	bad.Workflow.Tasks[0].InputParameters = map[string]any{"bogus": "${nosuchtask.output.result}"}
+	bad.ContentHash = "sha256:rejected-" + suffix(t)
+	r := env.newRuns(t, u, RunsOptions{})
+	if err := r.RegisterPlan(ctx, bad); !errors.Is(err, ErrEngineRejected) {
+		t.Fatalf("the refused plan: %v, want ENGINE_REJECTED", err)
+	}
+	for name, rr := range map[string]*Runs{"same replica": r, "another replica": env.newRuns(t, u, RunsOptions{})} {
+		if err := rr.RegisterPlan(ctx, good); err != nil {
+			t.Fatalf("%s: the fixed plan under the same version: %v, want registered", name, err)
+		}
+	}
+}
