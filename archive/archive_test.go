@@ -381,6 +381,33 @@ func TestVerify(t *testing.T) {
 			}
 		})
 	}
+	t.Run("RunCopies", func(t *testing.T) {
+		// A run archived again with the same names (the sidecar's second
+		// copy) verifies; a later copy, well formed and chained, that
+		// names another tenant is not the writer's: reported.
+		d, _, _ := setup(t)
+		a := mustOpen(t, d)
+		run := finishedRuns(t, "r", 1)[0]
+		if _, err := a.Write(ctx, []archive.Run{run}); err != nil {
+			t.Fatal(err)
+		}
+		if rep := mustVerify(t, d, archive.VerifyOptions{}); len(rep.Problems) != 0 {
+			t.Fatalf("a second copy with the same names: %+v, want no problem", rep.Problems)
+		}
+		forged := archive.Run{ID: run.ID}
+		for _, r := range run.Records {
+			r.TenantID = "another-tenant"
+			forged.Records = append(forged.Records, r)
+		}
+		if _, err := a.Write(ctx, []archive.Run{forged}); err != nil {
+			t.Fatal(err)
+		}
+		rep := mustVerify(t, d, archive.VerifyOptions{})
+		if len(rep.Problems) != 1 || rep.Problems[0].Code != archive.ProblemRunCopiesDisagree || rep.Problems[0].Seq != 5 ||
+			!strings.Contains(rep.Problems[0].Message, "another-tenant") {
+			t.Fatalf("a copy naming another tenant: %+v, want one %s at manifest 5", rep.Problems, archive.ProblemRunCopiesDisagree)
+		}
+	})
 	t.Run("Orphans", func(t *testing.T) {
 		d, _, _ := setup(t)
 		if err := d.Put(ctx, "segments/1-dead.ndjson.gz", []byte("x")); err != nil {

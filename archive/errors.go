@@ -130,4 +130,10 @@ const (
 	// shard should name. Removing the object makes lookups read the ranges
 	// below it, or its manifests, instead.
 	ProblemCatalogInvalid = "ARCHIVE_CATALOG_INVALID"
+	// ProblemRunCopiesDisagree: a run archived more than once whose later
+	// copy names another tenant, project, environment, plan or plan
+	// version than its first: the sidecar archives a run again only with
+	// the records that came after its first copy, which carry the run's
+	// own names, so such a copy was not written by it.
+	ProblemRunCopiesDisagree = "ARCHIVE_RUN_COPIES_DISAGREE"
 )

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // VerifyOptions configures Verify.
@@ -87,6 +88,7 @@ func Verify(ctx context.Context, dest Destination, opts VerifyOptions) (*Report,
 	}
 	named := map[string]bool{}
 	runs := map[string]bool{}
+	first := map[string]runCopy{} // each run's first copy that verified
 	keys := map[uint64][]uint64{} // run keys of the manifests that parsed
 	prev, headFound := Genesis, opts.ExpectHead == ""
 	next := uint64(1)
@@ -141,6 +143,16 @@ func Verify(ctx context.Context, dest Destination, opts VerifyOptions) (*Report,
 		rep.Records += m.Records
 		for _, e := range m.Runs {
 			runs[e.RunID] = true
+			c := runCopy{seq: seq, ident: [5]string{e.TenantID, e.ProjectID, e.EnvironmentID, e.PlanID, e.PlanVersion}}
+			f, seen := first[e.RunID]
+			switch {
+			case !seen:
+				first[e.RunID] = c
+			case f.ident != c.ident:
+				rep.Problems = append(rep.Problems, Problem{Code: ProblemRunCopiesDisagree, Seq: seq, Object: manifestName(seq),
+					Message: fmt.Sprintf("run %s is tenant/project/environment/plan/version %s here, %s in its first copy (manifest %d)",
+						e.RunID, strings.Join(c.ident[:], "/"), strings.Join(f.ident[:], "/"), f.seq)})
+			}
 		}
 	}
 	rep.Runs = int64(len(runs))
@@ -162,6 +174,12 @@ func Verify(ctx context.Context, dest Destination, opts VerifyOptions) (*Report,
 	}
 	slices.Sort(rep.Orphans)
 	return rep, nil
+}
+
+// runCopy is where a run's copy is and the names it gives the run.
+type runCopy struct {
+	seq   uint64
+	ident [5]string
 }
 
 // rootChecker is a Destination that tells a root that is not there (a
