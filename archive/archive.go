@@ -122,6 +122,14 @@ func Open(ctx context.Context, dest Destination, opts Options) (*Archive, error)
 	return a, nil
 }
 
+// Check reads the archive's head as Open does, and returns the error Open
+// lets pass: one matching ErrUnavailable says the destination cannot be
+// read now (down, credentials refused, no such bucket or directory
+// reachable), so nothing can be archived, nor removed, until it can.
+func (a *Archive) Check(ctx context.Context) error {
+	return a.loadHead(ctx)
+}
+
 // Close releases the archive. It writes nothing.
 func (a *Archive) Close(ctx context.Context) error { return nil }
 

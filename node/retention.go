@@ -107,6 +107,14 @@ func (n *Node) openRetention(ctx context.Context) error {
 		return fmt.Errorf("open the archive %s: %w", dest, err)
 	}
 	n.archive = arch
+	// Open lets a destination that cannot be read pass (serve starts while
+	// the archive is down): say so now, not at the first due run.
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	if err := arch.Check(cctx); err != nil {
+		n.log.Warn("the archive cannot be read now: no finished run leaves hot state until it can; check --archive (bucket, prefix, directory) and its credentials (AWS_* variables), then sidecar archive verify (docs/retention.md)",
+			zap.String("archive", dest.String()), zap.Error(err))
+	}
+	cancel()
 	rjs, err := n.retentionJetStream()
 	if err != nil {
 		_ = arch.Close(ctx)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,7 +19,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/admission"
@@ -348,4 +351,31 @@ func TestNode_RetentionConductor(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNode_RetentionArchiveUnreadableAtStart: serve starts while its
+// archive cannot be read (it keeps the runs until it can), and says so at
+// once, naming the flag to check, not only at the first due run.
+func TestNode_RetentionArchiveUnreadableAtStart(t *testing.T) {
+	ctx := context.Background()
+	_, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "node-pw", RetentionPassword: "retention-pw", RetentionPermissions: retentionPermissions(), Permissions: natsstore.AllPermissions})
+	cfg := testConfig(t, srv.URL())
+	notADir := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(notADir, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Retention = Retention{Finished: time.Hour, Interval: time.Hour, Archive: "file://" + filepath.Join(notADir, "archive"),
+		NATSOptions: []nats.Option{nats.UserInfo(natsstore.RetentionUser, "retention-pw")}}
+	core, logs := observer.New(zap.WarnLevel)
+	n := New(cfg, zap.New(core), prometheus.NewRegistry())
+	if err := n.Open(ctx); err != nil {
+		t.Fatalf("serve refused to start with its archive unreadable: %v", err)
+	}
+	t.Cleanup(func() { _ = n.Close(ctx) })
+	for _, e := range logs.All() {
+		if strings.Contains(e.Message, "the archive cannot be read now") && strings.Contains(e.Message, "--archive") {
+			return
+		}
+	}
+	t.Fatalf("no warning about the unreadable archive at start; warnings: %v", logs.All())
 }
