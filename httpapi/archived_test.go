@@ -44,6 +44,13 @@ func archivedEnv(t *testing.T) (srv *httptest.Server, list *runlist.List, goneRe
 // the file:// archive's directory.
 func archivedEnvAuth(t *testing.T, auth httpapi.Authenticator) (srv *httptest.Server, list *runlist.List, goneRecs []statestore.RunEventRecord, dir string) {
 	t.Helper()
+	return archivedEnvWith(t, auth, nil)
+}
+
+// archivedEnvWith is archivedEnvAuth with the API reading the archive
+// through wrap, when set.
+func archivedEnvWith(t *testing.T, auth httpapi.Authenticator, wrap func(httpapi.ArchiveReader) httpapi.ArchiveReader) (srv *httptest.Server, list *runlist.List, goneRecs []statestore.RunEventRecord, dir string) {
+	t.Helper()
 	ctx := context.Background()
 	js, ns := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{
 		RetentionPermissions: natsstore.RetentionPermissions(natsstore.DefaultStream, natsstore.DefaultStateBucket, natsstore.DefaultSnapshotBucket)})
@@ -146,7 +153,11 @@ func archivedEnvAuth(t *testing.T, auth httpapi.Authenticator) (srv *httptest.Se
 	if _, err := list.WaitIndexed(ctx); err != nil {
 		t.Fatal(err)
 	}
-	srv = httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: store, Archive: arch, Control: ctrl, List: list, Auth: auth, Logger: zaptest.NewLogger(t)}).Handler())
+	var reader httpapi.ArchiveReader = arch
+	if wrap != nil {
+		reader = wrap(arch)
+	}
+	srv = httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: store, Archive: reader, Control: ctrl, List: list, Auth: auth, Logger: zaptest.NewLogger(t)}).Handler())
 	t.Cleanup(srv.Close)
 	return srv, list, goneRecs, dir
 }
@@ -404,5 +415,57 @@ func TestServer_ArchivedRunCorrupt(t *testing.T) {
 		if code != http.StatusNotFound || a.Code != httpapi.CodeRunNotFound || strings.Contains(body, "segment") {
 			t.Errorf("%s as another tenant: %d %s, want 404 %s as for a run that does not exist", path, code, body, httpapi.CodeRunNotFound)
 		}
+	}
+}
+
+// downArchive is the archive as the API reads it while its destination is
+// down (an S3 outage): listing its manifests fails as archive.S3 fails
+// then, every other read passes.
+type downArchive struct {
+	httpapi.ArchiveReader
+	down bool
+}
+
+func (d *downArchive) ManifestSeqs(ctx context.Context) ([]uint64, error) {
+	if d.down {
+		return nil, &archive.Error{Code: archive.CodeUnavailable, Message: "list manifests/: connection refused"}
+	}
+	return d.ArchiveReader.ManifestSeqs(ctx)
+}
+
+// TestServer_ArchivedListWhileTheArchiveIsDown: with include=archived and
+// the archive down, the runs in hot state are still listed, with a
+// continue token at the start of the archived part; that page answers
+// ARCHIVE_UNAVAILABLE (503) until the archive is back, and then the
+// archived runs.
+func TestServer_ArchivedListWhileTheArchiveIsDown(t *testing.T) {
+	down := &downArchive{}
+	srv, _, _, _ := archivedEnvWith(t, nil, func(r httpapi.ArchiveReader) httpapi.ArchiveReader {
+		down.ArchiveReader = r
+		return down
+	})
+	down.down = true
+	var l httpapi.RunList
+	if code := getJSON(t, srv.URL+"/v1/runs?include=archived&limit=50", &l); code != http.StatusOK {
+		t.Fatalf("list with the archive down: %d, want the hot runs", code)
+	}
+	hot := map[string]bool{}
+	for _, r := range l.Runs {
+		if r.Archived {
+			t.Fatalf("an archived run listed while the archive is down: %+v", r.Row)
+		}
+		hot[r.RunID] = true
+	}
+	if !hot["hot"] || l.Continue == "" {
+		t.Fatalf("listed %v, continue %q: want the hot runs and a continue token for the archived part", hot, l.Continue)
+	}
+	var a answer
+	if code := getJSON(t, srv.URL+"/v1/runs?include=archived&limit=50&continue="+url.QueryEscape(l.Continue), &a); code != http.StatusServiceUnavailable || a.Code != archive.CodeUnavailable {
+		t.Fatalf("the archived part while down: %d %s, want 503 %s", code, a.Code, archive.CodeUnavailable)
+	}
+	down.down = false
+	var rest httpapi.RunList
+	if code := getJSON(t, srv.URL+"/v1/runs?include=archived&limit=50&continue="+url.QueryEscape(l.Continue), &rest); code != http.StatusOK || len(rest.Runs) != 3 {
+		t.Fatalf("the archived part once back: %d, %d runs, want the 3 archived", code, len(rest.Runs))
 	}
 }

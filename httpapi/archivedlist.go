@@ -36,6 +36,9 @@ type archivePos struct {
 }
 
 func (p archivePos) token() string {
+	if p.seq == 0 {
+		return archivePrefix // from the newest manifest
+	}
 	return archivePrefix + "." + strconv.FormatUint(p.seq, 10) + "." + strconv.Itoa(p.i)
 }
 

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/conductor-sidecar/sidecar/archive"
 	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
@@ -161,9 +163,16 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 		out.Runs[i] = s.listed(row)
 	}
 	if archived && out.Continue == "" {
-		// Hot state is listed to its end: the archived runs follow.
+		// Hot state is listed to its end: the archived runs follow. An
+		// archive that cannot be read leaves the page to the hot runs, with
+		// a continue token at the archive's start: that page answers the
+		// archive's error until it can be read.
+		hot := len(out.Runs)
 		if err := s.listArchived(r.Context(), f, int(limit), archivePos{i: -1}, &out); err != nil {
-			return err
+			if !errors.Is(err, archive.ErrUnavailable) || hot == 0 {
+				return err
+			}
+			out.Runs, out.Continue = out.Runs[:hot], archivePos{i: -1}.token()
 		}
 	}
 	return writeJSON(w, http.StatusOK, out)
