@@ -312,12 +312,19 @@ func TestE2E_Console(t *testing.T) {
 		}
 	}
 	screenshot(t, ctx, "bulk-dry-run")
+	// A run that begins to match after the dry run is not one the
+	// operator confirmed: it is not touched.
+	late := startPlan(long, map[string]string{"team": team, "batch": batch})
+	inFlight(late, 1)
 	act(t, ctx, "bulk confirm", chromedp.Click(`#bulk-confirm`, chromedp.ByID),
 		chromedp.WaitVisible(`//h2[text()="pause: done"]`, chromedp.BySearch))
 	for _, id := range bulkRuns {
 		if v, _ := p.client.Run(context.Background(), id); v.Status != "PAUSED" {
 			t.Fatalf("bulk pause: run %s is %s", id, v.Status)
 		}
+	}
+	if v, _ := p.client.Run(context.Background(), late); v.Status != "RUNNING" {
+		t.Fatalf("bulk pause confirmed for the dry run's 2 runs: the run started after it is %s, want RUNNING", v.Status)
 	}
 	time.Sleep(2 * time.Second) // one round of the progress box
 	screenshot(t, ctx, "bulk")

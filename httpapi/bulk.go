@@ -62,6 +62,11 @@ type BulkRequest struct {
 	EnvironmentID string `json:"environmentId,omitempty"`
 	// All must be true to act without any of the filters above.
 	All bool `json:"all,omitempty"`
+	// RunIDs, when set, narrows the selection to these runs (each must
+	// still match the filters): the runs a dry run listed, so that the
+	// action touches no run that began to match since (the console's
+	// confirmation sends them). At most MaxBulkRuns.
+	RunIDs []string `json:"runIds,omitempty"`
 	// Reason is required; it is recorded in every run's event.
 	Reason      string `json:"reason"`
 	RequestedBy string `json:"requestedBy,omitempty"`
@@ -79,7 +84,7 @@ type BulkRequest struct {
 var bulkSchema = plan.JSONObject(map[string]plan.Schema{
 	"labelSelector": plan.JSONString, "planId": plan.JSONString, "planVersion": plan.JSONString,
 	"tenantId": plan.JSONString, "projectId": plan.JSONString, "environmentId": plan.JSONString,
-	"all": plan.JSONBool, "reason": plan.JSONString, "requestedBy": plan.JSONString, "dryRun": plan.JSONBool,
+	"all": plan.JSONBool, "runIds": plan.JSONStringList, "reason": plan.JSONString, "requestedBy": plan.JSONString, "dryRun": plan.JSONBool,
 	"timeoutSeconds": plan.JSONInt, "resumeAt": plan.JSONString, "resumeAfterSeconds": plan.JSONInt,
 	"maxPerSecond": plan.JSONNumber, "batch": plan.JSONInt, "intervalSeconds": plan.JSONInt,
 })
@@ -168,9 +173,13 @@ func (s *Server) bulk(action string) func(http.ResponseWriter, *http.Request) er
 		if err != nil {
 			return err
 		}
+		only, err := bulkRunIDs(body.RunIDs)
+		if err != nil {
+			return err
+		}
 		res := &BulkResult{Action: action, DryRun: body.DryRun, Runs: []BulkRun{}, Counts: map[string]int{}}
 		if inScope {
-			if err := s.runBulk(r.Context(), f, act, body.DryRun, res); err != nil {
+			if err := s.runBulk(r.Context(), f, only, act, body.DryRun, res); err != nil {
 				return err
 			}
 		}
@@ -180,6 +189,25 @@ func (s *Server) bulk(action string) func(http.ResponseWriter, *http.Request) er
 		}
 		return writeJSON(w, http.StatusOK, res)
 	}
+}
+
+// bulkRunIDs is the set of a body's runIds (nil: none given, every run the
+// filters select).
+func bulkRunIDs(ids []string) (map[string]bool, error) {
+	if ids == nil {
+		return nil, nil
+	}
+	if len(ids) == 0 || len(ids) > MaxBulkRuns {
+		return nil, badRequest("runIds", fmt.Sprintf("runIds names 1 to %d runs (%d given); leave it out to act on every run the filters select", MaxBulkRuns, len(ids)))
+	}
+	only := make(map[string]bool, len(ids))
+	for i, id := range ids {
+		if err := statestore.CheckID(id, true); err != nil {
+			return nil, badRequest("runIds", fmt.Sprintf("runIds[%d]: %v", i, err))
+		}
+		only[id] = true
+	}
+	return only, nil
 }
 
 // bulkFilter is the body's filter with the caller's scope added; a filter
@@ -394,8 +422,10 @@ func bulkError(err error) *BulkError {
 	return &BulkError{Code: CodeInternal, Message: err.Error()}
 }
 
-// runBulk selects and acts, in rounds, filling res.
-func (s *Server) runBulk(ctx context.Context, f runlist.Filter, act bulkAction, dryRun bool, res *BulkResult) error {
+// runBulk selects and acts, in rounds, filling res; with only (runIds),
+// it selects none but those runs, so no round finds a run that started
+// meanwhile.
+func (s *Server) runBulk(ctx context.Context, f runlist.Filter, only map[string]bool, act bulkAction, dryRun bool, res *BulkResult) error {
 	op := act.op
 	done := map[string]bool{}
 	placed := 0 // runs acted on so far: the stagger's position
@@ -423,7 +453,7 @@ func (s *Server) runBulk(ctx context.Context, f runlist.Filter, act bulkAction, 
 		}
 		var todo []runlist.Row
 		for _, row := range page.Runs {
-			if !done[row.RunID] {
+			if !done[row.RunID] && (only == nil || only[row.RunID]) {
 				todo = append(todo, row)
 			}
 		}

@@ -213,3 +213,36 @@ func TestBulk_ListSlowAfterActing(t *testing.T) {
 		t.Fatalf("%d %s: want the 3 runs paused", status, raw)
 	}
 }
+
+// TestBulk_OnlyTheRunsNamed: with runIds (the runs a dry run listed), a
+// bulk action acts on those of them the filter still selects and on no
+// other, not on a run that began to match after the dry run; bad runIds
+// are refused and nothing is done.
+func TestBulk_OnlyTheRunsNamed(t *testing.T) {
+	c := &startingControl{starts: func(string) []string { return nil }}
+	srv := bulkEnv(t, c)
+	for _, id := range []string{"a", "b", "late"} {
+		c.start(id)
+	}
+	status, res, raw := postBulk(t, srv, "pause", `{"labelSelector":"team=data","reason":"incident","runIds":["a","b","gone"]}`)
+	var got []string
+	for _, r := range res.Runs {
+		got = append(got, r.RunID+":"+r.Outcome)
+	}
+	sort.Strings(got)
+	if status != 200 || fmt.Sprint(got) != "[a:paused b:paused]" {
+		t.Fatalf("%d %s: got %v, want a and b paused, late untouched", status, raw, got)
+	}
+	for _, body := range []string{
+		`{"labelSelector":"team=data","reason":"x","runIds":[]}`,
+		`{"labelSelector":"team=data","reason":"x","runIds":["a|b"]}`,
+		`{"labelSelector":"team=data","reason":"x","runIds":"a"}`,
+	} {
+		if status, _, raw := postBulk(t, srv, "pause", body); status != http.StatusBadRequest {
+			t.Errorf("%s: %d %s, want 400", body, status, raw)
+		}
+	}
+	if n := len(c.pauses); n != 2 {
+		t.Fatalf("%d pauses, want the 2 named", n)
+	}
+}

@@ -603,7 +603,9 @@ function renderBulk(params, signal) {
         onclick: async () => {
           confirm.disabled = true;
           try {
-            const done = await api("POST", `/v1/runs:${act}`, { ...sent, dryRun: false }, signal);
+            // The runs the dry run listed, and no other: a run that began
+            // to match since was not shown, so it is not touched.
+            const done = await api("POST", `/v1/runs:${act}`, { ...sent, dryRun: false, runIds: dry.runs.map((r) => r.runId) }, signal);
             out.replaceChildren(h("h2", {}, `${act}: done`), h("p", {}, Object.entries(done.counts).map(([k, v]) => `${k}: ${v}`).join(", ")),
               bulkTable(done.runs, false), progressBox(sent, signal));
           } catch (x) { toast(`${act}: ${x.code ? x.code + ": " : ""}${x.message}`, true); confirm.disabled = false; }
