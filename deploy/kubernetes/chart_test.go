@@ -196,7 +196,7 @@ func TestChart_Render(t *testing.T) {
 			case "PrometheusOperator":
 				checkPrometheusOperator(t, m, d)
 			case "Replicated":
-				checkTaskProxy(t, m, c, cm, false)
+				checkTaskProxy(t, m, c, cm, true)
 			}
 		})
 	}
@@ -260,6 +260,29 @@ func checkTaskProxy(t *testing.T, m *manifests, c *corev1.Container, cm *corev1.
 	if i < 0 || !c.VolumeMounts[i].ReadOnly {
 		t.Errorf("the token file %s is on no read-only mount: %+v", file, c.VolumeMounts)
 	}
+}
+
+// TestChart_TaskProxyNoAuthSaidOutLoud: a task proxy without tokens of its
+// own renders only with taskProxy.insecureNoAuth (serve's
+// SIDECAR_CONDUCTOR_PROXY_NO_AUTH); without it, or a tokenSecret, the
+// chart refuses (TestChart_BadValuesFail, ProxyWithoutTokens).
+func TestChart_TaskProxyNoAuthSaidOutLoud(t *testing.T) {
+	out, err := template(t, []string{"one-pod.yaml"}, "--set", "taskProxy.enabled=true", "--set", "taskProxy.insecureNoAuth=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := decodeRender(t, out)
+	c := container(t, the(t, "Deployments", m.deployments), "sidecar")
+	var cm *corev1.ConfigMap
+	for _, x := range m.configMaps {
+		if x.Name == c.EnvFrom[0].ConfigMapRef.Name {
+			cm = x
+		}
+	}
+	if cm == nil {
+		t.Fatal("no ConfigMap of the sidecar's")
+	}
+	checkTaskProxy(t, m, c, cm, false)
 }
 
 // TestChart_TaskProxyTokens: with taskProxy.tokenSecret the proxy reads its
@@ -515,6 +538,7 @@ func TestChart_BadValuesFail(t *testing.T) {
 		{"OTelExtraNotOTel", []string{"one-pod.yaml"}, []string{"otel.extra.SIDECAR_X=1"}, "'SIDECAR_X' does not match pattern '^OTEL_"},
 		{"OTelExtraOverridesChart", []string{"one-pod.yaml"}, []string{"otel.extra.OTEL_SERVICE_NAME=x"}, "invalid propertyName 'OTEL_SERVICE_NAME'"},
 		{"AdoptWithoutProxy", []string{"one-pod.yaml"}, []string{"taskProxy.adopt={orders}"}, "taskProxy.adopt needs taskProxy.enabled"},
+		{"ProxyWithoutTokens", []string{"one-pod.yaml"}, []string{"taskProxy.enabled=true"}, "taskProxy.enabled needs taskProxy.tokenSecret.name"},
 		{"AdoptBadVersion", []string{"replicated.yaml"}, []string{"taskProxy.adopt={orders:0}"}, "/taskProxy/adopt/0'"},
 		{"AdoptBadFailurePolicy", []string{"replicated.yaml"}, []string{"taskProxy.adopt={orders}", "taskProxy.adoptOnStepFailure=retry"}, "/taskProxy/adoptOnStepFailure'"},
 		{"ConductorNoCalls", []string{"one-pod.yaml"}, []string{"conductor.maxConcurrentCalls=0"}, "/conductor/maxConcurrentCalls'"},

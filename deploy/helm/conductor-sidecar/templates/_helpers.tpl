@@ -128,6 +128,9 @@ or decimal suffix.
 {{- if and .Values.store.postgresURL (regexMatch "^postgres(ql)?://[^/@]*:[^/@]*@" .Values.store.postgresURL) -}}
 {{- fail "store.postgresURL holds a password: keep it out of the URL (it would be in a ConfigMap) and put it in store.passwordSecret" -}}
 {{- end -}}
+{{- if and .Values.taskProxy.enabled (not .Values.taskProxy.tokenSecret.name) (not .Values.taskProxy.insecureNoAuth) -}}
+{{- fail "taskProxy.enabled needs taskProxy.tokenSecret.name (a Secret with the tokens workers send), or taskProxy.insecureNoAuth: true when Conductor's own authentication (the workers' headers are forwarded) or taskProxy.from keeps others out: the proxy listens on all interfaces of the pod" -}}
+{{- end -}}
 {{- if and .Values.taskProxy.adopt (not .Values.taskProxy.enabled) -}}
 {{- fail "taskProxy.adopt needs taskProxy.enabled: the workers of adopted definitions poll through the task proxy, which gates their tasks" -}}
 {{- end -}}
