@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -83,13 +84,26 @@ func newTracer(proc sdktrace.TracerProviderOption, res *resource.Resource, log *
 	return &Tracer{tp: tp, tracer: tp.Tracer(ScopeName), log: log.Named("tracing")}
 }
 
-// Close exports the spans still buffered, within ctx, and stops the
-// exporter.
+// FlushTimeout bounds how long Close waits for the collector to take the
+// spans still buffered.
+const FlushTimeout = 2 * time.Second
+
+// Close exports the spans still buffered, within ctx and at most
+// FlushTimeout, and stops the exporter. A collector that does not take
+// them by then (down, or holding the connection without an answer) costs
+// the spans, with one warning, and is no error of the shutdown: what they
+// showed is in the run event log, and a stop must not wait on it, nor
+// fail for it.
 func (t *Tracer) Close(ctx context.Context) error {
 	if t == nil {
 		return nil
 	}
-	return t.tp.Shutdown(ctx)
+	ctx, cancel := context.WithTimeout(ctx, FlushTimeout)
+	defer cancel()
+	if err := t.tp.Shutdown(ctx); err != nil {
+		t.log.Warn("tracing: the spans still buffered at shutdown were not exported: the collector did not take them in time", zap.Duration("waited", FlushTimeout), zap.Error(err))
+	}
+	return nil
 }
 
 // RunTraceID is the trace id of runID's trace: the first 16 bytes of the
