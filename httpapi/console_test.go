@@ -148,7 +148,8 @@ func TestConsole_Sessions(t *testing.T) {
 		t.Fatalf("after logout: %d %s", rep.status, rep.body)
 	}
 
-	// The viewer's token is removed: its session ends with the reload.
+	// The viewer's token is removed: its sessions end with the reload.
+	vc2, _ := e.login(t, "tok-viewer")
 	if err := os.WriteFile(path, []byte(tokensYAML(principal("alice", "tok-ops", "operator, viewer", ""))), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -160,6 +161,22 @@ func TestConsole_Sessions(t *testing.T) {
 	}
 	if rep := e.consoleReq(t, "GET", "/ui/session", vc, "", ""); rep.status != 401 {
 		t.Fatalf("session endpoint of a removed token: %d %s", rep.status, rep.body)
+	}
+	if rep := e.consoleReq(t, "GET", "/v1/runs/run-t1", vc2, "", ""); rep.status != 401 {
+		t.Fatalf("another session of a removed token: %d %s", rep.status, rep.body)
+	}
+	// Ended, not suspended: the token put back does not bring the
+	// session back (a new sign-in opens a new one).
+	if err := os.WriteFile(path, []byte(tokensYAML(principal("alice", "tok-ops", "operator, viewer", ""), principal("vic", "tok-viewer", "viewer", ""))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := creds.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{vc, vc2} {
+		if rep := e.consoleReq(t, "GET", "/v1/runs/run-t1", c, "", ""); rep.status != 401 {
+			t.Fatalf("a session of a token removed and put back: %d %s, want it ended (401)", rep.status, rep.body)
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -164,7 +165,13 @@ func (s *Server) cookiePrincipal(r *http.Request) (*Principal, error) {
 	if sess == nil {
 		return nil, ErrUnauthenticated
 	}
-	return s.sessionPrincipal(r, sess)
+	p, err := s.sessionPrincipal(r, sess)
+	if errors.Is(err, ErrUnauthenticated) {
+		// Its token was removed from the tokens file: the session ends,
+		// and the token put back does not bring it back.
+		s.sessions.close(c.Value)
+	}
+	return p, err
 }
 
 func errCSRF() error {
