@@ -56,7 +56,9 @@ func (q *Request) SetRunID(runID string) {
 }
 
 // End makes the request's span, from BeginRequest to now, with the
-// answer's status and error code (a 5xx is an error).
+// answer's status and error code (a 5xx is an error). A request refused
+// for its credentials or its role (401, 403) is a root span of its own,
+// naming no run and no caller's trace.
 func (q *Request) End(status int, errorCode string) {
 	if q == nil {
 		return
@@ -64,6 +66,11 @@ func (q *Request) End(status int, errorCode string) {
 	opts := []trace.SpanStartOption{trace.WithTimestamp(q.began), trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(attribute.String(AttrHTTPMethod, q.method), attribute.String(AttrHTTPRoute, q.route), attribute.Int(AttrHTTPStatusCode, status))}
 	ctx := context.Background()
+	if status == http.StatusUnauthorized || status == http.StatusForbidden {
+		// Refused before it reached the run: a root of its own, neither
+		// in the run's trace nor in a caller's that anyone could name.
+		q.caller, q.runID = trace.SpanContext{}, ""
+	}
 	switch {
 	case q.caller.IsValid():
 		ctx = trace.ContextWithRemoteSpanContext(ctx, q.caller)

@@ -114,6 +114,14 @@ func TestTracer_SpansReachACollector(t *testing.T) {
 			req2.Header.Set("traceparent", "not a traceparent")
 			_, q2 := tr.BeginRequest(req2, "/v1/runs/{runId}/resume")
 			q2.End(http.StatusConflict, "INVALID_TRANSITION")
+			// One refused before it reached the run (no valid credentials):
+			// neither in the run's trace nor in the caller's, which anyone
+			// could name.
+			req3 := httptest.NewRequest(http.MethodPost, "/v1/runs/"+runID+"/cancel", nil)
+			req3.SetPathValue("runId", runID)
+			req3.Header.Set("traceparent", "00-1bf7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+			_, q3 := tr.BeginRequest(req3, "/v1/runs/{runId}/cancel")
+			q3.End(http.StatusUnauthorized, "UNAUTHENTICATED")
 
 			step := tr.StartStep(tracing.Step{RunID: runID, StepID: "a", Executor: "command", TaskID: "task-1", LogicalAttempt: 1, EngineAttempt: 2}, time.Now())
 			if tp := step.Traceparent(); len(tp) != 55 || tp[3:35] != tracing.RunTraceID(runID).String() {
@@ -138,15 +146,23 @@ func TestTracer_SpansReachACollector(t *testing.T) {
 			if err := tr.Close(ctx); err != nil {
 				t.Fatal(err)
 			}
+			refused := "POST /v1/runs/{runId}/cancel"
 			spans := col.WaitSpans(t, 10*time.Second, func(all []tracingtest.Span) bool {
 				n := 0
 				for _, s := range all {
-					if s.Attributes[tracing.AttrRunID] == runID {
+					if s.Attributes[tracing.AttrRunID] == runID || (s.Name == refused && s.Attributes[tracing.AttrHTTPStatusCode] == int64(401)) {
 						n++
 					}
 				}
-				return n >= len(want)
+				return n >= len(want)+1
 			})
+			for _, s := range spans {
+				if s.Name == refused && s.Attributes[tracing.AttrHTTPStatusCode] == int64(401) {
+					if s.TraceID == traceID || s.TraceID == "1bf7651916cd43dd8448eb211c80319c" || s.ParentSpanID != "" || len(s.Links) != 0 || s.Attributes[tracing.AttrRunID] != nil {
+						t.Errorf("refused request span %+v: want a root of its own, no run, no caller, no link", s)
+					}
+				}
+			}
 			for _, s := range spans {
 				if s.Attributes[tracing.AttrRunID] != runID {
 					continue
