@@ -10,18 +10,25 @@ let viewAbort = null; // aborts the current view's requests and loops
 
 // ---- small helpers -------------------------------------------------------
 
+// shown is text as the page shows it: the Unicode controls that change
+// the direction of what follows them (an override in a plan id would turn
+// the rest of its line around) are shown as their code points instead.
+function shown(s) {
+  return String(s).replace(/[\u200e\u200f\u202a-\u202e\u2066-\u2069]/g, (c) => `<U+${c.charCodeAt(0).toString(16).toUpperCase()}>`);
+}
+
 function h(tag, attrs, ...children) {
   const el = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
     if (v === null || v === undefined || v === false) continue;
     if (k === "class") el.className = v;
     else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
-    else if (k === "text") el.textContent = v;
+    else if (k === "text") el.textContent = shown(v);
     else el.setAttribute(k, v === true ? "" : v);
   }
   for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined || c === false) continue;
-    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    el.append(c instanceof Node ? c : document.createTextNode(shown(c)));
   }
   return el;
 }
@@ -31,7 +38,7 @@ const SVG_NS = "http://www.w3.org/2000/svg"; // a name, not a location: nothing 
 function svg(tag, attrs, ...children) {
   const el = document.createElementNS(SVG_NS, tag);
   for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, v);
-  for (const c of children.flat(Infinity)) if (c) el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  for (const c of children.flat(Infinity)) if (c) el.append(c instanceof Node ? c : document.createTextNode(shown(c)));
   return el;
 }
 
@@ -102,10 +109,17 @@ async function api(method, path, body, signal) {
 
 function q(s) { return /^[A-Za-z0-9_./:=,@%+-]+$/.test(s) ? s : `'${String(s).replace(/'/g, `'\\''`)}'`; }
 
+// cli(args) is the command line of args: the command's words, flags with
+// their values, and positional arguments (a run's or a step's id) given
+// as { pos: value }. A positional argument that starts with "-" would be
+// read as a flag: then every positional argument goes after "--".
 function cli(args) {
-  const parts = ["sidecar", ...args.filter((a) => a !== null && a !== undefined && a !== "").map((a) => (a.raw ? a.raw : q(a)))];
-  parts.push("--server", q(location.origin));
-  return parts.join(" ");
+  const xs = args.filter((a) => a !== null && a !== undefined && a !== "");
+  const pos = xs.filter((a) => a.pos !== undefined).map((a) => q(String(a.pos)));
+  const rest = xs.filter((a) => a.pos === undefined).map((a) => (a.raw ? a.raw : q(a)));
+  rest.push("--server", q(location.origin));
+  const dash = xs.some((a) => a.pos !== undefined && String(a.pos).startsWith("-"));
+  return ["sidecar", rest[0], ...(dash ? [...rest.slice(1), "--", ...pos] : [...pos, ...rest.slice(1)])].join(" ");
 }
 
 function copyBox(cmdFn, label) {
@@ -203,7 +217,7 @@ function renderLogin() {
       session = await api("POST", "/ui/login", { token: input.value });
       input.value = "";
       route();
-    } catch (x) { err.className = "error-box"; err.textContent = x.message; }
+    } catch (x) { err.className = "error-box"; err.textContent = shown(x.message); }
   } }, h("label", { for: "token" }, "Bearer token (sidecar token new prints one)"), input, h("button", { type: "submit" }, "Sign in"), err);
   main.replaceChildren(h("section", { class: "login" }, h("h1", {}, "Sign in"),
     h("p", { class: "muted" }, "The token opens a session held in an HttpOnly cookie; the page never stores it."), form));
@@ -503,23 +517,23 @@ async function renderRun(runId, signal) {
         if (f.get("timeoutSeconds")) body.timeoutSeconds = Number(f.get("timeoutSeconds"));
         if (f.get("resumeAfterMinutes")) body.resumeAfterSeconds = Math.round(60 * Number(f.get("resumeAfterMinutes")));
         return op("pause", body);
-      }, (f) => cli(["pause", runId, "--reason", f.get("reason") || "REASON",
+      }, (f) => cli(["pause", { pos: runId }, "--reason", f.get("reason") || "REASON",
         f.get("timeoutSeconds") ? { raw: "--timeout " + Number(f.get("timeoutSeconds")) + "s" } : "",
         f.get("resumeAfterMinutes") ? { raw: "--for " + Number(f.get("resumeAfterMinutes")) + "m" } : ""])));
     }
     if (run.status === "PAUSED") {
       forms.push(controlForm("Resume", [], (f) => op("resume", { reason: f.get("reason") }),
-        (f) => cli(["resume", runId, "--reason", f.get("reason") || "REASON"])));
+        (f) => cli(["resume", { pos: runId }, "--reason", f.get("reason") || "REASON"])));
       const retriable = run.steps.filter((s) => s.held || s.status === "FAILED");
       if (retriable.length) {
         const sel = h("select", { name: "stepId" }, retriable.map((s) => h("option", { value: s.stepId }, s.stepId)));
         forms.push(controlForm("Retry step", [h("label", {}, "Step", sel)], (f) =>
           op("retry", { reason: f.get("reason") }, `/v1/runs/${enc}/steps/${encodeURIComponent(f.get("stepId"))}/retry`),
-        (f) => cli(["retry", runId, f.get("stepId") || retriable[0].stepId, "--reason", f.get("reason") || "REASON"])));
+        (f) => cli(["retry", { pos: runId }, { pos: f.get("stepId") || retriable[0].stepId }, "--reason", f.get("reason") || "REASON"])));
       }
     }
     forms.push(controlForm("Cancel", [], (f) => op("cancel", { reason: f.get("reason") }),
-      (f) => cli(["cancel", runId, "--reason", f.get("reason") || "REASON"]), true));
+      (f) => cli(["cancel", { pos: runId }, "--reason", f.get("reason") || "REASON"]), true));
     controls.append(h("h2", {}, "Control"), ...forms);
   }
 
