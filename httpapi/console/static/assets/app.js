@@ -725,13 +725,17 @@ async function renderAudit(params, signal) {
 
 async function renderBus(params, signal) {
   main.append(h("h1", {}, "Event bus"));
-  let bus;
+  let bus = null;
   try { bus = await api("GET", "/v1/bus", undefined, signal); }
   catch (e) {
     if (e.status === 404) { main.append(h("p", {}, "This sidecar has no event bus sinks (serve --bus-sink …)."), copyBox(() => cli(["bus"]), "bus")); document.documentElement.dataset.ready = "bus"; return; }
-    throw e;
+    // A scoped principal may not see the sinks' positions and counts
+    // (they cover every tenant's events), but may see its own runs' dead
+    // letters of a sink it names.
+    if (e.status !== 403 || !params.get("sink")) throw e;
+    main.append(h("p", { class: "muted" }, "The sinks' positions and counts cover every tenant's events: your scope shows only your runs' dead letters."));
   }
-  main.append(copyBox(() => cli(["bus"]), "bus status"), h("div", { class: "table-wrap" }, h("table", { id: "sinks" }, h("thead", {}, h("tr", {},
+  if (bus) main.append(copyBox(() => cli(["bus"]), "bus status"), h("div", { class: "table-wrap" }, h("table", { id: "sinks" }, h("thead", {}, h("tr", {},
     ["Sink", "Vocabulary", "Acknowledged through", "Lag (events)", "Dead letters"].map((c) => h("th", { scope: "col" }, c)))),
   h("tbody", {}, bus.sinks.map((s) => h("tr", {}, h("td", {}, h("a", { href: "/ui/bus?sink=" + encodeURIComponent(s.name) }, s.name)), h("td", {}, s.vocabulary),
     h("td", { class: "num" }, String(s.cursor)), h("td", { class: "num" }, String(Math.max(0, s.lastSeq - s.cursor))), h("td", { class: "num" }, String(s.deadLetters))))))));
