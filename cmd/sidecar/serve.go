@@ -48,6 +48,9 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer func() { _ = log.Sync() }()
+	for _, line := range unknownSettings(os.Environ(), fs) {
+		log.Warn(line)
+	}
 	// The pprof listener is bound first, so that the http executor can be
 	// told never to call it.
 	var pprofLn net.Listener
