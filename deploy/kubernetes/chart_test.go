@@ -539,6 +539,8 @@ func TestChart_BadValuesFail(t *testing.T) {
 		{"OTelExtraOverridesChart", []string{"one-pod.yaml"}, []string{"otel.extra.OTEL_SERVICE_NAME=x"}, "invalid propertyName 'OTEL_SERVICE_NAME'"},
 		{"AdoptWithoutProxy", []string{"one-pod.yaml"}, []string{"taskProxy.adopt={orders}"}, "taskProxy.adopt needs taskProxy.enabled"},
 		{"ProxyWithoutTokens", []string{"one-pod.yaml"}, []string{"taskProxy.enabled=true"}, "taskProxy.enabled needs taskProxy.tokenSecret.name"},
+		{"ExtraURLWithPassword", []string{"postgres.yaml"}, []string{"config.extra.SIDECAR_RETENTION_STORE=postgres://r:pw@h:5432/d"}, "config.extra.SIDECAR_RETENTION_STORE holds a password"},
+		{"ExtraSecretLooking", []string{"one-pod.yaml"}, []string{"config.extra.SIDECAR_NATS_PASSWORD=pw"}, "config.extra.SIDECAR_NATS_PASSWORD looks like a secret"},
 		{"AdoptBadVersion", []string{"replicated.yaml"}, []string{"taskProxy.adopt={orders:0}"}, "/taskProxy/adopt/0'"},
 		{"AdoptBadFailurePolicy", []string{"replicated.yaml"}, []string{"taskProxy.adopt={orders}", "taskProxy.adoptOnStepFailure=retry"}, "/taskProxy/adoptOnStepFailure'"},
 		{"ConductorNoCalls", []string{"one-pod.yaml"}, []string{"conductor.maxConcurrentCalls=0"}, "/conductor/maxConcurrentCalls'"},

@@ -128,6 +128,14 @@ or decimal suffix.
 {{- if and .Values.store.postgresURL (regexMatch "^postgres(ql)?://[^/@]*:[^/@]*@" .Values.store.postgresURL) -}}
 {{- fail "store.postgresURL holds a password: keep it out of the URL (it would be in a ConfigMap) and put it in store.passwordSecret" -}}
 {{- end -}}
+{{- range $k, $v := .Values.config.extra -}}
+{{- if regexMatch "^[a-z][a-z0-9+.-]*://[^/@]*:[^/@]*@" (toString $v) -}}
+{{- fail (printf "config.extra.%s holds a password in a URL: config.extra goes into a ConfigMap; put the password in a Secret (the chart's passwordSecret and passfileSecret values)" $k) -}}
+{{- end -}}
+{{- if regexMatch "(PASSWORD|TOKEN|SECRET)$" $k -}}
+{{- fail (printf "config.extra.%s looks like a secret: config.extra goes into a ConfigMap; use the chart's Secret values (or a file in a Secret and the matching _FILE setting)" $k) -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.taskProxy.enabled (not .Values.taskProxy.tokenSecret.name) (not .Values.taskProxy.insecureNoAuth) -}}
 {{- fail "taskProxy.enabled needs taskProxy.tokenSecret.name (a Secret with the tokens workers send), or taskProxy.insecureNoAuth: true when Conductor's own authentication (the workers' headers are forwarded) or taskProxy.from keeps others out: the proxy listens on all interfaces of the pod" -}}
 {{- end -}}
