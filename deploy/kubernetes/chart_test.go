@@ -540,6 +540,7 @@ func TestChart_BadValuesFail(t *testing.T) {
 		{"AdoptWithoutProxy", []string{"one-pod.yaml"}, []string{"taskProxy.adopt={orders}"}, "taskProxy.adopt needs taskProxy.enabled"},
 		{"ProxyWithoutTokens", []string{"one-pod.yaml"}, []string{"taskProxy.enabled=true"}, "taskProxy.enabled needs taskProxy.tokenSecret.name"},
 		{"ExtraURLWithPassword", []string{"postgres.yaml"}, []string{"config.extra.SIDECAR_RETENTION_STORE=postgres://r:pw@h:5432/d"}, "config.extra.SIDECAR_RETENTION_STORE holds a password"},
+		{"PDBBlocksEveryEviction", []string{"replicated.yaml"}, []string{"podDisruptionBudget.minAvailable=3"}, "podDisruptionBudget.minAvailable 3 is not below replicaCount 3"},
 		{"ExtraSecretLooking", []string{"one-pod.yaml"}, []string{"config.extra.SIDECAR_NATS_PASSWORD=pw"}, "config.extra.SIDECAR_NATS_PASSWORD looks like a secret"},
 		{"AdoptBadVersion", []string{"replicated.yaml"}, []string{"taskProxy.adopt={orders:0}"}, "/taskProxy/adopt/0'"},
 		{"AdoptBadFailurePolicy", []string{"replicated.yaml"}, []string{"taskProxy.adopt={orders}", "taskProxy.adoptOnStepFailure=retry"}, "/taskProxy/adoptOnStepFailure'"},

@@ -128,6 +128,11 @@ or decimal suffix.
 {{- if and .Values.store.postgresURL (regexMatch "^postgres(ql)?://[^/@]*:[^/@]*@" .Values.store.postgresURL) -}}
 {{- fail "store.postgresURL holds a password: keep it out of the URL (it would be in a ConfigMap) and put it in store.passwordSecret" -}}
 {{- end -}}
+{{- with .Values.podDisruptionBudget.minAvailable -}}
+{{- if and (gt (int $.Values.replicaCount) 1) (ge (int .) (int $.Values.replicaCount)) -}}
+{{- fail (printf "podDisruptionBudget.minAvailable %d is not below replicaCount %d: no pod could ever be evicted, so every node drain would block; at most replicaCount - 1" (int .) (int $.Values.replicaCount)) -}}
+{{- end -}}
+{{- end -}}
 {{- range $k, $v := .Values.config.extra -}}
 {{- if regexMatch "^[a-z][a-z0-9+.-]*://[^/@]*:[^/@]*@" (toString $v) -}}
 {{- fail (printf "config.extra.%s holds a password in a URL: config.extra goes into a ConfigMap; put the password in a Secret (the chart's passwordSecret and passfileSecret values)" $k) -}}
