@@ -134,6 +134,16 @@ or decimal suffix.
 {{- end -}}
 {{- end -}}
 {{- range $k, $v := .Values.config.extra -}}
+{{- if has $k (list "SIDECAR_WORKER_ID" "SIDECAR_LISTEN" "SIDECAR_TOKENS_FILE" "SIDECAR_METRICS_LISTEN" "SIDECAR_DATA_DIR" "SIDECAR_NATS_URL" "SIDECAR_NATS_PASSWORD_FILE" "SIDECAR_STORE" "SIDECAR_TLS_CERT" "SIDECAR_TLS_KEY" "SIDECAR_CLIENT_CA" "SIDECAR_CONDUCTOR_URL") -}}
+{{- fail (printf "config.extra.%s is set by the chart from its own values (docs/helm.md, \"Values\"): set that value; config.extra takes serve's other settings" $k) -}}
+{{- end -}}
+{{- end -}}
+{{- range $k, $v := .Values.otel.extra -}}
+{{- if has $k (list "OTEL_EXPORTER_OTLP_ENDPOINT" "OTEL_EXPORTER_OTLP_PROTOCOL" "OTEL_SERVICE_NAME" "OTEL_EXPORTER_OTLP_HEADERS") -}}
+{{- fail (printf "otel.extra.%s is set by the chart from otel's own values (docs/helm.md, \"Tracing\"): set that value" $k) -}}
+{{- end -}}
+{{- end -}}
+{{- range $k, $v := .Values.config.extra -}}
 {{- if regexMatch "^[a-z][a-z0-9+.-]*://[^/@]*:[^/@]*@" (toString $v) -}}
 {{- fail (printf "config.extra.%s holds a password in a URL: config.extra goes into a ConfigMap; put the password in a Secret (the chart's passwordSecret and passfileSecret values)" $k) -}}
 {{- end -}}
