@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,6 +16,8 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/httpapi/console"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/memstore"
 )
 
 // consoleReq sends a request as the console's script would: same origin,
@@ -238,5 +241,37 @@ func TestConsole_AssetBudget(t *testing.T) {
 	t.Logf("console assets: %d bytes gzip-compressed", total)
 	if total > 300<<10 {
 		t.Fatalf("console assets %d bytes compressed, budget 300 KB", total)
+	}
+}
+
+// TestConsole_SecureCookieBehindATLSProxy: with SecureCookies (serve's
+// --console-secure-cookie), the session cookie is Secure although the
+// listener is plain HTTP (a proxy in front terminates TLS); without it,
+// it is Secure over TLS only (TestConsole_Sessions' login).
+func TestConsole_SecureCookieBehindATLSProxy(t *testing.T) {
+	creds, err := httpapi.LoadCredentials(writeTokens(t, t.TempDir(), tokensYAML(principal("vic", "tok-viewer", "viewer", ""))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: memstore.New(statestore.ProjectorOptions{}), Auth: creds, SecureCookies: true}).Handler())
+	t.Cleanup(srv.Close)
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/ui/login", strings.NewReader(`{"token":"tok-viewer"}`))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	var found bool
+	for _, c := range resp.Cookies() {
+		if c.Name == httpapi.SessionCookie {
+			found = true
+			if !c.Secure || !c.HttpOnly {
+				t.Fatalf("session cookie %+v: want Secure and HttpOnly", c)
+			}
+		}
+	}
+	if resp.StatusCode != http.StatusOK || !found {
+		t.Fatalf("login: %d, session cookie %v", resp.StatusCode, found)
 	}
 }

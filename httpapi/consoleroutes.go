@@ -113,7 +113,7 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) error {
 		return &apiError{status: http.StatusServiceUnavailable, retryAfter: time.Minute, Code: CodeSessionsFull,
 			Message: fmt.Sprintf("the console's %d sessions are all open; sign out of unused ones or use the bearer token directly, and try again later", s.sessions.max)}
 	}
-	http.SetCookie(w, sessionCookie(r, id, int(SessionMax/time.Second)))
+	http.SetCookie(w, sessionCookie(r, id, int(SessionMax/time.Second), s.opts.SecureCookies))
 	return writeJSON(w, http.StatusOK, ConsoleSession{Auth: true, Name: p.Name, Roles: p.Roles, Scope: p.Scope, CSRFToken: csrf,
 		Expires: time.Now().Add(SessionMax).UTC().Format(time.RFC3339)})
 }
@@ -132,7 +132,7 @@ func (s *Server) logout(w http.ResponseWriter, r *http.Request) error {
 		}
 		s.sessions.close(c.Value)
 	}
-	http.SetCookie(w, sessionCookie(r, "", -1))
+	http.SetCookie(w, sessionCookie(r, "", -1, s.opts.SecureCookies))
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }

@@ -97,6 +97,10 @@ type Options struct {
 	// NoConsole turns the web console at /ui off (it is served by
 	// default, behind the API's authentication: docs/console.md).
 	NoConsole bool
+	// SecureCookies marks the console's session cookie Secure on a plain
+	// HTTP listener too (behind a proxy that terminates TLS); over TLS it
+	// always is.
+	SecureCookies bool
 	// Queue gives a QUEUED run's place in the admission queue (nil: no
 	// admission control).
 	Queue QueuePositions

@@ -154,8 +154,9 @@ func (s *session) checkCSRF(r *http.Request) bool {
 	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.csrf)) == 1
 }
 
-// sessionCookie is the cookie of session id (maxAge < 0 deletes it).
-func sessionCookie(r *http.Request, id string, maxAge int) *http.Cookie {
-	return &http.Cookie{Name: SessionCookie, Value: id, Path: "/", HttpOnly: true, Secure: r.TLS != nil,
+// sessionCookie is the cookie of session id (maxAge < 0 deletes it),
+// Secure over TLS or when secure (Options.SecureCookies).
+func sessionCookie(r *http.Request, id string, maxAge int, secure bool) *http.Cookie {
+	return &http.Cookie{Name: SessionCookie, Value: id, Path: "/", HttpOnly: true, Secure: r.TLS != nil || secure,
 		SameSite: http.SameSiteStrictMode, MaxAge: maxAge}
 }

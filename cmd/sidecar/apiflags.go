@@ -27,6 +27,9 @@ type apiConfig struct {
 	ClientCA string
 	// InsecureNoAuth allows a non-loopback --listen without authentication.
 	InsecureNoAuth bool
+	// ConsoleSecureCookie marks the console's session cookie Secure on a
+	// plain HTTP listener too: behind a proxy that terminates TLS.
+	ConsoleSecureCookie bool
 	// MetricsListen, when set, serves GET /metrics alone on this address,
 	// without authentication (httpapi.MetricsServer), for a Prometheus
 	// that cannot present a token.
@@ -66,6 +69,7 @@ func (c *apiConfig) registerFlags(fs *flag.FlagSet) {
 			c.maxConnectionsEnv = fmt.Errorf("%s=%q: %w (0 derives the bound from the descriptor limit)", envName("max-connections"), v, err)
 		}
 	}
+	boolFlag(fs, &c.ConsoleSecureCookie, "console-secure-cookie", "mark the console's session cookie Secure (sent over HTTPS only) although --listen serves plain HTTP: behind a proxy that terminates TLS (with --tls-cert it always is)")
 	boolFlag(fs, &c.InsecureNoAuth, "insecure-no-auth", "serve the API off loopback WITHOUT authentication: anyone who reaches it may start, pause and cancel runs")
 }
 
@@ -148,6 +152,7 @@ func readNotifySecret(path string) ([]byte, error) {
 // apply sets the security options of the API server.
 func (c *apiConfig) apply(o *httpapi.Options, log *zap.Logger) error {
 	o.AllowedHosts = c.allowedHosts()
+	o.SecureCookies = c.ConsoleSecureCookie
 	if c.maxConnectionsEnv != nil {
 		return c.maxConnectionsEnv
 	}
