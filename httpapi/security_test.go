@@ -263,6 +263,9 @@ func TestServer_Auth(t *testing.T) {
 			if r.status == 401 && !strings.HasPrefix(r.header.Get("WWW-Authenticate"), "Bearer") {
 				t.Fatal("401 without WWW-Authenticate: Bearer")
 			}
+			if r.header.Get("X-Content-Type-Options") != "nosniff" || r.header.Get("Cache-Control") != "no-store" {
+				t.Fatalf("answer headers %v: want X-Content-Type-Options nosniff and Cache-Control no-store", r.header)
+			}
 		})
 	}
 	if calls := e.control.taken(); len(calls) != 0 {

@@ -1020,7 +1020,12 @@ func badRequest(field, msg string) *apiError {
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) error {
-	w.Header().Set("Content-Type", "application/json")
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	// A run's state and log are not for caches, and not to be read as
+	// anything but JSON.
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	return json.NewEncoder(w).Encode(v)
 }
