@@ -22,10 +22,12 @@ import (
 // served, request and all, long after it gave up. A TLS client's
 // connection is closed at once (its handshake fails).
 //
-// Close ends only the current server's acceptance (Accept returns
-// net.ErrClosed to it) and goes back to closing connections: a start
-// attempt that failed after a server took the listener leaves it bound
-// for the next attempt's server. release closes the socket.
+// A server accepts from a Session of it, one per server (each start
+// attempt's): the Session's Close ends that server's acceptance only
+// (its Accept returns net.ErrClosed, then and ever after) and the
+// listener goes back to answering 503, so that a start attempt that
+// failed after a server took the listener leaves it bound for the next
+// attempt's server. release closes the socket.
 type heldListener struct {
 	ln    net.Listener
 	conns chan net.Conn
@@ -33,8 +35,8 @@ type heldListener struct {
 	// beyond, a connection is closed without an answer.
 	refusing chan struct{}
 	mu       sync.Mutex
-	// serving is closed by Close: the session of the server accepting
-	// now, nil while none does.
+	// serving is closed when the session of the server accepting now
+	// ends; nil while none does.
 	serving chan struct{}
 	done    chan struct{} // closed by release
 	once    sync.Once
@@ -103,36 +105,87 @@ func (h *heldListener) loop() {
 	}
 }
 
-// Accept returns the next connection for the server calling it; the first
-// call after a Close begins a new server's session.
+// Session returns the listener one server accepts from: from its first
+// Accept until its Close, the connections h accepts go to it (before,
+// they are still answered 503: the node serves its API only once every
+// component opened). A Session ended before its server's first Accept (a
+// shutdown racing the server's start) is ended for good: its Accept
+// returns net.ErrClosed, never a connection.
+func (h *heldListener) Session() net.Listener {
+	return &heldSession{h: h, closed: make(chan struct{})}
+}
+
+// Accept is refused: a server accepts from a Session.
 func (h *heldListener) Accept() (net.Conn, error) {
+	return nil, errors.New("heldListener: a server accepts from a Session of it")
+}
+
+// Close ends the session of the server accepting now, if any; the socket
+// stays bound (release closes it).
+func (h *heldListener) Close() error {
 	h.mu.Lock()
-	if h.serving == nil {
-		h.serving = make(chan struct{})
-	}
 	serving := h.serving
 	h.mu.Unlock()
+	if serving != nil {
+		h.endSession(serving)
+	}
+	return nil
+}
+
+// endSession ends the session whose channel is closed.
+func (h *heldListener) endSession(closed chan struct{}) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	select {
-	case c := <-h.conns:
-		return c, nil
-	case <-serving:
+	case <-closed:
+	default:
+		close(closed)
+	}
+	if h.serving == closed {
+		h.serving = nil
+	}
+}
+
+// heldSession is one server's view of a heldListener.
+type heldSession struct {
+	h      *heldListener
+	closed chan struct{}
+}
+
+// Accept returns the next connection, or net.ErrClosed once the session
+// or the listener ended.
+func (s *heldSession) Accept() (net.Conn, error) {
+	s.h.mu.Lock()
+	select {
+	case <-s.closed:
+		s.h.mu.Unlock()
 		return nil, net.ErrClosed
-	case <-h.done:
+	case <-s.h.done:
+		s.h.mu.Unlock()
+		return nil, net.ErrClosed
+	default:
+		s.h.serving = s.closed // this session serves from now on
+	}
+	s.h.mu.Unlock()
+	select {
+	case c := <-s.h.conns:
+		return c, nil
+	case <-s.closed:
+		return nil, net.ErrClosed
+	case <-s.h.done:
 		return nil, net.ErrClosed
 	}
 }
 
-// Close ends the current server's session; the socket stays bound, and
-// connections are closed at once again until another server accepts.
-func (h *heldListener) Close() error {
-	h.mu.Lock()
-	if h.serving != nil {
-		close(h.serving)
-		h.serving = nil
-	}
-	h.mu.Unlock()
+// Close ends this session only: the socket stays bound, answering 503
+// until another Session.
+func (s *heldSession) Close() error {
+	s.h.endSession(s.closed)
 	return nil
 }
+
+// Addr is the bound address.
+func (s *heldSession) Addr() net.Addr { return s.h.Addr() }
 
 // Addr is the bound address.
 func (h *heldListener) Addr() net.Addr { return h.ln.Addr() }

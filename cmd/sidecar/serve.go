@@ -125,11 +125,23 @@ func startSidecar(ctx context.Context, cfg Config, log *zap.Logger, own ...strin
 func openSidecar(ctx context.Context, cfg *Config, nodeCfg node.Config, log *zap.Logger) (*sidecar, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
-	n := node.New(nodeCfg, log, reg)
+	// This attempt's servers accept from sessions of the held listeners:
+	// their Close (the attempt failed, or serve stops) ends only those.
+	attempt := nodeCfg
+	attempt.API, attempt.Metrics, attempt.ConductorProxy = session(nodeCfg.API), session(nodeCfg.Metrics), session(nodeCfg.ConductorProxy)
+	n := node.New(attempt, log, reg)
 	if err := n.Open(ctx); err != nil {
 		return nil, err
 	}
 	return &sidecar{node: n, addr: nodeCfg.API.Addr().String(), nc: n.Conn(), apiCfg: &cfg.API, log: log, listeners: nodeCfg}, nil
+}
+
+// session is a Session of ln when serve holds it, else ln.
+func session(ln net.Listener) net.Listener {
+	if h, ok := ln.(*heldListener); ok {
+		return h.Session()
+	}
+	return ln
 }
 
 // serveUntil serves until ctx ends (nil) or the NATS connection is closed
