@@ -195,6 +195,8 @@ type Server struct {
 
 	serving  serving
 	sessions *sessions // the console's cookie sessions
+	// refusedLogins bounds the log of refused console sign-ins.
+	refusedLogins logEvery
 	// closing is cancelled when Close starts: list watches answer then
 	// instead of holding shutdown for the rest of their wait.
 	closing     context.Context
