@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,17 +27,24 @@ func TestTracer_CloseWithAHungCollector(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	var held []net.Conn
+	var (
+		mu   sync.Mutex
+		held []net.Conn
+	)
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
+			mu.Lock()
 			held = append(held, c) // read nothing, answer nothing
+			mu.Unlock()
 		}
 	}()
 	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
 		for _, c := range held {
 			c.Close()
 		}
