@@ -3,46 +3,27 @@ package natsstore
 import (
 	"context"
 	"syscall"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
-// sizeTimeout bounds the stream-info request of one scrape.
-const sizeTimeout = 2 * time.Second
-
-// SizeCollector exports the event stream's size at each scrape:
-// sidecar_log_bytes and sidecar_log_records (what the stream holds now),
-// sidecar_log_last_sequence (every record ever appended, removed or not).
-// A scrape the server does not answer within 2 s exports none of them.
-// Register it with the node's registry.
-func (s *Store) SizeCollector() prometheus.Collector { return &sizeCollector{s: s} }
-
-var (
-	logBytesDesc   = prometheus.NewDesc("sidecar_log_bytes", "Bytes the run event log holds now (JetStream: the event stream's message bytes).", nil, nil)
-	logRecordsDesc = prometheus.NewDesc("sidecar_log_records", "Records the run event log holds now.", nil, nil)
-	logLastDesc    = prometheus.NewDesc("sidecar_log_last_sequence", "Sequence of the last record appended to the log: every record ever appended, including those retention removed.", nil, nil)
-)
-
-type sizeCollector struct{ s *Store }
-
-func (c *sizeCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- logBytesDesc
-	ch <- logRecordsDesc
-	ch <- logLastDesc
+// SizeCollector exports the event stream's size at each scrape
+// (statestore.NewLogSizeCollector): its message bytes and messages, and
+// its last sequence (every record ever appended, removed or not). Register
+// it with the node's registry.
+func (s *Store) SizeCollector() prometheus.Collector {
+	return statestore.NewLogSizeCollector(s.logSize)
 }
 
-func (c *sizeCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), sizeTimeout)
-	defer cancel()
-	st, err := c.s.js.Stream(ctx, c.s.name)
+func (s *Store) logSize(ctx context.Context) (statestore.LogSize, error) {
+	st, err := s.js.Stream(ctx, s.name)
 	if err != nil {
-		return
+		return statestore.LogSize{}, err
 	}
 	state := st.CachedInfo().State
-	ch <- prometheus.MustNewConstMetric(logBytesDesc, prometheus.GaugeValue, float64(state.Bytes))
-	ch <- prometheus.MustNewConstMetric(logRecordsDesc, prometheus.GaugeValue, float64(state.Msgs))
-	ch <- prometheus.MustNewConstMetric(logLastDesc, prometheus.GaugeValue, float64(state.LastSeq))
+	return statestore.LogSize{Bytes: int64(state.Bytes), Records: int64(state.Msgs), LastSequence: int64(state.LastSeq)}, nil
 }
 
 // DataDirCollector exports the file system of the embedded server's data
