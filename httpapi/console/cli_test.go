@@ -14,13 +14,6 @@ import (
 // a step's id that starts with "-" goes after "--", where the CLI reads
 // it as an argument, not a flag; others stay where a person writes them.
 func TestCLI_CommandLines(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("node is not on PATH")
-		}
-		t.Skip("node is not on PATH")
-	}
 	src, err := os.ReadFile("static/assets/app.js")
 	if err != nil {
 		t.Fatal(err)
@@ -38,14 +31,7 @@ console.log(JSON.stringify([
   cli(["pause", { pos: "run-1" }, "--reason", "x", { raw: "--timeout 30s" }]),
   cli(["bus", "deadletters", "--sink", "hook"]),
 ]));`
-	out, err := exec.Command(node, "-e", script).CombinedOutput()
-	if err != nil {
-		t.Fatalf("node: %v\n%s", err, out)
-	}
-	var got []string
-	if err := json.Unmarshal([]byte(strings.TrimSpace(string(out))), &got); err != nil {
-		t.Fatalf("%s: %v", out, err)
-	}
+	got := nodeJSON(t, script)
 	want := []string{
 		"sidecar retry --reason oops --server http://127.0.0.1:8787 -- run-1 --server=http://evil:1",
 		"sidecar retry run-1 build --reason 'flaky disk' --server http://127.0.0.1:8787",
@@ -63,13 +49,6 @@ console.log(JSON.stringify([
 // their code points (an override in an id would turn the rest of its line
 // around), and nothing else changed.
 func TestShown(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("node is not on PATH")
-		}
-		t.Skip("node is not on PATH")
-	}
 	src, err := os.ReadFile("static/assets/app.js")
 	if err != nil {
 		t.Fatal(err)
@@ -79,6 +58,27 @@ func TestShown(t *testing.T) {
 		t.Fatal("app.js has no function shown")
 	}
 	script := string(m) + "\nconsole.log(JSON.stringify([shown(\"plan-\\u202Egnp.exe\"), shown(\"étape 2 — ok\"), shown(42)]));"
+	got := nodeJSON(t, script)
+	want := []string{"plan-<U+202E>gnp.exe", "étape 2 — ok", "42"}
+	for i := range want {
+		if i >= len(got) || got[i] != want[i] {
+			t.Errorf("shown %d: %q, want %q", i, got, want[i])
+		}
+	}
+}
+
+// nodeJSON runs script (which prints one JSON array of strings) with Node
+// and returns the array; without Node the test is skipped, or fails under
+// CI=true.
+func nodeJSON(t *testing.T, script string) []string {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("node is not on PATH")
+		}
+		t.Skip("node is not on PATH")
+	}
 	out, err := exec.Command(node, "-e", script).CombinedOutput()
 	if err != nil {
 		t.Fatalf("node: %v\n%s", err, out)
@@ -87,10 +87,5 @@ func TestShown(t *testing.T) {
 	if err := json.Unmarshal([]byte(strings.TrimSpace(string(out))), &got); err != nil {
 		t.Fatalf("%s: %v", out, err)
 	}
-	want := []string{"plan-<U+202E>gnp.exe", "étape 2 — ok", "42"}
-	for i := range want {
-		if i >= len(got) || got[i] != want[i] {
-			t.Errorf("shown %d: %q, want %q", i, got, want[i])
-		}
-	}
+	return got
 }
