@@ -90,7 +90,8 @@ type Sample struct {
 	Started, Finished, Archived, Removed int64
 	// Active is sidecar_runs_active summed over statuses.
 	Active int64
-	// LogRecords and LogBytes are sidecar_log_records and sidecar_log_bytes.
+	// LogRecords and LogBytes are sidecar_log_records and sidecar_log_bytes
+	// (on PostgreSQL LogRecords is run_events counted, exactly).
 	LogRecords, LogBytes int64
 	// DiskBytes is the data dir's files (and, on PostgreSQL, the sidecar
 	// database's size).
@@ -723,6 +724,12 @@ func (s *soak) samplePostgres(ctx context.Context, sm *Sample) {
 		var n int64
 		if err := c.QueryRow(ctx, "SELECT count(*) FROM "+t).Scan(&n); err == nil {
 			sm.Messages["pg_"+t] = n
+			if t == "run_events" {
+				// The exact count, not sidecar_log_records (the table
+				// statistics' estimate, which follows removals seconds
+				// late): what the soak judges, to the last record.
+				sm.LogRecords = n
+			}
 		}
 		if err := c.QueryRow(ctx, "SELECT pg_total_relation_size($1)", t).Scan(&n); err == nil {
 			sm.Messages["pg_"+t+"_bytes"] = n
