@@ -273,15 +273,7 @@ func TestChart_TaskProxyNoAuthSaidOutLoud(t *testing.T) {
 	}
 	m := decodeRender(t, out)
 	c := container(t, the(t, "Deployments", m.deployments), "sidecar")
-	var cm *corev1.ConfigMap
-	for _, x := range m.configMaps {
-		if x.Name == c.EnvFrom[0].ConfigMapRef.Name {
-			cm = x
-		}
-	}
-	if cm == nil {
-		t.Fatal("no ConfigMap of the sidecar's")
-	}
+	cm := sidecarConfigMap(t, m, c)
 	checkTaskProxy(t, m, c, cm, false)
 }
 
@@ -295,15 +287,7 @@ func TestChart_TaskProxyTokens(t *testing.T) {
 	m := decodeRender(t, out)
 	d := the(t, "Deployments", m.deployments)
 	c := container(t, d, "sidecar")
-	var cm *corev1.ConfigMap
-	for _, x := range m.configMaps {
-		if x.Name == c.EnvFrom[0].ConfigMapRef.Name {
-			cm = x
-		}
-	}
-	if cm == nil {
-		t.Fatal("no ConfigMap of the sidecar's")
-	}
+	cm := sidecarConfigMap(t, m, c)
 	checkTaskProxy(t, m, c, cm, true)
 	checkSecretModes(t, d)
 	if !slices.ContainsFunc(d.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool {
@@ -743,4 +727,17 @@ func fmtSeconds(p *int64) string {
 		return "unset"
 	}
 	return fmt.Sprintf("%ds", *p)
+}
+
+// sidecarConfigMap is the ConfigMap the sidecar container takes its
+// variables from.
+func sidecarConfigMap(t *testing.T, m *manifests, c *corev1.Container) *corev1.ConfigMap {
+	t.Helper()
+	for _, x := range m.configMaps {
+		if x.Name == c.EnvFrom[0].ConfigMapRef.Name {
+			return x
+		}
+	}
+	t.Fatal("no ConfigMap of the sidecar's")
+	return nil
 }
