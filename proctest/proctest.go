@@ -6,10 +6,13 @@
 package proctest
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 )
@@ -23,16 +26,41 @@ const ListenWithin = 5 * time.Minute
 const logTail = 4096
 
 // FreeAddr returns a loopback address (127.0.0.1:port) with a port nobody
-// listens on now.
+// listens on now and that FreeAddr has not returned before in this
+// process: the kernel may hand a probed port out again once its listener
+// is closed, and two servers of one test given the same port fail to
+// start.
 func FreeAddr(tb testing.TB) string {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
+	given.mu.Lock()
+	defer given.mu.Unlock()
+	for i := range 1000 {
+		// The kernel's pick first; once it repeats itself, a random port
+		// below its ephemeral range, where it does not pick.
+		probe := "127.0.0.1:0"
+		if i > 0 {
+			probe = fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000))
+		}
+		ln, err := net.Listen("tcp", probe)
+		if err != nil {
+			continue
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		if !given.addrs[addr] {
+			given.addrs[addr] = true
+			return addr
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	tb.Fatal("no free loopback port that FreeAddr has not handed out")
+	return ""
 }
+
+// given holds the addresses FreeAddr has handed out.
+var given = struct {
+	mu    sync.Mutex
+	addrs map[string]bool
+}{addrs: map[string]bool{}}
 
 // Options say how Start runs a process. The zero value works.
 type Options struct {

@@ -300,13 +300,20 @@ func (s *soak) startConductor(ctx context.Context) error {
 	return nil
 }
 
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+// freeAddrs returns n distinct loopback addresses nobody listens on now:
+// each probe listener stays open until all n are picked, so the kernel
+// cannot hand one port out twice.
+func freeAddrs(n int) ([]string, error) {
+	addrs := make([]string, 0, n)
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer ln.Close()
+		addrs = append(addrs, ln.Addr().String())
 	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
+	return addrs, nil
 }
 
 // startPostgres makes the sidecar database and its roles and returns the
@@ -371,14 +378,11 @@ func (s *soak) startServe(ctx context.Context) error {
 			return err
 		}
 	}
-	listen, err := freeAddr()
+	addrs, err := freeAddrs(3)
 	if err != nil {
 		return err
 	}
-	natsAddr, err := freeAddr()
-	if err != nil {
-		return err
-	}
+	listen, natsAddr, pprofAddr := addrs[0], addrs[1], addrs[2]
 	pw := filepath.Join(s.cfg.Dir, "nats.password")
 	password := strconv.FormatInt(time.Now().UnixNano(), 36)
 	if err := os.WriteFile(pw, []byte(password+"\n"), 0o600); err != nil {
@@ -394,10 +398,6 @@ func (s *soak) startServe(ctx context.Context) error {
 		"--archive", "file://" + filepath.Join(s.cfg.Dir, "archive"),
 		"--nats-listen", natsAddr, "--nats-password-file", pw}, extra...)
 	if s.cfg.HeapProfile > 0 {
-		pprofAddr, err := freeAddr()
-		if err != nil {
-			return err
-		}
 		args = append(args, "--pprof-listen", pprofAddr)
 		s.pprofURL = "http://" + pprofAddr
 	}
