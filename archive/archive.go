@@ -69,6 +69,7 @@ const conflictRetries = 64
 type Archive struct {
 	dest Destination
 	now  func() time.Time
+	keys *Keys // sign what is written and check signed manifests read (nil: neither)
 
 	mu   sync.Mutex
 	head *Manifest // newest manifest read or written (nil: none yet)
@@ -99,6 +100,12 @@ type location struct {
 type Options struct {
 	// Now is the clock of CreatedAt (default time.Now).
 	Now func() time.Time
+	// Keys, when set, sign every manifest written (Manifest.Signature),
+	// and a signed manifest read must check under one of them (else
+	// ErrCorrupt). An unsigned manifest still reads: an archive written
+	// before it had keys. Verify with VerifyOptions.Keys proves which
+	// manifests a key holder wrote.
+	Keys *Keys
 }
 
 // Open returns the Archive on dest. It reads the newest manifest (if any)
@@ -115,7 +122,7 @@ func Open(ctx context.Context, dest Destination, opts Options) (*Archive, error)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	a := &Archive{dest: dest, now: opts.Now, index: map[string]location{}, indexRuns: map[uint64][]string{}, recent: map[uint64][]uint64{}}
+	a := &Archive{dest: dest, now: opts.Now, keys: opts.Keys, index: map[string]location{}, indexRuns: map[uint64][]string{}, recent: map[uint64][]uint64{}}
 	if err := a.loadHead(ctx); err != nil && !errors.Is(err, ErrUnavailable) {
 		return nil, err
 	}
@@ -171,7 +178,16 @@ func (a *Archive) readManifest(ctx context.Context, seq uint64) (*Manifest, erro
 	if err != nil {
 		return nil, err
 	}
-	return parseManifest(b, seq)
+	m, err := parseManifest(b, seq)
+	if err != nil {
+		return nil, err
+	}
+	if a.keys != nil && m.Signature != nil {
+		if err := a.keys.check(m); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
 }
 
 // loadHead reads the newest manifest into a.head. Called with a.mu held
@@ -333,7 +349,7 @@ func (a *Archive) sealManifest(m *Manifest) ([]byte, error) {
 	if a.head != nil {
 		m.Seq, m.Prev = a.head.Seq+1, a.head.Chain
 	}
-	return sealManifest(m)
+	return sealManifest(m, a.keys)
 }
 
 // indexWindow is how many of the newest manifests the index holds: what

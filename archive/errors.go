@@ -136,4 +136,12 @@ const (
 	// the records that came after its first copy, which carry the run's
 	// own names, so such a copy was not written by it.
 	ProblemRunCopiesDisagree = "ARCHIVE_RUN_COPIES_DISAGREE"
+	// ProblemManifestUnsigned (with VerifyOptions.Keys): a manifest after
+	// the first signed one carries no signature, or no manifest is signed
+	// at all: it was added or rewritten by someone without the keys.
+	ProblemManifestUnsigned = "ARCHIVE_MANIFEST_UNSIGNED"
+	// ProblemSignatureInvalid (with VerifyOptions.Keys): a manifest's
+	// signature is not its content's under the key it names, or names a
+	// key not given.
+	ProblemSignatureInvalid = "ARCHIVE_SIGNATURE_INVALID"
 )

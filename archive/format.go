@@ -63,9 +63,14 @@ type Manifest struct {
 	// Prev is the Chain of manifest Seq-1 (Genesis for the first).
 	Prev string `json:"prev"`
 	// Chain is the lowercase hex SHA-256 of this manifest encoded as JSON
-	// (the encoding Write stores) with Chain empty. It covers Prev, so
+	// (the encoding Write stores) with Chain empty and no Signature. It
+	// covers Prev, so
 	// each manifest commits to every one before it.
 	Chain string `json:"chain"`
+	// Signature is set when the writer had keys (Options.Keys): an
+	// HMAC-SHA256 of Chain. It is not part of what Chain covers, so a
+	// manifest reads and chains the same with or without it.
+	Signature *Signature `json:"signature,omitempty"`
 }
 
 // RunEntry is one run of a segment: how many records it has, their
@@ -128,12 +133,13 @@ func encodeManifest(m *Manifest) ([]byte, error) {
 	return append(b, '\n'), nil
 }
 
-// sealManifest sets m's Chain and returns m's stored form
-// (encodeManifest's bytes) from one encoding: Chain is the manifest's last
-// field, so the form with Chain empty ends in `"chain":""}` and the
-// stored form is that with the hash between the quotes.
-func sealManifest(m *Manifest) ([]byte, error) {
-	m.Chain = ""
+// sealManifest sets m's Chain (and, with keys, its Signature) and returns
+// m's stored form (encodeManifest's bytes) from one encoding: Chain is the
+// manifest's last field but Signature, so the form with Chain empty and no
+// Signature ends in `"chain":""}` and the stored form is that with the
+// hash between the quotes and the signature after it.
+func sealManifest(m *Manifest, keys *Keys) ([]byte, error) {
+	m.Chain, m.Signature = "", nil
 	b, err := json.Marshal(m)
 	if err != nil {
 		return nil, fmt.Errorf("encode manifest: %w", err)
@@ -143,16 +149,21 @@ func sealManifest(m *Manifest) ([]byte, error) {
 		return nil, fmt.Errorf("encode manifest: it does not end with %s", tail)
 	}
 	m.Chain = hexSHA256(b)
-	out := make([]byte, 0, len(b)+len(m.Chain)+1)
+	out := make([]byte, 0, len(b)+len(m.Chain)+160)
 	out = append(out, b[:len(b)-len(`"}`)]...)
 	out = append(out, m.Chain...)
-	return append(out, "\"}\n"...), nil
+	out = append(out, '"')
+	if keys != nil {
+		m.Signature = keys.sign(m.Chain)
+		out = append(out, signatureField(m.Signature)...)
+	}
+	return append(out, "}\n"...), nil
 }
 
 // chainOf computes m's Chain: SHA-256 of m's compact JSON with Chain empty.
 func chainOf(m *Manifest) (string, error) {
 	c := *m
-	c.Chain = ""
+	c.Chain, c.Signature = "", nil
 	b, err := json.Marshal(&c)
 	if err != nil {
 		return "", fmt.Errorf("encode manifest: %w", err)
@@ -617,6 +628,8 @@ func checkManifest(m *Manifest, seq uint64) error {
 		return newError(CodeCorrupt, nil, "manifest %d: a hash is not 64 lowercase hex digits", seq)
 	case len(m.Runs) == 0:
 		return newError(CodeCorrupt, nil, "manifest %d: lists no runs", seq)
+	case m.Signature != nil && (len(m.Signature.KeyID) != 16 || !isHex(m.Signature.KeyID) || len(m.Signature.MAC) != 64 || !isHex(m.Signature.MAC)):
+		return newError(CodeCorrupt, nil, "manifest %d: its signature's key id or MAC is not lowercase hex of the right length", seq)
 	}
 	got, err := chainOf(m)
 	if err != nil {
@@ -628,10 +641,9 @@ func checkManifest(m *Manifest, seq uint64) error {
 	return nil
 }
 
-func isHex64(s string) bool {
-	if len(s) != 64 {
-		return false
-	}
+func isHex64(s string) bool { return len(s) == 64 && isHex(s) }
+
+func isHex(s string) bool {
 	for _, c := range s {
 		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
 			return false

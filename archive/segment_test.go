@@ -232,7 +232,7 @@ func TestSealManifest(t *testing.T) {
 	defer seg.release()
 	m := seg.m
 	m.Seq, m.Prev, m.Segment, m.CreatedAt = 7, Genesis, "segments/1-00.ndjson.gz", "2026-01-02T03:04:05Z"
-	enc, err := sealManifest(m)
+	enc, err := sealManifest(m, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

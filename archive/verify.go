@@ -18,6 +18,14 @@ type VerifyOptions struct {
 	// AllowEmpty accepts a destination that holds no manifest (an archive
 	// nothing was written to yet); without it that is ProblemArchiveEmpty.
 	AllowEmpty bool
+	// Keys, when set, are the keys the sidecar signs manifests with: every
+	// signed manifest must check under one of them
+	// (ProblemSignatureInvalid), and every manifest from the first signed
+	// one on must be signed (ProblemManifestUnsigned), as must one at
+	// least: manifests before the first signed one are an archive written
+	// before it had keys. So a manifest added or rewritten by someone
+	// without a key does not verify.
+	Keys *Keys
 }
 
 // Report is what Verify found.
@@ -39,6 +47,12 @@ type Report struct {
 	// Orphans are segments no manifest names: left by a writer that died
 	// between segment and manifest. They are not part of the archive.
 	Orphans []string `json:"orphans,omitempty"`
+	// Signed is the number of manifests whose signature checked under
+	// VerifyOptions.Keys, and FirstSigned the first of them (0: none, or
+	// no keys given). Manifests before FirstSigned were written before the
+	// archive had keys.
+	Signed      int64  `json:"signed"`
+	FirstSigned uint64 `json:"firstSigned,omitempty"`
 	// CatalogShards is the number of catalog shards that match the
 	// manifests they cover; CatalogMissing the number of shards of ranges
 	// the manifests fill that are absent (a writer that died before
@@ -119,6 +133,9 @@ func Verify(ctx context.Context, dest Destination, opts VerifyOptions) (*Report,
 		}
 		prev = m.Chain
 		rep.Head = m.Chain
+		if opts.Keys != nil {
+			verifySignature(opts.Keys, m, rep)
+		}
 		keys[seq] = keysOf(m)
 		if m.Chain == opts.ExpectHead {
 			headFound = true
@@ -156,6 +173,10 @@ func Verify(ctx context.Context, dest Destination, opts VerifyOptions) (*Report,
 		}
 	}
 	rep.Runs = int64(len(runs))
+	if opts.Keys != nil && rep.Signed == 0 && len(seqs) > 0 {
+		rep.Problems = append(rep.Problems, Problem{Code: ProblemManifestUnsigned,
+			Message: "no manifest is signed with a key given (" + strings.Join(opts.Keys.IDs(), ", ") + "): the archive was written without these keys, or its manifests were rewritten by someone without them"})
+	}
 	if !headFound {
 		rep.Problems = append(rep.Problems, Problem{Code: ProblemHeadMismatch,
 			Message: "no manifest has chain " + opts.ExpectHead + ": manifests up to it were removed or rewritten"})
@@ -174,6 +195,27 @@ func Verify(ctx context.Context, dest Destination, opts VerifyOptions) (*Report,
 	}
 	slices.Sort(rep.Orphans)
 	return rep, nil
+}
+
+// verifySignature checks m's signature under keys and counts it in rep:
+// a signed manifest must check, and an unsigned one is a problem once a
+// manifest before it was signed.
+func verifySignature(keys *Keys, m *Manifest, rep *Report) {
+	if m.Signature == nil {
+		if rep.FirstSigned != 0 {
+			rep.Problems = append(rep.Problems, Problem{Code: ProblemManifestUnsigned, Seq: m.Seq, Object: manifestName(m.Seq),
+				Message: fmt.Sprintf("manifest is not signed, and manifest %d before it is: it was not written by the sidecar", rep.FirstSigned)})
+		}
+		return
+	}
+	if err := keys.check(m); err != nil {
+		rep.Problems = append(rep.Problems, Problem{Code: ProblemSignatureInvalid, Seq: m.Seq, Object: manifestName(m.Seq), Message: err.Error()})
+		return
+	}
+	rep.Signed++
+	if rep.FirstSigned == 0 {
+		rep.FirstSigned = m.Seq
+	}
 }
 
 // runCopy is where a run's copy is and the names it gives the run.

@@ -32,6 +32,9 @@ type Retention struct {
 	Interval time.Duration
 	// Archive is the archive's URL (file:///dir or s3://bucket/prefix).
 	Archive string
+	// ArchiveKeys, when set, sign every archive manifest written and check
+	// the signed ones read (archive.Options.Keys).
+	ArchiveKeys *archive.Keys
 	// Store is the PostgreSQL URL retention removes runs through, as the
 	// retention role (docs/postgres.md, "Retention"); required with a
 	// PostgreSQL log, unused with JetStream.
@@ -102,7 +105,7 @@ func (n *Node) openRetention(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("--archive: %w", err)
 	}
-	arch, err := archive.Open(ctx, dest, archive.Options{})
+	arch, err := archive.Open(ctx, dest, archive.Options{Keys: rc.ArchiveKeys})
 	if err != nil {
 		return fmt.Errorf("open the archive %s: %w", dest, err)
 	}

@@ -48,7 +48,11 @@ func TestNode_Retention(t *testing.T) {
 	_, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "node-pw", RetentionPassword: "retention-pw", RetentionPermissions: retentionPermissions(), Permissions: natsstore.AllPermissions})
 	cfg := testConfig(t, srv.URL())
 	dir := filepath.Join(t.TempDir(), "archive")
-	cfg.Retention = Retention{Finished: time.Millisecond, Interval: 50 * time.Millisecond, Archive: "file://" + dir,
+	keys, err := archive.ParseKeys([]byte("node-retention-test-key-0123456789abcdef"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Retention = Retention{Finished: time.Millisecond, Interval: 50 * time.Millisecond, Archive: "file://" + dir, ArchiveKeys: keys,
 		NATSOptions: []nats.Option{nats.UserInfo(natsstore.RetentionUser, "retention-pw")}}
 	reg := prometheus.NewRegistry()
 	n := New(cfg, zaptest.NewLogger(t), reg)
@@ -81,8 +85,9 @@ func TestNode_Retention(t *testing.T) {
 	if recs, _ := n.store.Fetch(ctx, "node-open", 0, 0); len(recs) != 1 {
 		t.Fatalf("the open run has %d records, want 1", len(recs))
 	}
-	rep, err := archive.Verify(ctx, archive.NewDir(dir), archive.VerifyOptions{})
-	if err != nil || len(rep.Problems) != 0 || rep.Runs != 1 || rep.Records != 2 {
+	// Its manifest is signed with the node's key.
+	rep, err := archive.Verify(ctx, archive.NewDir(dir), archive.VerifyOptions{Keys: keys})
+	if err != nil || len(rep.Problems) != 0 || rep.Runs != 1 || rep.Records != 2 || rep.Signed != 1 {
 		t.Fatalf("archive: %+v %v", rep, err)
 	}
 	if err := n.Ready(ctx); err != nil {

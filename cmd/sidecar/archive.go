@@ -39,7 +39,7 @@ Exit status:
 // unchanged, "sidecar archive events RUN_ID" prints an archived run's log.
 type ArchiveCommand struct{ m *Main }
 
-const archiveSynopsis = "archive verify --archive URL [--expect-head CHAIN] [--allow-empty] [-o json] | archive events --archive URL RUN_ID [--vocabulary core|noetl] [-o json]"
+const archiveSynopsis = "archive verify --archive URL [--archive-key-file FILE] [--expect-head CHAIN] [--allow-empty] [-o json] | archive events --archive URL [--archive-key-file FILE] RUN_ID [--vocabulary core|noetl] [-o json]"
 
 // Run implements "sidecar archive".
 func (c *ArchiveCommand) Run(ctx context.Context, args []string) error {
@@ -66,13 +66,30 @@ func (c *ArchiveCommand) Run(ctx context.Context, args []string) error {
 
 // archiveFlags are the flags every archive subcommand takes.
 type archiveFlags struct {
-	url    *string
-	output *string
+	url     *string
+	keyFile *string
+	output  *string
 }
 
 func (f *archiveFlags) register(fs *flag.FlagSet) {
 	f.url = fs.String("archive", envOr("SIDECAR_ARCHIVE", ""), "the archive: file:///dir or s3://bucket/prefix (env SIDECAR_ARCHIVE; S3 endpoint and credentials from the AWS variables, docs/retention.md)")
+	f.keyFile = fs.String("archive-key-file", envOr("SIDECAR_ARCHIVE_KEY_FILE", ""), "the keys serve signs manifests with (its --archive-key-file): every manifest from the first signed one on must be signed by one of them (env SIDECAR_ARCHIVE_KEY_FILE)")
 	f.output = fs.String("o", "text", "output format: text or json")
+}
+
+// keys loads --archive-key-file (nil without one).
+func (f *archiveFlags) keys(fs *flag.FlagSet) (*archive.Keys, error) {
+	if *f.keyFile == "" {
+		return nil, nil
+	}
+	if msg := checkSecretFile("--archive-key-file", *f.keyFile); msg != "" {
+		return nil, usageError(fs, "%s", msg)
+	}
+	ks, err := archive.LoadKeys(*f.keyFile)
+	if err != nil {
+		return nil, usageError(fs, "--archive-key-file: %v", err)
+	}
+	return ks, nil
 }
 
 // parse parses args (flags and positional arguments in any order) and
@@ -105,7 +122,7 @@ func (f *archiveFlags) parse(fs *flag.FlagSet, args []string) ([]string, archive
 }
 
 func (c *ArchiveCommand) verify(ctx context.Context, args []string) error {
-	fs := c.m.newFlagSet("archive verify", "archive verify --archive URL [--expect-head CHAIN] [--allow-empty] [-o json]")
+	fs := c.m.newFlagSet("archive verify", "archive verify --archive URL [--archive-key-file FILE] [--expect-head CHAIN] [--allow-empty] [-o json]")
 	var af archiveFlags
 	af.register(fs)
 	head := fs.String("expect-head", "", "a chain hash reported earlier (the archive's head then): the archive must still hold that manifest, so nothing up to it was dropped or rewritten")
@@ -122,7 +139,11 @@ func (c *ArchiveCommand) verify(ctx context.Context, args []string) error {
 	if len(pos) > 0 {
 		return usageError(fs, "unexpected argument %q", pos[0])
 	}
-	rep, err := archive.Verify(ctx, dest, archive.VerifyOptions{ExpectHead: *head, AllowEmpty: *allowEmpty})
+	keys, err := af.keys(fs)
+	if err != nil {
+		return err
+	}
+	rep, err := archive.Verify(ctx, dest, archive.VerifyOptions{ExpectHead: *head, AllowEmpty: *allowEmpty, Keys: keys})
 	if err != nil {
 		return errArchiveUnreadable{err}
 	}
@@ -144,6 +165,14 @@ func (c *ArchiveCommand) verify(ctx context.Context, args []string) error {
 		fmt.Fprintf(c.m.Stdout, "verified %s: %d manifests, %d segments, %d runs, %d records: %d problems\nhead %s\n",
 			escapeText(rep.Destination), rep.Manifests, rep.Segments, rep.Runs, rep.Records, len(rep.Problems), optional(rep.Head, "(empty archive)"))
 		fmt.Fprintf(c.m.Stdout, "catalog: %d shards match their manifests, %d missing (lookups read the manifests they would cover)\n", rep.CatalogShards, rep.CatalogMissing)
+		switch {
+		case keys == nil:
+			fmt.Fprintln(c.m.Stdout, "signatures: not checked (no --archive-key-file)")
+		case rep.FirstSigned > 1:
+			fmt.Fprintf(c.m.Stdout, "signatures: %d manifests signed from manifest %d on (1 to %d were written before the archive had keys)\n", rep.Signed, rep.FirstSigned, rep.FirstSigned-1)
+		default:
+			fmt.Fprintf(c.m.Stdout, "signatures: %d manifests signed\n", rep.Signed)
+		}
 	}
 	if len(rep.Problems) == 1 && rep.Problems[0].Code == archive.ProblemArchiveEmpty {
 		return fmt.Errorf("%s: no manifest in %s, nothing was verified: check --archive (directory, bucket, prefix), or pass --allow-empty for an archive nothing was written to yet",
@@ -156,7 +185,7 @@ func (c *ArchiveCommand) verify(ctx context.Context, args []string) error {
 }
 
 func (c *ArchiveCommand) events(ctx context.Context, args []string) error {
-	fs := c.m.newFlagSet("archive events", "archive events --archive URL RUN_ID [--vocabulary core|noetl] [-o json]")
+	fs := c.m.newFlagSet("archive events", "archive events --archive URL [--archive-key-file FILE] RUN_ID [--vocabulary core|noetl] [-o json]")
 	var af archiveFlags
 	af.register(fs)
 	vocabulary := fs.String("vocabulary", "", "print the log as Core Events Specification v1.0 events (core) or NoETL Runtime Event Model v10 events (noetl), one JSON object per line")
@@ -170,7 +199,11 @@ func (c *ArchiveCommand) events(ctx context.Context, args []string) error {
 	if *vocabulary != "" && *vocabulary != vocab.Core && *vocabulary != vocab.NoETL {
 		return usageError(fs, "--vocabulary must be %s or %s", vocab.Core, vocab.NoETL)
 	}
-	a, err := archive.Open(ctx, dest, archive.Options{})
+	keys, err := af.keys(fs)
+	if err != nil {
+		return err
+	}
+	a, err := archive.Open(ctx, dest, archive.Options{Keys: keys})
 	if err != nil {
 		return err
 	}

@@ -181,3 +181,56 @@ func TestArchiveCommand_Events(t *testing.T) {
 		t.Fatalf("unknown run: exit %d\n%s", code, errOut)
 	}
 }
+
+func TestArchiveCommand_VerifyKeys(t *testing.T) {
+	ctx := context.Background()
+	url, dir, r, _ := writeArchive(t) // manifest 1, written without keys
+	keyFile := filepath.Join(t.TempDir(), "archive.keys")
+	if err := os.WriteFile(keyFile, []byte("# the signing key\n"+strings.Repeat("k", 40)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := archive.LoadKeys(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// writeOne archives r's records again (a second copy, as the sidecar
+	// writes one) through an Archive with keys (nil: none).
+	writeOne := func(keys *archive.Keys) {
+		t.Helper()
+		a, err := archive.Open(ctx, archive.NewDir(dir), archive.Options{Keys: keys})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Write(ctx, []archive.Run{r}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeOne(keys) // manifest 2, signed
+
+	code, out, errOut := run(t, "archive", "verify", "--archive", url, "--archive-key-file", keyFile)
+	if code != exitOK || !strings.Contains(out, "signatures: 1 manifests signed from manifest 2 on (1 to 1 were written before the archive had keys)") {
+		t.Fatalf("signed from 2: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := run(t, "archive", "events", "--archive", url, "--archive-key-file", keyFile, "-o", "json", r.ID); code != exitOK || strings.Count(out, `"runSeq"`) != 4 {
+		t.Fatalf("events with the key: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, _ := run(t, "archive", "verify", "--archive", url); code != exitOK || !strings.Contains(out, "signatures: not checked (no --archive-key-file)") {
+		t.Fatalf("without the key: exit %d\n%s", code, out)
+	}
+
+	writeOne(nil) // manifest 3: chained and hashed, but not signed
+	code, out, errOut = run(t, "archive", "verify", "--archive", url, "--archive-key-file", keyFile)
+	if code != exitError || !strings.Contains(out, "PROBLEM ARCHIVE_MANIFEST_UNSIGNED manifests/000000000003.json") {
+		t.Fatalf("an unsigned manifest after a signed one: exit %d\n%s%s", code, out, errOut)
+	}
+
+	os.Chmod(keyFile, 0o644)
+	if code, _, errOut := run(t, "archive", "verify", "--archive", url, "--archive-key-file", keyFile); code != exitUsage || !strings.Contains(errOut, "chmod 600 "+keyFile) {
+		t.Fatalf("a key file others can read: exit %d\n%s", code, errOut)
+	}
+	short := filepath.Join(t.TempDir(), "short.keys")
+	os.WriteFile(short, []byte("short\n"), 0o600)
+	if code, _, errOut := run(t, "archive", "verify", "--archive", url, "--archive-key-file", short); code != exitUsage || !strings.Contains(errOut, "at least 32") {
+		t.Fatalf("a short key: exit %d\n%s", code, errOut)
+	}
+}

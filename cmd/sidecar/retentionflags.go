@@ -21,6 +21,8 @@ type retentionConfig struct {
 	Finished  time.Duration
 	PerTenant map[string]time.Duration
 	Archive   string
+	// KeyFile holds the keys manifests are signed with (archive.LoadKeys).
+	KeyFile string
 	// PasswordFile holds natsstore.RetentionUser's password on --nats-url.
 	PasswordFile string
 	// Store is the PostgreSQL URL of the retention role, with --store
@@ -41,6 +43,7 @@ func (c *retentionConfig) registerFlags(fs *flag.FlagSet) {
 		_ = fs.Set("retain-tenant", v)
 	}
 	stringFlag(fs, &c.Archive, "archive", "where finished runs are archived before they leave hot state: file:///dir or s3://bucket/prefix")
+	stringFlag(fs, &c.KeyFile, "archive-key-file", "file of keys (one a line, at least 32 bytes each, e.g. openssl rand -hex 32) the first of which signs every archive manifest written, so that archive verify can tell them from manifests added by anyone else with write access to --archive; the others check manifests signed before a rotation")
 	stringFlag(fs, &c.Store, "retention-store", "with --store postgres:// and --retain-finished: postgres://RETENTION_ROLE@host:port/database, the role that may remove finished runs (docs/postgres.md, Retention; password from PGPASSFILE or PGPASSWORD)")
 	fs.BoolVar(&c.Conductor, "retain-conductor", envOr(envName("retain-conductor"), "true") == "true", "with --retain-finished: also remove a removed run's workflow from Conductor (env "+envName("retain-conductor")+")")
 	stringFlag(fs, &c.PasswordFile, "retention-nats-password-file", "with --nats-url and --retain-finished: file with the password of NATS user "+natsstore.RetentionUser+", the only one that may remove runs (deploy/nats/sidecar.conf)")
@@ -52,8 +55,8 @@ func (c *retentionConfig) validate(postgres bool, natsURL string) []string {
 		p = append(p, "--retain-finished must be >= 0 (0: keep every run)")
 	}
 	if c.Finished == 0 {
-		if len(c.PerTenant) > 0 || c.Archive != "" || c.PasswordFile != "" || c.Store != "" {
-			p = append(p, "--retain-tenant, --archive, --retention-store and --retention-nats-password-file need --retain-finished")
+		if len(c.PerTenant) > 0 || c.Archive != "" || c.KeyFile != "" || c.PasswordFile != "" || c.Store != "" {
+			p = append(p, "--retain-tenant, --archive, --archive-key-file, --retention-store and --retention-nats-password-file need --retain-finished")
 		}
 		return p
 	}
@@ -61,6 +64,11 @@ func (c *retentionConfig) validate(postgres bool, natsURL string) []string {
 		p = append(p, "--retain-finished needs --archive: runs leave hot state only once archived")
 	} else if _, err := archive.ParseURL(c.Archive); err != nil {
 		p = append(p, "--archive: "+err.Error())
+	}
+	if c.KeyFile != "" {
+		if _, err := archive.LoadKeys(c.KeyFile); err != nil {
+			p = append(p, "--archive-key-file: "+err.Error())
+		}
 	}
 	switch {
 	case postgres && c.Store == "":
@@ -81,6 +89,13 @@ func (c *retentionConfig) validate(postgres bool, natsURL string) []string {
 // the retention user's credentials are added.
 func (c *retentionConfig) node(natsURL string, base []nats.Option) (node.Retention, error) {
 	r := node.Retention{Finished: c.Finished, PerTenant: c.PerTenant, Archive: c.Archive, Store: c.Store, Conductor: c.Conductor}
+	if c.KeyFile != "" {
+		ks, err := archive.LoadKeys(c.KeyFile)
+		if err != nil {
+			return r, fmt.Errorf("--archive-key-file: %w", err)
+		}
+		r.ArchiveKeys = ks
+	}
 	if c.Finished == 0 || natsURL == "" {
 		return r, nil
 	}

@@ -47,6 +47,7 @@ func (c *Config) secretFileProblems() []string {
 		{"--tokens-file", c.API.TokensFile},
 		{"--conductor-notify-secret-file", c.API.NotifySecretFile},
 		{"--retention-nats-password-file", c.Retention.PasswordFile},
+		{"--archive-key-file", c.Retention.KeyFile},
 	}
 	for _, s := range c.Bus.Sinks {
 		if f := s.Params["secret-file"]; f != "" {

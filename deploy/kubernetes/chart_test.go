@@ -310,10 +310,10 @@ func TestChart_AdoptAndRetention(t *testing.T) {
 		mounts map[string]string // secret name -> file the env points at
 	}{
 		{"NATS", []string{"replicated.yaml"}, []string{"taskProxy.adopt={orders,billing:3}", "taskProxy.adoptInterval=2s", "taskProxy.adoptOnStepFailure=pause", "taskProxy.maxUpstreamConnections=128", "conductor.maxConcurrentCalls=32",
-			"retention.finished=720h", "retention.archive=s3://archive/sidecar", "retention.conductor=false", "retention.natsPasswordSecret.name=nats-retention"},
+			"retention.finished=720h", "retention.archive=s3://archive/sidecar", "retention.conductor=false", "retention.natsPasswordSecret.name=nats-retention", "retention.archiveKeySecret.name=archive-keys"},
 			map[string]string{"SIDECAR_ADOPT": "orders,billing:3", "SIDECAR_ADOPT_INTERVAL": "2s", "SIDECAR_ADOPT_ON_STEP_FAILURE": "pause", "SIDECAR_CONDUCTOR_PROXY_MAX_UPSTREAM_CONNECTIONS": "128", "SIDECAR_CONDUCTOR_MAX_CONCURRENT_CALLS": "32", "SIDECAR_RETAIN_FINISHED": "720h",
 				"SIDECAR_ARCHIVE": "s3://archive/sidecar", "SIDECAR_RETAIN_CONDUCTOR": "false"},
-			map[string]string{"nats-retention": "SIDECAR_RETENTION_NATS_PASSWORD_FILE"}},
+			map[string]string{"nats-retention": "SIDECAR_RETENTION_NATS_PASSWORD_FILE", "archive-keys": "SIDECAR_ARCHIVE_KEY_FILE"}},
 		{"Postgres", []string{"postgres.yaml"}, []string{"store.passwordSecret.name=", "retention.finished=48h", "retention.archive=s3://archive/pg",
 			"retention.store=postgres://sidecar_retention@postgres.db.svc:5432/sidecar", "retention.passfileSecret.name=sidecar-pgpass"},
 			map[string]string{"SIDECAR_RETAIN_FINISHED": "48h", "SIDECAR_RETENTION_STORE": "postgres://sidecar_retention@postgres.db.svc:5432/sidecar",
