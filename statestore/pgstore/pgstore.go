@@ -17,8 +17,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -205,9 +207,15 @@ func (s *Store) Check(ctx context.Context) error {
 		return err
 	}
 	var version int
-	var missing []string
+	var missing, lacking []string
+	g := runtimeGrants()
 	err = s.pool.QueryRow(ctx, `SELECT coalesce((SELECT max(version) FROM schema_migrations), 0),
-		array(SELECT t FROM unnest($1::text[]) t WHERE to_regclass(t) IS NULL)`, tables).Scan(&version, &missing)
+		array(SELECT t FROM unnest($1::text[]) t WHERE to_regclass(t) IS NULL),
+		array(SELECT g.priv || ' on ' || g.obj FROM unnest($2::text[], $3::text[]) AS g(obj, priv)
+			WHERE NOT coalesce(has_table_privilege(to_regclass(g.obj), g.priv), true))
+		|| array(SELECT 'EXECUTE on ' || split_part(f, '(', 1) FROM unnest($4::text[]) f
+			WHERE NOT coalesce(has_function_privilege(to_regprocedure(f), 'EXECUTE'), true))`,
+		tables, g.objs, g.privs, g.funcs).Scan(&version, &missing, &lacking)
 	switch {
 	case err != nil:
 		return unavailable("check", err)
@@ -215,9 +223,36 @@ func (s *Store) Check(ctx context.Context) error {
 		return damaged(fmt.Sprintf("tables %v are missing: restore the database from a backup (the sidecar never drops a table)", missing), nil)
 	case version != all[len(all)-1].version:
 		return damaged(fmt.Sprintf("the schema is at version %d, this sidecar migrated it to %d: was the database restored from an older dump? restart the sidecar to migrate it", version, all[len(all)-1].version), nil)
+	case len(lacking) > 0:
+		return damaged(fmt.Sprintf("this role lacks %s, which serve needs: run sidecar migrate as the database's owner, which grants them again (docs/postgres.md, \"Roles\")", strings.Join(lacking, ", ")), nil)
 	}
 	return nil
 }
+
+// grants are privileges: each table's as pairs (objs[i], privs[i]), and
+// the functions that may be executed.
+type grants struct{ objs, privs, funcs []string }
+
+// runtimeGrants are the privileges grants.sql gives the runtime role,
+// which Check requires of serve's own role.
+var runtimeGrants = sync.OnceValue(func() grants {
+	var g grants
+	for _, m := range grantLine.FindAllStringSubmatch(grantsSQL, -1) {
+		if strings.HasPrefix(m[2], "FUNCTION ") {
+			g.funcs = append(g.funcs, strings.TrimPrefix(m[2], "FUNCTION "))
+			continue
+		}
+		for _, obj := range strings.Split(m[2], ",") {
+			for _, priv := range strings.Split(m[1], ",") {
+				g.objs, g.privs = append(g.objs, strings.TrimSpace(obj)), append(g.privs, strings.TrimSpace(priv))
+			}
+		}
+	}
+	return g
+})
+
+// grantLine is a line of grants.sql: GRANT privileges ON objects TO ...
+var grantLine = regexp.MustCompile(`(?m)^GRANT (.+?) ON (.+?) TO `)
 
 // tables are the tables the migrations create.
 var tables = []string{"schema_migrations", "runs", "run_events", "event_ids", "control_replies", "nats_pairing", "run_snapshots", "runtime_role", "retention_role"}

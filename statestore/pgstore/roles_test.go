@@ -170,3 +170,39 @@ func TestRoles_DocsQuoteTheSQL(t *testing.T) {
 		}
 	}
 }
+
+// TestRoles_CheckSeesARevokedPrivilege: /readyz's check fails while the
+// runtime role lacks a privilege every append or read needs (an
+// administrator's REVOKE), naming what is missing and the fix, and passes
+// again once sidecar migrate granted it back.
+func TestRoles_CheckSeesARevokedPrivilege(t *testing.T) {
+	ctx := context.Background()
+	r := migrated(t)
+	s := openDurable(t, r.RuntimeURL, prometheus.NewRegistry())
+	owner, err := pgx.Connect(ctx, r.OwnerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close(ctx)
+	for _, tc := range []struct{ revoke, want string }{
+		{`REVOKE EXECUTE ON FUNCTION append_event(text, text, text, text, text, bigint) FROM "` + r.Runtime + `"`, "EXECUTE on append_event"},
+		{`REVOKE SELECT ON run_events FROM "` + r.Runtime + `"`, "SELECT on run_events"},
+		{`REVOKE INSERT ON event_ids FROM "` + r.Runtime + `"`, "INSERT on event_ids"},
+	} {
+		if err := s.Check(ctx); err != nil {
+			t.Fatalf("before %s: %v", tc.revoke, err)
+		}
+		if _, err := owner.Exec(ctx, tc.revoke); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Check(ctx); !errors.Is(err, statestore.ErrDamaged) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "sidecar migrate") {
+			t.Fatalf("after %s: %v, want STORE_DAMAGED naming %q and sidecar migrate", tc.revoke, err, tc.want)
+		}
+		if _, err := pgstore.Migrate(ctx, r.OwnerURL, pgstore.MigrateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Check(ctx); err != nil {
+		t.Fatalf("after migrate granted them back: %v", err)
+	}
+}
