@@ -190,8 +190,8 @@ func TestE2E_Console(t *testing.T) {
 		{"stepId":"extract-c","executor":{"type":"command","argv":["sleep","11"]},"dependsOn":["prepare"]},
 		{"stepId":"publish","executor":{"type":"noop"},"dependsOn":["extract-a","extract-b","extract-c"]}]}`)
 	long := mustPlan(t, `{"planId":"`+uniq("e2e-console-long")+`","planVersion":"1","steps":[
-		{"stepId":"load-a","executor":{"type":"command","argv":["sleep","30"]}},
-		{"stepId":"load-b","executor":{"type":"command","argv":["sleep","30"]}},
+		{"stepId":"load-a","executor":{"type":"command","argv":["sleep","600"]}},
+		{"stepId":"load-b","executor":{"type":"command","argv":["sleep","600"]}},
 		{"stepId":"report","executor":{"type":"noop"},"dependsOn":["load-a","load-b"]}]}`)
 	startPlan := func(pl *plan.Plan, labels map[string]string) string {
 		started, err := p.client.Start(context.Background(), httpapi.StartRequest{TenantID: "acme", ProjectID: "data", EnvironmentID: "prod",
