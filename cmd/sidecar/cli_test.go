@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -333,5 +334,50 @@ func TestExamplePlans_Parse(t *testing.T) {
 		if _, err := plan.ParseFile(f); err != nil {
 			t.Errorf("%s: %v", f, err)
 		}
+	}
+}
+
+// TestRunSubmit_FailureNamesTheRequestID: a submit that fails after it may
+// have started the run (a 5xx answer, a connection cut) prints the
+// runRequestId it sent, so that the retry gets that run instead of
+// starting a second; a refusal (4xx) started nothing and says nothing of it.
+func TestRunSubmit_FailureNamesTheRequestID(t *testing.T) {
+	planFile := filepath.Join("..", "..", "deploy", "local", "plans", "diamond.yaml")
+	for _, tc := range []struct {
+		name   string
+		answer func(w http.ResponseWriter)
+		hint   bool
+	}{
+		{"StoreUnavailable", func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			w.Write([]byte(`{"code":"STORE_UNAVAILABLE","message":"registry: unavailable"}`))
+		}, true},
+		{"ConnectionCut", func(w http.ResponseWriter) {
+			conn, _, _ := w.(http.Hijacker).Hijack()
+			conn.Close()
+		}, true},
+		{"Refused", func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			w.Write([]byte(`{"code":"PLAN_INVALID","message":"no steps"}`))
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { tc.answer(w) }))
+			defer srv.Close()
+			code, _, errOut := run(t, "run", "submit", planFile, "--server", srv.URL, "--run-request-id", "req-7f3a")
+			if code != exitError || strings.Contains(errOut, "--run-request-id req-7f3a") != tc.hint {
+				t.Fatalf("exit %d stderr %q; want exit 1, the request id named: %v", code, errOut, tc.hint)
+			}
+			if !tc.hint {
+				return
+			}
+			// A generated id is the one named.
+			_, _, errOut = run(t, "run", "submit", planFile, "--server", srv.URL)
+			if _, after, ok := strings.Cut(errOut, "--run-request-id "); !ok || len(strings.Fields(after)[0]) != 36 {
+				t.Fatalf("stderr %q; want the generated UUID named", errOut)
+			}
+		})
 	}
 }

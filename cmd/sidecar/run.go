@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -44,7 +45,14 @@ func (c *RunCommand) Run(ctx context.Context, args []string) error {
 		TenantID: *tenant, ProjectID: *project, EnvironmentID: *env, RunRequestID: *requestID, Plan: p, Labels: labels,
 	})
 	if err != nil {
-		return err
+		var api *httpapi.Error
+		if errors.As(err, &api) && api.Status < 500 {
+			return err // refused: nothing was started
+		}
+		// The request may have started the run before it failed (a 5xx
+		// after Conductor's start, a connection cut): the same id gets it
+		// back instead of starting a second.
+		return fmt.Errorf("%w\nthe run may have started: repeat with --run-request-id %s to get it, or to start it once, not twice", err, *requestID)
 	}
 	if cf.structured() {
 		return cf.print(c.m.Stdout, started, started.RunID)
