@@ -191,6 +191,13 @@ func (c *Config) node(log *zap.Logger, own []string) (nc node.Config, err error)
 		if nc.Embedded.Password, err = c.NATS.password(); err != nil {
 			return nc, err
 		}
+		// Replicas sharing this server run retention as its retention
+		// user, with the same --retention-nats-password-file.
+		if c.Retention.Finished > 0 && c.Retention.PasswordFile != "" {
+			if nc.Embedded.RetentionPassword, err = (&natsConfig{PasswordFile: c.Retention.PasswordFile}).password(); err != nil {
+				return nc, fmt.Errorf("--retention-nats-password-file: %w", err)
+			}
+		}
 	}
 	if nc.Retention, err = c.Retention.node(c.NATSURL, nc.NATSOptions); err != nil {
 		return nc, err
@@ -298,7 +305,7 @@ func (c *Config) Validate() error {
 	p = append(p, c.Exec.validate()...)
 	p = append(p, c.Bus.validate()...)
 	p = append(p, c.Admission.validate()...)
-	p = append(p, c.Retention.validate(c.postgresStore(), c.NATSURL)...)
+	p = append(p, c.Retention.validate(c.postgresStore(), c.NATSURL, c.NATS.Listen)...)
 	p = append(p, c.secretFileProblems()...)
 	if len(p) > 0 {
 		return &ConfigValidationError{Problems: p}

@@ -49,7 +49,9 @@ func (c *retentionConfig) registerFlags(fs *flag.FlagSet) {
 	stringFlag(fs, &c.PasswordFile, "retention-nats-password-file", "with --nats-url and --retain-finished: file with the password of NATS user "+natsstore.RetentionUser+", the only one that may remove runs (deploy/nats/sidecar.conf)")
 }
 
-func (c *retentionConfig) validate(postgres bool, natsURL string) []string {
+// natsListen is the embedded server's --nats-listen, whose retention user
+// other replicas connect as with --retention-nats-password-file.
+func (c *retentionConfig) validate(postgres bool, natsURL, natsListen string) []string {
 	p := append([]string(nil), c.bad...)
 	if c.Finished < 0 {
 		p = append(p, "--retain-finished must be >= 0 (0: keep every run)")
@@ -80,6 +82,9 @@ func (c *retentionConfig) validate(postgres bool, natsURL string) []string {
 	}
 	if natsURL != "" && c.PasswordFile == "" {
 		p = append(p, "--retain-finished with --nats-url needs --retention-nats-password-file (user "+natsstore.RetentionUser+")")
+	}
+	if natsURL == "" && natsListen == "" && c.PasswordFile != "" {
+		p = append(p, "--retention-nats-password-file is for --nats-url (the retention user's password there) or --nats-listen (the password this replica's embedded server gives that user, for replicas sharing it); the embedded server without a listener makes its own")
 	}
 	return p
 }

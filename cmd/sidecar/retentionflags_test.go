@@ -4,9 +4,13 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // TestConfig_Retention: retention is off by default; --retain-finished
@@ -76,5 +80,34 @@ func TestConfig_Retention(t *testing.T) {
 	}
 	if r, err := cfg.Retention.node("", nil); err != nil || r.Store != "postgres://sidecar_retention@db/sidecar" || r.Conductor {
 		t.Fatalf("node's retention: %+v %v, want the retention store and Conductor off", r, err)
+	}
+}
+
+// TestConfig_RetentionPasswordOnTheEmbeddedListener: a replica whose
+// embedded server other replicas share (--nats-listen) gives the retention
+// user the password of --retention-nats-password-file, so that the others,
+// on --nats-url with the same file, can run retention too.
+func TestConfig_RetentionPasswordOnTheEmbeddedListener(t *testing.T) {
+	dir := t.TempDir()
+	pw, retPW := filepath.Join(dir, "nats.pw"), filepath.Join(dir, "retention.pw")
+	os.WriteFile(pw, []byte("sidecar-pw\n"), 0o600)
+	os.WriteFile(retPW, []byte("retention-pw\n"), 0o600)
+	cfg, err := parseServe([]string{"--listen", "127.0.0.1:0", "--data-dir", dir, "--nats-listen", "127.0.0.1:0", "--nats-password-file", pw,
+		"--retain-finished", "1h", "--archive", "file:///a", "--retention-nats-password-file", retPW})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := cfg.node(zap.NewNop(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeListeners(nc)
+	if nc.Embedded.Password != "sidecar-pw" || nc.Embedded.RetentionPassword != "retention-pw" {
+		t.Fatalf("embedded server's passwords: sidecar %q, retention %q; want the files'", nc.Embedded.Password, nc.Embedded.RetentionPassword)
+	}
+	// Without a listener nobody else connects: the flag has no use.
+	if _, err := parseServe([]string{"--listen", "127.0.0.1:0", "--data-dir", dir,
+		"--retain-finished", "1h", "--archive", "file:///a", "--retention-nats-password-file", retPW}); err == nil || !strings.Contains(err.Error(), "--retention-nats-password-file") {
+		t.Fatalf("the flag without --nats-url or --nats-listen: %v, want it refused", err)
 	}
 }
