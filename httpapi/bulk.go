@@ -435,14 +435,29 @@ func (s *Server) runBulk(ctx context.Context, f runlist.Filter, only map[string]
 		// events (two or three per run) before it can show the runs that
 		// started meanwhile: that is work under way, waited for up to
 		// bulkCatchUpWait, so that the outcomes are not lost.
-		wait, what := bulkSelectWait, "nothing more was done"
+		wait, what := bulkSelectWait, "nothing was done"
 		if round > 0 {
-			wait, what = bulkCatchUpWait, "the runs selected before were acted on; repeat the request (with a new Idempotency-Key) to act on runs that started meanwhile"
+			wait = bulkCatchUpWait
+			failed := 0
+			for _, o := range res.Runs {
+				if o.Error != nil {
+					failed++
+				}
+			}
+			what = fmt.Sprintf("%d of the %d runs selected were acted on (%d failed); repeat the request to see each one's outcome (those acted on answer as already done) and to act on runs that started meanwhile",
+				len(res.Runs)-failed, len(res.Runs), failed)
 		}
 		wctx, cancel := context.WithTimeout(ctx, wait)
 		through, err := s.opts.List.WaitIndexed(wctx)
 		cancel()
-		if err != nil {
+		var se *statestore.Error
+		switch {
+		case errors.Is(err, runlist.ErrUnavailable) && errors.As(err, &se):
+			// The log cannot be read: the store's own fault, not a list
+			// behind it.
+			return &apiError{status: http.StatusServiceUnavailable, Code: se.Code,
+				Message: fmt.Sprintf("the log cannot be read now; %s: %v", what, err), retryAfter: time.Second}
+		case err != nil:
 			return &apiError{status: http.StatusServiceUnavailable, Code: runlist.CodeSyncing,
 				Message: fmt.Sprintf("the run list did not catch up with the log in %s; %s: %v", wait, what, err), retryAfter: time.Second}
 		}

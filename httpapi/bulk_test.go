@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -244,5 +245,47 @@ func TestBulk_OnlyTheRunsNamed(t *testing.T) {
 	}
 	if n := len(c.pauses); n != 2 {
 		t.Fatalf("%d pauses, want the 2 named", n)
+	}
+}
+
+// TestBulk_LogUnreadable: a bulk action whose log cannot be read (the
+// store down) answers the store's own code, not RUN_LIST_SYNCING, and says
+// what it did: nothing before acting; after acting, how many runs it
+// acted on, so that the caller knows a repeat finds them already done.
+func TestBulk_LogUnreadable(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		downFrom string // "request": before the request; "pause": after the first pause
+		want     string
+	}{
+		{"BeforeActing", "request", "nothing was done"},
+		{"AfterActing", "pause", "1 of the 1 runs selected were acted on"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, srv := natstest.Start(t)
+			store, list := openListedLog(t, natstest.Connect(t, srv))
+			var once sync.Once
+			c := &startingControl{t: t, store: store, starts: func(string) []string {
+				if tc.downFrom == "pause" {
+					once.Do(srv.Shutdown)
+				}
+				return nil
+			}}
+			api := httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: store, List: list, Control: c, Logger: zaptest.NewLogger(t)}).Handler())
+			t.Cleanup(api.Close)
+			c.start("r1")
+			if _, err := list.WaitIndexed(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if tc.downFrom == "request" {
+				srv.Shutdown()
+			}
+			status, _, raw := postBulk(t, api, "pause", `{"labelSelector":"team=data","reason":"incident"}`)
+			var e httpapi.Error
+			_ = json.Unmarshal([]byte(raw), &e)
+			if status != http.StatusServiceUnavailable || e.Code != statestore.CodeStoreUnavailable || !strings.Contains(e.Message, tc.want) || strings.Contains(e.Message, "did not catch up") {
+				t.Fatalf("%d %s; want 503 %s saying %q", status, raw, statestore.CodeStoreUnavailable, tc.want)
+			}
+		})
 	}
 }
