@@ -213,11 +213,13 @@ func bulkRunIDs(ids []string) (map[string]bool, error) {
 // bulkFilter is the body's filter with the caller's scope added; a filter
 // outside the scope selects nothing (inScope false).
 func bulkFilter(r *http.Request, b *BulkRequest) (f runlist.Filter, inScope bool, err error) {
-	if b.Reason == "" {
-		return f, false, badRequest("reason", "a bulk action needs a reason (it is recorded in every run's event)")
-	}
-	if err := checkReason(b.Reason); err != nil {
-		return f, false, err
+	switch {
+	case b.Reason == "" && !b.DryRun:
+		return f, false, badRequest("reason", "a bulk action needs a reason (it is recorded in every run's event); a dry run needs none")
+	case b.Reason != "":
+		if err := checkReason(b.Reason); err != nil {
+			return f, false, err
+		}
 	}
 	none := b.LabelSelector == "" && b.PlanID == "" && b.PlanVersion == "" && b.TenantID == "" && b.ProjectID == "" && b.EnvironmentID == ""
 	if none && !b.All {

@@ -289,3 +289,18 @@ func TestBulk_LogUnreadable(t *testing.T) {
 		})
 	}
 }
+
+// TestBulk_DryRunNeedsNoReason: a dry run records nothing, so it needs no
+// reason; the action itself does.
+func TestBulk_DryRunNeedsNoReason(t *testing.T) {
+	c := &startingControl{starts: func(string) []string { return nil }}
+	srv := bulkEnv(t, c)
+	c.start("r1")
+	status, res, raw := postBulk(t, srv, "pause", `{"labelSelector":"team=data","dryRun":true}`)
+	if status != 200 || res.Counts["would_act"] != 1 {
+		t.Fatalf("dry run without a reason: %d %s, want 200 and the run it would pause", status, raw)
+	}
+	if status, _, raw := postBulk(t, srv, "pause", `{"labelSelector":"team=data"}`); status != 400 || !strings.Contains(raw, "needs a reason") {
+		t.Fatalf("pause without a reason: %d %s, want 400", status, raw)
+	}
+}
