@@ -133,11 +133,14 @@ func (n *Node) openRetention(ctx context.Context) error {
 		_ = arch.Close(ctx)
 		return err
 	}
-	// The run list's row leaves with its run, on every replica.
-	forget := []retention.Forgetter{n.list}
+	// Conductor's copy first: while Conductor does not remove it, the run
+	// stays whole in hot state, and so in the run list. Then the run list's
+	// row leaves with its run, on every replica.
+	var forget []retention.Forgetter
 	if rc.Conductor {
 		forget = append(forget, adapter.NewWorkflowRemover(n.conductor, n.store, n.log))
 	}
+	forget = append(forget, n.list)
 	// Every other per-run key leaves with the run too, forgotten by the
 	// package that owns it before the run's records are removed.
 	purger := natsstore.NewKeyPurger(rjs)

@@ -6,9 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -383,4 +387,67 @@ func TestNode_RetentionArchiveUnreadableAtStart(t *testing.T) {
 		}
 	}
 	t.Fatalf("no warning about the unreadable archive at start; warnings: %v", logs.All())
+}
+
+// TestNode_RetentionKeepsTheListedRunWhileConductorRefuses: a finished run
+// whose workflow Conductor does not remove (its store stalls) stays in hot
+// state, and so in the run list: the list's row leaves only with the run,
+// after Conductor's copy (docs/retention.md, "What a removal does").
+func TestNode_RetentionKeepsTheListedRunWhileConductorRefuses(t *testing.T) {
+	ctx := context.Background()
+	_, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "node-pw", RetentionPassword: "retention-pw", RetentionPermissions: retentionPermissions(), Permissions: natsstore.AllPermissions})
+	cfg := testConfig(t, srv.URL())
+	// Conductor's removal of a workflow fails: a front that answers it 500
+	// and passes everything else to the test Conductor.
+	target, err := url.Parse(cfg.ConductorURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: target.Scheme, Host: target.Host})
+	var refused atomic.Int64
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodDelete && strings.HasSuffix(r.URL.Path, "/remove") {
+			refused.Add(1)
+			http.Error(w, `{"status":500,"message":"HikariPool-1 - Connection is not available"}`, http.StatusInternalServerError)
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	cfg.ConductorURL = front.URL + target.Path
+	dir := filepath.Join(t.TempDir(), "archive")
+	cfg.Retention = Retention{Finished: time.Millisecond, Interval: 50 * time.Millisecond, Archive: "file://" + dir, Conductor: true,
+		NATSOptions: []nats.Option{nats.UserInfo(natsstore.RetentionUser, "retention-pw")}}
+	n := New(cfg, zaptest.NewLogger(t), prometheus.NewRegistry())
+	if err := n.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close(ctx) })
+	wf := startWorkflow(t, n.conductor)
+	started := storetest.Event("node-done", statestore.RunStarted, "")
+	started.Payload, _ = json.Marshal(statestore.RunStartedPayload{EngineRunRef: statestore.ConductorRunRef("wf", wf), EngineType: "conductor", StartedAt: time.Now().UTC().Format(time.RFC3339Nano)})
+	for _, w := range []*statestore.RunEventWrite{started, storetest.Event("node-done", statestore.RunCancelled, "")} {
+		if _, err := n.store.Append(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Archived, Conductor's removal refused.
+	for deadline := time.Now().Add(20 * time.Second); refused.Load() < 1; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("Conductor was asked to remove the workflow %d times in 20 s", refused.Load())
+		}
+	}
+	if recs, err := n.store.Fetch(ctx, "node-done", 0, 0); err != nil || len(recs) != 2 {
+		t.Fatalf("the run in the log: %d records, %v; want it whole", len(recs), err)
+	}
+	if _, err := n.list.WaitIndexed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	page, err := n.list.List(runlist.Filter{}, 0, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Runs) != 1 || page.Runs[0].RunID != "node-done" {
+		t.Fatalf("the run list while the run is still in hot state: %+v, want node-done", page.Runs)
+	}
 }
