@@ -23,12 +23,24 @@ type WorkflowRemover struct {
 	client *Client
 	log    RecordReader
 	logger *zap.Logger
+	// slots bound the removals Conductor works on at once
+	// (MaxRemovalsInFlight).
+	slots chan struct{}
 }
 
 // RecordReader reads a run's records; statestore.Store satisfies it.
 type RecordReader interface {
 	Fetch(ctx context.Context, runID string, afterSeq int64, limit int) ([]statestore.RunEventRecord, error)
 }
+
+// MaxRemovalsInFlight is how many workflow removals a WorkflowRemover has
+// Conductor work on at once: Conductor's SQLite store holds two connections
+// of its pool for one removal (the removal reads the workflow on a second
+// one), so a pool full of removals waiting for their second connection
+// never completes any (each fails after the pool's 30 s wait); the
+// connections beyond twice this many stay free for the workers' polls and
+// updates.
+const MaxRemovalsInFlight = 4
 
 // workflowRefPage is how many records ForgetRun reads at a time until it
 // has the run's engineRunRef (its RunStarted, among the first records).
@@ -39,7 +51,7 @@ func NewWorkflowRemover(client *Client, log RecordReader, logger *zap.Logger) *W
 	if logger == nil {
 		logger = zap.NewNop()
 	}
-	return &WorkflowRemover{client: client, log: log, logger: logger.Named("conductor-removal")}
+	return &WorkflowRemover{client: client, log: log, logger: logger.Named("conductor-removal"), slots: make(chan struct{}, MaxRemovalsInFlight)}
 }
 
 // ForgetRun removes runID's workflow from Conductor. A run the log does
@@ -56,7 +68,13 @@ func (w *WorkflowRemover) ForgetRun(ctx context.Context, runID string) error {
 	if id == "" {
 		return nil
 	}
+	select {
+	case w.slots <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("remove workflow %s of run %q from conductor: %w", id, runID, ctx.Err())
+	}
 	err = w.client.RemoveWorkflow(ctx, id)
+	<-w.slots
 	if errors.Is(err, ErrNotFound) {
 		return nil
 	}

@@ -4,6 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -119,5 +127,69 @@ func TestWorkflowRemover_SavesNoSnapshot(t *testing.T) {
 	}
 	if n := info.State.LastSeq; n != 0 {
 		t.Fatalf("the snapshot bucket took %d writes while the run's workflow was found and removed, want none", n)
+	}
+}
+
+// TestWorkflowRemover_BoundsRemovalsInFlight: however many runs retention
+// forgets at once, at most MaxRemovalsInFlight removals reach Conductor
+// together (Conductor's SQLite store takes two connections of its pool for
+// one removal, and a full pool of half-done removals never completes), and
+// every workflow is removed.
+func TestWorkflowRemover_BoundsRemovalsInFlight(t *testing.T) {
+	u := conductortest.URL(t)
+	ctx := context.Background()
+	target, err := url.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: target.Scheme, Host: target.Host})
+	var inFlight, peak atomic.Int64
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodDelete && strings.HasSuffix(r.URL.Path, "/remove") {
+			n := inFlight.Add(1)
+			defer inFlight.Add(-1)
+			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+			}
+			time.Sleep(100 * time.Millisecond) // a removal that takes a while
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	c := newClient(t, u, 5*time.Second)
+	viaFront := newClient(t, front.URL+target.Path, 5*time.Second)
+	log := memstore.New(statestore.ProjectorOptions{})
+	const runs = 12
+	wfs := make([]string, runs)
+	for i := range wfs {
+		_, _, wfs[i] = startTestWorkflow(t, c)
+		if err := c.Terminate(ctx, wfs[i], "test"); err != nil {
+			t.Fatal(err)
+		}
+		started := storetest.Event(fmt.Sprintf("run-%d", i), statestore.RunStarted, "")
+		started.Payload, _ = json.Marshal(statestore.RunStartedPayload{EngineRunRef: statestore.ConductorRunRef("wf", wfs[i]), EngineType: "conductor",
+			StartedAt: time.Now().UTC().Format(time.RFC3339Nano)})
+		if _, err := log.Append(ctx, started); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := NewWorkflowRemover(viaFront, log, zaptest.NewLogger(t))
+	var wg sync.WaitGroup
+	for i := range runs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f.ForgetRun(ctx, fmt.Sprintf("run-%d", i)); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if p := peak.Load(); p > MaxRemovalsInFlight || p < 2 {
+		t.Fatalf("%d removals reached Conductor at once, want 2 to %d", p, MaxRemovalsInFlight)
+	}
+	for _, wf := range wfs {
+		if _, err := c.Workflow(ctx, wf, false); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("workflow %s: %v, want removed", wf, err)
+		}
 	}
 }

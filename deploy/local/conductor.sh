@@ -422,7 +422,8 @@ write_properties() {
           printf 'spring.datasource.url=jdbc:sqlite:%s?busy_timeout=15000&journal_mode=WAL\n' "$(memory_db)"
           printf 'spring.datasource.username=\n'
           printf 'spring.datasource.password=\n'
-          printf 'spring.datasource.hikari.maximum-pool-size=4\n'
+          # a workflow's removal holds two connections (docs/conductor.md, "Stores")
+          printf 'spring.datasource.hikari.maximum-pool-size=10\n'
         else
           # conductor-redis-persistence on an in-process Redis mock; queues are dyno-queues on the
           # same mock (queue.type must not be redis_*, which would need a real Redis)
@@ -441,7 +442,8 @@ write_properties() {
         printf 'spring.datasource.url=jdbc:sqlite:%s/conductor.db?busy_timeout=15000&journal_mode=WAL\n' "$STATE_DIR"
         printf 'spring.datasource.username=\n'
         printf 'spring.datasource.password=\n'
-        printf 'spring.datasource.hikari.maximum-pool-size=4\n'
+        # a workflow's removal holds two connections (docs/conductor.md, "Stores")
+        printf 'spring.datasource.hikari.maximum-pool-size=10\n'
         ;;
       postgres)
         # conductor-postgres-persistence: metadata, executions and queues in PostgreSQL (its
