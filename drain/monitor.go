@@ -462,7 +462,7 @@ func (c *Controller) endDrain(ctx context.Context, snap *statestore.RunSnapshot)
 		// Counted by the replica whose append persisted: one alert between replicas.
 		c.opts.Metrics.drainEnded("timed_out", waited)
 		c.opts.Metrics.timeout()
-		c.logger.Warn("PAUSE_DRAIN_TIMEOUT: drain deadline passed with steps still running; the run is PAUSED and they keep running",
+		c.logger.Warn("PAUSE_DRAIN_TIMEOUT: drain deadline passed with steps still in flight (started, no outcome recorded); the run is PAUSED, and each ends in the log when its worker reports, or, if its worker died, when it restarts or Conductor's response timeout passes",
 			zap.String("code", statestore.PauseDrainTimeoutCode), zap.String("runId", runID), zap.Int64("cycle", now.Pause.Cycle),
 			zap.Strings("inFlightStepIds", inflight), zap.Duration("waited", waited))
 	}

@@ -813,7 +813,7 @@ func Message(s *statestore.RunSnapshot) string {
 	case s.Status == statestore.RunStatusPaused && len(s.HeldSteps()) > 0:
 		return fmt.Sprintf("Workflow paused: step %s failed. Retry it or cancel the run.", strings.Join(s.HeldSteps(), ", "))
 	case s.Status == statestore.RunStatusPaused && s.Pause != nil && s.Pause.DrainTimedOut && inFlight > 0:
-		return fmt.Sprintf("Workflow paused. Drain timed out (PAUSE_DRAIN_TIMEOUT); %d %s still running.", inFlight, plural(inFlight, "task", "tasks"))
+		return fmt.Sprintf("Workflow paused. Drain timed out (PAUSE_DRAIN_TIMEOUT); %d %s still in flight (started, no outcome recorded).", inFlight, plural(inFlight, "task", "tasks"))
 	case s.Status == statestore.RunStatusPaused && s.Pause != nil && s.Pause.DrainTimedOut:
 		return "Workflow paused. Drain timed out (PAUSE_DRAIN_TIMEOUT); the tasks it waited for have ended since. No tasks in flight."
 	case s.Status == statestore.RunStatusPaused:

@@ -275,7 +275,7 @@ func TestMessage(t *testing.T) {
 	timedOut := storetest.Event("r", statestore.RunDrainTimedOut, "")
 	mem.Append(ctx, storetest.WithPayload(timedOut, map[string]any{"code": statestore.PauseDrainTimeoutCode, "inFlightStepIds": []string{"a"}, "waitedSeconds": 300}))
 	s, _ = mem.ProjectSnapshot(ctx, "r")
-	if got := httpapi.Message(s); got != "Workflow paused. Drain timed out (PAUSE_DRAIN_TIMEOUT); 1 task still running." {
+	if got := httpapi.Message(s); got != "Workflow paused. Drain timed out (PAUSE_DRAIN_TIMEOUT); 1 task still in flight (started, no outcome recorded)." {
 		t.Fatalf("timed out, step running: got %q", got)
 	}
 	mem.Append(ctx, storetest.Event("r", statestore.StepCompleted, "a"))
