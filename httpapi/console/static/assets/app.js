@@ -454,7 +454,7 @@ async function renderRun(runId, signal) {
       const p = payloadOf(ev);
       let detail = p.reason || "";
       if (ev.eventType === "RunPaused") detail += `${detail ? "; " : ""}drain timeout ${p.drainTimeoutSeconds || "default"}s${p.resumeAt ? ", resumes at " + when(p.resumeAt) : ""}`;
-      if (ev.eventType === "RunDrainTimedOut") detail += `PAUSE_DRAIN_TIMEOUT after ${p.waitedSeconds}s; still running: ${(p.inFlightStepIds || []).join(", ")}`;
+      if (ev.eventType === "RunDrainTimedOut") detail += `PAUSE_DRAIN_TIMEOUT after ${p.waitedSeconds}s; still in flight: ${(p.inFlightStepIds || []).join(", ")}`;
       if (p.error) detail += `${detail ? "; " : ""}${p.error.code || ""} ${p.error.message || ""}`;
       timeline.append(h("tr", { class: CONTROL_EVENTS.has(ev.eventType) ? "control" : "" },
         h("td", { class: "num" }, String(ev.runSeq)), h("td", {}, when(ev.persistedAt)), h("td", {}, ev.eventType),
