@@ -135,7 +135,7 @@ Commands:
   pause     pause a run (draining):      sidecar pause RUN_ID [--timeout 5m] [--wait]
   resume    resume a paused run:         sidecar resume RUN_ID
   cancel    cancel a run:                sidecar cancel RUN_ID
-  retry     retry a step held after a failure (onStepFailure: pause), then resume:
+  retry     ready a held step's next attempt (onStepFailure: pause); resume runs it:
                                          sidecar retry RUN_ID STEP_ID
   bus       the event bus's sinks; dead letters and their replay:
                                          sidecar bus [deadletters [--sink S] | replay --sink S [--key K ...]]
