@@ -39,8 +39,18 @@ func openStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Strea
 	if st, err = BindStream(ctx, js, cfg.Name); err != nil {
 		return nil, unavailable("open stream "+cfg.Name, err)
 	}
-	if err := checkConfig(st.CachedInfo().Config, cfg); err != nil {
+	have := st.CachedInfo().Config
+	if err := checkConfig(have, cfg); err != nil {
 		return nil, err
+	}
+	// A stream created with retention on or off (purge allowed or denied)
+	// differs from cfg by that alone: what it means is decided by retention
+	// (STORE_NOT_REMOVABLE), not an older version's configuration. A create
+	// with the stream's own retention setting succeeds exactly then.
+	same := cfg
+	same.DenyPurge, same.Metadata = have.DenyPurge, have.Metadata
+	if _, err := js.CreateStream(ctx, same); err == nil {
+		return st, nil
 	}
 	log.Warn("the event stream keeps a configuration that differs from this version's; it keeps every guarantee of the log, and an administrator may align it (docs/jetstream.md)",
 		zap.String("stream", cfg.Name))

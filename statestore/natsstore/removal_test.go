@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
@@ -564,4 +566,45 @@ func TestRemover_KillChild(t *testing.T) {
 	})
 	err := r.RemoveRuns(context.Background(), removals(t, s, killBatch))
 	t.Fatalf("the removal ended without being killed: %v", err)
+}
+
+// TestOpen_RetentionSettingIsNoOtherVersion: a stream opened with
+// retention on after it was created without it (or the other way) is not
+// reported as another version's configuration: retention decides what the
+// difference means (STORE_NOT_REMOVABLE). Another difference still is.
+func TestOpen_RetentionSettingIsNoOtherVersion(t *testing.T) {
+	ctx := context.Background()
+	js, _ := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Permissions: natsstore.AllPermissions}) // an administrator changes the stream below
+	s, err := natsstore.Open(ctx, js, natsstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	core, logs := observer.New(zap.WarnLevel)
+	s, err = natsstore.Open(ctx, js, natsstore.Options{Removable: true, Logger: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if n := logs.FilterMessageSnippet("differs from this version's").Len(); n != 0 {
+		t.Fatalf("retention on a stream created without it: %d warnings of another version's configuration", n)
+	}
+	// An administrator's change: reported.
+	st, err := js.Stream(ctx, natsstore.DefaultStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.Description = "changed by hand"
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	s, err = natsstore.Open(ctx, js, natsstore.Options{Logger: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if n := logs.FilterMessageSnippet("differs from this version's").Len(); n != 1 {
+		t.Fatalf("a stream changed by hand: %d warnings, want 1", n)
+	}
 }
