@@ -1,6 +1,7 @@
 package runlist
 
 import (
+	"cmp"
 	"encoding/base64"
 	"math"
 	"slices"
@@ -53,12 +54,14 @@ type InFlightStep struct {
 	StartedAt string `json:"startedAt"`
 }
 
-// InFlightSteps are snapshot s's steps in flight.
+// InFlightSteps are snapshot s's steps in flight, each with the start of
+// its latest try (a step that was idle has run since its
+// RunStepTryStarted, not since its StepStarted).
 func InFlightSteps(s *statestore.RunSnapshot) []InFlightStep {
 	var out []InFlightStep
 	for i := range s.Steps {
 		if st := &s.Steps[i]; st.Status == statestore.StepStatusRunning && !st.Idle {
-			out = append(out, InFlightStep{StepID: st.StepID, StartedAt: st.StartedAt})
+			out = append(out, InFlightStep{StepID: st.StepID, StartedAt: cmp.Or(st.TryStartedAt, st.StartedAt)})
 		}
 	}
 	return out

@@ -391,8 +391,9 @@ func (f *follower) writeRow(ctx context.Context, t *tracked) error {
 	row := rowOf(t.snap, t.created, t.updated)
 	for i := range row.InFlightSteps {
 		// A step recorded as started from Conductor's report (a worker
-		// task in progress at adoption) has run since Conductor started it.
-		if at := t.engineStarts[row.InFlightSteps[i].StepID]; at != "" {
+		// task in progress at adoption) has run since Conductor started it,
+		// unless it was idle since and its latest try started later.
+		if at := t.engineStarts[row.InFlightSteps[i].StepID]; at != "" && t.snap.Step(row.InFlightSteps[i].StepID).TryStartedAt == "" {
 			row.InFlightSteps[i].StartedAt = at
 		}
 	}
@@ -543,9 +544,15 @@ func (f *follower) noteDurations(t *tracked, rs []statestore.RunEventRecord, bef
 		if st == nil || st.StartedAt == "" || st.CompletedAt != r.PersistedAt {
 			continue // a later attempt of the step is in the batch too
 		}
+		// The try that ended the step: from its RunStepTryStarted when the
+		// step was idle (its idle time is not its duration), else from its
+		// start (Conductor's, for a step recorded from its report).
 		startedAt, endedAt := st.StartedAt, st.CompletedAt
 		if at := t.engineStarts[r.StepID]; at != "" {
 			startedAt = at
+		}
+		if st.TryStartedAt != "" {
+			startedAt = st.TryStartedAt
 		}
 		if at := engineTime(r, `"engineEndedAt"`); at != "" {
 			endedAt = at

@@ -716,3 +716,32 @@ func TestList_DrainETAOfAStepAdoptedMidFlight(t *testing.T) {
 		t.Fatalf("the run view's ETA: drained in %s, want about 10s (60s steps, 50s run already)", left.Round(time.Second))
 	}
 }
+
+// TestList_DurationsOfAStepThatWasIdle: a step whose try ended without an
+// outcome (a restart handed it back, it sat out a pause) and ran again is
+// recorded with the duration of the try that ended it, from its
+// RunStepTryStarted, not with the time it sat idle; and a drain counts the
+// time such a step has run from that try's start.
+func TestList_DurationsOfAStepThatWasIdle(t *testing.T) {
+	f := newFixture(t)
+	l := f.open(runlist.Options{})
+	f.start("idle", "plan", nil)
+	f.event("idle", "plan", statestore.StepStarted, "work", 1, nil)
+	f.event("idle", "plan", statestore.RunStepTryEnded, "", 1, map[string]any{"stepId": "work", "stepLogicalAttemptId": 1, "reason": statestore.TryEndedWorkerRestarted})
+	time.Sleep(1500 * time.Millisecond) // idle
+	f.event("idle", "plan", statestore.RunStepTryStarted, "", 2, map[string]any{"stepId": "work", "stepLogicalAttemptId": 1})
+	snap, err := f.store.ProjectSnapshot(context.Background(), "idle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := runlist.InFlightSteps(snap)
+	if len(steps) != 1 || steps[0].StartedAt == snap.Step("work").StartedAt {
+		t.Fatalf("in flight %+v: want the step, its try's start (not StepStarted's, %s)", steps, snap.Step("work").StartedAt)
+	}
+	time.Sleep(200 * time.Millisecond) // the try runs
+	f.event("idle", "plan", statestore.StepCompleted, "work", 1, nil)
+	waitIndexed(t, l)
+	if got := l.Durations("plan", "2", "work"); len(got) != 1 || got[0] >= 1.4 {
+		t.Fatalf("durations %v, want one of about 0.2 s (the try that ran), not the 1.7 s since StepStarted", got)
+	}
+}

@@ -273,6 +273,9 @@ func apply(s *RunSnapshot, index *stepIndex, r *RunEventRecord) *InvalidTransiti
 			st := &s.Steps[i]
 			if st.Status == StepStatusRunning && st.LogicalAttemptID == p.StepLogicalAttemptID {
 				st.Idle = r.EventType == RunStepTryEnded
+				if r.EventType == RunStepTryStarted {
+					st.TryStartedAt = r.PersistedAt
+				}
 			}
 		}
 	case RunCompleted:
@@ -336,6 +339,7 @@ func applyStep(s *RunSnapshot, index *stepIndex, r *RunEventRecord) {
 		st.Status = StepStatusRunning
 		st.StartedAt = r.PersistedAt
 		st.RetryRequested = false
+		st.TryStartedAt = ""
 	case StepCompleted:
 		st.Status = StepStatusSuccess
 		st.CompletedAt = r.PersistedAt

@@ -138,6 +138,10 @@ type StepSnapshot struct {
 	// (RunStepTryEnded) until its next try starts (RunStepTryStarted): the
 	// step is not in flight, and a drain does not wait for it.
 	Idle bool `json:"idle,omitempty"`
+	// TryStartedAt is the persistedAt of the RunStepTryStarted that put an
+	// idle attempt in flight again: its latest try began then (empty: the
+	// attempt ran from its StepStarted without a break).
+	TryStartedAt string `json:"tryStartedAt,omitempty"`
 }
 
 // HeldSteps returns the ids of the steps held after a failure and not
