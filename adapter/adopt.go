@@ -486,3 +486,31 @@ func (r *Runs) subWorkflowIdle(ctx context.Context, id string, depth int) (bool,
 	}
 	return true, nil
 }
+
+// AdoptedOutside counts, by definition (NAME:VERSION), the active adopted
+// runs whose definition none of specs adopts: runs adopted by an earlier
+// process with other --adopt flags, whose tasks this one no longer records
+// (their end is still recorded by the run watcher). One read of the run
+// index per active run.
+func (r *Runs) AdoptedOutside(ctx context.Context, specs []AdoptSpec) (map[string]int, error) {
+	ids, err := r.ActiveRunIDs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	var errs []error
+	for _, id := range ids {
+		rec, _, err := r.get(ctx, id)
+		if err != nil {
+			if !errors.Is(err, ErrNotFound) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		if !rec.IsAdopted() || rec.State == RunStateFinal || slices.ContainsFunc(specs, func(s AdoptSpec) bool { return s.matches(rec.WorkflowName, rec.WorkflowVersion) }) {
+			continue
+		}
+		out[fmt.Sprintf("%s:%d", rec.WorkflowName, rec.WorkflowVersion)]++
+	}
+	return out, errors.Join(errs...)
+}

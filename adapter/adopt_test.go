@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -349,5 +350,39 @@ func TestRecordTasks_WorkerTaskEndedInsideAPauseWaitsForTheResume(t *testing.T) 
 	}
 	if got := typesOf(env.events(t, rec.RunID)); strings.Join(got, " ") != "RunStarted RunPaused RunResumed StepStarted:d1 StepCompleted:d1" {
 		t.Fatalf("log %v, want the step recorded after the resume", got)
+	}
+}
+
+// TestRuns_AdoptedOutside: the active adopted runs of definitions that no
+// spec adopts any more are counted by definition (serve warns of them at
+// start: their steps are no longer recorded); runs of adopted definitions,
+// finished runs and plan runs are not.
+func TestRuns_AdoptedOutside(t *testing.T) {
+	ctx := context.Background()
+	env := newNATS(t)
+	r, err := OpenRuns(ctx, env.connect(t), newClient(t, "http://127.0.0.1:1/api", 100*time.Millisecond), env.emitter, RunsOptions{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	adopt := func(name string, version int32) {
+		t.Helper()
+		wf := &model.Workflow{WorkflowId: uuid.NewString(), WorkflowName: name, WorkflowVersion: version, Status: "RUNNING", StartTime: 1_700_000_000_000}
+		if _, err := r.adoptRun(ctx, wf, AdoptedIdentity{TenantID: "t", ProjectID: "p", EnvironmentID: "e"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	adopt("orders", 1)
+	adopt("orders", 2)
+	adopt("billing", 1)
+	adopt("billing", 1)
+	got, err := r.AdoptedOutside(ctx, []AdoptSpec{{Name: "orders", Version: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int{"orders:1": 1, "billing:1": 2}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("adopted runs outside the specs: %v, want %v", got, want)
+	}
+	if got, err := r.AdoptedOutside(ctx, []AdoptSpec{{Name: "orders"}, {Name: "billing"}}); err != nil || len(got) != 0 {
+		t.Fatalf("every definition adopted: %v %v, want none", got, err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -196,6 +197,7 @@ func (n *Node) openWatcher(ctx context.Context) error {
 	if err := n.watcher.Open(ctx); err != nil {
 		return err
 	}
+	n.warnAdoptedOutside(ctx)
 	if n.adopter == nil {
 		return nil
 	}
@@ -394,4 +396,27 @@ func listenerAddr(addr string) (exec.Destination, error) {
 		return d, fmt.Errorf("listener address %q: %w", addr, err)
 	}
 	return d, nil
+}
+
+// warnAdoptedOutside says at start which in-flight adopted runs are of
+// definitions this process does not adopt (an --adopt dropped since they
+// were adopted): their tasks are no longer recorded, so their log will
+// miss steps; the run watcher still records their end.
+func (n *Node) warnAdoptedOutside(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	outside, err := n.runs.AdoptedOutside(ctx, n.cfg.Adopt.Specs)
+	if err != nil {
+		n.log.Warn("could not check the in-flight adopted runs against --adopt", zap.Error(err))
+	}
+	if len(outside) == 0 {
+		return
+	}
+	defs, runs := make([]string, 0, len(outside)), 0
+	for d, k := range outside {
+		defs, runs = append(defs, fmt.Sprintf("%s (%d)", d, k)), runs+k
+	}
+	slices.Sort(defs)
+	n.log.Warn("in-flight adopted runs of definitions this sidecar does not adopt: their tasks are no longer recorded, so their logs will miss steps (their end is still recorded); add --adopt NAME for them until they end (docs/workers.md, \"Adopting existing workflows\")",
+		zap.Int("runs", runs), zap.Strings("definitions", defs))
 }
