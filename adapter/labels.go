@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -40,11 +41,11 @@ func CheckLabels(labels map[string]string) []LabelProblem {
 	sort.Strings(keys)
 	for _, k := range keys {
 		if msg := checkLabelKey(k); msg != "" {
-			out = append(out, LabelProblem{Key: k, Message: msg})
+			out = append(out, LabelProblem{Key: shown(k), Message: msg})
 			continue
 		}
 		if v := labels[k]; v != "" && !labelName.MatchString(v) {
-			out = append(out, LabelProblem{Key: k, Message: fmt.Sprintf("value %q: at most 63 characters, letters, digits, '-', '_' or '.', starting and ending with a letter or digit", v)})
+			out = append(out, LabelProblem{Key: shown(k), Message: fmt.Sprintf("value %s: at most 63 characters, letters, digits, '-', '_' or '.', starting and ending with a letter or digit", quoted(v))})
 		}
 	}
 	return out
@@ -54,12 +55,34 @@ func checkLabelKey(k string) string {
 	name := k
 	if prefix, rest, ok := strings.Cut(k, "/"); ok {
 		if len(prefix) > 253 || !labelPrefix.MatchString(prefix) {
-			return fmt.Sprintf("key prefix %q: a DNS subdomain (lowercase letters, digits, '-', '.'), at most 253 characters", prefix)
+			return fmt.Sprintf("key prefix %s: a DNS subdomain (lowercase letters, digits, '-', '.'), at most 253 characters", quoted(prefix))
 		}
 		name = rest
 	}
 	if !labelName.MatchString(name) {
-		return fmt.Sprintf("key name %q: 1 to 63 characters, letters, digits, '-', '_' or '.', starting and ending with a letter or digit", name)
+		return fmt.Sprintf("key name %s: 1 to 63 characters, letters, digits, '-', '_' or '.', starting and ending with a letter or digit", quoted(name))
 	}
 	return ""
+}
+
+// maxShown is how many bytes of a label's key or value a problem quotes:
+// more than any valid one has (317 for a key), so a problem quotes a
+// valid-length input whole and only the start of a huge one.
+const maxShown = 320
+
+// quoted is s quoted, cut to maxShown bytes (at a rune boundary) with its
+// length said when longer: an answer does not send a huge input back.
+func quoted(s string) string {
+	if len(s) <= maxShown {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprintf("%s... (%d bytes)", strconv.Quote(strings.ToValidUTF8(s[:maxShown], "")), len(s))
+}
+
+// shown is a label key as a problem names it: cut as quoted cuts it.
+func shown(k string) string {
+	if len(k) <= maxShown {
+		return k
+	}
+	return strings.ToValidUTF8(k[:maxShown], "") + "..."
 }

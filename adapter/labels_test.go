@@ -40,3 +40,15 @@ func TestCheckLabels(t *testing.T) {
 		t.Fatalf("%d labels: %v", len(many), p)
 	}
 }
+
+// TestCheckLabels_LongInputIsNotEchoed: a problem with a huge key or value
+// quotes the start of it, not all of it (the answer and the logs stay small).
+func TestCheckLabels_LongInputIsNotEchoed(t *testing.T) {
+	huge := strings.Repeat("a", 70_000)
+	for _, labels := range []map[string]string{{"big": huge}, {huge: "x"}, {"example.com/" + huge: "x"}, {huge + "/x": "x"}} {
+		p := CheckLabels(labels)
+		if len(p) != 1 || len(p[0].Message) > 512 || len(p[0].Key) > 512 || !strings.Contains(p[0].Message, "70") {
+			t.Fatalf("%d problems, message %d bytes, key %d bytes; want one, each under 512 bytes, saying how long the input was", len(p), len(p[0].Message), len(p[0].Key))
+		}
+	}
+}
