@@ -308,7 +308,7 @@ func (w *Worker) recordOutcome(ctx context.Context, log *zap.Logger, a *Assignme
 	log = log.With(zap.String("eventType", ev.EventType))
 	if snap != nil {
 		if err := statestore.CheckTransition(snap, ev); err != nil {
-			log.Error("the step's outcome is not a valid transition from the run's state; not recording it", zap.Error(err))
+			logRefusedOutcome(log, snap, ev, err)
 			return err
 		}
 	}

@@ -669,8 +669,8 @@ func (w *Worker) emitEvent(log *zap.Logger, ev *statestore.RunEventWrite, lastSe
 		}
 		var done bool
 		if res, done, err = w.outcome(ctx, ev, st); !done {
-			if err := w.checkOutcome(ctx, ev); err != nil {
-				log.Error("the step's outcome is not a valid transition from the run's state; not recording it", zap.Error(err))
+			if snap, err := w.checkOutcome(ctx, ev); err != nil {
+				logRefusedOutcome(log, snap, ev, err)
 				return res, false, err
 			}
 			began = time.Now()
@@ -717,12 +717,26 @@ func (w *Worker) outcome(ctx context.Context, ev *statestore.RunEventWrite, st *
 // timeout): INVALID_TRANSITION, and the caller reports the log's outcome
 // instead. A state that cannot be read is left to the append, which fails
 // the same way.
-func (w *Worker) checkOutcome(ctx context.Context, ev *statestore.RunEventWrite) error {
+func (w *Worker) checkOutcome(ctx context.Context, ev *statestore.RunEventWrite) (*statestore.RunSnapshot, error) {
 	snap, err := w.runs.ProjectSnapshot(ctx, ev.RunID)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
-	return statestore.CheckTransition(snap, ev)
+	return snap, statestore.CheckTransition(snap, ev)
+}
+
+// logRefusedOutcome logs an outcome the run's state refused (err): as
+// the repeat it is when snap already has that very outcome for the
+// attempt (a worker that reports again, an update retried after its
+// forward failed), else as the error it is.
+func logRefusedOutcome(log *zap.Logger, snap *statestore.RunSnapshot, ev *statestore.RunEventWrite, err error) {
+	if st := snapStep(snap, ev.StepID); st != nil && st.LogicalAttemptID == ev.LogicalAttemptID &&
+		(ev.EventType == statestore.StepCompleted && st.Status == statestore.StepStatusSuccess ||
+			ev.EventType == statestore.StepFailed && st.Status == statestore.StepStatusFailed) {
+		log.Info("the step's outcome is already in the log (a repeated report); not recording it again")
+		return
+	}
+	log.Error("the step's outcome is not a valid transition from the run's state; not recording it", zap.Error(err))
 }
 
 // reportLogged reports to Conductor the outcome the log has for the
@@ -769,4 +783,12 @@ func (w *Worker) refuseForeign(t *model.Task, log *zap.Logger) {
 	log.Warn("task belongs to a workflow that is not its run's workflow; not running it")
 	w.opts.Metrics.handedBack(handBackForeign)
 	w.update(t, log, &model.TaskResult{Status: model.FailedWithTerminalErrorTask, ReasonForIncompletion: CodeForeignWorkflow + ": not the run's workflow"})
+}
+
+// snapStep is snap's step stepID (nil without snap or such a step).
+func snapStep(snap *statestore.RunSnapshot, stepID string) *statestore.StepSnapshot {
+	if snap == nil {
+		return nil
+	}
+	return snap.Step(stepID)
 }

@@ -1,0 +1,40 @@
+package taskworkers
+
+import (
+	"errors"
+	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// TestLogRefusedOutcome: an outcome the log already has for the attempt
+// (a report repeated after its first was recorded) is logged as the
+// repeat it is, not as an error; any other refused outcome is an error.
+func TestLogRefusedOutcome(t *testing.T) {
+	snap := &statestore.RunSnapshot{Steps: []statestore.StepSnapshot{{StepID: "s1", Status: statestore.StepStatusSuccess, LogicalAttemptID: 1}}}
+	refused := errors.New("INVALID_TRANSITION")
+	for _, tc := range []struct {
+		name      string
+		eventType string
+		logical   int64
+		snap      *statestore.RunSnapshot
+		want      zapcore.Level
+	}{
+		{"SameOutcome", statestore.StepCompleted, 1, snap, zapcore.InfoLevel},
+		{"OtherOutcome", statestore.StepFailed, 1, snap, zapcore.ErrorLevel},
+		{"OtherAttempt", statestore.StepCompleted, 2, snap, zapcore.ErrorLevel},
+		{"NoState", statestore.StepCompleted, 1, nil, zapcore.ErrorLevel},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			core, logs := observer.New(zapcore.DebugLevel)
+			logRefusedOutcome(zap.New(core), tc.snap, &statestore.RunEventWrite{EventType: tc.eventType, StepID: "s1", LogicalAttemptID: tc.logical}, refused)
+			if all := logs.All(); len(all) != 1 || all[0].Level != tc.want {
+				t.Fatalf("logged %v, want one line at %s", all, tc.want)
+			}
+		})
+	}
+}
