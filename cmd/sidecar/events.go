@@ -80,12 +80,24 @@ func (c *EventsCommand) print(output string, r *statestore.RunEventRecord) error
 		_, err = fmt.Fprintln(c.m.Stdout, string(b))
 		return err
 	}
-	step := "-"
+	step, which := "-", fmt.Sprintf("attempt %d.%d", r.LogicalAttemptID, r.EngineAttemptID)
 	if r.StepID != "" {
 		step = r.StepID
+	} else {
+		// A run-level event: its number counts events of its kind in the
+		// run (a pause's cycle, a try event's), and the step some of them
+		// concern is in the payload.
+		which = fmt.Sprintf("#%d", r.LogicalAttemptID)
+		var p struct {
+			StepID               string `json:"stepId"`
+			StepLogicalAttemptID int64  `json:"stepLogicalAttemptId"`
+		}
+		if json.Unmarshal(r.Payload, &p) == nil && p.StepID != "" {
+			step, which = p.StepID, fmt.Sprintf("attempt %d, #%d", p.StepLogicalAttemptID, r.LogicalAttemptID)
+		}
 	}
-	_, err := fmt.Fprintf(c.m.Stdout, "%6d  %-30s  %-20s  %-20s  attempt %d.%d\n",
-		r.RunSeq, escapeText(r.PersistedAt), escapeText(r.EventType), escapeText(step), r.LogicalAttemptID, r.EngineAttemptID)
+	_, err := fmt.Fprintf(c.m.Stdout, "%6d  %-30s  %-20s  %-20s  %s\n",
+		r.RunSeq, escapeText(r.PersistedAt), escapeText(r.EventType), escapeText(step), which)
 	return err
 }
 
