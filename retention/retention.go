@@ -135,6 +135,11 @@ type Retention struct {
 	tail  statestore.LogTail
 	queue runQueue
 	byRun map[string]*item
+	// unsure are the queued runs whose removal was sent and failed: it
+	// may have gone through (an answer lost after the commit). One found
+	// gone by a later pass counts as removed then. At most the queue's
+	// size: a run leaves the set when it is found gone or removed.
+	unsure map[string]bool
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -165,7 +170,7 @@ func New(log Log, arch Archive, rm Remover, opts Options) (*Retention, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Retention{log: log, archive: arch, remover: rm, opts: opts, logger: opts.Logger.Named("retention"), byRun: map[string]*item{}}, nil
+	return &Retention{log: log, archive: arch, remover: rm, opts: opts, logger: opts.Logger.Named("retention"), byRun: map[string]*item{}, unsure: map[string]bool{}}, nil
 }
 
 // Open starts the loop: a pass every Interval, backing off after failures.
@@ -270,7 +275,7 @@ func (r *Retention) Pass(ctx context.Context) (PassResult, error) {
 	}
 	var kept error
 	for {
-		batch, err := r.due(ctx)
+		batch, err := r.due(ctx, &res)
 		if err != nil {
 			// due looks each run up in the archive: a destination that is
 			// down fails here first, and must count as the archive failing.
@@ -297,8 +302,12 @@ func (r *Retention) Pass(ctx context.Context) (PassResult, error) {
 		}
 		if err != nil {
 			// Put back what was not removed, due now.
+			unsure := errors.Is(err, errRemoval)
 			for _, b := range left {
 				r.push(b.run.ID, b.tenant, r.opts.Now())
+				if unsure {
+					r.unsure[b.run.ID] = true
+				}
 			}
 			r.opts.Metrics.queue(len(r.queue))
 			return res, err
@@ -365,7 +374,7 @@ type candidate struct {
 // due pops due runs and returns up to BatchRuns of them that are ready to
 // leave, with their records; runs that are not (not terminal, or a record
 // arrived since) wait again or leave the queue.
-func (r *Retention) due(ctx context.Context) ([]candidate, error) {
+func (r *Retention) due(ctx context.Context, res *PassResult) ([]candidate, error) {
 	now := r.opts.Now()
 	var out []candidate
 	refreshed := false
@@ -389,7 +398,14 @@ func (r *Retention) due(ctx context.Context) ([]candidate, error) {
 			return out, err
 		}
 		if len(recs) == 0 {
-			continue // gone already
+			// Gone already: by a removal whose answer was lost, counted
+			// now, or by another replica's.
+			if r.unsure[it.runID] {
+				r.opts.Metrics.removedRun()
+				res.Removed++
+			}
+			delete(r.unsure, it.runID)
+			continue
 		}
 		// Ended, as its records say (see Log): the read saves no snapshot.
 		if snap, _ := statestore.Reduce(nil, recs); snap == nil || !statestore.IsTerminalRunStatus(snap.Status) {
@@ -495,12 +511,13 @@ func (r *Retention) archiveAndRemove(ctx context.Context, batch []candidate, res
 		if err := r.remover.RemoveRuns(ctx, removals); err != nil {
 			// Which of them left is not known: every one is tried again
 			// (removing a run again is harmless; a run found gone is
-			// skipped, uncounted).
+			// counted then, Pass's unsure).
 			r.opts.Metrics.failed(stepRemove)
-			return batch, fmt.Errorf("remove %d runs: %w", len(removals), err)
+			return batch, fmt.Errorf("%w %d runs: %w", errRemoval, len(removals), err)
 		}
-		for range removals {
+		for _, rm := range removals {
 			r.opts.Metrics.removedRun()
+			delete(r.unsure, rm.RunID)
 		}
 		res.Removed += len(removals)
 	}
@@ -510,6 +527,9 @@ func (r *Retention) archiveAndRemove(ctx context.Context, batch []candidate, res
 	}
 	return nil, nil
 }
+
+// errRemoval marks a failed RemoveRuns: its runs may have left.
+var errRemoval = errors.New("remove")
 
 // maxLoggedError bounds the error text of a pass-failure line: an error
 // from a store or destination may list every run of a batch.

@@ -631,3 +631,31 @@ func TestRetention_ARunThatCannotBeRemovedHoldsUpNoOther(t *testing.T) {
 	}
 	h.requireSafe(true)
 }
+
+// TestRetention_ARemovalWhoseAnswerWasLostIsCounted: a batch whose
+// removal went through but failed to answer (the store's connection cut
+// after the commit) is found gone by the next pass, which counts its runs
+// as removed: sidecar_retention_runs_removed_total matches the runs that
+// left.
+func TestRetention_ARemovalWhoseAnswerWasLostIsCounted(t *testing.T) {
+	ctx := context.Background()
+	h := newHot(t, 4, 0, nil)
+	reg := prometheus.NewRegistry()
+	metrics := retention.NewMetrics(reg)
+	lost := errors.New("connection cut after the commit")
+	r := h.retention(h.archive(nil), crashRemover{h.remover(), lost, true}, retention.Options{Metrics: metrics})
+	if _, err := r.Pass(ctx); !errors.Is(err, lost) {
+		t.Fatalf("got %v, want the lost answer", err)
+	}
+	h.requireSafe(true) // they did leave
+	res, err := r.Pass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(mustGauge(t, reg, "sidecar_retention_runs_removed_total")); got != 4 || res.Removed != 4 {
+		t.Fatalf("after the next pass: %v runs counted removed (pass %+v), want 4", got, res)
+	}
+	if res, err := r.Pass(ctx); err != nil || res.Removed != 0 {
+		t.Fatalf("a pass after that: %+v %v, want nothing more counted", res, err)
+	}
+}
