@@ -17,6 +17,11 @@ const (
 	// binary's and the connection's role may not migrate it: run sidecar
 	// migrate as the owner.
 	CodeMigrationNeeded = "STORE_MIGRATION_NEEDED"
+	// CodeSchemaNewer: the database's schema is newer than this binary's
+	// (a sidecar of a later version migrated it): this one must not write
+	// to, migrate or vouch for a log whose format it does not know. Run a
+	// sidecar of that version or newer.
+	CodeSchemaNewer = "STORE_SCHEMA_NEWER"
 	// CodeRecordMissing (sidecar verify): a run lacks a record between
 	// runSeq 1 and its last runSeq.
 	CodeRecordMissing = "LOG_RECORD_MISSING"
@@ -38,6 +43,8 @@ var (
 	ErrRoleRefused = &statestore.Error{Code: CodeRoleRefused}
 	// ErrMigrationNeeded matches every STORE_MIGRATION_NEEDED error.
 	ErrMigrationNeeded = &statestore.Error{Code: CodeMigrationNeeded}
+	// ErrSchemaNewer matches every STORE_SCHEMA_NEWER error.
+	ErrSchemaNewer = &statestore.Error{Code: CodeSchemaNewer}
 	// ErrChainBroken matches every LOG_CHAIN_BROKEN error.
 	ErrChainBroken = &statestore.Error{Code: CodeChainBroken}
 	// ErrRunNotFinished matches every RUN_NOT_FINISHED error.

@@ -26,7 +26,7 @@ func MigrateTo(ctx context.Context, url string, version int) error {
 			some = append(some, m)
 		}
 	}
-	_, _, err = migrateTo(ctx, pool, some, "", "")
+	_, _, _, err = migrateTo(ctx, pool, some, "", "")
 	return err
 }
 

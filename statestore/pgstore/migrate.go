@@ -119,8 +119,8 @@ func Migrate(ctx context.Context, url string, opts MigrateOptions) (Migrated, er
 	if err != nil {
 		return Migrated{}, err
 	}
-	out := Migrated{From: r.version, To: all[len(all)-1].version}
-	out.RuntimeRole, out.RetentionRole, err = migrateTo(ctx, pool, all, opts.RuntimeRole, opts.RetentionRole)
+	out := Migrated{To: all[len(all)-1].version}
+	out.From, out.RuntimeRole, out.RetentionRole, err = migrateTo(ctx, pool, all, opts.RuntimeRole, opts.RetentionRole)
 	return out, err
 }
 
@@ -168,29 +168,30 @@ func readRoles(ctx context.Context, pool *pgxpool.Pool) (roles, error) {
 // prefix of the list to make a database of an older version), each in its
 // own transaction, under an advisory lock; records runtime and retention
 // when set, and grants the recorded roles their privileges. It returns the
-// roles granted. A database at a version newer than this binary knows is
+// version it found under the lock (another migrate may have applied the
+// migrations while this one waited for it) and the roles granted. A database at a version newer than this binary knows is
 // refused (an older sidecar must not write to a log whose schema it does
 // not know).
-func migrateTo(ctx context.Context, pool *pgxpool.Pool, all []migration, runtime, retention string) (string, string, error) {
+func migrateTo(ctx context.Context, pool *pgxpool.Pool, all []migration, runtime, retention string) (int, string, string, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		return "", "", unavailable("migrate", err)
+		return 0, "", "", unavailable("migrate", err)
 	}
 	defer conn.Release()
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", migrationLock); err != nil {
-		return "", "", unavailable("migrate: lock", err)
+		return 0, "", "", unavailable("migrate: lock", err)
 	}
 	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", migrationLock) }()
 	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 		version int PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-		return "", "", unavailable("migrate: schema_migrations", err)
+		return 0, "", "", unavailable("migrate: schema_migrations", err)
 	}
 	var have int
 	if err := conn.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM schema_migrations").Scan(&have); err != nil {
-		return "", "", unavailable("migrate: read version", err)
+		return 0, "", "", unavailable("migrate: read version", err)
 	}
 	if latest := all[len(all)-1].version; have > latest {
-		return "", "", damaged(fmt.Sprintf("the database's schema is at version %d, newer than this sidecar's %d: run a sidecar of that version or newer", have, latest), nil)
+		return 0, "", "", schemaNewer(have, latest)
 	}
 	for _, m := range all {
 		if m.version <= have {
@@ -204,18 +205,18 @@ func migrateTo(ctx context.Context, pool *pgxpool.Pool, all []migration, runtime
 			return err
 		})
 		if err != nil {
-			return "", "", unavailable(fmt.Sprintf("migrate: apply %04d_%s", m.version, m.name), err)
+			return 0, "", "", unavailable(fmt.Sprintf("migrate: apply %04d_%s", m.version, m.name), err)
 		}
 	}
 	runtime, err = grantRole(ctx, conn.Conn(), "runtime_role", "--runtime-role", runtime, grantsSQL, `:"runtime"`, fitRuntime)
 	if err != nil {
-		return "", "", err
+		return 0, "", "", err
 	}
 	retention, err = grantRole(ctx, conn.Conn(), "retention_role", "--retention-role", retention, retentionGrantsSQL, `:"retention"`,
 		func(ctx context.Context, conn *pgx.Conn, role string) error {
 			return fitRetention(ctx, conn, role, runtime)
 		})
-	return runtime, retention, err
+	return have, runtime, retention, err
 }
 
 // grantRole records role in table (one row) when set, after fit accepts
@@ -303,4 +304,10 @@ func fitRole(ctx context.Context, conn *pgx.Conn, flag, role, fix string) error 
 
 func roleRefused(msg string) error {
 	return &statestore.Error{Code: CodeRoleRefused, Message: msg}
+}
+
+// schemaNewer is the STORE_SCHEMA_NEWER error of a database at version
+// have, past this binary's latest.
+func schemaNewer(have, latest int) error {
+	return &statestore.Error{Code: CodeSchemaNewer, Message: fmt.Sprintf("the database's schema is at version %d, newer than this sidecar's %d: a sidecar of a later version migrated it; run one of that version or newer", have, latest)}
 }

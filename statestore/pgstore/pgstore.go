@@ -169,11 +169,11 @@ func admit(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger) error {
 	canAlter := r.canAlter
 	switch {
 	case r.version > latest:
-		return damaged(fmt.Sprintf("the database's schema is at version %d, newer than this sidecar's %d: run a sidecar of that version or newer", r.version, latest), nil)
+		return schemaNewer(r.version, latest)
 	case r.runtime != "" && r.canAlter:
 		return roleRefused(fmt.Sprintf("connected as %s, which can alter the log (it owns run_events, is a member of its owner or a superuser): serve connects as the runtime role %s; only sidecar migrate connects as the owner (docs/postgres.md, \"Roles\")", r.user, r.runtime))
 	case r.version < latest && (r.canAlter || !r.logExists && r.canCreate):
-		if _, _, err := migrateTo(ctx, pool, all, "", ""); err != nil {
+		if _, _, _, err := migrateTo(ctx, pool, all, "", ""); err != nil {
 			return err
 		}
 		canAlter = true

@@ -69,7 +69,8 @@ func TestRecordsImmutable(t *testing.T) {
 }
 
 // TestMigrations: a second Open applies nothing; a database whose schema
-// is newer than the binary's is refused with STORE_DAMAGED and a fix.
+// is newer than the binary's is refused with STORE_SCHEMA_NEWER (a
+// rollout's order, not damage) and a fix, by serve, migrate and verify.
 func TestMigrations(t *testing.T) {
 	url := pgtest.URL(t)
 	open(t, url)
@@ -84,8 +85,46 @@ func TestMigrations(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = pgstore.Open(ctx, url, pgstore.Options{})
-	if !errors.Is(err, statestore.ErrDamaged) {
-		t.Fatalf("a newer schema: %v, want STORE_DAMAGED", err)
+	if !errors.Is(err, pgstore.ErrSchemaNewer) || errors.Is(err, statestore.ErrDamaged) || !strings.Contains(err.Error(), "9999") {
+		t.Fatalf("serve on a newer schema: %v, want STORE_SCHEMA_NEWER naming version 9999", err)
+	}
+	if _, err := pgstore.Migrate(ctx, url, pgstore.MigrateOptions{}); !errors.Is(err, pgstore.ErrSchemaNewer) {
+		t.Fatalf("migrate on a newer schema: %v, want STORE_SCHEMA_NEWER", err)
+	}
+	if _, err := pgstore.Verify(ctx, url, nil); !errors.Is(err, pgstore.ErrSchemaNewer) {
+		t.Fatalf("verify of a newer schema: %v, want STORE_SCHEMA_NEWER (it cannot vouch for a format it does not know)", err)
+	}
+}
+
+// TestMigrate_AtOnce: migrations started together on a fresh database
+// apply the schema once; one reports it migrated from version 0, the
+// others that there was nothing to apply.
+func TestMigrate_AtOnce(t *testing.T) {
+	url := pgtest.URL(t)
+	var wg sync.WaitGroup
+	got := make([]pgstore.Migrated, 3)
+	errs := make([]error, 3)
+	for i := range got {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i], errs[i] = pgstore.Migrate(context.Background(), url, pgstore.MigrateOptions{})
+		}()
+	}
+	wg.Wait()
+	fromZero := 0
+	for i, m := range got {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		if m.From == 0 {
+			fromZero++
+		} else if m.From != m.To {
+			t.Fatalf("migration %d: %+v, want from 0 or nothing to apply", i, m)
+		}
+	}
+	if fromZero != 1 {
+		t.Fatalf("%d of 3 migrations say they migrated from version 0: %+v", fromZero, got)
 	}
 }
 

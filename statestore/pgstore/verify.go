@@ -92,6 +92,11 @@ func Verify(ctx context.Context, url string, runIDs []string) (Verified, error) 
 	if err != nil {
 		return out, err
 	}
+	if all, err := migrations(); err != nil {
+		return out, err
+	} else if latest := all[len(all)-1].version; r.version > latest {
+		return out, schemaNewer(r.version, latest)
+	}
 	if r.version < chainVersion {
 		return out, &statestore.Error{Code: CodeMigrationNeeded, Message: fmt.Sprintf(
 			"the database's schema is at version %d, before the hash chain (%d): run sidecar migrate --store postgres://OWNER@host:port/database first", r.version, chainVersion)}
