@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
@@ -387,6 +389,13 @@ func (s *Server) controlRoute(action string, h func(http.ResponseWriter, *http.R
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		key, fp := replyKey(r, idem, body)
+		if s.unreleased.due(key) {
+			// This replica's own claim, of a request answered 5xx while
+			// the store was down: nothing runs it, so let it go now.
+			if err := s.opts.Replies.Release(r.Context(), key); err == nil {
+				s.unreleased.remove(key)
+			}
+		}
 		kept, err := s.opts.Replies.Claim(r.Context(), key, fp)
 		switch {
 		case errors.Is(err, ErrKeyReused):
@@ -420,7 +429,8 @@ func (s *Server) controlRoute(action string, h func(http.ResponseWriter, *http.R
 		defer cancel()
 		if buf.status >= 500 {
 			if err := s.opts.Replies.Release(ctx, key); err != nil {
-				s.log.Warn("could not release an idempotency key; a retry waits until the claim is stale", zap.Error(err))
+				s.unreleased.add(key)
+				s.log.Warn("could not release an idempotency key; a retry on this replica releases it, on another waits until the claim is stale", zap.Error(err))
 			}
 		} else if err := s.opts.Replies.Keep(ctx, key, fp, &Reply{Status: buf.status, Body: bytes.TrimSpace(buf.body.Bytes())}); err != nil {
 			s.log.Warn("could not keep the answer of an idempotent request; a retry runs it again", zap.Error(err))
@@ -533,4 +543,65 @@ func (c repliesSize) Collect(ch chan<- prometheus.Metric) {
 	info := st.CachedInfo()
 	ch <- prometheus.MustNewConstMetric(repliesBytesDesc, prometheus.GaugeValue, float64(info.State.Bytes))
 	ch <- prometheus.MustNewConstMetric(repliesMaxBytesDesc, prometheus.GaugeValue, float64(info.Config.MaxBytes))
+}
+
+// maxUnreleased bounds the keys a Server remembers it could not release:
+// beyond it the oldest is forgotten (its claim goes stale on its own).
+const maxUnreleased = 4096
+
+// releaseWithin is how long after its 5xx answer a claim this replica
+// could not release is released by a retry: well inside the minute after
+// which a claim is stale and another replica may take it over (whose
+// claim a later release would delete).
+const releaseWithin = 30 * time.Second
+
+// unreleasedKeys are the keys of claims a 5xx answer could not release,
+// with when, oldest first.
+type unreleasedKeys struct {
+	mu    sync.Mutex
+	at    map[string]time.Time
+	order []string
+}
+
+func (u *unreleasedKeys) add(key string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.at == nil {
+		u.at = map[string]time.Time{}
+	}
+	if _, ok := u.at[key]; !ok {
+		u.order = append(u.order, key)
+	}
+	u.at[key] = time.Now()
+	for len(u.order) > maxUnreleased {
+		delete(u.at, u.order[0])
+		u.order = u.order[1:]
+	}
+}
+
+// due reports whether key's claim is this replica's own, unreleased and
+// recent enough to release (releaseWithin); an older one is forgotten.
+func (u *unreleasedKeys) due(key string) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	at, ok := u.at[key]
+	if ok && time.Since(at) >= releaseWithin {
+		u.forget(key)
+		return false
+	}
+	return ok
+}
+
+func (u *unreleasedKeys) remove(key string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.forget(key)
+}
+
+func (u *unreleasedKeys) forget(key string) {
+	if _, ok := u.at[key]; !ok {
+		return
+	}
+	delete(u.at, key)
+	u.order = slices.DeleteFunc(u.order, func(k string) bool { return k == key })
 }

@@ -4,14 +4,22 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
+	"net/http"
+	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap/zaptest"
 
+	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/httpapi"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/memstore"
 	"github.com/conductor-sidecar/sidecar/statestore/pgstore"
 	"github.com/conductor-sidecar/sidecar/statestore/pgstore/pgtest"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
 // TestPostgresReplies_ExpiryAndStaleness: an answer is kept past
@@ -123,5 +131,71 @@ func TestPostgresReplies_BoundedBytes(t *testing.T) {
 	}
 	if r, err := replies.Claim(ctx, "bound-0", "fp"); r != nil || err != nil {
 		t.Fatalf("the oldest key: replayed %v, %v; want it evicted and claimed anew", r != nil, err)
+	}
+}
+
+// stoppingControl's first pause stops the cluster that keeps the control
+// replies, then fails as a pause does with its store down; the next ones
+// answer.
+type stoppingControl struct {
+	recordingControl
+	t       *testing.T
+	cluster *pgtest.Cluster
+	once    sync.Once
+}
+
+func (c *stoppingControl) Pause(ctx context.Context, runID string, req drain.PauseRequest) (*drain.State, error) {
+	failed := false
+	c.once.Do(func() {
+		c.cluster.Stop(c.t)
+		failed = true
+	})
+	if failed {
+		return nil, &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: "the store is down"}
+	}
+	return c.recordingControl.Pause(ctx, runID, req)
+}
+
+// TestPostgresReplies_ARetryAfterTheStoreCameBack: a 5xx answer given while
+// the replies' database was down could not release the key's claim; a
+// retry with the same key once the database is back runs the request (5xx
+// answers are not kept), instead of answering REQUEST_IN_PROGRESS until
+// the claim is stale.
+func TestPostgresReplies_ARetryAfterTheStoreCameBack(t *testing.T) {
+	ctx := context.Background()
+	cl := pgtest.Own(t)
+	store, err := pgstore.Open(ctx, cl.URL, pgstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	replies, err := httpapi.OpenPostgresReplies(ctx, store.Pool(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := memstore.New(statestore.ProjectorOptions{})
+	if _, err := runs.Append(ctx, storetest.Event("run-1", statestore.RunStarted, "")); err != nil {
+		t.Fatal(err)
+	}
+	control := &stoppingControl{t: t, cluster: cl}
+	srv := httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: runs, Control: control, Replies: replies, Logger: zaptest.NewLogger(t)}).Handler())
+	t.Cleanup(srv.Close)
+	e := &replayEnv{srv: srv}
+	if a := e.post(t, "/v1/runs/run-1/pause", "k1", `{"reason":"r"}`); a.status != http.StatusServiceUnavailable {
+		t.Fatalf("the pause while the store goes down: %+v, want 503", a)
+	}
+	cl.Start(t)
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if err := store.Check(ctx); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the store did not come back: %v", err)
+		}
+	}
+	if a := e.post(t, "/v1/runs/run-1/pause", "k1", `{"reason":"r"}`); a.status != http.StatusOK {
+		t.Fatalf("the retry with the same key once the store is back: %+v, want the pause run (200)", a)
+	}
+	if got := control.taken(); len(got) != 1 {
+		t.Fatalf("pauses that reached the controller after the first: %v, want 1", got)
 	}
 }

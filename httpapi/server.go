@@ -205,6 +205,11 @@ type Server struct {
 	allow map[string][]string // path pattern -> methods served
 
 	notifySecret [32]byte // the digest of Options.NotifySecret
+
+	// unreleased are the Idempotency-Keys whose claim a 5xx answer could
+	// not release (the replies' store down): a retry on this replica
+	// releases it first (idempotency.go).
+	unreleased unreleasedKeys
 }
 
 // NewServer returns a Server; Handler serves it, Open listens.
