@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/errcode"
+	"github.com/conductor-sidecar/sidecar/ratelog"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -183,7 +184,7 @@ type Controller struct {
 	mu     sync.Mutex // guards cancel and done (Open, Close)
 	cancel context.CancelFunc
 	done   chan struct{}
-	warns  warnLimiter // the monitor's warnings while the store is down
+	warns  ratelog.Limiter // the monitor's warnings while the store is down
 
 	// watched holds the runs whose drain is open, as far as this process
 	// knows: the monitor checks them every Interval. Pause adds its run,

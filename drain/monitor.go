@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -150,7 +149,7 @@ func (c *Controller) mark(ctx context.Context, runID string, cycle int64) {
 		return
 	}
 	if err := c.opts.Drains.MarkDraining(ctx, runID, cycle); err != nil && ctx.Err() == nil {
-		c.warns.warn(c.logger, "cannot mark a drain in the drain index; other replicas find it with their full pass", zap.String("runId", runID), zap.Error(err))
+		c.warns.Warn(c.logger, "cannot mark a drain in the drain index; other replicas find it with their full pass", zap.String("runId", runID), zap.Error(err))
 	}
 }
 
@@ -161,7 +160,7 @@ func (c *Controller) unwatch(ctx context.Context, runID string, cycle int64) {
 		return
 	}
 	if err := c.opts.Drains.EndDraining(ctx, runID, cycle); err != nil && ctx.Err() == nil {
-		c.warns.warn(c.logger, "cannot end a drain's mark in the drain index; it is read again", zap.String("runId", runID), zap.Error(err))
+		c.warns.Warn(c.logger, "cannot end a drain's mark in the drain index; it is read again", zap.String("runId", runID), zap.Error(err))
 	}
 }
 
@@ -171,7 +170,7 @@ func (c *Controller) readIndex(ctx context.Context) bool {
 	ids, err := c.opts.Drains.DrainingRunIDs(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			c.warns.warn(c.logger, "cannot read the drain index; drains of other replicas are found by the full pass until it works", zap.Error(err))
+			c.warns.Warn(c.logger, "cannot read the drain index; drains of other replicas are found by the full pass until it works", zap.Error(err))
 		}
 		return false
 	}
@@ -206,7 +205,7 @@ func (c *Controller) checkWatched(ctx context.Context) bool {
 		}
 	}
 	c.opts.Metrics.drainGauges(draining, inFlight)
-	c.warns.recovered(c.logger, "the drain monitor reads the store again")
+	c.warns.Recovered(c.logger, "the drain monitor reads the store again")
 	return true
 }
 
@@ -231,7 +230,7 @@ func (c *Controller) passStep(ctx context.Context, p *fullPass) bool {
 		ids, total, err := c.ownedRuns(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
-				c.warns.warn(c.logger, "cannot list active runs; the full pass waits until it works", zap.Error(err))
+				c.warns.Warn(c.logger, "cannot list active runs; the full pass waits until it works", zap.Error(err))
 			}
 			return false
 		}
@@ -332,7 +331,7 @@ func (c *Controller) scan(ctx context.Context) bool {
 	ids, _, err := c.ownedRuns(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			c.warns.warn(c.logger, "cannot list active runs; drains are not watched until it works", zap.Error(err))
+			c.warns.Warn(c.logger, "cannot list active runs; drains are not watched until it works", zap.Error(err))
 		}
 		return false
 	}
@@ -345,7 +344,7 @@ func (c *Controller) scan(ctx context.Context) bool {
 		counts.add(snap)
 	}
 	c.opts.Metrics.statusGauges(counts)
-	c.warns.recovered(c.logger, "the drain monitor reads the store again")
+	c.warns.Recovered(c.logger, "the drain monitor reads the store again")
 	return true
 }
 
@@ -367,7 +366,7 @@ func (c *Controller) check(ctx context.Context, runID string) (*statestore.RunSn
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			c.warns.warn(c.logger, "cannot read a run's state", zap.String("runId", runID), zap.Error(err))
+			c.warns.Warn(c.logger, "cannot read a run's state", zap.String("runId", runID), zap.Error(err))
 		}
 		return nil, err
 	}
@@ -398,7 +397,7 @@ func (c *Controller) check(ctx context.Context, runID string) (*statestore.RunSn
 		err := c.opts.Adopted.SyncEngineTasks(sctx, runID)
 		cancel()
 		if err != nil {
-			c.warns.warn(c.logger, "could not read an adopted run's tasks from Conductor; its drain stays open until a read works",
+			c.warns.Warn(c.logger, "could not read an adopted run's tasks from Conductor; its drain stays open until a read works",
 				zap.String("runId", runID), zap.Error(err))
 			return snap, nil
 		}
@@ -444,7 +443,7 @@ func (c *Controller) endDrain(ctx context.Context, snap *statestore.RunSnapshot)
 		return nil, nil // a step is still in flight and the deadline is ahead
 	})
 	if err != nil {
-		c.warns.warn(c.logger, "could not record the end of a drain; retrying", zap.String("runId", runID), zap.Error(err))
+		c.warns.Warn(c.logger, "could not record the end of a drain; retrying", zap.String("runId", runID), zap.Error(err))
 		return snap
 	}
 	if ended == "" {
@@ -467,39 +466,4 @@ func (c *Controller) endDrain(ctx context.Context, snap *statestore.RunSnapshot)
 			zap.Strings("inFlightStepIds", inflight), zap.Duration("waited", waited))
 	}
 	return now
-}
-
-// warnLimiter logs a warning at most once a minute, with the number of
-// warnings it held back since the last, so that a store that is down for
-// an hour costs 60 lines, not one per run every 250 ms.
-type warnLimiter struct {
-	mu       sync.Mutex
-	last     time.Time
-	held     int
-	degraded bool
-}
-
-func (l *warnLimiter) warn(log *zap.Logger, msg string, fields ...zap.Field) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.degraded = true
-	if time.Since(l.last) < time.Minute {
-		l.held++
-		return
-	}
-	if l.held > 0 {
-		fields = append(fields, zap.Int("warningsHeldBack", l.held))
-	}
-	l.last, l.held = time.Now(), 0
-	log.Warn(msg+" (logged at most once a minute)", fields...)
-}
-
-// recovered logs msg once after warnings, when things work again.
-func (l *warnLimiter) recovered(log *zap.Logger, msg string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.degraded {
-		l.degraded, l.held, l.last = false, 0, time.Time{}
-		log.Info(msg)
-	}
 }

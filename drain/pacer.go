@@ -204,7 +204,7 @@ func (c *Controller) resumeStaggered(ctx context.Context, e ScheduledResume) {
 		return
 	case err != nil:
 		if ctx.Err() == nil {
-			c.warns.warn(c.logger, "staggered resume: cannot read the run; retrying after the next read of the schedule", zap.String("runId", e.RunID), zap.Error(err))
+			c.warns.Warn(c.logger, "staggered resume: cannot read the run; retrying after the next read of the schedule", zap.String("runId", e.RunID), zap.Error(err))
 		}
 		c.pacer.untake(e.RunID, e.Cycle)
 		return

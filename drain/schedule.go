@@ -49,7 +49,7 @@ func (c *Controller) schedule(ctx context.Context, runID string, cycle int64, at
 		return
 	}
 	if err := c.opts.Schedule.ScheduleResume(ctx, ScheduledResume{RunID: runID, Cycle: cycle, At: at}); err != nil && ctx.Err() == nil {
-		c.warns.warn(c.logger, "cannot record a scheduled resume; the monitor's full pass resumes the run when it is due", zap.String("runId", runID), zap.Error(err))
+		c.warns.Warn(c.logger, "cannot record a scheduled resume; the monitor's full pass resumes the run when it is due", zap.String("runId", runID), zap.Error(err))
 	}
 }
 
@@ -62,7 +62,7 @@ func (c *Controller) readSchedule(ctx context.Context) bool {
 	entries, err := c.opts.Schedule.ScheduledResumes(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			c.warns.warn(c.logger, "cannot read the scheduled resumes; the full pass resumes due runs until it works", zap.Error(err))
+			c.warns.Warn(c.logger, "cannot read the scheduled resumes; the full pass resumes due runs until it works", zap.Error(err))
 		}
 		return false
 	}
@@ -124,14 +124,14 @@ func (c *Controller) resumeIfDue(ctx context.Context, snap *statestore.RunSnapsh
 	case errors.Is(err, statestore.ErrInvalidTransition):
 		// A failed step is held: an operator retries it (or cancels the
 		// run); the schedule cannot.
-		c.warns.warn(c.logger, "scheduled resume not possible: the run has a failed step held for an operator; the schedule is dropped",
+		c.warns.Warn(c.logger, "scheduled resume not possible: the run has a failed step held for an operator; the schedule is dropped",
 			zap.String("runId", snap.RunID), zap.Error(err))
 		if c.opts.Schedule != nil {
 			_ = c.opts.Schedule.EndResume(ctx, snap.RunID, p.Cycle)
 		}
 		return true
 	default:
-		c.warns.warn(c.logger, "scheduled resume failed; retrying", zap.String("runId", snap.RunID), zap.Error(err))
+		c.warns.Warn(c.logger, "scheduled resume failed; retrying", zap.String("runId", snap.RunID), zap.Error(err))
 		return false
 	}
 }
@@ -182,10 +182,10 @@ func (c *Controller) resumeLaterIfDue(ctx context.Context, snap *statestore.RunS
 		case err == nil, errors.As(err, &ee):
 			c.opts.Metrics.scheduledResume()
 		case errors.Is(err, statestore.ErrInvalidTransition):
-			c.warns.warn(c.logger, "staggered resume not possible: the run has a failed step held for an operator; dropped",
+			c.warns.Warn(c.logger, "staggered resume not possible: the run has a failed step held for an operator; dropped",
 				zap.String("runId", snap.RunID), zap.Error(err))
 		default:
-			c.warns.warn(c.logger, "staggered resume failed; retrying after the next read of the schedule", zap.String("runId", snap.RunID), zap.Error(err))
+			c.warns.Warn(c.logger, "staggered resume failed; retrying after the next read of the schedule", zap.String("runId", snap.RunID), zap.Error(err))
 			return false
 		}
 	}

@@ -108,7 +108,7 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) error {
 	probe.TLS = nil // the token must stand on its own: a session outlives the connection
 	p, err := s.opts.Auth.Authenticate(probe)
 	if err != nil {
-		if ok, heldBack := s.refusedLogins.take(time.Now()); ok {
+		if ok, heldBack := s.refusedLogins.Take(time.Now()); ok {
 			s.log.Warn("refused a console sign-in: the token is in no principal of the tokens file", zap.String("remoteAddr", r.RemoteAddr), zap.Int("refusedNotLogged", heldBack))
 		}
 		return errUnauthenticated(w)

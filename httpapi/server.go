@@ -30,6 +30,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/eventbus"
+	"github.com/conductor-sidecar/sidecar/ratelog"
 	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/tracing"
@@ -196,7 +197,7 @@ type Server struct {
 	serving  serving
 	sessions *sessions // the console's cookie sessions
 	// refusedLogins bounds the log of refused console sign-ins.
-	refusedLogins logEvery
+	refusedLogins ratelog.Limiter
 	// closing is cancelled when Close starts: list watches answer then
 	// instead of holding shutdown for the rest of their wait.
 	closing     context.Context

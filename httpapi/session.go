@@ -160,24 +160,3 @@ func sessionCookie(r *http.Request, id string, maxAge int, secure bool) *http.Co
 	return &http.Cookie{Name: SessionCookie, Value: id, Path: "/", HttpOnly: true, Secure: r.TLS != nil || secure,
 		SameSite: http.SameSiteStrictMode, MaxAge: maxAge}
 }
-
-// logEvery lets a line through at most once a minute and counts the ones
-// held back meanwhile. The zero value is ready.
-type logEvery struct {
-	mu      sync.Mutex
-	last    time.Time
-	skipped int
-}
-
-// take reports whether a line may be logged now, and how many were held
-// back since the last one.
-func (l *logEvery) take(now time.Time) (ok bool, heldBack int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.last.IsZero() && now.Sub(l.last) < time.Minute {
-		l.skipped++
-		return false, 0
-	}
-	heldBack, l.last, l.skipped = l.skipped, now, 0
-	return true, heldBack
-}
