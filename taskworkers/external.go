@@ -315,7 +315,7 @@ func (w *Worker) recordOutcome(ctx context.Context, log *zap.Logger, a *Assignme
 	began := time.Now()
 	_, err = w.events.Emit(ctx, ev)
 	w.opts.Metrics.eventWrite(ev.EventType, err, time.Since(began))
-	if err != nil {
+	if err != nil && !w.storeTrouble(log, err, "an outside worker's outcome was not recorded") {
 		log.Error("event not recorded", zap.Error(err))
 	}
 	return err

@@ -38,3 +38,24 @@ func TestLogRefusedOutcome(t *testing.T) {
 		})
 	}
 }
+
+// TestStoreTrouble: while the state store does not answer, every task's
+// line is one warning a minute for all of them; another error is left to
+// the caller to log.
+func TestStoreTrouble(t *testing.T) {
+	core, logs := observer.New(zapcore.DebugLevel)
+	log := zap.New(core)
+	w := &Worker{log: log}
+	down := &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: "dial tcp: connection refused"}
+	for range 50 {
+		if !w.storeTrouble(log, down, "cannot read a run's state") {
+			t.Fatal("a store that does not answer was not taken as such")
+		}
+	}
+	if w.storeTrouble(log, errors.New("INVALID_TRANSITION"), "x") {
+		t.Fatal("another error was taken for the store's")
+	}
+	if n := logs.Len(); n != 1 {
+		t.Fatalf("50 tasks while the store was down: %d lines, want 1", n)
+	}
+}

@@ -375,7 +375,9 @@ func (w *Worker) runState(t *model.Task, log *zap.Logger, a *Assignment) (snap *
 	case errors.Is(err, statestore.ErrNotFound):
 		return nil, func() { w.handBack(t, time.Second, "run not started yet") }
 	case err != nil:
-		log.Warn("cannot read the run's state; handing the task back", zap.Error(err))
+		if !w.storeTrouble(log, err, "cannot read a run's state; its task is handed back") {
+			log.Warn("cannot read the run's state; handing the task back", zap.Error(err))
+		}
 		return nil, func() { w.handBack(t, w.opts.HandBackAfter, "state unavailable") }
 	}
 	return snap, nil
@@ -577,8 +579,11 @@ func (w *Worker) keepOutcome(t *model.Task, log *zap.Logger, o keptOutcome, err 
 	o.retryCount, o.at = t.RetryCount, time.Now()
 	w.kept.keep(t.TaskId, o)
 	w.opts.Metrics.handedBack(handBackKept)
-	log.Warn("the outcome could not be recorded within the write budget; the task is handed back and the outcome recorded when Conductor offers it again",
-		zap.String("code", CodeStoreUnavailable), zap.Error(err))
+	if !w.storeTrouble(log, err, "an outcome could not be recorded within the write budget; its task is handed back and the outcome recorded when Conductor offers it again",
+		zap.String("code", CodeStoreUnavailable)) {
+		log.Warn("the outcome could not be recorded within the write budget; the task is handed back and the outcome recorded when Conductor offers it again",
+			zap.String("code", CodeStoreUnavailable), zap.Error(err))
+	}
 	w.handBack(t, w.opts.HandBackAfter, "outcome not recorded")
 }
 
@@ -680,11 +685,16 @@ func (w *Worker) emitEvent(log *zap.Logger, ev *statestore.RunEventWrite, lastSe
 		}
 	}
 	w.opts.Metrics.eventWrite(eventType, err, time.Since(began))
+	if err == nil {
+		w.storeDown.Recovered(w.log, "the state store answers again: the tasks handed back meanwhile are recorded as Conductor offers them again")
+	}
 	if err == nil || errors.Is(err, statestore.ErrRunChanged) {
 		return res, settled, err
 	}
 	if errors.Is(err, statestore.ErrSchemaValidation) || !failOpen {
-		log.Error("event not recorded", zap.Error(err))
+		if !w.storeTrouble(log, err, "an event was not recorded") {
+			log.Error("event not recorded", zap.Error(err))
+		}
 		return res, false, err
 	}
 	log.Warn("state store slow or down; StepStarted queued in the outbox", zap.Error(err))

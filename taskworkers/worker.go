@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/ratelog"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/tracing"
 )
@@ -199,6 +200,9 @@ type Worker struct {
 	outbox    *outbox
 	// kept holds outcomes the store did not take in time (kept.go).
 	kept keptOutcomes
+	// storeDown bounds the lines of tasks the state store did not answer
+	// for: one a minute, not one per task per offer (storeTrouble).
+	storeDown ratelog.Limiter
 	// external watches the external steps handed to outside workers
 	// (external.go).
 	external externalWatch
@@ -406,3 +410,16 @@ func (w *Worker) Close(ctx context.Context) error {
 // Interrupt cancels the running steps of runID on this process (see
 // Running.Interrupt).
 func (w *Worker) Interrupt(runID string) int { return w.running.Interrupt(runID) }
+
+// storeTrouble logs msg, err being the state store's failure to answer
+// (statestore.ErrUnavailable), as one warning a minute for every task
+// (each is handed back and nothing is lost: its outcome is kept or its
+// step gated again), and reports true; any other err is not logged here
+// (false).
+func (w *Worker) storeTrouble(log *zap.Logger, err error, msg string, fields ...zap.Field) bool {
+	if !errors.Is(err, statestore.ErrUnavailable) {
+		return false
+	}
+	w.storeDown.Warn(log, msg+": the state store does not answer", append(fields, zap.Error(err))...)
+	return true
+}
