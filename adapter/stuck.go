@@ -56,7 +56,8 @@ func (w *Watcher) setStuckGauge() {
 
 // checkSuspects looks again at the suspects whose time has come: a
 // workflow that is still RUNNING with every task terminal is one Conductor
-// forgot to decide (its decider queue lost it, or two decides raced); the
+// forgot to decide (its decider queue lost it, or two decides raced;
+// JOINs still in progress over finished branches count as done, allDone); the
 // watcher asks Conductor to decide it (PUT /workflow/decide/{id}), counts
 // sidecar_run_watcher_actions_total{action="decide"} and keeps it in
 // sidecar_run_watcher_stuck_runs until it moves, deciding again with a
@@ -97,7 +98,7 @@ func (w *Watcher) checkSuspect(ctx context.Context, runID string) error {
 	if err != nil {
 		return err
 	}
-	if wf.Status != model.RunningWorkflow || !allTerminal(wf.Tasks) {
+	if wf.Status != model.RunningWorkflow || !allDone(wf.Tasks) {
 		// Ended (the next check records it), paused, or work to do.
 		w.clearSuspect(runID)
 		if wf.Status != model.RunningWorkflow && wf.Status != model.PausedWorkflow {
@@ -124,18 +125,31 @@ func (w *Watcher) checkSuspect(ctx context.Context, runID string) error {
 	return nil
 }
 
-// allTerminal reports whether every task of a workflow is in a terminal
-// state (and there is at least one).
-func allTerminal(tasks []model.Task) bool {
-	if len(tasks) == 0 {
-		return false
-	}
+// allDone reports whether a workflow has nothing left to do but be
+// decided: every task is terminal, or only JOINs (EXCLUSIVE_JOINs) are
+// still in progress over tasks that are all terminal (a JOIN completes
+// when Conductor decides the workflow: one left in progress over finished
+// branches is a decide Conductor lost). At least one task that is not a
+// JOIN is needed.
+func allDone(tasks []model.Task) bool {
+	done := 0
 	for _, t := range tasks {
-		switch t.Status {
-		case model.CompletedTask, model.FailedTask, model.FailedWithTerminalErrorTask, "CANCELED", "SKIPPED", "TIMED_OUT", "COMPLETED_WITH_ERRORS":
+		switch {
+		case terminalTask(t.Status):
+			done++
+		case (t.TaskType == "JOIN" || t.TaskType == "EXCLUSIVE_JOIN") && t.Status == model.InProgressTask:
 		default:
 			return false
 		}
 	}
-	return true
+	return done > 0
+}
+
+// terminalTask reports whether a task in status s has ended.
+func terminalTask(s model.TaskResultStatus) bool {
+	switch s {
+	case model.CompletedTask, model.FailedTask, model.FailedWithTerminalErrorTask, "CANCELED", "SKIPPED", "TIMED_OUT", "COMPLETED_WITH_ERRORS":
+		return true
+	}
+	return false
 }

@@ -688,7 +688,7 @@ func (w *Watcher) checkRun(ctx context.Context, rec *Run, rev uint64, alive *run
 	case model.CompletedWorkflow, model.FailedWorkflow, model.TimedOutWorkflow, model.TerminatedWorkflow:
 		return w.finish(ctx, runID, rec.WorkflowID, string(wf.Status), wf.ReasonForIncompletion, w.parentCancelled(ctx, rec, wf))
 	case model.RunningWorkflow, model.PausedWorkflow:
-		if scanning && wf.Status == model.RunningWorkflow && allTerminal(wf.Tasks) {
+		if scanning && wf.Status == model.RunningWorkflow && allDone(wf.Tasks) {
 			w.suspectRun(runID)
 		}
 		return w.saw(ctx, rec, string(wf.Status))
