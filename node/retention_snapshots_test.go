@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"path/filepath"
 	"testing"
@@ -13,10 +12,8 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
-	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
-	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
 // TestNode_RetentionSavesNoSnapshot: serve's retention, with every
@@ -35,15 +32,8 @@ func TestNode_RetentionSavesNoSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = n.Close(ctx) })
-	wf := startWorkflow(t, n.conductor)
 	const id = "node-archived"
-	started := storetest.Event(id, statestore.RunStarted, "")
-	started.Payload, _ = json.Marshal(statestore.RunStartedPayload{EngineRunRef: statestore.ConductorRunRef("wf", wf), EngineType: "conductor", StartedAt: time.Now().UTC().Format(time.RFC3339Nano)})
-	for _, w := range []*statestore.RunEventWrite{started, storetest.Event(id, statestore.RunCancelled, "")} {
-		if _, err := n.store.Append(ctx, w); err != nil {
-			t.Fatal(err)
-		}
-	}
+	wf := cancelledRunOfWorkflow(t, n, id)
 	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
 		recs, err := n.store.Fetch(ctx, id, 0, 0)
 		if err != nil {

@@ -268,6 +268,22 @@ func TestNode_RetentionForgetsEveryRunKey(t *testing.T) {
 
 // startWorkflow starts, then terminates, a one-task workflow in the node's
 // Conductor and returns its id.
+// cancelledRunOfWorkflow appends a run of a new (terminated) workflow to
+// n's log, started and cancelled, and returns the workflow's id.
+func cancelledRunOfWorkflow(t *testing.T, n *Node, runID string) string {
+	t.Helper()
+	ctx := context.Background()
+	wf := startWorkflow(t, n.conductor)
+	started := storetest.Event(runID, statestore.RunStarted, "")
+	started.Payload, _ = json.Marshal(statestore.RunStartedPayload{EngineRunRef: statestore.ConductorRunRef("wf", wf), EngineType: "conductor", StartedAt: time.Now().UTC().Format(time.RFC3339Nano)})
+	for _, w := range []*statestore.RunEventWrite{started, storetest.Event(runID, statestore.RunCancelled, "")} {
+		if _, err := n.store.Append(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return wf
+}
+
 func startWorkflow(t *testing.T, c *adapter.Client) string {
 	t.Helper()
 	ctx := context.Background()
@@ -318,14 +334,7 @@ func TestNode_RetentionConductor(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = n.Close(ctx) })
-			wf := startWorkflow(t, n.conductor)
-			started := storetest.Event("node-done", statestore.RunStarted, "")
-			started.Payload, _ = json.Marshal(statestore.RunStartedPayload{EngineRunRef: statestore.ConductorRunRef("wf", wf), EngineType: "conductor", StartedAt: time.Now().UTC().Format(time.RFC3339Nano)})
-			for _, w := range []*statestore.RunEventWrite{started, storetest.Event("node-done", statestore.RunCancelled, "")} {
-				if _, err := n.store.Append(ctx, w); err != nil {
-					t.Fatal(err)
-				}
-			}
+			wf := cancelledRunOfWorkflow(t, n, "node-done")
 			deadline := time.Now().Add(20 * time.Second)
 			for {
 				recs, err := n.store.Fetch(ctx, "node-done", 0, 0)
@@ -423,14 +432,7 @@ func TestNode_RetentionKeepsTheListedRunWhileConductorRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = n.Close(ctx) })
-	wf := startWorkflow(t, n.conductor)
-	started := storetest.Event("node-done", statestore.RunStarted, "")
-	started.Payload, _ = json.Marshal(statestore.RunStartedPayload{EngineRunRef: statestore.ConductorRunRef("wf", wf), EngineType: "conductor", StartedAt: time.Now().UTC().Format(time.RFC3339Nano)})
-	for _, w := range []*statestore.RunEventWrite{started, storetest.Event("node-done", statestore.RunCancelled, "")} {
-		if _, err := n.store.Append(ctx, w); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cancelledRunOfWorkflow(t, n, "node-done")
 	// Archived, Conductor's removal refused.
 	for deadline := time.Now().Add(20 * time.Second); refused.Load() < 1; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
