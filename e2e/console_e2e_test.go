@@ -179,7 +179,8 @@ func TestE2E_Console(t *testing.T) {
 	if err := os.WriteFile(tokens, []byte("principals:\n"+opsEntry+viewEntry), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--tokens-file", tokens)
+	// Four 10-minute steps of the bulk runs and one of the late run run at once.
+	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--tokens-file", tokens, "--concurrency", "command=8")
 	p.client.Token = opsToken
 	base := "http://" + p.addr
 	team := uniq("console")
