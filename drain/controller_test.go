@@ -815,3 +815,62 @@ func TestFollower_ResumeInConductorRacesTheEnd(t *testing.T) {
 		t.Fatalf("last event %s, want RunFailed (nothing after it)", last)
 	}
 }
+
+// laggingReplica answers its next read with a snapshot a replica behind
+// the log would give (set stale), then reads the log again.
+type laggingReplica struct {
+	*memstore.Store
+	mu    sync.Mutex
+	stale *statestore.RunSnapshot
+}
+
+func (l *laggingReplica) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	l.mu.Lock()
+	stale := l.stale
+	l.stale = nil
+	l.mu.Unlock()
+	if stale != nil {
+		return stale, nil
+	}
+	return l.Store.ProjectSnapshot(ctx, runID)
+}
+
+// TestPause_ThroughAReplicaBehindTheLog: a pause whose replica reads the
+// run as it was before a resume (a JetStream replica lagging its leader)
+// takes it for a repeat of the pause before, records nothing, and must
+// not then bring Conductor to the resumed state and answer as if paused:
+// it pauses the run, in the log and in Conductor.
+func TestPause_ThroughAReplicaBehindTheLog(t *testing.T) {
+	ctx := context.Background()
+	mem, eng := setup(t, "s1")
+	lag := &laggingReplica{Store: mem}
+	c := drain.New(lag, emitter{mem}, eng, drain.Options{ActiveRuns: func(context.Context) ([]string, error) { return []string{"r"}, nil }, Logger: zaptest.NewLogger(t)})
+	if _, err := c.Pause(ctx, "r", drain.PauseRequest{Reason: "first"}); err != nil {
+		t.Fatal(err)
+	}
+	paused, err := mem.ProjectSnapshot(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Resume(ctx, "r", drain.ResumeRequest{Reason: "back"}); err != nil {
+		t.Fatal(err)
+	}
+	lag.mu.Lock()
+	lag.stale = paused // the next pause's replica has not seen the resume
+	lag.mu.Unlock()
+	st, err := c.Pause(ctx, "r", drain.PauseRequest{Reason: "second"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := mem.ProjectSnapshot(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng.mu.Lock()
+	last := eng.calls[len(eng.calls)-1]
+	eng.mu.Unlock()
+	if snap.Status != statestore.RunStatusPaused || snap.Pause.Cycle != 2 || st.Status != statestore.RunStatusPaused || last != "pause wf1" {
+		t.Fatalf("after the pause through the lagging replica: log %s (cycle %d), answered %s, Conductor's last call %q; want PAUSED at cycle 2 in all three",
+			snap.Status, snap.Pause.Cycle, st.Status, last)
+	}
+}

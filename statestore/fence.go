@@ -57,12 +57,21 @@ type FenceAppender interface {
 //		return statestore.NewEvent(s.Ref(), statestore.RunPaused, "", 1, cycle, statestore.RunPausedPayload{Reason: "maintenance"})
 //	})
 func Fenced(ctx context.Context, runs FenceReader, emit FenceAppender, runID string, decide func(*RunSnapshot) (*RunEventWrite, error)) (*RunSnapshot, AppendResult, error) {
+	confirmed := false
 	for try := 0; ; try++ {
 		snap, err := runs.ProjectSnapshot(ctx, runID)
 		if err != nil {
 			return nil, AppendResult{}, err
 		}
 		w, err := decide(snap)
+		if (err != nil || w == nil) && !confirmed {
+			// Nothing to write (or refused): no append's condition checks
+			// that decision, and the read may be behind the log (a
+			// JetStream replica lagging its leader answers reads). Decide
+			// again once on a read that sees every append before it.
+			confirmed, ctx = true, WithLatest(ctx)
+			continue
+		}
 		if err != nil || w == nil {
 			return snap, AppendResult{}, err
 		}
@@ -131,4 +140,23 @@ func (ta TryAppender) EmitIf(ctx context.Context, ev *RunEventWrite, lastSeq int
 		return res, RunChanged(ev.RunID, lastSeq, after.LastEventSeq)
 	}
 	return res, nil
+}
+
+// latestKey marks a context whose reads must see every append made before
+// them (WithLatest).
+type latestKey struct{}
+
+// WithLatest returns ctx marked for reads that see every append persisted
+// before they began, at some cost: a store whose reads may lag its writes
+// (a JetStream stream's replicas answer direct gets) confirms with its
+// leader. Fenced uses it for a decision that writes nothing.
+func WithLatest(ctx context.Context) context.Context {
+	return context.WithValue(ctx, latestKey{}, true)
+}
+
+// Latest reports whether ctx asks for reads that see every append
+// before them (WithLatest).
+func Latest(ctx context.Context) bool {
+	v, _ := ctx.Value(latestKey{}).(bool)
+	return v
 }

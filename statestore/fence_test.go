@@ -94,7 +94,9 @@ func TestFenced(t *testing.T) {
 // TestReadFirst: Fenced on a state the producer read before decides on it
 // without reading again, and when the run moved on since that read, the
 // conditional append is refused and the next decision is on the run's
-// state as the store has it.
+// state as the store has it; a decision to write nothing is made again on
+// a read that sees every append (WithLatest: no append's condition checks
+// it).
 func TestReadFirst(t *testing.T) {
 	ctx := context.Background()
 	mem := memstore.New(statestore.ProjectorOptions{})
@@ -119,8 +121,8 @@ func TestReadFirst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := fmt.Sprint(decided); got != "[RUNNING PAUSED]" {
-		t.Fatalf("decided on %s, want [RUNNING PAUSED] (the read handed in, then the store's)", got)
+	if got := fmt.Sprint(decided); got != "[RUNNING PAUSED PAUSED]" {
+		t.Fatalf("decided on %s, want [RUNNING PAUSED PAUSED] (the read handed in, the store's, its latest)", got)
 	}
 	if recs, _ := mem.Fetch(ctx, "r", 0, 0); len(recs) != 2 {
 		t.Fatalf("%d records, want 2 (RunCompleted refused)", len(recs))

@@ -520,6 +520,29 @@ func (s *Store) Fetch(ctx context.Context, runID string, afterSeq int64, limit i
 		return nil, unavailable("fetch", err)
 	}
 	base := s.prefix + "." + RunToken(runID)
+	out, err := s.fetch(ctx, runID, base, afterSeq, limit)
+	if err != nil || !statestore.Latest(ctx) || (limit > 0 && len(out) >= limit) {
+		return out, err
+	}
+	// A read that must see every append before it: what the direct gets
+	// (any replica) did not show, the leader does; usually one request
+	// that finds nothing.
+	last := afterSeq
+	if len(out) > 0 {
+		last = out[len(out)-1].RunSeq
+	}
+	if limit > 0 {
+		limit -= len(out)
+	}
+	more, err := s.leaderFetchFrom(ctx, runID, base+".>", uint64(max(last, 0))+1, limit)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, more...), nil
+}
+
+// fetch is Fetch's read through direct gets.
+func (s *Store) fetch(ctx context.Context, runID, base string, afterSeq int64, limit int) ([]statestore.RunEventRecord, error) {
 	if afterSeq <= 0 {
 		return s.fetchIndexed(ctx, runID, base, afterSeq, limit)
 	}
@@ -664,8 +687,12 @@ func (s *Store) fetchFilter(ctx context.Context, runID, filter string, afterSeq 
 // message API request per record: the way to read a run the direct gets
 // did not show, which is usually none (one request that finds nothing).
 func (s *Store) leaderFetch(ctx context.Context, runID, filter string, limit int) ([]statestore.RunEventRecord, error) {
+	return s.leaderFetchFrom(ctx, runID, filter, 1, limit)
+}
+
+// leaderFetchFrom is leaderFetch from stream sequence next on.
+func (s *Store) leaderFetchFrom(ctx context.Context, runID, filter string, next uint64, limit int) ([]statestore.RunEventRecord, error) {
 	out := []statestore.RunEventRecord{}
-	next := uint64(1)
 	for limit <= 0 || len(out) < limit {
 		mctx, cancel := s.withTimeout(ctx)
 		m, err := s.leaderMsg(mctx, directRequest{Seq: next, NextFor: filter})
