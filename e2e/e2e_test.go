@@ -416,3 +416,26 @@ func waitTerminalOr(p *proc, runID string, within time.Duration) *httpapi.RunVie
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// TestE2E_SIGTERMPastTheGraceExitsZero: a stop whose grace ends before a
+// running step (the documented path: the step is interrupted, its task
+// handed back) is a clean stop: exit 0, one line saying what was
+// interrupted, not an error.
+func TestE2E_SIGTERMPastTheGraceExitsZero(t *testing.T) {
+	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--shutdown-grace", "1s")
+	pl := mustPlan(t, `{"planId":"`+uniq("e2e-term-grace")+`","planVersion":"1","steps":[
+		{"stepId":"long","executor":{"type":"command","argv":["sleep","60"]}}]}`)
+	started := submit(t, p, pl, "req-1")
+	deadline := time.Now().Add(30 * time.Second)
+	for eventIndex(allEvents(t, p, started.RunID), statestore.StepStarted, "long", 0) < 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("step long never started")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	p.stop(syscall.SIGTERM)
+	logs, _ := os.ReadFile(p.log.Name())
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(string(logs), "interrupted and their tasks handed back") {
+		t.Fatalf("a stop past the grace exited %d; log:\n%s", code, logs[max(0, len(logs)-3000):])
+	}
+}

@@ -290,7 +290,16 @@ func (n *Node) Close(ctx context.Context) error {
 	closeParts := func(ctx context.Context, steps bool) {
 		for i := len(n.parts) - 1; i >= 0; i-- {
 			if p := n.parts[i]; p.steps == steps && p.close != nil {
-				if err := p.close(ctx); err != nil {
+				err := p.close(ctx)
+				if steps && err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+					// The grace ended first: the documented stop, not a
+					// failure. The steps still running were interrupted
+					// and their tasks handed back to Conductor.
+					n.log.Warn("the shutdown grace ended before every running step did: they were interrupted and their tasks handed back to Conductor, which gives them out again",
+						zap.String("part", p.name))
+					continue
+				}
+				if err != nil {
 					errs = append(errs, fmt.Errorf("%s: %w", p.name, err))
 				}
 			}
