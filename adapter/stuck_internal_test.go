@@ -12,7 +12,9 @@ import (
 // left in progress over finished branches is a decide Conductor lost); any
 // other task in progress or scheduled is work to do.
 func TestAllDone(t *testing.T) {
-	task := func(typ, status string) model.Task { return model.Task{TaskType: typ, Status: model.TaskResultStatus(status)} }
+	task := func(typ, status string) model.Task {
+		return model.Task{TaskType: typ, Status: model.TaskResultStatus(status)}
+	}
 	for _, tc := range []struct {
 		name  string
 		tasks []model.Task
