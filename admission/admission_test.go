@@ -391,3 +391,26 @@ func TestAdmission_TwoReplicas(t *testing.T) {
 		}
 	}
 }
+
+// TestAdmission_DelayedRunsAreSpacedOut: the k-th run over a limit at its
+// submission is put off k delays, whether the earlier ones were submitted
+// in the same decision or before it (a delayed run still waiting counts).
+func TestAdmission_DelayedRunsAreSpacedOut(t *testing.T) {
+	e := newEnv(t)
+	const delay = time.Hour // none of them starts during the test
+	c := e.open(admission.Options{Limits: admission.Limits{Global: 1}, Policy: admission.Delay, Delay: delay})
+	defer c.Close(context.Background())
+	if _, err := e.submit(c, "t1", "s-0"); err != nil {
+		t.Fatal(err)
+	}
+	for k := 1; k <= 3; k++ {
+		before := time.Now()
+		d, err := e.submit(c, "t1", fmt.Sprintf("s-%d", k))
+		if err != nil || d.State != statestore.RunStatusQueued {
+			t.Fatalf("run %d over the limit: %+v %v, want QUEUED", k, d, err)
+		}
+		if wait := d.NotBefore.Sub(before); wait < time.Duration(k)*delay-time.Minute || wait > time.Duration(k)*delay+time.Minute {
+			t.Fatalf("run %d over the limit is put off %s, want %d delays (%s)", k, wait.Round(time.Second), k, time.Duration(k)*delay)
+		}
+	}
+}

@@ -186,6 +186,7 @@ func (c *Controller) decide(ctx context.Context) error {
 			// (idempotent), whatever the load; it was admitted.
 		case e.State == stateDelayed:
 			if now.Before(e.NotBefore) {
+				over++ // still over: a later delayed run waits behind it
 				continue
 			}
 		case len(full) > 0 || behind:
