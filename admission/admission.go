@@ -275,9 +275,20 @@ func (c *Controller) Submit(ctx context.Context, req adapter.StartRequest, src *
 	b, _ := json.Marshal(e)
 	// The entry's ticket is the revision that creates it; the decider
 	// writes it into the entry at its first update.
-	if _, err := c.kv.Create(ctx, key, b); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+	_, err = c.kv.Create(ctx, key, b)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		// A repeat of a submitted request, which its entry answers; but a
+		// refusal is not kept: a repeat of a rejected request (as its
+		// Retry-After invites) is decided again, on the limits and load
+		// of now, as a new entry at the end of the order.
+		if old, gerr := c.get(ctx, key); gerr == nil && old.State == stateRejected {
+			if _, err := c.kv.Update(ctx, key, b, old.rev); err != nil && !errors.Is(err, jetstream.ErrKeyExists) && !isWrongSequence(err) {
+				return nil, unavailable("submit again", err)
+			}
+		}
+	} else if err != nil {
 		return nil, unavailable("submit", err)
-	} // exists: a repeat of a submitted request, which its entry answers
+	}
 	c.opts.Metrics.submitted()
 	return c.await(ctx, req, key)
 }
@@ -453,3 +464,10 @@ func (c *Controller) turnFor(tenant string) uint64 {
 // Streams are the JetStream streams admission keeps its state in: its
 // bucket's.
 func (c *Controller) Streams() []string { return []string{"KV_" + c.kv.Bucket()} }
+
+// isWrongSequence reports whether err is a KV update refused because the
+// key moved on since the revision given (another repeat updated it first).
+func isWrongSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+}

@@ -414,3 +414,24 @@ func TestAdmission_DelayedRunsAreSpacedOut(t *testing.T) {
 		}
 	}
 }
+
+// TestAdmission_ARejectedRequestRepeatedIsDecidedAgain: a start refused
+// over a limit and repeated with the same runRequestId (as the 429's
+// Retry-After invites) is decided again on the limits and load of then,
+// not answered with the first refusal.
+func TestAdmission_ARejectedRequestRepeatedIsDecidedAgain(t *testing.T) {
+	e := newEnv(t)
+	c := e.open(admission.Options{Limits: admission.Limits{PerTenant: 1}, Policy: admission.Reject})
+	if d, err := e.submit(c, "t1", "again-1"); err != nil || d.Started == nil {
+		t.Fatalf("first: %+v %v", d, err)
+	}
+	if _, err := e.submit(c, "t1", "again-2"); !errors.Is(err, admission.ErrRejected) {
+		t.Fatalf("over the limit: %v, want ADMISSION_REJECTED", err)
+	}
+	_ = c.Close(context.Background())
+	c = e.open(admission.Options{Limits: admission.Limits{PerTenant: 5}, Policy: admission.Reject}) // the limit raised
+	defer c.Close(context.Background())
+	if d, err := e.submit(c, "t1", "again-2"); err != nil || d.Started == nil {
+		t.Fatalf("the same request repeated under the raised limit: %+v %v, want it started", d, err)
+	}
+}
