@@ -133,18 +133,23 @@ func (c *BusCommand) replay(ctx context.Context, args []string) error {
 		return noBus(err)
 	}
 	if cf.output == "json" {
-		return printJSON(c.m.Stdout, res)
+		if err := printJSON(c.m.Stdout, res); err != nil {
+			return err
+		}
+	} else {
+		tw := tabwriter.NewWriter(c.m.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "KEY\tOUTCOME\tERROR")
+		for _, r := range res.Results {
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", escapeText(r.Key), escapeText(r.Outcome), escapeText(r.Error))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
 	}
-	tw := tabwriter.NewWriter(c.m.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tOUTCOME\tERROR")
-	for _, r := range res.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", escapeText(r.Key), escapeText(r.Outcome), escapeText(r.Error))
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	if res.Counts["failed"] > 0 {
-		return fmt.Errorf("%d of %d dead letters not delivered (kept)", res.Counts["failed"], len(res.Results))
+	// Exit 1 unless every dead letter asked for was delivered: one kept
+	// (failed again) or not found (another tenant's, or no such key).
+	if failed, missing := res.Counts["failed"], res.Counts["not_found"]; failed+missing > 0 {
+		return fmt.Errorf("%d of %d dead letters not delivered: %d failed again (kept), %d not found", failed+missing, len(res.Results), failed, missing)
 	}
 	return nil
 }

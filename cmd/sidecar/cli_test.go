@@ -410,3 +410,28 @@ func TestEvents_TableNamesTheStepOfRunLevelEvents(t *testing.T) {
 		t.Errorf("a run-level event's number shown as an attempt:\n%s", out.String())
 	}
 }
+
+// TestBusReplay_ExitStatus: a replay exits 0 only when every dead letter
+// asked for was delivered; one not found (another tenant's, or no such
+// key) or failed again exits 1, in text and in JSON.
+func TestBusReplay_ExitStatus(t *testing.T) {
+	for _, tc := range []struct {
+		answer string
+		want   int
+	}{
+		{`{"results":[{"key":"k1","outcome":"delivered"}],"counts":{"delivered":1}}`, exitOK},
+		{`{"results":[{"key":"k1","outcome":"not_found"}],"counts":{"not_found":1}}`, exitError},
+		{`{"results":[{"key":"k1","outcome":"failed","error":"500"}],"counts":{"failed":1}}`, exitError},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.Write([]byte(tc.answer))
+		}))
+		for _, o := range []string{"text", "json"} {
+			if code, out, errOut := run(t, "bus", "replay", "--sink", "hook", "--key", "k1", "--server", srv.URL, "-o", o); code != tc.want {
+				t.Errorf("%s, -o %s: exit %d, want %d\n%s%s", tc.answer, o, code, tc.want, out, errOut)
+			}
+		}
+		srv.Close()
+	}
+}
