@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -433,5 +435,58 @@ func TestAdmission_ARejectedRequestRepeatedIsDecidedAgain(t *testing.T) {
 	defer c.Close(context.Background())
 	if d, err := e.submit(c, "t1", "again-2"); err != nil || d.Started == nil {
 		t.Fatalf("the same request repeated under the raised limit: %+v %v, want it started", d, err)
+	}
+}
+
+// switchOwner owns the decider's key while owns is set.
+type switchOwner struct{ owns atomic.Bool }
+
+func (s *switchOwner) Owns(string) bool { return s.owns.Load() }
+
+// TestAdmission_OnlyTheDeciderReportsTheQueue: a replica that stops
+// deciding (another replica owns the decider now) reports an empty queue,
+// not the runs it saw queued last: dashboards take the max over replicas.
+func TestAdmission_OnlyTheDeciderReportsTheQueue(t *testing.T) {
+	e := newEnv(t)
+	reg := prometheus.NewRegistry()
+	owner := &switchOwner{}
+	owner.owns.Store(true)
+	c := e.open(admission.Options{Limits: admission.Limits{Global: 1}, Owner: owner, Metrics: admission.NewMetrics(reg)})
+	defer c.Close(context.Background())
+	if _, err := e.submit(c, "t1", "q-1"); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := e.submit(c, "t1", "q-2"); err != nil || d.State != statestore.RunStatusQueued {
+		t.Fatalf("second: %+v %v, want QUEUED", d, err)
+	}
+	queued := func() float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "sidecar_admission_queue_depth" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "state" && l.GetValue() == "queued" {
+						return m.GetGauge().GetValue()
+					}
+				}
+			}
+		}
+		return -1
+	}
+	for deadline := time.Now().Add(10 * time.Second); queued() != 1; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the decider reports %v queued, want 1", queued())
+		}
+	}
+	owner.owns.Store(false)
+	for deadline := time.Now().Add(10 * time.Second); queued() != 0; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("a replica that stopped deciding still reports %v queued", queued())
+		}
 	}
 }

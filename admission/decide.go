@@ -68,6 +68,10 @@ func (c *Controller) follow(ctx context.Context, w jetstream.KeyWatcher) {
 		}
 		if c.opts.Owner != nil && !c.opts.Owner.Owns(ownerKey) {
 			c.caughtUp = false // the next turn starts from the list again
+			// Only the decider reports the queue: a replica that stopped
+			// deciding shows none, not what it saw last (dashboards take
+			// the max over replicas).
+			c.opts.Metrics.depth(nil)
 			continue
 		}
 		if time.Now().Before(nextTry) {
