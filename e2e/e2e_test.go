@@ -234,13 +234,7 @@ func TestE2E_KillDuringStepThenRestart(t *testing.T) {
 			{StepID: "after", DependsOn: []string{"long"}, Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}},
 		}}
 		started := submit(t, p, pl, "req-1")
-		deadline := time.Now().Add(30 * time.Second)
-		for eventIndex(allEvents(t, p, started.RunID), statestore.StepStarted, "long", 0) < 0 {
-			if time.Now().After(deadline) {
-				t.Fatal("step long never started")
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		waitStepStarted(t, p, started.RunID, "long")
 		p.stop(syscall.SIGKILL) // kill -9 mid-step
 		p2 := startServe(t, dataDir, addr, store...)
 		v := waitTerminal(t, p2, started.RunID, 120*time.Second)
@@ -324,13 +318,7 @@ func TestE2E_SIGTERMLetsRunningStepFinish(t *testing.T) {
 		{"stepId":"slow","executor":{"type":"command","argv":["sleep","2"]}},
 		{"stepId":"next","executor":{"type":"noop"},"dependsOn":["slow"]}]}`)
 	started := submit(t, p, pl, "req-1")
-	deadline := time.Now().Add(30 * time.Second)
-	for eventIndex(allEvents(t, p, started.RunID), statestore.StepStarted, "slow", 0) < 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("step slow never started")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitStepStarted(t, p, started.RunID, "slow")
 	began := time.Now()
 	p.stop(syscall.SIGTERM) // graceful: the 5s grace exceeds the step's remaining time
 	if took := time.Since(began); took < time.Second {
@@ -426,16 +414,21 @@ func TestE2E_SIGTERMPastTheGraceExitsZero(t *testing.T) {
 	pl := mustPlan(t, `{"planId":"`+uniq("e2e-term-grace")+`","planVersion":"1","steps":[
 		{"stepId":"long","executor":{"type":"command","argv":["sleep","60"]}}]}`)
 	started := submit(t, p, pl, "req-1")
-	deadline := time.Now().Add(30 * time.Second)
-	for eventIndex(allEvents(t, p, started.RunID), statestore.StepStarted, "long", 0) < 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("step long never started")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitStepStarted(t, p, started.RunID, "long")
 	p.stop(syscall.SIGTERM)
 	logs, _ := os.ReadFile(p.log.Name())
 	if code := p.cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(string(logs), "interrupted and their tasks handed back") {
 		t.Fatalf("a stop past the grace exited %d; log:\n%s", code, logs[max(0, len(logs)-3000):])
+	}
+}
+
+// waitStepStarted waits (30 s at most) until the log of runID has the
+// StepStarted of stepID.
+func waitStepStarted(t *testing.T, p *proc, runID, stepID string) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); eventIndex(allEvents(t, p, runID), statestore.StepStarted, stepID, 0) < 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("step %s never started", stepID)
+		}
 	}
 }
