@@ -44,11 +44,19 @@ func TestE2E_DrainDetectionBurst(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := w; i < burstRuns; i += 8 {
-				ids[i] = submit(t, p, pl, uniq(fmt.Sprintf("req-%d", i))).RunID
+				started, err := trySubmit(t, p, pl, uniq(fmt.Sprintf("req-%d", i)))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				ids[i] = started.RunID
 			}
 		}()
 	}
 	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
 	for _, id := range ids {
 		sidecartest.WaitFor(t, "every step to start", 2*time.Minute, func() bool {
 			return eventIndex(allEvents(t, p, id), statestore.StepStarted, "work", 0) >= 0

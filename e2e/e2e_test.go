@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
 	"github.com/conductor-sidecar/sidecar/httpapi"
@@ -52,15 +54,36 @@ func startServe(t *testing.T, dataDir, addr string, extra ...string) *proc {
 // stop sends sig and waits until the process has ended.
 func (p *proc) stop(sig syscall.Signal) { p.serve.Stop(sig) }
 
+// submit starts pl as a client would: an answer that says retry (a 5xx,
+// 429, or RUN_START_IN_PROGRESS) is repeated with the same runRequestId for
+// up to two minutes, so a Conductor slow to answer on a loaded machine costs
+// the test time, not its verdict. The start itself is not what these tests
+// check; its idempotency is (adapter: TestRuns_StartRun, TestRuns_CrashRecovery
+// and the chaos test).
 func submit(t *testing.T, p *proc, pl *plan.Plan, requestID string) *httpapi.Started {
 	t.Helper()
-	started, err := p.client.Start(context.Background(), httpapi.StartRequest{
-		TenantID: "t-e2e", ProjectID: "p-e2e", EnvironmentID: "test", RunRequestID: requestID, Plan: pl,
-	})
+	started, err := trySubmit(t, p, pl, requestID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return started
+}
+
+// trySubmit is submit without t.Fatal, for goroutines.
+func trySubmit(t *testing.T, p *proc, pl *plan.Plan, requestID string) (*httpapi.Started, error) {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		started, err := p.client.Start(context.Background(), httpapi.StartRequest{
+			TenantID: "t-e2e", ProjectID: "p-e2e", EnvironmentID: "test", RunRequestID: requestID, Plan: pl,
+		})
+		var apiErr *httpapi.Error
+		if err == nil || !errors.As(err, &apiErr) || time.Now().After(deadline) ||
+			(apiErr.Status < 500 && apiErr.Status != http.StatusTooManyRequests && apiErr.Code != adapter.CodeRunStartInProgress) {
+			return started, err
+		}
+		t.Logf("start %s: %v; repeating it with the same runRequestId", requestID, err)
+		time.Sleep(time.Second)
+	}
 }
 
 // waitTerminal polls the run until it is terminal and returns its view.

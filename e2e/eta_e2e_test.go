@@ -43,13 +43,21 @@ func TestE2E_DrainETA(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				id := submit(t, p, pl, uniq("req")).RunID
+				started, err := trySubmit(t, p, pl, uniq("req"))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				id := started.RunID
 				mu.Lock()
 				ids = append(ids, id)
 				mu.Unlock()
 			}()
 		}
 		wg.Wait()
+		if t.Failed() {
+			t.FailNow()
+		}
 		return ids
 	}
 	for _, id := range startN(history) {

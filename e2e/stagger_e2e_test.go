@@ -48,11 +48,19 @@ func TestE2E_StaggeredResumeKeepsItsRate(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := w; i < staggerRuns; i += 8 {
-				ids[i] = submit(t, p, pl, uniq(fmt.Sprintf("req-%d", i))).RunID
+				started, err := trySubmit(t, p, pl, uniq(fmt.Sprintf("req-%d", i)))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				ids[i] = started.RunID
 			}
 		}()
 	}
 	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
 	defer func() {
 		_, _ = p.client.Bulk(ctx, "cancel", httpapi.BulkRequest{PlanID: pl.PlanID, Reason: "test over"})
 	}()
