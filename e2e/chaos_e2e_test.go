@@ -679,16 +679,16 @@ func (ch *chaos) check(s *summary, r *chaosRun) {
 	if wf.Status != want {
 		var tasks []string
 		for _, task := range wf.Tasks {
-			tasks = append(tasks, fmt.Sprintf("%s#%d %s (worker %s) %q", task.Ref, task.RetryCount, task.Status, task.WorkerID, task.Reason))
+			tasks = append(tasks, fmt.Sprintf("%s#%d %s (worker %s) %q", task.ReferenceTaskName, task.RetryCount, task.Status, task.WorkerID, task.ReasonForIncompletion))
 		}
 		var types []string
 		for _, e := range evs {
 			types = append(types, fmt.Sprintf("%s/%s/%d.%d", e.EventType, e.StepID, e.LogicalAttemptID, e.EngineAttemptID))
 		}
-		violate("Conductor's workflow is %s (%q), want %s; tasks: %s; log: %s", wf.Status, wf.Reason, want, strings.Join(tasks, ", "), strings.Join(types, " "))
+		violate("Conductor's workflow is %s (%q), want %s; tasks: %s; log: %s", wf.Status, wf.ReasonForIncompletion, want, strings.Join(tasks, ", "), strings.Join(types, " "))
 	}
 	for _, task := range wf.Tasks {
-		step, ok := plan.StepIDFromRef(task.Ref)
+		step, ok := plan.StepIDFromRef(task.ReferenceTaskName)
 		if !ok || task.Status != "COMPLETED" {
 			continue
 		}
@@ -715,7 +715,7 @@ func (ch *chaos) check(s *summary, r *chaosRun) {
 			violate("step %s: StepCompleted at logical attempt %d, the last started is %d", step, done[0].LogicalAttemptID, lastLogical)
 		}
 		if !operatorRetry && done[0].EngineAttemptID != int64(task.RetryCount)+1 {
-			if e := done[0].EngineAttemptID; e < int64(task.RetryCount)+1 && ch.timedOut(wf, task.Ref, e-1) {
+			if e := done[0].EngineAttemptID; e < int64(task.RetryCount)+1 && ch.timedOut(wf, task.ReferenceTaskName, e-1) {
 				// An outside worker's outcome, recorded before its update
 				// was forwarded, of a try Conductor timed out before the
 				// update reached it (Conductor away, or the update lost with
@@ -733,23 +733,11 @@ func (ch *chaos) check(s *summary, r *chaosRun) {
 // retryCount.
 func (ch *chaos) timedOut(wf *conductorWorkflow, ref string, retryCount int64) bool {
 	for _, task := range wf.Tasks {
-		if task.Ref == ref && int64(task.RetryCount) == retryCount {
+		if task.ReferenceTaskName == ref && int64(task.RetryCount) == retryCount {
 			return task.Status == "TIMED_OUT"
 		}
 	}
 	return false
-}
-
-type conductorWorkflow struct {
-	Status string `json:"status"`
-	Reason string `json:"reasonForIncompletion"`
-	Tasks  []struct {
-		Ref        string `json:"referenceTaskName"`
-		Status     string `json:"status"`
-		RetryCount int    `json:"retryCount"`
-		Reason     string `json:"reasonForIncompletion"`
-		WorkerID   string `json:"workerId"`
-	} `json:"tasks"`
 }
 
 func (ch *chaos) workflow(id string) (*conductorWorkflow, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -32,6 +33,55 @@ func conductorStatus(t *testing.T, workflowID string) string {
 	var wf struct{ Status string }
 	_ = json.NewDecoder(resp.Body).Decode(&wf)
 	return wf.Status
+}
+
+// conductorWorkflow is Conductor's copy of a workflow, with its tasks
+// (the fields the tests read).
+type conductorWorkflow struct {
+	Status, ReasonForIncompletion string
+	Tasks                         []conductorTask
+}
+
+type conductorTask struct {
+	ReferenceTaskName, TaskType, Status, ReasonForIncompletion, WorkerID string
+	RetryCount, PollCount                                                int
+	Retried                                                              bool
+	UpdateTime, EndTime                                                  int64
+}
+
+// readConductorWorkflow reads Conductor's copy of a workflow with its tasks.
+func readConductorWorkflow(t *testing.T, workflowID string) (*conductorWorkflow, error) {
+	t.Helper()
+	resp, err := http.Get(conductortest.URL(t) + "/workflow/" + workflowID + "?includeTasks=true")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var wf conductorWorkflow
+	if err := json.NewDecoder(resp.Body).Decode(&wf); err != nil {
+		return nil, err
+	}
+	return &wf, nil
+}
+
+// conductorTasks describes Conductor's tasks of a workflow, one line each
+// (reference name, type, status, retry count, poll count, update and end
+// times, reason), and its reason for incompletion: what a failure message
+// needs when Conductor decided an outcome the test did not expect.
+func conductorTasks(t *testing.T, workflowID string) string {
+	t.Helper()
+	wf, err := readConductorWorkflow(t, workflowID)
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "Conductor: workflow %s %q\n", wf.Status, wf.ReasonForIncompletion)
+	for _, tk := range wf.Tasks {
+		fmt.Fprintf(&b, "  %s %s %s retryCount=%d retried=%t pollCount=%d updated=%s ended=%s %q\n", tk.ReferenceTaskName, tk.TaskType, tk.Status,
+			tk.RetryCount, tk.Retried, tk.PollCount, time.UnixMilli(tk.UpdateTime).UTC().Format("15:04:05.000"),
+			time.UnixMilli(tk.EndTime).UTC().Format("15:04:05.000"), tk.ReasonForIncompletion)
+	}
+	return b.String()
 }
 
 // TestMain stops the PostgreSQL cluster pgtest started, if any.
