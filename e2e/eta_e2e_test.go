@@ -66,9 +66,11 @@ func TestE2E_DrainETA(t *testing.T) {
 		}
 	}
 	ids := startN(drains)
-	// Most, not all: on a loaded machine the first steps may end before
-	// the last start. Runs whose step is not running are not measured.
-	sidecartest.WaitFor(t, "most of the steps to run", 2*time.Minute, func() bool {
+	// Half, not all: on a loaded machine (a Conductor answering starts in
+	// seconds) the first steps may end before the last start. Runs whose
+	// step is not running are not measured; half of them is what the
+	// checks below need.
+	sidecartest.WaitFor(t, "half of the steps to run", 2*time.Minute, func() bool {
 		l, err := listAll(ctx, p.client, url.Values{"planId": {pl.PlanID}, "status": {"RUNNING"}})
 		if err != nil {
 			return false
@@ -79,7 +81,7 @@ func TestE2E_DrainETA(t *testing.T) {
 				n++
 			}
 		}
-		return n >= drains*4/5
+		return n >= drains/2
 	})
 	res, err := p.client.Bulk(ctx, "pause", httpapi.BulkRequest{PlanID: pl.PlanID, Reason: "eta test"})
 	if err != nil || res.Counts[httpapi.OutcomePaused] < drains/2 {
