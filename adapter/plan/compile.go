@@ -466,10 +466,25 @@ func (c *compiler) emit(b *block) ([]model.WorkflowTask, error) {
 			TaskReferenceName: fmt.Sprintf("join_%d", n),
 			Type_:             "JOIN",
 		}
-		for _, x := range b.parallel {
+		for i, x := range b.parallel {
 			ts, err := c.emit(x)
 			if err != nil {
 				return nil, err
+			}
+			if last := ts[len(ts)-1]; last.TaskDefinition != nil && last.TaskDefinition.RetryCount > 0 {
+				// The JOIN waits on a NOOP after a step Conductor may
+				// retry, not on the step: a JOIN evaluated between the
+				// step's FAILED and the decision that schedules its
+				// retry fails the workflow (Conductor 3.32's system task
+				// worker evaluates JOINs without the workflow's lock;
+				// docs/conductor.md, "Known issues"). The NOOP is
+				// scheduled, and completed at once, only once the step
+				// ended for good.
+				ts = append(ts, model.WorkflowTask{
+					Name:              "noop",
+					TaskReferenceName: fmt.Sprintf("join_%d_branch_%d", n, i+1),
+					Type_:             "NOOP",
+				})
 			}
 			fork.ForkTasks = append(fork.ForkTasks, ts)
 			join.JoinOn = append(join.JoinOn, ts[len(ts)-1].TaskReferenceName)

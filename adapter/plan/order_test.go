@@ -61,6 +61,15 @@ func checkCompiledOrder(t testing.TB, p *Plan, c *Compiled, exact bool, rounds i
 				}
 				before[s.StepID] = cloneSet(done)
 				done[s.StepID] = true
+			case "NOOP":
+				// The guard a JOIN waits on instead of a step Conductor
+				// may retry: right after such a step, last of a branch.
+				if i == 0 || i != len(seq)-1 || !strings.Contains(where, "/") {
+					t.Fatalf("%s: NOOP %q is not the end of a fork's branch", where, wt.TaskReferenceName)
+				}
+				if prev := seq[i-1]; prev.Type_ != "SIMPLE" || prev.TaskDefinition == nil || prev.TaskDefinition.RetryCount == 0 {
+					t.Fatalf("%s: NOOP %q follows %q, not a step Conductor may retry", where, wt.TaskReferenceName, prev.TaskReferenceName)
+				}
 			case "FORK_JOIN":
 				if i+1 >= len(seq) || seq[i+1].Type_ != "JOIN" {
 					t.Fatalf("%s: FORK_JOIN %q is not followed by a JOIN", where, wt.TaskReferenceName)
@@ -74,6 +83,10 @@ func checkCompiledOrder(t testing.TB, p *Plan, c *Compiled, exact bool, rounds i
 				for b, branch := range wt.ForkTasks {
 					if len(branch) == 0 {
 						t.Fatalf("%s: FORK_JOIN %q has an empty branch", where, wt.TaskReferenceName)
+					}
+					if last := branch[len(branch)-1]; last.Type_ == "SIMPLE" && last.TaskDefinition != nil && last.TaskDefinition.RetryCount > 0 {
+						t.Fatalf("%s: branch %d of %q ends with %q, a step Conductor may retry: its JOIN would see a try's FAILED before the retry (Conductor 3.32)",
+							where, b, wt.TaskReferenceName, last.TaskReferenceName)
 					}
 					ends = append(ends, branch[len(branch)-1].TaskReferenceName)
 					for k := range analyze(branch, done, fmt.Sprintf("%s/%s[%d]", where, wt.TaskReferenceName, b)) {
@@ -150,6 +163,10 @@ func simulate(t testing.TB, p *Plan, c *Compiled, stepByRef map[string]*Step, rn
 		switch wt.Type_ {
 		case "SIMPLE":
 			ready = append(ready, readyTask{wt.TaskReferenceName, cont{k.seq, k.next + 1}})
+		case "NOOP":
+			// A synchronous system task: done when scheduled.
+			done[wt.TaskReferenceName] = true
+			schedule(cont{k.seq, k.next + 1})
 		case "FORK_JOIN":
 			join := k.seq[k.next+1]
 			joins = append(joins, joinWait{join.TaskReferenceName, join.JoinOn, cont{k.seq, k.next + 2}})

@@ -1,0 +1,133 @@
+package plan
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// forkRetryPlan is {flaky, other} -> after, flaky with two tries.
+func forkRetryPlan(id string) *Plan {
+	return &Plan{PlanID: id, PlanVersion: "1", Steps: []Step{
+		{StepID: "flaky", Executor: ExecutorSpec{Type: ExecutorNoop}, Retries: RetryPolicy{EngineTries: 2}},
+		{StepID: "other", Executor: ExecutorSpec{Type: ExecutorNoop}},
+		{StepID: "after", Executor: ExecutorSpec{Type: ExecutorNoop}, DependsOn: []string{"flaky", "other"}},
+	}}
+}
+
+// TestCompile_ConductorRetriedForkBranch: a fork whose branch step fails
+// its first try and is retried by Conductor completes, every time. On
+// Conductor 3.32 a JOIN over the step itself is evaluated (by the system
+// task worker, without the workflow's lock) between the step's FAILED and
+// the decision that schedules its retry often enough to fail workflows
+// that should complete (docs/conductor.md, "Known issues"); the compiled
+// JOIN waits instead on a NOOP that exists only once the step succeeded.
+// 40 workflows at once, their tasks answered as they come.
+func TestCompile_ConductorRetriedForkBranch(t *testing.T) {
+	c := newConductor(t)
+	comp, err := Compile(forkRetryPlan("itest-forkretry-" + randomHex(t, 4)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.register(comp)
+	domain := "forkretry" + randomHex(t, 4)
+	const runs = 40
+	ids := make([]string, runs)
+	for i := range ids {
+		ids[i] = c.start(comp, fmt.Sprintf("run-%d", i), domain)
+	}
+	types := []string{TaskType(ExecutorNoop)}
+	flaky := comp.RefByStep["flaky"]
+	pending := map[string]bool{}
+	for _, id := range ids {
+		pending[id] = true
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	var failed []string
+	for len(pending) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d workflows not ended after 2 min", len(pending), runs)
+		}
+		var wg sync.WaitGroup
+		for _, pt := range c.pollAll(types, domain) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if pt.ReferenceTaskName == flaky && pt.RetryCount == 0 {
+					c.update(pt, "FAILED", "first try fails")
+					return
+				}
+				c.update(pt, "COMPLETED", "")
+			}()
+		}
+		wg.Wait()
+		for id := range pending {
+			switch s := c.workflowStatus(id); s {
+			case "COMPLETED":
+				delete(pending, id)
+			case "RUNNING":
+			default:
+				delete(pending, id)
+				failed = append(failed, id+" "+s+": "+c.workflowReason(id))
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(failed) > 0 {
+		t.Fatalf("%d of %d workflows did not complete after a retried try of a fork branch:\n%s", len(failed), runs, strings.Join(failed, "\n"))
+	}
+}
+
+// TestCompile_ConductorRetryOfAFailedForkBranch: a fork branch's step that
+// failed for good fails the workflow, and Conductor's retry of the workflow
+// (what RETRY_STEP calls) runs it again and completes the workflow,
+// through the JOIN the failure left behind.
+func TestCompile_ConductorRetryOfAFailedForkBranch(t *testing.T) {
+	c := newConductor(t)
+	p := forkRetryPlan("itest-forkretry-op-" + randomHex(t, 4))
+	p.Steps[0].Retries = RetryPolicy{}
+	comp, err := Compile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.register(comp)
+	domain := "forkretryop" + randomHex(t, 4)
+	wf := c.start(comp, "run-1", domain)
+	types := []string{TaskType(ExecutorNoop)}
+	// The other branch completes first: a failed workflow cancels what
+	// still runs, and the retry would run it again too.
+	polled := waitPoll(t, c, types, domain, 2)
+	if polled[0].ReferenceTaskName == comp.RefByStep["flaky"] {
+		polled[0], polled[1] = polled[1], polled[0]
+	}
+	c.update(polled[0], "COMPLETED", "")
+	c.update(polled[1], "FAILED", "fails for good")
+	c.waitStatus(wf, "FAILED")
+	c.must("POST", "/workflow/"+wf+"/retry", nil)
+	pt := waitPoll(t, c, types, domain, 1)[0]
+	if pt.ReferenceTaskName != comp.RefByStep["flaky"] {
+		t.Fatalf("the retry scheduled %s, want the failed step's task", pt.ReferenceTaskName)
+	}
+	c.update(pt, "COMPLETED", "")
+	pt = waitPoll(t, c, types, domain, 1)[0]
+	if pt.ReferenceTaskName != comp.RefByStep["after"] {
+		t.Fatalf("after the retried step: %s, want the join's successor", pt.ReferenceTaskName)
+	}
+	c.update(pt, "COMPLETED", "")
+	c.waitStatus(wf, "COMPLETED")
+}
+
+// workflowReason is Conductor's reasonForIncompletion of a workflow.
+func (c *conductor) workflowReason(id string) string {
+	c.t.Helper()
+	var w struct {
+		Reason string `json:"reasonForIncompletion"`
+	}
+	if err := json.Unmarshal(c.must("GET", "/workflow/"+id+"?includeTasks=false", nil), &w); err != nil {
+		c.t.Fatalf("decode workflow: %v", err)
+	}
+	return w.Reason
+}
