@@ -22,8 +22,8 @@ import (
 // TestClient_ManyOnASlowConductor: Conductor acts on a bulk request's
 // workflows one after the other, so a bulk call of many workflows takes
 // longer than a single call. Here a proxy in front of the real Conductor
-// answers each bulk terminate 1.3 s late, longer than the client's 1 s
-// timeout for one call: the 80 workflows (4 requests of 20, each given
+// answers each bulk terminate no sooner than 1.3 s after it came, longer
+// than the client's 1 s timeout for one call: the 80 workflows (4 requests of 20, each given
 // 2 s more, so that a loaded Conductor's own time fits) are terminated,
 // and the client says so, rather than reporting each one
 // ENGINE_UNAVAILABLE.
@@ -34,10 +34,23 @@ func TestClient_ManyOnASlowConductor(t *testing.T) {
 	}
 	proxy := conductortest.ReverseProxy(t, target)
 	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasSuffix(r.URL.Path, "/workflow/bulk/terminate") {
-			time.Sleep(1300 * time.Millisecond)
+		if !strings.HasSuffix(r.URL.Path, "/workflow/bulk/terminate") {
+			proxy.ServeHTTP(w, r)
+			return
 		}
-		proxy.ServeHTTP(w, r)
+		// Conductor's answer, given no sooner than 1.3 s after the
+		// request: later than one call's timeout however fast Conductor
+		// was, and no later than Conductor itself (a loaded one takes
+		// seconds for 20 workflows) when it was slower.
+		arrived := time.Now()
+		rec := httptest.NewRecorder()
+		proxy.ServeHTTP(rec, r)
+		time.Sleep(time.Until(arrived.Add(1300 * time.Millisecond)))
+		for k, v := range rec.Header() {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(rec.Code)
+		_, _ = w.Write(rec.Body.Bytes())
 	}))
 	t.Cleanup(slow.Close)
 	ctx := context.Background()
