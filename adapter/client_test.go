@@ -148,7 +148,7 @@ func startTestWorkflow(t *testing.T, c *Client) (def model.WorkflowDef, taskType
 func TestClient_Conductor(t *testing.T) {
 	u := conductortest.URL(t)
 	ctx := context.Background()
-	c := newClient(t, u, 5*time.Second)
+	c := newClient(t, u, 30*time.Second)
 
 	t.Run("Health", func(t *testing.T) {
 		if err := c.Health(ctx); err != nil {

@@ -32,6 +32,10 @@ func unusedURL(t testing.TB) string {
 	return "http://127.0.0.1:" + strconv.Itoa(port) + "/api"
 }
 
+// newClient is a client of the Conductor at baseURL. Tests that only need
+// Conductor to answer give it 30 s a call: Conductor 3.32 beside the
+// race-enabled suite on a 2-core machine took more than 5 s to answer a
+// PUT /metadata/workflow.
 func newClient(t testing.TB, baseURL string, timeout time.Duration) *Client {
 	t.Helper()
 	c, err := NewClient(ClientOptions{BaseURL: baseURL, Timeout: timeout, Logger: zaptest.NewLogger(t)})

@@ -35,7 +35,7 @@ import (
 func TestWorkflowRemover_ForgetRun(t *testing.T) {
 	u := conductortest.URL(t)
 	ctx := context.Background()
-	c := newClient(t, u, 5*time.Second)
+	c := newClient(t, u, 30*time.Second)
 	log := memstore.New(statestore.ProjectorOptions{})
 	_, _, gone := startTestWorkflow(t, c)
 	_, _, kept := startTestWorkflow(t, c)
@@ -91,7 +91,7 @@ func TestWorkflowRemover_ForgetRun(t *testing.T) {
 func TestWorkflowRemover_SavesNoSnapshot(t *testing.T) {
 	u := conductortest.URL(t)
 	ctx := context.Background()
-	c := newClient(t, u, 5*time.Second)
+	c := newClient(t, u, 30*time.Second)
 	js, _ := natstest.Start(t)
 	log, err := natsstore.Open(ctx, js, natsstore.Options{SnapshotBucket: natsstore.DefaultSnapshotBucket, Logger: zaptest.NewLogger(t)})
 	if err != nil {
@@ -155,7 +155,7 @@ func TestWorkflowRemover_BoundsRemovalsInFlight(t *testing.T) {
 		proxy.ServeHTTP(w, r)
 	}))
 	t.Cleanup(front.Close)
-	c := newClient(t, u, 5*time.Second)
+	c := newClient(t, u, 30*time.Second)
 	viaFront := newClient(t, front.URL+target.Path, 5*time.Second)
 	log := memstore.New(statestore.ProjectorOptions{})
 	const runs = 12
