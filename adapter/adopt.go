@@ -258,10 +258,11 @@ func engineTime(ms int64) string {
 // on the first read of a workflow the sidecar had not seen: a worker task
 // already in progress is recorded as started then (its worker got it
 // before the sidecar could gate it); afterwards only the proxy's gate
-// starts a worker task. pending reports a system task whose end is
+// starts a worker task. paused is true while Conductor's workflow is
+// PAUSED. pending reports a system task whose end is
 // still to be recorded from Conductor's report (not a control task's:
 // controlOpen).
-func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption bool) (evs []*statestore.RunEventWrite, pending bool, err error) {
+func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption, paused bool) (evs []*statestore.RunEventWrite, pending bool, err error) {
 	stepID := stepIDOf(t)
 	if statestore.CheckID(stepID, true) != nil {
 		return nil, false, nil // an empty or oversized reference name: not a step of the log
@@ -322,6 +323,12 @@ func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption b
 			// Conductor retries it: the step is in flight until a try ends it.
 			return nil, false, nil
 		}
+		if paused && (status == "FAILED" || status == "TIMED_OUT") {
+			// Conductor decides nothing for a PAUSED workflow: whether it
+			// retries this try (a dead worker's, failed by the proxy's
+			// watch) is decided at resume. Recorded then, or as retried.
+			return nil, false, nil
+		}
 		if status == "CANCELED" && !started {
 			return nil, false, nil // never ran
 		}
@@ -372,7 +379,7 @@ func (r *Runs) recordTasks(ctx context.Context, snaps SnapshotReader, rec *Run, 
 			// the run running again, never started inside the pause.
 			continue
 		}
-		evs, p, err := taskEvents(rec, t, st, midFlight)
+		evs, p, err := taskEvents(rec, t, st, midFlight, wf.Status == model.PausedWorkflow)
 		pending = pending || p || (draining && IsWorkerTask(t.TaskType) && t.Status == "IN_PROGRESS")
 		control = control || (controlTaskTypes[t.TaskType] && (t.Status == "SCHEDULED" || t.Status == "IN_PROGRESS"))
 		if err != nil {

@@ -114,31 +114,40 @@ func TestTaskEvents(t *testing.T) {
 		adoption    bool
 		want        string
 		wantPending bool
+		paused      bool // Conductor's workflow is PAUSED
 	}{
-		{"HTTP in progress starts", model.Task{TaskType: "HTTP", Status: "IN_PROGRESS"}, nil, false, "StepStarted", true},
-		{"HTTP scheduled is in flight", model.Task{TaskType: "HTTP", Status: "SCHEDULED"}, nil, false, "StepStarted", true},
-		{"HTTP scheduled, started already", model.Task{TaskType: "HTTP", Status: "SCHEDULED"}, running, false, "", true},
-		{"HTTP completed unseen", model.Task{TaskType: "HTTP", Status: "COMPLETED"}, nil, false, "StepStarted,StepCompleted", false},
-		{"HTTP completed while running", model.Task{TaskType: "HTTP", Status: "COMPLETED"}, running, false, "StepCompleted", false},
-		{"completed already recorded", model.Task{TaskType: "HTTP", Status: "COMPLETED"}, done, false, "", false},
-		{"HTTP failed, retried by Conductor", model.Task{TaskType: "HTTP", Status: "FAILED", Retried: true}, running, false, "", false},
-		{"HTTP failed for good", model.Task{TaskType: "HTTP", Status: "FAILED"}, running, false, "StepFailed", false},
-		{"JOIN in progress is not in flight", model.Task{TaskType: "JOIN", Status: "IN_PROGRESS"}, nil, false, "", false},
-		{"WAIT scheduled", model.Task{TaskType: "WAIT", Status: "SCHEDULED"}, nil, false, "", false},
-		{"SWITCH completed", model.Task{TaskType: "SWITCH", Status: "COMPLETED"}, nil, false, "StepStarted,StepCompleted", false},
-		{"skipped", model.Task{TaskType: "HTTP", Status: "SKIPPED"}, nil, false, "StepSkipped", false},
-		{"canceled before it ran", model.Task{TaskType: "HTTP", Status: "CANCELED"}, nil, false, "", false},
-		{"canceled while running", model.Task{TaskType: "HTTP", Status: "CANCELED"}, running, false, "StepFailed", false},
-		{"worker task in progress is the proxy's", model.Task{TaskType: "resize", Status: "IN_PROGRESS"}, nil, false, "", false},
-		{"worker task in progress at adoption", model.Task{TaskType: "resize", Status: "IN_PROGRESS"}, nil, true, "StepStarted", true},
-		{"worker task completed before adoption", model.Task{TaskType: "resize", Status: "COMPLETED"}, nil, true, "StepStarted,StepCompleted", false},
-		{"worker task reported straight to Conductor", model.Task{TaskType: "resize", Status: "COMPLETED"}, running, false, "StepCompleted", false},
-		{"worker task scheduled", model.Task{TaskType: "resize", Status: "SCHEDULED"}, nil, true, "", false},
+		{"HTTP in progress starts", model.Task{TaskType: "HTTP", Status: "IN_PROGRESS"}, nil, false, "StepStarted", true, false},
+		{"HTTP scheduled is in flight", model.Task{TaskType: "HTTP", Status: "SCHEDULED"}, nil, false, "StepStarted", true, false},
+		{"HTTP scheduled, started already", model.Task{TaskType: "HTTP", Status: "SCHEDULED"}, running, false, "", true, false},
+		{"HTTP completed unseen", model.Task{TaskType: "HTTP", Status: "COMPLETED"}, nil, false, "StepStarted,StepCompleted", false, false},
+		{"HTTP completed while running", model.Task{TaskType: "HTTP", Status: "COMPLETED"}, running, false, "StepCompleted", false, false},
+		{"completed already recorded", model.Task{TaskType: "HTTP", Status: "COMPLETED"}, done, false, "", false, false},
+		{"HTTP failed, retried by Conductor", model.Task{TaskType: "HTTP", Status: "FAILED", Retried: true}, running, false, "", false, false},
+		{"HTTP failed for good", model.Task{TaskType: "HTTP", Status: "FAILED"}, running, false, "StepFailed", false, false},
+		{"JOIN in progress is not in flight", model.Task{TaskType: "JOIN", Status: "IN_PROGRESS"}, nil, false, "", false, false},
+		{"WAIT scheduled", model.Task{TaskType: "WAIT", Status: "SCHEDULED"}, nil, false, "", false, false},
+		{"SWITCH completed", model.Task{TaskType: "SWITCH", Status: "COMPLETED"}, nil, false, "StepStarted,StepCompleted", false, false},
+		{"skipped", model.Task{TaskType: "HTTP", Status: "SKIPPED"}, nil, false, "StepSkipped", false, false},
+		{"canceled before it ran", model.Task{TaskType: "HTTP", Status: "CANCELED"}, nil, false, "", false, false},
+		{"canceled while running", model.Task{TaskType: "HTTP", Status: "CANCELED"}, running, false, "StepFailed", false, false},
+		{"worker task in progress is the proxy's", model.Task{TaskType: "resize", Status: "IN_PROGRESS"}, nil, false, "", false, false},
+		{"worker task in progress at adoption", model.Task{TaskType: "resize", Status: "IN_PROGRESS"}, nil, true, "StepStarted", true, false},
+		{"worker task completed before adoption", model.Task{TaskType: "resize", Status: "COMPLETED"}, nil, true, "StepStarted,StepCompleted", false, false},
+		{"worker task reported straight to Conductor", model.Task{TaskType: "resize", Status: "COMPLETED"}, running, false, "StepCompleted", false, false},
+		{"worker task scheduled", model.Task{TaskType: "resize", Status: "SCHEDULED"}, nil, true, "", false, false},
+		// Conductor decides nothing for a PAUSED workflow: a try that failed
+		// or timed out in it (a dead worker's, failed by the proxy's watch)
+		// is retried, or not, at resume.
+		{"worker task failed while paused", model.Task{TaskType: "resize", Status: "FAILED"}, running, false, "", false, true},
+		{"worker task timed out while paused", model.Task{TaskType: "resize", Status: "TIMED_OUT"}, running, false, "", false, true},
+		{"HTTP failed while paused", model.Task{TaskType: "HTTP", Status: "FAILED"}, running, false, "", false, true},
+		{"terminal error while paused", model.Task{TaskType: "resize", Status: "FAILED_WITH_TERMINAL_ERROR"}, running, false, "StepFailed", false, true},
+		{"canceled while paused", model.Task{TaskType: "resize", Status: "CANCELED"}, running, false, "StepFailed", false, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			task := tt.task
 			task.ReferenceTaskName, task.TaskId, task.StartTime, task.EndTime = "step_a", "task-1", 1_700_000_000_000, 1_700_000_001_000
-			evs, pending, err := taskEvents(rec, &task, tt.st, tt.adoption)
+			evs, pending, err := taskEvents(rec, &task, tt.st, tt.adoption, tt.paused)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -154,7 +163,7 @@ func TestTaskEvents(t *testing.T) {
 	}
 	// The engine attempt is Conductor's retryCount + 1; times are Conductor's.
 	task := model.Task{TaskType: "HTTP", Status: "COMPLETED", ReferenceTaskName: "call", RetryCount: 2, TaskId: "t9", StartTime: 1_700_000_000_000, EndTime: 1_700_000_002_000}
-	evs, _, err := taskEvents(rec, &task, nil, false)
+	evs, _, err := taskEvents(rec, &task, nil, false, false)
 	if err != nil || len(evs) != 2 {
 		t.Fatalf("%v %v", evs, err)
 	}
