@@ -126,3 +126,34 @@ func (s *safeWriter) Flush() {
 		_, _ = io.WriteString(s.w, b.String())
 	}
 }
+
+// shellWord is s as one word of a POSIX shell command line: as it is when
+// it holds only characters no shell treats specially, else in single
+// quotes (a quote inside as '\''). A command the CLI suggests pasting
+// quotes every value it did not choose itself.
+func shellWord(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || strings.ContainsRune("_./:=,@%+-", r))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// shellCommand is "sidecar" with verb and the positional args as shell
+// words, with -- before the positionals when one starts with a dash (so
+// that it is not read as a flag); the line is then escaped for the
+// terminal (escapeText).
+func shellCommand(verb string, args ...string) string {
+	words := []string{"sidecar", verb}
+	for _, a := range args {
+		if strings.HasPrefix(a, "-") {
+			words = append(words, "--")
+			break
+		}
+	}
+	for _, a := range args {
+		words = append(words, shellWord(a))
+	}
+	return escapeText(strings.Join(words, " "))
+}

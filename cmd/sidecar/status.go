@@ -102,7 +102,7 @@ func (c *StatusCommand) Run(ctx context.Context, args []string) error {
 				line += "  (" + why + "; waits for its next try, not in flight)"
 			}
 		case s.Held && s.Status == "FAILED":
-			line += "  HELD (retry it: sidecar retry " + e(v.RunID) + " " + e(s.StepID) + ")"
+			line += "  HELD (retry it: " + shellCommand("retry", v.RunID, s.StepID) + ")"
 		case s.RetryRequested:
 			line += "  retry requested"
 		}

@@ -54,3 +54,38 @@ func TestStatus_IdleStep(t *testing.T) {
 		}
 	}
 }
+
+// TestStatus_HeldStepRetryCommandIsQuoted: the retry command status
+// suggests for a held step is safe to paste into a shell whatever the
+// step id a plan's author chose: quoted as one word, and after -- when it
+// starts with a dash.
+func TestStatus_HeldStepRetryCommandIsQuoted(t *testing.T) {
+	for step, want := range map[string]string{
+		"build":                 "sidecar retry run-held build",
+		"x; touch /tmp/PWNED #": `sidecar retry run-held 'x; touch /tmp/PWNED #'`,
+		`it's`:                  `sidecar retry run-held 'it'\''s'`,
+		"-rf":                   "sidecar retry -- run-held -rf",
+	} {
+		mem := memstore.New(statestore.ProjectorOptions{})
+		const runID = "run-held"
+		for _, w := range []*statestore.RunEventWrite{
+			storetest.Event(runID, statestore.RunStarted, ""),
+			storetest.Event(runID, statestore.StepStarted, step),
+			storetest.WithPayload(storetest.Event(runID, statestore.StepFailed, step),
+				map[string]any{"error": map[string]any{"code": "COMMAND_FAILED", "message": "exit status 1"}, "onStepFailure": "pause"}),
+		} {
+			if _, err := mem.Append(context.Background(), w); err != nil {
+				t.Fatal(err)
+			}
+		}
+		srv := httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: mem}).Handler())
+		code, out, errOut := run(t, "status", runID, "--server", srv.URL)
+		srv.Close()
+		if code != 0 {
+			t.Fatalf("status: %d %s", code, errOut)
+		}
+		if !strings.Contains(out, "(retry it: "+want+")") {
+			t.Fatalf("step %q: status printed\n%s\nwant the command %s", step, out, want)
+		}
+	}
+}
