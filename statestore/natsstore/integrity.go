@@ -2,6 +2,7 @@ package natsstore
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -362,4 +363,94 @@ func (g *Guard) Check(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// checkWhole verifies a read of a whole run (every record from the first):
+// the stream's subject index holds a subject per record (each event has a
+// subject of its own), and got must have a record for each, or the server
+// must show the message on it (something that is not a record of the run,
+// which the read skipped). The server trusts its index at start and checks
+// a message's checksum only when it loads it: bytes overwritten inside a
+// block file leave the index whole and the records unreadable, and a read
+// without this check shows a shorter history as if it were the whole one.
+// A subject still indexed that the server cannot show is STORE_DAMAGED;
+// one gone from the index meanwhile (the run removed by retention) is not.
+// It costs one stream-info request with the run's filter; more only when
+// the counts differ.
+func (s *Store) checkWhole(ctx context.Context, runID, filter string, got []statestore.RunEventRecord) error {
+	indexed, err := s.subjectsOf(ctx, filter)
+	if err != nil || len(indexed) <= len(got) {
+		return err
+	}
+	have := make(map[string]bool, len(got))
+	for _, r := range got {
+		have[s.subject(runID, r.IdempotencyKey)] = true
+	}
+	var unreadable []string
+	for subj := range indexed {
+		if have[subj] {
+			continue
+		}
+		mctx, cancel := s.withTimeout(ctx)
+		_, err := s.nextMsg(mctx, directRequest{Seq: 1, NextFor: subj})
+		cancel()
+		switch {
+		case err == nil:
+		case errors.Is(err, errNotFound):
+			unreadable = append(unreadable, subj)
+		default:
+			return unavailable("fetch: read a record the run's read missed", err)
+		}
+	}
+	if len(unreadable) == 0 {
+		return nil
+	}
+	again, err := s.subjectsOf(ctx, filter)
+	if err != nil {
+		return err
+	}
+	lost := 0
+	for _, subj := range unreadable {
+		if again[subj] > 0 {
+			lost++
+		}
+	}
+	if lost == 0 {
+		return nil // removed meanwhile
+	}
+	return damaged(fmt.Sprintf("stream %s holds %d records of run %s that the server cannot read (the run's read got %d of %d): its files are damaged",
+		s.name, lost, runID, len(got), len(indexed)), nil)
+}
+
+// subjectsOf returns the stream's message count per subject matching
+// filter, from its subject index (a stream-info request).
+func (s *Store) subjectsOf(ctx context.Context, filter string) (map[string]uint64, error) {
+	body, err := json.Marshal(map[string]any{"subjects_filter": filter})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	resp, err := s.nc.RequestWithContext(ctx, s.apiPrefix+"STREAM.INFO."+s.name, body)
+	if err != nil {
+		return nil, unavailable("read the subject index of stream "+s.name, err)
+	}
+	var info struct {
+		State struct {
+			Subjects map[string]uint64 `json:"subjects"`
+		} `json:"state"`
+		Total int                 `json:"total"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(resp.Data, &info); err != nil {
+		return nil, unavailable("read the subject index of stream "+s.name, err)
+	}
+	if info.Error != nil {
+		return nil, unavailable("read the subject index of stream "+s.name, info.Error)
+	}
+	if info.Total > len(info.State.Subjects) {
+		// Paged: more subjects than one answer holds; not a run's size.
+		return nil, unavailable("read the subject index of stream "+s.name, fmt.Errorf("%d subjects on %s, %d in the answer", info.Total, filter, len(info.State.Subjects)))
+	}
+	return info.State.Subjects, nil
 }

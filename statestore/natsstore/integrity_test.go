@@ -217,3 +217,67 @@ func TestGuard(t *testing.T) {
 		t.Fatal("a guard of a missing stream")
 	}
 }
+
+// TestFetch_RecordDamagedInPlace: bytes of one record overwritten inside
+// a block file (a disk fault that keeps the file's length, records and
+// index) are not seen by the server's start, which trusts its index: the
+// record, and the block's records after it, can no longer be read, and a
+// read of the run would show a shorter history as if it were the whole one
+// (retention would archive it so and remove the run). A read of a whole
+// run counts what it got against the server's subject index and fails
+// with STORE_DAMAGED instead; other runs read as before.
+func TestFetch_RecordDamagedInPlace(t *testing.T) {
+	dir := t.TempDir()
+	srv := startServer(t, dir)
+	s, err := natsstore.Open(context.Background(), connect(t, srv), natsstore.Options{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 12 {
+		mustAppend(t, s, storetest.Event("run-a", statestore.StepStarted, fmt.Sprintf("step-a-%02d", i)))
+	}
+	mustAppend(t, s, storetest.Event("run-b", statestore.StepStarted, "step-b-00"))
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	srv.Shutdown()
+
+	blk := blockFiles(t, dir)[0]
+	b, err := os.ReadFile(blk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := strings.Index(string(b), "step-a-05")
+	if i < 0 {
+		t.Fatalf("step-a-05 not found in %s", blk)
+	}
+	f, err := os.OpenFile(blk, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("XXXXXXXXX"), int64(i)); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	srv = startServer(t, dir)
+	s, err = natsstore.Open(context.Background(), connect(t, srv), natsstore.Options{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatalf("Open: %v (the damage is inside a record: the start does not see it)", err)
+	}
+	defer s.Close()
+	recs, err := s.Fetch(context.Background(), "run-a", 0, 0)
+	if !errors.Is(err, statestore.ErrDamaged) {
+		t.Fatalf("Fetch of the damaged run: %d records, err %v; want STORE_DAMAGED", len(recs), err)
+	}
+	t.Logf("refused: %v", err)
+	if _, err := s.ProjectSnapshot(context.Background(), "run-a"); !errors.Is(err, statestore.ErrDamaged) {
+		t.Fatalf("projection of the damaged run: %v, want STORE_DAMAGED", err)
+	}
+	if recs, err := s.Fetch(context.Background(), "run-a", 0, 1000); !errors.Is(err, statestore.ErrDamaged) {
+		t.Fatalf("a page of the damaged run from its start: %d records, %v; want STORE_DAMAGED", len(recs), err)
+	}
+	if recs, err := s.Fetch(context.Background(), "run-b", 0, 0); err != nil || len(recs) != 1 {
+		t.Fatalf("Fetch of another run: %d records, %v", len(recs), err)
+	}
+}

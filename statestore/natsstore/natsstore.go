@@ -521,6 +521,13 @@ func (s *Store) Fetch(ctx context.Context, runID string, afterSeq int64, limit i
 	}
 	base := s.prefix + "." + RunToken(runID)
 	out, err := s.fetch(ctx, runID, base, afterSeq, limit)
+	if err == nil && afterSeq <= 0 && (limit <= 0 || len(out) < limit) {
+		// A read of the whole run (what retention archives, a cold
+		// projection of a run that fits a page, a listing of its events
+		// from the start): every record the stream indexes for it, or
+		// STORE_DAMAGED.
+		err = s.checkWhole(ctx, runID, base+".>", out)
+	}
 	if err != nil || !statestore.Latest(ctx) || (limit > 0 && len(out) >= limit) {
 		return out, err
 	}
