@@ -29,6 +29,10 @@ const (
 	// answered to Conductor as a poll's would be (409). A task of a
 	// running run is recorded (its start, then its outcome) and forwarded.
 	CodeTaskNotAdmitted = "PROXY_TASK_NOT_ADMITTED"
+	// CodeWorkflowMismatch: an update of an external step's task names a
+	// workflowInstanceId that is not the task's (Conductor would answer it
+	// 200 and change nothing); nothing was recorded or forwarded (400).
+	CodeWorkflowMismatch = "PROXY_WORKFLOW_MISMATCH"
 	// CodeBadRequest: the update's body is not a task result.
 	CodeBadRequest = "PROXY_BAD_REQUEST"
 	// CodeTooManyConnections: the proxy's listener holds

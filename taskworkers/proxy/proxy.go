@@ -19,6 +19,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -573,6 +574,14 @@ func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
 	}
 	if t == nil {
 		p.relay(w, r, body, v2, nil, nil, &res)
+		return
+	}
+	if res.WorkflowInstanceId != t.WorkflowInstanceId {
+		// Conductor answers it 200 and changes nothing: recorded, it would
+		// split the log from Conductor (and stand for the real update).
+		p.opts.Metrics.task("update_refused")
+		writeError(w, http.StatusBadRequest, CodeWorkflowMismatch, fmt.Sprintf("the update names workflow %q, but task %s is of workflow %s: nothing was recorded or forwarded",
+			res.WorkflowInstanceId, t.TaskId, t.WorkflowInstanceId))
 		return
 	}
 	began := time.Now()

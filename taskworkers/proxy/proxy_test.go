@@ -1057,3 +1057,44 @@ func TestProxy_UpdateOfATaskPolledDirectly(t *testing.T) {
 		})
 	}
 }
+
+// TestProxy_UpdateNamingAnotherWorkflowIsRefused: an update of an external
+// step's task whose workflowInstanceId is not the task's (Conductor answers
+// such an update 200 and changes nothing) is refused with
+// PROXY_WORKFLOW_MISMATCH: nothing is recorded or forwarded, and the
+// worker's later real update is recorded and reaches Conductor as sent.
+func TestProxy_UpdateNamingAnotherWorkflowIsRefused(t *testing.T) {
+	e := newEnv(t)
+	runID, wfID := e.start(t, 1, 60)
+	_, otherWF := e.start(t, 1, 60)
+	got := e.pollOne(t)
+	if got.WorkflowInstanceID != wfID {
+		// The other run's task came first: the test's point is the same.
+		runID, wfID = "", got.WorkflowInstanceID
+	}
+	wrong := otherWF
+	if wfID == otherWF {
+		wrong = strings.Repeat("0", 8) + otherWF[8:]
+	}
+	resp, body := call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": got.TaskID, "workflowInstanceId": wrong,
+		"status": "COMPLETED", "outputData": map[string]any{"forged": true}})
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), proxy.CodeWorkflowMismatch) {
+		t.Fatalf("update naming another workflow: %d %s, want 400 %s", resp.StatusCode, body, proxy.CodeWorkflowMismatch)
+	}
+	if runID != "" {
+		if c := count(e.events(t, runID), statestore.StepCompleted); c != 0 {
+			t.Fatalf("the refused update was recorded: %d StepCompleted", c)
+		}
+	}
+	resp, body = call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": got.TaskID, "workflowInstanceId": wfID,
+		"status": "FAILED_WITH_TERMINAL_ERROR", "reasonForIncompletion": "real failure"})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the real update: %d %s", resp.StatusCode, body)
+	}
+	waitFor(t, "Conductor to take the real update", 10*time.Second, func() bool {
+		_, b := call(t, http.MethodGet, strings.TrimSuffix(e.client.BaseURL(), "/")+"/tasks/"+got.TaskID, nil)
+		var tk task
+		_ = json.Unmarshal(b, &tk)
+		return tk.Status == "FAILED_WITH_TERMINAL_ERROR"
+	})
+}
