@@ -129,7 +129,7 @@ func (s *safeWriter) Flush() {
 
 // shellWord is s as one word of a POSIX shell command line: as it is when
 // it holds only characters no shell treats specially, else in single
-// quotes (a quote inside as '\''). A command the CLI suggests pasting
+// quotes (a quote inside as '\”). A command the CLI suggests pasting
 // quotes every value it did not choose itself.
 func shellWord(s string) string {
 	if s != "" && strings.IndexFunc(s, func(r rune) bool {
