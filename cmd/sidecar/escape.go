@@ -129,8 +129,9 @@ func (s *safeWriter) Flush() {
 
 // shellWord is s as one word of a POSIX shell command line: as it is when
 // it holds only characters no shell treats specially, else in single
-// quotes (a quote inside as '\”). A command the CLI suggests pasting
-// quotes every value it did not choose itself.
+// quotes (a single quote inside closes the quoting, is escaped with a
+// backslash, and reopens it). A command the CLI suggests pasting quotes
+// every value it did not choose itself.
 func shellWord(s string) string {
 	if s != "" && strings.IndexFunc(s, func(r rune) bool {
 		return !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || strings.ContainsRune("_./:=,@%+-", r))
