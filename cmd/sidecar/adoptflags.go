@@ -59,7 +59,8 @@ func (c *adoptConfig) registerFlags(fs *flag.FlagSet) {
 		_ = adopt.Set(v)
 		adopt.fromEnv = true
 	}
-	fs.Var(&durationValue{&c.Interval}, "adopt-interval", "how often adopted runs with a system task in progress are read back from Conductor (default 1s; their definitions' running lists every 5 intervals) (env "+envName("adopt-interval")+")")
+	c.Interval = time.Second
+	fs.Var(&durationValue{&c.Interval}, "adopt-interval", "how often adopted runs with a system task in progress are read back from Conductor (their definitions' running lists every 5 intervals) (env "+envName("adopt-interval")+")")
 	if v, ok := os.LookupEnv(envName("adopt-interval")); ok {
 		_ = fs.Set("adopt-interval", v)
 	}
