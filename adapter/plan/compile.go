@@ -477,7 +477,7 @@ func (c *compiler) emit(b *block) ([]model.WorkflowTask, error) {
 				// step's FAILED and the decision that schedules its
 				// retry fails the workflow (Conductor 3.32's system task
 				// worker evaluates JOINs without the workflow's lock;
-				// docs/conductor.md, "Known issues"). The NOOP is
+				// docs/conductor.md, "A retried task of a fork branch"). The NOOP is
 				// scheduled, and completed at once, only once the step
 				// ended for good.
 				ts = append(ts, model.WorkflowTask{

@@ -179,13 +179,22 @@ func (c *conductor) update(pt *polledTask, status, reason string) {
 
 func (c *conductor) workflowStatus(id string) string {
 	c.t.Helper()
+	status, _ := c.workflowState(id)
+	return status
+}
+
+// workflowState is Conductor's status of a workflow and its
+// reasonForIncompletion.
+func (c *conductor) workflowState(id string) (status, reason string) {
+	c.t.Helper()
 	var w struct {
 		Status string `json:"status"`
+		Reason string `json:"reasonForIncompletion"`
 	}
 	if err := json.Unmarshal(c.must("GET", "/workflow/"+id+"?includeTasks=false", nil), &w); err != nil {
 		c.t.Fatalf("decode workflow: %v", err)
 	}
-	return w.Status
+	return w.Status, w.Reason
 }
 
 // waitStatus waits for the workflow to reach status. A workflow still

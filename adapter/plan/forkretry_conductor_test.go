@@ -1,7 +1,6 @@
 package plan
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -23,7 +22,7 @@ func forkRetryPlan(id string) *Plan {
 // Conductor 3.32 a JOIN over the step itself is evaluated (by the system
 // task worker, without the workflow's lock) between the step's FAILED and
 // the decision that schedules its retry often enough to fail workflows
-// that should complete (docs/conductor.md, "Known issues"); the compiled
+// that should complete (docs/conductor.md, "A retried task of a fork branch"); the compiled
 // JOIN waits instead on a NOOP that exists only once the step succeeded.
 // 40 workflows at once, their tasks answered as they come.
 func TestCompile_ConductorRetriedForkBranch(t *testing.T) {
@@ -65,13 +64,13 @@ func TestCompile_ConductorRetriedForkBranch(t *testing.T) {
 		}
 		wg.Wait()
 		for id := range pending {
-			switch s := c.workflowStatus(id); s {
+			switch s, reason := c.workflowState(id); s {
 			case "COMPLETED":
 				delete(pending, id)
 			case "RUNNING":
 			default:
 				delete(pending, id)
-				failed = append(failed, id+" "+s+": "+c.workflowReason(id))
+				failed = append(failed, id+" "+s+": "+reason)
 			}
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -118,16 +117,4 @@ func TestCompile_ConductorRetryOfAFailedForkBranch(t *testing.T) {
 	}
 	c.update(pt, "COMPLETED", "")
 	c.waitStatus(wf, "COMPLETED")
-}
-
-// workflowReason is Conductor's reasonForIncompletion of a workflow.
-func (c *conductor) workflowReason(id string) string {
-	c.t.Helper()
-	var w struct {
-		Reason string `json:"reasonForIncompletion"`
-	}
-	if err := json.Unmarshal(c.must("GET", "/workflow/"+id+"?includeTasks=false", nil), &w); err != nil {
-		c.t.Fatalf("decode workflow: %v", err)
-	}
-	return w.Reason
 }

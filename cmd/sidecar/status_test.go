@@ -18,7 +18,6 @@ import (
 // says so instead of promising a next try.
 func TestStatus_IdleStep(t *testing.T) {
 	for _, ended := range []bool{false, true} {
-		mem := memstore.New(statestore.ProjectorOptions{})
 		const runID = "run-idle"
 		evs := []*statestore.RunEventWrite{
 			storetest.Event(runID, statestore.RunStarted, ""),
@@ -29,17 +28,7 @@ func TestStatus_IdleStep(t *testing.T) {
 		if ended {
 			evs = append(evs, storetest.Event(runID, statestore.RunFailed, ""))
 		}
-		for _, w := range evs {
-			if _, err := mem.Append(context.Background(), w); err != nil {
-				t.Fatal(err)
-			}
-		}
-		srv := httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: mem}).Handler())
-		code, out, errOut := run(t, "status", runID, "--server", srv.URL)
-		srv.Close()
-		if code != 0 {
-			t.Fatalf("status: %d %s", code, errOut)
-		}
+		out := statusOf(t, runID, evs)
 		var line string
 		for _, l := range strings.Split(out, "\n") {
 			if strings.HasPrefix(l, "step") && strings.Contains(l, " x ") {
@@ -66,26 +55,33 @@ func TestStatus_HeldStepRetryCommandIsQuoted(t *testing.T) {
 		`it's`:                  `sidecar retry run-held 'it'\''s'`,
 		"-rf":                   "sidecar retry -- run-held -rf",
 	} {
-		mem := memstore.New(statestore.ProjectorOptions{})
 		const runID = "run-held"
-		for _, w := range []*statestore.RunEventWrite{
+		out := statusOf(t, runID, []*statestore.RunEventWrite{
 			storetest.Event(runID, statestore.RunStarted, ""),
 			storetest.Event(runID, statestore.StepStarted, step),
 			storetest.WithPayload(storetest.Event(runID, statestore.StepFailed, step),
 				map[string]any{"error": map[string]any{"code": "COMMAND_FAILED", "message": "exit status 1"}, "onStepFailure": "pause"}),
-		} {
-			if _, err := mem.Append(context.Background(), w); err != nil {
-				t.Fatal(err)
-			}
-		}
-		srv := httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: mem}).Handler())
-		code, out, errOut := run(t, "status", runID, "--server", srv.URL)
-		srv.Close()
-		if code != 0 {
-			t.Fatalf("status: %d %s", code, errOut)
-		}
+		})
 		if !strings.Contains(out, "(retry it: "+want+")") {
 			t.Fatalf("step %q: status printed\n%s\nwant the command %s", step, out, want)
 		}
 	}
+}
+
+// statusOf runs "sidecar status runID" against an API over a log holding evs.
+func statusOf(t *testing.T, runID string, evs []*statestore.RunEventWrite) string {
+	t.Helper()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	for _, w := range evs {
+		if _, err := mem.Append(context.Background(), w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv := httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: mem}).Handler())
+	defer srv.Close()
+	code, out, errOut := run(t, "status", runID, "--server", srv.URL)
+	if code != 0 {
+		t.Fatalf("status: %d %s", code, errOut)
+	}
+	return out
 }
