@@ -161,23 +161,25 @@ func (w *Worker) Record(t *model.Task, a *Assignment, r *model.TaskResult) (forw
 	w.external.forget(t.TaskId)
 	ctx, cancel := context.WithTimeout(w.workCtx, w.opts.WriteBudget)
 	defer cancel()
-	snap, err := w.outcomeState(ctx, log, a.RunID)
+	snap, inLog, err := w.outcomeState(ctx, log, a.RunID)
 	if err != nil {
 		w.external.watch(t, a, logical)
 		return false, err
 	}
-	if snap != nil && !startedBefore(snap, a.Step.StepID, logical) {
-		// Polled from Conductor directly, not through the gate: the
-		// gate decides now, as for a poll, and records the start before
-		// the outcome; a run that may not start it (paused, cancelled,
-		// ended) refuses the update, and the task is answered to
-		// Conductor as that poll's would be.
+	if !inLog || (snap != nil && !startedBefore(snap, a.Step.StepID, logical)) {
+		// Polled from Conductor directly, not through the gate (of a
+		// run the log may not have yet: an adopted workflow no poll or
+		// read adopted): the gate decides now, as for a poll, adopting
+		// the workflow and recording the start before the outcome; a
+		// run that may not start it (paused, cancelled, ended) refuses
+		// the update, and the task is answered to Conductor as that
+		// poll's would be.
 		log.Warn("update of a task the gate never handed out (polled from Conductor directly?); deciding its start now")
 		if !w.Admit(t, a) {
 			return false, ErrNotAdmitted
 		}
 		w.external.forget(t.TaskId)
-		if snap, err = w.outcomeState(ctx, log, a.RunID); err != nil {
+		if snap, _, err = w.outcomeState(ctx, log, a.RunID); err != nil {
 			w.external.watch(t, a, logical)
 			return false, err
 		}
@@ -280,19 +282,20 @@ func (w *Worker) recordedBefore(ctx context.Context, log *zap.Logger, snap *stat
 // in the log (a StepStarted that failed open): which attempt the update
 // is of, and whether its outcome is a valid transition (the producer
 // guard, as checkOutcome). A run that cannot be read gives nil and no
-// error: the append then fails the same way, or decides. An error: the
-// outbox was not flushed within ctx, and nothing may be recorded.
-func (w *Worker) outcomeState(ctx context.Context, log *zap.Logger, runID string) (*statestore.RunSnapshot, error) {
+// error: the append then fails the same way, or decides; inLog is false
+// only when the store has no such run. An error: the outbox was not
+// flushed within ctx, and nothing may be recorded.
+func (w *Worker) outcomeState(ctx context.Context, log *zap.Logger, runID string) (snap *statestore.RunSnapshot, inLog bool, err error) {
 	if err := w.outbox.flush(ctx, runID); err != nil {
 		log.Error("outbox not flushed within the write budget; not recording", zap.Error(err))
-		return nil, err
+		return nil, true, err
 	}
-	snap, err := w.runs.ProjectSnapshot(ctx, runID)
+	snap, err = w.runs.ProjectSnapshot(ctx, runID)
 	if err != nil {
 		log.Debug("cannot read the run's state; the append decides", zap.Error(err))
-		return nil, nil
+		return nil, !errors.Is(err, statestore.ErrNotFound), nil
 	}
-	return snap, nil
+	return snap, true, nil
 }
 
 // recordOutcome appends an outside worker's outcome of the attempt

@@ -26,6 +26,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
@@ -93,6 +94,8 @@ type envOpts struct {
 	// adopt, when set, are the adopted definitions (an adapter.Adopter
 	// is the task workers' Options.Adopted and adopts in their guard).
 	adopt []adapter.AdoptSpec
+	// adopter, when set, changes the adopter's options.
+	adopter func(*adapter.AdopterOptions)
 }
 
 func newEnvOpts(t testing.TB, o envOpts) *env {
@@ -137,7 +140,19 @@ func newEnvOpts(t testing.TB, o envOpts) *env {
 	}
 	var adopter *adapter.Adopter
 	if len(o.adopt) > 0 {
-		adopter = adapter.NewAdopter(runs, store, adapter.AdopterOptions{Specs: o.adopt, Logger: zaptest.NewLogger(t)})
+		// A pause the adopter finds in Conductor is recorded, as serve's
+		// watcher records it (drain's follower).
+		keys, err := drain.OpenKeys(ctx, js, drain.KeysOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pauses := drain.NewFollower(store, emit, client, keys, drain.FollowerOptions{Drains: keys, Calls: drain.NewCalls(),
+			Alone: func() bool { return true }, Logger: zaptest.NewLogger(t)})
+		aopts := adapter.AdopterOptions{Specs: o.adopt, Pauses: pauses, Logger: zaptest.NewLogger(t)}
+		if o.adopter != nil {
+			o.adopter(&aopts)
+		}
+		adopter = adapter.NewAdopter(runs, store, aopts)
 		if err := adopter.Open(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -511,6 +526,73 @@ func TestProxy_GatesAnAdoptedWorkflowsTasks(t *testing.T) {
 		if c := count(recs, statestore.StepCompleted); c != 1 {
 			t.Fatalf("after the adopted task's update: %d StepCompleted, want 1", c)
 		}
+	}
+}
+
+// TestProxy_UpdateBeforeAdoption: a task of an adopted definition's
+// workflow that a worker polled from Conductor directly, reported through
+// the proxy before anything adopted its workflow, adopts the workflow
+// first: the log reads RunStarted, StepStarted, StepCompleted, and the run
+// is consistent. A workflow found PAUSED in Conductor is adopted paused
+// and the update refused (409 PROXY_TASK_NOT_ADMITTED): no step event.
+func TestProxy_UpdateBeforeAdoption(t *testing.T) {
+	for _, paused := range []bool{false, true} {
+		t.Run(fmt.Sprintf("paused=%v", paused), func(t *testing.T) {
+			name := "adopted_" + uuid.NewString()[:8]
+			e := newEnvOpts(t, envOpts{adopt: []adapter.AdoptSpec{{Name: name}},
+				// No running-list read in the test's time: only the update can adopt.
+				adopter: func(o *adapter.AdopterOptions) { o.DiscoverEvery = 100_000 }})
+			ctx := context.Background()
+			def := fmt.Sprintf(`{"name":%q,"version":1,"ownerEmail":"x@y","schemaVersion":2,"tasks":[{"name":%q,"taskReferenceName":"a","type":"SIMPLE",
+				"taskDefinition":{"name":%q,"ownerEmail":"x@y","responseTimeoutSeconds":60,"retryCount":0}}]}`, name, e.tt, e.tt)
+			if err := e.client.RegisterWorkflowDefJSON(ctx, []byte(def)); err != nil {
+				t.Fatal(err)
+			}
+			wfID, err := e.client.StartWorkflow(ctx, model.StartWorkflowRequest{Name: name, Version: 1, Input: map[string]any{}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var direct []task
+			waitFor(t, "a task polled from Conductor directly", 10*time.Second, func() bool {
+				q := url.Values{"workerid": {"direct-worker"}, "count": {"1"}, "timeout": {"100"}}
+				_, b := call(t, http.MethodGet, strings.TrimSuffix(e.client.BaseURL(), "/")+"/tasks/poll/batch/"+e.tt+"?"+q.Encode(), nil)
+				_ = json.Unmarshal(b, &direct)
+				return len(direct) > 0
+			})
+			if paused {
+				if err := e.client.Pause(ctx, wfID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			resp, body := call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": direct[0].TaskID, "workflowInstanceId": wfID, "status": "COMPLETED"})
+			recs := e.events(t, wfID)
+			var order []string
+			for _, r := range recs {
+				order = append(order, r.EventType)
+			}
+			if paused {
+				if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), proxy.CodeTaskNotAdmitted) {
+					t.Fatalf("update of a paused workflow's task before adoption: %d %s, want 409 %s", resp.StatusCode, body, proxy.CodeTaskNotAdmitted)
+				}
+				if c := count(recs, statestore.StepStarted) + count(recs, statestore.StepCompleted); c != 0 {
+					t.Fatalf("step events recorded for a refused update: %v", order)
+				}
+				return
+			}
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("update before adoption: %d %s", resp.StatusCode, body)
+			}
+			if got := strings.Join(order, " "); got != "RunStarted StepStarted StepCompleted" {
+				t.Fatalf("the log %q, want RunStarted StepStarted StepCompleted", got)
+			}
+			snap, err := e.store.ProjectSnapshot(ctx, wfID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if snap.Inconsistent {
+				t.Fatal("the run is INCONSISTENT")
+			}
+		})
 	}
 }
 
