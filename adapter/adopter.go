@@ -3,6 +3,7 @@ package adapter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"time"
@@ -29,6 +30,12 @@ type AdopterOptions struct {
 	DiscoverEvery int
 	// Owner divides the adopted runs between replicas (default: all).
 	Owner Owner
+	// TaskDomain, when set, adopts only the workflows started in that
+	// task domain (taskToDomain["*"], or every entry when it has no "*"):
+	// deployments that share a Conductor and adopt the same definition
+	// keep their workflows apart. Empty: every workflow of the adopted
+	// definitions, whatever its domain.
+	TaskDomain string
 	// OnStepFailure is the failure policy of adopted runs' worker tasks
 	// (plan.OnFailureFail, the default, or plan.OnFailurePause: a final
 	// failure reported through the proxy is held for RETRY_STEP).
@@ -218,6 +225,44 @@ func (a *Adopter) adopts(name string, version int32) bool {
 	return false
 }
 
+// adoptsWorkflow reports whether wf is adopted: of an adopted definition
+// and, with AdopterOptions.TaskDomain set, started in that task domain.
+func (a *Adopter) adoptsWorkflow(wf *model.Workflow) bool {
+	return a.adopts(wf.WorkflowName, wf.WorkflowVersion) && InTaskDomain(wf.TaskToDomain, a.opts.TaskDomain)
+}
+
+// InTaskDomain reports whether a workflow started with taskToDomain runs
+// its tasks in domain: its "*" entry is domain or, without one, every
+// entry is (an empty map: no domain). An empty domain matches any
+// workflow.
+func InTaskDomain(taskToDomain map[string]string, domain string) bool {
+	if domain == "" {
+		return true
+	}
+	if d, ok := taskToDomain["*"]; ok {
+		return d == domain
+	}
+	for _, d := range taskToDomain {
+		if d != domain {
+			return false
+		}
+	}
+	return len(taskToDomain) > 0
+}
+
+// markForeign remembers a workflow of an adopted definition's name that
+// is not adopted (another version, another task domain, a plan run's),
+// so that its tasks pass the proxy and the running-list read skips it
+// without reading it again.
+func (a *Adopter) markForeign(id string) {
+	a.mu.Lock()
+	if len(a.foreign) > 100_000 {
+		clear(a.foreign)
+	}
+	a.foreign[id] = struct{}{}
+	a.mu.Unlock()
+}
+
 // Step is the assignment of a polled worker task of an adopted workflow
 // (taskworkers.Options.Adopted): ok false for a task of any other
 // workflow, which then passes untouched. A task of a workflow not seen
@@ -256,13 +301,8 @@ func (a *Adopter) Step(t *model.Task) (*plan.TaskInput, bool) {
 		a.log.Warn("could not read a polled task's workflow; passing it through", zap.String("workflowId", id), zap.Error(err))
 		return nil, false
 	}
-	if !a.adopts(wf.WorkflowName, wf.WorkflowVersion) {
-		a.mu.Lock()
-		if len(a.foreign) > 100_000 {
-			clear(a.foreign)
-		}
-		a.foreign[id] = struct{}{}
-		a.mu.Unlock()
+	if !a.adoptsWorkflow(wf) {
+		a.markForeign(id)
 		return nil, false
 	}
 	// Not adopted yet: the identity it will get (the guard adopts it).
@@ -336,11 +376,17 @@ func (a *Adopter) ensure(ctx context.Context, workflowID, gatedTaskID string) er
 		return err
 	}
 	if !a.adopts(wf.WorkflowName, wf.WorkflowVersion) {
+		a.markForeign(workflowID)
 		return &Error{Code: CodeNotFound, Op: "adopt", Message: "workflow " + workflowID + " is not of an adopted definition"}
+	}
+	if !InTaskDomain(wf.TaskToDomain, a.opts.TaskDomain) {
+		a.markForeign(workflowID)
+		return &Error{Code: CodeNotFound, Op: "adopt", Message: fmt.Sprintf("workflow %s runs in task domain %q, not %q; it is not adopted", workflowID, wf.TaskToDomain["*"], a.opts.TaskDomain)}
 	}
 	if _, planRun := wf.Input[plan.InputRunID]; planRun {
 		// The workflow of a plan run (the sidecar started it): it is in
 		// the log as that run already.
+		a.markForeign(workflowID)
 		return &Error{Code: CodeNotFound, Op: "adopt", Message: "workflow " + workflowID + " is a plan run's; it is not adopted"}
 	}
 	return a.adopt(ctx, wf, gatedTaskID)
@@ -520,8 +566,9 @@ func (a *Adopter) discover(ctx context.Context) {
 			for _, id := range ids {
 				a.mu.Lock()
 				_, known := a.known[id]
+				_, isForeign := a.foreign[id]
 				a.mu.Unlock()
-				if known || !a.opts.Owner.Owns(id) {
+				if known || isForeign || !a.opts.Owner.Owns(id) {
 					continue
 				}
 				rctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -2,6 +2,7 @@ package adapter
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -117,6 +118,90 @@ func TestAdopter_SystemTasksUntilTheEnd(t *testing.T) {
 	}
 	if got := strings.Join(typesOf(env.events(t, id)), " "); got != want {
 		t.Fatalf("the ended run's log changed: %q", got)
+	}
+}
+
+// TestAdopter_TaskDomain: with a task domain set, the adopter adopts the
+// workflows of the adopted definition started in that domain only:
+// found in the running list, by Ensure or by a polled task (Step); a
+// workflow of another domain, or of none, is left to whoever adopts it.
+func TestAdopter_TaskDomain(t *testing.T) {
+	u := conductortest.URL(t)
+	env := newNATS(t)
+	runs := env.newRuns(t, u, RunsOptions{})
+	ctx := context.Background()
+	name := "adopt-domain-" + suffix(t)
+	def := `{"name":"` + name + `","version":1,"schemaVersion":2,"ownerEmail":"t@example.com","tasks":[
+		{"name":"` + name + `_w","taskReferenceName":"w","type":"SIMPLE"}]}`
+	if err := runs.conductor.RegisterWorkflowDefJSON(ctx, []byte(def)); err != nil {
+		t.Fatal(err)
+	}
+	domains := map[string]map[string]string{"ours": {"*": "d1"}, "byTask": {name + "_w": "d1"}, "theirs": {"*": "d2"}, "none": nil}
+	ids := map[string]string{}
+	for k, d := range domains {
+		id, err := runs.conductor.StartWorkflow(ctx, model.StartWorkflowRequest{Name: name, Version: 1, TaskToDomain: d, Input: map[string]any{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = runs.conductor.Terminate(context.Background(), id, "test done") })
+		ids[k] = id
+	}
+	adopter := NewAdopter(runs, env.store, AdopterOptions{Specs: []AdoptSpec{{Name: name}}, TaskDomain: "d1",
+		Interval: 50 * time.Millisecond, DiscoverEvery: 1, Logger: zaptest.NewLogger(t)})
+	if err := adopter.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = adopter.Close(ctx) })
+	deadline := time.Now().Add(30 * time.Second)
+	for len(env.events(t, ids["ours"])) == 0 || len(env.events(t, ids["byTask"])) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the workflows of the adopted domain were not adopted from the running list")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // ten more running-list reads
+	for _, k := range []string{"theirs", "none"} {
+		if n := len(env.events(t, ids[k])); n != 0 {
+			t.Fatalf("the workflow of task domain %v was adopted: %d events", domains[k], n)
+		}
+		if err := adopter.Ensure(ctx, ids[k]); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("Ensure of the workflow of task domain %v: %v, want not found", domains[k], err)
+		}
+	}
+	// A task polled first (no running-list read or Ensure before it), on
+	// a replica that has seen none of them.
+	fresh := NewAdopter(runs, env.store, AdopterOptions{Specs: []AdoptSpec{{Name: name}}, TaskDomain: "d1", Logger: zaptest.NewLogger(t)})
+	for k, id := range ids {
+		wf, err := runs.conductor.WorkflowTasks(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tk := range wf.Tasks {
+			tk.WorkflowType = name
+			if _, ok := fresh.Step(&tk); ok != (k == "ours" || k == "byTask") {
+				t.Fatalf("a task of the workflow of task domain %v taken as an adopted run's: %v", domains[k], ok)
+			}
+		}
+	}
+}
+
+func TestInTaskDomain(t *testing.T) {
+	for _, c := range []struct {
+		m      map[string]string
+		domain string
+		want   bool
+	}{
+		{nil, "", true},
+		{map[string]string{"*": "x"}, "", true},
+		{nil, "d", false},
+		{map[string]string{"*": "d"}, "d", true},
+		{map[string]string{"*": "e", "t": "d"}, "d", false},
+		{map[string]string{"t": "d", "u": "d"}, "d", true},
+		{map[string]string{"t": "d", "u": "e"}, "d", false},
+	} {
+		if got := InTaskDomain(c.m, c.domain); got != c.want {
+			t.Errorf("InTaskDomain(%v, %q) = %v, want %v", c.m, c.domain, got, c.want)
+		}
 	}
 }
 

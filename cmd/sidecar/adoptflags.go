@@ -21,6 +21,9 @@ type adoptConfig struct {
 	Interval time.Duration
 	// TenantID, ProjectID and EnvironmentID of the adopted runs.
 	TenantID, ProjectID, EnvironmentID string
+	// TaskDomain, when set, adopts only the workflows started in that
+	// task domain.
+	TaskDomain string
 	// OnStepFailure is the failure policy of adopted runs' SIMPLE tasks:
 	// fail (the definition decides) or pause (held for RETRY_STEP).
 	OnStepFailure string
@@ -68,6 +71,7 @@ func (c *adoptConfig) registerFlags(fs *flag.FlagSet) {
 	stringFlag(fs, &c.TenantID, "adopt-tenant-id", "tenantId of adopted runs")
 	stringFlag(fs, &c.ProjectID, "adopt-project-id", "projectId of adopted runs")
 	stringFlag(fs, &c.EnvironmentID, "adopt-environment-id", "environmentId of adopted runs")
+	stringFlag(fs, &c.TaskDomain, "adopt-task-domain", "adopt only the workflows started in this task domain (taskToDomain \"*\"); deployments sharing a Conductor and an adopted definition need distinct ones (empty: every workflow of the definition)")
 	c.OnStepFailure = plan.OnFailureFail
 	stringFlag(fs, &c.OnStepFailure, "adopt-on-step-failure", "a SIMPLE task of an adopted run failed for good: fail (forwarded; the definition decides) or pause (held, the run paused, for RETRY_STEP)")
 }
@@ -81,6 +85,9 @@ func (c *adoptConfig) validate() []string {
 	}
 	if c.Interval < 0 {
 		p = append(p, "--adopt-interval must not be negative")
+	}
+	if strings.ContainsAny(c.TaskDomain, " ,:*/") {
+		p = append(p, "--adopt-task-domain must not contain spaces, ',', ':', '*' or '/'")
 	}
 	if c.OnStepFailure != plan.OnFailureFail && c.OnStepFailure != plan.OnFailurePause {
 		p = append(p, "--adopt-on-step-failure "+c.OnStepFailure+": want fail or pause")
@@ -97,5 +104,6 @@ func (c *adoptConfig) apply(nc *node.Config) {
 	}
 	nc.Adopt.Interval = c.Interval
 	nc.Adopt.OnStepFailure = c.OnStepFailure
+	nc.Adopt.TaskDomain = c.TaskDomain
 	nc.Adopt.Identity = adapter.AdoptedIdentity{TenantID: c.TenantID, ProjectID: c.ProjectID, EnvironmentID: c.EnvironmentID}
 }

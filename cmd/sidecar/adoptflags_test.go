@@ -77,4 +77,22 @@ func TestConfig_Adopt(t *testing.T) {
 	if !errors.As(err, &ve) || !strings.Contains(err.Error(), "--adopt-on-step-failure retry: want fail or pause") {
 		t.Fatalf("--adopt-on-step-failure retry: %v, want a validation problem naming it", err)
 	}
+
+	// The task domain: none unless asked (every workflow of the
+	// definition), given reaches the node, a malformed one is refused.
+	if nc.Adopt.TaskDomain != "" {
+		t.Fatalf("default --adopt-task-domain %q, want none", nc.Adopt.TaskDomain)
+	}
+	if cfg, err = parseAdopt(t, "--adopt", "orders", "--adopt-task-domain", "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	nc = node.Config{}
+	cfg.Adopt.apply(&nc)
+	if nc.Adopt.TaskDomain != "team-a" {
+		t.Fatalf("--adopt-task-domain team-a: node config %q", nc.Adopt.TaskDomain)
+	}
+	_, err = parseAdopt(t, "--adopt", "orders", "--adopt-task-domain", "a*b")
+	if !errors.As(err, &ve) || !strings.Contains(err.Error(), "--adopt-task-domain must not contain") {
+		t.Fatalf("--adopt-task-domain a*b: %v, want a validation problem naming it", err)
+	}
 }
