@@ -136,16 +136,17 @@ func NewFollower(snaps SnapshotReader, emit Emitter, engine FollowerEngine, ledg
 //     applied to Conductor (FollowConverged). If it does, the workflow was
 //     paused or resumed in Conductor: that is recorded in the log
 //     (RunPaused of the next cycle, which drains and times out like any
-//     other, or RunResumed; requestedBy "conductor"), unless a pause or
-//     resume of the Controller's on the run was under way at any moment
-//     of the check (FollowerOptions.Calls): a call of it may have reached
-//     Conductor after a later one, and its settle brings Conductor back
-//     to the log; the check decides nothing and the next one decides
-//     again. Another replica's requests are not in Calls: on a run the
-//     sidecar paused before (pause cycle > 0), unless this replica is
-//     alone (FollowerOptions.Alone), the same difference (log state and
-//     cycle, ledger note and revision, Conductor's status) must be seen
-//     by two checks at least FollowerOptions.Grace apart.
+//     other, or RunResumed; requestedBy "conductor"). Neither is done
+//     while a pause or resume of the Controller's on the run was under
+//     way at any moment of the check (FollowerOptions.Calls): a call of
+//     it may reach Conductor after a later one, and its settle brings
+//     Conductor back to the log; the check decides nothing and the next
+//     one decides again. Another replica's requests are not in Calls: on
+//     a run the sidecar paused before (pause cycle > 0), unless this
+//     replica is alone (FollowerOptions.Alone), a move in Conductor is
+//     recorded only once the same difference (log state and cycle, ledger
+//     note and revision, Conductor's status) was seen by two checks at
+//     least FollowerOptions.Grace apart.
 //   - COMPLETED while the log says PAUSED: the pause reached the log after
 //     Conductor had taken the run's last task. RunCompleted is valid from
 //     RUNNING only, so the pause is closed (RunResumed, requestedBy
@@ -225,14 +226,17 @@ func (f *Follower) follow(ctx context.Context, runID, workflowID string, engineP
 		f.seen.forget(runID)
 		return "", nil // in step now: the next check notes it
 	}
-	if notedCycle != cycle || notedPaused != logPaused {
-		f.seen.forget(runID)
-		return f.converge(ctx, runID, workflowID, logPaused, cycle)
-	}
 	if busy, now := f.inFlight(runID); busy || now != gen {
+		// Whatever the ledger says: a request's own call not landed yet
+		// is applied by its settle, which reads the log after it; a call
+		// of ours could land after a later request's and undo it.
 		f.logger.Debug("Conductor and the log differ while a pause or resume of the run is under way; decided at the next check",
 			zap.String("runId", runID), zap.String("workflowId", workflowID), zap.Bool("enginePaused", enginePaused), zap.Int64("cycle", cycle))
 		return "", nil
+	}
+	if notedCycle != cycle || notedPaused != logPaused {
+		f.seen.forget(runID)
+		return f.converge(ctx, runID, workflowID, logPaused, cycle)
 	}
 	if !f.lasted(runID, sighting{logCycle: cycle, logPaused: logPaused, noteRev: rev, notePaused: notedPaused, noteCycle: notedCycle, enginePause: enginePaused}) {
 		f.logger.Debug("Conductor and the log differ; decided once the difference has lasted the grace (another replica's late call is corrected within it)",

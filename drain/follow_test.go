@@ -531,3 +531,77 @@ func TestFollower_RequestWithinOneCheck(t *testing.T) {
 		t.Fatalf("the run ends %s in the log and %s in Conductor, want RUNNING in both", inLog, inConductor)
 	}
 }
+
+// TestFollower_NoConvergeWhileARequestIsUnderWay: the follower checks a
+// run while a pause of it is under way (recorded, its call to Conductor
+// not landed yet). The log says PAUSED and the engine ledger still holds
+// the state before: the pause's own call has not reached Conductor, and
+// its settle applies whatever the log says once it lands. The follower
+// must leave the run to it. If it applied the log's state itself, its
+// call could land after a resume recorded meanwhile had answered, and
+// Conductor would show PAUSED under a RUNNING log with no request under
+// way (its own settle repairs that only after one more call).
+func TestFollower_NoConvergeWhileARequestIsUnderWay(t *testing.T) {
+	ctx := context.Background()
+	e := newRaceEnv(t)
+	if err := pauseRun(ctx, e.c, e.runID); err != nil {
+		t.Fatal(err)
+	}
+	if err := resumeRun(ctx, e.c, e.runID); err != nil {
+		t.Fatal(err)
+	}
+	// A pause recorded; its call held before it reaches Conductor.
+	first := e.hc.HoldNext("pause")
+	paused := make(chan error, 1)
+	go func() { paused <- pauseRun(ctx, e.c, e.runID) }()
+	wait(t, "the pause's call", first.Entered)
+	// The watcher saw the workflow RUNNING: the follower looks.
+	converge := e.hc.HoldNext("pause")
+	checked := make(chan error, 1)
+	go func() {
+		_, err := e.f.Saw(ctx, e.runID, e.wf, drain.EngineRunning)
+		checked <- err
+	}()
+	converged := false
+	select {
+	case err := <-checked:
+		if err != nil {
+			t.Fatalf("follower: %v", err)
+		}
+	case <-converge.Entered:
+		converged = true
+	case <-time.After(2 * time.Minute):
+		t.Fatal("timed out after 2m waiting for the follower's check")
+	}
+	// A resume is recorded and answers; then the pause lands, and its
+	// settle applies the log (RUNNING).
+	if err := resumeRun(ctx, e.c, e.runID); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	first.Let()
+	select {
+	case err := <-paused:
+		if err != nil {
+			t.Fatalf("pause: %v", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("timed out after 2m waiting for the pause")
+	}
+	if converged {
+		// Both requests answered. The follower's call lands; its own
+		// settle's call is held to show what Conductor is left with.
+		settle := e.hc.HoldNext("resume")
+		converge.Let()
+		wait(t, "the follower's call to land", converge.Done)
+		if inLog, inConductor := e.status(t); inLog != statestore.RunStatusRunning || inConductor != drain.EngineRunning {
+			t.Errorf("with no request under way the run is %s in the log and %s in Conductor: the follower applied a pause state it read while a pause was under way", inLog, inConductor)
+		}
+		settle.Let()
+		if err := <-checked; err != nil {
+			t.Fatalf("follower: %v", err)
+		}
+	}
+	if inLog, inConductor := e.status(t); inLog != statestore.RunStatusRunning || inConductor != drain.EngineRunning {
+		t.Fatalf("the run ends %s in the log and %s in Conductor, want RUNNING in both", inLog, inConductor)
+	}
+}
