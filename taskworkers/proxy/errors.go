@@ -33,7 +33,12 @@ const (
 	// workflowInstanceId that is not the task's (Conductor would answer it
 	// 200 and change nothing); nothing was recorded or forwarded (400).
 	CodeWorkflowMismatch = "PROXY_WORKFLOW_MISMATCH"
-	// CodeBadRequest: the update's body is not a task result.
+	// CodeBadUpdate: the update's body is not a task result (not a JSON
+	// object, or a status Conductor has no such value of); nothing was
+	// recorded or forwarded (400; Conductor answers such a body 500,
+	// which an SDK retries).
+	CodeBadUpdate = "PROXY_BAD_UPDATE"
+	// CodeBadRequest: the request's body could not be read.
 	CodeBadRequest = "PROXY_BAD_REQUEST"
 	// CodeTooManyConnections: the proxy's listener holds
 	// Options.MaxConnections open; the connection is answered and closed,

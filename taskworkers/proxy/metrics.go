@@ -28,7 +28,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"kind"}),
 		tasks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sidecar_proxy_external_tasks_total",
-			Help: "External steps' tasks by what the proxy did: admitted (StepStarted recorded, handed to the worker), held_back (the gate answered Conductor: paused, ended, ...), update_answered (the update was answered by the sidecar, not forwarded), update_not_recorded (the store did not take the outcome; the worker retries), update_not_admitted (a task the proxy never handed out, of a run that may not start it: refused with 409), update_refused (the update named another workflow than the task's: refused with 400).",
+			Help: "External steps' tasks by what the proxy did: admitted (StepStarted recorded, handed to the worker), held_back (the gate answered Conductor: paused, ended, ...), update_answered (the update was answered by the sidecar, not forwarded), update_not_recorded (the store did not take the outcome; the worker retries), update_not_admitted (a task the proxy never handed out, of a run that may not start it: refused with 409), update_refused (the update named another workflow than the task's, or was no task result: refused with 400).",
 		}, []string{"outcome"}),
 		gate: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "sidecar_proxy_gate_seconds",

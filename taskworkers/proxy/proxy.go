@@ -555,7 +555,7 @@ func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
 		return
 	}
 	defer release()
-	if s, ok := scanTask(body); ok && p.seen.passed(s.taskID) {
+	if s, ok := scanTask(body); ok && p.seen.passed(s.taskID) && knownStatus(model.TaskResultStatus(s.status)) {
 		// A task a poll passed through: forwarded without decoding it
 		// (and forgotten once Conductor took its final update).
 		p.relay(w, r, body, v2, nil, nil, &model.TaskResult{TaskId: s.taskID, Status: model.TaskResultStatus(s.status)})
@@ -563,8 +563,17 @@ func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
 	}
 	var res model.TaskResult
 	if err := json.Unmarshal(body, &res); err != nil {
-		// Not ours to judge: Conductor answers it.
+		if !isObject(body) {
+			p.badUpdate(w, "the body is not a JSON object: "+err.Error())
+			return
+		}
+		// A field Conductor may read otherwise (Jackson takes "10" for
+		// 10): not ours to judge, Conductor answers it.
 		p.relay(w, r, body, v2, nil, nil, nil)
+		return
+	}
+	if !knownStatus(res.Status) {
+		p.badUpdate(w, fmt.Sprintf("status %q is none of IN_PROGRESS, COMPLETED, FAILED, FAILED_WITH_TERMINAL_ERROR", res.Status))
 		return
 	}
 	t, a, err := p.task(r, res.TaskId)
@@ -605,6 +614,29 @@ func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
 		return
 	}
 	p.relay(w, r, body, v2, t, a, &res)
+}
+
+// badUpdate answers an update whose body is not a task result (400
+// PROXY_BAD_UPDATE): nothing is recorded or forwarded.
+func (p *Proxy) badUpdate(w http.ResponseWriter, why string) {
+	p.opts.Metrics.task("update_refused")
+	writeError(w, http.StatusBadRequest, CodeBadUpdate, "not a task result, nothing was recorded or forwarded: "+why)
+}
+
+// isObject reports whether b is one well-formed JSON object.
+func isObject(b []byte) bool {
+	b = bytes.TrimSpace(b)
+	return len(b) > 0 && b[0] == '{' && json.Valid(b)
+}
+
+// knownStatus reports whether s is a status a task result may carry
+// (Conductor's TaskResult.Status).
+func knownStatus(s model.TaskResultStatus) bool {
+	switch s {
+	case model.InProgressTask, model.CompletedTask, model.FailedTask, model.FailedWithTerminalErrorTask:
+		return true
+	}
+	return false
 }
 
 // notRecorded answers an update whose outcome Record did not take: a task

@@ -1140,6 +1140,42 @@ func TestProxy_UpdateOfATaskPolledDirectly(t *testing.T) {
 	}
 }
 
+// TestProxy_BadUpdateIsRefused: an update whose body is not a task result
+// (not JSON, not an object, empty, a status Conductor has no such value
+// of) is answered 400 PROXY_BAD_UPDATE, which the SDKs do not retry, not
+// relayed for Conductor to answer 500: nothing is recorded or forwarded,
+// and the worker's real update afterwards is.
+func TestProxy_BadUpdateIsRefused(t *testing.T) {
+	e := newEnv(t)
+	runID, wfID := e.start(t, 1, 60)
+	got := e.pollOne(t)
+	for _, body := range []string{`{"taskId":`, `[1,2]`, ``, `"COMPLETED"`,
+		`{"taskId":"` + got.TaskID + `","workflowInstanceId":"` + wfID + `","status":"BOGUS"}`,
+		`{"taskId":"` + got.TaskID + `","workflowInstanceId":"` + wfID + `"}`} {
+		req, _ := http.NewRequest(http.MethodPost, e.url+"/tasks", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), proxy.CodeBadUpdate) {
+			t.Fatalf("update %q: %d %s, want 400 %s", body, resp.StatusCode, b, proxy.CodeBadUpdate)
+		}
+	}
+	if c := count(e.events(t, runID), statestore.StepCompleted) + count(e.events(t, runID), statestore.StepFailed); c != 0 {
+		t.Fatalf("%d outcomes recorded for bad updates", c)
+	}
+	resp, body := call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": got.TaskID, "workflowInstanceId": wfID, "status": "COMPLETED"})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the real update: %d %s", resp.StatusCode, body)
+	}
+	if c := count(e.events(t, runID), statestore.StepCompleted); c != 1 {
+		t.Fatalf("after the real update: %d StepCompleted, want 1", c)
+	}
+}
+
 // TestProxy_UpdateNamingAnotherWorkflowIsRefused: an update of an external
 // step's task whose workflowInstanceId is not the task's (Conductor answers
 // such an update 200 and changes nothing) is refused with
