@@ -367,29 +367,68 @@ func (a *Adopter) Ensure(ctx context.Context, workflowID string) error {
 	return a.ensure(ctx, workflowID, "")
 }
 
-// ensure is Ensure; gatedTaskID is the task whose poll adopts the
-// workflow ("" when no poll does), which the gate starts.
-func (a *Adopter) ensure(ctx context.Context, workflowID, gatedTaskID string) error {
-	a.runs.metrics.adoptRead(adoptReadAdoption)
-	wf, err := a.runs.conductor.WorkflowTasks(ctx, workflowID)
+// EnsureRunning is Ensure for a workflow Conductor runs now (RUNNING or
+// PAUSED), for a request that names a run the log does not have yet (a
+// control request or a status read in the seconds before the running-list
+// read finds a new workflow). An ended workflow is not adopted: its run
+// may have ended and left hot state. ErrNotFound for any workflow that is
+// not adopted, ended, or unknown to Conductor; a workflow already known as
+// not adopted costs no read.
+func (a *Adopter) EnsureRunning(ctx context.Context, workflowID string) error {
+	a.mu.Lock()
+	_, known := a.known[workflowID]
+	_, isForeign := a.foreign[workflowID]
+	a.mu.Unlock()
+	switch {
+	case known:
+		return nil
+	case isForeign:
+		return &Error{Code: CodeNotFound, Op: "adopt", Message: "workflow " + workflowID + " is not adopted"}
+	}
+	wf, err := a.workflowToAdopt(ctx, workflowID)
 	if err != nil {
 		return err
 	}
+	if wf.Status != model.RunningWorkflow && wf.Status != model.PausedWorkflow {
+		return &Error{Code: CodeNotFound, Op: "adopt", Message: fmt.Sprintf("workflow %s is %s: only a running or paused workflow is adopted on demand", workflowID, wf.Status)}
+	}
+	return a.adopt(ctx, wf, "")
+}
+
+// ensure is Ensure; gatedTaskID is the task whose poll adopts the
+// workflow ("" when no poll does), which the gate starts.
+func (a *Adopter) ensure(ctx context.Context, workflowID, gatedTaskID string) error {
+	wf, err := a.workflowToAdopt(ctx, workflowID)
+	if err != nil {
+		return err
+	}
+	return a.adopt(ctx, wf, gatedTaskID)
+}
+
+// workflowToAdopt reads workflowID with its tasks from Conductor; an
+// error matching ErrNotFound when it is not adopted (another definition
+// or version, another task domain, a plan run's workflow), remembered.
+func (a *Adopter) workflowToAdopt(ctx context.Context, workflowID string) (*model.Workflow, error) {
+	a.runs.metrics.adoptRead(adoptReadAdoption)
+	wf, err := a.runs.conductor.WorkflowTasks(ctx, workflowID)
+	if err != nil {
+		return nil, err
+	}
 	if !a.adopts(wf.WorkflowName, wf.WorkflowVersion) {
 		a.markForeign(workflowID)
-		return &Error{Code: CodeNotFound, Op: "adopt", Message: "workflow " + workflowID + " is not of an adopted definition"}
+		return nil, &Error{Code: CodeNotFound, Op: "adopt", Message: "workflow " + workflowID + " is not of an adopted definition"}
 	}
 	if !InTaskDomain(wf.TaskToDomain, a.opts.TaskDomain) {
 		a.markForeign(workflowID)
-		return &Error{Code: CodeNotFound, Op: "adopt", Message: fmt.Sprintf("workflow %s runs in task domain %q, not %q; it is not adopted", workflowID, wf.TaskToDomain["*"], a.opts.TaskDomain)}
+		return nil, &Error{Code: CodeNotFound, Op: "adopt", Message: fmt.Sprintf("workflow %s runs in task domain %q, not %q; it is not adopted", workflowID, wf.TaskToDomain["*"], a.opts.TaskDomain)}
 	}
 	if _, planRun := wf.Input[plan.InputRunID]; planRun {
 		// The workflow of a plan run (the sidecar started it): it is in
 		// the log as that run already.
 		a.markForeign(workflowID)
-		return &Error{Code: CodeNotFound, Op: "adopt", Message: "workflow " + workflowID + " is a plan run's; it is not adopted"}
+		return nil, &Error{Code: CodeNotFound, Op: "adopt", Message: "workflow " + workflowID + " is a plan run's; it is not adopted"}
 	}
-	return a.adopt(ctx, wf, gatedTaskID)
+	return wf, nil
 }
 
 // adopt records wf as a run and brings its tasks into the log (the

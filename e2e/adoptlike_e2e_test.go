@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -393,5 +394,39 @@ func TestE2E_AdoptRetryStep(t *testing.T) {
 	}
 	if i := eventIndex(evs, statestore.StepFailed, "flaky", 1); !strings.Contains(string(evs[i].Payload), `"onStepFailure":"pause"`) {
 		t.Fatalf("StepFailed %s: want it held (onStepFailure pause)", evs[i].Payload)
+	}
+}
+
+// TestE2E_AdoptOnTheFirstRequest: a workflow of an adopted definition,
+// started in Conductor a moment ago, before any poll or running-list read
+// adopted it, is a run at the first request that names it: a pause
+// answers with the run paused (not RUN_NOT_FOUND), the log starts
+// RunStarted, RunPaused, and Conductor's workflow is PAUSED. A workflow
+// of the definition that already ended is not adopted by a request: a
+// status read of it stays RUN_NOT_FOUND.
+func TestE2E_AdoptOnTheFirstRequest(t *testing.T) {
+	t.Parallel() // its own serve and data dir
+	condURL := conductortest.URL(t)
+	taskType := uniq("adopt_ondemand")
+	name := uniq("adopt_ondemand")
+	registerDef(t, condURL, name, []map[string]any{simpleTask("work", taskType, 0)})
+	// No worker polls, and the running list is read every 5 minutes.
+	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--adopt", name, "--adopt-interval", "1m")
+	ended := startWorkflow(t, condURL, name, "", map[string]any{})
+	conductorCall(t, http.MethodDelete, "/workflow/"+ended, "")
+	runID := startWorkflow(t, condURL, name, "", map[string]any{})
+	t.Cleanup(func() { _, _ = p.client.Cancel(context.Background(), runID, "test done") })
+	if _, err := p.client.Pause(t.Context(), runID, 60, "at once"); err != nil {
+		t.Fatalf("pause of a workflow of an adopted definition started a moment ago: %v", err)
+	}
+	evs := allEvents(t, p, runID)
+	if len(evs) < 2 || evs[0].EventType != statestore.RunStarted || evs[1].EventType != statestore.RunPaused {
+		t.Fatalf("log %v, want RunStarted, RunPaused first", stepTypes(evs))
+	}
+	if s := conductorStatus(t, runID); s != "PAUSED" {
+		t.Fatalf("Conductor's workflow %s after the pause, want PAUSED", s)
+	}
+	if _, err := p.client.Run(t.Context(), ended); apiCode(err) != "404 RUN_NOT_FOUND" {
+		t.Fatalf("status of a workflow that ended before any adoption: %v, want 404 RUN_NOT_FOUND", err)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
@@ -148,6 +149,12 @@ type Options struct {
 	// NotifySecretHeader. Nil or no secret: not served.
 	Notifications WorkflowNudger
 	NotifySecret  []byte
+	// Adoption, when set, adopts on demand the workflow a request names
+	// by its runId when the log has no such run yet (adopted runs' runId
+	// is their workflowId): a run of an adopted definition is not
+	// RUN_NOT_FOUND in the seconds before the adopter's running-list read
+	// finds it. Nil: no adoption.
+	Adoption RunAdoption
 	// MaxConnections bounds the connections the listener keeps open at
 	// once (0: no bound); a connection beyond is answered 503
 	// TOO_MANY_CONNECTIONS and closed (over TLS, closed).
@@ -535,7 +542,11 @@ func checkOptionalIDs(noPipe bool, fields ...[2]string) error {
 // checks role and, on a run route, the principal's scope. The principal
 // goes into r's context for requestedBy.
 func (s *Server) authorize(w http.ResponseWriter, r *http.Request, role string) (*http.Request, error) {
-	if s.opts.Auth == nil || role == "" {
+	if role == "" {
+		return r, nil // probes: no run, no caller
+	}
+	if s.opts.Auth == nil {
+		s.adoptOnDemand(r.Context(), r.PathValue("runId"))
 		return r, nil
 	}
 	p, err := s.opts.Auth.Authenticate(r)
@@ -554,6 +565,7 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, role string) 
 		return r, &apiError{status: http.StatusForbidden, Code: CodeForbidden, Message: fmt.Sprintf("%s lacks the role %s", p.Name, role)}
 	}
 	r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
+	s.adoptOnDemand(r.Context(), r.PathValue("runId"))
 	if runID := r.PathValue("runId"); runID != "" && p.Scope != (Scope{}) {
 		notFound := &apiError{status: http.StatusNotFound, Code: CodeRunNotFound, Message: "no such run"}
 		snap, _, err := s.runSnapshot(r.Context(), runID)
@@ -569,6 +581,38 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, role string) 
 		}
 	}
 	return r, nil
+}
+
+// RunAdoption adopts a workflow of an adopted definition that Conductor
+// runs now (adapter.Adopter.EnsureRunning); an error when it is not one.
+type RunAdoption interface {
+	EnsureRunning(ctx context.Context, workflowID string) error
+}
+
+// adoptOnDemandTimeout bounds the adoption a request waits for.
+const adoptOnDemandTimeout = 5 * time.Second
+
+// adoptOnDemand adopts runID's workflow before the request is served when
+// adoption is on (Options.Adoption), runID could be a workflow's id (a
+// UUID) and the log has no such run. Any failure leaves the request to
+// answer as without adoption (RUN_NOT_FOUND); it costs one read of the
+// log when adoption is on, and one read of Conductor for a UUID the log
+// does not have.
+func (s *Server) adoptOnDemand(ctx context.Context, runID string) {
+	if s.opts.Adoption == nil || runID == "" || len(runID) != 36 {
+		return
+	}
+	if _, err := uuid.Parse(runID); err != nil {
+		return
+	}
+	if _, err := s.opts.Log.ProjectSnapshot(ctx, runID); !errors.Is(err, statestore.ErrNotFound) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, adoptOnDemandTimeout)
+	defer cancel()
+	if err := s.opts.Adoption.EnsureRunning(ctx, runID); err != nil {
+		s.log.Debug("a request named a run the log does not have; not adopted", zap.String("runId", runID), zap.Error(err))
+	}
 }
 
 // answer is the API answer of err: err itself when it is one, else its

@@ -348,6 +348,9 @@ func (n *Node) openAPI(context.Context) error {
 	if n.archive != nil {
 		opts.Archive = n.archive
 	}
+	if n.adopter != nil {
+		opts.Adoption = n.adopter // a new adopted workflow is a run at its first request
+	}
 	if len(opts.NotifySecret) > 0 {
 		opts.Notifications = n.watcher // Conductor's status notifications: a prompt check of the run
 	}
