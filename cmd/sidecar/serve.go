@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/node"
 )
@@ -72,11 +74,18 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	if pprofLn != nil {
 		defer servePprof(pprofLn, log)()
 	}
-	log.Info("sidecar ready", zap.String("listen", sc.addr), zap.String("conductor", cfg.ConductorURL), zap.String("version", buildVersion()))
+	readyCtx, readyDone := context.WithCancel(ctx)
+	said := make(chan struct{})
+	go func() {
+		defer close(said)
+		sc.sayReady(readyCtx, cfg.ConductorURL)
+	}()
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	lost := sc.serveUntil(ctx, hup)
+	readyDone()
+	<-said
 	if lost != nil {
 		log.Error("stopping: "+lost.Error(), zap.String("code", httpapi.CodeNotLive))
 	}
@@ -89,6 +98,45 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	err = errors.Join(lost, sc.close(graceCtx))
 	log.Info("sidecar stopped")
 	return err
+}
+
+// readyCheck bounds one readiness check of sayReady; readyEvery is how
+// often it checks again while serve is not ready.
+const (
+	readyCheck = 5 * time.Second
+	readyEvery = 2 * time.Second
+)
+
+// sayReady logs "sidecar ready" (with the API's address, which scripts
+// read from it) once every component can work, as /readyz would answer
+// 200. Until then it logs once why serve is not ready, and /readyz
+// answers 503: Conductor away at start is waited for, not fatal
+// (docs/operations.md, the ENGINE_UNAVAILABLE runbook). It returns when
+// ctx ends.
+func (sc *sidecar) sayReady(ctx context.Context, conductorURL string) {
+	fields := []zap.Field{zap.String("listen", sc.addr), zap.String("conductor", conductorURL), zap.String("version", buildVersion())}
+	told := false
+	for {
+		cctx, cancel := context.WithTimeout(ctx, readyCheck)
+		err := sc.node.Ready(cctx)
+		cancel()
+		switch {
+		case err == nil:
+			sc.log.Info("sidecar ready", fields...)
+			return
+		case ctx.Err() != nil:
+			return
+		case !told:
+			sc.log.Warn("sidecar serving, not ready yet: "+err.Error()+"; /readyz answers 503 until it is, and the ready line follows",
+				append(fields, zap.String("code", errcode.CodeOf(err)))...)
+			told = true
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(readyEvery):
+		}
+	}
 }
 
 // sidecar is a running serve: its node, and the API settings SIGHUP
