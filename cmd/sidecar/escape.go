@@ -14,7 +14,9 @@ import (
 //
 //   - escapeText escapes one field of human-readable output: newline, tab
 //     and carriage return as \n, \t and \r, every other C0 character, DEL
-//     and C1 as \u00XX (ESC is \u001b), and an invalid UTF-8 byte as \xXX;
+//     and C1 as \u00XX (ESC is \u001b), a Unicode direction control as
+//     \uXXXX (U+202E, which reverses the rest of a line, is \u202e), and
+//     an invalid UTF-8 byte as \xXX;
 //   - safeWriter, around the CLI's stdout and stderr, does the same for
 //     everything but newline and tab, so no output (text, JSON, usage,
 //     errors) carries a terminal control character.
@@ -51,7 +53,15 @@ func isControl(r rune, keepLayout bool) bool {
 	if keepLayout && (r == '\n' || r == '\t') {
 		return false
 	}
-	return r < 0x20 || r == 0x7f || (r >= 0x80 && r <= 0x9f)
+	return r < 0x20 || r == 0x7f || (r >= 0x80 && r <= 0x9f) || isBidiControl(r)
+}
+
+// isBidiControl reports whether r is a Unicode direction control (marks,
+// embeddings, overrides, isolates): printed raw, U+202E turns the rest of
+// a line around ("plan-\u202egnp.exe" shows as "plan-exe.png"). The
+// console shows them as <U+XXXX>.
+func isBidiControl(r rune) bool {
+	return r == 0x061c || r == 0x200e || r == 0x200f || (r >= 0x202a && r <= 0x202e) || (r >= 0x2066 && r <= 0x2069)
 }
 
 // appendEscaped writes p to b with control characters escaped; an

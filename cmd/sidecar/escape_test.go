@@ -8,13 +8,15 @@ import (
 
 func TestEscapeText(t *testing.T) {
 	for in, want := range map[string]string{
-		"plain text, ünïcode ✓":  "plain text, ünïcode ✓",
-		"\x1b[2Jcleared":         `\u001b[2Jcleared`,
-		"a\nb\tc\rd":             `a\nb\tc\rd`,
-		"bell\x07 del\x7f":       `bell\u0007 del\u007f`,
-		"c1 csi \u009b31m":       `c1 csi \u009b31m`,
-		"bad utf8 \xff\xc2":      `bad utf8 \xff\xc2`,
-		"osc \x1b]0;title\x1b\\": `osc \u001b]0;title\u001b\`,
+		"plain text, ünïcode ✓":   "plain text, ünïcode ✓",
+		"\x1b[2Jcleared":          `\u001b[2Jcleared`,
+		"a\nb\tc\rd":              `a\nb\tc\rd`,
+		"bell\x07 del\x7f":        `bell\u0007 del\u007f`,
+		"c1 csi \u009b31m":        `c1 csi \u009b31m`,
+		"bad utf8 \xff\xc2":       `bad utf8 \xff\xc2`,
+		"osc \x1b]0;title\x1b\\":  `osc \u001b]0;title\u001b\`,
+		"plan-\u202egnp.exe":      `plan-\u202egnp.exe`,
+		"\u2066iso\u2069 \u200fm": `\u2066iso\u2069 \u200fm`,
 	} {
 		if got := escapeText(in); got != want {
 			t.Errorf("escapeText(%q) = %q, want %q", in, got, want)
