@@ -19,6 +19,9 @@ func (c *EventsCommand) Run(ctx context.Context, args []string) error {
 	fs := c.m.newFlagSet("events", "events RUN_ID [--follow] [--after-seq N] [--vocabulary core|noetl] [--server URL] [-o json]")
 	var cf clientFlags
 	cf.register(fs)
+	// Events stream: -o json is JSON Lines, an object per event as it
+	// comes (jq takes it as is; jq -s makes an array).
+	fs.Lookup("o").Usage = "output format: text, or json: one JSON object per line (JSON Lines), as --follow prints them"
 	follow := fs.Bool("follow", false, "keep printing new events until the run ends (or Ctrl-C)")
 	after := fs.Int64("after-seq", 0, "print events with runSeq greater than this")
 	interval := fs.Duration("interval", 500*time.Millisecond, "poll interval with --follow")
