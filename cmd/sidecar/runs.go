@@ -28,7 +28,7 @@ func (c *RunsCommand) Run(ctx context.Context, args []string) error {
 	q.register(fs)
 	watch := fs.Bool("w", false, "after the list, print each run that changes (Ctrl-C to stop)")
 	noHeaders := fs.Bool("no-headers", false, "print the table without its header line")
-	archived := fs.Bool("archived", false, "after the runs in hot state, list those that left it, from the archive (-o json marks them archived)")
+	archived := fs.Bool("archived", false, "after the runs in hot state, list those that left it, from the archive (their status reads COMPLETED/ARCHIVED and so on; -o json marks them archived)")
 	if _, err := cf.parse(fs, args); err != nil {
 		return err
 	}
@@ -207,6 +207,9 @@ func (t *runTable) print(rows []httpapi.ListedRun, first bool) {
 		status := r.Status
 		if r.Substatus != "" {
 			status += "/" + r.Substatus
+		}
+		if r.Archived {
+			status += "/ARCHIVED" // left hot state: read-only, from the archive
 		}
 		e := escapeText // every string from the API: one cell, one line
 		line := []string{e(r.RunID), e(r.PlanID), e(status), stepsCell(&r.Row), strconv.Itoa(r.InFlight),

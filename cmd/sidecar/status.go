@@ -38,6 +38,9 @@ func (c *StatusCommand) Run(ctx context.Context, args []string) error {
 	if v.QueuePosition > 0 {
 		status += fmt.Sprintf(" (position %d)", v.QueuePosition)
 	}
+	if v.Archived {
+		status += " (archived: read from the archive, it left hot state; control actions answer RUN_ARCHIVED)"
+	}
 	// Every string from the API is escaped: one field, one line (escape.go).
 	e := escapeText
 	fmt.Fprintf(c.m.Stdout, "run       %s\nstatus    %s\nmessage   %s\nplan      %s %s\nengine    %s\n",

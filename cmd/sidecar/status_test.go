@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/conductor-sidecar/sidecar/archive"
 	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/memstore"
@@ -84,4 +85,24 @@ func statusOf(t *testing.T, runID string, evs []*statestore.RunEventWrite) strin
 		t.Fatalf("status: %d %s", code, errOut)
 	}
 	return out
+}
+
+// TestStatus_ArchivedRunIsMarked: the text status of a run read from the
+// archive (it left hot state) says so, as -o json does with "archived".
+func TestStatus_ArchivedRunIsMarked(t *testing.T) {
+	ctx := context.Background()
+	_, dir, r, _ := writeArchive(t)
+	a, err := archive.Open(ctx, archive.NewDir(dir), archive.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: memstore.New(statestore.ProjectorOptions{}), Archive: a}).Handler())
+	defer srv.Close()
+	code, out, errOut := run(t, "status", r.ID, "--server", srv.URL)
+	if code != 0 {
+		t.Fatalf("status: %d %s", code, errOut)
+	}
+	if !strings.Contains(out, "status    COMPLETED (archived") {
+		t.Fatalf("status of an archived run printed\n%s\nwant it marked archived", out)
+	}
 }
