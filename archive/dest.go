@@ -46,6 +46,9 @@ func ParseURL(raw string) (Destination, error) {
 		if !strings.HasPrefix(u.Path, "/") || u.RawQuery != "" || u.Fragment != "" {
 			return nil, newError(CodeURLInvalid, nil, "%q: file:// takes an absolute path (file:///var/lib/sidecar/archive)", raw)
 		}
+		if strings.ContainsRune(u.Path, 0) {
+			return nil, newError(CodeURLInvalid, nil, "%q: a path holds no NUL byte (%%00): no file system takes it", raw)
+		}
 		return NewDir(u.Path), nil
 	case "s3":
 		cfg, err := ParseS3URL(raw, os.Getenv)

@@ -28,6 +28,7 @@ func TestParseURL(t *testing.T) {
 		{"file://host" + dir, ""},
 		{"file:relative/dir", ""},
 		{"file://" + dir + "?x=1", ""},
+		{"file://" + dir + "/arch%00B", ""},
 		{"gopher://x/y", ""},
 		{"/plain/path", ""},
 		{"::", ""},
