@@ -121,10 +121,10 @@ func (s *Server) control(action string) func(http.ResponseWriter, *http.Request)
 			// state the call needs (a concurrent call, or an action taken
 			// in Conductor itself). Not a reason to retry.
 			return &apiError{status: http.StatusConflict, Code: CodeEngineConflict,
-				Message: fmt.Sprintf("the %s is recorded but Conductor refused it: workflow %s: %s", action, ae.EngineStatus, ae.Message)}
+				Message: fmt.Sprintf("the log has the %s (recorded now or by an earlier request) but Conductor refused it: workflow %s: %s", action, ae.EngineStatus, ae.Message)}
 		case errors.As(err, &ee):
 			return &apiError{status: http.StatusServiceUnavailable, Code: CodeUnavailable,
-				Message: "the " + action + " is recorded but Conductor did not answer; retry the request: " + ee.Err.Error()}
+				Message: "the log has the " + action + " (recorded now or by an earlier request) but Conductor did not answer; retry the request: " + ee.Err.Error()}
 		}
 		if err != nil {
 			return s.archivedConflict(r.Context(), runID, err)
