@@ -505,6 +505,7 @@ func TestChart_BadValuesFail(t *testing.T) {
 		{"NoAuth", nil, []string{"conductor.url=http://c:8080/api"}, "auth.principals or auth.existingSecret is required"},
 		{"NoConductor", nil, []string{"auth.existingSecret=x"}, "conductor.url is required"},
 		{"BadMemory", []string{"one-pod.yaml"}, []string{"resources.limits.memory=1.5Gi"}, "/resources/limits/memory': '1.5Gi' does not match"},
+		{"NegativeCPU", []string{"one-pod.yaml"}, []string{"resources.limits.cpu=-1"}, "/resources/limits/cpu'"},
 		{"BadLogLevel", []string{"one-pod.yaml"}, []string{"config.logLevel=verbose"}, "/config/logLevel': value must be one of"},
 		{"BadShutdownGrace", []string{"one-pod.yaml"}, []string{"config.shutdownGrace=500ms"}, "/config/shutdownGrace'"},
 		{"GraceTooShort", []string{"one-pod.yaml"}, []string{"config.shutdownGrace=2m", "terminationGracePeriodSeconds=120"}, "terminationGracePeriodSeconds 120 is less than"},
