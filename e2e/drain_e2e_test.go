@@ -187,7 +187,7 @@ func TestE2E_PauseDrainsThenResume(t *testing.T) {
 			}
 		}
 		// Resuming a running run is an invalid transition, and writes nothing.
-		if code, _, errOut := sidecartest.Run(t, "resume", started.RunID, "--server", server); code != 1 || !strings.Contains(errOut, "INVALID_TRANSITION") {
+		if code, _, errOut := sidecartest.Run(t, "resume", started.RunID, "--server", server); code != sidecartest.ExitConflict || !strings.Contains(errOut, "INVALID_TRANSITION") {
 			t.Fatalf("resume of a completed run: exit %d %s", code, errOut)
 		}
 		if n := len(allEvents(t, p, started.RunID)); n != len(evs) {

@@ -394,7 +394,7 @@ func TestE2E_CLI(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "COMPLETED") || strings.Count(out, "SUCCESS") != 4 {
 		t.Fatalf("status: exit %d\n%s", code, out)
 	}
-	if code, _, errOut := sidecartest.Run(t, "status", "no-such-run", "--server", server); code != 1 || !strings.Contains(errOut, "RUN_NOT_FOUND") {
+	if code, _, errOut := sidecartest.Run(t, "status", "no-such-run", "--server", server); code != sidecartest.ExitNotFound || !strings.Contains(errOut, "RUN_NOT_FOUND") {
 		t.Fatalf("status of an unknown run: exit %d %s", code, errOut)
 	}
 	// The same log in the other vocabularies: the diamond's

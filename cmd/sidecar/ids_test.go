@@ -43,7 +43,7 @@ func TestClient_BadIDsAreLocalErrors(t *testing.T) {
 		}
 	}
 	// A good id reaches the server.
-	if code, _, errOut := run(t, "status", "r1", "--server", srv.URL); code != exitError || requests.Load() != 1 {
-		t.Fatalf("status r1: exit %d, %d requests, stderr %q; want exit 1 after one request", code, requests.Load(), errOut)
+	if code, _, errOut := run(t, "status", "r1", "--server", srv.URL); code != exitNotFound || requests.Load() != 1 {
+		t.Fatalf("status r1: exit %d, %d requests, stderr %q; want exit 4 (not found) after one request", code, requests.Load(), errOut)
 	}
 }

@@ -5,21 +5,40 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/conductor-sidecar/sidecar/httpapi"
 )
 
-// Exit codes.
+// Exit codes. 3 is a command's own (pause --wait: the drain timed out;
+// archive verify: the archive could not be read). An answer of the API
+// that refused the request gets the code of its kind, so that a script
+// can tell "retry later" from "no such run" without reading the message.
 const (
 	exitOK    = 0
 	exitError = 1
 	exitUsage = 2
+	// exitNotFound: the API answered 404 (RUN_NOT_FOUND, ...).
+	exitNotFound = 4
+	// exitConflict: the API answered 409, the run's state refuses the
+	// action (INVALID_TRANSITION, RUN_ARCHIVED, ENGINE_CONFLICT, ...).
+	exitConflict = 5
+	// exitUnavailable: the sidecar or Conductor did not answer, or asked
+	// to be called again (502, 503, 504, 429, the connection failed):
+	// retry later.
+	exitUnavailable = 6
+	// exitDenied: the API refused the caller (401, 403).
+	exitDenied = 7
 )
 
 // errUsage marks an error whose usage text was already printed.
@@ -114,9 +133,89 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		fmt.Fprintf(m.Stderr, "sidecar %s: %v\n", args[0], err)
 		return exitArchiveUnreadable
 	default:
-		fmt.Fprintf(m.Stderr, "sidecar %s: %v\n", args[0], err)
+		if !apiCommands[args[0]] {
+			fmt.Fprintf(m.Stderr, "sidecar %s: %v\n", args[0], err)
+			return exitError
+		}
+		if jsonOutput(args) {
+			writeJSONError(m.Stderr, err)
+		} else {
+			fmt.Fprintf(m.Stderr, "sidecar %s: %v\n", args[0], err)
+		}
+		return exitCodeOf(err)
+	}
+}
+
+// apiCommands are the commands that call the control API: their failures
+// exit with the kind of the API's answer (exitCodeOf) and, with -o json,
+// are written as JSON.
+var apiCommands = map[string]bool{"run": true, "status": true, "runs": true, "events": true, "audit": true, "bus": true,
+	"pause": true, "resume": true, "cancel": true, "retry": true}
+
+// exitCodeOf is the exit code of an API command that failed with err: the
+// kind of the API's answer, exitUnavailable when the API did not answer,
+// or exitError.
+func exitCodeOf(err error) int {
+	var ae *httpapi.Error
+	if errors.As(err, &ae) {
+		switch ae.Status {
+		case http.StatusNotFound:
+			return exitNotFound
+		case http.StatusConflict:
+			return exitConflict
+		case http.StatusUnauthorized, http.StatusForbidden:
+			return exitDenied
+		case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+			return exitUnavailable
+		}
 		return exitError
 	}
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return exitUnavailable // the API did not answer
+	}
+	return exitError
+}
+
+// jsonOutput reports whether args ask for -o json: a failure is then
+// written as a JSON object too.
+func jsonOutput(args []string) bool {
+	for i, a := range args {
+		switch {
+		case a == "--":
+			return false
+		case (a == "-o" || a == "--o") && i+1 < len(args):
+			if args[i+1] == "json" {
+				return true
+			}
+		case a == "-o=json" || a == "--o=json":
+			return true
+		}
+	}
+	return false
+}
+
+// writeJSONError writes err as one line {"error": {...}}: the API's
+// status, code and message when it answered, else code
+// SIDECAR_UNAVAILABLE (the API did not answer) or ERROR.
+func writeJSONError(w io.Writer, err error) {
+	type body struct {
+		Status  int    `json:"status,omitempty"`
+		Code    string `json:"code"`
+		Message string `json:"message"`
+		Field   string `json:"field,omitempty"`
+	}
+	b := body{Code: "ERROR", Message: err.Error()}
+	var ae *httpapi.Error
+	var ue *url.Error
+	switch {
+	case errors.As(err, &ae):
+		b = body{Status: ae.Status, Code: ae.Code, Message: ae.Message, Field: ae.Field}
+	case errors.As(err, &ue):
+		b.Code = "SIDECAR_UNAVAILABLE"
+	}
+	line, _ := json.Marshal(map[string]body{"error": b})
+	fmt.Fprintf(w, "%s\n", line)
 }
 
 func (m *Main) usage() {
@@ -151,6 +250,12 @@ Commands:
 
 Flags may come before or after a command's arguments ("sidecar status RUN_ID -o json");
 after "--" every argument is an argument.
+
+Exit status: 0 done; 1 failed; 2 usage; 3 pause --wait: the drain timed out, archive
+verify: the archive could not be read. A command the API refused: 4 not found, 5 the
+run's state refuses it (409), 6 unavailable, retry later (the sidecar or Conductor did
+not answer, 429, 502, 503, 504), 7 denied (401, 403); with -o json the failure is one
+JSON object on stderr: {"error": {"status", "code", "message"}}.
 
 Examples:
   sidecar run submit plan.json -l team=data,tier=gold

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -104,5 +105,38 @@ func TestStatus_ArchivedRunIsMarked(t *testing.T) {
 	}
 	if !strings.Contains(out, "status    COMPLETED (archived") {
 		t.Fatalf("status of an archived run printed\n%s\nwant it marked archived", out)
+	}
+}
+
+// TestMain_APIFailuresExitByKind: a command the API refused exits with the
+// kind of the answer (not found 4, unavailable 6), and with -o json writes
+// the failure as one JSON object, the API's code in it; a sidecar that
+// does not answer is unavailable too.
+func TestMain_APIFailuresExitByKind(t *testing.T) {
+	srv := httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: memstore.New(statestore.ProjectorOptions{})}).Handler())
+	defer srv.Close()
+	for _, tc := range []struct {
+		args     []string
+		code     int
+		jsonCode string
+	}{
+		{[]string{"status", "no-such-run", "--server", srv.URL}, exitNotFound, "RUN_NOT_FOUND"},
+		{[]string{"pause", "no-such-run", "--reason", "x", "--server", srv.URL}, exitUnavailable, "NOT_READY"},
+		{[]string{"status", "r1", "--server", "http://127.0.0.1:1"}, exitUnavailable, "SIDECAR_UNAVAILABLE"},
+	} {
+		code, out, errOut := run(t, tc.args...)
+		if code != tc.code || out != "" {
+			t.Fatalf("%v: exit %d, stdout %q, stderr %q; want exit %d", tc.args, code, out, errOut, tc.code)
+		}
+		code, out, errOut = run(t, append(tc.args, "-o", "json")...)
+		var e struct {
+			Error struct {
+				Code    string `json:"code"`
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(errOut), &e); err != nil || code != tc.code || out != "" || e.Error.Code != tc.jsonCode || e.Error.Message == "" {
+			t.Fatalf("%v -o json: exit %d, stdout %q, stderr %q (%v); want exit %d and {\"error\": {\"code\": %q, ...}}", tc.args, code, out, errOut, err, tc.code, tc.jsonCode)
+		}
 	}
 }

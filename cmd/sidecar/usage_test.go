@@ -86,8 +86,8 @@ func TestMain_UsageShowsNoSecret(t *testing.T) {
 	t.Run("client request error", func(t *testing.T) {
 		t.Setenv("SIDECAR_SERVER", "http://127.0.0.1:1")
 		code, out, errOut := run(t, "status", "r1")
-		if code != exitError {
-			t.Fatalf("status: exit %d, stderr %q; want exit 1 (nothing listens on the server)", code, errOut)
+		if code != exitUnavailable {
+			t.Fatalf("status: exit %d, stderr %q; want exit 6 (nothing listens on the server: retry later)", code, errOut)
 		}
 		check(t, []string{"status", "r1"}, out, errOut)
 	})

@@ -55,6 +55,10 @@ const (
 	ExitError        = 1
 	ExitUsage        = 2
 	ExitDrainTimeout = 3 // pause --wait: the drain timed out (PAUSE_DRAIN_TIMEOUT)
+	ExitNotFound     = 4 // the API answered 404
+	ExitConflict     = 5 // the API answered 409: the run's state refuses the action
+	ExitUnavailable  = 6 // the sidecar or Conductor did not answer: retry later
+	ExitDenied       = 7 // the API refused the caller (401, 403)
 )
 
 var built struct {
