@@ -446,3 +446,33 @@ func TestArchive_WriteLostAnswer(t *testing.T) {
 		t.Fatalf("got report %+v", rep)
 	}
 }
+
+// TestDir_CheckWritable: a directory serve may write passes, made when
+// missing, and keeps no probe; one it cannot write (under a regular
+// file, or read-only to a user other than root) is ErrUnavailable.
+func TestDir_CheckWritable(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "new", "archive")
+	if err := archive.NewDir(dir).CheckWritable(); err != nil {
+		t.Fatalf("a directory serve may write: %v", err)
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Fatalf("the probe left %d files", len(left))
+	}
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := archive.NewDir(filepath.Join(file, "archive")).CheckWritable(); !errors.Is(err, archive.ErrUnavailable) {
+		t.Fatalf("a directory under a regular file: %v, want ErrUnavailable", err)
+	}
+	if os.Geteuid() == 0 {
+		return // root writes a read-only directory
+	}
+	ro := filepath.Join(t.TempDir(), "ro")
+	if err := os.Mkdir(ro, 0o500); err != nil {
+		t.Fatal(err)
+	}
+	if err := archive.NewDir(ro).CheckWritable(); !errors.Is(err, archive.ErrUnavailable) {
+		t.Fatalf("a read-only directory: %v, want ErrUnavailable", err)
+	}
+}

@@ -28,6 +28,29 @@ func NewDir(root string) *Dir { return &Dir{root: filepath.Clean(root)} }
 // String implements Destination.
 func (d *Dir) String() string { return "file://" + filepath.ToSlash(d.root) }
 
+// CheckWritable makes the directory if it is missing and writes and
+// removes a probe file in it: a directory the process may read but not
+// write (its owner another user, a read-only mount) is found at start,
+// not when the first run is due to leave hot state.
+func (d *Dir) CheckWritable() error {
+	if err := os.MkdirAll(d.root, 0o750); err != nil {
+		return newError(CodeUnavailable, err, "write to %s", d)
+	}
+	f, err := os.CreateTemp(d.root, ".probe-*")
+	if err != nil {
+		return newError(CodeUnavailable, err, "write to %s", d)
+	}
+	name := f.Name()
+	err = f.Close()
+	if rerr := os.Remove(name); err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return newError(CodeUnavailable, err, "write to %s", d)
+	}
+	return nil
+}
+
 // path maps an object name to a file path, refusing names that leave root.
 func (d *Dir) path(name string) (string, error) {
 	if err := checkName(name); err != nil {

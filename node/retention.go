@@ -118,6 +118,12 @@ func (n *Node) openRetention(ctx context.Context) error {
 			zap.String("archive", dest.String()), zap.Error(err))
 	}
 	cancel()
+	if d, ok := dest.(*archive.Dir); ok {
+		if err := d.CheckWritable(); err != nil {
+			n.log.Warn("the archive directory cannot be written: no finished run leaves hot state until it can; give serve's user write access to it (docs/retention.md)",
+				zap.String("archive", dest.String()), zap.Error(err))
+		}
+	}
 	rjs, err := n.retentionJetStream()
 	if err != nil {
 		_ = arch.Close(ctx)
