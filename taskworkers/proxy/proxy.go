@@ -567,9 +567,24 @@ func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
 			p.badUpdate(w, "the body is not a JSON object: "+err.Error())
 			return
 		}
-		// A field Conductor may read otherwise (Jackson takes "10" for
-		// 10): not ours to judge, Conductor answers it.
-		p.relay(w, r, body, v2, nil, nil, nil)
+		// A field of another type than the proxy reads, which Conductor
+		// may still take (Jackson reads a status's ordinal, a number in
+		// a string). The task of a run of the log cannot be recorded
+		// from it, so it is not forwarded either; any other task's is
+		// Conductor's to answer.
+		var id struct {
+			TaskID string `json:"taskId"`
+		}
+		_ = json.Unmarshal(body, &id)
+		t, _, terr := p.task(r, id.TaskID)
+		switch {
+		case terr != nil:
+			writeError(w, http.StatusBadGateway, CodeConductorUnavailable, terr.Error())
+		case t != nil:
+			p.badUpdate(w, "a field is not of its type (status is one of the names, numbers are numbers), so its outcome cannot be recorded: "+err.Error())
+		default:
+			p.relay(w, r, body, v2, nil, nil, nil)
+		}
 		return
 	}
 	if !knownStatus(res.Status) {
