@@ -176,6 +176,18 @@ func (w *Worker) Record(t *model.Task, a *Assignment, r *model.TaskResult) (forw
 		// poll's would be.
 		log.Warn("update of a task the gate never handed out (polled from Conductor directly?); deciding its start now")
 		if !w.Admit(t, a) {
+			// The gate answered the task to Conductor (handed it back,
+			// refused it). A start of this try another writer recorded
+			// meanwhile (the adopter's mid-flight rule, which read this
+			// very task in progress) is of a try nobody holds now: ended,
+			// so that no drain waits for it.
+			w.endTry(log, a, logical, statestore.TryEndedHandedBack, nil)
+			if snap, _, err := w.outcomeState(ctx, log, a.RunID); err == nil && snap != nil && w.recordedBefore(ctx, log, snap, a, engine, logical, r.Status) {
+				// A concurrent update of the same task (the worker's
+				// retry) recorded this very outcome and forwarded it:
+				// this one is answered as taken, not refused.
+				return false, nil
+			}
 			return false, ErrNotAdmitted
 		}
 		w.external.forget(t.TaskId)

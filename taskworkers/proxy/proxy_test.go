@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -47,6 +48,8 @@ type env struct {
 	url    string // the proxy's base URL, as a worker's server URL
 	tt     string // the external task type
 	worker *taskworkers.Worker
+	// adopter is the adopter of envOpts.adopt (nil without).
+	adopter *adapter.Adopter
 }
 
 func newEnv(t testing.TB, tokens ...string) *env {
@@ -202,7 +205,7 @@ func newEnvOpts(t testing.TB, o envOpts) *env {
 	}
 	p.Open(ln)
 	t.Cleanup(func() { _ = p.Close(context.Background()) })
-	return &env{js: js, client: client, runs: runs, store: store, emit: emit, domain: domain, worker: w,
+	return &env{js: js, client: client, runs: runs, store: store, emit: emit, domain: domain, worker: w, adopter: adopter,
 		url: "http://" + ln.Addr().String() + "/api", tt: "ext_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")}
 }
 
@@ -593,6 +596,120 @@ func TestProxy_UpdateBeforeAdoption(t *testing.T) {
 				t.Fatal("the run is INCONSISTENT")
 			}
 		})
+	}
+}
+
+// firstRead runs hook once, right after the task workers' first read of
+// a run's state that finds no such run (any read, with anyRead).
+type firstRead struct {
+	taskworkers.SnapshotReader
+	fired   atomic.Bool // not a sync.Once: the hook's own reads pass
+	hook    atomic.Pointer[func()]
+	anyRead bool
+}
+
+// set arms hook.
+func (f *firstRead) set(hook func()) { f.hook.Store(&hook) }
+
+func (f *firstRead) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	snap, err := f.SnapshotReader.ProjectSnapshot(ctx, runID)
+	if hook := f.hook.Load(); hook != nil && (f.anyRead || errors.Is(err, statestore.ErrNotFound)) && f.fired.CompareAndSwap(false, true) {
+		(*hook)()
+	}
+	return snap, err
+}
+
+// TestProxy_DuplicateUpdatesOfATaskPolledDirectly: a worker that polled a
+// run's task from Conductor directly sends its update twice at once (its
+// SDK's retry). The second, decided on a read taken before the first was
+// recorded, finds the outcome in the log: it is answered as taken, not
+// refused as of a paused or ended run (the run is RUNNING).
+func TestProxy_DuplicateUpdatesOfATaskPolledDirectly(t *testing.T) {
+	reads := &firstRead{anyRead: true}
+	e := newEnvOpts(t, envOpts{reads: func(s taskworkers.SnapshotReader) taskworkers.SnapshotReader { reads.SnapshotReader = s; return reads }})
+	runID, wfID := e.start(t, 1, 60)
+	var direct []task
+	waitFor(t, "a task polled from Conductor directly", 10*time.Second, func() bool {
+		q := url.Values{"workerid": {"direct-worker"}, "count": {"1"}, "timeout": {"100"}, "domain": {e.domain}}
+		_, b := call(t, http.MethodGet, strings.TrimSuffix(e.client.BaseURL(), "/")+"/tasks/poll/batch/"+e.tt+"?"+q.Encode(), nil)
+		_ = json.Unmarshal(b, &direct)
+		return len(direct) > 0
+	})
+	update := map[string]any{"taskId": direct[0].TaskID, "workflowInstanceId": wfID, "status": "COMPLETED"}
+	reads.set(func() {
+		// The second update read the run; the first is taken whole now.
+		if resp, body := call(t, http.MethodPost, e.url+"/tasks", update); resp.StatusCode != http.StatusOK {
+			t.Errorf("the first update: %d %s", resp.StatusCode, body)
+		}
+	})
+	resp, body := call(t, http.MethodPost, e.url+"/tasks", update)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the second update of the same task, the run RUNNING: %d %s, want 200", resp.StatusCode, body)
+	}
+	if c := count(e.events(t, runID), statestore.StepCompleted); c != 1 {
+		t.Fatalf("%d StepCompleted, want 1", c)
+	}
+}
+
+// TestProxy_UpdateRacingAdoptionAndPause: a worker polled an adopted
+// definition's task from Conductor directly and reports it through the
+// proxy; the update finds no run, and meanwhile another request adopts the
+// workflow (its mid-flight rule records the in-progress task's start) and
+// pauses it. The gate then hands the task back and refuses the update
+// (409): the step must not stay in flight in the log, where nothing holds
+// it and the pause's drain would wait for it until its timeout.
+func TestProxy_UpdateRacingAdoptionAndPause(t *testing.T) {
+	name := "adopted_" + uuid.NewString()[:8]
+	reads := &firstRead{}
+	e := newEnvOpts(t, envOpts{adopt: []adapter.AdoptSpec{{Name: name}},
+		adopter: func(o *adapter.AdopterOptions) { o.DiscoverEvery = 100_000 },
+		reads:   func(s taskworkers.SnapshotReader) taskworkers.SnapshotReader { reads.SnapshotReader = s; return reads }})
+	ctx := context.Background()
+	def := fmt.Sprintf(`{"name":%q,"version":1,"ownerEmail":"x@y","schemaVersion":2,"tasks":[{"name":%q,"taskReferenceName":"a","type":"SIMPLE",
+		"taskDefinition":{"name":%q,"ownerEmail":"x@y","responseTimeoutSeconds":60,"retryCount":0}}]}`, name, e.tt, e.tt)
+	if err := e.client.RegisterWorkflowDefJSON(ctx, []byte(def)); err != nil {
+		t.Fatal(err)
+	}
+	wfID, err := e.client.StartWorkflow(ctx, model.StartWorkflowRequest{Name: name, Version: 1, Input: map[string]any{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var direct []task
+	waitFor(t, "a task polled from Conductor directly", 10*time.Second, func() bool {
+		q := url.Values{"workerid": {"direct-worker"}, "count": {"1"}, "timeout": {"100"}}
+		_, b := call(t, http.MethodGet, strings.TrimSuffix(e.client.BaseURL(), "/")+"/tasks/poll/batch/"+e.tt+"?"+q.Encode(), nil)
+		_ = json.Unmarshal(b, &direct)
+		return len(direct) > 0
+	})
+	reads.set(func() {
+		if err := e.adopter.Ensure(ctx, wfID); err != nil {
+			t.Errorf("adopt: %v", err)
+		}
+		e.control(t, wfID, statestore.RunPaused, 1)
+	})
+	resp, body := call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": direct[0].TaskID, "workflowInstanceId": wfID, "status": "COMPLETED"})
+	recs := e.events(t, wfID)
+	snap, _ := statestore.Reduce(nil, recs)
+	if snap == nil {
+		t.Fatalf("no log: %d %s", resp.StatusCode, body)
+	}
+	st := snap.Step("a")
+	inFlight := st != nil && st.Status == statestore.StepStatusRunning && !st.Idle
+	switch resp.StatusCode {
+	case http.StatusConflict:
+		if inFlight {
+			var types []string
+			for _, r := range recs {
+				types = append(types, r.EventType)
+			}
+			t.Fatalf("the update was refused and its task handed back, but the log keeps the step in flight: %v", types)
+		}
+	case http.StatusOK:
+		if st == nil || st.Status != statestore.StepStatusSuccess {
+			t.Fatalf("the update was taken, but the step is %+v in the log", st)
+		}
+	default:
+		t.Fatalf("update: %d %s", resp.StatusCode, body)
 	}
 }
 
