@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -239,11 +240,12 @@ func InTaskDomain(taskToDomain map[string]string, domain string) bool {
 	if domain == "" {
 		return true
 	}
+	// Conductor trims the domain it maps a task to.
 	if d, ok := taskToDomain["*"]; ok {
-		return d == domain
+		return strings.TrimSpace(d) == domain
 	}
 	for _, d := range taskToDomain {
-		if d != domain {
+		if strings.TrimSpace(d) != domain {
 			return false
 		}
 	}
@@ -611,7 +613,12 @@ func (a *Adopter) discover(ctx context.Context) {
 					continue
 				}
 				rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				if err := a.Ensure(rctx, id); err != nil {
+				switch err := a.Ensure(rctx, id); {
+				case errors.Is(err, ErrNotFound):
+					// Not adopted (another task domain, a plan run's):
+					// remembered, not read again.
+					a.log.Debug("a running workflow of an adopted definition is not adopted", zap.String("workflowId", id), zap.Error(err))
+				case err != nil:
 					a.log.Warn("could not adopt a workflow; trying again", zap.String("workflowId", id), zap.Error(err))
 				}
 				cancel()

@@ -198,6 +198,8 @@ func TestInTaskDomain(t *testing.T) {
 		{map[string]string{"*": "e", "t": "d"}, "d", false},
 		{map[string]string{"t": "d", "u": "d"}, "d", true},
 		{map[string]string{"t": "d", "u": "e"}, "d", false},
+		{map[string]string{"*": " d "}, "d", true},
+		{map[string]string{"*": "d,e"}, "d", false},
 	} {
 		if got := InTaskDomain(c.m, c.domain); got != c.want {
 			t.Errorf("InTaskDomain(%v, %q) = %v, want %v", c.m, c.domain, got, c.want)

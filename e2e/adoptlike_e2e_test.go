@@ -430,3 +430,17 @@ func TestE2E_AdoptOnTheFirstRequest(t *testing.T) {
 		t.Fatalf("status of a workflow that ended before any adoption: %v, want 404 RUN_NOT_FOUND", err)
 	}
 }
+
+// TestE2E_AdoptOnDemandWhileConductorIsAway: with Conductor not answering,
+// a request naming a workflow id the log does not have cannot tell whether
+// it is an adopted definition's new workflow: it answers 503
+// ENGINE_UNAVAILABLE (the CLI exits 6, retry), not RUN_NOT_FOUND.
+func TestE2E_AdoptOnDemandWhileConductorIsAway(t *testing.T) {
+	t.Parallel() // its own serve and data dir
+	s := sidecartest.Start(t, sidecartest.Options{ConductorURL: "http://" + sidecartest.FreeAddr(t) + "/api", Probe: "/healthz",
+		Args: []string{"--adopt", uniq("adopt_away")}})
+	code, _, errOut := sidecartest.Run(t, "status", "0b7a3c9e-3f1d-4e5a-9c2b-8d6f4a1e2b3c", "--server", s.URL())
+	if code != sidecartest.ExitUnavailable || !strings.Contains(errOut, "ENGINE_UNAVAILABLE") {
+		t.Fatalf("status of an unknown workflow id while Conductor is away: exit %d %s, want exit %d ENGINE_UNAVAILABLE", code, errOut, sidecartest.ExitUnavailable)
+	}
+}

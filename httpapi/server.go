@@ -546,8 +546,7 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, role string) 
 		return r, nil // probes: no run, no caller
 	}
 	if s.opts.Auth == nil {
-		s.adoptOnDemand(r.Context(), r.PathValue("runId"))
-		return r, nil
+		return r, s.adoptOnDemand(r.Context(), r.PathValue("runId"))
 	}
 	p, err := s.opts.Auth.Authenticate(r)
 	if err != nil {
@@ -565,7 +564,9 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, role string) 
 		return r, &apiError{status: http.StatusForbidden, Code: CodeForbidden, Message: fmt.Sprintf("%s lacks the role %s", p.Name, role)}
 	}
 	r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
-	s.adoptOnDemand(r.Context(), r.PathValue("runId"))
+	if err := s.adoptOnDemand(r.Context(), r.PathValue("runId")); err != nil {
+		return r, err
+	}
 	if runID := r.PathValue("runId"); runID != "" && p.Scope != (Scope{}) {
 		notFound := &apiError{status: http.StatusNotFound, Code: CodeRunNotFound, Message: "no such run"}
 		snap, _, err := s.runSnapshot(r.Context(), runID)
@@ -594,25 +595,32 @@ const adoptOnDemandTimeout = 5 * time.Second
 
 // adoptOnDemand adopts runID's workflow before the request is served when
 // adoption is on (Options.Adoption), runID could be a workflow's id (a
-// UUID) and the log has no such run. Any failure leaves the request to
-// answer as without adoption (RUN_NOT_FOUND); it costs one read of the
-// log when adoption is on, and one read of Conductor for a UUID the log
-// does not have.
-func (s *Server) adoptOnDemand(ctx context.Context, runID string) {
+// UUID) and the log has no such run. A workflow that is not adopted
+// leaves the request to answer as without adoption (RUN_NOT_FOUND); when
+// Conductor, which may run it, did not answer, the error is returned
+// (ENGINE_UNAVAILABLE: retry), not a RUN_NOT_FOUND that may be untrue. It
+// costs one read of the log when adoption is on, and one read of
+// Conductor for a UUID the log does not have.
+func (s *Server) adoptOnDemand(ctx context.Context, runID string) error {
 	if s.opts.Adoption == nil || runID == "" || len(runID) != 36 {
-		return
+		return nil
 	}
 	if _, err := uuid.Parse(runID); err != nil {
-		return
+		return nil
 	}
 	if _, err := s.opts.Log.ProjectSnapshot(ctx, runID); !errors.Is(err, statestore.ErrNotFound) {
-		return
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, adoptOnDemandTimeout)
 	defer cancel()
-	if err := s.opts.Adoption.EnsureRunning(ctx, runID); err != nil {
+	err := s.opts.Adoption.EnsureRunning(ctx, runID)
+	if errors.Is(err, errcode.Unavailable) {
+		return err
+	}
+	if err != nil {
 		s.log.Debug("a request named a run the log does not have; not adopted", zap.String("runId", runID), zap.Error(err))
 	}
+	return nil
 }
 
 // answer is the API answer of err: err itself when it is one, else its
