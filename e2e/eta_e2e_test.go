@@ -66,11 +66,12 @@ func TestE2E_DrainETA(t *testing.T) {
 		}
 	}
 	ids := startN(drains)
-	// Half, not all: on a loaded machine (a Conductor answering starts in
-	// seconds) the first steps may end before the last start. Runs whose
-	// step is not running are not measured; half of them is what the
-	// checks below need.
-	sidecartest.WaitFor(t, "half of the steps to run", 2*time.Minute, func() bool {
+	// A third, not all: on a loaded machine (a Conductor answering starts
+	// in seconds) the first steps end before the last start, and at two
+	// cores' worst not half of the 2 - 6 s steps ran at once. Runs whose
+	// step is not running are not measured; a third of them (13 drains
+	// or more) is what the checks below need.
+	sidecartest.WaitFor(t, "a third of the steps to run at once", 2*time.Minute, func() bool {
 		l, err := listAll(ctx, p.client, url.Values{"planId": {pl.PlanID}, "status": {"RUNNING"}})
 		if err != nil {
 			return false
@@ -81,10 +82,10 @@ func TestE2E_DrainETA(t *testing.T) {
 				n++
 			}
 		}
-		return n >= drains/2
+		return n >= drains/3
 	})
 	res, err := p.client.Bulk(ctx, "pause", httpapi.BulkRequest{PlanID: pl.PlanID, Reason: "eta test"})
-	if err != nil || res.Counts[httpapi.OutcomePaused] < drains/2 {
+	if err != nil || res.Counts[httpapi.OutcomePaused] < drains/3 {
 		t.Fatalf("bulk pause: %+v %v", res, err)
 	}
 	estimated := map[string][2]time.Time{}
@@ -101,7 +102,7 @@ func TestE2E_DrainETA(t *testing.T) {
 		p90, _ := time.Parse(time.RFC3339Nano, e.P90)
 		estimated[r.RunID] = [2]time.Time{p50, p90}
 	}
-	if len(estimated) < drains/2 {
+	if len(estimated) < drains/3 {
 		t.Fatalf("%d runs draining when listed, want most of the %d", len(estimated), drains)
 	}
 	var errs, late []float64
