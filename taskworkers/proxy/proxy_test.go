@@ -319,6 +319,42 @@ func (e *env) control(t *testing.T, runID, eventType string, cycle int64) {
 	}
 }
 
+// pollDirect polls one task of the external task type straight from
+// Conductor (not through the proxy), in domain ("" for none), as a worker
+// that bypasses the proxy does.
+func (e *env) pollDirect(t *testing.T, domain string) task {
+	t.Helper()
+	var direct []task
+	waitFor(t, "a task polled from Conductor directly", 10*time.Second, func() bool {
+		q := url.Values{"workerid": {"direct-worker"}, "count": {"1"}, "timeout": {"100"}}
+		if domain != "" {
+			q.Set("domain", domain)
+		}
+		_, b := call(t, http.MethodGet, strings.TrimSuffix(e.client.BaseURL(), "/")+"/tasks/poll/batch/"+e.tt+"?"+q.Encode(), nil)
+		_ = json.Unmarshal(b, &direct)
+		return len(direct) > 0
+	})
+	return direct[0]
+}
+
+// startOneTask registers definition name, one SIMPLE task "a" of the
+// external task type (responseTimeout seconds), starts a workflow of it in
+// Conductor with input and returns its id.
+func (e *env) startOneTask(t *testing.T, name string, responseTimeout int, input map[string]any) string {
+	t.Helper()
+	ctx := context.Background()
+	def := fmt.Sprintf(`{"name":%q,"version":1,"ownerEmail":"x@y","schemaVersion":2,"tasks":[{"name":%q,"taskReferenceName":"a","type":"SIMPLE",
+		"taskDefinition":{"name":%q,"ownerEmail":"x@y","responseTimeoutSeconds":%d,"retryCount":0}}]}`, name, e.tt, e.tt, responseTimeout)
+	if err := e.client.RegisterWorkflowDefJSON(ctx, []byte(def)); err != nil {
+		t.Fatal(err)
+	}
+	wfID, err := e.client.StartWorkflow(ctx, model.StartWorkflowRequest{Name: name, Version: 1, Input: input})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return wfID
+}
+
 func waitFor(t *testing.T, what string, within time.Duration, ok func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(within)
@@ -436,17 +472,8 @@ func TestProxy_RefusedUpdateIsRelayed(t *testing.T) {
 // of the log reach the worker untouched and its update is forwarded.
 func TestProxy_PassesOtherTasksThrough(t *testing.T) {
 	e := newEnv(t)
+	wfID := e.startOneTask(t, "plain_"+e.tt, 30, map[string]any{"x": 1})
 	ctx := context.Background()
-	name := "plain_" + e.tt
-	def := fmt.Sprintf(`{"name":%q,"version":1,"ownerEmail":"x@y","schemaVersion":2,"tasks":[{"name":%q,"taskReferenceName":"a","type":"SIMPLE",
-		"taskDefinition":{"name":%q,"ownerEmail":"x@y","responseTimeoutSeconds":30,"retryCount":0}}]}`, name, e.tt, e.tt)
-	if err := e.client.RegisterWorkflowDefJSON(ctx, []byte(def)); err != nil {
-		t.Fatal(err)
-	}
-	wfID, err := e.client.StartWorkflow(ctx, model.StartWorkflowRequest{Name: name, Version: 1, Input: map[string]any{"x": 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var got []task
 	waitFor(t, "the plain task", 10*time.Second, func() bool {
 		q := url.Values{"workerid": {"w"}, "count": {"1"}, "timeout": {"100"}}
@@ -546,28 +573,14 @@ func TestProxy_UpdateBeforeAdoption(t *testing.T) {
 				// No running-list read in the test's time: only the update can adopt.
 				adopter: func(o *adapter.AdopterOptions) { o.DiscoverEvery = 100_000 }})
 			ctx := context.Background()
-			def := fmt.Sprintf(`{"name":%q,"version":1,"ownerEmail":"x@y","schemaVersion":2,"tasks":[{"name":%q,"taskReferenceName":"a","type":"SIMPLE",
-				"taskDefinition":{"name":%q,"ownerEmail":"x@y","responseTimeoutSeconds":60,"retryCount":0}}]}`, name, e.tt, e.tt)
-			if err := e.client.RegisterWorkflowDefJSON(ctx, []byte(def)); err != nil {
-				t.Fatal(err)
-			}
-			wfID, err := e.client.StartWorkflow(ctx, model.StartWorkflowRequest{Name: name, Version: 1, Input: map[string]any{}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var direct []task
-			waitFor(t, "a task polled from Conductor directly", 10*time.Second, func() bool {
-				q := url.Values{"workerid": {"direct-worker"}, "count": {"1"}, "timeout": {"100"}}
-				_, b := call(t, http.MethodGet, strings.TrimSuffix(e.client.BaseURL(), "/")+"/tasks/poll/batch/"+e.tt+"?"+q.Encode(), nil)
-				_ = json.Unmarshal(b, &direct)
-				return len(direct) > 0
-			})
+			wfID := e.startOneTask(t, name, 60, map[string]any{})
+			direct := e.pollDirect(t, "")
 			if paused {
 				if err := e.client.Pause(ctx, wfID); err != nil {
 					t.Fatal(err)
 				}
 			}
-			resp, body := call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": direct[0].TaskID, "workflowInstanceId": wfID, "status": "COMPLETED"})
+			resp, body := call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": direct.TaskID, "workflowInstanceId": wfID, "status": "COMPLETED"})
 			recs := e.events(t, wfID)
 			var order []string
 			for _, r := range recs {
@@ -628,14 +641,8 @@ func TestProxy_DuplicateUpdatesOfATaskPolledDirectly(t *testing.T) {
 	reads := &firstRead{anyRead: true}
 	e := newEnvOpts(t, envOpts{reads: func(s taskworkers.SnapshotReader) taskworkers.SnapshotReader { reads.SnapshotReader = s; return reads }})
 	runID, wfID := e.start(t, 1, 60)
-	var direct []task
-	waitFor(t, "a task polled from Conductor directly", 10*time.Second, func() bool {
-		q := url.Values{"workerid": {"direct-worker"}, "count": {"1"}, "timeout": {"100"}, "domain": {e.domain}}
-		_, b := call(t, http.MethodGet, strings.TrimSuffix(e.client.BaseURL(), "/")+"/tasks/poll/batch/"+e.tt+"?"+q.Encode(), nil)
-		_ = json.Unmarshal(b, &direct)
-		return len(direct) > 0
-	})
-	update := map[string]any{"taskId": direct[0].TaskID, "workflowInstanceId": wfID, "status": "COMPLETED"}
+	direct := e.pollDirect(t, e.domain)
+	update := map[string]any{"taskId": direct.TaskID, "workflowInstanceId": wfID, "status": "COMPLETED"}
 	reads.set(func() {
 		// The second update read the run; the first is taken whole now.
 		if resp, body := call(t, http.MethodPost, e.url+"/tasks", update); resp.StatusCode != http.StatusOK {
@@ -665,29 +672,15 @@ func TestProxy_UpdateRacingAdoptionAndPause(t *testing.T) {
 		adopter: func(o *adapter.AdopterOptions) { o.DiscoverEvery = 100_000 },
 		reads:   func(s taskworkers.SnapshotReader) taskworkers.SnapshotReader { reads.SnapshotReader = s; return reads }})
 	ctx := context.Background()
-	def := fmt.Sprintf(`{"name":%q,"version":1,"ownerEmail":"x@y","schemaVersion":2,"tasks":[{"name":%q,"taskReferenceName":"a","type":"SIMPLE",
-		"taskDefinition":{"name":%q,"ownerEmail":"x@y","responseTimeoutSeconds":60,"retryCount":0}}]}`, name, e.tt, e.tt)
-	if err := e.client.RegisterWorkflowDefJSON(ctx, []byte(def)); err != nil {
-		t.Fatal(err)
-	}
-	wfID, err := e.client.StartWorkflow(ctx, model.StartWorkflowRequest{Name: name, Version: 1, Input: map[string]any{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var direct []task
-	waitFor(t, "a task polled from Conductor directly", 10*time.Second, func() bool {
-		q := url.Values{"workerid": {"direct-worker"}, "count": {"1"}, "timeout": {"100"}}
-		_, b := call(t, http.MethodGet, strings.TrimSuffix(e.client.BaseURL(), "/")+"/tasks/poll/batch/"+e.tt+"?"+q.Encode(), nil)
-		_ = json.Unmarshal(b, &direct)
-		return len(direct) > 0
-	})
+	wfID := e.startOneTask(t, name, 60, map[string]any{})
+	direct := e.pollDirect(t, "")
 	reads.set(func() {
 		if err := e.adopter.Ensure(ctx, wfID); err != nil {
 			t.Errorf("adopt: %v", err)
 		}
 		e.control(t, wfID, statestore.RunPaused, 1)
 	})
-	resp, body := call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": direct[0].TaskID, "workflowInstanceId": wfID, "status": "COMPLETED"})
+	resp, body := call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": direct.TaskID, "workflowInstanceId": wfID, "status": "COMPLETED"})
 	recs := e.events(t, wfID)
 	snap, _ := statestore.Reduce(nil, recs)
 	if snap == nil {
@@ -1203,17 +1196,11 @@ func TestProxy_UpdateOfATaskPolledDirectly(t *testing.T) {
 		t.Run(fmt.Sprintf("paused=%v", paused), func(t *testing.T) {
 			e := newEnv(t)
 			runID, wfID := e.start(t, 1, 60)
-			var direct []task
-			waitFor(t, "a task polled from Conductor directly", 10*time.Second, func() bool {
-				q := url.Values{"workerid": {"direct-worker"}, "count": {"1"}, "timeout": {"100"}, "domain": {e.domain}}
-				_, b := call(t, http.MethodGet, strings.TrimSuffix(e.client.BaseURL(), "/")+"/tasks/poll/batch/"+e.tt+"?"+q.Encode(), nil)
-				_ = json.Unmarshal(b, &direct)
-				return len(direct) > 0
-			})
+			direct := e.pollDirect(t, e.domain)
 			if paused {
 				e.control(t, runID, statestore.RunPaused, 1)
 			}
-			update := map[string]any{"taskId": direct[0].TaskID, "workflowInstanceId": wfID, "status": "COMPLETED", "outputData": map[string]any{"by": "direct"}}
+			update := map[string]any{"taskId": direct.TaskID, "workflowInstanceId": wfID, "status": "COMPLETED", "outputData": map[string]any{"by": "direct"}}
 			resp, body := call(t, http.MethodPost, e.url+"/tasks", update)
 			recs := e.events(t, runID)
 			var tk struct {
@@ -1227,7 +1214,7 @@ func TestProxy_UpdateOfATaskPolledDirectly(t *testing.T) {
 				if c := count(recs, statestore.StepStarted) + count(recs, statestore.StepCompleted); c != 0 {
 					t.Fatalf("%d step events recorded for a refused update, want none", c)
 				}
-				_, b := call(t, http.MethodGet, strings.TrimSuffix(e.client.BaseURL(), "/")+"/tasks/"+direct[0].TaskID, nil)
+				_, b := call(t, http.MethodGet, strings.TrimSuffix(e.client.BaseURL(), "/")+"/tasks/"+direct.TaskID, nil)
 				_ = json.Unmarshal(b, &tk)
 				if tk.Status == "COMPLETED" {
 					t.Fatal("the refused update reached Conductor")
@@ -1246,7 +1233,7 @@ func TestProxy_UpdateOfATaskPolledDirectly(t *testing.T) {
 			if got := strings.Join(order, " "); got != "StepStarted StepCompleted" {
 				t.Fatalf("x0's events %q, want StepStarted StepCompleted", got)
 			}
-			_, b := call(t, http.MethodGet, strings.TrimSuffix(e.client.BaseURL(), "/")+"/tasks/"+direct[0].TaskID, nil)
+			_, b := call(t, http.MethodGet, strings.TrimSuffix(e.client.BaseURL(), "/")+"/tasks/"+direct.TaskID, nil)
 			if err := json.Unmarshal(b, &tk); err != nil {
 				t.Fatal(err)
 			}
