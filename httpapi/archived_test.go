@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/archive"
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/httpapi"
@@ -467,5 +468,68 @@ func TestServer_ArchivedListWhileTheArchiveIsDown(t *testing.T) {
 	var rest httpapi.RunList
 	if code := getJSON(t, srv.URL+"/v1/runs?include=archived&limit=50&continue="+url.QueryEscape(l.Continue), &rest); code != http.StatusOK || len(rest.Runs) != 3 {
 		t.Fatalf("the archived part once back: %d, %d runs, want the 3 archived", code, len(rest.Runs))
+	}
+}
+
+// TestArchived_NotAdoptedWhileConductorIsAway: with adoption on and
+// Conductor not answering, a request for an archived run whose id is a
+// UUID (as an adopted run's is) is answered from the archive; only an id
+// neither hot state nor the archive has needs Conductor, and answers 503
+// ENGINE_UNAVAILABLE.
+func TestArchived_NotAdoptedWhileConductorIsAway(t *testing.T) {
+	ctx := context.Background()
+	js, _ := natstest.Start(t)
+	store, err := natsstore.Open(ctx, js, natsstore.Options{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	ids, err := registry.Open(ctx, js, registry.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	emit := registry.NewEmitter(ids, store)
+	// An archived run: written to the archive, never in this log.
+	const gone = "8d2f3c1a-5b6e-4f70-9a81-2c3d4e5f6a7b"
+	var recs []statestore.RunEventRecord
+	for i, w := range []*statestore.RunEventWrite{storetest.Event(gone, statestore.RunStarted, ""), storetest.Event(gone, statestore.RunCompleted, "")} {
+		recs = append(recs, statestore.RunEventRecord{RunEventWrite: *w, RunSeq: int64(i + 1), PersistedAt: time.Now().UTC().Format(time.RFC3339Nano)})
+	}
+	arch, err := archive.Open(ctx, archive.NewDir(filepath.Join(t.TempDir(), "archive")), archive.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := arch.Write(ctx, []archive.Run{{ID: gone, Records: recs}}); err != nil {
+		t.Fatal(err)
+	}
+	// Conductor away: nothing listens there.
+	client, err := adapter.NewClient(adapter.ClientOptions{BaseURL: "http://127.0.0.1:1/api", Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs, err := adapter.OpenRuns(ctx, js, client, emit, adapter.RunsOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	adopter := adapter.NewAdopter(runs, store, adapter.AdopterOptions{Specs: []adapter.AdoptSpec{{Name: "orders"}}, Logger: zaptest.NewLogger(t)})
+	srv := httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: store, Archive: arch, Adoption: adopter}).Handler())
+	defer srv.Close()
+	res, err := http.Get(srv.URL + "/v1/runs/" + gone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK || !strings.Contains(string(b), `"archived":true`) {
+		t.Fatalf("archived run while Conductor is away: %d %s, want 200 from the archive", res.StatusCode, b)
+	}
+	res, err = http.Get(srv.URL + "/v1/runs/1c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), "ENGINE_UNAVAILABLE") {
+		t.Fatalf("unknown workflow id while Conductor is away: %d %s, want 503 ENGINE_UNAVAILABLE", res.StatusCode, b)
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/admission"
+	"github.com/conductor-sidecar/sidecar/archive"
 	"github.com/conductor-sidecar/sidecar/connlimit"
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/errcode"
@@ -608,7 +609,10 @@ func (s *Server) adoptOnDemand(ctx context.Context, runID string) error {
 	if _, err := uuid.Parse(runID); err != nil {
 		return nil
 	}
-	if _, err := s.opts.Log.ProjectSnapshot(ctx, runID); !errors.Is(err, statestore.ErrNotFound) {
+	// In hot state or archived: a run already (an archived run is never
+	// adopted again, and is answered from the archive while Conductor is
+	// away).
+	if _, _, err := s.runSnapshot(ctx, runID); !errors.Is(err, statestore.ErrNotFound) && !errors.Is(err, archive.ErrRunNotFound) {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, adoptOnDemandTimeout)
