@@ -550,7 +550,7 @@ func (s *Store) Fetch(ctx context.Context, runID string, afterSeq int64, limit i
 
 // fetch is Fetch's read through direct gets.
 func (s *Store) fetch(ctx context.Context, runID, base string, afterSeq int64, limit int) ([]statestore.RunEventRecord, error) {
-	if afterSeq <= 0 {
+	if afterSeq <= 0 || !s.shortTail(afterSeq) {
 		return s.fetchIndexed(ctx, runID, base, afterSeq, limit)
 	}
 	tail, cursor, done, err := s.fetchTail(ctx, runID, base+".>", afterSeq, limit)
@@ -565,6 +565,26 @@ func (s *Store) fetch(ctx context.Context, runID, base string, afterSeq int64, l
 		return nil, err
 	}
 	return append(tail, rest...), nil
+}
+
+// tailScanMax is the most stream messages after a watermark for which
+// Fetch reads a run's newest records with next_by_subj (fetchTail). The
+// server finds a next_by_subj match by scanning the stream from the
+// sequence on, every message's subject tokenized and matched, and a read
+// that finds nothing new scans to the stream's end: with many runs in
+// flight each run's records are far apart, and that scan cost serve more
+// than anything else (BENCHMARKS.md). Past this many, the run's subject
+// index (multi_last) is read instead, whose cost follows the run's records,
+// not the stream's.
+const tailScanMax = 128
+
+// shortTail reports whether at most tailScanMax messages were stored after
+// afterSeq, as far as this Store saw (its own appends and the stream's last
+// sequence at Open; another writer's appends make the tail longer than it
+// knows, never shorter).
+func (s *Store) shortTail(afterSeq int64) bool {
+	seen := s.mark.seen.Load()
+	return seen <= uint64(afterSeq)+tailScanMax
 }
 
 // tailReads bounds the single next_by_subj direct gets with which Fetch

@@ -3,6 +3,8 @@ package natsstore_test
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -78,6 +80,72 @@ func TestStore_TailFetchStaysFlat(t *testing.T) {
 	}
 }
 
+// TestStore_TailFetchOfABusyStreamReadsTheIndex: with many runs in flight
+// a run's records are far apart in the stream, and the server finds a
+// next_by_subj match by scanning every message after the sequence (the
+// one that finds nothing new scans to the end). A read after a watermark
+// that far behind the stream's end must ask the run's subject index
+// (multi_last) instead; one just behind it still reads the tail.
+func TestStore_TailFetchOfABusyStreamReadsTheIndex(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t, t.TempDir())
+	s := openUnique(t, connect(t, srv))
+	obs := connect(t, srv).Conn()
+	sub, err := obs.SubscribeSync("$JS.API.DIRECT.GET." + s.Stream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := obs.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	requests := func() []string {
+		t.Helper()
+		if err := obs.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var bodies []string
+		for {
+			m, err := sub.NextMsg(0)
+			if err != nil {
+				return bodies
+			}
+			bodies = append(bodies, string(m.Data))
+		}
+	}
+	read := func(runID string, others int) []string {
+		t.Helper()
+		var last int64
+		for i := 0; i < 5; i++ {
+			last = mustAppend(t, s, storetest.Event(runID, statestore.StepStarted, fmt.Sprintf("s%d", i))).RunSeq
+		}
+		for i := 0; i < others; i++ {
+			mustAppend(t, s, storetest.Event(fmt.Sprintf("%s-other-%d", runID, i), statestore.RunStarted, ""))
+		}
+		next := mustAppend(t, s, storetest.Event(runID, statestore.StepStarted, "next")).RunSeq
+		requests()
+		recs, err := s.Fetch(ctx, runID, last, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) != 1 || recs[0].RunSeq != next {
+			t.Fatalf("Fetch(%s after %d) = %d records, want the one at %d", runID, last, len(recs), next)
+		}
+		return requests()
+	}
+	for _, body := range read("run-busy", 1000) {
+		if strings.Contains(body, "next_by_subj") {
+			t.Errorf("a read 1,000 messages behind the stream's end scanned the stream: %s", body)
+		}
+	}
+	scanned := false
+	for _, body := range read("run-quiet", 3) {
+		scanned = scanned || strings.Contains(body, "next_by_subj")
+	}
+	if !scanned {
+		t.Error("a read 3 messages behind the stream's end did not read the tail")
+	}
+}
+
 // BenchmarkTailFetch reads the one record after the watermark of runs of
 // 10, 500 and 1,100 records (a projector catching up on a gated task's
 // event): the cost should not grow with the run.
@@ -96,6 +164,38 @@ func BenchmarkTailFetch(b *testing.B) {
 		}
 		b.Run(fmt.Sprintf("run=%d", size), func(b *testing.B) {
 			benchFetch(b, s, runID, seqs[len(seqs)-2], 1)
+		})
+	}
+}
+
+// BenchmarkTailFetchBusyStream reads the one record after the watermark
+// of a run of 20 records while other runs appended n records between the
+// run's last two (serve with n runs in flight: each of its records is
+// followed by the others'): what the read costs the server should follow
+// the run, not how much of the stream lies after the watermark. CPU is the
+// process's (the embedded server is in it).
+func BenchmarkTailFetchBusyStream(b *testing.B) {
+	s := benchStore(b, benchServer(b, 2*time.Minute))
+	for _, others := range []int{16, 256, 2048, 16384} {
+		runID := fmt.Sprintf("run-%d", others)
+		var last int64
+		for i := 0; i < 20; i++ {
+			last = mustAppend(b, s, storetest.Event(runID, statestore.StepStarted, fmt.Sprintf("s%05d", i))).RunSeq
+		}
+		var wg sync.WaitGroup
+		for w := range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := w; i < others; i += 16 {
+					mustAppend(b, s, storetest.Event(fmt.Sprintf("%s-other-%d", runID, i), statestore.RunStarted, ""))
+				}
+			}()
+		}
+		wg.Wait()
+		mustAppend(b, s, storetest.Event(runID, statestore.StepStarted, "next"))
+		b.Run(fmt.Sprintf("others=%d", others), func(b *testing.B) {
+			benchFetch(b, s, runID, last, 1)
 		})
 	}
 }
