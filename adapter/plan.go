@@ -26,10 +26,9 @@ type planDefs struct {
 	PlanVersion string
 	Hash        string
 	Workflow    model.WorkflowDef
-	// WorkflowJSON and TaskDefsJSON are what is registered (the exact
-	// JSON of plan.Compiled).
-	WorkflowJSON []byte
-	TaskDefsJSON []byte
+	// compiled encodes what is registered (encode): only on a registration,
+	// not on every start of a plan already registered.
+	compiled *plan.Compiled
 }
 
 // defsOf checks a compiled plan and returns its definitions.
@@ -37,7 +36,7 @@ func defsOf(op string, c *plan.Compiled) (*planDefs, error) {
 	if c == nil || c.Plan == nil {
 		return nil, invalidInput(op, "compiled plan is required")
 	}
-	d := &planDefs{PlanID: c.Plan.PlanID, PlanVersion: c.Plan.PlanVersion, Hash: c.ContentHash, Workflow: c.Workflow}
+	d := &planDefs{PlanID: c.Plan.PlanID, PlanVersion: c.Plan.PlanVersion, Hash: c.ContentHash, Workflow: c.Workflow, compiled: c}
 	if err := validateField(op, "planId", d.PlanID); err != nil {
 		return nil, err
 	}
@@ -50,14 +49,19 @@ func defsOf(op string, c *plan.Compiled) (*planDefs, error) {
 	if d.Workflow.Name == "" {
 		return nil, invalidInput(op, "plan %s@%s has no workflow name", d.PlanID, d.PlanVersion)
 	}
-	var err error
-	if d.WorkflowJSON, err = c.WorkflowDefJSON(); err != nil {
-		return nil, invalidInput(op, "plan %s@%s: %v", d.PlanID, d.PlanVersion, err)
+	return d, nil
+}
+
+// encode returns the exact JSON registered for d (plan.Compiled): the
+// workflow definition, and the task definitions' list or nil.
+func (d *planDefs) encode(op string) (workflow, taskDefs []byte, err error) {
+	if workflow, err = d.compiled.WorkflowDefJSON(); err != nil {
+		return nil, nil, invalidInput(op, "plan %s@%s: %v", d.PlanID, d.PlanVersion, err)
 	}
-	if len(c.TaskDefs) > 0 {
-		if d.TaskDefsJSON, err = c.TaskDefsJSON(); err != nil {
-			return nil, invalidInput(op, "plan %s@%s: %v", d.PlanID, d.PlanVersion, err)
+	if len(d.compiled.TaskDefs) > 0 {
+		if taskDefs, err = d.compiled.TaskDefsJSON(); err != nil {
+			return nil, nil, invalidInput(op, "plan %s@%s: %v", d.PlanID, d.PlanVersion, err)
 		}
 	}
-	return d, nil
+	return workflow, taskDefs, nil
 }

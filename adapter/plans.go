@@ -58,6 +58,10 @@ func (r *Runs) registerPlan(ctx context.Context, defs *planDefs) error {
 		}
 		return planConflict(defs, cached)
 	}
+	workflowJSON, taskDefsJSON, err := defs.encode("register plan")
+	if err != nil {
+		return err
+	}
 	if err := r.claimPlan(ctx, pk, defs); err != nil {
 		return err
 	}
@@ -70,13 +74,13 @@ func (r *Runs) registerPlan(ctx context.Context, defs *planDefs) error {
 	case !errors.Is(err, ErrNotFound):
 		return err
 	}
-	if defs.TaskDefsJSON != nil {
-		if err := r.conductor.RegisterTaskDefsJSON(ctx, defs.TaskDefsJSON); err != nil {
+	if taskDefsJSON != nil {
+		if err := r.conductor.RegisterTaskDefsJSON(ctx, taskDefsJSON); err != nil {
 			r.releaseRejected(ctx, pk, defs, err)
 			return err
 		}
 	}
-	if err := r.conductor.RegisterWorkflowDefJSON(ctx, defs.WorkflowJSON); err != nil {
+	if err := r.conductor.RegisterWorkflowDefJSON(ctx, workflowJSON); err != nil {
 		r.releaseRejected(ctx, pk, defs, err)
 		return err
 	}
