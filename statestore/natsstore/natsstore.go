@@ -532,14 +532,23 @@ func (s *Store) Fetch(ctx context.Context, runID string, afterSeq int64, limit i
 		return out, err
 	}
 	// A read that must see every append before it: what the direct gets
-	// (any replica) did not show, the leader does; usually one request
-	// that finds nothing.
+	// (any replica) did not show, the leader does. The leader's last
+	// record of the run (from the subject index, at a cost that follows
+	// the run) usually says there is nothing more; only past it does the
+	// leader walk the stream from the last record read.
 	last := afterSeq
 	if len(out) > 0 {
 		last = out[len(out)-1].RunSeq
 	}
 	if limit > 0 {
 		limit -= len(out)
+	}
+	newest, err := s.leaderLast(ctx, base+".>")
+	if err != nil {
+		return nil, err
+	}
+	if newest <= uint64(max(last, 0)) {
+		return out, nil
 	}
 	more, err := s.leaderFetchFrom(ctx, runID, base+".>", uint64(max(last, 0))+1, limit)
 	if err != nil {
@@ -708,6 +717,21 @@ func (s *Store) fetchFilter(ctx context.Context, runID, filter string, afterSeq 
 		cursor = eob.lastSeq
 	}
 	return sortedBySeq(out), nil
+}
+
+// leaderLast returns the sequence of the last message on filter that the
+// stream leader holds, 0 if none.
+func (s *Store) leaderLast(ctx context.Context, filter string) (uint64, error) {
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	m, err := s.leaderMsg(ctx, directRequest{LastFor: filter})
+	switch {
+	case errors.Is(err, errNotFound):
+		return 0, nil
+	case err != nil:
+		return 0, unavailable("fetch from the stream leader", err)
+	}
+	return m.seq, nil
 }
 
 // leaderFetch reads runID's records on filter from the stream leader, one

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
@@ -146,6 +147,73 @@ func TestStore_TailFetchOfABusyStreamReadsTheIndex(t *testing.T) {
 	}
 }
 
+// TestStore_LatestReadAsksTheLeaderForTheRunsLast: a read that must see
+// every append (statestore.WithLatest: a fence's second look) asks the
+// stream leader what the direct gets did not show. The leader's walk with
+// next_by_subj scans the stream from the run's last record to the end, so
+// it is made only when the leader's last message of the run is past what
+// was read: not for a run with nothing new among other runs' records, and
+// still for one whose newest message the direct gets did not return (here
+// a message on the run's subjects that is not a record of the run).
+func TestStore_LatestReadAsksTheLeaderForTheRunsLast(t *testing.T) {
+	ctx := statestore.WithLatest(context.Background())
+	srv := startServer(t, t.TempDir())
+	js := connect(t, srv)
+	s := openUnique(t, js)
+	obs := connect(t, srv).Conn()
+	sub, err := obs.SubscribeSync("$JS.API.STREAM.MSG.GET." + s.Stream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := obs.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	walks := func() int {
+		t.Helper()
+		if err := obs.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for {
+			m, err := sub.NextMsg(0)
+			if err != nil {
+				return n
+			}
+			if strings.Contains(string(m.Data), "next_by_subj") {
+				n++
+			}
+		}
+	}
+	runID := "run-idle"
+	last := mustAppend(t, s, storetest.Event(runID, statestore.RunStarted, "")).RunSeq
+	for i := 0; i < 300; i++ {
+		mustAppend(t, s, storetest.Event(fmt.Sprintf("other-%d", i), statestore.RunStarted, ""))
+	}
+	walks()
+	if recs, err := s.Fetch(ctx, runID, last, 0); err != nil || len(recs) != 0 {
+		t.Fatalf("Fetch after the run's last record: %d records, %v", len(recs), err)
+	}
+	if n := walks(); n != 0 {
+		t.Errorf("a run with nothing new: the leader walked the stream %d times", n)
+	}
+
+	st, err := js.Stream(context.Background(), s.Stream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := strings.TrimSuffix(st.CachedInfo().Config.Subjects[0], ".>")
+	if _, err := js.Publish(context.Background(), prefix+"."+natsstore.RunToken(runID)+".garbage", []byte("not json")); err != nil {
+		t.Fatal(err)
+	}
+	walks()
+	if recs, err := s.Fetch(ctx, runID, last, 0); err != nil || len(recs) != 0 {
+		t.Fatalf("Fetch with a non-record after the run's last record: %d records, %v", len(recs), err)
+	}
+	if n := walks(); n == 0 {
+		t.Error("the leader holds a message of the run past what the direct gets returned, and was not asked for it")
+	}
+}
+
 // BenchmarkTailFetch reads the one record after the watermark of runs of
 // 10, 500 and 1,100 records (a projector catching up on a gated task's
 // event): the cost should not grow with the run.
@@ -196,6 +264,22 @@ func BenchmarkTailFetchBusyStream(b *testing.B) {
 		mustAppend(b, s, storetest.Event(runID, statestore.StepStarted, "next"))
 		b.Run(fmt.Sprintf("others=%d", others), func(b *testing.B) {
 			benchFetch(b, s, runID, last, 1)
+		})
+		// A read that must see every append (statestore.WithLatest) of a
+		// run with nothing new while the others' records follow its last.
+		idle := fmt.Sprintf("%s-idle", runID)
+		lastIdle := mustAppend(b, s, storetest.Event(idle, statestore.RunStarted, "")).RunSeq
+		for i := 0; i < others; i++ {
+			mustAppend(b, s, storetest.Event(fmt.Sprintf("%s-later-%d", runID, i), statestore.RunStarted, ""))
+		}
+		b.Run(fmt.Sprintf("others=%d/latest-nothing-new", others), func(b *testing.B) {
+			ctx := statestore.WithLatest(context.Background())
+			for i := 0; i < b.N; i++ {
+				recs, err := s.Fetch(ctx, idle, lastIdle, 0)
+				if err != nil || len(recs) != 0 {
+					b.Fatalf("got %d records (%v), want none", len(recs), err)
+				}
+			}
 		})
 	}
 }
