@@ -373,8 +373,11 @@ func (r *Remover) finish(ctx context.Context, l ledger, rev uint64) error {
 }
 
 // remaining counts runID's records with runSeq up to last: two requests
-// (the run's subjects, then its first record after last, if any), plus one
-// per record when the run got records after last.
+// (the run's subjects, then its last message), plus one per record when the
+// run got records after last. The last message comes from the stream's
+// subject index (last_by_subj on the run's wildcard), at a cost that
+// follows the run; a next_by_subj from last+1 would scan every later run's
+// messages to find that there is none.
 func (r *Remover) remaining(ctx context.Context, runID string, last uint64) (uint64, error) {
 	filter := r.prefix + "." + RunToken(runID) + ".>"
 	info, err := r.stream.Info(ctx, jetstream.WithSubjectFilter(filter))
@@ -388,8 +391,8 @@ func (r *Remover) remaining(ctx context.Context, runID string, last uint64) (uin
 	// message. Those above last are records the run got after its archive;
 	// when it got none (a run retention removes has ended), every subject
 	// counts. A record appended after the Info is above last too.
-	_, err = r.stream.GetMsg(ctx, last+1, jetstream.WithGetMsgSubject(filter))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
+	newest, err := r.stream.GetLastMsgForSubject(ctx, filter)
+	if errors.Is(err, jetstream.ErrMsgNotFound) || (err == nil && newest.Sequence <= last) {
 		return uint64(len(info.State.Subjects)), nil
 	}
 	if err != nil {

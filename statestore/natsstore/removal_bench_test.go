@@ -25,13 +25,20 @@ import (
 // server; -benchtime=Nx sets the rounds. Reports runs removed a second.
 //
 //	go test -run '^$' -bench BenchmarkRemover -benchtime 6x ./statestore/natsstore/
+//
+// "window=N" appends N records of later runs after each round's runs (what
+// retention's window keeps after the runs it removes): what removing a run
+// costs should not grow with them.
 func BenchmarkRemover(b *testing.B) {
 	for _, sm := range syncModes {
-		b.Run(sm.name, func(b *testing.B) { benchRemover(b, sm.interval) })
+		b.Run(sm.name, func(b *testing.B) { benchRemover(b, sm.interval, 0) })
+	}
+	if !testing.Short() {
+		b.Run("sync=2m/window=20000", func(b *testing.B) { benchRemover(b, 2*time.Minute, 20000) })
 	}
 }
 
-func benchRemover(b *testing.B, syncInterval time.Duration) {
+func benchRemover(b *testing.B, syncInterval time.Duration, window int) {
 	const perRound = 200 // retention.DefaultBatchRuns
 	ctx := context.Background()
 	js, srv := natstest.StartIn(b, b.TempDir(), natsstore.EmbeddedConfig{Logger: zap.NewNop(), SyncInterval: syncInterval,
@@ -82,6 +89,11 @@ func benchRemover(b *testing.B, syncInterval time.Duration) {
 				b.Fatal(err)
 			}
 			out = append(out, statestore.Removal{RunID: id, LastRunSeq: uint64(last), Records: 4})
+		}
+		for i := range window {
+			if _, err := s.Append(ctx, storetest.Event(fmt.Sprintf("later-%d-%d", next, i), statestore.RunStarted, "")); err != nil {
+				b.Fatal(err)
+			}
 		}
 		return out
 	}

@@ -608,3 +608,48 @@ func TestOpen_RetentionSettingIsNoOtherVersion(t *testing.T) {
 		t.Fatalf("a stream changed by hand: %d warnings, want 1", n)
 	}
 }
+
+// TestRemover_CountsARunFromTheIndex: before purging a run the remover
+// counts its records up to the archived last one. Whether the run got
+// records after that is asked of the stream's subject index (its last
+// message), not found with a next_by_subj from there, which the server
+// answers by scanning every later run's messages: with retention's window
+// after the run, that scan made each removal cost what the window held.
+func TestRemover_CountsARunFromTheIndex(t *testing.T) {
+	// The sidecar's user may do everything here, so that a connection of
+	// it can watch the remover's requests.
+	js, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Logger: zaptest.NewLogger(t), Permissions: natsstore.AllPermissions,
+		RetentionPermissions: natsstore.RetentionPermissions(natsstore.DefaultStream, natsstore.DefaultStateBucket, natsstore.DefaultSnapshotBucket, idsBucket)})
+	s, err := natsstore.Open(context.Background(), js, natsstore.Options{Removable: true, Logger: zaptest.NewLogger(t), SnapshotBucket: natsstore.DefaultSnapshotBucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ids := appendRuns(t, s, nil, 100) // the first, and later runs as retention's window keeps
+	obs := js.Conn()
+	sub, err := obs.SubscribeSync("$JS.API.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := obs.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := openRemover(t, srv).RemoveRuns(context.Background(), removals(t, s, ids[:1])); err != nil {
+		t.Fatal(err)
+	}
+	if err := obs.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		m, err := sub.NextMsg(0)
+		if err != nil {
+			break
+		}
+		if strings.Contains(string(m.Data), "next_by_subj") {
+			t.Errorf("the removal scanned the stream: %s %s", m.Subject, m.Data)
+		}
+	}
+	if last, _ := lastSeq(t, s, ids[0]); last != 0 {
+		t.Fatalf("run %s not removed", ids[0])
+	}
+}
