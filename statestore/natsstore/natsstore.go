@@ -40,10 +40,11 @@
 // size of the run, not of the stream. Such a request is refused above 1,024
 // subjects; a larger run is read with a next_by_subj batch walk instead,
 // which scans the stream from afterSeq on (see Fetch). A read after a
-// watermark (afterSeq > 0) first takes up to 8 records with single
-// next_by_subj direct gets, which the server answers from the stream's
-// newest messages whatever the run's size; only a run further ahead than
-// that is read from the subject index for the rest.
+// watermark at most tailScanMax messages behind the stream's end first
+// takes up to 8 records with single next_by_subj direct gets, which the
+// server answers from the stream's newest messages whatever the run's
+// size; a run further ahead, or a watermark further behind, is read from
+// the subject index.
 //
 // Server-generated Nats-* headers come after any headers a message was
 // published with (direct get and republish both append them), so every
