@@ -88,6 +88,20 @@ type Archive struct {
 	// range of level 0 its writes complete, and those its lookups read
 	// after the last full range (catalog.go).
 	recent map[uint64][]uint64
+
+	// With keys, what is known of which manifests are signed (unsigned).
+	signs signs
+}
+
+// signs is what an Archive with keys learnt of which manifests are
+// unsigned: every manifest from the first signed one on must be signed
+// (Verify's rule), so an unsigned manifest after a signed one was not
+// written by the sidecar.
+type signs struct {
+	mu sync.Mutex
+	// unsignedThrough: manifests 1..unsignedThrough were read back to the
+	// first and none is signed (the archive before it had keys).
+	unsignedThrough uint64
 }
 
 // location is a run's place: manifest seq and the run's entry in it.
@@ -172,22 +186,79 @@ func (a *Archive) manifestSeqs(ctx context.Context) ([]uint64, error) {
 	return seqs, nil
 }
 
-// readManifest gets and checks manifest seq.
+// readManifest gets and checks manifest seq. With keys, a signed manifest
+// must check under one of them, and an unsigned one must not come right
+// after a signed one (the head, which a writer chains on to, after any:
+// loadHead).
 func (a *Archive) readManifest(ctx context.Context, seq uint64) (*Manifest, error) {
+	return a.readManifestBack(ctx, seq, 1)
+}
+
+// readManifestBack is readManifest where an unsigned manifest is checked
+// against the back manifests before it (all of them with back 0).
+func (a *Archive) readManifestBack(ctx context.Context, seq, back uint64) (*Manifest, error) {
 	b, err := a.dest.Get(ctx, manifestName(seq))
 	if err != nil {
 		return nil, err
 	}
 	m, err := parseManifest(b, seq)
-	if err != nil {
-		return nil, err
+	if err != nil || a.keys == nil {
+		return m, err
 	}
-	if a.keys != nil && m.Signature != nil {
+	if m.Signature != nil {
 		if err := a.keys.check(m); err != nil {
 			return nil, err
 		}
+		return m, nil
+	}
+	if err := a.checkUnsigned(ctx, seq, back); err != nil {
+		return nil, err
 	}
 	return m, nil
+}
+
+// checkUnsigned returns an error matching ErrCorrupt if unsigned manifest
+// seq follows a signed one among the back manifests before it (every one
+// with back 0). A manifest before it that
+// is missing or does not parse is passed over: the chain's checks (Verify)
+// report those.
+func (a *Archive) checkUnsigned(ctx context.Context, seq, back uint64) error {
+	a.signs.mu.Lock()
+	through := a.signs.unsignedThrough
+	a.signs.mu.Unlock()
+	if seq <= through {
+		return nil
+	}
+	stop := uint64(0)
+	if back > 0 && seq > back {
+		stop = seq - back - 1
+	}
+	for s := seq - 1; s > stop && s > through; s-- {
+		b, err := a.dest.Get(ctx, manifestName(s))
+		if errors.Is(err, ErrObjectNotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		pm, err := parseManifest(b, s)
+		if err != nil {
+			continue
+		}
+		if pm.Signature != nil {
+			return unsignedAfter(seq, s)
+		}
+	}
+	if stop <= through {
+		a.signs.mu.Lock()
+		a.signs.unsignedThrough = max(a.signs.unsignedThrough, seq)
+		a.signs.mu.Unlock()
+	}
+	return nil
+}
+
+func unsignedAfter(seq, signed uint64) error {
+	return newError(CodeCorrupt, nil, "manifest %d is not signed, and manifest %d before it is: it was not written by the sidecar", seq, signed)
 }
 
 // loadHead reads the newest manifest into a.head. Called with a.mu held
@@ -201,7 +272,9 @@ func (a *Archive) loadHead(ctx context.Context) error {
 		a.head, a.headRead = nil, true
 		return nil
 	}
-	m, err := a.readManifest(ctx, seqs[len(seqs)-1])
+	// The head is what a writer chains on to and signs over: with keys, an
+	// unsigned one is checked against every manifest before it.
+	m, err := a.readManifestBack(ctx, seqs[len(seqs)-1], 0)
 	if err != nil {
 		return err
 	}

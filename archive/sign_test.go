@@ -157,6 +157,73 @@ func TestVerify_Signed(t *testing.T) {
 	})
 }
 
+// TestSigned_UnsignedAfterSigned: with the keys, a manifest written without
+// them after signed ones (by someone who can write to the archive but
+// holds no key: it hashes and chains correctly) is neither chained on to
+// by a writer, who would sign over it, nor read, which would answer its
+// runs as it says (another tenant's, say). An archive written before it
+// had keys still opens and reads with them, its head unsigned or not.
+func TestSigned_UnsignedAfterSigned(t *testing.T) {
+	ctx := context.Background()
+	k1 := mustKeys(t, key1)
+	t.Run("WriterDoesNotChainOnToIt", func(t *testing.T) {
+		for _, forged := range []int{1, 3} {
+			d, _ := openDir(t)
+			writeRuns(t, d, k1, finishedRuns(t, "a", 2))
+			writeRuns(t, d, nil, finishedRuns(t, "forged", forged))
+			_, err := archive.Open(ctx, d, archive.Options{Keys: k1})
+			if !errors.Is(err, archive.ErrCorrupt) || !strings.Contains(err.Error(), "manifest 3 is not signed, and manifest 2 before it is") &&
+				!strings.Contains(err.Error(), "manifest 5 is not signed, and manifest 2 before it is") {
+				t.Fatalf("%d forged: Open with the keys: %v, want ErrCorrupt naming the unsigned manifest and the signed one before it", forged, err)
+			}
+		}
+	})
+	t.Run("NotReadByAWriterThatWasOpenBefore", func(t *testing.T) {
+		d, _ := openDir(t)
+		a, err := archive.Open(ctx, d, archive.Options{Keys: k1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Write(ctx, finishedRuns(t, "a", 1)); err != nil {
+			t.Fatal(err)
+		}
+		forged := finishedRuns(t, "forged", 2)
+		writeRuns(t, d, nil, forged)
+		for _, r := range forged {
+			if _, err := a.Records(ctx, r.ID); !errors.Is(err, archive.ErrCorrupt) {
+				t.Fatalf("Records of run %s of an unsigned manifest: %v, want ErrCorrupt", r.ID, err)
+			}
+		}
+		if _, err := a.Write(ctx, finishedRuns(t, "b", 1)); !errors.Is(err, archive.ErrCorrupt) {
+			t.Fatalf("Write after the unsigned manifest: %v, want ErrCorrupt", err)
+		}
+	})
+	t.Run("WrittenBeforeItHadKeys", func(t *testing.T) {
+		d, _ := openDir(t)
+		old := finishedRuns(t, "old", 3)
+		writeRuns(t, d, nil, old)
+		a, err := archive.Open(ctx, d, archive.Options{Keys: k1})
+		if err != nil {
+			t.Fatalf("Open with keys of an archive written without: %v", err)
+		}
+		if _, err := a.Records(ctx, old[0].ID); err != nil {
+			t.Fatalf("Records of a run written before the keys: %v", err)
+		}
+		if _, err := a.Write(ctx, finishedRuns(t, "new", 1)); err != nil {
+			t.Fatal(err)
+		}
+		b, err := archive.Open(ctx, d, archive.Options{Keys: k1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range old {
+			if _, err := b.Records(ctx, r.ID); err != nil {
+				t.Fatalf("Records of %s (written before the keys) after a signed manifest: %v", r.ID, err)
+			}
+		}
+	})
+}
+
 // editSignature changes one hex digit of manifest seq's MAC, leaving the
 // rest of the manifest (and so its Chain) as it is.
 func editSignature(t testing.TB, root string, seq int) {
