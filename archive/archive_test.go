@@ -355,6 +355,11 @@ func TestVerify(t *testing.T) {
 			os.Remove(filepath.Join(root, "manifests", "000000000002.json"))
 			return archive.VerifyOptions{}
 		}, []string{archive.ProblemManifestMissing}},
+		{"StrayManifestFarAhead", func(t *testing.T, root string, ms []*archive.Manifest) archive.VerifyOptions {
+			// One problem for the gap below it, not one per missing number.
+			os.WriteFile(filepath.Join(root, "manifests", "100000000000.json"), []byte("{}"), 0o600)
+			return archive.VerifyOptions{}
+		}, []string{archive.ProblemManifestMissing, archive.ProblemManifestInvalid}},
 		{"ManifestGarbage", func(t *testing.T, root string, ms []*archive.Manifest) archive.VerifyOptions {
 			os.WriteFile(filepath.Join(root, "manifests", "000000000001.json"), []byte("{not json"), 0o600)
 			return archive.VerifyOptions{}

@@ -107,8 +107,14 @@ func Verify(ctx context.Context, dest Destination, opts VerifyOptions) (*Report,
 	prev, headFound := Genesis, opts.ExpectHead == ""
 	next := uint64(1)
 	for _, seq := range seqs {
-		for ; next < seq; next++ {
-			rep.Problems = append(rep.Problems, Problem{Code: ProblemManifestMissing, Seq: next, Object: manifestName(next), Message: "manifest is missing"})
+		if next < seq {
+			// One problem for a gap, however long: a stray name with a
+			// large number must not cost a problem per number below it.
+			msg := "manifest is missing"
+			if seq-next > 1 {
+				msg = fmt.Sprintf("manifests %d to %d are missing (%d)", next, seq-1, seq-next)
+			}
+			rep.Problems = append(rep.Problems, Problem{Code: ProblemManifestMissing, Seq: next, Object: manifestName(next), Message: msg})
 			prev = "" // the next manifest's Prev cannot be checked
 		}
 		next = seq + 1
@@ -234,7 +240,7 @@ type rootChecker interface {
 
 // verifyCatalog checks every object under catalog/ against the run keys
 // of the manifests (keys, by seq) and counts the shards of full ranges
-// that are absent.
+// that are absent (of the ranges that hold a manifest that parsed).
 func verifyCatalog(ctx context.Context, dest Destination, rep *Report, keys map[uint64][]uint64) error {
 	names, err := dest.List(ctx, catalogPrefix)
 	if err != nil {
@@ -296,9 +302,18 @@ func verifyCatalog(ctx context.Context, dest Destination, rep *Report, keys map[
 		}
 		rep.CatalogShards++
 	}
+	// The full ranges that hold a manifest that parsed: their number
+	// follows the manifests found, not the newest seq (a stray name with a
+	// large number must not cost a loop up to it).
 	for l := range catalogLevels {
 		w := catalogWidth(l)
-		for first := uint64(1); first-1+w <= rep.Manifests; first += w {
+		starts := map[uint64]bool{}
+		for seq := range keys {
+			if first := (seq-1)/w*w + 1; first-1+w <= rep.Manifests {
+				starts[first] = true
+			}
+		}
+		for first := range starts {
 			for s := range 1 << shardBits(l) {
 				if !present[catalogName(l, first, s)] {
 					rep.CatalogMissing++
