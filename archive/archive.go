@@ -187,16 +187,9 @@ func (a *Archive) manifestSeqs(ctx context.Context) ([]uint64, error) {
 }
 
 // readManifest gets and checks manifest seq. With keys, a signed manifest
-// must check under one of them, and an unsigned one must not come right
-// after a signed one (the head, which a writer chains on to, after any:
-// loadHead).
+// must check under one of them, and an unsigned one must not come after a
+// signed one (checkUnsigned).
 func (a *Archive) readManifest(ctx context.Context, seq uint64) (*Manifest, error) {
-	return a.readManifestBack(ctx, seq, 1)
-}
-
-// readManifestBack is readManifest where an unsigned manifest is checked
-// against the back manifests before it (all of them with back 0).
-func (a *Archive) readManifestBack(ctx context.Context, seq, back uint64) (*Manifest, error) {
 	b, err := a.dest.Get(ctx, manifestName(seq))
 	if err != nil {
 		return nil, err
@@ -211,29 +204,26 @@ func (a *Archive) readManifestBack(ctx context.Context, seq, back uint64) (*Mani
 		}
 		return m, nil
 	}
-	if err := a.checkUnsigned(ctx, seq, back); err != nil {
+	if err := a.checkUnsigned(ctx, seq); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
 // checkUnsigned returns an error matching ErrCorrupt if unsigned manifest
-// seq follows a signed one among the back manifests before it (every one
-// with back 0). A manifest before it that
-// is missing or does not parse is passed over: the chain's checks (Verify)
-// report those.
-func (a *Archive) checkUnsigned(ctx context.Context, seq, back uint64) error {
+// seq follows a signed one. It reads the manifests before it back to the
+// first, or to those it found unsigned before: once per process for an
+// archive written before it had keys, nothing for one signed throughout. A
+// manifest before it that is missing or does not parse is passed over: the
+// chain's checks (Verify) report those.
+func (a *Archive) checkUnsigned(ctx context.Context, seq uint64) error {
 	a.signs.mu.Lock()
 	through := a.signs.unsignedThrough
 	a.signs.mu.Unlock()
 	if seq <= through {
 		return nil
 	}
-	stop := uint64(0)
-	if back > 0 && seq > back {
-		stop = seq - back - 1
-	}
-	for s := seq - 1; s > stop && s > through; s-- {
+	for s := seq - 1; s > through; s-- {
 		b, err := a.dest.Get(ctx, manifestName(s))
 		if errors.Is(err, ErrObjectNotFound) {
 			continue
@@ -249,11 +239,9 @@ func (a *Archive) checkUnsigned(ctx context.Context, seq, back uint64) error {
 			return unsignedAfter(seq, s)
 		}
 	}
-	if stop <= through {
-		a.signs.mu.Lock()
-		a.signs.unsignedThrough = max(a.signs.unsignedThrough, seq)
-		a.signs.mu.Unlock()
-	}
+	a.signs.mu.Lock()
+	a.signs.unsignedThrough = max(a.signs.unsignedThrough, seq)
+	a.signs.mu.Unlock()
 	return nil
 }
 
@@ -272,9 +260,7 @@ func (a *Archive) loadHead(ctx context.Context) error {
 		a.head, a.headRead = nil, true
 		return nil
 	}
-	// The head is what a writer chains on to and signs over: with keys, an
-	// unsigned one is checked against every manifest before it.
-	m, err := a.readManifestBack(ctx, seqs[len(seqs)-1], 0)
+	m, err := a.readManifest(ctx, seqs[len(seqs)-1])
 	if err != nil {
 		return err
 	}
@@ -474,13 +460,21 @@ func (a *Archive) loadIndex(ctx context.Context) error {
 			continue
 		}
 		m, err := a.readManifest(ctx, seq)
+		unreadable := errors.Is(err, ErrCorrupt) || errors.Is(err, ErrObjectNotFound)
+		if unreadable {
+			// A manifest that cannot be read (damaged, forged, or gone
+			// since the listing) indexes none of its runs, and is no
+			// head to chain on to; a lookup of one of its runs reads it
+			// and answers its error.
+			m, err = &Manifest{Seq: seq}, nil
+		}
 		if err != nil {
 			return err
 		}
 		a.mu.Lock()
 		if seq > a.indexed {
 			a.indexManifest(m)
-			if a.head == nil || seq > a.head.Seq {
+			if !unreadable && (a.head == nil || seq > a.head.Seq) {
 				a.head = m
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -532,4 +533,62 @@ func TestArchived_NotAdoptedWhileConductorIsAway(t *testing.T) {
 	if res.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), "ENGINE_UNAVAILABLE") {
 		t.Fatalf("unknown workflow id while Conductor is away: %d %s, want 503 ENGINE_UNAVAILABLE", res.StatusCode, b)
 	}
+}
+
+// TestServer_ArchivedListPassesOverAnUnreadableManifest: a manifest that
+// does not parse, or one missing from the sequence, costs the listing of
+// archived runs the runs it lists, not the whole listing (every tenant's):
+// the page lists the others and names what it passed over.
+func TestServer_ArchivedListPassesOverAnUnreadableManifest(t *testing.T) {
+	list := func(t *testing.T, srv string) (names []string, unreadable []httpapi.UnreadableManifest) {
+		t.Helper()
+		cont := ""
+		for range 20 {
+			var l httpapi.RunList
+			if code := getJSON(t, srv+"/v1/runs?include=archived&limit=1&continue="+url.QueryEscape(cont), &l); code != http.StatusOK {
+				t.Fatalf("list: %d", code)
+			}
+			for _, r := range l.Runs {
+				if r.Archived {
+					names = append(names, r.RunID)
+				}
+			}
+			unreadable = append(unreadable, l.Unreadable...)
+			if cont = l.Continue; cont == "" {
+				break
+			}
+		}
+		slices.Sort(names)
+		return names, unreadable
+	}
+	// Manifest 1 holds "gone" and "gone-2", manifest 2 "gone-3" (archivedEnv).
+	// The API reads through an Archive opened afresh, as after a restart:
+	// it has read no manifest but the newest yet.
+	reopened := func(r httpapi.ArchiveReader) httpapi.ArchiveReader {
+		a, err := archive.Open(context.Background(), r.(*archive.Archive).Destination(), archive.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	t.Run("DoesNotParse", func(t *testing.T) {
+		srv, _, _, dir := archivedEnvWith(t, nil, reopened)
+		if err := os.Truncate(filepath.Join(dir, "manifests", "000000000001.json"), 100); err != nil {
+			t.Fatal(err)
+		}
+		names, unreadable := list(t, srv.URL)
+		if !slices.Equal(names, []string{"gone-3"}) || !slices.Equal(unreadable, []httpapi.UnreadableManifest{{From: 1, Through: 1, Code: archive.CodeCorrupt}}) {
+			t.Fatalf("listed %v, unreadable %+v; want gone-3, and manifest 1 %s", names, unreadable, archive.CodeCorrupt)
+		}
+	})
+	t.Run("Missing", func(t *testing.T) {
+		srv, _, _, dir := archivedEnvWith(t, nil, reopened)
+		if err := os.Remove(filepath.Join(dir, "manifests", "000000000002.json")); err != nil {
+			t.Fatal(err)
+		}
+		names, unreadable := list(t, srv.URL)
+		if !slices.Equal(names, []string{"gone", "gone-2"}) || !slices.Equal(unreadable, []httpapi.UnreadableManifest{{From: 2, Through: 2, Code: archive.ProblemManifestMissing}}) {
+			t.Fatalf("listed %v, unreadable %+v; want gone and gone-2, and manifest 2 missing", names, unreadable)
+		}
+	})
 }

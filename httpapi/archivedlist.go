@@ -2,12 +2,16 @@ package httpapi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
 
+	"go.uber.org/zap"
+
 	"github.com/conductor-sidecar/sidecar/archive"
+	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
@@ -83,10 +87,23 @@ func (s *Server) listArchived(ctx context.Context, f runlist.Filter, limit int, 
 			return nil
 		}
 		m, err := s.opts.Archive.Manifest(ctx, seqs[k])
-		if err != nil {
-			return fmt.Errorf("read archive manifest %d: %w", seqs[k], err)
-		}
 		read++
+		if err != nil {
+			if errors.Is(err, archive.ErrUnavailable) || ctx.Err() != nil {
+				return fmt.Errorf("read archive manifest %d: %w", seqs[k], err)
+			}
+			// One damaged manifest passes over its own runs, not every
+			// tenant's listing: the page says which it passed over.
+			code := CodeInternal
+			if c, ok := errcode.Of(err); ok && c.ErrorCode() != "" {
+				code = c.ErrorCode()
+			}
+			out.Unreadable = append(out.Unreadable, UnreadableManifest{From: seqs[k], Through: seqs[k], Code: code})
+			s.log.Warn("an archive manifest cannot be read; the listing of archived runs passes over its runs",
+				zap.Uint64("manifest", seqs[k]), zap.Error(err))
+			s.missingBelow(seqs, k, out)
+			continue
+		}
 		i := len(m.Runs) - 1
 		if seqs[k] == pos.seq && pos.i >= 0 && pos.i < len(m.Runs) {
 			i = pos.i
@@ -111,8 +128,22 @@ func (s *Server) listArchived(ctx context.Context, f runlist.Filter, limit int, 
 			}
 			out.Runs = append(out.Runs, ListedRun{Row: row, Archived: true})
 		}
+		s.missingBelow(seqs, k, out)
 	}
 	return nil
+}
+
+// missingBelow adds to out's unreadable manifests those missing between
+// seqs[k] and the manifest before it (or the first): the listing passed
+// over them as it left manifest seqs[k].
+func (s *Server) missingBelow(seqs []uint64, k int, out *RunList) {
+	below := uint64(0)
+	if k > 0 {
+		below = seqs[k-1]
+	}
+	if below+1 < seqs[k] {
+		out.Unreadable = append(out.Unreadable, UnreadableManifest{From: below + 1, Through: seqs[k] - 1, Code: archive.ProblemManifestMissing})
+	}
 }
 
 // listedOnce reports whether the archived copy of runID in manifest seq

@@ -66,6 +66,20 @@ type RunList struct {
 	Continue       string      `json:"continue,omitempty"`
 	IndexedThrough uint64      `json:"indexedThrough"`
 	Revision       uint64      `json:"revision"`
+	// Unreadable are the archive's manifests this page passed over because
+	// they could not be read (damaged, or missing from the sequence): the
+	// archived runs they list are not in the listing.
+	Unreadable []UnreadableManifest `json:"unreadableManifests,omitempty"`
+}
+
+// UnreadableManifest is a manifest (or a run of missing ones, From to
+// Through) a listing of archived runs passed over, and why: the code of
+// the error (ARCHIVE_CORRUPT, ARCHIVE_MANIFEST_MISSING, ...). What the
+// damage is, `sidecar archive verify` says.
+type UnreadableManifest struct {
+	From    uint64 `json:"from"`
+	Through uint64 `json:"through"`
+	Code    string `json:"code"`
 }
 
 // listFilter reads a listing's filter from q: tenantId, projectId,

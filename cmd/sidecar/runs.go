@@ -41,6 +41,13 @@ func (c *RunsCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	for _, u := range list.Unreadable {
+		which := fmt.Sprintf("manifest %d", u.From)
+		if u.Through != u.From {
+			which = fmt.Sprintf("manifests %d to %d", u.From, u.Through)
+		}
+		fmt.Fprintf(c.m.Stderr, "warning: the archive's %s could not be read (%s): the archived runs listed there are missing here; sidecar archive verify says what is wrong\n", which, u.Code)
+	}
 	if (cf.output == "json" || cf.output == "yaml") && !*watch {
 		return cf.print(c.m.Stdout, list)
 	}
@@ -105,6 +112,7 @@ func listAll(ctx context.Context, client *httpapi.Client, q url.Values) (*httpap
 			all = page
 		} else {
 			all.Runs = append(all.Runs, page.Runs...)
+			all.Unreadable = append(all.Unreadable, page.Unreadable...)
 			all.Continue = page.Continue
 		}
 		if page.Continue == "" {

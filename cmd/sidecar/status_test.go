@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -137,6 +138,24 @@ func TestMain_APIFailuresExitByKind(t *testing.T) {
 		}
 		if err := json.Unmarshal([]byte(errOut), &e); err != nil || code != tc.code || out != "" || e.Error.Code != tc.jsonCode || e.Error.Message == "" {
 			t.Fatalf("%v -o json: exit %d, stdout %q, stderr %q (%v); want exit %d and {\"error\": {\"code\": %q, ...}}", tc.args, code, out, errOut, err, tc.code, tc.jsonCode)
+		}
+	}
+}
+
+// TestRuns_UnreadableManifestsWarn: a listing of archived runs that passed
+// over manifests it could not read says so on stderr, whatever the output
+// format, so that a script does not take the listing for complete.
+func TestRuns_UnreadableManifestsWarn(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		l := httpapi.RunList{Runs: []httpapi.ListedRun{}, Unreadable: []httpapi.UnreadableManifest{{From: 2, Through: 2, Code: "ARCHIVE_CORRUPT"}, {From: 4, Through: 9, Code: "ARCHIVE_MANIFEST_MISSING"}}}
+		_ = json.NewEncoder(w).Encode(l)
+	}))
+	defer srv.Close()
+	for _, args := range [][]string{{"runs", "--archived", "--server", srv.URL}, {"runs", "--archived", "--server", srv.URL, "-o", "json"}} {
+		code, _, errOut := run(t, args...)
+		if code != 0 || !strings.Contains(errOut, "manifest 2 could not be read (ARCHIVE_CORRUPT)") || !strings.Contains(errOut, "manifests 4 to 9 could not be read (ARCHIVE_MANIFEST_MISSING)") {
+			t.Fatalf("%v: exit %d, stderr %q; want a warning naming each", args, code, errOut)
 		}
 	}
 }
