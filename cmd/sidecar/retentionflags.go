@@ -30,7 +30,10 @@ type retentionConfig struct {
 	Store string
 	// Conductor also removes a removed run's workflow from Conductor.
 	Conductor bool
-	bad       []string // --retain-tenant values that do not parse
+	bad       []string // --retain-tenant values that do not parse, or name a tenant twice
+	// fromEnv are the tenants SIDECAR_RETAIN_TENANT set: a --retain-tenant
+	// of the same tenant overrides them, as a flag overrides its variable.
+	fromEnv map[string]bool
 }
 
 func (c *retentionConfig) registerFlags(fs *flag.FlagSet) {
@@ -41,6 +44,10 @@ func (c *retentionConfig) registerFlags(fs *flag.FlagSet) {
 	fs.Var(&tenantRetention{c}, "retain-tenant", "TENANT=DURATION: --retain-finished for one tenantId (repeat, or comma separated) (env "+envName("retain-tenant")+")")
 	if v, ok := os.LookupEnv(envName("retain-tenant")); ok {
 		_ = fs.Set("retain-tenant", v)
+		c.fromEnv = map[string]bool{}
+		for tenant := range c.PerTenant {
+			c.fromEnv[tenant] = true
+		}
 	}
 	stringFlag(fs, &c.Archive, "archive", "where finished runs are archived before they leave hot state: file:///dir or s3://bucket/prefix")
 	stringFlag(fs, &c.KeyFile, "archive-key-file", "file of keys (one a line, at least 32 bytes each, e.g. openssl rand -hex 32) the first of which signs every archive manifest written, so that archive verify can tell them from manifests added by anyone else with write access to --archive; the others check manifests signed before a rotation")
@@ -141,6 +148,11 @@ func (t *tenantRetention) Set(s string) error {
 		if t.c.PerTenant == nil {
 			t.c.PerTenant = map[string]time.Duration{}
 		}
+		if _, twice := t.c.PerTenant[tenant]; twice && !t.c.fromEnv[tenant] {
+			t.c.bad = append(t.c.bad, fmt.Sprintf("--retain-tenant names tenant %q twice: give each tenant one duration", tenant))
+			continue
+		}
+		delete(t.c.fromEnv, tenant)
 		t.c.PerTenant[tenant] = d
 	}
 	return nil

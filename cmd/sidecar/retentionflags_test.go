@@ -36,6 +36,8 @@ func TestConfig_Retention(t *testing.T) {
 		{"TenantWithoutDefault", []string{"--retain-tenant", "acme=1h"}, false},
 		{"BadTenant", []string{"--retain-finished", "1h", "--archive", "file:///a", "--retain-tenant", "acme"}, false},
 		{"ZeroTenant", []string{"--retain-finished", "1h", "--archive", "file:///a", "--retain-tenant", "acme=0s"}, false},
+		{"TenantTwice", []string{"--retain-finished", "1h", "--archive", "file:///a", "--retain-tenant", "acme=5s,acme=7s"}, false},
+		{"TenantTwiceInTwoFlags", []string{"--retain-finished", "1h", "--archive", "file:///a", "--retain-tenant", "acme=5s", "--retain-tenant", "acme=7s"}, false},
 		{"ExternalNATSNeedsRetentionUser", []string{"--retain-finished", "1h", "--archive", "file:///a", "--nats-url", "nats://127.0.0.1:4222", "--nats-insecure-no-auth"}, false},
 		{"PostgresNeedsRetentionStore", []string{"--retain-finished", "1h", "--archive", "file:///a", "--store", "postgres://sidecar@127.0.0.1:1/sidecar"}, false},
 		{"Postgres", []string{"--retain-finished", "1h", "--archive", "file:///a", "--store", "postgres://sidecar@127.0.0.1:1/sidecar", "--retention-store", "postgres://sidecar_retention@127.0.0.1:1/sidecar"}, true},
@@ -70,6 +72,18 @@ func TestConfig_Retention(t *testing.T) {
 	}
 	if !cfg.Retention.Conductor {
 		t.Fatal("--retain-conductor is off by default, want on")
+	}
+	// A flag overrides the variable's value for the same tenant, as every
+	// flag overrides its variable; the variable's other tenants stay.
+	t.Setenv(envName("retain-tenant"), "acme=5s,beta=1h")
+	cfg = DefaultConfig()
+	fs = flag.NewFlagSet("serve", flag.ContinueOnError)
+	cfg.registerFlags(fs)
+	if err := fs.Parse([]string{"--retain-tenant", "acme=7s"}); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Retention.PerTenant["acme"] != 7*time.Second || cfg.Retention.PerTenant["beta"] != time.Hour || len(cfg.Retention.bad) != 0 {
+		t.Fatalf("variable acme=5s,beta=1h and flag acme=7s: %v, problems %v", cfg.Retention.PerTenant, cfg.Retention.bad)
 	}
 	cfg = DefaultConfig()
 	fs = flag.NewFlagSet("serve", flag.ContinueOnError)
