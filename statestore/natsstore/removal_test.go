@@ -626,25 +626,11 @@ func TestRemover_CountsARunFromTheIndex(t *testing.T) {
 	}
 	t.Cleanup(func() { s.Close() })
 	ids := appendRuns(t, s, nil, 100) // the first, and later runs as retention's window keeps
-	obs := js.Conn()
-	sub, err := obs.SubscribeSync("$JS.API.>")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := obs.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	requests := watchRequests(t, js.Conn(), "$JS.API.>")
 	if err := openRemover(t, srv).RemoveRuns(context.Background(), removals(t, s, ids[:1])); err != nil {
 		t.Fatal(err)
 	}
-	if err := obs.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		m, err := sub.NextMsg(0)
-		if err != nil {
-			break
-		}
+	for _, m := range requests() {
 		if strings.Contains(string(m.Data), "next_by_subj") {
 			t.Errorf("the removal scanned the stream: %s %s", m.Subject, m.Data)
 		}

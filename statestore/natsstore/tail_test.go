@@ -23,59 +23,11 @@ import (
 // for one new record after the watermark of a run of 10 records and of
 // one past multi_last's 1,024 subjects.
 func TestStore_TailFetchStaysFlat(t *testing.T) {
-	ctx := context.Background()
 	srv := startServer(t, t.TempDir())
 	s := openUnique(t, connect(t, srv))
-	obs := connect(t, srv).Conn()
-	var subs []*nats.Subscription
-	for _, subj := range []string{"$JS.API.DIRECT.GET." + s.Stream(), "$JS.API.DIRECT.GET." + s.Stream() + ".>"} {
-		sub, err := obs.SubscribeSync(subj)
-		if err != nil {
-			t.Fatal(err)
-		}
-		subs = append(subs, sub)
-	}
-	if err := obs.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	requests := func() int {
-		t.Helper()
-		if err := obs.Flush(); err != nil { // every copy sent before now has arrived
-			t.Fatal(err)
-		}
-		n := 0
-		for _, sub := range subs {
-			for {
-				if _, err := sub.NextMsg(0); err != nil {
-					break
-				}
-				n++
-			}
-		}
-		return n
-	}
-	tail := func(runID string, size int) int {
-		t.Helper()
-		var last int64
-		for i := 0; i < size; i++ {
-			last = mustAppend(t, s, storetest.Event(runID, statestore.StepStarted, fmt.Sprintf("s%05d", i))).RunSeq
-			if i%50 == 0 {
-				mustAppend(t, s, storetest.Event(fmt.Sprintf("%s-other-%d", runID, i), statestore.RunStarted, ""))
-			}
-		}
-		next := mustAppend(t, s, storetest.Event(runID, statestore.StepStarted, "next")).RunSeq
-		requests()
-		recs, err := s.Fetch(ctx, runID, last, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(recs) != 1 || recs[0].RunSeq != next {
-			t.Fatalf("Fetch(%s after %d) = %d records, want the one at %d", runID, last, len(recs), next)
-		}
-		return requests()
-	}
-	small := tail("run-small", 10)
-	big := tail("run-big", 1100)
+	requests := watchRequests(t, connect(t, srv).Conn(), "$JS.API.DIRECT.GET."+s.Stream(), "$JS.API.DIRECT.GET."+s.Stream()+".>")
+	small := len(readNewest(t, s, requests, "run-small", 10, 0))
+	big := len(readNewest(t, s, requests, "run-big", 1100, 0))
 	if big != small || big > 2 {
 		t.Fatalf("reading one new record made %d direct get requests for a run of 10 records and %d for one of 1,100: want the same, at most 2", small, big)
 	}
@@ -88,59 +40,17 @@ func TestStore_TailFetchStaysFlat(t *testing.T) {
 // that far behind the stream's end must ask the run's subject index
 // (multi_last) instead; one just behind it still reads the tail.
 func TestStore_TailFetchOfABusyStreamReadsTheIndex(t *testing.T) {
-	ctx := context.Background()
 	srv := startServer(t, t.TempDir())
 	s := openUnique(t, connect(t, srv))
-	obs := connect(t, srv).Conn()
-	sub, err := obs.SubscribeSync("$JS.API.DIRECT.GET." + s.Stream())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := obs.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	requests := func() []string {
-		t.Helper()
-		if err := obs.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		var bodies []string
-		for {
-			m, err := sub.NextMsg(0)
-			if err != nil {
-				return bodies
-			}
-			bodies = append(bodies, string(m.Data))
-		}
-	}
-	read := func(runID string, others int) []string {
-		t.Helper()
-		var last int64
-		for i := 0; i < 5; i++ {
-			last = mustAppend(t, s, storetest.Event(runID, statestore.StepStarted, fmt.Sprintf("s%d", i))).RunSeq
-		}
-		for i := 0; i < others; i++ {
-			mustAppend(t, s, storetest.Event(fmt.Sprintf("%s-other-%d", runID, i), statestore.RunStarted, ""))
-		}
-		next := mustAppend(t, s, storetest.Event(runID, statestore.StepStarted, "next")).RunSeq
-		requests()
-		recs, err := s.Fetch(ctx, runID, last, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(recs) != 1 || recs[0].RunSeq != next {
-			t.Fatalf("Fetch(%s after %d) = %d records, want the one at %d", runID, last, len(recs), next)
-		}
-		return requests()
-	}
-	for _, body := range read("run-busy", 1000) {
-		if strings.Contains(body, "next_by_subj") {
-			t.Errorf("a read 1,000 messages behind the stream's end scanned the stream: %s", body)
+	requests := watchRequests(t, connect(t, srv).Conn(), "$JS.API.DIRECT.GET."+s.Stream())
+	for _, m := range readNewest(t, s, requests, "run-busy", 5, 1000) {
+		if strings.Contains(string(m.Data), "next_by_subj") {
+			t.Errorf("a read 1,000 messages behind the stream's end scanned the stream: %s", m.Data)
 		}
 	}
 	scanned := false
-	for _, body := range read("run-quiet", 3) {
-		scanned = scanned || strings.Contains(body, "next_by_subj")
+	for _, m := range readNewest(t, s, requests, "run-quiet", 5, 3) {
+		scanned = scanned || strings.Contains(string(m.Data), "next_by_subj")
 	}
 	if !scanned {
 		t.Error("a read 3 messages behind the stream's end did not read the tail")
@@ -160,29 +70,16 @@ func TestStore_LatestReadAsksTheLeaderForTheRunsLast(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	js := connect(t, srv)
 	s := openUnique(t, js)
-	obs := connect(t, srv).Conn()
-	sub, err := obs.SubscribeSync("$JS.API.STREAM.MSG.GET." + s.Stream())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := obs.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	requests := watchRequests(t, connect(t, srv).Conn(), "$JS.API.STREAM.MSG.GET."+s.Stream())
 	walks := func() int {
 		t.Helper()
-		if err := obs.Flush(); err != nil {
-			t.Fatal(err)
-		}
 		n := 0
-		for {
-			m, err := sub.NextMsg(0)
-			if err != nil {
-				return n
-			}
+		for _, m := range requests() {
 			if strings.Contains(string(m.Data), "next_by_subj") {
 				n++
 			}
 		}
+		return n
 	}
 	runID := "run-idle"
 	last := mustAppend(t, s, storetest.Event(runID, statestore.RunStarted, "")).RunSeq
@@ -211,6 +108,66 @@ func TestStore_LatestReadAsksTheLeaderForTheRunsLast(t *testing.T) {
 	}
 	if n := walks(); n == 0 {
 		t.Error("the leader holds a message of the run past what the direct gets returned, and was not asked for it")
+	}
+}
+
+// readNewest appends size records of runID, then others records of other
+// runs, then one more of runID, and reads what follows the run's
+// watermark (its size-th record): that last record, or the test fails. It
+// returns the requests (requests) the read made.
+func readNewest(t *testing.T, s *natsstore.Store, requests func() []*nats.Msg, runID string, size, others int) []*nats.Msg {
+	t.Helper()
+	var last int64
+	for i := 0; i < size; i++ {
+		last = mustAppend(t, s, storetest.Event(runID, statestore.StepStarted, fmt.Sprintf("s%05d", i))).RunSeq
+	}
+	for i := 0; i < others; i++ {
+		mustAppend(t, s, storetest.Event(fmt.Sprintf("%s-other-%d", runID, i), statestore.RunStarted, ""))
+	}
+	next := mustAppend(t, s, storetest.Event(runID, statestore.StepStarted, "next")).RunSeq
+	requests()
+	recs, err := s.Fetch(context.Background(), runID, last, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 || recs[0].RunSeq != next {
+		t.Fatalf("Fetch(%s after %d) = %d records, want the one at %d", runID, last, len(recs), next)
+	}
+	return requests()
+}
+
+// watchRequests subscribes nc to subjects (the API requests of a server
+// whose user may watch them) and returns a function that hands over every
+// request sent since its last call.
+func watchRequests(t *testing.T, nc *nats.Conn, subjects ...string) func() []*nats.Msg {
+	t.Helper()
+	var subs []*nats.Subscription
+	for _, subj := range subjects {
+		sub, err := nc.SubscribeSync(subj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs = append(subs, sub)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return func() []*nats.Msg {
+		t.Helper()
+		if err := nc.Flush(); err != nil { // every copy sent before now has arrived
+			t.Fatal(err)
+		}
+		var out []*nats.Msg
+		for _, sub := range subs {
+			for {
+				m, err := sub.NextMsg(0)
+				if err != nil {
+					break
+				}
+				out = append(out, m)
+			}
+		}
+		return out
 	}
 }
 
