@@ -18,8 +18,9 @@ import (
 // durations: one step that sleeps a uniform 2 to 6 s, in milliseconds (a
 // continuous spread: with whole seconds the history's p90 is its top value,
 // a fifth of the mass, and each step ending a little past it counts as not
-// covered). 40 runs complete first (the history); 80 more are started and
-// paused together once 13 or more of them are mid-step; each draining run's estimate at that
+// covered). 40 runs complete first (the history); then batches of 40 are
+// started and paused while their steps run, until 13 drains or more were
+// measured; each draining run's estimate at that
 // moment is compared with when its drain ended: its step's StepCompleted,
 // where the run's DRAINING substatus clears (not RunDrainCompleted, which
 // the monitor appends up to its 250 ms interval later).
@@ -28,15 +29,12 @@ import (
 // 60% of the drains, and the p50 estimate is off by at most 2.5 s at the
 // median. A correct p90 from 40 samples covers about 88% of the drains;
 // the coverage seen in one run varies by about 7 points (the 40 samples of
-// history, shared by every drain, and 13 to 80 drains), so 60% is four of
+// history, shared by every drain, and 13 to 40 drains), so 60% is four of
 // those below: a run under it is a wrong estimate, not bad luck.
 func TestE2E_DrainETA(t *testing.T) {
-	// drains runs are started so that need of them are mid-step at once:
-	// on a loaded machine (Conductor 3.32 beside the race-enabled suite)
-	// the starts spread over more than a step's 2 - 6 s, and of 40 started
-	// fewer than 13 ran at any one moment.
-	const history, drains, need = 40, 80, 13
-	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--concurrency", "command=96")
+	// need drains are measured, over at most rounds batches of perRound.
+	const history, perRound, rounds, need = 40, 40, 8, 13
+	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--concurrency", "command=48")
 	ctx := context.Background()
 	pl := mustPlan(t, `{"planId":"`+uniq("e2e-eta")+`","planVersion":"1","steps":[
 		{"stepId":"work","executor":{"type":"command","argv":["bash","-c","sleep $((RANDOM % 4 + 2)).$(printf %03d $((RANDOM % 1000)))"]}}]}`)
@@ -70,15 +68,15 @@ func TestE2E_DrainETA(t *testing.T) {
 			t.Fatalf("history run %s: %s", id, v.Status)
 		}
 	}
-	ids := startN(drains)
-	// Not all: on a loaded machine (a Conductor answering starts in
-	// seconds) the first steps end before the last start. Runs whose step
-	// is not running are not measured; need of them (13 drains or more)
-	// is what the checks below need. Read from the log, not the run list,
-	// whose rows may lag the steps by seconds on a loaded machine; the
-	// runs' logs are read at once, so that one look is short beside a
-	// step.
-	sidecartest.WaitFor(t, "13 of the steps to run at once", 2*time.Minute, func() bool {
+	// Rounds: start a batch, pause the plan's runs once enough of the
+	// batch's steps run at once (or once their number passed its peak),
+	// and measure those paused mid-step, until need are measured. On a
+	// loaded machine (Conductor 3.32 beside the race-enabled suite) starts
+	// take seconds and spread over more than a step's 2 - 6 s, so one batch
+	// may never have need steps running at once. In-flight steps are read
+	// from the log, not the run list (whose rows may lag the steps by
+	// seconds), every run's log at once, so that one look is short.
+	inFlight := func(ids []string) int {
 		var n atomic.Int64
 		var wg sync.WaitGroup
 		for _, id := range ids {
@@ -96,28 +94,45 @@ func TestE2E_DrainETA(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		return n.Load() >= need
-	})
-	res, err := p.client.Bulk(ctx, "pause", httpapi.BulkRequest{PlanID: pl.PlanID, Reason: "eta test"})
-	if err != nil || res.Counts[httpapi.OutcomePaused] < need {
-		t.Fatalf("bulk pause: %+v %v", res, err)
+		return int(n.Load())
 	}
 	estimated := map[string][2]time.Time{}
-	l, err := listAll(ctx, p.client, url.Values{"planId": {pl.PlanID}, "substatus": {"DRAINING"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range l.Runs {
-		e := r.DrainETA
-		if e == nil || len(e.Unknown) > 0 {
-			t.Fatalf("run %s drains without an estimate: %+v", r.RunID, e)
+	for round := 0; len(estimated) < need; round++ {
+		if round == rounds {
+			t.Fatalf("%d drains measured in %d rounds of %d runs, want %d", len(estimated), rounds, perRound, need)
 		}
-		p50, _ := time.Parse(time.RFC3339Nano, e.P50)
-		p90, _ := time.Parse(time.RFC3339Nano, e.P90)
-		estimated[r.RunID] = [2]time.Time{p50, p90}
-	}
-	if len(estimated) < need {
-		t.Fatalf("%d runs draining when listed, want %d or more of the %d", len(estimated), need, drains)
+		ids := startN(perRound)
+		peak := 0
+		sidecartest.WaitFor(t, "the batch's steps to run", 2*time.Minute, func() bool {
+			n := inFlight(ids)
+			if n >= need-len(estimated) || (peak > 0 && n < peak) {
+				return true
+			}
+			peak = max(peak, n)
+			return false
+		})
+		if t.Failed() {
+			t.FailNow()
+		}
+		if _, err := p.client.Bulk(ctx, "pause", httpapi.BulkRequest{PlanID: pl.PlanID, Reason: "eta test"}); err != nil {
+			t.Fatalf("bulk pause: %v", err)
+		}
+		l, err := listAll(ctx, p.client, url.Values{"planId": {pl.PlanID}, "substatus": {"DRAINING"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range l.Runs {
+			if _, ok := estimated[r.RunID]; ok {
+				continue
+			}
+			e := r.DrainETA
+			if e == nil || len(e.Unknown) > 0 {
+				t.Fatalf("run %s drains without an estimate: %+v", r.RunID, e)
+			}
+			p50, _ := time.Parse(time.RFC3339Nano, e.P50)
+			p90, _ := time.Parse(time.RFC3339Nano, e.P90)
+			estimated[r.RunID] = [2]time.Time{p50, p90}
+		}
 	}
 	var errs, late []float64
 	covered := 0
