@@ -11,7 +11,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/archive"
-	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
@@ -94,14 +93,10 @@ func (s *Server) listArchived(ctx context.Context, f runlist.Filter, limit int, 
 			}
 			// One damaged manifest passes over its own runs, not every
 			// tenant's listing: the page says which it passed over.
-			code := CodeInternal
-			if c, ok := errcode.Of(err); ok && c.ErrorCode() != "" {
-				code = c.ErrorCode()
-			}
-			out.Unreadable = append(out.Unreadable, UnreadableManifest{From: seqs[k], Through: seqs[k], Code: code})
+			out.Unreadable = append(out.Unreadable, UnreadableManifest{From: seqs[k], Through: seqs[k], Code: s.classify(err).Code})
 			s.log.Warn("an archive manifest cannot be read; the listing of archived runs passes over its runs",
 				zap.Uint64("manifest", seqs[k]), zap.Error(err))
-			s.missingBelow(seqs, k, out)
+			missingBelow(seqs, k, out)
 			continue
 		}
 		i := len(m.Runs) - 1
@@ -128,7 +123,7 @@ func (s *Server) listArchived(ctx context.Context, f runlist.Filter, limit int, 
 			}
 			out.Runs = append(out.Runs, ListedRun{Row: row, Archived: true})
 		}
-		s.missingBelow(seqs, k, out)
+		missingBelow(seqs, k, out)
 	}
 	return nil
 }
@@ -136,7 +131,7 @@ func (s *Server) listArchived(ctx context.Context, f runlist.Filter, limit int, 
 // missingBelow adds to out's unreadable manifests those missing between
 // seqs[k] and the manifest before it (or the first): the listing passed
 // over them as it left manifest seqs[k].
-func (s *Server) missingBelow(seqs []uint64, k int, out *RunList) {
+func missingBelow(seqs []uint64, k int, out *RunList) {
 	below := uint64(0)
 	if k > 0 {
 		below = seqs[k-1]
