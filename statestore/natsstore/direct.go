@@ -21,6 +21,7 @@ const (
 	hdrTimeStamp  = "Nats-Time-Stamp"
 	hdrNumPending = "Nats-Num-Pending"
 	hdrLastSeq    = "Nats-Last-Sequence"
+	hdrUpToSeq    = "Nats-UpTo-Sequence"
 	hdrStatus     = "Status"
 	hdrDesc       = "Description"
 
@@ -56,9 +57,12 @@ type storedMsg struct {
 
 // endOfBatch is what the server's end-of-batch status reports: how many
 // matching messages follow the last one sent, and the last one's sequence.
+// A multi_last answer also says up to which sequence it read: the
+// stream's last at the time, unless the request bounded it.
 type endOfBatch struct {
 	pending uint64
 	lastSeq uint64
+	upTo    uint64 // 0: not reported (a batch get)
 }
 
 func apiPrefix(o jetstream.JetStreamOptions) string {
@@ -108,6 +112,7 @@ func (s *Store) direct(ctx context.Context, subject string, body []byte) (*store
 	if m == nil {
 		return nil, statusError(status, resp)
 	}
+	s.mark.saw(m.seq)
 	return m, nil
 }
 
@@ -154,6 +159,7 @@ func (s *Store) leaderMsg(ctx context.Context, req directRequest) (*storedMsg, e
 	case r.Message == nil:
 		return nil, errors.New("message get response without a message")
 	}
+	s.mark.saw(r.Message.Seq)
 	return &storedMsg{subject: r.Message.Subject, seq: r.Message.Seq, time: r.Message.Time, data: r.Message.Data}, nil
 }
 
@@ -201,6 +207,7 @@ func (s *Store) getBatch(ctx context.Context, req directRequest, idle time.Durat
 			return endOfBatch{}, err
 		}
 		if m != nil {
+			s.mark.saw(m.seq)
 			fn(m)
 			timer.Reset(idle)
 			continue
@@ -214,6 +221,12 @@ func (s *Store) getBatch(ctx context.Context, req directRequest, idle time.Durat
 		}
 		if eob.lastSeq, err = strconv.ParseUint(resp.Header.Get(hdrLastSeq), 10, 64); err != nil {
 			return endOfBatch{}, fmt.Errorf("end of batch: %s: %w", hdrLastSeq, err)
+		}
+		if v := resp.Header.Get(hdrUpToSeq); v != "" {
+			if eob.upTo, err = strconv.ParseUint(v, 10, 64); err != nil {
+				return endOfBatch{}, fmt.Errorf("end of batch: %s: %w", hdrUpToSeq, err)
+			}
+			s.mark.saw(eob.upTo) // the stream's last sequence when it was read
 		}
 		return eob, nil
 	}

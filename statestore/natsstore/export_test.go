@@ -21,3 +21,7 @@ const (
 	RemoveInFlight  = removeInFlight
 	RemoveBatchRuns = removeBatchRuns
 )
+
+// SubjectPrefix is the prefix of the stream's subjects, for tests that
+// open a second Store on one stream.
+func (s *Store) SubjectPrefix() string { return s.prefix }

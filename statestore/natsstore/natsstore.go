@@ -589,9 +589,10 @@ func (s *Store) fetch(ctx context.Context, runID, base string, afterSeq int64, l
 const tailScanMax = 128
 
 // shortTail reports whether at most tailScanMax messages were stored after
-// afterSeq, as far as this Store saw (its own appends and the stream's last
-// sequence at Open; another writer's appends make the tail longer than it
-// knows, never shorter).
+// afterSeq, as far as this Store saw: its own appends, the stream's last
+// sequence at Open, every message it read and the stream's last sequence
+// each subject index read reports. Another writer's appends since this
+// Store's last read make the tail longer than it knows, never shorter.
 func (s *Store) shortTail(afterSeq int64) bool {
 	seen := s.mark.seen.Load()
 	return seen <= uint64(afterSeq)+tailScanMax

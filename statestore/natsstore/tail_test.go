@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
@@ -54,6 +55,45 @@ func TestStore_TailFetchOfABusyStreamReadsTheIndex(t *testing.T) {
 	}
 	if !scanned {
 		t.Error("a read 3 messages behind the stream's end did not read the tail")
+	}
+}
+
+// TestStore_TailFetchKnowsOtherReplicasAppends: with several replicas on
+// one stream each Store appends only part of it, so its own appends do
+// not say how far a watermark lies behind the stream's end. A read of the
+// subject index reports the stream's last sequence, and what a read
+// returns is stored: a Store learns the end from its reads too. Here a
+// second Store (another replica) appends 1,000 records of other runs; the
+// first reads one run whole, then reads another after a watermark from
+// before those appends, and must ask the subject index, not scan.
+func TestStore_TailFetchKnowsOtherReplicasAppends(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	a := openUnique(t, connect(t, srv))
+	b, err := natsstore.Open(context.Background(), connect(t, srv), natsstore.Options{
+		Stream: a.Stream(), SubjectPrefix: a.SubjectPrefix(), Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	requests := watchRequests(t, connect(t, srv).Conn(), "$JS.API.DIRECT.GET."+a.Stream())
+	last := mustAppend(t, a, storetest.Event("run-watched", statestore.StepStarted, "s1")).RunSeq
+	mustAppend(t, a, storetest.Event("run-read", statestore.RunStarted, ""))
+	for i := 0; i < 1000; i++ {
+		mustAppend(t, b, storetest.Event(fmt.Sprintf("other-%d", i), statestore.RunStarted, ""))
+	}
+	next := mustAppend(t, b, storetest.Event("run-watched", statestore.StepStarted, "s2")).RunSeq
+	if recs, err := a.Fetch(context.Background(), "run-read", 0, 0); err != nil || len(recs) != 1 {
+		t.Fatalf("Fetch(run-read) = %d records, %v", len(recs), err)
+	}
+	requests()
+	recs, err := a.Fetch(context.Background(), "run-watched", last, 0)
+	if err != nil || len(recs) != 1 || recs[0].RunSeq != next {
+		t.Fatalf("Fetch(run-watched after %d) = %+v, %v; want the record at %d", last, recs, err, next)
+	}
+	for _, m := range requests() {
+		if strings.Contains(string(m.Data), "next_by_subj") {
+			t.Errorf("a read 1,000 messages behind the stream's end, appended by another replica, scanned the stream: %s", m.Data)
+		}
 	}
 }
 
