@@ -86,15 +86,56 @@ or decimal suffix.
 {{- $limit := "" -}}
 {{- with .Values.resources.limits -}}{{- $limit = toString (.memory | default "") -}}{{- end -}}
 {{- if and $limit .Values.goMemLimitPercent -}}
-{{- $num := regexFind "^[0-9]+" $limit -}}
-{{- $unit := trimPrefix $num $limit -}}
-{{- $scale := get (dict "" 1 "K" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776) $unit -}}
-{{- $bytes := mul (atoi $num) $scale -}}
+{{- $bytes := include "sidecar.bytes" $limit | atoi -}}
 {{- $mib := div (div (mul $bytes .Values.goMemLimitPercent) 100) 1048576 -}}
 {{- if lt (int64 $mib) 1 -}}
 {{- fail (printf "resources.limits.memory %s is too small for GOMEMLIMIT (%d%% of it is under 1MiB)" $limit (int .Values.goMemLimitPercent)) -}}
 {{- end -}}
 {{- printf "%dMiB" (int64 $mib) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A memory quantity (an integer with an optional suffix K, M, G, T, Ki, Mi, Gi, Ti, as the schema allows) in bytes. */}}
+{{- define "sidecar.bytes" -}}
+{{- $q := toString . -}}
+{{- $num := regexFind "^[0-9]+" $q -}}
+{{- $unit := trimPrefix $num $q -}}
+{{- $scale := get (dict "" 1 "K" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776) $unit -}}
+{{- mul (atoi $num) $scale -}}
+{{- end -}}
+
+{{/* A CPU quantity in millicores ("500m", "2", "1.5"); -1 for a form it does not read (the schema allows a few more). */}}
+{{- define "sidecar.millicores" -}}
+{{- $q := toString . -}}
+{{- if regexMatch "^[0-9]+m$" $q -}}
+{{- trimSuffix "m" $q -}}
+{{- else if regexMatch "^[0-9]+(\\.[0-9]{1,3})?$" $q -}}
+{{- $parts := splitList "." $q -}}
+{{- $frac := "" -}}
+{{- if gt (len $parts) 1 -}}{{- $frac = index $parts 1 -}}{{- end -}}
+{{- add (mul (atoi (index $parts 0)) 1000) (atoi (printf "%s%s" $frac (repeat (sub 3 (len $frac) | int) "0"))) -}}
+{{- else -}}
+-1
+{{- end -}}
+{{- end -}}
+
+{{/* Fails when a request is above its limit (name: the values' path), which Kubernetes would refuse only when it makes the pod. */}}
+{{- define "sidecar.requestsWithinLimits" -}}
+{{- $name := index . 0 -}}
+{{- $r := index . 1 | default dict -}}
+{{- $req := $r.requests | default dict -}}
+{{- $lim := $r.limits | default dict -}}
+{{- if and $req.memory $lim.memory -}}
+{{- if gt (include "sidecar.bytes" $req.memory | atoi) (include "sidecar.bytes" $lim.memory | atoi) -}}
+{{- fail (printf "%s.requests.memory %v is above %s.limits.memory %v: Kubernetes refuses such a pod; raise the limit or lower the request" $name $req.memory $name $lim.memory) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $req.cpu $lim.cpu -}}
+{{- $rc := include "sidecar.millicores" $req.cpu | atoi -}}
+{{- $lc := include "sidecar.millicores" $lim.cpu | atoi -}}
+{{- if and (ge $rc 0) (ge $lc 0) (gt $rc $lc) -}}
+{{- fail (printf "%s.requests.cpu %v is above %s.limits.cpu %v: Kubernetes refuses such a pod; raise the limit or lower the request" $name $req.cpu $name $lim.cpu) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -107,6 +148,8 @@ or decimal suffix.
 
 {{/* Values that the schema cannot check: fail with what to change. */}}
 {{- define "sidecar.validate" -}}
+{{- include "sidecar.requestsWithinLimits" (list "resources" .Values.resources) -}}
+{{- include "sidecar.requestsWithinLimits" (list "conductor.inPod.resources" .Values.conductor.inPod.resources) -}}
 {{- if and (not .Values.nats.url) (gt (int .Values.replicaCount) 1) -}}
 {{- fail (printf "replicaCount %d needs an external NATS cluster (nats.url): the embedded NATS store is a ReadWriteOnce volume that one sidecar may open" (int .Values.replicaCount)) -}}
 {{- end -}}
