@@ -3,9 +3,11 @@ package adapter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -112,5 +114,84 @@ func TestClient_CallsAtConductorAreBounded(t *testing.T) {
 	}
 	if w := waiting(); w != 0 {
 		t.Errorf("sidecar_conductor_calls_waiting %v once every call ended, want 0", w)
+	}
+}
+
+// TestClient_ControlCallsLeaveRoomForWork: pause, resume, terminate and
+// start calls (API requests, which one caller can send by the hundred)
+// never take the last quarter of the places for calls at Conductor, which
+// stay for the calls that keep runs moving (task reports and reads), and
+// the health check (/readyz) waits for no place at all. Conductor here is
+// the real one behind a proxy that holds every pause call until the test
+// lets them go: while as many pauses as can be are held, a read and the
+// health check must still reach Conductor.
+func TestClient_ControlCallsLeaveRoomForWork(t *testing.T) {
+	const bound, pauses = 8, 20
+	u, err := url.Parse(conductortest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := conductortest.ReverseProxy(t, u)
+	release := make(chan struct{})
+	var mu sync.Mutex
+	held, mostHeld := 0, 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/pause") {
+			mu.Lock()
+			held++
+			mostHeld = max(mostHeld, held)
+			mu.Unlock()
+			defer func() { mu.Lock(); held--; mu.Unlock() }()
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	c, err := NewClient(ClientOptions{BaseURL: srv.URL + u.Path, MaxConcurrentCalls: bound, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The pauses' deadline outlasts the checks' below.
+	pauseCtx, stopPauses := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer stopPauses()
+	var wg sync.WaitGroup
+	for i := range pauses {
+		wg.Go(func() { _ = c.Pause(pauseCtx, fmt.Sprintf("no-such-workflow-%d", i)) })
+	}
+	t.Cleanup(func() {
+		close(release)
+		wg.Wait()
+	})
+	// Every control place taken and more pauses waiting for one.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		mu.Lock()
+		n := held
+		mu.Unlock()
+		if n >= bound-bound/4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d pause calls reached Conductor in a minute, want %d", n, bound-bound/4)
+		}
+	}
+
+	// Shorter than the 30 s after which the SDK's own HTTP client gives
+	// a held pause up (its place would then go to what waits for one).
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.Health(ctx); err != nil {
+		t.Errorf("health check while control calls fill their places: %v", err)
+	}
+	if _, err := c.Workflow(ctx, "no-such-workflow-read", false); !errors.Is(err, ErrNotFound) {
+		t.Errorf("a workflow read while control calls fill their places: %v, want Conductor's 404", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if mostHeld != bound-bound/4 {
+		t.Errorf("Conductor held %d pause calls at once, want %d: three quarters of the %d places", mostHeld, bound-bound/4, bound)
 	}
 }

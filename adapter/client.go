@@ -85,10 +85,25 @@ type Client struct {
 	// bulkMax is how many workflow ids one bulk call sends (BulkMax).
 	bulkMax int
 	// calls bounds the calls at Conductor at once (MaxConcurrentCalls),
-	// batch polls aside.
+	// batch polls and the health check aside; control bounds the control
+	// calls among them (every call but the work calls, workCalls) to
+	// three quarters, so that a flood of API requests leaves room for the
+	// calls that keep runs moving.
 	calls    *semaphore.Weighted
+	control  *semaphore.Weighted
 	maxCalls int
 }
+
+// workCalls are the calls that keep runs moving and the log in step: a
+// task's report and reads of tasks and workflows. They may take every
+// place for calls at Conductor; the other calls (starts, pauses, resumes,
+// terminations, retries, registrations: what API requests make, one
+// caller's hundreds at once) leave a quarter of the places to them.
+var workCalls = map[string]bool{opUpdateTask: true, opGetTask: true, opGetWorkflow: true, opRunningWorkflows: true}
+
+// controlPlaces is how many of places for calls control calls may
+// take: all but a quarter (rounded down), and at least one.
+func controlPlaces(places int) int { return max(1, places-places/4) }
 
 // NewClient returns a Client for opts.BaseURL. It does not contact the
 // server; use Health for that.
@@ -136,6 +151,7 @@ func NewClient(opts ClientOptions) (*Client, error) {
 		tasks:    client.NewTaskClient(api),
 		metadata: client.NewMetadataClient(api),
 		calls:    semaphore.NewWeighted(int64(opts.MaxConcurrentCalls)),
+		control:  semaphore.NewWeighted(int64(controlPlaces(opts.MaxConcurrentCalls))),
 		maxCalls: opts.MaxConcurrentCalls,
 	}, nil
 }
@@ -153,13 +169,14 @@ func (c *Client) do(ctx context.Context, op string, extra time.Duration, call fu
 		callCtx, cancel = context.WithTimeout(ctx, c.timeout+extra)
 		defer cancel()
 	}
-	if op != opBatchPoll {
-		if err := c.acquire(callCtx); err != nil {
+	if op != opBatchPoll && op != opHealth {
+		release, err := c.acquire(callCtx, !workCalls[op])
+		if err != nil {
 			err = c.classify(ctx, op, nil, err)
 			c.observe(op, start, err)
 			return nil, err
 		}
-		defer c.calls.Release(1)
+		defer release()
 	}
 	resp, err := call(callCtx)
 	if err != nil {
@@ -169,15 +186,35 @@ func (c *Client) do(ctx context.Context, op string, extra time.Duration, call fu
 	return resp, err
 }
 
-// acquire takes one of the places for calls at Conductor, waiting for one
-// while ctx lasts.
-func (c *Client) acquire(ctx context.Context) error {
-	if c.calls.TryAcquire(1) {
+// acquire takes one of the places for calls at Conductor (and, for a
+// control call, one of the control calls' places first), waiting for them
+// while ctx lasts, and returns what gives them back.
+func (c *Client) acquire(ctx context.Context, control bool) (release func(), err error) {
+	if control {
+		if err := c.take(ctx, c.control); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.take(ctx, c.calls); err != nil {
+		if control {
+			c.control.Release(1)
+		}
+		return nil, err
+	}
+	if !control {
+		return func() { c.calls.Release(1) }, nil
+	}
+	return func() { c.calls.Release(1); c.control.Release(1) }, nil
+}
+
+// take takes one place of sem, waiting for it while ctx lasts.
+func (c *Client) take(ctx context.Context, sem *semaphore.Weighted) error {
+	if sem.TryAcquire(1) {
 		return nil
 	}
 	c.metrics.waiting(1)
 	defer c.metrics.waiting(-1)
-	if err := c.calls.Acquire(ctx, 1); err != nil {
+	if err := sem.Acquire(ctx, 1); err != nil {
 		return fmt.Errorf("waiting for one of the %d places for calls to Conductor (--conductor-max-concurrent-calls): %w", c.maxCalls, err)
 	}
 	return nil

@@ -323,7 +323,7 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 		}
 	}
 	str(&c.ConductorURL, "conductor-url", "Conductor API base URL")
-	fs.Var(&intValue{&c.ConductorMaxCalls}, "conductor-max-concurrent-calls", "calls serve has at Conductor at once, its task workers' batch polls aside (each takes one of Conductor's request threads); more wait for a place (sidecar_conductor_calls_waiting) (env "+envName("conductor-max-concurrent-calls")+")")
+	fs.Var(&intValue{&c.ConductorMaxCalls}, "conductor-max-concurrent-calls", "calls serve has at Conductor at once, its task workers' batch polls and the health check aside (each takes one of Conductor's request threads; control calls take at most three quarters); more wait for a place (sidecar_conductor_calls_waiting) (env "+envName("conductor-max-concurrent-calls")+")")
 	if v, ok := os.LookupEnv(envName("conductor-max-concurrent-calls")); ok {
 		if fs.Set("conductor-max-concurrent-calls", v) != nil {
 			c.ConductorMaxCalls = 0 // Validate names it
