@@ -56,7 +56,7 @@ func (r *Runs) registerPlan(ctx context.Context, defs *planDefs) error {
 		if cached == defs.Hash {
 			return nil
 		}
-		return planConflict(defs, cached)
+		return planConflict(defs)
 	}
 	workflowJSON, taskDefsJSON, err := defs.encode("register plan")
 	if err != nil {
@@ -69,7 +69,7 @@ func (r *Runs) registerPlan(ctx context.Context, defs *planDefs) error {
 	switch {
 	case err == nil:
 		if h := EmbeddedPlanHash(existing); h != "" && h != defs.Hash {
-			return planConflict(defs, h)
+			return planConflict(defs)
 		}
 	case !errors.Is(err, ErrNotFound):
 		return err
@@ -122,10 +122,13 @@ func (r *Runs) releaseRejected(ctx context.Context, pk string, defs *planDefs, e
 	}
 }
 
-func planConflict(defs *planDefs, registered string) error {
+// The registered plan may be another tenant's (planIds are one namespace,
+// Conductor's definitions'): the answer tells nothing of it, not even its
+// content hash, which would confirm a guess of its content.
+func planConflict(defs *planDefs) error {
 	return &Error{Code: CodePlanVersionConflict, Op: "register plan",
-		Message: fmt.Sprintf("plan %s version %s is already registered with content hash %s; this plan's hash is %s (publish it as a new planVersion)",
-			defs.PlanID, defs.PlanVersion, registered, defs.Hash)}
+		Message: fmt.Sprintf("plan %s version %s is already registered with other content; this plan's content hash is %s (publish it as a new planVersion)",
+			defs.PlanID, defs.PlanVersion, defs.Hash)}
 }
 
 // claimPlan records (planId, planVersion) -> hash with an atomic Create, or
@@ -154,7 +157,7 @@ func (r *Runs) claimPlan(ctx context.Context, pk string, defs *planDefs) error {
 			return err
 		}
 		if stored.Hash != defs.Hash {
-			return planConflict(defs, stored.Hash)
+			return planConflict(defs)
 		}
 		return nil
 	}

@@ -227,7 +227,7 @@ func (r *Runs) existingRun(ctx context.Context, reqKey string, defs *planDefs) (
 // it out. The plan must be the one the run was started with.
 func (r *Runs) existing(ctx context.Context, rec *Run, rev uint64, defs *planDefs) (StartResult, error) {
 	if rec.PlanHash != defs.Hash {
-		return StartResult{}, planConflict(defs, rec.PlanHash)
+		return StartResult{}, planConflict(defs)
 	}
 	if err := r.ensureRunStarted(ctx, rec, rev); err != nil {
 		return StartResult{}, err
