@@ -289,3 +289,39 @@ func TestNode_RetriedStepStartsAtItsCallback(t *testing.T) {
 		})
 	t.Logf("resumed %v and the retried attempt started %v after the hold was seen", resumed.Round(time.Millisecond), time.Since(held).Round(time.Millisecond))
 }
+
+// TestNode_QueuedRunsStartOnceLimitsAreRemoved: a run admission control
+// queued is started by a node opened without limits on the same store
+// (an operator who removed --max-active-runs), not left QUEUED for good.
+func TestNode_QueuedRunsStartOnceLimitsAreRemoved(t *testing.T) {
+	_, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "node-queue-pw", Permissions: natsstore.AllPermissions})
+	ctx := context.Background()
+	open := func(adm Admission) (*Node, *httpapi.Client) {
+		cfg := testConfig(t, srv.URL())
+		cfg.Concurrency = map[string]int{plan.ExecutorNoop: 1, plan.ExecutorSleep: 1}
+		cfg.Admission = adm
+		n := New(cfg, zaptest.NewLogger(t), prometheus.NewRegistry())
+		if err := n.Open(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return n, httpapi.NewClient("http://" + cfg.API.Addr().String())
+	}
+	limited, api := open(Admission{Limits: admission.Limits{Global: 1}, Policy: admission.Queue})
+	first := startPlan(t, api, "queue-first", plan.Step{StepID: "a", Executor: plan.ExecutorSpec{Type: plan.ExecutorSleep, Seconds: 600}})
+	waitStep(t, limited, first.RunID, "a", time.Now().Add(2*time.Minute), "the first run's step did not start", begun...)
+	queued := startPlan(t, api, "queue-second", plan.Step{StepID: "a", Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}})
+	if queued.Status != statestore.RunStatusQueued {
+		t.Fatalf("the second run under a global limit of 1: status %q, want %q", queued.Status, statestore.RunStatusQueued)
+	}
+	// Stopped with a short grace: the first run's step is interrupted and
+	// handed back, still running in the log, still counted by admission.
+	grace, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := limited.Close(grace); err != nil {
+		t.Fatal(err)
+	}
+
+	unlimited, _ := open(Admission{})
+	t.Cleanup(func() { _ = unlimited.Close(ctx) })
+	waitStep(t, unlimited, queued.RunID, "a", time.Now().Add(2*time.Minute), "the queued run was not started by a node without limits", begun...)
+}

@@ -17,7 +17,7 @@ type admissionConfig struct {
 	Delay  time.Duration
 }
 
-func (c *admissionConfig) registerFlags(fs *flag.FlagSet) {
+func (c *admissionConfig) registerFlags(fs *flag.FlagSet, env *envSettings) {
 	num := func(p *int, name, usage string) {
 		fs.Var(&intValue{p}, name, usage+" (env "+envName(name)+")")
 		if v, ok := os.LookupEnv(envName(name)); ok {
@@ -31,9 +31,7 @@ func (c *admissionConfig) registerFlags(fs *flag.FlagSet) {
 	num(&c.Limits.PerPlan, "max-active-runs-per-plan", "at most this many active runs per planId, all versions (0: no limit)")
 	stringFlag(fs, &c.Policy, "admission-policy", "a start over a limit is: queue (RunQueued, started when capacity frees up, in order), reject (429), or delay (started later, Delay per run over)")
 	fs.Var(&durationValue{&c.Delay}, "admission-delay", "under --admission-policy delay, how far each run over a limit is put off (env "+envName("admission-delay")+")")
-	if v, ok := os.LookupEnv(envName("admission-delay")); ok {
-		_ = fs.Set("admission-delay", v)
-	}
+	env.set(fs, "admission-delay")
 }
 
 func (c *admissionConfig) validate() []string {

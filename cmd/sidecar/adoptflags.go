@@ -55,18 +55,16 @@ func (v *adoptValue) Set(s string) error {
 	return nil
 }
 
-func (c *adoptConfig) registerFlags(fs *flag.FlagSet) {
+func (c *adoptConfig) registerFlags(fs *flag.FlagSet, env *envSettings) {
 	adopt := &adoptValue{p: &c.Specs}
 	fs.Var(adopt, "adopt", "make every workflow of this Conductor definition a run of the log: NAME or NAME:VERSION (repeatable, or comma-separated) (env "+envName("adopt")+")")
 	if v, ok := os.LookupEnv(envName("adopt")); ok {
-		_ = adopt.Set(v)
+		env.check("adopt", v, adopt.Set(v))
 		adopt.fromEnv = true
 	}
 	c.Interval = time.Second
 	fs.Var(&durationValue{&c.Interval}, "adopt-interval", "how often adopted runs with a system task in progress are read back from Conductor (their definitions' running lists every 5 intervals) (env "+envName("adopt-interval")+")")
-	if v, ok := os.LookupEnv(envName("adopt-interval")); ok {
-		_ = fs.Set("adopt-interval", v)
-	}
+	env.set(fs, "adopt-interval")
 	c.TenantID, c.ProjectID, c.EnvironmentID = "default", "default", "default"
 	stringFlag(fs, &c.TenantID, "adopt-tenant-id", "tenantId of adopted runs")
 	stringFlag(fs, &c.ProjectID, "adopt-project-id", "projectId of adopted runs")

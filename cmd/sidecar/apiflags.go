@@ -54,7 +54,7 @@ type apiConfig struct {
 }
 
 // registerFlags binds the API security flags to fs.
-func (c *apiConfig) registerFlags(fs *flag.FlagSet) {
+func (c *apiConfig) registerFlags(fs *flag.FlagSet, env *envSettings) {
 	str := func(p *string, name, usage string) { stringFlag(fs, p, name, usage) }
 	str(&c.TokensFile, "tokens-file", "principals of the control API: hashed bearer tokens and client certificate names with roles and scopes (docs/security.md); reloaded on SIGHUP")
 	str(&c.TLSCert, "tls-cert", "certificate (PEM) of the API listener, with --tls-key")
@@ -69,8 +69,8 @@ func (c *apiConfig) registerFlags(fs *flag.FlagSet) {
 			c.maxConnectionsEnv = fmt.Errorf("%s=%q: %w (0 derives the bound from the descriptor limit)", envName("max-connections"), v, err)
 		}
 	}
-	boolFlag(fs, &c.ConsoleSecureCookie, "console-secure-cookie", "mark the console's session cookie Secure (sent over HTTPS only) although --listen serves plain HTTP: behind a proxy that terminates TLS (with --tls-cert it always is)")
-	boolFlag(fs, &c.InsecureNoAuth, "insecure-no-auth", "serve the API off loopback WITHOUT authentication: anyone who reaches it may start, pause and cancel runs")
+	boolFlag(fs, env, &c.ConsoleSecureCookie, "console-secure-cookie", "mark the console's session cookie Secure (sent over HTTPS only) although --listen serves plain HTTP: behind a proxy that terminates TLS (with --tls-cert it always is)")
+	boolFlag(fs, env, &c.InsecureNoAuth, "insecure-no-auth", "serve the API off loopback WITHOUT authentication: anyone who reaches it may start, pause and cancel runs")
 }
 
 // validate returns the problems of the API settings; listen is --listen.

@@ -26,7 +26,7 @@ import (
 func TestAPIConfig_AllowedHosts(t *testing.T) {
 	var cfg apiConfig
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	cfg.registerFlags(fs)
+	cfg.registerFlags(fs, &envSettings{})
 	if err := fs.Parse([]string{"--api-allowed-hosts", "sidecar.jobs.svc, sidecar"}); err != nil {
 		t.Fatal(err)
 	}

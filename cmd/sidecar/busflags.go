@@ -84,11 +84,9 @@ func (v *sinksValue) Set(text string) error {
 	return nil
 }
 
-func (c *busConfig) registerFlags(fs *flag.FlagSet) {
+func (c *busConfig) registerFlags(fs *flag.FlagSet, env *envSettings) {
 	fs.Var(&sinksValue{c}, "bus-sink", "an event bus sink, repeatable: nats:prefix=P[,name=N][,vocabulary=sidecar|core|noetl] or webhook:url=U,secret-file=F[,name=N][,vocabulary=...] (env "+envName("bus-sink")+", ';' between sinks)")
-	if v, ok := os.LookupEnv(envName("bus-sink")); ok {
-		_ = fs.Set("bus-sink", v)
-	}
+	env.set(fs, "bus-sink")
 	fs.Var(&intValue{&c.MaxAttempts}, "bus-max-attempts", "delivery attempts of an event before it is dead-lettered (env "+envName("bus-max-attempts")+")")
 	if v, ok := os.LookupEnv(envName("bus-max-attempts")); ok {
 		if fs.Set("bus-max-attempts", v) != nil {

@@ -94,6 +94,9 @@ type Config struct {
 	Admission admissionConfig
 	// Retention moves finished runs to an archive.
 	Retention retentionConfig
+
+	// env keeps the SIDECAR_* values the flags refused (Validate).
+	env envSettings
 }
 
 // DefaultConfig returns the defaults DESIGN.md names.
@@ -234,7 +237,7 @@ func (e *ConfigValidationError) Error() string {
 
 // Validate checks c and returns a *ConfigValidationError naming every problem.
 func (c *Config) Validate() error {
-	var p []string
+	p := append([]string(nil), c.env.problems...)
 	if u, err := url.Parse(c.ConductorURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		p = append(p, fmt.Sprintf("--conductor-url %q: want an http(s) URL like http://localhost:8080/api", redactURL(c.ConductorURL)))
 	}
@@ -316,11 +319,10 @@ func (c *Config) Validate() error {
 // registerFlags binds c's fields to fs, with environment fallbacks read now.
 func (c *Config) registerFlags(fs *flag.FlagSet) {
 	str := func(p *string, name, usage string) { stringFlag(fs, p, name, usage) }
+	env := &c.env
 	dur := func(p *time.Duration, name, usage string) {
 		fs.Var(&durationValue{p}, name, usage+" (env "+envName(name)+")")
-		if v, ok := os.LookupEnv(envName(name)); ok {
-			_ = fs.Set(name, v) // reported by parse below if invalid
-		}
+		env.set(fs, name)
 	}
 	str(&c.ConductorURL, "conductor-url", "Conductor API base URL")
 	fs.Var(&intValue{&c.ConductorMaxCalls}, "conductor-max-concurrent-calls", "calls serve has at Conductor at once, its task workers' batch polls and the health check aside (each takes one of Conductor's request threads; control calls take at most three quarters); more wait for a place (sidecar_conductor_calls_waiting) (env "+envName("conductor-max-concurrent-calls")+")")
@@ -343,9 +345,7 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 	str(&c.LogLevel, "log-level", "debug, info, warn or error")
 	str(&c.PprofListen, "pprof-listen", "serve net/http/pprof on this loopback address, for profiling (empty: off)")
 	fs.Var(&concurrencyValue{c.Concurrency}, "concurrency", "steps run at once per executor, e.g. command=4,http=16 (env "+envName("concurrency")+")")
-	if v, ok := os.LookupEnv(envName("concurrency")); ok {
-		_ = fs.Set("concurrency", v)
-	}
+	env.set(fs, "concurrency")
 	fs.Var(&intValue{&c.NATSReplicas}, "nats-replicas", "replicas of the event stream, the KV buckets and the object store when serve creates them (1 to 5; more than 1 needs a NATS cluster at --nats-url) (env "+envName("nats-replicas")+")")
 	if v, ok := os.LookupEnv(envName("nats-replicas")); ok {
 		if fs.Set("nats-replicas", v) != nil {
@@ -370,16 +370,16 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 			c.PollersPerType = 0 // Validate names it
 		}
 	}
-	boolFlag(fs, &c.AcceptNewNATSState, "accept-new-nats-state", "with --store postgres://: start although the database was used with other NATS state (a lost data dir); its runs in flight are not resumed")
-	boolFlag(fs, &c.ValidateWrites, "validate-transitions", "reject invalid transitions at append time (Layer 2)")
-	c.NATS.registerFlags(fs)
-	c.API.registerFlags(fs)
-	c.Exec.registerFlags(fs)
-	c.Bus.registerFlags(fs)
-	c.Admission.registerFlags(fs)
-	c.Proxy.registerFlags(fs)
-	c.Adopt.registerFlags(fs)
-	c.Retention.registerFlags(fs)
+	boolFlag(fs, env, &c.AcceptNewNATSState, "accept-new-nats-state", "with --store postgres://: start although the database was used with other NATS state (a lost data dir); its runs in flight are not resumed")
+	boolFlag(fs, env, &c.ValidateWrites, "validate-transitions", "reject invalid transitions at append time (Layer 2)")
+	c.NATS.registerFlags(fs, env)
+	c.API.registerFlags(fs, env)
+	c.Exec.registerFlags(fs, env)
+	c.Bus.registerFlags(fs, env)
+	c.Admission.registerFlags(fs, env)
+	c.Proxy.registerFlags(fs, env)
+	c.Adopt.registerFlags(fs, env)
+	c.Retention.registerFlags(fs, env)
 }
 
 // stringFlag binds p to the flag name of fs, with SIDECAR_<NAME> as its
@@ -388,9 +388,38 @@ func stringFlag(fs *flag.FlagSet, p *string, name, usage string) {
 	fs.StringVar(p, name, envOr(envName(name), *p), usage+" (env "+envName(name)+")")
 }
 
-// boolFlag binds p to the flag name of fs; SIDECAR_<NAME>=true sets it.
-func boolFlag(fs *flag.FlagSet, p *bool, name, usage string) {
-	fs.BoolVar(p, name, envOr(envName(name), "false") == "true", usage+" (env "+envName(name)+")")
+// boolFlag binds p to the flag name of fs; SIDECAR_<NAME> sets it, in any
+// form the command line takes (true, 1, TRUE, false, ...).
+func boolFlag(fs *flag.FlagSet, env *envSettings, p *bool, name, usage string) {
+	fs.BoolVar(p, name, *p, usage+" (env "+envName(name)+")")
+	env.set(fs, name)
+}
+
+// envSettings applies SIDECAR_* variables to the flags they stand for and
+// keeps every value a flag refused: Validate reports them, so a bad value
+// in the environment stops the start as it would on the command line,
+// instead of leaving the default in place.
+type envSettings struct{ problems []string }
+
+// set applies the variable of flag name, when it is set, and tells whether
+// it was.
+// An empty boolean is unset (false, unless the default says otherwise).
+func (e *envSettings) set(fs *flag.FlagSet, name string) bool {
+	v, ok := os.LookupEnv(envName(name))
+	if b, isBool := fs.Lookup(name).Value.(interface{ IsBoolFlag() bool }); ok && v == "" && isBool && b.IsBoolFlag() {
+		return false
+	}
+	if ok {
+		e.check(name, v, fs.Set(name, v))
+	}
+	return ok
+}
+
+// check keeps err, the refusal of value for flag name, as a problem.
+func (e *envSettings) check(name, value string, err error) {
+	if err != nil {
+		e.problems = append(e.problems, fmt.Sprintf("%s=%q: %v", envName(name), value, err))
+	}
 }
 
 func envName(flagName string) string {

@@ -74,7 +74,7 @@ func TestAPIConfig_MaxConnections(t *testing.T) {
 			}
 			var c apiConfig
 			fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-			c.registerFlags(fs)
+			c.registerFlags(fs, &envSettings{})
 			if err := fs.Parse(tc.args); err != nil {
 				t.Fatal(err)
 			}

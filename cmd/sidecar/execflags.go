@@ -35,16 +35,15 @@ type execConfig struct {
 }
 
 // registerFlags binds the executor flags to fs.
-func (c *execConfig) registerFlags(fs *flag.FlagSet) {
+func (c *execConfig) registerFlags(fs *flag.FlagSet, env *envSettings) {
 	if c.EnvAllow == nil {
 		c.EnvAllow = append([]string{}, exec.DefaultEnvAllow...)
 	}
 	list := func(p *[]string, name, usage string) {
 		v := &listValue{p: p, fresh: true}
 		fs.Var(v, name, usage+"; comma-separated or repeated (env "+envName(name)+")")
-		if s, ok := os.LookupEnv(envName(name)); ok {
-			_ = fs.Set(name, s) // reported by validate if invalid
-			v.fresh = true      // a flag replaces the environment's list
+		if env.set(fs, name) {
+			v.fresh = true // a flag replaces the environment's list
 		}
 	}
 	list(&c.EnvAllow, "exec-env-allow", "variables of serve's environment that command steps get (NAME or PREFIX*; \"\" for none)")

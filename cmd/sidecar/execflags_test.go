@@ -18,7 +18,7 @@ func parseExec(t *testing.T, args ...string) execConfig {
 	var c execConfig
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	c.registerFlags(fs)
+	c.registerFlags(fs, &envSettings{})
 	if err := fs.Parse(args); err != nil {
 		t.Fatal(err)
 	}

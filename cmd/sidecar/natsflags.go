@@ -35,7 +35,7 @@ type natsConfig struct {
 	InsecureNoAuth bool
 }
 
-func (c *natsConfig) registerFlags(fs *flag.FlagSet) {
+func (c *natsConfig) registerFlags(fs *flag.FlagSet, env *envSettings) {
 	str := func(p *string, name, usage string) { stringFlag(fs, p, name, usage) }
 	str(&c.Listen, "nats-listen", "open the embedded NATS server to other replicas on this address (needs --nats-password-file); empty: in-process only")
 	str(&c.PasswordFile, "nats-password-file", "file with the NATS password: of user sidecar on the embedded listener, or of --nats-user on --nats-url")
@@ -45,7 +45,7 @@ func (c *natsConfig) registerFlags(fs *flag.FlagSet) {
 	str(&c.CA, "nats-ca", "CA certificate (PEM) that signed the NATS server's certificate")
 	str(&c.Cert, "nats-cert", "client certificate (PEM) for NATS TLS (with --nats-key)")
 	str(&c.Key, "nats-key", "client key (PEM) for NATS TLS (with --nats-cert)")
-	boolFlag(fs, &c.InsecureNoAuth, "nats-insecure-no-auth", "allow a non-loopback --nats-url without credentials: anyone who reaches that server can rewrite the log")
+	boolFlag(fs, env, &c.InsecureNoAuth, "nats-insecure-no-auth", "allow a non-loopback --nats-url without credentials: anyone who reaches that server can rewrite the log")
 }
 
 // validate returns the problems of the NATS settings; natsURL is --nats-url.

@@ -29,11 +29,11 @@ type proxyConfig struct {
 	MaxUpstream int
 }
 
-func (c *proxyConfig) registerFlags(fs *flag.FlagSet) {
+func (c *proxyConfig) registerFlags(fs *flag.FlagSet, env *envSettings) {
 	stringFlag(fs, &c.Listen, "conductor-proxy-listen", "serve Conductor's API for outside workers on this address (the task proxy; empty: off)")
 	stringFlag(fs, &c.TokenFile, "conductor-proxy-token-file", "file of the tokens the task proxy requires, one per line (header "+"X-Sidecar-Proxy-Token, or the URL's first path segment)")
-	boolFlag(fs, &c.NoAuth, "conductor-proxy-no-auth", "allow a non-loopback --conductor-proxy-listen without --conductor-proxy-token-file")
-	boolFlag(fs, &c.ForwardAll, "conductor-proxy-forward-all", "forward Conductor's whole API through the task proxy, not only the calls workers make (the proxy token then grants Conductor's whole API, every tenant)")
+	boolFlag(fs, env, &c.NoAuth, "conductor-proxy-no-auth", "allow a non-loopback --conductor-proxy-listen without --conductor-proxy-token-file")
+	boolFlag(fs, env, &c.ForwardAll, "conductor-proxy-forward-all", "forward Conductor's whole API through the task proxy, not only the calls workers make (the proxy token then grants Conductor's whole API, every tenant)")
 	fs.Var(&intValue{&c.MaxUpstream}, "conductor-proxy-max-upstream-connections", "connections of the task proxy to Conductor, so its workers' polls and updates at Conductor at once, a quarter kept for updates (at least 2; each takes one of Conductor's request threads); more polls wait at the proxy (sidecar_proxy_upstream_waiting) (env "+envName("conductor-proxy-max-upstream-connections")+")")
 	if v, ok := os.LookupEnv(envName("conductor-proxy-max-upstream-connections")); ok {
 		if fs.Set("conductor-proxy-max-upstream-connections", v) != nil {

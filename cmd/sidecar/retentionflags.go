@@ -3,7 +3,6 @@ package main
 import (
 	"flag"
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 	"time"
@@ -36,14 +35,11 @@ type retentionConfig struct {
 	fromEnv map[string]bool
 }
 
-func (c *retentionConfig) registerFlags(fs *flag.FlagSet) {
+func (c *retentionConfig) registerFlags(fs *flag.FlagSet, env *envSettings) {
 	fs.Var(&durationValue{&c.Finished}, "retain-finished", "remove a finished run from hot state this long after its last record, once it is archived to --archive (0: keep every run; state grows without bound) (env "+envName("retain-finished")+")")
-	if v, ok := os.LookupEnv(envName("retain-finished")); ok {
-		_ = fs.Set("retain-finished", v)
-	}
+	env.set(fs, "retain-finished")
 	fs.Var(&tenantRetention{c}, "retain-tenant", "TENANT=DURATION: --retain-finished for one tenantId (repeat, or comma separated) (env "+envName("retain-tenant")+")")
-	if v, ok := os.LookupEnv(envName("retain-tenant")); ok {
-		_ = fs.Set("retain-tenant", v)
+	if env.set(fs, "retain-tenant") {
 		c.fromEnv = map[string]bool{}
 		for tenant := range c.PerTenant {
 			c.fromEnv[tenant] = true
