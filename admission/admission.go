@@ -192,11 +192,10 @@ type Controller struct {
 }
 
 // Open binds or creates the bucket, mirrors it and, on the replica that
-// owns "admission", decides its entries.
+// owns "admission", decides its entries. With no limit set it starts
+// every run still waiting in the bucket (Waiting): what a deployment that
+// turned its limits off had queued.
 func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Controller, error) {
-	if !opts.Limits.any() {
-		return nil, &Error{Code: CodeInvalid, Message: "no limit is set"}
-	}
 	if opts.Policy == "" {
 		opts.Policy = Queue
 	}
@@ -226,6 +225,42 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Controlle
 	c.stop = cancel
 	go c.loop(lctx)
 	return c, nil
+}
+
+// Waiting counts the runs waiting in the bucket to be started (submitted,
+// queued, delayed, or being started), none when there is no bucket: runs a
+// node without limits must still start (Open with no limit).
+func Waiting(ctx context.Context, js jetstream.JetStream) (int, error) {
+	kv, err := js.KeyValue(ctx, Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, unavailable("bucket "+Bucket, err)
+	}
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return 0, unavailable("bucket "+Bucket, err)
+	}
+	defer w.Stop() //nolint:errcheck // nothing to do about it
+	n := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return 0, unavailable("bucket "+Bucket, ctx.Err())
+		case u, ok := <-w.Updates():
+			if !ok {
+				return 0, unavailable("bucket "+Bucket, errors.New("the watch ended"))
+			}
+			if u == nil {
+				return n, nil
+			}
+			var e entry
+			if json.Unmarshal(u.Value(), &e) == nil && e.waiting() {
+				n++
+			}
+		}
+	}
 }
 
 // Close stops the mirror and the decider, waiting for them until ctx ends.

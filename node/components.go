@@ -148,11 +148,18 @@ func (n *Node) openBus(ctx context.Context) error {
 }
 
 // openAdmission opens admission control when it has limits: starts go
-// through the one decider among the replicas.
+// through the one decider among the replicas. Without limits, runs an
+// earlier start with limits left queued are still started: admission
+// control opens with no limit, starts them and lists them while they wait,
+// and the API's starts go straight to Conductor.
 func (n *Node) openAdmission(ctx context.Context) error {
 	a := n.cfg.Admission
 	if !a.enabled() {
-		return nil
+		waiting, err := admission.Waiting(ctx, n.js)
+		if err != nil || waiting == 0 {
+			return err
+		}
+		n.log.Warn("admission limits are off, and runs queued under limits are still waiting: starting them", zap.Int("runs", waiting))
 	}
 	c, err := admission.Open(ctx, n.js, admission.Options{Limits: a.Limits, Policy: a.Policy, Delay: a.Delay, Runs: n.runs, Log: n.emitter,
 		Snapshots: n.store, Active: n.list, Owner: n.members, Replicas: n.cfg.Replicas, Waker: n.wakeup, Logger: n.log, Metrics: admission.NewMetrics(n.reg)})
@@ -373,7 +380,7 @@ func (n *Node) workflowTracer() adapter.WorkflowTracer {
 // start wakes the task workers' idle poll loops: admission control's
 // decider wakes them for the runs it starts, queued ones included.
 func (n *Node) starter() httpapi.Starter {
-	if n.admit != nil {
+	if n.admit != nil && n.cfg.Admission.enabled() {
 		return &httpapi.AdmittedStarter{Admission: n.admit}
 	}
 	return wakingStarter{&httpapi.RunStarter{Runs: n.runs}, n.wakeup}
