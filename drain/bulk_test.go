@@ -133,13 +133,13 @@ func TestController_PauseMany(t *testing.T) {
 		}
 		got[o.RunID] = o
 	}
-	if o := got["busy"]; o.Err != nil || o.State.Status != "PAUSED" || o.State.Substatus != "DRAINING" {
+	if o := got["busy"]; o.Err != nil || o.State.Status != "PAUSED" || o.State.Substatus != "DRAINING" || o.State.AlreadyPaused {
 		t.Errorf("busy: %+v %v, want PAUSED DRAINING", o.State, o.Err)
 	}
 	if o := got["idle"]; o.Err != nil || o.State.Status != "PAUSED" || o.State.Substatus != "" {
 		t.Errorf("idle: %+v %v, want PAUSED, drain ended", o.State, o.Err)
 	}
-	if o := got["paused"]; o.Err != nil || !strings.Contains(o.State.Notice, "already paused") {
+	if o := got["paused"]; o.Err != nil || !strings.Contains(o.State.Notice, "already paused") || !o.State.AlreadyPaused {
 		t.Errorf("paused: %+v %v, want the notice that it was paused already", o.State, o.Err)
 	}
 	var ee *drain.EngineError

@@ -254,6 +254,10 @@ type State struct {
 	// Notice says what an accepted request did not do (a pause of a run
 	// already paused records nothing and keeps its drain timeout).
 	Notice string `json:"notice,omitempty"`
+	// AlreadyPaused: the request was a pause of a run the log shows
+	// paused already (by an earlier or a concurrent request); it recorded
+	// nothing.
+	AlreadyPaused bool `json:"-"`
 	// Snapshot is the run's snapshot the state was read from (not
 	// encoded): the API answers a control request from it rather than
 	// read the run again. Treat it as read-only.
@@ -403,6 +407,7 @@ func (c *Controller) pauseEngine(ctx context.Context, p *pausing, engineErr erro
 		_, engineErr := c.settle(ctx, p.runID, p.wf, true, p.cycle, c.applied(ctx, p.runID, true, p.cycle, engineErr))
 		st, err := c.withEngine(snap, engineErr)
 		st.Notice = fmt.Sprintf("the run was already paused (cycle %d); nothing was recorded", snap.Pause.Cycle)
+		st.AlreadyPaused = true
 		if have := int64(timeoutOf(snap.Pause, c.opts.DefaultTimeout) / time.Second); p.req.TimeoutSeconds != 0 && p.req.TimeoutSeconds != have {
 			st.Notice += fmt.Sprintf(", and its drain timeout stays %ds: this request's %ds is not applied (resume, then pause again, to change it)", have, p.req.TimeoutSeconds)
 		}

@@ -261,7 +261,7 @@ func (s *Server) bulkOp(r *http.Request, action string, b *BulkRequest) (bulkAct
 				ids, at = append(ids, rows[i].RunID), append(at, i)
 			}
 			for k, o := range bc.PauseMany(ctx, ids, req) {
-				out[at[k]] = bulkOutcome(o.Err, OutcomePaused)
+				out[at[k]] = pauseOutcome(o.State, o.Err)
 			}
 			return out
 		}
@@ -279,6 +279,17 @@ func (s *Server) bulkOp(r *http.Request, action string, b *BulkRequest) (bulkAct
 		}
 	}
 	return act, nil
+}
+
+// pauseOutcome is a run's outcome of a bulk pause: already_paused when the
+// log showed it paused by the time its pause was decided (the list the
+// selection read can be behind, or a concurrent request paused it first),
+// so that only the request that recorded a run's pause answers paused.
+func pauseOutcome(st *drain.State, err error) BulkRun {
+	if err == nil && st != nil && st.AlreadyPaused {
+		return BulkRun{Outcome: OutcomeAlreadyPaused}
+	}
+	return bulkOutcome(err, OutcomePaused)
 }
 
 func rowIDs(rows []runlist.Row) []string {
@@ -329,8 +340,7 @@ func (s *Server) bulkOne(r *http.Request, action string, b *BulkRequest) (func(c
 			if dry {
 				return BulkRun{Outcome: OutcomeWould}
 			}
-			_, err := ctl.Pause(ctx, row.RunID, req)
-			return bulkOutcome(err, OutcomePaused)
+			return pauseOutcome(ctl.Pause(ctx, row.RunID, req))
 		}, nil
 	case "resume":
 		at, err := stagger(b, time.Now())
