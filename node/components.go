@@ -2,11 +2,13 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel"
 	"go.uber.org/zap"
 
@@ -74,6 +76,9 @@ func (n *Node) openRuns(ctx context.Context) error {
 		return err
 	}
 	n.conductor = conductor
+	if err := n.checkRunIndex(ctx); err != nil {
+		return err
+	}
 	runs, err := adapter.OpenRuns(ctx, n.js, conductor, n.emitter, adapter.RunsOptions{Logger: n.log, Metrics: n.adapterM, TaskDomain: n.cfg.TaskDomain, Replicas: n.cfg.Replicas, Tracer: n.workflowTracer()})
 	if err != nil {
 		return err
@@ -84,6 +89,35 @@ func (n *Node) openRuns(ctx context.Context) error {
 		return n.pairNATS(ctx, pg)
 	}
 	return nil
+}
+
+// checkRunIndex refuses to create the run index afresh beside a JetStream
+// log that already holds records: the index is where each run's workflow
+// and start request are known, and an empty one would start serving as
+// if no run were in flight (their tasks handed back as unknown, a repeated
+// start made twice). On PostgreSQL, pairNATS sees it (the index's
+// creation time). --accept-new-nats-state starts anyway. Only with
+// single-replica streams: on a NATS cluster a bucket another replica
+// created an instant ago may not be found yet, and the runtime guard
+// (Ready) sees a stream deleted while the sidecar runs.
+func (n *Node) checkRunIndex(ctx context.Context) error {
+	log, ok := n.store.(*natsstore.Store)
+	if !ok || n.cfg.AcceptNewNATSState || n.cfg.Replicas > 1 {
+		return nil
+	}
+	stream := "KV_" + adapter.DefaultRunsBucket
+	_, err := n.js.Stream(ctx, stream)
+	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return err // there (nil), or unknown: the open below says
+	}
+	last, err := log.LastSeq(ctx)
+	if err != nil || last == 0 {
+		return err
+	}
+	return &statestore.Error{Code: statestore.CodeStoreDamaged, Message: fmt.Sprintf(
+		"the run index (stream %s) is missing, and the log %s holds records up to sequence %d: the data dir lost part of its state; "+
+			"restore it from a backup, or start once with --accept-new-nats-state to go on without it (runs in flight then stay RUNNING in Conductor: cancel them there) "+
+			`(runbook: docs/operations.md, "Damaged data dir")`, stream, log.Stream(), last)}
 }
 
 // openMembers joins the replicas on this NATS, which divide the runs'

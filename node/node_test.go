@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"net"
 	"path/filepath"
 	"slices"
@@ -12,12 +13,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/admission"
 	"github.com/conductor-sidecar/sidecar/eventbus"
+	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 	"github.com/conductor-sidecar/sidecar/taskworkers/secrets"
 )
 
@@ -96,4 +100,43 @@ func TestNode_FailedOpenClosesWhatItOpened(t *testing.T) {
 	if err := cfg.API.Close(); err != nil {
 		t.Fatalf("the API listener after a failed Open: %v, want it open for the caller", err)
 	}
+}
+
+// TestNode_RunIndexMissingBesideALog: a start whose run index is gone
+// (its stream deleted while serve was stopped) beside a log that holds
+// records refuses with STORE_DAMAGED instead of serving with an empty
+// index; --accept-new-nats-state starts anyway.
+func TestNode_RunIndexMissingBesideALog(t *testing.T) {
+	admin, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "node-index-pw", Permissions: natsstore.AllPermissions})
+	ctx := context.Background()
+	n := New(testConfig(t, srv.URL()), zaptest.NewLogger(t), prometheus.NewRegistry())
+	if err := n.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.store.Append(ctx, storetest.Event("run-before", statestore.RunStarted, "")); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.DeleteStream(ctx, "KV_"+adapter.DefaultRunsBucket); err != nil {
+		t.Fatal(err)
+	}
+
+	again := New(testConfig(t, srv.URL()), zaptest.NewLogger(t), prometheus.NewRegistry())
+	err := again.Open(ctx)
+	if err == nil {
+		_ = again.Close(ctx)
+	}
+	if !errors.Is(err, statestore.ErrDamaged) || !strings.Contains(err.Error(), "KV_"+adapter.DefaultRunsBucket) {
+		t.Fatalf("Open with the run index gone beside a log of records: %v, want STORE_DAMAGED naming the run index", err)
+	}
+
+	cfg := testConfig(t, srv.URL())
+	cfg.AcceptNewNATSState = true
+	accepted := New(cfg, zaptest.NewLogger(t), prometheus.NewRegistry())
+	if err := accepted.Open(ctx); err != nil {
+		t.Fatalf("Open with --accept-new-nats-state: %v", err)
+	}
+	_ = accepted.Close(ctx)
 }

@@ -370,7 +370,7 @@ func (c *Config) registerFlags(fs *flag.FlagSet) {
 			c.PollersPerType = 0 // Validate names it
 		}
 	}
-	boolFlag(fs, env, &c.AcceptNewNATSState, "accept-new-nats-state", "with --store postgres://: start although the database was used with other NATS state (a lost data dir); its runs in flight are not resumed")
+	boolFlag(fs, env, &c.AcceptNewNATSState, "accept-new-nats-state", "with --store postgres://: start although the database was used with other NATS state (a lost data dir); with the JetStream log: start although the run index is missing beside a log of records; its runs in flight are not resumed")
 	boolFlag(fs, env, &c.ValidateWrites, "validate-transitions", "reject invalid transitions at append time (Layer 2)")
 	c.NATS.registerFlags(fs, env)
 	c.API.registerFlags(fs, env)
