@@ -972,9 +972,15 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
+// ReadyTimeout bounds /readyz's checks: below the shortest timeout the
+// chart's and the manifests' probes give it (3 s), so that a check a
+// frozen Conductor holds ends in a 503 that says why, not in a probe's
+// timeout.
+const ReadyTimeout = 2 * time.Second
+
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) error {
 	if s.opts.Ready != nil {
-		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(r.Context(), ReadyTimeout)
 		defer cancel()
 		if err := s.opts.Ready(ctx); err != nil {
 			return &apiError{status: http.StatusServiceUnavailable, Code: CodeNotReady, Message: err.Error()}
