@@ -99,7 +99,9 @@ func (c *apiConfig) validate(listen string) []string {
 			p = append(p, "--conductor-notify-secret-file: "+err.Error())
 		}
 	}
-	if c.TokensFile == "" && !c.InsecureNoAuth && !loopbackListen(listen) {
+	if _, port, err := net.SplitHostPort(listen); err != nil || port == "" {
+		p = append(p, fmt.Sprintf("--listen %q: want HOST:PORT (e.g. 127.0.0.1:8787, or 0.0.0.0:8787 in a container)", listen))
+	} else if c.TokensFile == "" && !c.InsecureNoAuth && !loopbackListen(listen) {
 		p = append(p, fmt.Sprintf("--listen %s is not on loopback and the API has no authentication: give --tokens-file (docs/security.md), or pass --insecure-no-auth to serve it open anyway", listen))
 	}
 	return p

@@ -67,3 +67,14 @@ func parseEnvServe(t *testing.T) (Config, error) {
 	}
 	return cfg, cfg.Validate()
 }
+
+// TestConfig_ListenNotAnAddress: a --listen that is no HOST:PORT is named
+// as such, not as an address off loopback that needs a tokens file.
+func TestConfig_ListenNotAnAddress(t *testing.T) {
+	for _, listen := range []string{"nonsense", "127.0.0.1", "localhost:"} {
+		_, err := parseServe([]string{"--listen", listen})
+		if err == nil || !strings.Contains(err.Error(), "want HOST:PORT") || strings.Contains(err.Error(), "tokens-file") {
+			t.Errorf("--listen %q: %v, want it named as no HOST:PORT, without the tokens file's advice", listen, err)
+		}
+	}
+}
