@@ -1,10 +1,10 @@
 package adapter
 
 import (
-	"strings"
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
