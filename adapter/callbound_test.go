@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"path"
 	"strings"
 	"sync"
 	"testing"
@@ -193,5 +194,97 @@ func TestClient_ControlCallsLeaveRoomForWork(t *testing.T) {
 	defer mu.Unlock()
 	if mostHeld != bound-bound/4 {
 		t.Errorf("Conductor held %d pause calls at once, want %d: three quarters of the %d places", mostHeld, bound-bound/4, bound)
+	}
+}
+
+// TestClient_ControlPlacesGoToCallersInTurn: while one caller's control
+// calls fill every control place and more of them wait, another caller's
+// call waits for the next place only, not behind the first caller's
+// queue (the places go to the callers in turn). Conductor is the real one
+// behind a proxy that holds every pause call until the test lets one go.
+func TestClient_ControlPlacesGoToCallersInTurn(t *testing.T) {
+	const bound, flood = 8, 20
+	u, err := url.Parse(conductortest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := conductortest.ReverseProxy(t, u)
+	let := make(chan struct{}, flood+1)
+	var mu sync.Mutex
+	var arrived []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/pause") {
+			mu.Lock()
+			arrived = append(arrived, path.Base(path.Dir(r.URL.Path))) // /api/workflow/{id}/pause
+			mu.Unlock()
+			select {
+			case <-let:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	reg := prometheus.NewRegistry()
+	c, err := NewClient(ClientOptions{BaseURL: srv.URL + u.Path, MaxConcurrentCalls: bound, Metrics: NewMetrics(reg), Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitWaiting := func(n float64) {
+		t.Helper()
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(5 * time.Millisecond) {
+			mfs, err := reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, mf := range mfs {
+				if mf.GetName() == "sidecar_conductor_calls_waiting" && mf.GetMetric()[0].GetGauge().GetValue() == n {
+					return
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("not %v calls waiting for a place within a minute", n)
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(arrived) }
+	waitArrived := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(time.Minute); count() < n; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d pause calls reached Conductor in a minute, want %d", count(), n)
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		for range flood + 1 {
+			let <- struct{}{}
+		}
+		wg.Wait()
+	})
+	flooder := WithCaller(ctx, "flooder")
+	for i := range flood {
+		wg.Go(func() { _ = c.Pause(flooder, fmt.Sprintf("flood-%d", i)) })
+	}
+	places := bound - bound/4
+	waitArrived(places)
+	// Every flood call not at Conductor waits, queued before the other
+	// caller's.
+	waitWaiting(float64(flood - places))
+	wg.Go(func() { _ = c.Pause(WithCaller(ctx, "other"), "other-1") })
+	waitWaiting(float64(flood - places + 1))
+	// One place frees: the other caller's turn comes first or second.
+	let <- struct{}{}
+	waitArrived(places + 1)
+	let <- struct{}{}
+	waitArrived(places + 2)
+	mu.Lock()
+	defer mu.Unlock()
+	if got := arrived[places : places+2]; got[0] != "other-1" && got[1] != "other-1" {
+		t.Fatalf("after the first %d flood calls Conductor got %v: the other caller's call waited behind the flood's queue", places, got)
 	}
 }

@@ -88,9 +88,10 @@ type Client struct {
 	// batch polls and the health check aside; control bounds the control
 	// calls among them (every call but the work calls, workCalls) to
 	// three quarters, so that a flood of API requests leaves room for the
-	// calls that keep runs moving.
+	// calls that keep runs moving, and hands its places to the callers in
+	// turn (WithCaller).
 	calls    *semaphore.Weighted
-	control  *semaphore.Weighted
+	control  *fairPlaces
 	maxCalls int
 }
 
@@ -151,7 +152,7 @@ func NewClient(opts ClientOptions) (*Client, error) {
 		tasks:    client.NewTaskClient(api),
 		metadata: client.NewMetadataClient(api),
 		calls:    semaphore.NewWeighted(int64(opts.MaxConcurrentCalls)),
-		control:  semaphore.NewWeighted(int64(controlPlaces(opts.MaxConcurrentCalls))),
+		control:  newFairPlaces(controlPlaces(opts.MaxConcurrentCalls)),
 		maxCalls: opts.MaxConcurrentCalls,
 	}, nil
 }
@@ -190,34 +191,33 @@ func (c *Client) do(ctx context.Context, op string, extra time.Duration, call fu
 // control call, one of the control calls' places first), waiting for them
 // while ctx lasts, and returns what gives them back.
 func (c *Client) acquire(ctx context.Context, control bool) (release func(), err error) {
-	if control {
-		if err := c.take(ctx, c.control); err != nil {
-			return nil, err
+	if control && !c.control.tryAcquire() {
+		c.metrics.waiting(1)
+		err := c.control.acquire(ctx, CallerOf(ctx))
+		c.metrics.waiting(-1)
+		if err != nil {
+			return nil, c.waitFailed(err)
 		}
 	}
-	if err := c.take(ctx, c.calls); err != nil {
-		if control {
-			c.control.Release(1)
+	if !c.calls.TryAcquire(1) {
+		c.metrics.waiting(1)
+		err := c.calls.Acquire(ctx, 1)
+		c.metrics.waiting(-1)
+		if err != nil {
+			if control {
+				c.control.release()
+			}
+			return nil, c.waitFailed(err)
 		}
-		return nil, err
 	}
 	if !control {
 		return func() { c.calls.Release(1) }, nil
 	}
-	return func() { c.calls.Release(1); c.control.Release(1) }, nil
+	return func() { c.calls.Release(1); c.control.release() }, nil
 }
 
-// take takes one place of sem, waiting for it while ctx lasts.
-func (c *Client) take(ctx context.Context, sem *semaphore.Weighted) error {
-	if sem.TryAcquire(1) {
-		return nil
-	}
-	c.metrics.waiting(1)
-	defer c.metrics.waiting(-1)
-	if err := sem.Acquire(ctx, 1); err != nil {
-		return fmt.Errorf("waiting for one of the %d places for calls to Conductor (--conductor-max-concurrent-calls): %w", c.maxCalls, err)
-	}
-	return nil
+func (c *Client) waitFailed(err error) error {
+	return fmt.Errorf("waiting for one of the %d places for calls to Conductor (--conductor-max-concurrent-calls): %w", c.maxCalls, err)
 }
 
 func (c *Client) observe(op string, start time.Time, err error) {

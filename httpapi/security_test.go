@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -33,6 +34,9 @@ type recordingControl struct {
 	calls  []string // action runId requestedBy reason
 	err    error    // returned by every call
 	notice string   // State.Notice of every call
+	// callers are the callers of Conductor calls each pause's context
+	// names (adapter.CallerOf).
+	callers []string
 }
 
 func (c *recordingControl) record(action, runID, by, reason string) (*drain.State, error) {
@@ -42,7 +46,10 @@ func (c *recordingControl) record(action, runID, by, reason string) (*drain.Stat
 	return &drain.State{RunID: runID, Notice: c.notice}, c.err
 }
 
-func (c *recordingControl) Pause(_ context.Context, runID string, req drain.PauseRequest) (*drain.State, error) {
+func (c *recordingControl) Pause(ctx context.Context, runID string, req drain.PauseRequest) (*drain.State, error) {
+	c.mu.Lock()
+	c.callers = append(c.callers, adapter.CallerOf(ctx))
+	c.mu.Unlock()
 	return c.record("pause", runID, req.RequestedBy, req.Reason)
 }
 func (c *recordingControl) Resume(_ context.Context, runID string, req drain.ResumeRequest) (*drain.State, error) {
@@ -281,6 +288,14 @@ func TestServer_Auth(t *testing.T) {
 		want := []string{"pause run-t2 ops maintenance", "cancel run-t2 root "}
 		if got := e.control.taken(); strings.Join(got, "|") != strings.Join(want, "|") {
 			t.Fatalf("recorded %q, want %q", got, want)
+		}
+		// The principal is the caller of the calls to Conductor the
+		// request makes (their places are handed out by caller in turn).
+		e.control.mu.Lock()
+		callers := append([]string(nil), e.control.callers...)
+		e.control.mu.Unlock()
+		if !slices.Equal(callers, []string{"ops"}) {
+			t.Fatalf("the pause's calls to Conductor name callers %q, want the principal [ops]", callers)
 		}
 	})
 	t.Run("Reload", func(t *testing.T) {

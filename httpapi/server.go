@@ -564,7 +564,9 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, role string) 
 	if !p.Can(role) {
 		return r, &apiError{status: http.StatusForbidden, Code: CodeForbidden, Message: fmt.Sprintf("%s lacks the role %s", p.Name, role)}
 	}
-	r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
+	// The principal names the caller of the calls to Conductor the request
+	// makes: control calls waiting for a place get one in turn by caller.
+	r = r.WithContext(adapter.WithCaller(context.WithValue(r.Context(), principalKey{}, p), p.Name))
 	if err := s.adoptOnDemand(r.Context(), r.PathValue("runId")); err != nil {
 		return r, err
 	}
