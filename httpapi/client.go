@@ -42,6 +42,15 @@ type Error struct {
 	Problems json.RawMessage `json:"problems,omitempty"`
 }
 
+// foreignCode prefixes the code of an answer that is not the API's own (no
+// error body of ours: another server, a gateway's page): HTTP_<status>.
+const foreignCode = "HTTP_"
+
+// Foreign reports whether the answer was not the sidecar API's own (its
+// error bodies carry a code): another server at the address, or a
+// gateway's page.
+func (e *Error) Foreign() bool { return strings.HasPrefix(e.Code, foreignCode) }
+
 func (e *Error) Error() string {
 	msg := fmt.Sprintf("%s (HTTP %d): %s", e.Code, e.Status, e.Message)
 	if len(e.Problems) > 0 {
@@ -221,7 +230,11 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 	if resp.StatusCode >= 300 {
 		e := &Error{Status: resp.StatusCode}
 		if json.Unmarshal(data, e) != nil || e.Code == "" {
-			e.Code, e.Message = "HTTP_"+strconv.Itoa(resp.StatusCode), strings.TrimSpace(string(data))
+			body := strings.TrimSpace(string(data))
+			if len(body) > 200 {
+				body = body[:200] + "..."
+			}
+			e.Code, e.Message = foreignCode+strconv.Itoa(resp.StatusCode), "not an answer of the sidecar's API (is the server address right?): "+body
 		}
 		return e
 	}

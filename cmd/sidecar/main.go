@@ -158,6 +158,12 @@ var apiCommands = map[string]bool{"run": true, "status": true, "runs": true, "ev
 func exitCodeOf(err error) int {
 	var ae *httpapi.Error
 	if errors.As(err, &ae) {
+		if ae.Foreign() && ae.Status != http.StatusTooManyRequests && ae.Status < 500 {
+			// Not an answer of the sidecar's API (its errors carry a
+			// code): another server at --server, whose 404 is no "no such
+			// run". Gateways' 5xx and 429 stay "retry later".
+			return exitError
+		}
 		switch ae.Status {
 		case http.StatusNotFound:
 			return exitNotFound

@@ -116,6 +116,14 @@ func TestStatus_ArchivedRunIsMarked(t *testing.T) {
 func TestMain_APIFailuresExitByKind(t *testing.T) {
 	srv := httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: memstore.New(statestore.ProjectorOptions{})}).Handler())
 	defer srv.Close()
+	// Another server (Conductor's, say) at --server: its 404 is not the
+	// sidecar's "no such run", and a script must not take it for one.
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = w.Write([]byte(`{"status":404,"message":"No static resource v1/runs/x."}`))
+	}))
+	defer other.Close()
 	for _, tc := range []struct {
 		args     []string
 		code     int
@@ -124,6 +132,7 @@ func TestMain_APIFailuresExitByKind(t *testing.T) {
 		{[]string{"status", "no-such-run", "--server", srv.URL}, exitNotFound, "RUN_NOT_FOUND"},
 		{[]string{"pause", "no-such-run", "--reason", "x", "--server", srv.URL}, exitUnavailable, "NOT_READY"},
 		{[]string{"status", "r1", "--server", "http://127.0.0.1:1"}, exitUnavailable, "SIDECAR_UNAVAILABLE"},
+		{[]string{"status", "r1", "--server", other.URL}, exitError, "HTTP_404"},
 	} {
 		code, out, errOut := run(t, tc.args...)
 		if code != tc.code || out != "" {
