@@ -974,11 +974,11 @@ func (s *Server) live(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
-// ReadyTimeout bounds /readyz's checks: below the shortest timeout the
-// chart's and the manifests' probes give it (3 s), so that a check a
-// frozen Conductor holds ends in a 503 that says why, not in a probe's
-// timeout.
-const ReadyTimeout = 2 * time.Second
+// ReadyTimeout bounds /readyz's checks: below the timeout the chart's and
+// the manifests' readiness probes give it (5 s), so that a check a frozen
+// Conductor holds ends in a 503 that says why, not in the probe's
+// timeout; as long as that allows, for a Conductor slow under load.
+const ReadyTimeout = 4 * time.Second
 
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) error {
 	if s.opts.Ready != nil {
