@@ -231,6 +231,8 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Controlle
 // queued, delayed, or being started), none when there is no bucket: runs a
 // node without limits must still start (Open with no limit).
 func Waiting(ctx context.Context, js jetstream.JetStream) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
 	kv, err := js.KeyValue(ctx, Bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return 0, nil

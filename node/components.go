@@ -106,7 +106,9 @@ func (n *Node) checkRunIndex(ctx context.Context) error {
 		return nil
 	}
 	stream := "KV_" + adapter.DefaultRunsBucket
-	_, err := n.js.Stream(ctx, stream)
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := n.js.Stream(sctx, stream)
 	if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return err // there (nil), or unknown: the open below says
 	}
