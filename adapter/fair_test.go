@@ -87,3 +87,33 @@ func (f *fairPlaces) waiters() int {
 	}
 	return n
 }
+
+// TestFairPlaces_PlaceHandedAsTheWaiterGivesUp: a waiter whose context
+// ends just as a place is handed to it passes the place on (here, frees
+// it): over many tries of the race, no place is ever lost.
+func TestFairPlaces_PlaceHandedAsTheWaiterGivesUp(t *testing.T) {
+	f := newFairPlaces(1)
+	for i := range 2000 {
+		if err := f.acquire(context.Background(), "held"); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- f.acquire(ctx, "waiter") }()
+		for f.waiters() == 0 {
+			time.Sleep(10 * time.Microsecond)
+		}
+		go cancel()
+		f.release()
+		if err := <-done; err == nil {
+			f.release()
+		}
+		cancel()
+		f.mu.Lock()
+		free := f.free
+		f.mu.Unlock()
+		if free != 1 {
+			t.Fatalf("try %d: %d places free after everything was given back, want 1", i, free)
+		}
+	}
+}
