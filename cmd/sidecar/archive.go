@@ -129,7 +129,9 @@ func (c *ArchiveCommand) verify(ctx context.Context, args []string) error {
 	usage := fs.Usage
 	fs.Usage = func() {
 		usage()
-		fmt.Fprint(fs.Output(), archiveVerifyExit)
+		if c.m.help {
+			fmt.Fprint(fs.Output(), archiveVerifyExit)
+		}
 	}
 	allowEmpty := fs.Bool("allow-empty", false, "accept a location that holds no manifest (an archive nothing was written to yet); without it that is ARCHIVE_EMPTY")
 	pos, dest, err := af.parse(fs, args)

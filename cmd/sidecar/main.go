@@ -52,6 +52,9 @@ type Main struct {
 	// flagSets, when set, collects every flag set a command makes
 	// (completion.go reads the commands' flags from their "-h").
 	flagSets *[]*flag.FlagSet
+	// help is set when the arguments ask for help (-h): a command's usage
+	// is then every flag; otherwise, after a usage error, its synopsis.
+	help bool
 }
 
 func main() {
@@ -68,8 +71,8 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 	out, errw := &safeWriter{w: m.Stdout}, &safeWriter{w: m.Stderr}
 	defer errw.Flush()
 	defer out.Flush()
-	m = &Main{Stdout: out, Stderr: errw, flagSets: m.flagSets}
-	if helpRequested(args) {
+	m = &Main{Stdout: out, Stderr: errw, flagSets: m.flagSets, help: helpRequested(args) || m.help}
+	if m.help {
 		// Asked-for help is output, as kubectl's: on stdout, exit 0.
 		m.Stderr = out
 	}
@@ -275,11 +278,17 @@ Run "sidecar <command> -h" for a command's flags and examples.
 }
 
 // newFlagSet returns a flag set that reports errors instead of exiting and
-// prints usage to the command's stderr.
+// prints usage to the command's stderr: after a usage error the synopsis
+// and how to see the flags, so that the line saying what is wrong stays on
+// the screen; on -h every flag and the examples.
 func (m *Main) newFlagSet(name, synopsis string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(m.Stderr)
 	fs.Usage = func() {
+		if !m.help {
+			fmt.Fprintf(fs.Output(), "Usage: sidecar %s\nRun \"sidecar %s -h\" for its flags and examples.\n", synopsis, name)
+			return
+		}
 		fmt.Fprintf(fs.Output(), "Usage: sidecar %s\n\nFlags:\n", synopsis)
 		printDefaults(fs)
 		if ex := examples[name]; ex != "" {

@@ -92,3 +92,37 @@ func TestMain_UsageShowsNoSecret(t *testing.T) {
 		check(t, []string{"status", "r1"}, out, errOut)
 	})
 }
+
+// TestMain_UsageErrorIsShort: a bad flag or argument prints the reason, the
+// command's synopsis and how to see its flags, not every flag: the one
+// line that says what is wrong stays on the screen. -h prints them all.
+func TestMain_UsageErrorIsShort(t *testing.T) {
+	for _, args := range [][]string{
+		{"serve", "--concurrency", "bogus"},
+		{"serve", "--no-such-flag"},
+		{"serve", "stray"},
+		{"runs", "--limit"},
+		{"pause", "r1", "--no-such-flag"},
+		{"archive", "verify", "--no-such-flag"},
+		{"key", "--attempt", "two"},
+	} {
+		name := strings.Join(args, " ")
+		t.Run(name, func(t *testing.T) {
+			code, out, errOut := run(t, args...)
+			if code != exitUsage || out != "" {
+				t.Fatalf("exit %d, stdout %q; want exit 2 and nothing on stdout", code, out)
+			}
+			lines := strings.Split(strings.TrimSpace(errOut), "\n")
+			if len(lines) > 4 || strings.Contains(errOut, "Flags:") {
+				t.Fatalf("%d lines on stderr, want the reason and a hint:\n%s", len(lines), errOut)
+			}
+			if !strings.Contains(errOut, "Usage: sidecar "+args[0]) || !strings.Contains(errOut, " -h") {
+				t.Fatalf("stderr %q: want the synopsis and the hint to run -h", errOut)
+			}
+		})
+	}
+	code, out, _ := run(t, "serve", "-h")
+	if code != exitOK || !strings.Contains(out, "Flags:") || !strings.Contains(out, "-concurrency") {
+		t.Fatalf("serve -h: exit %d, want every flag:\n%s", code, out)
+	}
+}
