@@ -2,6 +2,7 @@ package taskworkers_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -283,60 +284,36 @@ func runEventLike(t *testing.T, e *benchEnv, snap *statestore.RunSnapshot, event
 // the run; a sink step, or a step that failed, may.
 func TestWorker_OnTaskDoneMayEndRun(t *testing.T) {
 	e := newBenchEnv(t)
-	type done struct {
-		runID     string
-		mayEndRun bool
-	}
-	calls := make(chan done, 16)
-	open := func(t *testing.T) {
-		w := taskworkers.New(adapter.DomainPoller{Client: e.client, Domain: e.domain}, e.store, e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
-			WorkerID: "nudge-test", Concurrency: map[string]int{plan.TaskType(plan.ExecutorNoop): 1, plan.TaskType(plan.ExecutorCommand): 1},
-			Logger: zaptest.NewLogger(t), OnTaskDone: func(runID string, mayEndRun, _ bool) { calls <- done{runID, mayEndRun} },
-		})
-		if err := w.Open(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = w.Close(context.Background()) })
-	}
-	runOf := func(t *testing.T, workflowID string) string {
-		wf, err := e.client.Workflow(context.Background(), workflowID, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		id, _ := wf.Input["runId"].(string)
-		return id
-	}
-	take := func(t *testing.T, n int) []done {
-		var got []done
-		for len(got) < n {
-			select {
-			case d := <-calls:
-				got = append(got, d)
-			case <-time.After(30 * time.Second):
-				t.Fatalf("%d nudges after 30s, want %d: %v", len(got), n, got)
+	d := e.taskDones()
+	// mayEndRun lists what each call said, and "other" for a call of
+	// another run.
+	mayEndRun := func(got []taskDone, runID string) []any {
+		var out []any
+		for _, c := range got {
+			if c.runID != runID {
+				out = append(out, "other")
+				continue
 			}
+			out = append(out, c.mayEndRun)
 		}
-		return got
+		return out
 	}
 	t.Run("Chain", func(t *testing.T) {
 		ids := e.startRuns(t, 1, 3)
-		runID := runOf(t, ids[0])
-		open(t)
+		runID := e.runOf(t, ids[0])
+		d.open(t, "nudge-test")
 		e.waitCompleted(t, ids)
-		got := take(t, 3)
-		want := []done{{runID, false}, {runID, false}, {runID, true}}
-		for i := range want {
-			if got[i] != want[i] {
-				t.Fatalf("nudges %v, want %v", got, want)
-			}
+		got := d.take(t, 3, 30*time.Second)
+		if fmt.Sprint(mayEndRun(got, runID)) != "[false false true]" {
+			t.Fatalf("nudges %v of run %s, want mayEndRun [false false true]", got, runID)
 		}
 	})
 	t.Run("FailedStepWithDependents", func(t *testing.T) {
 		ids := e.start(t, 1, 2, plan.ExecutorSpec{Type: plan.ExecutorCommand, Argv: []string{"false"}}, plan.RetryPolicy{})
-		runID := runOf(t, ids[0])
-		open(t)
-		if got := take(t, 1); got[0] != (done{runID, true}) {
-			t.Fatalf("nudge %v, want %v: a failed step may end the run", got[0], done{runID, true})
+		runID := e.runOf(t, ids[0])
+		d.open(t, "nudge-test")
+		if got := d.take(t, 1, 30*time.Second); got[0].runID != runID || !got[0].mayEndRun {
+			t.Fatalf("nudge %v of run %s, want mayEndRun: a failed step may end the run", got[0], runID)
 		}
 	})
 }

@@ -5,13 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap/zaptest"
-
-	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/statestore"
-	"github.com/conductor-sidecar/sidecar/taskworkers"
-	"github.com/conductor-sidecar/sidecar/taskworkers/exec"
 )
 
 // TestWorker_OnTaskDoneMayEndDrain checks the nudge that serve turns into
@@ -22,49 +17,15 @@ import (
 // monitor is asked.
 func TestWorker_OnTaskDoneMayEndDrain(t *testing.T) {
 	e := newBenchEnv(t)
-	type done struct {
-		runID       string
-		mayEndDrain bool
-	}
-	calls := make(chan done, 16)
-	open := func(t *testing.T) {
-		w := taskworkers.New(adapter.DomainPoller{Client: e.client, Domain: e.domain}, e.store, e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
-			WorkerID: "drain-nudge-test", Concurrency: map[string]int{plan.TaskType(plan.ExecutorNoop): 1, plan.TaskType(plan.ExecutorCommand): 1},
-			Logger: zaptest.NewLogger(t), OnTaskDone: func(runID string, _, mayEndDrain bool) { calls <- done{runID, mayEndDrain} },
-		})
-		if err := w.Open(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = w.Close(context.Background()) })
-	}
-	runOf := func(t *testing.T, workflowID string) string {
-		wf, err := e.client.Workflow(context.Background(), workflowID, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		id, _ := wf.Input["runId"].(string)
-		return id
-	}
-	take := func(t *testing.T, n int) []done {
-		var got []done
-		for len(got) < n {
-			select {
-			case d := <-calls:
-				got = append(got, d)
-			case <-time.After(2 * time.Minute):
-				t.Fatalf("%d nudges after 2 min, want %d: %v", len(got), n, got)
-			}
-		}
-		return got
-	}
+	d := e.taskDones()
 	t.Run("RunningRun", func(t *testing.T) {
 		ids := e.startRuns(t, 1, 3)
-		runID := runOf(t, ids[0])
-		open(t)
+		runID := e.runOf(t, ids[0])
+		d.open(t, "drain-nudge-test")
 		e.waitCompleted(t, ids)
-		for i, d := range take(t, 3) {
-			if d != (done{runID, false}) {
-				t.Fatalf("nudge %d: %v, want %v: the run was running from each step's start to its outcome", i, d, done{runID, false})
+		for i, c := range d.take(t, 3, 2*time.Minute) {
+			if c.runID != runID || c.mayEndDrain {
+				t.Fatalf("nudge %d: %v of run %s, want mayEndDrain false: the run was running from each step's start to its outcome", i, c, runID)
 			}
 		}
 	})
@@ -72,8 +33,8 @@ func TestWorker_OnTaskDoneMayEndDrain(t *testing.T) {
 	// is in flight.
 	running := func(t *testing.T) (runID string, snap *statestore.RunSnapshot) {
 		ids := e.startRunsWith(t, 1, plan.ExecutorSpec{Type: plan.ExecutorCommand, Argv: []string{"sleep", "2"}}, plan.RetryPolicy{})
-		runID = runOf(t, ids[0])
-		open(t)
+		runID = e.runOf(t, ids[0])
+		d.open(t, "drain-nudge-test")
 		deadline := time.Now().Add(2 * time.Minute)
 		for snap == nil || len(snap.InFlight()) == 0 {
 			if time.Now().After(deadline) {
@@ -95,8 +56,8 @@ func TestWorker_OnTaskDoneMayEndDrain(t *testing.T) {
 	t.Run("PausedWhileRunning", func(t *testing.T) {
 		runID, snap := running(t)
 		emit(t, runEventLike(t, e, snap, statestore.RunPaused, 1)) // the drain controller's, while the step runs
-		if got := take(t, 1); got[0] != (done{runID, true}) {
-			t.Fatalf("nudge %v, want %v: the step ended while its run was draining", got[0], done{runID, true})
+		if got := d.take(t, 1, 2*time.Minute); got[0].runID != runID || !got[0].mayEndDrain {
+			t.Fatalf("nudge %v of run %s, want mayEndDrain: the step ended while its run was draining", got[0], runID)
 		}
 		emit(t, runEventLike(t, e, snap, statestore.RunResumed, 1))
 	})
@@ -111,8 +72,8 @@ func TestWorker_OnTaskDoneMayEndDrain(t *testing.T) {
 		other.StepID = snap.InFlight()[0]
 		other.IdempotencyKey = other.KeyInput().Key()
 		emit(t, other)
-		if got := take(t, 1); got[0] != (done{runID, true}) {
-			t.Fatalf("nudge %v, want %v: the outcome was a duplicate of one recorded while the run was draining", got[0], done{runID, true})
+		if got := d.take(t, 1, 2*time.Minute); got[0].runID != runID || !got[0].mayEndDrain {
+			t.Fatalf("nudge %v of run %s, want mayEndDrain: the outcome was a duplicate of one recorded while the run was draining", got[0], runID)
 		}
 		emit(t, runEventLike(t, e, snap, statestore.RunResumed, 1))
 	})
