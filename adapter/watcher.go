@@ -576,6 +576,16 @@ type runningLists struct {
 	ids    map[defKey]map[string]bool
 }
 
+// read reports whether rec's definition's list was read (running has
+// been asked about rec): a run off a list that was read has most likely
+// ended.
+func (l *runningLists) read(rec *Run) bool {
+	if l == nil || rec.WorkflowName == "" {
+		return false
+	}
+	return l.ids[defKey{rec.WorkflowName, rec.WorkflowVersion}] != nil
+}
+
 // running reports whether workflowID is on its definition's list.
 func (l *runningLists) running(ctx context.Context, rec *Run) bool {
 	if l == nil || rec.WorkflowName == "" {
@@ -634,12 +644,14 @@ func (w *Watcher) check(ctx context.Context, runID string, alive *runningLists, 
 }
 
 // checkRun is check of the index entry rec at revision rev. A scan's read
-// (scanning: a run off its definition's running list, or its turn for a
-// full read) takes the tasks' statuses too (the trimmed read), so that a
-// workflow Conductor left RUNNING with every task done becomes a suspect
-// (checkSuspects) without a nudge: the nudge may have been lost with the
-// replica that made it, or Conductor may have lost the decide after it, as
-// it restarted.
+// of a running workflow (scanning: a run off its definition's running list,
+// or its turn for a full read) takes the tasks' statuses too (the trimmed
+// read), so that a workflow Conductor left RUNNING with every task done
+// becomes a suspect (checkSuspects) without a nudge: the nudge may have
+// been lost with the replica that made it, or Conductor may have lost the
+// decide after it, as it restarted. A run off a list that was read is
+// read without its tasks first: it has most likely ended, and an ended
+// workflow's tasks are not needed.
 func (w *Watcher) checkRun(ctx context.Context, rec *Run, rev uint64, alive *runningLists, saw *model.WorkflowStatus, scanning bool) error {
 	runID := rec.RunID
 	switch rec.State {
@@ -661,9 +673,17 @@ func (w *Watcher) checkRun(ctx context.Context, rec *Run, rev uint64, alive *run
 	}
 	var wf *model.Workflow
 	var err error
-	if scanning {
+	switch {
+	case scanning && alive.read(rec):
+		// Off a list that was read: the workflow has most likely ended,
+		// which its head says; its tasks are read only if it still runs.
+		wf, err = w.conductor.Workflow(ctx, rec.WorkflowID, false)
+		if err == nil && wf.Status == model.RunningWorkflow {
+			wf, err = w.conductor.WorkflowTasks(ctx, rec.WorkflowID)
+		}
+	case scanning:
 		wf, err = w.conductor.WorkflowTasks(ctx, rec.WorkflowID)
-	} else {
+	default:
 		wf, err = w.conductor.Workflow(ctx, rec.WorkflowID, false)
 	}
 	if errors.Is(err, ErrNotFound) {
