@@ -401,7 +401,7 @@ func (s *Server) controlRoute(action string, h func(http.ResponseWriter, *http.R
 		case errors.Is(err, ErrKeyReused):
 			s.countControl(action, "bad_request")
 			return &apiError{status: http.StatusUnprocessableEntity, Code: CodeKeyReused,
-				Message: "this Idempotency-Key was first used for another request (another caller, run, action, step or body); use a new key"}
+				Message: "this Idempotency-Key was first used for another request (another body); use a new key"}
 		case errors.Is(err, ErrReplyPending):
 			s.countControl(action, "in_progress")
 			return &apiError{status: http.StatusConflict, Code: CodeInProgress,
@@ -444,18 +444,26 @@ func (s *Server) controlRoute(action string, h func(http.ResponseWriter, *http.R
 	}
 }
 
-// replyKey names a kept reply: the key is scoped to the run, the action
-// (path) and the client's key; the fingerprint adds the principal (its
-// name and scope; none without authentication) and the body, so that a
-// key reused by another principal, or with another body, is refused
-// rather than replayed: a kept answer is only ever shown to the caller
-// whose request it answered.
+// replyKey names a kept reply: the key is scoped to the principal (its
+// name and scope; none without authentication), the run, the action
+// (path) and the client's key, so that each principal has keys of its
+// own: another principal's request with the same key is a request of its
+// own, and learns nothing of the first, not even that the key was used.
+// The fingerprint adds the body, so that a principal's key reused with
+// another body is refused rather than replayed.
 func replyKey(r *http.Request, idem string, body []byte) (key, fp string) {
-	k := sha256.Sum256([]byte(r.Method + " " + r.URL.Path + "\x00" + idem))
 	var who []byte
 	if p := PrincipalFrom(r.Context()); p != nil {
 		who, _ = json.Marshal([]string{p.Name, p.Scope.TenantID, p.Scope.ProjectID, p.Scope.EnvironmentID})
 	}
+	kh := sha256.New()
+	kh.Write([]byte(r.Method + " " + r.URL.Path + "\x00" + idem))
+	if who != nil {
+		// Without a principal the key is what it always was.
+		kh.Write([]byte("\x00"))
+		kh.Write(who)
+	}
+	k := kh.Sum(nil)
 	h := sha256.New()
 	for _, part := range [][]byte{[]byte(r.Method + " " + r.URL.Path), []byte(idem), who, body} {
 		var n [8]byte
@@ -463,7 +471,7 @@ func replyKey(r *http.Request, idem string, body []byte) (key, fp string) {
 		h.Write(n[:])
 		h.Write(part)
 	}
-	return "r" + hex.EncodeToString(k[:]), hex.EncodeToString(h.Sum(nil))
+	return "r" + hex.EncodeToString(k), hex.EncodeToString(h.Sum(nil))
 }
 
 // resultOf is the result label of a control answer's status: ok,
