@@ -36,6 +36,10 @@ const (
 	// CodeSessionsFull: the console's session table is full of other
 	// principals' sessions; a login is refused until one ends (503).
 	CodeSessionsFull = "SESSIONS_FULL"
+	// CodeTooManyRequests: the principal has
+	// Options.MaxRequestsPerPrincipal writing requests in progress; a
+	// further one is answered 429 with Retry-After.
+	CodeTooManyRequests = "TOO_MANY_REQUESTS"
 	// CodeTooManyConnections: the listener holds MaxConnections open
 	// connections; a further one is answered 503 and closed.
 	CodeTooManyConnections = "TOO_MANY_CONNECTIONS"

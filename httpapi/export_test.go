@@ -27,3 +27,12 @@ func (p *PostgresReplies) PruneNext() { p.lastPrune.Store(0) }
 func (s *Server) SetSessionLimits(total, perPrincipal int) {
 	s.sessions.max, s.sessions.perPrincipal = total, perPrincipal
 }
+
+// HoldWritingRequests counts n writing requests of principal name in
+// progress, as if they were being answered, so that a test sees the
+// bound's answer without holding requests open.
+func (s *Server) HoldWritingRequests(name string, n int) {
+	for range n {
+		s.writing.take(name)
+	}
+}

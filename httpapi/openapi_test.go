@@ -181,6 +181,8 @@ func (syncingLister) List(runlist.Filter, int, string) (*runlist.Page, error) {
 type contractEnv struct {
 	api                       *httpapi.Server
 	srv, down, syncing, unrdy *httptest.Server
+	// busy has its admin ("root") at its bound of writing requests.
+	busy *httptest.Server
 	control                   *scriptedControl
 	starter                   *scriptedStarter
 }
@@ -264,6 +266,12 @@ func newContractEnv(t *testing.T) *contractEnv {
 	unrdy.Ready = func(context.Context) error { return fmt.Errorf("conductor: connection refused") }
 	unrdy.Live = func() error { return fmt.Errorf("the connection to NATS was closed for good") }
 	e.unrdy = serve(unrdy)
+	busy := opts
+	busy.MaxRequestsPerPrincipal = 1
+	busyAPI := httpapi.NewServer(busy)
+	busyAPI.HoldWritingRequests("root", 1)
+	e.busy = httptest.NewServer(busyAPI.Handler())
+	t.Cleanup(e.busy.Close)
 
 	dstore, dlist, dreplies, dbus, dsrv := open()
 	down := opts
@@ -400,6 +408,10 @@ func TestOpenAPI_EveryAnswerDocumented(t *testing.T) {
 		if method == http.MethodPost {
 			run(opKey, e.srv, path, "tok-admin", js, big, "")
 			run(opKey, e.srv, path, "tok-admin", "text/plain", body, "")
+			// The principal at its bound of writing requests.
+			if a := run(opKey, e.busy, path, "tok-admin", ct, body, ""); a.status != http.StatusTooManyRequests {
+				t.Errorf("%s with the principal at its bound: %d %s, want 429", opKey, a.status, a.body)
+			}
 		}
 		// A path id longer than statestore.MaxIDBytes: 400, before any
 		// store sees it.

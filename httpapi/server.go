@@ -160,6 +160,11 @@ type Options struct {
 	// once (0: no bound); a connection beyond is answered 503
 	// TOO_MANY_CONNECTIONS and closed (over TLS, closed).
 	MaxConnections int
+	// MaxRequestsPerPrincipal bounds the writing requests (starts,
+	// control actions, dead-letter replays) each principal has in progress
+	// at once (0: no bound); one beyond is answered 429 TOO_MANY_REQUESTS.
+	// Requests without authentication count as one principal.
+	MaxRequestsPerPrincipal int
 }
 
 // Default server timeouts.
@@ -213,6 +218,9 @@ type Server struct {
 
 	allow map[string][]string // path pattern -> methods served
 
+	// writing bounds each principal's writing requests in progress.
+	writing *inProgress
+
 	notifySecret [32]byte // the digest of Options.NotifySecret
 
 	// unreleased are the Idempotency-Keys whose claim a 5xx answer could
@@ -237,7 +245,8 @@ func NewServer(opts Options) *Server {
 			*d.p = d.def
 		}
 	}
-	s := &Server{opts: opts, log: opts.Logger.Named("api"), mux: http.NewServeMux(), allow: map[string][]string{}, sessions: newSessions()}
+	s := &Server{opts: opts, log: opts.Logger.Named("api"), mux: http.NewServeMux(), allow: map[string][]string{}, sessions: newSessions(),
+		writing: &inProgress{max: opts.MaxRequestsPerPrincipal}}
 	s.closing, s.stopWatches = context.WithCancel(context.Background())
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sidecar_api_requests_total", Help: "Control API requests by route and result code.",
@@ -397,6 +406,9 @@ func (s *Server) route(pattern, name, role string, h func(http.ResponseWriter, *
 	method, path, _ := strings.Cut(pattern, " ")
 	s.allow[path] = append(s.allow[path], method)
 	traced := s.opts.Tracer != nil && method != http.MethodGet && role != ""
+	// A writing request: a start, a control action, a replay (not the
+	// console's sign-in, nor Conductor's notifications).
+	writing := method != http.MethodGet && (role == RoleSubmitter || role == RoleOperator)
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		began := time.Now()
 		var span *tracing.Request
@@ -414,6 +426,17 @@ func (s *Server) route(pattern, name, role string, h func(http.ResponseWriter, *
 		}
 		if err == nil {
 			r, err = s.authorize(rec, r, role)
+		}
+		if err == nil && writing {
+			name := ""
+			if p := PrincipalFrom(r.Context()); p != nil {
+				name = p.Name
+			}
+			if s.writing.take(name) {
+				defer s.writing.give(name)
+			} else {
+				err = s.writing.tooManyRequests(name)
+			}
 		}
 		if err == nil {
 			err = h(rec, r)

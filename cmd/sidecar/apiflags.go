@@ -49,6 +49,9 @@ type apiConfig struct {
 	// maxConnectionsEnv is the problem of a SIDECAR_MAX_CONNECTIONS that
 	// is not a number (apply returns it).
 	maxConnectionsEnv error
+	// MaxRequestsPerPrincipal bounds each principal's writing requests
+	// in progress (0: no bound).
+	MaxRequestsPerPrincipal int
 
 	creds *httpapi.Credentials // loaded by apply, reloaded on SIGHUP
 }
@@ -69,6 +72,8 @@ func (c *apiConfig) registerFlags(fs *flag.FlagSet, env *envSettings) {
 			c.maxConnectionsEnv = fmt.Errorf("%s=%q: %w (0 derives the bound from the descriptor limit)", envName("max-connections"), v, err)
 		}
 	}
+	fs.Var(&intValue{&c.MaxRequestsPerPrincipal}, "api-max-requests-per-principal", "writing requests (starts, control actions, replays) one principal may have in progress at once; beyond, 429 TOO_MANY_REQUESTS with Retry-After (requests without authentication count as one principal; 0: no bound) (env "+envName("api-max-requests-per-principal")+")")
+	env.set(fs, "api-max-requests-per-principal")
 	boolFlag(fs, env, &c.ConsoleSecureCookie, "console-secure-cookie", "mark the console's session cookie Secure (sent over HTTPS only) although --listen serves plain HTTP: behind a proxy that terminates TLS (with --tls-cert it always is)")
 	boolFlag(fs, env, &c.InsecureNoAuth, "insecure-no-auth", "serve the API off loopback WITHOUT authentication: anyone who reaches it may start, pause and cancel runs")
 }
@@ -76,6 +81,9 @@ func (c *apiConfig) registerFlags(fs *flag.FlagSet, env *envSettings) {
 // validate returns the problems of the API settings; listen is --listen.
 func (c *apiConfig) validate(listen string) []string {
 	var p []string
+	if c.MaxRequestsPerPrincipal < 0 {
+		p = append(p, fmt.Sprintf("--api-max-requests-per-principal %d: give 0 (no bound) or more", c.MaxRequestsPerPrincipal))
+	}
 	if (c.TLSCert == "") != (c.TLSKey == "") {
 		p = append(p, "--tls-cert and --tls-key go together")
 	}
@@ -154,6 +162,7 @@ func readNotifySecret(path string) ([]byte, error) {
 // apply sets the security options of the API server.
 func (c *apiConfig) apply(o *httpapi.Options, log *zap.Logger) error {
 	o.AllowedHosts = c.allowedHosts()
+	o.MaxRequestsPerPrincipal = c.MaxRequestsPerPrincipal
 	o.SecureCookies = c.ConsoleSecureCookie
 	if c.maxConnectionsEnv != nil {
 		return c.maxConnectionsEnv

@@ -105,6 +105,7 @@ func DefaultConfig() Config {
 	return Config{
 		ConductorURL:         "http://localhost:8080/api",
 		ConductorMaxCalls:    adapter.DefaultMaxConcurrentCalls,
+		API:                  apiConfig{MaxRequestsPerPrincipal: httpapi.DefaultMaxRequestsPerPrincipal},
 		Store:                "nats",
 		DataDir:              "./data",
 		Listen:               "127.0.0.1:8787",

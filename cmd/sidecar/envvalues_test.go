@@ -25,6 +25,8 @@ func TestConfig_BadEnvironmentValues(t *testing.T) {
 		{"SIDECAR_RETAIN_FINISHED", "forever", ""},
 		{"SIDECAR_RETAIN_TENANT", "acme", "--retain-tenant"},
 		{"SIDECAR_BUS_SINK", "carrier-pigeon:x=1", ""},
+		{"SIDECAR_API_MAX_REQUESTS_PER_PRINCIPAL", "lots", ""},
+		{"SIDECAR_API_MAX_REQUESTS_PER_PRINCIPAL", "-1", "--api-max-requests-per-principal"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv(tc.name, tc.value)
