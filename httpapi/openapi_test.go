@@ -182,9 +182,9 @@ type contractEnv struct {
 	api                       *httpapi.Server
 	srv, down, syncing, unrdy *httptest.Server
 	// busy has its admin ("root") at its bound of writing requests.
-	busy *httptest.Server
-	control                   *scriptedControl
-	starter                   *scriptedStarter
+	busy    *httptest.Server
+	control *scriptedControl
+	starter *scriptedStarter
 }
 
 // newContractEnv serves the API on a real log, run list and reply store
