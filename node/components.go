@@ -350,7 +350,8 @@ func (n *Node) openProxy(context.Context) error {
 	}
 	p, err := proxy.New(n.workers, proxy.Options{Conductor: n.cfg.ConductorURL, Tokens: n.cfg.ConductorProxyTokens,
 		ForwardAll: n.cfg.ConductorProxyForwardAll, MaxConnections: n.cfg.APIOptions.MaxConnections, MaxUpstreamConnections: n.cfg.ConductorProxyMaxUpstream,
-		Logger: n.log, Metrics: proxy.NewMetrics(n.reg)})
+		MaxTaskOutputBytes: n.cfg.ConductorProxyMaxTaskOutput,
+		Logger:             n.log, Metrics: proxy.NewMetrics(n.reg)})
 	if err != nil {
 		return err
 	}

@@ -125,6 +125,9 @@ type Config struct {
 	// ConductorProxyMaxUpstream bounds the proxy's connections to
 	// Conductor (0: proxy.DefaultMaxUpstreamConnections).
 	ConductorProxyMaxUpstream int
+	// ConductorProxyMaxTaskOutput is Conductor's
+	// maxTaskOutputPayloadSizeThreshold in bytes (0: its default).
+	ConductorProxyMaxTaskOutput int64
 	// Adopt is the adoption of existing workflow definitions (no specs:
 	// none).
 	Adopt adapter.AdopterOptions

@@ -263,8 +263,9 @@ func apply(s *RunSnapshot, index *stepIndex, r *RunEventRecord) *InvalidTransiti
 			}
 		}
 	case RunStepTryEnded, RunStepTryStarted:
-		// Both payloads name the step and its attempt alike.
-		var p RunStepTryStartedPayload
+		// Both payloads name the step and its attempt alike; an end adds
+		// its reason.
+		var p RunStepTryEndedPayload
 		decodeLenient(r.Payload, &p)
 		s.StepTryEvents = r.LogicalAttemptID
 		// Marks the step idle (or in flight again) when the payload names
@@ -273,6 +274,10 @@ func apply(s *RunSnapshot, index *stepIndex, r *RunEventRecord) *InvalidTransiti
 			st := &s.Steps[i]
 			if st.Status == StepStatusRunning && st.LogicalAttemptID == p.StepLogicalAttemptID {
 				st.Idle = r.EventType == RunStepTryEnded
+				st.IdleReason = ""
+				if st.Idle {
+					st.IdleReason = p.Reason
+				}
 				if r.EventType == RunStepTryStarted {
 					st.TryStartedAt = r.PersistedAt
 				}
@@ -333,7 +338,7 @@ func applyStep(s *RunSnapshot, index *stepIndex, r *RunEventRecord) {
 		*st = StepSnapshot{StepID: r.StepID, Status: StepStatusPending, LogicalAttemptID: r.LogicalAttemptID, Artifacts: []ArtifactRef{}}
 	}
 	st.EngineAttemptID = r.EngineAttemptID
-	st.Idle = false
+	st.Idle, st.IdleReason = false, ""
 	switch r.EventType {
 	case StepStarted:
 		st.Status = StepStatusRunning

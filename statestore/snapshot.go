@@ -138,6 +138,9 @@ type StepSnapshot struct {
 	// (RunStepTryEnded) until its next try starts (RunStepTryStarted): the
 	// step is not in flight, and a drain does not wait for it.
 	Idle bool `json:"idle,omitempty"`
+	// IdleReason is the reason of the RunStepTryEnded that made the
+	// attempt idle (TryEndedTaskTimedOut, ...); empty when it is not.
+	IdleReason string `json:"idleReason,omitempty"`
 	// TryStartedAt is the persistedAt of the RunStepTryStarted that put an
 	// idle attempt in flight again: its latest try began then (empty: the
 	// attempt ran from its StepStarted without a break).

@@ -37,3 +37,11 @@ var ErrUnknownRun = errors.New("taskworkers: the task's run is not one of this s
 // recorded or forwarded, and the task is answered to Conductor as a poll's
 // would be (handed back, or failed for an ended run).
 var ErrNotAdmitted = errors.New("taskworkers: the task was not handed out through the gate, and its run may not start it now")
+
+// ErrTryTimedOut is returned by Record for an outside worker's update of
+// a try the log shows ended by its response timeout (RunStepTryEnded,
+// taskTimedOut): Conductor timed the task out, or times it out when its
+// paused workflow resumes, and takes no report of it after that. Nothing
+// is recorded or forwarded, so that the try ends as it would without the
+// pause.
+var ErrTryTimedOut = errors.New("taskworkers: the task's try ended by its response timeout")

@@ -37,11 +37,6 @@ type TaskReader interface {
 	UpdateTask(ctx context.Context, r *model.TaskResult) error
 }
 
-// reasonResponseTimedOut is the reasonForIncompletion of a task the watch
-// fails itself: past its response timeout, in a workflow Conductor does not
-// decide (PAUSED), where Conductor would time it out only at resume.
-const reasonResponseTimedOut = "responseTimeoutSeconds passed without the worker's report (the sidecar failed the task: its workflow is paused, and Conductor times out no task of a paused workflow)"
-
 // ExternalStep decodes t as a step an outside worker runs. ok is false for
 // any other task: one of no run of the log, or of a step the sidecar runs
 // itself.
@@ -194,6 +189,18 @@ func (w *Worker) Record(t *model.Task, a *Assignment, r *model.TaskResult) (forw
 		if snap, _, err = w.outcomeState(ctx, log, a.RunID); err != nil {
 			w.external.watch(t, a, logical)
 			return false, err
+		}
+	}
+	if snap != nil {
+		if st := snap.Step(a.Step.StepID); st != nil && st.Idle && st.IdleReason == statestore.TryEndedTaskTimedOut &&
+			st.LogicalAttemptID == logical && st.EngineAttemptID == engine {
+			// The watch ended this try by its response timeout: Conductor
+			// timed the task out (and ignores a report now), or times it
+			// out as its paused workflow resumes. Forwarding the report
+			// would let a paused run's task end otherwise than the timeout
+			// it met.
+			log.Warn("update of a try that ended by its response timeout; not recorded or forwarded")
+			return false, ErrTryTimedOut
 		}
 	}
 	operatorAttempt := false
@@ -439,33 +446,29 @@ func (w *Worker) checkExternal(ctx context.Context, e *watched) {
 	defer cancel()
 	log := w.log.With(zap.String("taskId", e.t.TaskId), zap.String("runId", e.a.RunID), zap.String("stepId", e.a.Step.StepID))
 	t, err := w.opts.Tasks.Task(rctx, e.t.TaskId)
-	failedHere := false
+	timedOutPaused := false
 	if err == nil && t.Status == "IN_PROGRESS" && t.CallbackAfterSeconds == 0 &&
 		time.Since(time.UnixMilli(t.UpdateTime)) > time.Duration(t.ResponseTimeoutSeconds)*time.Second {
 		// Past its response timeout: have Conductor time it out now.
 		if err = w.opts.Tasks.Decide(rctx, t.WorkflowInstanceId); err == nil {
 			t, err = w.opts.Tasks.Task(rctx, e.t.TaskId)
 		}
-		if err == nil && t.Status == "IN_PROGRESS" {
-			// Conductor decides no PAUSED workflow (the run's pause
-			// paused it): it would time the task out only at resume, and
-			// the drain would wait for a worker that is gone. Fail it as
-			// its response timeout would; a late report of the worker is
-			// then refused by Conductor, as after a timeout.
-			err = w.opts.Tasks.UpdateTask(rctx, &model.TaskResult{WorkflowInstanceId: t.WorkflowInstanceId, TaskId: t.TaskId,
-				Status: "FAILED", ReasonForIncompletion: reasonResponseTimedOut, WorkerId: t.WorkerId})
-			if err == nil {
-				t, err = w.opts.Tasks.Task(rctx, e.t.TaskId)
-				failedHere = err == nil && t.Status == "FAILED" && t.ReasonForIncompletion == reasonResponseTimedOut
-			}
-		}
+		// Conductor decides no PAUSED workflow (the run's pause paused
+		// it): it times the task out only as the workflow resumes, as it
+		// would have at the timeout. The task is left to that, so that
+		// the run ends as it would without the pause (a task failed here
+		// would end FAILED, not TIMED_OUT); the log records that the try
+		// ended, so that the drain does not wait for a worker that is
+		// gone, and a late report of the worker is refused (Record), as
+		// Conductor refuses one after a timeout.
+		timedOutPaused = err == nil && t.Status == "IN_PROGRESS"
 	}
 	if err != nil {
 		log.Debug("could not read an outside worker's task back; trying again", zap.Error(err))
 		return
 	}
 	switch {
-	case failedHere:
+	case timedOutPaused:
 	case t.Status == "IN_PROGRESS" || t.Status == "SCHEDULED":
 		return // still the worker's (its lease extended, or handed back): look again later
 	case t.Status == "COMPLETED" || t.Status == "FAILED" || t.Status == "FAILED_WITH_TERMINAL_ERROR":

@@ -117,7 +117,7 @@ func DefaultConfig() Config {
 		ListFinishedInMemory: runlist.DefaultMaxFinished,
 		ControlRepliesMaxMiB: httpapi.DefaultRepliesMaxBytes >> 20,
 		NATSReplicas:         1,
-		Proxy:                proxyConfig{MaxUpstream: proxy.DefaultMaxUpstreamConnections},
+		Proxy:                proxyConfig{MaxUpstream: proxy.DefaultMaxUpstreamConnections, MaxTaskOutputKiB: proxy.DefaultMaxTaskOutputBytes >> 10},
 		NATSStartTimeout:     2 * time.Minute,
 		LogFormat:            "json",
 		LogLevel:             "info",

@@ -26,6 +26,8 @@ func TestConfig_BadEnvironmentValues(t *testing.T) {
 		{"SIDECAR_RETAIN_TENANT", "acme", "--retain-tenant"},
 		{"SIDECAR_BUS_SINK", "carrier-pigeon:x=1", ""},
 		{"SIDECAR_API_MAX_REQUESTS_PER_PRINCIPAL", "lots", ""},
+		{"SIDECAR_CONDUCTOR_MAX_TASK_OUTPUT_KIB", "big", ""},
+		{"SIDECAR_CONDUCTOR_MAX_TASK_OUTPUT_KIB", "0", "--conductor-max-task-output-kib"},
 		{"SIDECAR_API_MAX_REQUESTS_PER_PRINCIPAL", "-1", "--api-max-requests-per-principal"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -27,12 +27,16 @@ type proxyConfig struct {
 	// MaxUpstream bounds the proxy's connections to Conductor (polls and
 	// updates at Conductor at once); 0 after a bad environment value.
 	MaxUpstream int
+	// MaxTaskOutputKiB is Conductor's maxTaskOutputPayloadSizeThreshold:
+	// a larger output is recorded as the failure Conductor makes of it.
+	MaxTaskOutputKiB int
 }
 
 func (c *proxyConfig) registerFlags(fs *flag.FlagSet, env *envSettings) {
 	stringFlag(fs, &c.Listen, "conductor-proxy-listen", "serve Conductor's API for outside workers on this address (the task proxy; empty: off)")
 	stringFlag(fs, &c.TokenFile, "conductor-proxy-token-file", "file of the tokens the task proxy requires, one per line (header "+"X-Sidecar-Proxy-Token, or the URL's first path segment)")
 	boolFlag(fs, env, &c.NoAuth, "conductor-proxy-no-auth", "allow a non-loopback --conductor-proxy-listen without --conductor-proxy-token-file")
+	c.registerLimitFlags(fs, env)
 	boolFlag(fs, env, &c.ForwardAll, "conductor-proxy-forward-all", "forward Conductor's whole API through the task proxy, not only the calls workers make (the proxy token then grants Conductor's whole API, every tenant)")
 	fs.Var(&intValue{&c.MaxUpstream}, "conductor-proxy-max-upstream-connections", "connections of the task proxy to Conductor, so its workers' polls and updates at Conductor at once, a quarter kept for updates (at least 2; each takes one of Conductor's request threads); more polls wait at the proxy (sidecar_proxy_upstream_waiting) (env "+envName("conductor-proxy-max-upstream-connections")+")")
 	if v, ok := os.LookupEnv(envName("conductor-proxy-max-upstream-connections")); ok {
@@ -42,10 +46,18 @@ func (c *proxyConfig) registerFlags(fs *flag.FlagSet, env *envSettings) {
 	}
 }
 
+func (c *proxyConfig) registerLimitFlags(fs *flag.FlagSet, env *envSettings) {
+	fs.Var(&intValue{&c.MaxTaskOutputKiB}, "conductor-max-task-output-kib", "Conductor's conductor.app.maxTaskOutputPayloadSizeThreshold (KB): a COMPLETED update through the task proxy whose output is larger is recorded as the failure Conductor makes of it (FAILED_WITH_TERMINAL_ERROR); give Conductor's value if it is not the default (env "+envName("conductor-max-task-output-kib")+")")
+	env.set(fs, "conductor-max-task-output-kib")
+}
+
 func (c *proxyConfig) validate() []string {
 	var p []string
 	if c.Listen != "" && c.TokenFile == "" && !c.NoAuth && !loopbackListen(c.Listen) {
 		p = append(p, "--conductor-proxy-listen "+c.Listen+" is not loopback: give --conductor-proxy-token-file, or --conductor-proxy-no-auth when Conductor's own authentication or the network keeps workers apart")
+	}
+	if c.MaxTaskOutputKiB < 1 {
+		p = append(p, fmt.Sprintf("--conductor-max-task-output-kib %d: want Conductor's maxTaskOutputPayloadSizeThreshold in KB (default %d)", c.MaxTaskOutputKiB, proxy.DefaultMaxTaskOutputBytes>>10))
 	}
 	if c.MaxUpstream < 2 {
 		p = append(p, fmt.Sprintf("--conductor-proxy-max-upstream-connections %d: want a whole number of at least 2 (polls and updates each need one; default %d)", c.MaxUpstream, proxy.DefaultMaxUpstreamConnections))
@@ -79,5 +91,6 @@ func (c *proxyConfig) apply(nc *node.Config) error {
 	nc.ConductorProxy = ln
 	nc.ConductorProxyForwardAll = c.ForwardAll
 	nc.ConductorProxyMaxUpstream = c.MaxUpstream
+	nc.ConductorProxyMaxTaskOutput = int64(c.MaxTaskOutputKiB) << 10
 	return nil
 }

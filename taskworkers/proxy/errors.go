@@ -29,6 +29,13 @@ const (
 	// answered to Conductor as a poll's would be (409). A task of a
 	// running run is recorded (its start, then its outcome) and forwarded.
 	CodeTaskNotAdmitted = "PROXY_TASK_NOT_ADMITTED"
+	// CodeTryTimedOut: an update of an external step's task whose try
+	// the log shows ended by its response timeout (the worker reported
+	// after it): Conductor timed the task out, or times it out when its
+	// paused workflow resumes, as it would have without the pause, and
+	// takes no report of it after that. Nothing was recorded or forwarded
+	// (409, not to be retried).
+	CodeTryTimedOut = "PROXY_TRY_TIMED_OUT"
 	// CodeWorkflowMismatch: an update of an external step's task names a
 	// workflowInstanceId that is not the task's (Conductor would answer it
 	// 200 and change nothing); nothing was recorded or forwarded (400).

@@ -58,6 +58,9 @@ func setLimitDefaults(o *Options) error {
 	if o.MaxUpdateBytes <= 0 {
 		o.MaxUpdateBytes = DefaultMaxUpdateBytes
 	}
+	if o.MaxTaskOutputBytes <= 0 {
+		o.MaxTaskOutputBytes = DefaultMaxTaskOutputBytes
+	}
 	if o.MaxBufferedBytes <= 0 {
 		o.MaxBufferedBytes = DefaultMaxBufferedBytes
 	}

@@ -89,6 +89,11 @@ type Options struct {
 	// DefaultBufferWait) for room, then is answered 503 CodeBusy.
 	MaxUpdateBytes, MaxBufferedBytes int64
 	BufferWait                       time.Duration
+	// MaxTaskOutputBytes is Conductor's maxTaskOutputPayloadSizeThreshold
+	// (default DefaultMaxTaskOutputBytes, Conductor's default): a run's
+	// task completed with a larger output is recorded as Conductor ends
+	// it, failed for good, and forwarded as sent.
+	MaxTaskOutputBytes int64
 	// Timeouts of the listener (defaults as the control API's:
 	// DefaultReadHeaderTimeout, DefaultReadTimeout, DefaultWriteTimeout,
 	// DefaultIdleTimeout). A request whose body has not arrived within
@@ -608,6 +613,17 @@ func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
 			res.WorkflowInstanceId, t.TaskId, t.WorkflowInstanceId))
 		return
 	}
+	if d := nesting(body); d > MaxNesting {
+		p.badUpdate(w, fmt.Sprintf("the body nests %d deep, and Conductor refuses JSON nested deeper than %d", d, MaxNesting))
+		return
+	}
+	if n, over := outputTooLarge(body, &res, p.opts.MaxTaskOutputBytes); over {
+		// Conductor takes the update and fails the task for good: the
+		// log records that outcome, not the worker's COMPLETED.
+		p.log.Warn("an update's output is over Conductor's limit: recorded as the failure Conductor makes of it",
+			zap.String("taskId", t.TaskId), zap.Int("outputBytes", n), zap.Int64("maxTaskOutputBytes", p.opts.MaxTaskOutputBytes))
+		res = *tooLargeResult(&res, t, n, p.opts.MaxTaskOutputBytes)
+	}
 	began := time.Now()
 	forward, err := p.steps.Record(t, a, &res)
 	p.opts.Metrics.gated("update", began)
@@ -661,6 +677,11 @@ func (p *Proxy) notRecorded(w http.ResponseWriter, err error) {
 	if errors.Is(err, taskworkers.ErrNotAdmitted) {
 		p.opts.Metrics.task("update_not_admitted")
 		writeError(w, http.StatusConflict, CodeTaskNotAdmitted, "the task was not handed out through the proxy (polled from Conductor directly?) and its run is paused, being cancelled or ended: the update was not taken, and Conductor gets the task back")
+		return
+	}
+	if errors.Is(err, taskworkers.ErrTryTimedOut) {
+		p.opts.Metrics.task("update_try_timed_out")
+		writeError(w, http.StatusConflict, CodeTryTimedOut, "the task's response timeout passed before this report (its run was paused, or the worker was slow): Conductor times the task out, as it would have without a pause, and takes no report of it; the update was not taken")
 		return
 	}
 	p.opts.Metrics.task("update_not_recorded")

@@ -914,6 +914,109 @@ func TestProxy_DeadWorkerEndsItsTry(t *testing.T) {
 	}
 }
 
+// TestProxy_DeadWorkerWhilePausedEndsAsTheTimeout: a worker dies holding
+// a task of a run that is paused (Conductor's workflow PAUSED, which
+// Conductor does not time tasks out in). The drain still ends (the try is
+// recorded ended at the response timeout), and the task ends as without
+// the pause: Conductor times it out when the workflow resumes (TIMED_OUT,
+// not FAILED by the sidecar). A report of the worker after the timeout is
+// refused (409 PROXY_TRY_TIMED_OUT): not recorded, not forwarded, as
+// Conductor takes none after a timeout.
+func TestProxy_DeadWorkerWhilePausedEndsAsTheTimeout(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	runID, wfID := e.start(t, 1, 2)
+	tk := e.pollOne(t)
+	e.control(t, runID, statestore.RunPaused, 1)
+	if err := e.client.Pause(ctx, wfID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "RunStepTryEnded", 90*time.Second, func() bool {
+		return count(e.events(t, runID), statestore.RunStepTryEnded) == 1
+	})
+	status := func() string {
+		got, err := e.client.Task(ctx, tk.TaskID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(got.Status)
+	}
+	if s := status(); s != "IN_PROGRESS" {
+		t.Fatalf("the paused workflow's task after its try ended: %s, want IN_PROGRESS (left to Conductor's timeout at resume)", s)
+	}
+	resp, body := call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": tk.TaskID, "workflowInstanceId": tk.WorkflowInstanceID,
+		"status": "COMPLETED", "outputData": map[string]any{"late": true}, "workerId": "sdk-worker"})
+	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), proxy.CodeTryTimedOut) {
+		t.Fatalf("a report after the timeout: %d %s, want 409 %s", resp.StatusCode, body, proxy.CodeTryTimedOut)
+	}
+	if n := count(e.events(t, runID), statestore.StepCompleted); n != 0 {
+		t.Fatalf("the late report was recorded: %d StepCompleted", n)
+	}
+	if s := status(); s != "IN_PROGRESS" {
+		t.Fatalf("the task after the late report: %s, want IN_PROGRESS (not forwarded)", s)
+	}
+	e.control(t, runID, statestore.RunResumed, 1)
+	if err := e.client.Resume(ctx, wfID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "Conductor to time the task out", 60*time.Second, func() bool { return status() != "IN_PROGRESS" })
+	if s := status(); s != "TIMED_OUT" {
+		t.Fatalf("the task after the resume: %s, want TIMED_OUT, as without the pause", s)
+	}
+}
+
+// TestProxy_UpdateConductorWouldNotTakeAsSent: the proxy records an
+// outcome before it forwards the update, so an update Conductor would not
+// take as sent is known first. A body nested deeper than Conductor's
+// parser takes (1000) is refused (400 PROXY_BAD_UPDATE): nothing recorded,
+// nothing forwarded, the task still the worker's. A COMPLETED output over
+// Conductor's limit (10 MB by default) is recorded as Conductor ends it,
+// failed for good, and Conductor fails the task.
+func TestProxy_UpdateConductorWouldNotTakeAsSent(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	t.Run("NestedTooDeep", func(t *testing.T) {
+		runID, _ := e.start(t, 1, 60)
+		tk := e.pollOne(t)
+		deep := `{"taskId":"` + tk.TaskID + `","workflowInstanceId":"` + tk.WorkflowInstanceID + `","status":"COMPLETED","outputData":{"n":` +
+			strings.Repeat("[", 1500) + strings.Repeat("]", 1500) + `}}`
+		req, _ := http.NewRequest(http.MethodPost, e.url+"/tasks", strings.NewReader(deep))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), proxy.CodeBadUpdate) {
+			t.Fatalf("an update nested 1,500 deep: %d %s, want 400 %s", resp.StatusCode, body, proxy.CodeBadUpdate)
+		}
+		if n := count(e.events(t, runID), statestore.StepCompleted); n != 0 {
+			t.Fatalf("the refused update was recorded: %d StepCompleted", n)
+		}
+		if got, err := e.client.Task(ctx, tk.TaskID); err != nil || got.Status != "IN_PROGRESS" {
+			t.Fatalf("the task after the refused update: %v %v, want IN_PROGRESS", got.Status, err)
+		}
+	})
+	t.Run("OutputOverConductorsLimit", func(t *testing.T) {
+		runID, _ := e.start(t, 1, 60)
+		tk := e.pollOne(t)
+		resp, body := call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": tk.TaskID, "workflowInstanceId": tk.WorkflowInstanceID,
+			"status": "COMPLETED", "outputData": map[string]any{"blob": strings.Repeat("x", proxy.DefaultMaxTaskOutputBytes+1024)}, "workerId": "sdk-worker"})
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("an update over Conductor's output limit: %d %.200s, want Conductor's 200", resp.StatusCode, body)
+		}
+		recs := e.events(t, runID)
+		if c, f := count(recs, statestore.StepCompleted), count(recs, statestore.StepFailed); c != 0 || f != 1 {
+			t.Fatalf("recorded %d StepCompleted and %d StepFailed, want the failure Conductor makes of it", c, f)
+		}
+		got, err := e.client.Task(ctx, tk.TaskID)
+		if err != nil || got.Status != "FAILED_WITH_TERMINAL_ERROR" {
+			t.Fatalf("Conductor's task: %v %v, want FAILED_WITH_TERMINAL_ERROR", got.Status, err)
+		}
+	})
+}
+
 // barrierSteps are the task workers, whose Admit first waits (up to a
 // few seconds) until n calls are inside it at once.
 type barrierSteps struct {
