@@ -152,21 +152,32 @@ type heldSession struct {
 	closed chan struct{}
 }
 
+// begin makes this session the one the listener's connections go to,
+// unless it or the listener ended; it reports whether it is. Its
+// server's first Accept begins it; so does serve once the node opened,
+// so that a connection arriving between the node's start of its server
+// and that server's first Accept waits for the Accept instead of being
+// answered "starting".
+func (s *heldSession) begin() bool {
+	s.h.mu.Lock()
+	defer s.h.mu.Unlock()
+	select {
+	case <-s.closed:
+		return false
+	case <-s.h.done:
+		return false
+	default:
+		s.h.serving = s.closed // this session serves from now on
+		return true
+	}
+}
+
 // Accept returns the next connection, or net.ErrClosed once the session
 // or the listener ended.
 func (s *heldSession) Accept() (net.Conn, error) {
-	s.h.mu.Lock()
-	select {
-	case <-s.closed:
-		s.h.mu.Unlock()
+	if !s.begin() {
 		return nil, net.ErrClosed
-	case <-s.h.done:
-		s.h.mu.Unlock()
-		return nil, net.ErrClosed
-	default:
-		s.h.serving = s.closed // this session serves from now on
 	}
-	s.h.mu.Unlock()
 	select {
 	case c := <-s.h.conns:
 		return c, nil

@@ -181,6 +181,13 @@ func openSidecar(ctx context.Context, cfg *Config, nodeCfg node.Config, log *zap
 	if err := n.Open(ctx); err != nil {
 		return nil, err
 	}
+	// The node serves every listener it was given: their connections go
+	// to its servers from now on, not only from each server's first Accept.
+	for _, ln := range []net.Listener{attempt.API, attempt.Metrics, attempt.ConductorProxy} {
+		if s, ok := ln.(*heldSession); ok {
+			s.begin()
+		}
+	}
 	return &sidecar{node: n, addr: nodeCfg.API.Addr().String(), nc: n.Conn(), apiCfg: &cfg.API, log: log, listeners: nodeCfg}, nil
 }
 
