@@ -33,8 +33,6 @@ type TaskReader interface {
 	// times out a task past its response timeout, which its sweeper may
 	// do minutes late on a busy server.
 	Decide(ctx context.Context, workflowID string) error
-	// UpdateTask reports a task's result, as a worker would.
-	UpdateTask(ctx context.Context, r *model.TaskResult) error
 }
 
 // ExternalStep decodes t as a step an outside worker runs. ok is false for

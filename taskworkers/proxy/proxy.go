@@ -90,9 +90,9 @@ type Options struct {
 	MaxUpdateBytes, MaxBufferedBytes int64
 	BufferWait                       time.Duration
 	// MaxTaskOutputBytes is Conductor's maxTaskOutputPayloadSizeThreshold
-	// (default DefaultMaxTaskOutputBytes, Conductor's default): a run's
-	// task completed with a larger output is recorded as Conductor ends
-	// it, failed for good, and forwarded as sent.
+	// (default DefaultMaxTaskOutputBytes, Conductor's default): a final
+	// report of a run's task with a larger output is recorded as
+	// Conductor ends it, failed for good, and forwarded as sent.
 	MaxTaskOutputBytes int64
 	// Timeouts of the listener (defaults as the control API's:
 	// DefaultReadHeaderTimeout, DefaultReadTimeout, DefaultWriteTimeout,
