@@ -96,8 +96,11 @@ func (s *Store) nextMsg(ctx context.Context, req directRequest) (*storedMsg, err
 }
 
 // direct sends one direct get request that the server answers with one
-// message or a status.
+// message or a status, and waits for the answer at most the store's
+// timeout (requestContext).
 func (s *Store) direct(ctx context.Context, subject string, body []byte) (*storedMsg, error) {
+	ctx, cancel := s.requestContext(ctx)
+	defer cancel()
 	resp, err := s.nc.RequestWithContext(ctx, subject, body)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return nil, fmt.Errorf("direct get on stream %s: %w", s.name, err)
@@ -135,6 +138,8 @@ func (s *Store) leaderMsg(ctx context.Context, req directRequest) (*storedMsg, e
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := s.requestContext(ctx)
+	defer cancel()
 	resp, err := s.nc.RequestWithContext(ctx, s.apiPrefix+"STREAM.MSG.GET."+s.name, body)
 	if err != nil {
 		return nil, err
@@ -161,6 +166,17 @@ func (s *Store) leaderMsg(ctx context.Context, req directRequest) (*storedMsg, e
 	}
 	s.mark.saw(r.Message.Seq)
 	return &storedMsg{subject: r.Message.Subject, seq: r.Message.Seq, time: r.Message.Time, data: r.Message.Data}, nil
+}
+
+// requestContext bounds the wait for the answer to one request by the
+// store's timeout, whatever ctx allows: a request the server never
+// answers (lost with a node that died, or dropped by a replica) has no
+// answer to wait for, and nats.go waits for one until ctx ends. With a
+// context without a deadline (a worker's, an API request's) or a distant
+// one, that was for good, and every projection of the run waited for it.
+// A longer read is made of several requests, each bounded (Fetch).
+func (s *Store) requestContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.timeout)
 }
 
 // getBatch sends a batch or multi_last direct get and hands every message to

@@ -2,6 +2,7 @@ package natsstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -264,5 +265,109 @@ func TestStore_FetchSlowPage(t *testing.T) {
 	}
 	if len(recs) != len(seqs) || recs[0].RunSeq != seqs[0] || recs[len(recs)-1].RunSeq != seqs[len(seqs)-1] {
 		t.Fatalf("Fetch over a slow link: %d records, want %d", len(recs), len(seqs))
+	}
+}
+
+// deafLink is the client's in-process link to the server with the
+// client's writes dropped once deaf is set: requests the server never
+// gets, so no answer ever comes, while the connection looks alive (a
+// server that died or stalled between a request and its answer, or a
+// replica that does not answer a direct get it was given).
+type deafLink struct {
+	srv  *natsstore.Embedded
+	deaf atomic.Bool
+}
+
+func (l *deafLink) InProcessConn() (net.Conn, error) {
+	c, err := l.srv.Server.InProcessConn()
+	if err != nil {
+		return nil, err
+	}
+	return &deafConn{Conn: c, deaf: &l.deaf}, nil
+}
+
+type deafConn struct {
+	net.Conn
+	deaf *atomic.Bool
+}
+
+func (c *deafConn) Write(b []byte) (int, error) {
+	if c.deaf.Load() {
+		return len(b), nil
+	}
+	return c.Conn.Write(b)
+}
+
+// TestStore_UnansweredReadFailsWithinTheTimeout: a read whose request the
+// server never answers fails within the store's timeout, whatever the
+// caller's context: one without a deadline (a worker's, a request's) and
+// one whose deadline is an hour away. Otherwise the read waits for good, or
+// for the hour, and with it every projection of the run that waits for
+// its fetch (the chaos wave saw a replica's runs stop after a NATS node
+// was killed and restarted).
+func TestStore_UnansweredReadFailsWithinTheTimeout(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	link := &deafLink{srv: srv}
+	nc, err := srv.Connect(nats.InProcessServer(link))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	const timeout = 300 * time.Millisecond
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(timeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := openUnique(t, js)
+	const runID = "run-deaf"
+	var first statestore.AppendResult
+	for i := range 3 {
+		res := mustAppend(t, s, storetest.Event(runID, statestore.StepStarted, fmt.Sprintf("s%d", i)))
+		if i == 0 {
+			first = res
+		}
+	}
+	key := storetest.Event(runID, statestore.StepStarted, "s0").IdempotencyKey
+	// Every read of a run the store makes: the whole run, what follows a
+	// watermark (a projector catching up), one record by key, and a read
+	// that must see every append (the stream leader).
+	reads := map[string]func(context.Context) error{
+		"whole run": func(ctx context.Context) error { _, err := s.Fetch(ctx, runID, 0, 0); return err },
+		"after a watermark": func(ctx context.Context) error {
+			_, err := s.Fetch(ctx, runID, first.RunSeq, 0)
+			return err
+		},
+		"by key": func(ctx context.Context) error { _, err := s.Lookup(ctx, runID, key); return err },
+		"latest": func(ctx context.Context) error {
+			_, err := s.Fetch(statestore.WithLatest(ctx), runID, first.RunSeq+2, 0)
+			return err
+		},
+	}
+	link.deaf.Store(true)
+	defer link.deaf.Store(false)
+	for name, read := range reads {
+		for _, deadline := range []time.Duration{0, time.Hour} {
+			t.Run(fmt.Sprintf("%s, deadline %v", name, deadline), func(t *testing.T) {
+				ctx := context.Background()
+				if deadline > 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, deadline)
+					defer cancel()
+				}
+				done := make(chan error, 1)
+				go func() { done <- read(ctx) }()
+				select {
+				case err := <-done:
+					if err == nil {
+						t.Fatal("a read the server never answered succeeded")
+					}
+					if !errors.Is(err, statestore.ErrUnavailable) {
+						t.Fatalf("unanswered read: %v, want STORE_UNAVAILABLE", err)
+					}
+				case <-time.After(100 * timeout):
+					t.Fatalf("a read the server never answered still waits after %v (the store's timeout is %v)", 100*timeout, timeout)
+				}
+			})
+		}
 	}
 }

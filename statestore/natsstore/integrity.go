@@ -391,9 +391,7 @@ func (s *Store) checkWhole(ctx context.Context, runID, filter string, got []stat
 		if have[subj] {
 			continue
 		}
-		mctx, cancel := s.withTimeout(ctx)
-		_, err := s.nextMsg(mctx, directRequest{Seq: 1, NextFor: subj})
-		cancel()
+		_, err := s.nextMsg(ctx, directRequest{Seq: 1, NextFor: subj})
 		switch {
 		case err == nil:
 		case errors.Is(err, errNotFound):
@@ -429,7 +427,7 @@ func (s *Store) subjectsOf(ctx context.Context, filter string) (map[string]uint6
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := s.withTimeout(ctx)
+	ctx, cancel := s.requestContext(ctx)
 	defer cancel()
 	resp, err := s.nc.RequestWithContext(ctx, s.apiPrefix+"STREAM.INFO."+s.name, body)
 	if err != nil {

@@ -724,8 +724,6 @@ func (s *Store) fetchFilter(ctx context.Context, runID, filter string, afterSeq 
 // leaderLast returns the sequence of the last message on filter that the
 // stream leader holds, 0 if none.
 func (s *Store) leaderLast(ctx context.Context, filter string) (uint64, error) {
-	ctx, cancel := s.withTimeout(ctx)
-	defer cancel()
 	m, err := s.leaderMsg(ctx, directRequest{LastFor: filter})
 	switch {
 	case errors.Is(err, errNotFound):
@@ -747,9 +745,7 @@ func (s *Store) leaderFetch(ctx context.Context, runID, filter string, limit int
 func (s *Store) leaderFetchFrom(ctx context.Context, runID, filter string, next uint64, limit int) ([]statestore.RunEventRecord, error) {
 	out := []statestore.RunEventRecord{}
 	for limit <= 0 || len(out) < limit {
-		mctx, cancel := s.withTimeout(ctx)
-		m, err := s.leaderMsg(mctx, directRequest{Seq: next, NextFor: filter})
-		cancel()
+		m, err := s.leaderMsg(ctx, directRequest{Seq: next, NextFor: filter})
 		if errors.Is(err, errNotFound) {
 			break
 		}
@@ -775,8 +771,6 @@ func (s *Store) Lookup(ctx context.Context, runID, idempotencyKey string) (*stat
 	if !validRunID(runID) || !validKey(idempotencyKey) {
 		return nil, statestore.ErrNotFound
 	}
-	ctx, cancel := s.withTimeout(ctx)
-	defer cancel()
 	m, err := s.msg(ctx, s.subject(runID, idempotencyKey))
 	if errors.Is(err, errNotFound) {
 		return nil, statestore.ErrNotFound
