@@ -197,11 +197,11 @@ func (r *Runs) leaderRun(ctx context.Context, runID string) (*Run, uint64, error
 		prefix += "."
 	}
 	body, _ := json.Marshal(map[string]string{"last_by_subj": "$KV." + bucket + "." + keyRun + runID})
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, r.opts.ListTimeout)
-		defer cancel()
-	}
+	// One request: its answer is waited for at most ListTimeout whatever
+	// ctx allows, since nats.go waits for an answer a dead node never
+	// sends until ctx ends.
+	ctx, cancel := context.WithTimeout(ctx, r.opts.ListTimeout)
+	defer cancel()
 	resp, err := r.js.Conn().RequestWithContext(ctx, prefix+"STREAM.MSG.GET.KV_"+bucket, body)
 	if err != nil {
 		return nil, 0, registryUnavailable("read run entry from the leader", err)
