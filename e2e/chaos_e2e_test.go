@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -68,7 +69,8 @@ func TestE2E_Chaos(t *testing.T) {
 	ch := &chaos{t: t, cond: cond, cluster: cl, natsURL: cl.url(t), domain: uniq("chaos"), marks: t.TempDir(),
 		rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), worker: worker, taskType: uniq("chaos_ext")}
 	for range 3 {
-		r := &replica{dataDir: t.TempDir(), addr: sidecartest.FreeAddr(t), proxyAddr: sidecartest.FreeAddr(t)}
+		r := &replica{dataDir: t.TempDir(), addr: sidecartest.FreeAddr(t), proxyAddr: sidecartest.FreeAddr(t),
+			pprofAddr: sidecartest.FreeAddr(t)}
 		ch.replicas = append(ch.replicas, r)
 		ch.start(r)
 		ch.startWorker(r)
@@ -84,6 +86,9 @@ func TestE2E_Chaos(t *testing.T) {
 	}
 	total.print(t, time.Since(began))
 	ch.checkNoAlert(&total)
+	if t.Failed() {
+		ch.dumpGoroutines()
+	}
 	if total.violations > 0 {
 		t.Fatalf("%d invariant violations (above)", total.violations)
 	}
@@ -108,6 +113,7 @@ type chaos struct {
 // through that proxy; p is nil while the sidecar is down.
 type replica struct {
 	dataDir, addr, proxyAddr string
+	pprofAddr                string // --pprof-listen: a failed wave shows each live replica's goroutines
 	p                        *proc
 	w                        *workerProc
 	kills                    int
@@ -116,7 +122,7 @@ type replica struct {
 func (ch *chaos) start(r *replica) {
 	p := startServe(ch.t, r.dataDir, r.addr, "--conductor-url", ch.cond.url(), "--nats-url", ch.natsURL,
 		"--nats-replicas", "3", "--task-domain", ch.domain, "--drain-timeout", "60s",
-		"--conductor-proxy-listen", r.proxyAddr)
+		"--conductor-proxy-listen", r.proxyAddr, "--pprof-listen", r.pprofAddr)
 	ch.mu.Lock()
 	r.p = p
 	ch.mu.Unlock()
@@ -136,6 +142,34 @@ func (ch *chaos) kill(r *replica) {
 	r.kills++
 	ch.mu.Unlock()
 	p.stop(syscall.SIGKILL)
+}
+
+// dumpGoroutines logs the goroutines of every live replica, grouped by
+// stack (pprof's debug=1), so that a run left unended by a wedged replica
+// shows where that replica waits.
+func (ch *chaos) dumpGoroutines() {
+	ch.mu.Lock()
+	var live []*replica
+	for _, r := range ch.replicas {
+		if r.p != nil {
+			live = append(live, r)
+		}
+	}
+	ch.mu.Unlock()
+	for _, r := range live {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.pprofAddr+"/debug/pprof/goroutine?debug=1", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			cancel()
+			ch.t.Logf("goroutines of sidecar %s: %v", r.addr, err)
+			continue
+		}
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		resp.Body.Close()
+		cancel()
+		ch.t.Logf("goroutines of sidecar %s (pid %d):\n%s", r.addr, r.p.cmd.Process.Pid, b)
+	}
 }
 
 // client returns the API client of a live replica, in turn.
