@@ -19,6 +19,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
 	"github.com/conductor-sidecar/sidecar/httpapi"
@@ -433,7 +434,8 @@ func waitTerminalOr(p *proc, runID string, within time.Duration) *httpapi.RunVie
 // handed back) is a clean stop: exit 0, one line saying what was
 // interrupted, not an error.
 func TestE2E_SIGTERMPastTheGraceExitsZero(t *testing.T) {
-	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--shutdown-grace", "1s")
+	domain := uniq("e2e-term-grace")
+	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--shutdown-grace", "1s", "--task-domain", domain)
 	pl := mustPlan(t, `{"planId":"`+uniq("e2e-term-grace")+`","planVersion":"1","steps":[
 		{"stepId":"long","executor":{"type":"command","argv":["sleep","60"]}}]}`)
 	started := submit(t, p, pl, "req-1")
@@ -442,6 +444,29 @@ func TestE2E_SIGTERMPastTheGraceExitsZero(t *testing.T) {
 	logs, _ := os.ReadFile(p.log.Name())
 	if code := p.cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(string(logs), "interrupted and their tasks handed back") {
 		t.Fatalf("a stop past the grace exited %d; log:\n%s", code, logs[max(0, len(logs)-3000):])
+	}
+	// The interrupted step's task was handed back: Conductor gives it to
+	// the next worker that polls, not only after its response timeout or
+	// once this worker id starts again.
+	poll := conductortest.URL(t) + "/tasks/poll/batch/" + plan.TaskType(plan.ExecutorCommand) +
+		"?count=1&timeout=1000&workerid=e2e-next&domain=" + url.QueryEscape(domain)
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		var tasks []struct {
+			WorkflowInstanceID string `json:"workflowInstanceId"`
+		}
+		resp, err := http.Get(poll)
+		if err == nil {
+			err = json.NewDecoder(resp.Body).Decode(&tasks)
+			resp.Body.Close()
+		}
+		if err == nil && len(tasks) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the interrupted step's task is not handed back to Conductor (a poll gets %d tasks, %v); log:\n%s",
+				len(tasks), err, logs[max(0, len(logs)-3000):])
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
 }
 

@@ -298,7 +298,7 @@ func (n *Node) Close(ctx context.Context) error {
 					// The grace ended first: the documented stop, not a
 					// failure. The steps still running were interrupted
 					// and their tasks handed back to Conductor.
-					n.log.Warn("the shutdown grace ended before every running step did: they were interrupted and their tasks handed back to Conductor, which gives them out again",
+					n.log.Warn("the shutdown grace ended before every running step did: they were interrupted and their tasks handed back to Conductor, which gives them out again (a hand-back that did not reach it is logged apart)",
 						zap.String("part", p.name))
 					continue
 				}

@@ -76,7 +76,7 @@ func (w *Worker) report(t *model.Task, log *zap.Logger, r *model.TaskResult, may
 			log.Warn("WORKFLOW_NOT_FOUND: Conductor no longer knows the task's workflow; the report is dropped", zap.Error(err))
 			return
 		case w.reportCtx.Err() != nil:
-			log.Warn("shutdown: the report did not reach Conductor within the grace period; Conductor times the task out and retries it", zap.Error(err))
+			log.Warn("shutdown: the report did not reach Conductor in time; the task stays in progress there until this worker id starts again (which hands it back) or its response timeout passes", zap.Error(err))
 			return
 		case time.Now().After(deadline):
 			log.Error("could not report the task to Conductor; it will time out and be retried", zap.Error(err))

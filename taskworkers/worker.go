@@ -395,17 +395,28 @@ func (w *Worker) Close(ctx context.Context) error {
 	select {
 	case <-done:
 	case <-ctx.Done():
-		w.log.Warn("shutdown grace period over; interrupting running steps and giving up reports Conductor does not take")
+		w.log.Warn("shutdown grace period over; interrupting running steps and handing their tasks back")
 		err = ctx.Err()
-		w.abortReports()
 		w.stopWork()
+		// The interrupted steps hand their tasks back, which takes a
+		// report each: they get handBackWindow to reach Conductor, then
+		// every report still trying is given up.
+		giveUp := time.AfterFunc(handBackWindow, w.abortReports)
 		<-done
+		giveUp.Stop()
 	}
 	w.abortReports()
 	w.stopWork()
 	w.outbox.close()
 	return err
 }
+
+// handBackWindow is how long, once the shutdown grace is over, the
+// interrupted steps' hand-backs (and any report still being retried) may
+// take to reach Conductor. A task whose hand-back did not reach it stays
+// in progress there until this worker id starts again (which hands it
+// back) or its response timeout passes.
+const handBackWindow = 5 * time.Second
 
 // Interrupt cancels the running steps of runID on this process (see
 // Running.Interrupt).
