@@ -221,17 +221,14 @@ func IsWorkerTask(taskType string) bool {
 
 // AdoptedTaskInput is the assignment of a worker task of an adopted run:
 // run ids from rec, the stepId from the reference name and iteration, the
-// engine tries from the task definition's retryCount (one logical
-// attempt), failure policy onStepFailure (--adopt-on-step-failure; ""
-// is fail).
+// engine tries from the retries Conductor allows (retriesAllowed; one
+// logical attempt), failure policy onStepFailure (--adopt-on-step-failure;
+// "" is fail).
 func AdoptedTaskInput(rec *Run, t *model.Task, onStepFailure string) *plan.TaskInput {
 	if onStepFailure == "" {
 		onStepFailure = plan.OnFailureFail
 	}
-	tries := int(t.RetryCount) + 1
-	if t.WorkflowTask != nil && t.WorkflowTask.TaskDefinition != nil {
-		tries = max(tries, int(t.WorkflowTask.TaskDefinition.RetryCount)+1)
-	}
+	tries := int(max(t.RetryCount, retriesAllowed(t))) + 1
 	step := plan.Step{StepID: stepIDOf(t),
 		Executor: plan.ExecutorSpec{Type: plan.ExecutorExternal, TaskType: t.TaskDefName},
 		Retries:  plan.RetryPolicy{EngineTries: tries, LogicalAttempts: 1}}
@@ -258,11 +255,12 @@ func engineTime(ms int64) string {
 // on the first read of a workflow the sidecar had not seen: a worker task
 // already in progress is recorded as started then (its worker got it
 // before the sidecar could gate it); afterwards only the proxy's gate
-// starts a worker task. paused is true while Conductor's workflow is
-// PAUSED. pending reports a system task whose end is
-// still to be recorded from Conductor's report (not a control task's:
-// controlOpen).
-func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption, paused bool) (evs []*statestore.RunEventWrite, pending bool, err error) {
+// starts a worker task. wf is the status of Conductor's workflow. pending
+// reports a system task whose end is still to be recorded from
+// Conductor's report (not a control task's: controlOpen), or a try whose
+// retry Conductor has yet to decide.
+func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption bool, wf model.WorkflowStatus) (evs []*statestore.RunEventWrite, pending bool, err error) {
+	paused := wf == model.PausedWorkflow
 	stepID := stepIDOf(t)
 	if statestore.CheckID(stepID, true) != nil {
 		return nil, false, nil // an empty or oversized reference name: not a step of the log
@@ -323,6 +321,15 @@ func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption, 
 			// Conductor retries it: the step is in flight until a try ends it.
 			return nil, false, nil
 		}
+		if wf == model.RunningWorkflow && retriesLeft(t) {
+			// Conductor retries it, and has not decided so yet: 3.32 shows
+			// a try FAILED before the decide that marks it retried and
+			// schedules the retry. Recording the failure now would fail
+			// the step in the log while Conductor retries it (and the
+			// gate would fail each retry from the log). The run's next
+			// read sees the retry, or the workflow's end.
+			return nil, true, nil
+		}
 		if paused && (status == "FAILED" || status == "TIMED_OUT") {
 			// Conductor decides nothing for a PAUSED workflow: whether it
 			// retries this try (a dead worker's, failed by the proxy's
@@ -343,6 +350,34 @@ func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption, 
 		return nil, false, nil
 	}
 	return evs, false, err
+}
+
+// retriesLeft reports whether Conductor retries task t, which ended: as
+// its decider does, a try that FAILED or TIMED_OUT of a task that is not
+// one of its control tasks, while fewer tries were retried than the
+// workflow task's retryCount, or else its definition's, allows. A
+// workflow task's retryCount of 0 cannot be told from none (the client's
+// model drops it), so the definition's counts then.
+func retriesLeft(t *model.Task) bool {
+	if (t.Status != "FAILED" && t.Status != "TIMED_OUT") || controlTaskTypes[t.TaskType] {
+		return false
+	}
+	return t.RetryCount < retriesAllowed(t)
+}
+
+// retriesAllowed is how many times Conductor retries a try of t: its
+// workflow task's retryCount, or else its definition's (0 without either).
+func retriesAllowed(t *model.Task) int32 {
+	if t.WorkflowTask == nil {
+		return 0
+	}
+	if t.WorkflowTask.RetryCount > 0 {
+		return t.WorkflowTask.RetryCount
+	}
+	if d := t.WorkflowTask.TaskDefinition; d != nil {
+		return d.RetryCount
+	}
+	return 0
 }
 
 // recordTasks appends what the log lacks of wf's tasks (taskEvents, in
@@ -379,7 +414,7 @@ func (r *Runs) recordTasks(ctx context.Context, snaps SnapshotReader, rec *Run, 
 			// the run running again, never started inside the pause.
 			continue
 		}
-		evs, p, err := taskEvents(rec, t, st, midFlight, wf.Status == model.PausedWorkflow)
+		evs, p, err := taskEvents(rec, t, st, midFlight, wf.Status)
 		pending = pending || p || (draining && IsWorkerTask(t.TaskType) && t.Status == "IN_PROGRESS")
 		control = control || (controlTaskTypes[t.TaskType] && (t.Status == "SCHEDULED" || t.Status == "IN_PROGRESS"))
 		if err != nil {

@@ -115,39 +115,64 @@ func TestTaskEvents(t *testing.T) {
 		want        string
 		wantPending bool
 		paused      bool // Conductor's workflow is PAUSED
+		failed      bool // Conductor's workflow is FAILED
 	}{
-		{"HTTP in progress starts", model.Task{TaskType: "HTTP", Status: "IN_PROGRESS"}, nil, false, "StepStarted", true, false},
-		{"HTTP scheduled is in flight", model.Task{TaskType: "HTTP", Status: "SCHEDULED"}, nil, false, "StepStarted", true, false},
-		{"HTTP scheduled, started already", model.Task{TaskType: "HTTP", Status: "SCHEDULED"}, running, false, "", true, false},
-		{"HTTP completed unseen", model.Task{TaskType: "HTTP", Status: "COMPLETED"}, nil, false, "StepStarted,StepCompleted", false, false},
-		{"HTTP completed while running", model.Task{TaskType: "HTTP", Status: "COMPLETED"}, running, false, "StepCompleted", false, false},
-		{"completed already recorded", model.Task{TaskType: "HTTP", Status: "COMPLETED"}, done, false, "", false, false},
-		{"HTTP failed, retried by Conductor", model.Task{TaskType: "HTTP", Status: "FAILED", Retried: true}, running, false, "", false, false},
-		{"HTTP failed for good", model.Task{TaskType: "HTTP", Status: "FAILED"}, running, false, "StepFailed", false, false},
-		{"JOIN in progress is not in flight", model.Task{TaskType: "JOIN", Status: "IN_PROGRESS"}, nil, false, "", false, false},
-		{"WAIT scheduled", model.Task{TaskType: "WAIT", Status: "SCHEDULED"}, nil, false, "", false, false},
-		{"SWITCH completed", model.Task{TaskType: "SWITCH", Status: "COMPLETED"}, nil, false, "StepStarted,StepCompleted", false, false},
-		{"skipped", model.Task{TaskType: "HTTP", Status: "SKIPPED"}, nil, false, "StepSkipped", false, false},
-		{"canceled before it ran", model.Task{TaskType: "HTTP", Status: "CANCELED"}, nil, false, "", false, false},
-		{"canceled while running", model.Task{TaskType: "HTTP", Status: "CANCELED"}, running, false, "StepFailed", false, false},
-		{"worker task in progress is the proxy's", model.Task{TaskType: "resize", Status: "IN_PROGRESS"}, nil, false, "", false, false},
-		{"worker task in progress at adoption", model.Task{TaskType: "resize", Status: "IN_PROGRESS"}, nil, true, "StepStarted", true, false},
-		{"worker task completed before adoption", model.Task{TaskType: "resize", Status: "COMPLETED"}, nil, true, "StepStarted,StepCompleted", false, false},
-		{"worker task reported straight to Conductor", model.Task{TaskType: "resize", Status: "COMPLETED"}, running, false, "StepCompleted", false, false},
-		{"worker task scheduled", model.Task{TaskType: "resize", Status: "SCHEDULED"}, nil, true, "", false, false},
+		{"HTTP in progress starts", model.Task{TaskType: "HTTP", Status: "IN_PROGRESS"}, nil, false, "StepStarted", true, false, false},
+		{"HTTP scheduled is in flight", model.Task{TaskType: "HTTP", Status: "SCHEDULED"}, nil, false, "StepStarted", true, false, false},
+		{"HTTP scheduled, started already", model.Task{TaskType: "HTTP", Status: "SCHEDULED"}, running, false, "", true, false, false},
+		{"HTTP completed unseen", model.Task{TaskType: "HTTP", Status: "COMPLETED"}, nil, false, "StepStarted,StepCompleted", false, false, false},
+		{"HTTP completed while running", model.Task{TaskType: "HTTP", Status: "COMPLETED"}, running, false, "StepCompleted", false, false, false},
+		{"completed already recorded", model.Task{TaskType: "HTTP", Status: "COMPLETED"}, done, false, "", false, false, false},
+		{"HTTP failed, retried by Conductor", model.Task{TaskType: "HTTP", Status: "FAILED", Retried: true}, running, false, "", false, false, false},
+		{"HTTP failed for good", model.Task{TaskType: "HTTP", Status: "FAILED"}, running, false, "StepFailed", false, false, false},
+		{"JOIN in progress is not in flight", model.Task{TaskType: "JOIN", Status: "IN_PROGRESS"}, nil, false, "", false, false, false},
+		{"WAIT scheduled", model.Task{TaskType: "WAIT", Status: "SCHEDULED"}, nil, false, "", false, false, false},
+		{"SWITCH completed", model.Task{TaskType: "SWITCH", Status: "COMPLETED"}, nil, false, "StepStarted,StepCompleted", false, false, false},
+		{"skipped", model.Task{TaskType: "HTTP", Status: "SKIPPED"}, nil, false, "StepSkipped", false, false, false},
+		{"canceled before it ran", model.Task{TaskType: "HTTP", Status: "CANCELED"}, nil, false, "", false, false, false},
+		{"canceled while running", model.Task{TaskType: "HTTP", Status: "CANCELED"}, running, false, "StepFailed", false, false, false},
+		{"worker task in progress is the proxy's", model.Task{TaskType: "resize", Status: "IN_PROGRESS"}, nil, false, "", false, false, false},
+		{"worker task in progress at adoption", model.Task{TaskType: "resize", Status: "IN_PROGRESS"}, nil, true, "StepStarted", true, false, false},
+		{"worker task completed before adoption", model.Task{TaskType: "resize", Status: "COMPLETED"}, nil, true, "StepStarted,StepCompleted", false, false, false},
+		{"worker task reported straight to Conductor", model.Task{TaskType: "resize", Status: "COMPLETED"}, running, false, "StepCompleted", false, false, false},
+		{"worker task scheduled", model.Task{TaskType: "resize", Status: "SCHEDULED"}, nil, true, "", false, false, false},
 		// Conductor decides nothing for a PAUSED workflow: a try that failed
 		// or timed out in it (a dead worker's, failed by the proxy's watch)
 		// is retried, or not, at resume.
-		{"worker task failed while paused", model.Task{TaskType: "resize", Status: "FAILED"}, running, false, "", false, true},
-		{"worker task timed out while paused", model.Task{TaskType: "resize", Status: "TIMED_OUT"}, running, false, "", false, true},
-		{"HTTP failed while paused", model.Task{TaskType: "HTTP", Status: "FAILED"}, running, false, "", false, true},
-		{"terminal error while paused", model.Task{TaskType: "resize", Status: "FAILED_WITH_TERMINAL_ERROR"}, running, false, "StepFailed", false, true},
-		{"canceled while paused", model.Task{TaskType: "resize", Status: "CANCELED"}, running, false, "StepFailed", false, true},
+		{"worker task failed while paused", model.Task{TaskType: "resize", Status: "FAILED"}, running, false, "", false, true, false},
+		{"worker task timed out while paused", model.Task{TaskType: "resize", Status: "TIMED_OUT"}, running, false, "", false, true, false},
+		{"HTTP failed while paused", model.Task{TaskType: "HTTP", Status: "FAILED"}, running, false, "", false, true, false},
+		{"terminal error while paused", model.Task{TaskType: "resize", Status: "FAILED_WITH_TERMINAL_ERROR"}, running, false, "StepFailed", false, true, false},
+		{"canceled while paused", model.Task{TaskType: "resize", Status: "CANCELED"}, running, false, "StepFailed", false, true, false},
+		// Conductor 3.32 shows a try FAILED before the decide that marks it
+		// retried and schedules its retry: with retries left by its
+		// definition, the step is not failed until Conductor decided.
+		{"worker task failed, retries left, retry not yet scheduled", model.Task{TaskType: "resize", Status: "FAILED",
+			WorkflowTask: &model.WorkflowTask{TaskDefinition: &model.TaskDef{RetryCount: 2}}}, running, false, "", true, false, false},
+		{"worker task timed out, retries left, retry not yet scheduled", model.Task{TaskType: "resize", Status: "TIMED_OUT", RetryCount: 1,
+			WorkflowTask: &model.WorkflowTask{TaskDefinition: &model.TaskDef{RetryCount: 2}}}, running, false, "", true, false, false},
+		{"the workflow task's retry count overrides the definition's", model.Task{TaskType: "resize", Status: "FAILED",
+			WorkflowTask: &model.WorkflowTask{RetryCount: 1, TaskDefinition: &model.TaskDef{RetryCount: 0}}}, running, false, "", true, false, false},
+		{"worker task failed, its last try", model.Task{TaskType: "resize", Status: "FAILED", RetryCount: 2,
+			WorkflowTask: &model.WorkflowTask{TaskDefinition: &model.TaskDef{RetryCount: 2}}}, running, false, "StepFailed", false, false, false},
+		{"worker task failed, retries left, the workflow failed", model.Task{TaskType: "resize", Status: "FAILED",
+			WorkflowTask: &model.WorkflowTask{TaskDefinition: &model.TaskDef{RetryCount: 2}}}, running, false, "StepFailed", false, false, true},
+		{"terminal error, retries left", model.Task{TaskType: "resize", Status: "FAILED_WITH_TERMINAL_ERROR",
+			WorkflowTask: &model.WorkflowTask{TaskDefinition: &model.TaskDef{RetryCount: 2}}}, running, false, "StepFailed", false, false, false},
+		{"HTTP failed, retries left, retry not yet scheduled", model.Task{TaskType: "HTTP", Status: "FAILED",
+			WorkflowTask: &model.WorkflowTask{TaskDefinition: &model.TaskDef{RetryCount: 1}}}, running, false, "", true, false, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			task := tt.task
 			task.ReferenceTaskName, task.TaskId, task.StartTime, task.EndTime = "step_a", "task-1", 1_700_000_000_000, 1_700_000_001_000
-			evs, pending, err := taskEvents(rec, &task, tt.st, tt.adoption, tt.paused)
+			wf := model.RunningWorkflow
+			switch {
+			case tt.paused:
+				wf = model.PausedWorkflow
+			case tt.failed:
+				wf = model.FailedWorkflow
+			}
+			evs, pending, err := taskEvents(rec, &task, tt.st, tt.adoption, wf)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -163,7 +188,7 @@ func TestTaskEvents(t *testing.T) {
 	}
 	// The engine attempt is Conductor's retryCount + 1; times are Conductor's.
 	task := model.Task{TaskType: "HTTP", Status: "COMPLETED", ReferenceTaskName: "call", RetryCount: 2, TaskId: "t9", StartTime: 1_700_000_000_000, EndTime: 1_700_000_002_000}
-	evs, _, err := taskEvents(rec, &task, nil, false, false)
+	evs, _, err := taskEvents(rec, &task, nil, false, model.RunningWorkflow)
 	if err != nil || len(evs) != 2 {
 		t.Fatalf("%v %v", evs, err)
 	}
@@ -183,6 +208,11 @@ func TestAdoptedTaskInput(t *testing.T) {
 	}
 	if e, l := a.Attempts(int(task.RetryCount)); e != 2 || l != 1 {
 		t.Fatalf("attempts %d/%d, want engine 2 logical 1", e, l)
+	}
+	// The workflow task's retryCount is what Conductor retries by.
+	task.RetryCount, task.WorkflowTask.RetryCount = 0, 1
+	if a := AdoptedTaskInput(rec, task, ""); a.EngineTries != 2 {
+		t.Fatalf("engine tries %d with the workflow task's retryCount 1, want 2", a.EngineTries)
 	}
 }
 

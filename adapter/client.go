@@ -608,6 +608,31 @@ type taskHead struct {
 	ReasonForIncompletion string `json:"reasonForIncompletion"`
 	SubWorkflowID         string `json:"subWorkflowId"`
 	WorkflowInstanceID    string `json:"workflowInstanceId"`
+	// WorkflowTask says how many times Conductor retries the task: the
+	// adopter tells a try Conductor retries from one that ended the step.
+	WorkflowTask *taskRetries `json:"workflowTask"`
+}
+
+// taskRetries is the part of a task's workflowTask that says how many
+// times Conductor retries it: the workflow task's own retryCount, else its
+// definition's.
+type taskRetries struct {
+	RetryCount     int32 `json:"retryCount"`
+	TaskDefinition *struct {
+		RetryCount int32 `json:"retryCount"`
+	} `json:"taskDefinition"`
+}
+
+// model is r as the SDK's WorkflowTask (nil for none).
+func (r *taskRetries) model() *model.WorkflowTask {
+	if r == nil {
+		return nil
+	}
+	wt := &model.WorkflowTask{RetryCount: r.RetryCount}
+	if r.TaskDefinition != nil {
+		wt.TaskDefinition = &model.TaskDef{RetryCount: r.TaskDefinition.RetryCount}
+	}
+	return wt
 }
 
 func (h *workflowHead) workflow() *model.Workflow {
@@ -624,7 +649,7 @@ func (wt *workflowTasks) workflow() *model.Workflow {
 		wf.Tasks[i] = model.Task{TaskId: t.TaskID, TaskType: t.TaskType, TaskDefName: t.TaskDefName, Status: model.TaskResultStatus(t.Status),
 			ReferenceTaskName: t.ReferenceTaskName, Iteration: t.Iteration, RetryCount: t.RetryCount, Retried: t.Retried,
 			StartTime: t.StartTime, EndTime: t.EndTime, ReasonForIncompletion: t.ReasonForIncompletion,
-			SubWorkflowId: t.SubWorkflowID, WorkflowInstanceId: t.WorkflowInstanceID}
+			SubWorkflowId: t.SubWorkflowID, WorkflowInstanceId: t.WorkflowInstanceID, WorkflowTask: t.WorkflowTask.model()}
 	}
 	return wf
 }
@@ -846,13 +871,9 @@ type PolledTask struct {
 	// Iteration is the DO_WHILE iteration of a task inside a loop (0
 	// outside one).
 	Iteration int32 `json:"iteration"`
-	// WorkflowTask carries the task definition's retryCount (the engine
-	// tries of an adopted workflow's task).
-	WorkflowTask *struct {
-		TaskDefinition *struct {
-			RetryCount int32 `json:"retryCount"`
-		} `json:"taskDefinition"`
-	} `json:"workflowTask"`
+	// WorkflowTask carries how many times Conductor retries the task (the
+	// engine tries of an adopted workflow's task).
+	WorkflowTask *taskRetries `json:"workflowTask"`
 }
 
 // Task is p as a model.Task.
@@ -861,10 +882,7 @@ func (p *PolledTask) Task() *model.Task {
 		ReferenceTaskName: p.ReferenceTaskName, WorkflowInstanceId: p.WorkflowInstanceID, WorkerId: p.WorkerID, Domain: p.Domain,
 		InputData: p.InputData, OutputData: p.OutputData, RetryCount: p.RetryCount, PollCount: p.PollCount,
 		ScheduledTime: p.ScheduledTime, ResponseTimeoutSeconds: p.ResponseTimeoutSeconds,
-		WorkflowType: p.WorkflowType, Iteration: p.Iteration}
-	if p.WorkflowTask != nil && p.WorkflowTask.TaskDefinition != nil {
-		t.WorkflowTask = &model.WorkflowTask{TaskDefinition: &model.TaskDef{RetryCount: p.WorkflowTask.TaskDefinition.RetryCount}}
-	}
+		WorkflowType: p.WorkflowType, Iteration: p.Iteration, WorkflowTask: p.WorkflowTask.model()}
 	return t
 }
 

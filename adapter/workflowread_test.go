@@ -28,7 +28,9 @@ func TestWorkflowTasks_KeepsWhatTheAdopterReads(t *testing.T) {
 		Input: map[string]any{"a": 1.0}, TaskToDomain: map[string]string{"t": "d"},
 		Tasks: []model.Task{{TaskId: "t-1", TaskType: "SUB_WORKFLOW", TaskDefName: "sub", Status: "IN_PROGRESS", ReferenceTaskName: "sub__2",
 			Iteration: 2, RetryCount: 1, Retried: true, StartTime: 3, EndTime: 4, ReasonForIncompletion: "again",
-			SubWorkflowId: "wf-2", WorkflowInstanceId: "wf-1", InputData: map[string]any{"big": "x"}}}})
+			SubWorkflowId: "wf-2", WorkflowInstanceId: "wf-1", InputData: map[string]any{"big": "x"},
+			WorkflowTask: &model.WorkflowTask{RetryCount: 2, TaskDefinition: &model.TaskDef{RetryCount: 3}}},
+			{TaskId: "t-2", TaskType: "resize", StartTime: 5, WorkflowTask: &model.WorkflowTask{TaskDefinition: &model.TaskDef{RetryCount: 3}}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +62,8 @@ func sameAsTheModel(t *testing.T, b []byte) {
 			g.ReferenceTaskName != w.ReferenceTaskName || g.Iteration != w.Iteration || g.RetryCount != w.RetryCount ||
 			g.Retried != w.Retried || g.StartTime != w.StartTime || g.EndTime != w.EndTime ||
 			g.ReasonForIncompletion != w.ReasonForIncompletion || g.SubWorkflowId != w.SubWorkflowId ||
-			g.WorkflowInstanceId != w.WorkflowInstanceId || g.TaskId == "" || g.StartTime == 0 {
+			g.WorkflowInstanceId != w.WorkflowInstanceId || g.TaskId == "" || g.StartTime == 0 ||
+			retriesAllowed(&g) != retriesAllowed(&w) {
 			t.Fatalf("task %d: %+v\nwant the fields of %+v", i, g, w)
 		}
 	}
