@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -70,7 +71,7 @@ func (n *Node) connectNATS() (*nats.Conn, error) {
 		}
 		return nc, err
 	}
-	opts := append(append(append([]nats.Option(nil), n.cfg.NATSOptions...), events...), nats.Name("sidecar "+n.cfg.WorkerID), nats.MaxReconnects(-1))
+	opts := append(append(append(liveness(), n.cfg.NATSOptions...), events...), nats.Name("sidecar "+n.cfg.WorkerID), nats.MaxReconnects(-1))
 	nc, err := nats.Connect(n.cfg.NATSURL, opts...)
 	if err != nil {
 		// Not retried (nats.go reconnects only a connection it made):
@@ -79,6 +80,24 @@ func (n *Node) connectNATS() (*nats.Conn, error) {
 		return nil, fmt.Errorf("connect to nats %s: %w; check --nats-url: a NATS server's client port (4222 by default), and that the server runs", n.cfg.NATSURLShown, err)
 	}
 	return nc, nil
+}
+
+// A connection to an external NATS server pings it every
+// natsPingInterval and takes it for dead once natsMaxPingsOut pings are
+// unanswered, then reconnects to another node of the cluster: a server
+// that stops answering without closing its connections (a hung host, a
+// partition) is left within about 20 s. nats.go's defaults (2 minutes, 2)
+// kept such a connection 4 to 6 minutes, every request on it waiting out
+// its timeout meanwhile (e2e: TestE2E_NATSNodeFrozen). A ping is a few
+// bytes; a server busy enough to leave four unanswered is not serving.
+const (
+	natsPingInterval = 5 * time.Second
+	natsMaxPingsOut  = 4
+)
+
+// liveness is the options of natsPingInterval and natsMaxPingsOut.
+func liveness() []nats.Option {
+	return []nats.Option{nats.PingInterval(natsPingInterval), nats.MaxPingsOutstanding(natsMaxPingsOut)}
 }
 
 func (n *Node) checkNATS(ctx context.Context) error {

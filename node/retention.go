@@ -185,7 +185,7 @@ func (n *Node) retentionJetStream() (jetstream.JetStream, error) {
 	if n.srv != nil {
 		nc, err = n.srv.ConnectRetention()
 	} else {
-		nc, err = nats.Connect(n.cfg.NATSURL, append(append([]nats.Option(nil), n.cfg.Retention.NATSOptions...), nats.Name("sidecar retention "+n.cfg.WorkerID))...)
+		nc, err = nats.Connect(n.cfg.NATSURL, append(append(liveness(), n.cfg.Retention.NATSOptions...), nats.Name("sidecar retention "+n.cfg.WorkerID))...)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("connect as %s: %w", natsstore.RetentionUser, err)

@@ -8,6 +8,8 @@
 #   nats-cluster.sh stop       stop the nodes this script started (TERM, then KILL after 10 s)
 #   nats-cluster.sh status     exit 0 only if all three answer /healthz
 #   nats-cluster.sh kill N     kill -9 node N (1-3): a crash, for chaos tests; `start` brings it back
+#   nats-cluster.sh freeze N   SIGSTOP node N: it keeps its connections and answers nothing (a
+#                              hung host, a partition); `thaw N` (SIGCONT) lets it go on
 #   nats-cluster.sh url        print the client URLs, comma-separated (for --nats-url)
 #
 # The nodes listen on 127.0.0.1 only and have no users: anyone on this host can reach them.
@@ -120,6 +122,7 @@ cmd_stop() {
   local n p
   for n in $(seq "$NODES"); do
     if p=$(pid "$n"); then
+      kill -CONT "$p" 2>/dev/null || true # a frozen node takes its TERM only once it runs
       kill -TERM "$p"
       for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
       kill -0 "$p" 2>/dev/null && kill -KILL "$p"
@@ -136,6 +139,14 @@ cmd_kill() {
   kill -KILL "$p"
   while kill -0 "$p" 2>/dev/null; do sleep 0.05; done
   log "killed node $n (pid $p) with SIGKILL"
+}
+
+cmd_signal() {
+  local sig=$1 what=$2 n=${3:-} p
+  [[ $n =~ ^[1-3]$ ]] || die "$what wants a node number 1-3"
+  p=$(pid "$n") || die "node $n is not running"
+  kill "-$sig" "$p"
+  log "${what} node $n (pid $p): SIG$sig"
 }
 
 url() {
@@ -158,6 +169,8 @@ case ${1:-} in
     log "healthy: $(url)"
     ;;
   kill) cmd_kill "${2:-}" ;;
+  freeze) cmd_signal STOP froze "${2:-}" ;;
+  thaw) cmd_signal CONT thawed "${2:-}" ;;
   url) url ;;
-  *) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2 && exit 2 ;;
+  *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2 && exit 2 ;;
 esac
