@@ -124,6 +124,10 @@ func checkState(name string, st jetstream.StreamState, watermark uint64, l ledge
 func (s *Store) Check(ctx context.Context) error {
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
+	// The highest sequence seen before the stream's state is read: an
+	// append acknowledged in between raises it past the state read, which
+	// is not a rollback.
+	high := s.mark.high()
 	st, err := s.js.Stream(ctx, s.name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return damaged(fmt.Sprintf("stream %s was deleted while the sidecar ran", s.name), err)
@@ -143,7 +147,7 @@ func (s *Store) Check(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return checkState(s.name, info.State, s.mark.high(), l)
+	return checkState(s.name, info.State, high, l)
 }
 
 // ledgerForHoles reads the removal ledger when the stream misses records

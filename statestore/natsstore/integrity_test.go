@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -146,6 +147,53 @@ func TestStore_Check(t *testing.T) {
 	}
 	if err := s.Check(ctx); !errors.Is(err, statestore.ErrDamaged) || !strings.Contains(err.Error(), "replaced") {
 		t.Fatalf("Check after replace: got %v, want STORE_DAMAGED naming the replacement", err)
+	}
+}
+
+// TestStore_CheckWhileAppending: Check of a log that appends meanwhile is
+// never a rollback: an append acknowledged between the stream's state and
+// the store's highest sequence seen must not read as a stream ending below
+// a sequence stored before (/readyz answered STORE_DAMAGED under load).
+func TestStore_CheckWhileAppending(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t, t.TempDir())
+	s, err := natsstore.Open(ctx, connect(t, srv), natsstore.Options{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	stop := make(chan struct{})
+	var appends sync.WaitGroup
+	for w := range 8 {
+		appends.Add(1)
+		go func() {
+			defer appends.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := s.Append(ctx, storetest.Event(fmt.Sprintf("run-busy-%d", w), statestore.StepStarted, fmt.Sprintf("s%d", i))); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	checks, damaged := 0, 0
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); checks++ {
+		if err := s.Check(ctx); errors.Is(err, statestore.ErrDamaged) {
+			damaged++
+			t.Logf("check %d: %v", checks, err)
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	appends.Wait()
+	if damaged > 0 {
+		t.Fatalf("%d of %d checks of a whole log said STORE_DAMAGED while it appended", damaged, checks)
 	}
 }
 
