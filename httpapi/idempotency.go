@@ -112,13 +112,21 @@ func OpenKVReplies(ctx context.Context, js jetstream.JetStream, opts KVRepliesOp
 		opts.Log = zap.NewNop()
 	}
 	want := repliesStream(opts)
-	if err := createReplies(ctx, js, &want, opts.Log); err != nil {
-		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return nil, fmt.Errorf("open %s: %w", KVRepliesBucket, err)
+	// A bucket made before (a restart) is used as it is: creating it again
+	// asks the server to reserve its bound a second time, beside what the
+	// bucket holds, which a volume with room for the bucket refuses.
+	_, err := js.Stream(ctx, want.Name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		err = createReplies(ctx, js, &want, opts.Log)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) { // another replica made it meanwhile
+			err = reportBound(ctx, js, want, opts.Log)
 		}
-		if err := reportBound(ctx, js, want, opts.Log); err != nil {
-			return nil, fmt.Errorf("open %s: %w", KVRepliesBucket, err)
-		}
+	case err == nil:
+		err = reportBound(ctx, js, want, opts.Log)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", KVRepliesBucket, err)
 	}
 	kv, err := natsstore.BindBucket(ctx, js, KVRepliesBucket)
 	if err != nil {
@@ -150,8 +158,9 @@ func createReplies(ctx context.Context, js jetstream.JetStream, want *jetstream.
 		var api *jetstream.APIError
 		if err == nil || !errors.As(err, &api) || api.ErrorCode != errStorageResourcesExceeded || want.MaxBytes/2 < minRepliesBytes {
 			if err == nil && want.MaxBytes != asked {
-				log.Warn("the kept answers of Idempotency-Key requests are bounded lower than --control-replies-max-mib asks, to fit the storage JetStream has left to reserve; free space (or give the server more storage) and restart to get the bound asked for",
-					zap.String("stream", want.Name), zap.Int64("maxBytes", want.MaxBytes), zap.Int64("asked", asked))
+				log.Warn("the kept answers of Idempotency-Key requests are bounded lower than --control-replies-max-mib asks, to fit the storage JetStream has left to reserve; the bucket keeps this bound: once the server has room, raise it as the NATS admin user",
+					zap.String("stream", want.Name), zap.Int64("maxBytes", want.MaxBytes), zap.Int64("asked", asked),
+					zap.String("fix", fmt.Sprintf("nats stream edit %s --max-bytes %d", want.Name, asked)))
 			}
 			return err
 		}

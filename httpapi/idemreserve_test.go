@@ -53,4 +53,13 @@ func TestKVReplies_BoundFitsTheServersStorage(t *testing.T) {
 	if logs.FilterMessageSnippet("fit").Len() != 1 {
 		t.Errorf("warnings %v, want one saying the bound was lowered to fit the server's storage", logs.All())
 	}
+	// A restart opens the bucket it made, as it is: asking the server to
+	// reserve a bound again, beside the one the bucket holds, was refused
+	// (insufficient storage resources) and serve could not start again.
+	if _, err := httpapi.OpenKVReplies(ctx, js, httpapi.KVRepliesOptions{TTL: time.Hour, Log: zap.New(core)}); err != nil {
+		t.Fatalf("open the replies' bucket again, as a restart does: %v", err)
+	}
+	if again := repliesBytes(t, js).Config.MaxBytes; again != got {
+		t.Fatalf("the bucket's bound went from %d to %d at a restart", got, again)
+	}
 }
