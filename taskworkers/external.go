@@ -304,7 +304,9 @@ func (w *Worker) recordedBefore(ctx context.Context, log *zap.Logger, snap *stat
 // flushed within ctx, and nothing may be recorded.
 func (w *Worker) outcomeState(ctx context.Context, log *zap.Logger, runID string) (snap *statestore.RunSnapshot, inLog bool, err error) {
 	if err := w.outbox.flush(ctx, runID); err != nil {
-		log.Error("outbox not flushed within the write budget; not recording", zap.Error(err))
+		if !w.storeTrouble(log, err, "an outbox was not flushed within the write budget; not recording") {
+			log.Error("outbox not flushed within the write budget; not recording", zap.Error(err))
+		}
 		return nil, true, err
 	}
 	snap, err = w.runs.ProjectSnapshot(ctx, runID)

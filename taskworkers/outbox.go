@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/conductor-sidecar/sidecar/ratelog"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -33,6 +34,10 @@ type outbox struct {
 	sink    replayer
 	log     *zap.Logger
 	metrics *Metrics
+
+	// replayDown bounds the lines of replays that fail while the store is
+	// away: one a minute for every run.
+	replayDown ratelog.Limiter
 
 	mu     sync.Mutex
 	byRun  map[string][]*statestore.RunEventWrite
@@ -122,7 +127,7 @@ func (o *outbox) loop(ctx context.Context) {
 			fctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 			if err := o.flush(fctx, r); err != nil && ctx.Err() == nil {
 				failed = true
-				o.log.Warn("replaying queued events failed; will retry", zap.String("runId", r), zap.Error(err))
+				o.replayDown.Warn(o.log, "replaying queued events failed; will retry", zap.String("runId", r), zap.Error(err))
 			}
 			cancel()
 		}
@@ -130,6 +135,9 @@ func (o *outbox) loop(ctx context.Context) {
 			backoff = min(2*backoff, 10*time.Second)
 		} else {
 			backoff = 200 * time.Millisecond
+			if len(runs) > 0 {
+				o.replayDown.Recovered(o.log, "queued events replayed again")
+			}
 		}
 	}
 }

@@ -2,6 +2,7 @@ package taskworkers
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	"go.uber.org/zap"
@@ -9,6 +10,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 )
 
 // TestLogRefusedOutcome: an outcome the log already has for the attempt
@@ -47,9 +49,15 @@ func TestStoreTrouble(t *testing.T) {
 	log := zap.New(core)
 	w := &Worker{log: log}
 	down := &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: "dial tcp: connection refused"}
-	for range 50 {
-		if !w.storeTrouble(log, down, "cannot read a run's state") {
-			t.Fatal("a store that does not answer was not taken as such")
+	// A full disk: the embedded server refuses every write of the stream.
+	full := fmt.Errorf("append: %w", &natsstore.WriteRefusedError{Stream: "SIDECAR_EVENTS", Cause: "insufficient resources", DataDir: "/data"})
+	for i := range 50 {
+		err := error(down)
+		if i%2 == 1 {
+			err = full
+		}
+		if !w.storeTrouble(log, err, "cannot read a run's state") {
+			t.Fatalf("a store that does not answer or refuses writes was not taken as such: %v", err)
 		}
 	}
 	if w.storeTrouble(log, errors.New("INVALID_TRANSITION"), "x") {

@@ -38,7 +38,9 @@ func (w *Worker) handle(t *model.Task) {
 		// The step ran here and its outcome waited for the store: record
 		// it now, whatever the run's state (a drain waits for it), and do
 		// not run the step again.
-		log.Info("recording the outcome kept while the state store did not answer; the step is not run again")
+		// Debug: while the store stays away this repeats for each such
+		// task every hand-back; keepOutcome logs its trouble once a minute.
+		log.Debug("recording the outcome kept while the state store did not answer; the step is not run again")
 		w.finish(t, log, a, k.res, k.engine, k.logical, k.operatorAttempt, k.took, nil)
 		return
 	}
@@ -669,7 +671,9 @@ func (w *Worker) emitEvent(log *zap.Logger, ev *statestore.RunEventWrite, lastSe
 		res, err = w.events.EmitIf(ctx, ev, lastSeq)
 	default:
 		if err := w.outbox.flush(ctx, ev.RunID); err != nil {
-			log.Error("outbox not flushed within the write budget; not recording", zap.Error(err))
+			if !w.storeTrouble(log, err, "an outbox was not flushed within the write budget; not recording") {
+				log.Error("outbox not flushed within the write budget; not recording", zap.Error(err))
+			}
 			return res, false, err
 		}
 		var done bool

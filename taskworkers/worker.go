@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/ratelog"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/tracing"
@@ -422,15 +423,16 @@ const handBackWindow = 5 * time.Second
 // Running.Interrupt).
 func (w *Worker) Interrupt(runID string) int { return w.running.Interrupt(runID) }
 
-// storeTrouble logs msg, err being the state store's failure to answer
-// (statestore.ErrUnavailable), as one warning a minute for every task
-// (each is handed back and nothing is lost: its outcome is kept or its
-// step gated again), and reports true; any other err is not logged here
-// (false).
+// storeTrouble logs msg, err being the state store's failure to answer or
+// to take writes (an error of kind Unavailable: STORE_UNAVAILABLE, or
+// STORE_WRITE_REFUSED on a full disk), as one warning a minute for every
+// task (each is handed back and nothing is lost: its outcome is kept or
+// its step gated again), and reports true; any other err is not logged
+// here (false).
 func (w *Worker) storeTrouble(log *zap.Logger, err error, msg string, fields ...zap.Field) bool {
-	if !errors.Is(err, statestore.ErrUnavailable) {
+	if !errors.Is(err, statestore.ErrUnavailable) && !errors.Is(err, errcode.Unavailable) {
 		return false
 	}
-	w.storeDown.Warn(log, msg+": the state store does not answer", append(fields, zap.Error(err))...)
+	w.storeDown.Warn(log, msg+": the state store does not answer or take writes", append(fields, zap.Error(err))...)
 	return true
 }
