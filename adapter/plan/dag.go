@@ -90,9 +90,18 @@ func (g *dag) layout() *block {
 //     inside set) in parallel, then the rest. This never breaks a
 //     dependency, but a step of the rest may wait for a source it does not
 //     depend on.
+//
+// The series cut is looked for first: a set that has one is connected, so
+// its components need not be computed (each is a pass over every
+// dependency of the set, and a dense plan, where each step depends on all
+// before it, is cut once per step).
 func (g *dag) build(set []int) *block {
 	if len(set) == 1 {
 		return &block{step: set[0]}
+	}
+	k := g.seriesCut(set)
+	if k > 0 {
+		return series(g.build(set[:k]), g.build(set[k:]))
 	}
 	if comps := g.components(set); len(comps) > 1 {
 		b := &block{}
@@ -101,23 +110,19 @@ func (g *dag) build(set []int) *block {
 		}
 		return b
 	}
-	k := g.seriesCut(set)
-	if k == 0 {
-		var sources, rest []int
-		in := newBitset(len(g.deps))
-		for _, v := range set {
-			in.set(v)
-		}
-		for _, v := range set {
-			if g.hasDepIn(v, in) {
-				rest = append(rest, v)
-			} else {
-				sources = append(sources, v)
-			}
-		}
-		return series(g.build(sources), g.build(rest))
+	var sources, rest []int
+	in := newBitset(len(g.deps))
+	for _, v := range set {
+		in.set(v)
 	}
-	return series(g.build(set[:k]), g.build(set[k:]))
+	for _, v := range set {
+		if g.hasDepIn(v, in) {
+			rest = append(rest, v)
+		} else {
+			sources = append(sources, v)
+		}
+	}
+	return series(g.build(sources), g.build(rest))
 }
 
 // series joins a and b one after the other, flattening nested series.
@@ -164,12 +169,14 @@ next:
 // components splits set into its weakly connected components, each in
 // topological order, ordered by their first step.
 func (g *dag) components(set []int) [][]int {
-	parent := make(map[int]int, len(set))
+	parent := make([]int, len(g.deps)) // -1: not in set
+	for i := range parent {
+		parent[i] = -1
+	}
 	for _, v := range set {
 		parent[v] = v
 	}
-	var find func(int) int
-	find = func(v int) int {
+	find := func(v int) int {
 		for parent[v] != v {
 			parent[v] = parent[parent[v]]
 			v = parent[v]
@@ -178,7 +185,7 @@ func (g *dag) components(set []int) [][]int {
 	}
 	for _, v := range set {
 		for _, d := range g.deps[v] {
-			if _, in := parent[d]; in {
+			if parent[d] >= 0 {
 				parent[find(v)] = find(d)
 			}
 		}
