@@ -15,7 +15,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
-// TestE2E_AdoptedForkBranchRetried: adopted workflows whose FORK branch
+// TestE2E_AdoptedForkBranchRetried: 24 adopted workflows whose FORK branch
 // task fails its first try, with retries left, through the task proxy.
 // Conductor retries it, the worker completes the retry, the workflow
 // completes; the log ends the first try (RunStepTryEnded) and never fails
@@ -44,30 +44,31 @@ func TestE2E_AdoptedForkBranchRetried(t *testing.T) {
 	p := newProc(sidecartest.Start(t, sidecartest.Options{ConductorURL: condURL, DataDir: t.TempDir(), Addr: sidecartest.FreeAddr(t),
 		Args: []string{"--conductor-proxy-listen", proxyAddr, "--adopt", name}}))
 
-	// The worker: four loops that batch-poll through the proxy, fail the
-	// flaky task's first try and complete everything else.
+	// The worker: one loop that batch-polls through the proxy, fails the
+	// flaky task's first try and completes everything else. One: 3.21's
+	// memory store can lose a task under concurrent batch polls of one
+	// queue (docs/conductor.md).
 	stop := make(chan struct{})
-	var loops sync.WaitGroup
-	defer func() { close(stop); loops.Wait() }()
-	for i := range 4 {
-		loops.Add(1)
-		go func() {
-			defer loops.Done()
-			proxyWorker(t, proxyAddr, taskType, fmt.Sprintf("e2e-forkretry-%d", i), stop)
-		}()
-	}
-	const runs = 16
+	var loop sync.WaitGroup
+	defer func() { close(stop); loop.Wait() }()
+	loop.Add(1)
+	go func() {
+		defer loop.Done()
+		proxyWorker(t, proxyAddr, taskType, "e2e-forkretry", stop)
+	}()
+	const runs = 24
 	ids := make([]string, runs)
 	for i := range ids {
 		ids[i] = startWorkflow(t, condURL, name, fmt.Sprintf("forkretry-%d", i), map[string]any{})
 	}
 	var failed []string
+	deadline := time.Now().Add(3 * time.Minute)
 	for _, id := range ids {
-		var status string
-		sidecartest.WaitFor(t, "workflow "+id+" to end", 3*time.Minute, func() bool {
+		status := conductorStatus(t, id)
+		for status == "RUNNING" && time.Now().Before(deadline) {
+			time.Sleep(200 * time.Millisecond)
 			status = conductorStatus(t, id)
-			return status != "RUNNING"
-		})
+		}
 		evs := allEvents(t, p, id)
 		if status != "COMPLETED" || eventIndex(evs, statestore.StepFailed, "flaky", 0) >= 0 {
 			failed = append(failed, fmt.Sprintf("%s: Conductor %s, log %v\n  %s", id, status, types(evs), conductorTasks(t, id)))
