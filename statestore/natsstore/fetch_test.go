@@ -303,8 +303,8 @@ func (c *deafConn) Write(b []byte) (int, error) {
 // caller's context: one without a deadline (a worker's, a request's) and
 // one whose deadline is an hour away. Otherwise the read waits for good, or
 // for the hour, and with it every projection of the run that waits for
-// its fetch (the chaos wave saw a replica's runs stop after a NATS node
-// was killed and restarted).
+// its fetch: a replica's runs stop after a NATS node that held a request
+// is killed.
 func TestStore_UnansweredReadFailsWithinTheTimeout(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	link := &deafLink{srv: srv}
