@@ -58,10 +58,17 @@ func TestClient_ManyOnASlowConductor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	def, _, first := startTestWorkflow(t, c)
+	// The workflows are made with the default timeout: the 1 s one is the
+	// bulk call's, and a loaded Conductor takes longer to register a
+	// definition.
+	setup, err := NewClient(ClientOptions{BaseURL: target.String(), Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	def, _, first := startTestWorkflow(t, setup)
 	ids := []string{first}
 	for range 79 {
-		id, err := c.StartWorkflow(ctx, model.StartWorkflowRequest{Name: def.Name, Version: 1, Input: map[string]any{"runId": "r"}})
+		id, err := setup.StartWorkflow(ctx, model.StartWorkflowRequest{Name: def.Name, Version: 1, Input: map[string]any{"runId": "r"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -73,7 +80,7 @@ func TestClient_ManyOnASlowConductor(t *testing.T) {
 		}
 	}
 	for _, id := range ids {
-		waitStatus(t, c, id, model.TerminatedWorkflow)
+		waitStatus(t, setup, id, model.TerminatedWorkflow)
 	}
 }
 
