@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 )
 
 // condTimer is a pass-through in front of Conductor that times Conductor's
@@ -37,7 +39,10 @@ func startCondTimer(t *testing.T, target string) *condTimer {
 	ct := &condTimer{by: map[string][]time.Duration{}}
 	rp := &httputil.ReverseProxy{
 		// The same paths as asked (Conductor's /health is outside /api).
-		Rewrite:   func(r *httputil.ProxyRequest) { r.SetURL(&url.URL{Scheme: u.Scheme, Host: u.Host}) },
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.SetURL(&url.URL{Scheme: u.Scheme, Host: u.Host})
+			r.Out.Body = conductortest.EndedBody(r.Out.Body)
+		},
 		Transport: &http.Transport{MaxIdleConns: 256, MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second},
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -1,6 +1,7 @@
 package conductortest
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -138,10 +139,46 @@ func (h *Holding) hold(action string, answer bool) *Held {
 // Close closes that transport's idle connections, and a parallel test's
 // cleanup closed one while a proxy read an answer on it ("use of closed
 // network connection": the call through the proxy failed).
+//
+// The body it forwards keeps answering EOF once it has: Go's HTTP/1
+// server closes a request's body when its handler starts writing the
+// answer, and the transport reads the body once more after its
+// Content-Length (to see nothing follows); a read landing after the close
+// failed the write, and the transport dropped the connection with
+// Conductor's answer half read ("unexpected EOF" at the caller).
 func ReverseProxy(tb testing.TB, target *url.URL) *httputil.ReverseProxy {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tb.Cleanup(tr.CloseIdleConnections)
 	p := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: target.Scheme, Host: target.Host})
 	p.Transport = tr
+	direct := p.Director
+	p.Director = func(r *http.Request) {
+		direct(r)
+		r.Body = EndedBody(r.Body)
+	}
 	return p
+}
+
+// EndedBody is body (a request body a proxy forwards) answering EOF,
+// without reading, once it has answered it (see ReverseProxy); nil stays
+// nil.
+func EndedBody(body io.ReadCloser) io.ReadCloser {
+	if body == nil {
+		return nil
+	}
+	return &endedBody{ReadCloser: body}
+}
+
+type endedBody struct {
+	io.ReadCloser
+	ended bool
+}
+
+func (b *endedBody) Read(p []byte) (int, error) {
+	if b.ended {
+		return 0, io.EOF
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.ended = err == io.EOF
+	return n, err
 }

@@ -257,6 +257,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusRequestEntityTooLarge, CodeUpdateTooLarge, tooLarge(p.opts.MaxUpdateBytes))
 			return
 		}
+		// The limit also keeps the body's EOF: once the answer begins,
+		// the server closes the body, and the transport's read past its
+		// Content-Length must still see EOF, not an error that drops the
+		// connection with the answer half copied.
 		r.Body = http.MaxBytesReader(w, r.Body, p.opts.MaxUpdateBytes)
 		p.opts.Metrics.request("forward")
 		p.rp.ServeHTTP(w, r)

@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
 	"net/url"
 	"strings"
 	"sync"
@@ -832,7 +831,7 @@ func gzipFront(t testing.TB, base string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rp := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: u.Scheme, Host: u.Host})
+	rp := conductortest.ReverseProxy(t, u)
 	rp.ModifyResponse = func(resp *http.Response) error {
 		if !strings.Contains(resp.Request.Header.Get("Accept-Encoding"), "gzip") || resp.Header.Get("Content-Encoding") != "" {
 			return nil
