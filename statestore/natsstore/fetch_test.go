@@ -298,14 +298,15 @@ func (c *deafConn) Write(b []byte) (int, error) {
 	return c.Conn.Write(b)
 }
 
-// TestStore_UnansweredReadFailsWithinTheTimeout: a read whose request the
-// server never answers fails within the store's timeout, whatever the
-// caller's context: one without a deadline (a worker's, a request's) and
-// one whose deadline is an hour away. Otherwise the read waits for good, or
-// for the hour, and with it every projection of the run that waits for
-// its fetch: a replica's runs stop after a NATS node that held a request
-// is killed.
-func TestStore_UnansweredReadFailsWithinTheTimeout(t *testing.T) {
+// TestStore_UnansweredRequestFailsWithinTheTimeout: a read or an append
+// whose request the server never answers fails within the store's
+// timeout, whatever the caller's context: one without a deadline (a
+// worker's, a request's) and one whose deadline is an hour away.
+// Otherwise the read waits for good, or for the hour, and with it every
+// projection of the run that waits for its fetch (a replica's runs stop
+// after a NATS node that held a request is killed); an append likewise
+// holds its step, and its run's writes behind it, for the hour.
+func TestStore_UnansweredRequestFailsWithinTheTimeout(t *testing.T) {
 	srv := startServer(t, t.TempDir())
 	link := &deafLink{srv: srv}
 	nc, err := srv.Connect(nats.InProcessServer(link))
@@ -330,8 +331,8 @@ func TestStore_UnansweredReadFailsWithinTheTimeout(t *testing.T) {
 	key := storetest.Event(runID, statestore.StepStarted, "s0").IdempotencyKey
 	// Every read of a run the store makes: the whole run, what follows a
 	// watermark (a projector catching up), one record by key, and a read
-	// that must see every append (the stream leader).
-	reads := map[string]func(context.Context) error{
+	// that must see every append (the stream leader); and its appends.
+	calls := map[string]func(context.Context) error{
 		"whole run": func(ctx context.Context) error { _, err := s.Fetch(ctx, runID, 0, 0); return err },
 		"after a watermark": func(ctx context.Context) error {
 			_, err := s.Fetch(ctx, runID, first.RunSeq, 0)
@@ -342,32 +343,43 @@ func TestStore_UnansweredReadFailsWithinTheTimeout(t *testing.T) {
 			_, err := s.Fetch(statestore.WithLatest(ctx), runID, first.RunSeq+2, 0)
 			return err
 		},
+		"append": func(ctx context.Context) error {
+			_, err := s.Append(ctx, storetest.Event(runID, statestore.StepStarted, "late-"+ctx.Value(nameKey{}).(string)))
+			return err
+		},
+		"conditional append": func(ctx context.Context) error {
+			_, err := s.AppendIf(ctx, storetest.Event(runID, statestore.StepStarted, "late-if-"+ctx.Value(nameKey{}).(string)), first.RunSeq+2)
+			return err
+		},
 	}
 	link.deaf.Store(true)
 	defer link.deaf.Store(false)
-	for name, read := range reads {
+	for name, call := range calls {
 		for _, deadline := range []time.Duration{0, time.Hour} {
 			t.Run(fmt.Sprintf("%s, deadline %v", name, deadline), func(t *testing.T) {
-				ctx := context.Background()
+				ctx := context.WithValue(context.Background(), nameKey{}, deadline.String())
 				if deadline > 0 {
 					var cancel context.CancelFunc
 					ctx, cancel = context.WithTimeout(ctx, deadline)
 					defer cancel()
 				}
 				done := make(chan error, 1)
-				go func() { done <- read(ctx) }()
+				go func() { done <- call(ctx) }()
 				select {
 				case err := <-done:
 					if err == nil {
-						t.Fatal("a read the server never answered succeeded")
+						t.Fatal("a request the server never answered succeeded")
 					}
 					if !errors.Is(err, statestore.ErrUnavailable) {
-						t.Fatalf("unanswered read: %v, want STORE_UNAVAILABLE", err)
+						t.Fatalf("unanswered request: %v, want STORE_UNAVAILABLE", err)
 					}
 				case <-time.After(100 * timeout):
-					t.Fatalf("a read the server never answered still waits after %v (the store's timeout is %v)", 100*timeout, timeout)
+					t.Fatalf("a request the server never answered still waits after %v (the store's timeout is %v)", 100*timeout, timeout)
 				}
 			})
 		}
 	}
 }
+
+// nameKey carries a subtest's name to its call (each append its own event).
+type nameKey struct{}

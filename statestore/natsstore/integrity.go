@@ -122,7 +122,7 @@ func checkState(name string, st jetstream.StreamState, watermark uint64, l ledge
 // statestore.ErrUnavailable when the server did not answer. /readyz calls
 // it, so it costs one stream-info request.
 func (s *Store) Check(ctx context.Context) error {
-	ctx, cancel := s.withTimeout(ctx)
+	ctx, cancel := s.requestContext(ctx)
 	defer cancel()
 	// The highest sequence seen before the stream's state is read: an
 	// append acknowledged in between raises it past the state read, which

@@ -377,8 +377,6 @@ func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite, lastSeq
 	if err != nil {
 		return statestore.AppendResult{}, fmt.Errorf("encode event: %w", err)
 	}
-	ctx, cancel := s.withTimeout(ctx)
-	defer cancel()
 	subj := s.subject(w.RunID, w.IdempotencyKey)
 	s.stamps.wait(subj)
 	defer s.stamps.done(subj)
@@ -392,7 +390,12 @@ func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite, lastSeq
 			jetstream.ExpectedLastSubjSeqSubjHeader: {s.prefix + "." + RunToken(w.RunID) + ".>"},
 		}
 	}
-	ack, err := s.js.PublishMsg(ctx, msg)
+	// The publish is one request, bounded as every other: a caller's
+	// distant deadline must not hold a lost one (and the run's writes
+	// behind it) that long. Each read below bounds its own.
+	pctx, cancel := s.requestContext(ctx)
+	ack, err := s.js.PublishMsg(pctx, msg)
+	cancel()
 	if err != nil {
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeStoreFailed {
@@ -409,7 +412,10 @@ func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite, lastSeq
 			// Nobody answered the publish: the stream is gone, or (in a
 			// cluster) the client is between servers, or the stream's
 			// leader is being elected. Only the first is damage; ask.
-			if _, serr := s.js.Stream(ctx, s.name); errors.Is(serr, jetstream.ErrStreamNotFound) {
+			sctx, cancel := s.requestContext(ctx)
+			_, serr := s.js.Stream(sctx, s.name)
+			cancel()
+			if errors.Is(serr, jetstream.ErrStreamNotFound) {
 				return statestore.AppendResult{}, damaged(fmt.Sprintf("append: no stream takes subject %s: stream %s was deleted (see /readyz)", s.prefix+".>", s.name), err)
 			}
 			return statestore.AppendResult{}, unavailable("append (no response from the stream; it exists)", err)
@@ -861,13 +867,6 @@ func (s *Store) record(m *storedMsg) (statestore.RunEventRecord, error) {
 	rec.RunSeq = int64(m.seq)
 	rec.PersistedAt = statestore.FormatPersistedAt(m.time)
 	return rec, nil
-}
-
-func (s *Store) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok {
-		return ctx, func() {}
-	}
-	return context.WithTimeout(ctx, s.timeout)
 }
 
 func validRunID(runID string) bool {

@@ -34,7 +34,7 @@ func (s *Store) Follow(ctx context.Context, afterSeq uint64) (statestore.LogTail
 
 // follow opens an ordered consumer's pull iterator from afterSeq+1.
 func (s *Store) follow(ctx context.Context, afterSeq uint64) (jetstream.MessagesContext, error) {
-	ctx, cancel := s.withTimeout(ctx)
+	ctx, cancel := s.requestContext(ctx)
 	defer cancel()
 	cons, err := s.js.OrderedConsumer(ctx, s.name, jetstream.OrderedConsumerConfig{
 		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: afterSeq + 1,
@@ -164,7 +164,7 @@ func (t *tail) Close() { t.it.Stop() }
 // LastSeq implements statestore.Follower. It asks the stream leader
 // (stream info), never a replica that is behind.
 func (s *Store) LastSeq(ctx context.Context) (uint64, error) {
-	ctx, cancel := s.withTimeout(ctx)
+	ctx, cancel := s.requestContext(ctx)
 	defer cancel()
 	st, err := s.js.Stream(ctx, s.name)
 	if err != nil {
