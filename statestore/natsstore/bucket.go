@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -12,10 +13,10 @@ import (
 // when it exists: the sidecar's NATS user may not update buckets
 // (docs/jetstream.md), so a bucket an administrator configured otherwise
 // (more replicas, say) is kept as it is. The bucket it returns refuses keys
-// longer than MaxKeyBytes (BoundKeys), and on a connection to the embedded
-// server (Embedded.Connect) refuses every write with STORE_WRITE_REFUSED,
-// without a request, while the server reports a write error of the
-// bucket's stream (see Embedded.Check).
+// longer than MaxKeyBytes and bounds each request's wait (BoundKeys), and
+// on a connection to the embedded server (Embedded.Connect) refuses every
+// write with STORE_WRITE_REFUSED, without a request, while the server
+// reports a write error of the bucket's stream (see Embedded.Check).
 func OpenBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	kv, err := js.CreateKeyValue(ctx, cfg)
 	if errors.Is(err, jetstream.ErrBucketExists) {
@@ -24,8 +25,7 @@ func OpenBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyVa
 	if err != nil {
 		return nil, err
 	}
-	b := boundedKV{KeyValue: kv, guard: guardOf(js.Conn(), "KV_"+kv.Bucket())}
-	return b, nil
+	return BoundKeys(js, kv), nil
 }
 
 // BindBucket binds to the KV bucket that the caller has just created or
@@ -59,19 +59,34 @@ func BindStream(ctx context.Context, js jetstream.JetStream, name string) (jetst
 // and without a request, every key (or watched key pattern) longer than
 // MaxKeyBytes. A key is part of the subject of every request about it;
 // one longer than the server's control line makes the server close the
-// connection, which cuts the whole process off its store. On a connection
-// to the embedded server its writes fail fast as OpenBucket's do.
+// connection, which cuts the whole process off its store. Each of its
+// single requests (get, put, create, update, delete, purge, status) waits
+// for its answer at most js's default timeout, whatever the caller's
+// context allows: nats.go waits until the context ends, and a request
+// lost with a NATS node that died has no answer coming (a step's emit
+// with a deadline an hour away waited the hour). On a connection to the
+// embedded server its writes fail fast as OpenBucket's do.
 func BoundKeys(js jetstream.JetStream, kv jetstream.KeyValue) jetstream.KeyValue {
 	if b, ok := kv.(boundedKV); ok {
 		return b
 	}
-	return boundedKV{KeyValue: kv, guard: guardOf(js.Conn(), "KV_"+kv.Bucket())}
+	timeout := js.Options().DefaultTimeout
+	if timeout <= 0 {
+		timeout = 5 * time.Second
+	}
+	return boundedKV{KeyValue: kv, guard: guardOf(js.Conn(), "KV_"+kv.Bucket()), timeout: timeout}
 }
 
 type boundedKV struct {
 	jetstream.KeyValue
 	// guard fails writes fast while the bucket's stream refuses them.
 	guard writeGuard
+	// timeout bounds each single request's wait for its answer.
+	timeout time.Duration
+}
+
+func (b boundedKV) request(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, b.timeout)
 }
 
 func checkKeys(keys ...string) error {
@@ -87,6 +102,8 @@ func (b boundedKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry
 	if err := checkKeys(key); err != nil {
 		return nil, err
 	}
+	ctx, cancel := b.request(ctx)
+	defer cancel()
 	return b.KeyValue.Get(ctx, key)
 }
 
@@ -94,6 +111,8 @@ func (b boundedKV) GetRevision(ctx context.Context, key string, revision uint64)
 	if err := checkKeys(key); err != nil {
 		return nil, err
 	}
+	ctx, cancel := b.request(ctx)
+	defer cancel()
 	return b.KeyValue.GetRevision(ctx, key, revision)
 }
 
@@ -101,6 +120,8 @@ func (b boundedKV) Put(ctx context.Context, key string, value []byte) (uint64, e
 	if err := checkKeys(key); err != nil {
 		return 0, err
 	}
+	ctx, cancel := b.request(ctx)
+	defer cancel()
 	if err := b.guard.before(); err != nil {
 		return 0, err
 	}
@@ -112,6 +133,8 @@ func (b boundedKV) PutString(ctx context.Context, key string, value string) (uin
 	if err := checkKeys(key); err != nil {
 		return 0, err
 	}
+	ctx, cancel := b.request(ctx)
+	defer cancel()
 	if err := b.guard.before(); err != nil {
 		return 0, err
 	}
@@ -123,6 +146,8 @@ func (b boundedKV) Create(ctx context.Context, key string, value []byte, opts ..
 	if err := checkKeys(key); err != nil {
 		return 0, err
 	}
+	ctx, cancel := b.request(ctx)
+	defer cancel()
 	if err := b.guard.before(); err != nil {
 		return 0, err
 	}
@@ -134,6 +159,8 @@ func (b boundedKV) Update(ctx context.Context, key string, value []byte, revisio
 	if err := checkKeys(key); err != nil {
 		return 0, err
 	}
+	ctx, cancel := b.request(ctx)
+	defer cancel()
 	if err := b.guard.before(); err != nil {
 		return 0, err
 	}
@@ -145,6 +172,8 @@ func (b boundedKV) Delete(ctx context.Context, key string, opts ...jetstream.KVD
 	if err := checkKeys(key); err != nil {
 		return err
 	}
+	ctx, cancel := b.request(ctx)
+	defer cancel()
 	if err := b.guard.before(); err != nil {
 		return err
 	}
@@ -155,10 +184,18 @@ func (b boundedKV) Purge(ctx context.Context, key string, opts ...jetstream.KVDe
 	if err := checkKeys(key); err != nil {
 		return err
 	}
+	ctx, cancel := b.request(ctx)
+	defer cancel()
 	if err := b.guard.before(); err != nil {
 		return err
 	}
 	return b.guard.after(b.KeyValue.Purge(ctx, key, opts...))
+}
+
+func (b boundedKV) Status(ctx context.Context) (jetstream.KeyValueStatus, error) {
+	ctx, cancel := b.request(ctx)
+	defer cancel()
+	return b.KeyValue.Status(ctx)
 }
 
 func (b boundedKV) Watch(ctx context.Context, keys string, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
@@ -268,36 +269,6 @@ func TestStore_FetchSlowPage(t *testing.T) {
 	}
 }
 
-// deafLink is the client's in-process link to the server with the
-// client's writes dropped once deaf is set: requests the server never
-// gets, so no answer ever comes, while the connection looks alive (a
-// server that died or stalled between a request and its answer, or a
-// replica that does not answer a direct get it was given).
-type deafLink struct {
-	srv  *natsstore.Embedded
-	deaf atomic.Bool
-}
-
-func (l *deafLink) InProcessConn() (net.Conn, error) {
-	c, err := l.srv.Server.InProcessConn()
-	if err != nil {
-		return nil, err
-	}
-	return &deafConn{Conn: c, deaf: &l.deaf}, nil
-}
-
-type deafConn struct {
-	net.Conn
-	deaf *atomic.Bool
-}
-
-func (c *deafConn) Write(b []byte) (int, error) {
-	if c.deaf.Load() {
-		return len(b), nil
-	}
-	return c.Conn.Write(b)
-}
-
 // TestStore_UnansweredRequestFailsWithinTheTimeout: a read or an append
 // whose request the server never answers fails within the store's
 // timeout, whatever the caller's context: one without a deadline (a
@@ -308,17 +279,8 @@ func (c *deafConn) Write(b []byte) (int, error) {
 // holds its step, and its run's writes behind it, for the hour.
 func TestStore_UnansweredRequestFailsWithinTheTimeout(t *testing.T) {
 	srv := startServer(t, t.TempDir())
-	link := &deafLink{srv: srv}
-	nc, err := srv.Connect(nats.InProcessServer(link))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
 	const timeout = 300 * time.Millisecond
-	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(timeout))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, deaf := natstest.ConnectDeaf(t, srv, jetstream.WithDefaultTimeout(timeout))
 	s := openUnique(t, js)
 	const runID = "run-deaf"
 	var first statestore.AppendResult
@@ -352,8 +314,8 @@ func TestStore_UnansweredRequestFailsWithinTheTimeout(t *testing.T) {
 			return err
 		},
 	}
-	link.deaf.Store(true)
-	defer link.deaf.Store(false)
+	deaf.Store(true)
+	defer deaf.Store(false)
 	for name, call := range calls {
 		for _, deadline := range []time.Duration{0, time.Hour} {
 			t.Run(fmt.Sprintf("%s, deadline %v", name, deadline), func(t *testing.T) {
