@@ -45,6 +45,12 @@ const (
 	// recorded or forwarded (400; Conductor answers such a body 500,
 	// which an SDK retries).
 	CodeBadUpdate = "PROXY_BAD_UPDATE"
+	// CodeTaskReserved: a poll of a task type the sidecar's own workers
+	// execute (sidecar_command, sidecar_http, sidecar_noop,
+	// sidecar_sleep), or an update of such a task: those steps' starts
+	// and outcomes are the sidecar's to record, so nothing was forwarded
+	// (403).
+	CodeTaskReserved = "PROXY_TASK_RESERVED"
 	// CodeBadRequest: the request's body could not be read.
 	CodeBadRequest = "PROXY_BAD_REQUEST"
 	// CodeTooManyConnections: the proxy's listener holds

@@ -25,6 +25,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	pathpkg "path"
 	"strings"
 	"sync"
 	"time"
@@ -34,6 +35,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/connlimit"
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 )
@@ -505,6 +507,10 @@ const maxAdmits = 32
 // holds back is left out (a single poll then answers 204, as Conductor
 // does when no task is queued).
 func (p *Proxy) poll(w http.ResponseWriter, r *http.Request, batch bool) {
+	if tt := pathpkg.Base(r.URL.Path); reservedType(tt) {
+		p.reserved(w, "task type "+tt+" is executed by the sidecar's own workers; an outside worker may not poll it")
+		return
+	}
 	buf, release := answerBuffer()
 	defer release()
 	resp, body, err := p.forward(r, nil, buf, p.pollSlots)
@@ -587,6 +593,8 @@ func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
 		_ = json.Unmarshal(body, &id)
 		t, _, terr := p.task(r, id.TaskID)
 		switch {
+		case errors.Is(terr, errReserved):
+			p.reserved(w, "task "+id.TaskID+" is a step the sidecar's own workers execute; an outside worker may not report it")
 		case terr != nil:
 			writeError(w, http.StatusBadGateway, CodeConductorUnavailable, terr.Error())
 		case t != nil:
@@ -601,6 +609,10 @@ func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
 		return
 	}
 	t, a, err := p.task(r, res.TaskId)
+	if errors.Is(err, errReserved) {
+		p.reserved(w, "task "+res.TaskId+" is a step the sidecar's own workers execute; an outside worker may not report it")
+		return
+	}
 	if err != nil {
 		writeError(w, http.StatusBadGateway, CodeConductorUnavailable, err.Error())
 		return
@@ -649,6 +661,24 @@ func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
 		return
 	}
 	p.relay(w, r, body, v2, t, a, &res)
+}
+
+// reservedType reports whether taskType is one the sidecar's own workers
+// execute (plan.TaskTypes): its tasks' starts and outcomes are theirs to
+// record, and an external step may not take such a type (plan validation
+// refuses it), so no outside worker has a task of it to poll or report.
+func reservedType(taskType string) bool {
+	return plan.ExecutorTypeOf(taskType) != ""
+}
+
+// errReserved is task's answer for a task of a reservedType.
+var errReserved = errors.New("the task is a step the sidecar's own workers execute")
+
+// reserved answers a poll or an update that reservedType refuses (403
+// PROXY_TASK_RESERVED): nothing is forwarded.
+func (p *Proxy) reserved(w http.ResponseWriter, why string) {
+	p.opts.Metrics.task("reserved_refused")
+	writeError(w, http.StatusForbidden, CodeTaskReserved, why+": nothing was forwarded")
 }
 
 // badUpdate answers an update whose body is not a task result (400
@@ -754,6 +784,9 @@ func (p *Proxy) task(r *http.Request, taskID string) (*model.Task, *taskworkers.
 		return nil, nil, nil
 	}
 	t := pt.Task()
+	if reservedType(t.TaskDefName) || reservedType(t.TaskType) {
+		return nil, nil, errReserved
+	}
 	a, ours := p.steps.External(t)
 	if !ours {
 		return nil, nil, nil
@@ -789,6 +822,10 @@ func (p *Proxy) updateByRef(w http.ResponseWriter, r *http.Request, path string)
 	defer release()
 	parts := strings.Split(strings.TrimPrefix(path, "/tasks/"), "/")
 	t, a, err := p.taskByRef(r, parts[0], parts[1])
+	if errors.Is(err, errReserved) {
+		p.reserved(w, "task "+parts[1]+" of workflow "+parts[0]+" is a step the sidecar's own workers execute; an outside worker may not report it")
+		return
+	}
 	if err != nil {
 		writeError(w, http.StatusBadGateway, CodeConductorUnavailable, err.Error())
 		return
@@ -842,6 +879,9 @@ func (p *Proxy) taskByRef(r *http.Request, workflowID, ref string) (*model.Task,
 			continue
 		}
 		t := pt.Task()
+		if reservedType(t.TaskDefName) || reservedType(t.TaskType) {
+			return nil, nil, errReserved
+		}
 		a, ours := p.steps.External(t)
 		if !ours || (pt.Status != "IN_PROGRESS" && pt.Status != "SCHEDULED") {
 			return nil, nil, nil
