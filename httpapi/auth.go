@@ -77,7 +77,7 @@ type Authenticator interface {
 //	  - name: ci-bot                     # becomes requestedBy
 //	    tokenSha256: 9f86d081...          # sha256 hex of the bearer token
 //	    roles: [submitter, viewer]
-//	    scope: {tenantId: acme}           # optional; empty fields match any
+//	    scope: {tenantId: acme}           # optional; a field left out matches any
 //	  - name: ops
 //	    certCommonName: ops.example.com   # a verified client certificate's CN
 //	    roles: [operator, viewer]
@@ -97,7 +97,7 @@ type credentialFile struct {
 		TokenSHA256    string   `yaml:"tokenSha256"`
 		CertCommonName string   `yaml:"certCommonName"`
 		Roles          []string `yaml:"roles"`
-		Scope          Scope    `yaml:"scope"`
+		Scope          yaml.Node `yaml:"scope"`
 	} `yaml:"principals"`
 }
 
@@ -159,7 +159,11 @@ func readCredentials(path string) (*credentialSet, error) {
 				problems = append(problems, fmt.Sprintf("%s: unknown role %q (want %s)", where, r, strings.Join(knownRoles, ", ")))
 			}
 		}
-		p := &Principal{Name: e.Name, Roles: e.Roles, Scope: e.Scope}
+		scope, sproblems := scopeOf(&e.Scope)
+		for _, sp := range sproblems {
+			problems = append(problems, where+": "+sp)
+		}
+		p := &Principal{Name: e.Name, Roles: e.Roles, Scope: scope}
 		switch {
 		case e.TokenSHA256 != "" && e.CertCommonName != "":
 			problems = append(problems, where+": give tokenSha256 or certCommonName, not both")
@@ -188,6 +192,48 @@ func readCredentials(path string) (*credentialSet, error) {
 		return nil, fmt.Errorf("tokens file %s names no principal", path)
 	}
 	return set, nil
+}
+
+// scopeOf reads a principal's scope: none (the key left out) is every
+// tenant; a scope given must name at least one field, each a value. A
+// scope or field given empty (null, "", a template's unset value) is
+// refused rather than read as "any": it was meant to restrict.
+func scopeOf(n *yaml.Node) (Scope, []string) {
+	const hint = "leave scope out for a principal of every tenant, or name tenantId, projectId or environmentId"
+	var s Scope
+	switch {
+	case n.Kind == 0:
+		return s, nil
+	case n.Kind != yaml.MappingNode:
+		if n.Kind == yaml.ScalarNode && (n.Tag == "!!null" || n.Value == "") {
+			return s, []string{"scope is empty: " + hint}
+		}
+		return s, []string{"scope must be a mapping: " + hint}
+	case len(n.Content) == 0:
+		return s, []string{"scope names no field: " + hint}
+	}
+	var problems []string
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		var field *string
+		switch k.Value {
+		case "tenantId":
+			field = &s.TenantID
+		case "projectId":
+			field = &s.ProjectID
+		case "environmentId":
+			field = &s.EnvironmentID
+		default:
+			problems = append(problems, fmt.Sprintf("scope: unknown field %q (want tenantId, projectId or environmentId)", k.Value))
+			continue
+		}
+		if v.Kind != yaml.ScalarNode || v.Tag == "!!null" || v.Value == "" {
+			problems = append(problems, fmt.Sprintf("scope.%s is empty: name one, or leave the field out to match any", k.Value))
+			continue
+		}
+		*field = v.Value
+	}
+	return s, problems
 }
 
 // HashToken is the tokenSha256 of a bearer token.

@@ -330,6 +330,17 @@ func TestLoadCredentials_Problems(t *testing.T) {
 		"Empty":        "principals: []\n",
 		"EmptyFile":    "",
 		"DupName":      tokensYAML(principal("a", "x", "viewer", ""), principal("a", "y", "viewer", "")),
+		// A scope meant to restrict whose field came out empty (a
+		// template's unset value) would otherwise grant every tenant.
+		"NullScopeField":    scoped("{tenantId: null}"),
+		"TildeScopeField":   scoped("{tenantId: ~}"),
+		"EmptyScopeField":   scoped(`{tenantId: ""}`),
+		"EmptyProjectField": scoped("{tenantId: acme, projectId: }"),
+		"EmptyScope":        scoped("{}"),
+		"NullScope":         scoped("~"),
+		"BlankScope":        scoped(""),
+		"UnknownScopeField": scoped("{tenant: acme}"),
+		"ListScope":         scoped("[acme]"),
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, err := httpapi.LoadCredentials(writeTokens(t, dir, content)); err == nil {
@@ -337,6 +348,53 @@ func TestLoadCredentials_Problems(t *testing.T) {
 			}
 		})
 	}
+}
+
+// scoped is a tokens file of one viewer whose scope is given as yaml.
+func scoped(yaml string) string {
+	return "principals:\n  - name: a\n    tokenSha256: " + httpapi.HashToken("x") + "\n    roles: [viewer]\n    scope: " + yaml + "\n"
+}
+
+// TestLoadCredentials_Scopes: the scopes a tokens file may give, as
+// read.
+func TestLoadCredentials_Scopes(t *testing.T) {
+	dir := t.TempDir()
+	for yaml, want := range map[string]httpapi.Scope{
+		"{tenantId: acme}":                                 {TenantID: "acme"},
+		"{tenantId: '007', projectId: p1}":                 {TenantID: "007", ProjectID: "p1"},
+		"{tenantId: 007}":                                  {TenantID: "007"},
+		"{environmentId: prod}":                            {EnvironmentID: "prod"},
+		"\n      tenantId: acme\n      environmentId: e1": {TenantID: "acme", EnvironmentID: "e1"},
+	} {
+		c, err := httpapi.LoadCredentials(writeTokens(t, dir, scoped(yaml)))
+		if err != nil {
+			t.Fatalf("scope %s: %v", yaml, err)
+		}
+		p := principalOf(t, c)
+		if p.Scope != want {
+			t.Fatalf("scope %s read as %+v, want %+v", yaml, p.Scope, want)
+		}
+	}
+	// No scope at all: every tenant, as documented.
+	c, err := httpapi.LoadCredentials(writeTokens(t, dir, "principals:\n  - name: a\n    tokenSha256: "+httpapi.HashToken("x")+"\n    roles: [viewer]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := principalOf(t, c); p.Scope != (httpapi.Scope{}) {
+		t.Fatalf("no scope read as %+v", p.Scope)
+	}
+}
+
+// principalOf is the principal of token "x" in c.
+func principalOf(t *testing.T, c *httpapi.Credentials) *httpapi.Principal {
+	t.Helper()
+	r := httptest.NewRequest(http.MethodGet, "/v1/runs", nil)
+	r.Header.Set("Authorization", "Bearer x")
+	p, err := c.Authenticate(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // TestServer_Timeouts: a body sent a byte at a time and an idle keep-alive
