@@ -268,6 +268,34 @@ func (a *Archive) loadHead(ctx context.Context) error {
 	return nil
 }
 
+// checkHead confirms that the head this Archive chains on to (the newest
+// manifest it read or wrote) is still at the destination, as it was: a
+// destination that lost it is not the archive written to (a volume
+// unmounted under a mount point, a directory replaced), and a manifest
+// chained on to a head it does not hold would leave a gap there, and
+// its runs where no one reads them. a.mu is held.
+func (a *Archive) checkHead(ctx context.Context) error {
+	if a.head == nil {
+		return nil
+	}
+	b, err := a.dest.Get(ctx, manifestName(a.head.Seq))
+	if errors.Is(err, ErrObjectNotFound) {
+		return newError(CodeUnavailable, err, "manifest %d, the newest this process read or wrote, is not at %s: it is not the archive written to "+
+			"(a volume not mounted, a directory replaced); nothing is archived until it is back", a.head.Seq, a.dest)
+	}
+	if err != nil {
+		return err
+	}
+	m, err := parseManifest(b, a.head.Seq)
+	if err != nil {
+		return err
+	}
+	if m.Chain != a.head.Chain {
+		return newError(CodeCorrupt, nil, "manifest %d at %s is not the one this process read or wrote (chain %s, want %s)", a.head.Seq, a.dest, m.Chain, a.head.Chain)
+	}
+	return nil
+}
+
 // Write archives runs as one segment and returns its manifest once both
 // are confirmed: the segment was written and read back, and what came
 // back is byte for byte what was written (the bytes whose SHA-256 and size
@@ -308,6 +336,8 @@ func (a *Archive) write(ctx context.Context, runs []Run) (*Manifest, error) {
 		if err := a.loadHead(ctx); err != nil {
 			return nil, err
 		}
+	} else if err := a.checkHead(ctx); err != nil {
+		return nil, err
 	}
 	now := a.now().UTC()
 	var rnd [8]byte

@@ -54,7 +54,11 @@ func finishedRuns(t testing.TB, prefix string, n int) []archive.Run {
 func openDir(t testing.TB) (*archive.Dir, string) {
 	t.Helper()
 	root := filepath.Join(t.TempDir(), "archive")
-	return archive.NewDir(root), root
+	d := archive.NewDir(root)
+	if err := d.CheckWritable(); err != nil { // what serve does at start
+		t.Fatal(err)
+	}
+	return d, root
 }
 
 func mustOpen(t testing.TB, d archive.Destination) *archive.Archive {
@@ -424,16 +428,14 @@ func TestVerify(t *testing.T) {
 		}
 	})
 	t.Run("NoDirectory", func(t *testing.T) {
-		d, root := openDir(t)
+		root := filepath.Join(t.TempDir(), "archive")
+		d := archive.NewDir(root)
 		if rep, err := archive.Verify(ctx, d, archive.VerifyOptions{AllowEmpty: true}); !errors.Is(err, archive.ErrUnavailable) || !strings.Contains(err.Error(), root) {
 			t.Fatalf("got %+v, %v; want ErrUnavailable naming %s", rep, err, root)
 		}
 	})
 	t.Run("Empty", func(t *testing.T) {
-		d, root := openDir(t)
-		if err := os.Mkdir(root, 0o750); err != nil {
-			t.Fatal(err)
-		}
+		d, _ := openDir(t)
 		rep := mustVerify(t, d, archive.VerifyOptions{})
 		if len(rep.Problems) != 1 || rep.Problems[0].Code != archive.ProblemArchiveEmpty || !strings.Contains(rep.Problems[0].Message, d.String()) ||
 			rep.Manifests != 0 || rep.Head != "" {

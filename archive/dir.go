@@ -31,7 +31,11 @@ func (d *Dir) String() string { return "file://" + filepath.ToSlash(d.root) }
 // CheckWritable makes the directory if it is missing and writes and
 // removes a probe file in it: a directory the process may read but not
 // write (its owner another user, a read-only mount) is found at start,
-// not when the first run is due to leave hot state.
+// not when the first run is due to leave hot state. It is the only call
+// that makes the directory: Put and PutNew make the directories of
+// objects under it, never it, so that an archive whose directory went
+// away (a volume unmounted, the directory moved) takes no write until it
+// is back, instead of one in a new directory nobody reads.
 func (d *Dir) CheckWritable() error {
 	if err := os.MkdirAll(d.root, 0o750); err != nil {
 		return newError(CodeUnavailable, err, "write to %s", d)
@@ -89,7 +93,7 @@ func (d *Dir) put(ctx context.Context, name string, data []byte, exclusive bool)
 		return err
 	}
 	dir := filepath.Dir(p)
-	if err := os.MkdirAll(dir, 0o750); err != nil {
+	if err := d.mkdirsUnder(path.Dir(name)); err != nil {
 		return newError(CodeUnavailable, err, "put %s", name)
 	}
 	tmp, err := os.CreateTemp(dir, ".tmp-*")
@@ -119,6 +123,27 @@ func (d *Dir) put(ctx context.Context, name string, data []byte, exclusive bool)
 	}
 	if err := syncDir(dir); err != nil {
 		return newError(CodeUnavailable, err, "put %s", name)
+	}
+	return nil
+}
+
+// mkdirsUnder makes the directories of rel (a clean slash-separated path,
+// "." for none) under the root, one by one, never the root: a root that
+// is missing fails it.
+func (d *Dir) mkdirsUnder(rel string) error {
+	if rel == "." {
+		return d.checkRoot()
+	}
+	at := d.root
+	for _, part := range strings.Split(rel, "/") {
+		at = filepath.Join(at, part)
+		err := os.Mkdir(at, 0o750)
+		if errors.Is(err, fs.ErrNotExist) && filepath.Dir(at) == d.root {
+			return d.checkRoot()
+		}
+		if err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
 	}
 	return nil
 }

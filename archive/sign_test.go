@@ -96,6 +96,7 @@ func TestVerify_Signed(t *testing.T) {
 		{"AllRewrittenWithoutTheKey", func(t *testing.T, d archive.Destination, root string) {
 			writeRuns(t, d, k1, finishedRuns(t, "a", 2))
 			os.RemoveAll(root)
+			os.Mkdir(root, 0o750)
 			writeRuns(t, d, nil, finishedRuns(t, "forged", 2))
 		}, k1, []string{archive.ProblemManifestUnsigned + "@0"}, 0, 0},
 		{"MACEdited", func(t *testing.T, d archive.Destination, root string) {

@@ -94,7 +94,7 @@ func archivedEnvWith(t *testing.T, auth httpapi.Authenticator, wrap func(httpapi
 	if snap, err := store.ProjectSnapshot(ctx, "gone"); err != nil || snap.Status != statestore.RunStatusCompleted {
 		t.Fatalf("gone before removal: %+v %v", snap, err)
 	}
-	dir = filepath.Join(t.TempDir(), "archive")
+	dir = t.TempDir()
 	arch, err := archive.Open(ctx, archive.NewDir(dir), archive.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -496,7 +496,7 @@ func TestArchived_NotAdoptedWhileConductorIsAway(t *testing.T) {
 	for i, w := range []*statestore.RunEventWrite{storetest.Event(gone, statestore.RunStarted, ""), storetest.Event(gone, statestore.RunCompleted, "")} {
 		recs = append(recs, statestore.RunEventRecord{RunEventWrite: *w, RunSeq: int64(i + 1), PersistedAt: time.Now().UTC().Format(time.RFC3339Nano)})
 	}
-	arch, err := archive.Open(ctx, archive.NewDir(filepath.Join(t.TempDir(), "archive")), archive.Options{})
+	arch, err := archive.Open(ctx, archive.NewDir(t.TempDir()), archive.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package retention_test
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -42,7 +41,7 @@ var postgres = &backend{
 		if _, err := pgstore.Migrate(context.Background(), roles.OwnerURL, pgstore.MigrateOptions{RuntimeRole: roles.Runtime, RetentionRole: roles.Retention}); err != nil {
 			t.Fatal(err)
 		}
-		return map[string]string{envPGRuntime: roles.RuntimeURL, envPGRetention: roles.RetentionURL, envArchiveDir: filepath.Join(t.TempDir(), "archive")}
+		return map[string]string{envPGRuntime: roles.RuntimeURL, envPGRetention: roles.RetentionURL, envArchiveDir: archiveDir(t, t.TempDir())}
 	},
 	open: func(t *testing.T, get func(string) string) *hot {
 		runtimeURL, retentionURL := get(envPGRuntime), get(envPGRetention)

@@ -87,6 +87,17 @@ func eachBackend(t *testing.T, test func(t *testing.T, b *backend)) {
 	}
 }
 
+// archiveDir makes the archive's directory under parent, as serve does at
+// start (an archive writer never makes it: archive.Dir).
+func archiveDir(t *testing.T, parent string) string {
+	t.Helper()
+	d := archive.NewDir(filepath.Join(parent, "archive"))
+	if err := d.CheckWritable(); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(parent, "archive")
+}
+
 // envNATSDir is the data dir of the JetStream backend's embedded server.
 const envNATSDir = "RETENTION_NATS_DIR"
 
@@ -97,7 +108,7 @@ var jetStream = &backend{
 	name: "JetStream",
 	create: func(t *testing.T) map[string]string {
 		dir := t.TempDir()
-		return map[string]string{envNATSDir: filepath.Join(dir, "nats"), envArchiveDir: filepath.Join(dir, "archive")}
+		return map[string]string{envNATSDir: filepath.Join(dir, "nats"), envArchiveDir: archiveDir(t, dir)}
 	},
 	open: func(t *testing.T, get func(string) string) *hot {
 		js, srv := natstest.StartIn(t, get(envNATSDir), natsstore.EmbeddedConfig{Logger: zaptest.NewLogger(t)})

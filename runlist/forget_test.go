@@ -3,7 +3,6 @@ package runlist_test
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -83,7 +82,7 @@ func TestList_ForgetRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	arch, err := archive.Open(ctx, archive.NewDir(filepath.Join(t.TempDir(), "archive")), archive.Options{})
+	arch, err := archive.Open(ctx, archive.NewDir(t.TempDir()), archive.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +221,7 @@ func TestList_ForgetRunBeforeTheListReadTheLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	arch, err := archive.Open(ctx, archive.NewDir(filepath.Join(t.TempDir(), "archive")), archive.Options{})
+	arch, err := archive.Open(ctx, archive.NewDir(t.TempDir()), archive.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,6 +38,9 @@ func writeArchive(t *testing.T) (string, string, archive.Run, *archive.Manifest)
 		t.Fatal(err)
 	}
 	dir := filepath.Join(t.TempDir(), "archive")
+	if err := archive.NewDir(dir).CheckWritable(); err != nil { // serve makes it at start
+		t.Fatal(err)
+	}
 	a, err := archive.Open(ctx, archive.NewDir(dir), archive.Options{})
 	if err != nil {
 		t.Fatal(err)

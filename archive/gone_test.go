@@ -1,0 +1,90 @@
+package archive_test
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/conductor-sidecar/sidecar/archive"
+)
+
+// TestArchive_DirectoryThatWentAwayIsNotMadeAgain: a file:// archive
+// whose directory disappears under a writer (a volume unmounted, the
+// directory moved) takes no more writes, and the directory is not made
+// again: a writer that made it and chained on from the head it knew
+// wrote the next manifests where no one looks, and the real archive,
+// back, had a hole (and the runs of that manifest had left hot state).
+// Back, the archive takes the writes again, chained as before.
+func TestArchive_DirectoryThatWentAwayIsNotMadeAgain(t *testing.T) {
+	ctx := context.Background()
+	dir, root := openDir(t)
+	a := mustOpen(t, dir)
+	if _, err := a.Write(ctx, finishedRuns(t, "first", 2)); err != nil {
+		t.Fatal(err)
+	}
+	away := root + ".away"
+	if err := os.Rename(root, away); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Write(ctx, finishedRuns(t, "second", 2)); !errors.Is(err, archive.ErrUnavailable) {
+		t.Fatalf("a write with the archive's directory gone: %v, want ErrUnavailable", err)
+	}
+	if _, err := os.Stat(root); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the archive's directory was made again (%v)", err)
+	}
+	if err := os.Rename(away, root); err != nil {
+		t.Fatal(err)
+	}
+	m, err := a.Write(ctx, finishedRuns(t, "second", 2))
+	if err != nil {
+		t.Fatalf("a write with the directory back: %v", err)
+	}
+	if m.Seq != 2 {
+		t.Fatalf("manifest %d written, want 2", m.Seq)
+	}
+	if rep := mustVerify(t, dir, archive.VerifyOptions{}); len(rep.Problems) != 0 || rep.Runs != 4 {
+		t.Fatalf("verify after the directory came back: %d runs, problems %v", rep.Runs, rep.Problems)
+	}
+}
+
+// TestArchive_DirectoryEmptiedUnderTheWriter: the directory is there but
+// no longer holds the archive the writer wrote to (a mount point whose
+// volume went away, a directory replaced by an empty one): the manifest
+// the writer would chain on to is missing, so nothing is written, rather
+// than a manifest after a gap in a directory nobody reads.
+func TestArchive_DirectoryEmptiedUnderTheWriter(t *testing.T) {
+	ctx := context.Background()
+	dir, root := openDir(t)
+	a := mustOpen(t, dir)
+	if _, err := a.Write(ctx, finishedRuns(t, "first", 2)); err != nil {
+		t.Fatal(err)
+	}
+	away := filepath.Join(t.TempDir(), "volume")
+	if err := os.Rename(root, away); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(root, 0o750); err != nil { // the bare mount point
+		t.Fatal(err)
+	}
+	if _, err := a.Write(ctx, finishedRuns(t, "second", 2)); !errors.Is(err, archive.ErrUnavailable) {
+		t.Fatalf("a write to an emptied directory: %v, want ErrUnavailable", err)
+	}
+	if left, _ := os.ReadDir(root); len(left) != 0 {
+		t.Fatalf("the emptied directory got %d entries", len(left))
+	}
+	if err := os.Remove(root); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(away, root); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := a.Write(ctx, finishedRuns(t, "second", 2)); err != nil || m.Seq != 2 {
+		t.Fatalf("a write with the volume back: %v (%+v)", err, m)
+	}
+	if rep := mustVerify(t, dir, archive.VerifyOptions{}); len(rep.Problems) != 0 || rep.Runs != 4 {
+		t.Fatalf("verify after the volume came back: %d runs, problems %v", rep.Runs, rep.Problems)
+	}
+}
