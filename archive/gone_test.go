@@ -88,3 +88,32 @@ func TestArchive_DirectoryEmptiedUnderTheWriter(t *testing.T) {
 		t.Fatalf("verify after the volume came back: %d runs, problems %v", rep.Runs, rep.Problems)
 	}
 }
+
+// TestDir_PutNeverMakesTheRoot: a write makes the directories of its
+// object under the archive's directory, never that directory itself
+// (only CheckWritable, at start, does): the guard that stays when the
+// directory goes away between the writer's read of its head and its
+// write.
+func TestDir_PutNeverMakesTheRoot(t *testing.T) {
+	ctx := context.Background()
+	root := filepath.Join(t.TempDir(), "archive")
+	d := archive.NewDir(root)
+	for _, put := range map[string]func() error{
+		"Put":    func() error { return d.Put(ctx, "segments/s.ndjson.gz", []byte("x")) },
+		"PutNew": func() error { return d.PutNew(ctx, "manifests/000000000001.json", []byte("x")) },
+		"top":    func() error { return d.Put(ctx, "object", []byte("x")) },
+	} {
+		if err := put(); !errors.Is(err, archive.ErrUnavailable) {
+			t.Fatalf("a write with no directory: %v, want ErrUnavailable", err)
+		}
+		if _, err := os.Stat(root); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("a write made the archive's directory (%v)", err)
+		}
+	}
+	if err := d.CheckWritable(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Put(ctx, "catalog/0/shard.json", []byte("x")); err != nil {
+		t.Fatalf("a write under the directory: %v", err)
+	}
+}
