@@ -205,10 +205,44 @@ type catalogReader struct {
 	mu sync.Mutex
 	// keys are the run keys of manifests read, by seq.
 	keys map[uint64][]uint64
+	// lenient passes over a manifest that is missing or does not check
+	// (a lookup's reader), noting it in lost, instead of failing: the
+	// loss of one costs its own runs, not every lookup.
+	lenient bool
+	lost    map[uint64]error
+}
+
+// lose notes that manifest seq cannot be read (err) when r is lenient and
+// the error is the manifest's own (missing, or does not check), and
+// reports whether it was passed over.
+func (r *catalogReader) lose(seq uint64, err error) bool {
+	if !r.lenient || !(errors.Is(err, ErrObjectNotFound) || errors.Is(err, ErrCorrupt)) {
+		return false
+	}
+	r.mu.Lock()
+	r.lost[seq] = err
+	r.mu.Unlock()
+	return true
+}
+
+// lostError is the error of the lowest manifest r passed over (nil: none).
+func (r *catalogReader) lostError() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var first uint64
+	for seq := range r.lost {
+		if first == 0 || seq < first {
+			first = seq
+		}
+	}
+	if first == 0 {
+		return nil
+	}
+	return r.lost[first]
 }
 
 func (a *Archive) catalogReader() *catalogReader {
-	return &catalogReader{a: a, keys: map[uint64][]uint64{}}
+	return &catalogReader{a: a, keys: map[uint64][]uint64{}, lost: map[uint64]error{}}
 }
 
 // shard reads shard s of range (l, first); ok is false when it is absent
@@ -241,6 +275,9 @@ func (r *catalogReader) manifestKeys(ctx context.Context, seq uint64) ([]uint64,
 	if !ok {
 		m, err := r.a.readManifest(ctx, seq)
 		if err != nil {
+			if r.lose(seq, err) {
+				return nil, errLost
+			}
 			return nil, err
 		}
 		k = keysOf(m)
@@ -268,6 +305,9 @@ func (r *catalogReader) manifestEntries(ctx context.Context, first, last, lo, hi
 	for seq := first; seq <= last; seq++ {
 		g.Go(func() error {
 			k, err := r.manifestKeys(gctx, seq)
+			if errors.Is(err, errLost) {
+				return nil
+			}
 			per[seq-first] = k
 			return err
 		})
@@ -453,6 +493,7 @@ func (a *Archive) lookupCatalog(ctx context.Context, runID string) (*Manifest, i
 	}
 	key := runKey(runID)
 	r := a.catalogReader()
+	r.lenient = true
 	var (
 		mu   sync.Mutex
 		seqs []uint64
@@ -486,6 +527,9 @@ func (a *Archive) lookupCatalog(ctx context.Context, runID string) (*Manifest, i
 	for seq := p; seq <= head; seq++ {
 		g.Go(func() error {
 			keys, err := r.manifestKeys(gctx, seq)
+			if errors.Is(err, errLost) {
+				return nil // not kept in recent: read again next time
+			}
 			if err != nil {
 				return err
 			}
@@ -508,6 +552,8 @@ func (a *Archive) lookupCatalog(ctx context.Context, runID string) (*Manifest, i
 	for i := len(seqs) - 1; i >= 0; i-- {
 		m, err := a.readManifest(ctx, seqs[i])
 		if err != nil {
+			// The run is likely in it (its key is): no older copy of it
+			// from another manifest stands in for this one.
 			return nil, 0, err
 		}
 		for j := range m.Runs {
@@ -517,5 +563,14 @@ func (a *Archive) lookupCatalog(ctx context.Context, runID string) (*Manifest, i
 		}
 		// Another run with the same key, or a wrong entry: not this run.
 	}
+	if err := r.lostError(); err != nil {
+		// Not in any manifest that could be read: it may be in one that
+		// cannot, which answers for it.
+		return nil, 0, err
+	}
 	return nil, 0, newError(CodeRunNotFound, nil, "run %q is not in %s", runID, a.dest)
 }
+
+// errLost is manifestKeys' answer for a manifest a lenient reader passed
+// over (catalogReader.lose).
+var errLost = errors.New("manifest passed over")

@@ -3,6 +3,7 @@ package archive_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -115,5 +116,58 @@ func TestDir_PutNeverMakesTheRoot(t *testing.T) {
 	}
 	if err := d.Put(ctx, "catalog/0/shard.json", []byte("x")); err != nil {
 		t.Fatalf("a write under the directory: %v", err)
+	}
+}
+
+// TestArchive_OneManifestLostCostsOnlyItsRuns: a process that reads an
+// archive one of whose manifests is missing (or does not check) finds the
+// runs of every other manifest, before and after it, under the catalog's
+// ranges and past them; a run of the lost manifest answers its error
+// (the run may be there). One lost object took every archived run from
+// status, events and audit after a restart.
+func TestArchive_OneManifestLostCostsOnlyItsRuns(t *testing.T) {
+	ctx := context.Background()
+	for _, lost := range []struct {
+		name string
+		do   func(path string) error
+		want error
+	}{
+		{"Missing", os.Remove, archive.ErrObjectNotFound},
+		{"Damaged", func(path string) error { return os.WriteFile(path, []byte("{not a manifest"), 0o640) }, archive.ErrCorrupt},
+	} {
+		t.Run(lost.name, func(t *testing.T) {
+			dir, root := openDir(t)
+			w := mustOpen(t, dir)
+			var ms []*archive.Manifest
+			for i := range 36 { // a full catalog range (32) and 4 past it
+				m, err := w.Write(ctx, finishedRuns(t, fmt.Sprintf("m%d", i+1), 1))
+				if err != nil {
+					t.Fatal(err)
+				}
+				ms = append(ms, m)
+			}
+			for _, seq := range []uint64{2, 34} { // one under the range, one past it
+				if err := lost.do(filepath.Join(root, "manifests", fmt.Sprintf("%012d.json", seq))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r := mustOpen(t, dir) // a process after a restart: nothing cached
+			for _, m := range ms {
+				_, err := r.Lookup(ctx, m.Runs[0].RunID)
+				switch m.Seq {
+				case 2, 34:
+					if !errors.Is(err, lost.want) {
+						t.Fatalf("a run of lost manifest %d: %v, want %v", m.Seq, err, lost.want)
+					}
+				default:
+					if err != nil {
+						t.Fatalf("a run of manifest %d, manifests 2 and 34 lost: %v", m.Seq, err)
+					}
+				}
+			}
+			if _, err := r.Lookup(ctx, "never-archived"); !errors.Is(err, lost.want) {
+				t.Fatalf("a run of no manifest, two lost: %v, want %v (it may be in one)", err, lost.want)
+			}
+		})
 	}
 }
