@@ -90,8 +90,9 @@ type ActiveRuns interface {
 	// PAUSED or ended).
 	ShowsStarted(runID string) bool
 	// ActiveCounts counts the RUNNING and PAUSED runs, in all, by tenant
-	// and by plan; ok is false until the list is read.
-	ActiveCounts() (total int, byTenant, byPlan map[string]int, ok bool)
+	// and by plan of a tenant ({tenantId, planId}); ok is false until the
+	// list is read.
+	ActiveCounts() (total int, byTenant map[string]int, byPlan map[[2]string]int, ok bool)
 }
 
 // Waker wakes the task workers' idle poll loops (taskworkers.Wakeup). Wake

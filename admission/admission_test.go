@@ -228,6 +228,28 @@ func TestAdmission_Reject(t *testing.T) {
 	}
 }
 
+// TestAdmission_PlanLimitIsEachTenants: --max-active-runs-per-plan counts
+// a tenant's own runs of a planId: plan ids are one namespace, and
+// another tenant starting runs of the same id (any version) neither takes
+// a tenant's capacity of its plan nor learns how many of its runs are
+// active from its own 429s.
+func TestAdmission_PlanLimitIsEachTenants(t *testing.T) {
+	e := newEnv(t)
+	c := e.open(admission.Options{Limits: admission.Limits{PerPlan: 1}, Policy: admission.Reject})
+	defer c.Close(context.Background())
+	if d, err := e.submit(c, "hog", "p-1"); err != nil || d.Started == nil {
+		t.Fatalf("another tenant's run of the plan: %+v %v", d, err)
+	}
+	if d, err := e.submit(c, "owner", "p-2"); err != nil || d.Started == nil {
+		t.Fatalf("the owner's first run of the plan, another tenant's active: %+v %v", d, err)
+	}
+	_, err := e.submit(c, "owner", "p-3")
+	var ae *admission.Error
+	if !errors.As(err, &ae) || ae.Code != admission.CodeRejected || !strings.Contains(ae.Message, "plan ") {
+		t.Fatalf("the owner's second run, over its plan limit: %v, want ADMISSION_REJECTED naming the plan limit", err)
+	}
+}
+
 // TestAdmission_Delay: over the limit, a start is accepted and put off by
 // Delay per run it is over by; it starts then, whatever the load.
 func TestAdmission_Delay(t *testing.T) {

@@ -156,7 +156,7 @@ func (c *Controller) decide(ctx context.Context) error {
 		}
 		total++
 		byTenant[e.TenantID]++
-		byPlan[e.PlanID]++
+		byPlan[planOf(e)]++
 	}
 	c.mu.Unlock()
 	l := c.opts.Limits
@@ -175,11 +175,14 @@ func (c *Controller) decide(ctx context.Context) error {
 		if l.PerTenant > 0 && byTenant[e.TenantID] >= l.PerTenant {
 			full, held = append(full, fmt.Sprintf("tenant %s limit %d", e.TenantID, l.PerTenant)), append(held, "tenant:"+e.TenantID)
 		}
-		if l.PerPlan > 0 && byPlan[e.PlanID] >= l.PerPlan {
-			full, held = append(full, fmt.Sprintf("plan %s limit %d", e.PlanID, l.PerPlan)), append(held, "plan:"+e.PlanID)
+		// A plan's limit is each tenant's: another tenant naming the same
+		// planId neither takes its capacity nor learns its load.
+		plan := "plan:" + e.TenantID + "\x00" + e.PlanID
+		if l.PerPlan > 0 && byPlan[planOf(e)] >= l.PerPlan {
+			full, held = append(full, fmt.Sprintf("plan %s limit %d", e.PlanID, l.PerPlan)), append(held, plan)
 		}
 		behind := false
-		for _, d := range []string{"global", "tenant:" + e.TenantID, "plan:" + e.PlanID} {
+		for _, d := range []string{"global", "tenant:" + e.TenantID, plan} {
 			if blocked[d] {
 				behind, held = true, append(held, d)
 			}
@@ -217,11 +220,14 @@ func (c *Controller) decide(ctx context.Context) error {
 		if e.State == stateStarted || e.State == stateStarting {
 			total++
 			byTenant[e.TenantID]++
-			byPlan[e.PlanID]++
+			byPlan[planOf(e)]++
 		}
 	}
 	return nil
 }
+
+// planOf is e's key of the per-plan counts: its tenant's plan.
+func planOf(e *entry) [2]string { return [2]string{e.TenantID, e.PlanID} }
 
 // hold answers a pending entry over a limit: rejected, or queued or
 // delayed with RunQueued recorded first.

@@ -27,7 +27,7 @@ func (unused) StartRun(context.Context, adapter.StartRequest) (adapter.StartResu
 	panic("not called")
 }
 func (unused) WaitIndexed(context.Context) (uint64, error) { panic("not called") }
-func (unused) ActiveCounts() (int, map[string]int, map[string]int, bool) {
+func (unused) ActiveCounts() (int, map[string]int, map[[2]string]int, bool) {
 	panic("not called")
 }
 func (unused) ShowsStarted(string) bool { panic("not called") }

@@ -412,10 +412,11 @@ func (l *List) pausedByReason() map[string]int {
 }
 
 // ActiveCounts counts the RUNNING and PAUSED runs of the list, in all, by
-// tenant and by plan (admission control's load); ok is false until the
-// replica has read the list. It scans every row.
-func (l *List) ActiveCounts() (total int, byTenant, byPlan map[string]int, ok bool) {
-	byTenant, byPlan = map[string]int{}, map[string]int{}
+// tenant and by plan of a tenant ({tenantId, planId}: plan ids are one
+// namespace every tenant names) (admission control's load); ok is false
+// until the replica has read the list. It scans every row.
+func (l *List) ActiveCounts() (total int, byTenant map[string]int, byPlan map[[2]string]int, ok bool) {
+	byTenant, byPlan = map[string]int{}, map[[2]string]int{}
 	l.mirror.mu.RLock()
 	defer l.mirror.mu.RUnlock()
 	if !l.mirror.synced {
@@ -425,7 +426,7 @@ func (l *List) ActiveCounts() (total int, byTenant, byPlan map[string]int, ok bo
 		if s := e.row.Status; s == statestore.RunStatusRunning || s == statestore.RunStatusPaused {
 			total++
 			byTenant[e.row.TenantID]++
-			byPlan[e.row.PlanID]++
+			byPlan[[2]string{e.row.TenantID, e.row.PlanID}]++
 		}
 	}
 	return total, byTenant, byPlan, true

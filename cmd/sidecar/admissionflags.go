@@ -28,7 +28,7 @@ func (c *admissionConfig) registerFlags(fs *flag.FlagSet, env *envSettings) {
 	}
 	num(&c.Limits.Global, "max-active-runs", "at most this many runs RUNNING or PAUSED at once (0: no limit)")
 	num(&c.Limits.PerTenant, "max-active-runs-per-tenant", "at most this many active runs per tenantId (0: no limit)")
-	num(&c.Limits.PerPlan, "max-active-runs-per-plan", "at most this many active runs per planId, all versions (0: no limit)")
+	num(&c.Limits.PerPlan, "max-active-runs-per-plan", "at most this many active runs per planId of a tenant, all versions (0: no limit)")
 	stringFlag(fs, &c.Policy, "admission-policy", "a start over a limit is: queue (RunQueued, started when capacity frees up, in order), reject (429), or delay (started later, Delay per run over)")
 	fs.Var(&durationValue{&c.Delay}, "admission-delay", "under --admission-policy delay, how far each run over a limit is put off (env "+envName("admission-delay")+")")
 	env.set(fs, "admission-delay")
