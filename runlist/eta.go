@@ -18,7 +18,10 @@ const MaxDurationSamples = 100
 const minETASamples = 3
 
 // keyDur is the key prefix of a step's durations: dur.<token of
-// planId/planVersion/stepId>.
+// tenantId/planId/planVersion/stepId>. Each tenant's runs of a plan
+// version make its own history: plan ids are one namespace every tenant
+// may name, and another tenant's history would shape (and show through)
+// a run's estimate.
 const keyDur = "dur."
 
 // StepDurations are the latest durations (seconds, oldest first) of one
@@ -26,17 +29,18 @@ const keyDur = "dur."
 // StepFailed, each end at the engine's time its event carries (a step
 // recorded from Conductor's report), else at the log's persistedAt.
 type StepDurations struct {
+	TenantID    string    `json:"tenantId"`
 	PlanID      string    `json:"planId"`
 	PlanVersion string    `json:"planVersion"`
 	StepID      string    `json:"stepId"`
 	Seconds     []float64 `json:"seconds"`
 }
 
-func durKey(planID, planVersion, stepID string) string {
-	return keyDur + base64.RawURLEncoding.EncodeToString([]byte(planID+"\x00"+planVersion+"\x00"+stepID))
+func durKey(tenantID, planID, planVersion, stepID string) string {
+	return keyDur + base64.RawURLEncoding.EncodeToString([]byte(tenantID+"\x00"+planID+"\x00"+planVersion+"\x00"+stepID))
 }
 
-func (d *StepDurations) key() string { return durKey(d.PlanID, d.PlanVersion, d.StepID) }
+func (d *StepDurations) key() string { return durKey(d.TenantID, d.PlanID, d.PlanVersion, d.StepID) }
 
 // add appends a duration, keeping the latest MaxDurationSamples.
 func (d *StepDurations) add(s float64) {
@@ -112,8 +116,9 @@ func quantile(sorted []float64, q float64) float64 {
 	return sorted[lo] + (pos-float64(lo))*(sorted[lo+1]-sorted[lo])
 }
 
-// eta estimates the end of a drain waiting for steps, at now.
-func (mr *mirror) eta(planID, planVersion string, steps []InFlightStep, now time.Time) *ETA {
+// eta estimates the end of a drain of a run of tenantID's plan version
+// waiting for steps, at now.
+func (mr *mirror) eta(tenantID, planID, planVersion string, steps []InFlightStep, now time.Time) *ETA {
 	if len(steps) == 0 {
 		return nil
 	}
@@ -122,7 +127,7 @@ func (mr *mirror) eta(planID, planVersion string, steps []InFlightStep, now time
 	out := &ETA{Samples: math.MaxInt}
 	var rem50, rem90 float64
 	for _, s := range steps {
-		d := mr.st.durs[durKey(planID, planVersion, s.StepID)]
+		d := mr.st.durs[durKey(tenantID, planID, planVersion, s.StepID)]
 		started, err := time.Parse(time.RFC3339Nano, s.StartedAt)
 		var samples []float64
 		if d != nil {
@@ -146,11 +151,11 @@ func (mr *mirror) eta(planID, planVersion string, steps []InFlightStep, now time
 	return out
 }
 
-// ETA estimates when the drain of a run of planID/planVersion that waits
-// for steps ends (nil without steps in flight). Every replica can answer:
-// the durations are in the run list, kept by its follower.
-func (l *List) ETA(planID, planVersion string, steps []InFlightStep, now time.Time) *ETA {
-	return l.mirror.eta(planID, planVersion, steps, now)
+// ETA estimates when the drain of a run of tenantID's planID/planVersion
+// that waits for steps ends (nil without steps in flight). Every replica
+// can answer: the durations are in the run list, kept by its follower.
+func (l *List) ETA(tenantID, planID, planVersion string, steps []InFlightStep, now time.Time) *ETA {
+	return l.mirror.eta(tenantID, planID, planVersion, steps, now)
 }
 
 // DrainETA estimates when the drain of snap's run ends (nil without steps
@@ -165,13 +170,13 @@ func (l *List) DrainETA(snap *statestore.RunSnapshot, now time.Time) *ETA {
 		steps = e.row.InFlightSteps
 	}
 	l.mirror.mu.RUnlock()
-	return l.mirror.eta(snap.PlanID, snap.PlanVersion, steps, now)
+	return l.mirror.eta(snap.TenantID, snap.PlanID, snap.PlanVersion, steps, now)
 }
 
-// Durations returns the step durations the list holds for a plan version's
-// step (nil: none yet).
-func (l *List) Durations(planID, planVersion, stepID string) []float64 {
-	return l.mirror.durations(durKey(planID, planVersion, stepID))
+// Durations returns the step durations the list holds for a step of
+// tenantID's plan version (nil: none yet).
+func (l *List) Durations(tenantID, planID, planVersion, stepID string) []float64 {
+	return l.mirror.durations(durKey(tenantID, planID, planVersion, stepID))
 }
 
 // slowestDrain is the longest time, at quantile q (0.5 or 0.9), until a
@@ -187,7 +192,7 @@ func (l *List) slowestDrain(q float64) float64 {
 	now := time.Now()
 	longest := 0.0
 	for i := range drains {
-		eta := l.mirror.eta(drains[i].PlanID, drains[i].PlanVersion, drains[i].InFlightSteps, now)
+		eta := l.mirror.eta(drains[i].TenantID, drains[i].PlanID, drains[i].PlanVersion, drains[i].InFlightSteps, now)
 		if eta == nil || len(eta.Unknown) > 0 {
 			continue
 		}

@@ -562,10 +562,10 @@ func (f *follower) noteDurations(t *tracked, rs []statestore.RunEventRecord, bef
 		if err1 != nil || err2 != nil || to.Before(from) {
 			continue
 		}
-		k := durKey(snap.PlanID, snap.PlanVersion, r.StepID)
+		k := durKey(snap.TenantID, snap.PlanID, snap.PlanVersion, r.StepID)
 		d := f.durs[k]
 		if d == nil {
-			d = &StepDurations{PlanID: snap.PlanID, PlanVersion: snap.PlanVersion, StepID: r.StepID}
+			d = &StepDurations{TenantID: snap.TenantID, PlanID: snap.PlanID, PlanVersion: snap.PlanVersion, StepID: r.StepID}
 			if !f.fresh {
 				d.Seconds = f.mirror.durations(k) // the history before this turn
 			}

@@ -429,7 +429,7 @@ func TestList_DrainETA(t *testing.T) {
 	f.event("draining", "p", statestore.StepStarted, "other", 1, nil)
 	f.event("draining", "p", statestore.RunPaused, "", 1, map[string]any{"reason": "r"})
 	waitIndexed(t, l)
-	got := l.Durations("p", "2", "work")
+	got := l.Durations("tenant_acme", "p", "2", "work")
 	want := []float64{0.06, 0.12, 0.18}
 	if len(got) != 3 {
 		t.Fatalf("durations %v, want 3", got)
@@ -447,7 +447,7 @@ func TestList_DrainETA(t *testing.T) {
 		t.Fatalf("ETA with a step without history: %+v, want unknown for other", e)
 	}
 	now := time.Now()
-	e := l.ETA("p", "2", []runlist.InFlightStep{{StepID: "work", StartedAt: now.Format(time.RFC3339Nano)}}, now)
+	e := l.ETA("tenant_acme", "p", "2", []runlist.InFlightStep{{StepID: "work", StartedAt: now.Format(time.RFC3339Nano)}}, now)
 	p50, _ := time.Parse(time.RFC3339Nano, e.P50)
 	p90, _ := time.Parse(time.RFC3339Nano, e.P90)
 	if len(e.Unknown) != 0 || e.Samples != 3 || p50.Sub(now) < 110*time.Millisecond || p50.Sub(now) > 220*time.Millisecond || p90.Before(p50) {
@@ -460,8 +460,41 @@ func TestList_DrainETA(t *testing.T) {
 	}
 	rebuilt := f.open(runlist.Options{})
 	waitIndexed(t, rebuilt)
-	if again := rebuilt.Durations("p", "2", "work"); !slices.Equal(again, got) {
+	if again := rebuilt.Durations("tenant_acme", "p", "2", "work"); !slices.Equal(again, got) {
 		t.Fatalf("after a rebuild: %v, want %v", again, got)
+	}
+}
+
+// TestList_DrainETAIsEachTenants: the step durations a drain's estimate
+// rests on are the run's tenant's own: another tenant's runs of the same
+// plan version (plan ids are one namespace) neither shape it nor show
+// through it (how often, and how long, that tenant ran the plan).
+func TestList_DrainETAIsEachTenants(t *testing.T) {
+	f := newFixture(t)
+	l := f.open(runlist.Options{})
+	other := func(w *statestore.RunEventWrite) *statestore.RunEventWrite {
+		w.TenantID, w.PlanID = "tenant_other", "p"
+		storetest.Rekey(w)
+		return w
+	}
+	for i := range 3 {
+		id := fmt.Sprintf("other-%d", i)
+		f.append(storetest.WithPayload(other(storetest.Event(id, statestore.RunStarted, "")), map[string]any{"engineType": "conductor"}))
+		f.append(other(storetest.EventAt(id, statestore.StepStarted, "work", 1)))
+		time.Sleep(50 * time.Millisecond)
+		f.append(other(storetest.EventAt(id, statestore.StepCompleted, "work", 1)))
+		f.append(other(storetest.EventAt(id, statestore.RunCompleted, "", 1)))
+	}
+	f.start("draining", "p", nil)
+	f.event("draining", "p", statestore.StepStarted, "work", 1, nil)
+	f.event("draining", "p", statestore.RunPaused, "", 1, map[string]any{"reason": "r"})
+	waitIndexed(t, l)
+	p, err := l.List(runlist.Filter{Substatus: statestore.SubstatusDraining}, 0, "")
+	if err != nil || len(p.Runs) != 1 {
+		t.Fatalf("%+v %v", p, err)
+	}
+	if e := p.Runs[0].DrainETA; e == nil || !slices.Equal(e.Unknown, []string{"work"}) || e.Samples != 0 {
+		t.Fatalf("the ETA of a tenant's first run of a plan another tenant ran 3 times: %+v, want unknown, no samples", e)
 	}
 }
 
@@ -671,7 +704,7 @@ func TestList_DurationsOfAdoptedSteps(t *testing.T) {
 	f.event("apart", "adopted", statestore.StepFailed, "sys", 1, map[string]any{"engineEndedAt": at(time.Minute + 7*time.Second), "engineTaskId": "b",
 		"error": map[string]any{"code": "ENGINE_TASK_FAILED", "message": "m"}})
 	waitIndexed(t, l)
-	got := l.Durations("adopted", "2", "sys")
+	got := l.Durations("tenant_acme", "adopted", "2", "sys")
 	if len(got) != 2 || got[0] < 4.99 || got[0] > 5.01 || got[1] < 6.99 || got[1] > 7.01 {
 		t.Fatalf("durations %v, want [5 7] (the engine's times)", got)
 	}
@@ -749,7 +782,7 @@ func TestList_DurationsOfAStepThatWasIdle(t *testing.T) {
 	st := snap.Step("work")
 	from, _ := time.Parse(time.RFC3339Nano, st.StartedAt)
 	to, _ := time.Parse(time.RFC3339Nano, st.CompletedAt)
-	if got := l.Durations("plan", "2", "work"); len(got) != 1 || got[0] > to.Sub(from).Seconds()-1.5 {
+	if got := l.Durations("tenant_acme", "plan", "2", "work"); len(got) != 1 || got[0] > to.Sub(from).Seconds()-1.5 {
 		t.Fatalf("durations %v, want one that leaves out the 1.5 s idle of the %.2f s since StepStarted", got, to.Sub(from).Seconds())
 	}
 }

@@ -177,6 +177,11 @@ func (st *state) apply(e jetstream.KeyValueEntry, log *zap.Logger) (cameOrWent b
 			return false
 		}
 		var d StepDurations
+		if err := json.Unmarshal(e.Value(), &d); err == nil && d.TenantID == "" && d.PlanID != "" {
+			// Durations of every tenant together, kept before they were
+			// each tenant's: left out of every estimate.
+			return false
+		}
 		if err := json.Unmarshal(e.Value(), &d); err != nil || d.key() != key {
 			log.Warn("run list: an entry that is not step durations; ignored", zap.String("key", key), zap.Error(err))
 			return false

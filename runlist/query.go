@@ -387,7 +387,7 @@ func (l *List) addETAs(rows []Row) {
 	now := time.Now()
 	for i := range rows {
 		if r := &rows[i]; r.Substatus == statestore.SubstatusDraining {
-			r.DrainETA = l.mirror.eta(r.PlanID, r.PlanVersion, r.InFlightSteps, now)
+			r.DrainETA = l.mirror.eta(r.TenantID, r.PlanID, r.PlanVersion, r.InFlightSteps, now)
 		}
 	}
 }
