@@ -217,6 +217,9 @@ func (s *Server) watchList(w http.ResponseWriter, r *http.Request, q url.Values,
 	if err != nil {
 		return err
 	}
+	if err := s.stillCaller(w, r); err != nil {
+		return err
+	}
 	out := RunList{Runs: make([]ListedRun, len(page.Runs)), IndexedThrough: page.IndexedThrough, Revision: page.Revision}
 	for i, row := range page.Runs {
 		m := f.MatchStatus(&row)
@@ -224,6 +227,28 @@ func (s *Server) watchList(w http.ResponseWriter, r *http.Request, q url.Values,
 		out.Runs[i].Matches = &m
 	}
 	return writeJSON(w, http.StatusOK, out)
+}
+
+// stillCaller checks, after a watch's wait, that r's credentials still
+// name the principal r was authorized as (same name, roles and scope): a
+// tokens file reloaded meanwhile may have removed it or changed its scope,
+// and the change the watch woke for is not answered to what it no longer
+// is (401: the caller asks again with what it holds now).
+func (s *Server) stillCaller(w http.ResponseWriter, r *http.Request) error {
+	was := PrincipalFrom(r.Context())
+	if was == nil || s.opts.Auth == nil {
+		return nil
+	}
+	now, err := s.opts.Auth.Authenticate(r)
+	if err != nil {
+		now, err = s.cookiePrincipal(r)
+	}
+	if err != nil || now.Name != was.Name || now.Scope != was.Scope || !slices.Equal(now.Roles, was.Roles) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sidecar"`)
+		return &apiError{status: http.StatusUnauthorized, Code: CodeUnauthenticated,
+			Message: "the credentials no longer name the principal this watch began as (the tokens file changed while it waited): ask again"}
+	}
+	return nil
 }
 
 // listed is row as a listing shows it.

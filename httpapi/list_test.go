@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"context"
+	"fmt"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -152,5 +153,92 @@ func TestServer_CloseEndsWatches(t *testing.T) {
 	}
 	if code := <-answered; code != http.StatusOK {
 		t.Fatalf("watch answered %d, want 200 (an empty change set)", code)
+	}
+}
+
+// TestServer_ListWatchEndsWithItsPrincipal: a list watch that waits while
+// its token is removed from the tokens file (or its scope changed) does
+// not answer the change it woke for as the principal it no longer is: it
+// answers 401, and the caller asks again with what it holds now.
+func TestServer_ListWatchEndsWithItsPrincipal(t *testing.T) {
+	ctx := context.Background()
+	store, list := openListedLog(t, natstest.Connect(t, natstestServer(t)))
+	appendRun := func(id, tenant string) {
+		t.Helper()
+		w := storetest.Event(id, statestore.RunStarted, "")
+		w.TenantID = tenant
+		storetest.Rekey(w)
+		if _, err := store.Append(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	appendRun("a1", "t1")
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := list.WaitIndexed(wctx); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	path := writeTokens(t, dir, tokensYAML(principal("viewer-t1", "tok-viewer", "viewer", "tenantId: t1"), principal("root", "tok-admin", "admin", "")))
+	creds, err := httpapi.LoadCredentials(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: store, List: list, Auth: creds, Logger: zaptest.NewLogger(t)}).Handler())
+	t.Cleanup(srv.Close)
+	for _, c := range []struct {
+		name   string
+		tokens string
+	}{
+		{"TokenRemoved", tokensYAML(principal("root", "tok-admin", "admin", ""))},
+		{"ScopeMoved", tokensYAML(principal("viewer-t1", "tok-viewer", "viewer", "tenantId: t2"), principal("root", "tok-admin", "admin", ""))},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			writeTokens(t, dir, tokensYAML(principal("viewer-t1", "tok-viewer", "viewer", "tenantId: t1"), principal("root", "tok-admin", "admin", "")))
+			if err := creds.Reload(); err != nil {
+				t.Fatal(err)
+			}
+			// The list's revision now: the watch waits for a change after it.
+			req, _ := http.NewRequest(http.MethodGet, srv.URL+"/v1/runs", nil)
+			req.Header.Set("Authorization", "Bearer tok-admin")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var now httpapi.RunList
+			err = json.NewDecoder(resp.Body).Decode(&now)
+			resp.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			rev := now.Revision
+			done := make(chan int, 1)
+			go func() {
+				req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/v1/runs?watch=true&timeoutSeconds=30&revision=%d", srv.URL, rev), nil)
+				req.Header.Set("Authorization", "Bearer tok-viewer")
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					done <- 0
+					return
+				}
+				resp.Body.Close()
+				done <- resp.StatusCode
+			}()
+			time.Sleep(300 * time.Millisecond) // the watch waits
+			writeTokens(t, dir, c.tokens)
+			if err := creds.Reload(); err != nil {
+				t.Fatal(err)
+			}
+			id := "t1-" + c.name
+			appendRun(id, "t1") // the change the watch wakes for
+			select {
+			case status := <-done:
+				if status != http.StatusUnauthorized {
+					t.Fatalf("the watch answered %d after its principal changed, want 401", status)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("the watch did not answer the change")
+			}
+		})
 	}
 }
