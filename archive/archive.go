@@ -278,20 +278,34 @@ func (a *Archive) checkHead(ctx context.Context) error {
 	if a.head == nil {
 		return nil
 	}
-	b, err := a.dest.Get(ctx, manifestName(a.head.Seq))
+	return a.holds(ctx, a.head.Seq, a.head.Chain, "the newest this process read or wrote")
+}
+
+// Holds returns nil when the destination holds manifest seq with chain:
+// the archive that a record of what was archived (kept elsewhere, such as
+// the head a store noted before its runs left) says this is. A missing
+// manifest gives an error matching ErrUnavailable (not the archive
+// written to, or not all of it there: a volume not mounted, another
+// prefix), a different one ErrCorrupt.
+func (a *Archive) Holds(ctx context.Context, seq uint64, chain string) error {
+	return a.holds(ctx, seq, chain, "the newest that runs left hot state for")
+}
+
+func (a *Archive) holds(ctx context.Context, seq uint64, chain, which string) error {
+	b, err := a.dest.Get(ctx, manifestName(seq))
 	if errors.Is(err, ErrObjectNotFound) {
-		return newError(CodeUnavailable, err, "manifest %d, the newest this process read or wrote, is not at %s: it is not the archive written to "+
-			"(a volume not mounted, a directory replaced); nothing is archived until it is back", a.head.Seq, a.dest)
+		return newError(CodeUnavailable, err, "manifest %d, %s, is not at %s: it is not the archive written to "+
+			"(a volume not mounted, a directory replaced, another prefix); nothing is archived until it is back", seq, which, a.dest)
 	}
 	if err != nil {
 		return err
 	}
-	m, err := parseManifest(b, a.head.Seq)
+	m, err := parseManifest(b, seq)
 	if err != nil {
 		return err
 	}
-	if m.Chain != a.head.Chain {
-		return newError(CodeCorrupt, nil, "manifest %d at %s is not the one this process read or wrote (chain %s, want %s)", a.head.Seq, a.dest, m.Chain, a.head.Chain)
+	if m.Chain != chain {
+		return newError(CodeCorrupt, nil, "manifest %d at %s is not %s (chain %s, want %s)", seq, a.dest, which, m.Chain, chain)
 	}
 	return nil
 }

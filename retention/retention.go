@@ -72,6 +72,10 @@ type Archive interface {
 	// Records returns the archived records of runID, checked against the
 	// manifest.
 	Records(ctx context.Context, runID string) ([]statestore.RunEventRecord, error)
+	// Head is the newest manifest the archive read or wrote (nil: none);
+	// Holds checks the destination holds manifest seq with chain.
+	Head() *archive.Manifest
+	Holds(ctx context.Context, seq uint64, chain string) error
 }
 
 // Remover removes runs' records from the log, each up to its LastRunSeq,
@@ -80,6 +84,20 @@ type Archive interface {
 // again is harmless. On an error some of the runs may be removed.
 type Remover interface {
 	RemoveRuns(ctx context.Context, runs []statestore.Removal) error
+}
+
+// HeadKeeper is a Remover that keeps, in hot state, the archive's head
+// that its removals were covered by (natsstore.Remover): noted before the
+// runs it covers leave, and checked against the archive a process starts
+// with, so that runs never leave for an archive that is not the one
+// earlier runs went to (an empty directory where the volume is not
+// mounted yet, another prefix).
+type HeadKeeper interface {
+	// ArchiveHead is the head noted (seq 0: none), and whether runs were
+	// removed at all.
+	ArchiveHead(ctx context.Context) (seq uint64, chain string, removed bool, err error)
+	// NoteArchiveHead notes manifest seq (chain) as the head.
+	NoteArchiveHead(ctx context.Context, seq uint64, chain string) error
 }
 
 // Forgetter drops what a component keeps per run (a bucket's keys, a
@@ -135,6 +153,10 @@ type Retention struct {
 	tail  statestore.LogTail
 	queue runQueue
 	byRun map[string]*item
+	// headChecked is set once the archive was found to hold the head the
+	// remover noted (HeadKeeper); noted is the head noted last.
+	headChecked bool
+	noted       uint64
 	// unsure are the queued runs whose removal was sent and failed: it
 	// may have gone through (an answer lost after the commit). One found
 	// gone by a later pass counts as removed then. At most the queue's
@@ -463,6 +485,10 @@ func (r *Retention) alreadyArchived(ctx context.Context, run archive.Run) (bool,
 // one segment, then forgets and removes the batch's runs. It returns the
 // runs of the batch it did not remove.
 func (r *Retention) archiveAndRemove(ctx context.Context, batch []candidate, res *PassResult) ([]candidate, error) {
+	if err := r.checkNotedHead(ctx); err != nil {
+		r.opts.Metrics.failed(stepArchive)
+		return batch, err
+	}
 	var write []archive.Run
 	for _, c := range batch {
 		if !c.archived {
@@ -478,6 +504,10 @@ func (r *Retention) archiveAndRemove(ctx context.Context, batch []candidate, res
 		r.opts.Metrics.wrote(len(write), float64(r.opts.Now().Unix()))
 		res.Archived += len(write)
 		r.logger.Info("archived", zap.Uint64("manifest", m.Seq), zap.Int("runs", len(write)), zap.String("chain", m.Chain))
+	}
+	if err := r.noteHead(ctx); err != nil {
+		r.opts.Metrics.failed(stepArchive)
+		return batch, fmt.Errorf("note the archive's head before runs leave: %w", err)
 	}
 	// Each run's Forgetters, in order, before its records leave; the
 	// batch's runs forgetInFlight at a time. A run whose Forgetters failed
@@ -526,6 +556,52 @@ func (r *Retention) archiveAndRemove(ctx context.Context, batch []candidate, res
 		return kept, err
 	}
 	return nil, nil
+}
+
+// checkNotedHead checks, once per process, that the archive holds the
+// head the remover noted (a HeadKeeper): one that does not is not the
+// archive earlier runs left for, and takes no run. A store that removed
+// runs before heads were noted needs an archive with a manifest.
+func (r *Retention) checkNotedHead(ctx context.Context) error {
+	hk, ok := r.remover.(HeadKeeper)
+	if !ok || r.headChecked {
+		return nil
+	}
+	seq, chain, removed, err := hk.ArchiveHead(ctx)
+	if err != nil {
+		return fmt.Errorf("read the archive's head noted in hot state: %w", err)
+	}
+	switch {
+	case seq > 0:
+		if err := r.archive.Holds(ctx, seq, chain); err != nil {
+			return err
+		}
+	case removed:
+		if err := r.archive.Refresh(ctx); err != nil {
+			return err
+		}
+		if r.archive.Head() == nil {
+			return &archive.Error{Code: archive.CodeUnavailable, Message: "runs were removed from hot state after they were archived, but the archive holds no manifest: " +
+				"it is not the archive they went to (a volume not mounted, another prefix); nothing is archived until it is"}
+		}
+	}
+	r.headChecked = true
+	return nil
+}
+
+// noteHead notes the archive's head with the remover (a HeadKeeper)
+// before runs it covers leave.
+func (r *Retention) noteHead(ctx context.Context) error {
+	hk, ok := r.remover.(HeadKeeper)
+	h := r.archive.Head()
+	if !ok || h == nil || h.Seq <= r.noted {
+		return nil
+	}
+	if err := hk.NoteArchiveHead(ctx, h.Seq, h.Chain); err != nil {
+		return err
+	}
+	r.noted = h.Seq
+	return nil
 }
 
 // errRemoval marks a failed RemoveRuns: its runs may have left.

@@ -41,6 +41,15 @@ type ledger struct {
 	// Pending is a removal under way of one run, the ledger's one-run
 	// form: loadLedger reads it into Batch, save never writes it.
 	Pending *pendingRemoval `json:"pending,omitempty"`
+	// Archive is the newest archive manifest noted before runs it
+	// covers left (NoteArchiveHead).
+	Archive *notedHead `json:"archive,omitempty"`
+}
+
+// notedHead is an archive manifest: its seq and chain.
+type notedHead struct {
+	Seq   uint64 `json:"seq"`
+	Chain string `json:"chain"`
 }
 
 // pendingRemoval is one run's removal: its records with runSeq up to
@@ -219,6 +228,45 @@ func (r *Remover) Recover(ctx context.Context) error {
 	}
 	r.log.Info("finishing a removal a restart interrupted", zap.Int("runs", len(l.Batch)), zap.Uint64("records", l.pendingRecords()))
 	return r.finish(ctx, l, rev)
+}
+
+// ArchiveHead returns the archive manifest (seq, chain) noted as the
+// newest that runs removed from the stream went to (seq 0: none noted),
+// and whether records were removed at all (a store that removed before
+// heads were noted has removed set and no head).
+func (r *Remover) ArchiveHead(ctx context.Context) (seq uint64, chain string, removed bool, err error) {
+	l, _, err := loadLedger(ctx, r.kv, r.name)
+	if err != nil {
+		return 0, "", false, err
+	}
+	removed = l.Removed > 0 || len(l.Batch) > 0
+	if l.Archive == nil {
+		return 0, "", removed, nil
+	}
+	return l.Archive.Seq, l.Archive.Chain, removed, nil
+}
+
+// NoteArchiveHead notes manifest seq (chain) as the archive's head, before
+// the runs it covers leave: a later process finds the archive it is given
+// holds it, or archives nothing there (an empty directory where the
+// volume is not mounted yet, another prefix). A head no newer than the
+// one noted changes nothing.
+func (r *Remover) NoteArchiveHead(ctx context.Context, seq uint64, chain string) error {
+	for range 8 {
+		l, rev, err := loadLedger(ctx, r.kv, r.name)
+		if err != nil {
+			return err
+		}
+		if l.Archive != nil && l.Archive.Seq >= seq {
+			return nil
+		}
+		l.Archive = &notedHead{Seq: seq, Chain: chain}
+		_, err = r.save(ctx, l, rev)
+		if err == nil || !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return err
+		}
+	}
+	return unavailable("note the archive's head", errors.New("the removal ledger kept changing"))
 }
 
 // RemoveRun removes one run: RemoveRuns of it alone.
