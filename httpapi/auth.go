@@ -93,10 +93,10 @@ type credentialSet struct {
 
 type credentialFile struct {
 	Principals []struct {
-		Name           string   `yaml:"name"`
-		TokenSHA256    string   `yaml:"tokenSha256"`
-		CertCommonName string   `yaml:"certCommonName"`
-		Roles          []string `yaml:"roles"`
+		Name           string    `yaml:"name"`
+		TokenSHA256    string    `yaml:"tokenSha256"`
+		CertCommonName string    `yaml:"certCommonName"`
+		Roles          []string  `yaml:"roles"`
 		Scope          yaml.Node `yaml:"scope"`
 	} `yaml:"principals"`
 }

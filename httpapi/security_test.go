@@ -360,10 +360,10 @@ func scoped(yaml string) string {
 func TestLoadCredentials_Scopes(t *testing.T) {
 	dir := t.TempDir()
 	for yaml, want := range map[string]httpapi.Scope{
-		"{tenantId: acme}":                                 {TenantID: "acme"},
-		"{tenantId: '007', projectId: p1}":                 {TenantID: "007", ProjectID: "p1"},
-		"{tenantId: 007}":                                  {TenantID: "007"},
-		"{environmentId: prod}":                            {EnvironmentID: "prod"},
+		"{tenantId: acme}":                                {TenantID: "acme"},
+		"{tenantId: '007', projectId: p1}":                {TenantID: "007", ProjectID: "p1"},
+		"{tenantId: 007}":                                 {TenantID: "007"},
+		"{environmentId: prod}":                           {EnvironmentID: "prod"},
 		"\n      tenantId: acme\n      environmentId: e1": {TenantID: "acme", EnvironmentID: "e1"},
 	} {
 		c, err := httpapi.LoadCredentials(writeTokens(t, dir, scoped(yaml)))
