@@ -159,7 +159,7 @@ func archivedEnvWith(t *testing.T, auth httpapi.Authenticator, wrap func(httpapi
 	if wrap != nil {
 		reader = wrap(arch)
 	}
-	srv = httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: store, Archive: reader, Control: ctrl, List: list, Auth: auth, Logger: zaptest.NewLogger(t)}).Handler())
+	srv = httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: store, Archive: reader, Control: ctrl, List: list, Auth: auth, Plans: scriptedPlans{}, Logger: zaptest.NewLogger(t)}).Handler())
 	t.Cleanup(srv.Close)
 	return srv, list, goneRecs, dir
 }
@@ -195,6 +195,15 @@ func TestServer_ArchivedRun(t *testing.T) {
 		var hot httpapi.RunView
 		if code := getJSON(t, srv.URL+"/v1/runs/hot", &hot); code != http.StatusOK || hot.Archived || hot.Status != statestore.RunStatusRunning {
 			t.Fatalf("hot run: %d %+v archived %v", code, hot.RunSnapshot, hot.Archived)
+		}
+	})
+	t.Run("Plan", func(t *testing.T) {
+		// The step graph the console draws, for a run read from the
+		// archive as for a hot one.
+		// (gone-2: a run this process never read before it left.)
+		var g httpapi.PlanGraph
+		if code := getJSON(t, srv.URL+"/v1/runs/gone-2/plan", &g); code != http.StatusOK || g.PlanID != recs[0].PlanID || len(g.Steps) == 0 {
+			t.Fatalf("plan of an archived run: %d %+v, want 200 with plan %s", code, g, recs[0].PlanID)
 		}
 	})
 	t.Run("Events", func(t *testing.T) {

@@ -35,7 +35,7 @@ type GraphStep struct {
 
 // planGraph serves GET /v1/runs/{runId}/plan.
 func (s *Server) planGraph(w http.ResponseWriter, r *http.Request) error {
-	snap, err := s.opts.Log.ProjectSnapshot(r.Context(), r.PathValue("runId"))
+	snap, _, err := s.runSnapshot(r.Context(), r.PathValue("runId")) // a run that left hot state: from the archive
 	if err != nil {
 		return err
 	}
