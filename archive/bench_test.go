@@ -27,7 +27,7 @@ import (
 func BenchmarkArchive_WriteVsRaw(b *testing.B) {
 	for _, n := range []int{200, 2000} {
 		b.Run(fmt.Sprintf("runs=%d", n), func(b *testing.B) {
-			benchWriteVsRaw(b, n, func(dir string) archive.Destination { return archive.NewDir(filepath.Join(dir, "archive")) })
+			benchWriteVsRaw(b, n, func(dir string) archive.Destination { return newDir(b, filepath.Join(dir, "archive")) })
 		})
 	}
 	// The same into a bucket of the S3-compatible server (on loopback, its
@@ -124,7 +124,7 @@ func BenchmarkArchive_LookupAfterRestart(b *testing.B) {
 	tmpl := finishedRuns(b, "tmpl", 1)[0].Records[0]
 	runID := func(seg, i int) string { return fmt.Sprintf("lookup-%d-%d", seg, i) }
 	for _, segments := range sizes {
-		dest := archive.NewDir(filepath.Join(base, fmt.Sprintf("segments-%d", segments)))
+		dest := newDir(b, filepath.Join(base, fmt.Sprintf("segments-%d", segments)))
 		a := mustOpen(b, dest)
 		have := uint64(0)
 		if h := a.Head(); h != nil {
@@ -181,4 +181,15 @@ func BenchmarkArchive_LookupAfterRestart(b *testing.B) {
 			}
 		})
 	}
+}
+
+// newDir is the archive in directory root, made as serve makes it at start
+// (a writer never makes it).
+func newDir(tb testing.TB, root string) *archive.Dir {
+	tb.Helper()
+	d := archive.NewDir(root)
+	if err := d.CheckWritable(); err != nil {
+		tb.Fatal(err)
+	}
+	return d
 }
