@@ -73,6 +73,18 @@ type Archive struct {
 
 	mu   sync.Mutex
 	head *Manifest // newest manifest read or written (nil: none yet)
+	// expect is the head hot state noted that runs which left it went to
+	// (Expect; seq 0: none): the destination must hold it to be read.
+	expect struct {
+		seq   uint64
+		chain string
+	}
+	// present is when checkPresent last found the head it wants (seq):
+	// misses within presentFor of it read nothing more.
+	present struct {
+		seq uint64
+		at  time.Time
+	}
 	// headRead is whether head was read from the destination (Open's
 	// read fails while the destination is down; Write reads it then).
 	headRead bool
@@ -280,6 +292,59 @@ func (a *Archive) checkHead(ctx context.Context) error {
 	}
 	return a.holds(ctx, a.head.Seq, a.head.Chain, "the newest this process read or wrote")
 }
+
+// Expect tells the archive the head that runs which left hot state went
+// to, as hot state noted it (a process starting with an archive that is
+// not that one: a volume not mounted yet, another prefix). Until the
+// destination holds it (or the newest manifest this process read or
+// wrote), a read that finds no run, or a listing, answers an error
+// matching ErrUnavailable rather than "no such run" or an empty archive.
+func (a *Archive) Expect(seq uint64, chain string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if seq > a.expect.seq {
+		a.expect.seq, a.expect.chain = seq, chain
+	}
+}
+
+// wantHead is the newest manifest the destination must hold: the newest
+// this process read or wrote, or the one Expect named if newer (seq 0:
+// none).
+func (a *Archive) wantHead() (uint64, string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.head != nil && a.head.Seq >= a.expect.seq {
+		return a.head.Seq, a.head.Chain
+	}
+	return a.expect.seq, a.expect.chain
+}
+
+// checkPresent confirms the destination holds wantHead (a read that found
+// nothing asks: was it the archive?).
+func (a *Archive) checkPresent(ctx context.Context) error {
+	seq, chain := a.wantHead()
+	if seq == 0 {
+		return nil
+	}
+	a.mu.Lock()
+	fresh := a.present.seq == seq && time.Since(a.present.at) < presentFor
+	a.mu.Unlock()
+	if fresh {
+		return nil
+	}
+	if err := a.holds(ctx, seq, chain, "the newest this archive is known to hold"); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.present.seq, a.present.at = seq, time.Now()
+	a.mu.Unlock()
+	return nil
+}
+
+// presentFor is how long a head found present answers for: lookups of
+// runs that never were (a status of a wrong id) read no manifest each,
+// and a destination that lost its archive is seen within it.
+const presentFor = 10 * time.Second
 
 // Holds returns nil when the destination holds manifest seq with chain:
 // the archive that a record of what was archived (kept elsewhere, such as
@@ -593,6 +658,18 @@ func (a *Archive) NewestSeq(ctx context.Context, runID string, through uint64) (
 }
 
 func (a *Archive) locate(ctx context.Context, runID string) (*Manifest, *RunEntry, error) {
+	m, e, err := a.locateIn(ctx, runID)
+	if errors.Is(err, ErrRunNotFound) || errors.Is(err, ErrObjectNotFound) {
+		// Not found: in the archive, or because the destination is not
+		// the archive (its newest manifest is not there)?
+		if perr := a.checkPresent(ctx); perr != nil {
+			return nil, nil, perr
+		}
+	}
+	return m, e, err
+}
+
+func (a *Archive) locateIn(ctx context.Context, runID string) (*Manifest, *RunEntry, error) {
 	a.mu.Lock()
 	loc, ok := a.index[runID]
 	a.mu.Unlock()

@@ -171,3 +171,66 @@ func TestArchive_OneManifestLostCostsOnlyItsRuns(t *testing.T) {
 		})
 	}
 }
+
+// TestArchive_ReadsOfAnArchiveWithoutItsHeadAreUnavailable: an archive
+// whose destination lacks the newest manifest the process knows of (it
+// wrote or read it; or hot state noted it: Expect) is not the archive,
+// and a read there answers ErrUnavailable, not "no such run": a run that
+// left hot state was not taken for one never archived while a volume was
+// unmounted, and the listing did not end as if the archive were empty.
+func TestArchive_ReadsOfAnArchiveWithoutItsHeadAreUnavailable(t *testing.T) {
+	ctx := context.Background()
+	dir, root := openDir(t)
+	w := mustOpen(t, dir)
+	var ms []*archive.Manifest
+	for i := range 2 {
+		m, err := w.Write(ctx, finishedRuns(t, fmt.Sprintf("m%d", i+1), 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms = append(ms, m)
+	}
+	first := ms[0].Runs[0].RunID
+	if err := os.Rename(root, root+".away"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(root, 0o750); err != nil { // the bare mount point
+		t.Fatal(err)
+	}
+	unavailable := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, archive.ErrUnavailable) {
+			t.Fatalf("%s: %v, want ErrUnavailable", what, err)
+		}
+	}
+	// The writer itself, its volume gone.
+	_, err := w.Lookup(ctx, first)
+	unavailable("a lookup by the writer", err)
+	_, err = w.ManifestSeqs(ctx)
+	unavailable("the listing's manifests", err)
+	// A process after a restart, told the head hot state noted.
+	r := mustOpen(t, dir)
+	r.Expect(ms[1].Seq, ms[1].Chain)
+	_, err = r.Lookup(ctx, first)
+	unavailable("a lookup after a restart", err)
+	_, err = r.Records(ctx, first)
+	unavailable("a run's records after a restart", err)
+	_, err = r.ManifestSeqs(ctx)
+	unavailable("the listing after a restart", err)
+	// The volume back: every read answers again.
+	if err := os.Remove(root); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(root+".away", root); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Lookup(ctx, first); err != nil {
+		t.Fatalf("a lookup with the volume back: %v", err)
+	}
+	if _, err := r.Lookup(ctx, "never-archived"); !errors.Is(err, archive.ErrRunNotFound) {
+		t.Fatalf("a run never archived, the volume back: %v, want ErrRunNotFound", err)
+	}
+	if seqs, err := r.ManifestSeqs(ctx); err != nil || len(seqs) != 2 {
+		t.Fatalf("the listing with the volume back: %v %v", seqs, err)
+	}
+}

@@ -139,6 +139,19 @@ func (n *Node) openRetention(ctx context.Context) error {
 		_ = arch.Close(ctx)
 		return err
 	}
+	// The head that runs which left went to, as hot state noted it: the
+	// archive answers reads as unavailable until its destination holds it
+	// (a volume not mounted yet), as retention archives nothing there.
+	if hk, ok := rm.(retention.HeadKeeper); ok {
+		hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		seq, chain, _, err := hk.ArchiveHead(hctx)
+		cancel()
+		if err != nil {
+			n.log.Warn("the archive's head noted in hot state cannot be read now; retention checks it before it archives anything", zap.Error(err))
+		} else if seq > 0 {
+			arch.Expect(seq, chain)
+		}
+	}
 	// Conductor's copy first: while Conductor does not remove it, the run
 	// stays whole in hot state, and so in the run list. Then the run list's
 	// row leaves with its run, on every replica.

@@ -453,3 +453,74 @@ func TestNode_RetentionKeepsTheListedRunWhileConductorRefuses(t *testing.T) {
 		t.Fatalf("the run list while the run is still in hot state: %+v, want node-done", page.Runs)
 	}
 }
+
+// TestNode_ArchivedReadsWaitForTheArchiveAfterARestart: a node restarted
+// with its archive's directory empty (the volume not mounted yet) answers
+// a read of a run that left hot state 503 ARCHIVE_UNAVAILABLE, not 404:
+// hot state noted the archive's head, and the archive there is not it.
+// With the volume back, the run reads again.
+func TestNode_ArchivedReadsWaitForTheArchiveAfterARestart(t *testing.T) {
+	ctx := context.Background()
+	_, srv := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{Listen: "127.0.0.1:0", Password: "node-pw", RetentionPassword: "retention-pw", RetentionPermissions: retentionPermissions(), Permissions: natsstore.AllPermissions})
+	dir := filepath.Join(t.TempDir(), "archive")
+	retain := Retention{Finished: time.Millisecond, Interval: 50 * time.Millisecond, Archive: "file://" + dir,
+		NATSOptions: []nats.Option{nats.UserInfo(natsstore.RetentionUser, "retention-pw")}}
+	start := func() (*Node, string) {
+		t.Helper()
+		cfg := testConfig(t, srv.URL())
+		cfg.Retention = retain
+		n := New(cfg, zaptest.NewLogger(t), prometheus.NewRegistry())
+		if err := n.Open(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return n, "http://" + cfg.API.Addr().String()
+	}
+	n, _ := start()
+	for _, w := range []*statestore.RunEventWrite{storetest.Event("left", statestore.RunStarted, ""), storetest.Event("left", statestore.RunCompleted, "")} {
+		if _, err := n.store.Append(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if recs, err := n.store.Fetch(ctx, "left", 0, 0); err == nil && len(recs) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the finished run was not removed within 20 s")
+		}
+	}
+	if err := n.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(dir, dir+".away"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(dir, 0o750); err != nil { // the bare mount point
+		t.Fatal(err)
+	}
+	n2, api := start()
+	t.Cleanup(func() { _ = n2.Close(ctx) })
+	status := func() (int, string) {
+		t.Helper()
+		resp, err := http.Get(api + "/v1/runs/left")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body struct{ Code string }
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		return resp.StatusCode, body.Code
+	}
+	if code, c := status(); code != http.StatusServiceUnavailable || c != "ARCHIVE_UNAVAILABLE" {
+		t.Fatalf("a run that left, the archive's volume not there: %d %s, want 503 ARCHIVE_UNAVAILABLE", code, c)
+	}
+	if err := os.Remove(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(dir+".away", dir); err != nil {
+		t.Fatal(err)
+	}
+	if code, c := status(); code != http.StatusOK {
+		t.Fatalf("the run with the archive back: %d %s, want 200", code, c)
+	}
+}
