@@ -28,7 +28,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"kind"}),
 		tasks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sidecar_proxy_external_tasks_total",
-			Help: "External steps' tasks by what the proxy did: admitted (StepStarted recorded, handed to the worker), held_back (the gate answered Conductor: paused, ended, ...), update_answered (the update was answered by the sidecar, not forwarded), update_not_recorded (the store did not take the outcome; the worker retries), update_not_admitted (a task the proxy never handed out, of a run that may not start it: refused with 409), update_refused (the update named another workflow than the task's, or was no task result: refused with 400).",
+			Help: "External steps' tasks by what the proxy did: admitted (StepStarted recorded, handed to the worker), held_back (the gate answered Conductor: paused, ended, ...), update_answered (the update was answered by the sidecar, not forwarded), update_not_recorded (the store did not take the outcome; the worker retries), update_not_admitted (a task the proxy never handed out, of a run that may not start it: refused with 409), update_refused (the update named another workflow than the task's, or was no task result: refused with 400); and reserved (a poll of a type of the sidecar's own steps, or an update of such a task: refused with 403, not forwarded).",
 		}, []string{"outcome"}),
 		gate: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "sidecar_proxy_gate_seconds",
@@ -55,7 +55,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, k := range []string{"poll", "batch_poll", "update", "update_v2", "update_by_ref", "forward", "unauthorized", "refused", "too_large", "busy"} {
 		m.requests.WithLabelValues(k)
 	}
-	for _, o := range []string{"admitted", "held_back", "update_answered", "update_not_recorded", "update_not_admitted", "update_try_timed_out", "update_refused"} {
+	for _, o := range []string{"admitted", "held_back", "update_answered", "update_not_recorded", "update_not_admitted", "update_try_timed_out", "update_refused", "reserved"} {
 		m.tasks.WithLabelValues(o)
 	}
 	for _, st := range []string{"poll", "update"} {

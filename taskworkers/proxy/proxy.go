@@ -677,7 +677,7 @@ var errReserved = errors.New("the task is a step the sidecar's own workers execu
 // reserved answers a poll or an update that reservedType refuses (403
 // PROXY_TASK_RESERVED): nothing is forwarded.
 func (p *Proxy) reserved(w http.ResponseWriter, why string) {
-	p.opts.Metrics.task("reserved_refused")
+	p.opts.Metrics.task("reserved")
 	writeError(w, http.StatusForbidden, CodeTaskReserved, why+": nothing was forwarded")
 }
 
