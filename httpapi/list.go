@@ -156,7 +156,9 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 		return badRequest("include", fmt.Sprintf("include %q: %s is the only value", inc, IncludeArchived))
 	}
 	if !ok {
-		return writeJSON(w, http.StatusOK, RunList{Runs: []ListedRun{}})
+		// Outside the caller's scope: nothing (no archived run either),
+		// with the list's revision as on any other page.
+		f, archived = runlist.Filter{TenantID: "\x00"}, false
 	}
 	cont := q.Get("continue")
 	if archived {

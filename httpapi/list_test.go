@@ -89,6 +89,27 @@ func TestServer_ListScope(t *testing.T) {
 			t.Errorf("%s %q: %d %v, want %d %v", c.token, c.query, status, ids, c.status, c.want)
 		}
 	}
+	// A filter outside the caller's scope lists nothing, with the list's
+	// revision as any other page has it (a watch starts from it).
+	revision := func(token, query string) (uint64, uint64) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/v1/runs"+query, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out httpapi.RunList
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+			t.Fatal(err)
+		}
+		return out.Revision, out.IndexedThrough
+	}
+	wantRev, wantIdx := revision("tok-admin", "")
+	if rev, idx := revision("tok-viewer", "?tenantId=t2"); rev != wantRev || idx != wantIdx || wantRev == 0 {
+		t.Errorf("a page outside the scope: revision %d, indexedThrough %d; want the list's %d and %d", rev, idx, wantRev, wantIdx)
+	}
 }
 
 func natstestServer(t testing.TB) *natsstore.Embedded {
