@@ -2,6 +2,8 @@ package httpapi_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -588,6 +590,40 @@ func TestServer_ArchivedListPassesOverAnUnreadableManifest(t *testing.T) {
 		names, unreadable := list(t, srv.URL)
 		if !slices.Equal(names, []string{"gone-3"}) || !slices.Equal(unreadable, []httpapi.UnreadableManifest{{From: 1, Through: 1, Code: archive.CodeCorrupt}}) {
 			t.Fatalf("listed %v, unreadable %+v; want gone-3, and manifest 1 %s", names, unreadable, archive.CodeCorrupt)
+		}
+	})
+	t.Run("RewrittenWithoutKeys", func(t *testing.T) {
+		// Manifest 1 rewritten by someone with write access to the
+		// archive and no signing key: gone-2 given to another tenant, the
+		// manifest's own hash recomputed. Manifest 2's Prev still names
+		// the real one: the listing passes over manifest 1 (a scoped
+		// caller of the other tenant would have seen gone-2).
+		srv, _, _, dir := archivedEnvWith(t, nil, reopened)
+		p := filepath.Join(dir, "manifests", "000000000001.json")
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m archive.Manifest
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		for i := range m.Runs {
+			if m.Runs[i].RunID == "gone-2" {
+				m.Runs[i].TenantID = "tenant_other"
+			}
+		}
+		m.Chain = ""
+		c, _ := json.Marshal(&m)
+		sum := sha256.Sum256(c)
+		m.Chain = hex.EncodeToString(sum[:])
+		b, _ = json.Marshal(&m)
+		if err := os.WriteFile(p, append(b, '\n'), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		names, unreadable := list(t, srv.URL)
+		if !slices.Equal(names, []string{"gone-3"}) || !slices.Equal(unreadable, []httpapi.UnreadableManifest{{From: 1, Through: 1, Code: archive.ProblemChainBroken}}) {
+			t.Fatalf("listed %v, unreadable %+v; want gone-3, and manifest 1 %s", names, unreadable, archive.ProblemChainBroken)
 		}
 	})
 	t.Run("Missing", func(t *testing.T) {

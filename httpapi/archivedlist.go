@@ -80,6 +80,14 @@ func (s *Server) listArchived(ctx context.Context, f runlist.Filter, limit int, 
 			pos.i = -1
 		}
 	}
+	// next is the manifest after seqs[k] (the one read before it, or for
+	// a page that starts mid-archive, read first): its Prev must be the
+	// Chain of seqs[k], or seqs[k] was rewritten, hash and all, by a
+	// writer without the signing key (archive verify reports it).
+	var next *archive.Manifest
+	if k >= 0 && k+1 < len(seqs) && seqs[k+1] == seqs[k]+1 {
+		next, _ = s.opts.Archive.Manifest(ctx, seqs[k+1])
+	}
 	for read := 0; k >= 0; k-- {
 		if read == maxManifestsPerPage {
 			out.Continue = archivePos{seq: seqs[k], i: -1}.token()
@@ -87,6 +95,10 @@ func (s *Server) listArchived(ctx context.Context, f runlist.Filter, limit int, 
 		}
 		m, err := s.opts.Archive.Manifest(ctx, seqs[k])
 		read++
+		if err == nil && next != nil && next.Seq == m.Seq+1 && next.Prev != m.Chain {
+			err = &archive.Error{Code: archive.ProblemChainBroken, Message: fmt.Sprintf("manifest %d is not the one manifest %d follows", m.Seq, next.Seq)}
+		}
+		next = m
 		if err != nil {
 			if errors.Is(err, archive.ErrUnavailable) || ctx.Err() != nil {
 				return fmt.Errorf("read archive manifest %d: %w", seqs[k], err)
