@@ -19,16 +19,7 @@ import (
 func ConnectDeaf(tb testing.TB, srv *natsstore.Embedded, opts ...jetstream.JetStreamOpt) (jetstream.JetStream, *atomic.Bool) {
 	tb.Helper()
 	link := &deafLink{srv: srv}
-	nc, err := srv.Connect(nats.InProcessServer(link))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(nc.Close)
-	js, err := jetstream.New(nc, opts...)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return js, &link.deaf
+	return connect(tb, srv, []nats.Option{nats.InProcessServer(link)}, opts...), &link.deaf
 }
 
 type deafLink struct {

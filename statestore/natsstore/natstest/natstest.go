@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
@@ -40,7 +41,13 @@ func StartIn(tb testing.TB, dir string, cfg natsstore.EmbeddedConfig) (jetstream
 // returns its JetStream; the connection is closed when tb ends.
 func Connect(tb testing.TB, srv *natsstore.Embedded, opts ...jetstream.JetStreamOpt) jetstream.JetStream {
 	tb.Helper()
-	nc, err := srv.Connect()
+	return connect(tb, srv, nil, opts...)
+}
+
+// connect is Connect with the connection's options.
+func connect(tb testing.TB, srv *natsstore.Embedded, conn []nats.Option, opts ...jetstream.JetStreamOpt) jetstream.JetStream {
+	tb.Helper()
+	nc, err := srv.Connect(conn...)
 	if err != nil {
 		tb.Fatal(err)
 	}
