@@ -93,7 +93,7 @@ func openReplies(t testing.TB, backend string) (httpapi.Replies, func(time.Durat
 			t.Fatal(err)
 		}
 		t.Cleanup(store.Close)
-		replies, err := httpapi.OpenPostgresReplies(ctx, store.Pool(), time.Hour)
+		replies, err := httpapi.OpenPostgresReplies(ctx, store.Pool(), time.Hour, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/conductor-sidecar/sidecar/statestore/pgstore"
 )
 
 // PostgresReplies keeps replies in the table control_replies of the run
@@ -24,6 +26,7 @@ type PostgresReplies struct {
 	// MaxBytes bounds the table's rows (0: DefaultRepliesMaxBytes).
 	MaxBytes int64
 	timeout  time.Duration
+	maxWait  time.Duration
 	// lastPrune is when a Claim last deleted the expired rows (unix ns).
 	lastPrune atomic.Int64
 }
@@ -35,13 +38,18 @@ const pruneEvery = time.Minute
 
 // OpenPostgresReplies returns the replies on pool's database, after
 // checking the table is there. Replies expire after ttl (default 24h).
-// It does not own pool.
-func OpenPostgresReplies(ctx context.Context, pool *pgxpool.Pool, ttl time.Duration) (*PostgresReplies, error) {
+// Each call waits at most maxWait whatever its caller's deadline (default:
+// the store's with its default timeouts; pgstore.Store.MaxWait is the
+// store's). It does not own pool.
+func OpenPostgresReplies(ctx context.Context, pool *pgxpool.Pool, ttl, maxWait time.Duration) (*PostgresReplies, error) {
 	if ttl <= 0 {
 		ttl = 24 * time.Hour
 	}
-	p := &PostgresReplies{pool: pool, ttl: ttl, StaleAfter: time.Minute, timeout: 5 * time.Second}
-	ctx, cancel := p.withTimeout(ctx)
+	if maxWait <= 0 {
+		maxWait = pgstore.DefaultTimeout + pgstore.DefaultStatementTimeout
+	}
+	p := &PostgresReplies{pool: pool, ttl: ttl, StaleAfter: time.Minute, timeout: pgstore.DefaultTimeout, maxWait: maxWait}
+	ctx, cancel := p.callContext(ctx)
 	defer cancel()
 	if _, err := pool.Exec(ctx, "SELECT 1 FROM control_replies LIMIT 0"); err != nil {
 		return nil, fmt.Errorf("open table control_replies (pgstore's migrations create it): %w", err)
@@ -49,11 +57,8 @@ func OpenPostgresReplies(ctx context.Context, pool *pgxpool.Pool, ttl time.Durat
 	return p, nil
 }
 
-func (p *PostgresReplies) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok {
-		return ctx, func() {}
-	}
-	return context.WithTimeout(ctx, p.timeout)
+func (p *PostgresReplies) callContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return pgstore.CallContext(ctx, p.timeout, p.maxWait)
 }
 
 // claimRow inserts a claim, or takes the key over when its row expired or
@@ -66,7 +71,7 @@ WHERE control_replies.claimed_at < now() - $4::bigint * interval '1 microsecond'
 
 // Claim implements Replies.
 func (p *PostgresReplies) Claim(ctx context.Context, key, fp string) (*Reply, error) {
-	ctx, cancel := p.withTimeout(ctx)
+	ctx, cancel := p.callContext(ctx)
 	defer cancel()
 	p.prune(ctx)
 	for range 3 {
@@ -126,7 +131,7 @@ func (p *PostgresReplies) prune(ctx context.Context) {
 
 // Keep implements Replies.
 func (p *PostgresReplies) Keep(ctx context.Context, key, fp string, r *Reply) error {
-	ctx, cancel := p.withTimeout(ctx)
+	ctx, cancel := p.callContext(ctx)
 	defer cancel()
 	_, err := p.pool.Exec(ctx, `INSERT INTO control_replies (key, fingerprint, claimed_at, status, body) VALUES ($1, $2, now(), $3, $4)
 		ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, claimed_at = EXCLUDED.claimed_at,
@@ -139,7 +144,7 @@ func (p *PostgresReplies) Keep(ctx context.Context, key, fp string, r *Reply) er
 
 // Release implements Replies: it deletes the claim, never a kept answer.
 func (p *PostgresReplies) Release(ctx context.Context, key string) error {
-	ctx, cancel := p.withTimeout(ctx)
+	ctx, cancel := p.callContext(ctx)
 	defer cancel()
 	if _, err := p.pool.Exec(ctx, "DELETE FROM control_replies WHERE key = $1 AND status IS NULL", key); err != nil {
 		return fmt.Errorf("release reply %s: %w", key, err)

@@ -34,7 +34,7 @@ func TestPostgresReplies_ExpiryAndStaleness(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	replies, err := httpapi.OpenPostgresReplies(ctx, store.Pool(), 500*time.Millisecond)
+	replies, err := httpapi.OpenPostgresReplies(ctx, store.Pool(), 500*time.Millisecond, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestPostgresReplies_ExpiryAndStaleness(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(700 * time.Millisecond)
-	fresh, err := httpapi.OpenPostgresReplies(ctx, store.Pool(), 500*time.Millisecond) // prunes on its first claim
+	fresh, err := httpapi.OpenPostgresReplies(ctx, store.Pool(), 500*time.Millisecond, 0) // prunes on its first claim
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func TestPostgresReplies_BoundedBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	replies, err := httpapi.OpenPostgresReplies(ctx, store.Pool(), time.Hour)
+	replies, err := httpapi.OpenPostgresReplies(ctx, store.Pool(), time.Hour, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +169,7 @@ func TestPostgresReplies_ARetryAfterTheStoreCameBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	replies, err := httpapi.OpenPostgresReplies(ctx, store.Pool(), 0)
+	replies, err := httpapi.OpenPostgresReplies(ctx, store.Pool(), 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,5 +197,51 @@ func TestPostgresReplies_ARetryAfterTheStoreCameBack(t *testing.T) {
 	}
 	if got := control.taken(); len(got) != 1 {
 		t.Fatalf("pauses that reached the controller after the first: %v, want 1", got)
+	}
+}
+
+// TestPostgresReplies_FrozenServerFailsWithinTheBound: the replies'
+// database stops answering while its connections stay open (every
+// process of the cluster stopped). A claim, a keep and a release each
+// fail within the bound they were given, whatever the request's deadline.
+func TestPostgresReplies_FrozenServerFailsWithinTheBound(t *testing.T) {
+	ctx := context.Background()
+	cl := pgtest.Own(t)
+	store, err := pgstore.Open(ctx, cl.URL, pgstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(store.Close)
+	const maxWait = time.Second
+	replies, err := httpapi.OpenPostgresReplies(ctx, store.Pool(), time.Hour, maxWait)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := replies.Claim(ctx, "k0", "fp"); err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]func(ctx context.Context) error{
+		"claim":   func(ctx context.Context) error { _, err := replies.Claim(ctx, "k1", "fp"); return err },
+		"keep":    func(ctx context.Context) error { return replies.Keep(ctx, "k0", "fp", &httpapi.Reply{Status: 200}) },
+		"release": func(ctx context.Context) error { return replies.Release(ctx, "k0") },
+	}
+	cl.Freeze(t) // thawed when the test ends, after its parallel subtests
+	const patience = 30 * time.Second
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(ctx, time.Hour)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- call(ctx) }()
+			select {
+			case err := <-done:
+				if err == nil {
+					t.Fatal("a call the server never answered succeeded")
+				}
+			case <-time.After(patience):
+				t.Fatalf("a call the server never answered still waits after %v (max wait %v)", patience, maxWait)
+			}
+		})
 	}
 }

@@ -75,11 +75,11 @@ func (n *Node) openPostgres(ctx context.Context) (*registry.Registry, error) {
 	}
 	n.store = pg
 	n.add(part{name: "log", close: func(context.Context) error { pg.Close(); return nil }, check: pg.Check})
-	ids, err := registry.OpenPostgres(ctx, pg.Pool(), registry.PostgresOptions{Logger: n.log, Metrics: registry.NewMetrics(n.reg)})
+	ids, err := registry.OpenPostgres(ctx, pg.Pool(), registry.PostgresOptions{Logger: n.log, Metrics: registry.NewMetrics(n.reg), MaxWait: pg.MaxWait()})
 	if err != nil {
 		return nil, err
 	}
-	replies, err := httpapi.OpenPostgresReplies(ctx, pg.Pool(), 0)
+	replies, err := httpapi.OpenPostgresReplies(ctx, pg.Pool(), 0, pg.MaxWait())
 	if err != nil {
 		return nil, err
 	}

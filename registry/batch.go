@@ -183,7 +183,7 @@ func (r *Registry) eventIDs(ctx context.Context, keys []pendingID) {
 // one implicit transaction and one commit; a key whose row a racing
 // producer committed meanwhile is read again on its own.
 func (p *pgEntries) getOrCreateMany(ctx context.Context, keys []pendingID, fresh []string) {
-	ctx, cancel := p.withTimeout(ctx)
+	ctx, cancel := p.callContext(ctx)
 	defer cancel()
 	batch := &pgx.Batch{}
 	var sent []int

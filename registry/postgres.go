@@ -9,12 +9,18 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/statestore/pgstore"
 )
 
 // PostgresOptions configures OpenPostgres.
 type PostgresOptions struct {
 	// Timeout bounds each call that has no deadline of its own (default 5s).
 	Timeout time.Duration
+	// MaxWait bounds each call whatever its caller's deadline (default:
+	// Timeout and the store's default statement_timeout;
+	// pgstore.Store.MaxWait is the store's).
+	MaxWait time.Duration
 	// Logger receives adopt notices and debug traces (default zap.NewNop()).
 	Logger *zap.Logger
 	// Metrics records operations (default nil: none).
@@ -32,13 +38,16 @@ type PostgresOptions struct {
 // racing producers, in any number of processes, all return the one row.
 func OpenPostgres(ctx context.Context, pool *pgxpool.Pool, opts PostgresOptions) (*Registry, error) {
 	if opts.Timeout <= 0 {
-		opts.Timeout = 5 * time.Second
+		opts.Timeout = pgstore.DefaultTimeout
+	}
+	if opts.MaxWait <= 0 {
+		opts.MaxWait = opts.Timeout + pgstore.DefaultStatementTimeout
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
-	e := &pgEntries{pool: pool, timeout: opts.Timeout, log: opts.Logger.Named("registry")}
-	ctx, cancel := e.withTimeout(ctx)
+	e := &pgEntries{pool: pool, timeout: opts.Timeout, maxWait: opts.MaxWait, log: opts.Logger.Named("registry")}
+	ctx, cancel := e.callContext(ctx)
 	defer cancel()
 	if _, err := pool.Exec(ctx, "SELECT 1 FROM event_ids LIMIT 0"); err != nil {
 		return nil, fmt.Errorf("%w: open table event_ids (pgstore's migrations create it): %w", ErrUnavailable, err)
@@ -50,14 +59,12 @@ func OpenPostgres(ctx context.Context, pool *pgxpool.Pool, opts PostgresOptions)
 type pgEntries struct {
 	pool    *pgxpool.Pool
 	timeout time.Duration
+	maxWait time.Duration
 	log     *zap.Logger
 }
 
-func (p *pgEntries) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok {
-		return ctx, func() {}
-	}
-	return context.WithTimeout(ctx, p.timeout)
+func (p *pgEntries) callContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return pgstore.CallContext(ctx, p.timeout, p.maxWait)
 }
 
 // insertOrGet inserts the fresh eventId unless the key has one and
@@ -74,7 +81,7 @@ SELECT event_id::text, false FROM event_ids WHERE run_id = $1 AND idempotency_ke
 LIMIT 1`
 
 func (p *pgEntries) getOrCreate(ctx context.Context, runID, idempotencyKey, key, fresh string) (string, bool, error) {
-	ctx, cancel := p.withTimeout(ctx)
+	ctx, cancel := p.callContext(ctx)
 	defer cancel()
 	var stored string
 	var created bool
@@ -98,7 +105,7 @@ func (p *pgEntries) getOrCreate(ctx context.Context, runID, idempotencyKey, key,
 }
 
 func (p *pgEntries) adopt(ctx context.Context, runID, idempotencyKey, key, eventID string) (bool, error) {
-	ctx, cancel := p.withTimeout(ctx)
+	ctx, cancel := p.callContext(ctx)
 	defer cancel()
 	// The upsert writes (and returns a row) only when the stored value
 	// differs or there is none.
@@ -117,7 +124,7 @@ func (p *pgEntries) adopt(ctx context.Context, runID, idempotencyKey, key, event
 }
 
 func (p *pgEntries) lookup(ctx context.Context, runID, idempotencyKey, key string) (string, error) {
-	ctx, cancel := p.withTimeout(ctx)
+	ctx, cancel := p.callContext(ctx)
 	defer cancel()
 	var stored string
 	err := p.pool.QueryRow(ctx, "SELECT event_id::text FROM event_ids WHERE run_id = $1 AND idempotency_key = $2",

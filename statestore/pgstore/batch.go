@@ -12,9 +12,9 @@ import (
 
 var _ statestore.BatchAppender = (*Store)(nil)
 
-// batchRunsPerTimeout is how many runs of an AppendBatch without a
-// deadline of its own get one Options.Timeout: a batch of 1,000 runs has
-// five.
+// batchRunsPerTimeout is how many runs of an AppendBatch get one of the
+// store's bounds (Options.Timeout without a deadline of the caller's,
+// MaxWait with one): a batch of 1,000 runs has five.
 const batchRunsPerTimeout = 250
 
 // AppendBatch implements statestore.BatchAppender in one transaction: the
@@ -70,12 +70,10 @@ func (s *Store) appendBatch(ctx context.Context, runs []statestore.RunBatch, ord
 			bodies[i] = append(bodies[i], string(body))
 		}
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		// The store's timeout for every batchRunsPerTimeout runs.
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.timeout*time.Duration(1+len(order)/batchRunsPerTimeout))
-		defer cancel()
-	}
+	// The store's bounds (callContext) for every batchRunsPerTimeout runs.
+	per := time.Duration(1 + len(order)/batchRunsPerTimeout)
+	ctx, cancel := CallContext(ctx, s.timeout*per, s.maxWait*per)
+	defer cancel()
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return err

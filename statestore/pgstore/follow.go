@@ -28,7 +28,7 @@ func (s *Store) Follow(ctx context.Context, afterSeq uint64) (statestore.LogTail
 
 // LastSeq implements statestore.Follower.
 func (s *Store) LastSeq(ctx context.Context) (uint64, error) {
-	ctx, cancel := s.withTimeout(ctx)
+	ctx, cancel := s.callContext(ctx)
 	defer cancel()
 	var last int64
 	if err := s.pool.QueryRow(ctx, "SELECT coalesce(max(log_seq), 0) FROM run_events").Scan(&last); err != nil {
@@ -56,7 +56,7 @@ func (t *tail) Next(ctx context.Context, limit int) ([]statestore.RunEventRecord
 	if limit <= 0 {
 		limit = 1000
 	}
-	qctx, cancel := t.s.withTimeout(ctx)
+	qctx, cancel := t.s.callContext(ctx)
 	defer cancel()
 	// settled: the record was stored more than the grace ago, by the
 	// database's clock, so every hole before it is for good.

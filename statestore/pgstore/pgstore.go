@@ -34,7 +34,9 @@ import (
 
 // Options configures Open.
 type Options struct {
-	// Timeout bounds each call that has no deadline of its own (default 5s).
+	// Timeout bounds each call that has no deadline of its own (default
+	// 5s); a call with one waits at most StatementTimeout + Timeout
+	// (MaxWait).
 	Timeout time.Duration
 	// MaxConns bounds the pool (default: the URL's pool_max_conns, else
 	// DefaultMaxConns).
@@ -54,6 +56,12 @@ type Options struct {
 	Gate             statestore.AlertGate
 }
 
+// The defaults of Options.Timeout and Options.StatementTimeout.
+const (
+	DefaultTimeout          = 5 * time.Second
+	DefaultStatementTimeout = 10 * time.Second
+)
+
 // DefaultMaxConns is the pool's size unless Options.MaxConns or the URL's
 // pool_max_conns sets it: the producers of one sidecar (up to ~50 steps
 // at once by default) went through 16 connections 20 – 40% faster than
@@ -64,6 +72,7 @@ const DefaultMaxConns = 16
 type Store struct {
 	pool      *pgxpool.Pool
 	timeout   time.Duration
+	maxWait   time.Duration // StatementTimeout + timeout: CallContext
 	holeGrace time.Duration
 	log       *zap.Logger
 	metrics   *statestore.Metrics
@@ -79,13 +88,13 @@ var (
 // connection's role and the schema (admit) and returns the store.
 func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if opts.Timeout <= 0 {
-		opts.Timeout = 5 * time.Second
+		opts.Timeout = DefaultTimeout
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
 	if opts.StatementTimeout <= 0 {
-		opts.StatementTimeout = 10 * time.Second
+		opts.StatementTimeout = DefaultStatementTimeout
 	}
 	if opts.HoleGrace <= 0 {
 		opts.HoleGrace = opts.StatementTimeout + 5*time.Second
@@ -111,7 +120,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		pool.Close()
 		return nil, err
 	}
-	s := &Store{pool: pool, timeout: opts.Timeout, holeGrace: opts.HoleGrace, log: opts.Logger.Named("pgstore"), metrics: opts.Metrics}
+	s := &Store{pool: pool, timeout: opts.Timeout, maxWait: opts.StatementTimeout + opts.Timeout, holeGrace: opts.HoleGrace, log: opts.Logger.Named("pgstore"), metrics: opts.Metrics}
 	popts := statestore.ProjectorOptions{
 		Logger: opts.Logger, Metrics: opts.Metrics, Alerts: opts.Alerts, Gate: opts.Gate,
 		Contiguous: true, // runSeq is 1, 2, 3, ... per run: a hole is a visibility gap
@@ -200,7 +209,7 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 // sidecar writes exist (an administrator's DROP or a restore of an older
 // dump fails it with STORE_DAMAGED). serve's /readyz calls it.
 func (s *Store) Check(ctx context.Context) error {
-	ctx, cancel := s.withTimeout(ctx)
+	ctx, cancel := s.callContext(ctx)
 	defer cancel()
 	all, err := migrations()
 	if err != nil {
@@ -264,7 +273,7 @@ var tables = []string{"schema_migrations", "runs", "run_events", "event_ids", "c
 // instead (the operator accepts that the state of the other is gone).
 // It returns the previous pairing when it changed ("" on the first).
 func (s *Store) Pair(ctx context.Context, natsState string, accept bool) (previous string, err error) {
-	ctx, cancel := s.withTimeout(ctx)
+	ctx, cancel := s.callContext(ctx)
 	defer cancel()
 	var paired string
 	var at time.Time
@@ -318,7 +327,7 @@ func (s *Store) append(ctx context.Context, w *statestore.RunEventWrite, lastSeq
 	if err != nil {
 		return statestore.AppendResult{}, fmt.Errorf("pgstore: encode event: %w", err)
 	}
-	ctx, cancel := s.withTimeout(ctx)
+	ctx, cancel := s.callContext(ctx)
 	defer cancel()
 	// One statement: append_event (migrations/0002) does the steps of
 	// docs/postgres.md, "Appends", in the statement's own transaction.
@@ -350,7 +359,7 @@ func (s *Store) Fetch(ctx context.Context, runID string, afterSeq int64, limit i
 	if err := ctx.Err(); err != nil {
 		return nil, unavailable("fetch", err)
 	}
-	ctx, cancel := s.withTimeout(ctx)
+	ctx, cancel := s.callContext(ctx)
 	defer cancel()
 	q := "SELECT run_seq, persisted_at, body FROM run_events WHERE run_id = $1 AND run_seq > $2 ORDER BY run_seq"
 	args := []any{runID, afterSeq}
@@ -388,7 +397,7 @@ func (s *Store) Lookup(ctx context.Context, runID, idempotencyKey string) (*stat
 	if statestore.CheckID(runID, false) != nil || !utf8.ValidString(idempotencyKey) {
 		return nil, statestore.ErrNotFound
 	}
-	ctx, cancel := s.withTimeout(ctx)
+	ctx, cancel := s.callContext(ctx)
 	defer cancel()
 	var seq int64
 	var at time.Time
@@ -430,11 +439,28 @@ func record(seq int64, at time.Time, body string) (statestore.RunEventRecord, er
 	return rec, nil
 }
 
-func (s *Store) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+// MaxWait is the longest any call of the store waits for PostgreSQL,
+// whatever its caller's deadline: the server's statement_timeout and the
+// store's timeout. Other users of Pool bound their calls by it
+// (CallContext).
+func (s *Store) MaxWait() time.Duration { return s.maxWait }
+
+func (s *Store) callContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return CallContext(ctx, s.timeout, s.maxWait)
+}
+
+// CallContext bounds one call to PostgreSQL: by timeout when ctx has no
+// deadline, and by maxWait when it has one (an earlier deadline stays).
+// No statement runs longer than the server's statement_timeout, so a call
+// still waiting after it and a margin waits on a host that stopped
+// answering while its connections stay open (hung, partitioned): a
+// caller's deadline an hour away (a step's) must not keep the call, its
+// pool connection and the locks its caller holds that long.
+func CallContext(ctx context.Context, timeout, maxWait time.Duration) (context.Context, context.CancelFunc) {
 	if _, ok := ctx.Deadline(); ok {
-		return ctx, func() {}
+		timeout = maxWait
 	}
-	return context.WithTimeout(ctx, s.timeout)
+	return context.WithTimeout(ctx, timeout)
 }
 
 func unavailable(op string, err error) error {

@@ -20,8 +20,9 @@ const retentionVersion = 5
 
 // RemoverOptions configures OpenRemover.
 type RemoverOptions struct {
-	// Timeout bounds each removal that has no deadline of its own
-	// (default 30s).
+	// Timeout bounds each removal, whatever its caller's deadline (default
+	// 30s): serve sets no statement_timeout on the retention role's connections,
+	// and remove_run is one statement.
 	Timeout time.Duration
 	Logger  *zap.Logger
 }
@@ -121,11 +122,8 @@ func (r *Remover) RemoveRun(ctx context.Context, runID string, lastRunSeq, recor
 	if statestore.CheckID(runID, true) != nil || lastRunSeq == 0 || records == 0 || records > lastRunSeq || lastRunSeq > 1<<62 {
 		return &statestore.Error{Code: statestore.CodeSchemaValidationFailed, Message: fmt.Sprintf("remove run %q: lastRunSeq %d, records %d", runID, lastRunSeq, records)}
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, r.timeout)
-		defer cancel()
-	}
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
 	var removed, last, have int64
 	var finished bool
 	err := r.pool.QueryRow(ctx, "SELECT o_removed, o_last, o_records, o_finished FROM remove_run($1, $2, $3)",

@@ -21,7 +21,7 @@ var (
 )
 
 func (d snapshots) LoadSnapshot(ctx context.Context, runID string) (*statestore.DurableSnapshot, error) {
-	ctx, cancel := d.s.withTimeout(ctx)
+	ctx, cancel := d.s.callContext(ctx)
 	defer cancel()
 	var body string
 	err := d.s.pool.QueryRow(ctx, "SELECT body FROM run_snapshots WHERE run_id = $1", runID).Scan(&body)
@@ -43,7 +43,7 @@ func (d snapshots) SaveSnapshot(ctx context.Context, snap *statestore.DurableSna
 	if err != nil {
 		return err
 	}
-	ctx, cancel := d.s.withTimeout(ctx)
+	ctx, cancel := d.s.callContext(ctx)
 	defer cancel()
 	// With the chain hash of the record at the watermark (none: nothing
 	// is saved; the log no longer holds it).
@@ -57,7 +57,7 @@ func (d snapshots) SaveSnapshot(ctx context.Context, snap *statestore.DurableSna
 }
 
 func (d snapshots) DeleteSnapshot(ctx context.Context, runID string) error {
-	ctx, cancel := d.s.withTimeout(ctx)
+	ctx, cancel := d.s.callContext(ctx)
 	defer cancel()
 	if _, err := d.s.pool.Exec(ctx, "DELETE FROM run_snapshots WHERE run_id = $1", runID); err != nil {
 		return unavailable("delete snapshot", err)
@@ -72,7 +72,7 @@ func (d snapshots) DeleteSnapshot(ctx context.Context, runID string) error {
 // LOG_CHAIN_BROKEN naming the first record that breaks the chain, or the
 // watermark when the hash there is not the saved one.
 func (d snapshots) CheckSnapshot(ctx context.Context, snap *statestore.DurableSnapshot) error {
-	ctx, cancel := d.s.withTimeout(ctx)
+	ctx, cancel := d.s.callContext(ctx)
 	defer cancel()
 	runID, w := snap.Snapshot.RunID, snap.Snapshot.LastEventSeq
 	// One query: the saved chain hash beside each record up to the

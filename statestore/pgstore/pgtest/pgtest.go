@@ -13,9 +13,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -174,6 +176,72 @@ func (c *Cluster) Stop(tb testing.TB) {
 	if out, err := script(c.dir, c.port, "stop").CombinedOutput(); err != nil {
 		tb.Fatalf("deploy/local/postgres.sh stop: %v\n%s", err, out)
 	}
+}
+
+// Freeze stops every process of the cluster (SIGSTOP of the postmaster
+// and its backends): a hung host or a partition, whose connections stay
+// open and whose kernel still accepts new ones, while nothing answers.
+// The returned thaw (also run when the test ends) lets it go on.
+func (c *Cluster) Freeze(tb testing.TB) (thaw func()) {
+	tb.Helper()
+	pids, err := c.processes()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			tb.Fatalf("freeze postgres process %d: %v", pid, err)
+		}
+	}
+	var once sync.Once
+	thaw = func() {
+		once.Do(func() {
+			for _, pid := range pids {
+				_ = syscall.Kill(pid, syscall.SIGCONT)
+			}
+		})
+	}
+	tb.Cleanup(thaw) // before the cluster's stop, which Own registered first
+	return thaw
+}
+
+// processes returns the postmaster's pid (its data directory's
+// postmaster.pid) and those of its children.
+func (c *Cluster) processes() ([]int, error) {
+	b, err := os.ReadFile(filepath.Join(c.dir, "data", "postmaster.pid"))
+	if err != nil {
+		return nil, err
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	postmaster, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil {
+		return nil, fmt.Errorf("postmaster.pid: %w", err)
+	}
+	pids := []int{postmaster}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue // ended meanwhile
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+		i := strings.LastIndexByte(string(stat), ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(stat)[i+1:])
+		if len(f) > 1 && f[1] == strconv.Itoa(postmaster) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
 }
 
 // Roles is a database set up as docs/postgres.md says: its owner (that
