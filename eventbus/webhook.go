@@ -21,9 +21,9 @@ import (
 // webhook-id (the event's id: the consumer's dedup key, the same on every
 // redelivery), webhook-timestamp (Unix seconds) and webhook-signature
 // "v1,<base64 HMAC-SHA256 of id.timestamp.body>" with the shared secret.
-// A 2xx answer acknowledges the event; a 408, 429 or 5xx, a timeout or a
-// refused connection is retried; any other 4xx rejects it for good
-// (dead-lettered at once).
+// A 2xx answer acknowledges the event; a 408, 429 or 5xx, a redirect
+// (never followed), a timeout or a refused connection is retried; any
+// other 4xx rejects it for good (dead-lettered at once).
 type WebhookSink struct {
 	name, vocabulary, url string
 	secret                []byte
@@ -40,7 +40,8 @@ type WebhookSinkConfig struct {
 	Secret []byte
 	// Timeout bounds one request (default 10s).
 	Timeout time.Duration
-	// Client is the HTTP client (default: one with Timeout).
+	// Client is the HTTP client (default: one with Timeout); the sink uses
+	// a copy that does not follow redirects.
 	Client *http.Client
 }
 
@@ -62,10 +63,16 @@ func NewWebhookSink(cfg WebhookSinkConfig) (*WebhookSink, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 10 * time.Second
 	}
-	if cfg.Client == nil {
-		cfg.Client = &http.Client{Timeout: cfg.Timeout}
+	client := &http.Client{Timeout: cfg.Timeout}
+	if cfg.Client != nil {
+		c := *cfg.Client
+		client = &c
 	}
-	return &WebhookSink{name: cfg.Name, vocabulary: cfg.Vocabulary, url: cfg.URL, secret: cfg.Secret, client: cfg.Client, now: time.Now}, nil
+	// A redirect is not followed: a 302 or 303 would turn the signed POST
+	// into an empty GET whose 2xx acknowledged the event, and a 307 or
+	// 308 would send the signed body wherever its Location points.
+	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &WebhookSink{name: cfg.Name, vocabulary: cfg.Vocabulary, url: cfg.URL, secret: cfg.Secret, client: client, now: time.Now}, nil
 }
 
 // Name implements Sink.
@@ -111,6 +118,8 @@ func (s *WebhookSink) post(ctx context.Context, m *Message) error {
 	switch c := resp.StatusCode; {
 	case c >= 200 && c < 300:
 		return nil
+	case c >= 300 && c < 400:
+		return failed(fmt.Sprintf("webhook answered %s to %s: the sink does not follow redirects; set its url= to the address the consumer takes events at (the answer's Location: %q)", resp.Status, s.url, resp.Header.Get("Location")), nil)
 	case c >= 400 && c < 500 && c != http.StatusRequestTimeout && c != http.StatusTooManyRequests:
 		return &Error{Code: CodeRejected, Message: "webhook answered " + resp.Status}
 	default:
