@@ -185,6 +185,44 @@ func TestToken_UnknownRole(t *testing.T) {
 	}
 }
 
+// TestToken_EntryServeTakes: the entry token new prints, pasted under
+// principals:, is one serve loads, and its token authenticates as the
+// principal with the scope asked for (a field not asked for matches any).
+func TestToken_EntryServeTakes(t *testing.T) {
+	for _, tc := range []struct {
+		flags []string
+		want  httpapi.Scope
+	}{
+		{nil, httpapi.Scope{}},
+		{[]string{"--tenant-id", "acme"}, httpapi.Scope{TenantID: "acme"}},
+		{[]string{"--tenant-id", "acme", "--project-id", "p"}, httpapi.Scope{TenantID: "acme", ProjectID: "p"}},
+		{[]string{"--environment-id", "prod"}, httpapi.Scope{EnvironmentID: "prod"}},
+		{[]string{"--tenant-id", "a b\"c", "--project-id", "p", "--environment-id", "e"}, httpapi.Scope{TenantID: "a b\"c", ProjectID: "p", EnvironmentID: "e"}},
+	} {
+		t.Run(strings.Join(tc.flags, " "), func(t *testing.T) {
+			code, out, errOut := run(t, append([]string{"token", "new", "--name", "ops", "--roles", "operator"}, tc.flags...)...)
+			if code != exitOK {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			token, entry, _ := strings.Cut(out, "\n")
+			path := filepath.Join(t.TempDir(), "tokens.yaml")
+			if err := os.WriteFile(path, []byte("principals:\n"+entry), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			creds, err := httpapi.LoadCredentials(path)
+			if err != nil {
+				t.Fatalf("serve refuses the printed entry:\n%s\n%v", entry, err)
+			}
+			r := httptest.NewRequest(http.MethodGet, "/v1/runs", nil)
+			r.Header.Set("Authorization", "Bearer "+token)
+			p, err := creds.Authenticate(r)
+			if err != nil || p.Name != "ops" || p.Scope != tc.want {
+				t.Fatalf("the printed token authenticates as %+v, %v; want ops with scope %+v", p, err, tc.want)
+			}
+		})
+	}
+}
+
 // TestRunTable_WatchLinesAligned: rows a watch prints later line up with
 // the header and the first rows; --no-headers leaves the header out.
 func TestRunTable_WatchLinesAligned(t *testing.T) {

@@ -49,8 +49,16 @@ func (c *TokenCommand) Run(ctx context.Context, args []string) error {
 	_, _ = rand.Read(b) // crypto/rand.Read never fails on Linux
 	token := base64.RawURLEncoding.EncodeToString(b)
 	entry := fmt.Sprintf("  - name: %q\n    tokenSha256: %s\n    roles: [%s]\n", *name, httpapi.HashToken(token), strings.Join(list, ", "))
-	if *tenant+*project+*env != "" {
-		entry += fmt.Sprintf("    scope: {tenantId: %q, projectId: %q, environmentId: %q}\n", *tenant, *project, *env)
+	// Only the fields asked for: serve refuses an empty one (a field left
+	// out matches any).
+	var scope []string
+	for _, f := range []struct{ key, value string }{{"tenantId", *tenant}, {"projectId", *project}, {"environmentId", *env}} {
+		if f.value != "" {
+			scope = append(scope, fmt.Sprintf("%s: %q", f.key, f.value))
+		}
+	}
+	if len(scope) > 0 {
+		entry += "    scope: {" + strings.Join(scope, ", ") + "}\n"
 	}
 	_, err := fmt.Fprintf(c.m.Stdout, "%s\n# add under principals: in the tokens file, then send SIGHUP to serve:\n%s", token, entry)
 	return err
