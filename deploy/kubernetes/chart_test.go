@@ -17,6 +17,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/conductor-sidecar/sidecar/httpapi"
 )
 
 // update rewrites the files generated from the chart instead of comparing
@@ -494,7 +496,7 @@ func TestChart_BadValuesFail(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		values []string
-		set    []string
+		set    []string // json:K=V is --set-json K=V
 		want   string
 	}{
 		{"UnknownKey", []string{"one-pod.yaml"}, []string{"replicas=3"}, "additional properties 'replicas' not allowed"},
@@ -543,12 +545,25 @@ func TestChart_BadValuesFail(t *testing.T) {
 		{"RetentionStorePassword", []string{"postgres.yaml"}, []string{"retention.finished=720h", "retention.archive=s3://b/p", "retention.store=postgres://r:pw@h:5432/d"}, "retention.store holds a password"},
 		{"RetentionStoreWithoutPassfile", []string{"postgres.yaml"}, []string{"retention.finished=720h", "retention.archive=s3://b/p", "retention.store=postgres://r@h:5432/d"}, "retention.store needs retention.passfileSecret"},
 		{"RetentionPassfileAndPGPASSWORD", []string{"postgres.yaml"}, []string{"retention.finished=720h", "retention.archive=s3://b/p", "retention.store=postgres://r@h:5432/d", "retention.passfileSecret.name=pgpass"}, "retention.passfileSecret replaces store.passwordSecret"},
+		{"PrincipalEmptyScopeField", []string{"one-pod.yaml"}, []string{"auth.principals[0].scope.tenantId="}, "/auth/principals/0/scope/tenantId'"},
+		{"PrincipalEmptyScope", []string{"one-pod.yaml"}, []string{"json:auth.principals[0].scope={}"}, "/auth/principals/0/scope'"},
+		{"PrincipalNameTwice", []string{"one-pod.yaml"}, []string{"auth.principals[1].name=replace-me", "auth.principals[1].certCommonName=ops", "auth.principals[1].roles={viewer}"}, "auth.principals: the name replace-me is given twice"},
+		{"PrincipalTokenTwice", []string{"one-pod.yaml"}, []string{"auth.principals[1].name=other", "auth.principals[1].tokenSha256=3f0a1d0c9e6b7f2a4c5d8e9f00112233445566778899aabbccddeeff00112233", "auth.principals[1].roles={viewer}"}, "auth.principals: the tokenSha256 3f0a1d0c9e6b7f2a4c5d8e9f00112233445566778899aabbccddeeff00112233 is given twice"},
+		{"PrincipalCertTwice", []string{"one-pod.yaml"}, []string{"auth.principals[1].name=a", "auth.principals[1].certCommonName=ops", "auth.principals[1].roles={viewer}", "auth.principals[2].name=b", "auth.principals[2].certCommonName=ops", "auth.principals[2].roles={admin}"}, "auth.principals: the certCommonName ops is given twice"},
+		{"ConductorURLPassword", []string{"one-pod.yaml"}, []string{"conductor.url=http://u:secret@conductor:8080/api"}, "conductor.url holds a password"},
+		{"ConductorURLAndSecret", []string{"one-pod.yaml"}, []string{"conductor.urlSecret.name=conductor-url"}, "conductor.urlSecret names Conductor's URL"},
+		{"ExtraOverridesChartLogLevel", []string{"one-pod.yaml"}, []string{"config.extra.SIDECAR_LOG_LEVEL=debug"}, "config.extra.SIDECAR_LOG_LEVEL is set by the chart"},
+		{"ExtraOverridesChartSyncInterval", []string{"one-pod.yaml"}, []string{"config.extra.SIDECAR_SYNC_INTERVAL=1s"}, "config.extra.SIDECAR_SYNC_INTERVAL is set by the chart"},
 		{"RetentionExternalNATSWithoutPassword", []string{"replicated.yaml"}, []string{"retention.finished=720h", "retention.archive=s3://b/p"}, "needs retention.natsPasswordSecret"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var extra []string
 			for _, s := range tc.set {
-				extra = append(extra, "--set", s)
+				if v, ok := strings.CutPrefix(s, "json:"); ok {
+					extra = append(extra, "--set-json", v)
+				} else {
+					extra = append(extra, "--set", s)
+				}
 			}
 			out, err := template(t, tc.values, extra...)
 			if err == nil {
@@ -558,6 +573,82 @@ func TestChart_BadValuesFail(t *testing.T) {
 				t.Errorf("helm template failed without mentioning %q: %v", tc.want, err)
 			}
 		})
+	}
+}
+
+// TestChart_TokensFileServeTakes: the tokens file the chart writes from
+// auth.principals is one serve loads (its own loader), for every
+// documented values file and for principals of each kind: a chart that
+// renders a file serve refuses makes a pod that never starts.
+func TestChart_TokensFileServeTakes(t *testing.T) {
+	principals := `[{"name":"all","tokenSha256":"` + strings.Repeat("a", 64) + `","roles":["admin"]},
+		{"name":"acme","tokenSha256":"` + strings.Repeat("b", 64) + `","roles":["operator","viewer"],"scope":{"tenantId":"acme"}},
+		{"name":"acme-prod","tokenSha256":"` + strings.Repeat("c", 64) + `","roles":["viewer"],"scope":{"tenantId":"acme","environmentId":"prod"}},
+		{"name":"mtls","certCommonName":"ops.example","roles":["viewer"],"scope":{"projectId":"p"}}]`
+	cases := []struct {
+		name   string
+		values []string
+		extra  []string
+		want   int
+	}{{"EveryKind", []string{"one-pod.yaml"}, []string{"--set-json", "auth.principals=" + principals}, 4}}
+	for _, r := range renders {
+		cases = append(cases, struct {
+			name   string
+			values []string
+			extra  []string
+			want   int
+		}{r.name, r.values, nil, 0})
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := template(t, tc.values, tc.extra...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var tokens string
+			for _, sec := range decodeRender(t, out).secrets {
+				if f, ok := sec.StringData["tokens.yaml"]; ok {
+					tokens = f
+				}
+			}
+			if tokens == "" {
+				t.Skip("the values name a Secret of their own (auth.existingSecret)")
+			}
+			path := filepath.Join(t.TempDir(), "tokens.yaml")
+			if err := os.WriteFile(path, []byte(tokens), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			creds, err := httpapi.LoadCredentials(path)
+			if err != nil {
+				t.Fatalf("serve refuses the chart's tokens file:\n%s\n%v", tokens, err)
+			}
+			if tc.want > 0 && creds.Len() != tc.want {
+				t.Fatalf("%d principals loaded, want %d:\n%s", creds.Len(), tc.want, tokens)
+			}
+		})
+	}
+}
+
+// TestChart_ConductorURLSecret: with conductor.urlSecret, Conductor's URL
+// (with its credentials) comes from that Secret and is in no ConfigMap.
+func TestChart_ConductorURLSecret(t *testing.T) {
+	out, err := template(t, []string{"replicated.yaml"}, "--set", "conductor.url=", "--set", "conductor.urlSecret.name=conductor-url")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := decodeRender(t, out)
+	c := container(t, the(t, "Deployments", m.deployments), "sidecar")
+	if cm := sidecarConfigMap(t, m, c); cm.Data["SIDECAR_CONDUCTOR_URL"] != "" {
+		t.Fatalf("the ConfigMap holds SIDECAR_CONDUCTOR_URL %q", cm.Data["SIDECAR_CONDUCTOR_URL"])
+	}
+	var ref *corev1.SecretKeySelector
+	for _, e := range c.Env {
+		if e.Name == "SIDECAR_CONDUCTOR_URL" && e.ValueFrom != nil {
+			ref = e.ValueFrom.SecretKeyRef
+		}
+	}
+	if ref == nil || ref.Name != "conductor-url" || ref.Key != "url" {
+		t.Fatalf("SIDECAR_CONDUCTOR_URL from %+v, want the Secret conductor-url, key url", ref)
 	}
 }
 

@@ -42,8 +42,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- .Values.conductor.url -}}
 {{- else if .Values.conductor.inPod.enabled -}}
 http://localhost:8080/api
-{{- else -}}
-{{- fail "conductor.url is required (Conductor's API, e.g. http://conductor.conductor.svc:8080/api), or conductor.inPod.enabled for a Conductor in the sidecar's pod" -}}
+{{- else if not .Values.conductor.urlSecret.name -}}
+{{- fail "conductor.url is required (Conductor's API, e.g. http://conductor.conductor.svc:8080/api), or conductor.urlSecret for a URL with credentials, or conductor.inPod.enabled for a Conductor in the sidecar's pod" -}}
 {{- end -}}
 {{- end -}}
 
@@ -168,6 +168,24 @@ or decimal suffix.
 {{- if and .Values.tls.clientCASecretName (not .Values.tls.secretName) -}}
 {{- fail "tls.clientCASecretName needs tls.secretName: client certificates are verified on a TLS listener" -}}
 {{- end -}}
+{{- if and .Values.conductor.url (regexMatch "^[a-z][a-z0-9+.-]*://[^/@]*:[^/@]*@" .Values.conductor.url) -}}
+{{- fail "conductor.url holds a password: it would be in a ConfigMap; put the URL in a Secret of yours and name it in conductor.urlSecret" -}}
+{{- end -}}
+{{- if and .Values.conductor.urlSecret.name (or .Values.conductor.url .Values.conductor.inPod.enabled) -}}
+{{- fail "conductor.urlSecret names Conductor's URL: leave conductor.url empty and conductor.inPod off" -}}
+{{- end -}}
+{{- $seen := dict -}}
+{{- range $p := .Values.auth.principals -}}
+{{- range $field := list "name" "tokenSha256" "certCommonName" -}}
+{{- with get $p $field -}}
+{{- $key := printf "%s=%v" $field . -}}
+{{- if hasKey $seen $key -}}
+{{- fail (printf "auth.principals: the %s %v is given twice: serve refuses a tokens file that names a principal, a token or a certificate twice" $field .) -}}
+{{- end -}}
+{{- $_ := set $seen $key true -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.store.postgresURL (regexMatch "^postgres(ql)?://[^/@]*:[^/@]*@" .Values.store.postgresURL) -}}
 {{- fail "store.postgresURL holds a password: keep it out of the URL (it would be in a ConfigMap) and put it in store.passwordSecret" -}}
 {{- end -}}
@@ -176,8 +194,9 @@ or decimal suffix.
 {{- fail (printf "podDisruptionBudget.minAvailable %d is not below replicaCount %d: no pod could ever be evicted, so every node drain would block; at most replicaCount - 1" (int .) (int $.Values.replicaCount)) -}}
 {{- end -}}
 {{- end -}}
+{{- $own := include "sidecar.configData" . | fromYaml -}}
 {{- range $k, $v := .Values.config.extra -}}
-{{- if has $k (list "SIDECAR_WORKER_ID" "SIDECAR_LISTEN" "SIDECAR_TOKENS_FILE" "SIDECAR_METRICS_LISTEN" "SIDECAR_DATA_DIR" "SIDECAR_NATS_URL" "SIDECAR_NATS_PASSWORD_FILE" "SIDECAR_STORE" "SIDECAR_TLS_CERT" "SIDECAR_TLS_KEY" "SIDECAR_CLIENT_CA" "SIDECAR_CONDUCTOR_URL") -}}
+{{- if or (hasKey $own $k) (has $k (list "SIDECAR_WORKER_ID" "SIDECAR_LISTEN" "SIDECAR_TOKENS_FILE" "SIDECAR_METRICS_LISTEN" "SIDECAR_DATA_DIR" "SIDECAR_NATS_URL" "SIDECAR_NATS_PASSWORD_FILE" "SIDECAR_STORE" "SIDECAR_TLS_CERT" "SIDECAR_TLS_KEY" "SIDECAR_CLIENT_CA" "SIDECAR_CONDUCTOR_URL")) -}}
 {{- fail (printf "config.extra.%s is set by the chart from its own values (docs/helm.md, \"Values\"): set that value; config.extra takes serve's other settings" $k) -}}
 {{- end -}}
 {{- end -}}
