@@ -180,6 +180,9 @@ func readCredentials(path string) (*credentialSet, error) {
 			}
 			set.byHash[h] = p
 		case e.CertCommonName != "":
+			if set.byCN[e.CertCommonName] != nil {
+				problems = append(problems, where+": the same certCommonName is given twice")
+			}
 			set.byCN[e.CertCommonName] = p
 		default:
 			problems = append(problems, where+": give tokenSha256 or certCommonName")

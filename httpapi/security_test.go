@@ -330,6 +330,10 @@ func TestLoadCredentials_Problems(t *testing.T) {
 		"Empty":        "principals: []\n",
 		"EmptyFile":    "",
 		"DupName":      tokensYAML(principal("a", "x", "viewer", ""), principal("a", "y", "viewer", "")),
+		"DupToken":     tokensYAML(principal("a", "x", "viewer", ""), principal("b", "x", "admin", "")),
+		// One certificate name for two principals: which one a client
+		// with that certificate is would be the file's order.
+		"DupCertCommonName": "principals:\n  - name: a\n    certCommonName: ops\n    roles: [viewer]\n  - name: b\n    certCommonName: ops\n    roles: [admin]\n",
 		// A scope meant to restrict whose field came out empty (a
 		// template's unset value) would otherwise grant every tenant.
 		"NullScopeField":    scoped("{tenantId: null}"),
