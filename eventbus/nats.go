@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -35,8 +36,8 @@ type NATSSinkConfig struct {
 	Vocabulary string
 	// Prefix is the subjects' first tokens (required).
 	Prefix string
-	// Stream is the stream that captures the subjects (default: the
-	// prefix upper-cased, '.' and '-' as '_', then "_EVENTS").
+	// Stream is the stream that captures the subjects (default:
+	// StreamName).
 	Stream string
 	// MaxAge bounds how long the stream keeps events (default 7 days).
 	MaxAge time.Duration
@@ -46,11 +47,8 @@ type NATSSinkConfig struct {
 
 // OpenNATSSink binds or creates the sink's stream.
 func OpenNATSSink(ctx context.Context, js jetstream.JetStream, cfg NATSSinkConfig) (*NATSSink, error) {
-	if cfg.Prefix == "" {
-		return nil, &Error{Code: CodeSinkInvalid, Message: "a nats sink needs prefix="}
-	}
-	if cfg.Prefix == "sidecar" {
-		return nil, &Error{Code: CodeSinkInvalid, Message: "a nats sink with prefix=sidecar would capture the event log's own subjects (sidecar.events.>); choose another prefix, e.g. prefix=acme"}
+	if err := CheckPrefix(cfg.Prefix); err != nil {
+		return nil, err
 	}
 	if cfg.Vocabulary == "" {
 		cfg.Vocabulary = vocab.Sidecar
@@ -59,16 +57,7 @@ func OpenNATSSink(ctx context.Context, js jetstream.JetStream, cfg NATSSinkConfi
 		return nil, &Error{Code: CodeSinkInvalid, Message: fmt.Sprintf("sink %s: vocabulary %q", cfg.Name, cfg.Vocabulary), Err: err}
 	}
 	if cfg.Stream == "" {
-		b := []byte(cfg.Prefix)
-		for i, c := range b {
-			switch {
-			case c >= 'a' && c <= 'z':
-				b[i] = c - 'a' + 'A'
-			case c == '.' || c == '-':
-				b[i] = '_'
-			}
-		}
-		cfg.Stream = string(b) + "_EVENTS"
+		cfg.Stream = StreamName(cfg.Prefix)
 	}
 	if cfg.MaxAge <= 0 {
 		cfg.MaxAge = 7 * 24 * time.Hour
@@ -129,4 +118,49 @@ func (s *NATSSink) Deliver(ctx context.Context, msgs []Message) (int, error) {
 		return len(futures), failed("publish", errors.New("too many publishes without acknowledgement"))
 	}
 	return len(msgs), nil
+}
+
+// CheckPrefix reports why prefix cannot be a nats sink's (nil when it
+// can): it must be dot-separated tokens of letters, digits, '_' and '-';
+// its subjects (<prefix>.events.>) and its stream (StreamName) must not be
+// the sidecar's own: prefix=SIDECAR would name the stream SIDECAR_EVENTS,
+// the event log's, and a stream named KV_… or OBJ_… is what NATS keeps a
+// key-value bucket or an object store in.
+func CheckPrefix(prefix string) error {
+	invalid := func(why string) error {
+		return &Error{Code: CodeSinkInvalid, Message: fmt.Sprintf("nats sink prefix=%q: %s", prefix, why)}
+	}
+	if prefix == "" {
+		return invalid("a nats sink needs prefix= (events go to <prefix>.events.<tenantId>.<planId>.<type>)")
+	}
+	for _, tok := range strings.Split(prefix, ".") {
+		if tok == "" || strings.ContainsFunc(tok, func(r rune) bool {
+			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-')
+		}) {
+			return invalid("want dot-separated tokens of letters, digits, '_' and '-', e.g. acme or ops.acme")
+		}
+	}
+	stream := StreamName(prefix)
+	switch {
+	case strings.EqualFold(prefix, "sidecar") || stream == natsstore.DefaultStream:
+		return invalid("its subjects or its stream (" + stream + ") would be the event log's own; choose another prefix, e.g. prefix=acme")
+	case strings.HasPrefix(stream, "KV_") || strings.HasPrefix(stream, "OBJ_"):
+		return invalid("its stream " + stream + " would be taken for a NATS key-value bucket or object store; choose another prefix, e.g. prefix=acme")
+	}
+	return nil
+}
+
+// StreamName is the stream a nats sink of prefix keeps its events in
+// unless NATSSinkConfig.Stream names one: the prefix upper-cased, '.'
+// and '-' as '_', then "_EVENTS".
+func StreamName(prefix string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z':
+			return r - 'a' + 'A'
+		case r == '.' || r == '-':
+			return '_'
+		}
+		return r
+	}, prefix) + "_EVENTS"
 }

@@ -114,8 +114,8 @@ func (c *busConfig) validate() []string {
 		}
 		switch s.Kind {
 		case "nats":
-			if s.Params["prefix"] == "" {
-				p = append(p, fmt.Sprintf("--bus-sink %s: prefix= is required (events go to <prefix>.events.<tenantId>.<planId>.<type>)", n))
+			if err := eventbus.CheckPrefix(s.Params["prefix"]); err != nil {
+				p = append(p, fmt.Sprintf("--bus-sink %s: %v", n, err))
 			}
 			if v := s.Params["max-age"]; v != "" {
 				if d, err := time.ParseDuration(v); err != nil || d <= 0 {
