@@ -739,17 +739,17 @@ func TestServer_HeaderBudget(t *testing.T) {
 	t.Cleanup(func() { _ = api.Close(context.Background()) })
 	base := "http://" + ln.Addr().String()
 	get := func(query string) int {
-		resp, err := http.Get(base + "/v1/runs/run-1?x=" + query)
+		resp, err := http.Get(base + "/v1/runs/run-1/events?afterSeq=" + query)
 		if err != nil {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	if code := get(strings.Repeat("a", 2*httpapi.MaxHeaderBytes)); code != http.StatusRequestHeaderFieldsTooLarge {
+	if code := get(strings.Repeat("0", 2*httpapi.MaxHeaderBytes)); code != http.StatusRequestHeaderFieldsTooLarge {
 		t.Fatalf("a %d-byte request line: %d, want 431", 2*httpapi.MaxHeaderBytes, code)
 	}
-	if code := get(strings.Repeat("a", httpapi.MaxHeaderBytes/2)); code != http.StatusNotFound {
+	if code := get(strings.Repeat("0", httpapi.MaxHeaderBytes/2)); code != http.StatusNotFound {
 		t.Fatalf("a request line within the budget: %d, want 404 (no such run)", code)
 	}
 }

@@ -10,10 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"mime"
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -423,6 +425,9 @@ func (s *Server) route(pattern, name, role string, h func(http.ResponseWriter, *
 		}
 		if err == nil {
 			err = checkPathIDs(r)
+		}
+		if err == nil {
+			err = checkQuery(r, name)
 		}
 		if err == nil {
 			r, err = s.authorize(rec, r, role)
@@ -1108,6 +1113,47 @@ func loneSurrogate(data []byte) int {
 		}
 	}
 	return -1
+}
+
+// queryParams are the query parameters each route takes (by its name),
+// with true for one that may be repeated; a route not listed takes none.
+// The probes, the metrics and Conductor's notifications are not checked:
+// their callers are not ours to correct.
+var queryParams = map[string]map[string]bool{
+	"list": {"tenantId": false, "projectId": false, "environmentId": false, "planId": false, "planVersion": false,
+		"status": true, "substatus": false, "labelSelector": false, "limit": false, "continue": false, "include": false,
+		"watch": false, "revision": false, "timeoutSeconds": false},
+	"events":      {"afterSeq": false, "limit": false},
+	"deadletters": {"sink": false, "after": false, "limit": false},
+	"healthz":     nil, "readyz": nil, "metrics": nil, "conductor_status": nil,
+}
+
+// checkQuery refuses a query parameter the route does not take, or one
+// given twice that may not be: ignored, a typo in a filter
+// (lableSelector) would answer every run.
+func checkQuery(r *http.Request, route string) error {
+	if r.URL.RawQuery == "" {
+		return nil
+	}
+	takes, listed := queryParams[route]
+	if listed && takes == nil {
+		return nil
+	}
+	for k, v := range r.URL.Query() {
+		repeatable, ok := takes[k]
+		switch {
+		case !ok:
+			known := slices.Sorted(maps.Keys(takes))
+			want := "it takes none"
+			if len(known) > 0 {
+				want = "it takes " + strings.Join(known, ", ")
+			}
+			return badRequest(k, fmt.Sprintf("unknown query parameter %q: %s %s", k, r.Method, r.URL.Path)+"; "+want)
+		case len(v) > 1 && !repeatable:
+			return badRequest(k, fmt.Sprintf("query parameter %q is given %d times: give it once", k, len(v)))
+		}
+	}
+	return nil
 }
 
 func badRequest(field, msg string) *apiError {
