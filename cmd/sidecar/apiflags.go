@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 
 	"go.uber.org/zap"
@@ -91,8 +92,8 @@ func (c *apiConfig) validate(listen string) []string {
 		p = append(p, "--client-ca needs --tls-cert/--tls-key (mTLS) and --tokens-file (which maps certificate names to roles)")
 	}
 	if c.MetricsListen != "" {
-		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
-			p = append(p, fmt.Sprintf("--metrics-listen %q: want host:port such as 0.0.0.0:9787", c.MetricsListen))
+		if msg := listenProblem("--metrics-listen", c.MetricsListen, "0.0.0.0:9787"); msg != "" {
+			p = append(p, msg)
 		} else if c.MetricsListen == listen {
 			p = append(p, "--metrics-listen "+c.MetricsListen+" is --listen's address: give the metrics listener a port of its own")
 		}
@@ -107,12 +108,23 @@ func (c *apiConfig) validate(listen string) []string {
 			p = append(p, "--conductor-notify-secret-file: "+err.Error())
 		}
 	}
-	if _, port, err := net.SplitHostPort(listen); err != nil || port == "" {
-		p = append(p, fmt.Sprintf("--listen %q: want HOST:PORT (e.g. 127.0.0.1:8787, or 0.0.0.0:8787 in a container)", listen))
+	if msg := listenProblem("--listen", listen, "127.0.0.1:8787, or 0.0.0.0:8787 in a container"); msg != "" {
+		p = append(p, msg)
 	} else if c.TokensFile == "" && !c.InsecureNoAuth && !loopbackListen(listen) {
 		p = append(p, fmt.Sprintf("--listen %s is not on loopback and the API has no authentication: give --tokens-file (docs/security.md), or pass --insecure-no-auth to serve it open anyway", listen))
 	}
 	return p
+}
+
+// listenProblem says why addr cannot be flag's listener address ("" when
+// it can): HOST:PORT, the port a number from 0 to 65535 (0: any free
+// port), e.g. example.
+func listenProblem(flag, addr, example string) string {
+	_, port, err := net.SplitHostPort(addr)
+	if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
+		return fmt.Sprintf("%s %q: want HOST:PORT with a port from 0 to 65535 (e.g. %s)", flag, addr, example)
+	}
+	return ""
 }
 
 // loopbackListen reports whether addr binds loopback only.

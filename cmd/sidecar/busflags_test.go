@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -22,4 +23,44 @@ func TestServe_BusSinkPrefixOfTheSidecarsOwn(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestServe_ListenAddresses: every listener's address is HOST:PORT with a
+// port from 0 to 65535, checked with the configuration (exit 2 naming the
+// flag), not found out when serve binds it after starting its store.
+func TestServe_ListenAddresses(t *testing.T) {
+	for _, tc := range []struct{ flag, addr string }{
+		{"--listen", "127.0.0.1:99999"},
+		{"--listen", "127.0.0.1:-1"},
+		{"--listen", "127.0.0.1:http"},
+		{"--metrics-listen", "127.0.0.1:70000"},
+		{"--nats-listen", "127.0.0.1:65536"},
+		{"--conductor-proxy-listen", "127.0.0.1:99999"},
+		{"--conductor-proxy-listen", "nonsense"},
+	} {
+		t.Run(tc.flag+" "+tc.addr, func(t *testing.T) {
+			dir := t.TempDir()
+			args := []string{"serve", "--data-dir", dir, tc.flag, tc.addr}
+			if tc.flag == "--nats-listen" {
+				args = append(args, "--nats-password-file", writeSecret(t, "pw-0123456789abcdef"))
+			}
+			code, _, errOut := run(t, args...)
+			if code != exitUsage || !strings.Contains(errOut, tc.flag+" \""+tc.addr+"\"") {
+				t.Fatalf("exit %d, stderr %q; want exit 2 naming %s %q", code, errOut, tc.flag, tc.addr)
+			}
+			if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+				t.Fatalf("the data dir holds %d entries after a refused configuration", len(entries))
+			}
+		})
+	}
+}
+
+// writeSecret writes s to a file only its owner reads, and returns its path.
+func writeSecret(t *testing.T, s string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

@@ -62,8 +62,8 @@ func (c *natsConfig) validate(natsURL string) []string {
 			p = append(p, "--nats-listen needs --nats-password-file: other replicas authenticate as user sidecar with that password")
 		}
 		if c.Listen != "" {
-			if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-				p = append(p, fmt.Sprintf("--nats-listen %q: want host:port", c.Listen))
+			if msg := listenProblem("--nats-listen", c.Listen, "0.0.0.0:4222"); msg != "" {
+				p = append(p, msg)
 			}
 		}
 		for _, f := range []struct{ name, v string }{{"--nats-creds", c.Creds}, {"--nats-nkey", c.NKey}, {"--nats-user", c.User}, {"--nats-ca", c.CA}, {"--nats-cert", c.Cert}} {

@@ -53,6 +53,11 @@ func (c *proxyConfig) registerLimitFlags(fs *flag.FlagSet, env *envSettings) {
 
 func (c *proxyConfig) validate() []string {
 	var p []string
+	if c.Listen != "" {
+		if msg := listenProblem("--conductor-proxy-listen", c.Listen, "127.0.0.1:8788"); msg != "" {
+			p = append(p, msg)
+		}
+	}
 	if c.Listen != "" && c.TokenFile == "" && !c.NoAuth && !loopbackListen(c.Listen) {
 		p = append(p, "--conductor-proxy-listen "+c.Listen+" is not loopback: give --conductor-proxy-token-file, or --conductor-proxy-no-auth when Conductor's own authentication or the network keeps workers apart")
 	}
