@@ -116,6 +116,9 @@ func validateKnownPayload(eventType string, raw json.RawMessage) error {
 		if err := decode(&p); err != nil {
 			return err
 		}
+		if p.EngineAttemptID < 0 {
+			return schemaError("payload.engineAttemptId", "must be at least 1 when given")
+		}
 		return validateStepRef(p.StepID, p.StepLogicalAttemptID, 1, "")
 	case RunStepTryEnded:
 		p := RunStepTryEndedPayload{StepLogicalAttemptID: absentInt, Reason: absentString}
@@ -124,6 +127,9 @@ func validateKnownPayload(eventType string, raw json.RawMessage) error {
 		}
 		if err := validateStepRef(p.StepID, p.StepLogicalAttemptID, 1, ""); err != nil {
 			return err
+		}
+		if p.EngineAttemptID < 0 {
+			return schemaError("payload.engineAttemptId", "must be at least 1 when given")
 		}
 		switch p.Reason {
 		case TryEndedEngineTryFailed, TryEndedHandedBack, TryEndedWorkerRestarted, TryEndedTaskTimedOut, TryEndedSubWorkflowPaused:

@@ -198,14 +198,22 @@ type RunStepTryEndedPayload struct {
 	// (required).
 	StepID               string `json:"stepId"`
 	StepLogicalAttemptID int64  `json:"stepLogicalAttemptId"`
+	// EngineAttemptID is the engine attempt of the try that ended (0:
+	// not said, in records written before it was): an end of a try
+	// earlier than the step's current one changes no step.
+	EngineAttemptID int64 `json:"engineAttemptId,omitempty"`
 }
 
 // RunStepTryStartedPayload is RunStepTryStarted's payload (required).
 type RunStepTryStartedPayload struct {
-	// StepID and StepLogicalAttemptID name the step's idle RUNNING
-	// attempt that runs again (required).
+	// StepID and StepLogicalAttemptID name the step's RUNNING attempt
+	// that runs again (required): an idle one, or one whose current try
+	// the engine replaced with a later one.
 	StepID               string `json:"stepId"`
 	StepLogicalAttemptID int64  `json:"stepLogicalAttemptId"`
+	// EngineAttemptID is the engine attempt of the try that started (0:
+	// not said, in records written before it was).
+	EngineAttemptID int64 `json:"engineAttemptId,omitempty"`
 }
 
 func (RunQueuedPayload) EventType() string             { return RunQueued }

@@ -272,7 +272,11 @@ func apply(s *RunSnapshot, index *stepIndex, r *RunEventRecord) *InvalidTransiti
 		// its RUNNING attempt; one that does not fit counts and changes no step.
 		if i, ok := index.find(p.StepID); ok {
 			st := &s.Steps[i]
-			if st.Status == StepStatusRunning && st.LogicalAttemptID == p.StepLogicalAttemptID {
+			stale := r.EventType == RunStepTryEnded && p.EngineAttemptID > 0 && p.EngineAttemptID < st.EngineAttemptID
+			if st.Status == StepStatusRunning && st.LogicalAttemptID == p.StepLogicalAttemptID && !stale {
+				if p.EngineAttemptID > 0 {
+					st.EngineAttemptID = p.EngineAttemptID
+				}
 				st.Idle = r.EventType == RunStepTryEnded
 				st.IdleReason = ""
 				if st.Idle {

@@ -525,6 +525,44 @@ func TestReduce_StepTries(t *testing.T) {
 	}
 }
 
+// TestReduce_StepTriesByEngineAttempt: try events that name their engine
+// attempt move the step's current try. The engine's next try can start
+// before anyone recorded that the previous one ended (Conductor timed it
+// out); the late end of that earlier try then changes nothing, and the
+// step stays in flight for the try that runs. An end without an engine
+// attempt (records written before it was said) ends the current try.
+func TestReduce_StepTriesByEngineAttempt(t *testing.T) {
+	try := func(step string, engine int) map[string]any {
+		return map[string]any{"stepId": step, "stepLogicalAttemptId": 1, "engineAttemptId": engine}
+	}
+	end := func(step string, engine int) map[string]any {
+		p := map[string]any{"stepId": step, "stepLogicalAttemptId": 1, "reason": "taskTimedOut"}
+		if engine > 0 {
+			p["engineAttemptId"] = engine
+		}
+		return p
+	}
+	b := newLog("r").ev(statestore.RunStarted).step(statestore.StepStarted, "a").
+		add(statestore.RunStepTryStarted, "", 1, try("a", 2))
+	s, alerts := reduce(t, b.recs)
+	if st := s.Step("a"); len(alerts) != 0 || st.Idle || st.EngineAttemptID != 2 {
+		t.Fatalf("the engine's next try started: step %+v alerts %v", st, alerts)
+	}
+	b.add(statestore.RunStepTryEnded, "", 2, end("a", 1))
+	s, alerts = reduce(t, b.recs)
+	if st := s.Step("a"); len(alerts) != 0 || st.Idle || st.EngineAttemptID != 2 || len(s.InFlight()) != 1 {
+		t.Fatalf("the earlier try's late end: step %+v inflight %v alerts %v, want try 2 still in flight", st, s.InFlight(), alerts)
+	}
+	b.add(statestore.RunStepTryEnded, "", 3, end("a", 2))
+	if s, _ = reduce(t, b.recs); !s.Step("a").Idle || len(s.InFlight()) != 0 {
+		t.Fatalf("the current try's end: step %+v inflight %v, want idle", s.Step("a"), s.InFlight())
+	}
+	b.add(statestore.RunStepTryStarted, "", 4, try("a", 3)).add(statestore.RunStepTryEnded, "", 5, end("a", 0))
+	if s, _ = reduce(t, b.recs); !s.Step("a").Idle || s.Step("a").EngineAttemptID != 3 {
+		t.Fatalf("an end that names no engine attempt: step %+v, want the current try (3) ended", s.Step("a"))
+	}
+}
+
 // TestReduce_PausedSeconds: the time between each RunPaused and the event
 // that ended the pause (RunResumed, or a terminal event of a paused run)
 // adds up in pausedSeconds; an open pause adds nothing yet, and a refused

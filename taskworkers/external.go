@@ -3,6 +3,7 @@ package taskworkers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -116,7 +117,7 @@ func (w *Worker) Admit(t *model.Task, a *Assignment) bool {
 	if !ok {
 		return false
 	}
-	w.external.watch(t, a, d.logical)
+	w.external.watch(t, a, d.engine, d.logical)
 	return true
 }
 
@@ -151,12 +152,21 @@ func (w *Worker) Record(t *model.Task, a *Assignment, r *model.TaskResult) (forw
 	log := w.log.With(zap.String("taskId", t.TaskId), zap.String("workflowId", t.WorkflowInstanceId),
 		zap.String("runId", a.RunID), zap.String("stepId", a.Step.StepID))
 	engine, logical := a.Attempts(int(t.RetryCount))
-	w.external.forget(t.TaskId)
 	ctx, cancel := context.WithTimeout(w.workCtx, w.opts.WriteBudget)
 	defer cancel()
+	if !w.external.inTime(t.TaskId, time.Now()) {
+		// Past the try's response timeout, or a try this process did not
+		// hand out (before a restart, or through another replica):
+		// Conductor may have ended the task (timed it out) while nobody
+		// watched, and it takes no report of it then.
+		if err := w.checkNotEnded(ctx, log, t, a, engine, logical); err != nil {
+			return false, err
+		}
+	}
+	w.external.forget(t.TaskId)
 	snap, inLog, err := w.outcomeState(ctx, log, a.RunID)
 	if err != nil {
-		w.external.watch(t, a, logical)
+		w.external.watch(t, a, engine, logical)
 		return false, err
 	}
 	if !inLog || (snap != nil && !startedBefore(snap, a.Step.StepID, logical)) {
@@ -174,7 +184,7 @@ func (w *Worker) Record(t *model.Task, a *Assignment, r *model.TaskResult) (forw
 			// meanwhile (the adopter's mid-flight rule, which read this
 			// very task in progress) is of a try nobody holds now: ended,
 			// so that no drain waits for it.
-			w.endTry(log, a, logical, statestore.TryEndedHandedBack, nil)
+			w.endTry(log, a, engine, logical, statestore.TryEndedHandedBack, nil)
 			if snap, _, err := w.outcomeState(ctx, log, a.RunID); err == nil && snap != nil && w.recordedBefore(ctx, log, snap, a, engine, logical, r.Status) {
 				// A concurrent update of the same task (the worker's
 				// retry) recorded this very outcome and forwarded it:
@@ -185,7 +195,7 @@ func (w *Worker) Record(t *model.Task, a *Assignment, r *model.TaskResult) (forw
 		}
 		w.external.forget(t.TaskId)
 		if snap, _, err = w.outcomeState(ctx, log, a.RunID); err != nil {
-			w.external.watch(t, a, logical)
+			w.external.watch(t, a, engine, logical)
 			return false, err
 		}
 	}
@@ -219,7 +229,7 @@ func (w *Worker) Record(t *model.Task, a *Assignment, r *model.TaskResult) (forw
 			w.reportLogged(t, log, a, engine, logical)
 			return false, nil
 		case err != nil:
-			w.external.watch(t, a, logical)
+			w.external.watch(t, a, engine, logical)
 			return false, err
 		}
 		w.opts.Metrics.stepDone(kind, "completed", 0)
@@ -228,7 +238,7 @@ func (w *Worker) Record(t *model.Task, a *Assignment, r *model.TaskResult) (forw
 	final := !stepErr.Retryable || engine >= int64(max(a.EngineTries, 1)) || operatorAttempt
 	if !final {
 		log.Warn("outside worker's try failed; Conductor retries it", zap.String("error", stepErr.Message))
-		w.endTry(log, a, logical, statestore.TryEndedEngineTryFailed, stepErr)
+		w.endTry(log, a, engine, logical, statestore.TryEndedEngineTryFailed, stepErr)
 		w.opts.Metrics.stepDone(kind, "retried", 0)
 		return w.forwardFailure(t, log, a, r), nil
 	}
@@ -246,7 +256,7 @@ func (w *Worker) Record(t *model.Task, a *Assignment, r *model.TaskResult) (forw
 		w.reportLogged(t, log, a, engine, logical)
 		return false, nil
 	case err != nil:
-		w.external.watch(t, a, logical)
+		w.external.watch(t, a, engine, logical)
 		return false, err
 	}
 	w.opts.Metrics.stepDone(kind, "failed", 0)
@@ -255,6 +265,33 @@ func (w *Worker) Record(t *model.Task, a *Assignment, r *model.TaskResult) (forw
 		return false, nil
 	}
 	return w.forwardFailure(t, log, a, r), nil
+}
+
+// checkNotEnded reads the task back from Conductor for Record: a task
+// Conductor ended without an outcome (TIMED_OUT, CANCELED, SKIPPED) takes
+// no report, so the report is not recorded (ErrTryTimedOut, ErrTaskEnded)
+// and a timed-out try is recorded ended (RunStepTryEnded, taskTimedOut), so
+// that no drain waits for it. A task with an outcome (COMPLETED, FAILED)
+// goes on: a repeated report, which Record answers from the log. An error:
+// Conductor could not say, and nothing is recorded (the worker retries).
+func (w *Worker) checkNotEnded(ctx context.Context, log *zap.Logger, t *model.Task, a *Assignment, engine, logical int64) error {
+	cur, err := w.opts.Tasks.Task(ctx, t.TaskId)
+	if err != nil {
+		log.Warn("could not read a late report's task back from Conductor; not recording it (the worker retries)", zap.Error(err))
+		return err
+	}
+	switch cur.Status {
+	case "IN_PROGRESS", "SCHEDULED", "COMPLETED", "FAILED", "FAILED_WITH_TERMINAL_ERROR":
+		return nil
+	case "TIMED_OUT":
+		log.Warn("report of a try Conductor timed out before it came; not recorded or forwarded")
+		w.endTry(log, a, engine, logical, statestore.TryEndedTaskTimedOut, nil)
+		w.external.forget(t.TaskId)
+		return ErrTryTimedOut
+	}
+	log.Warn("report of a task Conductor ended without it; not recorded or forwarded", zap.String("status", string(cur.Status)))
+	w.external.forget(t.TaskId)
+	return fmt.Errorf("%w (%s)", ErrTaskEnded, cur.Status)
 }
 
 // startedBefore reports whether snap has a start of stepID's logical
@@ -384,21 +421,31 @@ type externalWatch struct {
 }
 
 type watched struct {
-	t       *model.Task
-	a       *Assignment
-	logical int64
-	// due is when the task is read back from Conductor.
-	due time.Time
+	t               *model.Task
+	a               *Assignment
+	engine, logical int64
+	// due is when the task is read back from Conductor next; deadline is
+	// when its response timeout passes, counted from the hand-out.
+	due, deadline time.Time
 }
 
-func (x *externalWatch) watch(t *model.Task, a *Assignment, logical int64) {
+func (x *externalWatch) watch(t *model.Task, a *Assignment, engine, logical int64) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.tasks == nil {
 		x.tasks = map[string]*watched{}
 	}
-	wait := time.Duration(max(t.ResponseTimeoutSeconds, 1)) * time.Second
-	x.tasks[t.TaskId] = &watched{t: t, a: a, logical: logical, due: time.Now().Add(wait)}
+	deadline := time.Now().Add(time.Duration(max(t.ResponseTimeoutSeconds, 1)) * time.Second)
+	x.tasks[t.TaskId] = &watched{t: t, a: a, engine: engine, logical: logical, due: deadline, deadline: deadline}
+}
+
+// inTime reports whether taskID is watched and its response timeout has
+// not passed yet: a report of it now is one Conductor takes.
+func (x *externalWatch) inTime(taskID string, now time.Time) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	e := x.tasks[taskID]
+	return e != nil && now.Before(e.deadline)
 }
 
 func (x *externalWatch) forget(taskID string) {
@@ -480,7 +527,7 @@ func (w *Worker) checkExternal(ctx context.Context, e *watched) {
 	}
 	log.Warn("the outside worker's task ended in Conductor without its report (the worker died?); recording that the try ended",
 		zap.String("status", string(t.Status)))
-	w.endTry(log, e.a, e.logical, statestore.TryEndedTaskTimedOut, nil)
+	w.endTry(log, e.a, e.engine, e.logical, statestore.TryEndedTaskTimedOut, nil)
 	w.external.forget(e.t.TaskId)
 	if w.opts.OnTaskDone != nil {
 		w.opts.OnTaskDone(e.a.RunID, true, true)
@@ -498,13 +545,13 @@ func (w *Worker) recoverExternal(ctx context.Context) {
 	for i := range tasks {
 		t := &tasks[i]
 		if a, ok := w.External(t); ok {
-			_, logical := a.Attempts(int(t.RetryCount))
+			engine, logical := a.Attempts(int(t.RetryCount))
 			if snap, err := w.runs.ProjectSnapshot(ctx, a.RunID); err == nil {
 				if st := snap.Step(a.Step.StepID); st != nil && st.LogicalAttemptID > logical {
-					logical = st.LogicalAttemptID
+					logical, engine = st.LogicalAttemptID, 1 // an operator's RETRY_STEP: one try (gate)
 				}
 			}
-			w.external.watch(t, a, logical)
+			w.external.watch(t, a, engine, logical)
 		}
 	}
 }

@@ -68,14 +68,14 @@ func (w *Worker) handle(t *model.Task) {
 	if runErr != nil {
 		// The executor could not run at all: hand the task back, same attempt.
 		log.Warn("executor could not run; handing the task back", zap.Error(runErr))
-		w.endTry(log, a, logical, statestore.TryEndedHandedBack, nil)
+		w.endTry(log, a, engine, logical, statestore.TryEndedHandedBack, nil)
 		w.handBack(t, w.opts.HandBackAfter, "executor unavailable")
 		span.End(tracing.OutcomeHandedBack, "")
 		return
 	}
 	if w.workCtx.Err() != nil && res.Err != nil {
 		// Interrupted by shutdown, not by the step: another worker retries it.
-		w.endTry(log, a, logical, statestore.TryEndedHandedBack, nil)
+		w.endTry(log, a, engine, logical, statestore.TryEndedHandedBack, nil)
 		w.handBack(t, 0, "shutdown")
 		span.End(tracing.OutcomeHandedBack, "")
 		return
@@ -184,15 +184,19 @@ func (w *Worker) start(t *model.Task, log *zap.Logger, a *Assignment, engine, lo
 		if d.verdict != start || !w.runnable(a) {
 			return nil, nil
 		}
-		if st := d.step; st != nil && st.Status == statestore.StepStatusRunning && st.LogicalAttemptID == d.logical && st.Idle {
+		if st := d.step; st != nil && st.Status == statestore.StepStatusRunning && st.LogicalAttemptID == d.logical &&
+			(st.Idle || d.engine > st.EngineAttemptID) {
 			// A later try of an attempt whose StepStarted is in the log
 			// (deduplicated if appended again): record that it runs again.
-			return tryEvent(a, snap, statestore.RunStepTryStartedPayload{StepID: a.Step.StepID, StepLogicalAttemptID: d.logical})
+			// The attempt may not be idle in the log yet: Conductor ended
+			// its try (a response timeout) before anyone recorded that,
+			// and this is the engine's next try.
+			return tryEvent(a, snap, statestore.RunStepTryStartedPayload{StepID: a.Step.StepID, StepLogicalAttemptID: d.logical, EngineAttemptID: d.engine})
 		}
 		if st := d.step; st != nil && st.Status == statestore.StepStatusRunning && st.LogicalAttemptID == d.logical {
-			// This attempt's StepStarted is in the log already (a worker
-			// recorded it and died before it reported; Conductor handed the
-			// task out again): run it, recording nothing. A second
+			// This try's start is in the log already (a worker recorded
+			// it and died before it reported; Conductor handed the task
+			// out again): run it, recording nothing. A second
 			// StepStarted would be a duplicate at best, and the transition
 			// check refuses it on a RUNNING step.
 			return nil, nil
@@ -298,20 +302,23 @@ func (s *startAppender) EmitIf(ctx context.Context, ev *statestore.RunEventWrite
 	return tryAppender{w: s.w, a: s.a}.EmitIf(ctx, ev, lastSeq)
 }
 
-// endTry records that the step's current try ended without an outcome for
-// its logical attempt (RunStepTryEnded with reason), so that no drain waits
-// for it. It is best effort: if the store does not take it within the write
-// budget, a drain of the run waits for the step until its timeout, as it
-// would for a running one.
-func (w *Worker) endTry(log *zap.Logger, a *Assignment, logical int64, reason string, stepErr *statestore.StepError) {
+// endTry records that the step's try (engine, logical) ended without an
+// outcome for its logical attempt (RunStepTryEnded with reason), so that
+// no drain waits for it. A try the log shows replaced by a later one
+// (Conductor's next try, recorded started) is not the step's to end:
+// nothing is recorded. It is best effort: if the store does not take it
+// within the write budget, a drain of the run waits for the step until its
+// timeout, as it would for a running one.
+func (w *Worker) endTry(log *zap.Logger, a *Assignment, engine, logical int64, reason string, stepErr *statestore.StepError) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.workCtx), w.opts.WriteBudget)
 	defer cancel()
 	_, _, err := statestore.Fenced(ctx, w.runs, tryAppender{w: w, a: a}, a.RunID, func(snap *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
 		st := snap.Step(a.Step.StepID)
-		if st == nil || st.Status != statestore.StepStatusRunning || st.LogicalAttemptID != logical || st.Idle {
-			return nil, nil // not in flight in the log: nothing to record
+		if st == nil || st.Status != statestore.StepStatusRunning || st.LogicalAttemptID != logical || st.Idle || st.EngineAttemptID > engine {
+			return nil, nil // not in flight in the log, or a later try is: nothing to record
 		}
-		return tryEvent(a, snap, statestore.RunStepTryEndedPayload{StepID: a.Step.StepID, StepLogicalAttemptID: logical, Reason: reason, Error: stepErr})
+		return tryEvent(a, snap, statestore.RunStepTryEndedPayload{StepID: a.Step.StepID, StepLogicalAttemptID: logical, EngineAttemptID: engine,
+			Reason: reason, Error: stepErr})
 	})
 	if err != nil {
 		log.Warn("could not record that the step's try ended; a drain of the run waits for it until its timeout", zap.Error(err))
@@ -459,7 +466,7 @@ func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Resul
 		// Recorded before Conductor hears of it: once Conductor has the
 		// failure, the next try may start (on any replica), and it must
 		// find this try ended.
-		w.endTry(log, a, logical, statestore.TryEndedEngineTryFailed, res.Err)
+		w.endTry(log, a, engine, logical, statestore.TryEndedEngineTryFailed, res.Err)
 		w.opts.Metrics.stepDone(kind, "retried", took)
 		w.reportFailure(t, log, a, &model.TaskResult{Status: model.FailedTask, ReasonForIncompletion: res.Err.Code + ": " + res.Err.Message, OutputData: artifactOutput(res.Artifacts, res.Output)})
 		return tracing.OutcomeRetried

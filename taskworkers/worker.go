@@ -339,8 +339,8 @@ func (w *Worker) Open(ctx context.Context) error {
 			log := w.log.With(zap.String("taskId", t.TaskId), zap.String("workflowId", t.WorkflowInstanceId))
 			log.Info("handing back a task left in progress by a previous process")
 			if a, err := w.opts.Decode(t.InputData); err == nil {
-				_, logical := a.Attempts(int(t.RetryCount))
-				w.endTry(log, a, logical, statestore.TryEndedWorkerRestarted, nil)
+				engine, logical := a.Attempts(int(t.RetryCount))
+				w.endTry(log, a, engine, logical, statestore.TryEndedWorkerRestarted, nil)
 			}
 			w.handBack(t, 0, "recovered after restart")
 		}

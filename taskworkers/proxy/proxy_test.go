@@ -47,6 +47,7 @@ type env struct {
 	url    string // the proxy's base URL, as a worker's server URL
 	tt     string // the external task type
 	worker *taskworkers.Worker
+	proxy  *proxy.Proxy
 	// adopter is the adopter of envOpts.adopt (nil without).
 	adopter *adapter.Adopter
 }
@@ -98,6 +99,10 @@ type envOpts struct {
 	adopt []adapter.AdoptSpec
 	// adopter, when set, changes the adopter's options.
 	adopter func(*adapter.AdopterOptions)
+	// restartOf, when set, is an env whose task workers and proxy the
+	// test stopped: the new ones work on its log, Conductor, domain and
+	// task type, as a restarted serve does.
+	restartOf *env
 }
 
 func newEnvOpts(t testing.TB, o envOpts) *env {
@@ -105,24 +110,35 @@ func newEnvOpts(t testing.TB, o envOpts) *env {
 	wrap, reads, tokens := o.wrap, o.reads, o.tokens
 	curl := conductortest.URL(t)
 	ctx := context.Background()
-	js, _ := natstest.StartIn(t, t.TempDir(), o.embedded)
-	store, err := natsstore.Open(ctx, js, natsstore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids, err := registry.Open(ctx, js, registry.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := adapter.NewClient(adapter.ClientOptions{BaseURL: curl})
-	if err != nil {
-		t.Fatal(err)
-	}
-	emit := registry.NewEmitter(ids, store)
-	domain := "proxy" + uuid.NewString()[:8]
-	runs, err := adapter.OpenRuns(ctx, js, client, emit, adapter.RunsOptions{TaskDomain: domain})
-	if err != nil {
-		t.Fatal(err)
+	var (
+		js     jetstream.JetStream
+		store  *natsstore.Store
+		client *adapter.Client
+		emit   *registry.Emitter
+		domain string
+		runs   *adapter.Runs
+		tt     = "ext_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+		err    error
+	)
+	if r := o.restartOf; r != nil {
+		js, store, client, emit, domain, runs, tt = r.js, r.store, r.client, r.emit, r.domain, r.runs, r.tt
+	} else {
+		js, _ = natstest.StartIn(t, t.TempDir(), o.embedded)
+		if store, err = natsstore.Open(ctx, js, natsstore.Options{}); err != nil {
+			t.Fatal(err)
+		}
+		ids, err := registry.Open(ctx, js, registry.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if client, err = adapter.NewClient(adapter.ClientOptions{BaseURL: curl}); err != nil {
+			t.Fatal(err)
+		}
+		emit = registry.NewEmitter(ids, store)
+		domain = "proxy" + uuid.NewString()[:8]
+		if runs, err = adapter.OpenRuns(ctx, js, client, emit, adapter.RunsOptions{TaskDomain: domain}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	var runState taskworkers.SnapshotReader = store
 	budget := time.Duration(0) // the default
@@ -204,8 +220,8 @@ func newEnvOpts(t testing.TB, o envOpts) *env {
 	}
 	p.Open(ln)
 	t.Cleanup(func() { _ = p.Close(context.Background()) })
-	return &env{js: js, client: client, runs: runs, store: store, emit: emit, domain: domain, worker: w, adopter: adopter,
-		url: "http://" + ln.Addr().String() + "/api", tt: "ext_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")}
+	return &env{js: js, client: client, runs: runs, store: store, emit: emit, domain: domain, worker: w, proxy: p, adopter: adopter,
+		url: "http://" + ln.Addr().String() + "/api", tt: tt}
 }
 
 // start starts a run of n parallel external steps (timeout seconds each)
