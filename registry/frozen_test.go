@@ -2,8 +2,6 @@ package registry_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -12,6 +10,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore/pgstore"
 	"github.com/conductor-sidecar/sidecar/statestore/pgstore/pgtest"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
 // TestPostgres_FrozenServerFailsWithinTheBound: the PostgreSQL host stops
@@ -49,28 +48,5 @@ func TestPostgres_FrozenServerFailsWithinTheBound(t *testing.T) {
 		},
 	}
 	cl.Freeze(t) // thawed when the test ends, after its parallel subtests
-	const patience = 30 * time.Second
-	for name, call := range calls {
-		for _, deadline := range []time.Duration{0, time.Hour} {
-			t.Run(fmt.Sprintf("%s, deadline %v", name, deadline), func(t *testing.T) {
-				t.Parallel()
-				ctx := context.Background()
-				if deadline > 0 {
-					var cancel context.CancelFunc
-					ctx, cancel = context.WithTimeout(ctx, deadline)
-					defer cancel()
-				}
-				done := make(chan error, 1)
-				go func() { done <- call(ctx, deadline.String()) }()
-				select {
-				case err := <-done:
-					if !errors.Is(err, registry.ErrUnavailable) {
-						t.Fatalf("a call the server never answered: %v, want ErrUnavailable", err)
-					}
-				case <-time.After(patience):
-					t.Fatalf("a call the server never answered still waits after %v (timeout %v, max wait %v)", patience, timeout, maxWait)
-				}
-			})
-		}
-	}
+	storetest.UnansweredCalls(t, calls, registry.ErrUnavailable, 30*time.Second)
 }

@@ -2,8 +2,6 @@ package registry_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -12,6 +10,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
 // TestRegistry_UnansweredRequestFailsWithinTheTimeout: a registry call
@@ -29,40 +28,17 @@ func TestRegistry_UnansweredRequestFailsWithinTheTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	calls := map[string]func(context.Context) error{
-		"event id": func(ctx context.Context) error {
-			n++
-			_, _, err := r.EventID(ctx, "run-deaf", idemKey(n))
+	calls := map[string]func(context.Context, string) error{
+		"event id": func(ctx context.Context, name string) error {
+			_, _, err := r.EventID(ctx, "run-deaf-"+name, idemKey(1))
 			return err
 		},
-		"lookup": func(ctx context.Context) error { _, err := r.Lookup(ctx, "run-deaf", idemKey(0)); return err },
-		"adopt": func(ctx context.Context) error {
+		"lookup": func(ctx context.Context, _ string) error { _, err := r.Lookup(ctx, "run-deaf", idemKey(0)); return err },
+		"adopt": func(ctx context.Context, _ string) error {
 			return r.Adopt(ctx, "run-deaf", idemKey(0), known)
 		},
 	}
 	deaf.Store(true)
-	defer deaf.Store(false)
-	for name, call := range calls {
-		for _, deadline := range []time.Duration{0, time.Hour} {
-			t.Run(fmt.Sprintf("%s, deadline %v", name, deadline), func(t *testing.T) {
-				ctx := context.Background()
-				if deadline > 0 {
-					var cancel context.CancelFunc
-					ctx, cancel = context.WithTimeout(ctx, deadline)
-					defer cancel()
-				}
-				done := make(chan error, 1)
-				go func() { done <- call(ctx) }()
-				select {
-				case err := <-done:
-					if !errors.Is(err, registry.ErrUnavailable) {
-						t.Fatalf("unanswered request: %v, want ErrUnavailable", err)
-					}
-				case <-time.After(100 * timeout):
-					t.Fatalf("a request the server never answered still waits after %v (the timeout is %v)", 100*timeout, timeout)
-				}
-			})
-		}
-	}
+	t.Cleanup(func() { deaf.Store(false) }) // after the parallel subtests
+	storetest.UnansweredCalls(t, calls, registry.ErrUnavailable, 100*timeout)
 }

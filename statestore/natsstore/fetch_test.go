@@ -2,7 +2,6 @@ package natsstore_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -294,54 +293,27 @@ func TestStore_UnansweredRequestFailsWithinTheTimeout(t *testing.T) {
 	// Every read of a run the store makes: the whole run, what follows a
 	// watermark (a projector catching up), one record by key, and a read
 	// that must see every append (the stream leader); and its appends.
-	calls := map[string]func(context.Context) error{
-		"whole run": func(ctx context.Context) error { _, err := s.Fetch(ctx, runID, 0, 0); return err },
-		"after a watermark": func(ctx context.Context) error {
+	calls := map[string]func(context.Context, string) error{
+		"whole run": func(ctx context.Context, _ string) error { _, err := s.Fetch(ctx, runID, 0, 0); return err },
+		"after a watermark": func(ctx context.Context, _ string) error {
 			_, err := s.Fetch(ctx, runID, first.RunSeq, 0)
 			return err
 		},
-		"by key": func(ctx context.Context) error { _, err := s.Lookup(ctx, runID, key); return err },
-		"latest": func(ctx context.Context) error {
+		"by key": func(ctx context.Context, _ string) error { _, err := s.Lookup(ctx, runID, key); return err },
+		"latest": func(ctx context.Context, _ string) error {
 			_, err := s.Fetch(statestore.WithLatest(ctx), runID, first.RunSeq+2, 0)
 			return err
 		},
-		"append": func(ctx context.Context) error {
-			_, err := s.Append(ctx, storetest.Event(runID, statestore.StepStarted, "late-"+ctx.Value(nameKey{}).(string)))
+		"append": func(ctx context.Context, name string) error {
+			_, err := s.Append(ctx, storetest.Event(runID, statestore.StepStarted, "late-"+name))
 			return err
 		},
-		"conditional append": func(ctx context.Context) error {
-			_, err := s.AppendIf(ctx, storetest.Event(runID, statestore.StepStarted, "late-if-"+ctx.Value(nameKey{}).(string)), first.RunSeq+2)
+		"conditional append": func(ctx context.Context, name string) error {
+			_, err := s.AppendIf(ctx, storetest.Event(runID, statestore.StepStarted, "late-if-"+name), first.RunSeq+2)
 			return err
 		},
 	}
 	deaf.Store(true)
-	defer deaf.Store(false)
-	for name, call := range calls {
-		for _, deadline := range []time.Duration{0, time.Hour} {
-			t.Run(fmt.Sprintf("%s, deadline %v", name, deadline), func(t *testing.T) {
-				ctx := context.WithValue(context.Background(), nameKey{}, deadline.String())
-				if deadline > 0 {
-					var cancel context.CancelFunc
-					ctx, cancel = context.WithTimeout(ctx, deadline)
-					defer cancel()
-				}
-				done := make(chan error, 1)
-				go func() { done <- call(ctx) }()
-				select {
-				case err := <-done:
-					if err == nil {
-						t.Fatal("a request the server never answered succeeded")
-					}
-					if !errors.Is(err, statestore.ErrUnavailable) {
-						t.Fatalf("unanswered request: %v, want STORE_UNAVAILABLE", err)
-					}
-				case <-time.After(100 * timeout):
-					t.Fatalf("a request the server never answered still waits after %v (the store's timeout is %v)", 100*timeout, timeout)
-				}
-			})
-		}
-	}
+	t.Cleanup(func() { deaf.Store(false) }) // after the parallel subtests
+	storetest.UnansweredCalls(t, calls, statestore.ErrUnavailable, 100*timeout)
 }
-
-// nameKey carries a subtest's name to its call (each append its own event).
-type nameKey struct{}

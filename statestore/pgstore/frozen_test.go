@@ -2,7 +2,6 @@ package pgstore_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -72,29 +71,7 @@ func TestStore_FrozenServerFailsWithinTheBound(t *testing.T) {
 		"remove run":    func(ctx context.Context, _ string) error { return rm.RemoveRun(ctx, runID, uint64(last.RunSeq), 3) },
 		"load snapshot": func(ctx context.Context, _ string) error { _, err := snaps.LoadSnapshot(ctx, runID); return err },
 	}
-	cl.Freeze(t)                      // thawed when the test ends, after its parallel subtests
-	const patience = 30 * time.Second // the bound is timeout + statementTimeout
-	for name, call := range calls {
-		for _, deadline := range []time.Duration{0, time.Hour} {
-			t.Run(fmt.Sprintf("%s, deadline %v", name, deadline), func(t *testing.T) {
-				t.Parallel()
-				ctx := context.Background()
-				if deadline > 0 {
-					var cancel context.CancelFunc
-					ctx, cancel = context.WithTimeout(ctx, deadline)
-					defer cancel()
-				}
-				done := make(chan error, 1)
-				go func() { done <- call(ctx, deadline.String()) }()
-				select {
-				case err := <-done:
-					if !errors.Is(err, statestore.ErrUnavailable) {
-						t.Fatalf("a call the server never answered: %v, want STORE_UNAVAILABLE", err)
-					}
-				case <-time.After(patience):
-					t.Fatalf("a call the server never answered still waits after %v (the store's timeout is %v, statement_timeout %v)", patience, timeout, statementTimeout)
-				}
-			})
-		}
-	}
+	cl.Freeze(t) // thawed when the test ends, after its parallel subtests
+	// The bound is timeout + statementTimeout.
+	storetest.UnansweredCalls(t, calls, statestore.ErrUnavailable, 30*time.Second)
 }
