@@ -228,11 +228,17 @@ func newEnvOpts(t testing.TB, o envOpts) *env {
 // and returns its runId and workflowId.
 func (e *env) start(t *testing.T, n int, timeout int64) (string, string) {
 	t.Helper()
-	p := &plan.Plan{PlanID: "proxy-" + uuid.NewString()[:8], PlanVersion: "1"}
+	var steps []plan.Step
 	for i := 0; i < n; i++ {
-		p.Steps = append(p.Steps, plan.Step{StepID: fmt.Sprintf("x%d", i), TimeoutSeconds: timeout,
+		steps = append(steps, plan.Step{StepID: fmt.Sprintf("x%d", i), TimeoutSeconds: timeout,
 			Executor: plan.ExecutorSpec{Type: plan.ExecutorExternal, TaskType: e.tt, Input: map[string]string{"n": fmt.Sprint(i)}}})
 	}
+	return e.startPlan(t, &plan.Plan{PlanID: "proxy-" + uuid.NewString()[:8], PlanVersion: "1", Steps: steps})
+}
+
+// startPlan starts a run of p and returns its runId and workflowId.
+func (e *env) startPlan(t *testing.T, p *plan.Plan) (string, string) {
+	t.Helper()
 	c, err := plan.Compile(p)
 	if err != nil {
 		t.Fatal(err)

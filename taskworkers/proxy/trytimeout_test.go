@@ -13,7 +13,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -25,19 +24,9 @@ import (
 // (engineTries tries in all); it returns the runId and workflowId.
 func (e *env) startRetried(t *testing.T, timeout int64, engineTries int) (string, string) {
 	t.Helper()
-	p := &plan.Plan{PlanID: "proxy-" + uuid.NewString()[:8], PlanVersion: "1", Steps: []plan.Step{{StepID: "x0", TimeoutSeconds: timeout,
-		Retries:  plan.RetryPolicy{EngineTries: engineTries},
-		Executor: plan.ExecutorSpec{Type: plan.ExecutorExternal, TaskType: e.tt}}}}
-	c, err := plan.Compile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := e.runs.StartRun(context.Background(), adapter.StartRequest{TenantID: "t", ProjectID: "p", EnvironmentID: "e",
-		RunRequestID: uuid.NewString(), Plan: c})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res.Run.RunID, res.Run.WorkflowID
+	return e.startPlan(t, &plan.Plan{PlanID: "proxy-" + uuid.NewString()[:8], PlanVersion: "1", Steps: []plan.Step{{StepID: "x0",
+		TimeoutSeconds: timeout, Retries: plan.RetryPolicy{EngineTries: engineTries},
+		Executor: plan.ExecutorSpec{Type: plan.ExecutorExternal, TaskType: e.tt}}}})
 }
 
 // timeOut has Conductor time the task out (its response timeout passed;

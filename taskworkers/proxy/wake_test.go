@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/taskworkers"
@@ -51,21 +49,6 @@ func (c *pollCounter) of(taskType string) int {
 	return c.counts[taskType]
 }
 
-// startPlan starts a run of p and returns its runId.
-func (e *env) startPlan(t *testing.T, p *plan.Plan) string {
-	t.Helper()
-	c, err := plan.Compile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := e.runs.StartRun(context.Background(), adapter.StartRequest{TenantID: "t", ProjectID: "p", EnvironmentID: "e",
-		RunRequestID: uuid.NewString(), Plan: c})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res.Run.RunID
-}
-
 // TestProxy_OutsideOutcomesWakeOnlyLoopsWithWork: the outcomes outside
 // workers report through the proxy for a plan whose steps are all
 // external wake none of the sidecar's own poll loops (Conductor gets no
@@ -94,7 +77,7 @@ func TestProxy_OutsideOutcomesWakeOnlyLoopsWithWork(t *testing.T) {
 		p.Steps = append(p.Steps, plan.Step{StepID: fmt.Sprintf("x%d", i), TimeoutSeconds: 60,
 			Executor: plan.ExecutorSpec{Type: plan.ExecutorExternal, TaskType: e.tt}})
 	}
-	runID := e.startPlan(t, p)
+	runID, _ := e.startPlan(t, p)
 	var tasks []task
 	waitFor(t, "the external tasks", 2*time.Minute, func() bool {
 		tasks = append(tasks, e.pollBatch(t, n)...)
