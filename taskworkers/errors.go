@@ -45,9 +45,3 @@ var ErrNotAdmitted = errors.New("taskworkers: the task was not handed out throug
 // is recorded or forwarded, so that the try ends as it would without the
 // pause.
 var ErrTryTimedOut = errors.New("taskworkers: the task's try ended by its response timeout")
-
-// ErrTaskEnded is returned by Record for an outside worker's update of a
-// task Conductor ended without an outcome otherwise than by its timeout
-// (CANCELED by a terminate, SKIPPED): Conductor takes no report of it, so
-// nothing is recorded or forwarded.
-var ErrTaskEnded = errors.New("taskworkers: Conductor ended the task without this report")

@@ -3,7 +3,6 @@ package taskworkers
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
@@ -159,7 +158,7 @@ func (w *Worker) Record(t *model.Task, a *Assignment, r *model.TaskResult) (forw
 		// hand out (before a restart, or through another replica):
 		// Conductor may have ended the task (timed it out) while nobody
 		// watched, and it takes no report of it then.
-		if err := w.checkNotEnded(ctx, log, t, a, engine, logical); err != nil {
+		if err := w.checkNotTimedOut(ctx, log, t, a, engine, logical); err != nil {
 			return false, err
 		}
 	}
@@ -267,31 +266,30 @@ func (w *Worker) Record(t *model.Task, a *Assignment, r *model.TaskResult) (forw
 	return w.forwardFailure(t, log, a, r), nil
 }
 
-// checkNotEnded reads the task back from Conductor for Record: a task
-// Conductor ended without an outcome (TIMED_OUT, CANCELED, SKIPPED) takes
-// no report, so the report is not recorded (ErrTryTimedOut, ErrTaskEnded)
-// and a timed-out try is recorded ended (RunStepTryEnded, taskTimedOut), so
-// that no drain waits for it. A task with an outcome (COMPLETED, FAILED)
-// goes on: a repeated report, which Record answers from the log. An error:
-// Conductor could not say, and nothing is recorded (the worker retries).
-func (w *Worker) checkNotEnded(ctx context.Context, log *zap.Logger, t *model.Task, a *Assignment, engine, logical int64) error {
+// checkNotTimedOut reads the task back from Conductor for Record. A try
+// Conductor timed out is followed by its next try, so its report is not
+// the step's outcome: not recorded (ErrTryTimedOut), and the try recorded
+// ended (RunStepTryEnded, taskTimedOut), so that no drain waits for it.
+// Any other status goes on: in progress; with an outcome (a repeated
+// report, which Record answers from the log); CANCELED (its workflow
+// ended: a cancel, a terminate, a failed sibling), which no try follows,
+// so its report is the step's last word, recorded and forwarded as one in
+// time is (Conductor keeps the task CANCELED and answers 200), whichever
+// replica takes it. An error: Conductor could not say, and nothing is
+// recorded (the worker retries).
+func (w *Worker) checkNotTimedOut(ctx context.Context, log *zap.Logger, t *model.Task, a *Assignment, engine, logical int64) error {
 	cur, err := w.opts.Tasks.Task(ctx, t.TaskId)
 	if err != nil {
 		log.Warn("could not read a late report's task back from Conductor; not recording it (the worker retries)", zap.Error(err))
 		return err
 	}
-	switch cur.Status {
-	case "IN_PROGRESS", "SCHEDULED", "COMPLETED", "FAILED", "FAILED_WITH_TERMINAL_ERROR":
+	if cur.Status != "TIMED_OUT" {
 		return nil
-	case "TIMED_OUT":
-		log.Warn("report of a try Conductor timed out before it came; not recorded or forwarded")
-		w.endTry(log, a, engine, logical, statestore.TryEndedTaskTimedOut, nil)
-		w.external.forget(t.TaskId)
-		return ErrTryTimedOut
 	}
-	log.Warn("report of a task Conductor ended without it; not recorded or forwarded", zap.String("status", string(cur.Status)))
+	log.Warn("report of a try Conductor timed out before it came; not recorded or forwarded")
+	w.endTry(log, a, engine, logical, statestore.TryEndedTaskTimedOut, nil)
 	w.external.forget(t.TaskId)
-	return fmt.Errorf("%w (%s)", ErrTaskEnded, cur.Status)
+	return ErrTryTimedOut
 }
 
 // startedBefore reports whether snap has a start of stepID's logical
@@ -525,9 +523,13 @@ func (w *Worker) checkExternal(ctx context.Context, e *watched) {
 		w.external.forget(e.t.TaskId)
 		return
 	}
-	log.Warn("the outside worker's task ended in Conductor without its report (the worker died?); recording that the try ended",
-		zap.String("status", string(t.Status)))
-	w.endTry(log, e.a, e.engine, e.logical, statestore.TryEndedTaskTimedOut, nil)
+	if w.endTry(log, e.a, e.engine, e.logical, statestore.TryEndedTaskTimedOut, nil) {
+		log.Warn("the outside worker's task ended in Conductor without its report (the worker died?); recorded that the try ended",
+			zap.String("status", string(t.Status)))
+	} else {
+		log.Info("the outside worker's task ended in Conductor without its report; the log has the try ended, or a later try in flight: nothing to record",
+			zap.String("status", string(t.Status)))
+	}
 	w.external.forget(e.t.TaskId)
 	if w.opts.OnTaskDone != nil {
 		w.opts.OnTaskDone(e.a.RunID, true, true)

@@ -308,11 +308,12 @@ func (s *startAppender) EmitIf(ctx context.Context, ev *statestore.RunEventWrite
 // (Conductor's next try, recorded started) is not the step's to end:
 // nothing is recorded. It is best effort: if the store does not take it
 // within the write budget, a drain of the run waits for the step until its
-// timeout, as it would for a running one.
-func (w *Worker) endTry(log *zap.Logger, a *Assignment, engine, logical int64, reason string, stepErr *statestore.StepError) {
+// timeout, as it would for a running one. It reports whether it recorded
+// the end.
+func (w *Worker) endTry(log *zap.Logger, a *Assignment, engine, logical int64, reason string, stepErr *statestore.StepError) (recorded bool) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.workCtx), w.opts.WriteBudget)
 	defer cancel()
-	_, _, err := statestore.Fenced(ctx, w.runs, tryAppender{w: w, a: a}, a.RunID, func(snap *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+	_, res, err := statestore.Fenced(ctx, w.runs, tryAppender{w: w, a: a}, a.RunID, func(snap *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
 		st := snap.Step(a.Step.StepID)
 		if st == nil || st.Status != statestore.StepStatusRunning || st.LogicalAttemptID != logical || st.Idle || st.EngineAttemptID > engine {
 			return nil, nil // not in flight in the log, or a later try is: nothing to record
@@ -323,6 +324,7 @@ func (w *Worker) endTry(log *zap.Logger, a *Assignment, engine, logical int64, r
 	if err != nil {
 		log.Warn("could not record that the step's try ended; a drain of the run waits for it until its timeout", zap.Error(err))
 	}
+	return err == nil && res.RunSeq > 0
 }
 
 // tryEvent is RunStepTryEnded or RunStepTryStarted for the step,

@@ -36,12 +36,6 @@ const (
 	// takes no report of it after that. Nothing was recorded or forwarded
 	// (409, not to be retried).
 	CodeTryTimedOut = "PROXY_TRY_TIMED_OUT"
-	// CodeTaskEnded: an update of an external step's task that Conductor
-	// ended without an outcome otherwise than by its response timeout
-	// (CANCELED by a terminate, SKIPPED) before the report came: it takes
-	// no report of it, so nothing was recorded or forwarded (409, not to
-	// be retried).
-	CodeTaskEnded = "PROXY_TASK_ENDED"
 	// CodeWorkflowMismatch: an update of an external step's task names a
 	// workflowInstanceId that is not the task's (Conductor would answer it
 	// 200 and change nothing); nothing was recorded or forwarded (400).

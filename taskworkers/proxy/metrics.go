@@ -55,7 +55,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, k := range []string{"poll", "batch_poll", "update", "update_v2", "update_by_ref", "forward", "unauthorized", "refused", "too_large", "busy"} {
 		m.requests.WithLabelValues(k)
 	}
-	for _, o := range []string{"admitted", "held_back", "update_answered", "update_not_recorded", "update_not_admitted", "update_try_timed_out", "update_task_ended", "update_refused", "reserved"} {
+	for _, o := range []string{"admitted", "held_back", "update_answered", "update_not_recorded", "update_not_admitted", "update_try_timed_out", "update_refused", "reserved"} {
 		m.tasks.WithLabelValues(o)
 	}
 	for _, st := range []string{"poll", "update"} {

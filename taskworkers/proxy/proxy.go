@@ -718,11 +718,6 @@ func (p *Proxy) notRecorded(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusConflict, CodeTryTimedOut, "the task's response timeout passed before this report (its run was paused, or the worker was slow): Conductor times the task out, as it would have without a pause, and takes no report of it; the update was not taken")
 		return
 	}
-	if errors.Is(err, taskworkers.ErrTaskEnded) {
-		p.opts.Metrics.task("update_task_ended")
-		writeError(w, http.StatusConflict, CodeTaskEnded, "Conductor ended the task before this report ("+strings.TrimPrefix(err.Error(), taskworkers.ErrTaskEnded.Error()+" ")+"): it takes no report of it; the update was not taken")
-		return
-	}
 	p.opts.Metrics.task("update_not_recorded")
 	writeError(w, http.StatusServiceUnavailable, CodeStoreUnavailable, "the step's outcome could not be recorded; retry the update: "+err.Error())
 }

@@ -99,10 +99,10 @@ type envOpts struct {
 	adopt []adapter.AdoptSpec
 	// adopter, when set, changes the adopter's options.
 	adopter func(*adapter.AdopterOptions)
-	// restartOf, when set, is an env whose task workers and proxy the
-	// test stopped: the new ones work on its log, Conductor, domain and
-	// task type, as a restarted serve does.
-	restartOf *env
+	// shareLogOf, when set, is an env whose log, Conductor, domain and
+	// task type the new task workers and proxy work on: another replica,
+	// or, when the test stopped that env's, a restarted serve.
+	shareLogOf *env
 }
 
 func newEnvOpts(t testing.TB, o envOpts) *env {
@@ -120,7 +120,7 @@ func newEnvOpts(t testing.TB, o envOpts) *env {
 		tt     = "ext_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
 		err    error
 	)
-	if r := o.restartOf; r != nil {
+	if r := o.shareLogOf; r != nil {
 		js, store, client, emit, domain, runs, tt = r.js, r.store, r.client, r.emit, r.domain, r.runs, r.tt
 	} else {
 		js, _ = natstest.StartIn(t, t.TempDir(), o.embedded)

@@ -200,7 +200,7 @@ func TestProxy_LateReportAfterARestartIsRefused(t *testing.T) {
 	_ = e.proxy.Close(ctx) // serve stops
 	_ = e.worker.Close(ctx)
 	e.timeOut(t, wfID, first.TaskID)
-	e = newEnvOpts(t, envOpts{restartOf: e}) // serve starts again
+	e = newEnvOpts(t, envOpts{shareLogOf: e}) // serve starts again
 	resp, body := call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": first.TaskID, "workflowInstanceId": first.WorkflowInstanceID,
 		"status": "COMPLETED", "outputData": map[string]any{"late": true}, "workerId": "sdk-worker"})
 	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), proxy.CodeTryTimedOut) {
@@ -228,5 +228,40 @@ func TestProxy_LateReportAfterARestartIsRefused(t *testing.T) {
 		if r.EventType == statestore.StepCompleted && r.EngineAttemptID != 2 {
 			t.Fatalf("StepCompleted of engine attempt %d, want 2", r.EngineAttemptID)
 		}
+	}
+}
+
+// TestProxy_ReportOfAnEndedWorkflowsTaskOnEveryReplica: the workflow ends
+// (terminated: a cancel) while an outside worker holds a task; its report
+// in time is recorded and forwarded (Conductor keeps the task CANCELED
+// and answers 200) whichever replica takes it: the one that handed the
+// task out, or another, which reads the task from Conductor. No try
+// follows a cancelled task, so the report is the step's last word, as an
+// own worker's outcome after a cancel is. The other replica refused it
+// (409) in a first version of the late check, while the handing one
+// recorded it.
+func TestProxy_ReportOfAnEndedWorkflowsTaskOnEveryReplica(t *testing.T) {
+	e := newEnv(t)
+	other := newEnvOpts(t, envOpts{shareLogOf: e})
+	runID, wfID := e.start(t, 2, 60)
+	tasks := e.pollBatch(t, 2)
+	waitFor(t, "both tasks", 10*time.Second, func() bool {
+		if len(tasks) < 2 {
+			tasks = append(tasks, e.pollBatch(t, 2-len(tasks))...)
+		}
+		return len(tasks) == 2
+	})
+	if err := e.client.Terminate(context.Background(), wfID, "cancelled by a test"); err != nil {
+		t.Fatal(err)
+	}
+	for i, via := range []*env{e, other} {
+		resp, body := call(t, http.MethodPost, via.url+"/tasks", map[string]any{"taskId": tasks[i].TaskID, "workflowInstanceId": tasks[i].WorkflowInstanceID,
+			"status": "COMPLETED", "outputData": map[string]any{"by": "worker"}, "workerId": "sdk-worker"})
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("report %d (through the %s replica): %d %s, want 200 as Conductor answers it", i, []string{"handing", "other"}[i], resp.StatusCode, body)
+		}
+	}
+	if n := count(e.events(t, runID), statestore.StepCompleted); n != 2 {
+		t.Fatalf("%d StepCompleted, want both reports recorded", n)
 	}
 }
