@@ -237,9 +237,7 @@ func TestProxy_LateReportAfterARestartIsRefused(t *testing.T) {
 // and answers 200) whichever replica takes it: the one that handed the
 // task out, or another, which reads the task from Conductor. No try
 // follows a cancelled task, so the report is the step's last word, as an
-// own worker's outcome after a cancel is. The other replica refused it
-// (409) in a first version of the late check, while the handing one
-// recorded it.
+// own worker's outcome after a cancel is.
 func TestProxy_ReportOfAnEndedWorkflowsTaskOnEveryReplica(t *testing.T) {
 	e := newEnv(t)
 	other := newEnvOpts(t, envOpts{shareLogOf: e})
