@@ -342,7 +342,7 @@ func TestNotPausedStatus(t *testing.T) {
 func TestClient_Many(t *testing.T) {
 	u := conductortest.URL(t)
 	ctx := context.Background()
-	c, err := NewClient(ClientOptions{BaseURL: u, Timeout: 5 * time.Second, Logger: zaptest.NewLogger(t), Metrics: NewMetrics(prometheus.NewRegistry())})
+	c, err := NewClient(ClientOptions{BaseURL: u, Timeout: 30 * time.Second, Logger: zaptest.NewLogger(t), Metrics: NewMetrics(prometheus.NewRegistry())})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -428,7 +428,7 @@ func TestWatcher_ScanReadsRunningLists(t *testing.T) {
 	ctx := context.Background()
 	env := newNATS(t) // its own registry: only this test's runs are active
 	reg := prometheus.NewRegistry()
-	c, err := NewClient(ClientOptions{BaseURL: u, Timeout: 5 * time.Second, Logger: zaptest.NewLogger(t), Metrics: NewMetrics(reg)})
+	c, err := NewClient(ClientOptions{BaseURL: u, Timeout: 10 * time.Second, Logger: zaptest.NewLogger(t), Metrics: NewMetrics(reg)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -765,7 +765,7 @@ func TestWatcher_ScanCostFollowsChange(t *testing.T) {
 	u := conductortest.URL(t)
 	ctx := context.Background()
 	env := newNATS(t)
-	c, err := NewClient(ClientOptions{BaseURL: u, Timeout: 5 * time.Second, Logger: zaptest.NewLogger(t), Metrics: NewMetrics(prometheus.NewRegistry())})
+	c, err := NewClient(ClientOptions{BaseURL: u, Timeout: 10 * time.Second, Logger: zaptest.NewLogger(t), Metrics: NewMetrics(prometheus.NewRegistry())})
 	if err != nil {
 		t.Fatal(err)
 	}
