@@ -361,12 +361,16 @@ func TestAdmission_TwoReplicas(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	var cs []*admission.Controller
+	var ms []*membership.Members
 	for i := range 2 {
-		m, err := membership.Open(ctx, e.js, membership.Options{Name: fmt.Sprintf("replica-%d", i), Heartbeat: 200 * time.Millisecond, Logger: zaptest.NewLogger(t)})
+		// A member counts as dead only after 10 s without a beat: a loaded
+		// machine must not drop one mid-test (the rule here is the limit).
+		m, err := membership.Open(ctx, e.js, membership.Options{Name: fmt.Sprintf("replica-%d", i), Heartbeat: 200 * time.Millisecond, DeadAfter: 10 * time.Second, Logger: zaptest.NewLogger(t)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = m.Close(ctx) })
+		ms = append(ms, m)
 		cs = append(cs, e.open(admission.Options{Limits: admission.Limits{Global: 3}, Owner: m}))
 	}
 	defer func() {
@@ -375,7 +379,16 @@ func TestAdmission_TwoReplicas(t *testing.T) {
 		}
 	}()
 	// Both replicas see both members before the starts.
-	time.Sleep(time.Second)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		k0, _ := ms[0].Live()
+		k1, _ := ms[1].Live()
+		if len(k0) == 2 && len(k1) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replicas do not see each other: %v, %v", k0, k1)
+		}
+	}
 	var mu sync.Mutex
 	var started, queued []*admission.Decision
 	var wg sync.WaitGroup

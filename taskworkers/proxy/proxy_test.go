@@ -437,7 +437,7 @@ func TestProxy_GatesAndRecordsExternalSteps(t *testing.T) {
 		}
 		return done == 3
 	})
-	waitFor(t, "the workflow to complete", 20*time.Second, func() bool {
+	waitFor(t, "the workflow to complete", 60*time.Second, func() bool {
 		wf, err := e.client.Workflow(context.Background(), wfID, false)
 		return err == nil && wf.Status == "COMPLETED"
 	})
