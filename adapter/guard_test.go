@@ -231,7 +231,7 @@ func TestWatcher_PauseBeforeTerminalEvent(t *testing.T) {
 			wenv.emitter = registry.NewEmitter(reg, hooked)
 			r := wenv.newRuns(t, u, RunsOptions{})
 			p := testPlan(t)
-			if err := r.RegisterPlan(ctx, p); err != nil {
+			if err := r.RegisterPlan(ctx, "tenant-a", p); err != nil {
 				t.Fatal(err)
 			}
 			res, err := r.StartRun(ctx, request(p, "req"))

@@ -155,7 +155,7 @@ func registeredRuns(t testing.TB, baseURL string, opts RunsOptions) (*natsEnv, *
 	env := newNATS(t)
 	p := testPlan(t)
 	r := env.newRuns(t, baseURL, opts)
-	if err := r.RegisterPlan(context.Background(), p); err != nil {
+	if err := r.RegisterPlan(context.Background(), "tenant-a", p); err != nil {
 		t.Fatal(err)
 	}
 	return env, p, r

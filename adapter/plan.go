@@ -20,8 +20,10 @@ func EmbeddedPlanHash(def *model.WorkflowDef) string {
 	return h
 }
 
-// planDefs is what the adapter registers and starts for one plan version.
+// planDefs is what the adapter registers and starts for one tenant's plan
+// version.
 type planDefs struct {
+	TenantID    string
 	PlanID      string
 	PlanVersion string
 	Hash        string
@@ -31,25 +33,30 @@ type planDefs struct {
 	compiled *plan.Compiled
 }
 
-// defsOf checks a compiled plan and returns its definitions.
-func defsOf(op string, c *plan.Compiled) (*planDefs, error) {
+// defsOf checks a compiled plan and returns its definitions as tenantID's
+// (plan.WorkflowName: plan ids are each tenant's).
+func defsOf(op, tenantID string, c *plan.Compiled) (*planDefs, error) {
 	if c == nil || c.Plan == nil {
 		return nil, invalidInput(op, "compiled plan is required")
 	}
-	d := &planDefs{PlanID: c.Plan.PlanID, PlanVersion: c.Plan.PlanVersion, Hash: c.ContentHash, Workflow: c.Workflow, compiled: c}
-	if err := validateField(op, "planId", d.PlanID); err != nil {
+	if err := validateField(op, "tenantId", tenantID); err != nil {
 		return nil, err
 	}
-	if err := validateField(op, "planVersion", d.PlanVersion); err != nil {
+	if err := validateField(op, "planId", c.Plan.PlanID); err != nil {
 		return nil, err
 	}
-	if d.Hash == "" {
-		return nil, invalidInput(op, "plan %s@%s has no content hash", d.PlanID, d.PlanVersion)
+	if err := validateField(op, "planVersion", c.Plan.PlanVersion); err != nil {
+		return nil, err
 	}
-	if d.Workflow.Name == "" {
-		return nil, invalidInput(op, "plan %s@%s has no workflow name", d.PlanID, d.PlanVersion)
+	if c.ContentHash == "" {
+		return nil, invalidInput(op, "plan %s@%s has no content hash", c.Plan.PlanID, c.Plan.PlanVersion)
 	}
-	return d, nil
+	if c.Workflow.Name == "" {
+		return nil, invalidInput(op, "plan %s@%s has no workflow name", c.Plan.PlanID, c.Plan.PlanVersion)
+	}
+	c = c.Named(plan.WorkflowName(tenantID, c.Plan.PlanID, c.Plan.PlanVersion))
+	return &planDefs{TenantID: tenantID, PlanID: c.Plan.PlanID, PlanVersion: c.Plan.PlanVersion, Hash: c.ContentHash,
+		Workflow: c.Workflow, compiled: c}, nil
 }
 
 // encode returns the exact JSON registered for d (plan.Compiled): the

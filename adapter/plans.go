@@ -20,6 +20,7 @@ import (
 
 // planRecord is the run index's entry for a registered plan version.
 type planRecord struct {
+	TenantID        string    `json:"tenantId,omitempty"`
 	PlanID          string    `json:"planId"`
 	PlanVersion     string    `json:"planVersion"`
 	Hash            string    `json:"hash"`
@@ -28,19 +29,27 @@ type planRecord struct {
 	RegisteredAt    time.Time `json:"registeredAt"`
 }
 
-func planKey(planID, planVersion string) string {
-	sum := sha256.Sum256([]byte(planID + "|" + planVersion))
+// planKey is the run index's key of a tenant's plan version (with no
+// tenant, that of a plan version before plan ids were each tenant's).
+func planKey(tenantID, planID, planVersion string) string {
+	in := planID + "|" + planVersion
+	if tenantID != "" {
+		in = tenantID + "|" + in
+	}
+	sum := sha256.Sum256([]byte(in))
 	return keyPlan + hex.EncodeToString(sum[:])
 }
 
-// RegisterPlan registers the plan's task and workflow definitions in
-// Conductor, idempotently: registering the same plan again is a no-op (a
-// cache hit after the first time in this process). A plan whose
-// (planId, planVersion) is already registered with a different content hash
-// (recorded in the run index, or embedded in the workflow definition
-// Conductor has) is refused with ErrPlanConflict and nothing is changed.
-func (r *Runs) RegisterPlan(ctx context.Context, compiled *plan.Compiled) error {
-	defs, err := defsOf("register plan", compiled)
+// RegisterPlan registers the plan's task definitions and the tenant's
+// workflow definition of it in Conductor (plan.WorkflowName), idempotently:
+// registering the same plan again is a no-op (a cache hit after the first
+// time in this process). A plan whose (planId, planVersion) the tenant
+// already registered with a different content hash (recorded in the run
+// index, or embedded in the workflow definition Conductor has) is refused
+// with ErrPlanConflict and nothing is changed. Another tenant's plan of
+// the same planId and planVersion is another definition.
+func (r *Runs) RegisterPlan(ctx context.Context, tenantID string, compiled *plan.Compiled) error {
+	defs, err := defsOf("register plan", tenantID, compiled)
 	if err != nil {
 		return err
 	}
@@ -48,7 +57,7 @@ func (r *Runs) RegisterPlan(ctx context.Context, compiled *plan.Compiled) error 
 }
 
 func (r *Runs) registerPlan(ctx context.Context, defs *planDefs) error {
-	pk := planKey(defs.PlanID, defs.PlanVersion)
+	pk := planKey(defs.TenantID, defs.PlanID, defs.PlanVersion)
 	r.mu.Lock()
 	cached, ok := r.plans[pk]
 	r.mu.Unlock()
@@ -97,7 +106,7 @@ func (r *Runs) registerPlan(ctx context.Context, defs *planDefs) error {
 // with the memory store lost the definitions).
 func (r *Runs) forgetPlan(defs *planDefs) {
 	r.mu.Lock()
-	delete(r.plans, planKey(defs.PlanID, defs.PlanVersion))
+	delete(r.plans, planKey(defs.TenantID, defs.PlanID, defs.PlanVersion))
 	r.mu.Unlock()
 }
 
@@ -122,9 +131,9 @@ func (r *Runs) releaseRejected(ctx context.Context, pk string, defs *planDefs, e
 	}
 }
 
-// The registered plan may be another tenant's (planIds are one namespace,
-// Conductor's definitions'): the answer tells nothing of it, not even its
-// content hash, which would confirm a guess of its content.
+// The registered plan is the tenant's own (plan ids are each tenant's),
+// or, in the definition Conductor has, another deployment's that chose the
+// same names: the answer tells nothing of it, not even its content hash.
 func planConflict(defs *planDefs) error {
 	return &Error{Code: CodePlanVersionConflict, Op: "register plan",
 		Message: fmt.Sprintf("plan %s version %s is already registered with other content; this plan's content hash is %s (publish it as a new planVersion)",
@@ -134,7 +143,7 @@ func planConflict(defs *planDefs) error {
 // claimPlan records (planId, planVersion) -> hash with an atomic Create, or
 // checks the recorded hash.
 func (r *Runs) claimPlan(ctx context.Context, pk string, defs *planDefs) error {
-	rec := planRecord{PlanID: defs.PlanID, PlanVersion: defs.PlanVersion, Hash: defs.Hash,
+	rec := planRecord{TenantID: defs.TenantID, PlanID: defs.PlanID, PlanVersion: defs.PlanVersion, Hash: defs.Hash,
 		WorkflowName: defs.Workflow.Name, WorkflowVersion: defs.Workflow.Version, RegisteredAt: time.Now().UTC()}
 	b, err := json.Marshal(rec)
 	if err != nil {
@@ -184,12 +193,17 @@ func (r *Runs) registeredPlans(ctx context.Context) ([]planRecord, error) {
 	return out, nil
 }
 
-// PlanSteps returns the steps of a registered plan version, read back from
-// its workflow definition in Conductor (plan.StepsOf): none for a
-// workflow that is not a compiled plan (an adopted definition). An
-// unknown plan version gives an error matching ErrNotFound.
-func (r *Runs) PlanSteps(ctx context.Context, planID, planVersion string) ([]plan.Step, error) {
-	def, err := r.conductor.WorkflowDef(ctx, plan.WorkflowName(planID, planVersion), plan.WorkflowVersion)
+// PlanSteps returns the steps of a tenant's registered plan version, read
+// back from its workflow definition in Conductor (plan.StepsOf): none for
+// a workflow that is not a compiled plan (an adopted definition). A plan
+// version the tenant has no definition of is read under the name plan
+// versions had before plan ids were each tenant's (the runs started then
+// run it); none gives an error matching ErrNotFound.
+func (r *Runs) PlanSteps(ctx context.Context, tenantID, planID, planVersion string) ([]plan.Step, error) {
+	def, err := r.conductor.WorkflowDef(ctx, plan.WorkflowName(tenantID, planID, planVersion), plan.WorkflowVersion)
+	if errors.Is(err, ErrNotFound) && tenantID != "" {
+		def, err = r.conductor.WorkflowDef(ctx, plan.WorkflowName("", planID, planVersion), plan.WorkflowVersion)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -38,15 +38,15 @@ func TestRuns_RegisterPlan(t *testing.T) {
 		p := testPlan(t)
 		a := env.newRuns(t, u, RunsOptions{})
 		for range 2 {
-			if err := a.RegisterPlan(ctx, p); err != nil {
+			if err := a.RegisterPlan(ctx, "tenant-a", p); err != nil {
 				t.Fatal(err)
 			}
 		}
 		// Another replica (empty cache) registers the same plan again.
-		if err := env.newRuns(t, u, RunsOptions{}).RegisterPlan(ctx, p); err != nil {
+		if err := env.newRuns(t, u, RunsOptions{}).RegisterPlan(ctx, "tenant-a", p); err != nil {
 			t.Fatal(err)
 		}
-		def, err := a.Client().WorkflowDef(ctx, p.Workflow.Name, p.Workflow.Version)
+		def, err := a.Client().WorkflowDef(ctx, plan.WorkflowName("tenant-a", p.Plan.PlanID, p.Plan.PlanVersion), p.Workflow.Version)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -63,13 +63,13 @@ func TestRuns_RegisterPlan(t *testing.T) {
 	t.Run("ErrPlanConflict", func(t *testing.T) {
 		p := testPlan(t)
 		a := env.newRuns(t, u, RunsOptions{})
-		if err := a.RegisterPlan(ctx, p); err != nil {
+		if err := a.RegisterPlan(ctx, "tenant-a", p); err != nil {
 			t.Fatal(err)
 		}
 		changed := changedPlan(t, p)
 		// Same process (cache), another replica (KV record).
 		for name, r := range map[string]*Runs{"cache": a, "registry": env.newRuns(t, u, RunsOptions{})} {
-			err := r.RegisterPlan(ctx, changed)
+			err := r.RegisterPlan(ctx, "tenant-a", changed)
 			if !errors.Is(err, ErrPlanConflict) || errcode.CodeOf(err) != CodePlanVersionConflict {
 				t.Errorf("%s: got %v, want PLAN_VERSION_CONFLICT", name, err)
 			}
@@ -80,7 +80,7 @@ func TestRuns_RegisterPlan(t *testing.T) {
 				t.Errorf("%s: the conflict names the registered plan's hash: %v", name, err)
 			}
 		}
-		def, err := a.Client().WorkflowDef(ctx, p.Workflow.Name, p.Workflow.Version)
+		def, err := a.Client().WorkflowDef(ctx, plan.WorkflowName("tenant-a", p.Plan.PlanID, p.Plan.PlanVersion), p.Workflow.Version)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -92,12 +92,71 @@ func TestRuns_RegisterPlan(t *testing.T) {
 		// Another deployment (its own NATS) registered the same workflow
 		// name and version with another hash.
 		p := testPlan(t)
-		if err := newNATS(t).newRuns(t, u, RunsOptions{}).RegisterPlan(ctx, p); err != nil {
+		if err := newNATS(t).newRuns(t, u, RunsOptions{}).RegisterPlan(ctx, "tenant-a", p); err != nil {
 			t.Fatal(err)
 		}
 		other := changedPlan(t, p)
-		if err := env.newRuns(t, u, RunsOptions{}).RegisterPlan(ctx, other); !errors.Is(err, ErrPlanConflict) {
+		if err := env.newRuns(t, u, RunsOptions{}).RegisterPlan(ctx, "tenant-a", other); !errors.Is(err, ErrPlanConflict) {
 			t.Fatalf("got %v, want PLAN_VERSION_CONFLICT", err)
+		}
+	})
+	t.Run("EachTenantsOwn", func(t *testing.T) {
+		// A plan id and version are each tenant's: another tenant's plan
+		// under the same ones starts (neither refused nor confirmed: no
+		// oracle of the content), runs under its own workflow definition
+		// and reads back its own steps; within a tenant a version stays
+		// immutable.
+		p := testPlan(t)
+		two := p.Plan.Clone()
+		two.Steps = append(two.Steps, plan.Step{StepID: "step-2", DependsOn: []string{"step-1"}, Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}})
+		other := compilePlan(t, two)
+		r := env.newRuns(t, u, RunsOptions{})
+		a, err := r.StartRun(ctx, request(p, "req-a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		reqB := request(other, "req-b")
+		reqB.TenantID = "tenant-b"
+		b, err := r.StartRun(ctx, reqB)
+		if err != nil {
+			t.Fatalf("tenant-b's plan under tenant-a's plan id and version: %v, want started", err)
+		}
+		if a.Run.WorkflowName == b.Run.WorkflowName {
+			t.Fatalf("both tenants' runs use workflow %s", a.Run.WorkflowName)
+		}
+		for _, r := range []*Runs{r, env.newRuns(t, u, RunsOptions{})} { // cache, registry
+			again := request(p, "req-b2")
+			again.TenantID = "tenant-b"
+			if _, err := r.StartRun(ctx, again); !errors.Is(err, ErrPlanConflict) {
+				t.Fatalf("tenant-b's other content under its own version: %v, want PLAN_VERSION_CONFLICT", err)
+			}
+		}
+		for tenant, want := range map[string]int{"tenant-a": 1, "tenant-b": 2} {
+			steps, err := r.PlanSteps(ctx, tenant, p.Plan.PlanID, p.Plan.PlanVersion)
+			if err != nil || len(steps) != want {
+				t.Errorf("%s: %d steps (%v), want %d", tenant, len(steps), err, want)
+			}
+		}
+	})
+	t.Run("SharedNameOfEarlierRuns", func(t *testing.T) {
+		// A plan version registered before plan ids were each tenant's
+		// (under the shared name, as Compile names it) is read back for
+		// a tenant that has no definition of its own: its earlier runs.
+		p := testPlan(t)
+		r := env.newRuns(t, u, RunsOptions{})
+		wf, err := p.WorkflowDefJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Client().RegisterWorkflowDefJSON(ctx, wf); err != nil {
+			t.Fatal(err)
+		}
+		steps, err := r.PlanSteps(ctx, "tenant-a", p.Plan.PlanID, p.Plan.PlanVersion)
+		if err != nil || len(steps) != 1 {
+			t.Fatalf("%d steps (%v), want the shared definition's 1", len(steps), err)
+		}
+		if _, err := r.PlanSteps(ctx, "tenant-a", "plan-"+suffix(t), "1"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("a plan nobody registered: %v, want NOT_FOUND", err)
 		}
 	})
 	t.Run("ErrInvalidInput", func(t *testing.T) {
@@ -109,8 +168,13 @@ func TestRuns_RegisterPlan(t *testing.T) {
 			"no hash": {Plan: &plan.Plan{PlanID: "a", PlanVersion: "1"}, Workflow: model.WorkflowDef{Name: "w"}},
 			"no name": {Plan: &plan.Plan{PlanID: "a", PlanVersion: "1"}, ContentHash: "h"},
 		} {
-			if err := r.RegisterPlan(ctx, p); !errors.Is(err, ErrInvalidInput) {
+			if err := r.RegisterPlan(ctx, "tenant-a", p); !errors.Is(err, ErrInvalidInput) {
 				t.Errorf("%s: got %v, want INVALID_INPUT", name, err)
+			}
+		}
+		for _, tenant := range []string{"", "t|x"} {
+			if err := r.RegisterPlan(ctx, tenant, testPlan(t)); !errors.Is(err, ErrInvalidInput) {
+				t.Errorf("tenant %q: got %v, want INVALID_INPUT", tenant, err)
 			}
 		}
 	})
@@ -131,11 +195,12 @@ func checkStarted(t *testing.T, env *natsEnv, r *Runs, p *plan.Compiled, run Run
 	if err := json.Unmarshal(recs[0].Payload, &payload); err != nil {
 		t.Fatal(err)
 	}
-	wantRef := "conductor://" + p.Workflow.Name + "/" + run.WorkflowID
+	name := plan.WorkflowName(run.TenantID, p.Plan.PlanID, p.Plan.PlanVersion)
+	wantRef := "conductor://" + name + "/" + run.WorkflowID
 	if payload.EngineRunRef != wantRef || payload.EngineType != "conductor" || payload.StartedAt == "" {
 		t.Fatalf("RunStarted payload %+v, want engineRunRef %s, engineType conductor, startedAt", payload, wantRef)
 	}
-	ids, err := r.Client().RunningWorkflows(ctx, p.Workflow.Name, p.Workflow.Version)
+	ids, err := r.Client().RunningWorkflows(ctx, name, p.Workflow.Version)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +304,7 @@ func TestRuns_StartRun(t *testing.T) {
 	t.Run("ErrEngineUnavailable", func(t *testing.T) {
 		p := testPlan(t)
 		good := env.newRuns(t, u, RunsOptions{})
-		if err := good.RegisterPlan(ctx, p); err != nil {
+		if err := good.RegisterPlan(ctx, "tenant-a", p); err != nil {
 			t.Fatal(err)
 		}
 		down := env.newRuns(t, unusedURL(t), RunsOptions{})
@@ -251,7 +316,7 @@ func TestRuns_StartRun(t *testing.T) {
 		}
 		// Same with the plan cached, so that StartWorkflow is what fails.
 		down.mu.Lock()
-		down.plans[planKey(p.Plan.PlanID, p.Plan.PlanVersion)] = p.ContentHash
+		down.plans[planKey("tenant-a", p.Plan.PlanID, p.Plan.PlanVersion)] = p.ContentHash
 		down.mu.Unlock()
 		_, err = down.StartRun(ctx, request(p, "req-down"))
 		if !errors.Is(err, ErrEngineUnavailable) {
@@ -311,7 +376,7 @@ func TestRuns_StartRun(t *testing.T) {
 		// request waits StartWait and gets RUN_START_IN_PROGRESS.
 		p := testPlan(t)
 		r := env.newRuns(t, u, RunsOptions{StartWait: 200 * time.Millisecond})
-		if err := r.RegisterPlan(ctx, p); err != nil {
+		if err := r.RegisterPlan(ctx, "tenant-a", p); err != nil {
 			t.Fatal(err)
 		}
 		req := request(p, "req-held")
@@ -332,7 +397,7 @@ func TestRuns_StartRun(t *testing.T) {
 func crashedStart(t *testing.T, r *Runs, req StartRequest, startWorkflow bool) *Run {
 	t.Helper()
 	ctx := context.Background()
-	defs, err := defsOf("test", req.Plan)
+	defs, err := defsOf("test", req.TenantID, req.Plan)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -640,11 +705,11 @@ func TestRuns_RegisterPlanRejectedKeepsNoClaim(t *testing.T) {
 	bad.Workflow.Tasks[0].InputParameters = map[string]any{"bogus": "${nosuchtask.output.result}"}
 	bad.ContentHash = "sha256:rejected-" + suffix(t)
 	r := env.newRuns(t, u, RunsOptions{})
-	if err := r.RegisterPlan(ctx, bad); !errors.Is(err, ErrEngineRejected) {
+	if err := r.RegisterPlan(ctx, "tenant-a", bad); !errors.Is(err, ErrEngineRejected) {
 		t.Fatalf("the refused plan: %v, want ENGINE_REJECTED", err)
 	}
 	for name, rr := range map[string]*Runs{"same replica": r, "another replica": env.newRuns(t, u, RunsOptions{})} {
-		if err := rr.RegisterPlan(ctx, good); err != nil {
+		if err := rr.RegisterPlan(ctx, "tenant-a", good); err != nil {
 			t.Fatalf("%s: the fixed plan under the same version: %v, want registered", name, err)
 		}
 	}

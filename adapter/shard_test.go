@@ -40,7 +40,7 @@ func TestWatcher_ReplicasDivideTheRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := testPlan(t)
-	if err := r.RegisterPlan(ctx, p); err != nil {
+	if err := r.RegisterPlan(ctx, "tenant-a", p); err != nil {
 		t.Fatal(err)
 	}
 	const n = 6

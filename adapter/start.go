@@ -94,7 +94,7 @@ func (r *Runs) StartRun(ctx context.Context, req StartRequest) (StartResult, err
 // request with req's key was seen before: a run can be named (a queued
 // run's RunQueued) before it starts.
 func (r *Runs) RunIDFor(ctx context.Context, req StartRequest) (string, error) {
-	defs, err := defsOf("run id", req.Plan)
+	defs, err := defsOf("run id", req.TenantID, req.Plan)
 	if err != nil {
 		return "", err
 	}
@@ -103,7 +103,7 @@ func (r *Runs) RunIDFor(ctx context.Context, req StartRequest) (string, error) {
 
 // Existing returns req's run if it was started (ok false: not yet).
 func (r *Runs) Existing(ctx context.Context, req StartRequest) (res StartResult, ok bool, err error) {
-	defs, err := defsOf("existing run", req.Plan)
+	defs, err := defsOf("existing run", req.TenantID, req.Plan)
 	if err != nil {
 		return StartResult{}, false, err
 	}
@@ -113,14 +113,14 @@ func (r *Runs) Existing(ctx context.Context, req StartRequest) (res StartResult,
 func (r *Runs) startRun(ctx context.Context, req StartRequest) (StartResult, error) {
 	const op = "start run"
 	for _, f := range [...]struct{ name, v string }{
-		{"tenantId", req.TenantID}, {"projectId", req.ProjectID},
+		{"projectId", req.ProjectID},
 		{"environmentId", req.EnvironmentID}, {"runRequestId", req.RunRequestID},
 	} {
 		if err := validateField(op, f.name, f.v); err != nil {
 			return StartResult{}, err
 		}
 	}
-	defs, err := defsOf(op, req.Plan)
+	defs, err := defsOf(op, req.TenantID, req.Plan)
 	if err != nil {
 		return StartResult{}, err
 	}
@@ -325,9 +325,11 @@ func (r *Runs) launch(ctx context.Context, rec *Run, rev uint64, defs *planDefs)
 		return r.conductor.StartWorkflow(sctx, startRequest(rec, r.opts.Tracer))
 	}
 	workflowID, err := start()
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, ErrNotFound) && rec.WorkflowName == defs.Workflow.Name {
 		// Conductor lost the definitions (the memory store restarted):
-		// register them again and retry once.
+		// register them again and retry once. (A run recorded before
+		// plan ids were each tenant's names the shared definition, which
+		// defs does not register.)
 		r.forgetPlan(defs)
 		if err = r.registerPlan(ctx, defs); err == nil {
 			workflowID, err = start()

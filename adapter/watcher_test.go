@@ -347,7 +347,7 @@ func TestWatcher_Scan(t *testing.T) {
 		// A start that crashed after recording the workflow but before
 		// appending RunStarted: the scan appends it.
 		p := testPlan(t)
-		if err := r.RegisterPlan(ctx, p); err != nil {
+		if err := r.RegisterPlan(ctx, "tenant-a", p); err != nil {
 			t.Fatal(err)
 		}
 		rec := crashedStart(t, r, request(p, "req"), true)

@@ -426,7 +426,7 @@ func TestServe_FailedStartTerminatesWorkflow(t *testing.T) {
 	planID := uniq("e2e-abandon")
 	pl := mustPlan(t, `{"planId":"`+planID+`","planVersion":"1","steps":[{"stepId":"a","executor":{"type":"sleep","seconds":30}}]}`)
 	_, startErr := p.client.Start(ctx, httpapi.StartRequest{TenantID: "t-e2e", ProjectID: "p-e2e", EnvironmentID: "test", RunRequestID: uniq("abandon"), Plan: pl})
-	name := plan.WorkflowName(planID, "1")
+	name := plan.WorkflowName("t-e2e", planID, "1")
 	resp, err := http.Get(conductortest.URL(t) + "/workflow/running/" + name + "?version=1")
 	if err != nil {
 		t.Fatal(err)

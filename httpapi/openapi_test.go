@@ -144,7 +144,7 @@ func (c *scriptedControl) ResumeLater(context.Context, string, time.Time, drain.
 // adapter.Runs reads it from Conductor (its e2e test: the console's).
 type scriptedPlans struct{}
 
-func (scriptedPlans) PlanSteps(context.Context, string, string) ([]plan.Step, error) {
+func (scriptedPlans) PlanSteps(context.Context, string, string, string) ([]plan.Step, error) {
 	return []plan.Step{{StepID: "a", Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}, Retries: plan.RetryPolicy{EngineTries: 1, LogicalAttempts: 1}},
 		{StepID: "b", Executor: plan.ExecutorSpec{Type: plan.ExecutorSleep}, DependsOn: []string{"a"}, Retries: plan.RetryPolicy{EngineTries: 1, LogicalAttempts: 1}}}, nil
 }

@@ -7,10 +7,10 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 )
 
-// PlanReader reads a registered plan version's steps; *adapter.Runs
-// satisfies it.
+// PlanReader reads a tenant's registered plan version's steps;
+// *adapter.Runs satisfies it.
 type PlanReader interface {
-	PlanSteps(ctx context.Context, planID, planVersion string) ([]plan.Step, error)
+	PlanSteps(ctx context.Context, tenantID, planID, planVersion string) ([]plan.Step, error)
 }
 
 // PlanGraph is GET /v1/runs/{runId}/plan: the step graph of the run's
@@ -39,7 +39,7 @@ func (s *Server) planGraph(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	steps, err := s.opts.Plans.PlanSteps(r.Context(), snap.PlanID, snap.PlanVersion)
+	steps, err := s.opts.Plans.PlanSteps(r.Context(), snap.TenantID, snap.PlanID, snap.PlanVersion)
 	if err != nil {
 		return err
 	}

@@ -155,8 +155,8 @@ type planStepCounter struct{ runs *adapter.Runs }
 
 var _ runlist.StepCounter = planStepCounter{}
 
-func (c planStepCounter) StepCount(ctx context.Context, planID, planVersion string) (int, error) {
-	steps, err := c.runs.PlanSteps(ctx, planID, planVersion)
+func (c planStepCounter) StepCount(ctx context.Context, tenantID, planID, planVersion string) (int, error) {
+	steps, err := c.runs.PlanSteps(ctx, tenantID, planID, planVersion)
 	return len(steps), err
 }
 

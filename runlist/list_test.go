@@ -574,15 +574,16 @@ func TestParseSelector_Bounded(t *testing.T) {
 // lookups.
 type stepCounter struct {
 	mu    sync.Mutex
-	steps map[string]int // planID -> steps; absent: the plan cannot be read
+	steps map[string]int // "tenantId/planId" -> steps; absent: the plan cannot be read
 	calls map[string]int
 }
 
-func (c *stepCounter) StepCount(_ context.Context, planID, _ string) (int, error) {
+func (c *stepCounter) StepCount(_ context.Context, tenantID, planID, _ string) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.calls[planID]++
-	n, ok := c.steps[planID]
+	key := tenantID + "/" + planID
+	c.calls[key]++
+	n, ok := c.steps[key]
 	if !ok {
 		return 0, errors.New("no such workflow definition")
 	}
@@ -593,11 +594,16 @@ func (c *stepCounter) StepCount(_ context.Context, planID, _ string) (int, error
 // paused 5-step run with 4 steps done reads 4 of 5 (not 4 of the 4 the
 // log has seen); a plan that cannot be read leaves it 0 (unknown). Plans
 // are immutable: each plan version is looked up once, by List and
-// Changes alike.
+// Changes alike. Plan ids are each tenant's: another tenant's plan of
+// the same id and version has its own count.
 func TestList_PlanSteps(t *testing.T) {
 	f := newFixture(t)
-	c := &stepCounter{steps: map[string]int{"five": 5}, calls: map[string]int{}}
+	c := &stepCounter{steps: map[string]int{"tenant_acme/five": 5, "tenant_other/five": 3}, calls: map[string]int{}}
 	l := f.open(runlist.Options{Plans: c})
+	other := storetest.Event("other", statestore.RunStarted, "")
+	other.TenantID, other.PlanID = "tenant_other", "five"
+	storetest.Rekey(other)
+	f.append(storetest.WithPayload(other, map[string]any{"engineType": "conductor"}))
 	f.start("r5", "five", nil)
 	for _, s := range []string{"a", "b", "c", "d"} {
 		f.event("r5", "five", statestore.StepStarted, s, 1, nil)
@@ -609,23 +615,23 @@ func TestList_PlanSteps(t *testing.T) {
 	waitIndexed(t, l)
 	for range 2 {
 		p, err := l.List(runlist.Filter{}, 0, "")
-		if err != nil || len(p.Runs) != 2 {
+		if err != nil || len(p.Runs) != 3 {
 			t.Fatalf("%+v %v", p, err)
 		}
 		for _, r := range p.Runs {
-			want := map[string]int{"r5": 5, "lost": 0}[r.RunID]
+			want := map[string]int{"r5": 5, "lost": 0, "other": 3}[r.RunID]
 			if r.PlanSteps != want || (r.RunID == "r5" && (r.Done != 4 || r.Steps != 4)) {
 				t.Fatalf("row %s: done %d, steps %d, planSteps %d; want planSteps %d (r5: 4 done of 4 seen)", r.RunID, r.Done, r.Steps, r.PlanSteps, want)
 			}
 		}
 	}
-	ch, err := l.Changes(context.Background(), runlist.Filter{PlanID: "five"}, 0, 0)
+	ch, err := l.Changes(context.Background(), runlist.Filter{TenantID: "tenant_acme", PlanID: "five"}, 0, 0)
 	if err != nil || len(ch.Runs) != 1 || ch.Runs[0].PlanSteps != 5 {
 		t.Fatalf("changes: %+v %v, want r5 with planSteps 5", ch, err)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.calls["five"] != 1 || c.calls["gone"] != 1 {
+	if c.calls["tenant_acme/five"] != 1 || c.calls["tenant_acme/gone"] != 1 || c.calls["tenant_other/five"] != 1 {
 		t.Fatalf("lookups %v, want one per plan version (a failed one retried only later)", c.calls)
 	}
 }

@@ -10,11 +10,11 @@ import (
 // adapter's plan lookup (a read of the plan's workflow definition from
 // Conductor) into it.
 type StepCounter interface {
-	// StepCount returns the number of steps of the plan version planID,
-	// planVersion, or an error when the plan cannot be read. 0 with no
+	// StepCount returns the number of steps of tenantID's plan version
+	// planID, planVersion (plan ids are each tenant's), or an error when the plan cannot be read. 0 with no
 	// error means the plan's steps are not known (a workflow that is not
 	// a compiled plan). It may be called concurrently.
-	StepCount(ctx context.Context, planID, planVersion string) (int, error)
+	StepCount(ctx context.Context, tenantID, planID, planVersion string) (int, error)
 }
 
 // Bounds of the plan step lookups made while listing.
@@ -29,7 +29,7 @@ const (
 	maxPlanCounts = 10_000
 )
 
-type planKey struct{ planID, planVersion string }
+type planKey struct{ tenantID, planID, planVersion string }
 
 // planCount is a cached lookup: the step count, or when it failed.
 type planCount struct {
@@ -62,7 +62,7 @@ func (p *planSteps) fill(ctx context.Context, rows []Row) {
 	var missing []planKey
 	p.mu.Lock()
 	for i := range rows {
-		k := planKey{rows[i].PlanID, rows[i].PlanVersion}
+		k := planKey{rows[i].TenantID, rows[i].PlanID, rows[i].PlanVersion}
 		if _, done := known[k]; done {
 			continue
 		}
@@ -77,7 +77,7 @@ func (p *planSteps) fill(ctx context.Context, rows []Row) {
 		p.lookUp(ctx, missing, known)
 	}
 	for i := range rows {
-		rows[i].PlanSteps = known[planKey{rows[i].PlanID, rows[i].PlanVersion}]
+		rows[i].PlanSteps = known[planKey{rows[i].TenantID, rows[i].PlanID, rows[i].PlanVersion}]
 	}
 }
 
@@ -91,7 +91,7 @@ func (p *planSteps) lookUp(ctx context.Context, keys []planKey, known map[planKe
 		if ctx.Err() != nil {
 			break // left as they were: a later listing looks them up
 		}
-		n, err := p.counter.StepCount(ctx, k.planID, k.planVersion)
+		n, err := p.counter.StepCount(ctx, k.tenantID, k.planID, k.planVersion)
 		if err != nil {
 			if ctx.Err() == nil { // not read, rather than out of time
 				found[k] = planCount{failedAt: time.Now()}

@@ -149,7 +149,7 @@ func TestWorker_OutcomeWakesItsPlansTypes(t *testing.T) {
 		t.Fatalf("first polls %v, want one of each type", got)
 	}
 	task := func(taskType, planID string) *model.Task {
-		return &model.Task{TaskId: planID + taskType, TaskType: taskType,
+		return &model.Task{TaskId: planID + taskType, TaskType: taskType, WorkflowType: "sidecar_t_" + planID + "_1",
 			InputData: map[string]any{"planId": planID, "planVersion": "1"}}
 	}
 	outcome := func(tk *model.Task) {
@@ -191,11 +191,11 @@ func TestPlanTypes_UnnumberedLoopWakesAll(t *testing.T) {
 	}
 	pt := newPlanTypes(types)
 	in := map[string]any{"planId": "p", "planVersion": "1"}
-	pt.learn([]model.Task{{TaskType: "t0", InputData: in}})
-	if m, _ := pt.typesOf(&model.Task{TaskType: "t65", InputData: in}, false); !m.all {
+	pt.learn([]model.Task{{TaskType: "t0", WorkflowType: "sidecar_t_p_1", InputData: in}})
+	if m, _ := pt.typesOf(&model.Task{TaskType: "t65", WorkflowType: "sidecar_t_p_1", InputData: in}, false); !m.all {
 		t.Errorf("outcome of the 66th polled type: wakes %+v, want every loop", m)
 	}
-	if m, _ := pt.typesOf(&model.Task{TaskType: "outside", InputData: in}, false); m.all || !m.has("t0") || m.has("t1") {
+	if m, _ := pt.typesOf(&model.Task{TaskType: "outside", WorkflowType: "sidecar_t_p_1", InputData: in}, false); m.all || !m.has("t0") || m.has("t1") {
 		t.Errorf("outcome of a type no loop polls: wakes all=%v t0=%v t1=%v, want t0 only", m.all, m.has("t0"), m.has("t1"))
 	}
 }
@@ -226,19 +226,19 @@ func TestPlanTypes_NoPlanWakesItsDefinitionsTypes(t *testing.T) {
 func TestPlanTypes_MissingDefinitionIsNotReadAgain(t *testing.T) {
 	pt := newPlanTypes([]string{"noop", "sleep"})
 	task := func(planID string) *model.Task {
-		return &model.Task{TaskType: "outside", InputData: map[string]any{"planId": planID, "planVersion": "1"}}
+		return &model.Task{TaskType: "outside", WorkflowType: "sidecar_t_" + planID + "_1", InputData: map[string]any{"planId": planID, "planVersion": "1"}}
 	}
 	if _, resolve := pt.typesOf(task("gone"), true); !resolve {
 		t.Fatal("first outcome of a plan: no read of its definition")
 	}
-	if m := pt.resolved("gone|1", nil, fmt.Errorf("get: %w", errcode.NotFound)); !m.all {
+	if m := pt.resolved("sidecar_t_gone_1", nil, fmt.Errorf("get: %w", errcode.NotFound)); !m.all {
 		t.Errorf("a plan of no definition and no polls: wakes all=%v, want every loop", m.all)
 	}
 	if _, resolve := pt.typesOf(task("gone"), true); resolve {
 		t.Error("a plan whose definition Conductor does not have is read again")
 	}
 	pt.typesOf(task("flaky"), true)
-	pt.resolved("flaky|1", nil, errors.New("connection reset"))
+	pt.resolved("sidecar_t_flaky_1", nil, errors.New("connection reset"))
 	if _, resolve := pt.typesOf(task("flaky"), true); !resolve {
 		t.Error("after a failed read the plan's definition is not read again")
 	}

@@ -107,9 +107,7 @@ func (w *Worker) wakePollers(t *model.Task) {
 	wake, resolve := w.wakes.typesOf(t, w.opts.Definitions != nil)
 	w.nudge(wake)
 	if resolve {
-		id, _ := t.InputData[plan.InputPlanID].(string)
-		v, _ := t.InputData[plan.InputPlanVersion].(string)
-		go w.resolvePlan(id, v)
+		go w.resolvePlan(t.WorkflowType)
 	}
 }
 
@@ -145,14 +143,15 @@ func (w *Worker) Wake() {
 	w.nudge(typeMask{all: true})
 }
 
-// resolvePlan reads the workflow definition of a plan version, records
-// the task types its steps use and wakes their loops.
-func (w *Worker) resolvePlan(planID, planVersion string) {
+// resolvePlan reads the workflow definition of a plan version (a run's
+// workflow, named for its tenant's plan version), records the task types
+// its steps use and wakes their loops.
+func (w *Worker) resolvePlan(workflowName string) {
 	ctx, cancel := context.WithTimeout(w.reportCtx, 10*time.Second)
-	def, err := w.opts.Definitions.WorkflowDef(ctx, plan.WorkflowName(planID, planVersion), plan.WorkflowVersion)
+	def, err := w.opts.Definitions.WorkflowDef(ctx, workflowName, plan.WorkflowVersion)
 	cancel()
 	if err != nil {
-		w.log.Debug("cannot read the plan's workflow definition; waking the loops of the types polled for it", zap.String("planId", planID), zap.Error(err))
+		w.log.Debug("cannot read the plan's workflow definition; waking the loops of the types polled for it", zap.String("workflow", workflowName), zap.Error(err))
 	}
 	if err == nil && def == nil {
 		err = errcode.NotFound
@@ -161,7 +160,7 @@ func (w *Worker) resolvePlan(planID, planVersion string) {
 	if def != nil {
 		names = workflowTaskNames(def.Tasks, names)
 	}
-	w.nudge(w.wakes.resolved(planID+"|"+planVersion, names, err))
+	w.nudge(w.wakes.resolved(workflowName, names, err))
 }
 
 // workflowTaskNames appends the names (task types) of the tasks, nested
@@ -233,15 +232,14 @@ func newPlanTypes(taskTypes []string) *planTypes {
 	return pt
 }
 
-// planOf is the plan key of a task: "planId|planVersion" ('|' is not
-// allowed in either), or "" for a task whose input has neither.
+// planOf is the plan key of a task: its workflow's name (a tenant's plan
+// version, plan.WorkflowName), or "" for a task of no plan (its input has
+// no planId: an adopted workflow's).
 func planOf(t *model.Task) string {
-	id, _ := t.InputData[plan.InputPlanID].(string)
-	v, _ := t.InputData[plan.InputPlanVersion].(string)
-	if id == "" {
+	if id, _ := t.InputData[plan.InputPlanID].(string); id == "" {
 		return ""
 	}
-	return id + "|" + v
+	return t.WorkflowType
 }
 
 // learn records the task types of polled tasks for their plans, or for

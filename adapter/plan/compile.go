@@ -177,7 +177,7 @@ func Compile(p *Plan) (*Compiled, error) {
 		ContentHash: hash,
 		RefByStep:   c.refs,
 		Workflow: model.WorkflowDef{
-			Name:            WorkflowName(n.PlanID, n.PlanVersion),
+			Name:            WorkflowName("", n.PlanID, n.PlanVersion),
 			Description:     workflowDescription(hash, n),
 			Version:         WorkflowVersion,
 			Tasks:           tasks,
@@ -345,15 +345,33 @@ func TaskDefFor(taskType string) model.TaskDef {
 	}
 }
 
-// WorkflowName returns the workflow def name of a plan version:
-// "sidecar_<planId>_<planVersion>_<h>", where planId and planVersion are
-// kept to [A-Za-z0-9-] (anything else becomes '_') and to 40 bytes each,
-// and h is the first 8 hex digits of SHA-256(planId "|" planVersion), which
-// keeps apart the plans that the first two parts confuse. Conductor
-// accepts the name in URLs and definitions as is.
-func WorkflowName(planID, planVersion string) string {
-	sum := sha256.Sum256([]byte(planID + "|" + planVersion))
-	return "sidecar_" + sanitizeName(planID) + "_" + sanitizeName(planVersion) + "_" + hex.EncodeToString(sum[:4])
+// WorkflowName returns the workflow def name of a tenant's plan version:
+// "sidecar_<tenantId>_<planId>_<planVersion>_<h>", each of the three
+// parts kept to [A-Za-z0-9-] (anything else becomes '_') and to 40 bytes,
+// and h the first 16 hex digits of SHA-256(tenantId "|" planId "|"
+// planVersion), which keeps apart what the first parts confuse (no part
+// may hold '|'). Plan ids are each tenant's: two tenants' plans under the
+// same planId and planVersion are two definitions. With no tenant
+// (tenantID "") it is the name a plan version had before plan ids were
+// each tenant's, "sidecar_<planId>_<planVersion>_<h>" with h the first 8
+// hex digits of SHA-256(planId "|" planVersion): Compile names a plan so,
+// and runs started then keep that definition. Conductor accepts either
+// name in URLs and definitions as is.
+func WorkflowName(tenantID, planID, planVersion string) string {
+	if tenantID == "" {
+		sum := sha256.Sum256([]byte(planID + "|" + planVersion))
+		return "sidecar_" + sanitizeName(planID) + "_" + sanitizeName(planVersion) + "_" + hex.EncodeToString(sum[:4])
+	}
+	sum := sha256.Sum256([]byte(tenantID + "|" + planID + "|" + planVersion))
+	return "sidecar_" + sanitizeName(tenantID) + "_" + sanitizeName(planID) + "_" + sanitizeName(planVersion) + "_" + hex.EncodeToString(sum[:8])
+}
+
+// Named returns a copy of c whose workflow definition is called name
+// (WorkflowName of the tenant that runs it); c is not changed.
+func (c *Compiled) Named(name string) *Compiled {
+	cp := *c
+	cp.Workflow.Name = name
+	return &cp
 }
 
 func sanitizeName(s string) string {

@@ -60,22 +60,33 @@ func FuzzStepRef(f *testing.F) {
 }
 
 func TestWorkflowName(t *testing.T) {
-	valid := regexp.MustCompile(`^sidecar_[A-Za-z0-9_-]+_[0-9a-f]{8}$`)
+	// A tenant's plan version; with no tenant, the shared name plan
+	// versions had before plan ids were each tenant's.
+	valid := regexp.MustCompile(`^sidecar_[A-Za-z0-9_-]+_[0-9a-f]{16}$`)
+	shared := regexp.MustCompile(`^sidecar_[A-Za-z0-9_-]+_[0-9a-f]{8}$`)
 	names := map[string]string{}
-	for _, pv := range [][2]string{
-		{"deploy", "1"}, {"deploy", "2"}, {"de.ploy", "1"}, {"de_ploy", "1"}, {"deploy_1", ""}, {"deploy", "_1"},
-		{"ünï", "1"}, {"üni", "1"}, {strings.Repeat("x", 256), "1"}, {strings.Repeat("x", 255) + "y", "1"},
+	for _, tpv := range [][3]string{
+		{"acme", "deploy", "1"}, {"acme", "deploy", "2"}, {"acme", "de.ploy", "1"}, {"acme", "de_ploy", "1"}, {"acme", "deploy_1", ""}, {"acme", "deploy", "_1"},
+		{"acme", "ünï", "1"}, {"acme", "üni", "1"}, {"acme", strings.Repeat("x", 256), "1"}, {"acme", strings.Repeat("x", 255) + "y", "1"},
+		{"beta", "deploy", "1"}, {"acme_deploy", "1", ""}, {"acme", "deploy_1", "x"}, {"acme_deploy_1", "", ""},
+		{strings.Repeat("t", 256), "deploy", "1"}, {strings.Repeat("t", 255) + "u", "deploy", "1"},
+		{"", "deploy", "1"}, {"", "deploy", "2"}, {"", "de.ploy", "1"}, {"", "de_ploy", "1"}, {"", "deploy_1", ""},
+		{"", strings.Repeat("x", 256), "1"}, {"", strings.Repeat("x", 255) + "y", "1"},
 	} {
-		n := WorkflowName(pv[0], pv[1])
-		if !valid.MatchString(n) || len(n) > 8+40+1+40+1+8 {
-			t.Errorf("WorkflowName(%q, %q) = %q", pv[0], pv[1], n)
+		n := WorkflowName(tpv[0], tpv[1], tpv[2])
+		if tpv[0] == "" && (!shared.MatchString(n) || len(n) > 8+40+1+40+1+8) ||
+			tpv[0] != "" && (!valid.MatchString(n) || len(n) > 8+40+1+40+1+40+1+16) {
+			t.Errorf("WorkflowName(%q, %q, %q) = %q", tpv[0], tpv[1], tpv[2], n)
 		}
 		if other, dup := names[n]; dup {
-			t.Errorf("WorkflowName(%q, %q) = WorkflowName(%s)", pv[0], pv[1], other)
+			t.Errorf("WorkflowName(%q, %q, %q) = WorkflowName(%s)", tpv[0], tpv[1], tpv[2], other)
 		}
-		names[n] = pv[0] + "|" + pv[1]
+		names[n] = tpv[0] + "|" + tpv[1] + "|" + tpv[2]
 	}
-	if got := WorkflowName("deploy", "1"); got != "sidecar_deploy_1_"+got[len(got)-8:] || got != WorkflowName("deploy", "1") {
+	if got := WorkflowName("acme", "deploy", "1"); got != "sidecar_acme_deploy_1_"+got[len(got)-16:] || got != WorkflowName("acme", "deploy", "1") {
+		t.Fatalf("got %q", got)
+	}
+	if got := WorkflowName("", "deploy", "1"); got != "sidecar_deploy_1_"+got[len(got)-8:] {
 		t.Fatalf("got %q", got)
 	}
 }
@@ -89,7 +100,7 @@ func TestCompile(t *testing.T) {
 			t.Fatal("Compile changed its input")
 		}
 		w := c.Workflow
-		if w.Name != WorkflowName("deploy", "2026.1") || w.Version != WorkflowVersion || w.OwnerEmail != OwnerEmail ||
+		if w.Name != WorkflowName("", "deploy", "2026.1") || w.Version != WorkflowVersion || w.OwnerEmail != OwnerEmail ||
 			w.Restartable || w.TimeoutSeconds != 0 || w.TimeoutPolicy != "ALERT_ONLY" || w.SchemaVersion != 2 {
 			t.Fatalf("workflow def %+v", w)
 		}

@@ -334,7 +334,7 @@ func runServe(bin, conductor string, condPID, runs, steps, port int, extra []str
 			return call(http.MethodPost, api+"/v1/runs", body, nil)
 		})
 	}
-	name := plan.WorkflowName(planID, "1")
+	name := plan.WorkflowName("t", planID, "1")
 	if err := warm(1); err == nil {
 		err = waitNoneRunning(conductor, name)
 	}
