@@ -45,6 +45,11 @@ const (
 	// recorded or forwarded (400; Conductor answers such a body 500,
 	// which an SDK retries).
 	CodeBadUpdate = "PROXY_BAD_UPDATE"
+	// CodeUnsupportedMediaType: a task update whose Content-Type is not
+	// JSON (application/json or application/*+json), or that has none:
+	// Conductor answers it 500 and changes nothing, so nothing was
+	// recorded or forwarded (415).
+	CodeUnsupportedMediaType = "PROXY_UNSUPPORTED_MEDIA_TYPE"
 	// CodeTaskReserved: a poll of a task type the sidecar's own workers
 	// execute (sidecar_command, sidecar_http, sidecar_noop,
 	// sidecar_sleep), or an update of such a task: those steps' starts

@@ -96,6 +96,7 @@ func TestProxy_UpdateOverItsBudgetIsRefused(t *testing.T) {
 	// Not announced.
 	req, _ := http.NewRequest(http.MethodPost, e.url+"/tasks", io.MultiReader(strings.NewReader(big)))
 	req.ContentLength = -1
+	req.Header.Set("Content-Type", "application/json")
 	r2, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

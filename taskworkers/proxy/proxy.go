@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -565,6 +566,9 @@ func (p *Proxy) poll(w http.ResponseWriter, r *http.Request, batch bool) {
 // update records an update of an external step's task, then forwards it;
 // update-v2's answer (the worker's next task) passes the gate too.
 func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
+	if !p.jsonBody(w, r) {
+		return
+	}
 	body, release, ok := p.readBody(w, r)
 	if !ok {
 		return
@@ -606,6 +610,10 @@ func (p *Proxy) update(w http.ResponseWriter, r *http.Request, v2 bool) {
 	}
 	if !knownStatus(res.Status) {
 		p.badUpdate(w, fmt.Sprintf("status %q is none of IN_PROGRESS, COMPLETED, FAILED, FAILED_WITH_TERMINAL_ERROR", res.Status))
+		return
+	}
+	if res.TaskId == "" || res.WorkflowInstanceId == "" {
+		p.badUpdate(w, "taskId and workflowInstanceId are required")
 		return
 	}
 	t, a, err := p.task(r, res.TaskId)
@@ -686,6 +694,23 @@ func (p *Proxy) reserved(w http.ResponseWriter, why string) {
 func (p *Proxy) badUpdate(w http.ResponseWriter, why string) {
 	p.opts.Metrics.task("update_refused")
 	writeError(w, http.StatusBadRequest, CodeBadUpdate, "not a task result, nothing was recorded or forwarded: "+why)
+}
+
+// jsonBody reports whether r's body is JSON by its Content-Type
+// (application/json or application/*+json, with any parameters), the only
+// bodies Conductor takes for a task update; otherwise it answers 415
+// PROXY_UNSUPPORTED_MEDIA_TYPE (Conductor answers 500 and changes
+// nothing, which an SDK retries).
+func (p *Proxy) jsonBody(w http.ResponseWriter, r *http.Request) bool {
+	ct := r.Header.Get("Content-Type")
+	mt, _, err := mime.ParseMediaType(ct)
+	if err == nil && (mt == "application/json" || strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json")) {
+		return true
+	}
+	p.opts.Metrics.task("update_refused")
+	writeError(w, http.StatusUnsupportedMediaType, CodeUnsupportedMediaType,
+		fmt.Sprintf("a task update's body must be JSON (Content-Type: application/json), not %q: nothing was recorded or forwarded", ct))
+	return false
 }
 
 // isObject reports whether b is one well-formed JSON object.
@@ -815,11 +840,18 @@ func isUpdateByRef(path string) bool {
 // task (the workflow's task of that reference, in progress) and forwards
 // it; the body is the task's output.
 func (p *Proxy) updateByRef(w http.ResponseWriter, r *http.Request, path string) {
+	if !p.jsonBody(w, r) {
+		return
+	}
 	body, release, ok := p.readBody(w, r)
 	if !ok {
 		return
 	}
 	defer release()
+	if !isObject(body) {
+		p.badUpdate(w, "the body of an update by reference name is the task's output, a JSON object (Conductor requires one)")
+		return
+	}
 	parts := strings.Split(strings.TrimPrefix(path, "/tasks/"), "/")
 	t, a, err := p.taskByRef(r, parts[0], parts[1])
 	if errors.Is(err, errReserved) {

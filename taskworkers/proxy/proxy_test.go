@@ -1392,6 +1392,10 @@ func TestProxy_BadUpdateIsRefused(t *testing.T) {
 	for _, body := range []string{`{"taskId":`, `[1,2]`, ``, `"COMPLETED"`,
 		`{"taskId":"` + got.TaskID + `","workflowInstanceId":"` + wfID + `","status":"BOGUS"}`,
 		`{"taskId":"` + got.TaskID + `","workflowInstanceId":"` + wfID + `"}`,
+		// No task or no workflow named: Conductor's validation answers 500.
+		`{"taskId":"","workflowInstanceId":"","status":"COMPLETED"}`, `{"status":"COMPLETED"}`,
+		`{"taskId":"` + got.TaskID + `","workflowInstanceId":"","status":"COMPLETED"}`,
+		`{"taskId":"","workflowInstanceId":"` + wfID + `","status":"COMPLETED"}`,
 		// Well-formed objects whose fields Conductor reads otherwise than
 		// the proxy (Jackson takes an enum's ordinal, a number in a
 		// string): for a task of a run of the log, refused too, not
@@ -1410,6 +1414,21 @@ func TestProxy_BadUpdateIsRefused(t *testing.T) {
 			t.Fatalf("update %q: %d %s, want 400 %s", body, resp.StatusCode, b, proxy.CodeBadUpdate)
 		}
 	}
+	// By reference name, the body is the task's output: a JSON object,
+	// which Conductor requires.
+	for _, u := range []struct{ status, body string }{{"COMPLETED", ``}, {"COMPLETED", `[1]`}, {"COMPLETED", `{"a":`}, {"FAILED", `"x"`}} {
+		req, _ := http.NewRequest(http.MethodPost, e.url+"/tasks/"+wfID+"/s_x0/"+u.status, strings.NewReader(u.body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), proxy.CodeBadUpdate) {
+			t.Fatalf("update by reference name %s %q: %d %s, want 400 %s", u.status, u.body, resp.StatusCode, b, proxy.CodeBadUpdate)
+		}
+	}
 	if c := count(e.events(t, runID), statestore.StepCompleted) + count(e.events(t, runID), statestore.StepFailed); c != 0 {
 		t.Fatalf("%d outcomes recorded for bad updates", c)
 	}
@@ -1420,6 +1439,63 @@ func TestProxy_BadUpdateIsRefused(t *testing.T) {
 	if c := count(e.events(t, runID), statestore.StepCompleted); c != 1 {
 		t.Fatalf("after the real update: %d StepCompleted, want 1", c)
 	}
+}
+
+// TestProxy_UpdateOfAnotherMediaTypeIsRefused: Conductor takes a task
+// update's body only as JSON (any other Content-Type, or none, it answers
+// 500 and changes nothing), so the proxy refuses such an update of any
+// form (POST /tasks, update-v2, by reference name) with 415
+// PROXY_UNSUPPORTED_MEDIA_TYPE before it records anything: recorded, the
+// outcome would stand for the worker's real update that follows.
+func TestProxy_UpdateOfAnotherMediaTypeIsRefused(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	runID, wfID := e.start(t, 1, 60)
+	got := e.pollOne(t)
+	result := `{"taskId":"` + got.TaskID + `","workflowInstanceId":"` + wfID + `","status":"FAILED_WITH_TERMINAL_ERROR","reasonForIncompletion":"x"}`
+	for _, u := range []struct{ path, body string }{
+		{"/tasks", result}, {"/tasks/update-v2", result}, {"/tasks/" + wfID + "/s_x0/FAILED_WITH_TERMINAL_ERROR", `{"a":1}`},
+	} {
+		for _, ct := range []string{"text/plain", "application/x-www-form-urlencoded", "", "application/jsonp"} {
+			req, _ := http.NewRequest(http.MethodPost, e.url+u.path, strings.NewReader(u.body))
+			if ct != "" {
+				req.Header.Set("Content-Type", ct)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusUnsupportedMediaType || !strings.Contains(string(b), proxy.CodeUnsupportedMediaType) {
+				t.Fatalf("%s as %q: %d %s, want 415 %s", u.path, ct, resp.StatusCode, b, proxy.CodeUnsupportedMediaType)
+			}
+		}
+	}
+	recs := e.events(t, runID)
+	if c := count(recs, statestore.StepCompleted) + count(recs, statestore.StepFailed); c != 0 {
+		t.Fatalf("%d outcomes recorded for updates Conductor would not take", c)
+	}
+	if tk, err := e.client.Task(ctx, got.TaskID); err != nil || tk.Status != "IN_PROGRESS" {
+		t.Fatalf("the task after the refused updates: %v %v, want IN_PROGRESS", tk.Status, err)
+	}
+	req, _ := http.NewRequest(http.MethodPost, e.url+"/tasks", strings.NewReader(`{"taskId":"`+got.TaskID+`","workflowInstanceId":"`+wfID+`","status":"COMPLETED","outputData":{"good":1}}`))
+	req.Header.Set("Content-Type", "application/json; charset=UTF-8")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the worker's real update: %d", resp.StatusCode)
+	}
+	if c := count(e.events(t, runID), statestore.StepCompleted); c != 1 {
+		t.Fatalf("after the real update: %d StepCompleted, want 1", c)
+	}
+	waitFor(t, "the workflow to complete", 60*time.Second, func() bool {
+		wf, err := e.client.Workflow(ctx, wfID, false)
+		return err == nil && wf.Status == "COMPLETED"
+	})
 }
 
 // TestProxy_UpdateNamingAnotherWorkflowIsRefused: an update of an external
