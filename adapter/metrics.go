@@ -69,9 +69,13 @@ const (
 	// still ran in Conductor (the cancel's terminate never reached it)
 	// completed by the pause follower: terminate, RunCancelled.
 	actionCancelCompleted = "cancel_completed"
+	// actionSettledTask: a plan run's task Conductor ended without the
+	// step's worker (an update made by hand, a skiptask), recorded as
+	// Conductor ended it before the run's end.
+	actionSettledTask = "task_ended_in_conductor"
 )
 
-var watcherActions = []string{actionPauseClosed, actionTerminalRefused, actionConductorPaused, actionConductorResumed, actionConverged, actionDecide, actionCancelCompleted}
+var watcherActions = []string{actionPauseClosed, actionTerminalRefused, actionConductorPaused, actionConductorResumed, actionConverged, actionDecide, actionCancelCompleted, actionSettledTask}
 
 // Watcher outcome label values (sidecar_run_watcher_terminal_total{status}).
 var watcherStatuses = []string{"COMPLETED", "FAILED", "TIMED_OUT", "TERMINATED", "CANCELLED", "LOST"}
@@ -84,7 +88,7 @@ var watcherStatuses = []string{"COMPLETED", "FAILED", "TIMED_OUT", "TERMINATED",
 //	sidecar_run_watcher_active_runs                     runs the watcher follows (last scan)
 //	sidecar_run_watcher_terminal_total{status}          terminal run events appended, by Conductor status
 //	sidecar_run_watcher_errors_total                    failed watcher checks
-//	sidecar_run_watcher_actions_total{action}           pause_closed, terminal_refused, conductor_paused, conductor_resumed, converged, decide, cancel_completed (see watcherActions)
+//	sidecar_run_watcher_actions_total{action}           pause_closed, terminal_refused, conductor_paused, conductor_resumed, converged, decide, cancel_completed, task_ended_in_conductor (see watcherActions)
 //	sidecar_run_watcher_stuck_runs                      runs whose workflow Conductor leaves RUNNING with every task done
 //	sidecar_run_orphans_total{action}                   orphan workflows terminated or adopted
 //

@@ -154,6 +154,9 @@ type Watcher struct {
 	cache  *runCache
 	cursor string
 
+	// stepCounts are the plan versions' step counts (settlePlan).
+	stepCounts planStepCounts
+
 	lifeMu sync.Mutex
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -804,6 +807,11 @@ func (w *Watcher) finish(ctx context.Context, runID, workflowID, engineStatus, r
 		if w.opts.Adopted != nil && rec.IsAdopted() && engineStatus != engineStatusLost {
 			if err := w.opts.Adopted.Settle(ctx, rec); err != nil {
 				return fmt.Errorf("adapter: watcher: the last tasks of adopted run %s: %w", runID, err)
+			}
+		}
+		if !rec.IsAdopted() && engineStatus != engineStatusLost {
+			if err := w.settlePlan(ctx, rec, snap, engineStatus); err != nil {
+				return err
 			}
 		}
 		if err := w.endInLog(ctx, rec, engineStatus, reason, parentCancel); err != nil {

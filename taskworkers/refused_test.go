@@ -15,7 +15,10 @@ import (
 
 // TestLogRefusedOutcome: an outcome the log already has for the attempt
 // (a report repeated after its first was recorded) is logged as the
-// repeat it is, not as an error; any other refused outcome is an error.
+// repeat it is, not as an error; another outcome the run's state refuses
+// (the run or the step ended otherwise: a cancel, an action in
+// Conductor) is a warning, without a stack trace; one refused with no
+// state read is an error.
 func TestLogRefusedOutcome(t *testing.T) {
 	snap := &statestore.RunSnapshot{Steps: []statestore.StepSnapshot{{StepID: "s1", Status: statestore.StepStatusSuccess, LogicalAttemptID: 1}}}
 	refused := errors.New("INVALID_TRANSITION")
@@ -27,8 +30,8 @@ func TestLogRefusedOutcome(t *testing.T) {
 		want      zapcore.Level
 	}{
 		{"SameOutcome", statestore.StepCompleted, 1, snap, zapcore.InfoLevel},
-		{"OtherOutcome", statestore.StepFailed, 1, snap, zapcore.ErrorLevel},
-		{"OtherAttempt", statestore.StepCompleted, 2, snap, zapcore.ErrorLevel},
+		{"OtherOutcome", statestore.StepFailed, 1, snap, zapcore.WarnLevel},
+		{"OtherAttempt", statestore.StepCompleted, 2, snap, zapcore.WarnLevel},
 		{"NoState", statestore.StepCompleted, 1, nil, zapcore.ErrorLevel},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -759,7 +759,13 @@ func logRefusedOutcome(log *zap.Logger, snap *statestore.RunSnapshot, ev *states
 		log.Info("the step's outcome is already in the log (a repeated report); not recording it again")
 		return
 	}
-	log.Error("the step's outcome is not a valid transition from the run's state; not recording it", zap.Error(err))
+	if snap == nil {
+		log.Error("the step's outcome is not a valid transition from the run's state; not recording it", zap.Error(err))
+		return
+	}
+	// The run or the step ended otherwise meanwhile (a cancel, a task
+	// ended or a workflow terminated in Conductor): expected, not a fault.
+	log.Warn("the step's outcome is not a valid transition from the run's state (the run or the step ended otherwise); not recording it", zap.Error(err))
 }
 
 // reportLogged reports to Conductor the outcome the log has for the
