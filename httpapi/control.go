@@ -122,6 +122,12 @@ func (s *Server) control(action string) func(http.ResponseWriter, *http.Request)
 			// in Conductor itself). Not a reason to retry.
 			return &apiError{status: http.StatusConflict, Code: CodeEngineConflict,
 				Message: fmt.Sprintf("the log has the %s (recorded now or by an earlier request) but Conductor refused it: workflow %s: %s", action, ae.EngineStatus, ae.Message)}
+		case errors.As(err, &ee) && errors.Is(ee.Err, adapter.ErrNotFound):
+			// Conductor answered 404: the workflow was removed, or lost
+			// with a memory store's restart. The watcher ends the run
+			// (WORKFLOW_NOT_FOUND) once a few reads confirm it.
+			return &apiError{status: http.StatusConflict, Code: CodeEngineConflict,
+				Message: fmt.Sprintf("the log has the %s (recorded now or by an earlier request) but Conductor no longer has the run's workflow (removed, or lost in a restart of its store), and the run ends once a few reads confirm it (CANCELLED if a cancel is recorded, otherwise FAILED with WORKFLOW_NOT_FOUND): %s", action, ee.Err)}
 		case errors.As(err, &ee):
 			return &apiError{status: http.StatusServiceUnavailable, Code: CodeUnavailable,
 				Message: "the log has the " + action + " (recorded now or by an earlier request) but Conductor did not answer; retry the request: " + ee.Err.Error()}

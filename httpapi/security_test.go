@@ -567,7 +567,8 @@ func checkFuzzAnswer(t *testing.T, w *httptest.ResponseRecorder, body string) {
 
 // TestServer_EngineRefusal: Conductor answering CONFLICT to a recorded
 // resume is a 409 naming the workflow's status, not a 503 "did not answer"
-// (concurrent pause/resume calls were told to retry before).
+// (concurrent pause/resume calls were told to retry before); Conductor
+// answering 404 (its workflow gone) is a 409 too.
 func TestServer_EngineRefusal(t *testing.T) {
 	e := newSecEnv(t, nil)
 	e.control.err = &drain.EngineError{Err: &adapter.Error{Code: adapter.CodeConflict, Op: "resume", Status: 500,
@@ -581,6 +582,14 @@ func TestServer_EngineRefusal(t *testing.T) {
 	e.control.err = &adapter.Error{Code: adapter.CodeRunStartInProgress, Op: "start run", RetryAt: time.Now().Add(6500 * time.Millisecond)}
 	if r := e.do(t, "POST", "/v1/runs/run-t1/resume", "", "", ""); r.status != 409 || r.Code != "RUN_START_IN_PROGRESS" || r.header.Get("Retry-After") != "7" {
 		t.Fatalf("got %d %s Retry-After %q, want 409 RUN_START_IN_PROGRESS with Retry-After 7", r.status, r.Code, r.header.Get("Retry-After"))
+	}
+	// Conductor answered 404: the workflow was removed, or lost with a
+	// memory store's restart. A retry cannot succeed: 409, not 503.
+	e.control.err = &drain.EngineError{Err: &adapter.Error{Code: adapter.CodeNotFound, Op: "pause", Status: 404,
+		Message: "No such workflow found by id: wf-1"}}
+	if r := e.do(t, "POST", "/v1/runs/run-t1/pause", "", "", ""); r.status != 409 || r.Code != "ENGINE_CONFLICT" ||
+		!strings.Contains(r.body, "no longer has the run's workflow") || strings.Contains(r.body, "retry") {
+		t.Fatalf("got %d %s %s, want 409 ENGINE_CONFLICT saying Conductor no longer has the workflow, not to retry", r.status, r.Code, r.body)
 	}
 	e.control.err = &drain.EngineError{Err: &adapter.Error{Code: adapter.CodeEngineUnavailable, Op: "resume", Message: "connection refused"}}
 	if r := e.do(t, "POST", "/v1/runs/run-t1/resume", "", "", ""); r.status != 503 || r.Code != "ENGINE_UNAVAILABLE" {
