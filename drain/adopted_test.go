@@ -2,12 +2,16 @@ package drain_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -202,4 +206,64 @@ func TestController_AdoptedDrainEndsOnlyAfterConductorsTasksAreRead(t *testing.T
 			t.Fatalf("after the monitor's check: %+v; want the drain open with Conductor's http task in flight", snap)
 		}
 	})
+}
+
+// failingSync stands for Conductor failing every read of an adopted run's
+// tasks (down, or the workflow gone): it counts the reads.
+type failingSync struct {
+	mu    sync.Mutex
+	reads int
+}
+
+func (f *failingSync) Adopts(runID, _ string) bool { return strings.HasPrefix(runID, "adopted-") }
+func (f *failingSync) Resumed(string)              {}
+func (f *failingSync) SyncEngineTasks(context.Context, string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reads++
+	return errors.New("connection refused")
+}
+
+// TestController_AdoptedReadFailingIsBounded: while the reads of a
+// draining adopted run's tasks fail, the monitor, whose passes over the
+// store keep working, logs the failure once a minute (a pass that read
+// the store did not reset that bound: ~4 lines a second before) and reads
+// Conductor with a backoff, not at every tick.
+func TestController_AdoptedReadFailingIsBounded(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New(statestore.ProjectorOptions{})
+	startRun(t, mem, "adopted-1")
+	timeout := int64(300)
+	if _, err := mem.Append(ctx, storetest.WithPayload(storetest.Event("adopted-1", statestore.RunPaused, ""),
+		statestore.RunPausedPayload{RequestedBy: statestore.RequestedByConductor, DrainTimeoutSeconds: &timeout})); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.InfoLevel)
+	sync := &failingSync{}
+	c := drain.New(mem, emitter{mem}, &bulkEngine{}, drain.Options{ActiveRuns: func(context.Context) ([]string, error) { return []string{"adopted-1"}, nil },
+		Interval: 5 * time.Millisecond, FullScanInterval: 20 * time.Millisecond, Adopted: sync, Logger: zap.New(core)})
+	if err := c.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // 200 ticks
+	_ = c.Close(ctx)
+	warned, recovered := 0, 0
+	for _, e := range logs.All() {
+		switch {
+		case strings.HasPrefix(e.Message, "could not read an adopted run's tasks"):
+			warned++
+		case strings.HasPrefix(e.Message, "the drain monitor reads the store again"):
+			recovered++
+		}
+	}
+	sync.mu.Lock()
+	reads := sync.reads
+	sync.mu.Unlock()
+	if warned != 1 || recovered != 0 || reads > 5 {
+		t.Fatalf("in 1 s of failing reads: %d warnings, %d recoveries logged, %d reads of Conductor; want 1, 0 and a few", warned, recovered, reads)
+	}
+	snap, _ := mem.ProjectSnapshot(ctx, "adopted-1")
+	if snap.Pause == nil || snap.Pause.DrainEndedAt != "" {
+		t.Fatalf("the drain ended without a read of Conductor's tasks: %+v", snap.Pause)
+	}
 }

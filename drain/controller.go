@@ -185,6 +185,11 @@ type Controller struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	warns  ratelog.Limiter // the monitor's warnings while the store is down
+	// engineWarns are the monitor's warnings while Conductor fails its
+	// reads of adopted runs' tasks (apart from warns: a pass that read
+	// the store does not end them); engineReads paces those reads.
+	engineWarns ratelog.Limiter
+	engineReads engineReads
 
 	// watched holds the runs whose drain is open, as far as this process
 	// knows: the monitor checks them every Interval. Pause adds its run,

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"math"
+	"sync"
 	"time"
+
+	"github.com/cenkalti/backoff/v5"
 
 	"go.uber.org/zap"
 
@@ -156,6 +159,7 @@ func (c *Controller) mark(ctx context.Context, runID string, cycle int64) {
 // unwatch stops watching runID, whose drain of cycle ended (or that has
 // none), and removes its mark from the drain index if it was watched.
 func (c *Controller) unwatch(ctx context.Context, runID string, cycle int64) {
+	c.engineReads.forget(runID)
 	if !c.watch(runID, false) || c.opts.Drains == nil {
 		return
 	}
@@ -392,17 +396,78 @@ func (c *Controller) check(ctx context.Context, runID string) (*statestore.RunSn
 	if len(snap.InFlight()) == 0 && c.adopted(snap) {
 		// Conductor runs an adopted run's system tasks whatever the
 		// pause: the log shows them only once they were read. A read
-		// that fails leaves the drain open until a later check.
+		// that fails leaves the drain open until a later check, after a
+		// backoff.
+		if !c.engineReads.due(runID, time.Now()) {
+			return snap, nil
+		}
 		sctx, cancel := context.WithTimeout(ctx, adoptedReadTimeout)
 		err := c.opts.Adopted.SyncEngineTasks(sctx, runID)
 		cancel()
+		c.engineReads.done(runID, err, time.Now())
 		if err != nil {
-			c.warns.Warn(c.logger, "could not read an adopted run's tasks from Conductor; its drain stays open until a read works",
+			c.engineWarns.Warn(c.logger, "could not read an adopted run's tasks from Conductor; its drain stays open until a read works",
 				zap.String("runId", runID), zap.Error(err))
 			return snap, nil
 		}
+		c.engineWarns.Recovered(c.logger, "the drain monitor reads adopted runs' tasks from Conductor again")
 	}
 	return c.endDrain(ctx, snap), nil
+}
+
+// engineReadsMax bounds how many runs' backoffs engineReads keeps; past
+// it, it starts over (every run's next read is due).
+const engineReadsMax = 10_000
+
+// engineReads paces the monitor's reads of adopted runs' tasks from
+// Conductor: after a failed read of a run, its next one waits a backoff
+// (1 s, doubling to 30 s, jittered), so that a Conductor that is down, or
+// has lost the workflow, is not read at every tick for every draining
+// run. A read that works forgets the run's backoff. The zero value is
+// ready; it is safe for concurrent use.
+type engineReads struct {
+	mu      sync.Mutex
+	backoff map[string]*engineBackoff
+}
+
+type engineBackoff struct {
+	b    *backoff.ExponentialBackOff
+	next time.Time
+}
+
+// due reports whether runID's next read may be made at now.
+func (e *engineReads) due(runID string, now time.Time) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	b := e.backoff[runID]
+	return b == nil || !now.Before(b.next)
+}
+
+// done notes the outcome of a read of runID made at now.
+func (e *engineReads) done(runID string, err error, now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err == nil {
+		delete(e.backoff, runID)
+		return
+	}
+	if e.backoff == nil || len(e.backoff) >= engineReadsMax {
+		e.backoff = map[string]*engineBackoff{}
+	}
+	b := e.backoff[runID]
+	if b == nil {
+		b = &engineBackoff{b: &backoff.ExponentialBackOff{InitialInterval: time.Second, RandomizationFactor: 0.2, Multiplier: 2, MaxInterval: 30 * time.Second}}
+		b.b.Reset()
+		e.backoff[runID] = b
+	}
+	b.next = now.Add(b.b.NextBackOff())
+}
+
+// forget drops runID's backoff (its drain is no longer watched).
+func (e *engineReads) forget(runID string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.backoff, runID)
 }
 
 // adoptedReadTimeout bounds the monitor's read of an adopted run's tasks
