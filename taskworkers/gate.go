@@ -65,6 +65,15 @@ func gate(snap *statestore.RunSnapshot, workflowID, stepID string, engine, logic
 		d.verdict = waitCancel
 		return d
 	case snap.Status == statestore.RunStatusPaused:
+		if st := snap.Step(stepID); st != nil && st.Status == statestore.StepStatusRunning && !st.Idle &&
+			st.LogicalAttemptID == logical && st.EngineAttemptID == engine {
+			// The try in flight, polled again: its worker reported it
+			// IN_PROGRESS with a callback (a long job it checks on) and
+			// polls it back. A pause stops new tasks, not this one: the
+			// drain waits for it, so it goes on (nothing is recorded).
+			d.step = st
+			return d
+		}
 		d.verdict = waitPaused
 		return d
 	case snap.Status != statestore.RunStatusRunning:

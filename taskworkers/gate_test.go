@@ -14,6 +14,9 @@ func TestGate(t *testing.T) {
 	step := func(status string, logical int64, held bool) statestore.StepSnapshot {
 		return statestore.StepSnapshot{StepID: "s", Status: status, LogicalAttemptID: logical, Held: held}
 	}
+	tried := func(status string, logical, engine int64, idle bool) statestore.StepSnapshot {
+		return statestore.StepSnapshot{StepID: "s", Status: status, LogicalAttemptID: logical, EngineAttemptID: engine, Idle: idle}
+	}
 	cancelled := run(statestore.RunStatusRunning)
 	cancelled.CancelRequested = true
 	for _, tt := range []struct {
@@ -31,6 +34,14 @@ func TestGate(t *testing.T) {
 		{"next logical attempt", run(statestore.RunStatusRunning, step(statestore.StepStatusFailed, 1, false)), wf, 2, start, 2, false},
 		{"operator retry raises the attempt", run(statestore.RunStatusRunning, step(statestore.StepStatusPending, 3, false)), wf, 1, start, 3, true},
 		{"paused", run(statestore.RunStatusPaused), wf, 1, waitPaused, 0, false},
+		// The try in flight polled again (its worker reported IN_PROGRESS
+		// with a callback, and polls it back): it finishes in the drain.
+		{"paused, its try in flight polled again", run(statestore.RunStatusPaused, tried(statestore.StepStatusRunning, 1, 1, false)), wf, 1, start, 1, false},
+		{"paused, no try recorded", run(statestore.RunStatusPaused, tried(statestore.StepStatusRunning, 1, 0, false)), wf, 1, waitPaused, 0, false},
+		{"paused, another try of it", run(statestore.RunStatusPaused, tried(statestore.StepStatusRunning, 1, 2, false)), wf, 1, waitPaused, 0, false},
+		{"paused, its try ended (idle)", run(statestore.RunStatusPaused, tried(statestore.StepStatusRunning, 1, 1, true)), wf, 1, waitPaused, 0, false},
+		{"paused, another logical attempt", run(statestore.RunStatusPaused, tried(statestore.StepStatusRunning, 2, 1, false)), wf, 1, waitPaused, 0, false},
+		{"paused, not started", run(statestore.RunStatusPaused, tried(statestore.StepStatusPending, 1, 1, false)), wf, 1, waitPaused, 0, false},
 		{"pending", run(statestore.RunStatusPending), wf, 1, waitNotRunning, 0, false},
 		{"approved", run(statestore.RunStatusApproved), wf, 1, waitNotRunning, 0, false},
 		{"cancel requested", cancelled, wf, 1, waitCancel, 0, false},

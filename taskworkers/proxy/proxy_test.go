@@ -1538,3 +1538,50 @@ func TestProxy_UpdateNamingAnotherWorkflowIsRefused(t *testing.T) {
 		return tk.Status == "FAILED_WITH_TERMINAL_ERROR"
 	})
 }
+
+// TestProxy_InProgressWithCallbackFinishesInTheDrain: an outside worker
+// that reports its task IN_PROGRESS with callbackAfterSeconds (the SDKs'
+// way to check on a long job: Conductor gives the task back to a poll
+// after the callback) gets it back while the run is paused, since a pause
+// stops new tasks, not this one; it then reports its outcome, and the
+// drain has nothing left to wait for. Before, the gate handed it back at
+// every poll of the pause, and the drain waited out its deadline for a
+// step nobody could report.
+func TestProxy_InProgressWithCallbackFinishesInTheDrain(t *testing.T) {
+	e := newEnv(t)
+	runID, wfID := e.start(t, 1, 60)
+	got := e.pollOne(t)
+	resp, body := call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": got.TaskID, "workflowInstanceId": wfID,
+		"status": "IN_PROGRESS", "callbackAfterSeconds": 1, "outputData": map[string]any{"progress": 1}, "workerId": "sdk-worker"})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("IN_PROGRESS update: %d %s", resp.StatusCode, body)
+	}
+	e.control(t, runID, statestore.RunPaused, 1)
+	var again task
+	waitFor(t, "the task in progress back from a poll during the pause", 15*time.Second, func() bool {
+		for _, tk := range e.pollBatch(t, 1) {
+			again = tk
+			return true
+		}
+		return false
+	})
+	if again.TaskID != got.TaskID {
+		t.Fatalf("polled task %s during the pause, want the one in progress, %s", again.TaskID, got.TaskID)
+	}
+	resp, body = call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": got.TaskID, "workflowInstanceId": wfID,
+		"status": "COMPLETED", "workerId": "sdk-worker"})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("COMPLETED update: %d %s", resp.StatusCode, body)
+	}
+	recs := e.events(t, runID)
+	if n, m := count(recs, statestore.StepStarted), count(recs, statestore.RunStepTryStarted); n != 1 || m != 0 {
+		t.Fatalf("%d StepStarted and %d RunStepTryStarted, want the one start", n, m)
+	}
+	snap, err := e.store.ProjectSnapshot(context.Background(), runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := snap.Step("x0"); st == nil || st.Status != statestore.StepStatusSuccess || len(snap.InFlight()) != 0 {
+		t.Fatalf("step %+v, %d in flight: want x0 SUCCESS and nothing for the drain to wait for", st, len(snap.InFlight()))
+	}
+}
