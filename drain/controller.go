@@ -825,7 +825,8 @@ const maxRetryRaces = 8
 // step runs when the run is resumed. The run must be PAUSED and the step's
 // latest attempt failed and held; anything else gets INVALID_TRANSITION
 // (e.g. a run that failed under onStepFailure: fail) and writes nothing.
-// Retrying a step whose retry is already requested returns the state.
+// Retrying a step whose retry is already requested returns the state,
+// while the run may still run it (not ended, no cancel requested).
 // No Conductor call: the step's task is held by the workers, not failed.
 func (c *Controller) RetryStep(ctx context.Context, runID, stepID string, req RetryRequest) (*State, error) {
 	for range maxRetryRaces {
@@ -836,8 +837,8 @@ func (c *Controller) RetryStep(ctx context.Context, runID, stepID string, req Re
 			if st == nil {
 				return nil, ErrStepNotFound
 			}
-			if st.RetryRequested && st.Status == statestore.StepStatusPending {
-				return nil, nil // requested already
+			if st.RetryRequested && st.Status == statestore.StepStatusPending && !statestore.IsTerminalRunStatus(snap.Status) && !snap.CancelRequested {
+				return nil, nil // requested already, and still to run
 			}
 			if snap.Status != statestore.RunStatusPaused || snap.CancelRequested {
 				return nil, c.invalid(snap, statestore.RunStepRetryRequested)

@@ -399,6 +399,15 @@ func TestController_RetryStep(t *testing.T) {
 	if _, err := c.Resume(ctx, "r", drain.ResumeRequest{}); err != nil {
 		t.Fatalf("resume after the retry: %v", err)
 	}
+	// The run ended before the retry ran (its workflow failed, was lost):
+	// a repeat of the retry is refused, not answered as requested.
+	if _, err := mem.Append(ctx, storetest.WithPayload(storetest.Event("r", statestore.RunFailed, ""),
+		map[string]any{"error": map[string]any{"code": "WORKFLOW_NOT_FOUND", "message": "gone"}})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RetryStep(ctx, "r", "a", drain.RetryRequest{}); !errors.Is(err, statestore.ErrInvalidTransition) {
+		t.Fatalf("retry repeated after the run FAILED: %v, want INVALID_TRANSITION", err)
+	}
 }
 
 // Two replicas retry two held steps at once: both retry requests land,
