@@ -62,10 +62,14 @@ func (r *Runs) registerPlan(ctx context.Context, defs *planDefs) error {
 	cached, ok := r.plans[pk]
 	r.mu.Unlock()
 	if ok {
-		if cached == defs.Hash {
+		if cached.hash != defs.Hash {
+			return planConflict(defs)
+		}
+		if time.Since(cached.checked) < r.opts.PlanRecheck || r.unchangedInConductor(ctx, defs) {
 			return nil
 		}
-		return planConflict(defs)
+		r.log.Warn("the plan's workflow definition in Conductor is not the plan's (edited or removed there); registering the plan's again",
+			zap.String("planId", defs.PlanID), zap.String("planVersion", defs.PlanVersion), zap.String("workflow", defs.Workflow.Name))
 	}
 	workflowJSON, taskDefsJSON, err := defs.encode("register plan")
 	if err != nil {
@@ -94,11 +98,38 @@ func (r *Runs) registerPlan(ctx context.Context, defs *planDefs) error {
 		return err
 	}
 	r.mu.Lock()
-	r.plans[pk] = defs.Hash
+	r.plans[pk] = registeredPlan{hash: defs.Hash, checked: time.Now()}
 	r.mu.Unlock()
 	r.log.Debug("plan registered", zap.String("planId", defs.PlanID), zap.String("planVersion", defs.PlanVersion),
 		zap.String("workflow", defs.Workflow.Name), zap.Int32("workflowVersion", defs.Workflow.Version))
 	return nil
+}
+
+// registeredPlan is a plan version this process registered: its content
+// hash, and when its definition in Conductor was last known to be it.
+type registeredPlan struct {
+	hash    string
+	checked time.Time
+}
+
+// unchangedInConductor reads defs' workflow definition back from
+// Conductor and reports whether it is still the plan's: its content hash
+// and its number of steps (an edit that kept the description keeps the
+// hash). A read that fails says nothing about it: the plan counts as
+// unchanged, and is read again at the next start.
+func (r *Runs) unchangedInConductor(ctx context.Context, defs *planDefs) bool {
+	def, err := r.conductor.WorkflowDef(ctx, defs.Workflow.Name, defs.Workflow.Version)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return true
+	}
+	if err != nil || EmbeddedPlanHash(def) != defs.Hash || len(plan.StepsOf(def)) != len(defs.compiled.Plan.Steps) {
+		return false
+	}
+	pk := planKey(defs.TenantID, defs.PlanID, defs.PlanVersion)
+	r.mu.Lock()
+	r.plans[pk] = registeredPlan{hash: defs.Hash, checked: time.Now()}
+	r.mu.Unlock()
+	return true
 }
 
 // forgetPlan drops the plan from the in-process cache, so that the next

@@ -21,6 +21,10 @@ const (
 	DefaultLeaseTTL = 30 * time.Second
 	// DefaultStartWait is RunsOptions.StartWait when unset.
 	DefaultStartWait = 15 * time.Second
+	// DefaultPlanRecheck is RunsOptions.PlanRecheck when unset: a read
+	// of a plan version's definition a minute at most, per process, only
+	// while runs of it start.
+	DefaultPlanRecheck = time.Minute
 )
 
 // EngineType is the engineType of the RunStarted events the adapter appends.
@@ -60,6 +64,11 @@ type RunsOptions struct {
 	// ListTimeout bounds a listing of the bucket's keys when the caller's
 	// context has no deadline (default 30s).
 	ListTimeout time.Duration
+	// PlanRecheck is how long a plan version this process registered is
+	// trusted to be unchanged in Conductor before a start reads its
+	// workflow definition back again (default DefaultPlanRecheck): an
+	// edit made in Conductor is then registered over.
+	PlanRecheck time.Duration
 	// Logger (default zap.NewNop()).
 	Logger *zap.Logger
 	// Metrics (nil: none).
@@ -90,7 +99,7 @@ type Runs struct {
 	metrics   *Metrics
 
 	mu    sync.Mutex
-	plans map[string]string // plan key -> hash registered by this process
+	plans map[string]registeredPlan // plan key -> the plan this process registered
 }
 
 // OpenRuns creates the run index bucket, or updates it to opts, and
@@ -114,6 +123,9 @@ func OpenRuns(ctx context.Context, js jetstream.JetStream, conductor *Client, em
 	}
 	if opts.ListTimeout <= 0 {
 		opts.ListTimeout = 30 * time.Second
+	}
+	if opts.PlanRecheck <= 0 {
+		opts.PlanRecheck = DefaultPlanRecheck
 	}
 	if opts.LeaseTTL < 2*conductor.timeout {
 		return nil, invalidInput("open runs", "lease ttl %s must be at least twice the conductor timeout %s", opts.LeaseTTL, conductor.timeout)
@@ -139,7 +151,7 @@ func OpenRuns(ctx context.Context, js jetstream.JetStream, conductor *Client, em
 		opts:      opts,
 		log:       opts.Logger.Named("runs"),
 		metrics:   opts.Metrics,
-		plans:     make(map[string]string),
+		plans:     make(map[string]registeredPlan),
 	}, nil
 }
 

@@ -316,7 +316,7 @@ func TestRuns_StartRun(t *testing.T) {
 		}
 		// Same with the plan cached, so that StartWorkflow is what fails.
 		down.mu.Lock()
-		down.plans[planKey("tenant-a", p.Plan.PlanID, p.Plan.PlanVersion)] = p.ContentHash
+		down.plans[planKey("tenant-a", p.Plan.PlanID, p.Plan.PlanVersion)] = registeredPlan{hash: p.ContentHash, checked: time.Now()}
 		down.mu.Unlock()
 		_, err = down.StartRun(ctx, request(p, "req-down"))
 		if !errors.Is(err, ErrEngineUnavailable) {

@@ -179,3 +179,52 @@ func TestWatcher_PlanTasksEndedInConductor(t *testing.T) {
 		}
 	})
 }
+
+// TestRuns_PlanDefinitionEditedInConductor: a plan version's workflow
+// definition edited in Conductor behind the sidecar's back (same name and
+// version, a step dropped) is found by the check a registered plan gets
+// again after PlanRecheck, and registered anew before the next run
+// starts: that run runs the plan's steps, not the edit's.
+func TestRuns_PlanDefinitionEditedInConductor(t *testing.T) {
+	u := conductortest.URL(t)
+	ctx := context.Background()
+	env := newNATS(t)
+	r := env.newRuns(t, u, RunsOptions{PlanRecheck: 50 * time.Millisecond})
+	p := compilePlan(t, &plan.Plan{PlanID: "plan-" + suffix(t), PlanVersion: "1", Steps: []plan.Step{
+		{StepID: "a", Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}},
+		{StepID: "b", DependsOn: []string{"a"}, Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}},
+	}})
+	if _, err := r.StartRun(ctx, request(p, "first")); err != nil {
+		t.Fatal(err)
+	}
+	name := plan.WorkflowName("tenant-a", p.Plan.PlanID, p.Plan.PlanVersion)
+	def, err := r.Client().WorkflowDef(ctx, name, plan.WorkflowVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited := *def
+	edited.Tasks = edited.Tasks[:1]
+	edited.Description = "edited by hand"
+	body, _ := json.Marshal([]model.WorkflowDef{edited})
+	req, _ := http.NewRequest(http.MethodPut, u+"/metadata/workflow", strings.NewReader(string(body)))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("edit: %d", resp.StatusCode)
+	}
+	time.Sleep(100 * time.Millisecond) // past PlanRecheck
+	if _, err := r.StartRun(ctx, request(p, "second")); err != nil {
+		t.Fatal(err)
+	}
+	def, err = r.Client().WorkflowDef(ctx, name, plan.WorkflowVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if EmbeddedPlanHash(def) != p.ContentHash || len(plan.StepsOf(def)) != 2 {
+		t.Fatalf("the definition after the next start: hash %q, %d steps; want the plan's (%s, 2)", EmbeddedPlanHash(def), len(plan.StepsOf(def)), p.ContentHash)
+	}
+}
