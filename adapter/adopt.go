@@ -238,17 +238,8 @@ func AdoptedTaskInput(rec *Run, t *model.Task, onStepFailure string) *plan.TaskI
 }
 
 // CodeEngineTask is the error code prefix of a StepFailed recorded from
-// Conductor's report: ENGINE_TASK_<status> (FAILED, TIMED_OUT, CANCELED,
-// FAILED_WITH_TERMINAL_ERROR, COMPLETED_WITH_ERRORS).
-const CodeEngineTask = "ENGINE_TASK_"
-
-// engineTime formats a Conductor epoch-millisecond time ("" for none).
-func engineTime(ms int64) string {
-	if ms <= 0 {
-		return ""
-	}
-	return time.UnixMilli(ms).UTC().Format(time.RFC3339Nano)
-}
+// Conductor's report (statestore.CodeEngineTask).
+const CodeEngineTask = statestore.CodeEngineTask
 
 // taskEvents are the events that bring the log's view of one step (st,
 // nil when the log has none) up to Conductor's task t. adoption is true
@@ -281,7 +272,7 @@ func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption b
 	ended := st != nil && (st.Status == statestore.StepStatusSuccess || st.Status == statestore.StepStatusFailed || st.Status == statestore.StepStatusSkipped)
 	start := func() {
 		if !started {
-			add(statestore.StepStartedPayload{EngineStartedAt: engineTime(t.StartTime), EngineTaskID: t.TaskId})
+			add(statestore.StepStartedPayload{EngineStartedAt: statestore.EngineTime(t.StartTime), EngineTaskID: t.TaskId})
 		}
 	}
 	worker := IsWorkerTask(t.TaskType)
@@ -310,7 +301,7 @@ func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption b
 			return nil, false, nil
 		}
 		start()
-		add(statestore.StepCompletedPayload{EngineEndedAt: engineTime(t.EndTime), EngineTaskID: t.TaskId})
+		add(statestore.StepCompletedPayload{EngineEndedAt: statestore.EngineTime(t.EndTime), EngineTaskID: t.TaskId})
 	case "SKIPPED":
 		if started || ended {
 			return nil, false, nil
@@ -344,7 +335,7 @@ func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption b
 		if msg == "" {
 			msg = "Conductor reported the task " + status
 		}
-		add(statestore.StepFailedPayload{EngineEndedAt: engineTime(t.EndTime), EngineTaskID: t.TaskId,
+		add(statestore.StepFailedPayload{EngineEndedAt: statestore.EngineTime(t.EndTime), EngineTaskID: t.TaskId,
 			Error: &statestore.StepError{Code: CodeEngineTask + status, Message: msg, Retryable: status != "FAILED_WITH_TERMINAL_ERROR"}})
 	default:
 		return nil, false, nil

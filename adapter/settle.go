@@ -147,14 +147,14 @@ func endedInConductor(ref statestore.RunRef, s *statestore.RunSnapshot, stepID s
 		return nil, nil
 	case status == "COMPLETED":
 		return statestore.NewEvent(ref, statestore.StepCompleted, stepID, engine, st.LogicalAttemptID,
-			statestore.StepCompletedPayload{EngineEndedAt: engineTime(t.EndTime), EngineTaskID: t.TaskId})
+			statestore.StepCompletedPayload{EngineEndedAt: statestore.EngineTime(t.EndTime), EngineTaskID: t.TaskId})
 	case status == "FAILED", status == "FAILED_WITH_TERMINAL_ERROR", status == "COMPLETED_WITH_ERRORS":
 		msg := t.ReasonForIncompletion
 		if msg == "" {
 			msg = "Conductor reported the task " + status
 		}
 		return statestore.NewEvent(ref, statestore.StepFailed, stepID, engine, st.LogicalAttemptID,
-			statestore.StepFailedPayload{EngineEndedAt: engineTime(t.EndTime), EngineTaskID: t.TaskId,
+			statestore.StepFailedPayload{EngineEndedAt: statestore.EngineTime(t.EndTime), EngineTaskID: t.TaskId,
 				Error: &statestore.StepError{Code: CodeEngineTask + status, Message: msg, Retryable: status == "FAILED"}})
 	}
 	return nil, nil

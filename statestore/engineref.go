@@ -1,6 +1,9 @@
 package statestore
 
-import "strings"
+import (
+	"strings"
+	"time"
+)
 
 // conductorScheme prefixes the engineRunRef of a Conductor workflow.
 const conductorScheme = "conductor://"
@@ -25,4 +28,19 @@ func ConductorWorkflowID(ref string) string {
 		return rest[i+1:]
 	}
 	return ""
+}
+
+// CodeEngineTask is the error code prefix of a step's failure recorded
+// from Conductor's report of its task, not from a worker:
+// ENGINE_TASK_<status> (FAILED, TIMED_OUT, CANCELED,
+// FAILED_WITH_TERMINAL_ERROR, COMPLETED_WITH_ERRORS).
+const CodeEngineTask = "ENGINE_TASK_"
+
+// EngineTime formats a Conductor epoch-millisecond time as RFC 3339 ("" for
+// none).
+func EngineTime(ms int64) string {
+	if ms <= 0 {
+		return ""
+	}
+	return time.UnixMilli(ms).UTC().Format(time.RFC3339Nano)
 }

@@ -35,7 +35,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sidecar_worker_poll_errors_total", Help: "Failed Conductor polls.",
 		}, []string{"task_type"}),
 		steps: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sidecar_worker_steps_total", Help: "Step executions by executor and outcome (completed, failed, retried; refused: the log already had another outcome of the attempt, which was reported instead).",
+			Name: "sidecar_worker_steps_total", Help: "Step executions by executor and outcome (completed, failed, retried; refused: the log already had another outcome of the attempt, which was reported instead; ended_in_conductor: interrupted because Conductor ended the task meanwhile, an action taken in Conductor).",
 		}, []string{"executor", "outcome"}),
 		stepDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "sidecar_worker_step_duration_seconds", Help: "Time from poll to outcome of a step execution.",

@@ -32,6 +32,13 @@ func (r *Running) Interrupt(runID string) int {
 	return len(r.steps[runID])
 }
 
+// Steps returns how many steps of runID run now.
+func (r *Running) Steps(runID string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.steps[runID])
+}
+
 func (r *Running) track(runID, taskID string, cancel context.CancelFunc) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -64,7 +64,19 @@ func (w *Worker) handle(t *model.Task) {
 
 	span := w.opts.Tracer.StartStep(tracing.Step{RunID: a.RunID, StepID: a.Step.StepID, Executor: a.Step.Executor.Type, TaskID: t.TaskId,
 		LogicalAttempt: logical, EngineAttempt: engine}, start)
-	res, runErr := w.execute(t, a, exec, engine, logical, span.Traceparent())
+	res, ended, runErr := w.execute(t, log, a, exec, engine, logical, span.Traceparent())
+	if ended.task != nil || ended.gone {
+		// An action taken in Conductor ended the task while the step ran
+		// (completed or failed by hand, the workflow terminated or
+		// removed): Conductor takes no report of it now, and the log
+		// records what Conductor made of it instead of the step's own.
+		if ended.task != nil {
+			w.recordEngineEnd(log, a, ended.task, engine, logical)
+		}
+		w.opts.Metrics.stepDone(a.Step.Executor.Type, "ended_in_conductor", time.Since(start))
+		span.End(tracing.OutcomeRefused, "")
+		return
+	}
 	if runErr != nil {
 		// The executor could not run at all: hand the task back, same attempt.
 		log.Warn("executor could not run; handing the task back", zap.Error(runErr))
@@ -396,11 +408,13 @@ func (w *Worker) runState(t *model.Task, log *zap.Logger, a *Assignment) (snap *
 
 // execute runs the step's try; traceparent is its span's W3C trace
 // context ("" when tracing is off).
-func (w *Worker) execute(t *model.Task, a *Assignment, exec Executor, engine, logical int64, traceparent string) (Result, error) {
+func (w *Worker) execute(t *model.Task, log *zap.Logger, a *Assignment, exec Executor, engine, logical int64, traceparent string) (res Result, ended engineEnd, err error) {
 	ctx, cancel := context.WithCancel(w.workCtx)
 	defer cancel()
 	w.running.track(a.RunID, t.TaskId, cancel)
 	defer w.running.untrack(a.RunID, t.TaskId)
+	watch := w.watchEngineTask(t, cancel, log)
+	defer func() { ended.task, ended.gone = watch.stop() }()
 	if a.Step.TimeoutSeconds > 0 {
 		var tcancel context.CancelFunc
 		ctx, tcancel = context.WithTimeout(ctx, time.Duration(a.Step.TimeoutSeconds)*time.Second)
@@ -408,18 +422,27 @@ func (w *Worker) execute(t *model.Task, a *Assignment, exec Executor, engine, lo
 	}
 	if a.Step.Join == plan.JoinAnySuccess {
 		if e := w.joinGate(ctx, a); e != nil {
-			return Result{Err: e}, nil
+			return Result{Err: e}, ended, nil
 		}
 	}
 	var secrets map[string]string
 	if len(a.Step.Secrets) > 0 {
 		var err error
 		if secrets, err = w.secrets.Resolve(ctx, a.Step.Secrets); err != nil {
-			return Result{Err: &statestore.StepError{Code: errcode.CodeOf(err), Message: err.Error()}}, nil
+			return Result{Err: &statestore.StepError{Code: errcode.CodeOf(err), Message: err.Error()}}, ended, nil
 		}
 	}
-	return exec.Execute(ctx, Execution{RunID: a.RunID, StepID: a.Step.StepID, LogicalAttemptID: logical,
+	res, err = exec.Execute(ctx, Execution{RunID: a.RunID, StepID: a.Step.StepID, LogicalAttemptID: logical,
 		EngineAttemptID: engine, Spec: a.Step.Executor, Secrets: secrets, Traceparent: traceparent})
+	return res, ended, err
+}
+
+// engineEnd is what the watch of a running step saw of its task in
+// Conductor: the task as Conductor ended it, or that Conductor has it no
+// more (gone); neither when the step ended first.
+type engineEnd struct {
+	task *model.Task
+	gone bool
 }
 
 // joinGate is the any_success join: the step runs only if one of its

@@ -171,6 +171,13 @@ type Options struct {
 	// ExternalCheck is how often the watch reads back the tasks past
 	// their response timeout (default 5s).
 	ExternalCheck time.Duration
+	// EngineTaskCheck is how often, with Tasks, a step this worker runs
+	// has its task read back from Conductor while it runs, first once it
+	// has run that long (default 5s; negative: never): a task Conductor
+	// ended meanwhile (completed or failed by hand, its workflow
+	// terminated or removed) interrupts the step, and the log records
+	// what Conductor made of the task, not the step's own outcome.
+	EngineTaskCheck time.Duration
 	// Running is the set of the steps this worker runs, which a run's
 	// cancel interrupts (nil: a set of its own). Create it first and give
 	// it to the drain controller too (drain.Options.Interrupt).
@@ -274,6 +281,9 @@ func New(tasks TaskClient, runs SnapshotReader, events Emitter, secrets SecretRe
 	}
 	if opts.Running == nil {
 		opts.Running = NewRunning()
+	}
+	if opts.EngineTaskCheck == 0 {
+		opts.EngineTaskCheck = 5 * time.Second
 	}
 	if opts.ExternalCheck <= 0 {
 		opts.ExternalCheck = 5 * time.Second

@@ -1,0 +1,161 @@
+package taskworkers_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/taskworkers"
+	"github.com/conductor-sidecar/sidecar/taskworkers/exec"
+)
+
+// TestWorker_StepEndedInConductorWhileItRuns: a step the sidecar's own
+// worker runs whose task is ended in Conductor meanwhile (an update made
+// by hand, a terminate) is interrupted, and the log records what
+// Conductor made of it, not the step's own outcome (which Conductor
+// would not take): a task completed by hand is the step's StepCompleted,
+// naming the task; a workflow terminated records nothing for the step
+// (the run's end is the run watcher's). Before, the step ran to its end
+// and its own outcome was recorded: a failure Conductor never had, or a
+// success after the run had failed.
+func TestWorker_StepEndedInConductorWhileItRuns(t *testing.T) {
+	e := newBenchEnv(t)
+	ctx := context.Background()
+	running := taskworkers.NewRunning()
+	w := taskworkers.New(adapter.DomainPoller{Client: e.client, Domain: e.domain}, e.store, e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
+		WorkerID: "enginewatch-test", Concurrency: map[string]int{plan.TaskType(plan.ExecutorSleep): 2}, PollTimeout: 100 * time.Millisecond,
+		Tasks: e.client, EngineTaskCheck: 200 * time.Millisecond, Running: running, Logger: zaptest.NewLogger(t),
+	})
+	if err := w.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	started := func(t *testing.T) (runID, taskID string, wfID string) {
+		t.Helper()
+		wfID = e.startRunsWith(t, 1, plan.ExecutorSpec{Type: plan.ExecutorSleep, Seconds: 60}, plan.RetryPolicy{})[0]
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			wf, err := e.client.Workflow(ctx, wfID, true)
+			if err == nil && len(wf.Tasks) == 1 && wf.Tasks[0].Status == "IN_PROGRESS" {
+				runID, taskID = wf.CorrelationId, wf.Tasks[0].TaskId
+				if recs, _ := e.store.Fetch(ctx, runID, 0, 0); countEvents(recs, statestore.StepStarted) == 1 {
+					return runID, taskID, wfID
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the step did not start")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	waitIdle := func(t *testing.T, runID string) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for running.Steps(runID) != 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("the step still runs 15 s after Conductor ended its task")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+
+	t.Run("CompletedByHand", func(t *testing.T) {
+		runID, taskID, wfID := started(t)
+		if err := e.client.UpdateTask(ctx, &model.TaskResult{TaskId: taskID, WorkflowInstanceId: wfID, Status: model.CompletedTask,
+			OutputData: map[string]any{"byHand": true}}); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			recs, _ := e.store.Fetch(ctx, runID, 0, 0)
+			if n := countEvents(recs, statestore.StepCompleted); n == 1 {
+				var p statestore.StepCompletedPayload
+				_ = json.Unmarshal(recs[len(recs)-1].Payload, &p)
+				if p.EngineTaskID != taskID || countEvents(recs, statestore.StepFailed) != 0 {
+					t.Fatalf("StepCompleted %s; want Conductor's end of task %s, and no failure", recs[len(recs)-1].Payload, taskID)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("no StepCompleted 15 s after the task was completed in Conductor (the step sleeps 60 s)")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		waitIdle(t, runID)
+	})
+	t.Run("FailedByHandConductorRetries", func(t *testing.T) {
+		// Two engine tries: Conductor retries the try failed by hand.
+		// The running try is interrupted (it would have run beside the
+		// retry) and ended in the log as Conductor ended it.
+		wfID := e.startRunsWith(t, 1, plan.ExecutorSpec{Type: plan.ExecutorSleep, Seconds: 60}, plan.RetryPolicy{EngineTries: 2})[0]
+		var runID, taskID string
+		deadline := time.Now().Add(30 * time.Second)
+		for taskID == "" {
+			wf, err := e.client.Workflow(ctx, wfID, true)
+			if err == nil && len(wf.Tasks) == 1 && wf.Tasks[0].Status == "IN_PROGRESS" {
+				if recs, _ := e.store.Fetch(ctx, wf.CorrelationId, 0, 0); countEvents(recs, statestore.StepStarted) == 1 {
+					runID, taskID = wf.CorrelationId, wf.Tasks[0].TaskId
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the step did not start")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Cleanup(func() { _ = e.client.Terminate(context.Background(), wfID, "test over") })
+		if err := e.client.UpdateTask(ctx, &model.TaskResult{TaskId: taskID, WorkflowInstanceId: wfID, Status: model.FailedTask,
+			ReasonForIncompletion: "failed by hand"}); err != nil {
+			t.Fatal(err)
+		}
+		deadline = time.Now().Add(15 * time.Second)
+		for {
+			recs, _ := e.store.Fetch(ctx, runID, 0, 0)
+			var ended *statestore.RunStepTryEndedPayload
+			for _, r := range recs {
+				if r.EventType == statestore.RunStepTryEnded {
+					ended = &statestore.RunStepTryEndedPayload{}
+					_ = json.Unmarshal(r.Payload, ended)
+				}
+			}
+			if ended != nil {
+				if ended.Reason != statestore.TryEndedEngineTryFailed || ended.EngineAttemptID != 1 || countEvents(recs, statestore.StepCompleted)+countEvents(recs, statestore.StepFailed) != 0 {
+					t.Fatalf("try ended %+v, with %d outcomes; want try 1 ended engineTryFailed and no outcome", ended, countEvents(recs, statestore.StepCompleted)+countEvents(recs, statestore.StepFailed))
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("no RunStepTryEnded 15 s after the try was failed in Conductor")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	t.Run("Terminated", func(t *testing.T) {
+		runID, _, wfID := started(t)
+		if err := e.client.Terminate(ctx, wfID, "terminated by hand"); err != nil {
+			t.Fatal(err)
+		}
+		waitIdle(t, runID)
+		time.Sleep(500 * time.Millisecond) // what the interrupted step would record
+		recs, _ := e.store.Fetch(ctx, runID, 0, 0)
+		if n := countEvents(recs, statestore.StepCompleted) + countEvents(recs, statestore.StepFailed); n != 0 {
+			t.Fatalf("%d outcomes recorded for a step whose workflow was terminated in Conductor, want none", n)
+		}
+	})
+}
+
+func countEvents(recs []statestore.RunEventRecord, eventType string) int {
+	n := 0
+	for _, r := range recs {
+		if r.EventType == eventType {
+			n++
+		}
+	}
+	return n
+}
