@@ -149,4 +149,3 @@ func reasonOf(t *model.Task) string {
 	}
 	return "Conductor reported the task " + string(t.Status)
 }
-
