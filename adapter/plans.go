@@ -240,3 +240,14 @@ func (r *Runs) PlanSteps(ctx context.Context, tenantID, planID, planVersion stri
 	}
 	return plan.StepsOf(def), nil
 }
+
+// WorkflowSteps returns the steps of the plan version a run's workflow
+// runs, read from the workflow definition of that name (plan.StepsOf):
+// none for a workflow that is not a compiled plan.
+func (r *Runs) WorkflowSteps(ctx context.Context, workflowName string) ([]plan.Step, error) {
+	def, err := r.conductor.WorkflowDef(ctx, workflowName, plan.WorkflowVersion)
+	if err != nil {
+		return nil, err
+	}
+	return plan.StepsOf(def), nil
+}

@@ -144,6 +144,10 @@ func (c *scriptedControl) ResumeLater(context.Context, string, time.Time, drain.
 // adapter.Runs reads it from Conductor (its e2e test: the console's).
 type scriptedPlans struct{}
 
+func (p scriptedPlans) WorkflowSteps(ctx context.Context, _ string) ([]plan.Step, error) {
+	return p.PlanSteps(ctx, "", "", "")
+}
+
 func (scriptedPlans) PlanSteps(context.Context, string, string, string) ([]plan.Step, error) {
 	return []plan.Step{{StepID: "a", Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}, Retries: plan.RetryPolicy{EngineTries: 1, LogicalAttempts: 1}},
 		{StepID: "b", Executor: plan.ExecutorSpec{Type: plan.ExecutorSleep}, DependsOn: []string{"a"}, Retries: plan.RetryPolicy{EngineTries: 1, LogicalAttempts: 1}}}, nil

@@ -5,12 +5,16 @@ import (
 	"net/http"
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
-// PlanReader reads a tenant's registered plan version's steps;
-// *adapter.Runs satisfies it.
+// PlanReader reads a plan version's steps; *adapter.Runs satisfies it.
 type PlanReader interface {
+	// PlanSteps reads a tenant's registered plan version.
 	PlanSteps(ctx context.Context, tenantID, planID, planVersion string) ([]plan.Step, error)
+	// WorkflowSteps reads the plan version a run's workflow runs, by its
+	// workflow name.
+	WorkflowSteps(ctx context.Context, workflowName string) ([]plan.Step, error)
 }
 
 // PlanGraph is GET /v1/runs/{runId}/plan: the step graph of the run's
@@ -39,7 +43,15 @@ func (s *Server) planGraph(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	steps, err := s.opts.Plans.PlanSteps(r.Context(), snap.TenantID, snap.PlanID, snap.PlanVersion)
+	// The definition the run's workflow runs (a run started before plan
+	// ids were each tenant's runs the shared one); a run not started yet
+	// has none, and its tenant's plan version is read.
+	var steps []plan.Step
+	if name := statestore.ConductorWorkflowName(snap.EngineRunRef); name != "" {
+		steps, err = s.opts.Plans.WorkflowSteps(r.Context(), name)
+	} else {
+		steps, err = s.opts.Plans.PlanSteps(r.Context(), snap.TenantID, snap.PlanID, snap.PlanVersion)
+	}
 	if err != nil {
 		return err
 	}

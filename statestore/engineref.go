@@ -17,6 +17,19 @@ func ConductorRunRef(workflowName, workflowID string) string {
 	return conductorScheme + workflowName + "/" + workflowID
 }
 
+// ConductorWorkflowName returns the workflow name of a ConductorRunRef,
+// or "" for a ref of another engine or none.
+func ConductorWorkflowName(ref string) string {
+	rest, ok := strings.CutPrefix(ref, conductorScheme)
+	if !ok {
+		return ""
+	}
+	if i := strings.LastIndexByte(rest, '/'); i >= 0 {
+		return rest[:i]
+	}
+	return ""
+}
+
 // ConductorWorkflowID returns the workflowId of a ConductorRunRef, or ""
 // for a ref of another engine or none.
 func ConductorWorkflowID(ref string) string {
