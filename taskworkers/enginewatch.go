@@ -73,6 +73,12 @@ func (w *Worker) watchEngineTask(t *model.Task, interrupt context.CancelFunc, lo
 	return ew
 }
 
+// engineFinalCheckAfter is how long a step must have run for its task to
+// be read back once more when it ends on its own, before its outcome is
+// recorded: an action taken in Conductor after the last periodic read is
+// found then. A step that ends sooner costs no read.
+const engineFinalCheckAfter = time.Second
+
 // stop ends the watch; it reports the task as Conductor ended it (nil:
 // it did not, as far as the watch saw) and whether Conductor had it no
 // more.
@@ -85,6 +91,25 @@ func (ew *engineWatch) stop() (ended *model.Task, gone bool) {
 	ew.done = true
 	ew.timer.Stop()
 	return ew.ended, ew.gone
+}
+
+// finalCheck reads t back from Conductor once more, for a step that ran
+// at least engineFinalCheckAfter and ended on its own (not interrupted),
+// unless the watch already saw its end. A read that fails says nothing.
+func (w *Worker) finalCheck(t *model.Task, ew *engineWatch, ran time.Duration, ended engineEnd) engineEnd {
+	if ew == nil || ended.task != nil || ended.gone || ran < engineFinalCheckAfter {
+		return ended
+	}
+	ctx, cancel := context.WithTimeout(w.workCtx, engineReadTimeout)
+	defer cancel()
+	cur, err := w.opts.Tasks.Task(ctx, t.TaskId)
+	switch {
+	case errors.Is(err, errcode.NotFound):
+		ended.gone = true
+	case err == nil && endedInConductor(cur.Status):
+		ended.task = cur
+	}
+	return ended
 }
 
 func statusOf(t *model.Task) string {
@@ -105,13 +130,21 @@ func endedInConductor(s model.TaskResultStatus) bool {
 }
 
 // recordEngineEnd records the step's try as Conductor ended it, instead
-// of the outcome of the interrupted step, which Conductor would not take:
-// COMPLETED is the step's StepCompleted; a failure Conductor retries, or a
-// timeout, ends the try (RunStepTryEnded); a final failure is the step's
-// StepFailed (ENGINE_TASK_<status>, Conductor's reason). A task cancelled
-// or gone with its workflow (terminated, removed) records nothing: the
-// run's end is the run watcher's. Nothing is reported to Conductor.
+// of the step's own outcome, which Conductor would not take: COMPLETED is
+// the step's StepCompleted; a failure Conductor retries, or a timeout,
+// ends the try (RunStepTryEnded; when Conductor's retry started first,
+// its RunStepTryStarted already stands for it); a final failure is the
+// step's StepFailed (ENGINE_TASK_<status>, Conductor's reason), and so is
+// a task cancelled with its workflow (terminated: ENGINE_TASK_CANCELED)
+// or gone with it (removed, cur nil: WORKFLOW_NOT_FOUND), so that the
+// ended run keeps no step in flight. Nothing is reported to Conductor.
 func (w *Worker) recordEngineEnd(log *zap.Logger, a *Assignment, cur *model.Task, engine, logical int64) {
+	if cur == nil {
+		_, err := w.record(log, a, engine, logical, statestore.StepFailedPayload{
+			Error: &statestore.StepError{Code: CodeWorkflowNotFound, Message: "Conductor no longer has the step's task: its workflow was removed, or lost"}}, nil)
+		w.recordedEngineEnd(log, "removed", err)
+		return
+	}
 	status := string(cur.Status)
 	switch status {
 	case "COMPLETED":
@@ -127,7 +160,7 @@ func (w *Worker) recordEngineEnd(log *zap.Logger, a *Assignment, cur *model.Task
 			return
 		}
 		fallthrough
-	case "FAILED_WITH_TERMINAL_ERROR", "COMPLETED_WITH_ERRORS":
+	case "FAILED_WITH_TERMINAL_ERROR", "COMPLETED_WITH_ERRORS", "CANCELED":
 		_, err := w.record(log, a, engine, logical, statestore.StepFailedPayload{EngineTaskID: cur.TaskId, EngineEndedAt: statestore.EngineTime(cur.EndTime),
 			Error: &statestore.StepError{Code: statestore.CodeEngineTask + status, Message: reasonOf(cur), Retryable: status == "FAILED"}}, nil)
 		w.recordedEngineEnd(log, status, err)

@@ -21,8 +21,8 @@ import (
 // by hand, a terminate) is interrupted, and the log records what
 // Conductor made of it, not the step's own outcome (which Conductor
 // would not take): a task completed by hand is the step's StepCompleted,
-// naming the task; a workflow terminated records nothing for the step
-// (the run's end is the run watcher's). Before, the step ran to its end
+// naming the task; a workflow terminated is the step's StepFailed
+// ENGINE_TASK_CANCELED, as Conductor cancelled its task. Before, the step ran to its end
 // and its own outcome was recorded: a failure Conductor never had, or a
 // success after the run had failed.
 func TestWorker_StepEndedInConductorWhileItRuns(t *testing.T) {
@@ -144,8 +144,14 @@ func TestWorker_StepEndedInConductorWhileItRuns(t *testing.T) {
 		waitIdle(t, runID)
 		time.Sleep(500 * time.Millisecond) // what the interrupted step would record
 		recs, _ := e.store.Fetch(ctx, runID, 0, 0)
-		if n := countEvents(recs, statestore.StepCompleted) + countEvents(recs, statestore.StepFailed); n != 0 {
-			t.Fatalf("%d outcomes recorded for a step whose workflow was terminated in Conductor, want none", n)
+		var failed statestore.StepFailedPayload
+		for _, r := range recs {
+			if r.EventType == statestore.StepFailed {
+				_ = json.Unmarshal(r.Payload, &failed)
+			}
+		}
+		if countEvents(recs, statestore.StepCompleted) != 0 || countEvents(recs, statestore.StepFailed) != 1 || failed.Error == nil || failed.Error.Code != statestore.CodeEngineTask+"CANCELED" {
+			t.Fatalf("log %v: want the step failed as Conductor cancelled its task (ENGINE_TASK_CANCELED), not its own outcome", recs)
 		}
 	})
 }
@@ -158,4 +164,56 @@ func countEvents(recs []statestore.RunEventRecord, eventType string) int {
 		}
 	}
 	return n
+}
+
+// TestWorker_StepEndedInConductorJustBeforeItEnds: a task ended in
+// Conductor after the step's last periodic read and before its own end
+// (here no periodic read comes at all) is still found: a step that ran a
+// second or more has its task read back once more before its outcome is
+// recorded. The step fails on its own (exit 3); Conductor has it
+// completed by hand: the log says completed.
+func TestWorker_StepEndedInConductorJustBeforeItEnds(t *testing.T) {
+	e := newBenchEnv(t)
+	ctx := context.Background()
+	w := taskworkers.New(adapter.DomainPoller{Client: e.client, Domain: e.domain}, e.store, e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
+		WorkerID: "enginewatch-final", Concurrency: map[string]int{plan.TaskType(plan.ExecutorCommand): 1}, PollTimeout: 100 * time.Millisecond,
+		Tasks: e.client, EngineTaskCheck: time.Hour, Logger: zaptest.NewLogger(t),
+	})
+	if err := w.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	wfID := e.startRunsWith(t, 1, plan.ExecutorSpec{Type: plan.ExecutorCommand, Argv: []string{"sh", "-c", "sleep 2; exit 3"}}, plan.RetryPolicy{})[0]
+	var runID, taskID string
+	deadline := time.Now().Add(30 * time.Second)
+	for taskID == "" {
+		wf, err := e.client.Workflow(ctx, wfID, true)
+		if err == nil && len(wf.Tasks) == 1 && wf.Tasks[0].Status == "IN_PROGRESS" {
+			if recs, _ := e.store.Fetch(ctx, wf.CorrelationId, 0, 0); countEvents(recs, statestore.StepStarted) == 1 {
+				runID, taskID = wf.CorrelationId, wf.Tasks[0].TaskId
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the step did not start")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := e.client.UpdateTask(ctx, &model.TaskResult{TaskId: taskID, WorkflowInstanceId: wfID, Status: model.CompletedTask}); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		recs, _ := e.store.Fetch(ctx, runID, 0, 0)
+		c, f := countEvents(recs, statestore.StepCompleted), countEvents(recs, statestore.StepFailed)
+		if c+f > 0 {
+			if c != 1 || f != 0 {
+				t.Fatalf("%d StepCompleted, %d StepFailed: want Conductor's completion, not the step's own exit 3", c, f)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no outcome recorded")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

@@ -19,6 +19,10 @@ const (
 	// CodeJoinNotPassable: a step joined with any_success whose
 	// dependencies all failed; the step fails without running.
 	CodeJoinNotPassable = "JOIN_NOT_PASSABLE"
+	// CodeWorkflowNotFound: the step's task is gone from Conductor with
+	// its workflow (removed, or lost) while the step ran; the step is
+	// recorded failed with it (the run ends with the same code).
+	CodeWorkflowNotFound = "WORKFLOW_NOT_FOUND"
 )
 
 // ErrForeignWorkflow is returned by Options.Guard for a task whose workflow

@@ -70,9 +70,7 @@ func (w *Worker) handle(t *model.Task) {
 		// (completed or failed by hand, the workflow terminated or
 		// removed): Conductor takes no report of it now, and the log
 		// records what Conductor made of it instead of the step's own.
-		if ended.task != nil {
-			w.recordEngineEnd(log, a, ended.task, engine, logical)
-		}
+		w.recordEngineEnd(log, a, ended.task, engine, logical)
 		w.opts.Metrics.stepDone(a.Step.Executor.Type, "ended_in_conductor", time.Since(start))
 		span.End(tracing.OutcomeRefused, "")
 		return
@@ -414,7 +412,13 @@ func (w *Worker) execute(t *model.Task, log *zap.Logger, a *Assignment, exec Exe
 	w.running.track(a.RunID, t.TaskId, cancel)
 	defer w.running.untrack(a.RunID, t.TaskId)
 	watch := w.watchEngineTask(t, cancel, log)
-	defer func() { ended.task, ended.gone = watch.stop() }()
+	began, interrupted := time.Now(), ctx.Err
+	defer func() {
+		ended.task, ended.gone = watch.stop()
+		if interrupted() == nil { // ended on its own, not interrupted
+			ended = w.finalCheck(t, watch, time.Since(began), ended)
+		}
+	}()
 	if a.Step.TimeoutSeconds > 0 {
 		var tcancel context.CancelFunc
 		ctx, tcancel = context.WithTimeout(ctx, time.Duration(a.Step.TimeoutSeconds)*time.Second)
