@@ -84,17 +84,7 @@ func TestWatcher_PlanTasksEndedInConductor(t *testing.T) {
 		run, task := chain(t)
 		// b is skipped before Conductor schedules it, a completed by hand
 		// while its worker runs it.
-		req, _ := http.NewRequest(http.MethodPut, u+"/workflow/"+run.WorkflowID+"/skiptask/"+plan.StepRef("b"), strings.NewReader("{}"))
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("skiptask: %d %s", resp.StatusCode, b)
-		}
+		skipTask(t, u, run.WorkflowID, "b")
 		if err := r.Client().UpdateTask(ctx, &model.TaskResult{TaskId: task.TaskId, WorkflowInstanceId: run.WorkflowID,
 			Status: model.CompletedTask, OutputData: map[string]any{"byHand": true}}); err != nil {
 			t.Fatal(err)
@@ -120,13 +110,7 @@ func TestWatcher_PlanTasksEndedInConductor(t *testing.T) {
 		// first), b was skipped: only the count of the plan's steps says
 		// that the log lacks one.
 		run, task := chain(t)
-		req, _ := http.NewRequest(http.MethodPut, u+"/workflow/"+run.WorkflowID+"/skiptask/"+plan.StepRef("b"), strings.NewReader("{}"))
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
+		skipTask(t, u, run.WorkflowID, "b")
 		done, err := statestore.NewEvent(statestore.RunRef{RunID: run.RunID, TenantID: run.TenantID, ProjectID: run.ProjectID,
 			EnvironmentID: run.EnvironmentID, PlanID: run.PlanID, PlanVersion: run.PlanVersion}, statestore.StepCompleted, "a", 1, 1,
 			statestore.StepCompletedPayload{})
@@ -178,6 +162,23 @@ func TestWatcher_PlanTasksEndedInConductor(t *testing.T) {
 			t.Fatal("the worker's StepCompleted of a step Conductor failed is still a valid transition")
 		}
 	})
+}
+
+// skipTask skips step stepID of workflow wfID in Conductor (skiptask), as
+// an operator does by hand.
+func skipTask(t *testing.T, base, wfID, stepID string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPut, base+"/workflow/"+wfID+"/skiptask/"+plan.StepRef(stepID), strings.NewReader("{}"))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("skiptask: %d %s", resp.StatusCode, b)
+	}
 }
 
 // TestRuns_PlanDefinitionEditedInConductor: a plan version's workflow

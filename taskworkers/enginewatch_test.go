@@ -40,20 +40,8 @@ func TestWorker_StepEndedInConductorWhileItRuns(t *testing.T) {
 	started := func(t *testing.T) (runID, taskID string, wfID string) {
 		t.Helper()
 		wfID = e.startRunsWith(t, 1, plan.ExecutorSpec{Type: plan.ExecutorSleep, Seconds: 60}, plan.RetryPolicy{})[0]
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			wf, err := e.client.Workflow(ctx, wfID, true)
-			if err == nil && len(wf.Tasks) == 1 && wf.Tasks[0].Status == "IN_PROGRESS" {
-				runID, taskID = wf.CorrelationId, wf.Tasks[0].TaskId
-				if recs, _ := e.store.Fetch(ctx, runID, 0, 0); countEvents(recs, statestore.StepStarted) == 1 {
-					return runID, taskID, wfID
-				}
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("the step did not start")
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		runID, taskID = runningStep(t, e, wfID)
+		return runID, taskID, wfID
 	}
 	waitIdle := func(t *testing.T, runID string) {
 		t.Helper()
@@ -95,26 +83,13 @@ func TestWorker_StepEndedInConductorWhileItRuns(t *testing.T) {
 		// The running try is interrupted (it would have run beside the
 		// retry) and ended in the log as Conductor ended it.
 		wfID := e.startRunsWith(t, 1, plan.ExecutorSpec{Type: plan.ExecutorSleep, Seconds: 60}, plan.RetryPolicy{EngineTries: 2})[0]
-		var runID, taskID string
-		deadline := time.Now().Add(30 * time.Second)
-		for taskID == "" {
-			wf, err := e.client.Workflow(ctx, wfID, true)
-			if err == nil && len(wf.Tasks) == 1 && wf.Tasks[0].Status == "IN_PROGRESS" {
-				if recs, _ := e.store.Fetch(ctx, wf.CorrelationId, 0, 0); countEvents(recs, statestore.StepStarted) == 1 {
-					runID, taskID = wf.CorrelationId, wf.Tasks[0].TaskId
-				}
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("the step did not start")
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		runID, taskID := runningStep(t, e, wfID)
 		t.Cleanup(func() { _ = e.client.Terminate(context.Background(), wfID, "test over") })
 		if err := e.client.UpdateTask(ctx, &model.TaskResult{TaskId: taskID, WorkflowInstanceId: wfID, Status: model.FailedTask,
 			ReasonForIncompletion: "failed by hand"}); err != nil {
 			t.Fatal(err)
 		}
-		deadline = time.Now().Add(15 * time.Second)
+		deadline := time.Now().Add(15 * time.Second)
 		for {
 			recs, _ := e.store.Fetch(ctx, runID, 0, 0)
 			var ended *statestore.RunStepTryEndedPayload
@@ -156,6 +131,25 @@ func TestWorker_StepEndedInConductorWhileItRuns(t *testing.T) {
 	})
 }
 
+// runningStep waits until workflow wfID's one task is in progress with its
+// StepStarted in the log, and returns the run and the task.
+func runningStep(t *testing.T, e *benchEnv, wfID string) (runID, taskID string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		wf, err := e.client.Workflow(context.Background(), wfID, true)
+		if err == nil && len(wf.Tasks) == 1 && wf.Tasks[0].Status == "IN_PROGRESS" {
+			if recs, _ := e.store.Fetch(context.Background(), wf.CorrelationId, 0, 0); countEvents(recs, statestore.StepStarted) == 1 {
+				return wf.CorrelationId, wf.Tasks[0].TaskId
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the step did not start")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func countEvents(recs []statestore.RunEventRecord, eventType string) int {
 	n := 0
 	for _, r := range recs {
@@ -184,24 +178,11 @@ func TestWorker_StepEndedInConductorJustBeforeItEnds(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = w.Close(context.Background()) })
 	wfID := e.startRunsWith(t, 1, plan.ExecutorSpec{Type: plan.ExecutorCommand, Argv: []string{"sh", "-c", "sleep 2; exit 3"}}, plan.RetryPolicy{})[0]
-	var runID, taskID string
-	deadline := time.Now().Add(30 * time.Second)
-	for taskID == "" {
-		wf, err := e.client.Workflow(ctx, wfID, true)
-		if err == nil && len(wf.Tasks) == 1 && wf.Tasks[0].Status == "IN_PROGRESS" {
-			if recs, _ := e.store.Fetch(ctx, wf.CorrelationId, 0, 0); countEvents(recs, statestore.StepStarted) == 1 {
-				runID, taskID = wf.CorrelationId, wf.Tasks[0].TaskId
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the step did not start")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	runID, taskID := runningStep(t, e, wfID)
 	if err := e.client.UpdateTask(ctx, &model.TaskResult{TaskId: taskID, WorkflowInstanceId: wfID, Status: model.CompletedTask}); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		recs, _ := e.store.Fetch(ctx, runID, 0, 0)
 		c, f := countEvents(recs, statestore.StepCompleted), countEvents(recs, statestore.StepFailed)
