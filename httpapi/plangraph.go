@@ -45,9 +45,10 @@ func (s *Server) planGraph(w http.ResponseWriter, r *http.Request) error {
 	}
 	// The definition the run's workflow runs (a run started before plan
 	// ids were each tenant's runs the shared one); a run not started yet
-	// has none, and its tenant's plan version is read.
+	// has none, and its tenant's plan version is read, as for an adopted
+	// run (its planId is its definition's name).
 	var steps []plan.Step
-	if name := statestore.ConductorWorkflowName(snap.EngineRunRef); name != "" {
+	if name := statestore.ConductorWorkflowName(snap.EngineRunRef); name != "" && name != snap.PlanID {
 		steps, err = s.opts.Plans.WorkflowSteps(r.Context(), name)
 	} else {
 		steps, err = s.opts.Plans.PlanSteps(r.Context(), snap.TenantID, snap.PlanID, snap.PlanVersion)
