@@ -306,6 +306,26 @@ func call(t *testing.T, method, u string, body any) (*http.Response, []byte) {
 	return resp, b
 }
 
+// postAs sends body as it is with Content-Type contentType (none when
+// "") and returns the answer with its body.
+func postAs(t *testing.T, u, contentType, body string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, u, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, b
+}
+
 func (e *env) events(t *testing.T, runID string) []statestore.RunEventRecord {
 	t.Helper()
 	recs, err := e.store.Fetch(context.Background(), runID, 0, 0)
@@ -1013,14 +1033,7 @@ func TestProxy_UpdateConductorWouldNotTakeAsSent(t *testing.T) {
 		tk := e.pollOne(t)
 		deep := `{"taskId":"` + tk.TaskID + `","workflowInstanceId":"` + tk.WorkflowInstanceID + `","status":"COMPLETED","outputData":{"n":` +
 			strings.Repeat("[", 1500) + strings.Repeat("]", 1500) + `}}`
-		req, _ := http.NewRequest(http.MethodPost, e.url+"/tasks", strings.NewReader(deep))
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		resp, body := postAs(t, e.url+"/tasks", "application/json", deep)
 		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), proxy.CodeBadUpdate) {
 			t.Fatalf("an update nested 1,500 deep: %d %s, want 400 %s", resp.StatusCode, body, proxy.CodeBadUpdate)
 		}
@@ -1402,14 +1415,7 @@ func TestProxy_BadUpdateIsRefused(t *testing.T) {
 		// forwarded unrecorded.
 		`{"taskId":"` + got.TaskID + `","workflowInstanceId":"` + wfID + `","status":3}`,
 		`{"taskId":"` + got.TaskID + `","workflowInstanceId":"` + wfID + `","status":"COMPLETED","callbackAfterSeconds":"10"}`} {
-		req, _ := http.NewRequest(http.MethodPost, e.url+"/tasks", strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		resp, b := postAs(t, e.url+"/tasks", "application/json", body)
 		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), proxy.CodeBadUpdate) {
 			t.Fatalf("update %q: %d %s, want 400 %s", body, resp.StatusCode, b, proxy.CodeBadUpdate)
 		}
@@ -1417,14 +1423,7 @@ func TestProxy_BadUpdateIsRefused(t *testing.T) {
 	// By reference name, the body is the task's output: a JSON object,
 	// which Conductor requires.
 	for _, u := range []struct{ status, body string }{{"COMPLETED", ``}, {"COMPLETED", `[1]`}, {"COMPLETED", `{"a":`}, {"FAILED", `"x"`}} {
-		req, _ := http.NewRequest(http.MethodPost, e.url+"/tasks/"+wfID+"/s_x0/"+u.status, strings.NewReader(u.body))
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		resp, b := postAs(t, e.url+"/tasks/"+wfID+"/s_x0/"+u.status, "application/json", u.body)
 		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), proxy.CodeBadUpdate) {
 			t.Fatalf("update by reference name %s %q: %d %s, want 400 %s", u.status, u.body, resp.StatusCode, b, proxy.CodeBadUpdate)
 		}
@@ -1457,16 +1456,7 @@ func TestProxy_UpdateOfAnotherMediaTypeIsRefused(t *testing.T) {
 		{"/tasks", result}, {"/tasks/update-v2", result}, {"/tasks/" + wfID + "/s_x0/FAILED_WITH_TERMINAL_ERROR", `{"a":1}`},
 	} {
 		for _, ct := range []string{"text/plain", "application/x-www-form-urlencoded", "", "application/jsonp"} {
-			req, _ := http.NewRequest(http.MethodPost, e.url+u.path, strings.NewReader(u.body))
-			if ct != "" {
-				req.Header.Set("Content-Type", ct)
-			}
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
+			resp, b := postAs(t, e.url+u.path, ct, u.body)
 			if resp.StatusCode != http.StatusUnsupportedMediaType || !strings.Contains(string(b), proxy.CodeUnsupportedMediaType) {
 				t.Fatalf("%s as %q: %d %s, want 415 %s", u.path, ct, resp.StatusCode, b, proxy.CodeUnsupportedMediaType)
 			}
@@ -1479,13 +1469,8 @@ func TestProxy_UpdateOfAnotherMediaTypeIsRefused(t *testing.T) {
 	if tk, err := e.client.Task(ctx, got.TaskID); err != nil || tk.Status != "IN_PROGRESS" {
 		t.Fatalf("the task after the refused updates: %v %v, want IN_PROGRESS", tk.Status, err)
 	}
-	req, _ := http.NewRequest(http.MethodPost, e.url+"/tasks", strings.NewReader(`{"taskId":"`+got.TaskID+`","workflowInstanceId":"`+wfID+`","status":"COMPLETED","outputData":{"good":1}}`))
-	req.Header.Set("Content-Type", "application/json; charset=UTF-8")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	resp, _ := postAs(t, e.url+"/tasks", "application/json; charset=UTF-8",
+		`{"taskId":"`+got.TaskID+`","workflowInstanceId":"`+wfID+`","status":"COMPLETED","outputData":{"good":1}}`)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("the worker's real update: %d", resp.StatusCode)
 	}
