@@ -245,7 +245,20 @@ func TestController_AdoptedReadFailingIsBounded(t *testing.T) {
 	if err := c.Open(ctx); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second) // 200 ticks
+	// The first read failed; the monitor then ticks on for a second (200
+	// ticks) against the failing reads.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		sync.mu.Lock()
+		n := sync.reads
+		sync.mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the monitor never read the adopted run's tasks")
+		}
+	}
+	time.Sleep(time.Second)
 	_ = c.Close(ctx)
 	warned, recovered := 0, 0
 	for _, e := range logs.All() {
