@@ -5,6 +5,7 @@ package adapter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -61,55 +62,115 @@ func (w *Watcher) settlePlan(ctx context.Context, rec *Run, snap *statestore.Run
 	if err != nil {
 		return err
 	}
-	last := map[string]*model.Task{} // each step's latest task
+	_, err = w.settleTasks(ctx, rec, snap, wf.Tasks, "")
+	return err
+}
+
+// SettleRetriedStep records, at a RETRY_STEP of plan run runID's held step
+// stepID (drain.HeldTasks), what Conductor made of the step's task that
+// the log lacks. A held task completed in Conductor by hand is never
+// polled again, so the retried attempt would never run: it is recorded as
+// the attempt Conductor completed (StepStarted and StepCompleted naming
+// the task, with Conductor's times). A held task Conductor still holds,
+// an adopted run and a run the index does not know record nothing. It
+// reports whether it recorded anything.
+func (w *Watcher) SettleRetriedStep(ctx context.Context, runID, stepID string) (bool, error) {
+	rec, _, err := w.runs.get(ctx, runID)
+	if errors.Is(err, ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if rec.IsAdopted() || rec.WorkflowID == "" {
+		return false, nil
+	}
+	wf, err := w.conductor.WorkflowTasks(ctx, rec.WorkflowID)
+	if err != nil {
+		return false, err
+	}
+	// Only a completed task: one failed by hand in a paused workflow is
+	// retried by Conductor at the resume while it has an engine retry
+	// left, and that retry is the attempt to run (at the run's end the
+	// watcher records a failure Conductor did not retry).
+	var last *model.Task
 	for i := range wf.Tasks {
-		t := &wf.Tasks[i]
+		if id, ok := plan.StepIDFromRef(wf.Tasks[i].ReferenceTaskName); ok && id == stepID {
+			last = &wf.Tasks[i]
+		}
+	}
+	if last == nil || last.Status != model.CompletedTask {
+		return false, nil
+	}
+	return w.settleTasks(ctx, rec, nil, wf.Tasks, stepID)
+}
+
+// settleTasks records what Conductor made of the plan run's tasks that
+// the log lacks (endedInConductor), step by step in Conductor's order of
+// the tasks, each step's latest task only; only, when set, limits it to
+// that step. snap, when set, is the run as last read. It reports whether
+// it recorded anything.
+func (w *Watcher) settleTasks(ctx context.Context, rec *Run, snap *statestore.RunSnapshot, tasks []model.Task, only string) (bool, error) {
+	last := map[string]*model.Task{} // each step's latest task
+	for i := range tasks {
+		t := &tasks[i]
 		if stepID, ok := plan.StepIDFromRef(t.ReferenceTaskName); ok {
 			last[stepID] = t
 		}
 	}
 	ref := statestore.RunRef{RunID: rec.RunID, TenantID: rec.TenantID, ProjectID: rec.ProjectID,
 		EnvironmentID: rec.EnvironmentID, PlanID: rec.PlanID, PlanVersion: rec.PlanVersion}
-	for i := range wf.Tasks { // in Conductor's order
-		t := &wf.Tasks[i]
+	recordedAny := false
+	for i := range tasks { // in Conductor's order
+		t := &tasks[i]
 		stepID, ok := plan.StepIDFromRef(t.ReferenceTaskName)
-		if !ok || last[stepID] != t {
+		if !ok || last[stepID] != t || (only != "" && stepID != only) {
 			continue
 		}
-		var recorded bool
-		snap, _, err = statestore.Fenced(ctx, statestore.ReadFirst(snap, w.snaps), w.emitter, rec.RunID, func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
-			ev, err := endedInConductor(ref, s, stepID, t)
-			if ev == nil || err != nil {
-				return nil, err
+		// At most two events a task: a retried attempt Conductor
+		// completed is started, then completed.
+		for range 2 {
+			var recorded bool
+			var err error
+			snap, _, err = statestore.Fenced(ctx, statestore.ReadFirst(snap, w.snaps), w.emitter, rec.RunID, func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+				ev, err := endedInConductor(ref, s, stepID, t)
+				if ev == nil || err != nil {
+					return nil, err
+				}
+				if statestore.Decide(s, ev.EventType, stepID, ev.LogicalAttemptID).Outcome != statestore.Apply {
+					return nil, nil // the log moved on (the worker's outcome came first)
+				}
+				recorded = true
+				return ev, nil
+			})
+			if err != nil {
+				return recordedAny, fmt.Errorf("adapter: watcher: record task %s of run %s as Conductor ended it: %w", t.TaskId, rec.RunID, err)
 			}
-			if statestore.Decide(s, ev.EventType, stepID, ev.LogicalAttemptID).Outcome != statestore.Apply {
-				return nil, nil // the log moved on (the worker's outcome came first)
+			if !recorded {
+				break
 			}
-			recorded = true
-			return ev, nil
-		})
-		if err != nil {
-			return fmt.Errorf("adapter: watcher: record task %s of run %s as Conductor ended it: %w", t.TaskId, rec.RunID, err)
-		}
-		if recorded {
+			// snap is the run before the append: read the next decision
+			// afresh (the same event decided again would be deduplicated).
+			snap, recordedAny = nil, true
 			w.log.Info("recorded a task of the run as Conductor ended it (not by the step's worker)",
 				zap.String("runId", rec.RunID), zap.String("stepId", stepID), zap.String("taskId", t.TaskId), zap.String("status", string(t.Status)))
 			w.opts.Metrics.watcherAction(actionSettledTask)
 		}
 	}
-	return nil
+	return recordedAny, nil
 }
 
 // mayNeedSettling reports whether the log leaves room for a task ended in
-// Conductor that it lacks: a step in flight, or, Conductor having
-// completed the run, fewer steps ended than the plan has.
+// Conductor that it lacks: a step in flight or retried and not started,
+// or, Conductor having completed the run, fewer steps ended than the plan
+// has.
 func (w *Watcher) mayNeedSettling(ctx context.Context, rec *Run, snap *statestore.RunSnapshot, engineStatus string) bool {
 	ended := 0
 	for _, st := range snap.Steps {
-		switch st.Status {
-		case statestore.StepStatusRunning:
+		switch {
+		case st.Status == statestore.StepStatusRunning, st.Status == statestore.StepStatusPending && st.RetryRequested:
 			return true
-		case statestore.StepStatusSuccess, statestore.StepStatusFailed, statestore.StepStatusSkipped:
+		case st.Status == statestore.StepStatusSuccess, st.Status == statestore.StepStatusFailed, st.Status == statestore.StepStatusSkipped:
 			ended++
 		}
 	}
@@ -130,8 +191,10 @@ func (w *Watcher) mayNeedSettling(ctx context.Context, rec *Run, snap *statestor
 
 // endedInConductor is the event that records step stepID's task t as
 // Conductor ended it, or nil when the log has nothing to add: t ended
-// (not retried) while the log has the step in flight, or t was skipped
-// while the log never started the step.
+// (not retried) while the log has the step in flight, t was skipped
+// while the log never started the step, or t was completed while the log
+// has the step's retry requested (a held task completed by hand: its
+// StepStarted first).
 func endedInConductor(ref statestore.RunRef, s *statestore.RunSnapshot, stepID string, t *model.Task) (*statestore.RunEventWrite, error) {
 	st := s.Step(stepID)
 	engine := int64(t.RetryCount) + 1
@@ -143,12 +206,18 @@ func endedInConductor(ref statestore.RunRef, s *statestore.RunSnapshot, stepID s
 			logical = st.LogicalAttemptID
 		}
 		return statestore.NewEvent(ref, statestore.StepSkipped, stepID, engine, logical, statestore.StepSkippedPayload{Reason: "Conductor skipped the task"})
+	case st != nil && st.Status == statestore.StepStatusPending && st.RetryRequested && !t.Retried && endedTask(status):
+		// A held task ended in Conductor by hand, then retried: no
+		// worker polls it again, so the retried attempt is the one
+		// Conductor ended. Started here, ended by the next call.
+		return statestore.NewEvent(ref, statestore.StepStarted, stepID, engine, st.LogicalAttemptID,
+			statestore.StepStartedPayload{EngineStartedAt: statestore.EngineTime(t.StartTime), EngineTaskID: t.TaskId})
 	case st == nil || st.Status != statestore.StepStatusRunning || t.Retried:
 		return nil, nil
 	case status == "COMPLETED":
 		return statestore.NewEvent(ref, statestore.StepCompleted, stepID, engine, st.LogicalAttemptID,
 			statestore.StepCompletedPayload{EngineEndedAt: statestore.EngineTime(t.EndTime), EngineTaskID: t.TaskId})
-	case status == "FAILED", status == "FAILED_WITH_TERMINAL_ERROR", status == "COMPLETED_WITH_ERRORS":
+	case endedTask(status):
 		msg := t.ReasonForIncompletion
 		if msg == "" {
 			msg = "Conductor reported the task " + status
@@ -158,4 +227,14 @@ func endedInConductor(ref statestore.RunRef, s *statestore.RunSnapshot, stepID s
 				Error: &statestore.StepError{Code: CodeEngineTask + status, Message: msg, Retryable: status == "FAILED"}})
 	}
 	return nil, nil
+}
+
+// endedTask reports whether Conductor's task status is an end the log can
+// record: COMPLETED, or a failure.
+func endedTask(status string) bool {
+	switch status {
+	case "COMPLETED", "FAILED", "FAILED_WITH_TERMINAL_ERROR", "COMPLETED_WITH_ERRORS":
+		return true
+	}
+	return false
 }

@@ -130,6 +130,136 @@ func TestWatcher_PlanTasksEndedInConductor(t *testing.T) {
 			t.Fatalf("log %s, want %s", got, want)
 		}
 	})
+	// held: a's attempt 1 failed under onStepFailure pause, the run is
+	// paused (in the log and in Conductor), and a's task, handed back,
+	// is completed by hand in Conductor; then the operator retries a.
+	held := func(t *testing.T) (Run, model.Task, func(string, int64, statestore.Payload)) {
+		t.Helper()
+		run, task := chain(t)
+		ref := statestore.RunRef{RunID: run.RunID, TenantID: run.TenantID, ProjectID: run.ProjectID,
+			EnvironmentID: run.EnvironmentID, PlanID: run.PlanID, PlanVersion: run.PlanVersion}
+		emit := func(stepID string, attempt int64, p statestore.Payload) {
+			t.Helper()
+			ev, err := statestore.NewEvent(ref, p.EventType(), stepID, 1, attempt, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := env.emitter.Emit(ctx, ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+		emit("a", 1, statestore.StepFailedPayload{OnStepFailure: statestore.OnStepFailurePause,
+			Error: &statestore.StepError{Code: "COMMAND_FAILED", Message: "exit 1", Retryable: true}})
+		emit("", 1, statestore.RunPausedPayload{Reason: "stepFailed"})
+		if err := r.Client().Pause(ctx, run.WorkflowID); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Client().UpdateTask(ctx, &model.TaskResult{TaskId: task.TaskId, WorkflowInstanceId: run.WorkflowID,
+			Status: model.CompletedTask, OutputData: map[string]any{"byHand": true}}); err != nil {
+			t.Fatal(err)
+		}
+		emit("", 1, statestore.RunStepRetryRequestedPayload{StepID: "a", StepLogicalAttemptID: 2})
+		return run, task, emit
+	}
+	// resumeAndFinish resumes the run and runs b as the sidecar's worker
+	// would, to Conductor's end of the workflow.
+	resumeAndFinish := func(t *testing.T, run Run, emit func(string, int64, statestore.Payload)) {
+		t.Helper()
+		emit("", 1, statestore.RunResumedPayload{})
+		if err := r.Client().Resume(ctx, run.WorkflowID); err != nil {
+			t.Fatal(err)
+		}
+		b := pollTask(t, r.Client(), plan.TaskTypeNoop, run.TaskDomain)
+		emit("b", 1, statestore.StepStartedPayload{EngineTaskID: b.TaskId})
+		emit("b", 1, statestore.StepCompletedPayload{})
+		if err := r.Client().UpdateTask(ctx, &model.TaskResult{TaskId: b.TaskId, WorkflowInstanceId: run.WorkflowID, Status: model.CompletedTask}); err != nil {
+			t.Fatal(err)
+		}
+		waitStatus(t, r.Client(), run.WorkflowID, model.CompletedWorkflow)
+		w.Nudge(run.RunID)
+	}
+	retriedAttempt := func(t *testing.T, recs []statestore.RunEventRecord, task model.Task) {
+		t.Helper()
+		var n int
+		for _, rec := range recs {
+			if rec.StepID != "a" || rec.LogicalAttemptID != 2 {
+				continue
+			}
+			n++
+			if !strings.Contains(string(rec.Payload), `"engineTaskId":"`+task.TaskId+`"`) {
+				t.Fatalf("%s of a's retried attempt, payload %s: want it naming the task completed by hand", rec.EventType, rec.Payload)
+			}
+		}
+		if n != 2 {
+			t.Fatalf("a's retried attempt has %d events, want StepStarted and StepCompleted: %v", n, eventTypes(recs))
+		}
+	}
+	t.Run("HeldThenCompletedByHand", func(t *testing.T) {
+		// Nobody reads the held task back at the retry: the watcher
+		// records it at the run's end.
+		run, task, emit := held(t)
+		resumeAndFinish(t, run, emit)
+		recs := waitFinal(t, env, r, run.RunID)
+		if got, want := strings.Join(eventTypes(recs), " "), "RunStarted StepStarted StepFailed RunPaused RunStepRetryRequested RunResumed StepStarted StepCompleted StepStarted StepCompleted RunCompleted"; got != want {
+			t.Fatalf("log %s, want %s", got, want)
+		}
+		retriedAttempt(t, recs, task)
+		if got := steps(t, run.RunID); got["run"] != statestore.RunStatusCompleted || got["a"] != statestore.StepStatusSuccess || got["b"] != statestore.StepStatusSuccess {
+			t.Fatalf("snapshot %v, want the run COMPLETED, a and b SUCCESS", got)
+		}
+	})
+	t.Run("HeldThenCompletedByHandAtTheRetry", func(t *testing.T) {
+		run, task, emit := held(t)
+		recorded, err := w.SettleRetriedStep(ctx, run.RunID, "a")
+		if err != nil || !recorded {
+			t.Fatalf("SettleRetriedStep: %t, %v; want the retried attempt recorded", recorded, err)
+		}
+		if got := steps(t, run.RunID); got["run"] != statestore.RunStatusPaused || got["a"] != statestore.StepStatusSuccess {
+			t.Fatalf("snapshot %v after the retry, want the run PAUSED, a SUCCESS", got)
+		}
+		if again, err := w.SettleRetriedStep(ctx, run.RunID, "a"); err != nil || again {
+			t.Fatalf("SettleRetriedStep again: %t, %v; want nothing more", again, err)
+		}
+		resumeAndFinish(t, run, emit)
+		recs := waitFinal(t, env, r, run.RunID)
+		if got, want := strings.Join(eventTypes(recs), " "), "RunStarted StepStarted StepFailed RunPaused RunStepRetryRequested StepStarted StepCompleted RunResumed StepStarted StepCompleted RunCompleted"; got != want {
+			t.Fatalf("log %s, want %s", got, want)
+		}
+		retriedAttempt(t, recs, task)
+	})
+	t.Run("HeldTaskStillHeld", func(t *testing.T) {
+		// A held task Conductor still holds is the retried attempt's to
+		// run: nothing is recorded at the retry.
+		run, task := chain(t)
+		ref := statestore.RunRef{RunID: run.RunID, TenantID: run.TenantID, ProjectID: run.ProjectID,
+			EnvironmentID: run.EnvironmentID, PlanID: run.PlanID, PlanVersion: run.PlanVersion}
+		for _, p := range []struct {
+			step string
+			p    statestore.Payload
+		}{
+			{"a", statestore.StepFailedPayload{OnStepFailure: statestore.OnStepFailurePause, Error: &statestore.StepError{Code: "COMMAND_FAILED", Message: "exit 1"}}},
+			{"", statestore.RunPausedPayload{Reason: "stepFailed"}},
+			{"", statestore.RunStepRetryRequestedPayload{StepID: "a", StepLogicalAttemptID: 2}},
+		} {
+			ev, err := statestore.NewEvent(ref, p.p.EventType(), p.step, 1, 1, p.p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := env.emitter.Emit(ctx, ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := r.Client().UpdateTask(ctx, &model.TaskResult{TaskId: task.TaskId, WorkflowInstanceId: run.WorkflowID,
+			Status: model.InProgressTask, CallbackAfterSeconds: 60}); err != nil {
+			t.Fatal(err)
+		}
+		if recorded, err := w.SettleRetriedStep(ctx, run.RunID, "a"); err != nil || recorded {
+			t.Fatalf("SettleRetriedStep: %t, %v; want nothing recorded", recorded, err)
+		}
+		if got := steps(t, run.RunID); got["a"] != statestore.StepStatusPending {
+			t.Fatalf("snapshot %v, want a PENDING (its retry to run)", got)
+		}
+	})
 	t.Run("FailedByHand", func(t *testing.T) {
 		run, task := chain(t)
 		if err := r.Client().UpdateTask(ctx, &model.TaskResult{TaskId: task.TaskId, WorkflowInstanceId: run.WorkflowID,

@@ -142,9 +142,12 @@ type Options struct {
 	// are brought into the log by a pause once Conductor's pause took
 	// effect, before its drain may end, and read back after a resume.
 	Adopted AdoptedRuns
-	Logger  *zap.Logger
-	Metrics *Metrics
-	Now     func() time.Time
+	// HeldTasks, when set, is asked at every RETRY_STEP what Conductor
+	// made of the held step's task meanwhile (adapter.Watcher).
+	HeldTasks HeldTasks
+	Logger    *zap.Logger
+	Metrics   *Metrics
+	Now       func() time.Time
 }
 
 // AdoptedRuns is what the Controller needs of the adopter of existing
@@ -165,6 +168,20 @@ type AdoptedRuns interface {
 	// block.
 	Resumed(runID string)
 }
+
+// HeldTasks is what the Controller needs to learn, at a RETRY_STEP, of a
+// held step's task in Conductor (adapter.Watcher implements it): an
+// operator may have completed it there by hand, and then no worker polls
+// it again to run the retried attempt.
+type HeldTasks interface {
+	// SettleRetriedStep records what the log lacks of Conductor's end of
+	// step stepID's task, the step's retry being requested, and reports
+	// whether it recorded anything.
+	SettleRetriedStep(ctx context.Context, runID, stepID string) (bool, error)
+}
+
+// heldTaskReadTimeout bounds a RETRY_STEP's read of the held task.
+const heldTaskReadTimeout = 10 * time.Second
 
 // Waker wakes the task workers' idle poll loops (taskworkers.Wakeup). Wake
 // must not block.
@@ -827,7 +844,12 @@ const maxRetryRaces = 8
 // (e.g. a run that failed under onStepFailure: fail) and writes nothing.
 // Retrying a step whose retry is already requested returns the state,
 // while the run may still run it (not ended, no cancel requested).
-// No Conductor call: the step's task is held by the workers, not failed.
+// The step's task is held by the workers, not failed: the request does
+// not depend on Conductor. Once it is recorded, the held task is read
+// back (Options.HeldTasks): a task completed in Conductor by hand makes
+// the retried attempt the one Conductor completed. A read that fails is
+// logged, and a repeated RETRY_STEP reads again; the run watcher records
+// the same at the run's end.
 func (c *Controller) RetryStep(ctx context.Context, runID, stepID string, req RetryRequest) (*State, error) {
 	for range maxRetryRaces {
 		var next int64
@@ -859,8 +881,8 @@ func (c *Controller) RetryStep(ctx context.Context, runID, stepID string, req Re
 		if err != nil {
 			return nil, err
 		}
-		if next == 0 {
-			return StateOf(snap, c.opts.DefaultTimeout), nil
+		if next == 0 { // requested already: read the held task again
+			return StateOf(c.settleHeld(ctx, snap, stepID), c.opts.DefaultTimeout), nil
 		}
 		// The request number is per run: a concurrent retry of another step
 		// may have taken it, and then ours was deduplicated into theirs.
@@ -871,10 +893,36 @@ func (c *Controller) RetryStep(ctx context.Context, runID, stepID string, req Re
 		if st := snap.Step(stepID); st != nil && st.LogicalAttemptID >= next {
 			c.logger.Info("step retry requested; it runs when the run is resumed", zap.String("runId", runID),
 				zap.String("stepId", stepID), zap.Int64("logicalAttemptId", next))
-			return StateOf(snap, c.opts.DefaultTimeout), nil
+			return StateOf(c.settleHeld(ctx, snap, stepID), c.opts.DefaultTimeout), nil
 		}
 	}
 	return nil, fmt.Errorf("retry of step %s: lost %d races with concurrent retries; try again", stepID, maxRetryRaces)
+}
+
+// settleHeld reads back the task of snap's retried step stepID
+// (Options.HeldTasks) and returns the run as it is then: snap when
+// nothing was recorded or the read failed.
+func (c *Controller) settleHeld(ctx context.Context, snap *statestore.RunSnapshot, stepID string) *statestore.RunSnapshot {
+	if c.opts.HeldTasks == nil {
+		return snap
+	}
+	rctx, cancel := context.WithTimeout(ctx, heldTaskReadTimeout)
+	recorded, err := c.opts.HeldTasks.SettleRetriedStep(rctx, snap.RunID, stepID)
+	cancel()
+	if err != nil {
+		c.logger.Warn("could not read the retried step's held task from Conductor; if it was ended there by hand, the run watcher records it at the run's end",
+			zap.String("runId", snap.RunID), zap.String("stepId", stepID), zap.Error(err))
+		return snap
+	}
+	if !recorded {
+		return snap
+	}
+	c.logger.Info("the retried step's held task was completed in Conductor: its retried attempt is recorded as Conductor completed it",
+		zap.String("runId", snap.RunID), zap.String("stepId", stepID))
+	if now, err := c.snapshot(ctx, snap.RunID); err == nil {
+		return now
+	}
+	return snap
 }
 
 // applied tells the ledger that a pause (or resume) of cycle reached

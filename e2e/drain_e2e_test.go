@@ -43,6 +43,7 @@ type conductorWorkflow struct {
 }
 
 type conductorTask struct {
+	TaskID                                                               string `json:"taskId"`
 	ReferenceTaskName, TaskType, Status, ReasonForIncompletion, WorkerID string
 	RetryCount, PollCount                                                int
 	Retried                                                              bool

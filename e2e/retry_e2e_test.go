@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
 	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -331,4 +332,97 @@ func TestE2E_TwoDeploymentsOnOneConductor(t *testing.T) {
 	handedBack := metricValue(t, a.addr, `sidecar_worker_tasks_handed_back_total{reason="unknown_run"}`) +
 		metricValue(t, b.addr, `sidecar_worker_tasks_handed_back_total{reason="unknown_run"}`)
 	t.Logf("tasks of the other deployment handed back: %v", handedBack)
+}
+
+// A held step's task completed by hand in Conductor is never polled
+// again: the RETRY_STEP records the retried attempt as Conductor completed
+// it (naming the task), and RESUME carries the run on with every step
+// ended as Conductor ended it. One failed by hand, with no engine retry
+// left, fails the workflow at the resume; the retried attempt is recorded
+// as Conductor failed it.
+func TestE2E_HeldStepCompletedInConductor(t *testing.T) {
+	heldStepEndedInConductor(t, "COMPLETED")
+}
+
+func TestE2E_HeldStepFailedInConductor(t *testing.T) {
+	heldStepEndedInConductor(t, "FAILED")
+}
+
+func heldStepEndedInConductor(t *testing.T, status string) {
+	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t))
+	pl := mustPlan(t, `{"planId":"`+uniq("e2e-held-hand")+`","planVersion":"1","onStepFailure":"pause","steps":[
+		{"stepId":"flaky","executor":{"type":"command","argv":["false"]}},
+		{"stepId":"after","executor":{"type":"noop"},"dependsOn":["flaky"]}]}`)
+	started := submit(t, p, pl, "req-1")
+	ctx := context.Background()
+	sidecartest.WaitFor(t, "the run to pause on the failure", 30*time.Second, func() bool {
+		v, _ := p.client.Run(ctx, started.RunID)
+		return v != nil && v.Status == "PAUSED" && v.Step("flaky") != nil && v.Step("flaky").Held
+	})
+	// The operator ends the held task in Conductor.
+	var held conductorTask
+	sidecartest.WaitFor(t, "the held task in Conductor", 30*time.Second, func() bool {
+		wf, err := readConductorWorkflow(t, started.WorkflowID)
+		if err != nil {
+			return false
+		}
+		for _, tk := range wf.Tasks {
+			if id, ok := plan.StepIDFromRef(tk.ReferenceTaskName); ok && id == "flaky" && (tk.Status == "SCHEDULED" || tk.Status == "IN_PROGRESS") {
+				held = tk
+				return true
+			}
+		}
+		return false
+	})
+	body, _ := json.Marshal(map[string]any{"taskId": held.TaskID, "workflowInstanceId": started.WorkflowID,
+		"status": status, "outputData": map[string]any{"byHand": true}, "reasonForIncompletion": "by hand"})
+	resp, err := http.Post(conductortest.URL(t)+"/tasks", "application/json", strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("update by hand: %s", resp.Status)
+	}
+	v, err := p.client.RetryStep(ctx, started.RunID, "flaky", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "SUCCESS" // at the retry: the attempt Conductor completed
+	if status == "FAILED" {
+		want = "PENDING" // Conductor decides at the resume
+	}
+	if st := v.Step("flaky"); st == nil || st.Status != want || st.LogicalAttemptID != 2 {
+		t.Fatalf("the retry's answer shows flaky %+v, want %s at logical attempt 2", st, want)
+	}
+	if _, err := p.client.Resume(ctx, started.RunID); err != nil {
+		t.Fatal(err)
+	}
+	v = waitTerminal(t, p, started.RunID, 60*time.Second)
+	evs := allEvents(t, p, started.RunID)
+	assertNoDuplicateKeys(t, evs)
+	if status == "FAILED" {
+		// No engine retry left: the workflow fails, and the retried
+		// attempt is recorded as Conductor failed it.
+		if st := v.Step("flaky"); v.Status != "FAILED" || v.Inconsistent || st == nil || st.Status != "FAILED" || st.LogicalAttemptID != 2 ||
+			st.Error == nil || !strings.Contains(st.Error.Message, "by hand") {
+			t.Fatalf("run %s (inconsistent %t), flaky %+v; want FAILED, flaky FAILED at logical attempt 2 with Conductor's reason\n%s",
+				v.Status, v.Inconsistent, st, conductorTasks(t, started.WorkflowID))
+		}
+		return
+	}
+	if v.Status != "COMPLETED" || v.Inconsistent {
+		t.Fatalf("run %s (inconsistent %t)\n%s", v.Status, v.Inconsistent, conductorTasks(t, started.WorkflowID))
+	}
+	for _, id := range []string{"flaky", "after"} {
+		if st := v.Step(id); st == nil || st.Status != "SUCCESS" {
+			t.Fatalf("step %s: %+v, want SUCCESS", id, st)
+		}
+	}
+	retry := eventIndex(evs, statestore.RunStepRetryRequested, "", 0)
+	started2 := eventIndex(evs, statestore.StepStarted, "flaky", 2)
+	completed2 := eventIndex(evs, statestore.StepCompleted, "flaky", 2)
+	if retry < 0 || started2 < retry || completed2 < started2 || !strings.Contains(string(evs[completed2].Payload), `"engineTaskId":"`+held.TaskID+`"`) {
+		t.Fatalf("events %v; want the retried attempt started and completed as Conductor did, naming task %s", types(evs), held.TaskID)
+	}
 }
