@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -410,10 +411,45 @@ func (c *Client) RegisterTaskDefsJSON(ctx context.Context, defs []byte) error {
 	if !json.Valid(defs) {
 		return invalidInput(opRegisterTaskDefs, "task defs are not valid JSON")
 	}
-	_, err := c.do(ctx, opRegisterTaskDefs, 0, func(ctx context.Context) (*http.Response, error) {
-		return c.raw(ctx, http.MethodPost, c.base+"/metadata/taskdefs", defs)
+	return c.upsert(ctx, func() error {
+		_, err := c.do(ctx, opRegisterTaskDefs, 0, func(ctx context.Context) (*http.Response, error) {
+			return c.raw(ctx, http.MethodPost, c.base+"/metadata/taskdefs", defs)
+		})
+		return err
 	})
+}
+
+// upsert runs register, a write of definitions that Conductor upserts,
+// and repeats it while it lost a race on a unique key. Conductor on
+// PostgreSQL upserts a definition with an update, then an insert when the
+// update found none: two first registrations at once (replicas starting
+// runs) race on the insert, and the loser gets PostgreSQL's duplicate key
+// error (a 500 for task definitions, an entry of bulkErrorResults for
+// workflow definitions). The definition exists then, so the repeat
+// updates it.
+func (c *Client) upsert(ctx context.Context, register func() error) error {
+	err := register()
+	for try := 0; try < duplicateKeyRetries && duplicateKey(err); try++ {
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(25+rand.IntN(50)) * time.Millisecond):
+		}
+		err = register()
+	}
 	return err
+}
+
+// duplicateKeyRetries bounds how often a registration that lost
+// Conductor's insert race is repeated.
+const duplicateKeyRetries = 3
+
+// duplicateKey reports whether err is Conductor's answer to a write that
+// lost a race on a unique key in its PostgreSQL store (PostgreSQL's
+// message).
+func duplicateKey(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && strings.Contains(e.Message, "duplicate key value violates unique constraint")
 }
 
 // RegisterWorkflowDefJSON is RegisterWorkflowDef with the definition's JSON
@@ -427,10 +463,25 @@ func (c *Client) RegisterWorkflowDefJSON(ctx context.Context, def []byte) error 
 	}
 	body := make([]byte, 0, len(def)+2)
 	body = append(append(append(body, '['), def...), ']')
-	_, err := c.do(ctx, opRegisterWorkflow, 0, func(ctx context.Context) (*http.Response, error) {
-		return c.raw(ctx, http.MethodPut, c.base+"/metadata/workflow", body)
+	return c.upsert(ctx, func() error {
+		// Conductor answers 200 with the definitions it could not write
+		// in bulkErrorResults.
+		var answer bulkAnswer
+		_, err := c.do(ctx, opRegisterWorkflow, 0, func(ctx context.Context) (*http.Response, error) {
+			return c.rawJSON(ctx, c.http, http.MethodPut, c.base+"/metadata/workflow", body, 1<<20, &answer)
+		})
+		if err == nil {
+			for name, msg := range answer.Errors {
+				e := &Error{Code: CodeEngineRejected, Op: opRegisterWorkflow, Status: http.StatusOK,
+					Message: "workflow definition " + name + " not written: " + msg}
+				if duplicateKey(e) {
+					e.Code = CodeEngineUnavailable
+				}
+				err = e
+			}
+		}
+		return err
 	})
-	return err
 }
 
 // RegisterWorkflowDef creates or replaces the workflow definition of

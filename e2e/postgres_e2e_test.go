@@ -11,9 +11,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
@@ -138,5 +140,50 @@ func TestE2E_ConductorRestartOnPostgres(t *testing.T) {
 			}
 		}
 		assertNoDuplicateKeys(t, evs)
+	}
+}
+
+// TestE2E_ConcurrentTaskDefRegistrationsOnPostgres: replicas' first starts
+// register the same task definitions at once, and Conductor on PostgreSQL
+// races itself on their insert (a 500 "duplicate key" for the losers). Each
+// registration still succeeds: the sidecar's registration is an upsert,
+// and Conductor takes the repeat as an update.
+func TestE2E_ConcurrentTaskDefRegistrationsOnPostgres(t *testing.T) {
+	t.Parallel() // its own Conductor
+	c := startPostgresConductor(t)
+	cl, err := adapter.NewClient(adapter.ClientOptions{BaseURL: c.url(), Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const rounds, replicas = 3, 12
+	atOnce := func(round int, what string, register func() error) {
+		errs := make([]error, replicas)
+		var wg sync.WaitGroup
+		for i := range errs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = register()
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Errorf("round %d, %s registration %d of %d at once: %v", round, what, i, replicas, err)
+			}
+		}
+	}
+	ctx := context.Background()
+	for round := range rounds {
+		name := strings.ReplaceAll(uniq("e2e-def"), "-", "_")
+		defs := fmt.Sprintf(`[{"name":%q,"retryCount":0,"timeoutSeconds":0,"responseTimeoutSeconds":60,"ownerEmail":"sidecar@example.com"}]`, name)
+		atOnce(round, "task definition", func() error { return cl.RegisterTaskDefsJSON(ctx, []byte(defs)) })
+		// Conductor answers a workflow definition's lost race with 200
+		// and the error in bulkErrorResults.
+		def := fmt.Sprintf(`{"name":%q,"version":1,"schemaVersion":2,"ownerEmail":"sidecar@example.com","tasks":[{"name":%q,"taskReferenceName":"a","type":"SIMPLE"}]}`, name, name)
+		atOnce(round, "workflow definition", func() error { return cl.RegisterWorkflowDefJSON(ctx, []byte(def)) })
+		if got, err := cl.WorkflowDef(ctx, name, 1); err != nil || got == nil || len(got.Tasks) != 1 {
+			t.Fatalf("round %d: the workflow definition read back: %+v, %v", round, got, err)
+		}
 	}
 }
