@@ -2,11 +2,13 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -17,6 +19,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
+	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/tracing"
 	"github.com/conductor-sidecar/sidecar/tracing/tracingtest"
@@ -280,5 +283,76 @@ func TestE2E_TracingCollectorDown(t *testing.T) {
 	}
 	if !bytes.Contains(b, []byte(dead)) {
 		t.Fatalf("the logged error does not name the collector %s:\n%s", dead, b)
+	}
+}
+
+// TestE2E_TracingOutOfScopeRequest: a principal scoped to another tenant
+// is answered RUN_NOT_FOUND for a run it may not see, as if it did not
+// exist, and its request's span names no run: it is neither a child of
+// the run's span nor linked to it, with or without a traceparent, so
+// that nobody can put spans into a run's trace that is not theirs.
+func TestE2E_TracingOutOfScopeRequest(t *testing.T) {
+	col := tracingtest.Start(t)
+	dir := t.TempDir()
+	newToken := func(name string, args ...string) (token, entry string) {
+		out, err := exec.Command(sidecartest.Binary(t), append([]string{"token", "new", "--name", name, "--roles", "operator,viewer,submitter"}, args...)...).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		token, entry, _ = strings.Cut(string(out), "\n")
+		return token, entry
+	}
+	acme, acmeEntry := newToken("acme-bot", "--tenant-id", "acme")
+	globex, globexEntry := newToken("globex-bot", "--tenant-id", "globex")
+	tokens := filepath.Join(dir, "tokens.yaml")
+	if err := os.WriteFile(tokens, []byte("principals:\n"+acmeEntry+globexEntry), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := newProc(sidecartest.Start(t, sidecartest.Options{Args: []string{"--tokens-file", tokens}, Env: environ(
+		"OTEL_EXPORTER_OTLP_ENDPOINT="+col.HTTP, "OTEL_SERVICE_NAME=sidecar-e2e", "OTEL_BSP_SCHEDULE_DELAY=100")}))
+	p.client.Token = acme
+	pl := mustPlan(t, `{"planId":"`+uniq("e2e-trace-scope")+`","planVersion":"1","steps":[{"stepId":"a","executor":{"type":"sleep","seconds":30}}]}`)
+	started, err := p.client.Start(context.Background(), httpapi.StartRequest{RunRequestID: uniq("req"), TenantID: "acme", ProjectID: "p", EnvironmentID: "e", Plan: pl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const callerTrace, callerSpan = "11111111111111111111111111111111", "2222222222222222"
+	for _, h := range []http.Header{nil, {"Traceparent": {"00-" + callerTrace + "-" + callerSpan + "-01"}}} {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+p.addr+"/v1/runs/"+started.RunID+"/resume", strings.NewReader(`{}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+globex)
+		for k, v := range h {
+			req.Header[k] = v
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound {
+			t.Fatalf("another tenant's resume: %s, want 404", resp.Status)
+		}
+	}
+	const route = "POST /v1/runs/{runId}/resume"
+	spans := col.WaitSpans(t, 30*time.Second, func(all []tracingtest.Span) bool {
+		n := 0
+		for _, s := range all {
+			if s.Name == route {
+				n++
+			}
+		}
+		return n >= 2
+	})
+	traceID := tracing.RunTraceID(started.RunID).String()
+	for _, s := range spans {
+		if s.Name != route {
+			continue
+		}
+		if s.Attributes[tracing.AttrRunID] != nil || s.TraceID == traceID || len(s.Links) > 0 {
+			t.Errorf("another tenant's refused request: span %+v; want it naming no run, outside the run's trace, unlinked", s)
+		}
+		if s.TraceID == callerTrace && s.ParentSpanID != callerSpan {
+			t.Errorf("span %+v in the caller's trace, not a child of the caller's span", s)
+		}
 	}
 }

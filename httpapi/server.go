@@ -450,7 +450,14 @@ func (s *Server) route(pattern, name, role string, h func(http.ResponseWriter, *
 			s.writeErr(rec, name, err)
 		}
 		if span != nil {
-			span.End(rec.status, answerCode(err))
+			code := answerCode(err)
+			if code == statestore.CodeRunNotFound {
+				// No such run, or one outside the caller's scope: the
+				// span names no run, so that no principal puts spans
+				// into the trace of a run it may not see.
+				span.SetRunID("")
+			}
+			span.End(rec.status, code)
 		}
 		s.requests.WithLabelValues(name, strconv.Itoa(rec.status)).Inc()
 		s.latency.WithLabelValues(name).Observe(time.Since(began).Seconds())
