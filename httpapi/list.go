@@ -136,8 +136,12 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if q.Get("watch") == "true" {
+	switch watch, given := q["watch"]; {
+	case !given, watch[0] == "false":
+	case watch[0] == "true":
 		return s.watchList(w, r, q, f, ok)
+	default:
+		return badRequest("watch", fmt.Sprintf("watch must be true or false, not %q", watch[0]))
 	}
 	limit, err := intParam(q.Get("limit"), DefaultListLimit, "limit")
 	if err != nil {

@@ -253,3 +253,44 @@ func TestServer_ListWatchEndsWithItsPrincipal(t *testing.T) {
 		})
 	}
 }
+
+// TestServer_ListWatchValue: watch takes true (a watch) or false (a
+// page); any other value is refused, so that a client that meant a watch
+// does not poll in a tight loop on pages answered at once.
+func TestServer_ListWatchValue(t *testing.T) {
+	store, list := openListedLog(t, natstest.Connect(t, natstestServer(t)))
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer wcancel()
+	if _, err := list.WaitIndexed(wctx); err != nil {
+		t.Fatal(err)
+	}
+	api := httpapi.NewServer(httpapi.Options{Log: store, List: list, Logger: zaptest.NewLogger(t)})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	api.Open(ln)
+	t.Cleanup(func() { _ = api.Close(context.Background()) })
+	for _, tt := range []struct {
+		query  string
+		status int
+	}{
+		{"watch=true&timeoutSeconds=0", http.StatusOK},
+		{"watch=false", http.StatusOK},
+		{"watch=1", http.StatusBadRequest},
+		{"watch=yes", http.StatusBadRequest},
+		{"watch=TRUE", http.StatusBadRequest},
+		{"watch=", http.StatusBadRequest},
+	} {
+		resp, err := http.Get("http://" + ln.Addr().String() + "/v1/runs?" + tt.query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct{ Code, Field string }
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if resp.StatusCode != tt.status || (tt.status == http.StatusBadRequest && (body.Code != "BAD_REQUEST" || body.Field != "watch")) {
+			t.Errorf("GET /v1/runs?%s: %d %+v, want %d (BAD_REQUEST naming watch when refused)", tt.query, resp.StatusCode, body, tt.status)
+		}
+	}
+}
