@@ -363,9 +363,12 @@ func (w *Worker) recordOutcome(ctx context.Context, log *zap.Logger, a *Assignme
 		return err
 	}
 	log = log.With(zap.String("eventType", ev.EventType))
-	if snap != nil {
-		if err := statestore.CheckTransition(snap, ev); err != nil {
-			logRefusedOutcome(log, snap, ev, err)
+	if snap != nil && statestore.CheckTransition(snap, ev) != nil {
+		latest, err := w.confirmRefusal(ctx, ev)
+		if errors.Is(err, statestore.ErrInvalidTransition) {
+			logRefusedOutcome(log, latest, ev, err)
+		}
+		if err != nil {
 			return err
 		}
 	}

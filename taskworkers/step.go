@@ -715,7 +715,9 @@ func (w *Worker) emitEvent(log *zap.Logger, ev *statestore.RunEventWrite, lastSe
 		var done bool
 		if res, done, err = w.outcome(ctx, ev, st); !done {
 			if snap, err := w.checkOutcome(ctx, ev); err != nil {
-				logRefusedOutcome(log, snap, ev, err)
+				if errors.Is(err, statestore.ErrInvalidTransition) {
+					logRefusedOutcome(log, snap, ev, err)
+				}
 				return res, false, err
 			}
 			began = time.Now()
@@ -772,7 +774,27 @@ func (w *Worker) checkOutcome(ctx context.Context, ev *statestore.RunEventWrite)
 	if err != nil {
 		return nil, nil
 	}
-	return snap, statestore.CheckTransition(snap, ev)
+	if err := statestore.CheckTransition(snap, ev); err != nil {
+		return w.confirmRefusal(ctx, ev)
+	}
+	return snap, nil
+}
+
+// confirmRefusal decides an outcome that a read of the run refused again,
+// on a read that sees every append before it: a refused outcome is
+// dropped (the log's is reported instead, and the task may be offered and
+// run again), while a read may lag the log (a JetStream replica behind its
+// leader answers it, as during a leader election, and the step's own
+// StepStarted may have just been put in the log by the outbox). It returns
+// INVALID_TRANSITION only on that read; a read that fails is the store's
+// trouble (STORE_UNAVAILABLE), and the outcome is kept, not dropped.
+func (w *Worker) confirmRefusal(ctx context.Context, ev *statestore.RunEventWrite) (*statestore.RunSnapshot, error) {
+	latest, err := w.runs.ProjectSnapshot(statestore.WithLatest(ctx), ev.RunID)
+	if err != nil {
+		return nil, &statestore.Error{Code: statestore.CodeStoreUnavailable,
+			Message: "the run's state could not be read to confirm that it refuses the step's " + ev.EventType, Err: err}
+	}
+	return latest, statestore.CheckTransition(latest, ev)
 }
 
 // logRefusedOutcome logs an outcome the run's state refused (err): as
