@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
+	"github.com/conductor-sidecar/sidecar/taskworkers/artifacts"
 	"github.com/conductor-sidecar/sidecar/taskworkers/exec"
 )
 
@@ -329,4 +331,31 @@ func atoi(s string) int {
 		n = n*10 + int(c-'0')
 	}
 	return n
+}
+
+// TestCommand_StoreOutageShorterThanStoreTimeout: a command that finished
+// while the artifact store does not answer (a NATS leader election, a
+// quorum lost for a while) keeps trying to store its output, each try
+// bounded, until StoreTimeout: an outage shorter than that costs a delay,
+// not a second run of the command (its task handed back and run again).
+func TestCommand_StoreOutageShorterThanStoreTimeout(t *testing.T) {
+	_, srv := natstest.Start(t)
+	js, deaf := natstest.ConnectDeaf(t, srv)
+	st, err := artifacts.Open(context.Background(), js, artifacts.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := newRegistry(t, st, exec.Options{StoreTimeout: time.Minute})
+	deaf.Store(true) // requests the server never gets: no answer comes
+	go func() {
+		time.Sleep(3 * time.Second)
+		deaf.Store(false)
+	}()
+	res, err := reg.Execute(context.Background(), execution(t, sh("echo hi")))
+	if err != nil {
+		t.Fatalf("the store answered again 3 s into a 1 minute StoreTimeout: %v", err)
+	}
+	if len(res.Artifacts) == 0 || res.Artifacts[0].Kind != exec.KindStdout || res.Artifacts[0].SizeBytes != 3 {
+		t.Fatalf("artifacts %+v, want the stdout stored", res.Artifacts)
+	}
 }

@@ -22,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
@@ -43,7 +44,7 @@ const (
 	DefaultKillGrace       = 10 * time.Second
 	DefaultMaxCaptureBytes = 1 << 20
 	DefaultHTTPTimeout     = 30 * time.Second
-	DefaultStoreTimeout    = 30 * time.Second
+	DefaultStoreTimeout    = 90 * time.Second
 )
 
 // ArtifactStore keeps a step's outputs. *artifacts.Store implements it.
@@ -73,9 +74,11 @@ type Options struct {
 	// HTTPTimeout bounds a request when the step has no deadline (default
 	// 30s). With a step timeout, the step's deadline applies instead.
 	HTTPTimeout time.Duration
-	// StoreTimeout bounds storing a step's artifacts. Storing uses its own
-	// context so that the output of a timed-out or cancelled step is still
-	// kept (default 30s).
+	// StoreTimeout bounds storing a step's artifacts, each try 5 s, tried
+	// again with a backoff until then. Storing uses its own context so
+	// that the output of a timed-out or cancelled step is still kept
+	// (default 90s: within the 120 s a step's task gives the worker after
+	// the step's timeout, plan.ResponseTimeoutGraceSeconds).
 	StoreTimeout time.Duration
 	// BaseEnv returns the environment a command starts from, before the
 	// spec's Env and the secrets are added (default
@@ -197,8 +200,15 @@ func (b base) logger(x taskworkers.Execution) *zap.Logger {
 		zap.String("executor", x.Spec.Type))
 }
 
+// storeTryTimeout bounds one try of storing an artifact: a store that
+// does not answer a try (a NATS leader election, a request lost with a
+// node) is tried again, within StoreTimeout.
+const storeTryTimeout = 5 * time.Second
+
 // store keeps data as the artifact name/kind of x's try. It uses its own
-// context: the step's may be done already.
+// context: the step's may be done already. A try that fails is repeated,
+// with a backoff, until StoreTimeout: the step has run, and a store that
+// answers again within it costs a delay, not a second run of the step.
 func (b base) store(ctx context.Context, x taskworkers.Execution, kind string, data []byte) (statestore.ArtifactRef, bool, error) {
 	if b.opts.Artifacts == nil {
 		return statestore.ArtifactRef{}, false, nil
@@ -207,9 +217,19 @@ func (b base) store(ctx context.Context, x taskworkers.Execution, kind string, d
 	defer cancel()
 	key := artifacts.Key{RunID: x.RunID, StepID: x.StepID, LogicalAttemptID: x.LogicalAttemptID,
 		EngineAttemptID: x.EngineAttemptID, Name: kind}
-	ref, err := b.opts.Artifacts.Put(sctx, key, kind, bytes.NewReader(data))
+	tries := 0
+	ref, err := backoff.Retry(sctx, func() (statestore.ArtifactRef, error) {
+		tries++
+		tctx, cancel := context.WithTimeout(sctx, storeTryTimeout)
+		defer cancel()
+		return b.opts.Artifacts.Put(tctx, key, kind, bytes.NewReader(data))
+	}, backoff.WithBackOff(&backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 5 * time.Second}),
+		backoff.WithMaxElapsedTime(b.opts.StoreTimeout))
 	if err != nil {
-		return statestore.ArtifactRef{}, false, fmt.Errorf("store %s artifact: %w", kind, err)
+		return statestore.ArtifactRef{}, false, fmt.Errorf("store %s artifact (%d tries in %s): %w", kind, tries, b.opts.StoreTimeout, err)
+	}
+	if tries > 1 {
+		b.logger(x).Info("stored the step's output after the artifact store answered again", zap.String("kind", kind), zap.Int("tries", tries))
 	}
 	return ref, true, nil
 }
