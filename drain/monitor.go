@@ -38,7 +38,7 @@ func (c *Controller) Open(ctx context.Context) error {
 	// A resume that fell due while no sidecar ran is carried out now (a
 	// staggered one by the pacer, at the stagger's rate).
 	c.readSchedule(ctx)
-	paced := make(chan struct{})
+	paced, indexed := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(paced)
 		if c.opts.Schedule != nil {
@@ -46,9 +46,14 @@ func (c *Controller) Open(ctx context.Context) error {
 		}
 	}()
 	go func() {
+		defer close(indexed)
+		c.indexLoop(ctx)
+	}()
+	go func() {
 		defer close(done)
 		c.loop(ctx)
 		<-paced
+		<-indexed
 	}()
 	return nil
 }
@@ -85,15 +90,15 @@ func (c *Controller) Nudge(runID string) {
 	}
 }
 
-// loop checks the watched runs every Interval, reads the drain index
-// every IndexInterval, and takes the next share of its full pass over the
-// active runs; while checks fail (the store or the run index does not
-// answer) it waits twice as long each time, up to MaxScanBackoff.
+// loop checks the watched runs every Interval and takes the next share of
+// its full pass over the active runs; while checks fail (the store or the
+// run index does not answer) it waits twice as long each time, up to
+// MaxScanBackoff. A full pass that cannot list the runs does not hold the
+// checks of the watched ones back.
 func (c *Controller) loop(ctx context.Context) {
 	wait := c.opts.Interval
 	t := time.NewTimer(wait)
 	defer t.Stop()
-	lastIndex := time.Now()
 	var pass fullPass
 	if c.opts.Drains == nil {
 		pass.due = time.Now().Add(c.opts.FullScanInterval) // Open made one
@@ -105,21 +110,41 @@ func (c *Controller) loop(ctx context.Context) {
 		case runID := <-c.nudge:
 			c.Check(ctx, runID)
 		case <-t.C:
-			ok := true
-			if (c.opts.Drains != nil || c.opts.Schedule != nil) && time.Since(lastIndex) >= c.opts.IndexInterval {
-				if ok = (c.opts.Drains == nil || c.readIndex(ctx)) && c.readSchedule(ctx); ok {
-					lastIndex = time.Now()
-				}
-			}
-			ok = ok && c.passStep(ctx, &pass)
-			ok = ok && c.checkWatched(ctx)
-			if ok {
+			passed := c.passStep(ctx, &pass)
+			if c.checkWatched(ctx) && passed {
 				wait = c.opts.Interval
 			} else {
 				wait = min(2*wait, MaxScanBackoff)
 			}
 			t.Reset(wait)
 		}
+	}
+}
+
+// indexLoop reads the drain index and the scheduled resumes every
+// IndexInterval, apart from loop: a listing that hangs (a bucket whose
+// NATS leader just died, until ListTimeout) holds up neither the checks
+// of the watched runs nor the full pass. While a read fails it waits twice
+// as long each time, up to MaxScanBackoff.
+func (c *Controller) indexLoop(ctx context.Context) {
+	if c.opts.Drains == nil && c.opts.Schedule == nil {
+		return
+	}
+	wait := c.opts.IndexInterval
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if (c.opts.Drains == nil || c.readIndex(ctx)) && c.readSchedule(ctx) {
+			wait = c.opts.IndexInterval
+		} else {
+			wait = min(2*wait, max(MaxScanBackoff, c.opts.IndexInterval))
+		}
+		t.Reset(wait)
 	}
 }
 
