@@ -348,7 +348,10 @@ type pausing struct {
 	runID, wf string
 	req       PauseRequest
 	snap      *statestore.RunSnapshot // the run after the log part
-	cycle     int64
+	// recorded is the run as the pause's RunPaused left it (nil: not
+	// derived), the answer when the log cannot be read after the pause.
+	recorded *statestore.RunSnapshot
+	cycle    int64
 	// already: the run was paused before; nothing was recorded.
 	already bool
 	// drained: the pause found nothing in flight and ended its drain
@@ -398,7 +401,8 @@ func (c *Controller) pauseLog(ctx context.Context, runID string, req PauseReques
 	if !req.ResumeAt.IsZero() {
 		c.schedule(ctx, runID, cycle, req.ResumeAt)
 	}
-	p.drained = len(snap.InFlight()) == 0 && !c.adopted(snap) && c.endEmptyDrain(ctx, runID, cycle, appended(snap, paused, res))
+	p.recorded = appended(snap, paused, res)
+	p.drained = len(snap.InFlight()) == 0 && !c.adopted(snap) && c.endEmptyDrain(ctx, runID, cycle, p.recorded)
 	if !p.drained && !c.adopted(snap) {
 		c.watchDrain(ctx, runID, cycle, len(snap.InFlight()), timeout)
 	}
@@ -453,7 +457,7 @@ func (c *Controller) pauseEngine(ctx context.Context, p *pausing, engineErr erro
 	if !p.drained {
 		c.Nudge(p.runID)
 	}
-	return c.answer(ctx, p.runID, after, engineErr)
+	return c.answer(ctx, p.runID, after, p.recorded, engineErr)
 }
 
 // adopted reports whether snap's run is an adopted workflow's.
@@ -601,6 +605,8 @@ func (c *Controller) Resume(ctx context.Context, runID string, req ResumeRequest
 type resuming struct {
 	runID, wf string
 	snap      *statestore.RunSnapshot // the run before RunResumed
+	// recorded is the run as the RunResumed left it (nil: not derived).
+	recorded *statestore.RunSnapshot
 	// again: the run was resumed before (RunResumed is in the log);
 	// Conductor's workflow is resumed again.
 	again bool
@@ -612,8 +618,9 @@ type resuming struct {
 // again.
 func (c *Controller) resumeLog(ctx context.Context, runID string, req ResumeRequest) (*resuming, error) {
 	var r *resuming
-	_, _, err := statestore.Fenced(ctx, knownRuns{c.snaps}, c.emit, runID, func(snap *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
-		r = &resuming{runID: runID, wf: workflowOf(snap), snap: snap}
+	var resumed *statestore.RunEventWrite
+	_, res, err := statestore.Fenced(ctx, knownRuns{c.snaps}, c.emit, runID, func(snap *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+		r, resumed = &resuming{runID: runID, wf: workflowOf(snap), snap: snap}, nil
 		if cancelInProgress(snap) {
 			return nil, cancelWins(snap, statestore.RunResumed)
 		}
@@ -634,7 +641,9 @@ func (c *Controller) resumeLog(ctx context.Context, runID string, req ResumeRequ
 				Message: fmt.Sprintf("step %s failed and is held (onStepFailure: pause): retry it first, or cancel the run", strings.Join(held, ", ")),
 				Meta:    map[string]string{"actualState": snap.Status, "attemptedEventType": statestore.RunResumed, "heldSteps": strings.Join(held, ",")}}
 		}
-		return runEvent(snap, resumedPayload(req), snap.Pause.Cycle, c.opts.Now)
+		w, err := runEvent(snap, resumedPayload(req), snap.Pause.Cycle, c.opts.Now)
+		resumed = w
+		return w, err
 	})
 	if err != nil {
 		return nil, err
@@ -642,6 +651,7 @@ func (c *Controller) resumeLog(ctx context.Context, runID string, req ResumeRequ
 	if r.again {
 		return r, nil
 	}
+	r.recorded = appended(r.snap, resumed, res)
 	if r.snap.Substatus == statestore.SubstatusDraining {
 		c.opts.Metrics.drainEnded("resumed", c.waited(r.snap))
 	}
@@ -674,7 +684,7 @@ func (c *Controller) resumeEngine(ctx context.Context, r *resuming, err error) (
 	if r.again {
 		return c.withEngine(r.snap, engineErr)
 	}
-	return c.answer(ctx, r.runID, after, engineErr)
+	return c.answer(ctx, r.runID, after, r.recorded, engineErr)
 }
 
 // Cancel cancels a run that is not terminal: RunCancelRequested (from then
@@ -1020,12 +1030,20 @@ func (c *Controller) withEngine(snap *statestore.RunSnapshot, engineErr error) (
 
 // answer is the state a request that reached Conductor returns: from
 // snap, the state settle left the run in, or read now when settle read
-// none.
-func (c *Controller) answer(ctx context.Context, runID string, snap *statestore.RunSnapshot, engineErr error) (*State, error) {
+// none; when that read fails too, from recorded, the state the request's
+// own event left the run in, with a notice (nil: the read's error).
+func (c *Controller) answer(ctx context.Context, runID string, snap, recorded *statestore.RunSnapshot, engineErr error) (*State, error) {
 	if snap == nil {
 		var err error
 		if snap, err = c.snapshot(ctx, runID); err != nil {
-			return nil, err
+			if recorded == nil {
+				return nil, err
+			}
+			// The request's event is in the log: answer what it did,
+			// not STORE_UNAVAILABLE as if it had not happened.
+			st, engineErr := c.withEngine(recorded, engineErr)
+			st.Notice = "recorded; the run's state could not be read after it (" + err.Error() + "): this is the state the request left it in"
+			return st, engineErr
 		}
 	}
 	return c.withEngine(snap, engineErr)
