@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -29,20 +30,68 @@ func checkClusterSize(nc *nats.Conn, replicas int) error {
 	return nil
 }
 
-// reportReplicas warns, once at start, about every stream of the sidecar
-// whose replica count is not replicas: it was created before, with
-// another --nats-replicas, and serve never updates a stream (its NATS user
-// may not). The warning carries the command that fixes it.
+// reportReplicas warns, once at start, when streams of the sidecar have
+// another replica count than replicas (replicaMismatch): they were
+// created before, with another --nats-replicas, and serve never updates a
+// stream (its NATS user may not).
 func reportReplicas(ctx context.Context, js jetstream.JetStream, replicas int, streams []string, log *zap.Logger) {
+	have := make([]streamReplicas, 0, len(streams))
 	for _, name := range streams {
 		st, err := js.Stream(ctx, name)
 		if err != nil {
 			continue // NewGuard and Store.Check report missing streams
 		}
-		if have := st.CachedInfo().Config.Replicas; have != replicas {
-			log.Warn("a stream of the sidecar has another replica count than --nats-replicas; change it as the NATS admin user",
-				zap.String("stream", name), zap.Int("replicas", have), zap.Int("want", replicas),
-				zap.String("fix", fmt.Sprintf("nats stream edit %s --replicas %d", name, replicas)))
+		have = append(have, streamReplicas{name, st.CachedInfo().Config.Replicas})
+	}
+	for _, w := range replicaMismatch(have, replicas) {
+		log.Warn(w.msg, zap.Strings("streams", w.streams), zap.Int("want", replicas), zap.String("fix", w.fix))
+	}
+}
+
+// streamReplicas is a stream's name and replica count.
+type streamReplicas struct {
+	name     string
+	replicas int
+}
+
+// replicaWarning is one warning of replicaMismatch.
+type replicaWarning struct {
+	msg, fix string
+	streams  []string
+}
+
+// replicaMismatch is what to warn about streams whose replica count is
+// not replicas, one warning for all of a kind, with the safe fix. Streams
+// with more copies than asked are the deployment's (another replica's
+// --nats-replicas, or an admin's): this replica's flag is what to
+// change, since lowering the streams would keep fewer copies of the log.
+// Streams with fewer are raised by the NATS admin user.
+func replicaMismatch(have []streamReplicas, replicas int) []replicaWarning {
+	var more, fewer replicaWarning
+	most := 0
+	for _, s := range have {
+		switch {
+		case s.replicas > replicas:
+			more.streams = append(more.streams, fmt.Sprintf("%s=%d", s.name, s.replicas))
+			most = max(most, s.replicas)
+		case s.replicas < replicas:
+			fewer.streams = append(fewer.streams, s.name)
 		}
 	}
+	var out []replicaWarning
+	if len(more.streams) > 0 {
+		more.msg = "streams of the sidecar keep more copies than --nats-replicas: give this replica the --nats-replicas the others have; lowering the streams' replicas would keep fewer copies of the log"
+		more.fix = fmt.Sprintf("--nats-replicas %d", most)
+		out = append(out, more)
+	}
+	if len(fewer.streams) > 0 {
+		fixes := make([]string, len(fewer.streams))
+		for i, name := range fewer.streams {
+			fixes[i] = fmt.Sprintf("nats stream edit %s --replicas %d", name, replicas)
+		}
+		fewer.msg = "streams of the sidecar keep fewer copies than --nats-replicas; raise them as the NATS admin user"
+		fewer.fix = strings.Join(fixes, "; ")
+		out = append(out, fewer)
+	}
+	return out
 }
