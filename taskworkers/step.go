@@ -823,7 +823,10 @@ func logRefusedOutcome(log *zap.Logger, snap *statestore.RunSnapshot, ev *states
 // handed back and gated again when it returns.
 func (w *Worker) reportLogged(t *model.Task, log *zap.Logger, a *Assignment, engine, logical int64) {
 	w.opts.Metrics.stepRefused(a.Step.Executor.Type)
-	snap, err := w.runs.ProjectSnapshot(w.workCtx, a.RunID)
+	// On a read that sees every append, as the refusal was decided
+	// (confirmRefusal): one that lags the log may not show the outcome
+	// the step's own was refused for.
+	snap, err := w.runs.ProjectSnapshot(statestore.WithLatest(w.workCtx), a.RunID)
 	if err != nil {
 		w.handBack(t, w.opts.HandBackAfter, "state unavailable")
 		return
