@@ -257,6 +257,13 @@ func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption b
 		return nil, false, nil // an empty or oversized reference name: not a step of the log
 	}
 	engine := int64(t.RetryCount) + 1
+	// The step's logical attempt in the log: 1, or the operator's retry
+	// of a held step (RETRY_STEP), whose task Conductor ran, or was
+	// ended by hand, as that attempt.
+	logical := int64(1)
+	if st != nil {
+		logical = st.LogicalAttemptID
+	}
 	ref := statestore.RunRef{RunID: rec.RunID, TenantID: rec.TenantID, ProjectID: rec.ProjectID,
 		EnvironmentID: rec.EnvironmentID, PlanID: rec.PlanID, PlanVersion: rec.PlanVersion}
 	add := func(p statestore.Payload) {
@@ -264,7 +271,7 @@ func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption b
 			return
 		}
 		var ev *statestore.RunEventWrite
-		if ev, err = statestore.NewEvent(ref, p.EventType(), stepID, engine, 1, p); err == nil {
+		if ev, err = statestore.NewEvent(ref, p.EventType(), stepID, engine, logical, p); err == nil {
 			evs = append(evs, ev)
 		}
 	}

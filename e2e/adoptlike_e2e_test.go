@@ -444,3 +444,59 @@ func TestE2E_AdoptOnDemandWhileConductorIsAway(t *testing.T) {
 		t.Fatalf("status of an unknown workflow id while Conductor is away: exit %d %s, want exit %d ENGINE_UNAVAILABLE", code, errOut, sidecartest.ExitUnavailable)
 	}
 }
+
+// TestE2E_AdoptHeldStepCompletedInConductor: an adopted run's held step
+// whose task is completed by hand in Conductor, then retried and resumed:
+// no worker runs the retried attempt, so it is recorded as Conductor
+// completed it (logical attempt 2, naming the task) once the run runs
+// again, before the run's end.
+func TestE2E_AdoptHeldStepCompletedInConductor(t *testing.T) {
+	w := sdkWorkerFor(t, "python")
+	condURL := conductortest.URL(t)
+	taskType := uniq("adopt_heldhand")
+	name := uniq("adopt_heldhand")
+	flaky := simpleTask("flaky", taskType, 0)
+	flaky["inputParameters"].(map[string]any)["failOnceFile"] = filepath.Join(t.TempDir(), "failed-once")
+	registerDef(t, condURL, name, []map[string]any{flaky, simpleTask("after", taskType, 0)})
+	proxyAddr := sidecartest.FreeAddr(t)
+	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--conductor-proxy-listen", proxyAddr, "--adopt", name,
+		"--adopt-interval", "300ms", "--adopt-on-step-failure", "pause")
+	w.start(t, "http://"+proxyAddr+"/api", taskType, "", 1)
+	runID := startWorkflow(t, condURL, name, "", map[string]any{})
+	sidecartest.WaitFor(t, "flaky to fail and the run to pause", 120*time.Second, func() bool {
+		evs := eventsOf(t, p, runID)
+		return eventIndex(evs, statestore.StepFailed, "flaky", 0) >= 0 && eventIndex(evs, statestore.RunPaused, "", 0) >= 0
+	})
+	var held conductorTask
+	sidecartest.WaitFor(t, "the workflow paused in Conductor with flaky's task held", 60*time.Second, func() bool {
+		wf, err := readConductorWorkflow(t, runID)
+		if err != nil || wf.Status != "PAUSED" {
+			return false
+		}
+		for _, tk := range wf.Tasks {
+			if tk.ReferenceTaskName == "flaky" && (tk.Status == "SCHEDULED" || tk.Status == "IN_PROGRESS") {
+				held = tk
+				return true
+			}
+		}
+		return false
+	})
+	conductorCall(t, http.MethodPost, "/tasks", `{"taskId":"`+held.TaskID+`","workflowInstanceId":"`+runID+`","status":"COMPLETED","outputData":{"byHand":true}}`)
+	if _, err := p.client.RetryStep(t.Context(), runID, "flaky", "completed by hand"); err != nil {
+		t.Fatalf("RETRY_STEP: %v", err)
+	}
+	if _, err := p.client.Resume(t.Context(), runID); err != nil {
+		t.Fatal(err)
+	}
+	v := waitTerminal(t, p, runID, 180*time.Second)
+	evs := allEvents(t, p, runID)
+	t.Logf("log: %v", stepTypes(evs))
+	if v.Status != statestore.RunStatusCompleted || v.Step("flaky") == nil || v.Step("flaky").Status != statestore.StepStatusSuccess {
+		t.Fatalf("run %s, flaky %+v; want COMPLETED with flaky SUCCESS (completed in Conductor)\n%v", v.Status, v.Step("flaky"), stepTypes(evs))
+	}
+	validLog(t, evs)
+	i := eventIndex(evs, statestore.StepCompleted, "flaky", 2)
+	if eventIndex(evs, statestore.StepStarted, "flaky", 2) < 0 || i < 0 || !strings.Contains(string(evs[i].Payload), held.TaskID) {
+		t.Fatalf("want flaky's logical attempt 2 started and completed as Conductor did, naming task %s\n%v", held.TaskID, stepTypes(evs))
+	}
+}
