@@ -334,8 +334,11 @@ func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption b
 			// watch) is decided at resume. Recorded then, or as retried.
 			return nil, false, nil
 		}
-		if status == "CANCELED" && !started {
-			return nil, false, nil // never ran
+		if status == "CANCELED" && !started && !(controlTaskTypes[t.TaskType] && t.StartTime > 0) {
+			// Never ran. A control task is recorded once it ends, so
+			// one canceled with its workflow (a loop, a JOIN, a WAIT
+			// under way: it has a start time) ran.
+			return nil, false, nil
 		}
 		start()
 		msg := t.ReasonForIncompletion

@@ -131,6 +131,9 @@ func TestTaskEvents(t *testing.T) {
 		{"skipped", model.Task{TaskType: "HTTP", Status: "SKIPPED"}, nil, false, "StepSkipped", false, false, false},
 		{"canceled before it ran", model.Task{TaskType: "HTTP", Status: "CANCELED"}, nil, false, "", false, false, false},
 		{"canceled while running", model.Task{TaskType: "HTTP", Status: "CANCELED"}, running, false, "StepFailed", false, false, false},
+		// A control task is recorded once it ends: one canceled with its
+		// workflow (a loop, a JOIN, a WAIT under way) ran.
+		{"loop canceled with its workflow", model.Task{TaskType: "DO_WHILE", Status: "CANCELED"}, nil, false, "StepStarted,StepFailed", false, false, true},
 		{"worker task in progress is the proxy's", model.Task{TaskType: "resize", Status: "IN_PROGRESS"}, nil, false, "", false, false, false},
 		{"worker task in progress at adoption", model.Task{TaskType: "resize", Status: "IN_PROGRESS"}, nil, true, "StepStarted", true, false, false},
 		{"worker task completed before adoption", model.Task{TaskType: "resize", Status: "COMPLETED"}, nil, true, "StepStarted,StepCompleted", false, false, false},
@@ -185,6 +188,19 @@ func TestTaskEvents(t *testing.T) {
 				}
 			}
 		})
+	}
+	// A control task canceled before it started did not run.
+	unstarted := model.Task{TaskType: "DO_WHILE", Status: "CANCELED", ReferenceTaskName: "loop", TaskId: "t8"}
+	if evs, _, err := taskEvents(rec, &unstarted, nil, false, model.TerminatedWorkflow); err != nil || len(evs) != 0 {
+		t.Fatalf("a loop canceled before it started: %s %v, want nothing", types(evs), err)
+	}
+	// A held step retried (logical attempt 2) whose task Conductor shows
+	// ended (completed by hand) is recorded as that attempt.
+	retried := &statestore.StepSnapshot{Status: statestore.StepStatusPending, LogicalAttemptID: 2, RetryRequested: true}
+	byHand := model.Task{TaskType: "resize", Status: "COMPLETED", ReferenceTaskName: "flaky", TaskId: "t7", StartTime: 1_700_000_000_000, EndTime: 1_700_000_002_000}
+	if evs, _, err := taskEvents(rec, &byHand, retried, false, model.RunningWorkflow); err != nil || types(evs) != "StepStarted,StepCompleted" ||
+		evs[0].LogicalAttemptID != 2 || evs[1].LogicalAttemptID != 2 {
+		t.Fatalf("a retried held step completed by hand: %s %v, want StepStarted and StepCompleted of logical attempt 2", types(evs), err)
 	}
 	// The engine attempt is Conductor's retryCount + 1; times are Conductor's.
 	task := model.Task{TaskType: "HTTP", Status: "COMPLETED", ReferenceTaskName: "call", RetryCount: 2, TaskId: "t9", StartTime: 1_700_000_000_000, EndTime: 1_700_000_002_000}

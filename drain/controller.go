@@ -769,6 +769,20 @@ func (c *Controller) cancelEngine(ctx context.Context, cl *cancelling, err error
 			c.logger.Info("interrupted running steps of a cancelled run", zap.String("runId", runID), zap.Int("steps", n))
 		}
 	}
+	if c.opts.Adopted != nil && c.opts.Adopted.Adopts(runID, cl.wf) {
+		// Conductor ended an adopted run's tasks as it terminated the
+		// workflow (its system tasks and its outside workers' tasks): the
+		// log has them only from a read, and no read follows a run once
+		// it ended. Recorded before RunCancelled, as the watcher does
+		// before a run's end, so that the ended run keeps no step in
+		// flight. A read that fails leaves them as they are.
+		sctx, cancel := context.WithTimeout(ctx, adoptedReadTimeout)
+		if err := c.opts.Adopted.SyncEngineTasks(sctx, runID); err != nil {
+			c.logger.Warn("could not read the cancelled adopted run's tasks from Conductor; steps it ended may stay in flight in the log",
+				zap.String("runId", runID), zap.Error(err))
+		}
+		cancel()
+	}
 	// RunCancelled is decided on the run as RunCancelRequested left it
 	// and appended on that runSeq; whatever landed since (the run
 	// watcher's RunCancelled, a step's event) makes the fence read the

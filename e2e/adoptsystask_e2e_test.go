@@ -160,3 +160,56 @@ func TestE2E_AdoptPauseWaitsForConductorsHTTPCalls(t *testing.T) {
 		}
 	}
 }
+
+// TestE2E_AdoptCancelRecordsTheTasksEnds: a cancel through the sidecar of
+// an adopted run whose HTTP task's call is under way (a task Conductor
+// runs itself) records the task's end as Conductor has it after its
+// terminate before RunCancelled: the ended run keeps no step in flight,
+// as when the workflow is terminated in Conductor.
+func TestE2E_AdoptCancelRecordsTheTasksEnds(t *testing.T) {
+	t.Parallel() // its own serve, data dir and definition
+	condURL := conductortest.URL(t)
+	arrived, release := make(chan struct{}, 1), make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		select {
+		case arrived <- struct{}{}:
+		default:
+		}
+		<-release
+		rw.Header().Set("Content-Type", "application/json")
+		_, _ = rw.Write([]byte(`{"done":true}`))
+	}))
+	defer srv.Close()
+	defer close(release)
+	name := uniq("adopt_cancel_http")
+	registerDef(t, condURL, name, []map[string]any{{"name": "call", "taskReferenceName": "call", "type": "HTTP", "inputParameters": map[string]any{
+		"http_request": map[string]any{"uri": srv.URL + "/call", "method": "GET", "connectionTimeOut": 3000, "readTimeOut": 120000}}}})
+	p := newProc(sidecartest.Start(t, sidecartest.Options{ConductorURL: condURL, DataDir: t.TempDir(), Addr: sidecartest.FreeAddr(t),
+		Args: []string{"--adopt", name, "--adopt-interval", "300ms"}}))
+	runID := startWorkflow(t, condURL, name, "", map[string]any{})
+	select {
+	case <-arrived:
+	case <-time.After(90 * time.Second):
+		t.Fatal("Conductor never made the call")
+	}
+	sidecartest.WaitFor(t, "the call in flight in the log", 60*time.Second, func() bool {
+		return eventIndex(eventsOf(t, p, runID), statestore.StepStarted, "call", 0) >= 0
+	})
+	v, err := p.client.Cancel(t.Context(), runID, "operator")
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := allEvents(t, p, runID)
+	if v.Status != statestore.RunStatusCancelled || len(v.InFlight()) > 0 {
+		t.Fatalf("cancel answered %s with %v in flight; want CANCELLED with no step in flight\n%v", v.Status, v.InFlight(), stepTypes(evs))
+	}
+	end, cancelled := -1, eventIndex(evs, statestore.RunCancelled, "", 0)
+	for _, et := range []string{statestore.StepFailed, statestore.StepCompleted} {
+		if i := eventIndex(evs, et, "call", 0); i >= 0 {
+			end = i
+		}
+	}
+	if end < 0 || end > cancelled {
+		t.Fatalf("want the call's end as Conductor has it before RunCancelled\n%v", stepTypes(evs))
+	}
+}
