@@ -66,6 +66,31 @@ func (w *Watcher) settlePlan(ctx context.Context, rec *Run, snap *statestore.Run
 	return err
 }
 
+// SettleTasks records what the log lacks of Conductor's end of plan run
+// runID's tasks (drain.PlanTasks): a cancel through the sidecar calls it
+// once Conductor terminated the workflow, before RunCancelled, so that a
+// step Conductor ended then (CANCELED: an outside worker's, or one of a
+// worker on another replica) does not stay in flight in the ended run.
+// An adopted run, or one the index does not know, records nothing.
+func (w *Watcher) SettleTasks(ctx context.Context, runID string) error {
+	rec, _, err := w.runs.get(ctx, runID)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if rec.IsAdopted() || rec.WorkflowID == "" {
+		return nil
+	}
+	wf, err := w.conductor.WorkflowTasks(ctx, rec.WorkflowID)
+	if err != nil {
+		return err
+	}
+	_, err = w.settleTasks(ctx, rec, nil, wf.Tasks, "")
+	return err
+}
+
 // SettleRetriedStep records, at a RETRY_STEP of plan run runID's held step
 // stepID (drain.HeldTasks), what Conductor made of the step's task that
 // the log lacks. A held task completed in Conductor by hand is never
@@ -191,7 +216,8 @@ func (w *Watcher) mayNeedSettling(ctx context.Context, rec *Run, snap *statestor
 
 // endedInConductor is the event that records step stepID's task t as
 // Conductor ended it, or nil when the log has nothing to add: t ended
-// (not retried) while the log has the step in flight, t was skipped
+// (not retried), or was CANCELED with its workflow, while the log has the
+// step in flight, t was skipped
 // while the log never started the step, or t was completed while the log
 // has the step's retry requested (a held task completed by hand: its
 // StepStarted first).
@@ -217,7 +243,7 @@ func endedInConductor(ref statestore.RunRef, s *statestore.RunSnapshot, stepID s
 	case status == "COMPLETED":
 		return statestore.NewEvent(ref, statestore.StepCompleted, stepID, engine, st.LogicalAttemptID,
 			statestore.StepCompletedPayload{EngineEndedAt: statestore.EngineTime(t.EndTime), EngineTaskID: t.TaskId})
-	case endedTask(status):
+	case endedTask(status), status == "CANCELED":
 		msg := t.ReasonForIncompletion
 		if msg == "" {
 			msg = "Conductor reported the task " + status

@@ -260,6 +260,23 @@ func TestWatcher_PlanTasksEndedInConductor(t *testing.T) {
 			t.Fatalf("snapshot %v, want a PENDING (its retry to run)", got)
 		}
 	})
+	t.Run("TerminatedWhileAStepRuns", func(t *testing.T) {
+		// a's worker (an outside worker, or a replica's that died) never
+		// reports: Conductor's CANCELED is the step's end.
+		run, _ := chain(t)
+		if err := r.Client().Terminate(ctx, run.WorkflowID, "terminated by hand"); err != nil {
+			t.Fatal(err)
+		}
+		waitStatus(t, r.Client(), run.WorkflowID, model.TerminatedWorkflow)
+		w.Nudge(run.RunID)
+		recs := waitFinal(t, env, r, run.RunID)
+		if got, want := strings.Join(eventTypes(recs), " "), "RunStarted StepStarted StepFailed RunFailed"; got != want {
+			t.Fatalf("log %s, want %s", got, want)
+		}
+		if !strings.Contains(string(recs[2].Payload), "ENGINE_TASK_CANCELED") {
+			t.Fatalf("StepFailed %s, want ENGINE_TASK_CANCELED", recs[2].Payload)
+		}
+	})
 	t.Run("FailedByHand", func(t *testing.T) {
 		run, task := chain(t)
 		if err := r.Client().UpdateTask(ctx, &model.TaskResult{TaskId: task.TaskId, WorkflowInstanceId: run.WorkflowID,

@@ -142,9 +142,11 @@ type Options struct {
 	// are brought into the log by a pause once Conductor's pause took
 	// effect, before its drain may end, and read back after a resume.
 	Adopted AdoptedRuns
-	// HeldTasks, when set, is asked at every RETRY_STEP what Conductor
-	// made of the held step's task meanwhile (adapter.Watcher).
-	HeldTasks HeldTasks
+	// PlanTasks, when set, records what Conductor made of a plan run's
+	// tasks that the log lacks (adapter.Watcher): at every RETRY_STEP,
+	// the held step's task; at a cancel, before RunCancelled, the tasks
+	// Conductor ended as it terminated the workflow.
+	PlanTasks PlanTasks
 	Logger    *zap.Logger
 	Metrics   *Metrics
 	Now       func() time.Time
@@ -169,19 +171,26 @@ type AdoptedRuns interface {
 	Resumed(runID string)
 }
 
-// HeldTasks is what the Controller needs to learn, at a RETRY_STEP, of a
-// held step's task in Conductor (adapter.Watcher implements it): an
-// operator may have completed it there by hand, and then no worker polls
-// it again to run the retried attempt.
-type HeldTasks interface {
+// PlanTasks is what the Controller needs to learn of a plan run's tasks
+// in Conductor (adapter.Watcher implements it). An operator may have
+// completed a held step's task there by hand, and then no worker polls it
+// again to run the retried attempt; a cancel's terminate ends tasks that
+// no worker of this process reports (an outside worker's that died, one
+// of another replica's worker).
+type PlanTasks interface {
 	// SettleRetriedStep records what the log lacks of Conductor's end of
 	// step stepID's task, the step's retry being requested, and reports
 	// whether it recorded anything.
 	SettleRetriedStep(ctx context.Context, runID, stepID string) (bool, error)
+	// SettleTasks records what the log lacks of Conductor's end of the
+	// run's tasks.
+	SettleTasks(ctx context.Context, runID string) error
 }
 
-// heldTaskReadTimeout bounds a RETRY_STEP's read of the held task.
-const heldTaskReadTimeout = 10 * time.Second
+// planTasksReadTimeout bounds a request's read of a run's tasks from
+// Conductor (a RETRY_STEP's of the held task, a cancel's before
+// RunCancelled).
+const planTasksReadTimeout = 10 * time.Second
 
 // Waker wakes the task workers' idle poll loops (taskworkers.Wakeup). Wake
 // must not block.
@@ -769,16 +778,23 @@ func (c *Controller) cancelEngine(ctx context.Context, cl *cancelling, err error
 			c.logger.Info("interrupted running steps of a cancelled run", zap.String("runId", runID), zap.Int("steps", n))
 		}
 	}
-	if c.opts.Adopted != nil && c.opts.Adopted.Adopts(runID, cl.wf) {
-		// Conductor ended an adopted run's tasks as it terminated the
-		// workflow (its system tasks and its outside workers' tasks): the
-		// log has them only from a read, and no read follows a run once
-		// it ended. Recorded before RunCancelled, as the watcher does
-		// before a run's end, so that the ended run keeps no step in
-		// flight. A read that fails leaves them as they are.
-		sctx, cancel := context.WithTimeout(ctx, adoptedReadTimeout)
-		if err := c.opts.Adopted.SyncEngineTasks(sctx, runID); err != nil {
-			c.logger.Warn("could not read the cancelled adopted run's tasks from Conductor; steps it ended may stay in flight in the log",
+	// Conductor ended the run's tasks as it terminated the workflow: an
+	// adopted run's system tasks and outside workers' tasks, a plan run's
+	// outside workers' steps and steps of other replicas' workers. No read
+	// follows a run once it ended, so they are read and recorded before
+	// RunCancelled, as the watcher does before a run's end, so that the
+	// ended run keeps no step in flight. A read that fails leaves them.
+	var settle func(context.Context, string) error
+	switch {
+	case c.opts.Adopted != nil && c.opts.Adopted.Adopts(runID, cl.wf):
+		settle = c.opts.Adopted.SyncEngineTasks
+	case c.opts.PlanTasks != nil:
+		settle = c.opts.PlanTasks.SettleTasks
+	}
+	if settle != nil {
+		sctx, cancel := context.WithTimeout(ctx, planTasksReadTimeout)
+		if err := settle(sctx, runID); err != nil {
+			c.logger.Warn("could not read the cancelled run's tasks from Conductor; steps it ended may stay in flight in the log",
 				zap.String("runId", runID), zap.Error(err))
 		}
 		cancel()
@@ -870,7 +886,7 @@ const maxRetryRaces = 8
 // while the run may still run it (not ended, no cancel requested).
 // The step's task is held by the workers, not failed: the request does
 // not depend on Conductor. Once it is recorded, the held task is read
-// back (Options.HeldTasks): a task completed in Conductor by hand makes
+// back (Options.PlanTasks): a task completed in Conductor by hand makes
 // the retried attempt the one Conductor completed. A read that fails is
 // logged, and a repeated RETRY_STEP reads again; the run watcher records
 // the same at the run's end.
@@ -924,14 +940,14 @@ func (c *Controller) RetryStep(ctx context.Context, runID, stepID string, req Re
 }
 
 // settleHeld reads back the task of snap's retried step stepID
-// (Options.HeldTasks) and returns the run as it is then: snap when
+// (Options.PlanTasks) and returns the run as it is then: snap when
 // nothing was recorded or the read failed.
 func (c *Controller) settleHeld(ctx context.Context, snap *statestore.RunSnapshot, stepID string) *statestore.RunSnapshot {
-	if c.opts.HeldTasks == nil {
+	if c.opts.PlanTasks == nil {
 		return snap
 	}
-	rctx, cancel := context.WithTimeout(ctx, heldTaskReadTimeout)
-	recorded, err := c.opts.HeldTasks.SettleRetriedStep(rctx, snap.RunID, stepID)
+	rctx, cancel := context.WithTimeout(ctx, planTasksReadTimeout)
+	recorded, err := c.opts.PlanTasks.SettleRetriedStep(rctx, snap.RunID, stepID)
 	cancel()
 	if err != nil {
 		c.logger.Warn("could not read the retried step's held task from Conductor; if it was ended there by hand, the run watcher records it at the run's end",

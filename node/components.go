@@ -271,7 +271,7 @@ func alone(m *membership.Members, joined time.Time) func() bool {
 func (n *Node) openDrain(ctx context.Context) error {
 	n.drain = drain.New(n.store, n.emitter, n.conductor, drain.Options{
 		DefaultTimeout: n.cfg.DrainTimeout, Interrupt: n.running.Interrupt, ActiveRuns: n.watcher.OpenRunIDs, Drains: n.pauseKeys, Ledger: n.pauseKeys, Schedule: n.pauseKeys,
-		Calls: n.pauseCalls, Owner: n.members, Waker: n.wakeup, Adopted: n.adoptedRuns(), HeldTasks: n.watcher, Logger: n.log, Metrics: drain.NewMetrics(n.reg),
+		Calls: n.pauseCalls, Owner: n.members, Waker: n.wakeup, Adopted: n.adoptedRuns(), PlanTasks: n.watcher, Logger: n.log, Metrics: drain.NewMetrics(n.reg),
 	})
 	n.add(part{name: "drain", close: n.drain.Close})
 	return n.drain.Open(ctx)
