@@ -317,3 +317,43 @@ func TestWorker_OnTaskDoneMayEndRun(t *testing.T) {
 		}
 	})
 }
+
+// TestWorker_AKeptOutcomeIsAnyReplicasToRecord: an outcome the store did
+// not take is kept on the Conductor task handed back, not only in the
+// memory of the worker that ran the step: another replica (here a worker
+// started after the first one stopped) that gets the task records and
+// reports it without running the step again, whether the run is paused or
+// not.
+func TestWorker_AKeptOutcomeIsAnyReplicasToRecord(t *testing.T) {
+	e := newBenchEnv(t)
+	sink := &failingSink{emit: e.emit, failType: statestore.StepCompleted}
+	sink.fail.Store(true)
+	ran := filepath.Join(t.TempDir(), "ran")
+	ids := e.startRunsWith(t, 1, plan.ExecutorSpec{Type: plan.ExecutorCommand, Argv: []string{"sh", "-c", `echo x >> "$RAN"`}, Env: map[string]string{"RAN": ran}}, plan.RetryPolicy{})
+	first := startWorker(t, e, sink)
+	deadline := time.Now().Add(30 * time.Second)
+	for sink.refused.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("StepCompleted was never attempted")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // its hand-back
+	if err := first.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	startWorker(t, e, e.emit) // another replica, with the store back
+	wf := e.waitCompleted(t, ids)[0]
+	runID, _ := wf.Input["runId"].(string)
+	recs, _ := e.store.Fetch(context.Background(), runID, 0, 0)
+	if countEvents(recs, statestore.StepCompleted) != 1 {
+		t.Fatalf("log %v, want one StepCompleted", eventTypesOf(recs))
+	}
+	out, err := os.ReadFile(ran)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(out), "x"); n != 1 {
+		t.Fatalf("the step ran %d times, want once: its outcome was kept on its task", n)
+	}
+}

@@ -51,6 +51,20 @@ func (w *Worker) handle(t *model.Task) {
 		w.reportHeldFailure(t, log, a, f)
 		return
 	}
+	if _, ok := t.OutputData[keptOutcomeKey]; ok {
+		// The step ran (here before a restart, or on another replica)
+		// and its outcome waited for the store on its task.
+		snap, err := w.runs.ProjectSnapshot(statestore.WithLatest(w.workCtx), a.RunID)
+		if err != nil {
+			w.handBack(t, w.opts.HandBackAfter, "state unavailable")
+			return
+		}
+		if k, ok := keptOutcomeOf(t, snap, a.Step.StepID); ok {
+			log.Info("recording the outcome kept on the task while the state store did not answer; the step is not run again")
+			w.finish(t, log, a, k.res, k.engine, k.logical, k.operatorAttempt, k.took, nil)
+			return
+		}
+	}
 
 	d, ok := w.begin(t, log, a, engine, logical)
 	if !ok {
@@ -622,7 +636,57 @@ func (w *Worker) keepOutcome(t *model.Task, log *zap.Logger, o keptOutcome, err 
 		log.Warn("the outcome could not be recorded within the write budget; the task is handed back and the outcome recorded when Conductor offers it again",
 			zap.String("code", CodeStoreUnavailable), zap.Error(err))
 	}
-	w.handBack(t, w.opts.HandBackAfter, "outcome not recorded")
+	// Kept on the task too: another replica, or this one restarted, that
+	// gets the task records it instead of running the step again.
+	w.report(t, log.With(zap.String("reason", "outcome not recorded")), &model.TaskResult{
+		Status: model.InProgressTask, CallbackAfterSeconds: max(int64(w.opts.HandBackAfter/time.Second), 1),
+		OutputData: map[string]any{keptOutcomeKey: taskOutcomeOf(o)},
+	}, true, true)
+}
+
+// keptOutcomeKey names the task output that holds an outcome the store
+// did not take (keepOutcome) on its task, handed back: a restart or
+// another replica that gets the task records and reports it instead of
+// running the step again. A retry is a new task and starts without it.
+const keptOutcomeKey = "sidecarKeptOutcome"
+
+// taskOutcome is a kept outcome on its task.
+type taskOutcome struct {
+	RetryCount      int32                    `json:"retryCount"`
+	EngineAttempt   int64                    `json:"engineAttemptId"`
+	LogicalAttempt  int64                    `json:"logicalAttemptId"`
+	OperatorAttempt bool                     `json:"operatorAttempt,omitempty"`
+	TookMs          int64                    `json:"tookMs"`
+	Artifacts       []statestore.ArtifactRef `json:"artifacts,omitempty"`
+	Output          map[string]any           `json:"output,omitempty"`
+	Error           *statestore.StepError    `json:"error,omitempty"`
+}
+
+func taskOutcomeOf(o keptOutcome) taskOutcome {
+	return taskOutcome{RetryCount: o.retryCount, EngineAttempt: o.engine, LogicalAttempt: o.logical, OperatorAttempt: o.operatorAttempt,
+		TookMs: o.took.Milliseconds(), Artifacts: o.res.Artifacts, Output: o.res.Output, Error: o.res.Err}
+}
+
+// keptOutcomeOf returns the outcome kept on t, if t carries one of its own
+// try whose step the log (snap) still has in flight at that attempt: an
+// outcome recorded since, or an attempt the log has moved past (an
+// operator's retry runs on the same task), is not used again.
+func keptOutcomeOf(t *model.Task, snap *statestore.RunSnapshot, stepID string) (keptOutcome, bool) {
+	v, ok := t.OutputData[keptOutcomeKey]
+	if !ok {
+		return keptOutcome{}, false
+	}
+	b, err := json.Marshal(v)
+	var o taskOutcome
+	if err != nil || json.Unmarshal(b, &o) != nil || o.RetryCount != t.RetryCount {
+		return keptOutcome{}, false
+	}
+	st := snapStep(snap, stepID)
+	if st == nil || st.Status != statestore.StepStatusRunning || st.LogicalAttemptID != o.LogicalAttempt || st.EngineAttemptID != o.EngineAttempt {
+		return keptOutcome{}, false
+	}
+	return keptOutcome{retryCount: o.RetryCount, res: Result{Artifacts: o.Artifacts, Output: o.Output, Err: o.Error},
+		engine: o.EngineAttempt, logical: o.LogicalAttempt, operatorAttempt: o.OperatorAttempt, took: time.Duration(o.TookMs) * time.Millisecond}, true
 }
 
 // hold keeps the task of a step that failed under onStepFailure "pause":
