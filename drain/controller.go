@@ -1058,14 +1058,27 @@ func (c *Controller) withEngine(snap *statestore.RunSnapshot, engineErr error) (
 	return st, nil
 }
 
+// answerReadTimeout bounds answer's read of a run whose state the
+// request's own event gives.
+const answerReadTimeout = 2 * time.Second
+
 // answer is the state a request that reached Conductor returns: from
 // snap, the state settle left the run in, or read now when settle read
 // none; when that read fails too, from recorded, the state the request's
 // own event left the run in, with a notice (nil: the read's error).
 func (c *Controller) answer(ctx context.Context, runID string, snap, recorded *statestore.RunSnapshot, engineErr error) (*State, error) {
 	if snap == nil {
+		rctx := ctx
+		if recorded != nil {
+			// The answer is known; a read that does not come at once
+			// (the store that settle could not read either) is not
+			// waited for long.
+			var cancel context.CancelFunc
+			rctx, cancel = context.WithTimeout(ctx, answerReadTimeout)
+			defer cancel()
+		}
 		var err error
-		if snap, err = c.snapshot(ctx, runID); err != nil {
+		if snap, err = c.snapshot(rctx, runID); err != nil {
 			if recorded == nil {
 				return nil, err
 			}
