@@ -357,22 +357,7 @@ func TestE2E_AdoptPausedInConductorBeforeItsFirstPoll(t *testing.T) {
 // Conductor. RETRY_STEP then RESUME run it again as logical attempt 2,
 // which completes, and so does the workflow, with a valid log.
 func TestE2E_AdoptRetryStep(t *testing.T) {
-	w := sdkWorkerFor(t, "python")
-	condURL := conductortest.URL(t)
-	taskType := uniq("adopt_retry")
-	name := uniq("adopt_retry")
-	flaky := simpleTask("flaky", taskType, 0)
-	flaky["inputParameters"].(map[string]any)["failOnceFile"] = filepath.Join(t.TempDir(), "failed-once")
-	registerDef(t, condURL, name, []map[string]any{flaky, simpleTask("after", taskType, 0)})
-	proxyAddr := sidecartest.FreeAddr(t)
-	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--conductor-proxy-listen", proxyAddr, "--adopt", name,
-		"--adopt-interval", "300ms", "--adopt-on-step-failure", "pause")
-	w.start(t, "http://"+proxyAddr+"/api", taskType, "", 1)
-	runID := startWorkflow(t, condURL, name, "", map[string]any{})
-	sidecartest.WaitFor(t, "flaky to fail and the run to pause", 120*time.Second, func() bool {
-		evs := eventsOf(t, p, runID)
-		return eventIndex(evs, statestore.StepFailed, "flaky", 0) >= 0 && eventIndex(evs, statestore.RunPaused, "", 0) >= 0
-	})
+	p, runID := heldAdoptedStep(t, "adopt_retry")
 	sidecartest.WaitFor(t, "the workflow to be paused in Conductor", 60*time.Second, func() bool {
 		return conductorStatus(t, runID) == "PAUSED"
 	})
@@ -395,6 +380,30 @@ func TestE2E_AdoptRetryStep(t *testing.T) {
 	if i := eventIndex(evs, statestore.StepFailed, "flaky", 1); !strings.Contains(string(evs[i].Payload), `"onStepFailure":"pause"`) {
 		t.Fatalf("StepFailed %s: want it held (onStepFailure pause)", evs[i].Payload)
 	}
+}
+
+// heldAdoptedStep starts serve adopting a definition of two SIMPLE tasks,
+// flaky and after, under --adopt-on-step-failure pause, the Python SDK's
+// worker through the proxy (flaky fails its first try), and a workflow of
+// it; it returns once flaky failed and the run paused, held.
+func heldAdoptedStep(t *testing.T, prefix string) (*proc, string) {
+	t.Helper()
+	w := sdkWorkerFor(t, "python")
+	condURL := conductortest.URL(t)
+	taskType, name := uniq(prefix), uniq(prefix)
+	flaky := simpleTask("flaky", taskType, 0)
+	flaky["inputParameters"].(map[string]any)["failOnceFile"] = filepath.Join(t.TempDir(), "failed-once")
+	registerDef(t, condURL, name, []map[string]any{flaky, simpleTask("after", taskType, 0)})
+	proxyAddr := sidecartest.FreeAddr(t)
+	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--conductor-proxy-listen", proxyAddr, "--adopt", name,
+		"--adopt-interval", "300ms", "--adopt-on-step-failure", "pause")
+	w.start(t, "http://"+proxyAddr+"/api", taskType, "", 1)
+	runID := startWorkflow(t, condURL, name, "", map[string]any{})
+	sidecartest.WaitFor(t, "flaky to fail and the run to pause", 120*time.Second, func() bool {
+		evs := eventsOf(t, p, runID)
+		return eventIndex(evs, statestore.StepFailed, "flaky", 0) >= 0 && eventIndex(evs, statestore.RunPaused, "", 0) >= 0
+	})
+	return p, runID
 }
 
 // TestE2E_AdoptOnTheFirstRequest: a workflow of an adopted definition,
@@ -451,22 +460,7 @@ func TestE2E_AdoptOnDemandWhileConductorIsAway(t *testing.T) {
 // completed it (logical attempt 2, naming the task) once the run runs
 // again, before the run's end.
 func TestE2E_AdoptHeldStepCompletedInConductor(t *testing.T) {
-	w := sdkWorkerFor(t, "python")
-	condURL := conductortest.URL(t)
-	taskType := uniq("adopt_heldhand")
-	name := uniq("adopt_heldhand")
-	flaky := simpleTask("flaky", taskType, 0)
-	flaky["inputParameters"].(map[string]any)["failOnceFile"] = filepath.Join(t.TempDir(), "failed-once")
-	registerDef(t, condURL, name, []map[string]any{flaky, simpleTask("after", taskType, 0)})
-	proxyAddr := sidecartest.FreeAddr(t)
-	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--conductor-proxy-listen", proxyAddr, "--adopt", name,
-		"--adopt-interval", "300ms", "--adopt-on-step-failure", "pause")
-	w.start(t, "http://"+proxyAddr+"/api", taskType, "", 1)
-	runID := startWorkflow(t, condURL, name, "", map[string]any{})
-	sidecartest.WaitFor(t, "flaky to fail and the run to pause", 120*time.Second, func() bool {
-		evs := eventsOf(t, p, runID)
-		return eventIndex(evs, statestore.StepFailed, "flaky", 0) >= 0 && eventIndex(evs, statestore.RunPaused, "", 0) >= 0
-	})
+	p, runID := heldAdoptedStep(t, "adopt_heldhand")
 	var held conductorTask
 	sidecartest.WaitFor(t, "the workflow paused in Conductor with flaky's task held", 60*time.Second, func() bool {
 		wf, err := readConductorWorkflow(t, runID)

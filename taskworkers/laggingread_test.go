@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,35 +13,10 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 	"github.com/conductor-sidecar/sidecar/taskworkers/exec"
 )
-
-// laggingReads answers every read of a run, but one that must see every
-// append (statestore.WithLatest), with the first state it read of it: a
-// JetStream replica behind its leader, as during a leader election. A
-// fake: a real cluster lags only for moments nobody can choose.
-type laggingReads struct {
-	inner taskworkers.SnapshotReader
-	mu    sync.Mutex
-	first map[string]*statestore.RunSnapshot
-}
-
-func (l *laggingReads) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
-	if statestore.Latest(ctx) {
-		return l.inner.ProjectSnapshot(ctx, runID)
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if s, ok := l.first[runID]; ok {
-		return s, nil
-	}
-	s, err := l.inner.ProjectSnapshot(ctx, runID)
-	if err == nil {
-		l.first[runID] = s
-	}
-	return s, err
-}
 
 // TestWorker_OutcomeRefusalOnTheLatestRead: a step's outcome that the
 // run's state refuses is dropped (another writer recorded the attempt's
@@ -54,7 +28,7 @@ func TestWorker_OutcomeRefusalOnTheLatestRead(t *testing.T) {
 	e := newBenchEnv(t)
 	ctx := context.Background()
 	ran := filepath.Join(t.TempDir(), "ran")
-	w := taskworkers.New(adapter.DomainPoller{Client: e.client, Domain: e.domain}, &laggingReads{inner: e.store, first: map[string]*statestore.RunSnapshot{}},
+	w := taskworkers.New(adapter.DomainPoller{Client: e.client, Domain: e.domain}, storetest.NewLaggingReads(e.store),
 		e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
 			WorkerID: "lagging-read-test", Concurrency: map[string]int{plan.TaskType(plan.ExecutorCommand): 2}, PollTimeout: 100 * time.Millisecond,
 			HandBackAfter: time.Second, Logger: zaptest.NewLogger(t),

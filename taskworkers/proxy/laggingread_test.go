@@ -1,40 +1,13 @@
 package proxy_test
 
 import (
-	"context"
 	"net/http"
-	"sync"
 	"testing"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 )
-
-// laggingReads answers every read of a run, but one that must see every
-// append (statestore.WithLatest), with the first state it read of it: a
-// JetStream replica behind its leader, as during a leader election. A
-// fake: a real cluster lags only for moments nobody can choose.
-type laggingReads struct {
-	inner taskworkers.SnapshotReader
-	mu    sync.Mutex
-	first map[string]*statestore.RunSnapshot
-}
-
-func (l *laggingReads) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
-	if statestore.Latest(ctx) {
-		return l.inner.ProjectSnapshot(ctx, runID)
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if s, ok := l.first[runID]; ok {
-		return s, nil
-	}
-	s, err := l.inner.ProjectSnapshot(ctx, runID)
-	if err == nil {
-		l.first[runID] = s
-	}
-	return s, err
-}
 
 // TestProxy_OutcomeRefusalOnTheLatestRead: an outside worker's outcome
 // that the run's state refuses is not recorded, so the refusal is decided
@@ -43,7 +16,7 @@ func (l *laggingReads) ProjectSnapshot(ctx context.Context, runID string) (*stat
 // was refused, and the task offered to a worker again.
 func TestProxy_OutcomeRefusalOnTheLatestRead(t *testing.T) {
 	e := newEnvOpts(t, envOpts{reads: func(s taskworkers.SnapshotReader) taskworkers.SnapshotReader {
-		return &laggingReads{inner: s, first: map[string]*statestore.RunSnapshot{}}
+		return storetest.NewLaggingReads(s)
 	}})
 	runID, _ := e.start(t, 1, 60)
 	tk := e.pollOne(t)
