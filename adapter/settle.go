@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/conductor-sdk/conductor-go/sdk/model"
@@ -71,8 +72,10 @@ func (w *Watcher) settlePlan(ctx context.Context, rec *Run, snap *statestore.Run
 // once Conductor terminated the workflow, before RunCancelled, so that a
 // step Conductor ended then (CANCELED: an outside worker's, or one of a
 // worker on another replica) does not stay in flight in the ended run.
-// An adopted run, or one the index does not know, records nothing.
-func (w *Watcher) SettleTasks(ctx context.Context, runID string) error {
+// An adopted run, or one the index does not know, records nothing; nor
+// do the tasks in skip (steps this process interrupted, whose workers
+// record their own ends, with their output).
+func (w *Watcher) SettleTasks(ctx context.Context, runID string, skip []string) error {
 	rec, _, err := w.runs.get(ctx, runID)
 	if errors.Is(err, ErrNotFound) {
 		return nil
@@ -87,7 +90,8 @@ func (w *Watcher) SettleTasks(ctx context.Context, runID string) error {
 	if err != nil {
 		return err
 	}
-	_, err = w.settleTasks(ctx, rec, nil, wf.Tasks, "")
+	tasks := slices.DeleteFunc(wf.Tasks, func(t model.Task) bool { return slices.Contains(skip, t.TaskId) })
+	_, err = w.settleTasks(ctx, rec, nil, tasks, "")
 	return err
 }
 

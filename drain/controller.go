@@ -87,8 +87,9 @@ type Options struct {
 	// (default 5m).
 	DefaultTimeout time.Duration
 	// Interrupt, when set, interrupts a run's running steps on this
-	// process (best effort) when the run is cancelled.
-	Interrupt func(runID string) int
+	// process (best effort) when the run is cancelled, and returns their
+	// Conductor task ids: their workers record their ends.
+	Interrupt func(runID string) []string
 	// Ledger, when set, is told of every pause and resume that reached
 	// Conductor.
 	Ledger EngineLedger
@@ -183,8 +184,8 @@ type PlanTasks interface {
 	// whether it recorded anything.
 	SettleRetriedStep(ctx context.Context, runID, stepID string) (bool, error)
 	// SettleTasks records what the log lacks of Conductor's end of the
-	// run's tasks.
-	SettleTasks(ctx context.Context, runID string) error
+	// run's tasks, but those of the task ids in skip.
+	SettleTasks(ctx context.Context, runID string, skip []string) error
 }
 
 // planTasksReadTimeout bounds a request's read of a run's tasks from
@@ -773,9 +774,10 @@ func (c *Controller) cancelEngine(ctx context.Context, cl *cancelling, err error
 		return c.withEngine(snap, err)
 	}
 	runID := cl.runID
+	var interrupted []string
 	if c.opts.Interrupt != nil {
-		if n := c.opts.Interrupt(runID); n > 0 {
-			c.logger.Info("interrupted running steps of a cancelled run", zap.String("runId", runID), zap.Int("steps", n))
+		if interrupted = c.opts.Interrupt(runID); len(interrupted) > 0 {
+			c.logger.Info("interrupted running steps of a cancelled run", zap.String("runId", runID), zap.Int("steps", len(interrupted)))
 		}
 	}
 	// Conductor ended the run's tasks as it terminated the workflow: an
@@ -789,7 +791,11 @@ func (c *Controller) cancelEngine(ctx context.Context, cl *cancelling, err error
 	case c.opts.Adopted != nil && c.opts.Adopted.Adopts(runID, cl.wf):
 		settle = c.opts.Adopted.SyncEngineTasks
 	case c.opts.PlanTasks != nil:
-		settle = c.opts.PlanTasks.SettleTasks
+		// The steps interrupted here record their own ends, with
+		// what they wrote (their artifacts).
+		settle = func(ctx context.Context, runID string) error {
+			return c.opts.PlanTasks.SettleTasks(ctx, runID, interrupted)
+		}
 	}
 	if settle != nil {
 		sctx, cancel := context.WithTimeout(ctx, planTasksReadTimeout)

@@ -262,7 +262,7 @@ func TestController_CancelWhileDraining(t *testing.T) {
 	ctx := context.Background()
 	mem, eng := setup(t, "a")
 	interrupted := ""
-	c := drain.New(mem, emitter{mem}, eng, drain.Options{Interrupt: func(runID string) int { interrupted = runID; return 1 }})
+	c := drain.New(mem, emitter{mem}, eng, drain.Options{Interrupt: func(runID string) []string { interrupted = runID; return []string{"task-1"} }})
 	if _, err := c.Pause(ctx, "r", drain.PauseRequest{}); err != nil {
 		t.Fatal(err)
 	}

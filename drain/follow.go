@@ -84,7 +84,7 @@ type FollowerOptions struct {
 	// Interrupt, when set, interrupts the running steps of a run on this
 	// process (the Controller's Options.Interrupt): used when a cancel
 	// left unfinished is completed.
-	Interrupt func(runID string) int
+	Interrupt func(runID string) []string
 	Logger    *zap.Logger
 	Now       func() time.Time
 }
@@ -397,7 +397,7 @@ func (f *Follower) completeCancel(ctx context.Context, runID, workflowID string)
 		return "", err
 	}
 	if f.opts.Interrupt != nil {
-		if n := f.opts.Interrupt(runID); n > 0 {
+		if n := len(f.opts.Interrupt(runID)); n > 0 {
 			f.logger.Info("interrupted running steps of a cancelled run", zap.String("runId", runID), zap.Int("steps", n))
 		}
 	}

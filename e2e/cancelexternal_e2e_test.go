@@ -51,3 +51,45 @@ func TestE2E_CancelRecordsAnOutsideWorkersStep(t *testing.T) {
 		t.Fatalf("want the step's end before RunCancelled\n%v", types(evs))
 	}
 }
+
+// TestE2E_CancelKeepsAnInterruptedStepsOwnEnd: a cancel interrupts the
+// run's command step running on this sidecar; the step's own end, with
+// the output it wrote before the interrupt (its artifacts), is what the
+// log records, not the cancel's read of Conductor's CANCELED task.
+func TestE2E_CancelKeepsAnInterruptedStepsOwnEnd(t *testing.T) {
+	t.Parallel() // its own serve and data dir
+	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t))
+	pl := mustPlan(t, `{"planId":"`+uniq("e2e-cancel-own")+`","planVersion":"1","steps":[
+		{"stepId":"work","executor":{"type":"command","argv":["sh","-c","echo partial; sleep 30"]}}]}`)
+	const runs = 3
+	ids := make([]string, runs)
+	for i := range ids {
+		ids[i] = submit(t, p, pl, uniq("req")).RunID
+	}
+	for _, id := range ids {
+		sidecartest.WaitFor(t, "the step to start", 60*time.Second, func() bool {
+			return eventIndex(allEvents(t, p, id), statestore.StepStarted, "work", 0) >= 0
+		})
+	}
+	time.Sleep(time.Second) // "partial" is written
+	for _, id := range ids {
+		if _, err := p.client.Cancel(t.Context(), id, "operator"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range ids {
+		var evs []statestore.RunEventRecord
+		sidecartest.WaitFor(t, "the step's end", 30*time.Second, func() bool {
+			evs = allEvents(t, p, id)
+			return eventIndex(evs, statestore.StepFailed, "work", 0) >= 0
+		})
+		f := evs[eventIndex(evs, statestore.StepFailed, "work", 0)]
+		var payload statestore.StepFailedPayload
+		if err := json.Unmarshal(f.Payload, &payload); err != nil {
+			t.Fatal(err)
+		}
+		if payload.Error == nil || payload.Error.Code != "STEP_INTERRUPTED" || len(payload.Artifacts) == 0 {
+			t.Errorf("run %s: StepFailed %s; want the step's own STEP_INTERRUPTED with its output (artifacts)", id, f.Payload)
+		}
+	}
+}

@@ -21,15 +21,17 @@ func NewRunning() *Running {
 }
 
 // Interrupt cancels the running steps of runID (best effort: a command gets
-// SIGTERM, then SIGKILL after its grace period). It returns how many steps
-// it interrupted.
-func (r *Running) Interrupt(runID string) int {
+// SIGTERM, then SIGKILL after its grace period). It returns the Conductor
+// task ids of the steps it interrupted: their workers record their ends.
+func (r *Running) Interrupt(runID string) []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, cancel := range r.steps[runID] {
+	ids := make([]string, 0, len(r.steps[runID]))
+	for taskID, cancel := range r.steps[runID] {
 		cancel()
+		ids = append(ids, taskID)
 	}
-	return len(r.steps[runID])
+	return ids
 }
 
 // Steps returns how many steps of runID run now.

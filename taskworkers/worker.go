@@ -431,7 +431,7 @@ const handBackWindow = 5 * time.Second
 
 // Interrupt cancels the running steps of runID on this process (see
 // Running.Interrupt).
-func (w *Worker) Interrupt(runID string) int { return w.running.Interrupt(runID) }
+func (w *Worker) Interrupt(runID string) []string { return w.running.Interrupt(runID) }
 
 // storeTrouble logs msg, err being the state store's failure to answer or
 // to take writes (an error of kind Unavailable: STORE_UNAVAILABLE, or
