@@ -169,16 +169,19 @@ func TestE2E_NATSClusterR3(t *testing.T) {
 
 	// Node 2 back (a replica that starts while a stream has no leader
 	// starts again until it has one: docs/jetstream.md). A replica
-	// started with another --nats-replicas uses the streams as they are
-	// and says, per stream, the command that aligns them.
+	// started with a lower --nats-replicas uses the streams as they are
+	// and says, in one warning naming them, that its own flag is what to
+	// change, never lowering the streams' copies.
 	cl.run(t, "start")
 	other := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--nats-url", url, "--nats-replicas", "1")
 	logged, err := os.ReadFile(other.log.Name())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "nats stream edit " + natsstore.DefaultStream + " --replicas 1"; !strings.Contains(string(logged), want) {
-		t.Fatalf("no %q in the log of a replica started with --nats-replicas 1:\n%s", want, sidecartest.Tail(string(logged), 30))
+	if want := natsstore.DefaultStream + "=3"; !strings.Contains(string(logged), want) || !strings.Contains(string(logged), `"fix": "--nats-replicas 3"`) ||
+		strings.Contains(string(logged), "--replicas 1") {
+		t.Fatalf("the log of a replica started with --nats-replicas 1: want %q named with the fix --nats-replicas 3, and no advice to lower the streams:\n%s",
+			want, sidecartest.Tail(string(logged), 30))
 	}
 }
 
