@@ -96,6 +96,12 @@ func (e *benchEnv) start(b testing.TB, n, steps int, x plan.ExecutorSpec, retrie
 		}
 		p.Steps = append(p.Steps, s)
 	}
+	return e.startPlan(b, n, p)
+}
+
+// startPlan starts n runs of p and returns their workflow ids.
+func (e *benchEnv) startPlan(b testing.TB, n int, p *plan.Plan) []string {
+	b.Helper()
 	compiled, err := plan.Compile(p)
 	if err != nil {
 		b.Fatal(err)

@@ -3,10 +3,14 @@ package taskworkers_test
 import (
 	"context"
 	"encoding/json"
+	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/conductor-sdk/conductor-go/sdk/model"
+	"github.com/google/uuid"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
@@ -196,5 +200,50 @@ func TestWorker_StepEndedInConductorJustBeforeItEnds(t *testing.T) {
 			t.Fatal("no outcome recorded")
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestWorker_StepInterruptedByACancelIsNotHeld: under onStepFailure
+// pause, a step the run's cancel interrupts (Running.Interrupt) ends
+// failed, not held: the run ends, so there is nothing to retry, and the
+// worker does not try to pause the cancelled run.
+func TestWorker_StepInterruptedByACancelIsNotHeld(t *testing.T) {
+	e := newBenchEnv(t)
+	ctx := context.Background()
+	running := taskworkers.NewRunning()
+	var pauses atomic.Int32
+	w := taskworkers.New(adapter.DomainPoller{Client: e.client, Domain: e.domain}, e.store, e.emit, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
+		WorkerID: "interrupt-test", Concurrency: map[string]int{plan.TaskType(plan.ExecutorSleep): 2}, PollTimeout: 100 * time.Millisecond,
+		Running: running, Logger: zaptest.NewLogger(t),
+		PauseOnFailure: func(context.Context, string, string, string) error { pauses.Add(1); return nil },
+	})
+	if err := w.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	wfID := e.startPlan(t, 1, &plan.Plan{PlanID: "interrupt-" + uuid.NewString()[:8], PlanVersion: "1", OnStepFailure: plan.OnFailurePause,
+		Steps: []plan.Step{{StepID: "s00", Executor: plan.ExecutorSpec{Type: plan.ExecutorSleep, Seconds: 60}}}})[0]
+	t.Cleanup(func() { _ = e.client.Terminate(context.Background(), wfID, "test over") })
+	runID, _ := runningStep(t, e, wfID)
+	if n := len(running.Interrupt(runID)); n != 1 {
+		t.Fatalf("interrupted %d steps, want 1", n)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		recs, _ := e.store.Fetch(ctx, runID, 0, 0)
+		if i := slices.IndexFunc(recs, func(r statestore.RunEventRecord) bool { return r.EventType == statestore.StepFailed }); i >= 0 {
+			if strings.Contains(string(recs[i].Payload), `"onStepFailure"`) {
+				t.Fatalf("StepFailed %s of an interrupted step; want it not held", recs[i].Payload)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no StepFailed 15 s after the step was interrupted")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if n := pauses.Load(); n != 0 {
+		t.Fatalf("the worker paused the run %d times after an interrupted step", n)
 	}
 }

@@ -104,6 +104,13 @@ func (w *Worker) handle(t *model.Task) {
 		span.End(tracing.OutcomeHandedBack, "")
 		return
 	}
+	if ended.interrupted && res.Err != nil && a.OnStepFailure == plan.OnFailurePause {
+		// Interrupted by the run's cancel (Running.Interrupt): not a
+		// failure to hold for RETRY_STEP, since the run ends.
+		unheld := *a
+		unheld.OnStepFailure = ""
+		a = &unheld
+	}
 	outcome := w.finish(t, log, a, res, engine, logical, operatorAttempt, time.Since(start), d.started)
 	code := ""
 	if res.Err != nil {
@@ -432,6 +439,9 @@ func (w *Worker) execute(t *model.Task, log *zap.Logger, a *Assignment, exec Exe
 		if interrupted() == nil { // ended on its own, not interrupted
 			ended = w.finalCheck(t, watch, time.Since(began), ended)
 		}
+		// Neither the engine's end (the watch), nor a shutdown: the
+		// run's cancel.
+		ended.interrupted = interrupted() != nil && ended.task == nil && !ended.gone && w.workCtx.Err() == nil
 	}()
 	if a.Step.TimeoutSeconds > 0 {
 		var tcancel context.CancelFunc
@@ -461,6 +471,8 @@ func (w *Worker) execute(t *model.Task, log *zap.Logger, a *Assignment, exec Exe
 type engineEnd struct {
 	task *model.Task
 	gone bool
+	// interrupted: Running.Interrupt (the run's cancel) ended the step.
+	interrupted bool
 }
 
 // joinGate is the any_success join: the step runs only if one of its
