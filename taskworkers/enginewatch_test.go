@@ -3,6 +3,8 @@ package taskworkers_test
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -245,5 +247,73 @@ func TestWorker_StepInterruptedByACancelIsNotHeld(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	if n := pauses.Load(); n != 0 {
 		t.Fatalf("the worker paused the run %d times after an interrupted step", n)
+	}
+}
+
+// TestWorker_OwnTryOfferedAgainInAPauseIsNotRun: a try of the sidecar's own
+// step whose StepStarted is in the log, offered again while the run is
+// paused (its worker died, and the record of its try's end failed with
+// the store), is not run again inside the pause: its end is recorded
+// (RunStepTryEnded) and the task handed back until the resume. (An
+// outside worker's try in flight, polled back after its own IN_PROGRESS
+// with a callback, goes on: the proxy's case.)
+func TestWorker_OwnTryOfferedAgainInAPauseIsNotRun(t *testing.T) {
+	e := newBenchEnv(t)
+	ctx := context.Background()
+	ran := filepath.Join(t.TempDir(), "ran")
+	wfID := e.startRunsWith(t, 1, plan.ExecutorSpec{Type: plan.ExecutorCommand, Argv: []string{"sh", "-c", `echo x >> "$RAN"`}, Env: map[string]string{"RAN": ran}}, plan.RetryPolicy{})[0]
+	t.Cleanup(func() { _ = e.client.Terminate(context.Background(), wfID, "test over") })
+	// The worker that died: it took the task and recorded its start.
+	var task model.Task
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		tasks, err := e.client.BatchPollDomain(ctx, plan.TaskType(plan.ExecutorCommand), "dead-worker", e.domain, 1, 100*time.Millisecond)
+		if err == nil && len(tasks) == 1 {
+			task = tasks[0]
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no task to take")
+		}
+	}
+	runID, _ := task.InputData["runId"].(string)
+	snap, err := e.store.ProjectSnapshot(ctx, runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []struct {
+		eventType, stepID string
+		p                 statestore.Payload
+	}{
+		{statestore.StepStarted, "s00", statestore.StepStartedPayload{}},
+		{statestore.RunPaused, "", statestore.RunPausedPayload{Reason: "maintenance"}},
+	} {
+		ev, err := statestore.NewEvent(snap.Ref(), w.eventType, w.stepID, 1, 1, w.p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.emit.Emit(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Its restart handed the task back without the try's end recorded.
+	if err := e.client.UpdateTask(ctx, &model.TaskResult{TaskId: task.TaskId, WorkflowInstanceId: wfID, Status: model.InProgressTask, CallbackAfterSeconds: 0}); err != nil {
+		t.Fatal(err)
+	}
+	startWorker(t, e, e.emit)
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		recs, _ := e.store.Fetch(ctx, runID, 0, 0)
+		if countEvents(recs, statestore.RunStepTryEnded) == 1 {
+			break
+		}
+		if b, _ := os.ReadFile(ran); len(b) > 0 || time.Now().After(deadline) {
+			t.Fatalf("the step ran %d times inside the pause, log %v; want its try ended and the task handed back", strings.Count(string(b), "x"), eventTypesOf(recs))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second) // the task handed back comes again: still not run
+	if b, _ := os.ReadFile(ran); len(b) > 0 {
+		t.Fatalf("the step ran %d times inside the pause", strings.Count(string(b), "x"))
 	}
 }

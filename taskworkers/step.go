@@ -215,6 +215,19 @@ func (w *Worker) start(t *model.Task, log *zap.Logger, a *Assignment, engine, lo
 		if d.verdict != start || !w.runnable(a) {
 			return nil, nil
 		}
+		if st := d.step; snap.Status == statestore.RunStatusPaused && st != nil && a.Step.Executor.Type != plan.ExecutorExternal {
+			// The gate lets a try in flight go on in a pause: an outside
+			// worker's, polled back after its own IN_PROGRESS with a
+			// callback. The sidecar's own worker never hands a try back
+			// to go on with it, so its try offered again is one whose
+			// worker is gone (a restart, or a hand-back, whose record of
+			// the try's end failed with the store): not run again inside
+			// the pause. Its end is recorded, and the task waits for the
+			// resume.
+			d.verdict = waitPaused
+			return tryEvent(a, snap, statestore.RunStepTryEndedPayload{StepID: a.Step.StepID, StepLogicalAttemptID: st.LogicalAttemptID,
+				EngineAttemptID: st.EngineAttemptID, Reason: statestore.TryEndedHandedBack})
+		}
 		if st := d.step; st != nil && st.Status == statestore.StepStatusRunning && st.LogicalAttemptID == d.logical &&
 			(st.Idle || d.engine > st.EngineAttemptID) {
 			// A later try of an attempt whose StepStarted is in the log
