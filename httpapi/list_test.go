@@ -133,11 +133,14 @@ func openListedLog(t testing.TB, js jetstream.JetStream) (*natsstore.Store, *run
 // waits up to a minute for a change; closing the server answers it at once
 // with what changed so far, instead of holding shutdown until the watch's
 // wait runs out.
-func TestServer_CloseEndsWatches(t *testing.T) {
+// openListServer opens the API over a log and its run list (indexed: a
+// list still syncing answers 503) on a loopback listener of its own.
+func openListServer(t *testing.T) (*httpapi.Server, net.Listener) {
+	t.Helper()
 	store, list := openListedLog(t, natstest.Connect(t, natstestServer(t)))
 	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer wcancel()
-	if _, err := list.WaitIndexed(wctx); err != nil { // a list still syncing answers 503
+	if _, err := list.WaitIndexed(wctx); err != nil {
 		t.Fatal(err)
 	}
 	api := httpapi.NewServer(httpapi.Options{Log: store, List: list, Logger: zaptest.NewLogger(t)})
@@ -146,6 +149,11 @@ func TestServer_CloseEndsWatches(t *testing.T) {
 		t.Fatal(err)
 	}
 	api.Open(ln)
+	return api, ln
+}
+
+func TestServer_CloseEndsWatches(t *testing.T) {
+	api, ln := openListServer(t)
 	answered := make(chan int, 1)
 	go func() {
 		resp, err := http.Get("http://" + ln.Addr().String() + "/v1/runs?watch=true&timeoutSeconds=60")
@@ -258,18 +266,7 @@ func TestServer_ListWatchEndsWithItsPrincipal(t *testing.T) {
 // page); any other value is refused, so that a client that meant a watch
 // does not poll in a tight loop on pages answered at once.
 func TestServer_ListWatchValue(t *testing.T) {
-	store, list := openListedLog(t, natstest.Connect(t, natstestServer(t)))
-	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer wcancel()
-	if _, err := list.WaitIndexed(wctx); err != nil {
-		t.Fatal(err)
-	}
-	api := httpapi.NewServer(httpapi.Options{Log: store, List: list, Logger: zaptest.NewLogger(t)})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	api.Open(ln)
+	api, ln := openListServer(t)
 	t.Cleanup(func() { _ = api.Close(context.Background()) })
 	for _, tt := range []struct {
 		query  string
