@@ -237,10 +237,6 @@ func AdoptedTaskInput(rec *Run, t *model.Task, onStepFailure string) *plan.TaskI
 		OnStepFailure: onStepFailure, Sink: true}
 }
 
-// CodeEngineTask is the error code prefix of a StepFailed recorded from
-// Conductor's report (statestore.CodeEngineTask).
-const CodeEngineTask = statestore.CodeEngineTask
-
 // taskEvents are the events that bring the log's view of one step (st,
 // nil when the log has none) up to Conductor's task t. adoption is true
 // on the first read of a workflow the sidecar had not seen: a worker task
@@ -341,12 +337,8 @@ func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption b
 			return nil, false, nil
 		}
 		start()
-		msg := t.ReasonForIncompletion
-		if msg == "" {
-			msg = "Conductor reported the task " + status
-		}
 		add(statestore.StepFailedPayload{EngineEndedAt: statestore.EngineTime(t.EndTime), EngineTaskID: t.TaskId,
-			Error: &statestore.StepError{Code: CodeEngineTask + status, Message: msg, Retryable: status != "FAILED_WITH_TERMINAL_ERROR"}})
+			Error: statestore.EngineTaskFailure(status, t.ReasonForIncompletion)})
 	default:
 		return nil, false, nil
 	}

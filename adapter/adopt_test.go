@@ -2,6 +2,7 @@ package adapter
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
@@ -185,6 +186,20 @@ func TestTaskEvents(t *testing.T) {
 			for _, ev := range evs {
 				if ev.StepID != "step_a" || ev.LogicalAttemptID != 1 || ev.PlanID != "orders" || ev.PlanVersion != "2" {
 					t.Fatalf("event %+v", ev)
+				}
+				if ev.EventType != statestore.StepFailed {
+					continue
+				}
+				// A failure Conductor reported is retryable as Conductor
+				// retries it, on adopted runs as on plan runs.
+				var p statestore.StepFailedPayload
+				if err := json.Unmarshal(ev.Payload, &p); err != nil || p.Error == nil {
+					t.Fatalf("StepFailed payload %s: %v", ev.Payload, err)
+				}
+				status := string(task.Status)
+				want := status == "FAILED" || status == "TIMED_OUT"
+				if p.Error.Code != statestore.CodeEngineTask+status || p.Error.Retryable != want {
+					t.Fatalf("StepFailed error %+v, want code %s%s retryable %v", p.Error, statestore.CodeEngineTask, status, want)
 				}
 			}
 		})

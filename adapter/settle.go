@@ -248,13 +248,9 @@ func endedInConductor(ref statestore.RunRef, s *statestore.RunSnapshot, stepID s
 		return statestore.NewEvent(ref, statestore.StepCompleted, stepID, engine, st.LogicalAttemptID,
 			statestore.StepCompletedPayload{EngineEndedAt: statestore.EngineTime(t.EndTime), EngineTaskID: t.TaskId})
 	case endedTask(status), status == "CANCELED":
-		msg := t.ReasonForIncompletion
-		if msg == "" {
-			msg = "Conductor reported the task " + status
-		}
 		return statestore.NewEvent(ref, statestore.StepFailed, stepID, engine, st.LogicalAttemptID,
 			statestore.StepFailedPayload{EngineEndedAt: statestore.EngineTime(t.EndTime), EngineTaskID: t.TaskId,
-				Error: &statestore.StepError{Code: CodeEngineTask + status, Message: msg, Retryable: status == "FAILED"}})
+				Error: statestore.EngineTaskFailure(status, t.ReasonForIncompletion)})
 	}
 	return nil, nil
 }

@@ -49,6 +49,19 @@ func ConductorWorkflowID(ref string) string {
 // FAILED_WITH_TERMINAL_ERROR, COMPLETED_WITH_ERRORS).
 const CodeEngineTask = "ENGINE_TASK_"
 
+// EngineTaskFailure is the error of a step's failure recorded from
+// Conductor's report of its task in status: code CodeEngineTask+status,
+// Conductor's reason (or a sentence naming the status when it gave none),
+// and retryable as Conductor retries a task: a try that FAILED or TIMED_OUT
+// is, a terminal error, a cancel or an optional task's COMPLETED_WITH_ERRORS
+// is not. Plan runs and adopted runs record the same error.
+func EngineTaskFailure(status, reason string) *StepError {
+	if reason == "" {
+		reason = "Conductor reported the task " + status
+	}
+	return &StepError{Code: CodeEngineTask + status, Message: reason, Retryable: status == "FAILED" || status == "TIMED_OUT"}
+}
+
 // EngineTime formats a Conductor epoch-millisecond time as RFC 3339 ("" for
 // none).
 func EngineTime(ms int64) string {

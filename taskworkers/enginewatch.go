@@ -156,13 +156,13 @@ func (w *Worker) recordEngineEnd(log *zap.Logger, a *Assignment, cur *model.Task
 			if status == "TIMED_OUT" {
 				reason = statestore.TryEndedTaskTimedOut
 			}
-			w.endTry(log, a, engine, logical, reason, &statestore.StepError{Code: statestore.CodeEngineTask + status, Message: reasonOf(cur), Retryable: true})
+			w.endTry(log, a, engine, logical, reason, statestore.EngineTaskFailure(status, cur.ReasonForIncompletion))
 			return
 		}
 		fallthrough
 	case "FAILED_WITH_TERMINAL_ERROR", "COMPLETED_WITH_ERRORS", "CANCELED":
 		_, err := w.record(log, a, engine, logical, statestore.StepFailedPayload{EngineTaskID: cur.TaskId, EngineEndedAt: statestore.EngineTime(cur.EndTime),
-			Error: &statestore.StepError{Code: statestore.CodeEngineTask + status, Message: reasonOf(cur), Retryable: status == "FAILED"}}, nil)
+			Error: statestore.EngineTaskFailure(status, cur.ReasonForIncompletion)}, nil)
 		w.recordedEngineEnd(log, status, err)
 	}
 }
@@ -174,11 +174,4 @@ func (w *Worker) recordedEngineEnd(log *zap.Logger, status string, err error) {
 	case err != nil:
 		log.Warn("could not record the step's task as Conductor ended it; the run's end records it", zap.String("status", status), zap.Error(err))
 	}
-}
-
-func reasonOf(t *model.Task) string {
-	if t.ReasonForIncompletion != "" {
-		return t.ReasonForIncompletion
-	}
-	return "Conductor reported the task " + string(t.Status)
 }
