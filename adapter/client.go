@@ -656,6 +656,8 @@ type taskHead struct {
 	Retried               bool   `json:"retried"`
 	StartTime             int64  `json:"startTime"`
 	EndTime               int64  `json:"endTime"`
+	ScheduledTime         int64  `json:"scheduledTime"`
+	CallbackAfterSeconds  int64  `json:"callbackAfterSeconds"`
 	ReasonForIncompletion string `json:"reasonForIncompletion"`
 	SubWorkflowID         string `json:"subWorkflowId"`
 	WorkflowInstanceID    string `json:"workflowInstanceId"`
@@ -699,8 +701,9 @@ func (wt *workflowTasks) workflow() *model.Workflow {
 	for i, t := range wt.Tasks {
 		wf.Tasks[i] = model.Task{TaskId: t.TaskID, TaskType: t.TaskType, TaskDefName: t.TaskDefName, Status: model.TaskResultStatus(t.Status),
 			ReferenceTaskName: t.ReferenceTaskName, Iteration: t.Iteration, RetryCount: t.RetryCount, Retried: t.Retried,
-			StartTime: t.StartTime, EndTime: t.EndTime, ReasonForIncompletion: t.ReasonForIncompletion,
-			SubWorkflowId: t.SubWorkflowID, WorkflowInstanceId: t.WorkflowInstanceID, WorkflowTask: t.WorkflowTask.model()}
+			StartTime: t.StartTime, EndTime: t.EndTime, ScheduledTime: t.ScheduledTime, CallbackAfterSeconds: t.CallbackAfterSeconds,
+			ReasonForIncompletion: t.ReasonForIncompletion,
+			SubWorkflowId:         t.SubWorkflowID, WorkflowInstanceId: t.WorkflowInstanceID, WorkflowTask: t.WorkflowTask.model()}
 	}
 	return wf
 }

@@ -90,6 +90,7 @@ var watcherStatuses = []string{"COMPLETED", "FAILED", "TIMED_OUT", "TERMINATED",
 //	sidecar_run_watcher_errors_total                    failed watcher checks
 //	sidecar_run_watcher_actions_total{action}           pause_closed, terminal_refused, conductor_paused, conductor_resumed, converged, decide, cancel_completed, task_ended_in_conductor (see watcherActions)
 //	sidecar_run_watcher_stuck_runs                      runs whose workflow Conductor leaves RUNNING with every task done
+//	sidecar_run_watcher_waiting_runs                    runs with a worker task Conductor has handed to no worker for 10 minutes
 //	sidecar_run_orphans_total{action}                   orphan workflows terminated or adopted
 //
 // There are no per-run labels. A nil *Metrics records nothing. Every label
@@ -104,8 +105,10 @@ type Metrics struct {
 	orphans  map[string]prometheus.Counter
 	actions  map[string]prometheus.Counter
 	stuck    prometheus.Gauge
-	adopted  prometheus.Counter
-	reads    map[string]prometheus.Counter
+	// waitingRuns: runs waiting for a worker (waiting.go).
+	waitingRuns prometheus.Gauge
+	adopted     prometheus.Counter
+	reads       map[string]prometheus.Counter
 	// queued: calls waiting for a place (ClientOptions.MaxConcurrentCalls);
 	// places: the bound.
 	queued, places prometheus.Gauge
@@ -166,6 +169,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "sidecar_run_watcher_stuck_runs",
 		Help: "Runs whose workflow Conductor left RUNNING with every task terminal, after the watcher asked it to decide; alert STUCK_WORKFLOW.",
 	})
+	waitingRuns := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sidecar_run_watcher_waiting_runs",
+		Help: "Runs of this replica whose RUNNING workflow has a worker task Conductor kept SCHEDULED, handed to no worker, for 10 minutes or more, as the watcher's last full read of each saw it: no worker polls its type, too few do, or Conductor's queue lost it; alert TASK_WAITING_FOR_WORKER.",
+	})
 	adopted := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sidecar_adopter_adopted_total",
 		Help: "Workflows of adopted definitions (--adopt) this replica made runs of the log.",
@@ -182,22 +189,23 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "sidecar_conductor_call_slots",
 		Help: "Calls the sidecar may have at Conductor at once, batch polls aside (--conductor-max-concurrent-calls).",
 	})
-	reg.MustRegister(requests, duration, starts, active, terminal, errs, orphans, actions, stuck, adopted, reads, queued, places)
+	reg.MustRegister(requests, duration, starts, active, terminal, errs, orphans, actions, stuck, waitingRuns, adopted, reads, queued, places)
 
 	m := &Metrics{
-		requests: make(map[[2]string]prometheus.Counter),
-		duration: make(map[string]prometheus.Observer),
-		starts:   make(map[string]prometheus.Counter),
-		active:   active,
-		terminal: make(map[string]prometheus.Counter),
-		errors:   errs,
-		orphans:  make(map[string]prometheus.Counter),
-		actions:  make(map[string]prometheus.Counter),
-		stuck:    stuck,
-		adopted:  adopted,
-		reads:    make(map[string]prometheus.Counter),
-		queued:   queued,
-		places:   places,
+		requests:    make(map[[2]string]prometheus.Counter),
+		duration:    make(map[string]prometheus.Observer),
+		starts:      make(map[string]prometheus.Counter),
+		active:      active,
+		terminal:    make(map[string]prometheus.Counter),
+		errors:      errs,
+		orphans:     make(map[string]prometheus.Counter),
+		actions:     make(map[string]prometheus.Counter),
+		stuck:       stuck,
+		waitingRuns: waitingRuns,
+		adopted:     adopted,
+		reads:       make(map[string]prometheus.Counter),
+		queued:      queued,
+		places:      places,
 	}
 	for _, r := range []string{adoptReadGate, adoptReadNudge, adoptReadPending, adoptReadSettle, adoptReadAdoption, adoptReadPause, adoptReadSubWorkflow} {
 		m.reads[r] = reads.WithLabelValues(r)
@@ -244,6 +252,12 @@ func (m *Metrics) start(result string) {
 func (m *Metrics) setActive(n int) {
 	if m != nil {
 		m.active.Set(float64(n))
+	}
+}
+
+func (m *Metrics) setWaitingRuns(n int) {
+	if m != nil {
+		m.waitingRuns.Set(float64(n))
 	}
 }
 

@@ -82,6 +82,10 @@ type WatcherOptions struct {
 	// read again, with its tasks, to see whether Conductor forgot to
 	// decide it (default 10s).
 	StuckAfter time.Duration
+	// WaitingAfter is how long a worker task of a RUNNING workflow may
+	// wait, SCHEDULED and handed to no worker, before a full read counts
+	// its run as waiting (sidecar_run_watcher_waiting_runs; default 10m).
+	WaitingAfter time.Duration
 	// Pauses is told what the watcher saw of a workflow that runs, is
 	// paused or completed, and keeps the run's pause in step (a pause or
 	// resume made in Conductor, one of the sidecar's that did not reach
@@ -143,6 +147,7 @@ type Watcher struct {
 	known    map[string]string // workflowId -> runId of started runs
 	notFound map[string]int    // runId -> consecutive 404s
 	suspects map[string]*suspect
+	waiting  map[string]waitingRun // runId -> the task it waits on (waiting.go)
 	// rechecks are the runs Recheck asked to read (to do), rechecked when
 	// it last did for each (pruned past RecheckInterval).
 	rechecks  map[string]struct{}
@@ -183,6 +188,9 @@ func NewWatcher(runs *Runs, snaps SnapshotReader, opts WatcherOptions) *Watcher 
 	if opts.StuckAfter <= 0 {
 		opts.StuckAfter = 10 * time.Second
 	}
+	if opts.WaitingAfter <= 0 {
+		opts.WaitingAfter = 10 * time.Minute
+	}
 	if opts.RecheckInterval <= 0 {
 		opts.RecheckInterval = 2 * time.Second
 	}
@@ -205,6 +213,7 @@ func NewWatcher(runs *Runs, snaps SnapshotReader, opts WatcherOptions) *Watcher 
 		known:    make(map[string]string),
 		notFound: make(map[string]int),
 		suspects: make(map[string]*suspect),
+		waiting:  make(map[string]waitingRun),
 		rechecks: make(map[string]struct{}), rechecked: make(map[string]time.Time),
 	}
 }
@@ -545,6 +554,7 @@ func (w *Watcher) scanCached(ctx context.Context) error {
 		}
 		errs = append(errs, err)
 	}
+	w.pruneWaiting(runs)
 	return errors.Join(errs...)
 }
 
@@ -714,6 +724,12 @@ func (w *Watcher) checkRun(ctx context.Context, rec *Run, rev uint64, alive *run
 		if scanning && wf.Status == model.RunningWorkflow && allDone(wf.Tasks) {
 			w.suspectRun(runID)
 		}
+		switch {
+		case wf.Status == model.PausedWorkflow:
+			w.clearWaiting(runID)
+		case scanning && wf.Tasks != nil:
+			w.noteWaiting(rec, waitingTask(wf.Tasks, time.Now(), w.opts.WaitingAfter))
+		}
 		return w.saw(ctx, rec, string(wf.Status))
 	}
 	return nil
@@ -841,6 +857,7 @@ func (w *Watcher) finish(ctx context.Context, runID, workflowID, engineStatus, r
 	delete(w.known, rec.WorkflowID)
 	w.mu.Unlock()
 	w.clearSuspect(runID)
+	w.clearWaiting(runID)
 	w.runs.deleteActive(ctx, runID, 0)
 	return nil
 }
