@@ -357,3 +357,80 @@ func TestWorker_AKeptOutcomeIsAnyReplicasToRecord(t *testing.T) {
 		t.Fatalf("the step ran %d times, want once: its outcome was kept on its task", n)
 	}
 }
+
+// failingReads is a reader of the run's state that fails while fail is
+// set, as a store that stopped answering does (a PostgreSQL outage).
+type failingReads struct {
+	inner taskworkers.SnapshotReader
+	fail  atomic.Bool
+	reads atomic.Int32 // reads refused
+}
+
+func (f *failingReads) ProjectSnapshot(ctx context.Context, runID string) (*statestore.RunSnapshot, error) {
+	if f.fail.Load() {
+		f.reads.Add(1)
+		return nil, &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: "injected outage"}
+	}
+	return f.inner.ProjectSnapshot(ctx, runID)
+}
+
+// An outcome kept on its task survives the hand-backs of a replica that
+// could not read the run meanwhile: the store is down for both replicas,
+// the other one gets the task, cannot read the run and hands the task back;
+// once the store is back, whichever replica gets the task records the kept
+// outcome, and the step does not run again. Before, that hand-back replaced
+// the task's output (Conductor keeps only the last update's) and the other
+// replica ran the finished step a second time, recording nothing.
+func TestWorker_AKeptOutcomeSurvivesAnotherReplicasHandBack(t *testing.T) {
+	e := newBenchEnv(t)
+	sink := &failingSink{emit: e.emit, failType: statestore.StepCompleted}
+	sink.fail.Store(true)
+	ran := filepath.Join(t.TempDir(), "ran")
+	ids := e.startRunsWith(t, 1, plan.ExecutorSpec{Type: plan.ExecutorCommand, Argv: []string{"sh", "-c", `echo x >> "$RAN"`}, Env: map[string]string{"RAN": ran}}, plan.RetryPolicy{})
+	first := startWorker(t, e, sink)
+	deadline := time.Now().Add(30 * time.Second)
+	for sink.refused.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("StepCompleted was never attempted")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // its hand-back, with the outcome on the task
+	if err := first.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// The other replica, with the store still down, gets the task.
+	reads := &failingReads{inner: e.store}
+	reads.fail.Store(true)
+	second := taskworkers.New(adapter.DomainPoller{Client: e.client, Domain: e.domain}, reads, sink, nil, exec.New(exec.Options{}).Executors(), taskworkers.Options{
+		WorkerID: "budget-test-2", Concurrency: map[string]int{plan.TaskType(plan.ExecutorCommand): 2}, PollTimeout: 100 * time.Millisecond,
+		WriteBudget: 300 * time.Millisecond, HandBackAfter: time.Second, Logger: zaptest.NewLogger(t),
+	})
+	if err := second.Open(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = second.Close(context.Background()) })
+	for reads.reads.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the other replica never read the run")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // its hand-back
+	// The store comes back.
+	reads.fail.Store(false)
+	sink.fail.Store(false)
+	wf := e.waitCompleted(t, ids)[0]
+	runID, _ := wf.Input["runId"].(string)
+	recs, _ := e.store.Fetch(context.Background(), runID, 0, 0)
+	if countEvents(recs, statestore.StepCompleted) != 1 {
+		t.Fatalf("log %v, want one StepCompleted", eventTypesOf(recs))
+	}
+	out, err := os.ReadFile(ran)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(out), "x"); n != 1 {
+		t.Fatalf("the step ran %d times, want once: its outcome was kept on its task", n)
+	}
+}

@@ -31,7 +31,27 @@ func (w *Worker) handBack(t *model.Task, after time.Duration, why string) {
 func (w *Worker) handBackWaking(t *model.Task, after time.Duration, why string, wake bool) {
 	w.report(t, w.log.With(zap.String("taskId", t.TaskId), zap.String("reason", why)), &model.TaskResult{
 		Status: model.InProgressTask, CallbackAfterSeconds: max(int64(after/time.Second), 1),
+		OutputData: carried(t),
 	}, true, wake)
+}
+
+// carried is what a hand-back keeps of t's output: an outcome kept on the
+// task (keepOutcome) or a failure held on it (holdFailure). Conductor keeps
+// only the last update's output, so a hand-back without them (a replica
+// that could not read the run, a paused run's) would drop what lets the
+// worker that gets the task next record the step's end instead of running
+// it again.
+func carried(t *model.Task) map[string]any {
+	var out map[string]any
+	for _, k := range []string{keptOutcomeKey, heldFailureKey} {
+		if v, ok := t.OutputData[k]; ok {
+			if out == nil {
+				out = make(map[string]any, 2)
+			}
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // update reports r for t, retrying while Conductor is unavailable (bounded
