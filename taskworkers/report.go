@@ -3,6 +3,7 @@ package taskworkers
 import (
 	"context"
 	"errors"
+	"maps"
 	"sync"
 	"time"
 
@@ -35,23 +36,18 @@ func (w *Worker) handBackWaking(t *model.Task, after time.Duration, why string, 
 	}, true, wake)
 }
 
-// carried is what a hand-back keeps of t's output: an outcome kept on the
-// task (keepOutcome) or a failure held on it (holdFailure). Conductor keeps
-// only the last update's output, so a hand-back without them (a replica
-// that could not read the run, a paused run's) would drop what lets the
-// worker that gets the task next record the step's end instead of running
-// it again.
+// carried is what a hand-back keeps of t's output: all of it. Conductor
+// keeps only the last update's output, and a hand-back gives the task back
+// as it was: with an outcome kept on it (keepOutcome) or a failure held on
+// it (holdFailure), which let the worker that gets it next record the
+// step's end instead of running it again, and with an outside worker's own
+// progress (an SDK worker in progress with a callback keeps its state
+// there).
 func carried(t *model.Task) map[string]any {
-	var out map[string]any
-	for _, k := range []string{keptOutcomeKey, heldFailureKey} {
-		if v, ok := t.OutputData[k]; ok {
-			if out == nil {
-				out = make(map[string]any, 2)
-			}
-			out[k] = v
-		}
+	if len(t.OutputData) == 0 {
+		return nil
 	}
-	return out
+	return maps.Clone(t.OutputData)
 }
 
 // update reports r for t, retrying while Conductor is unavailable (bounded

@@ -256,6 +256,7 @@ type task struct {
 	TaskID             string         `json:"taskId"`
 	WorkflowInstanceID string         `json:"workflowInstanceId"`
 	InputData          map[string]any `json:"inputData"`
+	OutputData         map[string]any `json:"outputData"`
 	Status             string         `json:"status"`
 }
 
@@ -1568,5 +1569,45 @@ func TestProxy_InProgressWithCallbackFinishesInTheDrain(t *testing.T) {
 	}
 	if st := snap.Step("x0"); st == nil || st.Status != statestore.StepStatusSuccess || len(snap.InFlight()) != 0 {
 		t.Fatalf("step %+v, %d in flight: want x0 SUCCESS and nothing for the drain to wait for", st, len(snap.InFlight()))
+	}
+}
+
+// An outside worker's task in progress (IN_PROGRESS with a callback, its
+// progress in the task's output, as long-running SDK workers keep it) that
+// comes back while the run's state cannot be read is handed back as it
+// was: Conductor keeps only the last update's output, and a hand-back
+// without it made the worker start over.
+func TestProxy_HandBackKeepsTheWorkersProgress(t *testing.T) {
+	var fail atomic.Bool
+	e := newEnvOpts(t, envOpts{reads: func(r taskworkers.SnapshotReader) taskworkers.SnapshotReader {
+		return failingReads{SnapshotReader: r, on: &fail}
+	}})
+	_, wfID := e.start(t, 1, 60)
+	got := e.pollOne(t)
+	resp, body := call(t, http.MethodPost, e.url+"/tasks", map[string]any{"taskId": got.TaskID, "workflowInstanceId": wfID,
+		"status": "IN_PROGRESS", "callbackAfterSeconds": 1, "outputData": map[string]any{"progress": 7}, "workerId": "sdk-worker"})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("IN_PROGRESS update: %d %s", resp.StatusCode, body)
+	}
+	fail.Store(true)
+	// The task comes back after its callback; the gate cannot read the
+	// run and hands it back.
+	deadline := time.Now().Add(4 * time.Second)
+	for time.Now().Before(deadline) {
+		if tasks := e.pollBatch(t, 1); len(tasks) != 0 {
+			t.Fatalf("polled %+v while the run's state could not be read, want it handed back", tasks)
+		}
+	}
+	fail.Store(false)
+	var again task
+	waitFor(t, "the task in progress back from a poll", 15*time.Second, func() bool {
+		for _, tk := range e.pollBatch(t, 1) {
+			again = tk
+			return true
+		}
+		return false
+	})
+	if again.TaskID != got.TaskID || fmt.Sprint(again.OutputData["progress"]) != "7" {
+		t.Fatalf("task %s with output %v, want %s with the worker's progress (7)", again.TaskID, again.OutputData, got.TaskID)
 	}
 }
