@@ -229,7 +229,7 @@ func (p *Projector) Project(ctx context.Context, runID string) (*RunSnapshot, er
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
-		if r.err != nil && ctx.Err() == nil && (errors.Is(r.err, context.Canceled) || errors.Is(r.err, context.DeadlineExceeded)) {
+		if r.err != nil && r.leaderEnded && ctx.Err() == nil {
 			continue // the leader's call ended, not this one's: fetch again
 		}
 		return r.snap, r.err
@@ -249,6 +249,10 @@ func (p *Projector) lead(ctx context.Context, rp *runProjection, runID string, r
 	// for good.
 	r.err = &Error{Code: CodeStoreUnavailable, Message: "the projection of run " + runID + " failed; read it again"}
 	r.snap, r.err = p.project(ctx, rp, runID)
+	// A failure because the leading call's own context ended is not the
+	// store's; one because the store's bound ended the fetch (its error
+	// wraps the same deadline error) is, and every waiting call takes it.
+	r.leaderEnded = r.err != nil && ctx.Err() != nil
 }
 
 // projectRound is one fetch of a run that concurrent projections share.
@@ -256,6 +260,9 @@ type projectRound struct {
 	done chan struct{}
 	snap *RunSnapshot
 	err  error
+	// leaderEnded: the fetch failed because the context of the call that
+	// made it ended; the calls waiting for it fetch again.
+	leaderEnded bool
 }
 
 // project is one projection of rp; rp.mu is held.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -643,5 +644,57 @@ func TestProjector_RunWithoutEventsIsNotKept(t *testing.T) {
 	snap, err := p.Snapshot(ctx, "nobody-0")
 	if err != nil || snap.LastEventSeq != 1 {
 		t.Fatalf("a run that appeared after a read found nothing: %+v, %v; want its RunStarted", snap, err)
+	}
+}
+
+// stalledFetcher is a store that stopped answering: each fetch waits for
+// the store's own bound (bound) and fails STORE_UNAVAILABLE with the
+// deadline's error, as pgstore's and natsstore's calls do when their own
+// timeout fires (the caller gave no deadline).
+type stalledFetcher struct {
+	bound   time.Duration
+	fetches atomic.Int32
+}
+
+func (f *stalledFetcher) Fetch(ctx context.Context, runID string, after int64, limit int) ([]statestore.RunEventRecord, error) {
+	f.fetches.Add(1)
+	ctx, cancel := context.WithTimeout(ctx, f.bound)
+	defer cancel()
+	<-ctx.Done()
+	return nil, &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: "fetch: timeout: " + ctx.Err().Error(), Err: ctx.Err()}
+}
+
+// Reads of one run that wait for a shared fetch get its failure when the
+// store's own bound ended it: a stalled store costs each of them one bound,
+// not one bound per read ahead of it. Before, a failure that wrapped the
+// deadline's error was taken for the leading call's own context ending,
+// every waiting read fetched again, and one read failed per bound while
+// the others queued (200 reads of one run during a 50 s table lock on
+// PostgreSQL answered after 45 s).
+func TestProjector_SharedFetchFailedOnTheStoresBound(t *testing.T) {
+	src := &stalledFetcher{bound: 50 * time.Millisecond}
+	p := statestore.NewProjector(src, statestore.ProjectorOptions{})
+	const reads = 20
+	errs := make(chan error, reads)
+	for range reads {
+		go func() {
+			_, err := p.Project(context.Background(), "r")
+			errs <- err
+		}()
+	}
+	for range reads {
+		select {
+		case err := <-errs:
+			if !errors.Is(err, statestore.ErrUnavailable) {
+				t.Fatalf("read: %v, want STORE_UNAVAILABLE", err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("a read never ended")
+		}
+	}
+	// The first read's fetch, and the one every read that arrived during
+	// it shares.
+	if n := src.fetches.Load(); n > 2 {
+		t.Fatalf("%d fetches for %d concurrent reads of a stalled store, want at most 2: each waiting read took its own bound", n, reads)
 	}
 }
