@@ -204,10 +204,17 @@ func (s *Store) Close() { s.pool.Close() }
 // this package's migrations). Closed by Close.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
+// appendTables are the tables an append writes (the log and the
+// EventIdRegistry): a lock on one that conflicts with a write holds every
+// append (Check).
+var appendTables = []string{"run_events", "event_ids"}
+
 // Check reports whether the store can append now: the database answers,
 // its schema is the one this binary migrated to, and the tables the
 // sidecar writes exist (an administrator's DROP or a restore of an older
-// dump fails it with STORE_DAMAGED). serve's /readyz calls it.
+// dump fails it with STORE_DAMAGED), and no other session holds or waits
+// for a lock on them that an append would wait for (STORE_UNAVAILABLE).
+// serve's /readyz calls it.
 func (s *Store) Check(ctx context.Context) error {
 	ctx, cancel := s.callContext(ctx)
 	defer cancel()
@@ -216,18 +223,29 @@ func (s *Store) Check(ctx context.Context) error {
 		return err
 	}
 	var version int
-	var missing, lacking []string
+	var missing, lacking, blocking []string
 	g := runtimeGrants()
 	err = s.pool.QueryRow(ctx, `SELECT coalesce((SELECT max(version) FROM schema_migrations), 0),
 		array(SELECT t FROM unnest($1::text[]) t WHERE to_regclass(t) IS NULL),
 		array(SELECT g.priv || ' on ' || g.obj FROM unnest($2::text[], $3::text[]) AS g(obj, priv)
 			WHERE NOT coalesce(has_table_privilege(to_regclass(g.obj), g.priv), true))
 		|| array(SELECT 'EXECUTE on ' || split_part(f, '(', 1) FROM unnest($4::text[]) f
-			WHERE NOT coalesce(has_function_privilege(to_regprocedure(f), 'EXECUTE'), true))`,
-		tables, g.objs, g.privs, g.funcs).Scan(&version, &missing, &lacking)
+			WHERE NOT coalesce(has_function_privilege(to_regprocedure(f), 'EXECUTE'), true)),
+		array(SELECT l.mode || ' on ' || l.relation::regclass::text || ' (pid ' || l.pid ||
+			CASE WHEN l.granted THEN ', held)' ELSE ', waiting)' END
+			FROM pg_locks l WHERE l.locktype = 'relation' AND l.pid <> pg_backend_pid()
+			AND l.relation IN (SELECT to_regclass(t) FROM unnest($5::text[]) t)
+			AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock'))`,
+		tables, g.objs, g.privs, g.funcs, appendTables).Scan(&version, &missing, &lacking, &blocking)
 	switch {
 	case err != nil:
 		return unavailable("check", err)
+	case len(blocking) > 0:
+		// Appends queue behind these (a lock waiting counts: later
+		// requests queue behind it): the store cannot append now.
+		return &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: fmt.Sprintf(
+			"check: another session holds or waits for a lock an append waits for: %s; end it unless it is maintenance you expect (pg_stat_activity names the session; SELECT pg_terminate_backend(pid))",
+			strings.Join(blocking, ", "))}
 	case len(missing) > 0:
 		return damaged(fmt.Sprintf("tables %v are missing: restore the database from a backup (the sidecar never drops a table)", missing), nil)
 	case version != all[len(all)-1].version:

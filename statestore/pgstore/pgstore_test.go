@@ -335,3 +335,48 @@ func TestPair(t *testing.T) {
 		}
 	}
 }
+
+// TestCheck_ALockThatBlocksAppends: while another session holds (or
+// waits for) a lock on the log's tables that an append would wait for
+// (LOCK TABLE, ALTER TABLE, VACUUM FULL, REINDEX), the store cannot append
+// now, and Check says so: STORE_UNAVAILABLE naming the table, the lock and
+// the session. Before, /readyz answered ready through a 50 s table lock
+// while every append and read timed out.
+func TestCheck_ALockThatBlocksAppends(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.URL(t)
+	s := open(t, url)
+	for _, lock := range []string{
+		"LOCK TABLE run_events IN ACCESS EXCLUSIVE MODE",
+		"LOCK TABLE run_events IN SHARE MODE", // reads pass, appends wait (as under a REINDEX)
+		"LOCK TABLE event_ids IN EXCLUSIVE MODE",
+	} {
+		t.Run(lock, func(t *testing.T) {
+			if err := s.Check(ctx); err != nil {
+				t.Fatalf("before the lock: %v", err)
+			}
+			conn, err := pgx.Connect(ctx, url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(ctx, lock); err != nil {
+				t.Fatal(err)
+			}
+			err = s.Check(ctx)
+			if !errors.Is(err, statestore.ErrUnavailable) || !strings.Contains(err.Error(), "lock") {
+				t.Fatalf("while %q is held: %v, want STORE_UNAVAILABLE naming the lock", lock, err)
+			}
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Check(ctx); err != nil {
+				t.Fatalf("after the lock: %v", err)
+			}
+		})
+	}
+}
