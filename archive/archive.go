@@ -680,6 +680,9 @@ func (a *Archive) locateIn(ctx context.Context, runID string) (*Manifest, *RunEn
 		if err != nil {
 			return nil, nil, err
 		}
+		if err := a.checkLink(ctx, m); err != nil {
+			return nil, nil, err
+		}
 		return m, &m.Runs[i], nil
 	}
 	m, err := a.readManifest(ctx, loc.seq)
@@ -689,7 +692,51 @@ func (a *Archive) locateIn(ctx context.Context, runID string) (*Manifest, *RunEn
 	if loc.entry >= len(m.Runs) || m.Runs[loc.entry].RunID != runID {
 		return nil, nil, newError(CodeCorrupt, nil, "manifest %d no longer lists run %q", loc.seq, runID)
 	}
+	if err := a.checkLink(ctx, m); err != nil {
+		return nil, nil, err
+	}
 	return m, &m.Runs[loc.entry], nil
+}
+
+// checkLink confirms that m is the manifest the chain holds at its place:
+// the manifest after it names m's Chain as its Prev, or, m being the
+// newest, m's Chain is the one this process wrote or hot state expects
+// there. A manifest rewritten, hash and all, by a writer without the
+// signing key is consistent in itself and fails only this (Verify reports
+// it ARCHIVE_CHAIN_BROKEN); its runs are not read as genuine. With the
+// manifest after m missing (deleted) or damaged itself, nothing links m,
+// and it passes: one damaged manifest costs only its own runs.
+func (a *Archive) checkLink(ctx context.Context, m *Manifest) error {
+	next, err := a.readManifest(ctx, m.Seq+1)
+	switch {
+	case errors.Is(err, ErrObjectNotFound):
+		if seq, chain := a.wantHead(); seq == m.Seq && chain != "" && chain != m.Chain {
+			return newError(CodeCorrupt, nil, "manifest %d is not the newest manifest written (%s: its chain is %s, the writer's %s): it was rewritten; sidecar archive verify says more",
+				m.Seq, ProblemChainBroken, m.Chain, chain)
+		}
+		return nil
+	case errors.Is(err, ErrCorrupt):
+		// The manifest after m is damaged itself: it costs its own runs
+		// (its readers get its error), not m's.
+		return nil
+	case err != nil:
+		return err
+	}
+	if err := Follows(m, next); err != nil {
+		return newError(CodeCorrupt, err, "manifest %d cannot be read as the archive's", m.Seq)
+	}
+	return nil
+}
+
+// Follows returns an error of code ARCHIVE_CHAIN_BROKEN (as in Verify's
+// report) when next, the manifest after m, does not name m's Chain as its
+// Prev: m was rewritten, hash and all, after next was written.
+func Follows(m, next *Manifest) error {
+	if next.Seq != m.Seq+1 || next.Prev == m.Chain {
+		return nil
+	}
+	return &Error{Code: ProblemChainBroken, Message: fmt.Sprintf("manifest %d is not the one manifest %d names as its predecessor: it was rewritten after manifest %d was written; sidecar archive verify says more",
+		m.Seq, next.Seq, next.Seq)}
 }
 
 // Records returns every record of runID from the archive, after checking

@@ -468,3 +468,41 @@ func TestVerify(t *testing.T) {
 		}
 	})
 }
+
+// A run of a manifest rewritten, hash and all, by a writer without the
+// signing key (the manifest after it no longer names it as its
+// predecessor) is not read as genuine: by a process that wrote the archive
+// and by one that just started, reading it by id answers ARCHIVE_CORRUPT,
+// as the listing passes over it and verify reports ARCHIVE_CHAIN_BROKEN.
+// The runs of the other manifests read as before. Before, the re-sealed
+// records were answered as the run's.
+func TestArchive_ResealedManifestIsNotRead(t *testing.T) {
+	ctx := context.Background()
+	d, root := openDir(t)
+	a := mustOpen(t, d)
+	var ms []*archive.Manifest
+	runs := finishedRuns(t, "r", 3)
+	for _, r := range runs {
+		m, err := a.Write(ctx, []archive.Run{r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms = append(ms, m)
+	}
+	reseal(t, root, 2, ms[1], true, func(l []string) []string {
+		l[1] = strings.Replace(l[1], `"StepStarted"`, `"StepSkipped"`, 1)
+		return l
+	})
+	for name, reader := range map[string]*archive.Archive{"the writer": a, "a process that just started": mustOpen(t, d)} {
+		t.Run(name, func(t *testing.T) {
+			if recs, err := reader.Records(ctx, runs[1].ID); !errors.Is(err, archive.ErrCorrupt) {
+				t.Fatalf("the re-sealed run: %d records, %v; want ARCHIVE_CORRUPT", len(recs), err)
+			}
+			for _, i := range []int{0, 2} {
+				if recs, err := reader.Records(ctx, runs[i].ID); err != nil || len(recs) != len(runs[i].Records) {
+					t.Fatalf("run of manifest %d: %d records, %v; want its %d", i+1, len(recs), err, len(runs[i].Records))
+				}
+			}
+		})
+	}
+}

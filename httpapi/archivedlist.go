@@ -95,8 +95,8 @@ func (s *Server) listArchived(ctx context.Context, f runlist.Filter, limit int, 
 		}
 		m, err := s.opts.Archive.Manifest(ctx, seqs[k])
 		read++
-		if err == nil && next != nil && next.Seq == m.Seq+1 && next.Prev != m.Chain {
-			err = &archive.Error{Code: archive.ProblemChainBroken, Message: fmt.Sprintf("manifest %d is not the one manifest %d follows", m.Seq, next.Seq)}
+		if err == nil && next != nil {
+			err = archive.Follows(m, next)
 		}
 		next = m
 		if err != nil {
