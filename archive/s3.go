@@ -24,6 +24,14 @@ var _ Destination = (*S3)(nil)
 // s3CallTimeout bounds one S3 call whose context has no deadline.
 const s3CallTimeout = 2 * time.Minute
 
+// s3StallTimeout bounds the wait for the server's answer to one request
+// once it was sent (S3Config.StallTimeout): a server that accepts
+// connections and answers nothing (hung, overloaded) fails the request,
+// which the SDK tries again (3 attempts in all), rather than holding the
+// call for s3CallTimeout. S3 answers a request, a PUT of a segment too,
+// well within it once the body is sent.
+const s3StallTimeout = 20 * time.Second
+
 // s3ConflictRetries is how often PutNew repeats a conditional write the
 // server answered with 409 ConditionalRequestConflict (another write of
 // the same key was in flight); the repeat then gets 412 or succeeds.
@@ -51,6 +59,10 @@ type S3Config struct {
 	// instead of the host name (http://bucket.host/key); most S3-compatible
 	// servers need it.
 	PathStyle bool
+	// StallTimeout is how long a request may wait for the server's answer
+	// once sent (the response's headers) before it fails (default
+	// s3StallTimeout).
+	StallTimeout time.Duration
 }
 
 // S3 is a Destination under a prefix of an S3 bucket (AWS S3 or an
@@ -96,11 +108,17 @@ func NewS3(ctx context.Context, cfg S3Config) (*S3, error) {
 	if ac.Region == "" {
 		ac.Region = "us-east-1"
 	}
+	stall := cfg.StallTimeout
+	if stall <= 0 {
+		stall = s3StallTimeout
+	}
+	hc := awshttp.NewBuildableClient().WithTransportOptions(func(tr *http.Transport) { tr.ResponseHeaderTimeout = stall })
 	client := s3.NewFromConfig(ac, func(o *s3.Options) {
 		if cfg.Endpoint != "" {
 			o.BaseEndpoint = aws.String(cfg.Endpoint)
 		}
 		o.UsePathStyle = cfg.PathStyle
+		o.HTTPClient = hc
 	})
 	return &S3{client: client, bucket: cfg.Bucket, prefix: prefix}, nil
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/conductor-sidecar/sidecar/archive"
 	"github.com/conductor-sidecar/sidecar/archive/archivetest"
@@ -179,5 +180,35 @@ func TestS3_ChangedCatalogShard(t *testing.T) {
 		if p.Code != archive.ProblemCatalogInvalid {
 			t.Fatalf("got problem %+v, want %s", p, archive.ProblemCatalogInvalid)
 		}
+	}
+}
+
+// A server that accepts connections and answers nothing (hung, overloaded)
+// fails a call with ARCHIVE_UNAVAILABLE once it stayed silent for the
+// stall bound, not after the whole call's bound: a read of an archived run
+// answered only when the server woke up, two minutes later, and a failing
+// retention pass took as long to say so. The server is woken after 30 s:
+// a call still waiting then would succeed.
+func TestS3_SilentServerFailsTheCall(t *testing.T) {
+	ctx := context.Background()
+	srv := archivetest.StartS3(t)
+	srv.Bucket("stall", "a")
+	cfg := srv.Config("stall", "a")
+	cfg.StallTimeout = time.Second
+	d, err := archive.NewS3(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Put(ctx, "x", []byte("y")); err != nil {
+		t.Fatal(err)
+	}
+	thaw := srv.Freeze()
+	woken := time.AfterFunc(30*time.Second, thaw)
+	defer woken.Stop()
+	if _, err := d.Get(ctx, "x"); !errors.Is(err, archive.ErrUnavailable) {
+		t.Fatalf("a Get from a silent server: %v, want ARCHIVE_UNAVAILABLE", err)
+	}
+	if err := d.Put(ctx, "z", []byte("y")); !errors.Is(err, archive.ErrUnavailable) {
+		t.Fatalf("a Put to a silent server: %v, want ARCHIVE_UNAVAILABLE", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/conductor-sidecar/sidecar/archive"
 	"github.com/conductor-sidecar/sidecar/errcode"
@@ -27,6 +28,57 @@ type ArchiveReader interface {
 	// NewestSeq returns the manifest of runID's newest copy, knowing the
 	// archive has manifests through through.
 	NewestSeq(ctx context.Context, runID string, through uint64) (uint64, error)
+}
+
+// DefaultArchiveReadTimeout bounds each read of the archive a request
+// makes (Options.ArchiveReadTimeout): a destination that accepts requests
+// and answers none (a hung S3 server) answers 503 ARCHIVE_UNAVAILABLE
+// then, rather than holding the request and its connection for as long as
+// it stays silent. A segment of 200 runs reads in well under a second
+// from a destination that answers.
+const DefaultArchiveReadTimeout = 15 * time.Second
+
+// boundedArchive is an ArchiveReader whose every call is bounded by
+// timeout (an earlier deadline of the caller's stays).
+type boundedArchive struct {
+	ArchiveReader
+	timeout time.Duration
+}
+
+// bounded runs call under the bound; a call that ran out of it without an
+// archive error of its own (a destination that ignores its context) is
+// ARCHIVE_UNAVAILABLE.
+func bounded[T any](ctx context.Context, timeout time.Duration, call func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	v, err := call(ctx)
+	var ae *archive.Error
+	if err != nil && !errors.As(err, &ae) && errors.Is(err, context.DeadlineExceeded) {
+		err = &archive.Error{Code: archive.CodeUnavailable, Message: fmt.Sprintf("the archive did not answer within %s", timeout), Err: err}
+	}
+	return v, err
+}
+
+func (b boundedArchive) Lookup(ctx context.Context, runID string) (*archive.RunEntry, error) {
+	return bounded(ctx, b.timeout, func(ctx context.Context) (*archive.RunEntry, error) { return b.ArchiveReader.Lookup(ctx, runID) })
+}
+
+func (b boundedArchive) Records(ctx context.Context, runID string) ([]statestore.RunEventRecord, error) {
+	return bounded(ctx, b.timeout, func(ctx context.Context) ([]statestore.RunEventRecord, error) {
+		return b.ArchiveReader.Records(ctx, runID)
+	})
+}
+
+func (b boundedArchive) ManifestSeqs(ctx context.Context) ([]uint64, error) {
+	return bounded(ctx, b.timeout, b.ArchiveReader.ManifestSeqs)
+}
+
+func (b boundedArchive) Manifest(ctx context.Context, seq uint64) (*archive.Manifest, error) {
+	return bounded(ctx, b.timeout, func(ctx context.Context) (*archive.Manifest, error) { return b.ArchiveReader.Manifest(ctx, seq) })
+}
+
+func (b boundedArchive) NewestSeq(ctx context.Context, runID string, through uint64) (uint64, error) {
+	return bounded(ctx, b.timeout, func(ctx context.Context) (uint64, error) { return b.ArchiveReader.NewestSeq(ctx, runID, through) })
 }
 
 // runSnapshot returns runID's snapshot from hot state or, when the run

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -54,6 +55,13 @@ func archivedEnvAuth(t *testing.T, auth httpapi.Authenticator) (srv *httptest.Se
 // archivedEnvWith is archivedEnvAuth with the API reading the archive
 // through wrap, when set.
 func archivedEnvWith(t *testing.T, auth httpapi.Authenticator, wrap func(httpapi.ArchiveReader) httpapi.ArchiveReader) (srv *httptest.Server, list *runlist.List, goneRecs []statestore.RunEventRecord, dir string) {
+	t.Helper()
+	return archivedEnvOpts(t, auth, wrap, nil)
+}
+
+// archivedEnvOpts is archivedEnvWith with the API's options changed by
+// opts, when set.
+func archivedEnvOpts(t *testing.T, auth httpapi.Authenticator, wrap func(httpapi.ArchiveReader) httpapi.ArchiveReader, opts func(*httpapi.Options)) (srv *httptest.Server, list *runlist.List, goneRecs []statestore.RunEventRecord, dir string) {
 	t.Helper()
 	ctx := context.Background()
 	js, ns := natstest.StartIn(t, t.TempDir(), natsstore.EmbeddedConfig{
@@ -161,7 +169,11 @@ func archivedEnvWith(t *testing.T, auth httpapi.Authenticator, wrap func(httpapi
 	if wrap != nil {
 		reader = wrap(arch)
 	}
-	srv = httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: store, Archive: reader, Control: ctrl, List: list, Auth: auth, Plans: scriptedPlans{}, Logger: zaptest.NewLogger(t)}).Handler())
+	o := httpapi.Options{Log: store, Archive: reader, Control: ctrl, List: list, Auth: auth, Plans: scriptedPlans{}, Logger: zaptest.NewLogger(t)}
+	if opts != nil {
+		opts(&o)
+	}
+	srv = httptest.NewServer(httpapi.NewServer(o).Handler())
 	t.Cleanup(srv.Close)
 	return srv, list, goneRecs, dir
 }
@@ -636,4 +648,66 @@ func TestServer_ArchivedListPassesOverAnUnreadableManifest(t *testing.T) {
 			t.Fatalf("listed %v, unreadable %+v; want gone and gone-2, and manifest 2 missing", names, unreadable)
 		}
 	})
+}
+
+// silentArchive is an archive whose destination accepts requests and
+// answers none (archive: TestS3_SilentServerFailsTheCall freezes a real S3
+// server; this API test needs the run's other objects in a file:// one):
+// each read waits until its context ends, as the S3 destination's does.
+type silentArchive struct {
+	httpapi.ArchiveReader
+	silent atomic.Bool
+}
+
+func (s *silentArchive) wait(ctx context.Context) error {
+	<-ctx.Done()
+	return &archive.Error{Code: archive.CodeUnavailable, Message: "GetObject: " + ctx.Err().Error(), Err: ctx.Err()}
+}
+
+func (s *silentArchive) Lookup(ctx context.Context, runID string) (*archive.RunEntry, error) {
+	if s.silent.Load() {
+		return nil, s.wait(ctx)
+	}
+	return s.ArchiveReader.Lookup(ctx, runID)
+}
+
+func (s *silentArchive) Records(ctx context.Context, runID string) ([]statestore.RunEventRecord, error) {
+	if s.silent.Load() {
+		return nil, s.wait(ctx)
+	}
+	return s.ArchiveReader.Records(ctx, runID)
+}
+
+func (s *silentArchive) ManifestSeqs(ctx context.Context) ([]uint64, error) {
+	if s.silent.Load() {
+		return nil, s.wait(ctx)
+	}
+	return s.ArchiveReader.ManifestSeqs(ctx)
+}
+
+// TestServer_ArchivedRunWhileTheArchiveIsSilent: a request that reads an
+// archive that does not answer ends with 503 ARCHIVE_UNAVAILABLE once the
+// API's bound on archive reads passed, and holds no connection beyond it.
+// Before, it waited as long as the archive stayed silent (a status read
+// answered after two minutes, when the S3 server woke up).
+func TestServer_ArchivedRunWhileTheArchiveIsSilent(t *testing.T) {
+	silent := &silentArchive{}
+	srv, _, _, _ := archivedEnvOpts(t, nil, func(r httpapi.ArchiveReader) httpapi.ArchiveReader {
+		silent.ArchiveReader = r
+		return silent
+	}, func(o *httpapi.Options) { o.ArchiveReadTimeout = 200 * time.Millisecond })
+	silent.silent.Store(true)
+	client := &http.Client{Timeout: 30 * time.Second}
+	for _, path := range []string{"/v1/runs/gone", "/v1/runs/gone/events"} {
+		resp, err := client.Get(srv.URL + path)
+		if err != nil {
+			t.Fatalf("GET %s while the archive is silent: %v, want an answer", path, err)
+		}
+		var a answer
+		_ = json.NewDecoder(resp.Body).Decode(&a)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || a.Code != archive.CodeUnavailable {
+			t.Fatalf("GET %s while the archive is silent: %d %s, want 503 %s", path, resp.StatusCode, a.Code, archive.CodeUnavailable)
+		}
+	}
 }

@@ -88,7 +88,11 @@ type Options struct {
 	// status and events answer them from it, marked archived, and
 	// control actions on them answer RUN_ARCHIVED.
 	Archive ArchiveReader
-	Starter Starter
+	// ArchiveReadTimeout bounds each read of the archive a request makes
+	// (default DefaultArchiveReadTimeout): past it, 503
+	// ARCHIVE_UNAVAILABLE.
+	ArchiveReadTimeout time.Duration
+	Starter            Starter
 	// Control carries out pause, resume and cancel (nil: not served).
 	Control Control
 	// List lists runs: GET /v1/runs (nil: not served).
@@ -246,6 +250,12 @@ func NewServer(opts Options) *Server {
 		if *d.p <= 0 {
 			*d.p = d.def
 		}
+	}
+	if opts.Archive != nil {
+		if opts.ArchiveReadTimeout <= 0 {
+			opts.ArchiveReadTimeout = DefaultArchiveReadTimeout
+		}
+		opts.Archive = boundedArchive{opts.Archive, opts.ArchiveReadTimeout}
 	}
 	s := &Server{opts: opts, log: opts.Logger.Named("api"), mux: http.NewServeMux(), allow: map[string][]string{}, sessions: newSessions(),
 		writing: &inProgress{max: opts.MaxRequestsPerPrincipal}}

@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -92,6 +94,24 @@ func (s *S3Server) Stop() {
 	}
 	s.proc.Stop()
 	s.proc = nil
+}
+
+// Freeze stops the server's process (SIGSTOP): it keeps its port and
+// accepts connections, and answers nothing until thaw (also run when the
+// test ends). A server that hangs, as one overloaded or partitioned does.
+func (s *S3Server) Freeze() (thaw func()) {
+	s.t.Helper()
+	if s.proc == nil {
+		s.t.Fatal("freeze: the S3 server is not running")
+	}
+	p := s.proc.Cmd.Process
+	if err := p.Signal(syscall.SIGSTOP); err != nil {
+		s.t.Fatalf("freeze the S3 server: %v", err)
+	}
+	var once sync.Once
+	thaw = func() { once.Do(func() { _ = p.Signal(syscall.SIGCONT) }) }
+	s.t.Cleanup(thaw)
+	return thaw
 }
 
 // ObjectFile returns the file the server keeps the object of key in
