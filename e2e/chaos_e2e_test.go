@@ -694,7 +694,7 @@ func (ch *chaos) check(s *summary, r *chaosRun) {
 		case n == 0 && closedBySidecar[cycle]:
 			s.count(&s.pausesRaced) // the pause raced the run's end (docs/drain.md)
 		case n == 0 && resumedDraining[cycle]:
-			// RESUME while DRAINING ends the drain itself (DESIGN.md: RESUME
+			// RESUME while DRAINING ends the drain itself (docs/drain.md: RESUME
 			// is allowed draining or not); no drain event is due.
 			s.count(&s.resumedDraining)
 		default:

@@ -59,7 +59,7 @@ const (
 // Reasons of RunStepTryEnded (payload.reason).
 const (
 	// TryEndedEngineTryFailed: the try failed and Conductor retries it
-	// (engineAttemptId < engineTries): no StepFailed (DESIGN.md "Engine retries").
+	// (engineAttemptId < engineTries): no StepFailed (docs/events.md, "Why the try events exist").
 	TryEndedEngineTryFailed = "engineTryFailed"
 	// TryEndedHandedBack: the task was handed back to Conductor unfinished
 	// (the executor could not run, or shutdown interrupted the step).

@@ -73,7 +73,7 @@ const (
 
 func TestDecide_RunTransitions(t *testing.T) {
 	// Written out by hand from Run Events Contract v2.0.1 §5.1, Execution
-	// Semantics Contract v1.1 §1.2 and DESIGN.md: the status after the event,
+	// Semantics Contract v1.1 §1.2 and docs/events.md: the status after the event,
 	// INVALID (Policy A) or AUDIT (kept, no effect).
 	want := map[string]map[string]string{
 		"PENDING": {"RunQueued": "QUEUED", "RunApproved": "APPROVED", "RunStarted": "RUNNING", "RunPaused": inv, "RunResumed": inv,

@@ -529,7 +529,7 @@ func (w *Worker) finish(t *model.Task, log *zap.Logger, a *Assignment, res Resul
 	final := !res.Err.Retryable || engine >= int64(max(a.EngineTries, 1)) || operatorAttempt
 	if !final {
 		// An engine retry of the same logical attempt follows: logs and
-		// metrics only, no StepFailed (DESIGN.md "Engine retries").
+		// metrics only, no StepFailed (docs/events.md, "Why the try events exist").
 		log.Warn("step try failed; Conductor retries it", zap.String("code", res.Err.Code), zap.String("error", res.Err.Message))
 		// Recorded before Conductor hears of it: once Conductor has the
 		// failure, the next try may start (on any replica), and it must

@@ -66,7 +66,7 @@ const (
 )
 
 // RetryPolicy is the step's retry budget: EngineTries tries of each of
-// LogicalAttempts logical attempts (DESIGN.md "Attempts on Conductor").
+// LogicalAttempts logical attempts (docs/plans.md, "One step, one task").
 // Zero values mean 1.
 type RetryPolicy struct {
 	EngineTries     int `json:"engineTries,omitempty"`

@@ -99,7 +99,7 @@ type Config struct {
 	env envSettings
 }
 
-// DefaultConfig returns the defaults DESIGN.md names.
+// DefaultConfig returns the defaults docs/operations.md lists.
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{

@@ -103,7 +103,7 @@ func parseServeHelp(help string) (*serveFlags, error) {
 		f.defaults[m[1]] = def
 		flag = ""
 	}
-	// The names DESIGN.md fixes; if they are missing the parsing is broken.
+	// The names scripts rely on (docs/operations.md, "Upgrading"); if they are missing the parsing is broken.
 	for _, name := range []string{"SIDECAR_CONDUCTOR_URL", "SIDECAR_NATS_URL", "SIDECAR_DATA_DIR", "SIDECAR_LISTEN", "SIDECAR_DRAIN_TIMEOUT", "SIDECAR_SHUTDOWN_GRACE", "SIDECAR_WORKER_ID"} {
 		if _, ok := f.defaults[name]; !ok {
 			return nil, fmt.Errorf("serve -h does not list %s", name)
