@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/antihax/optional"
@@ -94,6 +95,9 @@ type Client struct {
 	calls    *semaphore.Weighted
 	control  *fairPlaces
 	maxCalls int
+	// apiSeen is set once a call of the API under base answered: the URL
+	// is the API's base (Health checks it until then).
+	apiSeen atomic.Bool
 }
 
 // workCalls are the calls that keep runs moving and the log in step: a
@@ -183,10 +187,16 @@ func (c *Client) do(ctx context.Context, op string, extra time.Duration, call fu
 	resp, err := call(callCtx)
 	if err != nil {
 		err = c.classify(ctx, op, resp, err)
+	} else if op != opHealth {
+		c.apiSeen.Store(true)
 	}
 	c.observe(op, start, err)
 	return resp, err
 }
+
+// apiProbeWorkflow names no workflow definition: the health check reads
+// its running list to see that the URL is the API's base.
+const apiProbeWorkflow = "sidecar_api_probe"
 
 // acquire takes one of the places for calls at Conductor (and, for a
 // control call, one of the control calls' places first), waiting for them
@@ -383,7 +393,27 @@ func (c *Client) Health(ctx context.Context) error {
 		if !h.Healthy {
 			return resp, client.NewGenericSwaggerError(body, "not healthy", nil, http.StatusServiceUnavailable)
 		}
-		return resp, nil
+		if c.apiSeen.Load() {
+			return resp, nil
+		}
+		// Until a call of the API answered, check that the URL is its
+		// base: /health answers at the server's root too, where every call
+		// of the API is 404 (a URL without /api). A running list of a
+		// name no definition has is an empty list on every version.
+		var ids []string
+		resp, err = c.rawJSON(ctx, c.http, http.MethodGet, c.base+"/workflow/running/"+apiProbeWorkflow+"?version=1", nil, 64<<10, &ids)
+		if resp != nil && resp.StatusCode == http.StatusNotFound {
+			hint := ""
+			if !strings.HasSuffix(c.base, "/api") {
+				hint = " (try " + c.base + "/api)"
+			}
+			return resp, &Error{Code: CodeConductorURLInvalid, Op: opHealth, Status: resp.StatusCode,
+				Message: "the server at " + c.base + " answers /health but 404 to Conductor's API under it: give Conductor's API base URL, which ends in /api on a stock server" + hint}
+		}
+		if err == nil {
+			c.apiSeen.Store(true)
+		}
+		return resp, err
 	})
 	return err
 }

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -153,6 +154,17 @@ func TestClient_Conductor(t *testing.T) {
 	t.Run("Health", func(t *testing.T) {
 		if err := c.Health(ctx); err != nil {
 			t.Fatal(err)
+		}
+	})
+	// The server's root instead of its API base (the most common mistake
+	// in a Conductor URL): /health answers there, every API call 404.
+	// Health says so, and what to give instead; before, it was healthy,
+	// and serve ready while every Conductor call failed.
+	t.Run("HealthOfTheServersRoot", func(t *testing.T) {
+		root := strings.TrimSuffix(strings.TrimSuffix(u, "/"), "/api")
+		err := newClient(t, root, 30*time.Second).Health(ctx)
+		if !errors.Is(err, ErrConductorURLInvalid) || !strings.Contains(err.Error(), root+"/api") {
+			t.Fatalf("Health of %s: %v, want %s naming %s/api", root, err, CodeConductorURLInvalid, root)
 		}
 	})
 	t.Run("ErrNotFound", func(t *testing.T) {

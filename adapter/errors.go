@@ -54,6 +54,10 @@ const (
 	// CodeRunRegistryUnavailable: the run index (the JetStream KV bucket)
 	// could not be read or written. The call may be retried.
 	CodeRunRegistryUnavailable = "RUN_REGISTRY_UNAVAILABLE"
+	// CodeConductorURLInvalid: the server at the Conductor URL answers
+	// its health check but 404 to Conductor's API under it: the URL is
+	// not the API's base (usually the server's root without /api).
+	CodeConductorURLInvalid = "CONDUCTOR_URL_INVALID"
 )
 
 // kinds are the kinds of the adapter's codes: Conductor's 404 is NotFound,
@@ -67,6 +71,7 @@ var kinds = map[string]errcode.Kind{
 	CodeInvalidInput:           errcode.Invalid,
 	CodeRunStartInProgress:     errcode.Conflict,
 	CodeRunRegistryUnavailable: errcode.Unavailable,
+	CodeConductorURLInvalid:    errcode.Invalid,
 }
 
 // Error is an adapter error with a machine-readable Code. Op names the
@@ -133,6 +138,8 @@ var (
 	ErrEngineUnavailable = &Error{Code: CodeEngineUnavailable}
 	// ErrNotFound matches every NOT_FOUND error.
 	ErrNotFound = &Error{Code: CodeNotFound}
+	// ErrConductorURLInvalid matches every CONDUCTOR_URL_INVALID error.
+	ErrConductorURLInvalid = &Error{Code: CodeConductorURLInvalid}
 	// ErrConflict matches every CONFLICT error.
 	ErrConflict = &Error{Code: CodeConflict}
 	// ErrEngineRejected matches every ENGINE_REJECTED error.
