@@ -101,7 +101,7 @@ func (n *Node) pairNATS(ctx context.Context, pg *pgstore.Store) error {
 	}
 	state := fmt.Sprintf("run index %s created %s", adapter.DefaultRunsBucket, st.CachedInfo().Created.UTC().Format(time.RFC3339Nano))
 	if _, err := pg.Pair(ctx, state, n.cfg.AcceptNewNATSState); err != nil {
-		if errors.Is(err, statestore.ErrDamaged) {
+		if errors.Is(err, pgstore.ErrOtherNATSState) {
 			return fmt.Errorf("%w: start with the --data-dir (or --nats-url) it was used with: the runs in flight are known only there; "+
 				"if that state is gone for good, start once with --accept-new-nats-state (runs in flight then stay RUNNING in Conductor: cancel them there)", err)
 		}

@@ -1,6 +1,10 @@
 package pgstore
 
-import "github.com/conductor-sidecar/sidecar/statestore"
+import (
+	"errors"
+
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
 
 // Machine-readable codes of this package, beside statestore's
 // (STORE_UNAVAILABLE, STORE_DAMAGED). Errors carry them as
@@ -39,6 +43,10 @@ const (
 
 // Sentinel errors, matched with errors.Is.
 var (
+	// ErrOtherNATSState is the cause of Pair's STORE_DAMAGED refusal of a
+	// database paired with other NATS state (errors.Is), which no other
+	// STORE_DAMAGED has: its fix is the data dir it was used with.
+	ErrOtherNATSState = errors.New("pgstore: the database is paired with other NATS state")
 	// ErrRoleRefused matches every STORE_ROLE_REFUSED error.
 	ErrRoleRefused = &statestore.Error{Code: CodeRoleRefused}
 	// ErrMigrationNeeded matches every STORE_MIGRATION_NEEDED error.

@@ -302,19 +302,31 @@ func (s *Store) Pair(ctx context.Context, natsState string, accept bool) (previo
 	}
 	switch {
 	case err != nil:
-		return "", unavailable("pair with nats", err)
+		return "", s.pairFailed(ctx, err)
 	case paired == natsState:
 		return "", nil
 	case !accept:
 		return "", damaged(fmt.Sprintf("this database was used with other NATS state (paired %s with %s; this sidecar has %s)",
-			at.UTC().Format(time.RFC3339), paired, natsState), nil)
+			at.UTC().Format(time.RFC3339), paired, natsState), ErrOtherNATSState)
 	}
 	if _, err := s.pool.Exec(ctx, "UPDATE nats_pairing SET nats_state = $1, paired_at = now()", natsState); err != nil {
-		return "", unavailable("pair with nats", err)
+		return "", s.pairFailed(ctx, err)
 	}
 	s.log.Warn("paired the database with new NATS state: the runs the old state knew are not resumed",
 		zap.String("previous", paired), zap.String("natsState", natsState))
 	return paired, nil
+}
+
+// pairFailed is Pair's error for err: a privilege the role lacks is
+// named as Check names it, with its fix (migrate grants it again).
+func (s *Store) pairFailed(ctx context.Context, err error) error {
+	err = unavailable("pair with nats", err)
+	if errors.Is(err, statestore.ErrDamaged) {
+		if cerr := s.Check(ctx); errors.Is(cerr, statestore.ErrDamaged) {
+			return cerr
+		}
+	}
+	return err
 }
 
 // Append implements statestore.Store.

@@ -206,3 +206,37 @@ func TestRoles_CheckSeesARevokedPrivilege(t *testing.T) {
 		t.Fatalf("after migrate granted them back: %v", err)
 	}
 }
+
+// TestRoles_PairWithoutThePrivilege: a role that may not write the
+// pairing table is told what it lacks and to run migrate, and the refusal
+// is not the one of a database paired with other NATS state, whose fix
+// (another data dir, --accept-new-nats-state) would not help. Before, it
+// read as that refusal.
+func TestRoles_PairWithoutThePrivilege(t *testing.T) {
+	ctx := context.Background()
+	r := migrated(t)
+	owner, err := pgx.Connect(ctx, r.OwnerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close(ctx)
+	if _, err := owner.Exec(ctx, `REVOKE INSERT, UPDATE ON nats_pairing FROM "`+r.Runtime+`"`); err != nil {
+		t.Fatal(err)
+	}
+	s := openDurable(t, r.RuntimeURL, prometheus.NewRegistry())
+	_, err = s.Pair(ctx, "nats-a", false)
+	if !errors.Is(err, statestore.ErrDamaged) || errors.Is(err, pgstore.ErrOtherNATSState) ||
+		!strings.Contains(err.Error(), "INSERT on nats_pairing") || !strings.Contains(err.Error(), "sidecar migrate") {
+		t.Fatalf("pairing without the privilege: %v, want STORE_DAMAGED naming INSERT on nats_pairing and sidecar migrate, not the other-state refusal", err)
+	}
+	// Another state's refusal is told apart.
+	if _, err := pgstore.Migrate(ctx, r.OwnerURL, pgstore.MigrateOptions{RuntimeRole: r.Runtime}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pair(ctx, "nats-a", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pair(ctx, "nats-b", false); !errors.Is(err, pgstore.ErrOtherNATSState) {
+		t.Fatalf("another NATS state: %v, want ErrOtherNATSState", err)
+	}
+}
