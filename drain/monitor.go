@@ -234,7 +234,10 @@ func (c *Controller) checkWatched(ctx context.Context) bool {
 		}
 	}
 	c.opts.Metrics.drainGauges(draining, inFlight)
-	c.warns.Recovered(c.logger, "the drain monitor reads the store again")
+	if len(ids) > 0 {
+		// A pass that read nothing says nothing of the store.
+		c.warns.Recovered(c.logger, "the drain monitor reads the store again")
+	}
 	return true
 }
 
@@ -373,7 +376,9 @@ func (c *Controller) scan(ctx context.Context) bool {
 		counts.add(snap)
 	}
 	c.opts.Metrics.statusGauges(counts)
-	c.warns.Recovered(c.logger, "the drain monitor reads the store again")
+	if len(ids) > 0 {
+		c.warns.Recovered(c.logger, "the drain monitor reads the store again")
+	}
 	return true
 }
 
