@@ -233,3 +233,31 @@ func TestDashboard_Layout(t *testing.T) {
 		t.Errorf("no panel shows up (%v) and the versions (sidecar_build_info: %v)", up, version)
 	}
 }
+
+// TestMetrics_Documented: every metric the sidecar registers is named in
+// the operator docs (docs/*.md), so that an operator who scrapes one can
+// find what it means.
+func TestMetrics_Documented(t *testing.T) {
+	var docs strings.Builder
+	paths, err := filepath.Glob(filepath.Join(repoRoot, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs.Write(b)
+	}
+	var missing []string
+	for m := range registeredMetrics(t) {
+		if !strings.Contains(docs.String(), m) {
+			missing = append(missing, m)
+		}
+	}
+	sort.Strings(missing)
+	if len(missing) > 0 {
+		t.Fatalf("metrics named nowhere in docs/: %v", missing)
+	}
+}
