@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -134,13 +135,27 @@ func TestServe_DataDirLocked(t *testing.T) {
 	began := time.Now()
 	out := serveMustRefuse(t, 10*time.Second, "--data-dir", dir, "--listen", sidecartest.FreeAddr(t))
 	line := lastLine(out)
-	if !strings.Contains(line, "held by") || !strings.Contains(line, fmt.Sprintf("pid=%d", first.cmd.Process.Pid)) {
+	if !strings.Contains(line, "DATA_DIR_LOCKED") || !strings.Contains(line, "held by") || !strings.Contains(line, fmt.Sprintf("pid=%d", first.cmd.Process.Pid)) {
 		t.Fatalf("refusal does not name the holder (pid %d): %q", first.cmd.Process.Pid, line)
 	}
 	t.Logf("refused in %s: %s", time.Since(began).Round(time.Millisecond), line)
 	// The first one is unharmed.
 	if resp, err := http.Get("http://" + first.addr + "/readyz"); err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("first serve not ready after the refused second: %v %v", resp, err)
+	}
+}
+
+// TestServe_AddressInUse: a serve whose --listen address another process
+// holds refuses at once, in one line with a code and the fix.
+func TestServe_AddressInUse(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	line := lastLine(serveMustRefuse(t, 10*time.Second, "--data-dir", t.TempDir(), "--listen", ln.Addr().String()))
+	if !strings.Contains(line, "ADDRESS_IN_USE") || !strings.Contains(line, "--listen "+ln.Addr().String()) || !strings.Contains(line, "another address") {
+		t.Fatalf("refusal %q: want ADDRESS_IN_USE naming --listen %s and the fix", line, ln.Addr())
 	}
 }
 

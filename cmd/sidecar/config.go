@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -163,7 +164,7 @@ func (c *Config) node(log *zap.Logger, own []string) (nc node.Config, err error)
 	// nor a webhook sink can be pointed at it; the node serves it once
 	// every component is open.
 	if nc.API, err = listenHeld(c.Listen); err != nil {
-		return nc, fmt.Errorf("listen on %s: %w", c.Listen, err)
+		return nc, listenFailed("--listen", c.Listen, err)
 	}
 	defer func() {
 		if err != nil {
@@ -172,7 +173,7 @@ func (c *Config) node(log *zap.Logger, own []string) (nc node.Config, err error)
 	}()
 	if c.API.MetricsListen != "" {
 		if nc.Metrics, err = listenHeld(c.API.MetricsListen); err != nil {
-			return nc, fmt.Errorf("--metrics-listen %s: %w", c.API.MetricsListen, err)
+			return nc, listenFailed("--metrics-listen", c.API.MetricsListen, err)
 		}
 		own = append(slices.Clone(own), nc.Metrics.Addr().String())
 	}
@@ -217,6 +218,15 @@ func (c *Config) node(log *zap.Logger, own []string) (nc node.Config, err error)
 
 // closeListeners closes the listeners of nc (their sockets: a
 // heldListener's Close would only end a server's session).
+// listenFailed is the error of a listener flag whose address could not be
+// bound: ADDRESS_IN_USE with the fix when another process holds it.
+func listenFailed(flag, addr string, err error) error {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("ADDRESS_IN_USE: %s %s: another process listens there (ss -ltnp shows which): stop it, or give %s another address", flag, addr, flag)
+	}
+	return fmt.Errorf("%s %s: %w", flag, addr, err)
+}
+
 func closeListeners(nc node.Config) {
 	for _, ln := range []net.Listener{nc.API, nc.Metrics, nc.ConductorProxy} {
 		switch ln := ln.(type) {
@@ -233,7 +243,7 @@ func closeListeners(nc node.Config) {
 type ConfigValidationError struct{ Problems []string }
 
 func (e *ConfigValidationError) Error() string {
-	return "invalid configuration:\n  " + strings.Join(e.Problems, "\n  ")
+	return "CONFIG_INVALID: invalid configuration:\n  " + strings.Join(e.Problems, "\n  ")
 }
 
 // Validate checks c and returns a *ConfigValidationError naming every problem.
@@ -411,7 +421,11 @@ func (e *envSettings) set(fs *flag.FlagSet, name string) bool {
 		return false
 	}
 	if ok {
-		e.check(name, v, fs.Set(name, v))
+		err := fs.Set(name, v)
+		if b, isBool := fs.Lookup(name).Value.(interface{ IsBoolFlag() bool }); err != nil && isBool && b.IsBoolFlag() {
+			err = errors.New("want true or false (also 1, 0, TRUE, FALSE)")
+		}
+		e.check(name, v, err)
 	}
 	return ok
 }

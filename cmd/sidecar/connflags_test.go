@@ -92,3 +92,23 @@ func TestAPIConfig_MaxConnections(t *testing.T) {
 		})
 	}
 }
+
+// TestEnvSettings_SayWhatTheyWant: a variable a flag refuses is a problem
+// that says what the flag takes, not only "parse error".
+func TestEnvSettings_SayWhatTheyWant(t *testing.T) {
+	for _, tc := range []struct{ env, value, want string }{
+		{"SIDECAR_VALIDATE_TRANSITIONS", "yes", "want true or false"},
+		{"SIDECAR_DRAIN_TIMEOUT", "abc", "want a duration"},
+	} {
+		t.Run(tc.env, func(t *testing.T) {
+			t.Setenv(tc.env, tc.value)
+			c, err := parseServe(nil)
+			if err == nil {
+				err = c.Validate()
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.env) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("%s=%q: %v, want a problem saying %q", tc.env, tc.value, err, tc.want)
+			}
+		})
+	}
+}

@@ -91,7 +91,7 @@ func (c *proxyConfig) apply(nc *node.Config) error {
 	}
 	ln, err := listenHeld(c.Listen)
 	if err != nil {
-		return fmt.Errorf("--conductor-proxy-listen %s: %w", c.Listen, err)
+		return listenFailed("--conductor-proxy-listen", c.Listen, err)
 	}
 	nc.ConductorProxy = ln
 	nc.ConductorProxyForwardAll = c.ForwardAll

@@ -15,11 +15,11 @@ const LockFile = "sidecar.lock"
 
 // ErrDataDirLocked is returned by LockDataDir (and StartEmbedded) when
 // another process holds the data dir. The error's text names that process.
-var ErrDataDirLocked = errors.New("data dir is locked by another process")
+var ErrDataDirLocked = errors.New("DATA_DIR_LOCKED: the data dir is locked by another process")
 
 // ErrDataDirUnusable is returned by LockDataDir when the data dir cannot be
 // created or written (read-only file system, permissions, no space).
-var ErrDataDirUnusable = errors.New("data dir is not usable")
+var ErrDataDirUnusable = errors.New("DATA_DIR_UNUSABLE: the data dir is not usable")
 
 // LockDataDir creates dir if needed and takes an exclusive lock (flock) on
 // the directory itself, then on dir/sidecar.lock, into which it writes this
