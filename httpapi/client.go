@@ -53,8 +53,22 @@ func (e *Error) Foreign() bool { return strings.HasPrefix(e.Code, foreignCode) }
 
 func (e *Error) Error() string {
 	msg := fmt.Sprintf("%s (HTTP %d): %s", e.Code, e.Status, e.Message)
-	if len(e.Problems) > 0 {
-		msg += "\n" + string(e.Problems)
+	if len(e.Problems) == 0 {
+		return msg
+	}
+	var problems []struct{ Code, Path, Message string }
+	if json.Unmarshal(e.Problems, &problems) != nil {
+		return msg + "\n" + string(e.Problems)
+	}
+	// One a line, after the message, which says the first already.
+	for _, p := range problems {
+		line := p.Code + ": " + p.Message
+		if p.Path != "" {
+			line = p.Path + ": " + line
+		}
+		if !strings.Contains(e.Message, line) {
+			msg += "\n  " + line
+		}
 	}
 	return msg
 }
