@@ -84,7 +84,7 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 	switch cmd, rest := args[0], args[1:]; cmd {
 	case "key":
 		err = (&KeyCommand{m}).Run(ctx, rest)
-	case "version":
+	case "version", "--version":
 		err = (&VersionCommand{m}).Run(ctx, rest)
 	case "demo":
 		err = (&DemoCommand{m}).Run(ctx, rest)
@@ -118,6 +118,10 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		m.usage()
 		return exitOK
 	default:
+		if best := closestCommand(cmd); best != "" {
+			fmt.Fprintf(m.Stderr, "sidecar: unknown command %q: did you mean %q? (\"sidecar help\" lists the commands)\n", cmd, best)
+			return exitUsage
+		}
 		fmt.Fprintf(m.Stderr, "sidecar: unknown command %q\n\n", cmd)
 		m.usage()
 		return exitUsage
@@ -147,6 +151,22 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		}
 		return exitCodeOf(err)
 	}
+}
+
+// commands are the CLI's commands (Run's cases).
+var commands = []string{"key", "version", "demo", "serve", "run", "status", "runs", "events", "audit", "token", "bus",
+	"migrate", "verify", "archive", "pause", "resume", "cancel", "retry", "completion", "help"}
+
+// closestCommand is the command cmd is a slip of a letter or two from,
+// or "" when none is.
+func closestCommand(cmd string) string {
+	best, dist := "", 3
+	for _, c := range commands {
+		if d := editDistance(cmd, c); d < dist {
+			best, dist = c, d
+		}
+	}
+	return best
 }
 
 // apiCommands are the commands that call the control API: their failures

@@ -99,6 +99,14 @@ func TestMain_Commands(t *testing.T) {
 	if code, _, errOut := run(t, "nope"); code != 2 || !strings.Contains(errOut, "unknown command") {
 		t.Fatalf("unknown command: exit %d %q", code, errOut)
 	}
+	// A slip of a letter or two is named, in a line that stays on the
+	// screen (not above the whole help); --version is version.
+	if code, _, errOut := run(t, "stauts", "abc"); code != 2 || !strings.Contains(errOut, `did you mean "status"?`) || strings.Contains(errOut, "Commands:") {
+		t.Fatalf("a misspelt command: exit %d %q, want the command it is close to and no full help", code, errOut)
+	}
+	if code, out, _ := run(t, "--version"); code != 0 || !strings.HasPrefix(out, "sidecar ") {
+		t.Fatalf("--version: exit %d %q", code, out)
+	}
 	if code, _, _ := run(t); code != 2 {
 		t.Fatalf("no command: exit %d", code)
 	}
