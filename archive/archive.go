@@ -79,6 +79,14 @@ type Archive struct {
 		seq   uint64
 		chain string
 	}
+	// wrote is the newest manifest this process wrote (seq 0: none): with
+	// expect, what a manifest read back is checked against when no
+	// manifest after it names it (checkLink), since the destination's
+	// newest may have been rewritten.
+	wrote struct {
+		seq   uint64
+		chain string
+	}
 	// present is when checkPresent last found the head it wants (seq):
 	// misses within presentFor of it read nothing more.
 	present struct {
@@ -467,6 +475,7 @@ func (a *Archive) write(ctx context.Context, runs []Run) (*Manifest, error) {
 		break
 	}
 	a.head = m
+	a.wrote.seq, a.wrote.chain = m.Seq, m.Chain
 	a.recent[m.Seq] = keysOf(m)
 	for seq := range a.recent {
 		if seq+catalogSpan <= m.Seq {
@@ -700,8 +709,8 @@ func (a *Archive) locateIn(ctx context.Context, runID string) (*Manifest, *RunEn
 
 // checkLink confirms that m is the manifest the chain holds at its place:
 // the manifest after it names m's Chain as its Prev, or, m being the
-// newest, m's Chain is the one this process wrote or hot state expects
-// there. A manifest rewritten, hash and all, by a writer without the
+// newest, m's Chain is the one this process wrote or hot state noted
+// there (trustedChain; neither known: it passes). A manifest rewritten, hash and all, by a writer without the
 // signing key is consistent in itself and fails only this (Verify reports
 // it ARCHIVE_CHAIN_BROKEN); its runs are not read as genuine. With the
 // manifest after m missing (deleted) or damaged itself, nothing links m,
@@ -710,7 +719,7 @@ func (a *Archive) checkLink(ctx context.Context, m *Manifest) error {
 	next, err := a.readManifest(ctx, m.Seq+1)
 	switch {
 	case errors.Is(err, ErrObjectNotFound):
-		if seq, chain := a.wantHead(); seq == m.Seq && chain != "" && chain != m.Chain {
+		if chain := a.trustedChain(m.Seq); chain != "" && chain != m.Chain {
 			return newError(CodeCorrupt, nil, "manifest %d is not the newest manifest written (%s: its chain is %s, the writer's %s): it was rewritten; sidecar archive verify says more",
 				m.Seq, ProblemChainBroken, m.Chain, chain)
 		}
@@ -726,6 +735,21 @@ func (a *Archive) checkLink(ctx context.Context, m *Manifest) error {
 		return newError(CodeCorrupt, err, "manifest %d cannot be read as the archive's", m.Seq)
 	}
 	return nil
+}
+
+// trustedChain is the chain of manifest seq as this process wrote it or
+// hot state noted it (Expect), "" when it knows neither: not the one read
+// from the destination, which may have been rewritten.
+func (a *Archive) trustedChain(seq uint64) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch seq {
+	case a.wrote.seq:
+		return a.wrote.chain
+	case a.expect.seq:
+		return a.expect.chain
+	}
+	return ""
 }
 
 // Follows returns an error of code ARCHIVE_CHAIN_BROKEN (as in Verify's

@@ -506,3 +506,40 @@ func TestArchive_ResealedManifestIsNotRead(t *testing.T) {
 		})
 	}
 }
+
+// The newest manifest re-sealed has no manifest after it to name it: a
+// process that just started knows it only from the head hot state noted
+// (Expect), and reads it as not genuine when its chain is not that one.
+// The process that wrote it knows from its own write. Before, a process
+// that just started read the re-sealed records as the run's (the head it
+// read from the destination, the forged one, was its reference).
+func TestArchive_ResealedNewestManifestIsNotRead(t *testing.T) {
+	ctx := context.Background()
+	d, root := openDir(t)
+	a := mustOpen(t, d)
+	var ms []*archive.Manifest
+	runs := finishedRuns(t, "r", 2)
+	for _, r := range runs {
+		m, err := a.Write(ctx, []archive.Run{r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms = append(ms, m)
+	}
+	reseal(t, root, 2, ms[1], true, func(l []string) []string {
+		l[1] = strings.Replace(l[1], `"StepStarted"`, `"StepSkipped"`, 1)
+		return l
+	})
+	restarted := mustOpen(t, d)
+	restarted.Expect(ms[1].Seq, ms[1].Chain) // as hot state noted it
+	for name, reader := range map[string]*archive.Archive{"the writer": a, "a process that just started": restarted} {
+		t.Run(name, func(t *testing.T) {
+			if recs, err := reader.Records(ctx, runs[1].ID); !errors.Is(err, archive.ErrCorrupt) {
+				t.Fatalf("the re-sealed run of the newest manifest: %d records, %v; want ARCHIVE_CORRUPT", len(recs), err)
+			}
+			if recs, err := reader.Records(ctx, runs[0].ID); err != nil || len(recs) != len(runs[0].Records) {
+				t.Fatalf("the run of manifest 1: %d records, %v", len(recs), err)
+			}
+		})
+	}
+}
