@@ -381,6 +381,10 @@ func (c *Client) Health(ctx context.Context) error {
 		if err != nil {
 			return resp, err
 		}
+		if resp.StatusCode == http.StatusNotFound {
+			return resp, &Error{Code: CodeConductorURLInvalid, Op: opHealth, Status: resp.StatusCode,
+				Message: "nothing answers Conductor's /health at " + root + ": give Conductor's API base URL, which ends in /api on a stock server (http://conductor:8080/api)"}
+		}
 		if resp.StatusCode != http.StatusOK {
 			return resp, client.NewGenericSwaggerError(body, string(body), nil, resp.StatusCode)
 		}

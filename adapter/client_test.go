@@ -166,6 +166,11 @@ func TestClient_Conductor(t *testing.T) {
 		if !errors.Is(err, ErrConductorURLInvalid) || !strings.Contains(err.Error(), root+"/api") {
 			t.Fatalf("Health of %s: %v, want %s naming %s/api", root, err, CodeConductorURLInvalid, root)
 		}
+		// A path under which no Conductor is: nothing answers /health.
+		wrong := root + "/conductor/api"
+		if err := newClient(t, wrong, 30*time.Second).Health(ctx); !errors.Is(err, ErrConductorURLInvalid) {
+			t.Fatalf("Health of %s: %v, want %s", wrong, err, CodeConductorURLInvalid)
+		}
 	})
 	t.Run("ErrNotFound", func(t *testing.T) {
 		const unknown = "00000000-0000-4000-8000-000000000000"
