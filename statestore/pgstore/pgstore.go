@@ -223,7 +223,7 @@ func (s *Store) Check(ctx context.Context) error {
 		return err
 	}
 	var version int
-	var missing, lacking, blocking []string
+	var missing, lacking, blocking, unguarded []string
 	g := runtimeGrants()
 	err = s.pool.QueryRow(ctx, `SELECT coalesce((SELECT max(version) FROM schema_migrations), 0),
 		array(SELECT t FROM unnest($1::text[]) t WHERE to_regclass(t) IS NULL),
@@ -235,8 +235,17 @@ func (s *Store) Check(ctx context.Context) error {
 			CASE WHEN l.granted THEN ', held)' ELSE ', waiting)' END
 			FROM pg_locks l WHERE l.locktype = 'relation' AND l.pid <> pg_backend_pid()
 			AND l.relation IN (SELECT to_regclass(t) FROM unnest($5::text[]) t)
-			AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock'))`,
-		tables, g.objs, g.privs, g.funcs, appendTables).Scan(&version, &missing, &lacking, &blocking)
+			AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')),
+		array(SELECT g.what FROM (VALUES
+			('the trigger run_events_no_update (records immutable)', NOT EXISTS (SELECT 1 FROM pg_trigger
+				WHERE tgrelid = to_regclass('run_events') AND tgname = 'run_events_no_update' AND tgenabled IN ('O', 'A'))),
+			('the trigger run_events_no_truncate', NOT EXISTS (SELECT 1 FROM pg_trigger
+				WHERE tgrelid = to_regclass('run_events') AND tgname = 'run_events_no_truncate' AND tgenabled IN ('O', 'A'))),
+			('the unique index run_events_by_log_seq (the log'||chr(39)||'s order)', to_regclass('run_events_by_log_seq') IS NULL),
+			('the unique constraint run_events_run_id_idempotency_key_key (no duplicate record)',
+				to_regclass('run_events_run_id_idempotency_key_key') IS NULL)
+		) AS g(what, gone) WHERE g.gone AND to_regclass('run_events') IS NOT NULL)`,
+		tables, g.objs, g.privs, g.funcs, appendTables).Scan(&version, &missing, &lacking, &blocking, &unguarded)
 	switch {
 	case err != nil:
 		return unavailable("check", err)
@@ -250,6 +259,9 @@ func (s *Store) Check(ctx context.Context) error {
 		return damaged(fmt.Sprintf("tables %v are missing: restore the database from a backup (the sidecar never drops a table)", missing), nil)
 	case version != all[len(all)-1].version:
 		return damaged(fmt.Sprintf("the schema is at version %d, this sidecar migrated it to %d: was the database restored from an older dump? restart the sidecar to migrate it", version, all[len(all)-1].version), nil)
+	case len(unguarded) > 0:
+		return damaged(fmt.Sprintf("the schema was changed by hand: %s missing or disabled: restore it as the migrations define it (statestore/pgstore/migrations; a disabled trigger: ALTER TABLE run_events ENABLE TRIGGER ...), or restore the database from a backup (docs/postgres.md, \"Schema\")",
+			strings.Join(unguarded, ", ")), nil)
 	case len(lacking) > 0:
 		return damaged(fmt.Sprintf("this role lacks %s, which serve needs: run sidecar migrate as the database's owner, which grants them again (docs/postgres.md, \"Roles\")", strings.Join(lacking, ", ")), nil)
 	}

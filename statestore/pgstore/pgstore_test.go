@@ -277,6 +277,11 @@ func TestCheck(t *testing.T) {
 		"table dropped": "DROP TABLE control_replies",
 		"older version": "DELETE FROM schema_migrations WHERE version = (SELECT max(version) FROM schema_migrations)",
 		"registry gone": "DROP TABLE event_ids",
+		// The schema's guards, changed by hand: served as healthy before.
+		"immutability trigger disabled": "ALTER TABLE run_events DISABLE TRIGGER run_events_no_update",
+		"truncate trigger dropped":      "DROP TRIGGER run_events_no_truncate ON run_events",
+		"log order index dropped":       "DROP INDEX run_events_by_log_seq",
+		"idempotency key not unique":    "ALTER TABLE run_events DROP CONSTRAINT run_events_run_id_idempotency_key_key",
 	} {
 		t.Run(name, func(t *testing.T) {
 			url := pgtest.URL(t)
