@@ -555,6 +555,10 @@ func TestChart_BadValuesFail(t *testing.T) {
 		{"ExtraOverridesChartLogLevel", []string{"one-pod.yaml"}, []string{"config.extra.SIDECAR_LOG_LEVEL=debug"}, "config.extra.SIDECAR_LOG_LEVEL is set by the chart"},
 		{"ExtraOverridesChartSyncInterval", []string{"one-pod.yaml"}, []string{"config.extra.SIDECAR_SYNC_INTERVAL=1s"}, "config.extra.SIDECAR_SYNC_INTERVAL is set by the chart"},
 		{"RetentionExternalNATSWithoutPassword", []string{"replicated.yaml"}, []string{"retention.finished=720h", "retention.archive=s3://b/p"}, "needs retention.natsPasswordSecret"},
+		// A file:// archive off the pod's data volume would be written to
+		// the read-only root file system, or to /tmp, which goes with the pod.
+		{"RetentionFileArchiveOffTheVolume", []string{"one-pod.yaml"}, []string{"retention.finished=720h", "retention.archive=file:///tmp/archive"}, "file:///var/lib/sidecar/"},
+		{"RetentionFileArchiveWithoutAVolume", []string{"replicated.yaml"}, []string{"retention.finished=720h", "retention.archive=file:///var/lib/sidecar/archive", "retention.natsPasswordSecret.name=nats-retention"}, "use s3://"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var extra []string

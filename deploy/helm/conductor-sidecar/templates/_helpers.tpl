@@ -227,6 +227,14 @@ or decimal suffix.
 {{- if not .archive -}}
 {{- fail "retention.finished needs retention.archive (s3://bucket/prefix or file:///dir): runs leave hot state only once archived" -}}
 {{- end -}}
+{{- if hasPrefix "file://" .archive -}}
+{{- if $.Values.nats.url -}}
+{{- fail (printf "retention.archive %s: the pods of an external NATS have no volume of the chart's to keep an archive on; use s3://bucket/prefix" .archive) -}}
+{{- end -}}
+{{- if not (hasPrefix "file:///var/lib/sidecar/" .archive) -}}
+{{- fail (printf "retention.archive %s is off the data volume (the root file system is read-only, /tmp goes with the pod): give a directory under it, file:///var/lib/sidecar/archive, or use s3://bucket/prefix" .archive) -}}
+{{- end -}}
+{{- end -}}
 {{- if and $.Values.store.postgresURL (not .store) -}}
 {{- fail "retention.finished with store.postgresURL needs retention.store: postgres://RETENTION_ROLE@host:5432/database, the role that may remove runs (docs/postgres.md, Retention)" -}}
 {{- end -}}
