@@ -194,6 +194,9 @@ func (c *Client) do(ctx context.Context, op string, extra time.Duration, call fu
 	return resp, err
 }
 
+// registrations are the calls no Conductor answers 404 at its API's base.
+var registrations = map[string]bool{opRegisterTaskDefs: true, opRegisterWorkflow: true}
+
 // apiProbeWorkflow names no workflow definition: the health check reads
 // its running list to see that the URL is the API's base.
 const apiProbeWorkflow = "sidecar_api_probe"
@@ -273,6 +276,11 @@ func (c *Client) classify(ctx context.Context, op string, resp *http.Response, e
 		}
 		e := &Error{Op: op, Status: status, Message: errorMessage(se.Body())}
 		switch {
+		case status == http.StatusNotFound && registrations[op]:
+			// No Conductor answers a registration 404: the URL is not
+			// its API's base.
+			e.Code = CodeConductorURLInvalid
+			e.Message = "Conductor's API is not at " + c.base + " (404 to a definition's registration): give its base URL, which ends in /api on a stock server; " + e.Message
 		case status == http.StatusNotFound:
 			e.Code = CodeNotFound
 		case status == http.StatusConflict:

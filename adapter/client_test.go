@@ -4,6 +4,7 @@ import (
 	"reflect"
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/errcode"
 
 	"context"
@@ -165,6 +166,13 @@ func TestClient_Conductor(t *testing.T) {
 		err := newClient(t, root, 30*time.Second).Health(ctx)
 		if !errors.Is(err, ErrConductorURLInvalid) || !strings.Contains(err.Error(), root+"/api") {
 			t.Fatalf("Health of %s: %v, want %s naming %s/api", root, err, CodeConductorURLInvalid, root)
+		}
+		// A registration, which no API refuses with 404, says so too (a
+		// run submitted to a sidecar on such a URL): NOT_FOUND before,
+		// which the CLI read as "no such run".
+		err = newClient(t, root, 30*time.Second).RegisterTaskDefs(ctx, plan.TaskDefs())
+		if !errors.Is(err, ErrConductorURLInvalid) {
+			t.Fatalf("a registration at %s: %v, want %s", root, err, CodeConductorURLInvalid)
 		}
 		// A path under which no Conductor is: nothing answers /health.
 		wrong := root + "/conductor/api"

@@ -71,7 +71,7 @@ var kinds = map[string]errcode.Kind{
 	CodeInvalidInput:           errcode.Invalid,
 	CodeRunStartInProgress:     errcode.Conflict,
 	CodeRunRegistryUnavailable: errcode.Unavailable,
-	CodeConductorURLInvalid:    errcode.Invalid,
+	CodeConductorURLInvalid:    errcode.Upstream,
 }
 
 // Error is an adapter error with a machine-readable Code. Op names the
