@@ -478,21 +478,7 @@ func TestVerify(t *testing.T) {
 // records were answered as the run's.
 func TestArchive_ResealedManifestIsNotRead(t *testing.T) {
 	ctx := context.Background()
-	d, root := openDir(t)
-	a := mustOpen(t, d)
-	var ms []*archive.Manifest
-	runs := finishedRuns(t, "r", 3)
-	for _, r := range runs {
-		m, err := a.Write(ctx, []archive.Run{r})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ms = append(ms, m)
-	}
-	reseal(t, root, 2, ms[1], true, func(l []string) []string {
-		l[1] = strings.Replace(l[1], `"StepStarted"`, `"StepSkipped"`, 1)
-		return l
-	})
+	d, a, runs, _ := resealedSecond(t, 3)
 	for name, reader := range map[string]*archive.Archive{"the writer": a, "a process that just started": mustOpen(t, d)} {
 		t.Run(name, func(t *testing.T) {
 			if recs, err := reader.Records(ctx, runs[1].ID); !errors.Is(err, archive.ErrCorrupt) {
@@ -515,21 +501,7 @@ func TestArchive_ResealedManifestIsNotRead(t *testing.T) {
 // read from the destination, the forged one, was its reference).
 func TestArchive_ResealedNewestManifestIsNotRead(t *testing.T) {
 	ctx := context.Background()
-	d, root := openDir(t)
-	a := mustOpen(t, d)
-	var ms []*archive.Manifest
-	runs := finishedRuns(t, "r", 2)
-	for _, r := range runs {
-		m, err := a.Write(ctx, []archive.Run{r})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ms = append(ms, m)
-	}
-	reseal(t, root, 2, ms[1], true, func(l []string) []string {
-		l[1] = strings.Replace(l[1], `"StepStarted"`, `"StepSkipped"`, 1)
-		return l
-	})
+	d, a, runs, ms := resealedSecond(t, 2)
 	restarted := mustOpen(t, d)
 	restarted.Expect(ms[1].Seq, ms[1].Chain) // as hot state noted it
 	for name, reader := range map[string]*archive.Archive{"the writer": a, "a process that just started": restarted} {
@@ -542,4 +514,26 @@ func TestArchive_ResealedNewestManifestIsNotRead(t *testing.T) {
 			}
 		})
 	}
+}
+
+// resealedSecond writes n one-run manifests with a, then re-seals the
+// second, hash and chain, with one record changed (as a writer without the
+// signing key would).
+func resealedSecond(t *testing.T, n int) (d archive.Destination, a *archive.Archive, runs []archive.Run, ms []*archive.Manifest) {
+	t.Helper()
+	dir, root := openDir(t)
+	a = mustOpen(t, dir)
+	runs = finishedRuns(t, "r", n)
+	for _, r := range runs {
+		m, err := a.Write(context.Background(), []archive.Run{r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms = append(ms, m)
+	}
+	reseal(t, root, 2, ms[1], true, func(l []string) []string {
+		l[1] = strings.Replace(l[1], `"StepStarted"`, `"StepSkipped"`, 1)
+		return l
+	})
+	return dir, a, runs, ms
 }

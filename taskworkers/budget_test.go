@@ -325,11 +325,21 @@ func TestWorker_OnTaskDoneMayEndRun(t *testing.T) {
 // reports it without running the step again, whether the run is paused or
 // not.
 func TestWorker_AKeptOutcomeIsAnyReplicasToRecord(t *testing.T) {
-	e := newBenchEnv(t)
-	sink := &failingSink{emit: e.emit, failType: statestore.StepCompleted}
+	e, _, ran, ids := keptOnItsTask(t)
+	startWorker(t, e, e.emit) // another replica, with the store back
+	recordedOnce(t, e, ids, ran)
+}
+
+// keptOnItsTask starts a run of one command step (it appends a line to
+// ran) whose StepCompleted the store refuses, waits until its worker kept
+// the outcome on the task it handed back, and stops that worker.
+func keptOnItsTask(t *testing.T) (e *benchEnv, sink *failingSink, ran string, ids []string) {
+	t.Helper()
+	e = newBenchEnv(t)
+	sink = &failingSink{emit: e.emit, failType: statestore.StepCompleted}
 	sink.fail.Store(true)
-	ran := filepath.Join(t.TempDir(), "ran")
-	ids := e.startRunsWith(t, 1, plan.ExecutorSpec{Type: plan.ExecutorCommand, Argv: []string{"sh", "-c", `echo x >> "$RAN"`}, Env: map[string]string{"RAN": ran}}, plan.RetryPolicy{})
+	ran = filepath.Join(t.TempDir(), "ran")
+	ids = e.startRunsWith(t, 1, plan.ExecutorSpec{Type: plan.ExecutorCommand, Argv: []string{"sh", "-c", `echo x >> "$RAN"`}, Env: map[string]string{"RAN": ran}}, plan.RetryPolicy{})
 	first := startWorker(t, e, sink)
 	deadline := time.Now().Add(30 * time.Second)
 	for sink.refused.Load() == 0 {
@@ -338,11 +348,17 @@ func TestWorker_AKeptOutcomeIsAnyReplicasToRecord(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	time.Sleep(500 * time.Millisecond) // its hand-back
+	time.Sleep(500 * time.Millisecond) // its hand-back, with the outcome on the task
 	if err := first.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	startWorker(t, e, e.emit) // another replica, with the store back
+	return e, sink, ran, ids
+}
+
+// recordedOnce waits for the run of ids to complete and checks that its
+// step ran once (ran has one line) and its log has one StepCompleted.
+func recordedOnce(t *testing.T, e *benchEnv, ids []string, ran string) {
+	t.Helper()
 	wf := e.waitCompleted(t, ids)[0]
 	runID, _ := wf.Input["runId"].(string)
 	recs, _ := e.store.Fetch(context.Background(), runID, 0, 0)
@@ -382,23 +398,7 @@ func (f *failingReads) ProjectSnapshot(ctx context.Context, runID string) (*stat
 // the task's output (Conductor keeps only the last update's) and the other
 // replica ran the finished step a second time, recording nothing.
 func TestWorker_AKeptOutcomeSurvivesAnotherReplicasHandBack(t *testing.T) {
-	e := newBenchEnv(t)
-	sink := &failingSink{emit: e.emit, failType: statestore.StepCompleted}
-	sink.fail.Store(true)
-	ran := filepath.Join(t.TempDir(), "ran")
-	ids := e.startRunsWith(t, 1, plan.ExecutorSpec{Type: plan.ExecutorCommand, Argv: []string{"sh", "-c", `echo x >> "$RAN"`}, Env: map[string]string{"RAN": ran}}, plan.RetryPolicy{})
-	first := startWorker(t, e, sink)
-	deadline := time.Now().Add(30 * time.Second)
-	for sink.refused.Load() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("StepCompleted was never attempted")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	time.Sleep(500 * time.Millisecond) // its hand-back, with the outcome on the task
-	if err := first.Close(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	e, sink, ran, ids := keptOnItsTask(t)
 	// The other replica, with the store still down, gets the task.
 	reads := &failingReads{inner: e.store}
 	reads.fail.Store(true)
@@ -410,6 +410,7 @@ func TestWorker_AKeptOutcomeSurvivesAnotherReplicasHandBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = second.Close(context.Background()) })
+	deadline := time.Now().Add(30 * time.Second)
 	for reads.reads.Load() == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the other replica never read the run")
@@ -420,17 +421,5 @@ func TestWorker_AKeptOutcomeSurvivesAnotherReplicasHandBack(t *testing.T) {
 	// The store comes back.
 	reads.fail.Store(false)
 	sink.fail.Store(false)
-	wf := e.waitCompleted(t, ids)[0]
-	runID, _ := wf.Input["runId"].(string)
-	recs, _ := e.store.Fetch(context.Background(), runID, 0, 0)
-	if countEvents(recs, statestore.StepCompleted) != 1 {
-		t.Fatalf("log %v, want one StepCompleted", eventTypesOf(recs))
-	}
-	out, err := os.ReadFile(ran)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := strings.Count(string(out), "x"); n != 1 {
-		t.Fatalf("the step ran %d times, want once: its outcome was kept on its task", n)
-	}
+	recordedOnce(t, e, ids, ran)
 }
