@@ -390,8 +390,12 @@ func (c *Client) Health(ctx context.Context) error {
 			return resp, err
 		}
 		if resp.StatusCode == http.StatusNotFound {
+			fix := "give Conductor's API base URL, which ends in /api on a stock server (http://conductor:8080/api)"
+			if strings.HasSuffix(c.base, "/api") {
+				fix = "the sidecar reads Conductor's health there, beside its /api: a proxy in front of Conductor must forward /health too"
+			}
 			return resp, &Error{Code: CodeConductorURLInvalid, Op: opHealth, Status: resp.StatusCode,
-				Message: "nothing answers Conductor's /health at " + root + ": give Conductor's API base URL, which ends in /api on a stock server (http://conductor:8080/api)"}
+				Message: "nothing answers Conductor's /health at " + root + ": " + fix}
 		}
 		if resp.StatusCode != http.StatusOK {
 			return resp, client.NewGenericSwaggerError(body, string(body), nil, resp.StatusCode)
