@@ -594,6 +594,9 @@ func checkAlertExprs(t *testing.T, prom *prometheus, healthy, down string) {
 		"WORKER_POLL_ERRORS":                      {down},
 		// Nothing is stuck in this test; the gauge exists on both from start.
 		"STUCK_WORKFLOW": nil,
+		// No task waits 10 minutes for a worker in this test; the gauge
+		// exists on both from start.
+		"TASK_WAITING_FOR_WORKER": nil,
 		// No run's workflow is lost in this test; the counter exists from start.
 		"WORKFLOW_NOT_FOUND": nil,
 		// The webhook refuses the healthy sidecar's RunPaused events.
