@@ -153,6 +153,32 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 	}
 }
 
+// flagSuggester is a flag set's output that follows the flag package's
+// "flag provided but not defined: -X" with the flag X is a slip of a
+// letter or two from, if any.
+type flagSuggester struct {
+	w  io.Writer
+	fs *flag.FlagSet
+}
+
+func (s *flagSuggester) Write(p []byte) (int, error) {
+	n, err := s.w.Write(p)
+	name, ok := strings.CutPrefix(strings.TrimSpace(string(p)), "flag provided but not defined: -")
+	if !ok || err != nil {
+		return n, err
+	}
+	best, dist := "", 3
+	s.fs.VisitAll(func(f *flag.Flag) {
+		if d := editDistance(strings.TrimPrefix(name, "-"), f.Name); d < dist {
+			best, dist = f.Name, d
+		}
+	})
+	if best != "" {
+		fmt.Fprintf(s.w, "did you mean --%s?\n", best)
+	}
+	return n, nil
+}
+
 // commands are the CLI's commands (Run's cases).
 var commands = []string{"key", "version", "demo", "serve", "run", "status", "runs", "events", "audit", "token", "bus",
 	"migrate", "verify", "archive", "pause", "resume", "cancel", "retry", "completion", "help"}
@@ -303,7 +329,7 @@ Run "sidecar <command> -h" for a command's flags and examples.
 // the screen; on -h every flag and the examples.
 func (m *Main) newFlagSet(name, synopsis string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(m.Stderr)
+	fs.SetOutput(&flagSuggester{w: m.Stderr, fs: fs})
 	fs.Usage = func() {
 		if !m.help {
 			fmt.Fprintf(fs.Output(), "Usage: sidecar %s\nRun \"sidecar %s -h\" for its flags and examples.\n", synopsis, name)

@@ -107,6 +107,10 @@ func TestMain_Commands(t *testing.T) {
 	if code, out, _ := run(t, "--version"); code != 0 || !strings.HasPrefix(out, "sidecar ") {
 		t.Fatalf("--version: exit %d %q", code, out)
 	}
+	// A misspelt flag is named too.
+	if code, _, errOut := run(t, "serve", "--data-dri", "x"); code != 2 || !strings.Contains(errOut, "did you mean --data-dir?") {
+		t.Fatalf("a misspelt flag: exit %d %q, want the flag it is close to", code, errOut)
+	}
 	if code, _, _ := run(t); code != 2 {
 		t.Fatalf("no command: exit %d", code)
 	}
