@@ -293,10 +293,19 @@ func (a *Archive) loadHead(ctx context.Context) error {
 // destination that lost it is not the archive written to (a volume
 // unmounted under a mount point, a directory replaced), and a manifest
 // chained on to a head it does not hold would leave a gap there, and
-// its runs where no one reads them. a.mu is held.
+// its runs where no one reads them. A head read from the destination (not
+// written here) at the place hot state noted (Expect) must be the one it
+// noted: one rewritten, hash and all, is not chained on to, and one put
+// back as it was is read again. a.mu is held.
 func (a *Archive) checkHead(ctx context.Context) error {
 	if a.head == nil {
 		return nil
+	}
+	if a.wrote.seq != a.head.Seq && a.expect.seq == a.head.Seq && a.expect.chain != "" && a.expect.chain != a.head.Chain {
+		if err := a.holds(ctx, a.expect.seq, a.expect.chain, "the newest that runs left hot state for"); err != nil {
+			return err
+		}
+		return a.loadHead(ctx)
 	}
 	return a.holds(ctx, a.head.Seq, a.head.Chain, "the newest this process read or wrote")
 }

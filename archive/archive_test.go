@@ -537,3 +537,45 @@ func resealedSecond(t *testing.T, n int) (d archive.Destination, a *archive.Arch
 	})
 	return dir, a, runs, ms
 }
+
+// A process whose archive head, read at its start, is not the one hot
+// state noted (a newest manifest forged, hash and all) does not chain a
+// manifest on to it; once the genuine one is put back, it chains on to
+// that one without a restart. Before, Write chained on to the forged head
+// (retention's own check of the noted head stood in front of it), and once
+// the genuine one was back, refused it until the process restarted.
+func TestArchive_WriteChainsOnlyOntoTheNotedHead(t *testing.T) {
+	ctx := context.Background()
+	dir, root := openDir(t)
+	a := mustOpen(t, dir)
+	var ms []*archive.Manifest
+	for _, r := range finishedRuns(t, "r", 2) {
+		m, err := a.Write(ctx, []archive.Run{r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms = append(ms, m)
+	}
+	name := filepath.Join(root, "manifests", fmt.Sprintf("%012d.json", 2))
+	genuine, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reseal(t, root, 2, ms[1], true, func(l []string) []string {
+		l[1] = strings.Replace(l[1], `"StepStarted"`, `"StepSkipped"`, 1)
+		return l
+	})
+	b := mustOpen(t, dir) // reads the forged head
+	b.Expect(ms[1].Seq, ms[1].Chain)
+	next := finishedRuns(t, "n", 1)
+	if m, err := b.Write(ctx, next); !errors.Is(err, archive.ErrCorrupt) {
+		t.Fatalf("a write on the forged head: %+v %v, want ARCHIVE_CORRUPT and nothing written", m, err)
+	}
+	if err := os.WriteFile(name, genuine, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := b.Write(ctx, next)
+	if err != nil || m.Seq != 3 || m.Prev != ms[1].Chain {
+		t.Fatalf("a write once the genuine head is back: %+v %v, want manifest 3 chained on to manifest 2", m, err)
+	}
+}
