@@ -40,6 +40,9 @@ const (
 	DefaultReadTimeout       = 30 * time.Second
 	DefaultWriteTimeout      = 2 * time.Minute
 	DefaultIdleTimeout       = 60 * time.Second
+	// DefaultStallTimeout cuts an answer of a forwarded call whose worker
+	// stopped reading it (Options.StallTimeout).
+	DefaultStallTimeout = 10 * time.Second
 	// MaxHeaderBytes bounds a request's line and headers (431 beyond).
 	MaxHeaderBytes = 64 << 10
 )
@@ -50,7 +53,7 @@ func setLimitDefaults(o *Options) error {
 		p *time.Duration
 		v time.Duration
 	}{{&o.BufferWait, DefaultBufferWait}, {&o.ReadHeaderTimeout, DefaultReadHeaderTimeout}, {&o.ReadTimeout, DefaultReadTimeout},
-		{&o.WriteTimeout, DefaultWriteTimeout}, {&o.IdleTimeout, DefaultIdleTimeout}} {
+		{&o.WriteTimeout, DefaultWriteTimeout}, {&o.IdleTimeout, DefaultIdleTimeout}, {&o.StallTimeout, DefaultStallTimeout}} {
 		if *d.p <= 0 {
 			*d.p = d.v
 		}

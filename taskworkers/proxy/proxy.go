@@ -102,6 +102,9 @@ type Options struct {
 	// DefaultIdleTimeout). A request whose body has not arrived within
 	// ReadTimeout is cut off.
 	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// StallTimeout cuts a forwarded call's answer whose worker stopped
+	// reading it for that long (default DefaultStallTimeout).
+	StallTimeout time.Duration
 	// MaxConnections bounds the connections the listener keeps open (0:
 	// no bound); a connection beyond is answered 503
 	// CodeTooManyConnections and closed (package connlimit). serve gives
@@ -266,7 +269,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// connection with the answer half copied.
 		r.Body = http.MaxBytesReader(w, r.Body, p.opts.MaxUpdateBytes)
 		p.opts.Metrics.request("forward")
-		p.rp.ServeHTTP(w, r)
+		// The workers' other calls share the polls' places: their answers
+		// are copied to the worker as they come, so one whose worker does
+		// not read holds its connection to Conductor (until StallTimeout),
+		// and must not take the updates' quarter.
+		if err := p.pollSlots.acquire(r.Context()); err != nil {
+			return // the worker hung up while it waited
+		}
+		defer p.pollSlots.release()
+		p.rp.ServeHTTP(&stallWriter{ResponseWriter: w, rc: http.NewResponseController(w), stall: p.opts.StallTimeout}, r)
 	default:
 		p.opts.Metrics.request("refused")
 		p.refuse.log(p.log, r.Method, r.URL.Path)
@@ -338,6 +349,26 @@ func (p *Proxy) forward(r *http.Request, body []byte, buf *bytes.Buffer, slots *
 	_, err = buf.ReadFrom(resp.Body)
 	return resp, buf.Bytes(), err
 }
+
+// stallWriter is a worker's answer written with a deadline for each write:
+// a worker that stops reading it is cut StallTimeout after its last read
+// progress, not at the listener's WriteTimeout, so that what its answer
+// holds (a connection to Conductor, one of the proxy's places) comes back.
+type stallWriter struct {
+	http.ResponseWriter
+	rc    *http.ResponseController
+	stall time.Duration
+}
+
+func (s *stallWriter) Write(b []byte) (int, error) {
+	_ = s.rc.SetWriteDeadline(time.Now().Add(s.stall))
+	return s.ResponseWriter.Write(b)
+}
+
+// Flush and Unwrap let the reverse proxy flush through it.
+func (s *stallWriter) Flush() { _ = s.rc.Flush() }
+
+func (s *stallWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // updateSlots is the share of n upstream slots kept for updates: a
 // quarter, at least one.
