@@ -194,6 +194,12 @@ func (c *Client) do(ctx context.Context, op string, extra time.Duration, call fu
 	return resp, err
 }
 
+// webPage reports whether resp is a web page (Conductor 3.32 answers a
+// path it does not serve with its UI's page, 200), not an API's answer.
+func webPage(resp *http.Response) bool {
+	return strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html")
+}
+
 // registrations are the calls no Conductor answers 404 at its API's base.
 var registrations = map[string]bool{opRegisterTaskDefs: true, opRegisterWorkflow: true}
 
@@ -389,13 +395,14 @@ func (c *Client) Health(ctx context.Context) error {
 		if err != nil {
 			return resp, err
 		}
-		if resp.StatusCode == http.StatusNotFound {
+		if resp.StatusCode == http.StatusNotFound || webPage(resp) {
+			// 3.32 answers an unknown path with its UI's page (200).
 			fix := "give Conductor's API base URL, which ends in /api on a stock server (http://conductor:8080/api)"
 			if strings.HasSuffix(c.base, "/api") {
 				fix = "the sidecar reads Conductor's health there, beside its /api: a proxy in front of Conductor must forward /health too"
 			}
 			return resp, &Error{Code: CodeConductorURLInvalid, Op: opHealth, Status: resp.StatusCode,
-				Message: "nothing answers Conductor's /health at " + root + ": " + fix}
+				Message: "no Conductor health at " + root + "/health: " + fix}
 		}
 		if resp.StatusCode != http.StatusOK {
 			return resp, client.NewGenericSwaggerError(body, string(body), nil, resp.StatusCode)
@@ -418,13 +425,13 @@ func (c *Client) Health(ctx context.Context) error {
 		// name no definition has is an empty list on every version.
 		var ids []string
 		resp, err = c.rawJSON(ctx, c.http, http.MethodGet, c.base+"/workflow/running/"+apiProbeWorkflow+"?version=1", nil, 64<<10, &ids)
-		if resp != nil && resp.StatusCode == http.StatusNotFound {
+		if resp != nil && (resp.StatusCode == http.StatusNotFound || webPage(resp)) {
 			hint := ""
 			if !strings.HasSuffix(c.base, "/api") {
 				hint = " (try " + c.base + "/api)"
 			}
 			return resp, &Error{Code: CodeConductorURLInvalid, Op: opHealth, Status: resp.StatusCode,
-				Message: "the server at " + c.base + " answers /health but 404 to Conductor's API under it: give Conductor's API base URL, which ends in /api on a stock server" + hint}
+				Message: "the server at " + c.base + " answers /health but not as Conductor's API under it (404, or a web page): give Conductor's API base URL, which ends in /api on a stock server" + hint}
 		}
 		if err == nil {
 			c.apiSeen.Store(true)
