@@ -30,7 +30,8 @@ import (
 // store need.
 func TestProxy_ConnectionBound(t *testing.T) {
 	const bound = 2
-	e := newEnvOpts(t, envOpts{proxy: func(o *proxy.Options) { o.MaxConnections = bound }})
+	reg := prometheus.NewRegistry()
+	e := newEnvOpts(t, envOpts{proxy: func(o *proxy.Options) { o.MaxConnections, o.Metrics = bound, proxy.NewMetrics(reg) }})
 	u, err := url.Parse(e.url)
 	if err != nil {
 		t.Fatal(err)
@@ -60,6 +61,10 @@ func TestProxy_ConnectionBound(t *testing.T) {
 	}
 	if _, err := r.ReadByte(); !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("the refused connection stayed open (%v), want it closed", err)
+	}
+	// Counted, as the API's listener counts its own.
+	if n := counterValue(t, reg, "sidecar_proxy_connections_refused_total"); n != 1 {
+		t.Fatalf("sidecar_proxy_connections_refused_total %v after one refused connection, want 1", n)
 	}
 	for _, c := range held {
 		c.Close()
@@ -233,6 +238,21 @@ func upstreamGauge(t *testing.T, reg *prometheus.Registry, name, kind string) fl
 					return m.GetGauge().GetValue()
 				}
 			}
+		}
+	}
+	return -1
+}
+
+// counterValue is the value of the counter name in reg (-1: not there).
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
 		}
 	}
 	return -1

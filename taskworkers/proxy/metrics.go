@@ -17,6 +17,8 @@ type Metrics struct {
 	// Conductor by kind (poll, update): the bound, those in use, the
 	// requests waiting for one.
 	slots, upstream, waiting *prometheus.GaugeVec
+	// refusedConns counts the connections refused beyond MaxConnections.
+	refusedConns prometheus.Counter
 }
 
 // NewMetrics registers the proxy's metrics with reg.
@@ -41,7 +43,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		slots: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "sidecar_proxy_upstream_slots",
-			Help: "Requests the task proxy may have at Conductor at once, by kind: poll (polls, batch polls), update (task updates: a quarter of --conductor-proxy-max-upstream-connections, kept so that an update never waits behind long polls).",
+			Help: "Requests the task proxy may have at Conductor at once, by kind: poll (polls, batch polls, the workers' other calls passed through), update (task updates: a quarter of --conductor-proxy-max-upstream-connections, kept so that an update never waits behind long polls).",
 		}, []string{"kind"}),
 		upstream: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "sidecar_proxy_upstream_requests",
@@ -51,6 +53,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sidecar_proxy_upstream_waiting",
 			Help: "Workers' polls and updates waiting for a connection of the task proxy to Conductor, by kind (poll, update): above 0 for long, raise --conductor-proxy-max-upstream-connections (and Conductor's request threads).",
 		}, []string{"kind"}),
+		refusedConns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sidecar_proxy_connections_refused_total",
+			Help: "Connections to the task proxy's listener refused (503 TOO_MANY_CONNECTIONS) because it held its bound (--max-connections).",
+		}),
 	}
 	for _, k := range []string{"poll", "batch_poll", "update", "update_v2", "update_by_ref", "forward", "unauthorized", "refused", "too_large", "busy"} {
 		m.requests.WithLabelValues(k)
@@ -65,8 +71,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.upstream.WithLabelValues(k)
 		m.waiting.WithLabelValues(k)
 	}
-	reg.MustRegister(m.requests, m.tasks, m.gate, m.held, m.slots, m.upstream, m.waiting)
+	reg.MustRegister(m.requests, m.tasks, m.gate, m.held, m.slots, m.upstream, m.waiting, m.refusedConns)
 	return m
+}
+
+// connRefused counts a connection refused beyond the listener's bound.
+func (m *Metrics) connRefused() {
+	if m != nil {
+		m.refusedConns.Inc()
+	}
 }
 
 func (m *Metrics) request(kind string) {

@@ -192,7 +192,7 @@ func New(steps Steps, opts Options) (*Proxy, error) {
 // Open serves the proxy on ln until Close.
 func (p *Proxy) Open(ln net.Listener) {
 	if p.opts.MaxConnections > 0 {
-		ln = connlimit.New(ln, connlimit.Options{Max: p.opts.MaxConnections, Refusal: tooManyConnections})
+		ln = connlimit.New(ln, connlimit.Options{Max: p.opts.MaxConnections, Refusal: tooManyConnections, OnRefuse: p.opts.Metrics.connRefused})
 	}
 	p.srv = &http.Server{Handler: p, ReadHeaderTimeout: p.opts.ReadHeaderTimeout, ReadTimeout: p.opts.ReadTimeout,
 		WriteTimeout: p.opts.WriteTimeout, IdleTimeout: p.opts.IdleTimeout, MaxHeaderBytes: MaxHeaderBytes,
