@@ -114,7 +114,12 @@ type Options struct {
 	// Delay is, under Delay, how far a run over a limit is put off per
 	// run it is over by (default 30s): the k-th run over starts k*Delay
 	// after it was submitted.
-	Delay     time.Duration
+	Delay time.Duration
+	// MaxQueued bounds the runs waiting under Queue and Delay (0: no
+	// bound): a start over a limit while that many wait is rejected, as
+	// under Reject, so that a flood of starts cannot grow the queue, and
+	// the memory it takes, without end.
+	MaxQueued int
 	Runs      Runs
 	Log       Emitter
 	Snapshots SnapshotReader

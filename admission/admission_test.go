@@ -525,3 +525,37 @@ func TestAdmission_OnlyTheDeciderReportsTheQueue(t *testing.T) {
 		}
 	}
 }
+
+// TestAdmission_QueueIsBounded: with MaxQueued 2 under a global limit of
+// 1, the first run starts, the next two are QUEUED, and a fourth is
+// refused (ADMISSION_REJECTED naming the bound, nothing recorded) rather
+// than queued: one principal's flood of starts cannot grow the queue, and
+// the memory it takes, without end. Once a queued run started, a start is
+// queued again. Before, 3,035 runs were queued in 20 s.
+func TestAdmission_QueueIsBounded(t *testing.T) {
+	e := newEnv(t)
+	c := e.open(admission.Options{Limits: admission.Limits{Global: 1}, Policy: admission.Queue, MaxQueued: 2})
+	defer c.Close(context.Background())
+	var ids []string
+	for i := range 3 {
+		d, err := e.submit(c, "t1", fmt.Sprintf("b-%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, d.RunID)
+	}
+	_, err := e.submit(c, "t1", "b-3")
+	var ae *admission.Error
+	if !errors.As(err, &ae) || ae.Code != admission.CodeRejected || !strings.Contains(ae.Message, "--admission-max-queued") {
+		t.Fatalf("a start with the queue full: %v, want ADMISSION_REJECTED naming --admission-max-queued", err)
+	}
+	runID, _ := e.runs.RunIDFor(context.Background(), e.request("t1", "b-3"))
+	if recs := e.events(runID); len(recs) != 0 {
+		t.Fatalf("a refused run has events: %s", types(recs))
+	}
+	e.end(ids[0])
+	e.waitStarted(ids[1])
+	if d, err := e.submit(c, "t1", "b-4"); err != nil || d.State != statestore.RunStatusQueued {
+		t.Fatalf("a start once the queue has room: %+v %v, want QUEUED", d, err)
+	}
+}

@@ -163,6 +163,12 @@ func (c *Controller) decide(ctx context.Context) error {
 	blocked := map[string]bool{}
 	now := time.Now()
 	over := 0
+	queued := 0 // runs waiting under Queue or Delay (MaxQueued)
+	for _, e := range waiting {
+		if e.State == stateQueued || e.State == stateDelayed {
+			queued++
+		}
+	}
 	for _, e := range waiting {
 		// The domains the entry is held in: those whose limit is reached,
 		// and those where an earlier waiting entry is held (their order is
@@ -208,8 +214,19 @@ func (c *Controller) decide(ctx context.Context) error {
 				if reason == "" {
 					reason = "behind earlier queued runs"
 				}
+				if m := c.opts.MaxQueued; m > 0 && queued >= m && e.Policy != Reject {
+					// The queue is full: refused as under Reject.
+					reason = fmt.Sprintf("%s, and %d runs wait already (--admission-max-queued %d)", reason, queued, m)
+					if err := c.reject(ctx, e, reason); err != nil {
+						return err
+					}
+					continue
+				}
 				if err := c.hold(ctx, e, reason, over); err != nil {
 					return err
+				}
+				if e.Policy != Reject {
+					queued++
 				}
 			}
 			continue
@@ -234,9 +251,7 @@ func planOf(e *entry) [2]string { return [2]string{e.TenantID, e.PlanID} }
 func (c *Controller) hold(ctx context.Context, e *entry, reason string, over int) error {
 	key := keyOf(e.RunID)
 	if e.Policy == Reject {
-		e.State, e.Reason, e.DecidedAt = stateRejected, reason, time.Now().UTC()
-		c.opts.Metrics.decided(stateRejected)
-		return c.put(ctx, key, e)
+		return c.reject(ctx, e, reason)
 	}
 	// Labels: the run list selects a queued run by them.
 	payload := &statestore.RunQueuedPayload{Policy: e.Policy, Reason: reason, RequestedBy: e.RequestedBy, Labels: e.Labels}
@@ -265,6 +280,14 @@ func (c *Controller) hold(ctx context.Context, e *entry, reason string, over int
 	c.opts.Metrics.decided(e.State)
 	c.log.Info("run queued", zap.String("runId", e.RunID), zap.String("policy", e.Policy), zap.String("reason", reason))
 	return c.put(ctx, key, e)
+}
+
+// reject answers a pending entry with a refusal (ADMISSION_REJECTED and
+// reason): nothing is recorded in the log.
+func (c *Controller) reject(ctx context.Context, e *entry, reason string) error {
+	e.State, e.Reason, e.DecidedAt = stateRejected, reason, time.Now().UTC()
+	c.opts.Metrics.decided(stateRejected)
+	return c.put(ctx, keyOf(e.RunID), e)
 }
 
 // start starts e's run: the entry is marked starting first, so that an

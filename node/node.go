@@ -161,6 +161,8 @@ type Admission struct {
 	Limits admission.Limits
 	Policy string
 	Delay  time.Duration
+	// MaxQueued bounds the runs waiting (admission.Options.MaxQueued).
+	MaxQueued int
 }
 
 func (a Admission) enabled() bool {

@@ -123,7 +123,7 @@ func DefaultConfig() Config {
 		LogFormat:            "json",
 		LogLevel:             "info",
 		Bus:                  busConfig{MaxAttempts: 8},
-		Admission:            admissionConfig{Policy: "queue", Delay: 30 * time.Second},
+		Admission:            admissionConfig{Policy: "queue", Delay: 30 * time.Second, MaxQueued: 10000},
 	}
 }
 
@@ -151,7 +151,7 @@ func (c *Config) node(log *zap.Logger, own []string) (nc node.Config, err error)
 		DrainTimeout: c.DrainTimeout, WorkerID: c.WorkerID, TaskDomain: c.TaskDomain, Concurrency: c.Concurrency,
 		PollersPerType: c.PollersPerType, ValidateWrites: c.ValidateWrites, ListFinishedInMemory: c.ListFinishedInMemory,
 		RepliesMaxBytes: int64(c.ControlRepliesMaxMiB) << 20,
-		Admission:       node.Admission{Limits: c.Admission.Limits, Policy: c.Admission.Policy, Delay: c.Admission.Delay},
+		Admission:       node.Admission{Limits: c.Admission.Limits, Policy: c.Admission.Policy, Delay: c.Admission.Delay, MaxQueued: c.Admission.MaxQueued},
 		Secrets:         &secrets.Resolver{Logger: log}}
 	if c.postgresStore() {
 		nc.Postgres = c.Store
