@@ -184,6 +184,9 @@ type Controller struct {
 
 	mu      sync.Mutex
 	entries map[string]*entry // key -> entry (the bucket's mirror)
+	// given is the latest turn this process gave each tenant, and when
+	// (turnFor): its starts submitted at once are not all in entries yet.
+	given   map[string]givenTurn
 	synced  bool
 	changed chan struct{}
 	// recent are the runs this decider started that the list does not
@@ -225,7 +228,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Controlle
 	if err != nil {
 		return nil, unavailable("bucket "+Bucket, err)
 	}
-	c := &Controller{opts: opts, log: opts.Logger.Named("admission"), kv: kv, entries: map[string]*entry{},
+	c := &Controller{opts: opts, log: opts.Logger.Named("admission"), kv: kv, entries: map[string]*entry{}, given: map[string]givenTurn{},
 		changed: make(chan struct{}), recent: map[string]*entry{}, done: make(chan struct{})}
 	lctx, cancel := context.WithCancel(context.Background())
 	c.stop = cancel
@@ -487,7 +490,9 @@ func fairOrder(es []*entry) []*entry {
 // tenant's runs rather than all of them (start-time fair queuing across
 // tenants; each tenant's runs keep their submission order). Replicas that
 // submit at the same moment may give two runs the same turn: the ticket
-// orders them.
+// orders them. Within this process, starts of one tenant submitted at once
+// each get a turn of their own (given), before their entries come back
+// from the bucket.
 func (c *Controller) turnFor(tenant string) uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -501,8 +506,26 @@ func (c *Controller) turnFor(tenant string) uint64 {
 			last = max(last, e.Turn)
 		}
 	}
-	return max(head, last+1)
+	now := time.Now()
+	for k, g := range c.given {
+		if now.Sub(g.at) > givenFor {
+			delete(c.given, k) // its entries are in the bucket by now
+		}
+	}
+	t := max(head, max(last, c.given[tenant].turn)+1)
+	c.given[tenant] = givenTurn{turn: t, at: now}
+	return t
 }
+
+// givenTurn is a turn turnFor gave, and when.
+type givenTurn struct {
+	turn uint64
+	at   time.Time
+}
+
+// givenFor is how long a turn given counts beside the bucket's entries:
+// longer than an entry takes to come back from the bucket.
+const givenFor = 10 * time.Second
 
 // Streams are the JetStream streams admission keeps its state in: its
 // bucket's.

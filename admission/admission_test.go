@@ -559,3 +559,38 @@ func TestAdmission_QueueIsBounded(t *testing.T) {
 		t.Fatalf("a start once the queue has room: %+v %v, want QUEUED", d, err)
 	}
 }
+
+// TestAdmission_FairWhileOneTenantFloods: 20 starts of one tenant
+// submitted at once, all queued behind a running run, then one start of
+// another tenant: it waits behind one or two of the first tenant's runs,
+// not behind all the runs submitted in the same moment. Before, starts
+// submitted at once all took the same turn (each read the tenant's latest
+// before the others' entries came back from the bucket), and the other
+// tenant's run waited behind every one of them (positions 18, 58, 98 in a
+// flood of 40 at once).
+func TestAdmission_FairWhileOneTenantFloods(t *testing.T) {
+	e := newEnv(t)
+	c := e.open(admission.Options{Limits: admission.Limits{Global: 1}, Policy: admission.Queue})
+	defer c.Close(context.Background())
+	if d, err := e.submit(c, "t1", "f-run"); err != nil || d.Started == nil {
+		t.Fatalf("first: %+v %v", d, err)
+	}
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := e.submit(c, "t1", fmt.Sprintf("f-%d", i)); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	d, err := e.submit(c, "t2", "other")
+	if err != nil || d.State != statestore.RunStatusQueued {
+		t.Fatalf("the other tenant's start: %+v %v", d, err)
+	}
+	if d.Position > 3 {
+		t.Fatalf("the other tenant's run queued at position %d behind 20 of the first tenant's, want behind one or two of them", d.Position)
+	}
+}
