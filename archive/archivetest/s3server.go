@@ -8,8 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -104,14 +102,7 @@ func (s *S3Server) Freeze() (thaw func()) {
 	if s.proc == nil {
 		s.t.Fatal("freeze: the S3 server is not running")
 	}
-	p := s.proc.Cmd.Process
-	if err := p.Signal(syscall.SIGSTOP); err != nil {
-		s.t.Fatalf("freeze the S3 server: %v", err)
-	}
-	var once sync.Once
-	thaw = func() { once.Do(func() { _ = p.Signal(syscall.SIGCONT) }) }
-	s.t.Cleanup(thaw)
-	return thaw
+	return proctest.Freeze(s.t, s.proc.Cmd.Process.Pid)
 }
 
 // ObjectFile returns the file the server keeps the object of key in

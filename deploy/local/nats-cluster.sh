@@ -146,7 +146,25 @@ cmd_signal() {
   [[ $n =~ ^[1-3]$ ]] || die "$what wants a node number 1-3"
   p=$(pid "$n") || die "node $n is not running"
   kill "-$sig" "$p"
+  [[ $sig != STOP ]] || stopped "$p" || die "node $n (pid $p): a thread still runs 10 s after SIGSTOP"
   log "${what} node $n (pid $p): SIG$sig"
+}
+
+# stopped PID: wait (10 s at most) until every thread of PID has stopped.
+# kill returns before the kernel has stopped them, and a thread still
+# running then answers a client of the node.
+stopped() {
+  local p=$1 i f st
+  for ((i = 0; i < 1000; i++)); do
+    st=S
+    for f in /proc/"$p"/task/*/stat; do
+      st=$(sed 's/.*) \(.\).*/\1/' "$f" 2> /dev/null) || st=T
+      [[ $st == [TtZX] ]] || break
+    done
+    [[ $st == [TtZX] ]] && return 0
+    sleep 0.01
+  done
+  return 1
 }
 
 url() {

@@ -17,10 +17,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/conductor-sidecar/sidecar/proctest"
 )
 
 // Environment variables.
@@ -188,21 +189,8 @@ func (c *Cluster) Freeze(tb testing.TB) (thaw func()) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	for _, pid := range pids {
-		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-			tb.Fatalf("freeze postgres process %d: %v", pid, err)
-		}
-	}
-	var once sync.Once
-	thaw = func() {
-		once.Do(func() {
-			for _, pid := range pids {
-				_ = syscall.Kill(pid, syscall.SIGCONT)
-			}
-		})
-	}
-	tb.Cleanup(thaw) // before the cluster's stop, which Own registered first
-	return thaw
+	// The thaw runs before the cluster's stop, which Own registered first.
+	return proctest.Freeze(tb, pids...)
 }
 
 // processes returns the postmaster's pid (its data directory's
