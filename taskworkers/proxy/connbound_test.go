@@ -257,3 +257,40 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	return -1
 }
+
+// TestProxy_PollsOfOneTypeDoNotStarveAnother: 24 workers of one task type
+// long-poll through a proxy with 3 places for polls, and wait in line for
+// them; a worker of another type that polls then gets the next free
+// place, not one behind every poll of the first type: the places go to
+// the task types that wait in turn. In one line, every other task type's
+// workers waited as long as the busiest type's queue took to drain.
+func TestProxy_PollsOfOneTypeDoNotStarveAnother(t *testing.T) {
+	const bound, workers = 4, 24
+	reg := prometheus.NewRegistry()
+	e := limitedEnv(t, reg, func(o *proxy.Options) { o.MaxUpstreamConnections = bound })
+	var wg sync.WaitGroup
+	var answered atomic.Int32
+	for range workers {
+		wg.Go(func() {
+			defer answered.Add(1)
+			// Nothing is queued for the type: Conductor holds each poll
+			// for its timeout.
+			if res, err := http.Get(e.url + "/tasks/poll/batch/busy_" + e.tt + "?count=1&timeout=500"); err == nil {
+				res.Body.Close()
+			}
+		})
+	}
+	defer wg.Wait()
+	waitFor(t, "the busy type's polls to take every place and wait for more", time.Minute, func() bool {
+		return upstreamGauge(t, reg, "sidecar_proxy_upstream_requests", "poll") == 3 &&
+			upstreamGauge(t, reg, "sidecar_proxy_upstream_waiting", "poll") >= workers/2
+	})
+	res, err := http.Get(e.url + "/tasks/poll/batch/quiet_" + e.tt + "?count=1&timeout=100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if n := answered.Load(); n > workers/2 {
+		t.Fatalf("the other type's poll was answered after %d of the busy type's %d polls: it waited behind them", n, workers)
+	}
+}

@@ -27,13 +27,13 @@ import (
 	"net/http/httputil"
 	"net/url"
 	pathpkg "path"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/conductor-sdk/conductor-go/sdk/model"
 	"go.uber.org/zap"
-	"golang.org/x/sync/semaphore"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
@@ -273,7 +273,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// are copied to the worker as they come, so one whose worker does
 		// not read holds its connection to Conductor (until StallTimeout),
 		// and must not take the updates' quarter.
-		if err := p.pollSlots.acquire(r.Context()); err != nil {
+		if err := p.pollSlots.acquire(r.Context(), ""); err != nil {
 			return // the worker hung up while it waited
 		}
 		defer p.pollSlots.release()
@@ -317,8 +317,9 @@ func (p *Proxy) known(tok string) bool {
 	return ok == 1
 }
 
-// forward sends r (with body) to Conductor with the worker's headers and
-// returns the answer, its body read into buf (the bytes are buf's). It is
+// forward sends r (with body) to Conductor with the worker's headers, once
+// it has one of slots (waiting in queue), and returns the answer, its body
+// read into buf (the bytes are buf's). It is
 // one round trip of the transport: a redirect is the worker's to follow,
 // as for every other call the proxy forwards.
 //
@@ -328,8 +329,8 @@ func (p *Proxy) known(tok string) bool {
 // abandoned polls take every request thread of Conductor's, which serve's
 // own calls need. A request still waiting for a slot when its worker
 // hangs up is never sent.
-func (p *Proxy) forward(r *http.Request, body []byte, buf *bytes.Buffer, slots *upstreamSlots) (*http.Response, []byte, error) {
-	if err := slots.acquire(r.Context()); err != nil {
+func (p *Proxy) forward(r *http.Request, body []byte, buf *bytes.Buffer, slots *upstreamSlots, queue string) (*http.Response, []byte, error) {
+	if err := slots.acquire(r.Context(), queue); err != nil {
 		return nil, nil, err
 	}
 	defer slots.release()
@@ -377,36 +378,109 @@ func updateSlots(n int) int {
 }
 
 // upstreamSlots are the requests of one kind the proxy may have at
-// Conductor at once, counted in the metrics.
+// Conductor at once, counted in the metrics. Requests wait for a slot in
+// queues (a poll's is its task type), and a slot freed goes to the queues
+// that wait in turn, each getting its oldest request in: the workers of
+// one task type polling in their hundreds make another type's poll wait
+// for one slot, not behind all of theirs.
 type upstreamSlots struct {
-	sem     *semaphore.Weighted
 	kind    string
 	metrics *Metrics
+
+	mu   sync.Mutex
+	free int
+	// waiting holds each queue's requests in their order; turns the
+	// queues with requests waiting, the next to get a slot first.
+	waiting map[string][]*slotWait
+	turns   []string
+}
+
+// slotWait is a request waiting for a slot; ready closes once it has one.
+type slotWait struct {
+	ready   chan struct{}
+	granted bool
 }
 
 func newUpstreamSlots(kind string, n int, m *Metrics) *upstreamSlots {
 	m.bound(kind, n)
-	return &upstreamSlots{sem: semaphore.NewWeighted(int64(n)), kind: kind, metrics: m}
+	return &upstreamSlots{kind: kind, metrics: m, free: n, waiting: make(map[string][]*slotWait)}
 }
 
-// acquire takes a slot, waiting for one while ctx lasts.
-func (s *upstreamSlots) acquire(ctx context.Context) error {
-	if !s.sem.TryAcquire(1) {
-		s.metrics.upstreamWait(s.kind, 1)
-		err := s.sem.Acquire(ctx, 1)
-		s.metrics.upstreamWait(s.kind, -1)
-		if err != nil {
-			return err
+// acquire takes a slot for a request of queue, waiting for one while ctx
+// lasts.
+func (s *upstreamSlots) acquire(ctx context.Context, queue string) error {
+	s.mu.Lock()
+	if s.free > 0 {
+		s.free--
+		s.mu.Unlock()
+		s.metrics.upstreamHeld(s.kind, 1)
+		return nil
+	}
+	w := &slotWait{ready: make(chan struct{})}
+	if len(s.waiting[queue]) == 0 {
+		s.turns = append(s.turns, queue)
+	}
+	s.waiting[queue] = append(s.waiting[queue], w)
+	s.mu.Unlock()
+	s.metrics.upstreamWait(s.kind, 1)
+	defer s.metrics.upstreamWait(s.kind, -1)
+	select {
+	case <-w.ready:
+		s.metrics.upstreamHeld(s.kind, 1)
+		return nil
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	if w.granted { // given a slot as ctx ended: it goes to the next
+		s.mu.Unlock()
+		s.handOn()
+		return ctx.Err()
+	}
+	q := s.waiting[queue]
+	for i := range q {
+		if q[i] == w {
+			q = append(q[:i], q[i+1:]...)
+			break
 		}
 	}
-	s.metrics.upstreamHeld(s.kind, 1)
-	return nil
+	if len(q) > 0 {
+		s.waiting[queue] = q
+	} else {
+		delete(s.waiting, queue)
+		s.turns = slices.DeleteFunc(s.turns, func(t string) bool { return t == queue })
+	}
+	s.mu.Unlock()
+	return ctx.Err()
 }
 
 // release gives back a slot acquire took.
 func (s *upstreamSlots) release() {
 	s.metrics.upstreamHeld(s.kind, -1)
-	s.sem.Release(1)
+	s.handOn()
+}
+
+// handOn gives a slot to the oldest request of the queue whose turn it
+// is, or keeps it free when none waits.
+func (s *upstreamSlots) handOn() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.turns) == 0 {
+		s.free++
+		return
+	}
+	queue := s.turns[0]
+	s.turns = s.turns[1:]
+	q := s.waiting[queue]
+	w := q[0]
+	q[0] = nil
+	if q = q[1:]; len(q) > 0 {
+		s.waiting[queue] = q
+		s.turns = append(s.turns, queue)
+	} else {
+		delete(s.waiting, queue)
+	}
+	w.granted = true
+	close(w.ready)
 }
 
 // answers are the buffers Conductor's answers to polls and updates are
@@ -545,7 +619,7 @@ func (p *Proxy) poll(w http.ResponseWriter, r *http.Request, batch bool) {
 	}
 	buf, release := answerBuffer()
 	defer release()
-	resp, body, err := p.forward(r, nil, buf, p.pollSlots)
+	resp, body, err := p.forward(r, nil, buf, p.pollSlots, "type "+pathpkg.Base(r.URL.Path))
 	if err != nil {
 		writeError(w, http.StatusBadGateway, CodeConductorUnavailable, err.Error())
 		return
@@ -784,7 +858,7 @@ func (p *Proxy) notRecorded(w http.ResponseWriter, err error) {
 func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, body []byte, v2 bool, t *model.Task, a *taskworkers.Assignment, res *model.TaskResult) {
 	buf, release := answerBuffer()
 	defer release()
-	resp, out, err := p.forward(r, body, buf, p.updateSlots)
+	resp, out, err := p.forward(r, body, buf, p.updateSlots, "")
 	if err != nil {
 		writeError(w, http.StatusBadGateway, CodeConductorUnavailable, err.Error())
 		return
