@@ -49,7 +49,7 @@ func TestE2E_PostgresRuntimeRole(t *testing.T) {
 	p.stop(syscall.SIGTERM)
 
 	out, err = exec.Command(bin, "verify", "--store", r.RuntimeURL).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "verified 1 runs") || !strings.Contains(string(out), ": 0 broken") {
+	if err != nil || !strings.Contains(string(out), "verified 1 run,") || !strings.Contains(string(out), ": 0 broken") {
 		t.Fatalf("sidecar verify of the untouched log: %v\n%s", err, out)
 	}
 

@@ -164,16 +164,17 @@ func (c *ArchiveCommand) verify(ctx context.Context, args []string) error {
 		for _, o := range rep.Orphans {
 			fmt.Fprintf(c.m.Stdout, "orphan %s (no manifest names it: a write that did not finish; not part of the archive)\n", escapeText(o))
 		}
-		fmt.Fprintf(c.m.Stdout, "verified %s: %d manifests, %d segments, %d runs, %d records: %d problems\nhead %s\n",
-			escapeText(rep.Destination), rep.Manifests, rep.Segments, rep.Runs, rep.Records, len(rep.Problems), optional(rep.Head, "(empty archive)"))
-		fmt.Fprintf(c.m.Stdout, "catalog: %d shards match their manifests, %d missing (lookups read the manifests they would cover)\n", rep.CatalogShards, rep.CatalogMissing)
+		fmt.Fprintf(c.m.Stdout, "verified %s: %s, %s, %s, %s: %s\nhead %s\n",
+			escapeText(rep.Destination), countOf(rep.Manifests, "manifest"), countOf(rep.Segments, "segment"), countOf(rep.Runs, "run"),
+			countOf(rep.Records, "record"), countOf(len(rep.Problems), "problem"), optional(rep.Head, "(empty archive)"))
+		fmt.Fprintf(c.m.Stdout, "catalog: %s match their manifests, %d missing (lookups read the manifests they would cover)\n", countOf(rep.CatalogShards, "shard"), rep.CatalogMissing)
 		switch {
 		case keys == nil:
 			fmt.Fprintln(c.m.Stdout, "signatures: not checked (no --archive-key-file)")
 		case rep.FirstSigned > 1:
-			fmt.Fprintf(c.m.Stdout, "signatures: %d manifests signed from manifest %d on (1 to %d were written before the archive had keys)\n", rep.Signed, rep.FirstSigned, rep.FirstSigned-1)
+			fmt.Fprintf(c.m.Stdout, "signatures: %s signed from manifest %d on (1 to %d were written before the archive had keys)\n", countOf(rep.Signed, "manifest"), rep.FirstSigned, rep.FirstSigned-1)
 		default:
-			fmt.Fprintf(c.m.Stdout, "signatures: %d manifests signed\n", rep.Signed)
+			fmt.Fprintf(c.m.Stdout, "signatures: %s signed\n", countOf(rep.Signed, "manifest"))
 		}
 	}
 	if len(rep.Problems) == 1 && rep.Problems[0].Code == archive.ProblemArchiveEmpty {

@@ -29,7 +29,7 @@ func TestArchiveCommand_S3(t *testing.T) {
 	}
 	url := "s3://archive/prod/sidecar"
 	code, out, errOut := run(t, "archive", "verify", "--archive", url, "--expect-head", m.Chain)
-	if code != exitOK || !strings.Contains(out, "verified "+url+": 1 manifests, 1 segments, 1 runs, 4 records: 0 problems") {
+	if code != exitOK || !strings.Contains(out, "verified "+url+": 1 manifest, 1 segment, 1 run, 4 records: 0 problems") {
 		t.Fatalf("exit %d\n%s%s", code, out, errOut)
 	}
 	code, out, errOut = run(t, "archive", "events", r.ID, "--archive", url)

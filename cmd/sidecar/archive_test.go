@@ -57,7 +57,7 @@ func TestArchiveCommand_Verify(t *testing.T) {
 	t.Run("OK", func(t *testing.T) {
 		url, _, _, m := writeArchive(t)
 		code, out, errOut := run(t, "archive", "verify", "--archive", url, "--expect-head", m.Chain)
-		if code != exitOK || !strings.Contains(out, "1 runs, 4 records: 0 problems") || !strings.Contains(out, "head "+m.Chain) {
+		if code != exitOK || !strings.Contains(out, "1 run, 4 records: 0 problems") || !strings.Contains(out, "head "+m.Chain) {
 			t.Fatalf("exit %d\n%s%s", code, out, errOut)
 		}
 	})
@@ -211,7 +211,7 @@ func TestArchiveCommand_VerifyKeys(t *testing.T) {
 	writeOne(keys) // manifest 2, signed
 
 	code, out, errOut := run(t, "archive", "verify", "--archive", url, "--archive-key-file", keyFile)
-	if code != exitOK || !strings.Contains(out, "signatures: 1 manifests signed from manifest 2 on (1 to 1 were written before the archive had keys)") {
+	if code != exitOK || !strings.Contains(out, "signatures: 1 manifest signed from manifest 2 on (1 to 1 were written before the archive had keys)") {
 		t.Fatalf("signed from 2: exit %d\n%s%s", code, out, errOut)
 	}
 	if code, out, errOut := run(t, "archive", "events", "--archive", url, "--archive-key-file", keyFile, "-o", "json", r.ID); code != exitOK || strings.Count(out, `"runSeq"`) != 4 {

@@ -160,7 +160,7 @@ func printBulk(m *Main, res *httpapi.BulkResult) {
 	if res.DryRun {
 		what += " (dry run: nothing was changed)"
 	}
-	fmt.Fprintf(m.Stdout, "%s: %d runs: %s\n", what, len(res.Runs), strings.Join(outcomes, ", "))
+	fmt.Fprintf(m.Stdout, "%s: %s: %s\n", what, countOf(len(res.Runs), "run"), strings.Join(outcomes, ", "))
 }
 
 // waitBulk follows the drains of the runs a bulk pause paused, from the

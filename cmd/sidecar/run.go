@@ -68,7 +68,10 @@ func (c *RunCommand) Run(ctx context.Context, args []string) error {
 	case !started.Created:
 		what = "already started by an earlier request with this id"
 	}
-	fmt.Fprintf(c.m.Stdout, "run %s %s\n  runRequestId %s\n  engineRunRef %s\n", escapeText(started.RunID), what, escapeText(*requestID), escapeText(started.EngineRunRef))
+	fmt.Fprintf(c.m.Stdout, "run %s %s\n  runRequestId %s\n", escapeText(started.RunID), what, escapeText(*requestID))
+	if started.EngineRunRef != "" { // none yet for a run admission control holds
+		fmt.Fprintf(c.m.Stdout, "  engineRunRef %s\n", escapeText(started.EngineRunRef))
+	}
 	return nil
 }
 

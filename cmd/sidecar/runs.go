@@ -251,6 +251,15 @@ func (t *runTable) print(rows []httpapi.ListedRun, first bool) {
 	}
 }
 
+// countOf is n noun, with noun in the plural unless n is 1: "1 run",
+// "2 runs".
+func countOf[N int | int64 | uint64](n N, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
 // stepsCell is a run's STEPS: its steps done of its plan's, done/? when
 // the sidecar could not read the plan.
 func stepsCell(r *runlist.Row) string {

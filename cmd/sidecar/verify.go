@@ -48,7 +48,7 @@ func (c *VerifyCommand) Run(ctx context.Context, args []string) error {
 			}
 			fmt.Fprintf(c.m.Stdout, "BROKEN %s %s%s: %s\n", b.RunID, b.Code, at, b.Message)
 		}
-		fmt.Fprintf(c.m.Stdout, "verified %d runs, %d records: %d broken\n", v.Runs, v.Records, len(v.Broken))
+		fmt.Fprintf(c.m.Stdout, "verified %s, %s: %d broken\n", countOf(v.Runs, "run"), countOf(v.Records, "record"), len(v.Broken))
 	}
 	if len(v.Broken) > 0 {
 		return fmt.Errorf("%d runs do not verify: the log was changed outside the sidecar; restore the database from a backup taken before the change, or see docs/postgres.md, \"Tamper evidence\"", len(v.Broken))
