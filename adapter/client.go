@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/conductor-sidecar/sidecar/errcode"
+	"github.com/conductor-sidecar/sidecar/fair"
 )
 
 // DefaultBaseURL is the Conductor API base URL used when ClientOptions.BaseURL
@@ -93,7 +94,7 @@ type Client struct {
 	// calls that keep runs moving, and hands its places to the callers in
 	// turn (WithCaller).
 	calls    *semaphore.Weighted
-	control  *fairPlaces
+	control  *fair.Semaphore
 	maxCalls int
 	// apiSeen is set once a call of the API under base answered: the URL
 	// is the API's base (Health checks it until then).
@@ -157,7 +158,7 @@ func NewClient(opts ClientOptions) (*Client, error) {
 		tasks:    client.NewTaskClient(api),
 		metadata: client.NewMetadataClient(api),
 		calls:    semaphore.NewWeighted(int64(opts.MaxConcurrentCalls)),
-		control:  newFairPlaces(controlPlaces(opts.MaxConcurrentCalls)),
+		control:  fair.NewSemaphore(controlPlaces(opts.MaxConcurrentCalls)),
 		maxCalls: opts.MaxConcurrentCalls,
 	}, nil
 }
@@ -211,9 +212,9 @@ const apiProbeWorkflow = "sidecar_api_probe"
 // control call, one of the control calls' places first), waiting for them
 // while ctx lasts, and returns what gives them back.
 func (c *Client) acquire(ctx context.Context, control bool) (release func(), err error) {
-	if control && !c.control.tryAcquire() {
+	if control && !c.control.TryAcquire() {
 		c.metrics.waiting(1)
-		err := c.control.acquire(ctx, CallerOf(ctx))
+		err := c.control.Acquire(ctx, CallerOf(ctx))
 		c.metrics.waiting(-1)
 		if err != nil {
 			return nil, c.waitFailed(err)
@@ -225,7 +226,7 @@ func (c *Client) acquire(ctx context.Context, control bool) (release func(), err
 		c.metrics.waiting(-1)
 		if err != nil {
 			if control {
-				c.control.release()
+				c.control.Release()
 			}
 			return nil, c.waitFailed(err)
 		}
@@ -233,7 +234,7 @@ func (c *Client) acquire(ctx context.Context, control bool) (release func(), err
 	if !control {
 		return func() { c.calls.Release(1) }, nil
 	}
-	return func() { c.calls.Release(1); c.control.release() }, nil
+	return func() { c.calls.Release(1); c.control.Release() }, nil
 }
 
 func (c *Client) waitFailed(err error) error {

@@ -27,7 +27,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	pathpkg "path"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -38,6 +37,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/connlimit"
+	"github.com/conductor-sidecar/sidecar/fair"
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 )
 
@@ -379,108 +379,39 @@ func updateSlots(n int) int {
 
 // upstreamSlots are the requests of one kind the proxy may have at
 // Conductor at once, counted in the metrics. Requests wait for a slot in
-// queues (a poll's is its task type), and a slot freed goes to the queues
-// that wait in turn, each getting its oldest request in: the workers of
-// one task type polling in their hundreds make another type's poll wait
-// for one slot, not behind all of theirs.
+// queues (a poll's is its task type) that take turns: the workers of one
+// task type polling in their hundreds make another type's poll wait for
+// one slot, not behind all of theirs.
 type upstreamSlots struct {
+	sem     *fair.Semaphore
 	kind    string
 	metrics *Metrics
-
-	mu   sync.Mutex
-	free int
-	// waiting holds each queue's requests in their order; turns the
-	// queues with requests waiting, the next to get a slot first.
-	waiting map[string][]*slotWait
-	turns   []string
-}
-
-// slotWait is a request waiting for a slot; ready closes once it has one.
-type slotWait struct {
-	ready   chan struct{}
-	granted bool
 }
 
 func newUpstreamSlots(kind string, n int, m *Metrics) *upstreamSlots {
 	m.bound(kind, n)
-	return &upstreamSlots{kind: kind, metrics: m, free: n, waiting: make(map[string][]*slotWait)}
+	return &upstreamSlots{sem: fair.NewSemaphore(n), kind: kind, metrics: m}
 }
 
 // acquire takes a slot for a request of queue, waiting for one while ctx
 // lasts.
 func (s *upstreamSlots) acquire(ctx context.Context, queue string) error {
-	s.mu.Lock()
-	if s.free > 0 {
-		s.free--
-		s.mu.Unlock()
-		s.metrics.upstreamHeld(s.kind, 1)
-		return nil
-	}
-	w := &slotWait{ready: make(chan struct{})}
-	if len(s.waiting[queue]) == 0 {
-		s.turns = append(s.turns, queue)
-	}
-	s.waiting[queue] = append(s.waiting[queue], w)
-	s.mu.Unlock()
-	s.metrics.upstreamWait(s.kind, 1)
-	defer s.metrics.upstreamWait(s.kind, -1)
-	select {
-	case <-w.ready:
-		s.metrics.upstreamHeld(s.kind, 1)
-		return nil
-	case <-ctx.Done():
-	}
-	s.mu.Lock()
-	if w.granted { // given a slot as ctx ended: it goes to the next
-		s.mu.Unlock()
-		s.handOn()
-		return ctx.Err()
-	}
-	q := s.waiting[queue]
-	for i := range q {
-		if q[i] == w {
-			q = append(q[:i], q[i+1:]...)
-			break
+	if !s.sem.TryAcquire() {
+		s.metrics.upstreamWait(s.kind, 1)
+		err := s.sem.Acquire(ctx, queue)
+		s.metrics.upstreamWait(s.kind, -1)
+		if err != nil {
+			return err
 		}
 	}
-	if len(q) > 0 {
-		s.waiting[queue] = q
-	} else {
-		delete(s.waiting, queue)
-		s.turns = slices.DeleteFunc(s.turns, func(t string) bool { return t == queue })
-	}
-	s.mu.Unlock()
-	return ctx.Err()
+	s.metrics.upstreamHeld(s.kind, 1)
+	return nil
 }
 
 // release gives back a slot acquire took.
 func (s *upstreamSlots) release() {
 	s.metrics.upstreamHeld(s.kind, -1)
-	s.handOn()
-}
-
-// handOn gives a slot to the oldest request of the queue whose turn it
-// is, or keeps it free when none waits.
-func (s *upstreamSlots) handOn() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.turns) == 0 {
-		s.free++
-		return
-	}
-	queue := s.turns[0]
-	s.turns = s.turns[1:]
-	q := s.waiting[queue]
-	w := q[0]
-	q[0] = nil
-	if q = q[1:]; len(q) > 0 {
-		s.waiting[queue] = q
-		s.turns = append(s.turns, queue)
-	} else {
-		delete(s.waiting, queue)
-	}
-	w.granted = true
-	close(w.ready)
+	s.sem.Release()
 }
 
 // answers are the buffers Conductor's answers to polls and updates are

@@ -1,4 +1,4 @@
-package adapter
+package fair
 
 import (
 	"context"
@@ -8,15 +8,15 @@ import (
 	"time"
 )
 
-// TestFairPlaces_GivingUpKeepsTheCount: waiters that give up (their
+// TestSemaphore_GivingUpKeepsTheCount: waiters that give up (their
 // context ends), some just as a place is handed to them, never take or
 // lose a place: after everything is given back, every place is free again
-// and a new caller gets one at once.
-func TestFairPlaces_GivingUpKeepsTheCount(t *testing.T) {
+// and a new key gets one at once.
+func TestSemaphore_GivingUpKeepsTheCount(t *testing.T) {
 	const places = 3
-	f := newFairPlaces(places)
+	f := NewSemaphore(places)
 	for range places {
-		if err := f.acquire(context.Background(), "held"); err != nil {
+		if err := f.Acquire(context.Background(), "held"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -26,50 +26,50 @@ func TestFairPlaces_GivingUpKeepsTheCount(t *testing.T) {
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(i%8)*time.Millisecond)
 			defer cancel()
-			caller := []string{"a", "b", "c"}[i%3]
-			if f.acquire(ctx, caller) == nil {
+			key := []string{"a", "b", "c"}[i%3]
+			if f.Acquire(ctx, key) == nil {
 				got <- struct{}{}
 				time.Sleep(time.Millisecond)
-				f.release()
+				f.Release()
 			}
 		})
 	}
 	for range places {
 		time.Sleep(2 * time.Millisecond)
-		f.release()
+		f.Release()
 	}
 	wg.Wait()
 	close(got)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.free != places || len(f.turns) != 0 || len(f.waiting) != 0 {
-		t.Fatalf("after every waiter left: %d free of %d, %d callers in turn, %d waiting lists", f.free, places, len(f.turns), len(f.waiting))
+		t.Fatalf("after every waiter left: %d free of %d, %d keys in turn, %d waiting lists", f.free, places, len(f.turns), len(f.waiting))
 	}
 }
 
-// TestFairPlaces_CallersTakeTurns: with one place and callers a (three
+// TestSemaphore_KeysTakeTurns: with one place and keys a (three
 // waiting) and b (one waiting, queued after a's), the place goes a, b, a, a.
-func TestFairPlaces_CallersTakeTurns(t *testing.T) {
-	f := newFairPlaces(1)
-	if err := f.acquire(context.Background(), "first"); err != nil {
+func TestSemaphore_KeysTakeTurns(t *testing.T) {
+	f := NewSemaphore(1)
+	if err := f.Acquire(context.Background(), "first"); err != nil {
 		t.Fatal(err)
 	}
 	order := make(chan string, 4)
-	for i, caller := range []string{"a", "a", "a", "b"} {
+	for i, key := range []string{"a", "a", "a", "b"} {
 		go func() {
-			if err := f.acquire(context.Background(), caller); err == nil {
-				order <- caller
+			if err := f.Acquire(context.Background(), key); err == nil {
+				order <- key
 			}
 		}()
 		for deadline := time.Now().Add(10 * time.Second); f.waiters() < i+1; time.Sleep(time.Millisecond) {
 			if time.Now().After(deadline) {
-				t.Fatalf("waiter %d (%s) did not queue", i, caller)
+				t.Fatalf("waiter %d (%s) did not queue", i, key)
 			}
 		}
 	}
 	var got []string
 	for range 4 {
-		f.release()
+		f.Release()
 		got = append(got, <-order)
 	}
 	if want := []string{"a", "b", "a", "a"}; !slices.Equal(got, want) {
@@ -77,36 +77,36 @@ func TestFairPlaces_CallersTakeTurns(t *testing.T) {
 	}
 }
 
-// waiters counts the waiters of every caller.
-func (f *fairPlaces) waiters() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+// waiters counts the waiters of every key.
+func (s *Semaphore) waiters() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	n := 0
-	for _, q := range f.waiting {
+	for _, q := range s.waiting {
 		n += len(q)
 	}
 	return n
 }
 
-// TestFairPlaces_PlaceHandedAsTheWaiterGivesUp: a waiter whose context
+// TestSemaphore_PlaceHandedAsTheWaiterGivesUp: a waiter whose context
 // ends just as a place is handed to it passes the place on (here, frees
 // it): over many tries of the race, no place is ever lost.
-func TestFairPlaces_PlaceHandedAsTheWaiterGivesUp(t *testing.T) {
-	f := newFairPlaces(1)
+func TestSemaphore_PlaceHandedAsTheWaiterGivesUp(t *testing.T) {
+	f := NewSemaphore(1)
 	for i := range 2000 {
-		if err := f.acquire(context.Background(), "held"); err != nil {
+		if err := f.Acquire(context.Background(), "held"); err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error)
-		go func() { done <- f.acquire(ctx, "waiter") }()
+		go func() { done <- f.Acquire(ctx, "waiter") }()
 		for f.waiters() == 0 {
 			time.Sleep(10 * time.Microsecond)
 		}
 		go cancel()
-		f.release()
+		f.Release()
 		if err := <-done; err == nil {
-			f.release()
+			f.Release()
 		}
 		cancel()
 		f.mu.Lock()
