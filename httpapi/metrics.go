@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/connlimit"
+	"github.com/conductor-sidecar/sidecar/ratelog"
 )
 
 // MetricsServer serves GET /metrics and nothing else, without
@@ -55,7 +56,7 @@ func (s *MetricsServer) Open(ln net.Listener) {
 		ln = connlimit.New(ln, connlimit.Options{Max: s.MaxConnections, Refusal: tooManyConnections})
 	}
 	s.serving.start(&http.Server{Handler: s.Handler(), ReadHeaderTimeout: DefaultReadHeaderTimeout, ReadTimeout: DefaultReadTimeout,
-		WriteTimeout: DefaultWriteTimeout, IdleTimeout: DefaultIdleTimeout, ErrorLog: zap.NewStdLog(s.log.Named("http"))}, ln, s.log)
+		WriteTimeout: DefaultWriteTimeout, IdleTimeout: DefaultIdleTimeout, ErrorLog: ratelog.NewStdLog(s.log.Named("http"))}, ln, s.log)
 }
 
 // Close stops the server, waiting for scrapes in flight until ctx is done.

@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -217,6 +218,8 @@ type Server struct {
 	sessions *sessions // the console's cookie sessions
 	// refusedLogins bounds the log of refused console sign-ins.
 	refusedLogins ratelog.Limiter
+	// failures bounds the log of failed requests: a limiter a code.
+	failures failureLog
 	// closing is cancelled when Close starts: list watches answer then
 	// instead of holding shutdown for the rest of their wait.
 	closing     context.Context
@@ -354,7 +357,7 @@ func (s *Server) Handler() http.Handler { return s.mux }
 // Open serves on ln until Close.
 func (s *Server) Open(ln net.Listener) {
 	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: s.opts.ReadHeaderTimeout, ReadTimeout: s.opts.ReadTimeout,
-		WriteTimeout: s.opts.WriteTimeout, IdleTimeout: s.opts.IdleTimeout, MaxHeaderBytes: MaxHeaderBytes, ErrorLog: zap.NewStdLog(s.log.Named("http"))}
+		WriteTimeout: s.opts.WriteTimeout, IdleTimeout: s.opts.IdleTimeout, MaxHeaderBytes: MaxHeaderBytes, ErrorLog: ratelog.NewStdLog(s.log.Named("http"))}
 	if s.opts.MaxConnections > 0 {
 		// Bounded before TLS: a connection beyond the bound costs no
 		// handshake. Over TLS it is closed without a word (its client
@@ -684,18 +687,49 @@ func (s *Server) answer(err error) *apiError {
 	return s.classify(err)
 }
 
-// writeErr writes the answer of a handler's error, logging server faults.
+// writeErr writes the answer of a handler's error, logging server faults:
+// each code at most once a minute, since clients retrying while a
+// dependency is away would write a line a request.
 func (s *Server) writeErr(w http.ResponseWriter, route string, err error) {
 	ae := s.answer(err)
-	switch {
-	case ae.status >= 500 && ae.Code == CodeInternal:
-		s.log.Error("request failed", zap.String("route", route), zap.String("code", ae.Code), zap.Error(err))
-	case ae.status >= 500:
-		// A named condition (a store or an archive unavailable or
-		// damaged), not a fault of the sidecar's: no stack.
-		s.log.Warn("request failed", zap.String("route", route), zap.String("code", ae.Code), zap.Error(err))
+	if ae.status >= 500 {
+		if ok, held := s.failures.take(ae.Code); ok {
+			fields := []zap.Field{zap.String("route", route), zap.String("code", ae.Code), zap.Error(err)}
+			if held > 0 {
+				fields = append(fields, zap.Int("failuresNotLogged", held))
+			}
+			if ae.Code == CodeInternal {
+				s.log.Error("request failed (logged at most once a minute a code)", fields...)
+			} else {
+				// A named condition (a store or an archive unavailable
+				// or damaged), not a fault of the sidecar's: no stack.
+				s.log.Warn("request failed (logged at most once a minute a code)", fields...)
+			}
+		}
 	}
 	writeError(w, ae)
+}
+
+// failureLog is a ratelog.Limiter for each error code.
+type failureLog struct {
+	mu    sync.Mutex
+	codes map[string]*ratelog.Limiter
+}
+
+// take reports whether a failure of code may be logged now, and how many
+// were not since the last one that was.
+func (f *failureLog) take(code string) (ok bool, held int) {
+	f.mu.Lock()
+	l := f.codes[code]
+	if l == nil {
+		if f.codes == nil {
+			f.codes = map[string]*ratelog.Limiter{}
+		}
+		l = new(ratelog.Limiter)
+		f.codes[code] = l
+	}
+	f.mu.Unlock()
+	return l.Take(time.Now())
 }
 
 // classify answers an error that is not an API answer by its kind: the

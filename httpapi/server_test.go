@@ -14,7 +14,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
@@ -44,6 +46,12 @@ func newEnv(t *testing.T, conductorURL string) *env {
 // Permissions, for a test that must break a stream as an admin would).
 func newEnvWith(t *testing.T, conductorURL string, cfg natsstore.EmbeddedConfig) *env {
 	t.Helper()
+	return newEnvLogged(t, conductorURL, cfg, zaptest.NewLogger(t))
+}
+
+// newEnvLogged is newEnvWith with the server's logger.
+func newEnvLogged(t *testing.T, conductorURL string, cfg natsstore.EmbeddedConfig, logger *zap.Logger) *env {
+	t.Helper()
 	ctx := context.Background()
 	js, _ := natstest.StartIn(t, t.TempDir(), cfg)
 	store, err := natsstore.Open(ctx, js, natsstore.Options{})
@@ -63,7 +71,7 @@ func newEnvWith(t *testing.T, conductorURL string, cfg natsstore.EmbeddedConfig)
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	api := httpapi.NewServer(httpapi.Options{Log: store, Starter: &httpapi.RunStarter{Runs: runs}, Gatherer: reg, Registerer: reg, Logger: zaptest.NewLogger(t)})
+	api := httpapi.NewServer(httpapi.Options{Log: store, Starter: &httpapi.RunStarter{Runs: runs}, Gatherer: reg, Registerer: reg, Logger: logger})
 	srv := httptest.NewServer(api.Handler())
 	t.Cleanup(srv.Close)
 	return &env{srv: srv, store: store, js: js}
@@ -186,6 +194,22 @@ func TestServer_StartEngineUnavailable(t *testing.T) {
 	}
 	if n := info.CachedInfo().State.Msgs; n != 0 {
 		t.Fatalf("%d events written for a start that failed", n)
+	}
+}
+
+// A dependency away, every request that needs it fails with its code, and
+// the log says so once a minute for each code, not once a request: a
+// client retrying its calls in a loop wrote a line each.
+func TestServer_FailuresOfADependencyAreLoggedBounded(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	e := newEnvLogged(t, deadURL(t), natsstore.EmbeddedConfig{}, zap.New(core))
+	for i := range 20 {
+		if a := call(t, e, "POST", "/v1/runs", "application/json", startBody(goodPlan, nil)); a.status != 503 || a.Code != "ENGINE_UNAVAILABLE" {
+			t.Fatalf("start %d: %d %s, want 503 ENGINE_UNAVAILABLE", i, a.status, a.Code)
+		}
+	}
+	if n := logs.FilterMessageSnippet("request failed").Len(); n != 1 {
+		t.Fatalf("%d warnings for 20 requests failing with Conductor away, want 1:\n%v", n, logs.All())
 	}
 }
 

@@ -5,6 +5,8 @@
 package ratelog
 
 import (
+	stdlog "log"
+	"strings"
 	"sync"
 	"time"
 
@@ -59,4 +61,22 @@ func (l *Limiter) Recovered(log *zap.Logger, msg string) {
 		l.degraded, l.held, l.last = false, 0, time.Time{}
 		log.Info(msg)
 	}
+}
+
+// NewStdLog returns a standard logger that writes to log as warnings, at
+// most one line a minute (with the lines held back since the last): for a
+// library's error log whose lines clients can cause at will, as the
+// net/http server's TLS handshake errors.
+func NewStdLog(log *zap.Logger) *stdlog.Logger {
+	return stdlog.New(&stdWriter{log: log}, "", 0)
+}
+
+type stdWriter struct {
+	log *zap.Logger
+	lim Limiter
+}
+
+func (w *stdWriter) Write(p []byte) (int, error) {
+	w.lim.Warn(w.log, strings.TrimRight(string(p), "\n"))
+	return len(p), nil
 }

@@ -1,6 +1,7 @@
 package ratelog_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -43,5 +44,20 @@ func TestLimiter(t *testing.T) {
 	}
 	if ok, held := m.Take(t0.Add(ratelog.Every)); !ok || held != 3 {
 		t.Fatalf("a minute later: %v, %d held back; want through, 3", ok, held)
+	}
+}
+
+// The net/http server's error log (a TLS handshake error a connection, a
+// line a client can make at will) passes one line a minute, saying how
+// many it held back.
+func TestNewStdLog(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	l := ratelog.NewStdLog(zap.New(core))
+	for i := range 10 {
+		l.Printf("http: TLS handshake error from 127.0.0.1:%d: EOF", 40000+i)
+	}
+	all := logs.All()
+	if len(all) != 1 || all[0].Level != zap.WarnLevel || !strings.HasPrefix(all[0].Message, "http: TLS handshake error from 127.0.0.1:40000: EOF") {
+		t.Fatalf("logged %v, want the first line alone, as a warning", all)
 	}
 }

@@ -19,7 +19,9 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/statestore"
@@ -169,5 +171,37 @@ func TestNATSConfig_TLS(t *testing.T) {
 	if nc, err := nats.Connect(url, append(opts, nats.MaxReconnects(0))...); err == nil {
 		nc.Close()
 		t.Fatal("connected without the client certificate the server requires")
+	}
+}
+
+// A client that opens connections to the TLS listener and sends no
+// handshake (a port scanner, a health check speaking TCP) makes the HTTP
+// server log a handshake error each; the log passes one a minute.
+func TestAPIConfig_TLSHandshakeErrorsLoggedBounded(t *testing.T) {
+	pki := newTestPKI(t, "ops.example.com")
+	cfg := apiConfig{TLSCert: pki.serverCert, TLSKey: pki.serverKey}
+	core, logs := observer.New(zap.InfoLevel)
+	opts := httpapi.Options{Log: memstore.New(statestore.ProjectorOptions{}), Logger: zap.New(core)}
+	if err := cfg.apply(&opts, zaptest.NewLogger(t)); err != nil {
+		t.Fatal(err)
+	}
+	api := httpapi.NewServer(opts)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	api.Open(ln)
+	for range 10 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = c.Write([]byte{0, 1, 2, 3, 4, 5, 6, 7})
+		_, _ = c.Read(make([]byte, 1)) // until the server closes it
+		c.Close()
+	}
+	_ = api.Close(context.Background()) // every connection's line written
+	if n := logs.FilterMessageSnippet("TLS handshake error").Len(); n != 1 {
+		t.Fatalf("%d handshake errors logged for 10 connections, want 1: %v", n, logs.All())
 	}
 }

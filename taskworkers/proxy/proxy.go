@@ -38,6 +38,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/connlimit"
 	"github.com/conductor-sidecar/sidecar/fair"
+	"github.com/conductor-sidecar/sidecar/ratelog"
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 )
 
@@ -145,6 +146,8 @@ type Proxy struct {
 	// answered.
 	pollSlots, updateSlots *upstreamSlots
 	refuse                 refusals
+	// away bounds the lines of forwarded calls Conductor did not answer.
+	away ratelog.Limiter
 }
 
 // New returns a Proxy in front of Options.Conductor for steps.
@@ -177,12 +180,16 @@ func New(steps Steps, opts Options) (*Proxy, error) {
 			r.Out.Header.Del(TokenHeader)
 		},
 		Transport: opts.Transport,
+		ModifyResponse: func(*http.Response) error {
+			p.away.Recovered(p.log, "Conductor answers forwarded requests again")
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if tooBig := (*http.MaxBytesError)(nil); errors.As(err, &tooBig) {
 				writeError(w, http.StatusRequestEntityTooLarge, CodeUpdateTooLarge, tooLarge(opts.MaxUpdateBytes))
 				return
 			}
-			p.log.Warn("Conductor did not answer a forwarded request", zap.String("path", r.URL.Path), zap.Error(err))
+			p.away.Warn(p.log, "Conductor did not answer a forwarded request", zap.String("path", r.URL.Path), zap.Error(err))
 			writeError(w, http.StatusBadGateway, CodeConductorUnavailable, err.Error())
 		},
 	}
@@ -196,7 +203,7 @@ func (p *Proxy) Open(ln net.Listener) {
 	}
 	p.srv = &http.Server{Handler: p, ReadHeaderTimeout: p.opts.ReadHeaderTimeout, ReadTimeout: p.opts.ReadTimeout,
 		WriteTimeout: p.opts.WriteTimeout, IdleTimeout: p.opts.IdleTimeout, MaxHeaderBytes: MaxHeaderBytes,
-		ErrorLog: zap.NewStdLog(p.log.Named("http"))}
+		ErrorLog: ratelog.NewStdLog(p.log.Named("http"))}
 	go func() {
 		defer close(p.done)
 		if err := p.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
