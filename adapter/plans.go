@@ -56,6 +56,29 @@ func (r *Runs) RegisterPlan(ctx context.Context, tenantID string, compiled *plan
 	return r.registerPlan(ctx, defs)
 }
 
+// ClaimPlan claims the tenant's (planId, planVersion) for the plan's
+// content in the run index, as RegisterPlan does first, and registers
+// nothing in Conductor: a start that waits for admission is refused a
+// plan version its tenant claimed with other content at once, with
+// ErrPlanConflict, as a start that does not wait is.
+func (r *Runs) ClaimPlan(ctx context.Context, tenantID string, compiled *plan.Compiled) error {
+	defs, err := defsOf("claim plan", tenantID, compiled)
+	if err != nil {
+		return err
+	}
+	pk := planKey(defs.TenantID, defs.PlanID, defs.PlanVersion)
+	r.mu.Lock()
+	cached, ok := r.plans[pk]
+	r.mu.Unlock()
+	if ok {
+		if cached.hash != defs.Hash {
+			return planConflict(defs)
+		}
+		return nil
+	}
+	return r.claimPlan(ctx, pk, defs)
+}
+
 func (r *Runs) registerPlan(ctx context.Context, defs *planDefs) error {
 	pk := planKey(defs.TenantID, defs.PlanID, defs.PlanVersion)
 	r.mu.Lock()

@@ -32,6 +32,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 )
@@ -55,6 +56,7 @@ const (
 	stateStarted   = "started"   // started (final)
 	stateRejected  = "rejected"  // refused (final)
 	stateCancelled = "cancelled" // cancelled while queued (final)
+	stateFailed    = "failed"    // cannot start: its plan or request (final)
 )
 
 // Limits bounds the active (RUNNING or PAUSED) runs; 0 is no limit.
@@ -68,6 +70,9 @@ func (l Limits) any() bool { return l.Global > 0 || l.PerTenant > 0 || l.PerPlan
 type Runs interface {
 	RunIDFor(ctx context.Context, req adapter.StartRequest) (string, error)
 	Existing(ctx context.Context, req adapter.StartRequest) (adapter.StartResult, bool, error)
+	// ClaimPlan claims the plan version for the plan's content, or fails
+	// with adapter.ErrPlanConflict.
+	ClaimPlan(ctx context.Context, tenantID string, compiled *plan.Compiled) error
 	StartRun(ctx context.Context, req adapter.StartRequest) (adapter.StartResult, error)
 }
 
@@ -158,6 +163,10 @@ type entry struct {
 	WorkflowID    string            `json:"workflowId,omitempty"`
 	Created       bool              `json:"created,omitempty"`
 	DecidedAt     time.Time         `json:"decidedAt,omitzero"`
+	// FailedCode and FailedKind are why an entry failed: the code and
+	// kind of its start's error, which a repeat of the request gets.
+	FailedCode string       `json:"failedCode,omitempty"`
+	FailedKind errcode.Kind `json:"failedKind,omitempty"`
 	// Turn is the entry's place in the fair order (fairOrder), set at
 	// submission.
 	Turn uint64 `json:"turn,omitempty"`
@@ -306,6 +315,11 @@ func (c *Controller) Submit(ctx context.Context, req adapter.StartRequest, src *
 	} else if ok {
 		return &Decision{Started: &res, RunID: res.Run.RunID}, nil
 	}
+	// A plan version the tenant has with other content is refused now, as
+	// a start that does not wait is: its run could never start.
+	if err := c.opts.Runs.ClaimPlan(ctx, req.TenantID, req.Plan); err != nil {
+		return nil, err
+	}
 	runID, err := c.opts.Runs.RunIDFor(ctx, req)
 	if err != nil {
 		return nil, err
@@ -367,6 +381,8 @@ func (c *Controller) await(ctx context.Context, req adapter.StartRequest, key st
 			return &Decision{Started: &res, RunID: e.RunID}, nil
 		case stateRejected:
 			return nil, &Error{Code: CodeRejected, Message: e.Reason, RetryAfter: 10 * time.Second}
+		case stateFailed:
+			return nil, errcode.New(e.FailedKind, e.FailedCode, e.Reason)
 		case stateCancelled:
 			return &Decision{RunID: e.RunID, State: statestore.RunStatusCancelled}, nil
 		case stateQueued, stateDelayed:

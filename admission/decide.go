@@ -13,6 +13,7 @@ import (
 
 	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 )
@@ -317,12 +318,13 @@ func (c *Controller) start(ctx context.Context, e *entry) error {
 		return plan.Compile(&p)
 	}()
 	if err != nil {
-		e.State, e.Reason, e.DecidedAt = stateRejected, "the plan does not compile: "+err.Error(), time.Now().UTC()
-		c.opts.Metrics.decided(stateRejected)
-		return c.put(ctx, key, e)
+		return c.notStarted(ctx, e, errcode.New(errcode.Invalid, plan.CodePlanInvalid, "the plan does not compile: "+err.Error()))
 	}
 	res, err := c.opts.Runs.StartRun(ctx, adapter.StartRequest{TenantID: e.TenantID, ProjectID: e.ProjectID, EnvironmentID: e.EnvironmentID,
 		RunRequestID: e.RunRequestID, Plan: compiled, Labels: e.Labels})
+	if cannotStart(err) {
+		return c.notStarted(ctx, e, err)
+	}
 	if err != nil {
 		return fmt.Errorf("start run %s: %w", e.RunID, err) // kept starting; retried
 	}
@@ -339,6 +341,48 @@ func (c *Controller) start(ctx context.Context, e *entry) error {
 	c.mu.Unlock()
 	c.opts.Metrics.decided(stateStarted)
 	return c.put(ctx, key, e)
+}
+
+// cannotStart tells whether a start failed for a reason that trying it
+// again does not change: the request or its plan (Invalid), a plan
+// version taken by other content (Conflict), a refusal of Conductor's
+// (Upstream), a place it may not reach (Forbidden). Anything else (a
+// dependency away) is tried again.
+func cannotStart(err error) bool {
+	return errors.Is(err, errcode.Invalid) || errors.Is(err, errcode.Conflict) ||
+		errors.Is(err, errcode.Upstream) || errors.Is(err, errcode.Forbidden)
+}
+
+// notStarted ends an entry whose run cannot start, so that it holds up no
+// other: a run queued (RunQueued recorded) is cancelled in the log, the
+// reason naming why, and the entry is final with the error's code and
+// kind, the answer of its waiters and of a repeat of the request.
+func (c *Controller) notStarted(ctx context.Context, e *entry, cause error) error {
+	snap, err := c.opts.Snapshots.ProjectSnapshot(ctx, e.RunID)
+	if err != nil && !errors.Is(err, statestore.ErrNotFound) {
+		return err
+	}
+	reason := "cannot start: " + cause.Error()
+	if snap != nil && !statestore.IsTerminalRunStatus(snap.Status) {
+		ev, err := statestore.NewEvent(snap.Ref(), statestore.RunCancelled, "", 1, 1, &statestore.RunCancelledPayload{Reason: reason})
+		if err != nil {
+			return err
+		}
+		if err := statestore.CheckTransition(snap, ev); err == nil {
+			if _, err := c.opts.Log.Emit(ctx, ev); err != nil {
+				return err
+			}
+		}
+	}
+	e.State, e.Reason, e.DecidedAt = stateFailed, reason, time.Now().UTC()
+	e.FailedCode, e.FailedKind = errcode.CodeOf(cause), errcode.Internal
+	if coded, ok := errcode.Of(cause); ok {
+		e.FailedKind = coded.ErrorKind()
+	}
+	c.opts.Metrics.decided(stateFailed)
+	c.log.Warn("admission: a run cannot start; its entry is ended", zap.String("runId", e.RunID), zap.String("tenantId", e.TenantID),
+		zap.String("code", e.FailedCode), zap.Error(cause))
+	return c.put(ctx, keyOf(e.RunID), e)
 }
 
 // cancelQueued ends a queued run that was cancelled: RunCancelled (valid

@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
@@ -26,7 +27,8 @@ func (unused) Existing(context.Context, adapter.StartRequest) (adapter.StartResu
 func (unused) StartRun(context.Context, adapter.StartRequest) (adapter.StartResult, error) {
 	panic("not called")
 }
-func (unused) WaitIndexed(context.Context) (uint64, error) { panic("not called") }
+func (unused) ClaimPlan(context.Context, string, *plan.Compiled) error { panic("not called") }
+func (unused) WaitIndexed(context.Context) (uint64, error)             { panic("not called") }
 func (unused) ActiveCounts() (int, map[string]int, map[[2]string]int, bool) {
 	panic("not called")
 }

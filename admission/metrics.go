@@ -9,7 +9,7 @@ import (
 // Metrics are the admission metrics; a nil *Metrics records nothing.
 //
 //	sidecar_admission_submitted_total                 starts asked for under limits
-//	sidecar_admission_decisions_total{outcome}        started, queued, delayed, rejected, cancelled
+//	sidecar_admission_decisions_total{outcome}        started, queued, delayed, rejected, cancelled, failed
 //	sidecar_admission_queue_depth{state}              runs waiting: queued, delayed, pending, starting
 //	sidecar_admission_wait_seconds                    RunQueued to start, of the queued and delayed runs
 type Metrics struct {
@@ -25,7 +25,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		submittedC: prometheus.NewCounter(prometheus.CounterOpts{Name: "sidecar_admission_submitted_total",
 			Help: "Run starts asked for while admission limits are set."}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sidecar_admission_decisions_total",
-			Help: "Admission decisions by outcome: started, queued, delayed, rejected, cancelled (while queued)."}, []string{"outcome"}),
+			Help: "Admission decisions by outcome: started, queued, delayed, rejected, cancelled (while queued), failed (cannot start: its plan or request)."}, []string{"outcome"}),
 		depthG: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sidecar_admission_queue_depth",
 			Help: "Runs waiting for admission by state (on the deciding replica): pending, queued, delayed, starting."}, []string{"state"}),
 		wait: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sidecar_admission_wait_seconds",

@@ -79,6 +79,26 @@ func (k Kind) String() string {
 	return "Kind(" + strconv.Itoa(int(k)) + ")"
 }
 
+// MarshalText encodes the kind as its name, so that a kind kept in a
+// store reads the same whatever the order of the constants.
+func (k Kind) MarshalText() ([]byte, error) {
+	if int(k) >= len(kindNames) {
+		return nil, errors.New("errcode: " + k.String() + " has no name")
+	}
+	return []byte(kindNames[k]), nil
+}
+
+// UnmarshalText decodes a kind's name.
+func (k *Kind) UnmarshalText(b []byte) error {
+	for i, name := range kindNames {
+		if name == string(b) {
+			*k = Kind(i)
+			return nil
+		}
+	}
+	return errors.New("errcode: unknown kind " + strconv.Quote(string(b)))
+}
+
 // Error returns "errcode: <kind>"; a Kind is an error only so that it can
 // be the target of errors.Is.
 func (k Kind) Error() string { return "errcode: " + k.String() }

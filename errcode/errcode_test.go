@@ -1,6 +1,7 @@
 package errcode_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"testing"
@@ -91,5 +92,24 @@ func TestKind_String(t *testing.T) {
 	}
 	if got := errcode.Kind(42).String(); got != "Kind(42)" {
 		t.Errorf("got %q want Kind(42)", got)
+	}
+}
+
+// A kind kept in JSON is its name, and reads back as itself; a name that
+// is no kind's is an error.
+func TestKind_Text(t *testing.T) {
+	for k := errcode.Internal; k <= errcode.Unavailable; k++ {
+		b, err := json.Marshal(k)
+		if err != nil || string(b) != `"`+k.String()+`"` {
+			t.Fatalf("marshal %v: %s %v", k, b, err)
+		}
+		var back errcode.Kind
+		if err := json.Unmarshal(b, &back); err != nil || back != k {
+			t.Fatalf("unmarshal %s: %v %v", b, back, err)
+		}
+	}
+	var k errcode.Kind
+	if err := json.Unmarshal([]byte(`"Sideways"`), &k); err == nil {
+		t.Fatal("an unknown kind's name decoded")
 	}
 }
