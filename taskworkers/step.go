@@ -171,7 +171,7 @@ func (w *Worker) begin(t *model.Task, log *zap.Logger, a *Assignment, engine, lo
 		return d, false
 	case d.verdict == reportCompleted:
 		log.Info("step already completed in the log; reporting it without running it again")
-		w.update(t, log, &model.TaskResult{Status: model.CompletedTask, OutputData: artifactOutput(d.step.Artifacts, nil)})
+		w.update(t, log, &model.TaskResult{Status: model.CompletedTask, OutputData: w.loggedOutput(log, a, d)})
 		return d, false
 	case d.verdict == holdFailed:
 		w.hold(t, log, a)
@@ -744,6 +744,20 @@ func failedResult(a *Assignment, e *statestore.StepError, engine, logical int64)
 	return r
 }
 
+// loggedOutput is the output of a step the log has completed, reported
+// for a try Conductor asks for again: the artifacts the log refers to
+// and, for an outside worker's step, the output its update carried when
+// that update did not reach Conductor (unreported.go). The log has
+// outcomes, not data: an outside worker's output that was not kept is
+// lost, and said so.
+func (w *Worker) loggedOutput(log *zap.Logger, a *Assignment, d decision) map[string]any {
+	out, kept := w.unreported.take(stepAttempt{run: a.RunID, step: a.Step.StepID, logical: d.logical})
+	if !kept && w.executors[a.Step.Executor.Type] == nil {
+		log.Warn("reporting an outside worker's completed step without its output: the update that carried it never reached Conductor, and it was not kept (a restart, or another replica, took it)")
+	}
+	return artifactOutput(d.step.Artifacts, out)
+}
+
 func artifactOutput(refs []statestore.ArtifactRef, out map[string]any) map[string]any {
 	m := make(map[string]any, len(out)+1)
 	for k, v := range out {
@@ -923,7 +937,7 @@ func (w *Worker) reportLogged(t *model.Task, log *zap.Logger, a *Assignment, eng
 	switch d := gate(snap, t.WorkflowInstanceId, a.Step.StepID, engine, logical); d.verdict {
 	case reportCompleted:
 		log.Warn("the log already has the attempt's StepCompleted; reporting it")
-		w.update(t, log, &model.TaskResult{Status: model.CompletedTask, OutputData: artifactOutput(d.step.Artifacts, nil)})
+		w.update(t, log, &model.TaskResult{Status: model.CompletedTask, OutputData: w.loggedOutput(log, a, d)})
 	case reportFailed:
 		log.Warn("the log already has the attempt's StepFailed; reporting it")
 		w.update(t, log, failedResult(a, d.step.Error, d.engine, d.logical))

@@ -208,6 +208,9 @@ type Worker struct {
 	outbox    *outbox
 	// kept holds outcomes the store did not take in time (kept.go).
 	kept keptOutcomes
+	// unreported holds outside workers' outputs whose update did not
+	// reach Conductor (unreported.go).
+	unreported unreportedOutputs
 	// storeDown bounds the lines of tasks the state store did not answer
 	// for: one a minute, not one per task per offer (storeTrouble).
 	storeDown ratelog.Limiter

@@ -65,6 +65,9 @@ type Steps interface {
 	Record(t *model.Task, a *taskworkers.Assignment, r *model.TaskResult) (forward bool, err error)
 	// Reported is called once Conductor took a forwarded update.
 	Reported(t *model.Task, a *taskworkers.Assignment, r *model.TaskResult)
+	// Unreported is called when a forwarded update (of size bytes) did
+	// not reach Conductor: no answer, or a 5xx.
+	Unreported(t *model.Task, a *taskworkers.Assignment, r *model.TaskResult, size int)
 }
 
 // Options configures a Proxy.
@@ -787,6 +790,13 @@ func (p *Proxy) notRecorded(w http.ResponseWriter, err error) {
 		return
 	}
 	p.opts.Metrics.task("update_not_recorded")
+	if errors.Is(err, adapter.ErrEngineUnavailable) {
+		// Conductor could not say whether the try is still open (a
+		// report after a restart, or through another replica, is read
+		// back first): Conductor is away, not the sidecar's store.
+		writeError(w, http.StatusBadGateway, CodeConductorUnavailable, "the update was not taken, Conductor did not answer; retry the update: "+err.Error())
+		return
+	}
 	writeError(w, http.StatusServiceUnavailable, CodeStoreUnavailable, "the step's outcome could not be recorded; retry the update: "+err.Error())
 }
 
@@ -797,6 +807,9 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, body []byte, v2 bo
 	buf, release := answerBuffer()
 	defer release()
 	resp, out, err := p.forward(r, body, buf, p.updateSlots, "")
+	if (err != nil || resp.StatusCode/100 == 5) && t != nil && res != nil {
+		p.steps.Unreported(t, a, res, len(body))
+	}
 	if err != nil {
 		writeError(w, http.StatusBadGateway, CodeConductorUnavailable, err.Error())
 		return
