@@ -253,8 +253,13 @@ func (b *Bus) Replay(ctx context.Context, sink string, keys []string, keep func(
 	}
 	out := make([]ReplayResult, 0, len(keys))
 	for _, key := range keys {
-		dl, err := b.dead.get(ctx, key)
-		if errors.Is(err, jetstream.ErrKeyNotFound) || (err == nil && sinkOf(key) != sink) || (err == nil && keep != nil && !keep(&dl)) {
+		dl, rev, err := b.dead.getRev(ctx, key)
+		if err == nil && sinkOf(key) == sink && (keep == nil || keep(&dl)) {
+			// One replay at a time delivers a dead letter: two at once
+			// (two operators, a retried command) would each deliver it.
+			rev, err = b.dead.claim(ctx, key, dl, rev, 2*b.opts.Timeout)
+		}
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, errClaimed) || (err == nil && sinkOf(key) != sink) || (err == nil && keep != nil && !keep(&dl)) {
 			if !all {
 				out = append(out, ReplayResult{Key: key, Outcome: "not_found"})
 			}
@@ -267,14 +272,20 @@ func (b *Bus) Replay(ctx context.Context, sink string, keys []string, keep func(
 		_, err = c.sink.Deliver(dctx, []Message{dl.message()})
 		cancel()
 		if err != nil {
+			b.dead.release(ctx, key, dl, rev)
 			out = append(out, ReplayResult{Key: key, EventID: dl.EventID, Outcome: "failed", Error: err.Error()})
 			continue
 		}
-		if err := b.dead.remove(ctx, key); err != nil {
+		switch err := b.dead.remove(ctx, key, rev); {
+		case errors.Is(err, errClaimed):
+			// Another replay took it over, its claim taken for stale: it
+			// removes it (and counts it gone).
+		case err != nil:
 			return out, err
+		default:
+			c.m.deadLetters(sink, -1)
 		}
 		c.m.replayed(sink)
-		c.m.deadLetters(sink, -1)
 		b.log.Info("dead letter replayed", zap.String("sink", sink), zap.String("key", key), zap.String("eventId", dl.EventID))
 		out = append(out, ReplayResult{Key: key, EventID: dl.EventID, Outcome: "delivered"})
 	}

@@ -471,3 +471,51 @@ func TestBus_CloseFinishesTheDeliveryUnderWay(t *testing.T) {
 		t.Fatalf("%d deliveries of %d events: the delivery under way at the close was given up and made again", len(got), len(log))
 	}
 }
+
+// TestBus_ConcurrentReplaysDeliverOnce: two replays of the same dead
+// letters at once (two operators, a CLI retried) deliver each once, and
+// the gauge of dead letters kept ends at 0: before, each replay delivered
+// every one and the gauge went to minus their number.
+func TestBus_ConcurrentReplaysDeliverOnce(t *testing.T) {
+	f := newFixture(t)
+	log := f.runs(2, "t1")
+	var mu sync.Mutex
+	fixed := false
+	h, srv := newHook(t, func(string, int) int {
+		mu.Lock()
+		defer mu.Unlock()
+		if !fixed {
+			return http.StatusBadRequest
+		}
+		time.Sleep(20 * time.Millisecond) // a consumer taking its time: the replays overlap
+		return http.StatusOK
+	})
+	reg := prometheus.NewRegistry()
+	b := f.open([]eventbus.Sink{webhookSink(t, "audit", vocab.Sidecar, h, srv)}, eventbus.Options{MaxAttempts: 3, Metrics: eventbus.NewMetrics(reg)})
+	defer b.Close(context.Background())
+	waitFor(t, "every event dead-lettered", func() bool { return metric(t, reg, "sidecar_eventbus_dead_letters", "audit") == float64(len(log)) })
+	mu.Lock()
+	fixed = true
+	mu.Unlock()
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			if _, err := b.Replay(context.Background(), "audit", nil, nil); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	seen := map[string]int{}
+	for _, id := range h.received() {
+		seen[id]++
+	}
+	for _, id := range ids(log) {
+		if seen[id] != 1 {
+			t.Errorf("event %s delivered %d times by the two replays, want 1", id, seen[id])
+		}
+	}
+	if n := metric(t, reg, "sidecar_eventbus_dead_letters", "audit"); n != 0 {
+		t.Fatalf("dead letters gauge %v after the replays, want 0", n)
+	}
+}

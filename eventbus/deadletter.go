@@ -38,6 +38,9 @@ type DeadLetter struct {
 	PersistedAt string    `json:"persistedAt"`
 	// Body is the event as the sink would have delivered it.
 	Body json.RawMessage `json:"body"`
+	// ReplayingSince is when a replay claimed the dead letter (zero:
+	// none): another replay leaves it alone until the claim is stale.
+	ReplayingSince time.Time `json:"replayingSince,omitzero"`
 }
 
 func (d *DeadLetter) message() Message {
@@ -133,23 +136,73 @@ func (d *deadLetters) list(ctx context.Context, sink, after string, limit int, k
 
 // get returns the dead letter at key.
 func (d *deadLetters) get(ctx context.Context, key string) (DeadLetter, error) {
+	dl, _, err := d.getRev(ctx, key)
+	return dl, err
+}
+
+// getRev returns the dead letter at key and its revision.
+func (d *deadLetters) getRev(ctx context.Context, key string) (DeadLetter, uint64, error) {
 	e, err := d.kv.Get(ctx, key)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey) {
-			return DeadLetter{}, jetstream.ErrKeyNotFound
+			return DeadLetter{}, 0, jetstream.ErrKeyNotFound
 		}
-		return DeadLetter{}, unavailable("read dead letter", err)
+		return DeadLetter{}, 0, unavailable("read dead letter", err)
 	}
 	var dl DeadLetter
 	if err := json.Unmarshal(e.Value(), &dl); err != nil {
-		return DeadLetter{}, unavailable("dead letter "+key+" is damaged", err)
+		return DeadLetter{}, 0, unavailable("dead letter "+key+" is damaged", err)
 	}
-	return dl, nil
+	return dl, e.Revision(), nil
+}
+
+// errClaimed: another replay has the dead letter (or has replayed it).
+var errClaimed = errors.New("eventbus: the dead letter is being replayed by another request")
+
+// claim marks the dead letter read at rev as being replayed now, and
+// returns its new revision; errClaimed when another replay changed it
+// since, or holds a claim younger than stale.
+func (d *deadLetters) claim(ctx context.Context, key string, dl DeadLetter, rev uint64, stale time.Duration) (uint64, error) {
+	if !dl.ReplayingSince.IsZero() && time.Since(dl.ReplayingSince) < stale {
+		return 0, errClaimed
+	}
+	dl.ReplayingSince = time.Now().UTC()
+	b, err := json.Marshal(dl)
+	if err != nil {
+		return 0, err
+	}
+	next, err := d.kv.Update(ctx, key, b, rev)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) || isWrongSequence(err) {
+			return 0, errClaimed
+		}
+		return 0, unavailable("claim dead letter", err)
+	}
+	return next, nil
+}
+
+// release drops a claim (the replay failed): the dead letter is kept for
+// the next replay.
+func (d *deadLetters) release(ctx context.Context, key string, dl DeadLetter, rev uint64) {
+	dl.ReplayingSince = time.Time{}
+	if b, err := json.Marshal(dl); err == nil {
+		_, _ = d.kv.Update(ctx, key, b, rev)
+	}
+}
+
+// isWrongSequence tells a write refused because the key changed since
+// the revision it was conditioned on.
+func isWrongSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
 }
 
 // remove deletes the dead letter at key (replayed).
-func (d *deadLetters) remove(ctx context.Context, key string) error {
-	if err := d.kv.Delete(ctx, key); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+func (d *deadLetters) remove(ctx context.Context, key string, rev uint64) error {
+	if err := d.kv.Delete(ctx, key, jetstream.LastRevision(rev)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		if isWrongSequence(err) {
+			return errClaimed
+		}
 		return unavailable("remove dead letter", err)
 	}
 	return nil
