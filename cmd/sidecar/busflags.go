@@ -85,7 +85,7 @@ func (v *sinksValue) Set(text string) error {
 }
 
 func (c *busConfig) registerFlags(fs *flag.FlagSet, env *envSettings) {
-	fs.Var(&sinksValue{c}, "bus-sink", "an event bus sink, repeatable: nats:prefix=P[,name=N][,vocabulary=sidecar|core|noetl] or webhook:url=U,secret-file=F[,name=N][,vocabulary=...] (env "+envName("bus-sink")+", ';' between sinks)")
+	fs.Var(&sinksValue{c}, "bus-sink", "an event bus sink, repeatable: nats:prefix=P[,name=N][,vocabulary=sidecar|core|noetl][,max-age=D] or webhook:url=U,secret-file=F[,name=N][,vocabulary=...][,timeout=D] (env "+envName("bus-sink")+", ';' between sinks)")
 	env.set(fs, "bus-sink")
 	fs.Var(&intValue{&c.MaxAttempts}, "bus-max-attempts", "delivery attempts of an event before it is dead-lettered (env "+envName("bus-max-attempts")+")")
 	if v, ok := os.LookupEnv(envName("bus-max-attempts")); ok {
