@@ -6,6 +6,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -26,9 +27,12 @@ import (
 // other 4xx rejects it for good (dead-lettered at once).
 type WebhookSink struct {
 	name, vocabulary, url string
-	secret                []byte
-	client                *http.Client
-	now                   func() time.Time
+	// shown is url as errors name it: without user, password, query and
+	// fragment, which may carry a credential.
+	shown  string
+	secret []byte
+	client *http.Client
+	now    func() time.Time
 }
 
 // WebhookSinkConfig configures a WebhookSink.
@@ -49,7 +53,7 @@ type WebhookSinkConfig struct {
 func NewWebhookSink(cfg WebhookSinkConfig) (*WebhookSink, error) {
 	u, err := url.Parse(cfg.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, &Error{Code: CodeSinkInvalid, Message: fmt.Sprintf("sink %s: url=%q is not an http(s) URL", cfg.Name, cfg.URL)}
+		return nil, &Error{Code: CodeSinkInvalid, Message: fmt.Sprintf("sink %s: url= is not an http(s) URL with a host", cfg.Name)}
 	}
 	if len(cfg.Secret) < 16 {
 		return nil, &Error{Code: CodeSinkInvalid, Message: fmt.Sprintf("sink %s: the signing secret is %d bytes, at least 16 are needed (secret-file=)", cfg.Name, len(cfg.Secret))}
@@ -72,7 +76,18 @@ func NewWebhookSink(cfg WebhookSinkConfig) (*WebhookSink, error) {
 	// into an empty GET whose 2xx acknowledged the event, and a 307 or
 	// 308 would send the signed body wherever its Location points.
 	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	return &WebhookSink{name: cfg.Name, vocabulary: cfg.Vocabulary, url: cfg.URL, secret: cfg.Secret, client: client, now: time.Now}, nil
+	return &WebhookSink{name: cfg.Name, vocabulary: cfg.Vocabulary, url: cfg.URL, shown: shownURL(u), secret: cfg.Secret, client: client, now: time.Now}, nil
+}
+
+// shownURL is u without what may carry a credential: its user and
+// password, query and fragment.
+func shownURL(u *url.URL) string {
+	c := *u
+	c.User, c.RawQuery, c.ForceQuery, c.Fragment, c.RawFragment = nil, "", false, "", ""
+	if u.RawQuery != "" {
+		return c.String() + "?…"
+	}
+	return c.String()
 }
 
 // Name implements Sink.
@@ -111,6 +126,9 @@ func (s *WebhookSink) post(ctx context.Context, m *Message) error {
 	req.Header.Set("Sidecar-Run-Id", m.RunID)
 	resp, err := s.client.Do(req)
 	if err != nil {
+		if ue := (*url.Error)(nil); errors.As(err, &ue) {
+			ue.URL = s.shown
+		}
 		return failed("webhook POST", err)
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
@@ -119,7 +137,11 @@ func (s *WebhookSink) post(ctx context.Context, m *Message) error {
 	case c >= 200 && c < 300:
 		return nil
 	case c >= 300 && c < 400:
-		return failed(fmt.Sprintf("webhook answered %s to %s: the sink does not follow redirects; set its url= to the address the consumer takes events at (the answer's Location: %q)", resp.Status, s.url, resp.Header.Get("Location")), nil)
+		loc := "none"
+		if l, err := url.Parse(resp.Header.Get("Location")); err == nil && resp.Header.Get("Location") != "" {
+			loc = strconv.Quote(shownURL(l))
+		}
+		return failed(fmt.Sprintf("webhook answered %s to %s: the sink does not follow redirects; set its url= to the address the consumer takes events at (the answer's Location: %s)", resp.Status, s.shown, loc), nil)
 	case c >= 400 && c < 500 && c != http.StatusRequestTimeout && c != http.StatusTooManyRequests:
 		return &Error{Code: CodeRejected, Message: "webhook answered " + resp.Status}
 	default:

@@ -20,6 +20,10 @@ import (
 type busConfig struct {
 	Sinks       []sinkSpec
 	MaxAttempts int
+	// unparsed are the problems of --bus-sink values that did not parse,
+	// reported by validate: Set does not fail, since the flag package
+	// would print the value, whose URL may carry a credential.
+	unparsed []string
 }
 
 // sinkSpec is one --bus-sink: KIND:key=value,key=value.
@@ -63,25 +67,58 @@ func (v *sinksValue) Set(text string) error {
 		if one = strings.TrimSpace(one); one == "" {
 			continue
 		}
-		kind, rest, _ := strings.Cut(one, ":")
-		keys, ok := sinkKeys[kind]
-		if !ok {
-			return fmt.Errorf("%q: the kind is nats or webhook, e.g. nats:prefix=acme or webhook:url=https://hooks.example/sidecar,secret-file=/etc/sidecar/hook.key", one)
+		if s, problem := parseSink(one); problem != "" {
+			v.c.unparsed = append(v.c.unparsed, fmt.Sprintf("--bus-sink %s (the %s given): %s: %s", sinkKind(one), ordinal(len(v.c.Sinks)+len(v.c.unparsed)+1), eventbus.CodeSinkInvalid, problem))
+		} else {
+			v.c.Sinks = append(v.c.Sinks, s)
 		}
-		s := sinkSpec{Kind: kind, Params: map[string]string{}}
-		for _, kv := range strings.Split(rest, ",") {
-			if kv == "" {
-				continue
-			}
-			k, val, ok := strings.Cut(kv, "=")
-			if !ok || !slices.Contains(keys, k) {
-				return fmt.Errorf("%q: %q is not a %s sink setting (%s)", one, kv, kind, strings.Join(keys, ", "))
-			}
-			s.Params[k] = val
-		}
-		v.c.Sinks = append(v.c.Sinks, s)
 	}
 	return nil
+}
+
+// parseSink parses KIND:key=value,...; a problem names keys, never a
+// value (a URL may carry a credential).
+func parseSink(one string) (sinkSpec, string) {
+	kind, rest, _ := strings.Cut(one, ":")
+	keys, ok := sinkKeys[kind]
+	if !ok {
+		return sinkSpec{}, "the kind is nats or webhook, e.g. nats:prefix=acme or webhook:url=https://hooks.example/sidecar,secret-file=/etc/sidecar/hook.key"
+	}
+	s := sinkSpec{Kind: kind, Params: map[string]string{}}
+	for _, kv := range strings.Split(rest, ",") {
+		if kv == "" {
+			continue
+		}
+		k, val, ok := strings.Cut(kv, "=")
+		switch {
+		case !ok:
+			return sinkSpec{}, "a part without \"=\" (settings are key=value separated by commas, and a value cannot hold a comma)"
+		case !slices.Contains(keys, k):
+			return sinkSpec{}, fmt.Sprintf("%q is not a %s sink setting (%s)", k, kind, strings.Join(keys, ", "))
+		}
+		if _, twice := s.Params[k]; twice {
+			return sinkSpec{}, fmt.Sprintf("%s= is given twice", k)
+		}
+		s.Params[k] = val
+	}
+	return s, ""
+}
+
+// sinkKind is the kind of a sink value, for a problem's line ("" unless
+// it is one).
+func sinkKind(one string) string {
+	if kind, _, _ := strings.Cut(one, ":"); sinkKeys[kind] != nil {
+		return kind
+	}
+	return "value"
+}
+
+// ordinal is n in words up to ten (first, second, ...), else "#n".
+func ordinal(n int) string {
+	if w := []string{"first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth"}; n >= 1 && n <= len(w) {
+		return w[n-1]
+	}
+	return fmt.Sprintf("#%d", n)
 }
 
 func (c *busConfig) registerFlags(fs *flag.FlagSet, env *envSettings) {
@@ -98,7 +135,7 @@ func (c *busConfig) registerFlags(fs *flag.FlagSet, env *envSettings) {
 // validate returns the problems of the bus settings (files are read when
 // the sinks are opened).
 func (c *busConfig) validate() []string {
-	var p []string
+	p := slices.Clone(c.unparsed)
 	if c.MaxAttempts < 1 {
 		p = append(p, "--bus-max-attempts must be >= 1")
 	}

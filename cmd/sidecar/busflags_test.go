@@ -64,3 +64,21 @@ func writeSecret(t *testing.T, s string) string {
 	}
 	return path
 }
+
+// TestServe_BusSinkSpecIsNotEchoed: a --bus-sink that does not parse (a
+// comma inside the URL's query, a key given twice) is refused (exit 2,
+// BUS_SINK_INVALID) without printing the URL, which may carry a
+// credential: before, the whole value was printed, twice, token and all.
+func TestServe_BusSinkSpecIsNotEchoed(t *testing.T) {
+	secret := writeSecret(t, "0123456789abcdef-secret")
+	for _, spec := range []string{
+		"webhook:url=https://u:s3cretpw@hooks.example/h?token=TOPSECRET,x,secret-file=" + secret,
+		"webhook:url=https://hooks.example/h?token=TOPSECRET,url=https://other.example/TOPSECRET,secret-file=" + secret,
+	} {
+		dir := t.TempDir()
+		code, _, errOut := run(t, "serve", "--data-dir", dir, "--bus-sink", spec)
+		if code != exitUsage || !strings.Contains(errOut, "BUS_SINK_INVALID") || strings.Contains(errOut, "TOPSECRET") || strings.Contains(errOut, "s3cretpw") {
+			t.Fatalf("%s: exit %d, stderr %q; want exit 2 with BUS_SINK_INVALID, not showing the URL", spec, code, errOut)
+		}
+	}
+}
