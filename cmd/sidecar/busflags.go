@@ -123,7 +123,11 @@ func ordinal(n int) string {
 
 func (c *busConfig) registerFlags(fs *flag.FlagSet, env *envSettings) {
 	fs.Var(&sinksValue{c}, "bus-sink", "an event bus sink, repeatable: nats:prefix=P[,name=N][,vocabulary=sidecar|core|noetl][,max-age=D] or webhook:url=U,secret-file=F[,name=N][,vocabulary=...][,timeout=D] (env "+envName("bus-sink")+", ';' between sinks)")
+	before := len(c.unparsed)
 	env.set(fs, "bus-sink")
+	for i := before; i < len(c.unparsed); i++ { // from the environment: named as it was given
+		c.unparsed[i] = envName("bus-sink") + strings.TrimPrefix(c.unparsed[i], "--bus-sink")
+	}
 	fs.Var(&intValue{&c.MaxAttempts}, "bus-max-attempts", "delivery attempts of an event before it is dead-lettered (env "+envName("bus-max-attempts")+")")
 	if v, ok := os.LookupEnv(envName("bus-max-attempts")); ok {
 		if fs.Set("bus-max-attempts", v) != nil {
