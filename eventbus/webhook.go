@@ -44,8 +44,9 @@ type WebhookSinkConfig struct {
 	Secret []byte
 	// Timeout bounds one request (default 10s).
 	Timeout time.Duration
-	// Client is the HTTP client (default: one with Timeout); the sink uses
-	// a copy that does not follow redirects.
+	// Client is the HTTP client (default: one with Timeout; one without a
+	// timeout of its own gets Timeout); the sink uses a copy that does not
+	// follow redirects.
 	Client *http.Client
 }
 
@@ -70,6 +71,9 @@ func NewWebhookSink(cfg WebhookSinkConfig) (*WebhookSink, error) {
 	client := &http.Client{Timeout: cfg.Timeout}
 	if cfg.Client != nil {
 		c := *cfg.Client
+		if c.Timeout <= 0 {
+			c.Timeout = cfg.Timeout
+		}
 		client = &c
 	}
 	// A redirect is not followed: a 302 or 303 would turn the signed POST

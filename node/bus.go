@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/url"
 	"strconv"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
 
 	"github.com/conductor-sidecar/sidecar/eventbus"
 	"github.com/conductor-sidecar/sidecar/taskworkers/exec"
@@ -26,8 +28,13 @@ func (b Bus) natsSubjects() []string {
 	return out
 }
 
-// open builds the sinks, in order.
-func (b Bus) open(ctx context.Context, js jetstream.JetStream, replicas int) ([]eventbus.Sink, error) {
+// open builds the sinks, in order; a webhook's connections are refused
+// when they would reach one of own (checkNotSelf's rule, at every dial).
+func (b Bus) open(ctx context.Context, js jetstream.JetStream, replicas int, own []string) ([]eventbus.Sink, error) {
+	deny, err := denyOwn(own)
+	if err != nil {
+		return nil, err
+	}
 	var out []eventbus.Sink
 	for _, s := range b.Sinks {
 		switch {
@@ -40,7 +47,9 @@ func (b Bus) open(ctx context.Context, js jetstream.JetStream, replicas int) ([]
 			}
 			out = append(out, sink)
 		case s.Webhook != nil:
-			sink, err := eventbus.NewWebhookSink(*s.Webhook)
+			cfg := *s.Webhook
+			cfg.Client = &http.Client{Transport: exec.NewDenyingTransport(deny)}
+			sink, err := eventbus.NewWebhookSink(cfg)
 			if err != nil {
 				return nil, err
 			}
@@ -54,14 +63,10 @@ func (b Bus) open(ctx context.Context, js jetstream.JetStream, replicas int) ([]
 // sidecar's listeners (its API first): it would deliver the log to the
 // sidecar itself. The message names the sink and its host:port only (a
 // URL may carry a token in its query).
-func (b Bus) checkNotSelf(ctx context.Context, own []string) error {
-	var deny []exec.Destination
-	for _, a := range own {
-		d, err := listenerAddr(a)
-		if err != nil {
-			return err
-		}
-		deny = append(deny, d)
+func (b Bus) checkNotSelf(ctx context.Context, own []string, log *zap.Logger) error {
+	deny, err := denyOwn(own)
+	if err != nil {
+		return err
 	}
 	for _, s := range b.Sinks {
 		if s.Webhook == nil {
@@ -85,8 +90,26 @@ func (b Bus) checkNotSelf(ctx context.Context, own []string) error {
 			if errors.Is(err, exec.ErrDestinationForbidden) {
 				return fmt.Errorf("--bus-sink %s: url= %s reaches the sidecar's own API (or its pprof or NATS listener), so it would deliver the log to itself; point url= at the consumer", name, hostPort)
 			}
-			return fmt.Errorf("--bus-sink %s: url= %s: %w (it must resolve, to check that it is not the sidecar itself)", name, hostPort, err)
+			// A consumer's name that does not resolve yet (its Service
+			// not created, its DNS away) does not stop the sidecar: the
+			// sink retries, and each of its connections is checked as
+			// it is dialled (open).
+			log.Warn("an event bus webhook's host does not resolve now; serving, the sink retries its deliveries (each connection is checked not to reach the sidecar itself)",
+				zap.String("sink", name), zap.String("hostPort", hostPort), zap.Error(err))
 		}
 	}
 	return nil
+}
+
+// denyOwn is the destinations of the sidecar's own listeners.
+func denyOwn(own []string) ([]exec.Destination, error) {
+	var deny []exec.Destination
+	for _, a := range own {
+		d, err := listenerAddr(a)
+		if err != nil {
+			return nil, err
+		}
+		deny = append(deny, d)
+	}
+	return deny, nil
 }

@@ -166,10 +166,10 @@ func (n *Node) openBus(ctx context.Context) error {
 	if len(n.cfg.Bus.Sinks) == 0 {
 		return nil
 	}
-	if err := n.cfg.Bus.checkNotSelf(ctx, n.cfg.Own); err != nil {
+	if err := n.cfg.Bus.checkNotSelf(ctx, n.cfg.Own, n.log); err != nil {
 		return err
 	}
-	sinks, err := n.cfg.Bus.open(ctx, n.js, n.cfg.Replicas)
+	sinks, err := n.cfg.Bus.open(ctx, n.js, n.cfg.Replicas, n.cfg.Own)
 	if err != nil {
 		return err
 	}

@@ -158,7 +158,10 @@ type resolver interface {
 // destGuard decides which addresses the http executor may connect to.
 type destGuard struct {
 	allow, deny []Destination
-	resolver    resolver
+	// denyOnly: only deny is checked, any other address may be reached
+	// (NewDenyingTransport's guard).
+	denyOnly bool
+	resolver resolver
 	// localAddrs returns this machine's interface addresses.
 	localAddrs func() []netip.Addr
 }
@@ -199,7 +202,7 @@ func (g *destGuard) isLocal(ip netip.Addr, locals *[]netip.Addr) bool {
 // ap, else a *DestinationError (or an error resolving a denied host name:
 // the guard fails closed).
 func (g *destGuard) check(ctx context.Context, host string, ap netip.AddrPort) error {
-	if err := g.denied(ctx, host, ap); err != nil {
+	if err := g.denied(ctx, host, ap); err != nil || g.denyOnly {
 		return err
 	}
 	host = normHost(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"))
@@ -355,6 +358,21 @@ func (g *destGuard) dialContext(d *net.Dialer) func(ctx context.Context, network
 		}
 		return nil, first
 	}
+}
+
+// NewDenyingTransport returns an HTTP transport (Go's default settings,
+// no proxy) whose every connection is refused, with a *DestinationError,
+// when it would reach one of deny by CheckDenied's rules: a name is
+// resolved when it is dialled, so a name that did not resolve before,
+// or resolves elsewhere now, is checked as it is. serve's event bus
+// webhooks use it, so that none delivers the log to the sidecar itself.
+func NewDenyingTransport(deny []Destination) *http.Transport {
+	g := &destGuard{deny: deny, denyOnly: true, resolver: net.DefaultResolver, localAddrs: interfaceAddrs}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.Proxy = nil
+	t.DialTLSContext = nil
+	t.DialContext = g.dialContext(&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second})
+	return t
 }
 
 // newGuardedClient returns the http executor's client: Go's default
