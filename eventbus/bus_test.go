@@ -519,3 +519,33 @@ func TestBus_ConcurrentReplaysDeliverOnce(t *testing.T) {
 		t.Fatalf("dead letters gauge %v after the replays, want 0", n)
 	}
 }
+
+// TestBus_AnIngressAnsweringWhileTheConsumerIsAwayIsRetried: what a
+// consumer's ingress or gateway answers while the consumer is away (404
+// from a default backend, 401 or 403 during a key rotation, 502) is
+// retried: the events arrive, in order, once it is back. Before, a 404 or
+// a 401 dead-lettered every event at once, and their runs' order with
+// them. A verdict on the event itself (400, 410, 413, 415, 422) is not.
+func TestBus_AnIngressAnsweringWhileTheConsumerIsAwayIsRetried(t *testing.T) {
+	f := newFixture(t)
+	log := f.runs(2, "t1")
+	h, srv := newHook(t, func(_ string, call int) int {
+		switch {
+		case call <= 2:
+			return http.StatusNotFound
+		case call <= 4:
+			return http.StatusUnauthorized
+		case call <= 5:
+			return http.StatusForbidden
+		}
+		return http.StatusOK
+	})
+	reg := prometheus.NewRegistry()
+	b := f.open([]eventbus.Sink{webhookSink(t, "audit", vocab.Sidecar, h, srv)}, eventbus.Options{MaxAttempts: 8, Metrics: eventbus.NewMetrics(reg)})
+	defer b.Close(context.Background())
+	waitFor(t, "every event", func() bool { return len(h.received()) >= len(log) })
+	checkOrder(t, h.received(), ids(log))
+	if n := metric(t, reg, "sidecar_eventbus_dead_lettered_total", "audit"); n != 0 {
+		t.Fatalf("%v dead-lettered while the consumer's ingress answered for it, want 0", n)
+	}
+}

@@ -12,8 +12,8 @@ const (
 	// refused connection, an HTTP status other than 2xx, no JetStream
 	// acknowledgement). Retried with backoff, then dead-lettered.
 	CodeDeliveryFailed = "EVENT_BUS_DELIVERY_FAILED"
-	// CodeRejected: the consumer refused the event for good (an HTTP 4xx
-	// other than 408 and 429): dead-lettered without further retries.
+	// CodeRejected: the consumer refused the event for good (HTTP 400,
+	// 410, 413, 415 or 422): dead-lettered without further retries.
 	CodeRejected = "BUS_EVENT_REJECTED"
 	// CodeUnavailable: the bus's own NATS state (cursors, dead letters)
 	// could not be read or written.

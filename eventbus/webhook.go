@@ -146,11 +146,24 @@ func (s *WebhookSink) post(ctx context.Context, m *Message) error {
 			loc = strconv.Quote(shownURL(l))
 		}
 		return failed(fmt.Sprintf("webhook answered %s to %s: the sink does not follow redirects; set its url= to the address the consumer takes events at (the answer's Location: %s)", resp.Status, s.shown, loc), nil)
-	case c >= 400 && c < 500 && c != http.StatusRequestTimeout && c != http.StatusTooManyRequests:
+	case verdicts[c]:
 		return &Error{Code: CodeRejected, Message: "webhook answered " + resp.Status}
 	default:
 		return failed("webhook answered "+resp.Status, nil)
 	}
+}
+
+// verdicts are the answers that refuse the event itself, for good: it is
+// dead-lettered at once. Any other 4xx is retried as a 5xx is: it is what
+// a consumer's ingress or gateway answers while the consumer is away or
+// being changed (a default backend's 404, a 401 or 403 during a key
+// rotation), not the consumer's word on the event.
+var verdicts = map[int]bool{
+	http.StatusBadRequest:            true,
+	http.StatusGone:                  true,
+	http.StatusRequestEntityTooLarge: true,
+	http.StatusUnsupportedMediaType:  true,
+	http.StatusUnprocessableEntity:   true,
 }
 
 // Sign is the Standard Webhooks signature of an event: base64 of
