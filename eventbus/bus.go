@@ -331,7 +331,19 @@ type courier struct {
 	through   uint64
 	attempts  int
 	retry     *backoff.ExponentialBackOff
+	// last is the log's last sequence when the batch was read.
+	last uint64
+	// lagRead is when a replica that does not deliver to the sink last
+	// read how far behind its cursor is.
+	lagRead time.Time
 }
+
+// lagEvery is how often a replica that does not deliver to a sink reads
+// the sink's cursor to report how far behind it is: a sink that nobody
+// delivers (its owner does not have it configured, or is stuck) shows up
+// in sidecar_eventbus_lag_events, which the EVENT_BUS_STALLED alert
+// reads.
+const lagEvery = 30 * time.Second
 
 func (c *courier) loop(ctx context.Context) {
 	defer close(c.done)
@@ -374,6 +386,20 @@ func (c *courier) endTurn() {
 	c.tail, c.pending, c.through, c.attempts = nil, nil, 0, 0
 }
 
+// readLag reports how far the sink's stored cursor is behind the log's
+// end, as the owner sees it.
+func (c *courier) readLag(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, c.bus.opts.Timeout)
+	defer cancel()
+	cursor, _, err := c.bus.cursor(ctx, c.sink.Name())
+	if err != nil {
+		return
+	}
+	if last, err := c.bus.opts.Log.LastSeq(ctx); err == nil {
+		c.m.lag(c.sink.Name(), float64(last-min(last, cursor)))
+	}
+}
+
 // step reads or delivers one batch. more: go on at once; otherwise wait
 // delay (a delivery backoff) or the poll interval.
 func (c *courier) step(ctx context.Context) (more bool, delay time.Duration, err error) {
@@ -381,6 +407,10 @@ func (c *courier) step(ctx context.Context) (more bool, delay time.Duration, err
 	name := c.sink.Name()
 	if opts.Owner != nil && !opts.Owner.Owns("eventbus."+name) {
 		c.endTurn()
+		if time.Since(c.lagRead) >= lagEvery {
+			c.lagRead = time.Now()
+			c.readLag(ctx)
+		}
 		return false, 0, nil
 	}
 	if c.tail == nil {
@@ -408,6 +438,7 @@ func (c *courier) step(ctx context.Context) (more bool, delay time.Duration, err
 			return false, 0, nil
 		}
 		if last, err := opts.Log.LastSeq(ctx); err == nil {
+			c.last = last
 			c.m.lag(name, float64(last-min(last, c.cursor)))
 		}
 		c.through = next
@@ -434,6 +465,9 @@ func (c *courier) step(ctx context.Context) (more bool, delay time.Duration, err
 		if err := c.save(context.WithoutCancel(ctx), c.acked()); err != nil {
 			return false, 0, err
 		}
+		// The lag falls as the batch goes out (a webhook's is one event a
+		// request), not only at the next batch's read.
+		c.m.lag(name, float64(c.last-min(c.last, c.acked())))
 	}
 	if derr == nil {
 		return true, 0, nil // the rest of pending, or the next batch

@@ -549,3 +549,29 @@ func TestBus_AnIngressAnsweringWhileTheConsumerIsAwayIsRetried(t *testing.T) {
 		t.Fatalf("%v dead-lettered while the consumer's ingress answered for it, want 0", n)
 	}
 }
+
+// nobody owns every sink elsewhere: this replica delivers none.
+type nobody struct{}
+
+func (nobody) Owns(string) bool { return false }
+
+// TestBus_ASinkNobodyDeliversShowsItsLag: a replica that has a sink but
+// does not deliver it (another replica owns it, one that may not have it
+// configured, or is stuck) reports how far the sink's stored cursor is
+// behind the log, so that a sink nobody delivers shows its lag growing
+// (EVENT_BUS_STALLED). Before, only the owner reported lag, and such a
+// sink showed none.
+func TestBus_ASinkNobodyDeliversShowsItsLag(t *testing.T) {
+	f := newFixture(t)
+	log := f.runs(2, "t1")
+	h, srv := newHook(t, nil)
+	reg := prometheus.NewRegistry()
+	b := f.open([]eventbus.Sink{webhookSink(t, "audit", vocab.Sidecar, h, srv)}, eventbus.Options{Owner: nobody{}, Metrics: eventbus.NewMetrics(reg)})
+	defer b.Close(context.Background())
+	waitFor(t, "the lag of the sink nobody delivers", func() bool {
+		return metric(t, reg, "sidecar_eventbus_lag_events", "audit") == float64(len(log))
+	})
+	if got := h.received(); len(got) != 0 {
+		t.Fatalf("a replica that does not own the sink delivered %d events", len(got))
+	}
+}

@@ -36,7 +36,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		dead: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sidecar_eventbus_dead_letters",
 			Help: "Dead letters kept in SIDECAR_EVENTBUS_DLQ (as this replica last saw them)."}, []string{"sink"}),
 		lagG: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sidecar_eventbus_lag_events",
-			Help: "Log records after the sink's cursor (on the replica delivering to it)."}, []string{"sink"}),
+			Help: "Log records after the sink's cursor (on the replica delivering to it as it reads; on the others every 30 s)."}, []string{"sink"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sidecar_eventbus_delivery_latency_seconds",
 			Help:    "Time from an event's persistedAt to the sink's acknowledgement.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}}, []string{"sink"}),

@@ -54,8 +54,8 @@ func promtool(t *testing.T, dir string, args ...string) string {
 
 func TestAlertRules_Check(t *testing.T) {
 	out := promtool(t, filepath.Join(repoRoot, "deploy/prometheus"), "check", "rules", "alerts.yml")
-	if !strings.Contains(out, "SUCCESS: 15 rules found") {
-		t.Fatalf("promtool check rules: want 15 rules:\n%s", out)
+	if !strings.Contains(out, "SUCCESS: 16 rules found") {
+		t.Fatalf("promtool check rules: want 16 rules:\n%s", out)
 	}
 }
 
@@ -108,7 +108,7 @@ func TestAlertRules_ExampleConfig(t *testing.T) {
 func TestAlertRules_Names(t *testing.T) {
 	rules := loadAlertRules(t)
 	want := []string{"PAUSE_DRAIN_TIMEOUT", "PROJECTOR_LAG_HIGH", "INVALID_TRANSITION", "PROJECTOR_NON_CONTIGUOUS_FETCH_DETECTED", "PROJECTOR_SNAPSHOT_MISMATCH", "ENGINE_UNAVAILABLE", "WORKER_POLL_ERRORS", "STUCK_WORKFLOW", "TASK_WAITING_FOR_WORKER", "WORKFLOW_NOT_FOUND", "EVENT_BUS_DELIVERY_FAILED",
-		"ARCHIVE_FAILING", "DATA_DIR_FULL_PREDICTED", "SIDECAR_DOWN", "SIDECAR_ABSENT"}
+		"EVENT_BUS_STALLED", "ARCHIVE_FAILING", "DATA_DIR_FULL_PREDICTED", "SIDECAR_DOWN", "SIDECAR_ABSENT"}
 	headings := operationsHeadings(t)
 	if len(rules) != len(want) {
 		t.Errorf("got %d alerts, want %d", len(rules), len(want))
