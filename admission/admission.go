@@ -171,6 +171,10 @@ type entry struct {
 	// submission.
 	Turn uint64 `json:"turn,omitempty"`
 
+	// checked is when the decider last read the log of the run it
+	// started and the list did not show (recent).
+	checked time.Time
+
 	rev uint64 // the bucket revision read
 }
 

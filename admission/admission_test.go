@@ -79,7 +79,10 @@ func (e *env) open(opts admission.Options) *admission.Controller {
 	if opts.Runs == nil {
 		opts.Runs = e.runs
 	}
-	opts.Log, opts.Snapshots, opts.Active = e.emit, e.store, e.list
+	opts.Log, opts.Snapshots = e.emit, e.store
+	if opts.Active == nil {
+		opts.Active = e.list
+	}
 	opts.Logger = zaptest.NewLogger(e.t)
 	c, err := admission.Open(context.Background(), e.js, opts)
 	if err != nil {

@@ -150,11 +150,31 @@ func (c *Controller) decide(ctx context.Context) error {
 		return nil // the list is not read yet
 	}
 	c.mu.Lock()
+	var unseen []string
 	for id, e := range c.recent {
 		if c.opts.Active.ShowsStarted(id) || time.Since(e.DecidedAt) > 2*time.Minute {
 			delete(c.recent, id)
 			continue
 		}
+		if time.Since(e.DecidedAt) > recentUnseen && time.Since(e.checked) > recentUnseen {
+			e.checked = time.Now()
+			unseen = append(unseen, id)
+		}
+	}
+	c.mu.Unlock()
+	// A run started seconds ago that the list still does not show may
+	// have ended and left it already (retention that removes finished
+	// runs within seconds): the log says so.
+	for _, id := range unseen {
+		snap, err := c.opts.Snapshots.ProjectSnapshot(ctx, id)
+		if errors.Is(err, statestore.ErrNotFound) || (err == nil && statestore.IsTerminalRunStatus(snap.Status)) {
+			c.mu.Lock()
+			delete(c.recent, id)
+			c.mu.Unlock()
+		}
+	}
+	c.mu.Lock()
+	for _, e := range c.recent {
 		total++
 		byTenant[e.TenantID]++
 		byPlan[planOf(e)]++
@@ -243,6 +263,11 @@ func (c *Controller) decide(ctx context.Context) error {
 	}
 	return nil
 }
+
+// recentUnseen is how long a run the decider started may stay out of the
+// run list before the decider reads its log to see whether it ended
+// (and again, at most as often, while it stays out).
+const recentUnseen = 3 * time.Second
 
 // planOf is e's key of the per-plan counts: its tenant's plan.
 func planOf(e *entry) [2]string { return [2]string{e.TenantID, e.PlanID} }
