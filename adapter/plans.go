@@ -66,28 +66,33 @@ func (r *Runs) ClaimPlan(ctx context.Context, tenantID string, compiled *plan.Co
 	if err != nil {
 		return err
 	}
-	pk := planKey(defs.TenantID, defs.PlanID, defs.PlanVersion)
-	r.mu.Lock()
-	cached, ok := r.plans[pk]
-	r.mu.Unlock()
-	if ok {
-		if cached.hash != defs.Hash {
-			return planConflict(defs)
-		}
-		return nil
+	pk, _, ok, err := r.registered(defs)
+	if ok || err != nil {
+		return err
 	}
 	return r.claimPlan(ctx, pk, defs)
 }
 
-func (r *Runs) registerPlan(ctx context.Context, defs *planDefs) error {
-	pk := planKey(defs.TenantID, defs.PlanID, defs.PlanVersion)
+// registered returns the plan key of defs and, when this process
+// registered that plan version, what it registered (ok), or
+// ErrPlanConflict when that was other content.
+func (r *Runs) registered(defs *planDefs) (pk string, cached registeredPlan, ok bool, err error) {
+	pk = planKey(defs.TenantID, defs.PlanID, defs.PlanVersion)
 	r.mu.Lock()
-	cached, ok := r.plans[pk]
+	cached, ok = r.plans[pk]
 	r.mu.Unlock()
+	if ok && cached.hash != defs.Hash {
+		return pk, cached, ok, planConflict(defs)
+	}
+	return pk, cached, ok, nil
+}
+
+func (r *Runs) registerPlan(ctx context.Context, defs *planDefs) error {
+	pk, cached, ok, err := r.registered(defs)
+	if err != nil {
+		return err
+	}
 	if ok {
-		if cached.hash != defs.Hash {
-			return planConflict(defs)
-		}
 		if time.Since(cached.checked) < r.opts.PlanRecheck || r.unchangedInConductor(ctx, defs) {
 			return nil
 		}
