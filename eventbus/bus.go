@@ -134,8 +134,11 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Bus, erro
 	}
 	b := &Bus{opts: opts, log: opts.Logger.Named("eventbus"), couriers: map[string]*courier{}}
 	for _, s := range opts.Sinks {
-		if _, dup := b.couriers[s.Name()]; dup || !validName(s.Name()) {
-			return nil, &Error{Code: CodeSinkInvalid, Message: fmt.Sprintf("sink name %q: names are 1 to 64 of [A-Za-z0-9_-] and unique", s.Name())}
+		if _, dup := b.couriers[s.Name()]; dup {
+			return nil, &Error{Code: CodeSinkInvalid, Message: fmt.Sprintf("sink name %q: names are unique", s.Name())}
+		}
+		if err := CheckSinkName(s.Name()); err != nil {
+			return nil, err
 		}
 		b.couriers[s.Name()] = nil
 	}
@@ -307,8 +310,14 @@ func (b *Bus) cursor(ctx context.Context, sink string) (uint64, uint64, error) {
 	return v, e.Revision(), nil
 }
 
-func validName(s string) bool {
-	return Token(s) == s && s != ""
+// CheckSinkName refuses a sink name that is not 1 to 64 of [A-Za-z0-9_-]
+// (the name keys the sink's cursor, metrics and dead letters), with
+// CodeSinkInvalid.
+func CheckSinkName(name string) error {
+	if Token(name) != name || name == "" {
+		return &Error{Code: CodeSinkInvalid, Message: fmt.Sprintf("sink name %q: names are 1 to 64 of [A-Za-z0-9_-]", name)}
+	}
+	return nil
 }
 
 // courier delivers the log to one sink while this replica owns it.

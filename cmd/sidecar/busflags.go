@@ -150,6 +150,9 @@ func (c *busConfig) validate() []string {
 			p = append(p, fmt.Sprintf("--bus-sink: two sinks named %q (give one name=)", n))
 		}
 		seen[n] = true
+		if err := eventbus.CheckSinkName(n); err != nil {
+			p = append(p, fmt.Sprintf("--bus-sink: %v", err))
+		}
 		if v := s.Params["vocabulary"]; v != "" && v != vocab.Sidecar && v != vocab.Core && v != vocab.NoETL {
 			p = append(p, fmt.Sprintf("--bus-sink %s: vocabulary=%q: sidecar, core or noetl", n, v))
 		}

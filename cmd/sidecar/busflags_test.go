@@ -82,3 +82,20 @@ func TestServe_BusSinkSpecIsNotEchoed(t *testing.T) {
 		}
 	}
 }
+
+// TestServe_BusSinkNameCheckedWithTheConfiguration: a sink name that
+// cannot key its cursor is refused with the other settings (exit 2,
+// BUS_SINK_INVALID), before the data directory is touched; before, serve
+// found out after starting its store (exit 1).
+func TestServe_BusSinkNameCheckedWithTheConfiguration(t *testing.T) {
+	for _, name := range []string{"a.b", "a*", "a b"} {
+		dir := t.TempDir()
+		code, _, errOut := run(t, "serve", "--data-dir", dir, "--bus-sink", "nats:prefix=acme,name="+name)
+		if code != exitUsage || !strings.Contains(errOut, "BUS_SINK_INVALID") {
+			t.Fatalf("name=%s: exit %d, stderr %q; want exit 2 with BUS_SINK_INVALID", name, code, errOut)
+		}
+		if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+			t.Fatalf("name=%s: the data dir holds %d entries after a refused configuration", name, len(entries))
+		}
+	}
+}
