@@ -27,8 +27,8 @@ import (
 // other 4xx rejects it for good (dead-lettered at once).
 type WebhookSink struct {
 	name, vocabulary, url string
-	// shown is url as errors name it: without user, password, query and
-	// fragment, which may carry a credential.
+	// shown is url as errors name it (shownURL): without what may carry
+	// a credential.
 	shown  string
 	secret []byte
 	client *http.Client
@@ -84,14 +84,14 @@ func NewWebhookSink(cfg WebhookSinkConfig) (*WebhookSink, error) {
 }
 
 // shownURL is u without what may carry a credential: its user and
-// password, query and fragment.
+// password, path (Slack's and Teams' hooks keep their secret there),
+// query and fragment; scheme://host[:port], "/…" marking a path left out.
 func shownURL(u *url.URL) string {
-	c := *u
-	c.User, c.RawQuery, c.ForceQuery, c.Fragment, c.RawFragment = nil, "", false, "", ""
-	if u.RawQuery != "" {
-		return c.String() + "?…"
+	shown := u.Scheme + "://" + u.Host
+	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
+		shown += "/…"
 	}
-	return c.String()
+	return shown
 }
 
 // Name implements Sink.
