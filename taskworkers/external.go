@@ -2,6 +2,7 @@ package taskworkers
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sync"
 	"time"
@@ -159,6 +160,9 @@ func (w *Worker) Record(t *model.Task, a *Assignment, r *model.TaskResult) (forw
 		// Conductor may have ended the task (timed it out) while nobody
 		// watched, and it takes no report of it then.
 		if err := w.checkNotTimedOut(ctx, log, t, a, engine, logical); err != nil {
+			if errors.Is(err, ErrTryTimedOut) && r.Status == model.CompletedTask {
+				w.keepLoggedOutput(ctx, log, a, engine, logical, r)
+			}
 			return false, err
 		}
 	}
@@ -264,6 +268,22 @@ func (w *Worker) Record(t *model.Task, a *Assignment, r *model.TaskResult) (forw
 		return false, nil
 	}
 	return w.forwardFailure(t, log, a, r), nil
+}
+
+// keepLoggedOutput keeps the output of a report refused because
+// Conductor timed its try out, when the log has that try's StepCompleted
+// already (an earlier copy of this report was recorded and never reached
+// Conductor, and the process that kept its output restarted since): the
+// next try, which the gate answers from the log, carries it.
+func (w *Worker) keepLoggedOutput(ctx context.Context, log *zap.Logger, a *Assignment, engine, logical int64, r *model.TaskResult) {
+	if !w.recordedBefore(ctx, log, nil, a, engine, logical, r.Status) {
+		return
+	}
+	b, err := json.Marshal(r.OutputData)
+	if err != nil {
+		return
+	}
+	w.unreported.keep(stepAttempt{run: a.RunID, step: a.Step.StepID, logical: logical}, r.OutputData, len(b))
 }
 
 // checkNotTimedOut reads the task back from Conductor for Record. A try
@@ -405,6 +425,12 @@ func (w *Worker) forwardFailure(t *model.Task, log *zap.Logger, a *Assignment, r
 func (w *Worker) Reported(t *model.Task, a *Assignment, r *model.TaskResult) {
 	if r.Status == model.InProgressTask {
 		return
+	}
+	if a != nil && r.Status == model.CompletedTask {
+		// Conductor has the output now: one kept from an earlier copy of
+		// the report is not the one to answer a later try with.
+		_, logical := a.Attempts(int(t.RetryCount))
+		w.unreported.take(stepAttempt{run: a.RunID, step: a.Step.StepID, logical: logical})
 	}
 	w.wakePollers(t)
 	if w.opts.OnTaskDone != nil && a != nil {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+	"github.com/conductor-sidecar/sidecar/taskworkers/proxy"
 )
 
 // TestProxy_RetryAnsweredFromTheLogCarriesTheWorkersOutput: a worker's
@@ -63,6 +64,67 @@ func TestProxy_RetryAnsweredFromTheLogCarriesTheWorkersOutput(t *testing.T) {
 		last := wf.Tasks[len(wf.Tasks)-1]
 		if last.TaskId == first.TaskID || last.OutputData["orderId"] != "o-42" {
 			t.Fatalf("the next try ended %s with output %v, want the worker's (orderId o-42)", last.Status, last.OutputData)
+		}
+		return true
+	})
+}
+
+// TestProxy_AWorkersRetryAfterARestartKeepsItsOutput: the serve that
+// recorded the worker's update restarts while Conductor is away (the
+// output it kept in memory is gone); the worker keeps retrying its update,
+// and once Conductor is back and has timed the try out, its retry is
+// refused (409 PROXY_TRY_TIMED_OUT), as documented, but the output it
+// carries is kept for the next try, which the gate answers from the log:
+// before, that try completed with an empty output.
+func TestProxy_AWorkersRetryAfterARestartKeepsItsOutput(t *testing.T) {
+	var away atomic.Bool
+	front := func(curl string) string {
+		u, err := url.Parse(curl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rp := conductortest.ReverseProxy(t, u)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if away.Load() && r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/tasks") {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				return
+			}
+			rp.ServeHTTP(w, r)
+		}))
+		t.Cleanup(srv.Close)
+		return srv.URL + u.Path
+	}
+	e := newEnvOpts(t, envOpts{proxyConductor: front})
+	_, wfID := e.startRetried(t, 2, 2)
+	first := e.pollOne(t)
+	away.Store(true)
+	update := map[string]any{"taskId": first.TaskID, "workflowInstanceId": first.WorkflowInstanceID,
+		"status": "COMPLETED", "outputData": map[string]any{"orderId": "o-43"}}
+	if resp, body := call(t, http.MethodPost, e.url+"/tasks", update); resp.StatusCode/100 == 2 {
+		t.Fatalf("the update with Conductor away: %d %s, want an error", resp.StatusCode, body)
+	}
+	e = newEnvOpts(t, envOpts{shareLogOf: e}) // serve starts again, Conductor back
+	away.Store(false)
+	e.timeOut(t, wfID, first.TaskID)
+	resp, body := call(t, http.MethodPost, e.url+"/tasks", update) // the worker's retry
+	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), proxy.CodeTryTimedOut) {
+		t.Fatalf("the worker's retry after Conductor timed the try out: %d %s, want 409 %s", resp.StatusCode, body, proxy.CodeTryTimedOut)
+	}
+	ctx := context.Background()
+	waitFor(t, "the next try to be answered from the log", time.Minute, func() bool {
+		if got := e.pollBatch(t, 1); len(got) > 0 {
+			t.Fatalf("the next try was handed out: %+v", got[0])
+		}
+		wf, err := e.client.Workflow(ctx, wfID, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if wf.Status != "COMPLETED" {
+			return false
+		}
+		last := wf.Tasks[len(wf.Tasks)-1]
+		if last.TaskId == first.TaskID || last.OutputData["orderId"] != "o-43" {
+			t.Fatalf("the next try ended %s with output %v, want the worker's (orderId o-43)", last.Status, last.OutputData)
 		}
 		return true
 	})
