@@ -10,6 +10,8 @@ import (
 
 	"github.com/conductor-sdk/conductor-go/sdk/model"
 	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/ratelog"
 )
 
 // poller is the poll machinery of one task type, apart from what a task
@@ -46,6 +48,8 @@ type poller struct {
 	lost    func()
 	metrics *Metrics
 	log     *zap.Logger
+	// down bounds the lines of failed polls while Conductor is away.
+	down ratelog.Limiter
 	// wake ends the idle wait and resets it to interval: a reported
 	// outcome makes Conductor schedule the step's successors.
 	wake chan struct{}
@@ -176,7 +180,7 @@ func (p *poller) run(pollCtx, workCtx context.Context, working *sync.WaitGroup) 
 				p.lost()
 			}
 			backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
-			p.log.Warn("poll failed; backing off", zap.Duration("backoff", backoff), zap.Error(err))
+			p.down.Warn(p.log, "poll failed; backing off", zap.Duration("backoff", backoff), zap.Error(err))
 			select {
 			case <-time.After(backoff):
 			case <-pollCtx.Done():
@@ -185,7 +189,7 @@ func (p *poller) run(pollCtx, workCtx context.Context, working *sync.WaitGroup) 
 			continue
 		}
 		if backoff > 0 {
-			p.log.Info("polling recovered")
+			p.down.Recovered(p.log, "polling recovered")
 			backoff = 0
 		}
 		p.metrics.polled(p.taskType, len(tasks))
