@@ -50,14 +50,17 @@ type WebhookSinkConfig struct {
 	Client *http.Client
 }
 
+// MinSecretBytes is the shortest signing secret a webhook sink takes.
+const MinSecretBytes = 16
+
 // NewWebhookSink checks cfg and returns the sink.
 func NewWebhookSink(cfg WebhookSinkConfig) (*WebhookSink, error) {
 	u, err := url.Parse(cfg.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, &Error{Code: CodeSinkInvalid, Message: fmt.Sprintf("sink %s: url= is not an http(s) URL with a host", cfg.Name)}
 	}
-	if len(cfg.Secret) < 16 {
-		return nil, &Error{Code: CodeSinkInvalid, Message: fmt.Sprintf("sink %s: the signing secret is %d bytes, at least 16 are needed (secret-file=)", cfg.Name, len(cfg.Secret))}
+	if len(cfg.Secret) < MinSecretBytes {
+		return nil, &Error{Code: CodeSinkInvalid, Message: fmt.Sprintf("sink %s: the signing secret is %d bytes, at least %d are needed (secret-file=)", cfg.Name, len(cfg.Secret), MinSecretBytes)}
 	}
 	if cfg.Vocabulary == "" {
 		cfg.Vocabulary = vocab.Sidecar

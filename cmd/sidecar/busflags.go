@@ -173,6 +173,13 @@ func (c *busConfig) validate() []string {
 				// The URL is not shown: it may carry a credential.
 				p = append(p, fmt.Sprintf("--bus-sink %s: url= must be an http(s) URL with a host, like https://hooks.example/sidecar", n))
 			}
+			if f := s.Params["secret-file"]; f != "" {
+				if secret, err := readSecret(f); err != nil {
+					p = append(p, fmt.Sprintf("--bus-sink %s: %s: %v", n, eventbus.CodeSinkInvalid, err))
+				} else if len(secret) < eventbus.MinSecretBytes {
+					p = append(p, fmt.Sprintf("--bus-sink %s: %s: the signing secret in %s is %d bytes, at least %d are needed", n, eventbus.CodeSinkInvalid, f, len(secret), eventbus.MinSecretBytes))
+				}
+			}
 			if v := s.Params["timeout"]; v != "" {
 				if d, err := time.ParseDuration(v); err != nil || d <= 0 {
 					p = append(p, fmt.Sprintf("--bus-sink %s: timeout=%q: a positive duration like 10s", n, v))

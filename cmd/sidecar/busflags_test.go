@@ -99,3 +99,21 @@ func TestServe_BusSinkNameCheckedWithTheConfiguration(t *testing.T) {
 		}
 	}
 }
+
+// TestServe_BusSinkSecretFileCheckedWithTheConfiguration: a webhook's
+// secret file that cannot be read, or holds too short a key, is refused
+// with the other settings (exit 2, BUS_SINK_INVALID), before the data
+// directory is touched; before, serve found out after starting its store
+// (exit 1, no code).
+func TestServe_BusSinkSecretFileCheckedWithTheConfiguration(t *testing.T) {
+	for name, file := range map[string]string{"missing": filepath.Join(t.TempDir(), "none"), "short": writeSecret(t, "short")} {
+		dir := t.TempDir()
+		code, _, errOut := run(t, "serve", "--data-dir", dir, "--bus-sink", "webhook:url=https://hooks.example/h,secret-file="+file)
+		if code != exitUsage || !strings.Contains(errOut, "BUS_SINK_INVALID") {
+			t.Fatalf("%s secret file: exit %d, stderr %q; want exit 2 with BUS_SINK_INVALID", name, code, errOut)
+		}
+		if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+			t.Fatalf("%s secret file: the data dir holds %d entries after a refused configuration", name, len(entries))
+		}
+	}
+}
