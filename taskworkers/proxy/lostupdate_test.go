@@ -23,22 +23,7 @@ import (
 // the workflow went on with nulls where the step's output was read.
 func TestProxy_RetryAnsweredFromTheLogCarriesTheWorkersOutput(t *testing.T) {
 	var away atomic.Bool
-	e := newEnvOpts(t, envOpts{proxyConductor: func(curl string) string {
-		u, err := url.Parse(curl)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rp := conductortest.ReverseProxy(t, u)
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if away.Load() && r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/tasks") {
-				w.WriteHeader(http.StatusServiceUnavailable) // Conductor's front, its server down
-				return
-			}
-			rp.ServeHTTP(w, r)
-		}))
-		t.Cleanup(srv.Close)
-		return srv.URL + u.Path
-	}})
+	e := newEnvOpts(t, envOpts{proxyConductor: awayFront(t, &away)})
 	_, wfID := e.startRetried(t, 2, 2)
 	first := e.pollOne(t)
 	away.Store(true)
@@ -49,24 +34,7 @@ func TestProxy_RetryAnsweredFromTheLogCarriesTheWorkersOutput(t *testing.T) {
 	}
 	away.Store(false)
 	e.timeOut(t, wfID, first.TaskID)
-	ctx := context.Background()
-	waitFor(t, "the next try to be answered from the log", time.Minute, func() bool {
-		if got := e.pollBatch(t, 1); len(got) > 0 {
-			t.Fatalf("the next try was handed out: %+v", got[0])
-		}
-		wf, err := e.client.Workflow(ctx, wfID, true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if wf.Status != "COMPLETED" {
-			return false
-		}
-		last := wf.Tasks[len(wf.Tasks)-1]
-		if last.TaskId == first.TaskID || last.OutputData["orderId"] != "o-42" {
-			t.Fatalf("the next try ended %s with output %v, want the worker's (orderId o-42)", last.Status, last.OutputData)
-		}
-		return true
-	})
+	answeredFromTheLog(t, e, wfID, first.TaskID, "o-42")
 }
 
 // TestProxy_AWorkersRetryAfterARestartKeepsItsOutput: the serve that
@@ -78,23 +46,7 @@ func TestProxy_RetryAnsweredFromTheLogCarriesTheWorkersOutput(t *testing.T) {
 // before, that try completed with an empty output.
 func TestProxy_AWorkersRetryAfterARestartKeepsItsOutput(t *testing.T) {
 	var away atomic.Bool
-	front := func(curl string) string {
-		u, err := url.Parse(curl)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rp := conductortest.ReverseProxy(t, u)
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if away.Load() && r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/tasks") {
-				w.WriteHeader(http.StatusServiceUnavailable)
-				return
-			}
-			rp.ServeHTTP(w, r)
-		}))
-		t.Cleanup(srv.Close)
-		return srv.URL + u.Path
-	}
-	e := newEnvOpts(t, envOpts{proxyConductor: front})
+	e := newEnvOpts(t, envOpts{proxyConductor: awayFront(t, &away)})
 	_, wfID := e.startRetried(t, 2, 2)
 	first := e.pollOne(t)
 	away.Store(true)
@@ -110,6 +62,35 @@ func TestProxy_AWorkersRetryAfterARestartKeepsItsOutput(t *testing.T) {
 	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), proxy.CodeTryTimedOut) {
 		t.Fatalf("the worker's retry after Conductor timed the try out: %d %s, want 409 %s", resp.StatusCode, body, proxy.CodeTryTimedOut)
 	}
+	answeredFromTheLog(t, e, wfID, first.TaskID, "o-43")
+}
+
+// awayFront is a front before Conductor that answers the workers' updates
+// 503 while away is set, as Conductor's front does with its server down.
+func awayFront(t *testing.T, away *atomic.Bool) func(string) string {
+	return func(curl string) string {
+		u, err := url.Parse(curl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rp := conductortest.ReverseProxy(t, u)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if away.Load() && r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/tasks") {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				return
+			}
+			rp.ServeHTTP(w, r)
+		}))
+		t.Cleanup(srv.Close)
+		return srv.URL + u.Path
+	}
+}
+
+// answeredFromTheLog waits until the workflow completed with its last try
+// (not first) answered from the log, never handed out, with orderId in
+// its output.
+func answeredFromTheLog(t *testing.T, e *env, wfID, first, orderID string) {
+	t.Helper()
 	ctx := context.Background()
 	waitFor(t, "the next try to be answered from the log", time.Minute, func() bool {
 		if got := e.pollBatch(t, 1); len(got) > 0 {
@@ -123,8 +104,8 @@ func TestProxy_AWorkersRetryAfterARestartKeepsItsOutput(t *testing.T) {
 			return false
 		}
 		last := wf.Tasks[len(wf.Tasks)-1]
-		if last.TaskId == first.TaskID || last.OutputData["orderId"] != "o-43" {
-			t.Fatalf("the next try ended %s with output %v, want the worker's (orderId o-43)", last.Status, last.OutputData)
+		if last.TaskId == first || last.OutputData["orderId"] != orderID {
+			t.Fatalf("the next try ended %s with output %v, want the worker's (orderId %s)", last.Status, last.OutputData, orderID)
 		}
 		return true
 	})
