@@ -387,6 +387,11 @@ func (c *Controller) notStarted(ctx context.Context, e *entry, cause error) erro
 	if err != nil && !errors.Is(err, statestore.ErrNotFound) {
 		return err
 	}
+	if snap != nil && (snap.Status == statestore.RunStatusRunning || snap.Status == statestore.RunStatusPaused) {
+		// It started (an earlier try of this start got as far as
+		// RunStarted): not a run to end here; tried again, as before.
+		return fmt.Errorf("start run %s: %w", e.RunID, cause)
+	}
 	reason := "cannot start: " + cause.Error()
 	if snap != nil && !statestore.IsTerminalRunStatus(snap.Status) {
 		ev, err := statestore.NewEvent(snap.Ref(), statestore.RunCancelled, "", 1, 1, &statestore.RunCancelledPayload{Reason: reason})
