@@ -8,7 +8,8 @@ import (
 )
 
 // maxUnreportedBytes bounds the outputs held by unreportedOutputs (the
-// sizes of the updates that carried them); the oldest go first.
+// sizes of the updates that carried them), as maxKept bounds their number;
+// the oldest go first.
 const maxUnreportedBytes = 64 << 20
 
 // stepAttempt names a logical attempt of a run's step.
@@ -46,7 +47,7 @@ func (u *unreportedOutputs) keep(k stepAttempt, out map[string]any, size int) {
 		u.m = make(map[stepAttempt]unreported)
 	}
 	u.dropLocked(k)
-	for u.bytes+size > maxUnreportedBytes {
+	for len(u.m) > 0 && (u.bytes+size > maxUnreportedBytes || len(u.m) >= maxKept) {
 		var oldest stepAttempt
 		var at time.Time
 		for k, o := range u.m {
