@@ -43,7 +43,22 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
-	u := conductortest.URL(t)
+	ctx := context.Background()
+	domain := "adm" + uuid.NewString()[:8]
+	js, store, emit, runs := deployment(t, domain)
+	list, err := runlist.Open(ctx, js, runlist.Options{Log: store, Poll: 20 * time.Millisecond, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = list.Close(context.Background()) })
+	p := &plan.Plan{PlanID: "adm-" + uuid.NewString()[:8], PlanVersion: "1", Steps: []plan.Step{{StepID: "a", Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}}}}
+	return &env{t: t, js: js, store: store, emit: emit, runs: runs, list: list, plan: p, domain: domain}
+}
+
+// deployment is a sidecar's log, registry and adapter on the real
+// Conductor, its tasks in domain.
+func deployment(t testing.TB, domain string) (jetstream.JetStream, *natsstore.Store, *registry.Emitter, *adapter.Runs) {
+	t.Helper()
 	ctx := context.Background()
 	js, _ := natstest.Start(t)
 	store, err := natsstore.Open(ctx, js, natsstore.Options{Logger: zaptest.NewLogger(t)})
@@ -56,22 +71,15 @@ func newEnv(t testing.TB) *env {
 		t.Fatal(err)
 	}
 	emit := registry.NewEmitter(ids, store)
-	client, err := adapter.NewClient(adapter.ClientOptions{BaseURL: u})
+	client, err := adapter.NewClient(adapter.ClientOptions{BaseURL: conductortest.URL(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	domain := "adm" + uuid.NewString()[:8]
 	runs, err := adapter.OpenRuns(ctx, js, client, emit, adapter.RunsOptions{TaskDomain: domain, Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	list, err := runlist.Open(ctx, js, runlist.Options{Log: store, Poll: 20 * time.Millisecond, Logger: zaptest.NewLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = list.Close(context.Background()) })
-	p := &plan.Plan{PlanID: "adm-" + uuid.NewString()[:8], PlanVersion: "1", Steps: []plan.Step{{StepID: "a", Executor: plan.ExecutorSpec{Type: plan.ExecutorNoop}}}}
-	return &env{t: t, js: js, store: store, emit: emit, runs: runs, list: list, plan: p, domain: domain}
+	return js, store, emit, runs
 }
 
 func (e *env) open(opts admission.Options) *admission.Controller {

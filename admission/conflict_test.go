@@ -8,14 +8,10 @@ import (
 	"time"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
-	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/admission"
 	"github.com/conductor-sidecar/sidecar/errcode"
-	"github.com/conductor-sidecar/sidecar/registry"
 	"github.com/conductor-sidecar/sidecar/statestore"
-	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
-	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 )
 
 // otherContent is e's plan id and version with other steps.
@@ -106,24 +102,6 @@ func TestAdmission_AStartThatCannotSucceedDoesNotHoldTheQueue(t *testing.T) {
 // same Conductor.
 func otherDeployment(t *testing.T, domain string) *adapter.Runs {
 	t.Helper()
-	ctx := context.Background()
-	js, _ := natstest.Start(t)
-	store, err := natsstore.Open(ctx, js, natsstore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	ids, err := registry.Open(ctx, js, registry.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := adapter.NewClient(adapter.ClientOptions{BaseURL: conductortest.URL(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runs, err := adapter.OpenRuns(ctx, js, client, registry.NewEmitter(ids, store), adapter.RunsOptions{TaskDomain: domain})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, _, _, runs := deployment(t, domain)
 	return runs
 }
