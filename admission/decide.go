@@ -369,13 +369,13 @@ func (c *Controller) start(ctx context.Context, e *entry) error {
 }
 
 // cannotStart tells whether a start failed for a reason that trying it
-// again does not change: the request or its plan (Invalid), a plan
-// version taken by other content (Conflict), a refusal of Conductor's
-// (Upstream), a place it may not reach (Forbidden). Anything else (a
-// dependency away) is tried again.
+// again does not change: the request or its plan (Invalid), its plan
+// version taken by other content (PLAN_VERSION_CONFLICT). Anything else is
+// tried again: a dependency away, another start of the run in progress
+// (RUN_START_IN_PROGRESS, whose lease ends), a refusal of Conductor's that
+// a proxy in front of it may have made.
 func cannotStart(err error) bool {
-	return errors.Is(err, errcode.Invalid) || errors.Is(err, errcode.Conflict) ||
-		errors.Is(err, errcode.Upstream) || errors.Is(err, errcode.Forbidden)
+	return errors.Is(err, errcode.Invalid) || errors.Is(err, adapter.ErrPlanConflict)
 }
 
 // notStarted ends an entry whose run cannot start, so that it holds up no
