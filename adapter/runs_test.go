@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -452,16 +453,22 @@ func TestRuns_CrashRecovery(t *testing.T) {
 		t.Parallel()
 		env, p, r := registeredRuns(t, u, opts)
 		crashed := crashedStart(t, r, request(p, "req"), true)
-		w := NewWatcher(r, env.store, WatcherOptions{})
+		// The workers are asked to look for a task the dead process took
+		// (e2e: TestE2E_AKillDuringAStartLeavesNoTaskBehind).
+		var asked atomic.Int32
+		w := NewWatcher(r, env.store, WatcherOptions{StartAdopted: func() { asked.Add(1) }})
 		if err := w.Check(ctx, crashed.RunID); err != nil { // lease still live: nothing to do
 			t.Fatal(err)
 		}
-		if got, _ := r.Run(ctx, crashed.RunID); got.State != RunStateStarting {
-			t.Fatalf("state %s before the lease expired, want STARTING", got.State)
+		if got, _ := r.Run(ctx, crashed.RunID); got.State != RunStateStarting || asked.Load() != 0 {
+			t.Fatalf("state %s, %d looks for strays before the lease expired, want STARTING and none", got.State, asked.Load())
 		}
 		time.Sleep(time.Until(crashed.LeaseExpiresAt) + 50*time.Millisecond)
 		if err := w.Check(ctx, crashed.RunID); err != nil {
 			t.Fatal(err)
+		}
+		if n := asked.Load(); n != 1 {
+			t.Fatalf("%d looks for strays asked after the adoption, want 1", n)
 		}
 		res, err := r.StartRun(ctx, request(p, "req"))
 		if err != nil {

@@ -97,6 +97,12 @@ type WatcherOptions struct {
 	// tasks before the watcher appends its terminal event, so that the
 	// run's last steps come before its end (*Adopter satisfies it).
 	Adopted RunSettler
+	// StartAdopted, when set, is called after the watcher adopted the
+	// workflow of a crashed start: the dead process may have taken a task
+	// of it that Conductor shows in progress under its worker id, which
+	// could not be listed while the run had no workflow
+	// (taskworkers.StrayLook.Ask).
+	StartAdopted func()
 	// RecheckInterval is the least time between two reads of one run's
 	// workflow asked for by Recheck (default 2s): a task the gate holds
 	// back because the log says its run is paused costs at most one read
@@ -1036,6 +1042,9 @@ func (w *Watcher) recoverStart(ctx context.Context, rec *Run, rev uint64) error 
 	w.mu.Lock()
 	w.known[wf.WorkflowId] = rec.RunID
 	w.mu.Unlock()
+	if w.opts.StartAdopted != nil {
+		w.opts.StartAdopted()
+	}
 	return w.runs.ensureRunStarted(ctx, rec, newRev)
 }
 

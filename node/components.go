@@ -228,7 +228,7 @@ func (n *Node) openWatcher(ctx context.Context) error {
 	n.pauseCalls, n.pauseAlone = drain.NewCalls(), alone(n.members, time.Now())
 	pauses := drain.NewFollower(n.store, n.emitter, n.conductor, keys, drain.FollowerOptions{DrainTimeout: n.cfg.DrainTimeout, Drains: keys, Calls: n.pauseCalls, Interrupt: n.running.Interrupt,
 		Alone: n.pauseAlone, Grace: drain.GraceFor(n.conductor.LongestPauseCall()), Logger: n.log})
-	wopts := adapter.WatcherOptions{Owner: n.members, Pauses: pauses, Logger: n.log, Metrics: n.adapterM}
+	wopts := adapter.WatcherOptions{Owner: n.members, Pauses: pauses, StartAdopted: n.strays.Ask, Logger: n.log, Metrics: n.adapterM}
 	if len(n.cfg.Adopt.Specs) > 0 {
 		aopts := n.cfg.Adopt
 		aopts.Owner, aopts.Pauses, aopts.Logger = n.members, pauses, n.log
@@ -320,7 +320,7 @@ func (n *Node) openWorkers(ctx context.Context) error {
 	}
 	wopts := taskworkers.Options{
 		WorkerID: n.cfg.WorkerID, Concurrency: concurrency, PollersPerType: n.cfg.PollersPerType,
-		PollInterval: n.cfg.PollInterval, PollIntervalMax: n.cfg.PollIntervalMax, Running: n.running, Wakeup: n.wakeup,
+		PollInterval: n.cfg.PollInterval, PollIntervalMax: n.cfg.PollIntervalMax, Running: n.running, Wakeup: n.wakeup, StrayLook: n.strays,
 		Guard:        runGuard{n.runs, n.adopter}.check,
 		Recover:      inFlight{n.runs, n.cfg.WorkerID}.tasks,
 		OnTaskDone:   taskDone{n.watcher, n.drain, n.adopter}.nudge,

@@ -182,6 +182,9 @@ type Node struct {
 	// wakeup wakes the workers' idle poll loops; admission control and the
 	// drain controller are built with it before the workers are.
 	wakeup *taskworkers.Wakeup
+	// strays asks the workers for a look for tasks a dead process left in
+	// progress; the watcher is built with it before the workers are.
+	strays *taskworkers.StrayLook
 
 	// parts are the open components, in the order they were opened.
 	parts   []part
@@ -247,7 +250,8 @@ type eventLog interface {
 func New(cfg Config, log *zap.Logger, reg *prometheus.Registry) *Node {
 	// Open adds the embedded server's listener to these.
 	cfg.Own, cfg.Exec.HTTPDeny = slices.Clone(cfg.Own), slices.Clone(cfg.Exec.HTTPDeny)
-	return &Node{cfg: cfg, log: log, reg: reg, running: taskworkers.NewRunning(), wakeup: taskworkers.NewWakeup()}
+	return &Node{cfg: cfg, log: log, reg: reg, running: taskworkers.NewRunning(), wakeup: taskworkers.NewWakeup(),
+		strays: taskworkers.NewStrayLook()}
 }
 
 // Open opens every component in order; the control API serves last. An

@@ -2,6 +2,7 @@ package taskworkers
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/conductor-sdk/conductor-go/sdk/model"
@@ -20,6 +21,13 @@ import (
 // progress under its id, and hands back those no poll of this process
 // returned. The wait is what makes this safe: a task handed back while a
 // poll was still carrying it to us would run twice.
+//
+// A process killed in the middle of a run's start leaves strays of
+// another kind: its poll took the workflow's first task before the
+// workflow was recorded, so the next process cannot list it (Recover reads
+// the workflows of the recorded runs) until the watcher adopts the
+// workflow, once the start's lease expires. The watcher then asks for a
+// look (StrayLook).
 
 // strayCheckEvery bounds how often the strays are looked for: each look
 // reads every active run's workflow (Options.Recover).
@@ -47,6 +55,36 @@ func (w *Worker) wasTaken(id string) bool {
 	defer w.takenMu.Unlock()
 	_, ok := w.taken[id]
 	return ok
+}
+
+// StrayLook lets a component outside the workers ask them for a look for
+// strays: the watcher, when it adopts the workflow of a crashed start. It
+// exists apart from the Worker, as Wakeup does, so that each side can be
+// built with it in its constructor. The zero value is not ready; use
+// NewStrayLook.
+type StrayLook struct {
+	mu      sync.Mutex
+	workers []*Worker
+}
+
+// NewStrayLook returns a StrayLook that asks no worker until one is built
+// with it (Options.StrayLook).
+func NewStrayLook() *StrayLook { return &StrayLook{} }
+
+// Ask asks every worker built with s for a look for strays, after the
+// wait that makes it safe. It never blocks; asks during a wait are one.
+func (s *StrayLook) Ask() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, w := range s.workers {
+		w.pollLost()
+	}
+}
+
+func (s *StrayLook) add(w *Worker) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.workers = append(s.workers, w)
 }
 
 // pollLost asks for a look for strays. It never blocks.
@@ -97,7 +135,7 @@ func (w *Worker) handBackStrays(ctx context.Context) {
 				if w.wasTaken(t.TaskId) {
 					continue
 				}
-				w.log.Warn("handing back a task Conductor gave to a poll whose answer was lost",
+				w.log.Warn("handing back a task in progress under this worker id that no poll of this process returned (a lost poll answer, or a process killed during the run's start)",
 					zap.String("taskId", t.TaskId), zap.String("workflowId", t.WorkflowInstanceId))
 				w.opts.Metrics.handedBack(handBackLost)
 				w.handBack(t, 0, "lost poll answer")

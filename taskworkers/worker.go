@@ -186,7 +186,10 @@ type Options struct {
 	// create it first and give it to the components that make tasks
 	// pollable (admission.Options.Waker, drain.Options.Waker).
 	Wakeup *Wakeup
-	Logger *zap.Logger
+	// StrayLook, when set, lets the components built with it ask this
+	// worker for a look for strays (StrayLook.Ask); it needs Recover.
+	StrayLook *StrayLook
+	Logger    *zap.Logger
 	// Metrics may be nil.
 	Metrics *Metrics
 	// Tracer makes a span per step attempt, a child of the run's span,
@@ -320,6 +323,9 @@ func New(tasks TaskClient, runs SnapshotReader, events Emitter, secrets SecretRe
 	}
 	if opts.Wakeup != nil {
 		opts.Wakeup.add(w.pollers...)
+	}
+	if opts.StrayLook != nil {
+		opts.StrayLook.add(w)
 	}
 	opts.Metrics.taskTypes(types)
 	w.outbox = newOutbox(events, w.log, opts.Metrics)

@@ -1,0 +1,180 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
+	"github.com/conductor-sidecar/sidecar/adapter/plan"
+	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
+	"github.com/conductor-sidecar/sidecar/statestore"
+)
+
+// TestE2E_AKillDuringAStartLeavesNoTaskBehind: a serve is killed while
+// it starts a run, after Conductor started the workflow and gave its
+// first task to the serve's poll, before the serve recorded the workflow
+// or reported the task. Conductor shows the task in progress under the
+// serve's worker id, and the run's workflow is not in the run index, so
+// the restarted serve cannot tell the task is its own until the watcher
+// adopts the workflow (once the start's lease expires). Then the task is
+// handed back and the run completes, instead of standing still for the
+// task's response timeout (an hour and two minutes).
+func TestE2E_AKillDuringAStartLeavesNoTaskBehind(t *testing.T) {
+	t.Parallel() // its own serve, data dir and Conductor pass-through
+	dataDir, addr := t.TempDir(), sidecartest.FreeAddr(t)
+	cut := startStartCutter(t, conductortest.URL(t))
+	p := newProc(sidecartest.Start(t, sidecartest.Options{DataDir: dataDir, Addr: addr, ConductorURL: cut.URL}))
+	pl := &plan.Plan{PlanID: uniq("e2e-startkill"), PlanVersion: "1", Steps: []plan.Step{
+		{StepID: "work", Executor: plan.ExecutorSpec{Type: plan.ExecutorSleep, Seconds: 1}},
+	}}
+	go func() { _, _ = trySubmit(t, p, pl, "kill-during-start") }() // its answer never comes
+	select {
+	case <-cut.taskTaken:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the serve's poll was not given the run's task within 2 minutes")
+	}
+	p.stop(syscall.SIGKILL)
+
+	// Straight to Conductor. The request is not repeated: a repeat after
+	// the lease would start a second workflow and leave the first to the
+	// orphan pass, which is not the path under test.
+	p = startServe(t, dataDir, addr)
+	runID := cut.runID()
+	v := waitTerminal(t, p, runID, 2*time.Minute)
+	if v.Status != statestore.RunStatusCompleted {
+		t.Fatalf("run ended %s, want COMPLETED", v.Status)
+	}
+	evs := allEvents(t, p, runID)
+	if n := count(evs, statestore.RunStarted, ""); n != 1 {
+		t.Fatalf("%d RunStarted: %v", n, types(evs))
+	}
+	if wf := cut.workflowID(); wf == "" || !strings.HasSuffix(v.EngineRunRef, "/"+wf) {
+		t.Fatalf("the run went on as workflow %s, want the one its first start made, %s", v.EngineRunRef, cut.workflowID())
+	}
+}
+
+// startCutter is a pass-through in front of Conductor that cuts a
+// serve off in the middle of a run's start: once a workflow start has
+// reached Conductor, its answer and every task update are held until the
+// caller goes away, and taskTaken is closed when a poll answer carrying a
+// task has been passed on.
+type startCutter struct {
+	URL       string
+	taskTaken chan struct{}
+
+	mu       sync.Mutex
+	started  bool
+	taken    bool
+	run      string // the started run's id (its workflow input's runId)
+	workflow string // its workflow id (Conductor's answer)
+}
+
+func (sc *startCutter) runID() string {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return sc.run
+}
+
+func (sc *startCutter) workflowID() string {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return sc.workflow
+}
+
+func startStartCutter(t *testing.T, target string) *startCutter {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := &startCutter{taskTaken: make(chan struct{})}
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.SetURL(&url.URL{Scheme: u.Scheme, Host: u.Host})
+			r.Out.Body = conductortest.EndedBody(r.Out.Body)
+		},
+		ModifyResponse: func(resp *http.Response) error {
+			if !strings.Contains(resp.Request.URL.Path, "/tasks/poll/") {
+				return nil
+			}
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			resp.Body = io.NopCloser(bytes.NewReader(body))
+			if err == nil && resp.StatusCode == http.StatusOK && bytes.Contains(body, []byte(`"taskId"`)) {
+				sc.noteTaken()
+			}
+			return err
+		},
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/api/workflow"):
+			body, _ := io.ReadAll(r.Body)
+			var start struct {
+				Input struct {
+					RunID string `json:"runId"`
+				} `json:"input"`
+			}
+			_ = json.Unmarshal(body, &start)
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			sc.mu.Lock()
+			sc.started = true // before: the task may be polled before the start's answer is back
+			sc.run = start.Input.RunID
+			sc.mu.Unlock()
+			answer := &discardWriter{header: http.Header{}}
+			rp.ServeHTTP(answer, r)
+			sc.mu.Lock()
+			sc.workflow = strings.TrimSpace(answer.body.String())
+			sc.mu.Unlock()
+			<-r.Context().Done()
+		case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/api/tasks") && sc.hasStarted():
+			<-r.Context().Done()
+		default:
+			rp.ServeHTTP(w, r)
+		}
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	sc.URL = "http://" + ln.Addr().String() + "/api"
+	return sc
+}
+
+func (sc *startCutter) hasStarted() bool {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return sc.started
+}
+
+// noteTaken closes taskTaken for the first task polled after a start.
+func (sc *startCutter) noteTaken() {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.started && !sc.taken {
+		sc.taken = true
+		close(sc.taskTaken)
+	}
+}
+
+// discardWriter keeps an answer its caller will not see.
+type discardWriter struct {
+	header http.Header
+	body   bytes.Buffer
+}
+
+func (d *discardWriter) Header() http.Header         { return d.header }
+func (d *discardWriter) Write(p []byte) (int, error) { return d.body.Write(p) }
+func (d *discardWriter) WriteHeader(int)             {}
