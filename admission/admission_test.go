@@ -43,9 +43,15 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
+	return newEnvOn(t, conductortest.URL(t))
+}
+
+// newEnvOn is newEnv with Conductor's API at conductorURL.
+func newEnvOn(t testing.TB, conductorURL string) *env {
+	t.Helper()
 	ctx := context.Background()
 	domain := "adm" + uuid.NewString()[:8]
-	js, store, emit, runs := deployment(t, domain)
+	js, store, emit, runs := deploymentOn(t, domain, conductorURL)
 	list, err := runlist.Open(ctx, js, runlist.Options{Log: store, Poll: 20 * time.Millisecond, Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -59,6 +65,12 @@ func newEnv(t testing.TB) *env {
 // Conductor, its tasks in domain.
 func deployment(t testing.TB, domain string) (jetstream.JetStream, *natsstore.Store, *registry.Emitter, *adapter.Runs) {
 	t.Helper()
+	return deploymentOn(t, domain, conductortest.URL(t))
+}
+
+// deploymentOn is deployment with Conductor's API at conductorURL.
+func deploymentOn(t testing.TB, domain, conductorURL string) (jetstream.JetStream, *natsstore.Store, *registry.Emitter, *adapter.Runs) {
+	t.Helper()
 	ctx := context.Background()
 	js, _ := natstest.Start(t)
 	store, err := natsstore.Open(ctx, js, natsstore.Options{Logger: zaptest.NewLogger(t)})
@@ -71,7 +83,7 @@ func deployment(t testing.TB, domain string) (jetstream.JetStream, *natsstore.St
 		t.Fatal(err)
 	}
 	emit := registry.NewEmitter(ids, store)
-	client, err := adapter.NewClient(adapter.ClientOptions{BaseURL: conductortest.URL(t)})
+	client, err := adapter.NewClient(adapter.ClientOptions{BaseURL: conductorURL})
 	if err != nil {
 		t.Fatal(err)
 	}

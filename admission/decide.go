@@ -190,6 +190,7 @@ func (c *Controller) decide(ctx context.Context) error {
 			queued++
 		}
 	}
+	var failed []error // starts refused in this pass, retried at the next
 	for _, e := range waiting {
 		// The domains the entry is held in: those whose limit is reached,
 		// and those where an earlier waiting entry is held (their order is
@@ -253,7 +254,15 @@ func (c *Controller) decide(ctx context.Context) error {
 			continue
 		}
 		if err := c.start(ctx, e); err != nil {
-			return err
+			if !refusedOne(err) {
+				return err // no answer: the runs behind would wait as long
+			}
+			// Refused for this run: tried again at the next pass, and the
+			// later runs of its tenant and plan wait behind it, in order;
+			// the other tenants' runs go on.
+			blocked["tenant:"+e.TenantID], blocked[plan] = true, true
+			failed = append(failed, err)
+			continue
 		}
 		if e.State == stateStarted || e.State == stateStarting {
 			total++
@@ -261,7 +270,21 @@ func (c *Controller) decide(ctx context.Context) error {
 			byPlan[planOf(e)]++
 		}
 	}
-	return nil
+	return errors.Join(failed...)
+}
+
+// refusedOne tells whether a start that failed, and will be tried again,
+// failed for its own run only: Conductor (or a gateway in front of it)
+// answered and refused it, or another start of the same run holds its
+// lease. A start that got no answer (Conductor, NATS or PostgreSQL away)
+// tells nothing good of the next one: the pass stops there.
+func refusedOne(err error) bool {
+	var ae *adapter.Error
+	if errors.As(err, &ae) && ae.Status > 0 {
+		return true
+	}
+	return errors.Is(err, errcode.Conflict) || errors.Is(err, errcode.Forbidden) || errors.Is(err, errcode.Upstream) ||
+		errors.Is(err, errcode.NotFound)
 }
 
 // recentUnseen is how long a run the decider started may stay out of the
@@ -329,6 +352,7 @@ func (c *Controller) start(ctx context.Context, e *entry) error {
 	if snap != nil && (snap.CancelRequested || statestore.IsTerminalRunStatus(snap.Status)) {
 		return c.cancelQueued(ctx, e, snap)
 	}
+	was := e.State
 	if e.State != stateStarting {
 		e.State = stateStarting
 		if err := c.put(ctx, key, e); err != nil {
@@ -351,7 +375,15 @@ func (c *Controller) start(ctx context.Context, e *entry) error {
 		return c.notStarted(ctx, e, err)
 	}
 	if err != nil {
-		return fmt.Errorf("start run %s: %w", e.RunID, err) // kept starting; retried
+		err = fmt.Errorf("start run %s: %w", e.RunID, err)
+		if refusedOne(err) && was != stateStarting {
+			// Not started: it waits again as it did, under the limits.
+			e.State = was
+			if perr := c.put(ctx, key, e); perr != nil {
+				return errors.Join(err, perr)
+			}
+		}
+		return err // retried
 	}
 	if c.opts.Waker != nil {
 		c.opts.Waker.Wake()
