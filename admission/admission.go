@@ -125,12 +125,17 @@ type Options struct {
 	// under Reject, so that a flood of starts cannot grow the queue, and
 	// the memory it takes, without end.
 	MaxQueued int
-	Runs      Runs
-	Log       Emitter
-	Snapshots SnapshotReader
-	Active    ActiveRuns
-	Owner     Owner
-	Replicas  int
+	// MaxQueuedPerTenant bounds the runs of one tenant waiting under
+	// Queue and Delay (0: no bound): a start of a tenant with that many
+	// runs waiting is rejected, as under Reject, so that one tenant cannot
+	// fill the queue the others wait in.
+	MaxQueuedPerTenant int
+	Runs               Runs
+	Log                Emitter
+	Snapshots          SnapshotReader
+	Active             ActiveRuns
+	Owner              Owner
+	Replicas           int
 	// Wait bounds how long Submit waits for the decider (default 10s).
 	Wait time.Duration
 	// Waker, when set, is woken after every run the decider started:

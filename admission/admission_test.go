@@ -583,6 +583,37 @@ func TestAdmission_QueueIsBounded(t *testing.T) {
 	}
 }
 
+// TestAdmission_OneTenantCannotFillTheQueue: with a share of the queue
+// per tenant, a tenant that has its share waiting gets its next start
+// over a limit rejected, naming the flag, while another tenant's start
+// still queues: one tenant cannot fill the queue the others wait in.
+func TestAdmission_OneTenantCannotFillTheQueue(t *testing.T) {
+	e := newEnv(t)
+	c := e.open(admission.Options{Limits: admission.Limits{Global: 1}, Policy: admission.Queue, MaxQueued: 4, MaxQueuedPerTenant: 2})
+	defer c.Close(context.Background())
+	var ids []string
+	for i := range 3 {
+		d, err := e.submit(c, "t1", fmt.Sprintf("s-%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, d.RunID)
+	}
+	_, err := e.submit(c, "t1", "s-3")
+	var ae *admission.Error
+	if !errors.As(err, &ae) || ae.Code != admission.CodeRejected || !strings.Contains(ae.Message, "--admission-max-queued-per-tenant") {
+		t.Fatalf("t1's start with its share waiting: %v, want ADMISSION_REJECTED naming --admission-max-queued-per-tenant", err)
+	}
+	if d, err := e.submit(c, "t2", "s-4"); err != nil || d.State != statestore.RunStatusQueued {
+		t.Fatalf("t2's start: %+v %v, want QUEUED", d, err)
+	}
+	e.end(ids[0])
+	e.waitStarted(ids[1])
+	if d, err := e.submit(c, "t1", "s-5"); err != nil || d.State != statestore.RunStatusQueued {
+		t.Fatalf("t1's start once its share has room: %+v %v, want QUEUED", d, err)
+	}
+}
+
 // TestAdmission_FairWhileOneTenantFloods: 20 starts of one tenant
 // submitted at once, all queued behind a running run, then one start of
 // another tenant: it waits behind one or two of the first tenant's runs,

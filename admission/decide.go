@@ -184,10 +184,12 @@ func (c *Controller) decide(ctx context.Context) error {
 	blocked := map[string]bool{}
 	now := time.Now()
 	over := 0
-	queued := 0 // runs waiting under Queue or Delay (MaxQueued)
+	queued := 0                  // runs waiting under Queue or Delay (MaxQueued)
+	queuedBy := map[string]int{} // and per tenant (MaxQueuedPerTenant)
 	for _, e := range waiting {
 		if e.State == stateQueued || e.State == stateDelayed {
 			queued++
+			queuedBy[e.TenantID]++
 		}
 	}
 	var failed []error // starts refused in this pass, retried at the next
@@ -236,6 +238,15 @@ func (c *Controller) decide(ctx context.Context) error {
 				if reason == "" {
 					reason = "behind earlier queued runs"
 				}
+				if m := c.opts.MaxQueuedPerTenant; m > 0 && queuedBy[e.TenantID] >= m && e.Policy != Reject {
+					// The tenant's share of the queue is full: refused as
+					// under Reject, whatever room the queue has for others.
+					reason = fmt.Sprintf("%s, and %d runs of tenant %s wait already (--admission-max-queued-per-tenant %d)", reason, queuedBy[e.TenantID], e.TenantID, m)
+					if err := c.reject(ctx, e, reason); err != nil {
+						return err
+					}
+					continue
+				}
 				if m := c.opts.MaxQueued; m > 0 && queued >= m && e.Policy != Reject {
 					// The queue is full: refused as under Reject.
 					reason = fmt.Sprintf("%s, and %d runs wait already (--admission-max-queued %d)", reason, queued, m)
@@ -249,6 +260,7 @@ func (c *Controller) decide(ctx context.Context) error {
 				}
 				if e.Policy != Reject {
 					queued++
+					queuedBy[e.TenantID]++
 				}
 			}
 			continue

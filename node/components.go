@@ -197,7 +197,7 @@ func (n *Node) openAdmission(ctx context.Context) error {
 		}
 		n.log.Warn("admission limits are off, and runs queued under limits are still waiting: starting them", zap.Int("runs", waiting))
 	}
-	c, err := admission.Open(ctx, n.js, admission.Options{Limits: a.Limits, Policy: a.Policy, Delay: a.Delay, MaxQueued: a.MaxQueued, Runs: n.runs, Log: n.emitter,
+	c, err := admission.Open(ctx, n.js, admission.Options{Limits: a.Limits, Policy: a.Policy, Delay: a.Delay, MaxQueued: a.MaxQueued, MaxQueuedPerTenant: a.MaxQueuedPerTenant, Runs: n.runs, Log: n.emitter,
 		Snapshots: n.store, Active: n.list, Owner: n.members, Replicas: n.cfg.Replicas, Waker: n.wakeup, Logger: n.log, Metrics: admission.NewMetrics(n.reg)})
 	if err != nil {
 		return err

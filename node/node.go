@@ -163,6 +163,9 @@ type Admission struct {
 	Delay  time.Duration
 	// MaxQueued bounds the runs waiting (admission.Options.MaxQueued).
 	MaxQueued int
+	// MaxQueuedPerTenant bounds one tenant's runs waiting
+	// (admission.Options.MaxQueuedPerTenant).
+	MaxQueuedPerTenant int
 }
 
 func (a Admission) enabled() bool {

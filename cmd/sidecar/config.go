@@ -151,8 +151,9 @@ func (c *Config) node(log *zap.Logger, own []string) (nc node.Config, err error)
 		DrainTimeout: c.DrainTimeout, WorkerID: c.WorkerID, TaskDomain: c.TaskDomain, Concurrency: c.Concurrency,
 		PollersPerType: c.PollersPerType, ValidateWrites: c.ValidateWrites, ListFinishedInMemory: c.ListFinishedInMemory,
 		RepliesMaxBytes: int64(c.ControlRepliesMaxMiB) << 20,
-		Admission:       node.Admission{Limits: c.Admission.Limits, Policy: c.Admission.Policy, Delay: c.Admission.Delay, MaxQueued: c.Admission.MaxQueued},
-		Secrets:         &secrets.Resolver{Logger: log}}
+		Admission: node.Admission{Limits: c.Admission.Limits, Policy: c.Admission.Policy, Delay: c.Admission.Delay, MaxQueued: c.Admission.MaxQueued,
+			MaxQueuedPerTenant: c.Admission.MaxQueuedPerTenant},
+		Secrets: &secrets.Resolver{Logger: log}}
 	if c.postgresStore() {
 		nc.Postgres = c.Store
 	}
