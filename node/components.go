@@ -26,6 +26,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/taskworkers"
 	"github.com/conductor-sidecar/sidecar/taskworkers/artifacts"
 	"github.com/conductor-sidecar/sidecar/taskworkers/exec"
+	"github.com/conductor-sidecar/sidecar/taskworkers/keep"
 	"github.com/conductor-sidecar/sidecar/taskworkers/proxy"
 	"github.com/conductor-sidecar/sidecar/tracing"
 )
@@ -331,6 +332,16 @@ func (n *Node) openWorkers(ctx context.Context) error {
 	}
 	if n.adopter != nil {
 		wopts.Adopted = n.adopter
+	}
+	if n.cfg.ConductorProxy != nil {
+		// Outside workers' outputs Conductor has not taken yet, read by
+		// whichever replica answers the step's next try.
+		ks, err := keep.Open(ctx, n.js, keep.Options{Replicas: n.cfg.Replicas})
+		if err != nil {
+			return err
+		}
+		n.add(part{name: "output keep", streams: ks.Streams()})
+		wopts.OutputKeep = ks
 	}
 	w := taskworkers.New(tasks, n.store, n.emitter, n.cfg.Secrets, n.executors.Executors(), wopts)
 	n.workers = w

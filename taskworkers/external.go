@@ -283,7 +283,7 @@ func (w *Worker) keepLoggedOutput(ctx context.Context, log *zap.Logger, a *Assig
 	if err != nil {
 		return
 	}
-	w.unreported.keep(stepAttempt{run: a.RunID, step: a.Step.StepID, logical: logical}, r.OutputData, len(b))
+	w.unreported.keep(ctx, stepAttempt{run: a.RunID, step: a.Step.StepID, logical: logical}, r.OutputData, len(b))
 }
 
 // checkNotTimedOut reads the task back from Conductor for Record. A try
@@ -430,7 +430,7 @@ func (w *Worker) Reported(t *model.Task, a *Assignment, r *model.TaskResult) {
 		// Conductor has the output now: one kept from an earlier copy of
 		// the report is not the one to answer a later try with.
 		_, logical := a.Attempts(int(t.RetryCount))
-		w.unreported.take(stepAttempt{run: a.RunID, step: a.Step.StepID, logical: logical})
+		w.unreported.forget(w.workCtx, stepAttempt{run: a.RunID, step: a.Step.StepID, logical: logical})
 	}
 	w.wakePollers(t)
 	if w.opts.OnTaskDone != nil && a != nil {

@@ -751,9 +751,12 @@ func failedResult(a *Assignment, e *statestore.StepError, engine, logical int64)
 // outcomes, not data: an outside worker's output that was not kept is
 // lost, and said so.
 func (w *Worker) loggedOutput(log *zap.Logger, a *Assignment, d decision) map[string]any {
-	out, kept := w.unreported.take(stepAttempt{run: a.RunID, step: a.Step.StepID, logical: d.logical})
-	if !kept && w.executors[a.Step.Executor.Type] == nil {
-		log.Warn("reporting an outside worker's completed step without its output: the update that carried it never reached Conductor, and it was not kept (a restart, or another replica, took it)")
+	if w.executors[a.Step.Executor.Type] != nil { // the sidecar's own step: its output is its artifacts
+		return artifactOutput(d.step.Artifacts, nil)
+	}
+	out, kept := w.unreported.take(w.workCtx, stepAttempt{run: a.RunID, step: a.Step.StepID, logical: d.logical})
+	if !kept {
+		log.Warn("reporting an outside worker's completed step without its output: the update that carried it never reached Conductor, and no copy of it is kept (older than an hour, or the keep was full or away when it came)")
 	}
 	return artifactOutput(d.step.Artifacts, out)
 }

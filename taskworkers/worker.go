@@ -186,6 +186,10 @@ type Options struct {
 	// create it first and give it to the components that make tasks
 	// pollable (admission.Options.Waker, drain.Options.Waker).
 	Wakeup *Wakeup
+	// OutputKeep, when set, keeps outside workers' outputs whose update
+	// did not reach Conductor where the next process and every replica
+	// read them (unreported.go); without it they are kept in memory only.
+	OutputKeep OutputKeep
 	// StrayLook, when set, lets the components built with it ask this
 	// worker for a look for strays (StrayLook.Ask); it needs Recover.
 	StrayLook *StrayLook
@@ -296,6 +300,7 @@ func New(tasks TaskClient, runs SnapshotReader, events Emitter, secrets SecretRe
 	}
 	w := &Worker{tasks: tasks, runs: runs, events: events, secrets: secrets, executors: executors, opts: opts,
 		log: opts.Logger.Named("worker"), running: opts.Running, taken: map[string]struct{}{}, lost: make(chan struct{}, 1)}
+	w.unreported.durable, w.unreported.log = opts.OutputKeep, w.log
 	w.reportCtx, w.abortReports = context.WithCancel(context.Background())
 	var types []string
 	for taskType, n := range opts.Concurrency {

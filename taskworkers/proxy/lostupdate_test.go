@@ -37,16 +37,40 @@ func TestProxy_RetryAnsweredFromTheLogCarriesTheWorkersOutput(t *testing.T) {
 	answeredFromTheLog(t, e, wfID, first.TaskID, "o-42")
 }
 
+// TestProxy_AnOutputKeptBeforeARestartReachesTheNextTry: the serve that
+// recorded the worker's update restarts while Conductor is away, and the
+// worker has given up its update. Once Conductor is back and has timed
+// the try out, the next try, which the gate answers from the log, carries
+// the worker's output, read from the keep: before, the output lived in the
+// dead process's memory only, and the try completed with an empty output.
+func TestProxy_AnOutputKeptBeforeARestartReachesTheNextTry(t *testing.T) {
+	var away atomic.Bool
+	e := newEnvOpts(t, envOpts{proxyConductor: awayFront(t, &away)})
+	_, wfID := e.startRetried(t, 2, 2)
+	first := e.pollOne(t)
+	away.Store(true)
+	update := map[string]any{"taskId": first.TaskID, "workflowInstanceId": first.WorkflowInstanceID,
+		"status": "COMPLETED", "outputData": map[string]any{"orderId": "o-44"}}
+	if resp, body := call(t, http.MethodPost, e.url+"/tasks", update); resp.StatusCode/100 == 2 {
+		t.Fatalf("the update with Conductor away: %d %s, want an error", resp.StatusCode, body)
+	}
+	e = newEnvOpts(t, envOpts{shareLogOf: e}) // serve starts again, Conductor back
+	away.Store(false)
+	e.timeOut(t, wfID, first.TaskID)
+	answeredFromTheLog(t, e, wfID, first.TaskID, "o-44")
+}
+
 // TestProxy_AWorkersRetryAfterARestartKeepsItsOutput: the serve that
-// recorded the worker's update restarts while Conductor is away (the
-// output it kept in memory is gone); the worker keeps retrying its update,
+// recorded the worker's update restarts while Conductor is away, and had
+// no keep to put the output in (it was full or away): the output it kept
+// in memory is gone. The worker keeps retrying its update,
 // and once Conductor is back and has timed the try out, its retry is
 // refused (409 PROXY_TRY_TIMED_OUT), as documented, but the output it
 // carries is kept for the next try, which the gate answers from the log:
 // before, that try completed with an empty output.
 func TestProxy_AWorkersRetryAfterARestartKeepsItsOutput(t *testing.T) {
 	var away atomic.Bool
-	e := newEnvOpts(t, envOpts{proxyConductor: awayFront(t, &away)})
+	e := newEnvOpts(t, envOpts{proxyConductor: awayFront(t, &away), noOutputKeep: true})
 	_, wfID := e.startRetried(t, 2, 2)
 	first := e.pollOne(t)
 	away.Store(true)
@@ -55,7 +79,7 @@ func TestProxy_AWorkersRetryAfterARestartKeepsItsOutput(t *testing.T) {
 	if resp, body := call(t, http.MethodPost, e.url+"/tasks", update); resp.StatusCode/100 == 2 {
 		t.Fatalf("the update with Conductor away: %d %s, want an error", resp.StatusCode, body)
 	}
-	e = newEnvOpts(t, envOpts{shareLogOf: e}) // serve starts again, Conductor back
+	e = newEnvOpts(t, envOpts{shareLogOf: e, noOutputKeep: true}) // serve starts again, Conductor back
 	away.Store(false)
 	e.timeOut(t, wfID, first.TaskID)
 	resp, body := call(t, http.MethodPost, e.url+"/tasks", update) // the worker's retry

@@ -32,6 +32,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 	"github.com/conductor-sidecar/sidecar/taskworkers"
+	"github.com/conductor-sidecar/sidecar/taskworkers/keep"
 	"github.com/conductor-sidecar/sidecar/taskworkers/proxy"
 )
 
@@ -103,6 +104,10 @@ type envOpts struct {
 	// task type the new task workers and proxy work on: another replica,
 	// or, when the test stopped that env's, a restarted serve.
 	shareLogOf *env
+	// noOutputKeep leaves the task workers without a durable keep of
+	// unreported outputs (as when it was full or away): they keep them
+	// in memory only.
+	noOutputKeep bool
 }
 
 func newEnvOpts(t testing.TB, o envOpts) *env {
@@ -189,6 +194,13 @@ func newEnvOpts(t testing.TB, o envOpts) *env {
 	}
 	if adopter != nil {
 		wopts.Adopted = adopter
+	}
+	if !o.noOutputKeep { // as serve with its proxy on
+		ks, err := keep.Open(ctx, js, keep.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wopts.OutputKeep = ks
 	}
 	if o.worker != nil {
 		o.worker(&wopts)
