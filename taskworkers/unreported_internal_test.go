@@ -19,7 +19,7 @@ func TestUnreportedOutputs_Bounded(t *testing.T) {
 	if _, ok := u.take(context.Background(), key(0)); ok {
 		t.Fatal("the oldest was kept past the bound")
 	}
-	if out, ok := u.take(context.Background(), key(maxKept + 9)); !ok || out["i"] != maxKept+9 {
+	if out, ok := u.take(context.Background(), key(maxKept+9)); !ok || out["i"] != maxKept+9 {
 		t.Fatalf("the newest: %v %v", out, ok)
 	}
 	u.keep(context.Background(), key(-1), nil, maxUnreportedBytes+1)
