@@ -66,7 +66,7 @@ type Store struct {
 }
 
 // Open binds the bucket, creating it with opts when it does not exist (an
-// existing one is used as it is).
+// existing one is used as it is: natsstore.OpenBucket).
 func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, error) {
 	if opts.Bucket == "" {
 		opts.Bucket = DefaultBucket
@@ -80,23 +80,14 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 	if opts.MaxBytes <= 0 {
 		opts.MaxBytes = DefaultMaxBytes
 	}
-	kv, err := js.KeyValue(ctx, opts.Bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket:      opts.Bucket,
-			Description: "conductor sidecar: outside workers' outputs Conductor has not taken yet",
-			TTL:         opts.TTL,
-			MaxBytes:    opts.MaxBytes,
-			Replicas:    opts.Replicas,
-			Storage:     jetstream.FileStorage,
-		})
-		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			kv, err = js.KeyValue(ctx, opts.Bucket)
-			if errors.Is(err, jetstream.ErrBucketNotFound) {
-				err = fmt.Errorf("%w: %w", natsstore.ErrNotReady, err)
-			}
-		}
-	}
+	kv, err := natsstore.OpenBucket(ctx, js, jetstream.KeyValueConfig{
+		Bucket:      opts.Bucket,
+		Description: "conductor sidecar: outside workers' outputs Conductor has not taken yet",
+		TTL:         opts.TTL,
+		MaxBytes:    opts.MaxBytes,
+		Replicas:    opts.Replicas,
+		Storage:     jetstream.FileStorage,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", opts.Bucket, err)
 	}
