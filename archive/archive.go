@@ -210,7 +210,7 @@ func (a *Archive) manifestSeqs(ctx context.Context) ([]uint64, error) {
 // must check under one of them, and an unsigned one must not come after a
 // signed one (checkUnsigned).
 func (a *Archive) readManifest(ctx context.Context, seq uint64) (*Manifest, error) {
-	b, err := a.dest.Get(ctx, manifestName(seq))
+	b, err := a.dest.Get(ctx, manifestName(seq), maxManifestBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -244,7 +244,7 @@ func (a *Archive) checkUnsigned(ctx context.Context, seq uint64) error {
 		return nil
 	}
 	for s := seq - 1; s > through; s-- {
-		b, err := a.dest.Get(ctx, manifestName(s))
+		b, err := a.dest.Get(ctx, manifestName(s), maxManifestBytes)
 		if errors.Is(err, ErrObjectNotFound) {
 			continue
 		}
@@ -374,7 +374,7 @@ func (a *Archive) Holds(ctx context.Context, seq uint64, chain string) error {
 }
 
 func (a *Archive) holds(ctx context.Context, seq uint64, chain, which string) error {
-	b, err := a.dest.Get(ctx, manifestName(seq))
+	b, err := a.dest.Get(ctx, manifestName(seq), maxManifestBytes)
 	if errors.Is(err, ErrObjectNotFound) {
 		return newError(CodeUnavailable, err, "manifest %d, %s, is not at %s: it is not the archive written to "+
 			"(a volume not mounted, a directory replaced, another prefix); nothing is archived until it is back", seq, which, a.dest)
@@ -462,7 +462,7 @@ func (a *Archive) write(ctx context.Context, runs []Run) (*Manifest, error) {
 			// The object may be this very manifest (it names this
 			// segment): a request the destination stored whose answer was
 			// lost, retried by the client (S3 clients retry).
-			if got, gerr := a.dest.Get(ctx, manifestName(m.Seq)); gerr == nil && bytes.Equal(got, enc) {
+			if got, gerr := a.dest.Get(ctx, manifestName(m.Seq), maxManifestBytes); gerr == nil && bytes.Equal(got, enc) {
 				err = nil
 			} else if try < conflictRetries {
 				if err := a.loadHead(ctx); err != nil {
@@ -474,7 +474,7 @@ func (a *Archive) write(ctx context.Context, runs []Run) (*Manifest, error) {
 		if err != nil {
 			return nil, err
 		}
-		got, err := a.dest.Get(ctx, manifestName(m.Seq))
+		got, err := a.dest.Get(ctx, manifestName(m.Seq), maxManifestBytes)
 		if err != nil {
 			return nil, err
 		}
@@ -518,7 +518,7 @@ func storeSegment(ctx context.Context, dest Destination, seg *segment, also func
 	if lerr != nil {
 		return fmt.Errorf("check segment: %w", lerr)
 	}
-	back, err := dest.Get(ctx, seg.m.Segment)
+	back, err := dest.Get(ctx, seg.m.Segment, seg.m.SegmentBytes)
 	if err != nil {
 		return err
 	}
@@ -780,7 +780,7 @@ func (a *Archive) Records(ctx context.Context, runID string) ([]statestore.RunEv
 	if err != nil {
 		return nil, err
 	}
-	data, err := a.dest.Get(ctx, m.Segment)
+	data, err := a.dest.Get(ctx, m.Segment, segmentLimit(m))
 	if errors.Is(err, ErrObjectNotFound) {
 		return nil, newError(CodeCorrupt, err, "manifest %d names segment %s, which is missing", m.Seq, m.Segment)
 	}

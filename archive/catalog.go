@@ -249,7 +249,7 @@ func (a *Archive) catalogReader() *catalogReader {
 // or does not parse, or the destination finds its bytes changed (the
 // caller reads the ranges below it instead).
 func (r *catalogReader) shard(ctx context.Context, l int, first uint64, s int) (entries []catalogEntry, ok bool, err error) {
-	data, err := r.a.dest.Get(ctx, catalogName(l, first, s))
+	data, err := r.a.dest.Get(ctx, catalogName(l, first, s), maxShardBytes)
 	if errors.Is(err, ErrObjectNotFound) || errors.Is(err, ErrCorrupt) {
 		return nil, false, nil
 	}
@@ -477,7 +477,7 @@ func (a *Archive) lookupCatalog(ctx context.Context, runID string) (*Manifest, i
 	a.mu.Unlock()
 	// A manifest after the head this Archive knows: another writer (or a
 	// process since) wrote; learn the head again (one listing).
-	switch _, err := a.dest.Get(ctx, manifestName(head+1)); {
+	switch _, err := a.dest.Get(ctx, manifestName(head+1), maxManifestBytes); {
 	case err == nil:
 		a.mu.Lock()
 		err = a.loadHead(ctx)

@@ -23,8 +23,8 @@ type counting struct {
 	manifests   int // manifests read (that exist)
 }
 
-func (c *counting) Get(ctx context.Context, name string) ([]byte, error) {
-	b, err := c.Destination.Get(ctx, name)
+func (c *counting) Get(ctx context.Context, name string, limit int64) ([]byte, error) {
+	b, err := c.Destination.Get(ctx, name, limit)
 	c.mu.Lock()
 	c.gets++
 	if err == nil && strings.HasPrefix(name, "manifests/") {
@@ -352,12 +352,12 @@ type gated struct {
 	once    sync.Once
 }
 
-func (g *gated) Get(ctx context.Context, name string) ([]byte, error) {
+func (g *gated) Get(ctx context.Context, name string, limit int64) ([]byte, error) {
 	if name == g.name {
 		g.once.Do(func() { close(g.reached) })
 		<-g.release
 	}
-	return g.Destination.Get(ctx, name)
+	return g.Destination.Get(ctx, name, limit)
 }
 
 // TestArchive_LookupWhileRefreshing: a lookup (status of an archived run)

@@ -1,7 +1,10 @@
 package archive
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"strings"
@@ -21,9 +24,10 @@ type Destination interface {
 	// ErrConflict. Two writers racing for one name: one wins.
 	PutNew(ctx context.Context, name string, data []byte) error
 	// Get returns the object's bytes, or an error matching
-	// ErrObjectNotFound, or ErrCorrupt when the destination checks the
+	// ErrObjectNotFound, or ErrCorrupt when the object is larger than
+	// limit bytes (it is not read whole) or the destination checks the
 	// bytes against a checksum it stored with them and they differ.
-	Get(ctx context.Context, name string) ([]byte, error)
+	Get(ctx context.Context, name string, limit int64) ([]byte, error)
 	// List returns the names of the objects under prefix, sorted.
 	List(ctx context.Context, prefix string) ([]string, error)
 	// String is the destination's URL without credentials.
@@ -116,4 +120,34 @@ func ParseS3URL(raw string, getenv func(string) string) (S3Config, error) {
 		return S3Config{}, newError(CodeURLInvalid, nil, "%q: key prefix %q", raw, cfg.Prefix)
 	}
 	return cfg, nil
+}
+
+// Bounds of the objects a reader takes: no manifest or catalog shard the
+// writer makes comes near them (a manifest of 200 runs with their labels
+// is a few hundred KiB, a shard tens of KiB), and a segment is bounded by
+// its manifest's segmentBytes (and maxRawBytes). A larger object is damage
+// or a hostile write, refused before it is read whole.
+const (
+	maxManifestBytes = 16 << 20
+	maxShardBytes    = 16 << 20
+)
+
+// tooLarge is the error of an object of size bytes read with a limit.
+func tooLarge(name string, size, limit int64) error {
+	return newError(CodeCorrupt, nil, "%s is %d bytes, more than the %d expected: not read", name, size, limit)
+}
+
+// readAtMost reads r to its end, or fails with an error matching
+// ErrCorrupt once more than limit bytes came; what was read comes with
+// any other error.
+func readAtMost(r io.Reader, limit int64) ([]byte, error) {
+	var buf bytes.Buffer
+	n, err := io.Copy(&buf, io.LimitReader(r, limit+1))
+	if err != nil {
+		return buf.Bytes(), err
+	}
+	if n > limit {
+		return nil, fmt.Errorf("%w: more than the %d bytes expected", ErrCorrupt, limit)
+	}
+	return buf.Bytes(), nil
 }

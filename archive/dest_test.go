@@ -86,7 +86,7 @@ func testDestinationContract(t *testing.T, newDest func(t *testing.T) archive.De
 			if err := d.PutNew(ctx, name, []byte("x")); !errors.Is(err, archive.ErrInputInvalid) {
 				t.Errorf("PutNew(%q): got %v, want ErrInputInvalid", name, err)
 			}
-			if _, err := d.Get(ctx, name); !errors.Is(err, archive.ErrInputInvalid) {
+			if _, err := d.Get(ctx, name, 1<<20); !errors.Is(err, archive.ErrInputInvalid) {
 				t.Errorf("Get(%q): got %v, want ErrInputInvalid", name, err)
 			}
 		}
@@ -96,7 +96,7 @@ func testDestinationContract(t *testing.T, newDest func(t *testing.T) archive.De
 	})
 	t.Run("ErrObjectNotFound", func(t *testing.T) {
 		d := newDest(t)
-		_, err := d.Get(ctx, "manifests/none.json")
+		_, err := d.Get(ctx, "manifests/none.json", 1<<20)
 		if !errors.Is(err, archive.ErrObjectNotFound) || !errors.Is(err, errcode.NotFound) {
 			t.Fatalf("got %v, want ErrObjectNotFound", err)
 		}
@@ -108,7 +108,7 @@ func testDestinationContract(t *testing.T, newDest func(t *testing.T) archive.De
 			if err := d.Put(ctx, "segments/x.ndjson.gz", data); err != nil {
 				t.Fatal(err)
 			}
-			got, err := d.Get(ctx, "segments/x.ndjson.gz")
+			got, err := d.Get(ctx, "segments/x.ndjson.gz", 1<<20)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -132,7 +132,7 @@ func testDestinationContract(t *testing.T, newDest func(t *testing.T) archive.De
 			t.Fatalf("PutNew over Put: got %v, want ErrConflict", err)
 		}
 		for name, want := range map[string]string{"m/1": "a", "m/2": "c"} {
-			if b, err := d.Get(ctx, name); err != nil || string(b) != want {
+			if b, err := d.Get(ctx, name, 1<<20); err != nil || string(b) != want {
 				t.Fatalf("%s: got %q, %v, want %q (the first write)", name, b, err, want)
 			}
 		}
@@ -169,7 +169,7 @@ func testDestinationContract(t *testing.T, newDest func(t *testing.T) archive.De
 			if winner < 0 {
 				t.Fatalf("round %d: no writer won", round)
 			}
-			if b, err := d.Get(ctx, name); err != nil || string(b) != fmt.Sprintf("writer %d", winner) {
+			if b, err := d.Get(ctx, name, 1<<20); err != nil || string(b) != fmt.Sprintf("writer %d", winner) {
 				t.Fatalf("round %d: got %q, %v, want the winner's (%d) bytes", round, b, err, winner)
 			}
 		}
@@ -210,7 +210,7 @@ func testDestinationContract(t *testing.T, newDest func(t *testing.T) archive.De
 		if err := d.PutNew(cctx, "a", []byte("x")); !errors.Is(err, archive.ErrUnavailable) {
 			t.Errorf("PutNew: got %v, want ErrUnavailable", err)
 		}
-		if _, err := d.Get(cctx, "a"); !errors.Is(err, archive.ErrUnavailable) {
+		if _, err := d.Get(cctx, "a", 1<<20); !errors.Is(err, archive.ErrUnavailable) {
 			t.Errorf("Get: got %v, want ErrUnavailable", err)
 		}
 		if _, err := d.List(cctx, ""); !errors.Is(err, archive.ErrUnavailable) {
@@ -293,8 +293,8 @@ func (f *failing) PutNew(ctx context.Context, name string, data []byte) error {
 	return f.Dir.PutNew(ctx, name, data)
 }
 
-func (f *failing) Get(ctx context.Context, name string) ([]byte, error) {
-	b, err := f.Dir.Get(ctx, name)
+func (f *failing) Get(ctx context.Context, name string, limit int64) ([]byte, error) {
+	b, err := f.Dir.Get(ctx, name, limit)
 	if f.get != nil && err == nil {
 		return f.get(name, b)
 	}

@@ -177,7 +177,7 @@ func (d *Dir) checkRoot() error {
 }
 
 // Get implements Destination.
-func (d *Dir) Get(ctx context.Context, name string) ([]byte, error) {
+func (d *Dir) Get(ctx context.Context, name string, limit int64) ([]byte, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, newError(CodeUnavailable, err, "get %s", name)
 	}
@@ -185,11 +185,29 @@ func (d *Dir) Get(ctx context.Context, name string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	b, err := os.ReadFile(p)
+	f, err := os.Open(p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, newError(CodeObjectNotFound, nil, "%s", name)
 	}
 	if err != nil {
+		return nil, newError(CodeUnavailable, err, "get %s", name)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	switch {
+	case err != nil:
+		return nil, newError(CodeUnavailable, err, "get %s", name)
+	case !fi.Mode().IsRegular():
+		// Not proof of damage: a directory in its place, a device.
+		return nil, newError(CodeUnavailable, nil, "get %s: %s is not a regular file", name, p)
+	case fi.Size() > limit:
+		return nil, tooLarge(name, fi.Size(), limit)
+	}
+	b, err := readAtMost(f, limit)
+	if err != nil {
+		if errors.Is(err, ErrCorrupt) {
+			return nil, newError(CodeCorrupt, err, "get %s", name)
+		}
 		return nil, newError(CodeUnavailable, err, "get %s", name)
 	}
 	return b, nil

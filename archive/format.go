@@ -524,6 +524,10 @@ func (s *segment) checkMember(i int) error {
 	return nil
 }
 
+// segmentLimit is the most a reader takes of m's segment: the size m
+// says, within what any segment may be.
+func segmentLimit(m *Manifest) int64 { return max(0, min(m.SegmentBytes, maxRawBytes)) }
+
 // decodeSegment checks data against m and returns the records of every
 // run of m, in m.Runs' order. Any difference (size, hash, count, a run's
 // SHA-256, a line that does not parse or is not its run's, runSeq out of

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"net/http"
 	"regexp"
 	"slices"
@@ -217,7 +216,7 @@ func apiError(err error) (code string, status int) {
 }
 
 // Get implements Destination.
-func (s *S3) Get(ctx context.Context, name string) ([]byte, error) {
+func (s *S3) Get(ctx context.Context, name string, limit int64) ([]byte, error) {
 	key, err := s.key(name)
 	if err != nil {
 		return nil, err
@@ -232,17 +231,20 @@ func (s *S3) Get(ctx context.Context, name string) ([]byte, error) {
 		return nil, newError(CodeUnavailable, err, "get %s", name)
 	}
 	defer out.Body.Close()
-	var buf bytes.Buffer
-	if n := aws.ToInt64(out.ContentLength); n > 0 {
-		buf.Grow(int(n))
+	if n := aws.ToInt64(out.ContentLength); n > limit {
+		return nil, tooLarge(name, n, limit)
 	}
-	if n, err := io.Copy(&buf, out.Body); err != nil {
-		if checksumFailed(out, n) {
+	b, err := readAtMost(out.Body, limit)
+	if err != nil {
+		if errors.Is(err, ErrCorrupt) {
+			return nil, newError(CodeCorrupt, err, "get %s", name)
+		}
+		if checksumFailed(out, int64(len(b))) {
 			return nil, newError(CodeCorrupt, err, "get %s: its bytes do not match the checksum the server stored with it", name)
 		}
 		return nil, newError(CodeUnavailable, err, "get %s", name)
 	}
-	return buf.Bytes(), nil
+	return b, nil
 }
 
 // checksumFailed tells whether a GetObject body that failed after read

@@ -117,7 +117,7 @@ func TestS3_ChangedObject(t *testing.T) {
 	if _, err := mustOpen(t, dest).Records(ctx, runs[1].ID); !errors.Is(err, archive.ErrCorrupt) || errors.Is(err, archive.ErrUnavailable) {
 		t.Fatalf("Records of the run in it: got %v, want ErrCorrupt", err)
 	}
-	if _, err := dest.Get(ctx, ms[1].Segment); !errors.Is(err, archive.ErrCorrupt) {
+	if _, err := dest.Get(ctx, ms[1].Segment, 1<<20); !errors.Is(err, archive.ErrCorrupt) {
 		t.Fatalf("Get: got %v, want ErrCorrupt", err)
 	}
 }
@@ -205,7 +205,7 @@ func TestS3_SilentServerFailsTheCall(t *testing.T) {
 	thaw := srv.Freeze()
 	woken := time.AfterFunc(30*time.Second, thaw)
 	defer woken.Stop()
-	if _, err := d.Get(ctx, "x"); !errors.Is(err, archive.ErrUnavailable) {
+	if _, err := d.Get(ctx, "x", 1<<20); !errors.Is(err, archive.ErrUnavailable) {
 		t.Fatalf("a Get from a silent server: %v, want ARCHIVE_UNAVAILABLE", err)
 	}
 	if err := d.Put(ctx, "z", []byte("y")); !errors.Is(err, archive.ErrUnavailable) {

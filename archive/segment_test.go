@@ -98,8 +98,8 @@ type alteredDir struct {
 	alter func([]byte) []byte
 }
 
-func (d alteredDir) Get(ctx context.Context, name string) ([]byte, error) {
-	b, err := d.Dir.Get(ctx, name)
+func (d alteredDir) Get(ctx context.Context, name string, limit int64) ([]byte, error) {
+	b, err := d.Dir.Get(ctx, name, limit)
 	if err != nil {
 		return nil, err
 	}

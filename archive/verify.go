@@ -147,7 +147,7 @@ func Verify(ctx context.Context, dest Destination, opts VerifyOptions) (*Report,
 			headFound = true
 		}
 		named[m.Segment] = true
-		data, err := dest.Get(ctx, m.Segment)
+		data, err := dest.Get(ctx, m.Segment, segmentLimit(m))
 		switch {
 		case errors.Is(err, ErrObjectNotFound):
 			rep.Problems = append(rep.Problems, Problem{Code: ProblemSegmentMissing, Seq: seq, Object: m.Segment, Message: "segment is missing"})
@@ -278,7 +278,7 @@ func verifyCatalog(ctx context.Context, dest Destination, rep *Report, keys map[
 		}
 		slices.SortFunc(want, compareEntries)
 		want = slices.Compact(want)
-		data, err := dest.Get(ctx, name)
+		data, err := dest.Get(ctx, name, maxShardBytes)
 		if errors.Is(err, ErrObjectNotFound) {
 			continue // removed since the listing
 		}

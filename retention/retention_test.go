@@ -561,16 +561,16 @@ func (d *downDest) PutNew(ctx context.Context, name string, b []byte) error {
 	return d.Dir.PutNew(ctx, name, b)
 }
 
-func (d *downDest) Get(ctx context.Context, name string) ([]byte, error) {
+func (d *downDest) Get(ctx context.Context, name string, limit int64) ([]byte, error) {
 	if d.down {
 		return nil, &archive.Error{Code: archive.CodeUnavailable, Message: "down"}
 	}
 	if d.failGetManifest != nil && filepath.Dir(name) == "manifests" {
-		if b, err := d.Dir.Get(ctx, name); err == nil && len(b) > 0 {
+		if b, err := d.Dir.Get(ctx, name, limit); err == nil && len(b) > 0 {
 			return nil, d.failGetManifest
 		}
 	}
-	return d.Dir.Get(ctx, name)
+	return d.Dir.Get(ctx, name, limit)
 }
 
 // crashAfterWrite confirms the write, then fails as if the process died.
