@@ -273,10 +273,15 @@ func (s *Store) Check(ctx context.Context) error {
 type grants struct{ objs, privs, funcs []string }
 
 // runtimeGrants are the privileges grants.sql gives the runtime role,
-// which Check requires of serve's own role.
+// which Check requires of serve's own role. SELECT on the log_seq
+// sequence is not among them: only a metric reads it, and does without
+// it (SizeCollector).
 var runtimeGrants = sync.OnceValue(func() grants {
 	var g grants
 	for _, m := range grantLine.FindAllStringSubmatch(grantsSQL, -1) {
+		if strings.HasPrefix(m[2], "SEQUENCE ") {
+			continue
+		}
 		if strings.HasPrefix(m[2], "FUNCTION ") {
 			g.funcs = append(g.funcs, strings.TrimPrefix(m[2], "FUNCTION "))
 			continue

@@ -59,6 +59,14 @@ func TestSizeCollector(t *testing.T) {
 	if got := gathered(t, reg, "sidecar_log_last_sequence"); got < 12 {
 		t.Fatalf("sidecar_log_last_sequence %v after the removal, want the records ever appended", got)
 	}
+	// The newest run leaves too: the gauge does not go back.
+	if err := openRemover(t, r.RetentionURL).RemoveRun(ctx, "run-b", 6, 6); err != nil {
+		t.Fatal(err)
+	}
+	waitRecords(0)
+	if got := gathered(t, reg, "sidecar_log_last_sequence"); got < 12 {
+		t.Fatalf("sidecar_log_last_sequence %v once every run was removed, want the records ever appended", got)
+	}
 }
 
 // gathered is the value of the one gauge named name that reg gathers.
