@@ -38,9 +38,12 @@ func (c *RunsCommand) Run(ctx context.Context, args []string) error {
 		lq.Set("include", httpapi.IncludeArchived)
 	}
 	list, err := listAll(ctx, client, lq)
-	if err != nil {
+	if err != nil && (list == nil || *watch) {
 		return err
 	}
+	// A later page that failed (the archive away, while the runs in hot
+	// state were listed): what was read is printed, then the failure.
+	partial := err
 	for _, u := range list.Unreadable {
 		which := fmt.Sprintf("manifest %d", u.From)
 		if u.Through != u.From {
@@ -49,15 +52,18 @@ func (c *RunsCommand) Run(ctx context.Context, args []string) error {
 		fmt.Fprintf(c.m.Stderr, "warning: the archive's %s could not be read (%s): the archived runs listed there are missing here; sidecar archive verify says what is wrong\n", which, u.Code)
 	}
 	if (cf.output == "json" || cf.output == "yaml") && !*watch {
-		return cf.print(c.m.Stdout, list)
+		if perr := cf.print(c.m.Stdout, list); perr != nil {
+			return perr
+		}
+		return partial
 	}
 	t := runTable{out: c.m.Stdout, errw: c.m.Stderr, output: cf.output, header: *noHeaders, now: time.Now}
 	t.print(list.Runs, true)
 	if !*watch {
-		if len(list.Runs) == 0 && !cf.structured() {
+		if len(list.Runs) == 0 && !cf.structured() && partial == nil {
 			fmt.Fprintln(c.m.Stderr, "no runs match")
 		}
-		return nil
+		return partial
 	}
 	shown := map[string]bool{}
 	for _, r := range list.Runs {
@@ -100,13 +106,15 @@ func (q *runQuery) values() url.Values {
 	return v
 }
 
-// listAll reads every page of a listing.
+// listAll reads every page of a listing. A page that fails ends it with
+// the error and the pages read before (nil when the first failed), their
+// Continue the failed page's token.
 func listAll(ctx context.Context, client *httpapi.Client, q url.Values) (*httpapi.RunList, error) {
 	var all *httpapi.RunList
 	for {
 		page, err := client.ListRuns(ctx, q)
 		if err != nil {
-			return nil, err
+			return all, err
 		}
 		if all == nil {
 			all = page

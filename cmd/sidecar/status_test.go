@@ -5,13 +5,18 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/conductor-sidecar/sidecar/archive"
 	"github.com/conductor-sidecar/sidecar/httpapi"
+	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/memstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/natsstore/natstest"
 	"github.com/conductor-sidecar/sidecar/statestore/storetest"
 )
 
@@ -166,5 +171,46 @@ func TestRuns_UnreadableManifestsWarn(t *testing.T) {
 		if code != 0 || !strings.Contains(errOut, "manifest 2 could not be read (ARCHIVE_CORRUPT)") || !strings.Contains(errOut, "manifests 4 to 9 could not be read (ARCHIVE_MANIFEST_MISSING)") {
 			t.Fatalf("%v: exit %d, stderr %q; want a warning naming each", args, code, errOut)
 		}
+	}
+}
+
+// TestRuns_ArchiveDownKeepsTheHotRuns: while the archive cannot be read, a
+// listing with --archived prints the runs in hot state the API gave before
+// the archive's page failed, then the failure (exit 6); before, it printed
+// no run at all.
+func TestRuns_ArchiveDownKeepsTheHotRuns(t *testing.T) {
+	ctx := context.Background()
+	_, dir, _, _ := writeArchive(t)
+	a, err := archive.Open(ctx, archive.NewDir(dir), archive.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := natstest.Start(t)
+	store, err := natsstore.Open(ctx, js, natsstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	for _, w := range []*statestore.RunEventWrite{storetest.Event("run-hot-1", statestore.RunStarted, ""), storetest.Event("run-hot-1", statestore.RunCompleted, "")} {
+		if _, err := store.Append(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, err := runlist.Open(ctx, js, runlist.Options{Log: store, Poll: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = list.Close(ctx) })
+	if _, err := list.WaitIndexed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(httpapi.NewServer(httpapi.Options{Log: store, List: list, Archive: a}).Handler())
+	defer srv.Close()
+	if err := os.Rename(dir, dir+".away"); err != nil { // the volume is not mounted
+		t.Fatal(err)
+	}
+	code, out, errOut := run(t, "runs", "--archived", "--server", srv.URL)
+	if code != exitUnavailable || !strings.Contains(out, "run-hot-1") || !strings.Contains(errOut, archive.CodeUnavailable) {
+		t.Fatalf("exit %d\nstdout %q\nstderr %q\nwant exit %d, the hot run listed and the archive's failure", code, out, errOut, exitUnavailable)
 	}
 }
