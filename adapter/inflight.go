@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"time"
 
 	"github.com/conductor-sdk/conductor-go/sdk/model"
 )
@@ -52,6 +53,30 @@ func (r *Runs) InProgressTasks(ctx context.Context, keep func(*model.Task) bool)
 		}
 	}
 	return out, errors.Join(errs...)
+}
+
+// StartsUnderWay returns when the last start lease of a run still
+// STARTING expires (zero when none is): by then each such start is
+// decided, its workflow adopted or its lease released (Watcher).
+func (r *Runs) StartsUnderWay(ctx context.Context) (time.Time, error) {
+	keys, err := r.listKeys(ctx, keyActive+">")
+	if err != nil {
+		return time.Time{}, err
+	}
+	var until time.Time
+	for _, k := range keys {
+		rec, _, err := r.get(ctx, strings.TrimPrefix(k, keyActive))
+		if err != nil {
+			if errors.Is(err, ErrNotFound) {
+				continue
+			}
+			return time.Time{}, err
+		}
+		if rec.State == RunStateStarting && rec.LeaseExpiresAt.After(until) {
+			until = rec.LeaseExpiresAt
+		}
+	}
+	return until, nil
 }
 
 // ActiveRunIDs lists the runs the adapter considers active (started, not

@@ -3,11 +3,13 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -63,6 +65,51 @@ func TestE2E_AKillDuringAStartLeavesNoTaskBehind(t *testing.T) {
 	}
 }
 
+// TestE2E_AKillDuringStartsOnAReplicaLeavesNoTaskBehind: the same kill,
+// of one of two replicas on a NATS cluster, with four starts under way.
+// The killed replica restarts before the starts' leases expire, so it
+// cannot list the tasks it took; the workflows are adopted by whichever
+// replica owns each run, and a replica's watcher asks only its own
+// workers to look. The restarted replica also looks once the starts it
+// found under way are decided: every run completes. Either look hands
+// back all four tasks when the restarted replica adopts one of the runs
+// (seen with each taken out); the second alone covers the runs the other
+// replica adopts.
+func TestE2E_AKillDuringStartsOnAReplicaLeavesNoTaskBehind(t *testing.T) {
+	t.Parallel() // its own serves, data dirs, NATS cluster and pass-through
+	cl := startNATSCluster(t)
+	nurl := cl.url(t)
+	domain := "--task-domain=" + uniq("e2e-startkill-rep")
+	cut := startStartCutter(t, conductortest.URL(t))
+	dataA, addrA := t.TempDir(), sidecartest.FreeAddr(t)
+	argsA := []string{"--nats-url", nurl, "--nats-replicas", "3", domain, "--concurrency", "sleep=4"}
+	a := newProc(sidecartest.Start(t, sidecartest.Options{DataDir: dataA, Addr: addrA, ConductorURL: cut.URL, Args: argsA}))
+	// b never takes these tasks: the ones a took stay a's.
+	b := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--nats-url", nurl, "--nats-replicas", "3", domain, "--concurrency", "sleep=0")
+	sidecartest.WaitFor(t, "both replicas to count two live replicas", 30*time.Second, func() bool {
+		return metricValue(t, a.addr, "sidecar_members_live") == 2 && metricValue(t, b.addr, "sidecar_members_live") == 2
+	})
+	pl := &plan.Plan{PlanID: uniq("e2e-startkill-rep"), PlanVersion: "1", Steps: []plan.Step{
+		{StepID: "work", Executor: plan.ExecutorSpec{Type: plan.ExecutorSleep, Seconds: 1}},
+	}}
+	const n = 4
+	for i := range n {
+		go func() { _, _ = trySubmit(t, a, pl, fmt.Sprintf("kill-during-start-%d", i)) }() // no answer comes
+	}
+	sidecartest.WaitFor(t, "a's polls to take every run's task", 2*time.Minute, func() bool { return cut.tasksTaken() >= n })
+	a.stop(syscall.SIGKILL)
+	a = startServe(t, dataA, addrA, argsA...) // straight to Conductor, the same worker id, within the leases
+	runs := cut.startedRuns()
+	if len(runs) != n {
+		t.Fatalf("%d starts reached Conductor, want %d", len(runs), n)
+	}
+	for _, id := range runs {
+		if v := waitTerminal(t, b, id, 2*time.Minute); v.Status != statestore.RunStatusCompleted {
+			t.Fatalf("run %s ended %s, want COMPLETED", id, v.Status)
+		}
+	}
+}
+
 // startCutter is a pass-through in front of Conductor that cuts a
 // serve off in the middle of a run's start: once a workflow start has
 // reached Conductor, its answer and every task update are held until the
@@ -72,23 +119,37 @@ type startCutter struct {
 	URL       string
 	taskTaken chan struct{}
 
-	mu       sync.Mutex
-	started  bool
-	taken    bool
-	run      string // the started run's id (its workflow input's runId)
-	workflow string // its workflow id (Conductor's answer)
+	mu        sync.Mutex
+	started   bool
+	taken     int      // tasks in the poll answers passed on since a start
+	runs      []string // the started runs' ids (their workflow input's runId)
+	workflows []string // their workflow ids (Conductor's answers)
 }
 
-func (sc *startCutter) runID() string {
-	sc.mu.Lock()
-	defer sc.mu.Unlock()
-	return sc.run
-}
+// runID is the first started run's id.
+func (sc *startCutter) runID() string { return sc.startedRuns()[0] }
 
+// workflowID is the first started run's workflow id ("" if none came).
 func (sc *startCutter) workflowID() string {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
-	return sc.workflow
+	if len(sc.workflows) == 0 {
+		return ""
+	}
+	return sc.workflows[0]
+}
+
+func (sc *startCutter) startedRuns() []string {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return slices.Clone(sc.runs)
+}
+
+// tasksTaken is how many tasks poll answers carried since a start.
+func (sc *startCutter) tasksTaken() int {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return sc.taken
 }
 
 func startStartCutter(t *testing.T, target string) *startCutter {
@@ -110,8 +171,8 @@ func startStartCutter(t *testing.T, target string) *startCutter {
 			body, err := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			resp.Body = io.NopCloser(bytes.NewReader(body))
-			if err == nil && resp.StatusCode == http.StatusOK && bytes.Contains(body, []byte(`"taskId"`)) {
-				sc.noteTaken()
+			if n := bytes.Count(body, []byte(`"taskId"`)); err == nil && resp.StatusCode == http.StatusOK && n > 0 {
+				sc.noteTaken(n)
 			}
 			return err
 		},
@@ -133,12 +194,12 @@ func startStartCutter(t *testing.T, target string) *startCutter {
 			r.Body = io.NopCloser(bytes.NewReader(body))
 			sc.mu.Lock()
 			sc.started = true // before: the task may be polled before the start's answer is back
-			sc.run = start.Input.RunID
+			sc.runs = append(sc.runs, start.Input.RunID)
 			sc.mu.Unlock()
 			answer := &discardWriter{header: http.Header{}}
 			rp.ServeHTTP(answer, r)
 			sc.mu.Lock()
-			sc.workflow = strings.TrimSpace(answer.body.String())
+			sc.workflows = append(sc.workflows, strings.TrimSpace(answer.body.String()))
 			sc.mu.Unlock()
 			<-r.Context().Done()
 		case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/api/tasks") && sc.hasStarted():
@@ -159,14 +220,18 @@ func (sc *startCutter) hasStarted() bool {
 	return sc.started
 }
 
-// noteTaken closes taskTaken for the first task polled after a start.
-func (sc *startCutter) noteTaken() {
+// noteTaken counts n tasks polled; taskTaken is closed at the first after
+// a start.
+func (sc *startCutter) noteTaken(n int) {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
-	if sc.started && !sc.taken {
-		sc.taken = true
+	if !sc.started {
+		return
+	}
+	if sc.taken == 0 {
 		close(sc.taskTaken)
 	}
+	sc.taken += n
 }
 
 // discardWriter keeps an answer its caller will not see.

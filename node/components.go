@@ -351,7 +351,37 @@ func (n *Node) openWorkers(ctx context.Context) error {
 		n.log.Warn("could not register the task definitions yet; they are registered with the first plan", zap.Error(err))
 	}
 	n.add(part{name: "workers", close: w.Close, steps: true})
-	return w.Open(ctx)
+	if err := w.Open(ctx); err != nil {
+		return err
+	}
+	n.lookAfterStarts(ctx)
+	return nil
+}
+
+// startDecidedAfter is how long after a start lease expires its start is
+// decided: the watcher's scan (2 s) and a margin.
+const startDecidedAfter = 5 * time.Second
+
+// lookAfterStarts asks the workers for one more look for strays once the
+// starts under way at Open are decided. A previous process of this worker
+// id that died in the middle of a start may have taken its workflow's
+// first task, which cannot be listed before the workflow is recorded; the
+// replica that adopts the workflow may be another one, whose watcher asks
+// only its own workers (StartAdopted).
+func (n *Node) lookAfterStarts(ctx context.Context) {
+	until, err := n.runs.StartsUnderWay(ctx)
+	if err != nil {
+		n.log.Warn("could not list the starts under way; a task a previous process took in the middle of one waits for Conductor's response timeout", zap.Error(err))
+		return
+	}
+	if until.IsZero() {
+		return
+	}
+	t := time.AfterFunc(time.Until(until)+startDecidedAfter, n.strays.Ask)
+	n.add(part{name: "stray look after starts", close: func(context.Context) error {
+		t.Stop()
+		return nil
+	}})
 }
 
 // openProxy serves the task proxy on Config.ConductorProxy, when set.
