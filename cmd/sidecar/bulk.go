@@ -106,9 +106,19 @@ func (c *ControlCommand) bulk(ctx context.Context, args []string) error {
 	}
 	client := cf.client()
 	client.IdempotencyKey = *idemKey
+	if wait && !*dryRun {
+		if _, err := client.ListRuns(ctx, url.Values{"status": {"PAUSED"}}); deniedRead(err) {
+			return waitDenied(c.action, err)
+		}
+	}
 	res, err := client.Bulk(ctx, c.action, req)
 	if err != nil {
 		return err
+	}
+	if len(res.Runs) == 0 && !*all {
+		// A filter that selects nothing is most often a typo: a script
+		// must not take it for the action done.
+		return errNoMatch{c.action}
 	}
 	if cf.structured() && !wait {
 		return cf.print(c.m.Stdout, res, bulkNames(res)...)

@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"time"
 
 	"github.com/conductor-sidecar/sidecar/httpapi"
@@ -134,6 +136,11 @@ func (c *ControlCommand) single(ctx context.Context, args []string) error {
 	}
 	client := cf.client()
 	client.IdempotencyKey = *idemKey
+	if wait {
+		if _, err := client.Run(ctx, runID); deniedRead(err) {
+			return waitDenied(c.action, err)
+		}
+	}
 	var v *httpapi.RunView
 	switch c.action {
 	case "pause":
@@ -170,7 +177,33 @@ func (c *ControlCommand) single(ctx context.Context, args []string) error {
 		fmt.Fprintf(c.m.Stdout, "now: %s: %s\n", escapeText(statusLine(now)), escapeText(now.Message))
 		return nil
 	}
+	if v.Notice != "" && cf.output == "text" {
+		fmt.Fprintf(c.m.Stdout, "note: %s\n", escapeText(v.Notice))
+	}
 	return c.wait(ctx, client, &cf, runID)
+}
+
+// deniedRead tells whether a read failed because the token may not read
+// runs (it lacks the viewer role).
+func deniedRead(err error) bool {
+	var ae *httpapi.Error
+	return errors.As(err, &ae) && !ae.Foreign() && ae.Status == http.StatusForbidden
+}
+
+// waitDenied is the refusal of an action with --wait by a token that may
+// act but not read: nothing was done, since the drain could not be
+// followed (an action done and then reported denied would be taken for
+// one refused).
+func waitDenied(action string, err error) error {
+	return fmt.Errorf("--wait follows the drain by reading runs, which needs the viewer role; nothing was done (%s without --wait, or with a token that has viewer too): %w", action, err)
+}
+
+// errNoMatch makes Main.Run exit with exitNotFound: a bulk action's
+// filter matched no run.
+type errNoMatch struct{ action string }
+
+func (e errNoMatch) Error() string {
+	return "no run matches the filter; nothing was done (sidecar runs with the same filter lists what it selects)"
 }
 
 // wait polls the run until its drain ends. It prints a line when the

@@ -136,6 +136,9 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 	case errors.As(err, new(errDrainTimedOut)):
 		fmt.Fprintf(m.Stderr, "sidecar %s: %v\n", args[0], err)
 		return exitDrainTimeout
+	case errors.As(err, new(errNoMatch)):
+		fmt.Fprintf(m.Stderr, "sidecar %s: %v\n", args[0], err)
+		return exitNotFound
 	case errors.As(err, new(errArchiveUnreadable)):
 		fmt.Fprintf(m.Stderr, "sidecar %s: %v\n", args[0], err)
 		return exitArchiveUnreadable
