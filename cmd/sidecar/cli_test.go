@@ -400,13 +400,19 @@ func TestRunSubmit_FailureNamesTheRequestID(t *testing.T) {
 			w.WriteHeader(http.StatusBadRequest)
 			w.Write([]byte(`{"code":"PLAN_INVALID","message":"no steps"}`))
 		}, false},
+		// A serve not ready yet reads no request: nothing started.
+		{"NotReady", func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			w.Write([]byte(`{"code":"NOT_READY","message":"sidecar serve is starting"}`))
+		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { tc.answer(w) }))
 			defer srv.Close()
 			code, _, errOut := run(t, "run", "submit", planFile, "--server", srv.URL, "--run-request-id", "req-7f3a")
 			want := exitUnavailable // the run may have started: retry with the same id
-			if !tc.hint {
+			if !tc.hint && tc.name == "Refused" {
 				want = exitError
 			}
 			if code != want || strings.Contains(errOut, "--run-request-id req-7f3a") != tc.hint {

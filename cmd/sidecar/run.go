@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/conductor-sidecar/sidecar/adapter"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/httpapi"
 )
@@ -46,8 +47,10 @@ func (c *RunCommand) Run(ctx context.Context, args []string) error {
 	})
 	if err != nil {
 		var api *httpapi.Error
-		if errors.As(err, &api) && api.Status < 500 {
-			return err // refused: nothing was started
+		if errors.As(err, &api) && (api.Status < 500 || api.Code == httpapi.CodeNotReady || api.Code == adapter.CodeConductorURLInvalid) {
+			// Refused: nothing was started (a serve not ready reads no
+			// request; a wrong Conductor URL fails before any start).
+			return err
 		}
 		// The request may have started the run before it failed (a 5xx
 		// after Conductor's start, a connection cut): the same id gets it
