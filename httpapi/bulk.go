@@ -50,6 +50,10 @@ const (
 	OutcomeStartedDuring = "started_during"
 	// OutcomeWould is the outcome of every run of a dry run.
 	OutcomeWould = "would_act"
+	// OutcomeQueued: a pause's run waiting for admission (QUEUED). It has
+	// no workflow to pause: it is not paused, and starts when capacity
+	// frees; cancel it to keep it from starting.
+	OutcomeQueued = "queued"
 )
 
 // BulkRequest is the body of a bulk action.
@@ -143,7 +147,7 @@ type bulkAction struct {
 
 // bulkStatuses are the statuses a bulk action selects.
 var bulkStatuses = map[string][]string{
-	"pause":  {statestore.RunStatusRunning, statestore.RunStatusPaused},
+	"pause":  {statestore.RunStatusRunning, statestore.RunStatusPaused, statestore.RunStatusQueued}, // queued: answered, not acted on
 	"resume": {statestore.RunStatusPaused},
 	"cancel": {statestore.RunStatusPending, statestore.RunStatusQueued, statestore.RunStatusApproved, statestore.RunStatusRunning, statestore.RunStatusPaused},
 }
@@ -254,8 +258,12 @@ func (s *Server) bulkOp(r *http.Request, action string, b *BulkRequest) (bulkAct
 			var ids []string
 			var at []int
 			for i := range rows {
-				if rows[i].Status == statestore.RunStatusPaused {
+				switch rows[i].Status {
+				case statestore.RunStatusPaused:
 					out[i] = BulkRun{Outcome: OutcomeAlreadyPaused}
+					continue
+				case statestore.RunStatusQueued:
+					out[i] = BulkRun{Outcome: OutcomeQueued}
 					continue
 				}
 				ids, at = append(ids, rows[i].RunID), append(at, i)
@@ -334,8 +342,11 @@ func (s *Server) bulkOne(r *http.Request, action string, b *BulkRequest) (func(c
 		}
 		req := drain.PauseRequest{TimeoutSeconds: b.TimeoutSeconds, Reason: b.Reason, RequestedBy: by, ResumeAt: resumeAt}
 		return func(ctx context.Context, _ int, row *runlist.Row, dry bool) BulkRun {
-			if row.Status == statestore.RunStatusPaused {
+			switch row.Status {
+			case statestore.RunStatusPaused:
 				return BulkRun{Outcome: OutcomeAlreadyPaused}
+			case statestore.RunStatusQueued:
+				return BulkRun{Outcome: OutcomeQueued}
 			}
 			if dry {
 				return BulkRun{Outcome: OutcomeWould}

@@ -304,3 +304,26 @@ func TestBulk_DryRunNeedsNoReason(t *testing.T) {
 		t.Fatalf("pause without a reason: %d %s, want 400", status, raw)
 	}
 }
+
+// TestBulk_PauseNamesTheQueuedRuns: a bulk pause whose filter selects runs
+// waiting for admission answers them as queued (they have no workflow to
+// pause and start when capacity frees), in the dry run too: before, they
+// were left out of the answer, and an operator who "paused" a class of
+// runs saw one of them start RUNNING later.
+func TestBulk_PauseNamesTheQueuedRuns(t *testing.T) {
+	c := &startingControl{starts: func(string) []string { return nil }}
+	srv := bulkEnv(t, c)
+	c.start("r0")
+	c.append(storetest.WithPayload(storetest.Event("q0", statestore.RunQueued, ""),
+		map[string]any{"policy": "queue", "reason": "global limit 1", "labels": map[string]string{"team": "data"}}))
+	for _, body := range []string{`{"labelSelector":"team=data","dryRun":true}`, `{"labelSelector":"team=data","reason":"incident"}`} {
+		status, res, raw := postBulk(t, srv, "pause", body)
+		got := map[string]string{}
+		for _, r := range res.Runs {
+			got[r.RunID] = r.Outcome
+		}
+		if status != 200 || got["q0"] != httpapi.OutcomeQueued || (got["r0"] != httpapi.OutcomePaused && got["r0"] != httpapi.OutcomeWould) {
+			t.Fatalf("%s: %d %s: want r0 paused (or would_act) and q0 queued", body, status, raw)
+		}
+	}
+}

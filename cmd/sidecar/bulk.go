@@ -155,6 +155,8 @@ func printBulk(m *Main, res *httpapi.BulkResult) {
 			detail = r.Error.Code + ": " + r.Error.Message
 		case r.ResumeAt != "":
 			detail = "resumes at " + r.ResumeAt
+		case r.Outcome == httpapi.OutcomeQueued:
+			detail = "waits for admission, not paused: it starts when capacity frees (cancel it to keep it from starting)"
 		case len(r.InFlightStepIDs) > 0:
 			detail = "in flight: " + strings.Join(r.InFlightStepIDs, ",")
 		}
