@@ -137,7 +137,7 @@ func readCredentials(path string) (*credentialSet, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) { // EOF: empty, reported below
-		return nil, fmt.Errorf("tokens file %s: %w", path, err)
+		return nil, fmt.Errorf("tokens file %s: %w\n  want a list under principals: (each entry as sidecar token new prints it; docs/security.md, \"The tokens file\")", path, err)
 	}
 	set := &credentialSet{byHash: map[[sha256.Size]byte]*Principal{}, byCN: map[string]*Principal{}}
 	var problems []string

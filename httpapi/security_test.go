@@ -354,6 +354,16 @@ func TestLoadCredentials_Problems(t *testing.T) {
 	}
 }
 
+// TestLoadCredentials_NotAListSaysWhatIsWanted: a file that is not the
+// tokens file's shape says what is wanted, not only the decoder's words
+// (which name a Go type).
+func TestLoadCredentials_NotAListSaysWhatIsWanted(t *testing.T) {
+	_, err := httpapi.LoadCredentials(writeTokens(t, t.TempDir(), "garbage\n"))
+	if err == nil || !strings.Contains(err.Error(), "want a list under principals:") {
+		t.Fatalf("%v, want what the file should hold", err)
+	}
+}
+
 // scoped is a tokens file of one viewer whose scope is given as yaml.
 func scoped(yaml string) string {
 	return "principals:\n  - name: a\n    tokenSha256: " + httpapi.HashToken("x") + "\n    roles: [viewer]\n    scope: " + yaml + "\n"

@@ -315,7 +315,7 @@ func (c *Config) Validate() error {
 	}
 	p = append(p, c.NATS.validate(c.NATSURL)...)
 	p = append(p, c.API.validate(c.Listen)...)
-	p = append(p, c.Proxy.validate()...)
+	p = append(p, c.Proxy.validate(c.Listen, c.API.MetricsListen)...)
 	p = append(p, c.Adopt.validate()...)
 	p = append(p, c.Exec.validate()...)
 	p = append(p, c.Bus.validate()...)

@@ -51,11 +51,13 @@ func (c *proxyConfig) registerLimitFlags(fs *flag.FlagSet, env *envSettings) {
 	env.set(fs, "conductor-max-task-output-kib")
 }
 
-func (c *proxyConfig) validate() []string {
+func (c *proxyConfig) validate(listen, metricsListen string) []string {
 	var p []string
 	if c.Listen != "" {
 		if msg := listenProblem("--conductor-proxy-listen", c.Listen, "127.0.0.1:8788"); msg != "" {
 			p = append(p, msg)
+		} else if c.Listen == listen || c.Listen == metricsListen {
+			p = append(p, "--conductor-proxy-listen "+c.Listen+" is serve's own API or metrics address: give the proxy a port of its own")
 		}
 	}
 	if c.Listen != "" && c.TokenFile == "" && !c.NoAuth && !loopbackListen(c.Listen) {

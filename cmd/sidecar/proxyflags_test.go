@@ -91,3 +91,19 @@ func TestConfig_ConductorConnectionBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestConfig_ProxyOnServesOwnAddress: a proxy address that is serve's own
+// API or metrics address is a configuration problem naming it; before,
+// serve started and then refused with ADDRESS_IN_USE, "another process
+// listens there", which was itself.
+func TestConfig_ProxyOnServesOwnAddress(t *testing.T) {
+	for _, args := range [][]string{
+		{"--listen", "127.0.0.1:19007", "--conductor-proxy-listen", "127.0.0.1:19007"},
+		{"--metrics-listen", "127.0.0.1:19008", "--conductor-proxy-listen", "127.0.0.1:19008"},
+	} {
+		_, err := parseAdopt(t, args...)
+		if err == nil || !strings.Contains(err.Error(), "is serve's own API or metrics address") {
+			t.Fatalf("%v: %v, want the problem named", args, err)
+		}
+	}
+}

@@ -363,6 +363,14 @@ const repeatEvery = time.Minute
 
 func (s *serverLogger) Noticef(format string, v ...any) { s.l.Infof(format, v...) }
 func (s *serverLogger) Warnf(format string, v ...any) {
+	if strings.HasPrefix(format, "Plaintext passwords detected") {
+		// The embedded server's users are the sidecar's own, configured
+		// in memory by this process (their passwords made at each start,
+		// or read from --nats-password-file): there is no configuration
+		// file holding a password in the clear, which is what the
+		// warning is about, and nothing for an operator to do.
+		return
+	}
 	if sfx, ok := s.bounded(format); ok {
 		s.l.Warnf(format+sfx, v...)
 	}
