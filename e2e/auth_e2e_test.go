@@ -30,15 +30,7 @@ func TestServe_APIAuthentication(t *testing.T) {
 	})
 
 	dir := t.TempDir()
-	newToken := func(name, roles string) (token, entry string) {
-		out, err := exec.Command(sidecartest.Binary(t), "token", "new", "--name", name, "--roles", roles).Output()
-		if err != nil {
-			t.Fatal(err)
-		}
-		token, entry, _ = strings.Cut(string(out), "\n")
-		return token, entry
-	}
-	opsToken, opsEntry := newToken("oncall-alice", "operator,viewer,submitter")
+	opsToken, opsEntry := newToken(t, "oncall-alice", "operator,viewer,submitter")
 	tokens := filepath.Join(dir, "tokens.yaml")
 	if err := os.WriteFile(tokens, []byte("principals:\n"+opsEntry), 0o600); err != nil {
 		t.Fatal(err)
@@ -67,7 +59,7 @@ func TestServe_APIAuthentication(t *testing.T) {
 	}
 
 	// SIGHUP: a new token works, the removed one no longer does.
-	newTok, newEntry := newToken("oncall-bob", "viewer")
+	newTok, newEntry := newToken(t, "oncall-bob", "viewer")
 	if err := os.WriteFile(tokens, []byte("principals:\n"+newEntry), 0o600); err != nil {
 		t.Fatal(err)
 	}

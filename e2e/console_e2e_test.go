@@ -165,16 +165,8 @@ func TestE2E_Console(t *testing.T) {
 	t.Parallel() // its own serve and data dir
 	ctx := browser(t)
 	dir := t.TempDir()
-	newToken := func(name, roles string) (token, entry string) {
-		out, err := exec.Command(sidecartest.Binary(t), "token", "new", "--name", name, "--roles", roles).Output()
-		if err != nil {
-			t.Fatal(err)
-		}
-		token, entry, _ = strings.Cut(string(out), "\n")
-		return token, entry
-	}
-	opsToken, opsEntry := newToken("oncall-alice", "operator,viewer,submitter")
-	viewToken, viewEntry := newToken("vic-viewer", "viewer")
+	opsToken, opsEntry := newToken(t, "oncall-alice", "operator,viewer,submitter")
+	viewToken, viewEntry := newToken(t, "vic-viewer", "viewer")
 	tokens := filepath.Join(dir, "tokens.yaml")
 	if err := os.WriteFile(tokens, []byte("principals:\n"+opsEntry+viewEntry), 0o600); err != nil {
 		t.Fatal(err)

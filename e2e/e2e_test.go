@@ -480,3 +480,15 @@ func waitStepStarted(t *testing.T, p *proc, runID, stepID string) {
 		}
 	}
 }
+
+// newToken makes a token of name with roles (sidecar token new): the
+// token, and its entry for a tokens file under "principals:".
+func newToken(t *testing.T, name, roles string) (token, entry string) {
+	t.Helper()
+	out, err := exec.Command(sidecartest.Binary(t), "token", "new", "--name", name, "--roles", roles).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	token, entry, _ = strings.Cut(string(out), "\n")
+	return token, entry
+}

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -21,16 +20,8 @@ import (
 // that says so: before, it exited 0 with an empty table.
 func TestE2E_PauseWaitWithoutViewerDoesNothing(t *testing.T) {
 	t.Parallel() // its own serve and data dir
-	newToken := func(name, roles string) (token, entry string) {
-		out, err := exec.Command(sidecartest.Binary(t), "token", "new", "--name", name, "--roles", roles).Output()
-		if err != nil {
-			t.Fatal(err)
-		}
-		token, entry, _ = strings.Cut(string(out), "\n")
-		return token, entry
-	}
-	adminToken, adminEntry := newToken("root", "admin")
-	opToken, opEntry := newToken("alice", "operator")
+	adminToken, adminEntry := newToken(t, "root", "admin")
+	opToken, opEntry := newToken(t, "alice", "operator")
 	tokens := filepath.Join(t.TempDir(), "tokens.yaml")
 	if err := os.WriteFile(tokens, []byte("principals:\n"+adminEntry+opEntry), 0o600); err != nil {
 		t.Fatal(err)
