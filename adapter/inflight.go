@@ -22,20 +22,13 @@ func (r *Runs) InFlightTasks(ctx context.Context, workerID string) ([]model.Task
 // InProgressTasks returns the tasks of the active runs that Conductor
 // shows IN_PROGRESS and match keeps.
 func (r *Runs) InProgressTasks(ctx context.Context, keep func(*model.Task) bool) ([]model.Task, error) {
-	keys, err := r.listKeys(ctx, keyActive+">")
-	if err != nil {
+	recs, err := r.activeRecords(ctx)
+	if recs == nil && err != nil {
 		return nil, err
 	}
 	var out []model.Task
-	var errs []error
-	for _, k := range keys {
-		rec, _, err := r.get(ctx, strings.TrimPrefix(k, keyActive))
-		if err != nil {
-			if !errors.Is(err, ErrNotFound) {
-				errs = append(errs, err)
-			}
-			continue
-		}
+	errs := []error{err}
+	for _, rec := range recs {
 		if rec.WorkflowID == "" {
 			continue
 		}
@@ -59,24 +52,40 @@ func (r *Runs) InProgressTasks(ctx context.Context, keep func(*model.Task) bool)
 // STARTING expires (zero when none is): by then each such start is
 // decided, its workflow adopted or its lease released (Watcher).
 func (r *Runs) StartsUnderWay(ctx context.Context) (time.Time, error) {
-	keys, err := r.listKeys(ctx, keyActive+">")
+	recs, err := r.activeRecords(ctx)
 	if err != nil {
 		return time.Time{}, err
 	}
 	var until time.Time
-	for _, k := range keys {
-		rec, _, err := r.get(ctx, strings.TrimPrefix(k, keyActive))
-		if err != nil {
-			if errors.Is(err, ErrNotFound) {
-				continue
-			}
-			return time.Time{}, err
-		}
+	for _, rec := range recs {
 		if rec.State == RunStateStarting && rec.LeaseExpiresAt.After(until) {
 			until = rec.LeaseExpiresAt
 		}
 	}
 	return until, nil
+}
+
+// activeRecords reads the run records of the active runs. A record that
+// could not be read is left out and its error joined in the error; nil
+// records with an error: the listing failed.
+func (r *Runs) activeRecords(ctx context.Context) ([]*Run, error) {
+	keys, err := r.listKeys(ctx, keyActive+">")
+	if err != nil {
+		return nil, err
+	}
+	recs := make([]*Run, 0, len(keys))
+	var errs []error
+	for _, k := range keys {
+		rec, _, err := r.get(ctx, strings.TrimPrefix(k, keyActive))
+		if err != nil {
+			if !errors.Is(err, ErrNotFound) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		recs = append(recs, rec)
+	}
+	return recs, errors.Join(errs...)
 }
 
 // ActiveRunIDs lists the runs the adapter considers active (started, not

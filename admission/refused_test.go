@@ -80,7 +80,11 @@ func TestAdmission_AStartConductorRefusesHoldsOnlyItsTenant(t *testing.T) {
 	// waits for room like any queued run, then starts; t1's next run
 	// follows it.
 	gate.open.Store(true)
-	time.Sleep(3 * time.Second) // the decider passes every second or two
+	// A later run of t1 decided (queued: the limit is reached) is a pass
+	// of the decider over the once refused run, which comes before it.
+	if probe, err := e.submit(c, "t1", "h-6"); err != nil || probe.State != statestore.RunStatusQueued {
+		t.Fatalf("t1's next run with the limit reached: %+v %v, want QUEUED", probe, err)
+	}
 	if e.started(stuck.RunID) {
 		t.Fatal("the once refused run started beyond the limit")
 	}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/conductor-sdk/conductor-go/sdk/model"
 	"go.uber.org/zap"
+
+	"github.com/conductor-sidecar/sidecar/ratelog"
 )
 
 // maxUnreportedBytes bounds the outputs held by unreportedOutputs (the
@@ -50,6 +52,9 @@ func (k stepAttempt) name() string {
 type unreportedOutputs struct {
 	durable OutputKeep
 	log     *zap.Logger
+	// down bounds the lines of a keep that fails (NATS away along with
+	// Conductor): one a minute, not one per update.
+	down ratelog.Limiter
 
 	mu    sync.Mutex
 	m     map[stepAttempt]unreported
@@ -99,7 +104,7 @@ func (u *unreportedOutputs) putDurable(ctx context.Context, k stepAttempt, out m
 		cancel()
 	}
 	if err != nil {
-		u.log.Warn("could not keep an outside worker's output where another process can read it; it is kept in this process's memory only", zap.String("runId", k.run),
+		u.down.Warn(u.log, "could not keep an outside worker's output where another process can read it; it is kept in this process's memory only", zap.String("runId", k.run),
 			zap.String("stepId", k.step), zap.Error(err))
 	}
 }
@@ -121,7 +126,7 @@ func (u *unreportedOutputs) take(ctx context.Context, k stepAttempt) (map[string
 	defer cancel()
 	data, err := u.durable.Get(ctx, k.name())
 	if err != nil {
-		u.log.Warn("could not read back an outside worker's kept output", zap.String("runId", k.run), zap.String("stepId", k.step), zap.Error(err))
+		u.down.Warn(u.log, "could not read back an outside worker's kept output", zap.String("runId", k.run), zap.String("stepId", k.step), zap.Error(err))
 		return nil, false
 	}
 	if data == nil {
