@@ -122,12 +122,12 @@ func TestCompile_ConductorRetryOfAFailedForkBranch(t *testing.T) {
 	c.update(polled[1], "FAILED", "fails for good")
 	c.waitStatus(wf, "FAILED")
 	c.must("POST", "/workflow/"+wf+"/retry", nil)
-	pt := waitPoll(t, c, types, domain, 1)[0]
+	pt := waitNextTask(t, c, wf, types, domain)
 	if pt.ReferenceTaskName != comp.RefByStep["flaky"] {
 		t.Fatalf("the retry scheduled %s, want the failed step's task", pt.ReferenceTaskName)
 	}
 	c.update(pt, "COMPLETED", "")
-	pt = waitJoinSuccessor(t, c, wf, types, domain)
+	pt = waitNextTask(t, c, wf, types, domain)
 	if pt.ReferenceTaskName != comp.RefByStep["after"] {
 		t.Fatalf("after the retried step: %s, want the join's successor", pt.ReferenceTaskName)
 	}
@@ -135,30 +135,31 @@ func TestCompile_ConductorRetryOfAFailedForkBranch(t *testing.T) {
 	c.waitStatus(wf, "COMPLETED")
 }
 
-// waitJoinSuccessor polls the one task a JOIN schedules once its branches
-// are done. Conductor 3.32 evaluates a JOIN in its asynchronous system
-// task worker, which beside the chaos wave on 2 cores took more than 30 s;
+// waitNextTask polls the one task the workflow schedules next: after
+// Conductor's retry, or the one a JOIN schedules once its branches are
+// done. Conductor 3.32 evaluates a JOIN in its asynchronous system task
+// worker, and both took more than 30 s beside the chaos wave on 2 cores;
 // the wait is 90 s, and says where the workflow stands when it ends. A
 // workflow Conductor's store failed to schedule (3.32's memory store,
 // SQLite, answers SQLITE_BUSY under load: docs/conductor.md) skips the
 // test: the JOIN this checks was not reached.
-func waitJoinSuccessor(t *testing.T, c *conductor, wf string, types []string, domain string) *polledTask {
+func waitNextTask(t *testing.T, c *conductor, wf string, types []string, domain string) *polledTask {
 	t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		if got := c.pollAll(types, domain); len(got) > 0 {
 			if len(got) > 1 {
-				t.Fatalf("polled %d tasks after the JOIN, want 1", len(got))
+				t.Fatalf("polled %d tasks, want the workflow's next one", len(got))
 			}
 			return got[0]
 		}
 		switch s, reason := c.workflowState(wf); {
 		case s == "FAILED" && strings.HasPrefix(reason, "Error scheduling tasks"):
-			t.Skipf("Conductor's store failed to schedule the workflow's tasks, not the JOIN this checks: %s", reason)
+			t.Skipf("Conductor's store failed to schedule the workflow's tasks, not the retry or JOIN this checks: %s", reason)
 		case s != "RUNNING":
-			t.Fatalf("the workflow is %s (%s), want the JOIN's successor scheduled", s, reason)
+			t.Fatalf("the workflow is %s (%s), want its next task scheduled", s, reason)
 		case time.Now().After(deadline):
-			t.Fatalf("no task after the JOIN in 90 s; the workflow is %s", s)
+			t.Fatalf("no next task in 90 s; the workflow is %s", s)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
