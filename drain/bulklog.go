@@ -209,10 +209,16 @@ func (c *Controller) resumeLogs(ctx context.Context, runIDs []string, req Resume
 		c.logger.Info("run resumed", zap.String("runId", runID), zap.Int64("cycle", d.snap.Pause.Cycle))
 		return r, r.wf, nil, nil
 	}
-	if out, ok := logBatch(ctx, c, runIDs, decide, done, single); ok {
-		return out
+	out, ok := logBatch(ctx, c, runIDs, decide, done, single)
+	if !ok {
+		out = eachLog(single)(ctx, runIDs)
 	}
-	return eachLog(single)(ctx, runIDs)
+	for _, l := range out {
+		if l.part != nil {
+			c.settleRetriedAdopted(ctx, l.part)
+		}
+	}
+	return out
 }
 
 // cancelLogs is the first log part of CancelMany: each cancellable run's

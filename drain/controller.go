@@ -163,7 +163,9 @@ type AdoptedRuns interface {
 	// adopted workflow's run.
 	Adopts(runID, workflowID string) bool
 	// SyncEngineTasks records what the log lacks of the run's tasks as
-	// Conductor reports them now.
+	// Conductor reports them now: after a pause took effect in Conductor,
+	// and as a resume of a run with a step's retry requested is recorded,
+	// before Conductor resumes the workflow.
 	SyncEngineTasks(ctx context.Context, runID string) error
 	// Resumed asks for the run to be read back from Conductor soon, on
 	// this replica whether or not it follows the run: a resume of it
@@ -607,7 +609,40 @@ func (c *Controller) Resume(ctx context.Context, runID string, req ResumeRequest
 	if err != nil {
 		return nil, err
 	}
+	c.settleRetriedAdopted(ctx, r)
 	return c.resumeEngine(ctx, r, c.engine.Resume(ctx, r.wf))
+}
+
+// settleRetriedAdopted records, for r, an adopted run whose held step's
+// retry is requested, what Conductor made of that step's task, while
+// Conductor's workflow is still paused and the log already has the run
+// running (RunResumed): a task completed by hand in Conductor is the
+// retried attempt (AdoptedRuns.SyncEngineTasks records it, never inside
+// the pause), and Conductor schedules the step that follows it as soon as
+// it resumes the workflow, whose worker may poll it before any read made
+// after the resume. A read that fails is logged: the adopter's reads
+// record it after the resume, possibly after that next step's start.
+func (c *Controller) settleRetriedAdopted(ctx context.Context, r *resuming) {
+	if c.opts.Adopted == nil || !c.adopted(r.snap) || !retryPending(r.snap) {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, planTasksReadTimeout)
+	defer cancel()
+	if err := c.opts.Adopted.SyncEngineTasks(rctx, r.runID); err != nil {
+		c.logger.Warn("could not read the retried step's task of an adopted run before resuming it in Conductor; it is recorded after the resume",
+			zap.String("runId", r.runID), zap.Error(err))
+	}
+}
+
+// retryPending reports whether a step of snap has its retry requested
+// and not started.
+func retryPending(snap *statestore.RunSnapshot) bool {
+	for i := range snap.Steps {
+		if snap.Steps[i].RetryRequested && snap.Steps[i].Status == statestore.StepStatusPending {
+			return true
+		}
+	}
+	return false
 }
 
 // resuming is a resume whose log part is done (resumeLog) and whose

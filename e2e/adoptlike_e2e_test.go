@@ -7,9 +7,11 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,6 +19,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/adapter/conductortest"
 	"github.com/conductor-sidecar/sidecar/adapter/plan"
 	"github.com/conductor-sidecar/sidecar/e2e/sidecartest"
+	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -357,7 +360,7 @@ func TestE2E_AdoptPausedInConductorBeforeItsFirstPoll(t *testing.T) {
 // Conductor. RETRY_STEP then RESUME run it again as logical attempt 2,
 // which completes, and so does the workflow, with a valid log.
 func TestE2E_AdoptRetryStep(t *testing.T) {
-	p, runID := heldAdoptedStep(t, "adopt_retry")
+	p, runID := heldAdoptedStep(t, "adopt_retry", "")
 	sidecartest.WaitFor(t, "the workflow to be paused in Conductor", 60*time.Second, func() bool {
 		return conductorStatus(t, runID) == "PAUSED"
 	})
@@ -386,7 +389,8 @@ func TestE2E_AdoptRetryStep(t *testing.T) {
 // flaky and after, under --adopt-on-step-failure pause, the Python SDK's
 // worker through the proxy (flaky fails its first try), and a workflow of
 // it; it returns once flaky failed and the run paused, held.
-func heldAdoptedStep(t *testing.T, prefix string) (*proc, string) {
+// conductorURL, when set, is the front of Conductor serve talks to.
+func heldAdoptedStep(t *testing.T, prefix, conductorURL string) (*proc, string) {
 	t.Helper()
 	w := sdkWorkerFor(t, "python")
 	condURL := conductortest.URL(t)
@@ -395,8 +399,8 @@ func heldAdoptedStep(t *testing.T, prefix string) (*proc, string) {
 	flaky["inputParameters"].(map[string]any)["failOnceFile"] = filepath.Join(t.TempDir(), "failed-once")
 	registerDef(t, condURL, name, []map[string]any{flaky, simpleTask("after", taskType, 0)})
 	proxyAddr := sidecartest.FreeAddr(t)
-	p := startServe(t, t.TempDir(), sidecartest.FreeAddr(t), "--conductor-proxy-listen", proxyAddr, "--adopt", name,
-		"--adopt-interval", "300ms", "--adopt-on-step-failure", "pause")
+	p := newProc(sidecartest.Start(t, sidecartest.Options{DataDir: t.TempDir(), Addr: sidecartest.FreeAddr(t), ConductorURL: conductorURL,
+		Args: []string{"--conductor-proxy-listen", proxyAddr, "--adopt", name, "--adopt-interval", "300ms", "--adopt-on-step-failure", "pause"}}))
 	w.start(t, "http://"+proxyAddr+"/api", taskType, "", 1)
 	runID := startWorkflow(t, condURL, name, "", map[string]any{})
 	sidecartest.WaitFor(t, "flaky to fail and the run to pause", 120*time.Second, func() bool {
@@ -457,10 +461,27 @@ func TestE2E_AdoptOnDemandWhileConductorIsAway(t *testing.T) {
 // TestE2E_AdoptHeldStepCompletedInConductor: an adopted run's held step
 // whose task is completed by hand in Conductor, then retried and resumed:
 // no worker runs the retried attempt, so it is recorded as Conductor
-// completed it (logical attempt 2, naming the task) once the run runs
-// again, before the run's end.
+// completed it (logical attempt 2, naming the task) before the step that
+// follows it starts, and the run completes. Conductor schedules that step
+// as it resumes the workflow, and its worker polls it at once: the
+// ReadSlowly cases have Conductor answer every read of the workflow after
+// the retry slower than the gate's budget for reading it before it starts
+// a step (a loaded machine), resumed alone and by a bulk resume.
 func TestE2E_AdoptHeldStepCompletedInConductor(t *testing.T) {
-	p, runID := heldAdoptedStep(t, "adopt_heldhand")
+	for _, c := range []struct {
+		name       string
+		slow, bulk bool
+	}{{"Resume", false, false}, {"ReadSlowly", true, false}, {"BulkResumeReadSlowly", true, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel() // its own serve, data dir, definition and front of Conductor
+			heldStepCompletedInConductor(t, c.slow, c.bulk)
+		})
+	}
+}
+
+func heldStepCompletedInConductor(t *testing.T, slow, bulk bool) {
+	front := newSlowReads(t)
+	p, runID := heldAdoptedStep(t, "adopt_heldhand", front.URL)
 	var held conductorTask
 	sidecartest.WaitFor(t, "the workflow paused in Conductor with flaky's task held", 60*time.Second, func() bool {
 		wf, err := readConductorWorkflow(t, runID)
@@ -479,18 +500,82 @@ func TestE2E_AdoptHeldStepCompletedInConductor(t *testing.T) {
 	if _, err := p.client.RetryStep(t.Context(), runID, "flaky", "completed by hand"); err != nil {
 		t.Fatalf("RETRY_STEP: %v", err)
 	}
-	if _, err := p.client.Resume(t.Context(), runID); err != nil {
+	if slow {
+		front.slow(runID, 4*time.Second)
+	}
+	if bulk {
+		v, err := p.client.Run(t.Context(), runID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := p.client.Bulk(t.Context(), "resume", httpapi.BulkRequest{PlanID: v.PlanID, Reason: "completed by hand"})
+		if err != nil || len(res.Runs) != 1 {
+			t.Fatalf("bulk resume: %+v, %v; want the run resumed", res, err)
+		}
+	} else if _, err := p.client.Resume(t.Context(), runID); err != nil {
 		t.Fatal(err)
 	}
 	v := waitTerminal(t, p, runID, 180*time.Second)
 	evs := allEvents(t, p, runID)
 	t.Logf("log: %v", stepTypes(evs))
 	if v.Status != statestore.RunStatusCompleted || v.Step("flaky") == nil || v.Step("flaky").Status != statestore.StepStatusSuccess {
-		t.Fatalf("run %s, flaky %+v; want COMPLETED with flaky SUCCESS (completed in Conductor)\n%v", v.Status, v.Step("flaky"), stepTypes(evs))
+		t.Fatalf("run %s, flaky %+v; want COMPLETED with flaky SUCCESS (completed in Conductor)\n%s", v.Status, v.Step("flaky"), eventLines(evs))
 	}
 	validLog(t, evs)
 	i := eventIndex(evs, statestore.StepCompleted, "flaky", 2)
 	if eventIndex(evs, statestore.StepStarted, "flaky", 2) < 0 || i < 0 || !strings.Contains(string(evs[i].Payload), held.TaskID) {
-		t.Fatalf("want flaky's logical attempt 2 started and completed as Conductor did, naming task %s\n%v", held.TaskID, stepTypes(evs))
+		t.Fatalf("want flaky's logical attempt 2 started and completed as Conductor did, naming task %s\n%s", held.TaskID, eventLines(evs))
 	}
+	if a := eventIndex(evs, statestore.StepStarted, "after", 0); a < i {
+		t.Fatalf("after started before flaky's retried attempt was recorded complete (it depends on it)\n%s", eventLines(evs))
+	}
+}
+
+// slowReads is a front of the test Conductor that, once slow is called,
+// answers every read of one workflow (GET /workflow/{id}) after a delay.
+type slowReads struct {
+	URL string
+
+	mu    sync.Mutex
+	id    string
+	delay time.Duration
+}
+
+func newSlowReads(t *testing.T) *slowReads {
+	t.Helper()
+	target, err := url.Parse(conductortest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &slowReads{}
+	proxy := conductortest.ReverseProxy(t, target)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if d := s.delayOf(r); d > 0 {
+			select {
+			case <-time.After(d):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	s.URL = srv.URL + target.Path
+	return s
+}
+
+// slow delays every read of workflow id by d from now on.
+func (s *slowReads) slow(id string, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.id, s.delay = id, d
+}
+
+func (s *slowReads) delayOf(r *http.Request) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.id == "" || r.Method != http.MethodGet || path.Base(r.URL.Path) != s.id || path.Base(path.Dir(r.URL.Path)) != "workflow" {
+		return 0
+	}
+	return s.delay
 }

@@ -92,9 +92,31 @@ func waitTerminal(t *testing.T, p *proc, runID string, within time.Duration) *ht
 	t.Helper()
 	v := waitTerminalOr(p, runID, within)
 	if v == nil || !statestore.IsTerminalRunStatus(v.Status) {
-		t.Fatalf("run %s not terminal after %s: %+v", runID, within, v)
+		t.Fatalf("run %s not terminal after %s: %+v\n%s", runID, within, v, whereItStands(t, p, v))
 	}
 	return v
+}
+
+// whereItStands is the run's log and its workflow as Conductor has it,
+// for the message of a test that waited for the run in vain.
+func whereItStands(t *testing.T, p *proc, v *httpapi.RunView) string {
+	if v == nil || v.RunSnapshot == nil {
+		return ""
+	}
+	var b strings.Builder
+	if page, err := p.client.Events(context.Background(), v.RunID, 0, 1000); err == nil {
+		b.WriteString("log:\n" + eventLines(page.Events))
+	}
+	wf, err := readConductorWorkflow(t, statestore.ConductorWorkflowID(v.EngineRunRef))
+	if err != nil {
+		fmt.Fprintf(&b, "Conductor's workflow: %v\n", err)
+		return b.String()
+	}
+	fmt.Fprintf(&b, "Conductor's workflow: %s %s\n", wf.Status, wf.ReasonForIncompletion)
+	for _, tk := range wf.Tasks {
+		fmt.Fprintf(&b, "  task %s %s %s retry %d worker %q %s\n", tk.ReferenceTaskName, tk.TaskType, tk.Status, tk.RetryCount, tk.WorkerID, tk.ReasonForIncompletion)
+	}
+	return b.String()
 }
 
 func allEvents(t *testing.T, p *proc, runID string) []statestore.RunEventRecord {
@@ -104,6 +126,16 @@ func allEvents(t *testing.T, p *proc, runID string) []statestore.RunEventRecord 
 		t.Fatal(err)
 	}
 	return page.Events
+}
+
+// eventLines is evs one line each, with attempts and payloads, for a
+// failure's message.
+func eventLines(evs []statestore.RunEventRecord) string {
+	var b strings.Builder
+	for _, e := range evs {
+		fmt.Fprintf(&b, "  %d %s %s logical=%d engine=%d %s\n", e.RunSeq, e.EventType, e.StepID, e.LogicalAttemptID, e.EngineAttemptID, e.Payload)
+	}
+	return b.String()
 }
 
 // eventIndex returns the position of the first event of type et for stepID
