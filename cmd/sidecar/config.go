@@ -20,7 +20,9 @@ import (
 	"github.com/conductor-sidecar/sidecar/httpapi"
 	"github.com/conductor-sidecar/sidecar/node"
 	"github.com/conductor-sidecar/sidecar/runlist"
+	"github.com/conductor-sidecar/sidecar/statestore"
 	"github.com/conductor-sidecar/sidecar/statestore/natsstore"
+	"github.com/conductor-sidecar/sidecar/statestore/pgstore"
 	"github.com/conductor-sidecar/sidecar/taskworkers/proxy"
 	"github.com/conductor-sidecar/sidecar/taskworkers/secrets"
 	"github.com/conductor-sidecar/sidecar/tracing"
@@ -134,6 +136,16 @@ const (
 	minRepliesMiB = 16
 	maxRepliesMiB = 1 << 20
 )
+
+// appendURLProblem is p with, when url (a PostgreSQL URL given by flag)
+// cannot be parsed, the problem saying why (the password masked).
+func appendURLProblem(p []string, url, flag string) []string {
+	var se *statestore.Error
+	if err := pgstore.CheckURL(url, flag); errors.As(err, &se) {
+		return append(p, se.Message)
+	}
+	return p
+}
 
 // postgresStore reports whether --store names a PostgreSQL database.
 func (c *Config) postgresStore() bool {
@@ -258,6 +270,8 @@ func (c *Config) Validate() error {
 	}
 	if c.Store != "nats" && !c.postgresStore() {
 		p = append(p, "--store "+redactURL(c.Store)+": want nats or a PostgreSQL URL like postgres://sidecar@db:5432/sidecar (password from PGPASSFILE or PGPASSWORD)")
+	} else if c.postgresStore() {
+		p = appendURLProblem(p, c.Store, "--store")
 	}
 	if c.NATSURL == "" && c.DataDir == "" {
 		p = append(p, "--data-dir is required with the embedded NATS server (no --nats-url)")

@@ -18,6 +18,7 @@ import (
 	"syscall"
 
 	"github.com/conductor-sidecar/sidecar/httpapi"
+	"github.com/conductor-sidecar/sidecar/statestore/pgstore"
 )
 
 // Exit codes. 3 is a command's own (pause --wait: the drain timed out;
@@ -139,6 +140,10 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 	case errors.As(err, new(errNoMatch)):
 		fmt.Fprintf(m.Stderr, "sidecar %s: %v\n", args[0], err)
 		return exitNotFound
+	case errors.Is(err, pgstore.ErrURLInvalid):
+		// A --store URL that cannot be parsed: nothing was sent.
+		fmt.Fprintf(m.Stderr, "sidecar %s: %v\n", args[0], err)
+		return exitUsage
 	case errors.As(err, new(errArchiveUnreadable)):
 		fmt.Fprintf(m.Stderr, "sidecar %s: %v\n", args[0], err)
 		return exitArchiveUnreadable

@@ -80,6 +80,8 @@ func (c *retentionConfig) validate(postgres bool, natsURL, natsListen string) []
 		p = append(p, "--retain-finished with --store postgres:// needs --retention-store postgres://RETENTION_ROLE@host:port/database, the role that may remove runs (docs/postgres.md, Retention)")
 	case postgres && !strings.HasPrefix(c.Store, "postgres://") && !strings.HasPrefix(c.Store, "postgresql://"):
 		p = append(p, "--retention-store "+redactURL(c.Store)+": want postgres://RETENTION_ROLE@host:port/database (for --retain-finished)")
+	case postgres:
+		p = appendURLProblem(p, c.Store, "--retention-store")
 	case !postgres && c.Store != "":
 		p = append(p, "--retention-store is for --store postgres:// (with --retain-finished); on JetStream retention uses the NATS user "+natsstore.RetentionUser)
 	}

@@ -3,6 +3,7 @@ package pgstore
 import (
 	"errors"
 
+	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -39,6 +40,11 @@ const (
 	// CodeRunNotFinished (Remover.RemoveRun): the run has no terminal
 	// event, so it may not leave the log; nothing was removed.
 	CodeRunNotFinished = "RUN_NOT_FINISHED"
+	// CodeURLInvalid: the PostgreSQL URL cannot be parsed (a malformed
+	// host or port, an unknown sslmode, a bad pool_max_conns); the message
+	// says what, with any password in the URL masked. Its kind is
+	// errcode.Invalid: a configuration error, found before connecting.
+	CodeURLInvalid = "STORE_URL_INVALID"
 )
 
 // Sentinel errors, matched with errors.Is.
@@ -57,4 +63,6 @@ var (
 	ErrChainBroken = &statestore.Error{Code: CodeChainBroken}
 	// ErrRunNotFinished matches every RUN_NOT_FINISHED error.
 	ErrRunNotFinished = &statestore.Error{Code: CodeRunNotFinished}
+	// ErrURLInvalid matches every STORE_URL_INVALID error.
+	ErrURLInvalid = &statestore.Error{Code: CodeURLInvalid, Kind: errcode.Invalid}
 )

@@ -98,9 +98,9 @@ func Migrate(ctx context.Context, url string, opts MigrateOptions) (Migrated, er
 	}
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, err := parseURL(url, "--store")
 	if err != nil {
-		return Migrated{}, &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: "parse the PostgreSQL URL (postgres://user:password@host:port/database)", Err: err}
+		return Migrated{}, err
 	}
 	cfg.MaxConns = 1
 	pool, err := connect(ctx, cfg, "--store")

@@ -29,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/conductor-sidecar/sidecar/errcode"
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
 
@@ -99,9 +100,9 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if opts.HoleGrace <= 0 {
 		opts.HoleGrace = opts.StatementTimeout + 5*time.Second
 	}
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, err := parseURL(url, "--store")
 	if err != nil {
-		return nil, &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: "parse the PostgreSQL URL (postgres://user:password@host:port/database)", Err: err}
+		return nil, err
 	}
 	switch {
 	case opts.MaxConns > 0:
@@ -549,4 +550,23 @@ func damaged(msg string, err error) error {
 func (s *Store) ForgetRun(_ context.Context, runID string) error {
 	s.proj.Forget(runID)
 	return nil
+}
+
+// parseURL is url's pool configuration; flag names the option that gave
+// it. A URL pgx cannot parse is STORE_URL_INVALID with pgx's reason,
+// which shows the URL with its password masked.
+func parseURL(url, flag string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, &statestore.Error{Code: CodeURLInvalid, Kind: errcode.Invalid, Err: err,
+			Message: fmt.Sprintf("%s: %v (the form is postgres://user@host:port/database, the password in PGPASSFILE or PGPASSWORD; docs/postgres.md)", flag, err)}
+	}
+	return cfg, nil
+}
+
+// CheckURL checks url, a PostgreSQL URL given by option flag, without
+// connecting: nil, or the STORE_URL_INVALID error Open would return.
+func CheckURL(url, flag string) error {
+	_, err := parseURL(url, flag)
+	return err
 }

@@ -55,9 +55,9 @@ func OpenRemover(ctx context.Context, url string, opts RemoverOptions) (*Remover
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, err := parseURL(url, "--retention-store")
 	if err != nil {
-		return nil, &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: "parse the retention PostgreSQL URL (postgres://user:password@host:port/database)", Err: err}
+		return nil, err
 	}
 	cfg.MaxConns = removeConns
 	octx, cancel := context.WithTimeout(ctx, opts.Timeout)

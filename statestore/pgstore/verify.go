@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/conductor-sidecar/sidecar/statestore"
 )
@@ -78,9 +77,9 @@ type Verified struct {
 // change passes; docs/postgres.md says what catches that.
 func Verify(ctx context.Context, url string, runIDs []string) (Verified, error) {
 	var out Verified
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, err := parseURL(url, "--store")
 	if err != nil {
-		return out, &statestore.Error{Code: statestore.CodeStoreUnavailable, Message: "parse the PostgreSQL URL (postgres://user:password@host:port/database)", Err: err}
+		return out, err
 	}
 	cfg.MaxConns = 1
 	pool, err := connect(ctx, cfg, "--store")
