@@ -781,7 +781,9 @@ func (c *Controller) cancelLog(ctx context.Context, runID, reason, requestedBy s
 		return nil, nil, err
 	}
 	if snap.Status == statestore.RunStatusCancelled {
-		return nil, StateOf(snap, c.opts.DefaultTimeout), nil
+		st := StateOf(snap, c.opts.DefaultTimeout)
+		st.Notice = "the run was already cancelled; nothing was recorded (this request's reason is not kept)"
+		return nil, st, nil
 	}
 	cancelled := statestore.RunCancelledPayload{Reason: reason, RequestedBy: requestedBy}
 	if snap.Status == statestore.RunStatusQueued {

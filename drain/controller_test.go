@@ -276,9 +276,13 @@ func TestController_CancelWhileDraining(t *testing.T) {
 	if snap, _ := mem.ProjectSnapshot(ctx, "r"); snap.Status != "CANCELLED" {
 		t.Fatalf("cancel must win: %s", snap.Status)
 	}
-	// Cancelling again answers the state, writes nothing.
-	if st, err := c.Cancel(ctx, "r", "", ""); err != nil || st.Status != "CANCELLED" {
-		t.Fatalf("second cancel: %+v %v", st, err)
+	// Cancelling again answers the state, writes nothing, and says so.
+	before, _ := mem.Fetch(ctx, "r", 0, 100)
+	if st, err := c.Cancel(ctx, "r", "changed my mind", ""); err != nil || st.Status != "CANCELLED" || !strings.Contains(st.Notice, "already cancelled") {
+		t.Fatalf("second cancel: %+v %v, want CANCELLED with a notice that nothing was recorded", st, err)
+	}
+	if after, _ := mem.Fetch(ctx, "r", 0, 100); len(after) != len(before) {
+		t.Fatalf("a second cancel wrote %d events", len(after)-len(before))
 	}
 }
 
