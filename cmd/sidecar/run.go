@@ -18,6 +18,9 @@ type RunCommand struct{ m *Main }
 
 // Run implements "sidecar run".
 func (c *RunCommand) Run(ctx context.Context, args []string) error {
+	if len(args) > 0 && args[0] != "submit" && helpRequested(args) {
+		args = append([]string{"submit"}, args...) // "run -h": submit's flags
+	}
 	if len(args) == 0 || args[0] != "submit" {
 		fmt.Fprintln(c.m.Stderr, "Usage: sidecar run submit PLAN_FILE [flags]")
 		return errUsage

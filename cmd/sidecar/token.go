@@ -19,6 +19,9 @@ type TokenCommand struct{ m *Main }
 // SHA-256 only) after it. The token itself is shown once and stored
 // nowhere.
 func (c *TokenCommand) Run(ctx context.Context, args []string) error {
+	if len(args) > 0 && args[0] != "new" && helpRequested(args) {
+		args = append([]string{"new"}, args...) // "token -h": new's flags
+	}
 	if len(args) == 0 || args[0] != "new" {
 		fmt.Fprintln(c.m.Stderr, "usage: sidecar token new --name NAME --roles ROLE[,ROLE] [--tenant-id T] [--project-id P] [--environment-id E]")
 		return errUsage

@@ -126,3 +126,17 @@ func TestMain_UsageErrorIsShort(t *testing.T) {
 		t.Fatalf("serve -h: exit %d, want every flag:\n%s", code, out)
 	}
 }
+
+// TestMain_HelpOfACommandWithOneSubcommand: "run -h" and "token -h" show
+// the flags of their only subcommand (run submit, token new).
+func TestMain_HelpOfACommandWithOneSubcommand(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		flag string
+	}{{[]string{"run", "-h"}, "-run-request-id"}, {[]string{"run", "--help"}, "-run-request-id"}, {[]string{"token", "-h"}, "-roles"}} {
+		code, out, errOut := run(t, c.args...)
+		if code != exitOK || !strings.Contains(out+errOut, "Flags:") || !strings.Contains(out+errOut, c.flag) {
+			t.Errorf("%v: exit %d, want its subcommand's flags:\n%s%s", c.args, code, out, errOut)
+		}
+	}
+}
