@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -38,12 +39,16 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	cfg := DefaultConfig()
 	fs := c.m.newFlagSet("serve", "serve [flags]")
 	cfg.registerFlags(fs)
+	check := fs.Bool("check", false, "check the configuration (flags, SIDECAR_* variables, the modes of the credential files, the tokens file) and exit: 0 valid, 2 with every problem; nothing is started, bound or connected to")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintln(c.m.Stderr, err)
 		return errUsage
+	}
+	if *check {
+		return c.check(&cfg, fs)
 	}
 	log, err := newLogger(cfg)
 	if err != nil {
@@ -98,6 +103,24 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	err = errors.Join(lost, sc.close(graceCtx))
 	log.Info("sidecar stopped")
 	return err
+}
+
+// check is serve --check once cfg is valid: the settings serve would
+// ignore are warned about, the tokens file is read as serve reads it,
+// and nothing is started. What only a start can tell (an address in use,
+// the data dir, NATS, the store, Conductor) is not checked.
+func (c *ServeCommand) check(cfg *Config, fs *flag.FlagSet) error {
+	for _, line := range unknownSettings(os.Environ(), fs) {
+		fmt.Fprintln(c.m.Stderr, "warning: "+line)
+	}
+	if f := cfg.API.TokensFile; f != "" {
+		if _, err := httpapi.LoadCredentials(f); err != nil {
+			fmt.Fprintf(c.m.Stderr, "CONFIG_INVALID: invalid configuration:\n  --tokens-file: %v\n", err)
+			return errUsage
+		}
+	}
+	fmt.Fprintln(c.m.Stdout, "configuration valid (an address in use, the data dir, NATS, the store and Conductor are checked when serve starts)")
+	return nil
 }
 
 // readyCheck bounds one readiness check of sayReady; readyEvery is how

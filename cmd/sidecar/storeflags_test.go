@@ -4,6 +4,8 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -49,5 +51,32 @@ func TestMain_MalformedPostgresURL(t *testing.T) {
 		if code != exitUsage || !strings.Contains(stderr, "STORE_URL_INVALID: --store: cannot parse `postgres://owner:xxxxx@db/sidecar?sslmode=bogus`: failed to configure TLS") || strings.Contains(stderr, "hunter2") {
 			t.Errorf("%s: exit %d %s, want exit %d STORE_URL_INVALID, the password masked", cmd, code, stderr, exitUsage)
 		}
+	}
+}
+
+// TestServe_Check: serve --check exits 0 on a valid configuration
+// without starting anything (the data dir is not even made), 2 with the
+// problems of an invalid one or an unreadable tokens file, and warns
+// about a SIDECAR_ variable serve would ignore.
+func TestServe_Check(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	base := []string{"serve", "--check", "--conductor-url", "http://conductor:8080/api", "--data-dir", dir, "--listen", "127.0.0.1:1"}
+	t.Setenv("SIDECAR_CONCURENCY", "3")
+	code, out, errOut := run(t, base...)
+	if code != exitOK || !strings.Contains(out, "configuration valid") || !strings.Contains(errOut, "did you mean SIDECAR_CONCURRENCY?") {
+		t.Fatalf("a valid configuration: exit %d\n%s%s", code, out, errOut)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("serve --check made the data dir (%v)", err)
+	}
+	if code, _, errOut := run(t, append(base, "--store", "postgres://x@db/x?sslmode=bogus")...); code != exitUsage || !strings.Contains(errOut, "sslmode is invalid") {
+		t.Fatalf("an invalid configuration: exit %d %s", code, errOut)
+	}
+	tokens := filepath.Join(t.TempDir(), "tokens.yaml")
+	if err := os.WriteFile(tokens, []byte("garbage\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := run(t, append(base, "--tokens-file", tokens)...); code != exitUsage || !strings.Contains(errOut, "--tokens-file") {
+		t.Fatalf("a tokens file serve cannot read: exit %d %s", code, errOut)
 	}
 }
