@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/conductor-sidecar/sidecar/adapter"
@@ -89,7 +90,7 @@ func newSecEnv(t *testing.T, auth httpapi.Authenticator) *secEnv {
 		}
 	}
 	rc := &recordingControl{}
-	api := httpapi.NewServer(httpapi.Options{Log: store, Control: rc, Auth: auth, Logger: zaptest.NewLogger(t)})
+	api := httpapi.NewServer(httpapi.Options{Log: store, Control: rc, Auth: auth, Logger: zaptest.NewLogger(t), Gatherer: prometheus.NewRegistry()})
 	srv := httptest.NewServer(api.Handler())
 	t.Cleanup(srv.Close)
 	return &secEnv{url: srv.URL, control: rc}
@@ -255,7 +256,10 @@ func TestServer_Auth(t *testing.T) {
 		{"SubmitterOutOfScope", "POST", "/v1/runs", "tok-ci", startIn("t2"), 403, "FORBIDDEN"},
 		{"OperatorCannotStart", "POST", "/v1/runs", "tok-ops", startIn("t1"), 403, "FORBIDDEN"},
 		{"ClaimedRequestedBy", "POST", "/v1/runs/run-t2/cancel", "tok-ops", `{"requestedBy":"someone-else"}`, 400, "BAD_REQUEST"},
-		{"MetricsNeedsToken", "GET", "/metrics", "", "", 404, "NOT_FOUND"}, // no Gatherer here: not served
+		{"MetricsNeedsToken", "GET", "/metrics", "", "", 401, "UNAUTHENTICATED"},
+		// The totals cover every tenant: not for a scoped principal.
+		{"MetricsScopedViewer", "GET", "/metrics", "tok-viewer", "", 403, "FORBIDDEN"},
+		{"MetricsViewer", "GET", "/metrics", "tok-ops", "", 200, ""},
 		{"Healthz", "GET", "/healthz", "", "", 200, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -330,6 +330,12 @@ func NewServer(opts Options) *Server {
 	if opts.Gatherer != nil {
 		metrics := promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{})
 		s.route("GET /metrics", "metrics", RoleViewer, func(w http.ResponseWriter, r *http.Request) error {
+			if p := PrincipalFrom(r.Context()); p != nil && p.Scope != (Scope{}) {
+				return &apiError{status: http.StatusForbidden, Code: CodeForbidden,
+					Message: p.Name + " is scoped to a tenant, project or environment, and /metrics counts every tenant's runs; scrape it with an unscoped viewer's token, or on --metrics-listen"}
+			}
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			w.Header().Set("Cache-Control", "no-store")
 			metrics.ServeHTTP(w, r)
 			return nil
 		})
