@@ -96,6 +96,14 @@ func TestE2E_Audit(t *testing.T) {
 	if code, out, _ = sidecartest.Run(t, "audit", "--plan", pl.PlanID, "--server", server); code != 0 || !strings.Contains(out, "RUN") || !strings.Contains(out, started.RunID) {
 		t.Fatalf("audit --plan table: exit %d\n%s", code, out)
 	}
+	// --since lists only the runs changed since (an action is an event of
+	// its run): the run acted on a moment ago, and none after its last event.
+	if code, out, errOut = sidecartest.Run(t, "audit", "--plan", pl.PlanID, "--since", "1h", "--server", server, "-o", "json"); code != 0 || json.Unmarshal([]byte(out), &many) != nil || len(many) != 3 {
+		t.Fatalf("audit --plan --since 1h: exit %d: %s%s", code, out, errOut)
+	}
+	if code, out, errOut = sidecartest.Run(t, "audit", "--plan", pl.PlanID, "--since", time.Now().Add(time.Minute).UTC().Format(time.RFC3339), "--server", server); code != 0 || !strings.Contains(out, "no control actions") {
+		t.Fatalf("audit --plan --since a minute ahead: exit %d: %s%s", code, out, errOut)
+	}
 	if code, _, _ = sidecartest.Run(t, "audit", "--server", server); code != sidecartest.ExitUsage {
 		t.Fatalf("audit without a run or a filter: exit %d, want usage", code)
 	}

@@ -84,7 +84,7 @@ type UnreadableManifest struct {
 
 // listFilter reads a listing's filter from q: tenantId, projectId,
 // environmentId, planId, planVersion, status (comma separated, or
-// repeated), substatus and labelSelector. A scoped caller's scope is
+// repeated), substatus, labelSelector and updatedSince. A scoped caller's scope is
 // added to it; a filter outside the scope matches nothing (ok false).
 func listFilter(r *http.Request, q url.Values) (f runlist.Filter, ok bool, err error) {
 	f = runlist.Filter{
@@ -109,6 +109,11 @@ func listFilter(r *http.Request, q url.Values) (f runlist.Filter, ok bool, err e
 	}
 	if f.Selector, err = runlist.ParseSelector(q.Get("labelSelector")); err != nil {
 		return f, false, err
+	}
+	if v := q.Get("updatedSince"); v != "" {
+		if f.UpdatedSince, err = time.Parse(time.RFC3339Nano, v); err != nil {
+			return f, false, badRequest("updatedSince", fmt.Sprintf("updatedSince %q: want an RFC 3339 time (2026-11-23T06:00:00Z)", v))
+		}
 	}
 	if p := PrincipalFrom(r.Context()); p != nil {
 		for _, c := range []struct{ scope, filter *string }{

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"net/http/httptest"
 	"slices"
 	"testing"
@@ -89,6 +90,10 @@ func TestServer_ListScope(t *testing.T) {
 		{"tok-viewer", "?watch=true&timeoutSeconds=0&tenantId=t2", 200, nil},
 		{"tok-ci", "", 403, nil},
 		{"", "", 401, nil},
+		{"tok-admin", "?updatedSince=2000-01-01T00:00:00Z", 200, []string{"a1", "a2", "b1"}},
+		{"tok-admin", "?updatedSince=" + url.QueryEscape(time.Now().Add(time.Hour).Format(time.RFC3339Nano)), 200, nil},
+		{"tok-viewer", "?updatedSince=2000-01-01T00:00:00Z", 200, []string{"a1", "a2"}},
+		{"tok-admin", "?updatedSince=yesterday", 400, nil},
 	} {
 		if status, ids := get(c.token, c.query); status != c.status || !slices.Equal(ids, c.want) {
 			t.Errorf("%s %q: %d %v, want %d %v", c.token, c.query, status, ids, c.status, c.want)

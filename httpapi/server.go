@@ -1178,7 +1178,7 @@ func loneSurrogate(data []byte) int {
 // their callers are not ours to correct.
 var queryParams = map[string]map[string]bool{
 	"list": {"tenantId": false, "projectId": false, "environmentId": false, "planId": false, "planVersion": false,
-		"status": true, "substatus": false, "labelSelector": false, "limit": false, "continue": false, "include": false,
+		"status": true, "substatus": false, "labelSelector": false, "updatedSince": false, "limit": false, "continue": false, "include": false,
 		"watch": false, "revision": false, "timeoutSeconds": false},
 	"events":      {"afterSeq": false, "limit": false},
 	"deadletters": {"sink": false, "after": false, "limit": false},

@@ -792,3 +792,37 @@ func TestList_DurationsOfAStepThatWasIdle(t *testing.T) {
 		t.Fatalf("durations %v, want one that leaves out the 1.5 s idle of the %.2f s since StepStarted", got, to.Sub(from).Seconds())
 	}
 }
+
+// TestList_UpdatedSince: a filter on the time of a run's last event
+// lists the runs touched since, however old they are (an action on an
+// old run), and none other.
+func TestList_UpdatedSince(t *testing.T) {
+	f := newFixture(t)
+	all := f.workload("run")
+	l := f.open(runlist.Options{})
+	waitIndexed(t, l)
+	rows := allRows(t, l, runlist.Filter{}, 0)
+	var newest time.Time
+	for _, r := range rows {
+		at, err := time.Parse(time.RFC3339Nano, r.UpdatedAt)
+		if err != nil {
+			t.Fatalf("row %s updatedAt %q: %v", r.RunID, r.UpdatedAt, err)
+		}
+		if at.After(newest) {
+			newest = at
+		}
+	}
+	since := newest.Add(time.Millisecond)
+	time.Sleep(5 * time.Millisecond)
+	// The oldest paused run is resumed: the one run touched since.
+	f.event(all[2], "etl-nightly", statestore.RunResumed, "", 1, map[string]any{"requestedBy": "oncall"})
+	waitIndexed(t, l)
+	for _, limit := range []int{0, 1, 3} {
+		if got := ids(allRows(t, l, runlist.Filter{UpdatedSince: since}, limit)); !slices.Equal(got, []string{all[2]}) {
+			t.Fatalf("limit %d: runs updated since the resume's eve: %v, want [%s]", limit, got, all[2])
+		}
+	}
+	if got := allRows(t, l, runlist.Filter{UpdatedSince: time.Now().Add(time.Hour)}, 0); len(got) != 0 {
+		t.Fatalf("runs updated in an hour: %v", ids(got))
+	}
+}

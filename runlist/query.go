@@ -25,6 +25,10 @@ type Filter struct {
 	Substatus string
 	// Selector is a label selector (ParseSelector); nil matches any run.
 	Selector labels.Selector
+	// UpdatedSince, when set, matches a run whose last event was
+	// persisted at or after it (Row.UpdatedAt): every run an action of
+	// that time or later touched.
+	UpdatedSince time.Time
 }
 
 // Bounds of a label selector: an operator's selector names a few labels;
@@ -60,10 +64,17 @@ func (f *Filter) Match(r *Row) bool {
 }
 
 // MatchStatus reports whether r has one of the filter's statuses and its
-// substatus: the parts of a run that change.
+// substatus, and was updated since UpdatedSince: the parts of a run that
+// change.
 func (f *Filter) MatchStatus(r *Row) bool {
 	if len(f.Statuses) > 0 && !slices.Contains(f.Statuses, r.Status) {
 		return false
+	}
+	if !f.UpdatedSince.IsZero() {
+		at, err := time.Parse(time.RFC3339Nano, r.UpdatedAt)
+		if err != nil || at.Before(f.UpdatedSince) {
+			return false
+		}
 	}
 	return f.Substatus == "" || r.Substatus == f.Substatus
 }

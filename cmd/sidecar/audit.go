@@ -69,12 +69,16 @@ func (c *AuditCommand) Run(ctx context.Context, args []string) error {
 		if len(vals) == 0 {
 			return usageError(fs, "give a RUN_ID, or a filter (-l, --plan, --status, ...) for many runs")
 		}
+		if !from.IsZero() {
+			// Only the runs touched since: an action is an event of its run.
+			vals.Set("updatedSince", from.UTC().Format(time.RFC3339Nano))
+		}
 		list, err := listAll(ctx, client, vals)
 		if err != nil {
 			return err
 		}
 		if len(list.Runs) > maxAuditRuns {
-			return usageError(fs, "%d runs match; audit reads at most %d logs: narrow the filter", len(list.Runs), maxAuditRuns)
+			return usageError(fs, "%d runs match (changed since --since, when given); audit reads at most %d logs: narrow the filter or the time", len(list.Runs), maxAuditRuns)
 		}
 		for _, r := range list.Runs {
 			runIDs = append(runIDs, r.RunID)

@@ -666,6 +666,9 @@ function progressBox(sel, signal) {
 
 // ---- Audit -----------------------------------------------------------------
 
+// AUDIT_RUNS bounds the runs' logs the audit view reads (the CLI's bound).
+const AUDIT_RUNS = 1000;
+
 function auditOf(ev) {
   const p = payloadOf(ev);
   const m = { RunPaused: "pause", RunResumed: "resume", RunCancelRequested: "cancel", RunStepRetryRequested: "retry step",
@@ -691,13 +694,25 @@ async function renderAudit(params, signal) {
   const tbody = h("tbody");
   main.append(status, h("div", { class: "table-wrap" }, h("table", { id: "audit" }, h("thead", {}, h("tr", {},
     ["Time", "Run", "Action", "By", "Reason", "Detail"].map((c) => h("th", { scope: "col" }, c)))), tbody)));
-  const lq = listQuery(params);
-  lq.set("limit", "200");
-  const list = await api("GET", "/v1/runs?" + lq, undefined, signal);
   const m = /^(\d+)([mhd])$/.exec(params.get("since") || "24h");
   const from = m ? Date.now() - Number(m[1]) * { m: 60e3, h: 3600e3, d: 86400e3 }[m[2]] : 0;
+  // The runs touched since then, however old: an action is an event of
+  // its run. Up to AUDIT_RUNS logs are read; past that the page says so.
+  const lq = listQuery(params);
+  lq.set("limit", "500");
+  lq.set("updatedSince", new Date(from).toISOString());
+  const ids = [];
+  let more = false;
+  for (let cont = ""; ;) {
+    if (cont) lq.set("continue", cont);
+    const list = await api("GET", "/v1/runs?" + lq, undefined, signal);
+    ids.push(...list.runs.map((r) => r.runId));
+    cont = list.continue || "";
+    if (!cont) break;
+    if (ids.length >= AUDIT_RUNS) { more = true; break; }
+  }
+  ids.splice(AUDIT_RUNS);
   const entries = [];
-  const ids = list.runs.filter((r) => Date.parse(r.updatedAt) >= from).map((r) => r.runId);
   let i = 0;
   await Promise.all(Array.from({ length: 6 }, async () => {
     while (i < ids.length) {
@@ -717,7 +732,9 @@ async function renderAudit(params, signal) {
     tbody.append(h("tr", {}, h("td", {}, when(e.at)), h("td", {}, h("a", { class: "mono", href: "/ui/runs/" + encodeURIComponent(e.runId) }, e.runId)),
       h("td", {}, e.action), h("td", {}, e.by), h("td", {}, e.reason), h("td", {}, e.detail)));
   }
-  status.textContent = `${shown.length} actions in ${ids.length} runs${list.continue ? " (the 200 newest runs that match)" : ""}`;
+  status.textContent = more
+    ? `${shown.length} actions in the ${ids.length} newest runs changed since then: more runs changed, and actions on the others are not shown; narrow the filter or the time`
+    : `${shown.length} ${shown.length === 1 ? "action" : "actions"} in ${ids.length} ${ids.length === 1 ? "run" : "runs"} changed since then`;
   document.documentElement.dataset.ready = "audit";
 }
 
