@@ -10,6 +10,7 @@ package adapter
 // recorded here from what Conductor reports.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -206,6 +207,11 @@ var controlTaskTypes = map[string]bool{
 	"SET_VARIABLE": true, "TERMINATE": true, "NOOP": true,
 }
 
+// waitsForLaterTasks are the control task types that end after tasks
+// Conductor created after them: a JOIN (its branches' tasks past their
+// first) and a loop (its body's).
+var waitsForLaterTasks = map[string]bool{"JOIN": true, "EXCLUSIVE_JOIN": true, "DO_WHILE": true}
+
 // systemTaskTypes are the task types Conductor runs itself; any other
 // task type is a worker's (SIMPLE: its type is its definition's name).
 var systemTaskTypes = map[string]bool{
@@ -394,8 +400,7 @@ func (r *Runs) recordTasks(ctx context.Context, snaps SnapshotReader, rec *Run, 
 	// task before adoption) ends it only in Conductor's report, and the
 	// drain waits for that.
 	draining := snap.Status == statestore.RunStatusPaused && snap.Pause != nil && snap.Pause.DrainEndedAt == ""
-	for i := range wf.Tasks {
-		t := &wf.Tasks[i]
+	record := func(t *model.Task) error {
 		// The mid-flight rule starts a worker task only while the log has
 		// the run RUNNING: a read as at adoption of a run the log has
 		// PAUSED (after a restart) records no StepStarted inside the pause.
@@ -405,13 +410,13 @@ func (r *Runs) recordTasks(ctx context.Context, snaps SnapshotReader, rec *Run, 
 			// A worker task the gate never started (its worker polls
 			// Conductor directly), ended or not: recorded once the log has
 			// the run running again, never started inside the pause.
-			continue
+			return nil
 		}
 		evs, p, err := taskEvents(rec, t, st, midFlight, wf.Status)
 		pending = pending || p || (draining && IsWorkerTask(t.TaskType) && t.Status == "IN_PROGRESS")
 		control = control || (controlTaskTypes[t.TaskType] && (t.Status == "SCHEDULED" || t.Status == "IN_PROGRESS"))
 		if err != nil {
-			return true, control, err
+			return err
 		}
 		for _, ev := range evs {
 			// Appended on the state it was decided on: a run that moved on
@@ -426,20 +431,100 @@ func (r *Runs) recordTasks(ctx context.Context, snaps SnapshotReader, rec *Run, 
 				return ev, nil
 			})
 			if err != nil {
-				return true, control, fmt.Errorf("adapter: record task %s of adopted run %s: %w", t.TaskId, rec.RunID, err)
+				return fmt.Errorf("adapter: record task %s of adopted run %s: %w", t.TaskId, rec.RunID, err)
 			}
 			if !applies {
 				break
 			}
 			if snap, err = snaps.ProjectSnapshot(ctx, rec.RunID); err != nil {
-				return true, control, err
+				return err
 			}
 		}
 		if snap, err = r.recordSubWorkflowTry(ctx, snaps, snap, t); err != nil {
+			return err
+		}
+		snap, err = r.recordTimedOutTry(ctx, snaps, snap, t)
+		return err
+	}
+	// In Conductor's order, but for a JOIN or a loop that ended: Conductor
+	// creates a JOIN before the tasks of its branches that follow their
+	// first, and a loop before its body's tasks, so one read that finds
+	// them all ended would record the JOIN's end before the start of a task
+	// it waited for. Such a task is recorded once the tasks that began
+	// before its end are, before the first that began at or after it. (Not
+	// the control tasks that end as they schedule what follows them, a
+	// SWITCH, a FORK: Conductor may set their end a moment after the start
+	// of the tasks they scheduled.)
+	var ended []*model.Task
+	flush := func(before int64) error {
+		slices.SortStableFunc(ended, func(a, b *model.Task) int { return cmp.Compare(a.EndTime, b.EndTime) })
+		for len(ended) > 0 && (before < 0 || ended[0].EndTime <= before) {
+			t := ended[0]
+			ended = ended[1:]
+			if err := record(t); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for i := range wf.Tasks {
+		t := &wf.Tasks[i]
+		if waitsForLaterTasks[t.TaskType] && t.EndTime > 0 && t.Status != "SCHEDULED" && t.Status != "IN_PROGRESS" {
+			ended = append(ended, t)
+			continue
+		}
+		if began := max(t.StartTime, t.ScheduledTime); began > 0 {
+			if err := flush(began); err != nil {
+				return true, control, err
+			}
+		}
+		if err := record(t); err != nil {
 			return true, control, err
 		}
 	}
+	if err := flush(-1); err != nil {
+		return true, control, err
+	}
 	return pending, control, nil
+}
+
+// recordTimedOutTry ends in the log the try of t, a worker task Conductor
+// timed out and retries, when the log still has the step in flight at
+// t's try (RunStepTryEnded, taskTimedOut): nobody runs it any more, and a
+// drain must not wait for it. The proxy ends the tries it handed out
+// itself; this is for a start no poll of it accounts for: the mid-flight
+// rule's, of a task polled through the proxy by a worker that hung up
+// before the answer came (the proxy then gates nothing), or taken by a
+// worker that polls Conductor directly and died. The try that follows is
+// the gate's to start. It returns the run's state after what it recorded.
+func (r *Runs) recordTimedOutTry(ctx context.Context, snaps SnapshotReader, snap *statestore.RunSnapshot, t *model.Task) (*statestore.RunSnapshot, error) {
+	if !IsWorkerTask(t.TaskType) || t.Status != "TIMED_OUT" || !t.Retried {
+		return snap, nil
+	}
+	stepID, engine := stepIDOf(t), int64(t.RetryCount)+1
+	inFlight := func(s *statestore.RunSnapshot) *statestore.StepSnapshot {
+		st := s.Step(stepID)
+		if st == nil || st.Status != statestore.StepStatusRunning || st.Idle || st.EngineAttemptID != engine || statestore.IsTerminalRunStatus(s.Status) {
+			return nil
+		}
+		return st
+	}
+	if inFlight(snap) == nil {
+		return snap, nil
+	}
+	snap, _, err := statestore.Fenced(ctx, statestore.ReadFirst(snap, snaps), statestore.TryAppender{Emit: r.emitter, Runs: snaps, StepID: stepID}, snap.RunID,
+		func(s *statestore.RunSnapshot) (*statestore.RunEventWrite, error) {
+			st := inFlight(s)
+			if st == nil {
+				return nil, nil // the log moved on
+			}
+			return statestore.NewTryEvent(s, statestore.RunStepTryEndedPayload{StepID: stepID, StepLogicalAttemptID: st.LogicalAttemptID,
+				EngineAttemptID: engine, Reason: statestore.TryEndedTaskTimedOut})
+		})
+	if err != nil {
+		return snap, fmt.Errorf("adapter: record the timed-out try of task %s of adopted run %s: %w", t.TaskId, snap.RunID, err)
+	}
+	return snaps.ProjectSnapshot(ctx, snap.RunID)
 }
 
 // maxSubWorkflowDepth bounds how many levels of nested sub-workflows

@@ -456,3 +456,88 @@ func TestRuns_AdoptedOutside(t *testing.T) {
 		t.Fatalf("every definition adopted: %v %v, want none", got, err)
 	}
 }
+
+// TestRecordTasks_AnEndedJoinOrLoopAfterWhatItWaitedFor: one read that
+// finds a JOIN (or a loop) ended together with tasks of its branches (its
+// body) the log lacks records the JOIN's end after their starts and ends,
+// though Conductor created the JOIN first (its order of tasks); a task
+// that began after the JOIN ended comes after it, and a FORK stays before
+// its branches whatever its end time. Times as Conductor reported them.
+func TestRecordTasks_AnEndedJoinOrLoopAfterWhatItWaitedFor(t *testing.T) {
+	const t0 = 1_700_000_000_000
+	task := func(typ, ref, status string, scheduled, start, end int64) model.Task {
+		return model.Task{TaskType: typ, ReferenceTaskName: ref, TaskId: ref, Status: model.TaskResultStatus(status),
+			ScheduledTime: t0 + scheduled, StartTime: t0 + start, EndTime: t0 + end}
+	}
+	for _, c := range []struct {
+		name  string
+		tasks []model.Task
+		want  string
+	}{
+		{"Join", []model.Task{
+			// Conductor may end a FORK (a SWITCH) a moment after the
+			// start of what it scheduled: it stays first.
+			task("FORK", "fork", "COMPLETED", 0, 0, 3),
+			task("INLINE", "b1", "COMPLETED", 0, 1, 2),
+			task("JOIN", "join", "COMPLETED", 0, 0, 199),
+			task("INLINE", "inl", "COMPLETED", 100, 120, 125),
+			task("JSON_JQ_TRANSFORM", "jq", "COMPLETED", 125, 126, 126),
+			task("INLINE", "after", "COMPLETED", 199, 200, 201),
+		}, "fork fork b1 b1 inl inl jq jq join join after after"},
+		{"Loop", []model.Task{
+			task("DO_WHILE", "loop", "COMPLETED", 0, 0, 239),
+			task("INLINE", "inl__1", "COMPLETED", 1, 2, 3),
+			task("INLINE", "inl__2", "COMPLETED", 100, 101, 102),
+			task("INLINE", "inl__3", "COMPLETED", 200, 220, 226),
+			task("INLINE", "next", "COMPLETED", 239, 240, 241),
+		}, "inl__1 inl__1 inl__2 inl__2 inl__3 inl__3 loop loop next next"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			env, r, rec, _ := runOfWorkflow(t)
+			wf := &model.Workflow{WorkflowId: "wf-1", Status: model.RunningWorkflow, Tasks: c.tasks}
+			if _, _, err := r.recordTasks(ctx, env.store, rec, wf, false, ""); err != nil {
+				t.Fatal(err)
+			}
+			var steps []string
+			for _, ev := range env.events(t, rec.RunID)[1:] {
+				steps = append(steps, ev.StepID)
+			}
+			if got := strings.Join(steps, " "); got != c.want {
+				t.Fatalf("steps of the log in order: %s\nwant %s", got, c.want)
+			}
+		})
+	}
+}
+
+// TestRecordTasks_ATimedOutTryNobodyHeld: a worker task the mid-flight
+// rule recorded started (in progress at adoption: its poll's worker hung
+// up, or polled Conductor directly and died) that Conductor timed out and
+// retries ends its try in the log (RunStepTryEnded, taskTimedOut), so
+// that a pause's drain does not wait for it; the retry, not polled yet,
+// adds nothing.
+func TestRecordTasks_ATimedOutTryNobodyHeld(t *testing.T) {
+	ctx := context.Background()
+	env, r, rec, _ := runOfWorkflow(t)
+	running := &model.Workflow{WorkflowId: "wf-1", Status: model.RunningWorkflow, Tasks: []model.Task{
+		{TaskType: "resize", Status: "IN_PROGRESS", ReferenceTaskName: "h", TaskId: "t1", StartTime: 1_700_000_000_000}}}
+	if _, _, err := r.recordTasks(ctx, env.store, rec, running, true, ""); err != nil {
+		t.Fatal(err)
+	}
+	timedOut := &model.Workflow{WorkflowId: "wf-1", Status: model.RunningWorkflow, Tasks: []model.Task{
+		{TaskType: "resize", Status: "TIMED_OUT", Retried: true, ReferenceTaskName: "h", TaskId: "t1", StartTime: 1_700_000_000_000, EndTime: 1_700_000_015_000},
+		{TaskType: "resize", Status: "SCHEDULED", RetryCount: 1, ReferenceTaskName: "h", TaskId: "t2", ScheduledTime: 1_700_000_015_000}}}
+	for range 2 { // the second read adds nothing
+		if _, _, err := r.recordTasks(ctx, env.store, rec, timedOut, false, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recs := env.events(t, rec.RunID)
+	if got := strings.Join(typesOf(recs), " "); got != "RunStarted StepStarted:h RunStepTryEnded" {
+		t.Fatalf("log %s, want the timed-out try ended", got)
+	}
+	snap, _ := statestore.Reduce(nil, recs)
+	if st := snap.Step("h"); len(snap.InFlight()) != 0 || st.IdleReason != statestore.TryEndedTaskTimedOut {
+		t.Fatalf("step h %+v, in flight %v: want idle, taskTimedOut", st, snap.InFlight())
+	}
+}
