@@ -14,6 +14,7 @@ import (
 	"github.com/conductor-sidecar/sidecar/drain"
 	"github.com/conductor-sidecar/sidecar/runlist"
 	"github.com/conductor-sidecar/sidecar/statestore"
+	"github.com/conductor-sidecar/sidecar/tracing"
 )
 
 // Bulk actions: POST /v1/runs:pause, /v1/runs:resume, /v1/runs:cancel.
@@ -188,9 +189,15 @@ func (s *Server) bulk(action string) func(http.ResponseWriter, *http.Request) er
 			}
 		}
 		sort.Slice(res.Runs, func(i, j int) bool { return res.Runs[i].RunID < res.Runs[j].RunID })
+		var acted []string
 		for _, run := range res.Runs {
 			res.Counts[run.Outcome]++
+			switch run.Outcome {
+			case OutcomePaused, OutcomeResumed, OutcomeScheduled, OutcomeCancelled:
+				acted = append(acted, run.RunID)
+			}
 		}
+		tracing.RequestFrom(r.Context()).ActedOn(acted)
 		return writeJSON(w, http.StatusOK, res)
 	}
 }

@@ -24,6 +24,22 @@ type Request struct {
 	method string
 	route  string
 	runID  string
+	// runs are the runs a bulk action acted on (ActedOn).
+	runs []string
+}
+
+// MaxBulkRunSpans bounds the spans a bulk action adds to the traces of
+// the runs it acted on (ActedOn): the first so many runs get one each.
+const MaxBulkRunSpans = 1000
+
+// ActedOn names the runs a bulk request acted on: each gets a span of the
+// request in its own trace, a child of its run span linked to the
+// request's span (at most MaxBulkRunSpans), and the request's span counts
+// them (sidecar.bulk.runs).
+func (q *Request) ActedOn(runIDs []string) {
+	if q != nil {
+		q.runs = append(q.runs, runIDs...)
+	}
 }
 
 type requestKey struct{}
@@ -85,7 +101,25 @@ func (q *Request) End(status int, errorCode string) {
 	if q.runID != "" {
 		opts = append(opts, trace.WithAttributes(attribute.String(AttrRunID, q.runID)))
 	}
+	if len(q.runs) > 0 {
+		opts = append(opts, trace.WithAttributes(attribute.Int(AttrBulkRuns, len(q.runs))))
+	}
 	_, span := q.t.tracer.Start(ctx, q.name, opts...)
+	end(span, status, errorCode)
+	// A bulk action in the trace of each run it acted on.
+	base := []trace.SpanStartOption{trace.WithTimestamp(q.began), trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithLinks(trace.Link{SpanContext: span.SpanContext()}),
+		trace.WithAttributes(attribute.String(AttrHTTPMethod, q.method), attribute.String(AttrHTTPRoute, q.route), attribute.Int(AttrHTTPStatusCode, status))}
+	for _, runID := range q.runs[:min(len(q.runs), MaxBulkRunSpans)] {
+		_, rs := q.t.tracer.Start(trace.ContextWithRemoteSpanContext(context.Background(), RunContext(runID)), q.name,
+			append(base, trace.WithAttributes(attribute.String(AttrRunID, runID)))...)
+		end(rs, status, errorCode)
+	}
+}
+
+// end ends a request's span with the answer's error code (a 5xx is an
+// error).
+func end(span trace.Span, status int, errorCode string) {
 	if errorCode != "" {
 		span.SetAttributes(attribute.String(AttrErrorCode, errorCode))
 	}

@@ -12,6 +12,7 @@ import (
 // Attribute keys of the sidecar's spans.
 const (
 	AttrRunID           = "sidecar.run_id"
+	AttrBulkRuns        = "sidecar.bulk.runs"
 	AttrStepID          = "sidecar.step_id"
 	AttrLogicalAttempt  = "sidecar.step.logical_attempt"
 	AttrEngineAttempt   = "sidecar.step.engine_attempt"

@@ -122,6 +122,12 @@ func TestTracer_SpansReachACollector(t *testing.T) {
 			req3.Header.Set("traceparent", "00-1bf7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
 			_, q3 := tr.BeginRequest(req3, "/v1/runs/{runId}/cancel")
 			q3.End(http.StatusUnauthorized, "UNAUTHENTICATED")
+			// A bulk action that acted on the run: a span of it in the
+			// run's trace, linked to the request's own.
+			req4 := httptest.NewRequest(http.MethodPost, "/v1/runs:pause", nil)
+			_, q4 := tr.BeginRequest(req4, "/v1/runs:pause")
+			q4.ActedOn([]string{runID})
+			q4.End(http.StatusOK, "")
 
 			step := tr.StartStep(tracing.Step{RunID: runID, StepID: "a", Executor: "command", TaskID: "task-1", LogicalAttempt: 1, EngineAttempt: 2}, time.Now())
 			if tp := step.Traceparent(); len(tp) != 55 || tp[3:35] != tracing.RunTraceID(runID).String() {
@@ -138,7 +144,8 @@ func TestTracer_SpansReachACollector(t *testing.T) {
 
 			traceID := tracing.RunTraceID(runID).String()
 			runSpanID := tracing.RunContext(runID).SpanID().String()
-			want := map[string]bool{"run plan": false, "step a": false, "pause": false, "POST /v1/runs/{runId}/pause": false, "POST /v1/runs/{runId}/resume": false}
+			want := map[string]bool{"run plan": false, "step a": false, "pause": false, "POST /v1/runs/{runId}/pause": false, "POST /v1/runs/{runId}/resume": false,
+				"POST /v1/runs:pause": false}
 			// The follower makes the run span once it read RunCompleted;
 			// Close then exports what is buffered.
 			time.Sleep(500 * time.Millisecond)
@@ -198,6 +205,10 @@ func TestTracer_SpansReachACollector(t *testing.T) {
 					if s.TraceID != "0af7651916cd43dd8448eb211c80319c" || s.ParentSpanID != "b7ad6b7169203331" ||
 						len(s.Links) != 1 || s.Links[0].TraceID != traceID || s.Links[0].SpanID != runSpanID {
 						t.Errorf("pause request span %+v: want a child of the caller's span, linked to the run's", s)
+					}
+				case "POST /v1/runs:pause":
+					if s.TraceID != traceID || s.ParentSpanID != runSpanID || len(s.Links) != 1 || s.Links[0].TraceID == traceID {
+						t.Errorf("bulk pause's span in the run's trace %+v: want a child of the run span, linked to the request's span", s)
 					}
 				case "POST /v1/runs/{runId}/resume":
 					if s.TraceID != traceID || s.ParentSpanID != runSpanID || s.Attributes[tracing.AttrErrorCode] != "INVALID_TRANSITION" ||
