@@ -840,3 +840,47 @@ func sidecarConfigMap(t *testing.T, m *manifests, c *corev1.Container) *corev1.C
 	t.Fatal("no ConfigMap of the sidecar's")
 	return nil
 }
+
+// TestChart_NATSTLS: nats.tls.secretName gives serve the CA of the
+// external cluster, and with clientCert its client certificate and key,
+// each variable a file of the Secret's read-only mount (0440).
+func TestChart_NATSTLS(t *testing.T) {
+	for _, clientCert := range []bool{false, true} {
+		out, err := template(t, []string{"replicated.yaml"}, "--set", "nats.tls.secretName=nats-tls", "--set", fmt.Sprintf("nats.tls.clientCert=%v", clientCert))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := decodeRender(t, out)
+		d := the(t, "Deployments", m.deployments)
+		c := container(t, d, "sidecar")
+		cm := sidecarConfigMap(t, m, c)
+		checkSecretModes(t, d)
+		vi := slices.IndexFunc(d.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool { return v.Secret != nil && v.Secret.SecretName == "nats-tls" })
+		if vi < 0 {
+			t.Fatal("no volume of the Secret nats-tls")
+		}
+		vol := d.Spec.Template.Spec.Volumes[vi]
+		mi := slices.IndexFunc(c.VolumeMounts, func(v corev1.VolumeMount) bool { return v.Name == vol.Name })
+		if mi < 0 || !c.VolumeMounts[mi].ReadOnly {
+			t.Fatalf("the Secret nats-tls is not mounted read-only: %+v", c.VolumeMounts)
+		}
+		want := map[string]string{"SIDECAR_NATS_CA": "ca.crt"}
+		if clientCert {
+			want["SIDECAR_NATS_CERT"], want["SIDECAR_NATS_KEY"] = "tls.crt", "tls.key"
+		}
+		for _, k := range []string{"SIDECAR_NATS_CA", "SIDECAR_NATS_CERT", "SIDECAR_NATS_KEY"} {
+			item, wanted := want[k]
+			switch {
+			case !wanted && cm.Data[k] != "":
+				t.Errorf("clientCert=%v: %s = %q, want none", clientCert, k, cm.Data[k])
+			case wanted && (cm.Data[k] != c.VolumeMounts[mi].MountPath+"/"+item || !slices.ContainsFunc(vol.Secret.Items, func(i corev1.KeyToPath) bool { return i.Key == item && i.Path == item })):
+				t.Errorf("clientCert=%v: %s = %q is not the mounted %s of the Secret: %+v", clientCert, k, cm.Data[k], item, vol.Secret.Items)
+			case wanted && !flags.isFlag(k):
+				t.Errorf("%s is no flag of sidecar serve", k)
+			}
+		}
+		if len(vol.Secret.Items) != len(want) {
+			t.Errorf("clientCert=%v: the volume holds %+v, want %d files", clientCert, vol.Secret.Items, len(want))
+		}
+	}
+}
