@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.opentelemetry.io/otel"
 	"go.uber.org/zap"
 
@@ -46,7 +48,10 @@ func (n *Node) openTracing(ctx context.Context) error {
 		return err
 	}
 	n.tracer = t
-	errs := tracing.NewErrorHandler(n.log, tracing.DefaultErrorEvery)
+	errs := tracing.NewErrorHandler(n.log, tracing.DefaultErrorEvery, promauto.With(n.reg).NewCounter(prometheus.CounterOpts{
+		Name: "sidecar_tracing_errors_total",
+		Help: "Errors the tracing SDK reported (an export that failed, a full span queue, spans dropped): spans may be lost. Logged at most once a minute.",
+	}))
 	otel.SetErrorHandler(errs)
 	n.add(part{name: "tracing", close: func(ctx context.Context) error {
 		err := t.Close(ctx)

@@ -22,6 +22,9 @@ type Config struct {
 	On bool
 	// Protocol is ProtocolHTTP or ProtocolGRPC.
 	Protocol string
+	// Endpoint is the collector's endpoint as the environment names it,
+	// for the start's log line (the exporter reads it itself).
+	Endpoint string
 }
 
 // ConfigFromEnv reads the standard OpenTelemetry environment (getenv is
@@ -44,7 +47,11 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	default:
 		return Config{}, fmt.Errorf("%w: OTEL_TRACES_EXPORTER %q: the sidecar exports traces with otlp (or none)", ErrConfigInvalid, exp)
 	}
-	if getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == "" && getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "" {
+	endpoint := getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+	if endpoint == "" {
+		endpoint = getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+	}
+	if endpoint == "" {
 		return Config{}, nil
 	}
 	name, proto := "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
@@ -58,5 +65,5 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	default:
 		return Config{}, fmt.Errorf("%w: %s %q: use %s or %s", ErrConfigInvalid, name, proto, ProtocolHTTP, ProtocolGRPC)
 	}
-	return Config{On: true, Protocol: proto}, nil
+	return Config{On: true, Protocol: proto, Endpoint: endpoint}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
 
@@ -23,8 +24,9 @@ const DefaultErrorEvery = time.Minute
 // option. So the process installs one (the node does, when tracing is on)
 // and the errors of every Tracer in the process go to it.
 type ErrorHandler struct {
-	log   *zap.Logger
-	every time.Duration
+	log    *zap.Logger
+	every  time.Duration
+	errors prometheus.Counter // nil: not counted
 
 	mu      sync.Mutex
 	last    time.Time
@@ -33,15 +35,17 @@ type ErrorHandler struct {
 }
 
 // NewErrorHandler returns an ErrorHandler logging to log, at most once
-// per every (DefaultErrorEvery when every <= 0).
-func NewErrorHandler(log *zap.Logger, every time.Duration) *ErrorHandler {
+// per every (DefaultErrorEvery when every <= 0), and counting every error
+// in errors when it is not nil (sidecar_tracing_errors_total: the errors
+// it does not log count too).
+func NewErrorHandler(log *zap.Logger, every time.Duration, errors prometheus.Counter) *ErrorHandler {
 	if every <= 0 {
 		every = DefaultErrorEvery
 	}
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &ErrorHandler{log: log.Named("tracing"), every: every}
+	return &ErrorHandler{log: log.Named("tracing"), every: every, errors: errors}
 }
 
 // Handle logs err unless an error was logged less than the interval ago
@@ -51,6 +55,9 @@ func (h *ErrorHandler) Handle(err error) {
 		return
 	}
 	h.mu.Lock()
+	if h.errors != nil && !h.closed {
+		h.errors.Inc()
+	}
 	now := time.Now()
 	if h.closed || (!h.last.IsZero() && now.Sub(h.last) < h.every) {
 		if !h.closed {

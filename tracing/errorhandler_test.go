@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.opentelemetry.io/otel"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -17,12 +19,16 @@ import (
 func TestErrorHandler_Handle(t *testing.T) {
 	t.Run("RateLimited", func(t *testing.T) {
 		core, logs := observer.New(zap.WarnLevel)
-		h := tracing.NewErrorHandler(zap.New(core), 200*time.Millisecond)
+		errs := prometheus.NewCounter(prometheus.CounterOpts{Name: "errors"})
+		h := tracing.NewErrorHandler(zap.New(core), 200*time.Millisecond, errs)
 		for i := 0; i < 5; i++ {
 			h.Handle(errors.New("export failed"))
 		}
 		if n := logs.Len(); n != 1 {
 			t.Fatalf("got %d log lines for 5 errors within the interval, want 1", n)
+		}
+		if n := testutil.ToFloat64(errs); n != 5 {
+			t.Fatalf("counted %v errors, want every one of the 5 (those not logged too)", n)
 		}
 		time.Sleep(250 * time.Millisecond)
 		h.Handle(errors.New("export failed again"))
@@ -36,7 +42,7 @@ func TestErrorHandler_Handle(t *testing.T) {
 	})
 	t.Run("Closed", func(t *testing.T) {
 		core, logs := observer.New(zap.WarnLevel)
-		h := tracing.NewErrorHandler(zap.New(core), time.Millisecond)
+		h := tracing.NewErrorHandler(zap.New(core), time.Millisecond, nil)
 		h.Close()
 		h.Handle(errors.New("export failed"))
 		if logs.Len() != 0 {
@@ -45,7 +51,7 @@ func TestErrorHandler_Handle(t *testing.T) {
 	})
 	t.Run("Nil", func(t *testing.T) {
 		core, logs := observer.New(zap.WarnLevel)
-		tracing.NewErrorHandler(zap.New(core), 0).Handle(nil)
+		tracing.NewErrorHandler(zap.New(core), 0, nil).Handle(nil)
 		if logs.Len() != 0 {
 			t.Fatal("a nil error was logged")
 		}
@@ -67,7 +73,7 @@ func TestErrorHandler_ExportErrors(t *testing.T) {
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
 
 	core, logs := observer.New(zap.WarnLevel)
-	h := tracing.NewErrorHandler(zap.New(core), time.Hour)
+	h := tracing.NewErrorHandler(zap.New(core), time.Hour, nil)
 	otel.SetErrorHandler(h)
 	t.Cleanup(h.Close)
 

@@ -22,6 +22,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"net/url"
 	"math/rand/v2"
 	"strconv"
 	"time"
@@ -70,11 +71,12 @@ func New(ctx context.Context, cfg Config, log *zap.Logger) (*Tracer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: OTLP exporter: %w", ErrConfigInvalid, err)
 	}
-	res, err := resource.New(ctx, resource.WithAttributes(attribute.String("service.name", DefaultServiceName)), resource.WithFromEnv(), resource.WithTelemetrySDK())
+	// host.name tells the replicas apart (a pod's name on Kubernetes).
+	res, err := resource.New(ctx, resource.WithAttributes(attribute.String("service.name", DefaultServiceName)), resource.WithHost(), resource.WithFromEnv(), resource.WithTelemetrySDK())
 	if err != nil {
 		return nil, fmt.Errorf("%w: resource: %w", ErrConfigInvalid, err)
 	}
-	log.Info("exporting traces over OTLP", zap.String("protocol", cfg.Protocol))
+	log.Info("exporting traces over OTLP", zap.String("protocol", cfg.Protocol), zap.String("endpoint", redactEndpoint(cfg.Endpoint)))
 	return newTracer(sdktrace.WithBatcher(exp), res, log), nil
 }
 
@@ -210,4 +212,13 @@ func randomSpanID() trace.SpanID {
 		binary.NativeEndian.PutUint64(id[:], rand.Uint64())
 	}
 	return id
+}
+
+// redactEndpoint is endpoint with the password of any user info masked.
+func redactEndpoint(endpoint string) string {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.User == nil {
+		return endpoint
+	}
+	return u.Redacted()
 }

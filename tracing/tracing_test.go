@@ -27,9 +27,9 @@ func TestConfigFromEnv(t *testing.T) {
 		bad  bool
 	}{
 		{"NoneSet", nil, tracing.Config{}, false},
-		{"Endpoint", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, tracing.Config{On: true, Protocol: tracing.ProtocolHTTP}, false},
-		{"TracesEndpointGRPC", map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, tracing.Config{On: true, Protocol: tracing.ProtocolGRPC}, false},
-		{"TracesProtocolWins", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}, tracing.Config{On: true, Protocol: tracing.ProtocolHTTP}, false},
+		{"Endpoint", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, tracing.Config{On: true, Protocol: tracing.ProtocolHTTP, Endpoint: "http://c:4318"}, false},
+		{"TracesEndpointGRPC", map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, tracing.Config{On: true, Protocol: tracing.ProtocolGRPC, Endpoint: "http://c:4317"}, false},
+		{"TracesProtocolWins", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}, tracing.Config{On: true, Protocol: tracing.ProtocolHTTP, Endpoint: "http://c"}, false},
 		{"SDKDisabled", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_SDK_DISABLED": "true"}, tracing.Config{}, false},
 		{"ExporterNone", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_TRACES_EXPORTER": "none"}, tracing.Config{}, false},
 		{"ErrUnknownProtocol", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, tracing.Config{}, true},
