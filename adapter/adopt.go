@@ -266,6 +266,12 @@ func taskEvents(rec *Run, t *model.Task, st *statestore.StepSnapshot, adoption b
 	if st != nil {
 		logical = st.LogicalAttemptID
 	}
+	if st != nil && st.Status == statestore.StepStatusPending && st.RetryRequested {
+		// The operator's retry of a held step, which Conductor ended
+		// (by hand): one try of its own, as when a worker runs it,
+		// whatever the held task's retryCount (docs/workers.md).
+		engine = 1
+	}
 	ref := statestore.RunRef{RunID: rec.RunID, TenantID: rec.TenantID, ProjectID: rec.ProjectID,
 		EnvironmentID: rec.EnvironmentID, PlanID: rec.PlanID, PlanVersion: rec.PlanVersion}
 	add := func(p statestore.Payload) {

@@ -541,3 +541,45 @@ func TestRecordTasks_ATimedOutTryNobodyHeld(t *testing.T) {
 		t.Fatalf("step h %+v, in flight %v: want idle, taskTimedOut", st, snap.InFlight())
 	}
 }
+
+// TestRecordTasks_AHeldTaskEndedByHandIsTheRetrysFirstTry: an adopted
+// run's held step, retried by the operator, whose held task was completed
+// in Conductor by hand after two engine retries: the retried attempt is
+// recorded as one try of its own (engineAttemptId 1), as when a worker
+// runs it, not at the held task's retryCount + 1.
+func TestRecordTasks_AHeldTaskEndedByHandIsTheRetrysFirstTry(t *testing.T) {
+	ctx := context.Background()
+	env, r, rec, emit := runOfWorkflow(t)
+	step := func(eventType string, engine, logical int64, payload any) {
+		t.Helper()
+		ev, err := statestore.NewEvent(statestore.RunRef{RunID: rec.RunID, TenantID: rec.TenantID, ProjectID: rec.ProjectID,
+			EnvironmentID: rec.EnvironmentID, PlanID: rec.PlanID, PlanVersion: rec.PlanVersion}, eventType, "r", engine, logical, payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := env.emitter.Emit(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step(statestore.StepStarted, 3, 1, statestore.StepStartedPayload{})
+	step(statestore.StepFailed, 3, 1, statestore.StepFailedPayload{Error: &statestore.StepError{Code: "EXTERNAL_WORKER_FAILED", Message: "no", Retryable: true}, OnStepFailure: "pause"})
+	timeout := int64(60)
+	emit(statestore.RunPaused, statestore.RunPausedPayload{DrainTimeoutSeconds: &timeout, Reason: "stepFailed", StepID: "r"})
+	emit(statestore.RunStepRetryRequested, statestore.RunStepRetryRequestedPayload{StepID: "r", StepLogicalAttemptID: 2})
+	emit(statestore.RunResumed, statestore.RunResumedPayload{})
+	wf := &model.Workflow{WorkflowId: "wf-1", Status: model.PausedWorkflow, Tasks: []model.Task{{TaskType: "resize", Status: "COMPLETED", RetryCount: 2,
+		ReferenceTaskName: "r", TaskId: "t3", StartTime: 1_700_000_000_000, EndTime: 1_700_000_001_000}}}
+	if _, _, err := r.recordTasks(ctx, env.store, rec, wf, false, ""); err != nil {
+		t.Fatal(err)
+	}
+	recs := env.events(t, rec.RunID)
+	var got []string
+	for _, ev := range recs {
+		if ev.StepID == "r" && ev.LogicalAttemptID == 2 {
+			got = append(got, fmt.Sprintf("%s %d.%d", ev.EventType, ev.LogicalAttemptID, ev.EngineAttemptID))
+		}
+	}
+	if strings.Join(got, ", ") != "StepStarted 2.1, StepCompleted 2.1" {
+		t.Fatalf("the retried attempt: %v, want StepStarted 2.1, StepCompleted 2.1 (log %v)", got, typesOf(recs))
+	}
+}
