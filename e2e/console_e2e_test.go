@@ -344,6 +344,16 @@ func TestE2E_Console(t *testing.T) {
 		t.Fatalf("the viewer sees %d control forms", n)
 	}
 	screenshot(t, ctx, "run-viewer")
+	// Nor a bulk action: no link to it, and its page has no form (the API
+	// refuses a viewer's dry run too).
+	if hidden := eval[bool](t, ctx, `document.querySelector('nav a[data-view="bulk"]').hidden`); !hidden {
+		t.Fatal("the viewer's navigation links to the bulk actions")
+	}
+	navigate(t, ctx, base+"/ui/bulk?action=pause", "bulk")
+	if n := eval[int](t, ctx, `document.querySelectorAll("input[name=reason]").length`); n != 0 {
+		t.Fatalf("the viewer's bulk page has %d forms", n)
+	}
+	navigate(t, ctx, base+"/ui/runs/"+runID, "run")
 	forged := eval[string](t, ctx, `(async () => {
 		const s = await (await fetch("/ui/session")).json();
 		const post = (h) => fetch("/v1/runs/`+runID+`/resume", {method: "POST", headers: {"Content-Type": "application/json", ...h}, body: '{"reason":"x"}'});

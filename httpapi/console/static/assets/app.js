@@ -172,6 +172,8 @@ async function route() {
   const view = parts[0] || "runs";
   for (const a of document.querySelectorAll("nav a[data-view]")) {
     if (a.dataset.view === view) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
+    // Bulk actions, their dry runs included, are an operator's.
+    if (a.dataset.view === "bulk") a.hidden = !can("operator");
   }
   main.replaceChildren();
   try {
@@ -550,6 +552,11 @@ async function renderRun(runId, signal) {
 
 function renderBulk(params, signal) {
   const action = params.get("action") || "pause";
+  if (!can("operator")) {
+    main.append(h("h1", {}, "Bulk action"), h("p", { class: "muted" }, `${session.name} may view, not control, runs: bulk actions and their dry runs need the operator role.`));
+    document.documentElement.dataset.ready = "bulk";
+    return;
+  }
   main.append(h("h1", {}, "Bulk action"),
     h("p", { class: "muted" }, "Select runs, see exactly which runs and in-flight steps the action touches (dry run), then confirm."));
   const actionSel = h("select", { name: "action" }, ["pause", "resume", "cancel"].map((a) => h("option", { value: a, selected: a === action }, a)));
@@ -626,12 +633,12 @@ function renderBulk(params, signal) {
         } }, `Confirm: ${act} ${n} run${n === 1 ? "" : "s"}`);
       out.replaceChildren(h("h2", {}, `Dry run: ${act} would touch ${n} run${n === 1 ? "" : "s"}`),
         bulkTable(dry.runs, true), h("div", { class: "actions" }, confirm), copyBox(() => command(false), "bulk action"));
-      if (!can("operator")) out.append(h("p", { class: "muted" }, "Your role may not act on runs."));
     } catch (x) {
       out.replaceChildren(h("p", { class: "error-box", role: "alert" }, `${x.code ? x.code + ": " : ""}${x.message}`));
     }
   });
   main.append(form, box, out);
+  document.documentElement.dataset.ready = "bulk";
 }
 
 function bulkTable(runs, dry) {
