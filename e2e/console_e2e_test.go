@@ -281,11 +281,32 @@ func TestE2E_Console(t *testing.T) {
 	screenshot(t, ctx, "runs")
 
 	// Bulk: two more runs, a dry run listing them and their in-flight
-	// steps, then the action.
+	// steps, then the action. Before them, a run paused at once.
+	early := startPlan(long, map[string]string{"team": team})
+	inFlight(early, 1)
+	if _, err := p.client.Pause(context.Background(), early, 60, "held back"); err != nil {
+		t.Fatal(err)
+	}
 	batch := uniq("batch")
 	bulkRuns := []string{startPlan(long, map[string]string{"team": team, "batch": batch}), startPlan(long, map[string]string{"team": team, "batch": batch})}
 	for _, id := range bulkRuns {
 		inFlight(id, 1)
+	}
+	// The running runs, live: the early run, resumed, joins them in its
+	// place, newest first (below the two started after it), not on top.
+	navigate(t, ctx, base+"/ui/runs?labelSelector=team%3D"+team+"&status=RUNNING", "runs")
+	eval[bool](t, ctx, `(() => { window.placed = ""; const tb = document.querySelector("#runs tbody");
+		new MutationObserver(() => { const rows = [...tb.children]; const i = rows.findIndex((r) => r.dataset.run === "`+early+`");
+			if (i >= 0 && !window.placed) window.placed = (i + 1) + "/" + rows.length; }).observe(tb, {childList: true}); return true; })()`)
+	if _, err := p.client.Resume(context.Background(), early); err != nil {
+		t.Fatal(err)
+	}
+	sidecartest.WaitFor(t, "the resumed run in the live list", 20*time.Second, func() bool { return eval[string](t, ctx, `window.placed`) != "" })
+	if placed := eval[string](t, ctx, `window.placed`); placed != "3/3" {
+		t.Fatalf("the resumed early run was placed at row %s of the live list, want 3/3 (newest first)", placed)
+	}
+	if _, err := p.client.Cancel(context.Background(), early, "test over"); err != nil {
+		t.Fatal(err)
 	}
 	navigate(t, ctx, base+"/ui/runs?labelSelector=batch%3D"+batch, "runs")
 	act(t, ctx, "bulk dry run", chromedp.Navigate(base+"/ui/bulk?action=pause&labelSelector=batch%3D"+batch),

@@ -279,7 +279,7 @@ function runRow(r) {
     deadline = `resumes ${left(r.resumeAt)}`;
   }
   const labels = Object.entries(r.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ");
-  return h("tr", { "data-run": r.runId },
+  return h("tr", { "data-run": r.runId, "data-created": r.createdAt },
     h("td", {}, h("a", { href: "/ui/runs/" + encodeURIComponent(r.runId), class: "mono" }, r.runId)),
     h("td", {}, `${r.planId}@${r.planVersion}`),
     h("td", {}, badge(r.status, r.substatus)),
@@ -312,7 +312,7 @@ async function renderRuns(params, signal) {
     const next = await api("GET", "/v1/runs?" + mq, undefined, signal);
     for (const r of next.runs) if (!rows.has(r.runId)) { const tr = runRow(r); rows.set(r.runId, tr); tbody.append(tr); }
     cont = next.continue; more.hidden = !cont;
-    status.textContent = `${rows.size} runs shown`;
+    status.textContent = `${rows.size} runs shown${cont ? " (more below)" : ""}; live`;
   } }, "Show more");
   main.append(more);
   status.textContent = `${rows.size} run${rows.size === 1 ? "" : "s"} shown${cont ? " (more below)" : ""}; live`;
@@ -342,10 +342,20 @@ async function renderRuns(params, signal) {
       const tr = runRow(r);
       tr.classList.add("flash");
       setTimeout(() => tr.classList.remove("flash"), 1500);
-      if (old) old.replaceWith(tr); else tbody.prepend(tr);
+      if (old) old.replaceWith(tr);
+      else {
+        // In its place, newest first: before the first row created
+        // before it. A run older than every row shown while more are
+        // below is beyond what is shown ("Show more" reaches it).
+        const created = Date.parse(r.createdAt);
+        const next = [...tbody.children].find((x) => Date.parse(x.dataset.created) < created);
+        if (next) next.before(tr);
+        else if (!cont) tbody.append(tr);
+        else continue;
+      }
       rows.set(r.runId, tr);
     }
-    status.textContent = `${rows.size} runs shown; live`;
+    status.textContent = `${rows.size} runs shown${cont ? " (more below)" : ""}; live`;
   }
 }
 
