@@ -22,8 +22,8 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
-	"net/url"
 	"math/rand/v2"
+	"net/url"
 	"strconv"
 	"time"
 
