@@ -432,14 +432,15 @@ func TestRunSubmit_FailureNamesTheRequestID(t *testing.T) {
 
 // TestEvents_TableNamesTheStepOfRunLevelEvents: a run-level event whose
 // payload names a step (a try's end or start, a retry request) shows that
-// step and its attempt; its own number is shown as the per-run counter it
-// is, not as an attempt.
+// step and its attempt (a try event's, with the try's engine attempt);
+// its own number is shown as the per-run counter it is (a pause's as its
+// cycle), not as an attempt.
 func TestEvents_TableNamesTheStepOfRunLevelEvents(t *testing.T) {
 	var out bytes.Buffer
 	c := &EventsCommand{&Main{Stdout: &out}}
 	for _, r := range []statestore.RunEventRecord{
 		{RunSeq: 5, RunEventWrite: statestore.RunEventWrite{EventType: statestore.StepStarted, StepID: "extract-a", LogicalAttemptID: 1, EngineAttemptID: 2}},
-		{RunSeq: 6, RunEventWrite: statestore.RunEventWrite{EventType: statestore.RunStepTryEnded, LogicalAttemptID: 3, Payload: []byte(`{"stepId":"extract-a","stepLogicalAttemptId":1,"reason":"workerRestarted"}`)}},
+		{RunSeq: 6, RunEventWrite: statestore.RunEventWrite{EventType: statestore.RunStepTryEnded, LogicalAttemptID: 3, Payload: []byte(`{"stepId":"extract-a","stepLogicalAttemptId":1,"engineAttemptId":2,"reason":"workerRestarted"}`)}},
 		{RunSeq: 7, RunEventWrite: statestore.RunEventWrite{EventType: statestore.RunPaused, LogicalAttemptID: 2, Payload: []byte(`{"reason":"x"}`)}},
 	} {
 		if err := c.print("text", &r); err != nil {
@@ -447,7 +448,7 @@ func TestEvents_TableNamesTheStepOfRunLevelEvents(t *testing.T) {
 		}
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	for i, want := range [][]string{{"extract-a", "attempt 1.2"}, {"extract-a", "attempt 1", "#3"}, {"#2"}} {
+	for i, want := range [][]string{{"extract-a", "attempt 1.2"}, {"extract-a", "attempt 1.2, #3"}, {"cycle 2"}} {
 		for _, w := range want {
 			if !strings.Contains(lines[i], w) {
 				t.Errorf("line %d %q lacks %q", i, lines[i], w)

@@ -91,12 +91,21 @@ func (c *EventsCommand) print(output string, r *statestore.RunEventRecord) error
 		// run (a pause's cycle, a try event's), and the step some of them
 		// concern is in the payload.
 		which = fmt.Sprintf("#%d", r.LogicalAttemptID)
+		switch r.EventType {
+		case statestore.RunPaused, statestore.RunResumed, statestore.RunDrainCompleted, statestore.RunDrainTimedOut:
+			which = fmt.Sprintf("cycle %d", r.LogicalAttemptID)
+		}
 		var p struct {
 			StepID               string `json:"stepId"`
 			StepLogicalAttemptID int64  `json:"stepLogicalAttemptId"`
+			EngineAttemptID      int64  `json:"engineAttemptId"`
 		}
 		if json.Unmarshal(r.Payload, &p) == nil && p.StepID != "" {
-			step, which = p.StepID, fmt.Sprintf("attempt %d, #%d", p.StepLogicalAttemptID, r.LogicalAttemptID)
+			attempt := fmt.Sprintf("attempt %d", p.StepLogicalAttemptID)
+			if p.EngineAttemptID > 0 {
+				attempt += fmt.Sprintf(".%d", p.EngineAttemptID) // the try a try event is of
+			}
+			step, which = p.StepID, attempt+", "+which
 		}
 	}
 	_, err := fmt.Fprintf(c.m.Stdout, "%6d  %-30s  %-20s  %-20s  %s\n",
