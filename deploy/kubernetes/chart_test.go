@@ -884,3 +884,39 @@ func TestChart_NATSTLS(t *testing.T) {
 		}
 	}
 }
+
+// TestChart_Console: console.secureCookie and console.hosts reach serve
+// as its flags' variables (off and empty by default).
+func TestChart_Console(t *testing.T) {
+	for _, c := range []struct {
+		set    []string
+		cookie string
+		hosts  string
+	}{
+		{nil, "", ""},
+		{[]string{"console.secureCookie=true", "console.hosts={sidecar.example.com,ops.example.com}"}, "true", "sidecar.example.com,ops.example.com"},
+	} {
+		var extra []string
+		for _, s := range c.set {
+			extra = append(extra, "--set", s)
+		}
+		out, err := template(t, []string{"one-pod.yaml"}, extra...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := decodeRender(t, out)
+		cm := sidecarConfigMap(t, m, container(t, the(t, "Deployments", m.deployments), "sidecar"))
+		if cm.Data["SIDECAR_CONSOLE_SECURE_COOKIE"] != c.cookie || cm.Data["SIDECAR_API_ALLOWED_HOSTS"] != c.hosts {
+			t.Errorf("%v: SIDECAR_CONSOLE_SECURE_COOKIE %q, SIDECAR_API_ALLOWED_HOSTS %q; want %q, %q", c.set,
+				cm.Data["SIDECAR_CONSOLE_SECURE_COOKIE"], cm.Data["SIDECAR_API_ALLOWED_HOSTS"], c.cookie, c.hosts)
+		}
+		for key := range cm.Data {
+			if !flags.isFlag(key) {
+				t.Errorf("ConfigMap key %s is no flag of sidecar serve", key)
+			}
+		}
+	}
+	if _, err := template(t, []string{"one-pod.yaml"}, "--set", "console.hosts={bad host}"); err == nil {
+		t.Error("a host name with a space rendered")
+	}
+}
