@@ -121,6 +121,18 @@ func (w *Worker) Admit(t *model.Task, a *Assignment) bool {
 	return true
 }
 
+// Undelivered hands back t, an external step's task from a poll answer
+// its worker never received (the worker hung up while the proxy waited
+// for Conductor): Conductor offers it again after a second instead of at
+// its response timeout. Nothing is recorded. It does not block.
+func (w *Worker) Undelivered(t *model.Task) {
+	if w.workCtx == nil {
+		return
+	}
+	w.opts.Metrics.handedBack(handBackLost)
+	go w.handBackWaking(t, time.Second, "its poll's worker hung up before the answer came", false)
+}
+
 // Record records an outside worker's update r of t (the task as Conductor
 // has it, with its input) before it is forwarded: StepCompleted, or
 // StepFailed with the logical and engine attempts when the failure is

@@ -68,6 +68,11 @@ type Steps interface {
 	// Unreported is called when a forwarded update (of size bytes) did
 	// not reach Conductor: no answer, or a 5xx.
 	Unreported(t *model.Task, a *taskworkers.Assignment, r *model.TaskResult, size int)
+	// Undelivered hands back t, an external step's task from the answer
+	// of a poll whose worker hung up before it came: no worker has it,
+	// and Conductor offers it again at once rather than at its response
+	// timeout. It must not block.
+	Undelivered(t *model.Task)
 }
 
 // Options configures a Proxy.
@@ -547,6 +552,30 @@ func (p *Proxy) gate(raws ...[]byte) (pass []bool) {
 	return pass
 }
 
+// handBackUndelivered hands back the external steps' tasks of a poll
+// answer (body) its worker never received (Steps.Undelivered); the other
+// tasks are left to Conductor's response timeout, as for a worker that
+// polled Conductor and died.
+func (p *Proxy) handBackUndelivered(body []byte, batch bool) {
+	raws := []json.RawMessage{body}
+	if batch {
+		if err := json.Unmarshal(body, &raws); err != nil {
+			return
+		}
+	}
+	for _, raw := range raws {
+		var pt adapter.PolledTask
+		if err := json.Unmarshal(raw, &pt); err != nil || pt.TaskID == "" {
+			continue
+		}
+		if t := pt.Task(); p.steps.MayAdopt(t.WorkflowType) || t.InputData[plan.InputStep] != nil {
+			if _, ours := p.steps.External(t); ours {
+				p.steps.Undelivered(t)
+			}
+		}
+	}
+}
+
 // maxAdmits bounds the tasks of one poll's answer admitted at once.
 const maxAdmits = 32
 
@@ -567,8 +596,12 @@ func (p *Proxy) poll(w http.ResponseWriter, r *http.Request, batch bool) {
 	}
 	if r.Context().Err() != nil {
 		// The worker hung up: nothing is gated for a worker that will
-		// never have the tasks (Conductor's response timeout puts them
-		// back, as for a worker that polled it and died).
+		// never have the tasks, and those of external steps are handed
+		// back (Conductor shows them in progress; a run adopted meanwhile
+		// would take one for a try in flight that nobody runs).
+		if resp.StatusCode == http.StatusOK {
+			p.handBackUndelivered(body, batch)
+		}
 		return
 	}
 	if resp.StatusCode != http.StatusOK || len(bytes.TrimSpace(body)) == 0 {

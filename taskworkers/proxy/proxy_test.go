@@ -1623,3 +1623,44 @@ func TestProxy_HandBackKeepsTheWorkersProgress(t *testing.T) {
 		t.Fatalf("task %s with output %v, want %s with the worker's progress (7)", again.TaskID, again.OutputData, got.TaskID)
 	}
 }
+
+// TestProxy_AnAnswerItsWorkerNeverGotIsHandedBack: a worker's poll
+// through the proxy that it gave up on (it hung up) before Conductor's
+// answer, which carried an external step's task, came back: the task is
+// handed back, so that the next poll gets it within seconds, not at its
+// response timeout (an hour here), and no StepStarted is recorded for
+// the answer nobody got. Conductor's answers to polls reach the proxy a
+// second late here (a slow network); the worker waits 300 ms.
+func TestProxy_AnAnswerItsWorkerNeverGotIsHandedBack(t *testing.T) {
+	slow := &slowPolls{}
+	e := newEnvOpts(t, envOpts{transport: slow})
+	runID, _ := e.start(t, 1, 3600)
+	slow.delay.Store(int64(time.Second))
+	q := url.Values{"workerid": {"sdk-worker"}, "count": {"1"}, "timeout": {"100"}, "domain": {e.domain}}
+	c := &http.Client{Timeout: 300 * time.Millisecond}
+	if res, err := c.Get(e.url + "/tasks/poll/batch/" + e.tt + "?" + q.Encode()); err == nil {
+		res.Body.Close()
+		t.Fatal("the poll was answered within 300 ms, before Conductor's answer came")
+	}
+	slow.delay.Store(0)
+	var got []task
+	waitFor(t, "the task again through the proxy", 30*time.Second, func() bool {
+		got = e.pollBatch(t, 1)
+		return len(got) > 0
+	})
+	if starts := count(e.events(t, runID), statestore.StepStarted); starts != 1 {
+		t.Fatalf("%d StepStarted, want 1 (the second poll's)", starts)
+	}
+}
+
+// slowPolls carries the proxy's requests to Conductor, holding the
+// answers to polls for delay (nanoseconds) once it is set.
+type slowPolls struct{ delay atomic.Int64 }
+
+func (s *slowPolls) RoundTrip(r *http.Request) (*http.Response, error) {
+	res, err := http.DefaultTransport.RoundTrip(r)
+	if d := s.delay.Load(); d > 0 && strings.Contains(r.URL.Path, "/tasks/poll/") {
+		time.Sleep(time.Duration(d))
+	}
+	return res, err
+}
