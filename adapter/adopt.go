@@ -500,8 +500,9 @@ func (r *Runs) recordTasks(ctx context.Context, snaps SnapshotReader, rec *Run, 
 // drain must not wait for it. The proxy ends the tries it handed out
 // itself; this is for a start no poll of it accounts for: the mid-flight
 // rule's, of a task polled through the proxy by a worker that hung up
-// before the answer came (the proxy then gates nothing), or taken by a
-// worker that polls Conductor directly and died. The try that follows is
+// before the answer came (the proxy hands such a task back, but a
+// hand-back that did not reach Conductor leaves it to the timeout), or
+// taken by a worker that polls Conductor directly and died. The try that follows is
 // the gate's to start. It returns the run's state after what it recorded.
 func (r *Runs) recordTimedOutTry(ctx context.Context, snaps SnapshotReader, snap *statestore.RunSnapshot, t *model.Task) (*statestore.RunSnapshot, error) {
 	if !IsWorkerTask(t.TaskType) || t.Status != "TIMED_OUT" || !t.Retried {
