@@ -112,7 +112,7 @@ func (q *Request) End(status int, errorCode string) {
 		trace.WithAttributes(attribute.String(AttrHTTPMethod, q.method), attribute.String(AttrHTTPRoute, q.route), attribute.Int(AttrHTTPStatusCode, status))}
 	for _, runID := range q.runs[:min(len(q.runs), MaxBulkRunSpans)] {
 		_, rs := q.t.tracer.Start(trace.ContextWithRemoteSpanContext(context.Background(), RunContext(runID)), q.name,
-			append(base, trace.WithAttributes(attribute.String(AttrRunID, runID)))...)
+			append(base[:len(base):len(base)], trace.WithAttributes(attribute.String(AttrRunID, runID)))...)
 		end(rs, status, errorCode)
 	}
 }
