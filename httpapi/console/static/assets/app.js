@@ -728,6 +728,7 @@ async function renderAudit(params, signal) {
     if (!cont) break;
     if (ids.length >= AUDIT_RUNS) { more = true; break; }
   }
+  more = more || ids.length > AUDIT_RUNS;
   ids.splice(AUDIT_RUNS);
   const entries = [];
   let i = 0;
